@@ -1,0 +1,126 @@
+"""Wire types between the launcher, runtimes and evaluators (DESIGN.md section 4).
+
+One place defines each of them:
+
+- ``SimulationStartRequest``: the JSON a runtime reads on stdin.
+- ``SimulationStartResult``: the JSON line a runtime prints last on stdout.
+- ``EvalRequest``, ``EvalSpec``, ``Trajectory`` (of ``TrajectoryStep``): what an evaluator's
+  ``evaluate(request, spec, trajectory)`` is handed.
+
+These models accept unknown fields (``extra="allow"``) because runtimes written by users may add
+their own; user *configs* are strict elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RuntimeStatus = Literal["succeeded", "failed", "truncated"]
+
+
+class SimulationStartRequest(BaseModel):
+    """Start request for one session, given to the runtime on stdin as one JSON document.
+
+    ``gateway_base_url`` is the session URL prefix ``http://HOST:PORT/v1/sessions/{session_id}``:
+    an OpenAI client uses it as ``base_url`` (``.../chat/completions`` is appended by the SDK).
+    ``env_params["dataset"]`` is the case row, without the expected answer when the env keeps one
+    apart. ``max_steps`` is the session's model-call budget (-1 unlimited); ``temperature`` may be
+    None (route default).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    job_id: str
+    session_id: str
+    agent_name: str
+    agent_id: str
+    group_id: str
+    gateway_base_url: str
+    model: str
+    temperature: float | None = None
+    max_steps: int = -1
+    env_params: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SimulationStartResult(BaseModel):
+    """The runtime's result: the last JSON line it prints on stdout.
+
+    ``status`` is required: output without it is a failed session, never a success.
+    ``metrics`` carries raw inputs for the rule (e.g. the extracted answer).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: str
+    status: RuntimeStatus
+    total_reward: float = 0.0
+    step_count: int = 0
+    terminated: bool = True
+    truncated: bool = False
+    error_text: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalSpec(BaseModel):
+    """Evaluation spec handed to an evaluator: ``eval_id`` (``<env_name>/rule``), the timeout in
+    seconds and the absolute path of the ``rule_evaluator.py`` that is called."""
+
+    eval_id: str
+    timeout_s: float
+    evaluator_path: str
+
+
+class EvalRequest(BaseModel):
+    """What the evaluator knows about the session: ids, the env params (``env_params["dataset"]``
+    is the full case row, expected answer included) and the runtime's ``start_result`` (None when
+    the runtime produced no valid result)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    job_id: str
+    session_id: str
+    env_name: str
+    case_id: str
+    group_id: str
+    sample_index: int
+    model: str
+    env_params: dict[str, Any]
+    start_result: SimulationStartResult | None = None
+    workspace: str | None = None
+
+
+class TrajectoryStep(BaseModel):
+    """One recorded model call, as an evaluator sees it.
+
+    ``content`` is the assistant text (None for tool-call-only answers), ``tool_calls`` the OpenAI
+    tool calls (``[{"id", "type", "function": {"name", "arguments"}}]``), ``usage`` the token
+    counts (None when unknown). ``status`` is the step status (ok | error | truncated | ...).
+    """
+
+    seq: int
+    step_id: int
+    model: str
+    endpoint: str
+    status: str
+    status_code: int | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    request: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, int | None] | None = None
+
+
+class Trajectory(BaseModel):
+    """The ordered steps of a session. ``final_response`` is the text of the last step that has
+    assistant text ("" when no step has any). ``steps`` may be empty (an agent that never called
+    the model): evaluators must treat that as a normal input."""
+
+    session_id: str
+    steps: list[TrajectoryStep] = Field(default_factory=list)
+    final_response: str = ""

@@ -1,0 +1,20 @@
+"""The trajectory store: SQLModel tables, the engines and every SQL statement.
+
+Used by both the gateway and the launcher; knows nothing about HTTP. See DESIGN.md section 5.
+"""
+
+from store.engine import DbUrlError, json_dumps, parse_db_url
+from store.models import GatewaySession, JobEnvironment, SessionStep, new_record_id, utcnow
+from store.repo import Store
+
+__all__ = [
+    "DbUrlError",
+    "GatewaySession",
+    "JobEnvironment",
+    "SessionStep",
+    "Store",
+    "json_dumps",
+    "new_record_id",
+    "parse_db_url",
+    "utcnow",
+]

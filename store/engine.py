@@ -1,0 +1,112 @@
+"""Database URLs and engines.
+
+SQLite runs in WAL mode with a long ``busy_timeout`` on every connection; write transactions start
+with ``BEGIN IMMEDIATE`` so a read-then-write transaction never gets ``SQLITE_BUSY`` at once while
+another connection writes (python/cpython#124510; SQLAlchemy "pysqlite serializable" recipe).
+Reads use a second engine with deferred transactions. PostgreSQL URLs map to asyncpg.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+BUSY_TIMEOUT_MS = 60_000
+
+
+class DbUrlError(ValueError):
+    """The storage URL is not ``sqlite://PATH``, ``sqlite:///ABS``, ``sqlite+aiosqlite://...`` or
+    ``postgresql://...``."""
+
+
+def parse_db_url(url: str) -> str:
+    """Turn a user storage URL into a SQLAlchemy async URL.
+
+    ``sqlite://env_trajs.db`` (Safactory style: a path relative to the working directory),
+    ``sqlite:///abs/path.db`` and ``sqlite:////abs/path.db`` give ``sqlite+aiosqlite:///<abs path>``;
+    ``postgresql://...`` gives ``postgresql+asyncpg://...``. Raises DbUrlError otherwise.
+    """
+    if url.startswith("sqlite+aiosqlite://"):
+        return url
+    if url.startswith("sqlite://"):
+        rest = url[len("sqlite://"):]
+        if rest.startswith("//"):  # sqlite:////abs -> /abs
+            rest = rest[1:]
+        if not rest or rest == "/":
+            raise DbUrlError(f"no database path in {url!r}")
+        if rest == ":memory:":
+            raise DbUrlError("an in-memory SQLite database cannot be shared by gateway and launcher")
+        path = Path(rest).expanduser()
+        if not path.is_absolute():
+            path = Path.cwd() / path
+        return f"sqlite+aiosqlite:///{path.resolve()}"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    if url.startswith("postgresql+asyncpg://"):
+        return url
+    raise DbUrlError(f"unsupported storage URL {url!r}: use sqlite://PATH or postgresql://...")
+
+
+def sqlite_path(async_url: str) -> Path | None:
+    """The file path of a ``sqlite+aiosqlite:///`` URL, or None for other databases."""
+    prefix = "sqlite+aiosqlite:///"
+    return Path(async_url[len(prefix):]) if async_url.startswith(prefix) else None
+
+
+def _json_default(obj: Any) -> Any:
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def _json_floats(obj: Any) -> Any:
+    """Replace non-finite floats (which JSON cannot represent) by their string names."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return repr(obj)
+    if isinstance(obj, dict):
+        return {k: _json_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_floats(v) for v in obj]
+    return obj
+
+
+def json_dumps(obj: Any) -> str:
+    """Serializer for JSON columns: strict JSON (NaN/Infinity become the strings 'nan'/'inf')."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+    except ValueError:
+        return json.dumps(_json_floats(obj), ensure_ascii=False, allow_nan=False, default=_json_default)
+
+
+def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:
+    """Create an async engine. For SQLite: WAL, busy_timeout on every connection, and
+    ``BEGIN IMMEDIATE`` for the writer engine (``BEGIN`` for the reader)."""
+    if async_url.startswith("sqlite"):
+        engine = create_async_engine(
+            async_url,
+            json_serializer=json_dumps,
+            connect_args={"timeout": BUSY_TIMEOUT_MS / 1000},
+            pool_size=1 if writer else 4,
+            max_overflow=0 if writer else 4,
+        )
+        begin_sql = "BEGIN IMMEDIATE" if writer else "BEGIN"
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let us emit BEGIN ourselves (pysqlite's implicit transactions are deferred).
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql(begin_sql)
+
+        return engine
+    return create_async_engine(async_url, json_serializer=json_dumps, pool_pre_ping=True)

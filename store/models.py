@@ -1,0 +1,140 @@
+"""SQLModel tables of the trajectory store (DESIGN.md section 5).
+
+Table names follow Safactory where a trainer may already read them: ``job_environments`` (one row
+per session), ``session_steps`` (one row per model call) and ``gateway_sessions`` (the gateway's
+per-session state, persisted so that a gateway restart keeps step budgets).
+
+JSON columns hold the exact decoded JSON; timestamps are timezone-aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    """Current time as an aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+def new_record_id() -> str:
+    """A globally unique step record id (uuid4 hex, 32 chars): stable across gateway restarts."""
+    return uuid.uuid4().hex
+
+
+def _ts(**kw: Any) -> Any:
+    return Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), **kw))
+
+
+def _json(nullable: bool = True) -> Any:
+    return Field(default=None, sa_column=Column(JSON, nullable=nullable))
+
+
+class JobEnvironment(SQLModel, table=True):
+    """One session of a job: (case, sample) of an env run against one model route.
+
+    ``env_id`` is the session id. ``status`` is one of pending | running | succeeded | failed |
+    truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL when not
+    evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped apart, so an
+    evaluator crash is never mistaken for a real 0.
+    """
+
+    __tablename__ = "job_environments"
+    __table_args__ = (Index("ix_job_env_job_status", "job_id", "finished"),)
+
+    env_id: str = Field(primary_key=True, max_length=128)
+    job_id: str = Field(index=True, max_length=128)
+    env_name: str = Field(max_length=128)
+    case_id: str = Field(max_length=256)
+    llm_model: str = Field(max_length=256)
+    group_id: str = Field(index=True, max_length=128)
+    sample_index: int = 0
+    env_params: dict[str, Any] | None = _json()
+    max_steps: int | None = None
+    status: str = Field(default="pending", max_length=32)
+    attempts: int = 0
+    reward: float | None = None
+    eval_status: str | None = Field(default=None, max_length=32)
+    eval_reason: str | None = None
+    eval_detail: dict[str, Any] | None = _json()
+    result: dict[str, Any] | None = _json()
+    error_text: str | None = None
+    duration_s: float | None = None
+    finished: bool = False
+    created_at: datetime = _ts()
+    started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
+class SessionStep(SQLModel, table=True):
+    """One model call recorded by the gateway.
+
+    ``request`` is the body as sent upstream (secrets removed), ``response`` the answer as received
+    (a streamed answer assembled into one completion object), ``messages`` the request conversation.
+    ``step_id`` increases per (session, model) from 1; ``seq`` increases per session across models
+    and orders the trajectory. ``status`` is ok | error | truncated | cancelled | timeout |
+    synthetic_stop. Token counts are NULL when the upstream did not report usage (never a fake 0).
+    Latencies are milliseconds.
+    """
+
+    __tablename__ = "session_steps"
+    __table_args__ = (
+        UniqueConstraint("session_id", "llm_model", "step_id", name="uq_step_session_model_step"),
+        Index("ix_steps_session_seq", "session_id", "seq"),
+    )
+
+    record_id: str = Field(default_factory=new_record_id, primary_key=True, max_length=64)
+    session_id: str = Field(max_length=128)
+    seq: int
+    step_id: int
+    env_name: str | None = Field(default=None, max_length=128)
+    llm_model: str = Field(max_length=256)
+    group_id: str | None = Field(default=None, max_length=128)
+    job_id: str | None = Field(default=None, index=True, max_length=128)
+    endpoint: str = Field(max_length=64)
+    is_stream: bool = False
+    status: str = Field(default="ok", max_length=32)
+    status_code: int | None = None
+    messages: Any = _json()
+    request: Any = _json()
+    response: Any = _json()
+    finish_reason: str | None = Field(default=None, max_length=64)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+    step_reward: float | None = None
+    reward: float | None = None
+    meta_json: dict[str, Any] | None = _json()
+    is_terminal: bool = False
+    is_truncated: bool = False
+    is_session_completed: bool = False
+    is_trainable: bool = True
+    created_at: datetime = _ts()
+
+
+class GatewaySession(SQLModel, table=True):
+    """The gateway's state of one session: status (active | closed | truncated), the step budget
+    and the steps used, per model (``step_counts``: route key -> last step_id) and in total."""
+
+    __tablename__ = "gateway_sessions"
+
+    session_id: str = Field(primary_key=True, max_length=128)
+    status: str = Field(default="active", max_length=32)
+    max_steps: int = -1
+    total_steps: int = 0
+    step_counts: dict[str, int] | None = _json()
+    job_id: str | None = Field(default=None, max_length=128)
+    env_name: str | None = Field(default=None, max_length=128)
+    group_id: str | None = Field(default=None, max_length=128)
+    close_reason: str | None = None
+    completion_mode: str | None = Field(default=None, max_length=32)
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+    closed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))

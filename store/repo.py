@@ -1,0 +1,179 @@
+"""Every SQL statement of the project, behind one class.
+
+``Store`` owns a writer engine (``BEGIN IMMEDIATE``, one connection for SQLite) and a reader engine.
+Both the gateway and the launcher use it, each in its own process; SQLite WAL + busy_timeout make
+the two processes' writes wait for each other instead of failing with "database is locked".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import func, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlmodel import SQLModel, select
+
+from store.engine import make_engine, parse_db_url, sqlite_path
+from store.models import GatewaySession, JobEnvironment, SessionStep, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class Store:
+    """The trajectory store at one URL (``sqlite://PATH`` or ``postgresql://...``).
+
+    Call ``await init()`` once (creates the tables if missing) and ``await close()`` at the end
+    (disposes the engines, so no aiosqlite thread keeps the interpreter alive).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.user_url = url
+        self.url = parse_db_url(url)
+        self.writer: AsyncEngine = make_engine(self.url, writer=True)
+        self.reader: AsyncEngine = make_engine(self.url, writer=False)
+        self._write = async_sessionmaker(self.writer, expire_on_commit=False, class_=AsyncSession)
+        self._read = async_sessionmaker(self.reader, expire_on_commit=False, class_=AsyncSession)
+        self._write_lock = asyncio.Lock()
+
+    @property
+    def kind(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return "sqlite" if self.url.startswith("sqlite") else "postgresql"
+
+    @property
+    def path(self) -> str | None:
+        """The SQLite file path (absolute), or None for PostgreSQL."""
+        p = sqlite_path(self.url)
+        return str(p) if p else None
+
+    def identity(self) -> str:
+        """A string naming the database, equal for two Store objects on the same database
+        (the absolute file path for SQLite, the URL without password for PostgreSQL)."""
+        if self.path:
+            return f"sqlite://{self.path}"
+        head, _, tail = self.url.partition("@")
+        return ("postgresql://" + tail) if tail else self.url
+
+    async def init(self) -> None:
+        """Create missing tables (idempotent; safe when two processes start at once)."""
+        async with self._write_lock, self.writer.begin() as conn:
+            await conn.run_sync(SQLModel.metadata.create_all)
+
+    async def close(self) -> None:
+        """Dispose both engines (closes every pooled connection)."""
+        await self.writer.dispose()
+        await self.reader.dispose()
+
+    async def ping(self) -> None:
+        """Run ``SELECT 1``; raises the driver's error when the database is unreachable."""
+        async with self.reader.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def checkpoint(self) -> None:
+        """Fold the SQLite WAL into the main file (``wal_checkpoint(TRUNCATE)``), so copying only
+        the ``.db`` file loses nothing. No-op on PostgreSQL."""
+        if self.kind != "sqlite":
+            return
+        async with self.writer.connect() as conn:
+            await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # ------------------------------------------------------------------ gateway side
+    async def load_gateway_session(self, session_id: str) -> GatewaySession | None:
+        """The persisted gateway state of a session, or None."""
+        async with self._read() as s:
+            return await s.get(GatewaySession, session_id)
+
+    async def session_context(self, session_id: str) -> JobEnvironment | None:
+        """The launcher's row for a session (job, env, group, max_steps), or None when the
+        session was not created by a launcher."""
+        async with self._read() as s:
+            return await s.get(JobEnvironment, session_id)
+
+    async def write_batch(
+        self, steps: Sequence[SessionStep], sessions: Iterable[GatewaySession]
+    ) -> None:
+        """Insert step rows and upsert gateway session rows in ONE transaction (group commit)."""
+        async with self._write_lock, self._write() as s, s.begin():
+            for gs in sessions:
+                await s.merge(gs)
+            s.add_all(list(steps))
+
+    async def interrupted_sessions_reset(self) -> int:
+        """At gateway start: nothing to fix for steps (rows are written only when a call ends);
+        returns the number of active gateway sessions, for the log."""
+        async with self._read() as s:
+            res = await s.execute(
+                select(func.count()).select_from(GatewaySession).where(GatewaySession.status == "active")
+            )
+            return int(res.scalar_one())
+
+    # ------------------------------------------------------------------ launcher side
+    async def add_job_sessions(self, rows: Sequence[JobEnvironment]) -> int:
+        """Insert session rows that do not exist yet; returns how many were inserted."""
+        inserted = 0
+        async with self._write_lock, self._write() as s, s.begin():
+            for row in rows:
+                if await s.get(JobEnvironment, row.env_id) is None:
+                    s.add(row)
+                    inserted += 1
+        return inserted
+
+    async def job_sessions(self, job_id: str, *, unfinished_only: bool = False) -> list[JobEnvironment]:
+        """The session rows of a job, ordered by env, case, sample."""
+        q = select(JobEnvironment).where(JobEnvironment.job_id == job_id)
+        if unfinished_only:
+            q = q.where(JobEnvironment.finished == False)  # noqa: E712 (SQL expression)
+        q = q.order_by(JobEnvironment.env_name, JobEnvironment.case_id, JobEnvironment.sample_index)
+        async with self._read() as s:
+            return list((await s.execute(q)).scalars().all())
+
+    async def update_job_session(self, env_id: str, **values: Any) -> None:
+        """Set columns of one ``job_environments`` row."""
+        async with self._write_lock, self._write() as s, s.begin():
+            await s.execute(update(JobEnvironment).where(JobEnvironment.env_id == env_id).values(**values))
+
+    async def trajectory(self, session_id: str) -> list[SessionStep]:
+        """Every recorded step of a session, in call order (``seq``)."""
+        q = select(SessionStep).where(SessionStep.session_id == session_id).order_by(SessionStep.seq)
+        async with self._read() as s:
+            return list((await s.execute(q)).scalars().all())
+
+    async def finish_job_session(
+        self, env_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None, **values: Any
+    ) -> None:
+        """Finish a session in one transaction: write ``reward``/``step_reward`` (and the evaluation
+        outcome into ``meta_json["evaluation"]``) on the session's last step, mark that step terminal
+        and session-completed, and set the ``job_environments`` columns given in ``values`` plus
+        ``finished=True`` and ``finished_at``."""
+        async with self._write_lock, self._write() as s, s.begin():
+            last = (
+                await s.execute(
+                    select(SessionStep)
+                    .where(SessionStep.session_id == env_id)
+                    .order_by(SessionStep.seq.desc())
+                    .limit(1)
+                )
+            ).scalar_one_or_none()
+            if last is not None:
+                meta = dict(last.meta_json or {})
+                if eval_meta is not None:
+                    meta["evaluation"] = eval_meta
+                await s.execute(
+                    update(SessionStep)
+                    .where(SessionStep.record_id == last.record_id)
+                    .values(
+                        reward=reward,
+                        step_reward=reward,
+                        is_terminal=True,
+                        is_session_completed=True,
+                        meta_json=meta,
+                    )
+                )
+            await s.execute(
+                update(JobEnvironment)
+                .where(JobEnvironment.env_id == env_id)
+                .values(finished=True, finished_at=utcnow(), reward=reward, **values)
+            )
