@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import func, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlmodel import SQLModel, select
 
@@ -96,9 +98,10 @@ class Store:
         self, steps: Sequence[SessionStep], sessions: Iterable[GatewaySession]
     ) -> None:
         """Insert step rows and upsert gateway session rows in ONE transaction (group commit)."""
+        rows = [gs.model_dump() for gs in sessions]
         async with self._write_lock, self._write() as s, s.begin():
-            for gs in sessions:
-                await s.merge(gs)
+            for row in rows:
+                await s.execute(self._upsert(GatewaySession, row, "session_id"))
             s.add_all(list(steps))
 
     async def interrupted_sessions_reset(self) -> int:
@@ -109,6 +112,13 @@ class Store:
                 select(func.count()).select_from(GatewaySession).where(GatewaySession.status == "active")
             )
             return int(res.scalar_one())
+
+    def _upsert(self, table: type[SQLModel], row: dict[str, Any], key: str) -> Any:
+        """INSERT ... ON CONFLICT (key) DO UPDATE for SQLite and PostgreSQL."""
+        insert = sqlite_insert if self.kind == "sqlite" else pg_insert
+        stmt = insert(table).values(**row)
+        return stmt.on_conflict_do_update(index_elements=[key],
+                                          set_={k: v for k, v in row.items() if k not in (key, "created_at")})
 
     # ------------------------------------------------------------------ launcher side
     async def add_job_sessions(self, rows: Sequence[JobEnvironment]) -> int:

@@ -1,0 +1,115 @@
+"""Rule evaluator for the gsm8k env: exact numeric match of the final answer.
+
+Self-contained (standard library only) so the launcher can load it by path with importlib; the
+runtime imports ``extract_answer`` from here so both sides read answers the same way.
+
+Score: 10 when the model's number equals the number after ``####`` in the case's ``answer``
+(see ``numbers_equal``), else 0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+from typing import Any
+
+# An optional sign and/or dollar sign, then either comma-grouped thousands or plain digits, then an
+# optional fraction. "18." yields "18" (a sentence's full stop is not a decimal point).
+_NUMBER_RE = re.compile(r"(?:-\$?|\$-?)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|(?:-\$?|\$-?)?\.\d+")
+_MARK = "####"
+REL_TOL = 1e-6
+
+
+def normalize_number(token: str) -> str | None:
+    """Canonical text of a number token: ``"$1,234.50"`` -> ``"1234.50"``, ``"-$5"`` -> ``"-5"``,
+    ``"18."`` -> ``"18"``. Returns None when ``token`` is not a number after stripping ``$``, ``,``
+    and a trailing ``.``."""
+    text = token.strip().replace("$", "").replace(",", "").rstrip(".")
+    try:
+        float(text)
+    except ValueError:
+        return None
+    return text if math.isfinite(float(text)) else None
+
+
+def _first_number(text: str) -> str | None:
+    match = _NUMBER_RE.search(text)
+    return normalize_number(match.group(0)) if match else None
+
+
+def _last_number(text: str) -> str | None:
+    matches = _NUMBER_RE.findall(text)
+    return normalize_number(matches[-1]) if matches else None
+
+
+def extract_answer(text: str | None) -> str | None:
+    """The model's answer in ``text``: the first number after the last ``####`` if there is one,
+    else the last number anywhere in the text; normalized by ``normalize_number``. None when the
+    text holds no number."""
+    if not text:
+        return None
+    if _MARK in text:
+        found = _first_number(text.rsplit(_MARK, 1)[1])
+        if found is not None:
+            return found
+    return _last_number(text)
+
+
+def reference_answer(answer: str) -> str:
+    """The normalized number after ``####`` in a GSM8K ``answer`` field.
+
+    Raises ValueError when there is no ``####`` or no number after it (a malformed case, which the
+    launcher records as an evaluator error, not as a score of 0).
+    """
+    if not isinstance(answer, str) or _MARK not in answer:
+        raise ValueError(f"malformed gsm8k case: answer has no '{_MARK} <number>' line: {answer!r:.200}")
+    found = _first_number(answer.rsplit(_MARK, 1)[1])
+    if found is None:
+        raise ValueError(f"malformed gsm8k case: no number after '{_MARK}': {answer!r:.200}")
+    return found
+
+
+def numbers_equal(a: str, b: str) -> bool:
+    """Numeric equality of two normalized number strings (``"18"`` equals ``"18.00"``).
+
+    Two whole numbers must be exactly equal: a relative tolerance would accept 1450001 for
+    1450000. Otherwise the values match within relative tolerance ``REL_TOL`` (1e-6).
+    """
+    x, y = Decimal(a), Decimal(b)
+    if x == x.to_integral_value() and y == y.to_integral_value():
+        return x == y
+    return math.isclose(float(x), float(y), rel_tol=REL_TOL)
+
+
+def _model_answer(request: Any, trajectory: Any) -> tuple[str | None, str | None]:
+    """(answer, source): from ``trajectory.final_response``, else the runtime's extracted_answer."""
+    found = extract_answer(getattr(trajectory, "final_response", None) or "")
+    if found is not None:
+        return found, "final_response"
+    start_result = getattr(request, "start_result", None)
+    metrics = getattr(start_result, "metrics", None) or {}
+    raw = metrics.get("extracted_answer")
+    if raw is not None:
+        found = normalize_number(str(raw))
+        if found is not None:
+            return found, "runtime_metrics"
+    return None, None
+
+
+def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
+    """Score one gsm8k session.
+
+    ``request.env_params["dataset"]["answer"]`` is the GSM8K answer text ending in ``#### N``.
+    Returns ``{"score": 10 | 0, "reason": "expected N, got M", "artifacts": {"expected", "got",
+    "source"}}``. An empty trajectory with no runtime result scores 0 with a reason.
+    Raises ValueError when the case's answer is malformed (no ``#### <number>``).
+    """
+    expected = reference_answer(request.env_params["dataset"]["answer"])
+    got, source = _model_answer(request, trajectory)
+    artifacts = {"expected": expected, "got": got, "source": source}
+    if got is None:
+        steps = len(getattr(trajectory, "steps", None) or [])
+        return {"score": 0, "reason": f"expected {expected}, got no number ({steps} steps)", "artifacts": artifacts}
+    score = 10 if numbers_equal(expected, got) else 0
+    return {"score": score, "reason": f"expected {expected}, got {got}", "artifacts": artifacts}

@@ -1,0 +1,117 @@
+"""Shared helper for runtimes (DESIGN.md section 4, runtime contract).
+
+A runtime is a process that reads one ``SimulationStartRequest`` JSON document on stdin, runs the
+agent against the gateway session URL and prints one ``SimulationStartResult`` JSON line last on
+stdout. Logs go to stderr, never stdout. Typical use::
+
+    def main(req: SimulationStartRequest) -> SimulationStartResult: ...
+
+    if __name__ == "__main__":
+        run_runtime(main)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import openai
+from openai.types.chat import ChatCompletion
+
+from rollout.protocol import SimulationStartRequest, SimulationStartResult
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_API_KEY = "sk-rollout"
+# Set by the gateway on the synthetic stop answer it sends once the session's step budget is used.
+STOP_REASON_HEADER = "x-gateway-stop-reason"
+
+
+def read_start_request(stream: TextIO | None = None) -> SimulationStartRequest:
+    """Read the whole of ``stream`` (default ``sys.stdin``) as one ``SimulationStartRequest``.
+
+    Raises ``pydantic.ValidationError`` when the JSON is malformed or misses required fields.
+    """
+    text = (stream or sys.stdin).read()
+    return SimulationStartRequest.model_validate_json(text)
+
+
+def openai_client(req: SimulationStartRequest, max_retries: int = 2, timeout_s: float = 600.0) -> openai.OpenAI:
+    """An ``openai.OpenAI`` client bound to the session URL prefix ``req.gateway_base_url``
+    (``http://HOST:PORT/v1/sessions/<sid>``; the SDK appends ``/chat/completions``).
+
+    The API key comes from ``OPENAI_API_KEY`` (default ``sk-rollout``: the gateway holds the real
+    upstream keys). ``timeout_s`` is the per-request timeout in seconds.
+    """
+    return openai.OpenAI(
+        base_url=req.gateway_base_url,
+        api_key=os.environ.get("OPENAI_API_KEY", DEFAULT_API_KEY),
+        max_retries=max_retries,
+        timeout=timeout_s,
+    )
+
+
+def chat_completion(client: openai.OpenAI, **kwargs: Any) -> tuple[ChatCompletion, str | None]:
+    """Call ``client.chat.completions.create(**kwargs)`` (non-streaming) and return
+    ``(completion, gateway_stop_reason)``; the stop reason is the ``x-gateway-stop-reason`` header
+    (``"max_steps"`` when the gateway answered with its synthetic stop instead of the model), else
+    None. Raises the SDK's ``openai.APIError`` subclasses like ``create`` does.
+    """
+    raw = client.chat.completions.with_raw_response.create(**kwargs)
+    return raw.parse(), raw.headers.get(STOP_REASON_HEADER)
+
+
+def emit_result(result: SimulationStartResult, stream: TextIO | None = None) -> None:
+    """Print ``result`` as ONE JSON line on ``stream`` (default ``sys.stdout``) and flush.
+
+    Call it last: the launcher reads the last stdout line.
+    """
+    out = stream or sys.stdout
+    out.write(result.model_dump_json() + "\n")
+    out.flush()
+
+
+def _session_id_from(raw: str) -> str:
+    """Best-effort ``session_id`` of a start request that did not validate ("" when unknown)."""
+    try:
+        value = json.loads(raw).get("session_id", "")
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+def run_runtime(main: Callable[[SimulationStartRequest], SimulationStartResult]) -> None:
+    """Read the start request from stdin, call ``main(req)`` and emit its result.
+
+    Any exception (including an unreadable request) becomes a ``failed`` result whose
+    ``error_text`` is ``"ExcType: message"``; the process still exits 0, because the launcher reads
+    ``status``. While ``main`` runs, ``sys.stdout`` is redirected to stderr so stray prints cannot
+    corrupt the result line. Configures logging to stderr (level from ``ROLLOUT_LOG_LEVEL``, default
+    INFO) when nothing configured it yet.
+    """
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=os.environ.get("ROLLOUT_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    raw = sys.stdin.read()
+    session_id = _session_id_from(raw)
+    try:
+        req = SimulationStartRequest.model_validate_json(raw)
+        session_id = req.session_id
+        with contextlib.redirect_stdout(sys.stderr):
+            result = main(req)
+    except Exception as exc:  # the runtime contract: every failure is reported as a result
+        logger.exception("runtime failed")
+        result = SimulationStartResult(
+            session_id=session_id,
+            status="failed",
+            terminated=False,
+            error_text=f"{type(exc).__name__}: {exc}",
+        )
+    emit_result(result)

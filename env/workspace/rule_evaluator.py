@@ -1,0 +1,86 @@
+"""Rule evaluator for the workspace env: compare ``outputs/answer.json`` with the task's expected.json.
+
+Self-contained (standard library only) so the launcher can load it by path with importlib. It grades
+the workspace's final state, whatever the runtime reported (like a Harbor verifier).
+
+Matching rules (``first_mismatch``): numbers (int/float, never bool) match within relative
+tolerance 1e-6; strings match after ``strip()``; bools and null match exactly; lists match
+element-wise with equal length; dicts match when every expected key matches (extra keys ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+ANSWER_PATH = "outputs/answer.json"
+REL_TOL = 1e-6
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def first_mismatch(expected: Any, actual: Any, path: str = "answer") -> str | None:
+    """None when ``actual`` matches ``expected`` (rules in the module docstring), else a reason
+    naming the first mismatched key path, e.g. ``"answer.totals.North: expected 12.5, got 12"``."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return f"{path}: expected an object, got {json.dumps(actual)}"
+        for key, value in expected.items():
+            if key not in actual:
+                return f"{path}.{key}: missing"
+            found = first_mismatch(value, actual[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return f"{path}: expected {json.dumps(expected)}, got {json.dumps(actual)}"
+        for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
+            found = first_mismatch(exp, act, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if _is_number(expected):
+        ok = _is_number(actual) and math.isclose(expected, actual, rel_tol=REL_TOL)
+    elif isinstance(expected, str):
+        ok = isinstance(actual, str) and actual.strip() == expected.strip()
+    else:  # bool or None
+        ok = type(actual) is type(expected) and actual == expected
+    return None if ok else f"{path}: expected {json.dumps(expected)}, got {json.dumps(actual)}"
+
+
+def load_answer(workspace: str | None) -> tuple[Any, str | None]:
+    """(answer, None) from ``<workspace>/outputs/answer.json``, or (None, reason) when there is no
+    workspace, no file, or the file is not a JSON object."""
+    if not workspace:
+        return None, "no workspace to grade"
+    path = Path(workspace) / ANSWER_PATH
+    try:
+        answer = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"{ANSWER_PATH} is missing"
+    except (OSError, ValueError) as exc:
+        return None, f"{ANSWER_PATH} is not valid JSON: {exc}"
+    if not isinstance(answer, dict):
+        return None, f"{ANSWER_PATH} is not a JSON object"
+    return answer, None
+
+
+def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
+    """Score one workspace session: 10 when every key of ``env_params["dataset"]["expected"]``
+    matches the answer file, else 0. Returns ``{"score", "reason", "artifacts": {"answer"}}``;
+    a missing or unparseable answer file scores 0 with a reason (never raises for it).
+    Raises KeyError when the case row has no ``expected`` (a launcher/config error).
+    """
+    expected = request.env_params["dataset"]["expected"]
+    answer, problem = load_answer(getattr(request, "workspace", None))
+    if problem:
+        return {"score": 0, "reason": problem, "artifacts": {"answer": None}}
+    mismatch = first_mismatch(expected, answer)
+    if mismatch:
+        return {"score": 0, "reason": f"mismatch at {mismatch}", "artifacts": {"answer": answer}}
+    return {"score": 10, "reason": f"all {len(expected)} expected keys match", "artifacts": {"answer": answer}}

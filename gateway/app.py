@@ -1,0 +1,116 @@
+"""App factory and lifespan: ``create_app(settings)`` builds the FastAPI app with its store,
+telemetry writer, session manager and upstream client, started and stopped with the app."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.chat import handle_chat
+from gateway.errors import GatewayError, install_error_handlers
+from gateway.metrics import Metrics
+from gateway.recorder import TelemetryWriter
+from gateway.sessions import SessionManager
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
+from gateway.upstream import UpstreamClient
+from gateway.wire import CloseSessionRequest
+from store import Store
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """Build the gateway app. The store and the upstream pool open in the lifespan startup and
+    close (after the telemetry queue is drained) at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store(settings.storage_config.db_url)
+        await store.init()
+        metrics = Metrics()
+        tel = settings.telemetry
+        writer = TelemetryWriter(store, metrics, strict=tel.mode == "strict", batch_max=tel.batch_max,
+                                 queue_max=tel.queue_max)
+        upstream = UpstreamClient(settings.llm_routes)
+        await upstream.start()
+        writer.start()
+        app.state.gw = GatewayState(settings, store, SessionManager(store, settings.max_steps), upstream,
+                                    writer, metrics)
+        active = await store.interrupted_sessions_reset()
+        log.info("gateway ready: storage=%s routes=%s active sessions=%d", store.identity(),
+                 ",".join(settings.llm_routes), active)
+        try:
+            yield
+        finally:
+            await writer.stop()
+            await upstream.close()
+            await store.close()
+
+    app = FastAPI(title="rollout gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    sp = settings.base_session_path
+
+    def gw(request: Request) -> GatewayState:
+        return request.app.state.gw  # type: ignore[no-any-return]
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        g = gw(request)
+        body = {"status": "ready", "storage_type": g.store.kind, "db_url": g.store.identity(),
+                "max_steps": g.settings.max_steps, "routes": sorted(g.settings.llm_routes),
+                "base_session_path": sp, "telemetry_mode": g.settings.telemetry.mode}
+        try:
+            await g.store.ping()
+        except Exception as e:
+            body.update(status="unavailable", error=f"{type(e).__name__}: {e}")
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        g = gw(request)
+        for key, n in g.upstream.in_flight.items():
+            g.metrics.in_flight.labels(key).set(n)
+        return Response(g.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions")
+    async def chat_passthrough(request: Request) -> Response:
+        return await handle_chat(gw(request), request, None)
+
+    @app.post(sp + "/{session_id}/chat/completions")
+    async def chat_session(session_id: str, request: Request) -> Response:
+        return await handle_chat(gw(request), request, session_id)
+
+    @app.get(sp + "/{session_id}")
+    async def session_status(session_id: str, request: Request) -> dict[str, object]:
+        st = await gw(request).sessions.get(session_id)
+        if st is None:
+            raise GatewayError(404, f"unknown session {session_id}", code="session_not_found")
+        return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
+                "total_steps": st.total_steps, "step_counts": st.step_counts or {},
+                "close_reason": st.close_reason, "completion_mode": st.completion_mode}
+
+    @app.post(sp + "/{session_id}/close")
+    async def close_session(session_id: str, request: Request) -> dict[str, object]:
+        g = gw(request)
+        raw = await request.body()
+        try:
+            req = CloseSessionRequest.model_validate_json(raw) if raw.strip() else CloseSessionRequest()
+        except ValueError as e:
+            raise GatewayError(400, f"invalid close request: {e}") from None
+        snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode)
+        await g.writer.record(None, snap)
+        return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
+                "truncated": truncated, "close_reason": snap.close_reason,
+                "completion_mode": snap.completion_mode}
+
+    return app

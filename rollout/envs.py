@@ -1,0 +1,180 @@
+"""Env configs (``env/<name>/env.yaml``) and their datasets, expanded into cases.
+
+An env config is strict (unknown keys are errors). Paths are relative to the config file's folder.
+Datasets are JSONL files (one case per line; the case id is ``id_field`` of the row, else the line
+index) or task directories (``tasks/<id>/instruction.md``, ``expected.json``, optional ``files/``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CONFIG_NAME = "env.yaml"
+
+
+class EnvConfigError(ValueError):
+    """An env config or its dataset cannot be read or is invalid (the message names the file)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetConfig(_Strict):
+    """Where the cases come from. ``hidden_fields`` are removed from the case row that the runtime
+    sees (``env_params["dataset"]``); the evaluator sees the full row."""
+
+    format: Literal["jsonl", "task_dirs"] = "jsonl"
+    path: str
+    id_field: str | None = None
+    hidden_fields: list[str] = Field(default_factory=list)
+
+
+class RuntimeConfig(_Strict):
+    """How to run one session: ``command`` (``{python}`` = the launcher's interpreter, ``{env_dir}``
+    = the env folder), extra environment variables, and the session timeout in seconds."""
+
+    command: list[str]
+    timeout_s: float = Field(default=600.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class EnvConfig(_Strict):
+    """One env: name, dataset, runtime, public params (merged into ``env_params``), default step
+    budget (``max_steps``, -1 unlimited) and an optional case limit."""
+
+    name: str
+    description: str = ""
+    dataset: DatasetConfig
+    runtime: RuntimeConfig
+    params: dict[str, Any] = Field(default_factory=dict)
+    max_steps: int = -1
+    limit: int | None = Field(default=None, ge=1)
+    # resolved at load time
+    env_dir: Path = Field(default=Path("."), exclude=True)
+    config_path: Path = Field(default=Path("."), exclude=True)
+
+    def dataset_path(self) -> Path:
+        """The dataset path, resolved against the config folder."""
+        p = Path(self.dataset.path).expanduser()
+        return p if p.is_absolute() else (self.env_dir / p).resolve()
+
+    def command(self) -> list[str]:
+        """The runtime command with ``{python}`` and ``{env_dir}`` substituted."""
+        return [a.replace("{python}", sys.executable).replace("{env_dir}", str(self.env_dir)) for a in
+                self.runtime.command]
+
+
+class Case(BaseModel):
+    """One dataset row of an env. ``row`` is the full row (what the evaluator sees);
+    ``public_row()`` what the runtime sees. ``files_dir`` is copied into the workspace."""
+
+    env_name: str
+    case_id: str
+    row: dict[str, Any]
+    hidden_fields: list[str] = Field(default_factory=list)
+    files_dir: str | None = None
+
+    def public_row(self) -> dict[str, Any]:
+        """The row without its hidden fields."""
+        return {k: v for k, v in self.row.items() if k not in self.hidden_fields}
+
+
+def load_env_config(path: Path) -> EnvConfig:
+    """Read one ``env.yaml``. Raises EnvConfigError naming the file and the problem."""
+    path = path.resolve()
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise EnvConfigError(f"cannot read env config {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise EnvConfigError(f"env config {path} must be a mapping")
+    raw.setdefault("name", path.parent.name)
+    try:
+        cfg = EnvConfig.model_validate(raw)
+    except ValidationError as e:
+        raise EnvConfigError(f"invalid env config {path}: {e}") from e
+    cfg.env_dir = path.parent
+    cfg.config_path = path
+    return cfg
+
+
+def discover_envs(agent_root: Path) -> list[EnvConfig]:
+    """Every ``<agent_root>/<name>/env.yaml``, sorted by name. Raises EnvConfigError when the
+    folder does not exist or holds no env."""
+    if not agent_root.is_dir():
+        raise EnvConfigError(f"agent root {agent_root} is not a directory")
+    found = [load_env_config(p) for p in sorted(agent_root.glob(f"*/{CONFIG_NAME}"))]
+    if not found:
+        raise EnvConfigError(f"no env found: no {agent_root}/<name>/{CONFIG_NAME}")
+    return found
+
+
+def load_cases(cfg: EnvConfig, limit: int | None = None) -> list[Case]:
+    """Expand an env's dataset into cases (at most ``limit`` or ``cfg.limit``). Raises
+    EnvConfigError for a missing file, a line that is not a JSON object, or duplicate case ids."""
+    path = cfg.dataset_path()
+    n = limit or cfg.limit
+    cases = _task_dirs(cfg, path) if cfg.dataset.format == "task_dirs" else _jsonl(cfg, path, n)
+    if n is not None:
+        cases = cases[:n]
+    seen: set[str] = set()
+    for c in cases:
+        if c.case_id in seen:
+            raise EnvConfigError(f"{path}: duplicate case id {c.case_id!r}")
+        seen.add(c.case_id)
+    return cases
+
+
+def _jsonl(cfg: EnvConfig, path: Path, limit: int | None) -> list[Case]:
+    if not path.is_file():
+        raise EnvConfigError(f"env {cfg.name}: dataset {path} not found")
+    cases: list[Case] = []
+    with path.open(encoding="utf-8") as f:
+        index = 0
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise EnvConfigError(f"{path}:{lineno}: not valid JSON: {e}") from None
+            if not isinstance(row, dict):
+                raise EnvConfigError(f"{path}:{lineno}: each line must be a JSON object")
+            fid = cfg.dataset.id_field
+            if fid is not None and fid not in row:
+                raise EnvConfigError(f"{path}:{lineno}: row has no id field {fid!r}")
+            case_id = str(row[fid]) if fid is not None else str(index)
+            cases.append(Case(env_name=cfg.name, case_id=case_id, row=row,
+                              hidden_fields=cfg.dataset.hidden_fields))
+            index += 1
+            if limit is not None and index >= limit:
+                break
+    return cases
+
+
+def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
+    if not root.is_dir():
+        raise EnvConfigError(f"env {cfg.name}: task folder {root} not found")
+    cases: list[Case] = []
+    hidden = sorted({*cfg.dataset.hidden_fields, "expected", "files_dir"})
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        instr, exp = d / "instruction.md", d / "expected.json"
+        if not instr.is_file() or not exp.is_file():
+            raise EnvConfigError(f"task {d} needs instruction.md and expected.json")
+        try:
+            expected = json.loads(exp.read_text())
+        except ValueError as e:
+            raise EnvConfigError(f"{exp}: not valid JSON: {e}") from None
+        files = d / "files"
+        row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
+               "files_dir": str(files) if files.is_dir() else None}
+        cases.append(Case(env_name=cfg.name, case_id=d.name, row=row, hidden_fields=hidden,
+                          files_dir=str(files) if files.is_dir() else None))
+    return cases

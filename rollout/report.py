@@ -1,0 +1,303 @@
+"""The report: one JSON line per session (``SessionRecord``), a summary per (env, model)
+(``summarize``) with mean score and pass@k, a text table (``render_table``) and the JSONL export
+(``write_jsonl``).
+
+Counting rules (faults F17, F18): a session is *scored* when its ``eval_status`` is ``scored``;
+``invalid_reward``, ``error`` and ``timeout`` are counted apart and are left out of the mean score
+unless ``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
+(``score >= 10 - 1e-9``); sessions without a score never pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, FiniteFloat
+
+SessionStatus = Literal["succeeded", "failed", "truncated", "timeout", "error", "cancelled"]
+
+PASS_SCORE = 10.0
+PASS_EPSILON = 1e-9
+"""A session passes when ``score >= PASS_SCORE - PASS_EPSILON``."""
+
+RUNTIME_ERROR_STATUSES = frozenset({"failed", "error"})
+EVAL_ERROR_STATUS = "error"
+EVAL_TIMEOUT_STATUS = "timeout"
+EVAL_INVALID_STATUS = "invalid_reward"
+EVAL_SCORED_STATUS = "scored"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimate for one case: the probability that at least one of ``k`` samples
+    drawn without replacement from ``n`` samples, ``c`` of which pass, passes.
+
+    Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code"
+    (arXiv:2107.03374), eq. 1: ``pass@k = 1 - C(n-c, k) / C(n, k)``, computed here in the
+    numerically stable product form of the paper's Figure 3:
+    ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``; it is exactly 1.0 when ``n - c < k``.
+
+    Args:
+        n: samples of the case (>= 1). c: passing samples (0 <= c <= n). k: 1 <= k <= n.
+
+    Returns:
+        A float in [0, 1].
+
+    Raises:
+        ValueError: a non-integer (bools included) argument, ``n < 1``, ``c`` outside 0..n,
+            ``k < 1`` or ``k > n``.
+    """
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"pass_at_k: {name} must be an int, got {type(value).__name__}")
+    if n < 1:
+        raise ValueError(f"pass_at_k: n must be >= 1, got {n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: c must be in 0..n={n}, got {c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: k must be in 1..n={n}, got {k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+class UsageTotals(BaseModel):
+    """Token counts summed over a session's steps (steps with unknown counts add 0)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class SessionRecord(BaseModel):
+    """One session, one JSON line of the launcher's ``--out`` file.
+
+    - ``status``: the session's runtime status: succeeded | failed | truncated | timeout | error |
+      cancelled.
+    - ``score``: the committed reward in 0..10 (finite; NaN/inf rejected), None when not evaluated.
+    - ``eval_status``: scored | invalid_reward | error | timeout | skipped, or None (evaluation
+      disabled or not reached). ``reason``: the evaluation's or the runtime's reason.
+    - ``duration_s``: session wall time in seconds (None when unknown).
+    - ``usage``: token sums over the steps, None when no step reported usage.
+    - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order.
+    """
+
+    session_id: str
+    job_id: str
+    env_name: str
+    case_id: str
+    group_id: str
+    model: str
+    sample_index: int
+    status: SessionStatus
+    score: FiniteFloat | None = None
+    eval_status: str | None = None
+    reason: str | None = None
+    duration_s: FiniteFloat | None = None
+    usage: UsageTotals | None = None
+    step_count: int = 0
+    trajectory: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class SummaryRow(BaseModel):
+    """Summary of the sessions of one (env_name, model).
+
+    Counts: ``sessions``; ``cases`` (distinct case_id); evaluation outcomes ``scored``,
+    ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
+    runtime outcomes ``runtime_errors`` (status failed|error), ``runtime_timeouts`` (status timeout).
+
+    Scores (0..10): ``mean_score`` over scored sessions (or over all sessions with unscored ones as
+    0 when ``count_unscored_as_zero``), None when there is nothing to average.
+
+    Pass rates (0..1, Chen et al. 2021 estimator per case, averaged over cases): ``pass_at_1``
+    over all cases; ``pass_at_k`` for ``k`` over the ``pass_at_k_cases`` cases that have at least
+    ``k`` samples (None when no case has). ``mean_duration_s``: over sessions with a duration, in
+    seconds (None when none has one).
+    """
+
+    env_name: str
+    model: str
+    sessions: int
+    cases: int
+    scored: int
+    invalid: int
+    eval_error: int
+    eval_timeout: int
+    unevaluated: int
+    mean_score: float | None
+    k: int
+    pass_at_1: float
+    pass_at_k: float | None
+    pass_at_k_cases: int
+    runtime_errors: int
+    runtime_timeouts: int
+    mean_duration_s: float | None
+
+    @property
+    def eval_error_rate(self) -> float:
+        """(eval_error + eval_timeout) / sessions, 0.0 for no sessions."""
+        return (self.eval_error + self.eval_timeout) / self.sessions if self.sessions else 0.0
+
+
+def _is_scored(record: SessionRecord) -> bool:
+    return record.eval_status == EVAL_SCORED_STATUS and record.score is not None
+
+
+def _passes(record: SessionRecord) -> bool:
+    return _is_scored(record) and record.score is not None and record.score >= PASS_SCORE - PASS_EPSILON
+
+
+def summarize(
+    records: list[SessionRecord], *, k: int | None = None, count_unscored_as_zero: bool = False
+) -> list[SummaryRow]:
+    """One ``SummaryRow`` per (env_name, model), sorted by env_name then model.
+
+    pass@k is computed per case (the samples with the same ``case_id``): ``n`` = samples of the
+    case, ``c`` = passing samples (scored and score == 10, within 1e-9), then averaged over the
+    cases. ``k`` defaults, per row, to the smallest number of samples of any case in that row (the
+    group size); with an explicit ``k``, cases with fewer than ``k`` samples are left out of pass@k
+    (``pass_at_k_cases`` tells how many were used). pass@1 is always computed over all cases.
+
+    Raises:
+        ValueError: ``k`` given and < 1.
+    """
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"summarize: k must be an int >= 1, got {k!r}")
+    groups: dict[tuple[str, str], list[SessionRecord]] = defaultdict(list)
+    for record in records:
+        groups[(record.env_name, record.model)].append(record)
+
+    rows: list[SummaryRow] = []
+    for (env_name, model), recs in sorted(groups.items()):
+        by_case: dict[str, list[SessionRecord]] = defaultdict(list)
+        for r in recs:
+            by_case[r.case_id].append(r)
+        case_counts = [(len(rs), sum(1 for r in rs if _passes(r))) for rs in by_case.values()]
+        row_k = k if k is not None else min(n for n, _ in case_counts)
+        eligible = [(n, c) for n, c in case_counts if n >= row_k]
+        pass_k = sum(pass_at_k(n, c, row_k) for n, c in eligible) / len(eligible) if eligible else None
+        pass_1 = sum(pass_at_k(n, c, 1) for n, c in case_counts) / len(case_counts)
+
+        scored = [r for r in recs if _is_scored(r)]
+        if count_unscored_as_zero:
+            values = [r.score if _is_scored(r) and r.score is not None else 0.0 for r in recs]
+        else:
+            values = [r.score for r in scored if r.score is not None]
+        mean_score = math.fsum(values) / len(values) if values else None
+        durations = [r.duration_s for r in recs if r.duration_s is not None]
+
+        rows.append(
+            SummaryRow(
+                env_name=env_name,
+                model=model,
+                sessions=len(recs),
+                cases=len(by_case),
+                scored=len(scored),
+                invalid=sum(1 for r in recs if r.eval_status == EVAL_INVALID_STATUS),
+                eval_error=sum(1 for r in recs if r.eval_status == EVAL_ERROR_STATUS),
+                eval_timeout=sum(1 for r in recs if r.eval_status == EVAL_TIMEOUT_STATUS),
+                unevaluated=sum(1 for r in recs if r.eval_status in (None, "skipped")),
+                mean_score=mean_score,
+                k=row_k,
+                pass_at_1=pass_1,
+                pass_at_k=pass_k,
+                pass_at_k_cases=len(eligible),
+                runtime_errors=sum(1 for r in recs if r.status in RUNTIME_ERROR_STATUSES),
+                runtime_timeouts=sum(1 for r in recs if r.status == "timeout"),
+                mean_duration_s=math.fsum(durations) / len(durations) if durations else None,
+            )
+        )
+    return rows
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_table(rows: list[SummaryRow]) -> str:
+    """A fixed-width plain-text table of ``rows``, one line per row under a header line and a rule;
+    ``-`` stands for a missing value. Scores have 2 decimals, pass rates 3, durations 1 (seconds).
+    Returns ``"(no sessions)"`` for no rows. No trailing newline."""
+    if not rows:
+        return "(no sessions)"
+    headers = [
+        "env", "model", "sessions", "scored", "invalid", "eval_err", "eval_t/o", "mean_score",
+        "pass@1", "pass@k", "k", "rt_err", "rt_t/o", "mean_s",
+    ]  # fmt: skip
+    right = set(range(2, len(headers)))
+    body = [
+        [
+            r.env_name,
+            r.model,
+            str(r.sessions),
+            str(r.scored),
+            str(r.invalid),
+            str(r.eval_error),
+            str(r.eval_timeout),
+            _fmt(r.mean_score, 2),
+            _fmt(r.pass_at_1, 3),
+            _fmt(r.pass_at_k, 3),
+            str(r.k),
+            str(r.runtime_errors),
+            str(r.runtime_timeouts),
+            _fmt(r.mean_duration_s, 1),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(line[i]) for line in body)) for i, h in enumerate(headers)]
+
+    def fmt_line(cells: list[str]) -> str:
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    lines = [fmt_line(headers), "  ".join("-" * w for w in widths)]
+    lines.extend(fmt_line(line) for line in body)
+    return "\n".join(lines)
+
+
+def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:
+    """Write one strict-JSON line per record to ``path`` and return the number of lines.
+
+    Parent directories are created. The file is written to a temporary file in the same directory,
+    fsynced, then moved over ``path`` with ``os.replace``, so readers see the old file or the whole
+    new one. NaN/inf anywhere (score, trajectory, ...) is never emitted: ``json.dumps`` runs with
+    ``allow_nan=False``.
+
+    Raises:
+        ValueError: a record holds NaN or +-inf (the target file is left untouched).
+        TypeError: a record holds a value that is not JSON-serializable.
+        OSError: the file cannot be written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    count = 0
+    try:
+        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; the export is an ordinary file
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for record in records:
+                line = json.dumps(record.model_dump(mode="python"), allow_nan=False, ensure_ascii=False)
+                fh.write(line)
+                fh.write("\n")
+                count += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    return count

@@ -1,0 +1,113 @@
+"""The ``local`` runtime backend: one subprocess per session, in its own temporary workspace.
+
+The runtime gets the ``SimulationStartRequest`` JSON on stdin and must print a
+``SimulationStartResult`` JSON line last. It runs in a new process group (``start_new_session``)
+so that a timeout or Ctrl-C kills it and every child it started (``killpg(SIGKILL)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ValidationError
+
+from rollout.protocol import SimulationStartRequest, SimulationStartResult
+
+log = logging.getLogger(__name__)
+_TAIL = 4000
+
+
+class RuntimeOutcome(BaseModel):
+    """What running a runtime gave. ``status``: the result's status, ``timeout`` when the session
+    timeout killed it, or ``error`` when it printed no valid result (crash, bad JSON, no status).
+    ``duration_s`` is wall-clock seconds; the ``*_tail`` fields hold the last 4000 characters."""
+
+    status: Literal["succeeded", "failed", "truncated", "timeout", "error"]
+    result: SimulationStartResult | None = None
+    error_text: str | None = None
+    returncode: int | None = None
+    duration_s: float
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+def parse_result(stdout: str) -> SimulationStartResult:
+    """The last non-empty stdout line as a SimulationStartResult.
+
+    Raises ValueError when that line is not a JSON object or lacks a valid ``status`` (such output
+    is a failed session, never a success)."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("runtime printed nothing on stdout")
+    last = lines[-1].strip()
+    try:
+        obj = json.loads(last)
+    except ValueError:
+        raise ValueError(f"last stdout line is not JSON: {last[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"last stdout line is not a JSON object: {last[:200]!r}")
+    try:
+        return SimulationStartResult.model_validate(obj)
+    except ValidationError as e:
+        raise ValueError(f"last stdout line is not a SimulationStartResult: {e.errors()[0]['msg']} "
+                         f"at {'.'.join(map(str, e.errors()[0]['loc']))}") from None
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
+                    extra_env: dict[str, str] | None = None) -> RuntimeOutcome:
+    """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
+
+    Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
+    the process group. Raises OSError when the command cannot be started at all.
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env.setdefault("OPENAI_API_KEY", "sk-rollout-local")
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True,
+    )
+    payload = request.model_dump_json().encode() + b"\n"
+    try:
+        out_b, err_b = await asyncio.wait_for(proc.communicate(payload), timeout=timeout_s)
+    except TimeoutError:
+        _kill_group(proc)
+        await proc.wait()
+        return RuntimeOutcome(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
+                              returncode=proc.returncode, duration_s=time.monotonic() - t0)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        if proc.returncode is None:
+            _kill_group(proc)
+    _kill_group(proc)  # reap stray children of a runtime that exited but left its group running
+    dt = time.monotonic() - t0
+    out = out_b.decode("utf-8", "replace")
+    err = err_b.decode("utf-8", "replace")
+    tails = {"stdout_tail": out[-_TAIL:], "stderr_tail": err[-_TAIL:], "returncode": proc.returncode}
+    try:
+        result = parse_result(out)
+    except ValueError as e:
+        why = f"{e} (exit code {proc.returncode})"
+        if err.strip():
+            why += f"; stderr: {err.strip()[-500:]}"
+        return RuntimeOutcome(status="error", error_text=why, duration_s=dt, **tails)
+    if result.session_id != request.session_id:
+        return RuntimeOutcome(status="error", result=result, duration_s=dt, **tails,
+                              error_text=f"result is for session {result.session_id}, not {request.session_id}")
+    return RuntimeOutcome(status=result.status, result=result, error_text=result.error_text, duration_s=dt, **tails)

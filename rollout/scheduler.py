@@ -1,0 +1,210 @@
+"""The scheduler: turns envs x cases x samples into sessions and runs exactly ``pool_size`` of
+them at once.
+
+Per session: a ``job_environments`` row, a runtime in a fresh temporary workspace (``files/`` of a
+task copied in), the gateway session closed, then (optionally) evaluation, then the row finished
+with the score written back as the reward of the last step. Ctrl-C cancels the sessions in flight:
+each runtime's process group is killed, its gateway session closed, its row marked ``cancelled``
+and left unfinished (so ``--resume`` runs it again); nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rollout.envs import Case, EnvConfig
+from rollout.evaluation import EvalOutcome, discover_evaluator, run_evaluation
+from rollout.protocol import EvalRequest, EvalSpec, SimulationStartRequest
+from rollout.report import SessionRecord
+from rollout.runtime_local import RuntimeOutcome, run_local
+from rollout.records import record_of
+from rollout.trajectory import to_trajectory
+from store import JobEnvironment, Store, utcnow
+
+log = logging.getLogger(__name__)
+
+# job_environments.status values that mean the harness failed (not the agent): exit code 2
+HARNESS_FAILURES = frozenset({"error", "timeout"})
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Job-wide settings: the route key, temperature (None = route default), step budget override
+    (None = the env's ``max_steps``), concurrency, evaluation switch and timeout (seconds)."""
+
+    job_id: str
+    model: str
+    gateway_url: str
+    agent_root: Path
+    pool_size: int
+    temperature: float | None = None
+    max_steps: int | None = None
+    enable_evaluation: bool = False
+    eval_timeout_s: float = 60.0
+    keep_workspaces: bool = False
+
+
+def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
+                 max_steps: int | None) -> list[JobEnvironment]:
+    """One ``job_environments`` row per (env, case, sample). The ``group_id`` of a case's samples is
+    shared (uuid5 of job, env and case); session ids are random uuid4 hex."""
+    rows: list[JobEnvironment] = []
+    for cfg, cases in envs:
+        for case in cases:
+            group = uuid.uuid5(uuid.NAMESPACE_URL, f"{job_id}/{cfg.name}/{case.case_id}").hex[:16]
+            for k in range(group_size):
+                rows.append(JobEnvironment(
+                    env_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
+                    llm_model=model, group_id=group, sample_index=k,
+                    env_params={**cfg.params, "dataset": case.row}, status="pending",
+                    max_steps=max_steps if max_steps is not None else cfg.max_steps,
+                ))
+    return rows
+
+
+class Scheduler:
+    """Runs a job's session rows with ``pool_size`` workers. ``envs`` maps env name to config,
+    ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record."""
+
+    def __init__(self, store: Store, settings: RunSettings, envs: dict[str, EnvConfig],
+                 cases: dict[tuple[str, str], Case], on_done: Callable[[SessionRecord], None] | None = None) -> None:
+        self.store = store
+        self.s = settings
+        self.envs = envs
+        self.cases = cases
+        self.on_done = on_done
+        self.records: list[SessionRecord] = []
+        self._http: httpx.AsyncClient | None = None
+
+    async def run(self, rows: list[JobEnvironment]) -> list[SessionRecord]:
+        """Run every row; returns one record per finished session (cancelled ones are absent).
+        Cancelling this coroutine cancels the sessions in flight cleanly."""
+        queue: asyncio.Queue[JobEnvironment] = asyncio.Queue()
+        for r in rows:
+            queue.put_nowait(r)
+        async with httpx.AsyncClient(timeout=30) as http:
+            self._http = http
+            workers = [asyncio.create_task(self._worker(queue), name=f"worker-{i}")
+                       for i in range(min(self.s.pool_size, max(1, len(rows))))]
+            try:
+                await asyncio.gather(*workers)
+            finally:
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+        return self.records
+
+    async def _worker(self, queue: asyncio.Queue[JobEnvironment]) -> None:
+        while True:
+            try:
+                row = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            record = await self.run_session(row)
+            self.records.append(record)
+            if self.on_done:
+                self.on_done(record)
+
+    async def run_session(self, row: JobEnvironment) -> SessionRecord:
+        """Run one session end to end (see the module docstring) and return its record."""
+        cfg = self.envs[row.env_name]
+        case = self.cases[(row.env_name, row.case_id)]
+        sid = row.env_id
+        t0 = time.monotonic()
+        await self.store.update_job_session(sid, status="running", attempts=row.attempts + 1, started_at=utcnow(),
+                                            finished=False)
+        workspace = Path(tempfile.mkdtemp(prefix=f"rollout-{cfg.name}-"))
+        try:
+            if case.files_dir:
+                shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
+            request = SimulationStartRequest(
+                job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
+                group_id=row.group_id, gateway_base_url=f"{self.s.gateway_url.rstrip('/')}/{sid}",
+                model=row.llm_model, temperature=self.s.temperature,
+                max_steps=row.max_steps if row.max_steps is not None else -1,
+                env_params={**cfg.params, "dataset": case.public_row()},
+                metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir)},
+            )
+            try:
+                outcome = await run_local(cfg.command(), request, workspace, cfg.runtime.timeout_s, cfg.runtime.env)
+            except OSError as e:
+                outcome = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0,
+                                         error_text=f"cannot start runtime {cfg.command()[:3]}: {e}")
+            close_info = await self._close(sid, outcome.status)
+            status = outcome.status
+            if status == "succeeded" and close_info.get("truncated"):
+                status = "truncated"
+            errors = [e for e in (outcome.error_text, close_info.get("error")) if e]
+            steps = await self.store.trajectory(sid)
+            trajectory = to_trajectory(sid, steps)
+            evaluation = await self._evaluate(cfg, case, row, outcome, trajectory, workspace)
+            duration = time.monotonic() - t0
+            final = {
+                "status": status, "result": outcome.result.model_dump(mode="json") if outcome.result else None,
+                "error_text": "; ".join(errors) or None, "duration_s": duration,
+                "eval_status": evaluation.status if evaluation else None,
+                "eval_reason": evaluation.reason if evaluation else None,
+                "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts}
+                if evaluation else None,
+            }
+            reward = evaluation.score if evaluation else None
+            await self.store.finish_job_session(
+                sid, reward=reward, eval_meta=evaluation.model_dump(mode="json") if evaluation else None, **final)
+            return record_of(row.model_copy(update={**final, "reward": reward, "finished": True}), steps)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._cancelled(sid))
+            raise
+        except Exception as e:  # a harness bug must fail this session only, with its reason recorded
+            log.exception("session %s failed in the launcher", sid)
+            final = {"status": "error", "error_text": f"launcher error: {type(e).__name__}: {e}",
+                     "duration_s": time.monotonic() - t0}
+            await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
+            return record_of(row.model_copy(update={**final, "finished": True}), await self.store.trajectory(sid))
+        finally:
+            if not self.s.keep_workspaces:
+                shutil.rmtree(workspace, ignore_errors=True)
+
+    async def _cancelled(self, sid: str) -> None:
+        await self._close(sid, "cancelled")
+        await self.store.update_job_session(sid, status="cancelled", finished=False,
+                                            error_text="cancelled by the user (Ctrl-C)")
+
+    async def _close(self, sid: str, status: str) -> dict[str, Any]:
+        """Close the gateway session; returns the gateway's answer, or ``{"error": ...}``."""
+        assert self._http is not None
+        url = f"{self.s.gateway_url.rstrip('/')}/{sid}/close"
+        try:
+            r = await self._http.post(url, json={"reason": status, "completion_mode": status})
+        except httpx.HTTPError as e:
+            return {"error": f"closing the gateway session failed: {type(e).__name__}: {e}"}
+        if r.status_code != 200:
+            return {"error": f"closing the gateway session failed: HTTP {r.status_code}: {r.text[:200]}"}
+        return dict(r.json())
+
+    async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, outcome: RuntimeOutcome,
+                        trajectory: Any, workspace: Path) -> EvalOutcome | None:
+        if not self.s.enable_evaluation:
+            return None
+        path = discover_evaluator(self.s.agent_root, cfg.name)
+        if path is None:
+            path = discover_evaluator(cfg.env_dir.parent, cfg.name)
+        if path is None:
+            return None
+        request = EvalRequest(
+            job_id=row.job_id, session_id=row.env_id, env_name=cfg.name, case_id=case.case_id,
+            group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
+            env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result, workspace=str(workspace),
+        )
+        spec = EvalSpec(eval_id=f"{cfg.name}/rule", timeout_s=self.s.eval_timeout_s, evaluator_path=str(path))
+        return await run_evaluation(path, request, spec, trajectory)

@@ -1,0 +1,188 @@
+"""Processes the launcher starts for a run: the managed local model server and the gateway.
+
+Both run as child processes on free loopback ports and are stopped (SIGTERM, then SIGKILL after
+10 s) when the run ends. ``check_gateway`` verifies a running gateway before anything is launched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from gateway.settings import GatewaySettings, ManagedServer
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(RuntimeError):
+    """A service could not be started or checked; the message says what to do."""
+
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1 (bound once, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ChildProcess:
+    """A started child (own process group) with its log file; ``stop()`` ends it."""
+
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], log_path: Path, url: str) -> None:
+        self.name = name
+        self.proc = proc
+        self.log_path = log_path
+        self.url = url
+
+    def log_tail(self, n: int = 2000) -> str:
+        """The last ``n`` characters the child wrote."""
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, wait ``grace_s`` seconds, then SIGKILL."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> ChildProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    fh = log_path.open("wb")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    fh.close()
+    return ChildProcess(name, proc, log_path, url)
+
+
+async def _wait_http(child: ChildProcess, url: str, timeout_s: float) -> httpx.Response:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5) as client:
+        while time.monotonic() < deadline:
+            if child.proc.poll() is not None:
+                raise ServiceError(f"{child.name} exited with code {child.proc.returncode} while starting; "
+                                   f"its log ({child.log_path}) ends with:\n{child.log_tail()}")
+            try:
+                r = await client.get(url)
+                if r.status_code == 200:
+                    return r
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+    child.stop()
+    raise ServiceError(f"{child.name} did not answer {url} within {timeout_s:g} s; log: {child.log_path}")
+
+
+def find_gguf(managed: ManagedServer) -> Path:
+    """The GGUF file of a managed route: ``model_path``, or the first ``*.gguf`` inside the
+    installed package ``model_package``. Raises ServiceError saying how to install it."""
+    if managed.model_path:
+        p = Path(managed.model_path).expanduser()
+        if not p.is_file():
+            raise ServiceError(f"managed model file {p} does not exist")
+        return p
+    pkg = managed.model_package or ""
+    spec = importlib.util.find_spec(pkg) if pkg else None
+    if spec is None or not spec.submodule_search_locations:
+        raise ServiceError(_install_hint(f"the model package {pkg!r} is not installed"))
+    for loc in spec.submodule_search_locations:
+        ggufs = sorted(Path(loc).glob("*.gguf"))
+        if ggufs:
+            return ggufs[0]
+    raise ServiceError(f"no .gguf file inside the package {pkg!r}")
+
+
+def _install_hint(what: str) -> str:
+    return (f"{what}. The default route runs a local model; install it with\n"
+            "  CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF\" pip install -e '.[local]'\n"
+            "or point the launcher at another route/gateway (--llm-model, --gateway-base-url); see README.")
+
+
+async def start_llama_server(managed: ManagedServer, log_dir: Path) -> ChildProcess:
+    """Start ``python -m llama_cpp.server`` for a managed route and wait until ``/v1/models``
+    answers. Returns the child; its ``url`` is the route's new ``base_url`` (ends in ``/v1``)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ServiceError(_install_hint("llama-cpp-python is not installed"))
+    gguf = find_gguf(managed)
+    port = free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+           "--port", str(port), "--n_ctx", str(managed.n_ctx)]
+    if managed.n_threads:
+        cmd += ["--n_threads", str(managed.n_threads)]
+    if managed.chat_format:
+        cmd += ["--chat_format", managed.chat_format]
+    cmd += managed.extra_args
+    url = f"http://127.0.0.1:{port}/v1"
+    child = _spawn("llama_server", cmd, log_dir, url)
+    log.info("starting local model server (%s) on %s", gguf.name, url)
+    await _wait_http(child, url + "/models", managed.startup_timeout_s)
+    return child
+
+
+async def start_gateway(settings: GatewaySettings, log_dir: Path, timeout_s: float = 60.0) -> ChildProcess:
+    """Start ``python -m gateway`` with ``settings`` (written to a temporary YAML) on a free
+    loopback port and wait for ``/readyz``. The child's ``url`` is the session base URL
+    (``http://127.0.0.1:PORT/v1/sessions``)."""
+    port = free_port()
+    data = settings.model_copy(update={"listen_host": "127.0.0.1", "listen_port": port}).model_dump(
+        mode="json", exclude_none=True)
+    fd, cfg_path = tempfile.mkstemp(prefix="gateway-", suffix=".yaml", dir=log_dir if log_dir.exists() else None)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    root = f"http://127.0.0.1:{port}"
+    child = _spawn("gateway", [sys.executable, "-m", "gateway", "--config", cfg_path], log_dir,
+                   root + settings.base_session_path)
+    await _wait_http(child, root + "/readyz", timeout_s)
+    return child
+
+
+def gateway_root(session_base_url: str) -> str:
+    """``http://H:P/v1/sessions`` -> ``http://H:P`` (the prefix before ``/v1/sessions``)."""
+    url = session_base_url.rstrip("/")
+    for suffix in ("/v1/sessions", "/sessions"):
+        if url.endswith(suffix):
+            return url[: -len(suffix)]
+    return url
+
+
+async def check_gateway(session_base_url: str, store_identity: str) -> dict[str, object]:
+    """GET ``/readyz`` of a running gateway and check it writes to the launcher's database.
+
+    Raises ServiceError when it does not answer, is not ready, or reports another storage."""
+    url = gateway_root(session_base_url) + "/readyz"
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            r = await client.get(url)
+    except httpx.TransportError as e:
+        raise ServiceError(f"gateway at {url} does not answer: {type(e).__name__}: {e}") from None
+    if r.status_code != 200:
+        raise ServiceError(f"gateway at {url} is not ready (HTTP {r.status_code}): {r.text[:300]}")
+    info = r.json()
+    if info.get("db_url") != store_identity:
+        raise ServiceError(
+            f"the gateway at {url} records to {info.get('db_url')!r}, but this launcher uses {store_identity!r}.\n"
+            "Steps and rewards would land in different databases. Start the gateway with the same storage "
+            "(python -m gateway --db-url ...) or pass the launcher the gateway's --db-path.")
+    return info

@@ -1,0 +1,588 @@
+"""The one scripted fake upstream (an OpenAI-compatible model server) for the project's tests.
+
+A real HTTP/1.1 server on ``127.0.0.1`` (ephemeral port) written directly on asyncio streams
+(``asyncio.start_server``), so that every scripted ``bytes`` element goes out as ONE separate
+``write()`` + ``drain()``: one chunk of the chunked transfer-encoding (or one raw body write).
+SSE framing cases (faults F1-F8 in ``/work/shared/cases/faults.md``) are therefore reproducible.
+
+Usage::
+
+    async with FakeUpstream() as up:
+        client = AsyncOpenAI(base_url=up.base_url, api_key="x", max_retries=0)
+        up.script("/v1/chat/completions", [Reply.sse([chat_chunk("Hi"), DONE])])
+        ...
+        assert up.requests[-1].json["model"] == "m"
+
+Routing, for each request in arrival order:
+
+1. a reply queued with ``up.script(path, [...])`` for exactly that path (any method);
+2. else a reply queued with ``up.script(None, [...])`` (POST requests only);
+3. else the default handler: ``POST .../chat/completions`` answers a chat completion with the
+   text ``DEFAULT_TEXT`` ("hello from fake") and usage ``DEFAULT_USAGE`` (5/3/8), as SSE when the
+   body has ``"stream": true`` (the usage-only chunk with ``"choices": []`` only when
+   ``stream_options.include_usage`` is true, and then ``"usage": null`` on the other chunks, as
+   OpenAI does) or as JSON otherwise; ``GET .../models`` lists ``models``; anything else is a
+   404 in OpenAI's error shape.
+
+A queued element is a :class:`Reply`, or a callable ``f(request) -> Reply`` (sync or async).
+
+Reply framing (``Reply.framing``):
+
+* ``"chunked"`` (default for chunk lists): ``Transfer-Encoding: chunked``, one HTTP chunk per
+  element (empty elements are skipped, since an empty chunk would end the body), then the
+  terminating ``0`` chunk unless ``close_abruptly``;
+* ``"length"`` (default for ``Reply.json``/``Reply.raw``): ``Content-Length`` = total size, each
+  element still a separate write; with ``close_abruptly`` the declared length is one byte more
+  than what is sent, so the body is incomplete;
+* ``"close"``: no length, the body ends when the server closes the connection.
+
+Delays: ``delay_headers_s`` before the status line, ``delay_s`` before each element (a float
+for all, or a list with one value per element). ``never_respond`` reads the request and never
+answers (until the client closes or the server stops). ``close_abruptly`` closes the socket
+right after the last element, leaving the body unterminated.
+
+Observation: ``up.requests`` (:class:`FakeRequest` list: method, path, query, headers with
+lowercased names, body bytes, parsed ``json``, and ``disconnected`` when the client went away
+mid-reply), ``up.connections_opened``, ``up.connections_closed`` (every connection the server
+saw end), ``up.disconnects`` (connections the client closed while a reply was being written or
+awaited; noticed at once, not at the next write), ``await up.wait_for_disconnect(n, timeout)``
+and ``await up.wait_for_requests(n, timeout)``.
+
+Keep-alive: any number of requests per connection (``Connection: close`` and HTTP/1.0 end it);
+request bodies by ``Content-Length`` (tested at 20 MB) or chunked; ``Expect: 100-continue``.
+
+Chunk builders (OpenAI chat streaming format, API reference "The chat completion chunk
+object"): :func:`chat_chunk`, :func:`usage_chunk`, :func:`sse_data`, :data:`DONE`, and
+:func:`chat_completion` for non-streaming bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_TEXT",
+    "DEFAULT_USAGE",
+    "DONE",
+    "FakeRequest",
+    "FakeUpstream",
+    "Reply",
+    "chat_chunk",
+    "chat_completion",
+    "sse_data",
+    "usage_chunk",
+]
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+DEFAULT_TEXT = "hello from fake"
+DEFAULT_USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+_DEFAULT_PIECES = ("hello", " from", " fake")
+
+Framing = Literal["chunked", "length", "close"]
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def sse_data(obj: Any) -> bytes:
+    """``b"data: <compact JSON>\\n\\n"`` for any JSON-able object (one SSE event)."""
+    return b"data: " + _dumps(obj).encode("utf-8") + b"\n\n"
+
+
+def chat_chunk(
+    content: str | None = None,
+    *,
+    reasoning: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str | None = None,
+    role: str | None = None,
+    usage: dict[str, Any] | None = None,
+    id: str = "c1",  # noqa: A002 - mirrors the OpenAI field name
+    model: str = "m",
+    index: int = 0,
+    created: int = 0,
+) -> bytes:
+    """One ``chat.completion.chunk`` SSE event (OpenAI chat streaming format) as bytes::
+
+        data: {"id":id,"object":"chat.completion.chunk","created":created,"model":model,
+               "choices":[{"index":index,"delta":{...},"finish_reason":finish_reason}]
+               [,"usage":usage]}\\n\\n
+
+    The delta holds only the given fields (``role``, ``content``, ``reasoning``,
+    ``tool_calls``), so ``chat_chunk(finish_reason="stop")`` has ``"delta":{}``.
+    """
+    delta: dict[str, Any] = {}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    if reasoning is not None:
+        delta["reasoning"] = reasoning
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
+    obj: dict[str, Any] = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        obj["usage"] = usage
+    return sse_data(obj)
+
+
+def usage_chunk(usage: dict[str, Any], *, id: str = "c1", model: str = "m", created: int = 0) -> bytes:  # noqa: A002
+    """The usage-only final chunk of an OpenAI stream with ``stream_options.include_usage``:
+    ``"choices": []`` plus ``usage``."""
+    return sse_data(
+        {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+         "usage": usage}
+    )
+
+
+def chat_completion(
+    content: str | None = DEFAULT_TEXT,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    reasoning: str | None = None,
+    finish_reason: str = "stop",
+    usage: dict[str, Any] | None = None,
+    id: str = "c1",  # noqa: A002
+    model: str = "m",
+    created: int = 0,
+) -> dict[str, Any]:
+    """A non-streaming ``chat.completion`` object (OpenAI chat API) with one choice; ``usage``
+    defaults to :data:`DEFAULT_USAGE`; ``reasoning`` goes to ``message.reasoning_content``."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if tool_calls is not None:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": dict(DEFAULT_USAGE) if usage is None else usage,
+    }
+
+
+@dataclass
+class Reply:
+    """One scripted HTTP response (see the module docstring for framing and timing)."""
+
+    status: int = 200
+    headers: dict[str, str] | None = None
+    chunks: list[bytes] = field(default_factory=list)
+    delay_s: float | Sequence[float] = 0.0
+    delay_headers_s: float = 0.0
+    close_abruptly: bool = False
+    never_respond: bool = False
+    framing: Framing = "chunked"
+
+    @classmethod
+    def json(
+        cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None, **kw: Any
+    ) -> Reply:
+        """A JSON body (``application/json``, ``Content-Length``) in one write."""
+        hdrs = {"content-type": "application/json"}
+        hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
+        kw.setdefault("framing", "length")
+        return cls(status=status, headers=hdrs, chunks=[_dumps(obj).encode("utf-8")], **kw)
+
+    @classmethod
+    def sse(
+        cls, chunks: Sequence[bytes], status: int = 200, headers: dict[str, str] | None = None, **kw: Any
+    ) -> Reply:
+        """A ``text/event-stream`` body, chunked, one HTTP chunk per element of ``chunks``."""
+        hdrs = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+        hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
+        return cls(status=status, headers=hdrs, chunks=list(chunks), **kw)
+
+    @classmethod
+    def raw(
+        cls,
+        body: bytes | Sequence[bytes],
+        status: int = 200,
+        content_type: str = "text/plain",
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> Reply:
+        """Any body (e.g. an HTML 502 page); ``Content-Length`` framing unless ``framing`` given."""
+        hdrs = {"content-type": content_type}
+        hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
+        kw.setdefault("framing", "length")
+        parts = [body] if isinstance(body, bytes | bytearray) else list(body)
+        return cls(status=status, headers=hdrs, chunks=[bytes(p) for p in parts], **kw)
+
+
+@dataclass
+class FakeRequest:
+    """One request the fake upstream received. ``headers`` names are lowercased (repeated
+    headers joined with ``", "``); ``json`` is the parsed body or None when it is not JSON."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any = None
+    disconnected: bool = False
+
+
+ReplySource = Reply | Callable[[FakeRequest], "Reply | Awaitable[Reply]"]
+
+
+class _ClientGone(Exception):
+    """The client closed the connection."""
+
+
+class _Conn:
+    """Buffered reader over one connection with at most one outstanding ``read()`` task, so the
+    same read can serve as a disconnect watcher while a reply is being written."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self.buf = bytearray()
+        self._read: asyncio.Task[bytes] | None = None
+        self.eof = False
+
+    def read_task(self) -> asyncio.Task[bytes]:
+        if self._read is None:
+            self._read = asyncio.ensure_future(self.reader.read(1 << 20))
+        return self._read
+
+    def consume_read(self) -> None:
+        """Move the finished read's bytes into the buffer (or mark EOF)."""
+        task = self._read
+        assert task is not None and task.done()
+        self._read = None
+        try:
+            data = task.result()
+        except (ConnectionError, OSError):
+            data = b""
+        if data:
+            self.buf += data
+        else:
+            self.eof = True
+
+    async def fill(self) -> None:
+        if self.eof:
+            raise _ClientGone
+        await asyncio.wait({self.read_task()})
+        self.consume_read()
+        if self.eof:
+            raise _ClientGone
+
+    async def read_until(self, sep: bytes) -> bytes:
+        start = 0
+        while True:
+            i = self.buf.find(sep, start)
+            if i >= 0:
+                out = bytes(self.buf[: i + len(sep)])
+                del self.buf[: i + len(sep)]
+                return out
+            start = max(0, len(self.buf) - len(sep) + 1)
+            await self.fill()
+
+    async def read_exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            await self.fill()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def cancel(self) -> None:
+        if self._read is not None and not self._read.done():
+            self._read.cancel()
+
+
+class FakeUpstream:
+    """Scripted OpenAI-compatible HTTP/1.1 server for tests (async context manager).
+
+    ``base_url`` is ``"http://127.0.0.1:PORT/v1"``. See the module docstring for routing,
+    framing, timing and what is recorded.
+    """
+
+    def __init__(self, *, models: Sequence[str] = ("m",), host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port: int = 0
+        self.models = list(models)
+        self.requests: list[FakeRequest] = []
+        self.connections_opened = 0
+        self.connections_closed = 0
+        self.disconnects = 0
+        self._queues: dict[str | None, deque[ReplySource]] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> FakeUpstream:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Listen on an ephemeral loopback port."""
+        self._server = await asyncio.start_server(self._handle, self.host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening and close every open connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1`` (what an OpenAI client takes as ``base_url``)."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def origin(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ scripting
+    def script(self, path: str | None, replies: Sequence[ReplySource]) -> None:
+        """Queue replies for ``path`` (exact request path, e.g. ``"/v1/chat/completions"``), or
+        for any POST when ``path`` is None. Served in order; appended to earlier queued ones."""
+        self._queues.setdefault(path, deque()).extend(replies)
+
+    def pending(self, path: str | None = None) -> int:
+        """Number of queued replies not yet served for ``path``."""
+        return len(self._queues.get(path, ()))
+
+    # ------------------------------------------------------------------ observation
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait(self, pred: Callable[[], bool], timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while not pred():
+                await self._changed.wait()
+
+    async def wait_for_disconnect(self, n: int = 1, timeout: float = 5.0) -> None:
+        """Wait until clients closed ``n`` connections in the middle of a reply (TimeoutError)."""
+        await self._wait(lambda: self.disconnects >= n, timeout)
+
+    async def wait_for_connections_closed(self, n: int = 1, timeout: float = 5.0) -> None:
+        """Wait until ``n`` connections have ended for any reason (TimeoutError)."""
+        await self._wait(lambda: self.connections_closed >= n, timeout)
+
+    async def wait_for_requests(self, n: int = 1, timeout: float = 5.0) -> None:
+        """Wait until ``n`` requests have been received (TimeoutError)."""
+        await self._wait(lambda: len(self.requests) >= n, timeout)
+
+    # ------------------------------------------------------------------ serving
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # type: ignore[arg-type]
+        self.connections_opened += 1
+        self._notify()
+        conn = _Conn(reader)
+        try:
+            while True:
+                try:
+                    req, keep_alive = await self._read_request(conn, writer)
+                except _ClientGone:
+                    break
+                self.requests.append(req)
+                self._notify()
+                reply = await self._pick(req)
+                served = asyncio.ensure_future(self._write_reply(req, reply, writer))
+                if not await self._serve_watching(conn, served):
+                    req.disconnected = True
+                    self.disconnects += 1
+                    break
+                if not served.result() or not keep_alive:
+                    break
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("fake upstream: connection handler failed")
+        finally:
+            conn.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self.connections_closed += 1
+            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._notify()
+
+    async def _serve_watching(self, conn: _Conn, served: asyncio.Future[bool]) -> bool:
+        """Run the reply while watching the socket; False when the client closed it first."""
+        try:
+            while not served.done():
+                if conn.eof:
+                    served.cancel()
+                    return False
+                read = conn.read_task()
+                await asyncio.wait({served, read}, return_when=asyncio.FIRST_COMPLETED)
+                if read.done():
+                    conn.consume_read()
+            exc = served.exception()
+            if isinstance(exc, ConnectionError | OSError):
+                return False
+            if exc is not None:
+                raise exc
+            return True
+        finally:
+            if not served.done():
+                served.cancel()
+                with contextlib.suppress(BaseException):
+                    await served
+
+    async def _read_request(
+        self, conn: _Conn, writer: asyncio.StreamWriter
+    ) -> tuple[FakeRequest, bool]:
+        head = await conn.read_until(b"\r\n\r\n")
+        lines = head[:-4].decode("latin-1").split("\r\n")
+        while lines and not lines[0]:  # tolerate stray CRLF between requests
+            lines.pop(0)
+        method, target, version = lines[0].split(" ", 2)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            key = name.strip().lower()
+            value = value.strip()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        if headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            parts = []
+            while True:
+                size_line = await conn.read_until(b"\r\n")
+                size = int(size_line.split(b";")[0].strip(), 16)
+                if size == 0:
+                    while (await conn.read_until(b"\r\n")) != b"\r\n":  # trailers
+                        pass
+                    break
+                parts.append(await conn.read_exactly(size))
+                await conn.read_exactly(2)
+            body = b"".join(parts)
+        else:
+            body = await conn.read_exactly(int(headers.get("content-length", "0") or 0))
+        path, _, query = target.partition("?")
+        parsed: Any = None
+        if body:
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                parsed = None
+        conn_hdr = headers.get("connection", "").lower()
+        keep_alive = "close" not in conn_hdr and (version.upper() != "HTTP/1.0" or "keep-alive" in conn_hdr)
+        return FakeRequest(method.upper(), path, query, headers, body, parsed), keep_alive
+
+    async def _pick(self, req: FakeRequest) -> Reply:
+        source: ReplySource | None = None
+        queue = self._queues.get(req.path)
+        if queue:
+            source = queue.popleft()
+        elif req.method == "POST" and self._queues.get(None):
+            source = self._queues[None].popleft()
+        if source is None:
+            return self.default_reply(req)
+        if isinstance(source, Reply):
+            return source
+        result = source(req)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def default_reply(self, req: FakeRequest) -> Reply:
+        """The reply used when nothing is queued (see the module docstring)."""
+        if req.method == "GET" and req.path.endswith("/models"):
+            data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
+            return Reply.json({"object": "list", "data": data})
+        if req.method == "POST" and req.path.endswith("/chat/completions"):
+            body = req.json if isinstance(req.json, dict) else {}
+            model = body.get("model") if isinstance(body.get("model"), str) else "m"
+            if not body.get("stream"):
+                return Reply.json(chat_completion(DEFAULT_TEXT, model=model))
+            opts = body.get("stream_options")
+            with_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+            u: dict[str, Any] = {"usage": None} if with_usage else {}
+            chunks = [sse_data(_chunk_obj(model, {"role": "assistant", "content": _DEFAULT_PIECES[0]}, None, u))]
+            chunks += [sse_data(_chunk_obj(model, {"content": p}, None, u)) for p in _DEFAULT_PIECES[1:]]
+            chunks.append(sse_data(_chunk_obj(model, {}, "stop", u)))
+            if with_usage:
+                chunks.append(usage_chunk(dict(DEFAULT_USAGE), model=model))
+            chunks.append(DONE)
+            return Reply.sse(chunks)
+        err = {"error": {"message": f"no route for {req.method} {req.path}", "type": "not_found_error",
+                         "param": None, "code": 404}}
+        return Reply.json(err, status=404)
+
+    async def _write_reply(self, req: FakeRequest, reply: Reply, writer: asyncio.StreamWriter) -> bool:
+        """Write ``reply``; True when the connection can be reused afterwards."""
+        if reply.never_respond:
+            await asyncio.Event().wait()  # until cancelled (client gone or server stopping)
+        if reply.delay_headers_s:
+            await asyncio.sleep(reply.delay_headers_s)
+        chunks = [bytes(c) for c in reply.chunks]
+        total = sum(len(c) for c in chunks)
+        headers = {k.lower(): v for k, v in (reply.headers or {}).items()}
+        headers.setdefault(
+            "content-type", "text/event-stream" if reply.framing == "chunked" else "application/json"
+        )
+        if reply.framing == "chunked":
+            headers.setdefault("transfer-encoding", "chunked")
+        elif reply.framing == "length":
+            headers.setdefault("content-length", str(total + (1 if reply.close_abruptly else 0)))
+        reusable = reply.framing != "close" and not reply.close_abruptly
+        headers.setdefault("connection", "keep-alive" if reusable else "close")
+        try:
+            phrase = HTTPStatus(reply.status).phrase
+        except ValueError:
+            phrase = "Status"
+        head = f"HTTP/1.1 {reply.status} {phrase}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        writer.write(head.encode("latin-1") + b"\r\n")
+        await writer.drain()
+        delays = reply.delay_s
+        for i, chunk in enumerate(chunks):
+            delay = delays[i] if isinstance(delays, Sequence) else delays
+            if delay:
+                await asyncio.sleep(delay)
+            if reply.framing == "chunked":
+                if not chunk:
+                    continue
+                writer.write(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+            else:
+                writer.write(chunk)
+            await writer.drain()
+        if reply.framing == "chunked" and not reply.close_abruptly:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        return reusable
+
+
+def _chunk_obj(model: str, delta: dict[str, Any], finish: str | None, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}

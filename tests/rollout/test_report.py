@@ -1,0 +1,276 @@
+"""Tests for rollout.report: pass@k (Chen et al. 2021), the per-(env, model) summary, the text
+table and the JSONL export."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from rollout.report import (
+    SessionRecord,
+    SummaryRow,
+    UsageTotals,
+    pass_at_k,
+    render_table,
+    summarize,
+    write_jsonl,
+)
+
+# ---------------------------------------------------------------------------------------------
+# pass@k
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (5, 2, 1, 0.4),  # c / n
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (10, 0, 1, 0.0),
+        (10, 0, 5, 0.0),
+        (10, 10, 1, 1.0),
+        (10, 10, 10, 1.0),
+        (4, 1, 4, 1.0),  # n - c < k
+        (1, 0, 1, 0.0),
+        (1, 1, 1, 1.0),
+    ],
+)
+def test_pass_at_k_hand_values(n: int, c: int, k: int, expected: float) -> None:
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_brute_force_enumeration() -> None:
+    checked = 0
+    for n in range(1, 9):
+        for c in range(0, n + 1):
+            passing = set(range(c))  # which samples pass does not matter, only how many
+            for k in range(1, n + 1):
+                draws = list(itertools.combinations(range(n), k))
+                hits = sum(1 for draw in draws if passing.intersection(draw))
+                expected = Fraction(hits, len(draws))
+                assert pass_at_k(n, c, k) == pytest.approx(float(expected), abs=1e-12), (n, c, k)
+                checked += 1
+    assert checked == sum(n * (n + 1) for n in range(1, 9))
+
+
+def test_pass_at_k_large_n_is_stable() -> None:
+    value = pass_at_k(2000, 3, 100)
+    exact = 1 - Fraction(math.comb(1997, 100), math.comb(2000, 100))
+    assert value == pytest.approx(float(exact), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "n, c, k",
+    [(5, 2, 6), (5, 2, 0), (5, 6, 1), (5, -1, 1), (0, 0, 1), (5.0, 2, 1), (5, 2, True), (5, "2", 1)],
+)
+def test_pass_at_k_rejects_bad_inputs(n: object, c: object, k: object) -> None:
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# summarize
+# ---------------------------------------------------------------------------------------------
+
+
+def rec(
+    env: str,
+    case: str,
+    idx: int,
+    score: float | None,
+    eval_status: str | None = "scored",
+    status: str = "succeeded",
+    duration: float | None = 1.0,
+    model: str = "m1",
+) -> SessionRecord:
+    return SessionRecord(
+        session_id=f"{env}-{model}-{case}-{idx}",
+        job_id="job-1",
+        env_name=env,
+        case_id=case,
+        group_id=f"{env}-{case}",
+        model=model,
+        sample_index=idx,
+        status=status,  # type: ignore[arg-type]
+        score=score,
+        eval_status=eval_status,
+        duration_s=duration,
+    )
+
+
+def crafted() -> list[SessionRecord]:
+    return [
+        # math / m1, case A: 10, 10, 0 (all scored)
+        rec("math", "A", 0, 10.0, duration=1.0),
+        rec("math", "A", 1, 10.0, duration=2.0),
+        rec("math", "A", 2, 0.0, duration=3.0),
+        # case B: 10 scored, an invalid reward (committed 0), an evaluator error on a failed runtime
+        rec("math", "B", 0, 10.0, duration=4.0),
+        rec("math", "B", 1, 0.0, "invalid_reward", duration=5.0),
+        rec("math", "B", 2, 0.0, "error", status="failed", duration=6.0),
+        # case C: an evaluator timeout, 5 scored, a runtime timeout never evaluated
+        rec("math", "C", 0, 0.0, "timeout", duration=7.0),
+        rec("math", "C", 1, 5.0, duration=8.0),
+        rec("math", "C", 2, None, None, status="timeout", duration=None),
+        # code / m1: 2 cases x 2 samples
+        rec("code", "X", 0, 10.0),
+        rec("code", "X", 1, 10.0),
+        rec("code", "Y", 0, 10.0 - 1e-10),  # passes (within 1e-9)
+        rec("code", "Y", 1, 9.5),
+        # math / m2: one session
+        rec("math", "A", 0, 10.0, model="m2", status="error", eval_status="skipped", duration=2.5),
+    ]
+
+
+def by_key(rows: list[SummaryRow]) -> dict[tuple[str, str], SummaryRow]:
+    return {(r.env_name, r.model): r for r in rows}
+
+
+def test_summarize_exact_numbers() -> None:
+    rows = summarize(crafted())
+    assert [(r.env_name, r.model) for r in rows] == [("code", "m1"), ("math", "m1"), ("math", "m2")]
+    rows_by = by_key(rows)
+
+    math_row = rows_by[("math", "m1")]
+    assert (math_row.sessions, math_row.cases) == (9, 3)
+    assert (math_row.scored, math_row.invalid, math_row.eval_error, math_row.eval_timeout) == (5, 1, 1, 1)
+    assert math_row.unevaluated == 1
+    assert math_row.mean_score == pytest.approx((10 + 10 + 0 + 10 + 5) / 5)  # 7.0, scored only
+    assert math_row.k == 3  # the group size
+    # passes per case: A c=2, B c=1, C c=0, n=3 each
+    assert math_row.pass_at_1 == pytest.approx((2 / 3 + 1 / 3 + 0) / 3)
+    assert math_row.pass_at_k == pytest.approx((1 + 1 + 0) / 3)
+    assert math_row.pass_at_k_cases == 3
+    assert (math_row.runtime_errors, math_row.runtime_timeouts) == (1, 1)
+    assert math_row.mean_duration_s == pytest.approx(36 / 8)
+    assert math_row.eval_error_rate == pytest.approx(2 / 9)
+
+    code_row = rows_by[("code", "m1")]
+    assert (code_row.sessions, code_row.cases, code_row.scored, code_row.k) == (4, 2, 4, 2)
+    assert code_row.pass_at_1 == pytest.approx((1.0 + 0.5) / 2)
+    assert code_row.pass_at_k == pytest.approx(1.0)
+    assert code_row.mean_score == pytest.approx((10 + 10 + (10 - 1e-10) + 9.5) / 4)
+    assert (code_row.runtime_errors, code_row.runtime_timeouts, code_row.invalid) == (0, 0, 0)
+
+    m2 = rows_by[("math", "m2")]
+    # eval_status "skipped": not scored, so no mean and no pass even with a 10 recorded
+    assert (m2.sessions, m2.scored, m2.unevaluated, m2.mean_score, m2.k) == (1, 0, 1, None, 1)
+    assert (m2.pass_at_1, m2.pass_at_k, m2.runtime_errors, m2.mean_duration_s) == (0.0, 0.0, 1, 2.5)
+
+
+def test_summarize_explicit_k_and_count_unscored_as_zero() -> None:
+    rows = by_key(summarize(crafted(), k=2, count_unscored_as_zero=True))
+    math_row = rows[("math", "m1")]
+    assert math_row.k == 2
+    # A: 1 - C(1,2)/C(3,2) = 1; B: 1 - C(2,2)/C(3,2) = 2/3; C: 0
+    assert math_row.pass_at_k == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert math_row.mean_score == pytest.approx(35 / 9)  # unscored sessions count as 0
+    assert math_row.pass_at_1 == pytest.approx(1 / 3)  # unchanged by k
+
+    # k larger than some groups: those cases are left out of pass@k
+    rows = by_key(summarize(crafted(), k=3))
+    assert rows[("code", "m1")].pass_at_k is None
+    assert rows[("code", "m1")].pass_at_k_cases == 0
+    assert rows[("math", "m1")].pass_at_k_cases == 3
+
+
+def test_summarize_uneven_groups_default_k_is_smallest_group() -> None:
+    records = [rec("e", "A", i, 10.0 if i == 0 else 0.0) for i in range(4)] + [
+        rec("e", "B", i, 0.0) for i in range(2)
+    ]
+    (row,) = summarize(records)
+    assert row.k == 2
+    assert row.pass_at_k == pytest.approx((pass_at_k(4, 1, 2) + 0.0) / 2)  # (0.5 + 0) / 2
+
+
+def test_summarize_empty_and_bad_k() -> None:
+    assert summarize([]) == []
+    with pytest.raises(ValueError):
+        summarize(crafted(), k=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# render_table
+# ---------------------------------------------------------------------------------------------
+
+
+def test_render_table() -> None:
+    text = render_table(summarize(crafted()))
+    lines = text.splitlines()
+    assert len(lines) == 2 + 3
+    header = lines[0]
+    for column in (
+        "env",
+        "model",
+        "sessions",
+        "scored",
+        "invalid",
+        "eval_err",
+        "eval_t/o",
+        "pass@1",
+        "pass@k",
+    ):
+        assert column in header
+    math_line = next(line for line in lines if line.startswith("math") and " m1 " in line)
+    assert "7.00" in math_line  # mean score
+    assert "0.333" in math_line  # pass@1
+    assert "0.667" in math_line  # pass@3
+    m2_line = next(line for line in lines if " m2 " in line)
+    assert " - " in m2_line  # no mean score
+    # right-aligned numeric columns end at the same offset as their header
+    end = header.index("pass@1") + len("pass@1")
+    assert math_line[end - 5 : end] == "0.333"
+    assert render_table([]) == "(no sessions)"
+
+
+# ---------------------------------------------------------------------------------------------
+# write_jsonl
+# ---------------------------------------------------------------------------------------------
+
+
+def test_write_jsonl_roundtrip(tmp_path: Path) -> None:
+    records = crafted()
+    records[0] = records[0].model_copy(
+        update={
+            "usage": UsageTotals(prompt_tokens=10, completion_tokens=5, total_tokens=15),
+            "step_count": 1,
+            "trajectory": [{"seq": 0, "content": "héllo", "usage": {"total_tokens": 15}}],
+            "reason": None,
+        }
+    )
+    out = tmp_path / "deep" / "dir" / "out.jsonl"
+    assert write_jsonl(out, iter(records)) == len(records)
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(records)
+    back = [SessionRecord.model_validate_json(line) for line in lines]
+    assert back == records
+    assert json.loads(lines[0])["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    assert [p.name for p in out.parent.iterdir()] == ["out.jsonl"]  # no temp file left
+
+
+def test_write_jsonl_rejects_nan_and_leaves_target_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text("previous\n", encoding="utf-8")
+    bad_traj = rec("e", "A", 0, 1.0).model_copy(update={"trajectory": [{"logprob": float("nan")}]})
+    with pytest.raises(ValueError):
+        write_jsonl(out, [rec("e", "A", 1, 2.0), bad_traj])
+    # a NaN score slipped past validation (model_construct) is refused as well
+    bad_score = SessionRecord.model_construct(**{**rec("e", "A", 2, 3.0).model_dump(), "score": float("nan")})
+    with pytest.raises(ValueError):
+        write_jsonl(out, [bad_score])
+    assert out.read_text(encoding="utf-8") == "previous\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+
+
+def test_session_record_rejects_non_finite_scores() -> None:
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ValidationError):
+            rec("e", "A", 0, bad)
+    with pytest.raises(ValidationError):
+        rec("e", "A", 0, 1.0, status="done")
