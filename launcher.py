@@ -150,6 +150,8 @@ async def run(ns: argparse.Namespace) -> int:
                 raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
                                  f"{sorted(unknown)[:5]}")
             model = rows[0].llm_model if rows else model
+            for r in rows:
+                await store.reset_for_retry(r.env_id, r.attempts)
         else:
             rows = session_rows(job_id, model, envs, ns.rl_group_size, ns.max_steps)
             await store.add_job_sessions(rows)

@@ -13,6 +13,7 @@ stdout. Logs go to stderr, never stdout. Typical use::
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -92,17 +93,18 @@ def run_runtime(main: Callable[[SimulationStartRequest], SimulationStartResult])
     ``error_text`` is ``"ExcType: message"``; the process still exits 0, because the launcher reads
     ``status``. While ``main`` runs, ``sys.stdout`` is redirected to stderr so stray prints cannot
     corrupt the result line. Configures logging to stderr (level from ``ROLLOUT_LOG_LEVEL``, default
-    INFO) when nothing configured it yet.
+    INFO; an unknown level name means INFO) when nothing configured it yet.
     """
+    level = os.environ.get("ROLLOUT_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(
         stream=sys.stderr,
-        level=os.environ.get("ROLLOUT_LOG_LEVEL", "INFO").upper(),
+        level=level if level in logging.getLevelNamesMapping() else "INFO",
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     raw = sys.stdin.read()
     session_id = _session_id_from(raw)
     try:
-        req = SimulationStartRequest.model_validate_json(raw)
+        req = read_start_request(io.StringIO(raw))
         session_id = req.session_id
         with contextlib.redirect_stdout(sys.stderr):
             result = main(req)

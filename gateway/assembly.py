@@ -152,11 +152,12 @@ class ChatStreamAssembler:
             if key in _TOP_HANDLED or value is None:
                 continue
             self._extras[key] = value
-        if obj.get("id"):
+        # id/created/model: the last non-empty value (Azure's first chunk has "", 0, "").
+        if obj.get("id") or (self._id is None and obj.get("id") is not None):
             self._id = obj["id"]
-        if obj.get("created"):
+        if obj.get("created") or (self._created is None and obj.get("created") is not None):
             self._created = obj["created"]
-        if obj.get("model"):
+        if obj.get("model") or (self._model is None and obj.get("model") is not None):
             self._model = obj["model"]
         if obj.get("usage") is not None:
             self.usage = obj["usage"]

@@ -10,7 +10,6 @@ streaming, the response).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -22,7 +21,7 @@ import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.assembly import ChatStreamAssembler, message_of, usage_of
+from gateway.assembly import ChatStreamAssembler, usage_of
 from gateway.errors import GatewayError, error_body
 from gateway.redact import redact
 from gateway.sessions import SessionClosed, StepSlot

@@ -74,9 +74,9 @@ class SSEParser:
         parser.close()   # always [] (an unterminated last event is discarded, per the spec)
 
     Attributes after parsing: ``last_event_id`` (str | None) and ``retry`` (the last valid
-    reconnection time in ms, or None); ``pending_bytes`` is the count of buffered bytes that are
-    not part of a dispatched event (non-zero at EOF means the stream ended mid-event or
-    mid-line, or with an undispatched data-less block).
+    reconnection time in ms, or None); ``pending_bytes`` is the count of buffered bytes of the
+    current, not yet terminated block (non-zero at EOF means the stream ended mid-event or
+    mid-line; blocks ended by a blank line, dispatched or not, are dropped from the buffer).
     """
 
     __slots__ = (

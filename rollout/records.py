@@ -13,7 +13,7 @@ def record_of(row: JobEnvironment, trajectory_rows: list) -> SessionRecord:  # t
     return SessionRecord(
         session_id=row.env_id, job_id=row.job_id, env_name=row.env_name, case_id=row.case_id,
         group_id=row.group_id, model=row.llm_model, sample_index=row.sample_index, status=row.status,
-        score=row.reward, eval_status=row.eval_status, reason=row.eval_reason or row.error_text,
+        score=row.reward, eval_status=row.eval_status, reason=row.eval_reason, error=row.error_text,
         duration_s=row.duration_s, usage=usage_total(traj.steps), step_count=len(traj.steps),
         trajectory=[s.model_dump(mode="json") for s in traj.steps],
     )

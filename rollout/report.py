@@ -86,7 +86,8 @@ class SessionRecord(BaseModel):
       cancelled.
     - ``score``: the committed reward in 0..10 (finite; NaN/inf rejected), None when not evaluated.
     - ``eval_status``: scored | invalid_reward | error | timeout | skipped, or None (evaluation
-      disabled or not reached). ``reason``: the evaluation's or the runtime's reason.
+      disabled or not reached). ``reason``: the evaluator's reason; ``error``: why the runtime or
+      the harness failed (None when nothing failed).
     - ``duration_s``: session wall time in seconds (None when unknown).
     - ``usage``: token sums over the steps, None when no step reported usage.
     - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order.
@@ -103,6 +104,7 @@ class SessionRecord(BaseModel):
     score: FiniteFloat | None = None
     eval_status: str | None = None
     reason: str | None = None
+    error: str | None = None
     duration_s: FiniteFloat | None = None
     usage: UsageTotals | None = None
     step_count: int = 0

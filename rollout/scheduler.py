@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 
 from rollout.envs import Case, EnvConfig
-from rollout.evaluation import EvalOutcome, discover_evaluator, run_evaluation
-from rollout.protocol import EvalRequest, EvalSpec, SimulationStartRequest
+from rollout.evaluation import EvalOutcome, build_eval_spec, discover_evaluator, run_evaluation
+from rollout.protocol import EvalRequest, SimulationStartRequest
+from rollout.records import record_of
 from rollout.report import SessionRecord
 from rollout.runtime_local import RuntimeOutcome, run_local
-from rollout.records import record_of
 from rollout.trajectory import to_trajectory
 from store import JobEnvironment, Store, utcnow
 
@@ -206,5 +206,5 @@ class Scheduler:
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result, workspace=str(workspace),
         )
-        spec = EvalSpec(eval_id=f"{cfg.name}/rule", timeout_s=self.s.eval_timeout_s, evaluator_path=str(path))
+        spec = build_eval_spec(cfg.name, path, self.s.eval_timeout_s)
         return await run_evaluation(path, request, spec, trajectory)

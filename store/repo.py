@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import func, text, update
+from sqlalchemy import delete, func, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlmodel import SQLModel, select
 
-from store.engine import make_engine, parse_db_url, sqlite_path
+from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
 from store.models import GatewaySession, JobEnvironment, SessionStep, utcnow
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,18 @@ class Store:
     async def checkpoint(self) -> None:
         """Fold the SQLite WAL into the main file (``wal_checkpoint(TRUNCATE)``), so copying only
         the ``.db`` file loses nothing. No-op on PostgreSQL."""
-        if self.kind != "sqlite":
+        path = self.path
+        if path is None:
             return
-        async with self.writer.connect() as conn:
-            await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+        def _checkpoint() -> None:
+            con = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            try:
+                con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                con.close()
+
+        await asyncio.to_thread(_checkpoint)
 
     # ------------------------------------------------------------------ gateway side
     async def load_gateway_session(self, session_id: str) -> GatewaySession | None:
@@ -130,6 +139,19 @@ class Store:
                     s.add(row)
                     inserted += 1
         return inserted
+
+    async def reset_for_retry(self, env_id: str, attempt: int) -> int:
+        """Prepare an unfinished session to run again (``--resume``): its earlier partial steps are
+        kept but moved to session id ``<env_id>~a<attempt>`` and marked not trainable, and the
+        gateway's state of the session is dropped so the budget starts afresh. Returns the number
+        of steps moved."""
+        async with self._write_lock, self._write() as s, s.begin():
+            res = await s.execute(
+                update(SessionStep).where(SessionStep.session_id == env_id)
+                .values(session_id=f"{env_id}~a{attempt}", is_trainable=False)
+            )
+            await s.execute(delete(GatewaySession).where(GatewaySession.session_id == env_id))
+            return int(res.rowcount or 0)
 
     async def job_sessions(self, job_id: str, *, unfinished_only: bool = False) -> list[JobEnvironment]:
         """The session rows of a job, ordered by env, case, sample."""

@@ -109,7 +109,7 @@ def chat_chunk(
     finish_reason: str | None = None,
     role: str | None = None,
     usage: dict[str, Any] | None = None,
-    id: str = "c1",  # noqa: A002 - mirrors the OpenAI field name
+    id: str = "c1",
     model: str = "m",
     index: int = 0,
     created: int = 0,
@@ -144,7 +144,7 @@ def chat_chunk(
     return sse_data(obj)
 
 
-def usage_chunk(usage: dict[str, Any], *, id: str = "c1", model: str = "m", created: int = 0) -> bytes:  # noqa: A002
+def usage_chunk(usage: dict[str, Any], *, id: str = "c1", model: str = "m", created: int = 0) -> bytes:
     """The usage-only final chunk of an OpenAI stream with ``stream_options.include_usage``:
     ``"choices": []`` plus ``usage``."""
     return sse_data(
@@ -160,7 +160,7 @@ def chat_completion(
     reasoning: str | None = None,
     finish_reason: str = "stop",
     usage: dict[str, Any] | None = None,
-    id: str = "c1",  # noqa: A002
+    id: str = "c1",
     model: str = "m",
     created: int = 0,
 ) -> dict[str, Any]:
@@ -443,7 +443,8 @@ class FakeUpstream:
                     served.cancel()
                     return False
                 read = conn.read_task()
-                await asyncio.wait({served, read}, return_when=asyncio.FIRST_COMPLETED)
+                waiters: set[asyncio.Future[Any]] = {served, read}
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 if read.done():
                     conn.consume_read()
             exc = served.exception()
@@ -523,7 +524,8 @@ class FakeUpstream:
             return Reply.json({"object": "list", "data": data})
         if req.method == "POST" and req.path.endswith("/chat/completions"):
             body = req.json if isinstance(req.json, dict) else {}
-            model = body.get("model") if isinstance(body.get("model"), str) else "m"
+            requested = body.get("model")
+            model = requested if isinstance(requested, str) else "m"
             if not body.get("stream"):
                 return Reply.json(chat_completion(DEFAULT_TEXT, model=model))
             opts = body.get("stream_options")

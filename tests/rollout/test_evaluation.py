@@ -747,3 +747,22 @@ async def test_async_evaluator_timeout_and_error(tmp_path: Path) -> None:
     )
     outcome = await evaluate_file(failing)
     assert (outcome.status, outcome.reason) == ("error", "ValueError: bad")
+
+
+async def test_cancelled_caller_abandons_the_thread(
+    tmp_path: Path, releasers: list[Callable[[], None]]
+) -> None:
+    sleeper = write_evaluator(tmp_path, "sleeper", SLEEP_FOREVER)
+    releasers.append(release_event(sleeper))
+    task = asyncio.ensure_future(evaluate_file(sleeper, timeout_s=30.0))
+    deadline = time.monotonic() + 2.0
+    while (
+        "RELEASE" not in getattr(evaluation._cached(sleeper), "__globals__", {})
+        and time.monotonic() < deadline
+    ):
+        await asyncio.sleep(0.01)  # wait until the evaluator is loaded and its thread started
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert abandoned_thread_count() == 1

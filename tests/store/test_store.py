@@ -1,0 +1,171 @@
+"""The trajectory store: URLs, JSON fidelity, concurrent writers (faults F13, F14, F15)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from store import GatewaySession, JobEnvironment, SessionStep, Store, json_dumps, parse_db_url
+from store.engine import DbUrlError
+
+
+def _step(sid: str, seq: int, model: str = "m") -> SessionStep:
+    return SessionStep(session_id=sid, seq=seq, step_id=seq, llm_model=model, endpoint="chat.completions",
+                       response={"choices": [{"message": {"content": f"answer {seq}"}}]})
+
+
+def test_parse_db_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert parse_db_url("sqlite://env_trajs.db") == f"sqlite+aiosqlite:///{(tmp_path / 'env_trajs.db').resolve()}"
+    assert parse_db_url("sqlite:///abs/x.db") == "sqlite+aiosqlite:////abs/x.db"
+    assert parse_db_url("sqlite:////abs/x.db") == "sqlite+aiosqlite:////abs/x.db"
+    assert parse_db_url("postgresql://u:p@h/db") == "postgresql+asyncpg://u:p@h/db"
+    with pytest.raises(DbUrlError, match="unsupported storage URL"):
+        parse_db_url("mysql://h/db")
+    with pytest.raises(DbUrlError, match="in-memory"):
+        parse_db_url("sqlite://:memory:")
+
+
+def test_json_dumps_keeps_strict_json() -> None:
+    # json.loads accepts NaN, but a JSON column must hold strict JSON (PostgreSQL rejects NaN).
+    text = json_dumps({"a": float("nan"), "b": [float("inf"), 1.5], "c": "é"})
+    assert json.loads(text) == {"a": "nan", "b": ["inf", 1.5], "c": "é"}
+    assert "NaN" not in text
+
+
+async def test_roundtrip_and_reward_writeback(tmp_path: Path) -> None:
+    store = Store(f"sqlite://{tmp_path}/t.db")
+    await store.init()
+    try:
+        await store.add_job_sessions([JobEnvironment(env_id="s1", job_id="j", env_name="e", case_id="0",
+                                                     llm_model="m", group_id="g")])
+        # inserting the same session again is a no-op (resume safety)
+        assert await store.add_job_sessions([JobEnvironment(env_id="s1", job_id="j", env_name="e", case_id="0",
+                                                            llm_model="m", group_id="g")]) == 0
+        await store.write_batch([_step("s1", 1), _step("s1", 2)],
+                                [GatewaySession(session_id="s1", total_steps=2, step_counts={"m": 2})])
+        await store.write_batch([], [GatewaySession(session_id="s1", status="closed", total_steps=2)])
+        await store.finish_job_session("s1", reward=7.5, eval_meta={"status": "scored"}, status="succeeded")
+        steps = await store.trajectory("s1")
+        assert [s.seq for s in steps] == [1, 2]
+        assert (steps[0].reward, steps[1].reward, steps[1].step_reward) == (None, 7.5, 7.5)
+        assert steps[1].is_terminal and steps[1].meta_json == {"evaluation": {"status": "scored"}}
+        gs = await store.load_gateway_session("s1")
+        assert gs is not None and (gs.status, gs.total_steps) == ("closed", 2)
+        (row,) = await store.job_sessions("j")
+        assert (row.finished, row.reward, row.status) == (True, 7.5, "succeeded")
+        assert await store.job_sessions("j", unfinished_only=True) == []
+    finally:
+        await store.close()
+
+
+async def test_64_concurrent_sessions_two_engines_and_a_poller(tmp_path: Path) -> None:
+    """F13/F14: 64 sessions x 20 steps written through two independent stores (two writer
+    connections, as gateway and launcher have), while a reader polls and rewards are written:
+    no "database is locked", every row present."""
+    url = f"sqlite://{tmp_path}/c.db"
+    a, b = Store(url), Store(url)
+    await a.init()
+    await b.init()
+    stop = asyncio.Event()
+    polls = 0
+
+    async def poller() -> None:
+        nonlocal polls
+        while not stop.is_set():
+            await a.trajectory("s0")
+            polls += 1
+            await asyncio.sleep(0.05)
+
+    async def session(i: int) -> None:
+        store = a if i % 2 else b
+        sid = f"s{i}"
+        await store.add_job_sessions([JobEnvironment(env_id=sid, job_id="j", env_name="e", case_id=str(i),
+                                                     llm_model="m", group_id="g")])
+        for k in range(1, 21):
+            await store.write_batch([_step(sid, k)], [GatewaySession(session_id=sid, total_steps=k)])
+        await store.finish_job_session(sid, reward=float(i % 11), eval_meta=None, status="succeeded")
+
+    try:
+        poll_task = asyncio.create_task(poller())
+        await asyncio.gather(*(session(i) for i in range(64)))
+        stop.set()
+        await poll_task
+        rows = await a.job_sessions("j")
+        assert len(rows) == 64 and all(r.finished for r in rows)
+        assert sorted(r.reward for r in rows) == sorted(float(i % 11) for i in range(64))
+        total = sum([len(await a.trajectory(f"s{i}")) for i in range(64)])
+        assert total == 64 * 20
+        assert polls > 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from store import Store, SessionStep, GatewaySession
+    async def main(url, sid):
+        s = Store(url); await s.init()
+        for k in range(1, 151):
+            await s.write_batch([SessionStep(session_id=sid, seq=k, step_id=k, llm_model="m",
+                                             endpoint="chat.completions")],
+                                [GatewaySession(session_id=sid, total_steps=k)])
+        await s.close()
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+def test_two_processes_write_at_once(tmp_path: Path) -> None:
+    """Gateway and launcher are two processes on one SQLite file: both must succeed."""
+    url = f"sqlite://{tmp_path}/p.db"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, f"p{i}"], stderr=subprocess.PIPE)
+             for i in range(3)]
+    errs = [p.communicate(timeout=120)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errs
+
+    async def count() -> int:
+        s = Store(url)
+        try:
+            return sum([len(await s.trajectory(f"p{i}")) for i in range(3)])
+        finally:
+            await s.close()
+
+    assert asyncio.run(count()) == 450
+
+
+async def test_close_leaves_no_non_daemon_threads(tmp_path: Path) -> None:
+    """F15a: after close() no aiosqlite thread keeps the interpreter alive."""
+    before = {t.ident for t in threading.enumerate()}
+    store = Store(f"sqlite://{tmp_path}/d.db")
+    await store.init()
+    await store.write_batch([_step("x", 1)], [])
+    await store.trajectory("x")
+    await store.close()
+    await asyncio.sleep(0.1)
+    leftover = [t for t in threading.enumerate() if t.ident not in before and not t.daemon and t.is_alive()]
+    assert leftover == []
+
+
+async def test_checkpoint_folds_wal_into_main_file(tmp_path: Path) -> None:
+    """F15c: after checkpoint() a copy of the .db file alone holds every row."""
+    src = tmp_path / "w.db"
+    store = Store(f"sqlite://{src}")
+    await store.init()
+    await store.write_batch([_step("x", k) for k in range(1, 6)], [])
+    await store.checkpoint()
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(src.read_bytes())
+    other = Store(f"sqlite://{copy}")
+    try:
+        assert len(await other.trajectory("x")) == 5
+    finally:
+        await other.close()
+        await store.close()

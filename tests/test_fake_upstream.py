@@ -1,0 +1,358 @@
+"""The scripted fake upstream, exercised with the real openai SDK, aiohttp and a raw socket."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+
+import aiohttp
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from tests.fake_upstream import (
+    DEFAULT_TEXT,
+    DEFAULT_USAGE,
+    DONE,
+    FakeRequest,
+    FakeUpstream,
+    Reply,
+    chat_chunk,
+    chat_completion,
+    usage_chunk,
+)
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+F3 = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hel',
+    b'lo"},"finish_reason":null}]}\r',
+    b"\n\r\n",
+    b'data: {"id":"c1","object":"chat.completion.chunk",\r\n',
+    b'data: "choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}\r\n\r\n',
+    b"data: [DO",
+    b"NE]\n\n",
+]
+
+
+def client(up: FakeUpstream, **kw: object) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=up.base_url, api_key="x", max_retries=0, **kw)  # type: ignore[arg-type]
+
+
+async def raw_exchange(up: FakeUpstream, request: bytes) -> tuple[bytes, list[bytes], bool]:
+    """Send one raw HTTP/1.1 request; return (head, list of chunked-body chunks, terminated)."""
+    reader, writer = await asyncio.open_connection(up.host, up.port)
+    writer.write(request)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    chunks: list[bytes] = []
+    terminated = False
+    try:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            if size == 0:
+                await reader.readexactly(2)
+                terminated = True
+                break
+            chunks.append(await reader.readexactly(size))
+            assert await reader.readexactly(2) == b"\r\n"
+    except asyncio.IncompleteReadError:
+        pass
+    writer.close()
+    await writer.wait_closed()
+    return head, chunks, terminated
+
+
+def post(path: str, body: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+async def test_default_non_stream_with_openai_sdk() -> None:
+    async with FakeUpstream() as up:
+        c = client(up)
+        r = await c.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+        await c.close()
+        assert r.choices[0].message.content == DEFAULT_TEXT == "hello from fake"
+        assert r.choices[0].message.role == "assistant"
+        assert r.choices[0].finish_reason == "stop"
+        assert r.usage is not None
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (5, 3, 8)
+        assert r.model == "m"
+        req = up.requests[0]
+        assert (req.method, req.path) == ("POST", "/v1/chat/completions")
+        assert req.headers["authorization"] == "Bearer x"
+        assert req.headers["content-type"] == "application/json"
+        assert req.json == {"model": "m", "messages": MESSAGES}
+
+
+async def test_default_stream_without_include_usage_has_no_usage_chunk() -> None:
+    async with FakeUpstream() as up:
+        c = client(up)
+        stream = await c.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        chunks = [ch async for ch in stream]
+        await c.close()
+        assert [ch.choices[0].delta.content for ch in chunks] == ["hello", " from", " fake", None]
+        assert [ch.choices[0].finish_reason for ch in chunks] == [None, None, None, "stop"]
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert all(ch.usage is None for ch in chunks)
+        assert up.requests[0].json["stream"] is True
+
+
+async def test_default_stream_with_include_usage_ends_with_usage_only_chunk() -> None:
+    async with FakeUpstream() as up:
+        c = client(up)
+        stream = await c.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+        )
+        chunks = [ch async for ch in stream]
+        await c.close()
+        assert len(chunks) == 5
+        assert chunks[-1].choices == []
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.model_dump(exclude_none=True) == DEFAULT_USAGE
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == DEFAULT_TEXT
+        assert all(ch.usage is None for ch in chunks[:-1])
+
+
+async def test_default_stream_exact_bytes_and_chunk_boundaries() -> None:
+    async with FakeUpstream() as up:
+        body = json.dumps({"model": "m", "messages": MESSAGES, "stream": True,
+                           "stream_options": {"include_usage": True}}).encode()
+        head, chunks, terminated = await raw_exchange(up, post("/v1/chat/completions", body))
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"content-type: text/event-stream\r\n" in head
+        assert b"transfer-encoding: chunked\r\n" in head
+        assert terminated
+        assert chunks == [
+            b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hello"},"finish_reason":null}],"usage":null}\n\n',
+            b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":" from"},"finish_reason":null}],"usage":null}\n\n',
+            b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":" fake"},"finish_reason":null}],"usage":null}\n\n',
+            b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}\n\n',
+            b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}\n\n',
+            DONE,
+        ]
+
+
+async def test_scripted_sse_is_one_http_chunk_per_element() -> None:
+    async with FakeUpstream() as up:
+        up.script("/v1/chat/completions", [Reply.sse(F3)])
+        head, chunks, terminated = await raw_exchange(up, post("/v1/chat/completions", b"{}"))
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert chunks == F3
+        assert terminated
+        assert up.pending("/v1/chat/completions") == 0
+
+
+async def test_scripted_f3_stream_through_openai_sdk() -> None:
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.sse(F3, delay_s=0.01)])
+        c = client(up)
+        stream = await c.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        chunks = [ch async for ch in stream]
+        await c.close()
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "hello world"
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_chunk_builders() -> None:
+    assert chat_chunk("Hi", role="assistant") == (
+        b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n'
+    )
+    assert chat_chunk(finish_reason="stop", usage={"total_tokens": 1}) == (
+        b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"m",'
+        b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"total_tokens":1}}\n\n'
+    )
+    tc = [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": ""}}]
+    assert json.loads(chat_chunk(reasoning="r", tool_calls=tc)[6:])["choices"][0]["delta"] == {
+        "reasoning": "r",
+        "tool_calls": tc,
+    }
+    assert json.loads(usage_chunk(DEFAULT_USAGE)[6:])["choices"] == []
+    assert DONE == b"data: [DONE]\n\n"
+
+
+async def test_scripted_chunk_builders_through_openai_sdk_tool_calls() -> None:
+    tc0 = [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]
+    tc1 = [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.sse([chat_chunk(role="assistant", tool_calls=tc0), chat_chunk(tool_calls=tc1),
+                                    chat_chunk(finish_reason="tool_calls"), DONE])])
+        c = client(up)
+        stream = await c.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        chunks = [ch async for ch in stream]
+        await c.close()
+        deltas = [ch.choices[0].delta.tool_calls for ch in chunks if ch.choices[0].delta.tool_calls]
+        assert deltas[0][0].id == "call_a"
+        assert "".join(d[0].function.arguments or "" for d in deltas) == '{"city": "Paris"}'
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_scripted_json_error_status_and_headers() -> None:
+    err = {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "429"}}
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.json(err, status=429, headers={"Retry-After": "7"})])
+        c = client(up)
+        with pytest.raises(openai.RateLimitError) as info:
+            await c.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+        await c.close()
+        assert info.value.status_code == 429
+        assert info.value.response.headers["retry-after"] == "7"
+        assert info.value.body == err["error"]
+
+
+async def test_models_and_unknown_path() -> None:
+    async with FakeUpstream(models=["m", "other"]) as up:
+        c = client(up)
+        models = await c.models.list()
+        await c.close()
+        assert [m.id for m in models.data] == ["m", "other"]
+        async with aiohttp.ClientSession() as s, s.post(up.base_url + "/nope", json={}) as resp:
+            assert resp.status == 404
+            assert (await resp.json())["error"]["code"] == 404
+
+
+async def test_queue_order_path_before_wildcard_then_default_and_callables() -> None:
+    async def echo(req: FakeRequest) -> Reply:
+        return Reply.json(chat_completion(f"echo {req.json['messages'][0]['content']}"))
+
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.json(chat_completion("wild 1")), echo])
+        up.script("/v1/chat/completions", [Reply.json(chat_completion("path 1")),
+                                           lambda req: Reply.json(chat_completion("path 2"))])
+        c = client(up)
+        texts = []
+        for _ in range(5):
+            r = await c.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+            texts.append(r.choices[0].message.content)
+        await c.close()
+        assert texts == ["path 1", "path 2", "wild 1", "echo hi", DEFAULT_TEXT]
+
+
+async def test_keep_alive_several_requests_on_one_connection() -> None:
+    async with FakeUpstream() as up:
+        conn = aiohttp.TCPConnector(limit=1)
+        async with aiohttp.ClientSession(connector=conn) as s:
+            for i in range(3):
+                async with s.post(up.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES,
+                                                                           "stream": i == 1}) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+            async with s.get(up.base_url + "/models") as resp:
+                assert (await resp.json())["data"][0]["id"] == "m"
+        assert up.connections_opened == 1
+        assert [r.path for r in up.requests] == ["/v1/chat/completions"] * 3 + ["/v1/models"]
+        await up.wait_for_connections_closed(1, timeout=2.0)
+
+
+async def test_20mb_request_body() -> None:
+    big = "A" * (20 * 1024 * 1024)
+    async with FakeUpstream() as up:
+        async with aiohttp.ClientSession() as s:
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": big}]}).encode()
+            async with s.post(up.base_url + "/chat/completions", data=io.BytesIO(body),
+                              headers={"Content-Type": "application/json"}) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["choices"][0]["message"]["content"] == DEFAULT_TEXT
+        assert len(up.requests[0].json["messages"][0]["content"]) == 20 * 1024 * 1024
+        assert int(up.requests[0].headers["content-length"]) == len(up.requests[0].body)
+
+
+async def test_chunked_request_body() -> None:
+    async def gen():  # type: ignore[no-untyped-def]
+        yield b'{"model":"m",'
+        yield b'"messages":[]}'
+
+    async with FakeUpstream() as up:
+        async with aiohttp.ClientSession() as s, s.post(up.base_url + "/chat/completions", data=gen()) as resp:
+            assert resp.status == 200
+        assert up.requests[0].headers["transfer-encoding"] == "chunked"
+        assert up.requests[0].json == {"model": "m", "messages": []}
+
+
+async def test_abrupt_close_mid_stream_with_aiohttp() -> None:
+    c1, c2 = chat_chunk("par", role="assistant"), chat_chunk("tial")
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.sse([c1, c2], close_abruptly=True)])
+        received = b""
+        async with aiohttp.ClientSession() as s, s.post(up.base_url + "/chat/completions", json={}) as resp:
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async for data in resp.content.iter_any():
+                    received += data
+        assert received == c1 + c2
+        await up.wait_for_connections_closed(1, timeout=2.0)
+
+
+async def test_abrupt_close_with_content_length_framing() -> None:
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.raw(b'{"partial":', content_type="application/json", close_abruptly=True)])
+        async with aiohttp.ClientSession() as s, s.post(up.base_url + "/chat/completions", json={}) as resp:
+            assert resp.headers["content-length"] == str(len(b'{"partial":') + 1)
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+
+
+async def test_close_framing_and_html_502() -> None:
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.raw([b"<html>", b"bad gateway</html>"], status=502, content_type="text/html",
+                                   framing="close")])
+        async with aiohttp.ClientSession() as s, s.post(up.base_url + "/chat/completions", json={}) as resp:
+            assert resp.status == 502
+            assert resp.headers["content-type"] == "text/html"
+            assert await resp.read() == b"<html>bad gateway</html>"
+
+
+async def test_client_disconnect_mid_stream_is_seen_within_a_second() -> None:
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.sse([chat_chunk("a"), chat_chunk("b"), DONE], delay_s=[0, 30, 0])])
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(up.base_url + "/chat/completions", json={})
+            first = await resp.content.readuntil(b"\n\n")
+            assert first == chat_chunk("a")
+            t0 = time.perf_counter()
+            resp.close()  # drops the connection
+            await up.wait_for_disconnect(1, timeout=1.0)
+            assert time.perf_counter() - t0 < 1.0
+        assert up.disconnects == 1
+        assert up.requests[0].disconnected
+
+
+async def test_never_respond_and_header_delay_time_out_the_client() -> None:
+    async with FakeUpstream() as up:
+        up.script(None, [Reply(never_respond=True), Reply.json(chat_completion(), delay_headers_s=5)])
+        c = client(up, timeout=0.3)
+        for _ in range(2):
+            with pytest.raises(openai.APITimeoutError):
+                await c.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+        await c.close()
+        await up.wait_for_disconnect(2, timeout=2.0)
+        assert [r.disconnected for r in up.requests] == [True, True]
+
+
+async def test_per_chunk_delays() -> None:
+    async with FakeUpstream() as up:
+        up.script(None, [Reply.sse([chat_chunk("a"), DONE], delay_s=0.2)])
+        t0 = time.perf_counter()
+        async with aiohttp.ClientSession() as s, s.post(up.base_url + "/chat/completions", json={}) as resp:
+            body = await resp.read()
+        assert time.perf_counter() - t0 >= 0.4
+        assert body == chat_chunk("a") + DONE
+
+
+async def test_stop_closes_open_connections() -> None:
+    up = FakeUpstream()
+    await up.start()
+    up.script(None, [Reply(never_respond=True)])
+    reader, writer = await asyncio.open_connection(up.host, up.port)
+    writer.write(post("/v1/chat/completions", b"{}"))
+    await writer.drain()
+    await up.wait_for_requests(1, timeout=2.0)
+    await asyncio.wait_for(up.stop(), timeout=2.0)
+    assert await asyncio.wait_for(reader.read(), timeout=2.0) == b""
+    writer.close()

@@ -1,0 +1,221 @@
+"""Launcher integration: the real gateway on a loopback port (started by the launcher, or given
+with --gateway-base-url), real runtime subprocesses, the fake upstream as the model, evaluation,
+the DB rows, the JSONL and the exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
+
+REPO = Path(__file__).resolve().parents[1]
+
+RUNTIME = '''
+import time
+from env.runtime_kit import chat_completion, openai_client, run_runtime
+from rollout.protocol import SimulationStartResult
+
+def main(req):
+    row = req.env_params["dataset"]
+    assert "expected" not in row, "hidden field leaked to the runtime"
+    if row.get("hang"):
+        time.sleep(60)
+    client = openai_client(req, max_retries=0)
+    for _ in range(row.get("calls", 1)):
+        completion, text = chat_completion(client, model=req.model,
+                                           messages=[{"role": "user", "content": row["q"]}])
+    if row.get("crash"):
+        raise RuntimeError("agent crashed on purpose")
+    return SimulationStartResult(session_id=req.session_id, status="succeeded", step_count=row.get("calls", 1),
+                                 metrics={"text": text})
+
+run_runtime(main)
+'''
+
+EVALUATOR = '''
+def evaluate(request, spec, trajectory):
+    row = request.env_params["dataset"]
+    if row.get("bad_eval"):
+        raise KeyError("expected_answer")
+    ok = trajectory.final_response == row["expected"]
+    return {"score": 10 if ok else 3, "reason": f"{len(trajectory.steps)} steps"}
+'''
+
+CASES = [
+    {"id": "a", "q": "say hello", "expected": DEFAULT_TEXT},
+    {"id": "b", "q": "say hello twice", "expected": DEFAULT_TEXT, "calls": 2},
+    {"id": "c", "q": "wrong", "expected": "something else"},
+    {"id": "d", "q": "crash", "expected": "", "crash": True},
+    {"id": "e", "q": "hang", "expected": "", "hang": True},
+    {"id": "f", "q": "evaluator bug", "expected": "", "bad_eval": True},
+    {"id": "g", "q": "over budget", "expected": "", "calls": 4},
+]
+
+
+def make_env(root: Path) -> Path:
+    env_dir = root / "toy"
+    (env_dir / "data").mkdir(parents=True)
+    (env_dir / "runtime.py").write_text(RUNTIME)
+    (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
+    (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CASES))
+    cfg = {"name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id",
+                                      "hidden_fields": ["expected"]},
+           "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 8},
+           "max_steps": 3}
+    (env_dir / "env.yaml").write_text(yaml.safe_dump(cfg))
+    return env_dir
+
+
+def gateway_config(path: Path, upstream_url: str, db: Path) -> Path:
+    path.write_text(yaml.safe_dump({
+        "storage_config": {"db_url": f"sqlite://{db}"},
+        "llm_routes": {"fake": {"base_url": upstream_url, "api_key": "sk-route-secret-123"}},
+    }))
+    return path
+
+
+async def launch(*args: str, cwd: Path) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(REPO / "launcher.py"), *args, "--no-progress", cwd=str(cwd),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def rows(db: Path, sql: str) -> list[tuple]:  # type: ignore[type-arg]
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
+    env_root = tmp_path / "envs"
+    make_env(env_root)
+    db = tmp_path / "trajs.db"
+    out = tmp_path / "out.jsonl"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        code, stdout, stderr = await launch(
+            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+            "--db-path", f"sqlite://{db}", "--enable-evaluation", "--pool-size", "3", "--rl-group-size", "2",
+            "--job-id", "job1", "--out", str(out), cwd=tmp_path)
+        upstream_calls = len([r for r in up.requests if r.path.endswith("/chat/completions")])
+
+    assert code == 2, stderr  # the hanging runtime timed out and one evaluator crashed: exit code 2
+    records = {(r["case_id"], r["sample_index"]): r for r in map(json.loads, out.read_text().splitlines())}
+    assert len(records) == len(CASES) * 2
+    for k in (0, 1):
+        a, b, c = records[("a", k)], records[("b", k)], records[("c", k)]
+        assert (a["status"], a["score"], a["eval_status"], a["step_count"]) == ("succeeded", 10.0, "scored", 1)
+        assert (b["score"], b["step_count"]) == (10.0, 2)
+        assert (c["score"], c["reason"]) == (3.0, "1 steps")
+        assert a["trajectory"][0]["content"] == DEFAULT_TEXT
+        assert a["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+        d = records[("d", k)]
+        # the agent crashed after its call: a failed session, still graded on what it did
+        assert (d["status"], d["eval_status"], d["score"]) == ("failed", "scored", 3.0)
+        assert "RuntimeError: agent crashed on purpose" in d["error"]
+        e = records[("e", k)]
+        assert (e["status"], e["step_count"]) == ("timeout", 0) and "timed out after 8 s" in e["error"]
+        f = records[("f", k)]
+        assert (f["eval_status"], f["score"], f["error"]) == ("error", 0.0, None) and "KeyError" in f["reason"]
+        g = records[("g", k)]  # budget 3: the 4th call got a synthetic stop, no upstream call
+        assert (g["status"], g["step_count"]) == ("truncated", 3)
+    # samples of a case share a group; sessions do not
+    assert records[("a", 0)]["group_id"] == records[("a", 1)]["group_id"] != records[("b", 0)]["group_id"]
+    assert records[("a", 0)]["session_id"] != records[("a", 1)]["session_id"]
+
+    # one step row per upstream model call, with step ids 1..n per session
+    steps = rows(db, "SELECT session_id, step_id, seq, job_id, env_name FROM session_steps ORDER BY session_id, seq")
+    assert len(steps) == upstream_calls == 2 * (1 + 2 + 1 + 1 + 0 + 1 + 3)
+    assert all(s[3] == "job1" and s[4] == "toy" for s in steps)
+    by_session: dict[str, list[int]] = {}
+    for sid, step_id, seq, *_ in steps:
+        by_session.setdefault(sid, []).append(step_id)
+        assert step_id == seq
+    assert all(ids == list(range(1, len(ids) + 1)) for ids in by_session.values())
+    # the reward is written on the last step of each evaluated session, and on the session row
+    rewarded = rows(db, "SELECT s.session_id, s.reward, j.reward FROM session_steps s JOIN job_environments j "
+                        "ON j.env_id = s.session_id WHERE s.is_terminal = 1")
+    assert len(rewarded) == len(by_session) and all(r[1] == r[2] for r in rewarded)
+    assert rows(db, "SELECT count(*) FROM job_environments WHERE finished = 1") == [(14,)]
+    # secrets never stored
+    blob = db.read_bytes() + (db.with_name(db.name + "-wal").read_bytes() if db.with_name(db.name + "-wal").exists() else b"")
+    assert b"sk-route-secret-123" not in blob
+    # the summary table is printed
+    assert "toy" in stdout and "pass@" in stdout
+
+
+async def test_resume_runs_only_unfinished_sessions(tmp_path: Path) -> None:
+    env_root = tmp_path / "envs"
+    env_dir = make_env(env_root)
+    (env_dir / "data" / "cases.jsonl").write_text(json.dumps(CASES[0]) + "\n" + json.dumps(CASES[1]) + "\n")
+    db = tmp_path / "trajs.db"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        common = ["--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+                  "--db-path", f"sqlite://{db}", "--enable-evaluation", "--job-id", "jr"]
+        code, _, err = await launch(*common, "--out", str(tmp_path / "1.jsonl"), cwd=tmp_path)
+        assert code == 0, err
+        assert len(up.requests) == 3
+        # pretend the session of case "b" was interrupted
+        con = sqlite3.connect(db)
+        con.execute("UPDATE job_environments SET finished = 0, status = 'cancelled' WHERE case_id = 'b'")
+        con.commit()
+        con.close()
+        code, _, err = await launch(*common, "--resume", "--out", str(tmp_path / "2.jsonl"), cwd=tmp_path)
+        assert code == 0, err
+        assert len(up.requests) == 3 + 2  # only case b ran again (2 calls)
+    lines = [json.loads(x) for x in (tmp_path / "2.jsonl").read_text().splitlines()]
+    assert sorted(r["case_id"] for r in lines) == ["a", "b"]  # the report covers the whole job
+    assert rows(db, "SELECT attempts FROM job_environments ORDER BY case_id") == [(1,), (2,)]
+
+
+async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> None:
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+    import uvicorn
+
+    env_root = tmp_path / "envs"
+    make_env(env_root)
+    settings = GatewaySettings.model_validate({"storage_config": {"db_url": f"sqlite://{tmp_path}/gateway.db"},
+                                               "llm_routes": {"fake": {"base_url": "http://127.0.0.1:9/v1"}}})
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        code, _, err = await launch("--agent-root", str(env_root), "--llm-model", "fake",
+                                    "--gateway-base-url", f"http://127.0.0.1:{port}/v1/sessions",
+                                    "--db-path", f"sqlite://{tmp_path}/launcher.db", cwd=tmp_path)
+    finally:
+        server.should_exit = True
+        await task
+    assert code == 1
+    assert "records to" in err and "gateway.db" in err and "launcher.db" in err
+    assert not (tmp_path / "launcher.db").exists() or rows(tmp_path / "launcher.db",
+                                                           "SELECT count(*) FROM session_steps") == [(0,)]
+
+
+def test_bad_env_config_is_a_clear_error(tmp_path: Path) -> None:
+    import subprocess
+
+    env_dir = tmp_path / "envs" / "typo"
+    env_dir.mkdir(parents=True)
+    (env_dir / "env.yaml").write_text("name: typo\ndataset: {path: x.jsonl}\nruntime: {command: [x]}\nmax_step: 3\n")
+    p = subprocess.run([sys.executable, str(REPO / "launcher.py"), "--agent-root", str(tmp_path / "envs")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert p.returncode == 1
+    assert "max_step" in p.stderr and "env.yaml" in p.stderr
