@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.assembly import ChatStreamAssembler, usage_of
 from gateway.errors import GatewayError, error_body
-from gateway.redact import redact
+from gateway.redact import redact_request
 from gateway.sessions import SessionClosed, StepSlot
 from gateway.sse import SSEParser, format_event
 from gateway.state import GatewayState
@@ -78,7 +78,7 @@ class _Call:
         return SessionStep(
             session_id=s.session_id, seq=s.seq, step_id=s.step_id, env_name=s.env_name, group_id=s.group_id,
             job_id=s.job_id, llm_model=self.route_key, endpoint=ENDPOINT, is_stream=self.stream, status=status,
-            status_code=status_code, messages=self.body.get("messages"), request=redact(self.upstream_body),
+            status_code=status_code, messages=self.body.get("messages"), request=redact_request(self.upstream_body),
             response=response, finish_reason=finish if isinstance(finish, str) else None,
             prompt_tokens=_int(usage, "prompt_tokens"), completion_tokens=_int(usage, "completion_tokens"),
             total_tokens=_int(usage, "total_tokens"),

@@ -4,6 +4,13 @@ A key is a secret when its name, lower-cased, is ``authorization``/``proxy-autho
 contains ``api_key``/``api-key``/``apikey``/``secret``/``password``/``access_token``/
 ``refresh_token``/``bearer``, or ends in ``_token``/``-token`` or equals ``token``. Token-count
 fields (``max_tokens``, ``prompt_tokens``, ``*_tokens``) are not secrets and are kept.
+
+Request bodies are redacted with :func:`redact_request`, which leaves the model-visible content
+alone: the conversation and the tool schemas (``messages``, ``tools``, ...) are what the model
+saw and are recorded verbatim (a tool parameter named ``access_token`` is part of a schema, not a
+credential; the same conversation is stored unredacted in the ``messages`` column anyway). The
+credentials the gateway itself handles (the client's ``Authorization`` header, the routes'
+``api_key``) travel in headers and are never part of a recorded body.
 """
 
 from __future__ import annotations
@@ -18,6 +25,13 @@ _SECRET = re.compile(
     re.IGNORECASE,
 )
 
+# Top-level request fields that carry model-visible content (OpenAI chat/responses, Anthropic
+# messages): recorded untouched by redact_request.
+CONTENT_FIELDS = frozenset({
+    "messages", "tools", "functions", "tool_choice", "function_call", "response_format", "prediction",
+    "input", "instructions", "system", "prompt",
+})
+
 
 def is_secret_key(name: str) -> bool:
     """True when a field or header name names a secret (see the module docstring)."""
@@ -25,9 +39,27 @@ def is_secret_key(name: str) -> bool:
 
 
 def redact(obj: Any) -> Any:
-    """A copy of a JSON value with the values of secret-named keys replaced by ``[REDACTED]``."""
+    """A copy of a JSON value with the values of secret-named keys (at any depth) replaced by
+    ``[REDACTED]``."""
     if isinstance(obj, dict):
         return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     return obj
+
+
+def redact_request(body: Any) -> Any:
+    """A copy of a request body for recording: :func:`redact` applied to every top-level field
+    except the content fields (:data:`CONTENT_FIELDS`), which are kept as sent. A non-dict body
+    is redacted as a whole."""
+    if not isinstance(body, dict):
+        return redact(body)
+    out: dict[str, Any] = {}
+    for k, v in body.items():
+        if isinstance(k, str) and is_secret_key(k):
+            out[k] = REDACTED
+        elif k in CONTENT_FIELDS:
+            out[k] = v
+        else:
+            out[k] = redact(v)
+    return out

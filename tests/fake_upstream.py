@@ -45,8 +45,10 @@ Observation: ``up.requests`` (:class:`FakeRequest` list: method, path, query, he
 lowercased names, body bytes, parsed ``json``, and ``disconnected`` when the client went away
 mid-reply), ``up.connections_opened``, ``up.connections_closed`` (every connection the server
 saw end), ``up.disconnects`` (connections the client closed while a reply was being written or
-awaited; noticed at once, not at the next write), ``await up.wait_for_disconnect(n, timeout)``
-and ``await up.wait_for_requests(n, timeout)``.
+awaited; noticed at once, not at the next write), ``up.in_flight`` / ``up.max_in_flight``
+(requests received whose reply is not finished yet: now / the most ever at once; a request stops
+counting right after the last byte of its reply is written, or when the reply is abandoned),
+``await up.wait_for_disconnect(n, timeout)`` and ``await up.wait_for_requests(n, timeout)``.
 
 Keep-alive: any number of requests per connection (``Connection: close`` and HTTP/1.0 end it);
 request bodies by ``Content-Length`` (tested at 20 MB) or chunked; ``Expect: 100-continue``.
@@ -326,6 +328,8 @@ class FakeUpstream:
         self.connections_opened = 0
         self.connections_closed = 0
         self.disconnects = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._queues: dict[str | None, deque[ReplySource]] = {}
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -413,9 +417,15 @@ class FakeUpstream:
                 except _ClientGone:
                     break
                 self.requests.append(req)
+                finished = self._count_in_flight()
                 self._notify()
-                reply = await self._pick(req)
-                served = asyncio.ensure_future(self._write_reply(req, reply, writer))
+                try:
+                    reply = await self._pick(req)
+                except BaseException:
+                    finished()
+                    raise
+                served = asyncio.ensure_future(self._write_counted(req, reply, writer, finished))
+                served.add_done_callback(lambda _f, done=finished: done())
                 if not await self._serve_watching(conn, served):
                     req.disconnected = True
                     self.disconnects += 1
@@ -434,6 +444,29 @@ class FakeUpstream:
             self.connections_closed += 1
             self._tasks.discard(task)  # type: ignore[arg-type]
             self._notify()
+
+    def _count_in_flight(self) -> Callable[[], None]:
+        """Count one more request in flight; returns the (idempotent) callable that ends it."""
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        ended = False
+
+        def finished() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.in_flight -= 1
+
+        return finished
+
+    async def _write_counted(
+        self, req: FakeRequest, reply: Reply, writer: asyncio.StreamWriter, finished: Callable[[], None]
+    ) -> bool:
+        """``_write_reply`` that stops counting the request the moment its last byte is written."""
+        try:
+            return await self._write_reply(req, reply, writer)
+        finally:
+            finished()
 
     async def _serve_watching(self, conn: _Conn, served: asyncio.Future[bool]) -> bool:
         """Run the reply while watching the socket; False when the client closed it first."""

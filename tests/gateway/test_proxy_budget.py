@@ -1,0 +1,191 @@
+"""Gateway contract for the per-session step budget (``max_steps``): synthetic stop answers,
+parallel calls, budgets from the launcher's session rows, and the persisted session state
+(a restart keeps the budget and the step ids)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from store import JobEnvironment, Store
+from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion
+from tests.gateway.conftest import MESSAGES, Gateway, sse_json
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+UP_PATH = "/v1/chat/completions"
+
+
+def session_row(gw: Gateway, sid: str) -> dict[str, object]:
+    [row] = gw.sql("SELECT * FROM gateway_sessions WHERE session_id=?", sid)
+    return dict(row)
+
+
+async def test_budget_then_synthetic_stop_without_upstream_call(start_gateway: StartGateway,
+                                                                upstream: FakeUpstream) -> None:
+    gw = await start_gateway(max_steps=2)
+    client = gw.client("s1")
+    for _ in range(2):
+        out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+        assert out.choices[0].message.content == DEFAULT_TEXT
+    raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert raw.http_response.status_code == 200
+    assert raw.headers["x-gateway-stop-reason"] == "max_steps"
+    stop = raw.parse()
+    assert stop.object == "chat.completion" and stop.model == "m"
+    assert stop.choices[0].message.content == "" and stop.choices[0].message.role == "assistant"
+    assert stop.choices[0].finish_reason == "stop"
+    assert stop.usage is not None and (stop.usage.prompt_tokens, stop.usage.total_tokens) == (0, 0)
+    await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+
+    assert len(upstream.requests) == 2  # no upstream call once the budget is used
+    steps = await gw.steps("s1")
+    assert [(s.seq, s.step_id, s.status) for s in steps] == [(1, 1, "ok"), (2, 2, "ok")]
+    r = await gw.http().get("/v1/sessions/s1")
+    assert (r.json()["status"], r.json()["total_steps"], r.json()["max_steps"]) == ("truncated", 2, 2)
+    assert session_row(gw, "s1")["status"] == "truncated"
+    assert await gw.metric("gateway_synthetic_stops_total") == 2
+    assert await gw.metric("gateway_steps_recorded_total") == 2
+
+    r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "agent done"})
+    assert r.json()["truncated"] is True and r.json()["completion_mode"] == "truncated"
+
+
+@pytest.mark.parametrize("client_usage", [False, True])
+async def test_streamed_synthetic_stop(start_gateway: StartGateway, upstream: FakeUpstream,
+                                       client_usage: bool) -> None:
+    gw = await start_gateway(max_steps=0)
+    body: dict[str, object] = {"model": "m", "messages": MESSAGES, "stream": True}
+    if client_usage:
+        body["stream_options"] = {"include_usage": True}
+    r = await gw.http().post("/v1/sessions/s1/chat/completions", json=body)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["x-gateway-stop-reason"] == "max_steps"
+    assert r.content.endswith(b"data: [DONE]\n\n")
+    chunks = sse_json(r.content)
+    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * len(chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[1]["choices"][0]["finish_reason"] == "stop"
+    if client_usage:
+        assert len(chunks) == 3
+        assert chunks[2]["choices"] == [] and chunks[2]["usage"]["total_tokens"] == 0
+    else:
+        assert len(chunks) == 2 and b'"choices":[]' not in r.content
+
+    client = gw.client("s1")
+    got = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    assert [c.choices[0].finish_reason for c in got] == [None, "stop"]
+    assert upstream.requests == []
+    assert await gw.steps("s1") == []
+    assert session_row(gw, "s1")["status"] == "truncated"
+    assert await gw.metric("gateway_synthetic_stops_total") == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_parallel_calls_make_exactly_budget_upstream_calls(start_gateway: StartGateway,
+                                                                 upstream: FakeUpstream, stream: bool) -> None:
+    budget, n = 3, 10
+    gw = await start_gateway(max_steps=budget)
+    # slow upstream answers, the earliest-reserved finishing last, so calls overlap for real
+    delays = [0.3, 0.2, 0.1]
+
+    def reply(req: object) -> Reply:
+        d = delays.pop(0)
+        if stream:
+            body = upstream.default_reply(req).chunks  # type: ignore[arg-type]
+            return Reply.sse(body, delay_headers_s=d)
+        return Reply.json(chat_completion(), delay_headers_s=d)
+
+    upstream.script(UP_PATH, [reply] * budget)
+    client = gw.client("s1")
+
+    async def one() -> str | None:
+        if stream:
+            text = ""
+            async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+                text += (c.choices[0].delta.content or "") if c.choices else ""
+            return text
+        out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+        return out.choices[0].message.content
+
+    results = await asyncio.gather(*(one() for _ in range(n)))
+    assert sorted(results) == [""] * (n - budget) + [DEFAULT_TEXT] * budget
+    assert len(upstream.requests) == budget
+    steps = await gw.steps("s1")
+    assert sorted(s.step_id for s in steps) == [1, 2, 3]
+    assert [s.seq for s in steps] == [1, 2, 3]
+    assert {s.status for s in steps} == {"ok"}
+    assert await gw.metric("gateway_synthetic_stops_total") == n - budget
+    # the persisted state is the final one, not a snapshot of a call that finished late
+    row = session_row(gw, "s1")
+    assert (row["status"], row["total_steps"], json.loads(str(row["step_counts"]))) == ("truncated", 3, {"m": 3})
+
+
+async def test_persisted_state_survives_out_of_order_completion_and_restart(
+        start_gateway: StartGateway, upstream: FakeUpstream, db_url: str) -> None:
+    gw = await start_gateway()
+    delays = [0.4, 0.0]  # the first-reserved call finishes last
+    upstream.script(UP_PATH, [lambda _r: Reply.json(chat_completion(), delay_headers_s=delays.pop(0))] * 2)
+    client = gw.client("s1")
+    first = asyncio.ensure_future(client.chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+    await upstream.wait_for_requests(1)
+    await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    await first
+    row = session_row(gw, "s1")
+    assert (row["total_steps"], json.loads(str(row["step_counts"]))) == (2, {"m": 2})
+    await gw.stop()
+
+    gw2 = await start_gateway(db_url=db_url)  # a restart on the same database
+    await gw2.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    steps = await gw2.steps("s1")
+    assert [(s.seq, s.step_id, s.status) for s in steps] == [(1, 1, "ok"), (2, 2, "ok"), (3, 3, "ok")]
+
+
+async def test_restart_keeps_the_budget(start_gateway: StartGateway, upstream: FakeUpstream, db_url: str) -> None:
+    gw = await start_gateway(max_steps=2)
+    await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    await gw.stop()
+    gw2 = await start_gateway(db_url=db_url, max_steps=2)
+    client = gw2.client("s1")
+    await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert raw.headers["x-gateway-stop-reason"] == "max_steps"
+    assert len(upstream.requests) == 2
+    assert [s.step_id for s in await gw2.steps("s1")] == [1, 2]
+
+
+async def test_launcher_session_row_sets_budget_and_step_metadata(start_gateway: StartGateway,
+                                                                   upstream: FakeUpstream, db_url: str) -> None:
+    gw = await start_gateway(max_steps=-1)
+    store = Store(db_url)
+    try:
+        await store.add_job_sessions([JobEnvironment(env_id="job1-c1-0", job_id="job1", env_name="gsm8k",
+                                                     case_id="c1", llm_model="m", group_id="g1", max_steps=1)])
+    finally:
+        await store.close()
+    client = gw.client("job1-c1-0")
+    await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert raw.headers["x-gateway-stop-reason"] == "max_steps"
+    [step] = await gw.steps("job1-c1-0")
+    assert (step.job_id, step.env_name, step.group_id) == ("job1", "gsm8k", "g1")
+    r = await gw.http().get("/v1/sessions/job1-c1-0")
+    assert (r.json()["max_steps"], r.json()["status"]) == (1, "truncated")
+
+
+async def test_close_while_a_call_is_in_flight_stays_closed(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.json(chat_completion(), delay_headers_s=0.3)])
+    call = asyncio.ensure_future(gw.client("s1").chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+    await upstream.wait_for_requests(1)
+    r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "timeout"})
+    assert r.json()["status"] == "closed"
+    out = await call  # the call in flight still completes and is recorded
+    assert out.choices[0].message.content == DEFAULT_TEXT
+    [step] = await gw.steps("s1")
+    assert step.status == "ok"
+    row = session_row(gw, "s1")
+    assert (row["status"], row["close_reason"]) == ("closed", "timeout")  # not reopened by the late step
+    r = await gw.http().get("/v1/sessions/s1")
+    assert r.json()["status"] == "closed"

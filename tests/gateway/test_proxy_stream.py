@@ -1,0 +1,435 @@
+"""Gateway contract for streamed answers: the stream faults F1-F8 of
+/work/shared/cases/faults.md (exact upstream byte lists), relayed to the real openai SDK and to
+raw httpx, and the step recorded from them; strict telemetry ordering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.fake_upstream import DEFAULT_USAGE, DONE, FakeUpstream, Reply, chat_chunk, usage_chunk
+from tests.gateway.conftest import MESSAGES, Gateway, sse_json, sse_payloads
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+UP_PATH = "/v1/chat/completions"
+SESSION_PATH = "/v1/sessions/s1/chat/completions"
+
+F1 = [
+    b'data: {"id":"","object":"","created":0,"model":"","choices":[],"prompt_filter_results":[{"prompt_index":0}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+F2 = [
+    b": connected\n\n",
+    b'id: 1\ndata: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}\n\n',
+    b": ping - 2025-01-01 00:00:00\n\n",
+    b"retry: 3000\n\n",
+    b"event: message\n\n",
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"B"},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+F3 = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hel',
+    b'lo"},"finish_reason":null}]}\r',
+    b"\n\r\n",
+    b'data: {"id":"c1","object":"chat.completion.chunk",\r\n',
+    b'data: "choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}\r\n\r\n',
+    b"data: [DO",
+    b"NE]\n\n",
+]
+
+F5 = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}},{"index":0,"function":{"arguments":"{\\"city\\": \\""}}]},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\\"tz\\":"}}]},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"Paris\\"}"}},{"index":1,"function":{"arguments":" \\"UTC\\"}"}}]},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+F5_NO_INDEX = [c.replace(b'"index":0,"id"', b'"id"').replace(b'{"index":0,"function"', b'{"function"')
+               .replace(b'"index":1,"id"', b'"id"').replace(b'{"index":1,"function"', b'{"function"') for c in F5]
+
+F5_CALLS = [
+    {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}},
+]
+
+F6 = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":null,"content":null},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning":"2+2 is "},"finish_reason":null,"token_ids":[17]}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning_content":"four."},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"4","reasoning":null},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+async def raw_post(gw: Gateway, body: dict[str, Any], path: str = SESSION_PATH) -> httpx.Response:
+    """POST with raw httpx and read the whole answer (the exact bytes the client got)."""
+    return await gw.http().post(path, json=body)
+
+
+def stream_body(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": MESSAGES, "stream": True, **extra}
+
+
+# ----------------------------------------------------------------------------------------- F1
+@pytest.mark.parametrize("client_opts", [None, {"include_usage": False}])
+async def test_f1_usage_only_chunk_hidden_from_a_client_that_did_not_ask(
+        gw: Gateway, upstream: FakeUpstream, client_opts: dict[str, Any] | None) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F1)])
+    extra = {} if client_opts is None else {"stream_options": client_opts}
+    r = await raw_post(gw, stream_body(**extra))
+    assert r.status_code == 200
+    # the gateway asked upstream for usage on its own ...
+    assert upstream.requests[0].json["stream_options"] == {**(client_opts or {}), "include_usage": True}
+    # ... so the usage-only chunk is stripped, every other chunk (Azure's empty first one too) relayed
+    assert r.content == F1[0] + F1[1] + F1[2] + F1[4]
+    [step] = await gw.steps("s1")
+    assert step.status == "ok" and step.finish_reason == "stop"
+    assert step.response["choices"][0]["message"] == {"role": "assistant", "content": "Hi"}
+    assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (10, 1, 11)
+    assert step.response["prompt_filter_results"] == [{"prompt_index": 0}]
+    assert step.meta_json["usage_requested_by_gateway"] is True
+
+
+async def test_f1_client_that_asked_for_usage_gets_every_chunk(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F1)])
+    r = await raw_post(gw, stream_body(stream_options={"include_usage": True}))
+    assert r.content == b"".join(F1)
+    [step] = await gw.steps("s1")
+    assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (10, 1, 11)
+    assert "usage_requested_by_gateway" not in step.meta_json
+
+
+async def test_f1_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F1), Reply.sse(F1)])
+    client = gw.client("s1")
+    chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi"
+    assert [c.usage for c in chunks] == [None, None, None]
+    chunks = [c async for c in await client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True})]  # type: ignore[arg-type]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 11
+    assert [s.total_tokens for s in await gw.steps("s1")] == [11, 11]
+
+
+# ----------------------------------------------------------------------------------------- F2
+async def test_f2_comments_and_dataless_blocks_are_neither_parsed_nor_relayed(gw: Gateway, upstream: FakeUpstream
+                                                                             ) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F2, delay_s=[0, 0, 0.2, 0, 0, 0, 0]), Reply.sse(F2)])
+    stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "AB"
+    r = await raw_post(gw, stream_body())
+    assert r.content == F2[1] + F2[5] + F2[6]
+    steps = await gw.steps("s1")
+    assert [(s.status, s.response["choices"][0]["message"]["content"]) for s in steps] == [("ok", "AB")] * 2
+    assert [s.finish_reason for s in steps] == ["stop", "stop"]
+    assert [s.prompt_tokens for s in steps] == [None, None]  # this upstream sends no usage: unknown, not 0
+
+
+# ----------------------------------------------------------------------------------------- F3
+async def test_f3_events_split_across_reads_crlf_and_multiline_data(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F3), Reply.sse(F3)])
+    stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "hello world"
+    r = await raw_post(gw, stream_body())
+    payloads = sse_payloads(r.content)
+    assert len(payloads) == 3 and payloads[-1] == "[DONE]"
+    assert [json.loads(p)["choices"][0]["delta"]["content"] for p in payloads[:2]] == ["hello", " world"]
+    for step in await gw.steps("s1"):
+        assert (step.status, step.finish_reason) == ("ok", "stop")
+        assert step.response["choices"][0]["message"]["content"] == "hello world"
+
+
+async def test_f3_multibyte_utf8_cut_between_writes(gw: Gateway, upstream: FakeUpstream) -> None:
+    event = chat_chunk("café ☕ 😀", role="assistant", finish_reason="stop")
+    cut = event.index("é".encode()) + 1
+    cut2 = event.index("😀".encode()) + 2
+    upstream.script(UP_PATH, [Reply.sse([event[:cut], event[cut:cut2], event[cut2:], DONE])])
+    stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "café ☕ 😀"
+    [step] = await gw.steps("s1")
+    assert step.response["choices"][0]["message"]["content"] == "café ☕ 😀"
+
+
+# ----------------------------------------------------------------------------------------- F4
+async def test_f4_one_700kb_line_is_forwarded_whole_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
+    args = '{"path":"a.txt","content":"' + "x" * 700_000 + '"}'
+    big = chat_chunk(role="assistant", tool_calls=[{"index": 0, "id": "call_w", "type": "function",
+                                                    "function": {"name": "write_file", "arguments": args}}])
+    chunks = [big, chat_chunk(finish_reason="tool_calls"), DONE]
+    upstream.script(UP_PATH, [Reply.sse(chunks), Reply.sse(chunks)])
+    r = await raw_post(gw, stream_body())
+    assert r.content == b"".join(chunks)  # the huge event arrives whole and unchanged
+    stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    got = [tc.function.arguments async for c in stream if c.choices for tc in c.choices[0].delta.tool_calls or []
+           if tc.function]
+    assert "".join(a or "" for a in got) == args
+    for step in await gw.steps("s1"):
+        assert (step.status, step.finish_reason) == ("ok", "tool_calls")
+        [call] = step.response["choices"][0]["message"]["tool_calls"]
+        assert call["id"] == "call_w" and call["function"]["name"] == "write_file"
+        assert len(call["function"]["arguments"]) == len(args) == 700_029
+        assert call["function"]["arguments"] == args
+
+
+# ----------------------------------------------------------------------------------------- F5
+@pytest.mark.parametrize("chunks", [F5, F5_NO_INDEX], ids=["indexed", "no-index"])
+async def test_f5_parallel_tool_calls_assembled_and_bytes_unchanged(gw: Gateway, upstream: FakeUpstream,
+                                                                    chunks: list[bytes]) -> None:
+    upstream.script(UP_PATH, [Reply.sse(chunks)])
+    r = await raw_post(gw, stream_body())
+    assert r.content == b"".join(chunks)
+    [step] = await gw.steps("s1")
+    message = step.response["choices"][0]["message"]
+    assert message["tool_calls"] == F5_CALLS
+    assert message["content"] is None
+    assert step.finish_reason == "tool_calls"
+
+
+async def test_f5_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(gw: Gateway,
+                                                                               upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F5)])
+    client = gw.client("s1")
+    calls: dict[int, dict[str, str]] = {}
+    async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+        for tc in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            entry = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += tc.id or ""
+            entry["name"] += (tc.function.name or "") if tc.function else ""
+            entry["arguments"] += (tc.function.arguments or "") if tc.function else ""
+    assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in F5_CALLS]
+    followup = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": F5_CALLS},
+                {"role": "tool", "tool_call_id": "call_a", "content": "18C"},
+                {"role": "tool", "tool_call_id": "call_b", "content": "12:00"}]
+    async for _ in await client.chat.completions.create(model="m", messages=followup, stream=True):  # type: ignore[arg-type]
+        pass
+    assert upstream.requests[1].json["messages"] == followup
+    steps = await gw.steps("s1")
+    assert [s.step_id for s in steps] == [1, 2]
+    assert steps[1].messages == followup and steps[1].request["messages"] == followup
+
+
+# ----------------------------------------------------------------------------------------- F6
+async def test_f6_reasoning_fields_relayed_verbatim_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F6)])
+    r = await raw_post(gw, stream_body())
+    assert r.content == b"".join(F6)  # no chunk filtered as "empty", unknown fields kept
+    [step] = await gw.steps("s1")
+    assert step.status == "ok" and step.finish_reason == "stop"
+    choice = step.response["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "4", "reasoning_content": "2+2 is four."}
+    assert choice["token_ids"] == [17]
+
+
+async def test_f6_non_stream_reasoning_recorded_as_received(gw: Gateway, upstream: FakeUpstream) -> None:
+    answer = {"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+              "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                           "message": {"role": "assistant", "content": "4", "reasoning": "2+2 is four.",
+                                       "reasoning_content": "2+2 is four."},
+                           "token_ids": [17, 18]}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}, "prompt_token_ids": [1]}
+    upstream.script(UP_PATH, [Reply.json(answer)])
+    r = await raw_post(gw, {"model": "m", "messages": MESSAGES})
+    assert r.json() == answer
+    [step] = await gw.steps("s1")
+    assert step.response == answer
+    assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (3, 2, 5)
+
+
+# ----------------------------------------------------------------------------------------- F7
+async def test_f7a_gateway_asks_for_usage_and_records_it(gw: Gateway, upstream: FakeUpstream) -> None:
+    # the default fake upstream sends usage only when include_usage was requested
+    r = await raw_post(gw, stream_body())
+    assert b'"choices":[]' not in r.content and b'"total_tokens"' not in r.content
+    [step] = await gw.steps("s1")
+    assert step.response["usage"] == DEFAULT_USAGE
+    assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (5, 3, 8)
+
+
+async def test_f7b_no_usage_is_recorded_as_null_not_zero(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse([chat_chunk("ok", role="assistant"), chat_chunk(finish_reason="stop"),
+                                         DONE])])
+    await raw_post(gw, stream_body())
+    [step] = await gw.steps("s1")
+    assert step.status == "ok"
+    assert step.response["usage"] is None
+    assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (None, None, None)
+    [row] = gw.sql("SELECT prompt_tokens, completion_tokens, total_tokens FROM session_steps")
+    assert tuple(row) == (None, None, None)
+
+
+async def test_f7c_zero_usage_on_a_content_chunk_then_the_last_non_null_wins(gw: Gateway,
+                                                                            upstream: FakeUpstream) -> None:
+    zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    real = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
+    upstream.script(UP_PATH, [
+        Reply.sse([chat_chunk("a", role="assistant", usage=zero), chat_chunk("b", usage=zero),
+                   chat_chunk(finish_reason="stop"), usage_chunk(real), DONE]),
+        Reply.sse([chat_chunk("a", role="assistant", usage=zero), chat_chunk(finish_reason="stop", usage=zero),
+                   DONE]),
+    ])
+    await raw_post(gw, stream_body(stream_options={"include_usage": True}))
+    await raw_post(gw, stream_body(stream_options={"include_usage": True}))
+    s1, s2 = await gw.steps("s1")
+    assert (s1.prompt_tokens, s1.completion_tokens, s1.total_tokens) == (12, 2, 14)  # never summed
+    assert (s2.prompt_tokens, s2.completion_tokens, s2.total_tokens) == (0, 0, 0)
+
+
+# ----------------------------------------------------------------------------------------- F8
+F8A = [b'data: {"error":{"message":"maximum context length exceeded","type":"BadRequestError","code":400}}\n\n',
+       b"data: [DONE]\n\n"]
+
+
+async def test_f8a_error_event_inside_a_200_stream_is_an_error_step(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(F8A), Reply.sse(F8A)])
+    r = await raw_post(gw, stream_body())
+    assert r.status_code == 200
+    assert r.content.startswith(F8A[0])  # the error event is forwarded as is
+    with pytest.raises(openai.APIError, match="maximum context length exceeded"):
+        async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+            pass
+    for step in await gw.steps("s1"):
+        assert (step.status, step.status_code, step.finish_reason) == ("error", 200, None)
+        assert step.meta_json["error"] == {"message": "maximum context length exceeded", "type": "BadRequestError",
+                                           "code": 400}
+        assert step.response["choices"] == []
+
+
+async def test_f8b_upstream_closes_mid_stream(gw: Gateway, upstream: FakeUpstream) -> None:
+    partial = [chat_chunk("Hel", role="assistant"), chat_chunk("lo")]
+    upstream.script(UP_PATH, [Reply.sse(partial, close_abruptly=True), Reply.sse(partial, close_abruptly=True)])
+    r = await raw_post(gw, stream_body())
+    assert r.status_code == 200
+    assert r.content.startswith(partial[0] + partial[1])
+    payloads = sse_payloads(r.content)
+    assert "[DONE]" not in payloads  # no fake [DONE] ...
+    last = json.loads(payloads[-1])  # ... but a terminal error event
+    assert last["error"]["code"] in ("upstream_stream_broken", "upstream_stream_truncated")
+    with pytest.raises(openai.APIError):
+        async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+            pass
+    for step in await gw.steps("s1"):
+        assert (step.status, step.is_truncated, step.finish_reason) == ("truncated", True, None)
+        assert step.response["choices"][0]["message"]["content"] == "Hello"
+        assert step.meta_json["error"]["code"] == last["error"]["code"]
+
+
+async def test_f8b_eof_without_done_with_clean_chunked_end(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse([chat_chunk("Hel", role="assistant"), chat_chunk("lo")])])
+    r = await raw_post(gw, stream_body())
+    payloads = sse_payloads(r.content)
+    assert "[DONE]" not in payloads
+    assert json.loads(payloads[-1])["error"]["code"] == "upstream_stream_truncated"
+    [step] = await gw.steps("s1")
+    assert (step.status, step.is_truncated) == ("truncated", True)
+    assert step.response["choices"][0]["message"]["content"] == "Hello"
+
+
+async def test_f8c_only_done_is_recorded_and_nothing_hangs(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse([DONE]), Reply.sse([DONE])])
+    async with asyncio.timeout(5):
+        r = await raw_post(gw, stream_body())
+        chunks = [c async for c in await gw.client("s1").chat.completions.create(
+            model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    assert r.content == DONE and chunks == []
+    for step in await gw.steps("s1"):
+        assert step.status == "empty"
+        assert step.response["choices"] == [] and step.finish_reason is None
+        assert step.prompt_tokens is None
+        assert step.meta_json["chunks"] == 0
+
+
+async def test_error_status_with_sse_content_type_is_not_a_stream(gw: Gateway, upstream: FakeUpstream) -> None:
+    body = b'data: {"error":{"message":"overloaded","code":503}}\n\n'
+    upstream.script(UP_PATH, [Reply.raw(body, status=503, content_type="text/event-stream")])
+    r = await raw_post(gw, stream_body())
+    assert (r.status_code, r.content) == (503, body)
+    [step] = await gw.steps("s1")
+    assert (step.status, step.status_code) == ("error", 503)
+
+
+# ------------------------------------------------------------------------------ strict telemetry
+async def _hold_db_write_lock(gw: Gateway) -> sqlite3.Connection:
+    con = sqlite3.connect(gw.db_path, timeout=30, isolation_level=None)
+    con.execute("BEGIN IMMEDIATE")
+    return con
+
+
+async def test_strict_mode_commits_the_step_before_done(gw: Gateway, upstream: FakeUpstream) -> None:
+    lock = await _hold_db_write_lock(gw)  # the gateway's commit must wait for this lock
+    received: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def read() -> None:
+        async with gw.http().stream("POST", SESSION_PATH, json=stream_body()) as r:
+            async for piece in r.aiter_raw():
+                await received.put(piece)
+        await received.put(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        got = b""
+        while b'"finish_reason":"stop"' not in got:
+            got += await asyncio.wait_for(received.get(), 5) or b""
+        with pytest.raises(TimeoutError):  # the last content arrived; [DONE] must wait for the commit
+            await asyncio.wait_for(received.get(), 0.4)
+        lock.rollback()
+        rest = b""
+        while (piece := await asyncio.wait_for(received.get(), 5)) is not None:
+            rest += piece
+            if rest.endswith(b"data: [DONE]\n\n"):
+                # at the moment the client has [DONE], the row is already committed
+                assert len(gw.sql("SELECT 1 FROM session_steps WHERE session_id='s1'")) == 1
+        assert rest.endswith(b"data: [DONE]\n\n")
+        await reader
+    finally:
+        lock.close()
+        reader.cancel()
+
+
+async def test_strict_mode_commits_before_a_non_stream_response(gw: Gateway, upstream: FakeUpstream) -> None:
+    lock = await _hold_db_write_lock(gw)
+    try:
+        task = asyncio.ensure_future(raw_post(gw, {"model": "m", "messages": MESSAGES}))
+        await upstream.wait_for_requests(1)
+        done, _ = await asyncio.wait({task}, timeout=0.4)
+        assert not done
+        lock.rollback()
+        r = await task
+        assert r.status_code == 200
+        assert len(gw.sql("SELECT 1 FROM session_steps")) == 1
+    finally:
+        lock.close()
+
+
+async def test_best_effort_mode_does_not_wait_for_the_db(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    gw = await start_gateway(telemetry={"mode": "best_effort"})
+    lock = await _hold_db_write_lock(gw)
+    try:
+        async with asyncio.timeout(3):
+            r = await raw_post(gw, stream_body())
+        assert r.content.endswith(b"data: [DONE]\n\n")
+        assert gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"] == 0
+    finally:
+        lock.rollback()
+        lock.close()
+    [step] = await gw.wait_steps("s1", 1)
+    assert step.status == "ok"
+
+
+async def test_synthesized_error_events_are_valid_sse_json(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse([chat_chunk("x", role="assistant")], close_abruptly=True)])
+    r = await raw_post(gw, stream_body())
+    objs = sse_json(r.content)
+    assert set(objs[-1]["error"]) == {"message", "type", "param", "code"}

