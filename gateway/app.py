@@ -109,6 +109,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             raise GatewayError(400, f"invalid close request: {e}") from None
         snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode)
         await g.writer.record(None, snap)
+        g.sessions.forget(session_id)  # strict mode: stored by now (best_effort: queued)
         return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
                 "truncated": truncated, "close_reason": snap.close_reason,
                 "completion_mode": snap.completion_mode}

@@ -70,6 +70,18 @@ class SessionManager:
         self._states[sid] = st
         return st
 
+    def current(self, sid: str) -> GatewaySession | None:
+        """A snapshot of the session's state as it is NOW, or None when the session is not held in
+        memory (never seen, or closed and forgotten).
+
+        This, not the snapshot returned by :meth:`reserve`, is what a finished step persists:
+        calls of one session finish in any order, and a reserve-time snapshot written by a call
+        that finishes late would roll the persisted ``total_steps``/``step_counts`` back (a restart
+        would then reuse step ids) or reopen a session that was truncated or closed meanwhile.
+        Taken synchronously, so records queued in order carry states in order."""
+        st = self._states.get(sid)
+        return None if st is None else _snapshot(st)
+
     async def get(self, sid: str) -> GatewaySession | None:
         """The session's state, or None when the gateway has never seen it."""
         async with self._lock(sid):
@@ -101,7 +113,9 @@ class SessionManager:
 
     async def close(self, sid: str, reason: str | None, completion_mode: str | None) -> tuple[GatewaySession, bool]:
         """Mark a session closed (idempotent; the first reason is kept). Returns a snapshot and
-        whether the session had been truncated by its step budget."""
+        whether the session had been truncated by its step budget. The closed state stays in
+        memory (so calls still in flight persist ``closed``, and a new call is refused) until
+        :meth:`forget` is called once the snapshot is stored."""
         async with self._lock(sid):
             st = await self._state(sid)
             truncated = st.status == "truncated" or st.completion_mode == "truncated"
@@ -113,7 +127,14 @@ class SessionManager:
                 st.completion_mode = completion_mode
                 st.closed_at = st.updated_at = utcnow()
             snap = _snapshot(st)
-        # closed sessions are not kept in memory: their state lives in the store
-        self._states.pop(sid, None)
-        self._locks.pop(sid, None)
         return snap, truncated
+
+    def forget(self, sid: str) -> None:
+        """Drop a CLOSED session from memory once its closed state is stored (its state then
+        lives in the store only; a later call loads it and is refused). No-op otherwise."""
+        st = self._states.get(sid)
+        if st is not None and st.status == "closed":
+            del self._states[sid]
+            lock = self._locks.get(sid)
+            if lock is not None and not lock.locked():
+                del self._locks[sid]

@@ -91,12 +91,15 @@ class RequestLogSettings(_Strict):
 
 class GatewaySettings(_Strict):
     """The whole gateway config. ``max_steps`` is the default per-session budget of model calls
-    (-1 = unlimited); a launcher-created session may carry its own budget."""
+    (-1 = unlimited); a launcher-created session may carry its own budget. ``max_request_bytes``
+    caps a request body (default 64 MiB: long histories with base64 images fit); a larger body
+    is answered 413 in OpenAI's error shape, never a 500."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 8000
     base_session_path: str = "/v1/sessions"
     max_steps: int = -1
+    max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     storage_type: Literal["sqlite", "postgresql"] = "sqlite"
     storage_config: StorageConfig = Field(default_factory=StorageConfig)
     llm_routes: dict[str, RouteSettings] = Field(default_factory=dict)

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
 
 from gateway.errors import GatewayError
 
@@ -34,6 +35,28 @@ class CloseSessionRequest(BaseModel):
 
     reason: str | None = None
     completion_mode: str | None = None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body, at most ``limit`` bytes. Raises GatewayError(413,
+    code ``request_too_large``) for a larger one, whether announced by ``Content-Length`` or
+    found while reading a chunked body. The rest of an oversized body is read and discarded
+    (not kept in memory) before the 413 is sent, so the client, still sending, gets the answer
+    instead of a connection reset."""
+    parts: list[bytes] = []
+    size = 0
+    declared = request.headers.get("content-length", "")
+    over = declared.isdigit() and int(declared) > limit
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            over = True
+        if not over:
+            parts.append(chunk)
+    if over:
+        raise GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes "
+                                "(max_request_bytes)", code="request_too_large")
+    return b"".join(parts)
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:

@@ -163,7 +163,13 @@ class Scheduler:
                 sid, reward=reward, eval_meta=evaluation.model_dump(mode="json") if evaluation else None, **final)
             return record_of(row.model_copy(update={**final, "reward": reward, "finished": True}), steps)
         except asyncio.CancelledError:
-            await asyncio.shield(self._cancelled(sid))
+            # finish the bookkeeping even if cancelled again meanwhile: nothing half-written
+            cleanup = asyncio.ensure_future(self._cancelled(sid))
+            while not cleanup.done():
+                try:
+                    await asyncio.shield(cleanup)
+                except asyncio.CancelledError:
+                    continue
             raise
         except Exception as e:  # a harness bug must fail this session only, with its reason recorded
             log.exception("session %s failed in the launcher", sid)

@@ -219,3 +219,42 @@ def test_bad_env_config_is_a_clear_error(tmp_path: Path) -> None:
                        capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert p.returncode == 1
     assert "max_step" in p.stderr and "env.yaml" in p.stderr
+
+
+async def test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume(tmp_path: Path) -> None:
+    import signal
+
+    env_root = tmp_path / "envs"
+    env_dir = make_env(env_root)
+    (env_dir / "data" / "cases.jsonl").write_text(
+        "".join(json.dumps({"id": f"h{i}", "q": "hang", "expected": "", "hang": True}) + "\n" for i in range(3)))
+    db = tmp_path / "trajs.db"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "launcher.py"), "--agent-root", str(env_root), "--gateway-config", str(cfg),
+            "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--pool-size", "2", "--job-id", "jc",
+            "--no-progress", cwd=str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        for _ in range(300):  # wait until two sessions are running
+            await asyncio.sleep(0.1)
+            if db.exists() and rows(db, "SELECT count(*) FROM job_environments WHERE status='running'") == [(2,)]:
+                break
+        else:
+            pytest.fail("sessions never started")
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "--resume" in err.decode()
+    states = rows(db, "SELECT status, finished FROM job_environments ORDER BY case_id")
+    assert states == [("cancelled", 0), ("cancelled", 0), ("pending", 0)]
+    closed = rows(db, "SELECT status, close_reason FROM gateway_sessions")
+    assert sorted(closed) == [("closed", "cancelled"), ("closed", "cancelled")]
+    leftover = subprocess_lines(["pgrep", "-f", str(env_dir / "runtime.py")])
+    assert leftover == []
+
+
+def subprocess_lines(cmd: list[str]) -> list[str]:
+    import subprocess
+
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.split()

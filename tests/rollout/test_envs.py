@@ -1,0 +1,80 @@
+"""Env configs and dataset expansion."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollout.envs import EnvConfigError, discover_envs, load_cases, load_env_config
+
+
+def _write_env(root: Path, name: str, cfg: str, rows: list[dict] | None = None) -> Path:  # type: ignore[type-arg]
+    d = root / name
+    (d / "data").mkdir(parents=True)
+    (d / "env.yaml").write_text(cfg)
+    if rows is not None:
+        (d / "data" / "cases.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    return d
+
+
+BASE = "dataset: {path: data/cases.jsonl, hidden_fields: [answer]}\nruntime: {command: ['{python}', '{env_dir}/rt.py']}\n"
+
+
+def test_jsonl_cases_use_line_index_and_hide_fields(tmp_path: Path) -> None:
+    d = _write_env(tmp_path, "math", BASE, [{"question": "1+1", "answer": "#### 2"}, {"question": "2+2", "answer": "#### 4"}])
+    cfg = load_env_config(d / "env.yaml")
+    assert cfg.name == "math" and cfg.dataset_path() == (d / "data" / "cases.jsonl").resolve()
+    assert cfg.command() == [sys.executable, f"{d.resolve()}/rt.py"]
+    cases = load_cases(cfg)
+    assert [c.case_id for c in cases] == ["0", "1"]
+    assert cases[1].row == {"question": "2+2", "answer": "#### 4"}
+    assert cases[1].public_row() == {"question": "2+2"}
+    assert [c.case_id for c in load_cases(cfg, limit=1)] == ["0"]
+
+
+def test_id_field_and_duplicates(tmp_path: Path) -> None:
+    cfg_text = BASE.replace("hidden_fields", "id_field: id, hidden_fields")
+    d = _write_env(tmp_path, "e", cfg_text, [{"id": "x"}, {"id": "x"}])
+    with pytest.raises(EnvConfigError, match="duplicate case id 'x'"):
+        load_cases(load_env_config(d / "env.yaml"))
+    (d / "data" / "cases.jsonl").write_text('{"id": "x"}\n{"nope": 1}\n')
+    with pytest.raises(EnvConfigError, match=r"cases.jsonl:2: row has no id field 'id'"):
+        load_cases(load_env_config(d / "env.yaml"))
+
+
+def test_bad_lines_and_typos_name_the_file(tmp_path: Path) -> None:
+    d = _write_env(tmp_path, "e", BASE, [])
+    (d / "data" / "cases.jsonl").write_text('{"a": 1}\nnot json\n')
+    with pytest.raises(EnvConfigError, match=r"cases.jsonl:2: not valid JSON"):
+        load_cases(load_env_config(d / "env.yaml"))
+    (d / "env.yaml").write_text(BASE + "max_step: 3\n")
+    with pytest.raises(EnvConfigError, match="max_step"):
+        load_env_config(d / "env.yaml")
+
+
+def test_task_dirs(tmp_path: Path) -> None:
+    d = _write_env(tmp_path, "ws", "dataset: {format: task_dirs, path: tasks}\nruntime: {command: [x]}\n")
+    t = d / "tasks" / "t1"
+    (t / "files").mkdir(parents=True)
+    (t / "instruction.md").write_text("do it")
+    (t / "expected.json").write_text('{"n": 3}')
+    (d / "tasks" / "t2").mkdir()
+    (d / "tasks" / "t2" / "instruction.md").write_text("no expected")
+    with pytest.raises(EnvConfigError, match="t2 needs instruction.md and expected.json"):
+        load_cases(load_env_config(d / "env.yaml"))
+    (d / "tasks" / "t2" / "expected.json").write_text("{}")
+    c1, c2 = load_cases(load_env_config(d / "env.yaml"))
+    assert (c1.case_id, c1.row["expected"], c1.files_dir) == ("t1", {"n": 3}, str(t / "files"))
+    assert c1.public_row() == {"id": "t1", "instruction": "do it"}
+    assert c2.files_dir is None
+
+
+def test_discover_envs(tmp_path: Path) -> None:
+    with pytest.raises(EnvConfigError, match="no env found"):
+        discover_envs(tmp_path)
+    _write_env(tmp_path, "b", BASE, [])
+    _write_env(tmp_path, "a", BASE, [])
+    assert [c.name for c in discover_envs(tmp_path)] == ["a", "b"]

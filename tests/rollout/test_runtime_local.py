@@ -1,0 +1,100 @@
+"""The local runtime backend: result parsing, the session timeout killing the whole process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollout.protocol import SimulationStartRequest
+from rollout.runtime_local import parse_result, run_local
+
+
+def _request(sid: str = "s1") -> SimulationStartRequest:
+    return SimulationStartRequest(job_id="j", session_id=sid, agent_name="toy", agent_id="toy-0", group_id="g",
+                                  gateway_base_url="http://127.0.0.1:9/v1/sessions/s1", model="m")
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    p = tmp_path / "rt.py"
+    p.write_text(body)
+    return [sys.executable, str(p)]
+
+
+def test_parse_result_takes_the_last_json_line() -> None:
+    out = 'log line\n{"not": "it"}\n{"session_id": "s1", "status": "succeeded", "metrics": {"x": 1}}\n\n'
+    r = parse_result(out)
+    assert (r.session_id, r.status, r.metrics) == ("s1", "succeeded", {"x": 1})
+
+
+@pytest.mark.parametrize(("stdout", "message"), [
+    ("", "printed nothing"),
+    ("hello\n", "not JSON"),
+    ("[1, 2]\n", "not a JSON object"),
+    ('{"session_id": "s1"}\n', "status"),
+    ('{"session_id": "s1", "status": "great"}\n', "status"),
+])
+def test_output_without_a_valid_result_is_rejected(stdout: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_result(stdout)
+
+
+async def test_runtime_reads_the_request_and_runs_in_its_workspace(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cmd = _script(tmp_path, (
+        "import json, os, sys\n"
+        "req = json.load(sys.stdin)\n"
+        "print('noise on stdout')\n"
+        "print(json.dumps({'session_id': req['session_id'], 'status': 'succeeded',"
+        " 'metrics': {'cwd': os.getcwd(), 'model': req['model']}}))\n"))
+    out = await run_local(cmd, _request(), ws, timeout_s=30)
+    assert out.status == "succeeded" and out.result is not None
+    assert out.result.metrics == {"cwd": str(ws), "model": "m"}
+    assert out.returncode == 0
+
+
+async def test_crash_without_result_is_an_error_with_stderr(tmp_path: Path) -> None:
+    cmd = _script(tmp_path, "import sys\nsys.stderr.write('boom: bad config\\n')\nsys.exit(3)\n")
+    out = await run_local(cmd, _request(), tmp_path, timeout_s=30)
+    assert out.status == "error" and out.result is None
+    assert "printed nothing" in out.error_text and "exit code 3" in out.error_text and "boom" in out.error_text
+
+
+async def test_result_for_another_session_is_an_error(tmp_path: Path) -> None:
+    cmd = _script(tmp_path, "print('{\"session_id\": \"other\", \"status\": \"succeeded\"}')\n")
+    out = await run_local(cmd, _request("s1"), tmp_path, timeout_s=30)
+    assert out.status == "error" and "not s1" in out.error_text
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    cmd = _script(tmp_path, (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n"))
+    t0 = time.monotonic()
+    out = await run_local(cmd, _request(), tmp_path, timeout_s=1.5)
+    assert out.status == "timeout" and "timed out after 1.5 s" in out.error_text
+    assert time.monotonic() - t0 < 10
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the grandchild got SIGKILL with its group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"grandchild {child} survived the session timeout")
+
+
+async def test_truncated_result_keeps_its_status(tmp_path: Path) -> None:
+    res = {"session_id": "s1", "status": "truncated", "truncated": True, "error_text": "budget used"}
+    cmd = _script(tmp_path, f"print({json.dumps(json.dumps(res))})\n")
+    out = await run_local(cmd, _request(), tmp_path, timeout_s=30)
+    assert (out.status, out.error_text, out.result.truncated) == ("truncated", "budget used", True)
