@@ -183,9 +183,10 @@ async def test_resume_runs_only_unfinished_sessions(tmp_path: Path) -> None:
 
 
 async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> None:
+    import uvicorn
+
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
-    import uvicorn
 
     env_root = tmp_path / "envs"
     make_env(env_root)
@@ -237,8 +238,11 @@ async def test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume(tmp_path: Pa
             "--no-progress", cwd=str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         for _ in range(300):  # wait until two sessions are running
             await asyncio.sleep(0.1)
-            if db.exists() and rows(db, "SELECT count(*) FROM job_environments WHERE status='running'") == [(2,)]:
-                break
+            try:
+                if rows(db, "SELECT count(*) FROM job_environments WHERE status='running'") == [(2,)]:
+                    break
+            except sqlite3.OperationalError:  # the launcher has not created its tables yet
+                continue
         else:
             pytest.fail("sessions never started")
         await asyncio.sleep(0.5)

@@ -1,0 +1,72 @@
+"""A StreamingResponse for relayed streams that always cleans up and tells when the client left.
+
+Starlette's ``StreamingResponse`` (1.x, under an ASGI server of spec < 2.4 such as uvicorn)
+cancels the sending task when ``http.disconnect`` arrives, but never closes the body iterator
+itself. So an async generator that had not started yet (the client left while the gateway waited
+for the upstream's headers) never runs its ``finally``, and one suspended at a ``yield`` is only
+closed whenever the garbage collector finds it: the upstream connection and the route's
+concurrency slot stay held, and the step is not recorded (faults F11). Also, uvicorn's ``send``
+silently drops what is sent after a disconnect, so a stream whose client left before it started
+could run to its end and look delivered.
+
+:class:`GuardedStreamingResponse` fixes both: it watches ``receive()`` for ``http.disconnect``
+from the start (a disconnect that happened before the response is seen before the first byte)
+and calls ``on_disconnect()`` before cancelling the body; and whatever happens it then closes the
+body iterator (``aclose()``) and awaits ``finalize()``, both shielded from cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+import anyio
+import anyio.lowlevel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+
+class GuardedStreamingResponse(StreamingResponse):
+    """``StreamingResponse(content)`` plus two callbacks (see the module docstring):
+
+    * ``on_disconnect()``: called once, synchronously, when the client goes away while the
+      response is being sent (or already had before it started);
+    * ``finalize()``: awaited exactly once after the body iterator was closed, on every path
+      (normal end, disconnect, error, server shutdown), shielded from cancellation.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_disconnect: Callable[[], None],
+                 finalize: Callable[[], Awaitable[None]], status_code: int = 200,
+                 headers: Mapping[str, str] | None = None, media_type: str | None = None) -> None:
+        super().__init__(content, status_code=status_code, headers=headers, media_type=media_type)
+        self._content = content
+        self._on_disconnect = on_disconnect
+        self._finalize = finalize
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            try:
+                async with anyio.create_task_group() as tg:
+
+                    async def watch() -> None:
+                        await self.listen_for_disconnect(receive)
+                        self._on_disconnect()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(watch)
+                    # one turn of the loop: a client that already left is noticed before streaming
+                    await anyio.lowlevel.checkpoint()
+                    await self.stream_response(send)
+                    tg.cancel_scope.cancel()
+            except BaseExceptionGroup as group:  # anyio wraps; re-raise a lone exception as itself
+                if len(group.exceptions) != 1:
+                    raise
+                exc = group.exceptions[0]
+                raise exc from exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        finally:
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self._content, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await self._finalize()
+        if self.background is not None:
+            await self.background()
