@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 
 from rollout.envs import Case, EnvConfig
-from rollout.evaluation import EvalOutcome, build_eval_spec, discover_evaluator, run_evaluation
+from rollout.evaluation import EvalOutcome, build_eval_spec, run_evaluation
+from rollout.evaluator_loader import discover_evaluator
 from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
