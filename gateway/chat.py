@@ -1,11 +1,24 @@
 """``POST .../chat/completions``: forward to the route's upstream, stream back, record the step.
 
 Fidelity rules: the client's JSON body is forwarded as received (re-encoded only when the gateway
-must change it: ``upstream_model``, or adding ``stream_options.include_usage`` to meter a stream);
-upstream SSE events are relayed byte for byte as they are parsed (comment and data-less blocks are
-not relayed, see faults F2); the recorded response of a stream is the assembled completion.
-In strict telemetry mode a step is committed before the client receives ``[DONE]`` (or, without
-streaming, the response).
+must change it: ``upstream_model``, adding ``stream_options.include_usage`` to meter a stream, or
+dropping ``stream`` for a route that cannot stream); upstream SSE events are relayed byte for byte
+as they are parsed (comment and data-less blocks are not relayed, see faults F2); the recorded
+response of a stream is the assembled completion. In strict telemetry mode a step is committed
+before the client receives ``[DONE]`` (or, without streaming, the response).
+
+Step ``status`` values written here: ``ok``; ``error`` (upstream 4xx/5xx, an error event inside a
+200 stream, an unreachable upstream); ``truncated`` (the upstream stream ended without
+``[DONE]``/finish_reason); ``timeout`` (``meta_json.phase``: ``connect``, ``first-byte``,
+``idle`` or ``body``); ``client_disconnected`` (the client left mid-stream: partial answer and the
+usage known so far); ``empty`` (a stream that ended properly but carried no chunk at all, e.g.
+only ``[DONE]``, faults F8c).
+
+Streaming to a client from a route with ``supports_stream: false`` (or from an upstream that
+answers a streaming request with plain JSON): the gateway asks without streaming and sends the
+finished completion to the client as a short synthesized stream
+(:func:`gateway.synthetic.completion_to_stream`); the step is recorded with
+``meta_json.stream_synthesized = true``.
 """
 
 from __future__ import annotations
@@ -27,14 +40,16 @@ from gateway.redact import redact_request
 from gateway.sessions import SessionClosed, StepSlot
 from gateway.sse import SSEParser, format_event
 from gateway.state import GatewayState
-from gateway.synthetic import STOP_HEADER, chat_stop_completion, chat_stop_stream
-from gateway.wire import parse_json_body, validate_chat
-from store import GatewaySession, SessionStep
+from gateway.streaming import GuardedStreamingResponse
+from gateway.synthetic import STOP_HEADER, chat_stop_completion, chat_stop_stream, completion_to_stream
+from gateway.wire import parse_json_body, read_body, validate_chat
+from store import SessionStep
 
 log = logging.getLogger(__name__)
 
 ENDPOINT = "chat.completions"
 _RELAYED_HEADERS = ("retry-after", "x-request-id", "openai-processing-ms")
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _is_usage_only(obj: Any) -> bool:
@@ -45,13 +60,12 @@ class _Call:
     """One chat call in flight: what is needed to build its step row."""
 
     def __init__(self, gw: GatewayState, route_key: str, body: dict[str, Any], upstream_body: dict[str, Any],
-                 slot: StepSlot | None, snapshot: GatewaySession | None, stream: bool, usage_added: bool) -> None:
+                 slot: StepSlot | None, stream: bool, usage_added: bool) -> None:
         self.gw = gw
         self.route_key = route_key
         self.body = body
         self.upstream_body = upstream_body
         self.slot = slot
-        self.snapshot = snapshot
         self.stream = stream
         self.usage_added = usage_added
         self.t0 = time.perf_counter()
@@ -86,6 +100,11 @@ class _Call:
             is_truncated=status == "truncated", meta_json=meta_json,
         )
 
+    def submit(self, step: SessionStep | None) -> None:
+        """Queue a step without waiting (with the session's current state; see ``_record``)."""
+        if step is not None:
+            self.gw.writer.submit(step, self.gw.sessions.current(step.session_id))
+
     def observe(self, http_status: int) -> None:
         m = self.gw.metrics
         m.requests.labels(ENDPOINT, self.route_key, str(http_status)).inc()
@@ -97,9 +116,20 @@ def _int(usage: dict[str, Any] | None, key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _timeout_error(route_key: str, phase: str, e: BaseException) -> dict[str, Any]:
+    return error_body(504, f"upstream {route_key} timed out ({phase}): {type(e).__name__}: {e}",
+                      code="upstream_timeout")
+
+
 async def handle_chat(gw: GatewayState, request: Request, session_id: str | None) -> Response:
-    """Serve one chat completion call; ``session_id`` None means passthrough (not recorded)."""
-    body = parse_json_body(await request.body())
+    """Serve one chat completion call; ``session_id`` None means passthrough (not recorded).
+
+    Errors the gateway answers itself (OpenAI's shape): 400 malformed body, 404 unknown route,
+    409 closed session, 413 body over ``max_request_bytes``, 502 upstream unreachable or broken,
+    504 upstream timeout; upstream 4xx/5xx are relayed with their status, body and Retry-After.
+    """
+    raw = await read_body(request, gw.settings.max_request_bytes)
+    body = parse_json_body(raw)
     req = validate_chat(body)
     route_key = req.model
     route = gw.settings.llm_routes.get(route_key)
@@ -111,7 +141,6 @@ async def handle_chat(gw: GatewayState, request: Request, session_id: str | None
     client_usage = bool((req.stream_options or {}).get("include_usage"))
 
     slot: StepSlot | None = None
-    snapshot: GatewaySession | None = None
     if session_id is not None:
         try:
             slot, snapshot = await gw.sessions.reserve(session_id, route_key)
@@ -128,50 +157,68 @@ async def handle_chat(gw: GatewayState, request: Request, session_id: str | None
 
     upstream_body = body
     usage_added = False
+    upstream_streams = stream and route.supports_stream
     if route.upstream_model:
         upstream_body = {**upstream_body, "model": route.upstream_model}
-    if stream and not client_usage:
+    if stream and not route.supports_stream:
+        upstream_body = {k: v for k, v in upstream_body.items() if k not in ("stream", "stream_options")}
+    elif stream and not client_usage:
         upstream_body = {**upstream_body, "stream_options": {**(req.stream_options or {}), "include_usage": True}}
         usage_added = True
-    payload = json.dumps(upstream_body).encode() if upstream_body is not body else await request.body()
+    payload = raw if upstream_body is body else json.dumps(upstream_body).encode()
 
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
+    headers = {"Content-Type": "application/json",
+               "Accept": "text/event-stream" if upstream_streams else "application/json"}
     if route.api_key:
         headers["Authorization"] = f"Bearer {route.api_key}"
     headers.update(route.extra_headers)
     if session_id is not None:
         headers["X-Session-Id"] = session_id
 
-    call = _Call(gw, route_key, body, upstream_body, slot, snapshot, stream, usage_added)
+    call = _Call(gw, route_key, body, upstream_body, slot, stream, usage_added)
     stack = AsyncExitStack()
     try:
         resp = await stack.enter_async_context(gw.upstream.post(route_key, "/chat/completions", payload, headers))
-    except (aiohttp.ClientError, TimeoutError) as e:
+    except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
         await stack.aclose()
-        timeout = isinstance(e, TimeoutError)
-        status = 504 if timeout else 502
-        msg = f"upstream {route_key} {'timed out' if timeout else 'unreachable'}: {type(e).__name__}: {e}"
-        err = error_body(status, msg, code="upstream_timeout" if timeout else "upstream_unreachable")
-        await _record(call, call.step(status="timeout" if timeout else "error", status_code=status, response=err,
-                                      meta={"phase": "connect"}))
-        call.observe(status)
-        return JSONResponse(err, status_code=status)
+        phase = "connect" if isinstance(e, aiohttp.ConnectionTimeoutError) else "first-byte"
+        return await _fail(call, 504, "timeout", _timeout_error(route_key, phase, e), phase)
+    except aiohttp.ClientError as e:
+        await stack.aclose()
+        err = error_body(502, f"upstream {route_key} unreachable: {type(e).__name__}: {e}",
+                         code="upstream_unreachable")
+        return await _fail(call, 502, "error", err, "connect")
+    except BaseException:
+        await stack.aclose()
+        raise
 
     is_sse = resp.content_type == "text/event-stream"
-    if stream and resp.status == 200 and is_sse:
-        return StreamingResponse(_relay_stream(call, resp, stack), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    if upstream_streams and resp.status == 200 and is_sse:
+        relay = _StreamRelay(call, resp, stack)
+        return GuardedStreamingResponse(relay.events(), on_disconnect=relay.client_left, finalize=relay.finish,
+                                        media_type="text/event-stream", headers=_SSE_HEADERS)
     try:
         content = await resp.read()
-    except (aiohttp.ClientError, TimeoutError) as e:
-        await stack.aclose()
-        err = error_body(502, f"upstream {route_key} failed while sending its answer: {type(e).__name__}: {e}")
-        await _record(call, call.step(status="error", status_code=502, response=err, meta={"phase": "body"}))
-        call.observe(502)
-        return JSONResponse(err, status_code=502)
+    except TimeoutError as e:
+        return await _fail(call, 504, "timeout", _timeout_error(route_key, "body", e), "body")
+    except aiohttp.ClientError as e:
+        err = error_body(502, f"upstream {route_key} failed while sending its answer: {type(e).__name__}: {e}",
+                         code="upstream_broken")
+        return await _fail(call, 502, "error", err, "body")
     finally:
         await stack.aclose()
+    if stream and resp.status == 200:
+        completion = _completion(content)
+        if completion is not None:
+            return await _relay_synthesized(call, resp.headers, completion, client_usage)
     return await _relay_plain(call, resp.status, resp.headers, content)
+
+
+async def _fail(call: _Call, status: int, step_status: str, err: dict[str, Any], phase: str) -> JSONResponse:
+    """Record a call that got no usable answer and answer the client ``status`` with ``err``."""
+    await _record(call, call.step(status=step_status, status_code=status, response=err, meta={"phase": phase}))
+    call.observe(status)
+    return JSONResponse(err, status_code=status)
 
 
 async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
@@ -180,14 +227,41 @@ async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _record(call: _Call, step: SessionStep | None) -> None:
-    """Commit a step (strict: wait for the commit). Raises GatewayError(500) when it fails."""
+    """Commit a step (strict: wait for the commit). Raises GatewayError(500) when it fails.
+
+    The session state persisted with the step is the session's state at this moment
+    (``SessionManager.current``), not the one of when the step was reserved."""
     if step is None:
         return
     try:
-        await call.gw.writer.record(step, call.snapshot)
+        await call.gw.writer.record(step, call.gw.sessions.current(step.session_id))
     except Exception as e:
         raise GatewayError(500, f"the gateway could not record this call: {type(e).__name__}: {e}",
                            code="telemetry_error") from e
+
+
+def _completion(content: bytes) -> dict[str, Any] | None:
+    """``content`` parsed as a ``chat.completion`` object (a dict with a ``choices`` list and no
+    ``error``), or None."""
+    try:
+        parsed = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(parsed, dict) and isinstance(parsed.get("choices"), list) and parsed.get("error") is None:
+        return parsed
+    return None
+
+
+async def _relay_synthesized(call: _Call, up_headers: Any, completion: dict[str, Any],
+                             client_usage: bool) -> Response:
+    """Answer a streaming client from a finished completion (route without streaming, or an
+    upstream that answered JSON): record it (strict: committed first), then stream it."""
+    await _record(call, call.step(status="ok", status_code=200, response=completion,
+                                  meta={"stream_synthesized": True}))
+    call.observe(200)
+    headers = {**_SSE_HEADERS, **{k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}}
+    return StreamingResponse(_iter(completion_to_stream(completion, client_usage)), media_type="text/event-stream",
+                             headers=headers)
 
 
 async def _relay_plain(call: _Call, status: int, up_headers: Any, content: bytes) -> Response:
@@ -218,75 +292,116 @@ def _error_text(parsed: Any, content: bytes) -> str:
     return content[:500].decode("utf-8", "replace")
 
 
-async def _relay_stream(call: _Call, resp: aiohttp.ClientResponse, stack: AsyncExitStack) -> AsyncIterator[bytes]:
-    """Relay SSE events as they arrive; record the assembled step when the stream ends.
+class _StreamRelay:
+    """Relays one upstream SSE stream to the client and records it as one step.
 
-    End states: ``[DONE]`` (or a finish_reason) → ok, committed before ``[DONE]`` is relayed;
-    an ``{"error": ...}`` event → error; EOF or a broken connection without ``[DONE]`` → truncated,
-    and the client gets an error event instead of a fake ``[DONE]``; a read timeout → timeout;
-    the client going away (task cancelled) → ``client_disconnected``, the upstream connection is
-    closed at once and the partial step recorded.
+    :meth:`events` is the response body; the :class:`GuardedStreamingResponse` calls
+    :meth:`client_left` when the client goes away and always awaits :meth:`finish` at the end.
+
+    End states: ``[DONE]`` (or a finish_reason) → ok (``empty`` without any chunk), committed
+    before ``[DONE]`` is relayed; an ``{"error": ...}`` event → error; EOF or a broken
+    connection without ``[DONE]`` → truncated, and the client gets an error event instead of a
+    fake ``[DONE]``; a read timeout → timeout (phase ``first-byte`` or ``idle``), also ended by
+    an error event; an unexpected exception while relaying → error, logged, ended by an error
+    event. The client leaving, at any point, even before the body started (task
+    cancelled, or body never run) → the upstream connection is closed at once and the partial
+    step is recorded as ``client_disconnected`` by :meth:`finish`.
     """
-    parser = SSEParser()
-    asm = ChatStreamAssembler()
-    done_raw: bytes | None = None
-    failure: dict[str, Any] | None = None
-    status = "ok"
-    try:
-        async for data in resp.content.iter_any():
-            if call.ttft_ms is None:
-                call.ttft_ms = (time.perf_counter() - call.t0) * 1000
-                call.gw.metrics.ttft.labels(call.route_key).observe(call.ttft_ms / 1000)
-            for ev in parser.feed(data):
-                if ev.data == "[DONE]":
-                    asm.feed_done()
-                    done_raw = ev.raw
-                    continue
-                try:
-                    obj = json.loads(ev.data)
-                except ValueError:
-                    obj = None
-                if isinstance(obj, dict):
-                    asm.feed_chunk(obj)
-                    if call.usage_added and _is_usage_only(obj):
-                        continue
-                yield ev.raw
-        status = asm.status()
-        if status == "truncated":
-            failure = error_body(502, "upstream closed the stream before it finished (no [DONE])",
-                                 code="upstream_stream_truncated")
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-        status = "truncated"
-        failure = error_body(502, f"upstream stream broke: {type(e).__name__}: {e}", code="upstream_stream_broken")
-    except TimeoutError:
-        status = "timeout"
-        phase = "first-byte" if call.ttft_ms is None else "idle"
-        failure = error_body(504, f"upstream stream timed out ({phase})", code="upstream_timeout")
-    except BaseException:  # cancelled: the client went away, or the server is shutting down
-        resp.close()
-        call.gw.writer.submit(call.step(status="client_disconnected", status_code=200, response=asm.result(),
-                                        meta={"chunks": asm.chunk_count}), call.snapshot)
-        call.observe(499)
-        raise
-    finally:
-        await stack.aclose()  # releases the connection (closes it when the body was not read to the end)
 
-    meta: dict[str, Any] = {"chunks": asm.chunk_count}
-    if asm.error is not None:
-        meta["error"] = asm.error
-    if failure is not None:
-        meta["error"] = failure["error"]
-        if status == "timeout":
-            meta["phase"] = "first-byte" if call.ttft_ms is None else "idle"
-    step = call.step(status=status, status_code=200, response=asm.result(), meta=meta)
-    try:
-        await _record(call, step)
-    except GatewayError as e:
-        call.observe(500)
-        yield format_event(json.dumps(error_body(500, e.message, code="telemetry_error")))
-        return
-    call.observe(200)
-    if failure is not None:
-        yield format_event(json.dumps(failure))
-    elif done_raw is not None:
-        yield done_raw
+    def __init__(self, call: _Call, resp: aiohttp.ClientResponse, stack: AsyncExitStack) -> None:
+        self.call = call
+        self.resp = resp
+        self.stack = stack
+        self.asm = ChatStreamAssembler()
+        self.gone = False
+        self.recorded = False
+
+    def client_left(self) -> None:
+        """The client disconnected: stop reading the upstream at once."""
+        self.gone = True
+        self.resp.close()
+
+    async def finish(self) -> None:
+        """Release the upstream connection and the route slot; when no final step was recorded
+        (the client left, the body never ran or was cancelled), record the partial one."""
+        if not self.recorded:
+            self.recorded = True
+            self.resp.close()
+            call = self.call
+            call.submit(call.step(status="client_disconnected", status_code=self.resp.status,
+                                  response=self.asm.result(), meta={"chunks": self.asm.chunk_count}))
+            call.observe(499)
+        await self.stack.aclose()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The SSE bytes for the client (see the class docstring)."""
+        call, asm = self.call, self.asm
+        parser = SSEParser()
+        done_raw: bytes | None = None
+        failure: dict[str, Any] | None = None
+        phase: str | None = None
+        status = "ok"
+        if self.gone:
+            return
+        try:
+            async for data in self.resp.content.iter_any():
+                if call.ttft_ms is None:
+                    call.ttft_ms = (time.perf_counter() - call.t0) * 1000
+                    call.gw.metrics.ttft.labels(call.route_key).observe(call.ttft_ms / 1000)
+                for ev in parser.feed(data):
+                    if ev.data == "[DONE]":
+                        asm.feed_done()
+                        done_raw = ev.raw
+                        continue
+                    try:
+                        obj = json.loads(ev.data)
+                    except ValueError:
+                        obj = None
+                    if isinstance(obj, dict):
+                        asm.feed_chunk(obj)
+                        if call.usage_added and _is_usage_only(obj):
+                            continue
+                    yield ev.raw
+            status = asm.status()
+            if status == "truncated":
+                failure = error_body(502, "upstream closed the stream before it finished (no [DONE])",
+                                     code="upstream_stream_truncated")
+        except TimeoutError as e:  # before the connection errors: aiohttp's read timeout is both
+            status = "timeout"
+            phase = "first-byte" if call.ttft_ms is None else "idle"
+            failure = _timeout_error(call.route_key, phase, e)
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+            if self.gone:
+                return  # our own close after the client left; finish() records it
+            status = "truncated"
+            failure = error_body(502, f"upstream stream broke: {type(e).__name__}: {e}", code="upstream_stream_broken")
+        except Exception as e:  # a bug or an unforeseen client error: end the stream loudly, keep the step
+            log.exception("relaying the stream of route %s failed", call.route_key)
+            status = "error"
+            failure = error_body(500, f"the gateway failed while relaying the stream: {type(e).__name__}: {e}",
+                                 code="internal_error")
+        await self.stack.aclose()  # release the connection and the route slot before recording
+        if self.gone:
+            return
+        if status == "ok" and asm.chunk_count == 0:
+            status = "empty"
+
+        meta: dict[str, Any] = {"chunks": asm.chunk_count}
+        if asm.error is not None:
+            meta["error"] = asm.error
+        if failure is not None:
+            meta["error"] = failure["error"]
+        if phase is not None:
+            meta["phase"] = phase
+        self.recorded = True
+        try:
+            await _record(call, call.step(status=status, status_code=200, response=asm.result(), meta=meta))
+        except GatewayError as e:
+            call.observe(500)
+            yield format_event(json.dumps(error_body(500, e.message, code="telemetry_error")))
+            return
+        call.observe(200)
+        if failure is not None:
+            yield format_event(json.dumps(failure))
+        elif done_raw is not None:
+            yield done_raw

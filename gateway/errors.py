@@ -77,8 +77,16 @@ async def _validation_error(_req: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(400, msg, param=loc), status_code=400)
 
 
+async def _unexpected_error(_req: Request, exc: Exception) -> JSONResponse:
+    # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server logs the traceback.
+    return JSONResponse(error_body(500, f"internal gateway error: {type(exc).__name__}: {exc}",
+                                   code="internal_error"), status_code=500)
+
+
 def install_error_handlers(app: Any) -> None:
-    """Make every error of the app answer in OpenAI's shape (404/405 of unknown paths included)."""
+    """Make every error of the app answer in OpenAI's shape (404/405 of unknown paths included,
+    and a 500 ``internal_error`` for a bug, whose traceback the server still logs)."""
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected_error)

@@ -42,9 +42,11 @@ class RouteSettings(_Strict):
 
     ``api_key`` is sent upstream as a Bearer token and never recorded. ``upstream_model`` replaces
     the request's ``model`` when set. ``max_concurrency`` caps in-flight upstream calls of this
-    route (None = unlimited). Timeouts are seconds: ``connect_timeout_s`` for the TCP/TLS connect,
-    ``read_timeout_s`` for the wait between two reads (caps time-to-first-token, not stream length).
-    """
+    route (None = unlimited). ``supports_stream: false`` marks an upstream that cannot stream: a
+    client asking to stream gets the finished answer re-told as a short stream (role/content/tool
+    calls chunk, finish chunk, usage chunk if asked, ``[DONE]``). Timeouts are seconds:
+    ``connect_timeout_s`` for the TCP/TLS connect, ``read_timeout_s`` for the wait between two
+    reads (caps time-to-first-token, not stream length; exceeded: 504 and a ``timeout`` step)."""
 
     base_url: str
     api_key: str | None = None

@@ -73,7 +73,8 @@ def completion_to_stream(completion: dict[str, Any], include_usage: bool) -> lis
     choices = [c for c in completion.get("choices") or [] if isinstance(c, dict)]
     for position, choice in enumerate(choices):
         index = choice.get("index", position)
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        raw_message = choice.get("message")
+        message: dict[str, Any] = raw_message if isinstance(raw_message, dict) else {}
         delta: dict[str, Any] = {k: v for k, v in message.items() if k not in _MESSAGE_TO_DELTA_SKIP}
         delta.setdefault("role", "assistant")
         calls = message.get("tool_calls")

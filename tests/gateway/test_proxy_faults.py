@@ -13,7 +13,15 @@ import httpx
 import openai
 import pytest
 
-from tests.fake_upstream import DEFAULT_TEXT, DEFAULT_USAGE, DONE, FakeUpstream, Reply, chat_chunk, chat_completion
+from tests.fake_upstream import (
+    DEFAULT_TEXT,
+    DEFAULT_USAGE,
+    DONE,
+    FakeUpstream,
+    Reply,
+    chat_chunk,
+    chat_completion,
+)
 from tests.gateway.conftest import MESSAGES, Gateway, eventually, sse_json
 
 StartGateway = Callable[..., Awaitable[Gateway]]
@@ -359,3 +367,25 @@ async def test_unexpected_error_is_500_in_openai_shape(gw: Gateway, upstream: Fa
     assert body["error"]["type"] == "api_error" and body["error"]["code"] == "internal_error"
     assert "RuntimeError" in body["error"]["message"]
     assert json.loads(r.content) == body
+
+
+async def test_unexpected_error_mid_stream_ends_with_an_error_event(gw: Gateway, upstream: FakeUpstream,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.chat
+
+    real_feed = gateway.chat.ChatStreamAssembler.feed_chunk
+
+    def feed(self: Any, obj: Any) -> None:
+        if self.chunk_count == 1:
+            raise KeyError("assembler bug")
+        real_feed(self, obj)
+
+    monkeypatch.setattr(gateway.chat.ChatStreamAssembler, "feed_chunk", feed)
+    r = await gw.http().post("/v1/sessions/s1/chat/completions",
+                             json={"model": "m", "messages": MESSAGES, "stream": True})
+    events = sse_json(r.content)
+    assert b"[DONE]" not in r.content
+    assert events[-1]["error"]["code"] == "internal_error" and "KeyError" in events[-1]["error"]["message"]
+    [step] = await gw.steps("s1")
+    assert step.status == "error" and step.meta_json["error"]["code"] == "internal_error"
+    assert gw.app_state.upstream.in_flight["m"] == 0
