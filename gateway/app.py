@@ -14,6 +14,7 @@ from gateway.chat import handle_chat
 from gateway.errors import GatewayError, install_error_handlers
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
+from gateway.request_log import RequestLog
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -39,9 +40,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         upstream = UpstreamClient(settings.llm_routes)
         await upstream.start()
         writer.start()
+        request_log = RequestLog(settings.request_log) if settings.request_log.enabled else None
+        if request_log is not None:
+            request_log.start()
         app.state.gw = GatewayState(settings, store, SessionManager(store, settings.max_steps), upstream,
-                                    writer, metrics)
-        active = await store.interrupted_sessions_reset()
+                                    writer, metrics, request_log)
+        active = await store.count_active_sessions()
         log.info("gateway ready: storage=%s routes=%s active sessions=%d", store.identity(),
                  ",".join(settings.llm_routes), active)
         try:
@@ -50,6 +54,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await writer.stop()
             await upstream.close()
             await store.close()
+            if request_log is not None:
+                request_log.stop()
 
     app = FastAPI(title="rollout gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)

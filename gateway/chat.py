@@ -73,7 +73,12 @@ class _Call:
 
     def step(self, *, status: str, status_code: int | None, response: Any, meta: dict[str, Any] | None = None
              ) -> SessionStep | None:
-        """Build the step row (None for sessionless calls)."""
+        """Build the step row (None for sessionless calls) and write the request log line."""
+        if self.gw.request_log is not None:
+            self.gw.request_log.write(
+                session_id=self.slot.session_id if self.slot else None, route=self.route_key, endpoint=ENDPOINT,
+                http_status=status_code or 0, step_status=status, latency_ms=(time.perf_counter() - self.t0) * 1000,
+                request=self.upstream_body, response=response)
         if self.slot is None:
             return None
         usage = usage_of(response) if isinstance(response, dict) else None

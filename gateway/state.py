@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
+from gateway.request_log import RequestLog
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
 from gateway.upstream import UpstreamClient
@@ -14,7 +15,8 @@ from store import Store
 
 @dataclass(slots=True)
 class GatewayState:
-    """Settings, store, session manager, upstream client, telemetry writer and metrics."""
+    """Settings, store, session manager, upstream client, telemetry writer, metrics and the
+    request log (None when ``request_log.enabled`` is false)."""
 
     settings: GatewaySettings
     store: Store
@@ -22,3 +24,4 @@ class GatewayState:
     upstream: UpstreamClient
     writer: TelemetryWriter
     metrics: Metrics
+    request_log: RequestLog | None = None

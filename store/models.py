@@ -77,8 +77,8 @@ class SessionStep(SQLModel, table=True):
     ``request`` is the body as sent upstream (secrets removed), ``response`` the answer as received
     (a streamed answer assembled into one completion object), ``messages`` the request conversation.
     ``step_id`` increases per (session, model) from 1; ``seq`` increases per session across models
-    and orders the trajectory. ``status`` is ok | error | truncated | cancelled | timeout |
-    synthetic_stop. Token counts are NULL when the upstream did not report usage (never a fake 0).
+    and orders the trajectory. ``status`` is ok | error | truncated | timeout |
+    client_disconnected | empty (a stream with no chunk before ``[DONE]``). Token counts are NULL when the upstream did not report usage (never a fake 0).
     Latencies are milliseconds.
     """
 

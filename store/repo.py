@@ -113,9 +113,8 @@ class Store:
                 await s.execute(self._upsert(GatewaySession, row, "session_id"))
             s.add_all(list(steps))
 
-    async def interrupted_sessions_reset(self) -> int:
-        """At gateway start: nothing to fix for steps (rows are written only when a call ends);
-        returns the number of active gateway sessions, for the log."""
+    async def count_active_sessions(self) -> int:
+        """The number of gateway sessions not closed (logged at gateway start)."""
         async with self._read() as s:
             res = await s.execute(
                 select(func.count()).select_from(GatewaySession).where(GatewaySession.status == "active")

@@ -44,3 +44,27 @@ def test_rotation_keeps_backup_count_files(tmp_path: Path) -> None:
     assert files == ["req.jsonl", "req.jsonl.1", "req.jsonl.2"]
     assert all(p.stat().st_size <= 2000 for p in tmp_path.iterdir())
     assert _lines(path)[-1]["session_id"] == "s99"
+
+
+async def test_gateway_logs_each_call(tmp_path: Path) -> None:
+    from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
+    from tests.gateway.conftest import CLIENT_KEY, MESSAGES, ROUTE_KEY, make_settings, serve
+
+    path = tmp_path / "req.jsonl"
+    async with FakeUpstream() as up:
+        gw = await serve(make_settings(up, f"sqlite://{tmp_path}/gw.db",
+                                       request_log={"enabled": True, "path": str(path)}))
+        try:
+            await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)
+            raw = await gw.http().post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
+                                       headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+            assert raw.status_code == 200
+        finally:
+            await gw.stop()
+    first, second = _lines(path)
+    assert (first["session_id"], first["route"], first["http_status"], first["step_status"]) == ("s1", "m", 200, "ok")
+    assert first["response"]["choices"][0]["message"]["content"] == DEFAULT_TEXT
+    assert first["request"]["messages"] == MESSAGES
+    assert second["session_id"] is None  # passthrough calls are logged too
+    text = path.read_text()
+    assert ROUTE_KEY not in text and CLIENT_KEY not in text
