@@ -148,7 +148,8 @@ async def start_gateway(settings: GatewaySettings, log_dir: Path, timeout_s: flo
     port = free_port()
     data = settings.model_copy(update={"listen_host": "127.0.0.1", "listen_port": port}).model_dump(
         mode="json", exclude_none=True)
-    fd, cfg_path = tempfile.mkstemp(prefix="gateway-", suffix=".yaml", dir=log_dir if log_dir.exists() else None)
+    log_dir.mkdir(parents=True, exist_ok=True)  # the derived config is kept with the logs of the run
+    fd, cfg_path = tempfile.mkstemp(prefix="gateway-", suffix=".yaml", dir=log_dir)
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(data, f, sort_keys=False)
     root = f"http://127.0.0.1:{port}"
