@@ -23,18 +23,9 @@ from tests.fake_upstream import (
     chat_completion,
     usage_chunk,
 )
+from tests.faults import F3_SPLIT_CRLF
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-F3 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hel',
-    b'lo"},"finish_reason":null}]}\r',
-    b"\n\r\n",
-    b'data: {"id":"c1","object":"chat.completion.chunk",\r\n',
-    b'data: "choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}\r\n\r\n',
-    b"data: [DO",
-    b"NE]\n\n",
-]
 
 
 def client(up: FakeUpstream, **kw: object) -> AsyncOpenAI:
@@ -140,17 +131,17 @@ async def test_default_stream_exact_bytes_and_chunk_boundaries() -> None:
 
 async def test_scripted_sse_is_one_http_chunk_per_element() -> None:
     async with FakeUpstream() as up:
-        up.script("/v1/chat/completions", [Reply.sse(F3)])
+        up.script("/v1/chat/completions", [Reply.sse(F3_SPLIT_CRLF)])
         head, chunks, terminated = await raw_exchange(up, post("/v1/chat/completions", b"{}"))
         assert head.startswith(b"HTTP/1.1 200 OK\r\n")
-        assert chunks == F3
+        assert chunks == F3_SPLIT_CRLF
         assert terminated
         assert up.pending("/v1/chat/completions") == 0
 
 
 async def test_scripted_f3_stream_through_openai_sdk() -> None:
     async with FakeUpstream() as up:
-        up.script(None, [Reply.sse(F3, delay_s=0.01)])
+        up.script(None, [Reply.sse(F3_SPLIT_CRLF, delay_s=0.01)])
         c = client(up)
         stream = await c.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
         chunks = [ch async for ch in stream]

@@ -7,76 +7,22 @@ from typing import Any
 
 from gateway.assembly import ChatStreamAssembler, message_of, reasoning_of, usage_of
 from gateway.sse import SSEParser
-
-F1 = [
-    b'data: {"id":"","object":"","created":0,"model":"","choices":[],"prompt_filter_results":[{"prompt_index":0}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-F2 = [
-    b": connected\n\n",
-    b'id: 1\ndata: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}\n\n',
-    b": ping - 2025-01-01 00:00:00\n\n",
-    b"retry: 3000\n\n",
-    b"event: message\n\n",
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"B"},"finish_reason":"stop"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-F3 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hel',
-    b'lo"},"finish_reason":null}]}\r',
-    b"\n\r\n",
-    b'data: {"id":"c1","object":"chat.completion.chunk",\r\n',
-    b'data: "choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}\r\n\r\n',
-    b"data: [DO",
-    b"NE]\n\n",
-]
-
-F5 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}},{"index":0,"function":{"arguments":"{\\"city\\": \\""}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\\"tz\\":"}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"Paris\\"}"}},{"index":1,"function":{"arguments":" \\"UTC\\"}"}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-# The F5 variant: the same stream with every "index":N removed from the tool_calls entries.
-F5_NO_INDEX = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}},{"function":{"arguments":"{\\"city\\": \\""}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\\"tz\\":"}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":"Paris\\"}"}},{"function":{"arguments":" \\"UTC\\"}"}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
+from tests.faults import (
+    F1_EMPTY_CHOICES,
+    F2_COMMENTS,
+    F3_SPLIT_CRLF,
+    F5_PARALLEL_TOOL_CALLS,
+    F5_PARALLEL_TOOL_CALLS_NO_INDEX,
+    F6_REASONING,
+    F8A_ERROR_IN_200_STREAM,
+    F8B_EOF_WITHOUT_DONE,
+    F8C_ONLY_DONE,
+)
 
 F5_EXPECTED = [
     {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
     {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}},
 ]
-
-F6 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":null,"content":null},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning":"2+2 is "},"finish_reason":null,"token_ids":[17]}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning_content":"four."},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"4","reasoning":null},"finish_reason":"stop"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-F8A = [
-    b'data: {"error":{"message":"maximum context length exceeded","type":"BadRequestError","code":400}}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-F8B = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"par"},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tial"},"finish_reason":null}]}\n\n',
-]
-
-F8C = [b"data: [DONE]\n\n"]
 
 
 def run(pieces: list[bytes]) -> tuple[ChatStreamAssembler, int]:
@@ -100,7 +46,7 @@ def chunk(choices: list[dict[str, Any]], **top: Any) -> dict[str, Any]:
 
 
 def test_f1_empty_choices_chunks_and_usage_only_last_chunk() -> None:
-    asm, n = run(F1)
+    asm, n = run(F1_EMPTY_CHOICES)
     assert n == 5
     assert asm.content() == "Hi"
     assert asm.finish_reason() == "stop"
@@ -126,7 +72,7 @@ def test_f1_empty_choices_chunks_and_usage_only_last_chunk() -> None:
 
 
 def test_f2_keepalives_and_dataless_blocks() -> None:
-    asm, n = run(F2)
+    asm, n = run(F2_COMMENTS)
     assert n == 3
     assert asm.content() == "AB"
     assert asm.finish_reason() == "stop"
@@ -135,7 +81,7 @@ def test_f2_keepalives_and_dataless_blocks() -> None:
 
 
 def test_f3_split_events_crlf_multiline_data() -> None:
-    asm, n = run(F3)
+    asm, n = run(F3_SPLIT_CRLF)
     assert n == 3
     assert asm.content() == "hello world"
     assert asm.saw_done and asm.status() == "ok"
@@ -191,7 +137,7 @@ def test_f4_700kb_tool_arguments_line() -> None:
 
 
 def test_f5_parallel_tool_calls_with_index() -> None:
-    asm, _ = run(F5)
+    asm, _ = run(F5_PARALLEL_TOOL_CALLS)
     assert asm.tool_calls() == F5_EXPECTED
     assert asm.finish_reason() == "tool_calls"
     msg = asm.result()["choices"][0]["message"]
@@ -200,7 +146,7 @@ def test_f5_parallel_tool_calls_with_index() -> None:
 
 
 def test_f5_parallel_tool_calls_without_index() -> None:
-    asm, _ = run(F5_NO_INDEX)
+    asm, _ = run(F5_PARALLEL_TOOL_CALLS_NO_INDEX)
     assert asm.tool_calls() == F5_EXPECTED
     assert asm.finish_reason() == "tool_calls"
 
@@ -248,7 +194,7 @@ def test_f5_reused_index_with_a_new_id_is_a_new_call() -> None:
 
 
 def test_f6_reasoning_both_names_null_deltas_and_token_ids() -> None:
-    asm, _ = run(F6)
+    asm, _ = run(F6_REASONING)
     assert asm.reasoning() == "2+2 is four."
     assert asm.content() == "4"
     assert asm.finish_reason() == "stop"
@@ -305,7 +251,7 @@ def test_f7a_usage_recorded_from_usage_only_chunk() -> None:
 
 
 def test_f7b_no_usage_is_none_not_zero() -> None:
-    asm, _ = run(F2)
+    asm, _ = run(F2_COMMENTS)
     assert asm.usage is None
     assert asm.result()["usage"] is None
 
@@ -329,7 +275,7 @@ def test_f7c_zero_usage_on_content_chunk_and_last_non_null_wins_never_summed() -
 
 
 def test_f8a_error_object_in_200_stream() -> None:
-    asm, _ = run(F8A)
+    asm, _ = run(F8A_ERROR_IN_200_STREAM)
     assert asm.status() == "error"
     assert asm.error == {"message": "maximum context length exceeded", "type": "BadRequestError", "code": 400}
     assert asm.saw_done
@@ -345,7 +291,7 @@ def test_f8a_vllm_object_error_shape() -> None:
 
 
 def test_f8b_eof_without_done_or_finish_reason_is_truncated() -> None:
-    asm, _ = run(F8B)
+    asm, _ = run(F8B_EOF_WITHOUT_DONE)
     assert asm.status() == "truncated"
     assert asm.content() == "partial"
     assert not asm.saw_done and asm.error is None
@@ -353,7 +299,7 @@ def test_f8b_eof_without_done_or_finish_reason_is_truncated() -> None:
 
 
 def test_f8c_only_done_is_ok_but_empty() -> None:
-    asm, n = run(F8C)
+    asm, n = run(F8C_ONLY_DONE)
     assert n == 1
     assert asm.status() == "ok"
     assert asm.is_empty
@@ -456,7 +402,17 @@ def test_top_level_fields_last_non_empty_value() -> None:
 
 
 def test_every_fault_stream_assembles_the_same_byte_by_byte() -> None:
-    for pieces in [F1, F2, F3, F5, F5_NO_INDEX, F6, F8A, F8B, F8C]:
+    for pieces in [
+        F1_EMPTY_CHOICES,
+        F2_COMMENTS,
+        F3_SPLIT_CRLF,
+        F5_PARALLEL_TOOL_CALLS,
+        F5_PARALLEL_TOOL_CALLS_NO_INDEX,
+        F6_REASONING,
+        F8A_ERROR_IN_200_STREAM,
+        F8B_EOF_WITHOUT_DONE,
+        F8C_ONLY_DONE,
+    ]:
         whole, _ = run(pieces)
         stream = b"".join(pieces)
         split, _ = run([stream[i : i + 1] for i in range(len(stream))])

@@ -15,61 +15,24 @@ import openai
 import pytest
 
 from tests.fake_upstream import DEFAULT_USAGE, DONE, FakeUpstream, Reply, chat_chunk, usage_chunk
+from tests.faults import (
+    F1_EMPTY_CHOICES,
+    F2_COMMENTS,
+    F3_SPLIT_CRLF,
+    F5_PARALLEL_TOOL_CALLS,
+    F5_PARALLEL_TOOL_CALLS_NO_INDEX,
+    F6_REASONING,
+    F8A_ERROR_IN_200_STREAM,
+)
 from tests.gateway.conftest import MESSAGES, Gateway, sse_json, sse_payloads
 
 StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 SESSION_PATH = "/v1/sessions/s1/chat/completions"
 
-F1 = [
-    b'data: {"id":"","object":"","created":0,"model":"","choices":[],"prompt_filter_results":[{"prompt_index":0}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-F2 = [
-    b": connected\n\n",
-    b'id: 1\ndata: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}\n\n',
-    b": ping - 2025-01-01 00:00:00\n\n",
-    b"retry: 3000\n\n",
-    b"event: message\n\n",
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"B"},"finish_reason":"stop"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-F3 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hel',
-    b'lo"},"finish_reason":null}]}\r',
-    b"\n\r\n",
-    b'data: {"id":"c1","object":"chat.completion.chunk",\r\n',
-    b'data: "choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}\r\n\r\n',
-    b"data: [DO",
-    b"NE]\n\n",
-]
-
-F5 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}},{"index":0,"function":{"arguments":"{\\"city\\": \\""}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\\"tz\\":"}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"Paris\\"}"}},{"index":1,"function":{"arguments":" \\"UTC\\"}"}}]},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
-F5_NO_INDEX = [c.replace(b'"index":0,"id"', b'"id"').replace(b'{"index":0,"function"', b'{"function"')
-               .replace(b'"index":1,"id"', b'"id"').replace(b'{"index":1,"function"', b'{"function"') for c in F5]
-
 F5_CALLS = [
     {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
     {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}},
-]
-
-F6 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":null,"content":null},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning":"2+2 is "},"finish_reason":null,"token_ids":[17]}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning_content":"four."},"finish_reason":null}]}\n\n',
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"4","reasoning":null},"finish_reason":"stop"}]}\n\n',
-    b"data: [DONE]\n\n",
 ]
 
 
@@ -86,14 +49,15 @@ def stream_body(**extra: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("client_opts", [None, {"include_usage": False}])
 async def test_f1_usage_only_chunk_hidden_from_a_client_that_did_not_ask(
         gw: Gateway, upstream: FakeUpstream, client_opts: dict[str, Any] | None) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F1)])
+    upstream.script(UP_PATH, [Reply.sse(F1_EMPTY_CHOICES)])
     extra = {} if client_opts is None else {"stream_options": client_opts}
     r = await raw_post(gw, stream_body(**extra))
     assert r.status_code == 200
     # the gateway asked upstream for usage on its own ...
     assert upstream.requests[0].json["stream_options"] == {**(client_opts or {}), "include_usage": True}
     # ... so the usage-only chunk is stripped, every other chunk (Azure's empty first one too) relayed
-    assert r.content == F1[0] + F1[1] + F1[2] + F1[4]
+    f1 = F1_EMPTY_CHOICES
+    assert r.content == f1[0] + f1[1] + f1[2] + f1[4]
     [step] = await gw.steps("s1")
     assert step.status == "ok" and step.finish_reason == "stop"
     assert step.response["choices"][0]["message"] == {"role": "assistant", "content": "Hi"}
@@ -103,16 +67,16 @@ async def test_f1_usage_only_chunk_hidden_from_a_client_that_did_not_ask(
 
 
 async def test_f1_client_that_asked_for_usage_gets_every_chunk(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F1)])
+    upstream.script(UP_PATH, [Reply.sse(F1_EMPTY_CHOICES)])
     r = await raw_post(gw, stream_body(stream_options={"include_usage": True}))
-    assert r.content == b"".join(F1)
+    assert r.content == b"".join(F1_EMPTY_CHOICES)
     [step] = await gw.steps("s1")
     assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (10, 1, 11)
     assert "usage_requested_by_gateway" not in step.meta_json
 
 
 async def test_f1_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F1), Reply.sse(F1)])
+    upstream.script(UP_PATH, [Reply.sse(F1_EMPTY_CHOICES), Reply.sse(F1_EMPTY_CHOICES)])
     client = gw.client("s1")
     chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi"
@@ -126,11 +90,12 @@ async def test_f1_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) ->
 # ----------------------------------------------------------------------------------------- F2
 async def test_f2_comments_and_dataless_blocks_are_neither_parsed_nor_relayed(gw: Gateway, upstream: FakeUpstream
                                                                              ) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F2, delay_s=[0, 0, 0.2, 0, 0, 0, 0]), Reply.sse(F2)])
+    upstream.script(UP_PATH, [Reply.sse(F2_COMMENTS, delay_s=[0, 0, 0.2, 0, 0, 0, 0]),
+                              Reply.sse(F2_COMMENTS)])
     stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "AB"
     r = await raw_post(gw, stream_body())
-    assert r.content == F2[1] + F2[5] + F2[6]
+    assert r.content == F2_COMMENTS[1] + F2_COMMENTS[5] + F2_COMMENTS[6]
     steps = await gw.steps("s1")
     assert [(s.status, s.response["choices"][0]["message"]["content"]) for s in steps] == [("ok", "AB")] * 2
     assert [s.finish_reason for s in steps] == ["stop", "stop"]
@@ -139,7 +104,7 @@ async def test_f2_comments_and_dataless_blocks_are_neither_parsed_nor_relayed(gw
 
 # ----------------------------------------------------------------------------------------- F3
 async def test_f3_events_split_across_reads_crlf_and_multiline_data(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F3), Reply.sse(F3)])
+    upstream.script(UP_PATH, [Reply.sse(F3_SPLIT_CRLF), Reply.sse(F3_SPLIT_CRLF)])
     stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "hello world"
     r = await raw_post(gw, stream_body())
@@ -184,7 +149,8 @@ async def test_f4_one_700kb_line_is_forwarded_whole_and_recorded(gw: Gateway, up
 
 
 # ----------------------------------------------------------------------------------------- F5
-@pytest.mark.parametrize("chunks", [F5, F5_NO_INDEX], ids=["indexed", "no-index"])
+@pytest.mark.parametrize("chunks", [F5_PARALLEL_TOOL_CALLS, F5_PARALLEL_TOOL_CALLS_NO_INDEX],
+                         ids=["indexed", "no-index"])
 async def test_f5_parallel_tool_calls_assembled_and_bytes_unchanged(gw: Gateway, upstream: FakeUpstream,
                                                                     chunks: list[bytes]) -> None:
     upstream.script(UP_PATH, [Reply.sse(chunks)])
@@ -199,7 +165,7 @@ async def test_f5_parallel_tool_calls_assembled_and_bytes_unchanged(gw: Gateway,
 
 async def test_f5_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(gw: Gateway,
                                                                                upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F5)])
+    upstream.script(UP_PATH, [Reply.sse(F5_PARALLEL_TOOL_CALLS)])
     client = gw.client("s1")
     calls: dict[int, dict[str, str]] = {}
     async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
@@ -223,9 +189,9 @@ async def test_f5_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(g
 
 # ----------------------------------------------------------------------------------------- F6
 async def test_f6_reasoning_fields_relayed_verbatim_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F6)])
+    upstream.script(UP_PATH, [Reply.sse(F6_REASONING)])
     r = await raw_post(gw, stream_body())
-    assert r.content == b"".join(F6)  # no chunk filtered as "empty", unknown fields kept
+    assert r.content == b"".join(F6_REASONING)  # no chunk filtered as "empty", unknown fields kept
     [step] = await gw.steps("s1")
     assert step.status == "ok" and step.finish_reason == "stop"
     choice = step.response["choices"][0]
@@ -288,15 +254,11 @@ async def test_f7c_zero_usage_on_a_content_chunk_then_the_last_non_null_wins(gw:
 
 
 # ----------------------------------------------------------------------------------------- F8
-F8A = [b'data: {"error":{"message":"maximum context length exceeded","type":"BadRequestError","code":400}}\n\n',
-       b"data: [DONE]\n\n"]
-
-
 async def test_f8a_error_event_inside_a_200_stream_is_an_error_step(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F8A), Reply.sse(F8A)])
+    upstream.script(UP_PATH, [Reply.sse(F8A_ERROR_IN_200_STREAM), Reply.sse(F8A_ERROR_IN_200_STREAM)])
     r = await raw_post(gw, stream_body())
     assert r.status_code == 200
-    assert r.content.startswith(F8A[0])  # the error event is forwarded as is
+    assert r.content.startswith(F8A_ERROR_IN_200_STREAM[0])  # the error event is forwarded as is
     with pytest.raises(openai.APIError, match="maximum context length exceeded"):
         async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
             pass

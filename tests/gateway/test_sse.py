@@ -7,26 +7,7 @@ import time
 import pytest
 
 from gateway.sse import SSEEvent, SSEParser, format_event, sse_comment
-
-F2 = [
-    b": connected\n\n",
-    b'id: 1\ndata: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}\n\n',
-    b": ping - 2025-01-01 00:00:00\n\n",
-    b"retry: 3000\n\n",
-    b"event: message\n\n",
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"B"},"finish_reason":"stop"}]}\n\n',
-    b"data: [DONE]\n\n",
-]
-
-F3 = [
-    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hel',
-    b'lo"},"finish_reason":null}]}\r',
-    b"\n\r\n",
-    b'data: {"id":"c1","object":"chat.completion.chunk",\r\n',
-    b'data: "choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}\r\n\r\n',
-    b"data: [DO",
-    b"NE]\n\n",
-]
+from tests.faults import F2_COMMENTS, F3_SPLIT_CRLF
 
 # A stream mixing every framing feature: BOM, comments, CRLF / CR / LF, multi-line data, event
 # and id fields, data-less blocks, retry, a multibyte character, an empty data value.
@@ -63,7 +44,7 @@ def parse(pieces: list[bytes]) -> list[SSEEvent]:
 
 
 def test_f2_comments_and_dataless_blocks_are_not_dispatched() -> None:
-    events = parse(F2)
+    events = parse(F2_COMMENTS)
     assert [e.data for e in events] == [
         '{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}',
         '{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"B"},"finish_reason":"stop"}]}',
@@ -72,7 +53,7 @@ def test_f2_comments_and_dataless_blocks_are_not_dispatched() -> None:
     # lastEventId persists across blocks, per the spec
     assert [e.id for e in events] == ["1", "1", "1"]
     assert [e.event for e in events] == [None, None, None]
-    assert [e.raw for e in events] == [F2[1], F2[5], F2[6]]
+    assert [e.raw for e in events] == [F2_COMMENTS[1], F2_COMMENTS[5], F2_COMMENTS[6]]
 
 
 def test_f2_retry_only_block_sets_reconnection_time() -> None:
@@ -84,13 +65,14 @@ def test_f2_retry_only_block_sets_reconnection_time() -> None:
 
 
 def test_f3_split_reads_crlf_straddle_and_multiline_data() -> None:
-    events = parse(F3)
+    events = parse(F3_SPLIT_CRLF)
     assert [e.data for e in events] == [
         '{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":null}]}',
         '{"id":"c1","object":"chat.completion.chunk",\n"choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}',
         "[DONE]",
     ]
-    assert [e.raw for e in events] == [F3[0] + F3[1] + F3[2], F3[3] + F3[4], F3[5] + F3[6]]
+    f3 = F3_SPLIT_CRLF
+    assert [e.raw for e in events] == [f3[0] + f3[1] + f3[2], f3[3] + f3[4], f3[5] + f3[6]]
 
 
 def test_f3_utf8_char_split_across_reads() -> None:
@@ -182,25 +164,29 @@ def _split_equivalent(one_shot: list[SSEEvent], split: list[SSEEvent]) -> None:
         assert b.raw == a.raw or (a.raw.endswith(b"\r\n") and b.raw == a.raw[:-1])
 
 
-@pytest.mark.parametrize("stream", [b"".join(F2), b"".join(F3), MIXED], ids=["F2", "F3", "mixed"])
+@pytest.mark.parametrize(
+    "stream", [b"".join(F2_COMMENTS), b"".join(F3_SPLIT_CRLF), MIXED], ids=["F2", "F3", "mixed"]
+)
 def test_split_invariance_every_two_way_split(stream: bytes) -> None:
     one_shot = parse([stream])
     for cut in range(len(stream) + 1):
         _split_equivalent(one_shot, parse([stream[:cut], stream[cut:]]))
 
 
-@pytest.mark.parametrize("stream", [b"".join(F2), b"".join(F3), MIXED], ids=["F2", "F3", "mixed"])
+@pytest.mark.parametrize(
+    "stream", [b"".join(F2_COMMENTS), b"".join(F3_SPLIT_CRLF), MIXED], ids=["F2", "F3", "mixed"]
+)
 def test_split_invariance_byte_by_byte(stream: bytes) -> None:
     one_shot = parse([stream])
     _split_equivalent(one_shot, parse([stream[i : i + 1] for i in range(len(stream))]))
 
 
 def test_split_invariance_lf_only_stream_raw_is_exact() -> None:
-    stream = b"".join(F2)
+    stream = b"".join(F2_COMMENTS)
     one_shot = parse([stream])
     for cut in range(len(stream) + 1):
         assert parse([stream[:cut], stream[cut:]]) == one_shot
-    assert b"".join(e.raw for e in one_shot) == F2[1] + F2[5] + F2[6]
+    assert b"".join(e.raw for e in one_shot) == F2_COMMENTS[1] + F2_COMMENTS[5] + F2_COMMENTS[6]
 
 
 def test_f4_700kb_line_in_one_read_and_in_small_reads() -> None:

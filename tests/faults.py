@@ -1,0 +1,99 @@
+"""The exact upstream byte lists of the fault repros in shared/cases/faults.md, one constant per
+fault/variant, shared by the parser, assembler, fake-upstream and gateway tests.
+
+Each list holds one element per upstream ``write()``, so chunk boundaries are exact (the fake
+upstream sends each element as one HTTP chunk).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "F1_EMPTY_CHOICES",
+    "F2_COMMENTS",
+    "F3_SPLIT_CRLF",
+    "F5_PARALLEL_TOOL_CALLS",
+    "F5_PARALLEL_TOOL_CALLS_NO_INDEX",
+    "F6_REASONING",
+    "F8A_ERROR_IN_200_STREAM",
+    "F8B_EOF_WITHOUT_DONE",
+    "F8C_ONLY_DONE",
+    "without_tool_call_index",
+]
+
+# F1: an Azure-style empty-choices first chunk and a usage-only (empty-choices) last chunk.
+F1_EMPTY_CHOICES = [
+    b'data: {"id":"","object":"","created":0,"model":"","choices":[],"prompt_filter_results":[{"prompt_index":0}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+# F2: SSE comments, keep-alives, retry-only and data-less blocks between the data events.
+F2_COMMENTS = [
+    b": connected\n\n",
+    b'id: 1\ndata: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}\n\n',
+    b": ping - 2025-01-01 00:00:00\n\n",
+    b"retry: 3000\n\n",
+    b"event: message\n\n",
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"B"},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+# F3: an event split across reads, a CRLF straddling two reads, multi-line data, a split [DONE].
+F3_SPLIT_CRLF = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hel',
+    b'lo"},"finish_reason":null}]}\r',
+    b"\n\r\n",
+    b'data: {"id":"c1","object":"chat.completion.chunk",\r\n',
+    b'data: "choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}\r\n\r\n',
+    b"data: [DO",
+    b"NE]\n\n",
+]
+
+# F5: two parallel tool calls; id/name only in the first delta, two entries in one delta.
+F5_PARALLEL_TOOL_CALLS = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}},{"index":0,"function":{"arguments":"{\\"city\\": \\""}}]},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\\"tz\\":"}}]},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"Paris\\"}"}},{"index":1,"function":{"arguments":" \\"UTC\\"}"}}]},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+_TOOL_CALL_INDEX = re.compile(rb'\{"index":\d+,(?="(?:id|function)")')
+
+
+def without_tool_call_index(chunks: list[bytes]) -> list[bytes]:
+    """The same stream with every ``"index":N`` removed from the ``tool_calls`` entries (the
+    ``index`` of the ``choices`` entries stays)."""
+    return [_TOOL_CALL_INDEX.sub(b"{", c) for c in chunks]
+
+
+# F5 variant: the same stream with every "index":N removed from the tool_calls entries.
+F5_PARALLEL_TOOL_CALLS_NO_INDEX = without_tool_call_index(F5_PARALLEL_TOOL_CALLS)
+
+# F6: a null-everything delta, reasoning under both names, a vendor token_ids field.
+F6_REASONING = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":null,"content":null},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning":"2+2 is "},"finish_reason":null,"token_ids":[17]}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning_content":"four."},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"4","reasoning":null},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+# F8 (a): an error object inside an HTTP 200 stream, then [DONE].
+F8A_ERROR_IN_200_STREAM = [
+    b'data: {"error":{"message":"maximum context length exceeded","type":"BadRequestError","code":400}}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+# F8 (b): two content chunks, then EOF: no finish_reason, no [DONE].
+F8B_EOF_WITHOUT_DONE = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"par"},"finish_reason":null}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tial"},"finish_reason":null}]}\n\n',
+]
+
+# F8 (c): only [DONE].
+F8C_ONLY_DONE = [b"data: [DONE]\n\n"]
