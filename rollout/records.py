@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from rollout.report import SessionRecord
 from rollout.trajectory import to_trajectory, usage_total
-from store import JobEnvironment, Store
+from store import JobEnvironment, SessionStep, Store
 
 
-def record_of(row: JobEnvironment, trajectory_rows: list) -> SessionRecord:  # type: ignore[type-arg]
+def record_of(row: JobEnvironment, trajectory_rows: list[SessionStep]) -> SessionRecord:
     """The JSONL record of one finished session row and its recorded steps."""
     traj = to_trajectory(row.env_id, trajectory_rows)
-    return SessionRecord(
-        session_id=row.env_id, job_id=row.job_id, env_name=row.env_name, case_id=row.case_id,
-        group_id=row.group_id, model=row.llm_model, sample_index=row.sample_index, status=row.status,
-        score=row.reward, eval_status=row.eval_status, reason=row.eval_reason, error=row.error_text,
-        duration_s=row.duration_s, usage=usage_total(traj.steps), step_count=len(traj.steps),
-        trajectory=[s.model_dump(mode="json") for s in traj.steps],
-    )
+    return SessionRecord.model_validate({
+        "session_id": row.env_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
+        "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": row.status,
+        "score": row.reward, "eval_status": row.eval_status, "reason": row.eval_reason, "error": row.error_text,
+        "duration_s": row.duration_s, "usage": usage_total(traj.steps), "step_count": len(traj.steps),
+        "trajectory": [s.model_dump(mode="json") for s in traj.steps],
+    })
 
 
 async def job_records(store: Store, job_id: str) -> list[SessionRecord]:

@@ -99,15 +99,16 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     dt = time.monotonic() - t0
     out = out_b.decode("utf-8", "replace")
     err = err_b.decode("utf-8", "replace")
-    tails = {"stdout_tail": out[-_TAIL:], "stderr_tail": err[-_TAIL:], "returncode": proc.returncode}
+    done = RuntimeOutcome(status="error", duration_s=dt, stdout_tail=out[-_TAIL:], stderr_tail=err[-_TAIL:],
+                          returncode=proc.returncode)
     try:
         result = parse_result(out)
     except ValueError as e:
         why = f"{e} (exit code {proc.returncode})"
         if err.strip():
             why += f"; stderr: {err.strip()[-500:]}"
-        return RuntimeOutcome(status="error", error_text=why, duration_s=dt, **tails)
+        return done.model_copy(update={"error_text": why})
     if result.session_id != request.session_id:
-        return RuntimeOutcome(status="error", result=result, duration_s=dt, **tails,
-                              error_text=f"result is for session {result.session_id}, not {request.session_id}")
-    return RuntimeOutcome(status=result.status, result=result, error_text=result.error_text, duration_s=dt, **tails)
+        why = f"result is for session {result.session_id}, not {request.session_id}"
+        return done.model_copy(update={"result": result, "error_text": why})
+    return done.model_copy(update={"status": result.status, "result": result, "error_text": result.error_text})

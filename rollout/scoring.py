@@ -154,6 +154,8 @@ def _normalize(value: Any, raw_repr: str) -> ScoreCheck:
                 artifacts=artifacts,
             )
         inner = value[present]
+        score: float | None
+        why: str | None
         if isinstance(inner, Mapping):
             score, why = None, f"a nested dict under {present!r} is not a score"
         else:

@@ -17,7 +17,7 @@ from sqlalchemy import delete, func, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from sqlmodel import SQLModel, select
+from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
 from store.models import GatewaySession, JobEnvironment, SessionStep, utcnow
@@ -117,7 +117,7 @@ class Store:
         """The number of gateway sessions not closed (logged at gateway start)."""
         async with self._read() as s:
             res = await s.execute(
-                select(func.count()).select_from(GatewaySession).where(GatewaySession.status == "active")
+                select(func.count()).select_from(GatewaySession).where(col(GatewaySession.status) == "active")
             )
             return int(res.scalar_one())
 
@@ -146,29 +146,29 @@ class Store:
         of steps moved."""
         async with self._write_lock, self._write() as s, s.begin():
             res = await s.execute(
-                update(SessionStep).where(SessionStep.session_id == env_id)
+                update(SessionStep).where(col(SessionStep.session_id) == env_id)
                 .values(session_id=f"{env_id}~a{attempt}", is_trainable=False)
             )
-            await s.execute(delete(GatewaySession).where(GatewaySession.session_id == env_id))
-            return int(res.rowcount or 0)
+            await s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == env_id))
+            return int(getattr(res, "rowcount", 0) or 0)
 
     async def job_sessions(self, job_id: str, *, unfinished_only: bool = False) -> list[JobEnvironment]:
         """The session rows of a job, ordered by env, case, sample."""
-        q = select(JobEnvironment).where(JobEnvironment.job_id == job_id)
+        q = select(JobEnvironment).where(col(JobEnvironment.job_id) == job_id)
         if unfinished_only:
-            q = q.where(JobEnvironment.finished == False)  # noqa: E712 (SQL expression)
-        q = q.order_by(JobEnvironment.env_name, JobEnvironment.case_id, JobEnvironment.sample_index)
+            q = q.where(col(JobEnvironment.finished).is_(False))
+        q = q.order_by(col(JobEnvironment.env_name), col(JobEnvironment.case_id), col(JobEnvironment.sample_index))
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
 
     async def update_job_session(self, env_id: str, **values: Any) -> None:
         """Set columns of one ``job_environments`` row."""
         async with self._write_lock, self._write() as s, s.begin():
-            await s.execute(update(JobEnvironment).where(JobEnvironment.env_id == env_id).values(**values))
+            await s.execute(update(JobEnvironment).where(col(JobEnvironment.env_id) == env_id).values(**values))
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
         """Every recorded step of a session, in call order (``seq``)."""
-        q = select(SessionStep).where(SessionStep.session_id == session_id).order_by(SessionStep.seq)
+        q = select(SessionStep).where(col(SessionStep.session_id) == session_id).order_by(col(SessionStep.seq))
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
 
@@ -183,8 +183,8 @@ class Store:
             last = (
                 await s.execute(
                     select(SessionStep)
-                    .where(SessionStep.session_id == env_id)
-                    .order_by(SessionStep.seq.desc())
+                    .where(col(SessionStep.session_id) == env_id)
+                    .order_by(col(SessionStep.seq).desc())
                     .limit(1)
                 )
             ).scalar_one_or_none()
@@ -194,7 +194,7 @@ class Store:
                     meta["evaluation"] = eval_meta
                 await s.execute(
                     update(SessionStep)
-                    .where(SessionStep.record_id == last.record_id)
+                    .where(col(SessionStep.record_id) == last.record_id)
                     .values(
                         reward=reward,
                         step_reward=reward,
@@ -205,6 +205,6 @@ class Store:
                 )
             await s.execute(
                 update(JobEnvironment)
-                .where(JobEnvironment.env_id == env_id)
+                .where(col(JobEnvironment.env_id) == env_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
