@@ -28,7 +28,6 @@ PASS_SCORE = 10.0
 PASS_EPSILON = 1e-9
 """A session passes when ``score >= PASS_SCORE - PASS_EPSILON``."""
 
-RUNTIME_ERROR_STATUSES = frozenset({"failed", "error"})
 EVAL_ERROR_STATUS = "error"
 EVAL_TIMEOUT_STATUS = "timeout"
 EVAL_INVALID_STATUS = "invalid_reward"
@@ -116,13 +115,15 @@ class SummaryRow(BaseModel):
 
     Counts: ``sessions``; ``cases`` (distinct case_id); evaluation outcomes ``scored``,
     ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
-    runtime outcomes ``runtime_errors`` (status failed|error), ``runtime_timeouts`` (status timeout).
+    runtime outcomes ``runtime_failed`` (the runtime reported ``failed``: the agent did not finish
+    its task), ``runtime_errors`` (status error: the harness could not run the session) and
+    ``runtime_timeouts`` (status timeout).
 
     Scores (0..10): ``mean_score`` over scored sessions (or over all sessions with unscored ones as
     0 when ``count_unscored_as_zero``), None when there is nothing to average.
 
-    Pass rates (0..1, Chen et al. 2021 estimator per case, averaged over cases): ``pass_at_1``
-    over all cases; ``pass_at_k`` for ``k`` over the ``pass_at_k_cases`` cases that have at least
+    Pass rates (0..1, Chen et al. 2021 estimator per case, averaged over cases; None when no
+    session of the row was evaluated, since nothing can pass): ``pass_at_1`` over all cases; ``pass_at_k`` for ``k`` over the ``pass_at_k_cases`` cases that have at least
     ``k`` samples (None when no case has). ``mean_duration_s``: over sessions with a duration, in
     seconds (None when none has one).
     """
@@ -138,9 +139,10 @@ class SummaryRow(BaseModel):
     unevaluated: int
     mean_score: float | None
     k: int
-    pass_at_1: float
+    pass_at_1: float | None
     pass_at_k: float | None
     pass_at_k_cases: int
+    runtime_failed: int
     runtime_errors: int
     runtime_timeouts: int
     mean_duration_s: float | None
@@ -187,8 +189,10 @@ def summarize(
         case_counts = [(len(rs), sum(1 for r in rs if _passes(r))) for rs in by_case.values()]
         row_k = k if k is not None else min(n for n, _ in case_counts)
         eligible = [(n, c) for n, c in case_counts if n >= row_k]
-        pass_k = sum(pass_at_k(n, c, row_k) for n, c in eligible) / len(eligible) if eligible else None
-        pass_1 = sum(pass_at_k(n, c, 1) for n, c in case_counts) / len(case_counts)
+        evaluated = any(r.eval_status not in (None, "skipped") for r in recs)
+        pass_k = (sum(pass_at_k(n, c, row_k) for n, c in eligible) / len(eligible)
+                  if eligible and evaluated else None)
+        pass_1 = sum(pass_at_k(n, c, 1) for n, c in case_counts) / len(case_counts) if evaluated else None
 
         scored = [r for r in recs if _is_scored(r)]
         if count_unscored_as_zero:
@@ -214,7 +218,8 @@ def summarize(
                 pass_at_1=pass_1,
                 pass_at_k=pass_k,
                 pass_at_k_cases=len(eligible),
-                runtime_errors=sum(1 for r in recs if r.status in RUNTIME_ERROR_STATUSES),
+                runtime_failed=sum(1 for r in recs if r.status == "failed"),
+                runtime_errors=sum(1 for r in recs if r.status == "error"),
                 runtime_timeouts=sum(1 for r in recs if r.status == "timeout"),
                 mean_duration_s=math.fsum(durations) / len(durations) if durations else None,
             )
@@ -234,7 +239,7 @@ def render_table(rows: list[SummaryRow]) -> str:
         return "(no sessions)"
     headers = [
         "env", "model", "sessions", "scored", "invalid", "eval_err", "eval_t/o", "mean_score",
-        "pass@1", "pass@k", "k", "rt_err", "rt_t/o", "mean_s",
+        "pass@1", "pass@k", "k", "rt_failed", "rt_err", "rt_t/o", "mean_s",
     ]  # fmt: skip
     right = set(range(2, len(headers)))
     body = [
@@ -250,6 +255,7 @@ def render_table(rows: list[SummaryRow]) -> str:
             _fmt(r.pass_at_1, 3),
             _fmt(r.pass_at_k, 3),
             str(r.k),
+            str(r.runtime_failed),
             str(r.runtime_errors),
             str(r.runtime_timeouts),
             _fmt(r.mean_duration_s, 1),

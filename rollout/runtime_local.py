@@ -22,6 +22,9 @@ from rollout.protocol import SimulationStartRequest, SimulationStartResult
 
 log = logging.getLogger(__name__)
 _TAIL = 4000
+_STDOUT_KEEP = 8 * 1024 * 1024
+_STDERR_KEEP = 64 * 1024
+_PIPE_GRACE_S = 2.0
 
 
 class RuntimeOutcome(BaseModel):
@@ -67,10 +70,37 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
+async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
+    try:
+        stdin.write(payload)
+        await stdin.drain()
+        stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the runtime did not read its request: its result will say so
+
+
+async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int) -> None:
+    """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes."""
+    while chunk := await stream.read(65536):
+        keep += chunk
+        if len(keep) > 2 * limit:
+            del keep[:-limit]
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Wait until the process has exited. (On Python 3.11, ``Process.wait()`` also waits until
+    every pipe is closed, which a background child holding stdout can delay for ever.)"""
+    while proc.returncode is None:
+        await asyncio.sleep(0.05)
+
+
 async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None) -> RuntimeOutcome:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
+    The session ends when the runtime process exits (not when its pipes close: a background
+    child it left behind does not hold the session open); its process group is then killed.
+    Only the last 8 MiB of stdout and 64 KiB of stderr are kept in memory.
     Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
     the process group. Raises OSError when the command cannot be started at all.
     """
@@ -81,24 +111,29 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
         *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True,
     )
-    payload = request.model_dump_json().encode() + b"\n"
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out_b, err_b = bytearray(), bytearray()
+    tasks = [asyncio.create_task(_feed(proc.stdin, request.model_dump_json().encode() + b"\n")),
+             asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP)),
+             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP))]
     try:
-        out_b, err_b = await asyncio.wait_for(proc.communicate(payload), timeout=timeout_s)
+        await asyncio.wait_for(_exited(proc), timeout=timeout_s)
     except TimeoutError:
         _kill_group(proc)
-        await proc.wait()
+        await _exited(proc)
         return RuntimeOutcome(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
                               returncode=proc.returncode, duration_s=time.monotonic() - t0)
     except BaseException:
         _kill_group(proc)
         raise
     finally:
-        if proc.returncode is None:
-            _kill_group(proc)
-    _kill_group(proc)  # reap stray children of a runtime that exited but left its group running
+        _kill_group(proc)  # the runtime if still running, and children it left behind (pipes close)
+        _, pending = await asyncio.wait(tasks, timeout=_PIPE_GRACE_S)
+        for t in pending:  # a child that left the process group may still hold a pipe
+            t.cancel()
     dt = time.monotonic() - t0
-    out = out_b.decode("utf-8", "replace")
-    err = err_b.decode("utf-8", "replace")
+    out = out_b[-_STDOUT_KEEP:].decode("utf-8", "replace")
+    err = err_b[-_STDERR_KEEP:].decode("utf-8", "replace")
     done = RuntimeOutcome(status="error", duration_s=dt, stdout_tail=out[-_TAIL:], stderr_tail=err[-_TAIL:],
                           returncode=proc.returncode)
     try:

@@ -42,7 +42,8 @@ HARNESS_FAILURES = frozenset({"error", "timeout"})
 @dataclass(frozen=True)
 class RunSettings:
     """Job-wide settings: the route key, temperature (None = route default), step budget override
-    (None = the env's ``max_steps``), concurrency, evaluation switch and timeout (seconds)."""
+    (None = the env's ``max_steps``), concurrency, evaluation switch and timeout (seconds), and
+    the folder that holds the sessions' workspaces (None: the system temp folder)."""
 
     job_id: str
     model: str
@@ -54,6 +55,7 @@ class RunSettings:
     enable_evaluation: bool = False
     eval_timeout_s: float = 60.0
     keep_workspaces: bool = False
+    workspace_root: Path | None = None
 
 
 def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
@@ -125,7 +127,8 @@ class Scheduler:
         t0 = time.monotonic()
         await self.store.update_job_session(sid, status="running", attempts=row.attempts + 1, started_at=utcnow(),
                                             finished=False)
-        workspace = Path(tempfile.mkdtemp(prefix=f"rollout-{cfg.name}-"))
+        workspace = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-{row.case_id}-{row.sample_index}-"[:60],
+                                          dir=self.s.workspace_root))
         try:
             if case.files_dir:
                 shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)

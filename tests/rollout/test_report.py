@@ -147,7 +147,7 @@ def test_summarize_exact_numbers() -> None:
     assert math_row.pass_at_1 == pytest.approx((2 / 3 + 1 / 3 + 0) / 3)
     assert math_row.pass_at_k == pytest.approx((1 + 1 + 0) / 3)
     assert math_row.pass_at_k_cases == 3
-    assert (math_row.runtime_errors, math_row.runtime_timeouts) == (1, 1)
+    assert (math_row.runtime_failed, math_row.runtime_errors, math_row.runtime_timeouts) == (1, 0, 1)
     assert math_row.mean_duration_s == pytest.approx(36 / 8)
     assert math_row.eval_error_rate == pytest.approx(2 / 9)
 
@@ -161,7 +161,8 @@ def test_summarize_exact_numbers() -> None:
     m2 = rows_by[("math", "m2")]
     # eval_status "skipped": not scored, so no mean and no pass even with a 10 recorded
     assert (m2.sessions, m2.scored, m2.unevaluated, m2.mean_score, m2.k) == (1, 0, 1, None, 1)
-    assert (m2.pass_at_1, m2.pass_at_k, m2.runtime_errors, m2.mean_duration_s) == (0.0, 0.0, 1, 2.5)
+    # nothing of m2 was evaluated: no pass rate at all (not a 0 that looks measured)
+    assert (m2.pass_at_1, m2.pass_at_k, m2.runtime_errors, m2.mean_duration_s) == (None, None, 1, 2.5)
 
 
 def test_summarize_explicit_k_and_count_unscored_as_zero() -> None:
@@ -213,6 +214,7 @@ def test_render_table() -> None:
         "invalid",
         "eval_err",
         "eval_t/o",
+        "rt_failed",
         "pass@1",
         "pass@k",
     ):

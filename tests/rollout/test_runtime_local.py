@@ -98,3 +98,35 @@ async def test_truncated_result_keeps_its_status(tmp_path: Path) -> None:
     cmd = _script(tmp_path, f"print({json.dumps(json.dumps(res))})\n")
     out = await run_local(cmd, _request(), tmp_path, timeout_s=30)
     assert (out.status, out.error_text, out.result.truncated) == ("truncated", "budget used", True)
+
+
+async def test_background_child_holding_stdout_does_not_hold_the_session(tmp_path: Path) -> None:
+    """A runtime that exits with a valid result but leaves `sleep 30 &` behind (holding the
+    stdout pipe) ends when it exits: its result counts, the child is killed."""
+    cmd = _script(tmp_path, (
+        "import json, subprocess, sys\n"
+        "req = json.load(sys.stdin)\n"
+        "subprocess.Popen(['sleep', '30'])\n"
+        "print(json.dumps({'session_id': req['session_id'], 'status': 'succeeded'}))\n"))
+    t0 = time.monotonic()
+    out = await run_local(cmd, _request(), tmp_path, timeout_s=20)
+    assert (out.status, out.error_text) == ("succeeded", None)
+    assert time.monotonic() - t0 < 10
+
+
+async def test_huge_output_keeps_only_the_tail(tmp_path: Path) -> None:
+    cmd = _script(tmp_path, (
+        "import json, sys\n"
+        "req = json.load(sys.stdin)\n"
+        "sys.stdout.write('x' * 30_000_000 + '\\n')\n"
+        "print(json.dumps({'session_id': req['session_id'], 'status': 'failed', 'error_text': 'no answer'}))\n"))
+    out = await run_local(cmd, _request(), tmp_path, timeout_s=60)
+    assert (out.status, out.error_text) == ("failed", "no answer")
+    assert len(out.stdout_tail) == 4000
+
+
+async def test_runtime_that_ignores_its_request_still_ends(tmp_path: Path) -> None:
+    cmd = _script(tmp_path, "print('{\"session_id\": \"s1\", \"status\": \"failed\"}')\n")
+    big = _request().model_copy(update={"env_params": {"dataset": {"blob": "y" * 1_000_000}}})
+    out = await run_local(cmd, big, tmp_path, timeout_s=20)
+    assert out.status == "failed"
