@@ -90,7 +90,8 @@ def load_env_config(path: Path) -> EnvConfig:
     """Read one ``env.yaml``. Raises EnvConfigError naming the file and the problem."""
     path = path.resolve()
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        with path.open(encoding="utf-8") as f:  # a YAML error then names the file and line
+            raw = yaml.safe_load(f) or {}
     except (OSError, yaml.YAMLError) as e:
         raise EnvConfigError(f"cannot read env config {path}: {e}") from e
     if not isinstance(raw, dict):
