@@ -25,6 +25,11 @@ from store import Store
 log = logging.getLogger(__name__)
 
 
+def _model_object(key: str) -> dict[str, object]:
+    """A route key as an OpenAI model object (API reference, "The model object")."""
+    return {"id": key, "object": "model", "created": 0, "owned_by": "gateway"}
+
+
 def create_app(settings: GatewaySettings) -> FastAPI:
     """Build the gateway app. The store and the upstream pool open in the lifespan startup and
     close (after the telemetry queue is drained) at shutdown."""
@@ -88,6 +93,35 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             g.metrics.in_flight.labels(key).set(n)
         return Response(g.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def model_list(request: Request) -> dict[str, object]:
+        return {"object": "list", "data": [_model_object(key) for key in gw(request).settings.llm_routes]}
+
+    def model_object(request: Request, model: str) -> dict[str, object]:
+        if model not in gw(request).settings.llm_routes:
+            raise GatewayError(404, f"The model `{model}` does not exist (no such route)", code="model_not_found",
+                               param="model")
+        return _model_object(model)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, object]:
+        """The route keys, in OpenAI's "List models" shape (what ``client.models.list()`` reads)."""
+        return model_list(request)
+
+    @app.get(sp + "/{session_id}/models")
+    async def session_models(session_id: str, request: Request) -> dict[str, object]:
+        """``GET /v1/models`` for a client whose base URL is a session URL."""
+        return model_list(request)
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> dict[str, object]:
+        """One route key as an OpenAI model object (``client.models.retrieve(key)``); 404 otherwise."""
+        return model_object(request, model)
+
+    @app.get(sp + "/{session_id}/models/{model:path}")
+    async def session_model(session_id: str, model: str, request: Request) -> dict[str, object]:
+        """``GET /v1/models/{model}`` for a client whose base URL is a session URL."""
+        return model_object(request, model)
+
     @app.post("/v1/chat/completions")
     async def chat_passthrough(request: Request) -> Response:
         return await handle_chat(gw(request), request, None)
@@ -107,13 +141,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @app.post(sp + "/{session_id}/close")
     async def close_session(session_id: str, request: Request) -> dict[str, object]:
+        """Close a session. Answers once every call of the session in flight has been recorded
+        (strict telemetry: committed), waiting at most ``close_grace_s``; calls still running then
+        are recorded later as ``after_close`` steps (see ``SessionManager.close``)."""
         g = gw(request)
         raw = await request.body()
         try:
             req = CloseSessionRequest.model_validate_json(raw) if raw.strip() else CloseSessionRequest()
         except ValueError as e:
             raise GatewayError(400, f"invalid close request: {e}") from None
-        snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode)
+        snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode,
+                                                 g.settings.close_grace_s)
         await g.writer.record(None, snap)
         g.sessions.forget(session_id)  # strict mode: stored by now (best_effort: queued)
         return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,

@@ -10,9 +10,24 @@ before the client receives ``[DONE]`` (or, without streaming, the response).
 Step ``status`` values written here: ``ok``; ``error`` (upstream 4xx/5xx, an error event inside a
 200 stream, an unreachable upstream); ``truncated`` (the upstream stream ended without
 ``[DONE]``/finish_reason); ``timeout`` (``meta_json.phase``: ``connect``, ``first-byte``,
-``idle`` or ``body``); ``client_disconnected`` (the client left mid-stream: partial answer and the
-usage known so far); ``empty`` (a stream that ended properly but carried no chunk at all, e.g.
-only ``[DONE]``, faults F8c).
+``idle`` or ``body``); ``client_disconnected`` (the client left: mid-stream, with the partial
+answer and the usage known so far; or before any answer, while the gateway waited for the
+upstream, with ``meta_json.phase`` ``first-byte`` or ``body`` and an error body saying so);
+``empty`` (a stream that ended properly but carried no chunk at all, e.g. only ``[DONE]``,
+faults F8c). A 2xx non-streamed answer that is not a JSON chat completion (an HTML page, broken
+JSON) is an ``error`` step with the raw body kept, answered 502 ``upstream_invalid_response``.
+
+A client that leaves while the gateway waits for the upstream (no byte sent to it yet) is
+noticed at once (:mod:`gateway.disconnect`): the upstream request is cancelled (its connection
+closed, so the upstream sees the close), the route's concurrency slot is freed, and the step is
+recorded as ``client_disconnected``; it still counts against the session's budget.
+
+Every reserved step is in flight for the session (:class:`gateway.sessions.SessionManager`)
+until its row is queued for the writer: :meth:`_Call.queue` is the one place that queues and
+releases; paths that end with no row (a bug, a server shutdown) release in :func:`handle_chat`
+(or, for a relayed stream, in :meth:`_StreamRelay.finish`). A step recorded after its session
+was closed (its close gave up waiting) carries ``meta_json.after_close = true`` and
+``is_trainable = false``.
 
 Streaming to a client from a route with ``supports_stream: false`` (or from an upstream that
 answers a streaming request with plain JSON): the gateway asks without streaming and sends the
@@ -23,6 +38,7 @@ finished completion to the client as a short synthesized stream
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -35,6 +51,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.assembly import ChatStreamAssembler, usage_of
+from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError, error_body
 from gateway.redact import redact_request
 from gateway.sessions import SessionClosed, StepSlot
@@ -42,7 +59,7 @@ from gateway.sse import SSEParser, format_event
 from gateway.state import GatewayState
 from gateway.streaming import GuardedStreamingResponse
 from gateway.synthetic import STOP_HEADER, chat_stop_completion, chat_stop_stream, completion_to_stream
-from gateway.wire import parse_json_body, read_body, validate_chat
+from gateway.wire import ChatCompletionRequest, parse_json_body, read_body, validate_chat
 from store import SessionStep
 
 log = logging.getLogger(__name__)
@@ -70,6 +87,7 @@ class _Call:
         self.usage_added = usage_added
         self.t0 = time.perf_counter()
         self.ttft_ms: float | None = None
+        self.upstream_status: int | None = None  # set once the upstream's headers arrived
 
     def step(self, *, status: str, status_code: int | None, response: Any, meta: dict[str, Any] | None = None
              ) -> SessionStep | None:
@@ -94,6 +112,9 @@ class _Call:
             meta_json["usage_requested_by_gateway"] = True
         meta_json.update(meta or {})
         s = self.slot
+        after_close = self.gw.sessions.is_after_close(s)
+        if after_close:
+            meta_json["after_close"] = True
         return SessionStep(
             session_id=s.session_id, seq=s.seq, step_id=s.step_id, env_name=s.env_name, group_id=s.group_id,
             job_id=s.job_id, llm_model=self.route_key, endpoint=ENDPOINT, is_stream=self.stream, status=status,
@@ -102,18 +123,46 @@ class _Call:
             prompt_tokens=_int(usage, "prompt_tokens"), completion_tokens=_int(usage, "completion_tokens"),
             total_tokens=_int(usage, "total_tokens"),
             latency_ms=(time.perf_counter() - self.t0) * 1000, ttft_ms=self.ttft_ms,
-            is_truncated=status == "truncated", meta_json=meta_json,
+            is_truncated=status == "truncated", meta_json=meta_json, is_trainable=not after_close,
         )
 
+    def release(self) -> None:
+        """End this call's in-flight mark in its session (idempotent; no-op without a session)."""
+        if self.slot is not None:
+            self.gw.sessions.release(self.slot)
+
+    def queue(self, step: SessionStep | None) -> asyncio.Future[None] | None:
+        """Queue ``step`` for the telemetry writer with the session's state as it is now (see
+        ``_record``) and, on every outcome, end the call's in-flight mark: the one place where a
+        recorded call stops being in flight. The writer commits in queue order, so a session
+        close queued after this is committed after the step. Returns the commit future (strict
+        mode) or None; raises RuntimeError when the strict queue is full."""
+        try:
+            if step is None:
+                return None
+            return self.gw.writer.submit(step, self.gw.sessions.current(step.session_id))
+        finally:
+            self.release()
+
     def submit(self, step: SessionStep | None) -> None:
-        """Queue a step without waiting (with the session's current state; see ``_record``)."""
-        if step is not None:
-            self.gw.writer.submit(step, self.gw.sessions.current(step.session_id))
+        """Queue a step without waiting (for a client that is gone); failures are logged."""
+        try:
+            fut = self.queue(step)
+        except RuntimeError as e:
+            log.error("step of session %s not recorded: %s", self.slot.session_id if self.slot else None, e)
+            return
+        if fut is not None:
+            fut.add_done_callback(_log_commit_failure)
 
     def observe(self, http_status: int) -> None:
         m = self.gw.metrics
         m.requests.labels(ENDPOINT, self.route_key, str(http_status)).inc()
         m.latency.labels(ENDPOINT, self.route_key).observe(time.perf_counter() - self.t0)
+
+
+def _log_commit_failure(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled() and (e := fut.exception()) is not None:
+        log.error("a step queued without waiting was not committed: %s: %s", type(e).__name__, e)
 
 
 def _int(usage: dict[str, Any] | None, key: str) -> int | None:
@@ -129,9 +178,13 @@ def _timeout_error(route_key: str, phase: str, e: BaseException) -> dict[str, An
 async def handle_chat(gw: GatewayState, request: Request, session_id: str | None) -> Response:
     """Serve one chat completion call; ``session_id`` None means passthrough (not recorded).
 
-    Errors the gateway answers itself (OpenAI's shape): 400 malformed body, 404 unknown route,
-    409 closed session, 413 body over ``max_request_bytes``, 502 upstream unreachable or broken,
+    Errors the gateway answers itself (OpenAI's shape): 400 malformed body or a standard field of
+    the wrong type (``param`` names it, see :mod:`gateway.wire`), 404 unknown route, 409 closed
+    (or closing) session, 413 body over ``max_request_bytes``, 502 upstream unreachable, broken,
+    or answering 2xx with something that is not a chat completion (``upstream_invalid_response``),
     504 upstream timeout; upstream 4xx/5xx are relayed with their status, body and Retry-After.
+    A client that leaves before any answer is recorded as ``client_disconnected`` (see the module
+    docstring).
     """
     raw = await read_body(request, gw.settings.max_request_bytes)
     body = parse_json_body(raw)
@@ -160,6 +213,84 @@ async def handle_chat(gw: GatewayState, request: Request, session_id: str | None
                 return StreamingResponse(_iter(events), media_type="text/event-stream", headers=STOP_HEADER)
             return JSONResponse(chat_stop_completion(route_key), headers=STOP_HEADER)
 
+    try:
+        response = await _forward(gw, request, raw, body, req, route_key, slot)
+    except BaseException:
+        if slot is not None:
+            gw.sessions.release(slot)  # no step row (a bug, a server shutdown): not in flight anymore
+        raise
+    if slot is not None and not isinstance(response, GuardedStreamingResponse):
+        gw.sessions.release(slot)  # normally released when its step was queued: then a no-op
+    return response
+
+
+class _UpstreamFailed(Exception):
+    """The upstream gave no usable answer: answer the client ``status`` with ``error`` and record
+    a step of status ``step_status`` with ``meta_json.phase``."""
+
+    def __init__(self, status: int, step_status: str, error: dict[str, Any], phase: str) -> None:
+        super().__init__(error["error"]["message"])
+        self.status = status
+        self.step_status = step_status
+        self.error = error
+        self.phase = phase
+
+
+class _Exchange:
+    """The upstream half of one call: POST the payload and wait for the headers, then (unless the
+    answer is an SSE stream to relay) read the whole body. :meth:`run` is what the client's
+    disconnect cancels; the response stays open on ``stack`` (holding the route's concurrency
+    slot) until :meth:`close` or a stream relay takes it over."""
+
+    def __init__(self, call: _Call, payload: bytes, headers: dict[str, str], relay_sse: bool) -> None:
+        self.call = call
+        self.payload = payload
+        self.headers = headers
+        self.relay_sse = relay_sse
+        self.stack = AsyncExitStack()
+        self.resp: aiohttp.ClientResponse | None = None
+
+    async def run(self) -> bytes | None:
+        """The whole body, or None when the answer is a 200 SSE stream to relay. Raises
+        _UpstreamFailed for connect/read failures and timeouts."""
+        call = self.call
+        try:
+            self.resp = resp = await self.stack.enter_async_context(
+                call.gw.upstream.post(call.route_key, "/chat/completions", self.payload, self.headers))
+        except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
+            phase = "connect" if isinstance(e, aiohttp.ConnectionTimeoutError) else "first-byte"
+            raise _UpstreamFailed(504, "timeout", _timeout_error(call.route_key, phase, e), phase) from e
+        except aiohttp.ClientError as e:
+            err = error_body(502, f"upstream {call.route_key} unreachable: {type(e).__name__}: {e}",
+                             code="upstream_unreachable")
+            raise _UpstreamFailed(502, "error", err, "connect") from e
+        call.upstream_status = resp.status
+        if self.relay_sse and resp.status == 200 and resp.content_type == "text/event-stream":
+            return None
+        try:
+            return await resp.read()
+        except TimeoutError as e:
+            raise _UpstreamFailed(504, "timeout", _timeout_error(call.route_key, "body", e), "body") from e
+        except aiohttp.ClientError as e:
+            err = error_body(502, f"upstream {call.route_key} failed while sending its answer: "
+                                  f"{type(e).__name__}: {e}", code="upstream_broken")
+            raise _UpstreamFailed(502, "error", err, "body") from e
+
+    async def close(self, *, abort: bool) -> None:
+        """Release the upstream connection and the route slot; ``abort`` closes the connection
+        (so the upstream sees the client's departure) instead of returning it to the pool."""
+        if abort and self.resp is not None:
+            self.resp.close()
+        await self.stack.aclose()
+
+
+async def _forward(gw: GatewayState, request: Request, raw: bytes, body: dict[str, Any],
+                   req: ChatCompletionRequest, route_key: str, slot: StepSlot | None) -> Response:
+    """Call the route's upstream for a validated request (a step reserved in ``slot``, None for
+    passthrough) and answer the client; every path records the step (see the module docstring)."""
+    route = gw.settings.llm_routes[route_key]
+    stream = bool(req.stream)
+    client_usage = bool((req.stream_options or {}).get("include_usage"))
     upstream_body = body
     usage_added = False
     upstream_streams = stream and route.supports_stream
@@ -177,46 +308,46 @@ async def handle_chat(gw: GatewayState, request: Request, session_id: str | None
     if route.api_key:
         headers["Authorization"] = f"Bearer {route.api_key}"
     headers.update(route.extra_headers)
-    if session_id is not None:
-        headers["X-Session-Id"] = session_id
+    if slot is not None:
+        headers["X-Session-Id"] = slot.session_id
 
     call = _Call(gw, route_key, body, upstream_body, slot, stream, usage_added)
-    stack = AsyncExitStack()
+    exchange = _Exchange(call, payload, headers, relay_sse=upstream_streams)
     try:
-        resp = await stack.enter_async_context(gw.upstream.post(route_key, "/chat/completions", payload, headers))
-    except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
-        await stack.aclose()
-        phase = "connect" if isinstance(e, aiohttp.ConnectionTimeoutError) else "first-byte"
-        return await _fail(call, 504, "timeout", _timeout_error(route_key, phase, e), phase)
-    except aiohttp.ClientError as e:
-        await stack.aclose()
-        err = error_body(502, f"upstream {route_key} unreachable: {type(e).__name__}: {e}",
-                         code="upstream_unreachable")
-        return await _fail(call, 502, "error", err, "connect")
+        content = await unless_client_leaves(request.receive, exchange.run())
+    except ClientGone:
+        await exchange.close(abort=True)
+        return _client_left(call)
+    except _UpstreamFailed as f:
+        await exchange.close(abort=True)
+        return await _fail(call, f.status, f.step_status, f.error, f.phase)
     except BaseException:
-        await stack.aclose()
+        await exchange.close(abort=True)
         raise
-
-    is_sse = resp.content_type == "text/event-stream"
-    if upstream_streams and resp.status == 200 and is_sse:
-        relay = _StreamRelay(call, resp, stack)
+    resp = exchange.resp
+    assert resp is not None
+    if content is None:  # a 200 SSE stream: the relay owns the connection from here
+        relay = _StreamRelay(call, resp, exchange.stack)
         return GuardedStreamingResponse(relay.events(), on_disconnect=relay.client_left, finalize=relay.finish,
                                         media_type="text/event-stream", headers=_SSE_HEADERS)
-    try:
-        content = await resp.read()
-    except TimeoutError as e:
-        return await _fail(call, 504, "timeout", _timeout_error(route_key, "body", e), "body")
-    except aiohttp.ClientError as e:
-        err = error_body(502, f"upstream {route_key} failed while sending its answer: {type(e).__name__}: {e}",
-                         code="upstream_broken")
-        return await _fail(call, 502, "error", err, "body")
-    finally:
-        await stack.aclose()
+    await exchange.close(abort=False)
     if stream and resp.status == 200:
         completion = _completion(content)
         if completion is not None:
             return await _relay_synthesized(call, resp.headers, completion, client_usage)
     return await _relay_plain(call, resp.status, resp.headers, content)
+
+
+def _client_left(call: _Call) -> Response:
+    """Record a call whose client left before any answer (the upstream request was cancelled)."""
+    phase = "first-byte" if call.upstream_status is None else "body"
+    err = error_body(499, f"the client closed the connection after {time.perf_counter() - call.t0:.3f} s, "
+                          f"before the upstream {call.route_key} answered; the upstream request was cancelled",
+                     code="client_disconnected", type_="client_disconnected")
+    call.submit(call.step(status="client_disconnected", status_code=call.upstream_status, response=err,
+                          meta={"phase": phase}))
+    call.observe(499)
+    return JSONResponse(err, status_code=499)  # nobody reads it: the server drops it
 
 
 async def _fail(call: _Call, status: int, step_status: str, err: dict[str, Any], phase: str) -> JSONResponse:
@@ -232,14 +363,15 @@ async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _record(call: _Call, step: SessionStep | None) -> None:
-    """Commit a step (strict: wait for the commit). Raises GatewayError(500) when it fails.
+    """Commit a step (strict: wait for the commit; ``None``, a passthrough call, is not recorded).
+    Raises GatewayError(500) when it fails.
 
     The session state persisted with the step is the session's state at this moment
     (``SessionManager.current``), not the one of when the step was reserved."""
-    if step is None:
-        return
     try:
-        await call.gw.writer.record(step, call.gw.sessions.current(step.session_id))
+        fut = call.queue(step)  # also ends the call's in-flight mark, whatever happens
+        if fut is not None:
+            await asyncio.shield(fut)
     except Exception as e:
         raise GatewayError(500, f"the gateway could not record this call: {type(e).__name__}: {e}",
                            code="telemetry_error") from e
@@ -270,23 +402,41 @@ async def _relay_synthesized(call: _Call, up_headers: Any, completion: dict[str,
 
 
 async def _relay_plain(call: _Call, status: int, up_headers: Any, content: bytes) -> Response:
-    """Relay a non-streamed upstream answer (success or error) with its status and body."""
+    """Relay a non-streamed upstream answer with its status and body: a chat completion (2xx)
+    or an error (4xx/5xx, whatever its body). A 2xx body that is not a JSON chat completion
+    (HTML, broken JSON, an error object) is not relayed: the client gets 502
+    ``upstream_invalid_response`` (the openai SDK would fail on it), and the step keeps the
+    raw body (``status`` ``error``, ``meta_json.upstream_status``)."""
     try:
         parsed: Any = json.loads(content) if content else None
     except (ValueError, UnicodeDecodeError):
         parsed = None
-    ok = 200 <= status < 300 and isinstance(parsed, dict) and "error" not in parsed
     if parsed is None:
         recorded: Any = {"raw_body": content[:65536].decode("utf-8", "replace"),
                          "content_type": up_headers.get("Content-Type")}
     else:
         recorded = parsed
+    if 200 <= status < 300 and _completion(content) is None:
+        return await _invalid_answer(call, status, up_headers, content, recorded)
+    ok = 200 <= status < 300
     meta = {} if ok else {"error": _error_text(parsed, content)}
     await _record(call, call.step(status="ok" if ok else "error", status_code=status, response=recorded, meta=meta))
     headers = {k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}
     call.observe(status)
     media = up_headers.get("Content-Type", "application/json")
     return Response(content=content, status_code=status, headers=headers, media_type=media)
+
+
+async def _invalid_answer(call: _Call, status: int, up_headers: Any, content: bytes, recorded: Any) -> Response:
+    """Answer 502 for a 2xx upstream body that is not a chat completion; record it as an error."""
+    ctype = up_headers.get("Content-Type") or "no content type"
+    head = content[:200].decode("utf-8", "replace")
+    err = error_body(502, f"upstream {call.route_key} answered HTTP {status} with a body that is not a JSON chat "
+                          f"completion ({ctype}, {len(content)} bytes): {head!r}", code="upstream_invalid_response")
+    await _record(call, call.step(status="error", status_code=502, response=recorded,
+                                  meta={"error": err["error"], "upstream_status": status}))
+    call.observe(502)
+    return JSONResponse(err, status_code=502)
 
 
 def _error_text(parsed: Any, content: bytes) -> str:
@@ -329,14 +479,17 @@ class _StreamRelay:
     async def finish(self) -> None:
         """Release the upstream connection and the route slot; when no final step was recorded
         (the client left, the body never ran or was cancelled), record the partial one."""
-        if not self.recorded:
-            self.recorded = True
-            self.resp.close()
-            call = self.call
-            call.submit(call.step(status="client_disconnected", status_code=self.resp.status,
-                                  response=self.asm.result(), meta={"chunks": self.asm.chunk_count}))
-            call.observe(499)
-        await self.stack.aclose()
+        call = self.call
+        try:
+            if not self.recorded:
+                self.recorded = True
+                self.resp.close()
+                call.submit(call.step(status="client_disconnected", status_code=self.resp.status,
+                                      response=self.asm.result(), meta={"chunks": self.asm.chunk_count}))
+                call.observe(499)
+            await self.stack.aclose()
+        finally:
+            call.release()  # normally done when the step was queued: then a no-op
 
     async def events(self) -> AsyncIterator[bytes]:
         """The SSE bytes for the client (see the class docstring)."""

@@ -1,17 +1,25 @@
-"""Session state and the per-session step budget.
+"""Session state, the per-session step budget, and the calls in flight per session.
 
 The gateway is the single owner of ``gateway_sessions`` rows: it keeps each touched session in
 memory (loaded from the store on first use, so a restart keeps step ids and budgets) and reserves
 a step under a per-session lock *before* calling upstream, so N parallel calls to a session with
 budget B make at most B upstream calls.
+
+Every reserved step is *in flight* from :meth:`SessionManager.reserve` until its step row is
+queued for the telemetry writer (:meth:`SessionManager.release`); :meth:`SessionManager.close`
+waits for a session to have no call in flight, so that a trajectory read after the close answer
+holds every step of the session (see :meth:`SessionManager.close` for the bounded wait).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from store import GatewaySession, Store, utcnow
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +41,8 @@ def _snapshot(st: GatewaySession) -> GatewaySession:
 
 
 class SessionClosed(Exception):
-    """The session was closed with ``POST /v1/sessions/{sid}/close``."""
+    """The session was closed with ``POST /v1/sessions/{sid}/close`` (or is being closed: a close
+    is waiting for the session's calls in flight)."""
 
 
 class SessionManager:
@@ -45,6 +54,14 @@ class SessionManager:
         self._default_max_steps = default_max_steps
         self._states: dict[str, GatewaySession] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # sid -> seqs of the reserved steps not yet queued for the writer (calls in flight)
+        self._in_flight: dict[str, set[int]] = {}
+        # sid -> set when the session's last call in flight is released (waited on by close)
+        self._idle: dict[str, asyncio.Event] = {}
+        # sid -> seqs that were still in flight when the session was closed (late steps)
+        self._after_close: dict[str, set[int]] = {}
+        # sid -> number of close requests waiting for the session's calls in flight
+        self._closing: dict[str, int] = {}
 
     def _lock(self, sid: str) -> asyncio.Lock:
         lock = self._locks.get(sid)
@@ -93,9 +110,14 @@ class SessionManager:
 
         Returns ``(slot, snapshot)``; ``slot`` is None when the budget is used up, in which case the
         session is marked ``truncated``. ``snapshot`` is a copy of the state to persist.
-        Raises SessionClosed for a closed session.
+        Raises SessionClosed for a closed session, and for one being closed.
+
+        A returned slot is *in flight* until :meth:`release` is called with it; the caller must
+        call it on every path (it is idempotent).
         """
         async with self._lock(sid):
+            if self._closing.get(sid):
+                raise SessionClosed(sid)
             st = await self._state(sid)
             if st.status == "closed":
                 raise SessionClosed(sid)
@@ -109,24 +131,100 @@ class SessionManager:
             st.total_steps += 1
             st.updated_at = utcnow()
             slot = StepSlot(sid, st.total_steps, counts[model], st.job_id, st.env_name, st.group_id)
+            self._in_flight.setdefault(sid, set()).add(slot.seq)
             return slot, _snapshot(st)
 
-    async def close(self, sid: str, reason: str | None, completion_mode: str | None) -> tuple[GatewaySession, bool]:
-        """Mark a session closed (idempotent; the first reason is kept). Returns a snapshot and
-        whether the session had been truncated by its step budget. The closed state stays in
-        memory (so calls still in flight persist ``closed``, and a new call is refused) until
-        :meth:`forget` is called once the snapshot is stored."""
-        async with self._lock(sid):
-            st = await self._state(sid)
-            truncated = st.status == "truncated" or st.completion_mode == "truncated"
-            if st.status != "closed":
-                if truncated:
-                    completion_mode = "truncated"
-                st.status = "closed"
-                st.close_reason = reason
-                st.completion_mode = completion_mode
-                st.closed_at = st.updated_at = utcnow()
-            snap = _snapshot(st)
+    def release(self, slot: StepSlot) -> None:
+        """End the in-flight mark of a reserved step: its step row has been queued for the
+        telemetry writer, or the call ended without a row (a bug, a server shutdown).
+        Idempotent: a second call for the same slot does nothing. Wakes a close waiting for the
+        session once its last call in flight is released."""
+        seqs = self._in_flight.get(slot.session_id)
+        if seqs is None or slot.seq not in seqs:
+            return
+        seqs.discard(slot.seq)
+        late = self._after_close.get(slot.session_id)
+        if late is not None:
+            late.discard(slot.seq)
+            if not late:
+                del self._after_close[slot.session_id]
+        if not seqs:
+            del self._in_flight[slot.session_id]
+            idle = self._idle.pop(slot.session_id, None)
+            if idle is not None:
+                idle.set()
+
+    def in_flight(self, sid: str) -> int:
+        """The number of reserved steps of ``sid`` not yet released."""
+        return len(self._in_flight.get(sid, ()))
+
+    def is_after_close(self, slot: StepSlot) -> bool:
+        """True when the session was closed while this reserved step was still in flight (its
+        close gave up waiting after ``close_grace_s``): the step lands after the close answer."""
+        return slot.seq in self._after_close.get(slot.session_id, ())
+
+    async def _drain(self, sid: str, grace_s: float) -> bool:
+        """Wait until ``sid`` has no call in flight, at most ``grace_s`` seconds. Returns whether
+        it has none."""
+        if not self._in_flight.get(sid):
+            return True
+        if grace_s <= 0:
+            return False
+        idle = self._idle.get(sid)
+        if idle is None:
+            idle = self._idle[sid] = asyncio.Event()
+        try:
+            async with asyncio.timeout(grace_s):
+                await idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self, sid: str, reason: str | None, completion_mode: str | None,
+                    grace_s: float = 0.0) -> tuple[GatewaySession, bool]:
+        """Close a session (idempotent; the first reason is kept). Returns a snapshot of the
+        closed state and whether the session had been truncated by its step budget.
+
+        Order: from the moment this is called, the session takes no new call (``reserve`` raises
+        SessionClosed); then it waits until the session has no call in flight, at most
+        ``grace_s`` seconds (the config's ``close_grace_s``); only then is it marked closed. A
+        call in flight is released once its step row is queued for the telemetry writer, and the
+        writer commits in queue order, so when the caller has stored the returned snapshot
+        (strict telemetry: waited for its commit), every step of the session is committed too.
+
+        Calls still in flight when the grace runs out do not hold the close: the session is
+        closed anyway (a warning is logged) and those calls' steps, recorded later, carry
+        ``meta_json.after_close = true`` and ``is_trainable = false`` (see :meth:`is_after_close`),
+        so a trainer never takes a step that landed after the graded last step.
+
+        The closed state stays in memory (so calls still in flight persist ``closed``, and a new
+        call is refused) until :meth:`forget` is called once the snapshot is stored."""
+        self._closing[sid] = self._closing.get(sid, 0) + 1
+        try:
+            await self._drain(sid, grace_s)
+            async with self._lock(sid):
+                st = await self._state(sid)
+                truncated = st.status == "truncated" or st.completion_mode == "truncated"
+                if st.status != "closed":
+                    if truncated:
+                        completion_mode = "truncated"
+                    st.status = "closed"
+                    st.close_reason = reason
+                    st.completion_mode = completion_mode
+                    st.closed_at = st.updated_at = utcnow()
+                late = self._in_flight.get(sid)
+                if late:
+                    self._after_close.setdefault(sid, set()).update(late)
+                    log.warning("session %s closed with %d call(s) still in flight after %.1f s; their steps "
+                                "will be recorded with after_close=true, is_trainable=false", sid, len(late),
+                                grace_s)
+                snap = _snapshot(st)
+        finally:
+            n = self._closing[sid] - 1
+            if n:
+                self._closing[sid] = n
+            else:
+                del self._closing[sid]
         return snap, truncated
 
     def forget(self, sid: str) -> None:

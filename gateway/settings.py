@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -95,7 +95,11 @@ class GatewaySettings(_Strict):
     """The whole gateway config. ``max_steps`` is the default per-session budget of model calls
     (-1 = unlimited); a launcher-created session may carry its own budget. ``max_request_bytes``
     caps a request body (default 64 MiB: long histories with base64 images fit); a larger body
-    is answered 413 in OpenAI's error shape, never a 500."""
+    is answered 413 in OpenAI's error shape, never a 500. ``default_route``, when set, must be a
+    key of ``llm_routes`` (checked at load: the error names it and the known routes).
+    ``close_grace_s`` (seconds, default 30) bounds how long ``POST .../close`` waits for the
+    session's calls in flight to be recorded before it closes the session anyway (see
+    :meth:`gateway.sessions.SessionManager.close`)."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 8000
@@ -109,12 +113,21 @@ class GatewaySettings(_Strict):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     request_log: RequestLogSettings = Field(default_factory=RequestLogSettings)
     log_level: str = "info"
+    close_grace_s: float = Field(default=30.0, ge=0)
 
     @field_validator("base_session_path")
     @classmethod
     def _path(cls, v: str) -> str:
         v = "/" + v.strip("/")
         return v
+
+    @model_validator(mode="after")
+    def _default_route_exists(self) -> GatewaySettings:
+        if self.default_route is not None and self.default_route not in self.llm_routes:
+            known = ", ".join(sorted(self.llm_routes)) or "none"
+            raise ValueError(f"default_route {self.default_route!r} is not a route of llm_routes "
+                             f"(known routes: {known})")
+        return self
 
     def route_for_default(self) -> str | None:
         """The route key used when a caller names no model: ``default_route`` or the first route."""

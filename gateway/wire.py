@@ -1,31 +1,77 @@
 """The request bodies the gateway reads, validated at the boundary with pydantic.
 
-Only the fields the gateway needs are typed; every other field (``tools``, ``logprobs``, vendor
-extras) is kept (``extra="allow"``) and forwarded untouched. The forwarded body is the client's
-JSON, never a re-serialisation of these models.
+The standard fields whose wrong type would only come back from the upstream as an opaque 500 are
+typed (see :class:`ChatCompletionRequest`); every other field (``logprobs``, ``response_format``,
+vLLM/SGLang extras such as ``top_k`` or ``chat_template_kwargs``) is kept (``extra="allow"``) and
+forwarded untouched. The forwarded body is the client's JSON bytes, never a re-serialisation of
+these models.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
 
+# JSON numbers only (an int is a number; a bool or a numeric string is not).
+_Temperature = Annotated[float, Field(strict=True, ge=0, le=2)]
+_TopP = Annotated[float, Field(strict=True, ge=0, le=1)]
+_PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 
-class ChatCompletionRequest(BaseModel):
-    """``POST .../chat/completions`` body: ``model`` (a route key), ``messages`` (list of message
-    objects), optional ``stream`` and ``stream_options``."""
+
+class ChatMessage(BaseModel):
+    """One entry of ``messages``: an object with a string ``role``. Any role is accepted (vendors
+    add their own, e.g. ``developer``, ``ipython``) and every other key is kept as sent."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
-    messages: list[dict[str, Any]]
-    stream: bool | None = False
+    role: StrictStr
+
+
+class ChatCompletionRequest(BaseModel):
+    """``POST .../chat/completions`` body (OpenAI API reference, "Create chat completion").
+
+    Checked: ``model`` a string (a route key); ``messages`` a non-empty list of objects, each with
+    a string ``role``; ``temperature`` a number in [0, 2]; ``top_p`` a number in [0, 1];
+    ``max_tokens``, ``max_completion_tokens`` and ``n`` integers >= 1; ``stream`` a boolean;
+    ``stream_options`` an object; ``tools`` a list of objects; ``stop`` a string or a list of
+    strings. Each optional field may also be null or absent. Everything else passes unchecked."""
+
+    model_config = ConfigDict(extra="allow")
+
+    # Field order is the order errors are reported in (the first one names ``param``): the
+    # fields that decide how the gateway routes and answers come first.
+    model: StrictStr
+    stream: StrictBool | None = False
     stream_options: dict[str, Any] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    temperature: _Temperature | None = None
+    top_p: _TopP | None = None
+    max_tokens: _PositiveInt | None = None
+    max_completion_tokens: _PositiveInt | None = None
+    n: _PositiveInt | None = None
+    tools: list[dict[str, Any]] | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+
+
+# What each checked field must be, for the 400 message.
+_EXPECTED = {
+    "model": "a string (a route key)",
+    "messages": "a non-empty list of message objects, each with a string `role`",
+    "stream": "a boolean",
+    "stream_options": "an object",
+    "temperature": "a number between 0 and 2",
+    "top_p": "a number between 0 and 1",
+    "max_tokens": "an integer >= 1",
+    "max_completion_tokens": "an integer >= 1",
+    "n": "an integer >= 1",
+    "tools": "a list of objects",
+    "stop": "a string or a list of strings",
+}
 
 
 class CloseSessionRequest(BaseModel):
@@ -73,10 +119,28 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 
 
 def validate_chat(body: dict[str, Any]) -> ChatCompletionRequest:
-    """Validate the fields the gateway reads. Raises GatewayError(400) naming the bad field."""
+    """Validate a chat completion body (see :class:`ChatCompletionRequest`). Raises
+    GatewayError(400, OpenAI's shape) whose ``param`` is the top-level field at fault (e.g.
+    ``messages`` for ``messages[2].role``) and whose message names the exact place, what was
+    expected and what pydantic found."""
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise GatewayError(400, f"{loc}: {first['msg']}", param=loc) from None
+        errors = e.errors(include_url=False)
+        first = errors[0]
+        loc = first["loc"]
+        field = str(loc[0]) if loc else "body"
+        where = field + "".join(f"[{x}]" for x in loc[1:] if isinstance(x, int))
+        if field == "messages" and len(loc) > 2 and loc[2] == "role":
+            where += ".role"
+        expected = _EXPECTED.get(field)
+        if first["type"] == "missing":
+            msg = f"Missing required parameter '{where}'"
+        else:
+            msg = f"Invalid value for '{where}': {first['msg'].replace('ChatMessage', 'a message object')}"
+        if expected:
+            msg += f" ('{field}' must be {expected})"
+        others = sorted({str(err["loc"][0]) for err in errors if err["loc"]} - {field})
+        if others:
+            msg += f"; also invalid: {', '.join(others)}"
+        raise GatewayError(400, msg, param=field) from None

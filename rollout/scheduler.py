@@ -96,7 +96,7 @@ class Scheduler:
         queue: asyncio.Queue[JobEnvironment] = asyncio.Queue()
         for r in rows:
             queue.put_nowait(r)
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=120)) as http:  # close may wait for calls in flight
             self._http = http
             workers = [asyncio.create_task(self._worker(queue), name=f"worker-{i}")
                        for i in range(min(self.s.pool_size, max(1, len(rows))))]

@@ -230,6 +230,98 @@ async def test_malformed_request_is_400_in_openai_shape(gw: Gateway, upstream: F
     assert await gw.steps("s1") == []
 
 
+GOOD = {"model": "m", "messages": MESSAGES}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": ["hi"]}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": 7, "content": "x"}]}, "messages"),
+        ({"messages": [{"role": None, "content": "x"}]}, "messages"),
+        ({"temperature": "0.7"}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_p": "1"}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "100"}, "max_tokens"),
+        ({"max_tokens": 10.5}, "max_tokens"),
+        ({"max_completion_tokens": -5}, "max_completion_tokens"),
+        ({"max_completion_tokens": [1]}, "max_completion_tokens"),
+        ({"n": 0}, "n"),
+        ({"n": "2"}, "n"),
+        ({"stream": "true"}, "stream"),
+        ({"stream": 1}, "stream"),
+        ({"tools": {"type": "function"}}, "tools"),
+        ({"tools": ["get_weather"]}, "tools"),
+        ({"stop": 5}, "stop"),
+        ({"stop": ["a", 5]}, "stop"),
+        ({"stop": {"a": 1}}, "stop"),
+    ],
+)
+async def test_wrong_types_of_standard_fields_are_400_naming_the_field(gw: Gateway, upstream: FakeUpstream,
+                                                                        extra: dict[str, Any], param: str) -> None:
+    for path in ("/v1/sessions/s1/chat/completions", "/v1/chat/completions"):
+        r = await gw.http().post(path, json={**GOOD, **extra})
+        assert r.status_code == 400, r.text
+        assert_openai_error(r.json(), type_="invalid_request_error", param=param)
+        assert f"'{param}" in r.json()["error"]["message"]
+    assert upstream.requests == []
+    assert await gw.steps("s1") == []
+
+
+async def test_wrong_type_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
+    with pytest.raises(openai.BadRequestError) as ei:
+        await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, max_tokens=0)  # type: ignore[arg-type]
+    assert ei.value.status_code == 400
+    assert ei.value.param == "max_tokens"  # type: ignore[attr-defined]
+    assert upstream.requests == []
+
+
+async def test_valid_fields_unknown_roles_and_vendor_extras_pass_untouched(gw: Gateway, upstream: FakeUpstream) -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "developer", "content": "be brief"}, {"role": "ipython", "content": None},
+                     {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "u1", "x-extra": 1}],
+        "temperature": 0, "top_p": 1, "max_tokens": 1, "max_completion_tokens": 64, "n": 1, "stream": False,
+        "tools": [], "stop": ["\n\n", "END"], "seed": 7,
+        # vLLM / SGLang extras
+        "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "skip_special_tokens": False,
+        "chat_template_kwargs": {"enable_thinking": False}, "guided_json": {"type": "object"},
+        "return_token_ids": True, "separate_reasoning": True,
+    }
+    raw = json.dumps(body, indent=1).encode()
+    r = await gw.http().post("/v1/sessions/s1/chat/completions", content=raw,
+                             headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert upstream.requests[0].body == raw  # the client's bytes, not a re-serialisation
+    for value in (2, 2.0, 0.0, None):
+        r = await gw.http().post("/v1/chat/completions", json={**GOOD, "temperature": value, "stop": "x"})
+        assert r.status_code == 200, r.text
+
+
+async def test_models_list_names_the_route_keys(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    gw = await start_gateway(routes={"qwen": {}, "local": {}, "org/model-7b": {}}, default_route="local")
+    for client in (gw.client(), gw.client("s1")):  # plain /v1 and a session base URL
+        page = await client.models.list()
+        assert [(m.id, m.object, m.created, m.owned_by) for m in page.data] == [
+            ("qwen", "model", 0, "gateway"), ("local", "model", 0, "gateway"), ("org/model-7b", "model", 0, "gateway")]
+        got = await client.models.retrieve("org/model-7b")
+        assert (got.id, got.owned_by) == ("org/model-7b", "gateway")
+        with pytest.raises(openai.NotFoundError) as ei:
+            await client.models.retrieve("nope")
+        assert_openai_error(ei.value.response.json(), type_="not_found_error", code="model_not_found", param="model")
+    r = await gw.http().get("/v1/models")
+    assert r.json() == {"object": "list", "data": [
+        {"id": key, "object": "model", "created": 0, "owned_by": "gateway"} for key in ("qwen", "local", "org/model-7b")]}
+    assert upstream.requests == []  # answered by the gateway, not forwarded
+    assert await gw.steps("s1") == []
+
+
 async def test_unknown_path_and_wrong_method_in_openai_shape(gw: Gateway) -> None:
     http = gw.http()
     r = await http.get("/v1/nope")
@@ -285,6 +377,49 @@ async def test_upstream_html_502_is_relayed_and_recorded_as_error(gw: Gateway, u
     [step] = await gw.steps("s1")
     assert (step.status, step.status_code) == ("error", 502)
     assert step.response == {"raw_body": html.decode(), "content_type": "text/html"}
+
+
+@pytest.mark.parametrize(("body", "content_type"), [
+    (b"<html><body><h1>Welcome to nginx!</h1></body></html>", "text/html"),
+    (b'{"id": "c1", "object": "chat.completion", "choices": [{"index": 0, "mess', "application/json"),
+    (b"[1, 2, 3]", "application/json"),
+    (b'{"error": {"message": "model overloaded"}}', "application/json"),
+    (b"", "application/json"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_upstream_200_that_is_not_a_chat_completion_is_502(gw: Gateway, upstream: FakeUpstream, body: bytes,
+                                                                 content_type: str, stream: bool) -> None:
+    upstream.script(UP_PATH, [Reply.raw(body, content_type=content_type)])
+    with pytest.raises(openai.InternalServerError) as ei:  # not a crash inside the SDK
+        res = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=stream)  # type: ignore[call-overload]
+        if stream:
+            async for _ in res:
+                pass
+    assert ei.value.status_code == 502
+    err = ei.value.response.json()
+    assert_openai_error(err, type_="api_error", code="upstream_invalid_response")
+    message = err["error"]["message"]
+    assert content_type in message and "200" in message
+    assert body[:20].decode() in message
+    [step] = await gw.steps("s1")
+    assert (step.status, step.status_code, step.is_stream) == ("error", 502, stream)
+    parsed = None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        pass
+    assert step.response == (parsed if parsed is not None else {"raw_body": body.decode(), "content_type": content_type})
+    assert step.meta_json["upstream_status"] == 200
+    assert step.meta_json["error"] == err["error"]
+
+
+async def test_upstream_error_status_with_a_text_body_is_still_relayed(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.raw(b"model not loaded", status=404, content_type="text/plain")])
+    r = await gw.http().post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert (r.status_code, r.content) == (404, b"model not loaded")
+    [step] = await gw.steps("s1")
+    assert (step.status, step.status_code) == ("error", 404)
+    assert step.response == {"raw_body": "model not loaded", "content_type": "text/plain"}
 
 
 async def test_upstream_unreachable_is_502_and_recorded(start_gateway: StartGateway) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 
+import openai
 import pytest
 
 from store import JobEnvironment, Store
-from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion
+from tests.fake_upstream import DEFAULT_TEXT, DONE, FakeUpstream, Reply, chat_chunk, chat_completion
 from tests.gateway.conftest import MESSAGES, Gateway, sse_json
 
 StartGateway = Callable[..., Awaitable[Gateway]]
@@ -189,3 +191,137 @@ async def test_close_while_a_call_is_in_flight_stays_closed(gw: Gateway, upstrea
     assert (row["status"], row["close_reason"]) == ("closed", "timeout")  # not reopened by the late step
     r = await gw.http().get("/v1/sessions/s1")
     assert r.json()["status"] == "closed"
+
+
+# ------------------------------------------------------------------ close with calls in flight
+async def test_close_answers_only_once_the_call_in_flight_is_committed(gw: Gateway, upstream: FakeUpstream) -> None:
+    """The launcher closes a session, then reads the trajectory and grades its last step: a call
+    in flight at close time must be committed before the close answers, never after."""
+    upstream.script(UP_PATH, [Reply.json(chat_completion("last words"), delay_headers_s=1.0)])
+    call = asyncio.ensure_future(gw.client("s1").chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+    await upstream.wait_for_requests(1)
+    t0 = time.monotonic()
+    closing = asyncio.ensure_future(gw.http().post("/v1/sessions/s1/close", json={"reason": "killed"}))
+    await asyncio.sleep(0.2)
+    assert not closing.done()  # waiting for the call in flight
+    # the session takes no new call meanwhile
+    r = await gw.http().post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "session_closed")
+    r = await closing
+    assert time.monotonic() - t0 > 0.6
+    # at the moment close answers, the step is committed (read with a separate connection)
+    rows = gw.sql("SELECT status, is_trainable, meta_json FROM session_steps WHERE session_id='s1'")
+    assert [(row["status"], row["is_trainable"]) for row in rows] == [("ok", 1)]
+    assert "after_close" not in json.loads(rows[0]["meta_json"])
+    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "truncated": False,
+                        "close_reason": "killed", "completion_mode": None}
+    assert (await call).choices[0].message.content == "last words"
+    assert session_row(gw, "s1")["status"] == "closed"
+    assert len(upstream.requests) == 1
+
+
+async def test_close_waits_for_a_stream_in_flight(gw: Gateway, upstream: FakeUpstream) -> None:
+    chunks = [chat_chunk(f"w{i}", role="assistant" if i == 0 else None) for i in range(6)]
+    upstream.script(UP_PATH, [Reply.sse([*chunks, chat_chunk(finish_reason="stop"), DONE], delay_s=0.15)])
+    stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    first = await stream.__anext__()
+    assert first.choices[0].delta.content == "w0"
+
+    async def rest() -> str:
+        return "".join([(c.choices[0].delta.content or "") if c.choices else "" async for c in stream])
+
+    reader = asyncio.ensure_future(rest())
+    closing = asyncio.ensure_future(gw.http().post("/v1/sessions/s1/close", json={"reason": "done"}))
+    await asyncio.sleep(0.3)
+    assert not closing.done()  # the stream is still running
+    r = await closing
+    assert r.json()["status"] == "closed"
+    [row] = gw.sql("SELECT status, is_stream, is_trainable FROM session_steps WHERE session_id='s1'")
+    assert (row["status"], row["is_stream"], row["is_trainable"]) == ("ok", 1, 1)
+    assert "w0" + await reader == "w0w1w2w3w4w5"
+
+
+async def test_close_returns_quickly_when_the_client_in_flight_leaves(gw: Gateway, upstream: FakeUpstream) -> None:
+    """The launcher killed the runtime (its client timed out here), then closes: the close does
+    not wait for the upstream's answer (30 s) nor for the grace (30 s by default)."""
+    upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
+    t0 = time.monotonic()
+    call = asyncio.ensure_future(gw.client("s1", timeout=0.5).chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+    await upstream.wait_for_requests(1)
+    r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "timeout"})
+    assert time.monotonic() - t0 < 2.0
+    assert r.json()["status"] == "closed"
+    [row] = gw.sql("SELECT status, is_trainable FROM session_steps WHERE session_id='s1'")
+    assert (row["status"], row["is_trainable"]) == ("client_disconnected", 1)
+    with pytest.raises(openai.APITimeoutError):
+        await call
+    await upstream.wait_for_disconnect(1, timeout=1.0)
+
+
+async def test_call_outliving_the_close_grace_is_recorded_after_close_untrainable(start_gateway: StartGateway,
+                                                                                   upstream: FakeUpstream) -> None:
+    gw = await start_gateway(close_grace_s=0.3)
+    upstream.script(UP_PATH, [Reply.json(chat_completion("too late"), delay_headers_s=1.2)])
+    call = asyncio.ensure_future(gw.client("s1").chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+    await upstream.wait_for_requests(1)
+    t0 = time.monotonic()
+    r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "timeout"})
+    assert 0.25 < time.monotonic() - t0 < 1.0  # the grace, not the call
+    assert r.json()["status"] == "closed"
+    assert gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"] == 0
+    out = await call  # the client still gets its answer ...
+    assert out.choices[0].message.content == "too late"
+    [step] = await gw.steps("s1")  # ... and the step is kept, marked as landed after the close
+    assert (step.status, step.is_trainable, step.meta_json["after_close"]) == ("ok", False, True)
+    row = session_row(gw, "s1")
+    assert (row["status"], row["close_reason"]) == ("closed", "timeout")
+    assert gw.app_state.sessions.in_flight("s1") == 0
+    assert not gw.app_state.sessions._after_close  # bookkeeping dropped once the call is recorded
+
+
+async def _fails_once(gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch, path: str) -> int:
+    """Set up one failure path for the next call; returns the HTTP status the client gets."""
+    if path == "upstream-error":
+        upstream.script(UP_PATH, [Reply.json({"error": {"message": "boom"}}, status=500)])
+        return 500
+    if path == "upstream-timeout":
+        upstream.script(UP_PATH, [Reply(never_respond=True)])
+        return 504
+    if path == "invalid-answer":
+        upstream.script(UP_PATH, [Reply.raw(b"<html>oops</html>", content_type="text/html")])
+        return 502
+    if path == "telemetry-failure":
+        real = gw.app_state.store.write_batch
+
+        async def broken(steps: object, sessions: object) -> None:
+            monkeypatch.setattr(gw.app_state.store, "write_batch", real)
+            raise OSError("disk full")
+
+        monkeypatch.setattr(gw.app_state.store, "write_batch", broken)
+        return 500
+    if path == "gateway-bug":
+        import gateway.chat
+
+        def bug(*_a: object, **_k: object) -> None:
+            raise KeyError("bug")
+
+        monkeypatch.setattr(gateway.chat, "_completion", bug)
+        return 500
+    return 200
+
+
+@pytest.mark.parametrize("path", ["ok", "upstream-error", "upstream-timeout", "invalid-answer", "telemetry-failure",
+                                  "gateway-bug", "synthesized-stream", "stream", "synthetic-stop"])
+async def test_every_call_path_ends_its_in_flight_mark(start_gateway: StartGateway, upstream: FakeUpstream,
+                                                      monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    routes = {"m": {"read_timeout_s": 0.3, "supports_stream": path != "synthesized-stream"}}
+    gw = await start_gateway(max_steps=0 if path == "synthetic-stop" else -1, routes=routes)
+    status = await _fails_once(gw, upstream, monkeypatch, path)
+    stream = path in ("synthesized-stream", "stream", "synthetic-stop")
+    r = await gw.http().post("/v1/sessions/s1/chat/completions",
+                             json={"model": "m", "messages": MESSAGES, "stream": stream})
+    assert r.status_code == status, r.text
+    assert gw.app_state.sessions.in_flight("s1") == 0
+    t0 = time.monotonic()
+    r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "done"})
+    assert r.status_code == 200 and time.monotonic() - t0 < 1.0

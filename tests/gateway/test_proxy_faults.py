@@ -133,6 +133,63 @@ async def test_f11_disconnect_before_upstream_headers_releases_the_route(start_g
     assert gw.app_state.upstream.in_flight["m"] == 0
 
 
+# F11 without a stream: the client gives up while the gateway waits for the upstream's answer
+# (openai SDK timeout, or the launcher killing the runtime). Cases: no headers yet; headers sent
+# but the body stalls; a stream asked from a route that cannot stream (the gateway waits for a
+# whole answer); a stream whose upstream has not sent its headers yet.
+SLOW_ANSWERS = {
+    "no-headers": (False, {}, lambda: Reply.json(chat_completion("late"), delay_headers_s=30), None, "first-byte"),
+    "body-stalls": (False, {}, lambda: Reply.json(chat_completion("late"), delay_s=30), 200, "body"),
+    "synthesized-stream": (True, {"supports_stream": False},
+                           lambda: Reply.json(chat_completion("late"), delay_headers_s=30), None, "first-byte"),
+    "stream-no-headers": (True, {}, lambda: Reply.sse([chat_chunk("late", role="assistant", finish_reason="stop"),
+                                                       DONE], delay_headers_s=30), None, "first-byte"),
+}
+
+
+@pytest.mark.parametrize("case", list(SLOW_ANSWERS))
+async def test_f11_client_leaving_before_the_answer_cancels_the_upstream_call(
+        start_gateway: StartGateway, upstream: FakeUpstream, case: str) -> None:
+    stream, route, slow, status_code, phase = SLOW_ANSWERS[case]
+    gw = await start_gateway(max_steps=1, routes={"m": {"max_concurrency": 1, **route}})
+    upstream.script(UP_PATH, [slow()])
+    impatient = gw.client("s1", timeout=1.0)
+    with pytest.raises(openai.APITimeoutError):
+        res = await impatient.chat.completions.create(model="m", messages=MESSAGES, stream=stream)  # type: ignore[call-overload]
+        if stream:
+            async for _ in res:
+                pass
+    # the gateway hangs up on the upstream at once (not when the upstream answers, 30 s later)
+    await upstream.wait_for_disconnect(1, timeout=1.0)
+    assert upstream.requests[0].disconnected
+    [step] = await gw.wait_steps("s1", 1, timeout=1.0)
+    assert (step.status, step.status_code, step.is_stream) == ("client_disconnected", status_code, stream)
+    assert step.meta_json["phase"] == phase
+    assert step.response["error"]["code"] == "client_disconnected"
+    assert step.is_trainable is True and "after_close" not in step.meta_json
+    assert 900 < (step.latency_ms or 0) < 3000
+    # the route's only slot is free again: the next call is served at once
+    async with asyncio.timeout(2):
+        out = await gw.client("s2").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert out.choices[0].message.content == DEFAULT_TEXT
+    assert gw.app_state.upstream.in_flight["m"] == 0
+    # the model was called: the step counts against the budget (max_steps 1)
+    raw = await gw.client("s1").chat.completions.with_raw_response.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert raw.headers["x-gateway-stop-reason"] == "max_steps"
+    assert len(upstream.requests) == 2
+    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="499") == 1
+    assert gw.app_state.sessions.in_flight("s1") == 0
+
+
+async def test_f11_passthrough_client_leaving_cancels_the_upstream_call(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
+    with pytest.raises(openai.APITimeoutError):
+        await gw.client(timeout=0.5).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    await upstream.wait_for_disconnect(1, timeout=1.0)
+    await eventually(lambda: gw.app_state.upstream.in_flight["m"] == 0)
+    assert gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"] == 0
+
+
 # ----------------------------------------------------------------------------------------- F12
 @pytest.mark.parametrize("stream", [False, True])
 async def test_f12_no_headers_within_read_timeout_is_504_timeout(start_gateway: StartGateway,

@@ -1,0 +1,61 @@
+"""Noticing a client that leaves while the gateway waits for the upstream (before any response).
+
+A non-streaming call (and a streaming one until the upstream's headers arrive) sends the client
+nothing while the upstream works. Starlette does not cancel an endpoint when its client goes, so
+without a watch the gateway would wait for the upstream's whole answer, holding the route's
+concurrency slot and the upstream, and then record an ``ok`` step nobody received.
+
+Once the request body has been read, the next ASGI ``receive()`` returns only when the client
+disconnects (``{"type": "http.disconnect"}``; ASGI HTTP spec, "Disconnect - receive event").
+:func:`unless_client_leaves` races the upstream work against that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from starlette.types import Receive
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before the work it was waiting for finished (the work was
+    cancelled)."""
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return when ``receive()`` reports ``http.disconnect``. Call only after the request body
+    was read (other messages are skipped)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_client_leaves(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` while watching ``receive`` for the client's disconnect.
+
+    Returns ``work``'s result or raises its exception. When the client leaves first, ``work`` is
+    cancelled and awaited until it has unwound, then :class:`ClientGone` is raised (unless
+    ``work`` finished anyway: its result wins). When the calling task is cancelled, ``work`` is
+    cancelled and awaited too. Should ``receive()`` itself fail, the watch stops and ``work``
+    runs to its end."""
+    job = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({job, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not job.done():
+            if watch.exception() is None:  # the client left
+                job.cancel()
+            await asyncio.wait({job})
+            if job.cancelled():
+                raise ClientGone
+        return job.result()
+    finally:
+        watch.cancel()
+        if not job.done():  # this task was cancelled: stop the work and let it unwind
+            job.cancel()
+            await asyncio.wait({job})
