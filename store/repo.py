@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, text, update
+from sqlalchemy import delete, func, insert, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -23,6 +23,14 @@ from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
 from store.models import GatewaySession, JobEnvironment, SessionStep, utcnow
 
 log = logging.getLogger(__name__)
+
+_STEP_COLUMNS = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]
+_SESSION_COLUMNS = tuple(c.name for c in GatewaySession.__table__.columns)  # type: ignore[attr-defined]
+
+
+def _columns(obj: SQLModel, names: tuple[str, ...]) -> dict[str, Any]:
+    """The column values of a table object, as a plain dict (cheaper than ``model_dump``)."""
+    return {n: getattr(obj, n) for n in names}
 
 
 class Store:
@@ -40,6 +48,7 @@ class Store:
         self._write = async_sessionmaker(self.writer, expire_on_commit=False, class_=AsyncSession)
         self._read = async_sessionmaker(self.reader, expire_on_commit=False, class_=AsyncSession)
         self._write_lock = asyncio.Lock()
+        self._upsert_stmt: Any = None
 
     @property
     def kind(self) -> str:
@@ -106,12 +115,19 @@ class Store:
     async def write_batch(
         self, steps: Sequence[SessionStep], sessions: Iterable[GatewaySession]
     ) -> None:
-        """Insert step rows and upsert gateway session rows in ONE transaction (group commit)."""
-        rows = [gs.model_dump() for gs in sessions]
-        async with self._write_lock, self._write() as s, s.begin():
-            for row in rows:
-                await s.execute(self._upsert(GatewaySession, row, "session_id"))
-            s.add_all(list(steps))
+        """Insert step rows and upsert gateway session rows in ONE transaction (group commit).
+
+        Sessions are upserted once each (the last snapshot of a session in the batch wins: callers
+        queue snapshots in order); both statements run as one prepared ``executemany``."""
+        latest: dict[str, dict[str, Any]] = {}
+        for gs in sessions:
+            latest[gs.session_id] = _columns(gs, _SESSION_COLUMNS)
+        step_rows = [_columns(st, _STEP_COLUMNS) for st in steps]
+        async with self._write_lock, self.writer.begin() as conn:
+            if latest:
+                await conn.execute(self._session_upsert(), list(latest.values()))
+            if step_rows:
+                await conn.execute(insert(SessionStep.__table__), step_rows)  # type: ignore[attr-defined]
 
     async def count_active_sessions(self) -> int:
         """The number of gateway sessions not closed (logged at gateway start)."""
@@ -121,12 +137,16 @@ class Store:
             )
             return int(res.scalar_one())
 
-    def _upsert(self, table: type[SQLModel], row: dict[str, Any], key: str) -> Any:
-        """INSERT ... ON CONFLICT (key) DO UPDATE for SQLite and PostgreSQL."""
-        insert = sqlite_insert if self.kind == "sqlite" else pg_insert
-        stmt = insert(table).values(**row)
-        return stmt.on_conflict_do_update(index_elements=[key],
-                                          set_={k: v for k, v in row.items() if k not in (key, "created_at")})
+    def _session_upsert(self) -> Any:
+        """``INSERT INTO gateway_sessions ... ON CONFLICT (session_id) DO UPDATE`` (every column but
+        the key and ``created_at``), for executemany; built once per store."""
+        if self._upsert_stmt is None:
+            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert
+            stmt = dialect_insert(GatewaySession.__table__)  # type: ignore[attr-defined]
+            self._upsert_stmt = stmt.on_conflict_do_update(
+                index_elements=["session_id"],
+                set_={c: stmt.excluded[c] for c in _SESSION_COLUMNS if c not in ("session_id", "created_at")})
+        return self._upsert_stmt
 
     # ------------------------------------------------------------------ launcher side
     async def add_job_sessions(self, rows: Sequence[JobEnvironment]) -> int:

@@ -1,0 +1,214 @@
+"""What one recorded step costs in the store, and what two cheaper ways of writing the same rows cost.
+
+    python benchmarks/store_write_bench.py [--steps 2000]
+
+The gateway's telemetry writer calls ``Store.write_batch(steps, sessions)`` with one
+``SessionStep`` and one ``GatewaySession`` snapshot per call, batching what queued up meanwhile
+(group commit). This script writes the same kind of rows (a small chat exchange) into a fresh SQLite
+file, in batches of 1 (what concurrency 1 gives) and 64, three ways:
+
+- ``Store.write_batch``: the store as it is (ORM ``add_all`` for the steps, one ``INSERT .. ON
+  CONFLICT`` statement built and executed per session row);
+- ``core executemany``: the same async engine, one Core ``INSERT`` executemany for the steps and
+  one prepared upsert executemany for the session rows, deduplicated per session (the last
+  snapshot of a session in a batch wins, as the writer commits in queue order);
+- ``sqlite3, 1 hop``: plain ``sqlite3`` in a worker thread, one thread hop per batch (``BEGIN
+  IMMEDIATE``, two executemany, ``COMMIT``), rows as tuples, JSON serialised with the store's
+  ``json_dumps``.
+
+It prints wall and CPU microseconds per step, plus the cost of building the row objects
+(``SessionStep(...)`` and the session snapshot ``GatewaySession(**st.model_dump())``). Loops are
+bounded by ``--steps``. Only the ``store`` package is imported (never ``gateway``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from store import GatewaySession, SessionStep, Store, json_dumps
+
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+            {"role": "user", "content": "What is the capital of France? Reply in one short sentence, please."}]
+RESPONSE = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": "fake-fast",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris is the capital of France."},
+                         "logprobs": None, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}}
+N_SESSIONS = 64
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Rows:
+    """Makes step and session rows with unique (session, model, step_id)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def step_kwargs(self) -> dict[str, Any]:
+        self.n += 1
+        return dict(session_id=f"bench-{self.n % N_SESSIONS:03d}", seq=self.n, step_id=self.n, llm_model="bench",
+                    endpoint="chat.completions", is_stream=False, status="ok", status_code=200, messages=MESSAGES,
+                    request={"model": "bench", "messages": MESSAGES, "temperature": 0.7}, response=RESPONSE,
+                    finish_reason="stop", prompt_tokens=12, completion_tokens=9, total_tokens=21,
+                    latency_ms=1.0, meta_json={"route": "bench"})
+
+    def step(self) -> SessionStep:
+        return SessionStep(**self.step_kwargs())
+
+    def step_dict(self) -> dict[str, Any]:
+        """A full row for Core inserts: the model's defaults filled in (record_id, created_at...)."""
+        return SessionStep(**self.step_kwargs()).model_dump()
+
+    def session(self, i: int) -> GatewaySession:
+        return GatewaySession(session_id=f"bench-{i % N_SESSIONS:03d}", max_steps=-1, step_counts={"bench": i},
+                              total_steps=i)
+
+
+def _report(name: str, batch: int, steps: int, wall: float, cpu: float) -> None:
+    print(f"  {name:<22} batch {batch:>3}: {wall / steps * 1e6:8.1f} us wall/step  {cpu / steps * 1e6:8.1f} us "
+          f"CPU/step  ({wall / (steps / batch) * 1e3:6.2f} ms per commit)", flush=True)
+
+
+async def bench_store(store: Store, rows: Rows, batch: int, steps: int) -> None:
+    data = [([rows.step() for _ in range(batch)], [rows.session(rows.n + j) for j in range(batch)])
+            for _ in range(steps // batch)]
+    t0, c0 = time.perf_counter(), _cpu()
+    for s, g in data:
+        await store.write_batch(s, g)
+    _report("Store.write_batch", batch, steps, time.perf_counter() - t0, _cpu() - c0)
+
+
+async def bench_core(store: Store, rows: Rows, batch: int, steps: int) -> None:
+    steps_t = SessionStep.__table__  # type: ignore[attr-defined]
+    sess_t = GatewaySession.__table__  # type: ignore[attr-defined]
+    ins = insert(steps_t)
+    up = sqlite_insert(sess_t)
+    up = up.on_conflict_do_update(index_elements=["session_id"], set_={
+        c.name: up.excluded[c.name] for c in sess_t.columns if c.name not in ("session_id", "created_at")})
+    data = [([rows.step_dict() for _ in range(batch)], [rows.session(rows.n + j).model_dump() for j in range(batch)])
+            for _ in range(steps // batch)]
+    t0, c0 = time.perf_counter(), _cpu()
+    for s, g in data:
+        last = list({r["session_id"]: r for r in g}.values())
+        async with store.writer.begin() as conn:
+            await conn.execute(ins, s)
+            await conn.execute(up, last)
+    _report("core executemany", batch, steps, time.perf_counter() - t0, _cpu() - c0)
+
+
+def _converter(table: Any) -> tuple[list[str], Callable[[dict[str, Any]], tuple[Any, ...]]]:
+    cols = [c.name for c in table.columns]
+    json_cols = {c.name for c in table.columns if isinstance(c.type, JSON)}
+    dt_cols = {c.name for c in table.columns if isinstance(c.type, DateTime)}
+
+    def conv(row: dict[str, Any]) -> tuple[Any, ...]:
+        out = []
+        for c in cols:
+            v = row.get(c)
+            if v is not None and c in json_cols:
+                v = json_dumps(v)
+            elif isinstance(v, datetime) and c in dt_cols:
+                v = v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+            out.append(v)
+        return tuple(out)
+
+    return cols, conv
+
+
+async def bench_sqlite3(db: Path, rows: Rows, batch: int, steps: int) -> None:
+    steps_t = SessionStep.__table__  # type: ignore[attr-defined]
+    sess_t = GatewaySession.__table__  # type: ignore[attr-defined]
+    scols, sconv = _converter(steps_t)
+    gcols, gconv = _converter(sess_t)
+    isql = f"INSERT INTO {steps_t.name} ({','.join(scols)}) VALUES ({','.join('?' * len(scols))})"
+    usql = (f"INSERT INTO {sess_t.name} ({','.join(gcols)}) VALUES ({','.join('?' * len(gcols))}) "
+            f"ON CONFLICT(session_id) DO UPDATE SET "
+            + ",".join(f"{c}=excluded.{c}" for c in gcols if c not in ("session_id", "created_at")))
+    con = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=60)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+
+    def commit(s: list[dict[str, Any]], g: list[dict[str, Any]]) -> None:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            con.executemany(isql, [sconv(r) for r in s])
+            con.executemany(usql, [gconv(r) for r in {r["session_id"]: r for r in g}.values()])
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+
+    data = [([rows.step_dict() for _ in range(batch)], [rows.session(rows.n + j).model_dump() for j in range(batch)])
+            for _ in range(steps // batch)]
+    t0, c0 = time.perf_counter(), _cpu()
+    for s, g in data:
+        await asyncio.to_thread(commit, s, g)
+    _report("sqlite3, 1 hop", batch, steps, time.perf_counter() - t0, _cpu() - c0)
+    con.close()
+
+
+def bench_objects(rows: Rows, n: int) -> None:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        rows.step()
+    t1 = time.perf_counter()
+    st = rows.session(1)
+    for _ in range(n):
+        GatewaySession(**st.model_dump())
+    t2 = time.perf_counter()
+    print(f"  building one SessionStep(...): {(t1 - t0) / n * 1e6:.1f} us; one session snapshot "
+          f"GatewaySession(**st.model_dump()): {(t2 - t1) / n * 1e6:.1f} us")
+
+
+async def amain(steps: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="store-bench-") as d:
+        db = Path(d) / "bench.db"
+        store = Store(f"sqlite://{db}")
+        await store.init()
+        rows = Rows()
+        try:
+            for batch in (1, 64):
+                n = max(batch, steps // batch * batch)
+                await bench_store(store, rows, batch, n)
+                await bench_core(store, rows, batch, n)
+                await bench_sqlite3(db, rows, batch, n)
+            bench_objects(rows, min(steps, 2000))
+        finally:
+            await store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="cost of recording one step in the store, three ways")
+    ap.add_argument("--steps", type=int, default=2000, help="steps written per variant and batch size")
+    args = ap.parse_args(argv)
+    if not 64 <= args.steps <= 1_000_000:
+        ap.error("--steps must be 64..1000000")
+    print("store write cost per recorded step (1 step row + 1 session-state row per step; SQLite WAL, "
+          "synchronous=NORMAL):")
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(amain(args.steps))
+    else:
+        uvloop.run(amain(args.steps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
