@@ -10,9 +10,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.chat import handle_chat
 from gateway.errors import GatewayError, install_error_handlers
+from gateway.forward import handle
 from gateway.metrics import Metrics
+from gateway.protocols import CHAT, MESSAGES, RESPONSES
 from gateway.recorder import TelemetryWriter
 from gateway.request_log import RequestLog
 from gateway.sessions import SessionManager
@@ -124,11 +125,35 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_passthrough(request: Request) -> Response:
-        return await handle_chat(gw(request), request, None)
+        """OpenAI chat completions, forwarded but not recorded."""
+        return await handle(gw(request), request, None, CHAT)
 
     @app.post(sp + "/{session_id}/chat/completions")
     async def chat_session(session_id: str, request: Request) -> Response:
-        return await handle_chat(gw(request), request, session_id)
+        """OpenAI chat completions of a session: recorded as a ``chat.completions`` step."""
+        return await handle(gw(request), request, session_id, CHAT)
+
+    @app.post("/v1/responses")
+    async def responses_passthrough(request: Request) -> Response:
+        """OpenAI Responses, forwarded but not recorded."""
+        return await handle(gw(request), request, None, RESPONSES)
+
+    @app.post(sp + "/{session_id}/responses")
+    async def responses_session(session_id: str, request: Request) -> Response:
+        """OpenAI Responses of a session: recorded as a ``responses`` step."""
+        return await handle(gw(request), request, session_id, RESPONSES)
+
+    @app.post("/v1/messages")
+    async def messages_passthrough(request: Request) -> Response:
+        """Anthropic Messages, forwarded but not recorded (an anthropic SDK whose ``base_url`` is
+        the gateway's origin)."""
+        return await handle(gw(request), request, None, MESSAGES)
+
+    @app.post(sp + "/{session_id}/v1/messages")
+    async def messages_session(session_id: str, request: Request) -> Response:
+        """Anthropic Messages of a session (an anthropic SDK whose ``base_url`` is the session URL
+        appends ``/v1/messages``): recorded as a ``messages`` step."""
+        return await handle(gw(request), request, session_id, MESSAGES)
 
     @app.get(sp + "/{session_id}")
     async def session_status(session_id: str, request: Request) -> dict[str, object]:

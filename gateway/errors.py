@@ -2,10 +2,15 @@
 
 Reference: OpenAI API reference, "Error codes"; the openai SDK reads ``error.message`` from this
 body and maps the HTTP status to its exception classes (429/5xx are retried by the SDK).
+
+An endpoint whose protocol has another error shape (Anthropic's ``/v1/messages``) registers a
+converter for its request with :func:`set_error_shape`; the app's handlers then answer every
+error of that request (a :class:`GatewayError`, or a bug's 500) in that shape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -40,6 +45,22 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
     }
 
 
+# (HTTP status, OpenAI-shaped error body) -> the body in the endpoint's own error shape
+ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
+
+
+def set_error_shape(request: Request, shape: ErrorShape) -> None:
+    """Answer every later error of ``request`` in the shape ``shape`` builds (it gets the HTTP
+    status and the OpenAI-shaped body). Kept in the ASGI scope's state, which the exception
+    handlers of the app see."""
+    request.state.error_shape = shape
+
+
+def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    shape: ErrorShape | None = getattr(request.state, "error_shape", None)
+    return body if shape is None else shape(status, body)
+
+
 class GatewayError(Exception):
     """An error the gateway answers itself, as ``status`` with an OpenAI-shaped body."""
 
@@ -52,15 +73,12 @@ class GatewayError(Exception):
         self.param = param
         self.headers = headers
 
-    def response(self) -> JSONResponse:
-        """This error as a JSONResponse."""
-        return JSONResponse(error_body(self.status, self.message, code=self.code, param=self.param),
-                            status_code=self.status, headers=self.headers)
 
 
-async def _gateway_error(_req: Request, exc: Exception) -> JSONResponse:
+async def _gateway_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
-    return exc.response()
+    body = error_body(exc.status, exc.message, code=exc.code, param=exc.param)
+    return JSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
 
 
 async def _http_error(_req: Request, exc: Exception) -> JSONResponse:
@@ -77,15 +95,16 @@ async def _validation_error(_req: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(400, msg, param=loc), status_code=400)
 
 
-async def _unexpected_error(_req: Request, exc: Exception) -> JSONResponse:
+async def _unexpected_error(req: Request, exc: Exception) -> JSONResponse:
     # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server logs the traceback.
-    return JSONResponse(error_body(500, f"internal gateway error: {type(exc).__name__}: {exc}",
-                                   code="internal_error"), status_code=500)
+    body = error_body(500, f"internal gateway error: {type(exc).__name__}: {exc}", code="internal_error")
+    return JSONResponse(_shaped(req, 500, body), status_code=500)
 
 
 def install_error_handlers(app: Any) -> None:
     """Make every error of the app answer in OpenAI's shape (404/405 of unknown paths included,
-    and a 500 ``internal_error`` for a bug, whose traceback the server still logs)."""
+    and a 500 ``internal_error`` for a bug, whose traceback the server still logs), or in the
+    shape registered for the request with :func:`set_error_shape`."""
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

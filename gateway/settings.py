@@ -38,17 +38,31 @@ class ManagedServer(_Strict):
 
 
 class RouteSettings(_Strict):
-    """One upstream route. ``base_url`` ends in ``/v1`` (``/chat/completions`` is appended).
+    """One upstream route.
 
-    ``api_key`` is sent upstream as a Bearer token and never recorded. ``upstream_model`` replaces
-    the request's ``model`` when set. ``max_concurrency`` caps in-flight upstream calls of this
-    route (None = unlimited). ``supports_stream: false`` marks an upstream that cannot stream: a
-    client asking to stream gets the finished answer re-told as a short stream (role/content/tool
-    calls chunk, finish chunk, usage chunk if asked, ``[DONE]``). Timeouts are seconds:
+    ``api`` is the protocol the upstream speaks: ``openai`` (default; serves the gateway's
+    ``.../chat/completions`` and ``.../responses`` endpoints) or ``anthropic`` (serves
+    ``.../v1/messages``). ``base_url`` follows each vendor SDK's own ``base_url`` convention, so
+    the value a user already gives their SDK works unchanged: for ``openai`` it ends in ``/v1``
+    (as ``OpenAI(base_url="https://api.openai.com/v1")``) and the gateway appends
+    ``/chat/completions`` or ``/responses``; for ``anthropic`` it is the origin WITHOUT ``/v1``
+    (as ``Anthropic(base_url="https://api.anthropic.com")``) and the gateway appends
+    ``/v1/messages``.
+
+    ``api_key`` is sent upstream (``openai``: ``Authorization: Bearer <key>``; ``anthropic``:
+    ``x-api-key: <key>`` plus the client's ``anthropic-version`` header, default
+    ``2023-06-01``, and its ``anthropic-beta`` header if any) and never recorded.
+    ``upstream_model`` replaces the request's ``model`` when set. ``max_concurrency`` caps
+    in-flight upstream calls of this route (None = unlimited). ``supports_stream: false`` marks
+    an upstream that cannot stream: a client asking to stream gets the finished answer re-told as
+    a short stream in its protocol's format (chat: role/content/tool calls chunk, finish chunk,
+    usage chunk if asked, ``[DONE]``; Responses: ``response.created`` ... ``response.completed``;
+    Anthropic: ``message_start`` ... ``message_stop``). Timeouts are seconds:
     ``connect_timeout_s`` for the TCP/TLS connect, ``read_timeout_s`` for the wait between two
     reads (caps time-to-first-token, not stream length; exceeded: 504 and a ``timeout`` step)."""
 
     base_url: str
+    api: Literal["openai", "anthropic"] = "openai"
     api_key: str | None = None
     upstream_model: str | None = None
     supports_stream: bool = True

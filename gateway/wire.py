@@ -1,16 +1,17 @@
 """The request bodies the gateway reads, validated at the boundary with pydantic.
 
 The standard fields whose wrong type would only come back from the upstream as an opaque 500 are
-typed (see :class:`ChatCompletionRequest`); every other field (``logprobs``, ``response_format``,
-vLLM/SGLang extras such as ``top_k`` or ``chat_template_kwargs``) is kept (``extra="allow"``) and
-forwarded untouched. The forwarded body is the client's JSON bytes, never a re-serialisation of
+typed (see :class:`ChatCompletionRequest`, :class:`ResponsesRequest` and
+:class:`MessagesRequest`); every other field (``logprobs``, ``response_format``, vLLM/SGLang
+extras such as ``top_k`` or ``chat_template_kwargs``, Anthropic beta fields) is kept
+(``extra="allow"``) and forwarded untouched. The forwarded body is the client's JSON bytes, never a re-serialisation of
 these models.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 from starlette.requests import Request
@@ -20,7 +21,21 @@ from gateway.errors import GatewayError
 # JSON numbers only (an int is a number; a bool or a numeric string is not).
 _Temperature = Annotated[float, Field(strict=True, ge=0, le=2)]
 _TopP = Annotated[float, Field(strict=True, ge=0, le=1)]
+_Unit = Annotated[float, Field(strict=True, ge=0, le=1)]
 _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+_NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+
+
+class WireRequest(BaseModel):
+    """What every model-call body has: ``model`` (a route key) and ``stream`` (a boolean, absent
+    or null meaning false). Every other key is kept as sent (``extra="allow"``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    # Field order is the order errors are reported in (the first one names ``param``): the
+    # fields that decide how the gateway routes and answers come first.
+    model: StrictStr
+    stream: StrictBool | None = False
 
 
 class ChatMessage(BaseModel):
@@ -32,7 +47,7 @@ class ChatMessage(BaseModel):
     role: StrictStr
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(WireRequest):
     """``POST .../chat/completions`` body (OpenAI API reference, "Create chat completion").
 
     Checked: ``model`` a string (a route key); ``messages`` a non-empty list of objects, each with
@@ -41,12 +56,6 @@ class ChatCompletionRequest(BaseModel):
     ``stream_options`` an object; ``tools`` a list of objects; ``stop`` a string or a list of
     strings. Each optional field may also be null or absent. Everything else passes unchecked."""
 
-    model_config = ConfigDict(extra="allow")
-
-    # Field order is the order errors are reported in (the first one names ``param``): the
-    # fields that decide how the gateway routes and answers come first.
-    model: StrictStr
-    stream: StrictBool | None = False
     stream_options: dict[str, Any] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     temperature: _Temperature | None = None
@@ -56,6 +65,58 @@ class ChatCompletionRequest(BaseModel):
     n: _PositiveInt | None = None
     tools: list[dict[str, Any]] | None = None
     stop: StrictStr | list[StrictStr] | None = None
+
+
+class ResponsesRequest(WireRequest):
+    """``POST .../responses`` body (OpenAI API reference, "Create a model response").
+
+    Checked: ``model`` a string (a route key); ``stream`` a boolean; ``input`` a string or a list
+    of objects (input items); ``instructions`` a string; ``temperature`` a number in [0, 2];
+    ``top_p`` a number in [0, 1]; ``max_output_tokens`` an integer >= 1; ``tools`` a list of
+    objects; ``stream_options`` an object. Each may be null or absent (``input`` too: a request
+    may continue ``previous_response_id`` or use a stored prompt). Everything else passes
+    unchecked."""
+
+    stream_options: dict[str, Any] | None = None
+    input: StrictStr | list[dict[str, Any]] | None = None
+    instructions: StrictStr | None = None
+    temperature: _Temperature | None = None
+    top_p: _TopP | None = None
+    max_output_tokens: _PositiveInt | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class AnthropicMessage(BaseModel):
+    """One entry of an Anthropic ``messages`` list: a string ``role`` and a ``content`` that is
+    a string or a list of content-block objects; other keys are kept as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]]
+
+
+class MessagesRequest(WireRequest):
+    """``POST .../v1/messages`` body (Anthropic API reference, "Messages").
+
+    Checked: ``model`` a string (a route key); ``stream`` a boolean; ``max_tokens`` an integer
+    >= 1 (required, as Anthropic requires it); ``messages`` a non-empty list of objects with a
+    string ``role`` and a string-or-list ``content``; ``system`` a string or a list of objects;
+    ``temperature`` and ``top_p`` numbers in [0, 1]; ``top_k`` an integer >= 0;
+    ``stop_sequences`` a list of strings; ``tools`` a list of objects; ``tool_choice``,
+    ``thinking`` and ``metadata`` objects. Everything else passes unchecked."""
+
+    max_tokens: _PositiveInt
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: StrictStr | list[dict[str, Any]] | None = None
+    temperature: _Unit | None = None
+    top_p: _TopP | None = None
+    top_k: _NonNegativeInt | None = None
+    stop_sequences: list[StrictStr] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
 
 
 # What each checked field must be, for the 400 message.
@@ -71,7 +132,22 @@ _EXPECTED = {
     "n": "an integer >= 1",
     "tools": "a list of objects",
     "stop": "a string or a list of strings",
+    "input": "a string or a list of input item objects",
+    "instructions": "a string",
+    "max_output_tokens": "an integer >= 1",
 }
+_EXPECTED_ANTHROPIC = {
+    **_EXPECTED,
+    "messages": "a non-empty list of message objects, each with a string `role` and a string or list `content`",
+    "temperature": "a number between 0 and 1",
+    "top_k": "an integer >= 0",
+    "system": "a string or a list of text block objects",
+    "stop_sequences": "a list of strings",
+    "tool_choice": "an object",
+    "thinking": "an object",
+    "metadata": "an object",
+}
+_EXPECTED_BY_MODEL: dict[type[WireRequest], dict[str, str]] = {MessagesRequest: _EXPECTED_ANTHROPIC}
 
 
 class CloseSessionRequest(BaseModel):
@@ -118,29 +194,34 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def validate_chat(body: dict[str, Any]) -> ChatCompletionRequest:
-    """Validate a chat completion body (see :class:`ChatCompletionRequest`). Raises
-    GatewayError(400, OpenAI's shape) whose ``param`` is the top-level field at fault (e.g.
-    ``messages`` for ``messages[2].role``) and whose message names the exact place, what was
-    expected and what pydantic found."""
+R = TypeVar("R", bound=WireRequest)
+
+
+def validate_request(model: type[R], body: dict[str, Any]) -> R:
+    """Validate a model-call body against ``model`` (:class:`ChatCompletionRequest`,
+    :class:`ResponsesRequest` or :class:`MessagesRequest`). Raises GatewayError(400) whose
+    ``param`` is the top-level field at fault (e.g. ``messages`` for ``messages[2].role``) and
+    whose message names the exact place, what was expected and what pydantic found."""
     try:
-        return ChatCompletionRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as e:
         errors = e.errors(include_url=False)
         first = errors[0]
         loc = first["loc"]
         field = str(loc[0]) if loc else "body"
         where = field + "".join(f"[{x}]" for x in loc[1:] if isinstance(x, int))
-        if field == "messages" and len(loc) > 2 and loc[2] == "role":
-            where += ".role"
-        expected = _EXPECTED.get(field)
+        if field == "messages" and len(loc) > 2 and loc[2] in ("role", "content"):
+            where += f".{loc[2]}"
+        expected = _EXPECTED_BY_MODEL.get(model, _EXPECTED).get(field)
         if first["type"] == "missing":
             msg = f"Missing required parameter '{where}'"
         else:
-            msg = f"Invalid value for '{where}': {first['msg'].replace('ChatMessage', 'a message object')}"
+            text = first["msg"].replace("AnthropicMessage", "a message object")
+            msg = f"Invalid value for '{where}': {text.replace('ChatMessage', 'a message object')}"
         if expected:
             msg += f" ('{field}' must be {expected})"
         others = sorted({str(err["loc"][0]) for err in errors if err["loc"]} - {field})
         if others:
             msg += f"; also invalid: {', '.join(others)}"
         raise GatewayError(400, msg, param=field) from None
+

@@ -1,29 +1,24 @@
-"""Building the evaluator's ``Trajectory`` from recorded ``session_steps`` rows."""
+"""Building the evaluator's ``Trajectory`` from recorded ``session_steps`` rows.
+
+A step's answer is read according to its ``endpoint`` column with the gateway's own readers
+(:func:`gateway.assembly.read_answer`), so an evaluator sees the same fields whatever protocol
+the agent spoke: ``chat.completions`` (``choices[0].message``), ``responses`` (the ``response``
+object's ``output`` items) and ``messages`` (the Anthropic message's content blocks). Tool calls
+are always in the OpenAI chat shape ``{"id", "type": "function", "function": {"name",
+"arguments"}}`` (Responses ``function_call`` items: ``call_id`` as the id; Anthropic ``tool_use``
+blocks: ``input`` as JSON text).
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
+from gateway.assembly import read_answer
 from rollout.protocol import Trajectory, TrajectoryStep
 from store import SessionStep
 
 
-def _message(response: Any) -> dict[str, Any]:
-    if not isinstance(response, dict):
-        return {}
-    choices = response.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        msg = choices[0].get("message")
-        return msg if isinstance(msg, dict) else {}
-    return {}
-
-
 def to_step(row: SessionStep) -> TrajectoryStep:
-    """One recorded chat step as a TrajectoryStep (assistant text, reasoning, tool calls, usage)."""
-    msg = _message(row.response)
-    content = msg.get("content")
-    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-    tool_calls = msg.get("tool_calls")
+    """One recorded step as a TrajectoryStep (assistant text, reasoning, tool calls, usage)."""
+    answer = read_answer(row.endpoint, row.response)
     usage = None
     if row.total_tokens is not None or row.prompt_tokens is not None or row.completion_tokens is not None:
         usage = {"prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens,
@@ -34,9 +29,7 @@ def to_step(row: SessionStep) -> TrajectoryStep:
         messages=row.messages if isinstance(row.messages, list) else [],
         request=row.request if isinstance(row.request, dict) else None,
         response=row.response if isinstance(row.response, dict) else None,
-        content=content if isinstance(content, str) else None,
-        reasoning=reasoning if isinstance(reasoning, str) else None,
-        tool_calls=tool_calls if isinstance(tool_calls, list) else [],
+        content=answer.content, reasoning=answer.reasoning, tool_calls=answer.tool_calls,
         finish_reason=row.finish_reason, usage=usage,
     )
 

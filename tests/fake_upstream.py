@@ -21,8 +21,12 @@ Routing, for each request in arrival order:
    text ``DEFAULT_TEXT`` ("hello from fake") and usage ``DEFAULT_USAGE`` (5/3/8), as SSE when the
    body has ``"stream": true`` (the usage-only chunk with ``"choices": []`` only when
    ``stream_options.include_usage`` is true, and then ``"usage": null`` on the other chunks, as
-   OpenAI does) or as JSON otherwise; ``GET .../models`` lists ``models``; anything else is a
-   404 in OpenAI's error shape.
+   OpenAI does) or as JSON otherwise; ``POST .../responses`` answers an OpenAI Responses
+   ``response`` with the same text and usage ``DEFAULT_RESPONSES_USAGE`` (5/3/8), streamed as
+   :func:`default_responses_stream` when asked; ``POST .../v1/messages`` answers an Anthropic
+   ``message`` with the same text and usage ``DEFAULT_ANTHROPIC_USAGE`` (5/3), streamed as
+   :func:`default_messages_stream` when asked; ``GET .../models`` lists ``models``; anything
+   else is a 404 in OpenAI's error shape.
 
 A queued element is a :class:`Reply`, or a callable ``f(request) -> Reply`` (sync or async).
 
@@ -55,7 +59,10 @@ request bodies by ``Content-Length`` (tested at 20 MB) or chunked; ``Expect: 100
 
 Chunk builders (OpenAI chat streaming format, API reference "The chat completion chunk
 object"): :func:`chat_chunk`, :func:`usage_chunk`, :func:`sse_data`, :data:`DONE`, and
-:func:`chat_completion` for non-streaming bodies.
+:func:`chat_completion` for non-streaming bodies. OpenAI Responses: :func:`sse_event` (an
+``event: <type>`` line plus ``data``, as Responses and Anthropic streams are framed),
+:func:`response_object`, :func:`default_responses_stream`. Anthropic Messages:
+:func:`anthropic_message`, :func:`default_messages_stream`.
 """
 
 from __future__ import annotations
@@ -72,15 +79,22 @@ from http import HTTPStatus
 from typing import Any, Literal
 
 __all__ = [
+    "DEFAULT_ANTHROPIC_USAGE",
+    "DEFAULT_RESPONSES_USAGE",
     "DEFAULT_TEXT",
     "DEFAULT_USAGE",
     "DONE",
     "FakeRequest",
     "FakeUpstream",
     "Reply",
+    "anthropic_message",
     "chat_chunk",
     "chat_completion",
+    "default_messages_stream",
+    "default_responses_stream",
+    "response_object",
     "sse_data",
+    "sse_event",
     "usage_chunk",
 ]
 
@@ -89,6 +103,8 @@ log = logging.getLogger(__name__)
 DONE = b"data: [DONE]\n\n"
 DEFAULT_TEXT = "hello from fake"
 DEFAULT_USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+DEFAULT_RESPONSES_USAGE = {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}
+DEFAULT_ANTHROPIC_USAGE = {"input_tokens": 5, "output_tokens": 3}
 _DEFAULT_PIECES = ("hello", " from", " fake")
 
 Framing = Literal["chunked", "length", "close"]
@@ -181,6 +197,107 @@ def chat_completion(
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
         "usage": dict(DEFAULT_USAGE) if usage is None else usage,
     }
+
+
+def sse_event(obj: dict[str, Any]) -> bytes:
+    """``b"event: <obj["type"]>\ndata: <compact JSON>\n\n"``: one event of an OpenAI Responses
+    or Anthropic Messages stream (both repeat the payload's ``type`` in the ``event:`` line)."""
+    return b"event: " + str(obj["type"]).encode("utf-8") + b"\n" + sse_data(obj)
+
+
+def response_object(
+    content: str | None = DEFAULT_TEXT,
+    *,
+    output: list[dict[str, Any]] | None = None,
+    usage: dict[str, Any] | None = None,
+    status: str = "completed",
+    id: str = "resp_1",
+    model: str = "m",
+) -> dict[str, Any]:
+    """A non-streaming OpenAI Responses ``response`` object (API reference, "The response
+    object"). ``output`` defaults to one assistant ``message`` item holding ``content`` as an
+    ``output_text`` part; ``usage`` defaults to :data:`DEFAULT_RESPONSES_USAGE`."""
+    if output is None:
+        output = [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": content, "annotations": []}]}]
+    return {
+        "id": id, "object": "response", "created_at": 0, "status": status, "error": None,
+        "incomplete_details": None, "instructions": None, "max_output_tokens": None, "model": model,
+        "output": output, "parallel_tool_calls": True, "previous_response_id": None, "reasoning": None,
+        "temperature": None, "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [],
+        "top_p": None, "truncation": "disabled", "metadata": {},
+        "usage": dict(DEFAULT_RESPONSES_USAGE) if usage is None else usage,
+    }
+
+
+def default_responses_stream(model: str = "m") -> list[bytes]:
+    """The Responses stream of :func:`response_object` (one element per event, with
+    ``sequence_number``): ``response.created``, ``response.in_progress``,
+    ``response.output_item.added``, ``response.content_part.added``, one
+    ``response.output_text.delta`` per piece of ``DEFAULT_TEXT``, ``response.output_text.done``,
+    ``response.content_part.done``, ``response.output_item.done``, ``response.completed``."""
+    final = response_object(model=model)
+    item = final["output"][0]
+    pending = {**final, "status": "in_progress", "output": [], "usage": None}
+    ids = {"item_id": item["id"], "output_index": 0}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": pending},
+        {"type": "response.in_progress", "response": pending},
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": {**item, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **ids, "content_index": 0, "part": part},
+    ]
+    events += [{"type": "response.output_text.delta", **ids, "content_index": 0, "delta": p}
+               for p in _DEFAULT_PIECES]
+    events += [
+        {"type": "response.output_text.done", **ids, "content_index": 0, "text": DEFAULT_TEXT},
+        {"type": "response.content_part.done", **ids, "content_index": 0, "part": {**part, "text": DEFAULT_TEXT}},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": final},
+    ]
+    return [sse_event({**ev, "sequence_number": n}) for n, ev in enumerate(events)]
+
+
+def anthropic_message(
+    content: str | None = DEFAULT_TEXT,
+    *,
+    blocks: list[dict[str, Any]] | None = None,
+    usage: dict[str, Any] | None = None,
+    stop_reason: str = "end_turn",
+    id: str = "msg_1",
+    model: str = "m",
+) -> dict[str, Any]:
+    """A non-streaming Anthropic ``message`` (API reference, "Messages"). ``blocks`` default to
+    one ``text`` block holding ``content``; ``usage`` defaults to :data:`DEFAULT_ANTHROPIC_USAGE`."""
+    if blocks is None:
+        blocks = [{"type": "text", "text": content}]
+    return {"id": id, "type": "message", "role": "assistant", "model": model, "content": blocks,
+            "stop_reason": stop_reason, "stop_sequence": None,
+            "usage": dict(DEFAULT_ANTHROPIC_USAGE) if usage is None else usage}
+
+
+def default_messages_stream(model: str = "m") -> list[bytes]:
+    """The Anthropic stream of :func:`anthropic_message` (one element per event):
+    ``message_start`` (usage with ``output_tokens: 1``), ``content_block_start``, ``ping``, one
+    ``text_delta`` per piece of ``DEFAULT_TEXT``, ``content_block_stop``, ``message_delta``
+    (``stop_reason: end_turn``, ``output_tokens: 3``), ``message_stop``."""
+    start = {**anthropic_message(model=model), "content": [], "stop_reason": None,
+             "usage": {**DEFAULT_ANTHROPIC_USAGE, "output_tokens": 1}}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "ping"},
+    ]
+    events += [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
+               for p in _DEFAULT_PIECES]
+    events += [
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+         "usage": {"output_tokens": DEFAULT_ANTHROPIC_USAGE["output_tokens"]}},
+        {"type": "message_stop"},
+    ]
+    return [sse_event(ev) for ev in events]
 
 
 @dataclass
@@ -571,6 +688,14 @@ class FakeUpstream:
                 chunks.append(usage_chunk(dict(DEFAULT_USAGE), model=model))
             chunks.append(DONE)
             return Reply.sse(chunks)
+        if req.method == "POST" and req.path.endswith(("/responses", "/v1/messages")):
+            body = req.json if isinstance(req.json, dict) else {}
+            requested = body.get("model")
+            model = requested if isinstance(requested, str) else "m"
+            responses = req.path.endswith("/responses")
+            if body.get("stream"):
+                return Reply.sse(default_responses_stream(model) if responses else default_messages_stream(model))
+            return Reply.json(response_object(model=model) if responses else anthropic_message(model=model))
         err = {"error": {"message": f"no route for {req.method} {req.path}", "type": "not_found_error",
                          "param": None, "code": 404}}
         return Reply.json(err, status=404)

@@ -19,6 +19,9 @@ __all__ = [
     "F8A_ERROR_IN_200_STREAM",
     "F8B_EOF_WITHOUT_DONE",
     "F8C_ONLY_DONE",
+    "F19_HTML_502",
+    "F19_RESPONSES_ARGS_ONLY_IN_DONE",
+    "F19_RESPONSES_NO_COMPLETED",
     "without_tool_call_index",
 ]
 
@@ -97,3 +100,20 @@ F8B_EOF_WITHOUT_DONE = [
 
 # F8 (c): only [DONE].
 F8C_ONLY_DONE = [b"data: [DONE]\n\n"]
+
+# F19: a Responses stream whose function call arguments come only in
+# response.function_call_arguments.done (no deltas), the final output nested in
+# response.completed.response; `event:` lines on every event, and no [DONE].
+F19_RESPONSES_ARGS_ONLY_IN_DONE = [
+    b'event: response.created\ndata: {"type":"response.created","response":{"id":"r1","status":"in_progress","output":[]}}\n\n',
+    b'event: response.output_item.added\ndata: {"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","id":"fc1","call_id":"call_1","name":"get_weather","arguments":""}}\n\n',
+    b'event: response.function_call_arguments.done\ndata: {"type":"response.function_call_arguments.done","item_id":"fc1","output_index":0,"arguments":"{\\"city\\":\\"Paris\\"}"}\n\n',
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r1","status":"completed","output":[{"type":"function_call","id":"fc1","call_id":"call_1","name":"get_weather","arguments":"{\\"city\\":\\"Paris\\"}"}],"usage":{"input_tokens":12,"output_tokens":9,"total_tokens":21}}}\n\n',
+]
+
+# F19: the same stream cut before response.completed (the Responses stream has no [DONE], so
+# this is a truncation).
+F19_RESPONSES_NO_COMPLETED = F19_RESPONSES_ARGS_ONLY_IN_DONE[:3]
+
+# F19 variant: the upstream answers 502 with Content-Type text/html and this body.
+F19_HTML_502 = b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"

@@ -10,6 +10,7 @@ import time
 import aiohttp
 import openai
 import pytest
+from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from tests.fake_upstream import (
@@ -21,9 +22,10 @@ from tests.fake_upstream import (
     Reply,
     chat_chunk,
     chat_completion,
+    default_responses_stream,
     usage_chunk,
 )
-from tests.faults import F3_SPLIT_CRLF
+from tests.faults import F3_SPLIT_CRLF, F19_RESPONSES_ARGS_ONLY_IN_DONE
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -195,6 +197,48 @@ async def test_scripted_json_error_status_and_headers() -> None:
         assert info.value.status_code == 429
         assert info.value.response.headers["retry-after"] == "7"
         assert info.value.body == err["error"]
+
+
+async def test_default_responses_with_openai_sdk() -> None:
+    async with FakeUpstream() as up:
+        c = client(up)
+        r = await c.responses.create(model="m", input="hi")
+        assert (r.output_text, r.status, r.model) == (DEFAULT_TEXT, "completed", "m")
+        assert r.usage is not None and (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (5, 3, 8)
+        events = [e async for e in await c.responses.create(model="m", input="hi", stream=True)]
+        async with c.responses.stream(model="m", input="hi") as stream:
+            final = await stream.get_final_response()
+        await c.close()
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == DEFAULT_TEXT
+        assert [e.sequence_number for e in events] == list(range(len(default_responses_stream())))
+        assert final.output_text == DEFAULT_TEXT
+        assert [(rq.path, rq.json.get("stream")) for rq in up.requests] == [
+            ("/v1/responses", None), ("/v1/responses", True), ("/v1/responses", True)]
+
+
+async def test_scripted_f19_through_openai_sdk() -> None:
+    async with FakeUpstream() as up:
+        up.script("/v1/responses", [Reply.sse(F19_RESPONSES_ARGS_ONLY_IN_DONE)])
+        c = client(up)
+        events = [e async for e in await c.responses.create(model="m", input="hi", stream=True)]
+        await c.close()
+        assert [e.type for e in events] == ["response.created", "response.output_item.added",
+                                            "response.function_call_arguments.done", "response.completed"]
+        assert events[-1].response.output[0].arguments == '{"city":"Paris"}'
+
+
+async def test_default_anthropic_messages_with_anthropic_sdk() -> None:
+    async with FakeUpstream() as up:
+        c = AsyncAnthropic(base_url=up.origin, api_key="k", max_retries=0)
+        m = await c.messages.create(model="m", max_tokens=5, messages=MESSAGES)  # type: ignore[arg-type]
+        async with c.messages.stream(model="m", max_tokens=5, messages=MESSAGES) as stream:  # type: ignore[arg-type]
+            final = await stream.get_final_message()
+        await c.close()
+        for msg in (m, final):
+            assert msg.content[0].type == "text" and msg.content[0].text == DEFAULT_TEXT
+            assert (msg.stop_reason, msg.usage.input_tokens, msg.usage.output_tokens) == ("end_turn", 5, 3)
+        assert [rq.path for rq in up.requests] == ["/v1/messages", "/v1/messages"]
+        assert up.requests[0].headers["anthropic-version"]  # the SDK sends its own version
 
 
 async def test_models_and_unknown_path() -> None:

@@ -9,8 +9,10 @@ loopback port (in-process, lifespan on), in front of the project's one scripted 
   the fake upstream). Several gateways may share one ``db_url`` (a restart).
 * ``gw``: ``await start_gateway()`` with the defaults.
 
-A :class:`Gateway` hands out real clients (the ``openai`` SDK with ``max_retries=0``, and raw
-httpx for what the SDK cannot express) and reads back what was recorded.
+A :class:`Gateway` hands out real clients (the ``openai`` and ``anthropic`` SDKs with
+``max_retries=0``, and raw httpx for what the SDKs cannot express) and reads back what was
+recorded. :func:`anthropic_routes` is a route table with the openai route ``m`` and an
+``api: anthropic`` route ``a`` on the same fake upstream.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -77,7 +80,7 @@ class Gateway:
         self.url = f"http://127.0.0.1:{port}"
         self.db_url = settings.storage_config.db_url
         self.db_path = sqlite_path(parse_db_url(self.db_url)) or Path()
-        self._clients: list[AsyncOpenAI | httpx.AsyncClient] = []
+        self._clients: list[AsyncOpenAI | AsyncAnthropic | httpx.AsyncClient] = []
 
     @property
     def app_state(self) -> Any:
@@ -95,6 +98,17 @@ class Gateway:
         kw.setdefault("api_key", CLIENT_KEY)
         kw.setdefault("timeout", 20.0)
         c = AsyncOpenAI(base_url=base, max_retries=0, **kw)
+        self._clients.append(c)
+        return c
+
+    def anthropic(self, sid: str | None = None, **kw: Any) -> AsyncAnthropic:
+        """The real anthropic SDK pointed at a session URL (it appends ``/v1/messages``), or at the
+        gateway's origin when ``sid`` is None, with the client api key :data:`CLIENT_KEY` and no
+        retries."""
+        base = self.session_base(sid) if sid is not None else self.url
+        kw.setdefault("api_key", CLIENT_KEY)
+        kw.setdefault("timeout", 20.0)
+        c = AsyncAnthropic(base_url=base, max_retries=0, **kw)
         self._clients.append(c)
         return c
 
@@ -161,11 +175,18 @@ class Gateway:
         """Close the clients, then shut the server down (lifespan shutdown drains the writer)."""
         for c in self._clients:
             with contextlib.suppress(Exception):
-                await (c.close() if isinstance(c, AsyncOpenAI) else c.aclose())
+                await (c.aclose() if isinstance(c, httpx.AsyncClient) else c.close())
         self._clients.clear()
         if not self.task.done():
             self.server.should_exit = True
             await asyncio.wait_for(self.task, 15)
+
+
+def anthropic_routes(upstream: FakeUpstream, **anthropic_route: Any) -> dict[str, dict[str, Any]]:
+    """Routes ``m`` (openai, ``base_url`` ending in ``/v1``) and ``a`` (``api: anthropic``,
+    ``base_url`` = the fake upstream's origin, as the anthropic SDK takes it); extra fields go to
+    route ``a``."""
+    return {"m": {}, "a": {"api": "anthropic", "base_url": upstream.origin, **anthropic_route}}
 
 
 def make_settings(upstream: FakeUpstream, db_url: str, **overrides: Any) -> GatewaySettings:

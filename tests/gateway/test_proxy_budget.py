@@ -300,12 +300,12 @@ async def _fails_once(gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.M
         monkeypatch.setattr(gw.app_state.store, "write_batch", broken)
         return 500
     if path == "gateway-bug":
-        import gateway.chat
+        from gateway.protocols import CHAT
 
         def bug(*_a: object, **_k: object) -> None:
             raise KeyError("bug")
 
-        monkeypatch.setattr(gateway.chat, "_completion", bug)
+        monkeypatch.setattr(CHAT, "is_answer", bug)
         return 500
     return 200
 

@@ -428,16 +428,16 @@ async def test_unexpected_error_is_500_in_openai_shape(gw: Gateway, upstream: Fa
 
 async def test_unexpected_error_mid_stream_ends_with_an_error_event(gw: Gateway, upstream: FakeUpstream,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import gateway.chat
+    from gateway.assembly import ChatStreamAssembler
 
-    real_feed = gateway.chat.ChatStreamAssembler.feed_chunk
+    real_feed = ChatStreamAssembler.feed_chunk
 
     def feed(self: Any, obj: Any) -> None:
         if self.chunk_count == 1:
             raise KeyError("assembler bug")
         real_feed(self, obj)
 
-    monkeypatch.setattr(gateway.chat.ChatStreamAssembler, "feed_chunk", feed)
+    monkeypatch.setattr(ChatStreamAssembler, "feed_chunk", feed)
     r = await gw.http().post("/v1/sessions/s1/chat/completions",
                              json={"model": "m", "messages": MESSAGES, "stream": True})
     events = sse_json(r.content)

@@ -26,7 +26,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ChatStreamAssembler", "message_of", "reasoning_of", "usage_of"]
+from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
+from gateway.sse import SSEEvent
+
+__all__ = ["ChatStreamAssembler", "message_of", "read_chat", "reasoning_of", "usage_of"]
 
 # Top-level chunk keys handled explicitly; every other key is a vendor extra kept from the last
 # chunk that had a non-null value for it.
@@ -72,11 +75,7 @@ class _Choice:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _text(value: Any) -> str | None:
-    """A delta text field as str (None stays None; non-strings are JSON-encoded)."""
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False)
+_text = text_of
 
 
 class ChatStreamAssembler:
@@ -121,6 +120,26 @@ class ChatStreamAssembler:
         self._choices: dict[int, _Choice] = {}
 
     # ----------------------------------------------------------------------------- feeding
+    @property
+    def finished(self) -> bool:
+        """True once ``[DONE]`` arrived (the event the forwarding core holds back until the step
+        is recorded)."""
+        return self.saw_done
+
+    def feed_event(self, ev: SSEEvent) -> Any:
+        """Feed one dispatched SSE event (:class:`gateway.assembly.base.StreamAssembler`):
+        ``[DONE]`` ends the stream; JSON goes to :meth:`feed_chunk` and is returned; a payload that
+        is not JSON counts in ``invalid_count`` and returns None."""
+        if ev.data == "[DONE]":
+            self.feed_done()
+            return None
+        obj = parse_event_json(ev.data)
+        if isinstance(obj, dict):
+            self.feed_chunk(obj)
+            return obj
+        self.invalid_count += 1
+        return None
+
     def feed_data(self, data: str) -> None:
         """Feed the text of one SSE ``data`` payload: ``[DONE]`` goes to :meth:`feed_done`,
         JSON to :meth:`feed_chunk`; text that is not JSON counts in ``invalid_count``."""
@@ -339,6 +358,10 @@ class ChatStreamAssembler:
             return "ok"
         return "truncated"
 
+    def notes(self) -> dict[str, Any]:
+        """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON."""
+        return {"invalid_events": self.invalid_count} if self.invalid_count else {}
+
     def result(self) -> dict[str, Any]:
         """The assembled ``chat.completion`` object (see the class docstring for its shape). May
         be called at any time; each call builds a new dict."""
@@ -418,3 +441,26 @@ def reasoning_of(message: Any) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def read_chat(response: Any) -> Answer:
+    """The :class:`Answer` of a ``chat.completion`` object (choice 0): ``content``,
+    ``reasoning_content``/``reasoning`` (F6), ``tool_calls`` as sent, ``finish_reason``, and
+    ``usage.prompt_tokens``/``completion_tokens``/``total_tokens``. Any other value (an error
+    body, a non-dict) gives an empty Answer."""
+    message = message_of(response)
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    finish = first.get("finish_reason")
+    usage = usage_of(response)
+    return Answer(
+        content=content if isinstance(content, str) else None,
+        reasoning=reasoning_of(message),
+        tool_calls=[c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else [],
+        finish_reason=finish if isinstance(finish, str) else None,
+        prompt_tokens=as_int(usage, "prompt_tokens"),
+        completion_tokens=as_int(usage, "completion_tokens"),
+        total_tokens=as_int(usage, "total_tokens"),
+    )

@@ -1,0 +1,322 @@
+"""The one forwarding and recording core behind every model-call endpoint: chat completions,
+Responses and Anthropic Messages differ only in their protocol adapter
+(:mod:`gateway.protocols`); this module calls the route's upstream, streams back, and records
+the call as one step.
+
+Fidelity rules: the client's JSON body is forwarded as received (re-encoded only when the gateway
+must change it: ``upstream_model``, chat's ``stream_options.include_usage`` to meter a stream,
+or dropping ``stream`` for a route that cannot stream); upstream SSE events are relayed byte for
+byte as they are parsed (:mod:`gateway.relay`); the recorded response of a stream is the
+assembled answer. In strict telemetry mode a step is committed before the client receives the
+end of its answer (the stream's terminal event, or the non-streamed response).
+
+Step ``status`` values written here: ``ok``; ``error`` (upstream 4xx/5xx, an error inside a 200
+stream, a failed Responses answer, an unreachable upstream); ``truncated`` (the upstream stream
+ended before its terminal event); ``timeout`` (``meta_json.phase``: ``connect``, ``first-byte``,
+``idle`` or ``body``); ``client_disconnected`` (the client left: mid-stream, with the partial
+answer and the usage known so far; or before any answer, while the gateway waited for the
+upstream, with ``meta_json.phase`` ``first-byte`` or ``body`` and an error body saying so);
+``empty`` (a stream that ended properly but carried no event at all, e.g. only ``[DONE]``,
+faults F8c). A 2xx non-streamed answer that is not a valid answer of the protocol (an HTML page,
+broken JSON) is an ``error`` step with the raw body kept, answered 502
+``upstream_invalid_response``; an upstream 4xx/5xx (an HTML 502 page too, F19) is relayed with
+its status, body and ``Retry-After`` and recorded as an ``error`` step.
+
+A client that leaves while the gateway waits for the upstream (no byte sent to it yet) is
+noticed at once (:mod:`gateway.disconnect`): the upstream request is cancelled (its connection
+closed, so the upstream sees the close), the route's concurrency slot is freed, and the step is
+recorded as ``client_disconnected``; it still counts against the session's budget.
+
+Streaming to a client from a route with ``supports_stream: false`` (or from an upstream that
+answers a streaming request with plain JSON): the gateway asks without streaming and sends the
+finished answer to the client as a short stream in the protocol's format
+(:meth:`WireProtocol.to_stream`); the step is recorded with ``meta_json.stream_synthesized = true``.
+
+Once a session's budget is used, the gateway answers without calling upstream with the
+protocol's synthetic stop answer (:meth:`WireProtocol.stop_answer`, HTTP 200, header
+``x-gateway-stop-reason: max_steps``), streamed when the client asked to stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.call import Call, record
+from gateway.disconnect import ClientGone, unless_client_leaves
+from gateway.errors import GatewayError, error_body, set_error_shape
+from gateway.protocols import WireProtocol
+from gateway.relay import StreamRelay
+from gateway.sessions import SessionClosed, StepSlot
+from gateway.state import GatewayState
+from gateway.streaming import GuardedStreamingResponse
+from gateway.wire import WireRequest, parse_json_body, read_body
+
+log = logging.getLogger(__name__)
+
+STOP_HEADER = {"x-gateway-stop-reason": "max_steps"}
+_RELAYED_HEADERS = ("retry-after", "x-request-id", "openai-processing-ms", "request-id", "x-should-retry")
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def handle(gw: GatewayState, request: Request, session_id: str | None, proto: WireProtocol) -> Response:
+    """Serve one model call of protocol ``proto``; ``session_id`` None means passthrough (not
+    recorded).
+
+    Errors the gateway answers itself, in the protocol's error shape: 400 malformed body or a
+    standard field of the wrong type (``param`` names it, see :mod:`gateway.wire`), 400 a route
+    of another ``api`` (``route_api_mismatch``), 404 unknown route, 409 closed (or closing)
+    session, 413 body over ``max_request_bytes``, 502 upstream unreachable, broken, or answering
+    2xx with something that is not an answer (``upstream_invalid_response``), 504 upstream
+    timeout; upstream 4xx/5xx are relayed with their status, body and Retry-After.
+    """
+    set_error_shape(request, proto.client_error)
+    raw = await read_body(request, gw.settings.max_request_bytes)
+    body = parse_json_body(raw)
+    req = proto.validate(body)
+    route_key = req.model
+    route = gw.settings.llm_routes.get(route_key)
+    if route is None:
+        known = ", ".join(sorted(gw.settings.llm_routes)) or "none"
+        raise GatewayError(404, f"The model `{route_key}` does not exist (no such route; routes: {known})",
+                           code="model_not_found", param="model")
+    if route.api != proto.api:
+        raise GatewayError(400, f"route `{route_key}` speaks the {route.api} API, which does not serve "
+                                f"{proto.endpoint} calls", code="route_api_mismatch", param="model")
+
+    slot: StepSlot | None = None
+    if session_id is not None:
+        try:
+            slot, snapshot = await gw.sessions.reserve(session_id, route_key)
+        except SessionClosed:
+            raise GatewayError(409, f"session {session_id} is closed", code="session_closed") from None
+        if slot is None:
+            await gw.writer.record(None, snapshot)  # the session is now truncated
+            return _synthetic_stop(gw, proto, req)
+
+    try:
+        response = await _forward(gw, proto, request, raw, body, req, slot)
+    except BaseException:
+        if slot is not None:
+            gw.sessions.release(slot)  # no step row (a bug, a server shutdown): not in flight anymore
+        raise
+    if slot is not None and not isinstance(response, GuardedStreamingResponse):
+        gw.sessions.release(slot)  # normally released when its step was queued: then a no-op
+    return response
+
+
+def _synthetic_stop(gw: GatewayState, proto: WireProtocol, req: WireRequest) -> Response:
+    """The protocol's stop answer for a session whose budget is used (no upstream call, no step)."""
+    gw.metrics.synthetic_stops.inc()
+    gw.metrics.requests.labels(proto.endpoint, req.model, "200").inc()
+    answer = proto.stop_answer(req.model, req)
+    if req.stream:
+        return StreamingResponse(_iter(proto.to_stream(answer, req)), media_type="text/event-stream",
+                                 headers=STOP_HEADER)
+    return JSONResponse(answer, headers=STOP_HEADER)
+
+
+class _UpstreamFailed(Exception):
+    """The upstream gave no usable answer: answer the client ``status`` with ``error`` and record
+    a step of status ``step_status`` with ``meta_json.phase``."""
+
+    def __init__(self, status: int, step_status: str, error: dict[str, Any], phase: str) -> None:
+        super().__init__(error["error"]["message"])
+        self.status = status
+        self.step_status = step_status
+        self.error = error
+        self.phase = phase
+
+
+class _Exchange:
+    """The upstream half of one call: POST the payload and wait for the headers, then (unless the
+    answer is an SSE stream to relay) read the whole body. :meth:`run` is what the client's
+    disconnect cancels; the response stays open on ``stack`` (holding the route's concurrency
+    slot) until :meth:`close` or a stream relay takes it over."""
+
+    def __init__(self, call: Call, payload: bytes, headers: dict[str, str], relay_sse: bool) -> None:
+        self.call = call
+        self.payload = payload
+        self.headers = headers
+        self.relay_sse = relay_sse
+        self.stack = AsyncExitStack()
+        self.resp: aiohttp.ClientResponse | None = None
+
+    async def run(self) -> bytes | None:
+        """The whole body, or None when the answer is a 200 SSE stream to relay. Raises
+        _UpstreamFailed for connect/read failures and timeouts."""
+        call = self.call
+        try:
+            self.resp = resp = await self.stack.enter_async_context(
+                call.gw.upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers))
+        except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
+            phase = "connect" if isinstance(e, aiohttp.ConnectionTimeoutError) else "first-byte"
+            raise _UpstreamFailed(504, "timeout", call.timeout_error(phase, e), phase) from e
+        except aiohttp.ClientError as e:
+            err = error_body(502, f"upstream {call.route_key} unreachable: {type(e).__name__}: {e}",
+                             code="upstream_unreachable")
+            raise _UpstreamFailed(502, "error", err, "connect") from e
+        call.upstream_status = resp.status
+        if self.relay_sse and resp.status == 200 and resp.content_type == "text/event-stream":
+            return None
+        try:
+            return await resp.read()
+        except TimeoutError as e:
+            raise _UpstreamFailed(504, "timeout", call.timeout_error("body", e), "body") from e
+        except aiohttp.ClientError as e:
+            err = error_body(502, f"upstream {call.route_key} failed while sending its answer: "
+                                  f"{type(e).__name__}: {e}", code="upstream_broken")
+            raise _UpstreamFailed(502, "error", err, "body") from e
+
+    async def close(self, *, abort: bool) -> None:
+        """Release the upstream connection and the route slot; ``abort`` closes the connection
+        (so the upstream sees the client's departure) instead of returning it to the pool."""
+        if abort and self.resp is not None:
+            self.resp.close()
+        await self.stack.aclose()
+
+
+async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw: bytes, body: dict[str, Any],
+                   req: WireRequest, slot: StepSlot | None) -> Response:
+    """Call the route's upstream for a validated request (a step reserved in ``slot``, None for
+    passthrough) and answer the client; every path records the step (see the module docstring)."""
+    route = gw.settings.llm_routes[req.model]
+    upstream_body, usage_added = proto.upstream_body(req, body, route)
+    upstream_streams = bool(req.stream) and route.supports_stream
+    payload = raw if upstream_body is body else json.dumps(upstream_body).encode()
+    headers = {"Content-Type": "application/json",
+               "Accept": "text/event-stream" if upstream_streams else "application/json"}
+    headers.update(proto.upstream_headers(route, request.headers))
+    headers.update(route.extra_headers)
+    if slot is not None:
+        headers["X-Session-Id"] = slot.session_id
+
+    call = Call(gw, proto, req, req.model, body, upstream_body, slot, usage_added)
+    exchange = _Exchange(call, payload, headers, relay_sse=upstream_streams)
+    try:
+        content = await unless_client_leaves(request.receive, exchange.run())
+    except ClientGone:
+        await exchange.close(abort=True)
+        return _client_left(call)
+    except _UpstreamFailed as f:
+        await exchange.close(abort=True)
+        return await _fail(call, f.status, f.step_status, f.error, f.phase)
+    except BaseException:
+        await exchange.close(abort=True)
+        raise
+    resp = exchange.resp
+    assert resp is not None
+    if content is None:  # a 200 SSE stream: the relay owns the connection from here
+        relay = StreamRelay(call, resp, exchange.stack)
+        return GuardedStreamingResponse(relay.events(), on_disconnect=relay.client_left, finalize=relay.finish,
+                                        media_type="text/event-stream", headers=_SSE_HEADERS)
+    await exchange.close(abort=False)
+    if call.stream and resp.status == 200:
+        answer = _answer(proto, content)
+        if answer is not None:
+            return await _relay_synthesized(call, resp.headers, answer)
+    return await _relay_plain(call, resp.status, resp.headers, content)
+
+
+def _client_left(call: Call) -> Response:
+    """Record a call whose client left before any answer (the upstream request was cancelled)."""
+    phase = "first-byte" if call.upstream_status is None else "body"
+    err = error_body(499, f"the client closed the connection after {time.perf_counter() - call.t0:.3f} s, before the upstream "
+                          f"{call.route_key} answered; the upstream request was cancelled",
+                     code="client_disconnected", type_="client_disconnected")
+    body = call.proto.client_error(499, err)
+    call.submit(call.step(status="client_disconnected", status_code=call.upstream_status, response=body,
+                          meta={"phase": phase}))
+    call.observe(499)
+    return JSONResponse(body, status_code=499)  # nobody reads it: the server drops it
+
+
+async def _fail(call: Call, status: int, step_status: str, err: dict[str, Any], phase: str) -> JSONResponse:
+    """Record a call that got no usable answer and answer the client ``status`` with ``err`` (in
+    the protocol's error shape)."""
+    body = call.proto.client_error(status, err)
+    await record(call, call.step(status=step_status, status_code=status, response=body,
+                                 meta={"phase": phase, "error": err["error"]}))
+    call.observe(status)
+    return JSONResponse(body, status_code=status)
+
+
+async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield c
+
+
+def _answer(proto: WireProtocol, content: bytes) -> dict[str, Any] | None:
+    """``content`` parsed as a valid answer of ``proto`` (:meth:`WireProtocol.is_answer`), or None."""
+    try:
+        parsed = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return parsed if proto.is_answer(parsed) else None
+
+
+async def _relay_synthesized(call: Call, up_headers: Any, answer: dict[str, Any]) -> Response:
+    """Answer a streaming client from a finished answer (route without streaming, or an upstream
+    that answered JSON): record it (strict: committed first), then stream it."""
+    await record(call, call.step(status=call.proto.answer_status(answer), status_code=200, response=answer,
+                                 meta={"stream_synthesized": True}))
+    call.observe(200)
+    headers = {**_SSE_HEADERS, **{k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}}
+    return StreamingResponse(_iter(call.proto.to_stream(answer, call.req)), media_type="text/event-stream",
+                             headers=headers)
+
+
+async def _relay_plain(call: Call, status: int, up_headers: Any, content: bytes) -> Response:
+    """Relay a non-streamed upstream answer with its status and body: an answer (2xx) or an error
+    (4xx/5xx, whatever its body, an HTML 502 page too). A 2xx body that is not a valid answer of
+    the protocol (HTML, broken JSON, an error object) is not relayed: the client gets 502
+    ``upstream_invalid_response`` (its SDK would fail on it), and the step keeps the raw body
+    (``status`` ``error``, ``meta_json.upstream_status``)."""
+    try:
+        parsed: Any = json.loads(content) if content else None
+    except (ValueError, UnicodeDecodeError):
+        parsed = None
+    if parsed is None:
+        recorded: Any = {"raw_body": content[:65536].decode("utf-8", "replace"),
+                         "content_type": up_headers.get("Content-Type")}
+    else:
+        recorded = parsed
+    ok = 200 <= status < 300
+    if ok and not call.proto.is_answer(parsed):
+        return await _invalid_answer(call, status, up_headers, content, recorded)
+    step_status = call.proto.answer_status(parsed) if ok else "error"
+    meta = {} if step_status == "ok" else {"error": _error_text(parsed, content)}
+    await record(call, call.step(status=step_status, status_code=status, response=recorded, meta=meta))
+    headers = {k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}
+    call.observe(status)
+    media = up_headers.get("Content-Type", "application/json")
+    return Response(content=content, status_code=status, headers=headers, media_type=media)
+
+
+async def _invalid_answer(call: Call, status: int, up_headers: Any, content: bytes, recorded: Any) -> Response:
+    """Answer 502 for a 2xx upstream body that is not an answer; record it as an error."""
+    ctype = up_headers.get("Content-Type") or "no content type"
+    head = content[:200].decode("utf-8", "replace")
+    err = error_body(502, f"upstream {call.route_key} answered HTTP {status} with a body that is not a JSON "
+                          f"{call.proto.answer_name} ({ctype}, {len(content)} bytes): {head!r}",
+                     code="upstream_invalid_response")
+    await record(call, call.step(status="error", status_code=502, response=recorded,
+                                 meta={"error": err["error"], "upstream_status": status}))
+    call.observe(502)
+    return JSONResponse(call.proto.client_error(502, err), status_code=502)
+
+
+def _error_text(parsed: Any, content: bytes) -> str:
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return str(parsed["error"].get("message"))
+    if isinstance(parsed, dict) and "error" in parsed:
+        return str(parsed["error"])
+    return content[:500].decode("utf-8", "replace")

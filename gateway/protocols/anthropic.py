@@ -1,0 +1,140 @@
+"""Anthropic Messages (``POST .../v1/messages``) as a protocol adapter.
+
+Upstream: ``<base_url>/v1/messages`` of an ``api: anthropic`` route, whose ``base_url`` is the
+origin without ``/v1`` (the anthropic SDK's convention, see :class:`gateway.settings.RouteSettings`).
+Headers: ``x-api-key: <route api_key>`` and ``anthropic-version`` (the client's, default
+``2023-06-01``), plus the client's ``anthropic-beta`` when sent; the client's own key is never
+forwarded, and no header is recorded. Streams are relayed event by event and assembled by
+:class:`gateway.assembly.MessagesStreamAssembler`; ``message_stop`` is held back until the step
+is recorded. The ``messages`` column holds ``system`` as a ``system`` message followed by
+``messages`` as sent.
+
+Errors are in Anthropic's shape (API reference, "Errors"):
+``{"type": "error", "error": {"type": "invalid_request_error" | "not_found_error" | ...,
+"message"}}``, also for the errors the gateway answers itself (malformed body 400, unknown route
+404, closed session 409, body too large 413, upstream unreachable 502, timeout 504) and, as an
+``event: error`` event, for an error that ends a stream.
+
+Synthetic stop: a ``message`` with empty ``content``, ``stop_reason: "end_turn"`` and zero
+usage (the anthropic SDK's ``Message`` model accepts an empty content list, as the API itself
+returns one when the model ends its turn at once); streamed as ``message_start``,
+``message_delta``, ``message_stop``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.assembly import Answer, MessagesStreamAssembler, StreamAssembler, read_messages
+from gateway.protocols.base import WireProtocol, compact, inner_error
+from gateway.settings import RouteSettings
+from gateway.sse import format_event
+from gateway.wire import MessagesRequest, WireRequest
+
+__all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicProtocol", "message_to_stream"]
+
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
+}
+
+
+class AnthropicProtocol(WireProtocol):
+    """The Anthropic Messages adapter (see the module docstring)."""
+
+    endpoint = "messages"
+    upstream_path = "/v1/messages"
+    api = "anthropic"
+    request_model = MessagesRequest
+    answer_name = "Anthropic message"
+    stream_end = "message_stop"
+
+    def upstream_headers(self, route: RouteSettings, client_headers: Mapping[str, str]) -> dict[str, str]:
+        headers = {"anthropic-version": client_headers.get("anthropic-version") or DEFAULT_ANTHROPIC_VERSION}
+        beta = client_headers.get("anthropic-beta")
+        if beta:
+            headers["anthropic-beta"] = beta
+        if route.api_key:
+            headers["x-api-key"] = route.api_key
+        return headers
+
+    def conversation(self, body: dict[str, Any]) -> Any:
+        msgs: list[Any] = []
+        if body.get("system") is not None:
+            msgs.append({"role": "system", "content": body["system"]})
+        if isinstance(body.get("messages"), list):
+            msgs.extend(body["messages"])
+        return msgs
+
+    def assembler(self) -> MessagesStreamAssembler:
+        return MessagesStreamAssembler()
+
+    def is_answer(self, parsed: Any) -> bool:
+        """A dict with ``type: "message"`` and a ``content`` list."""
+        return isinstance(parsed, dict) and parsed.get("type") == "message" and isinstance(parsed.get("content"), list)
+
+    def read(self, response: Any) -> Answer:
+        return read_messages(response)
+
+    def to_stream(self, answer: dict[str, Any], req: WireRequest) -> list[bytes]:
+        return message_to_stream(answer)
+
+    def stop_answer(self, model: str, req: WireRequest) -> dict[str, Any]:
+        return {"id": f"msg_gw_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": model,
+                "content": [], "stop_reason": "end_turn", "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0}}
+
+    def client_error(self, status: int, err: dict[str, Any]) -> dict[str, Any]:
+        inner = inner_error(err)
+        kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": str(inner.get("message"))}}
+
+    def stream_error(self, status: int, err: dict[str, Any], asm: StreamAssembler | None) -> bytes:
+        return format_event(compact(self.client_error(status, err)), event="error")
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return format_event(compact(obj), event=obj["type"])
+
+
+def message_to_stream(message: dict[str, Any]) -> list[bytes]:
+    """A finished ``message`` re-told as an Anthropic Messages stream (bytes, one per event):
+    ``message_start`` (the message with no content, no stop reason and ``output_tokens: 0``);
+    per content block ``content_block_start`` (text/thinking/tool_use blocks start empty), one
+    delta with the whole block (``text_delta``; ``thinking_delta`` then ``signature_delta``;
+    ``input_json_delta`` with the input as JSON text; other block types are sent whole in the
+    start event) and ``content_block_stop``; then ``message_delta`` (``stop_reason``,
+    ``stop_sequence``, the whole usage) and ``message_stop``."""
+    raw_usage = message.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {**usage, "output_tokens": 0}}
+    out = [_event({"type": "message_start", "message": start})]
+    content = message.get("content")
+    for i, block in enumerate(content if isinstance(content, list) else []):
+        kind = block.get("type") if isinstance(block, dict) else None
+        deltas: list[dict[str, Any]] = []
+        first = block
+        if kind == "text":
+            first = {**block, "text": ""}
+            deltas.append({"type": "text_delta", "text": block.get("text") or ""})
+        elif kind == "thinking":
+            first = {**block, "thinking": "", "signature": ""}
+            deltas.append({"type": "thinking_delta", "thinking": block.get("thinking") or ""})
+            deltas.append({"type": "signature_delta", "signature": block.get("signature") or ""})
+        elif kind == "tool_use":
+            first = {**block, "input": {}}
+            raw = block.get("input")
+            deltas.append({"type": "input_json_delta",
+                           "partial_json": raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)})
+        out.append(_event({"type": "content_block_start", "index": i, "content_block": first}))
+        out += [_event({"type": "content_block_delta", "index": i, "delta": d}) for d in deltas]
+        out.append(_event({"type": "content_block_stop", "index": i}))
+    delta = {"stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")}
+    out.append(_event({"type": "message_delta", "delta": delta, "usage": dict(usage)}))
+    out.append(_event({"type": "message_stop"}))
+    return out

@@ -1,0 +1,120 @@
+"""The protocol adapter interface: what the forwarding core (:mod:`gateway.forward`) asks of the
+API a call speaks. One adapter per protocol (:mod:`gateway.protocols.chat`,
+:mod:`gateway.protocols.responses`, :mod:`gateway.protocols.anthropic`); everything else about a
+call (upstream call, timeouts, disconnects, budget, recording, metrics, request log) is shared.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gateway.assembly import Answer, StreamAssembler
+from gateway.settings import RouteSettings
+from gateway.sse import format_event
+from gateway.wire import WireRequest, validate_request
+
+__all__ = ["WireProtocol", "compact", "inner_error"]
+
+
+def inner_error(err: dict[str, Any]) -> dict[str, Any]:
+    """The ``error`` object of an OpenAI-shaped error body (``{}`` when there is none)."""
+    inner = err.get("error")
+    return inner if isinstance(inner, dict) else {}
+
+
+def compact(obj: Any) -> str:
+    """Compact JSON text (no spaces, UTF-8 kept), as the gateway writes its own events."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+class WireProtocol(ABC):
+    """One API the gateway serves. Class attributes:
+
+    * ``endpoint``: the step's ``endpoint`` column and the metrics/request-log label;
+    * ``upstream_path``: appended to the route's ``base_url``;
+    * ``api``: the ``api`` a route must have to serve this endpoint;
+    * ``request_model``: the pydantic model of the request body (:mod:`gateway.wire`);
+    * ``answer_name``: how error messages name a valid answer ("chat completion", ...);
+    * ``stream_end``: how error messages name the event that ends a stream properly.
+    """
+
+    endpoint: ClassVar[str]
+    upstream_path: ClassVar[str]
+    api: ClassVar[str]
+    request_model: ClassVar[type[WireRequest]]
+    answer_name: ClassVar[str]
+    stream_end: ClassVar[str]
+
+    # ------------------------------------------------------------------ request side
+    def validate(self, body: dict[str, Any]) -> WireRequest:
+        """The validated body; raises GatewayError(400) naming the field at fault."""
+        return validate_request(self.request_model, body)
+
+    def upstream_body(self, req: WireRequest, body: dict[str, Any], route: RouteSettings
+                      ) -> tuple[dict[str, Any], bool]:
+        """The body to send upstream and whether the gateway added a usage request to it (only
+        chat does). Default: ``model`` replaced by ``route.upstream_model`` when set, and
+        ``stream``/``stream_options`` dropped when the route cannot stream. Returns ``body``
+        itself (the same object) when nothing changes, so the client's bytes are forwarded."""
+        out = body
+        if route.upstream_model:
+            out = {**out, "model": route.upstream_model}
+        if req.stream and not route.supports_stream:
+            out = {k: v for k, v in out.items() if k not in ("stream", "stream_options")}
+        return out, False
+
+    def upstream_headers(self, route: RouteSettings, client_headers: Mapping[str, str]) -> dict[str, str]:
+        """Protocol headers for the upstream (credentials included; never recorded). Default
+        (OpenAI): ``Authorization: Bearer <route api_key>``."""
+        return {"Authorization": f"Bearer {route.api_key}"} if route.api_key else {}
+
+    def conversation(self, body: dict[str, Any]) -> Any:
+        """The request conversation for the step's ``messages`` column."""
+        return body.get("messages")
+
+    # ------------------------------------------------------------------ answer side
+    @abstractmethod
+    def assembler(self) -> StreamAssembler:
+        """A new assembler for one upstream stream."""
+
+    @abstractmethod
+    def is_answer(self, parsed: Any) -> bool:
+        """True when a parsed 2xx non-streamed body is a valid answer of this protocol."""
+
+    @abstractmethod
+    def read(self, response: Any) -> Answer:
+        """The :class:`Answer` of an answer object (or of anything else: then mostly empty)."""
+
+    def answer_status(self, answer: dict[str, Any]) -> str:
+        """The step status of a valid non-streamed answer (``ok``, or ``error`` for an answer
+        that reports a failure itself)."""
+        return "ok"
+
+    def hide_event(self, obj: Any) -> bool:
+        """For a stream where the gateway added a usage request: True for an event the client
+        did not ask for (not relayed, still assembled)."""
+        return False
+
+    @abstractmethod
+    def to_stream(self, answer: dict[str, Any], req: WireRequest) -> list[bytes]:
+        """A finished answer re-told as this protocol's SSE stream (one element per event), for
+        a streaming client of a route that cannot stream, and for synthetic stops."""
+
+    @abstractmethod
+    def stop_answer(self, model: str, req: WireRequest) -> dict[str, Any]:
+        """The synthetic answer that ends the agent's loop once the session's budget is used:
+        a valid answer object with empty output and zero usage."""
+
+    # ------------------------------------------------------------------ errors
+    def client_error(self, status: int, err: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAI-shaped error body (:func:`gateway.errors.error_body`) in this protocol's
+        error shape. Default: unchanged."""
+        return err
+
+    def stream_error(self, status: int, err: dict[str, Any], asm: StreamAssembler | None) -> bytes:
+        """The SSE event that ends a stream with an error the gateway found (truncated stream,
+        timeout, recording failure). Default (chat): ``data: {"error": {...}}``."""
+        return format_event(compact(self.client_error(status, err)))

@@ -1,0 +1,148 @@
+"""Relaying one upstream SSE stream to the client and recording it as one step, for every
+protocol: the events are relayed byte for byte as they are parsed (comment and data-less blocks
+are not relayed, faults F2), fed to the protocol's assembler, and the event that ends the stream
+properly (chat ``[DONE]``, Responses ``response.completed``/``.incomplete``/``.failed``,
+Anthropic ``message_stop``) is held back, with anything after it, until the step is recorded
+(strict telemetry: committed first).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+
+from gateway.call import Call, record
+from gateway.errors import GatewayError, error_body
+from gateway.sse import SSEParser
+
+log = logging.getLogger(__name__)
+
+
+class StreamRelay:
+    """Relays one upstream SSE stream to the client and records it as one step.
+
+    :meth:`events` is the response body; the :class:`gateway.streaming.GuardedStreamingResponse`
+    calls :meth:`client_left` when the client goes away and always awaits :meth:`finish` at the
+    end.
+
+    End states: the terminal event → ok (``empty`` without any event before it), committed
+    before the terminal event is relayed; an in-stream error (chat ``{"error": ...}``, a
+    Responses ``error`` event or ``response.failed``, an Anthropic ``error`` event) → error; EOF
+    or a broken connection before the terminal event → truncated, and the client gets the
+    protocol's error event (:meth:`WireProtocol.stream_error`) instead of a fake end; a read
+    timeout → timeout (phase ``first-byte`` or ``idle``), also ended by an error event (a
+    timeout or a broken connection after the terminal event ends the stream normally); an
+    unexpected exception while relaying → error, logged, ended by an error event. The client
+    leaving, at any point, even before the body started (task cancelled, or body never run) →
+    the upstream connection is closed at once and the partial step is recorded as
+    ``client_disconnected`` by :meth:`finish`.
+    """
+
+    def __init__(self, call: Call, resp: aiohttp.ClientResponse, stack: AsyncExitStack) -> None:
+        self.call = call
+        self.resp = resp
+        self.stack = stack
+        self.asm = call.proto.assembler()
+        self.gone = False
+        self.recorded = False
+
+    def client_left(self) -> None:
+        """The client disconnected: stop reading the upstream at once."""
+        self.gone = True
+        self.resp.close()
+
+    async def finish(self) -> None:
+        """Release the upstream connection and the route slot; when no final step was recorded
+        (the client left, the body never ran or was cancelled), record the partial one."""
+        call = self.call
+        try:
+            if not self.recorded:
+                self.recorded = True
+                self.resp.close()
+                call.submit(call.step(status="client_disconnected", status_code=self.resp.status,
+                                      response=self.asm.result(), meta={"chunks": self.asm.chunk_count}))
+                call.observe(499)
+            await self.stack.aclose()
+        finally:
+            call.release()  # normally done when the step was queued: then a no-op
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The SSE bytes for the client (see the class docstring)."""
+        call, asm, proto = self.call, self.asm, self.call.proto
+        parser = SSEParser()
+        held: list[bytes] = []
+        failure: tuple[int, dict[str, Any]] | None = None
+        phase: str | None = None
+        status = "ok"
+        if self.gone:
+            return
+        try:
+            async for data in self.resp.content.iter_any():
+                if call.ttft_ms is None:
+                    call.ttft_ms = (time.perf_counter() - call.t0) * 1000
+                    call.gw.metrics.ttft.labels(call.route_key).observe(call.ttft_ms / 1000)
+                for ev in parser.feed(data):
+                    obj = asm.feed_event(ev)
+                    if call.usage_added and proto.hide_event(obj):
+                        continue
+                    if held or asm.finished:
+                        held.append(ev.raw)
+                        continue
+                    yield ev.raw
+            status = asm.status()
+            if status == "truncated":
+                failure = 502, error_body(502, f"upstream closed the stream before it finished (no "
+                                               f"{proto.stream_end})", code="upstream_stream_truncated")
+        except TimeoutError as e:  # before the connection errors: aiohttp's read timeout is both
+            if asm.finished:
+                status = asm.status()
+            else:
+                status = "timeout"
+                phase = "first-byte" if call.ttft_ms is None else "idle"
+                failure = 504, call.timeout_error(phase, e)
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+            if self.gone:
+                return  # our own close after the client left; finish() records it
+            if asm.finished:
+                status = asm.status()
+            else:
+                status = "truncated"
+                failure = 502, error_body(502, f"upstream stream broke: {type(e).__name__}: {e}",
+                                          code="upstream_stream_broken")
+        except Exception as e:  # a bug or an unforeseen client error: end the stream loudly, keep the step
+            log.exception("relaying the stream of route %s failed", call.route_key)
+            status = "error"
+            failure = 500, error_body(500, f"the gateway failed while relaying the stream: {type(e).__name__}: "
+                                           f"{e}", code="internal_error")
+        await self.stack.aclose()  # release the connection and the route slot before recording
+        if self.gone:
+            return
+        if status == "ok" and asm.chunk_count == 0:
+            status = "empty"
+
+        response = asm.result()
+        meta: dict[str, Any] = {"chunks": asm.chunk_count, **asm.notes()}
+        if asm.error is not None:
+            meta["error"] = asm.error
+        if failure is not None:
+            meta["error"] = failure[1]["error"]
+        if phase is not None:
+            meta["phase"] = phase
+        self.recorded = True
+        try:
+            await record(call, call.step(status=status, status_code=200, response=response, meta=meta))
+        except GatewayError as e:
+            call.observe(500)
+            yield proto.stream_error(500, error_body(500, e.message, code="telemetry_error"), asm)
+            return
+        call.observe(200)
+        if failure is not None:
+            yield proto.stream_error(failure[0], failure[1], asm)
+        else:
+            for raw in held:
+                yield raw
