@@ -46,6 +46,8 @@ class Call:
         self.t0 = time.perf_counter()
         self.ttft_ms: float | None = None
         self.upstream_status: int | None = None  # set once the upstream's headers arrived
+        # every upstream attempt (gateway.forward._Exchange.run): status, retry_after_s, error, wait_s
+        self.attempts: list[dict[str, Any]] = []
 
     def step(self, *, status: str, status_code: int | None, response: Any, meta: dict[str, Any] | None = None
              ) -> SessionStep | None:
@@ -67,6 +69,8 @@ class Call:
             meta_json["upstream_model"] = self.upstream_body.get("model")
         if self.usage_added:
             meta_json["usage_requested_by_gateway"] = True
+        if any(a["wait_s"] is not None for a in self.attempts):  # retried (or waiting to): list them
+            meta_json["attempts"] = self.attempts
         meta_json.update(meta or {})
         s = self.slot
         after_close = self.gw.sessions.is_after_close(s)

@@ -22,10 +22,21 @@ broken JSON) is an ``error`` step with the raw body kept, answered 502
 ``upstream_invalid_response``; an upstream 4xx/5xx (an HTML 502 page too, F19) is relayed with
 its status, body and ``Retry-After`` and recorded as an ``error`` step.
 
+Retries (route ``retry``, :class:`gateway.settings.RetrySettings`, faults F9/F10): while nothing
+has been sent to the client, an upstream answer whose status is in ``retry_on_status`` (its body
+read and dropped) or a connect failure is retried on the same route, after a backoff or the
+upstream's ``Retry-After`` (capped), up to ``max_attempts`` in all; a 200 stream is never retried
+once it started (a stream that breaks midway is ``truncated`` with exactly what was relayed). The
+call stays one step (one unit of budget), recorded from the last attempt, with every attempt in
+``meta_json.attempts`` when there was a retry; each retry is counted in ``/metrics``
+(``gateway_upstream_retries_total`` by route and reason). Once the attempts are used up the last
+upstream answer is relayed as it came (a 429/503 with its body and ``Retry-After``).
+
 A client that leaves while the gateway waits for the upstream (no byte sent to it yet) is
 noticed at once (:mod:`gateway.disconnect`): the upstream request is cancelled (its connection
 closed, so the upstream sees the close), the route's concurrency slot is freed, and the step is
-recorded as ``client_disconnected``; it still counts against the session's budget.
+recorded as ``client_disconnected`` (``meta_json.phase`` ``backoff`` when it left during the wait
+before a retry, which ends at once); it still counts against the session's budget.
 
 Streaming to a client from a route with ``supports_stream: false`` (or from an upstream that
 answers a streaming request with plain JSON): the gateway asks without streaming and sends the
@@ -39,11 +50,16 @@ protocol's synthetic stop answer (:meth:`WireProtocol.stop_answer`, HTTP 200, he
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
 import json
 import logging
+import math
+import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -126,44 +142,101 @@ def _synthetic_stop(gw: GatewayState, proto: WireProtocol, req: WireRequest) -> 
 
 class _UpstreamFailed(Exception):
     """The upstream gave no usable answer: answer the client ``status`` with ``error`` and record
-    a step of status ``step_status`` with ``meta_json.phase``."""
+    a step of status ``step_status`` with ``meta_json.phase``. ``retry_reason`` is set for a
+    failure that may be retried (the connection could not be made: nothing reached the
+    upstream's model, nothing reached the client)."""
 
-    def __init__(self, status: int, step_status: str, error: dict[str, Any], phase: str) -> None:
+    def __init__(self, status: int, step_status: str, error: dict[str, Any], phase: str,
+                 retry_reason: str | None = None) -> None:
         super().__init__(error["error"]["message"])
         self.status = status
         self.step_status = step_status
         self.error = error
         self.phase = phase
+        self.retry_reason = retry_reason
 
 
 class _Exchange:
     """The upstream half of one call: POST the payload and wait for the headers, then (unless the
-    answer is an SSE stream to relay) read the whole body. :meth:`run` is what the client's
-    disconnect cancels; the response stays open on ``stack`` (holding the route's concurrency
-    slot) until :meth:`close` or a stream relay takes it over."""
+    answer is an SSE stream to relay) read the whole body, retrying within the route's
+    :class:`gateway.settings.RetrySettings` while nothing was sent to the client. :meth:`run` is
+    what the client's disconnect cancels (a backoff wait too: ``backing_off``); the response stays
+    open on ``stack`` (holding the route's concurrency slot) until :meth:`close` or a stream relay
+    takes it over."""
 
     def __init__(self, call: Call, payload: bytes, headers: dict[str, str], relay_sse: bool) -> None:
         self.call = call
         self.payload = payload
         self.headers = headers
         self.relay_sse = relay_sse
+        self.retry = call.gw.settings.llm_routes[call.route_key].retry
         self.stack = AsyncExitStack()
         self.resp: aiohttp.ClientResponse | None = None
+        self.backing_off = False
 
     async def run(self) -> bytes | None:
-        """The whole body, or None when the answer is a 200 SSE stream to relay. Raises
-        _UpstreamFailed for connect/read failures and timeouts."""
+        """The whole body of the last attempt, or None when the answer is a 200 SSE stream to
+        relay. Raises _UpstreamFailed for connect/read failures and timeouts (a connect failure
+        once the attempts are used up). Every attempt is appended to ``call.attempts``."""
+        call, policy = self.call, self.retry
+        while True:
+            n = len(call.attempts) + 1
+            last = n >= policy.max_attempts
+            try:
+                content = await self._attempt()
+            except _UpstreamFailed as f:
+                call.attempts.append({"status": None, "retry_after_s": None, "error": str(f), "wait_s": None})
+                if f.retry_reason is None or last:
+                    raise
+                await self._backoff(n, None, f.retry_reason)
+                continue
+            resp = self.resp
+            assert resp is not None
+            retry_after = _retry_after_s(resp.headers.get("Retry-After"))
+            call.attempts.append({"status": resp.status, "retry_after_s": retry_after, "error": None, "wait_s": None})
+            if (content is None or last or resp.status not in policy.retry_on_status
+                    or resp.headers.get("x-should-retry", "").lower() == "false"):
+                return content
+            await self.stack.aclose()  # the body was read: the connection goes back to the pool
+            self.stack, self.resp = AsyncExitStack(), None
+            await self._backoff(n, retry_after, f"status_{resp.status}")
+
+    async def _backoff(self, n: int, retry_after: float | None, reason: str) -> None:
+        """Wait before retry ``n`` (1-based), noting the wait in the last attempt and counting
+        the retry in ``/metrics``."""
+        call, policy = self.call, self.retry
+        if policy.respect_retry_after and retry_after is not None:
+            wait = min(retry_after, policy.max_retry_after_s)
+        else:
+            base = min(policy.max_backoff_s, policy.backoff_s * 2 ** (n - 1))
+            wait = base / 2 + random.uniform(0, base / 2)
+        call.attempts[-1]["wait_s"] = round(wait, 3)
+        call.gw.metrics.upstream_retries.labels(call.route_key, reason).inc()
+        log.info("route %s: retrying upstream call (%s, attempt %d of %d) in %.3f s", call.route_key, reason,
+                 n + 1, policy.max_attempts, wait)
+        self.backing_off = True  # stays set when the client's departure cancels the wait
+        await asyncio.sleep(wait)
+        self.backing_off = False
+
+    async def _attempt(self) -> bytes | None:
+        """One attempt (see :meth:`run`)."""
         call = self.call
+        call.upstream_status = None
         try:
             self.resp = resp = await self.stack.enter_async_context(
                 call.gw.upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers))
         except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
-            phase = "connect" if isinstance(e, aiohttp.ConnectionTimeoutError) else "first-byte"
-            raise _UpstreamFailed(504, "timeout", call.timeout_error(phase, e), phase) from e
+            if isinstance(e, aiohttp.ConnectionTimeoutError):
+                raise _UpstreamFailed(504, "timeout", call.timeout_error("connect", e), "connect",
+                                      retry_reason="connect_timeout") from e
+            raise _UpstreamFailed(504, "timeout", call.timeout_error("first-byte", e), "first-byte") from e
         except aiohttp.ClientError as e:
             err = error_body(502, f"upstream {call.route_key} unreachable: {type(e).__name__}: {e}",
                              code="upstream_unreachable")
-            raise _UpstreamFailed(502, "error", err, "connect") from e
+            retryable = (isinstance(e, aiohttp.ClientConnectorError)
+                         and not isinstance(e, aiohttp.ClientConnectorCertificateError))
+            raise _UpstreamFailed(502, "error", err, "connect",
+                                  retry_reason="connect_error" if retryable else None) from e
         call.upstream_status = resp.status
         if self.relay_sse and resp.status == 200 and resp.content_type == "text/event-stream":
             return None
@@ -182,6 +255,27 @@ class _Exchange:
         if abort and self.resp is not None:
             self.resp.close()
         await self.stack.aclose()
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header value in seconds (delay-seconds or an HTTP date, RFC 9110
+    section 10.2.3; a fractional number is accepted), None when absent or unreadable."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        secs = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        secs = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(secs):
+        return None
+    return max(0.0, secs)
 
 
 async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw: bytes, body: dict[str, Any],
@@ -205,7 +299,7 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
         content = await unless_client_leaves(request.receive, exchange.run())
     except ClientGone:
         await exchange.close(abort=True)
-        return _client_left(call)
+        return _client_left(call, backing_off=exchange.backing_off)
     except _UpstreamFailed as f:
         await exchange.close(abort=True)
         return await _fail(call, f.status, f.step_status, f.error, f.phase)
@@ -226,9 +320,13 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
     return await _relay_plain(call, resp.status, resp.headers, content)
 
 
-def _client_left(call: Call) -> Response:
-    """Record a call whose client left before any answer (the upstream request was cancelled)."""
-    phase = "first-byte" if call.upstream_status is None else "body"
+def _client_left(call: Call, *, backing_off: bool = False) -> Response:
+    """Record a call whose client left before any answer (the upstream request was cancelled, or
+    the wait before a retry: ``meta_json.phase`` ``backoff``)."""
+    if backing_off:
+        phase = "backoff"
+    else:
+        phase = "first-byte" if call.upstream_status is None else "body"
     err = error_body(499, f"the client closed the connection after {time.perf_counter() - call.t0:.3f} s, before the upstream "
                           f"{call.route_key} answered; the upstream request was cancelled",
                      code="client_disconnected", type_="client_disconnected")

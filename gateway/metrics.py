@@ -25,6 +25,10 @@ class Metrics:
                                            registry=r)
         self.telemetry_dropped = Counter("gateway_telemetry_dropped", "Records dropped (best_effort mode)",
                                          registry=r)
+        self.upstream_retries = Counter("gateway_upstream_retries",
+                                        "Upstream attempts retried before the first byte reached the client, by "
+                                        "route and reason (status_<code>, connect_error, connect_timeout)",
+                                        ["route", "reason"], registry=r)
         self.synthetic_stops = Counter("gateway_synthetic_stops", "Synthetic stop answers at max_steps",
                                        registry=r)
 

@@ -37,6 +37,32 @@ class ManagedServer(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class RetrySettings(_Strict):
+    """Bounded upstream retries of one route, only before the first byte reached the client.
+
+    ``max_attempts`` counts every attempt, the first included (1 disables retries). A failed
+    attempt is retried when its upstream status is in ``retry_on_status`` (its body is read and
+    dropped, nothing is sent to the client), or when the connection could not be made (connect
+    error or connect timeout). Never retried: any other status (a 400 is passed straight
+    through), a read timeout waiting for the answer, a body that broke while it was read, and a
+    200 stream once it started (faults F9: a stream that breaks midway is recorded as truncated
+    with exactly what was relayed, never glued to a second attempt). The wait before retry ``n``
+    (1-based) is ``backoff_s * 2**(n-1)`` capped at ``max_backoff_s``, with jitter (between half
+    and all of it); with ``respect_retry_after`` an upstream ``Retry-After`` (seconds or an
+    HTTP date) replaces it, capped at ``max_retry_after_s``. Once the attempts are used up the
+    client gets the last upstream answer as it came (status, body, ``Retry-After``), or the
+    gateway's 502/504 for a connect failure. A retried call is one step (one unit of the
+    session's budget); its ``meta_json.attempts`` lists every attempt (``status``,
+    ``retry_after_s``, ``error``, ``wait_s``)."""
+
+    max_attempts: int = Field(default=3, ge=1)
+    backoff_s: float = Field(default=0.5, ge=0)
+    max_backoff_s: float = Field(default=8.0, ge=0)
+    retry_on_status: list[int] = Field(default_factory=lambda: [429, 502, 503, 504])
+    respect_retry_after: bool = True
+    max_retry_after_s: float = Field(default=30.0, ge=0)
+
+
 class RouteSettings(_Strict):
     """One upstream route.
 
@@ -59,7 +85,9 @@ class RouteSettings(_Strict):
     usage chunk if asked, ``[DONE]``; Responses: ``response.created`` ... ``response.completed``;
     Anthropic: ``message_start`` ... ``message_stop``). Timeouts are seconds:
     ``connect_timeout_s`` for the TCP/TLS connect, ``read_timeout_s`` for the wait between two
-    reads (caps time-to-first-token, not stream length; exceeded: 504 and a ``timeout`` step)."""
+    reads (caps time-to-first-token, not stream length; exceeded: 504 and a ``timeout`` step).
+    ``retry`` bounds the upstream retries before the first byte reached the client
+    (:class:`RetrySettings`; default 3 attempts on 429/502/503/504 and connect errors)."""
 
     base_url: str
     api: Literal["openai", "anthropic"] = "openai"
@@ -70,6 +98,7 @@ class RouteSettings(_Strict):
     extra_headers: dict[str, str] = Field(default_factory=dict)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
     managed: ManagedServer | None = None
 
     @field_validator("base_url")

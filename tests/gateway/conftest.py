@@ -42,6 +42,7 @@ from tests.fake_upstream import FakeUpstream
 ROUTE_KEY = "sk-route-SECRET-7f3c19d2"
 CLIENT_KEY = "sk-client-SECRET-91ab44e0"
 MESSAGES = [{"role": "user", "content": "hi"}]
+NO_RETRY: dict[str, Any] = {"retry": {"max_attempts": 1}}  # route fields: upstream errors relayed at once
 
 
 class _Server(uvicorn.Server):

@@ -27,7 +27,15 @@ from tests.fake_upstream import (
     default_messages_stream,
     sse_event,
 )
-from tests.gateway.conftest import CLIENT_KEY, MESSAGES, ROUTE_KEY, Gateway, anthropic_routes, eventually
+from tests.gateway.conftest import (
+    CLIENT_KEY,
+    MESSAGES,
+    NO_RETRY,
+    ROUTE_KEY,
+    Gateway,
+    anthropic_routes,
+    eventually,
+)
 from tests.gateway.test_proxy_stream import _hold_db_write_lock
 
 StartGateway = Callable[..., Awaitable[Gateway]]
@@ -367,8 +375,8 @@ async def test_malformed_body_through_the_sdk(agw: Gateway, upstream: FakeUpstre
 
 async def test_gateway_and_upstream_errors_keep_anthropic_shape(start_gateway: StartGateway,
                                                                 upstream: FakeUpstream) -> None:
-    routes = anthropic_routes(upstream, read_timeout_s=0.3)
-    routes["down"] = {"api": "anthropic", "base_url": "http://127.0.0.1:9"}
+    routes = anthropic_routes(upstream, read_timeout_s=0.3, **NO_RETRY)
+    routes["down"] = {"api": "anthropic", "base_url": "http://127.0.0.1:9", **NO_RETRY}
     gw = await start_gateway(routes=routes)
     client = gw.anthropic("s1")
     body: dict[str, Any] = {"model": "a", "max_tokens": 10, "messages": MESSAGES}

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.fake_upstream import DEFAULT_TEXT, DEFAULT_USAGE, FakeUpstream, Reply, chat_completion
-from tests.gateway.conftest import CLIENT_KEY, MESSAGES, ROUTE_KEY, Gateway, sse_json
+from tests.gateway.conftest import CLIENT_KEY, MESSAGES, NO_RETRY, ROUTE_KEY, Gateway, sse_json
 
 StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
@@ -333,8 +333,9 @@ async def test_unknown_path_and_wrong_method_in_openai_shape(gw: Gateway) -> Non
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_upstream_429_relayed_with_status_body_and_retry_after(gw: Gateway, upstream: FakeUpstream,
-                                                                   stream: bool) -> None:
+async def test_upstream_429_relayed_with_status_body_and_retry_after(start_gateway: StartGateway,
+                                                                   upstream: FakeUpstream, stream: bool) -> None:
+    gw = await start_gateway(routes={"m": NO_RETRY})  # retries: test_proxy_retries.py
     err = {"error": {"message": "rate limited", "type": "rate_limit_error", "param": None, "code": None}}
     upstream.script(UP_PATH, [Reply.json(err, status=429, headers={"Retry-After": "1"})])
     with pytest.raises(openai.RateLimitError) as ei:
@@ -345,7 +346,7 @@ async def test_upstream_429_relayed_with_status_body_and_retry_after(gw: Gateway
     assert ei.value.status_code == 429
     assert ei.value.response.headers["retry-after"] == "1"
     assert ei.value.response.json() == err
-    assert len(upstream.requests) == 1  # a 429 is relayed, never retried into a 500
+    assert len(upstream.requests) == 1  # retries disabled: the 429 is relayed as is, never turned into a 500
     [step] = await gw.steps("s1")
     assert (step.status, step.status_code, step.is_stream) == ("error", 429, stream)
     assert step.response == err
@@ -355,8 +356,9 @@ async def test_upstream_429_relayed_with_status_body_and_retry_after(gw: Gateway
 
 
 @pytest.mark.parametrize(("status", "exc"), [(400, openai.BadRequestError), (503, openai.InternalServerError)])
-async def test_upstream_4xx_5xx_relayed(gw: Gateway, upstream: FakeUpstream, status: int,
+async def test_upstream_4xx_5xx_relayed(start_gateway: StartGateway, upstream: FakeUpstream, status: int,
                                         exc: type[openai.APIStatusError]) -> None:
+    gw = await start_gateway(routes={"m": NO_RETRY})
     err = {"error": {"message": f"upstream says {status}", "type": "x", "param": None, "code": status}}
     upstream.script(UP_PATH, [Reply.json(err, status=status, headers={"Retry-After": "7"})])
     with pytest.raises(exc) as ei:
@@ -368,7 +370,9 @@ async def test_upstream_4xx_5xx_relayed(gw: Gateway, upstream: FakeUpstream, sta
     assert (step.status, step.status_code, step.response) == ("error", status, err)
 
 
-async def test_upstream_html_502_is_relayed_and_recorded_as_error(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_upstream_html_502_is_relayed_and_recorded_as_error(start_gateway: StartGateway,
+                                                                  upstream: FakeUpstream) -> None:
+    gw = await start_gateway(routes={"m": NO_RETRY})
     html = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
     upstream.script(UP_PATH, [Reply.raw(html, status=502, content_type="text/html")])
     r = await gw.http().post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES})
@@ -423,7 +427,7 @@ async def test_upstream_error_status_with_a_text_body_is_still_relayed(gw: Gatew
 
 
 async def test_upstream_unreachable_is_502_and_recorded(start_gateway: StartGateway) -> None:
-    gw = await start_gateway(routes={"m": {"base_url": "http://127.0.0.1:9/v1", "connect_timeout_s": 2}})
+    gw = await start_gateway(routes={"m": {"base_url": "http://127.0.0.1:9/v1", "connect_timeout_s": 2, **NO_RETRY}})
     with pytest.raises(openai.InternalServerError) as ei:
         await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert ei.value.status_code == 502
@@ -459,7 +463,9 @@ async def test_upstream_model_replaces_the_route_key(start_gateway: StartGateway
     assert step.meta_json == {"route": "m", "upstream_model": "org/real-model-7b"}
 
 
-async def test_metrics_count_requests_and_recorded_steps(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_metrics_count_requests_and_recorded_steps(start_gateway: StartGateway,
+                                                         upstream: FakeUpstream) -> None:
+    gw = await start_gateway(routes={"m": NO_RETRY})
     client = gw.client("s1")
     await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     async for _ in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from tests.fake_upstream import (
     chat_chunk,
     chat_completion,
 )
-from tests.gateway.conftest import MESSAGES, Gateway, eventually, sse_json
+from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, eventually, sse_json
 
 StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
@@ -400,7 +400,7 @@ async def test_upstream_answering_json_to_a_stream_request_is_streamed(gw: Gatew
 
 async def test_route_without_streaming_relays_upstream_errors(start_gateway: StartGateway,
                                                               upstream: FakeUpstream) -> None:
-    gw = await start_gateway(routes={"m": {"supports_stream": False}})
+    gw = await start_gateway(routes={"m": {"supports_stream": False, **NO_RETRY}})
     err = {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": None}}
     upstream.script(UP_PATH, [Reply.json(err, status=429, headers={"Retry-After": "2"})])
     with pytest.raises(openai.RateLimitError) as ei:

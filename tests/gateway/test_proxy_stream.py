@@ -24,7 +24,7 @@ from tests.faults import (
     F6_REASONING,
     F8A_ERROR_IN_200_STREAM,
 )
-from tests.gateway.conftest import MESSAGES, Gateway, sse_json, sse_payloads
+from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, sse_json, sse_payloads
 
 StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
@@ -313,7 +313,9 @@ async def test_f8c_only_done_is_recorded_and_nothing_hangs(gw: Gateway, upstream
         assert step.meta_json["chunks"] == 0
 
 
-async def test_error_status_with_sse_content_type_is_not_a_stream(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_error_status_with_sse_content_type_is_not_a_stream(start_gateway: StartGateway,
+                                                                   upstream: FakeUpstream) -> None:
+    gw = await start_gateway(routes={"m": NO_RETRY})
     body = b'data: {"error":{"message":"overloaded","code":503}}\n\n'
     upstream.script(UP_PATH, [Reply.raw(body, status=503, content_type="text/event-stream")])
     r = await raw_post(gw, stream_body())

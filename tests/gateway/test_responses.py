@@ -24,7 +24,7 @@ from tests.fake_upstream import (
     sse_event,
 )
 from tests.faults import F19_HTML_502, F19_RESPONSES_ARGS_ONLY_IN_DONE, F19_RESPONSES_NO_COMPLETED
-from tests.gateway.conftest import CLIENT_KEY, ROUTE_KEY, Gateway, anthropic_routes
+from tests.gateway.conftest import CLIENT_KEY, NO_RETRY, ROUTE_KEY, Gateway, anthropic_routes
 from tests.gateway.test_proxy_stream import _hold_db_write_lock
 
 StartGateway = Callable[..., Awaitable[Gateway]]
@@ -258,8 +258,9 @@ async def test_f19_stream_without_completed_is_truncated(gw: Gateway, upstream: 
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_f19_html_502_is_a_recorded_upstream_error_and_a_502(gw: Gateway, upstream: FakeUpstream,
-                                                                   stream: bool) -> None:
+async def test_f19_html_502_is_a_recorded_upstream_error_and_a_502(start_gateway: StartGateway,
+                                                                   upstream: FakeUpstream, stream: bool) -> None:
+    gw = await start_gateway(routes={"m": NO_RETRY})
     upstream.script(UP_PATH, [Reply.raw(F19_HTML_502, status=502, content_type="text/html")])
     with pytest.raises(openai.InternalServerError) as ei:
         await gw.client("s1").responses.create(model="m", input="hi", stream=stream)  # type: ignore[call-overload]
