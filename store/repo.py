@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sqlalchemy import delete, func, insert, text, update
+from sqlalchemy import Table, delete, func, insert, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlmodel import SQLModel, col, select
 
@@ -31,6 +33,110 @@ _SESSION_COLUMNS = tuple(c.name for c in GatewaySession.__table__.columns)  # ty
 def _columns(obj: SQLModel, names: tuple[str, ...]) -> dict[str, Any]:
     """The column values of a table object, as a plain dict (cheaper than ``model_dump``)."""
     return {n: getattr(obj, n) for n in names}
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+_STEP_INSERT_SQL = (
+    f"INSERT INTO {_q(SessionStep.__tablename__)} ({', '.join(map(_q, _STEP_COLUMNS))}) "
+    f"VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
+)
+_SESSION_UPSERT_SQL = (
+    f"INSERT INTO {_q(GatewaySession.__tablename__)} ({', '.join(map(_q, _SESSION_COLUMNS))}) "
+    f"VALUES ({', '.join('?' * len(_SESSION_COLUMNS))}) ON CONFLICT ({_q('session_id')}) DO UPDATE SET "
+    + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in _SESSION_COLUMNS if c not in ("session_id", "created_at"))
+)
+
+_RowFn = Callable[[SQLModel], tuple[Any, ...]]
+
+
+def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
+    """A function turning a table object into the tuple of its column values, each converted
+    exactly as SQLAlchemy binds it on this dialect (the column type's own bind processor: JSON via
+    the engine's ``json_serializer`` with None stored as the JSON text ``'null'`` as the
+    ``JSON(none_as_null=False)`` columns do, booleans as 0/1, datetimes in SQLite's DATETIME storage
+    format with the tzinfo dropped, not converted), so rows read back identically either way."""
+    plan: list[tuple[str, Callable[[Any], Any] | None]] = []
+    for c in table.columns:
+        plan.append((c.name, c.type.dialect_impl(dialect).bind_processor(dialect)))
+    names = tuple(n for n, _ in plan)
+    if all(p is None for _, p in plan):
+        return lambda obj: tuple([getattr(obj, n) for n in names])
+    procs = tuple(plan)
+
+    def convert(obj: SQLModel) -> tuple[Any, ...]:
+        return tuple([getattr(obj, n) if p is None else p(getattr(obj, n)) for n, p in procs])
+
+    return convert
+
+
+class _SqliteBatchWriter:
+    """``write_batch`` for SQLite: ONE plain ``sqlite3`` connection, opened, used and closed by ONE
+    worker thread; one thread hop per batch, ``BEGIN IMMEDIATE`` + two executemany + ``COMMIT``."""
+
+    def __init__(self, path: str, dialect: Dialect) -> None:
+        self.path = path
+        self._step_row = _row_converter(SessionStep.__table__, dialect)  # type: ignore[attr-defined]
+        self._session_row = _row_converter(GatewaySession.__table__, dialect)  # type: ignore[attr-defined]
+        self._executor: ThreadPoolExecutor | None = None
+        self._con: sqlite3.Connection | None = None  # only touched in the worker thread
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            con.execute("PRAGMA synchronous=NORMAL")
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def _commit(self, step_rows: list[tuple[Any, ...]], session_rows: list[tuple[Any, ...]]) -> None:
+        con = self._con
+        if con is None:
+            con = self._con = self._connect()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            if session_rows:
+                con.executemany(_SESSION_UPSERT_SQL, session_rows)
+            if step_rows:
+                con.executemany(_STEP_INSERT_SQL, step_rows)
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+
+    async def write(self, steps: Sequence[SessionStep], sessions: Iterable[GatewaySession]) -> None:
+        latest: dict[str, GatewaySession] = {}
+        for gs in sessions:
+            latest[gs.session_id] = gs
+        # convert on the event loop thread: the objects are not shared with the worker thread
+        step_rows = [self._step_row(st) for st in steps]
+        session_rows = [self._session_row(gs) for gs in latest.values()]
+        if not step_rows and not session_rows:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._commit, step_rows, session_rows)
+
+    def _close_connection(self) -> None:
+        con, self._con = self._con, None
+        if con is not None:
+            con.close()
+
+    async def close(self) -> None:
+        """Close the connection in its thread, then stop the thread (waits for it)."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
+        finally:
+            executor.shutdown(wait=True)
 
 
 class Store:
@@ -49,6 +155,9 @@ class Store:
         self._read = async_sessionmaker(self.reader, expire_on_commit=False, class_=AsyncSession)
         self._write_lock = asyncio.Lock()
         self._upsert_stmt: Any = None
+        path = self.path
+        self._sqlite_writer = (
+            _SqliteBatchWriter(path, self.writer.sync_engine.dialect) if path is not None else None)
 
     @property
     def kind(self) -> str:
@@ -75,7 +184,10 @@ class Store:
             await conn.run_sync(SQLModel.metadata.create_all)
 
     async def close(self) -> None:
-        """Dispose both engines (closes every pooled connection)."""
+        """Close the SQLite batch writer's connection and stop its thread, then dispose both
+        engines (closes every pooled connection)."""
+        if self._sqlite_writer is not None:
+            await self._sqlite_writer.close()
         await self.writer.dispose()
         await self.reader.dispose()
 
@@ -118,7 +230,16 @@ class Store:
         """Insert step rows and upsert gateway session rows in ONE transaction (group commit).
 
         Sessions are upserted once each (the last snapshot of a session in the batch wins: callers
-        queue snapshots in order); both statements run as one prepared ``executemany``."""
+        queue snapshots in order); both statements run as one prepared ``executemany``.
+
+        SQLite: plain ``sqlite3`` on one dedicated connection in one worker thread (one thread hop
+        per batch); values are bound exactly as SQLAlchemy binds them, so SQLAlchemy reads see
+        the same rows. On error the whole batch is rolled back and the ``sqlite3`` error raised.
+        PostgreSQL: the SQLAlchemy Core path."""
+        if self._sqlite_writer is not None:
+            async with self._write_lock:
+                await self._sqlite_writer.write(steps, sessions)
+            return
         latest: dict[str, dict[str, Any]] = {}
         for gs in sessions:
             latest[gs.session_id] = _columns(gs, _SESSION_COLUMNS)
