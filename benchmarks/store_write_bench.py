@@ -7,8 +7,8 @@ The gateway's telemetry writer calls ``Store.write_batch(steps, sessions)`` with
 (group commit). This script writes the same kind of rows (a small chat exchange) into a fresh SQLite
 file, in batches of 1 (what concurrency 1 gives) and 64, three ways:
 
-- ``Store.write_batch``: the store as it is (ORM ``add_all`` for the steps, one ``INSERT .. ON
-  CONFLICT`` statement built and executed per session row);
+- ``Store.write_batch``: the store as it is (for SQLite: one plain ``sqlite3`` connection in one
+  writer thread, prepared executemany, values bound by SQLAlchemy's processors);
 - ``core executemany``: the same async engine, one Core ``INSERT`` executemany for the steps and
   one prepared upsert executemany for the session rows, deduplicated per session (the last
   snapshot of a session in a batch wins, as the writer commits in queue order);

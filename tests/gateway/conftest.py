@@ -113,6 +113,13 @@ class Gateway:
         self._clients.append(c)
         return c
 
+    def hold_write_lock(self) -> sqlite3.Connection:
+        """Take SQLite's write lock from a second connection (``BEGIN IMMEDIATE``): the gateway's
+        next commit waits until the caller ends it with ``rollback()``."""
+        con = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        con.execute("BEGIN IMMEDIATE")
+        return con
+
     def http(self, **kw: Any) -> httpx.AsyncClient:
         """A raw httpx client on the gateway origin (closed at teardown)."""
         kw.setdefault("timeout", 20.0)

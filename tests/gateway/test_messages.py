@@ -36,7 +36,6 @@ from tests.gateway.conftest import (
     anthropic_routes,
     eventually,
 )
-from tests.gateway.test_proxy_stream import _hold_db_write_lock
 
 StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/messages"
@@ -436,7 +435,7 @@ async def test_passthrough_is_forwarded_but_not_recorded(agw: Gateway, upstream:
 
 
 async def test_strict_mode_commits_the_step_before_message_stop(agw: Gateway, upstream: FakeUpstream) -> None:
-    lock = await _hold_db_write_lock(agw)  # the gateway's commit must wait for this lock
+    lock = agw.hold_write_lock()  # the gateway's commit must wait for this lock
     received: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def read() -> None:

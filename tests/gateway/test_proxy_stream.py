@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -325,14 +324,8 @@ async def test_error_status_with_sse_content_type_is_not_a_stream(start_gateway:
 
 
 # ------------------------------------------------------------------------------ strict telemetry
-async def _hold_db_write_lock(gw: Gateway) -> sqlite3.Connection:
-    con = sqlite3.connect(gw.db_path, timeout=30, isolation_level=None)
-    con.execute("BEGIN IMMEDIATE")
-    return con
-
-
 async def test_strict_mode_commits_the_step_before_done(gw: Gateway, upstream: FakeUpstream) -> None:
-    lock = await _hold_db_write_lock(gw)  # the gateway's commit must wait for this lock
+    lock = gw.hold_write_lock()  # the gateway's commit must wait for this lock
     received: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def read() -> None:
@@ -363,7 +356,7 @@ async def test_strict_mode_commits_the_step_before_done(gw: Gateway, upstream: F
 
 
 async def test_strict_mode_commits_before_a_non_stream_response(gw: Gateway, upstream: FakeUpstream) -> None:
-    lock = await _hold_db_write_lock(gw)
+    lock = gw.hold_write_lock()
     try:
         task = asyncio.ensure_future(raw_post(gw, {"model": "m", "messages": MESSAGES}))
         await upstream.wait_for_requests(1)
@@ -379,7 +372,7 @@ async def test_strict_mode_commits_before_a_non_stream_response(gw: Gateway, ups
 
 async def test_best_effort_mode_does_not_wait_for_the_db(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     gw = await start_gateway(telemetry={"mode": "best_effort"})
-    lock = await _hold_db_write_lock(gw)
+    lock = gw.hold_write_lock()
     try:
         async with asyncio.timeout(3):
             r = await raw_post(gw, stream_body())

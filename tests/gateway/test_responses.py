@@ -25,7 +25,6 @@ from tests.fake_upstream import (
 )
 from tests.faults import F19_HTML_502, F19_RESPONSES_ARGS_ONLY_IN_DONE, F19_RESPONSES_NO_COMPLETED
 from tests.gateway.conftest import CLIENT_KEY, NO_RETRY, ROUTE_KEY, Gateway, anthropic_routes
-from tests.gateway.test_proxy_stream import _hold_db_write_lock
 
 StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/responses"
@@ -292,7 +291,7 @@ async def test_error_inside_a_200_stream_is_an_error_step(gw: Gateway, upstream:
 
 
 async def test_strict_mode_commits_the_step_before_response_completed(gw: Gateway, upstream: FakeUpstream) -> None:
-    lock = await _hold_db_write_lock(gw)
+    lock = gw.hold_write_lock()
     received: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def read() -> None:
