@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from rollout.protocol import Trajectory
 from rollout.report import SessionRecord
 from rollout.trajectory import to_trajectory, usage_total
-from store import JobEnvironment, SessionStep, Store
+from store import JobEnvironment, Store
 
 
-def record_of(row: JobEnvironment, trajectory_rows: list[SessionStep]) -> SessionRecord:
+def record_of(row: JobEnvironment, traj: Trajectory) -> SessionRecord:
     """The JSONL record of one finished session row and its recorded steps."""
-    traj = to_trajectory(row.env_id, trajectory_rows)
     return SessionRecord.model_validate({
         "session_id": row.env_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
         "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": row.status,
@@ -22,4 +22,4 @@ def record_of(row: JobEnvironment, trajectory_rows: list[SessionStep]) -> Sessio
 async def job_records(store: Store, job_id: str) -> list[SessionRecord]:
     """Records of every finished session of a job, ordered by env, case, sample."""
     rows = [r for r in await store.job_sessions(job_id) if r.finished]
-    return [record_of(r, await store.trajectory(r.env_id)) for r in rows]
+    return [record_of(r, to_trajectory(r.env_id, await store.trajectory(r.env_id))) for r in rows]

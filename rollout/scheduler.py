@@ -165,7 +165,7 @@ class Scheduler:
             reward = evaluation.score if evaluation else None
             await self.store.finish_job_session(
                 sid, reward=reward, eval_meta=evaluation.model_dump(mode="json") if evaluation else None, **final)
-            return record_of(row.model_copy(update={**final, "reward": reward, "finished": True}), steps)
+            return record_of(row.model_copy(update={**final, "reward": reward, "finished": True}), trajectory)
         except asyncio.CancelledError:
             # finish the bookkeeping even if cancelled again meanwhile: nothing half-written
             cleanup = asyncio.ensure_future(self._cancelled(sid))
@@ -180,7 +180,8 @@ class Scheduler:
             final = {"status": "error", "error_text": f"launcher error: {type(e).__name__}: {e}",
                      "duration_s": time.monotonic() - t0}
             await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
-            return record_of(row.model_copy(update={**final, "finished": True}), await self.store.trajectory(sid))
+            steps = await self.store.trajectory(sid)
+            return record_of(row.model_copy(update={**final, "finished": True}), to_trajectory(sid, steps))
         finally:
             if not self.s.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)

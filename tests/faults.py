@@ -19,6 +19,7 @@ __all__ = [
     "F8A_ERROR_IN_200_STREAM",
     "F8B_EOF_WITHOUT_DONE",
     "F8C_ONLY_DONE",
+    "CHAT_FAULT_STREAMS",
     "F19_HTML_502",
     "F19_RESPONSES_ARGS_ONLY_IN_DONE",
     "F19_RESPONSES_NO_COMPLETED",
@@ -117,3 +118,10 @@ F19_RESPONSES_NO_COMPLETED = F19_RESPONSES_ARGS_ONLY_IN_DONE[:3]
 
 # F19 variant: the upstream answers 502 with Content-Type text/html and this body.
 F19_HTML_502 = b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+
+
+CHAT_FAULT_STREAMS: tuple[list[bytes], ...] = (
+    F1_EMPTY_CHOICES, F2_COMMENTS, F3_SPLIT_CRLF, F5_PARALLEL_TOOL_CALLS, F5_PARALLEL_TOOL_CALLS_NO_INDEX,
+    F6_REASONING, F8A_ERROR_IN_200_STREAM, F8B_EOF_WITHOUT_DONE, F8C_ONLY_DONE,
+)
+"""Every chat-completions fault stream above, for tests that must hold on all of them."""

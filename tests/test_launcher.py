@@ -183,46 +183,30 @@ async def test_resume_runs_only_unfinished_sessions(tmp_path: Path) -> None:
 
 
 async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> None:
-    import uvicorn
-
-    from gateway.app import create_app
+    """A given gateway is checked before anything runs: same storage, session path, route."""
     from gateway.settings import GatewaySettings
+    from tests.gateway.conftest import serve
 
     env_root = tmp_path / "envs"
     make_env(env_root)
     settings = GatewaySettings.model_validate({"storage_config": {"db_url": f"sqlite://{tmp_path}/gateway.db"},
                                                "llm_routes": {"fake": {"base_url": "http://127.0.0.1:9/v1"}}})
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    gw = await serve(settings)
+    common = ["--agent-root", str(env_root)]
     try:
-        code, _, err = await launch("--agent-root", str(env_root), "--llm-model", "fake",
-                                    "--gateway-base-url", f"http://127.0.0.1:{port}/v1/sessions",
+        code, _, err = await launch(*common, "--llm-model", "fake", "--gateway-base-url", f"{gw.url}/v1/sessions",
                                     "--db-path", f"sqlite://{tmp_path}/launcher.db", cwd=tmp_path)
-    finally:
-        server.should_exit = True
-        await task
-    assert code == 1
-    assert "records to" in err and "gateway.db" in err and "launcher.db" in err
-    # same storage, but a URL without the session path, or a route the gateway does not have
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        db = ["--db-path", f"sqlite://{tmp_path}/gateway.db"]
-        code, _, err = await launch("--agent-root", str(env_root), "--llm-model", "fake", *db,
-                                    "--gateway-base-url", f"http://127.0.0.1:{port}", cwd=tmp_path)
+        assert code == 1
+        assert "records to" in err and "gateway.db" in err and "launcher.db" in err
+        # same storage, but a URL without the session path, or a route the gateway does not have
+        common += ["--db-path", f"sqlite://{tmp_path}/gateway.db"]
+        code, _, err = await launch(*common, "--llm-model", "fake", "--gateway-base-url", gw.url, cwd=tmp_path)
         assert code == 1 and "must end with the gateway's session path '/v1/sessions'" in err
-        code, _, err = await launch("--agent-root", str(env_root), "--llm-model", "other", *db,
-                                    "--gateway-base-url", f"http://127.0.0.1:{port}/v1/sessions", cwd=tmp_path)
+        code, _, err = await launch(*common, "--llm-model", "other", "--gateway-base-url", f"{gw.url}/v1/sessions",
+                                    cwd=tmp_path)
         assert code == 1 and "no route 'other'" in err
     finally:
-        server.should_exit = True
-        await task
+        await gw.stop()
     assert not (tmp_path / "launcher.db").exists() or rows(tmp_path / "launcher.db",
                                                            "SELECT count(*) FROM session_steps") == [(0,)]
 

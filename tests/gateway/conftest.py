@@ -273,3 +273,15 @@ def sse_payloads(raw: bytes) -> list[str]:
 def sse_json(raw: bytes) -> list[Any]:
     """The JSON ``data:`` payloads of an SSE body (``[DONE]`` left out)."""
     return [json.loads(p) for p in sse_payloads(raw) if p != "[DONE]"]
+
+
+def events_of(raw: bytes) -> list[tuple[str | None, dict[str, Any]]]:
+    """``(event: line value, JSON data)`` of each event of an SSE body."""
+    out = []
+    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
+        lines = block.split(b"\n")
+        name = next((ln[6:].strip().decode() for ln in lines if ln.startswith(b"event:")), None)
+        data = b"\n".join(ln[5:].lstrip(b" ") for ln in lines if ln.startswith(b"data:"))
+        if data:
+            out.append((name, json.loads(data)))
+    return out

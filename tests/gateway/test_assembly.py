@@ -8,6 +8,7 @@ from typing import Any
 from gateway.assembly import ChatStreamAssembler, message_of, reasoning_of, usage_of
 from gateway.sse import SSEParser
 from tests.faults import (
+    CHAT_FAULT_STREAMS,
     F1_EMPTY_CHOICES,
     F2_COMMENTS,
     F3_SPLIT_CRLF,
@@ -402,17 +403,7 @@ def test_top_level_fields_last_non_empty_value() -> None:
 
 
 def test_every_fault_stream_assembles_the_same_byte_by_byte() -> None:
-    for pieces in [
-        F1_EMPTY_CHOICES,
-        F2_COMMENTS,
-        F3_SPLIT_CRLF,
-        F5_PARALLEL_TOOL_CALLS,
-        F5_PARALLEL_TOOL_CALLS_NO_INDEX,
-        F6_REASONING,
-        F8A_ERROR_IN_200_STREAM,
-        F8B_EOF_WITHOUT_DONE,
-        F8C_ONLY_DONE,
-    ]:
+    for pieces in CHAT_FAULT_STREAMS:
         whole, _ = run(pieces)
         stream = b"".join(pieces)
         split, _ = run([stream[i : i + 1] for i in range(len(stream))])

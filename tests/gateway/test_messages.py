@@ -34,6 +34,7 @@ from tests.gateway.conftest import (
     ROUTE_KEY,
     Gateway,
     anthropic_routes,
+    events_of,
     eventually,
 )
 
@@ -84,18 +85,6 @@ THINK_TEXT_TOOL_MESSAGE = {
 async def agw(start_gateway: StartGateway, upstream: FakeUpstream) -> Gateway:
     """A gateway with the openai route ``m`` and the anthropic route ``a``."""
     return await start_gateway(routes=anthropic_routes(upstream))
-
-
-def events_of(raw: bytes) -> list[tuple[str | None, dict[str, Any]]]:
-    """``(event: line value, JSON data)`` of each event of an SSE body."""
-    out = []
-    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = block.split(b"\n")
-        name = next((ln[6:].strip().decode() for ln in lines if ln.startswith(b"event:")), None)
-        data = b"\n".join(ln[5:].lstrip(b" ") for ln in lines if ln.startswith(b"data:"))
-        if data:
-            out.append((name, json.loads(data)))
-    return out
 
 
 def assert_anthropic_error(body: Any, type_: str) -> str:

@@ -24,7 +24,7 @@ from tests.fake_upstream import (
     sse_event,
 )
 from tests.faults import F19_HTML_502, F19_RESPONSES_ARGS_ONLY_IN_DONE, F19_RESPONSES_NO_COMPLETED
-from tests.gateway.conftest import CLIENT_KEY, NO_RETRY, ROUTE_KEY, Gateway, anthropic_routes
+from tests.gateway.conftest import CLIENT_KEY, NO_RETRY, ROUTE_KEY, Gateway, anthropic_routes, events_of
 
 StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/responses"
@@ -34,18 +34,6 @@ WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weath
                                "required": ["city"]}}
 CALL = {"type": "function_call", "id": "fc1", "call_id": "call_1", "name": "get_weather",
         "arguments": '{"city":"Paris"}', "status": "completed"}
-
-
-def events_of(raw: bytes) -> list[tuple[str | None, dict[str, Any]]]:
-    """``(event: line value, JSON data)`` of each event of a Responses SSE body."""
-    out = []
-    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = block.split(b"\n")
-        name = next((ln[6:].strip().decode() for ln in lines if ln.startswith(b"event:")), None)
-        data = b"\n".join(ln[5:].lstrip(b" ") for ln in lines if ln.startswith(b"data:"))
-        if data:
-            out.append((name, json.loads(data)))
-    return out
 
 
 # ------------------------------------------------------------------------------ non-streamed
