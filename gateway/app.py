@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.auth import install_auth
 from gateway.errors import GatewayError, install_error_handlers
 from gateway.forward import handle
 from gateway.metrics import Metrics
@@ -65,6 +66,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     app = FastAPI(title="rollout gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    install_auth(app, settings)  # API keys of the gateway's clients (gateway.auth); off without keys
     sp = settings.base_session_path
 
     def gw(request: Request) -> GatewayState:
@@ -161,8 +163,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         if st is None:
             raise GatewayError(404, f"unknown session {session_id}", code="session_not_found")
         return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
-                "total_steps": st.total_steps, "step_counts": st.step_counts or {},
-                "close_reason": st.close_reason, "completion_mode": st.completion_mode}
+                "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
+                "step_counts": st.step_counts or {}, "close_reason": st.close_reason, "completion_mode": st.completion_mode}
 
     @app.post(sp + "/{session_id}/close")
     async def close_session(session_id: str, request: Request) -> dict[str, object]:

@@ -6,6 +6,10 @@ body and maps the HTTP status to its exception classes (429/5xx are retried by t
 An endpoint whose protocol has another error shape (Anthropic's ``/v1/messages``) registers a
 converter for its request with :func:`set_error_shape`; the app's handlers then answer every
 error of that request (a :class:`GatewayError`, or a bug's 500) in that shape.
+
+Every error answered by these handlers is counted in ``/metrics`` as
+``gateway_error_responses_total{status, code}`` (:func:`count_error`); model calls that reached
+their route are counted by the call itself (``gateway_requests_total``) and do not pass here.
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ def set_error_shape(request: Request, shape: ErrorShape) -> None:
     request.state.error_shape = shape
 
 
+def count_error(request: Request, status: int, code: str | None) -> None:
+    """Count an error the gateway answered itself in ``gateway_error_responses_total`` (no-op
+    when the app has no gateway state, e.g. during startup)."""
+    metrics = getattr(getattr(request.app.state, "gw", None), "metrics", None)
+    if metrics is not None:
+        metrics.error_responses.labels(str(status), code or "").inc()
+
+
 def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
     shape: ErrorShape | None = getattr(request.state, "error_shape", None)
     return body if shape is None else shape(status, body)
@@ -74,21 +86,23 @@ class GatewayError(Exception):
         self.headers = headers
 
 
-
 async def _gateway_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
     body = error_body(exc.status, exc.message, code=exc.code, param=exc.param)
+    count_error(req, exc.status, exc.code)
     return JSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
 
 
-async def _http_error(_req: Request, exc: Exception) -> JSONResponse:
+async def _http_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    count_error(req, exc.status_code, None)
     return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
 
 
-async def _validation_error(_req: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    count_error(req, 400, None)
     first = exc.errors()[0] if exc.errors() else {}
     loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
     msg = f"{first.get('msg', 'invalid request')}" + (f" (at {loc})" if loc else "")
@@ -98,6 +112,7 @@ async def _validation_error(_req: Request, exc: Exception) -> JSONResponse:
 async def _unexpected_error(req: Request, exc: Exception) -> JSONResponse:
     # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server logs the traceback.
     body = error_body(500, f"internal gateway error: {type(exc).__name__}: {exc}", code="internal_error")
+    count_error(req, 500, "internal_error")
     return JSONResponse(_shaped(req, 500, body), status_code=500)
 
 

@@ -46,6 +46,20 @@ finished answer to the client as a short stream in the protocol's format
 Once a session's budget is used, the gateway answers without calling upstream with the
 protocol's synthetic stop answer (:meth:`WireProtocol.stop_answer`, HTTP 200, header
 ``x-gateway-stop-reason: max_steps``), streamed when the client asked to stream.
+
+Budget refunds: a call whose final outcome (after the route's retries) shows it never reached
+the model, a connect failure (connect error or connect timeout) or an upstream HTTP 429, is
+still recorded as its own step (``error``/``timeout``, its own ``seq``) but with
+``meta_json.budget_refunded = true`` and ``is_trainable = false``, and its unit of budget is
+given back (:meth:`gateway.sessions.SessionManager.refund`).
+
+Retries of a session's call (:mod:`gateway.idempotency`: the same ``Idempotency-Key``, or
+``x-stainless-retry-count`` > 0 with a byte-identical body): while the first call is in flight
+the retry waits for it (a join), once it is done with an ``ok`` step the retry gets exactly what
+its client was answered (a stream: every SSE byte, all at once), with the header
+``x-gateway-replayed: true``, counted in ``gateway_idempotent_replays_total`` by endpoint; no
+upstream call, no budget, no step. A retry of a call that failed (or whose answer was over the
+per-call cap, or was forgotten) is a new call.
 """
 
 from __future__ import annotations
@@ -57,10 +71,10 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from fastapi import Request
@@ -69,6 +83,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gateway.call import Call, record
 from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError, error_body, set_error_shape
+from gateway.idempotency import PendingCall, Replay, call_key
 from gateway.protocols import WireProtocol
 from gateway.relay import StreamRelay
 from gateway.sessions import SessionClosed, StepSlot
@@ -76,9 +91,13 @@ from gateway.state import GatewayState
 from gateway.streaming import GuardedStreamingResponse
 from gateway.wire import WireRequest, parse_json_body, read_body
 
+if TYPE_CHECKING:
+    from store import SessionStep
+
 log = logging.getLogger(__name__)
 
 STOP_HEADER = {"x-gateway-stop-reason": "max_steps"}
+REPLAYED_HEADER = {"x-gateway-replayed": "true"}
 _RELAYED_HEADERS = ("retry-after", "x-request-id", "openai-processing-ms", "request-id", "x-should-retry")
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -93,6 +112,10 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
     session, 413 body over ``max_request_bytes``, 502 upstream unreachable, broken, or answering
     2xx with something that is not an answer (``upstream_invalid_response``), 504 upstream
     timeout; upstream 4xx/5xx are relayed with their status, body and Retry-After.
+
+    A retry of an earlier call of the session is answered with that call's answer, or waits for
+    it while it is in flight (see the module docstring); every other session call is remembered
+    for its own retries (:class:`gateway.idempotency.RecentCalls`) until it is settled.
     """
     set_error_shape(request, proto.client_error)
     raw = await read_body(request, gw.settings.max_request_bytes)
@@ -108,25 +131,75 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
         raise GatewayError(400, f"route `{route_key}` speaks the {route.api} API, which does not serve "
                                 f"{proto.endpoint} calls", code="route_api_mismatch", param="model")
 
-    slot: StepSlot | None = None
+    claim: PendingCall | None = None
     if session_id is not None:
-        try:
-            slot, snapshot = await gw.sessions.reserve(session_id, route_key)
-        except SessionClosed:
-            raise GatewayError(409, f"session {session_id} is closed", code="session_closed") from None
-        if slot is None:
-            await gw.writer.record(None, snapshot)  # the session is now truncated
-            return _synthetic_stop(gw, proto, req)
+        seen = await _replay_or_claim(gw, request, session_id, proto, req, raw)
+        if not isinstance(seen, PendingCall):
+            return seen
+        claim = seen
 
+    response: Response | None = None
     try:
-        response = await _forward(gw, proto, request, raw, body, req, slot)
-    except BaseException:
-        if slot is not None:
-            gw.sessions.release(slot)  # no step row (a bug, a server shutdown): not in flight anymore
-        raise
-    if slot is not None and not isinstance(response, GuardedStreamingResponse):
-        gw.sessions.release(slot)  # normally released when its step was queued: then a no-op
-    return response
+        slot: StepSlot | None = None
+        if session_id is not None:
+            try:
+                slot, snapshot = await gw.sessions.reserve(session_id, route_key)
+            except SessionClosed:
+                raise GatewayError(409, f"session {session_id} is closed", code="session_closed") from None
+            if slot is None:
+                await gw.writer.record(None, snapshot)  # the session is now truncated
+                return _synthetic_stop(gw, proto, req)
+
+        try:
+            response = await _forward(gw, proto, request, raw, body, req, slot, claim)
+        except BaseException:
+            if slot is not None:
+                gw.sessions.release(slot)  # no step row (a bug, a server shutdown): not in flight anymore
+            raise
+        if slot is not None and not isinstance(response, GuardedStreamingResponse):
+            gw.sessions.release(slot)  # normally released when its step was queued: then a no-op
+        return response
+    finally:
+        # a relayed stream settles its claim when it ends; anything else not done by now failed
+        if claim is not None and not isinstance(response, GuardedStreamingResponse):
+            claim.fail()
+
+
+async def _replay_or_claim(gw: GatewayState, request: Request, sid: str, proto: WireProtocol, req: WireRequest,
+                           raw: bytes) -> Response | PendingCall:
+    """The answer to a retry of a remembered call of session ``sid`` (waiting for it while it is
+    in flight), or the :class:`PendingCall` under which this call is remembered: the caller
+    makes the call and must settle it. When the call waited for failed, this call looks again
+    (another retry may have taken over meanwhile) and otherwise becomes a new call. A client
+    that leaves while waiting gets 499 (nothing recorded)."""
+    table = gw.sessions.recent_calls
+    key, maybe_retry = call_key(request.headers, proto.endpoint, raw)
+    while True:
+        seen = table.find(sid, key) if maybe_retry else None
+        if seen is None:
+            return table.begin(sid, key)
+        replay = seen.replay
+        if replay is None:  # in flight: join it
+            try:
+                replay = await unless_client_leaves(request.receive, seen.wait())
+            except ClientGone:
+                gw.metrics.requests.labels(proto.endpoint, req.model, "499").inc()
+                err = error_body(499, "the client closed the connection while waiting for the call it retried",
+                                 code="client_disconnected", type_="client_disconnected")
+                return JSONResponse(proto.client_error(499, err), status_code=499)  # nobody reads it
+            if replay is None:
+                continue
+        return _replayed(gw, proto, req, replay)
+
+
+def _replayed(gw: GatewayState, proto: WireProtocol, req: WireRequest, replay: Replay) -> Response:
+    """A remembered answer sent again (header ``x-gateway-replayed: true``), counted in
+    ``/metrics``; no upstream call, no step."""
+    gw.metrics.idempotent_replays.labels(proto.endpoint).inc()
+    gw.metrics.requests.labels(proto.endpoint, req.model, str(replay.status_code)).inc()
+    log.info("%s call of route %s answered with the answer of the call it retries", proto.endpoint, req.model)
+    return Response(content=replay.body, status_code=replay.status_code, media_type=replay.media_type,
+                    headers={**replay.headers, **REPLAYED_HEADER})
 
 
 def _synthetic_stop(gw: GatewayState, proto: WireProtocol, req: WireRequest) -> Response:
@@ -224,7 +297,7 @@ class _Exchange:
         call.upstream_status = None
         try:
             self.resp = resp = await self.stack.enter_async_context(
-                call.gw.upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers))
+                call.gw.upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers, None if call.slot is None else call.slot.session_id))
         except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
             if isinstance(e, aiohttp.ConnectionTimeoutError):
                 raise _UpstreamFailed(504, "timeout", call.timeout_error("connect", e), "connect",
@@ -279,9 +352,11 @@ def _retry_after_s(value: str | None) -> float | None:
 
 
 async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw: bytes, body: dict[str, Any],
-                   req: WireRequest, slot: StepSlot | None) -> Response:
+                   req: WireRequest, slot: StepSlot | None, claim: PendingCall | None = None) -> Response:
     """Call the route's upstream for a validated request (a step reserved in ``slot``, None for
-    passthrough) and answer the client; every path records the step (see the module docstring)."""
+    passthrough) and answer the client; every path records the step (see the module docstring).
+    A successful answer settles ``claim`` (the call as remembered for its retries) with what the
+    client is answered; a relayed stream settles it when it ends, whatever the outcome."""
     route = gw.settings.llm_routes[req.model]
     upstream_body, usage_added = proto.upstream_body(req, body, route)
     upstream_streams = bool(req.stream) and route.supports_stream
@@ -302,7 +377,7 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
         return _client_left(call, backing_off=exchange.backing_off)
     except _UpstreamFailed as f:
         await exchange.close(abort=True)
-        return await _fail(call, f.status, f.step_status, f.error, f.phase)
+        return await _fail(call, f.status, f.step_status, f.error, f.phase, refund=_before_model(f))
     except BaseException:
         await exchange.close(abort=True)
         raise
@@ -310,14 +385,81 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
     assert resp is not None
     if content is None:  # a 200 SSE stream: the relay owns the connection from here
         relay = StreamRelay(call, resp, exchange.stack)
-        return GuardedStreamingResponse(relay.events(), on_disconnect=relay.client_left, finalize=relay.finish,
+        events: AsyncIterator[bytes] = relay.events()
+        finalize: Callable[[], Awaitable[None]] = relay.finish
+        if claim is not None:
+            events, finalize = _kept_stream(events, relay, claim), _settle_after(finalize, claim)
+        return GuardedStreamingResponse(events, on_disconnect=relay.client_left, finalize=finalize,
                                         media_type="text/event-stream", headers=_SSE_HEADERS)
     await exchange.close(abort=False)
     if call.stream and resp.status == 200:
         answer = _answer(proto, content)
         if answer is not None:
-            return await _relay_synthesized(call, resp.headers, answer)
-    return await _relay_plain(call, resp.status, resp.headers, content)
+            return await _relay_synthesized(call, resp.headers, answer, claim)
+    return await _relay_plain(call, resp.status, resp.headers, content, claim)
+
+
+def _before_model(f: _UpstreamFailed) -> bool:
+    """True when the call's last attempt could not even connect to the upstream (a connect
+    error, TLS certificate errors included, or a connect timeout): nothing reached the model, so
+    the call uses no budget. A connection that broke after the request was sent is not such a
+    failure (the model may have started)."""
+    return f.phase == "connect" and isinstance(
+        f.__cause__, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+
+
+def _step(call: Call, *, refund: bool, status: str, status_code: int | None, response: Any,
+          meta: dict[str, Any]) -> SessionStep | None:
+    """``call.step(...)``; when ``refund`` (the call never reached the model) the step's unit of
+    budget is given back first, and the step gets ``meta_json.budget_refunded = true`` and
+    ``is_trainable = false`` (only when the refund happened: not for a session already closed
+    and forgotten)."""
+    refunded = refund and call.slot is not None and call.gw.sessions.refund(call.slot)
+    if refunded:
+        meta = {**meta, "budget_refunded": True}
+    step = call.step(status=status, status_code=status_code, response=response, meta=meta)
+    if refunded and step is not None:
+        step.is_trainable = False
+    return step
+
+
+async def _kept_stream(events: AsyncIterator[bytes], relay: StreamRelay, claim: PendingCall) -> AsyncIterator[bytes]:
+    """``events`` passed through while every byte is kept (up to the per-call cap of the recent
+    calls table); once they all went out and the relay recorded an ``ok`` step, ``claim`` is
+    done with them as its replay (HTTP 200, ``text/event-stream``), otherwise it fails. A stream
+    the client left is settled by :func:`_settle_after`."""
+    kept: list[bytes] | None = []
+    size, limit = 0, claim.max_bytes
+    try:
+        async for chunk in events:
+            if kept is not None:
+                size += len(chunk)
+                if size > limit:
+                    kept = None
+                else:
+                    kept.append(chunk)
+            yield chunk
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if kept is not None and relay.outcome == "ok":
+        claim.done(Replay(200, dict(_SSE_HEADERS), b"".join(kept), "text/event-stream"))
+    else:
+        claim.fail()
+
+
+def _settle_after(finish: Callable[[], Awaitable[None]], claim: PendingCall) -> Callable[[], Awaitable[None]]:
+    """``finish`` followed by failing ``claim`` when the stream did not settle it (the client
+    left, the stream never ran, an error)."""
+
+    async def finalize() -> None:
+        try:
+            await finish()
+        finally:
+            claim.fail()  # a no-op once done
+
+    return finalize
 
 
 def _client_left(call: Call, *, backing_off: bool = False) -> Response:
@@ -337,12 +479,13 @@ def _client_left(call: Call, *, backing_off: bool = False) -> Response:
     return JSONResponse(body, status_code=499)  # nobody reads it: the server drops it
 
 
-async def _fail(call: Call, status: int, step_status: str, err: dict[str, Any], phase: str) -> JSONResponse:
+async def _fail(call: Call, status: int, step_status: str, err: dict[str, Any], phase: str, *,
+                refund: bool = False) -> JSONResponse:
     """Record a call that got no usable answer and answer the client ``status`` with ``err`` (in
-    the protocol's error shape)."""
+    the protocol's error shape); ``refund``: the call never reached the model (see :func:`_step`)."""
     body = call.proto.client_error(status, err)
-    await record(call, call.step(status=step_status, status_code=status, response=body,
-                                 meta={"phase": phase, "error": err["error"]}))
+    await record(call, _step(call, refund=refund, status=step_status, status_code=status, response=body,
+                             meta={"phase": phase, "error": err["error"]}))
     call.observe(status)
     return JSONResponse(body, status_code=status)
 
@@ -361,23 +504,31 @@ def _answer(proto: WireProtocol, content: bytes) -> dict[str, Any] | None:
     return parsed if proto.is_answer(parsed) else None
 
 
-async def _relay_synthesized(call: Call, up_headers: Any, answer: dict[str, Any]) -> Response:
+async def _relay_synthesized(call: Call, up_headers: Any, answer: dict[str, Any],
+                             claim: PendingCall | None = None) -> Response:
     """Answer a streaming client from a finished answer (route without streaming, or an upstream
-    that answered JSON): record it (strict: committed first), then stream it."""
-    await record(call, call.step(status=call.proto.answer_status(answer), status_code=200, response=answer,
+    that answered JSON): record it (strict: committed first), then stream it. An ``ok`` answer
+    settles ``claim`` with the stream's bytes."""
+    step_status = call.proto.answer_status(answer)
+    await record(call, call.step(status=step_status, status_code=200, response=answer,
                                  meta={"stream_synthesized": True}))
     call.observe(200)
     headers = {**_SSE_HEADERS, **{k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}}
-    return StreamingResponse(_iter(call.proto.to_stream(answer, call.req)), media_type="text/event-stream",
-                             headers=headers)
+    chunks = call.proto.to_stream(answer, call.req)
+    if claim is not None and step_status == "ok":
+        claim.done(Replay(200, headers, b"".join(chunks), "text/event-stream"))
+    return StreamingResponse(_iter(chunks), media_type="text/event-stream", headers=headers)
 
 
-async def _relay_plain(call: Call, status: int, up_headers: Any, content: bytes) -> Response:
+async def _relay_plain(call: Call, status: int, up_headers: Any, content: bytes,
+                       claim: PendingCall | None = None) -> Response:
     """Relay a non-streamed upstream answer with its status and body: an answer (2xx) or an error
     (4xx/5xx, whatever its body, an HTML 502 page too). A 2xx body that is not a valid answer of
     the protocol (HTML, broken JSON, an error object) is not relayed: the client gets 502
     ``upstream_invalid_response`` (its SDK would fail on it), and the step keeps the raw body
-    (``status`` ``error``, ``meta_json.upstream_status``)."""
+    (``status`` ``error``, ``meta_json.upstream_status``). An upstream 429 never reached the
+    model: its unit of budget is refunded (:func:`_step`). An ``ok`` answer settles ``claim``
+    with the relayed status, headers and body."""
     try:
         parsed: Any = json.loads(content) if content else None
     except (ValueError, UnicodeDecodeError):
@@ -392,10 +543,13 @@ async def _relay_plain(call: Call, status: int, up_headers: Any, content: bytes)
         return await _invalid_answer(call, status, up_headers, content, recorded)
     step_status = call.proto.answer_status(parsed) if ok else "error"
     meta = {} if step_status == "ok" else {"error": _error_text(parsed, content)}
-    await record(call, call.step(status=step_status, status_code=status, response=recorded, meta=meta))
+    await record(call, _step(call, refund=status == 429, status=step_status, status_code=status, response=recorded,
+                             meta=meta))
     headers = {k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}
     call.observe(status)
     media = up_headers.get("Content-Type", "application/json")
+    if claim is not None and step_status == "ok":
+        claim.done(Replay(status, headers, content, media))
     return Response(content=content, status_code=status, headers=headers, media_type=media)
 
 

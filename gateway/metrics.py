@@ -1,4 +1,14 @@
-"""Prometheus metrics of the gateway (prometheus-client), one registry per app instance."""
+"""Prometheus metrics of the gateway (prometheus-client), one registry per app instance, served
+on ``GET /metrics`` in the text exposition format (Prometheus "Exposition formats"; a Counter
+named ``x`` is exposed as ``x_total``, a Histogram as ``x_bucket``/``x_count``/``x_sum``).
+
+What each call leaves (see :class:`Metrics` for names and labels): a model call that reached its
+route counts once in ``gateway_requests_total`` with the HTTP status the client got (499 when
+the client left) and once in the latency histogram; a stream also observes its time to first
+upstream byte; each committed step counts in ``gateway_steps_recorded_total``; an error the
+gateway answered itself (auth, a malformed body, an unknown route, ...) counts in
+``gateway_error_responses_total`` instead.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +18,28 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class Metrics:
-    """Counters, gauges and histograms exposed on ``GET /metrics``. Latencies are seconds."""
+    """Counters, gauges and histograms exposed on ``GET /metrics``. Latencies are seconds.
+
+    * ``gateway_requests_total{endpoint,route,status}``: model calls answered, by endpoint
+      (``chat.completions``, ``responses``, ``messages``), route key and HTTP status (synthetic
+      stops included, as 200);
+    * ``gateway_request_latency_seconds{endpoint,route}``: request to end of answer (for a
+      stream: to the step being recorded, before the terminal event is sent);
+    * ``gateway_ttft_seconds{route}``: request to the first upstream byte of a relayed stream;
+    * ``gateway_upstream_in_flight{route}``: upstream calls open now (set when scraped);
+    * ``gateway_steps_recorded_total``: step rows committed to the store;
+    * ``gateway_telemetry_queue_depth``: records waiting for the telemetry writer;
+    * ``gateway_telemetry_dropped_total``: records lost (best_effort mode: queue full or a failed
+      batch; each record is one step and/or one session state);
+    * ``gateway_upstream_retries_total{route,reason}``: upstream attempts retried;
+    * ``gateway_synthetic_stops_total``: synthetic stop answers at ``max_steps``;
+    * ``gateway_idempotent_replays_total{endpoint}``: retried calls answered with the first
+      call's answer (:mod:`gateway.idempotency`);
+    * ``gateway_stream_keepalives_total{route}``: SSE keep-alive comments sent to clients;
+    * ``gateway_error_responses_total{status,code}``: errors the gateway answered from its own
+      error handlers or its auth check, not from a model call's relay: 401 ``invalid_api_key``,
+      400/404/409/413 refusals, 404/405 unknown paths, a 500 (``code`` is ``""`` when none).
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -31,6 +62,17 @@ class Metrics:
                                         ["route", "reason"], registry=r)
         self.synthetic_stops = Counter("gateway_synthetic_stops", "Synthetic stop answers at max_steps",
                                        registry=r)
+        self.idempotent_replays = Counter("gateway_idempotent_replays",
+                                          "Retries of a session's call answered with that call's answer (replayed "
+                                          "or joined: no upstream call, no step), by endpoint",
+                                          ["endpoint"], registry=r)
+        self.keepalives = Counter("gateway_stream_keepalives",
+                                  "SSE keep-alive comments sent to streaming clients while the upstream was idle",
+                                  ["route"], registry=r)
+        self.error_responses = Counter("gateway_error_responses",
+                                       "Errors the gateway answered itself (auth, refused or malformed requests, "
+                                       "unknown paths, gateway faults), by HTTP status and error code",
+                                       ["status", "code"], registry=r)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

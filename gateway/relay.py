@@ -4,10 +4,27 @@ are not relayed, faults F2), fed to the protocol's assembler, and the event that
 properly (chat ``[DONE]``, Responses ``response.completed``/``.incomplete``/``.failed``,
 Anthropic ``message_stop``) is held back, with anything after it, until the step is recorded
 (strict telemetry: committed first).
+
+Keep-alives (faults F2): while relaying, whenever no upstream byte arrived for the route's
+keep-alive interval (:meth:`gateway.settings.GatewaySettings.keepalive_for`: route
+``keepalive_interval_s``, else the gateway's, default 15 s; 0 disables), the client gets the
+SSE comment line ``b": keep-alive\n"`` (:data:`KEEPALIVE`), again after every further interval
+of silence. Per the WHATWG HTML standard, "Server-sent events", "Interpreting an event stream",
+a line starting with U+003A COLON is ignored by every conforming parser; it is NOT followed by a
+blank line, because a lone blank line dispatches an event, and openai-python's decoder then
+dispatches an empty-data event once an ``id:`` field was seen earlier in the stream and fails to
+parse it (openai/openai-python #2722, #3833). It is only ever sent between events: the relay
+sends the client whole event blocks only (each ``SSEEvent.raw`` ends with its blank line), so a
+keep-alive never lands inside an event, even when the upstream stalls in the middle of one.
+Keep-alives are not fed to the assembler, so they never reach the recorded response; each one
+counts in ``gateway_stream_keepalives_total{route}``. They do not extend the upstream's own
+``read_timeout_s``. Before the upstream's headers arrive (and for a stream re-told from a
+non-streamed answer) nothing has been sent yet, so there are no keep-alives then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,9 +35,34 @@ import aiohttp
 
 from gateway.call import Call, record
 from gateway.errors import GatewayError, error_body
-from gateway.sse import SSEParser
+from gateway.sse import SSEParser, sse_comment
 
 log = logging.getLogger(__name__)
+
+KEEPALIVE = sse_comment("keep-alive")
+"""``b": keep-alive\n"``: one SSE comment line, no blank line after it (see the module docstring)."""
+
+
+async def read_or_idle(content: aiohttp.StreamReader, idle_s: float) -> bytes | None:
+    """The next bytes of an upstream body (``b""`` at its end), or None when none came within
+    ``idle_s`` seconds (``idle_s`` 0: wait as long as it takes).
+
+    The read runs inline in the caller's task (``asyncio.timeout``, no helper task), exactly as
+    a plain ``readany()``: a read cancelled by the idle timeout has consumed nothing (aiohttp's
+    ``StreamReader`` only takes bytes from its buffer after its wait ended), so no byte is ever
+    lost, and bytes already buffered are returned before an error that followed them (a helper
+    task would start one loop turn late and could see the error first). Errors of the read
+    (aiohttp's own read timeout, a ``TimeoutError`` too; a broken body) are raised as they are."""
+    if idle_s <= 0:
+        return await content.readany()
+    timeout = asyncio.timeout(idle_s)
+    try:
+        async with timeout:
+            return await content.readany()
+    except TimeoutError:
+        if timeout.expired():
+            return None
+        raise
 
 
 class StreamRelay:
@@ -50,6 +92,7 @@ class StreamRelay:
         self.asm = call.proto.assembler()
         self.gone = False
         self.recorded = False
+        self.outcome: str | None = None  # the final step's status once it is recorded (strict: committed)
 
     def client_left(self) -> None:
         """The client disconnected: stop reading the upstream at once."""
@@ -81,8 +124,16 @@ class StreamRelay:
         status = "ok"
         if self.gone:
             return
+        idle_s = call.gw.settings.keepalive_for(call.route_key)
         try:
-            async for data in self.resp.content.iter_any():
+            while True:
+                data = await read_or_idle(self.resp.content, idle_s)
+                if data is None:  # the upstream was silent for the keep-alive interval
+                    call.gw.metrics.keepalives.labels(call.route_key).inc()
+                    yield KEEPALIVE  # between two whole events: see the module docstring
+                    continue
+                if not data:
+                    break
                 if call.ttft_ms is None:
                     call.ttft_ms = (time.perf_counter() - call.t0) * 1000
                     call.gw.metrics.ttft.labels(call.route_key).observe(call.ttft_ms / 1000)
@@ -140,6 +191,7 @@ class StreamRelay:
             call.observe(500)
             yield proto.stream_error(500, error_body(500, e.message, code="telemetry_error"), asm)
             return
+        self.outcome = status
         call.observe(200)
         if failure is not None:
             yield proto.stream_error(failure[0], failure[1], asm)

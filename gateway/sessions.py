@@ -9,6 +9,16 @@ Every reserved step is *in flight* from :meth:`SessionManager.reserve` until its
 queued for the telemetry writer (:meth:`SessionManager.release`); :meth:`SessionManager.close`
 waits for a session to have no call in flight, so that a trajectory read after the close answer
 holds every step of the session (see :meth:`SessionManager.close` for the bounded wait).
+
+Budget: ``total_steps`` counts the reserved steps (every one gets a step row and its own
+``seq``, never reused), ``refunded_steps`` those whose call failed before reaching the model
+(:meth:`SessionManager.refund`: a connect failure or an upstream 429, decided by
+:mod:`gateway.forward`); a session may reserve while ``total_steps - refunded_steps <
+max_steps``. So N parallel calls with budget B make at most B upstream calls that reach the
+model, and a refunded call frees its unit for a later call.
+
+Each session's recent calls (:class:`gateway.idempotency.RecentCalls`, ``recent_calls``) are
+dropped when the session is closed.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from gateway.idempotency import RecentCalls
 from store import GatewaySession, Store, utcnow
 
 log = logging.getLogger(__name__)
@@ -47,11 +58,14 @@ class SessionClosed(Exception):
 
 class SessionManager:
     """Reserves steps and tracks session status. ``default_max_steps`` is the config's
-    ``max_steps`` (-1 = unlimited); a session created by a launcher uses its own ``max_steps``."""
+    ``max_steps`` (-1 = unlimited); a session created by a launcher uses its own ``max_steps``.
+    ``recent_calls`` remembers each session's recent calls so a retry can be answered without a
+    new step (:mod:`gateway.idempotency`)."""
 
     def __init__(self, store: Store, default_max_steps: int) -> None:
         self._store = store
         self._default_max_steps = default_max_steps
+        self.recent_calls = RecentCalls()
         self._states: dict[str, GatewaySession] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # sid -> seqs of the reserved steps not yet queued for the writer (calls in flight)
@@ -62,6 +76,8 @@ class SessionManager:
         self._after_close: dict[str, set[int]] = {}
         # sid -> number of close requests waiting for the session's calls in flight
         self._closing: dict[str, int] = {}
+        # sid -> seqs in flight that were refunded (refund() once per step)
+        self._refunded: dict[str, set[int]] = {}
 
     def _lock(self, sid: str) -> asyncio.Lock:
         lock = self._locks.get(sid)
@@ -108,8 +124,10 @@ class SessionManager:
     async def reserve(self, sid: str, model: str) -> tuple[StepSlot | None, GatewaySession]:
         """Reserve the next step of ``sid`` for route ``model``.
 
-        Returns ``(slot, snapshot)``; ``slot`` is None when the budget is used up, in which case the
-        session is marked ``truncated``. ``snapshot`` is a copy of the state to persist.
+        Returns ``(slot, snapshot)``; ``slot`` is None when the budget is used up (``max_steps >= 0``
+        and ``max_steps <= total_steps - refunded_steps``), in which case the session is marked
+        ``truncated``; a session so marked is ``active`` again once a refund lets a later call
+        reserve. ``snapshot`` is a copy of the state to persist.
         Raises SessionClosed for a closed session, and for one being closed.
 
         A returned slot is *in flight* until :meth:`release` is called with it; the caller must
@@ -121,10 +139,12 @@ class SessionManager:
             st = await self._state(sid)
             if st.status == "closed":
                 raise SessionClosed(sid)
-            if 0 <= st.max_steps <= st.total_steps:
+            if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
                 st.status = "truncated"
                 st.updated_at = utcnow()
                 return None, _snapshot(st)
+            if st.status == "truncated":  # a refunded call freed a unit since
+                st.status = "active"
             counts = dict(st.step_counts or {})
             counts[model] = counts.get(model, 0) + 1
             st.step_counts = counts
@@ -143,6 +163,11 @@ class SessionManager:
         if seqs is None or slot.seq not in seqs:
             return
         seqs.discard(slot.seq)
+        refunded = self._refunded.get(slot.session_id)
+        if refunded is not None:
+            refunded.discard(slot.seq)
+            if not refunded:
+                del self._refunded[slot.session_id]
         late = self._after_close.get(slot.session_id)
         if late is not None:
             late.discard(slot.seq)
@@ -153,6 +178,25 @@ class SessionManager:
             idle = self._idle.pop(slot.session_id, None)
             if idle is not None:
                 idle.set()
+
+    def refund(self, slot: StepSlot) -> bool:
+        """Give the budget unit of a reserved step back: its call failed before reaching the model
+        (the caller decides; :mod:`gateway.forward`). Its step row is still written, with its own
+        ``seq``; ``refunded_steps`` grows by one. Call it while the slot is in flight, before its
+        step is queued, so the persisted state carries the refund. Returns whether it was
+        refunded: False once the slot was released (or refunded), or when the session is no
+        longer held in memory (closed and forgotten: nothing left to spend the unit on)."""
+        seqs = self._in_flight.get(slot.session_id)
+        st = self._states.get(slot.session_id)
+        if seqs is None or slot.seq not in seqs or st is None:
+            return False
+        refunded = self._refunded.setdefault(slot.session_id, set())
+        if slot.seq in refunded:
+            return False
+        refunded.add(slot.seq)
+        st.refunded_steps += 1
+        st.updated_at = utcnow()
+        return True
 
     def in_flight(self, sid: str) -> int:
         """The number of reserved steps of ``sid`` not yet released."""
@@ -198,7 +242,9 @@ class SessionManager:
         so a trainer never takes a step that landed after the graded last step.
 
         The closed state stays in memory (so calls still in flight persist ``closed``, and a new
-        call is refused) until :meth:`forget` is called once the snapshot is stored."""
+        call is refused) until :meth:`forget` is called once the snapshot is stored. The
+        session's recent calls are dropped: a retry arriving after the close is refused like any
+        call."""
         self._closing[sid] = self._closing.get(sid, 0) + 1
         try:
             await self._drain(sid, grace_s)
@@ -219,6 +265,7 @@ class SessionManager:
                                 "will be recorded with after_close=true, is_trainable=false", sid, len(late),
                                 grace_s)
                 snap = _snapshot(st)
+            self.recent_calls.drop(sid)
         finally:
             n = self._closing[sid] - 1
             if n:
@@ -233,6 +280,7 @@ class SessionManager:
         st = self._states.get(sid)
         if st is not None and st.status == "closed":
             del self._states[sid]
+            self.recent_calls.drop(sid)
             lock = self._locks.get(sid)
             if lock is not None and not lock.locked():
                 del self._locks[sid]

@@ -2,20 +2,35 @@
 
 Keys follow DESIGN.md section 4 (compatible with Safactory's gateway config): ``listen_host``,
 ``listen_port``, ``base_session_path``, ``max_steps`` (-1 unlimited), ``storage_type`` +
-``storage_config.db_url``, ``llm_routes``, ``telemetry``, ``request_log``.
+``storage_config.db_url``, ``llm_routes``, ``telemetry``, ``request_log``; plus this gateway's own
+``auth`` (API keys asked of its clients), ``keepalive_interval_s`` (SSE keep-alives toward
+streaming clients) and per-route options documented on each model.
+
+Validation errors never echo the offending input (``hide_input_in_errors``): a config holds
+secrets (route ``api_key``, ``auth.api_keys``), and a pydantic message would otherwise print
+them. Messages name the field (``llm_routes.m.base_url``) and the rule instead.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+SESSION_ID_PLACEHOLDER = "{session_id}"
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# A key: visible ASCII without ',' (the env var separator), as an HTTP header value carries it
+_KEY = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
 class ManagedServer(_Strict):
@@ -87,7 +102,21 @@ class RouteSettings(_Strict):
     ``connect_timeout_s`` for the TCP/TLS connect, ``read_timeout_s`` for the wait between two
     reads (caps time-to-first-token, not stream length; exceeded: 504 and a ``timeout`` step).
     ``retry`` bounds the upstream retries before the first byte reached the client
-    (:class:`RetrySettings`; default 3 attempts on 429/502/503/504 and connect errors)."""
+    (:class:`RetrySettings`; default 3 attempts on 429/502/503/504 and connect errors).
+
+    Per-session ``base_url``: the placeholder ``{session_id}`` anywhere in the PATH of
+    ``base_url`` is replaced, for each call, by the call's session id, percent-encoded as one
+    path segment (RFC 3986 section 2.1; ``urllib.parse.quote(sid, safe="")``, so ``a/b``
+    becomes ``a%2Fb``), e.g. ``http://trainer:8000/sessions/{session_id}/v1`` lets a training
+    inference server attribute each request to its session (the session id is also sent as the
+    ``X-Session-Id`` header, templated or not). A sessionless (passthrough) call to such a route
+    is refused with HTTP 400 ``session_required`` (there is no session id to put in the URL),
+    and so is a session id ``.`` or ``..`` (a URL normalizer would remove it as a dot segment).
+    Checked at load: no other ``{...}`` placeholder, no stray brace, not in the scheme, host,
+    query or fragment (ValueError naming the problem).
+
+    ``keepalive_interval_s`` overrides the gateway's :attr:`GatewaySettings.keepalive_interval_s`
+    for this route (None: use the gateway's; 0: no keep-alives)."""
 
     base_url: str
     api: Literal["openai", "anthropic"] = "openai"
@@ -99,12 +128,104 @@ class RouteSettings(_Strict):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)
     retry: RetrySettings = Field(default_factory=RetrySettings)
+    keepalive_interval_s: float | None = Field(default=None, ge=0)
     managed: ManagedServer | None = None
 
     @field_validator("base_url")
     @classmethod
     def _strip_slash(cls, v: str) -> str:
-        return v.rstrip("/")
+        v = v.rstrip("/")
+        check_base_url_template(v)
+        return v
+
+    @property
+    def per_session(self) -> bool:
+        """True when ``base_url`` holds the ``{session_id}`` placeholder."""
+        return SESSION_ID_PLACEHOLDER in self.base_url
+
+
+def check_base_url_template(url: str) -> None:
+    """Raise ValueError unless ``url``'s only placeholders are ``{session_id}`` in its path.
+
+    Rules: every ``{...}`` must be exactly ``{session_id}``; no ``{`` or ``}`` may remain once
+    those are taken out; the placeholder may not be in the scheme, host/port, query or fragment
+    (a session id is not a host name, and the gateway appends the endpoint path to ``base_url``,
+    which a query or fragment would break)."""
+    for name in _PLACEHOLDER.findall(url):
+        if "{" + name + "}" != SESSION_ID_PLACEHOLDER:
+            raise ValueError(f"base_url has the placeholder {{{name}}}; the only one replaced is "
+                             f"{SESSION_ID_PLACEHOLDER}")
+    rest = url.replace(SESSION_ID_PLACEHOLDER, "")
+    if "{" in rest or "}" in rest:
+        raise ValueError(f"base_url has a stray brace; the only placeholder is {SESSION_ID_PLACEHOLDER}")
+    if SESSION_ID_PLACEHOLDER in url:
+        parts = urlsplit(url.replace(SESSION_ID_PLACEHOLDER, "SESSIONID"))
+        if "SESSIONID" in parts.scheme + parts.netloc + parts.query + parts.fragment:
+            raise ValueError(f"base_url: {SESSION_ID_PLACEHOLDER} may only appear in the URL path, "
+                             "e.g. http://trainer:8000/sessions/{session_id}/v1")
+
+
+class AuthSettings(_Strict):
+    """API keys this gateway asks of its own clients (not the upstream keys: those are route
+    ``api_key``). Keys come from ``api_keys`` (inline) and/or the environment variable named by
+    ``api_keys_env`` (comma-separated; spaces around each key are ignored). No key at all (the
+    default) means auth is off. A key is 1 or more visible ASCII characters without ``,``
+    (what an HTTP header value can carry, RFC 9110 section 5.5).
+
+    Fail-closed: naming ``api_keys_env`` for a variable that is unset, or that holds no key, is
+    a config error (a gateway meant to be protected never starts open by a missing export). The
+    variable is read when the settings are validated (at load). Errors never print a key (they
+    say which entry is at fault). Enforced by :mod:`gateway.auth`."""
+
+    api_keys: list[str] = Field(default_factory=list)
+    api_keys_env: str | None = None
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @field_validator("api_keys")
+    @classmethod
+    def _inline_keys(cls, v: list[str]) -> list[str]:
+        out = [k.strip() for k in v]
+        for i, k in enumerate(out):
+            if not _KEY.fullmatch(k):
+                raise ValueError(f"auth.api_keys[{i}] is not a valid key (visible ASCII characters, no "
+                                 "comma, not empty)")
+        return out
+
+    @field_validator("api_keys_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.fullmatch(v):
+            raise ValueError(f"auth.api_keys_env must be an environment variable name, not {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _resolve(self) -> AuthSettings:
+        keys = list(self.api_keys)
+        if self.api_keys_env is not None:
+            raw = os.environ.get(self.api_keys_env)
+            if raw is None:
+                raise ValueError(f"auth.api_keys_env names {self.api_keys_env}, which is not set; export it "
+                                 "(comma-separated keys) or remove auth.api_keys_env to run without it")
+            from_env = [k.strip() for k in raw.split(",") if k.strip()]
+            if not from_env:
+                raise ValueError(f"auth.api_keys_env names {self.api_keys_env}, which holds no key")
+            for i, k in enumerate(from_env):
+                if not _KEY.fullmatch(k):
+                    raise ValueError(f"key #{i + 1} in ${self.api_keys_env} is not a valid key (visible ASCII "
+                                     "characters, no comma)")
+            keys += from_env
+        self._keys = tuple(dict.fromkeys(keys))
+        return self
+
+    def keys(self) -> tuple[str, ...]:
+        """Every accepted key (inline first, then the environment variable's), without
+        duplicates; empty when auth is off."""
+        return self._keys
+
+    @property
+    def enabled(self) -> bool:
+        """True when at least one key is configured."""
+        return bool(self._keys)
 
 
 class StorageConfig(_Strict):
@@ -142,7 +263,13 @@ class GatewaySettings(_Strict):
     key of ``llm_routes`` (checked at load: the error names it and the known routes).
     ``close_grace_s`` (seconds, default 30) bounds how long ``POST .../close`` waits for the
     session's calls in flight to be recorded before it closes the session anyway (see
-    :meth:`gateway.sessions.SessionManager.close`)."""
+    :meth:`gateway.sessions.SessionManager.close`).
+
+    ``auth`` (:class:`AuthSettings`) turns on API-key auth of the gateway's clients.
+    ``keepalive_interval_s`` (seconds, default 15, 0 disables; a route may override it): while
+    relaying an upstream stream, when no upstream byte arrived for that long, the gateway sends
+    the client the SSE comment line ``: keep-alive`` (see :mod:`gateway.relay`), so idle
+    proxies and client read timeouts do not cut a slow generation."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 8000
@@ -157,6 +284,8 @@ class GatewaySettings(_Strict):
     request_log: RequestLogSettings = Field(default_factory=RequestLogSettings)
     log_level: str = "info"
     close_grace_s: float = Field(default=30.0, ge=0)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    keepalive_interval_s: float = Field(default=15.0, ge=0)
 
     @field_validator("base_session_path")
     @classmethod
@@ -171,6 +300,12 @@ class GatewaySettings(_Strict):
             raise ValueError(f"default_route {self.default_route!r} is not a route of llm_routes "
                              f"(known routes: {known})")
         return self
+
+    def keepalive_for(self, route_key: str) -> float:
+        """The keep-alive interval in seconds of route ``route_key`` (its own, else the
+        gateway's); 0 means none. Raises KeyError for an unknown route."""
+        own = self.llm_routes[route_key].keepalive_interval_s
+        return self.keepalive_interval_s if own is None else own
 
     def route_for_default(self) -> str | None:
         """The route key used when a caller names no model: ``default_route`` or the first route."""

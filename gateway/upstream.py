@@ -3,7 +3,11 @@
 aiohttp is the forwarding client because it measured 2.5x-9x faster than httpx on these machines
 (DESIGN.md section 8). Timeouts: ``connect_timeout_s`` for connecting, ``read_timeout_s`` between
 two reads (this caps time-to-first-token and stalls, never the length of a progressing stream);
-there is no total timeout. Responses are read with ``iter_any`` (no line-length limit, faults F4).
+there is no total timeout. Responses are read piece by piece as they arrive (``readany``, no
+line-length limit, faults F4; see :func:`gateway.relay.read_or_idle`).
+
+A route whose ``base_url`` holds ``{session_id}`` is called at a URL built per session
+(:func:`route_base_url`); see :class:`gateway.settings.RouteSettings`.
 """
 
 from __future__ import annotations
@@ -12,12 +16,38 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import quote
 
 import aiohttp
 
-from gateway.settings import RouteSettings
+from gateway.errors import GatewayError
+from gateway.settings import SESSION_ID_PLACEHOLDER, RouteSettings
 
 log = logging.getLogger(__name__)
+
+
+def route_base_url(route_key: str, route: RouteSettings, session_id: str | None) -> str:
+    """The ``base_url`` of ``route`` for a call of session ``session_id`` (None: a sessionless
+    passthrough call). A per-session route gets ``{session_id}`` replaced by
+    ``urllib.parse.quote(session_id, safe="")`` (one path segment, RFC 3986 section 2.1: ``/``,
+    ``?``, ``#``, ``%``, spaces and non-ASCII are percent-encoded; aiohttp's URL class then
+    sends the characters a path segment allows, ``:@!$&'()*,;=``, unencoded, RFC 3986 section
+    3.3, which a server decoding the path reads the same); any other route's ``base_url`` is
+    returned as is.
+
+    Raises GatewayError(400, code ``session_required``) for a per-session route called without
+    a session, or with the session id ``.`` or ``..`` (URL normalization, RFC 3986 section
+    5.2.4, would remove that segment and send the call elsewhere)."""
+    if not route.per_session:
+        return route.base_url
+    if session_id is None:
+        raise GatewayError(400, f"route `{route_key}` sends each call to a per-session URL ({route.base_url}); "
+                                "call it through a session URL (.../v1/sessions/{session_id}/...), not the "
+                                "sessionless endpoint", code="session_required", param="model")
+    if session_id in (".", ".."):
+        raise GatewayError(400, f"the session id {session_id!r} cannot be put in the per-session URL of route "
+                                f"`{route_key}`", code="session_required")
+    return route.base_url.replace(SESSION_ID_PLACEHOLDER, quote(session_id, safe=""))
 
 
 class UpstreamClient:
@@ -49,18 +79,22 @@ class UpstreamClient:
             self._session = None
 
     @asynccontextmanager
-    async def post(self, route_key: str, path: str, body: bytes,
-                   headers: dict[str, str]) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST ``body`` to ``<route.base_url><path>``, holding the route's concurrency slot for as
-        long as the response is open. Yields the response with headers read; the body is read by
-        the caller. Leaving the block releases (or, if unread, closes) the connection.
+    async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],
+                   session_id: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST ``body`` to ``<base_url><path>`` (the route's ``base_url`` for ``session_id``, see
+        :func:`route_base_url`; None for a passthrough call), holding the route's concurrency
+        slot for as long as the response is open. Yields the response with headers read; the
+        body is read by the caller. Leaving the block releases (or, if unread, closes) the
+        connection.
 
         Raises ``aiohttp.ClientConnectionError`` / ``asyncio.TimeoutError`` for connect failures
-        and read timeouts.
+        and read timeouts, and GatewayError(400) from :func:`route_base_url` (before taking a
+        concurrency slot or connecting).
         """
         if self._session is None:
             raise RuntimeError("UpstreamClient.start() was not called")
         route = self._routes[route_key]
+        base_url = route_base_url(route_key, route, session_id)
         timeout = aiohttp.ClientTimeout(total=None, connect=route.connect_timeout_s,
                                         sock_connect=route.connect_timeout_s,
                                         sock_read=route.read_timeout_s)
@@ -69,7 +103,7 @@ class UpstreamClient:
             await sem.acquire()
         self.in_flight[route_key] = self.in_flight.get(route_key, 0) + 1
         try:
-            async with self._session.post(route.base_url + path, data=body, headers=headers,
+            async with self._session.post(base_url + path, data=body, headers=headers,
                                           timeout=timeout, allow_redirects=False) as resp:
                 yield resp
         finally:

@@ -25,7 +25,14 @@ from rollout.evaluator_loader import discover_evaluator
 from rollout.records import job_records
 from rollout.report import SessionRecord, write_jsonl
 from rollout.scheduler import RunSettings, Scheduler, session_rows
-from rollout.services import ChildProcess, ServiceError, check_gateway, start_gateway, start_llama_server
+from rollout.services import (
+    ChildProcess,
+    ServiceError,
+    check_gateway,
+    gateway_api_key,
+    start_gateway,
+    start_llama_server,
+)
 from store import DbUrlError, JobEnvironment, Store
 
 log = logging.getLogger(__name__)
@@ -185,12 +192,14 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                           file=sys.stderr)
         log_dir = Path("runs") / "logs" / job_id
         if opts.gateway_base_url:
+            api_key = gateway_api_key(None)  # $GATEWAY_API_KEY, for a gateway with auth on
             try:
-                await check_gateway(opts.gateway_base_url, store.identity(), model)
+                await check_gateway(opts.gateway_base_url, store.identity(), model, api_key)
             except ServiceError as e:
                 raise SetupError(str(e)) from e
             gateway_url = opts.gateway_base_url.rstrip("/")
         else:
+            api_key = gateway_api_key(gw_settings)  # the started gateway's own first key, if any
             gateway_url = await _start_services(gw_settings, model, store, log_dir, children)
         if on_start:
             on_start(job_id, len(rows))
@@ -201,7 +210,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                pool_size=opts.pool_size, temperature=opts.llm_temperature,
                                max_steps=opts.max_steps, enable_evaluation=opts.enable_evaluation,
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,
-                               workspace_root=workspaces)
+                               workspace_root=workspaces, gateway_api_key=api_key)
         by_name = {cfg.name: cfg for cfg, _ in envs}
         cases = {(c.env_name, c.case_id): c for _, cs in envs for c in cs}
         try:

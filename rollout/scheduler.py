@@ -30,6 +30,7 @@ from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
 from rollout.runtime_local import RuntimeOutcome, run_local
+from rollout.services import auth_headers
 from rollout.trajectory import to_trajectory
 from store import JobEnvironment, Store, utcnow
 
@@ -43,7 +44,10 @@ HARNESS_FAILURES = frozenset({"error", "timeout"})
 class RunSettings:
     """Job-wide settings: the route key, temperature (None = route default), step budget override
     (None = the env's ``max_steps``), concurrency, evaluation switch and timeout (seconds), and
-    the folder that holds the sessions' workspaces (None: the system temp folder)."""
+    the folder that holds the sessions' workspaces (None: the system temp folder), and the
+    gateway's API key (None: its auth is off): sent on the launcher's own calls (session close)
+    and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; a runtime using
+    another client can read ``GATEWAY_API_KEY``, which it inherits when set)."""
 
     job_id: str
     model: str
@@ -56,6 +60,7 @@ class RunSettings:
     eval_timeout_s: float = 60.0
     keep_workspaces: bool = False
     workspace_root: Path | None = None
+    gateway_api_key: str | None = None
 
 
 def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
@@ -96,7 +101,8 @@ class Scheduler:
         queue: asyncio.Queue[JobEnvironment] = asyncio.Queue()
         for r in rows:
             queue.put_nowait(r)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=120)) as http:  # close may wait for calls in flight
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=120),  # close may wait for calls in flight
+                                     headers=auth_headers(self.s.gateway_api_key)) as http:
             self._http = http
             workers = [asyncio.create_task(self._worker(queue), name=f"worker-{i}")
                        for i in range(min(self.s.pool_size, max(1, len(rows))))]
@@ -141,7 +147,8 @@ class Scheduler:
                 metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir)},
             )
             try:
-                outcome = await run_local(cfg.command(), request, workspace, cfg.runtime.timeout_s, cfg.runtime.env)
+                outcome = await run_local(cfg.command(), request, workspace, cfg.runtime.timeout_s,
+                                          self._runtime_env(cfg))
             except OSError as e:
                 outcome = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0,
                                          error_text=f"cannot start runtime {cfg.command()[:3]}: {e}")
@@ -185,6 +192,14 @@ class Scheduler:
         finally:
             if not self.s.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)
+
+    def _runtime_env(self, cfg: EnvConfig) -> dict[str, str]:
+        """The env's extra environment variables, plus ``OPENAI_API_KEY`` = the gateway's key
+        when its auth is on (it wins over the env's own: only that key opens the gateway)."""
+        env = dict(cfg.runtime.env)
+        if self.s.gateway_api_key:
+            env["OPENAI_API_KEY"] = self.s.gateway_api_key
+        return env
 
     async def _cancelled(self, sid: str) -> None:
         await self._close(sid, "cancelled")

@@ -2,6 +2,11 @@
 
 Both run as child processes on free loopback ports and are stopped (SIGTERM, then SIGKILL after
 10 s) when the run ends. ``check_gateway`` verifies a running gateway before anything is launched.
+
+Gateway auth (``auth`` in the gateway config, :mod:`gateway.auth`): the launcher calls the gateway
+itself (to close sessions) and its runtimes call it, so it needs one of the gateway's keys
+(:func:`gateway_api_key`): for a gateway it starts, the first key of that gateway's config; for a
+running gateway (``--gateway-base-url``), the environment variable :data:`GATEWAY_API_KEY_ENV`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import yaml
 from gateway.settings import GatewaySettings, ManagedServer
 
 log = logging.getLogger(__name__)
+
+GATEWAY_API_KEY_ENV = "GATEWAY_API_KEY"
+"""The environment variable holding the key of a running gateway that has auth on."""
 
 
 class ServiceError(RuntimeError):
@@ -179,12 +187,34 @@ def gateway_root(session_base_url: str) -> str:
     return url
 
 
-async def check_gateway(session_base_url: str, store_identity: str, route: str) -> dict[str, object]:
+def gateway_api_key(settings: GatewaySettings | None) -> str | None:
+    """The key the launcher and its runtimes send to the gateway, or None (auth off).
+
+    ``settings`` is the config of the gateway the launcher starts itself: its first key
+    (``auth.api_keys``, then ``auth.api_keys_env``), None when it has none. ``settings`` None
+    means a running gateway (``--gateway-base-url``): the value of ``$GATEWAY_API_KEY`` (spaces
+    stripped), None when unset or empty."""
+    if settings is not None:
+        keys = settings.auth.keys()
+        return keys[0] if keys else None
+    return os.environ.get(GATEWAY_API_KEY_ENV, "").strip() or None
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """``{"Authorization": "Bearer <key>"}`` for a key, ``{}`` for None."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def check_gateway(session_base_url: str, store_identity: str, route: str,
+                        api_key: str | None = None) -> dict[str, object]:
     """GET ``/readyz`` of a running gateway and check that it writes to the launcher's database,
-    serves sessions under the given URL, and has the route ``route``.
+    serves sessions under the given URL, and has the route ``route``; then GET ``/v1/models``
+    with ``api_key`` (``Authorization: Bearer``) to check that the gateway accepts it (a gateway
+    with auth off accepts anything).
 
     Raises ServiceError when it does not answer, is not ready, reports another storage, another
-    session path, or no such route."""
+    session path, or no such route, or refuses the key (HTTP 401: the message names
+    ``GATEWAY_API_KEY``)."""
     url = gateway_root(session_base_url) + "/readyz"
     try:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -206,4 +236,16 @@ async def check_gateway(session_base_url: str, store_identity: str, route: str) 
     routes = info.get("routes")
     if isinstance(routes, list) and route not in routes:
         raise ServiceError(f"the gateway at {url} has no route {route!r} (routes: {', '.join(map(str, routes))})")
+    models_url = gateway_root(session_base_url) + "/v1/models"
+    try:
+        async with httpx.AsyncClient(timeout=10, headers=auth_headers(api_key)) as client:
+            r = await client.get(models_url)
+    except httpx.TransportError as e:
+        raise ServiceError(f"gateway at {models_url} does not answer: {type(e).__name__}: {e}") from None
+    if r.status_code == 401:
+        if api_key is None:
+            raise ServiceError(f"the gateway at {gateway_root(session_base_url)} requires an API key (its auth is "
+                               f"on): set {GATEWAY_API_KEY_ENV} to one of its keys")
+        raise ServiceError(f"the gateway at {gateway_root(session_base_url)} refused the key in "
+                           f"{GATEWAY_API_KEY_ENV} (HTTP 401)")
     return info

@@ -121,7 +121,10 @@ class SessionStep(SQLModel, table=True):
 
 class GatewaySession(SQLModel, table=True):
     """The gateway's state of one session: status (active | closed | truncated), the step budget
-    and the steps used, per model (``step_counts``: route key -> last step_id) and in total."""
+    and the steps used, per model (``step_counts``: route key -> last step_id) and in total.
+    ``refunded_steps``: how many of the ``total_steps`` rows are calls that failed before reaching
+    the model (connect failure, upstream 429) and so use no budget: the budget check is
+    ``max_steps <= total_steps - refunded_steps``."""
 
     __tablename__ = "gateway_sessions"
 
@@ -129,6 +132,7 @@ class GatewaySession(SQLModel, table=True):
     status: str = Field(default="active", max_length=32)
     max_steps: int = -1
     total_steps: int = 0
+    refunded_steps: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     step_counts: dict[str, int] | None = _json()
     job_id: str | None = Field(default=None, max_length=128)
     env_name: str | None = Field(default=None, max_length=128)

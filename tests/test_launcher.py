@@ -82,11 +82,13 @@ def gateway_config(path: Path, upstream_url: str, db: Path) -> Path:
     return path
 
 
-async def launch(*args: str, cwd: Path) -> tuple[int, str, str]:
+async def launch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run launcher.py with ``args`` (plus ``--no-progress``); ``env`` replaces the environment
+    (default: this one), PYTHONPATH set to the repo either way."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(REPO / "launcher.py"), *args, "--no-progress", cwd=str(cwd),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        env={**(os.environ if env is None else env), "PYTHONPATH": str(REPO)})
     out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
     return proc.returncode or 0, out.decode(), err.decode()
 
@@ -209,6 +211,57 @@ async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> 
         await gw.stop()
     assert not (tmp_path / "launcher.db").exists() or rows(tmp_path / "launcher.db",
                                                            "SELECT count(*) FROM session_steps") == [(0,)]
+
+
+async def test_gateway_with_auth_running_or_started(tmp_path: Path) -> None:
+    """A running gateway with auth on: the launcher takes its key from $GATEWAY_API_KEY (checked
+    before anything runs), closes sessions with it and hands it to runtimes as OPENAI_API_KEY. A
+    gateway the launcher starts from a config with auth on: the launcher uses its first key."""
+    from gateway.settings import GatewaySettings
+    from tests.gateway.conftest import serve
+
+    env_root = tmp_path / "envs"
+    env_dir = make_env(env_root)
+    (env_dir / "data" / "cases.jsonl").write_text(json.dumps(CASES[0]) + "\n")
+    db = tmp_path / "trajs.db"
+    base_env = {k: v for k, v in os.environ.items() if k not in ("GATEWAY_API_KEY", "OPENAI_API_KEY")}
+    async with FakeUpstream() as up:
+        settings = GatewaySettings.model_validate({
+            "storage_config": {"db_url": f"sqlite://{db}"}, "auth": {"api_keys": ["sk-gw-key-1"]},
+            "llm_routes": {"fake": {"base_url": up.base_url, "api_key": "sk-route-secret-123"}}})
+        gw = await serve(settings)
+        common = ["--agent-root", str(env_root), "--llm-model", "fake", "--gateway-base-url",
+                  f"{gw.url}/v1/sessions", "--db-path", f"sqlite://{db}", "--enable-evaluation"]
+        try:
+            code, _, err = await launch(*common, "--job-id", "ja0", cwd=tmp_path, env=base_env)
+            assert code == 1 and "requires an API key" in err and "GATEWAY_API_KEY" in err, err
+            code, _, err = await launch(*common, "--job-id", "ja1", cwd=tmp_path,
+                                        env={**base_env, "GATEWAY_API_KEY": "sk-wrong"})
+            assert code == 1 and "refused the key in GATEWAY_API_KEY" in err, err
+            out = tmp_path / "ext.jsonl"
+            code, _, err = await launch(*common, "--job-id", "ja2", "--out", str(out), cwd=tmp_path,
+                                        env={**base_env, "GATEWAY_API_KEY": "sk-gw-key-1"})
+            assert code == 0, err
+        finally:
+            await gw.stop()
+        [record] = [json.loads(x) for x in out.read_text().splitlines()]
+        assert (record["status"], record["score"], record["step_count"]) == ("succeeded", 10.0, 1)
+        assert rows(db, "SELECT status, close_reason FROM gateway_sessions") == [("closed", "succeeded")]
+
+        cfg = tmp_path / "gw-auth.yaml"
+        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
+                                       "auth": {"api_keys_env": "MY_GATEWAY_KEYS"},
+                                       "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        out = tmp_path / "own.jsonl"
+        code, _, err = await launch("--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model",
+                                    "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation", "--job-id", "ja3",
+                                    "--out", str(out), cwd=tmp_path, env={**base_env, "MY_GATEWAY_KEYS": "k-a,k-b"})
+        assert code == 0, err
+        [record] = [json.loads(x) for x in out.read_text().splitlines()]
+        assert (record["status"], record["score"]) == ("succeeded", 10.0)
+        # only the route's own key (none for the second gateway) ever went upstream
+        assert [r.headers.get("authorization") for r in up.requests] == ["Bearer sk-route-secret-123", None]
+    assert rows(db, "SELECT count(*) FROM gateway_sessions WHERE status = 'closed'") == [(2,)]
 
 
 def test_bad_env_config_is_a_clear_error(tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ async def test_step_id_counts_per_session_and_model(start_gateway: StartGateway)
     assert [(s.seq, s.llm_model, s.step_id) for s in await gw.steps("s2")] == [(1, "m2", 1)]
     r = await gw.http().get("/v1/sessions/s1")
     assert r.json() == {"session_id": "s1", "status": "active", "max_steps": -1, "total_steps": 5,
-                        "step_counts": {"m": 3, "m2": 2}, "close_reason": None, "completion_mode": None}
+                        "refunded_steps": 0, "step_counts": {"m": 3, "m2": 2}, "close_reason": None, "completion_mode": None}
     [row] = gw.sql("SELECT status, total_steps, step_counts FROM gateway_sessions WHERE session_id='s1'")
     assert (row["status"], row["total_steps"], json.loads(row["step_counts"])) == ("active", 5, {"m": 3, "m2": 2})
 
@@ -350,8 +350,9 @@ async def test_upstream_429_relayed_with_status_body_and_retry_after(start_gatew
     [step] = await gw.steps("s1")
     assert (step.status, step.status_code, step.is_stream) == ("error", 429, stream)
     assert step.response == err
-    assert step.meta_json == {"route": "m", "error": "rate limited",
+    assert step.meta_json == {"route": "m", "error": "rate limited", "budget_refunded": True,
                               **({"usage_requested_by_gateway": True} if stream else {})}
+    assert step.is_trainable is False  # a 429 never reached the model (test_budget_refund.py)
     assert (step.prompt_tokens, step.total_tokens, step.finish_reason) == (None, None, None)
 
 

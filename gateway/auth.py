@@ -1,0 +1,143 @@
+"""Optional API-key authentication of the gateway's own clients (``auth`` in the config,
+:class:`gateway.settings.AuthSettings`).
+
+When at least one key is configured, every request needs one of the keys, except
+``/healthz``, ``/readyz`` and ``/metrics`` (probes and scrapers stay open). Everything else is
+protected, whatever its method: every ``/v1/...`` route (session and passthrough calls of every
+protocol, models, session status and close) and any unknown path too, so an unauthenticated
+caller cannot even learn which paths exist.
+
+A key is accepted in either header:
+
+* ``Authorization: Bearer <key>`` (RFC 6750 section 2.1; the scheme is case-insensitive,
+  RFC 9110 section 11.1). The openai SDK sends its ``api_key`` so, and so does the anthropic
+  SDK 2.x (``anthropic.AsyncAnthropic(api_key=...)``; checked in ``tests/gateway/test_auth.py``);
+* ``x-api-key: <key>`` (Anthropic's own header, sent by anthropic SDK 0.x and by curl examples
+  of the Anthropic API).
+
+A missing or wrong key is answered HTTP 401 with ``WWW-Authenticate: Bearer`` (RFC 6750
+section 3), in OpenAI's error shape (as the OpenAI API answers a bad key)::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": null,
+               "code": "invalid_api_key"}}
+
+or, on the Anthropic Messages routes (a path ending in ``/v1/messages``), in Anthropic's shape
+``{"type": "error", "error": {"type": "authentication_error", "message": "..."}}`` (the same
+per-endpoint choice as :mod:`gateway.errors`). The message never echoes the key. Each 401 is
+counted in ``gateway_error_responses_total{status="401", code="invalid_api_key"}``.
+
+Keys are compared in constant time: the SHA-256 digest of the presented value is compared
+with :func:`hmac.compare_digest` against the digest of EVERY configured key (no early exit), so
+neither the timing of a match nor the key lengths leak. The client's key is checked here and
+goes no further: upstream calls carry the route's own ``api_key``
+(:meth:`gateway.protocols.WireProtocol.upstream_headers` builds them from the route alone), and
+headers are never recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections.abc import Iterable, Sequence
+
+from fastapi import FastAPI
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import error_body
+from gateway.protocols import MESSAGES
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Paths served without a key (exact match)."""
+
+_MISSING = ("Missing API key: this gateway requires one of its keys as `Authorization: Bearer <key>` "
+            "or `x-api-key: <key>`.")
+_WRONG = "Incorrect API key provided."
+
+
+def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+    """The credentials a request presents, from its raw ASGI headers (lowercased names): the
+    token of each ``Authorization: Bearer <token>`` header and the value of each ``x-api-key``
+    header, stripped of surrounding spaces and tabs; empty values are left out."""
+    out: list[bytes] = []
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.strip(b" \t").partition(b" ")
+            if scheme.lower() == b"bearer":
+                token = token.strip(b" \t")
+                if token:
+                    out.append(token)
+        elif name == b"x-api-key":
+            token = value.strip(b" \t")
+            if token:
+                out.append(token)
+    return out
+
+
+class KeyChecker:
+    """Constant-time membership test of a presented key in a fixed set of keys (see the module
+    docstring). ``keys`` must not be empty."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        if not keys:
+            raise ValueError("KeyChecker needs at least one key")
+        self._digests = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys]
+
+    def accepts(self, presented: bytes) -> bool:
+        """True when ``presented`` (raw header bytes) equals one of the keys. Always compares
+        against every key."""
+        digest = hashlib.sha256(presented).digest()
+        ok = False
+        for ref in self._digests:
+            ok |= hmac.compare_digest(digest, ref)
+        return ok
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI middleware enforcing :class:`KeyChecker` on every HTTP request outside
+    :data:`OPEN_PATHS` (see the module docstring). Streaming responses pass through untouched:
+    the check happens before the app runs, on the request headers only."""
+
+    def __init__(self, app: ASGIApp, *, keys: Sequence[str]) -> None:
+        self.app = app
+        self.checker = KeyChecker(keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        presented = presented_keys(scope["headers"])
+        ok = False
+        for key in presented:  # every credential is checked: no early exit
+            ok |= self.checker.accepts(key)
+        if ok:
+            await self.app(scope, receive, send)
+            return
+        await self._refuse(scope, receive, send, given=bool(presented))
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, given: bool) -> None:
+        body = error_body(401, _WRONG if given else _MISSING, code="invalid_api_key", type_="invalid_request_error")
+        path: str = scope["path"]
+        if path.endswith("/v1/messages"):
+            body = MESSAGES.client_error(401, body)
+        challenge = 'Bearer error="invalid_token"' if given else "Bearer"
+        app = scope.get("app")
+        metrics = getattr(getattr(getattr(app, "state", None), "gw", None), "metrics", None)
+        if metrics is not None:
+            metrics.error_responses.labels("401", "invalid_api_key").inc()
+        log.debug("refused %s %s: %s API key", scope.get("method"), path, "wrong" if given else "no")
+        response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})
+        await response(scope, receive, send)
+
+
+def install_auth(app: FastAPI, settings: GatewaySettings) -> None:
+    """Add :class:`ApiKeyMiddleware` to ``app`` when ``settings.auth`` has keys; otherwise do
+    nothing (auth off, the default)."""
+    keys = settings.auth.keys()
+    if keys:
+        app.add_middleware(ApiKeyMiddleware, keys=keys)
+        log.info("gateway auth on: %d key(s); open paths: %s", len(keys), ", ".join(sorted(OPEN_PATHS)))

@@ -1,0 +1,209 @@
+"""Recognising a retry of a session's model call, so that it is answered with the first call's
+answer instead of calling the model again (one call = one step, one unit of budget).
+
+A call of a session is the *same call* as an earlier one of the same session and endpoint when
+
+* both carry the same ``Idempotency-Key`` request header (whatever their bodies); or
+* it has no ``Idempotency-Key``, carries ``x-stainless-retry-count`` > 0 (the openai and anthropic
+  SDKs send it on every attempt: 0 on the first, 1, 2, ... on their retries), and its raw body
+  bytes are identical to the earlier call's (BLAKE2b-128 of the body).
+
+A repeated body *without* the retry header (or with ``0``) is a new call: agents legitimately
+repeat calls (sampling). Sessionless (passthrough) calls are never deduplicated.
+
+:class:`RecentCalls` keeps, per session, the last :data:`PER_SESSION` calls (LRU; globally at most
+:data:`MAX_ENTRIES` calls and :data:`MAX_TOTAL_BYTES` answer bytes, the least recently used
+evicted first), each under its key (:func:`call_key`) as a :class:`PendingCall`:
+
+* *in flight*: a duplicate waits for it (:meth:`PendingCall.wait`, a join);
+* *done*: it holds the :class:`Replay` (what the client was answered: status, relayed headers,
+  the body bytes, for a stream the full SSE bytes sent) and a duplicate gets it at once.
+
+Only a successful model answer (step status ``ok``) becomes a replay. A call that failed (an
+upstream error or timeout, a client that left, a synthetic stop, a telemetry failure) is
+removed, and its duplicate (waiting or later) is a new call: an SDK retries precisely because
+its call failed. An answer over :data:`MAX_ENTRY_BYTES` is not kept (its retry is a new call).
+The table is in memory only: it is dropped when its session is closed, and a gateway restart
+forgets it (a retry after a restart is a new call, a new step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PER_SESSION = 16  # calls remembered per session
+MAX_ENTRIES = 4096  # calls remembered in all
+MAX_ENTRY_BYTES = 8 * 1024 * 1024  # a bigger answer is not replayable
+MAX_TOTAL_BYTES = 256 * 1024 * 1024  # answer bytes kept in all
+
+IDEMPOTENCY_HEADER = "idempotency-key"
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+
+CallKey = tuple[str, str, str]  # (kind "key" | "body", endpoint, BLAKE2b hex digest)
+
+
+def call_key(headers: Mapping[str, str], endpoint: str, raw: bytes) -> tuple[CallKey, bool]:
+    """The key of a call and whether it may be a duplicate of an earlier call.
+
+    ``headers``: the request headers (case-insensitive mapping, e.g. Starlette's); ``endpoint``:
+    the protocol's endpoint label; ``raw``: the request body bytes. With an ``Idempotency-Key``
+    the key is ``("key", endpoint, blake2b(key))`` and the call is always looked up; otherwise it
+    is ``("body", endpoint, blake2b(raw))``, looked up only when ``x-stainless-retry-count`` is
+    an integer > 0 (an unreadable value counts as 0)."""
+    idem = headers.get(IDEMPOTENCY_HEADER)
+    if idem:
+        return ("key", endpoint, hashlib.blake2b(idem.encode("utf-8", "replace"), digest_size=16).hexdigest()), True
+    try:
+        retry = int(headers.get(RETRY_COUNT_HEADER) or 0)
+    except ValueError:
+        retry = 0
+    return ("body", endpoint, hashlib.blake2b(raw, digest_size=16).hexdigest()), retry > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What the client of a call was answered: HTTP ``status_code`` (2xx), the headers the
+    gateway relayed or added (no ``content-length``/``content-type``), the ``body`` bytes (for a
+    stream, every SSE byte sent) and its ``media_type``."""
+
+    status_code: int
+    headers: dict[str, str]
+    body: bytes
+    media_type: str
+
+
+class PendingCall:
+    """One remembered call of a session: in flight until :meth:`done` or :meth:`fail` (exactly
+    one settles it; later calls are no-ops). ``replay`` is set once done with a replayable
+    answer."""
+
+    __slots__ = ("_future", "_table", "key", "replay", "session_id")
+
+    def __init__(self, table: RecentCalls, session_id: str, key: CallKey) -> None:
+        self._table = table
+        self.session_id = session_id
+        self.key = key
+        self.replay: Replay | None = None
+        self._future: asyncio.Future[Replay | None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def max_bytes(self) -> int:
+        """The largest answer body (bytes) that can be kept as a replay."""
+        return self._table.max_entry_bytes
+
+    @property
+    def settled(self) -> bool:
+        """True once :meth:`done` or :meth:`fail` was called."""
+        return self._future.done()
+
+    def done(self, replay: Replay) -> None:
+        """The call was answered successfully with ``replay``: keep it for duplicates (unless its
+        body is over the table's per-call cap: then it is forgotten, as a failure) and wake the
+        duplicates waiting."""
+        if self.settled:
+            return
+        if len(replay.body) > self._table.max_entry_bytes:
+            self.fail()
+            return
+        self.replay = replay
+        self._future.set_result(replay)
+        self._table._kept(self)
+
+    def fail(self) -> None:
+        """The call got no replayable answer: forget it; duplicates waiting become new calls."""
+        if self.settled:
+            return
+        self._table._remove(self)
+        self._future.set_result(None)
+
+    async def wait(self) -> Replay | None:
+        """The call's replay once it is settled, or None when it failed (not cancelled when the
+        waiter is)."""
+        return await asyncio.shield(self._future)
+
+
+class RecentCalls:
+    """The bounded in-memory table of recent calls per session (see the module docstring).
+    Caps: ``per_session`` calls per session, ``max_entries`` calls and ``max_total_bytes`` answer
+    bytes in all (LRU eviction), ``max_entry_bytes`` per answer. Single event loop, no locking:
+    :meth:`find` and :meth:`begin` run without awaiting in between, so one of several duplicates
+    claims a call and the others join it."""
+
+    def __init__(self, *, per_session: int = PER_SESSION, max_entries: int = MAX_ENTRIES,
+                 max_entry_bytes: int = MAX_ENTRY_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
+        self.per_session = per_session
+        self.max_entries = max_entries
+        self.max_entry_bytes = max_entry_bytes
+        self.max_total_bytes = max_total_bytes
+        self._sessions: dict[str, OrderedDict[CallKey, PendingCall]] = {}
+        self._lru: OrderedDict[tuple[str, CallKey], PendingCall] = OrderedDict()  # oldest first
+        self._bytes = 0  # body bytes of the replays held
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def bytes_held(self) -> int:
+        """Body bytes of the replays held, in all."""
+        return self._bytes
+
+    def find(self, sid: str, key: CallKey) -> PendingCall | None:
+        """The remembered call of ``sid`` under ``key`` (in flight, or done with a replay), made
+        the most recently used; None when there is none."""
+        calls = self._sessions.get(sid)
+        entry = calls.get(key) if calls is not None else None
+        if entry is not None:
+            calls.move_to_end(key)  # type: ignore[union-attr]
+            self._lru.move_to_end((sid, key))
+        return entry
+
+    def begin(self, sid: str, key: CallKey) -> PendingCall:
+        """Remember a new call of ``sid`` under ``key``, in flight (it replaces an earlier call
+        under the same key, which still settles for its own waiters). The caller must settle it
+        with :meth:`PendingCall.done` or :meth:`PendingCall.fail` on every path."""
+        entry = PendingCall(self, sid, key)
+        old = self._lru.get((sid, key))
+        if old is not None:
+            self._remove(old)
+        calls = self._sessions.setdefault(sid, OrderedDict())
+        calls[key] = entry
+        self._lru[(sid, key)] = entry
+        while len(calls) > self.per_session:
+            self._remove(next(iter(calls.values())))
+        self._evict()
+        return entry
+
+    def drop(self, sid: str) -> None:
+        """Forget every call of ``sid`` (its session was closed). Calls still in flight settle
+        for their own waiters only."""
+        calls = self._sessions.get(sid)
+        for entry in list(calls.values()) if calls is not None else []:
+            self._remove(entry)
+
+    def _kept(self, entry: PendingCall) -> None:
+        """Account for a call that is now done with a replay (when it is still in the table)."""
+        if self._lru.get((entry.session_id, entry.key)) is entry and entry.replay is not None:
+            self._bytes += len(entry.replay.body)
+            self._evict()
+
+    def _remove(self, entry: PendingCall) -> None:
+        """Take ``entry`` out of the table, when it is there."""
+        sid, key = entry.session_id, entry.key
+        if self._lru.get((sid, key)) is not entry:
+            return
+        del self._lru[(sid, key)]
+        calls = self._sessions[sid]
+        del calls[key]
+        if not calls:
+            del self._sessions[sid]
+        if entry.replay is not None:
+            self._bytes -= len(entry.replay.body)
+
+    def _evict(self) -> None:
+        """Drop the least recently used calls until the global caps hold."""
+        while self._lru and (len(self._lru) > self.max_entries or self._bytes > self.max_total_bytes):
+            self._remove(next(iter(self._lru.values())))

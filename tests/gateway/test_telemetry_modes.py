@@ -1,0 +1,175 @@
+"""Telemetry modes as the agent sees them (``telemetry.mode``, :mod:`gateway.recorder`):
+
+* ``best_effort``: an answer never waits for the DB. With SQLite's write lock held by another
+  connection, calls and a session close answer at once and the steps land after the lock is
+  released; when the DB refuses the write, the answer still arrives and the lost record is
+  counted in ``gateway_telemetry_dropped_total``; a full queue drops and counts too.
+* ``strict``: a DB failure is an error the agent sees (HTTP 500 ``telemetry_error``, or an
+  error event instead of ``[DONE]``), never a silently unrecorded success.
+
+The DB failure is a real one from SQLite: a trigger that aborts every insert into
+``session_steps`` (``RAISE(ABORT, ...)``), created and dropped from a second connection, so the
+gateway's own writer connection hits it on its normal path."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+
+import openai
+import pytest
+
+from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
+from tests.gateway.conftest import MESSAGES, Gateway, eventually
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+BEST_EFFORT = {"mode": "best_effort"}
+PROMPT_S = 1.0  # an answer "at once": well under the time the lock is held
+FAILURE = "disk full (test trigger)"
+
+
+def break_step_inserts(gw: Gateway) -> None:
+    """Make every INSERT into session_steps fail inside SQLite (until :func:`heal`)."""
+    con = sqlite3.connect(gw.db_path, timeout=30)
+    try:
+        con.execute("CREATE TRIGGER fail_steps BEFORE INSERT ON session_steps "
+                    f"BEGIN SELECT RAISE(ABORT, '{FAILURE}'); END")
+        con.commit()
+    finally:
+        con.close()
+
+
+def heal(gw: Gateway) -> None:
+    con = sqlite3.connect(gw.db_path, timeout=30)
+    try:
+        con.execute("DROP TRIGGER fail_steps")
+        con.commit()
+    finally:
+        con.close()
+
+
+async def timed(coro: Awaitable[object]) -> float:
+    """Seconds ``coro`` took."""
+    t0 = time.monotonic()
+    await coro
+    return time.monotonic() - t0
+
+
+def step_count(gw: Gateway) -> int:
+    return int(gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"])
+
+
+async def test_best_effort_answers_while_the_db_is_locked(start_gateway: StartGateway,
+                                                          upstream: FakeUpstream) -> None:
+    gw = await start_gateway(telemetry=BEST_EFFORT)
+    client = gw.client("s1")
+    lock = gw.hold_write_lock()
+    try:
+        t_chat = await timed(client.chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+
+        async def stream() -> None:
+            chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[arg-type]
+                                                                            stream=True)]
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == DEFAULT_TEXT
+
+        t_stream = await timed(stream())
+        t_responses = await timed(client.responses.create(model="m", input="hi"))
+        t_close = await timed(gw.http().post("/v1/sessions/s1/close", json={"reason": "done"}))
+        assert max(t_chat, t_stream, t_responses, t_close) < PROMPT_S
+        await asyncio.sleep(PROMPT_S)  # the lock stays held: nothing can be committed meanwhile
+        assert step_count(gw) == 0
+        assert await gw.metric("gateway_steps_recorded_total") == 0
+    finally:
+        lock.rollback()
+        lock.close()
+    steps = await gw.wait_steps("s1", 3)
+    assert [(s.seq, s.endpoint, s.is_stream, s.status) for s in steps] == [
+        (1, "chat.completions", False, "ok"), (2, "chat.completions", True, "ok"), (3, "responses", False, "ok")]
+    assert steps[1].response["choices"][0]["message"]["content"] == DEFAULT_TEXT
+
+    async def closed() -> bool:
+        return gw.sql("SELECT status FROM gateway_sessions WHERE session_id='s1'")[0]["status"] == "closed"
+
+    await eventually(closed)
+    assert await gw.metric("gateway_telemetry_dropped_total") == 0
+
+
+async def test_best_effort_answers_when_the_db_fails_and_counts_the_loss(start_gateway: StartGateway,
+                                                                         upstream: FakeUpstream) -> None:
+    gw = await start_gateway(telemetry=BEST_EFFORT)
+    client = gw.client("s1")
+    break_step_inserts(gw)
+    out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert out.choices[0].message.content == DEFAULT_TEXT
+    chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == DEFAULT_TEXT
+
+    async def both_dropped() -> bool:
+        return await gw.metric("gateway_telemetry_dropped_total") == 2
+
+    await eventually(both_dropped)
+    assert step_count(gw) == 0
+    assert await gw.metric("gateway_steps_recorded_total") == 0
+    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="200") == 2
+
+    heal(gw)  # the DB works again: the next call is recorded, the lost ones stay lost
+    await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    [step] = await gw.wait_steps("s1", 1)
+    assert (step.seq, step.status) == (3, "ok")
+    assert await gw.metric("gateway_telemetry_dropped_total") == 2
+    assert await gw.metric("gateway_steps_recorded_total") == 1
+
+
+async def test_best_effort_full_queue_drops_and_counts(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    """queue_max 1 with the DB locked: the writer holds the first record, the second waits in
+    the queue, the third finds it full and is dropped; every answer still arrives."""
+    gw = await start_gateway(telemetry={**BEST_EFFORT, "queue_max": 1})
+    client = gw.client("s1")
+    lock = gw.hold_write_lock()
+    try:
+        for _ in range(3):
+            out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+            assert out.choices[0].message.content == DEFAULT_TEXT
+        assert await gw.metric("gateway_telemetry_dropped_total") == 1
+    finally:
+        lock.rollback()
+        lock.close()
+    steps = await gw.wait_steps("s1", 2)
+    assert [s.seq for s in steps] == [1, 2]
+    await asyncio.sleep(0.2)
+    assert [s.seq for s in await gw.steps("s1")] == [1, 2]
+
+
+async def test_strict_db_failure_is_an_error_the_agent_sees(gw: Gateway, upstream: FakeUpstream) -> None:
+    assert gw.settings.telemetry.mode == "strict"
+    client = gw.client("s1")
+    break_step_inserts(gw)
+    with pytest.raises(openai.InternalServerError) as ei:
+        await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    err = ei.value.response.json()["error"]
+    assert (ei.value.status_code, err["type"], err["code"], err["param"]) == (500, "api_error", "telemetry_error", None)
+    assert err["message"].startswith("the gateway could not record this call: ") and FAILURE in err["message"]
+
+    # a stream: the answer's content arrives, then an error event instead of [DONE]
+    got: list[str] = []
+    with pytest.raises(openai.APIError) as si:
+        async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+            got.extend(ch.delta.content or "" for ch in c.choices)
+    assert "".join(got) == DEFAULT_TEXT
+    assert "could not record this call" in si.value.message and FAILURE in si.value.message
+
+    assert step_count(gw) == 0
+    assert await gw.metric("gateway_telemetry_dropped_total") == 0  # strict mode drops nothing silently
+    assert await gw.metric("gateway_steps_recorded_total") == 0
+    assert await gw.metric("gateway_error_responses_total", status="500", code="telemetry_error") == 1
+    # the stream ended by the relay counts as a 500 answer of its route; the non-streamed one was answered
+    # by the error handler (gateway_error_responses_total above)
+    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="500") == 1
+
+    heal(gw)
+    out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert out.choices[0].message.content == DEFAULT_TEXT
+    [step] = await gw.steps("s1")  # strict: committed before the answer
+    assert (step.seq, step.status) == (3, "ok")
