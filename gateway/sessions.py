@@ -99,6 +99,15 @@ class SessionManager:
         st = self._states.get(sid)
         return None if st is None else _snapshot(st)
 
+    def live(self, sid: str) -> GatewaySession | None:
+        """The session's state object itself (not a copy), or None when it is not held in memory.
+
+        For the telemetry writer, which copies it when it commits a batch (once per session per
+        batch, :meth:`gateway.recorder.TelemetryWriter.submit`): the state persisted with a step
+        is then the state at commit time, never older than at queue time (the same guarantee as
+        :meth:`current`, with one copy per batch instead of one per call)."""
+        return self._states.get(sid)
+
     async def get(self, sid: str) -> GatewaySession | None:
         """The session's state, or None when the gateway has never seen it."""
         async with self._lock(sid):
