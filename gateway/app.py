@@ -9,12 +9,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.auth import install_auth
+from gateway.auth import with_auth
 from gateway.errors import GatewayError, install_error_handlers
-from gateway.forward import handle
+from gateway.fastpath import ModelCallPaths, method_not_allowed, serve
 from gateway.metrics import Metrics
-from gateway.protocols import CHAT, MESSAGES, RESPONSES
 from gateway.recorder import TelemetryWriter
 from gateway.request_log import RequestLog
 from gateway.sessions import SessionManager
@@ -32,7 +32,32 @@ def _model_object(key: str) -> dict[str, object]:
     return {"id": key, "object": "model", "created": 0, "owned_by": "gateway"}
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+class GatewayApp(FastAPI):
+    """The gateway's FastAPI app, with the model-call endpoints served ahead of FastAPI's routing
+    and middleware (:mod:`gateway.fastpath`); every other request goes through FastAPI. Every
+    request, both ways, first passes ``front``: the API-key check when auth is on
+    (:func:`gateway.auth.with_auth`)."""
+
+    model_call_paths: ModelCallPaths
+    front: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = self
+        await self.front(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a model call directly (another method on its path: 405), anything else through
+        FastAPI."""
+        hit = self.model_call_paths.match(scope["path"]) if scope["type"] == "http" else None
+        if hit is None:
+            await super().__call__(scope, receive, send)
+        elif scope["method"] == "POST":
+            await serve(self.state.gw, hit[0], hit[1], scope, receive, send)
+        else:
+            await method_not_allowed(scope, receive, send)
+
+
+def create_app(settings: GatewaySettings) -> GatewayApp:
     """Build the gateway app. The store and the upstream pool open in the lifespan startup and
     close (after the telemetry queue is drained) at shutdown."""
 
@@ -64,9 +89,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             if request_log is not None:
                 request_log.stop()
 
-    app = FastAPI(title="rollout gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(title="rollout gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.model_call_paths = ModelCallPaths(settings.base_session_path)
     install_error_handlers(app)
-    install_auth(app, settings)  # API keys of the gateway's clients (gateway.auth); off without keys
+    app.front = with_auth(app.dispatch, settings)  # API keys of the gateway's clients; off without keys
     sp = settings.base_session_path
 
     def gw(request: Request) -> GatewayState:
@@ -124,38 +150,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def session_model(session_id: str, model: str, request: Request) -> dict[str, object]:
         """``GET /v1/models/{model}`` for a client whose base URL is a session URL."""
         return model_object(request, model)
-
-    @app.post("/v1/chat/completions")
-    async def chat_passthrough(request: Request) -> Response:
-        """OpenAI chat completions, forwarded but not recorded."""
-        return await handle(gw(request), request, None, CHAT)
-
-    @app.post(sp + "/{session_id}/chat/completions")
-    async def chat_session(session_id: str, request: Request) -> Response:
-        """OpenAI chat completions of a session: recorded as a ``chat.completions`` step."""
-        return await handle(gw(request), request, session_id, CHAT)
-
-    @app.post("/v1/responses")
-    async def responses_passthrough(request: Request) -> Response:
-        """OpenAI Responses, forwarded but not recorded."""
-        return await handle(gw(request), request, None, RESPONSES)
-
-    @app.post(sp + "/{session_id}/responses")
-    async def responses_session(session_id: str, request: Request) -> Response:
-        """OpenAI Responses of a session: recorded as a ``responses`` step."""
-        return await handle(gw(request), request, session_id, RESPONSES)
-
-    @app.post("/v1/messages")
-    async def messages_passthrough(request: Request) -> Response:
-        """Anthropic Messages, forwarded but not recorded (an anthropic SDK whose ``base_url`` is
-        the gateway's origin)."""
-        return await handle(gw(request), request, None, MESSAGES)
-
-    @app.post(sp + "/{session_id}/v1/messages")
-    async def messages_session(session_id: str, request: Request) -> Response:
-        """Anthropic Messages of a session (an anthropic SDK whose ``base_url`` is the session URL
-        appends ``/v1/messages``): recorded as a ``messages`` step."""
-        return await handle(gw(request), request, session_id, MESSAGES)
 
     @app.get(sp + "/{session_id}")
     async def session_status(session_id: str, request: Request) -> dict[str, object]:

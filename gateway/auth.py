@@ -41,7 +41,6 @@ import hmac
 import logging
 from collections.abc import Iterable, Sequence
 
-from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -134,10 +133,11 @@ class ApiKeyMiddleware:
         await response(scope, receive, send)
 
 
-def install_auth(app: FastAPI, settings: GatewaySettings) -> None:
-    """Add :class:`ApiKeyMiddleware` to ``app`` when ``settings.auth`` has keys; otherwise do
-    nothing (auth off, the default)."""
+def with_auth(app: ASGIApp, settings: GatewaySettings) -> ASGIApp:
+    """``app`` behind :class:`ApiKeyMiddleware` when ``settings.auth`` has keys; ``app`` itself
+    otherwise (auth off, the default)."""
     keys = settings.auth.keys()
-    if keys:
-        app.add_middleware(ApiKeyMiddleware, keys=keys)
-        log.info("gateway auth on: %d key(s); open paths: %s", len(keys), ", ".join(sorted(OPEN_PATHS)))
+    if not keys:
+        return app
+    log.info("gateway auth on: %d key(s); open paths: %s", len(keys), ", ".join(sorted(OPEN_PATHS)))
+    return ApiKeyMiddleware(app, keys=keys)

@@ -21,7 +21,7 @@ from gateway.redact import redact_request
 from gateway.sessions import StepSlot
 from gateway.state import GatewayState
 from gateway.wire import WireRequest
-from store import SessionStep
+from store import step_record
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,11 @@ class Call:
         self.attempts: list[dict[str, Any]] = []
 
     def step(self, *, status: str, status_code: int | None, response: Any, meta: dict[str, Any] | None = None
-             ) -> SessionStep | None:
-        """Build the step row (None for sessionless calls) and write the request log line. The
-        promoted columns (finish reason, token counts) come from the protocol's reading of
-        ``response`` (:meth:`WireProtocol.read`)."""
+             ) -> dict[str, Any] | None:
+        """Build the step row (a dict of every ``session_steps`` column, :func:`store.step_record`;
+        None for sessionless calls) and write the request log line. The promoted columns (finish
+        reason, token counts) come from the protocol's reading of ``response``
+        (:meth:`WireProtocol.read`)."""
         latency_ms = (time.perf_counter() - self.t0) * 1000
         endpoint = self.proto.endpoint
         if self.gw.request_log is not None:
@@ -76,7 +77,7 @@ class Call:
         after_close = self.gw.sessions.is_after_close(s)
         if after_close:
             meta_json["after_close"] = True
-        return SessionStep(
+        return step_record(
             session_id=s.session_id, seq=s.seq, step_id=s.step_id, env_name=s.env_name, group_id=s.group_id,
             job_id=s.job_id, llm_model=self.route_key, endpoint=endpoint, is_stream=self.stream, status=status,
             status_code=status_code, messages=self.proto.conversation(self.body),
@@ -91,20 +92,20 @@ class Call:
         if self.slot is not None:
             self.gw.sessions.release(self.slot)
 
-    def queue(self, step: SessionStep | None) -> asyncio.Future[None] | None:
-        """Queue ``step`` for the telemetry writer with the session's state as it is now (see
-        :func:`record`) and, on every outcome, end the call's in-flight mark: the one place where
+    def queue(self, step: dict[str, Any] | None) -> asyncio.Future[None] | None:
+        """Queue ``step`` for the telemetry writer with the session's live state (copied when the
+        batch is committed, so never older than now; see :meth:`SessionManager.live`) and, on every outcome, end the call's in-flight mark: the one place where
         a recorded call stops being in flight. The writer commits in queue order, so a session
         close queued after this is committed after the step. Returns the commit future (strict
         mode) or None; raises RuntimeError when the strict queue is full."""
         try:
             if step is None:
                 return None
-            return self.gw.writer.submit(step, self.gw.sessions.current(step.session_id))
+            return self.gw.writer.submit(step, self.gw.sessions.live(step["session_id"]))
         finally:
             self.release()
 
-    def submit(self, step: SessionStep | None) -> None:
+    def submit(self, step: dict[str, Any] | None) -> None:
         """Queue a step without waiting (for a client that is gone); failures are logged."""
         try:
             fut = self.queue(step)
@@ -131,12 +132,12 @@ def _log_commit_failure(fut: asyncio.Future[None]) -> None:
         log.error("a step queued without waiting was not committed: %s: %s", type(e).__name__, e)
 
 
-async def record(call: Call, step: SessionStep | None) -> None:
+async def record(call: Call, step: dict[str, Any] | None) -> None:
     """Commit a step (strict: wait for the commit; ``None``, a passthrough call, is not recorded).
     Raises GatewayError(500) when it fails.
 
-    The session state persisted with the step is the session's state at this moment
-    (``SessionManager.current``), not the one of when the step was reserved."""
+    The session state persisted with the step is the session's state when the batch is
+    committed (``SessionManager.live``), never the one of when the step was reserved."""
     try:
         fut = call.queue(step)  # also ends the call's in-flight mark, whatever happens
         if fut is not None:

@@ -86,11 +86,26 @@ class GatewayError(Exception):
         self.headers = headers
 
 
-async def _gateway_error(req: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, GatewayError)
+
+def gateway_error_response(req: Request, exc: GatewayError) -> JSONResponse:
+    """The answer to a :class:`GatewayError`: its status and headers, the body in the request's
+    error shape (:func:`set_error_shape`; OpenAI's by default); counted in ``/metrics``."""
     body = error_body(exc.status, exc.message, code=exc.code, param=exc.param)
     count_error(req, exc.status, exc.code)
     return JSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
+
+
+def unexpected_error_response(req: Request, exc: Exception) -> JSONResponse:
+    """The 500 ``internal_error`` answer to a bug, in the request's error shape; counted in
+    ``/metrics``."""
+    body = error_body(500, f"internal gateway error: {type(exc).__name__}: {exc}", code="internal_error")
+    count_error(req, 500, "internal_error")
+    return JSONResponse(_shaped(req, 500, body), status_code=500)
+
+
+async def _gateway_error(req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return gateway_error_response(req, exc)
 
 
 async def _http_error(req: Request, exc: Exception) -> JSONResponse:
@@ -111,9 +126,7 @@ async def _validation_error(req: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected_error(req: Request, exc: Exception) -> JSONResponse:
     # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server logs the traceback.
-    body = error_body(500, f"internal gateway error: {type(exc).__name__}: {exc}", code="internal_error")
-    count_error(req, 500, "internal_error")
-    return JSONResponse(_shaped(req, 500, body), status_code=500)
+    return unexpected_error_response(req, exc)
 
 
 def install_error_handlers(app: Any) -> None:

@@ -74,7 +74,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from fastapi import Request
@@ -90,9 +90,6 @@ from gateway.sessions import SessionClosed, StepSlot
 from gateway.state import GatewayState
 from gateway.streaming import GuardedStreamingResponse
 from gateway.wire import WireRequest, parse_json_body, read_body
-
-if TYPE_CHECKING:
-    from store import SessionStep
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +140,11 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
         slot: StepSlot | None = None
         if session_id is not None:
             try:
-                slot, snapshot = await gw.sessions.reserve(session_id, route_key)
+                slot = await gw.sessions.reserve(session_id, route_key)
             except SessionClosed:
                 raise GatewayError(409, f"session {session_id} is closed", code="session_closed") from None
             if slot is None:
-                await gw.writer.record(None, snapshot)  # the session is now truncated
+                await gw.writer.record(None, gw.sessions.current(session_id))  # the session is now truncated
                 return _synthetic_stop(gw, proto, req)
 
         try:
@@ -409,7 +406,7 @@ def _before_model(f: _UpstreamFailed) -> bool:
 
 
 def _step(call: Call, *, refund: bool, status: str, status_code: int | None, response: Any,
-          meta: dict[str, Any]) -> SessionStep | None:
+          meta: dict[str, Any]) -> dict[str, Any] | None:
     """``call.step(...)``; when ``refund`` (the call never reached the model) the step's unit of
     budget is given back first, and the step gets ``meta_json.budget_refunded = true`` and
     ``is_trainable = false`` (only when the refund happened: not for a session already closed
@@ -419,7 +416,7 @@ def _step(call: Call, *, refund: bool, status: str, status_code: int | None, res
         meta = {**meta, "budget_refunded": True}
     step = call.step(status=status, status_code=status_code, response=response, meta=meta)
     if refunded and step is not None:
-        step.is_trainable = False
+        step["is_trainable"] = False
     return step
 
 

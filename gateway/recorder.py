@@ -1,6 +1,8 @@
 """The telemetry writer: ONE task that commits queued records in batches (group commit).
 
-Callers enqueue a step row and/or a session-state snapshot. In ``strict`` mode they get a future
+Callers enqueue a step row and/or a session state: a snapshot, or the live state object of
+:class:`gateway.sessions.SessionManager`, copied when its batch is committed (the last state of a
+session in a batch wins, so a batch copies each session once). In ``strict`` mode they get a future
 that resolves when the batch holding their record is committed (or raises the DB error); in
 ``best_effort`` mode nothing waits, and records lost to a full queue or a DB failure are counted.
 """
@@ -12,15 +14,15 @@ import logging
 from dataclasses import dataclass, field
 
 from gateway.metrics import Metrics
-from store import GatewaySession, SessionStep, Store
+from store import SessionRow, StepRow, Store
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class _Item:
-    step: SessionStep | None
-    session: GatewaySession | None
+    step: StepRow | None
+    session: SessionRow | None
     done: asyncio.Future[None] | None = field(default=None)
 
 
@@ -47,7 +49,7 @@ class TelemetryWriter:
         await self._task
         self._task = None
 
-    def submit(self, step: SessionStep | None, session: GatewaySession | None) -> asyncio.Future[None] | None:
+    def submit(self, step: StepRow | None, session: SessionRow | None) -> asyncio.Future[None] | None:
         """Queue a record without waiting. Returns a future resolved at commit (strict mode), or
         None (best_effort). Raises ``RuntimeError`` in strict mode when the queue is full."""
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
@@ -62,7 +64,7 @@ class TelemetryWriter:
         self._metrics.telemetry_queue_depth.set(self._queue.qsize())
         return fut
 
-    async def record(self, step: SessionStep | None, session: GatewaySession | None) -> None:
+    async def record(self, step: StepRow | None, session: SessionRow | None) -> None:
         """Queue a record; in strict mode wait until it is committed (raises the DB error)."""
         fut = self.submit(step, session)
         if fut is not None:

@@ -115,19 +115,28 @@ class SessionManager:
         st = self._states.get(sid)
         return None if st is None else _snapshot(st)
 
+    def live(self, sid: str) -> GatewaySession | None:
+        """The session's state object itself (not a copy), or None when it is not held in memory.
+
+        For the telemetry writer, which copies it when it commits a batch (once per session per
+        batch, :meth:`gateway.recorder.TelemetryWriter.submit`): the state persisted with a step
+        is then the state at commit time, never older than at queue time (the same guarantee as
+        :meth:`current`, with one copy per batch instead of one per call)."""
+        return self._states.get(sid)
+
     async def get(self, sid: str) -> GatewaySession | None:
         """The session's state, or None when the gateway has never seen it."""
         async with self._lock(sid):
             st = self._states.get(sid) or await self._store.load_gateway_session(sid)
             return st
 
-    async def reserve(self, sid: str, model: str) -> tuple[StepSlot | None, GatewaySession]:
+    async def reserve(self, sid: str, model: str) -> StepSlot | None:
         """Reserve the next step of ``sid`` for route ``model``.
 
-        Returns ``(slot, snapshot)``; ``slot`` is None when the budget is used up (``max_steps >= 0``
-        and ``max_steps <= total_steps - refunded_steps``), in which case the session is marked
-        ``truncated``; a session so marked is ``active`` again once a refund lets a later call
-        reserve. ``snapshot`` is a copy of the state to persist.
+        Returns the slot, or None when the budget is used up (``max_steps >= 0`` and
+        ``max_steps <= total_steps - refunded_steps``), in which case the session is marked
+        ``truncated`` (the caller persists :meth:`current`); a session so marked is ``active``
+        again once a refund lets a later call reserve.
         Raises SessionClosed for a closed session, and for one being closed.
 
         A returned slot is *in flight* until :meth:`release` is called with it; the caller must
@@ -142,7 +151,7 @@ class SessionManager:
             if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
                 st.status = "truncated"
                 st.updated_at = utcnow()
-                return None, _snapshot(st)
+                return None
             if st.status == "truncated":  # a refunded call freed a unit since
                 st.status = "active"
             counts = dict(st.step_counts or {})
@@ -152,7 +161,7 @@ class SessionManager:
             st.updated_at = utcnow()
             slot = StepSlot(sid, st.total_steps, counts[model], st.job_id, st.env_name, st.group_id)
             self._in_flight.setdefault(sid, set()).add(slot.seq)
-            return slot, _snapshot(st)
+            return slot
 
     def release(self, slot: StepSlot) -> None:
         """End the in-flight mark of a reserved step: its step row has been queued for the

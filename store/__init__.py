@@ -4,17 +4,20 @@ Used by both the gateway and the launcher; knows nothing about HTTP. See DESIGN.
 """
 
 from store.engine import DbUrlError, json_dumps, parse_db_url
-from store.models import GatewaySession, JobEnvironment, SessionStep, new_record_id, utcnow
-from store.repo import Store
+from store.models import GatewaySession, JobEnvironment, SessionStep, new_record_id, step_record, utcnow
+from store.repo import SessionRow, StepRow, Store
 
 __all__ = [
     "DbUrlError",
     "GatewaySession",
     "JobEnvironment",
+    "SessionRow",
     "SessionStep",
+    "StepRow",
     "Store",
     "json_dumps",
     "new_record_id",
     "parse_db_url",
+    "step_record",
     "utcnow",
 ]

@@ -119,6 +119,40 @@ class SessionStep(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]
+_STEP_DEFAULTS: dict[str, Any] = {
+    name: (None if f.default_factory is not None or f.is_required() else f.default)
+    for name, f in SessionStep.model_fields.items()
+}
+
+
+def step_record(**values: Any) -> dict[str, Any]:
+    """A ``session_steps`` row as a plain dict of every column, for the gateway's hot path
+    (``Store.write_batch`` takes it as it takes a :class:`SessionStep`, at a fraction of the
+    cost of building the SQLModel object, which goes through SQLAlchemy instrumentation).
+
+    ``values`` are column values; the others get the model's defaults (``record_id`` a new
+    :func:`new_record_id`, ``created_at`` :func:`utcnow`). Raises TypeError for a name that is
+    not a column, and for a missing required column (``session_id``, ``seq``, ``step_id``,
+    ``llm_model``, ``endpoint``)."""
+    unknown = values.keys() - _STEP_DEFAULTS.keys()
+    if unknown:
+        raise TypeError(f"not columns of session_steps: {sorted(unknown)}")
+    row = dict(_STEP_DEFAULTS)
+    row.update(values)
+    if row["record_id"] is None:
+        row["record_id"] = new_record_id()
+    if row["created_at"] is None:
+        row["created_at"] = utcnow()
+    missing = [n for n in _REQUIRED_STEP_COLUMNS if row[n] is None]
+    if missing:
+        raise TypeError(f"session_steps row without {missing}")
+    return row
+
+
+_REQUIRED_STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint")
+
+
 class GatewaySession(SQLModel, table=True):
     """The gateway's state of one session: status (active | closed | truncated), the step budget
     and the steps used, per model (``step_counts``: route key -> last step_id) and in total.

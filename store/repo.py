@@ -10,15 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sqlalchemy import Table, delete, func, insert, text, update
+from sqlalchemy import Connection, Table, delete, func, insert, inspect, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
@@ -49,27 +50,62 @@ _SESSION_UPSERT_SQL = (
     + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in _SESSION_COLUMNS if c not in ("session_id", "created_at"))
 )
 
-_RowFn = Callable[[SQLModel], tuple[Any, ...]]
+_RowFn = Callable[[Mapping[str, Any]], tuple[Any, ...]]
+StepRow = SessionStep | Mapping[str, Any]
+"""A step to write: a :class:`SessionStep` or a plain dict of every column (:func:`store.models.step_record`)."""
+SessionRow = GatewaySession | Mapping[str, Any]
+"""A gateway session state to write: a :class:`GatewaySession` or a plain dict of every column."""
+
+
+def _as_dict(obj: SQLModel | Mapping[str, Any], names: tuple[str, ...]) -> Mapping[str, Any]:
+    return obj if isinstance(obj, Mapping) else _columns(obj, names)
 
 
 def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
-    """A function turning a table object into the tuple of its column values, each converted
-    exactly as SQLAlchemy binds it on this dialect (the column type's own bind processor: JSON via
-    the engine's ``json_serializer`` with None stored as the JSON text ``'null'`` as the
-    ``JSON(none_as_null=False)`` columns do, booleans as 0/1, datetimes in SQLite's DATETIME storage
-    format with the tzinfo dropped, not converted), so rows read back identically either way."""
+    """A function turning a row (a dict of every column) into the tuple of its column values,
+    each converted exactly as SQLAlchemy binds it on this dialect (the column type's own bind
+    processor: JSON via the engine's ``json_serializer`` with None stored as the JSON text
+    ``'null'`` as the ``JSON(none_as_null=False)`` columns do, booleans as 0/1, datetimes in
+    SQLite's DATETIME storage format with the tzinfo dropped, not converted), so rows read back
+    identically either way. Raises KeyError for a missing column."""
     plan: list[tuple[str, Callable[[Any], Any] | None]] = []
     for c in table.columns:
         plan.append((c.name, c.type.dialect_impl(dialect).bind_processor(dialect)))
-    names = tuple(n for n, _ in plan)
-    if all(p is None for _, p in plan):
-        return lambda obj: tuple([getattr(obj, n) for n in names])
     procs = tuple(plan)
 
-    def convert(obj: SQLModel) -> tuple[Any, ...]:
-        return tuple([getattr(obj, n) if p is None else p(getattr(obj, n)) for n, p in procs])
+    def convert(row: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple([row[n] if p is None else p(row[n]) for n, p in procs])
 
     return convert
+
+
+class SchemaError(RuntimeError):
+    """The database has a table of ours without a column this version needs, and the column
+    cannot be added in place (NOT NULL without a server default)."""
+
+
+def add_missing_columns(conn: Connection) -> list[str]:
+    """Add to every table of ours the columns it lacks (``ALTER TABLE ... ADD COLUMN``, with the
+    column's server default), so a database written by an older version keeps working. Returns
+    the ``table.column`` names added. Raises SchemaError for a missing NOT NULL column without a
+    server default (no value for the existing rows)."""
+    insp = inspect(conn)
+    existing_tables = set(insp.get_table_names())
+    added: list[str] = []
+    for table in SQLModel.metadata.sorted_tables:
+        if table.name not in existing_tables:
+            continue
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in have:
+                continue
+            if not column.nullable and column.server_default is None:
+                raise SchemaError(f"table {table.name} has no column {column.name} (NOT NULL, no default): "
+                                  "this database was made by an incompatible version")
+            ddl = CreateColumn(column).compile(dialect=conn.dialect)
+            conn.execute(text(f"ALTER TABLE {_q(table.name)} ADD COLUMN {ddl}"))
+            added.append(f"{table.name}.{column.name}")
+    return added
 
 
 class _SqliteBatchWriter:
@@ -94,7 +130,9 @@ class _SqliteBatchWriter:
             raise
         return con
 
-    def _commit(self, step_rows: list[tuple[Any, ...]], session_rows: list[tuple[Any, ...]]) -> None:
+    def _commit(self, steps: list[Mapping[str, Any]], sessions: list[Mapping[str, Any]]) -> None:
+        step_rows = [self._step_row(st) for st in steps]
+        session_rows = [self._session_row(gs) for gs in sessions]
         con = self._con
         if con is None:
             con = self._con = self._connect()
@@ -110,13 +148,14 @@ class _SqliteBatchWriter:
             raise
         con.execute("COMMIT")
 
-    async def write(self, steps: Sequence[SessionStep], sessions: Iterable[GatewaySession]) -> None:
-        latest: dict[str, GatewaySession] = {}
+    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
+        """Write one batch; rows are turned into bound values in the worker thread (SQLModel
+        objects are first copied to dicts here, on the caller's thread: they are not shared)."""
+        latest: dict[str, Mapping[str, Any]] = {}
         for gs in sessions:
-            latest[gs.session_id] = gs
-        # convert on the event loop thread: the objects are not shared with the worker thread
-        step_rows = [self._step_row(st) for st in steps]
-        session_rows = [self._session_row(gs) for gs in latest.values()]
+            latest[gs["session_id"] if isinstance(gs, Mapping) else gs.session_id] = _as_dict(gs, _SESSION_COLUMNS)
+        step_rows = [_as_dict(st, _STEP_COLUMNS) for st in steps]
+        session_rows = list(latest.values())
         if not step_rows and not session_rows:
             return
         if self._executor is None:
@@ -179,9 +218,15 @@ class Store:
         return ("postgresql://" + tail) if tail else self.url
 
     async def init(self) -> None:
-        """Create missing tables (idempotent; safe when two processes start at once)."""
+        """Create missing tables, and add the columns a database made by an older version lacks
+        (:func:`add_missing_columns`). Idempotent; safe when two processes start at once.
+        Raises SchemaError when a missing column cannot be added automatically."""
         async with self._write_lock, self.writer.begin() as conn:
             await conn.run_sync(SQLModel.metadata.create_all)
+            added = await conn.run_sync(add_missing_columns)
+        for name in added:
+            log.warning("store %s: added column %s (the database was made by an older version)",
+                        self.identity(), name)
 
     async def close(self) -> None:
         """Close the SQLite batch writer's connection and stop its thread, then dispose both
@@ -224,9 +269,7 @@ class Store:
         async with self._read() as s:
             return await s.get(JobEnvironment, session_id)
 
-    async def write_batch(
-        self, steps: Sequence[SessionStep], sessions: Iterable[GatewaySession]
-    ) -> None:
+    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
         """Insert step rows and upsert gateway session rows in ONE transaction (group commit).
 
         Sessions are upserted once each (the last snapshot of a session in the batch wins: callers
@@ -235,15 +278,20 @@ class Store:
         SQLite: plain ``sqlite3`` on one dedicated connection in one worker thread (one thread hop
         per batch); values are bound exactly as SQLAlchemy binds them, so SQLAlchemy reads see
         the same rows. On error the whole batch is rolled back and the ``sqlite3`` error raised.
-        PostgreSQL: the SQLAlchemy Core path."""
+        PostgreSQL: the SQLAlchemy Core path.
+
+        A row is a table object or a plain dict of every column (:func:`store.models.step_record`;
+        a session state as ``{column: value}``); dict rows must not be changed by the caller
+        afterwards (they are read in the writer thread)."""
         if self._sqlite_writer is not None:
             async with self._write_lock:
                 await self._sqlite_writer.write(steps, sessions)
             return
-        latest: dict[str, dict[str, Any]] = {}
+        latest: dict[str, Mapping[str, Any]] = {}
         for gs in sessions:
-            latest[gs.session_id] = _columns(gs, _SESSION_COLUMNS)
-        step_rows = [_columns(st, _STEP_COLUMNS) for st in steps]
+            row = _as_dict(gs, _SESSION_COLUMNS)
+            latest[row["session_id"]] = row
+        step_rows = [_as_dict(st, _STEP_COLUMNS) for st in steps]
         async with self._write_lock, self.writer.begin() as conn:
             if latest:
                 await conn.execute(self._session_upsert(), list(latest.values()))
