@@ -173,8 +173,9 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
             raise GatewayError(400, f"invalid close request: {e}") from None
         snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode,
                                                  g.settings.close_grace_s)
-        await g.writer.record(None, snap)
-        g.sessions.forget(session_id)  # strict mode: stored by now (best_effort: queued)
+        # dropped from memory once the closed state is stored (best_effort: never if that fails, so
+        # the session stays closed in memory instead of reloading from the store as active)
+        await g.writer.record(None, snap, on_commit=lambda: g.sessions.forget(session_id))
         return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
                 "truncated": truncated, "close_reason": snap.close_reason,
                 "completion_mode": snap.completion_mode}

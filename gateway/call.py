@@ -134,7 +134,8 @@ def _log_commit_failure(fut: asyncio.Future[None]) -> None:
 
 async def record(call: Call, step: dict[str, Any] | None) -> None:
     """Commit a step (strict: wait for the commit; ``None``, a passthrough call, is not recorded).
-    Raises GatewayError(500) when it fails.
+    Raises GatewayError(500) when it fails, having counted the call as a 500 answer in
+    ``/metrics``.
 
     The session state persisted with the step is the session's state when the batch is
     committed (``SessionManager.live``), never the one of when the step was reserved."""
@@ -143,5 +144,6 @@ async def record(call: Call, step: dict[str, Any] | None) -> None:
         if fut is not None:
             await asyncio.shield(fut)
     except Exception as e:
+        call.observe(500)  # the answer the client gets instead (the error handler sends it)
         raise GatewayError(500, f"the gateway could not record this call: {type(e).__name__}: {e}",
                            code="telemetry_error") from e

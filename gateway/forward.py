@@ -89,6 +89,7 @@ from gateway.relay import StreamRelay
 from gateway.sessions import SessionClosed, StepSlot
 from gateway.state import GatewayState
 from gateway.streaming import GuardedStreamingResponse
+from gateway.upstream import route_base_url
 from gateway.wire import WireRequest, parse_json_body, read_body
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
     if route.api != proto.api:
         raise GatewayError(400, f"route `{route_key}` speaks the {route.api} API, which does not serve "
                                 f"{proto.endpoint} calls", code="route_api_mismatch", param="model")
+    route_base_url(route_key, route, session_id)  # a per-session route without a usable session: 400, no budget
 
     claim: PendingCall | None = None
     if session_id is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.metrics import Metrics
@@ -24,6 +25,7 @@ class _Item:
     step: StepRow | None
     session: SessionRow | None
     done: asyncio.Future[None] | None = field(default=None)
+    on_commit: Callable[[], None] | None = field(default=None)
 
 
 class TelemetryWriter:
@@ -49,12 +51,15 @@ class TelemetryWriter:
         await self._task
         self._task = None
 
-    def submit(self, step: StepRow | None, session: SessionRow | None) -> asyncio.Future[None] | None:
+    def submit(self, step: StepRow | None, session: SessionRow | None,
+               on_commit: Callable[[], None] | None = None) -> asyncio.Future[None] | None:
         """Queue a record without waiting. Returns a future resolved at commit (strict mode), or
-        None (best_effort). Raises ``RuntimeError`` in strict mode when the queue is full."""
+        None (best_effort). ``on_commit`` is called once the record is committed (never when it
+        is dropped or its batch fails). Raises ``RuntimeError`` in strict mode when the queue is
+        full."""
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
         try:
-            self._queue.put_nowait(_Item(step, session, fut))
+            self._queue.put_nowait(_Item(step, session, fut, on_commit))
         except asyncio.QueueFull:
             if self.strict:
                 raise RuntimeError("telemetry queue is full") from None
@@ -64,9 +69,11 @@ class TelemetryWriter:
         self._metrics.telemetry_queue_depth.set(self._queue.qsize())
         return fut
 
-    async def record(self, step: StepRow | None, session: SessionRow | None) -> None:
-        """Queue a record; in strict mode wait until it is committed (raises the DB error)."""
-        fut = self.submit(step, session)
+    async def record(self, step: StepRow | None, session: SessionRow | None,
+                     on_commit: Callable[[], None] | None = None) -> None:
+        """Queue a record; in strict mode wait until it is committed (raises the DB error).
+        ``on_commit`` as in :meth:`submit`."""
+        fut = self.submit(step, session, on_commit)
         if fut is not None:
             await asyncio.shield(fut)
 
@@ -100,6 +107,8 @@ class TelemetryWriter:
         else:
             self._metrics.steps_recorded.inc(len(steps))
         for it in batch:
+            if err is None and it.on_commit is not None:
+                it.on_commit()
             if it.done is not None and not it.done.done():
                 if err is None:
                     it.done.set_result(None)

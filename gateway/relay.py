@@ -187,8 +187,7 @@ class StreamRelay:
         self.recorded = True
         try:
             await record(call, call.step(status=status, status_code=200, response=response, meta=meta))
-        except GatewayError as e:
-            call.observe(500)
+        except GatewayError as e:  # record() counted the 500
             yield proto.stream_error(500, error_body(500, e.message, code="telemetry_error"), asm)
             return
         self.outcome = status

@@ -164,12 +164,50 @@ async def test_strict_db_failure_is_an_error_the_agent_sees(gw: Gateway, upstrea
     assert await gw.metric("gateway_telemetry_dropped_total") == 0  # strict mode drops nothing silently
     assert await gw.metric("gateway_steps_recorded_total") == 0
     assert await gw.metric("gateway_error_responses_total", status="500", code="telemetry_error") == 1
-    # the stream ended by the relay counts as a 500 answer of its route; the non-streamed one was answered
-    # by the error handler (gateway_error_responses_total above)
-    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="500") == 1
+    # both failed calls (the stream ended by the relay, the non-streamed one answered by the error
+    # handler) count as 500 answers of their route
+    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="500") == 2
 
     heal(gw)
     out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
     [step] = await gw.steps("s1")  # strict: committed before the answer
     assert (step.seq, step.status) == (3, "ok")
+
+
+async def test_best_effort_close_that_was_not_stored_still_refuses_calls(start_gateway: StartGateway,
+                                                                         upstream: FakeUpstream) -> None:
+    """The closed state is dropped from memory only once it is committed: when the DB loses it,
+    the session stays closed in memory (a later call is 409, not reloaded from the store as
+    active); once the DB works again, a second close stores it."""
+    gw = await start_gateway(telemetry=BEST_EFFORT)
+    client = gw.client("s1")
+    await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    await gw.wait_steps("s1", 1)
+    con = sqlite3.connect(gw.db_path, timeout=30)
+    con.execute("CREATE TRIGGER fail_sessions BEFORE UPDATE ON gateway_sessions "
+                f"BEGIN SELECT RAISE(ABORT, '{FAILURE}'); END")
+    con.commit()
+    try:
+        r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "done"})
+        assert r.status_code == 200 and r.json()["status"] == "closed"
+
+        async def dropped() -> bool:
+            return await gw.metric("gateway_telemetry_dropped_total") == 1
+
+        await eventually(dropped)
+        assert gw.sql("SELECT status FROM gateway_sessions WHERE session_id='s1'")[0]["status"] == "active"
+        with pytest.raises(openai.ConflictError):
+            await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    finally:
+        con.execute("DROP TRIGGER fail_sessions")
+        con.commit()
+        con.close()
+    r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "again"})
+    assert r.json()["close_reason"] == "done"  # the first reason is kept
+
+    async def stored() -> bool:
+        return gw.sql("SELECT status FROM gateway_sessions WHERE session_id='s1'")[0]["status"] == "closed"
+
+    await eventually(stored)
+    assert len(upstream.requests) == 1
