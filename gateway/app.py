@@ -77,9 +77,9 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
             request_log.start()
         app.state.gw = GatewayState(settings, store, SessionManager(store, settings.max_steps), upstream,
                                     writer, metrics, request_log)
-        active = await store.count_active_sessions()
-        log.info("gateway ready: storage=%s routes=%s active sessions=%d", store.identity(),
-                 ",".join(settings.llm_routes), active)
+        interrupted = await store.mark_interrupted()  # left active by an earlier gateway process
+        log.info("gateway ready: storage=%s routes=%s; sessions left active by an earlier gateway, now "
+                 "interrupted: %d", store.identity(), ",".join(settings.llm_routes), interrupted)
         try:
             yield
         finally:

@@ -152,7 +152,7 @@ class SessionManager:
                 st.status = "truncated"
                 st.updated_at = utcnow()
                 return None
-            if st.status == "truncated":  # a refunded call freed a unit since
+            if st.status in ("truncated", "interrupted"):  # a refund freed a unit since / a new gateway
                 st.status = "active"
             counts = dict(st.step_counts or {})
             counts[model] = counts.get(model, 0) + 1

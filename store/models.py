@@ -154,7 +154,9 @@ _REQUIRED_STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint
 
 
 class GatewaySession(SQLModel, table=True):
-    """The gateway's state of one session: status (active | closed | truncated), the step budget
+    """The gateway's state of one session: status (active | closed | truncated | interrupted: left
+    active by a gateway process that ended, set at the next gateway start, active again at the
+    session's next call), the step budget
     and the steps used, per model (``step_counts``: route key -> last step_id) and in total.
     ``refunded_steps``: how many of the ``total_steps`` rows are calls that failed before reaching
     the model (connect failure, upstream 429) and so use no budget: the budget check is

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, func, insert, inspect, text, update
+from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Dialect
@@ -298,13 +298,16 @@ class Store:
             if step_rows:
                 await conn.execute(insert(SessionStep.__table__), step_rows)  # type: ignore[attr-defined]
 
-    async def count_active_sessions(self) -> int:
-        """The number of gateway sessions not closed (logged at gateway start)."""
-        async with self._read() as s:
-            res = await s.execute(
-                select(func.count()).select_from(GatewaySession).where(col(GatewaySession.status) == "active")
-            )
-            return int(res.scalar_one())
+    async def mark_interrupted(self) -> int:
+        """Mark every gateway session left ``active`` by an earlier gateway process as
+        ``interrupted`` (faults F15b: a gateway that died mid-session leaves no session "running"
+        for ever). Called at gateway start; the session's budget, step counts and step ids are
+        kept, and its next call makes it ``active`` again. Returns how many were marked."""
+        async with self._write_lock, self.writer.begin() as conn:
+            res = await conn.execute(
+                update(GatewaySession).where(col(GatewaySession.status) == "active")
+                .values(status="interrupted", updated_at=utcnow()))
+            return int(getattr(res, "rowcount", 0) or 0)
 
     def _session_upsert(self) -> Any:
         """``INSERT INTO gateway_sessions ... ON CONFLICT (session_id) DO UPDATE`` (every column but

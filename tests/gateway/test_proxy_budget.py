@@ -140,9 +140,16 @@ async def test_persisted_state_survives_out_of_order_completion_and_restart(
     await gw.stop()
 
     gw2 = await start_gateway(db_url=db_url)  # a restart on the same database
+    # faults F15b: the session the first gateway left active is marked interrupted, budget kept
+    row = session_row(gw2, "s1")
+    assert (row["status"], row["total_steps"]) == ("interrupted", 2)
+    st = (await gw2.http().get("/v1/sessions/s1")).json()
+    assert (st["status"], st["total_steps"]) == ("interrupted", 2)
     await gw2.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     steps = await gw2.steps("s1")
     assert [(s.seq, s.step_id, s.status) for s in steps] == [(1, 1, "ok"), (2, 2, "ok"), (3, 3, "ok")]
+    row = session_row(gw2, "s1")
+    assert (row["status"], row["total_steps"]) == ("active", 3)  # its next call resumed it
 
 
 async def test_restart_keeps_the_budget(start_gateway: StartGateway, upstream: FakeUpstream, db_url: str) -> None:
