@@ -663,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
             proxy = Server("proxy", [sys.executable, str(HERE / "forward_proxy.py"), "--upstream", up.base,
                                      "--port", str(pport)], pport, "/healthz", workdir / "proxy.log")
         sid_paths = [f"/v1/sessions/bench-{i:03d}{CHAT_PATH}" for i in range(args.sessions)]
-        print("gateway benchmark (direct = straight to the fake upstream; gateway = session path, strict telemetry)")
+        print(f"gateway benchmark (direct = straight to the fake upstream; gateway = session path, {args.telemetry} "
+              "telemetry)")
         for n in notes:
             print(n)
         print(f"upstream: {up.kind} (fixed answers) at {up.base}; load: {load_kind}"
