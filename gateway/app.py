@@ -21,7 +21,7 @@ from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamClient
-from gateway.wire import CloseSessionRequest
+from gateway.wire import CloseSessionRequest, check_session_id
 from store import Store
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
 
     @app.get(sp + "/{session_id}")
     async def session_status(session_id: str, request: Request) -> dict[str, object]:
-        st = await gw(request).sessions.get(session_id)
+        st = await gw(request).sessions.get(check_session_id(session_id))
         if st is None:
             raise GatewayError(404, f"unknown session {session_id}", code="session_not_found")
         return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
@@ -165,6 +165,7 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         """Close a session. Answers once every call of the session in flight has been recorded
         (strict telemetry: committed), waiting at most ``close_grace_s``; calls still running then
         are recorded later as ``after_close`` steps (see ``SessionManager.close``)."""
+        check_session_id(session_id)
         g = gw(request)
         raw = await request.body()
         try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import re
-from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -41,8 +40,9 @@ class ModelCallPaths:
       ``{base}/{session_id}/v1/messages`` (recorded);
     * ``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages`` (passthrough).
 
-    A session id is one non-empty path segment (percent-decoded, as FastAPI's path parameters
-    are)."""
+    A session id is one non-empty path segment of the ASGI ``path``, which the server has already
+    percent-decoded (as FastAPI's path parameters see it; decoding again would make ``a%2541``
+    the session ``aA`` here and ``a%41`` on the status and close routes)."""
 
     def __init__(self, base_session_path: str) -> None:
         base = re.escape(base_session_path.rstrip("/"))
@@ -57,7 +57,7 @@ class ModelCallPaths:
         m = self._session.fullmatch(path)
         if m is None:
             return None
-        return unquote(m.group(1)), _PROTOCOLS[m.group(2)]
+        return m.group(1), _PROTOCOLS[m.group(2)]
 
 
 async def serve(gw: GatewayState, session_id: str | None, proto: WireProtocol, scope: Scope, receive: Receive,

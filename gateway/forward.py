@@ -90,7 +90,7 @@ from gateway.sessions import SessionClosed, StepSlot
 from gateway.state import GatewayState
 from gateway.streaming import GuardedStreamingResponse
 from gateway.upstream import route_base_url
-from gateway.wire import WireRequest, parse_json_body, read_body
+from gateway.wire import WireRequest, check_session_id, parse_json_body, read_body
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,8 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
     for its own retries (:class:`gateway.idempotency.RecentCalls`) until it is settled.
     """
     set_error_shape(request, proto.client_error)
+    if session_id is not None:
+        check_session_id(session_id)
     raw = await read_body(request, gw.settings.max_request_bytes)
     body = parse_json_body(raw)
     req = proto.validate(body)

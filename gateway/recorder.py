@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.metrics import Metrics
-from store import SessionRow, StepRow, Store
+from store import SessionRow, StepRow, Store, is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -94,18 +94,33 @@ class TelemetryWriter:
             await self._commit(batch)
 
     async def _commit(self, batch: list[_Item]) -> None:
+        """Commit ``batch`` in one transaction. When that fails and the batch holds more than one
+        record, each record is committed on its own, so one record the DB refuses (or a bug
+        in one row) fails that record only, not the other sessions' steps of its batch; not
+        when the database as a whole failed (:func:`store.is_unavailable`: locked, I/O), which
+        one row at a time would only repeat."""
+        err = await self._write(batch)
+        if err is not None and len(batch) > 1 and not is_unavailable(err):
+            for it in batch:
+                self._settle([it], await self._write([it]))
+            return
+        self._settle(batch, err)
+
+    async def _write(self, batch: list[_Item]) -> BaseException | None:
         steps = [it.step for it in batch if it.step is not None]
         sessions = [it.session for it in batch if it.session is not None]
-        err: BaseException | None = None
         try:
             await self._store.write_batch(steps, sessions)
         except Exception as e:  # the DB failed: every waiter learns it, nothing is silent
-            err = e
             log.error("telemetry batch of %d records failed: %s: %s", len(batch), type(e).__name__, e)
-            if not self.strict:
-                self._metrics.telemetry_dropped.inc(len(batch))
-        else:
-            self._metrics.steps_recorded.inc(len(steps))
+            return e
+        return None
+
+    def _settle(self, batch: list[_Item], err: BaseException | None) -> None:
+        if err is None:
+            self._metrics.steps_recorded.inc(sum(it.step is not None for it in batch))
+        elif not self.strict:
+            self._metrics.telemetry_dropped.inc(len(batch))
         for it in batch:
             if err is None and it.on_commit is not None:
                 it.on_commit()

@@ -11,6 +11,7 @@ these models.
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
@@ -164,11 +165,16 @@ async def read_body(request: Request, limit: int) -> bytes:
     code ``request_too_large``) for a larger one, whether announced by ``Content-Length`` or
     found while reading a chunked body. The rest of an oversized body is read and discarded
     (not kept in memory) before the 413 is sent, so the client, still sending, gets the answer
-    instead of a connection reset."""
+    instead of a connection reset; except when ``Content-Length`` announces more than twice the
+    limit: then the 413 is sent at once (a client announcing a body it never sends would
+    otherwise hold the connection)."""
     parts: list[bytes] = []
     size = 0
     declared = request.headers.get("content-length", "")
     over = declared.isdigit() and int(declared) > limit
+    if over and int(declared) > 2 * limit:
+        raise GatewayError(413, f"request body ({declared} bytes announced) is larger than the gateway's limit of "
+                                f"{limit} bytes (max_request_bytes)", code="request_too_large")
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
@@ -181,14 +187,34 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+MAX_SESSION_ID_CHARS = 128  # the width of the session_id columns (store.models)
+
+
+def check_session_id(session_id: str) -> str:
+    """``session_id`` when it can name a session: 1 to :data:`MAX_SESSION_ID_CHARS` characters,
+    none of them a control character (Unicode category Cc: NUL, CR, LF, ... cannot go into the
+    ``X-Session-Id`` header or a per-session upstream URL). Raises GatewayError(400, code
+    ``invalid_session_id``) otherwise, before any budget is used."""
+    if not session_id or len(session_id) > MAX_SESSION_ID_CHARS:
+        raise GatewayError(400, f"session id must be 1 to {MAX_SESSION_ID_CHARS} characters, got "
+                                f"{len(session_id)}", code="invalid_session_id")
+    if not session_id.isprintable() and any(unicodedata.category(c) == "Cc" for c in session_id):
+        raise GatewayError(400, f"session id {session_id!r} contains a control character",
+                           code="invalid_session_id")
+    return session_id
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """Decode a request body that must be a JSON object. Raises GatewayError(400) otherwise."""
+    """Decode a request body that must be a JSON object. Raises GatewayError(400) otherwise
+    (empty, not JSON, not an object, or nested deeper than Python's recursion limit)."""
     if not raw:
         raise GatewayError(400, "request body is empty; expected a JSON object")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise GatewayError(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise GatewayError(400, "request body is nested too deeply to be decoded") from None
     if not isinstance(body, dict):
         raise GatewayError(400, f"request body must be a JSON object, not {type(body).__name__}")
     return body

@@ -5,7 +5,7 @@ Used by both the gateway and the launcher; knows nothing about HTTP. See DESIGN.
 
 from store.engine import DbUrlError, json_dumps, parse_db_url
 from store.models import GatewaySession, JobEnvironment, SessionStep, new_record_id, step_record, utcnow
-from store.repo import SessionRow, StepRow, Store
+from store.repo import SessionRow, StepRow, Store, is_unavailable
 
 __all__ = [
     "DbUrlError",
@@ -15,6 +15,7 @@ __all__ = [
     "SessionStep",
     "StepRow",
     "Store",
+    "is_unavailable",
     "json_dumps",
     "new_record_id",
     "parse_db_url",

@@ -74,11 +74,22 @@ def _json_floats(obj: Any) -> Any:
 
 
 def json_dumps(obj: Any) -> str:
-    """Serializer for JSON columns: strict JSON (NaN/Infinity become the strings 'nan'/'inf')."""
+    """Serializer for JSON columns: strict JSON (NaN/Infinity become the strings 'nan'/'inf').
+
+    Text is stored as UTF-8, except when a string holds a lone surrogate (``"\\ud800"`` in a
+    request is valid JSON that Python decodes, but no UTF-8 text can carry it): then the whole
+    value is written with ``\\uXXXX`` escapes (``ensure_ascii``), which reads back to the same
+    string, so the row is stored exactly instead of failing its batch."""
     try:
-        return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
     except ValueError:
-        return json.dumps(_json_floats(obj), ensure_ascii=False, allow_nan=False, default=_json_default)
+        obj = _json_floats(obj)
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, allow_nan=False, default=_json_default)
+    return text
 
 
 def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Dialect
@@ -77,6 +78,13 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
         return tuple([row[n] if p is None else p(row[n]) for n, p in procs])
 
     return convert
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` from a store call means the database as a whole failed (locked past the
+    busy timeout, disk I/O, a lost connection: an OperationalError of sqlite3 or SQLAlchemy), as
+    opposed to one row it refused (a constraint, a value it cannot store)."""
+    return isinstance(exc, sqlite3.OperationalError | sa_exc.OperationalError)
 
 
 class SchemaError(RuntimeError):
