@@ -48,7 +48,8 @@ protocol's synthetic stop answer (:meth:`WireProtocol.stop_answer`, HTTP 200, he
 ``x-gateway-stop-reason: max_steps``), streamed when the client asked to stream.
 
 Budget refunds: a call whose final outcome (after the route's retries) shows it never reached
-the model, a connect failure (connect error or connect timeout) or an upstream HTTP 429, is
+the model, a connect failure (connect error or connect timeout) or an upstream HTTP 429 or 503
+(:data:`NOT_PROCESSED_STATUS`), is
 still recorded as its own step (``error``/``timeout``, its own ``seq``) but with
 ``meta_json.budget_refunded = true`` and ``is_trainable = false``, and its unit of budget is
 given back (:meth:`gateway.sessions.SessionManager.refund`).
@@ -95,6 +96,10 @@ from gateway.wire import WireRequest, check_session_id, parse_json_body, read_bo
 log = logging.getLogger(__name__)
 
 STOP_HEADER = {"x-gateway-stop-reason": "max_steps"}
+# Upstream statuses that say the request was not taken: 429 Too Many Requests (RFC 6585 section 4)
+# and 503 Service Unavailable ("currently unable to handle the request", RFC 9110 section 15.6.4).
+# A call whose final answer is one of these uses no budget (see "Budget refunds" above).
+NOT_PROCESSED_STATUS = frozenset({429, 503})
 REPLAYED_HEADER = {"x-gateway-replayed": "true"}
 _RELAYED_HEADERS = ("retry-after", "x-request-id", "openai-processing-ms", "request-id", "x-should-retry")
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -527,8 +532,8 @@ async def _relay_plain(call: Call, status: int, up_headers: Any, content: bytes,
     (4xx/5xx, whatever its body, an HTML 502 page too). A 2xx body that is not a valid answer of
     the protocol (HTML, broken JSON, an error object) is not relayed: the client gets 502
     ``upstream_invalid_response`` (its SDK would fail on it), and the step keeps the raw body
-    (``status`` ``error``, ``meta_json.upstream_status``). An upstream 429 never reached the
-    model: its unit of budget is refunded (:func:`_step`). An ``ok`` answer settles ``claim``
+    (``status`` ``error``, ``meta_json.upstream_status``). An upstream 429 or 503 never reached
+    the model: its unit of budget is refunded (:func:`_step`). An ``ok`` answer settles ``claim``
     with the relayed status, headers and body."""
     try:
         parsed: Any = json.loads(content) if content else None
@@ -544,7 +549,7 @@ async def _relay_plain(call: Call, status: int, up_headers: Any, content: bytes,
         return await _invalid_answer(call, status, up_headers, content, recorded)
     step_status = call.proto.answer_status(parsed) if ok else "error"
     meta = {} if step_status == "ok" else {"error": _error_text(parsed, content)}
-    await record(call, _step(call, refund=status == 429, status=step_status, status_code=status, response=recorded,
+    await record(call, _step(call, refund=status in NOT_PROCESSED_STATUS, status=step_status, status_code=status, response=recorded,
                              meta=meta))
     headers = {k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}
     call.observe(status)

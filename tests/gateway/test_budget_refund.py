@@ -55,11 +55,12 @@ def _row(gw: Gateway, sid: str = "s1") -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_429_is_refunded_and_the_next_call_gets_the_unit(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                               stream: bool) -> None:
+@pytest.mark.parametrize("status", [429, 503])
+async def test_429_or_503_is_refunded_and_the_next_call_gets_the_unit(
+        start_gateway: StartGateway, upstream: FakeUpstream, stream: bool, status: int) -> None:
     gw = await start_gateway(max_steps=1, routes={"m": NO_RETRY})
-    upstream.script(UP_PATH, [Reply.json(RATE_LIMITED, status=429, headers={"Retry-After": "1"})])
-    with pytest.raises(openai.RateLimitError):
+    upstream.script(UP_PATH, [Reply.json(RATE_LIMITED, status=status, headers={"Retry-After": "1"})])
+    with pytest.raises(openai.RateLimitError if status == 429 else openai.InternalServerError):
         await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=stream)  # type: ignore[call-overload]
     out = await _chat(gw)
     assert out.choices[0].message.content == DEFAULT_TEXT  # a real answer, not a synthetic stop
@@ -67,7 +68,7 @@ async def test_429_is_refunded_and_the_next_call_gets_the_unit(start_gateway: St
     assert len(upstream.requests) == 2
 
     first, second = await gw.steps("s1")
-    assert (first.seq, first.step_id, first.status, first.status_code) == (1, 1, "error", 429)
+    assert (first.seq, first.step_id, first.status, first.status_code) == (1, 1, "error", status)
     assert first.meta_json["budget_refunded"] is True and first.is_trainable is False
     assert (second.seq, second.step_id, second.status) == (2, 2, "ok")
     assert "budget_refunded" not in second.meta_json and second.is_trainable is True
@@ -108,7 +109,7 @@ async def test_connect_failure_after_route_retries_is_refunded_once(start_gatewa
     assert (st["status"], st["total_steps"], st["refunded_steps"]) == ("active", 2, 2)
 
 
-@pytest.mark.parametrize("status", [500, 503])
+@pytest.mark.parametrize("status", [500, 502, 504])
 async def test_5xx_is_not_refunded(start_gateway: StartGateway, upstream: FakeUpstream, status: int) -> None:
     gw = await start_gateway(max_steps=1, routes={"m": NO_RETRY})
     upstream.script(UP_PATH, [Reply.json(BUSY, status=status)])
