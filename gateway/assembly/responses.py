@@ -12,7 +12,8 @@ each holding the whole final ``response`` object (faults F19):
 * without a terminal event (the upstream stopped early) the answer is the last lifecycle
   snapshot (``response.created``/``in_progress``/``queued``) with the output accumulated from
   ``response.output_item.added``/``.done``, ``response.content_part.*``,
-  ``response.output_text.*``, ``response.refusal.*``, ``response.function_call_arguments.*``
+  ``response.output_text.*`` (with the ``logprobs`` of the text deltas, sent when the request
+  has ``include: ["message.output_text.logprobs"]``), ``response.refusal.*``, ``response.function_call_arguments.*``
   (arguments from deltas, or only from ``.done``: a ``.done`` value wins),
   ``response.reasoning_text.*`` and ``response.reasoning_summary_*``; an item's
   ``response.output_item.done`` payload wins over its deltas; its status is ``truncated``;
@@ -137,7 +138,8 @@ class ResponsesStreamAssembler:
     def _slot(self, oi: int, key: str, pi: int, part_type: str, text_key: str) -> list[Any]:
         slot = self._parts.get((oi, key, pi))
         if slot is None:
-            slot = self._parts[(oi, key, pi)] = [{"type": part_type, text_key: ""}, text_key, [], None]
+            # [part, text key, text pieces, text of the .done event, logprobs of the deltas]
+            slot = self._parts[(oi, key, pi)] = [{"type": part_type, text_key: ""}, text_key, [], None, []]
         return slot
 
     def _feed_part(self, kind: str, obj: dict[str, Any]) -> None:
@@ -165,6 +167,8 @@ class ResponsesStreamAssembler:
             piece = text_of(obj.get("delta"))
             if piece:
                 slot[2].append(piece)
+            if isinstance(obj.get("logprobs"), list):  # include=["message.output_text.logprobs"]
+                slot[4].extend(obj["logprobs"])
         else:
             done = obj.get("text") if text_key == "text" else obj.get("refusal")
             if isinstance(done, str):
@@ -204,11 +208,13 @@ class ResponsesStreamAssembler:
                     if not parts:
                         continue
                     lst = list(item.get(key) or [])
-                    for pi, (part, text_key, pieces, done) in parts:
+                    for pi, (part, text_key, pieces, done, logprobs) in parts:
                         while len(lst) <= pi:
                             lst.append(None)
                         text = done if done is not None else (part.get(text_key) or "") + "".join(pieces)
                         lst[pi] = {**part, text_key: text}
+                        if logprobs and not part.get("logprobs"):
+                            lst[pi]["logprobs"] = logprobs
                     item[key] = [p for p in lst if p is not None]
             out.append(item)
         return out

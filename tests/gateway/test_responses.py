@@ -390,3 +390,40 @@ async def test_route_without_streaming_gets_a_synthesized_stream(start_gateway: 
     assert "stream" not in upstream.requests[0].json
     [step] = await gw.steps("s1")
     assert step.response == answer and step.meta_json == {"route": "m", "stream_synthesized": True}
+
+
+def _with_logprobs(chunks: list[bytes]) -> tuple[list[bytes], list[dict[str, Any]]]:
+    """The default stream with ``logprobs`` on each text delta (what ``include:
+    ["message.output_text.logprobs"]`` adds) and on the completed response's text part."""
+    out, logprobs = [], []
+    for c in chunks:
+        name, ev = events_of(c)[0]
+        if ev["type"] == "response.output_text.delta":
+            lp = [{"token": ev["delta"], "logprob": -0.25, "bytes": list(ev["delta"].encode()),
+                   "top_logprobs": [{"token": ev["delta"], "logprob": -0.25, "bytes": []}]}]
+            ev = {**ev, "logprobs": lp}
+            logprobs += lp
+        elif ev["type"] in ("response.output_item.done", "response.completed"):
+            item = ev["item"] if ev["type"] == "response.output_item.done" else ev["response"]["output"][0]
+            item["content"] = [{**item["content"][0], "logprobs": list(logprobs)}]
+        out.append(f"event: {name}\ndata: {json.dumps(ev)}\n\n".encode())
+    return out, logprobs
+
+
+async def test_stream_logprobs_are_recorded_and_request_fields_pass_through(gw: Gateway,
+                                                                            upstream: FakeUpstream) -> None:
+    chunks, logprobs = _with_logprobs(default_responses_stream())
+    # the second stream ends before output_item.done and completed: its output comes from the deltas
+    upstream.script(UP_PATH, [Reply.sse(chunks), Reply.sse(chunks[:-2])])
+    body = {"model": "m", "input": "hi", "stream": True, "include": ["message.output_text.logprobs"],
+            "top_logprobs": 1, "vendor_extra": {"return_token_ids": True}}
+    for _ in range(2):
+        r = await gw.http().post(SESSION_PATH, json=body)
+        assert r.status_code == 200
+    assert [req.json for req in upstream.requests] == [body, body]  # forwarded untouched
+    done, cut = await gw.steps("s1")
+    assert done.status == "ok"
+    assert done.response["output"][0]["content"][0]["logprobs"] == logprobs  # from response.completed
+    assert cut.status == "truncated"
+    part = cut.response["output"][0]["content"][0]
+    assert (part["text"], part["logprobs"]) == (DEFAULT_TEXT, logprobs)  # accumulated from the deltas
