@@ -158,7 +158,8 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
             raise GatewayError(404, f"unknown session {session_id}", code="session_not_found")
         return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
                 "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
-                "step_counts": st.step_counts or {}, "close_reason": st.close_reason, "completion_mode": st.completion_mode}
+                "step_counts": st.step_counts or {}, "close_reason": st.close_reason,
+                "completion_mode": st.completion_mode}
 
     @app.post(sp + "/{session_id}/close")
     async def close_session(session_id: str, request: Request) -> dict[str, object]:

@@ -46,7 +46,7 @@ class Call:
         self.t0 = time.perf_counter()
         self.ttft_ms: float | None = None
         self.upstream_status: int | None = None  # set once the upstream's headers arrived
-        # every upstream attempt (gateway.forward._Exchange.run): status, retry_after_s, error, wait_s
+        # every upstream attempt (gateway.exchange.Exchange.run): status, retry_after_s, error, wait_s
         self.attempts: list[dict[str, Any]] = []
 
     def step(self, *, status: str, status_code: int | None, response: Any, meta: dict[str, Any] | None = None
@@ -94,8 +94,9 @@ class Call:
 
     def queue(self, step: dict[str, Any] | None) -> asyncio.Future[None] | None:
         """Queue ``step`` for the telemetry writer with the session's live state (copied when the
-        batch is committed, so never older than now; see :meth:`SessionManager.live`) and, on every outcome, end the call's in-flight mark: the one place where
-        a recorded call stops being in flight. The writer commits in queue order, so a session
+        batch is committed, so never older than now; see :meth:`SessionManager.live`) and, on
+        every outcome, end the call's in-flight mark: the one place where a recorded call stops
+        being in flight. The writer commits in queue order, so a session
         close queued after this is committed after the step. Returns the commit future (strict
         mode) or None; raises RuntimeError when the strict queue is full."""
         try:

@@ -1,7 +1,8 @@
 """The one forwarding and recording core behind every model-call endpoint: chat completions,
 Responses and Anthropic Messages differ only in their protocol adapter
 (:mod:`gateway.protocols`); this module calls the route's upstream, streams back, and records
-the call as one step.
+the call as one step. The upstream half of a call (attempts, retries, timeouts) is
+:mod:`gateway.exchange`; answering an SDK's retry of a call is :mod:`gateway.replay`.
 
 Fidelity rules: the client's JSON body is forwarded as received (re-encoded only when the gateway
 must change it: ``upstream_model``, chat's ``stream_options.include_usage`` to meter a stream,
@@ -65,31 +66,26 @@ per-call cap, or was forgotten) is a new call.
 
 from __future__ import annotations
 
-import asyncio
-import email.utils
 import json
 import logging
-import math
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
-from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.call import Call, record
 from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError, error_body, set_error_shape
-from gateway.idempotency import PendingCall, Replay, call_key
+from gateway.exchange import Exchange, UpstreamFailed, before_model
+from gateway.idempotency import PendingCall, Replay
 from gateway.protocols import WireProtocol
 from gateway.relay import StreamRelay
+from gateway.replay import kept_stream, replay_or_claim, settle_after
 from gateway.sessions import SessionClosed, StepSlot
 from gateway.state import GatewayState
-from gateway.streaming import GuardedStreamingResponse
+from gateway.streaming import SSE_HEADERS, GuardedStreamingResponse
 from gateway.upstream import route_base_url
 from gateway.wire import WireRequest, check_session_id, parse_json_body, read_body
 
@@ -100,9 +96,7 @@ STOP_HEADER = {"x-gateway-stop-reason": "max_steps"}
 # and 503 Service Unavailable ("currently unable to handle the request", RFC 9110 section 15.6.4).
 # A call whose final answer is one of these uses no budget (see "Budget refunds" above).
 NOT_PROCESSED_STATUS = frozenset({429, 503})
-REPLAYED_HEADER = {"x-gateway-replayed": "true"}
 _RELAYED_HEADERS = ("retry-after", "x-request-id", "openai-processing-ms", "request-id", "x-should-retry")
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def handle(gw: GatewayState, request: Request, session_id: str | None, proto: WireProtocol) -> Response:
@@ -139,7 +133,7 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
 
     claim: PendingCall | None = None
     if session_id is not None:
-        seen = await _replay_or_claim(gw, request, session_id, proto, req, raw)
+        seen = await replay_or_claim(gw, request, session_id, proto, req, raw)
         if not isinstance(seen, PendingCall):
             return seen
         claim = seen
@@ -171,43 +165,6 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
             claim.fail()
 
 
-async def _replay_or_claim(gw: GatewayState, request: Request, sid: str, proto: WireProtocol, req: WireRequest,
-                           raw: bytes) -> Response | PendingCall:
-    """The answer to a retry of a remembered call of session ``sid`` (waiting for it while it is
-    in flight), or the :class:`PendingCall` under which this call is remembered: the caller
-    makes the call and must settle it. When the call waited for failed, this call looks again
-    (another retry may have taken over meanwhile) and otherwise becomes a new call. A client
-    that leaves while waiting gets 499 (nothing recorded)."""
-    table = gw.sessions.recent_calls
-    key, maybe_retry = call_key(request.headers, proto.endpoint, raw)
-    while True:
-        seen = table.find(sid, key) if maybe_retry else None
-        if seen is None:
-            return table.begin(sid, key)
-        replay = seen.replay
-        if replay is None:  # in flight: join it
-            try:
-                replay = await unless_client_leaves(request.receive, seen.wait())
-            except ClientGone:
-                gw.metrics.requests.labels(proto.endpoint, req.model, "499").inc()
-                err = error_body(499, "the client closed the connection while waiting for the call it retried",
-                                 code="client_disconnected", type_="client_disconnected")
-                return JSONResponse(proto.client_error(499, err), status_code=499)  # nobody reads it
-            if replay is None:
-                continue
-        return _replayed(gw, proto, req, replay)
-
-
-def _replayed(gw: GatewayState, proto: WireProtocol, req: WireRequest, replay: Replay) -> Response:
-    """A remembered answer sent again (header ``x-gateway-replayed: true``), counted in
-    ``/metrics``; no upstream call, no step."""
-    gw.metrics.idempotent_replays.labels(proto.endpoint).inc()
-    gw.metrics.requests.labels(proto.endpoint, req.model, str(replay.status_code)).inc()
-    log.info("%s call of route %s answered with the answer of the call it retries", proto.endpoint, req.model)
-    return Response(content=replay.body, status_code=replay.status_code, media_type=replay.media_type,
-                    headers={**replay.headers, **REPLAYED_HEADER})
-
-
 def _synthetic_stop(gw: GatewayState, proto: WireProtocol, req: WireRequest) -> Response:
     """The protocol's stop answer for a session whose budget is used (no upstream call, no step)."""
     gw.metrics.synthetic_stops.inc()
@@ -217,144 +174,6 @@ def _synthetic_stop(gw: GatewayState, proto: WireProtocol, req: WireRequest) -> 
         return StreamingResponse(_iter(proto.to_stream(answer, req)), media_type="text/event-stream",
                                  headers=STOP_HEADER)
     return JSONResponse(answer, headers=STOP_HEADER)
-
-
-class _UpstreamFailed(Exception):
-    """The upstream gave no usable answer: answer the client ``status`` with ``error`` and record
-    a step of status ``step_status`` with ``meta_json.phase``. ``retry_reason`` is set for a
-    failure that may be retried (the connection could not be made: nothing reached the
-    upstream's model, nothing reached the client)."""
-
-    def __init__(self, status: int, step_status: str, error: dict[str, Any], phase: str,
-                 retry_reason: str | None = None) -> None:
-        super().__init__(error["error"]["message"])
-        self.status = status
-        self.step_status = step_status
-        self.error = error
-        self.phase = phase
-        self.retry_reason = retry_reason
-
-
-class _Exchange:
-    """The upstream half of one call: POST the payload and wait for the headers, then (unless the
-    answer is an SSE stream to relay) read the whole body, retrying within the route's
-    :class:`gateway.settings.RetrySettings` while nothing was sent to the client. :meth:`run` is
-    what the client's disconnect cancels (a backoff wait too: ``backing_off``); the response stays
-    open on ``stack`` (holding the route's concurrency slot) until :meth:`close` or a stream relay
-    takes it over."""
-
-    def __init__(self, call: Call, payload: bytes, headers: dict[str, str], relay_sse: bool) -> None:
-        self.call = call
-        self.payload = payload
-        self.headers = headers
-        self.relay_sse = relay_sse
-        self.retry = call.gw.settings.llm_routes[call.route_key].retry
-        self.stack = AsyncExitStack()
-        self.resp: aiohttp.ClientResponse | None = None
-        self.backing_off = False
-
-    async def run(self) -> bytes | None:
-        """The whole body of the last attempt, or None when the answer is a 200 SSE stream to
-        relay. Raises _UpstreamFailed for connect/read failures and timeouts (a connect failure
-        once the attempts are used up). Every attempt is appended to ``call.attempts``."""
-        call, policy = self.call, self.retry
-        while True:
-            n = len(call.attempts) + 1
-            last = n >= policy.max_attempts
-            try:
-                content = await self._attempt()
-            except _UpstreamFailed as f:
-                call.attempts.append({"status": None, "retry_after_s": None, "error": str(f), "wait_s": None})
-                if f.retry_reason is None or last:
-                    raise
-                await self._backoff(n, None, f.retry_reason)
-                continue
-            resp = self.resp
-            assert resp is not None
-            retry_after = _retry_after_s(resp.headers.get("Retry-After"))
-            call.attempts.append({"status": resp.status, "retry_after_s": retry_after, "error": None, "wait_s": None})
-            if (content is None or last or resp.status not in policy.retry_on_status
-                    or resp.headers.get("x-should-retry", "").lower() == "false"):
-                return content
-            await self.stack.aclose()  # the body was read: the connection goes back to the pool
-            self.stack, self.resp = AsyncExitStack(), None
-            await self._backoff(n, retry_after, f"status_{resp.status}")
-
-    async def _backoff(self, n: int, retry_after: float | None, reason: str) -> None:
-        """Wait before retry ``n`` (1-based), noting the wait in the last attempt and counting
-        the retry in ``/metrics``."""
-        call, policy = self.call, self.retry
-        if policy.respect_retry_after and retry_after is not None:
-            wait = min(retry_after, policy.max_retry_after_s)
-        else:
-            base = min(policy.max_backoff_s, policy.backoff_s * 2 ** (n - 1))
-            wait = base / 2 + random.uniform(0, base / 2)
-        call.attempts[-1]["wait_s"] = round(wait, 3)
-        call.gw.metrics.upstream_retries.labels(call.route_key, reason).inc()
-        log.info("route %s: retrying upstream call (%s, attempt %d of %d) in %.3f s", call.route_key, reason,
-                 n + 1, policy.max_attempts, wait)
-        self.backing_off = True  # stays set when the client's departure cancels the wait
-        await asyncio.sleep(wait)
-        self.backing_off = False
-
-    async def _attempt(self) -> bytes | None:
-        """One attempt (see :meth:`run`)."""
-        call = self.call
-        call.upstream_status = None
-        try:
-            self.resp = resp = await self.stack.enter_async_context(
-                call.gw.upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers, None if call.slot is None else call.slot.session_id))
-        except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
-            if isinstance(e, aiohttp.ConnectionTimeoutError):
-                raise _UpstreamFailed(504, "timeout", call.timeout_error("connect", e), "connect",
-                                      retry_reason="connect_timeout") from e
-            raise _UpstreamFailed(504, "timeout", call.timeout_error("first-byte", e), "first-byte") from e
-        except aiohttp.ClientError as e:
-            err = error_body(502, f"upstream {call.route_key} unreachable: {type(e).__name__}: {e}",
-                             code="upstream_unreachable")
-            retryable = (isinstance(e, aiohttp.ClientConnectorError)
-                         and not isinstance(e, aiohttp.ClientConnectorCertificateError))
-            raise _UpstreamFailed(502, "error", err, "connect",
-                                  retry_reason="connect_error" if retryable else None) from e
-        call.upstream_status = resp.status
-        if self.relay_sse and resp.status == 200 and resp.content_type == "text/event-stream":
-            return None
-        try:
-            return await resp.read()
-        except TimeoutError as e:
-            raise _UpstreamFailed(504, "timeout", call.timeout_error("body", e), "body") from e
-        except aiohttp.ClientError as e:
-            err = error_body(502, f"upstream {call.route_key} failed while sending its answer: "
-                                  f"{type(e).__name__}: {e}", code="upstream_broken")
-            raise _UpstreamFailed(502, "error", err, "body") from e
-
-    async def close(self, *, abort: bool) -> None:
-        """Release the upstream connection and the route slot; ``abort`` closes the connection
-        (so the upstream sees the client's departure) instead of returning it to the pool."""
-        if abort and self.resp is not None:
-            self.resp.close()
-        await self.stack.aclose()
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    """A ``Retry-After`` header value in seconds (delay-seconds or an HTTP date, RFC 9110
-    section 10.2.3; a fractional number is accepted), None when absent or unreadable."""
-    if not value:
-        return None
-    text = value.strip()
-    try:
-        secs = float(text)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        secs = (when - datetime.now(UTC)).total_seconds()
-    if not math.isfinite(secs):
-        return None
-    return max(0.0, secs)
 
 
 async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw: bytes, body: dict[str, Any],
@@ -375,15 +194,15 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
         headers["X-Session-Id"] = slot.session_id
 
     call = Call(gw, proto, req, req.model, body, upstream_body, slot, usage_added)
-    exchange = _Exchange(call, payload, headers, relay_sse=upstream_streams)
+    exchange = Exchange(call, payload, headers, relay_sse=upstream_streams)
     try:
         content = await unless_client_leaves(request.receive, exchange.run())
     except ClientGone:
         await exchange.close(abort=True)
         return _client_left(call, backing_off=exchange.backing_off)
-    except _UpstreamFailed as f:
+    except UpstreamFailed as f:
         await exchange.close(abort=True)
-        return await _fail(call, f.status, f.step_status, f.error, f.phase, refund=_before_model(f))
+        return await _fail(call, f.status, f.step_status, f.error, f.phase, refund=before_model(f))
     except BaseException:
         await exchange.close(abort=True)
         raise
@@ -394,24 +213,15 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
         events: AsyncIterator[bytes] = relay.events()
         finalize: Callable[[], Awaitable[None]] = relay.finish
         if claim is not None:
-            events, finalize = _kept_stream(events, relay, claim), _settle_after(finalize, claim)
+            events, finalize = kept_stream(events, relay, claim), settle_after(finalize, claim)
         return GuardedStreamingResponse(events, on_disconnect=relay.client_left, finalize=finalize,
-                                        media_type="text/event-stream", headers=_SSE_HEADERS)
+                                        media_type="text/event-stream", headers=SSE_HEADERS)
     await exchange.close(abort=False)
     if call.stream and resp.status == 200:
         answer = _answer(proto, content)
         if answer is not None:
             return await _relay_synthesized(call, resp.headers, answer, claim)
     return await _relay_plain(call, resp.status, resp.headers, content, claim)
-
-
-def _before_model(f: _UpstreamFailed) -> bool:
-    """True when the call's last attempt could not even connect to the upstream (a connect
-    error, TLS certificate errors included, or a connect timeout): nothing reached the model, so
-    the call uses no budget. A connection that broke after the request was sent is not such a
-    failure (the model may have started)."""
-    return f.phase == "connect" and isinstance(
-        f.__cause__, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
 
 
 def _step(call: Call, *, refund: bool, status: str, status_code: int | None, response: Any,
@@ -427,45 +237,6 @@ def _step(call: Call, *, refund: bool, status: str, status_code: int | None, res
     if refunded and step is not None:
         step["is_trainable"] = False
     return step
-
-
-async def _kept_stream(events: AsyncIterator[bytes], relay: StreamRelay, claim: PendingCall) -> AsyncIterator[bytes]:
-    """``events`` passed through while every byte is kept (up to the per-call cap of the recent
-    calls table); once they all went out and the relay recorded an ``ok`` step, ``claim`` is
-    done with them as its replay (HTTP 200, ``text/event-stream``), otherwise it fails. A stream
-    the client left is settled by :func:`_settle_after`."""
-    kept: list[bytes] | None = []
-    size, limit = 0, claim.max_bytes
-    try:
-        async for chunk in events:
-            if kept is not None:
-                size += len(chunk)
-                if size > limit:
-                    kept = None
-                else:
-                    kept.append(chunk)
-            yield chunk
-    finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    if kept is not None and relay.outcome == "ok":
-        claim.done(Replay(200, dict(_SSE_HEADERS), b"".join(kept), "text/event-stream"))
-    else:
-        claim.fail()
-
-
-def _settle_after(finish: Callable[[], Awaitable[None]], claim: PendingCall) -> Callable[[], Awaitable[None]]:
-    """``finish`` followed by failing ``claim`` when the stream did not settle it (the client
-    left, the stream never ran, an error)."""
-
-    async def finalize() -> None:
-        try:
-            await finish()
-        finally:
-            claim.fail()  # a no-op once done
-
-    return finalize
 
 
 def _client_left(call: Call, *, backing_off: bool = False) -> Response:
@@ -519,7 +290,7 @@ async def _relay_synthesized(call: Call, up_headers: Any, answer: dict[str, Any]
     await record(call, call.step(status=step_status, status_code=200, response=answer,
                                  meta={"stream_synthesized": True}))
     call.observe(200)
-    headers = {**_SSE_HEADERS, **{k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}}
+    headers = {**SSE_HEADERS, **{k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}}
     chunks = call.proto.to_stream(answer, call.req)
     if claim is not None and step_status == "ok":
         claim.done(Replay(200, headers, b"".join(chunks), "text/event-stream"))
@@ -549,8 +320,8 @@ async def _relay_plain(call: Call, status: int, up_headers: Any, content: bytes,
         return await _invalid_answer(call, status, up_headers, content, recorded)
     step_status = call.proto.answer_status(parsed) if ok else "error"
     meta = {} if step_status == "ok" else {"error": _error_text(parsed, content)}
-    await record(call, _step(call, refund=status in NOT_PROCESSED_STATUS, status=step_status, status_code=status, response=recorded,
-                             meta=meta))
+    await record(call, _step(call, refund=status in NOT_PROCESSED_STATUS, status=step_status, status_code=status,
+                             response=recorded, meta=meta))
     headers = {k: v for k in _RELAYED_HEADERS if (v := up_headers.get(k)) is not None}
     call.observe(status)
     media = up_headers.get("Content-Type", "application/json")

@@ -24,6 +24,10 @@ import anyio.lowlevel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""Headers of every SSE answer: no caching, and no buffering by a proxy in front (nginx's
+``X-Accel-Buffering``), so each event reaches the client as it is sent."""
+
 
 class GuardedStreamingResponse(StreamingResponse):
     """``StreamingResponse(content)`` plus two callbacks (see the module docstring):
