@@ -48,6 +48,8 @@ class Call:
         self.upstream_status: int | None = None  # set once the upstream's headers arrived
         # every upstream attempt (gateway.exchange.Exchange.run): status, retry_after_s, error, wait_s
         self.attempts: list[dict[str, Any]] = []
+        # seconds after which the client left a call that went on for its retry (gateway.forward)
+        self.client_left_after_s: float | None = None
 
     def step(self, *, status: str, status_code: int | None, response: Any, meta: dict[str, Any] | None = None
              ) -> dict[str, Any] | None:
@@ -70,6 +72,8 @@ class Call:
             meta_json["upstream_model"] = self.upstream_body.get("model")
         if self.usage_added:
             meta_json["usage_requested_by_gateway"] = True
+        if self.client_left_after_s is not None:
+            meta_json["client_left_after_s"] = round(self.client_left_after_s, 3)
         if any(a["wait_s"] is not None for a in self.attempts):  # retried (or waiting to): list them
             meta_json["attempts"] = self.attempts
         meta_json.update(meta or {})
@@ -117,7 +121,10 @@ class Call:
             fut.add_done_callback(_log_commit_failure)
 
     def observe(self, http_status: int) -> None:
-        """Count the answer in ``/metrics`` (requests by endpoint/route/status, latency)."""
+        """Count the answer in ``/metrics`` (requests by endpoint/route/status, latency); not for
+        a call whose client left (its 499 was counted then)."""
+        if self.client_left_after_s is not None:
+            return
         m = self.gw.metrics
         m.requests.labels(self.proto.endpoint, self.route_key, str(http_status)).inc()
         m.latency.labels(self.proto.endpoint, self.route_key).observe(time.perf_counter() - self.t0)

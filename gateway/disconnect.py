@@ -13,8 +13,8 @@ disconnects (``{"type": "http.disconnect"}``; ASGI HTTP spec, "Disconnect - rece
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from starlette.types import Receive
 
@@ -35,8 +35,9 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-async def unless_client_leaves(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` while watching ``receive`` for the client's disconnect.
+async def unless_client_leaves(receive: Receive, work: Awaitable[T]) -> T:
+    """Run ``work`` (a coroutine, or a future/task: cancelling an ``asyncio.shield`` of a task
+    leaves the task running) while watching ``receive`` for the client's disconnect.
 
     Returns ``work``'s result or raises its exception. When the client leaves first, ``work`` is
     cancelled and awaited until it has unwound, then :class:`ClientGone` is raised (unless

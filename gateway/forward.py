@@ -37,7 +37,9 @@ A client that leaves while the gateway waits for the upstream (no byte sent to i
 noticed at once (:mod:`gateway.disconnect`): the upstream request is cancelled (its connection
 closed, so the upstream sees the close), the route's concurrency slot is freed, and the step is
 recorded as ``client_disconnected`` (``meta_json.phase`` ``backoff`` when it left during the wait
-before a retry, which ends at once); it still counts against the session's budget.
+before a retry, which ends at once); it still counts against the session's budget. Except
+for a non-streamed session call whose client can retry it (an SDK read timeout): that call goes
+on so the SDK's retry can join it (:func:`_detach`, ``retry_join_window_s``).
 
 Streaming to a client from a route with ``supports_stream: false`` (or from an upstream that
 answers a streaming request with plain JSON): the gateway asks without streaming and sends the
@@ -66,6 +68,7 @@ per-call cap, or was forgotten) is a new call.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -79,7 +82,7 @@ from gateway.call import Call, record
 from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError, error_body, set_error_shape
 from gateway.exchange import Exchange, UpstreamFailed, before_model
-from gateway.idempotency import PendingCall, Replay
+from gateway.idempotency import PendingCall, Replay, may_retry
 from gateway.protocols import WireProtocol
 from gateway.relay import StreamRelay
 from gateway.replay import kept_stream, replay_or_claim, settle_after
@@ -156,12 +159,12 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
             if slot is not None:
                 gw.sessions.release(slot)  # no step row (a bug, a server shutdown): not in flight anymore
             raise
-        if slot is not None and not isinstance(response, GuardedStreamingResponse):
+        if slot is not None and not isinstance(response, GuardedStreamingResponse | Detached):
             gw.sessions.release(slot)  # normally released when its step was queued: then a no-op
         return response
     finally:
         # a relayed stream settles its claim when it ends; anything else not done by now failed
-        if claim is not None and not isinstance(response, GuardedStreamingResponse):
+        if claim is not None and not isinstance(response, GuardedStreamingResponse | Detached):
             claim.fail()
 
 
@@ -195,15 +198,24 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
 
     call = Call(gw, proto, req, req.model, body, upstream_body, slot, usage_added)
     exchange = Exchange(call, payload, headers, relay_sse=upstream_streams)
+    join_window = gw.settings.retry_join_window_s
+    run = asyncio.ensure_future(exchange.run())
+    detachable = claim is not None and not call.stream and join_window > 0 and may_retry(request.headers)
     try:
-        content = await unless_client_leaves(request.receive, exchange.run())
+        content = await unless_client_leaves(request.receive, asyncio.shield(run) if detachable else run)
     except ClientGone:
+        if detachable and not exchange.backing_off:
+            assert claim is not None
+            return _detach(call, exchange, run, claim, join_window)
+        run.cancel()
+        await asyncio.wait({run})
         await exchange.close(abort=True)
         return _client_left(call, backing_off=exchange.backing_off)
     except UpstreamFailed as f:
         await exchange.close(abort=True)
         return await _fail(call, f.status, f.step_status, f.error, f.phase, refund=before_model(f))
     except BaseException:
+        run.cancel()
         await exchange.close(abort=True)
         raise
     resp = exchange.resp
@@ -222,6 +234,82 @@ async def _forward(gw: GatewayState, proto: WireProtocol, request: Request, raw:
         if answer is not None:
             return await _relay_synthesized(call, resp.headers, answer, claim)
     return await _relay_plain(call, resp.status, resp.headers, content, claim)
+
+
+class Detached(JSONResponse):
+    """The 499 of a client that left a call which goes on for its retry (:func:`_detach`): its
+    step and its place in the recent calls are settled by the background task, not by
+    :func:`handle`."""
+
+
+def _detach(call: Call, exchange: Exchange, run: asyncio.Future[bytes | None], claim: PendingCall,
+            window_s: float) -> Response:
+    """The client left a non-streamed call it can retry (an SDK read timeout, typically): let
+    the upstream call finish in a background task instead of cancelling it, so that the SDK's
+    retry (same body, ``x-stainless-retry-count`` > 0, or the same ``Idempotency-Key``) joins it
+    and gets its answer: one model call, one step. When the answer is an ``ok`` answer, the
+    task waits up to ``window_s`` seconds (``retry_join_window_s``) for a retry to want it (or
+    until the session starts closing): with one, the step is recorded ``ok`` (committed first in
+    strict mode) and the retry is answered from it; without, the step is recorded
+    ``client_disconnected`` with the answer kept (``meta_json.phase`` ``detached``) and a later
+    retry is a new call. Any other outcome is recorded as it would have been. The step carries
+    ``meta_json.client_left_after_s``; the call stays in flight for its session until then. A
+    session that starts closing meanwhile can take no retry: the upstream call is then cancelled
+    (recorded ``client_disconnected`` as any call whose client left) or the wait ends."""
+    call.client_left_after_s = time.perf_counter() - call.t0
+    m = call.gw.metrics
+    m.requests.labels(call.proto.endpoint, call.route_key, "499").inc()
+    task = asyncio.create_task(_finish_detached(call, exchange, run, claim, window_s))
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
+    err = error_body(499, "the client closed the connection before the answer; the call goes on for its retry",
+                     code="client_disconnected", type_="client_disconnected")
+    return Detached(call.proto.client_error(499, err), status_code=499)  # nobody reads it
+
+
+_DETACHED: set[asyncio.Task[None]] = set()  # strong references to the background tasks
+
+
+async def _finish_detached(call: Call, exchange: Exchange, run: asyncio.Future[bytes | None], claim: PendingCall,
+                           window_s: float) -> None:
+    """The background half of :func:`_detach`."""
+    sid = claim.session_id
+
+    def closing() -> bool:
+        return call.gw.sessions.is_closing(sid)
+
+    try:
+        while not run.done():  # a session that starts closing takes no retry: stop waiting
+            if closing():
+                run.cancel()
+                await asyncio.wait({run})
+                await exchange.close(abort=True)
+                _client_left(call)
+                return
+            await asyncio.wait({run}, timeout=0.05)
+        try:
+            content = run.result()
+        except UpstreamFailed as f:
+            await exchange.close(abort=True)
+            await _fail(call, f.status, f.step_status, f.error, f.phase, refund=before_model(f))
+            return
+        resp = exchange.resp
+        assert resp is not None and content is not None
+        await exchange.close(abort=False)
+        if 200 <= resp.status < 300:
+            if not await claim.wanted(window_s, closing):
+                answer = _answer(call.proto, content)
+                call.submit(call.step(status="client_disconnected", status_code=resp.status,
+                                      response=answer if answer is not None else
+                                      {"raw_body": content[:65536].decode("utf-8", "replace")},
+                                      meta={"phase": "detached"}))
+                return
+        await _relay_plain(call, resp.status, resp.headers, content, claim)
+    except Exception:
+        log.exception("the detached call of session %s failed", sid)
+    finally:
+        claim.fail()  # a no-op once done
+        call.release()
 
 
 def _step(call: Call, *, refund: bool, status: str, status_code: int | None, response: Any,

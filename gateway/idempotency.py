@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 PER_SESSION = 16  # calls remembered per session
@@ -44,6 +44,13 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
 
 CallKey = tuple[str, str, str]  # (kind "key" | "body", endpoint, BLAKE2b hex digest)
+
+
+def may_retry(headers: Mapping[str, str]) -> bool:
+    """True when the client can retry a call in a way :func:`call_key` recognises: it sends an
+    ``Idempotency-Key`` or the SDKs' ``x-stainless-retry-count`` (on every attempt, 0 on the
+    first). Whether it will (its ``max_retries``) is not known."""
+    return IDEMPOTENCY_HEADER in headers or RETRY_COUNT_HEADER in headers
 
 
 def call_key(headers: Mapping[str, str], endpoint: str, raw: bytes) -> tuple[CallKey, bool]:
@@ -81,7 +88,7 @@ class PendingCall:
     one settles it; later calls are no-ops). ``replay`` is set once done with a replayable
     answer."""
 
-    __slots__ = ("_future", "_table", "key", "replay", "session_id")
+    __slots__ = ("_future", "_table", "_wanted", "key", "replay", "session_id")
 
     def __init__(self, table: RecentCalls, session_id: str, key: CallKey) -> None:
         self._table = table
@@ -89,6 +96,7 @@ class PendingCall:
         self.key = key
         self.replay: Replay | None = None
         self._future: asyncio.Future[Replay | None] = asyncio.get_running_loop().create_future()
+        self._wanted = asyncio.Event()  # set when a retry waits for this call
 
     @property
     def max_bytes(self) -> int:
@@ -120,9 +128,26 @@ class PendingCall:
         self._table._remove(self)
         self._future.set_result(None)
 
+    async def wanted(self, timeout_s: float, stop: Callable[[], bool], poll_s: float = 0.05) -> bool:
+        """Wait until a retry of this call waits for it (True), at most ``timeout_s`` seconds or
+        until ``stop()`` becomes true (checked every ``poll_s`` seconds): then False."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._wanted.is_set():
+            left = deadline - loop.time()
+            if left <= 0 or stop():
+                return False
+            try:
+                async with asyncio.timeout(min(poll_s, left)):
+                    await self._wanted.wait()
+            except TimeoutError:
+                pass
+        return True
+
     async def wait(self) -> Replay | None:
         """The call's replay once it is settled, or None when it failed (not cancelled when the
-        waiter is)."""
+        waiter is). Marks the call as wanted (:meth:`wanted`)."""
+        self._wanted.set()
         return await asyncio.shield(self._future)
 
 

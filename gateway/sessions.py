@@ -207,6 +207,10 @@ class SessionManager:
         st.updated_at = utcnow()
         return True
 
+    def is_closing(self, sid: str) -> bool:
+        """True while a close of ``sid`` waits for its calls in flight (it takes no new call)."""
+        return bool(self._closing.get(sid))
+
     def in_flight(self, sid: str) -> int:
         """The number of reserved steps of ``sid`` not yet released."""
         return len(self._in_flight.get(sid, ()))

@@ -265,6 +265,13 @@ class GatewaySettings(_Strict):
     session's calls in flight to be recorded before it closes the session anyway (see
     :meth:`gateway.sessions.SessionManager.close`).
 
+    ``retry_join_window_s`` (seconds, default 30; 0 turns it off): a non-streamed session call
+    whose client can retry it (it sends ``x-stainless-retry-count`` or an ``Idempotency-Key``)
+    and leaves before the answer (an SDK read timeout) is not cancelled: the upstream call
+    finishes, and a retry of it arriving within this window after the answer gets that answer
+    (one step, recorded ``ok``); without one, the step is recorded ``client_disconnected`` with
+    the answer kept (see :mod:`gateway.forward`).
+
     ``auth`` (:class:`AuthSettings`) turns on API-key auth of the gateway's clients.
     ``keepalive_interval_s`` (seconds, default 15, 0 disables; a route may override it): while
     relaying an upstream stream, when no upstream byte arrived for that long, the gateway sends
@@ -284,6 +291,7 @@ class GatewaySettings(_Strict):
     request_log: RequestLogSettings = Field(default_factory=RequestLogSettings)
     log_level: str = "info"
     close_grace_s: float = Field(default=30.0, ge=0)
+    retry_join_window_s: float = Field(default=30.0, ge=0)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     keepalive_interval_s: float = Field(default=15.0, ge=0)
 

@@ -151,7 +151,8 @@ SLOW_ANSWERS = {
 async def test_f11_client_leaving_before_the_answer_cancels_the_upstream_call(
         start_gateway: StartGateway, upstream: FakeUpstream, case: str) -> None:
     stream, route, slow, status_code, phase = SLOW_ANSWERS[case]
-    gw = await start_gateway(max_steps=1, routes={"m": {"max_concurrency": 1, **route}})
+    # retry_join_window_s 0: the SDK's call is cancelled, not kept for a retry (test_retry_join.py)
+    gw = await start_gateway(max_steps=1, retry_join_window_s=0, routes={"m": {"max_concurrency": 1, **route}})
     upstream.script(UP_PATH, [slow()])
     impatient = gw.client("s1", timeout=1.0)
     with pytest.raises(openai.APITimeoutError):

@@ -1,0 +1,83 @@
+"""An SDK that times out and retries (``retry_join_window_s``): the first call is not cancelled,
+the retry gets its answer, and the session gets one step (issue 3: "join the in-flight one")."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import httpx
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from tests.fake_upstream import FakeUpstream, Reply, chat_completion
+from tests.gateway.conftest import CLIENT_KEY, MESSAGES, Gateway
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+UP_PATH = "/v1/chat/completions"
+
+
+async def test_sdk_retry_after_a_read_timeout_joins_the_first_call(start_gateway: StartGateway,
+                                                                   upstream: FakeUpstream) -> None:
+    gw = await start_gateway(max_steps=1)
+    upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=1.0)])
+    client = AsyncOpenAI(base_url=gw.session_base("s1"), api_key=CLIENT_KEY, timeout=0.5, max_retries=2)
+    try:
+        out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    finally:
+        await client.close()
+    assert out.choices[0].message.content == "late"
+    assert len(upstream.requests) == 1 and not upstream.requests[0].disconnected  # one model call, not cancelled
+    [step] = await gw.steps("s1")
+    assert (step.status, step.status_code, step.is_trainable) == ("ok", 200, True)
+    assert step.response["choices"][0]["message"]["content"] == "late"
+    assert 0.4 < step.meta_json["client_left_after_s"] < 1.0
+    st = (await gw.http().get("/v1/sessions/s1")).json()
+    assert st["total_steps"] == 1  # the retry used no budget (max_steps 1, and it was answered)
+    assert await gw.metric("gateway_idempotent_replays_total", endpoint="chat.completions") == 1
+
+
+async def test_no_retry_within_the_window_records_the_answer_as_client_disconnected(
+        start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    gw = await start_gateway(retry_join_window_s=0.3)
+    upstream.script(UP_PATH, [Reply.json(chat_completion("unseen"), delay_headers_s=0.6)])
+    with pytest.raises(openai.APITimeoutError):
+        await gw.client("s1", timeout=0.3).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    [step] = await gw.wait_steps("s1", 1, timeout=3.0)
+    assert (step.status, step.status_code, step.meta_json["phase"]) == ("client_disconnected", 200, "detached")
+    assert step.response["choices"][0]["message"]["content"] == "unseen"  # the answer nobody got, kept
+    assert not upstream.requests[0].disconnected  # the upstream call was let finish
+    assert gw.app_state.sessions.in_flight("s1") == 0
+    # a late retry is a new call
+    upstream.script(UP_PATH, [Reply.json(chat_completion("again"))])
+    r = await gw.http().post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES},
+                             headers={"x-stainless-retry-count": "1"})
+    assert r.json()["choices"][0]["message"]["content"] == "again"
+    assert len(await gw.steps("s1")) == 2
+
+
+async def test_a_client_that_cannot_retry_is_cancelled_as_before(start_gateway: StartGateway,
+                                                                 upstream: FakeUpstream) -> None:
+    """Raw HTTP without ``x-stainless-retry-count`` or ``Idempotency-Key``: nothing could join,
+    so the upstream call is cancelled at once."""
+    gw = await start_gateway()
+    upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
+    with pytest.raises(httpx.ReadTimeout):
+        await gw.http(timeout=0.3).post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    await upstream.wait_for_disconnect(1, timeout=2.0)
+    [step] = await gw.wait_steps("s1", 1)
+    assert step.status == "client_disconnected" and "client_left_after_s" not in step.meta_json
+
+
+async def test_streamed_calls_are_not_kept_for_a_retry(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    gw = await start_gateway()
+    upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
+    with pytest.raises(openai.APITimeoutError):
+        stream = await gw.client("s1", timeout=0.3).chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[call-overload]
+                                                                            stream=True)
+        async for _ in stream:
+            pass
+    await upstream.wait_for_disconnect(1, timeout=2.0)
+    [step] = await gw.wait_steps("s1", 1)
+    assert (step.status, step.is_stream) == ("client_disconnected", True)
+    assert "client_left_after_s" not in step.meta_json
