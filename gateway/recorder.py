@@ -110,7 +110,9 @@ class TelemetryWriter:
         steps = [it.step for it in batch if it.step is not None]
         sessions = [it.session for it in batch if it.session is not None]
         try:
-            await self._store.write_batch(steps, sessions)
+            # a lone record (low load: nobody else waits on the loop) may commit without the
+            # thread hop when the DB is free at once (Store.write_batch(inline=True))
+            await self._store.write_batch(steps, sessions, inline=len(batch) == 1)
         except Exception as e:  # the DB failed: every waiter learns it, nothing is silent
             log.error("telemetry batch of %d records failed: %s: %s", len(batch), type(e).__name__, e)
             return e

@@ -173,3 +173,44 @@ async def test_close_stops_the_worker_thread_and_store_reopens(tmp_path: Path) -
     await asyncio.sleep(0.05)
     leftover = [t for t in threading.enumerate() if t.ident not in before and not t.daemon and t.is_alive()]
     assert leftover == []
+
+
+async def test_lone_batch_commits_inline_unless_the_lock_is_taken(tmp_path: Path) -> None:
+    """``inline=True``: committed on the loop thread when the DB is free; when another connection
+    holds the write lock, the inline attempt gives up at once (the loop is never blocked) and the
+    batch waits in the worker thread until the lock is released."""
+    db = tmp_path / "x.db"
+    store = Store(f"sqlite:///{db}")
+    await store.init()
+    w = store._sqlite_writer
+    assert w is not None
+    try:
+        await store.write_batch([SessionStep(session_id="a", seq=1, step_id=1, llm_model="m", endpoint="e")], [],
+                                inline=True)
+        assert (w.inline_batches, w.thread_batches) == (1, 0)
+
+        lock = sqlite3.connect(db, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick_task = asyncio.ensure_future(ticker())
+        write = asyncio.ensure_future(store.write_batch(
+            [SessionStep(session_id="a", seq=2, step_id=2, llm_model="m", endpoint="e")], [], inline=True))
+        await asyncio.sleep(0.3)
+        assert not write.done()  # waiting for the lock, in the worker thread
+        assert ticks >= 10  # and the event loop kept running meanwhile
+        lock.execute("ROLLBACK")
+        lock.close()
+        await asyncio.wait_for(write, 5)
+        tick_task.cancel()
+        assert (w.inline_batches, w.thread_batches) == (1, 1)
+        rows = sqlite3.connect(db).execute("SELECT seq FROM session_steps ORDER BY seq").fetchall()
+        assert rows == [(1,), (2,)]
+    finally:
+        await store.close()
