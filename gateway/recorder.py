@@ -38,6 +38,7 @@ class TelemetryWriter:
         self._batch_max = batch_max
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue(maxsize=queue_max)
         self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is being written
 
     def start(self) -> None:
         """Start the writer task."""
@@ -58,8 +59,11 @@ class TelemetryWriter:
         is dropped or its batch fails). Raises ``RuntimeError`` in strict mode when the queue is
         full."""
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
+        item = _Item(step, session, fut, on_commit)
+        if self._task is not None and not self._busy and self._queue.empty() and self._write_now(item):
+            return fut
         try:
-            self._queue.put_nowait(_Item(step, session, fut, on_commit))
+            self._queue.put_nowait(item)
         except asyncio.QueueFull:
             if self.strict:
                 raise RuntimeError("telemetry queue is full") from None
@@ -68,6 +72,24 @@ class TelemetryWriter:
             return None
         self._metrics.telemetry_queue_depth.set(self._queue.qsize())
         return fut
+
+    def _write_now(self, item: _Item) -> bool:
+        """Commit ``item`` right here when the writer is idle (nothing queued, no batch being
+        written: so no record queued earlier can commit after it) and the store can commit at
+        once without waiting (:meth:`store.Store.write_now`: SQLite with its write lock free).
+        At low load this saves the queue hand-off to the writer task. Returns False when the
+        record must be queued; a DB error settles the record as failed (True)."""
+        steps = [item.step] if item.step is not None else []
+        sessions = [item.session] if item.session is not None else []
+        try:
+            written = self._store.write_now(steps, sessions)
+        except Exception as e:
+            log.error("telemetry record failed: %s: %s", type(e).__name__, e)
+            self._settle([item], e)
+            return True
+        if written:
+            self._settle([item], None)
+        return written
 
     async def record(self, step: StepRow | None, session: SessionRow | None,
                      on_commit: Callable[[], None] | None = None) -> None:
@@ -91,7 +113,11 @@ class TelemetryWriter:
                     break
                 batch.append(nxt)
             self._metrics.telemetry_queue_depth.set(self._queue.qsize())
-            await self._commit(batch)
+            self._busy = True
+            try:
+                await self._commit(batch)
+            finally:
+                self._busy = False
 
     async def _commit(self, batch: list[_Item]) -> None:
         """Commit ``batch`` in one transaction. When that fails and the batch holds more than one

@@ -212,15 +212,26 @@ class _SqliteBatchWriter:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
         return self._executor
 
+    @staticmethod
+    def _rows(steps: Sequence[StepRow], sessions: Iterable[SessionRow]
+              ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+        latest: dict[str, Mapping[str, Any]] = {}
+        for gs in sessions:
+            latest[gs["session_id"] if isinstance(gs, Mapping) else gs.session_id] = _as_dict(gs, _SESSION_COLUMNS)
+        return [_as_dict(st, _STEP_COLUMNS) for st in steps], list(latest.values())
+
+    def write_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
+        """Commit inline if the write lock is free at once (see the class docstring)."""
+        step_rows, session_rows = self._rows(steps, sessions)
+        if not step_rows and not session_rows:
+            return True
+        return self._try_inline(step_rows, session_rows)
+
     async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *, inline: bool = False) -> None:
         """Write one batch. Rows are turned into bound values in the worker thread (SQLModel
         objects are first copied to dicts here, on the caller's thread: they are not shared), or
         here when ``inline`` and the write lock is free (see the class docstring)."""
-        latest: dict[str, Mapping[str, Any]] = {}
-        for gs in sessions:
-            latest[gs["session_id"] if isinstance(gs, Mapping) else gs.session_id] = _as_dict(gs, _SESSION_COLUMNS)
-        step_rows = [_as_dict(st, _STEP_COLUMNS) for st in steps]
-        session_rows = list(latest.values())
+        step_rows, session_rows = self._rows(steps, sessions)
         if not step_rows and not session_rows:
             return
         if inline and self._try_inline(step_rows, session_rows):
@@ -342,6 +353,16 @@ class Store:
         session was not created by a launcher."""
         async with self._read() as s:
             return await s.get(JobEnvironment, session_id)
+
+    def write_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
+        """Commit ``steps`` and ``sessions`` (as :meth:`write_batch`) synchronously on the calling
+        thread if that needs no waiting: SQLite, no batch being written by this store, and the
+        database's write lock free at once. Returns False, having written nothing, otherwise
+        (always on PostgreSQL); raises the driver's error when the commit fails."""
+        w = self._sqlite_writer
+        if w is None or self._write_lock.locked():
+            return False
+        return w.write_now(steps, sessions)
 
     async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *,
                           inline: bool = False) -> None:

@@ -305,6 +305,7 @@ async def _fails_once(gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.M
             raise OSError("disk full")
 
         monkeypatch.setattr(gw.app_state.store, "write_batch", broken)
+        monkeypatch.setattr(gw.app_state.store, "write_now", lambda steps, sessions: False)  # always queue
         return 500
     if path == "gateway-bug":
         from gateway.protocols import CHAT
