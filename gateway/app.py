@@ -83,6 +83,7 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         try:
             yield
         finally:
+            await app.state.gw.stop_detached()  # their steps are queued before the writer drains
             await writer.stop()
             await upstream.close()
             await store.close()

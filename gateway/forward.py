@@ -254,20 +254,19 @@ def _detach(call: Call, exchange: Exchange, run: asyncio.Future[bytes | None], c
     ``client_disconnected`` with the answer kept (``meta_json.phase`` ``detached``) and a later
     retry is a new call. Any other outcome is recorded as it would have been. The step carries
     ``meta_json.client_left_after_s``; the call stays in flight for its session until then. A
-    session that starts closing meanwhile can take no retry: the upstream call is then cancelled
-    (recorded ``client_disconnected`` as any call whose client left) or the wait ends."""
+    session that starts closing (or a gateway that stops) meanwhile can take no retry: the
+    upstream call is then cancelled (recorded ``client_disconnected`` as any call whose client
+    left) or the wait ends."""
     call.client_left_after_s = time.perf_counter() - call.t0
+    claim.client_left = True
     m = call.gw.metrics
     m.requests.labels(call.proto.endpoint, call.route_key, "499").inc()
     task = asyncio.create_task(_finish_detached(call, exchange, run, claim, window_s))
-    _DETACHED.add(task)
-    task.add_done_callback(_DETACHED.discard)
+    call.gw.detached.add(task)  # a strong reference, and what a shutdown waits for
+    task.add_done_callback(call.gw.detached.discard)
     err = error_body(499, "the client closed the connection before the answer; the call goes on for its retry",
                      code="client_disconnected", type_="client_disconnected")
     return Detached(call.proto.client_error(499, err), status_code=499)  # nobody reads it
-
-
-_DETACHED: set[asyncio.Task[None]] = set()  # strong references to the background tasks
 
 
 async def _finish_detached(call: Call, exchange: Exchange, run: asyncio.Future[bytes | None], claim: PendingCall,
@@ -275,8 +274,8 @@ async def _finish_detached(call: Call, exchange: Exchange, run: asyncio.Future[b
     """The background half of :func:`_detach`."""
     sid = claim.session_id
 
-    def closing() -> bool:
-        return call.gw.sessions.is_closing(sid)
+    def closing() -> bool:  # no retry can come: the session takes no call, or the gateway stops
+        return call.gw.stopping or not call.gw.sessions.takes_calls(sid)
 
     try:
         while not run.done():  # a session that starts closing takes no retry: stop waiting
@@ -329,17 +328,22 @@ def _step(call: Call, *, refund: bool, status: str, status_code: int | None, res
 
 def _client_left(call: Call, *, backing_off: bool = False) -> Response:
     """Record a call whose client left before any answer (the upstream request was cancelled, or
-    the wait before a retry: ``meta_json.phase`` ``backoff``)."""
+    the wait before a retry: ``meta_json.phase`` ``backoff``). Left during the wait before a
+    retry whose last attempt never reached the model (a connect failure, an upstream 429/503),
+    the call uses no budget (see :func:`_step`)."""
+    refund = False
     if backing_off:
         phase = "backoff"
+        last = call.attempts[-1]["status"] if call.attempts else None
+        refund = last is None or last in NOT_PROCESSED_STATUS
     else:
         phase = "first-byte" if call.upstream_status is None else "body"
-    err = error_body(499, f"the client closed the connection after {time.perf_counter() - call.t0:.3f} s, before the upstream "
-                          f"{call.route_key} answered; the upstream request was cancelled",
+    err = error_body(499, f"the client closed the connection after {time.perf_counter() - call.t0:.3f} s, "
+                          f"before the upstream {call.route_key} answered; the upstream request was cancelled",
                      code="client_disconnected", type_="client_disconnected")
     body = call.proto.client_error(499, err)
-    call.submit(call.step(status="client_disconnected", status_code=call.upstream_status, response=body,
-                          meta={"phase": phase}))
+    call.submit(_step(call, refund=refund, status="client_disconnected", status_code=call.upstream_status,
+                      response=body, meta={"phase": phase}))
     call.observe(499)
     return JSONResponse(body, status_code=499)  # nobody reads it: the server drops it
 

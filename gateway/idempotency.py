@@ -15,7 +15,10 @@ repeat calls (sampling). Sessionless (passthrough) calls are never deduplicated.
 :data:`MAX_ENTRIES` calls and :data:`MAX_TOTAL_BYTES` answer bytes, the least recently used
 evicted first), each under its key (:func:`call_key`) as a :class:`PendingCall`:
 
-* *in flight*: a duplicate waits for it (:meth:`PendingCall.wait`, a join);
+* *in flight*: a duplicate waits for it (:meth:`PendingCall.wait`, a join): always with an
+  ``Idempotency-Key``; a retry recognised by its body only once the call's client has left
+  (``client_left``: an SDK retries only after its own request failed, so a call whose client is
+  still connected is another sample of the same prompt, never to be cross-wired);
 * *done*: it holds the :class:`Replay` (what the client was answered: status, relayed headers,
   the body bytes, for a stream the full SSE bytes sent) and a duplicate gets it at once.
 
@@ -88,7 +91,7 @@ class PendingCall:
     one settles it; later calls are no-ops). ``replay`` is set once done with a replayable
     answer."""
 
-    __slots__ = ("_future", "_table", "_wanted", "key", "replay", "session_id")
+    __slots__ = ("_future", "_table", "_waiters", "_wanted", "client_left", "key", "replay", "session_id")
 
     def __init__(self, table: RecentCalls, session_id: str, key: CallKey) -> None:
         self._table = table
@@ -96,7 +99,9 @@ class PendingCall:
         self.key = key
         self.replay: Replay | None = None
         self._future: asyncio.Future[Replay | None] = asyncio.get_running_loop().create_future()
-        self._wanted = asyncio.Event()  # set when a retry waits for this call
+        self._wanted = asyncio.Event()  # set when a retry starts waiting for this call
+        self._waiters = 0  # retries waiting for this call now
+        self.client_left = False  # the first client left; the call goes on for its retry
 
     @property
     def max_bytes(self) -> int:
@@ -129,14 +134,16 @@ class PendingCall:
         self._future.set_result(None)
 
     async def wanted(self, timeout_s: float, stop: Callable[[], bool], poll_s: float = 0.05) -> bool:
-        """Wait until a retry of this call waits for it (True), at most ``timeout_s`` seconds or
-        until ``stop()`` becomes true (checked every ``poll_s`` seconds): then False."""
+        """Wait until a retry of this call is waiting for it (True: one is waiting now), at most
+        ``timeout_s`` seconds or until ``stop()`` becomes true (checked every ``poll_s``
+        seconds): then False. A retry that waited and left does not count."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while not self._wanted.is_set():
+        while self._waiters <= 0:
             left = deadline - loop.time()
             if left <= 0 or stop():
                 return False
+            self._wanted.clear()
             try:
                 async with asyncio.timeout(min(poll_s, left)):
                     await self._wanted.wait()
@@ -146,9 +153,13 @@ class PendingCall:
 
     async def wait(self) -> Replay | None:
         """The call's replay once it is settled, or None when it failed (not cancelled when the
-        waiter is). Marks the call as wanted (:meth:`wanted`)."""
+        waiter is). Counts as a retry waiting for it (:meth:`wanted`) while it waits."""
+        self._waiters += 1
         self._wanted.set()
-        return await asyncio.shield(self._future)
+        try:
+            return await asyncio.shield(self._future)
+        finally:
+            self._waiters -= 1
 
 
 class RecentCalls:

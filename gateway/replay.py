@@ -29,7 +29,9 @@ async def replay_or_claim(gw: GatewayState, request: Request, sid: str, proto: W
                            raw: bytes) -> Response | PendingCall:
     """The answer to a retry of a remembered call of session ``sid`` (waiting for it while it is
     in flight), or the :class:`PendingCall` under which this call is remembered: the caller
-    makes the call and must settle it. When the call waited for failed, this call looks again
+    makes the call and must settle it. A retry recognised by its body joins a call in flight only
+    once that call's client has left (:attr:`PendingCall.client_left`); with an
+    ``Idempotency-Key`` it always joins. When the call waited for failed, this call looks again
     (another retry may have taken over meanwhile) and otherwise becomes a new call. A client
     that leaves while waiting gets 499 (nothing recorded)."""
     table = gw.sessions.recent_calls
@@ -39,6 +41,11 @@ async def replay_or_claim(gw: GatewayState, request: Request, sid: str, proto: W
         if seen is None:
             return table.begin(sid, key)
         replay = seen.replay
+        if replay is None and key[0] == "body" and not seen.client_left:
+            # an SDK retries a call only after its own request failed, so a call still in flight
+            # with its client connected is another call with the same body (parallel samples of
+            # one prompt): never cross-wire their answers
+            return table.begin(sid, key)
         if replay is None:  # in flight: join it
             try:
                 replay = await unless_client_leaves(request.receive, seen.wait())

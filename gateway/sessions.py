@@ -207,9 +207,13 @@ class SessionManager:
         st.updated_at = utcnow()
         return True
 
-    def is_closing(self, sid: str) -> bool:
-        """True while a close of ``sid`` waits for its calls in flight (it takes no new call)."""
-        return bool(self._closing.get(sid))
+    def takes_calls(self, sid: str) -> bool:
+        """False once a close of ``sid`` has started (waiting for its calls in flight, closed, or
+        closed and forgotten): no new call of the session will be accepted."""
+        if self._closing.get(sid):
+            return False
+        st = self._states.get(sid)
+        return st is not None and st.status != "closed"
 
     def in_flight(self, sid: str) -> int:
         """The number of reserved steps of ``sid`` not yet released."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
@@ -25,3 +26,14 @@ class GatewayState:
     writer: TelemetryWriter
     metrics: Metrics
     request_log: RequestLog | None = None
+    # background tasks of calls whose client left, kept for their retry (gateway.forward._detach)
+    detached: set[asyncio.Task[None]] = field(default_factory=set)
+    stopping: bool = False  # set at shutdown: detached calls stop waiting
+
+    async def stop_detached(self, timeout_s: float = 5.0) -> None:
+        """At shutdown, before the telemetry writer stops: make every detached call stop waiting
+        (its step is then recorded ``client_disconnected``) and wait for them, at most
+        ``timeout_s`` seconds."""
+        self.stopping = True
+        if self.detached:
+            await asyncio.wait(set(self.detached), timeout=timeout_s)

@@ -150,9 +150,12 @@ async def test_retry_while_the_call_is_in_flight_joins_it(gw: Gateway, upstream:
 
     upstream.script(UP_PATH, [slow])
     raw = chat_body(stream=stream)
-    first = asyncio.ensure_future(post(gw, CHAT, raw))
+    # joined while in flight: an Idempotency-Key always joins (a retry recognised by its body
+    # joins only a call whose client left: test_retry_join.py)
+    key = {"Idempotency-Key": "k-1"}
+    first = asyncio.ensure_future(post(gw, CHAT, raw, key))
     await upstream.wait_for_requests(1)
-    again = await post(gw, CHAT, raw, RETRY)
+    again = await post(gw, CHAT, raw, key)
     orig = await first
     assert orig.status_code == again.status_code == 200
     assert again.content == orig.content
@@ -166,9 +169,11 @@ async def test_retry_while_the_call_is_in_flight_joins_it(gw: Gateway, upstream:
 async def test_several_retries_join_one_call(gw: Gateway, upstream: FakeUpstream) -> None:
     upstream.script(UP_PATH, [Reply.json(chat_completion("once"), delay_headers_s=0.3)])
     raw = chat_body()
-    first = asyncio.ensure_future(post(gw, CHAT, raw))
+    key = {"Idempotency-Key": "k-1"}
+    first = asyncio.ensure_future(post(gw, CHAT, raw, key))
     await upstream.wait_for_requests(1)
-    retries = await asyncio.gather(*(post(gw, CHAT, raw, {"x-stainless-retry-count": str(n)}) for n in (1, 2, 3)))
+    retries = await asyncio.gather(*(post(gw, CHAT, raw, {**key, "x-stainless-retry-count": str(n)})
+                                     for n in (1, 2, 3)))
     orig = await first
     assert [r.json()["choices"][0]["message"]["content"] for r in retries] == ["once"] * 3
     assert all(r.content == orig.content for r in retries)

@@ -170,6 +170,10 @@ async def test_client_leaving_during_backoff_cancels_at_once(start_gateway: Star
     [step] = await gw.wait_steps("s1", 1, timeout=2.0)
     assert (step.status, step.meta_json["phase"]) == ("client_disconnected", "backoff")
     assert [(a["status"], a["wait_s"]) for a in step.meta_json["attempts"]] == [(429, 20.0)]
+    # the only attempt was a 429: the model never got the call, so it uses no budget
+    assert (step.meta_json["budget_refunded"], step.is_trainable) == (True, False)
+    st = (await gw.http().get("/v1/sessions/s1")).json()
+    assert (st["total_steps"], st["refunded_steps"]) == (1, 1)
     await asyncio.sleep(0.2)
     assert len(upstream.requests) == 1
     assert gw.app_state.upstream.in_flight["m"] == 0

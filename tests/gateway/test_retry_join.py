@@ -3,6 +3,7 @@ the retry gets its answer, and the session gets one step (issue 3: "join the in-
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -81,3 +82,57 @@ async def test_streamed_calls_are_not_kept_for_a_retry(start_gateway: StartGatew
     [step] = await gw.wait_steps("s1", 1)
     assert (step.status, step.is_stream) == ("client_disconnected", True)
     assert "client_left_after_s" not in step.meta_json
+
+
+async def test_parallel_calls_with_one_body_are_never_cross_wired(start_gateway: StartGateway,
+                                                                   upstream: FakeUpstream) -> None:
+    """Two samples of one prompt in flight; a retry-looking call with the same body while both
+    clients are connected is a new call, never an answer of the others."""
+    gw = await start_gateway()
+    upstream.script(UP_PATH, [Reply.json(chat_completion(f"a{i}"), delay_headers_s=0.3) for i in range(3)])
+    body = {"model": "m", "messages": MESSAGES}
+    http = gw.http()
+    answers = await asyncio.gather(
+        http.post("/v1/sessions/s1/chat/completions", json=body, headers={"x-stainless-retry-count": "0"}),
+        http.post("/v1/sessions/s1/chat/completions", json=body, headers={"x-stainless-retry-count": "0"}),
+        http.post("/v1/sessions/s1/chat/completions", json=body, headers={"x-stainless-retry-count": "1"}))
+    contents = sorted(r.json()["choices"][0]["message"]["content"] for r in answers)
+    assert contents == ["a0", "a1", "a2"]
+    assert not any("x-gateway-replayed" in r.headers for r in answers)
+    assert len(upstream.requests) == 3 and len(await gw.steps("s1")) == 3
+
+
+async def test_a_retry_that_also_gives_up_leaves_the_step_client_disconnected(start_gateway: StartGateway,
+                                                                              upstream: FakeUpstream) -> None:
+    gw = await start_gateway(retry_join_window_s=0.5)
+    upstream.script(UP_PATH, [Reply.json(chat_completion("too late for all"), delay_headers_s=3.0)])
+    client = AsyncOpenAI(base_url=gw.session_base("s1"), api_key=CLIENT_KEY, timeout=0.5, max_retries=1)
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    finally:
+        await client.close()
+    [step] = await gw.wait_steps("s1", 1, timeout=6.0)
+    assert (step.status, step.meta_json["phase"]) == ("client_disconnected", "detached")
+    assert len(upstream.requests) == 1
+
+
+async def test_closed_session_or_stopping_gateway_ends_a_detached_call(start_gateway: StartGateway,
+                                                                       upstream: FakeUpstream) -> None:
+    gw = await start_gateway(close_grace_s=0.2)
+    upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)] * 2)
+    with pytest.raises(openai.APITimeoutError):
+        await gw.client("s1", timeout=0.3).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    r = await gw.http().post("/v1/sessions/s1/close")
+    assert r.status_code == 200
+    [step] = await gw.wait_steps("s1", 1, timeout=2.0)  # recorded at the close, not 30 s later
+    assert step.status == "client_disconnected"
+    await upstream.wait_for_disconnect(1, timeout=2.0)
+
+    with pytest.raises(openai.APITimeoutError):
+        await gw.client("s2", timeout=0.3).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    t0 = asyncio.get_running_loop().time()
+    await gw.stop()  # a shutdown records the detached call instead of dropping it
+    assert asyncio.get_running_loop().time() - t0 < 5
+    rows = gw.sql("SELECT status FROM session_steps WHERE session_id='s2'")
+    assert [r["status"] for r in rows] == ["client_disconnected"]
