@@ -264,6 +264,10 @@ class SessionManager:
         call."""
         self._closing[sid] = self._closing.get(sid, 0) + 1
         try:
+            # a reserve in progress holds the session lock (a first call loads the session from
+            # the store): let it finish, so its call counts as in flight before the drain looks
+            async with self._lock(sid):
+                pass
             await self._drain(sid, grace_s)
             async with self._lock(sid):
                 st = await self._state(sid)

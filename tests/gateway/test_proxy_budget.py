@@ -333,3 +333,26 @@ async def test_every_call_path_ends_its_in_flight_mark(start_gateway: StartGatew
     t0 = time.monotonic()
     r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "done"})
     assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+
+
+async def test_close_racing_the_first_call_waits_for_it(gw: Gateway, upstream: FakeUpstream,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's first call is still being reserved (its state loads from the store) when the
+    close arrives: the close waits for that call, whose step is then recorded before the close
+    answers, as a normal trainable step (second fresh-user trial)."""
+    store = gw.app_state.store
+    real_load = store.load_gateway_session
+
+    async def slow_load(sid: str) -> object:
+        await asyncio.sleep(0.3)
+        return await real_load(sid)
+
+    monkeypatch.setattr(store, "load_gateway_session", slow_load)
+    call = asyncio.ensure_future(gw.client("s1").chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+    await asyncio.sleep(0.1)  # the call is inside reserve, loading the session
+    r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "done"})
+    assert r.json()["total_steps"] == 1
+    [row] = gw.sql("SELECT status, is_trainable, meta_json FROM session_steps WHERE session_id='s1'")
+    assert (row["status"], row["is_trainable"]) == ("ok", 1) and "after_close" not in row["meta_json"]
+    out = await call
+    assert out.choices[0].message.content == DEFAULT_TEXT
