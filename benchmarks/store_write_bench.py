@@ -2,9 +2,10 @@
 
     python benchmarks/store_write_bench.py [--steps 2000]
 
-The gateway's telemetry writer calls ``Store.write_batch(steps, sessions)`` with one
-``SessionStep`` and one ``GatewaySession`` snapshot per call, batching what queued up meanwhile
-(group commit). This script writes the same kind of rows (a small chat exchange) into a fresh SQLite
+The gateway's telemetry writer calls ``Store.write_batch(steps, sessions)`` with one step row
+(a plain dict, ``store.step_record``) per call and the state of each session in the batch,
+batching what queued up meanwhile (group commit); at low load it commits a lone record inline
+(``Store.write_now``), which this script does not measure. This script writes the same kind of rows (a small chat exchange) into a fresh SQLite
 file, in batches of 1 (what concurrency 1 gives) and 64, three ways:
 
 - ``Store.write_batch``: the store as it is (for SQLite: one plain ``sqlite3`` connection in one
@@ -16,8 +17,9 @@ file, in batches of 1 (what concurrency 1 gives) and 64, three ways:
   IMMEDIATE``, two executemany, ``COMMIT``), rows as tuples, JSON serialised with the store's
   ``json_dumps``.
 
-It prints wall and CPU microseconds per step, plus the cost of building the row objects
-(``SessionStep(...)`` and the session snapshot ``GatewaySession(**st.model_dump())``). Loops are
+It prints wall and CPU microseconds per step, plus the cost of building SQLModel row objects
+(``SessionStep(...)`` and a ``GatewaySession(**st.model_dump())`` copy), which the gateway no
+longer builds per call: the reason it moved to plain dict rows. Loops are
 bounded by ``--steps``. Only the ``store`` package is imported (never ``gateway``).
 """
 

@@ -94,11 +94,12 @@ class Gateway:
 
     def client(self, sid: str | None = None, **kw: Any) -> AsyncOpenAI:
         """The real openai SDK pointed at a session (or at ``/v1`` when ``sid`` is None), with
-        the client api key :data:`CLIENT_KEY` and no retries."""
+        the client api key :data:`CLIENT_KEY` and no retries (unless ``max_retries`` is given)."""
         base = self.session_base(sid) if sid is not None else f"{self.url}/v1"
         kw.setdefault("api_key", CLIENT_KEY)
         kw.setdefault("timeout", 20.0)
-        c = AsyncOpenAI(base_url=base, max_retries=0, **kw)
+        kw.setdefault("max_retries", 0)
+        c = AsyncOpenAI(base_url=base, **kw)
         self._clients.append(c)
         return c
 
@@ -188,6 +189,10 @@ class Gateway:
         if not self.task.done():
             self.server.should_exit = True
             await asyncio.wait_for(self.task, 15)
+
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+"""The ``start_gateway`` fixture's type: ``await start_gateway(**GatewaySettings overrides)``."""
 
 
 def anthropic_routes(upstream: FakeUpstream, **anthropic_route: Any) -> dict[str, dict[str, Any]]:

@@ -6,7 +6,6 @@ client's key never goes upstream and is never recorded. Real openai and anthropi
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,8 @@ import gateway.auth
 from gateway.auth import KeyChecker, presented_keys
 from gateway.settings import ConfigError, GatewaySettings, load_settings
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
-from tests.gateway.conftest import CLIENT_KEY, MESSAGES, ROUTE_KEY, Gateway, anthropic_routes
+from tests.gateway.conftest import CLIENT_KEY, MESSAGES, ROUTE_KEY, Gateway, StartGateway, anthropic_routes
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 AUTH = {"api_keys": [CLIENT_KEY]}
 OPENAI_401_WRONG = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
                               "param": None, "code": "invalid_api_key"}}

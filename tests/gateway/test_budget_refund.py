@@ -8,17 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
 import pytest
-from openai import AsyncOpenAI
 
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion
-from tests.gateway.conftest import CLIENT_KEY, MESSAGES, NO_RETRY, Gateway
+from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, StartGateway
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 RATE_LIMITED = {"error": {"message": "rate limited", "type": "rate_limit_error", "param": None, "code": None}}
 BUSY = {"error": {"message": "overloaded", "type": "server_error", "param": None, "code": None}}
@@ -127,11 +124,7 @@ async def test_5xx_is_not_refunded(start_gateway: StartGateway, upstream: FakeUp
 async def test_openai_sdk_retry_of_a_relayed_429(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     gw = await start_gateway(max_steps=1, routes={"m": NO_RETRY})
     upstream.script(UP_PATH, [Reply.json(RATE_LIMITED, status=429, headers={"Retry-After": "0"})])
-    client = AsyncOpenAI(base_url=gw.session_base("s1"), api_key=CLIENT_KEY, max_retries=1, timeout=20.0)
-    try:
-        out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
-    finally:
-        await client.close()
+    out = await gw.client("s1", max_retries=1).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
     assert len(upstream.requests) == 2
     first, second = await gw.steps("s1")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -23,9 +22,8 @@ from tests.fake_upstream import (
     default_responses_stream,
     response_object,
 )
-from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, anthropic_routes, sse_json
+from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, StartGateway, anthropic_routes, sse_json
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 CHAT = "/v1/sessions/s1/chat/completions"
 RETRY = {"x-stainless-retry-count": "1"}

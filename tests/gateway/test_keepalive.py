@@ -8,7 +8,7 @@ they received captured by a tee transport under the SDK."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
@@ -19,9 +19,8 @@ from gateway.relay import KEEPALIVE
 from gateway.settings import GatewaySettings
 from tests.fake_upstream import FakeUpstream, Reply, default_messages_stream
 from tests.faults import F2_COMMENTS
-from tests.gateway.conftest import MESSAGES, Gateway
+from tests.gateway.conftest import MESSAGES, StartGateway
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 INTERVAL = 0.2  # seconds: the keep-alive interval of these tests
 STALL = 1.0  # seconds of upstream silence: several keep-alive intervals

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anthropic
@@ -33,12 +32,12 @@ from tests.gateway.conftest import (
     NO_RETRY,
     ROUTE_KEY,
     Gateway,
+    StartGateway,
     anthropic_routes,
     events_of,
     eventually,
 )
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/messages"
 SESSION_PATH = "/v1/sessions/s1/v1/messages"
 SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"

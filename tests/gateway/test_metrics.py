@@ -6,7 +6,6 @@ the errors the gateway answered itself, each with its exact value."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import httpx
 import openai
@@ -14,9 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fake_upstream import FakeUpstream, Reply, chat_chunk
-from tests.gateway.conftest import MESSAGES, Gateway, eventually
+from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, eventually
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 CHAT_M = (("endpoint", "chat.completions"), ("route", "m"))
 

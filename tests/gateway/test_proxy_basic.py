@@ -7,16 +7,14 @@ upstream; the client is the real openai SDK, raw httpx only where the SDK cannot
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
 import pytest
 
 from tests.fake_upstream import DEFAULT_TEXT, DEFAULT_USAGE, FakeUpstream, Reply, chat_completion
-from tests.gateway.conftest import CLIENT_KEY, MESSAGES, NO_RETRY, ROUTE_KEY, Gateway, sse_json
+from tests.gateway.conftest import CLIENT_KEY, MESSAGES, NO_RETRY, ROUTE_KEY, Gateway, StartGateway, sse_json
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 
 

@@ -7,16 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
 
 import openai
 import pytest
 
 from store import JobEnvironment, Store
 from tests.fake_upstream import DEFAULT_TEXT, DONE, FakeUpstream, Reply, chat_chunk, chat_completion
-from tests.gateway.conftest import MESSAGES, Gateway, sse_json
+from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, sse_json
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 
 

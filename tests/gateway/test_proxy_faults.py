@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -22,9 +22,8 @@ from tests.fake_upstream import (
     chat_chunk,
     chat_completion,
 )
-from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, eventually, sse_json
+from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, StartGateway, eventually, sse_json
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 
 

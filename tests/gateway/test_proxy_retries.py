@@ -10,7 +10,6 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -18,9 +17,8 @@ import openai
 import pytest
 
 from tests.fake_upstream import DEFAULT_TEXT, DONE, FakeUpstream, Reply, chat_chunk
-from tests.gateway.conftest import MESSAGES, Gateway, sse_payloads
+from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, sse_payloads
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 RATE_LIMITED = {"error": {"message": "rate limited", "type": "rate_limit_error", "param": None, "code": None}}
 BUSY = {"error": {"message": "overloaded", "type": "server_error", "param": None, "code": None}}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -23,9 +22,8 @@ from tests.faults import (
     F6_REASONING,
     F8A_ERROR_IN_200_STREAM,
 )
-from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, sse_json, sse_payloads
+from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, StartGateway, sse_json, sse_payloads
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 SESSION_PATH = "/v1/sessions/s1/chat/completions"
 

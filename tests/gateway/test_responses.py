@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
@@ -24,9 +23,16 @@ from tests.fake_upstream import (
     sse_event,
 )
 from tests.faults import F19_HTML_502, F19_RESPONSES_ARGS_ONLY_IN_DONE, F19_RESPONSES_NO_COMPLETED
-from tests.gateway.conftest import CLIENT_KEY, NO_RETRY, ROUTE_KEY, Gateway, anthropic_routes, events_of
+from tests.gateway.conftest import (
+    CLIENT_KEY,
+    NO_RETRY,
+    ROUTE_KEY,
+    Gateway,
+    StartGateway,
+    anthropic_routes,
+    events_of,
+)
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/responses"
 SESSION_PATH = "/v1/sessions/s1/responses"
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",

@@ -4,17 +4,14 @@ the retry gets its answer, and the session gets one step (issue 3: "join the in-
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import httpx
 import openai
 import pytest
-from openai import AsyncOpenAI
 
 from tests.fake_upstream import FakeUpstream, Reply, chat_completion
-from tests.gateway.conftest import CLIENT_KEY, MESSAGES, Gateway
+from tests.gateway.conftest import MESSAGES, StartGateway
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 UP_PATH = "/v1/chat/completions"
 
 
@@ -22,11 +19,8 @@ async def test_sdk_retry_after_a_read_timeout_joins_the_first_call(start_gateway
                                                                    upstream: FakeUpstream) -> None:
     gw = await start_gateway(max_steps=1)
     upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=1.0)])
-    client = AsyncOpenAI(base_url=gw.session_base("s1"), api_key=CLIENT_KEY, timeout=0.5, max_retries=2)
-    try:
-        out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
-    finally:
-        await client.close()
+    client = gw.client("s1", timeout=0.5, max_retries=2)
+    out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == "late"
     assert len(upstream.requests) == 1 and not upstream.requests[0].disconnected  # one model call, not cancelled
     [step] = await gw.steps("s1")
@@ -106,12 +100,8 @@ async def test_a_retry_that_also_gives_up_leaves_the_step_client_disconnected(st
                                                                               upstream: FakeUpstream) -> None:
     gw = await start_gateway(retry_join_window_s=0.5)
     upstream.script(UP_PATH, [Reply.json(chat_completion("too late for all"), delay_headers_s=3.0)])
-    client = AsyncOpenAI(base_url=gw.session_base("s1"), api_key=CLIENT_KEY, timeout=0.5, max_retries=1)
-    try:
-        with pytest.raises(openai.APITimeoutError):
-            await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
-    finally:
-        await client.close()
+    with pytest.raises(openai.APITimeoutError):
+        await gw.client("s1", timeout=0.5, max_retries=1).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     [step] = await gw.wait_steps("s1", 1, timeout=6.0)
     assert (step.status, step.meta_json["phase"]) == ("client_disconnected", "detached")
     assert len(upstream.requests) == 1

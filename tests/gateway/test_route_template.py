@@ -5,7 +5,6 @@ attribute each request; sessionless calls to such a route are refused with 400
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,9 +16,7 @@ from pydantic import ValidationError
 from gateway.settings import ConfigError, GatewaySettings, RouteSettings, load_settings
 from gateway.upstream import route_base_url
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
-from tests.gateway.conftest import MESSAGES, ROUTE_KEY, Gateway
-
-StartGateway = Callable[..., Awaitable[Gateway]]
+from tests.gateway.conftest import MESSAGES, ROUTE_KEY, StartGateway
 
 
 def templated(upstream: FakeUpstream, **extra: object) -> dict[str, dict[str, object]]:

@@ -16,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 import openai
 import pytest
 
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
-from tests.gateway.conftest import MESSAGES, Gateway, eventually
+from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, eventually
 
-StartGateway = Callable[..., Awaitable[Gateway]]
 BEST_EFFORT = {"mode": "best_effort"}
 PROMPT_S = 1.0  # an answer "at once": well under the time the lock is held
 FAILURE = "disk full (test trigger)"
