@@ -1,0 +1,24 @@
+# The two entry points (see README): each sets up what it needs, then runs.
+#   make run    the main job: every bundled case on the embedded local model, graded
+#   make test   the whole test suite (offline; includes an end-to-end run on the local model)
+# ARGS="..." passes extra arguments, e.g. make run ARGS="--env gsm8k", make test ARGS="-k sse".
+PY := .venv/bin/python
+ARGS ?=
+
+.PHONY: run test lint setup-run setup-test
+
+run: setup-run
+	$(PY) launcher.py --enable-evaluation --pool-size 4 $(ARGS)
+
+test: setup-test
+	$(PY) -m pytest -q $(ARGS)
+
+lint: setup-test
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+setup-run:
+	@scripts/setup.sh local
+
+setup-test:
+	@scripts/setup.sh dev,local
