@@ -30,13 +30,16 @@ _PIPE_GRACE_S = 2.0
 class RuntimeOutcome(BaseModel):
     """What running a runtime gave. ``status``: the result's status, ``timeout`` when the session
     timeout killed it, or ``error`` when it printed no valid result (crash, bad JSON, no status).
-    ``duration_s`` is wall-clock seconds; the ``*_tail`` fields hold the last 4000 characters."""
+    ``duration_s`` is wall-clock seconds; the ``*_tail`` fields hold the last 4000 characters.
+    ``setup_failed``: the runtime never started (command not found, sandbox setup failed): an
+    infrastructure failure, not something the agent did."""
 
     status: Literal["succeeded", "failed", "truncated", "timeout", "error"]
     result: SimulationStartResult | None = None
     error_text: str | None = None
     returncode: int | None = None
     duration_s: float
+    setup_failed: bool = False
     stdout_tail: str = ""
     stderr_tail: str = ""
 

@@ -150,7 +150,7 @@ class Scheduler:
                 outcome = await run_local(cfg.command(), request, workspace, cfg.runtime.timeout_s,
                                           self._runtime_env(cfg))
             except OSError as e:
-                outcome = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0,
+                outcome = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
                                          error_text=f"cannot start runtime {cfg.command()[:3]}: {e}")
             close_info = await self._close(sid, outcome.status)
             status = outcome.status
