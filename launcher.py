@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollout.job import JobOptions, JobResult, SetupError, run_job
-from rollout.report import SessionRecord, render_table, summarize
+from rollout.report import SessionRecord, render_table, summarize, table_footer
 from rollout.scheduler import HARNESS_FAILURES
 
 HERE = Path(__file__).resolve().parent
@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--job-id", help="job id (default: generated)")
     ap.add_argument("--resume", action="store_true", default=None, help="run the unfinished sessions of --job-id")
     ap.add_argument("--mode", choices=["local"], help="runtime backend (default local)")
+    ap.add_argument("--sandbox", choices=["bwrap", "none"],
+                    help="run each runtime in a bubblewrap sandbox (default bwrap), or none: no isolation")
     ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
     ap.add_argument("--keep-workspaces", action="store_true", default=None,
                     help="keep each session's temporary workspace (the folder is printed at the end)")
@@ -99,6 +101,8 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
 def report(result: JobResult, count_unscored_as_zero: bool) -> int:
     """Print the summary table and where things are; returns the exit code (0 or 2)."""
     print(render_table(summarize(result.records, count_unscored_as_zero=count_unscored_as_zero)))
+    if footer := table_footer(result.records):
+        print(footer)
     print(f"{len(result.records)} sessions written to {result.out}; steps and rewards in {result.store}")
     if result.workspaces:
         print(f"workspaces kept in {result.workspaces}")

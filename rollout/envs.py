@@ -36,13 +36,31 @@ class DatasetConfig(_Strict):
     hidden_fields: list[str] = Field(default_factory=list)
 
 
+class LimitsConfig(_Strict):
+    """Per-session resource limits (None: no limit). ``memory_mb`` (MiB, the session's processes
+    together), ``processes`` (at once, the sandbox's own helpers included), ``output_mb`` (MiB of
+    stdout + stderr), ``disk_mb`` (MiB: the workspace's total file size, any single file, and the
+    size of the private ``/tmp``). See README "Sandbox" for how each is enforced."""
+
+    memory_mb: int | None = Field(default=4096, ge=32)
+    processes: int | None = Field(default=512, ge=8)
+    output_mb: int | None = Field(default=64, ge=1)
+    disk_mb: int | None = Field(default=4096, ge=1)
+
+
 class RuntimeConfig(_Strict):
     """How to run one session: ``command`` (``{python}`` = the launcher's interpreter, ``{env_dir}``
-    = the env folder), extra environment variables, and the session timeout in seconds."""
+    = the env folder), extra environment variables (``env``: name -> value; ``pass_env``: names
+    copied from the launcher's environment when set), the session timeout in seconds, resource
+    ``limits`` and ``sandbox`` (``none`` runs this env's runtimes without isolation; default: the
+    launcher's ``--sandbox``)."""
 
     command: list[str]
     timeout_s: float = Field(default=600.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
+    pass_env: list[str] = Field(default_factory=list)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    sandbox: Literal["bwrap", "none"] | None = None
 
 
 class EnvConfig(_Strict):
@@ -64,6 +82,11 @@ class EnvConfig(_Strict):
         """The dataset path, resolved against the config folder."""
         p = Path(self.dataset.path).expanduser()
         return p if p.is_absolute() else (self.env_dir / p).resolve()
+
+    def hidden_paths(self) -> list[Path]:
+        """Paths of the env folder a runtime must never see: the dataset (file or task folder)
+        and the conventional ``data/`` and ``tasks/`` folders."""
+        return [self.dataset_path(), self.env_dir / "data", self.env_dir / "tasks"]
 
     def command(self) -> list[str]:
         """The runtime command with ``{python}`` and ``{env_dir}`` substituted."""

@@ -24,6 +24,8 @@ from rollout.envs import Case, EnvConfig, EnvConfigError, discover_envs, load_ca
 from rollout.evaluator_loader import discover_evaluator
 from rollout.records import job_records
 from rollout.report import SessionRecord, write_jsonl
+from rollout.runner import effective_mode, sandbox_support
+from rollout.sandbox import SandboxUnavailable
 from rollout.scheduler import RunSettings, Scheduler, session_rows
 from rollout.services import (
     ChildProcess,
@@ -64,6 +66,7 @@ class JobOptions(BaseModel):
     job_id: str | None = None
     resume: bool = False
     mode: Literal["local"] = "local"
+    sandbox: Literal["bwrap", "none"] = "bwrap"
     out: Path | None = None
     keep_workspaces: bool = False
 
@@ -98,6 +101,27 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
         return [(c, load_cases(c, opts.limit)) for c in configs]
     except EnvConfigError as e:
         raise SetupError(str(e)) from e
+
+
+def check_sandbox(opts: JobOptions, envs: list[EnvConfig]) -> None:
+    """Before anything runs: when an env runs sandboxed, check that bubblewrap works here (else
+    SetupError saying how to install it or opt out) and print how each limit is enforced; warn
+    about envs that run without a sandbox."""
+    bare = sorted(cfg.name for cfg in envs if effective_mode(cfg, opts.sandbox) == "none")
+    if bare:
+        print(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
+              "environment and network", file=sys.stderr)
+    if len(bare) == len(envs):
+        return
+    try:
+        support = sandbox_support()
+    except SandboxUnavailable as e:
+        raise SetupError(str(e)) from e
+    how = "; ".join(f"{k}: {v}" for k, v in support.mechanisms().items())
+    print(f"sandbox: bubblewrap ({support.bwrap}); limits enforced by {how}", file=sys.stderr)
+    if support.pids is None:
+        print("warning: the per-session process limit is not enforced on this machine (no usable cgroup "
+              "pids controller)", file=sys.stderr)
 
 
 def load_gateway_settings(path: Path) -> GatewaySettings:
@@ -172,6 +196,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     gateway is up; ``on_done(record)`` after each session. Cancellation (Ctrl-C) stops the sessions
     in flight cleanly (see ``rollout.scheduler``) and every started process."""
     envs = load_envs(opts)
+    check_sandbox(opts, [cfg for cfg, _ in envs])
     gw_settings = load_gateway_settings(opts.gateway_config)
     model = opts.llm_model or gw_settings.route_for_default()
     if not model:
@@ -210,7 +235,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                pool_size=opts.pool_size, temperature=opts.llm_temperature,
                                max_steps=opts.max_steps, enable_evaluation=opts.enable_evaluation,
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,
-                               workspace_root=workspaces, gateway_api_key=api_key)
+                               workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox)
         by_name = {cfg.name: cfg for cfg, _ in envs}
         cases = {(c.env_name, c.case_id): c for _, cs in envs for c in cs}
         try:

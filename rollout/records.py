@@ -15,6 +15,7 @@ def record_of(row: JobEnvironment, traj: Trajectory) -> SessionRecord:
         "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": row.status,
         "score": row.reward, "eval_status": row.eval_status, "reason": row.eval_reason, "error": row.error_text,
         "duration_s": row.duration_s, "usage": usage_total(traj.steps), "step_count": len(traj.steps),
+        "sandbox": row.sandbox,
         "trajectory": [s.model_dump(mode="json") for s in traj.steps],
     })
 

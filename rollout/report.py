@@ -90,6 +90,8 @@ class SessionRecord(BaseModel):
     - ``duration_s``: session wall time in seconds (None when unknown).
     - ``usage``: token sums over the steps, None when no step reported usage.
     - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order.
+    - ``sandbox``: how the runtime ran: ``bwrap`` (isolated) or ``none`` (no isolation), None when
+      unknown (the runtime never ran).
     """
 
     session_id: str
@@ -107,6 +109,7 @@ class SessionRecord(BaseModel):
     duration_s: FiniteFloat | None = None
     usage: UsageTotals | None = None
     step_count: int = 0
+    sandbox: str | None = None
     trajectory: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -274,6 +277,21 @@ def render_table(rows: list[SummaryRow]) -> str:
     lines = [fmt_line(headers), "  ".join("-" * w for w in widths)]
     lines.extend(fmt_line(line) for line in body)
     return "\n".join(lines)
+
+
+def table_footer(records: Iterable[SessionRecord]) -> str | None:
+    """The warning printed under the table when sessions ran without the sandbox (``sandbox:
+    none``), naming their envs; None when every session ran sandboxed (or did not run)."""
+    bare: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r.sandbox == "none":
+            bare[r.env_name] += 1
+    if not bare:
+        return None
+    envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
+    return (f"warning: {sum(bare.values())} sessions ran WITHOUT a sandbox (--sandbox none or the env's "
+            f"runtime.sandbox: none): {envs}. Their runtimes could read the host's files and environment and "
+            "reach its network; their scores may not be trustworthy as rewards.")
 
 
 def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:

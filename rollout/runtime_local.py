@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,11 @@ _TAIL = 4000
 _STDOUT_KEEP = 8 * 1024 * 1024
 _STDERR_KEEP = 64 * 1024
 _PIPE_GRACE_S = 2.0
+_WATCH_EVERY_S = 0.25
+
+Monitor = Callable[[], tuple[str, str] | None]
+"""Polled (in a thread) while a runtime runs and once after it exits: ``(limit, reason)`` when the
+session went over one of its limits (e.g. ``("disk", "disk limit exceeded: ...")``), else None."""
 
 
 class RuntimeOutcome(BaseModel):
@@ -32,7 +38,9 @@ class RuntimeOutcome(BaseModel):
     timeout killed it, or ``error`` when it printed no valid result (crash, bad JSON, no status).
     ``duration_s`` is wall-clock seconds; the ``*_tail`` fields hold the last 4000 characters.
     ``setup_failed``: the runtime never started (command not found, sandbox setup failed): an
-    infrastructure failure, not something the agent did."""
+    infrastructure failure, not something the agent did. ``limit_exceeded``: the limit that ended
+    the session (memory | processes | output | disk), status ``error``. ``sandbox``: ``bwrap`` or
+    ``none`` (None when unknown)."""
 
     status: Literal["succeeded", "failed", "truncated", "timeout", "error"]
     result: SimulationStartResult | None = None
@@ -40,6 +48,8 @@ class RuntimeOutcome(BaseModel):
     returncode: int | None = None
     duration_s: float
     setup_failed: bool = False
+    limit_exceeded: str | None = None
+    sandbox: str | None = None
     stdout_tail: str = ""
     stderr_tail: str = ""
 
@@ -82,48 +92,69 @@ async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
         pass  # the runtime did not read its request: its result will say so
 
 
-async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int) -> None:
-    """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes."""
+async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int, total: list[int]) -> None:
+    """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes; adds the bytes
+    read to ``total[0]``."""
     while chunk := await stream.read(65536):
+        total[0] += len(chunk)
         keep += chunk
         if len(keep) > 2 * limit:
             del keep[:-limit]
 
 
-async def _exited(proc: asyncio.subprocess.Process) -> None:
-    """Wait until the process has exited. (On Python 3.11, ``Process.wait()`` also waits until
-    every pipe is closed, which a background child holding stdout can delay for ever.)"""
+async def _exited(proc: asyncio.subprocess.Process, output: list[int], output_limit: int | None,
+                  monitor: Monitor | None) -> tuple[str, str] | None:
+    """Wait until the process has exited (None), or a limit is exceeded (``(limit, reason)``).
+    (On Python 3.11, ``Process.wait()`` also waits until every pipe is closed, which a background
+    child holding stdout can delay for ever.)"""
+    next_check = time.monotonic() + _WATCH_EVERY_S
     while proc.returncode is None:
+        if output_limit is not None and output[0] > output_limit:
+            return "output", f"output limit exceeded: more than {output_limit} bytes of stdout + stderr"
+        if monitor is not None and time.monotonic() >= next_check:
+            if over := await asyncio.to_thread(monitor):
+                return over
+            next_check = time.monotonic() + _WATCH_EVERY_S
         await asyncio.sleep(0.05)
+    return None
 
 
 async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
-                    extra_env: dict[str, str] | None = None) -> RuntimeOutcome:
+                    extra_env: dict[str, str] | None = None, *, env: dict[str, str] | None = None,
+                    pass_fds: tuple[int, ...] = (), output_limit: int | None = None,
+                    monitor: Monitor | None = None) -> RuntimeOutcome:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
     The session ends when the runtime process exits (not when its pipes close: a background
     child it left behind does not hold the session open); its process group is then killed.
     Only the last 8 MiB of stdout and 64 KiB of stderr are kept in memory.
+    ``env`` given: the process's whole environment; else this process's plus ``extra_env``.
+    ``output_limit`` (bytes of stdout + stderr) and ``monitor`` (see ``Monitor``) end the session
+    as ``error`` with ``limit_exceeded`` set when exceeded.
     Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
     the process group. Raises OSError when the command cannot be started at all.
     """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    env.setdefault("OPENAI_API_KEY", "sk-rollout-local")
+    if env is None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        env.setdefault("OPENAI_API_KEY", "sk-rollout-local")
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True,
+        stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True, pass_fds=pass_fds,
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out_b, err_b = bytearray(), bytearray()
+    out_b, err_b, total = bytearray(), bytearray(), [0]
     tasks = [asyncio.create_task(_feed(proc.stdin, request.model_dump_json().encode() + b"\n")),
-             asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP)),
-             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP))]
+             asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total)),
+             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total))]
+    over: tuple[str, str] | None = None
     try:
-        await asyncio.wait_for(_exited(proc), timeout=timeout_s)
+        over = await asyncio.wait_for(_exited(proc, total, output_limit, monitor), timeout=timeout_s)
+        if over is None and monitor is not None:
+            over = await asyncio.to_thread(monitor)  # a limit hit just before the exit
     except TimeoutError:
         _kill_group(proc)
-        await _exited(proc)
+        await _exited(proc, total, None, None)
         return RuntimeOutcome(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
                               returncode=proc.returncode, duration_s=time.monotonic() - t0)
     except BaseException:
@@ -139,6 +170,11 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     err = err_b[-_STDERR_KEEP:].decode("utf-8", "replace")
     done = RuntimeOutcome(status="error", duration_s=dt, stdout_tail=out[-_TAIL:], stderr_tail=err[-_TAIL:],
                           returncode=proc.returncode)
+    if over is not None:
+        if proc.returncode is None:
+            await _exited(proc, total, None, None)
+        return done.model_copy(update={"limit_exceeded": over[0], "error_text": over[1],
+                                       "returncode": proc.returncode})
     try:
         result = parse_result(out)
     except ValueError as e:

@@ -29,7 +29,8 @@ from rollout.evaluator_loader import discover_evaluator
 from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
-from rollout.runtime_local import RuntimeOutcome, run_local
+from rollout.runner import run_runtime
+from rollout.runtime_local import RuntimeOutcome
 from rollout.services import auth_headers
 from rollout.trajectory import to_trajectory
 from store import JobEnvironment, Store, utcnow
@@ -47,7 +48,8 @@ class RunSettings:
     the folder that holds the sessions' workspaces (None: the system temp folder), and the
     gateway's API key (None: its auth is off): sent on the launcher's own calls (session close)
     and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; a runtime using
-    another client can read ``GATEWAY_API_KEY``, which it inherits when set)."""
+    another client can read ``GATEWAY_API_KEY``, which it inherits when set). ``sandbox``:
+    ``bwrap`` (each runtime in a bubblewrap sandbox) or ``none`` (see ``rollout.runner``)."""
 
     job_id: str
     model: str
@@ -61,6 +63,7 @@ class RunSettings:
     keep_workspaces: bool = False
     workspace_root: Path | None = None
     gateway_api_key: str | None = None
+    sandbox: str = "bwrap"
 
 
 def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
@@ -146,12 +149,7 @@ class Scheduler:
                 env_params={**cfg.params, "dataset": case.public_row()},
                 metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir)},
             )
-            try:
-                outcome = await run_local(cfg.command(), request, workspace, cfg.runtime.timeout_s,
-                                          self._runtime_env(cfg))
-            except OSError as e:
-                outcome = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
-                                         error_text=f"cannot start runtime {cfg.command()[:3]}: {e}")
+            outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg), self.s.sandbox)
             close_info = await self._close(sid, outcome.status)
             status = outcome.status
             if status == "succeeded" and close_info.get("truncated"):
@@ -163,7 +161,7 @@ class Scheduler:
             duration = time.monotonic() - t0
             final = {
                 "status": status, "result": outcome.result.model_dump(mode="json") if outcome.result else None,
-                "error_text": "; ".join(errors) or None, "duration_s": duration,
+                "error_text": "; ".join(errors) or None, "duration_s": duration, "sandbox": outcome.sandbox,
                 "eval_status": evaluation.status if evaluation else None,
                 "eval_reason": evaluation.reason if evaluation else None,
                 "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts}

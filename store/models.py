@@ -43,7 +43,8 @@ class JobEnvironment(SQLModel, table=True):
     ``env_id`` is the session id. ``status`` is one of pending | running | succeeded | failed |
     truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL when not
     evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped apart, so an
-    evaluator crash is never mistaken for a real 0.
+    evaluator crash is never mistaken for a real 0. ``sandbox`` is how its runtime ran: ``bwrap``
+    (isolated) or ``none`` (NULL: not run yet, or by an older version).
     """
 
     __tablename__ = "job_environments"
@@ -67,6 +68,7 @@ class JobEnvironment(SQLModel, table=True):
     result: dict[str, Any] | None = _json()
     error_text: str | None = None
     duration_s: float | None = None
+    sandbox: str | None = Field(default=None, max_length=16)
     finished: bool = False
     created_at: datetime = _ts()
     started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))

@@ -1,0 +1,223 @@
+"""Per-session control groups: a memory cap and a process cap for everything a session runs.
+
+``detect()`` finds, per controller, a cgroup hierarchy this process may create children in: a
+cgroup2 tree whose ``cgroup.subtree_control`` enables the controller (or can be made to), else a
+cgroup v1 hierarchy of that controller. Children are made under this process's own cgroup, so they
+stay inside whatever limits the launcher itself runs under. ``SessionCgroup`` creates one session's
+groups, sets the limits, says which limit was hit, kills what is left, and removes the groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+PROC_SELF_MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+@dataclass(frozen=True)
+class Controller:
+    """Where one controller's session groups are made: ``parent`` (a directory of a cgroup file
+    system) and ``version`` (1 or 2)."""
+
+    name: str  # "memory" or "pids"
+    version: int
+    parent: Path
+
+    @property
+    def mechanism(self) -> str:
+        """A human description, e.g. ``cgroup v1 memory.limit_in_bytes``."""
+        if self.name == "memory":
+            return f"cgroup v{self.version} " + ("memory.max" if self.version == 2 else "memory.limit_in_bytes")
+        return f"cgroup v{self.version} pids.max"
+
+
+def _mounts(mountinfo: str) -> list[tuple[str, str, set[str]]]:
+    """(mount point, fs type, super options) of each cgroup mount in a mountinfo text."""
+    found = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
+            continue
+        found.append((fields[4], rest[0], set(rest[2].split(","))))
+    return found
+
+
+def _own_paths(cgroup_text: str) -> dict[str, str]:
+    """Controller (or "" for cgroup2) -> this process's cgroup path, from /proc/self/cgroup."""
+    paths: dict[str, str] = {}
+    for line in cgroup_text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for ctl in parts[1].split(",") if parts[1] else [""]:
+            paths[ctl] = parts[2]
+    return paths
+
+
+def _can_make_children(parent: Path) -> bool:
+    probe = parent / f"rollout-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        probe.rmdir()
+    return True
+
+
+def _v2_ready(parent: Path, name: str) -> bool:
+    try:
+        if name not in (parent / "cgroup.controllers").read_text().split():
+            return False
+        if name not in (parent / "cgroup.subtree_control").read_text().split():
+            (parent / "cgroup.subtree_control").write_text(f"+{name}")
+    except OSError:
+        return False
+    return _can_make_children(parent)
+
+
+def detect(mountinfo: str | None = None, own_cgroups: str | None = None) -> dict[str, Controller]:
+    """The usable controllers among ``memory`` and ``pids`` (absent: not available here).
+    The two texts default to this process's /proc/self/mountinfo and /proc/self/cgroup."""
+    try:
+        mountinfo = PROC_SELF_MOUNTINFO.read_text() if mountinfo is None else mountinfo
+        own_cgroups = PROC_SELF_CGROUP.read_text() if own_cgroups is None else own_cgroups
+    except OSError:
+        return {}
+    mounts, own = _mounts(mountinfo), _own_paths(own_cgroups)
+    found: dict[str, Controller] = {}
+    for name in ("memory", "pids"):
+        for point, fstype, _opts in mounts:
+            if fstype == "cgroup2" and "" in own:
+                parent = Path(point) / own[""].lstrip("/")
+                if _v2_ready(parent, name):
+                    found[name] = Controller(name, 2, parent)
+                    break
+        if name in found:
+            continue
+        for point, fstype, opts in mounts:
+            if fstype == "cgroup" and name in opts and name in own:
+                parent = Path(point) / own[name].lstrip("/")
+                if _can_make_children(parent):
+                    found[name] = Controller(name, 1, parent)
+                    break
+    return found
+
+
+@dataclass
+class SessionCgroup:
+    """The cgroups of one session (one directory per controller used). ``procs_files`` are the
+    ``cgroup.procs`` files a process writes its pid into to join before it starts the sandbox."""
+
+    memory: Controller | None
+    pids: Controller | None
+    memory_bytes: int | None
+    max_processes: int | None
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+    def create(self, name: str) -> None:
+        """Make the groups named ``name`` and write the limits. Raises OSError (nothing left)."""
+        try:
+            if self.memory is not None and self.memory_bytes is not None:
+                d = self._mkdir("memory", self.memory, name)
+                if self.memory.version == 2:
+                    (d / "memory.max").write_text(str(self.memory_bytes))
+                    with contextlib.suppress(OSError):
+                        (d / "memory.swap.max").write_text("0")
+                else:
+                    (d / "memory.limit_in_bytes").write_text(str(self.memory_bytes))
+                    if (d / "memory.memsw.limit_in_bytes").exists():
+                        (d / "memory.memsw.limit_in_bytes").write_text(str(self.memory_bytes))
+            if self.pids is not None and self.max_processes is not None:
+                d = self._mkdir("pids", self.pids, name)
+                (d / "pids.max").write_text(str(self.max_processes))
+        except OSError:
+            self.remove(timeout_s=1.0)
+            raise
+
+    def _mkdir(self, key: str, ctl: Controller, name: str) -> Path:
+        if ctl.version == 2 and "memory" in self.dirs and self.dirs["memory"].parent == ctl.parent:
+            self.dirs[key] = self.dirs["memory"]  # one cgroup2 directory holds both controllers
+            return self.dirs[key]
+        d = ctl.parent / name
+        d.mkdir()
+        self.dirs[key] = d
+        return d
+
+    @property
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in dict.fromkeys(self.dirs.values())]
+
+    def exceeded(self) -> str | None:
+        """``"memory"`` when the memory cap made the kernel kill a process, ``"processes"`` when a
+        fork was refused at the process cap, else None."""
+        if "memory" in self.dirs and self.memory is not None:
+            d = self.dirs["memory"]
+            events = d / ("memory.events" if self.memory.version == 2 else "memory.oom_control")
+            if _counter(events, "oom_kill") > 0:
+                return "memory"
+        if "pids" in self.dirs and self.pids is not None and _counter(self.dirs["pids"] / "pids.events", "max") > 0:
+            return "processes"
+        return None
+
+    def pids_inside(self) -> list[int]:
+        """Pids in the session's groups (empty when there are none or none is left)."""
+        pids: set[int] = set()
+        for f in self.procs_files:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in f.read_text().split())
+        return sorted(pids)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process still in the groups (v2: ``cgroup.kill`` when there is one)."""
+        for d in dict.fromkeys(self.dirs.values()):
+            if (d / "cgroup.kill").exists():
+                with contextlib.suppress(OSError):
+                    (d / "cgroup.kill").write_text("1")
+        for pid in self.pids_inside():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove(self, timeout_s: float = 5.0) -> bool:
+        """Kill what is left and remove the groups; False when one could not be removed in
+        ``timeout_s`` seconds (it is left behind, empty groups are cheap)."""
+        deadline = time.monotonic() + timeout_s
+        left = list(dict.fromkeys(self.dirs.values()))
+        while left:
+            self.kill_all()
+            for d in list(left):
+                try:
+                    d.rmdir()
+                    left.remove(d)
+                except FileNotFoundError:
+                    left.remove(d)
+                except OSError:
+                    pass  # still busy: processes are being killed
+            if left and time.monotonic() > deadline:
+                return False
+            if left:
+                time.sleep(0.02)
+        self.dirs.clear()
+        return True
+
+
+def _counter(path: Path, key: str) -> int:
+    """The value of ``key`` in a flat-keyed cgroup file (``key value`` lines), 0 when absent."""
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        return 0
+    return 0

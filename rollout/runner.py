@@ -1,0 +1,238 @@
+"""Runs one session's runtime the way its env asks: in a bubblewrap sandbox (default) with the
+gateway bridge, the session's cgroups and its limits, or without isolation (``sandbox: none``).
+
+``run_runtime`` never raises for the session's own problems: a sandbox that cannot be set up is an
+outcome with ``setup_failed=True``; a limit exceeded is ``status=error`` naming the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import shlex
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import rollout.protocol
+from rollout.bridge import BridgeError, GatewayBridge
+from rollout.cgroups import SessionCgroup
+from rollout.envs import EnvConfig, EnvConfigError, LimitsConfig, load_env_config
+from rollout.protocol import SimulationStartRequest
+from rollout.runtime_local import Monitor, RuntimeOutcome, run_local
+from rollout.sandbox import (
+    SandboxSpec,
+    SandboxUnavailable,
+    Support,
+    bwrap_command,
+    clean_env,
+    inside_url,
+    probe,
+)
+
+MiB = 1024 * 1024
+CODE_ROOT = Path(rollout.protocol.__file__).resolve().parents[1]
+"""The project folder whose ``env/*.py`` and ``rollout/protocol.py`` runtimes import."""
+
+
+@functools.cache
+def sandbox_support() -> Support:
+    """This machine's sandbox support, checked once per process. Raises SandboxUnavailable."""
+    return probe()
+
+
+def effective_mode(cfg: EnvConfig, job_mode: str) -> str:
+    """``none`` when the job or the env opts out of the sandbox, else ``bwrap``."""
+    return "none" if "none" in (job_mode, cfg.runtime.sandbox) else "bwrap"
+
+
+def shared_code() -> list[Path]:
+    """The project files every runtime may import: ``env/*.py`` and ``rollout.protocol``."""
+    files = sorted((CODE_ROOT / "env").glob("*.py")) if (CODE_ROOT / "env").is_dir() else []
+    return [*files, CODE_ROOT / "rollout" / "__init__.py", CODE_ROOT / "rollout" / "protocol.py"]
+
+
+def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
+    """(folders with their hidden paths, single files) a runtime's command needs read-only: its
+    env folder, and for each absolute path in the command that exists outside the interpreter,
+    the env folder holding it (``<root>/env/<name>/``) or the path itself."""
+    folders: list[tuple[Path, list[Path]]] = [(cfg.env_dir, cfg.hidden_paths())]
+    files: list[Path] = []
+    env_root = CODE_ROOT / "env"
+    for arg in cfg.command()[1:]:
+        p = Path(arg)
+        if not p.is_absolute() or not p.exists() or p.resolve().is_relative_to(cfg.env_dir.resolve()):
+            continue
+        p = p.resolve()
+        if p.is_relative_to(env_root) and p != env_root and len(p.relative_to(env_root).parts) >= 2:
+            folder = env_root / p.relative_to(env_root).parts[0]
+            hidden = [folder / "data", folder / "tasks"]
+            if (folder / "env.yaml").is_file():
+                with contextlib.suppress(EnvConfigError):
+                    hidden += load_env_config(folder / "env.yaml").hidden_paths()
+            folders.append((folder, hidden))
+        elif p.is_dir():
+            folders.append((p, []))
+        else:
+            files.append(p)
+    return folders, files
+
+
+def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
+    """The variables pointing a runtime at its session: ``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``,
+    ``GATEWAY_BASE_URL`` (= ``base_url``) and the API keys (``OPENAI_API_KEY`` of ``extra_env``,
+    default ``sk-rollout-local``, also as ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``)."""
+    key = extra_env.get("OPENAI_API_KEY", "sk-rollout-local")
+    return {"OPENAI_BASE_URL": base_url, "ANTHROPIC_BASE_URL": base_url, "GATEWAY_BASE_URL": base_url,
+            "OPENAI_API_KEY": key, "ANTHROPIC_API_KEY": extra_env.get("ANTHROPIC_API_KEY", key),
+            "GATEWAY_API_KEY": key}
+
+
+def disk_used(folder: Path, stop_above: int | None = None) -> int:
+    """Total size in bytes of the regular files under ``folder`` (symlinks not followed); the
+    walk stops once the total is above ``stop_above``."""
+    total, stack = 0, [str(folder)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+            if stop_above is not None and total > stop_above:
+                return total
+    return total
+
+
+def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
+    if limits.disk_mb is None:
+        return None
+    cap = limits.disk_mb * MiB
+
+    def check() -> tuple[str, str] | None:
+        if disk_used(workspace, cap) > cap:
+            return "disk", f"disk limit exceeded: the workspace holds more than {limits.disk_mb} MiB"
+        return None
+    return check
+
+
+def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Monitor:
+    disk = _disk_monitor(workspace, limits)
+
+    def check() -> tuple[str, str] | None:
+        hit = cg.exceeded()
+        if hit == "memory":
+            return "memory", (f"memory limit exceeded: the session used more than {limits.memory_mb} MiB "
+                              "(the kernel killed a process)")
+        if hit == "processes":
+            return "processes", (f"process limit exceeded: the session tried to run more than "
+                                 f"{limits.processes} processes/threads at once")
+        return disk() if disk else None
+    return check
+
+
+def _output_limit(limits: LimitsConfig) -> int | None:
+    return limits.output_mb * MiB if limits.output_mb is not None else None
+
+
+async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
+                      extra_env: dict[str, str], job_mode: str = "bwrap") -> RuntimeOutcome:
+    """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
+    env says ``none``). ``extra_env``: the env's variables plus the gateway key as
+    ``OPENAI_API_KEY``. Never raises except CancelledError."""
+    extra = {**{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **extra_env}
+    limits = cfg.runtime.limits
+    if effective_mode(cfg, job_mode) == "none":
+        t0 = time.monotonic()
+        env = {**extra, **session_env(request.gateway_base_url, extra)}
+        try:
+            out = await run_local(cfg.command(), request, workspace, cfg.runtime.timeout_s, env,
+                                  output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits))
+        except OSError as e:
+            out = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
+                                 error_text=f"cannot start runtime {cfg.command()[:3]}: {e}")
+        return out.model_copy(update={"sandbox": "none"})
+    return (await _run_sandboxed(cfg, request, workspace, extra)).model_copy(update={"sandbox": "bwrap"})
+
+
+def _setup_failed(t0: float, why: str) -> RuntimeOutcome:
+    return RuntimeOutcome(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
+                          error_text=f"sandbox setup failed: {why}")
+
+
+async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
+                         extra: dict[str, str]) -> RuntimeOutcome:
+    t0 = time.monotonic()
+    limits = cfg.runtime.limits
+    try:
+        support = sandbox_support()
+    except SandboxUnavailable as e:
+        return _setup_failed(t0, str(e))
+    sid = request.session_id
+    scratch = Path(tempfile.mkdtemp(prefix="rollout-sbx-"))
+    cg = SessionCgroup(support.memory, support.pids,
+                       limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes)
+    status_r, status_w = os.pipe()
+    os.set_blocking(status_r, False)
+    bridge = GatewayBridge(scratch / "gw.sock", request.gateway_base_url)  # URL checked by the scheduler
+    entered = False
+    try:
+        try:
+            await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
+            await bridge.__aenter__()
+            entered = True
+        except (OSError, BridgeError) as e:
+            return _setup_failed(t0, f"{type(e).__name__}: {e}")
+        rlimits = {"core": 0}
+        if limits.disk_mb is not None:
+            rlimits["fsize"] = limits.disk_mb * MiB + 1  # a file that reached this tried to go past the limit
+        if limits.memory_mb is not None and support.memory is None:
+            rlimits["as"] = limits.memory_mb * MiB
+        folders, files = code_folders(cfg)
+        spec = SandboxSpec(workspace=workspace, code=folders, files=[*shared_code(), *files],
+                           bridge_socket=bridge.socket_path, status_fd=status_w,
+                           tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits)
+        argv = bwrap_command(support, spec, cfg.command())
+        if cg.procs_files:  # join the session's cgroups before bwrap starts anything
+            join = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in cg.procs_files)
+            argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
+        url = inside_url(sid)
+        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **session_env(url, extra)})
+        try:
+            out = await run_local(argv, request.model_copy(update={"gateway_base_url": url}), workspace,
+                                  cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
+                                  output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits))
+        except OSError as e:
+            return _setup_failed(t0, f"cannot start bwrap: {e}")
+        started = _read_status(status_r)
+        if started != "started" and out.status != "timeout":
+            why = started.removeprefix("error: ") if started else (out.stderr_tail.strip()[-500:] or
+                                                                   f"exit code {out.returncode}")
+            return out.model_copy(update={"status": "error", "setup_failed": True, "result": None,
+                                          "limit_exceeded": None, "error_text": f"sandbox setup failed: {why}"})
+        return out
+    finally:
+        if entered:
+            await bridge.__aexit__(None, None, None)
+        await asyncio.to_thread(cg.remove)
+        for fd in (status_r, status_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _read_status(fd: int) -> str:
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    except BlockingIOError:
+        return ""
