@@ -184,13 +184,11 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
                        limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes)
     status_r, status_w = os.pipe()
     os.set_blocking(status_r, False)
-    bridge = GatewayBridge(scratch / "gw.sock", request.gateway_base_url)  # URL checked by the scheduler
-    entered = False
+    bridge: GatewayBridge | None = None
     try:
         try:
             await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
-            await bridge.__aenter__()
-            entered = True
+            bridge = await GatewayBridge(scratch / "gw.sock", request.gateway_base_url).__aenter__()
         except (OSError, BridgeError) as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
         rlimits = {"core": 0}
@@ -222,7 +220,7 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
                                           "limit_exceeded": None, "error_text": f"sandbox setup failed: {why}"})
         return out
     finally:
-        if entered:
+        if bridge is not None:
             await bridge.__aexit__(None, None, None)
         await asyncio.to_thread(cg.remove)
         for fd in (status_r, status_w):

@@ -1,0 +1,151 @@
+"""Per-session limits in the real bubblewrap sandbox: a fork bomb, a 10 GB file, a memory hog and a
+flood of output each end their session as ``error`` naming the limit (the launcher goes on), and a
+sandbox that cannot be set up is ``setup_failed``."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+from rollout.runner import run_runtime
+from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
+
+
+async def _run(tmp_path: Path, runtime: str, limits: dict[str, int], sid: str = "s1", timeout_s: float = 120):
+    cfg = make_env(tmp_path / "envs", "lim", runtime, runtime_cfg={"limits": limits, "timeout_s": timeout_s})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return await run_runtime(cfg, request(sid), ws, {}), ws
+
+
+FORK_BOMB = """
+import os, time
+while True:
+    try:
+        os.fork()
+    except OSError:
+        time.sleep(0.001)
+"""
+
+
+async def test_fork_bomb_is_stopped_by_the_process_limit(tmp_path: Path) -> None:
+    support = require_bwrap()
+    sid = f"fork-{uuid.uuid4().hex[:8]}"
+    out, _ = await _run(tmp_path, FORK_BOMB, {"processes": 32}, sid=sid)
+    assert (out.status, out.limit_exceeded, out.sandbox, out.setup_failed) == ("error", "processes", "bwrap", False)
+    assert out.error_text == "process limit exceeded: the session tried to run more than 32 processes/threads at once"
+    if support.pids is not None:  # its cgroup is gone, nothing left running in it
+        assert not list(support.pids.parent.glob(f"rollout-{sid}-*"))
+
+
+BIG_FILE = """
+import time
+chunk = b"x" * (1 << 20)
+with open("big.bin", "wb") as f:
+    for _ in range(10 * 1024):          # 10 GiB
+        try:
+            f.write(chunk)
+            f.flush()
+        except OSError as e:
+            print("write refused:", e, flush=True)
+            time.sleep(300)
+"""
+
+
+async def test_a_10_gb_file_is_stopped_early_by_the_disk_limit(tmp_path: Path) -> None:
+    require_bwrap()
+    out, ws = await _run(tmp_path, BIG_FILE, {"disk_mb": 8})
+    assert (out.status, out.limit_exceeded) == ("error", "disk")
+    assert out.error_text == "disk limit exceeded: the workspace holds more than 8 MiB"
+    # the per-file cap stopped the writes at the limit (one byte past it): nothing like 10 GB was written
+    assert (ws / "big.bin").stat().st_size == 8 * (1 << 20) + 1
+    assert "File too large" in out.stdout_tail
+
+
+MANY_FILES = """
+import time
+for i in range(5):
+    with open(f"part{i}.bin", "wb") as f:
+        f.write(b"y" * (3 << 20))
+time.sleep(300)
+"""
+
+
+async def test_many_files_under_the_per_file_cap_still_hit_the_disk_limit(tmp_path: Path) -> None:
+    require_bwrap()
+    out, ws = await _run(tmp_path, MANY_FILES, {"disk_mb": 8})
+    assert (out.status, out.limit_exceeded) == ("error", "disk")
+    assert sum(p.stat().st_size for p in ws.iterdir()) > 8 << 20
+
+
+MEMORY_HOG = """
+import time
+hog = bytearray(b"\\x01") * (1 << 30)   # 1 GiB, every page touched
+time.sleep(300)
+"""
+
+
+async def test_memory_hog_is_stopped_by_the_memory_limit(tmp_path: Path) -> None:
+    support = require_bwrap()
+    out, _ = await _run(tmp_path, MEMORY_HOG, {"memory_mb": 128})
+    if support.memory is None:  # RLIMIT_AS: the allocation fails inside, the runtime crashes
+        assert out.status == "error" and "MemoryError" in out.stderr_tail
+        return
+    assert (out.status, out.limit_exceeded) == ("error", "memory")
+    assert out.error_text == "memory limit exceeded: the session used more than 128 MiB (the kernel killed a process)"
+
+
+LOUD = """
+import sys, time
+for _ in range(3 * 1024):
+    sys.stderr.write("z" * 1024)
+sys.stderr.flush()
+time.sleep(300)
+"""
+
+
+async def test_output_flood_is_stopped_by_the_output_limit(tmp_path: Path) -> None:
+    require_bwrap()
+    out, _ = await _run(tmp_path, LOUD, {"output_mb": 1})
+    assert (out.status, out.limit_exceeded) == ("error", "output")
+    assert out.error_text == f"output limit exceeded: more than {1 << 20} bytes of stdout + stderr"
+
+
+HANG_WITH_ESCAPED_CHILD = """
+import subprocess, sys, time
+subprocess.Popen(["sleep", "300", "MARKER"], start_new_session=True)   # leaves the process group
+print("child started", file=sys.stderr, flush=True)
+time.sleep(300)
+"""
+
+
+async def test_timeout_kills_the_whole_sandbox_even_children_that_left_the_group(tmp_path: Path) -> None:
+    require_bwrap()
+    marker = f"sbx-{uuid.uuid4().hex}"
+    out, _ = await _run(tmp_path, HANG_WITH_ESCAPED_CHILD.replace("MARKER", marker), {}, timeout_s=3)
+    assert out.status == "timeout" and out.error_text == "runtime timed out after 3 s (killed)"
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert left == []
+
+
+async def test_a_runtime_that_cannot_start_is_a_setup_failure(tmp_path: Path) -> None:
+    require_bwrap()
+    cfg = make_env(tmp_path / "envs", "nostart", "", runtime_cfg={"command": ["/no/such/runtime", "x"]})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert (out.status, out.setup_failed, out.sandbox) == ("error", True, "bwrap")
+    assert out.error_text is not None
+    assert out.error_text.startswith("sandbox setup failed: cannot start runtime ['/no/such/runtime', 'x']")
+
+
+async def test_a_gateway_that_cannot_be_bridged_is_a_setup_failure(tmp_path: Path) -> None:
+    require_bwrap()
+    cfg = make_env(tmp_path / "envs", "nobridge", "print('never runs')")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(gateway="ftp://127.0.0.1/v1/sessions"), ws, {})
+    assert (out.status, out.setup_failed) == ("error", True)
+    assert out.error_text == ("sandbox setup failed: BridgeError: cannot bridge to gateway URL "
+                              "'ftp://127.0.0.1/v1/sessions/s1': need http(s)://HOST[:PORT]/...")
