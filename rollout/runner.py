@@ -148,9 +148,10 @@ def _output_limit(limits: LimitsConfig) -> int | None:
 async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                       extra_env: dict[str, str], job_mode: str = "bwrap") -> RuntimeOutcome:
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
-    env says ``none``). ``extra_env``: the env's variables plus the gateway key as
-    ``OPENAI_API_KEY``. Never raises except CancelledError."""
-    extra = {**{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **extra_env}
+    env says ``none``). Its variables: ``pass_env`` names copied from this process, then the env's
+    ``runtime.env``, then ``extra_env`` (the scheduler's: the gateway key as ``OPENAI_API_KEY``),
+    then the session's (``session_env``). Never raises except CancelledError."""
+    extra = {**{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env, **extra_env}
     limits = cfg.runtime.limits
     if effective_mode(cfg, job_mode) == "none":
         t0 = time.monotonic()

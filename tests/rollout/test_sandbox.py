@@ -1,0 +1,227 @@
+"""The sandbox's pieces: the bwrap command (what is bound, what never is), the clean environment,
+the code a runtime needs, the machine check and its messages, cgroup detection and limits on
+a cgroup-shaped folder, the env config keys, the report's footer and records."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import rollout.job
+from rollout import cgroups
+from rollout.cgroups import Controller, SessionCgroup
+from rollout.envs import EnvConfigError, LimitsConfig
+from rollout.job import JobOptions, SetupError, check_sandbox
+from rollout.report import SessionRecord, table_footer
+from rollout.runner import CODE_ROOT, code_folders, disk_used, effective_mode, session_env, shared_code
+from rollout.sandbox import (
+    BRIDGE_SOCKET,
+    FORWARDER,
+    WORKSPACE,
+    SandboxSpec,
+    SandboxUnavailable,
+    Support,
+    bwrap_command,
+    clean_env,
+    probe,
+)
+from tests.rollout.sandbox_helpers import make_env, require_bwrap
+
+
+def _binds(argv: list[str]) -> dict[str, tuple[str, str]]:
+    """dest -> (kind, src) of every bind in a bwrap command line."""
+    out: dict[str, tuple[str, str]] = {}
+    for i, a in enumerate(argv):
+        if a in ("--ro-bind", "--bind"):
+            out[argv[i + 2]] = (a, argv[i + 1])
+        if a == "--":
+            break
+    return out
+
+
+def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None:
+    cfg = make_env(tmp_path / "envs", "e", "print(1)", hidden=["answer"])
+    (cfg.env_dir / "helper.py").write_text("")
+    (cfg.env_dir / "tasks").mkdir()
+    folders, files = code_folders(cfg)
+    spec = SandboxSpec(workspace=tmp_path / "ws", code=folders, files=[*shared_code(), *files],
+                       bridge_socket=tmp_path / "gw.sock", status_fd=7, tmp_bytes=1024, rlimits={"fsize": 99})
+    argv = bwrap_command(Support(bwrap="/usr/bin/bwrap"), spec, cfg.command())
+    binds = _binds(argv)
+    assert binds[WORKSPACE] == ("--bind", str(tmp_path / "ws"))  # the only writable bind
+    assert [d for d, (kind, _) in binds.items() if kind == "--bind"] == [WORKSPACE]
+    assert binds[BRIDGE_SOCKET] == ("--ro-bind", str(tmp_path / "gw.sock"))
+    env_dir = str(cfg.env_dir)
+    assert binds[f"{env_dir}/runtime.py"][0] == "--ro-bind" and f"{env_dir}/helper.py" in binds
+    assert f"{env_dir}/env.yaml" in binds
+    assert not [d for d in binds if d.startswith((f"{env_dir}/data", f"{env_dir}/tasks"))]
+    assert binds[str(CODE_ROOT / "env" / "runtime_kit.py")][0] == "--ro-bind"
+    assert binds[str(CODE_ROOT / "rollout" / "protocol.py")][0] == "--ro-bind"
+    assert not [d for d in binds if d in (str(CODE_ROOT), str(CODE_ROOT / "env"), str(CODE_ROOT / "rollout"))]
+    assert not [d for d in binds if d.startswith(str(CODE_ROOT / "env" / "workspace"))]  # another env
+    etc = sorted(d for d in binds if d.startswith("/etc"))
+    assert "/etc/passwd" in etc and not [d for d in etc if d.split("/")[2] in
+                                         ("shadow", "gshadow", "ssh", "sudoers", "pip.conf", "gitconfig")]
+    assert binds[sys.base_prefix][0] == "--ro-bind"
+    for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"):
+        assert flag in argv
+    assert argv[argv.index("--uid") + 1] == "65534" and argv[argv.index("--cap-drop") + 1] == "ALL"
+    # private /tmp first (a code folder under the host's /tmp is bound on top), its size capped
+    assert argv.index("--tmpfs") < argv.index("--ro-bind")
+    assert argv[argv.index("--tmpfs") - 2:argv.index("--tmpfs") + 2] == ["--size", "1024", "--tmpfs", "/tmp"]
+    tail = argv[argv.index("--") + 1:]
+    assert tail[:4] == [sys.executable, "-I", "-S", FORWARDER]
+    assert tail[6:9] == ["7", "fsize=99", "--"] and tail[9:] == cfg.command()
+
+
+def test_a_runtime_file_in_another_env_folder_brings_that_folder_minus_its_data(tmp_path: Path) -> None:
+    cfg = make_env(tmp_path / "envs", "e", "", runtime_cfg={
+        "command": ["{python}", str(CODE_ROOT / "env" / "gsm8k" / "runtime.py"), "/no/such/path"]})
+    folders, files = code_folders(cfg)
+    gsm8k = CODE_ROOT / "env" / "gsm8k"
+    assert [f for f, _ in folders] == [cfg.env_dir, gsm8k] and files == []
+    spec = SandboxSpec(workspace=tmp_path, code=folders, files=[], bridge_socket=tmp_path / "s", status_fd=3,
+                       tmp_bytes=None)
+    binds = _binds(bwrap_command(Support(bwrap="bwrap"), spec, cfg.command()))
+    assert str(gsm8k / "runtime.py") in binds and str(gsm8k / "rule_evaluator.py") in binds
+    assert not [d for d in binds if d.startswith(str(gsm8k / "data"))]
+
+
+def test_clean_env_keeps_the_allow_list_and_the_session_only() -> None:
+    source = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "AWS_SECRET_ACCESS_KEY": "x",
+              "GATEWAY_API_KEY": "host-key", "HOME": "/root", "PYTHONPATH": "/work/repo"}
+    env = clean_env(session_env("http://127.0.0.1:41800/v1/sessions/s", {"OPENAI_API_KEY": "gw-key"}), source)
+    assert env == {
+        "PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "HOME": "/workspace", "TMPDIR": "/tmp",
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "OPENAI_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
+        "ANTHROPIC_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
+        "GATEWAY_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
+        "OPENAI_API_KEY": "gw-key", "ANTHROPIC_API_KEY": "gw-key", "GATEWAY_API_KEY": "gw-key"}
+
+
+def test_probe_of_a_missing_or_broken_bwrap_says_how_to_fix_it(tmp_path: Path) -> None:
+    with pytest.raises(SandboxUnavailable) as missing:
+        probe(bwrap=str(tmp_path / "no-bwrap"))
+    assert "apt-get install bubblewrap" in str(missing.value) and "--sandbox none" in str(missing.value)
+    with pytest.raises(SandboxUnavailable) as broken:
+        probe(bwrap="/bin/false")
+    assert "cannot create a sandbox here (exit code 1)" in str(broken.value)
+    assert "--sandbox none" in str(broken.value)
+
+
+def test_probe_finds_a_working_bwrap() -> None:
+    support = require_bwrap()
+    assert Path(support.bwrap).name == "bwrap"
+    assert set(support.mechanisms()) == {"memory", "processes", "disk", "output"}
+
+
+def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = make_env(tmp_path / "envs", "e", "")
+
+    def unavailable() -> Support:
+        return probe(bwrap=str(tmp_path / "no-bwrap"))
+    monkeypatch.setattr(rollout.job, "sandbox_support", unavailable)
+    opts = JobOptions(gateway_config=tmp_path / "gw.yaml")
+    with pytest.raises(SetupError, match="apt-get install bubblewrap"):
+        check_sandbox(opts, [cfg])
+    # opting out needs no bubblewrap, and says so
+    check_sandbox(opts.model_copy(update={"sandbox": "none"}), [cfg])
+    assert "warning: no sandbox for env(s) e" in capsys.readouterr().err
+    bare = make_env(tmp_path / "envs", "bare", "", runtime_cfg={"sandbox": "none"})
+    assert effective_mode(bare, "bwrap") == "none" and effective_mode(cfg, "bwrap") == "bwrap"
+    check_sandbox(opts, [bare])
+
+
+def test_env_config_limits_and_sandbox_keys(tmp_path: Path) -> None:
+    cfg = make_env(tmp_path / "envs", "e", "", runtime_cfg={
+        "limits": {"memory_mb": 256, "processes": 64, "output_mb": 2, "disk_mb": None}, "pass_env": ["HF_TOKEN"]})
+    assert cfg.runtime.limits == LimitsConfig(memory_mb=256, processes=64, output_mb=2, disk_mb=None)
+    assert cfg.runtime.pass_env == ["HF_TOKEN"] and cfg.runtime.sandbox is None
+    assert LimitsConfig() == LimitsConfig(memory_mb=4096, processes=512, output_mb=64, disk_mb=4096)
+    with pytest.raises(EnvConfigError, match="memory_gb"):
+        make_env(tmp_path / "envs2", "e", "", runtime_cfg={"limits": {"memory_gb": 1}})
+    with pytest.raises(EnvConfigError, match="sandbox"):
+        make_env(tmp_path / "envs3", "e", "", runtime_cfg={"sandbox": "docker"})
+
+
+def test_disk_used_counts_files_not_symlinks_and_stops_early(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x" * 100)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b").write_bytes(b"y" * 50)
+    (tmp_path / "link").symlink_to("/usr/bin/env")
+    assert disk_used(tmp_path) == 150
+    assert disk_used(tmp_path, stop_above=10) in (50, 100, 150)
+
+
+MOUNTINFO = """\
+30 1 0:26 / {root}/v1mem rw,nosuid shared:9 - cgroup cgroup rw,memory
+31 1 0:27 / {root}/v1pids rw,nosuid shared:10 - cgroup cgroup rw,pids
+32 1 0:28 / {root}/unified rw,nosuid shared:11 - cgroup2 cgroup2 rw
+"""
+
+
+def test_detect_prefers_a_delegated_cgroup2_and_falls_back_to_v1(tmp_path: Path) -> None:
+    for d in ("v1mem/job", "v1pids", "unified/job"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "unified/job/cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "unified/job/cgroup.subtree_control").write_text("memory\n")
+    own = "4:memory:/job\n8:pids:/\n0::/job\n"
+    found = cgroups.detect(MOUNTINFO.format(root=tmp_path), own)
+    assert found == {"memory": Controller("memory", 2, tmp_path / "unified/job"),
+                     "pids": Controller("pids", 1, tmp_path / "v1pids")}
+    assert found["memory"].mechanism == "cgroup v2 memory.max"
+    assert found["pids"].mechanism == "cgroup v1 pids.max"
+    assert cgroups.detect("", "") == {}
+
+
+def test_session_cgroup_writes_limits_reads_events_and_removes(tmp_path: Path) -> None:
+    mem, pids = Controller("memory", 2, tmp_path), Controller("pids", 2, tmp_path)
+    cg = SessionCgroup(mem, pids, memory_bytes=64 << 20, max_processes=32)
+    cg.create("rollout-s1")
+    d = tmp_path / "rollout-s1"
+    assert (d / "memory.max").read_text() == str(64 << 20) and (d / "pids.max").read_text() == "32"
+    assert cg.procs_files == [d / "cgroup.procs"] and cg.exceeded() is None
+    (d / "pids.events").write_text("max 3\n")
+    assert cg.exceeded() == "processes"
+    (d / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    assert cg.exceeded() == "memory"
+    for f in d.iterdir():  # a real cgroup directory has no files to delete; this fake one does
+        f.unlink()
+    assert cg.remove(timeout_s=5) and not d.exists()
+
+
+def test_session_cgroup_v1_files(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "p").mkdir()
+    cg = SessionCgroup(Controller("memory", 1, tmp_path / "m"), Controller("pids", 1, tmp_path / "p"),
+                       memory_bytes=1 << 30, max_processes=8)
+    cg.create("s")
+    assert (tmp_path / "m/s/memory.limit_in_bytes").read_text() == str(1 << 30)
+    assert cg.procs_files == [tmp_path / "m/s/cgroup.procs", tmp_path / "p/s/cgroup.procs"]
+    (tmp_path / "m/s/memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert cg.exceeded() == "memory"
+
+
+def _record(env: str, sandbox: str | None) -> SessionRecord:
+    return SessionRecord(session_id=f"{env}-{sandbox}", job_id="j", env_name=env, case_id="0", group_id="g",
+                         model="m", sample_index=0, status="succeeded", sandbox=sandbox)
+
+
+def test_footer_warns_about_sessions_run_without_a_sandbox() -> None:
+    assert table_footer([_record("a", "bwrap"), _record("b", None)]) is None
+    footer = table_footer([_record("a", "none"), _record("a", "none"), _record("b", "none"), _record("c", "bwrap")])
+    assert footer == ("warning: 3 sessions ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: "
+                      "none): a (2), b (1). Their runtimes could read the host's files and environment and reach "
+                      "its network; their scores may not be trustworthy as rewards.")
+
+
+def test_forwarder_uses_only_the_standard_library() -> None:
+    source = (CODE_ROOT / "rollout" / "sandbox_forwarder.py").read_text()
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imports == {"os", "resource", "socket", "subprocess", "sys", "threading"}
+    assert os.access(CODE_ROOT / "rollout" / "sandbox_forwarder.py", os.R_OK)
