@@ -1,18 +1,26 @@
-"""The gateway bridge of a sandboxed session: a Unix socket served by the launcher that relays each
-connection, byte for byte, to the gateway's host and port (TLS when the gateway URL is https).
+"""The gateway bridge of a sandboxed session: a Unix socket served by the launcher that relays HTTP
+requests to the gateway, only those under the session's own URL prefix.
 
 The socket file is bound into the session's sandbox (which has no network of its own); the
 forwarder inside (``rollout/sandbox_forwarder.py``) listens on a loopback port and relays to it.
+Each request is parsed (h11) and its target checked: ``<prefix>`` or ``<prefix>/...`` (the
+prefix is the session URL's path, ``/v1/sessions/<sid>``), no ``%``, no dot segments, not
+``<prefix>/close`` (the launcher closes sessions). Anything else gets a 403 and the connection is
+closed; so a runtime cannot make sessionless (unrecorded) calls or reach another session. Answers
+are relayed byte for byte as they arrive (streams stay streams).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import h11
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +29,48 @@ class BridgeError(RuntimeError):
     """The bridge cannot be set up (bad gateway URL, socket path unusable)."""
 
 
-def gateway_address(url: str) -> tuple[str, int, bool]:
-    """(host, port, tls) of a gateway URL such as ``http://127.0.0.1:8000/v1/sessions/s1``.
+def gateway_address(url: str) -> tuple[str, int, bool, str]:
+    """(host, port, tls, path) of a session URL such as ``http://127.0.0.1:8000/v1/sessions/s1``.
     Raises BridgeError for a scheme other than http/https or a URL without a host."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BridgeError(f"cannot bridge to gateway URL {url!r}: need http(s)://HOST[:PORT]/...")
     tls = parts.scheme == "https"
-    return parts.hostname, parts.port or (443 if tls else 80), tls
+    return parts.hostname, parts.port or (443 if tls else 80), tls, parts.path.rstrip("/")
+
+
+def refusal(target: bytes, prefix: str) -> str | None:
+    """Why a request target is refused (None: allowed), see the module docstring."""
+    path = target.split(b"?", 1)[0].decode("latin-1")
+    if "%" in path or "\\" in path or any(seg in (".", "..") for seg in path.split("/")) or "//" in path:
+        return f"request path {path!r} is not a plain path"
+    if path != prefix and not path.startswith(prefix + "/"):
+        return f"only this session's URL ({prefix}/...) is reachable from the sandbox, not {path!r}"
+    if path == prefix + "/close":
+        return "the launcher closes the session; a runtime cannot"
+    return None
+
+
+def _error(status: int, message: str) -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": "sandbox_forbidden" if status == 403 else "bad_request"}}).encode()
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    conn.next_event()
+    conn.next_event()
+    return b"".join([
+        conn.send(h11.Response(status_code=status, headers=[("content-type", "application/json"),
+                                                            ("content-length", str(len(body))),
+                                                            ("connection", "close")])) or b"",
+        conn.send(h11.Data(data=body)) or b"", conn.send(h11.EndOfMessage()) or b""])
+
+
+async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> object:
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        conn.receive_data(await reader.read(65536))
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -36,22 +78,25 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
     except (ConnectionError, OSError):
-        pass  # the other side went away; the relay ends with this connection
+        pass  # the client went away; the relay ends with this connection
+    writer.close()  # the gateway closed: so does the client's connection (it sees EOF, not a dead socket)
 
 
 class GatewayBridge:
-    """``async with GatewayBridge(socket_path, gateway_url):`` serves ``socket_path`` while open.
-    Connections still open at exit are closed. Raises BridgeError from ``__aenter__``."""
+    """``async with GatewayBridge(socket_path, session_url):`` serves ``socket_path`` while open.
+    Connections still open at exit are closed. Raises BridgeError (from the constructor for a bad
+    URL, from ``__aenter__`` when the socket cannot be served)."""
 
-    def __init__(self, socket_path: Path, gateway_url: str) -> None:
+    def __init__(self, socket_path: Path, session_url: str) -> None:
         self.socket_path = socket_path
-        self.host, self.port, tls = gateway_address(gateway_url)
+        self.host, self.port, tls, self.prefix = gateway_address(session_url)
         self._ssl = ssl.create_default_context() if tls else None
+        default = 443 if tls else 80
+        self._host_header = (self.host if self.port == default else f"{self.host}:{self.port}").encode()
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self.refused = 0
 
     async def __aenter__(self) -> GatewayBridge:
         try:
@@ -75,17 +120,63 @@ class GatewayBridge:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
+        up_w: asyncio.StreamWriter | None = None
+        back: asyncio.Task[None] | None = None
         try:
-            try:
-                up_r, up_w = await asyncio.open_connection(
-                    self.host, self.port, ssl=self._ssl, server_hostname=self.host if self._ssl else None)
-            except OSError as e:
-                log.warning("gateway bridge: cannot reach %s:%s: %s", self.host, self.port, e)
-                return
-            try:
-                await asyncio.gather(_pump(reader, up_w), _pump(up_r, writer))
-            finally:
-                up_w.close()
+            leftover = b""
+            while back is None or not back.done():
+                conn = h11.Connection(h11.SERVER)  # one per request: answers are relayed raw, not parsed
+                if leftover:  # (receive_data(b"") would mean EOF)
+                    conn.receive_data(leftover)
+                request = await _next_event(conn, reader)
+                if not isinstance(request, h11.Request):  # the client closed the connection
+                    if up_w is not None and back is not None:
+                        up_w.write_eof()
+                        await back
+                    return
+                why = refusal(request.target, self.prefix)
+                if why is not None:
+                    self.refused += 1
+                    log.warning("gateway bridge refused %s %r: %s", request.method, request.target, why)
+                    writer.write(_error(403, why))
+                    await writer.drain()
+                    return
+                if up_w is None:
+                    try:
+                        up_r, up_w = await asyncio.open_connection(
+                            self.host, self.port, ssl=self._ssl, server_hostname=self.host if self._ssl else None)
+                    except OSError as e:
+                        log.warning("gateway bridge: cannot reach %s:%s: %s", self.host, self.port, e)
+                        return
+                    back = asyncio.create_task(_pump(up_r, writer))
+                out = h11.Connection(h11.CLIENT)
+                headers = [(k, self._host_header if k == b"host" else v) for k, v in request.headers]
+                up_w.write(out.send(h11.Request(method=request.method, target=request.target,
+                                                headers=headers)) or b"")
+                while True:
+                    event = await _next_event(conn, reader)
+                    if isinstance(event, h11.Data):
+                        up_w.write(out.send(h11.Data(data=event.data)) or b"")
+                        await up_w.drain()
+                    elif isinstance(event, h11.EndOfMessage):
+                        up_w.write(out.send(h11.EndOfMessage()) or b"")
+                        await up_w.drain()
+                        break
+                    else:
+                        return  # the client went away mid-request
+                leftover = conn.trailing_data[0]
+        except h11.RemoteProtocolError as e:
+            with contextlib.suppress(ConnectionError, OSError):
+                writer.write(_error(400, f"malformed HTTP request: {e}"))
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass  # either side went away: this connection ends
         finally:
+            if back is not None and not back.done():
+                back.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await back
+            if up_w is not None:
+                up_w.close()
             writer.close()
             self._conns.discard(task)

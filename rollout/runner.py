@@ -205,7 +205,7 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
         if cg.procs_files:  # join the session's cgroups before bwrap starts anything
             join = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in cg.procs_files)
             argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
-        url = inside_url(sid)
+        url = inside_url(request.gateway_base_url)
         env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **session_env(url, extra)})
         try:
             out = await run_local(argv, request.model_copy(update={"gateway_base_url": url}), workspace,

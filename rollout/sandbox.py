@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rollout import cgroups
 from rollout.cgroups import Controller
@@ -193,6 +194,6 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
             "--", *command]
 
 
-def inside_url(session_id: str) -> str:
-    """The session URL as a runtime in the sandbox sees it."""
-    return f"http://127.0.0.1:{GATEWAY_PORT}/v1/sessions/{session_id}"
+def inside_url(session_url: str) -> str:
+    """The session URL as a runtime in the sandbox sees it: the same path on the loopback port."""
+    return f"http://127.0.0.1:{GATEWAY_PORT}{urlsplit(session_url).path}"

@@ -93,6 +93,21 @@ client = openai.OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.enviro
 found["gateway_answer"] = client.chat.completions.create(
     model=req["model"], messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
 found["gateway_url"] = req["gateway_base_url"]
+stream = client.chat.completions.create(model=req["model"], messages=[{"role": "user", "content": "hi"}], stream=True)
+found["streamed"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+import http.client, urllib.parse
+base = urllib.parse.urlsplit(req["gateway_base_url"])
+def post(path):
+    c = http.client.HTTPConnection(base.hostname, base.port, timeout=30)
+    c.request("POST", path, body=json.dumps({"model": req["model"], "messages": [{"role": "user", "content": "x"}]}),
+              headers={"content-type": "application/json"})
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    return r.status
+found["sessionless_call"] = post("/v1/chat/completions")
+found["other_session_call"] = post("/v1/sessions/someone-else/chat/completions")
+found["close_own_session"] = post(base.path + "/close")
 print(json.dumps({"session_id": req["session_id"], "status": "succeeded", "metrics": found}))
 '''
 
@@ -118,7 +133,7 @@ def _envs(root: Path, db: Path, port: int) -> Path:
     return repo_task
 
 
-async def _attack(tmp_path: Path, *extra: str) -> tuple[dict, dict, str, int]:  # type: ignore[type-arg]
+async def _attack(tmp_path: Path, *extra: str) -> tuple[dict, dict, str, int, list[str]]:  # type: ignore[type-arg]
     connections: list[int] = []
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -136,6 +151,7 @@ async def _attack(tmp_path: Path, *extra: str) -> tuple[dict, dict, str, int]:  
                 "--agent-root", str(tmp_path / "envs"), "--env", "evil", "--gateway-config", str(cfg),
                 "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--job-id", "attack", "--out", str(out),
                 *extra, cwd=tmp_path, env={**os.environ, "ROLLOUT_TEST_SECRET": SECRET})
+            upstream = [r.path for r in up.requests]
     finally:
         server.close()
         await server.wait_closed()
@@ -146,12 +162,12 @@ async def _attack(tmp_path: Path, *extra: str) -> tuple[dict, dict, str, int]:  
         (result,) = con.execute("SELECT result FROM job_environments WHERE job_id = 'attack'").fetchone()
     finally:
         con.close()
-    return json.loads(result)["metrics"], record, stdout + stderr, len(connections)
+    return json.loads(result)["metrics"], record, stdout + stderr, len(connections), upstream
 
 
 async def test_malicious_runtime_gets_nothing_in_the_sandbox(tmp_path: Path) -> None:
     require_bwrap()
-    found, record, output, host_connections = await _attack(tmp_path)
+    found, record, output, host_connections, upstream = await _attack(tmp_path)
     assert record["sandbox"] == "bwrap" and record["status"] == "succeeded"
     assert found["row_keys"] == ["answer_marker", "db", "expected_marker", "host_port", "id", "repo_task",
                                  "secret_value"]  # the hidden field was never sent
@@ -174,17 +190,22 @@ async def test_malicious_runtime_gets_nothing_in_the_sandbox(tmp_path: Path) -> 
     # the gateway is reachable through the bridge, and the call was recorded for this session
     assert found["gateway_answer"] == DEFAULT_TEXT
     assert found["gateway_url"] == f"http://127.0.0.1:41800/v1/sessions/{record['session_id']}"
-    assert record["step_count"] == 1 and record["trajectory"][0]["content"] == DEFAULT_TEXT
+    assert found["streamed"] == DEFAULT_TEXT  # a streamed answer through the bridge too
+    assert record["step_count"] == 2 and record["trajectory"][0]["content"] == DEFAULT_TEXT
+    # only its own session is reachable: no sessionless (unrecorded) call, no other session, no close
+    assert (found["sessionless_call"], found["other_session_call"], found["close_own_session"]) == (403, 403, 403)
+    assert len([r for r in upstream if r.endswith("/chat/completions")]) == 2
     assert "WITHOUT a sandbox" not in output
 
 
 async def test_without_the_sandbox_the_same_probes_succeed_and_it_is_reported(tmp_path: Path) -> None:
-    found, record, output, host_connections = await _attack(tmp_path, "--sandbox", "none")
+    found, record, output, host_connections, _ = await _attack(tmp_path, "--sandbox", "none")
     assert record["sandbox"] == "none"
     assert EXPECTED in found["other_env_expected"]
     assert ANSWER in found["own_dataset"]
     assert found["secret_in_environ"] == ["ROLLOUT_TEST_SECRET"]
     assert found["host_loopback"] == "connected" and host_connections == 1
     assert found["gateway_answer"] == DEFAULT_TEXT
+    assert found["sessionless_call"] == 200  # unsandboxed, the model can be used off the record
     assert "warning: 1 sessions ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: none): " \
            "evil (1)." in output

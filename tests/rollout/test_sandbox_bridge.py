@@ -1,0 +1,91 @@
+"""The gateway bridge on its own: a real Unix socket, a real HTTP server behind it (the fake
+upstream standing in for the gateway), real clients. Requests under the session's prefix are
+relayed (keep-alive, chunked bodies, streamed answers, the Host header rewritten); anything else is
+refused with a 403 and never reaches the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rollout.bridge import BridgeError, GatewayBridge, gateway_address, refusal
+from tests.fake_upstream import DONE, FakeUpstream, Reply, chat_chunk
+
+PREFIX = "/v1/sessions/s1"
+
+
+@pytest.mark.parametrize("target, why", [
+    (b"/v1/sessions/s1", None),
+    (b"/v1/sessions/s1/chat/completions", None),
+    (b"/v1/sessions/s1/v1/messages?beta=true", None),
+    (b"/v1/chat/completions", "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, "
+                              "not '/v1/chat/completions'"),
+    (b"/v1/sessions/s12/chat/completions", "only this session's URL (/v1/sessions/s1/...) is reachable from the "
+                                           "sandbox, not '/v1/sessions/s12/chat/completions'"),
+    (b"/v1/sessions/s1/../s2/chat/completions", "request path '/v1/sessions/s1/../s2/chat/completions' is not a "
+                                                "plain path"),
+    (b"/v1/sessions/s1/%2e%2e/s2", "request path '/v1/sessions/s1/%2e%2e/s2' is not a plain path"),
+    (b"/v1/sessions/s1//x", "request path '/v1/sessions/s1//x' is not a plain path"),
+    (b"/v1/sessions/s1/close", "the launcher closes the session; a runtime cannot"),
+    (b"/metrics", "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, not '/metrics'"),
+])
+def test_refusal(target: bytes, why: str | None) -> None:
+    assert refusal(target, PREFIX) == why
+
+
+def test_gateway_address() -> None:
+    assert gateway_address("http://127.0.0.1:8000/v1/sessions/s1") == ("127.0.0.1", 8000, False, PREFIX)
+    assert gateway_address("https://gw.example/base/v1/sessions/s1/") == ("gw.example", 443, True,
+                                                                          "/base/v1/sessions/s1")
+    with pytest.raises(BridgeError, match="need http"):
+        gateway_address("unix:///x")
+
+
+async def test_bridge_relays_session_requests_and_refuses_the_rest(tmp_path: Path) -> None:
+    sock = tmp_path / "gw.sock"
+    async with FakeUpstream() as up:
+        up.script(f"{PREFIX}/chat/completions", [
+            Reply.json({"n": 1}), Reply.sse([chat_chunk("Hi"), chat_chunk(" there"), DONE]), Reply.json({"n": 3})])
+        origin = up.base_url.removesuffix("/v1")
+        async with GatewayBridge(sock, f"{origin}{PREFIX}") as bridge:
+            transport = httpx.AsyncHTTPTransport(uds=str(sock))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:41800") as client:
+                first = await client.post(f"{PREFIX}/chat/completions", json={"a": 1})
+                async with client.stream("POST", f"{PREFIX}/chat/completions", json={"stream": True}) as r:
+                    streamed = b"".join([chunk async for chunk in r.aiter_raw()])
+
+                async def chunked_body():  # type: ignore[no-untyped-def]
+                    yield b'{"parts": '
+                    yield b'"two"}'
+                third = await client.post(f"{PREFIX}/chat/completions", content=chunked_body())
+                refused = await client.post("/v1/chat/completions", json={"sneaky": True})
+            assert bridge.refused == 1
+    assert (first.status_code, first.json()) == (200, {"n": 1})
+    assert b'"content":"Hi"' in streamed.replace(b": ", b":") and streamed.rstrip().endswith(b"data: [DONE]")
+    assert (third.status_code, third.json()) == (200, {"n": 3})
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "sandbox_forbidden"
+    # what reached the server: the three session calls, on one connection, with bodies intact
+    assert [r.path for r in up.requests] == [f"{PREFIX}/chat/completions"] * 3
+    assert [r.json for r in up.requests] == [{"a": 1}, {"stream": True}, {"parts": "two"}]
+    assert up.requests[0].headers["host"] == origin.removeprefix("http://")
+    assert up.connections_opened == 1
+    assert not sock.exists()
+
+
+async def test_bridge_answers_malformed_requests_with_400(tmp_path: Path) -> None:
+    sock = tmp_path / "gw.sock"
+    async with FakeUpstream() as up, GatewayBridge(sock, f"{up.base_url.removesuffix('/v1')}{PREFIX}"):
+        reader, writer = await asyncio.open_unix_connection(str(sock))
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=30)
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(body)["error"]["code"] == "bad_request"
+    assert up.requests == []
