@@ -149,10 +149,12 @@ class Binds:
 
 def clean_env(session: dict[str, str], source: dict[str, str] | None = None) -> dict[str, str]:
     """The sandbox's whole environment: the allow-listed variables of ``source`` (default: this
-    process's environment), HOME/TMPDIR/PYTHONUNBUFFERED, then ``session`` (wins)."""
+    process's environment; PATH with the interpreter's folder first), HOME/TMPDIR/PYTHONUNBUFFERED,
+    then ``session`` (wins)."""
     src = os.environ if source is None else source
     env = {k: v for k, v in src.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)}
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    # the launcher's interpreter first: `python3` in a tool call is the same Python as the runtime's
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
     env.update({"HOME": WORKSPACE, "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
     env.update(session)
     return env

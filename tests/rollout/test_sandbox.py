@@ -95,7 +95,7 @@ def test_clean_env_keeps_the_allow_list_and_the_session_only() -> None:
               "GATEWAY_API_KEY": "host-key", "HOME": "/root", "PYTHONPATH": "/work/repo"}
     env = clean_env(session_env("http://127.0.0.1:41800/v1/sessions/s", {"OPENAI_API_KEY": "gw-key"}), source)
     assert env == {
-        "PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "HOME": "/workspace", "TMPDIR": "/tmp",
+        "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "HOME": "/workspace", "TMPDIR": "/tmp",
         "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "OPENAI_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
         "ANTHROPIC_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
