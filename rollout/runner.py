@@ -13,6 +13,7 @@ import functools
 import os
 import shlex
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -58,16 +59,19 @@ def shared_code() -> list[Path]:
 
 def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
     """(folders with their hidden paths, single files) a runtime's command needs read-only: its
-    env folder, and for each absolute path in the command that exists outside the interpreter,
-    the env folder holding it (``<root>/env/<name>/``) or the path itself."""
+    env folder, and for each absolute path of an existing *file* in the command (folders never:
+    an argument like ``/`` must not bind the host), the env folder holding it
+    (``<root>/env/<name>/``) or the file itself (the interpreter's files are bound anyway)."""
     folders: list[tuple[Path, list[Path]]] = [(cfg.env_dir, cfg.hidden_paths())]
     files: list[Path] = []
     env_root = CODE_ROOT / "env"
-    for arg in cfg.command()[1:]:
+    for arg in cfg.command():
         p = Path(arg)
-        if not p.is_absolute() or not p.exists() or p.resolve().is_relative_to(cfg.env_dir.resolve()):
+        if not p.is_absolute() or not p.is_file() or p.resolve().is_relative_to(cfg.env_dir.resolve()):
             continue
         p = p.resolve()
+        if any(p.is_relative_to(Path(d).resolve()) for d in (sys.prefix, sys.base_prefix)):
+            continue  # the interpreter: bound anyway
         if p.is_relative_to(env_root) and p != env_root and len(p.relative_to(env_root).parts) >= 2:
             folder = env_root / p.relative_to(env_root).parts[0]
             hidden = [folder / "data", folder / "tasks"]
@@ -75,8 +79,6 @@ def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Pa
                 with contextlib.suppress(EnvConfigError):
                     hidden += load_env_config(folder / "env.yaml").hidden_paths()
             folders.append((folder, hidden))
-        elif p.is_dir():
-            folders.append((p, []))
         else:
             files.append(p)
     return folders, files
@@ -223,7 +225,7 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
     finally:
         if bridge is not None:
             await bridge.__aexit__(None, None, None)
-        await asyncio.to_thread(cg.remove)
+        await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
         for fd in (status_r, status_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -136,7 +136,12 @@ class Binds:
         entry that is (or holds) a hidden path is left out whole."""
         folder = folder.resolve()
         hide = [h.resolve() for h in hidden]
-        if any(folder.is_relative_to(c) for c in self.covered):
+        if any(folder.is_relative_to(h) for h in hide):
+            return  # all of it is hidden (a dataset path of "."): nothing to bind
+        if any(folder.is_relative_to(c) for c in self.covered):  # inside a system folder: cover the hidden paths
+            for h in hide:
+                if h.exists() and h.is_relative_to(folder):
+                    self.args += ["--tmpfs", str(h)] if h.is_dir() else ["--ro-bind", "/dev/null", str(h)]
             return
         self.args += ["--dir", str(folder)]
         for entry in sorted(folder.iterdir()):

@@ -47,8 +47,8 @@ class RunSettings:
     (None = the env's ``max_steps``), concurrency, evaluation switch and timeout (seconds), and
     the folder that holds the sessions' workspaces (None: the system temp folder), and the
     gateway's API key (None: its auth is off): sent on the launcher's own calls (session close)
-    and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; a runtime using
-    another client can read ``GATEWAY_API_KEY``, which it inherits when set). ``sandbox``:
+    and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; also as
+    ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``, see ``rollout.runner.session_env``). ``sandbox``:
     ``bwrap`` (each runtime in a bubblewrap sandbox) or ``none`` (see ``rollout.runner``)."""
 
     job_id: str

@@ -21,6 +21,7 @@ from rollout.sandbox import (
     BRIDGE_SOCKET,
     FORWARDER,
     WORKSPACE,
+    Binds,
     SandboxSpec,
     SandboxUnavailable,
     Support,
@@ -79,7 +80,8 @@ def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None
 
 def test_a_runtime_file_in_another_env_folder_brings_that_folder_minus_its_data(tmp_path: Path) -> None:
     cfg = make_env(tmp_path / "envs", "e", "", runtime_cfg={
-        "command": ["{python}", str(CODE_ROOT / "env" / "gsm8k" / "runtime.py"), "/no/such/path"]})
+        "command": ["{python}", str(CODE_ROOT / "env" / "gsm8k" / "runtime.py"), "/no/such/path", "/",
+                    str(CODE_ROOT)]})  # folders named in a command are never bound
     folders, files = code_folders(cfg)
     gsm8k = CODE_ROOT / "env" / "gsm8k"
     assert [f for f, _ in folders] == [cfg.env_dir, gsm8k] and files == []
@@ -88,6 +90,15 @@ def test_a_runtime_file_in_another_env_folder_brings_that_folder_minus_its_data(
     binds = _binds(bwrap_command(Support(bwrap="bwrap"), spec, cfg.command()))
     assert str(gsm8k / "runtime.py") in binds and str(gsm8k / "rule_evaluator.py") in binds
     assert not [d for d in binds if d.startswith(str(gsm8k / "data"))]
+    assert "/" not in binds and str(CODE_ROOT) not in binds
+
+
+def test_an_env_folder_inside_a_system_folder_still_hides_its_data(tmp_path: Path) -> None:
+    cfg = make_env(tmp_path / "envs", "e", "")
+    b = Binds()
+    b.ro(tmp_path)  # as if the env lived under /usr
+    b.code(cfg.env_dir, cfg.hidden_paths())
+    assert b.args[-2:] == ["--tmpfs", str(cfg.env_dir / "data")]
 
 
 def test_clean_env_keeps_the_allow_list_and_the_session_only() -> None:
