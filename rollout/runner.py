@@ -182,14 +182,16 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
     except SandboxUnavailable as e:
         return _setup_failed(t0, str(e))
     sid = request.session_id
-    scratch = Path(tempfile.mkdtemp(prefix="rollout-sbx-"))
     cg = SessionCgroup(support.memory, support.pids,
                        limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes)
-    status_r, status_w = os.pipe()
-    os.set_blocking(status_r, False)
+    scratch: Path | None = None
+    status_r = status_w = -1
     bridge: GatewayBridge | None = None
     try:
         try:
+            scratch = Path(tempfile.mkdtemp(prefix="rollout-sbx-"))  # the bridge's socket: short path, not shared
+            status_r, status_w = os.pipe()
+            os.set_blocking(status_r, False)
             await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
             bridge = await GatewayBridge(scratch / "gw.sock", request.gateway_base_url).__aenter__()
         except (OSError, BridgeError) as e:
@@ -227,9 +229,10 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
             await bridge.__aexit__(None, None, None)
         await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
         for fd in (status_r, status_w):
-            with contextlib.suppress(OSError):
+            if fd >= 0:
                 os.close(fd)
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _read_status(fd: int) -> str:
