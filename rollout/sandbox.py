@@ -32,7 +32,7 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # /etc entries a runtime may need; never shadow/gshadow, ssh, sudoers, ssl/private, package-manager
 # or git configs (they can hold credentials).
 ETC_ALLOW = (
-    "passwd", "group", "hosts", "hostname", "nsswitch.conf", "host.conf", "gai.conf", "protocols",
+    "passwd", "group", "hosts", "nsswitch.conf", "host.conf", "gai.conf", "protocols",
     "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "alternatives",
     "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "mime.types", "magic", "magic.mime", "os-release",
     "debian_version", "bash.bashrc", "profile", "inputrc", "terminfo", "shells", "locale.alias",
