@@ -11,7 +11,8 @@ hits both alike:
 - ``bwrap``: the default: the session's cgroups, the gateway bridge's Unix socket, bubblewrap
   (new namespaces, the bind mounts), the forwarder inside, then the runtime.
 
-Then a round trip through the bridge: a runtime sends ``--requests`` HTTP requests on one
+The same with ``import openai`` first (what a typical Python runtime pays anyway). Then a
+round trip through the bridge: a runtime sends ``--requests`` HTTP requests on one
 keep-alive connection to a tiny HTTP server on the host, directly (bare) or via the in-sandbox
 forwarder and the bridge (bwrap). Prints median and p90 per session (ms), the overhead (ms) and
 the ratio bwrap / bare.
@@ -35,6 +36,8 @@ from rollout.runner import run_runtime, sandbox_support
 
 RUNTIME = ("import json, sys; r = json.loads(sys.stdin.read()); "
            "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))")
+
+SDK_RUNTIME = "import openai; " + RUNTIME  # what a typical Python runtime imports first
 
 HTTP_RUNTIME = """
 import http.client, json, os, sys, time, urllib.parse
@@ -94,6 +97,7 @@ async def main(sessions: int, requests: int) -> int:
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as tmp:
         root = Path(tmp)
         envs = {m: _env(root, f"start-{m}", m, RUNTIME) for m in ("none", "bwrap")}
+        sdk = {m: _env(root, f"sdk-{m}", m, SDK_RUNTIME) for m in ("none", "bwrap")}
         http = {m: _env(root, f"http-{m}", m, HTTP_RUNTIME, {"BENCH_REQUESTS": str(requests)})
                 for m in ("none", "bwrap")}
         times: dict[str, list[float]] = {"none": [], "bwrap": []}
@@ -110,6 +114,17 @@ async def main(sessions: int, requests: int) -> int:
                     return 1
                 if i >= 2:
                     times[mode].append(dt)
+        sdk_times: dict[str, list[float]] = {"none": [], "bwrap": []}
+        for i in range(max(3, sessions // 4)):
+            for mode in ("none", "bwrap"):
+                ws = root / f"sdk-{mode}-{i}"
+                ws.mkdir()
+                t0 = time.perf_counter()
+                out = await run_runtime(sdk[mode], _request(f"k{i}", gateway), ws, {})
+                if out.status != "succeeded":
+                    print(f"sdk session failed ({mode}): {out.error_text}", file=sys.stderr)
+                    return 1
+                sdk_times[mode].append(time.perf_counter() - t0)
         for i in range(max(3, sessions // 4)):
             for mode in ("none", "bwrap"):
                 ws = root / f"http-{mode}-{i}"
@@ -127,6 +142,10 @@ async def main(sessions: int, requests: int) -> int:
     print(f"{'bwrap':>8} {boxed[0]:8.1f} {boxed[1]:8.1f}")
     print(f"sandbox overhead per session: {boxed[0] - bare[0]:.1f} ms (median), ratio bwrap/bare "
           f"{boxed[0] / bare[0]:.2f}x")
+    s_bare, s_boxed = _ms(sdk_times["none"]), _ms(sdk_times["bwrap"])
+    print(f"the same with `import openai` first (a typical Python runtime), {len(sdk_times['none'])} each: "
+          f"bare {s_bare[0]:.1f} ms, bwrap {s_boxed[0]:.1f} ms (+{s_boxed[0] - s_bare[0]:.1f} ms, "
+          f"ratio {s_boxed[0] / s_bare[0]:.2f}x)")
     r_bare, r_boxed = _ms(rtt["none"]), _ms(rtt["bwrap"])
     print(f"\nHTTP round trip on a keep-alive connection, {requests} requests per session (ms per request):")
     print(f"  direct {r_bare[0]:.3f}, through forwarder + bridge {r_boxed[0]:.3f} "

@@ -1,65 +1,66 @@
-"""Runs inside a session's sandbox (standard library only, no project imports; started with
+"""Runs inside a session's sandbox (built-in modules only, no project imports; started with
 ``python -I -S``): listens on 127.0.0.1:PORT, relays each connection to the gateway's Unix socket,
 and runs the runtime as its child.
 
     python -I -S sandbox_forwarder.py PORT SOCKET STATUS_FD RLIMITS -- COMMAND...
 
-RLIMITS is ``-`` or comma-separated ``NAME=BYTES`` (``fsize``, ``as``), set on the runtime.
-
-It writes ``started`` (or ``error: <why>`` when the runtime cannot be started) to STATUS_FD and
-exits with the runtime's exit code (128 + N for a runtime killed by signal N).
+RLIMITS is ``-`` or comma-separated ``NAME=BYTES`` (``fsize``, ``as``, ``core``), set on the
+runtime. It writes ``started`` (or ``error: <why>`` when the runtime cannot be started) to
+STATUS_FD and exits with the runtime's exit code (128 + N for a runtime killed by signal N). Only
+C modules are imported (``_socket``, ``_thread``): a session start pays for no module imports.
 """
 
+import _socket
+import _thread
 import os
 import resource
-import socket
-import subprocess
 import sys
-import threading
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: _socket.socket, dst: _socket.socket) -> None:
     try:
         while data := src.recv(65536):
             dst.sendall(data)
     except OSError:
         pass  # either side went away: the other side is shut down below
-    for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+    for s, how in ((dst, _socket.SHUT_WR), (src, _socket.SHUT_RD)):
         try:
             s.shutdown(how)
         except OSError:
             pass
 
 
-def _serve(listener: socket.socket, path: str) -> None:
+def _serve(listener: _socket.socket, path: str) -> None:
     while True:
-        client, _ = listener.accept()
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd, _ = listener._accept()  # type: ignore[attr-defined]  # the C socket accepts to a bare fd
+        client = _socket.socket(fileno=fd)
+        upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             upstream.connect(path)
         except OSError as e:
-            sys.stderr.write(f"rollout-sandbox: gateway bridge unreachable: {e}\n")
+            os.write(2, f"rollout-sandbox: gateway bridge unreachable: {e}\n".encode())
             client.close()
             upstream.close()
             continue
-        threading.Thread(target=_pump, args=(client, upstream), daemon=True).start()
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+        _thread.start_new_thread(_pump, (client, upstream))
+        _thread.start_new_thread(_pump, (upstream, client))
 
 
 def main(argv: list[str]) -> int:
     port, path, status_fd, rlimits = int(argv[0]), argv[1], int(argv[2]), argv[3]
     command = argv[argv.index("--") + 1:]
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    os.set_inheritable(status_fd, False)  # the runtime never gets it
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
-    threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
+    _thread.start_new_thread(_serve, (listener, path))
     for item in rlimits.split(",") if rlimits != "-" else []:
         name, _, value = item.partition("=")
         kind = {"fsize": resource.RLIMIT_FSIZE, "as": resource.RLIMIT_AS, "core": resource.RLIMIT_CORE}[name]
         resource.setrlimit(kind, (int(value), int(value)))
     try:
-        child = subprocess.Popen(command, close_fds=True)
+        pid = os.posix_spawnp(command[0], command, os.environ)
     except OSError as e:
         os.write(status_fd, f"error: cannot start runtime {command[:3]}: {e}\n".encode())
         return 127
@@ -67,9 +68,15 @@ def main(argv: list[str]) -> int:
     os.close(status_fd)
     for fd in (0, 1):  # the runtime holds stdin/stdout; the launcher sees EOF when it is done
         os.close(fd)
-    rc = child.wait()
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    rc = os.waitstatus_to_exitcode(status)
     return rc if rc >= 0 else 128 - rc
 
 
 if __name__ == "__main__":
-    os._exit(main(sys.argv[1:]))  # _exit: no flush of the closed stdout, daemon relays just stop
+    os._exit(main(sys.argv[1:]))  # _exit: no flush of the closed stdout, relay threads just stop
