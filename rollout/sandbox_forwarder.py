@@ -32,7 +32,11 @@ def _pump(src: _socket.socket, dst: _socket.socket) -> None:
 
 def _serve(listener: _socket.socket, path: str) -> None:
     while True:
-        fd, _ = listener._accept()  # type: ignore[attr-defined]  # the C socket accepts to a bare fd
+        try:
+            fd, _ = listener._accept()  # type: ignore[attr-defined]  # the C socket accepts to a bare fd
+        except OSError as e:  # e.g. out of file descriptors: report it, keep serving
+            os.write(2, f"rollout-sandbox: accept failed: {e}\n".encode())
+            continue
         client = _socket.socket(fileno=fd)
         upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
