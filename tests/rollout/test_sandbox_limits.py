@@ -4,10 +4,14 @@ sandbox that cannot be set up is ``setup_failed``."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
+import rollout.runner
 from rollout.runner import run_runtime
 from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
 
@@ -149,3 +153,21 @@ async def test_a_gateway_that_cannot_be_bridged_is_a_setup_failure(tmp_path: Pat
     assert (out.status, out.setup_failed) == ("error", True)
     assert out.error_text == ("sandbox setup failed: BridgeError: cannot bridge to gateway URL "
                               "'ftp://127.0.0.1/v1/sessions/s1': need http(s)://HOST[:PORT]/...")
+
+
+AS_PROBE = """
+import resource, sys, time
+print("as-limit", resource.getrlimit(resource.RLIMIT_AS)[0], file=sys.stderr, flush=True)
+hog = bytearray(b"\\x01") * (1 << 30)
+"""
+
+
+async def test_without_a_memory_cgroup_the_memory_limit_is_a_per_process_rlimit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    support = require_bwrap()
+    monkeypatch.setattr(rollout.runner, "sandbox_support", lambda: dataclasses.replace(support, memory=None))
+    out, _ = await _run(tmp_path, AS_PROBE, {"memory_mb": 256})
+    assert f"as-limit {256 << 20}" in out.stderr_tail
+    assert out.status == "error" and "MemoryError" in out.stderr_tail
+    assert dataclasses.replace(support, memory=None).mechanisms()["memory"] == \
+        "RLIMIT_AS of each process (no cgroup available)"
