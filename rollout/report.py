@@ -2,7 +2,7 @@
 (``summarize``) with mean score and pass@k, a text table (``render_table``) and the JSONL export
 (``write_jsonl``).
 
-Counting rules (faults F17, F18): a session is *scored* when its ``eval_status`` is ``scored``;
+Counting rules: a session is *scored* when its ``eval_status`` is ``scored``;
 ``invalid_reward``, ``error`` and ``timeout`` are counted apart and are left out of the mean score
 unless ``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
 (``score >= 10 - 1e-9``); sessions without a score never pass.
