@@ -20,9 +20,18 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _llama_servers() -> int:
+def _llama_servers_in(folder: Path) -> list[int]:
+    """Pids of llama.cpp servers running in ``folder`` (the launcher's working directory), so that
+    servers other test runs on the machine started do not count."""
     p = subprocess.run(["pgrep", "-f", "llama_cpp.server"], capture_output=True, text=True)
-    return len(p.stdout.split())
+    pids = []
+    for pid in map(int, p.stdout.split()):
+        try:
+            if Path(f"/proc/{pid}/cwd").resolve() == folder.resolve():
+                pids.append(pid)
+        except OSError:  # it exited meanwhile
+            continue
+    return pids
 
 
 def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
@@ -37,7 +46,6 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
     (tmp_path / "gsm8k").mkdir()
     (tmp_path / "gsm8k" / "env.yaml").write_text(yaml.safe_dump(cfg))
     db, out = tmp_path / "env_trajs.db", tmp_path / "run.jsonl"
-    servers_before = _llama_servers()
 
     p = subprocess.run(
         [sys.executable, str(REPO / "launcher.py"), "--enable-evaluation", "--pool-size", "4",
@@ -46,7 +54,7 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
          "--max-steps", "2", "--db-path", f"sqlite://{db}", "--out", str(out), "--job-id", "e2e", "--no-progress"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert _llama_servers() == servers_before  # the managed model server was stopped
+    assert _llama_servers_in(tmp_path) == []  # the managed model server was stopped
 
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 8  # (2 GSM8K cases + 2 tasks) x 2 samples
