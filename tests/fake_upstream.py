@@ -17,7 +17,10 @@ Routing, for each request in arrival order:
 
 1. a reply queued with ``up.script(path, [...])`` for exactly that path (any method);
 2. else a reply queued with ``up.script(None, [...])`` (POST requests only);
-3. else the default handler: ``POST .../chat/completions`` answers a chat completion with the
+3. else the first rule added with ``up.add_rule(f)`` for which ``f(request)`` returns a
+   :class:`Reply` (rules stay; ``None`` passes the request on), e.g. a 503 for every request
+   whose body holds a marker;
+4. else the default handler: ``POST .../chat/completions`` answers a chat completion with the
    text ``DEFAULT_TEXT`` ("hello from fake") and usage ``DEFAULT_USAGE`` (5/3/8), as SSE when the
    body has ``"stream": true`` (the usage-only chunk with ``"choices": []`` only when
    ``stream_options.include_usage`` is true, and then ``"usage": null`` on the other chunks, as
@@ -448,6 +451,7 @@ class FakeUpstream:
         self.in_flight = 0
         self.max_in_flight = 0
         self._queues: dict[str | None, deque[ReplySource]] = {}
+        self._rules: list[Callable[[FakeRequest], Reply | None]] = []
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
@@ -492,6 +496,11 @@ class FakeUpstream:
         """Queue replies for ``path`` (exact request path, e.g. ``"/v1/chat/completions"``), or
         for any POST when ``path`` is None. Served in order; appended to earlier queued ones."""
         self._queues.setdefault(path, deque()).extend(replies)
+
+    def add_rule(self, rule: Callable[[FakeRequest], Reply | None]) -> None:
+        """Answer every request for which ``rule(request)`` returns a Reply (when nothing is
+        queued for it); checked in the order added."""
+        self._rules.append(rule)
 
     def pending(self, path: str | None = None) -> int:
         """Number of queued replies not yet served for ``path``."""
@@ -659,6 +668,10 @@ class FakeUpstream:
         elif req.method == "POST" and self._queues.get(None):
             source = self._queues[None].popleft()
         if source is None:
+            for rule in self._rules:
+                reply = rule(req)
+                if reply is not None:
+                    return reply
             return self.default_reply(req)
         if isinstance(source, Reply):
             return source
