@@ -98,7 +98,8 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
         msgs = []
         for err in e.errors():
             name = str(err["loc"][0]) if err["loc"] else "?"
-            msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}: {err['msg']}")
+            key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
+            msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
         raise SetupError("; ".join(msgs)) from None
 
 

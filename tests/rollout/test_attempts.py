@@ -274,3 +274,45 @@ async def test_gateway_killed_and_restarted_mid_job(tmp_path: Path) -> None:
     assert q(db, "SELECT count(*) FROM job_environments WHERE reward IS NOT NULL AND outcome != 'succeeded'") \
         == [(0,)]
     assert DEFAULT_TEXT in result.records[0].trajectory[-1]["content"]
+
+
+async def test_breaker_gives_up_then_resume_finishes_the_job(tmp_path: Path) -> None:
+    """A gateway that stays down: the breaker stops the job with a clear reason, nothing is graded
+    as the agent's failure, and ``--resume`` on a gateway that is back finishes every session."""
+    go = tmp_path / "go"
+    cases = [{"id": f"s{i}", "q": "hi", "calls": 2, "wait_for": str(go)} for i in range(4)]
+    make_env(tmp_path / "envs", cases)
+    db = tmp_path / "t.db"
+    port = free_port()
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up, db)
+        gw = start_gateway_process(cfg, port, tmp_path / "gw.log")
+        try:
+            await wait_ready(port)
+            common: dict[str, Any] = {"job_id": "js", "pool_size": 2,
+                                      "gateway_base_url": f"http://127.0.0.1:{port}/v1/sessions",
+                                      "breaker": {"probe_s": 0.05, "max_probe_s": 0.1, "max_wait_s": 0.5}}
+            job = asyncio.create_task(run_job(options(tmp_path, cfg, db, **common)))
+            deadline = time.monotonic() + 120
+            while not (db.exists() and q(db, "SELECT count(*) FROM session_steps") == [(2,)]):
+                assert time.monotonic() < deadline and not job.done(), "two sessions never made their first call"
+                await asyncio.sleep(0.05)
+            os.killpg(gw.pid, signal.SIGKILL)
+            gw.wait()
+            go.write_text("go")
+            result = await asyncio.wait_for(job, 120)
+            assert result.stopped is not None and "did not answer" in result.stopped
+            assert [e.state for e in result.breaker_events] == ["open", "stopped"]
+            assert result.records == []  # nothing finished: nothing graded
+            assert q(db, "SELECT finished, reward FROM job_environments") == [(0, None)] * 4
+            assert sorted(q(db, "SELECT status FROM job_environments")) == [("pending",)] * 2 + [("retrying",)] * 2
+            gw = start_gateway_process(cfg, port, tmp_path / "gw.log")
+            await wait_ready(port)
+            result = await asyncio.wait_for(run_job(options(tmp_path, cfg, db, resume=True, **common)), 240)
+        finally:
+            if gw.poll() is None:
+                os.killpg(gw.pid, signal.SIGTERM)
+                gw.wait()
+    assert result.stopped is None
+    assert sorted((r.status, r.score, len(r.attempts)) for r in result.records) == [
+        ("succeeded", 10.0, 1)] * 2 + [("succeeded", 10.0, 2)] * 2
