@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 # job_environments.status values that mean the harness failed (not the agent): exit code 2
 HARNESS_FAILURES = frozenset({"error", "timeout"})
+_MAX_CLOSE_FAILURES = 5  # a retry whose gateway session cannot be closed this often is given up
 
 
 class JobStopped(RuntimeError):
@@ -61,12 +62,14 @@ class JobStopped(RuntimeError):
 @dataclass
 class _Work:
     """A session to run: its row, the number of the attempt to run next, the first attempt
-    number of this launcher run (retries are counted from it) and its attempts so far."""
+    number of this launcher run (retries are counted from it), its attempts so far, and how
+    often closing it before a retry failed."""
 
     row: JobEnvironment
     attempt: int
     first: int
     attempts: list[SessionAttempt]
+    close_failures: int = 0
 
 
 @dataclass
@@ -244,8 +247,15 @@ class Scheduler:
         row, n, sid = work.row, work.attempt, work.row.env_id
         cfg = self.envs[row.env_name]
         case = self.cases[(row.env_name, row.case_id)]
-        if n > 1 and not await self._prepare_retry(work):
-            return None
+        if n > 1:
+            why = await self._prepare_retry(work)
+            if why is not None:
+                work.close_failures += 1
+                if work.close_failures > _MAX_CLOSE_FAILURES:
+                    return await self._give_up(work, why)
+                self.breaker.suspect()
+                self._schedule(work, self.s.retry.delay_s(work.close_failures, self._rng))
+                return None
         t0 = time.monotonic()
         started = utcnow()
         await self.store.update_job_session(sid, status="running", attempts=n, started_at=started, finished=False)
@@ -287,18 +297,16 @@ class Scheduler:
             if not self.s.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)
 
-    async def _prepare_retry(self, work: _Work) -> bool:
+    async def _prepare_retry(self, work: _Work) -> str | None:
         """Before attempt ``n`` > 1: close the gateway session (again: idempotent, and the close
         of a failed attempt may not have reached the gateway), then archive the previous attempt's
         steps under ``<sid>~a<n-1>`` and drop the gateway's state so the budget starts afresh.
-        When the gateway does not answer, the breaker probes and the work is queued again after
-        a backoff, using no attempt. Returns whether the attempt may start."""
+        Returns None when the attempt may start, else why not (the close failed: the caller
+        queues the work again after a backoff, using no attempt)."""
         sid, prev = work.row.env_id, work.attempt - 1
         close = await self._close(sid, "retry")
         if close.get("error"):
-            self.breaker.suspect()
-            self._schedule(work, self.s.retry.delay_s(1, self._rng))
-            return False
+            return str(close["error"])
         moved = await self.store.reset_for_retry(sid, prev)
         if not any(a.attempt == prev for a in work.attempts):  # the launcher was stopped during it
             att = SessionAttempt(env_id=sid, attempt=prev, job_id=work.row.job_id, status=work.row.status,
@@ -306,7 +314,22 @@ class Scheduler:
                                  step_count=moved)
             if await self.store.record_attempt(att, if_missing=True):
                 work.attempts.append(att)
-        return True
+        return None
+
+    async def _give_up(self, work: _Work, why: str) -> SessionRecord:
+        """Finish a session whose retry could not be prepared (its gateway session cannot be
+        closed): an infrastructure failure, never graded."""
+        row, sid = work.row, work.row.env_id
+        final: dict[str, Any] = {
+            "status": "error", "outcome": "gateway_unreachable",
+            "error_text": f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
+            "eval_status": INFRA_EVAL_STATUS if self.s.enable_evaluation else None,
+            "eval_reason": (f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
+                            if self.s.enable_evaluation else None)}
+        await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
+        steps = await self.store.trajectory(sid)
+        return record_of(row.model_copy(update={**final, "reward": None, "attempts": work.attempt - 1,
+                                                "finished": True}), to_trajectory(sid, steps), work.attempts)
 
     async def _run_runtime(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.env_id

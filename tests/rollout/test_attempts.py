@@ -316,3 +316,42 @@ async def test_breaker_gives_up_then_resume_finishes_the_job(tmp_path: Path) -> 
     assert result.stopped is None
     assert sorted((r.status, r.score, len(r.attempts)) for r in result.records) == [
         ("succeeded", 10.0, 1)] * 2 + [("succeeded", 10.0, 2)] * 2
+
+
+async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path) -> None:
+    """The gateway answers its probe but refuses to close the session (here: the launcher lacks
+    the key of a gateway with auth on): the retry is tried a bounded number of times, then the
+    session ends as an infrastructure failure, not graded, instead of looping for ever."""
+    from gateway.settings import GatewaySettings
+    from rollout.job import load_envs
+    from rollout.scheduler import RunSettings, Scheduler, session_rows
+    from store import Store
+    from tests.gateway.conftest import serve
+
+    make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "fault": "crash"}])
+    db = tmp_path / "t.db"
+    async with FakeUpstream() as up:
+        gw = await serve(GatewaySettings.model_validate({
+            "storage_config": {"db_url": f"sqlite://{db}"}, "auth": {"api_keys": ["sk-gw"]},
+            "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        store = Store(f"sqlite://{db}")
+        try:
+            await store.init()
+            opts = options(tmp_path, tmp_path / "unused.yaml", db)
+            envs = load_envs(opts)
+            rows = session_rows("jg", "fake", envs, 1, None)
+            await store.add_job_sessions(rows)
+            settings = RunSettings(job_id="jg", model="fake", gateway_url=f"{gw.url}/v1/sessions",
+                                   agent_root=tmp_path / "envs", pool_size=1, enable_evaluation=True,
+                                   retry=opts.retry_policy().model_copy(update={"backoff_s": 0.01}))
+            sched = Scheduler(store, settings, {c.name: c for c, _ in envs},
+                              {(c.env_name, c.case_id): c for _, cs in envs for c in cs})
+            [record] = await asyncio.wait_for(sched.run(rows), 120)
+        finally:
+            await store.close()
+            await gw.stop()
+    assert (record.status, record.outcome, record.score, record.eval_status) == (
+        "error", "gateway_unreachable", None, "infra_error")
+    assert record.error is not None and "the retry could not start (6 tries)" in record.error and "401" in record.error
+    assert [a.outcome for a in record.attempts] == ["gateway_unreachable"]  # no second attempt ever ran
+    assert q(db, "SELECT attempts, finished, reward FROM job_environments") == [(1, 1, None)]
