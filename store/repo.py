@@ -439,10 +439,11 @@ class Store:
         return inserted
 
     async def reset_for_retry(self, env_id: str, attempt: int) -> int:
-        """Prepare an unfinished session to run again (``--resume``): its earlier partial steps are
-        kept but moved to session id ``<env_id>~a<attempt>`` and marked not trainable, and the
-        gateway's state of the session is dropped so the budget starts afresh. Returns the number
-        of steps moved."""
+        """Prepare a session for its next attempt (a retry, or ``--resume``): the steps of attempt
+        ``attempt`` are kept but moved to session id ``<env_id>~a<attempt>``
+        (:func:`store.models.attempt_session_id`) and marked not trainable, and the gateway's
+        state of the session is dropped so the budget starts afresh (call it once the gateway has
+        answered the session's close). Returns the number of steps moved."""
         async with self._write_lock, self._write() as s, s.begin():
             res = await s.execute(
                 update(SessionStep).where(col(SessionStep.session_id) == env_id)

@@ -146,6 +146,9 @@ async def test_infra_faults_on_30_percent_of_first_attempts_are_retried_and_kept
         == [("ok", 1, 1)]
     assert len(calls) == 10 + 1  # each session's last attempt called once, plus the attempt answered 503
     assert q(db, "SELECT count(*), sum(infra) FROM session_attempts WHERE job_id = 'j30'") == [(13, 3)]
+    # never more attempts at once than --pool-size (retries wait in the queue, not in a worker)
+    spans = q(db, "SELECT started_at, finished_at FROM session_attempts WHERE job_id = 'j30'")
+    assert max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans) <= 3
     assert q(db, "SELECT count(*) FROM job_environments WHERE attempts = 2") == [(3,)]
     # the table and the JSONL show what was retried
     [row] = summarize(result.records)
