@@ -1,4 +1,4 @@
-"""Shared helper for runtimes (DESIGN.md section 4, runtime contract).
+"""Shared helper for runtimes (the runtime contract).
 
 A runtime is a process that reads one ``SimulationStartRequest`` JSON document on stdin, runs the
 agent against the gateway session URL and prints one ``SimulationStartResult`` JSON line last on

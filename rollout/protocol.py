@@ -1,4 +1,4 @@
-"""Wire types between the launcher, runtimes and evaluators (DESIGN.md section 4).
+"""Wire types between the launcher, runtimes and evaluators.
 
 One place defines each of them:
 

@@ -369,7 +369,7 @@ class Scheduler:
         row, n, sid, end = work.row, work.attempt, work.row.env_id, run.end
         duration = time.monotonic() - t0
         self.breaker.record(end.infra)
-        if end.outcome in GATEWAY_CLASSES:
+        if end.outcome in GATEWAY_CLASSES or run.close_info.get("error"):  # even a success whose close failed
             self.breaker.suspect()
         att = SessionAttempt(env_id=sid, attempt=n, job_id=row.job_id, status=run.status, outcome=end.outcome,
                              infra=end.infra, reason=end.reason, step_count=len(run.steps), started_at=started,

@@ -3,7 +3,8 @@
 A real HTTP/1.1 server on ``127.0.0.1`` (ephemeral port) written directly on asyncio streams
 (``asyncio.start_server``), so that every scripted ``bytes`` element goes out as ONE separate
 ``write()`` + ``drain()``: one chunk of the chunked transfer-encoding (or one raw body write).
-SSE framing cases (faults F1-F8 in ``/work/shared/cases/faults.md``) are therefore reproducible.
+SSE framing cases (split events, comments, empty choices, streams cut short) are therefore
+reproducible.
 
 Usage::
 
