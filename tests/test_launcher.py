@@ -130,6 +130,9 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
         assert "RuntimeError: agent crashed on purpose" in d["error"]
         e = records[("e", k)]
         assert (e["status"], e["step_count"]) == ("timeout", 0) and "timed out after 8 s" in e["error"]
+        # task outcomes are final: one attempt each, never retried
+        assert [a["outcome"] for a in d["attempts"]] == ["failed"] and not d["retried"]
+        assert [a["outcome"] for a in e["attempts"]] == ["timeout"] and not e["retried"]
         f = records[("f", k)]
         assert (f["eval_status"], f["score"], f["error"]) == ("error", 0.0, None) and "KeyError" in f["reason"]
         g = records[("g", k)]  # budget 3: the 4th call got a synthetic stop, no upstream call
