@@ -1,11 +1,12 @@
 """``python launcher.py --enable-evaluation --pool-size N``: run envs' cases through the gateway,
 grade each session with its env's ``rule_evaluator.py`` and report.
 
-This file is only the CLI: flags (compatible with Safactory's launcher) become
+This file is only the CLI: flags (Safactory-compatible) become
 ``rollout.job.JobOptions``; ``rollout.job.run_job`` does the work. Exit codes: 0 when every
 session ran (whatever the scores), 2 when a runtime or evaluator errored or timed out (argparse also
-uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model),
-130 on Ctrl-C and 143 on SIGTERM (sessions in flight are cancelled and closed, left for --resume).
+uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model), 3 when
+the circuit breaker stopped the job (gateway or upstream down; left for --resume), 130 on Ctrl-C
+and 143 on SIGTERM (sessions in flight are cancelled and closed, left for --resume).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollout.job import JobOptions, JobResult, SetupError, run_job
-from rollout.report import SessionRecord, render_table, summarize
+from rollout.report import SessionRecord, is_infra, render_table, summarize
 from rollout.scheduler import HARNESS_FAILURES
 
 HERE = Path(__file__).resolve().parent
@@ -53,7 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", type=int, help="model calls per session (default: the env's)")
     ap.add_argument("--limit", type=int, help="at most N cases per env")
     ap.add_argument("--job-id", help="job id (default: generated)")
-    ap.add_argument("--resume", action="store_true", default=None, help="run the unfinished sessions of --job-id")
+    ap.add_argument("--resume", action="store_true", default=None,
+                    help="run the unfinished sessions of --job-id and those that ended in an infrastructure failure")
+    ap.add_argument("--max-retries", type=int,
+                    help="attempts after the first for a session that ended in an infrastructure failure (default 2)")
+    ap.add_argument("--retry-backoff-s", type=float,
+                    help="backoff before the first retry in seconds, doubled each retry, with jitter (default 1)")
     ap.add_argument("--mode", choices=["local"], help="runtime backend (default local)")
     ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
     ap.add_argument("--keep-workspaces", action="store_true", default=None,
@@ -92,16 +98,29 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
         msgs = []
         for err in e.errors():
             name = str(err["loc"][0]) if err["loc"] else "?"
-            msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}: {err['msg']}")
+            key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
+            msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
         raise SetupError("; ".join(msgs)) from None
 
 
 def report(result: JobResult, count_unscored_as_zero: bool) -> int:
-    """Print the summary table and where things are; returns the exit code (0 or 2)."""
+    """Print the summary table and where things are; returns the exit code (0, 2 or 3)."""
     print(render_table(summarize(result.records, count_unscored_as_zero=count_unscored_as_zero)))
     print(f"{len(result.records)} sessions written to {result.out}; steps and rewards in {result.store}")
+    infra_attempts = sum(1 for r in result.records for a in r.attempts if a.infra)
+    if infra_attempts:
+        lost = sum(1 for r in result.records if is_infra(r))
+        print(f"{infra_attempts} attempts ended in an infrastructure failure; {lost} sessions never recovered "
+              "(not graded, reward NULL)")
+    opened = sum(1 for e in result.breaker_events if e.state == "open")
+    if opened:
+        print(f"circuit breaker opened {opened} time(s)")
     if result.workspaces:
         print(f"workspaces kept in {result.workspaces}")
+    if result.stopped:
+        print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
+              file=sys.stderr)
+        return 3
     failed = [r for r in result.records if r.status in HARNESS_FAILURES or r.eval_status in ("error", "timeout")]
     return 2 if failed else 0
 

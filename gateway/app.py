@@ -114,6 +114,12 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         except Exception as e:
             body.update(status="unavailable", error=f"{type(e).__name__}: {e}")
             return JSONResponse(body, status_code=503)
+        route = request.query_params.get("route")  # ?route=KEY: is that route's upstream up too?
+        if route is not None and route in g.settings.llm_routes:
+            why = await g.upstream.probe(route)
+            if why is not None:
+                body.update(status="unavailable", error=why)
+                return JSONResponse(body, status_code=503)
         return JSONResponse(body)
 
     @app.get("/metrics")

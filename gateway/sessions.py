@@ -140,13 +140,18 @@ class SessionManager:
         Raises SessionClosed for a closed session, and for one being closed.
 
         A returned slot is *in flight* until :meth:`release` is called with it; the caller must
-        call it on every path (it is idempotent).
+        call it on every path (it is idempotent). A closed session loaded from the store to be
+        refused is not kept in memory, so a launcher that resets the session's stored state for a
+        retry (``Store.reset_for_retry``) gets a fresh session at its next call.
         """
         async with self._lock(sid):
             if self._closing.get(sid):
                 raise SessionClosed(sid)
+            held = sid in self._states
             st = await self._state(sid)
             if st.status == "closed":
+                if not held:  # loaded closed from the store: refusing it must not pin it in memory
+                    del self._states[sid]
                 raise SessionClosed(sid)
             if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
                 st.status = "truncated"

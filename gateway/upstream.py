@@ -1,10 +1,10 @@
 """The only code that calls model servers: one aiohttp ClientSession for all routes.
 
-aiohttp is the forwarding client because it measured 2.5x-9x faster than httpx on these machines
-(DESIGN.md section 8). Timeouts: ``connect_timeout_s`` for connecting, ``read_timeout_s`` between
+aiohttp is the forwarding client because it measured 2.5x-9x faster than httpx on these
+machines. Timeouts: ``connect_timeout_s`` for connecting, ``read_timeout_s`` between
 two reads (this caps time-to-first-token and stalls, never the length of a progressing stream);
 there is no total timeout. Responses are read piece by piece as they arrive (``readany``, no
-line-length limit, faults F4; see :func:`gateway.relay.read_or_idle`).
+line-length limit: a very long SSE line is read whole, never an error; see :func:`gateway.relay.read_or_idle`).
 
 A route whose ``base_url`` holds ``{session_id}`` is called at a URL built per session
 (:func:`route_base_url`); see :class:`gateway.settings.RouteSettings`.
@@ -77,6 +77,26 @@ class UpstreamClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def probe(self, route_key: str, timeout_s: float = 5.0) -> str | None:
+        """Whether the route's upstream answers: GET its model list (``<base_url>/models``, or
+        ``<base_url>/v1/models`` for an ``api: anthropic`` route) without credentials. Any HTTP
+        answer below 500 (a 401 or 404 included: the server is up) is None; a connect failure,
+        timeout or 5xx is why not. A per-session route is not probed (None)."""
+        if self._session is None:
+            raise RuntimeError("UpstreamClient.start() was not called")
+        route = self._routes[route_key]
+        if route.per_session:
+            return None
+        url = route.base_url.rstrip("/") + ("/v1/models" if route.api == "anthropic" else "/models")
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                         allow_redirects=False) as resp:
+                if resp.status >= 500:
+                    return f"upstream of route {route_key} answered HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"upstream of route {route_key} does not answer: {type(e).__name__}: {e}"
+        return None
 
     @asynccontextmanager
     async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],

@@ -1,4 +1,4 @@
-"""SQLModel tables of the trajectory store (DESIGN.md section 5).
+"""SQLModel tables of the trajectory store.
 
 Table names follow Safactory where a trainer may already read them: ``job_environments`` (one row
 per session), ``session_steps`` (one row per model call) and ``gateway_sessions`` (the gateway's
@@ -40,10 +40,12 @@ def _json(nullable: bool = True) -> Any:
 class JobEnvironment(SQLModel, table=True):
     """One session of a job: (case, sample) of an env run against one model route.
 
-    ``env_id`` is the session id. ``status`` is one of pending | running | succeeded | failed |
-    truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL when not
-    evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped apart, so an
-    evaluator crash is never mistaken for a real 0.
+    ``env_id`` is the session id. ``status`` is one of pending | running | retrying | succeeded |
+    failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
+    when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
+    infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
+    the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
+    outcome, or an infrastructure failure class).
     """
 
     __tablename__ = "job_environments"
@@ -67,6 +69,7 @@ class JobEnvironment(SQLModel, table=True):
     result: dict[str, Any] | None = _json()
     error_text: str | None = None
     duration_s: float | None = None
+    outcome: str | None = Field(default=None, max_length=32)
     finished: bool = False
     created_at: datetime = _ts()
     started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
@@ -180,3 +183,34 @@ class GatewaySession(SQLModel, table=True):
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     closed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
+class SessionAttempt(SQLModel, table=True):
+    """One attempt of a launcher session (every attempt is kept, retried or not).
+
+    ``attempt`` counts from 1 per session. ``outcome`` is a task outcome or an infrastructure
+    failure class (``rollout.outcomes``), ``infra`` whether it is the latter, ``status`` the
+    runtime status, ``reason`` why it ended so. ``retry_in_s``: the backoff before the next
+    attempt (NULL when none followed). The attempt's steps stay in ``session_steps`` under
+    session id ``<env_id>~a<attempt>`` (not trainable) once a later attempt ran, else under
+    ``env_id``. Times are UTC; ``duration_s`` seconds."""
+
+    __tablename__ = "session_attempts"
+
+    env_id: str = Field(primary_key=True, max_length=128)
+    attempt: int = Field(primary_key=True)
+    job_id: str = Field(index=True, max_length=128)
+    status: str = Field(max_length=32)
+    outcome: str = Field(max_length=32)
+    infra: bool = False
+    reason: str | None = None
+    step_count: int = 0
+    retry_in_s: float | None = None
+    started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    duration_s: float | None = None
+
+
+def attempt_session_id(env_id: str, attempt: int) -> str:
+    """The session id under which an earlier attempt's steps are kept: ``<env_id>~a<attempt>``."""
+    return f"{env_id}~a{attempt}"

@@ -24,7 +24,14 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
-from store.models import GatewaySession, JobEnvironment, SessionStep, utcnow
+from store.models import (
+    GatewaySession,
+    JobEnvironment,
+    SessionAttempt,
+    SessionStep,
+    attempt_session_id,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +407,7 @@ class Store:
 
     async def mark_interrupted(self) -> int:
         """Mark every gateway session left ``active`` by an earlier gateway process as
-        ``interrupted`` (faults F15b: a gateway that died mid-session leaves no session "running"
+        ``interrupted`` (a gateway that died mid-session leaves no session "running"
         for ever). Called at gateway start; the session's budget, step counts and step ids are
         kept, and its next call makes it ``active`` again. Returns how many were marked."""
         async with self._write_lock, self.writer.begin() as conn:
@@ -432,17 +439,38 @@ class Store:
         return inserted
 
     async def reset_for_retry(self, env_id: str, attempt: int) -> int:
-        """Prepare an unfinished session to run again (``--resume``): its earlier partial steps are
-        kept but moved to session id ``<env_id>~a<attempt>`` and marked not trainable, and the
-        gateway's state of the session is dropped so the budget starts afresh. Returns the number
-        of steps moved."""
+        """Prepare a session for its next attempt (a retry, or ``--resume``): the steps of attempt
+        ``attempt`` are kept but moved to session id ``<env_id>~a<attempt>``
+        (:func:`store.models.attempt_session_id`) and marked not trainable, and the gateway's
+        state of the session is dropped so the budget starts afresh (call it once the gateway has
+        answered the session's close). Returns the number of steps moved."""
         async with self._write_lock, self._write() as s, s.begin():
             res = await s.execute(
                 update(SessionStep).where(col(SessionStep.session_id) == env_id)
-                .values(session_id=f"{env_id}~a{attempt}", is_trainable=False)
+                .values(session_id=attempt_session_id(env_id, attempt), is_trainable=False)
             )
             await s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == env_id))
             return int(getattr(res, "rowcount", 0) or 0)
+
+    async def record_attempt(self, attempt: SessionAttempt, *, if_missing: bool = False) -> bool:
+        """Write one attempt row (replacing the row of the same session and attempt number, or,
+        with ``if_missing``, only when there is none). Returns whether it was written."""
+        async with self._write_lock, self._write() as s, s.begin():
+            have = await s.get(SessionAttempt, (attempt.env_id, attempt.attempt))
+            if have is not None and if_missing:
+                return False
+            await s.merge(SessionAttempt(**attempt.model_dump()))
+            return True
+
+    async def job_attempts(self, job_id: str) -> dict[str, list[SessionAttempt]]:
+        """Every attempt row of a job: session id -> its attempts in order."""
+        q = (select(SessionAttempt).where(col(SessionAttempt.job_id) == job_id)
+             .order_by(col(SessionAttempt.env_id), col(SessionAttempt.attempt)))
+        out: dict[str, list[SessionAttempt]] = {}
+        async with self._read() as s:
+            for a in (await s.execute(q)).scalars().all():
+                out.setdefault(a.env_id, []).append(a)
+        return out
 
     async def job_sessions(self, job_id: str, *, unfinished_only: bool = False) -> list[JobEnvironment]:
         """The session rows of a job, ordered by env, case, sample."""

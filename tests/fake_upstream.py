@@ -3,7 +3,8 @@
 A real HTTP/1.1 server on ``127.0.0.1`` (ephemeral port) written directly on asyncio streams
 (``asyncio.start_server``), so that every scripted ``bytes`` element goes out as ONE separate
 ``write()`` + ``drain()``: one chunk of the chunked transfer-encoding (or one raw body write).
-SSE framing cases (faults F1-F8 in ``/work/shared/cases/faults.md``) are therefore reproducible.
+SSE framing cases (split events, comments, empty choices, streams cut short) are therefore
+reproducible.
 
 Usage::
 
@@ -17,7 +18,10 @@ Routing, for each request in arrival order:
 
 1. a reply queued with ``up.script(path, [...])`` for exactly that path (any method);
 2. else a reply queued with ``up.script(None, [...])`` (POST requests only);
-3. else the default handler: ``POST .../chat/completions`` answers a chat completion with the
+3. else the first rule added with ``up.add_rule(f)`` for which ``f(request)`` returns a
+   :class:`Reply` (rules stay; ``None`` passes the request on), e.g. a 503 for every request
+   whose body holds a marker;
+4. else the default handler: ``POST .../chat/completions`` answers a chat completion with the
    text ``DEFAULT_TEXT`` ("hello from fake") and usage ``DEFAULT_USAGE`` (5/3/8), as SSE when the
    body has ``"stream": true`` (the usage-only chunk with ``"choices": []`` only when
    ``stream_options.include_usage`` is true, and then ``"usage": null`` on the other chunks, as
@@ -448,6 +452,7 @@ class FakeUpstream:
         self.in_flight = 0
         self.max_in_flight = 0
         self._queues: dict[str | None, deque[ReplySource]] = {}
+        self._rules: list[Callable[[FakeRequest], Reply | None]] = []
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
@@ -492,6 +497,11 @@ class FakeUpstream:
         """Queue replies for ``path`` (exact request path, e.g. ``"/v1/chat/completions"``), or
         for any POST when ``path`` is None. Served in order; appended to earlier queued ones."""
         self._queues.setdefault(path, deque()).extend(replies)
+
+    def add_rule(self, rule: Callable[[FakeRequest], Reply | None]) -> None:
+        """Answer every request for which ``rule(request)`` returns a Reply (when nothing is
+        queued for it); checked in the order added."""
+        self._rules.append(rule)
 
     def pending(self, path: str | None = None) -> int:
         """Number of queued replies not yet served for ``path``."""
@@ -659,6 +669,10 @@ class FakeUpstream:
         elif req.method == "POST" and self._queues.get(None):
             source = self._queues[None].popleft()
         if source is None:
+            for rule in self._rules:
+                reply = rule(req)
+                if reply is not None:
+                    return reply
             return self.default_reply(req)
         if isinstance(source, Reply):
             return source
