@@ -32,6 +32,7 @@ from rollout.report import SessionRecord
 from rollout.runtime_local import RuntimeOutcome, run_local
 from rollout.services import auth_headers
 from rollout.trajectory import to_trajectory
+from rollout.workspace_archive import keep_workspace
 from store import JobEnvironment, Store, utcnow
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,7 @@ class Scheduler:
             steps = await self.store.trajectory(sid)
             trajectory = to_trajectory(sid, steps)
             evaluation = await self._evaluate(cfg, case, row, outcome, trajectory, workspace)
+            await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
             duration = time.monotonic() - t0
             final = {
                 "status": status, "result": outcome.result.model_dump(mode="json") if outcome.result else None,

@@ -4,7 +4,15 @@ Used by both the gateway and the launcher; knows nothing about HTTP. See DESIGN.
 """
 
 from store.engine import DbUrlError, json_dumps, parse_db_url
-from store.models import GatewaySession, JobEnvironment, SessionStep, new_record_id, step_record, utcnow
+from store.models import (
+    GatewaySession,
+    JobEnvironment,
+    SessionStep,
+    SessionWorkspace,
+    new_record_id,
+    step_record,
+    utcnow,
+)
 from store.repo import SessionRow, StepRow, Store, is_unavailable
 
 __all__ = [
@@ -13,6 +21,7 @@ __all__ = [
     "JobEnvironment",
     "SessionRow",
     "SessionStep",
+    "SessionWorkspace",
     "StepRow",
     "Store",
     "is_unavailable",

@@ -13,7 +13,7 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -43,7 +43,9 @@ class JobEnvironment(SQLModel, table=True):
     ``env_id`` is the session id. ``status`` is one of pending | running | succeeded | failed |
     truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL when not
     evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped apart, so an
-    evaluator crash is never mistaken for a real 0.
+    evaluator crash is never mistaken for a real 0. ``eval_history``: the evaluations a regrade
+    replaced, oldest first (``{"eval_status", "reward", "eval_reason", "eval_detail", "replaced_at"}``),
+    NULL when the session was never regraded.
     """
 
     __tablename__ = "job_environments"
@@ -64,6 +66,7 @@ class JobEnvironment(SQLModel, table=True):
     eval_status: str | None = Field(default=None, max_length=32)
     eval_reason: str | None = None
     eval_detail: dict[str, Any] | None = _json()
+    eval_history: list[dict[str, Any]] | None = _json()
     result: dict[str, Any] | None = _json()
     error_text: str | None = None
     duration_s: float | None = None
@@ -180,3 +183,33 @@ class GatewaySession(SQLModel, table=True):
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     closed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
+class SessionWorkspace(SQLModel, table=True):
+    """What was kept of a session's final workspace for a later regrade (one row per session; a
+    new attempt replaces it).
+
+    ``status``: kept (``archive`` holds a gzip'd tar of ``paths``, None = the whole workspace) |
+    too_large (over ``max_bytes``: nothing kept) | failed (could not be read) | disabled (the env
+    keeps nothing); ``reason`` says why for the last three. ``total_bytes``: bytes of the regular
+    files kept (uncompressed); ``archive_bytes``: size of ``archive``; ``sha256``: its hex digest.
+    ``manifest``: ``{"skipped": [...], "missing": [...]}`` entries not kept (special files, links
+    out of the workspace) and configured paths absent from the workspace.
+    """
+
+    __tablename__ = "session_workspaces"
+
+    session_id: str = Field(primary_key=True, max_length=128)
+    job_id: str = Field(index=True, max_length=128)
+    env_name: str = Field(max_length=128)
+    status: str = Field(max_length=32)
+    reason: str | None = None
+    paths: list[str] | None = _json()
+    max_bytes: int = 0
+    file_count: int = 0
+    total_bytes: int = 0
+    archive_bytes: int = 0
+    sha256: str | None = Field(default=None, max_length=64)
+    manifest: dict[str, Any] | None = _json()
+    archive: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    created_at: datetime = _ts()
