@@ -95,18 +95,23 @@ class RegradeResult(BaseModel):
     store: str
 
 
+TASK_OUTCOMES = frozenset({"succeeded", "failed", "truncated", "timeout"})
+"""Session statuses that are the agent's own result (gradable even when the run did not grade them)."""
+
+
 def regrade_blocker(row: JobEnvironment) -> tuple[BlockKind, str] | None:
-    """Why a session row must not be regraded, or None. Unfinished sessions; sessions whose run
-    committed no reward but an evaluation status (an infrastructure failure is recorded so: the
-    trainer masks it, a regrade must not turn it into a score); and sessions the harness could not
-    run (status ``error`` without a reward)."""
+    """Why a session row must not be regraded, or None. Unfinished sessions; and sessions whose
+    run committed no reward while recording an evaluation status, or ending in a status that is not
+    a task outcome (``TASK_OUTCOMES``): that is how an infrastructure failure is recorded (the
+    trainer masks it), and a regrade must not turn it into a score. A session the run did not
+    grade (evaluation off, no evaluator) but whose runtime ended with a task outcome is graded."""
     if not row.finished:
         return "not_finished", (f"not finished (status {row.status}): complete it with "
                                 f"--resume --job-id {row.job_id} first")
     if row.reward is None and row.eval_status not in (None, "skipped"):
         return "infrastructure_failure", f"not graded in the run ({row.eval_status}: {row.eval_reason})"
-    if row.reward is None and row.status == "error":
-        return "infrastructure_failure", f"the harness could not run it ({row.error_text})"
+    if row.reward is None and row.status not in TASK_OUTCOMES:
+        return "infrastructure_failure", f"the run ended in status {row.status} without a score ({row.error_text})"
     return None
 
 

@@ -312,7 +312,7 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     blocked = {r.session_id: (r.kind, r.reason) for r in result.not_regraded}
     assert blocked == {
         "s-old": ("no_workspace", "no kept workspace (the run did not archive it)"),
-        "s-harness": ("infrastructure_failure", "the harness could not run it (None)"),
+        "s-harness": ("infrastructure_failure", "the run ended in status error without a score (None)"),
         "s-none": ("no_evaluator", f"env 'gone' has no rule_evaluator.py under {root}"),
     }
     assert regrade_exit_code(result) == 2
@@ -356,7 +356,9 @@ def test_blocker_rules() -> None:
     assert regrade_blocker(row(finished=True, status="succeeded", reward=0.0, eval_status="error")) is None
     assert regrade_blocker(row(finished=True, status="error", reward=0.0, eval_status="scored")) is None
     assert regrade_blocker(row(finished=True, status="succeeded", eval_status="skipped")) is None
-    kind, _ = regrade_blocker(row(finished=True, status="error")) or ("", "")
-    assert kind == "infrastructure_failure"
+    assert regrade_blocker(row(finished=True, status="timeout")) is None  # the agent's own outcome
+    for status in ("error", "infra_error"):  # whatever name a failure of the harness gets
+        kind, _ = regrade_blocker(row(finished=True, status=status)) or ("", "")
+        assert kind == "infrastructure_failure"
     kind, _ = regrade_blocker(row(finished=False, status="running")) or ("", "")
     assert kind == "not_finished"
