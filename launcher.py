@@ -2,7 +2,7 @@
 grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade --job-id ID``
 grades a finished job again from the store (``rollout.regrade``: no runtime, no model call).
 
-This file is only the CLI: flags (Safactory-compatible, DESIGN.md section 4) become
+This file is only the CLI: flags (Safactory-compatible) become
 ``rollout.job.JobOptions``; ``rollout.job.run_job`` does the work. Exit codes: 0 when every
 session ran (whatever the scores), 2 when a runtime or evaluator errored or timed out (argparse also
 uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,9 +31,12 @@ from rollout.records import job_records
 from rollout.report import SessionRecord, write_jsonl
 from rollout.trajectory import to_trajectory
 from rollout.workspace_archive import ArchiveError, restore_workspace
-from store import JobEnvironment, Store, utcnow
+from store import JobEnvironment, Store, is_unavailable, utcnow
 
-BlockKind = Literal["not_finished", "infrastructure_failure", "no_evaluator", "no_workspace", "bad_stored_data"]
+log = logging.getLogger(__name__)
+
+BlockKind = Literal["not_finished", "infrastructure_failure", "no_evaluator", "no_workspace", "bad_stored_data",
+                    "regrade_error"]
 
 
 class RegradeOptions(BaseModel):
@@ -221,9 +225,24 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
                 return
             assert path is not None
             async with gate:
-                note(await _regrade_one(store, row, path, opts.eval_timeout))
+                try:
+                    item = await _regrade_one(store, row, path, opts.eval_timeout)
+                except Exception as e:
+                    if is_unavailable(e):  # the database itself failed: stop the regrade
+                        raise
+                    log.exception("regrade of session %s failed", row.env_id)
+                    item = NotRegraded(session_id=row.env_id, env_name=row.env_name, case_id=row.case_id,
+                                       sample_index=row.sample_index, kind="regrade_error",
+                                       reason=f"the regrade failed for this session: {type(e).__name__}: {e}")
+                note(item)
 
-        await asyncio.gather(*(one(r) for r in rows))
+        tasks = [asyncio.ensure_future(one(r)) for r in rows]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # on an error or Ctrl-C: stop the others (each commit is atomic)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         selected = {r.env_id for r in rows}
         records = [r for r in await job_records(store, opts.job_id) if r.session_id in selected]
         out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{opts.job_id}-regrade.jsonl"

@@ -161,7 +161,12 @@ async def keep_workspace(store: Store, row: JobEnvironment, cfg: WorkspaceArchiv
     """Archive ``workspace`` (in a thread) and store it as the session's ``session_workspaces`` row,
     replacing an earlier attempt's. A failure to store it is logged (WARNING) and does not fail
     the session: a regrade then reports the session as having no kept workspace."""
-    kept = await asyncio.to_thread(build_archive, workspace, cfg)
+    try:
+        kept = await asyncio.to_thread(build_archive, workspace, cfg)
+    except Exception as e:  # a bug here must not cost the session its score: recorded as not kept
+        log.exception("session %s: archiving its final workspace failed", row.env_id)
+        kept = KeptWorkspace(status="failed", reason=f"final workspace not kept: {type(e).__name__}: {e}",
+                             paths=cfg.paths, max_bytes=cfg.max_bytes)
     if kept.status != "kept":
         log.warning("session %s (env %s): %s", row.env_id, row.env_name, kept.reason)
     try:

@@ -1,6 +1,6 @@
 """The trajectory store: SQLModel tables, the engines and every SQL statement.
 
-Used by both the gateway and the launcher; knows nothing about HTTP. See DESIGN.md section 5.
+Used by both the gateway and the launcher; knows nothing about HTTP.
 """
 
 from store.engine import DbUrlError, json_dumps, parse_db_url

@@ -400,7 +400,7 @@ class Store:
 
     async def mark_interrupted(self) -> int:
         """Mark every gateway session left ``active`` by an earlier gateway process as
-        ``interrupted`` (faults F15b: a gateway that died mid-session leaves no session "running"
+        ``interrupted`` (a gateway that died mid-session must leave no session "running"
         for ever). Called at gateway start; the session's budget, step counts and step ids are
         kept, and its next call makes it ``active`` again. Returns how many were marked."""
         async with self._write_lock, self.writer.begin() as conn:

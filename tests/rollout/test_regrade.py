@@ -335,6 +335,39 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     assert [r.session_id for r in only.records] == ["s-nan"]
 
 
+async def test_bad_stored_data_fails_that_session_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "s.db"
+    store = Store(f"sqlite://{db}")
+    rows = [session(f"s{i}", "math", str(i), finished=True, status="succeeded", reward=0.0, eval_status="scored")
+            for i in range(3)]
+    try:
+        await stored_job(store, tmp_path, rows, archive={"s0", "s1", "s2"})
+        await store.update_job_session("s1", result={"session_id": "s1", "status": "exploded"})
+    finally:
+        await store.close()
+    root = evaluators(tmp_path / "envs", math='''
+        def evaluate(request, spec, trajectory):
+            return 7
+        ''')
+    import rollout.regrade as regrade_module
+
+    real = regrade_module.to_trajectory
+
+    def broken(sid: str, steps: list[Any]) -> Any:
+        if sid == "s2":
+            raise TypeError("cannot read step 1")
+        return real(sid, steps)
+
+    monkeypatch.setattr(regrade_module, "to_trajectory", broken)
+    result = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
+                                              out=tmp_path / "r.jsonl"))
+    assert [(r.session_id, r.after_score) for r in result.regraded] == [("s0", 7.0)]
+    blocked = {r.session_id: (r.kind, r.reason) for r in result.not_regraded}
+    assert blocked["s2"] == ("regrade_error", "the regrade failed for this session: TypeError: cannot read step 1")
+    assert blocked["s1"][0] == "bad_stored_data" and blocked["s1"][1].startswith("stored start result is invalid")
+    assert {r.session_id: r.score for r in result.records} == {"s0": 7.0, "s1": 0.0, "s2": 0.0}
+
+
 async def test_setup_errors(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = Store(f"sqlite://{db}")
