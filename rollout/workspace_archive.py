@@ -142,8 +142,11 @@ def build_archive(workspace: Path, cfg: WorkspaceArchiveConfig) -> KeptWorkspace
                 info = tar.gettarinfo(abs_path, arcname=arc)
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
-                if stat.S_ISREG(st.st_mode):
-                    with open(abs_path, "rb") as f:
+                if stat.S_ISREG(st.st_mode):  # never follow a link or block on a fifo swapped in meanwhile
+                    fd = os.open(abs_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    with os.fdopen(fd, "rb") as f:
+                        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                            raise OSError(f"{arc} changed while the workspace was archived")
                         tar.addfile(info, f)
                 else:
                     tar.addfile(info)
