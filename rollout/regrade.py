@@ -144,7 +144,7 @@ def _file_sha256(path: Path) -> str | None:
         return None
 
 
-async def _regrade_one(store: Store, row: JobEnvironment, path: Path, timeout_s: float
+async def _regrade_one(store: Store, row: JobEnvironment, path: Path, sha256: str | None, timeout_s: float
                        ) -> Regraded | NotRegraded:
     def blocked(kind: BlockKind, reason: str) -> NotRegraded:
         return NotRegraded(session_id=row.env_id, env_name=row.env_name, case_id=row.case_id,
@@ -173,7 +173,7 @@ async def _regrade_one(store: Store, row: JobEnvironment, path: Path, timeout_s:
         outcome: EvalOutcome = await run_evaluation(path, request, build_eval_spec(row.env_name, path, timeout_s),
                                                     trajectory)
     meta = {**outcome.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
-            "evaluator_path": str(path.resolve()), "evaluator_sha256": _file_sha256(path)}
+            "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
     await store.record_regrade(
         row.env_id, reward=outcome.score, eval_status=outcome.status, eval_reason=outcome.reason,
         eval_detail={"raw_repr": outcome.raw_repr, "artifacts": outcome.artifacts}, eval_meta=meta)
@@ -203,6 +203,7 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
         if opts.env_names:
             rows = [r for r in rows if r.env_name in opts.env_names]
         evaluators = _evaluators(opts, {r.env_name for r in rows})
+        digests = {name: _file_sha256(path) for name, path in evaluators.items() if path is not None}
         if on_start:
             on_start(len(rows))
         regraded: list[Regraded] = []
@@ -226,7 +227,7 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
             assert path is not None
             async with gate:
                 try:
-                    item = await _regrade_one(store, row, path, opts.eval_timeout)
+                    item = await _regrade_one(store, row, path, digests[row.env_name], opts.eval_timeout)
                 except Exception as e:
                     if is_unavailable(e):  # the database itself failed: stop the regrade
                         raise

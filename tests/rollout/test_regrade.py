@@ -4,6 +4,7 @@ store API (what is not regraded, evaluator failures, history)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -366,6 +367,74 @@ async def test_bad_stored_data_fails_that_session_only(tmp_path: Path, monkeypat
     assert blocked["s2"] == ("regrade_error", "the regrade failed for this session: TypeError: cannot read step 1")
     assert blocked["s1"][0] == "bad_stored_data" and blocked["s1"][1].startswith("stored start result is invalid")
     assert {r.session_id: r.score for r in result.records} == {"s0": 7.0, "s1": 0.0, "s2": 0.0}
+
+
+async def test_cancelled_regrade_leaves_each_session_new_or_previous(tmp_path: Path,
+                                                                    releasers: list[Callable[[], None]]) -> None:
+    """Ctrl-C while a regrade runs: finished sessions keep their new evaluation, the one whose
+    evaluator is still running and those not started keep their previous one."""
+    db = tmp_path / "s.db"
+    store = Store(f"sqlite://{db}")
+    rows = [session(f"s{i}", "math", str(i), finished=True, status="succeeded", reward=1.0, eval_status="scored")
+            for i in range(3)]
+    try:
+        await stored_job(store, tmp_path, rows, archive={"s0", "s1", "s2"})
+    finally:
+        await store.close()
+    root = evaluators(tmp_path / "envs", math='''
+        import threading
+        RELEASE = threading.Event()
+        def evaluate(request, spec, trajectory):
+            if request.session_id != "s0":
+                RELEASE.wait(3600)
+            return 9
+        ''')
+
+    def release() -> None:
+        from rollout.evaluator_loader import load_evaluator
+
+        load_evaluator(root / "math" / "rule_evaluator.py").__globals__["RELEASE"].set()
+
+    releasers.append(release)
+    done: list[str] = []
+    task = asyncio.create_task(regrade_job(
+        RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root, pool_size=1, out=tmp_path / "r.jsonl"),
+        on_done=lambda item: done.append(item.session_id)))
+    for _ in range(3000):  # until s0 is committed and s1's evaluator is running
+        await asyncio.sleep(0.01)
+        if done == ["s0"] and abandoned_or_running("s1"):
+            break
+    assert done == ["s0"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    state = dict(sql(db, "SELECT env_id, reward FROM job_environments"))
+    assert state == {"s0": 9.0, "s1": 1.0, "s2": 1.0}
+
+
+def abandoned_or_running(session_id: str) -> bool:
+    import threading
+
+    return any(t.name == f"evaluator-math/{session_id}" for t in threading.enumerate())
+
+
+async def test_evaluator_found_next_to_an_agent_config(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store = Store(f"sqlite://{db}")
+    try:
+        await stored_job(store, tmp_path, [session("s1", "math", "1", finished=True, status="succeeded",
+                                                   reward=0.0, eval_status="scored")], archive={"s1"})
+    finally:
+        await store.close()
+    root = evaluators(tmp_path / "elsewhere", math='''
+        def evaluate(request, spec, trajectory):
+            return 4
+        ''')
+    (root / "math" / "env.yaml").write_text(yaml.safe_dump({"name": "math", "dataset": {"path": "x.jsonl"},
+                                                           "runtime": {"command": ["x"]}}))
+    result = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=tmp_path / "none",
+                                              agent_configs=[root / "math" / "env.yaml"], out=tmp_path / "r.jsonl"))
+    assert [(r.session_id, r.after_score) for r in result.regraded] == [("s1", 4.0)]
 
 
 async def test_setup_errors(tmp_path: Path) -> None:
