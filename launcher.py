@@ -1,5 +1,6 @@
 """``python launcher.py --enable-evaluation --pool-size N``: run envs' cases through the gateway,
-grade each session with its env's ``rule_evaluator.py`` and report.
+grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade --job-id ID``
+grades a finished job again from the store (``rollout.regrade``: no runtime, no model call).
 
 This file is only the CLI: flags (Safactory-compatible) become
 ``rollout.job.JobOptions``; ``rollout.job.run_job`` does the work. Exit codes: 0 when every
@@ -7,6 +8,8 @@ session ran (whatever the scores), 2 when a runtime or evaluator errored or time
 uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model), 3 when
 the circuit breaker stopped the job (gateway or upstream down; left for --resume), 130 on Ctrl-C
 and 143 on SIGTERM (sessions in flight are cancelled and closed, left for --resume).
+With ``--regrade``: 0 when every selected session was graded again, 2 when an evaluator errored or
+timed out or a session could not be regraded, 1 for a setup error, 130/143 when interrupted.
 """
 
 from __future__ import annotations
@@ -24,6 +27,15 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollout.job import JobOptions, JobResult, SetupError, run_job
+from rollout.regrade import (
+    NotRegraded,
+    Regraded,
+    RegradeOptions,
+    RegradeResult,
+    regrade_exit_code,
+    regrade_job,
+    render_regrade_summary,
+)
 from rollout.report import SessionRecord, is_infra, render_table, summarize
 from rollout.scheduler import HARNESS_FAILURES
 
@@ -60,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attempts after the first for a session that ended in an infrastructure failure (default 2)")
     ap.add_argument("--retry-backoff-s", type=float,
                     help="backoff before the first retry in seconds, doubled each retry, with jitter (default 1)")
+    ap.add_argument("--regrade", action="store_true", default=None,
+                    help="grade the finished sessions of --job-id again with the current rule_evaluator.py "
+                         "(from the store: no runtime, no model call)")
     ap.add_argument("--mode", choices=["local"], help="runtime backend (default local)")
     ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
     ap.add_argument("--keep-workspaces", action="store_true", default=None,
@@ -71,13 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level"}
+_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade"}
+_RUN_ONLY = ("llm_model", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size", "max_steps",
+             "limit", "resume", "mode", "keep_workspaces", "max_retries", "retry_backoff_s")
+"""Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
-def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
-    """Flags > ``--agent-start-config`` YAML > defaults, validated into JobOptions.
-    Raises SetupError naming the bad flag or key."""
-    args = build_parser().parse_args(argv)
+def _values(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags over ``--agent-start-config`` YAML (keys of CLI-only flags left out)."""
     values: dict[str, Any] = {}
     if args.agent_start_config:
         try:
@@ -87,13 +103,12 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
         if not isinstance(values, dict):
             raise SetupError(f"--agent-start-config {args.agent_start_config} must be a mapping")
     values.update({k: v for k, v in vars(args).items() if v is not None and k not in _CLI_ONLY})
-    if values.get("resume") and not values.get("job_id"):
-        raise SetupError("--resume needs --job-id")
-    if values.get("gateway_config") is None:
-        local = Path("configs/gateway.yaml")
-        values["gateway_config"] = local if local.is_file() else HERE / "configs" / "gateway.yaml"
+    return values
+
+
+def _validate(model: type[Any], values: dict[str, Any]) -> Any:
     try:
-        return JobOptions.model_validate(values), args
+        return model.model_validate(values)
     except ValidationError as e:
         msgs = []
         for err in e.errors():
@@ -101,6 +116,37 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
             key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
             msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
         raise SetupError("; ".join(msgs)) from None
+
+
+def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
+    """Flags > ``--agent-start-config`` YAML > defaults, validated into JobOptions.
+    Raises SetupError naming the bad flag or key."""
+    args = build_parser().parse_args(argv)
+    return job_options(args), args
+
+
+def job_options(args: argparse.Namespace) -> JobOptions:
+    """The parsed flags of a run as JobOptions; SetupError naming the bad flag or key."""
+    values = _values(args)
+    if values.get("resume") and not values.get("job_id"):
+        raise SetupError("--resume needs --job-id")
+    if values.get("gateway_config") is None:
+        local = Path("configs/gateway.yaml")
+        values["gateway_config"] = local if local.is_file() else HERE / "configs" / "gateway.yaml"
+    return _validate(JobOptions, values)  # type: ignore[no-any-return]
+
+
+def regrade_options(args: argparse.Namespace) -> RegradeOptions:
+    """The parsed flags of ``--regrade`` as RegradeOptions. Run-only flags given on the command
+    line are refused; keys of the start-config YAML that a regrade does not use are ignored (the
+    same file serves the run). Raises SetupError naming the bad flag."""
+    given = [f"--{k.replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
+    if given:
+        raise SetupError(f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it")
+    values = _values(args)
+    if not values.get("job_id"):
+        raise SetupError("--regrade needs --job-id (the job to grade again)")
+    return _validate(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields})  # type: ignore[no-any-return]
 
 
 def report(result: JobResult, count_unscored_as_zero: bool) -> int:
@@ -148,10 +194,59 @@ async def _run(opts: JobOptions, progress: bool, job: dict[str, str]) -> JobResu
             bar.close()
 
 
+async def _regrade(opts: RegradeOptions, progress: bool) -> RegradeResult:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    bar: tqdm[Any] | None = None
+
+    def started(n: int) -> None:
+        nonlocal bar
+        bar = tqdm(total=n, unit="session", desc=f"regrade {opts.job_id}", disable=not progress, file=sys.stderr)
+
+    def done(item: Regraded | NotRegraded) -> None:
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        return await regrade_job(opts, on_start=started, on_done=done)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def regrade_main(args: argparse.Namespace) -> int:
+    """``--regrade``: grade a finished job again, print the table and what was not regraded;
+    returns the exit code (module docstring)."""
+    try:
+        opts = regrade_options(args)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        result = asyncio.run(_regrade(opts, not args.no_progress))
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:
+        print("interrupted: sessions regraded so far have their new evaluation, the others their previous one; "
+              "rerun the same command to regrade them all", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+    print(render_table(summarize(result.records, count_unscored_as_zero=args.count_unscored_as_zero)))
+    print(render_regrade_summary(result))
+    print(f"{len(result.records)} sessions written to {result.out}; new evaluations in {result.store} "
+          "(previous ones kept in job_environments.eval_history)")
+    return regrade_exit_code(result)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.regrade:
+        return regrade_main(args)
     try:
-        opts, args = parse_args(argv)
+        opts = job_options(args)
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

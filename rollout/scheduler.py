@@ -45,6 +45,7 @@ from rollout.report import SessionRecord
 from rollout.runtime_local import RuntimeOutcome, run_local
 from rollout.services import auth_headers, gateway_root
 from rollout.trajectory import to_trajectory
+from rollout.workspace_archive import keep_workspace
 from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
@@ -400,6 +401,7 @@ class Scheduler:
             evaluation = await self._evaluate(cfg, case, row, run.outcome, trajectory, workspace)
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
+        await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
         final = {
             "status": status,
             "result": run.outcome.result.model_dump(mode="json") if run.outcome and run.outcome.result else None,

@@ -13,7 +13,7 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -45,7 +45,9 @@ class JobEnvironment(SQLModel, table=True):
     when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
     infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
     the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
-    outcome, or an infrastructure failure class).
+    outcome, or an infrastructure failure class). ``eval_history``: the evaluations a regrade
+    replaced, oldest first (``{"eval_status", "reward", "eval_reason", "eval_detail", "replaced_at"}``),
+    NULL when the session was never regraded.
     """
 
     __tablename__ = "job_environments"
@@ -66,6 +68,7 @@ class JobEnvironment(SQLModel, table=True):
     eval_status: str | None = Field(default=None, max_length=32)
     eval_reason: str | None = None
     eval_detail: dict[str, Any] | None = _json()
+    eval_history: list[dict[str, Any]] | None = _json()
     result: dict[str, Any] | None = _json()
     error_text: str | None = None
     duration_s: float | None = None
@@ -214,3 +217,33 @@ class SessionAttempt(SQLModel, table=True):
 def attempt_session_id(env_id: str, attempt: int) -> str:
     """The session id under which an earlier attempt's steps are kept: ``<env_id>~a<attempt>``."""
     return f"{env_id}~a{attempt}"
+
+
+class SessionWorkspace(SQLModel, table=True):
+    """What was kept of a session's final workspace for a later regrade (one row per session; a
+    new attempt replaces it).
+
+    ``status``: kept (``archive`` holds a gzip'd tar of ``paths``, None = the whole workspace) |
+    too_large (over ``max_bytes``: nothing kept) | failed (could not be read) | disabled (the env
+    keeps nothing); ``reason`` says why for the last three. ``total_bytes``: bytes of the regular
+    files kept (uncompressed); ``archive_bytes``: size of ``archive``; ``sha256``: its hex digest.
+    ``manifest``: ``{"skipped": [...], "missing": [...]}`` entries not kept (special files, links
+    out of the workspace) and configured paths absent from the workspace.
+    """
+
+    __tablename__ = "session_workspaces"
+
+    session_id: str = Field(primary_key=True, max_length=128)
+    job_id: str = Field(index=True, max_length=128)
+    env_name: str = Field(max_length=128)
+    status: str = Field(max_length=32)
+    reason: str | None = None
+    paths: list[str] | None = _json()
+    max_bytes: int = 0
+    file_count: int = 0
+    total_bytes: int = 0
+    archive_bytes: int = 0
+    sha256: str | None = Field(default=None, max_length=64)
+    manifest: dict[str, Any] | None = _json()
+    archive: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    created_at: datetime = _ts()

@@ -29,6 +29,7 @@ from store.models import (
     JobEnvironment,
     SessionAttempt,
     SessionStep,
+    SessionWorkspace,
     attempt_session_id,
     utcnow,
 )
@@ -528,3 +529,59 @@ class Store:
                 .where(col(JobEnvironment.env_id) == env_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
+
+    # ------------------------------------------------------------------ kept workspaces, regrade
+    async def save_workspace_archive(self, row: SessionWorkspace) -> None:
+        """Insert the kept workspace of ``row.session_id``, replacing an earlier one (a new attempt
+        of the session replaces what its earlier attempt left)."""
+        async with self._write_lock, self._write() as s, s.begin():
+            await s.merge(row)
+
+    async def workspace_archive(self, session_id: str) -> SessionWorkspace | None:
+        """The kept workspace of a session (archive bytes included), or None."""
+        async with self._read() as s:
+            return await s.get(SessionWorkspace, session_id)
+
+    async def record_regrade(
+        self, env_id: str, *, reward: float | None, eval_status: str, eval_reason: str | None,
+        eval_detail: dict[str, Any] | None, eval_meta: dict[str, Any],
+    ) -> dict[str, Any] | None:
+        """Write a new evaluation of a session in one transaction, keeping the previous one.
+
+        ``job_environments``: the previous ``eval_status``/``reward``/``eval_reason``/``eval_detail``
+        are appended to ``eval_history`` (with ``replaced_at``, ISO UTC) unless the session was never
+        evaluated, then the new values are set. Last step (if any): ``meta_json["evaluation"]`` is
+        appended to ``meta_json["evaluation_history"]``, ``eval_meta`` takes its place and
+        ``reward``/``step_reward`` become ``reward``. Nothing else changes (steps, status, attempts).
+        Returns the previous entry (None when there was none); raises KeyError for an unknown session."""
+        async with self._write_lock, self._write() as s, s.begin():
+            row = await s.get(JobEnvironment, env_id)
+            if row is None:
+                raise KeyError(f"no session {env_id!r}")
+            history = list(row.eval_history or [])
+            previous: dict[str, Any] | None = None
+            if row.eval_status is not None or row.reward is not None:
+                previous = {"eval_status": row.eval_status, "reward": row.reward, "eval_reason": row.eval_reason,
+                            "eval_detail": row.eval_detail, "replaced_at": utcnow().isoformat()}
+                history.append(previous)
+            last = (
+                await s.execute(
+                    select(SessionStep).where(col(SessionStep.session_id) == env_id)
+                    .order_by(col(SessionStep.seq).desc()).limit(1)
+                )
+            ).scalar_one_or_none()
+            if last is not None:
+                meta = dict(last.meta_json or {})
+                if "evaluation" in meta:
+                    meta["evaluation_history"] = [*meta.get("evaluation_history", []), meta["evaluation"]]
+                meta["evaluation"] = eval_meta
+                await s.execute(
+                    update(SessionStep).where(col(SessionStep.record_id) == last.record_id)
+                    .values(reward=reward, step_reward=reward, meta_json=meta)
+                )
+            await s.execute(
+                update(JobEnvironment).where(col(JobEnvironment.env_id) == env_id)
+                .values(reward=reward, eval_status=eval_status, eval_reason=eval_reason, eval_detail=eval_detail,
+                        eval_history=history or None)
+            )
+            return previous
