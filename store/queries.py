@@ -329,6 +329,37 @@ class ViewerQueries:
         )
         return await self._all(stmt)
 
+    async def case_outcomes(self, job_id: str) -> list[dict[str, Any]]:
+        """The finished sessions of a job counted per (env_name, llm_model, case_id), ordered so:
+        ``n`` sessions; ``scored`` (eval_status scored with a score), ``passes`` (scored and score
+        >= ``pass_score``), ``score_sum`` over scored; ``invalid``, ``eval_error``,
+        ``eval_timeout``, ``unevaluated`` (no eval_status, or skipped); runtime ``rt_failed``,
+        ``rt_errors``, ``rt_timeouts`` (status failed | error | timeout); ``duration_sum`` and
+        ``duration_n`` over sessions with a duration. One pass over the job's rows."""
+        return await self._all(self._case_outcomes().where(JE.c.job_id == job_id))
+
+    @staticmethod
+    def _case_outcomes(pass_score: float = 10 - 1e-9) -> Select[Any]:
+        def count(cond: ColumnElement[bool]) -> Any:
+            return func.sum(case((cond, 1), else_=0))
+
+        scored = and_(JE.c.eval_status == "scored", JE.c.reward.is_not(None))
+        return (
+            select(JE.c.env_name, JE.c.llm_model, JE.c.case_id, func.count().label("n"),
+                   count(scored).label("scored"), count(and_(scored, JE.c.reward >= pass_score)).label("passes"),
+                   func.sum(case((scored, JE.c.reward), else_=None)).label("score_sum"),
+                   count(JE.c.eval_status == "invalid_reward").label("invalid"),
+                   count(JE.c.eval_status == "error").label("eval_error"),
+                   count(JE.c.eval_status == "timeout").label("eval_timeout"),
+                   count(or_(JE.c.eval_status.is_(None), JE.c.eval_status == "skipped")).label("unevaluated"),
+                   count(JE.c.status == "failed").label("rt_failed"), count(JE.c.status == "error").label("rt_errors"),
+                   count(JE.c.status == "timeout").label("rt_timeouts"),
+                   func.sum(JE.c.duration_s).label("duration_sum"), func.count(JE.c.duration_s).label("duration_n"))
+            .where(JE.c.finished.is_(True))
+            .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
+            .order_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
+        )
+
     async def step_timings(self, job_id: str, limit: int = 200_000) -> list[dict[str, Any]]:
         """Per-step ``env_name``, ``llm_model``, ``status``, ``latency_ms``, ``ttft_ms`` and token
         counts of a job's steps (at most ``limit`` rows, by insertion order)."""

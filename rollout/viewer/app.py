@@ -83,10 +83,10 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         info = await need_job(job_id)
-        rows = await queries.finished_sessions(job_id)
-        return page("job.html", job=info, summary=summary(rows), statuses=await queries.status_counts(job_id),
+        cases = await queries.case_outcomes(job_id)
+        return page("job.html", job=info, summary=summary(cases), statuses=await queries.status_counts(job_id),
                     worst=await queries.worst_sessions(job_id, 5), reasons=await queries.failure_reasons(job_id, 10),
-                    curves=pass_curves(rows), other_jobs=[j for j in await queries.job_ids() if j != job_id],
+                    curves=pass_curves(cases), other_jobs=[j for j in await queries.job_ids() if j != job_id],
                     live_url=_job_live(info))
 
     async def sessions(request: Request) -> Response:
@@ -152,7 +152,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         if not a or not b:
             return page("compare.html", ids=ids, a=a, b=b, ready=False)
         job_a, job_b = await need_job(a), await need_job(b)
-        rows_a, rows_b = await queries.finished_sessions(a), await queries.finished_sessions(b)
+        rows_a, rows_b = await queries.case_outcomes(a), await queries.case_outcomes(b)
         deltas = compare_cases(rows_a, rows_b)
         if request.query_params.get("changed"):
             deltas = [d for d in deltas if d.delta is None or abs(d.delta) > 1e-9]

@@ -1,6 +1,7 @@
-"""Job-wide numbers for the viewer and the report, from :mod:`store.queries` rows: the summary table
-(the launcher's own ``rollout.report.summarize``, so the numbers match the terminal's), pass@k over
-k, two jobs compared, and the hidden fields of each env (what the runtime was not shown).
+"""Job-wide numbers for the viewer and the report, from per-case counts made in SQL
+(:meth:`store.queries.ViewerQueries.case_outcomes`): the summary table (the launcher's
+``SummaryRow``, same rules as ``rollout.report.summarize``), pass@k over k, two jobs compared;
+and the hidden fields of each env (what the runtime was not shown).
 """
 
 from __future__ import annotations
@@ -14,74 +15,74 @@ from pathlib import Path
 from typing import Any
 
 from rollout.envs import EnvConfigError, discover_envs, load_cases
-from rollout.report import PASS_EPSILON, PASS_SCORE, SessionRecord, SummaryRow, pass_at_k, summarize
+from rollout.report import SummaryRow, pass_at_k
 
 log = logging.getLogger(__name__)
 
 
-def records_of(rows: Sequence[dict[str, Any]]) -> list[SessionRecord]:
-    """Light ``SessionRecord``s (no trajectory) of finished session rows
-    (:meth:`store.queries.ViewerQueries.finished_sessions`)."""
-    out: list[SessionRecord] = []
-    for r in rows:
-        usage = None
-        if r.get("total_tokens") is not None or r.get("prompt_tokens") is not None:
-            usage = {k: int(r.get(k) or 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-        out.append(SessionRecord.model_validate({
-            "session_id": r["env_id"], "job_id": r["job_id"], "env_name": r["env_name"], "case_id": r["case_id"],
-            "group_id": r["group_id"], "model": r["llm_model"], "sample_index": r["sample_index"],
-            "status": r["status"], "score": r["reward"], "eval_status": r["eval_status"],
-            "reason": r["eval_reason"], "error": r["error_text"], "duration_s": r["duration_s"], "usage": usage,
-            "step_count": int(r.get("steps") or 0),
-        }))
-    return out
+Case = dict[str, Any]
+"""One row of :meth:`store.queries.ViewerQueries.case_outcomes` (a case's finished sessions counted)."""
 
 
-def summary(rows: Sequence[dict[str, Any]]) -> list[SummaryRow]:
-    """The launcher's summary table of these finished sessions."""
-    return summarize(records_of(rows))
+def summary(cases: Sequence[Case]) -> list[SummaryRow]:
+    """The launcher's summary table (``rollout.report.summarize`` with its default counting:
+    unscored sessions left out of the mean, ``k`` = the fewest samples of any case) from
+    per-case counts, so a 100,000-session job is summed in SQL rather than loaded."""
+    by_key: dict[tuple[str, str], list[Case]] = defaultdict(list)
+    for c in cases:
+        by_key[(c["env_name"], c["llm_model"])].append(c)
+    rows: list[SummaryRow] = []
+    for (env, model), cs in sorted(by_key.items()):
+        def total(name: str, cs: list[Case] = cs) -> int:
+            return sum(int(c[name] or 0) for c in cs)
+
+        sessions = total("n")
+        evaluated = sessions - total("unevaluated") > 0
+        k = min(int(c["n"]) for c in cs)
+        scored = total("scored")
+        durations = total("duration_n")
+        pass_1 = sum(pass_at_k(int(c["n"]), int(c["passes"]), 1) for c in cs) / len(cs) if evaluated else None
+        pass_k = sum(pass_at_k(int(c["n"]), int(c["passes"]), k) for c in cs) / len(cs) if evaluated else None
+        rows.append(SummaryRow(
+            env_name=env, model=model, sessions=sessions, cases=len(cs), scored=scored, invalid=total("invalid"),
+            eval_error=total("eval_error"), eval_timeout=total("eval_timeout"), unevaluated=total("unevaluated"),
+            mean_score=math.fsum(float(c["score_sum"] or 0.0) for c in cs) / scored if scored else None,
+            k=k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=len(cs),
+            runtime_failed=total("rt_failed"), runtime_errors=total("rt_errors"), runtime_timeouts=total("rt_timeouts"),
+            mean_duration_s=math.fsum(float(c["duration_sum"] or 0.0) for c in cs) / durations if durations else None,
+        ))
+    return rows
 
 
-def _passes(r: dict[str, Any]) -> bool:
-    return r["eval_status"] == "scored" and r["reward"] is not None and r["reward"] >= PASS_SCORE - PASS_EPSILON
-
-
-def case_counts(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, tuple[int, int, float | None]]]:
-    """``{(env, model): {case_id: (samples, passing samples, mean score of scored samples)}}``."""
-    acc: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        acc[(r["env_name"], r["llm_model"])][r["case_id"]].append(r)
-    out: dict[tuple[str, str], dict[str, tuple[int, int, float | None]]] = {}
-    for key, cases in acc.items():
-        out[key] = {}
-        for case_id, rs in cases.items():
-            scores = [x["reward"] for x in rs if x["eval_status"] == "scored" and x["reward"] is not None]
-            out[key][case_id] = (len(rs), sum(1 for x in rs if _passes(x)),
-                                 math.fsum(scores) / len(scores) if scores else None)
-    return out
-
-
-def pass_curves(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+def pass_curves(cases: Sequence[Case]) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """pass@k for k = 1 .. the fewest samples of any case, per (env, model): the unbiased estimator
-    per case (``rollout.report.pass_at_k``) averaged over cases. Rows with no evaluated session
-    are left out (nothing can pass)."""
-    evaluated = {(r["env_name"], r["llm_model"]) for r in rows if r["eval_status"] not in (None, "skipped")}
+    per case (``rollout.report.pass_at_k``) averaged over cases. An (env, model) with no evaluated
+    session is left out (nothing can pass)."""
+    by_key: dict[tuple[str, str], list[Case]] = defaultdict(list)
+    for c in cases:
+        by_key[(c["env_name"], c["llm_model"])].append(c)
     out: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for key, cases in sorted(case_counts(rows).items()):
-        if key not in evaluated:
+    for key, cs in sorted(by_key.items()):
+        if all(int(c["n"]) == int(c["unevaluated"]) for c in cs):
             continue
-        kmax = min(n for n, _, _ in cases.values())
-        out[key] = [(k, sum(pass_at_k(n, c, k) for n, c, _ in cases.values()) / len(cases))
+        kmax = min(int(c["n"]) for c in cs)
+        out[key] = [(k, sum(pass_at_k(int(c["n"]), int(c["passes"]), k) for c in cs) / len(cs))
                     for k in range(1, kmax + 1)]
     return out
 
 
+Outcome = tuple[int, int, float | None]
+"""(samples, passing samples, mean score of the scored samples or None)."""
+
+
 @dataclass
 class CaseDelta:
+    """One case in two jobs: its :data:`Outcome` in A and in B (None: that job did not run it)."""
+
     env_name: str
     case_id: str
-    a: tuple[int, int, float | None] | None
-    b: tuple[int, int, float | None] | None
+    a: Outcome | None
+    b: Outcome | None
 
     @property
     def delta(self) -> float | None:
@@ -91,21 +92,22 @@ class CaseDelta:
         return self.b[2] - self.a[2]
 
 
-def compare_cases(a_rows: Sequence[dict[str, Any]], b_rows: Sequence[dict[str, Any]]) -> list[CaseDelta]:
-    """Per (env, case) of either job: samples, passes and mean score in A and in B, sorted by the
-    largest change first (cases only one job ran, then unscored ones, last). Models are merged:
-    compare jobs on one model each, or one model on two jobs."""
-    def by_case(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[int, int, float | None]]:
-        merged: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for r in rows:
-            merged[(r["env_name"], r["case_id"])].append(r)
-        out = {}
-        for key, rs in merged.items():
-            scores = [x["reward"] for x in rs if x["eval_status"] == "scored" and x["reward"] is not None]
-            out[key] = (len(rs), sum(1 for x in rs if _passes(x)), math.fsum(scores) / len(scores) if scores else None)
-        return out
+def _by_case(cases: Sequence[Case]) -> dict[tuple[str, str], Outcome]:
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
+    for c in cases:
+        a = acc[(c["env_name"], c["case_id"])]
+        a[0] += int(c["n"])
+        a[1] += int(c["passes"])
+        a[2] += int(c["scored"])
+        a[3] += float(c["score_sum"] or 0.0)
+    return {key: (int(n), int(p), s / sc if sc else None) for key, (n, p, sc, s) in acc.items()}
 
-    a, b = by_case(a_rows), by_case(b_rows)
+
+def compare_cases(a_cases: Sequence[Case], b_cases: Sequence[Case]) -> list[CaseDelta]:
+    """Per (env, case) of either job: its outcome in A and in B, the largest change of mean score
+    first (then cases without a score in one of them, e.g. run by one job only). Models are merged:
+    compare jobs on one model each, or one model on two jobs."""
+    a, b = _by_case(a_cases), _by_case(b_cases)
     deltas = [CaseDelta(env, case, a.get((env, case)), b.get((env, case))) for env, case in sorted(a.keys() | b.keys())]
     deltas.sort(key=lambda d: (d.delta is None, -abs(d.delta or 0.0), d.env_name, d.case_id))
     return deltas

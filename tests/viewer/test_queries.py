@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from rollout.records import job_records
+from rollout.report import summarize
 from rollout.viewer.db import ViewerError, open_queries
 from rollout.viewer.report import build_report
+from rollout.viewer.stats import pass_curves, summary
 from store import JobEnvironment, Store, step_record
 from store.queries import SessionFilter, ViewerQueries
 
@@ -137,3 +140,21 @@ async def test_open_refuses_what_is_not_a_store(tmp_path: Path) -> None:
         await open_queries(f"sqlite://{other}")
     with pytest.raises(ViewerError, match="unsupported storage URL"):
         await open_queries("mysql://x")
+
+
+async def test_summary_from_case_counts_equals_the_launchers_table(q: ViewerQueries, tmp_path: Path) -> None:
+    store = Store(f"sqlite://{tmp_path / 't.db'}")
+    try:
+        for i in range(1, 40, 3):  # a few more outcomes: passes, runtime errors, invalid rewards, no evaluation
+            await store.update_job_session(f"s{i:05d}", finished=True, status=("error", "timeout", "succeeded")[i % 3],
+                                           reward=10.0 if i % 2 else None, duration_s=float(i),
+                                           eval_status=("scored", "invalid_reward", None)[i % 3])
+        records = await job_records(store, "big")
+    finally:
+        await store.close()
+    expected = summarize(records)
+    got = summary(await q.case_outcomes("big"))
+    assert len(got) == len(expected) == 2
+    for g, e in zip(got, expected, strict=True):
+        assert g.model_dump() == pytest.approx(e.model_dump())
+    assert pass_curves(await q.case_outcomes("big"))[("a", "m")][0][1] == pytest.approx(expected[0].pass_at_1)
