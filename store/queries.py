@@ -36,7 +36,7 @@ matched on ``session_id``)."""
 
 SORTS: dict[str, tuple[ColumnElement[Any], ...]] = {
     "order": (JE.c.env_name, JE.c.case_id, JE.c.sample_index),
-    "score": (JE.c.reward,),
+    "score": (JE.c.reward, JE.c.env_name, JE.c.case_id, JE.c.sample_index),
     "duration": (JE.c.duration_s,),
     "status": (JE.c.status,),
     "eval": (JE.c.eval_status,),
@@ -250,6 +250,10 @@ class ViewerQueries:
     async def steps(self, session_id: str) -> list[dict[str, Any]]:
         """Every recorded step of a session (every column), in call order."""
         return await self._all(select(ST).where(ST.c.session_id == session_id).order_by(ST.c.seq))
+
+    async def step(self, session_id: str, seq: int) -> dict[str, Any] | None:
+        """One recorded step (every column) by session id and ``seq``, or None."""
+        return await self._one(select(ST).where(ST.c.session_id == session_id, ST.c.seq == seq))
 
     async def earlier_attempt_steps(self, session_id: str) -> list[dict[str, Any]]:
         """Steps of the session's earlier attempts (moved to ``<id>~a<n>`` when a job is resumed),

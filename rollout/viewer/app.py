@@ -135,6 +135,14 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
                     gateway=await queries.gateway_session(sid), optional=await queries.optional_rows(sid),
                     live_url=None if row["finished"] else f"/api/sessions/{quote(sid, safe='')}/progress")
 
+    async def step(request: Request) -> Response:
+        sid, raw_seq = request.path_params["session_id"], request.path_params["seq"]
+        row = await queries.step(sid, int(raw_seq)) if raw_seq.isdigit() else None
+        if row is None:
+            raise HTTPException(404, f"no step {raw_seq!r} of session {sid!r} in this store")
+        view = step_views([row])[0]
+        return page("step.html", st=view, r=row, owner=sid.split("~a", 1)[0])
+
     async def group(request: Request) -> Response:
         gid = request.path_params["group_id"]
         members = await queries.group(gid)
@@ -205,6 +213,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     routes = [
         Route("/", jobs), Route("/jobs/{job_id}/sessions", sessions), Route("/jobs/{job_id}/report", report),
         Route("/jobs/{job_id}", job), Route("/sessions/{session_id}", session),
+        Route("/sessions/{session_id}/steps/{seq}", step),
         Route("/groups/{group_id}", group), Route("/compare", compare),
         Route("/api/jobs", jobs_progress), Route("/api/jobs/{job_id}/progress", job_progress),
         Route("/api/sessions/{session_id}/progress", session_progress),

@@ -69,7 +69,8 @@ def figures(rows: list[dict[str, Any]], cases: list[dict[str, Any]], steps: list
         for (env, model), points in curves.items():
             fig.add_trace(go.Scatter(x=[k for k, _ in points], y=[v for _, v in points], mode="lines+markers",
                                      name=_label(env, model)))
-        fig.update_layout(yaxis={"range": [0, 1.02]}, xaxis={"dtick": 1})
+        kmax = max(len(points) for points in curves.values())
+        fig.update_layout(yaxis={"range": [-0.02, 1.02]}, xaxis={"dtick": 1, "range": [0.5, kmax + 0.5]})
         out["pass_at_k"] = _div(_layout(fig, "pass@k over k (unbiased estimator, mean over cases)", "k", "pass@k"),
                                 "plot-passk")
 

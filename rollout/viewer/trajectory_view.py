@@ -44,8 +44,8 @@ class Message:
 @dataclass
 class StepView:
     """One recorded step ready for a template: its row, the conversation it was sent (``messages``;
-    ``new_from`` is the index of the first message the previous step had not sent), the answer
-    (``answer``: parts), and numbers."""
+    the first ``new_from`` of them repeat the previous step's, see :func:`step_views`), the answer
+    (``answer``: parts) and the upstream attempts of the call (``retries``, when recorded)."""
 
     row: dict[str, Any]
     messages: list[Message]
@@ -156,20 +156,39 @@ def answer_parts(endpoint: str | None, response: Any) -> list[Part]:
     return parts
 
 
+def _resent(prev: list[Any], prev_answer: Any, cur: list[Any]) -> int:
+    """How many leading messages of ``cur`` repeat the previous step's conversation (and then its
+    answer, re-sent as an assistant message): the length of the common prefix."""
+    n = 0
+    while n < len(prev) and n < len(cur) and prev[n] == cur[n]:
+        n += 1
+    if n == len(prev) and n < len(cur) and isinstance(cur[n], dict) and cur[n].get("role") == "assistant" \
+            and prev_answer is not None:
+        n += 1  # the previous answer, shown with the previous step
+    return n
+
+
+def _answer_message(endpoint: str | None, response: Any) -> Any:
+    if not isinstance(response, dict):
+        return None
+    return read_answer(endpoint, response)
+
+
 def step_views(rows: Sequence[dict[str, Any]]) -> list[StepView]:
-    """Views of a session's steps (in ``seq`` order)."""
+    """Views of a session's steps (in ``seq`` order). ``new_from`` of a step counts the messages
+    it re-sent unchanged from the previous step (plus that step's answer); a conversation the
+    agent rewrote (trimmed, summarised) shows from the first changed message."""
     views: list[StepView] = []
-    previous = 0
+    prev: list[Any] = []
+    prev_answer: Any = None
     for row in rows:
         value = row.get("messages")
         raw: list[Any] = value if isinstance(value, list) else []
-        messages = [message_of(m) for m in raw]
-        new_from = previous if previous <= len(messages) else 0
         meta = row.get("meta_json") or {}
         retries = meta.get("attempts") if isinstance(meta, dict) and isinstance(meta.get("attempts"), int) else None
-        views.append(StepView(row=row, messages=messages, new_from=new_from,
+        views.append(StepView(row=row, messages=[message_of(m) for m in raw], new_from=_resent(prev, prev_answer, raw),
                               answer=answer_parts(row.get("endpoint"), row.get("response")), retries=retries))
-        previous = len(messages) + 1  # the next step re-sends these and the answer
+        prev, prev_answer = raw, _answer_message(row.get("endpoint"), row.get("response"))
     return views
 
 

@@ -72,6 +72,11 @@ def test_session_page_shows_steps_and_expands_a_tool_result(jobs: Jobs, viewer: 
     text = body.inner_text()
     assert text.rstrip().endswith(TOOL_END) and text.count("Failed password") == 120  # the full output
     assert re.search(r"tokens 5 in / 3 out", steps.nth(0).inner_text())
+    assert "3 earlier messages sent again" in steps.nth(1).inner_text()
+    steps.nth(1).locator("text=the whole conversation of this step").click()
+    conversation = page.locator("#conversation .msg .role").all_inner_texts()
+    assert conversation == ["system", "user", "assistant", "tool"]
+    assert page.goto(f"{viewer.url}/sessions/{sid}/steps/9").status == 404
 
 
 def test_start_request_never_shows_hidden_fields(jobs: Jobs, viewer: Viewer, page: Any) -> None:

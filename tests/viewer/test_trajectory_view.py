@@ -45,6 +45,9 @@ def test_new_messages_and_divergence() -> None:
     c = step_views([step(1, first, chat_completion(None, tool_calls=[call]))])
     assert (a[0].new_from, a[1].new_from) == (0, 2)
     assert [m.role for m in a[1].messages[a[1].new_from:]] == ["tool"]
+    rewritten = step_views([step(1, second, chat_completion("A")),
+                            step(2, first + [{"role": "user", "content": "summary"}], chat_completion("B"))])
+    assert rewritten[1].new_from == 1  # the agent trimmed its history: shown from the first changed message
     assert divergence([a, a]) == (None, [None, None])
     assert divergence([a, b, c]) == (2, [None, 2, 2])
 
