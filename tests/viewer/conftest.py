@@ -112,9 +112,10 @@ def need_chromium() -> None:
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless system Chromium driven by playwright (sync API)."""
+    """Headless system Chromium driven by playwright's sync API, per test module: the sync API
+    runs an event loop of its own while open, so it must be closed before async tests run."""
     need_chromium()
     from playwright.sync_api import sync_playwright
 
