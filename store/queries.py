@@ -99,6 +99,44 @@ _LIST_COLUMNS = (
 )
 
 
+PASS_SCORE = 10 - 1e-9
+"""A session passes when it is scored and its score is at least this (as ``rollout.report``)."""
+
+OUTCOME_COUNTS = ("scored", "score_sum", "invalid", "eval_error", "eval_timeout", "unevaluated", "rt_failed",
+                  "rt_errors", "rt_timeouts", "duration_sum", "duration_n")
+"""What :meth:`ViewerQueries.case_outcomes` and :meth:`ViewerQueries.env_totals` count:
+``scored`` (eval_status scored with a score) and ``score_sum`` over them; ``invalid``,
+``eval_error``, ``eval_timeout`` (eval_status invalid_reward | error | timeout), ``unevaluated``
+(no eval_status, or skipped); runtime ``rt_failed``, ``rt_errors``, ``rt_timeouts`` (status
+failed | error | timeout); ``duration_sum`` and ``duration_n`` over sessions with a duration."""
+
+
+def _count(cond: ColumnElement[bool]) -> Any:
+    return func.sum(case((cond, 1), else_=0))
+
+
+def _scored() -> ColumnElement[bool]:
+    return and_(JE.c.eval_status == "scored", JE.c.reward.is_not(None))
+
+
+def _passes() -> Any:
+    return _count(and_(_scored(), JE.c.reward >= PASS_SCORE))
+
+
+def _outcome_counts() -> list[Any]:
+    return [
+        func.count().label("n"), _passes().label("passes"), _count(_scored()).label("scored"),
+        func.sum(case((_scored(), JE.c.reward), else_=None)).label("score_sum"),
+        _count(JE.c.eval_status == "invalid_reward").label("invalid"),
+        _count(JE.c.eval_status == "error").label("eval_error"),
+        _count(JE.c.eval_status == "timeout").label("eval_timeout"),
+        _count(or_(JE.c.eval_status.is_(None), JE.c.eval_status == "skipped")).label("unevaluated"),
+        _count(JE.c.status == "failed").label("rt_failed"), _count(JE.c.status == "error").label("rt_errors"),
+        _count(JE.c.status == "timeout").label("rt_timeouts"),
+        func.sum(JE.c.duration_s).label("duration_sum"), func.count(JE.c.duration_s).label("duration_n"),
+    ]
+
+
 def _index_names(conn: Any, table: str) -> set[str]:
     return {str(ix["name"]) for ix in inspect(conn).get_indexes(table)}
 
@@ -334,35 +372,34 @@ class ViewerQueries:
         return await self._all(stmt)
 
     async def case_outcomes(self, job_id: str) -> list[dict[str, Any]]:
-        """The finished sessions of a job counted per (env_name, llm_model, case_id), ordered so:
-        ``n`` sessions; ``scored`` (eval_status scored with a score), ``passes`` (scored and score
-        >= ``pass_score``), ``score_sum`` over scored; ``invalid``, ``eval_error``,
-        ``eval_timeout``, ``unevaluated`` (no eval_status, or skipped); runtime ``rt_failed``,
-        ``rt_errors``, ``rt_timeouts`` (status failed | error | timeout); ``duration_sum`` and
-        ``duration_n`` over sessions with a duration. One pass over the job's rows."""
-        return await self._all(self._case_outcomes().where(JE.c.job_id == job_id))
+        """The finished sessions of a job counted per (env_name, llm_model, case_id), in that order:
+        :data:`OUTCOME_COUNTS` plus ``n`` (sessions) and ``passes``."""
+        stmt = (select(JE.c.env_name, JE.c.llm_model, JE.c.case_id, *_outcome_counts())
+                .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
+                .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
+                .order_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id))
+        return await self._all(stmt)
 
-    @staticmethod
-    def _case_outcomes(pass_score: float = 10 - 1e-9) -> Select[Any]:
-        def count(cond: ColumnElement[bool]) -> Any:
-            return func.sum(case((cond, 1), else_=0))
+    async def env_totals(self, job_id: str) -> list[dict[str, Any]]:
+        """The finished sessions of a job counted per (env_name, llm_model): :data:`OUTCOME_COUNTS`
+        plus ``n`` (sessions) and ``passes`` (cases are counted by :meth:`pass_histogram`)."""
+        stmt = (select(JE.c.env_name, JE.c.llm_model, *_outcome_counts())
+                .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
+                .group_by(JE.c.env_name, JE.c.llm_model).order_by(JE.c.env_name, JE.c.llm_model))
+        return await self._all(stmt)
 
-        scored = and_(JE.c.eval_status == "scored", JE.c.reward.is_not(None))
-        return (
-            select(JE.c.env_name, JE.c.llm_model, JE.c.case_id, func.count().label("n"),
-                   count(scored).label("scored"), count(and_(scored, JE.c.reward >= pass_score)).label("passes"),
-                   func.sum(case((scored, JE.c.reward), else_=None)).label("score_sum"),
-                   count(JE.c.eval_status == "invalid_reward").label("invalid"),
-                   count(JE.c.eval_status == "error").label("eval_error"),
-                   count(JE.c.eval_status == "timeout").label("eval_timeout"),
-                   count(or_(JE.c.eval_status.is_(None), JE.c.eval_status == "skipped")).label("unevaluated"),
-                   count(JE.c.status == "failed").label("rt_failed"), count(JE.c.status == "error").label("rt_errors"),
-                   count(JE.c.status == "timeout").label("rt_timeouts"),
-                   func.sum(JE.c.duration_s).label("duration_sum"), func.count(JE.c.duration_s).label("duration_n"))
-            .where(JE.c.finished.is_(True))
-            .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
-            .order_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
-        )
+    async def pass_histogram(self, job_id: str) -> list[dict[str, Any]]:
+        """How many cases of each (env_name, llm_model) have ``n`` finished samples of which
+        ``passes`` pass: rows (env_name, llm_model, n, passes, cases); what pass@k needs, in
+        few rows however many cases there are."""
+        per_case = (select(JE.c.env_name, JE.c.llm_model, func.count().label("n"), _passes().label("passes"))
+                    .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
+                    .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id).subquery())
+        stmt = (select(per_case.c.env_name, per_case.c.llm_model, per_case.c.n, per_case.c.passes,
+                       func.count().label("cases"))
+                .group_by(per_case.c.env_name, per_case.c.llm_model, per_case.c.n, per_case.c.passes)
+                .order_by(per_case.c.env_name, per_case.c.llm_model, per_case.c.n, per_case.c.passes))
+        return await self._all(stmt)
 
     async def step_timings(self, job_id: str, limit: int = 200_000) -> list[dict[str, Any]]:
         """Per-step ``env_name``, ``llm_model``, ``status``, ``latency_ms``, ``ttft_ms`` and token

@@ -83,10 +83,10 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         info = await need_job(job_id)
-        cases = await queries.case_outcomes(job_id)
-        return page("job.html", job=info, summary=summary(cases), statuses=await queries.status_counts(job_id),
+        totals, hist = await queries.env_totals(job_id), await queries.pass_histogram(job_id)
+        return page("job.html", job=info, summary=summary(totals, hist), statuses=await queries.status_counts(job_id),
                     worst=await queries.worst_sessions(job_id, 5), reasons=await queries.failure_reasons(job_id, 10),
-                    curves=pass_curves(cases), other_jobs=[j for j in await queries.job_ids() if j != job_id],
+                    curves=pass_curves(totals, hist), other_jobs=[j for j in await queries.job_ids() if j != job_id],
                     live_url=_job_live(info))
 
     async def sessions(request: Request) -> Response:
@@ -154,14 +154,17 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         return page("group.html", group_id=gid, members=members, samples=samples, common=common, diffs=diffs,
                     longest=max((len(s) for s in samples), default=0))
 
+    async def job_summary(job_id: str) -> dict[tuple[str, str], Any]:
+        rows = summary(await queries.env_totals(job_id), await queries.pass_histogram(job_id))
+        return {(r.env_name, r.model): r for r in rows}
+
     async def compare(request: Request) -> Response:
         a, b = _opt_str(request, "a"), _opt_str(request, "b")
         ids = await queries.job_ids()
         if not a or not b:
             return page("compare.html", ids=ids, a=a, b=b, ready=False)
         job_a, job_b = await need_job(a), await need_job(b)
-        rows_a, rows_b = await queries.case_outcomes(a), await queries.case_outcomes(b)
-        deltas = compare_cases(rows_a, rows_b)
+        deltas = compare_cases(await queries.case_outcomes(a), await queries.case_outcomes(b))
         if request.query_params.get("changed"):
             deltas = [d for d in deltas if d.delta is None or abs(d.delta) > 1e-9]
         n = _page(request)
@@ -170,9 +173,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
             raise HTTPException(404, f"page {n} of {pages}: no such page")
         args = {k: v for k, v in request.query_params.items() if k != "page" and v}
         return page("compare.html", ids=ids, a=a, b=b, ready=True, job_a=job_a, job_b=job_b,
-                    sum_a={(r.env_name, r.model): r for r in summary(rows_a)},
-                    sum_b={(r.env_name, r.model): r for r in summary(rows_b)},
-                    curves_a=pass_curves(rows_a), curves_b=pass_curves(rows_b),
+                    sum_a=await job_summary(a), sum_b=await job_summary(b),
                     deltas=deltas[(n - 1) * COMPARE_PAGE:n * COMPARE_PAGE], n_cases=len(deltas),
                     page_no=n, pages=pages, args=args)
 

@@ -45,8 +45,8 @@ def _div(fig: go.Figure, div_id: str) -> str:
     return str(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=_CONFIG))
 
 
-def figures(rows: list[dict[str, Any]], cases: list[dict[str, Any]], steps: list[dict[str, Any]],
-            reasons: list[dict[str, Any]]) -> dict[str, str]:
+def figures(rows: list[dict[str, Any]], curves: dict[tuple[str, str], list[tuple[int, float]]],
+            steps: list[dict[str, Any]], reasons: list[dict[str, Any]]) -> dict[str, str]:
     """The report's plots as HTML divs, by name (a plot without data is left out)."""
     out: dict[str, str] = {}
     by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -63,7 +63,6 @@ def figures(rows: list[dict[str, Any]], cases: list[dict[str, Any]], steps: list
         hist.update_layout(barmode="group", xaxis={"range": [-0.5, 10.5], "dtick": 1})
         out["scores"] = _div(_layout(hist, "Score histogram (scored sessions)", "score", "sessions"), "plot-scores")
 
-    curves = pass_curves(cases)
     if curves:
         fig = go.Figure()
         for (env, model), points in curves.items():
@@ -122,12 +121,12 @@ async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str =
     if job is None:
         raise ViewerError(f"no job {job_id!r} in this store")
     rows = await queries.finished_sessions(job_id)
-    cases = await queries.case_outcomes(job_id)
+    totals, hist = await queries.env_totals(job_id), await queries.pass_histogram(job_id)
     reasons = await queries.failure_reasons(job_id, 50)
-    plots = figures(rows, cases, await queries.step_timings(job_id), reasons)
+    plots = figures(rows, pass_curves(totals, hist), await queries.step_timings(job_id), reasons)
     css = (Path(__file__).resolve().parent / "static" / "viewer.css").read_text(encoding="utf-8")
     return templates().get_template("report.html").render(
-        job=job, summary=summary(cases), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
+        job=job, summary=summary(totals, hist), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
         plotly_js=plotly_js() if inline_js else None, worst=await queries.worst_sessions(job_id, 10),
         generated=datetime.now(UTC))
 

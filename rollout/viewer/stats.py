@@ -6,8 +6,8 @@ and the hidden fields of each env (what the runtime was not shown).
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,54 +20,63 @@ from rollout.report import SummaryRow, pass_at_k
 log = logging.getLogger(__name__)
 
 
-Case = dict[str, Any]
-"""One row of :meth:`store.queries.ViewerQueries.case_outcomes` (a case's finished sessions counted)."""
+Counts = dict[str, Any]
+"""A row of :mod:`store.queries` counts (``env_totals``, ``pass_histogram``, ``case_outcomes``)."""
 
 
-def summary(cases: Sequence[Case]) -> list[SummaryRow]:
-    """The launcher's summary table (``rollout.report.summarize`` with its default counting:
-    unscored sessions left out of the mean, ``k`` = the fewest samples of any case) from
-    per-case counts, so a 100,000-session job is summed in SQL rather than loaded."""
-    by_key: dict[tuple[str, str], list[Case]] = defaultdict(list)
-    for c in cases:
-        by_key[(c["env_name"], c["llm_model"])].append(c)
+@functools.lru_cache(maxsize=4096)
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    return pass_at_k(n, c, k)
+
+
+def _by_env(rows: Sequence[Counts]) -> dict[tuple[str, str], list[Counts]]:
+    out: dict[tuple[str, str], list[Counts]] = defaultdict(list)
+    for r in rows:
+        out[(r["env_name"], r["llm_model"])].append(r)
+    return out
+
+
+def _mean_pass(hist: list[Counts], k: int) -> float:
+    cases = sum(int(h["cases"]) for h in hist)
+    return sum(int(h["cases"]) * _pass_at_k(int(h["n"]), int(h["passes"]), k) for h in hist) / cases
+
+
+def summary(totals: Sequence[Counts], histogram: Sequence[Counts]) -> list[SummaryRow]:
+    """The launcher's summary table (same rules as ``rollout.report.summarize`` with its defaults:
+    unscored sessions left out of the mean, ``k`` = the fewest samples of any case) from the
+    counts of ``ViewerQueries.env_totals`` and ``pass_histogram``: a 100,000-session job is
+    summed in SQL, not loaded."""
+    hists = _by_env(histogram)
     rows: list[SummaryRow] = []
-    for (env, model), cs in sorted(by_key.items()):
-        def total(name: str, cs: list[Case] = cs) -> int:
-            return sum(int(c[name] or 0) for c in cs)
-
-        sessions = total("n")
-        evaluated = sessions - total("unevaluated") > 0
-        k = min(int(c["n"]) for c in cs)
-        scored = total("scored")
-        durations = total("duration_n")
-        pass_1 = sum(pass_at_k(int(c["n"]), int(c["passes"]), 1) for c in cs) / len(cs) if evaluated else None
-        pass_k = sum(pass_at_k(int(c["n"]), int(c["passes"]), k) for c in cs) / len(cs) if evaluated else None
+    for t in totals:
+        hist = hists[(t["env_name"], t["llm_model"])]
+        sessions, scored, durations = int(t["n"]), int(t["scored"]), int(t["duration_n"])
+        evaluated = sessions - int(t["unevaluated"]) > 0
+        k = min(int(h["n"]) for h in hist)
+        cases = sum(int(h["cases"]) for h in hist)
         rows.append(SummaryRow(
-            env_name=env, model=model, sessions=sessions, cases=len(cs), scored=scored, invalid=total("invalid"),
-            eval_error=total("eval_error"), eval_timeout=total("eval_timeout"), unevaluated=total("unevaluated"),
-            mean_score=math.fsum(float(c["score_sum"] or 0.0) for c in cs) / scored if scored else None,
-            k=k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=len(cs),
-            runtime_failed=total("rt_failed"), runtime_errors=total("rt_errors"), runtime_timeouts=total("rt_timeouts"),
-            mean_duration_s=math.fsum(float(c["duration_sum"] or 0.0) for c in cs) / durations if durations else None,
+            env_name=t["env_name"], model=t["llm_model"], sessions=sessions, cases=cases, scored=scored,
+            invalid=int(t["invalid"]), eval_error=int(t["eval_error"]), eval_timeout=int(t["eval_timeout"]),
+            unevaluated=int(t["unevaluated"]),
+            mean_score=float(t["score_sum"]) / scored if scored else None,
+            k=k, pass_at_1=_mean_pass(hist, 1) if evaluated else None,
+            pass_at_k=_mean_pass(hist, k) if evaluated else None, pass_at_k_cases=cases,
+            runtime_failed=int(t["rt_failed"]), runtime_errors=int(t["rt_errors"]),
+            runtime_timeouts=int(t["rt_timeouts"]),
+            mean_duration_s=float(t["duration_sum"]) / durations if durations else None,
         ))
     return rows
 
 
-def pass_curves(cases: Sequence[Case]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+def pass_curves(totals: Sequence[Counts], histogram: Sequence[Counts]) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """pass@k for k = 1 .. the fewest samples of any case, per (env, model): the unbiased estimator
     per case (``rollout.report.pass_at_k``) averaged over cases. An (env, model) with no evaluated
     session is left out (nothing can pass)."""
-    by_key: dict[tuple[str, str], list[Case]] = defaultdict(list)
-    for c in cases:
-        by_key[(c["env_name"], c["llm_model"])].append(c)
+    evaluated = {(t["env_name"], t["llm_model"]) for t in totals if int(t["n"]) > int(t["unevaluated"])}
     out: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for key, cs in sorted(by_key.items()):
-        if all(int(c["n"]) == int(c["unevaluated"]) for c in cs):
-            continue
-        kmax = min(int(c["n"]) for c in cs)
-        out[key] = [(k, sum(pass_at_k(int(c["n"]), int(c["passes"]), k) for c in cs) / len(cs))
-                    for k in range(1, kmax + 1)]
+    for key, hist in sorted(_by_env(histogram).items()):
+        if key in evaluated:
+            out[key] = [(k, _mean_pass(hist, k)) for k in range(1, min(int(h["n"]) for h in hist) + 1)]
     return out
 
 
@@ -92,7 +101,7 @@ class CaseDelta:
         return self.b[2] - self.a[2]
 
 
-def _by_case(cases: Sequence[Case]) -> dict[tuple[str, str], Outcome]:
+def _by_case(cases: Sequence[Counts]) -> dict[tuple[str, str], Outcome]:
     acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
     for c in cases:
         a = acc[(c["env_name"], c["case_id"])]
@@ -103,7 +112,7 @@ def _by_case(cases: Sequence[Case]) -> dict[tuple[str, str], Outcome]:
     return {key: (int(n), int(p), s / sc if sc else None) for key, (n, p, sc, s) in acc.items()}
 
 
-def compare_cases(a_cases: Sequence[Case], b_cases: Sequence[Case]) -> list[CaseDelta]:
+def compare_cases(a_cases: Sequence[Counts], b_cases: Sequence[Counts]) -> list[CaseDelta]:
     """Per (env, case) of either job: its outcome in A and in B, the largest change of mean score
     first (then cases without a score in one of them, e.g. run by one job only). Models are merged:
     compare jobs on one model each, or one model on two jobs."""

@@ -154,8 +154,12 @@ async def test_summary_from_case_counts_equals_the_launchers_table(q: ViewerQuer
     finally:
         await store.close()
     expected = summarize(records)
-    got = summary(await q.case_outcomes("big"))
+    totals, hist = await q.env_totals("big"), await q.pass_histogram("big")
+    got = summary(totals, hist)
     assert len(got) == len(expected) == 2
     for g, e in zip(got, expected, strict=True):
         assert g.model_dump() == pytest.approx(e.model_dump())
-    assert pass_curves(await q.case_outcomes("big"))[("a", "m")][0][1] == pytest.approx(expected[0].pass_at_1)
+    curve = pass_curves(totals, hist)[("a", "m")]
+    assert [k for k, _ in curve] == list(range(1, expected[0].k + 1))
+    assert curve[0][1] == pytest.approx(expected[0].pass_at_1) and curve[-1][1] == pytest.approx(expected[0].pass_at_k)
+    assert sum(int(c["n"]) for c in await q.case_outcomes("big")) == sum(e.sessions for e in expected)
