@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, case, func, inspect, literal, or_, select, text
+from sqlalchemy import and_, case, func, inspect, literal, literal_column, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Select
 
@@ -32,7 +32,7 @@ in its default order, by score and by status without a full sort)."""
 
 OPTIONAL_TABLES = ("session_attempts", "session_workspaces")
 """Tables that newer versions add, shown on a session's page when present (any columns; rows
-matched on ``session_id``)."""
+matched on ``env_id``, else ``session_id``; ordered by ``attempt`` when there is one)."""
 
 SORTS: dict[str, tuple[ColumnElement[Any], ...]] = {
     "order": (JE.c.env_name, JE.c.case_id, JE.c.sample_index),
@@ -104,7 +104,7 @@ PASS_SCORE = 10 - 1e-9
 
 OUTCOME_COUNTS = ("scored", "score_sum", "invalid", "eval_error", "eval_timeout", "unevaluated", "rt_failed",
                   "rt_errors", "rt_timeouts", "duration_sum", "duration_n")
-"""What :meth:`ViewerQueries.case_outcomes` and :meth:`ViewerQueries.env_totals` count:
+"""What :meth:`ViewerQueries.case_outcomes` counts per case:
 ``scored`` (eval_status scored with a score) and ``score_sum`` over them; ``invalid``,
 ``eval_error``, ``eval_timeout`` (eval_status invalid_reward | error | timeout), ``unevaluated``
 (no eval_status, or skipped); runtime ``rt_failed``, ``rt_errors``, ``rt_timeouts`` (status
@@ -151,6 +151,7 @@ class ViewerQueries:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._tables: set[str] | None = None
+        self._columns: dict[str, set[str]] = {}
 
     async def _all(self, stmt: Any) -> list[dict[str, Any]]:
         async with self.engine.connect() as conn:
@@ -167,6 +168,13 @@ class ViewerQueries:
             async with self.engine.connect() as conn:
                 self._tables = set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
         return self._tables
+
+    async def columns(self, table: str) -> set[str]:
+        """The column names of ``table`` as the database has them (read once per table)."""
+        if table not in self._columns:
+            async with self.engine.connect() as conn:
+                self._columns[table] = set(await conn.run_sync(_column_names, table))
+        return self._columns[table]
 
     async def has_store(self) -> bool:
         """True when the database holds the launcher's tables."""
@@ -314,13 +322,14 @@ class ViewerQueries:
         for name in OPTIONAL_TABLES:
             if name not in present:
                 continue
+            cols = await self.columns(name)
+            key = next((k for k in ("env_id", "session_id") if k in cols), None)
+            if key is None:
+                continue
+            order = ' ORDER BY "attempt"' if "attempt" in cols else (
+                " ORDER BY rowid" if self.engine.dialect.name == "sqlite" else "")
             async with self.engine.connect() as conn:
-                cols = await conn.run_sync(_column_names, name)
-                if "session_id" not in cols:
-                    continue
-                order = " ORDER BY rowid" if self.engine.dialect.name == "sqlite" else ""
-                res = await conn.execute(text(f'SELECT * FROM "{name}" WHERE session_id = :sid{order}'),
-                                         {"sid": session_id})
+                res = await conn.execute(text(f'SELECT * FROM "{name}" WHERE "{key}" = :sid{order}'), {"sid": session_id})
                 rows = [dict(r._mapping) for r in res.all()]
             if rows:
                 out[name] = rows
@@ -373,32 +382,23 @@ class ViewerQueries:
 
     async def case_outcomes(self, job_id: str) -> list[dict[str, Any]]:
         """The finished sessions of a job counted per (env_name, llm_model, case_id), in that order:
-        :data:`OUTCOME_COUNTS` plus ``n`` (sessions) and ``passes``."""
+        :data:`OUTCOME_COUNTS` plus ``n`` (sessions) and ``passes`` (for comparing two jobs)."""
         stmt = (select(JE.c.env_name, JE.c.llm_model, JE.c.case_id, *_outcome_counts())
                 .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
                 .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
                 .order_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id))
         return await self._all(stmt)
 
-    async def env_totals(self, job_id: str) -> list[dict[str, Any]]:
-        """The finished sessions of a job counted per (env_name, llm_model): :data:`OUTCOME_COUNTS`
-        plus ``n`` (sessions) and ``passes`` (cases are counted by :meth:`pass_histogram`)."""
-        stmt = (select(JE.c.env_name, JE.c.llm_model, *_outcome_counts())
-                .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
-                .group_by(JE.c.env_name, JE.c.llm_model).order_by(JE.c.env_name, JE.c.llm_model))
-        return await self._all(stmt)
-
-    async def pass_histogram(self, job_id: str) -> list[dict[str, Any]]:
-        """How many cases of each (env_name, llm_model) have ``n`` finished samples of which
-        ``passes`` pass: rows (env_name, llm_model, n, passes, cases); what pass@k needs, in
-        few rows however many cases there are."""
-        per_case = (select(JE.c.env_name, JE.c.llm_model, func.count().label("n"), _passes().label("passes"))
-                    .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
-                    .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id).subquery())
-        stmt = (select(per_case.c.env_name, per_case.c.llm_model, per_case.c.n, per_case.c.passes,
-                       func.count().label("cases"))
-                .group_by(per_case.c.env_name, per_case.c.llm_model, per_case.c.n, per_case.c.passes)
-                .order_by(per_case.c.env_name, per_case.c.llm_model, per_case.c.n, per_case.c.passes))
+    async def summary_rows(self, job_id: str) -> list[dict[str, Any]]:
+        """The finished sessions of a job with only the columns the launcher's summary reads
+        (ids, env, case, model, sample, status, score, eval status, duration, attempts, and
+        ``outcome`` when the store has that column), ordered by env, case, sample."""
+        cols = [JE.c.env_id, JE.c.job_id, JE.c.env_name, JE.c.case_id, JE.c.group_id, JE.c.llm_model,
+                JE.c.sample_index, JE.c.status, JE.c.reward, JE.c.eval_status, JE.c.duration_s, JE.c.attempts]
+        if "outcome" in await self.columns(JE.name):
+            cols.append(literal_column('"outcome"').label("outcome"))
+        stmt = (select(*cols).select_from(JE).where(JE.c.job_id == job_id, JE.c.finished.is_(True))
+                .order_by(JE.c.env_name, JE.c.case_id, JE.c.sample_index))
         return await self._all(stmt)
 
     async def step_timings(self, job_id: str, limit: int = 200_000) -> list[dict[str, Any]]:

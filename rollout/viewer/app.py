@@ -20,9 +20,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rollout.report import SummaryRow
 from rollout.viewer.render import templates
 from rollout.viewer.report import build_report, plotly_js
-from rollout.viewer.stats import HiddenFields, compare_cases, pass_curves, summary
+from rollout.viewer.stats import HiddenFields, compare_cases, records_of, summary
 from rollout.viewer.trajectory_view import divergence, start_request_view, step_views
 from store.queries import SORTS, SessionFilter, ViewerQueries
 
@@ -62,9 +63,16 @@ def _job_live(job: dict[str, Any]) -> str | None:
     return None if job["finished"] >= job["sessions"] else f"/api/jobs/{quote(job['job_id'], safe='')}/progress"
 
 
+def _live_every(job: dict[str, Any]) -> int:
+    """Milliseconds between polls of a running job's pages: 2 s, 10 s from 5,000 sessions on
+    (each reload of a big job's page costs the server more)."""
+    return 2000 if job["sessions"] < 5000 else 10_000
+
+
 def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "rollout viewer") -> Starlette:
     """The viewer app on ``queries``; ``hidden`` tells which case fields the runtime was not shown."""
     env = templates()
+    summaries: dict[str, tuple[tuple[Any, ...], dict[tuple[str, str], SummaryRow]]] = {}
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(title=title, **ctx), status_code=status)
@@ -83,11 +91,10 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         info = await need_job(job_id)
-        totals, hist = await queries.env_totals(job_id), await queries.pass_histogram(job_id)
-        return page("job.html", job=info, summary=summary(totals, hist), statuses=await queries.status_counts(job_id),
+        return page("job.html", job=info, summary=list((await job_summary(job_id, info)).values()), statuses=await queries.status_counts(job_id),
                     worst=await queries.worst_sessions(job_id, 5), reasons=await queries.failure_reasons(job_id, 10),
-                    curves=pass_curves(totals, hist), other_jobs=[j for j in await queries.job_ids() if j != job_id],
-                    live_url=_job_live(info))
+                    other_jobs=[j for j in await queries.job_ids() if j != job_id],
+                    live_url=_job_live(info), live_every=_live_every(info))
 
     async def sessions(request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -109,7 +116,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         args = {k: v for k, v in request.query_params.items() if k != "page" and v}
         return page("sessions.html", job=info, result=result, flt=flt, sort=sort, descending=descending,
                     page_no=n, pages=pages, args=args, values=await queries.filter_values(job_id),
-                    live_url=_job_live(info))
+                    live_url=_job_live(info), live_every=_live_every(info))
 
     async def session(request: Request) -> Response:
         sid = request.path_params["session_id"]
@@ -154,9 +161,14 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         return page("group.html", group_id=gid, members=members, samples=samples, common=common, diffs=diffs,
                     longest=max((len(s) for s in samples), default=0))
 
-    async def job_summary(job_id: str) -> dict[tuple[str, str], Any]:
-        rows = summary(await queries.env_totals(job_id), await queries.pass_histogram(job_id))
-        return {(r.env_name, r.model): r for r in rows}
+    async def job_summary(job_id: str, info: dict[str, Any]) -> dict[tuple[str, str], SummaryRow]:
+        """The launcher's summary of a job, computed again only when a session finished since."""
+        key = (info["sessions"], info["finished"], info["finished_at"])
+        cached = summaries.get(job_id)
+        if cached is None or cached[0] != key:
+            rows = summary(records_of(await queries.summary_rows(job_id)))
+            cached = summaries[job_id] = (key, {(r.env_name, r.model): r for r in rows})
+        return cached[1]
 
     async def compare(request: Request) -> Response:
         a, b = _opt_str(request, "a"), _opt_str(request, "b")
@@ -173,7 +185,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
             raise HTTPException(404, f"page {n} of {pages}: no such page")
         args = {k: v for k, v in request.query_params.items() if k != "page" and v}
         return page("compare.html", ids=ids, a=a, b=b, ready=True, job_a=job_a, job_b=job_b,
-                    sum_a=await job_summary(a), sum_b=await job_summary(b),
+                    sum_a=await job_summary(a, job_a), sum_b=await job_summary(b, job_b),
                     deltas=deltas[(n - 1) * COMPARE_PAGE:n * COMPARE_PAGE], n_cases=len(deltas),
                     page_no=n, pages=pages, args=args)
 

@@ -18,7 +18,7 @@ from plotly.offline import get_plotlyjs
 
 from rollout.viewer.db import ViewerError, open_queries
 from rollout.viewer.render import templates
-from rollout.viewer.stats import pass_curves, summary
+from rollout.viewer.stats import pass_curves, records_of, summary
 from store.queries import ViewerQueries
 
 DEFAULT_VIEWER_URL = "http://127.0.0.1:8765"
@@ -121,12 +121,12 @@ async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str =
     if job is None:
         raise ViewerError(f"no job {job_id!r} in this store")
     rows = await queries.finished_sessions(job_id)
-    totals, hist = await queries.env_totals(job_id), await queries.pass_histogram(job_id)
+    records = records_of(await queries.summary_rows(job_id))
     reasons = await queries.failure_reasons(job_id, 50)
-    plots = figures(rows, pass_curves(totals, hist), await queries.step_timings(job_id), reasons)
+    plots = figures(rows, pass_curves(records), await queries.step_timings(job_id), reasons)
     css = (Path(__file__).resolve().parent / "static" / "viewer.css").read_text(encoding="utf-8")
     return templates().get_template("report.html").render(
-        job=job, summary=summary(totals, hist), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
+        job=job, summary=summary(records), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
         plotly_js=plotly_js() if inline_js else None, worst=await queries.worst_sessions(job_id, 10),
         generated=datetime.now(UTC))
 

@@ -1,12 +1,11 @@
-"""Job-wide numbers for the viewer and the report, from per-case counts made in SQL
-(:meth:`store.queries.ViewerQueries.case_outcomes`): the summary table (the launcher's
-``SummaryRow``, same rules as ``rollout.report.summarize``), pass@k over k, two jobs compared;
-and the hidden fields of each env (what the runtime was not shown).
+"""Job-wide numbers for the viewer and the report: the summary table and pass@k over k (the
+launcher's own ``rollout.report.summarize`` on light records of the store's rows, so the numbers
+are the terminal's), two jobs compared per case (counted in SQL), and the hidden fields of each
+env (what the runtime was not shown).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -15,69 +14,52 @@ from pathlib import Path
 from typing import Any
 
 from rollout.envs import EnvConfigError, discover_envs, load_cases
-from rollout.report import SummaryRow, pass_at_k
+from rollout.report import SessionRecord, SummaryRow, summarize
 
 log = logging.getLogger(__name__)
 
 
 Counts = dict[str, Any]
-"""A row of :mod:`store.queries` counts (``env_totals``, ``pass_histogram``, ``case_outcomes``)."""
+"""A row of :mod:`store.queries` (``summary_rows``, ``case_outcomes``)."""
 
 
-@functools.lru_cache(maxsize=4096)
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    return pass_at_k(n, c, k)
+def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:
+    """Light ``SessionRecord``s (no trajectory, no usage) of
+    :meth:`store.queries.ViewerQueries.summary_rows`, for ``rollout.report.summarize``. A
+    session with more than one attempt is ``retried``; ``outcome`` is passed on when the store
+    has it (a record type without these fields ignores them)."""
+    return [SessionRecord.model_validate({
+        "session_id": r["env_id"], "job_id": r["job_id"], "env_name": r["env_name"], "case_id": r["case_id"],
+        "group_id": r["group_id"], "model": r["llm_model"], "sample_index": r["sample_index"], "status": r["status"],
+        "score": r["reward"], "eval_status": r["eval_status"], "duration_s": r["duration_s"],
+        "outcome": r.get("outcome"), "retried": int(r["attempts"] or 0) > 1}) for r in rows]
 
 
-def _by_env(rows: Sequence[Counts]) -> dict[tuple[str, str], list[Counts]]:
-    out: dict[tuple[str, str], list[Counts]] = defaultdict(list)
-    for r in rows:
-        out[(r["env_name"], r["llm_model"])].append(r)
-    return out
+def summary(records: Sequence[SessionRecord]) -> list[SummaryRow]:
+    """The launcher's own summary table of these records (``rollout.report.summarize``), so the
+    viewer and the report show the numbers the terminal printed."""
+    return summarize(list(records))
 
 
-def _mean_pass(hist: list[Counts], k: int) -> float:
-    cases = sum(int(h["cases"]) for h in hist)
-    return sum(int(h["cases"]) * _pass_at_k(int(h["n"]), int(h["passes"]), k) for h in hist) / cases
-
-
-def summary(totals: Sequence[Counts], histogram: Sequence[Counts]) -> list[SummaryRow]:
-    """The launcher's summary table (same rules as ``rollout.report.summarize`` with its defaults:
-    unscored sessions left out of the mean, ``k`` = the fewest samples of any case) from the
-    counts of ``ViewerQueries.env_totals`` and ``pass_histogram``: a 100,000-session job is
-    summed in SQL, not loaded."""
-    hists = _by_env(histogram)
-    rows: list[SummaryRow] = []
-    for t in totals:
-        hist = hists[(t["env_name"], t["llm_model"])]
-        sessions, scored, durations = int(t["n"]), int(t["scored"]), int(t["duration_n"])
-        evaluated = sessions - int(t["unevaluated"]) > 0
-        k = min(int(h["n"]) for h in hist)
-        cases = sum(int(h["cases"]) for h in hist)
-        rows.append(SummaryRow(
-            env_name=t["env_name"], model=t["llm_model"], sessions=sessions, cases=cases, scored=scored,
-            invalid=int(t["invalid"]), eval_error=int(t["eval_error"]), eval_timeout=int(t["eval_timeout"]),
-            unevaluated=int(t["unevaluated"]),
-            mean_score=float(t["score_sum"]) / scored if scored else None,
-            k=k, pass_at_1=_mean_pass(hist, 1) if evaluated else None,
-            pass_at_k=_mean_pass(hist, k) if evaluated else None, pass_at_k_cases=cases,
-            runtime_failed=int(t["rt_failed"]), runtime_errors=int(t["rt_errors"]),
-            runtime_timeouts=int(t["rt_timeouts"]),
-            mean_duration_s=float(t["duration_sum"]) / durations if durations else None,
-        ))
-    return rows
-
-
-def pass_curves(totals: Sequence[Counts], histogram: Sequence[Counts]) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """pass@k for k = 1 .. the fewest samples of any case, per (env, model): the unbiased estimator
-    per case (``rollout.report.pass_at_k``) averaged over cases. An (env, model) with no evaluated
-    session is left out (nothing can pass)."""
-    evaluated = {(t["env_name"], t["llm_model"]) for t in totals if int(t["n"]) > int(t["unevaluated"])}
+def pass_curves(records: Sequence[SessionRecord]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """pass@k for k = 1 .. the summary's k (the fewest samples of any case), per (env, model), each
+    point as ``rollout.report.summarize(records, k=k)`` computes it (the unbiased estimator per
+    case, averaged over cases). An (env, model) with nothing evaluated is left out."""
     out: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for key, hist in sorted(_by_env(histogram).items()):
-        if key in evaluated:
-            out[key] = [(k, _mean_pass(hist, k)) for k in range(1, min(int(h["n"]) for h in hist) + 1)]
+    for row in summarize(list(records)):
+        points: list[tuple[int, float]] = []
+        for k in range(1, row.k + 1):
+            value = (row if k == row.k else _row_at(records, row, k)).pass_at_k
+            if value is not None:
+                points.append((k, value))
+        if points:
+            out[(row.env_name, row.model)] = points
     return out
+
+
+def _row_at(records: Sequence[SessionRecord], row: SummaryRow, k: int) -> SummaryRow:
+    mine = [r for r in records if r.env_name == row.env_name and r.model == row.model]
+    return summarize(mine, k=k)[0]
 
 
 Outcome = tuple[int, int, float | None]

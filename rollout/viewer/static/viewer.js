@@ -1,5 +1,5 @@
 // Live pages: while a job or session runs, poll its progress (read-only JSON) and reload the page
-// when it changes. Stops once the job or session has finished.
+// when it changes (every 2 s; 10 s for big jobs). Stops once the job or session has finished.
 (function () {
   const url = document.body.dataset.liveUrl;
   if (!url) return;
@@ -14,7 +14,7 @@
       if (last !== null && text !== last) { location.reload(); return; }
       last = text;
     } catch (e) { /* the viewer restarted: try again at the next tick */ }
-    setTimeout(poll, 2000);
+    setTimeout(poll, Number(document.body.dataset.liveEvery) || 2000);
   }
   poll();
 })();
