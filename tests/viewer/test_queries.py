@@ -95,13 +95,18 @@ async def test_session_details(q: ViewerQueries, tmp_path: Path) -> None:
     assert await q.earlier_attempt_steps("s0000") == []
     assert await q.optional_rows("s00003") == {}
     con = sqlite3.connect(tmp_path / "t.db")
-    con.execute("create table session_attempts (session_id text, attempt int, outcome text)")
-    con.execute("insert into session_attempts values ('s00003', 1, 'gateway unreachable')")
+    con.execute("create table session_attempts (env_id text, attempt int, outcome text)")
+    con.executemany("insert into session_attempts values (?, ?, ?)",
+                    [("s00003", 2, "succeeded"), ("s00003", 1, "gateway_unreachable"), ("s00004", 1, "failed")])
+    con.execute("create table session_workspaces (session_id text, path text)")
+    con.execute("insert into session_workspaces values ('s00003', '/w/3')")
     con.commit()
     con.close()
     q._tables = None  # a new viewer start reads the schema again
     assert await q.optional_rows("s00003") == {
-        "session_attempts": [{"session_id": "s00003", "attempt": 1, "outcome": "gateway unreachable"}]}
+        "session_attempts": [{"env_id": "s00003", "attempt": 1, "outcome": "gateway_unreachable"},
+                             {"env_id": "s00003", "attempt": 2, "outcome": "succeeded"}],
+        "session_workspaces": [{"session_id": "s00003", "path": "/w/3"}]}
     assert await q.session("nope") is None and await q.gateway_session("s00003") is None
     assert [r["env_id"] for r in await q.group("g1")] == ["s00004", "s00005", "s00006", "s00007"]
 
