@@ -41,6 +41,7 @@ from rollout.scheduler import HARNESS_FAILURES
 
 HERE = Path(__file__).resolve().parent
 _FLAG_OF = {"agent_configs": "agent_config", "env_names": "env"}
+VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.viewer.cli (imported only when used)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,12 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="average evaluator errors/timeouts/invalid rewards as 0 (default: leave them out)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    ap.add_argument("--report", type=Path, metavar="PATH.html",
+                    help="after the job, write its self-contained HTML report there (see also: launcher.py report)")
     return ap
 
 
-_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade"}
+_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade", "report"}
 _RUN_ONLY = ("llm_model", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size", "max_steps",
-             "limit", "resume", "mode", "keep_workspaces", "max_retries", "retry_backoff_s")
+             "limit", "resume", "mode", "keep_workspaces", "max_retries", "retry_backoff_s", "report")
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
@@ -241,7 +244,13 @@ def regrade_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit code."""
+    """CLI entry point; returns the exit code. ``view`` and ``report`` as the first argument run
+    the trajectory viewer and the HTML report (``rollout.viewer.cli``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in VIEWER_COMMANDS:
+        from rollout.viewer.cli import main as viewer_main
+
+        return viewer_main(argv)
     args = build_parser().parse_args(argv)
     if args.regrade:
         return regrade_main(args)
@@ -262,7 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    return report(result, args.count_unscored_as_zero)
+    code = report(result, args.count_unscored_as_zero)
+    if args.report is not None:
+        from rollout.viewer.db import ViewerError
+        from rollout.viewer.report import write_report
+
+        try:
+            path = asyncio.run(write_report(opts.db_path, result.job_id, args.report))
+        except (ViewerError, OSError) as e:
+            print(f"error: the report could not be written: {e}", file=sys.stderr)
+            return code or 1
+        print(f"report written to {path}")
+    return code
 
 
 if __name__ == "__main__":
