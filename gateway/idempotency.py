@@ -109,6 +109,11 @@ class PendingCall:
         return self._table.max_entry_bytes
 
     @property
+    def waiters(self) -> int:
+        """How many retries are waiting for this call now."""
+        return self._waiters
+
+    @property
     def settled(self) -> bool:
         """True once :meth:`done` or :meth:`fail` was called."""
         return self._future.done()
@@ -186,6 +191,11 @@ class RecentCalls:
     def bytes_held(self) -> int:
         """Body bytes of the replays held, in all."""
         return self._bytes
+
+    def calls(self, sid: str) -> list[PendingCall]:
+        """The remembered calls of ``sid``, oldest first (without touching their LRU order)."""
+        calls = self._sessions.get(sid)
+        return list(calls.values()) if calls is not None else []
 
     def find(self, sid: str, key: CallKey) -> PendingCall | None:
         """The remembered call of ``sid`` under ``key`` (in flight, or done with a replay), made
