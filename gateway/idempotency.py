@@ -35,8 +35,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 PER_SESSION = 16  # calls remembered per session
 MAX_ENTRIES = 4096  # calls remembered in all
@@ -138,22 +139,22 @@ class PendingCall:
         self._table._remove(self)
         self._future.set_result(None)
 
-    async def wanted(self, timeout_s: float, stop: Callable[[], bool], poll_s: float = 0.05) -> bool:
+    async def wanted(self, timeout_s: float, stop: asyncio.Future[None]) -> bool:
         """Wait until a retry of this call is waiting for it (True: one is waiting now), at most
-        ``timeout_s`` seconds or until ``stop()`` becomes true (checked every ``poll_s``
-        seconds): then False. A retry that waited and left does not count."""
+        ``timeout_s`` seconds or until ``stop`` is done: then False. A retry that waited and
+        left does not count."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._waiters <= 0:
             left = deadline - loop.time()
-            if left <= 0 or stop():
+            if left <= 0 or stop.done():
                 return False
             self._wanted.clear()
+            woken: asyncio.Future[Any] = asyncio.ensure_future(self._wanted.wait())
             try:
-                async with asyncio.timeout(min(poll_s, left)):
-                    await self._wanted.wait()
-            except TimeoutError:
-                pass
+                await asyncio.wait([woken, stop], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
         return True
 
     async def wait(self) -> Replay | None:

@@ -74,6 +74,12 @@ class Metrics:
                                        "unknown paths, gateway faults), by HTTP status and error code",
                                        ["status", "code"], registry=r)
 
+    def answer(self, endpoint: str, route: str, http_status: int, seconds: float | None = None) -> None:
+        """Count one model call answered with ``http_status`` (and its latency, when given)."""
+        self.requests.labels(endpoint, route, str(http_status)).inc()
+        if seconds is not None:
+            self.latency.labels(endpoint, route).observe(seconds)
+
     def render(self) -> bytes:
         """The text exposition format of every metric."""
         return generate_latest(self.registry)

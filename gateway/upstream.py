@@ -13,6 +13,7 @@ A route whose ``base_url`` holds ``{session_id}`` is called at a URL built per s
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,10 @@ from gateway.errors import GatewayError
 from gateway.settings import SESSION_ID_PLACEHOLDER, RouteSettings
 
 log = logging.getLogger(__name__)
+
+LARGE_BODY_BYTES = 2**20
+"""A request body over this size is sent from a ``BytesIO`` (aiohttp writes it in chunks,
+yielding to the loop between them, and warns when given such a body as one ``bytes``)."""
 
 
 def route_base_url(route_key: str, route: RouteSettings, session_id: str | None) -> str:
@@ -103,7 +108,8 @@ class UpstreamClient:
             await sem.acquire()
         self.in_flight[route_key] = self.in_flight.get(route_key, 0) + 1
         try:
-            async with self._session.post(base_url + path, data=body, headers=headers,
+            data = io.BytesIO(body) if len(body) > LARGE_BODY_BYTES else body
+            async with self._session.post(base_url + path, data=data, headers=headers,
                                           timeout=timeout, allow_redirects=False) as resp:
                 yield resp
         finally:

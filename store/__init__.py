@@ -1,10 +1,20 @@
 """The trajectory store: SQLModel tables, the engines and every SQL statement.
 
-Used by both the gateway and the launcher; knows nothing about HTTP. See DESIGN.md section 5.
+Used by both the gateway and the launcher; knows nothing about HTTP (module map:
+docs/architecture.md).
 """
 
 from store.engine import DbUrlError, json_dumps, parse_db_url
-from store.models import GatewaySession, JobEnvironment, SessionStep, new_record_id, step_record, utcnow
+from store.models import (
+    GatewaySession,
+    JobEnvironment,
+    SessionStatus,
+    SessionStep,
+    StepStatus,
+    new_record_id,
+    step_record,
+    utcnow,
+)
 from store.repo import SessionRow, StepRow, Store, is_unavailable
 
 __all__ = [
@@ -12,8 +22,10 @@ __all__ = [
     "GatewaySession",
     "JobEnvironment",
     "SessionRow",
+    "SessionStatus",
     "SessionStep",
     "StepRow",
+    "StepStatus",
     "Store",
     "is_unavailable",
     "json_dumps",

@@ -28,6 +28,7 @@ from typing import Any
 
 from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
 from gateway.sse import SSEEvent
+from store.models import StepStatus
 
 __all__ = ["MessagesStreamAssembler", "read_messages"]
 
@@ -108,11 +109,11 @@ class MessagesStreamAssembler:
         if piece:
             self._pieces.setdefault((index, key), []).append(piece)
 
-    def status(self) -> str:
+    def status(self) -> StepStatus:
         """See the module docstring."""
         if self.error is not None:
-            return "error"
-        return "ok" if self.saw_stop else "truncated"
+            return StepStatus.ERROR
+        return StepStatus.OK if self.saw_stop else StepStatus.TRUNCATED
 
     def notes(self) -> dict[str, Any]:
         """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
 from gateway.sse import SSEEvent
+from store.models import StepStatus
 
 __all__ = ["ChatStreamAssembler", "message_of", "read_chat", "reasoning_of", "usage_of"]
 
@@ -349,14 +350,14 @@ class ChatStreamAssembler:
             for ch in self._choices.values()
         )
 
-    def status(self) -> str:
-        """``"error"`` after an in-stream error object; else ``"ok"`` when the stream ended with
-        ``[DONE]`` or some choice has a finish_reason; else ``"truncated"`` (EOF mid-stream)."""
+    def status(self) -> StepStatus:
+        """``error`` after an in-stream error object; else ``ok`` when the stream ended with
+        ``[DONE]`` or some choice has a finish_reason; else ``truncated`` (EOF mid-stream)."""
         if self.error is not None:
-            return "error"
+            return StepStatus.ERROR
         if self.saw_done or any(ch.finish_reason is not None for ch in self._choices.values()):
-            return "ok"
-        return "truncated"
+            return StepStatus.OK
+        return StepStatus.TRUNCATED
 
     def notes(self) -> dict[str, Any]:
         """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON."""

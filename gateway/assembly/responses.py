@@ -30,6 +30,7 @@ from typing import Any
 
 from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
 from gateway.sse import SSEEvent
+from store.models import StepStatus
 
 __all__ = ["TERMINAL_EVENTS", "ResponsesStreamAssembler", "read_responses"]
 
@@ -175,12 +176,12 @@ class ResponsesStreamAssembler:
                 slot[3] = done
 
     # ----------------------------------------------------------------------------- reading
-    def status(self) -> str:
+    def status(self) -> StepStatus:
         """``error`` after an ``error`` event or ``response.failed``; ``ok`` after
         ``response.completed``/``response.incomplete``; else ``truncated`` (no terminal event)."""
         if self.error is not None:
-            return "error"
-        return "ok" if self.finished else "truncated"
+            return StepStatus.ERROR
+        return StepStatus.OK if self.finished else StepStatus.TRUNCATED
 
     def notes(self) -> dict[str, Any]:
         """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON,

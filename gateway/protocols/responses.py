@@ -24,6 +24,7 @@ from gateway.assembly import Answer, ResponsesStreamAssembler, StreamAssembler, 
 from gateway.protocols.base import WireProtocol, compact, inner_error
 from gateway.sse import format_event
 from gateway.wire import ResponsesRequest, WireRequest
+from store.models import StepStatus
 
 __all__ = ["ResponsesProtocol", "response_to_stream"]
 
@@ -62,8 +63,8 @@ class ResponsesProtocol(WireProtocol):
     def read(self, response: Any) -> Answer:
         return read_responses(response)
 
-    def answer_status(self, answer: dict[str, Any]) -> str:
-        return "error" if answer.get("status") == "failed" else "ok"
+    def answer_status(self, answer: dict[str, Any]) -> StepStatus:
+        return StepStatus.ERROR if answer.get("status") == "failed" else StepStatus.OK
 
     def to_stream(self, answer: dict[str, Any], req: WireRequest) -> list[bytes]:
         return response_to_stream(answer)

@@ -281,7 +281,7 @@ async def test_call_outliving_the_close_grace_is_recorded_after_close_untrainabl
     row = session_row(gw, "s1")
     assert (row["status"], row["close_reason"]) == ("closed", "timeout")
     assert gw.app_state.sessions.in_flight("s1") == 0
-    assert not gw.app_state.sessions._after_close  # bookkeeping dropped once the call is recorded
+    assert not gw.app_state.sessions.holds("s1")  # bookkeeping dropped once the call is recorded
 
 
 async def _fails_once(gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch, path: str) -> int:
@@ -298,12 +298,12 @@ async def _fails_once(gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.M
     if path == "telemetry-failure":
         real = gw.app_state.store.write_batch
 
-        async def broken(steps: object, sessions: object, *, inline: bool = False) -> None:
+        async def broken(steps: object, sessions: object) -> None:
             monkeypatch.setattr(gw.app_state.store, "write_batch", real)
             raise OSError("disk full")
 
         monkeypatch.setattr(gw.app_state.store, "write_batch", broken)
-        monkeypatch.setattr(gw.app_state.store, "write_now", lambda steps, sessions: False)  # always queue
+        monkeypatch.setattr(gw.app_state.store, "commit_now", lambda steps, sessions: False)  # always queue
         return 500
     if path == "gateway-bug":
         from gateway.protocols import CHAT
