@@ -283,7 +283,7 @@ class GatewaySettings(_Strict):
     base_session_path: str = "/v1/sessions"
     max_steps: int = -1
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
-    storage_type: Literal["sqlite", "postgresql"] = "sqlite"
+    storage_type: Literal["sqlite", "postgresql"] | None = None
     storage_config: StorageConfig = Field(default_factory=StorageConfig)
     llm_routes: dict[str, RouteSettings] = Field(default_factory=dict)
     default_route: str | None = None
@@ -300,6 +300,22 @@ class GatewaySettings(_Strict):
     def _path(cls, v: str) -> str:
         v = "/" + v.strip("/")
         return v
+
+    @model_validator(mode="after")
+    def _storage_type_matches_url(self) -> GatewaySettings:
+        """``storage_type`` (optional, kept for config compatibility) must name the database kind
+        of ``storage_config.db_url``; when absent it is set from the URL."""
+        url = self.storage_config.db_url
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        kind = "postgresql" if scheme.startswith("postgres") else "sqlite" if scheme.startswith("sqlite") else None
+        if kind is None:
+            raise ValueError(f"storage_config.db_url must start with sqlite:// or postgresql:// (got scheme "
+                             f"{scheme or 'none'!r})")
+        if self.storage_type is not None and self.storage_type != kind:
+            raise ValueError(f"storage_type is {self.storage_type} but storage_config.db_url is a {kind} URL "
+                             f"({scheme}://...); make them agree or drop storage_type")
+        self.storage_type = kind
+        return self
 
     @model_validator(mode="after")
     def _default_route_exists(self) -> GatewaySettings:
