@@ -5,7 +5,6 @@ client gone, synthetic stop). Pure builders: :meth:`gateway.call.Call.finish` re
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -16,6 +15,7 @@ from gateway.call import Call
 from gateway.errors import error_body
 from gateway.exchange import UpstreamFailed, before_model
 from gateway.idempotency import Replay
+from gateway.jsonsafe import compact, loads_strict
 from gateway.outcome import Outcome, Phase, StepStatus
 from gateway.protocols import WireProtocol
 from gateway.streaming import SSE_HEADERS
@@ -43,13 +43,19 @@ def relayed_headers(up_headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k in RELAYED_HEADERS if (v := up_headers.get(k)) is not None}
 
 
-def parse_answer(proto: WireProtocol, content: bytes) -> dict[str, Any] | None:
-    """``content`` parsed as a valid answer of ``proto`` (:meth:`WireProtocol.is_answer`), or None."""
+def parse_answer(proto: WireProtocol, content: bytes) -> tuple[dict[str, Any] | None, int]:
+    """``content`` parsed (strict JSON: non-finite numbers as None, :mod:`gateway.jsonsafe`) as
+    a valid answer of ``proto`` (:meth:`WireProtocol.is_answer`), or None; and the number of
+    non-finite numbers replaced."""
     try:
-        parsed = json.loads(content)
+        parsed, replaced = loads_strict(content)
     except (ValueError, UnicodeDecodeError):
-        return None
-    return parsed if proto.is_answer(parsed) else None
+        return None, 0
+    return (parsed, replaced) if proto.is_answer(parsed) else (None, 0)
+
+
+def _non_finite(replaced: int) -> dict[str, Any]:
+    return {"non_finite_numbers": replaced} if replaced else {}
 
 
 def client_left(call: Call, *, backing_off: bool) -> tuple[Outcome, Response]:
@@ -80,20 +86,26 @@ def failed(call: Call, f: UpstreamFailed) -> tuple[Outcome, Response]:
 
 def unclaimed(call: Call, status: int, content: bytes) -> Outcome:
     """A detached call's answer that no retry came for: kept, as ``client_disconnected``."""
-    answer = parse_answer(call.proto, content)
+    answer, replaced = parse_answer(call.proto, content)
     response = answer if answer is not None else {"raw_body": _raw_text(content)}
     return Outcome(StepStatus.CLIENT_DISCONNECTED, status, response, answered=499,
-                   meta={"phase": Phase.DETACHED.value}, wait=False)
+                   meta={"phase": Phase.DETACHED.value, **_non_finite(replaced)}, wait=False)
 
 
 def plain(call: Call, status: int, up_headers: Mapping[str, str], content: bytes) -> tuple[Outcome, Response]:
     """A non-streamed upstream answer relayed with its status: an answer (2xx) or an error
     (4xx/5xx, whatever its body). A 2xx body that is not an answer of the protocol becomes a 502
-    ``upstream_invalid_response`` (the raw body kept in the step)."""
+    ``upstream_invalid_response`` (the raw body kept in the step). A body with non-finite
+    numbers is re-encoded as strict JSON (:mod:`gateway.jsonsafe`): the client gets what is
+    recorded."""
+    replaced = 0
+    parsed: Any
     try:
-        parsed: Any = json.loads(content) if content else None
+        parsed, replaced = loads_strict(content) if content else (None, 0)
     except (ValueError, UnicodeDecodeError):
         parsed = None
+    if replaced:
+        content = compact(parsed).encode("utf-8")
     recorded: Any
     if parsed is None:
         recorded = {"raw_body": _raw_text(content), "content_type": up_headers.get("Content-Type")}
@@ -103,7 +115,8 @@ def plain(call: Call, status: int, up_headers: Mapping[str, str], content: bytes
     if ok and not call.proto.is_answer(parsed):
         return _invalid(call, status, up_headers, content, recorded)
     step_status = call.proto.answer_status(parsed) if ok else StepStatus.ERROR
-    meta = {} if step_status == StepStatus.OK else {"error": _error_text(parsed, content)}
+    meta = _non_finite(replaced) if step_status == StepStatus.OK else {"error": _error_text(parsed, content),
+                                                                       **_non_finite(replaced)}
     headers = relayed_headers(up_headers)
     media = up_headers.get("Content-Type", "application/json")
     replay = Replay(status, headers, content, media) if step_status == StepStatus.OK else None
@@ -112,14 +125,16 @@ def plain(call: Call, status: int, up_headers: Mapping[str, str], content: bytes
     return outcome, Response(content=content, status_code=status, headers=headers, media_type=media)
 
 
-def synthesized(call: Call, up_headers: Mapping[str, str], answer: dict[str, Any]) -> tuple[Outcome, Response]:
+def synthesized(call: Call, up_headers: Mapping[str, str], answer: dict[str, Any],
+                replaced: int = 0) -> tuple[Outcome, Response]:
     """A streaming client answered from a finished answer (a route that cannot stream, or an
     upstream that answered JSON): the answer re-told as a short stream of the protocol."""
     step_status = call.proto.answer_status(answer)
     headers = {**SSE_HEADERS, **relayed_headers(up_headers)}
     chunks = call.proto.to_stream(answer, call.req)
     replay = Replay(200, headers, b"".join(chunks), "text/event-stream") if step_status == StepStatus.OK else None
-    outcome = Outcome(step_status, 200, answer, answered=200, meta={"stream_synthesized": True}, replay=replay)
+    outcome = Outcome(step_status, 200, answer, answered=200,
+                      meta={"stream_synthesized": True, **_non_finite(replaced)}, replay=replay)
     return outcome, StreamingResponse(_iter(chunks), media_type="text/event-stream", headers=headers)
 
 

@@ -129,8 +129,10 @@ async def _forward(call: Call, request: Request, raw: bytes) -> Response:
         return GuardedStreamingResponse(relay.events(), on_disconnect=relay.client_left, finalize=relay.finish,
                                         media_type="text/event-stream", headers=SSE_HEADERS)
     await exchange.close(abort=False)
-    if call.stream and resp.status == 200 and (answer := answers.parse_answer(proto, content)) is not None:
-        return await _finish(call, answers.synthesized(call, resp.headers, answer))
+    if call.stream and resp.status == 200:
+        answer, replaced = answers.parse_answer(proto, content)
+        if answer is not None:
+            return await _finish(call, answers.synthesized(call, resp.headers, answer, replaced))
     return await _finish(call, answers.plain(call, resp.status, resp.headers, content))
 
 

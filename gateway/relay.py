@@ -36,6 +36,7 @@ import aiohttp
 from gateway.call import Call
 from gateway.errors import GatewayError, error_body
 from gateway.idempotency import Replay
+from gateway.jsonsafe import strict_event
 from gateway.outcome import Outcome, Phase, StepStatus
 from gateway.sse import SSEParser, sse_comment
 from gateway.streaming import SSE_HEADERS
@@ -140,6 +141,7 @@ class StreamRelay:
         failure: tuple[int, dict[str, Any]] | None = None
         phase: Phase | None = None
         status = StepStatus.OK
+        non_finite = 0
         if self.gone:
             return
         idle_s = call.gw.settings.keepalive_for(call.route_key)
@@ -156,6 +158,8 @@ class StreamRelay:
                     call.ttft_ms = (time.perf_counter() - call.t0) * 1000
                     call.gw.metrics.ttft.labels(call.route_key).observe(call.ttft_ms / 1000)
                 for ev in parser.feed(data):
+                    ev, replaced = strict_event(ev)  # non-finite numbers -> null, before anything sees it
+                    non_finite += replaced
                     obj = asm.feed_event(ev)
                     if call.usage_added and proto.hide_event(obj):
                         continue
@@ -202,6 +206,8 @@ class StreamRelay:
             meta["error"] = failure[1]["error"]
         if phase is not None:
             meta["phase"] = phase.value
+        if non_finite:
+            meta["non_finite_numbers"] = non_finite
         try:
             await call.finish(Outcome(status, 200, response, answered=200, meta=meta))
         except GatewayError as e:  # finish() counted the 500

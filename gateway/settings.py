@@ -307,8 +307,12 @@ class GatewaySettings(_Strict):
         of ``storage_config.db_url``; when absent it is set from the URL."""
         url = self.storage_config.db_url
         scheme = url.split("://", 1)[0] if "://" in url else ""
-        kind = "postgresql" if scheme.startswith("postgres") else "sqlite" if scheme.startswith("sqlite") else None
-        if kind is None:
+        kind: Literal["sqlite", "postgresql"]
+        if scheme.startswith("postgres"):
+            kind = "postgresql"
+        elif scheme.startswith("sqlite"):
+            kind = "sqlite"
+        else:
             raise ValueError(f"storage_config.db_url must start with sqlite:// or postgresql:// (got scheme "
                              f"{scheme or 'none'!r})")
         if self.storage_type is not None and self.storage_type != kind:

@@ -131,6 +131,7 @@ def chat_chunk(
     model: str = "m",
     index: int = 0,
     created: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> bytes:
     """One ``chat.completion.chunk`` SSE event (OpenAI chat streaming format) as bytes::
 
@@ -139,7 +140,9 @@ def chat_chunk(
                [,"usage":usage]}\\n\\n
 
     The delta holds only the given fields (``role``, ``content``, ``reasoning``,
-    ``tool_calls``), so ``chat_chunk(finish_reason="stop")`` has ``"delta":{}``.
+    ``tool_calls``), so ``chat_chunk(finish_reason="stop")`` has ``"delta":{}``; ``logprobs``
+    goes into the choice. Non-finite floats are written as ``NaN``/``Infinity`` (not JSON, as
+    some servers send them).
     """
     delta: dict[str, Any] = {}
     if role is not None:
@@ -157,6 +160,8 @@ def chat_chunk(
         "model": model,
         "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
     }
+    if logprobs is not None:
+        obj["choices"][0]["logprobs"] = logprobs
     if usage is not None:
         obj["usage"] = usage
     return sse_data(obj)
