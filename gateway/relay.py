@@ -1,25 +1,11 @@
-"""Relaying one upstream SSE stream to the client and recording it as one step, for every
-protocol: the events are relayed byte for byte as they are parsed (comment and data-less blocks
-are not relayed, faults F2), fed to the protocol's assembler, and the event that ends the stream
-properly (chat ``[DONE]``, Responses ``response.completed``/``.incomplete``/``.failed``,
-Anthropic ``message_stop``) is held back, with anything after it, until the step is recorded
-(strict telemetry: committed first).
+"""Relaying one upstream SSE stream to the client and recording it as one step, on every protocol.
 
-Keep-alives (faults F2): while relaying, whenever no upstream byte arrived for the route's
-keep-alive interval (:meth:`gateway.settings.GatewaySettings.keepalive_for`: route
-``keepalive_interval_s``, else the gateway's, default 15 s; 0 disables), the client gets the
-SSE comment line ``b": keep-alive\n"`` (:data:`KEEPALIVE`), again after every further interval
-of silence. Per the WHATWG HTML standard, "Server-sent events", "Interpreting an event stream",
-a line starting with U+003A COLON is ignored by every conforming parser; it is NOT followed by a
-blank line, because a lone blank line dispatches an event, and openai-python's decoder then
-dispatches an empty-data event once an ``id:`` field was seen earlier in the stream and fails to
-parse it (openai/openai-python #2722, #3833). It is only ever sent between events: the relay
-sends the client whole event blocks only (each ``SSEEvent.raw`` ends with its blank line), so a
-keep-alive never lands inside an event, even when the upstream stalls in the middle of one.
-Keep-alives are not fed to the assembler, so they never reach the recorded response; each one
-counts in ``gateway_stream_keepalives_total{route}``. They do not extend the upstream's own
-``read_timeout_s``. Before the upstream's headers arrive (and for a stream re-told from a
-non-streamed answer) nothing has been sent yet, so there are no keep-alives then.
+Events are relayed byte for byte as they are parsed (comments and data-less blocks are dropped;
+an event with non-finite numbers is made strict, :mod:`gateway.jsonsafe`), fed to the
+protocol's assembler, and the event that ends the stream properly is held back until the step
+is recorded (strict telemetry: committed). While the upstream is silent for the keep-alive
+interval the client gets ``: keep-alive`` comment lines between whole events. End states and
+keep-alive rules: docs/gateway-semantics.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Gateway configuration (YAML), validated with pydantic; unknown keys are errors so typos fail.
 
-Keys follow DESIGN.md section 4 (compatible with Safactory's gateway config): ``listen_host``,
-``listen_port``, ``base_session_path``, ``max_steps`` (-1 unlimited), ``storage_type`` +
-``storage_config.db_url``, ``llm_routes``, ``telemetry``, ``request_log``; plus this gateway's own
-``auth`` (API keys asked of its clients), ``keepalive_interval_s`` (SSE keep-alives toward
-streaming clients) and per-route options documented on each model.
-
-Validation errors never echo the offending input (``hide_input_in_errors``): a config holds
-secrets (route ``api_key``, ``auth.api_keys``), and a pydantic message would otherwise print
-them. Messages name the field (``llm_routes.m.base_url``) and the rule instead.
+Keys are compatible with Safactory's gateway config (``listen_host``, ``listen_port``,
+``base_session_path``, ``max_steps``, ``storage_type`` + ``storage_config.db_url``,
+``llm_routes``, ``telemetry``, ``request_log``) plus this gateway's own (``auth``,
+``keepalive_interval_s``, ``retry_join_window_s``, route options on each model). Validation
+errors never echo the input (a config holds secrets): they name the field and the rule.
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ class RetrySettings(_Strict):
     dropped, nothing is sent to the client), or when the connection could not be made (connect
     error or connect timeout). Never retried: any other status (a 400 is passed straight
     through), a read timeout waiting for the answer, a body that broke while it was read, and a
-    200 stream once it started (faults F9: a stream that breaks midway is recorded as truncated
+    200 stream once it started (a stream that breaks midway is recorded as truncated
     with exactly what was relayed, never glued to a second attempt). The wait before retry ``n``
     (1-based) is ``backoff_s * 2**(n-1)`` capped at ``max_backoff_s``, with jitter (between half
     and all of it); with ``respect_retry_after`` an upstream ``Retry-After`` (seconds or an

@@ -1,13 +1,10 @@
 """The only code that calls model servers: one aiohttp ClientSession for all routes.
 
-aiohttp is the forwarding client because it measured 2.5x-9x faster than httpx on these machines
-(DESIGN.md section 8). Timeouts: ``connect_timeout_s`` for connecting, ``read_timeout_s`` between
-two reads (this caps time-to-first-token and stalls, never the length of a progressing stream);
-there is no total timeout. Responses are read piece by piece as they arrive (``readany``, no
-line-length limit, faults F4; see :func:`gateway.relay.read_or_idle`).
-
-A route whose ``base_url`` holds ``{session_id}`` is called at a URL built per session
-(:func:`route_base_url`); see :class:`gateway.settings.RouteSettings`.
+aiohttp is the forwarding client because it measured several times faster than httpx here.
+Timeouts: ``connect_timeout_s`` to connect, ``read_timeout_s`` between two reads (caps
+time-to-first-token and stalls, never a progressing stream); no total timeout. Bodies are read
+as they arrive, with no line-length limit. A route whose ``base_url`` holds ``{session_id}`` is
+called at a per-session URL (:func:`route_base_url`).
 """
 
 from __future__ import annotations

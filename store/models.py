@@ -1,4 +1,4 @@
-"""SQLModel tables of the trajectory store (DESIGN.md section 5).
+"""SQLModel tables of the trajectory store.
 
 Table names follow Safactory where a trainer may already read them: ``job_environments`` (one row
 per session), ``session_steps`` (one row per model call) and ``gateway_sessions`` (the gateway's

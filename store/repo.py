@@ -388,7 +388,7 @@ class Store:
 
     async def mark_interrupted(self) -> int:
         """Mark every gateway session left ``active`` by an earlier gateway process as
-        ``interrupted`` (faults F15b: a gateway that died mid-session leaves no session "running"
+        ``interrupted`` (a gateway that died mid-session leaves no session "running"
         for ever). Called at gateway start; the session's budget, step counts and step ids are
         kept, and its next call makes it ``active`` again. Returns how many were marked."""
         async with self._write_lock, self.writer.begin() as conn:
@@ -401,7 +401,7 @@ class Store:
         """``INSERT INTO gateway_sessions ... ON CONFLICT (session_id) DO UPDATE`` (every column but
         the key and ``created_at``), for executemany; built once per store."""
         if self._upsert_stmt is None:
-            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert
+            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert  # PostgreSQL: untested
             stmt = dialect_insert(GatewaySession.__table__)  # type: ignore[attr-defined]
             self._upsert_stmt = stmt.on_conflict_do_update(
                 index_elements=["session_id"],

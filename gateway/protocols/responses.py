@@ -1,17 +1,9 @@
 """OpenAI Responses (``POST .../responses``) as a protocol adapter.
 
-Upstream: ``<base_url>/responses`` of an ``api: openai`` route (vLLM, SGLang and OpenAI serve
-it). Streams are relayed event by event, ``event:`` lines included, and assembled by
-:class:`gateway.assembly.ResponsesStreamAssembler`: the step's answer is the terminal event's
-``response`` (faults F19), and the terminal event is what the core holds back until the step
-is recorded. Errors are in OpenAI's shape; an error the gateway itself ends a stream with is an
-``error`` event (``{"type": "error", "code", "message", "param", "sequence_number"}``, the
-Responses stream's own error event). The ``messages`` column holds ``instructions`` as a
-``system`` message followed by ``input`` (a string becomes one ``user`` message; a list of
-input items is kept as sent).
-
-Synthetic stop: a ``response`` object with ``status: "completed"``, empty ``output`` and zero
-usage; streamed as ``response.created``, ``response.in_progress``, ``response.completed``.
+Streams are relayed event by event and assembled from the terminal event's ``response``; a
+stream the gateway ends with an error gets a Responses ``error`` event. The ``messages`` column
+holds ``instructions`` as a system message, then ``input`` (a string as one user message).
+Synthetic stop: a completed ``response`` with empty ``output`` and zero usage.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ async def test_persisted_state_survives_out_of_order_completion_and_restart(
     await gw.stop()
 
     gw2 = await start_gateway(db_url=db_url)  # a restart on the same database
-    # faults F15b: the session the first gateway left active is marked interrupted, budget kept
+    # the session the first gateway left active is marked interrupted, budget kept
     row = session_row(gw2, "s1")
     assert (row["status"], row["total_steps"]) == ("interrupted", 2)
     st = (await gw2.http().get("/v1/sessions/s1")).json()
@@ -337,7 +337,7 @@ async def test_close_racing_the_first_call_waits_for_it(gw: Gateway, upstream: F
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The session's first call is still being reserved (its state loads from the store) when the
     close arrives: the close waits for that call, whose step is then recorded before the close
-    answers, as a normal trainable step (second fresh-user trial)."""
+    answers, as a normal trainable step."""
     store = gw.app_state.store
     real_load = store.load_gateway_session
 

@@ -1,15 +1,9 @@
-"""Telemetry modes as the agent sees them (``telemetry.mode``, :mod:`gateway.recorder`):
-
-* ``best_effort``: an answer never waits for the DB. With SQLite's write lock held by another
-  connection, calls and a session close answer at once and the steps land after the lock is
-  released; when the DB refuses the write, the answer still arrives and the lost record is
-  counted in ``gateway_telemetry_dropped_total``; a full queue drops and counts too.
-* ``strict``: a DB failure is an error the agent sees (HTTP 500 ``telemetry_error``, or an
-  error event instead of ``[DONE]``), never a silently unrecorded success.
-
-The DB failure is a real one from SQLite: a trigger that aborts every insert into
-``session_steps`` (``RAISE(ABORT, ...)``), created and dropped from a second connection, so the
-gateway's own writer connection hits it on its normal path."""
+"""Telemetry modes as the agent sees them (``telemetry.mode``): ``best_effort`` answers never wait
+for the DB (lost records are counted); ``strict`` makes a DB failure an error the agent sees
+(500 ``telemetry_error``, or an error event instead of the stream's end). The DB failure is a
+real SQLite one: a trigger that aborts every insert into ``session_steps``, created and dropped
+from a second connection.
+"""
 
 from __future__ import annotations
 
