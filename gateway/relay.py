@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
@@ -102,7 +102,7 @@ class StreamRelay:
         finally:
             call.abandon()
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncGenerator[bytes, None]:
         """The SSE bytes for the client (see the class docstring); every byte sent is kept (up to
         the per-call cap) so that a retry of an ``ok`` stream is answered with it."""
         claim = self.call.claim
