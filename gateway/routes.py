@@ -37,7 +37,8 @@ async def healthz() -> dict[str, str]:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when the store answers; names the database so a launcher can check it is its own."""
+    """Ready when the store answers (and, with ``?route=KEY``, that route's upstream); names the
+    database so a launcher can check it is its own."""
     g = _gw(request)
     body = {"status": "ready", "storage_type": g.store.kind, "db_url": g.store.identity(),
             "max_steps": g.settings.max_steps, "routes": sorted(g.settings.llm_routes),
@@ -47,6 +48,12 @@ async def readyz(request: Request) -> JSONResponse:
     except Exception as e:
         body.update(status="unavailable", error=f"{type(e).__name__}: {e}")
         return JSONResponse(body, status_code=503)
+    route = request.query_params.get("route")  # ?route=KEY: is that route's upstream up too?
+    if route is not None and route in g.settings.llm_routes:
+        why = await g.upstream.probe(route)
+        if why is not None:
+            body.update(status="unavailable", error=why)
+            return JSONResponse(body, status_code=503)
     return JSONResponse(body)
 
 

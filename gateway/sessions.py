@@ -141,8 +141,13 @@ class SessionManager:
         async with live.lock:
             if live.closes_waiting:
                 raise SessionClosed(sid)
+            held = live.state is not None
             st = await self._state(live, sid)
             if st.status == SessionStatus.CLOSED:
+                if not held and not live.in_flight and self._sessions.get(sid) is live:
+                    # loaded closed from the store only to be refused: not pinned in memory, so a
+                    # session reset for a retry (Store.reset_for_retry) is fresh at its next call
+                    del self._sessions[sid]
                 raise SessionClosed(sid)
             if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
                 st.status = SessionStatus.TRUNCATED

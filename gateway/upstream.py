@@ -80,6 +80,26 @@ class UpstreamClient:
             await self._session.close()
             self._session = None
 
+    async def probe(self, route_key: str, timeout_s: float = 5.0) -> str | None:
+        """Whether the route's upstream answers: GET its model list (``<base_url>/models``, or
+        ``<base_url>/v1/models`` for an ``api: anthropic`` route) without credentials. Any HTTP
+        answer below 500 (a 401 or 404 included: the server is up) is None; a connect failure,
+        timeout or 5xx is why not. A per-session route is not probed (None)."""
+        if self._session is None:
+            raise RuntimeError("UpstreamClient.start() was not called")
+        route = self._routes[route_key]
+        if route.per_session:
+            return None
+        url = route.base_url.rstrip("/") + ("/v1/models" if route.api == "anthropic" else "/models")
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                         allow_redirects=False) as resp:
+                if resp.status >= 500:
+                    return f"upstream of route {route_key} answered HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"upstream of route {route_key} does not answer: {type(e).__name__}: {e}"
+        return None
+
     @asynccontextmanager
     async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],
                    session_id: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:

@@ -396,6 +396,7 @@ class FakeUpstream:
         self.in_flight = 0
         self.max_in_flight = 0
         self._queues: dict[str | None, deque[ReplySource]] = {}
+        self._rules: list[Callable[[FakeRequest], Reply | None]] = []
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
@@ -440,6 +441,11 @@ class FakeUpstream:
         """Queue replies for ``path`` (exact request path, e.g. ``"/v1/chat/completions"``), or
         for any POST when ``path`` is None. Served in order; appended to earlier queued ones."""
         self._queues.setdefault(path, deque()).extend(replies)
+
+    def add_rule(self, rule: Callable[[FakeRequest], Reply | None]) -> None:
+        """Answer every request for which ``rule(request)`` returns a Reply (when nothing is
+        queued for it); checked in the order added."""
+        self._rules.append(rule)
 
     def pending(self, path: str | None = None) -> int:
         """Number of queued replies not yet served for ``path``."""
@@ -607,6 +613,10 @@ class FakeUpstream:
         elif req.method == "POST" and self._queues.get(None):
             source = self._queues[None].popleft()
         if source is None:
+            for rule in self._rules:
+                reply = rule(req)
+                if reply is not None:
+                    return reply
             return self.default_reply(req)
         if isinstance(source, Reply):
             return source
