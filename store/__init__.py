@@ -1,6 +1,7 @@
 """The trajectory store: SQLModel tables, the engines and every SQL statement.
 
-Used by both the gateway and the launcher; knows nothing about HTTP.
+Used by both the gateway and the launcher; knows nothing about HTTP (module map:
+docs/architecture.md).
 """
 
 from store.engine import DbUrlError, json_dumps, parse_db_url
@@ -8,8 +9,10 @@ from store.models import (
     GatewaySession,
     JobEnvironment,
     SessionAttempt,
+    SessionStatus,
     SessionStep,
     SessionWorkspace,
+    StepStatus,
     attempt_session_id,
     new_record_id,
     step_record,
@@ -23,9 +26,11 @@ __all__ = [
     "JobEnvironment",
     "SessionAttempt",
     "SessionRow",
+    "SessionStatus",
     "SessionStep",
     "SessionWorkspace",
     "StepRow",
+    "StepStatus",
     "Store",
     "attempt_session_id",
     "is_unavailable",

@@ -11,10 +11,32 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, UniqueConstraint
 from sqlmodel import Field, SQLModel
+
+
+class StepStatus(StrEnum):
+    """The ``session_steps.status`` of a recorded model call (what each means, by cause:
+    docs/gateway-semantics.md)."""
+
+    OK = "ok"
+    ERROR = "error"
+    TRUNCATED = "truncated"
+    TIMEOUT = "timeout"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    EMPTY = "empty"
+
+
+class SessionStatus(StrEnum):
+    """The ``gateway_sessions.status`` of a session."""
+
+    ACTIVE = "active"
+    TRUNCATED = "truncated"
+    INTERRUPTED = "interrupted"
+    CLOSED = "closed"
 
 
 def utcnow() -> datetime:

@@ -152,8 +152,6 @@ class _SqliteBatchWriter:
         self._con: sqlite3.Connection | None = None  # only touched in the worker thread
         self._inline_con: sqlite3.Connection | None = None  # only touched on the event loop thread
         self._inline_commits = 0
-        self.inline_batches = 0  # batches committed inline / sent to the thread (for tests and benchmarks)
-        self.thread_batches = 0
 
     def _connect(self, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, autocheckpoint: bool = True) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=busy_timeout_ms / 1000, isolation_level=None)
@@ -207,7 +205,6 @@ class _SqliteBatchWriter:
             if e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 return False
             raise
-        self.inline_batches += 1
         self._inline_commits += 1
         if self._inline_commits >= self.INLINE_CHECKPOINT_EVERY:
             self._inline_commits = 0
@@ -228,23 +225,19 @@ class _SqliteBatchWriter:
             latest[gs["session_id"] if isinstance(gs, Mapping) else gs.session_id] = _as_dict(gs, _SESSION_COLUMNS)
         return [_as_dict(st, _STEP_COLUMNS) for st in steps], list(latest.values())
 
-    def write_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
+    def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         """Commit inline if the write lock is free at once (see the class docstring)."""
         step_rows, session_rows = self._rows(steps, sessions)
         if not step_rows and not session_rows:
             return True
         return self._try_inline(step_rows, session_rows)
 
-    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *, inline: bool = False) -> None:
-        """Write one batch. Rows are turned into bound values in the worker thread (SQLModel
-        objects are first copied to dicts here, on the caller's thread: they are not shared), or
-        here when ``inline`` and the write lock is free (see the class docstring)."""
+    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
+        """Write one batch in the worker thread (SQLModel objects are first copied to dicts here,
+        on the caller's thread: they are not shared)."""
         step_rows, session_rows = self._rows(steps, sessions)
         if not step_rows and not session_rows:
             return
-        if inline and self._try_inline(step_rows, session_rows):
-            return
-        self.thread_batches += 1
         await asyncio.get_running_loop().run_in_executor(self._pool(), self._commit, step_rows, session_rows)
 
     def _close_connection(self) -> None:
@@ -362,7 +355,7 @@ class Store:
         async with self._read() as s:
             return await s.get(JobEnvironment, session_id)
 
-    def write_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
+    def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         """Commit ``steps`` and ``sessions`` (as :meth:`write_batch`) synchronously on the calling
         thread if that needs no waiting: SQLite, no batch being written by this store, and the
         database's write lock free at once. Returns False, having written nothing, otherwise
@@ -370,10 +363,9 @@ class Store:
         w = self._sqlite_writer
         if w is None or self._write_lock.locked():
             return False
-        return w.write_now(steps, sessions)
+        return w.commit_now(steps, sessions)
 
-    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *,
-                          inline: bool = False) -> None:
+    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
         """Insert step rows and upsert gateway session rows in ONE transaction (group commit).
 
         Sessions are upserted once each (the last snapshot of a session in the batch wins: callers
@@ -386,14 +378,10 @@ class Store:
 
         A row is a table object or a plain dict of every column (:func:`store.models.step_record`;
         a session state as ``{column: value}``); dict rows must not be changed by the caller
-        afterwards (they are read in the writer thread).
-
-        ``inline`` (SQLite; for a small batch at low load): commit on the calling thread when the
-        write lock is free at once, without the thread hop; otherwise as usual (see
-        ``_SqliteBatchWriter``). Ignored on PostgreSQL."""
+        afterwards (they are read in the writer thread). :meth:`commit_now` is the inline path."""
         if self._sqlite_writer is not None:
             async with self._write_lock:
-                await self._sqlite_writer.write(steps, sessions, inline=inline)
+                await self._sqlite_writer.write(steps, sessions)
             return
         latest: dict[str, Mapping[str, Any]] = {}
         for gs in sessions:
@@ -421,7 +409,7 @@ class Store:
         """``INSERT INTO gateway_sessions ... ON CONFLICT (session_id) DO UPDATE`` (every column but
         the key and ``created_at``), for executemany; built once per store."""
         if self._upsert_stmt is None:
-            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert
+            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert  # PostgreSQL: untested
             stmt = dialect_insert(GatewaySession.__table__)  # type: ignore[attr-defined]
             self._upsert_stmt = stmt.on_conflict_do_update(
                 index_elements=["session_id"],
