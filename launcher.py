@@ -1,11 +1,15 @@
 """``python launcher.py --enable-evaluation --pool-size N``: run envs' cases through the gateway,
-grade each session with its env's ``rule_evaluator.py`` and report.
+grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade --job-id ID``
+grades a finished job again from the store (``rollout.regrade``: no runtime, no model call).
 
 This file is only the CLI: flags (Safactory-compatible) become
 ``rollout.job.JobOptions``; ``rollout.job.run_job`` does the work. Exit codes: 0 when every
 session ran (whatever the scores), 2 when a runtime or evaluator errored or timed out (argparse also
-uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model),
-130 on Ctrl-C and 143 on SIGTERM (sessions in flight are cancelled and closed, left for --resume).
+uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model), 3 when
+the circuit breaker stopped the job (gateway or upstream down; left for --resume), 130 on Ctrl-C
+and 143 on SIGTERM (sessions in flight are cancelled and closed, left for --resume).
+With ``--regrade``: 0 when every selected session was graded again, 2 when an evaluator errored or
+timed out or a session could not be regraded, 1 for a setup error, 130/143 when interrupted.
 """
 
 from __future__ import annotations
@@ -23,11 +27,21 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollout.job import JobOptions, JobResult, SetupError, run_job
-from rollout.report import SessionRecord, render_table, summarize, table_footer
+from rollout.regrade import (
+    NotRegraded,
+    Regraded,
+    RegradeOptions,
+    RegradeResult,
+    regrade_exit_code,
+    regrade_job,
+    render_regrade_summary,
+)
+from rollout.report import SessionRecord, is_infra, render_table, summarize, table_footer
 from rollout.scheduler import HARNESS_FAILURES
 
 HERE = Path(__file__).resolve().parent
 _FLAG_OF = {"agent_configs": "agent_config", "env_names": "env"}
+VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.viewer.cli (imported only when used)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", type=int, help="model calls per session (default: the env's)")
     ap.add_argument("--limit", type=int, help="at most N cases per env")
     ap.add_argument("--job-id", help="job id (default: generated)")
-    ap.add_argument("--resume", action="store_true", default=None, help="run the unfinished sessions of --job-id")
+    ap.add_argument("--resume", action="store_true", default=None,
+                    help="run the unfinished sessions of --job-id and those that ended in an infrastructure failure")
+    ap.add_argument("--max-retries", type=int,
+                    help="attempts after the first for a session that ended in an infrastructure failure (default 2)")
+    ap.add_argument("--retry-backoff-s", type=float,
+                    help="backoff before the first retry in seconds, doubled each retry, with jitter (default 1)")
+    ap.add_argument("--regrade", action="store_true", default=None,
+                    help="grade the finished sessions of --job-id again with the current rule_evaluator.py "
+                         "(from the store: no runtime, no model call)")
     ap.add_argument("--mode", choices=["local"], help="runtime backend (default local)")
     ap.add_argument("--sandbox", choices=["bwrap", "none"],
                     help="run each runtime in a bubblewrap sandbox (default bwrap), or none: no isolation")
@@ -64,16 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="average evaluator errors/timeouts/invalid rewards as 0 (default: leave them out)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    ap.add_argument("--report", type=Path, metavar="PATH.html",
+                    help="after the job, write its self-contained HTML report there (see also: launcher.py report)")
     return ap
 
 
-_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level"}
+_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade", "report"}
+_RUN_ONLY = ("llm_model", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size", "max_steps",
+             "limit", "resume", "mode", "sandbox", "keep_workspaces", "max_retries", "retry_backoff_s", "report")
+"""Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
-def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
-    """Flags > ``--agent-start-config`` YAML > defaults, validated into JobOptions.
-    Raises SetupError naming the bad flag or key."""
-    args = build_parser().parse_args(argv)
+def _values(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags over ``--agent-start-config`` YAML (keys of CLI-only flags left out)."""
     values: dict[str, Any] = {}
     if args.agent_start_config:
         try:
@@ -83,29 +108,72 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
         if not isinstance(values, dict):
             raise SetupError(f"--agent-start-config {args.agent_start_config} must be a mapping")
     values.update({k: v for k, v in vars(args).items() if v is not None and k not in _CLI_ONLY})
+    return values
+
+
+def _validate(model: type[Any], values: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(values)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
+            msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
+        raise SetupError("; ".join(msgs)) from None
+
+
+def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
+    """Flags > ``--agent-start-config`` YAML > defaults, validated into JobOptions.
+    Raises SetupError naming the bad flag or key."""
+    args = build_parser().parse_args(argv)
+    return job_options(args), args
+
+
+def job_options(args: argparse.Namespace) -> JobOptions:
+    """The parsed flags of a run as JobOptions; SetupError naming the bad flag or key."""
+    values = _values(args)
     if values.get("resume") and not values.get("job_id"):
         raise SetupError("--resume needs --job-id")
     if values.get("gateway_config") is None:
         local = Path("configs/gateway.yaml")
         values["gateway_config"] = local if local.is_file() else HERE / "configs" / "gateway.yaml"
-    try:
-        return JobOptions.model_validate(values), args
-    except ValidationError as e:
-        msgs = []
-        for err in e.errors():
-            name = str(err["loc"][0]) if err["loc"] else "?"
-            msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}: {err['msg']}")
-        raise SetupError("; ".join(msgs)) from None
+    return _validate(JobOptions, values)  # type: ignore[no-any-return]
+
+
+def regrade_options(args: argparse.Namespace) -> RegradeOptions:
+    """The parsed flags of ``--regrade`` as RegradeOptions. Run-only flags given on the command
+    line are refused; keys of the start-config YAML that a regrade does not use are ignored (the
+    same file serves the run). Raises SetupError naming the bad flag."""
+    given = [f"--{k.replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
+    if given:
+        raise SetupError(f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it")
+    values = _values(args)
+    if not values.get("job_id"):
+        raise SetupError("--regrade needs --job-id (the job to grade again)")
+    return _validate(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields})  # type: ignore[no-any-return]
 
 
 def report(result: JobResult, count_unscored_as_zero: bool) -> int:
-    """Print the summary table and where things are; returns the exit code (0 or 2)."""
+    """Print the summary table and where things are; returns the exit code (0, 2 or 3)."""
     print(render_table(summarize(result.records, count_unscored_as_zero=count_unscored_as_zero)))
     if footer := table_footer(result.records):
         print(footer)
     print(f"{len(result.records)} sessions written to {result.out}; steps and rewards in {result.store}")
+    infra_attempts = sum(1 for r in result.records for a in r.attempts if a.infra)
+    if infra_attempts:
+        lost = sum(1 for r in result.records if is_infra(r))
+        print(f"{infra_attempts} attempts ended in an infrastructure failure; {lost} sessions never recovered "
+              "(not graded, reward NULL)")
+    opened = sum(1 for e in result.breaker_events if e.state == "open")
+    if opened:
+        print(f"circuit breaker opened {opened} time(s)")
     if result.workspaces:
         print(f"workspaces kept in {result.workspaces}")
+    if result.stopped:
+        print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
+              file=sys.stderr)
+        return 3
     failed = [r for r in result.records if r.status in HARNESS_FAILURES or r.eval_status in ("error", "timeout")]
     return 2 if failed else 0
 
@@ -133,10 +201,65 @@ async def _run(opts: JobOptions, progress: bool, job: dict[str, str]) -> JobResu
             bar.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit code."""
+async def _regrade(opts: RegradeOptions, progress: bool) -> RegradeResult:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    bar: tqdm[Any] | None = None
+
+    def started(n: int) -> None:
+        nonlocal bar
+        bar = tqdm(total=n, unit="session", desc=f"regrade {opts.job_id}", disable=not progress, file=sys.stderr)
+
+    def done(item: Regraded | NotRegraded) -> None:
+        if bar is not None:
+            bar.update(1)
+
     try:
-        opts, args = parse_args(argv)
+        return await regrade_job(opts, on_start=started, on_done=done)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def regrade_main(args: argparse.Namespace) -> int:
+    """``--regrade``: grade a finished job again, print the table and what was not regraded;
+    returns the exit code (module docstring)."""
+    try:
+        opts = regrade_options(args)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        result = asyncio.run(_regrade(opts, not args.no_progress))
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:
+        print("interrupted: sessions regraded so far have their new evaluation, the others their previous one; "
+              "rerun the same command to regrade them all", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+    print(render_table(summarize(result.records, count_unscored_as_zero=args.count_unscored_as_zero)))
+    print(render_regrade_summary(result))
+    print(f"{len(result.records)} sessions written to {result.out}; new evaluations in {result.store} "
+          "(previous ones kept in job_environments.eval_history)")
+    return regrade_exit_code(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit code. ``view`` and ``report`` as the first argument run
+    the trajectory viewer and the HTML report (``rollout.viewer.cli``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in VIEWER_COMMANDS:
+        from rollout.viewer.cli import main as viewer_main
+
+        return viewer_main(argv)
+    args = build_parser().parse_args(argv)
+    if args.regrade:
+        return regrade_main(args)
+    try:
+        opts = job_options(args)
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -152,7 +275,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    return report(result, args.count_unscored_as_zero)
+    code = report(result, args.count_unscored_as_zero)
+    if args.report is not None:
+        from rollout.viewer.db import ViewerError
+        from rollout.viewer.report import write_report
+
+        try:
+            path = asyncio.run(write_report(opts.db_path, result.job_id, args.report))
+        except (ViewerError, OSError) as e:
+            print(f"error: the report could not be written: {e}", file=sys.stderr)
+            return code or 1
+        print(f"report written to {path}")
+    return code
 
 
 if __name__ == "__main__":

@@ -1,24 +1,10 @@
 """The fastest reasonable fake OpenAI upstream for benchmarks: nginx answering fixed bodies.
 
-Two routes, chosen by path so that a gateway route's ``base_url`` picks the kind of answer:
-
-- ``POST /n/v1/chat/completions``: a fixed non-streamed ``chat.completion`` JSON (with usage);
-- ``POST /s/v1/chat/completions``: a fixed SSE stream (``text/event-stream``): a role chunk, three
-  content chunks, a finish chunk, a usage-only chunk and ``data: [DONE]``.
-
-The answer is the same whatever the request says (nginx discards the request body), so the
-upstream costs next to nothing: one nginx worker serves well over 100,000 such answers per second
-on these machines (DESIGN.md section 8), it is never the bottleneck.
-
-nginx is preferred (``apt-get install nginx-light``); when it is missing, ``kind="python"`` runs the
-same answers from an aiohttp server on uvloop (much slower: tens of thousands of requests/s at
-best, and it competes for the same 2 cores), and the benchmark says so in its output.
-
-This module installs nothing. Standalone::
-
-    python benchmarks/fake_upstream_fast.py --port 18080 [--kind nginx|python]
-
-serves until Ctrl-C (loopback only).
+``POST /n/v1/chat/completions``: a fixed ``chat.completion``; ``POST /s/v1/chat/completions``:
+a fixed SSE stream (role, three content chunks, finish, usage, ``[DONE]``). One nginx worker
+serves well over 100,000 such answers per second here, so it is never the bottleneck; without
+nginx, ``kind="python"`` serves the same from aiohttp (much slower, and says so). Standalone:
+``python benchmarks/fake_upstream_fast.py --port 18080 [--kind nginx|python]``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Reference point: a forwarding-only FastAPI proxy (aiohttp client, no parsing, no recording).
 
-The same kind of 20-line proxy as in DESIGN.md section 8 (~3,400 requests/s at concurrency 64 on
-these machines when they are quiet). ``gateway_bench.py`` measures it in the same run as the
-gateway, so the gateway's cost of *recording* can be told apart from the cost of FastAPI + aiohttp
-forwarding on whatever the machine does that day.
-
-    python benchmarks/forward_proxy.py --upstream http://127.0.0.1:18080 --port 18090
-
-``POST /{prefix}/v1/chat/completions`` is forwarded to ``<upstream>/{prefix}/v1/chat/completions``
-(the body as received); an SSE answer is streamed back as it arrives, anything else is relayed whole.
+``gateway_bench.py`` measures it in the same run as the gateway, so the cost of recording can
+be told apart from the cost of FastAPI + aiohttp forwarding on whatever the machine does that
+day. ``python benchmarks/forward_proxy.py --upstream http://127.0.0.1:18080 --port 18090``
+forwards ``POST /{prefix}/v1/chat/completions`` as received and streams SSE answers back.
 """
 
 from __future__ import annotations

@@ -2,31 +2,11 @@
 
     python benchmarks/gateway_bench.py [--duration 10] [--concurrency 1 64] [--profile DIR]
 
-Starts a fast fake upstream (nginx answering fixed bodies, ``fake_upstream_fast.py``), the gateway
-as a black box (``python -m gateway --config <temp yaml>``: uvicorn, strict telemetry, SQLite in a
-temp dir, ``max_steps: -1``) and, for reference, a forwarding-only FastAPI + aiohttp proxy
-(``forward_proxy.py``). For each mode (non-stream, stream) and concurrency it measures, with
-``wrk``, the same request sent directly to the upstream, through the gateway's session path
-``/v1/sessions/<sid>/chat/completions`` (64 session ids, taken round-robin, so that the
-per-session lock never serializes the load), and two references: the reference proxy, and the
-gateway's own sessionless ``/v1/chat/completions`` (forwarded, not recorded). It prints one table
-(requests/s, p50/p99 latency, added p50, ratio, the gateway's CPU use) and checks that every call
-the gateway answered 2xx was recorded: ``SELECT count(*) FROM session_steps`` must equal the number
-of 2xx answers the load generator received, per run and in total (MISMATCH is printed otherwise
-and the exit code is 1).
-
-Load loops are bounded in time (``--duration`` s per cell) and in count (``--max-requests`` per
-cell); they only target 127.0.0.1. At the end of a cell no new request is started and the requests
-in flight are allowed to finish (so that served and recorded counts can be compared exactly);
-requests/s is completed requests / (load window + mean latency), Little's law for that drained tail.
-
-Prerequisites (this script installs nothing): ``apt-get install nginx-light wrk``. Without them it
-falls back to a Python aiohttp fake upstream and a Python aiohttp load generator, says so in its
-output, and its numbers are then far from the gateway's real limits (the load generator and the
-upstream compete with the gateway for the same 2 cores). ``--profile DIR`` needs ``py-spy``
-(``pip install py-spy``): it records the gateway under concurrency-64 load (``--profile-mode``,
-non-stream by default) and prints where the time goes. ``--gateway-src DIR`` runs the gateway from
-another tree (e.g. ``git archive HEAD gateway store | tar -x -C DIR``).
+Runs nginx as the upstream (``fake_upstream_fast.py``), the gateway as a black box
+(``python -m gateway``, strict telemetry, SQLite) and a forwarding-only reference proxy, loads
+each with ``wrk`` (non-stream and stream, per concurrency) and prints requests/s, p50/p99, added
+p50 and the gateway's CPU; it checks recorded steps = 2xx answers served (MISMATCH, exit 1).
+Prerequisites, fallbacks and options: benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""What one recorded step costs in the store, and what two cheaper ways of writing the same rows cost.
+"""What one recorded step costs in the store, and what two cheaper ways of writing it cost.
 
     python benchmarks/store_write_bench.py [--steps 2000]
 
-The gateway's telemetry writer calls ``Store.write_batch(steps, sessions)`` with one step row
-(a plain dict, ``store.step_record``) per call and the state of each session in the batch,
-batching what queued up meanwhile (group commit); at low load it commits a lone record inline
-(``Store.write_now``), which this script does not measure. This script writes the same kind of rows (a small chat exchange) into a fresh SQLite
-file, in batches of 1 (what concurrency 1 gives) and 64, three ways:
-
-- ``Store.write_batch``: the store as it is (for SQLite: one plain ``sqlite3`` connection in one
-  writer thread, prepared executemany, values bound by SQLAlchemy's processors);
-- ``core executemany``: the same async engine, one Core ``INSERT`` executemany for the steps and
-  one prepared upsert executemany for the session rows, deduplicated per session (the last
-  snapshot of a session in a batch wins, as the writer commits in queue order);
-- ``sqlite3, 1 hop``: plain ``sqlite3`` in a worker thread, one thread hop per batch (``BEGIN
-  IMMEDIATE``, two executemany, ``COMMIT``), rows as tuples, JSON serialised with the store's
-  ``json_dumps``.
-
-It prints wall and CPU microseconds per step, plus the cost of building SQLModel row objects
-(``SessionStep(...)`` and a ``GatewaySession(**st.model_dump())`` copy), which the gateway no
-longer builds per call: the reason it moved to plain dict rows. Loops are
-bounded by ``--steps``. Only the ``store`` package is imported (never ``gateway``).
+Writes the gateway's kind of rows into a fresh SQLite file, in batches of 1 and 64, three ways:
+``Store.write_batch`` as it is, a Core ``executemany``, and plain ``sqlite3`` with one thread
+hop; prints wall and CPU microseconds per step, plus the cost of building SQLModel row objects.
+(``Store.commit_now``, the inline path at low load, is not measured.) Imports ``store`` only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared helper for runtimes (DESIGN.md section 4, runtime contract).
+"""Shared helper for runtimes (the runtime contract).
 
 A runtime is a process that reads one ``SimulationStartRequest`` JSON document on stdin, runs the
 agent against the gateway session URL and prints one ``SimulationStartResult`` JSON line last on
@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -86,12 +86,27 @@ def _session_id_from(raw: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+InfraErrorClass = Literal["gateway_unreachable", "upstream_unavailable"]
+
+
+def infra_error_class(exc: BaseException) -> InfraErrorClass | None:
+    """``gateway_unreachable`` for an SDK connection error or timeout (the gateway did not
+    answer), ``upstream_unavailable`` for an HTTP 429/5xx answer (the model was unavailable after
+    the gateway's own retries), None for anything else (the agent's own failure)."""
+    if isinstance(exc, openai.APIConnectionError):
+        return "gateway_unreachable"
+    if isinstance(exc, openai.APIStatusError) and (exc.status_code == 429 or exc.status_code >= 500):
+        return "upstream_unavailable"
+    return None
+
+
 def run_runtime(main: Callable[[SimulationStartRequest], SimulationStartResult]) -> None:
     """Read the start request from stdin, call ``main(req)`` and emit its result.
 
     Any exception (including an unreadable request) becomes a ``failed`` result whose
-    ``error_text`` is ``"ExcType: message"``; the process still exits 0, because the launcher reads
-    ``status``. While ``main`` runs, ``sys.stdout`` is redirected to stderr so stray prints cannot
+    ``error_text`` is ``"ExcType: message"`` and whose ``error_class`` says when the failure was
+    the gateway's or the model server's (:func:`infra_error_class`: the launcher retries those);
+    the process still exits 0, because the launcher reads ``status``. While ``main`` runs, ``sys.stdout`` is redirected to stderr so stray prints cannot
     corrupt the result line. Configures logging to stderr (level from ``ROLLOUT_LOG_LEVEL``, default
     INFO; an unknown level name means INFO) when nothing configured it yet.
     """
@@ -115,5 +130,6 @@ def run_runtime(main: Callable[[SimulationStartRequest], SimulationStartResult])
             status="failed",
             terminated=False,
             error_text=f"{type(exc).__name__}: {exc}",
+            error_class=infra_error_class(exc),
         )
     emit_result(result)

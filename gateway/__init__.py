@@ -1,5 +1,5 @@
 """OpenAI-compatible session gateway: forwards agent model calls to upstream routes, streams the
-answers back and records every call as a step in the trajectory store (DESIGN.md sections 1, 4).
+answers back and records every call as a step in the trajectory store (docs/architecture.md).
 
 Three protocols share one forwarding and recording core (:mod:`gateway.forward`,
 :mod:`gateway.relay`, :mod:`gateway.call`) and differ only in their adapter

@@ -1,37 +1,10 @@
-"""Optional API-key authentication of the gateway's own clients (``auth`` in the config,
-:class:`gateway.settings.AuthSettings`).
+"""Optional API-key authentication of the gateway's own clients (``auth`` in the config).
 
-When at least one key is configured, every request needs one of the keys, except
-``/healthz``, ``/readyz`` and ``/metrics`` (probes and scrapers stay open). Everything else is
-protected, whatever its method: every ``/v1/...`` route (session and passthrough calls of every
-protocol, models, session status and close) and any unknown path too, so an unauthenticated
-caller cannot even learn which paths exist.
-
-A key is accepted in either header:
-
-* ``Authorization: Bearer <key>`` (RFC 6750 section 2.1; the scheme is case-insensitive,
-  RFC 9110 section 11.1). The openai SDK sends its ``api_key`` so, and so does the anthropic
-  SDK 2.x (``anthropic.AsyncAnthropic(api_key=...)``; checked in ``tests/gateway/test_auth.py``);
-* ``x-api-key: <key>`` (Anthropic's own header, sent by anthropic SDK 0.x and by curl examples
-  of the Anthropic API).
-
-A missing or wrong key is answered HTTP 401 with ``WWW-Authenticate: Bearer`` (RFC 6750
-section 3), in OpenAI's error shape (as the OpenAI API answers a bad key)::
-
-    {"error": {"message": "...", "type": "invalid_request_error", "param": null,
-               "code": "invalid_api_key"}}
-
-or, on the Anthropic Messages routes (a path ending in ``/v1/messages``), in Anthropic's shape
-``{"type": "error", "error": {"type": "authentication_error", "message": "..."}}`` (the same
-per-endpoint choice as :mod:`gateway.errors`). The message never echoes the key. Each 401 is
-counted in ``gateway_error_responses_total{status="401", code="invalid_api_key"}``.
-
-Keys are compared in constant time: the SHA-256 digest of the presented value is compared
-with :func:`hmac.compare_digest` against the digest of EVERY configured key (no early exit), so
-neither the timing of a match nor the key lengths leak. The client's key is checked here and
-goes no further: upstream calls carry the route's own ``api_key``
-(:meth:`gateway.protocols.WireProtocol.upstream_headers` builds them from the route alone), and
-headers are never recorded.
+With a key configured, every request needs one (``Authorization: Bearer <key>`` or ``x-api-key``),
+except ``/healthz``, ``/readyz`` and ``/metrics``. A missing or wrong key is a 401 with
+``WWW-Authenticate: Bearer``, in OpenAI's error shape (Anthropic's on ``/v1/messages``), never
+echoing the key. Keys are compared in constant time (SHA-256 digests, every key compared), and
+the client's key never goes upstream. Details: docs/gateway-protocols.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Noticing a client that leaves while the gateway waits for the upstream (before any response).
 
-A non-streaming call (and a streaming one until the upstream's headers arrive) sends the client
-nothing while the upstream works. Starlette does not cancel an endpoint when its client goes, so
-without a watch the gateway would wait for the upstream's whole answer, holding the route's
-concurrency slot and the upstream, and then record an ``ok`` step nobody received.
-
-Once the request body has been read, the next ASGI ``receive()`` returns only when the client
-disconnects (``{"type": "http.disconnect"}``; ASGI HTTP spec, "Disconnect - receive event").
-:func:`unless_client_leaves` races the upstream work against that.
+Starlette does not cancel an endpoint when its client goes; once the request body was read, the
+next ASGI ``receive()`` returns only at ``http.disconnect``. :func:`unless_client_leaves` races
+the upstream work against that, so a gone client frees the upstream and the route slot at once.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
-Reference: OpenAI API reference, "Error codes"; the openai SDK reads ``error.message`` from this
-body and maps the HTTP status to its exception classes (429/5xx are retried by the SDK).
-
-An endpoint whose protocol has another error shape (Anthropic's ``/v1/messages``) registers a
-converter for its request with :func:`set_error_shape`; the app's handlers then answer every
-error of that request (a :class:`GatewayError`, or a bug's 500) in that shape.
-
-Every error answered by these handlers is counted in ``/metrics`` as
-``gateway_error_responses_total{status, code}`` (:func:`count_error`); model calls that reached
-their route are counted by the call itself (``gateway_requests_total``) and do not pass here.
+An endpoint with another error shape (Anthropic's ``/v1/messages``) registers a converter for
+its request with :func:`set_error_shape`; the app's handlers then answer every error of that
+request in that shape. Every error answered here counts in
+``gateway_error_responses_total{status, code}``; model calls count in ``gateway_requests_total``.
 """
 
 from __future__ import annotations

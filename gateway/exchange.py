@@ -1,7 +1,7 @@
 """The upstream half of one model call: POST to the route, wait for the headers, read the body
 unless it is an SSE stream to relay, and retry within the route's
-:class:`gateway.settings.RetrySettings` while nothing was sent to the client (faults F9/F10; see
-the "Retries" paragraph of :mod:`gateway.forward`).
+:class:`gateway.settings.RetrySettings` while nothing was sent to the client (the retry rules:
+docs/gateway-semantics.md, "Retries").
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import aiohttp
 
 from gateway.call import Call
 from gateway.errors import error_body
+from gateway.outcome import Attempt, Phase, StepStatus
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class UpstreamFailed(Exception):
     failure that may be retried (the connection could not be made: nothing reached the
     upstream's model, nothing reached the client)."""
 
-    def __init__(self, status: int, step_status: str, error: dict[str, Any], phase: str,
+    def __init__(self, status: int, step_status: StepStatus, error: dict[str, Any], phase: Phase,
                  retry_reason: str | None = None) -> None:
         super().__init__(error["error"]["message"])
         self.status = status
@@ -68,7 +69,7 @@ class Exchange:
             try:
                 content = await self._attempt()
             except UpstreamFailed as f:
-                call.attempts.append({"status": None, "retry_after_s": None, "error": str(f), "wait_s": None})
+                call.attempts.append(Attempt(None, error=str(f)))
                 if f.retry_reason is None or last:
                     raise
                 await self._backoff(n, None, f.retry_reason)
@@ -76,7 +77,7 @@ class Exchange:
             resp = self.resp
             assert resp is not None
             retry_after = retry_after_s(resp.headers.get("Retry-After"))
-            call.attempts.append({"status": resp.status, "retry_after_s": retry_after, "error": None, "wait_s": None})
+            call.attempts.append(Attempt(resp.status, retry_after_s=retry_after))
             if (content is None or last or resp.status not in policy.retry_on_status
                     or resp.headers.get("x-should-retry", "").lower() == "false"):
                 return content
@@ -93,7 +94,7 @@ class Exchange:
         else:
             base = min(policy.max_backoff_s, policy.backoff_s * 2 ** (n - 1))
             wait = base / 2 + random.uniform(0, base / 2)
-        call.attempts[-1]["wait_s"] = round(wait, 3)
+        call.attempts[-1].wait_s = round(wait, 3)
         call.gw.metrics.upstream_retries.labels(call.route_key, reason).inc()
         log.info("route %s: retrying upstream call (%s, attempt %d of %d) in %.3f s", call.route_key, reason,
                  n + 1, policy.max_attempts, wait)
@@ -111,15 +112,15 @@ class Exchange:
                                       None if call.slot is None else call.slot.session_id))
         except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
             if isinstance(e, aiohttp.ConnectionTimeoutError):
-                raise UpstreamFailed(504, "timeout", call.timeout_error("connect", e), "connect",
+                raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("connect", e), Phase.CONNECT,
                                       retry_reason="connect_timeout") from e
-            raise UpstreamFailed(504, "timeout", call.timeout_error("first-byte", e), "first-byte") from e
+            raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("first-byte", e), Phase.FIRST_BYTE) from e
         except aiohttp.ClientError as e:
             err = error_body(502, f"upstream {call.route_key} unreachable: {type(e).__name__}: {e}",
                              code="upstream_unreachable")
             retryable = (isinstance(e, aiohttp.ClientConnectorError)
                          and not isinstance(e, aiohttp.ClientConnectorCertificateError))
-            raise UpstreamFailed(502, "error", err, "connect",
+            raise UpstreamFailed(502, StepStatus.ERROR, err, Phase.CONNECT,
                                   retry_reason="connect_error" if retryable else None) from e
         call.upstream_status = resp.status
         if self.relay_sse and resp.status == 200 and resp.content_type == "text/event-stream":
@@ -127,11 +128,11 @@ class Exchange:
         try:
             return await resp.read()
         except TimeoutError as e:
-            raise UpstreamFailed(504, "timeout", call.timeout_error("body", e), "body") from e
+            raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("body", e), Phase.BODY) from e
         except aiohttp.ClientError as e:
             err = error_body(502, f"upstream {call.route_key} failed while sending its answer: "
                                   f"{type(e).__name__}: {e}", code="upstream_broken")
-            raise UpstreamFailed(502, "error", err, "body") from e
+            raise UpstreamFailed(502, StepStatus.ERROR, err, Phase.BODY) from e
 
     async def close(self, *, abort: bool) -> None:
         """Release the upstream connection and the route slot; ``abort`` closes the connection
@@ -167,5 +168,5 @@ def before_model(f: UpstreamFailed) -> bool:
     error, TLS certificate errors included, or a connect timeout): nothing reached the model, so
     the call uses no budget. A connection that broke after the request was sent is not such a
     failure (the model may have started)."""
-    return f.phase == "connect" and isinstance(
+    return f.phase == Phase.CONNECT and isinstance(
         f.__cause__, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)

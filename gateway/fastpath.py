@@ -1,16 +1,10 @@
 """The model-call endpoints served straight from ASGI, ahead of FastAPI's routing.
 
-Every recorded call goes through one of six ``POST`` paths (chat completions, Responses and
-Anthropic Messages; per session and sessionless). Through FastAPI each call also pays for its
-middleware stack (server-error, telemetry, body-limit, exception and exit-stack middlewares),
-for matching the path against every route and for solving the endpoint's dependencies: about a
-fifth of the gateway's CPU per call in the benchmark's profile (``benchmarks/gateway_bench.py
---profile``). :class:`ModelCallPaths` matches those paths with one regular expression, and
-:func:`serve` runs :func:`gateway.forward.handle` on them directly with the app's own error
-handlers, so an answer (and every error, in OpenAI's or the endpoint's own shape) is the same
-whichever way a request came in (another method on these paths is answered 405 by
-:func:`method_not_allowed`). Every other request (models, session status and close,
-health, metrics, unknown paths) goes to FastAPI as usual.
+The six model-call ``POST`` paths (three protocols, per session and sessionless) skip FastAPI's
+middleware stack, route matching and dependency solving (about a fifth of the gateway's CPU per
+call in the benchmark's profile): :class:`ModelCallPaths` matches them with one regular
+expression and :func:`serve` runs :func:`gateway.forward.handle` with the app's own error
+handlers, so answers are the same either way. Every other request goes to FastAPI.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """Recognising a retry of a session's model call, so that it is answered with the first call's
 answer instead of calling the model again (one call = one step, one unit of budget).
 
-A call of a session is the *same call* as an earlier one of the same session and endpoint when
-
-* both carry the same ``Idempotency-Key`` request header (whatever their bodies); or
-* it has no ``Idempotency-Key``, carries ``x-stainless-retry-count`` > 0 (the openai and anthropic
-  SDKs send it on every attempt: 0 on the first, 1, 2, ... on their retries), and its raw body
-  bytes are identical to the earlier call's (BLAKE2b-128 of the body).
-
-A repeated body *without* the retry header (or with ``0``) is a new call: agents legitimately
-repeat calls (sampling). Sessionless (passthrough) calls are never deduplicated.
-
-:class:`RecentCalls` keeps, per session, the last :data:`PER_SESSION` calls (LRU; globally at most
-:data:`MAX_ENTRIES` calls and :data:`MAX_TOTAL_BYTES` answer bytes, the least recently used
-evicted first), each under its key (:func:`call_key`) as a :class:`PendingCall`:
-
-* *in flight*: a duplicate waits for it (:meth:`PendingCall.wait`, a join): always with an
-  ``Idempotency-Key``; a retry recognised by its body only once the call's client has left
-  (``client_left``: an SDK retries only after its own request failed, so a call whose client is
-  still connected is another sample of the same prompt, never to be cross-wired);
-* *done*: it holds the :class:`Replay` (what the client was answered: status, relayed headers,
-  the body bytes, for a stream the full SSE bytes sent) and a duplicate gets it at once.
-
-Only a successful model answer (step status ``ok``) becomes a replay. A call that failed (an
-upstream error or timeout, a client that left, a synthetic stop, a telemetry failure) is
-removed, and its duplicate (waiting or later) is a new call: an SDK retries precisely because
-its call failed. An answer over :data:`MAX_ENTRY_BYTES` is not kept (its retry is a new call).
-The table is in memory only: it is dropped when its session is closed, and a gateway restart
-forgets it (a retry after a restart is a new call, a new step).
+The same call: the same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0 (sent by the
+openai and anthropic SDKs) with a byte-identical body. :class:`RecentCalls` keeps each
+session's recent calls (bounded, LRU) as :class:`PendingCall` entries: in flight (a retry waits
+for it) or done with the :class:`Replay` of an ``ok`` answer. Rules and caps:
+docs/gateway-semantics.md, "SDK retries".
 """
 
 from __future__ import annotations
@@ -35,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 PER_SESSION = 16  # calls remembered per session
 MAX_ENTRIES = 4096  # calls remembered in all
@@ -109,6 +88,11 @@ class PendingCall:
         return self._table.max_entry_bytes
 
     @property
+    def waiters(self) -> int:
+        """How many retries are waiting for this call now."""
+        return self._waiters
+
+    @property
     def settled(self) -> bool:
         """True once :meth:`done` or :meth:`fail` was called."""
         return self._future.done()
@@ -133,22 +117,22 @@ class PendingCall:
         self._table._remove(self)
         self._future.set_result(None)
 
-    async def wanted(self, timeout_s: float, stop: Callable[[], bool], poll_s: float = 0.05) -> bool:
+    async def wanted(self, timeout_s: float, stop: asyncio.Future[None]) -> bool:
         """Wait until a retry of this call is waiting for it (True: one is waiting now), at most
-        ``timeout_s`` seconds or until ``stop()`` becomes true (checked every ``poll_s``
-        seconds): then False. A retry that waited and left does not count."""
+        ``timeout_s`` seconds or until ``stop`` is done: then False. A retry that waited and
+        left does not count."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._waiters <= 0:
             left = deadline - loop.time()
-            if left <= 0 or stop():
+            if left <= 0 or stop.done():
                 return False
             self._wanted.clear()
+            woken: asyncio.Future[Any] = asyncio.ensure_future(self._wanted.wait())
             try:
-                async with asyncio.timeout(min(poll_s, left)):
-                    await self._wanted.wait()
-            except TimeoutError:
-                pass
+                await asyncio.wait([woken, stop], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
         return True
 
     async def wait(self) -> Replay | None:
@@ -186,6 +170,11 @@ class RecentCalls:
     def bytes_held(self) -> int:
         """Body bytes of the replays held, in all."""
         return self._bytes
+
+    def calls(self, sid: str) -> list[PendingCall]:
+        """The remembered calls of ``sid``, oldest first (without touching their LRU order)."""
+        calls = self._sessions.get(sid)
+        return list(calls.values()) if calls is not None else []
 
     def find(self, sid: str, key: CallKey) -> PendingCall | None:
         """The remembered call of ``sid`` under ``key`` (in flight, or done with a replay), made

@@ -1,13 +1,7 @@
-"""Prometheus metrics of the gateway (prometheus-client), one registry per app instance, served
-on ``GET /metrics`` in the text exposition format (Prometheus "Exposition formats"; a Counter
-named ``x`` is exposed as ``x_total``, a Histogram as ``x_bucket``/``x_count``/``x_sum``).
-
-What each call leaves (see :class:`Metrics` for names and labels): a model call that reached its
-route counts once in ``gateway_requests_total`` with the HTTP status the client got (499 when
-the client left) and once in the latency histogram; a stream also observes its time to first
-upstream byte; each committed step counts in ``gateway_steps_recorded_total``; an error the
-gateway answered itself (auth, a malformed body, an unknown route, ...) counts in
-``gateway_error_responses_total`` instead.
+"""Prometheus metrics of the gateway (prometheus-client), one registry per app, on ``GET
+/metrics`` (a Counter ``x`` is exposed as ``x_total``). A model call that reached its route
+counts once in ``gateway_requests_total`` with the HTTP status the client got (499 when it
+left) and, unless it was a synthetic stop, in the latency histogram; see :class:`Metrics`.
 """
 
 from __future__ import annotations
@@ -73,6 +67,12 @@ class Metrics:
                                        "Errors the gateway answered itself (auth, refused or malformed requests, "
                                        "unknown paths, gateway faults), by HTTP status and error code",
                                        ["status", "code"], registry=r)
+
+    def answer(self, endpoint: str, route: str, http_status: int, seconds: float | None = None) -> None:
+        """Count one model call answered with ``http_status`` (and its latency, when given)."""
+        self.requests.labels(endpoint, route, str(http_status)).inc()
+        if seconds is not None:
+            self.latency.labels(endpoint, route).observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

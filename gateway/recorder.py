@@ -1,10 +1,10 @@
 """The telemetry writer: ONE task that commits queued records in batches (group commit).
 
-Callers enqueue a step row and/or a session state: a snapshot, or the live state object of
-:class:`gateway.sessions.SessionManager`, copied when its batch is committed (the last state of a
-session in a batch wins, so a batch copies each session once). In ``strict`` mode they get a future
-that resolves when the batch holding their record is committed (or raises the DB error); in
-``best_effort`` mode nothing waits, and records lost to a full queue or a DB failure are counted.
+Two verbs: :meth:`TelemetryWriter.enqueue` (queue a step row and/or a session state, no wait)
+and :meth:`TelemetryWriter.commit` (enqueue and wait, strict mode). A session state is the live
+object of :class:`gateway.sessions.SessionManager`, copied when its batch is committed (the last
+state of a session in a batch wins). ``best_effort`` mode never waits; records lost to a full
+queue or a DB failure are counted in ``/metrics``.
 """
 
 from __future__ import annotations
@@ -52,15 +52,17 @@ class TelemetryWriter:
         await self._task
         self._task = None
 
-    def submit(self, step: StepRow | None, session: SessionRow | None,
-               on_commit: Callable[[], None] | None = None) -> asyncio.Future[None] | None:
-        """Queue a record without waiting. Returns a future resolved at commit (strict mode), or
-        None (best_effort). ``on_commit`` is called once the record is committed (never when it
-        is dropped or its batch fails). Raises ``RuntimeError`` in strict mode when the queue is
-        full."""
+    def enqueue(self, step: StepRow | None, session: SessionRow | None,
+                on_commit: Callable[[], None] | None = None) -> asyncio.Future[None] | None:
+        """Queue a record without waiting; committed at once when the writer is idle (nothing
+        queued or being written, so nothing queued earlier can commit after it) and the store can
+        commit without waiting (:meth:`store.Store.commit_now`). Returns a future resolved at
+        commit (strict mode), or None (best_effort). ``on_commit`` is called once the record is
+        committed (never when it is dropped or fails). Raises ``RuntimeError`` in strict mode
+        when the queue is full."""
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
         item = _Item(step, session, fut, on_commit)
-        if self._task is not None and not self._busy and self._queue.empty() and self._write_now(item):
+        if self._task is not None and not self._busy and self._queue.empty() and self._commit_now([item]):
             return fut
         try:
             self._queue.put_nowait(item)
@@ -73,31 +75,28 @@ class TelemetryWriter:
         self._metrics.telemetry_queue_depth.set(self._queue.qsize())
         return fut
 
-    def _write_now(self, item: _Item) -> bool:
-        """Commit ``item`` right here when the writer is idle (nothing queued, no batch being
-        written: so no record queued earlier can commit after it) and the store can commit at
-        once without waiting (:meth:`store.Store.write_now`: SQLite with its write lock free).
-        At low load this saves the queue hand-off to the writer task. Returns False when the
-        record must be queued; a DB error settles the record as failed (True)."""
-        steps = [item.step] if item.step is not None else []
-        sessions = [item.session] if item.session is not None else []
-        try:
-            written = self._store.write_now(steps, sessions)
-        except Exception as e:
-            log.error("telemetry record failed: %s: %s", type(e).__name__, e)
-            self._settle([item], e)
-            return True
-        if written:
-            self._settle([item], None)
-        return written
-
-    async def record(self, step: StepRow | None, session: SessionRow | None,
+    async def commit(self, step: StepRow | None, session: SessionRow | None,
                      on_commit: Callable[[], None] | None = None) -> None:
-        """Queue a record; in strict mode wait until it is committed (raises the DB error).
-        ``on_commit`` as in :meth:`submit`."""
-        fut = self.submit(step, session, on_commit)
+        """:meth:`enqueue`, then in strict mode wait until the record is committed (raises the DB
+        error)."""
+        fut = self.enqueue(step, session, on_commit)
         if fut is not None:
             await asyncio.shield(fut)
+
+    def _commit_now(self, batch: list[_Item]) -> bool:
+        """The one inline path: commit ``batch`` on this thread if the store can without waiting
+        (True, settled; a DB error settles it as failed), else False (nothing written)."""
+        steps = [it.step for it in batch if it.step is not None]
+        sessions = [it.session for it in batch if it.session is not None]
+        try:
+            written = self._store.commit_now(steps, sessions)
+        except Exception as e:
+            log.error("telemetry record failed: %s: %s", type(e).__name__, e)
+            self._settle(batch, e)
+            return True
+        if written:
+            self._settle(batch, None)
+        return written
 
     async def _run(self) -> None:
         stopping = False
@@ -120,11 +119,13 @@ class TelemetryWriter:
                 self._busy = False
 
     async def _commit(self, batch: list[_Item]) -> None:
-        """Commit ``batch`` in one transaction. When that fails and the batch holds more than one
-        record, each record is committed on its own, so one record the DB refuses (or a bug
-        in one row) fails that record only, not the other sessions' steps of its batch; not
-        when the database as a whole failed (:func:`store.is_unavailable`: locked, I/O), which
-        one row at a time would only repeat."""
+        """Commit ``batch`` in one transaction (a lone record inline when it can be). When that
+        fails and the batch holds more than one record, each record is committed on its own, so
+        one record the DB refuses fails that record only; not when the database as a whole
+        failed (:func:`store.is_unavailable`: locked, I/O), which one row at a time would only
+        repeat."""
+        if len(batch) == 1 and self._commit_now(batch):  # low load: no thread hop
+            return
         err = await self._write(batch)
         if err is not None and len(batch) > 1 and not is_unavailable(err):
             for it in batch:
@@ -136,9 +137,7 @@ class TelemetryWriter:
         steps = [it.step for it in batch if it.step is not None]
         sessions = [it.session for it in batch if it.session is not None]
         try:
-            # a lone record (low load: nobody else waits on the loop) may commit without the
-            # thread hop when the DB is free at once (Store.write_batch(inline=True))
-            await self._store.write_batch(steps, sessions, inline=len(batch) == 1)
+            await self._store.write_batch(steps, sessions)
         except Exception as e:  # the DB failed: every waiter learns it, nothing is silent
             log.error("telemetry batch of %d records failed: %s: %s", len(batch), type(e).__name__, e)
             return e

@@ -1,16 +1,10 @@
 """Removing secrets from what is recorded (DB rows and the request log).
 
-A key is a secret when its name, lower-cased, is ``authorization``/``proxy-authorization`` or
-contains ``api_key``/``api-key``/``apikey``/``secret``/``password``/``access_token``/
-``refresh_token``/``bearer``, or ends in ``_token``/``-token`` or equals ``token``. Token-count
-fields (``max_tokens``, ``prompt_tokens``, ``*_tokens``) are not secrets and are kept.
-
-Request bodies are redacted with :func:`redact_request`, which leaves the model-visible content
-alone: the conversation and the tool schemas (``messages``, ``tools``, ...) are what the model
-saw and are recorded verbatim (a tool parameter named ``access_token`` is part of a schema, not a
-credential; the same conversation is stored unredacted in the ``messages`` column anyway). The
-credentials the gateway itself handles (the client's ``Authorization`` header, the routes'
-``api_key``) travel in headers and are never part of a recorded body.
+A key is secret when its name looks like a credential (``authorization``, ``*api_key*``,
+``*secret*``, ``*password*``, ``*_token``, ...); token counts (``max_tokens``, ``*_tokens``) are
+not. :func:`redact_request` leaves model-visible content (``messages``, ``tools``, ``input``,
+...) as sent: it is what the model saw. Client and route credentials travel in headers and are
+never recorded.
 """
 
 from __future__ import annotations

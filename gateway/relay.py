@@ -1,25 +1,11 @@
-"""Relaying one upstream SSE stream to the client and recording it as one step, for every
-protocol: the events are relayed byte for byte as they are parsed (comment and data-less blocks
-are not relayed, faults F2), fed to the protocol's assembler, and the event that ends the stream
-properly (chat ``[DONE]``, Responses ``response.completed``/``.incomplete``/``.failed``,
-Anthropic ``message_stop``) is held back, with anything after it, until the step is recorded
-(strict telemetry: committed first).
+"""Relaying one upstream SSE stream to the client and recording it as one step, on every protocol.
 
-Keep-alives (faults F2): while relaying, whenever no upstream byte arrived for the route's
-keep-alive interval (:meth:`gateway.settings.GatewaySettings.keepalive_for`: route
-``keepalive_interval_s``, else the gateway's, default 15 s; 0 disables), the client gets the
-SSE comment line ``b": keep-alive\n"`` (:data:`KEEPALIVE`), again after every further interval
-of silence. Per the WHATWG HTML standard, "Server-sent events", "Interpreting an event stream",
-a line starting with U+003A COLON is ignored by every conforming parser; it is NOT followed by a
-blank line, because a lone blank line dispatches an event, and openai-python's decoder then
-dispatches an empty-data event once an ``id:`` field was seen earlier in the stream and fails to
-parse it (openai/openai-python #2722, #3833). It is only ever sent between events: the relay
-sends the client whole event blocks only (each ``SSEEvent.raw`` ends with its blank line), so a
-keep-alive never lands inside an event, even when the upstream stalls in the middle of one.
-Keep-alives are not fed to the assembler, so they never reach the recorded response; each one
-counts in ``gateway_stream_keepalives_total{route}``. They do not extend the upstream's own
-``read_timeout_s``. Before the upstream's headers arrive (and for a stream re-told from a
-non-streamed answer) nothing has been sent yet, so there are no keep-alives then.
+Events are relayed byte for byte as they are parsed (comments and data-less blocks are dropped;
+an event with non-finite numbers is made strict, :mod:`gateway.jsonsafe`), fed to the
+protocol's assembler, and the event that ends the stream properly is held back until the step
+is recorded (strict telemetry: committed). While the upstream is silent for the keep-alive
+interval the client gets ``: keep-alive`` comment lines between whole events. End states and
+keep-alive rules: docs/gateway-semantics.md.
 """
 
 from __future__ import annotations
@@ -27,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator
+from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
 import aiohttp
 
-from gateway.call import Call, record
+from gateway.call import Call
 from gateway.errors import GatewayError, error_body
+from gateway.idempotency import Replay
+from gateway.jsonsafe import strict_event
+from gateway.outcome import Outcome, Phase, StepStatus
 from gateway.sse import SSEParser, sse_comment
+from gateway.streaming import SSE_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +76,12 @@ class StreamRelay:
     """
 
     def __init__(self, call: Call, resp: aiohttp.ClientResponse, stack: AsyncExitStack) -> None:
-        self.call = call
+        self.call = call  # handed over: this relay owns the call until finish()
         self.resp = resp
         self.stack = stack
         self.asm = call.proto.assembler()
         self.gone = False
-        self.recorded = False
-        self.outcome: str | None = None  # the final step's status once it is recorded (strict: committed)
+        self.outcome: StepStatus | None = None  # the final step's status once it is recorded (strict: committed)
 
     def client_left(self) -> None:
         """The client disconnected: stop reading the upstream at once."""
@@ -101,27 +90,44 @@ class StreamRelay:
 
     async def finish(self) -> None:
         """Release the upstream connection and the route slot; when no final step was recorded
-        (the client left, the body never ran or was cancelled), record the partial one."""
+        (the client left, the body never ran or was cancelled), record the partial one. Ends the
+        call (:meth:`Call.abandon`) on every path."""
         call = self.call
         try:
-            if not self.recorded:
-                self.recorded = True
+            if not call.finished:
                 self.resp.close()
-                call.submit(call.step(status="client_disconnected", status_code=self.resp.status,
-                                      response=self.asm.result(), meta={"chunks": self.asm.chunk_count}))
-                call.observe(499)
+                await call.finish(Outcome(StepStatus.CLIENT_DISCONNECTED, self.resp.status, self.asm.result(),
+                                          answered=499, meta={"chunks": self.asm.chunk_count}, wait=False))
             await self.stack.aclose()
         finally:
-            call.release()  # normally done when the step was queued: then a no-op
+            call.abandon()
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """The SSE bytes for the client (see the class docstring)."""
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        """The SSE bytes for the client (see the class docstring); every byte sent is kept (up to
+        the per-call cap) so that a retry of an ``ok`` stream is answered with it."""
+        claim = self.call.claim
+        kept: list[bytes] | None = [] if claim is not None else None
+        size, limit = 0, claim.max_bytes if claim is not None else 0
+        async with aclosing(self._relay()) as relayed:
+            async for chunk in relayed:
+                if kept is not None:
+                    size += len(chunk)
+                    kept = kept if size <= limit else None
+                    if kept is not None:
+                        kept.append(chunk)
+                yield chunk
+        if self.outcome == StepStatus.OK:  # every byte went out
+            self.call.sent(Replay(200, dict(SSE_HEADERS), b"".join(kept), "text/event-stream")
+                           if kept is not None else None)
+
+    async def _relay(self) -> AsyncGenerator[bytes, None]:
         call, asm, proto = self.call, self.asm, self.call.proto
         parser = SSEParser()
         held: list[bytes] = []
         failure: tuple[int, dict[str, Any]] | None = None
-        phase: str | None = None
-        status = "ok"
+        phase: Phase | None = None
+        status = StepStatus.OK
+        non_finite = 0
         if self.gone:
             return
         idle_s = call.gw.settings.keepalive_for(call.route_key)
@@ -138,6 +144,8 @@ class StreamRelay:
                     call.ttft_ms = (time.perf_counter() - call.t0) * 1000
                     call.gw.metrics.ttft.labels(call.route_key).observe(call.ttft_ms / 1000)
                 for ev in parser.feed(data):
+                    ev, replaced = strict_event(ev)  # non-finite numbers -> null, before anything sees it
+                    non_finite += replaced
                     obj = asm.feed_event(ev)
                     if call.usage_added and proto.hide_event(obj):
                         continue
@@ -146,15 +154,15 @@ class StreamRelay:
                         continue
                     yield ev.raw
             status = asm.status()
-            if status == "truncated":
+            if status == StepStatus.TRUNCATED:
                 failure = 502, error_body(502, f"upstream closed the stream before it finished (no "
                                                f"{proto.stream_end})", code="upstream_stream_truncated")
         except TimeoutError as e:  # before the connection errors: aiohttp's read timeout is both
             if asm.finished:
                 status = asm.status()
             else:
-                status = "timeout"
-                phase = "first-byte" if call.ttft_ms is None else "idle"
+                status = StepStatus.TIMEOUT
+                phase = Phase.FIRST_BYTE if call.ttft_ms is None else Phase.IDLE
                 failure = 504, call.timeout_error(phase, e)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             if self.gone:
@@ -162,19 +170,19 @@ class StreamRelay:
             if asm.finished:
                 status = asm.status()
             else:
-                status = "truncated"
+                status = StepStatus.TRUNCATED
                 failure = 502, error_body(502, f"upstream stream broke: {type(e).__name__}: {e}",
                                           code="upstream_stream_broken")
         except Exception as e:  # a bug or an unforeseen client error: end the stream loudly, keep the step
             log.exception("relaying the stream of route %s failed", call.route_key)
-            status = "error"
+            status = StepStatus.ERROR
             failure = 500, error_body(500, f"the gateway failed while relaying the stream: {type(e).__name__}: "
                                            f"{e}", code="internal_error")
         await self.stack.aclose()  # release the connection and the route slot before recording
         if self.gone:
             return
-        if status == "ok" and asm.chunk_count == 0:
-            status = "empty"
+        if status == StepStatus.OK and asm.chunk_count == 0:
+            status = StepStatus.EMPTY
 
         response = asm.result()
         meta: dict[str, Any] = {"chunks": asm.chunk_count, **asm.notes()}
@@ -183,15 +191,15 @@ class StreamRelay:
         if failure is not None:
             meta["error"] = failure[1]["error"]
         if phase is not None:
-            meta["phase"] = phase
-        self.recorded = True
+            meta["phase"] = phase.value
+        if non_finite:
+            meta["non_finite_numbers"] = non_finite
         try:
-            await record(call, call.step(status=status, status_code=200, response=response, meta=meta))
-        except GatewayError as e:  # record() counted the 500
+            await call.finish(Outcome(status, 200, response, answered=200, meta=meta))
+        except GatewayError as e:  # finish() counted the 500
             yield proto.stream_error(500, error_body(500, e.message, code="telemetry_error"), asm)
             return
         self.outcome = status
-        call.observe(200)
         if failure is not None:
             yield proto.stream_error(failure[0], failure[1], asm)
         else:

@@ -1,14 +1,10 @@
 """Gateway configuration (YAML), validated with pydantic; unknown keys are errors so typos fail.
 
-Keys follow DESIGN.md section 4 (compatible with Safactory's gateway config): ``listen_host``,
-``listen_port``, ``base_session_path``, ``max_steps`` (-1 unlimited), ``storage_type`` +
-``storage_config.db_url``, ``llm_routes``, ``telemetry``, ``request_log``; plus this gateway's own
-``auth`` (API keys asked of its clients), ``keepalive_interval_s`` (SSE keep-alives toward
-streaming clients) and per-route options documented on each model.
-
-Validation errors never echo the offending input (``hide_input_in_errors``): a config holds
-secrets (route ``api_key``, ``auth.api_keys``), and a pydantic message would otherwise print
-them. Messages name the field (``llm_routes.m.base_url``) and the rule instead.
+Keys are compatible with Safactory's gateway config (``listen_host``, ``listen_port``,
+``base_session_path``, ``max_steps``, ``storage_type`` + ``storage_config.db_url``,
+``llm_routes``, ``telemetry``, ``request_log``) plus this gateway's own (``auth``,
+``keepalive_interval_s``, ``retry_join_window_s``, route options on each model). Validation
+errors never echo the input (a config holds secrets): they name the field and the rule.
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ class RetrySettings(_Strict):
     dropped, nothing is sent to the client), or when the connection could not be made (connect
     error or connect timeout). Never retried: any other status (a 400 is passed straight
     through), a read timeout waiting for the answer, a body that broke while it was read, and a
-    200 stream once it started (faults F9: a stream that breaks midway is recorded as truncated
+    200 stream once it started (a stream that breaks midway is recorded as truncated
     with exactly what was relayed, never glued to a second attempt). The wait before retry ``n``
     (1-based) is ``backoff_s * 2**(n-1)`` capped at ``max_backoff_s``, with jitter (between half
     and all of it); with ``respect_retry_after`` an upstream ``Retry-After`` (seconds or an
@@ -283,7 +279,7 @@ class GatewaySettings(_Strict):
     base_session_path: str = "/v1/sessions"
     max_steps: int = -1
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
-    storage_type: Literal["sqlite", "postgresql"] = "sqlite"
+    storage_type: Literal["sqlite", "postgresql"] | None = None
     storage_config: StorageConfig = Field(default_factory=StorageConfig)
     llm_routes: dict[str, RouteSettings] = Field(default_factory=dict)
     default_route: str | None = None
@@ -300,6 +296,26 @@ class GatewaySettings(_Strict):
     def _path(cls, v: str) -> str:
         v = "/" + v.strip("/")
         return v
+
+    @model_validator(mode="after")
+    def _storage_type_matches_url(self) -> GatewaySettings:
+        """``storage_type`` (optional, kept for config compatibility) must name the database kind
+        of ``storage_config.db_url``; when absent it is set from the URL."""
+        url = self.storage_config.db_url
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        kind: Literal["sqlite", "postgresql"]
+        if scheme.startswith("postgres"):
+            kind = "postgresql"
+        elif scheme.startswith("sqlite"):
+            kind = "sqlite"
+        else:
+            raise ValueError(f"storage_config.db_url must start with sqlite:// or postgresql:// (got scheme "
+                             f"{scheme or 'none'!r})")
+        if self.storage_type is not None and self.storage_type != kind:
+            raise ValueError(f"storage_type is {self.storage_type} but storage_config.db_url is a {kind} URL "
+                             f"({scheme}://...); make them agree or drop storage_type")
+        self.storage_type = kind
+        return self
 
     @model_validator(mode="after")
     def _default_route_exists(self) -> GatewaySettings:

@@ -1,24 +1,10 @@
-"""Incremental Server-Sent Events parser and writers.
+"""Incremental Server-Sent Events parser and writers (WHATWG HTML, "Server-sent events").
 
-Implements the event-stream interpretation of the WHATWG HTML Living Standard, section 9.2
-"Server-sent events" (https://html.spec.whatwg.org/multipage/server-sent-events.html), "Parsing an
-event stream" and "Interpreting an event stream":
-
-* the stream is UTF-8; one leading U+FEFF BOM is stripped (even when split across reads);
-* lines end with CRLF, a lone LF or a lone CR; a CR that ends one read followed by an LF that
-  starts the next one is ONE line end (no phantom blank line, see faults F3);
-* a line starting with ``:`` is a comment and is ignored (keep-alives, ``: ping``, see F2);
-* ``field: value`` lines: one space after the colon is removed; a line without a colon is a field
-  name with an empty value; ``data`` values are joined with ``"\\n"``; ``event`` sets the type;
-  ``id`` sets the last event ID buffer (ignored when it contains U+0000); ``retry`` with only
-  ASCII digits sets the reconnection time; other fields are ignored;
-* a blank line dispatches the event, unless the data buffer is empty (then the block, e.g.
-  ``retry: 3000``, ``event: message`` or ``id: 1`` alone, is dropped and the event type reset);
-* at end of stream an event not terminated by a blank line is discarded.
-
-Framing works on bytes; a line is decoded only once it is complete (CR and LF never occur inside
-a multi-byte UTF-8 sequence, so this is equivalent to incremental decoding). There is no line
-length limit and the cost is O(total bytes): every feed only scans the bytes it added.
+:class:`SSEParser` follows "Parsing/Interpreting an event stream": UTF-8 with one leading BOM
+stripped, CRLF/LF/CR line ends (a CR and LF split across reads are one), ``:`` comments ignored,
+a blank line dispatches unless the data is empty, an unterminated last event is discarded.
+Framing works on bytes with no line-length limit, in O(total bytes). Details:
+docs/gateway-protocols.md.
 """
 
 from __future__ import annotations
@@ -236,7 +222,7 @@ def sse_comment(text: str = "") -> bytes:
     ``:``), e.g. ``sse_comment("ping") == b": ping\\n"``.
 
     Deliberately NOT followed by a blank line: openai-python's decoder dispatches an empty-data
-    event on a lone blank line once an ``id:`` was seen, and then fails to parse it (faults F2).
+    event on a lone blank line once an ``id:`` was seen, and then fails to parse it.
     A comment line between two complete events is ignored by every conforming parser. Multi-line
     text becomes one comment line per line.
     """

@@ -17,7 +17,8 @@ from store import Store
 @dataclass(slots=True)
 class GatewayState:
     """Settings, store, session manager, upstream client, telemetry writer, metrics and the
-    request log (None when ``request_log.enabled`` is false)."""
+    request log (None when ``request_log.enabled`` is false); the background tasks of calls kept
+    for their retry (``detached``) and the ``stopping`` event set at shutdown."""
 
     settings: GatewaySettings
     store: Store
@@ -26,14 +27,27 @@ class GatewayState:
     writer: TelemetryWriter
     metrics: Metrics
     request_log: RequestLog | None = None
-    # background tasks of calls whose client left, kept for their retry (gateway.forward._detach)
     detached: set[asyncio.Task[None]] = field(default_factory=set)
-    stopping: bool = False  # set at shutdown: detached calls stop waiting
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def closing(self, sid: str) -> asyncio.Future[None]:
+        """A future done once session ``sid`` starts closing or the gateway stops (no retry of
+        its calls can come anymore). Cancel it when no longer needed."""
+        return asyncio.ensure_future(_first(self.sessions.closing(sid), self.stopping))
 
     async def stop_detached(self, timeout_s: float = 5.0) -> None:
         """At shutdown, before the telemetry writer stops: make every detached call stop waiting
         (its step is then recorded ``client_disconnected``) and wait for them, at most
         ``timeout_s`` seconds."""
-        self.stopping = True
+        self.stopping.set()
         if self.detached:
             await asyncio.wait(set(self.detached), timeout=timeout_s)
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

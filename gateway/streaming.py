@@ -1,18 +1,10 @@
 """A StreamingResponse for relayed streams that always cleans up and tells when the client left.
 
-Starlette's ``StreamingResponse`` (1.x, under an ASGI server of spec < 2.4 such as uvicorn)
-cancels the sending task when ``http.disconnect`` arrives, but never closes the body iterator
-itself. So an async generator that had not started yet (the client left while the gateway waited
-for the upstream's headers) never runs its ``finally``, and one suspended at a ``yield`` is only
-closed whenever the garbage collector finds it: the upstream connection and the route's
-concurrency slot stay held, and the step is not recorded (faults F11). Also, uvicorn's ``send``
-silently drops what is sent after a disconnect, so a stream whose client left before it started
-could run to its end and look delivered.
-
-:class:`GuardedStreamingResponse` fixes both: it watches ``receive()`` for ``http.disconnect``
-from the start (a disconnect that happened before the response is seen before the first byte)
-and calls ``on_disconnect()`` before cancelling the body; and whatever happens it then closes the
-body iterator (``aclose()``) and awaits ``finalize()``, both shielded from cancellation.
+Starlette's ``StreamingResponse`` never closes its body iterator when the client disconnects
+(a generator that had not started never runs its ``finally``), and uvicorn drops what is sent
+after a disconnect. :class:`GuardedStreamingResponse` watches ``receive()`` from the start, calls
+``on_disconnect()`` before cancelling the body, and on every path closes the body iterator and
+awaits ``finalize()``, shielded from cancellation.
 """
 
 from __future__ import annotations

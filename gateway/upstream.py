@@ -1,18 +1,16 @@
 """The only code that calls model servers: one aiohttp ClientSession for all routes.
 
-aiohttp is the forwarding client because it measured 2.5x-9x faster than httpx on these machines
-(DESIGN.md section 8). Timeouts: ``connect_timeout_s`` for connecting, ``read_timeout_s`` between
-two reads (this caps time-to-first-token and stalls, never the length of a progressing stream);
-there is no total timeout. Responses are read piece by piece as they arrive (``readany``, no
-line-length limit, faults F4; see :func:`gateway.relay.read_or_idle`).
-
-A route whose ``base_url`` holds ``{session_id}`` is called at a URL built per session
-(:func:`route_base_url`); see :class:`gateway.settings.RouteSettings`.
+aiohttp is the forwarding client because it measured several times faster than httpx here.
+Timeouts: ``connect_timeout_s`` to connect, ``read_timeout_s`` between two reads (caps
+time-to-first-token and stalls, never a progressing stream); no total timeout. Bodies are read
+as they arrive, with no line-length limit. A route whose ``base_url`` holds ``{session_id}`` is
+called at a per-session URL (:func:`route_base_url`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +22,10 @@ from gateway.errors import GatewayError
 from gateway.settings import SESSION_ID_PLACEHOLDER, RouteSettings
 
 log = logging.getLogger(__name__)
+
+LARGE_BODY_BYTES = 2**20
+"""A request body over this size is sent from a ``BytesIO`` (aiohttp writes it in chunks,
+yielding to the loop between them, and warns when given such a body as one ``bytes``)."""
 
 
 def route_base_url(route_key: str, route: RouteSettings, session_id: str | None) -> str:
@@ -78,6 +80,26 @@ class UpstreamClient:
             await self._session.close()
             self._session = None
 
+    async def probe(self, route_key: str, timeout_s: float = 5.0) -> str | None:
+        """Whether the route's upstream answers: GET its model list (``<base_url>/models``, or
+        ``<base_url>/v1/models`` for an ``api: anthropic`` route) without credentials. Any HTTP
+        answer below 500 (a 401 or 404 included: the server is up) is None; a connect failure,
+        timeout or 5xx is why not. A per-session route is not probed (None)."""
+        if self._session is None:
+            raise RuntimeError("UpstreamClient.start() was not called")
+        route = self._routes[route_key]
+        if route.per_session:
+            return None
+        url = route.base_url.rstrip("/") + ("/v1/models" if route.api == "anthropic" else "/models")
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                         allow_redirects=False) as resp:
+                if resp.status >= 500:
+                    return f"upstream of route {route_key} answered HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"upstream of route {route_key} does not answer: {type(e).__name__}: {e}"
+        return None
+
     @asynccontextmanager
     async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],
                    session_id: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
@@ -103,7 +125,8 @@ class UpstreamClient:
             await sem.acquire()
         self.in_flight[route_key] = self.in_flight.get(route_key, 0) + 1
         try:
-            async with self._session.post(base_url + path, data=body, headers=headers,
+            data = io.BytesIO(body) if len(body) > LARGE_BODY_BYTES else body
+            async with self._session.post(base_url + path, data=data, headers=headers,
                                           timeout=timeout, allow_redirects=False) as resp:
                 yield resp
         finally:

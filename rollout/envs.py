@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 CONFIG_NAME = "env.yaml"
 
@@ -63,9 +63,42 @@ class RuntimeConfig(_Strict):
     sandbox: Literal["bwrap", "none"] | None = None
 
 
+DEFAULT_ARCHIVE_MAX_BYTES = 8 * 1024 * 1024
+DEFAULT_ARCHIVE_MAX_FILES = 10_000
+
+
+class WorkspaceArchiveConfig(_Strict):
+    """What of a session's final workspace is kept with the session, for a regrade to hand to the
+    evaluator (``rollout.workspace_archive``, docs/regrade.md). ``paths``: files or folders
+    relative to the workspace (e.g. ``[outputs]``), None for the whole workspace. ``max_bytes``:
+    cap on the kept regular files' total size (uncompressed bytes), ``max_files`` on their number;
+    a workspace over a cap is not kept at all. ``enabled: false`` keeps nothing (the env's
+    sessions then cannot be regraded)."""
+
+    enabled: bool = True
+    paths: list[str] | None = None
+    max_bytes: int = Field(default=DEFAULT_ARCHIVE_MAX_BYTES, gt=0)
+    max_files: int = Field(default=DEFAULT_ARCHIVE_MAX_FILES, gt=0)
+
+    @field_validator("paths")
+    @classmethod
+    def _relative(cls, paths: list[str] | None) -> list[str] | None:
+        if paths is None:
+            return None
+        out: list[str] = []
+        for p in paths:
+            parts = Path(p).parts
+            if not p.strip() or Path(p).is_absolute() or ".." in parts:
+                raise ValueError(f"workspace_archive.paths: {p!r} must be a path inside the workspace "
+                                 "(relative, without '..')")
+            out.append(Path(p).as_posix().rstrip("/"))
+        return out
+
+
 class EnvConfig(_Strict):
     """One env: name, dataset, runtime, public params (merged into ``env_params``), default step
-    budget (``max_steps``, -1 unlimited) and an optional case limit."""
+    budget (``max_steps``, -1 unlimited), an optional case limit and what of the final workspace
+    is kept for a regrade (``workspace_archive``)."""
 
     name: str
     description: str = ""
@@ -74,6 +107,7 @@ class EnvConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     max_steps: int = -1
     limit: int | None = Field(default=None, ge=1)
+    workspace_archive: WorkspaceArchiveConfig = Field(default_factory=WorkspaceArchiveConfig)
     # resolved at load time
     env_dir: Path = Field(default=Path("."), exclude=True)
     config_path: Path = Field(default=Path("."), exclude=True)

@@ -1,34 +1,10 @@
-"""Running evaluation: call an env's evaluator under a timeout and commit an outcome (DESIGN.md
-section 4, "Evaluator contract"; faults F16, F17). Finding and loading the evaluator is
-``rollout.evaluator_loader``; the score rule (F18) is ``rollout.scoring``.
+"""Running evaluation: call an env's evaluator under a timeout and commit an outcome.
 
-Flow for one session (``run_evaluation``):
-
-1. ``path`` comes from ``evaluator_loader.discover_evaluator``; None means the env has no
-   evaluation and the outcome is ``skipped``.
-2. The evaluator callable comes from the loader's cache or, on a first load (or after the file
-   changed), from ``evaluator_loader.load_evaluator`` run in a daemon thread under the deadline.
-3. A sync evaluator runs in a new daemon thread; its result is handed back to the event loop with
-   ``loop.call_soon_threadsafe`` on an ``asyncio.Future`` that the caller awaits under
-   ``spec.timeout_s``. An async evaluator (or a sync one that returns an awaitable) runs on the loop
-   under the same deadline.
-4. The return value goes through ``scoring.normalize_score`` (the F18 rule), and the outcome is
-   committed: ``scored`` (clamped score), ``invalid_reward`` / ``error`` / ``timeout`` (score 0.0,
-   with a reason), or ``skipped`` (score None).
-
-Threads and timeouts (F16): a timeout stops the *wait*, not the work. Python cannot kill a thread,
-so a timed-out sync evaluator keeps running in its daemon thread (it never blocks interpreter exit)
-and its late result is discarded: the future it would complete is already cancelled, so nothing it
-returns can overwrite the committed outcome. Such abandoned threads are counted
-(``abandoned_thread_count()``); once ``ABANDONED_THREAD_LIMIT`` of them are still running, new
-evaluations that need a thread fail fast with status ``error`` and an ERROR log, so hung evaluators
-cannot pile up threads without bound. No ``ThreadPoolExecutor`` is used: its context-manager exit
-joins hung threads.
-
-Limits: an ``async def`` evaluator that blocks (CPU loop, ``time.sleep``) blocks the event loop, and
-no timeout can interrupt it; write blocking evaluators as plain ``def``. Evaluators run off the main
-thread, so ``signal.signal``/``signal.alarm`` raise ``ValueError`` there (F17); it is reported as an
-``error`` outcome with the exception type and message, never as a score of 0 that looks real.
+``run_evaluation(path, request, spec, trajectory)`` loads the evaluator (``rollout.evaluator_loader``),
+runs a sync one in a daemon thread (an async one on the loop) under ``spec.timeout_s``, applies the
+score rule (``rollout.scoring``) and returns the ``EvalOutcome`` to commit. A timeout stops the
+wait, not the work: a late result is discarded, and abandoned threads are capped. The full rules
+are in docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -87,7 +63,7 @@ class EvalOutcome(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------
-# running in a daemon thread, with abandoned-thread accounting (F16)
+# running in a daemon thread, with abandoned-thread accounting
 # --------------------------------------------------------------------------------------------
 
 _abandon_lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""Finding and loading an env's evaluator (DESIGN.md section 4, "Evaluator contract").
+"""Finding and loading an env's evaluator (see docs/evaluation.md).
 
 1. ``discover_evaluator(agent_root, env_name)`` gives ``<agent_root>/<env_name>/rule_evaluator.py``
    (``EVALUATOR_FILE_NAME``) or None; None means the env has no evaluation.

@@ -17,16 +17,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.settings import ConfigError, GatewaySettings, load_settings
 from rollout.envs import Case, EnvConfig, EnvConfigError, discover_envs, load_cases, load_env_config
 from rollout.evaluator_loader import discover_evaluator
+from rollout.outcomes import (
+    DEFAULT_RETRY_ON,
+    INFRA_CLASSES,
+    BreakerEvent,
+    BreakerSettings,
+    RetryPolicy,
+    check_classes,
+)
 from rollout.records import job_records
 from rollout.report import SessionRecord, write_jsonl
 from rollout.runner import effective_mode, sandbox_support
 from rollout.sandbox import SandboxUnavailable
-from rollout.scheduler import RunSettings, Scheduler, session_rows
+from rollout.scheduler import JobStopped, RunSettings, Scheduler, session_rows
 from rollout.services import (
     ChildProcess,
     ServiceError,
@@ -69,17 +77,36 @@ class JobOptions(BaseModel):
     sandbox: Literal["bwrap", "none"] = "bwrap"
     out: Path | None = None
     keep_workspaces: bool = False
+    max_retries: int = Field(default=2, ge=0)
+    retry_backoff_s: float = Field(default=1.0, ge=0)
+    retry_on: list[str] = Field(default_factory=lambda: sorted(DEFAULT_RETRY_ON))
+    no_retry_on: list[str] = Field(default_factory=list)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+
+    @field_validator("retry_on", "no_retry_on")
+    @classmethod
+    def _classes(cls, v: list[str]) -> list[str]:
+        check_classes(v, "failure classes")
+        return v
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry policy these options describe."""
+        return RetryPolicy(max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
+                           retry_on=frozenset(self.retry_on), no_retry_on=frozenset(self.no_retry_on))
 
 
 class JobResult(BaseModel):
     """What a finished job produced: its id, every finished session's record, the JSONL path,
-    the store identity and where workspaces were kept (None unless ``keep_workspaces``)."""
+    the store identity and where workspaces were kept (None unless ``keep_workspaces``), the
+    circuit breaker's changes, and why the job stopped early (None when every session ran)."""
 
     job_id: str
     records: list[SessionRecord]
     out: Path
     store: str
     workspaces: Path | None = None
+    breaker_events: list[BreakerEvent] = Field(default_factory=list)
+    stopped: str | None = None
 
 
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
@@ -145,21 +172,26 @@ def open_store(url: str) -> Store:
 
 async def plan_sessions(store: Store, opts: JobOptions, job_id: str, model: str,
                         envs: list[tuple[EnvConfig, list[Case]]]) -> list[JobEnvironment]:
-    """The session rows to run: a new job's rows (inserted), or with ``resume`` the unfinished rows
-    of an existing job (their partial steps moved aside). Raises SetupError for a resume of an
-    unknown job, or a new job whose id is taken."""
+    """The session rows to run: a new job's rows (inserted), or with ``resume`` the rows of an
+    existing job that are unfinished or ended in an infrastructure failure (reopened; the
+    scheduler archives their last attempt's steps before the next attempt, whose number goes on
+    from the attempts already used). Raises SetupError for a resume of an unknown job, or a new
+    job whose id is taken."""
     existing = await store.job_sessions(job_id)
     cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
     if opts.resume:
         if not existing:
             raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
-        rows = [r for r in existing if not r.finished]
+        rows = [r for r in existing if not r.finished or r.outcome in INFRA_CLASSES]
         unknown = {(r.env_name, r.case_id) for r in rows} - cases
         if unknown:
             raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
                              f"{sorted(unknown)[:5]}")
         for r in rows:
-            await store.reset_for_retry(r.env_id, r.attempts)
+            if r.finished:  # an infrastructure failure: run it again, never graded
+                await store.update_job_session(r.env_id, finished=False, finished_at=None, reward=None,
+                                               eval_status=None, eval_reason=None, eval_detail=None)
+                r.finished = False
         return rows
     if existing:
         raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
@@ -191,10 +223,13 @@ async def _start_services(gw: GatewaySettings, model: str, store: Store, log_dir
 
 
 async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None = None,
-                  on_done: Callable[[SessionRecord], None] | None = None) -> JobResult:
+                  on_done: Callable[[SessionRecord], None] | None = None,
+                  on_breaker: Callable[[BreakerEvent], None] | None = None) -> JobResult:
     """Run a job. ``on_start(job_id, n_sessions)`` is called once sessions are planned and the
-    gateway is up; ``on_done(record)`` after each session. Cancellation (Ctrl-C) stops the sessions
-    in flight cleanly (see ``rollout.scheduler``) and every started process."""
+    gateway is up; ``on_done(record)`` after each session; ``on_breaker(event)`` at each change
+    of the circuit breaker. Cancellation (Ctrl-C) stops the sessions in flight cleanly (see
+    ``rollout.scheduler``) and every started process. When the breaker gives up, the finished
+    sessions are still reported and ``JobResult.stopped`` says why."""
     envs = load_envs(opts)
     check_sandbox(opts, [cfg for cfg, _ in envs])
     gw_settings = load_gateway_settings(opts.gateway_config)
@@ -235,11 +270,16 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                pool_size=opts.pool_size, temperature=opts.llm_temperature,
                                max_steps=opts.max_steps, enable_evaluation=opts.enable_evaluation,
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,
-                               workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox)
+                               workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox,
+                               retry=opts.retry_policy(), breaker=opts.breaker)
         by_name = {cfg.name: cfg for cfg, _ in envs}
         cases = {(c.env_name, c.case_id): c for _, cs in envs for c in cs}
+        scheduler = Scheduler(store, settings, by_name, cases, on_done=on_done, on_breaker=on_breaker)
+        stopped: str | None = None
         try:
-            await Scheduler(store, settings, by_name, cases, on_done=on_done).run(rows)
+            await scheduler.run(rows)
+        except JobStopped as e:
+            stopped = str(e)
         finally:
             if not opts.keep_workspaces:
                 shutil.rmtree(workspaces, ignore_errors=True)
@@ -248,7 +288,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         write_jsonl(out, records)
         await store.checkpoint()
         return JobResult(job_id=job_id, records=records, out=out, store=store.identity(),
-                         workspaces=workspaces if opts.keep_workspaces else None)
+                         workspaces=workspaces if opts.keep_workspaces else None,
+                         breaker_events=scheduler.breaker_events, stopped=stopped)
     finally:
         for child in reversed(children):
             child.stop()

@@ -1,4 +1,4 @@
-"""Wire types between the launcher, runtimes and evaluators (DESIGN.md section 4).
+"""Wire types between the launcher, runtimes and evaluators.
 
 One place defines each of them:
 
@@ -49,7 +49,10 @@ class SimulationStartResult(BaseModel):
     """The runtime's result: the last JSON line it prints on stdout.
 
     ``status`` is required: output without it is a failed session, never a success.
-    ``metrics`` carries raw inputs for the rule (e.g. the extracted answer).
+    ``metrics`` carries raw inputs for the rule (e.g. the extracted answer). ``error_class``:
+    set by a runtime whose failure was the infrastructure's, not the agent's: the gateway could
+    not be reached (``gateway_unreachable``) or answered that the model is unavailable (429/5xx:
+    ``upstream_unavailable``); the launcher then retries the session instead of grading it.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -61,6 +64,7 @@ class SimulationStartResult(BaseModel):
     terminated: bool = True
     truncated: bool = False
     error_text: str | None = None
+    error_class: Literal["gateway_unreachable", "upstream_unavailable"] | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -2,10 +2,13 @@
 (``summarize``) with mean score and pass@k, a text table (``render_table``) and the JSONL export
 (``write_jsonl``).
 
-Counting rules: a session is *scored* when its ``eval_status`` is ``scored``;
-``invalid_reward``, ``error`` and ``timeout`` are counted apart and are left out of the mean score
-unless ``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
-(``score >= 10 - 1e-9``); sessions without a score never pass.
+Counting rules: a session is *scored* when its ``eval_status`` is ``scored``; ``invalid_reward``,
+``error`` and ``timeout`` are counted apart and are left out of the mean score unless
+``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
+(``score >= 10 - 1e-9``); sessions without a score never pass. A session whose last attempt was an
+infrastructure failure (``infra``) was never graded: it is left out of mean score and pass@k
+(its reward is NULL, a trainer masks it), and counted in its own column; ``retried`` counts
+sessions that needed more than one attempt.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, FiniteFloat
+
+from rollout.outcomes import INFRA_CLASSES
 
 SessionStatus = Literal["succeeded", "failed", "truncated", "timeout", "error", "cancelled"]
 
@@ -78,6 +83,25 @@ class UsageTotals(BaseModel):
     total_tokens: int = 0
 
 
+class AttemptRecord(BaseModel):
+    """One attempt of a session in the JSONL: number (from 1), runtime status, ``outcome`` (a task
+    outcome or an infrastructure class, ``rollout.outcomes``), ``infra``, reason, steps recorded
+    and the session id they are kept under, the backoff before the next attempt (seconds, None
+    for the last), duration (seconds) and UTC ISO times."""
+
+    attempt: int
+    status: str
+    outcome: str
+    infra: bool = False
+    reason: str | None = None
+    step_count: int = 0
+    steps_session_id: str
+    retry_in_s: FiniteFloat | None = None
+    duration_s: FiniteFloat | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
 class SessionRecord(BaseModel):
     """One session, one JSON line of the launcher's ``--out`` file.
 
@@ -89,9 +113,12 @@ class SessionRecord(BaseModel):
       the harness failed (None when nothing failed).
     - ``duration_s``: session wall time in seconds (None when unknown).
     - ``usage``: token sums over the steps, None when no step reported usage.
-    - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order.
+    - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order (the last
+      attempt's).
     - ``sandbox``: how the runtime ran: ``bwrap`` (isolated) or ``none`` (no isolation), None when
       unknown (the runtime never ran).
+    - ``outcome``: how the last attempt ended (None for records made by an older version);
+      ``attempts``: every attempt, in order; ``retried``: more than one attempt.
     """
 
     session_id: str
@@ -110,6 +137,9 @@ class SessionRecord(BaseModel):
     usage: UsageTotals | None = None
     step_count: int = 0
     sandbox: str | None = None
+    outcome: str | None = None
+    retried: bool = False
+    attempts: list[AttemptRecord] = Field(default_factory=list)
     trajectory: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -120,7 +150,9 @@ class SummaryRow(BaseModel):
     ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
     runtime outcomes ``runtime_failed`` (the runtime reported ``failed``: the agent did not finish
     its task), ``runtime_errors`` (status error: the harness could not run the session) and
-    ``runtime_timeouts`` (status timeout).
+    ``runtime_timeouts`` (status timeout); ``retried`` (sessions with more than one attempt) and
+    ``infra`` (sessions whose last attempt was an infrastructure failure: not graded, left out of
+    the mean score and pass@k).
 
     Scores (0..10): ``mean_score`` over scored sessions (or over all sessions with unscored ones as
     0 when ``count_unscored_as_zero``), None when there is nothing to average.
@@ -149,11 +181,18 @@ class SummaryRow(BaseModel):
     runtime_errors: int
     runtime_timeouts: int
     mean_duration_s: float | None
+    retried: int = 0
+    infra: int = 0
 
     @property
     def eval_error_rate(self) -> float:
         """(eval_error + eval_timeout) / sessions, 0.0 for no sessions."""
         return (self.eval_error + self.eval_timeout) / self.sessions if self.sessions else 0.0
+
+
+def is_infra(record: SessionRecord) -> bool:
+    """Whether the session's last attempt was an infrastructure failure (never graded)."""
+    return record.outcome in INFRA_CLASSES
 
 
 def _is_scored(record: SessionRecord) -> bool:
@@ -185,17 +224,19 @@ def summarize(
         groups[(record.env_name, record.model)].append(record)
 
     rows: list[SummaryRow] = []
-    for (env_name, model), recs in sorted(groups.items()):
+    for (env_name, model), all_recs in sorted(groups.items()):
+        recs = [r for r in all_recs if not is_infra(r)]  # masked: never graded
         by_case: dict[str, list[SessionRecord]] = defaultdict(list)
         for r in recs:
             by_case[r.case_id].append(r)
         case_counts = [(len(rs), sum(1 for r in rs if _passes(r))) for rs in by_case.values()]
-        row_k = k if k is not None else min(n for n, _ in case_counts)
+        row_k = k if k is not None else min((n for n, _ in case_counts), default=1)
         eligible = [(n, c) for n, c in case_counts if n >= row_k]
         evaluated = any(r.eval_status not in (None, "skipped") for r in recs)
         pass_k = (sum(pass_at_k(n, c, row_k) for n, c in eligible) / len(eligible)
                   if eligible and evaluated else None)
-        pass_1 = sum(pass_at_k(n, c, 1) for n, c in case_counts) / len(case_counts) if evaluated else None
+        pass_1 = (sum(pass_at_k(n, c, 1) for n, c in case_counts) / len(case_counts)
+                  if evaluated and case_counts else None)
 
         scored = [r for r in recs if _is_scored(r)]
         if count_unscored_as_zero:
@@ -203,14 +244,14 @@ def summarize(
         else:
             values = [r.score for r in scored if r.score is not None]
         mean_score = math.fsum(values) / len(values) if values else None
-        durations = [r.duration_s for r in recs if r.duration_s is not None]
+        durations = [r.duration_s for r in all_recs if r.duration_s is not None]
 
         rows.append(
             SummaryRow(
                 env_name=env_name,
                 model=model,
-                sessions=len(recs),
-                cases=len(by_case),
+                sessions=len(all_recs),
+                cases=len({r.case_id for r in all_recs}),
                 scored=len(scored),
                 invalid=sum(1 for r in recs if r.eval_status == EVAL_INVALID_STATUS),
                 eval_error=sum(1 for r in recs if r.eval_status == EVAL_ERROR_STATUS),
@@ -221,10 +262,12 @@ def summarize(
                 pass_at_1=pass_1,
                 pass_at_k=pass_k,
                 pass_at_k_cases=len(eligible),
-                runtime_failed=sum(1 for r in recs if r.status == "failed"),
-                runtime_errors=sum(1 for r in recs if r.status == "error"),
-                runtime_timeouts=sum(1 for r in recs if r.status == "timeout"),
+                runtime_failed=sum(1 for r in all_recs if r.status == "failed"),
+                runtime_errors=sum(1 for r in all_recs if r.status == "error"),
+                runtime_timeouts=sum(1 for r in all_recs if r.status == "timeout"),
                 mean_duration_s=math.fsum(durations) / len(durations) if durations else None,
+                retried=sum(1 for r in all_recs if r.retried),
+                infra=sum(1 for r in all_recs if is_infra(r)),
             )
         )
     return rows
@@ -242,7 +285,7 @@ def render_table(rows: list[SummaryRow]) -> str:
         return "(no sessions)"
     headers = [
         "env", "model", "sessions", "scored", "invalid", "eval_err", "eval_t/o", "mean_score",
-        "pass@1", "pass@k", "k", "rt_failed", "rt_err", "rt_t/o", "mean_s",
+        "pass@1", "pass@k", "k", "rt_failed", "rt_err", "rt_t/o", "retried", "infra", "mean_s",
     ]  # fmt: skip
     right = set(range(2, len(headers)))
     body = [
@@ -261,6 +304,8 @@ def render_table(rows: list[SummaryRow]) -> str:
             str(r.runtime_failed),
             str(r.runtime_errors),
             str(r.runtime_timeouts),
+            str(r.retried),
+            str(r.infra),
             _fmt(r.mean_duration_s, 1),
         ]
         for r in rows

@@ -1,23 +1,26 @@
-"""The scheduler: turns envs x cases x samples into sessions and runs exactly ``pool_size`` of
-them at once.
+"""The scheduler: turns envs x cases x samples into sessions and runs exactly ``pool_size``
+attempts at once.
 
-Per session: a ``job_environments`` row, a runtime in a fresh temporary workspace (``files/`` of a
-task copied in), the gateway session closed, then (optionally) evaluation, then the row finished
-with the score written back as the reward of the last step. Ctrl-C cancels the sessions in flight:
-each runtime's process group is killed, its gateway session closed, its row marked ``cancelled``
-and left unfinished (so ``--resume`` runs it again); nothing is half-written.
+Per attempt: a runtime in a fresh temporary workspace (``files/`` of a task copied in), the gateway
+session closed, the end classified (``rollout.outcomes``). An infrastructure failure is kept as an
+attempt row and retried after a backoff (its steps archived first); any other end is final:
+evaluation (optional), then the row finished with the score written back as the reward of the last
+step. A circuit breaker holds new attempts while the gateway is down. Ctrl-C cancels the attempts
+in flight: each runtime's process group is killed, its gateway session closed, its row marked
+``cancelled`` and left unfinished (so ``--resume`` runs it again); nothing is half-written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +29,62 @@ import httpx
 from rollout.envs import Case, EnvConfig
 from rollout.evaluation import EvalOutcome, build_eval_spec, run_evaluation
 from rollout.evaluator_loader import discover_evaluator
+from rollout.outcomes import (
+    GATEWAY_CLASSES,
+    INFRA_EVAL_STATUS,
+    AttemptEnd,
+    BreakerEvent,
+    BreakerSettings,
+    CircuitBreaker,
+    RetryPolicy,
+    classify,
+)
 from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
 from rollout.runner import run_runtime
 from rollout.runtime_local import RuntimeOutcome
-from rollout.services import auth_headers
+from rollout.services import auth_headers, gateway_root
 from rollout.trajectory import to_trajectory
-from store import JobEnvironment, Store, utcnow
+from rollout.workspace_archive import keep_workspace
+from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
 
 # job_environments.status values that mean the harness failed (not the agent): exit code 2
 HARNESS_FAILURES = frozenset({"error", "timeout"})
+_MAX_CLOSE_FAILURES = 5  # a retry whose gateway session cannot be closed this often is given up
+
+
+class JobStopped(RuntimeError):
+    """The circuit breaker gave up: the gateway or its upstream stayed unavailable. Sessions not
+    finished are left for ``--resume``; the message says why."""
+
+
+@dataclass
+class _Work:
+    """A session to run: its row, the number of the attempt to run next, the first attempt
+    number of this launcher run (retries are counted from it), its attempts so far, and how
+    often closing it before a retry failed."""
+
+    row: JobEnvironment
+    attempt: int
+    first: int
+    attempts: list[SessionAttempt]
+    close_failures: int = 0
+
+
+@dataclass
+class _Run:
+    """What one attempt's runtime left: its status (after the gateway's truncation), outcome,
+    close answer, recorded steps and how it ended."""
+
+    status: str
+    outcome: RuntimeOutcome | None
+    close_info: dict[str, Any]
+    steps: list[SessionStep]
+    end: AttemptEnd
+    errors: list[str]
 
 
 @dataclass(frozen=True)
@@ -48,8 +94,9 @@ class RunSettings:
     the folder that holds the sessions' workspaces (None: the system temp folder), and the
     gateway's API key (None: its auth is off): sent on the launcher's own calls (session close)
     and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; also as
-    ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``, see ``rollout.runner.session_env``). ``sandbox``:
-    ``bwrap`` (each runtime in a bubblewrap sandbox) or ``none`` (see ``rollout.runner``)."""
+    ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``, see ``rollout.runner.session_env``), the retry
+    policy, the circuit breaker's settings and ``sandbox``: ``bwrap`` (each runtime in a bubblewrap
+    sandbox) or ``none`` (see ``rollout.runner``)."""
 
     job_id: str
     model: str
@@ -64,6 +111,8 @@ class RunSettings:
     workspace_root: Path | None = None
     gateway_api_key: str | None = None
     sandbox: str = "bwrap"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
 def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
@@ -86,110 +135,284 @@ def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]
 
 class Scheduler:
     """Runs a job's session rows with ``pool_size`` workers. ``envs`` maps env name to config,
-    ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record."""
+    ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record,
+    ``on_breaker`` with each change of the circuit breaker (also kept in ``breaker_events``).
+    ``rng`` draws the backoff jitter."""
 
     def __init__(self, store: Store, settings: RunSettings, envs: dict[str, EnvConfig],
-                 cases: dict[tuple[str, str], Case], on_done: Callable[[SessionRecord], None] | None = None) -> None:
+                 cases: dict[tuple[str, str], Case], on_done: Callable[[SessionRecord], None] | None = None,
+                 on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None) -> None:
         self.store = store
         self.s = settings
         self.envs = envs
         self.cases = cases
         self.on_done = on_done
+        self.on_breaker = on_breaker
         self.records: list[SessionRecord] = []
+        self.breaker_events: list[BreakerEvent] = []
+        self._rng = rng or random.Random()
         self._http: httpx.AsyncClient | None = None
+        self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
+        self._seq = 0
+        self._left = 0
+        self._timers: set[asyncio.Task[None]] = set()
+        self._workers: list[asyncio.Task[None]] = []
+        self._stop_reason: str | None = None
+        self.breaker = CircuitBreaker(settings.breaker, self._probe, self._breaker_event)
 
     async def run(self, rows: list[JobEnvironment]) -> list[SessionRecord]:
         """Run every row; returns one record per finished session (cancelled ones are absent).
-        Cancelling this coroutine cancels the sessions in flight cleanly."""
-        queue: asyncio.Queue[JobEnvironment] = asyncio.Queue()
+        Cancelling this coroutine cancels the attempts in flight cleanly. Raises JobStopped when
+        the circuit breaker gives up (records so far are in ``records``)."""
+        prior = await self.store.job_attempts(rows[0].job_id) if rows else {}
+        self._left = len(rows)
         for r in rows:
-            queue.put_nowait(r)
+            self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.env_id, []))))
         async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=120),  # close may wait for calls in flight
                                      headers=auth_headers(self.s.gateway_api_key)) as http:
             self._http = http
-            workers = [asyncio.create_task(self._worker(queue), name=f"worker-{i}")
-                       for i in range(min(self.s.pool_size, max(1, len(rows))))]
+            n = min(self.s.pool_size, max(1, len(rows)))
+            if not rows:
+                self._put(9, None)
+            self._workers = [asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(n)]
             try:
-                await asyncio.gather(*workers)
+                await asyncio.wait(self._workers)
+                for t in self._workers:  # a worker that died of a bug fails the job loudly
+                    if not t.cancelled() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
             finally:
-                for w in workers:
-                    w.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                for t in [*self._workers, *self._timers]:
+                    t.cancel()
+                await asyncio.gather(*self._workers, *self._timers, return_exceptions=True)
+                await self.breaker.aclose()
+        if self._stop_reason is not None:
+            raise JobStopped(self._stop_reason)
         return self.records
 
-    async def _worker(self, queue: asyncio.Queue[JobEnvironment]) -> None:
-        while True:
-            try:
-                row = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            record = await self.run_session(row)
-            self.records.append(record)
-            if self.on_done:
-                self.on_done(record)
+    def _put(self, priority: int, work: _Work | None) -> None:
+        self._seq += 1
+        self._queue.put_nowait((priority, self._seq, work))
 
-    async def run_session(self, row: JobEnvironment) -> SessionRecord:
-        """Run one session end to end (see the module docstring) and return its record."""
+    def _schedule(self, work: _Work, delay_s: float) -> None:
+        """Queue ``work`` again after ``delay_s`` seconds, ahead of sessions not started yet."""
+        async def later() -> None:
+            await asyncio.sleep(delay_s)
+            self._put(0, work)
+
+        task = asyncio.create_task(later(), name=f"retry-{work.row.env_id}")
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+
+    def _finished_one(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            for _ in self._workers:
+                self._put(9, None)
+
+    def _breaker_event(self, ev: BreakerEvent) -> None:
+        self.breaker_events.append(ev)
+        if self.on_breaker:
+            self.on_breaker(ev)
+        if ev.state == "stopped":
+            self._stop_reason = ev.reason
+            for t in [*self._workers, *self._timers]:
+                t.cancel()
+
+    async def _probe(self) -> str | None:
+        """GET the gateway's ``/readyz`` (asking it to check the route's upstream too); None when
+        it answers ready, else why not."""
+        assert self._http is not None
+        url = gateway_root(self.s.gateway_url) + "/readyz"
+        try:
+            r = await self._http.get(url, params={"route": self.s.model}, timeout=10)
+        except httpx.HTTPError as e:
+            return f"{url}: {type(e).__name__}: {e}"
+        if r.status_code != 200:
+            return f"{url}: HTTP {r.status_code}: {r.text[:200]}"
+        return None
+
+    async def _worker(self) -> None:
+        while True:
+            _, _, work = await self._queue.get()
+            if work is None:
+                return
+            if not await self.breaker.wait_ready():
+                return
+            record = await self.run_session(work)
+            if record is not None:
+                self.records.append(record)
+                self._finished_one()
+                if self.on_done:
+                    self.on_done(record)
+
+    async def run_session(self, work: _Work) -> SessionRecord | None:
+        """Run the next attempt of a session (see the module docstring). Returns its record when
+        the session is finished, None when a retry was scheduled."""
+        row, n, sid = work.row, work.attempt, work.row.env_id
         cfg = self.envs[row.env_name]
         case = self.cases[(row.env_name, row.case_id)]
-        sid = row.env_id
+        if n > 1:
+            why = await self._prepare_retry(work)
+            if why is not None:
+                work.close_failures += 1
+                if work.close_failures > _MAX_CLOSE_FAILURES:
+                    return await self._give_up(work, why)
+                self.breaker.suspect()
+                self._schedule(work, self.s.retry.delay_s(work.close_failures, self._rng))
+                return None
         t0 = time.monotonic()
-        await self.store.update_job_session(sid, status="running", attempts=row.attempts + 1, started_at=utcnow(),
-                                            finished=False)
+        started = utcnow()
+        await self.store.update_job_session(sid, status="running", attempts=n, started_at=started, finished=False)
         workspace = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-{row.case_id}-{row.sample_index}-"[:60],
                                           dir=self.s.workspace_root))
         try:
-            if case.files_dir:
-                shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
-            request = SimulationStartRequest(
-                job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
-                group_id=row.group_id, gateway_base_url=f"{self.s.gateway_url.rstrip('/')}/{sid}",
-                model=row.llm_model, temperature=self.s.temperature,
-                max_steps=row.max_steps if row.max_steps is not None else -1,
-                env_params={**cfg.params, "dataset": case.public_row()},
-                metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir)},
-            )
-            outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg), self.s.sandbox)
-            close_info = await self._close(sid, outcome.status)
-            status = outcome.status
-            if status == "succeeded" and close_info.get("truncated"):
-                status = "truncated"
-            errors = [e for e in (outcome.error_text, close_info.get("error")) if e]
-            steps = await self.store.trajectory(sid)
-            trajectory = to_trajectory(sid, steps)
-            evaluation = await self._evaluate(cfg, case, row, outcome, trajectory, workspace)
-            duration = time.monotonic() - t0
-            final = {
-                "status": status, "result": outcome.result.model_dump(mode="json") if outcome.result else None,
-                "error_text": "; ".join(errors) or None, "duration_s": duration, "sandbox": outcome.sandbox,
-                "eval_status": evaluation.status if evaluation else None,
-                "eval_reason": evaluation.reason if evaluation else None,
-                "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts}
-                if evaluation else None,
-            }
-            reward = evaluation.score if evaluation else None
-            await self.store.finish_job_session(
-                sid, reward=reward, eval_meta=evaluation.model_dump(mode="json") if evaluation else None, **final)
-            return record_of(row.model_copy(update={**final, "reward": reward, "finished": True}), trajectory)
+            try:
+                run = await self._run_runtime(work, cfg, case, workspace)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a harness bug must fail this attempt only, with its reason recorded
+                log.exception("session %s failed in the launcher", sid)
+                why = f"launcher error: {type(e).__name__}: {e}"
+                run = _Run("error", None, {}, await self.store.trajectory(sid),
+                           AttemptEnd("launcher_error", True, why), [why])
+            return await self._conclude(work, run, cfg, case, workspace, t0, started)
         except asyncio.CancelledError:
             # finish the bookkeeping even if cancelled again meanwhile: nothing half-written
-            cleanup = asyncio.ensure_future(self._cancelled(sid))
+            cleanup = asyncio.ensure_future(self._cancelled(work, t0, started))
             while not cleanup.done():
                 try:
                     await asyncio.shield(cleanup)
                 except asyncio.CancelledError:
                     continue
             raise
-        except Exception as e:  # a harness bug must fail this session only, with its reason recorded
+        except Exception as e:  # a harness bug while concluding: this session only, reason recorded
             log.exception("session %s failed in the launcher", sid)
-            final = {"status": "error", "error_text": f"launcher error: {type(e).__name__}: {e}",
-                     "duration_s": time.monotonic() - t0}
+            why, duration = f"launcher error: {type(e).__name__}: {e}", time.monotonic() - t0
+            final = {"status": "error", "error_text": why, "duration_s": duration, "outcome": "launcher_error"}
+            await self.store.record_attempt(SessionAttempt(
+                env_id=sid, attempt=n, job_id=row.job_id, status="error", outcome="launcher_error", infra=True,
+                reason=why, started_at=started, finished_at=utcnow(), duration_s=duration))
             await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
             steps = await self.store.trajectory(sid)
-            return record_of(row.model_copy(update={**final, "finished": True}), to_trajectory(sid, steps))
+            attempts = (await self.store.job_attempts(row.job_id)).get(sid, [])
+            return record_of(row.model_copy(update={**final, "attempts": n, "finished": True}),
+                             to_trajectory(sid, steps), attempts)
         finally:
             if not self.s.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)
+
+    async def _prepare_retry(self, work: _Work) -> str | None:
+        """Before attempt ``n`` > 1: close the gateway session (again: idempotent, and the close
+        of a failed attempt may not have reached the gateway), then archive the previous attempt's
+        steps under ``<sid>~a<n-1>`` and drop the gateway's state so the budget starts afresh.
+        Returns None when the attempt may start, else why not (the close failed: the caller
+        queues the work again after a backoff, using no attempt)."""
+        sid, prev = work.row.env_id, work.attempt - 1
+        close = await self._close(sid, "retry")
+        if close.get("error"):
+            return str(close["error"])
+        moved = await self.store.reset_for_retry(sid, prev)
+        if not any(a.attempt == prev for a in work.attempts):  # the launcher was stopped during it
+            att = SessionAttempt(env_id=sid, attempt=prev, job_id=work.row.job_id, status=work.row.status,
+                                 outcome="interrupted", reason="the launcher stopped during this attempt",
+                                 step_count=moved)
+            if await self.store.record_attempt(att, if_missing=True):
+                work.attempts.append(att)
+        return None
+
+    async def _give_up(self, work: _Work, why: str) -> SessionRecord:
+        """Finish a session whose retry could not be prepared (its gateway session cannot be
+        closed): an infrastructure failure, never graded."""
+        row, sid = work.row, work.row.env_id
+        final: dict[str, Any] = {
+            "status": "error", "outcome": "gateway_unreachable",
+            "error_text": f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
+            "eval_status": INFRA_EVAL_STATUS if self.s.enable_evaluation else None,
+            "eval_reason": (f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
+                            if self.s.enable_evaluation else None)}
+        await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
+        steps = await self.store.trajectory(sid)
+        return record_of(row.model_copy(update={**final, "reward": None, "attempts": work.attempt - 1,
+                                                "finished": True}), to_trajectory(sid, steps), work.attempts)
+
+    async def _run_runtime(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
+        row, sid = work.row, work.row.env_id
+        if case.files_dir:
+            shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
+        request = SimulationStartRequest(
+            job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
+            group_id=row.group_id, gateway_base_url=f"{self.s.gateway_url.rstrip('/')}/{sid}",
+            model=row.llm_model, temperature=self.s.temperature,
+            max_steps=row.max_steps if row.max_steps is not None else -1,
+            env_params={**cfg.params, "dataset": case.public_row()},
+            metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
+                      "attempt": work.attempt},
+        )
+        outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg), self.s.sandbox)
+        close_info = await self._close(sid, outcome.status)
+        status = outcome.status
+        if status == "succeeded" and close_info.get("truncated"):
+            status = "truncated"
+        errors = [e for e in (outcome.error_text, close_info.get("error")) if e]
+        steps = await self.store.trajectory(sid)
+        end = classify(status, setup_failed=outcome.setup_failed, limit_exceeded=outcome.limit_exceeded,
+                       error_class=outcome.result.error_class if outcome.result else None,
+                       error_text=outcome.error_text, close_error=close_info.get("error"), steps=steps)
+        return _Run(status, outcome, close_info, steps, end, errors)
+
+    async def _conclude(self, work: _Work, run: _Run, cfg: EnvConfig, case: Case, workspace: Path,
+                        t0: float, started: Any) -> SessionRecord | None:
+        """Record the attempt; retry it, or finish the session (evaluated unless the attempt was an
+        infrastructure failure: then reward NULL and ``eval_status`` ``infra_error``)."""
+        row, n, sid, end = work.row, work.attempt, work.row.env_id, run.end
+        duration = time.monotonic() - t0
+        self.breaker.record(end.infra)
+        if end.outcome in GATEWAY_CLASSES or run.close_info.get("error"):  # even a success whose close failed
+            self.breaker.suspect()
+        att = SessionAttempt(env_id=sid, attempt=n, job_id=row.job_id, status=run.status, outcome=end.outcome,
+                             infra=end.infra, reason=end.reason, step_count=len(run.steps), started_at=started,
+                             finished_at=utcnow(), duration_s=duration)
+        retries_used = n - work.first
+        if end.infra and self.s.retry.retries(end.outcome) and retries_used < self.s.retry.max_retries:
+            att.retry_in_s = self.s.retry.delay_s(retries_used + 1, self._rng)
+            await self.store.record_attempt(att)
+            await self.store.update_job_session(sid, status="retrying", outcome=end.outcome, error_text=end.reason,
+                                                duration_s=duration)
+            log.info("session %s attempt %d: %s (%s); retry in %.1f s", sid, n, end.outcome, end.reason,
+                     att.retry_in_s)
+            work.attempts.append(att)
+            work.attempt = n + 1
+            self._schedule(work, att.retry_in_s)
+            return None
+        await self.store.record_attempt(att)
+        work.attempts.append(att)
+        trajectory = to_trajectory(sid, run.steps)
+        evaluation: EvalOutcome | None = None
+        if end.infra:
+            status, error_text = "error", end.reason
+            eval_status = INFRA_EVAL_STATUS if self.s.enable_evaluation else None
+            eval_reason = (f"not graded: infrastructure failure ({end.outcome}) in attempt {n}"
+                           if self.s.enable_evaluation else None)
+        else:
+            status, error_text = run.status, "; ".join(run.errors) or None
+            evaluation = await self._evaluate(cfg, case, row, run.outcome, trajectory, workspace)
+            eval_status = evaluation.status if evaluation else None
+            eval_reason = evaluation.reason if evaluation else None
+        await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
+        final = {
+            "status": status,
+            "result": run.outcome.result.model_dump(mode="json") if run.outcome and run.outcome.result else None,
+            "error_text": error_text, "duration_s": time.monotonic() - t0, "outcome": end.outcome,
+            "sandbox": run.outcome.sandbox if run.outcome else None,
+            "eval_status": eval_status, "eval_reason": eval_reason,
+            "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts}
+            if evaluation else None,
+        }
+        reward = evaluation.score if evaluation else None
+        await self.store.finish_job_session(
+            sid, reward=reward, eval_meta=evaluation.model_dump(mode="json") if evaluation else None, **final)
+        return record_of(row.model_copy(update={**final, "reward": reward, "attempts": n, "finished": True}),
+                         trajectory, work.attempts)
 
     def _runtime_env(self, cfg: EnvConfig) -> dict[str, str]:
         """The env's extra environment variables, plus ``OPENAI_API_KEY`` = the gateway's key
@@ -199,13 +422,20 @@ class Scheduler:
             env["OPENAI_API_KEY"] = self.s.gateway_api_key
         return env
 
-    async def _cancelled(self, sid: str) -> None:
+    async def _cancelled(self, work: _Work, t0: float, started: Any) -> None:
+        sid = work.row.env_id
+        why = (f"stopped: {self._stop_reason}" if self._stop_reason is not None
+               else "cancelled by the user (Ctrl-C)")
         await self._close(sid, "cancelled")
-        await self.store.update_job_session(sid, status="cancelled", finished=False,
-                                            error_text="cancelled by the user (Ctrl-C)")
+        await self.store.record_attempt(SessionAttempt(
+            env_id=sid, attempt=work.attempt, job_id=work.row.job_id, status="cancelled", outcome="cancelled",
+            reason=why, started_at=started, finished_at=utcnow(), duration_s=time.monotonic() - t0,
+            step_count=len(await self.store.trajectory(sid))))
+        await self.store.update_job_session(sid, status="cancelled", finished=False, error_text=why)
 
     async def _close(self, sid: str, status: str) -> dict[str, Any]:
-        """Close the gateway session; returns the gateway's answer, or ``{"error": ...}``."""
+        """Close the gateway session; returns the gateway's answer, or ``{"error": ...}`` when the
+        gateway did not answer or answered with an error."""
         assert self._http is not None
         url = f"{self.s.gateway_url.rstrip('/')}/{sid}/close"
         try:
@@ -216,7 +446,7 @@ class Scheduler:
             return {"error": f"closing the gateway session failed: HTTP {r.status_code}: {r.text[:200]}"}
         return dict(r.json())
 
-    async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, outcome: RuntimeOutcome,
+    async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, outcome: RuntimeOutcome | None,
                         trajectory: Any, workspace: Path) -> EvalOutcome | None:
         if not self.s.enable_evaluation:
             return None
@@ -228,7 +458,8 @@ class Scheduler:
         request = EvalRequest(
             job_id=row.job_id, session_id=row.env_id, env_name=cfg.name, case_id=case.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
-            env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result, workspace=str(workspace),
+            env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result if outcome else None,
+            workspace=str(workspace),
         )
         spec = build_eval_spec(cfg.name, path, self.s.eval_timeout_s)
         return await run_evaluation(path, request, spec, trajectory)

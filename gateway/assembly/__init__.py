@@ -1,13 +1,8 @@
-"""Stream assembly and answer reading for the three protocols the gateway speaks.
-
-* :mod:`gateway.assembly.chat`: OpenAI chat completions (``chat.completion.chunk`` streams);
-* :mod:`gateway.assembly.responses`: OpenAI Responses (``response.*`` event streams);
-* :mod:`gateway.assembly.anthropic`: Anthropic Messages (``message_start`` ... ``message_stop``).
-
-Each gives a stream assembler (:class:`gateway.assembly.base.StreamAssembler`) and a reader of
-the finished answer object into an :class:`Answer`. :func:`read_answer` picks the reader by the
-step's ``endpoint`` column; it is what the promoted step columns and the launcher's trajectory
-builder use, so both read an answer the same way. Pure data code (no HTTP).
+"""Stream assembly and answer reading for the three protocols (chat, Responses, Anthropic
+Messages): a stream assembler per protocol (:class:`gateway.assembly.base.StreamAssembler`) and a
+reader of a finished answer into an :class:`Answer`. :func:`read_answer` picks the reader by the
+step's ``endpoint``; the promoted step columns and the launcher's trajectory builder both use it.
+Pure data code (no HTTP). Rules: docs/gateway-protocols.md.
 """
 
 from __future__ import annotations

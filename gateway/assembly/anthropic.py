@@ -1,24 +1,10 @@
 """Assemble an Anthropic Messages stream into the ``message`` object, and read a message.
 
-Input is the Anthropic Messages streaming format ("Streaming Messages",
-https://docs.anthropic.com/en/docs/build-with-claude/streaming): ``event: <type>`` plus JSON
-``data`` whose ``type`` repeats it, in the order ``message_start``, then per content block
-``content_block_start`` / ``content_block_delta``... / ``content_block_stop``, then
-``message_delta`` (``stop_reason``, ``stop_sequence``, cumulative ``usage``) and
-``message_stop``; ``ping`` may come anywhere; ``error`` reports a failure inside a 200 stream.
-
-Assembly follows the anthropic SDK's own accumulator (``lib/streaming/_messages.py``,
-``accumulate_event``): the base is ``message_start.message``; blocks are keyed by their
-``index``; ``text_delta`` text and ``thinking_delta`` thinking are appended, ``signature_delta``
-sets the thinking block's ``signature``, ``citations_delta`` citations are appended, and the
-``input_json_delta.partial_json`` pieces of a ``tool_use`` (or ``server_tool_use``) block are
-joined per block index and parsed once into ``input`` (when the joined text is not valid JSON,
-``input`` holds the raw text, so nothing is lost); ``message_delta`` sets ``stop_reason``,
-``stop_sequence`` and the other delta keys, and its usage keys overwrite those of
-``message_start`` (Anthropic's message_delta usage is cumulative: ``output_tokens`` is final).
-
-Status: ``error`` after an ``error`` event; ``ok`` after ``message_stop``; else ``truncated``.
-Odd events never raise: non-JSON data counts in ``invalid_count``, unknown types are ignored.
+Follows the anthropic SDK's own accumulator: the base is ``message_start.message``, blocks are
+keyed by ``index``, deltas are appended per block, ``tool_use`` input is parsed once from the
+joined ``partial_json`` (kept as raw text when it is not JSON), ``message_delta`` usage is
+cumulative. Status: ``error`` after an ``error`` event, ``ok`` after ``message_stop``, else
+``truncated``; odd events never raise. Details: docs/gateway-protocols.md.
 """
 
 from __future__ import annotations
@@ -28,6 +14,7 @@ from typing import Any
 
 from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
 from gateway.sse import SSEEvent
+from store.models import StepStatus
 
 __all__ = ["MessagesStreamAssembler", "read_messages"]
 
@@ -108,11 +95,11 @@ class MessagesStreamAssembler:
         if piece:
             self._pieces.setdefault((index, key), []).append(piece)
 
-    def status(self) -> str:
+    def status(self) -> StepStatus:
         """See the module docstring."""
         if self.error is not None:
-            return "error"
-        return "ok" if self.saw_stop else "truncated"
+            return StepStatus.ERROR
+        return StepStatus.OK if self.saw_stop else StepStatus.TRUNCATED
 
     def notes(self) -> dict[str, Any]:
         """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON."""

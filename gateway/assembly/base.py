@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.sse import SSEEvent
+from store.models import StepStatus
 
 __all__ = ["Answer", "StreamAssembler", "as_int", "parse_event_json", "text_of"]
 
@@ -59,7 +60,7 @@ class StreamAssembler(Protocol):
 
     def feed_event(self, ev: SSEEvent) -> Any: ...
 
-    def status(self) -> str: ...
+    def status(self) -> StepStatus: ...
 
     def result(self) -> dict[str, Any]: ...
 

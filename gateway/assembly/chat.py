@@ -1,23 +1,11 @@
 """Assemble a streamed chat completion into the non-streaming ``chat.completion`` object.
 
-Input is the OpenAI chat streaming format (API reference, "The chat completion chunk object",
-https://platform.openai.com/docs/api-reference/chat-streaming): each SSE ``data:`` payload is a
-JSON ``chat.completion.chunk`` and the stream ends with ``data: [DONE]``. OpenAI-compatible
-servers (vLLM, SGLang, llama.cpp, Azure, DeepSeek) add variations this module accepts, each named
-in ``/work/shared/cases/faults.md``:
-
-* chunks whose ``choices`` is ``[]`` (Azure prompt-filter first chunk, usage-only last chunk; F1);
-* ``role``/``content`` null deltas, reasoning as ``delta.reasoning`` or
-  ``delta.reasoning_content`` (F6), vendor ``token_ids`` / ``prompt_token_ids`` (F6);
-* tool calls keyed by ``index`` with ``id``/``name`` only in the first delta, several entries per
-  delta, a missing ``index``, a name repeated in every delta (F5);
-* usage missing, null, all-zero, or sent on several chunks: the last non-null object wins and is
-  never summed (F7);
-* an error object inside a 200 stream, ``{"error": {...}}`` (or vLLM's older
-  ``{"object": "error", ...}``) with no ``choices`` (F8a), and EOF without ``[DONE]`` (F8b).
-
-The assembler never raises on odd chunk shapes: a chunk that is not a JSON object is counted in
-``invalid_count`` and otherwise ignored.
+Input is OpenAI's chat streaming format (``chat.completion.chunk`` events, then ``[DONE]``) with
+the variations OpenAI-compatible servers add (empty ``choices``, null deltas, two names for
+reasoning, tool calls keyed by ``index`` or not, usage on several chunks, an error object inside
+a 200 stream, EOF without ``[DONE]``): each is listed in docs/gateway-protocols.md. The
+assembler never raises on odd chunks; a chunk that is not a JSON object counts in
+``invalid_count``.
 """
 
 from __future__ import annotations
@@ -28,6 +16,7 @@ from typing import Any
 
 from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
 from gateway.sse import SSEEvent
+from store.models import StepStatus
 
 __all__ = ["ChatStreamAssembler", "message_of", "read_chat", "reasoning_of", "usage_of"]
 
@@ -343,20 +332,20 @@ class ChatStreamAssembler:
     @property
     def is_empty(self) -> bool:
         """True when no content, reasoning, refusal or tool call arrived in any choice (a
-        stream of only ``[DONE]`` is empty; faults F8c)."""
+        stream of only ``[DONE]`` is empty)."""
         return not any(
             ch.content or ch.reasoning or ch.refusal or ch.calls or ch.function_call
             for ch in self._choices.values()
         )
 
-    def status(self) -> str:
-        """``"error"`` after an in-stream error object; else ``"ok"`` when the stream ended with
-        ``[DONE]`` or some choice has a finish_reason; else ``"truncated"`` (EOF mid-stream)."""
+    def status(self) -> StepStatus:
+        """``error`` after an in-stream error object; else ``ok`` when the stream ended with
+        ``[DONE]`` or some choice has a finish_reason; else ``truncated`` (EOF mid-stream)."""
         if self.error is not None:
-            return "error"
+            return StepStatus.ERROR
         if self.saw_done or any(ch.finish_reason is not None for ch in self._choices.values()):
-            return "ok"
-        return "truncated"
+            return StepStatus.OK
+        return StepStatus.TRUNCATED
 
     def notes(self) -> dict[str, Any]:
         """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON."""
@@ -433,7 +422,7 @@ def usage_of(response: Any) -> dict[str, Any] | None:
 
 def reasoning_of(message: Any) -> str | None:
     """Reasoning text of a non-streaming message: ``reasoning_content`` (DeepSeek, older vLLM)
-    or ``reasoning`` (newer vLLM), whichever is a non-empty string first; else None (F6)."""
+    or ``reasoning`` (newer vLLM), whichever is a non-empty string first; else None."""
     if not isinstance(message, dict):
         return None
     for key in ("reasoning_content", "reasoning"):
@@ -445,7 +434,7 @@ def reasoning_of(message: Any) -> str | None:
 
 def read_chat(response: Any) -> Answer:
     """The :class:`Answer` of a ``chat.completion`` object (choice 0): ``content``,
-    ``reasoning_content``/``reasoning`` (F6), ``tool_calls`` as sent, ``finish_reason``, and
+    ``reasoning_content``/``reasoning``, ``tool_calls`` as sent, ``finish_reason``, and
     ``usage.prompt_tokens``/``completion_tokens``/``total_tokens``. Any other value (an error
     body, a non-dict) gives an empty Answer."""
     message = message_of(response)

@@ -1,27 +1,10 @@
 """Assemble an OpenAI Responses stream into the ``response`` object, and read a response.
 
-Input is the Responses streaming format (API reference, "Streaming events",
-https://platform.openai.com/docs/api-reference/responses-streaming): each SSE event carries
-``event: <type>`` and a JSON ``data`` whose ``type`` repeats it; there is no ``[DONE]``. The
-stream ends properly with ``response.completed``, ``response.incomplete`` or ``response.failed``,
-each holding the whole final ``response`` object (faults F19):
-
-* the recorded answer is that terminal ``response`` (its ``output`` and ``usage``), never a
-  rebuild from deltas; only when the ``output`` of the terminal response is missing or empty
-  while output events did arrive is the accumulated output put in (``output_from_events``);
-* without a terminal event (the upstream stopped early) the answer is the last lifecycle
-  snapshot (``response.created``/``in_progress``/``queued``) with the output accumulated from
-  ``response.output_item.added``/``.done``, ``response.content_part.*``,
-  ``response.output_text.*`` (with the ``logprobs`` of the text deltas, sent when the request
-  has ``include: ["message.output_text.logprobs"]``), ``response.refusal.*``, ``response.function_call_arguments.*``
-  (arguments from deltas, or only from ``.done``: a ``.done`` value wins),
-  ``response.reasoning_text.*`` and ``response.reasoning_summary_*``; an item's
-  ``response.output_item.done`` payload wins over its deltas; its status is ``truncated``;
-* an ``error`` event (``{"type": "error", "code", "message", "param"}``) or
-  ``response.failed`` makes the status ``error``.
-
-Odd events never raise: non-JSON data counts in ``invalid_count``, unknown types are counted
-and otherwise ignored.
+The recorded answer is the terminal event's ``response`` (``response.completed``, ``.incomplete``
+or ``.failed``), never a rebuild from deltas, except when its ``output`` is empty while output
+events came (``output_from_events``). Without a terminal event the answer is the last lifecycle
+snapshot with the output accumulated from the events, status ``truncated``; an ``error`` event or
+``response.failed`` makes it ``error``. Odd events never raise. Details: docs/gateway-protocols.md.
 """
 
 from __future__ import annotations
@@ -30,6 +13,7 @@ from typing import Any
 
 from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
 from gateway.sse import SSEEvent
+from store.models import StepStatus
 
 __all__ = ["TERMINAL_EVENTS", "ResponsesStreamAssembler", "read_responses"]
 
@@ -175,12 +159,12 @@ class ResponsesStreamAssembler:
                 slot[3] = done
 
     # ----------------------------------------------------------------------------- reading
-    def status(self) -> str:
+    def status(self) -> StepStatus:
         """``error`` after an ``error`` event or ``response.failed``; ``ok`` after
         ``response.completed``/``response.incomplete``; else ``truncated`` (no terminal event)."""
         if self.error is not None:
-            return "error"
-        return "ok" if self.finished else "truncated"
+            return StepStatus.ERROR
+        return StepStatus.OK if self.finished else StepStatus.TRUNCATED
 
     def notes(self) -> dict[str, Any]:
         """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON,

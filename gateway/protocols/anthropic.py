@@ -1,24 +1,10 @@
 """Anthropic Messages (``POST .../v1/messages``) as a protocol adapter.
 
-Upstream: ``<base_url>/v1/messages`` of an ``api: anthropic`` route, whose ``base_url`` is the
-origin without ``/v1`` (the anthropic SDK's convention, see :class:`gateway.settings.RouteSettings`).
-Headers: ``x-api-key: <route api_key>`` and ``anthropic-version`` (the client's, default
-``2023-06-01``), plus the client's ``anthropic-beta`` when sent; the client's own key is never
-forwarded, and no header is recorded. Streams are relayed event by event and assembled by
-:class:`gateway.assembly.MessagesStreamAssembler`; ``message_stop`` is held back until the step
-is recorded. The ``messages`` column holds ``system`` as a ``system`` message followed by
-``messages`` as sent.
-
-Errors are in Anthropic's shape (API reference, "Errors"):
-``{"type": "error", "error": {"type": "invalid_request_error" | "not_found_error" | ...,
-"message"}}``, also for the errors the gateway answers itself (malformed body 400, unknown route
-404, closed session 409, body too large 413, upstream unreachable 502, timeout 504) and, as an
-``event: error`` event, for an error that ends a stream.
-
-Synthetic stop: a ``message`` with empty ``content``, ``stop_reason: "end_turn"`` and zero
-usage (the anthropic SDK's ``Message`` model accepts an empty content list, as the API itself
-returns one when the model ends its turn at once); streamed as ``message_start``,
-``message_delta``, ``message_stop``.
+Upstream: ``<base_url>/v1/messages`` of an ``api: anthropic`` route (``base_url`` without
+``/v1``), with ``x-api-key`` and ``anthropic-version`` (the client's, default ``2023-06-01``).
+Errors in Anthropic's shape, a stream's as an ``event: error``. The ``messages`` column holds
+``system`` as a system message, then ``messages``. Synthetic stop: an empty ``message`` with
+``stop_reason: end_turn``. Details: docs/gateway-protocols.md.
 """
 
 from __future__ import annotations

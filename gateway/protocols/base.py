@@ -15,6 +15,7 @@ from gateway.assembly import Answer, StreamAssembler
 from gateway.settings import RouteSettings
 from gateway.sse import format_event
 from gateway.wire import WireRequest, validate_request
+from store.models import StepStatus
 
 __all__ = ["WireProtocol", "compact", "inner_error"]
 
@@ -88,10 +89,10 @@ class WireProtocol(ABC):
     def read(self, response: Any) -> Answer:
         """The :class:`Answer` of an answer object (or of anything else: then mostly empty)."""
 
-    def answer_status(self, answer: dict[str, Any]) -> str:
+    def answer_status(self, answer: dict[str, Any]) -> StepStatus:
         """The step status of a valid non-streamed answer (``ok``, or ``error`` for an answer
         that reports a failure itself)."""
-        return "ok"
+        return StepStatus.OK
 
     def hide_event(self, obj: Any) -> bool:
         """For a stream where the gateway added a usage request: True for an event the client

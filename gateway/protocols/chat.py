@@ -1,14 +1,9 @@
 """OpenAI chat completions (``POST .../chat/completions``) as a protocol adapter.
 
-Particular to chat: to meter a stream, the gateway adds ``stream_options.include_usage: true``
-to a streaming request whose client did not ask for usage (faults F7a), and then hides the
-usage-only chunk (``"choices": []`` plus ``usage``) from that client (F1). Answers and streams
-are in the chat formats of the OpenAI API reference ("The chat completion object", "The chat
-completion chunk object"); errors in OpenAI's shape.
-
-Synthetic stop: a ``chat.completion`` with empty assistant content, ``finish_reason: "stop"``
-and zero usage; streamed as a role chunk, a finish chunk, a usage chunk with ``"choices": []``
-only when the client asked for usage, then ``[DONE]``.
+To meter a stream, the gateway adds ``stream_options.include_usage`` to a streaming request
+whose client did not ask for usage, and hides the usage-only chunk from that client. Synthetic
+stop: an empty assistant message with ``finish_reason: stop`` and zero usage (streamed as a
+role chunk, a finish chunk, a usage chunk only if asked, ``[DONE]``).
 """
 
 from __future__ import annotations
@@ -64,7 +59,7 @@ class ChatProtocol(WireProtocol):
         return read_chat(response)
 
     def hide_event(self, obj: Any) -> bool:
-        """The usage-only chunk the gateway asked for (F1)."""
+        """The usage-only chunk the gateway asked for."""
         return isinstance(obj, dict) and obj.get("choices") == [] and obj.get("usage") is not None
 
     def to_stream(self, answer: dict[str, Any], req: WireRequest) -> list[bytes]:
@@ -88,8 +83,8 @@ def completion_to_stream(completion: dict[str, Any], include_usage: bool) -> lis
     reasoning fields, refusal, vendor keys, and ``tool_calls`` each with its ``index`` added, so
     clients assemble them by index as usual), with ``finish_reason: null``; then one chunk with
     an empty delta, the choice's ``finish_reason`` and ``logprobs``. Then, only when the client
-    asked for usage and the completion has one, a usage chunk with ``"choices": []`` (faults
-    F1); then ``[DONE]``. ``id``/``created``/``model``/``system_fingerprint`` are copied."""
+    asked for usage and the completion has one, a usage chunk with ``"choices": []``;
+    then ``[DONE]``. ``id``/``created``/``model``/``system_fingerprint`` are copied."""
     base: dict[str, Any] = {"id": completion.get("id") or f"chatcmpl-gw-{uuid.uuid4().hex[:24]}",
                             "object": "chat.completion.chunk",
                             "created": completion.get("created") or int(time.time()),

@@ -1,17 +1,9 @@
 """OpenAI Responses (``POST .../responses``) as a protocol adapter.
 
-Upstream: ``<base_url>/responses`` of an ``api: openai`` route (vLLM, SGLang and OpenAI serve
-it). Streams are relayed event by event, ``event:`` lines included, and assembled by
-:class:`gateway.assembly.ResponsesStreamAssembler`: the step's answer is the terminal event's
-``response`` (faults F19), and the terminal event is what the core holds back until the step
-is recorded. Errors are in OpenAI's shape; an error the gateway itself ends a stream with is an
-``error`` event (``{"type": "error", "code", "message", "param", "sequence_number"}``, the
-Responses stream's own error event). The ``messages`` column holds ``instructions`` as a
-``system`` message followed by ``input`` (a string becomes one ``user`` message; a list of
-input items is kept as sent).
-
-Synthetic stop: a ``response`` object with ``status: "completed"``, empty ``output`` and zero
-usage; streamed as ``response.created``, ``response.in_progress``, ``response.completed``.
+Streams are relayed event by event and assembled from the terminal event's ``response``; a
+stream the gateway ends with an error gets a Responses ``error`` event. The ``messages`` column
+holds ``instructions`` as a system message, then ``input`` (a string as one user message).
+Synthetic stop: a completed ``response`` with empty ``output`` and zero usage.
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ from gateway.assembly import Answer, ResponsesStreamAssembler, StreamAssembler, 
 from gateway.protocols.base import WireProtocol, compact, inner_error
 from gateway.sse import format_event
 from gateway.wire import ResponsesRequest, WireRequest
+from store.models import StepStatus
 
 __all__ = ["ResponsesProtocol", "response_to_stream"]
 
@@ -62,8 +55,8 @@ class ResponsesProtocol(WireProtocol):
     def read(self, response: Any) -> Answer:
         return read_responses(response)
 
-    def answer_status(self, answer: dict[str, Any]) -> str:
-        return "error" if answer.get("status") == "failed" else "ok"
+    def answer_status(self, answer: dict[str, Any]) -> StepStatus:
+        return StepStatus.ERROR if answer.get("status") == "failed" else StepStatus.OK
 
     def to_stream(self, answer: dict[str, Any], req: WireRequest) -> list[bytes]:
         return response_to_stream(answer)

@@ -22,7 +22,6 @@ from rollout.protocol import (
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_ROOT = REPO / "env"
-SHARED = REPO / ".." / "shared"
 
 
 def load_evaluator(env_name: str) -> ModuleType:

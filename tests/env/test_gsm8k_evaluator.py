@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from rollout.protocol import SimulationStartResult
-from tests.env.helpers import ENV_ROOT, SHARED, eval_request, eval_spec, load_evaluator, trajectory
+from tests.env.helpers import ENV_ROOT, eval_request, eval_spec, load_evaluator, trajectory
 
 gsm8k = load_evaluator("gsm8k")
 SPEC = eval_spec("gsm8k")
 ROW = {"question": "How many?", "answer": "Nine eggs left.\n9 * 2 = <<9*2=18>>18\n#### 18"}
-REAL_GSM8K = SHARED / "data" / "gsm8k" / "test.jsonl"
 
 
 def _evaluate(row, *contents, start_result=None):
@@ -113,10 +113,9 @@ def test_shipped_cases_are_gsm8k_rows_graded_by_their_own_solution() -> None:
         assert _evaluate(row, row["answer"])["score"] == 10
 
 
-def test_real_gsm8k_rows() -> None:
-    if not REAL_GSM8K.is_file():
-        pytest.skip(f"real GSM8K test file not found at {REAL_GSM8K}")
-    rows = [json.loads(line) for line in REAL_GSM8K.read_text().splitlines() if line.strip()]
+def test_real_gsm8k_rows(public_data: Path) -> None:
+    real = public_data / "gsm8k" / "test.jsonl"
+    rows = [json.loads(line) for line in real.read_text().splitlines() if line.strip()]
     assert len(rows) == 1319
     for row in rows:
         expected = gsm8k.reference_answer(row["answer"])

@@ -1,18 +1,9 @@
 """Shared fixtures of the gateway contract tests: the real gateway app served by uvicorn on a
-loopback port (in-process, lifespan on), in front of the project's one scripted fake upstream
-(:mod:`tests.fake_upstream`), with a per-test SQLite file.
-
-* ``upstream``: a started :class:`~tests.fake_upstream.FakeUpstream`.
-* ``start_gateway(**overrides)``: start a gateway (routes default to ``{"m": the fake upstream}``
-  with the route api key :data:`ROUTE_KEY`); keyword overrides go to :class:`GatewaySettings`,
-  ``routes={key: {RouteSettings fields}}`` replaces the route table (``base_url`` defaults to
-  the fake upstream). Several gateways may share one ``db_url`` (a restart).
-* ``gw``: ``await start_gateway()`` with the defaults.
-
-A :class:`Gateway` hands out real clients (the ``openai`` and ``anthropic`` SDKs with
-``max_retries=0``, and raw httpx for what the SDKs cannot express) and reads back what was
-recorded. :func:`anthropic_routes` is a route table with the openai route ``m`` and an
-``api: anthropic`` route ``a`` on the same fake upstream.
+loopback port (in-process, lifespan on), in front of the one scripted fake upstream
+(:mod:`tests.fake_upstream`), with a per-test SQLite file. ``upstream``: a started fake;
+``start_gateway(**overrides)``: a gateway with route ``m`` on the fake (``routes=`` replaces the
+table); ``gw``: one with the defaults. :class:`Gateway` hands out real clients (openai and
+anthropic SDKs, raw httpx) and reads back what was recorded.
 """
 
 from __future__ import annotations

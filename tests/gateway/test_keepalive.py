@@ -1,4 +1,4 @@
-"""The gateway's own SSE keep-alives toward streaming clients (faults F2, second half): when the
+"""The gateway's own SSE keep-alives toward streaming clients : when the
 upstream stays silent for ``keepalive_interval_s`` while a stream is relayed, the client gets the
 comment line ``: keep-alive\\n`` (no blank line after it), only between whole events, never in
 the recorded step. Consumed with the real openai and anthropic SDKs (whose SSE decoders
@@ -18,14 +18,14 @@ from openai._streaming import SSEDecoder
 from gateway.relay import KEEPALIVE
 from gateway.settings import GatewaySettings
 from tests.fake_upstream import FakeUpstream, Reply, default_messages_stream
-from tests.faults import F2_COMMENTS
+from tests.faults import COMMENTS_AND_KEEPALIVES
 from tests.gateway.conftest import MESSAGES, StartGateway
 
 UP_PATH = "/v1/chat/completions"
 INTERVAL = 0.2  # seconds: the keep-alive interval of these tests
 STALL = 1.0  # seconds of upstream silence: several keep-alive intervals
-# what the gateway relays of F2 (comment and data-less blocks are dropped): the two data events and [DONE]
-F2_RELAYED = F2_COMMENTS[1] + F2_COMMENTS[5] + F2_COMMENTS[6]
+# what the gateway relays of COMMENTS_AND_KEEPALIVES (comment and data-less blocks are dropped): the two data events and [DONE]
+RELAYED_OF_COMMENTS = COMMENTS_AND_KEEPALIVES[1] + COMMENTS_AND_KEEPALIVES[5] + COMMENTS_AND_KEEPALIVES[6]
 
 
 class _TeeStream(httpx2.AsyncByteStream):
@@ -76,7 +76,7 @@ def assert_only_between_events(raw: bytes) -> None:
 def test_keepalive_is_one_comment_line_that_openai_python_ignores_after_an_id() -> None:
     """Why the keep-alive has no blank line after it: openai-python's decoder (the SDK these
     clients use) dispatches an empty-data event on a lone blank line once an ``id:`` was seen
-    (openai/openai-python #2722), which its stream then fails to parse as JSON."""
+    (openai-python dispatches an empty event there), which its stream then fails to parse as JSON."""
     assert KEEPALIVE == b": keep-alive\n"
     lines = [b"id: 1", b'data: {"x":1}', b""]
 
@@ -89,11 +89,11 @@ def test_keepalive_is_one_comment_line_that_openai_python_ignores_after_an_id() 
     assert events([b": keep-alive", b""]) == ['{"x":1}', ""]  # the ": ping\n\n" style would break it
 
 
-async def test_f2_stall_gets_keepalives_and_the_openai_sdk_reads_ab(start_gateway: StartGateway,
+async def test_stall_gets_keepalives_and_the_openai_sdk_reads_ab(start_gateway: StartGateway,
                                                                     upstream: FakeUpstream) -> None:
     gw = await start_gateway(keepalive_interval_s=INTERVAL)
     delays = [0, 0, 0, 0, 0, STALL, 0]  # the upstream stalls between the "A" and "B" events
-    upstream.script(UP_PATH, [Reply.sse(F2_COMMENTS, delay_s=delays)])
+    upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=delays)])
     tee = Tee()
     client = gw.client("s1", http_client=httpx2.AsyncClient(transport=tee))
     stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
@@ -104,7 +104,7 @@ async def test_f2_stall_gets_keepalives_and_the_openai_sdk_reads_ab(start_gatewa
     raw = bytes(tee.raw)
     n = raw.count(KEEPALIVE)
     assert n >= 2  # 1.0 s of silence at 0.2 s intervals
-    assert raw.replace(KEEPALIVE, b"") == F2_RELAYED  # nothing else added, the events byte for byte
+    assert raw.replace(KEEPALIVE, b"") == RELAYED_OF_COMMENTS  # nothing else added, the events byte for byte
     assert_only_between_events(raw)
     assert raw.index(KEEPALIVE) > raw.index(b'"content":"A"')  # sent during the stall, after "A"
     assert await gw.metric("gateway_stream_keepalives_total", route="m") == n
@@ -120,15 +120,15 @@ async def test_a_stall_inside_an_event_never_splits_it(start_gateway: StartGatew
     """The upstream stops in the middle of the "B" event: the keep-alives go out before the
     whole event, never inside it."""
     gw = await start_gateway(keepalive_interval_s=INTERVAL)
-    b_event = F2_COMMENTS[5]
-    pieces = [*F2_COMMENTS[:5], b_event[:25], b_event[25:], F2_COMMENTS[6]]
+    b_event = COMMENTS_AND_KEEPALIVES[5]
+    pieces = [*COMMENTS_AND_KEEPALIVES[:5], b_event[:25], b_event[25:], COMMENTS_AND_KEEPALIVES[6]]
     upstream.script(UP_PATH, [Reply.sse(pieces, delay_s=[0, 0, 0, 0, 0, 0, STALL, 0])])
     tee = Tee()
     client = gw.client("s1", http_client=httpx2.AsyncClient(transport=tee))
     stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "AB"
     raw = bytes(tee.raw)
-    assert raw.replace(KEEPALIVE, b"") == F2_RELAYED
+    assert raw.replace(KEEPALIVE, b"") == RELAYED_OF_COMMENTS
     assert_only_between_events(raw)
     assert raw.rindex(KEEPALIVE) < raw.index(b_event)  # all before the event, none inside
     [step] = await gw.steps("s1")
@@ -140,12 +140,12 @@ async def test_keepalives_while_waiting_for_the_first_event(start_gateway: Start
     """Headers came at once, then a long prefill: keep-alives start the body; TTFT is still the
     time to the first upstream byte."""
     gw = await start_gateway(keepalive_interval_s=INTERVAL)
-    upstream.script(UP_PATH, [Reply.sse(F2_COMMENTS, delay_s=[STALL, 0, 0, 0, 0, 0, 0])])
+    upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[STALL, 0, 0, 0, 0, 0, 0])])
     r = await gw.http().post("/v1/sessions/s1/chat/completions",
                              json={"model": "m", "messages": MESSAGES, "stream": True})
     assert r.status_code == 200
     assert r.content.startswith(KEEPALIVE)
-    assert r.content.replace(KEEPALIVE, b"") == F2_RELAYED
+    assert r.content.replace(KEEPALIVE, b"") == RELAYED_OF_COMMENTS
     assert_only_between_events(r.content)
     [step] = await gw.steps("s1")
     assert step.ttft_ms is not None and step.ttft_ms >= STALL * 1000 * 0.9
@@ -159,10 +159,10 @@ async def test_zero_interval_disables_and_a_route_overrides(start_gateway: Start
     assert (gw.settings.keepalive_for("m"), gw.settings.keepalive_for("fast")) == (0, INTERVAL)
     http = gw.http()
     for route in ("m", "fast"):
-        upstream.script(UP_PATH, [Reply.sse(F2_COMMENTS, delay_s=[0, 0, 0, 0, 0, 0.7, 0])])
+        upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[0, 0, 0, 0, 0, 0.7, 0])])
         r = await http.post("/v1/sessions/s1/chat/completions",
                             json={"model": route, "messages": MESSAGES, "stream": True})
-        assert r.content.replace(KEEPALIVE, b"") == F2_RELAYED
+        assert r.content.replace(KEEPALIVE, b"") == RELAYED_OF_COMMENTS
         if route == "m":
             assert KEEPALIVE not in r.content
         else:

@@ -1,5 +1,5 @@
-"""Gateway contract under faults: client disconnects (F11), upstream timeouts (F12), per-route
-``max_concurrency``, large bodies (F4: 20 MB accepted, over the limit 413), routes that cannot
+"""Gateway contract under faults: client disconnects, upstream timeouts, per-route
+``max_concurrency``, large bodies (20 MB accepted, over the limit 413), routes that cannot
 stream (``supports_stream: false``), and unexpected errors still in OpenAI's shape."""
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def content_of(step: Any) -> str:
     return step.response["choices"][0]["message"]["content"]
 
 
-# ----------------------------------------------------------------------------------------- F11
-async def test_f11_client_disconnect_closes_upstream_and_records_partial(gw: Gateway, upstream: FakeUpstream) -> None:
+# -------------------------------------------------------------------------- client disconnects
+async def test_client_disconnect_closes_upstream_and_records_partial(gw: Gateway, upstream: FakeUpstream) -> None:
     usage = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
     upstream.script(UP_PATH, [endless_stream(usage=usage)])
     client = gw.client("s1")
@@ -80,7 +80,7 @@ async def _settled_task_count() -> int:
     return len(asyncio.all_tasks())
 
 
-async def test_f11_repeated_concurrent_disconnects_leak_nothing(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_repeated_concurrent_disconnects_leak_nothing(gw: Gateway, upstream: FakeUpstream) -> None:
     n = 30
     # warm-up round so pools and lazily created tasks exist before the baseline is taken
     upstream.script(UP_PATH, [endless_stream()])
@@ -106,7 +106,7 @@ async def test_f11_repeated_concurrent_disconnects_leak_nothing(gw: Gateway, ups
     assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="499") == 2 * n + 1
 
 
-async def test_f11_disconnect_before_upstream_headers_releases_the_route(start_gateway: StartGateway,
+async def test_disconnect_before_upstream_headers_releases_the_route(start_gateway: StartGateway,
                                                                         upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": {"max_concurrency": 1}})
     upstream.script(UP_PATH, [Reply.sse([chat_chunk("late", role="assistant", finish_reason="stop"), DONE],
@@ -132,7 +132,7 @@ async def test_f11_disconnect_before_upstream_headers_releases_the_route(start_g
     assert gw.app_state.upstream.in_flight["m"] == 0
 
 
-# F11 without a stream: the client gives up while the gateway waits for the upstream's answer
+# a client disconnect without a stream: the client gives up while the gateway waits for the upstream's answer
 # (openai SDK timeout, or the launcher killing the runtime). Cases: no headers yet; headers sent
 # but the body stalls; a stream asked from a route that cannot stream (the gateway waits for a
 # whole answer); a stream whose upstream has not sent its headers yet.
@@ -147,7 +147,7 @@ SLOW_ANSWERS = {
 
 
 @pytest.mark.parametrize("case", list(SLOW_ANSWERS))
-async def test_f11_client_leaving_before_the_answer_cancels_the_upstream_call(
+async def test_client_leaving_before_the_answer_cancels_the_upstream_call(
         start_gateway: StartGateway, upstream: FakeUpstream, case: str) -> None:
     stream, route, slow, status_code, phase = SLOW_ANSWERS[case]
     # retry_join_window_s 0: the SDK's call is cancelled, not kept for a retry (test_retry_join.py)
@@ -181,7 +181,7 @@ async def test_f11_client_leaving_before_the_answer_cancels_the_upstream_call(
     assert gw.app_state.sessions.in_flight("s1") == 0
 
 
-async def test_f11_passthrough_client_leaving_cancels_the_upstream_call(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_passthrough_client_leaving_cancels_the_upstream_call(gw: Gateway, upstream: FakeUpstream) -> None:
     upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
     with pytest.raises(openai.APITimeoutError):
         await gw.client(timeout=0.5).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -190,9 +190,9 @@ async def test_f11_passthrough_client_leaving_cancels_the_upstream_call(gw: Gate
     assert gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"] == 0
 
 
-# ----------------------------------------------------------------------------------------- F12
+# ---------------------------------------------------------------------------- upstream timeouts
 @pytest.mark.parametrize("stream", [False, True])
-async def test_f12_no_headers_within_read_timeout_is_504_timeout(start_gateway: StartGateway,
+async def test_no_headers_within_read_timeout_is_504_timeout(start_gateway: StartGateway,
                                                                  upstream: FakeUpstream, stream: bool) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     upstream.script(UP_PATH, [Reply(never_respond=True)])
@@ -210,7 +210,7 @@ async def test_f12_no_headers_within_read_timeout_is_504_timeout(start_gateway: 
     await upstream.wait_for_disconnect(1, timeout=1.0)
 
 
-async def test_f12_stall_after_headers_before_first_event(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_stall_after_headers_before_first_event(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     upstream.script(UP_PATH, [Reply.sse([chat_chunk("late", role="assistant"), DONE], delay_s=[2.0, 0])])
     r = await gw.http().post("/v1/sessions/s1/chat/completions",
@@ -222,7 +222,7 @@ async def test_f12_stall_after_headers_before_first_event(start_gateway: StartGa
     assert (step.status, step.meta_json["phase"], step.ttft_ms) == ("timeout", "first-byte", None)
 
 
-async def test_f12_idle_stall_mid_stream(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_idle_stall_mid_stream(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     upstream.script(UP_PATH, [Reply.sse([chat_chunk("part", role="assistant"), chat_chunk("never"), DONE],
                                         delay_s=[0, 2.0, 0])])
@@ -233,7 +233,7 @@ async def test_f12_idle_stall_mid_stream(start_gateway: StartGateway, upstream: 
     assert (step.status, step.meta_json["phase"], content_of(step)) == ("timeout", "idle", "part")
 
 
-async def test_f12_non_stream_body_stall_is_a_timeout(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_non_stream_body_stall_is_a_timeout(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     upstream.script(UP_PATH, [Reply.json(chat_completion(), delay_s=2.0)])
     with pytest.raises(openai.InternalServerError) as ei:
@@ -244,7 +244,7 @@ async def test_f12_non_stream_body_stall_is_a_timeout(start_gateway: StartGatewa
     assert (step.status, step.status_code, step.meta_json["phase"]) == ("timeout", 504, "body")
 
 
-async def test_f12_read_timeout_does_not_cap_a_progressing_stream(start_gateway: StartGateway,
+async def test_read_timeout_does_not_cap_a_progressing_stream(start_gateway: StartGateway,
                                                                   upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     chunks = [chat_chunk(f"w{i}", role="assistant" if i == 0 else None) for i in range(6)]
@@ -297,8 +297,8 @@ async def test_max_concurrency_is_per_route(start_gateway: StartGateway, upstrea
     assert upstream.max_in_flight == 2
 
 
-# ----------------------------------------------------------------------------------------- F4
-async def test_f4_20mb_request_body_is_accepted(gw: Gateway, upstream: FakeUpstream) -> None:
+# -------------------------------------------------------------------------------- large bodies
+async def test_20mb_request_body_is_accepted(gw: Gateway, upstream: FakeUpstream) -> None:
     image = "data:image/png;base64," + "A" * 19_000_000
     history = [{"role": "user", "content": "x" * 1000}] * 500
     messages = [*history, {"role": "user", "content": [{"type": "text", "text": "what is this?"},

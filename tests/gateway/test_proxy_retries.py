@@ -1,4 +1,4 @@
-"""Gateway contract for bounded upstream retries (route ``retry``, faults F9 and F10): 429/5xx
+"""Gateway contract for bounded upstream retries (route ``retry``): 429/5xx
 and connect errors are retried on the same route while nothing reached the client, honouring
 ``Retry-After`` with a cap; once the attempts are used up the upstream answer is relayed intact;
 a 400 is never retried; a stream that already sent bytes is never retried; one logical call is
@@ -47,9 +47,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-# ----------------------------------------------------------------------------------------- F10
+# ------------------------------------------------------ 429/5xx retried before the first byte
 @pytest.mark.parametrize("stream", [False, True])
-async def test_f10_429_twice_then_200_is_retried_honouring_retry_after(start_gateway: StartGateway,
+async def test_429_twice_then_200_is_retried_honouring_retry_after(start_gateway: StartGateway,
                                                                        upstream: FakeUpstream, stream: bool) -> None:
     gw = await start_gateway()  # default policy: 3 attempts, Retry-After honoured up to 30 s
     limited = Reply.json(RATE_LIMITED, status=429, headers={"Retry-After": "1"})
@@ -73,16 +73,14 @@ async def test_retry_after_is_capped(start_gateway: StartGateway, upstream: Fake
     gw = await start_gateway(routes={"m": _retry_route(max_retry_after_s=0.1)})
     limited = Reply.json(RATE_LIMITED, status=429, headers={"Retry-After": "30"})
     upstream.script(UP_PATH, [limited, limited])
-    t0 = time.monotonic()
-    assert await _chat(gw, "s1", True) == DEFAULT_TEXT
-    assert time.monotonic() - t0 < 5
+    assert await asyncio.wait_for(_chat(gw, "s1", True), 20) == DEFAULT_TEXT  # not 2 x 30 s
     [step] = await gw.steps("s1")
     assert [(a["retry_after_s"], a["wait_s"]) for a in step.meta_json["attempts"]] == [
         (30.0, 0.1), (30.0, 0.1), (None, None)]
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_f10_503_forever_relays_the_last_503_intact_after_max_attempts(
+async def test_503_forever_relays_the_last_503_intact_after_max_attempts(
         start_gateway: StartGateway, upstream: FakeUpstream, stream: bool) -> None:
     gw = await start_gateway(routes={"m": _retry_route(max_retry_after_s=0.05)})
     upstream.script(UP_PATH, [Reply.json(BUSY, status=503, headers={"Retry-After": "1"}) for _ in range(5)])
@@ -100,7 +98,7 @@ async def test_f10_503_forever_relays_the_last_503_intact_after_max_attempts(
     assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="503") == 1
 
 
-async def test_f10_400_is_passed_through_without_retry(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_400_is_passed_through_without_retry(gw: Gateway, upstream: FakeUpstream) -> None:
     err = {"error": {"message": "bad request", "type": "invalid_request_error", "param": None, "code": None}}
     upstream.script(UP_PATH, [Reply.json(err, status=400)])
     with pytest.raises(openai.BadRequestError) as ei:
@@ -177,8 +175,8 @@ async def test_client_leaving_during_backoff_cancels_at_once(start_gateway: Star
     assert gw.app_state.upstream.in_flight["m"] == 0
 
 
-# ------------------------------------------------------------------------------------------ F9
-async def test_f9_stream_broken_after_bytes_is_never_retried(start_gateway: StartGateway,
+# -------------------------------------------- a stream that broke after bytes is never retried
+async def test_stream_broken_after_bytes_is_never_retried(start_gateway: StartGateway,
                                                              upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": _retry_route()})
 
@@ -207,7 +205,7 @@ async def test_f9_stream_broken_after_bytes_is_never_retried(start_gateway: Star
     assert await gw.metric("gateway_upstream_retries_total", route="m", reason="status_200") == 0
 
 
-async def test_f9_raw_bytes_of_a_broken_stream_hold_one_attempt(start_gateway: StartGateway,
+async def test_raw_bytes_of_a_broken_stream_hold_one_attempt(start_gateway: StartGateway,
                                                                 upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": _retry_route()})
     first = chat_chunk("Hel", role="assistant")

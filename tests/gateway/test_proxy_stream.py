@@ -1,5 +1,5 @@
-"""Gateway contract for streamed answers: the stream faults F1-F8 of
-/work/shared/cases/faults.md (exact upstream byte lists), relayed to the real openai SDK and to
+"""Gateway contract for streamed answers: the upstream stream quirks of
+:mod:`tests.faults` (exact upstream byte lists), relayed to the real openai SDK and to
 raw httpx, and the step recorded from them; strict telemetry ordering."""
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ import pytest
 
 from tests.fake_upstream import DEFAULT_USAGE, DONE, FakeUpstream, Reply, chat_chunk, usage_chunk
 from tests.faults import (
-    F1_EMPTY_CHOICES,
-    F2_COMMENTS,
-    F3_SPLIT_CRLF,
-    F5_PARALLEL_TOOL_CALLS,
-    F5_PARALLEL_TOOL_CALLS_NO_INDEX,
-    F6_REASONING,
-    F8A_ERROR_IN_200_STREAM,
+    COMMENTS_AND_KEEPALIVES,
+    EMPTY_CHOICES_CHUNKS,
+    ERROR_IN_200_STREAM,
+    PARALLEL_TOOL_CALLS,
+    PARALLEL_TOOL_CALLS_NO_INDEX,
+    REASONING_VARIANTS,
+    SPLIT_EVENTS_AND_CRLF,
 )
 from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, StartGateway, sse_json, sse_payloads
 
 UP_PATH = "/v1/chat/completions"
 SESSION_PATH = "/v1/sessions/s1/chat/completions"
 
-F5_CALLS = [
+PARALLEL_CALLS = [
     {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
     {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}},
 ]
@@ -42,18 +42,18 @@ def stream_body(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": MESSAGES, "stream": True, **extra}
 
 
-# ----------------------------------------------------------------------------------------- F1
+# ------------------------------------------------------- empty choices, usage-only chunks
 @pytest.mark.parametrize("client_opts", [None, {"include_usage": False}])
-async def test_f1_usage_only_chunk_hidden_from_a_client_that_did_not_ask(
+async def test_usage_only_chunk_hidden_from_a_client_that_did_not_ask(
         gw: Gateway, upstream: FakeUpstream, client_opts: dict[str, Any] | None) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F1_EMPTY_CHOICES)])
+    upstream.script(UP_PATH, [Reply.sse(EMPTY_CHOICES_CHUNKS)])
     extra = {} if client_opts is None else {"stream_options": client_opts}
     r = await raw_post(gw, stream_body(**extra))
     assert r.status_code == 200
     # the gateway asked upstream for usage on its own ...
     assert upstream.requests[0].json["stream_options"] == {**(client_opts or {}), "include_usage": True}
     # ... so the usage-only chunk is stripped, every other chunk (Azure's empty first one too) relayed
-    f1 = F1_EMPTY_CHOICES
+    f1 = EMPTY_CHOICES_CHUNKS
     assert r.content == f1[0] + f1[1] + f1[2] + f1[4]
     [step] = await gw.steps("s1")
     assert step.status == "ok" and step.finish_reason == "stop"
@@ -63,17 +63,17 @@ async def test_f1_usage_only_chunk_hidden_from_a_client_that_did_not_ask(
     assert step.meta_json["usage_requested_by_gateway"] is True
 
 
-async def test_f1_client_that_asked_for_usage_gets_every_chunk(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F1_EMPTY_CHOICES)])
+async def test_client_that_asked_for_usage_gets_every_chunk(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(EMPTY_CHOICES_CHUNKS)])
     r = await raw_post(gw, stream_body(stream_options={"include_usage": True}))
-    assert r.content == b"".join(F1_EMPTY_CHOICES)
+    assert r.content == b"".join(EMPTY_CHOICES_CHUNKS)
     [step] = await gw.steps("s1")
     assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (10, 1, 11)
     assert "usage_requested_by_gateway" not in step.meta_json
 
 
-async def test_f1_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F1_EMPTY_CHOICES), Reply.sse(F1_EMPTY_CHOICES)])
+async def test_usage_only_chunk_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(EMPTY_CHOICES_CHUNKS), Reply.sse(EMPTY_CHOICES_CHUNKS)])
     client = gw.client("s1")
     chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi"
@@ -84,24 +84,24 @@ async def test_f1_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) ->
     assert [s.total_tokens for s in await gw.steps("s1")] == [11, 11]
 
 
-# ----------------------------------------------------------------------------------------- F2
-async def test_f2_comments_and_dataless_blocks_are_neither_parsed_nor_relayed(gw: Gateway, upstream: FakeUpstream
+# ------------------------------------------------ SSE comments, keep-alives, data-less blocks
+async def test_comments_and_dataless_blocks_are_neither_parsed_nor_relayed(gw: Gateway, upstream: FakeUpstream
                                                                              ) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F2_COMMENTS, delay_s=[0, 0, 0.2, 0, 0, 0, 0]),
-                              Reply.sse(F2_COMMENTS)])
+    upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[0, 0, 0.2, 0, 0, 0, 0]),
+                              Reply.sse(COMMENTS_AND_KEEPALIVES)])
     stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "AB"
     r = await raw_post(gw, stream_body())
-    assert r.content == F2_COMMENTS[1] + F2_COMMENTS[5] + F2_COMMENTS[6]
+    assert r.content == COMMENTS_AND_KEEPALIVES[1] + COMMENTS_AND_KEEPALIVES[5] + COMMENTS_AND_KEEPALIVES[6]
     steps = await gw.steps("s1")
     assert [(s.status, s.response["choices"][0]["message"]["content"]) for s in steps] == [("ok", "AB")] * 2
     assert [s.finish_reason for s in steps] == ["stop", "stop"]
     assert [s.prompt_tokens for s in steps] == [None, None]  # this upstream sends no usage: unknown, not 0
 
 
-# ----------------------------------------------------------------------------------------- F3
-async def test_f3_events_split_across_reads_crlf_and_multiline_data(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F3_SPLIT_CRLF), Reply.sse(F3_SPLIT_CRLF)])
+# ---------------------------------------------- events split across reads, CRLF, multi-line
+async def test_events_split_across_reads_crlf_and_multiline_data(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(SPLIT_EVENTS_AND_CRLF), Reply.sse(SPLIT_EVENTS_AND_CRLF)])
     stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "hello world"
     r = await raw_post(gw, stream_body())
@@ -113,7 +113,7 @@ async def test_f3_events_split_across_reads_crlf_and_multiline_data(gw: Gateway,
         assert step.response["choices"][0]["message"]["content"] == "hello world"
 
 
-async def test_f3_multibyte_utf8_cut_between_writes(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_multibyte_utf8_cut_between_writes(gw: Gateway, upstream: FakeUpstream) -> None:
     event = chat_chunk("café ☕ 😀", role="assistant", finish_reason="stop")
     cut = event.index("é".encode()) + 1
     cut2 = event.index("😀".encode()) + 2
@@ -124,8 +124,8 @@ async def test_f3_multibyte_utf8_cut_between_writes(gw: Gateway, upstream: FakeU
     assert step.response["choices"][0]["message"]["content"] == "café ☕ 😀"
 
 
-# ----------------------------------------------------------------------------------------- F4
-async def test_f4_one_700kb_line_is_forwarded_whole_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
+# ------------------------------------------------------------------------- very long lines
+async def test_one_700kb_line_is_forwarded_whole_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
     args = '{"path":"a.txt","content":"' + "x" * 700_000 + '"}'
     big = chat_chunk(role="assistant", tool_calls=[{"index": 0, "id": "call_w", "type": "function",
                                                     "function": {"name": "write_file", "arguments": args}}])
@@ -145,24 +145,24 @@ async def test_f4_one_700kb_line_is_forwarded_whole_and_recorded(gw: Gateway, up
         assert call["function"]["arguments"] == args
 
 
-# ----------------------------------------------------------------------------------------- F5
-@pytest.mark.parametrize("chunks", [F5_PARALLEL_TOOL_CALLS, F5_PARALLEL_TOOL_CALLS_NO_INDEX],
+# ------------------------------------------------------------------------ parallel tool calls
+@pytest.mark.parametrize("chunks", [PARALLEL_TOOL_CALLS, PARALLEL_TOOL_CALLS_NO_INDEX],
                          ids=["indexed", "no-index"])
-async def test_f5_parallel_tool_calls_assembled_and_bytes_unchanged(gw: Gateway, upstream: FakeUpstream,
+async def test_parallel_tool_calls_assembled_and_bytes_unchanged(gw: Gateway, upstream: FakeUpstream,
                                                                     chunks: list[bytes]) -> None:
     upstream.script(UP_PATH, [Reply.sse(chunks)])
     r = await raw_post(gw, stream_body())
     assert r.content == b"".join(chunks)
     [step] = await gw.steps("s1")
     message = step.response["choices"][0]["message"]
-    assert message["tool_calls"] == F5_CALLS
+    assert message["tool_calls"] == PARALLEL_CALLS
     assert message["content"] is None
     assert step.finish_reason == "tool_calls"
 
 
-async def test_f5_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(gw: Gateway,
+async def test_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(gw: Gateway,
                                                                                upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F5_PARALLEL_TOOL_CALLS)])
+    upstream.script(UP_PATH, [Reply.sse(PARALLEL_TOOL_CALLS)])
     client = gw.client("s1")
     calls: dict[int, dict[str, str]] = {}
     async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
@@ -172,8 +172,8 @@ async def test_f5_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(g
             entry["name"] += (tc.function.name or "") if tc.function else ""
             entry["arguments"] += (tc.function.arguments or "") if tc.function else ""
     assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
-        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in F5_CALLS]
-    followup = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": F5_CALLS},
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in PARALLEL_CALLS]
+    followup = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": PARALLEL_CALLS},
                 {"role": "tool", "tool_call_id": "call_a", "content": "18C"},
                 {"role": "tool", "tool_call_id": "call_b", "content": "12:00"}]
     async for _ in await client.chat.completions.create(model="m", messages=followup, stream=True):  # type: ignore[arg-type]
@@ -184,11 +184,11 @@ async def test_f5_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(g
     assert steps[1].messages == followup and steps[1].request["messages"] == followup
 
 
-# ----------------------------------------------------------------------------------------- F6
-async def test_f6_reasoning_fields_relayed_verbatim_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F6_REASONING)])
+# ----------------------------------------------------------- reasoning fields, vendor token ids
+async def test_reasoning_fields_relayed_verbatim_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(REASONING_VARIANTS)])
     r = await raw_post(gw, stream_body())
-    assert r.content == b"".join(F6_REASONING)  # no chunk filtered as "empty", unknown fields kept
+    assert r.content == b"".join(REASONING_VARIANTS)  # no chunk filtered as "empty", unknown fields kept
     [step] = await gw.steps("s1")
     assert step.status == "ok" and step.finish_reason == "stop"
     choice = step.response["choices"][0]
@@ -196,7 +196,7 @@ async def test_f6_reasoning_fields_relayed_verbatim_and_recorded(gw: Gateway, up
     assert choice["token_ids"] == [17]
 
 
-async def test_f6_non_stream_reasoning_recorded_as_received(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_non_stream_reasoning_recorded_as_received(gw: Gateway, upstream: FakeUpstream) -> None:
     answer = {"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
               "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                            "message": {"role": "assistant", "content": "4", "reasoning": "2+2 is four.",
@@ -211,8 +211,8 @@ async def test_f6_non_stream_reasoning_recorded_as_received(gw: Gateway, upstrea
     assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (3, 2, 5)
 
 
-# ----------------------------------------------------------------------------------------- F7
-async def test_f7a_gateway_asks_for_usage_and_records_it(gw: Gateway, upstream: FakeUpstream) -> None:
+# --------------------------------------------------------------------------------- usage
+async def test_gateway_asks_for_usage_and_records_it(gw: Gateway, upstream: FakeUpstream) -> None:
     # the default fake upstream sends usage only when include_usage was requested
     r = await raw_post(gw, stream_body())
     assert b'"choices":[]' not in r.content and b'"total_tokens"' not in r.content
@@ -221,7 +221,7 @@ async def test_f7a_gateway_asks_for_usage_and_records_it(gw: Gateway, upstream: 
     assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (5, 3, 8)
 
 
-async def test_f7b_no_usage_is_recorded_as_null_not_zero(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_no_usage_is_recorded_as_null_not_zero(gw: Gateway, upstream: FakeUpstream) -> None:
     upstream.script(UP_PATH, [Reply.sse([chat_chunk("ok", role="assistant"), chat_chunk(finish_reason="stop"),
                                          DONE])])
     await raw_post(gw, stream_body())
@@ -233,7 +233,7 @@ async def test_f7b_no_usage_is_recorded_as_null_not_zero(gw: Gateway, upstream: 
     assert tuple(row) == (None, None, None)
 
 
-async def test_f7c_zero_usage_on_a_content_chunk_then_the_last_non_null_wins(gw: Gateway,
+async def test_zero_usage_on_a_content_chunk_then_the_last_non_null_wins(gw: Gateway,
                                                                             upstream: FakeUpstream) -> None:
     zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     real = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
@@ -250,12 +250,12 @@ async def test_f7c_zero_usage_on_a_content_chunk_then_the_last_non_null_wins(gw:
     assert (s2.prompt_tokens, s2.completion_tokens, s2.total_tokens) == (0, 0, 0)
 
 
-# ----------------------------------------------------------------------------------------- F8
-async def test_f8a_error_event_inside_a_200_stream_is_an_error_step(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F8A_ERROR_IN_200_STREAM), Reply.sse(F8A_ERROR_IN_200_STREAM)])
+# -------------------------------------- an error in a 200 stream, EOF without [DONE], only [DONE]
+async def test_error_event_inside_a_200_stream_is_an_error_step(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(ERROR_IN_200_STREAM), Reply.sse(ERROR_IN_200_STREAM)])
     r = await raw_post(gw, stream_body())
     assert r.status_code == 200
-    assert r.content.startswith(F8A_ERROR_IN_200_STREAM[0])  # the error event is forwarded as is
+    assert r.content.startswith(ERROR_IN_200_STREAM[0])  # the error event is forwarded as is
     with pytest.raises(openai.APIError, match="maximum context length exceeded"):
         async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
             pass
@@ -266,7 +266,7 @@ async def test_f8a_error_event_inside_a_200_stream_is_an_error_step(gw: Gateway,
         assert step.response["choices"] == []
 
 
-async def test_f8b_upstream_closes_mid_stream(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_upstream_closes_mid_stream(gw: Gateway, upstream: FakeUpstream) -> None:
     partial = [chat_chunk("Hel", role="assistant"), chat_chunk("lo")]
     upstream.script(UP_PATH, [Reply.sse(partial, close_abruptly=True), Reply.sse(partial, close_abruptly=True)])
     r = await raw_post(gw, stream_body())
@@ -285,7 +285,7 @@ async def test_f8b_upstream_closes_mid_stream(gw: Gateway, upstream: FakeUpstrea
         assert step.meta_json["error"]["code"] == last["error"]["code"]
 
 
-async def test_f8b_eof_without_done_with_clean_chunked_end(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_eof_without_done_with_clean_chunked_end(gw: Gateway, upstream: FakeUpstream) -> None:
     upstream.script(UP_PATH, [Reply.sse([chat_chunk("Hel", role="assistant"), chat_chunk("lo")])])
     r = await raw_post(gw, stream_body())
     payloads = sse_payloads(r.content)
@@ -296,7 +296,7 @@ async def test_f8b_eof_without_done_with_clean_chunked_end(gw: Gateway, upstream
     assert step.response["choices"][0]["message"]["content"] == "Hello"
 
 
-async def test_f8c_only_done_is_recorded_and_nothing_hangs(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_only_done_is_recorded_and_nothing_hangs(gw: Gateway, upstream: FakeUpstream) -> None:
     upstream.script(UP_PATH, [Reply.sse([DONE]), Reply.sse([DONE])])
     async with asyncio.timeout(5):
         r = await raw_post(gw, stream_body())

@@ -22,12 +22,12 @@ async def test_idle_writer_commits_at_once_and_a_busy_one_queues(tmp_path: Path)
     writer = TelemetryWriter(store, Metrics(), strict=True, batch_max=16, queue_max=100)
     writer.start()
     try:
-        fut = writer.submit(_step(1), None)
-        assert fut is not None and fut.done() and fut.exception() is None  # committed inside submit
+        fut = writer.enqueue(_step(1), None)
+        assert fut is not None and fut.done() and fut.exception() is None  # committed inside enqueue
         lock = sqlite3.connect(db, isolation_level=None)
-        lock.execute("BEGIN IMMEDIATE")  # another writer holds the DB: submit cannot commit at once
-        fut2 = writer.submit(_step(2), None)
-        fut3 = writer.submit(_step(3), None)  # queued behind it, in order
+        lock.execute("BEGIN IMMEDIATE")  # another writer holds the DB: enqueue cannot commit at once
+        fut2 = writer.enqueue(_step(2), None)
+        fut3 = writer.enqueue(_step(3), None)  # queued behind it, in order
         assert fut2 is not None and fut3 is not None and not fut2.done()
         await asyncio.sleep(0.2)
         assert not fut2.done()

@@ -1,6 +1,6 @@
 """Gateway contract for the OpenAI Responses API (``.../responses``): forwarding to the route's
 ``<base_url>/responses``, the exact bytes and events the real ``openai`` SDK gets, the step
-recorded from non-streamed answers and from streams (faults F19: arguments only in ``.done``,
+recorded from non-streamed answers and from streams (arguments only in ``.done``,
 the final output nested in ``response.completed``, no ``[DONE]``, an HTML 502), synthetic stops
 at ``max_steps`` in the Responses shape, and errors in OpenAI's shape."""
 
@@ -22,7 +22,7 @@ from tests.fake_upstream import (
     response_object,
     sse_event,
 )
-from tests.faults import F19_HTML_502, F19_RESPONSES_ARGS_ONLY_IN_DONE, F19_RESPONSES_NO_COMPLETED
+from tests.faults import HTML_502_PAGE, RESPONSES_ARGS_ONLY_IN_DONE, RESPONSES_NO_COMPLETED
 from tests.gateway.conftest import (
     CLIENT_KEY,
     NO_RETRY,
@@ -149,11 +149,11 @@ async def test_stream_through_the_sdk_and_its_stream_helper(gw: Gateway, upstrea
     assert [s.status for s in await gw.steps("s1")] == ["ok", "ok"]
 
 
-async def test_f19_arguments_only_in_done_and_output_from_completed(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F19_RESPONSES_ARGS_ONLY_IN_DONE)])
+async def test_arguments_only_in_done_and_output_from_completed(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(RESPONSES_ARGS_ONLY_IN_DONE)])
     r = await gw.http().post(SESSION_PATH, json={"model": "m", "input": "weather?", "tools": [WEATHER_TOOL],
                                                  "stream": True})
-    assert r.content == b"".join(F19_RESPONSES_ARGS_ONLY_IN_DONE)  # `event:` lines forwarded unchanged
+    assert r.content == b"".join(RESPONSES_ARGS_ONLY_IN_DONE)  # `event:` lines forwarded unchanged
     assert [name for name, _ in events_of(r.content)] == ["response.created", "response.output_item.added",
                                                           "response.function_call_arguments.done",
                                                           "response.completed"]
@@ -167,8 +167,8 @@ async def test_f19_arguments_only_in_done_and_output_from_completed(gw: Gateway,
     assert step.meta_json == {"route": "m", "chunks": 4}
 
 
-async def test_f19_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F19_RESPONSES_ARGS_ONLY_IN_DONE)])
+async def test_args_only_in_done_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(RESPONSES_ARGS_ONLY_IN_DONE)])
     client = gw.client("s1")
     stream = await client.responses.create(model="m", input="weather?", tools=[WEATHER_TOOL],  # type: ignore[list-item]
                                            stream=True)
@@ -227,10 +227,10 @@ async def test_streamed_reasoning_text_and_argument_deltas(gw: Gateway, upstream
                                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
 
 
-async def test_f19_stream_without_completed_is_truncated(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse(F19_RESPONSES_NO_COMPLETED)])
+async def test_stream_without_completed_is_truncated(gw: Gateway, upstream: FakeUpstream) -> None:
+    upstream.script(UP_PATH, [Reply.sse(RESPONSES_NO_COMPLETED)])
     r = await gw.http().post(SESSION_PATH, json={"model": "m", "input": "weather?", "stream": True})
-    assert r.content.startswith(b"".join(F19_RESPONSES_NO_COMPLETED))
+    assert r.content.startswith(b"".join(RESPONSES_NO_COMPLETED))
     name, err = events_of(r.content)[-1]
     assert name == "error" and err["type"] == "error"
     assert err["code"] == "upstream_stream_truncated" and "response.completed" in err["message"]
@@ -243,7 +243,7 @@ async def test_f19_stream_without_completed_is_truncated(gw: Gateway, upstream: 
     assert (step.prompt_tokens, step.total_tokens) == (None, None)
     assert step.meta_json["error"]["code"] == "upstream_stream_truncated"
 
-    upstream.script(UP_PATH, [Reply.sse(F19_RESPONSES_NO_COMPLETED)])
+    upstream.script(UP_PATH, [Reply.sse(RESPONSES_NO_COMPLETED)])
     events = []
     async for e in await gw.client("s1").responses.create(model="m", input="x", stream=True):
         events.append(e)
@@ -251,17 +251,17 @@ async def test_f19_stream_without_completed_is_truncated(gw: Gateway, upstream: 
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_f19_html_502_is_a_recorded_upstream_error_and_a_502(start_gateway: StartGateway,
+async def test_html_502_is_a_recorded_upstream_error_and_a_502(start_gateway: StartGateway,
                                                                    upstream: FakeUpstream, stream: bool) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})
-    upstream.script(UP_PATH, [Reply.raw(F19_HTML_502, status=502, content_type="text/html")])
+    upstream.script(UP_PATH, [Reply.raw(HTML_502_PAGE, status=502, content_type="text/html")])
     with pytest.raises(openai.InternalServerError) as ei:
         await gw.client("s1").responses.create(model="m", input="hi", stream=stream)  # type: ignore[call-overload]
     assert ei.value.status_code == 502
-    assert ei.value.response.content == F19_HTML_502
+    assert ei.value.response.content == HTML_502_PAGE
     [step] = await gw.steps("s1")
     assert (step.status, step.status_code, step.is_stream) == ("error", 502, stream)
-    assert step.response == {"raw_body": F19_HTML_502.decode(), "content_type": "text/html"}
+    assert step.response == {"raw_body": HTML_502_PAGE.decode(), "content_type": "text/html"}
     assert "502 Bad Gateway" in step.meta_json["error"]
     assert (step.total_tokens, step.finish_reason) == (None, None)
 

@@ -46,3 +46,16 @@ def test_close_grace_s_default_and_bounds() -> None:
 def test_shipped_config_is_valid() -> None:
     settings = load_settings(Path(__file__).resolve().parents[2] / "configs" / "gateway.yaml")
     assert settings.route_for_default() in settings.llm_routes
+
+
+def test_storage_type_is_derived_from_the_db_url_and_must_agree_with_it() -> None:
+    pg = {"db_url": "postgresql://u:s3cret@db/trajs"}
+    assert GatewaySettings.model_validate({}).storage_type == "sqlite"
+    assert GatewaySettings.model_validate({"storage_config": pg}).storage_type == "postgresql"
+    assert GatewaySettings.model_validate({"storage_type": "sqlite"}).storage_type == "sqlite"
+    with pytest.raises(ValidationError) as ei:
+        GatewaySettings.model_validate({"storage_type": "sqlite", "storage_config": pg})
+    assert "storage_type is sqlite but storage_config.db_url is a postgresql URL" in str(ei.value)
+    assert "s3cret" not in str(ei.value)  # a URL's password is never echoed
+    with pytest.raises(ValidationError, match="must start with sqlite:// or postgresql://"):
+        GatewaySettings.model_validate({"storage_config": {"db_url": "mysql://db/x"}})

@@ -1,4 +1,4 @@
-"""SSEParser against the WHATWG "Server-sent events" parsing rules and faults F2, F3, F4."""
+"""SSEParser against the WHATWG "Server-sent events" parsing rules and the upstream quirks of :mod:`tests.faults` (comments, split reads, long lines)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gateway.sse import SSEEvent, SSEParser, format_event, sse_comment
-from tests.faults import F2_COMMENTS, F3_SPLIT_CRLF
+from tests.faults import COMMENTS_AND_KEEPALIVES, SPLIT_EVENTS_AND_CRLF
 
 # A stream mixing every framing feature: BOM, comments, CRLF / CR / LF, multi-line data, event
 # and id fields, data-less blocks, retry, a multibyte character, an empty data value.
@@ -43,8 +43,8 @@ def parse(pieces: list[bytes]) -> list[SSEEvent]:
     return out
 
 
-def test_f2_comments_and_dataless_blocks_are_not_dispatched() -> None:
-    events = parse(F2_COMMENTS)
+def test_comments_and_dataless_blocks_are_not_dispatched() -> None:
+    events = parse(COMMENTS_AND_KEEPALIVES)
     assert [e.data for e in events] == [
         '{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}',
         '{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"B"},"finish_reason":"stop"}]}',
@@ -53,10 +53,10 @@ def test_f2_comments_and_dataless_blocks_are_not_dispatched() -> None:
     # lastEventId persists across blocks, per the spec
     assert [e.id for e in events] == ["1", "1", "1"]
     assert [e.event for e in events] == [None, None, None]
-    assert [e.raw for e in events] == [F2_COMMENTS[1], F2_COMMENTS[5], F2_COMMENTS[6]]
+    assert [e.raw for e in events] == [COMMENTS_AND_KEEPALIVES[1], COMMENTS_AND_KEEPALIVES[5], COMMENTS_AND_KEEPALIVES[6]]
 
 
-def test_f2_retry_only_block_sets_reconnection_time() -> None:
+def test_retry_only_block_sets_reconnection_time() -> None:
     p = SSEParser()
     assert p.feed(b"retry: 3000\n\n") == []
     assert p.retry == 3000
@@ -64,18 +64,18 @@ def test_f2_retry_only_block_sets_reconnection_time() -> None:
     assert p.retry == 3000
 
 
-def test_f3_split_reads_crlf_straddle_and_multiline_data() -> None:
-    events = parse(F3_SPLIT_CRLF)
+def test_split_reads_crlf_straddle_and_multiline_data() -> None:
+    events = parse(SPLIT_EVENTS_AND_CRLF)
     assert [e.data for e in events] == [
         '{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":null}]}',
         '{"id":"c1","object":"chat.completion.chunk",\n"choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}]}',
         "[DONE]",
     ]
-    f3 = F3_SPLIT_CRLF
+    f3 = SPLIT_EVENTS_AND_CRLF
     assert [e.raw for e in events] == [f3[0] + f3[1] + f3[2], f3[3] + f3[4], f3[5] + f3[6]]
 
 
-def test_f3_utf8_char_split_across_reads() -> None:
+def test_utf8_char_split_across_reads() -> None:
     events = parse([b'data: {"content":"caf\xc3', b'\xa9"}\n\n'])
     assert [e.data for e in events] == ['{"content":"café"}']
 
@@ -165,7 +165,7 @@ def _split_equivalent(one_shot: list[SSEEvent], split: list[SSEEvent]) -> None:
 
 
 @pytest.mark.parametrize(
-    "stream", [b"".join(F2_COMMENTS), b"".join(F3_SPLIT_CRLF), MIXED], ids=["F2", "F3", "mixed"]
+    "stream", [b"".join(COMMENTS_AND_KEEPALIVES), b"".join(SPLIT_EVENTS_AND_CRLF), MIXED], ids=["comments", "split-crlf", "mixed"]
 )
 def test_split_invariance_every_two_way_split(stream: bytes) -> None:
     one_shot = parse([stream])
@@ -174,7 +174,7 @@ def test_split_invariance_every_two_way_split(stream: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    "stream", [b"".join(F2_COMMENTS), b"".join(F3_SPLIT_CRLF), MIXED], ids=["F2", "F3", "mixed"]
+    "stream", [b"".join(COMMENTS_AND_KEEPALIVES), b"".join(SPLIT_EVENTS_AND_CRLF), MIXED], ids=["comments", "split-crlf", "mixed"]
 )
 def test_split_invariance_byte_by_byte(stream: bytes) -> None:
     one_shot = parse([stream])
@@ -182,14 +182,14 @@ def test_split_invariance_byte_by_byte(stream: bytes) -> None:
 
 
 def test_split_invariance_lf_only_stream_raw_is_exact() -> None:
-    stream = b"".join(F2_COMMENTS)
+    stream = b"".join(COMMENTS_AND_KEEPALIVES)
     one_shot = parse([stream])
     for cut in range(len(stream) + 1):
         assert parse([stream[:cut], stream[cut:]]) == one_shot
-    assert b"".join(e.raw for e in one_shot) == F2_COMMENTS[1] + F2_COMMENTS[5] + F2_COMMENTS[6]
+    assert b"".join(e.raw for e in one_shot) == COMMENTS_AND_KEEPALIVES[1] + COMMENTS_AND_KEEPALIVES[5] + COMMENTS_AND_KEEPALIVES[6]
 
 
-def test_f4_700kb_line_in_one_read_and_in_small_reads() -> None:
+def test_700kb_line_in_one_read_and_in_small_reads() -> None:
     payload = '{"path":"a.txt","content":"' + "x" * 700_000 + '"}'
     block = b"data: " + payload.encode() + b"\n\n"
     assert [e.data for e in parse([block])] == [payload]

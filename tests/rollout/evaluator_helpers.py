@@ -1,6 +1,6 @@
 """Shared helpers for the evaluator tests (test_evaluator_loader, test_scoring, test_evaluation):
 writing a ``rule_evaluator.py``, building the request/spec/trajectory it receives, running it
-through ``run_evaluation``, releasing hung evaluators, and sample evaluator bodies and F18 cases.
+through ``run_evaluation``, releasing hung evaluators, and sample evaluator bodies and score-rule cases.
 
 Hung evaluators: Python cannot kill a thread, so a timed-out evaluator keeps running in its daemon
 thread. A busy loop (``while not STOP: pass``) would burn a core until the interpreter exits, so

@@ -1,5 +1,5 @@
-"""Tests for rollout.evaluation: running evaluators under a timeout in daemon threads (F16),
-evaluator exceptions as errors (F17), the F18 rule as committed outcomes, async evaluators, and
+"""Tests for rollout.evaluation: running evaluators under a timeout in daemon threads,
+evaluator exceptions as errors, the score rule as committed outcomes, async evaluators, and
 ``build_eval_spec``.
 
 Hung evaluators are released at teardown (see ``evaluator_helpers``); the ``no_leaked_threads``
@@ -78,7 +78,7 @@ def test_build_eval_spec(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# F18: the score rule, as committed outcomes
+# the score rule, as committed outcomes
 # ---------------------------------------------------------------------------------------------
 
 
@@ -140,7 +140,7 @@ async def test_dict_result_through_evaluator(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# F17: evaluator exceptions are errors with type and message, never a silent 0
+# evaluator exceptions are errors with type and message, never a silent 0
 # ---------------------------------------------------------------------------------------------
 
 
@@ -200,7 +200,7 @@ async def test_sys_exit_in_rule_is_an_error(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# F16: timeouts, concurrency, late results, the thread limit
+# timeouts, concurrency, late results, the thread limit
 # ---------------------------------------------------------------------------------------------
 
 

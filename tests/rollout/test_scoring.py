@@ -1,5 +1,5 @@
-"""Tests for rollout.scoring: the F18 score rule (``normalize_score``) on raw values. The same
-F18 cases run through a real evaluator in test_evaluation.py."""
+"""Tests for rollout.scoring: the score rule (``normalize_score``) on raw values. The same
+cases run through a real evaluator in test_evaluation.py."""
 
 from __future__ import annotations
 

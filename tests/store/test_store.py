@@ -1,4 +1,4 @@
-"""The trajectory store: URLs, JSON fidelity, concurrent writers (faults F13, F14, F15)."""
+"""The trajectory store: URLs, JSON fidelity, concurrent writers, clean shutdown, checkpoints."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ async def test_roundtrip_and_reward_writeback(tmp_path: Path) -> None:
 
 
 async def test_64_concurrent_sessions_two_engines_and_a_poller(tmp_path: Path) -> None:
-    """F13/F14: 64 sessions x 20 steps written through two independent stores (two writer
+    """64 sessions x 20 steps written through two independent stores (two writer
     connections, as gateway and launcher have), while a reader polls and rewards are written:
     no "database is locked", every row present."""
     url = f"sqlite://{tmp_path}/c.db"
@@ -142,7 +142,7 @@ def test_two_processes_write_at_once(tmp_path: Path) -> None:
 
 
 async def test_close_leaves_no_non_daemon_threads(tmp_path: Path) -> None:
-    """F15a: after close() no aiosqlite thread keeps the interpreter alive."""
+    """After close() no aiosqlite thread keeps the interpreter alive."""
     before = {t.ident for t in threading.enumerate()}
     store = Store(f"sqlite://{tmp_path}/d.db")
     await store.init()
@@ -155,7 +155,7 @@ async def test_close_leaves_no_non_daemon_threads(tmp_path: Path) -> None:
 
 
 async def test_checkpoint_folds_wal_into_main_file(tmp_path: Path) -> None:
-    """F15c: after checkpoint() a copy of the .db file alone holds every row."""
+    """After checkpoint() a copy of the .db file alone holds every row."""
     src = tmp_path / "w.db"
     store = Store(f"sqlite://{src}")
     await store.init()
@@ -169,3 +169,14 @@ async def test_checkpoint_folds_wal_into_main_file(tmp_path: Path) -> None:
     finally:
         await other.close()
         await store.close()
+
+
+def test_postgresql_without_its_driver_is_a_clear_error() -> None:
+    """PostgreSQL is untested and asyncpg is not a dependency: a postgresql:// URL fails at once,
+    naming the missing driver (never an ImportError from deep inside SQLAlchemy)."""
+    import importlib.util
+
+    if importlib.util.find_spec("asyncpg") is not None:
+        pytest.skip("asyncpg is installed here: the URL would be accepted")
+    with pytest.raises(DbUrlError, match=r"needs the asyncpg driver.*pip install asyncpg"):
+        Store("postgresql://user@db.example/trajs")

@@ -175,22 +175,20 @@ async def test_close_stops_the_worker_thread_and_store_reopens(tmp_path: Path) -
     assert leftover == []
 
 
-async def test_lone_batch_commits_inline_unless_the_lock_is_taken(tmp_path: Path) -> None:
-    """``inline=True``: committed on the loop thread when the DB is free; when another connection
-    holds the write lock, the inline attempt gives up at once (the loop is never blocked) and the
-    batch waits in the worker thread until the lock is released."""
+async def test_commit_now_commits_inline_unless_the_lock_is_taken(tmp_path: Path) -> None:
+    """``commit_now``: committed on the loop thread when the DB is free; when another connection
+    holds the write lock it gives up at once (False, nothing written: the loop is never
+    blocked), and ``write_batch`` then waits in the worker thread until the lock is released."""
     db = tmp_path / "x.db"
     store = Store(f"sqlite:///{db}")
     await store.init()
-    w = store._sqlite_writer
-    assert w is not None
     try:
-        await store.write_batch([SessionStep(session_id="a", seq=1, step_id=1, llm_model="m", endpoint="e")], [],
-                                inline=True)
-        assert (w.inline_batches, w.thread_batches) == (1, 0)
+        assert store.commit_now([SessionStep(session_id="a", seq=1, step_id=1, llm_model="m", endpoint="e")], [])
 
         lock = sqlite3.connect(db, isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")
+        step2 = SessionStep(session_id="a", seq=2, step_id=2, llm_model="m", endpoint="e")
+        assert store.commit_now([step2], []) is False
         ticks = 0
 
         async def ticker() -> None:
@@ -200,16 +198,16 @@ async def test_lone_batch_commits_inline_unless_the_lock_is_taken(tmp_path: Path
                 ticks += 1
 
         tick_task = asyncio.ensure_future(ticker())
-        write = asyncio.ensure_future(store.write_batch(
-            [SessionStep(session_id="a", seq=2, step_id=2, llm_model="m", endpoint="e")], [], inline=True))
-        await asyncio.sleep(0.3)
+        write = asyncio.ensure_future(store.write_batch([step2], []))
+        async with asyncio.timeout(30):
+            while ticks < 10:  # the event loop keeps running while the write waits
+                await asyncio.sleep(0.01)
         assert not write.done()  # waiting for the lock, in the worker thread
-        assert ticks >= 10  # and the event loop kept running meanwhile
+        assert _fast_path_threads()
         lock.execute("ROLLBACK")
         lock.close()
-        await asyncio.wait_for(write, 5)
+        await asyncio.wait_for(write, 30)
         tick_task.cancel()
-        assert (w.inline_batches, w.thread_batches) == (1, 1)
         rows = sqlite3.connect(db).execute("SELECT seq FROM session_steps ORDER BY seq").fetchall()
         assert rows == [(1,), (2,)]
     finally:

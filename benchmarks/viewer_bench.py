@@ -1,0 +1,127 @@
+"""How fast the viewer's pages are on a 100,000-session job, without and with its indexes.
+
+    python benchmarks/viewer_bench.py [--sessions 100000] [--steps 3] [--repeat 3]
+
+Builds a temporary SQLite store (the launcher's schema from ``Store.init``) holding one job of
+``--sessions`` finished sessions (2 envs, 4 samples per case, scores 0..10, some evaluator
+errors) with ``--steps`` recorded steps each, then requests each page through the viewer app
+(``httpx`` on the ASGI app: routing, SQL and template rendering, no network) ``--repeat`` times
+with a new app before and after ``ViewerQueries.ensure_indexes``, and prints the first request's
+time (nothing cached) of each, their ratio, and the best of the later requests. Pages: the job list, the job page (summary table, lowest scores, failure reasons), the
+first, a filtered, a score-sorted and the last page of the session list, a session, a group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from rollout.viewer.app import create_app
+from rollout.viewer.db import open_queries
+from rollout.viewer.stats import HiddenFields
+from store import Store
+
+
+def build(db: Path, sessions: int, steps: int) -> None:
+    con = sqlite3.connect(db)
+    now = "2026-01-01 00:00:00.000000"
+    rows = []
+    for i in range(sessions):
+        ev = "error" if i % 97 == 0 else "scored"
+        rows.append((f"s{i:07d}", "big", ("gsm8k", "workspace")[i % 2], f"c{i // 8}", "m", f"g{i // 8}", i % 4,
+                     json.dumps({"dataset": {"q": f"question {i}", "answer": str(i)}}), 4, "succeeded", 1,
+                     None if ev == "error" else float(i % 11), ev, "boom" if ev == "error" else f"expected {i}, got 0",
+                     None, None, None, 1.5 + i % 7, 1, now, now, now))
+    con.executemany("INSERT INTO job_environments (env_id, job_id, env_name, case_id, llm_model, group_id, "
+                    "sample_index, env_params, max_steps, status, attempts, reward, eval_status, eval_reason, "
+                    "eval_detail, result, error_text, duration_s, finished, created_at, started_at, finished_at) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+    msg = json.dumps([{"role": "user", "content": "question"}])
+    resp = json.dumps({"choices": [{"message": {"role": "assistant", "content": "0"}, "finish_reason": "stop"}]})
+    step_rows = [(f"r{i}-{k}", f"s{i:07d}", k, k, ("gsm8k", "workspace")[i % 2], "m", f"g{i // 8}", "big",
+                  "chat.completions", 0, "ok", 200, msg, "{}", resp, "stop", 50, 5, 55, 12.0, None, k == steps, 0, k == steps,
+                  1, now)
+                 for i in range(sessions) for k in range(1, steps + 1)]
+    con.executemany("INSERT INTO session_steps (record_id, session_id, seq, step_id, env_name, llm_model, group_id, "
+                    "job_id, endpoint, is_stream, status, status_code, messages, request, response, finish_reason, "
+                    "prompt_tokens, completion_tokens, total_tokens, latency_ms, ttft_ms, is_terminal, "
+                    "is_truncated, is_session_completed, is_trainable, created_at) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    step_rows)
+    con.commit()
+    con.close()
+
+
+PAGES = {
+    "job list": "/",
+    "job page": "/jobs/big",
+    "sessions p1": "/jobs/big/sessions",
+    "filtered": "/jobs/big/sessions?env=workspace&eval=error",
+    "by score": "/jobs/big/sessions?sort=score",
+    "last page": None,  # set from the session count
+    "session": "/sessions/s0000042",
+    "group": "/groups/g5",
+}
+
+
+async def time_pages(db: Path, repeat: int) -> dict[str, tuple[float, float]]:
+    engine, queries = await open_queries(f"sqlite://{db}")
+    app = create_app(queries, HiddenFields(Path("env")))
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://v") as client:
+            for name, path in PAGES.items():
+                times = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    r = await client.get(str(path))
+                    times.append(time.perf_counter() - t0)
+                    if r.status_code != 200:
+                        raise SystemExit(f"{path}: HTTP {r.status_code}")
+                out[name] = (times[0] * 1000, min(times[1:] or times) * 1000)
+    finally:
+        await engine.dispose()
+    return out
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sessions", type=int, default=100_000)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    PAGES["last page"] = f"/jobs/big/sessions?page={(args.sessions + 49) // 50}"
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.db"
+        store = Store(f"sqlite://{db}")
+        await store.init()
+        await store.close()
+        t0 = time.perf_counter()
+        build(db, args.sessions, args.steps)
+        print(f"built {args.sessions} sessions x {args.steps} steps in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        before = await time_pages(db, args.repeat)
+        engine, queries = await open_queries(f"sqlite://{db}")
+        t0 = time.perf_counter()
+        made = await queries.ensure_indexes()
+        made_s = time.perf_counter() - t0
+        await engine.dispose()
+        after = await time_pages(db, args.repeat)
+    print(f"{args.sessions} sessions, {args.steps} steps each; indexes {', '.join(made)} built in {made_s:.2f} s")
+    print("first: the first request (the job's summary not cached yet); again: best of the others")
+    print(f"{'page':<14}{'no index, first':>17}{'indexed, first':>16}{'ratio':>7}{'indexed, again':>16}")
+    for name in PAGES:
+        b, a = before[name][0], after[name][0]
+        print(f"{name:<14}{b:>14.1f} ms{a:>13.1f} ms{b / a:>7.2f}{after[name][1]:>13.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,68 @@
+"""Strict JSON toward the client: the one rule for non-finite numbers an upstream sends.
+
+``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259 section 6), yet Python-based
+servers emit them (in logprobs, typically). The gateway replaces each by ``null``, in
+non-streamed bodies and in SSE events alike, on every protocol, and records exactly what the
+client got (``meta_json.non_finite_numbers`` counts the replacements). Why ``null``: see
+docs/gateway-semantics.md, "Strict JSON".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from gateway.sse import SSEEvent
+
+_LINE = re.compile(rb"\r\n|\r|\n")
+
+
+def loads_strict(text: str | bytes) -> tuple[Any, int]:
+    """``json.loads(text)`` with every ``NaN``/``Infinity``/``-Infinity`` read as None; returns the
+    value and how many were replaced. Raises ValueError for text that is not JSON."""
+    replaced = 0
+
+    def _null(_name: str) -> None:
+        nonlocal replaced
+        replaced += 1
+
+    return json.loads(text, parse_constant=_null), replaced
+
+
+def compact(obj: Any) -> str:
+    """Compact strict JSON text (no spaces, UTF-8 kept)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def may_hold_non_finite(raw: bytes) -> bool:
+    """A cheap pre-check: False when ``raw`` certainly holds no non-finite number."""
+    return b"NaN" in raw or b"Infinity" in raw
+
+
+def strict_event(ev: SSEEvent) -> tuple[SSEEvent, int]:
+    """``ev`` with its JSON data made strict (the event block rebuilt with one ``data:`` line where
+    its first one was, every other line kept), and the number of replacements; ``ev`` itself
+    when there is nothing to replace (or its data is not JSON)."""
+    if not may_hold_non_finite(ev.raw):
+        return ev, 0
+    try:
+        obj, replaced = loads_strict(ev.data)
+    except ValueError:
+        return ev, 0
+    if not replaced:
+        return ev, 0
+    data = compact(obj)
+    lines: list[bytes] = []
+    data_written = False
+    for line in _LINE.split(ev.raw):
+        if not line:
+            continue
+        if line.startswith(b"data") and (len(line) == 4 or line[4:5] == b":"):
+            if not data_written:
+                lines.append(b"data: " + data.encode("utf-8"))
+                data_written = True
+            continue
+        lines.append(line)
+    raw = b"\n".join(lines) + b"\n\n"
+    return SSEEvent(event=ev.event, data=data, id=ev.id, retry=ev.retry, raw=raw), replaced

@@ -1,0 +1,129 @@
+"""The gateway's routes other than model calls: health, readiness, metrics, the model list (as
+OpenAI's "List models"), and session status and close."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.errors import GatewayError
+from gateway.state import GatewayState
+from gateway.wire import CloseSessionRequest, check_session_id
+
+
+def _gw(request: Request) -> GatewayState:
+    gw: GatewayState = request.app.state.gw
+    return gw
+
+
+def _model_object(key: str) -> dict[str, object]:
+    """A route key as an OpenAI model object (API reference, "The model object")."""
+    return {"id": key, "object": "model", "created": 0, "owned_by": "gateway"}
+
+
+def _model_list(request: Request) -> dict[str, object]:
+    return {"object": "list", "data": [_model_object(key) for key in _gw(request).settings.llm_routes]}
+
+
+def _model(request: Request, model: str) -> dict[str, object]:
+    if model not in _gw(request).settings.llm_routes:
+        raise GatewayError(404, f"The model `{model}` does not exist (no such route)", code="model_not_found",
+                           param="model")
+    return _model_object(model)
+
+
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+async def readyz(request: Request) -> JSONResponse:
+    """Ready when the store answers (and, with ``?route=KEY``, that route's upstream); names the
+    database so a launcher can check it is its own."""
+    g = _gw(request)
+    body = {"status": "ready", "storage_type": g.store.kind, "db_url": g.store.identity(),
+            "max_steps": g.settings.max_steps, "routes": sorted(g.settings.llm_routes),
+            "base_session_path": g.settings.base_session_path, "telemetry_mode": g.settings.telemetry.mode}
+    try:
+        await g.store.ping()
+    except Exception as e:
+        body.update(status="unavailable", error=f"{type(e).__name__}: {e}")
+        return JSONResponse(body, status_code=503)
+    route = request.query_params.get("route")  # ?route=KEY: is that route's upstream up too?
+    if route is not None and route in g.settings.llm_routes:
+        why = await g.upstream.probe(route)
+        if why is not None:
+            body.update(status="unavailable", error=why)
+            return JSONResponse(body, status_code=503)
+    return JSONResponse(body)
+
+
+async def metrics(request: Request) -> Response:
+    g = _gw(request)
+    for key, n in g.upstream.in_flight.items():
+        g.metrics.in_flight.labels(key).set(n)
+    return Response(g.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def models(request: Request) -> dict[str, object]:
+    """The route keys, in OpenAI's "List models" shape (what ``client.models.list()`` reads)."""
+    return _model_list(request)
+
+
+async def session_models(session_id: str, request: Request) -> dict[str, object]:
+    """``GET /v1/models`` for a client whose base URL is a session URL."""
+    return _model_list(request)
+
+
+async def model(model: str, request: Request) -> dict[str, object]:
+    """One route key as an OpenAI model object (``client.models.retrieve(key)``); 404 otherwise."""
+    return _model(request, model)
+
+
+async def session_model(session_id: str, model: str, request: Request) -> dict[str, object]:
+    """``GET /v1/models/{model}`` for a client whose base URL is a session URL."""
+    return _model(request, model)
+
+
+async def session_status(session_id: str, request: Request) -> dict[str, object]:
+    st = await _gw(request).sessions.get(check_session_id(session_id))
+    if st is None:
+        raise GatewayError(404, f"unknown session {session_id}", code="session_not_found")
+    return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
+            "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
+            "step_counts": st.step_counts or {}, "close_reason": st.close_reason,
+            "completion_mode": st.completion_mode}
+
+
+async def close_session(session_id: str, request: Request) -> dict[str, object]:
+    """Close a session. Answers once every call of the session in flight has been recorded
+    (strict telemetry: committed), waiting at most ``close_grace_s``; calls still running then
+    are recorded later as ``after_close`` steps (see ``SessionManager.close``)."""
+    check_session_id(session_id)
+    g = _gw(request)
+    raw = await request.body()
+    try:
+        req = CloseSessionRequest.model_validate_json(raw) if raw.strip() else CloseSessionRequest()
+    except ValueError as e:
+        raise GatewayError(400, f"invalid close request: {e}") from None
+    snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode, g.settings.close_grace_s)
+    # dropped from memory once the closed state is stored (best_effort: never if that fails, so
+    # the session stays closed in memory instead of reloading from the store as active)
+    await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
+    return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
+            "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode}
+
+
+def build_router(session_path: str) -> APIRouter:
+    """The routes, with session routes under ``session_path`` (e.g. ``/v1/sessions``)."""
+    r = APIRouter()
+    sp = session_path
+    r.add_api_route("/healthz", healthz, methods=["GET"])
+    r.add_api_route("/readyz", readyz, methods=["GET"])
+    r.add_api_route("/metrics", metrics, methods=["GET"])
+    r.add_api_route("/v1/models", models, methods=["GET"])
+    r.add_api_route(sp + "/{session_id}/models", session_models, methods=["GET"])
+    r.add_api_route("/v1/models/{model:path}", model, methods=["GET"])
+    r.add_api_route(sp + "/{session_id}/models/{model:path}", session_model, methods=["GET"])
+    r.add_api_route(sp + "/{session_id}", session_status, methods=["GET"])
+    r.add_api_route(sp + "/{session_id}/close", close_session, methods=["POST"])
+    return r

@@ -1,0 +1,266 @@
+"""How an attempt of a session ended, and what the launcher does about it.
+
+``classify`` turns what an attempt left behind (the runtime's outcome, the gateway's close answer,
+the recorded steps) into an ``AttemptEnd``: a model/task outcome (final, graded, never retried) or
+an infrastructure failure (retried by ``RetryPolicy``; never graded). ``CircuitBreaker`` stops
+new attempts while infrastructure failures dominate, probes the gateway with backoff, and either
+lets work resume or gives up. The rules are explained in ``docs/outcomes.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger(__name__)
+
+InfraClass = Literal["setup_failed", "runtime_crashed", "gateway_unreachable", "upstream_unavailable",
+                     "launcher_error"]
+TaskOutcome = Literal["succeeded", "failed", "truncated", "timeout", "limit_exceeded", "runtime_error"]
+
+INFRA_CLASSES: frozenset[str] = frozenset(InfraClass.__args__)  # type: ignore[attr-defined]
+TASK_OUTCOMES: frozenset[str] = frozenset(TaskOutcome.__args__)  # type: ignore[attr-defined]
+DEFAULT_RETRY_ON: frozenset[str] = INFRA_CLASSES - {"launcher_error"}
+"""Infrastructure classes retried by default: a launcher bug would repeat, so it is not."""
+GATEWAY_CLASSES: frozenset[str] = frozenset({"gateway_unreachable", "upstream_unavailable"})
+"""Failures a gateway probe can confirm: one of them makes the breaker probe at once."""
+INFRA_EVAL_STATUS = "infra_error"
+"""``eval_status`` of a session whose last attempt was an infrastructure failure (reward NULL)."""
+_UNAVAILABLE_CODES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt ended: ``outcome`` (a ``TaskOutcome`` or an ``InfraClass``), whether it is
+    an infrastructure failure, and why (None for a plain success)."""
+
+    outcome: str
+    infra: bool
+    reason: str | None = None
+
+
+def _upstream_failed(step: Any) -> bool:
+    """A recorded step whose call did not reach a working model: the upstream answered 429/5xx or
+    could not be connected (no status code) after the gateway's own retries."""
+    if step.status == "ok":
+        return False
+    meta = step.meta_json or {}
+    return bool(meta.get("budget_refunded")) or step.status_code in _UNAVAILABLE_CODES or (
+        step.status == "error" and step.status_code is None)
+
+
+def classify(status: str, *, setup_failed: bool = False, limit_exceeded: str | None = None,
+             error_class: str | None = None, error_text: str | None = None, close_error: str | None = None,
+             steps: Sequence[Any] = ()) -> AttemptEnd:
+    """Classify one attempt (rules in order; ``status`` is the runtime status after the gateway's
+    truncation: succeeded | failed | truncated | timeout | error).
+
+    1. ``setup_failed`` (the runtime never started, sandbox set-up included): ``setup_failed``.
+    2. timeout, succeeded, truncated, or a sandbox limit (memory, processes, output, disk) the
+       runtime exceeded (``limit_exceeded``): final task outcomes.
+    3. the launcher could not close the session (gateway down or 5xx: ``close_error``), or the
+       runtime reported ``error_class="gateway_unreachable"``: ``gateway_unreachable``.
+    4. the runtime reported ``upstream_unavailable``, or the last recorded step is an upstream
+       failure (429/5xx/connect error after the gateway's retries): ``upstream_unavailable``.
+    5. error (no valid result) with no model call answered: ``runtime_crashed``; after answered
+       calls: ``runtime_error`` (the agent's run broke: final, graded).
+    6. failed: final.
+    ``steps`` are the attempt's recorded ``SessionStep`` rows, in order."""
+    why = error_text or None
+    if setup_failed:
+        return AttemptEnd("setup_failed", True, why or "the runtime could not start")
+    if limit_exceeded:
+        return AttemptEnd("limit_exceeded", False, why or f"{limit_exceeded} limit exceeded")
+    if status in ("timeout", "succeeded", "truncated"):
+        return AttemptEnd(status, False, why if status != "succeeded" else None)
+    if close_error or error_class == "gateway_unreachable":
+        return AttemptEnd("gateway_unreachable", True, "; ".join(x for x in (why, close_error) if x)
+                          or "the gateway did not answer")
+    if error_class == "upstream_unavailable" or (steps and _upstream_failed(steps[-1])):
+        last = steps[-1] if steps else None
+        code = f" (last call: HTTP {last.status_code})" if last is not None and last.status_code else ""
+        return AttemptEnd("upstream_unavailable", True, (why or "the upstream did not answer") + code)
+    if status == "error":
+        answered = sum(1 for s in steps if s.status == "ok")
+        if answered == 0:
+            return AttemptEnd("runtime_crashed", True, why or "the runtime printed no result")
+        return AttemptEnd("runtime_error", False, why)
+    return AttemptEnd("failed", False, why)
+
+
+class RetryPolicy(BaseModel):
+    """Which infrastructure failures are retried, how often and after how long.
+
+    ``max_retries`` attempts after the first (per launcher run; ``--resume`` starts afresh).
+    The delay before retry ``r`` (1-based) is ``min(max_backoff_s, backoff_s * 2**(r-1))``
+    with equal jitter: uniformly in [d/2, d] ("exponential backoff and jitter", AWS Architecture
+    Blog, 2015). ``retry_on`` (default: every infrastructure class but ``launcher_error``) minus
+    ``no_retry_on``. Task outcomes are never retried."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_retries: int = Field(default=2, ge=0)
+    backoff_s: float = Field(default=1.0, ge=0)
+    max_backoff_s: float = Field(default=60.0, ge=0)
+    retry_on: frozenset[str] = DEFAULT_RETRY_ON
+    no_retry_on: frozenset[str] = frozenset()
+
+    def retries(self, outcome: str) -> bool:
+        """Whether an attempt that ended in ``outcome`` may be retried at all."""
+        return outcome in INFRA_CLASSES and outcome in self.retry_on and outcome not in self.no_retry_on
+
+    def delay_s(self, retry: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        d = min(self.max_backoff_s, self.backoff_s * 2 ** max(0, retry - 1))
+        return d / 2 + (rng or random).uniform(0, d / 2)
+
+
+def check_classes(names: Iterable[str], what: str) -> frozenset[str]:
+    """``names`` as a set of infrastructure classes; ValueError naming ``what`` and the valid
+    classes for any other name (a task outcome is never retried, so it is refused too)."""
+    out = frozenset(names)
+    bad = sorted(out - INFRA_CLASSES)
+    if bad:
+        raise ValueError(f"{what}: not infrastructure failure classes: {bad} (valid: {sorted(INFRA_CLASSES)})")
+    return out
+
+
+class BreakerSettings(BaseModel):
+    """When the circuit breaker opens and how it probes. Over the last ``window`` attempt ends, it
+    opens when at least ``min_failures`` were infrastructure failures and they are at least
+    ``threshold`` (0..1] of the window's entries. Open, it probes every ``probe_s`` seconds at
+    first, doubling up to ``max_probe_s``, and gives up (the job stops, resumable) after
+    ``max_wait_s`` seconds without an answer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: int = Field(default=20, ge=1)
+    min_failures: int = Field(default=5, ge=1)
+    threshold: float = Field(default=0.5, gt=0, le=1)
+    probe_s: float = Field(default=0.5, gt=0)
+    max_probe_s: float = Field(default=15.0, gt=0)
+    max_wait_s: float = Field(default=300.0, gt=0)
+
+
+class BreakerEvent(BaseModel):
+    """One change of the breaker: ``state`` open | closed | stopped, why, and how many
+    infrastructure failures were in the window (open) or how long it was open (closed/stopped)."""
+
+    state: Literal["open", "closed", "stopped"]
+    reason: str
+    at: float = Field(default_factory=time.time)
+
+
+Probe = Callable[[], Awaitable[str | None]]
+"""A readiness check: None when the gateway (and upstream) answer, else why not."""
+
+
+class CircuitBreaker:
+    """Gates the start of attempts. ``record(infra)`` feeds the sliding window; ``suspect()``
+    (after a gateway/upstream failure) probes once at once and opens on a failed probe.
+    ``wait_ready()`` returns True when attempts may start, False once the breaker gave up.
+    ``events`` lists every change; ``on_event`` is called with each."""
+
+    def __init__(self, settings: BreakerSettings, probe: Probe,
+                 on_event: Callable[[BreakerEvent], None] | None = None) -> None:
+        self.settings = settings
+        self._probe = probe
+        self._on_event = on_event
+        self._window: deque[bool] = deque(maxlen=settings.window)
+        self._ready = asyncio.Event()
+        self._ready.set()
+        self.state: Literal["closed", "checking", "open", "stopped"] = "closed"
+        self.events: list[BreakerEvent] = []
+        self.stop_reason: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def _emit(self, state: Literal["open", "closed", "stopped"], reason: str) -> None:
+        ev = BreakerEvent(state=state, reason=reason)
+        self.events.append(ev)
+        log.warning("circuit breaker %s: %s", state, reason)
+        if self._on_event:
+            self._on_event(ev)
+
+    def record(self, infra: bool) -> None:
+        """Add one attempt end to the window; opens the breaker when infrastructure failures
+        dominate it."""
+        self._window.append(infra)
+        n = sum(self._window)
+        s = self.settings
+        if self.state in ("closed", "checking") and n >= s.min_failures and n / len(self._window) >= s.threshold:
+            self._open(f"{n} of the last {len(self._window)} attempts were infrastructure failures")
+
+    def suspect(self) -> None:
+        """Probe at once (attempts wait for the answer); a failed probe opens the breaker."""
+        if self.state != "closed":
+            return
+        self.state = "checking"
+        self._ready.clear()
+        self._start(self._check())
+
+    def _start(self, coro: Any) -> None:
+        if self._task is not None and self._task is not asyncio.current_task() and not self._task.done():
+            self._task.cancel()
+        self._task = asyncio.create_task(coro, name="circuit-breaker")
+
+    async def _check(self) -> None:
+        why = await self._probe()
+        if self.state != "checking":
+            return
+        if why is None:
+            self.state = "closed"
+            self._ready.set()
+        else:
+            self._open(f"the gateway probe failed: {why}", probed=True)
+
+    def _open(self, reason: str, probed: bool = False) -> None:
+        self.state = "open"
+        self._ready.clear()
+        self._emit("open", reason)
+        self._start(self._probe_loop(first_delay=probed))
+
+    async def _probe_loop(self, first_delay: bool) -> None:
+        s = self.settings
+        t0 = time.monotonic()
+        delay = s.probe_s
+        why = "not probed yet"
+        if first_delay:
+            await asyncio.sleep(delay)
+            delay = min(s.max_probe_s, delay * 2)
+        while True:
+            why = await self._probe() or ""
+            if not why:
+                self._window.clear()
+                self.state = "closed"
+                self._emit("closed", f"the gateway answers again after {time.monotonic() - t0:.1f} s")
+                self._ready.set()
+                return
+            waited = time.monotonic() - t0
+            if waited >= s.max_wait_s:
+                self.stop_reason = (f"the gateway or its upstream did not answer for {waited:.0f} s "
+                                    f"(last probe: {why})")
+                self.state = "stopped"
+                self._emit("stopped", self.stop_reason)
+                self._ready.set()
+                return
+            await asyncio.sleep(min(delay, max(0.0, s.max_wait_s - waited)))
+            delay = min(s.max_probe_s, delay * 2)
+
+    async def wait_ready(self) -> bool:
+        """Wait until attempts may start (True) or the breaker gave up (False)."""
+        await self._ready.wait()
+        return self.state != "stopped"
+
+    async def aclose(self) -> None:
+        """Stop probing."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

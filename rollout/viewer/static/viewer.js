@@ -1,0 +1,20 @@
+// Live pages: while a job or session runs, poll its progress (read-only JSON) and reload the page
+// when it changes (every 2 s; 10 s for big jobs). Stops once the job or session has finished.
+(function () {
+  const url = document.body.dataset.liveUrl;
+  if (!url) return;
+  const badge = document.getElementById("live");
+  if (badge) badge.hidden = false;
+  let last = null;
+  async function poll() {
+    try {
+      const r = await fetch(url, { cache: "no-store" });
+      if (!r.ok) return;
+      const text = await r.text();
+      if (last !== null && text !== last) { location.reload(); return; }
+      last = text;
+    } catch (e) { /* the viewer restarted: try again at the next tick */ }
+    setTimeout(poll, Number(document.body.dataset.liveEvery) || 2000);
+  }
+  poll();
+})();

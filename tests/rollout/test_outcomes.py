@@ -1,0 +1,160 @@
+"""Unit tests of ``rollout.outcomes``: the classification rules, the retry policy's backoff and
+the circuit breaker (driven by a scripted probe; every wait is on an event, never on a clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from rollout.outcomes import (
+    DEFAULT_RETRY_ON,
+    INFRA_CLASSES,
+    BreakerEvent,
+    BreakerSettings,
+    CircuitBreaker,
+    RetryPolicy,
+    check_classes,
+    classify,
+)
+
+
+@dataclass
+class Step:
+    status: str = "ok"
+    status_code: int | None = 200
+    meta_json: dict[str, Any] | None = field(default=None)
+
+
+def test_task_outcomes_are_final() -> None:
+    for status in ("succeeded", "truncated", "timeout"):
+        end = classify(status, steps=[Step()])
+        assert (end.outcome, end.infra) == (status, False)
+    # a success stays a success even when the gateway died right after (its steps were committed)
+    assert classify("succeeded", close_error="closing failed").outcome == "succeeded"
+    # a timeout is final even with no call answered
+    assert classify("timeout", error_text="timed out").outcome == "timeout"
+    end = classify("failed", error_text="no answer file", steps=[Step()])
+    assert (end.outcome, end.infra, end.reason) == ("failed", False, "no answer file")
+    # the runtime broke after the model answered: the agent's run, graded, never retried
+    end = classify("error", error_text="Traceback", steps=[Step(), Step()])
+    assert (end.outcome, end.infra) == ("runtime_error", False)
+    # a 4xx the model's request caused (e.g. context too long) is the agent's failure
+    assert classify("failed", steps=[Step("error", 400)]).outcome == "failed"
+
+
+def test_infrastructure_failures() -> None:
+    end = classify("error", setup_failed=True, error_text="cannot start runtime: No such file")
+    assert (end.outcome, end.infra, end.reason) == ("setup_failed", True, "cannot start runtime: No such file")
+    assert classify("error", steps=[]).outcome == "runtime_crashed"
+    # crashed after calls that all failed: no model call was answered
+    assert classify("error", steps=[Step("error", 400)]).outcome == "runtime_crashed"
+    end = classify("failed", error_text="APIConnectionError", close_error="closing failed: ConnectError")
+    assert (end.outcome, end.infra) == ("gateway_unreachable", True)
+    assert end.reason == "APIConnectionError; closing failed: ConnectError"
+    assert classify("failed", error_class="gateway_unreachable", steps=[Step()]).outcome == "gateway_unreachable"
+    assert classify("failed", error_class="upstream_unavailable").outcome == "upstream_unavailable"
+    # the gateway's own record shows the upstream was down after its retries
+    for last in (Step("error", 503), Step("error", 429), Step("error", None),
+                 Step("error", 502, {"budget_refunded": True})):
+        end = classify("failed", error_text="InternalServerError", steps=[Step(), last])
+        assert (end.outcome, end.infra) == ("upstream_unavailable", True), last
+    assert "(last call: HTTP 503)" in (classify("error", steps=[Step("error", 503)]).reason or "")
+
+
+def test_retry_policy() -> None:
+    p = RetryPolicy(max_retries=3, backoff_s=2.0, max_backoff_s=5.0)
+    rng = random.Random(7)
+    delays = [[p.delay_s(r, rng) for r in (1, 2, 3)] for _ in range(200)]
+    for d1, d2, d3 in delays:
+        assert 1.0 <= d1 <= 2.0 and 2.0 <= d2 <= 4.0 and 2.5 <= d3 <= 5.0  # doubled, capped, equal jitter
+    assert len({round(d[0], 6) for d in delays}) > 100  # jittered, not a constant
+    assert RetryPolicy(backoff_s=0).delay_s(3) == 0.0
+    assert p.retries("gateway_unreachable") and p.retries("runtime_crashed")
+    assert not p.retries("launcher_error")  # a launcher bug would repeat
+    assert not any(p.retries(o) for o in ("succeeded", "failed", "truncated", "timeout", "runtime_error"))
+    q = RetryPolicy(retry_on=INFRA_CLASSES, no_retry_on=frozenset({"setup_failed"}))
+    assert q.retries("launcher_error") and not q.retries("setup_failed")
+    assert DEFAULT_RETRY_ON == INFRA_CLASSES - {"launcher_error"}
+    with pytest.raises(ValueError, match=r"not infrastructure failure classes: \['failed', 'gateway_down'\]"):
+        check_classes(["gateway_down", "failed", "setup_failed"], "retry_on")
+    with pytest.raises(ValidationError):
+        RetryPolicy(max_retries=-1)
+
+
+class Probe:
+    """A probe whose answers the test hands out one by one (None = ready, else why not)."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[str | None] = asyncio.Queue()
+        self.calls = 0
+
+    async def __call__(self) -> str | None:
+        self.calls += 1
+        return await self.answers.get()
+
+
+FAST = BreakerSettings(window=4, min_failures=3, threshold=0.75, probe_s=0.001, max_probe_s=0.002, max_wait_s=60)
+
+
+async def test_breaker_opens_when_infra_dominates_and_closes_when_the_probe_answers() -> None:
+    probe = Probe()
+    events: list[BreakerEvent] = []
+    b = CircuitBreaker(FAST, probe, events.append)
+    for infra in (True, False, True):
+        b.record(infra)
+    assert b.state == "closed" and await b.wait_ready()  # 2 of 3: below min_failures
+    b.record(True)  # 3 of 4 = 0.75
+    assert b.state == "open" and events[0].state == "open"
+    assert events[0].reason == "3 of the last 4 attempts were infrastructure failures"
+    waiter = asyncio.create_task(b.wait_ready())
+    probe.answers.put_nowait("connection refused")
+    probe.answers.put_nowait("connection refused")
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    probe.answers.put_nowait(None)
+    assert await asyncio.wait_for(waiter, 30) is True
+    assert b.state == "closed" and [e.state for e in events] == ["open", "closed"]
+    assert probe.calls == 3
+    b.record(True)  # the window was reset when it closed: one failure does not reopen it
+    assert b.state == "closed"
+    await b.aclose()
+
+
+async def test_breaker_suspect_probes_once_and_opens_on_failure() -> None:
+    probe = Probe()
+    events: list[BreakerEvent] = []
+    b = CircuitBreaker(FAST, probe, events.append)
+    b.suspect()
+    waiter = asyncio.create_task(b.wait_ready())
+    probe.answers.put_nowait(None)  # the gateway answers: no event, attempts go on
+    assert await asyncio.wait_for(waiter, 30) is True and events == [] and b.state == "closed"
+    b.suspect()
+    probe.answers.put_nowait("HTTP 503")
+    waiter = asyncio.create_task(b.wait_ready())
+    for _ in range(10_000):  # the probe answers on the loop: yield until it did
+        if b.state == "open":
+            break
+        await asyncio.sleep(0)
+    assert b.state == "open" and events[0].reason == "the gateway probe failed: HTTP 503"
+    probe.answers.put_nowait(None)
+    assert await asyncio.wait_for(waiter, 30) is True
+    assert [e.state for e in events] == ["open", "closed"]
+    await b.aclose()
+
+
+async def test_breaker_gives_up_after_max_wait() -> None:
+    async def down() -> str:
+        return "connection refused"
+
+    events: list[BreakerEvent] = []
+    b = CircuitBreaker(FAST.model_copy(update={"max_wait_s": 0.01}), down, events.append)
+    b.suspect()
+    assert await asyncio.wait_for(b.wait_ready(), 30) is False
+    assert b.state == "stopped" and [e.state for e in events] == ["open", "stopped"]
+    assert b.stop_reason is not None and "(last probe: connection refused)" in b.stop_reason
+    await b.aclose()

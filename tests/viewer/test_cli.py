@@ -1,0 +1,30 @@
+"""``launcher.py view`` and ``launcher.py report`` refuse what they cannot read, with a clear
+message and exit code 1, and create nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.viewer.conftest import REPO, launcher_env
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "launcher.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, env=launcher_env(), timeout=120)
+
+
+def test_view_and_report_without_a_store(tmp_path: Path) -> None:
+    missing = tmp_path / "none.db"
+    view = run("view", "--db-path", f"sqlite://{missing}", "--port", "0", cwd=tmp_path)
+    assert view.returncode == 1 and f"no trajectory store at {missing}" in view.stderr
+    report = run("report", "--job-id", "j", "--db-path", "mysql://h/db", cwd=tmp_path)
+    assert report.returncode == 1 and "unsupported storage URL" in report.stderr
+    assert not missing.exists() and not (tmp_path / "runs").exists()
+
+
+def test_view_needs_known_flags(tmp_path: Path) -> None:
+    bad = run("view", "--bogus", cwd=tmp_path)
+    assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
+    assert run("report", cwd=tmp_path).returncode == 2  # --job-id is required
