@@ -104,7 +104,7 @@ def evaluate(request, spec, trajectory):
 
 
 # (expression returned by the evaluator, expected status, expected committed score, raw_repr)
-F18_CASES = [
+SCORE_RULE_CASES = [
     ("float('nan')", "invalid_reward", 0.0, "nan"),
     ("float('inf')", "invalid_reward", 0.0, "inf"),
     ("float('-inf')", "invalid_reward", 0.0, "-inf"),

@@ -23,8 +23,8 @@ from rollout.evaluation import EvalOutcome, abandoned_thread_count, build_eval_s
 from rollout.protocol import Trajectory
 from tests.rollout.evaluator_helpers import (
     BUSY_LOOP,
-    F18_CASES,
     FAST,
+    SCORE_RULE_CASES,
     SLEEP_FOREVER,
     evaluate_file,
     make_request,
@@ -82,8 +82,8 @@ def test_build_eval_spec(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("expr, status, score, raw", F18_CASES, ids=[c[0] for c in F18_CASES])
-async def test_f18_values_through_an_evaluator(
+@pytest.mark.parametrize("expr, status, score, raw", SCORE_RULE_CASES, ids=[c[0] for c in SCORE_RULE_CASES])
+async def test_score_rule_values_through_an_evaluator(
     tmp_path: Path, expr: str, status: str, score: float, raw: str | None
 ) -> None:
     if "numpy" in expr:

@@ -9,11 +9,11 @@ from fractions import Fraction
 import pytest
 
 from rollout.scoring import normalize_score
-from tests.rollout.evaluator_helpers import F18_CASES
+from tests.rollout.evaluator_helpers import SCORE_RULE_CASES
 
 
-@pytest.mark.parametrize("expr, status, score, raw", F18_CASES, ids=[c[0] for c in F18_CASES])
-def test_f18_values_normalize_score(expr: str, status: str, score: float, raw: str | None) -> None:
+@pytest.mark.parametrize("expr, status, score, raw", SCORE_RULE_CASES, ids=[c[0] for c in SCORE_RULE_CASES])
+def test_score_rule_values_normalize_score(expr: str, status: str, score: float, raw: str | None) -> None:
     namespace: dict[str, object] = {"Decimal": Decimal}
     if "numpy" in expr:
         namespace["numpy"] = pytest.importorskip("numpy")
