@@ -69,6 +69,25 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
+def drop_escaping_links(workspace: Path) -> list[str]:
+    """Delete every symlink under ``workspace`` whose target, resolved on this host, leaves it
+    (absolute links included: their target is a sandbox path), so the evaluator, which runs on
+    the host, never reads through a link a runtime planted (e.g. to the case's expected.json).
+    Returns the removed links as ``"<path>: link to <target>"``, relative to ``workspace``."""
+    real_root = os.path.realpath(workspace)
+    removed: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(workspace, followlinks=False):
+        for name in [*filenames, *dirnames]:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                continue
+            target = os.readlink(path)
+            if os.path.isabs(target) or not _inside(real_root, os.path.realpath(path)):
+                os.unlink(path)
+                removed.append(f"{os.path.relpath(path, workspace)}: link to {target}")
+    return removed
+
+
 def _raise(e: OSError) -> None:
     raise e
 
