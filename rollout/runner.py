@@ -99,8 +99,9 @@ def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
 
 
 def disk_used(folder: Path, stop_above: int | None = None) -> int:
-    """Total size in bytes of the regular files under ``folder`` (symlinks not followed); the
-    walk stops once the total is above ``stop_above``."""
+    """Bytes used under ``folder``: the size of each regular file plus the blocks of every other
+    entry (folders, links, ...: a runtime must not fill the disk with empty folders); symlinks
+    are not followed. The walk stops once the total is above ``stop_above``."""
     total, stack = 0, [str(folder)]
     while stack:
         try:
@@ -109,10 +110,13 @@ def disk_used(folder: Path, stop_above: int | None = None) -> int:
             continue
         for e in entries:
             try:
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-                elif e.is_file(follow_symlinks=False):
-                    total += e.stat(follow_symlinks=False).st_size
+                st = e.stat(follow_symlinks=False)
+                if e.is_file(follow_symlinks=False):
+                    total += st.st_size
+                else:
+                    total += st.st_blocks * 512
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
             except OSError:
                 continue
             if stop_above is not None and total > stop_above:
