@@ -35,7 +35,7 @@ from rollout.sandbox import (
     inside_url,
     probe,
 )
-from rollout.workspace_archive import drop_escaping_links
+from rollout.workspace_archive import drop_unsafe_entries
 
 MiB = 1024 * 1024
 CODE_ROOT = Path(rollout.protocol.__file__).resolve().parents[1]
@@ -160,17 +160,17 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
     env says ``none``). Its variables: ``pass_env`` names copied from this process, then the env's
     ``runtime.env``, then ``extra_env`` (the scheduler's: the gateway key as ``OPENAI_API_KEY``),
-    then the session's (``session_env``). Afterwards, links in ``workspace`` that leave it are
-    deleted (``drop_escaping_links``) so the evaluator cannot be pointed at host files. Never
+    then the session's (``session_env``). Afterwards, links leaving ``workspace``, FIFOs and
+    sockets in it are deleted (``drop_unsafe_entries``) so the evaluator cannot be pointed at host files. Never
     raises except CancelledError."""
     out = await _run_runtime(cfg, request, workspace, extra_env, job_mode)
     try:
-        removed = await asyncio.to_thread(drop_escaping_links, workspace)
+        removed = await asyncio.to_thread(drop_unsafe_entries, workspace)
     except OSError as e:
         return out.model_copy(update={"status": "error", "result": None,
                                       "error_text": f"workspace cannot be checked for links: {e}"})
     if removed:
-        log.warning("session %s: removed %d link(s) leaving the workspace before grading: %s",
+        log.warning("session %s: removed %d link(s) leaving the workspace or fifo(s) before grading: %s",
                     request.session_id, len(removed), "; ".join(removed[:5]))
     return out
 

@@ -69,22 +69,26 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
-def drop_escaping_links(workspace: Path) -> list[str]:
-    """Delete every symlink under ``workspace`` whose target, resolved on this host, leaves it
-    (absolute links included: their target is a sandbox path), so the evaluator, which runs on
-    the host, never reads through a link a runtime planted (e.g. to the case's expected.json).
-    Returns the removed links as ``"<path>: link to <target>"``, relative to ``workspace``."""
+def drop_unsafe_entries(workspace: Path) -> list[str]:
+    """Delete what under ``workspace`` the evaluator, which runs on the host, must not open: every
+    symlink whose target, resolved on this host, leaves it (absolute links included: their
+    target is a sandbox path), e.g. one planted to the case's expected.json, and every FIFO or
+    socket (reading one blocks the evaluator). Returns what it removed, as
+    ``"<path>: link to <target>"`` or ``"<path>: fifo/socket"``, relative to ``workspace``."""
     real_root = os.path.realpath(workspace)
     removed: list[str] = []
     for dirpath, dirnames, filenames in os.walk(workspace, followlinks=False):
         for name in [*filenames, *dirnames]:
             path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                continue
-            target = os.readlink(path)
-            if os.path.isabs(target) or not _inside(real_root, os.path.realpath(path)):
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                target = os.readlink(path)
+                if os.path.isabs(target) or not _inside(real_root, os.path.realpath(path)):
+                    os.unlink(path)
+                    removed.append(f"{os.path.relpath(path, workspace)}: link to {target}")
+            elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
                 os.unlink(path)
-                removed.append(f"{os.path.relpath(path, workspace)}: link to {target}")
+                removed.append(f"{os.path.relpath(path, workspace)}: fifo/socket")
     return removed
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from env.workspace.rule_evaluator import load_answer
 from rollout.runner import run_runtime
-from rollout.workspace_archive import drop_escaping_links
+from rollout.workspace_archive import drop_unsafe_entries
 from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
 
 PLANT = r'''
@@ -41,10 +41,30 @@ async def test_links_leaving_the_workspace_are_removed_before_grading(tmp_path: 
     assert load_answer(str(ws)) == (None, "outputs/answer.json is missing")
 
 
-def test_drop_escaping_links_names_what_it_removed(tmp_path: Path) -> None:
+def test_drop_unsafe_entries_names_what_it_removed(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "up").symlink_to("../..")
     (tmp_path / "abs").symlink_to(tmp_path / "d")  # absolute, even to inside: a sandbox path, not this host's
     (tmp_path / "ok").symlink_to("d")
-    assert sorted(drop_escaping_links(tmp_path)) == ["abs: link to " + str(tmp_path / "d"), "d/up: link to ../.."]
+    assert sorted(drop_unsafe_entries(tmp_path)) == ["abs: link to " + str(tmp_path / "d"), "d/up: link to ../.."]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "ok"]
+
+
+FIFO = r'''
+import json, os, sys
+req = json.loads(sys.stdin.read())
+os.makedirs("outputs", exist_ok=True)
+os.mkfifo("outputs/answer.json")   # the evaluator's read would block until its timeout
+print(json.dumps({"session_id": req["session_id"], "status": "succeeded"}))
+'''
+
+
+async def test_a_fifo_left_in_the_workspace_is_removed_before_grading(tmp_path: Path) -> None:
+    require_bwrap()
+    cfg = make_env(tmp_path / "envs", "fifo", FIFO)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert out.status == "succeeded", out.stderr_tail
+    assert list((ws / "outputs").iterdir()) == []
+    assert load_answer(str(ws)) == (None, "outputs/answer.json is missing")
