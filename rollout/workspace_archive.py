@@ -77,11 +77,16 @@ def drop_unsafe_entries(workspace: Path) -> list[str]:
     ``"<path>: link to <target>"`` or ``"<path>: fifo/socket"``, relative to ``workspace``."""
     real_root = os.path.realpath(workspace)
     removed: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(workspace, followlinks=False):
-        for name in [*filenames, *dirnames]:
-            path = os.path.join(dirpath, name)
-            mode = os.lstat(path).st_mode
-            if stat.S_ISLNK(mode):
+    stack = [str(workspace)]  # an explicit stack: a runtime may nest folders deeper than recursion goes
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            entries = list(it)
+        for e in entries:
+            path = e.path
+            mode = e.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                stack.append(path)
+            elif stat.S_ISLNK(mode):
                 target = os.readlink(path)
                 if os.path.isabs(target) or not _inside(real_root, os.path.realpath(path)):
                     os.unlink(path)

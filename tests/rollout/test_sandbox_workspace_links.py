@@ -68,3 +68,13 @@ async def test_a_fifo_left_in_the_workspace_is_removed_before_grading(tmp_path: 
     assert out.status == "succeeded", out.stderr_tail
     assert list((ws / "outputs").iterdir()) == []
     assert load_answer(str(ws)) == (None, "outputs/answer.json is missing")
+
+
+def test_drop_unsafe_entries_walks_folders_nested_deeper_than_recursion(tmp_path: Path) -> None:
+    deep = tmp_path
+    for _ in range(1100):  # deeper than Python's default recursion limit (1000)
+        deep = deep / "a"
+        deep.mkdir()
+    (deep / "l").symlink_to("/etc/passwd")
+    assert drop_unsafe_entries(tmp_path) == ["a/" * 1100 + "l: link to /etc/passwd"]
+    assert not (deep / "l").is_symlink()
