@@ -181,7 +181,7 @@ def build_archive(workspace: Path, cfg: WorkspaceArchiveConfig) -> KeptWorkspace
     except _TooLarge as e:
         return KeptWorkspace(status="too_large", reason=f"final workspace not kept: {e}", paths=cfg.paths,
                              max_bytes=cfg.max_bytes, skipped=kept.skipped, missing=kept.missing)
-    except OSError as e:
+    except (OSError, RecursionError) as e:  # RecursionError: folders nested deeper than os.walk goes
         return KeptWorkspace(status="failed", reason=f"final workspace not kept: {type(e).__name__}: {e}",
                              paths=cfg.paths, max_bytes=cfg.max_bytes, skipped=kept.skipped, missing=kept.missing)
     kept.archive = buf.getvalue()
