@@ -120,9 +120,14 @@ def test_folders_nested_too_deep_are_not_kept_with_a_reason(tmp_path: Path) -> N
     for _ in range(1100):  # deeper than os.walk's recursion goes
         deep = deep / "a"
         deep.mkdir()
-    kept = build_archive(tmp_path, WorkspaceArchiveConfig())
-    assert (kept.status, kept.archive) == ("failed", None)
-    assert kept.reason is not None and kept.reason.startswith("final workspace not kept: RecursionError")
+    try:
+        kept = build_archive(tmp_path, WorkspaceArchiveConfig())
+        assert (kept.status, kept.archive) == ("failed", None)
+        assert kept.reason is not None and kept.reason.startswith("final workspace not kept: RecursionError")
+    finally:  # bottom-up: pytest's own clean-up of tmp_path recurses and would fail on this depth
+        while deep != tmp_path:
+            deep.rmdir()
+            deep = deep.parent
 
 
 def test_too_many_entries_and_disabled(tmp_path: Path) -> None:
