@@ -150,7 +150,10 @@ class GatewayBridge:
                         return
                     back = asyncio.create_task(_pump(up_r, writer))
                 out = h11.Connection(h11.CLIENT)
-                headers = [(k, self._host_header if k == b"host" else v) for k, v in request.headers]
+                # the gateway's Host, also for an HTTP/1.0 request that sent none (h11 needs one)
+                headers = [(b"host", self._host_header), *((k, v) for k, v in request.headers if k != b"host")]
+                if request.http_version == b"1.0":  # relayed as HTTP/1.1: the answer must end the connection
+                    headers = [(k, v) for k, v in headers if k != b"connection"] + [(b"connection", b"close")]
                 up_w.write(out.send(h11.Request(method=request.method, target=request.target,
                                                 headers=headers)) or b"")
                 while True:

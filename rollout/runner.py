@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import shlex
 import shutil
@@ -34,10 +35,13 @@ from rollout.sandbox import (
     inside_url,
     probe,
 )
+from rollout.workspace_archive import drop_unsafe_entries
 
 MiB = 1024 * 1024
 CODE_ROOT = Path(rollout.protocol.__file__).resolve().parents[1]
 """The project folder whose ``env/*.py`` and ``rollout/protocol.py`` runtimes import."""
+
+log = logging.getLogger("rollout.runner")
 
 
 @functools.cache
@@ -95,8 +99,9 @@ def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
 
 
 def disk_used(folder: Path, stop_above: int | None = None) -> int:
-    """Total size in bytes of the regular files under ``folder`` (symlinks not followed); the
-    walk stops once the total is above ``stop_above``."""
+    """Bytes used under ``folder``: the size of each regular file plus the blocks of every other
+    entry (folders, links, ...: a runtime must not fill the disk with empty folders); symlinks
+    are not followed. The walk stops once the total is above ``stop_above``."""
     total, stack = 0, [str(folder)]
     while stack:
         try:
@@ -105,10 +110,13 @@ def disk_used(folder: Path, stop_above: int | None = None) -> int:
             continue
         for e in entries:
             try:
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-                elif e.is_file(follow_symlinks=False):
-                    total += e.stat(follow_symlinks=False).st_size
+                st = e.stat(follow_symlinks=False)
+                if e.is_file(follow_symlinks=False):
+                    total += st.st_size
+                else:
+                    total += st.st_blocks * 512
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
             except OSError:
                 continue
             if stop_above is not None and total > stop_above:
@@ -152,7 +160,23 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
     env says ``none``). Its variables: ``pass_env`` names copied from this process, then the env's
     ``runtime.env``, then ``extra_env`` (the scheduler's: the gateway key as ``OPENAI_API_KEY``),
-    then the session's (``session_env``). Never raises except CancelledError."""
+    then the session's (``session_env``). Afterwards, links leaving ``workspace``, FIFOs and
+    sockets in it are deleted (``drop_unsafe_entries``) so the evaluator cannot be pointed at host files. Never
+    raises except CancelledError."""
+    out = await _run_runtime(cfg, request, workspace, extra_env, job_mode)
+    try:
+        removed = await asyncio.to_thread(drop_unsafe_entries, workspace)
+    except OSError as e:
+        return out.model_copy(update={"status": "error", "result": None,
+                                      "error_text": f"workspace cannot be checked for links: {e}"})
+    if removed:
+        log.warning("session %s: removed %d link(s) leaving the workspace or fifo(s) before grading: %s",
+                    request.session_id, len(removed), "; ".join(removed[:5]))
+    return out
+
+
+async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
+                       extra_env: dict[str, str], job_mode: str) -> RuntimeOutcome:
     extra = {**{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env, **extra_env}
     limits = cfg.runtime.limits
     if effective_mode(cfg, job_mode) == "none":

@@ -12,6 +12,7 @@ running gateway (``--gateway-base-url``), the environment variable :data:`GATEWA
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.util
 import logging
 import os
@@ -75,12 +76,22 @@ class ChildProcess:
             pass
 
 
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None  # resolved before any fork
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the launcher dies, even by SIGKILL (Linux)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> ChildProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     fh = log_path.open("wb")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent)
     fh.close()
     return ChildProcess(name, proc, log_path, url)
 

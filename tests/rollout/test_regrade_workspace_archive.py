@@ -115,6 +115,21 @@ def test_over_the_size_cap_nothing_is_kept_and_big_files_are_never_read(tmp_path
     assert build_archive(ws, WorkspaceArchiveConfig(paths=["small.txt"], max_bytes=1024)).status == "kept"
 
 
+def test_folders_nested_too_deep_are_not_kept_with_a_reason(tmp_path: Path) -> None:
+    deep = tmp_path
+    for _ in range(1100):  # deeper than os.walk's recursion goes
+        deep = deep / "a"
+        deep.mkdir()
+    try:
+        kept = build_archive(tmp_path, WorkspaceArchiveConfig())
+        assert (kept.status, kept.archive) == ("failed", None)
+        assert kept.reason is not None and kept.reason.startswith("final workspace not kept: RecursionError")
+    finally:  # bottom-up: pytest's own clean-up of tmp_path recurses and would fail on this depth
+        while deep != tmp_path:
+            deep.rmdir()
+            deep = deep.parent
+
+
 def test_too_many_entries_and_disabled(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

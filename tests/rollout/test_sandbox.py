@@ -165,8 +165,18 @@ def test_disk_used_counts_files_not_symlinks_and_stops_early(tmp_path: Path) -> 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "b").write_bytes(b"y" * 50)
     (tmp_path / "link").symlink_to("/usr/bin/env")
-    assert disk_used(tmp_path) == 150
-    assert disk_used(tmp_path, stop_above=10) in (50, 100, 150)
+    blocks = sum(os.lstat(tmp_path / n).st_blocks * 512 for n in ("d", "link"))
+    assert blocks >= 512  # the folder's own blocks count
+    assert disk_used(tmp_path) == 150 + blocks
+    assert disk_used(tmp_path, stop_above=10) <= 150 + blocks
+
+
+def test_disk_used_counts_empty_folders(tmp_path: Path) -> None:
+    for i in range(200):
+        (tmp_path / f"d{i}").mkdir()
+    per_folder = os.lstat(tmp_path / "d0").st_blocks * 512
+    assert per_folder > 0
+    assert disk_used(tmp_path) == 200 * per_folder
 
 
 MOUNTINFO = """\

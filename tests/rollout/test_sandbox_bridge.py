@@ -89,3 +89,20 @@ async def test_bridge_answers_malformed_requests_with_400(tmp_path: Path) -> Non
     assert head.startswith(b"HTTP/1.1 400 ")
     assert json.loads(body)["error"]["code"] == "bad_request"
     assert up.requests == []
+
+
+async def test_bridge_relays_an_http10_request_without_host(tmp_path: Path) -> None:
+    sock = tmp_path / "gw.sock"
+    async with FakeUpstream() as up:
+        up.script(PREFIX, [Reply.json({"n": 1})])
+        async with GatewayBridge(sock, f"{up.base_url.removesuffix('/v1')}{PREFIX}"):
+            reader, writer = await asyncio.open_unix_connection(str(sock))
+            writer.write(f"GET {PREFIX} HTTP/1.0\r\n\r\n".encode())
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), timeout=30)
+            writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer
+    assert json.loads(body) == {"n": 1}
+    assert [r.path for r in up.requests] == [PREFIX]
+    assert up.requests[0].headers["host"] == up.base_url.removeprefix("http://").removesuffix("/v1")
