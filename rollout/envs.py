@@ -127,6 +127,12 @@ class EnvConfig(_Strict):
         return [a.replace("{python}", sys.executable).replace("{env_dir}", str(self.env_dir)) for a in
                 self.runtime.command]
 
+    def missing_runtime_files(self) -> list[str]:
+        """Arguments of the runtime command that name a path under ``{env_dir}`` that does not
+        exist (a typo in env.yaml: every session would fail the same way)."""
+        return [a.replace("{env_dir}", str(self.env_dir)) for a in self.runtime.command
+                if a.startswith("{env_dir}") and not Path(a.replace("{env_dir}", str(self.env_dir))).exists()]
+
 
 class Case(BaseModel):
     """One dataset row of an env. ``row`` is the full row (what the evaluator sees);

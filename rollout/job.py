@@ -111,7 +111,8 @@ class JobResult(BaseModel):
 
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     """The env configs and their cases, filtered by ``env_names`` and ``limit``. Raises SetupError
-    for bad configs, unknown env names and two envs with the same name."""
+    for bad configs, unknown env names, two envs with the same name and a runtime command naming
+    a file of the env folder that does not exist."""
     try:
         configs = ([load_env_config(p) for p in opts.agent_configs] if opts.agent_configs
                    else discover_envs(opts.agent_root))
@@ -125,6 +126,10 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
             if missing:
                 raise SetupError(f"--env: no such env {sorted(missing)} (have {sorted(seen)})")
             configs = [c for c in configs if c.name in opts.env_names]
+        for c in configs:
+            if missing := c.missing_runtime_files():
+                raise SetupError(f"env {c.name} ({c.config_path}): runtime.command names {missing[0]}, "
+                                 "which does not exist")
         return [(c, load_cases(c, opts.limit)) for c in configs]
     except EnvConfigError as e:
         raise SetupError(str(e)) from e

@@ -279,6 +279,22 @@ def test_bad_env_config_is_a_clear_error(tmp_path: Path) -> None:
     assert "max_step" in p.stderr and "env.yaml" in p.stderr
 
 
+def test_a_runtime_file_missing_from_the_env_folder_stops_the_job_before_it_runs(tmp_path: Path) -> None:
+    from rollout.job import JobOptions, SetupError, load_envs
+
+    env_dir = tmp_path / "envs" / "typo"
+    (env_dir / "data").mkdir(parents=True)
+    (env_dir / "data" / "cases.jsonl").write_text('{"q": "hi"}\n')
+    (env_dir / "env.yaml").write_text(
+        "dataset: {path: data/cases.jsonl}\nruntime: {command: ['{python}', '{env_dir}/runtme.py']}\n")
+    opts = JobOptions(agent_root=tmp_path / "envs", gateway_config=REPO / "configs" / "gateway.yaml")
+    with pytest.raises(SetupError, match=rf"env typo \(.*env.yaml\): runtime.command names {env_dir}/runtme.py, "
+                                         "which does not exist"):
+        load_envs(opts)
+    (env_dir / "runtme.py").write_text("")
+    assert [c.name for c, _ in load_envs(opts)] == ["typo"]
+
+
 async def test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume(tmp_path: Path) -> None:
     import signal
 
