@@ -127,8 +127,8 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
                 raise SetupError(f"--env: no such env {sorted(missing)} (have {sorted(seen)})")
             configs = [c for c in configs if c.name in opts.env_names]
         for c in configs:
-            if missing := c.missing_runtime_files():
-                raise SetupError(f"env {c.name} ({c.config_path}): runtime.command names {missing[0]}, "
+            if absent := c.missing_runtime_files():
+                raise SetupError(f"env {c.name} ({c.config_path}): runtime.command names {absent[0]}, "
                                  "which does not exist")
         return [(c, load_cases(c, opts.limit)) for c in configs]
     except EnvConfigError as e:
