@@ -200,7 +200,8 @@ class _Progress:
         self.t0 = time.monotonic()
         self.step = max(1, n // 10)
         if self.enabled and self.tty:
-            self.bar = tqdm(total=n, unit="session", desc=job_id, file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(total=n, unit="session", desc=job_id, file=sys.stderr, dynamic_ncols=True,
+                            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar:12}| {elapsed}<{remaining}{postfix}")
 
     def done(self, rec: SessionRecord) -> None:
         self.state.update(rec)
