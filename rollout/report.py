@@ -7,7 +7,7 @@ Counting rules: a session is *scored* when its ``eval_status`` is ``scored``; ``
 ``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
 (``score >= 10 - 1e-9``); sessions without a score never pass. A session whose last attempt was an
 infrastructure failure (``infra``) was never graded: it is left out of mean score and pass@k
-(its reward is NULL, a trainer masks it), and counted in its own column; ``retried`` counts
+(its reward is NULL, a trainer masks it), and counted apart (``infra``); ``retried`` counts
 sessions that needed more than one attempt.
 """
 
