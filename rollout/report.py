@@ -307,12 +307,13 @@ def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
 
 
 def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
-    """A fixed-width plain-text table of ``rows`` that fits ``width`` columns (100 by default):
+    """A fixed-width plain-text table of ``rows`` that fits ``width`` columns (100 by default; names
+    stop shrinking at ``NAME_MIN``, so under about 80 columns rows may not fit):
     a header line, a rule, one line per row, then a legend. The rarely non-zero counts (invalid
     reward, evaluator and runtime errors and timeouts, retried, infra) are folded into an indented
     ``problems:`` line under their row, listing only the non-zero ones. When the names do not fit,
     the longer of env and model is cut in the middle (``..``, down to ``NAME_MIN``) and the legend
-    gives the full name. ``-`` stands for a missing value; scores have 2 decimals, pass rates 3,
+    gives the full name (all of them when two cut alike). ``-`` stands for a missing value; scores have 2 decimals, pass rates 3,
     durations 1 (seconds). Returns ``"(no sessions)"`` for no rows. No trailing newline."""
     if not rows:
         return "(no sessions)"
@@ -326,12 +327,12 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
     sep = 2 * (len(headers) - 1)
     while sum(widths) + sep > width and max(widths[0], widths[1]) > NAME_MIN:
         widths[0 if widths[0] > widths[1] else 1] -= 1
-    cut: dict[str, str] = {}
+    cut: dict[str, list[str]] = {}  # one cut name may stand for several full names
     for line in body:
         for i in (0, 1):
             short = _cut(line[i], widths[i])
-            if short != line[i]:
-                cut[short] = line[i]
+            if short != line[i] and line[i] not in cut.setdefault(short, []):
+                cut[short].append(line[i])
             line[i] = short
 
     def fmt_line(cells: list[str]) -> str:
@@ -350,7 +351,7 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
         legend += "; problems: " + ", ".join(f"{k} = {v}" for k, v in PROBLEM_LEGEND.items() if k in shown)
     lines.extend(_wrap(legend, width))
     for short, full in cut.items():
-        lines.extend(_wrap(f"cut name: {short} = {full}", width))
+        lines.extend(_wrap(f"cut name: {short} = {' or '.join(full)}", width))
     return "\n".join(lines)
 
 

@@ -265,6 +265,13 @@ def test_render_table_fits_100_columns_with_long_names() -> None:
     # short names are never cut; a narrower width is honoured too
     assert "cut name" not in render_table([_row("gsm8k", "local", sessions=6)])
     assert max(len(line) for line in render_table(rows, width=80).splitlines()) <= 80
+    # two names that cut alike are both named under the table
+    alike = render_table([_row("swe-bench-lite-python-split-a", "m"), _row("swe-bench-full-python-split-a", "m")],
+                         width=75).splitlines()
+    assert max(len(line) for line in alike) <= 75
+    assert alike[2].split()[0] == alike[3].split()[0] == "swe-b..lit-a"
+    assert " ".join(alike).endswith("cut name: swe-b..lit-a = swe-bench-lite-python-split-a or   "
+                                    "swe-bench-full-python-split-a")
 
 
 # ---------------------------------------------------------------------------------------------
