@@ -19,6 +19,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollout.job import JobOptions, JobResult, SetupError, run_job
+from rollout.progress import ProgressState
 from rollout.regrade import (
     NotRegraded,
     Regraded,
@@ -178,27 +180,59 @@ def report(result: JobResult, count_unscored_as_zero: bool) -> int:
     return 2 if failed else 0
 
 
+class _Progress:
+    """The job's progress on stderr: a tqdm bar (sessions done of planned) whose text is
+    ``ProgressState.describe``, redrawn as each session finishes; when stderr is not a terminal,
+    one plain line instead at each tenth of the job and at its end."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.state = ProgressState(totals={})
+        self.bar: tqdm[Any] | None = None
+        self.t0 = time.monotonic()
+        self.step = 1
+
+    def plan(self, totals: dict[str, int]) -> None:
+        self.state = ProgressState(totals=totals)
+
+    def start(self, job_id: str, n: int) -> None:
+        self.t0 = time.monotonic()
+        self.step = max(1, n // 10)
+        if self.enabled and self.tty:
+            self.bar = tqdm(total=n, unit="session", desc=job_id, file=sys.stderr, dynamic_ncols=True,
+                            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar:12}| {elapsed}<{remaining}{postfix}")
+
+    def done(self, rec: SessionRecord) -> None:
+        self.state.update(rec)
+        if not self.enabled:
+            return
+        text = self.state.describe(time.monotonic() - self.t0)
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        elif self.state.n_done % self.step == 0 or self.state.n_done == self.state.n_total:
+            print(f"progress {self.state.n_done}/{self.state.n_total}: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 async def _run(opts: JobOptions, progress: bool, job: dict[str, str]) -> JobResult:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    bar: tqdm[Any] | None = None
+    display = _Progress(progress)
 
     def started(job_id: str, n: int) -> None:
-        nonlocal bar
         job["id"] = job_id
-        bar = tqdm(total=n, unit="session", desc=job_id, disable=not progress, file=sys.stderr)
-
-    def done(rec: SessionRecord) -> None:
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"last: {rec.env_name}/{rec.case_id} {rec.status} score={rec.score}")
+        display.start(job_id, n)
 
     try:
-        return await run_job(opts, on_start=started, on_done=done)
+        return await run_job(opts, on_start=started, on_done=display.done, on_plan=display.plan)
     finally:
-        if bar is not None:
-            bar.close()
+        display.close()
 
 
 async def _regrade(opts: RegradeOptions, progress: bool) -> RegradeResult:

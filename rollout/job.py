@@ -12,6 +12,7 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -229,9 +230,10 @@ async def _start_services(gw: GatewaySettings, model: str, store: Store, log_dir
 
 async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None = None,
                   on_done: Callable[[SessionRecord], None] | None = None,
-                  on_breaker: Callable[[BreakerEvent], None] | None = None) -> JobResult:
+                  on_breaker: Callable[[BreakerEvent], None] | None = None,
+                  on_plan: Callable[[dict[str, int]], None] | None = None) -> JobResult:
     """Run a job. ``on_start(job_id, n_sessions)`` is called once sessions are planned and the
-    gateway is up; ``on_done(record)`` after each session; ``on_breaker(event)`` at each change
+    gateway is up, just after ``on_plan(sessions_per_env)``; ``on_done(record)`` after each session; ``on_breaker(event)`` at each change
     of the circuit breaker. Cancellation (Ctrl-C) stops the sessions in flight cleanly (see
     ``rollout.scheduler``) and every started process. When the breaker gives up, the finished
     sessions are still reported and ``JobResult.stopped`` says why."""
@@ -266,6 +268,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         else:
             api_key = gateway_api_key(gw_settings)  # the started gateway's own first key, if any
             gateway_url = await _start_services(gw_settings, model, store, log_dir, children)
+        if on_plan:
+            on_plan(dict(Counter(r.env_name for r in rows)))
         if on_start:
             on_start(job_id, len(rows))
         print(f"job {job_id}: {len(rows)} sessions on route {model!r} via {gateway_url} "

@@ -7,7 +7,7 @@ Counting rules: a session is *scored* when its ``eval_status`` is ``scored``; ``
 ``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
 (``score >= 10 - 1e-9``); sessions without a score never pass. A session whose last attempt was an
 infrastructure failure (``infra``) was never graded: it is left out of mean score and pass@k
-(its reward is NULL, a trainer masks it), and counted in its own column; ``retried`` counts
+(its reward is NULL, a trainer masks it), and counted apart (``infra``); ``retried`` counts
 sessions that needed more than one attempt.
 """
 
@@ -18,6 +18,7 @@ import json
 import math
 import os
 import tempfile
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -277,50 +278,80 @@ def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def render_table(rows: list[SummaryRow]) -> str:
-    """A fixed-width plain-text table of ``rows``, one line per row under a header line and a rule;
-    ``-`` stands for a missing value. Scores have 2 decimals, pass rates 3, durations 1 (seconds).
-    Returns ``"(no sessions)"`` for no rows. No trailing newline."""
+TABLE_WIDTH = 100
+NAME_MIN = 10
+TABLE_LEGEND = ("score: mean of scored sessions (0-10); pass@k: a session passes at score 10; failed: the "
+                "runtime reported failed; time_s: mean session wall time (s)")
+PROBLEM_LEGEND = {"inval": "invalid reward", "ev_err": "evaluator error", "ev_t/o": "evaluator timeout",
+                  "rt_err": "runtime error", "rt_t/o": "runtime timeout", "retried": "more than one attempt",
+                  "infra": "infrastructure failure, not graded"}
+"""The abbreviations of a row's ``problems:`` line, in display order."""
+
+
+def _cut(name: str, width: int) -> str:
+    """``name`` cut to ``width`` characters by replacing its middle with ``..`` (the start, e.g.
+    an org or family, and the end, e.g. a size or variant, are what tell names apart)."""
+    if len(name) <= width:
+        return name
+    head = (width - 2 + 1) // 2
+    return name[:head] + ".." + name[len(name) - (width - 2 - head):]
+
+
+def _problems(r: SummaryRow) -> list[str]:
+    counts = (r.invalid, r.eval_error, r.eval_timeout, r.runtime_errors, r.runtime_timeouts, r.retried, r.infra)
+    return [f"{name} {n}" for name, n in zip(PROBLEM_LEGEND, counts, strict=True) if n]
+
+
+def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
+    """A fixed-width plain-text table of ``rows`` that fits ``width`` columns (100 by default; names
+    stop shrinking at ``NAME_MIN``, so under about 80 columns rows may not fit):
+    a header line, a rule, one line per row, then a legend. The rarely non-zero counts (invalid
+    reward, evaluator and runtime errors and timeouts, retried, infra) are folded into an indented
+    ``problems:`` line under their row, listing only the non-zero ones. When the names do not fit,
+    the longer of env and model is cut in the middle (``..``, down to ``NAME_MIN``) and the legend
+    gives the full name (all of them when two cut alike). ``-`` stands for a missing value; scores have 2 decimals, pass rates 3,
+    durations 1 (seconds). Returns ``"(no sessions)"`` for no rows. No trailing newline."""
     if not rows:
         return "(no sessions)"
-    headers = [
-        "env", "model", "sessions", "scored", "invalid", "eval_err", "eval_t/o", "mean_score",
-        "pass@1", "pass@k", "k", "rt_failed", "rt_err", "rt_t/o", "retried", "infra", "mean_s",
-    ]  # fmt: skip
-    right = set(range(2, len(headers)))
+    headers = ["env", "model", "sess", "scored", "score", "pass@1", "pass@k", "k", "failed", "time_s"]
     body = [
-        [
-            r.env_name,
-            r.model,
-            str(r.sessions),
-            str(r.scored),
-            str(r.invalid),
-            str(r.eval_error),
-            str(r.eval_timeout),
-            _fmt(r.mean_score, 2),
-            _fmt(r.pass_at_1, 3),
-            _fmt(r.pass_at_k, 3),
-            str(r.k),
-            str(r.runtime_failed),
-            str(r.runtime_errors),
-            str(r.runtime_timeouts),
-            str(r.retried),
-            str(r.infra),
-            _fmt(r.mean_duration_s, 1),
-        ]
+        [r.env_name, r.model, str(r.sessions), str(r.scored), _fmt(r.mean_score, 2), _fmt(r.pass_at_1, 3),
+         _fmt(r.pass_at_k, 3), str(r.k), str(r.runtime_failed), _fmt(r.mean_duration_s, 1)]
         for r in rows
     ]
     widths = [max(len(h), *(len(line[i]) for line in body)) for i, h in enumerate(headers)]
+    sep = 2 * (len(headers) - 1)
+    while sum(widths) + sep > width and max(widths[0], widths[1]) > NAME_MIN:
+        widths[0 if widths[0] > widths[1] else 1] -= 1
+    cut: dict[str, list[str]] = {}  # one cut name may stand for several full names
+    for line in body:
+        for i in (0, 1):
+            short = _cut(line[i], widths[i])
+            if short != line[i] and line[i] not in cut.setdefault(short, []):
+                cut[short].append(line[i])
+            line[i] = short
 
     def fmt_line(cells: list[str]) -> str:
-        parts = [
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
+        parts = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "  ".join(parts).rstrip()
 
     lines = [fmt_line(headers), "  ".join("-" * w for w in widths)]
-    lines.extend(fmt_line(line) for line in body)
+    shown: set[str] = set()
+    for line, row in zip(body, rows, strict=True):
+        lines.append(fmt_line(line))
+        if problems := _problems(row):
+            shown.update(p.split()[0] for p in problems)
+            lines.extend(_wrap("  problems: " + ", ".join(problems), width, indent="    "))
+    legend = TABLE_LEGEND
+    if shown:
+        legend += "; problems: " + ", ".join(f"{k} = {v}" for k, v in PROBLEM_LEGEND.items() if k in shown)
+    lines.extend(_wrap(legend, width))
+    for short, full in cut.items():
+        lines.extend(_wrap(f"cut name: {short} = {' or '.join(full)}", width))
     return "\n".join(lines)
 
 

@@ -449,3 +449,34 @@ def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: p
     assert "circuit breaker opened 1 time(s)" in out
     assert "job stopped: the gateway or its upstream did not answer for 300 s; rerun with --resume --job-id j" in err
     assert report(result.model_copy(update={"stopped": None}), False) == 2  # an unrecovered session is an error
+
+
+def test_progress_on_a_non_terminal_is_a_line_per_tenth(capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher import _Progress
+    from rollout.report import SessionRecord
+
+    def rec(env: str, i: int) -> SessionRecord:
+        return SessionRecord(session_id=f"{env}{i}", job_id="j", env_name=env, case_id=str(i), group_id=str(i),
+                             model="m", sample_index=0, status="succeeded", score=float(i % 2) * 10,
+                             eval_status="scored")
+
+    display = _Progress(enabled=True)  # stderr is captured here: not a terminal, so no bar
+    display.plan({"a": 15, "b": 5})
+    display.start("j", 20)
+    for i in range(15):
+        display.done(rec("a", i))
+    for i in range(5):
+        display.done(rec("b", i))
+    display.close()
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and display.bar is None
+    assert [line.split(":")[0] for line in lines] == [f"progress {n}/20" for n in range(2, 21, 2)]
+    assert lines[-1].startswith("progress 20/20: a 15/15 mean 4.67 | b 5/5 mean 4.00 | mean 4.50 | problems none | ")
+    assert lines[-1].endswith(" sessions/min")
+
+    quiet = _Progress(enabled=False)
+    quiet.plan({"a": 1})
+    quiet.start("j", 1)
+    quiet.done(rec("a", 1))
+    assert capsys.readouterr() == ("", "") and quiet.state.n_done == 1

@@ -202,33 +202,76 @@ def test_summarize_empty_and_bad_k() -> None:
 
 
 def test_render_table() -> None:
-    text = render_table(summarize(crafted()))
-    lines = text.splitlines()
-    assert len(lines) == 2 + 3
+    lines = render_table(summarize(crafted())).splitlines()
     header = lines[0]
-    for column in (
-        "env",
-        "model",
-        "sessions",
-        "scored",
-        "invalid",
-        "eval_err",
-        "eval_t/o",
-        "rt_failed",
-        "pass@1",
-        "pass@k",
-    ):
-        assert column in header
-    math_line = next(line for line in lines if line.startswith("math") and " m1 " in line)
-    assert "7.00" in math_line  # mean score
-    assert "0.333" in math_line  # pass@1
-    assert "0.667" in math_line  # pass@3
-    m2_line = next(line for line in lines if " m2 " in line)
-    assert " - " in m2_line  # no mean score
+    assert header.split() == ["env", "model", "sess", "scored", "score", "pass@1", "pass@k", "k", "failed",
+                              "time_s"]
+    assert set(lines[1]) == {"-", " "}
+    math_i = next(i for i, line in enumerate(lines) if line.startswith("math") and " m1 " in line)
+    math_line = lines[math_i]
+    assert math_line.split() == ["math", "m1", "9", "5", "7.00", "0.333", "0.667", "3", "1", "4.5"]
+    # the rarely non-zero counts are folded into a line under the row, only the non-zero ones
+    assert lines[math_i + 1] == "  problems: inval 1, ev_err 1, ev_t/o 1, rt_t/o 1"
+    code_i = next(i for i, line in enumerate(lines) if line.startswith("code"))
+    assert lines[code_i + 1].startswith("math")  # no problems, no problems line
+    m2_i = next(i for i, line in enumerate(lines) if " m2 " in line)
+    assert lines[m2_i].split()[4] == "-"  # no mean score
+    assert lines[m2_i + 1] == "  problems: rt_err 1"
     # right-aligned numeric columns end at the same offset as their header
     end = header.index("pass@1") + len("pass@1")
     assert math_line[end - 5 : end] == "0.333"
+    # the legend explains the abbreviations, the problem ones only when shown
+    legend = " ".join(lines[m2_i + 2 :])
+    assert legend.startswith("score: mean of scored sessions")
+    assert "rt_err = runtime error" in legend and "ev_t/o = evaluator timeout" in legend
+    assert "infra =" not in legend and "retried =" not in legend and "cut name" not in legend
     assert render_table([]) == "(no sessions)"
+
+
+def _row(env: str, model: str, **counts: float | int | None) -> SummaryRow:
+    values: dict[str, object] = dict(
+        env_name=env, model=model, sessions=0, cases=0, scored=0, invalid=0, eval_error=0, eval_timeout=0,
+        unevaluated=0, mean_score=None, k=1, pass_at_1=None, pass_at_k=None, pass_at_k_cases=0,
+        runtime_failed=0, runtime_errors=0, runtime_timeouts=0, mean_duration_s=None)
+    values.update(counts)
+    return SummaryRow.model_validate(values)
+
+
+def test_render_table_fits_100_columns_with_long_names() -> None:
+    rows = [
+        _row("gsm8k-platinum-reasoning", "Qwen/Qwen2.5-7B-Instruct-1M", sessions=12000, cases=1500,
+             scored=11880, eval_error=20, eval_timeout=100, mean_score=6.41, k=8, pass_at_1=0.641,
+             pass_at_k=0.912, pass_at_k_cases=1500, runtime_failed=2, mean_duration_s=14.2, retried=30),
+        _row("workspace-shell-tasks-long", "Qwen/Qwen2.5-7B-Instruct-1M", sessions=400, cases=50,
+             scored=396, invalid=1, runtime_failed=120, runtime_errors=2, runtime_timeouts=4, infra=1, k=8,
+             mean_score=3.2, pass_at_1=0.3, pass_at_k=0.6, pass_at_k_cases=50, mean_duration_s=1095.0),
+    ]
+    text = render_table(rows)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert max(len(line) for line in lines) >= 95  # the names got the room there is, no more cut
+    # the longer names are cut in the middle: start and end kept, full names in the legend
+    env1, model1 = lines[2].split()[:2]
+    assert env1.startswith("gsm8k-") and env1.endswith("reasoning") and ".." in env1
+    assert model1.startswith("Qwen/Qwen") and model1.endswith("-1M") and ".." in model1
+    assert f"cut name: {env1} = gsm8k-platinum-reasoning" in lines
+    assert f"cut name: {model1} = Qwen/Qwen2.5-7B-Instruct-1M" in lines
+    assert lines[2].split()[2:] == ["12000", "11880", "6.41", "0.641", "0.912", "8", "2", "14.2"]
+    assert lines[3] == "  problems: ev_err 20, ev_t/o 100, retried 30"
+    assert lines[5] == "  problems: inval 1, rt_err 2, rt_t/o 4, infra 1"
+    legend = " ".join(line.strip() for line in lines[6:])
+    for abbreviation in ("inval =", "ev_err =", "ev_t/o =", "rt_err =", "rt_t/o =", "retried =", "infra ="):
+        assert abbreviation in legend
+    # short names are never cut; a narrower width is honoured too
+    assert "cut name" not in render_table([_row("gsm8k", "local", sessions=6)])
+    assert max(len(line) for line in render_table(rows, width=80).splitlines()) <= 80
+    # two names that cut alike are both named under the table
+    alike = render_table([_row("swe-bench-lite-python-split-a", "m"), _row("swe-bench-full-python-split-a", "m")],
+                         width=75).splitlines()
+    assert max(len(line) for line in alike) <= 75
+    assert alike[2].split()[0] == alike[3].split()[0] == "swe-b..lit-a"
+    assert " ".join(alike).endswith("cut name: swe-b..lit-a = swe-bench-lite-python-split-a or   "
+                                    "swe-bench-full-python-split-a")
 
 
 # ---------------------------------------------------------------------------------------------
