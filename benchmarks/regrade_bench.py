@@ -88,23 +88,23 @@ async def regrade_speed(n: int, tmp: Path) -> None:
     db = f"sqlite:///{tmp / 'regrade.db'}"
     store = Store(db)
     await store.init()
-    rows = [JobEnvironment(env_id=f"s{i}", job_id="bench", env_name="gsm8k", case_id=cases[i % len(cases)].case_id,
+    rows = [JobEnvironment(session_id=f"s{i}", job_id="bench", env_name="gsm8k", case_id=cases[i % len(cases)].case_id,
                            llm_model="m", group_id=f"g{i % len(cases)}", sample_index=i // len(cases),
                            env_params={**cfg.params, "dataset": cases[i % len(cases)].row}) for i in range(n)]
     await store.add_job_sessions(rows)
     steps = []
     for i, r in enumerate(rows):
         final = cases[i % len(cases)].row["answer"].split("####")[-1].strip() if i % 2 else "I do not know"
-        steps.append(step_record(session_id=r.env_id, seq=1, step_id=1, llm_model="m", endpoint="chat.completions",
+        steps.append(step_record(session_id=r.session_id, seq=1, step_id=1, llm_model="m", endpoint="chat.completions",
                                  response={"choices": [{"index": 0, "finish_reason": "stop",
                                                         "message": {"role": "assistant", "content": final}}]}))
     await store.write_batch(steps, [])
     empty = tmp / "empty-ws"
     empty.mkdir()
     for r in rows:
-        await store.finish_job_session(r.env_id, reward=0.0, eval_meta={"status": "scored", "score": 0.0},
+        await store.finish_job_session(r.session_id, reward=0.0, eval_meta={"status": "scored", "score": 0.0},
                                        status="succeeded", eval_status="scored",
-                                       result={"session_id": r.env_id, "status": "succeeded"})
+                                       result={"session_id": r.session_id, "status": "succeeded"})
         await keep_workspace(store, r, WorkspaceArchiveConfig(), empty)
     await store.close()
     t0 = time.perf_counter()

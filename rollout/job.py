@@ -195,7 +195,7 @@ async def plan_sessions(store: Store, opts: JobOptions, job_id: str, model: str,
                              f"{sorted(unknown)[:5]}")
         for r in rows:
             if r.finished:  # an infrastructure failure: run it again, never graded
-                await store.update_job_session(r.env_id, finished=False, finished_at=None, reward=None,
+                await store.update_job_session(r.session_id, finished=False, finished_at=None, reward=None,
                                                eval_status=None, eval_reason=None, eval_detail=None)
                 r.finished = False
         return rows

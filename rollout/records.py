@@ -16,8 +16,8 @@ def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> 
     last = max((a.attempt for a in attempts), default=0)
     return [AttemptRecord(
         attempt=a.attempt, status=a.status, outcome=a.outcome, infra=a.infra, reason=a.reason,
-        step_count=a.step_count, steps_session_id=row.env_id if a.attempt == last else attempt_session_id(
-            row.env_id, a.attempt),
+        step_count=a.step_count, steps_session_id=row.session_id if a.attempt == last else attempt_session_id(
+            row.session_id, a.attempt),
         retry_in_s=a.retry_in_s, duration_s=a.duration_s,
         started_at=a.started_at.isoformat() if a.started_at else None,
         finished_at=a.finished_at.isoformat() if a.finished_at else None,
@@ -28,7 +28,7 @@ def record_of(row: JobEnvironment, traj: Trajectory, attempts: Sequence[SessionA
     """The JSONL record of one finished session row, its recorded steps and its attempts."""
     listed = attempt_records(row, attempts)
     return SessionRecord.model_validate({
-        "session_id": row.env_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
+        "session_id": row.session_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
         "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": row.status,
         "score": row.reward, "eval_status": row.eval_status, "reason": row.eval_reason, "error": row.error_text,
         "duration_s": row.duration_s, "usage": usage_total(traj.steps), "step_count": len(traj.steps),
@@ -42,5 +42,5 @@ async def job_records(store: Store, job_id: str) -> list[SessionRecord]:
     """Records of every finished session of a job, ordered by env, case, sample."""
     rows = [r for r in await store.job_sessions(job_id) if r.finished]
     attempts = await store.job_attempts(job_id)
-    return [record_of(r, to_trajectory(r.env_id, await store.trajectory(r.env_id)), attempts.get(r.env_id, []))
+    return [record_of(r, to_trajectory(r.session_id, await store.trajectory(r.session_id)), attempts.get(r.session_id, []))
             for r in rows]

@@ -150,10 +150,10 @@ def _file_sha256(path: Path) -> str | None:
 async def _regrade_one(store: Store, row: JobEnvironment, path: Path, sha256: str | None, timeout_s: float
                        ) -> Regraded | NotRegraded:
     def blocked(kind: BlockKind, reason: str) -> NotRegraded:
-        return NotRegraded(session_id=row.env_id, env_name=row.env_name, case_id=row.case_id,
+        return NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                            sample_index=row.sample_index, kind=kind, reason=reason)
 
-    kept = await store.workspace_archive(row.env_id)
+    kept = await store.workspace_archive(row.session_id)
     if kept is None:
         return blocked("no_workspace", "no kept workspace (the run did not archive it)")
     if kept.status != "kept" or kept.archive is None:
@@ -162,7 +162,7 @@ async def _regrade_one(store: Store, row: JobEnvironment, path: Path, sha256: st
         start_result = SimulationStartResult.model_validate(row.result) if row.result is not None else None
     except ValidationError as e:
         return blocked("bad_stored_data", f"stored start result is invalid: {e.errors()[0]['msg']}")
-    trajectory = to_trajectory(row.env_id, await store.trajectory(row.env_id))
+    trajectory = to_trajectory(row.session_id, await store.trajectory(row.session_id))
     with tempfile.TemporaryDirectory(prefix=f"regrade-{row.env_name}-"[:40]) as tmp:
         workspace = Path(tmp)
         try:
@@ -170,7 +170,7 @@ async def _regrade_one(store: Store, row: JobEnvironment, path: Path, sha256: st
         except ArchiveError as e:
             return blocked("no_workspace", f"kept workspace unusable: {e}")
         request = EvalRequest(
-            job_id=row.job_id, session_id=row.env_id, env_name=row.env_name, case_id=row.case_id,
+            job_id=row.job_id, session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params=dict(row.env_params or {}), start_result=start_result, workspace=str(workspace))
         outcome: EvalOutcome = await run_evaluation(path, request, build_eval_spec(row.env_name, path, timeout_s),
@@ -178,9 +178,9 @@ async def _regrade_one(store: Store, row: JobEnvironment, path: Path, sha256: st
     meta = {**outcome.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
             "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
     await store.record_regrade(
-        row.env_id, reward=outcome.score, eval_status=outcome.status, eval_reason=outcome.reason,
+        row.session_id, reward=outcome.score, eval_status=outcome.status, eval_reason=outcome.reason,
         eval_detail={"raw_repr": outcome.raw_repr, "artifacts": outcome.artifacts}, eval_meta=meta)
-    return Regraded(session_id=row.env_id, env_name=row.env_name, case_id=row.case_id,
+    return Regraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                     sample_index=row.sample_index, before_status=row.eval_status, before_score=row.reward,
                     after_status=outcome.status, after_score=outcome.score, reason=outcome.reason)
 
@@ -224,7 +224,7 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
             if block is None and path is None:
                 block = ("no_evaluator", f"env {row.env_name!r} has no rule_evaluator.py under {opts.agent_root}")
             if block is not None:
-                note(NotRegraded(session_id=row.env_id, env_name=row.env_name, case_id=row.case_id,
+                note(NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                                  sample_index=row.sample_index, kind=block[0], reason=block[1]))
                 return
             assert path is not None
@@ -234,8 +234,8 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
                 except Exception as e:
                     if is_unavailable(e):  # the database itself failed: stop the regrade
                         raise
-                    log.exception("regrade of session %s failed", row.env_id)
-                    item = NotRegraded(session_id=row.env_id, env_name=row.env_name, case_id=row.case_id,
+                    log.exception("regrade of session %s failed", row.session_id)
+                    item = NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                                        sample_index=row.sample_index, kind="regrade_error",
                                        reason=f"the regrade failed for this session: {type(e).__name__}: {e}")
                 note(item)
@@ -247,12 +247,12 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        selected = {r.env_id for r in rows}
+        selected = {r.session_id for r in rows}
         records = [r for r in await job_records(store, opts.job_id) if r.session_id in selected]
         out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{opts.job_id}-regrade.jsonl"
         write_jsonl(out, records)
         await store.checkpoint()
-        order = {r.env_id: i for i, r in enumerate(rows)}
+        order = {r.session_id: i for i, r in enumerate(rows)}
         regraded.sort(key=lambda x: order[x.session_id])
         not_regraded.sort(key=lambda x: order[x.session_id])
         return RegradeResult(job_id=opts.job_id, records=records, regraded=regraded, not_regraded=not_regraded,

@@ -125,7 +125,7 @@ def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]
             group = uuid.uuid5(uuid.NAMESPACE_URL, f"{job_id}/{cfg.name}/{case.case_id}").hex[:16]
             for k in range(group_size):
                 rows.append(JobEnvironment(
-                    env_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
+                    session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
                     llm_model=model, group_id=group, sample_index=k,
                     env_params={**cfg.params, "dataset": case.row}, status="pending",
                     max_steps=max_steps if max_steps is not None else cfg.max_steps,
@@ -167,7 +167,7 @@ class Scheduler:
         prior = await self.store.job_attempts(rows[0].job_id) if rows else {}
         self._left = len(rows)
         for r in rows:
-            self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.env_id, []))))
+            self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.session_id, []))))
         async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=120),  # close may wait for calls in flight
                                      headers=auth_headers(self.s.gateway_api_key)) as http:
             self._http = http
@@ -199,7 +199,7 @@ class Scheduler:
             await asyncio.sleep(delay_s)
             self._put(0, work)
 
-        task = asyncio.create_task(later(), name=f"retry-{work.row.env_id}")
+        task = asyncio.create_task(later(), name=f"retry-{work.row.session_id}")
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
 
@@ -248,7 +248,7 @@ class Scheduler:
     async def run_session(self, work: _Work) -> SessionRecord | None:
         """Run the next attempt of a session (see the module docstring). Returns its record when
         the session is finished, None when a retry was scheduled."""
-        row, n, sid = work.row, work.attempt, work.row.env_id
+        row, n, sid = work.row, work.attempt, work.row.session_id
         cfg = self.envs[row.env_name]
         case = self.cases[(row.env_name, row.case_id)]
         if n > 1:
@@ -290,7 +290,7 @@ class Scheduler:
             why, duration = f"launcher error: {type(e).__name__}: {e}", time.monotonic() - t0
             final = {"status": "error", "error_text": why, "duration_s": duration, "outcome": "launcher_error"}
             await self.store.record_attempt(SessionAttempt(
-                env_id=sid, attempt=n, job_id=row.job_id, status="error", outcome="launcher_error", infra=True,
+                session_id=sid, attempt=n, job_id=row.job_id, status="error", outcome="launcher_error", infra=True,
                 reason=why, started_at=started, finished_at=utcnow(), duration_s=duration))
             await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
             steps = await self.store.trajectory(sid)
@@ -307,13 +307,13 @@ class Scheduler:
         steps under ``<sid>~a<n-1>`` and drop the gateway's state so the budget starts afresh.
         Returns None when the attempt may start, else why not (the close failed: the caller
         queues the work again after a backoff, using no attempt)."""
-        sid, prev = work.row.env_id, work.attempt - 1
+        sid, prev = work.row.session_id, work.attempt - 1
         close = await self._close(sid, "retry")
         if close.get("error"):
             return str(close["error"])
         moved = await self.store.reset_for_retry(sid, prev)
         if not any(a.attempt == prev for a in work.attempts):  # the launcher was stopped during it
-            att = SessionAttempt(env_id=sid, attempt=prev, job_id=work.row.job_id, status=work.row.status,
+            att = SessionAttempt(session_id=sid, attempt=prev, job_id=work.row.job_id, status=work.row.status,
                                  outcome="interrupted", reason="the launcher stopped during this attempt",
                                  step_count=moved)
             if await self.store.record_attempt(att, if_missing=True):
@@ -323,7 +323,7 @@ class Scheduler:
     async def _give_up(self, work: _Work, why: str) -> SessionRecord:
         """Finish a session whose retry could not be prepared (its gateway session cannot be
         closed): an infrastructure failure, never graded."""
-        row, sid = work.row, work.row.env_id
+        row, sid = work.row, work.row.session_id
         final: dict[str, Any] = {
             "status": "error", "outcome": "gateway_unreachable",
             "error_text": f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
@@ -336,7 +336,7 @@ class Scheduler:
                                                 "finished": True}), to_trajectory(sid, steps), work.attempts)
 
     async def _run_runtime(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
-        row, sid = work.row, work.row.env_id
+        row, sid = work.row, work.row.session_id
         if case.files_dir:
             shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
         request = SimulationStartRequest(
@@ -364,12 +364,12 @@ class Scheduler:
                         t0: float, started: Any) -> SessionRecord | None:
         """Record the attempt; retry it, or finish the session (evaluated unless the attempt was an
         infrastructure failure: then reward NULL and ``eval_status`` ``infra_error``)."""
-        row, n, sid, end = work.row, work.attempt, work.row.env_id, run.end
+        row, n, sid, end = work.row, work.attempt, work.row.session_id, run.end
         duration = time.monotonic() - t0
         self.breaker.record(end.infra)
         if end.outcome in GATEWAY_CLASSES or run.close_info.get("error"):  # even a success whose close failed
             self.breaker.suspect()
-        att = SessionAttempt(env_id=sid, attempt=n, job_id=row.job_id, status=run.status, outcome=end.outcome,
+        att = SessionAttempt(session_id=sid, attempt=n, job_id=row.job_id, status=run.status, outcome=end.outcome,
                              infra=end.infra, reason=end.reason, step_count=len(run.steps), started_at=started,
                              finished_at=utcnow(), duration_s=duration)
         retries_used = n - work.first
@@ -423,12 +423,12 @@ class Scheduler:
         return env
 
     async def _cancelled(self, work: _Work, t0: float, started: Any) -> None:
-        sid = work.row.env_id
+        sid = work.row.session_id
         why = (f"stopped: {self._stop_reason}" if self._stop_reason is not None
                else "cancelled by the user (Ctrl-C)")
         await self._close(sid, "cancelled")
         await self.store.record_attempt(SessionAttempt(
-            env_id=sid, attempt=work.attempt, job_id=work.row.job_id, status="cancelled", outcome="cancelled",
+            session_id=sid, attempt=work.attempt, job_id=work.row.job_id, status="cancelled", outcome="cancelled",
             reason=why, started_at=started, finished_at=utcnow(), duration_s=time.monotonic() - t0,
             step_count=len(await self.store.trajectory(sid))))
         await self.store.update_job_session(sid, status="cancelled", finished=False, error_text=why)
@@ -456,7 +456,7 @@ class Scheduler:
         if path is None:
             return None
         request = EvalRequest(
-            job_id=row.job_id, session_id=row.env_id, env_name=cfg.name, case_id=case.case_id,
+            job_id=row.job_id, session_id=row.session_id, env_name=cfg.name, case_id=case.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result if outcome else None,
             workspace=str(workspace),

@@ -195,16 +195,16 @@ async def keep_workspace(store: Store, row: JobEnvironment, cfg: WorkspaceArchiv
     try:
         kept = await asyncio.to_thread(build_archive, workspace, cfg)
     except Exception as e:  # a bug here must not cost the session its score: recorded as not kept
-        log.exception("session %s: archiving its final workspace failed", row.env_id)
+        log.exception("session %s: archiving its final workspace failed", row.session_id)
         kept = KeptWorkspace(status="failed", reason=f"final workspace not kept: {type(e).__name__}: {e}",
                              paths=cfg.paths, max_bytes=cfg.max_bytes)
     if kept.status != "kept":
-        log.warning("session %s (env %s): %s", row.env_id, row.env_name, kept.reason)
+        log.warning("session %s (env %s): %s", row.session_id, row.env_name, kept.reason)
     try:
         await store.save_workspace_archive(SessionWorkspace(
-            session_id=row.env_id, job_id=row.job_id, env_name=row.env_name, **kept.columns()))
+            session_id=row.session_id, job_id=row.job_id, env_name=row.env_name, **kept.columns()))
     except Exception as e:  # the session's score is already computed: it must not be lost for this
-        log.warning("session %s: its final workspace could not be stored: %s: %s", row.env_id, type(e).__name__, e)
+        log.warning("session %s: its final workspace could not be stored: %s: %s", row.session_id, type(e).__name__, e)
 
 
 def _member_path(dest: Path, name: str) -> Path:

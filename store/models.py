@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, String, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -62,8 +62,8 @@ def _json(nullable: bool = True) -> Any:
 class JobEnvironment(SQLModel, table=True):
     """One session of a job: (case, sample) of an env run against one model route.
 
-    ``env_id`` is the session id. ``status`` is one of pending | running | retrying | succeeded |
-    failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
+    ``session_id`` (column ``env_id``, Safactory's name) is the session id. ``status`` is one of
+    pending | running | retrying | succeeded | failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
     when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
     infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
     the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
@@ -76,7 +76,7 @@ class JobEnvironment(SQLModel, table=True):
     __tablename__ = "job_environments"
     __table_args__ = (Index("ix_job_env_job_status", "job_id", "finished"),)
 
-    env_id: str = Field(primary_key=True, max_length=128)
+    session_id: str = Field(sa_column=Column("env_id", String(128), primary_key=True))
     job_id: str = Field(index=True, max_length=128)
     env_name: str = Field(max_length=128)
     case_id: str = Field(max_length=256)
@@ -219,12 +219,12 @@ class SessionAttempt(SQLModel, table=True):
     failure class (``rollout.outcomes``), ``infra`` whether it is the latter, ``status`` the
     runtime status, ``reason`` why it ended so. ``retry_in_s``: the backoff before the next
     attempt (NULL when none followed). The attempt's steps stay in ``session_steps`` under
-    session id ``<env_id>~a<attempt>`` (not trainable) once a later attempt ran, else under
-    ``env_id``. Times are UTC; ``duration_s`` seconds."""
+    session id ``<session_id>~a<attempt>`` (not trainable) once a later attempt ran, else under
+    ``session_id``. Times are UTC; ``duration_s`` seconds."""
 
     __tablename__ = "session_attempts"
 
-    env_id: str = Field(primary_key=True, max_length=128)
+    session_id: str = Field(sa_column=Column("env_id", String(128), primary_key=True))
     attempt: int = Field(primary_key=True)
     job_id: str = Field(index=True, max_length=128)
     status: str = Field(max_length=32)
@@ -238,9 +238,9 @@ class SessionAttempt(SQLModel, table=True):
     duration_s: float | None = None
 
 
-def attempt_session_id(env_id: str, attempt: int) -> str:
-    """The session id under which an earlier attempt's steps are kept: ``<env_id>~a<attempt>``."""
-    return f"{env_id}~a{attempt}"
+def attempt_session_id(session_id: str, attempt: int) -> str:
+    """The session id under which an earlier attempt's steps are kept: ``<session_id>~a<attempt>``."""
+    return f"{session_id}~a{attempt}"
 
 
 class SessionWorkspace(SQLModel, table=True):

@@ -422,30 +422,30 @@ class Store:
         inserted = 0
         async with self._write_lock, self._write() as s, s.begin():
             for row in rows:
-                if await s.get(JobEnvironment, row.env_id) is None:
+                if await s.get(JobEnvironment, row.session_id) is None:
                     s.add(row)
                     inserted += 1
         return inserted
 
-    async def reset_for_retry(self, env_id: str, attempt: int) -> int:
+    async def reset_for_retry(self, session_id: str, attempt: int) -> int:
         """Prepare a session for its next attempt (a retry, or ``--resume``): the steps of attempt
-        ``attempt`` are kept but moved to session id ``<env_id>~a<attempt>``
+        ``attempt`` are kept but moved to session id ``<session_id>~a<attempt>``
         (:func:`store.models.attempt_session_id`) and marked not trainable, and the gateway's
         state of the session is dropped so the budget starts afresh (call it once the gateway has
         answered the session's close). Returns the number of steps moved."""
         async with self._write_lock, self._write() as s, s.begin():
             res = await s.execute(
-                update(SessionStep).where(col(SessionStep.session_id) == env_id)
-                .values(session_id=attempt_session_id(env_id, attempt), is_trainable=False)
+                update(SessionStep).where(col(SessionStep.session_id) == session_id)
+                .values(session_id=attempt_session_id(session_id, attempt), is_trainable=False)
             )
-            await s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == env_id))
+            await s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == session_id))
             return int(getattr(res, "rowcount", 0) or 0)
 
     async def record_attempt(self, attempt: SessionAttempt, *, if_missing: bool = False) -> bool:
         """Write one attempt row (replacing the row of the same session and attempt number, or,
         with ``if_missing``, only when there is none). Returns whether it was written."""
         async with self._write_lock, self._write() as s, s.begin():
-            have = await s.get(SessionAttempt, (attempt.env_id, attempt.attempt))
+            have = await s.get(SessionAttempt, (attempt.session_id, attempt.attempt))
             if have is not None and if_missing:
                 return False
             await s.merge(SessionAttempt(**attempt.model_dump()))
@@ -454,11 +454,11 @@ class Store:
     async def job_attempts(self, job_id: str) -> dict[str, list[SessionAttempt]]:
         """Every attempt row of a job: session id -> its attempts in order."""
         q = (select(SessionAttempt).where(col(SessionAttempt.job_id) == job_id)
-             .order_by(col(SessionAttempt.env_id), col(SessionAttempt.attempt)))
+             .order_by(col(SessionAttempt.session_id), col(SessionAttempt.attempt)))
         out: dict[str, list[SessionAttempt]] = {}
         async with self._read() as s:
             for a in (await s.execute(q)).scalars().all():
-                out.setdefault(a.env_id, []).append(a)
+                out.setdefault(a.session_id, []).append(a)
         return out
 
     async def job_sessions(self, job_id: str, *, unfinished_only: bool = False) -> list[JobEnvironment]:
@@ -470,10 +470,10 @@ class Store:
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
 
-    async def update_job_session(self, env_id: str, **values: Any) -> None:
+    async def update_job_session(self, session_id: str, **values: Any) -> None:
         """Set columns of one ``job_environments`` row."""
         async with self._write_lock, self._write() as s, s.begin():
-            await s.execute(update(JobEnvironment).where(col(JobEnvironment.env_id) == env_id).values(**values))
+            await s.execute(update(JobEnvironment).where(col(JobEnvironment.session_id) == session_id).values(**values))
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
         """Every recorded step of a session, in call order (``seq``)."""
@@ -482,7 +482,7 @@ class Store:
             return list((await s.execute(q)).scalars().all())
 
     async def finish_job_session(
-        self, env_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None, **values: Any
+        self, session_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None, **values: Any
     ) -> None:
         """Finish a session in one transaction: write ``reward``/``step_reward`` (and the evaluation
         outcome into ``meta_json["evaluation"]``) on the session's last step, mark that step terminal
@@ -492,7 +492,7 @@ class Store:
             last = (
                 await s.execute(
                     select(SessionStep)
-                    .where(col(SessionStep.session_id) == env_id)
+                    .where(col(SessionStep.session_id) == session_id)
                     .order_by(col(SessionStep.seq).desc())
                     .limit(1)
                 )
@@ -514,7 +514,7 @@ class Store:
                 )
             await s.execute(
                 update(JobEnvironment)
-                .where(col(JobEnvironment.env_id) == env_id)
+                .where(col(JobEnvironment.session_id) == session_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
 
@@ -531,7 +531,7 @@ class Store:
             return await s.get(SessionWorkspace, session_id)
 
     async def record_regrade(
-        self, env_id: str, *, reward: float | None, eval_status: str, eval_reason: str | None,
+        self, session_id: str, *, reward: float | None, eval_status: str, eval_reason: str | None,
         eval_detail: dict[str, Any] | None, eval_meta: dict[str, Any],
     ) -> dict[str, Any] | None:
         """Write a new evaluation of a session in one transaction, keeping the previous one.
@@ -543,9 +543,9 @@ class Store:
         ``reward``/``step_reward`` become ``reward``. Nothing else changes (steps, status, attempts).
         Returns the previous entry (None when there was none); raises KeyError for an unknown session."""
         async with self._write_lock, self._write() as s, s.begin():
-            row = await s.get(JobEnvironment, env_id)
+            row = await s.get(JobEnvironment, session_id)
             if row is None:
-                raise KeyError(f"no session {env_id!r}")
+                raise KeyError(f"no session {session_id!r}")
             history = list(row.eval_history or [])
             previous: dict[str, Any] | None = None
             if row.eval_status is not None or row.reward is not None:
@@ -554,7 +554,7 @@ class Store:
                 history.append(previous)
             last = (
                 await s.execute(
-                    select(SessionStep).where(col(SessionStep.session_id) == env_id)
+                    select(SessionStep).where(col(SessionStep.session_id) == session_id)
                     .order_by(col(SessionStep.seq).desc()).limit(1)
                 )
             ).scalar_one_or_none()
@@ -568,7 +568,7 @@ class Store:
                     .values(reward=reward, step_reward=reward, meta_json=meta)
                 )
             await s.execute(
-                update(JobEnvironment).where(col(JobEnvironment.env_id) == env_id)
+                update(JobEnvironment).where(col(JobEnvironment.session_id) == session_id)
                 .values(reward=reward, eval_status=eval_status, eval_reason=eval_reason, eval_detail=eval_detail,
                         eval_history=history or None)
             )

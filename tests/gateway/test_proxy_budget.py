@@ -177,7 +177,7 @@ async def test_launcher_session_row_sets_budget_and_step_metadata(start_gateway:
     gw = await start_gateway(max_steps=-1)
     store = Store(db_url)
     try:
-        await store.add_job_sessions([JobEnvironment(env_id="job1-c1-0", job_id="job1", env_name="gsm8k",
+        await store.add_job_sessions([JobEnvironment(session_id="job1-c1-0", job_id="job1", env_name="gsm8k",
                                                      case_id="c1", llm_model="m", group_id="g1", max_steps=1)])
     finally:
         await store.close()

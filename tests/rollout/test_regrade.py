@@ -224,7 +224,7 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
 # ------------------------------------------------------------------------------------------------
 
 def session(sid: str, env: str, case: str, **values: Any) -> JobEnvironment:
-    return JobEnvironment(env_id=sid, job_id="js", env_name=env, case_id=case, llm_model="m", group_id=f"g-{case}",
+    return JobEnvironment(session_id=sid, job_id="js", env_name=env, case_id=case, llm_model="m", group_id=f"g-{case}",
                           env_params={"dataset": {"expected": "42"}}, **values)
 
 
@@ -233,16 +233,16 @@ async def stored_job(store: Store, tmp_path: Path, rows: list[JobEnvironment], *
     columns, and keep a workspace (with outputs/answer.txt = "42") for the sessions in ``archive``."""
     await store.init()
     await store.add_job_sessions([r.model_copy(update={"finished": False}) for r in rows])
-    await store.write_batch([step_record(session_id=r.env_id, seq=1, step_id=1, llm_model="m",
+    await store.write_batch([step_record(session_id=r.session_id, seq=1, step_id=1, llm_model="m",
                                          endpoint="chat.completions", response=chat_completion("42"))
                              for r in rows], [])
     for r in rows:
         if r.finished:
             meta = {"status": r.eval_status, "score": r.reward} if r.eval_status else None
-            await store.finish_job_session(r.env_id, reward=r.reward, eval_meta=meta, status=r.status,
+            await store.finish_job_session(r.session_id, reward=r.reward, eval_meta=meta, status=r.status,
                                            eval_status=r.eval_status, eval_reason=r.eval_reason)
-        if r.env_id in archive:
-            ws = tmp_path / f"ws-{r.env_id}"
+        if r.session_id in archive:
+            ws = tmp_path / f"ws-{r.session_id}"
             (ws / "outputs").mkdir(parents=True)
             (ws / "outputs" / "answer.txt").write_text("42")
             await keep_workspace(store, r, WorkspaceArchiveConfig(), ws)
@@ -319,7 +319,7 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     assert regrade_exit_code(result) == 2
     store = Store(f"sqlite://{db}")
     try:
-        state = {r.env_id: (r.reward, r.eval_status, r.eval_history) for r in await store.job_sessions("js")}
+        state = {r.session_id: (r.reward, r.eval_status, r.eval_history) for r in await store.job_sessions("js")}
     finally:
         await store.close()
     assert state["s-never"] == (10.0, "scored", None)  # no previous evaluation to keep

@@ -44,10 +44,10 @@ async def test_roundtrip_and_reward_writeback(tmp_path: Path) -> None:
     store = Store(f"sqlite://{tmp_path}/t.db")
     await store.init()
     try:
-        await store.add_job_sessions([JobEnvironment(env_id="s1", job_id="j", env_name="e", case_id="0",
+        await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id="0",
                                                      llm_model="m", group_id="g")])
         # inserting the same session again is a no-op (resume safety)
-        assert await store.add_job_sessions([JobEnvironment(env_id="s1", job_id="j", env_name="e", case_id="0",
+        assert await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id="0",
                                                             llm_model="m", group_id="g")]) == 0
         await store.write_batch([_step("s1", 1), _step("s1", 2)],
                                 [GatewaySession(session_id="s1", total_steps=2, step_counts={"m": 2})])
@@ -87,7 +87,7 @@ async def test_64_concurrent_sessions_two_engines_and_a_poller(tmp_path: Path) -
     async def session(i: int) -> None:
         store = a if i % 2 else b
         sid = f"s{i}"
-        await store.add_job_sessions([JobEnvironment(env_id=sid, job_id="j", env_name="e", case_id=str(i),
+        await store.add_job_sessions([JobEnvironment(session_id=sid, job_id="j", env_name="e", case_id=str(i),
                                                      llm_model="m", group_id="g")])
         for k in range(1, 21):
             await store.write_batch([_step(sid, k)], [GatewaySession(session_id=sid, total_steps=k)])

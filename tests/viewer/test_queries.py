@@ -22,7 +22,7 @@ N = 1200
 async def filled(db: Path) -> Store:
     store = Store(f"sqlite://{db}")
     await store.init()
-    rows = [JobEnvironment(env_id=f"s{i:05d}", job_id="big", env_name=("a", "b")[i % 2], case_id=f"c{i // 4}",
+    rows = [JobEnvironment(session_id=f"s{i:05d}", job_id="big", env_name=("a", "b")[i % 2], case_id=f"c{i // 4}",
                            llm_model="m", group_id=f"g{i // 4}", sample_index=i % 4) for i in range(N)]
     await store.add_job_sessions(rows)
     for i in range(0, N, 3):  # every third finished: scores 0..9, every 30th an evaluator error
