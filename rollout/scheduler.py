@@ -29,6 +29,7 @@ import httpx
 from rollout.envs import Case, EnvConfig
 from rollout.evaluation import EvalOutcome, build_eval_spec, run_evaluation
 from rollout.evaluator_loader import discover_evaluator
+from rollout.harness import InstalledHarness
 from rollout.outcomes import (
     GATEWAY_CLASSES,
     INFRA_EVAL_STATUS,
@@ -42,7 +43,6 @@ from rollout.outcomes import (
 from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
-from rollout.harness import InstalledHarness
 from rollout.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.runtime_local import RuntimeOutcome
 from rollout.services import auth_headers, gateway_root
