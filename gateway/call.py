@@ -36,11 +36,11 @@ class Call:
     milliseconds to the first upstream byte of a stream)."""
 
     def __init__(self, gw: GatewayState, proto: WireProtocol, req: WireRequest, body: dict[str, Any],
-                 claim: PendingCall | None, session_id: str | None) -> None:
+                 claim: PendingCall | None, session_id: str | None, route_key: str | None = None) -> None:
         self.gw = gw
         self.proto = proto
         self.req = req
-        self.route_key = req.model
+        self.route_key = route_key or req.model  # the route (the request's model may be an alias)
         self.body = body
         self.upstream_body = body
         self.usage_added = False
@@ -150,6 +150,8 @@ class Call:
             return None
         answer = self.proto.read(outcome.response)
         meta: dict[str, Any] = {"route": self.route_key}
+        if self.req.model != self.route_key:
+            meta["requested_model"] = self.req.model
         if self.upstream_body.get("model") != self.body.get("model"):
             meta["upstream_model"] = self.upstream_body.get("model")
         if self.usage_added:
