@@ -96,10 +96,14 @@ class ApiKeyMiddleware:
         body = shaped(path, 401, body)
         challenge = 'Bearer error="invalid_token"' if given else "Bearer"
         app = scope.get("app")
-        metrics = getattr(getattr(getattr(app, "state", None), "gw", None), "metrics", None)
+        gw = getattr(getattr(app, "state", None), "gw", None)
+        metrics = getattr(gw, "metrics", None)
         if metrics is not None:
             metrics.error_responses.labels("401", "invalid_api_key").inc()
-        log.debug("refused %s %s: %s API key", scope.get("method"), path, "wrong" if given else "no")
+        rejections = getattr(gw, "rejections", None)
+        if rejections is not None:
+            rejections.note(method=str(scope.get("method")), path=path, status=401, reason="invalid_api_key",
+                            message=f"{'wrong' if given else 'no'} API key")
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})
         await response(scope, receive, send)
 

@@ -53,6 +53,7 @@ class Call:
         self.upstream_status: int | None = None  # set once the upstream's headers arrived
         self.attempts: list[Attempt] = []
         self.client_left_after_s: float | None = None  # set when the call goes on after its client left
+        self.client_headers: dict[str, str] = {}  # the client's correlation headers (gateway.client_headers)
         self.finished = False
         self.handed_over = False
         self._counted = False
@@ -156,6 +157,8 @@ class Call:
             meta["upstream_model"] = self.upstream_body.get("model")
         if self.usage_added:
             meta["usage_requested_by_gateway"] = True
+        if self.client_headers:
+            meta["client_headers"] = self.client_headers
         if self.client_left_after_s is not None:
             meta["client_left_after_s"] = round(self.client_left_after_s, 3)
         if any(a.wait_s is not None for a in self.attempts):  # retried (or waiting to): list them

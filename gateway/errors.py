@@ -78,12 +78,17 @@ def set_error_shape(request: Request, shape: ErrorShape) -> None:
     request.state.error_shape = shape
 
 
-def count_error(request: Request, status: int, code: str | None) -> None:
-    """Count an error the gateway answered itself in ``gateway_error_responses_total`` (no-op
-    when the app has no gateway state, e.g. during startup)."""
-    metrics = getattr(getattr(request.app.state, "gw", None), "metrics", None)
+def count_error(request: Request, status: int, code: str | None, message: str = "") -> None:
+    """Count an error the gateway answered itself in ``gateway_error_responses_total`` and, for
+    a 4xx, note the rejected call (:class:`gateway.rejections.RejectedCalls`: logs, per-session
+    count); a no-op when the app has no gateway state (e.g. during startup)."""
+    gw = getattr(request.app.state, "gw", None)
+    metrics = getattr(gw, "metrics", None)
     if metrics is not None:
         metrics.error_responses.labels(str(status), code or "").inc()
+    rejections = getattr(gw, "rejections", None)
+    if rejections is not None and 400 <= status < 500:
+        rejections.note(method=request.method, path=request.url.path, status=status, reason=code, message=message)
 
 
 def shaped(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +120,7 @@ def gateway_error_response(req: Request, exc: GatewayError) -> JSONResponse:
     """The answer to a :class:`GatewayError`: its status and headers, the body in the request's
     error shape (:func:`set_error_shape`; OpenAI's by default); counted in ``/metrics``."""
     body = error_body(exc.status, exc.message, code=exc.code, param=exc.param)
-    count_error(req, exc.status, exc.code)
+    count_error(req, exc.status, exc.code, exc.message)
     return JSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
 
 
@@ -134,7 +139,7 @@ async def _gateway_error(req: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    count_error(req, exc.status_code, None)
+    count_error(req, exc.status_code, None, str(exc.detail))
     body = error_body(exc.status_code, str(exc.detail))
     return JSONResponse(_shaped(req, exc.status_code, body), status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
@@ -142,10 +147,10 @@ async def _http_error(req: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    count_error(req, 400, None)
     first = exc.errors()[0] if exc.errors() else {}
     loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
     msg = f"{first.get('msg', 'invalid request')}" + (f" (at {loc})" if loc else "")
+    count_error(req, 400, None, msg)
     return JSONResponse(_shaped(req, 400, error_body(400, msg, param=loc)), status_code=400)
 
 

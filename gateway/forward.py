@@ -21,6 +21,7 @@ from fastapi.responses import Response
 
 from gateway import answers
 from gateway.call import Call
+from gateway.client_headers import correlation_headers
 from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError, set_error_shape
 from gateway.exchange import Exchange, UpstreamFailed
@@ -56,6 +57,7 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
         if replayed is not None:
             return replayed
     call = Call(gw, proto, req, body, claim, session_id, route_key)
+    call.client_headers = correlation_headers(request.headers)
     try:
         if session_id is not None:
             try:

@@ -93,7 +93,13 @@ async def session_status(session_id: str, request: Request) -> dict[str, object]
     return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
             "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
             "step_counts": st.step_counts or {}, "close_reason": st.close_reason,
-            "completion_mode": st.completion_mode}
+            "completion_mode": st.completion_mode, "rejected_calls": _rejected(request, session_id)}
+
+
+def _rejected(request: Request, session_id: str) -> dict[str, int]:
+    """The session's calls the gateway answered itself, by reason (:mod:`gateway.rejections`)."""
+    rejections = _gw(request).rejections
+    return rejections.of(session_id) if rejections is not None else {}
 
 
 async def close_session(session_id: str, request: Request) -> dict[str, object]:
@@ -112,7 +118,8 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     # the session stays closed in memory instead of reloading from the store as active)
     await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
-            "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode}
+            "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
+            "rejected_calls": _rejected(request, session_id)}
 
 
 async def head_ok(request: Request) -> Response:

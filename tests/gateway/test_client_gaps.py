@@ -5,7 +5,10 @@ Anthropic path, ``HEAD`` of a session's base URL, and route aliases."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -14,7 +17,15 @@ import pytest
 from gateway.count_tokens import CHARS_PER_TOKEN, TOKENS_PER_MESSAGE, estimate_tokens
 from gateway.settings import GatewaySettings
 from tests.fake_upstream import FakeUpstream, Reply
-from tests.gateway.conftest import CLIENT_KEY, MESSAGES, ROUTE_KEY, Gateway, StartGateway, anthropic_routes
+from tests.gateway.conftest import (
+    CLIENT_KEY,
+    MESSAGES,
+    ROUTE_KEY,
+    Gateway,
+    StartGateway,
+    anthropic_routes,
+    eventually,
+)
 
 COUNT_PATH = "/v1/messages/count_tokens"
 
@@ -198,3 +209,64 @@ def test_alias_config_is_strict() -> None:
               "claude-x": {"base_url": u}})
     assert [s.resolve_route(n) for n in ("claude-opus-4-8", "gpt", "claude-x", "a")] == ["a", "b", "claude-x", "a"]
     assert load({"a": {"base_url": u}}).resolve_route("b") is None
+
+
+# ------------------------------------------------------------------------------ self-answered calls
+async def test_self_answered_calls_are_logged_and_counted_never_steps(
+        start_gateway: StartGateway, upstream: FakeUpstream, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log_path = tmp_path / "requests.jsonl"
+    g = await start_gateway(routes=anthropic_routes(upstream), auth={"api_keys": [CLIENT_KEY]}, max_steps=1,
+                            max_request_bytes=4000, request_log={"enabled": True, "path": str(log_path)})
+    caplog.set_level(logging.INFO, logger="gateway.rejections")
+    wrong = g.anthropic("s1", api_key="sk-wrong")
+    for _ in range(2):
+        with pytest.raises(anthropic.AuthenticationError):
+            await wrong.messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+    client = g.anthropic("s1")
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.create(model="nope", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+    with pytest.raises(anthropic.APIStatusError) as big:
+        await client.messages.create(model="a", max_tokens=8, messages=[{"role": "user", "content": "x" * 5000}])
+    assert big.value.status_code == 413
+    await client.messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+    stop = await client.messages.with_raw_response.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+    assert stop.headers["x-gateway-stop-reason"] == "max_steps"
+    await g.client("other").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+
+    want = {"invalid_api_key": 2, "model_not_found": 1, "request_too_large": 1, "max_steps": 1}
+    http = g.http(headers={"x-api-key": CLIENT_KEY})
+    status = (await http.get("/v1/sessions/s1")).json()
+    assert (status["rejected_calls"], status["total_steps"]) == (want, 1)
+    assert (await http.get("/v1/sessions/other")).json()["rejected_calls"] == {}
+    assert len(await g.steps("s1")) == 1  # none of them is a step
+    closed = (await http.post("/v1/sessions/s1/close", json={})).json()
+    assert closed["rejected_calls"] == want
+
+    def rejected_lines() -> list[dict[str, Any]]:
+        lines = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() else []
+        return [ln for ln in lines if ln.get("rejected")]
+
+    await eventually(lambda: len(rejected_lines()) == 5)
+    lines = rejected_lines()
+    assert [(ln["session_id"], ln["http_status"], ln["rejected"]) for ln in lines] == [
+        ("s1", 401, "invalid_api_key"), ("s1", 401, "invalid_api_key"), ("s1", 404, "model_not_found"),
+        ("s1", 413, "request_too_large"), ("s1", 200, "max_steps")]
+    assert lines[0]["path"] == "/v1/sessions/s1/v1/messages" and lines[0]["step_status"] is None
+    assert "sk-wrong" not in log_path.read_text()
+    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.rejections"]
+    assert len(logged) == 5 and "401 invalid_api_key (session s1)" in logged[0]
+
+
+# ------------------------------------------------------------------------------ correlation headers
+async def test_client_correlation_headers_kept_in_the_step(agw: Gateway) -> None:
+    sent = {"X-Claude-Code-Session-Id": "cc-7f1", "session_id": "codex-1", "x-client-request-id": "req-9",
+            "x-stainless-retry-count": "0", "x-app": "cli", "cookie": "secret=1"}
+    await agw.anthropic("s1").messages.create(model="a", max_tokens=8, messages=MESSAGES,  # type: ignore[arg-type]
+                                              extra_headers=sent)
+    await agw.client("s1").chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[arg-type]
+                                                   extra_headers={"session-id": "s" * 300})
+    first, second = await agw.steps("s1")
+    assert (first.meta_json or {})["client_headers"] == {
+        "x-claude-code-session-id": "cc-7f1", "session_id": "codex-1", "x-client-request-id": "req-9"}
+    assert (second.meta_json or {})["client_headers"] == {"session-id": "s" * 256}
+    assert "secret=1" not in agw.db_dump() and CLIENT_KEY not in agw.db_dump()
