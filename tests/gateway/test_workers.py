@@ -142,6 +142,9 @@ async def test_sessions_stick_move_when_a_worker_is_down_and_come_back(fakes: li
         view = (await g.http().get("/admin/routes/m/workers")).json()
         b = next(w for w in view["workers"] if w["base_url"] == fakes[1].base_url)
         assert not b["healthy"] and "connect failed" in b["last_error"]
+        health = {w.base_url: await g.metric("gateway_upstream_worker_healthy", route="m", worker=w.base_url)
+                  for w in fakes}
+        assert health == {fakes[0].base_url: 1.0, fakes[1].base_url: 0.0, fakes[2].base_url: 1.0}
         [*_, last] = await g.steps(on_b[0])
         assert last.status == "ok" and (last.meta_json or {})["upstream_worker"] != fakes[1].base_url
         assert [a["status"] for a in (last.meta_json or {}).get("attempts", [])] in ([], [None, 200])
