@@ -70,7 +70,7 @@ async def remove_worker(route: str, base_url: str, request: Request) -> dict[str
     return _pool_answer(gw, route)
 
 
-def build_admin_router() -> APIRouter:
+def build_workers_router() -> APIRouter:
     r = APIRouter()
     r.add_api_route("/admin/routes/{route}/workers", list_workers, methods=["GET"])
     r.add_api_route("/admin/routes/{route}/workers", add_worker, methods=["POST"])
