@@ -72,7 +72,7 @@ class Exchange:
                 call.attempts.append(Attempt(None, error=str(f)))
                 if f.retry_reason is None or last:
                     raise
-                await self._backoff(n, None, f.retry_reason)
+                await self._backoff(n, None, f.retry_reason, now=self._moves_on())
                 continue
             resp = self.resp
             assert resp is not None
@@ -85,11 +85,22 @@ class Exchange:
             self.stack, self.resp = AsyncExitStack(), None
             await self._backoff(n, retry_after, f"status_{resp.status}")
 
-    async def _backoff(self, n: int, retry_after: float | None, reason: str) -> None:
-        """Wait before retry ``n`` (1-based), noting the wait in the last attempt and counting
-        the retry in ``/metrics``."""
+    def _moves_on(self) -> bool:
+        """True when the next attempt goes to another worker of the route's pool (the one that
+        just refused the connection was taken out): no reason to wait before it."""
+        call = self.call
+        if call.worker is None:
+            return False
+        sid = None if call.slot is None else call.slot.session_id
+        return call.gw.upstream.pick(call.route_key, sid).base_url != call.worker
+
+    async def _backoff(self, n: int, retry_after: float | None, reason: str, *, now: bool = False) -> None:
+        """Wait before retry ``n`` (1-based; no wait when ``now``), noting the wait in the last
+        attempt and counting the retry in ``/metrics``."""
         call, policy = self.call, self.retry
-        if policy.respect_retry_after and retry_after is not None:
+        if now:
+            wait = 0.0
+        elif policy.respect_retry_after and retry_after is not None:
             wait = min(retry_after, policy.max_retry_after_s)
         else:
             base = min(policy.max_backoff_s, policy.backoff_s * 2 ** (n - 1))
