@@ -24,7 +24,10 @@ def _model_object(key: str) -> dict[str, object]:
 
 
 def _model_list(request: Request) -> dict[str, object]:
-    return {"object": "list", "data": [_model_object(key) for key in _gw(request).settings.llm_routes]}
+    """Every route key, then every exact alias (a pattern cannot be listed)."""
+    routes = _gw(request).settings.llm_routes
+    names = [*routes, *(a for r in routes.values() for a in r.aliases)]
+    return {"object": "list", "data": [_model_object(name) for name in names]}
 
 
 def _model(request: Request, model: str) -> dict[str, object]:

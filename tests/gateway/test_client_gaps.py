@@ -188,6 +188,8 @@ async def test_aliases_and_patterns_reach_their_route(start_gateway: StartGatewa
     assert steps[2].meta_json == {"route": "m"}
     got = await g.client().models.retrieve("o4")
     assert got.id == "o4"
+    listed = [m.id async for m in g.client().models.list()]
+    assert listed == ["m", "a", "gpt-5-codex", "o4"]
 
 
 def test_alias_config_is_strict() -> None:
