@@ -153,8 +153,8 @@ class UpstreamClient:
         pool.set_health(base_url, why is None, None if why is None else f"health check: {why}")
 
     async def _health_loop(self) -> None:
-        """Check each pooled route every ``health_check_interval_s`` (woken once a second at most,
-        so a pool made at run time is checked too)."""
+        """Check each pooled route every ``health_check_interval_s``; wakes every second (or the
+        smallest interval, if shorter), so a pool made at run time is checked too."""
         while True:
             due = [k for k in self._routes if self.pooled(k)
                    and time.monotonic() - self._checked_at.get(k, 0.0) >= self._routes[k].health_check_interval_s]
