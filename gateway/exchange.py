@@ -72,7 +72,7 @@ class Exchange:
                 call.attempts.append(Attempt(None, error=str(f)))
                 if f.retry_reason is None or last:
                     raise
-                await self._backoff(n, None, f.retry_reason)
+                await self._backoff(n, None, f.retry_reason, now=self._moves_on())
                 continue
             resp = self.resp
             assert resp is not None
@@ -85,11 +85,22 @@ class Exchange:
             self.stack, self.resp = AsyncExitStack(), None
             await self._backoff(n, retry_after, f"status_{resp.status}")
 
-    async def _backoff(self, n: int, retry_after: float | None, reason: str) -> None:
-        """Wait before retry ``n`` (1-based), noting the wait in the last attempt and counting
-        the retry in ``/metrics``."""
+    def _moves_on(self) -> bool:
+        """True when the next attempt goes to another worker of the route's pool (the one that
+        just refused the connection was taken out): no reason to wait before it."""
+        call = self.call
+        if call.worker is None:
+            return False
+        sid = None if call.slot is None else call.slot.session_id
+        return call.gw.upstream.pick(call.route_key, sid).base_url != call.worker
+
+    async def _backoff(self, n: int, retry_after: float | None, reason: str, *, now: bool = False) -> None:
+        """Wait before retry ``n`` (1-based; no wait when ``now``), noting the wait in the last
+        attempt and counting the retry in ``/metrics``."""
         call, policy = self.call, self.retry
-        if policy.respect_retry_after and retry_after is not None:
+        if now:
+            wait = 0.0
+        elif policy.respect_retry_after and retry_after is not None:
             wait = min(retry_after, policy.max_retry_after_s)
         else:
             base = min(policy.max_backoff_s, policy.backoff_s * 2 ** (n - 1))
@@ -106,10 +117,14 @@ class Exchange:
         """One attempt (see :meth:`run`)."""
         call = self.call
         call.upstream_status = None
+        upstream = call.gw.upstream
+        sid = None if call.slot is None else call.slot.session_id
+        worker = upstream.pick(call.route_key, sid)  # per attempt: a retry avoids a worker just taken out
+        call.worker = worker.base_url if upstream.pooled(call.route_key) else None
         try:
             self.resp = resp = await self.stack.enter_async_context(
-                call.gw.upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers,
-                                      None if call.slot is None else call.slot.session_id))
+                upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers, sid,
+                              worker=worker))
         except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
             if isinstance(e, aiohttp.ConnectionTimeoutError):
                 raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("connect", e), Phase.CONNECT,
