@@ -40,7 +40,8 @@ class RuntimeOutcome(BaseModel):
     ``setup_failed``: the runtime never started (command not found, sandbox setup failed): an
     infrastructure failure, not something the agent did. ``limit_exceeded``: the limit that ended
     the session (memory | processes | output | disk), status ``error``. ``sandbox``: ``bwrap`` or
-    ``none`` (None when unknown)."""
+    ``none`` (None when unknown). ``node_lost``: the Ray node running it died or left the cluster
+    (``--mode ray``): an infrastructure failure."""
 
     status: Literal["succeeded", "failed", "truncated", "timeout", "error"]
     result: SimulationStartResult | None = None
@@ -50,6 +51,7 @@ class RuntimeOutcome(BaseModel):
     setup_failed: bool = False
     limit_exceeded: str | None = None
     sandbox: str | None = None
+    node_lost: bool = False
     stdout_tail: str = ""
     stderr_tail: str = ""
 

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,12 @@ from rollout.workspace_archive import keep_workspace
 from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
+
+Executor = Callable[[EnvConfig, SimulationStartRequest, Path, dict[str, str], str], Awaitable[RuntimeOutcome]]
+"""Runs one attempt's runtime: ``(cfg, request, workspace, extra_env, sandbox) -> RuntimeOutcome``,
+the arguments and contract of ``rollout.runner.run_runtime`` (the local executor); the workspace
+holds the final workspace when it returns. ``rollout.ray_backend.RayExecutor`` runs it on a Ray
+node instead."""
 
 # job_environments.status values that mean the harness failed (not the agent): exit code 2
 HARNESS_FAILURES = frozenset({"error", "timeout"})
@@ -91,7 +97,9 @@ class _Run:
 class RunSettings:
     """Job-wide settings: the route key, temperature (None = route default), step budget override
     (None = the env's ``max_steps``), concurrency, evaluation switch and timeout (seconds), and
-    the folder that holds the sessions' workspaces (None: the system temp folder), and the
+    the folder that holds the sessions' workspaces (None: the system temp folder), the session base
+    URL given to runtimes when it is not ``gateway_url`` (``advertise_url``: e.g. the gateway's
+    address as Ray nodes reach it), the
     gateway's API key (None: its auth is off): sent on the launcher's own calls (session close)
     and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; also as
     ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``, see ``rollout.runner.session_env``), the retry
@@ -113,6 +121,7 @@ class RunSettings:
     sandbox: str = "bwrap"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    advertise_url: str | None = None
 
 
 def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
@@ -137,12 +146,15 @@ class Scheduler:
     """Runs a job's session rows with ``pool_size`` workers. ``envs`` maps env name to config,
     ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record,
     ``on_breaker`` with each change of the circuit breaker (also kept in ``breaker_events``).
-    ``rng`` draws the backoff jitter."""
+    ``rng`` draws the backoff jitter; ``executor`` runs each attempt's runtime (default:
+    ``run_runtime``, on this machine)."""
 
     def __init__(self, store: Store, settings: RunSettings, envs: dict[str, EnvConfig],
                  cases: dict[tuple[str, str], Case], on_done: Callable[[SessionRecord], None] | None = None,
-                 on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None) -> None:
+                 on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None,
+                 executor: Executor | None = None) -> None:
         self.store = store
+        self._execute: Executor = executor or run_runtime
         self.s = settings
         self.envs = envs
         self.cases = cases
@@ -341,21 +353,22 @@ class Scheduler:
             shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
         request = SimulationStartRequest(
             job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
-            group_id=row.group_id, gateway_base_url=f"{self.s.gateway_url.rstrip('/')}/{sid}",
+            group_id=row.group_id, gateway_base_url=f"{(self.s.advertise_url or self.s.gateway_url).rstrip('/')}/{sid}",
             model=row.llm_model, temperature=self.s.temperature,
             max_steps=row.max_steps if row.max_steps is not None else -1,
             env_params={**cfg.params, "dataset": case.public_row()},
             metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
                       "attempt": work.attempt},
         )
-        outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg), self.s.sandbox)
+        outcome = await self._execute(cfg, request, workspace, self._runtime_env(cfg), self.s.sandbox)
         close_info = await self._close(sid, outcome.status)
         status = outcome.status
         if status == "succeeded" and close_info.get("truncated"):
             status = "truncated"
         errors = [e for e in (outcome.error_text, close_info.get("error")) if e]
         steps = await self.store.trajectory(sid)
-        end = classify(status, setup_failed=outcome.setup_failed, limit_exceeded=outcome.limit_exceeded,
+        end = classify(status, setup_failed=outcome.setup_failed, node_lost=outcome.node_lost,
+                       limit_exceeded=outcome.limit_exceeded,
                        error_class=outcome.result.error_class if outcome.result else None,
                        error_text=outcome.error_text, close_error=close_info.get("error"), steps=steps)
         return _Run(status, outcome, close_info, steps, end, errors)
