@@ -64,6 +64,17 @@ def q(db: Path, sql: str) -> list[tuple[Any, ...]]:
         con.close()
 
 
+def victim_steps(db: Path) -> int:
+    """Steps recorded for the victim case so far (0 before the store has its tables)."""
+    try:
+        [(n,)] = q(db, "SELECT count(*) FROM session_steps s JOIN job_environments j "
+                       "ON s.session_id = j.env_id WHERE j.case_id = 'victim'")
+    except sqlite3.OperationalError as e:
+        assert "no such table" in str(e)
+        return 0
+    return int(n)
+
+
 def records(out: Path) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["env_name"], r["case_id"]): r for r in map(json.loads, out.read_text().splitlines())}
 
@@ -183,8 +194,7 @@ async def test_a_node_that_dies_mid_session_is_an_infra_failure_retried_elsewher
             cwd=tmp_path))
         # the victim's runtime has made its model call and now waits on the worker node
         for _ in range(1200):
-            if db.exists() and q(db, "SELECT count(*) FROM session_steps s JOIN job_environments j "
-                                     "ON s.session_id = j.session_id WHERE j.case_id = 'victim'") == [(1,)]:
+            if victim_steps(db) == 1:
                 break
             assert not job.done(), job.result()
             await asyncio.sleep(0.25)
