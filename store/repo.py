@@ -8,9 +8,10 @@ the two processes' writes wait for each other instead of failing with "database 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +25,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
+from store.group import GroupCommit
 from store.models import (
     GatewaySession,
     JobEnvironment,
@@ -279,6 +281,7 @@ class Store:
         self._write = async_sessionmaker(self.writer, expire_on_commit=False, class_=AsyncSession)
         self._read = async_sessionmaker(self.reader, expire_on_commit=False, class_=AsyncSession)
         self._write_lock = asyncio.Lock()
+        self._group = GroupCommit(self._transaction)  # the launcher's row writes (store.group)
         self._upsert_stmt: Any = None
         path = self.path
         self._sqlite_writer = (
@@ -314,9 +317,16 @@ class Store:
             log.warning("store %s: added column %s (the database was made by an older version)",
                         self.identity(), name)
 
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        """A write transaction (committed at exit, rolled back on an exception)."""
+        async with self._write_lock, self._write() as s, s.begin():
+            yield s
+
     async def close(self) -> None:
-        """Close the SQLite batch writer's connection and stop its thread, then dispose both
-        engines (closes every pooled connection)."""
+        """Wait for queued row writes, close the SQLite batch writer's connection and stop its
+        thread, then dispose both engines (closes every pooled connection)."""
+        await self._group.aclose()
         if self._sqlite_writer is not None:
             await self._sqlite_writer.close()
         await self.writer.dispose()
@@ -433,23 +443,25 @@ class Store:
         (:func:`store.models.attempt_session_id`) and marked not trainable, and the gateway's
         state of the session is dropped so the budget starts afresh (call it once the gateway has
         answered the session's close). Returns the number of steps moved."""
-        async with self._write_lock, self._write() as s, s.begin():
+        async def op(s: AsyncSession) -> Any:
             res = await s.execute(
                 update(SessionStep).where(col(SessionStep.session_id) == session_id)
                 .values(session_id=attempt_session_id(session_id, attempt), is_trainable=False)
             )
             await s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == session_id))
             return int(getattr(res, "rowcount", 0) or 0)
+        return int(await self._group.run(op))
 
     async def record_attempt(self, attempt: SessionAttempt, *, if_missing: bool = False) -> bool:
         """Write one attempt row (replacing the row of the same session and attempt number, or,
         with ``if_missing``, only when there is none). Returns whether it was written."""
-        async with self._write_lock, self._write() as s, s.begin():
+        async def op(s: AsyncSession) -> bool:
             have = await s.get(SessionAttempt, (attempt.session_id, attempt.attempt))
             if have is not None and if_missing:
                 return False
             await s.merge(SessionAttempt(**attempt.model_dump()))
             return True
+        return await self._group.run(op)
 
     async def job_attempts(self, job_id: str) -> dict[str, list[SessionAttempt]]:
         """Every attempt row of a job: session id -> its attempts in order."""
@@ -472,8 +484,9 @@ class Store:
 
     async def update_job_session(self, session_id: str, **values: Any) -> None:
         """Set columns of one ``job_environments`` row."""
-        async with self._write_lock, self._write() as s, s.begin():
+        async def op(s: AsyncSession) -> None:
             await s.execute(update(JobEnvironment).where(col(JobEnvironment.session_id) == session_id).values(**values))
+        await self._group.run(op)
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
         """Every recorded step of a session, in call order (``seq``)."""
@@ -488,7 +501,7 @@ class Store:
         outcome into ``meta_json["evaluation"]``) on the session's last step, mark that step terminal
         and session-completed, and set the ``job_environments`` columns given in ``values`` plus
         ``finished=True`` and ``finished_at``."""
-        async with self._write_lock, self._write() as s, s.begin():
+        async def op(s: AsyncSession) -> None:
             last = (
                 await s.execute(
                     select(SessionStep)
@@ -517,13 +530,15 @@ class Store:
                 .where(col(JobEnvironment.session_id) == session_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
+        await self._group.run(op)
 
     # ------------------------------------------------------------------ kept workspaces, regrade
     async def save_workspace_archive(self, row: SessionWorkspace) -> None:
         """Insert the kept workspace of ``row.session_id``, replacing an earlier one (a new attempt
         of the session replaces what its earlier attempt left)."""
-        async with self._write_lock, self._write() as s, s.begin():
+        async def op(s: AsyncSession) -> None:
             await s.merge(row)
+        await self._group.run(op)
 
     async def workspace_archive(self, session_id: str) -> SessionWorkspace | None:
         """The kept workspace of a session (archive bytes included), or None."""
