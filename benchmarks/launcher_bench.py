@@ -1,7 +1,7 @@
 """The launcher's own cost per session, beside spawning the same runtime bare, in one run.
 
     python benchmarks/launcher_bench.py [--sessions 1000] [--pool-size 32] [--memory-sizes 1000 4000]
-                                        [--ray-sessions 200] [--ray-pool-size 8] [--profile DIR]
+                                        [--ray-sessions 200] [--ray-pool-size 8] [--profile DIR] [--src DIR]
 
 The runtime reads its start request and prints a result line (no model call). Measured in turn:
 - ``bare``: the runtime spawned ``--sessions`` times, ``--pool-size`` at once (asyncio
@@ -65,8 +65,14 @@ def make_env(root: Path, n: int, resources: dict[str, Any] | None = None) -> Pat
     return d
 
 
-async def bare(n: int, pool: int, runtime: Path) -> float:
-    """Seconds to spawn the runtime ``n`` times, ``pool`` at once, each fed a start request."""
+def _cpu(who: int) -> float:
+    ru = resource.getrusage(who)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def bare(n: int, pool: int, runtime: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the runtimes) to spawn the runtime ``n`` times, ``pool`` at
+    once, each fed a start request."""
     sem = asyncio.Semaphore(pool)
 
     async def one(i: int) -> None:
@@ -79,9 +85,9 @@ async def bare(n: int, pool: int, runtime: Path) -> float:
             out, _ = await p.communicate(req)
             assert p.returncode == 0 and json.loads(out.splitlines()[-1])["status"] == "succeeded", out
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
     await asyncio.gather(*(one(i) for i in range(n)))
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu(resource.RUSAGE_CHILDREN) - c0
 
 
 def child(args: argparse.Namespace) -> None:
@@ -93,8 +99,8 @@ def child(args: argparse.Namespace) -> None:
     opts = JobOptions.model_validate({
         "agent_root": root / "envs", "gateway_config": root / "gw.yaml", "llm_model": "none",
         "db_path": f"sqlite://{root / 'trajs.db'}", "enable_evaluation": True, "pool_size": args.pool_size,
-        "sandbox": "none", "out": root / "out.jsonl", "mode": args.mode, "ray_address": args.ray_address,
-        "job_id": f"bench-{args.mode}-{args.child}"})
+        "sandbox": "none", "out": root / "out.jsonl", "job_id": f"bench-{args.mode}-{args.child}",
+        **({"mode": "ray", "ray_address": args.ray_address} if args.mode == "ray" else {})})
     t: dict[str, float] = {}
 
     def started(job_id: str, n: int) -> None:
@@ -104,7 +110,11 @@ def child(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - t["start"]
     scored = sum(1 for r in result.records if r.eval_status == "scored" and r.score == 10.0)
     print(json.dumps({"seconds": seconds, "sessions": len(result.records), "scored": scored,
-                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "cpu_self_s": _cpu(resource.RUSAGE_SELF), "cpu_children_s": _cpu(resource.RUSAGE_CHILDREN)}))
+
+
+SRC = REPO  # the tree whose launcher is measured (--src)
 
 
 def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = None,
@@ -118,7 +128,7 @@ def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = 
                "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--", *cmd]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=root,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=3600)
+                           env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=3600)
         if p.returncode != 0:
             raise SystemExit(f"launcher child failed ({p.returncode}): {p.stderr[-3000:]}")
         res: dict[str, Any] = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
@@ -150,6 +160,8 @@ def main() -> None:
     ap.add_argument("--ray-sessions", type=int, default=0, help="0: no Ray comparison")
     ap.add_argument("--ray-pool-size", type=int, default=8)
     ap.add_argument("--profile", type=Path)
+    ap.add_argument("--src", type=Path, help="measure the launcher of another tree (e.g. a commit's "
+                    "`git archive <commit> | tar -x -C DIR`)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="local", help=argparse.SUPPRESS)
@@ -157,19 +169,24 @@ def main() -> None:
     args = ap.parse_args()
     if args.child is not None:
         return child(args)
+    global SRC
+    SRC = (args.src or REPO).resolve()
     tmp = Path(tempfile.mkdtemp(prefix="launcher-bench-rt-"))
     runtime = tmp / "runtime.py"
     runtime.write_text(RUNTIME)
     n, pool = args.sessions, args.pool_size
     print(f"{n} sessions, pool {pool}, runtime: python reads its request and prints a result (no model call)")
-    bare_s = asyncio.run(bare(n, pool, runtime))
+    bare_s, bare_cpu = asyncio.run(bare(n, pool, runtime))
     launched = run_child(n, pool, profile=args.profile)
-    bare2_s = asyncio.run(bare(n, pool, runtime))  # again after: machine noise hits both alike
-    floor = (bare_s + bare2_s) / 2
+    bare2_s, bare2_cpu = asyncio.run(bare(n, pool, runtime))  # again after: machine noise hits both alike
+    floor, rt_cpu = (bare_s + bare2_s) / 2, (bare_cpu + bare2_cpu) / 2
     print(f"bare spawn      : {floor:7.2f} s ({bare_s:.2f} before, {bare2_s:.2f} after)  "
           f"{1000 * floor / n:6.2f} ms/session")
     print(f"launcher        : {launched['seconds']:7.2f} s  {1000 * launched['seconds'] / n:6.2f} ms/session  "
           f"(every session recorded, closed and graded)")
+    gw_cpu = launched["cpu_children_s"] - rt_cpu  # the launcher's children: the gateway and the runtimes
+    print(f"CPU per session : runtime {1000 * rt_cpu / n:.1f} ms; launcher process {1000 * launched['cpu_self_s'] / n:.1f} ms; "
+          f"gateway (its children minus the runtimes) {1000 * gw_cpu / n:.1f} ms")
     ratio = launched["seconds"] / floor
     print(f"ratio launcher / bare: {ratio:.2f}x (target <= 1.3x): {'PASS' if ratio <= 1.3 else 'FAIL'}; "
           f"launcher cost {1000 * pool * (launched['seconds'] - floor) / n:.1f} ms of wall time per session "
