@@ -43,7 +43,7 @@ from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
 from rollout.runner import run_runtime
-from rollout.runtime_local import RuntimeOutcome
+from rollout.runtime_local import RuntimeOutcome, pidfd_child_watcher
 from rollout.services import auth_headers, gateway_root
 from rollout.trajectory import to_trajectory
 from rollout.workspace_archive import keep_workspace
@@ -176,6 +176,10 @@ class Scheduler:
         """Run every row; returns one record per finished session (cancelled ones are absent).
         Cancelling this coroutine cancels the attempts in flight cleanly. Raises JobStopped when
         the circuit breaker gives up (records so far are in ``records``)."""
+        with pidfd_child_watcher():
+            return await self._run(rows)
+
+    async def _run(self, rows: list[JobEnvironment]) -> list[SessionRecord]:
         prior = await self.store.job_attempts(rows[0].job_id) if rows else {}
         self._left = len(rows)
         for r in rows:

@@ -96,9 +96,11 @@ def json_dumps(obj: Any) -> str:
     return text
 
 
-def make_sync_sqlite_writer(path: Path) -> Engine:
-    """A sync engine writing the SQLite file ``path`` as the async writer does (WAL, busy_timeout,
-    ``BEGIN IMMEDIATE``), one connection: for writes run in one thread hop (``store.group``)."""
+def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
+    """A sync engine on the SQLite file ``path`` set up as the async ones (WAL, busy_timeout,
+    ``BEGIN IMMEDIATE`` for the writer, ``BEGIN`` for the reader), one connection: for the
+    launcher's writes and reads run in one thread hop each (``store.group``)."""
+    begin_sql = "BEGIN IMMEDIATE" if writer else "BEGIN"
     engine = create_engine(f"sqlite:///{path}", json_serializer=json_dumps, poolclass=StaticPool,
                            connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
 
@@ -113,7 +115,7 @@ def make_sync_sqlite_writer(path: Path) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql(begin_sql)
 
     return engine
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
-from store.engine import BUSY_TIMEOUT_MS, make_engine, make_sync_sqlite_writer, parse_db_url, sqlite_path
+from store.engine import BUSY_TIMEOUT_MS, make_engine, make_sync_sqlite_engine, parse_db_url, sqlite_path
 from store.group import GroupCommit, Op
 from store.models import (
     GatewaySession,
@@ -287,7 +287,8 @@ class Store:
         path = self.path
         self._sqlite_writer = (
             _SqliteBatchWriter(path, self.writer.sync_engine.dialect) if path is not None else None)
-        self._sync_writer = make_sync_sqlite_writer(Path(path)) if path is not None else None
+        self._sync_writer = make_sync_sqlite_engine(Path(path), writer=True) if path is not None else None
+        self._sync_reader = make_sync_sqlite_engine(Path(path), writer=False) if path is not None else None
         self._group_thread: ThreadPoolExecutor | None = None
 
     @property
@@ -320,6 +321,11 @@ class Store:
             log.warning("store %s: added column %s (the database was made by an older version)",
                         self.identity(), name)
 
+    def _group_executor(self) -> ThreadPoolExecutor:
+        if self._group_thread is None:
+            self._group_thread = ThreadPoolExecutor(1, thread_name_prefix="store-group")
+        return self._group_thread
+
     def _sync_batch(self, ops: list[Op]) -> list[Any]:
         assert self._sync_writer is not None
         with Session(self._sync_writer, expire_on_commit=False) as s, s.begin():
@@ -330,9 +336,7 @@ class Store:
         of its own with a sync connection, else through the async writer."""
         async with self._write_lock:
             if self._sync_writer is not None:
-                if self._group_thread is None:
-                    self._group_thread = ThreadPoolExecutor(1, thread_name_prefix="store-group")
-                return await asyncio.get_running_loop().run_in_executor(self._group_thread, self._sync_batch, ops)
+                return await asyncio.get_running_loop().run_in_executor(self._group_executor(), self._sync_batch, ops)
             async with self._write() as s, s.begin():
                 return await s.run_sync(lambda sync: [op(sync) for op in ops])
 
@@ -342,8 +346,9 @@ class Store:
         await self._group.aclose()
         if self._group_thread is not None:
             self._group_thread.shutdown(wait=True)
-        if self._sync_writer is not None:
-            self._sync_writer.dispose()
+        for engine in (self._sync_writer, self._sync_reader):
+            if engine is not None:
+                engine.dispose()
         if self._sqlite_writer is not None:
             await self._sqlite_writer.close()
         await self.writer.dispose()
@@ -506,8 +511,18 @@ class Store:
         await self._group.run(op)
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
-        """Every recorded step of a session, in call order (``seq``)."""
+        """Every recorded step of a session, in call order (``seq``). On SQLite read in the grouped
+        writes' thread (one hop, between their transactions)."""
         q = select(SessionStep).where(col(SessionStep.session_id) == session_id).order_by(col(SessionStep.seq))
+        if self._sync_reader is not None:
+            reader = self._sync_reader
+
+            def read() -> list[SessionStep]:
+                with Session(reader, expire_on_commit=False) as s:
+                    steps = list(s.execute(q).scalars().all())
+                    s.rollback()  # ends the read transaction: never holds a snapshot
+                    return steps
+            return await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
 
