@@ -518,10 +518,8 @@ class Store:
             reader = self._sync_reader
 
             def read() -> list[SessionStep]:
-                with Session(reader, expire_on_commit=False) as s:
-                    steps = list(s.execute(q).scalars().all())
-                    s.rollback()  # ends the read transaction: never holds a snapshot
-                    return steps
+                with Session(reader, expire_on_commit=False) as s:  # closing it ends the read transaction
+                    return list(s.execute(q).scalars().all())
             return await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
