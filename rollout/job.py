@@ -150,15 +150,16 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
         raise SetupError(str(e)) from e
 
 
-def check_sandbox(opts: JobOptions, envs: list[EnvConfig]) -> None:
+def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -> None:
     """Before anything runs: when an env runs sandboxed, check that bubblewrap works here (else
     SetupError saying how to install it or opt out) and print how each limit is enforced; warn
-    about envs that run without a sandbox."""
+    about envs that run without a sandbox. ``probe`` False: the warning only (on Ray each node
+    checks its own sandbox)."""
     bare = sorted(cfg.name for cfg in envs if effective_mode(cfg, opts.sandbox) == "none")
     if bare:
         print(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
               "environment and network", file=sys.stderr)
-    if len(bare) == len(envs):
+    if len(bare) == len(envs) or not probe:
         return
     try:
         support = sandbox_support()
@@ -274,8 +275,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     ``rollout.scheduler``) and every started process. When the breaker gives up, the finished
     sessions are still reported and ``JobResult.stopped`` says why."""
     envs = load_envs(opts)
-    if opts.mode == "local":  # on Ray, each node checks its own sandbox before the job starts
-        check_sandbox(opts, [cfg for cfg, _ in envs])
+    check_sandbox(opts, [cfg for cfg, _ in envs], probe=opts.mode == "local")
     gw_settings = load_gateway_settings(opts.gateway_config)
     model = opts.llm_model or gw_settings.route_for_default()
     if not model:

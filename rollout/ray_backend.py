@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import socket
 import tempfile
 import time
 import urllib.error
@@ -201,11 +202,25 @@ class RayBackend:
         self.ray.shutdown()
 
 
+def _check_reachable(address: str) -> None:
+    """RayBackendError when nothing accepts a connection at ``HOST:PORT`` (``ray.init`` would wait
+    for minutes); ``auto`` and ``ray://`` addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=10).close()
+    except OSError as e:
+        raise RayBackendError(f"cannot connect to the Ray cluster at {address!r}: {e} (is its head running? "
+                              "start one with `ray start --head`, then pass its HOST:PORT)") from e
+
+
 def connect(address: str) -> RayBackend:
     """Connect this process to the Ray cluster at ``address`` (``HOST:PORT`` of its head, or
     ``auto``: the cluster started on this machine). The tasks' workers import the project from
     this launcher's folder (``PYTHONPATH``). Raises RayBackendError."""
     ray = _ray()
+    _check_reachable(address)
     if ray.is_initialized():
         ray.shutdown()
     try:

@@ -244,6 +244,16 @@ async def test_setup_refuses_what_the_cluster_cannot_run(tmp_path: Path, cluster
     assert q(db, "SELECT count(*) FROM session_attempts") == [(0,)]
 
 
+def test_a_ray_address_where_nothing_listens_is_a_clear_error() -> None:
+    ray_installed()
+    from rollout.ray_backend import RayBackendError, connect
+    from rollout.services import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RayBackendError, match=f"cannot connect to the Ray cluster at '{address}'.*ray start --head"):
+        connect(address)
+
+
 def test_ray_options_and_resources_are_checked() -> None:
     with pytest.raises(ValueError, match="--ray-address is only used with --mode ray"):
         JobOptions.model_validate({"gateway_config": "g.yaml", "ray_address": "auto"})
