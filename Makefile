@@ -21,4 +21,4 @@ setup-run:
 	@scripts/setup.sh local
 
 setup-test:
-	@scripts/setup.sh dev,local
+	@scripts/setup.sh dev,local,ray

@@ -82,7 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--regrade", action="store_true", default=None,
                     help="grade the finished sessions of --job-id again with the current rule_evaluator.py "
                          "(from the store: no runtime, no model call)")
-    ap.add_argument("--mode", choices=["local"], help="runtime backend (default local)")
+    ap.add_argument("--mode", choices=["local", "ray"],
+                    help="where runtimes run: local subprocesses (default), or ray: tasks on a Ray cluster")
+    ap.add_argument("--ray-address", help="with --mode ray: the Ray head, HOST:PORT, or auto (default $RAY_ADDRESS)")
+    ap.add_argument("--gateway-advertise-url",
+                    help="the session base URL runtimes use, as their machines reach the gateway "
+                         "(http://HOST:PORT/v1/sessions; default: the gateway's own URL)")
     ap.add_argument("--sandbox", choices=["bwrap", "none"],
                     help="run each runtime in a bubblewrap sandbox (default bwrap), or none: no isolation")
     ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
@@ -98,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade", "report"}
-_RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size", "max_steps",
-             "limit", "resume", "mode", "sandbox", "keep_workspaces", "max_retries", "retry_backoff_s", "report")
+_RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size",
+             "max_steps", "limit", "resume", "mode", "ray_address", "gateway_advertise_url", "sandbox",
+             "keep_workspaces", "max_retries", "retry_backoff_s", "report")
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 

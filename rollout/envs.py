@@ -48,12 +48,21 @@ class LimitsConfig(_Strict):
     disk_mb: int | None = Field(default=4096, ge=1)
 
 
+class ResourcesConfig(_Strict):
+    """What one session asks of a node in ``--mode ray`` (Ray resource requests; ``--mode local``
+    ignores them: there ``--pool-size`` alone decides). ``num_cpus``: CPUs (fractions allowed),
+    ``memory_mb``: MiB of Ray's ``memory`` resource (None: none asked)."""
+
+    num_cpus: float = Field(default=1.0, ge=0)
+    memory_mb: int | None = Field(default=None, ge=1)
+
+
 class RuntimeConfig(_Strict):
     """How to run one session: ``command`` (``{python}`` = the launcher's interpreter, ``{env_dir}``
     = the env folder), extra environment variables (``env``: name -> value; ``pass_env``: names
     copied from the launcher's environment when set), the session timeout in seconds, resource
     ``limits`` and ``sandbox`` (``none`` runs this env's runtimes without isolation; default: the
-    launcher's ``--sandbox``)."""
+    launcher's ``--sandbox``) and the ``resources`` a session asks of a Ray node."""
 
     command: list[str]
     timeout_s: float = Field(default=600.0, gt=0)
@@ -61,6 +70,7 @@ class RuntimeConfig(_Strict):
     pass_env: list[str] = Field(default_factory=list)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     sandbox: Literal["bwrap", "none"] | None = None
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
 
 DEFAULT_ARCHIVE_MAX_BYTES = 8 * 1024 * 1024

@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -124,10 +125,51 @@ def _discard_value(value: Any) -> None:
         value.close()  # avoid "coroutine was never awaited" for a discarded late result
 
 
+IDLE_THREAD_S = 30.0
+"""An evaluator thread with nothing to run exits after this many seconds."""
+_idle_lock = threading.Lock()
+_idle: list[_EvaluatorThread] = []
+
+
+class _EvaluatorThread:
+    """A daemon thread that runs evaluator calls one after the other; between calls it waits in
+    ``_idle`` (so a session's grading does not pay a thread start), and exits after
+    ``IDLE_THREAD_S`` without work. While it runs a call it is named ``evaluator-<label>``. A call
+    abandoned at its timeout keeps its thread until it returns; only then is the thread idle again."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[str, Callable[[], None]]] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="evaluator-idle", daemon=True).start()
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        while True:
+            try:
+                label, job = self.jobs.get(timeout=IDLE_THREAD_S)
+            except queue.Empty:
+                with _idle_lock:
+                    if self in _idle:
+                        _idle.remove(self)
+                        return
+                label, job = self.jobs.get()  # taken from _idle just now: its call is on the way
+            me.name = f"evaluator-{label}"
+            job()
+            me.name = "evaluator-idle"
+            with _idle_lock:
+                _idle.append(self)
+
+
+def _run_in_evaluator_thread(label: str, job: Callable[[], None]) -> None:
+    with _idle_lock:
+        worker = _idle.pop() if _idle else None
+    (worker or _EvaluatorThread()).jobs.put((label, job))
+
+
 def _start_thread(
     loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...], call: _ThreadCall
 ) -> asyncio.Future[tuple[bool, Any]]:
-    """Run ``fn(*args)`` in a new daemon thread. The returned future resolves on ``loop`` to
+    """Run ``fn(*args)`` in an evaluator daemon thread (an idle one, else a new one, see
+    ``_EvaluatorThread``). The returned future resolves on ``loop`` to
     ``(True, value)`` or ``(False, exception)``; if the future was cancelled (timeout) when the
     result arrives, the result is discarded."""
     future: asyncio.Future[tuple[bool, Any]] = loop.create_future()
@@ -162,8 +204,7 @@ def _start_thread(
                 "evaluator thread %s finished after its event loop closed; result discarded", call.label
             )
 
-    thread = threading.Thread(target=target, name=f"evaluator-{call.label}", daemon=True)
-    thread.start()
+    _run_in_evaluator_thread(call.label, target)
     return future
 
 

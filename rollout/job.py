@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.settings import ConfigError, GatewaySettings, load_settings
 from rollout.envs import Case, EnvConfig, EnvConfigError, discover_envs, load_cases, load_env_config
@@ -41,6 +42,8 @@ from rollout.outcomes import (
     RetryPolicy,
     check_classes,
 )
+from rollout.ray_backend import RayBackend, RayBackendError
+from rollout.ray_backend import connect as ray_connect
 from rollout.records import job_records
 from rollout.report import SessionRecord, write_jsonl
 from rollout.runner import effective_mode, sandbox_support
@@ -51,6 +54,7 @@ from rollout.services import (
     ServiceError,
     check_gateway,
     gateway_api_key,
+    gateway_root,
     start_gateway,
     start_llama_server,
 )
@@ -85,7 +89,9 @@ class JobOptions(BaseModel):
     limit: int | None = Field(default=None, ge=1)
     job_id: str | None = None
     resume: bool = False
-    mode: Literal["local"] = "local"
+    mode: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    gateway_advertise_url: str | None = None
     sandbox: Literal["bwrap", "none"] = "bwrap"
     out: Path | None = None
     keep_workspaces: bool = False
@@ -106,6 +112,14 @@ class JobOptions(BaseModel):
     def _classes(cls, v: list[str]) -> list[str]:
         check_classes(v, "failure classes")
         return v
+
+    @model_validator(mode="after")
+    def _ray_flags(self) -> JobOptions:
+        if self.mode != "ray" and self.ray_address is not None:
+            raise ValueError("--ray-address is only used with --mode ray")
+        if self.gateway_advertise_url is not None and not self.gateway_advertise_url.startswith(("http://", "https://")):
+            raise ValueError("--gateway-advertise-url must be an http(s)://HOST:PORT/v1/sessions URL")
+        return self
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy these options describe."""
@@ -197,15 +211,16 @@ async def install_harnesses(loaded: dict[str, LoadedHarness]) -> dict[str, Insta
     return ready
 
 
-def check_sandbox(opts: JobOptions, envs: list[EnvConfig]) -> None:
+def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -> None:
     """Before anything runs: when an env runs sandboxed, check that bubblewrap works here (else
     SetupError saying how to install it or opt out) and print how each limit is enforced; warn
-    about envs that run without a sandbox."""
+    about envs that run without a sandbox. ``probe`` False: the warning only (on Ray each node
+    checks its own sandbox)."""
     bare = sorted(cfg.name for cfg in envs if effective_mode(cfg, opts.sandbox) == "none")
     if bare:
         print(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
               "environment and network", file=sys.stderr)
-    if len(bare) == len(envs):
+    if len(bare) == len(envs) or not probe:
         return
     try:
         support = sandbox_support()
@@ -270,10 +285,32 @@ async def plan_sessions(store: Store, opts: JobOptions, job_id: str, models: lis
     return rows
 
 
+async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str) -> RayBackend:
+    """Connect to the Ray cluster of ``--ray-address`` (else ``$RAY_ADDRESS``) and check, from a
+    task on every node, that ``session_url``'s gateway answers there and the sandbox runs there,
+    and that some node can hold each env's ``runtime.resources``. SetupError otherwise."""
+    address = opts.ray_address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise SetupError("--mode ray needs --ray-address HOST:PORT (the Ray head; or auto, or $RAY_ADDRESS)")
+    try:
+        backend = ray_connect(address)
+    except RayBackendError as e:
+        raise SetupError(str(e)) from e
+    try:
+        backend.check_resources(envs)
+        await backend.check_nodes(gateway_root(session_url), envs, opts.sandbox)
+    except RayBackendError as e:
+        backend.close()
+        raise SetupError(str(e)) from e
+    print(f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at {session_url}",
+          file=sys.stderr)
+    return backend
+
+
 async def _start_services(gw: GatewaySettings, models: list[str], store: Store, log_dir: Path,
-                          children: list[ChildProcess]) -> str:
+                          children: list[ChildProcess], listen: str | None = None) -> str:
     """Start the model server of each managed route among ``models`` (once each), then the
-    gateway; returns the gateway's session URL."""
+    gateway (listening for ``listen``, the advertised URL, when set); returns its session URL."""
     check_routes(gw, models)
     routes = dict(gw.llm_routes)
     try:
@@ -287,7 +324,7 @@ async def _start_services(gw: GatewaySettings, models: list[str], store: Store, 
             "llm_routes": routes, "storage_type": store.kind,
             "storage_config": gw.storage_config.model_copy(update={"db_url": store.identity()}),
         })
-        children.append(await start_gateway(settings, log_dir))
+        children.append(await start_gateway(settings, log_dir, advertise_url=listen))
     except ServiceError as e:
         raise SetupError(str(e)) from e
     return children[-1].url
@@ -314,7 +351,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     loaded = load_harnesses(opts.harness)
     if loaded and not opts.resume:
         envs = harness_envs(envs)
-    check_sandbox(opts, [cfg for cfg, _ in envs])
+    check_sandbox(opts, [cfg for cfg, _ in envs], probe=opts.mode == "local")
     gw_settings = load_gateway_settings(opts.gateway_config)
     default = gw_settings.route_for_default()
     models = list(dict.fromkeys(opts.llm_model)) or ([default] if default else [])
@@ -324,6 +361,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         check_routes(gw_settings, models)
     store = open_store(opts.db_path)
     children: list[ChildProcess] = []
+    ray_backend: RayBackend | None = None
     try:
         await store.init()
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -356,7 +394,11 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
             gateway_url = opts.gateway_base_url.rstrip("/")
         else:
             api_key = gateway_api_key(gw_settings)  # the started gateway's own first key, if any
-            gateway_url = await _start_services(gw_settings, models, store, log_dir, children)
+            gateway_url = await _start_services(gw_settings, models, store, log_dir, children,
+                                                listen=opts.gateway_advertise_url)
+        advertise_url = opts.gateway_advertise_url.rstrip("/") if opts.gateway_advertise_url else None
+        if opts.mode == "ray":
+            ray_backend = await connect_ray(opts, [cfg for cfg, _ in envs], advertise_url or gateway_url)
         if on_plan:
             on_plan(dict(Counter(r.env_name for r in rows)))
         if on_start:
@@ -373,10 +415,11 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                max_steps=opts.max_steps, enable_evaluation=opts.enable_evaluation,
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,
                                workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox,
-                               retry=opts.retry_policy(), breaker=opts.breaker)
+                               retry=opts.retry_policy(), breaker=opts.breaker, advertise_url=advertise_url)
         by_name = {cfg.name: cfg for cfg, _ in envs}
         cases = {(c.env_name, c.case_id): c for _, cs in envs for c in cs}
-        scheduler = Scheduler(store, settings, by_name, cases, on_done=on_done, on_breaker=on_breaker)
+        scheduler = Scheduler(store, settings, by_name, cases, on_done=on_done, on_breaker=on_breaker,
+                              executor=ray_backend.executor() if ray_backend else None)
         stopped: str | None = None
         try:
             await scheduler.run(rows)
@@ -393,6 +436,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                          workspaces=workspaces if opts.keep_workspaces else None,
                          breaker_events=scheduler.breaker_events, stopped=stopped)
     finally:
+        if ray_backend is not None:
+            ray_backend.close()
         for child in reversed(children):
             child.stop()
         await store.close()

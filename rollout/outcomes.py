@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 log = logging.getLogger(__name__)
 
 InfraClass = Literal["setup_failed", "runtime_crashed", "gateway_unreachable", "upstream_unavailable",
-                     "launcher_error"]
+                     "node_lost", "launcher_error"]
 TaskOutcome = Literal["succeeded", "failed", "truncated", "timeout", "limit_exceeded", "runtime_error"]
 
 INFRA_CLASSES: frozenset[str] = frozenset(InfraClass.__args__)  # type: ignore[attr-defined]
@@ -57,12 +57,13 @@ def _upstream_failed(step: Any) -> bool:
         step.status == "error" and step.status_code is None)
 
 
-def classify(status: str, *, setup_failed: bool = False, limit_exceeded: str | None = None,
+def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False, limit_exceeded: str | None = None,
              error_class: str | None = None, error_text: str | None = None, close_error: str | None = None,
              steps: Sequence[Any] = ()) -> AttemptEnd:
     """Classify one attempt (rules in order; ``status`` is the runtime status after the gateway's
     truncation: succeeded | failed | truncated | timeout | error).
 
+    0. ``node_lost`` (``--mode ray``: the node running the attempt died or left): ``node_lost``.
     1. ``setup_failed`` (the runtime never started, sandbox set-up included): ``setup_failed``.
     2. timeout, succeeded, truncated, or a sandbox limit (memory, processes, output, disk) the
        runtime exceeded (``limit_exceeded``): final task outcomes.
@@ -75,6 +76,8 @@ def classify(status: str, *, setup_failed: bool = False, limit_exceeded: str | N
     6. failed: final.
     ``steps`` are the attempt's recorded ``SessionStep`` rows, in order."""
     why = error_text or None
+    if node_lost:
+        return AttemptEnd("node_lost", True, why or "the node running the session was lost")
     if setup_failed:
         return AttemptEnd("setup_failed", True, why or "the runtime could not start")
     if limit_exceeded:

@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -41,7 +42,8 @@ class RuntimeOutcome(BaseModel):
     ``setup_failed``: the runtime never started (command not found, sandbox setup failed): an
     infrastructure failure, not something the agent did. ``limit_exceeded``: the limit that ended
     the session (memory | processes | output | disk), status ``error``. ``sandbox``: ``bwrap`` or
-    ``none`` (None when unknown)."""
+    ``none`` (None when unknown). ``node_lost``: the Ray node running it died or left the cluster
+    (``--mode ray``): an infrastructure failure."""
 
     status: Literal["succeeded", "failed", "truncated", "timeout", "error"]
     result: SimulationStartResult | None = None
@@ -51,8 +53,33 @@ class RuntimeOutcome(BaseModel):
     setup_failed: bool = False
     limit_exceeded: str | None = None
     sandbox: str | None = None
+    node_lost: bool = False
     stdout_tail: str = ""
     stderr_tail: str = ""
+
+
+@contextlib.contextmanager
+def pidfd_child_watcher() -> Iterator[None]:
+    """On Python 3.11 (Linux), wait for the runtimes' exits with pid file descriptors on the
+    running loop instead of the default watcher's one thread per subprocess (Python 3.12 does
+    this by itself); the previous watcher is back afterwards. Elsewhere a no-op."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open") or not hasattr(asyncio, "PidfdChildWatcher"):
+        yield
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # a kernel without pidfds (before 5.3)
+        yield
+        return
+    old = asyncio.get_child_watcher()
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.set_child_watcher(watcher)
+    try:
+        yield
+    finally:
+        asyncio.set_child_watcher(old)
+        watcher.close()
 
 
 def parse_result(stdout: str) -> SimulationStartResult:

@@ -19,12 +19,12 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import httpx
+import aiohttp
 
 from rollout.envs import Case, EnvConfig
 from rollout.evaluation import EvalOutcome, build_eval_spec, run_evaluation
@@ -44,13 +44,25 @@ from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
 from rollout.runner import CODE_ROOT, RuntimeCommand, run_runtime
-from rollout.runtime_local import RuntimeOutcome
+from rollout.runtime_local import RuntimeOutcome, pidfd_child_watcher
 from rollout.services import auth_headers, gateway_root
 from rollout.trajectory import to_trajectory
 from rollout.workspace_archive import keep_workspace
 from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
+
+
+class Executor(Protocol):
+    """Runs one attempt's runtime: ``(cfg, request, workspace, extra_env, job_mode, command=,
+    stderr_log=) -> RuntimeOutcome``, the arguments and contract of ``rollout.runner.run_runtime``
+    (the local executor); the workspace holds the final workspace when it returns.
+    ``rollout.ray_backend.RayExecutor`` runs it on a Ray node instead."""
+
+    def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path, extra_env: dict[str, str],
+                 job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
+                 stderr_log: Path | None = None) -> Awaitable[RuntimeOutcome]: ...
+
 
 # job_environments.status values that mean the launcher failed to run the session (not the agent): exit code 2
 HARNESS_FAILURES = frozenset({"error", "timeout"})
@@ -104,7 +116,9 @@ class _Run:
 class RunSettings:
     """Job-wide settings: the route key, temperature (None = route default), step budget override
     (None = the env's ``max_steps``), concurrency, evaluation switch and timeout (seconds), and
-    the folder that holds the sessions' workspaces (None: the system temp folder), and the
+    the folder that holds the sessions' workspaces (None: the system temp folder), the session base
+    URL given to runtimes when it is not ``gateway_url`` (``advertise_url``: e.g. the gateway's
+    address as Ray nodes reach it), the
     gateway's API key (None: its auth is off): sent on the launcher's own calls (session close)
     and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; also as
     ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``, see ``rollout.runner.session_env``), the retry
@@ -132,6 +146,7 @@ class RunSettings:
     models: tuple[str, ...] = ()
     harnesses: Mapping[str, InstalledHarness] = field(default_factory=dict)
     log_dir: Path | None = None
+    advertise_url: str | None = None
 
 
 def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = None, model: str | None = None) -> str:
@@ -171,12 +186,15 @@ class Scheduler:
     """Runs a job's session rows with ``pool_size`` workers. ``envs`` maps env name to config,
     ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record,
     ``on_breaker`` with each change of the circuit breaker (also kept in ``breaker_events``).
-    ``rng`` draws the backoff jitter."""
+    ``rng`` draws the backoff jitter; ``executor`` runs each attempt's runtime (default:
+    ``run_runtime``, on this machine)."""
 
     def __init__(self, store: Store, settings: RunSettings, envs: dict[str, EnvConfig],
                  cases: dict[tuple[str, str], Case], on_done: Callable[[SessionRecord], None] | None = None,
-                 on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None) -> None:
+                 on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None,
+                 executor: Executor | None = None) -> None:
         self.store = store
+        self._execute: Executor = executor or run_runtime
         self.s = settings
         self.envs = envs
         self.cases = cases
@@ -185,7 +203,7 @@ class Scheduler:
         self.records: list[SessionRecord] = []
         self.breaker_events: list[BreakerEvent] = []
         self._rng = rng or random.Random()
-        self._http: httpx.AsyncClient | None = None
+        self._http: aiohttp.ClientSession | None = None
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
         self._seq = 0
         self._left = 0
@@ -198,12 +216,18 @@ class Scheduler:
         """Run every row; returns one record per finished session (cancelled ones are absent).
         Cancelling this coroutine cancels the attempts in flight cleanly. Raises JobStopped when
         the circuit breaker gives up (records so far are in ``records``)."""
+        with pidfd_child_watcher():
+            return await self._run(rows)
+
+    async def _run(self, rows: list[JobEnvironment]) -> list[SessionRecord]:
         prior = await self.store.job_attempts(rows[0].job_id) if rows else {}
         self._left = len(rows)
         for r in rows:
             self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.session_id, []))))
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=120),  # close may wait for calls in flight
-                                     headers=auth_headers(self.s.gateway_api_key)) as http:
+        # aiohttp, not httpx: a session close per session, and httpx cost 3x more launcher CPU per close
+        timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30, sock_read=120)  # close may wait
+        async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(self.s.gateway_api_key),
+                                         connector=aiohttp.TCPConnector(limit=0)) as http:
             self._http = http
             n = min(self.s.pool_size, max(1, len(rows)))
             if not rows:
@@ -259,11 +283,12 @@ class Scheduler:
         url = gateway_root(self.s.gateway_url) + "/readyz"
         for model in self.s.models or (self.s.model,):
             try:
-                r = await self._http.get(url, params={"route": model}, timeout=10)
-            except httpx.HTTPError as e:
+                async with self._http.get(url, params={"route": model},
+                                          timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    if r.status != 200:
+                        return f"{url}: HTTP {r.status}: {(await r.text())[:200]}"
+            except (aiohttp.ClientError, TimeoutError) as e:
                 return f"{url}: {type(e).__name__}: {e}"
-            if r.status_code != 200:
-                return f"{url}: HTTP {r.status_code}: {r.text[:200]}"
         return None
 
     async def _worker(self) -> None:
@@ -376,16 +401,16 @@ class Scheduler:
             shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
         request = SimulationStartRequest(
             job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
-            group_id=row.group_id, gateway_base_url=f"{self.s.gateway_url.rstrip('/')}/{sid}",
+            group_id=row.group_id, gateway_base_url=f"{(self.s.advertise_url or self.s.gateway_url).rstrip('/')}/{sid}",
             model=row.llm_model, temperature=self.s.temperature,
             max_steps=row.max_steps if row.max_steps is not None else -1,
             env_params={**cfg.params, "dataset": case.public_row()},
             metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
                       "attempt": work.attempt},
         )
-        command, log = self._harness_command(row, work.attempt)
-        outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg, command is None), self.s.sandbox,
-                                    command=command, stderr_log=log)
+        command, harness_log = self._harness_command(row, work.attempt)
+        outcome = await self._execute(cfg, request, workspace, self._runtime_env(cfg, command is None), self.s.sandbox,
+                                      command=command, stderr_log=harness_log)
         close_info = await self._close(sid, outcome.status)
         status = outcome.status
         if status == "succeeded" and close_info.get("truncated"):
@@ -395,7 +420,8 @@ class Scheduler:
             log.warning("session %s: %s", sid, rejected)
         errors = [e for e in (outcome.error_text, close_info.get("error"), rejected) if e]
         steps = await self.store.trajectory(sid)
-        end = classify(status, setup_failed=outcome.setup_failed, limit_exceeded=outcome.limit_exceeded,
+        end = classify(status, setup_failed=outcome.setup_failed, node_lost=outcome.node_lost,
+                       limit_exceeded=outcome.limit_exceeded,
                        error_class=outcome.result.error_class if outcome.result else None,
                        error_text=outcome.error_text, close_error=close_info.get("error"), steps=steps)
         return _Run(status, outcome, close_info, steps, end, errors)
@@ -461,7 +487,7 @@ class Scheduler:
             return None, None
         h = self.s.harnesses[row.harness]
         command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir], env={"PYTHONPATH": str(CODE_ROOT)})
-        log = (self.s.log_dir / "harness" / f"{row.session_id}-a{attempt}.log") if self.s.log_dir else None
+        log = (self.s.log_dir.resolve() / "harness" / f"{row.session_id}-a{attempt}.log") if self.s.log_dir else None
         return command, log
 
     def _runtime_env(self, cfg: EnvConfig, own: bool = True) -> dict[str, str]:
@@ -490,12 +516,12 @@ class Scheduler:
         assert self._http is not None
         url = f"{self.s.gateway_url.rstrip('/')}/{sid}/close"
         try:
-            r = await self._http.post(url, json={"reason": status, "completion_mode": status})
-        except httpx.HTTPError as e:
+            async with self._http.post(url, json={"reason": status, "completion_mode": status}) as r:
+                if r.status != 200:
+                    return {"error": f"closing the gateway session failed: HTTP {r.status}: {(await r.text())[:200]}"}
+                return dict(await r.json())
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             return {"error": f"closing the gateway session failed: {type(e).__name__}: {e}"}
-        if r.status_code != 200:
-            return {"error": f"closing the gateway session failed: HTTP {r.status_code}: {r.text[:200]}"}
-        return dict(r.json())
 
     async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, outcome: RuntimeOutcome | None,
                         trajectory: Any, workspace: Path) -> EvalOutcome | None:

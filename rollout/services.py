@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -171,12 +172,18 @@ async def start_llama_server(managed: ManagedServer, log_dir: Path) -> ChildProc
     return child
 
 
-async def start_gateway(settings: GatewaySettings, log_dir: Path, timeout_s: float = 60.0) -> ChildProcess:
+async def start_gateway(settings: GatewaySettings, log_dir: Path, timeout_s: float = 60.0,
+                        advertise_url: str | None = None) -> ChildProcess:
     """Start ``python -m gateway`` with ``settings`` (written to a temporary YAML) on a free
     loopback port and wait for ``/readyz``. The child's ``url`` is the session base URL
-    (``http://127.0.0.1:PORT/v1/sessions``)."""
-    port = free_port()
-    data = settings.model_copy(update={"listen_host": "127.0.0.1", "listen_port": port}).model_dump(
+    (``http://127.0.0.1:PORT/v1/sessions``). With ``advertise_url`` (how other machines reach it,
+    e.g. ``http://10.0.0.5:8000/v1/sessions``) it listens on every interface at that URL's port
+    (80/443 when it names none)."""
+    host, port = "127.0.0.1", free_port()
+    if advertise_url is not None:
+        parts = urlsplit(advertise_url)
+        host, port = "0.0.0.0", parts.port or (443 if parts.scheme == "https" else 80)
+    data = settings.model_copy(update={"listen_host": host, "listen_port": port}).model_dump(
         mode="json", exclude_none=True)
     log_dir.mkdir(parents=True, exist_ok=True)  # the derived config is kept with the logs of the run
     fd, cfg_path = tempfile.mkstemp(prefix="gateway-", suffix=".yaml", dir=log_dir)

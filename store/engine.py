@@ -16,8 +16,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
 
 BUSY_TIMEOUT_MS = 60_000
 
@@ -93,6 +94,30 @@ def json_dumps(obj: Any) -> str:
     except UnicodeEncodeError:
         return json.dumps(obj, ensure_ascii=True, allow_nan=False, default=_json_default)
     return text
+
+
+def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
+    """A sync engine on the SQLite file ``path`` set up as the async ones (WAL, busy_timeout,
+    ``BEGIN IMMEDIATE`` for the writer, ``BEGIN`` for the reader), one connection: for the
+    launcher's writes and reads run in one thread hop each (``store.group``)."""
+    begin_sql = "BEGIN IMMEDIATE" if writer else "BEGIN"
+    engine = create_engine(f"sqlite:///{path}", json_serializer=json_dumps, poolclass=StaticPool,
+                           connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql(begin_sql)
+
+    return engine
 
 
 def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:

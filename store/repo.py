@@ -12,6 +12,7 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
@@ -20,10 +21,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
 from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
-from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
+from store.engine import BUSY_TIMEOUT_MS, make_engine, make_sync_sqlite_engine, parse_db_url, sqlite_path
+from store.group import GroupCommit, Op
 from store.models import (
     GatewaySession,
     JobEnvironment,
@@ -279,10 +282,14 @@ class Store:
         self._write = async_sessionmaker(self.writer, expire_on_commit=False, class_=AsyncSession)
         self._read = async_sessionmaker(self.reader, expire_on_commit=False, class_=AsyncSession)
         self._write_lock = asyncio.Lock()
+        self._group = GroupCommit(self._run_batch)  # the launcher's row writes (store.group)
         self._upsert_stmt: Any = None
         path = self.path
         self._sqlite_writer = (
             _SqliteBatchWriter(path, self.writer.sync_engine.dialect) if path is not None else None)
+        self._sync_writer = make_sync_sqlite_engine(Path(path), writer=True) if path is not None else None
+        self._sync_reader = make_sync_sqlite_engine(Path(path), writer=False) if path is not None else None
+        self._group_thread: ThreadPoolExecutor | None = None
 
     @property
     def kind(self) -> str:
@@ -314,9 +321,34 @@ class Store:
             log.warning("store %s: added column %s (the database was made by an older version)",
                         self.identity(), name)
 
+    def _group_executor(self) -> ThreadPoolExecutor:
+        if self._group_thread is None:
+            self._group_thread = ThreadPoolExecutor(1, thread_name_prefix="store-group")
+        return self._group_thread
+
+    def _sync_batch(self, ops: list[Op]) -> list[Any]:
+        assert self._sync_writer is not None
+        with Session(self._sync_writer, expire_on_commit=False) as s, s.begin():
+            return [op(s) for op in ops]
+
+    async def _run_batch(self, ops: list[Op]) -> list[Any]:
+        """Run ``ops`` in one write transaction (``store.group``): for SQLite in one hop to a thread
+        of its own with a sync connection, else through the async writer."""
+        async with self._write_lock:
+            if self._sync_writer is not None:
+                return await asyncio.get_running_loop().run_in_executor(self._group_executor(), self._sync_batch, ops)
+            async with self._write() as s, s.begin():
+                return await s.run_sync(lambda sync: [op(sync) for op in ops])
+
     async def close(self) -> None:
-        """Close the SQLite batch writer's connection and stop its thread, then dispose both
-        engines (closes every pooled connection)."""
+        """Wait for queued row writes, close the SQLite batch writer's connection and stop its
+        thread, then dispose both engines (closes every pooled connection)."""
+        await self._group.aclose()
+        if self._group_thread is not None:
+            self._group_thread.shutdown(wait=True)
+        for engine in (self._sync_writer, self._sync_reader):
+            if engine is not None:
+                engine.dispose()
         if self._sqlite_writer is not None:
             await self._sqlite_writer.close()
         await self.writer.dispose()
@@ -433,23 +465,25 @@ class Store:
         (:func:`store.models.attempt_session_id`) and marked not trainable, and the gateway's
         state of the session is dropped so the budget starts afresh (call it once the gateway has
         answered the session's close). Returns the number of steps moved."""
-        async with self._write_lock, self._write() as s, s.begin():
-            res = await s.execute(
+        def op(s: Session) -> Any:
+            res = s.execute(
                 update(SessionStep).where(col(SessionStep.session_id) == session_id)
                 .values(session_id=attempt_session_id(session_id, attempt), is_trainable=False)
             )
-            await s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == session_id))
+            s.execute(delete(GatewaySession).where(col(GatewaySession.session_id) == session_id))
             return int(getattr(res, "rowcount", 0) or 0)
+        return int(await self._group.run(op))
 
     async def record_attempt(self, attempt: SessionAttempt, *, if_missing: bool = False) -> bool:
         """Write one attempt row (replacing the row of the same session and attempt number, or,
         with ``if_missing``, only when there is none). Returns whether it was written."""
-        async with self._write_lock, self._write() as s, s.begin():
-            have = await s.get(SessionAttempt, (attempt.session_id, attempt.attempt))
+        def op(s: Session) -> bool:
+            have = s.get(SessionAttempt, (attempt.session_id, attempt.attempt))
             if have is not None and if_missing:
                 return False
-            await s.merge(SessionAttempt(**attempt.model_dump()))
+            s.merge(SessionAttempt(**attempt.model_dump()))
             return True
+        return await self._group.run(op)
 
     async def job_attempts(self, job_id: str) -> dict[str, list[SessionAttempt]]:
         """Every attempt row of a job: session id -> its attempts in order."""
@@ -472,12 +506,21 @@ class Store:
 
     async def update_job_session(self, session_id: str, **values: Any) -> None:
         """Set columns of one ``job_environments`` row."""
-        async with self._write_lock, self._write() as s, s.begin():
-            await s.execute(update(JobEnvironment).where(col(JobEnvironment.session_id) == session_id).values(**values))
+        def op(s: Session) -> None:
+            s.execute(update(JobEnvironment).where(col(JobEnvironment.session_id) == session_id).values(**values))
+        await self._group.run(op)
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
-        """Every recorded step of a session, in call order (``seq``)."""
+        """Every recorded step of a session, in call order (``seq``). On SQLite read in the grouped
+        writes' thread (one hop, between their transactions)."""
         q = select(SessionStep).where(col(SessionStep.session_id) == session_id).order_by(col(SessionStep.seq))
+        if self._sync_reader is not None:
+            reader = self._sync_reader
+
+            def read() -> list[SessionStep]:
+                with Session(reader, expire_on_commit=False) as s:  # closing it ends the read transaction
+                    return list(s.execute(q).scalars().all())
+            return await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
 
@@ -488,9 +531,9 @@ class Store:
         outcome into ``meta_json["evaluation"]``) on the session's last step, mark that step terminal
         and session-completed, and set the ``job_environments`` columns given in ``values`` plus
         ``finished=True`` and ``finished_at``."""
-        async with self._write_lock, self._write() as s, s.begin():
+        def op(s: Session) -> None:
             last = (
-                await s.execute(
+                s.execute(
                     select(SessionStep)
                     .where(col(SessionStep.session_id) == session_id)
                     .order_by(col(SessionStep.seq).desc())
@@ -501,7 +544,7 @@ class Store:
                 meta = dict(last.meta_json or {})
                 if eval_meta is not None:
                     meta["evaluation"] = eval_meta
-                await s.execute(
+                s.execute(
                     update(SessionStep)
                     .where(col(SessionStep.record_id) == last.record_id)
                     .values(
@@ -512,18 +555,20 @@ class Store:
                         meta_json=meta,
                     )
                 )
-            await s.execute(
+            s.execute(
                 update(JobEnvironment)
                 .where(col(JobEnvironment.session_id) == session_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
+        await self._group.run(op)
 
     # ------------------------------------------------------------------ kept workspaces, regrade
     async def save_workspace_archive(self, row: SessionWorkspace) -> None:
         """Insert the kept workspace of ``row.session_id``, replacing an earlier one (a new attempt
         of the session replaces what its earlier attempt left)."""
-        async with self._write_lock, self._write() as s, s.begin():
-            await s.merge(row)
+        def op(s: Session) -> None:
+            s.merge(row)
+        await self._group.run(op)
 
     async def workspace_archive(self, session_id: str) -> SessionWorkspace | None:
         """The kept workspace of a session (archive bytes included), or None."""

@@ -1,0 +1,223 @@
+"""The launcher's own cost per session, beside spawning the same runtime bare, in one run.
+
+    python benchmarks/launcher_bench.py [--sessions 1000] [--pool-size 32] [--memory-sizes 1000 4000]
+                                        [--ray-sessions 200] [--ray-pool-size 8] [--profile DIR] [--src DIR]
+
+The runtime reads its start request and prints a result line (no model call). Measured in turn:
+- ``bare``: the runtime spawned ``--sessions`` times, ``--pool-size`` at once (asyncio
+  subprocesses, the start request on stdin, the result line read): the floor;
+- ``launcher``: a whole job of ``--sessions`` sessions at ``--pool-size`` (``run_job`` in a
+  child process: the gateway it starts, SQLite, every session planned, run, closed on the gateway,
+  graded by a rule evaluator, written back, the JSONL), ``--sandbox none`` so that both run the
+  same process; timed from the first session's start to the job's return;
+- peak RSS of that launcher process at each of ``--memory-sizes`` (one child each);
+- with ``--ray-sessions`` > 0: the same job on a local two-node Ray cluster (``--mode ray``)
+  against ``--mode local`` at ``--ray-pool-size``: per-session overhead of Ray.
+``--profile DIR`` records the launcher child of the main measurement with py-spy (a tool: ``pip
+install py-spy``) and prints its top functions by own time. Results: benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+RUNTIME = """import json, sys
+r = json.loads(sys.stdin.readline())
+print(json.dumps({"session_id": r["session_id"], "status": "succeeded", "metrics": {"ok": 1}}))
+"""
+EVALUATOR = """def evaluate(request, spec, trajectory):
+    return 10 if request.start_result is not None and request.start_result.metrics.get("ok") == 1 else 0
+"""
+
+
+def make_env(root: Path, n: int, resources: dict[str, Any] | None = None) -> Path:
+    d = root / "envs" / "bench"
+    (d / "data").mkdir(parents=True, exist_ok=True)
+    (d / "runtime.py").write_text(RUNTIME)
+    (d / "rule_evaluator.py").write_text(EVALUATOR)
+    (d / "data" / "cases.jsonl").write_text("".join(json.dumps({"id": f"c{i}"}) + "\n" for i in range(n)))
+    runtime: dict[str, Any] = {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120}
+    if resources:
+        runtime["resources"] = resources
+    (d / "env.yaml").write_text(yaml.safe_dump({
+        "name": "bench", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+        "runtime": runtime, "max_steps": 1}))
+    (root / "gw.yaml").write_text(yaml.safe_dump({
+        "storage_config": {"db_url": f"sqlite://{root / 'trajs.db'}"},
+        "llm_routes": {"none": {"base_url": "http://127.0.0.1:9/v1"}}}))  # never called
+    return d
+
+
+def _cpu(who: int) -> float:
+    ru = resource.getrusage(who)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def bare(n: int, pool: int, runtime: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the runtimes) to spawn the runtime ``n`` times, ``pool`` at
+    once, each fed a start request."""
+    sem = asyncio.Semaphore(pool)
+
+    async def one(i: int) -> None:
+        async with sem:
+            req = json.dumps({"session_id": f"s{i}", "gateway_base_url": "http://127.0.0.1:9/v1/sessions/s",
+                              "model": "none"}).encode() + b"\n"
+            p = await asyncio.create_subprocess_exec(
+                sys.executable, str(runtime), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            out, _ = await p.communicate(req)
+            assert p.returncode == 0 and json.loads(out.splitlines()[-1])["status"] == "succeeded", out
+
+    t0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return time.perf_counter() - t0, _cpu(resource.RUSAGE_CHILDREN) - c0
+
+
+def child(args: argparse.Namespace) -> None:
+    """One job in this process; prints one JSON line: seconds, sessions, peak RSS."""
+    from rollout.job import JobOptions, run_job
+
+    root = Path(args.root)
+    make_env(root, args.child, {"num_cpus": 1 / 32} if args.mode == "ray" else None)
+    opts = JobOptions.model_validate({
+        "agent_root": root / "envs", "gateway_config": root / "gw.yaml", "llm_model": "none",
+        "db_path": f"sqlite://{root / 'trajs.db'}", "enable_evaluation": True, "pool_size": args.pool_size,
+        "sandbox": "none", "out": root / "out.jsonl", "job_id": f"bench-{args.mode}-{args.child}",
+        **({"mode": "ray", "ray_address": args.ray_address} if args.mode == "ray" else {})})
+    t: dict[str, float] = {}
+
+    def started(job_id: str, n: int) -> None:
+        t["start"] = time.perf_counter()
+
+    result = asyncio.run(run_job(opts, on_start=started))
+    seconds = time.perf_counter() - t["start"]
+    scored = sum(1 for r in result.records if r.eval_status == "scored" and r.score == 10.0)
+    print(json.dumps({"seconds": seconds, "sessions": len(result.records), "scored": scored,
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "cpu_self_s": _cpu(resource.RUSAGE_SELF), "cpu_children_s": _cpu(resource.RUSAGE_CHILDREN)}))
+
+
+SRC = REPO  # the tree whose launcher is measured (--src)
+
+
+def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = None,
+              profile: Path | None = None) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="launcher-bench-"))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--root", str(root),
+           "--pool-size", str(pool), "--mode", mode] + (["--ray-address", ray_address] if ray_address else [])
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        cmd = [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")), "record", "-r", "200",
+               "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--", *cmd]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=root,
+                           env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=3600)
+        if p.returncode != 0:
+            raise SystemExit(f"launcher child failed ({p.returncode}): {p.stderr[-3000:]}")
+        res: dict[str, Any] = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if res["sessions"] != n or res["scored"] != n:
+        raise SystemExit(f"MISMATCH: {n} sessions planned, {res['sessions']} recorded, {res['scored']} graded 10")
+    return res
+
+
+def top_functions(raw: Path, k: int = 25) -> list[tuple[str, float]]:
+    """(function, share of samples) by own time from py-spy's raw (collapsed stack) output."""
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        total += int(count)
+        own[stack.split(";")[-1]] += int(count)
+    return [(f, c / total) for f, c in own.most_common(k)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=1000)
+    ap.add_argument("--pool-size", type=int, default=32)
+    ap.add_argument("--memory-sizes", type=int, nargs="*", default=[1000, 4000])
+    ap.add_argument("--ray-sessions", type=int, default=0, help="0: no Ray comparison")
+    ap.add_argument("--ray-pool-size", type=int, default=8)
+    ap.add_argument("--profile", type=Path)
+    ap.add_argument("--src", type=Path, help="measure the launcher of another tree (e.g. a commit's "
+                    "`git archive <commit> | tar -x -C DIR`)")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--root", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="local", help=argparse.SUPPRESS)
+    ap.add_argument("--ray-address", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        return child(args)
+    global SRC
+    SRC = (args.src or REPO).resolve()
+    tmp = Path(tempfile.mkdtemp(prefix="launcher-bench-rt-"))
+    runtime = tmp / "runtime.py"
+    runtime.write_text(RUNTIME)
+    n, pool = args.sessions, args.pool_size
+    print(f"{n} sessions, pool {pool}, runtime: python reads its request and prints a result (no model call)")
+    bare_s, bare_cpu = asyncio.run(bare(n, pool, runtime))
+    launched = run_child(n, pool, profile=args.profile)
+    bare2_s, bare2_cpu = asyncio.run(bare(n, pool, runtime))  # again after: machine noise hits both alike
+    floor, rt_cpu = (bare_s + bare2_s) / 2, (bare_cpu + bare2_cpu) / 2
+    print(f"bare spawn      : {floor:7.2f} s ({bare_s:.2f} before, {bare2_s:.2f} after)  "
+          f"{1000 * floor / n:6.2f} ms/session")
+    print(f"launcher        : {launched['seconds']:7.2f} s  {1000 * launched['seconds'] / n:6.2f} ms/session  "
+          f"(every session recorded, closed and graded)")
+    gw_cpu = launched["cpu_children_s"] - rt_cpu  # the launcher's children: the gateway and the runtimes
+    print(f"CPU per session : runtime {1000 * rt_cpu / n:.1f} ms; launcher process {1000 * launched['cpu_self_s'] / n:.1f} ms; "
+          f"gateway (its children minus the runtimes) {1000 * gw_cpu / n:.1f} ms")
+    ratio = launched["seconds"] / floor
+    print(f"ratio launcher / bare: {ratio:.2f}x (target <= 1.3x): {'PASS' if ratio <= 1.3 else 'FAIL'}; "
+          f"launcher cost {1000 * pool * (launched['seconds'] - floor) / n:.1f} ms of wall time per session "
+          f"slot")
+    for size in args.memory_sizes:
+        res = launched if size == n and args.profile is None else run_child(size, pool)
+        print(f"launcher peak RSS at {size:>6} sessions: {res['rss_mib']:7.1f} MiB  ({res['seconds']:.1f} s)")
+    if args.profile is not None:
+        print(f"\ntop functions by own time (py-spy, {args.profile}):")
+        for f, share in top_functions(args.profile / f"launcher-local-{n}.txt"):
+            print(f"  {100 * share:5.1f}%  {f}")
+    if args.ray_sessions:
+        ray_compare(args.ray_sessions, args.ray_pool_size)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ray_compare(n: int, pool: int) -> None:
+    from tests.rollout.ray_cluster import RayCluster
+
+    cluster = RayCluster().start()
+    try:
+        cluster.add_worker(num_cpus=2)
+        local = run_child(n, pool)
+        ray = run_child(n, pool, mode="ray", ray_address=cluster.address)
+    finally:
+        cluster.stop()
+    per = 1000 * pool * (ray["seconds"] - local["seconds"]) / n
+    print(f"\nRay vs local, {n} sessions at pool {pool} (two-node cluster on this machine):")
+    print(f"  --mode local: {local['seconds']:7.2f} s   --mode ray: {ray['seconds']:7.2f} s   "
+          f"ratio {ray['seconds'] / local['seconds']:.2f}x; Ray adds {per:.1f} ms per session")
+
+
+if __name__ == "__main__":
+    main()
