@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from gateway.capture import CaptureSettings
+
 SESSION_ID_PLACEHOLDER = "{session_id}"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 # A key: visible ASCII without ',' (the env var separator), as an HTTP header value carries it
@@ -112,7 +114,12 @@ class RouteSettings(_Strict):
     query or fragment (ValueError naming the problem).
 
     ``keepalive_interval_s`` overrides the gateway's :attr:`GatewaySettings.keepalive_interval_s`
-    for this route (None: use the gateway's; 0: no keep-alives)."""
+    for this route (None: use the gateway's; 0: no keep-alives).
+
+    ``capture`` (:class:`gateway.capture.CaptureSettings`; ``capture: tokens`` for the defaults)
+    asks a vLLM or SGLang upstream for the token ids and logprobs of each chat completion, keeps
+    them in the step and takes them out of the client's answer unless it asked for them
+    (docs/tokens.md). An ``openai`` route only."""
 
     base_url: str
     api: Literal["openai", "anthropic"] = "openai"
@@ -126,6 +133,7 @@ class RouteSettings(_Strict):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     keepalive_interval_s: float | None = Field(default=None, ge=0)
     managed: ManagedServer | None = None
+    capture: CaptureSettings | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -133,6 +141,12 @@ class RouteSettings(_Strict):
         v = v.rstrip("/")
         check_base_url_template(v)
         return v
+
+    @model_validator(mode="after")
+    def _capture_openai_only(self) -> RouteSettings:
+        if self.capture is not None and self.api != "openai":
+            raise ValueError("capture works on chat completions, which an api: anthropic route does not serve")
+        return self
 
     @property
     def per_session(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from gateway.admin import PolicyControl
+from gateway.continuity import PrefixTracker
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
 from gateway.request_log import RequestLog
@@ -18,7 +20,8 @@ from store import Store
 class GatewayState:
     """Settings, store, session manager, upstream client, telemetry writer, metrics and the
     request log (None when ``request_log.enabled`` is false); the background tasks of calls kept
-    for their retry (``detached``) and the ``stopping`` event set at shutdown."""
+    for their retry (``detached``) and the ``stopping`` event set at shutdown; the policy version
+    and pause state (``policy``) and the sessions' prefix digests (``prefixes``)."""
 
     settings: GatewaySettings
     store: Store
@@ -29,6 +32,8 @@ class GatewayState:
     request_log: RequestLog | None = None
     detached: set[asyncio.Task[None]] = field(default_factory=set)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    policy: PolicyControl = field(default_factory=PolicyControl)
+    prefixes: PrefixTracker = field(default_factory=PrefixTracker)
 
     def closing(self, sid: str) -> asyncio.Future[None]:
         """A future done once session ``sid`` starts closing or the gateway stops (no retry of

@@ -59,6 +59,12 @@ def _json(nullable: bool = True) -> Any:
     return Field(default=None, sa_column=Column(JSON, nullable=nullable))
 
 
+def _json_or_null() -> Any:
+    """A JSON column where None is SQL NULL (not the JSON text ``null``), so ``IS NULL`` finds
+    the unknown values."""
+    return Field(default=None, sa_column=Column(JSON(none_as_null=True), nullable=True))
+
+
 class JobEnvironment(SQLModel, table=True):
     """One session of a job: (case, sample) of an env run against one model route.
 
@@ -112,6 +118,14 @@ class SessionStep(SQLModel, table=True):
     and orders the trajectory. ``status`` is ok | error | truncated | timeout |
     client_disconnected | empty (a stream with no chunk before ``[DONE]``). Token counts are NULL when the upstream did not report usage (never a fake 0).
     Latencies are milliseconds.
+
+    Training columns (NULL always means unknown, never zero or empty): ``prompt_token_ids`` and
+    ``completion_token_ids`` (JSON lists of ints, as the upstream returned them),
+    ``completion_logprobs`` (JSON list, one logprob per completion token; an entry is null
+    where the upstream sent a non-finite number), ``policy_version`` (the gateway's policy
+    version when the call was admitted) and ``extends_prefix`` (true when this step's prompt
+    extends the previous step's prompt + completion, false when it does not, NULL for a
+    session's first step or when unknown). See docs/tokens.md.
     """
 
     __tablename__ = "session_steps"
@@ -149,6 +163,11 @@ class SessionStep(SQLModel, table=True):
     is_session_completed: bool = False
     is_trainable: bool = True
     created_at: datetime = _ts()
+    prompt_token_ids: list[int] | None = _json_or_null()
+    completion_token_ids: list[int] | None = _json_or_null()
+    completion_logprobs: list[float | None] | None = _json_or_null()
+    policy_version: int | None = None
+    extends_prefix: bool | None = None
 
 
 STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]

@@ -481,6 +481,26 @@ class Store:
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
 
+    async def policy_versions(self, session_id: str) -> list[int | None]:
+        """The distinct ``policy_version`` values of a session's steps, ascending, None (steps
+        recorded before any version was set) first; empty when the session has no step."""
+        q = select(SessionStep.policy_version).where(col(SessionStep.session_id) == session_id).distinct()
+        async with self._read() as s:
+            found = set((await s.execute(q)).scalars().all())
+        return ([None] if None in found else []) + sorted(v for v in found if v is not None)
+
+    async def policy_version_spans(self, job_id: str) -> dict[str, list[int | None]]:
+        """The sessions of a job whose steps span more than one policy version (None counting as
+        one): session id -> its distinct versions, as :meth:`policy_versions` orders them."""
+        q = (select(SessionStep.session_id, SessionStep.policy_version).where(col(SessionStep.job_id) == job_id)
+             .distinct())
+        by_sid: dict[str, set[int | None]] = {}
+        async with self._read() as s:
+            for sid, version in (await s.execute(q)).all():
+                by_sid.setdefault(sid, set()).add(version)
+        return {sid: ([None] if None in vs else []) + sorted(v for v in vs if v is not None)
+                for sid, vs in sorted(by_sid.items()) if len(vs) > 1}
+
     async def finish_job_session(
         self, session_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None, **values: Any
     ) -> None:
