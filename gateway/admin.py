@@ -150,10 +150,11 @@ async def pause(request: Request) -> dict[str, Any]:
 
 
 async def resume(request: Request) -> dict[str, Any]:
-    """Let the held calls and new ones go."""
+    """Let the held calls and new ones go: ``{"policy_version", "paused": false, "released": n}``
+    (``n``: calls that were held)."""
     control = _control(request)
     released = control.resume()
-    return {**control.state(), "released": released}
+    return {"policy_version": control.version, "paused": False, "released": released}
 
 
 def build_admin_router() -> APIRouter:
