@@ -152,7 +152,12 @@ class Call:
         step = self._row(outcome, refunded)
         if step is None:
             return None
-        return self.gw.writer.enqueue(step, self.gw.sessions.live(step["session_id"]))
+        state = self.gw.sessions.live(step["session_id"])
+        if not self.gw.settings.telemetry.step_deltas:
+            return self.gw.writer.enqueue(step, state)
+        encoder = self.gw.encoder
+        pending = encoder.encode(step)  # stored as a delta on the session's last committed step
+        return self.gw.writer.enqueue(step, state, on_commit=lambda: encoder.committed(pending))
 
     def _row(self, outcome: Outcome, refunded: bool) -> dict[str, Any] | None:
         """The step row (every ``session_steps`` column; None for a sessionless call) after

@@ -11,7 +11,7 @@ session (lengths and SHA-256 digests, never the conversation). The rule: docs/to
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +70,9 @@ def canonical_message(message: Any) -> Any:
 
 
 def _message_bytes(message: Any) -> bytes:
-    return json.dumps(canonical_message(message), ensure_ascii=False, separators=(",", ":"),
-                      default=str).encode("utf-8", "surrogatepass") + b"\x00"
+    """The canonical message as bytes (``marshal`` format 2: no back-references, so equal
+    values give equal bytes; a third of the cost of ``json.dumps``)."""
+    return marshal.dumps(canonical_message(message), 2)
 
 
 class PrefixTracker:
@@ -103,7 +104,7 @@ class PrefixTracker:
         prev = None if seq <= 1 else self._last.get(session_id)
         if prev is not None and prev.seq >= seq:
             prev = None
-        tools_digest = hashlib.sha256(json.dumps(tools, sort_keys=True, default=str).encode()).digest()
+        tools_digest = hashlib.sha256(marshal.dumps(tools, 2)).digest()
         result: bool | None = None
         if prev is not None and prompt_ids is not None and prev.token_digest is not None:
             n = prev.token_len or 0

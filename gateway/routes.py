@@ -117,6 +117,7 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     # the session stays closed in memory instead of reloading from the store as active)
     await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
     g.prefixes.drop(session_id)
+    g.encoder.drop(session_id)
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
             "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
             **await _versions(g, session_id)}

@@ -248,11 +248,16 @@ class TelemetrySettings(_Strict):
     """How steps are written. ``strict``: a step is committed before the agent gets the end of its
     answer, and a DB failure is an error the agent sees. ``best_effort``: answers never wait for the
     DB; records that cannot be written are dropped and counted in ``/metrics``. One writer task
-    commits up to ``batch_max`` steps per transaction; ``queue_max`` bounds the queue."""
+    commits up to ``batch_max`` steps per transaction; ``queue_max`` bounds the queue.
+    ``step_deltas`` (default true): store each step's ``messages``, ``request`` and
+    ``prompt_token_ids`` as a delta on the session's previous step, so storage grows with the
+    conversation, not its square (:mod:`store.stepcodec`, docs/storage.md); false stores every
+    value in full (for tools that read ``session_steps`` with their own SQL)."""
 
     mode: Literal["strict", "best_effort"] = "strict"
     batch_max: int = Field(default=256, ge=1)
     queue_max: int = Field(default=10_000, ge=1)
+    step_deltas: bool = True
 
 
 class RequestLogSettings(_Strict):

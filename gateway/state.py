@@ -14,6 +14,7 @@ from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
 from gateway.upstream import UpstreamClient
 from store import Store
+from store.stepcodec import StepEncoder
 
 
 @dataclass(slots=True)
@@ -21,7 +22,8 @@ class GatewayState:
     """Settings, store, session manager, upstream client, telemetry writer, metrics and the
     request log (None when ``request_log.enabled`` is false); the background tasks of calls kept
     for their retry (``detached``) and the ``stopping`` event set at shutdown; the policy version
-    and pause state (``policy``) and the sessions' prefix digests (``prefixes``)."""
+    and pause state (``policy``), the sessions' prefix digests (``prefixes``) and the step
+    encoder that stores steps as deltas (``encoder``, used when ``telemetry.step_deltas``)."""
 
     settings: GatewaySettings
     store: Store
@@ -34,6 +36,7 @@ class GatewayState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     policy: PolicyControl = field(default_factory=PolicyControl)
     prefixes: PrefixTracker = field(default_factory=PrefixTracker)
+    encoder: StepEncoder = field(default_factory=StepEncoder)
 
     def closing(self, sid: str) -> asyncio.Future[None]:
         """A future done once session ``sid`` starts closing or the gateway stops (no retry of

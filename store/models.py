@@ -126,6 +126,11 @@ class SessionStep(SQLModel, table=True):
     version when the call was admitted) and ``extends_prefix`` (true when this step's prompt
     extends the previous step's prompt + completion, false when it does not, NULL for a
     session's first step or when unknown). See docs/tokens.md.
+
+    ``encoding`` (NULL: every column holds its value in full) says how ``messages``, ``request``
+    and ``prompt_token_ids`` are rebuilt from an earlier step of the session
+    (:mod:`store.stepcodec`, docs/storage.md); every read of the store rebuilds them, so readers
+    see full values and ``encoding`` NULL.
     """
 
     __tablename__ = "session_steps"
@@ -168,6 +173,7 @@ class SessionStep(SQLModel, table=True):
     completion_logprobs: list[float | None] | None = _json_or_null()
     policy_version: int | None = None
     extends_prefix: bool | None = None
+    encoding: list[Any] | None = _json_or_null()
 
 
 STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]

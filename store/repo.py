@@ -33,6 +33,7 @@ from store.models import (
     attempt_session_id,
     utcnow,
 )
+from store.stepcodec import decode_rows
 
 log = logging.getLogger(__name__)
 
@@ -476,10 +477,13 @@ class Store:
             await s.execute(update(JobEnvironment).where(col(JobEnvironment.session_id) == session_id).values(**values))
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
-        """Every recorded step of a session, in call order (``seq``)."""
+        """Every recorded step of a session, in call order (``seq``), with every value in full
+        (:func:`store.stepcodec.decode_rows`)."""
         q = select(SessionStep).where(col(SessionStep.session_id) == session_id).order_by(col(SessionStep.seq))
         async with self._read() as s:
-            return list((await s.execute(q)).scalars().all())
+            rows = list((await s.execute(q)).scalars().all())
+        decode_rows(rows)
+        return rows
 
     async def policy_versions(self, session_id: str) -> list[int | None]:
         """The distinct ``policy_version`` values of a session's steps, ascending, None (steps
