@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.continuity import PrefixTracker
 from store import Store, json_dumps, step_record
-from store.stepcodec import StepEncoder
+from store.stepcodec import StepEncoder, token_chain
 
 ANSWER = "Done: I ran the command and the output is shown above; next I will check the log file."
 
@@ -97,11 +97,11 @@ async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool)
                     continue
                 row = dict(rows[k])
                 t0 = time.process_time()
+                tokens = token_chain(row["prompt_token_ids"], row["completion_token_ids"])
                 row["extends_prefix"] = prefixes.observe(
-                    row["session_id"], row["seq"], ok=True, prompt_ids=row["prompt_token_ids"],
-                    completion_ids=row["completion_token_ids"], messages=row["messages"],
-                    answer_message=row["response"]["choices"][0]["message"], tools=None)
-                pending = encoder.encode(row) if deltas else None
+                    row["session_id"], row["seq"], ok=True, prompt_ids=row["prompt_token_ids"], tokens=tokens,
+                    messages=row["messages"], answer_message=row["response"]["choices"][0]["message"], tools=None)
+                pending = encoder.encode(row, tokens) if deltas else None
                 t1 = time.process_time()
                 if not store.commit_now([row], []):
                     await store.write_batch([row], [])

@@ -27,6 +27,7 @@ from gateway.sessions import StepSlot
 from gateway.state import GatewayState
 from gateway.wire import WireRequest
 from store import step_record
+from store.stepcodec import TokenChain, token_chain
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Call:
         self.capture_added: frozenset[str] = frozenset()  # request fields token capture added
         self.policy_version: int | None = None  # the version when the call was admitted
         self.admitted = False  # counted in flight by gw.policy until released
+        self.tokens: TokenChain | None = None  # fingerprints of the step's token ids, once read
 
     # ------------------------------------------------------------------ ownership
     def hand_over(self) -> Call:
@@ -156,7 +158,7 @@ class Call:
         if not self.gw.settings.telemetry.step_deltas:
             return self.gw.writer.enqueue(step, state)
         encoder = self.gw.encoder
-        pending = encoder.encode(step)  # stored as a delta on the session's last committed step
+        pending = encoder.encode(step, self.tokens)  # stored as a delta on the session's last committed step
         return self.gw.writer.enqueue(step, state, on_commit=lambda: encoder.committed(pending))
 
     def _row(self, outcome: Outcome, refunded: bool) -> dict[str, Any] | None:
@@ -195,8 +197,9 @@ class Call:
         if self.proto.endpoint == "chat.completions":
             prompt_ids, completion_ids, logprobs = tokens_of(outcome.response)
             ok = outcome.status == StepStatus.OK
+            self.tokens = token_chain(prompt_ids, completion_ids)  # once, for the prefix check and the encoder
             extends = self.gw.prefixes.observe(
-                s.session_id, s.seq, ok=ok, prompt_ids=prompt_ids, completion_ids=completion_ids,
+                s.session_id, s.seq, ok=ok, prompt_ids=prompt_ids, tokens=self.tokens,
                 messages=self.body.get("messages"), answer_message=(message_of(outcome.response) or None) if ok else None,
                 tools=self.body.get("tools"))
         return step_record(

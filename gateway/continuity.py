@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import marshal
-from array import array
 from dataclasses import dataclass
 from typing import Any
+
+from store.stepcodec import TokenChain
 
 __all__ = ["PrefixTracker", "canonical_message"]
 
@@ -22,15 +23,10 @@ __all__ = ["PrefixTracker", "canonical_message"]
 @dataclass(frozen=True, slots=True)
 class _Prefix:
     seq: int
-    token_len: int | None
-    token_digest: bytes | None
+    tokens: TokenChain | None
     msg_count: int | None
     msg_digest: bytes | None
     tools_digest: bytes
-
-
-def _ids_digest(ids: list[int]) -> bytes:
-    return hashlib.sha256(array("q", ids).tobytes()).digest()
 
 
 def _text_or_parts(content: Any) -> Any:
@@ -89,10 +85,12 @@ class PrefixTracker:
         self._last.pop(session_id, None)
 
     def observe(self, session_id: str, seq: int, *, ok: bool, prompt_ids: list[int] | None,
-                completion_ids: list[int] | None, messages: Any, answer_message: dict[str, Any] | None,
+                tokens: TokenChain | None, messages: Any, answer_message: dict[str, Any] | None,
                 tools: Any) -> bool | None:
         """``extends_prefix`` of step ``seq`` of ``session_id``, then remember this step as the
-        session's previous one when it is ``ok``.
+        session's previous one when it is ``ok``. ``tokens``: the step's
+        :func:`store.stepcodec.token_chain` (prompt + completion ids; None when the prompt ids
+        are unknown).
 
         None when there is no previous step to compare with (the session's first step, a
         gateway restart since, a step recorded after a later one), or nothing comparable
@@ -106,9 +104,9 @@ class PrefixTracker:
             prev = None
         tools_digest = hashlib.sha256(marshal.dumps(tools, 2)).digest()
         result: bool | None = None
-        if prev is not None and prompt_ids is not None and prev.token_digest is not None:
-            n = prev.token_len or 0
-            result = len(prompt_ids) >= n and _ids_digest(prompt_ids[:n]) == prev.token_digest
+        if (prev is not None and prompt_ids is not None and tokens is not None and prev.tokens is not None
+                and prev.tokens.complete):
+            result = tokens.prompt_starts_with(prompt_ids, prev.tokens)
         msg_list = messages if isinstance(messages, list) else None
         h = hashlib.sha256()
         if msg_list is not None:
@@ -128,13 +126,9 @@ class PrefixTracker:
             self._last.pop(session_id, None)
         elif (have := self._last.get(session_id)) is not None and have.seq >= seq:
             return result
-        token_len = token_digest = None
-        if prompt_ids is not None and completion_ids is not None:
-            token_len = len(prompt_ids) + len(completion_ids)
-            token_digest = _ids_digest(prompt_ids + completion_ids)
         msg_count = msg_digest = None
         if msg_list is not None and answer_message is not None:
             h.update(_message_bytes(answer_message))
             msg_count, msg_digest = len(msg_list) + 1, h.digest()
-        self._last[session_id] = _Prefix(seq, token_len, token_digest, msg_count, msg_digest, tools_digest)
+        self._last[session_id] = _Prefix(seq, tokens, msg_count, msg_digest, tools_digest)
         return result

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ENCODING_VERSION", "Pending", "StepDecodeError", "StepEncoder", "decode_rows"]
+__all__ = ["ENCODING_VERSION", "Pending", "StepDecodeError", "StepEncoder", "TokenChain", "decode_rows", "token_chain"]
 
 ENCODING_VERSION = 1
 _CONVERSATION_KEYS = ("messages", "input")
@@ -30,24 +30,61 @@ def _message_digest(message: Any) -> bytes:
     return hashlib.blake2b(marshal.dumps(message, 2), digest_size=16).digest()
 
 
-def _ids_digest(ids: Sequence[int]) -> bytes:
-    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
-
-
 TOKEN_BLOCK = 64
-"""Token ids are matched against the base in blocks of this many (a chained digest per block)."""
+"""Token ids are compared in blocks of this many (a chained digest per whole block)."""
 
 
-def _block_digests(ids: Sequence[int]) -> tuple[bytes, ...]:
-    """The chained digest of ``ids`` after each whole block of :data:`TOKEN_BLOCK` ids."""
-    h = hashlib.blake2b(digest_size=16)
-    raw = memoryview(array("q", ids)).cast("B")
-    out = []
-    step = TOKEN_BLOCK * 8
-    for end in range(step, len(raw) + 1, step):
-        h.update(raw[end - step:end])
-        out.append(h.digest())
-    return tuple(out)
+class TokenChain:
+    """The token ids of one step (prompt + completion, or the prompt alone when the completion
+    is unknown) as comparable fingerprints, computed once per step: ``prompt_len``, ``total_len``,
+    the chained digest after each whole block of :data:`TOKEN_BLOCK` ids (``blocks``), the
+    ids after the last whole block (``tail``) and whether the completion is included
+    (``complete``). Memory: 16 bytes per block, never the ids."""
+
+    __slots__ = ("blocks", "complete", "prompt_len", "tail", "total_len")
+
+    def __init__(self, prompt: Sequence[int], completion: Sequence[int] | None) -> None:
+        ids = array("q", prompt)
+        if completion is not None:
+            ids.extend(completion)
+        self.complete = completion is not None  # the completion's ids are part of the chain
+        self.prompt_len = len(prompt)
+        self.total_len = len(ids)
+        whole = self.total_len - self.total_len % TOKEN_BLOCK
+        raw = memoryview(ids).cast("B")
+        h = hashlib.blake2b(digest_size=16)
+        step = TOKEN_BLOCK * ids.itemsize
+        blocks = []
+        for end in range(step, whole * ids.itemsize + 1, step):
+            h.update(raw[end - step:end])
+            blocks.append(h.digest())
+        self.blocks = tuple(blocks)
+        self.tail = ids[whole:].tolist()
+
+    def prompt_starts_with(self, prompt: Sequence[int], earlier: TokenChain) -> bool:
+        """True when this step's ``prompt`` (the ids this chain was built from) starts with all
+        of ``earlier``'s ids."""
+        n = earlier.total_len
+        if n > self.prompt_len:
+            return False
+        nb = n // TOKEN_BLOCK
+        if self.blocks[:nb] != earlier.blocks[:nb]:
+            return False
+        return list(prompt[nb * TOKEN_BLOCK:n]) == earlier.tail
+
+    def common_prompt_blocks(self, earlier: TokenChain) -> int:
+        """How many leading ids of this step's prompt, in whole blocks, equal ``earlier``'s."""
+        n = 0
+        for mine, theirs in zip(self.blocks[:self.prompt_len // TOKEN_BLOCK], earlier.blocks, strict=False):
+            if mine != theirs:
+                break
+            n += TOKEN_BLOCK
+        return n
+
+
+def token_chain(prompt: Sequence[int] | None, completion: Sequence[int] | None) -> TokenChain | None:
+    """The :class:`TokenChain` of a step, or None when its prompt ids are unknown."""
+    return None if prompt is None else TokenChain(prompt, completion)
 
 
 def _answer_message(response: Any) -> Any:
@@ -62,17 +99,13 @@ def _answer_message(response: Any) -> Any:
 class _Stored:
     """What the encoder knows of a committed step: its seq; the digest of each of its messages
     (None when ``messages`` was not a list), of its answer message and of its request without
-    the conversation; and of its token ids (prompt + completion, or the prompt alone when the
-    completion is unknown; None when the prompt is unknown) the length, the digest and the
-    chained block digests."""
+    the conversation; and its :class:`TokenChain` (None when its prompt ids are unknown)."""
 
     seq: int
     message_digests: tuple[bytes, ...] | None
     answer_digest: bytes | None
     rest_digest: bytes
-    token_len: int | None
-    token_digest: bytes | None
-    token_blocks: tuple[bytes, ...]
+    tokens: TokenChain | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +139,12 @@ class StepEncoder:
         if have is None or have.seq < pending.stored.seq or pending.stored.seq <= 1:
             self._last[pending.session_id] = pending.stored
 
-    def encode(self, row: dict[str, Any]) -> Pending:
+    def encode(self, row: dict[str, Any], tokens: TokenChain | None = None) -> Pending:
         """Rewrite ``row`` (a dict of every ``session_steps`` column) in place into its stored
-        form (docs/storage.md), and return what :meth:`committed` needs. With nothing to share
-        (no committed step yet, values with nothing in common) a value is stored in full;
-        ``encoding`` is None when every value is."""
+        form (docs/storage.md), and return what :meth:`committed` needs. ``tokens``: the row's
+        :func:`token_chain` when the caller already has it. With nothing to share (no committed
+        step yet, values with nothing in common) a value is stored in full; ``encoding`` is None
+        when every value is."""
         sid, seq = row["session_id"], row["seq"]
         base = None if seq <= 1 else self._last.get(sid)
         messages, request = row["messages"], row["request"]
@@ -138,22 +172,15 @@ class StepEncoder:
         rest_digest = _message_digest(rest)
         if base is not None and rest_digest == base.rest_digest:
             q |= 2  # the same request apart from the conversation (model, sampling, tools)
-        ids = None if prompt is None else prompt if completion is None else prompt + completion
-        blocks = _block_digests(ids) if ids is not None else ()
-        if base is not None and prompt is not None and base.token_digest is not None:
-            n = base.token_len or 0
-            if n and len(prompt) >= n and _ids_digest(prompt[:n]) == base.token_digest:
-                p_keep = n  # the usual case: this prompt extends the base's prompt + completion
+        if tokens is None and prompt is not None:
+            tokens = TokenChain(prompt, completion)
+        if base is not None and prompt is not None and tokens is not None and base.tokens is not None:
+            if base.tokens.total_len and tokens.prompt_starts_with(prompt, base.tokens):
+                p_keep = base.tokens.total_len  # the usual case: the base's prompt + completion, then more
             else:
-                for mine, theirs in zip(blocks[:len(prompt) // TOKEN_BLOCK], base.token_blocks, strict=False):
-                    if mine != theirs:
-                        break
-                    p_keep += TOKEN_BLOCK
-        token_len = token_digest = None
-        if ids is not None:
-            token_len, token_digest = len(ids), _ids_digest(ids)
+                p_keep = tokens.common_prompt_blocks(base.tokens)
         answer_digest = _message_digest(answer) if answer is not None else None
-        pending = Pending(sid, _Stored(seq, digests, answer_digest, rest_digest, token_len, token_digest, blocks))
+        pending = Pending(sid, _Stored(seq, digests, answer_digest, rest_digest, tokens))
         if not (m_keep or a or q or p_keep):
             row["encoding"] = None
             return pending

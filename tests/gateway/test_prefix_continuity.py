@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.continuity import PrefixTracker
+from store.stepcodec import token_chain
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion, token_rule
 from tests.gateway.conftest import StartGateway
 
@@ -82,11 +83,23 @@ async def test_error_steps_are_not_the_previous_step(start_gateway: StartGateway
 
 def test_tracker_unknowns() -> None:
     t = PrefixTracker()
-    kw: dict[str, Any] = {"ok": True, "completion_ids": [9], "messages": None, "answer_message": None, "tools": None}
-    assert t.observe("s", 2, prompt_ids=[1], **kw) is None  # no earlier step known (a restart)
-    assert t.observe("s", 3, prompt_ids=[1, 9, 5], **kw) is True
-    assert t.observe("s", 1, prompt_ids=[1], **kw) is None  # a new attempt starts the session again
-    assert t.observe("s", 2, prompt_ids=None, **kw) is None  # nothing comparable
-    assert t.observe("s", 3, prompt_ids=[1, 8], **kw) is None  # the previous (seq 2) had no tokens
+    kw: dict[str, Any] = {"ok": True, "messages": None, "answer_message": None, "tools": None}
+
+    def see(seq: int, prompt: list[int] | None, completion: list[int] | None = None) -> bool | None:
+        return t.observe("s", seq, prompt_ids=prompt, tokens=token_chain(prompt, completion), **kw)
+
+    assert see(2, [1], [9]) is None  # no earlier step known (a restart)
+    assert see(3, [1, 9, 5], [9]) is True
+    assert see(1, [1], [9]) is None  # a new attempt starts the session again
+    assert see(2, None) is None  # nothing comparable
+    assert see(3, [1, 8], [9]) is None  # the previous (seq 2) had no tokens
+    assert see(4, [1, 8, 9]) is True
+    assert see(5, [1, 8, 9, 3]) is None  # the previous step's completion ids are unknown
+    long = list(range(300))  # longer than a block of the token fingerprints
+    assert see(6, long, [7]) is None
+    assert see(7, [*long, 7, 1], [2]) is True
+    assert see(8, [*long[:-1], 0, 7, 1, 2], [5]) is False  # differs in the ids after the last whole block
+    assert see(9, [1, *long[1:-1], 0, 7, 1, 2, 5, 6], [5]) is False  # differs in the first block
+    assert see(10, [1, *long[1:-1], 0, 7, 1, 2, 5, 6, 5]) is True
     t.drop("s")
     assert len(t) == 0
