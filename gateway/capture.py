@@ -122,11 +122,15 @@ def strip_chunk(chunk: Any, added: frozenset[str]) -> Any | None:
     return _strip(chunk, added)
 
 
+_MAX_ID = 2**63  # token ids are stored and fingerprinted as 64-bit integers
+
+
 def _ints(value: Any) -> list[int] | None:
+    """``value`` when it is a list of token ids (integers in [0, 2**63)), else None."""
     if not isinstance(value, list):
         return None
     for v in value:
-        if not isinstance(v, int) or isinstance(v, bool):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < _MAX_ID:
             return None
     return list(value)
 

@@ -168,4 +168,5 @@ def test_pure_helpers() -> None:
     lp = {"content": [{"logprob": -0.5}, {"logprob": None}]}
     assert tokens_of({"choices": [{"token_ids": [3, 4], "logprobs": lp}]}) == (None, [3, 4], [-0.5, None])
     assert tokens_of({"choices": [{"token_ids": [3, True]}]}) == (None, None, None)
+    assert tokens_of({"prompt_token_ids": [2**63], "choices": [{"token_ids": [-1]}]}) == (None, None, None)
     assert tokens_of({"error": "x"}) == (None, None, None)
