@@ -49,3 +49,20 @@ async def test_old_database_gets_the_columns_and_keeps_its_rows(tmp_path: Path) 
     con = sqlite3.connect(db)
     nulls = con.execute("SELECT seq FROM session_steps WHERE prompt_token_ids IS NULL ORDER BY seq").fetchall()
     assert nulls == [(1,), (3,)]  # unknown is SQL NULL, not the JSON text 'null'
+
+
+async def test_sessions_spanning_policy_versions(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path}/v.db")
+    try:
+        await store.init()
+        rows = [step_record(session_id=sid, seq=i + 1, step_id=i + 1, llm_model="m", endpoint="chat.completions",
+                            job_id=job, policy_version=v)
+                for job, sid, versions in (("j", "one", [2, 2]), ("j", "two", [None, 2, 3]), ("j", "three", [4, 5]),
+                                           ("other", "four", [1, 2]))
+                for i, v in enumerate(versions)]
+        await store.write_batch(rows, [])
+        assert await store.policy_version_spans("j") == {"three": [4, 5], "two": [None, 2, 3]}
+        assert await store.policy_versions("one") == [2]
+        assert await store.policy_versions("two") == [None, 2, 3]
+    finally:
+        await store.close()
