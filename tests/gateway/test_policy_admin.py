@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from store import Store
-from tests.fake_upstream import FakeRequest, FakeUpstream, Reply, chat_completion
+from tests.fake_upstream import DONE, FakeRequest, FakeUpstream, Reply, chat_chunk, chat_completion
 from tests.gateway.conftest import CLIENT_KEY, MESSAGES, Gateway, StartGateway, eventually
 
 CHAT = {"model": "m", "messages": MESSAGES}
@@ -134,3 +134,23 @@ async def test_admin_routes_need_the_gateway_key(start_gateway: StartGateway) ->
         assert (r.status_code, r.json()["error"]["code"]) == (401, "invalid_api_key")
     r = await http.post("/admin/policy_version", json={"version": 1}, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
     assert r.json()["policy_version"] == 1
+
+
+async def test_pause_waits_for_a_stream_in_flight(gw: Gateway, upstream: FakeUpstream) -> None:
+    release = asyncio.Event()
+
+    async def stream(_req: FakeRequest) -> Reply:
+        await release.wait()
+        return Reply.sse([chat_chunk("one", role="assistant"), chat_chunk(finish_reason="stop"), DONE])
+
+    upstream.script(UP_PATH, [stream])
+    reader = asyncio.ensure_future(gw.http().post("/v1/sessions/s1/chat/completions", json={**CHAT, "stream": True}))
+    await upstream.wait_for_requests(1)
+    pausing = asyncio.ensure_future(gw.http().post("/admin/pause"))
+    await eventually(lambda: gw.app_state.policy.paused)
+    assert not pausing.done() and gw.app_state.policy.in_flight == 1
+    release.set()
+    assert (await pausing).json()["drained"] is True
+    assert b'"one"' in (await reader).content
+    assert [s.status for s in await gw.wait_steps("s1", 1)] == ["ok"]
+    await gw.http().post("/admin/resume")
