@@ -4,8 +4,9 @@ A trainer merges consecutive steps of a session into one training sequence only 
 later prompt starts with exactly the earlier prompt and completion. :class:`PrefixTracker`
 keeps, per session, a digest of the last ``ok`` step's prompt + completion (token ids when the
 upstream gave them, else the chat messages plus the assistant answer) and answers
-``extends_prefix`` for each new step: True, False, or None (unknown). Constant memory per
-session (lengths and SHA-256 digests, never the conversation). The rule: docs/tokens.md.
+``extends_prefix`` for each new step: True, False, or None (unknown). Memory per session:
+fingerprints (:class:`store.stepcodec.TokenChain`, one SHA-256 digest of the messages), never
+the conversation. The rule: docs/tokens.md.
 """
 
 from __future__ import annotations
