@@ -12,6 +12,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.call import Call
+from gateway.capture import strip_answer
 from gateway.errors import error_body
 from gateway.exchange import UpstreamFailed, before_model
 from gateway.idempotency import Replay
@@ -106,6 +107,10 @@ def plain(call: Call, status: int, up_headers: Mapping[str, str], content: bytes
         parsed = None
     if replaced:
         content = compact(parsed).encode("utf-8")
+    if call.capture_added and 200 <= status < 300:
+        stripped = strip_answer(parsed, call.capture_added)
+        if stripped is not None:  # what the client did not ask for (the step keeps it)
+            content = compact(stripped).encode("utf-8")
     recorded: Any
     if parsed is None:
         recorded = {"raw_body": _raw_text(content), "content_type": up_headers.get("Content-Type")}
@@ -131,7 +136,8 @@ def synthesized(call: Call, up_headers: Mapping[str, str], answer: dict[str, Any
     upstream that answered JSON): the answer re-told as a short stream of the protocol."""
     step_status = call.proto.answer_status(answer)
     headers = {**SSE_HEADERS, **relayed_headers(up_headers)}
-    chunks = call.proto.to_stream(answer, call.req)
+    shown = strip_answer(answer, call.capture_added) if call.capture_added else None
+    chunks = call.proto.to_stream(answer if shown is None else shown, call.req)
     replay = Replay(200, headers, b"".join(chunks), "text/event-stream") if step_status == StepStatus.OK else None
     outcome = Outcome(step_status, 200, answer, answered=200,
                       meta={"stream_synthesized": True, **_non_finite(replaced)}, replay=replay)

@@ -16,6 +16,8 @@ import logging
 import time
 from typing import Any
 
+from gateway.assembly import message_of
+from gateway.capture import tokens_of
 from gateway.errors import GatewayError, error_body
 from gateway.idempotency import PendingCall, Replay
 from gateway.outcome import Attempt, Outcome, StepStatus
@@ -25,6 +27,7 @@ from gateway.sessions import StepSlot
 from gateway.state import GatewayState
 from gateway.wire import WireRequest
 from store import step_record
+from store.stepcodec import TokenChain, token_chain
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,10 @@ class Call:
         self.finished = False
         self.handed_over = False
         self._counted = False
+        self.capture_added: frozenset[str] = frozenset()  # request fields token capture added
+        self.policy_version: int | None = None  # the version when the call was admitted
+        self.admitted = False  # counted in flight by gw.policy until released
+        self.tokens: TokenChain | None = None  # fingerprints of the step's token ids, once read
 
     # ------------------------------------------------------------------ ownership
     def hand_over(self) -> Call:
@@ -120,9 +127,23 @@ class Call:
                 self.claim.fail()
 
     # ------------------------------------------------------------------ pieces of finish
+    def admit_now(self) -> None:
+        """Count this call in flight for the policy control (no pause holds it) and take the
+        policy version its step is stamped with."""
+        self.policy_version = self.gw.policy.admit_now()
+        self.admitted = True
+
+    async def admit(self) -> None:
+        """:meth:`admit_now` after any pause (``POST /admin/pause``) is over."""
+        self.policy_version = await self.gw.policy.admit()
+        self.admitted = True
+
     def _release(self) -> None:
         if self.slot is not None:
             self.gw.sessions.release(self.slot)
+        if self.admitted:
+            self.admitted = False
+            self.gw.policy.done()
 
     def _queue(self, outcome: Outcome) -> asyncio.Future[None] | None:
         """Refund, build the row, write the request log line and queue the row for the telemetry
@@ -135,7 +156,12 @@ class Call:
         step = self._row(outcome, refunded)
         if step is None:
             return None
-        return self.gw.writer.enqueue(step, self.gw.sessions.live(step["session_id"]))
+        state = self.gw.sessions.live(step["session_id"])
+        if not self.gw.settings.telemetry.step_deltas:
+            return self.gw.writer.enqueue(step, state)
+        encoder = self.gw.encoder
+        pending = encoder.encode(step, self.tokens)  # stored as a delta on the session's last committed step
+        return self.gw.writer.enqueue(step, state, on_commit=lambda: encoder.committed(pending))
 
     def _row(self, outcome: Outcome, refunded: bool) -> dict[str, Any] | None:
         """The step row (every ``session_steps`` column; None for a sessionless call) after
@@ -172,6 +198,18 @@ class Call:
         after_close = self.gw.sessions.is_after_close(s)
         if after_close:
             meta["after_close"] = True
+        if self.capture_added:
+            meta["capture_added"] = sorted(self.capture_added)
+        prompt_ids = completion_ids = logprobs = None
+        extends = None
+        if self.proto.endpoint == "chat.completions":
+            prompt_ids, completion_ids, logprobs = tokens_of(outcome.response)
+            ok = outcome.status == StepStatus.OK
+            self.tokens = token_chain(prompt_ids, completion_ids)  # once, for the prefix check and the encoder
+            extends = self.gw.prefixes.observe(
+                s.session_id, s.seq, ok=ok, prompt_ids=prompt_ids, tokens=self.tokens,
+                messages=self.body.get("messages"), answer_message=(message_of(outcome.response) or None) if ok else None,
+                tools=self.body.get("tools"))
         return step_record(
             session_id=s.session_id, seq=s.seq, step_id=s.step_id, env_name=s.env_name, group_id=s.group_id,
             job_id=s.job_id, llm_model=self.route_key, endpoint=self.proto.endpoint, is_stream=self.stream,
@@ -180,7 +218,9 @@ class Call:
             finish_reason=answer.finish_reason, prompt_tokens=answer.prompt_tokens,
             completion_tokens=answer.completion_tokens, total_tokens=answer.total_tokens, latency_ms=latency_ms,
             ttft_ms=self.ttft_ms, is_truncated=outcome.status == StepStatus.TRUNCATED, meta_json=meta,
-            is_trainable=not (after_close or refunded),
+            is_trainable=not (after_close or refunded), prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids, completion_logprobs=logprobs, policy_version=self.policy_version,
+            extends_prefix=extends,
         )
 
     def count(self, http_status: int, *, timed: bool = True) -> None:

@@ -21,13 +21,14 @@ from fastapi.responses import Response
 
 from gateway import answers
 from gateway.call import Call
+from gateway.capture import upstream_fields
 from gateway.client_headers import correlation_headers
 from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError, set_error_shape
 from gateway.exchange import Exchange, UpstreamFailed
 from gateway.idempotency import may_retry
 from gateway.outcome import Outcome
-from gateway.protocols import WireProtocol
+from gateway.protocols import CHAT, WireProtocol
 from gateway.relay import StreamRelay
 from gateway.replay import replay_or_claim
 from gateway.sessions import SessionClosed
@@ -59,6 +60,14 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
     call = Call(gw, proto, req, body, claim, session_id, route_key)
     call.client_headers = correlation_headers(request.headers)
     try:
+        if gw.policy.paused:  # POST /admin/pause: wait for the resume (a client that leaves: 499)
+            try:
+                await unless_client_leaves(request.receive, call.admit())
+            except ClientGone:
+                gw.metrics.answer(proto.endpoint, req.model, 499)
+                return answers.gone(proto, "the client closed the connection while model calls were paused")
+        else:
+            call.admit_now()
         if session_id is not None:
             try:
                 call.slot = await gw.sessions.reserve(session_id, route_key)
@@ -102,6 +111,11 @@ async def _forward(call: Call, request: Request, raw: bytes) -> Response:
     call.upstream_body, call.usage_added = proto.upstream_body(req, call.body, route)
     if call.upstream_body.get("model") != (target := route.upstream_model or call.route_key):
         call.upstream_body = {**call.upstream_body, "model": target}  # called by an alias: the route's model
+    if route.capture is not None and proto.endpoint == CHAT.endpoint:
+        added = upstream_fields(call.body, route.capture)
+        if added:  # token capture: ask for what a trainer needs (docs/tokens.md)
+            call.upstream_body = {**call.upstream_body, **added}
+            call.capture_added = frozenset(added)
     upstream_streams = call.stream and route.supports_stream
     payload = raw if call.upstream_body is call.body else json.dumps(call.upstream_body).encode()
     headers = {"Content-Type": "application/json",

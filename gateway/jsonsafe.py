@@ -52,7 +52,13 @@ def strict_event(ev: SSEEvent) -> tuple[SSEEvent, int]:
         return ev, 0
     if not replaced:
         return ev, 0
-    data = compact(obj)
+    return with_data(ev, compact(obj)), replaced
+
+
+def with_data(ev: SSEEvent, data: str) -> SSEEvent:
+    """``ev`` with its data replaced by ``data`` (one line of JSON): the block rebuilt with one
+    ``data:`` line where its first one was, every other line (``event:``, ``id:``, comments)
+    kept."""
     lines: list[bytes] = []
     data_written = False
     for line in _LINE.split(ev.raw):
@@ -65,4 +71,4 @@ def strict_event(ev: SSEEvent) -> tuple[SSEEvent, int]:
             continue
         lines.append(line)
     raw = b"\n".join(lines) + b"\n\n"
-    return SSEEvent(event=ev.event, data=data, id=ev.id, retry=ev.retry, raw=raw), replaced
+    return SSEEvent(event=ev.event, data=data, id=ev.id, retry=ev.retry, raw=raw)

@@ -20,9 +20,10 @@ from typing import Any
 import aiohttp
 
 from gateway.call import Call
+from gateway.capture import strip_chunk
 from gateway.errors import GatewayError, error_body
 from gateway.idempotency import Replay
-from gateway.jsonsafe import strict_event
+from gateway.jsonsafe import compact, strict_event, with_data
 from gateway.outcome import Outcome, Phase, StepStatus
 from gateway.sse import SSEParser, sse_comment
 from gateway.streaming import SSE_HEADERS
@@ -149,10 +150,13 @@ class StreamRelay:
                     obj = asm.feed_event(ev)
                     if call.usage_added and proto.hide_event(obj):
                         continue
+                    raw = ev.raw
+                    if call.capture_added and (stripped := strip_chunk(obj, call.capture_added)) is not None:
+                        raw = with_data(ev, compact(stripped)).raw  # what the client did not ask for
                     if held or asm.finished:
-                        held.append(ev.raw)
+                        held.append(raw)
                         continue
-                    yield ev.raw
+                    yield raw
             status = asm.status()
             if status == StepStatus.TRUNCATED:
                 failure = 502, error_body(502, f"upstream closed the stream before it finished (no "

@@ -101,13 +101,21 @@ async def session_status(session_id: str, request: Request) -> dict[str, object]
     return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
             "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
             "step_counts": st.step_counts or {}, "close_reason": st.close_reason,
-            "completion_mode": st.completion_mode, "rejected_calls": _rejected(request, session_id)}
+            "completion_mode": st.completion_mode, "rejected_calls": _rejected(request, session_id),
+            **await _versions(_gw(request), st.session_id)}
 
 
 def _rejected(request: Request, session_id: str) -> dict[str, int]:
     """The session's calls the gateway answered itself, by reason (:mod:`gateway.rejections`)."""
     rejections = _gw(request).rejections
     return rejections.of(session_id) if rejections is not None else {}
+
+
+async def _versions(g: GatewayState, session_id: str) -> dict[str, object]:
+    """``policy_versions`` (distinct versions of the session's committed steps, null for steps
+    made before any version was set) and ``spans_policy_versions`` (more than one)."""
+    versions = await g.store.policy_versions(session_id)
+    return {"policy_versions": versions, "spans_policy_versions": len(versions) > 1}
 
 
 async def close_session(session_id: str, request: Request) -> dict[str, object]:
@@ -125,9 +133,11 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
     # the session stays closed in memory instead of reloading from the store as active)
     await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
+    g.prefixes.drop(session_id)
+    g.encoder.drop(session_id)
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
             "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
-            "rejected_calls": _rejected(request, session_id)}
+            "rejected_calls": _rejected(request, session_id), **await _versions(g, session_id)}
 
 
 async def head_ok(request: Request) -> Response:

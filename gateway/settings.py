@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from gateway.capture import CaptureSettings
+
 SESSION_ID_PLACEHOLDER = "{session_id}"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 # A key: visible ASCII without ',' (the env var separator), as an HTTP header value carries it
@@ -131,7 +133,12 @@ class RouteSettings(_Strict):
     ``upstream`` (the route's ``<base_url>/v1/messages/count_tokens``, ``api: anthropic`` only),
     ``vllm`` (``POST <origin>/tokenize`` with the conversation as chat messages),
     ``llama_cpp`` (``POST <origin>/extras/tokenize/count`` of the conversation's text), or
-    ``estimate`` (counted in the gateway, see docs/gateway-protocols.md)."""
+    ``estimate`` (counted in the gateway, see docs/gateway-protocols.md).
+
+    ``capture`` (:class:`gateway.capture.CaptureSettings`; ``capture: tokens`` for the defaults)
+    asks a vLLM or SGLang upstream for the token ids and logprobs of each chat completion, keeps
+    them in the step and takes them out of the client's answer unless it asked for them
+    (docs/tokens.md). An ``openai`` route only."""
 
     base_url: str
     base_urls: list[str] = Field(default_factory=list)
@@ -147,6 +154,7 @@ class RouteSettings(_Strict):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     keepalive_interval_s: float | None = Field(default=None, ge=0)
     managed: ManagedServer | None = None
+    capture: CaptureSettings | None = None
     aliases: list[str] = Field(default_factory=list)
     alias_pattern: str | None = None
     count_tokens: Literal["auto", "upstream", "vllm", "llama_cpp", "estimate"] = "auto"
@@ -220,6 +228,12 @@ class RouteSettings(_Strict):
     def workers(self) -> list[str]:
         """The route's upstream base URLs: ``base_urls``, else ``[base_url]``."""
         return list(self.base_urls) or [self.base_url]
+
+    @model_validator(mode="after")
+    def _capture_openai_only(self) -> RouteSettings:
+        if self.capture is not None and self.api != "openai":
+            raise ValueError("capture works on chat completions, which an api: anthropic route does not serve")
+        return self
 
     @property
     def per_session(self) -> bool:
@@ -333,11 +347,16 @@ class TelemetrySettings(_Strict):
     """How steps are written. ``strict``: a step is committed before the agent gets the end of its
     answer, and a DB failure is an error the agent sees. ``best_effort``: answers never wait for the
     DB; records that cannot be written are dropped and counted in ``/metrics``. One writer task
-    commits up to ``batch_max`` steps per transaction; ``queue_max`` bounds the queue."""
+    commits up to ``batch_max`` steps per transaction; ``queue_max`` bounds the queue.
+    ``step_deltas`` (default true): store each step's ``messages``, ``request`` and
+    ``prompt_token_ids`` as a delta on the session's previous step, so storage grows with the
+    conversation, not its square (:mod:`store.stepcodec`, docs/storage.md); false stores every
+    value in full (for tools that read ``session_steps`` with their own SQL)."""
 
     mode: Literal["strict", "best_effort"] = "strict"
     batch_max: int = Field(default=256, ge=1)
     queue_max: int = Field(default=10_000, ge=1)
+    step_deltas: bool = True
 
 
 class RequestLogSettings(_Strict):

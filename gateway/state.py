@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from gateway.admin import PolicyControl
+from gateway.continuity import PrefixTracker
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
 from gateway.rejections import RejectedCalls
@@ -13,6 +15,7 @@ from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
 from gateway.upstream import UpstreamClient
 from store import Store
+from store.stepcodec import StepEncoder
 
 
 @dataclass(slots=True)
@@ -20,7 +23,9 @@ class GatewayState:
     """Settings, store, session manager, upstream client, telemetry writer, metrics and the
     request log (None when ``request_log.enabled`` is false), the counters of calls it answered
     itself (:mod:`gateway.rejections`); the background tasks of calls kept
-    for their retry (``detached``) and the ``stopping`` event set at shutdown."""
+    for their retry (``detached``) and the ``stopping`` event set at shutdown; the policy version
+    and pause state (``policy``), the sessions' prefix digests (``prefixes``) and the step
+    encoder that stores steps as deltas (``encoder``, used when ``telemetry.step_deltas``)."""
 
     settings: GatewaySettings
     store: Store
@@ -32,6 +37,9 @@ class GatewayState:
     rejections: RejectedCalls | None = None
     detached: set[asyncio.Task[None]] = field(default_factory=set)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    policy: PolicyControl = field(default_factory=PolicyControl)
+    prefixes: PrefixTracker = field(default_factory=PrefixTracker)
+    encoder: StepEncoder = field(default_factory=StepEncoder)
 
     def closing(self, sid: str) -> asyncio.Future[None]:
         """A future done once session ``sid`` starts closing or the gateway stops (no retry of

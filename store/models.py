@@ -59,6 +59,12 @@ def _json(nullable: bool = True) -> Any:
     return Field(default=None, sa_column=Column(JSON, nullable=nullable))
 
 
+def _json_or_null() -> Any:
+    """A JSON column where None is SQL NULL (not the JSON text ``null``), so ``IS NULL`` finds
+    the unknown values."""
+    return Field(default=None, sa_column=Column(JSON(none_as_null=True), nullable=True))
+
+
 class JobEnvironment(SQLModel, table=True):
     """One session of a job: (case, sample) of an env run against one model route.
 
@@ -114,6 +120,19 @@ class SessionStep(SQLModel, table=True):
     and orders the trajectory. ``status`` is ok | error | truncated | timeout |
     client_disconnected | empty (a stream with no chunk before ``[DONE]``). Token counts are NULL when the upstream did not report usage (never a fake 0).
     Latencies are milliseconds.
+
+    Training columns (NULL always means unknown, never zero or empty): ``prompt_token_ids`` and
+    ``completion_token_ids`` (JSON lists of ints, as the upstream returned them),
+    ``completion_logprobs`` (JSON list, one logprob per completion token; an entry is null
+    where the upstream sent a non-finite number), ``policy_version`` (the gateway's policy
+    version when the call was admitted) and ``extends_prefix`` (true when this step's prompt
+    extends the previous step's prompt + completion, false when it does not, NULL for a
+    session's first step or when unknown). See docs/tokens.md.
+
+    ``encoding`` (NULL: every column holds its value in full) says how ``messages``, ``request``
+    and ``prompt_token_ids`` are rebuilt from an earlier step of the session
+    (:mod:`store.stepcodec`, docs/storage.md); every read of the store rebuilds them, so readers
+    see full values and ``encoding`` NULL.
     """
 
     __tablename__ = "session_steps"
@@ -151,6 +170,12 @@ class SessionStep(SQLModel, table=True):
     is_session_completed: bool = False
     is_trainable: bool = True
     created_at: datetime = _ts()
+    prompt_token_ids: list[int] | None = _json_or_null()
+    completion_token_ids: list[int] | None = _json_or_null()
+    completion_logprobs: list[float | None] | None = _json_or_null()
+    policy_version: int | None = None
+    extends_prefix: bool | None = None
+    encoding: list[Any] | None = _json_or_null()
 
 
 STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]

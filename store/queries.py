@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Select
 
 from store.models import GatewaySession, JobEnvironment, SessionStep
+from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
 ST = SessionStep.__table__  # type: ignore[attr-defined]
@@ -298,20 +299,32 @@ class ViewerQueries:
         """The ``job_environments`` row of a session (every column), or None."""
         return await self._one(select(JE).where(JE.c.env_id == session_id))
 
+    async def _steps(self, stmt: Any) -> list[dict[str, Any]]:
+        """Step rows with every value in full (:func:`store.stepcodec.decode_rows`; a store made
+        before the ``encoding`` column has nothing to rebuild)."""
+        rows = await self._all(stmt)
+        if rows and "encoding" in rows[0]:
+            decode_rows(rows)
+        return rows
+
     async def steps(self, session_id: str) -> list[dict[str, Any]]:
         """Every recorded step of a session (every column), in call order."""
-        return await self._all(select(ST).where(ST.c.session_id == session_id).order_by(ST.c.seq))
+        return await self._steps(select(ST).where(ST.c.session_id == session_id).order_by(ST.c.seq))
 
     async def step(self, session_id: str, seq: int) -> dict[str, Any] | None:
         """One recorded step (every column) by session id and ``seq``, or None."""
-        return await self._one(select(ST).where(ST.c.session_id == session_id, ST.c.seq == seq))
+        row = await self._one(select(ST).where(ST.c.session_id == session_id, ST.c.seq == seq))
+        if row is None or row.get("encoding") is None:
+            return row
+        rows = await self._steps(select(ST).where(ST.c.session_id == session_id))  # its bases too
+        return next(r for r in rows if r["seq"] == seq)
 
     async def earlier_attempt_steps(self, session_id: str) -> list[dict[str, Any]]:
         """Steps of the session's earlier attempts (moved to ``<id>~a<n>`` when a job is resumed),
         ordered by that id, then ``seq``."""
         prefix = session_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "~a%"
-        return await self._all(select(ST).where(ST.c.session_id.like(prefix, escape="\\"))
-                               .order_by(ST.c.session_id, ST.c.seq))
+        return await self._steps(select(ST).where(ST.c.session_id.like(prefix, escape="\\"))
+                                 .order_by(ST.c.session_id, ST.c.seq))
 
     async def gateway_session(self, session_id: str) -> dict[str, Any] | None:
         """The gateway's state of a session (budget, steps used, close reason), or None."""
@@ -351,8 +364,8 @@ class ViewerQueries:
         out: dict[str, list[dict[str, Any]]] = {sid: [] for sid in session_ids}
         if not session_ids:
             return out
-        for row in await self._all(select(ST).where(ST.c.session_id.in_(list(session_ids)))
-                                   .order_by(ST.c.session_id, ST.c.seq)):
+        for row in await self._steps(select(ST).where(ST.c.session_id.in_(list(session_ids)))
+                                     .order_by(ST.c.session_id, ST.c.seq)):
             out[row["session_id"]].append(row)
         return out
 

@@ -36,6 +36,7 @@ from store.models import (
     attempt_session_id,
     utcnow,
 )
+from store.stepcodec import decode_rows
 
 log = logging.getLogger(__name__)
 
@@ -511,8 +512,9 @@ class Store:
         await self._group.run(op)
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
-        """Every recorded step of a session, in call order (``seq``). On SQLite read in the grouped
-        writes' thread (one hop, between their transactions)."""
+        """Every recorded step of a session, in call order (``seq``), with every value in full
+        (:func:`store.stepcodec.decode_rows`). On SQLite read in the grouped writes' thread (one
+        hop, between their transactions)."""
         q = select(SessionStep).where(col(SessionStep.session_id) == session_id).order_by(col(SessionStep.seq))
         if self._sync_reader is not None:
             reader = self._sync_reader
@@ -520,9 +522,32 @@ class Store:
             def read() -> list[SessionStep]:
                 with Session(reader, expire_on_commit=False) as s:  # closing it ends the read transaction
                     return list(s.execute(q).scalars().all())
-            return await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
+            rows = await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
+        else:
+            async with self._read() as s:
+                rows = list((await s.execute(q)).scalars().all())
+        decode_rows(rows)
+        return rows
+
+    async def policy_versions(self, session_id: str) -> list[int | None]:
+        """The distinct ``policy_version`` values of a session's steps, ascending, None (steps
+        recorded before any version was set) first; empty when the session has no step."""
+        q = select(SessionStep.policy_version).where(col(SessionStep.session_id) == session_id).distinct()
         async with self._read() as s:
-            return list((await s.execute(q)).scalars().all())
+            found = set((await s.execute(q)).scalars().all())
+        return ([None] if None in found else []) + sorted(v for v in found if v is not None)
+
+    async def policy_version_spans(self, job_id: str) -> dict[str, list[int | None]]:
+        """The sessions of a job whose steps span more than one policy version (None counting as
+        one): session id -> its distinct versions, as :meth:`policy_versions` orders them."""
+        q = (select(SessionStep.session_id, SessionStep.policy_version).where(col(SessionStep.job_id) == job_id)
+             .distinct())
+        by_sid: dict[str, set[int | None]] = {}
+        async with self._read() as s:
+            for sid, version in (await s.execute(q)).all():
+                by_sid.setdefault(sid, set()).add(version)
+        return {sid: ([None] if None in vs else []) + sorted(v for v in vs if v is not None)
+                for sid, vs in sorted(by_sid.items()) if len(vs) > 1}
 
     async def finish_job_session(
         self, session_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None, **values: Any

@@ -704,3 +704,131 @@ class FakeUpstream:
 def _chunk_obj(model: str, delta: dict[str, Any], finish: str | None, extra: dict[str, Any]) -> dict[str, Any]:
     return {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+
+
+# ---------------------------------------------------------------------- vLLM/SGLang-style token answers
+# A chat upstream that returns token ids and logprobs when asked, as vLLM (``return_token_ids``,
+# ``logprobs``, ``prompt_logprobs``) and SGLang (``return_token_ids``, ``return_prompt_token_ids``)
+# do, over a fake byte-level tokenizer: every UTF-8 byte is one token, plus two special tokens.
+# Enable it with ``up.add_rule(token_rule())`` (``token_rule("sglang")`` for SGLang's shape).
+
+IM_START = 1001
+IM_END = 1000
+"""Special token ids of the fake tokenizer (``<|im_start|>``, ``<|im_end|>``, also the EOS)."""
+
+
+def fake_encode(text: str) -> list[int]:
+    """The fake tokenizer: one token per UTF-8 byte."""
+    return list(text.encode("utf-8"))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def fake_prompt_ids(messages: Sequence[Any]) -> list[int]:
+    """The prompt token ids of a chat (a ChatML-like template over :func:`fake_encode`): per
+    message ``<|im_start|>role\\ncontent<|im_end|>\\n`` (an assistant message's tool calls
+    appended to its content as JSON), then ``<|im_start|>assistant\\n``."""
+    ids: list[int] = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        text = _content_text(m.get("content"))
+        if m.get("tool_calls"):
+            text += _dumps(m["tool_calls"])
+        ids += [IM_START, *fake_encode(f"{m.get('role')}\n"), *fake_encode(text), IM_END, *fake_encode("\n")]
+    return [*ids, IM_START, *fake_encode("assistant\n")]
+
+
+def fake_completion_ids(text: str) -> list[int]:
+    """The completion token ids of an answer ``text``: its bytes, then ``<|im_end|>``."""
+    return [*fake_encode(text), IM_END]
+
+
+def fake_logprob(token_id: int) -> float:
+    """The logprob the fake gives token ``token_id`` (exact in binary: -1/8 ... -7/8)."""
+    return -((token_id % 7) + 1) / 8
+
+
+def _token_text(token_id: int) -> str:
+    if token_id == IM_END:
+        return "<|im_end|>"
+    if token_id == IM_START:
+        return "<|im_start|>"
+    return bytes([token_id]).decode("latin-1")
+
+
+def _logprobs_content(ids: Sequence[int]) -> dict[str, Any]:
+    return {"content": [{"token": _token_text(t), "logprob": fake_logprob(t),
+                         "bytes": [t] if t < 256 else list(_token_text(t).encode("utf-8")), "top_logprobs": []}
+                        for t in ids]}
+
+
+def token_rule(server: Literal["vllm", "sglang"] = "vllm", *, text: str = DEFAULT_TEXT,
+               pieces: Sequence[str] = _DEFAULT_PIECES) -> Callable[[FakeRequest], Reply | None]:
+    """A rule (``up.add_rule``) answering every chat completion with ``text`` (streamed as
+    ``pieces``, which must join to ``text``) the way ``server`` answers: token ids and logprobs
+    only when the request asks for them, ``"logprobs": null`` in each choice otherwise, usage
+    counted in fake tokens. vLLM: top-level ``prompt_token_ids`` (first chunk of a stream) and
+    per-choice ``token_ids`` (per chunk), ``prompt_logprobs`` (non-streamed) as
+    ``[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]``. SGLang: per-choice
+    ``prompt_token_ids`` (with ``return_prompt_token_ids``) and ``token_ids``, non-streamed only
+    (SGLang's stream chunks carry no token ids)."""
+    assert "".join(pieces) == text
+
+    def rule(req: FakeRequest) -> Reply | None:
+        if req.method != "POST" or not req.path.endswith("/chat/completions") or not isinstance(req.json, dict):
+            return None
+        body = req.json
+        model = body.get("model") if isinstance(body.get("model"), str) else "m"
+        prompt = fake_prompt_ids(body.get("messages") or [])
+        completion = fake_completion_ids(text)
+        want_ids = bool(body.get("return_token_ids"))
+        want_prompt_ids = want_ids if server == "vllm" else bool(body.get("return_prompt_token_ids"))
+        want_lp = bool(body.get("logprobs"))
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(completion),
+                 "total_tokens": len(prompt) + len(completion)}
+        if not body.get("stream"):
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": _logprobs_content(completion) if want_lp else None,
+                                      "finish_reason": "stop"}
+            if server == "sglang" and want_prompt_ids:
+                choice["prompt_token_ids"] = prompt
+            if want_ids:
+                choice["token_ids"] = completion
+            answer: dict[str, Any] = {"id": "c1", "object": "chat.completion", "created": 0, "model": model,
+                                      "choices": [choice], "usage": usage}
+            if server == "vllm" and want_prompt_ids:
+                answer["prompt_token_ids"] = prompt
+            if server == "vllm" and body.get("prompt_logprobs") is not None:
+                answer["prompt_logprobs"] = [None] + [
+                    {str(t): {"logprob": fake_logprob(t), "rank": 1, "decoded_token": _token_text(t)}}
+                    for t in prompt[1:]]
+            return Reply.json(answer)
+        chunks: list[bytes] = []
+        parts: list[tuple[dict[str, Any], list[int], str | None]] = [
+            ({"role": "assistant", "content": p} if i == 0 else {"content": p}, fake_encode(p), None)
+            for i, p in enumerate(pieces)]
+        parts.append(({}, [IM_END], "stop"))
+        for i, (delta, ids, finish) in enumerate(parts):
+            ch: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": _logprobs_content(ids) if want_lp else None,
+                                  "finish_reason": finish}
+            if server == "vllm" and want_ids:
+                ch["token_ids"] = ids
+            obj: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                                   "choices": [ch]}
+            if i == 0 and server == "vllm" and want_prompt_ids:
+                obj["prompt_token_ids"] = prompt
+            chunks.append(sse_data(obj))
+        opts = body.get("stream_options")
+        if isinstance(opts, dict) and opts.get("include_usage"):
+            chunks.append(usage_chunk(usage, model=model))
+        chunks.append(DONE)
+        return Reply.sse(chunks)
+
+    return rule

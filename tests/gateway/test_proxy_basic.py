@@ -120,7 +120,7 @@ async def test_step_id_counts_per_session_and_model(start_gateway: StartGateway)
     r = await gw.http().get("/v1/sessions/s1")
     assert r.json() == {"session_id": "s1", "status": "active", "max_steps": -1, "total_steps": 5,
                         "refunded_steps": 0, "step_counts": {"m": 3, "m2": 2}, "close_reason": None, "completion_mode": None,
-                        "rejected_calls": {}}
+                        "rejected_calls": {}, "policy_versions": [None], "spans_policy_versions": False}
     [row] = gw.sql("SELECT status, total_steps, step_counts FROM gateway_sessions WHERE session_id='s1'")
     assert (row["status"], row["total_steps"], json.loads(row["step_counts"])) == ("active", 5, {"m": 3, "m2": 2})
 
@@ -494,7 +494,8 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     r = await http.post("/v1/sessions/s1/close", json={"reason": "done", "completion_mode": "finished"})
     assert r.status_code == 200
     assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "truncated": False,
-                        "close_reason": "done", "completion_mode": "finished", "rejected_calls": {}}
+                        "close_reason": "done", "completion_mode": "finished", "rejected_calls": {},
+                        "policy_versions": [None], "spans_policy_versions": False}
     r = await http.post("/v1/sessions/s1/close", json={"reason": "again"})  # idempotent: first reason kept
     assert r.json()["close_reason"] == "done"
     r = await http.get("/v1/sessions/s1")

@@ -1,0 +1,162 @@
+"""Storage of a long agent session: bytes on disk per byte of unique conversation, and what
+recording one step costs, with steps stored in full and as deltas (``telemetry.step_deltas``).
+
+    python benchmarks/step_storage_bench.py [--turns 100] [--turn-bytes 1024] [--sessions 8]
+
+Each session is an agent loop of ``--turns`` calls: call k sends the whole history (a system
+prompt, then per turn a user message of ``--turn-bytes`` and the assistant's answer) and gets a
+chat completion back; with ``--tokens`` the rows also carry prompt/completion token ids (one
+token per byte). Rows are built and recorded exactly as the gateway records them
+(:func:`store.step_record`, :class:`store.stepcodec.StepEncoder`, ``Store.commit_now``, the
+prefix check of :class:`gateway.continuity.PrefixTracker`), into two fresh SQLite files in the
+same run; every step is then read back (``Store.trajectory``) and checked equal to what was
+written. Prints the database size / unique content ratio and microseconds per recorded step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.continuity import PrefixTracker
+from store import Store, json_dumps, step_record
+from store.stepcodec import StepEncoder, token_chain
+
+ANSWER = "Done: I ran the command and the output is shown above; next I will check the log file."
+
+
+def session_rows(sid: str, turns: int, turn_bytes: int, tokens: bool) -> tuple[list[dict[str, Any]], int]:
+    """The rows of one session (in call order) and the bytes of its unique content: every
+    distinct message once, every response once, and with ``tokens`` every token id once."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent in a Linux shell."}]
+    unique = len(json_dumps(messages[0]))
+    rows = []
+    prompt_ids: list[int] = []
+    for k in range(turns):
+        user = {"role": "user", "content": f"[turn {k}] " + ("output line\n" * (turn_bytes // 12 + 1))[:turn_bytes]}
+        messages = [*messages, user]
+        unique += len(json_dumps(user))
+        response = {"id": f"chatcmpl-{sid}-{k}", "object": "chat.completion", "created": 1700000000 + k,
+                    "model": "policy", "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER},
+                                                    "logprobs": None, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 100 * k, "completion_tokens": 20, "total_tokens": 100 * k + 20}}
+        unique += len(json_dumps(response))
+        new_prompt = list(json_dumps(user).encode()) if tokens else []
+        completion = list(ANSWER.encode()) if tokens else None
+        prompt_ids = prompt_ids + new_prompt
+        if tokens:
+            unique += len(json_dumps(new_prompt)) + len(json_dumps(completion))
+        rows.append(step_record(
+            session_id=sid, seq=k + 1, step_id=k + 1, llm_model="policy", endpoint="chat.completions",
+            is_stream=False, status="ok", status_code=200, messages=messages,
+            request={"model": "policy", "messages": messages, "temperature": 0.7, "max_tokens": 512},
+            response=response, finish_reason="stop", prompt_tokens=100 * k, completion_tokens=20,
+            total_tokens=100 * k + 20, latency_ms=850.0, meta_json={"route": "policy"},
+            prompt_token_ids=list(prompt_ids) if tokens else None, completion_token_ids=completion,
+            job_id="bench-job", env_name="bench", group_id=f"g-{sid}"))
+        answer = {"role": "assistant", "content": ANSWER}
+        messages = [*messages, answer]
+        if tokens:
+            prompt_ids = prompt_ids + (completion or [])
+    return rows, unique
+
+
+def db_bytes(path: Path) -> tuple[int, int]:
+    """The database file's size (after folding the WAL in) and the bytes of the pages of the
+    ``session_steps`` table and its indexes (SQLite ``dbstat``)."""
+    con = sqlite3.connect(path)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = int(con.execute("PRAGMA page_count").fetchone()[0]) * int(con.execute("PRAGMA page_size").fetchone()[0])
+        names = [r[0] for r in con.execute("SELECT name FROM sqlite_schema WHERE tbl_name = 'session_steps'")]
+        steps = sum(int(con.execute("SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = ?", (n,)).fetchone()[0])
+                    for n in names)
+        return size, steps
+    finally:
+        con.close()
+
+
+async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool) -> tuple[float, float]:
+    """Record every step as the gateway does (one commit per step, sessions interleaved); returns
+    the CPU microseconds per step spent on the prefix check + encoding, and on writing."""
+    store = Store(f"sqlite:///{path}")
+    await store.init()
+    encoder, prefixes = StepEncoder(), PrefixTracker()
+    encode_s = write_s = 0.0
+    n = 0
+    try:
+        for k in range(max(len(s) for s in sessions)):
+            for rows in sessions:
+                if k >= len(rows):
+                    continue
+                row = dict(rows[k])
+                t0 = time.process_time()
+                tokens = token_chain(row["prompt_token_ids"], row["completion_token_ids"])
+                row["extends_prefix"] = prefixes.observe(
+                    row["session_id"], row["seq"], ok=True, prompt_ids=row["prompt_token_ids"], tokens=tokens,
+                    messages=row["messages"], answer_message=row["response"]["choices"][0]["message"], tools=None)
+                pending = encoder.encode(row, tokens) if deltas else None
+                t1 = time.process_time()
+                if not store.commit_now([row], []):
+                    await store.write_batch([row], [])
+                if pending is not None:
+                    encoder.committed(pending)
+                t2 = time.process_time()
+                encode_s += t1 - t0
+                write_s += t2 - t1
+                n += 1
+        for rows in sessions:  # every step reads back exactly as it was recorded
+            got = await store.trajectory(rows[0]["session_id"])
+            for g, want in zip(got, rows, strict=True):
+                for col in ("messages", "request", "prompt_token_ids", "response"):
+                    if json_dumps(getattr(g, col)) != json_dumps(want[col]):
+                        raise SystemExit(f"step {want['seq']} of {want['session_id']}: {col} differs")
+    finally:
+        await store.close()
+    return encode_s / n * 1e6, write_s / n * 1e6
+
+
+async def run(turns: int, turn_bytes: int, n_sessions: int, tokens: bool) -> None:
+    built = [session_rows(f"s{i}", turns, turn_bytes, tokens) for i in range(n_sessions)]
+    sessions = [rows for rows, _ in built]
+    unique = sum(u for _, u in built)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {}
+        for deltas in (False, True):
+            path = Path(tmp) / f"{'delta' if deltas else 'full'}.db"
+            encode_us, write_us = await record(path, sessions, deltas)
+            results[deltas] = (db_bytes(path), encode_us, write_us)
+    label = "with token ids" if tokens else "messages only"
+    print(f"{n_sessions} sessions x {turns} turns x {turn_bytes} B per turn ({label}); unique content "
+          f"{unique / n_sessions / 1024:.1f} KiB per session")
+    print(f"  {'storage':<8} {'file KiB/sess':>14} {'file/unique':>12} {'steps/unique':>13} "
+          f"{'prefix+encode':>14} {'write':>8} {'total (CPU us/step)':>20}")
+    for deltas, name in ((False, "full"), (True, "deltas")):
+        (size, steps), enc, wr = results[deltas]
+        print(f"  {name:<8} {size / n_sessions / 1024:14.1f} {size / unique:12.2f} {steps / unique:13.2f} "
+              f"{enc:14.1f} {wr:8.1f} {enc + wr:20.1f}")
+    full, delta = results[False], results[True]
+    print(f"  deltas/full: file size {delta[0][0] / full[0][0]:.3f}, CPU to record a step "
+          f"{(delta[1] + delta[2]) / (full[1] + full[2]):.2f}x (steps/unique: the session_steps table and its "
+          "indexes)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="session storage: full steps vs deltas")
+    ap.add_argument("--turns", type=int, default=100)
+    ap.add_argument("--turn-bytes", type=int, default=1024)
+    ap.add_argument("--sessions", type=int, default=8)
+    args = ap.parse_args(argv)
+    for tokens in (False, True):
+        asyncio.run(run(args.turns, args.turn_bytes, args.sessions, tokens))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Step storage that grows with the conversation, not its square: a delta on an earlier step.
+
+An agent sends its whole history with every call, so storing each step's ``messages``, its
+``request`` (which holds the same messages again) and its ``prompt_token_ids`` in full costs
+O(turns^2). :class:`StepEncoder` (gateway side, per session) stores instead, when it can, the
+part of each of those values that the session's last committed step did not already hold, and
+the ``encoding`` column says how to rebuild the rest; :func:`decode_rows` (every read of the
+store) rebuilds each value exactly. Format and rules: docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ENCODING_VERSION", "Pending", "StepDecodeError", "StepEncoder", "TokenChain", "decode_rows", "token_chain"]
+
+ENCODING_VERSION = 1
+_CONVERSATION_KEYS = ("messages", "input")
+
+
+def _message_digest(message: Any) -> bytes:
+    """A digest equal for two JSON values exactly when they are stored as the same JSON text:
+    ``marshal`` format 2 (no back-references, so equal values give equal bytes) keeps types,
+    key order and every character, and costs a third of ``json.dumps``."""
+    return hashlib.blake2b(marshal.dumps(message, 2), digest_size=16).digest()
+
+
+TOKEN_BLOCK = 64
+"""Token ids are compared in blocks of this many (a chained digest per whole block)."""
+
+
+class TokenChain:
+    """The token ids of one step (prompt + completion, or the prompt alone when the completion
+    is unknown) as comparable fingerprints, computed once per step: ``prompt_len``, ``total_len``,
+    the chained digest after each whole block of :data:`TOKEN_BLOCK` ids (``blocks``), the
+    ids after the last whole block (``tail``) and whether the completion is included
+    (``complete``). Memory: 16 bytes per block, never the ids."""
+
+    __slots__ = ("blocks", "complete", "prompt_len", "tail", "total_len")
+
+    def __init__(self, prompt: Sequence[int], completion: Sequence[int] | None) -> None:
+        ids = array("q", prompt)
+        if completion is not None:
+            ids.extend(completion)
+        self.complete = completion is not None  # the completion's ids are part of the chain
+        self.prompt_len = len(prompt)
+        self.total_len = len(ids)
+        whole = self.total_len - self.total_len % TOKEN_BLOCK
+        raw = memoryview(ids).cast("B")
+        h = hashlib.blake2b(digest_size=16)
+        step = TOKEN_BLOCK * ids.itemsize
+        blocks = []
+        for end in range(step, whole * ids.itemsize + 1, step):
+            h.update(raw[end - step:end])
+            blocks.append(h.digest())
+        self.blocks = tuple(blocks)
+        self.tail = ids[whole:].tolist()
+
+    def prompt_starts_with(self, prompt: Sequence[int], earlier: TokenChain) -> bool:
+        """True when this step's ``prompt`` (the ids this chain was built from) starts with all
+        of ``earlier``'s ids."""
+        n = earlier.total_len
+        if n > self.prompt_len:
+            return False
+        nb = n // TOKEN_BLOCK
+        if self.blocks[:nb] != earlier.blocks[:nb]:
+            return False
+        return list(prompt[nb * TOKEN_BLOCK:n]) == earlier.tail
+
+    def common_prompt_blocks(self, earlier: TokenChain) -> int:
+        """How many leading ids of this step's prompt, in whole blocks, equal ``earlier``'s."""
+        n = 0
+        for mine, theirs in zip(self.blocks[:self.prompt_len // TOKEN_BLOCK], earlier.blocks, strict=False):
+            if mine != theirs:
+                break
+            n += TOKEN_BLOCK
+        return n
+
+
+def token_chain(prompt: Sequence[int] | None, completion: Sequence[int] | None) -> TokenChain | None:
+    """The :class:`TokenChain` of a step, or None when its prompt ids are unknown."""
+    return None if prompt is None else TokenChain(prompt, completion)
+
+
+def _answer_message(response: Any) -> Any:
+    """``choices[0].message`` of a chat completion, else None."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    message = first.get("message") if first is not None else None
+    return message if isinstance(message, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """What the encoder knows of a committed step: its seq; the digest of each of its messages
+    (None when ``messages`` was not a list), of its answer message and of its request without
+    the conversation; and its :class:`TokenChain` (None when its prompt ids are unknown)."""
+
+    seq: int
+    message_digests: tuple[bytes, ...] | None
+    answer_digest: bytes | None
+    rest_digest: bytes
+    tokens: TokenChain | None
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A step row encoded and queued: hand it to :meth:`StepEncoder.committed` once committed."""
+
+    session_id: str
+    stored: _Stored
+
+
+class StepEncoder:
+    """Encodes step rows of each session against the session's last committed step (constant
+    memory per session: digests, never the conversation). Call :meth:`encode` on the row just
+    before it is queued for the store, :meth:`committed` once it is committed (a row that is
+    never committed is never a base), :meth:`drop` when the session is closed."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, _Stored] = {}
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def drop(self, session_id: str) -> None:
+        """Forget a session (closed)."""
+        self._last.pop(session_id, None)
+
+    def committed(self, pending: Pending) -> None:
+        """``pending``'s row is committed: it becomes its session's base (unless a later step
+        already is)."""
+        have = self._last.get(pending.session_id)
+        if have is None or have.seq < pending.stored.seq or pending.stored.seq <= 1:
+            self._last[pending.session_id] = pending.stored
+
+    def encode(self, row: dict[str, Any], tokens: TokenChain | None = None) -> Pending:
+        """Rewrite ``row`` (a dict of every ``session_steps`` column) in place into its stored
+        form (docs/storage.md), and return what :meth:`committed` needs. ``tokens``: the row's
+        :func:`token_chain` when the caller already has it. With nothing to share (no committed
+        step yet, values with nothing in common) a value is stored in full; ``encoding`` is None
+        when every value is."""
+        sid, seq = row["session_id"], row["seq"]
+        base = None if seq <= 1 else self._last.get(sid)
+        messages, request = row["messages"], row["request"]
+        prompt, completion = row["prompt_token_ids"], row["completion_token_ids"]
+        digests = tuple(_message_digest(m) for m in messages) if isinstance(messages, list) else None
+        answer = _answer_message(row["response"])
+        m_keep = a = q = k = f = p_keep = 0
+        if base is not None and digests is not None and base.message_digests is not None:
+            for mine, theirs in zip(digests, base.message_digests, strict=False):
+                if mine != theirs:
+                    break
+                m_keep += 1
+            if m_keep < len(digests) and digests[m_keep] == base.answer_digest:
+                a = 1  # the agent sent the previous answer back as it got it
+        rest = request
+        if isinstance(messages, list) and isinstance(request, dict):
+            for i, key in enumerate(_CONVERSATION_KEYS):
+                value = request.get(key)
+                if isinstance(value, list) and len(value) <= len(messages):
+                    start = len(messages) - len(value)
+                    if value is messages or value == messages[start:]:
+                        q, k, f = 1, i, start
+                        rest = {**request, key: None}
+                        break
+        rest_digest = _message_digest(rest)
+        if base is not None and rest_digest == base.rest_digest:
+            q |= 2  # the same request apart from the conversation (model, sampling, tools)
+        if tokens is None and prompt is not None:
+            tokens = TokenChain(prompt, completion)
+        if base is not None and prompt is not None and tokens is not None and base.tokens is not None:
+            if base.tokens.total_len and tokens.prompt_starts_with(prompt, base.tokens):
+                p_keep = base.tokens.total_len  # the usual case: the base's prompt + completion, then more
+            else:
+                p_keep = tokens.common_prompt_blocks(base.tokens)
+        answer_digest = _message_digest(answer) if answer is not None else None
+        pending = Pending(sid, _Stored(seq, digests, answer_digest, rest_digest, tokens))
+        if not (m_keep or a or q or p_keep):
+            row["encoding"] = None
+            return pending
+        if m_keep or a:
+            row["messages"] = messages[m_keep + a:]
+        if q & 2:
+            row["request"] = None
+        elif q & 1:
+            row["request"] = rest
+        if p_keep:
+            row["prompt_token_ids"] = prompt[p_keep:]
+        base_seq = base.seq if base is not None and (m_keep or a or q & 2 or p_keep) else None
+        row["encoding"] = [ENCODING_VERSION, base_seq, m_keep, a, q, k, f, p_keep]
+        return pending
+
+
+class StepDecodeError(ValueError):
+    """A stored step refers to a base step that is not in the store (it was deleted)."""
+
+
+def _get(row: Any, name: str) -> Any:
+    return row[name] if isinstance(row, Mapping) else getattr(row, name)
+
+
+def _set(row: Any, name: str, value: Any) -> None:
+    if isinstance(row, dict):
+        row[name] = value
+    else:
+        setattr(row, name, value)
+
+
+_Full = tuple[Any, Any, Any, Any]  # messages, token ids, answer message, request without the conversation
+
+
+def decode_rows(rows: Sequence[Any]) -> None:
+    """Rebuild in place the full ``messages``, ``request`` and ``prompt_token_ids`` of every
+    encoded row of ``rows`` (dicts of columns, or :class:`store.models.SessionStep` objects) and
+    set their ``encoding`` to None. A row's base is the row of the same ``session_id`` with the
+    ``seq`` its encoding names, and must be among ``rows`` (a session's rows are always read
+    together). Raises :class:`StepDecodeError` when it is not."""
+    by_key = {(_get(r, "session_id"), _get(r, "seq")): r for r in rows}
+    full: dict[tuple[str, int], _Full] = {}
+    for r in rows:
+        key = (_get(r, "session_id"), _get(r, "seq"))
+        chain: list[Any] = []
+        cur: tuple[str, int] | None = key
+        while cur is not None and cur not in full:
+            row = by_key.get(cur)
+            if row is None:
+                raise StepDecodeError(f"step {key[1]} of session {key[0]} is stored as a delta on its step {cur[1]}, "
+                                      "which is not in the store")
+            chain.append(row)
+            enc = _get(row, "encoding")
+            cur = (cur[0], enc[1]) if isinstance(enc, list) and enc[1] is not None else None
+        for row in reversed(chain):
+            _decode_one(row, full)
+def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
+    sid, seq = _get(row, "session_id"), _get(row, "seq")
+    enc = _get(row, "encoding")
+    messages, prompt, request = _get(row, "messages"), _get(row, "prompt_token_ids"), _get(row, "request")
+    key = None
+    if enc is not None:
+        if not isinstance(enc, list) or len(enc) != 8 or enc[0] != ENCODING_VERSION:
+            raise StepDecodeError(f"step {seq} of session {sid} has an encoding this version cannot read: {enc!r}")
+        _, base_seq, m_keep, a, q, k, f, p_keep = enc
+        none: _Full = (None, None, None, None)
+        b_messages, b_ids, b_answer, b_rest = full[(sid, base_seq)] if base_seq is not None else none
+        if m_keep or a:
+            kept = [_copy(m) for m in b_messages[:m_keep]] + ([_copy(b_answer)] if a else [])
+            messages = kept + list(messages or [])
+            _set(row, "messages", messages)
+        if p_keep:
+            prompt = list(b_ids[:p_keep]) + list(prompt or [])
+            _set(row, "prompt_token_ids", prompt)
+        if q & 2:
+            request = _copy(b_rest)
+        if q & 1:
+            key = _CONVERSATION_KEYS[k]
+            rest = request
+            request = {**rest, key: [_copy(m) for m in messages[f:]]}
+        if q:
+            _set(row, "request", request)
+        _set(row, "encoding", None)
+    rest = {**request, key: None} if key is not None else request
+    completion = _get(row, "completion_token_ids")
+    ids = None if prompt is None else prompt if completion is None else prompt + completion
+    full[(sid, seq)] = (messages, ids, _answer_message(_get(row, "response")), rest)
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of a JSON value (each rebuilt row owns its objects, as a row read from its
+    own JSON text does)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
