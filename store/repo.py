@@ -59,6 +59,8 @@ _SESSION_UPSERT_SQL = (
     + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in _SESSION_COLUMNS if c not in ("session_id", "created_at"))
 )
 
+_SCHEMA_LOCK_KEY = 0x726F6C6C  # PostgreSQL advisory lock held while Store.init creates or upgrades tables
+
 _RowFn = Callable[[Mapping[str, Any]], tuple[Any, ...]]
 StepRow = SessionStep | Mapping[str, Any]
 """A step to write: a :class:`SessionStep` or a plain dict of every column (:func:`store.models.step_record`)."""
@@ -300,14 +302,21 @@ class Store:
         (the absolute file path for SQLite, the URL without password for PostgreSQL)."""
         if self.path:
             return f"sqlite://{self.path}"
-        head, _, tail = self.url.partition("@")
-        return ("postgresql://" + tail) if tail else self.url
+        head, _, tail = self.url.rpartition("@")
+        return ("postgresql://" + tail) if head else "postgresql://" + self.url.split("://", 1)[1]
+
+    def peer_url(self) -> str:
+        """The URL another process (a gateway the launcher starts) opens the same database with:
+        the absolute SQLite path, or the PostgreSQL URL as given (password included)."""
+        return self.identity() if self.path else self.user_url
 
     async def init(self) -> None:
         """Create missing tables, and add the columns a database made by an older version lacks
         (:func:`add_missing_columns`). Idempotent; safe when two processes start at once.
         Raises SchemaError when a missing column cannot be added automatically."""
         async with self._write_lock, self.writer.begin() as conn:
+            if self.kind == "postgresql":  # DDL of two processes starting at once, one after the other
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
             await conn.run_sync(SQLModel.metadata.create_all)
             added = await conn.run_sync(add_missing_columns)
         for name in added:
