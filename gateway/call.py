@@ -56,6 +56,7 @@ class Call:
         self.finished = False
         self.handed_over = False
         self._counted = False
+        self._recorded = False  # the step row was handed to the telemetry writer
 
     # ------------------------------------------------------------------ ownership
     def hand_over(self) -> Call:
@@ -84,7 +85,8 @@ class Call:
         self.finished = True
         try:
             try:
-                commit = self._queue(outcome)
+                refunded = outcome.refund and self.slot is not None and await self.gw.sessions.refund(self.slot)
+                commit = self._queue(outcome, refunded)
             finally:
                 self._release()  # queued (or failed to): no longer in flight
             if commit is not None:
@@ -120,20 +122,20 @@ class Call:
     # ------------------------------------------------------------------ pieces of finish
     def _release(self) -> None:
         if self.slot is not None:
-            self.gw.sessions.release(self.slot)
+            self.gw.sessions.release(self.slot, recorded=self._recorded)
 
-    def _queue(self, outcome: Outcome) -> asyncio.Future[None] | None:
-        """Refund, build the row, write the request log line and queue the row for the telemetry
+    def _queue(self, outcome: Outcome, refunded: bool) -> asyncio.Future[None] | None:
+        """Build the row, write the request log line and queue the row for the telemetry
         writer with the session's live state. Returns the commit future (strict) or None."""
-        slot = self.slot
-        refunded = outcome.refund and slot is not None and self.gw.sessions.refund(slot)
         if outcome.status is None:  # a synthetic stop: no step, the session's state only
             state = self.gw.sessions.live(self.session_id) if self.session_id is not None else None
             return self.gw.writer.enqueue(None, state) if state is not None else None
         step = self._row(outcome, refunded)
         if step is None:
             return None
-        return self.gw.writer.enqueue(step, self.gw.sessions.live(step["session_id"]))
+        fut = self.gw.writer.enqueue(step, self.gw.sessions.live(step["session_id"]))
+        self._recorded = True  # handed to the writer (which reports a record it loses)
+        return fut
 
     def _row(self, outcome: Outcome, refunded: bool) -> dict[str, Any] | None:
         """The step row (every ``session_steps`` column; None for a sessionless call) after

@@ -108,7 +108,10 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode, g.settings.close_grace_s)
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
     # the session stays closed in memory instead of reloading from the store as active)
-    await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
+    if g.sessions.persists_itself:  # shared sessions: the closed state is committed already
+        g.sessions.forget(session_id)
+    else:
+        await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
             "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode}
 

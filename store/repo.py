@@ -12,7 +12,7 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
 from sqlalchemy import exc as sa_exc
@@ -28,6 +28,7 @@ from store.models import (
     GatewaySession,
     JobEnvironment,
     SessionAttempt,
+    SessionStatus,
     SessionStep,
     SessionWorkspace,
     attempt_session_id,
@@ -35,6 +36,7 @@ from store.models import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _STEP_COLUMNS = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]
 _SESSION_COLUMNS = tuple(c.name for c in GatewaySession.__table__.columns)  # type: ignore[attr-defined]
@@ -60,6 +62,34 @@ _SESSION_UPSERT_SQL = (
 )
 
 _SCHEMA_LOCK_KEY = 0x726F6C6C  # PostgreSQL advisory lock held while Store.init creates or upgrades tables
+
+_RELEASE_SQL = (
+    f"UPDATE {_q(GatewaySession.__tablename__)} SET in_flight = CASE WHEN in_flight > ? THEN in_flight - ? "
+    "ELSE 0 END WHERE session_id = ? RETURNING status"
+)
+
+
+def _release_counts(steps: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """(session id, steps of it in the batch), sorted by session id: every writer takes the rows'
+    locks in the same order, so two gateways' batches never deadlock."""
+    counts: dict[str, int] = {}
+    for st in steps:
+        counts[st["session_id"]] = counts.get(st["session_id"], 0) + 1
+    return sorted(counts.items())
+
+
+def _mark_after_close(steps: list[Mapping[str, Any]], closed: set[str]) -> list[Mapping[str, Any]]:
+    """Step rows of sessions already closed when they commit get ``meta_json.after_close`` and
+    ``is_trainable = false`` (their close stopped waiting for them)."""
+    if not closed:
+        return steps
+    out: list[Mapping[str, Any]] = []
+    for st in steps:
+        if st["session_id"] in closed:
+            st = {**st, "meta_json": {**(st["meta_json"] or {}), "after_close": True}, "is_trainable": False}
+        out.append(st)
+    return out
+
 
 _RowFn = Callable[[Mapping[str, Any]], tuple[Any, ...]]
 StepRow = SessionStep | Mapping[str, Any]
@@ -88,6 +118,10 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
         return tuple([row[n] if p is None else p(row[n]) for n, p in procs])
 
     return convert
+
+
+def _release_stmt() -> Any:
+    return text(_RELEASE_SQL.replace("?", ":n", 2).replace("?", ":sid"))
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -169,11 +203,15 @@ class _SqliteBatchWriter:
         return con
 
     def _commit_on(self, con: sqlite3.Connection, steps: list[Mapping[str, Any]],
-                   sessions: list[Mapping[str, Any]]) -> None:
-        step_rows = [self._step_row(st) for st in steps]
+                   sessions: list[Mapping[str, Any]], release: bool = False) -> None:
         session_rows = [self._session_row(gs) for gs in sessions]
         con.execute("BEGIN IMMEDIATE")
         try:
+            if release:
+                closed = {sid for sid, n in _release_counts(steps)
+                          if (r := con.execute(_RELEASE_SQL, (n, n, sid)).fetchone()) is not None and r[0] == "closed"}
+                steps = _mark_after_close(steps, closed)
+            step_rows = [self._step_row(st) for st in steps]
             if session_rows:
                 con.executemany(_SESSION_UPSERT_SQL, session_rows)
             if step_rows:
@@ -184,11 +222,11 @@ class _SqliteBatchWriter:
             raise
         con.execute("COMMIT")
 
-    def _commit(self, steps: list[Mapping[str, Any]], sessions: list[Mapping[str, Any]]) -> None:
+    def _commit(self, steps: list[Mapping[str, Any]], sessions: list[Mapping[str, Any]], release: bool) -> None:
         con = self._con
         if con is None:
             con = self._con = self._connect()
-        self._commit_on(con, steps, sessions)
+        self._commit_on(con, steps, sessions, release)
 
     def _checkpoint(self) -> None:
         con = self._con
@@ -234,13 +272,14 @@ class _SqliteBatchWriter:
             return True
         return self._try_inline(step_rows, session_rows)
 
-    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
+    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], release: bool = False) -> None:
         """Write one batch in the worker thread (SQLModel objects are first copied to dicts here,
         on the caller's thread: they are not shared)."""
         step_rows, session_rows = self._rows(steps, sessions)
         if not step_rows and not session_rows:
             return
-        await asyncio.get_running_loop().run_in_executor(self._pool(), self._commit, step_rows, session_rows)
+        await asyncio.get_running_loop().run_in_executor(self._pool(), self._commit, step_rows, session_rows,
+                                                         release)
 
     def _close_connection(self) -> None:
         con, self._con = self._con, None
@@ -374,7 +413,8 @@ class Store:
             return False
         return w.commit_now(steps, sessions)
 
-    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
+    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *,
+                          release_in_flight: bool = False) -> None:
         """Insert step rows and upsert gateway session rows in ONE transaction (group commit).
 
         Sessions are upserted once each (the last snapshot of a session in the batch wins: callers
@@ -387,17 +427,29 @@ class Store:
 
         A row is a table object or a plain dict of every column (:func:`store.models.step_record`;
         a session state as ``{column: value}``); dict rows must not be changed by the caller
-        afterwards (they are read in the writer thread). :meth:`commit_now` is the inline path."""
+        afterwards (they are read in the writer thread). :meth:`commit_now` is the inline path.
+
+        ``release_in_flight`` (gateways sharing sessions, :meth:`change_gateway_session`): in the
+        same transaction, each step's session gets ``in_flight`` lowered by one, and the steps of
+        a session already ``closed`` then are stored with ``meta_json.after_close = true`` and
+        ``is_trainable = false`` (its close stopped waiting for them)."""
         if self._sqlite_writer is not None:
             async with self._write_lock:
-                await self._sqlite_writer.write(steps, sessions)
+                await self._sqlite_writer.write(steps, sessions, release_in_flight)
             return
         latest: dict[str, Mapping[str, Any]] = {}
         for gs in sessions:
             row = _as_dict(gs, _SESSION_COLUMNS)
             latest[row["session_id"]] = row
-        step_rows = [_as_dict(st, _STEP_COLUMNS) for st in steps]
+        step_rows: list[Mapping[str, Any]] = [_as_dict(st, _STEP_COLUMNS) for st in steps]
         async with self._write_lock, self.writer.begin() as conn:
+            if release_in_flight:
+                closed = set()
+                for sid, n in _release_counts(step_rows):
+                    res = await conn.execute(_release_stmt(), {"n": n, "sid": sid})
+                    if res.scalar_one_or_none() == SessionStatus.CLOSED:
+                        closed.add(sid)
+                step_rows = _mark_after_close(step_rows, closed)
             if latest:
                 await conn.execute(self._session_upsert(), list(latest.values()))
             if step_rows:
@@ -413,6 +465,33 @@ class Store:
                 update(GatewaySession).where(col(GatewaySession.status) == "active")
                 .values(status="interrupted", updated_at=utcnow()))
             return int(getattr(res, "rowcount", 0) or 0)
+
+    # ------------------------------------------------------------------ gateways sharing sessions
+    async def change_gateway_session(self, session_id: str, change: Callable[[GatewaySession], _T],
+                                     create: Callable[[JobEnvironment | None], GatewaySession]) -> _T:
+        """Read, change and write one ``gateway_sessions`` row in one transaction that holds the
+        row's lock (PostgreSQL ``SELECT ... FOR UPDATE``; SQLite's write lock), so gateway
+        processes sharing the store change a session one at a time. A missing row is made first
+        by ``create(launcher's job_environments row or None)`` (inserted unless another process
+        did it meanwhile). ``change`` mutates the state it gets and returns what this call
+        returns; it runs inside the transaction (keep it short, no I/O); an exception from it
+        rolls back."""
+        async with self._write() as s, s.begin():
+            st = await s.get(GatewaySession, session_id, with_for_update=True)
+            if st is None:
+                new = create(await s.get(JobEnvironment, session_id))
+                ins = (sqlite_insert if self.kind == "sqlite" else pg_insert)(GatewaySession.__table__)  # type: ignore[attr-defined]
+                await s.execute(ins.on_conflict_do_nothing(index_elements=["session_id"]),
+                                [_columns(new, _SESSION_COLUMNS)])
+                st = await s.get(GatewaySession, session_id, with_for_update=True, populate_existing=True)
+                assert st is not None
+            return change(st)
+
+    async def release_in_flight(self, session_id: str, n: int = 1) -> None:
+        """Lower a session's ``in_flight`` by ``n`` (not below 0), for reserved steps whose row
+        will never be written (the call ended without one, or its record was lost)."""
+        async with self.writer.begin() as conn:
+            await conn.execute(_release_stmt(), {"n": n, "sid": session_id})
 
     def _session_upsert(self) -> Any:
         """``INSERT INTO gateway_sessions ... ON CONFLICT (session_id) DO UPDATE`` (every column but

@@ -317,7 +317,7 @@ async def _fails_once(gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.M
     if path == "telemetry-failure":
         real = gw.app_state.store.write_batch
 
-        async def broken(steps: object, sessions: object) -> None:
+        async def broken(steps: object, sessions: object, **kw: object) -> None:
             monkeypatch.setattr(gw.app_state.store, "write_batch", real)
             raise OSError("disk full")
 
