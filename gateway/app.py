@@ -19,8 +19,8 @@ from gateway.recorder import TelemetryWriter
 from gateway.request_log import RequestLog
 from gateway.routes import build_router
 from gateway.sessions import SessionManager
-from gateway.shared_sessions import SharedSessionManager
 from gateway.settings import GatewaySettings
+from gateway.shared_sessions import SharedSessionManager
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamClient
 from store import Store

@@ -16,7 +16,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from gateway.sessions import SessionClosed, SessionManager, StepSlot, _snapshot, take_step
-from store import GatewaySession, SessionStatus, StepRow, Store, utcnow
+from store import GatewaySession, JobEnvironment, SessionStatus, StepRow, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ class SharedSessionManager(SessionManager):
             return slot
 
         try:
-            got = await self._store.change_gateway_session(sid, take, lambda ctx: self._new_state(sid, ctx))
+            fast = await self._store.reserve_step(sid, model)  # one statement, the common case
+            got = (StepSlot(sid, *fast) if fast is not None else
+                   await self._store.change_gateway_session(sid, take, lambda ctx: self._new_state(sid, ctx)))
         except BaseException:
             self._drop_if_idle(sid)
             raise
@@ -170,7 +172,10 @@ class SharedSessionManager(SessionManager):
         live = self._live(sid)
         live.closes_waiting += 1
         live.closing.set()
-        new = (lambda ctx: self._new_state(sid, ctx))
+
+        def new(ctx: JobEnvironment | None) -> GatewaySession:
+            return self._new_state(sid, ctx)
+
         try:
             def begin(st: GatewaySession) -> int:
                 if st.status != SessionStatus.CLOSED:

@@ -120,6 +120,27 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
     return convert
 
 
+_PG_COUNTS = ("CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END")
+_PG_RESERVE = text(
+    "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
+    f"step_counts = jsonb_set({_PG_COUNTS}, ARRAY[CAST(:model AS TEXT)], "
+    f"to_jsonb(COALESCE(({_PG_COUNTS} ->> CAST(:model AS TEXT))::int, 0) + 1))::json, "
+    "status = 'active', updated_at = :now "
+    "WHERE session_id = :sid AND status IN ('active', 'truncated', 'interrupted') "
+    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
+    "RETURNING total_steps, (step_counts::jsonb ->> CAST(:model AS TEXT))::int, job_id, env_name, group_id"
+)
+_PG_LOCK_SESSIONS = text(
+    "SELECT session_id FROM gateway_sessions WHERE session_id = ANY(CAST(:sids AS TEXT[])) "
+    "ORDER BY session_id FOR UPDATE"
+)
+_PG_RELEASE_MANY = text(
+    "UPDATE gateway_sessions AS g SET in_flight = GREATEST(g.in_flight - v.n, 0) "
+    "FROM unnest(CAST(:sids AS TEXT[]), CAST(:ns AS INT[])) AS v(sid, n) "
+    "WHERE g.session_id = v.sid RETURNING g.session_id, g.status"
+)
+
+
 def _release_stmt() -> Any:
     return text(_RELEASE_SQL.replace("?", ":n", 2).replace("?", ":sid"))
 
@@ -444,11 +465,12 @@ class Store:
         step_rows: list[Mapping[str, Any]] = [_as_dict(st, _STEP_COLUMNS) for st in steps]
         async with self._write_lock, self.writer.begin() as conn:
             if release_in_flight:
-                closed = set()
-                for sid, n in _release_counts(step_rows):
-                    res = await conn.execute(_release_stmt(), {"n": n, "sid": sid})
-                    if res.scalar_one_or_none() == SessionStatus.CLOSED:
-                        closed.add(sid)
+                counts = _release_counts(step_rows)
+                sids, ns = [c[0] for c in counts], [c[1] for c in counts]
+                # the rows' locks in session id order (no deadlock between two gateways' batches)
+                await conn.execute(_PG_LOCK_SESSIONS, {"sids": sids})
+                res = await conn.execute(_PG_RELEASE_MANY, {"sids": sids, "ns": ns})
+                closed = {str(sid) for sid, status in res.all() if status == SessionStatus.CLOSED}
                 step_rows = _mark_after_close(step_rows, closed)
             if latest:
                 await conn.execute(self._session_upsert(), list(latest.values()))
@@ -486,6 +508,22 @@ class Store:
                 st = await s.get(GatewaySession, session_id, with_for_update=True, populate_existing=True)
                 assert st is not None
             return change(st)
+
+    async def reserve_step(self, session_id: str, model: str) -> tuple[int, int, str | None, str | None,
+                                                                       str | None] | None:
+        """The common reservation in ONE statement (PostgreSQL: ``UPDATE ... RETURNING`` on the
+        session's row, which PostgreSQL re-checks under the row's lock): for a session row that
+        exists, is ``active``/``truncated``/``interrupted`` and has budget left, count the next
+        step of route ``model`` (``total_steps``, ``step_counts``, ``in_flight``, status
+        ``active``) and return ``(seq, step_id, job_id, env_name, group_id)``. None otherwise, and
+        always on SQLite: the caller then takes :meth:`change_gateway_session`."""
+        if self.kind != "postgresql":
+            return None
+        async with self.writer.begin() as conn:
+            row = (await conn.execute(_PG_RESERVE, {"sid": session_id, "model": model, "now": utcnow()})).first()
+        if row is None:
+            return None
+        return int(row[0]), int(row[1]), row[2], row[3], row[4]
 
     async def release_in_flight(self, session_id: str, n: int = 1) -> None:
         """Lower a session's ``in_flight`` by ``n`` (not below 0), for reserved steps whose row
