@@ -148,8 +148,12 @@ def _release_stmt() -> Any:
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` from a store call means the database as a whole failed (locked past the
     busy timeout, disk I/O, a lost connection: an OperationalError of sqlite3 or SQLAlchemy), as
-    opposed to one row it refused (a constraint, a value it cannot store)."""
-    return isinstance(exc, sqlite3.OperationalError | sa_exc.OperationalError)
+    opposed to one row it refused (a constraint, a value it cannot store). PostgreSQL: a lost or
+    refused connection (SQLAlchemy marks it ``connection_invalidated``; ``OSError`` from the
+    driver's connect)."""
+    if isinstance(exc, sqlite3.OperationalError | sa_exc.OperationalError | OSError):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
 
 def _log_checkpoint_failure(fut: Future[None]) -> None:

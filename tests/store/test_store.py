@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -189,5 +190,34 @@ async def test_store_identity_hides_the_password_and_peer_url_keeps_it() -> None
     try:
         assert (store.kind, store.identity()) == ("postgresql", "postgresql://db.example:5433/trajs")
         assert store.peer_url() == "postgresql://u:secret@db.example:5433/trajs"
+    finally:
+        await store.close()
+
+
+async def test_an_unreachable_postgresql_is_unavailable_and_a_refused_row_is_not(store_url: str) -> None:
+    """``is_unavailable`` tells a database that failed as a whole (here: nothing listens) from a
+    row it refused (a duplicate key), on both backends."""
+    from store import is_unavailable
+
+    if store_url.startswith("postgres"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # closed again below: nothing listens there
+        down = Store(f"postgresql://postgres@127.0.0.1:{port}/none")
+        try:
+            with pytest.raises(Exception) as ei:
+                await down.ping()
+            assert is_unavailable(ei.value), repr(ei.value)
+        finally:
+            await down.close()
+    store = Store(store_url)
+    await store.init()
+    try:
+        step = _step("s", 1)
+        await store.write_batch([step], [])
+        with pytest.raises(Exception) as ei:
+            await store.write_batch([SessionStep(record_id=step.record_id, session_id="s", seq=2, step_id=2,
+                                                 llm_model="m", endpoint="e")], [])
+        assert not is_unavailable(ei.value), repr(ei.value)
     finally:
         await store.close()
