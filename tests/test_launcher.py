@@ -201,6 +201,11 @@ async def test_a_job_on_postgresql_stores_the_same_rows_as_on_sqlite(tmp_path: P
     assert [(r["case_id"], r["status"], r["total_steps"], r["in_flight"]) for r in states] == [
         (cid, "closed", n, 0) for cid, n in calls.items() for _ in (0, 1)]
     assert {r["completion_mode"] for r in states if r["case_id"] == "g"} == {"truncated"}
+    # the HTML report reads the same store (the viewer's queries)
+    from rollout.viewer.report import write_report
+
+    html = (await write_report(store_url, "same", tmp_path / "report.html")).read_text()
+    assert "toy" in html and "KeyError" in html  # the env row and the evaluator failure reason
 
 
 async def test_resume_runs_only_unfinished_sessions(tmp_path: Path) -> None:
