@@ -23,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -195,7 +196,8 @@ class Loader:
 
     def run(self, base: str, paths: list[str], body: bytes, stream: bool, concurrency: int,
             duration_s: int) -> LoadResult:
-        body_file = self.workdir / f"body-{'s' if stream else 'n'}.json"
+        # one file per calling thread: two runs at once (--scale-out) must not rewrite each other's
+        body_file = self.workdir / f"body-{'s' if stream else 'n'}-{threading.get_ident()}.json"
         body_file.write_bytes(body)
         if self.kind == "python":
             return asyncio.run(_py_load(base, paths, body, stream, concurrency, duration_s, self.max_requests))
@@ -672,6 +674,8 @@ def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, wo
                     res = _scale_load(loader, gws, paths, body, c, args.duration)
                     res.recorded = _scale_count(url, pg) - before
                     results.append((case, c, res))
+                    if res.errors or res.non2xx:
+                        print(f"  note: {case.label} c={c}: errors={res.errors} non2xx={res.non2xx}", flush=True)
                     print(f"  measured {case.label} c={c}: {res.rps:,.0f} req/s, p50 {res.p50_ms:.3f} ms, "
                           f"recorded {res.recorded:,} of {res.served:,}", flush=True)
             finally:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
+from sqlalchemy import Connection, DateTime, Table, bindparam, delete, insert, inspect, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -120,6 +120,16 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
     return convert
 
 
+_NOW = bindparam("now", type_=DateTime(timezone=True))  # bound as the tables' own timestamps
+_SQLITE_COUNTS = "CASE WHEN json_type(step_counts) = 'object' THEN step_counts ELSE '{}' END"
+_SQLITE_RESERVE = text(
+    "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
+    f"step_counts = json_set({_SQLITE_COUNTS}, :path, COALESCE(json_extract({_SQLITE_COUNTS}, :path), 0) + 1), "
+    "status = 'active', updated_at = :now "
+    "WHERE session_id = :sid AND status IN ('active', 'truncated', 'interrupted') "
+    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
+    "RETURNING total_steps, json_extract(step_counts, :path), job_id, env_name, group_id"
+).bindparams(_NOW)
 _PG_COUNTS = ("CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END")
 _PG_RESERVE = text(
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
@@ -129,7 +139,7 @@ _PG_RESERVE = text(
     "WHERE session_id = :sid AND status IN ('active', 'truncated', 'interrupted') "
     "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
     "RETURNING total_steps, (step_counts::jsonb ->> CAST(:model AS TEXT))::int, job_id, env_name, group_id"
-)
+).bindparams(_NOW)
 _PG_LOCK_SESSIONS = text(
     "SELECT session_id FROM gateway_sessions WHERE session_id = ANY(CAST(:sids AS TEXT[])) "
     "ORDER BY session_id FOR UPDATE"
@@ -519,12 +529,18 @@ class Store:
         session's row, which PostgreSQL re-checks under the row's lock): for a session row that
         exists, is ``active``/``truncated``/``interrupted`` and has budget left, count the next
         step of route ``model`` (``total_steps``, ``step_counts``, ``in_flight``, status
-        ``active``) and return ``(seq, step_id, job_id, env_name, group_id)``. None otherwise, and
-        always on SQLite: the caller then takes :meth:`change_gateway_session`."""
-        if self.kind != "postgresql":
+        ``active``) and return ``(seq, step_id, job_id, env_name, group_id)``. None otherwise
+        (and on SQLite for a route key holding ``"`` or ``\\``): the caller then takes
+        :meth:`change_gateway_session`. SQLite: the same statement with ``json_set`` (the write
+        transaction holds the file's lock)."""
+        if self.kind == "postgresql":
+            stmt, params = _PG_RESERVE, {"sid": session_id, "model": model, "now": utcnow()}
+        elif '"' in model or "\\" in model:  # not expressible as a SQLite JSON path key
             return None
+        else:
+            stmt, params = _SQLITE_RESERVE, {"sid": session_id, "path": f'$."{model}"', "now": utcnow()}
         async with self.writer.begin() as conn:
-            row = (await conn.execute(_PG_RESERVE, {"sid": session_id, "model": model, "now": utcnow()})).first()
+            row = (await conn.execute(stmt, params)).first()
         if row is None:
             return None
         return int(row[0]), int(row[1]), row[2], row[3], row[4]

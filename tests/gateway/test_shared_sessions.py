@@ -72,13 +72,14 @@ async def test_one_statement_reservation(store_url: str) -> None:
     try:
         assert await store.reserve_step("s", "m") is None  # no row yet
         await store.change_gateway_session("s", lambda st: None, _new("s", max_steps=3))
-        got = [await store.reserve_step("s", model) for model in ("m", "m", "n", "m")]
-        if store.kind == "sqlite":
-            assert got == [None] * 4  # SQLite always takes the general path
-            return
+        got = [await store.reserve_step("s", model) for model in ("m", "m", "n.x", "m")]
         assert got == [(1, 1, None, None, None), (2, 2, None, None, None), (3, 1, None, None, None), None]
         st = await store.load_gateway_session("s")
-        assert st is not None and (st.step_counts, st.in_flight, st.status) == ({"m": 2, "n": 1}, 3, "active")
+        assert st is not None and (st.step_counts, st.in_flight, st.status) == ({"m": 2, "n.x": 1}, 3, "active")
+        assert st.updated_at is not None and st.updated_at.year >= 2024  # stored as the ORM stores times
+        await store.change_gateway_session("q", lambda st: None, _new("q", max_steps=-1))
+        quoted = await store.reserve_step("q", 'a"b')
+        assert quoted == (None if store.kind == "sqlite" else (1, 1, None, None, None))  # SQLite: general path
     finally:
         await store.close()
 
