@@ -122,14 +122,14 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
 
 _NOW = bindparam("now", type_=DateTime(timezone=True))  # bound as the tables' own timestamps
 _SQLITE_COUNTS = "CASE WHEN json_type(step_counts) = 'object' THEN step_counts ELSE '{}' END"
-_SQLITE_RESERVE = text(
+_SQLITE_RESERVE_SQL = (  # named parameters, run by the batch writer's own sqlite3 connection
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
     f"step_counts = json_set({_SQLITE_COUNTS}, :path, COALESCE(json_extract({_SQLITE_COUNTS}, :path), 0) + 1), "
     "status = 'active', updated_at = :now "
     "WHERE session_id = :sid AND status IN ('active', 'truncated', 'interrupted') "
     "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
     "RETURNING total_steps, json_extract(step_counts, :path), job_id, env_name, group_id"
-).bindparams(_NOW)
+)
 _PG_COUNTS = ("CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END")
 _PG_RESERVE = text(
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
@@ -219,6 +219,8 @@ class _SqliteBatchWriter:
         self.path = path
         self._step_row = _row_converter(SessionStep.__table__, dialect)  # type: ignore[attr-defined]
         self._session_row = _row_converter(GatewaySession.__table__, dialect)  # type: ignore[attr-defined]
+        ts = GatewaySession.__table__.c.updated_at.type  # type: ignore[attr-defined]
+        self._now: Callable[[Any], Any] = ts.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v)
         self._executor: ThreadPoolExecutor | None = None
         self._con: sqlite3.Connection | None = None  # only touched in the worker thread
         self._inline_con: sqlite3.Connection | None = None  # only touched on the event loop thread
@@ -262,6 +264,25 @@ class _SqliteBatchWriter:
         if con is None:
             con = self._con = self._connect()
         self._commit_on(con, steps, sessions, release)
+
+    def _reserve(self, sid: str, path: str) -> tuple[Any, ...] | None:
+        con = self._con
+        if con is None:
+            con = self._con = self._connect()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            row = con.execute(_SQLITE_RESERVE_SQL, {"sid": sid, "path": path, "now": self._now(utcnow())}).fetchone()
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+        return tuple(row) if row is not None else None
+
+    async def reserve(self, sid: str, path: str) -> tuple[Any, ...] | None:
+        """:data:`_SQLITE_RESERVE_SQL` in its own transaction, in the worker thread (after the
+        batches submitted before it)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), self._reserve, sid, path)
 
     def _checkpoint(self) -> None:
         con = self._con
@@ -532,15 +553,16 @@ class Store:
         ``active``) and return ``(seq, step_id, job_id, env_name, group_id)``. None otherwise
         (and on SQLite for a route key holding ``"`` or ``\\``): the caller then takes
         :meth:`change_gateway_session`. SQLite: the same statement with ``json_set`` (the write
-        transaction holds the file's lock)."""
-        if self.kind == "postgresql":
-            stmt, params = _PG_RESERVE, {"sid": session_id, "model": model, "now": utcnow()}
-        elif '"' in model or "\\" in model:  # not expressible as a SQLite JSON path key
-            return None
+        transaction holds the file's lock), on the batch writer's connection and thread, so it
+        never waits for this process's own batches' lock."""
+        row: Any
+        if self._sqlite_writer is not None:
+            if '"' in model or "\\" in model:  # not expressible as a SQLite JSON path key
+                return None
+            row = await self._sqlite_writer.reserve(session_id, f'$."{model}"')
         else:
-            stmt, params = _SQLITE_RESERVE, {"sid": session_id, "path": f'$."{model}"', "now": utcnow()}
-        async with self.writer.begin() as conn:
-            row = (await conn.execute(stmt, params)).first()
+            async with self.writer.begin() as conn:
+                row = (await conn.execute(_PG_RESERVE, {"sid": session_id, "model": model, "now": utcnow()})).first()
         if row is None:
             return None
         return int(row[0]), int(row[1]), row[2], row[3], row[4]
