@@ -42,7 +42,8 @@ async def readyz(request: Request) -> JSONResponse:
     g = _gw(request)
     body = {"status": "ready", "storage_type": g.store.kind, "db_url": g.store.identity(),
             "max_steps": g.settings.max_steps, "routes": sorted(g.settings.llm_routes),
-            "base_session_path": g.settings.base_session_path, "telemetry_mode": g.settings.telemetry.mode}
+            "base_session_path": g.settings.base_session_path, "telemetry_mode": g.settings.telemetry.mode,
+            "shared_sessions": g.sessions.persists_itself}
     try:
         await g.store.ping()
     except Exception as e:

@@ -51,9 +51,11 @@ class GatewayProcess:
                 raise AssertionError(f"gateway exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
             try:
                 async with httpx.AsyncClient() as c:
-                    return (await c.get(self.url + "/readyz")).status_code == 200
+                    r = await c.get(self.url + "/readyz")
             except httpx.HTTPError:
                 return False
+            assert r.status_code != 200 or r.json()["shared_sessions"] is True
+            return r.status_code == 200
 
         await eventually(up, timeout=90, interval=0.1)
 
