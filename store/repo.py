@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, DateTime, Table, bindparam, delete, insert, inspect, text, update
+from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -120,7 +120,6 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
     return convert
 
 
-_NOW = bindparam("now", type_=DateTime(timezone=True))  # bound as the tables' own timestamps
 _SQLITE_COUNTS = "CASE WHEN json_type(step_counts) = 'object' THEN step_counts ELSE '{}' END"
 _SQLITE_RESERVE_SQL = (  # named parameters, run by the batch writer's own sqlite3 connection
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
@@ -131,15 +130,15 @@ _SQLITE_RESERVE_SQL = (  # named parameters, run by the batch writer's own sqlit
     "RETURNING total_steps, json_extract(step_counts, :path), job_id, env_name, group_id"
 )
 _PG_COUNTS = ("CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END")
-_PG_RESERVE = text(
+_PG_RESERVE_SQL = (  # asyncpg: $1 session id, $2 route key, $3 now
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
-    f"step_counts = jsonb_set({_PG_COUNTS}, ARRAY[CAST(:model AS TEXT)], "
-    f"to_jsonb(COALESCE(({_PG_COUNTS} ->> CAST(:model AS TEXT))::int, 0) + 1))::json, "
-    "status = 'active', updated_at = :now "
-    "WHERE session_id = :sid AND status IN ('active', 'truncated', 'interrupted') "
+    f"step_counts = jsonb_set({_PG_COUNTS}, ARRAY[$2::text], "
+    f"to_jsonb(COALESCE(({_PG_COUNTS} ->> $2::text)::int, 0) + 1))::json, "
+    "status = 'active', updated_at = $3 "
+    "WHERE session_id = $1 AND status IN ('active', 'truncated', 'interrupted') "
     "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
-    "RETURNING total_steps, (step_counts::jsonb ->> CAST(:model AS TEXT))::int, job_id, env_name, group_id"
-).bindparams(_NOW)
+    "RETURNING total_steps, (step_counts::jsonb ->> $2::text)::int, job_id, env_name, group_id"
+)
 _PG_LOCK_SESSIONS = text(
     "SELECT session_id FROM gateway_sessions WHERE session_id = ANY(CAST(:sids AS TEXT[])) "
     "ORDER BY session_id FOR UPDATE"
@@ -377,6 +376,7 @@ class Store:
         self._read = async_sessionmaker(self.reader, expire_on_commit=False, class_=AsyncSession)
         self._write_lock = asyncio.Lock()
         self._upsert_stmt: Any = None
+        self._reserve_pool: Any = None  # asyncpg pool of reserve_step (PostgreSQL)
         path = self.path
         self._sqlite_writer = (
             _SqliteBatchWriter(path, self.writer.sync_engine.dialect) if path is not None else None)
@@ -423,6 +423,9 @@ class Store:
         engines (closes every pooled connection)."""
         if self._sqlite_writer is not None:
             await self._sqlite_writer.close()
+        pool, self._reserve_pool = self._reserve_pool, None
+        if pool is not None:
+            await pool.close()
         await self.writer.dispose()
         await self.reader.dispose()
 
@@ -561,11 +564,20 @@ class Store:
                 return None
             row = await self._sqlite_writer.reserve(session_id, f'$."{model}"')
         else:
-            async with self.writer.begin() as conn:
-                row = (await conn.execute(_PG_RESERVE, {"sid": session_id, "model": model, "now": utcnow()})).first()
+            row = await (await self._pg_reserve_pool()).fetchrow(_PG_RESERVE_SQL, session_id, model, utcnow())
         if row is None:
             return None
         return int(row[0]), int(row[1]), row[2], row[3], row[4]
+
+    async def _pg_reserve_pool(self) -> Any:
+        """A small asyncpg pool of its own for :meth:`reserve_step` (one statement per call in
+        autocommit, without SQLAlchemy's per-execute cost on the hot path); made on first use."""
+        if self._reserve_pool is None:
+            import asyncpg
+
+            dsn = "postgresql://" + self.url.split("://", 1)[1]
+            self._reserve_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=8)
+        return self._reserve_pool
 
     async def release_in_flight(self, session_id: str, n: int = 1) -> None:
         """Lower a session's ``in_flight`` by ``n`` (not below 0), for reserved steps whose row
