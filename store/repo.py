@@ -377,6 +377,7 @@ class Store:
         self._write_lock = asyncio.Lock()
         self._upsert_stmt: Any = None
         self._reserve_pool: Any = None  # asyncpg pool of reserve_step (PostgreSQL)
+        self._reserve_pool_lock = asyncio.Lock()
         path = self.path
         self._sqlite_writer = (
             _SqliteBatchWriter(path, self.writer.sync_engine.dialect) if path is not None else None)
@@ -573,10 +574,12 @@ class Store:
         """A small asyncpg pool of its own for :meth:`reserve_step` (one statement per call in
         autocommit, without SQLAlchemy's per-execute cost on the hot path); made on first use."""
         if self._reserve_pool is None:
-            import asyncpg
+            async with self._reserve_pool_lock:  # the first calls come many at once
+                if self._reserve_pool is None:
+                    import asyncpg
 
-            dsn = "postgresql://" + self.url.split("://", 1)[1]
-            self._reserve_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=8)
+                    dsn = "postgresql://" + self.url.split("://", 1)[1]
+                    self._reserve_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=8)
         return self._reserve_pool
 
     async def release_in_flight(self, session_id: str, n: int = 1) -> None:
