@@ -25,8 +25,6 @@ from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
 from tests.gateway.conftest import MESSAGES, eventually
 from tests.raw_sql import raw_sql
 
-pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
