@@ -1,6 +1,7 @@
 # The two entry points (see README): each sets up what it needs, then runs.
 #   make run    the main job: every bundled case on the embedded local model, graded
-#   make test   the whole test suite (offline; includes an end-to-end run on the local model)
+#   make test   the whole test suite (offline; includes an end-to-end run on the local model and
+#               the store tests on a throwaway PostgreSQL server)
 # ARGS="..." passes extra arguments, e.g. make run ARGS="--env gsm8k", make test ARGS="-k sse".
 PY := .venv/bin/python
 ARGS ?=
@@ -21,4 +22,4 @@ setup-run:
 	@scripts/setup.sh local
 
 setup-test:
-	@scripts/setup.sh dev,local,ray
+	@scripts/setup.sh dev,local,ray,postgres

@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="configs/gateway.yaml", help="gateway YAML (default: %(default)s)")
     ap.add_argument("--host", help="override listen_host")
     ap.add_argument("--port", type=int, help="override listen_port")
-    ap.add_argument("--db-url", help="override storage_config.db_url, e.g. sqlite://env_trajs.db")
+    ap.add_argument("--db-url", help="override storage_config.db_url, e.g. sqlite://env_trajs.db or "
+                    "postgresql://user:pw@host/db")
     args = ap.parse_args(argv)
     try:
         settings = load_settings(args.config)

@@ -23,6 +23,7 @@ from gateway.request_log import RequestLog
 from gateway.routes import build_router
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
+from gateway.shared_sessions import SharedSessionManager
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamClient
 from store import Store
@@ -65,25 +66,33 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         await store.init()
         metrics = Metrics()
         tel = settings.telemetry
+        shared = settings.sessions_shared
+        sessions = (SharedSessionManager if shared else SessionManager)(store, settings.max_steps)
         writer = TelemetryWriter(store, metrics, strict=tel.mode == "strict", batch_max=tel.batch_max,
-                                 queue_max=tel.queue_max)
+                                 queue_max=tel.queue_max, release_in_flight=shared,
+                                 on_lost=sessions.lost if isinstance(sessions, SharedSessionManager) else None)
         upstream = UpstreamClient(settings.llm_routes)
         await upstream.start()
         writer.start()
         request_log = RequestLog(settings.request_log) if settings.request_log.enabled else None
         if request_log is not None:
             request_log.start()
-        app.state.gw = GatewayState(settings, store, SessionManager(store, settings.max_steps), upstream,
-                                    writer, metrics, request_log,
+        app.state.gw = GatewayState(settings, store, sessions, upstream, writer, metrics, request_log,
                                     RejectedCalls(settings.base_session_path, request_log))
-        interrupted = await store.mark_interrupted()  # left active by an earlier gateway process
-        log.info("gateway ready: storage=%s routes=%s; sessions left active by an earlier gateway, now "
-                 "interrupted: %d", store.identity(), ",".join(settings.llm_routes), interrupted)
+        if shared:  # other gateways may be serving the sessions left active
+            log.info("gateway ready: storage=%s routes=%s; sessions shared with other gateways",
+                     store.identity(), ",".join(settings.llm_routes))
+        else:
+            interrupted = await store.mark_interrupted()  # left active by an earlier gateway process
+            log.info("gateway ready: storage=%s routes=%s; sessions left active by an earlier gateway, now "
+                     "interrupted: %d", store.identity(), ",".join(settings.llm_routes), interrupted)
         try:
             yield
         finally:
             await app.state.gw.stop_detached()  # their steps are queued before the writer drains
             await writer.stop()
+            if isinstance(sessions, SharedSessionManager):
+                await sessions.aclose()
             await upstream.close()
             await store.close()
             if request_log is not None:

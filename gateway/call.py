@@ -65,6 +65,7 @@ class Call:
         self.policy_version: int | None = None  # the version when the call was admitted
         self.admitted = False  # counted in flight by gw.policy until released
         self.tokens: TokenChain | None = None  # fingerprints of the step's token ids, once read
+        self._recorded = False  # the step row was handed to the telemetry writer
 
     # ------------------------------------------------------------------ ownership
     def hand_over(self) -> Call:
@@ -93,7 +94,8 @@ class Call:
         self.finished = True
         try:
             try:
-                commit = self._queue(outcome)
+                refunded = outcome.refund and self.slot is not None and await self.gw.sessions.refund(self.slot)
+                commit = self._queue(outcome, refunded)
             finally:
                 self._release()  # queued (or failed to): no longer in flight
             if commit is not None:
@@ -140,16 +142,14 @@ class Call:
 
     def _release(self) -> None:
         if self.slot is not None:
-            self.gw.sessions.release(self.slot)
+            self.gw.sessions.release(self.slot, recorded=self._recorded)
         if self.admitted:
             self.admitted = False
             self.gw.policy.done()
 
-    def _queue(self, outcome: Outcome) -> asyncio.Future[None] | None:
-        """Refund, build the row, write the request log line and queue the row for the telemetry
+    def _queue(self, outcome: Outcome, refunded: bool) -> asyncio.Future[None] | None:
+        """Build the row, write the request log line and queue the row for the telemetry
         writer with the session's live state. Returns the commit future (strict) or None."""
-        slot = self.slot
-        refunded = outcome.refund and slot is not None and self.gw.sessions.refund(slot)
         if outcome.status is None:  # a synthetic stop: no step, the session's state only
             state = self.gw.sessions.live(self.session_id) if self.session_id is not None else None
             return self.gw.writer.enqueue(None, state) if state is not None else None
@@ -158,10 +158,13 @@ class Call:
             return None
         state = self.gw.sessions.live(step["session_id"])
         if not self.gw.settings.telemetry.step_deltas:
-            return self.gw.writer.enqueue(step, state)
-        encoder = self.gw.encoder
-        pending = encoder.encode(step, self.tokens)  # stored as a delta on the session's last committed step
-        return self.gw.writer.enqueue(step, state, on_commit=lambda: encoder.committed(pending))
+            fut = self.gw.writer.enqueue(step, state)
+        else:
+            encoder = self.gw.encoder
+            pending = encoder.encode(step, self.tokens)  # stored as a delta on the session's last committed step
+            fut = self.gw.writer.enqueue(step, state, on_commit=lambda: encoder.committed(pending))
+        self._recorded = True  # handed to the writer (which reports a record it loses)
+        return fut
 
     def _row(self, outcome: Outcome, refunded: bool) -> dict[str, Any] | None:
         """The step row (every ``session_steps`` column; None for a sessionless call) after

@@ -31,8 +31,14 @@ class _Item:
 class TelemetryWriter:
     """Group-committing writer. ``start()`` in the loop, ``stop()`` at shutdown (drains first)."""
 
-    def __init__(self, store: Store, metrics: Metrics, *, strict: bool, batch_max: int, queue_max: int) -> None:
+    def __init__(self, store: Store, metrics: Metrics, *, strict: bool, batch_max: int, queue_max: int,
+                 release_in_flight: bool = False, on_lost: Callable[[StepRow], None] | None = None) -> None:
+        """``release_in_flight``: commit each step with its session's ``in_flight`` lowered
+        (shared sessions, :meth:`store.Store.write_batch`); ``on_lost`` is called with each step
+        record dropped or refused by the database."""
         self._store = store
+        self._release = release_in_flight
+        self._on_lost = on_lost
         self._metrics = metrics
         self.strict = strict
         self._batch_max = batch_max
@@ -62,13 +68,15 @@ class TelemetryWriter:
         when the queue is full."""
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
         item = _Item(step, session, fut, on_commit)
-        if self._task is not None and not self._busy and self._queue.empty() and self._commit_now([item]):
+        if (self._task is not None and not self._release and not self._busy and self._queue.empty()
+                and self._commit_now([item])):
             return fut
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
             if self.strict:
                 raise RuntimeError("telemetry queue is full") from None
+            self._lost([item])
             self._metrics.telemetry_dropped.inc()
             log.error("telemetry queue full: record dropped (best_effort mode)")
             return None
@@ -124,7 +132,7 @@ class TelemetryWriter:
         one record the DB refuses fails that record only; not when the database as a whole
         failed (:func:`store.is_unavailable`: locked, I/O), which one row at a time would only
         repeat."""
-        if len(batch) == 1 and self._commit_now(batch):  # low load: no thread hop
+        if len(batch) == 1 and not self._release and self._commit_now(batch):  # low load: no thread hop
             return
         err = await self._write(batch)
         if err is not None and len(batch) > 1 and not is_unavailable(err):
@@ -137,17 +145,25 @@ class TelemetryWriter:
         steps = [it.step for it in batch if it.step is not None]
         sessions = [it.session for it in batch if it.session is not None]
         try:
-            await self._store.write_batch(steps, sessions)
+            await self._store.write_batch(steps, sessions, release_in_flight=self._release)
         except Exception as e:  # the DB failed: every waiter learns it, nothing is silent
             log.error("telemetry batch of %d records failed: %s: %s", len(batch), type(e).__name__, e)
             return e
         return None
 
+    def _lost(self, batch: list[_Item]) -> None:
+        if self._on_lost is not None:
+            for it in batch:
+                if it.step is not None:
+                    self._on_lost(it.step)
+
     def _settle(self, batch: list[_Item], err: BaseException | None) -> None:
         if err is None:
             self._metrics.steps_recorded.inc(sum(it.step is not None for it in batch))
-        elif not self.strict:
-            self._metrics.telemetry_dropped.inc(len(batch))
+        else:
+            self._lost(batch)
+            if not self.strict:
+                self._metrics.telemetry_dropped.inc(len(batch))
         for it in batch:
             if err is None and it.on_commit is not None:
                 it.on_commit()

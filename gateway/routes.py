@@ -47,7 +47,8 @@ async def readyz(request: Request) -> JSONResponse:
     g = _gw(request)
     body = {"status": "ready", "storage_type": g.store.kind, "db_url": g.store.identity(),
             "max_steps": g.settings.max_steps, "routes": sorted(g.settings.llm_routes),
-            "base_session_path": g.settings.base_session_path, "telemetry_mode": g.settings.telemetry.mode}
+            "base_session_path": g.settings.base_session_path, "telemetry_mode": g.settings.telemetry.mode,
+            "shared_sessions": g.sessions.persists_itself}
     try:
         await g.store.ping()
     except Exception as e:
@@ -132,7 +133,10 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode, g.settings.close_grace_s)
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
     # the session stays closed in memory instead of reloading from the store as active)
-    await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
+    if g.sessions.persists_itself:  # shared sessions: the closed state is committed already
+        g.sessions.forget(session_id)
+    else:
+        await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
     g.prefixes.drop(session_id)
     g.encoder.drop(session_id)
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,

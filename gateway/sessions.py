@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from gateway.idempotency import RecentCalls
-from store import GatewaySession, SessionStatus, Store, utcnow
+from store import GatewaySession, JobEnvironment, SessionStatus, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,25 @@ class StepSlot:
 def _snapshot(st: GatewaySession) -> GatewaySession:
     """A detached copy of a session state (a new object, not an ORM copy)."""
     return GatewaySession(**st.model_dump())
+
+
+def take_step(st: GatewaySession, model: str) -> StepSlot | None:
+    """The budget rule, applied to a session state that is not closed (changed in place): the
+    next step for route ``model``, or None when ``0 <= max_steps <= total_steps -
+    refunded_steps`` (the state is then ``truncated``; ``active`` again once a refund frees a
+    unit, or after a restart's ``interrupted``)."""
+    if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
+        st.status = SessionStatus.TRUNCATED
+        st.updated_at = utcnow()
+        return None
+    if st.status in (SessionStatus.TRUNCATED, SessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
+        st.status = SessionStatus.ACTIVE
+    counts = dict(st.step_counts or {})
+    counts[model] = counts.get(model, 0) + 1
+    st.step_counts = counts
+    st.total_steps += 1
+    st.updated_at = utcnow()
+    return StepSlot(st.session_id, st.total_steps, counts[model], st.job_id, st.env_name, st.group_id)
 
 
 class SessionClosed(Exception):
@@ -90,17 +109,20 @@ class SessionManager:
             return live.state
         st = await self._store.load_gateway_session(sid)
         if st is None:
-            ctx = await self._store.session_context(sid)
-            max_steps = self._default_max_steps
-            if ctx is not None and ctx.max_steps is not None:
-                max_steps = ctx.max_steps
-            st = GatewaySession(
-                session_id=sid, max_steps=max_steps, step_counts={},
-                job_id=ctx.job_id if ctx else None, env_name=ctx.env_name if ctx else None,
-                group_id=ctx.group_id if ctx else None,
-            )
+            st = self._new_state(sid, await self._store.session_context(sid))
         live.state = st
         return st
+
+    def _new_state(self, sid: str, ctx: JobEnvironment | None) -> GatewaySession:
+        """A new session's state: the launcher's row's budget and metadata, else the config's."""
+        max_steps = self._default_max_steps
+        if ctx is not None and ctx.max_steps is not None:
+            max_steps = ctx.max_steps
+        return GatewaySession(
+            session_id=sid, max_steps=max_steps, step_counts={},
+            job_id=ctx.job_id if ctx else None, env_name=ctx.env_name if ctx else None,
+            group_id=ctx.group_id if ctx else None,
+        )
 
     def live(self, sid: str) -> GatewaySession | None:
         """The session's state object itself (not a copy), or None when it is not held in memory.
@@ -149,26 +171,21 @@ class SessionManager:
                     # session reset for a retry (Store.reset_for_retry) is fresh at its next call
                     del self._sessions[sid]
                 raise SessionClosed(sid)
-            if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
-                st.status = SessionStatus.TRUNCATED
-                st.updated_at = utcnow()
+            slot = take_step(st, model)
+            if slot is None:
                 return None
-            if st.status in (SessionStatus.TRUNCATED, SessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
-                st.status = SessionStatus.ACTIVE
-            counts = dict(st.step_counts or {})
-            counts[model] = counts.get(model, 0) + 1
-            st.step_counts = counts
-            st.total_steps += 1
-            st.updated_at = utcnow()
-            slot = StepSlot(sid, st.total_steps, counts[model], st.job_id, st.env_name, st.group_id)
             live.in_flight.add(slot.seq)
             live.idle.clear()
             return slot
 
-    def release(self, slot: StepSlot) -> None:
+    persists_itself = False
+    """True when the manager writes session states to the store itself (shared sessions); False:
+    the telemetry writer commits the live state with each step and the close's snapshot."""
+
+    def release(self, slot: StepSlot, recorded: bool = True) -> None:
         """End the in-flight mark of a reserved step: its row was queued for the telemetry
-        writer, or the call ended without a row (a bug, a shutdown). Idempotent. Wakes a close
-        waiting for the session once its last call in flight is released."""
+        writer (``recorded``), or the call ended without a row (a bug, a shutdown). Idempotent.
+        Wakes a close waiting for the session once its last call in flight is released."""
         live = self._sessions.get(slot.session_id)
         if live is None or slot.seq not in live.in_flight:
             return
@@ -180,7 +197,7 @@ class SessionManager:
             if live.forgotten:
                 del self._sessions[slot.session_id]
 
-    def refund(self, slot: StepSlot) -> bool:
+    async def refund(self, slot: StepSlot) -> bool:
         """Give the budget unit of a reserved step back (its call never reached the model; the
         caller decides). Its row is still written, with its own ``seq``; ``refunded_steps`` grows
         by one. Call it while the slot is in flight, before its row is queued. Returns False once

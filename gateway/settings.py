@@ -390,15 +390,22 @@ class GatewaySettings(_Strict):
     ``keepalive_interval_s`` (seconds, default 15, 0 disables; a route may override it): while
     relaying an upstream stream, when no upstream byte arrived for that long, the gateway sends
     the client the SSE comment line ``: keep-alive`` (see :mod:`gateway.relay`), so idle
-    proxies and client read timeouts do not cut a slow generation."""
+    proxies and client read timeouts do not cut a slow generation.
+
+    ``storage_type`` (``sqlite`` | ``postgresql``, alias ``postgres``) must agree with
+    ``storage_config.db_url``. ``shared_sessions`` (default: true on PostgreSQL, false on SQLite)
+    keeps each session's budget state in the database, so several gateway processes can serve
+    the same sessions (docs/scale-out.md); false keeps it in this process's memory (one gateway
+    per store, the fastest)."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 8000
     base_session_path: str = "/v1/sessions"
     max_steps: int = -1
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
-    storage_type: Literal["sqlite", "postgresql"] | None = None
+    storage_type: Literal["sqlite", "postgresql", "postgres"] | None = None
     storage_config: StorageConfig = Field(default_factory=StorageConfig)
+    shared_sessions: bool | None = None
     llm_routes: dict[str, RouteSettings] = Field(default_factory=dict)
     default_route: str | None = None
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
@@ -431,6 +438,8 @@ class GatewaySettings(_Strict):
         else:
             raise ValueError(f"storage_config.db_url must start with sqlite:// or postgresql:// (got scheme "
                              f"{scheme or 'none'!r})")
+        if self.storage_type == "postgres":
+            self.storage_type = "postgresql"
         if self.storage_type is not None and self.storage_type != kind:
             raise ValueError(f"storage_type is {self.storage_type} but storage_config.db_url is a {kind} URL "
                              f"({scheme}://...); make them agree or drop storage_type")
@@ -475,6 +484,14 @@ class GatewaySettings(_Strict):
             raise ValueError(f"default_route {self.default_route!r} is not a route of llm_routes "
                              f"(known routes: {known})")
         return self
+
+    @property
+    def sessions_shared(self) -> bool:
+        """Whether session state lives in the database, so several gateway processes can serve
+        the same sessions (``shared_sessions``; default: on for PostgreSQL, off for SQLite)."""
+        if self.shared_sessions is not None:
+            return self.shared_sessions
+        return self.storage_type == "postgresql"
 
     def keepalive_for(self, route_key: str) -> float:
         """The keep-alive interval in seconds of route ``route_key`` (its own, else the

@@ -322,7 +322,7 @@ async def _start_services(gw: GatewaySettings, models: list[str], store: Store, 
                 routes[model] = route.model_copy(update={"base_url": llama.url})
         settings = gw.model_copy(update={
             "llm_routes": routes, "storage_type": store.kind,
-            "storage_config": gw.storage_config.model_copy(update={"db_url": store.identity()}),
+            "storage_config": gw.storage_config.model_copy(update={"db_url": store.peer_url()}),
         })
         children.append(await start_gateway(settings, log_dir, advertise_url=listen))
     except ServiceError as e:

@@ -45,10 +45,18 @@ needs=(
 if [[ ",$extras," == *,dev,* ]]; then
   needs+=("chromium:chromium:the viewer's browser tests run in headless Chromium")
 fi
+# the store tests run on SQLite and on a throwaway PostgreSQL server (Debian keeps pg_ctl off PATH)
+if [[ ",$extras," == *,postgres,* ]]; then
+  needs+=("pg_ctl:postgresql:the store tests start a PostgreSQL server (the PostgreSQL half is skipped without it)")
+fi
+has() {
+  command -v "$1" >/dev/null && return 0
+  [ "$1" = pg_ctl ] && compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null
+}
 missing=()
 for n in "${needs[@]}"; do
   IFS=: read -r cmd pkg _ <<<"$n"
-  command -v "$cmd" >/dev/null || missing+=("$pkg")
+  has "$cmd" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -58,7 +66,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   for n in "${needs[@]}"; do
     IFS=: read -r cmd pkg why <<<"$n"
-    command -v "$cmd" >/dev/null \
+    has "$cmd" \
       || say "MISSING: $cmd ($why). Install it with: sudo apt-get install $pkg"
   done
 fi

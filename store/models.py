@@ -36,6 +36,7 @@ class SessionStatus(StrEnum):
     ACTIVE = "active"
     TRUNCATED = "truncated"
     INTERRUPTED = "interrupted"
+    CLOSING = "closing"
     CLOSED = "closed"
 
 
@@ -219,7 +220,9 @@ class GatewaySession(SQLModel, table=True):
     and the steps used, per model (``step_counts``: route key -> last step_id) and in total.
     ``refunded_steps``: how many of the ``total_steps`` rows are calls that failed before reaching
     the model (connect failure, upstream 429) and so use no budget: the budget check is
-    ``max_steps <= total_steps - refunded_steps``."""
+    ``max_steps <= total_steps - refunded_steps``. ``in_flight`` and the status ``closing`` (a
+    close waits for the calls in flight) are kept here only by gateways that share sessions
+    (docs/scale-out.md): reserved steps whose row is not committed yet, on any gateway."""
 
     __tablename__ = "gateway_sessions"
 
@@ -228,6 +231,7 @@ class GatewaySession(SQLModel, table=True):
     max_steps: int = -1
     total_steps: int = 0
     refunded_steps: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    in_flight: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     step_counts: dict[str, int] | None = _json()
     job_id: str | None = Field(default=None, max_length=128)
     env_name: str | None = Field(default=None, max_length=128)

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
 from sqlalchemy import exc as sa_exc
@@ -31,6 +31,7 @@ from store.models import (
     GatewaySession,
     JobEnvironment,
     SessionAttempt,
+    SessionStatus,
     SessionStep,
     SessionWorkspace,
     attempt_session_id,
@@ -39,6 +40,7 @@ from store.models import (
 from store.stepcodec import decode_rows
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _STEP_COLUMNS = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]
 _SESSION_COLUMNS = tuple(c.name for c in GatewaySession.__table__.columns)  # type: ignore[attr-defined]
@@ -62,6 +64,36 @@ _SESSION_UPSERT_SQL = (
     f"VALUES ({', '.join('?' * len(_SESSION_COLUMNS))}) ON CONFLICT ({_q('session_id')}) DO UPDATE SET "
     + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in _SESSION_COLUMNS if c not in ("session_id", "created_at"))
 )
+
+_SCHEMA_LOCK_KEY = 0x726F6C6C  # PostgreSQL advisory lock held while Store.init creates or upgrades tables
+
+_RELEASE_SQL = (
+    f"UPDATE {_q(GatewaySession.__tablename__)} SET in_flight = CASE WHEN in_flight > ? THEN in_flight - ? "
+    "ELSE 0 END WHERE session_id = ? RETURNING status"
+)
+
+
+def _release_counts(steps: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """(session id, steps of it in the batch), sorted by session id: every writer takes the rows'
+    locks in the same order, so two gateways' batches never deadlock."""
+    counts: dict[str, int] = {}
+    for st in steps:
+        counts[st["session_id"]] = counts.get(st["session_id"], 0) + 1
+    return sorted(counts.items())
+
+
+def _mark_after_close(steps: list[Mapping[str, Any]], closed: set[str]) -> list[Mapping[str, Any]]:
+    """Step rows of sessions already closed when they commit get ``meta_json.after_close`` and
+    ``is_trainable = false`` (their close stopped waiting for them)."""
+    if not closed:
+        return steps
+    out: list[Mapping[str, Any]] = []
+    for st in steps:
+        if st["session_id"] in closed:
+            st = {**st, "meta_json": {**(st["meta_json"] or {}), "after_close": True}, "is_trainable": False}
+        out.append(st)
+    return out
+
 
 _RowFn = Callable[[Mapping[str, Any]], tuple[Any, ...]]
 StepRow = SessionStep | Mapping[str, Any]
@@ -92,11 +124,49 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
     return convert
 
 
+_SQLITE_COUNTS = "CASE WHEN json_type(step_counts) = 'object' THEN step_counts ELSE '{}' END"
+_SQLITE_RESERVE_SQL = (  # named parameters, run by the batch writer's own sqlite3 connection
+    "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
+    f"step_counts = json_set({_SQLITE_COUNTS}, :path, COALESCE(json_extract({_SQLITE_COUNTS}, :path), 0) + 1), "
+    "status = 'active', updated_at = :now "
+    "WHERE session_id = :sid AND status IN ('active', 'truncated', 'interrupted') "
+    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
+    "RETURNING total_steps, json_extract(step_counts, :path), job_id, env_name, group_id"
+)
+_PG_COUNTS = ("CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END")
+_PG_RESERVE_SQL = (  # asyncpg: $1 session id, $2 route key, $3 now
+    "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
+    f"step_counts = jsonb_set({_PG_COUNTS}, ARRAY[$2::text], "
+    f"to_jsonb(COALESCE(({_PG_COUNTS} ->> $2::text)::int, 0) + 1))::json, "
+    "status = 'active', updated_at = $3 "
+    "WHERE session_id = $1 AND status IN ('active', 'truncated', 'interrupted') "
+    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
+    "RETURNING total_steps, (step_counts::jsonb ->> $2::text)::int, job_id, env_name, group_id"
+)
+_PG_LOCK_SESSIONS = text(
+    "SELECT session_id FROM gateway_sessions WHERE session_id = ANY(CAST(:sids AS TEXT[])) "
+    "ORDER BY session_id FOR UPDATE"
+)
+_PG_RELEASE_MANY = text(
+    "UPDATE gateway_sessions AS g SET in_flight = GREATEST(g.in_flight - v.n, 0) "
+    "FROM unnest(CAST(:sids AS TEXT[]), CAST(:ns AS INT[])) AS v(sid, n) "
+    "WHERE g.session_id = v.sid RETURNING g.session_id, g.status"
+)
+
+
+def _release_stmt() -> Any:
+    return text(_RELEASE_SQL.replace("?", ":n", 2).replace("?", ":sid"))
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` from a store call means the database as a whole failed (locked past the
     busy timeout, disk I/O, a lost connection: an OperationalError of sqlite3 or SQLAlchemy), as
-    opposed to one row it refused (a constraint, a value it cannot store)."""
-    return isinstance(exc, sqlite3.OperationalError | sa_exc.OperationalError)
+    opposed to one row it refused (a constraint, a value it cannot store). PostgreSQL: a lost or
+    refused connection (SQLAlchemy marks it ``connection_invalidated``; ``OSError`` from the
+    driver's connect)."""
+    if isinstance(exc, sqlite3.OperationalError | sa_exc.OperationalError | OSError):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
 
 def _log_checkpoint_failure(fut: Future[None]) -> None:
@@ -152,6 +222,8 @@ class _SqliteBatchWriter:
         self.path = path
         self._step_row = _row_converter(SessionStep.__table__, dialect)  # type: ignore[attr-defined]
         self._session_row = _row_converter(GatewaySession.__table__, dialect)  # type: ignore[attr-defined]
+        ts = GatewaySession.__table__.c.updated_at.type  # type: ignore[attr-defined]
+        self._now: Callable[[Any], Any] = ts.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v)
         self._executor: ThreadPoolExecutor | None = None
         self._con: sqlite3.Connection | None = None  # only touched in the worker thread
         self._inline_con: sqlite3.Connection | None = None  # only touched on the event loop thread
@@ -171,11 +243,15 @@ class _SqliteBatchWriter:
         return con
 
     def _commit_on(self, con: sqlite3.Connection, steps: list[Mapping[str, Any]],
-                   sessions: list[Mapping[str, Any]]) -> None:
-        step_rows = [self._step_row(st) for st in steps]
+                   sessions: list[Mapping[str, Any]], release: bool = False) -> None:
         session_rows = [self._session_row(gs) for gs in sessions]
         con.execute("BEGIN IMMEDIATE")
         try:
+            if release:
+                closed = {sid for sid, n in _release_counts(steps)
+                          if (r := con.execute(_RELEASE_SQL, (n, n, sid)).fetchone()) is not None and r[0] == "closed"}
+                steps = _mark_after_close(steps, closed)
+            step_rows = [self._step_row(st) for st in steps]
             if session_rows:
                 con.executemany(_SESSION_UPSERT_SQL, session_rows)
             if step_rows:
@@ -186,11 +262,30 @@ class _SqliteBatchWriter:
             raise
         con.execute("COMMIT")
 
-    def _commit(self, steps: list[Mapping[str, Any]], sessions: list[Mapping[str, Any]]) -> None:
+    def _commit(self, steps: list[Mapping[str, Any]], sessions: list[Mapping[str, Any]], release: bool) -> None:
         con = self._con
         if con is None:
             con = self._con = self._connect()
-        self._commit_on(con, steps, sessions)
+        self._commit_on(con, steps, sessions, release)
+
+    def _reserve(self, sid: str, path: str) -> tuple[Any, ...] | None:
+        con = self._con
+        if con is None:
+            con = self._con = self._connect()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            row = con.execute(_SQLITE_RESERVE_SQL, {"sid": sid, "path": path, "now": self._now(utcnow())}).fetchone()
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+        return tuple(row) if row is not None else None
+
+    async def reserve(self, sid: str, path: str) -> tuple[Any, ...] | None:
+        """:data:`_SQLITE_RESERVE_SQL` in its own transaction, in the worker thread (after the
+        batches submitted before it)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), self._reserve, sid, path)
 
     def _checkpoint(self) -> None:
         con = self._con
@@ -236,13 +331,14 @@ class _SqliteBatchWriter:
             return True
         return self._try_inline(step_rows, session_rows)
 
-    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
+    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], release: bool = False) -> None:
         """Write one batch in the worker thread (SQLModel objects are first copied to dicts here,
         on the caller's thread: they are not shared)."""
         step_rows, session_rows = self._rows(steps, sessions)
         if not step_rows and not session_rows:
             return
-        await asyncio.get_running_loop().run_in_executor(self._pool(), self._commit, step_rows, session_rows)
+        await asyncio.get_running_loop().run_in_executor(self._pool(), self._commit, step_rows, session_rows,
+                                                         release)
 
     def _close_connection(self) -> None:
         con, self._con = self._con, None
@@ -285,6 +381,8 @@ class Store:
         self._write_lock = asyncio.Lock()
         self._group = GroupCommit(self._run_batch)  # the launcher's row writes (store.group)
         self._upsert_stmt: Any = None
+        self._reserve_pool: Any = None  # asyncpg pool of reserve_step (PostgreSQL)
+        self._reserve_pool_lock = asyncio.Lock()
         path = self.path
         self._sqlite_writer = (
             _SqliteBatchWriter(path, self.writer.sync_engine.dialect) if path is not None else None)
@@ -308,14 +406,21 @@ class Store:
         (the absolute file path for SQLite, the URL without password for PostgreSQL)."""
         if self.path:
             return f"sqlite://{self.path}"
-        head, _, tail = self.url.partition("@")
-        return ("postgresql://" + tail) if tail else self.url
+        head, _, tail = self.url.rpartition("@")
+        return ("postgresql://" + tail) if head else "postgresql://" + self.url.split("://", 1)[1]
+
+    def peer_url(self) -> str:
+        """The URL another process (a gateway the launcher starts) opens the same database with:
+        the absolute SQLite path, or the PostgreSQL URL as given (password included)."""
+        return self.identity() if self.path else self.user_url
 
     async def init(self) -> None:
         """Create missing tables, and add the columns a database made by an older version lacks
         (:func:`add_missing_columns`). Idempotent; safe when two processes start at once.
         Raises SchemaError when a missing column cannot be added automatically."""
         async with self._write_lock, self.writer.begin() as conn:
+            if self.kind == "postgresql":  # DDL of two processes starting at once, one after the other
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
             await conn.run_sync(SQLModel.metadata.create_all)
             added = await conn.run_sync(add_missing_columns)
         for name in added:
@@ -352,6 +457,9 @@ class Store:
                 engine.dispose()
         if self._sqlite_writer is not None:
             await self._sqlite_writer.close()
+        pool, self._reserve_pool = self._reserve_pool, None
+        if pool is not None:
+            await pool.close()
         await self.writer.dispose()
         await self.reader.dispose()
 
@@ -398,7 +506,8 @@ class Store:
             return False
         return w.commit_now(steps, sessions)
 
-    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> None:
+    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *,
+                          release_in_flight: bool = False) -> None:
         """Insert step rows and upsert gateway session rows in ONE transaction (group commit).
 
         Sessions are upserted once each (the last snapshot of a session in the batch wins: callers
@@ -411,17 +520,30 @@ class Store:
 
         A row is a table object or a plain dict of every column (:func:`store.models.step_record`;
         a session state as ``{column: value}``); dict rows must not be changed by the caller
-        afterwards (they are read in the writer thread). :meth:`commit_now` is the inline path."""
+        afterwards (they are read in the writer thread). :meth:`commit_now` is the inline path.
+
+        ``release_in_flight`` (gateways sharing sessions, :meth:`change_gateway_session`): in the
+        same transaction, each step's session gets ``in_flight`` lowered by one, and the steps of
+        a session already ``closed`` then are stored with ``meta_json.after_close = true`` and
+        ``is_trainable = false`` (its close stopped waiting for them)."""
         if self._sqlite_writer is not None:
             async with self._write_lock:
-                await self._sqlite_writer.write(steps, sessions)
+                await self._sqlite_writer.write(steps, sessions, release_in_flight)
             return
         latest: dict[str, Mapping[str, Any]] = {}
         for gs in sessions:
             row = _as_dict(gs, _SESSION_COLUMNS)
             latest[row["session_id"]] = row
-        step_rows = [_as_dict(st, _STEP_COLUMNS) for st in steps]
+        step_rows: list[Mapping[str, Any]] = [_as_dict(st, _STEP_COLUMNS) for st in steps]
         async with self._write_lock, self.writer.begin() as conn:
+            if release_in_flight:
+                counts = _release_counts(step_rows)
+                sids, ns = [c[0] for c in counts], [c[1] for c in counts]
+                # the rows' locks in session id order (no deadlock between two gateways' batches)
+                await conn.execute(_PG_LOCK_SESSIONS, {"sids": sids})
+                res = await conn.execute(_PG_RELEASE_MANY, {"sids": sids, "ns": ns})
+                closed = {str(sid) for sid, status in res.all() if status == SessionStatus.CLOSED}
+                step_rows = _mark_after_close(step_rows, closed)
             if latest:
                 await conn.execute(self._session_upsert(), list(latest.values()))
             if step_rows:
@@ -437,6 +559,67 @@ class Store:
                 update(GatewaySession).where(col(GatewaySession.status) == "active")
                 .values(status="interrupted", updated_at=utcnow()))
             return int(getattr(res, "rowcount", 0) or 0)
+
+    # ------------------------------------------------------------------ gateways sharing sessions
+    async def change_gateway_session(self, session_id: str, change: Callable[[GatewaySession], _T],
+                                     create: Callable[[JobEnvironment | None], GatewaySession]) -> _T:
+        """Read, change and write one ``gateway_sessions`` row in one transaction that holds the
+        row's lock (PostgreSQL ``SELECT ... FOR UPDATE``; SQLite's write lock), so gateway
+        processes sharing the store change a session one at a time. A missing row is made first
+        by ``create(launcher's job_environments row or None)`` (inserted unless another process
+        did it meanwhile). ``change`` mutates the state it gets and returns what this call
+        returns; it runs inside the transaction (keep it short, no I/O); an exception from it
+        rolls back."""
+        async with self._write() as s, s.begin():
+            st = await s.get(GatewaySession, session_id, with_for_update=True)
+            if st is None:
+                new = create(await s.get(JobEnvironment, session_id))
+                ins = (sqlite_insert if self.kind == "sqlite" else pg_insert)(GatewaySession.__table__)  # type: ignore[attr-defined]
+                await s.execute(ins.on_conflict_do_nothing(index_elements=["session_id"]),
+                                [_columns(new, _SESSION_COLUMNS)])
+                st = await s.get(GatewaySession, session_id, with_for_update=True, populate_existing=True)
+                assert st is not None
+            return change(st)
+
+    async def reserve_step(self, session_id: str, model: str) -> tuple[int, int, str | None, str | None,
+                                                                       str | None] | None:
+        """The common reservation in ONE statement (PostgreSQL: ``UPDATE ... RETURNING`` on the
+        session's row, which PostgreSQL re-checks under the row's lock): for a session row that
+        exists, is ``active``/``truncated``/``interrupted`` and has budget left, count the next
+        step of route ``model`` (``total_steps``, ``step_counts``, ``in_flight``, status
+        ``active``) and return ``(seq, step_id, job_id, env_name, group_id)``. None otherwise
+        (and on SQLite for a route key holding ``"`` or ``\\``): the caller then takes
+        :meth:`change_gateway_session`. SQLite: the same statement with ``json_set`` (the write
+        transaction holds the file's lock), on the batch writer's connection and thread, so it
+        never waits for this process's own batches' lock."""
+        row: Any
+        if self._sqlite_writer is not None:
+            if '"' in model or "\\" in model:  # not expressible as a SQLite JSON path key
+                return None
+            row = await self._sqlite_writer.reserve(session_id, f'$."{model}"')
+        else:
+            row = await (await self._pg_reserve_pool()).fetchrow(_PG_RESERVE_SQL, session_id, model, utcnow())
+        if row is None:
+            return None
+        return int(row[0]), int(row[1]), row[2], row[3], row[4]
+
+    async def _pg_reserve_pool(self) -> Any:
+        """A small asyncpg pool of its own for :meth:`reserve_step` (one statement per call in
+        autocommit, without SQLAlchemy's per-execute cost on the hot path); made on first use."""
+        if self._reserve_pool is None:
+            async with self._reserve_pool_lock:  # the first calls come many at once
+                if self._reserve_pool is None:
+                    import asyncpg
+
+                    dsn = "postgresql://" + self.url.split("://", 1)[1]
+                    self._reserve_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=8)
+        return self._reserve_pool
+
+    async def release_in_flight(self, session_id: str, n: int = 1) -> None:
+        """Lower a session's ``in_flight`` by ``n`` (not below 0), for reserved steps whose row
+        will never be written (the call ended without one, or its record was lost)."""
+        async with self.writer.begin() as conn:
+            await conn.execute(_release_stmt(), {"n": n, "sid": session_id})
 
     def _session_upsert(self) -> Any:
         """``INSERT INTO gateway_sessions ... ON CONFLICT (session_id) DO UPDATE`` (every column but

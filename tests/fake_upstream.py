@@ -400,6 +400,7 @@ class FakeUpstream:
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
+        self._gate: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> FakeUpstream:
@@ -446,6 +447,18 @@ class FakeUpstream:
         """Answer every request for which ``rule(request)`` returns a Reply (when nothing is
         queued for it); checked in the order added."""
         self._rules.append(rule)
+
+    def hold(self) -> asyncio.Event:
+        """From now on every request waits (after it was read and recorded in ``requests``)
+        until the returned event is set, then gets its reply as usual; ``release()`` sets it."""
+        self._gate = asyncio.Event()
+        return self._gate
+
+    def release(self) -> None:
+        """Let the requests held by :meth:`hold` go on, and stop holding new ones."""
+        if self._gate is not None:
+            self._gate.set()
+            self._gate = None
 
     def pending(self, path: str | None = None) -> int:
         """Number of queued replies not yet served for ``path``."""
@@ -606,6 +619,8 @@ class FakeUpstream:
         return FakeRequest(method.upper(), path, query, headers, body, parsed), keep_alive
 
     async def _pick(self, req: FakeRequest) -> Reply:
+        if self._gate is not None:
+            await self._gate.wait()
         source: ReplySource | None = None
         queue = self._queues.get(req.path)
         if queue:

@@ -60,12 +60,12 @@ CASES = [
 ]
 
 
-def make_env(root: Path) -> Path:
+def make_env(root: Path, cases: list[dict[str, object]] = CASES) -> Path:
     env_dir = root / "toy"
     (env_dir / "data").mkdir(parents=True)
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
-    (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CASES))
+    (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
     cfg = {"name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id",
                                       "hidden_fields": ["expected"]},
            "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 8},
@@ -74,9 +74,9 @@ def make_env(root: Path) -> Path:
     return env_dir
 
 
-def gateway_config(path: Path, upstream_url: str, db: Path) -> Path:
+def gateway_config(path: Path, upstream_url: str, db: Path | str) -> Path:
     path.write_text(yaml.safe_dump({
-        "storage_config": {"db_url": f"sqlite://{db}"},
+        "storage_config": {"db_url": db if isinstance(db, str) else f"sqlite://{db}"},
         "llm_routes": {"fake": {"base_url": upstream_url, "api_key": "sk-route-secret-123"}},
     }))
     return path
@@ -160,6 +160,52 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
     assert b"sk-route-secret-123" not in blob
     # the summary table is printed
     assert "toy" in stdout and "pass@" in stdout
+
+
+async def test_a_job_on_postgresql_stores_the_same_rows_as_on_sqlite(tmp_path: Path, store_url: str) -> None:
+    """The same job (graded, a crash, an evaluator bug, a budget cut) with ``--db-path`` a SQLite
+    file and a PostgreSQL URL: the same sessions, scores, steps and gateway states."""
+    from tests.raw_sql import raw_sql
+
+    cases = [c for c in CASES if not c.get("hang")]
+    env_root = tmp_path / "envs"
+    make_env(env_root, cases)
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, store_url)
+        code, stdout, stderr = await launch(
+            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+            "--db-path", store_url, "--enable-evaluation", "--pool-size", "3", "--rl-group-size", "2",
+            "--job-id", "same", "--out", str(tmp_path / "out.jsonl"), cwd=tmp_path)
+    assert code == 2, stderr  # the evaluator bug
+    sessions = await raw_sql(store_url, "SELECT env_id, case_id, sample_index, status, reward, eval_status, attempts, "
+                                        "finished FROM job_environments ORDER BY case_id, sample_index")
+    got = [(r["case_id"], r["sample_index"], r["status"], r["reward"], r["eval_status"], r["attempts"],
+            bool(r["finished"])) for r in sessions]
+    expected = []
+    for c in cases:
+        status = "failed" if c.get("crash") else "truncated" if c.get("calls", 1) > 3 else "succeeded"
+        score = 0.0 if c.get("bad_eval") else 10.0 if c["expected"] == DEFAULT_TEXT else 3.0
+        expected += [(c["id"], k, status, score, "error" if c.get("bad_eval") else "scored", 1, True) for k in (0, 1)]
+    assert got == expected
+    steps = await raw_sql(store_url, "SELECT j.case_id, j.sample_index, s.seq, s.step_id, s.status, s.is_terminal, "
+                                     "s.reward FROM session_steps s JOIN job_environments j ON j.env_id = s.session_id "
+                                     "ORDER BY j.case_id, j.sample_index, s.seq")
+    calls = {c["id"]: min(int(c.get("calls", 1)), 3) for c in cases}  # type: ignore[call-overload]
+    rewards = {(e[0], e[1]): e[3] for e in expected}
+    assert [(r["case_id"], r["sample_index"], r["seq"], r["step_id"], r["status"], bool(r["is_terminal"]), r["reward"])
+            for r in steps] == [(cid, k, i, i, "ok", i == n, rewards[(cid, k)] if i == n else None)
+                                for cid, n in calls.items() for k in (0, 1) for i in range(1, n + 1)]
+    states = await raw_sql(store_url, "SELECT g.status, g.total_steps, g.in_flight, g.completion_mode, j.case_id "
+                                      "FROM gateway_sessions g JOIN job_environments j ON j.env_id = g.session_id "
+                                      "ORDER BY j.case_id, j.sample_index")
+    assert [(r["case_id"], r["status"], r["total_steps"], r["in_flight"]) for r in states] == [
+        (cid, "closed", n, 0) for cid, n in calls.items() for _ in (0, 1)]
+    assert {r["completion_mode"] for r in states if r["case_id"] == "g"} == {"truncated"}
+    # the HTML report reads the same store (the viewer's queries)
+    from rollout.viewer.report import write_report
+
+    html = (await write_report(store_url, "same", tmp_path / "report.html")).read_text()
+    assert "toy" in html and "KeyError" in html  # the env row and the evaluator failure reason
 
 
 async def test_resume_runs_only_unfinished_sessions(tmp_path: Path) -> None:

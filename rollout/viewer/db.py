@@ -24,6 +24,8 @@ async def open_queries(url: str) -> tuple[AsyncEngine, ViewerQueries]:
         raise ViewerError(f"no trajectory store at {path} (run a job first, or pass --db-path)")
     try:
         engine = make_engine(async_url, writer=False)
+    except DbUrlError as e:  # a missing driver
+        raise ViewerError(f"--db-path {url}: {e}") from e
     except ModuleNotFoundError as e:
         raise ViewerError(f"--db-path {url}: the database driver is not installed ({e.name})") from e
     queries = ViewerQueries(engine)

@@ -29,6 +29,7 @@ from gateway.settings import GatewaySettings, RouteSettings
 from store import SessionStep, Store, parse_db_url
 from store.engine import sqlite_path
 from tests.fake_upstream import FakeUpstream
+from tests.raw_sql import raw_sql_sync
 
 ROUTE_KEY = "sk-route-SECRET-7f3c19d2"
 CLIENT_KEY = "sk-client-SECRET-91ab44e0"
@@ -139,8 +140,11 @@ class Gateway:
         await eventually(enough, timeout)
         return found
 
-    def sql(self, query: str, *params: Any) -> list[sqlite3.Row]:
-        """Run a read query on the SQLite file with plain sqlite3 (sees the WAL)."""
+    def sql(self, query: str, *params: Any) -> list[Any]:
+        """Run a read query (``?`` placeholders) below the Store: plain sqlite3 on the SQLite file
+        (sees the WAL), asyncpg on PostgreSQL (:mod:`tests.raw_sql`)."""
+        if self.db_url.startswith("postgres"):
+            return raw_sql_sync(self.db_url, query, *params, records=True)
         con = sqlite3.connect(self.db_path, timeout=30)
         con.row_factory = sqlite3.Row
         try:

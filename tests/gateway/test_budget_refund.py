@@ -20,6 +20,11 @@ UP_PATH = "/v1/chat/completions"
 RATE_LIMITED = {"error": {"message": "rate limited", "type": "rate_limit_error", "param": None, "code": None}}
 BUSY = {"error": {"message": "overloaded", "type": "server_error", "param": None, "code": None}}
 
+@pytest.fixture
+def db_url(store_url: str) -> str:
+    """This module runs on both backends (SQLite, and PostgreSQL with shared sessions)."""
+    return store_url
+
 
 def _closed_port() -> int:
     with socket.socket() as s:

@@ -95,7 +95,7 @@ async def test_reserve_counts_per_model_and_stops_at_the_budget(state: GatewaySt
     assert await sm.reserve("s", "m") is None  # max_steps 2
     st = sm.live("s")
     assert st is not None and (st.status, st.total_steps) == ("truncated", 2)
-    assert sm.refund(a) and not sm.refund(a)  # once per step
+    assert await sm.refund(a) and not await sm.refund(a)  # once per step
     c = await sm.reserve("s", "m")  # the refund freed a unit
     assert c is not None and (c.seq, c.step_id, st.status) == (3, 2, "active")
     for slot in (a, b, c, c):  # release is idempotent
@@ -126,7 +126,7 @@ async def test_a_call_outliving_the_close_is_after_close_and_forget_waits_for_it
     assert snap.status == "closed" and sm.is_after_close(slot)
     sm.forget("s")
     assert sm.holds("s") and sm.live("s") is None  # kept for its call in flight only
-    assert not sm.refund(slot)  # nothing left to spend the unit on
+    assert not await sm.refund(slot)  # nothing left to spend the unit on
     sm.release(slot)
     assert not sm.holds("s")
 
@@ -172,7 +172,7 @@ async def test_abandon_releases_and_fails_the_claim_without_a_row(state: Gateway
 
 async def test_a_commit_that_fails_is_a_500_and_the_call_is_still_ended(state: GatewayState,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken(steps: object, sessions: object) -> None:
+    async def broken(steps: object, sessions: object, **kw: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(state.store, "write_batch", broken)

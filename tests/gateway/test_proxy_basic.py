@@ -44,6 +44,7 @@ async def test_healthz_and_readyz(start_gateway: StartGateway) -> None:
         "routes": ["b", "m"],
         "base_session_path": "/v1/sessions",
         "telemetry_mode": "strict",
+        "shared_sessions": False,
     }
 
 

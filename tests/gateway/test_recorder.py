@@ -6,9 +6,17 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
 from store import Store, step_record
+
+
+@pytest.fixture
+def db_url(store_url: str) -> str:
+    """This module runs on both backends (SQLite, and PostgreSQL with shared sessions)."""
+    return store_url
 
 
 def _step(seq: int) -> dict[str, object]:

@@ -12,6 +12,12 @@ from store import Store
 from tests.gateway.conftest import MESSAGES, StartGateway
 
 
+@pytest.fixture
+def db_url(store_url: str) -> str:
+    """This module runs on both backends (SQLite, and PostgreSQL with shared sessions)."""
+    return store_url
+
+
 async def test_closed_session_is_fresh_after_reset_for_retry(start_gateway: StartGateway) -> None:
     gw = await start_gateway(max_steps=1)
     client = gw.client("s1")

@@ -1,9 +1,12 @@
-"""The trajectory store: URLs, JSON fidelity, concurrent writers, clean shutdown, checkpoints."""
+"""The trajectory store: URLs, JSON fidelity, concurrent writers, clean shutdown, checkpoints.
+
+Tests taking ``store_url`` run once on SQLite and once on PostgreSQL (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -40,8 +43,8 @@ def test_json_dumps_keeps_strict_json() -> None:
     assert "NaN" not in text
 
 
-async def test_roundtrip_and_reward_writeback(tmp_path: Path) -> None:
-    store = Store(f"sqlite://{tmp_path}/t.db")
+async def test_roundtrip_and_reward_writeback(store_url: str) -> None:
+    store = Store(store_url)
     await store.init()
     try:
         await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id="0",
@@ -66,11 +69,11 @@ async def test_roundtrip_and_reward_writeback(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_64_concurrent_sessions_two_engines_and_a_poller(tmp_path: Path) -> None:
+async def test_64_concurrent_sessions_two_engines_and_a_poller(store_url: str) -> None:
     """64 sessions x 20 steps written through two independent stores (two writer
     connections, as gateway and launcher have), while a reader polls and rewards are written:
     no "database is locked", every row present."""
-    url = f"sqlite://{tmp_path}/c.db"
+    url = store_url
     a, b = Store(url), Store(url)
     await a.init()
     await b.init()
@@ -123,9 +126,9 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_write_at_once(tmp_path: Path) -> None:
-    """Gateway and launcher are two processes on one SQLite file: both must succeed."""
-    url = f"sqlite://{tmp_path}/p.db"
+def test_two_processes_write_at_once(store_url: str) -> None:
+    """Gateway and launcher are two processes on one store: both must succeed."""
+    url = store_url
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, f"p{i}"], stderr=subprocess.PIPE)
              for i in range(3)]
     errs = [p.communicate(timeout=120)[1].decode() for p in procs]
@@ -141,10 +144,10 @@ def test_two_processes_write_at_once(tmp_path: Path) -> None:
     assert asyncio.run(count()) == 450
 
 
-async def test_close_leaves_no_non_daemon_threads(tmp_path: Path) -> None:
-    """After close() no aiosqlite thread keeps the interpreter alive."""
+async def test_close_leaves_no_non_daemon_threads(store_url: str) -> None:
+    """After close() no aiosqlite (or writer) thread keeps the interpreter alive."""
     before = {t.ident for t in threading.enumerate()}
-    store = Store(f"sqlite://{tmp_path}/d.db")
+    store = Store(store_url)
     await store.init()
     await store.write_batch([_step("x", 1)], [])
     await store.trajectory("x")
@@ -171,12 +174,50 @@ async def test_checkpoint_folds_wal_into_main_file(tmp_path: Path) -> None:
         await store.close()
 
 
-def test_postgresql_without_its_driver_is_a_clear_error() -> None:
-    """PostgreSQL is untested and asyncpg is not a dependency: a postgresql:// URL fails at once,
-    naming the missing driver (never an ImportError from deep inside SQLAlchemy)."""
+def test_postgresql_without_its_driver_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncpg is an optional extra: without it a postgresql:// URL fails at once, naming the
+    missing driver and the extra (never an ImportError from deep inside SQLAlchemy)."""
     import importlib.util
 
-    if importlib.util.find_spec("asyncpg") is not None:
-        pytest.skip("asyncpg is installed here: the URL would be accepted")
-    with pytest.raises(DbUrlError, match=r"needs the asyncpg driver.*pip install asyncpg"):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a))
+    with pytest.raises(DbUrlError, match=r"needs the asyncpg driver.*rollout-factory\[postgres\]"):
         Store("postgresql://user@db.example/trajs")
+
+
+async def test_store_identity_hides_the_password_and_peer_url_keeps_it() -> None:
+    store = Store("postgresql://u:secret@db.example:5433/trajs")
+    try:
+        assert (store.kind, store.identity()) == ("postgresql", "postgresql://db.example:5433/trajs")
+        assert store.peer_url() == "postgresql://u:secret@db.example:5433/trajs"
+    finally:
+        await store.close()
+
+
+async def test_an_unreachable_postgresql_is_unavailable_and_a_refused_row_is_not(store_url: str) -> None:
+    """``is_unavailable`` tells a database that failed as a whole (here: nothing listens) from a
+    row it refused (a duplicate key), on both backends."""
+    from store import is_unavailable
+
+    if store_url.startswith("postgres"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # closed again below: nothing listens there
+        down = Store(f"postgresql://postgres@127.0.0.1:{port}/none")
+        try:
+            with pytest.raises(Exception) as ei:
+                await down.ping()
+            assert is_unavailable(ei.value), repr(ei.value)
+        finally:
+            await down.close()
+    store = Store(store_url)
+    await store.init()
+    try:
+        step = _step("s", 1)
+        await store.write_batch([step], [])
+        with pytest.raises(Exception) as ei:
+            await store.write_batch([SessionStep(record_id=step.record_id, session_id="s", seq=2, step_id=2,
+                                                 llm_model="m", endpoint="e")], [])
+        assert not is_unavailable(ei.value), repr(ei.value)
+    finally:
+        await store.close()

@@ -11,8 +11,6 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from store import GatewaySession, SessionStep, Store
 
 TZ_PLUS2 = timezone(timedelta(hours=2))
@@ -129,31 +127,6 @@ async def test_fast_path_session_upsert_equals_orm(tmp_path: Path) -> None:
         await _orm_add(store, GatewaySession(session_id="orm2", created_at=t0, updated_at=t0))
         (rf,), (ro,) = _raw(db, "gateway_sessions", "session_id", "fast2"), _raw(db, "gateway_sessions", "session_id", "orm2")
         assert {k: v for k, v in rf.items() if k != "session_id"} == {k: v for k, v in ro.items() if k != "session_id"}
-    finally:
-        await store.close()
-
-
-async def test_error_rolls_back_whole_batch_and_raises(tmp_path: Path) -> None:
-    db = tmp_path / "rb.db"
-    store = Store(f"sqlite://{db}")
-    await store.init()
-    try:
-        ok = SessionStep(session_id="s", seq=1, step_id=1, llm_model="m", endpoint="e")
-        await store.write_batch([ok], [GatewaySession(session_id="s", total_steps=1)])
-        dup = SessionStep(record_id=ok.record_id, session_id="s", seq=3, step_id=3, llm_model="m", endpoint="e")
-        new = SessionStep(session_id="s", seq=2, step_id=2, llm_model="m", endpoint="e")
-        with pytest.raises(sqlite3.IntegrityError):
-            await store.write_batch([new, dup], [GatewaySession(session_id="s", total_steps=3),
-                                                 GatewaySession(session_id="other", total_steps=1)])
-        assert [s.seq for s in await store.trajectory("s")] == [1]
-        gs = await store.load_gateway_session("s")
-        assert gs is not None and gs.total_steps == 1
-        assert await store.load_gateway_session("other") is None
-        # the connection is usable again (not left inside a transaction)
-        await store.write_batch([new], [GatewaySession(session_id="s", total_steps=2)])
-        assert [s.seq for s in await store.trajectory("s")] == [1, 2]
-        # other writers are not blocked by a leftover lock
-        await store.update_job_session("nobody", status="x")
     finally:
         await store.close()
 
