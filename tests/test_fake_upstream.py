@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import time
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -17,8 +18,8 @@ from tests.fake_upstream import (
     DEFAULT_TEXT,
     DEFAULT_USAGE,
     DONE,
-    FakeRequest,
     SUBMIT_COMMAND,
+    FakeRequest,
     FakeUpstream,
     Plan,
     Reply,
@@ -422,10 +423,10 @@ def run_script(script: str, cwd: str) -> str:
     return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, check=True).stdout
 
 
-def test_plan_write_answer_writes_the_json_and_prints_it(tmp_path: object) -> None:
+def test_plan_write_answer_writes_the_json_and_prints_it(tmp_path: Path) -> None:
     out = run_script(PLAN.commands[0], str(tmp_path))
     assert json.loads(out) == ANSWER
-    assert json.loads((tmp_path / "outputs" / "answer.json").read_text()) == ANSWER  # type: ignore[operator]
+    assert json.loads((tmp_path / "outputs" / "answer.json").read_text()) == ANSWER
     assert Plan.write_answer(ANSWER, submit=True).commands[1] == SUBMIT_COMMAND
 
 
@@ -441,7 +442,7 @@ def test_find_shell_tool_by_schema_whatever_its_name() -> None:
     assert find_shell_tool("chat_completions", [CHAT_READ]) is None
 
 
-async def test_policy_over_chat_tools_streamed_and_not(tmp_path: object) -> None:
+async def test_policy_over_chat_tools_streamed_and_not(tmp_path: Path) -> None:
     async with FakeUpstream() as up:
         policy = ScriptedPolicy(PLAN)
         up.add_rule(policy)
@@ -490,7 +491,7 @@ async def test_policy_streamed_chat_tool_call_assembles_to_the_reply() -> None:
     assert json.loads(args) == {"command": PLAN.commands[0]}
 
 
-async def test_policy_over_responses_streamed_and_not(tmp_path: object) -> None:
+async def test_policy_over_responses_streamed_and_not(tmp_path: Path) -> None:
     async with FakeUpstream() as up:
         policy = ScriptedPolicy(PLAN)
         up.add_rule(policy)
@@ -513,7 +514,7 @@ async def test_policy_over_responses_streamed_and_not(tmp_path: object) -> None:
     assert json.loads(policy.turns[1].observation or "") == ANSWER
 
 
-async def test_policy_over_anthropic_messages_streamed_and_not(tmp_path: object) -> None:
+async def test_policy_over_anthropic_messages_streamed_and_not(tmp_path: Path) -> None:
     async with FakeUpstream() as up:
         policy = ScriptedPolicy(Plan.write_answer({"x": 1}, final="all done"))
         up.add_rule(policy)
