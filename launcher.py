@@ -58,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
     ap.add_argument("--gateway-config", type=Path,
                     help="gateway YAML used when the launcher starts the gateway (default: configs/gateway.yaml)")
-    ap.add_argument("--llm-model", help="route key (default: the gateway config's default route)")
+    ap.add_argument("--llm-model", action="append",
+                    help="route key (repeatable: a matrix of models; default: the gateway config's default route)")
+    ap.add_argument("--harness", action="append", metavar="NAME|PATH",
+                    help="run task-directory envs with this agent CLI (repeatable: a matrix of harnesses): a "
+                         "bundled harness name (harnesses/<name>/) or a folder holding a harness.py")
     ap.add_argument("--llm-temperature", type=float, help="sampling temperature (default: the server's)")
     ap.add_argument("--enable-evaluation", action="store_true", default=None,
                     help="grade sessions with rule_evaluator.py")
@@ -94,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade", "report"}
-_RUN_ONLY = ("llm_model", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size", "max_steps",
+_RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size", "max_steps",
              "limit", "resume", "mode", "sandbox", "keep_workspaces", "max_retries", "retry_backoff_s", "report")
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 

@@ -237,3 +237,23 @@ def _make_readable(folder: Path) -> None:
                     os.chmod(p, mode | 0o444 | (0o111 if p.is_dir() or mode & 0o100 else 0))
     with contextlib.suppress(OSError):
         os.chmod(folder, folder.stat().st_mode | 0o555)
+
+
+class InstalledHarness(BaseModel):
+    """A harness ready for sessions (host side): its name, folder and install folder."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    folder: Path
+    install_dir: Path
+
+    def argv(self) -> list[str]:
+        """The runtime command of its sessions: the wrapper ``rollout.harness_runtime``."""
+        return [sys.executable, "-m", "rollout.harness_runtime", str(self.folder), str(self.install_dir)]
+
+
+def install(loaded: LoadedHarness, root: Path | None = None) -> InstalledHarness:
+    """``ensure_installed`` for a found harness. Raises HarnessUnavailable."""
+    return InstalledHarness(name=loaded.name, folder=loaded.folder,
+                            install_dir=ensure_installed(loaded.harness, root))

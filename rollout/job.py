@@ -7,6 +7,7 @@ job before it runs is a ``SetupError`` whose message tells the user what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import sys
@@ -23,6 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gateway.settings import ConfigError, GatewaySettings, load_settings
 from rollout.envs import Case, EnvConfig, EnvConfigError, discover_envs, load_cases, load_env_config
 from rollout.evaluator_loader import discover_evaluator
+from rollout.harness import (
+    HarnessUnavailable,
+    InstalledHarness,
+    LoadedHarness,
+    cache_dir,
+    is_installed,
+    load_harness,
+)
+from rollout.harness import install as install_harness
 from rollout.outcomes import (
     DEFAULT_RETRY_ON,
     INFRA_CLASSES,
@@ -63,7 +73,8 @@ class JobOptions(BaseModel):
     env_names: list[str] = Field(default_factory=list)
     gateway_base_url: str | None = None
     gateway_config: Path
-    llm_model: str | None = None
+    llm_model: list[str] = Field(default_factory=list)
+    harness: list[str] = Field(default_factory=list)
     llm_temperature: float | None = Field(default=None, ge=0)
     enable_evaluation: bool = False
     eval_timeout: float = Field(default=60.0, gt=0)
@@ -83,6 +94,12 @@ class JobOptions(BaseModel):
     retry_on: list[str] = Field(default_factory=lambda: sorted(DEFAULT_RETRY_ON))
     no_retry_on: list[str] = Field(default_factory=list)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+
+    @field_validator("llm_model", "harness", mode="before")
+    @classmethod
+    def _listed(cls, v: object) -> object:
+        """One route (or harness) as a list of one: a start config may say ``llm_model: qwen``."""
+        return [] if v is None else [v] if isinstance(v, str) else v
 
     @field_validator("retry_on", "no_retry_on")
     @classmethod
@@ -136,6 +153,50 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
         raise SetupError(str(e)) from e
 
 
+def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConfig, list[Case]]]:
+    """The envs a harness can run: task-directory envs (``dataset.format: task_dirs``). The others
+    are left out with a warning line; SetupError when none is left."""
+    kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format == "task_dirs"]
+    skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format != "task_dirs")
+    if skipped:
+        print(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
+              f"{', '.join(skipped)}", file=sys.stderr)
+    if not kept:
+        raise SetupError("--harness: none of the selected envs is a task-directory env (dataset.format: "
+                         f"task_dirs); skipped {', '.join(skipped)}")
+    return kept
+
+
+def load_harnesses(specs: list[str]) -> dict[str, LoadedHarness]:
+    """The harnesses named (or given by folder) by ``--harness``, by name; SetupError for one that
+    cannot be found or loaded, or two with the same name."""
+    found: dict[str, LoadedHarness] = {}
+    for spec in specs:
+        try:
+            h = load_harness(spec)
+        except HarnessUnavailable as e:
+            raise SetupError(str(e)) from e
+        if h.name in found and found[h.name].folder != h.folder:
+            raise SetupError(f"--harness: two harnesses are named {h.name!r}: {found[h.name].folder} and {h.folder}")
+        found[h.name] = h
+    return found
+
+
+async def install_harnesses(loaded: dict[str, LoadedHarness]) -> dict[str, InstalledHarness]:
+    """Install each harness once per machine (``rollout.harness.ensure_installed``, in a thread);
+    SetupError when one cannot be installed here."""
+    ready: dict[str, InstalledHarness] = {}
+    for name, h in loaded.items():
+        if not is_installed(h.harness):
+            print(f"harness {name}: installing {h.harness.version} into {cache_dir(h.harness)} (once per machine)",
+                  file=sys.stderr)
+        try:
+            ready[name] = await asyncio.to_thread(install_harness, h)
+        except HarnessUnavailable as e:
+            raise SetupError(f"harness {name} cannot be used here: {e}") from e
+    return ready
+
+
 def check_sandbox(opts: JobOptions, envs: list[EnvConfig]) -> None:
     """Before anything runs: when an env runs sandboxed, check that bubblewrap works here (else
     SetupError saying how to install it or opt out) and print how each limit is enforced; warn
@@ -176,9 +237,11 @@ def open_store(url: str) -> Store:
                          "pip install asyncpg for PostgreSQL") from e
 
 
-async def plan_sessions(store: Store, opts: JobOptions, job_id: str, model: str,
-                        envs: list[tuple[EnvConfig, list[Case]]]) -> list[JobEnvironment]:
-    """The session rows to run: a new job's rows (inserted), or with ``resume`` the rows of an
+async def plan_sessions(store: Store, opts: JobOptions, job_id: str, models: list[str],
+                        envs: list[tuple[EnvConfig, list[Case]]],
+                        harnesses: list[str | None] | None = None) -> list[JobEnvironment]:
+    """The session rows to run: a new job's rows (inserted: every env x case x harness x model x
+    sample, ``harnesses`` None or ``[None]`` meaning the env's own runtime), or with ``resume`` the rows of an
     existing job that are unfinished or ended in an infrastructure failure (reopened; the
     scheduler archives their last attempt's steps before the next attempt, whose number goes on
     from the attempts already used). Raises SetupError for a resume of an unknown job, or a new
@@ -202,22 +265,24 @@ async def plan_sessions(store: Store, opts: JobOptions, job_id: str, model: str,
     if existing:
         raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
                          "add --resume to finish it, or choose another --job-id")
-    rows = session_rows(job_id, model, envs, opts.rl_group_size, opts.max_steps)
+    rows = session_rows(job_id, models, envs, opts.rl_group_size, opts.max_steps, harnesses or [None])
     await store.add_job_sessions(rows)
     return rows
 
 
-async def _start_services(gw: GatewaySettings, model: str, store: Store, log_dir: Path,
+async def _start_services(gw: GatewaySettings, models: list[str], store: Store, log_dir: Path,
                           children: list[ChildProcess]) -> str:
-    route = gw.llm_routes.get(model)
-    if route is None:
-        raise SetupError(f"--llm-model {model!r} is not a route of the gateway config ({sorted(gw.llm_routes)})")
+    """Start the model server of each managed route among ``models`` (once each), then the
+    gateway; returns the gateway's session URL."""
+    check_routes(gw, models)
     routes = dict(gw.llm_routes)
     try:
-        if route.managed is not None:
-            llama = await start_llama_server(route.managed, log_dir)
-            children.append(llama)
-            routes[model] = route.model_copy(update={"base_url": llama.url})
+        for model in dict.fromkeys(models):
+            route = gw.llm_routes[model]
+            if route.managed is not None:
+                llama = await start_llama_server(route.managed, log_dir)
+                children.append(llama)
+                routes[model] = route.model_copy(update={"base_url": llama.url})
         settings = gw.model_copy(update={
             "llm_routes": routes, "storage_type": store.kind,
             "storage_config": gw.storage_config.model_copy(update={"db_url": store.identity()}),
@@ -226,6 +291,14 @@ async def _start_services(gw: GatewaySettings, model: str, store: Store, log_dir
     except ServiceError as e:
         raise SetupError(str(e)) from e
     return children[-1].url
+
+
+def check_routes(gw: GatewaySettings, models: list[str]) -> None:
+    """SetupError naming each of ``models`` that is not a route of the gateway config."""
+    unknown = [m for m in models if m not in gw.llm_routes]
+    if unknown:
+        raise SetupError(f"--llm-model {', '.join(map(repr, unknown))}: not a route of the gateway config "
+                         f"({', '.join(sorted(gw.llm_routes))})")
 
 
 async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None = None,
@@ -238,19 +311,32 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     ``rollout.scheduler``) and every started process. When the breaker gives up, the finished
     sessions are still reported and ``JobResult.stopped`` says why."""
     envs = load_envs(opts)
+    loaded = load_harnesses(opts.harness)
+    if loaded and not opts.resume:
+        envs = harness_envs(envs)
     check_sandbox(opts, [cfg for cfg, _ in envs])
     gw_settings = load_gateway_settings(opts.gateway_config)
-    model = opts.llm_model or gw_settings.route_for_default()
-    if not model:
+    default = gw_settings.route_for_default()
+    models = list(dict.fromkeys(opts.llm_model)) or ([default] if default else [])
+    if not models:
         raise SetupError("no --llm-model and no route in the gateway config")
+    if not opts.gateway_base_url and not opts.resume:
+        check_routes(gw_settings, models)
     store = open_store(opts.db_path)
     children: list[ChildProcess] = []
     try:
         await store.init()
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-        rows = await plan_sessions(store, opts, job_id, model, envs)
+        rows = await plan_sessions(store, opts, job_id, models, envs, [*loaded] or [None])
         if opts.resume and rows:
-            model = rows[0].llm_model
+            models = list(dict.fromkeys(r.llm_model for r in rows))
+            for name in sorted({r.harness for r in rows if r.harness is not None} - set(loaded)):
+                try:
+                    loaded[name] = load_harness(name)  # a bundled one, by name
+                except HarnessUnavailable as e:
+                    raise SetupError(f"--resume: sessions of {job_id} ran the harness {name!r}, which cannot be "
+                                     f"loaded by name ({e}); give its folder again with --harness PATH") from e
+        installed = await install_harnesses({n: h for n, h in loaded.items() if any(r.harness == n for r in rows)})
         if opts.enable_evaluation:
             for cfg, _ in envs:
                 if discover_evaluator(opts.agent_root, cfg.name) is None and \
@@ -261,21 +347,26 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.gateway_base_url:
             api_key = gateway_api_key(None)  # $GATEWAY_API_KEY, for a gateway with auth on
             try:
-                await check_gateway(opts.gateway_base_url, store.identity(), model, api_key)
+                for model in models:
+                    await check_gateway(opts.gateway_base_url, store.identity(), model, api_key)
             except ServiceError as e:
                 raise SetupError(str(e)) from e
             gateway_url = opts.gateway_base_url.rstrip("/")
         else:
             api_key = gateway_api_key(gw_settings)  # the started gateway's own first key, if any
-            gateway_url = await _start_services(gw_settings, model, store, log_dir, children)
+            gateway_url = await _start_services(gw_settings, models, store, log_dir, children)
         if on_plan:
             on_plan(dict(Counter(r.env_name for r in rows)))
         if on_start:
             on_start(job_id, len(rows))
-        print(f"job {job_id}: {len(rows)} sessions on route {model!r} via {gateway_url} "
+        on = f"route {models[0]!r}" if len(models) == 1 else f"routes {', '.join(map(repr, models))}"
+        if installed:
+            on += f" with harness {', '.join(installed)}"
+        print(f"job {job_id}: {len(rows)} sessions on {on} via {gateway_url} "
               f"(pool {opts.pool_size}, db {store.identity()})", file=sys.stderr)
         workspaces = Path(tempfile.mkdtemp(prefix=f"rollout-{job_id}-"))
-        settings = RunSettings(job_id=job_id, model=model, gateway_url=gateway_url, agent_root=opts.agent_root,
+        settings = RunSettings(job_id=job_id, model=models[0], models=tuple(models), harnesses=installed,
+                               log_dir=log_dir, gateway_url=gateway_url, agent_root=opts.agent_root,
                                pool_size=opts.pool_size, temperature=opts.llm_temperature,
                                max_steps=opts.max_steps, enable_evaluation=opts.enable_evaluation,
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,

@@ -27,13 +27,15 @@ def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> 
 def record_of(row: JobEnvironment, traj: Trajectory, attempts: Sequence[SessionAttempt] = ()) -> SessionRecord:
     """The JSONL record of one finished session row, its recorded steps and its attempts."""
     listed = attempt_records(row, attempts)
+    metrics = (row.result or {}).get("metrics") or {} if row.harness is not None else {}
     return SessionRecord.model_validate({
         "session_id": row.session_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
         "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": row.status,
         "score": row.reward, "eval_status": row.eval_status, "reason": row.eval_reason, "error": row.error_text,
         "duration_s": row.duration_s, "usage": usage_total(traj.steps), "step_count": len(traj.steps),
         "sandbox": row.sandbox,
-        "outcome": row.outcome, "retried": len(listed) > 1, "attempts": [a.model_dump() for a in listed],
+        "outcome": row.outcome, "retried": len(listed) > 1, "harness": row.harness,
+        "harness_exit": metrics.get("harness_exit"), "answer": metrics.get("answer"), "attempts": [a.model_dump() for a in listed],
         "trajectory": [s.model_dump(mode="json") for s in traj.steps],
     })
 

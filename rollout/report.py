@@ -120,6 +120,10 @@ class SessionRecord(BaseModel):
       unknown (the runtime never ran).
     - ``outcome``: how the last attempt ended (None for records made by an older version);
       ``attempts``: every attempt, in order; ``retried``: more than one attempt.
+    - ``harness``: the harness that ran the session (None: the env's own runtime);
+      ``harness_exit``: its CLI's exit status and ``answer``: its parsed answer file (None when
+      absent or not JSON, and for sessions run by the env's own runtime). ``usage`` is always
+      the gateway's count of the recorded steps, never the harness's own estimate.
     """
 
     session_id: str
@@ -140,12 +144,16 @@ class SessionRecord(BaseModel):
     sandbox: str | None = None
     outcome: str | None = None
     retried: bool = False
+    harness: str | None = None
+    harness_exit: int | None = None
+    answer: Any = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
     trajectory: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class SummaryRow(BaseModel):
-    """Summary of the sessions of one (env_name, model).
+    """Summary of the sessions of one (env_name, harness, model); ``harness`` None: the env's own
+    runtime.
 
     Counts: ``sessions``; ``cases`` (distinct case_id); evaluation outcomes ``scored``,
     ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
@@ -168,6 +176,7 @@ class SummaryRow(BaseModel):
     model: str
     sessions: int
     cases: int
+    harness: str | None = None
     scored: int
     invalid: int
     eval_error: int
@@ -207,7 +216,8 @@ def _passes(record: SessionRecord) -> bool:
 def summarize(
     records: list[SessionRecord], *, k: int | None = None, count_unscored_as_zero: bool = False
 ) -> list[SummaryRow]:
-    """One ``SummaryRow`` per (env_name, model), sorted by env_name then model.
+    """One ``SummaryRow`` per (env_name, harness, model), sorted by env_name, harness (the env's
+    own runtime first), then model.
 
     pass@k is computed per case (the samples with the same ``case_id``): ``n`` = samples of the
     case, ``c`` = passing samples (scored and score == 10, within 1e-9), then averaged over the
@@ -220,12 +230,12 @@ def summarize(
     """
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ValueError(f"summarize: k must be an int >= 1, got {k!r}")
-    groups: dict[tuple[str, str], list[SessionRecord]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[SessionRecord]] = defaultdict(list)
     for record in records:
-        groups[(record.env_name, record.model)].append(record)
+        groups[(record.env_name, record.harness or "", record.model)].append(record)
 
     rows: list[SummaryRow] = []
-    for (env_name, model), all_recs in sorted(groups.items()):
+    for (env_name, harness, model), all_recs in sorted(groups.items()):
         recs = [r for r in all_recs if not is_infra(r)]  # masked: never graded
         by_case: dict[str, list[SessionRecord]] = defaultdict(list)
         for r in recs:
@@ -250,6 +260,7 @@ def summarize(
         rows.append(
             SummaryRow(
                 env_name=env_name,
+                harness=harness or None,
                 model=model,
                 sessions=len(all_recs),
                 cases=len({r.case_id for r in all_recs}),
@@ -279,6 +290,8 @@ def _fmt(value: float | None, digits: int) -> str:
 
 
 TABLE_WIDTH = 100
+OWN_RUNTIME = "(env)"
+"""What the harness column shows for sessions run by the env's own runtime."""
 NAME_MIN = 10
 TABLE_LEGEND = ("score: mean of scored sessions (0-10); pass@k: a session passes at score 10; failed: the "
                 "runtime reported failed; time_s: mean session wall time (s)")
@@ -317,26 +330,31 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
     durations 1 (seconds). Returns ``"(no sessions)"`` for no rows. No trailing newline."""
     if not rows:
         return "(no sessions)"
-    headers = ["env", "model", "sess", "scored", "score", "pass@1", "pass@k", "k", "failed", "time_s"]
+    with_harness = any(r.harness is not None for r in rows)
+    names = 3 if with_harness else 2  # the name columns come first: env, [harness,] model
+    headers = ["env", *(["harness"] if with_harness else []), "model", "sess", "scored", "score", "pass@1",
+               "pass@k", "k", "failed", "time_s"]
     body = [
-        [r.env_name, r.model, str(r.sessions), str(r.scored), _fmt(r.mean_score, 2), _fmt(r.pass_at_1, 3),
-         _fmt(r.pass_at_k, 3), str(r.k), str(r.runtime_failed), _fmt(r.mean_duration_s, 1)]
+        [r.env_name, *([r.harness or OWN_RUNTIME] if with_harness else []), r.model, str(r.sessions), str(r.scored),
+         _fmt(r.mean_score, 2), _fmt(r.pass_at_1, 3), _fmt(r.pass_at_k, 3), str(r.k), str(r.runtime_failed),
+         _fmt(r.mean_duration_s, 1)]
         for r in rows
     ]
     widths = [max(len(h), *(len(line[i]) for line in body)) for i, h in enumerate(headers)]
     sep = 2 * (len(headers) - 1)
-    while sum(widths) + sep > width and max(widths[0], widths[1]) > NAME_MIN:
-        widths[0 if widths[0] > widths[1] else 1] -= 1
+    while sum(widths) + sep > width and max(widths[:names]) > NAME_MIN:
+        widest = max(reversed(range(names)), key=lambda i: widths[i])  # a tie cuts the later column
+        widths[widest] -= 1
     cut: dict[str, list[str]] = {}  # one cut name may stand for several full names
     for line in body:
-        for i in (0, 1):
+        for i in range(names):
             short = _cut(line[i], widths[i])
             if short != line[i] and line[i] not in cut.setdefault(short, []):
                 cut[short].append(line[i])
             line[i] = short
 
     def fmt_line(cells: list[str]) -> str:
-        parts = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        parts = [c.ljust(w) if i < names else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "  ".join(parts).rstrip()
 
     lines = [fmt_line(headers), "  ".join("-" * w for w in widths)]
@@ -347,6 +365,8 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
             shown.update(p.split()[0] for p in problems)
             lines.extend(_wrap("  problems: " + ", ".join(problems), width, indent="    "))
     legend = TABLE_LEGEND
+    if any(r.harness is None for r in rows) and with_harness:
+        legend += f"; harness {OWN_RUNTIME}: the env's own runtime"
     if shown:
         legend += "; problems: " + ", ".join(f"{k} = {v}" for k, v in PROBLEM_LEGEND.items() if k in shown)
     lines.extend(_wrap(legend, width))

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import rollout.protocol
@@ -56,9 +57,23 @@ def effective_mode(cfg: EnvConfig, job_mode: str) -> str:
 
 
 def shared_code() -> list[Path]:
-    """The project files every runtime may import: ``env/*.py`` and ``rollout.protocol``."""
+    """The project files every runtime may import: ``env/*.py``, ``rollout.protocol`` and the
+    harness wrapper (``rollout.harness``, ``rollout.harness_runtime``)."""
     files = sorted((CODE_ROOT / "env").glob("*.py")) if (CODE_ROOT / "env").is_dir() else []
-    return [*files, CODE_ROOT / "rollout" / "__init__.py", CODE_ROOT / "rollout" / "protocol.py"]
+    return [*files, *(CODE_ROOT / "rollout" / f for f in ("__init__.py", "protocol.py", "harness.py",
+                                                          "harness_runtime.py"))]
+
+
+@dataclass(frozen=True)
+class RuntimeCommand:
+    """A command run instead of the env's runtime (a harness session): ``argv``, the folders it
+    needs read-only at their host paths (``folders``: nothing of the env folder is bound then),
+    and ``env``: variables given to it instead of the env's ``runtime.env`` / ``pass_env``. The
+    env's limits, timeout and sandbox mode still apply."""
+
+    argv: list[str]
+    folders: list[Path] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
@@ -156,14 +171,17 @@ def _output_limit(limits: LimitsConfig) -> int | None:
 
 
 async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                      extra_env: dict[str, str], job_mode: str = "bwrap") -> RuntimeOutcome:
+                      extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
+                      stderr_log: Path | None = None) -> RuntimeOutcome:
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
-    env says ``none``). Its variables: ``pass_env`` names copied from this process, then the env's
-    ``runtime.env``, then ``extra_env`` (the scheduler's: the gateway key as ``OPENAI_API_KEY``),
-    then the session's (``session_env``). Afterwards, links leaving ``workspace``, FIFOs and
-    sockets in it are deleted (``drop_unsafe_entries``) so the evaluator cannot be pointed at host files. Never
+    env says ``none``), or ``command`` instead (a harness session) under the same limits. Its
+    variables: ``pass_env`` names copied from this process, then the env's ``runtime.env`` (with
+    ``command``: its ``env`` instead of both), then ``extra_env`` (the scheduler's: the gateway key
+    as ``OPENAI_API_KEY``), then the session's (``session_env``). ``stderr_log``: a host file that
+    keeps the runtime's whole stderr. Afterwards, links leaving ``workspace``, FIFOs and sockets in
+    it are deleted (``drop_unsafe_entries``) so the evaluator cannot be pointed at host files. Never
     raises except CancelledError."""
-    out = await _run_runtime(cfg, request, workspace, extra_env, job_mode)
+    out = await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log)
     try:
         removed = await asyncio.to_thread(drop_unsafe_entries, workspace)
     except OSError as e:
@@ -176,20 +194,26 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
 
 
 async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                       extra_env: dict[str, str], job_mode: str) -> RuntimeOutcome:
-    extra = {**{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env, **extra_env}
+                       extra_env: dict[str, str], job_mode: str, command: RuntimeCommand | None,
+                       stderr_log: Path | None) -> RuntimeOutcome:
+    own = command.env if command is not None else {
+        **{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env}
+    extra = {**own, **extra_env}
     limits = cfg.runtime.limits
+    argv = command.argv if command is not None else cfg.command()
     if effective_mode(cfg, job_mode) == "none":
         t0 = time.monotonic()
         env = {**extra, **session_env(request.gateway_base_url, extra)}
         try:
-            out = await run_local(cfg.command(), request, workspace, cfg.runtime.timeout_s, env,
-                                  output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits))
+            out = await run_local(argv, request, workspace, cfg.runtime.timeout_s, env,
+                                  output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
+                                  stderr_log=stderr_log)
         except OSError as e:
             out = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
-                                 error_text=f"cannot start runtime {cfg.command()[:3]}: {e}")
+                                 error_text=f"cannot start runtime {argv[:3]}: {e}")
         return out.model_copy(update={"sandbox": "none"})
-    return (await _run_sandboxed(cfg, request, workspace, extra)).model_copy(update={"sandbox": "bwrap"})
+    out = await _run_sandboxed(cfg, request, workspace, extra, command, stderr_log)
+    return out.model_copy(update={"sandbox": "bwrap"})
 
 
 def _setup_failed(t0: float, why: str) -> RuntimeOutcome:
@@ -198,7 +222,8 @@ def _setup_failed(t0: float, why: str) -> RuntimeOutcome:
 
 
 async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                         extra: dict[str, str]) -> RuntimeOutcome:
+                         extra: dict[str, str], command: RuntimeCommand | None,
+                         stderr_log: Path | None) -> RuntimeOutcome:
     t0 = time.monotonic()
     limits = cfg.runtime.limits
     try:
@@ -225,11 +250,11 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
             rlimits["fsize"] = limits.disk_mb * MiB + 1  # a file that reached this tried to go past the limit
         if limits.memory_mb is not None and support.memory is None:
             rlimits["as"] = limits.memory_mb * MiB
-        folders, files = code_folders(cfg)
+        folders, files = code_folders(cfg) if command is None else ([(f, []) for f in command.folders], [])
         spec = SandboxSpec(workspace=workspace, code=folders, files=[*shared_code(), *files],
                            bridge_socket=bridge.socket_path, status_fd=status_w,
                            tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits)
-        argv = bwrap_command(support, spec, cfg.command())
+        argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
         if cg.procs_files:  # join the session's cgroups before bwrap starts anything
             join = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in cg.procs_files)
             argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
@@ -238,7 +263,8 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
         try:
             out = await run_local(argv, request.model_copy(update={"gateway_base_url": url}), workspace,
                                   cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
-                                  output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits))
+                                  output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits),
+                                  stderr_log=stderr_log)
         except OSError as e:
             return _setup_failed(t0, f"cannot start bwrap: {e}")
         started = _read_status(status_r)

@@ -8,6 +8,7 @@ so that a timeout or Ctrl-C kills it and every child it started (``killpg(SIGKIL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -92,11 +93,14 @@ async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
         pass  # the runtime did not read its request: its result will say so
 
 
-async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int, total: list[int]) -> None:
-    """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes; adds the bytes
-    read to ``total[0]``."""
+async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int, total: list[int],
+                copy: BinaryIO | None = None) -> None:
+    """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes (and all of it
+    in ``copy`` when given); adds the bytes read to ``total[0]``."""
     while chunk := await stream.read(65536):
         total[0] += len(chunk)
+        if copy is not None:
+            copy.write(chunk)
         keep += chunk
         if len(keep) > 2 * limit:
             del keep[:-limit]
@@ -124,7 +128,7 @@ async def _exited(proc: asyncio.subprocess.Process, output: list[int], output_li
 async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None, *, env: dict[str, str] | None = None,
                     pass_fds: tuple[int, ...] = (), output_limit: int | None = None,
-                    monitor: Monitor | None = None) -> RuntimeOutcome:
+                    monitor: Monitor | None = None, stderr_log: Path | None = None) -> RuntimeOutcome:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
     The session ends when the runtime process exits (not when its pipes close: a background
@@ -132,7 +136,8 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     Only the last 8 MiB of stdout and 64 KiB of stderr are kept in memory.
     ``env`` given: the process's whole environment; else this process's plus ``extra_env``.
     ``output_limit`` (bytes of stdout + stderr) and ``monitor`` (see ``Monitor``) end the session
-    as ``error`` with ``limit_exceeded`` set when exceeded.
+    as ``error`` with ``limit_exceeded`` set when exceeded. ``stderr_log``: a file that gets the
+    whole of stderr (folders created; appended to).
     Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
     the process group. Raises OSError when the command cannot be started at all.
     """
@@ -140,6 +145,17 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         env.setdefault("OPENAI_API_KEY", "sk-rollout-local")
     t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        copy: BinaryIO | None = None
+        if stderr_log is not None:
+            stderr_log.parent.mkdir(parents=True, exist_ok=True)
+            copy = stack.enter_context(stderr_log.open("ab"))
+        return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0)
+
+
+async def _run(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
+               env: dict[str, str], pass_fds: tuple[int, ...], output_limit: int | None, monitor: Monitor | None,
+               copy: BinaryIO | None, t0: float) -> RuntimeOutcome:
     proc = await asyncio.create_subprocess_exec(
         *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True, pass_fds=pass_fds,
@@ -148,7 +164,7 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     out_b, err_b, total = bytearray(), bytearray(), [0]
     tasks = [asyncio.create_task(_feed(proc.stdin, request.model_dump_json().encode() + b"\n")),
              asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total)),
-             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total))]
+             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total, copy))]
     over: tuple[str, str] | None = None
     try:
         over = await asyncio.wait_for(_exited(proc, total, output_limit, monitor), timeout=timeout_s)

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import httpx
 from rollout.envs import Case, EnvConfig
 from rollout.evaluation import EvalOutcome, build_eval_spec, run_evaluation
 from rollout.evaluator_loader import discover_evaluator
+from rollout.harness import InstalledHarness
 from rollout.outcomes import (
     GATEWAY_CLASSES,
     INFRA_EVAL_STATUS,
@@ -42,7 +43,7 @@ from rollout.outcomes import (
 from rollout.protocol import EvalRequest, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
-from rollout.runner import run_runtime
+from rollout.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.runtime_local import RuntimeOutcome
 from rollout.services import auth_headers, gateway_root
 from rollout.trajectory import to_trajectory
@@ -96,7 +97,10 @@ class RunSettings:
     and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; also as
     ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``, see ``rollout.runner.session_env``), the retry
     policy, the circuit breaker's settings and ``sandbox``: ``bwrap`` (each runtime in a bubblewrap
-    sandbox) or ``none`` (see ``rollout.runner``)."""
+    sandbox) or ``none`` (see ``rollout.runner``). ``models``: every route of the job (``model``
+    alone when empty), probed by the breaker; ``harnesses``: name -> installed harness, for rows
+    whose ``harness`` is set; ``log_dir``: where harness logs go
+    (``<log_dir>/harness/<session id>-a<attempt>.log``; None: not kept)."""
 
     job_id: str
     model: str
@@ -113,23 +117,41 @@ class RunSettings:
     sandbox: str = "bwrap"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    models: tuple[str, ...] = ()
+    harnesses: Mapping[str, InstalledHarness] = field(default_factory=dict)
+    log_dir: Path | None = None
 
 
-def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
-                 max_steps: int | None) -> list[JobEnvironment]:
-    """One ``job_environments`` row per (env, case, sample). The ``group_id`` of a case's samples is
-    shared (uuid5 of job, env and case); session ids are random uuid4 hex."""
+def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = None, model: str | None = None) -> str:
+    """The group of a case's samples: uuid5 of job/env/case, and of job/env/case/harness/model in a
+    matrix (a harness, or several models); 16 hex digits."""
+    key = f"{job_id}/{env_name}/{case_id}" if harness is None and model is None else \
+        f"{job_id}/{env_name}/{case_id}/{harness or ''}/{model or ''}"
+    return uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:16]
+
+
+def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
+                 max_steps: int | None, harnesses: Sequence[str | None] = (None,)) -> list[JobEnvironment]:
+    """One ``job_environments`` row per (env, case, harness, model, sample): the matrix. The samples
+    of one (case, harness, model) share a ``group_id`` (``group_id``: with one model and no
+    harness, uuid5 of job, env and case as before); ``harness`` None is the env's own runtime.
+    Session ids are random uuid4 hex."""
+    models = [model] if isinstance(model, str) else list(model)
+    matrix = len(models) > 1 or any(h is not None for h in harnesses)
     rows: list[JobEnvironment] = []
     for cfg, cases in envs:
         for case in cases:
-            group = uuid.uuid5(uuid.NAMESPACE_URL, f"{job_id}/{cfg.name}/{case.case_id}").hex[:16]
-            for k in range(group_size):
-                rows.append(JobEnvironment(
-                    session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
-                    llm_model=model, group_id=group, sample_index=k,
-                    env_params={**cfg.params, "dataset": case.row}, status="pending",
-                    max_steps=max_steps if max_steps is not None else cfg.max_steps,
-                ))
+            for harness in harnesses:
+                for m in models:
+                    group = group_id(job_id, cfg.name, case.case_id, harness, m) if matrix else \
+                        group_id(job_id, cfg.name, case.case_id)
+                    for k in range(group_size):
+                        rows.append(JobEnvironment(
+                            session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
+                            llm_model=m, harness=harness, group_id=group, sample_index=k,
+                            env_params={**cfg.params, "dataset": case.row}, status="pending",
+                            max_steps=max_steps if max_steps is not None else cfg.max_steps,
+                        ))
     return rows
 
 
@@ -223,12 +245,13 @@ class Scheduler:
         it answers ready, else why not."""
         assert self._http is not None
         url = gateway_root(self.s.gateway_url) + "/readyz"
-        try:
-            r = await self._http.get(url, params={"route": self.s.model}, timeout=10)
-        except httpx.HTTPError as e:
-            return f"{url}: {type(e).__name__}: {e}"
-        if r.status_code != 200:
-            return f"{url}: HTTP {r.status_code}: {r.text[:200]}"
+        for model in self.s.models or (self.s.model,):
+            try:
+                r = await self._http.get(url, params={"route": model}, timeout=10)
+            except httpx.HTTPError as e:
+                return f"{url}: {type(e).__name__}: {e}"
+            if r.status_code != 200:
+                return f"{url}: HTTP {r.status_code}: {r.text[:200]}"
         return None
 
     async def _worker(self) -> None:
@@ -348,7 +371,9 @@ class Scheduler:
             metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
                       "attempt": work.attempt},
         )
-        outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg), self.s.sandbox)
+        command, log = self._harness_command(row, work.attempt)
+        outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg, command is None), self.s.sandbox,
+                                    command=command, stderr_log=log)
         close_info = await self._close(sid, outcome.status)
         status = outcome.status
         if status == "succeeded" and close_info.get("truncated"):
@@ -414,10 +439,21 @@ class Scheduler:
         return record_of(row.model_copy(update={**final, "reward": reward, "attempts": n, "finished": True}),
                          trajectory, work.attempts)
 
-    def _runtime_env(self, cfg: EnvConfig) -> dict[str, str]:
-        """The env's extra environment variables, plus ``OPENAI_API_KEY`` = the gateway's key
-        when its auth is on (it wins over the env's own: only that key opens the gateway)."""
-        env = dict(cfg.runtime.env)
+    def _harness_command(self, row: JobEnvironment, attempt: int) -> tuple[RuntimeCommand | None, Path | None]:
+        """For a harness row: the wrapper's command (the harness and install folders bound
+        read-only) and the host file that keeps its log; (None, None) for the env's own runtime."""
+        if row.harness is None:
+            return None, None
+        h = self.s.harnesses[row.harness]
+        command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir], env={"PYTHONPATH": str(CODE_ROOT)})
+        log = (self.s.log_dir / "harness" / f"{row.session_id}-a{attempt}.log") if self.s.log_dir else None
+        return command, log
+
+    def _runtime_env(self, cfg: EnvConfig, own: bool = True) -> dict[str, str]:
+        """The env's extra environment variables (unless ``own`` is false: a harness session),
+        plus ``OPENAI_API_KEY`` = the gateway's key when its auth is on (it wins over the env's
+        own: only that key opens the gateway)."""
+        env = dict(cfg.runtime.env) if own else {}
         if self.s.gateway_api_key:
             env["OPENAI_API_KEY"] = self.s.gateway_api_key
         return env

@@ -68,7 +68,8 @@ class JobEnvironment(SQLModel, table=True):
     infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
     the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
     outcome, or an infrastructure failure class). ``sandbox`` is how its runtime ran: ``bwrap``
-    (isolated) or ``none`` (NULL: not run yet, or by an older version). ``eval_history``: the
+    (isolated) or ``none`` (NULL: not run yet, or by an older version). ``harness`` names the harness
+    that ran the session (``rollout.harness``), NULL when it was the env's own runtime. ``eval_history``: the
     evaluations a regrade replaced, oldest first (``{"eval_status", "reward", "eval_reason",
     "eval_detail", "replaced_at"}``), NULL when the session was never regraded.
     """
@@ -81,6 +82,7 @@ class JobEnvironment(SQLModel, table=True):
     env_name: str = Field(max_length=128)
     case_id: str = Field(max_length=256)
     llm_model: str = Field(max_length=256)
+    harness: str | None = Field(default=None, max_length=128)
     group_id: str = Field(index=True, max_length=128)
     sample_index: int = 0
     env_params: dict[str, Any] | None = _json()

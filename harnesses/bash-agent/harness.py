@@ -11,25 +11,26 @@ from rollout.harness import Harness, HarnessContext, HarnessLaunch
 
 class BashAgent(Harness):
     """``python -m env.bash_agent --model ROUTE --instruction-file PATH ...`` in the workspace.
-    Env params read: ``max_tokens``, ``protocol`` (auto | tools | text, default auto) and
-    ``turn_cap`` (model calls when the session budget is unlimited)."""
+    Env params passed on when set: ``protocol`` (auto | tools | text, default auto),
+    ``max_tokens``, ``bash_timeout_s``, ``output_limit_chars`` and ``turn_cap`` (model calls when
+    the session budget is unlimited)."""
 
     name = "bash-agent"
     protocol = "chat_completions"
     version = "1"
     unavailable_exit_codes = frozenset({2})  # the CLI's "gateway or model unavailable"
+    _FLAGS = {"max_tokens": "--max-tokens", "bash_timeout_s": "--bash-timeout",
+              "output_limit_chars": "--output-limit", "turn_cap": "--turn-cap"}
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         instruction = f"{ctx.home}/instruction.md"
-        max_steps = ctx.max_steps if ctx.max_steps >= 0 else ctx.params.get("turn_cap")
         argv = [sys.executable, "-m", "env.bash_agent", "--model", ctx.model, "--instruction-file", instruction,
-                "--protocol", str(ctx.params.get("protocol", "auto"))]
-        if max_steps is not None:
-            argv += ["--max-steps", str(int(max_steps))]
+                "--protocol", str(ctx.params.get("protocol", "auto")), "--max-steps", str(ctx.max_steps)]
         if ctx.temperature is not None:
             argv += ["--temperature", str(ctx.temperature)]
-        if ctx.params.get("max_tokens") is not None:
-            argv += ["--max-tokens", str(int(ctx.params["max_tokens"]))]
+        for key, flag in self._FLAGS.items():
+            if ctx.params.get(key) is not None:
+                argv += [flag, str(ctx.params[key])]
         return HarnessLaunch(argv=argv, files={instruction: ctx.instruction},
                              env={"OPENAI_BASE_URL": ctx.session_url, "OPENAI_API_KEY": ctx.api_key})
 

@@ -1,12 +1,12 @@
-"""env/workspace/bash_tool.py and the runtime's tool-call execution."""
+"""env/bash_tool.py and the bash agent's tool-call execution."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from env.workspace.bash_tool import run_bash, truncate_output
-from env.workspace.runtime import LoopParams, execute_tool_call
+from env.bash_agent import LoopParams, execute_tool_call
+from env.bash_tool import run_bash, truncate_output
 
 
 def test_output_and_exit_code(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from env.workspace.bash_tool import BASH_TOOL_SPEC
-from env.workspace.runtime import SYSTEM_PROMPT
+from env.bash_agent import TOOLS_SYSTEM_PROMPT as SYSTEM_PROMPT
+from env.bash_tool import BASH_TOOL_SPEC
 from tests.env.helpers import ENV_ROOT, last_result, run_runtime_file, start_request
 from tests.fake_upstream import FakeUpstream, Reply, chat_completion
 
@@ -42,7 +42,7 @@ async def test_agent_loop_runs_tools_and_recovers_from_malformed_arguments(tmp_p
     result = last_result(lines)
     assert (result.status, result.step_count, result.truncated, result.terminated) == ("succeeded", 3, False, True)
     assert result.error_text is None
-    assert result.metrics == {"steps": 3, "tool_calls": 3, "answer_present": True, "stop_reason": "answered"}
+    assert result.metrics == {"steps": 3, "tool_calls": 3, "format_errors": 0, "answer_present": True, "stop_reason": "answered"}
     assert json.loads((ws / "outputs" / "answer.json").read_text()) == {"lines": 3}
 
     first, second, third = (r.json for r in up.requests)
@@ -72,7 +72,7 @@ async def test_step_budget_truncates_the_loop(tmp_path: Path) -> None:
     assert len(up.requests) == 2
     assert (result.status, result.truncated, result.terminated) == ("failed", True, False)
     assert result.error_text == "outputs/answer.json is missing"
-    assert result.metrics == {"steps": 2, "tool_calls": 2, "answer_present": False, "stop_reason": "budget"}
+    assert result.metrics == {"steps": 2, "tool_calls": 2, "format_errors": 0, "answer_present": False, "stop_reason": "budget"}
 
 
 async def test_gateway_budget_stop_ends_the_loop_as_truncated(tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ async def test_model_that_never_calls_tools_fails_without_answer(tmp_path: Path)
     assert "temperature" not in up.requests[0].json
     assert (result.status, result.truncated, result.terminated) == ("failed", False, True)
     assert result.error_text == "outputs/answer.json is missing"
-    assert result.metrics == {"steps": 1, "tool_calls": 0, "answer_present": False, "stop_reason": "answered"}
+    assert result.metrics == {"steps": 1, "tool_calls": 0, "format_errors": 0, "answer_present": False, "stop_reason": "answered"}
 
 
 async def test_api_error_stops_the_loop_and_is_reported(tmp_path: Path) -> None:

@@ -66,11 +66,15 @@ def test_bash_agent_launch_follows_the_cli_contract() -> None:
     assert launch.argv == [sys.executable, "-m", "env.bash_agent", "--model", "m1", "--instruction-file",
                            "/tmp/h/instruction.md", "--protocol", "text", "--max-steps", "7",
                            "--temperature", "0.5", "--max-tokens", "99"]
+    # every flag it sets is one the CLI knows
+    from env.bash_agent import build_parser
+    assert build_parser().parse_args(launch.argv[3:]).max_tokens == 99
     assert launch.files == {"/tmp/h/instruction.md": "do it"}
     assert launch.env == {"OPENAI_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s", "OPENAI_API_KEY": "k"}
     assert launch.answer_path == "outputs/answer.json"
-    unlimited = h.launch(ctx.model_copy(update={"max_steps": -1, "temperature": None, "params": {}}))
-    assert "--max-steps" not in unlimited.argv and "--temperature" not in unlimited.argv
+    unlimited = h.launch(ctx.model_copy(update={"max_steps": -1, "temperature": None,
+                                                "params": {"turn_cap": 5, "bash_timeout_s": 3}}))
+    assert unlimited.argv[9:] == ["--max-steps", "-1", "--bash-timeout", "3", "--turn-cap", "5"]
 
 
 def test_a_users_harness_is_found_by_its_folder(tmp_path: Path) -> None:

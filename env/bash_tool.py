@@ -1,4 +1,4 @@
-"""The ``bash`` tool of the workspace runtime: run one command with ``bash -lc`` in the workspace.
+"""The ``bash`` tool of the bash agent: run one command with ``bash -lc`` in the workspace.
 
 Each call runs in its own process group (session) so a timeout kills the command and everything
 it started. Output is stdout and stderr interleaved, decoded as UTF-8 (invalid bytes replaced).

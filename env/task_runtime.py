@@ -1,0 +1,70 @@
+"""The runtime of task-directory envs: the bash agent loop (``env.bash_agent``) under the runtime contract.
+
+The runtime's cwd is the session's workspace (the task's ``files/`` copied in). It sends the
+case's ``instruction`` and reports ``succeeded`` when ``outputs/answer.json`` parses as JSON,
+else ``failed``. Params (``env_params``): ``protocol`` (tools | text | auto, default tools),
+``bash_timeout_s`` (20), ``output_limit_chars`` (8000), ``max_tokens`` (512), ``turn_cap`` (model
+calls allowed when ``max_steps`` is -1, 50). Run as ``python -m env.task_runtime``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from env.bash_agent import LoopParams, run_agent
+from env.runtime_kit import openai_client, run_runtime
+from rollout.protocol import SimulationStartRequest, SimulationStartResult
+
+logger = logging.getLogger("env.task_runtime")
+
+ANSWER_PATH = "outputs/answer.json"
+
+
+def check_answer(workspace: Path) -> str | None:
+    """None when ``outputs/answer.json`` exists and parses as JSON, else why not."""
+    path = workspace / ANSWER_PATH
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{ANSWER_PATH} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{ANSWER_PATH} is unreadable or not JSON: {exc}"
+    return None
+
+
+def main(req: SimulationStartRequest) -> SimulationStartResult:
+    """Run the agent in the cwd and report: succeeded when the answer file parses, else failed.
+
+    Metrics: ``steps``, ``tool_calls`` (commands run), ``format_errors``, ``answer_present``,
+    ``stop_reason``. Raises ValueError for an unknown ``protocol`` param (a failed result).
+    """
+    workspace = Path.cwd()
+    params = LoopParams.from_env_params(req.env_params)
+    outcome = run_agent(openai_client(req), model=req.model, instruction=str(req.env_params["dataset"]["instruction"]),
+                        cwd=str(workspace), params=params, max_steps=req.max_steps, temperature=req.temperature)
+    answer_error = check_answer(workspace)
+    logger.info("session %s: %s after %d steps, answer: %s", req.session_id, outcome.stop_reason,
+                outcome.steps, answer_error or "present")
+    errors = [e for e in (outcome.error, answer_error) if e]
+    return SimulationStartResult(
+        session_id=req.session_id,
+        status="succeeded" if answer_error is None else "failed",
+        step_count=outcome.steps,
+        terminated=outcome.finished,
+        truncated=outcome.truncated,
+        error_text="; ".join(errors) or None,
+        error_class=outcome.error_class if answer_error is not None else None,
+        metrics={
+            "steps": outcome.steps,
+            "tool_calls": outcome.tool_calls,
+            "format_errors": outcome.format_errors,
+            "answer_present": answer_error is None,
+            "stop_reason": outcome.stop_reason,
+        },
+    )
+
+
+if __name__ == "__main__":
+    run_runtime(main)

@@ -1,0 +1,103 @@
+"""``--harness bash-agent`` end to end: launcher.py, the real gateway, the real bubblewrap sandbox,
+the bundled workspace env and its grader; the scripted fake upstream plays the model with native
+tool calls (write the answer file, then finish)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout.runner import sandbox_support
+from rollout.sandbox import SandboxUnavailable
+from tests.fake_upstream import DEFAULT_USAGE, FakeUpstream, Reply, chat_completion
+from tests.test_launcher import REPO, gateway_config, launch
+
+TASK = "csv_sales_by_region"  # the first task of the bundled workspace env (--limit 1)
+TASK_DIR = REPO / "env" / "workspace" / "tasks" / TASK
+
+
+@pytest.fixture(autouse=True)
+def _needs_bwrap() -> None:
+    try:
+        sandbox_support()
+    except SandboxUnavailable as e:
+        pytest.skip(f"no sandbox here: {e}")
+
+
+def write_answer(answer: dict[str, Any], call_id: str) -> Reply:
+    """The model's bash tool call that writes ``answer`` to outputs/answer.json."""
+    command = f"mkdir -p outputs && cat > outputs/answer.json <<'EOF'\n{json.dumps(answer)}\nEOF"
+    call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+    return Reply.json(chat_completion(None, tool_calls=[call], finish_reason="tool_calls"))
+
+
+def plan(answer: dict[str, Any], n: int) -> list[Reply]:
+    return [write_answer(answer, f"call_{n}"), Reply.json(chat_completion("The answer is written."))]
+
+
+def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+async def test_bash_agent_harness_scores_right_and_wrong_answers(tmp_path: Path) -> None:
+    expected = json.loads((TASK_DIR / "expected.json").read_text())
+    wrong = {**expected, "order_count": expected["order_count"] + 1}
+    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
+    async with FakeUpstream() as up:
+        # pool 1: the two samples run one after the other, the first answers right, the second wrong
+        up.script("/v1/chat/completions", [*plan(expected, 1), *plan(wrong, 2)])
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        code, stdout, stderr = await launch(
+            "--agent-root", str(REPO / "env"), "--env", "workspace", "--env", "gsm8k", "--limit", "1",
+            "--harness", "bash-agent", "--gateway-config", str(cfg), "--llm-model", "fake",
+            "--db-path", f"sqlite://{db}", "--enable-evaluation", "--pool-size", "1", "--rl-group-size", "2",
+            "--job-id", "hjob", "--out", str(out), cwd=tmp_path,
+            env={**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")})
+        calls = [r for r in up.requests if r.path == "/v1/chat/completions"]
+
+    assert code == 0, stderr
+    assert "--harness runs task-directory envs only (dataset.format: task_dirs); skipping gsm8k" in stderr
+    records = sorted(map(json.loads, out.read_text().splitlines()), key=lambda r: r["sample_index"])
+    assert [(r["env_name"], r["case_id"], r["harness"], r["model"]) for r in records] == [
+        ("workspace", TASK, "bash-agent", "fake")] * 2
+    right, bad = records
+    assert (right["status"], right["eval_status"], right["score"], right["harness_exit"]) == (
+        "succeeded", "scored", 10.0, 0)
+    assert right["answer"] == expected
+    assert (bad["status"], bad["eval_status"], bad["score"], bad["harness_exit"]) == ("succeeded", "scored", 0.0, 0)
+    assert bad["answer"] == wrong and "order_count" in bad["reason"]
+    # one group per (case, harness, model); usage is what the gateway recorded (2 calls each)
+    group = uuid.uuid5(uuid.NAMESPACE_URL, f"hjob/workspace/{TASK}/bash-agent/fake").hex[:16]
+    assert right["group_id"] == bad["group_id"] == group
+    for r in records:
+        assert r["step_count"] == 2 and r["sandbox"] == "bwrap"
+        assert r["usage"] == {k: 2 * v for k, v in DEFAULT_USAGE.items()}
+    # the CLI got the instruction and nothing hidden; it offered its bash tool
+    first = calls[0].json
+    assert len(calls) == 4 and first["model"] == "fake" and first["tools"][0]["function"]["name"] == "bash"
+    prompt = json.dumps(first["messages"])
+    assert (TASK_DIR / "instruction.md").read_text() in [m["content"] for m in first["messages"]]
+    assert "Nguyen, Thi" not in prompt and "780.48" not in prompt
+    assert rows(db, "select harness, count(*) from job_environments where job_id = 'hjob' group by harness") == [
+        ("bash-agent", 2)]
+    # the harness log: the CLI's own output, kept on the host per attempt
+    for r in records:
+        log = tmp_path / "runs" / "logs" / "hjob" / "harness" / f"{r['session_id']}-a1.log"
+        summary = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        assert summary[-1]["finished"] is True and summary[-1]["steps"] == 2
+    # the table: a row per (env, harness, model)
+    table = stdout.splitlines()
+    assert table[0].split()[:3] == ["env", "harness", "model"]
+    assert table[2].split()[:7] == ["workspace", "bash-agent", "fake", "2", "2", "5.00", "0.500"]
+    # the install cache: stamped once
+    assert (tmp_path / "cache" / "bash-agent-1" / ".rollout-installed").is_file()
