@@ -776,7 +776,7 @@ class PolicyTurn:
     ``index`` it played, the ``tool`` used, the latest tool result (or text-protocol
     observation) the request carried (``observation``), the ``reply`` object as a non-streaming
     answer of that protocol (a stream carries exactly this, see docs/testing.md), and the
-    request's ``path`` and ``tools`` names."""
+    request's ``path``, ``tools`` names and ``session_id`` (the gateway's ``X-Session-Id``)."""
 
     protocol: PolicyProtocol
     stream: bool
@@ -787,6 +787,7 @@ class PolicyTurn:
     tool: str | None
     observation: str | None
     reply: dict[str, Any]
+    session_id: str | None = None
 
 
 class PolicyError(Exception):
@@ -909,17 +910,28 @@ class ScriptedPolicy:
     """A rule for :meth:`FakeUpstream.add_rule` that plays a :class:`Plan` over chat
     completions, Responses and Anthropic Messages (streamed and not), statelessly: the plan index
     is the number of tool results in the request's conversation (text protocol: the number of
-    assistant turns), so a retried call gets the same answer. ``turns`` records each request it
-    answered (:class:`PolicyTurn`). Usage is ``input_tokens = 100 + 10 * index``, 20 output
-    tokens. ``text_protocol``: True = always answer with fenced blocks, False = always use the
-    shell tool (a call offering none is a ``side`` call answered with plain text), None = fenced
-    blocks exactly when the request offers no tools at all."""
+    assistant turns), so a retried call gets the same answer. Several plans: each new session
+    (the gateway's ``X-Session-Id`` header) gets the next one, in order of its first request
+    (``session_plans``), the last one repeating. ``turns`` records each request it answered
+    (:class:`PolicyTurn`). Usage is ``input_tokens = 100 + 10 * index``, 20 output tokens.
+    ``text_protocol``: True = always answer with fenced blocks, False = always use the shell tool
+    (a call offering none is a ``side`` call answered with plain text), None = fenced blocks
+    exactly when the request offers no tools at all."""
 
-    def __init__(self, plan: Plan, *, text_protocol: bool | None = None) -> None:
-        self.plan = plan
+    def __init__(self, plan: Plan | Sequence[Plan], *, text_protocol: bool | None = None) -> None:
+        self.plans = [plan] if isinstance(plan, Plan) else list(plan)
+        if not self.plans:
+            raise ValueError("ScriptedPolicy needs at least one plan")
         self.text_protocol = text_protocol
         self.turns: list[PolicyTurn] = []
         self.errors: list[str] = []
+        self.session_plans: dict[str | None, Plan] = {}
+
+    def plan_of(self, session_id: str | None) -> Plan:
+        """The plan of a session (assigned at its first request)."""
+        if session_id not in self.session_plans:
+            self.session_plans[session_id] = self.plans[min(len(self.session_plans), len(self.plans) - 1)]
+        return self.session_plans[session_id]
 
     def __call__(self, req: FakeRequest) -> Reply | None:
         protocol = _protocol_of(req)
@@ -929,7 +941,7 @@ class ScriptedPolicy:
             return None
         body = req.json if isinstance(req.json, dict) else {}
         try:
-            turn = self._play(protocol, req.path, body)
+            turn = self._play(protocol, req.path, body, req.headers.get("x-session-id"))
         except PolicyError as exc:
             self.errors.append(str(exc))
             err = {"type": "error", "error": {"type": "invalid_request_error", "message": str(exc)}}
@@ -943,35 +955,36 @@ class ScriptedPolicy:
             return Reply.sse(chat_stream(turn.reply, include_usage=isinstance(opts, dict) and bool(opts.get("include_usage"))))
         return Reply.sse(responses_stream(turn.reply) if protocol == "responses" else messages_stream(turn.reply))
 
-    def _play(self, protocol: PolicyProtocol, path: str, body: dict[str, Any]) -> PolicyTurn:
+    def _play(self, protocol: PolicyProtocol, path: str, body: dict[str, Any], sid: str | None) -> PolicyTurn:
+        plan = self.plan_of(sid)
         tools = body.get("tools")
         names = _tool_names(protocol, tools)
         results, assistant, last_user = _conversation(protocol, body)
         text = self.text_protocol if self.text_protocol is not None else not names
         model = body.get("model") if isinstance(body.get("model"), str) else "m"
         stream = bool(body.get("stream"))
-        commands = self.plan.commands
+        commands = plan.commands
         if text:
             index = assistant
             observation = last_user if assistant else None
             script = commands[min(index, len(commands) - 1)]
             content = f"THOUGHT: step {index + 1} of the plan.\n\n```{_fence_of(body)}\n{script}\n```"
             reply = _policy_reply(protocol, model, index, content, None, None)
-            return PolicyTurn(protocol, stream, "command", index, path, names, None, observation, reply)
+            return PolicyTurn(protocol, stream, "command", index, path, names, None, observation, reply, sid)
         shell = find_shell_tool(protocol, tools)
         if shell is None:
             if names:
                 raise PolicyError(f"scripted policy: no shell tool among the offered tools {names}")
             reply = _policy_reply(protocol, model, 0, "OK", None, None)
-            return PolicyTurn(protocol, stream, "side", 0, path, names, None, None, reply)
+            return PolicyTurn(protocol, stream, "side", 0, path, names, None, None, reply, sid)
         index = len(results)
         observation = results[-1] if results else None
         if index >= len(commands):
-            reply = _policy_reply(protocol, model, index, self.plan.final, None, None)
-            return PolicyTurn(protocol, stream, "final", index, path, names, shell.name, observation, reply)
+            reply = _policy_reply(protocol, model, index, plan.final, None, None)
+            return PolicyTurn(protocol, stream, "final", index, path, names, shell.name, observation, reply, sid)
         reply = _policy_reply(protocol, model, index, f"Running step {index + 1} of the plan.", shell,
                               commands[index])
-        return PolicyTurn(protocol, stream, "command", index, path, names, shell.name, observation, reply)
+        return PolicyTurn(protocol, stream, "command", index, path, names, shell.name, observation, reply, sid)
 
 
 def _protocol_of(req: FakeRequest) -> PolicyProtocol | None:

@@ -569,3 +569,23 @@ async def test_policy_side_calls_and_unplayable_requests() -> None:
     assert side.choices[0].message.content == "OK"
     assert [t.kind for t in policy.turns] == ["side"]
     assert policy.errors == ["scripted policy: no shell tool among the offered tools ['read_file']"]
+
+
+async def test_policy_gives_each_new_session_the_next_plan() -> None:
+    right, wrong = Plan.write_answer({"v": 1}), Plan.write_answer({"v": 2})
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy([right, wrong])
+        up.add_rule(policy)
+        c = client(up)
+        got = {}
+        for sid in ("s-a", "s-b", "s-a", "s-c"):
+            r = await c.chat.completions.create(model="r", messages=MESSAGES, tools=[CHAT_BASH],  # type: ignore
+                                                extra_headers={"X-Session-Id": sid})
+            got.setdefault(sid, []).append(json.loads(r.choices[0].message.tool_calls[0].function.arguments))  # type: ignore
+        await c.close()
+    assert got == {"s-a": [{"command": right.commands[0]}] * 2, "s-b": [{"command": wrong.commands[0]}],
+                   "s-c": [{"command": wrong.commands[0]}]}
+    assert policy.session_plans == {"s-a": right, "s-b": wrong, "s-c": wrong}
+    assert [t.session_id for t in policy.turns] == ["s-a", "s-b", "s-a", "s-c"]
+    with pytest.raises(ValueError, match="at least one plan"):
+        ScriptedPolicy([])
