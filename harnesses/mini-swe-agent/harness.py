@@ -8,6 +8,7 @@ LiteLLM's bundled cost map); it ends on ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OU
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +18,10 @@ from rollout.harness import Harness, HarnessContext, HarnessLaunch, HarnessUnava
 
 PACKAGE = "mini-swe-agent"
 VERSION = "2.4.6"
+# every package of its venv pinned (`pip freeze` of a working install), so each machine installs the
+# same LiteLLM and openai SDK; the lock's hash is part of the version (the cache key)
+CONSTRAINTS = Path(__file__).with_name("constraints.txt")
+LOCK = hashlib.sha256(CONSTRAINTS.read_bytes()).hexdigest()[:8]
 PYTHON = "venv/bin/python"
 CONFIGS = {"text": "mini_textbased.yaml", "tools": "mini.yaml"}
 MODEL_CLASSES = {"text": "litellm_textbased", "tools": "litellm"}
@@ -29,13 +34,13 @@ class MiniSweAgent(Harness):
 
     name = "mini-swe-agent"
     protocol = "chat_completions"
-    version = VERSION
+    version = f"{VERSION}-{LOCK}"
 
     def install(self, cache_dir: Path) -> None:
         venv = cache_dir / "venv"
         steps = [[sys.executable, "-m", "venv", str(venv)],
                  [str(cache_dir / PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  f"{PACKAGE}=={VERSION}"],
+                  "--constraint", str(CONSTRAINTS), f"{PACKAGE}=={VERSION}"],
                  [str(cache_dir / PYTHON), "-c", "import minisweagent.run.mini"]]
         for argv in steps:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
