@@ -176,6 +176,10 @@ class ViewerQueries:
                 self._columns[table] = set(await conn.run_sync(_column_names, table))
         return self._columns[table]
 
+    async def _harness_column(self) -> list[Any]:
+        """``[harness]`` when the store has that column (a store made before harnesses has not)."""
+        return [JE.c.harness] if "harness" in await self.columns(JE.name) else []
+
     async def has_store(self) -> bool:
         """True when the database holds the launcher's tables."""
         return {JE.name, ST.name} <= await self.tables()
@@ -274,7 +278,8 @@ class ViewerQueries:
             order.append(k.is_(None))  # NULLs last
             order.append(k.desc() if descending else k.asc())
         order.append(JE.c.env_id)
-        stmt: Select[Any] = select(*_LIST_COLUMNS).where(where).order_by(*order).offset(offset).limit(limit)
+        stmt: Select[Any] = (select(*_LIST_COLUMNS, *await self._harness_column()).where(where).order_by(*order)
+                             .offset(offset).limit(limit))
         rows = await self._all(stmt)
         total = (await self._one(select(func.count().label("n")).select_from(JE).where(where)) or {"n": 0})["n"]
         if rows:
@@ -393,11 +398,12 @@ class ViewerQueries:
     async def summary_rows(self, job_id: str) -> list[dict[str, Any]]:
         """The finished sessions of a job with only the columns the launcher's summary reads
         (ids, env, case, model, sample, status, score, eval status, duration, attempts, and
-        ``outcome`` when the store has that column), ordered by env, case, sample."""
+        ``outcome`` and ``harness`` when the store has those columns), ordered by env, case, sample."""
         cols = [JE.c.env_id, JE.c.job_id, JE.c.env_name, JE.c.case_id, JE.c.group_id, JE.c.llm_model,
                 JE.c.sample_index, JE.c.status, JE.c.reward, JE.c.eval_status, JE.c.duration_s, JE.c.attempts]
         if "outcome" in await self.columns(JE.name):
             cols.append(literal_column('"outcome"').label("outcome"))
+        cols += await self._harness_column()
         stmt = (select(*cols).select_from(JE).where(JE.c.job_id == job_id, JE.c.finished.is_(True))
                 .order_by(JE.c.env_name, JE.c.case_id, JE.c.sample_index))
         return await self._all(stmt)

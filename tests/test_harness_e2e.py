@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rollout.runner import sandbox_support
 from rollout.sandbox import SandboxUnavailable
@@ -101,3 +102,41 @@ async def test_bash_agent_harness_scores_right_and_wrong_answers(tmp_path: Path)
     assert table[2].split()[:7] == ["workspace", "bash-agent", "fake", "2", "2", "5.00", "0.500"]
     # the install cache: stamped once
     assert (tmp_path / "cache" / "bash-agent-1" / ".rollout-installed").is_file()
+
+
+async def test_a_matrix_of_models_resumes_its_harness_sessions(tmp_path: Path) -> None:
+    expected = json.loads((TASK_DIR / "expected.json").read_text())
+    db = tmp_path / "trajs.db"
+    cfg = tmp_path / "gw.yaml"
+    async with FakeUpstream() as up:
+        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {
+            "fake": {"base_url": up.base_url}, "fake2": {"base_url": up.base_url}}}))
+        up.script("/v1/chat/completions", [*plan(expected, 1), *plan(expected, 2)])
+        common = ["--agent-root", str(REPO / "env"), "--env", "workspace", "--limit", "1",
+                  "--gateway-config", str(cfg), "--db-path", f"sqlite://{db}", "--enable-evaluation",
+                  "--pool-size", "1", "--job-id", "mjob"]
+        env = {**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")}
+        code, stdout, stderr = await launch(*common, "--harness", "bash-agent", "--llm-model", "fake",
+                                            "--llm-model", "fake2", "--out", str(tmp_path / "1.jsonl"),
+                                            cwd=tmp_path, env=env)
+        assert code == 0, stderr
+        assert "2 sessions on routes 'fake', 'fake2' with harness bash-agent" in stderr
+        assert [line.split()[:4] for line in stdout.splitlines()[2:4]] == [
+            ["workspace", "bash-agent", "fake", "1"], ["workspace", "bash-agent", "fake2", "1"]]
+        # the session on fake2 was interrupted: --resume (no --harness, no --llm-model) reruns it as it was
+        con = sqlite3.connect(db)
+        con.execute("UPDATE job_environments SET finished = 0, status = 'cancelled' WHERE llm_model = 'fake2'")
+        con.commit()
+        con.close()
+        up.script("/v1/chat/completions", plan(expected, 3))
+        code, _, stderr = await launch(*common, "--resume", "--out", str(tmp_path / "2.jsonl"), cwd=tmp_path, env=env)
+        assert code == 0, stderr
+        models = [r.json["model"] for r in up.requests if r.path == "/v1/chat/completions"]
+    assert models == ["fake", "fake", "fake2", "fake2", "fake2", "fake2"]
+    records = {r["model"]: r for r in map(json.loads, (tmp_path / "2.jsonl").read_text().splitlines())}
+    assert {m: (r["harness"], r["score"], r["answer"] == expected) for m, r in records.items()} == {
+        "fake": ("bash-agent", 10.0, True), "fake2": ("bash-agent", 10.0, True)}
+    assert records["fake"]["group_id"] != records["fake2"]["group_id"]
+    resumed = records["fake2"]["session_id"]
+    assert rows(db, f"select attempts, harness from job_environments where env_id = '{resumed}'") == [(2, "bash-agent")]
+    assert (tmp_path / "runs" / "logs" / "mjob" / "harness" / f"{resumed}-a2.log").is_file()

@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from rollout.report import SummaryRow
 from rollout.viewer.render import templates
 from rollout.viewer.report import build_report, plotly_js
-from rollout.viewer.stats import HiddenFields, compare_cases, records_of, summary
+from rollout.viewer.stats import HiddenFields, compare_cases, records_of, row_key, summary
 from rollout.viewer.trajectory_view import divergence, start_request_view, step_views
 from store.queries import SORTS, SessionFilter, ViewerQueries
 
@@ -167,7 +167,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         cached = summaries.get(job_id)
         if cached is None or cached[0] != key:
             rows = summary(records_of(await queries.summary_rows(job_id)))
-            cached = summaries[job_id] = (key, {(r.env_name, r.model): r for r in rows})
+            cached = summaries[job_id] = (key, {row_key(r): r for r in rows})
         return cached[1]
 
     async def compare(request: Request) -> Response:

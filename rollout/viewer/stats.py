@@ -27,12 +27,18 @@ def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:
     """Light ``SessionRecord``s (no trajectory, no usage) of
     :meth:`store.queries.ViewerQueries.summary_rows`, for ``rollout.report.summarize``. A
     session with more than one attempt is ``retried``; ``outcome`` is passed on when the store
-    has it (a record type without these fields ignores them)."""
+    has it, and ``harness`` (a record type without these fields ignores them)."""
     return [SessionRecord.model_validate({
         "session_id": r["env_id"], "job_id": r["job_id"], "env_name": r["env_name"], "case_id": r["case_id"],
         "group_id": r["group_id"], "model": r["llm_model"], "sample_index": r["sample_index"], "status": r["status"],
         "score": r["reward"], "eval_status": r["eval_status"], "duration_s": r["duration_s"],
-        "outcome": r.get("outcome"), "retried": int(r["attempts"] or 0) > 1}) for r in rows]
+        "outcome": r.get("outcome"), "harness": r.get("harness"), "retried": int(r["attempts"] or 0) > 1})
+        for r in rows]
+
+
+def row_key(row: SummaryRow) -> tuple[str, str]:
+    """(env, model) of a summary row, the model shown as ``harness · model`` for a harness row."""
+    return row.env_name, row.model if row.harness is None else f"{row.harness} · {row.model}"
 
 
 def summary(records: Sequence[SessionRecord]) -> list[SummaryRow]:
@@ -42,7 +48,7 @@ def summary(records: Sequence[SessionRecord]) -> list[SummaryRow]:
 
 
 def pass_curves(records: Sequence[SessionRecord]) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """pass@k for k = 1 .. the summary's k (the fewest samples of any case), per (env, model), each
+    """pass@k for k = 1 .. the summary's k (the fewest samples of any case), per ``row_key``, each
     point as ``rollout.report.summarize(records, k=k)`` computes it (the unbiased estimator per
     case, averaged over cases). An (env, model) with nothing evaluated is left out."""
     out: dict[tuple[str, str], list[tuple[int, float]]] = {}
@@ -53,12 +59,12 @@ def pass_curves(records: Sequence[SessionRecord]) -> dict[tuple[str, str], list[
             if value is not None:
                 points.append((k, value))
         if points:
-            out[(row.env_name, row.model)] = points
+            out[row_key(row)] = points
     return out
 
 
 def _row_at(records: Sequence[SessionRecord], row: SummaryRow, k: int) -> SummaryRow:
-    mine = [r for r in records if r.env_name == row.env_name and r.model == row.model]
+    mine = [r for r in records if (r.env_name, r.model, r.harness) == (row.env_name, row.model, row.harness)]
     return summarize(mine, k=k)[0]
 
 

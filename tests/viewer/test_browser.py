@@ -102,10 +102,10 @@ def test_filter_by_status_and_sort_by_score(jobs: Jobs, viewer: Viewer, page: An
     page.screenshot(path=tmp_path / "filtered.png", full_page=True)
     rows = page.locator("#sessions tbody tr")
     assert rows.count() == failed
-    assert all("failed" in t for t in rows.locator("td:nth-child(7)").all_inner_texts())
+    assert all("failed" in t for t in rows.locator("td:nth-child(8)").all_inner_texts())
     assert page.locator("#count").inner_text().startswith("2 sessions")
     page.goto(f"{viewer.url}/jobs/jobA/sessions?sort=score&dir=desc&score_min=5")
-    scores = page.locator("#sessions tbody td:nth-child(9)").all_inner_texts()
+    scores = page.locator("#sessions tbody td:nth-child(10)").all_inner_texts()
     assert scores == ["10.00", "10.00"]
 
 

@@ -1,0 +1,116 @@
+"""The in-sandbox harness wrapper (``python -m rollout.harness_runtime``) as a real subprocess: the
+files it writes, the CLI's environment and output, the answer file and the result line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from rollout.protocol import SimulationStartRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLUGIN = """
+    import sys
+    from rollout.harness import Harness, HarnessLaunch
+
+    CLI = '''
+    import json, os, pathlib, sys
+    cfg = json.loads(pathlib.Path(os.environ["HOME"], ".tiny", "config.json").read_text())
+    print("tiny cli says hello")                        # the CLI's stdout: the harness log, not the result
+    print("tiny cli warns", file=sys.stderr)
+    mode = cfg["mode"]
+    if mode == "answer":
+        pathlib.Path("outputs").mkdir()
+        pathlib.Path("outputs/answer.json").write_text(json.dumps(
+            {"model": cfg["model"], "url": os.environ["TINY_URL"], "cwd": os.getcwd(), "home": os.environ["HOME"],
+             "instruction": cfg["instruction"], "params": cfg["params"], "steps": cfg["steps"]}))
+    elif mode == "garbage":
+        pathlib.Path("outputs").mkdir()
+        pathlib.Path("outputs/answer.json").write_text("not json")
+    sys.exit(cfg["exit"])
+    '''
+
+    class Tiny(Harness):
+        name = "tiny"
+        version = "1"
+        unavailable_exit_codes = frozenset({2})
+
+        def launch(self, ctx):
+            mode, code = ctx.params["mode"], ctx.params["exit"]
+            where = "/etc/tiny.json" if mode == "outside" else f"{ctx.home}/.tiny/config.json"
+            config = {"mode": mode, "exit": code, "model": ctx.model, "instruction": ctx.instruction,
+                      "params": ctx.params, "steps": ctx.max_steps}
+            import json
+            return HarnessLaunch(argv=[sys.executable, "-c", CLI], env={"TINY_URL": ctx.session_url},
+                                 files={where: json.dumps(config)})
+
+    HARNESS = Tiny()
+"""
+
+
+def _request(params: dict[str, Any], dataset: dict[str, Any] | None = None) -> str:
+    return SimulationStartRequest(
+        job_id="j", session_id="s1", agent_name="toy", agent_id="toy-0", group_id="g",
+        gateway_base_url="http://127.0.0.1:41800/v1/sessions/s1", model="route-a", max_steps=6,
+        env_params={**params, "dataset": {"id": "t1", "instruction": "Do the thing."} if dataset is None else dataset},
+    ).model_dump_json()
+
+
+def _run(tmp_path: Path, params: dict[str, Any], dataset: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+    plugin = tmp_path / "tiny"
+    plugin.mkdir(exist_ok=True)
+    (plugin / "harness.py").write_text(textwrap.dedent(PLUGIN))
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "rollout.harness_runtime", str(plugin), str(tmp_path / "cache")],
+                          input=_request(params, dataset), cwd=workspace, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test"})
+
+
+def test_the_wrapper_runs_the_cli_and_reports_its_answer(tmp_path: Path) -> None:
+    p = _run(tmp_path, {"mode": "answer", "exit": 0, "max_tokens": 9})
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) == 1  # the result line only: the CLI's stdout went to the log
+    result = json.loads(p.stdout)
+    assert (result["session_id"], result["status"], result["error_text"], result["error_class"]) == (
+        "s1", "succeeded", None, None)
+    answer = result["metrics"].pop("answer")
+    assert result["metrics"] == {"harness": "tiny", "harness_exit": 0}
+    home = answer.pop("home")
+    assert answer == {"model": "route-a", "url": "http://127.0.0.1:41800/v1/sessions/s1", "cwd": str(tmp_path / "ws"),
+                      "instruction": "Do the thing.", "params": {"mode": "answer", "exit": 0, "max_tokens": 9},
+                      "steps": 6}
+    assert not Path(home).is_relative_to(tmp_path / "ws") and not Path(home).exists()  # private, removed after
+    assert "tiny cli says hello" in p.stderr and "tiny cli warns" in p.stderr
+    assert "tiny 1: " in p.stderr and "tiny exited with 0; answer: present" in p.stderr
+
+
+def test_no_answer_and_the_unavailable_exit_code_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    p = _run(tmp_path, {"mode": "none", "exit": 2})
+    result = json.loads(p.stdout)
+    assert (result["status"], result["error_class"]) == ("failed", "upstream_unavailable")
+    assert result["metrics"] == {"harness": "tiny", "harness_exit": 2, "answer": None}
+    assert result["error_text"] == "outputs/answer.json is missing; tiny exited with code 2"
+
+
+def test_an_answer_that_is_not_json_is_null_and_the_session_failed(tmp_path: Path) -> None:
+    p = _run(tmp_path, {"mode": "garbage", "exit": 1})
+    result = json.loads(p.stdout)
+    assert (result["status"], result["error_class"]) == ("failed", None)  # exit 1 is not "unavailable"
+    assert result["metrics"] == {"harness": "tiny", "harness_exit": 1, "answer": None}
+    assert result["error_text"].startswith("outputs/answer.json is unreadable or not JSON")
+
+
+def test_a_bad_launch_prints_no_result_and_says_why(tmp_path: Path) -> None:
+    p = _run(tmp_path, {"mode": "outside", "exit": 0})
+    assert (p.returncode, p.stdout) == (1, "")
+    assert "harness file '/etc/tiny.json': must be an absolute path under" in p.stderr
+    p = _run(tmp_path, {"mode": "answer", "exit": 0}, dataset={"id": "x", "question": "2+2?"})
+    assert (p.returncode, p.stdout) == (1, "")
+    assert "the case has no instruction (a harness runs task-directory envs only)" in p.stderr
