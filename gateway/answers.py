@@ -142,6 +142,10 @@ def synthetic_stop(call: Call) -> tuple[Outcome, Response]:
     """The protocol's stop answer for a session whose budget is used: no upstream call, no
     step; the session's state (now truncated) is persisted."""
     call.gw.metrics.synthetic_stops.inc()
+    if call.gw.rejections is not None:
+        call.gw.rejections.note(method="POST", path=call.proto.endpoint, status=200, reason="max_steps",
+                                message="the session's step budget is used: synthetic stop",
+                                session_id=call.session_id, route=call.route_key)
     answer = call.proto.stop_answer(call.route_key, call.req)
     outcome = Outcome(None, 200, None, answered=200)
     if call.stream:

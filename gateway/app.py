@@ -16,6 +16,7 @@ from gateway.errors import install_error_handlers
 from gateway.fastpath import ModelCallPaths, method_not_allowed, serve
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
+from gateway.rejections import RejectedCalls
 from gateway.request_log import RequestLog
 from gateway.routes import build_router
 from gateway.sessions import SessionManager
@@ -71,7 +72,8 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         if request_log is not None:
             request_log.start()
         app.state.gw = GatewayState(settings, store, SessionManager(store, settings.max_steps), upstream,
-                                    writer, metrics, request_log)
+                                    writer, metrics, request_log,
+                                    RejectedCalls(settings.base_session_path, request_log))
         interrupted = await store.mark_interrupted()  # left active by an earlier gateway process
         log.info("gateway ready: storage=%s routes=%s; sessions left active by an earlier gateway, now "
                  "interrupted: %d", store.identity(), ",".join(settings.llm_routes), interrupted)

@@ -2,7 +2,7 @@
 
 With a key configured, every request needs one (``Authorization: Bearer <key>`` or ``x-api-key``),
 except ``/healthz``, ``/readyz`` and ``/metrics``. A missing or wrong key is a 401 with
-``WWW-Authenticate: Bearer``, in OpenAI's error shape (Anthropic's on ``/v1/messages``), never
+``WWW-Authenticate: Bearer``, in OpenAI's error shape (Anthropic's on its Messages paths), never
 echoing the key. Keys are compared in constant time (SHA-256 digests, every key compared), and
 the client's key never goes upstream. Details: docs/gateway-protocols.md.
 """
@@ -17,8 +17,7 @@ from collections.abc import Iterable, Sequence
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import error_body
-from gateway.protocols import MESSAGES
+from gateway.errors import error_body, shaped
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -94,14 +93,17 @@ class ApiKeyMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, given: bool) -> None:
         body = error_body(401, _WRONG if given else _MISSING, code="invalid_api_key", type_="invalid_request_error")
         path: str = scope["path"]
-        if path.endswith("/v1/messages"):
-            body = MESSAGES.client_error(401, body)
+        body = shaped(path, 401, body)
         challenge = 'Bearer error="invalid_token"' if given else "Bearer"
         app = scope.get("app")
-        metrics = getattr(getattr(getattr(app, "state", None), "gw", None), "metrics", None)
+        gw = getattr(getattr(app, "state", None), "gw", None)
+        metrics = getattr(gw, "metrics", None)
         if metrics is not None:
             metrics.error_responses.labels("401", "invalid_api_key").inc()
-        log.debug("refused %s %s: %s API key", scope.get("method"), path, "wrong" if given else "no")
+        rejections = getattr(gw, "rejections", None)
+        if rejections is not None:
+            rejections.note(method=str(scope.get("method")), path=path, status=401, reason="invalid_api_key",
+                            message=f"{'wrong' if given else 'no'} API key")
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})
         await response(scope, receive, send)
 

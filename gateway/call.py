@@ -36,11 +36,11 @@ class Call:
     milliseconds to the first upstream byte of a stream)."""
 
     def __init__(self, gw: GatewayState, proto: WireProtocol, req: WireRequest, body: dict[str, Any],
-                 claim: PendingCall | None, session_id: str | None) -> None:
+                 claim: PendingCall | None, session_id: str | None, route_key: str | None = None) -> None:
         self.gw = gw
         self.proto = proto
         self.req = req
-        self.route_key = req.model
+        self.route_key = route_key or req.model  # the route (the request's model may be an alias)
         self.body = body
         self.upstream_body = body
         self.usage_added = False
@@ -53,6 +53,7 @@ class Call:
         self.upstream_status: int | None = None  # set once the upstream's headers arrived
         self.attempts: list[Attempt] = []
         self.client_left_after_s: float | None = None  # set when the call goes on after its client left
+        self.client_headers: dict[str, str] = {}  # the client's correlation headers (gateway.client_headers)
         self.finished = False
         self.handed_over = False
         self._counted = False
@@ -150,10 +151,14 @@ class Call:
             return None
         answer = self.proto.read(outcome.response)
         meta: dict[str, Any] = {"route": self.route_key}
+        if self.req.model != self.route_key:
+            meta["requested_model"] = self.req.model
         if self.upstream_body.get("model") != self.body.get("model"):
             meta["upstream_model"] = self.upstream_body.get("model")
         if self.usage_added:
             meta["usage_requested_by_gateway"] = True
+        if self.client_headers:
+            meta["client_headers"] = self.client_headers
         if self.client_left_after_s is not None:
             meta["client_left_after_s"] = round(self.client_left_after_s, 3)
         if any(a.wait_s is not None for a in self.attempts):  # retried (or waiting to): list them

@@ -1,9 +1,10 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, or in
+Anthropic's (``{"type": "error", "error": {"type", "message"}}``) on every Anthropic Messages path
+(``.../v1/messages`` and anything under it: :func:`is_anthropic_path`), whoever answers it.
 
-An endpoint with another error shape (Anthropic's ``/v1/messages``) registers a converter for
-its request with :func:`set_error_shape`; the app's handlers then answer every error of that
-request in that shape. Every error answered here counts in
-``gateway_error_responses_total{status, code}``; model calls count in ``gateway_requests_total``.
+An endpoint may also register a converter for its request with :func:`set_error_shape`. Every
+error answered here counts in ``gateway_error_responses_total{status, code}`` and, when the
+gateway answered a call itself, is noted by :mod:`gateway.rejections`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,29 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
 # (HTTP status, OpenAI-shaped error body) -> the body in the endpoint's own error shape
 ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
 
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 413: "request_too_large", 422: "invalid_request_error",
+    429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
+}
+"""Anthropic's error ``type`` per HTTP status (API reference, "Errors"); another 4xx is
+``invalid_request_error``, another 5xx ``api_error``."""
+
+
+def anthropic_error(status: int, err: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped error body (:func:`error_body`) in Anthropic's shape:
+    ``{"type": "error", "error": {"type": ..., "message": ...}}``."""
+    inner = err.get("error")
+    message = inner.get("message") if isinstance(inner, dict) else None
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": str(message)}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    """True for an Anthropic Messages path: ``.../v1/messages`` or under it (``count_tokens``,
+    an unknown sub-path), sessionless or per session."""
+    return path.endswith("/v1/messages") or "/v1/messages/" in path
+
 
 def set_error_shape(request: Request, shape: ErrorShape) -> None:
     """Answer every later error of ``request`` in the shape ``shape`` builds (it gets the HTTP
@@ -54,17 +78,28 @@ def set_error_shape(request: Request, shape: ErrorShape) -> None:
     request.state.error_shape = shape
 
 
-def count_error(request: Request, status: int, code: str | None) -> None:
-    """Count an error the gateway answered itself in ``gateway_error_responses_total`` (no-op
-    when the app has no gateway state, e.g. during startup)."""
-    metrics = getattr(getattr(request.app.state, "gw", None), "metrics", None)
+def count_error(request: Request, status: int, code: str | None, message: str = "") -> None:
+    """Count an error the gateway answered itself in ``gateway_error_responses_total`` and, for
+    a 4xx, note the rejected call (:class:`gateway.rejections.RejectedCalls`: logs, per-session
+    count); a no-op when the app has no gateway state (e.g. during startup)."""
+    gw = getattr(request.app.state, "gw", None)
+    metrics = getattr(gw, "metrics", None)
     if metrics is not None:
         metrics.error_responses.labels(str(status), code or "").inc()
+    rejections = getattr(gw, "rejections", None)
+    if rejections is not None and 400 <= status < 500:
+        rejections.note(method=request.method, path=request.url.path, status=status, reason=code, message=message)
+
+
+def shaped(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (OpenAI's shape) in the error shape of ``path``: Anthropic's on an Anthropic
+    Messages path, else unchanged."""
+    return anthropic_error(status, body) if is_anthropic_path(path) else body
 
 
 def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
     shape: ErrorShape | None = getattr(request.state, "error_shape", None)
-    return body if shape is None else shape(status, body)
+    return shaped(request.url.path, status, body) if shape is None else shape(status, body)
 
 
 class GatewayError(Exception):
@@ -85,7 +120,7 @@ def gateway_error_response(req: Request, exc: GatewayError) -> JSONResponse:
     """The answer to a :class:`GatewayError`: its status and headers, the body in the request's
     error shape (:func:`set_error_shape`; OpenAI's by default); counted in ``/metrics``."""
     body = error_body(exc.status, exc.message, code=exc.code, param=exc.param)
-    count_error(req, exc.status, exc.code)
+    count_error(req, exc.status, exc.code, exc.message)
     return JSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
 
 
@@ -104,18 +139,19 @@ async def _gateway_error(req: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    count_error(req, exc.status_code, None)
-    return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+    count_error(req, exc.status_code, None, str(exc.detail))
+    body = error_body(exc.status_code, str(exc.detail))
+    return JSONResponse(_shaped(req, exc.status_code, body), status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
 
 
 async def _validation_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    count_error(req, 400, None)
     first = exc.errors()[0] if exc.errors() else {}
     loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
     msg = f"{first.get('msg', 'invalid request')}" + (f" (at {loc})" if loc else "")
-    return JSONResponse(error_body(400, msg, param=loc), status_code=400)
+    count_error(req, 400, None, msg)
+    return JSONResponse(_shaped(req, 400, error_body(400, msg, param=loc)), status_code=400)
 
 
 async def _unexpected_error(req: Request, exc: Exception) -> JSONResponse:

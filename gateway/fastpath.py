@@ -74,7 +74,7 @@ async def serve(gw: GatewayState, session_id: str | None, proto: WireProtocol, s
 
 
 async def method_not_allowed(scope: Scope, receive: Receive, send: Send) -> None:
-    """405 (``Allow: POST``) in OpenAI's error shape, for another method on a model-call path."""
+    """405 (``Allow: POST``) in the path's error shape, for another method on a model-call path."""
     request = Request(scope, receive, send)
     err = GatewayError(405, f"Method Not Allowed: {scope['method']} {scope['path']} takes POST only",
                        headers={"Allow": "POST"})

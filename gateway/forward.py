@@ -21,6 +21,7 @@ from fastapi.responses import Response
 
 from gateway import answers
 from gateway.call import Call
+from gateway.client_headers import correlation_headers
 from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError, set_error_shape
 from gateway.exchange import Exchange, UpstreamFailed
@@ -33,7 +34,7 @@ from gateway.sessions import SessionClosed
 from gateway.state import GatewayState
 from gateway.streaming import SSE_HEADERS, GuardedStreamingResponse
 from gateway.upstream import route_base_url
-from gateway.wire import WireRequest, check_session_id, parse_json_body, read_body
+from gateway.wire import check_session_id, parse_json_body, read_body
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,18 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
     raw = await read_body(request, gw.settings.max_request_bytes)
     body = parse_json_body(raw)
     req = proto.validate(body)
-    _check_route(gw, proto, req, session_id)
+    route_key = check_route(gw, proto.api, proto.endpoint, req.model, session_id)
     claim = None
     if session_id is not None:
         replayed, claim = await replay_or_claim(gw, request, session_id, proto, req, raw)
         if replayed is not None:
             return replayed
-    call = Call(gw, proto, req, body, claim, session_id)
+    call = Call(gw, proto, req, body, claim, session_id, route_key)
+    call.client_headers = correlation_headers(request.headers)
     try:
         if session_id is not None:
             try:
-                call.slot = await gw.sessions.reserve(session_id, req.model)
+                call.slot = await gw.sessions.reserve(session_id, route_key)
             except SessionClosed:
                 raise GatewayError(409, f"session {session_id} is closed", code="session_closed") from None
             if call.slot is None:
@@ -70,16 +72,21 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
             call.abandon()  # a no-op once finished; else (a bug, a shutdown) release and fail the claim
 
 
-def _check_route(gw: GatewayState, proto: WireProtocol, req: WireRequest, session_id: str | None) -> None:
-    route = gw.settings.llm_routes.get(req.model)
-    if route is None:
+def check_route(gw: GatewayState, api: str | None, endpoint: str, model: str, session_id: str | None) -> str:
+    """The route key ``model`` names (a key or an alias, :meth:`GatewaySettings.resolve_route`).
+    Raises GatewayError 404 ``model_not_found`` for none, 400 ``route_api_mismatch`` for a route
+    of another ``api`` (None: any), 400 ``session_required`` (:func:`route_base_url`)."""
+    key = gw.settings.resolve_route(model)
+    if key is None:
         known = ", ".join(sorted(gw.settings.llm_routes)) or "none"
-        raise GatewayError(404, f"The model `{req.model}` does not exist (no such route; routes: {known})",
+        raise GatewayError(404, f"The model `{model}` does not exist (no such route or alias; routes: {known})",
                            code="model_not_found", param="model")
-    if route.api != proto.api:
-        raise GatewayError(400, f"route `{req.model}` speaks the {route.api} API, which does not serve "
-                                f"{proto.endpoint} calls", code="route_api_mismatch", param="model")
-    route_base_url(req.model, route, session_id)  # a per-session route without a usable session: 400, no budget
+    route = gw.settings.llm_routes[key]
+    if api is not None and route.api != api:
+        raise GatewayError(400, f"route `{key}` speaks the {route.api} API, which does not serve "
+                                f"{endpoint} calls", code="route_api_mismatch", param="model")
+    route_base_url(key, route, session_id)  # a per-session route without a usable session: 400, no budget
+    return key
 
 
 async def _finish(call: Call, ending: tuple[Outcome, Response]) -> Response:
@@ -91,8 +98,10 @@ async def _finish(call: Call, ending: tuple[Outcome, Response]) -> Response:
 async def _forward(call: Call, request: Request, raw: bytes) -> Response:
     """Call the route's upstream and answer the client (see the module docstring)."""
     gw, proto, req = call.gw, call.proto, call.req
-    route = gw.settings.llm_routes[req.model]
+    route = gw.settings.llm_routes[call.route_key]
     call.upstream_body, call.usage_added = proto.upstream_body(req, call.body, route)
+    if call.upstream_body.get("model") != (target := route.upstream_model or call.route_key):
+        call.upstream_body = {**call.upstream_body, "model": target}  # called by an alias: the route's model
     upstream_streams = call.stream and route.supports_stream
     payload = raw if call.upstream_body is call.body else json.dumps(call.upstream_body).encode()
     headers = {"Content-Type": "application/json",

@@ -2,7 +2,8 @@
 
 One JSON line per call: time, session, route, endpoint, HTTP status, step status, latency, and the
 request/response bodies with secrets removed and cut to ``body_limit_bytes`` (UTF-8 bytes of their
-JSON text; a cut body is logged as ``{"truncated": true, "prefix": "..."}``). Files rotate by size
+JSON text; a cut body is logged as ``{"truncated": true, "prefix": "..."}``); a call the gateway
+answered itself has ``rejected`` (its reason), ``method``, ``path`` and ``message`` instead. Files rotate by size
 (``max_bytes``, ``backup_count``) with the standard library's RotatingFileHandler; lines are
 written by a background thread (QueueHandler/QueueListener) so the event loop never waits on disk.
 """
@@ -69,4 +70,14 @@ class RequestLog:
         line = {"ts": time.time(), "session_id": session_id, "route": route, "endpoint": endpoint,
                 "http_status": http_status, "step_status": step_status, "latency_ms": round(latency_ms, 3),
                 "request": self._cut(request), "response": self._cut(response)}
+        self._logger.info(json.dumps(line, ensure_ascii=False, default=str))
+
+    def write_rejected(self, *, session_id: str | None, route: str | None, method: str, path: str,
+                       http_status: int, reason: str, message: str) -> None:
+        """Log one call the gateway answered itself (:mod:`gateway.rejections`): no step, so
+        ``step_status`` is null and ``rejected`` names the reason; no bodies."""
+        if self._listener is None:
+            return
+        line = {"ts": time.time(), "session_id": session_id, "route": route, "method": method, "path": path,
+                "http_status": http_status, "step_status": None, "rejected": reason, "message": message[:500]}
         self._logger.info(json.dumps(line, ensure_ascii=False, default=str))

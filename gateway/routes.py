@@ -1,11 +1,13 @@
 """The gateway's routes other than model calls: health, readiness, metrics, the model list (as
-OpenAI's "List models"), and session status and close."""
+OpenAI's "List models"), session status and close, ``HEAD`` of a session's base URL, and
+Anthropic's count_tokens (:mod:`gateway.count_tokens`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.count_tokens import handle as count_tokens_handle
 from gateway.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.wire import CloseSessionRequest, check_session_id
@@ -26,8 +28,8 @@ def _model_list(request: Request) -> dict[str, object]:
 
 
 def _model(request: Request, model: str) -> dict[str, object]:
-    if model not in _gw(request).settings.llm_routes:
-        raise GatewayError(404, f"The model `{model}` does not exist (no such route)", code="model_not_found",
+    if _gw(request).settings.resolve_route(model) is None:
+        raise GatewayError(404, f"The model `{model}` does not exist (no such route or alias)", code="model_not_found",
                            param="model")
     return _model_object(model)
 
@@ -91,7 +93,13 @@ async def session_status(session_id: str, request: Request) -> dict[str, object]
     return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
             "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
             "step_counts": st.step_counts or {}, "close_reason": st.close_reason,
-            "completion_mode": st.completion_mode}
+            "completion_mode": st.completion_mode, "rejected_calls": _rejected(request, session_id)}
+
+
+def _rejected(request: Request, session_id: str) -> dict[str, int]:
+    """The session's calls the gateway answered itself, by reason (:mod:`gateway.rejections`)."""
+    rejections = _gw(request).rejections
+    return rejections.of(session_id) if rejections is not None else {}
 
 
 async def close_session(session_id: str, request: Request) -> dict[str, object]:
@@ -110,7 +118,27 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     # the session stays closed in memory instead of reloading from the store as active)
     await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
-            "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode}
+            "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
+            "rejected_calls": _rejected(request, session_id)}
+
+
+async def head_ok(request: Request) -> Response:
+    """``HEAD`` of a session's base URL (a client's warm-up or connectivity check): 200, no
+    body, whether or not the session was used yet."""
+    sid = request.path_params.get("session_id")
+    if sid is not None:
+        check_session_id(sid)
+    return Response(status_code=200)
+
+
+async def count_tokens(request: Request) -> Response:
+    """Sessionless ``POST /v1/messages/count_tokens`` (:mod:`gateway.count_tokens`)."""
+    return await count_tokens_handle(request)
+
+
+async def session_count_tokens(session_id: str, request: Request) -> Response:
+    """``POST {base}/{sid}/v1/messages/count_tokens``: never a step of the session."""
+    return await count_tokens_handle(request, session_id)
 
 
 def build_router(session_path: str) -> APIRouter:
@@ -126,4 +154,10 @@ def build_router(session_path: str) -> APIRouter:
     r.add_api_route(sp + "/{session_id}/models/{model:path}", session_model, methods=["GET"])
     r.add_api_route(sp + "/{session_id}", session_status, methods=["GET"])
     r.add_api_route(sp + "/{session_id}/close", close_session, methods=["POST"])
+    r.add_api_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
+    r.add_api_route(sp + "/{session_id}/v1/messages/count_tokens", session_count_tokens, methods=["POST"])
+    for head in ("", "/", "/v1", "/v1/"):  # the forms of a session base URL a client may probe
+        r.add_api_route(sp + "/{session_id}" + head, head_ok, methods=["HEAD"])
+    r.add_api_route("/", head_ok, methods=["HEAD"])
+    r.add_api_route("/v1", head_ok, methods=["HEAD"])
     return r

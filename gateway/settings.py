@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -112,7 +113,20 @@ class RouteSettings(_Strict):
     query or fragment (ValueError naming the problem).
 
     ``keepalive_interval_s`` overrides the gateway's :attr:`GatewaySettings.keepalive_interval_s`
-    for this route (None: use the gateway's; 0: no keep-alives)."""
+    for this route (None: use the gateway's; 0: no keep-alives).
+
+    ``aliases`` (exact model names) and ``alias_pattern`` (one shell-style glob, ``fnmatch``
+    rules, case-sensitive, e.g. ``claude-*``) let a client's own default model name reach this
+    route (:meth:`GatewaySettings.resolve_route`). A call through an alias is recorded under
+    the route key; upstream it carries ``upstream_model``, else the route key.
+
+    ``count_tokens`` says how ``POST .../v1/messages/count_tokens`` is answered for this route
+    (:mod:`gateway.count_tokens`): ``auto`` (an ``api: anthropic`` route: ``upstream``; a route
+    whose server the launcher manages with llama.cpp: ``llama_cpp``; else ``estimate``),
+    ``upstream`` (the route's ``<base_url>/v1/messages/count_tokens``, ``api: anthropic`` only),
+    ``vllm`` (``POST <origin>/tokenize`` with the conversation as chat messages),
+    ``llama_cpp`` (``POST <origin>/extras/tokenize/count`` of the conversation's text), or
+    ``estimate`` (counted in the gateway, see docs/gateway-protocols.md)."""
 
     base_url: str
     api: Literal["openai", "anthropic"] = "openai"
@@ -126,6 +140,42 @@ class RouteSettings(_Strict):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     keepalive_interval_s: float | None = Field(default=None, ge=0)
     managed: ManagedServer | None = None
+    aliases: list[str] = Field(default_factory=list)
+    alias_pattern: str | None = None
+    count_tokens: Literal["auto", "upstream", "vllm", "llama_cpp", "estimate"] = "auto"
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            if not name or name != name.strip() or any(c in name for c in "*?["):
+                raise ValueError(f"aliases[{i}] must be an exact model name (not empty, no surrounding spaces, "
+                                 "no glob characters: use alias_pattern for a pattern)")
+        if len(set(v)) != len(v):
+            raise ValueError("aliases lists a name twice")
+        return v
+
+    @field_validator("alias_pattern")
+    @classmethod
+    def _pattern(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("alias_pattern must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _count_tokens_fits(self) -> RouteSettings:
+        if self.count_tokens == "upstream" and self.api != "anthropic":
+            raise ValueError("count_tokens: upstream needs an api: anthropic route (an OpenAI-style upstream has "
+                             "no /v1/messages/count_tokens); use vllm, llama_cpp or estimate")
+        return self
+
+    def token_counter(self) -> str:
+        """The ``count_tokens`` method in effect (``auto`` resolved, see the class docstring)."""
+        if self.count_tokens != "auto":
+            return self.count_tokens
+        if self.api == "anthropic":
+            return "upstream"
+        return "llama_cpp" if self.managed is not None and self.managed.kind == "llama_cpp" else "estimate"
 
     @field_validator("base_url")
     @classmethod
@@ -290,6 +340,8 @@ class GatewaySettings(_Strict):
     retry_join_window_s: float = Field(default=30.0, ge=0)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     keepalive_interval_s: float = Field(default=15.0, ge=0)
+    _alias_owner: dict[str, str] = PrivateAttr(default_factory=dict)
+    _patterns: list[tuple[str, str]] = PrivateAttr(default_factory=list)
 
     @field_validator("base_session_path")
     @classmethod
@@ -316,6 +368,37 @@ class GatewaySettings(_Strict):
                              f"({scheme}://...); make them agree or drop storage_type")
         self.storage_type = kind
         return self
+
+    @model_validator(mode="after")
+    def _aliases_unique(self) -> GatewaySettings:
+        """An alias names one route: never a route key, never an alias of two routes."""
+        owner: dict[str, str] = {}
+        for key, route in self.llm_routes.items():
+            for name in route.aliases:
+                if name in self.llm_routes:
+                    raise ValueError(f"llm_routes.{key}.aliases: {name!r} is the key of route {name!r}; an alias "
+                                     "must not name a route")
+                if name in owner:
+                    raise ValueError(f"llm_routes.{key}.aliases: {name!r} is already an alias of route "
+                                     f"{owner[name]!r}; an alias names one route")
+                owner[name] = key
+        self._alias_owner = owner
+        self._patterns = [(r.alias_pattern, key) for key, r in self.llm_routes.items() if r.alias_pattern]
+        return self
+
+    def resolve_route(self, model: str) -> str | None:
+        """The route key a request's ``model`` names: a route key itself, else the route with
+        that exact alias, else the first route (in config order) whose ``alias_pattern``
+        matches (``fnmatch.fnmatchcase``); None when none does."""
+        if model in self.llm_routes:
+            return model
+        key = self._alias_owner.get(model)
+        if key is not None:
+            return key
+        for pattern, key in self._patterns:
+            if fnmatchcase(model, pattern):
+                return key
+        return None
 
     @model_validator(mode="after")
     def _default_route_exists(self) -> GatewaySettings:

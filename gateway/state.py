@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
+from gateway.rejections import RejectedCalls
 from gateway.request_log import RequestLog
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
@@ -17,7 +18,8 @@ from store import Store
 @dataclass(slots=True)
 class GatewayState:
     """Settings, store, session manager, upstream client, telemetry writer, metrics and the
-    request log (None when ``request_log.enabled`` is false); the background tasks of calls kept
+    request log (None when ``request_log.enabled`` is false), the counters of calls it answered
+    itself (:mod:`gateway.rejections`); the background tasks of calls kept
     for their retry (``detached``) and the ``stopping`` event set at shutdown."""
 
     settings: GatewaySettings
@@ -27,6 +29,7 @@ class GatewayState:
     writer: TelemetryWriter
     metrics: Metrics
     request_log: RequestLog | None = None
+    rejections: RejectedCalls | None = None
     detached: set[asyncio.Task[None]] = field(default_factory=set)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from urllib.parse import quote
 
@@ -102,12 +102,13 @@ class UpstreamClient:
 
     @asynccontextmanager
     async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],
-                   session_id: str | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+                   session_id: str | None = None, *, base: Callable[[str], str] | None = None
+                   ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST ``body`` to ``<base_url><path>`` (the route's ``base_url`` for ``session_id``, see
         :func:`route_base_url`; None for a passthrough call), holding the route's concurrency
         slot for as long as the response is open. Yields the response with headers read; the
         body is read by the caller. Leaving the block releases (or, if unread, closes) the
-        connection.
+        connection. ``base``, when given, maps the ``base_url`` first (e.g. to its origin).
 
         Raises ``aiohttp.ClientConnectionError`` / ``asyncio.TimeoutError`` for connect failures
         and read timeouts, and GatewayError(400) from :func:`route_base_url` (before taking a
@@ -117,6 +118,8 @@ class UpstreamClient:
             raise RuntimeError("UpstreamClient.start() was not called")
         route = self._routes[route_key]
         base_url = route_base_url(route_key, route, session_id)
+        if base is not None:
+            base_url = base(base_url)
         timeout = aiohttp.ClientTimeout(total=None, connect=route.connect_timeout_s,
                                         sock_connect=route.connect_timeout_s,
                                         sock_read=route.read_timeout_s)

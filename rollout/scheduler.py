@@ -62,6 +62,18 @@ class JobStopped(RuntimeError):
     finished are left for ``--resume``; the message says why."""
 
 
+def rejected_summary(close_info: dict[str, Any]) -> str | None:
+    """What the gateway's close answer says it refused of the session's calls (its
+    ``rejected_calls`` by reason; synthetic stops at ``max_steps`` left out, the session's
+    ``truncated`` says those), e.g. ``"the gateway refused 12 call(s) of the session itself:
+    invalid_api_key 12"``; None when it refused none."""
+    counts = {k: v for k, v in (close_info.get("rejected_calls") or {}).items() if k != "max_steps" and v}
+    if not counts:
+        return None
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    return f"the gateway refused {sum(counts.values())} call(s) of the session itself: {detail}"
+
+
 @dataclass
 class _Work:
     """A session to run: its row, the number of the attempt to run next, the first attempt
@@ -378,7 +390,10 @@ class Scheduler:
         status = outcome.status
         if status == "succeeded" and close_info.get("truncated"):
             status = "truncated"
-        errors = [e for e in (outcome.error_text, close_info.get("error")) if e]
+        rejected = rejected_summary(close_info)  # e.g. a CLI that retried 401s with a wrong key
+        if rejected is not None:
+            log.warning("session %s: %s", sid, rejected)
+        errors = [e for e in (outcome.error_text, close_info.get("error"), rejected) if e]
         steps = await self.store.trajectory(sid)
         end = classify(status, setup_failed=outcome.setup_failed, limit_exceeded=outcome.limit_exceeded,
                        error_class=outcome.result.error_class if outcome.result else None,

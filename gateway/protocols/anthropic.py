@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.assembly import Answer, MessagesStreamAssembler, StreamAssembler, read_messages
-from gateway.protocols.base import WireProtocol, compact, inner_error
+from gateway.errors import anthropic_error
+from gateway.protocols.base import WireProtocol, compact
 from gateway.settings import RouteSettings
 from gateway.sse import format_event
 from gateway.wire import MessagesRequest, WireRequest
@@ -23,10 +24,6 @@ from gateway.wire import MessagesRequest, WireRequest
 __all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicProtocol", "message_to_stream"]
 
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
-_ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
-}
 
 
 class AnthropicProtocol(WireProtocol):
@@ -75,9 +72,7 @@ class AnthropicProtocol(WireProtocol):
                 "usage": {"input_tokens": 0, "output_tokens": 0}}
 
     def client_error(self, status: int, err: dict[str, Any]) -> dict[str, Any]:
-        inner = inner_error(err)
-        kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": str(inner.get("message"))}}
+        return anthropic_error(status, err)
 
     def stream_error(self, status: int, err: dict[str, Any], asm: StreamAssembler | None) -> bytes:
         return format_event(compact(self.client_error(status, err)), event="error")

@@ -119,7 +119,8 @@ async def test_step_id_counts_per_session_and_model(start_gateway: StartGateway)
     assert [(s.seq, s.llm_model, s.step_id) for s in await gw.steps("s2")] == [(1, "m2", 1)]
     r = await gw.http().get("/v1/sessions/s1")
     assert r.json() == {"session_id": "s1", "status": "active", "max_steps": -1, "total_steps": 5,
-                        "refunded_steps": 0, "step_counts": {"m": 3, "m2": 2}, "close_reason": None, "completion_mode": None}
+                        "refunded_steps": 0, "step_counts": {"m": 3, "m2": 2}, "close_reason": None, "completion_mode": None,
+                        "rejected_calls": {}}
     [row] = gw.sql("SELECT status, total_steps, step_counts FROM gateway_sessions WHERE session_id='s1'")
     assert (row["status"], row["total_steps"], json.loads(row["step_counts"])) == ("active", 5, {"m": 3, "m2": 2})
 
@@ -493,7 +494,7 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     r = await http.post("/v1/sessions/s1/close", json={"reason": "done", "completion_mode": "finished"})
     assert r.status_code == 200
     assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "truncated": False,
-                        "close_reason": "done", "completion_mode": "finished"}
+                        "close_reason": "done", "completion_mode": "finished", "rejected_calls": {}}
     r = await http.post("/v1/sessions/s1/close", json={"reason": "again"})  # idempotent: first reason kept
     assert r.json()["close_reason"] == "done"
     r = await http.get("/v1/sessions/s1")

@@ -238,7 +238,8 @@ async def test_close_answers_only_once_the_call_in_flight_is_committed(gw: Gatew
     assert [(row["status"], row["is_trainable"]) for row in rows] == [("ok", 1)]
     assert "after_close" not in json.loads(rows[0]["meta_json"])
     assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "truncated": False,
-                        "close_reason": "killed", "completion_mode": None}
+                        "close_reason": "killed", "completion_mode": None,
+                        "rejected_calls": {"session_closed": 1}}  # the refused call above
     assert (await call).choices[0].message.content == "last words"
     assert session_row(gw, "s1")["status"] == "closed"
     assert len(upstream.requests) == 1

@@ -158,3 +158,13 @@ async def test_breaker_gives_up_after_max_wait() -> None:
     assert b.state == "stopped" and [e.state for e in events] == ["open", "stopped"]
     assert b.stop_reason is not None and "(last probe: connection refused)" in b.stop_reason
     await b.aclose()
+
+
+def test_rejected_summary_of_a_close_answer() -> None:
+    from rollout.scheduler import rejected_summary
+
+    assert rejected_summary({"rejected_calls": {}}) is None
+    assert rejected_summary({"error": "closing failed"}) is None  # an old gateway, or no answer
+    assert rejected_summary({"rejected_calls": {"max_steps": 3}}) is None  # the session's truncated says it
+    assert rejected_summary({"rejected_calls": {"max_steps": 1, "model_not_found": 2, "invalid_api_key": 12}}) == (
+        "the gateway refused 14 call(s) of the session itself: invalid_api_key 12, model_not_found 2")
