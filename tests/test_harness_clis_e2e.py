@@ -37,6 +37,12 @@ CLIS: dict[str, tuple[str, bool | None, bool]] = {
     "codex": ("openai", False, False),
     "mini-swe-agent": ("openai", None, True),
 }
+# the CLI's own correlation headers every step keeps (meta_json.client_headers)
+CLIENT_HEADERS = {
+    "claude-code": {"x-claude-code-session-id"},
+    "codex": {"session-id", "x-client-request-id"},
+    "mini-swe-agent": set(),
+}
 
 
 def installed(name: str) -> None:
@@ -72,11 +78,12 @@ def steps_of(db: Path, sid: str) -> list[dict[str, Any]]:
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
-        rows = con.execute("select endpoint, is_stream, status, response, prompt_tokens, completion_tokens "
+        rows = con.execute("select endpoint, is_stream, status, response, meta_json "
                            "from session_steps where session_id = ? order by seq", (sid,)).fetchall()
     finally:
         con.close()
-    return [{**dict(r), "response": json.loads(r["response"])} for r in rows]
+    return [{**dict(r), "response": json.loads(r["response"]), "meta": json.loads(r["meta_json"] or "{}")}
+            for r in rows]
 
 
 @pytest.mark.parametrize("name", sorted(CLIS))
@@ -115,6 +122,7 @@ async def test_cli_harness_scores_the_right_plan_10_and_a_wrong_plan_0(name: str
         assert len(steps) == len(turns) == r["step_count"]
         for step, turn in zip(steps, turns, strict=True):
             assert (step["status"], bool(step["is_stream"]), step["response"]) == ("ok", turn.stream, turn.reply)
+            assert set(step["meta"].get("client_headers") or {}) == CLIENT_HEADERS[name], step["meta"]
         # the CLI ran the command in the sandbox and fed its output back to the model
         plan = policy.session_plans[sid]
         answer_text = json.dumps(expected if right else wrong, sort_keys=True)
