@@ -383,9 +383,9 @@ class Scheduler:
             metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
                       "attempt": work.attempt},
         )
-        command, log = self._harness_command(row, work.attempt)
+        command, harness_log = self._harness_command(row, work.attempt)
         outcome = await run_runtime(cfg, request, workspace, self._runtime_env(cfg, command is None), self.s.sandbox,
-                                    command=command, stderr_log=log)
+                                    command=command, stderr_log=harness_log)
         close_info = await self._close(sid, outcome.status)
         status = outcome.status
         if status == "succeeded" and close_info.get("truncated"):
