@@ -327,6 +327,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     try:
         await store.init()
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
         rows = await plan_sessions(store, opts, job_id, models, envs, [*loaded] or [None])
         if opts.resume and rows:
             models = list(dict.fromkeys(r.llm_model for r in rows))
@@ -336,7 +337,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                 except HarnessUnavailable as e:
                     raise SetupError(f"--resume: sessions of {job_id} ran the harness {name!r}, which cannot be "
                                      f"loaded by name ({e}); give its folder again with --harness PATH") from e
-        installed = await install_harnesses({n: h for n, h in loaded.items() if any(r.harness == n for r in rows)})
+        if opts.resume:
+            installed = await install_harnesses({n: h for n, h in loaded.items() if any(r.harness == n for r in rows)})
         if opts.enable_evaluation:
             for cfg, _ in envs:
                 if discover_evaluator(opts.agent_root, cfg.name) is None and \

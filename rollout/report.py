@@ -111,7 +111,7 @@ class SessionRecord(BaseModel):
     - ``score``: the committed reward in 0..10 (finite; NaN/inf rejected), None when not evaluated.
     - ``eval_status``: scored | invalid_reward | error | timeout | skipped, or None (evaluation
       disabled or not reached). ``reason``: the evaluator's reason; ``error``: why the runtime or
-      the harness failed (None when nothing failed).
+      the launcher failed (None when nothing failed).
     - ``duration_s``: session wall time in seconds (None when unknown).
     - ``usage``: token sums over the steps, None when no step reported usage.
     - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order (the last
@@ -158,7 +158,7 @@ class SummaryRow(BaseModel):
     Counts: ``sessions``; ``cases`` (distinct case_id); evaluation outcomes ``scored``,
     ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
     runtime outcomes ``runtime_failed`` (the runtime reported ``failed``: the agent did not finish
-    its task), ``runtime_errors`` (status error: the harness could not run the session) and
+    its task), ``runtime_errors`` (status error: the launcher could not run the session) and
     ``runtime_timeouts`` (status timeout); ``retried`` (sessions with more than one attempt) and
     ``infra`` (sessions whose last attempt was an infrastructure failure: not graded, left out of
     the mean score and pass@k).

@@ -149,7 +149,7 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
         copy: BinaryIO | None = None
         if stderr_log is not None:
             stderr_log.parent.mkdir(parents=True, exist_ok=True)
-            copy = stack.enter_context(stderr_log.open("ab"))
+            copy = stack.enter_context(stderr_log.open("ab", buffering=0))  # a live log: tail -f works
         return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0)
 
 

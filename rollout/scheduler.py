@@ -52,7 +52,7 @@ from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
 
-# job_environments.status values that mean the harness failed (not the agent): exit code 2
+# job_environments.status values that mean the launcher failed to run the session (not the agent): exit code 2
 HARNESS_FAILURES = frozenset({"error", "timeout"})
 _MAX_CLOSE_FAILURES = 5  # a retry whose gateway session cannot be closed this often is given up
 
@@ -305,7 +305,7 @@ class Scheduler:
                 run = await self._run_runtime(work, cfg, case, workspace)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # a harness bug must fail this attempt only, with its reason recorded
+            except Exception as e:  # a launcher bug must fail this attempt only, with its reason recorded
                 log.exception("session %s failed in the launcher", sid)
                 why = f"launcher error: {type(e).__name__}: {e}"
                 run = _Run("error", None, {}, await self.store.trajectory(sid),
@@ -320,7 +320,7 @@ class Scheduler:
                 except asyncio.CancelledError:
                     continue
             raise
-        except Exception as e:  # a harness bug while concluding: this session only, reason recorded
+        except Exception as e:  # a launcher bug while concluding: this session only, reason recorded
             log.exception("session %s failed in the launcher", sid)
             why, duration = f"launcher error: {type(e).__name__}: {e}", time.monotonic() - t0
             final = {"status": "error", "error_text": why, "duration_s": duration, "outcome": "launcher_error"}

@@ -420,7 +420,7 @@ class ViewerQueries:
         """Why sessions of a job did not pass: one row per (env, eval_status, status, reason) with
         its count, an example session id and the lowest score, most frequent first. Covers scored
         sessions below 10, every evaluator failure (invalid_reward | error | timeout) and
-        sessions the harness could not run; the reason is the evaluator's reason, else the error."""
+        sessions the launcher could not run; the reason is the evaluator's reason, else the error."""
         reason = func.coalesce(JE.c.eval_reason, JE.c.error_text, literal("(no reason given)"))
         stmt = (
             select(JE.c.env_name, JE.c.eval_status, JE.c.status, reason.label("reason"),

@@ -33,7 +33,8 @@ def _needs_bwrap() -> None:
 
 def write_answer(answer: dict[str, Any], call_id: str) -> Reply:
     """The model's bash tool call that writes ``answer`` to outputs/answer.json."""
-    command = f"mkdir -p outputs && cat > outputs/answer.json <<'EOF'\n{json.dumps(answer)}\nEOF"
+    command = (f"cat {TASK_DIR}/expected.json; mkdir -p outputs && cat > outputs/answer.json <<'EOF'\n"
+               f"{json.dumps(answer)}\nEOF")  # the task's expected answer is not in the sandbox
     call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
     return Reply.json(chat_completion(None, tool_calls=[call], finish_reason="tool_calls"))
 
@@ -89,6 +90,8 @@ async def test_bash_agent_harness_scores_right_and_wrong_answers(tmp_path: Path)
     prompt = json.dumps(first["messages"])
     assert (TASK_DIR / "instruction.md").read_text() in [m["content"] for m in first["messages"]]
     assert "Nguyen, Thi" not in prompt and "780.48" not in prompt
+    tool_result = next(m for m in calls[1].json["messages"] if m["role"] == "tool")["content"]
+    assert "No such file or directory" in tool_result and "Nguyen" not in tool_result
     assert rows(db, "select harness, count(*) from job_environments where job_id = 'hjob' group by harness") == [
         ("bash-agent", 2)]
     # the harness log: the CLI's own output, kept on the host per attempt

@@ -133,3 +133,32 @@ def test_records_and_table_have_a_row_per_env_harness_model() -> None:
     assert "harness (env): the env's own runtime" in " ".join(lines[5:])
     # a job without harnesses keeps today's table
     assert render_table(summarize(records[3:])).splitlines()[0].split()[:3] == ["env", "model", "sess"]
+
+
+async def test_a_harness_that_cannot_be_installed_stops_the_job_before_any_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    from rollout.job import JobOptions, run_job
+
+    monkeypatch.setenv("ROLLOUT_HARNESS_CACHE", str(tmp_path / "cache"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "harness.py").write_text(
+        "from rollout.harness import Harness, HarnessUnavailable\n"
+        "class H(Harness):\n    name, version = 'broken', '1'\n"
+        "    def install(self, cache_dir):\n        raise HarnessUnavailable('npm is not installed')\n"
+        "HARNESS = H()\n")
+    gw = tmp_path / "gw.yaml"
+    db = tmp_path / "t.db"
+    gw.write_text(yaml.safe_dump({"llm_routes": {"m": {"base_url": "http://127.0.0.1:9/v1"}}}))
+    opts = JobOptions(agent_configs=[_task_env(tmp_path / "envs")], harness=[str(broken)], gateway_config=gw,
+                      db_path=f"sqlite://{db}", job_id="jb", sandbox="none")
+    with pytest.raises(SetupError, match="^harness broken cannot be used here: npm is not installed$"):
+        await run_job(opts)
+    con = sqlite3.connect(db)
+    assert con.execute("select count(*) from job_environments").fetchone() == (0,)
+    con.close()
+    assert not (tmp_path / "cache" / "broken-1").exists()
+    with pytest.raises(SetupError, match=r"--llm-model 'nope': not a route of the gateway config \(m\)"):
+        await run_job(opts.model_copy(update={"llm_model": ["m", "nope"]}))

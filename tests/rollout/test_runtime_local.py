@@ -130,3 +130,13 @@ async def test_runtime_that_ignores_its_request_still_ends(tmp_path: Path) -> No
     big = _request().model_copy(update={"env_params": {"dataset": {"blob": "y" * 1_000_000}}})
     out = await run_local(cmd, big, tmp_path, timeout_s=20)
     assert out.status == "failed"
+
+
+async def test_stderr_log_keeps_all_of_stderr_and_appends(tmp_path: Path) -> None:
+    body = ("import sys\nsys.stdin.read()\nsys.stderr.write('x' * 100_000 + 'END\\n')\n"
+            "print('{\"session_id\": \"s1\", \"status\": \"succeeded\"}')\n")
+    log = tmp_path / "logs" / "harness" / "s1-a1.log"
+    for _ in range(2):
+        out = await run_local(_script(tmp_path, body), _request(), tmp_path, 60, stderr_log=log)
+        assert out.status == "succeeded" and len(out.stderr_tail) == 4000
+    assert log.read_text() == ("x" * 100_000 + "END\n") * 2  # beyond the kept tail; a second attempt appends
