@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.admin_workers import build_workers_router
 from gateway.auth import with_auth
 from gateway.errors import install_error_handlers
 from gateway.fastpath import ModelCallPaths, method_not_allowed, serve
@@ -92,4 +93,5 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
     install_error_handlers(app)
     app.front = with_auth(app.dispatch, settings)  # API keys of the gateway's clients; off without keys
     app.include_router(build_router(settings.base_session_path))
+    app.include_router(build_workers_router())  # upstream worker pools
     return app

@@ -54,6 +54,7 @@ class Call:
         self.attempts: list[Attempt] = []
         self.client_left_after_s: float | None = None  # set when the call goes on after its client left
         self.client_headers: dict[str, str] = {}  # the client's correlation headers (gateway.client_headers)
+        self.worker: str | None = None  # the pool worker of the last attempt (a route with base_urls)
         self.finished = False
         self.handed_over = False
         self._counted = False
@@ -159,6 +160,8 @@ class Call:
             meta["usage_requested_by_gateway"] = True
         if self.client_headers:
             meta["client_headers"] = self.client_headers
+        if self.worker is not None:
+            meta["upstream_worker"] = self.worker
         if self.client_left_after_s is not None:
             meta["client_left_after_s"] = round(self.client_left_after_s, 3)
         if any(a.wait_s is not None for a in self.attempts):  # retried (or waiting to): list them

@@ -10,9 +10,11 @@ from collections.abc import Mapping
 
 CORRELATION_HEADERS = (
     "x-claude-code-session-id",  # Claude Code: one id per CLI session
-    "session_id",  # Codex CLI
-    "session-id",
-    "conversation_id",  # Codex CLI
+    "session-id",  # Codex CLI 0.171
+    "thread-id",  # Codex CLI 0.171
+    "x-codex-window-id",  # Codex CLI 0.171
+    "session_id",  # older Codex CLI
+    "conversation_id",  # older Codex CLI
     "x-client-request-id",  # Codex CLI, per request
     "x-request-id",
     "request-id",

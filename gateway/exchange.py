@@ -106,10 +106,14 @@ class Exchange:
         """One attempt (see :meth:`run`)."""
         call = self.call
         call.upstream_status = None
+        upstream = call.gw.upstream
+        sid = None if call.slot is None else call.slot.session_id
+        worker = upstream.pick(call.route_key, sid)  # per attempt: a retry avoids a worker just taken out
+        call.worker = worker.base_url if upstream.pooled(call.route_key) else None
         try:
             self.resp = resp = await self.stack.enter_async_context(
-                call.gw.upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers,
-                                      None if call.slot is None else call.slot.session_id))
+                upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers, sid,
+                              worker=worker))
         except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
             if isinstance(e, aiohttp.ConnectionTimeoutError):
                 raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("connect", e), Phase.CONNECT,

@@ -21,6 +21,8 @@ class Metrics:
       stream: to the step being recorded, before the terminal event is sent);
     * ``gateway_ttft_seconds{route}``: request to the first upstream byte of a relayed stream;
     * ``gateway_upstream_in_flight{route}``: upstream calls open now (set when scraped);
+    * ``gateway_upstream_worker_healthy{route,worker}``: 1 or 0 per worker of a route with a pool
+      (``base_urls``; set when scraped);
     * ``gateway_steps_recorded_total``: step rows committed to the store;
     * ``gateway_telemetry_queue_depth``: records waiting for the telemetry writer;
     * ``gateway_telemetry_dropped_total``: records lost (best_effort mode: queue full or a failed
@@ -45,6 +47,8 @@ class Metrics:
         self.ttft = Histogram("gateway_ttft_seconds", "Time to the first upstream byte of a stream",
                               ["route"], buckets=_LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("gateway_upstream_in_flight", "Upstream calls in flight", ["route"], registry=r)
+        self.worker_healthy = Gauge("gateway_upstream_worker_healthy", "1 when a pool worker takes calls, else 0",
+                                    ["route", "worker"], registry=r)
         self.steps_recorded = Counter("gateway_steps_recorded", "Steps committed to the store", registry=r)
         self.telemetry_queue_depth = Gauge("gateway_telemetry_queue_depth", "Records waiting for the writer",
                                            registry=r)

@@ -63,6 +63,11 @@ async def metrics(request: Request) -> Response:
     g = _gw(request)
     for key, n in g.upstream.in_flight.items():
         g.metrics.in_flight.labels(key).set(n)
+    g.metrics.worker_healthy.clear()  # removed workers go away
+    for key, pool in g.upstream.pools.items():
+        if g.upstream.pooled(key):
+            for w in pool.workers.values():
+                g.metrics.worker_healthy.labels(key, w.base_url).set(1 if w.healthy else 0)
     return Response(g.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

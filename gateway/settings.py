@@ -112,6 +112,11 @@ class RouteSettings(_Strict):
     Checked at load: no other ``{...}`` placeholder, no stray brace, not in the scheme, host,
     query or fragment (ValueError naming the problem).
 
+    A pool of workers (``base_urls``, instead of ``base_url``): each session sticks to one of
+    them by rendezvous hashing of its id (:mod:`gateway.workers`); a worker that refuses a
+    connection, or whose health check (``GET <worker>/models``, ``/v1/models`` for ``anthropic``,
+    every ``health_check_interval_s`` seconds) fails, is taken out until a check passes.
+
     ``keepalive_interval_s`` overrides the gateway's :attr:`GatewaySettings.keepalive_interval_s`
     for this route (None: use the gateway's; 0: no keep-alives).
 
@@ -129,6 +134,8 @@ class RouteSettings(_Strict):
     ``estimate`` (counted in the gateway, see docs/gateway-protocols.md)."""
 
     base_url: str
+    base_urls: list[str] = Field(default_factory=list)
+    health_check_interval_s: float = Field(default=5.0, gt=0)
     api: Literal["openai", "anthropic"] = "openai"
     api_key: str | None = None
     upstream_model: str | None = None
@@ -177,6 +184,21 @@ class RouteSettings(_Strict):
             return "upstream"
         return "llama_cpp" if self.managed is not None and self.managed.kind == "llama_cpp" else "estimate"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_or_one(cls, data: object) -> object:
+        """``base_urls`` (a worker pool) or ``base_url`` (one upstream), not both; with a pool,
+        ``base_url`` is its first worker (so a dumped config, which holds both, loads again)."""
+        if isinstance(data, dict) and data.get("base_urls"):
+            urls = data["base_urls"]
+            first = urls[0].rstrip("/") if isinstance(urls, list) and urls and isinstance(urls[0], str) else None
+            given = data.get("base_url")
+            if given is not None and (not isinstance(given, str) or given.rstrip("/") != first):
+                raise ValueError("give base_url (one upstream) or base_urls (a pool of workers), not both")
+            if first is not None:
+                data = {**data, "base_url": first}
+        return data
+
     @field_validator("base_url")
     @classmethod
     def _strip_slash(cls, v: str) -> str:
@@ -184,10 +206,37 @@ class RouteSettings(_Strict):
         check_base_url_template(v)
         return v
 
+    @field_validator("base_urls")
+    @classmethod
+    def _pool(cls, v: list[str]) -> list[str]:
+        out = [u.rstrip("/") for u in v]
+        for i, u in enumerate(out):
+            check_worker_url(u, f"base_urls[{i}]")
+        if len(set(out)) != len(out):
+            raise ValueError("base_urls lists a worker twice")
+        return out
+
+    @property
+    def workers(self) -> list[str]:
+        """The route's upstream base URLs: ``base_urls``, else ``[base_url]``."""
+        return list(self.base_urls) or [self.base_url]
+
     @property
     def per_session(self) -> bool:
         """True when ``base_url`` holds the ``{session_id}`` placeholder."""
         return SESSION_ID_PLACEHOLDER in self.base_url
+
+
+def check_worker_url(url: str, where: str = "base_url") -> None:
+    """Raise ValueError unless ``url`` is an ``http(s)://host[:port][/path]`` URL without a
+    ``{session_id}`` placeholder (a worker of a pool is chosen per session, not templated)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{where} must be an http:// or https:// URL with a host")
+    if "{" in url or "}" in url:
+        raise ValueError(f"{where}: a worker of a pool cannot hold a placeholder such as {SESSION_ID_PLACEHOLDER}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{where} must not have a query or fragment")
 
 
 def check_base_url_template(url: str) -> None:

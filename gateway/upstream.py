@@ -4,7 +4,8 @@ aiohttp is the forwarding client because it measured several times faster than h
 Timeouts: ``connect_timeout_s`` to connect, ``read_timeout_s`` between two reads (caps
 time-to-first-token and stalls, never a progressing stream); no total timeout. Bodies are read
 as they arrive, with no line-length limit. A route whose ``base_url`` holds ``{session_id}`` is
-called at a per-session URL (:func:`route_base_url`).
+called at a per-session URL (:func:`route_base_url`); a route with ``base_urls`` at the worker
+of the session (:mod:`gateway.workers`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from urllib.parse import quote
@@ -20,6 +22,7 @@ import aiohttp
 
 from gateway.errors import GatewayError
 from gateway.settings import SESSION_ID_PLACEHOLDER, RouteSettings
+from gateway.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +56,11 @@ def route_base_url(route_key: str, route: RouteSettings, session_id: str | None)
 
 
 class UpstreamClient:
-    """Pooled HTTP client toward the upstreams, with one semaphore per route (``max_concurrency``).
+    """Pooled HTTP client toward the upstreams, with one semaphore per route (``max_concurrency``)
+    and one :class:`gateway.workers.WorkerPool` per route (one worker unless ``base_urls``).
 
-    Use ``await start()`` once inside the event loop and ``await close()`` at shutdown.
+    Use ``await start()`` once inside the event loop and ``await close()`` at shutdown; between
+    them a task runs the health checks of the routes with a pool (:meth:`check_workers`).
     """
 
     def __init__(self, routes: dict[str, RouteSettings]) -> None:
@@ -65,50 +70,113 @@ class UpstreamClient:
             key: asyncio.Semaphore(r.max_concurrency) for key, r in routes.items() if r.max_concurrency
         }
         self.in_flight: dict[str, int] = dict.fromkeys(routes, 0)
+        self.pools: dict[str, WorkerPool] = {key: WorkerPool(key, r.workers) for key, r in routes.items()}
+        self._checked_at: dict[str, float] = {}
+        self._health: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Open the connection pool (no limit on total connections; per-route caps apply)."""
+        """Open the connection pool (no limit on total connections; per-route caps apply) and
+        start the health checks."""
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, read_bufsize=2**16,
             skip_auto_headers=("User-Agent",),
         )
+        self._health = asyncio.create_task(self._health_loop(), name="upstream-health-checks")
 
     async def close(self) -> None:
-        """Close every pooled connection."""
+        """Stop the health checks and close every pooled connection."""
+        if self._health is not None:
+            self._health.cancel()
+            await asyncio.wait({self._health})
+            self._health = None
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def pooled(self, route_key: str) -> bool:
+        """True when the route has a pool of workers (``base_urls``, or workers added at run
+        time): its workers are health-checked and taken out when they fail."""
+        return bool(self._routes[route_key].base_urls) or len(self.pools[route_key].workers) > 1
+
+    def pick(self, route_key: str, session_id: str | None) -> Worker:
+        """The worker a call of ``session_id`` goes to now (:meth:`WorkerPool.pick`)."""
+        return self.pools[route_key].pick(session_id)
+
+    async def _probe_url(self, route: RouteSettings, base_url: str, timeout_s: float) -> str | None:
+        if self._session is None:
+            raise RuntimeError("UpstreamClient.start() was not called")
+        url = base_url.rstrip("/") + ("/v1/models" if route.api == "anthropic" else "/models")
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                         allow_redirects=False) as resp:
+                if resp.status >= 500:
+                    return f"answered HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"does not answer: {type(e).__name__}: {e}"
+        return None
 
     async def probe(self, route_key: str, timeout_s: float = 5.0) -> str | None:
         """Whether the route's upstream answers: GET its model list (``<base_url>/models``, or
         ``<base_url>/v1/models`` for an ``api: anthropic`` route) without credentials. Any HTTP
         answer below 500 (a 401 or 404 included: the server is up) is None; a connect failure,
-        timeout or 5xx is why not. A per-session route is not probed (None)."""
-        if self._session is None:
-            raise RuntimeError("UpstreamClient.start() was not called")
+        timeout or 5xx is why not. A pool answers when one of its workers does. A per-session
+        route is not probed (None)."""
         route = self._routes[route_key]
         if route.per_session:
             return None
-        url = route.base_url.rstrip("/") + ("/v1/models" if route.api == "anthropic" else "/models")
-        try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                         allow_redirects=False) as resp:
-                if resp.status >= 500:
-                    return f"upstream of route {route_key} answered HTTP {resp.status}"
-        except (aiohttp.ClientError, TimeoutError) as e:
-            return f"upstream of route {route_key} does not answer: {type(e).__name__}: {e}"
-        return None
+        workers = list(self.pools[route_key].workers.values())
+        whys = []
+        for w in workers:
+            why = await self._probe_url(route, w.base_url, timeout_s)
+            if why is None:
+                return None
+            whys.append(why if len(workers) == 1 else f"{w.base_url} {why}")
+        return f"upstream of route {route_key} " + "; ".join(whys) if len(workers) == 1 else (
+            f"no worker of route {route_key} answers: " + "; ".join(whys))
+
+    async def check_workers(self, route_key: str | None = None) -> None:
+        """Health-check every worker of the pooled routes (or of ``route_key``) now, at once: a
+        worker whose probe fails is taken out, one whose probe passes is back."""
+        keys = [route_key] if route_key is not None else [k for k in self._routes if self.pooled(k)]
+        checks = []
+        for key in keys:
+            route, pool = self._routes[key], self.pools[key]
+            self._checked_at[key] = time.monotonic()
+            timeout = min(route.connect_timeout_s, route.health_check_interval_s, 5.0)
+            checks += [self._check_one(pool, route, w.base_url, timeout) for w in list(pool.workers.values())]
+        if checks:
+            await asyncio.gather(*checks)
+
+    async def _check_one(self, pool: WorkerPool, route: RouteSettings, base_url: str, timeout_s: float) -> None:
+        why = await self._probe_url(route, base_url, timeout_s)
+        pool.set_health(base_url, why is None, None if why is None else f"health check: {why}")
+
+    async def _health_loop(self) -> None:
+        """Check each pooled route every ``health_check_interval_s`` (woken once a second at most,
+        so a pool made at run time is checked too)."""
+        while True:
+            due = [k for k in self._routes if self.pooled(k)
+                   and time.monotonic() - self._checked_at.get(k, 0.0) >= self._routes[k].health_check_interval_s]
+            for key in due:
+                try:
+                    await self.check_workers(key)
+                except Exception:
+                    log.exception("health check of route %s failed", key)
+            intervals = [r.health_check_interval_s for r in self._routes.values()]
+            await asyncio.sleep(min([1.0, *intervals]))
 
     @asynccontextmanager
     async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],
-                   session_id: str | None = None, *, base: Callable[[str], str] | None = None
-                   ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST ``body`` to ``<base_url><path>`` (the route's ``base_url`` for ``session_id``, see
-        :func:`route_base_url`; None for a passthrough call), holding the route's concurrency
-        slot for as long as the response is open. Yields the response with headers read; the
-        body is read by the caller. Leaving the block releases (or, if unread, closes) the
-        connection. ``base``, when given, maps the ``base_url`` first (e.g. to its origin).
+                   session_id: str | None = None, *, base: Callable[[str], str] | None = None,
+                   worker: Worker | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST ``body`` to ``<base_url><path>``, ``base_url`` being the worker's (``worker``, else
+        :meth:`pick`; a per-session route's URL for ``session_id``, see :func:`route_base_url`;
+        None for a passthrough call), holding the route's concurrency slot for as long as the
+        response is open. Yields the response with headers read; the body is read by the caller.
+        Leaving the block releases (or, if unread, closes) the connection. ``base``, when given,
+        maps the ``base_url`` first (e.g. to its origin). A pooled route's worker that refuses
+        the connection (or does not accept it within the connect timeout) is taken out (:meth:`WorkerPool.set_health`).
 
         Raises ``aiohttp.ClientConnectionError`` / ``asyncio.TimeoutError`` for connect failures
         and read timeouts, and GatewayError(400) from :func:`route_base_url` (before taking a
@@ -117,7 +185,8 @@ class UpstreamClient:
         if self._session is None:
             raise RuntimeError("UpstreamClient.start() was not called")
         route = self._routes[route_key]
-        base_url = route_base_url(route_key, route, session_id)
+        w = worker or self.pick(route_key, session_id)
+        base_url = route_base_url(route_key, route, session_id) if route.per_session else w.base_url
         if base is not None:
             base_url = base(base_url)
         timeout = aiohttp.ClientTimeout(total=None, connect=route.connect_timeout_s,
@@ -127,12 +196,21 @@ class UpstreamClient:
         if sem is not None:
             await sem.acquire()
         self.in_flight[route_key] = self.in_flight.get(route_key, 0) + 1
+        w.in_flight += 1
         try:
             data = io.BytesIO(body) if len(body) > LARGE_BODY_BYTES else body
-            async with self._session.post(base_url + path, data=data, headers=headers,
-                                          timeout=timeout, allow_redirects=False) as resp:
-                yield resp
+            connected = False
+            try:
+                async with self._session.post(base_url + path, data=data, headers=headers, timeout=timeout,
+                                              allow_redirects=False) as resp:
+                    connected = True
+                    yield resp
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                if not connected and self.pooled(route_key):
+                    self.pools[route_key].set_health(w.base_url, False, f"connect failed: {type(e).__name__}: {e}")
+                raise
         finally:
+            w.in_flight -= 1
             self.in_flight[route_key] -= 1
             if sem is not None:
                 sem.release()

@@ -397,9 +397,9 @@ class FakeUpstream:
     framing, timing and what is recorded.
     """
 
-    def __init__(self, *, models: Sequence[str] = ("m",), host: str = "127.0.0.1") -> None:
+    def __init__(self, *, models: Sequence[str] = ("m",), host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
-        self.port: int = 0
+        self.port: int = port  # 0: an ephemeral port; a given one (e.g. of a stopped fake) to come back on
         self.models = list(models)
         self.requests: list[FakeRequest] = []
         self.connections_opened = 0
@@ -422,8 +422,8 @@ class FakeUpstream:
         await self.stop()
 
     async def start(self) -> None:
-        """Listen on an ephemeral loopback port."""
-        self._server = await asyncio.start_server(self._handle, self.host, 0)
+        """Listen on ``port`` (an ephemeral loopback port when 0)."""
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

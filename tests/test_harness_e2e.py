@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import uuid
 from pathlib import Path
@@ -19,8 +20,17 @@ from rollout.sandbox import SandboxUnavailable
 from tests.fake_upstream import DEFAULT_USAGE, FakeUpstream, Reply, chat_completion
 from tests.test_launcher import REPO, gateway_config, launch
 
-TASK = "csv_sales_by_region"  # the first task of the bundled workspace env (--limit 1)
+TASK = "csv_sales_by_region"  # a task of the bundled workspace env
 TASK_DIR = REPO / "env" / "workspace" / "tasks" / TASK
+
+
+def env_root(tmp_path: Path) -> Path:
+    """The bundled workspace env (its grader, this one task) and gsm8k (not a task directory)."""
+    root = tmp_path / "envs"
+    shutil.copytree(REPO / "env" / "workspace", root / "workspace",
+                    ignore=lambda d, names: [n for n in names if Path(d).name == "tasks" and n != TASK])
+    shutil.copytree(REPO / "env" / "gsm8k", root / "gsm8k")
+    return root
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +70,7 @@ async def test_bash_agent_harness_scores_right_and_wrong_answers(tmp_path: Path)
         up.script("/v1/chat/completions", [*plan(expected, 1), *plan(wrong, 2)])
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
         code, stdout, stderr = await launch(
-            "--agent-root", str(REPO / "env"), "--env", "workspace", "--env", "gsm8k", "--limit", "1",
+            "--agent-root", str(env_root(tmp_path)), "--limit", "1",
             "--harness", "bash-agent", "--gateway-config", str(cfg), "--llm-model", "fake",
             "--db-path", f"sqlite://{db}", "--enable-evaluation", "--pool-size", "1", "--rl-group-size", "2",
             "--job-id", "hjob", "--out", str(out), cwd=tmp_path,
@@ -115,7 +125,7 @@ async def test_a_matrix_of_models_resumes_its_harness_sessions(tmp_path: Path) -
         cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {
             "fake": {"base_url": up.base_url}, "fake2": {"base_url": up.base_url}}}))
         up.script("/v1/chat/completions", [*plan(expected, 1), *plan(expected, 2)])
-        common = ["--agent-root", str(REPO / "env"), "--env", "workspace", "--limit", "1",
+        common = ["--agent-root", str(env_root(tmp_path)), "--env", "workspace", "--limit", "1",
                   "--gateway-config", str(cfg), "--db-path", f"sqlite://{db}", "--enable-evaluation",
                   "--pool-size", "1", "--job-id", "mjob"]
         env = {**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")}

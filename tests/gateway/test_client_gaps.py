@@ -264,9 +264,10 @@ async def test_client_correlation_headers_kept_in_the_step(agw: Gateway) -> None
     await agw.anthropic("s1").messages.create(model="a", max_tokens=8, messages=MESSAGES,  # type: ignore[arg-type]
                                               extra_headers=sent)
     await agw.client("s1").chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[arg-type]
-                                                   extra_headers={"session-id": "s" * 300})
+                                                   extra_headers={"session-id": "s" * 300, "thread-id": "t-1",
+                                                                  "x-codex-turn-metadata": "{}"})
     first, second = await agw.steps("s1")
     assert (first.meta_json or {})["client_headers"] == {
         "x-claude-code-session-id": "cc-7f1", "session_id": "codex-1", "x-client-request-id": "req-9"}
-    assert (second.meta_json or {})["client_headers"] == {"session-id": "s" * 256}
+    assert (second.meta_json or {})["client_headers"] == {"session-id": "s" * 256, "thread-id": "t-1"}
     assert "secret=1" not in agw.db_dump() and CLIENT_KEY not in agw.db_dump()
