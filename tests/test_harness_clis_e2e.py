@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from rollout.sandbox import SandboxUnavailable
 from tests.fake_upstream import FakeUpstream, Plan, ScriptedPolicy
 
 REPO = Path(__file__).resolve().parents[1]
-TASK = "csv_sales_by_region"  # the first task of the bundled workspace env (--limit 1)
+TASK = "csv_sales_by_region"  # a task of the bundled workspace env
 TASK_DIR = REPO / "env" / "workspace" / "tasks" / TASK
 ROUTE_KEY = "sk-route-SECRET-e2e-5d1f"
 
@@ -40,7 +41,7 @@ CLIS: dict[str, tuple[str, bool | None, bool]] = {
 # the CLI's own correlation headers every step keeps (meta_json.client_headers)
 CLIENT_HEADERS = {
     "claude-code": {"x-claude-code-session-id"},
-    "codex": {"session-id", "x-client-request-id"},
+    "codex": {"session-id", "thread-id", "x-client-request-id", "x-codex-window-id"},
     "mini-swe-agent": set(),
 }
 
@@ -55,6 +56,14 @@ def installed(name: str) -> None:
         install(load_harness(name), cache_root())
     except HarnessUnavailable as e:
         pytest.skip(f"harness {name} cannot be installed here: {e}")
+
+
+def env_root(tmp_path: Path) -> Path:
+    """A copy of the bundled workspace env (its grader) holding only the task played."""
+    root = tmp_path / "envs"
+    shutil.copytree(REPO / "env" / "workspace", root / "workspace",
+                    ignore=lambda d, names: [n for n in names if Path(d).name == "tasks" and n != TASK])
+    return root
 
 
 def gateway_config(path: Path, up: FakeUpstream, api: str, db: Path) -> Path:
@@ -100,7 +109,7 @@ async def test_cli_harness_scores_the_right_plan_10_and_a_wrong_plan_0(name: str
         cfg = gateway_config(tmp_path / "gw.yaml", up, api, db)
         # pool 1: the two samples run one after the other; the first session gets the right plan
         code, stdout, stderr = await launch(
-            "--agent-root", str(REPO / "env"), "--env", "workspace", "--limit", "1", "--harness", name,
+            "--agent-root", str(env_root(tmp_path)), "--env", "workspace", "--harness", name,
             "--gateway-config", str(cfg), "--llm-model", "policy", "--db-path", f"sqlite://{db}",
             "--enable-evaluation", "--pool-size", "1", "--rl-group-size", "2", "--job-id", "cli",
             "--out", str(out), cwd=tmp_path)
