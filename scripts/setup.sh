@@ -44,6 +44,10 @@ needs=(
 # the viewer's browser tests drive the system Chromium (tests only: the product does not need it)
 if [[ ",$extras," == *,dev,* ]]; then
   needs+=("chromium:chromium:the viewer's browser tests run in headless Chromium")
+  # the claude-code and codex harness tests install their pinned CLIs with npm into the harness
+  # install cache (once per machine, at the first test run); mini-swe-agent gets a venv there
+  needs+=("node:nodejs:the codex harness runs on Node.js")
+  needs+=("npm:npm:the claude-code and codex harnesses are installed with npm")
 fi
 # the store tests run on SQLite and on a throwaway PostgreSQL server (Debian keeps pg_ctl off PATH)
 if [[ ",$extras," == *,postgres,* ]]; then

@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import json
 import logging
+import shlex
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from http import HTTPStatus
 from typing import Any, Literal
 
 __all__ = [
+    "ANSWER_FILE",
     "DEFAULT_ANTHROPIC_USAGE",
     "DEFAULT_RESPONSES_USAGE",
     "DEFAULT_TEXT",
@@ -29,13 +31,23 @@ __all__ = [
     "DONE",
     "FakeRequest",
     "FakeUpstream",
+    "Plan",
+    "PolicyError",
+    "PolicyTurn",
     "Reply",
+    "SUBMIT_COMMAND",
+    "ScriptedPolicy",
+    "ShellTool",
     "anthropic_message",
     "chat_chunk",
     "chat_completion",
+    "chat_stream",
     "default_messages_stream",
     "default_responses_stream",
+    "find_shell_tool",
+    "messages_stream",
     "response_object",
+    "responses_stream",
     "sse_data",
     "sse_event",
     "usage_chunk",
@@ -847,3 +859,408 @@ def token_rule(server: Literal["vllm", "sglang"] = "vllm", *, text: str = DEFAUL
         return Reply.sse(chunks)
 
     return rule
+
+
+# ====================================================================== the scripted policy
+# A fixed plan played against a real agent client (Claude Code, Codex, mini-swe-agent, ...):
+# docs/testing.md "The scripted policy".
+
+ANSWER_FILE = "outputs/answer.json"
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_SHELL_NAME_HINTS = ("bash", "shell", "exec", "command", "terminal", "run")
+_COMMAND_KEYS = ("command", "cmd")
+PolicyProtocol = Literal["chat_completions", "responses", "anthropic_messages"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the scripted policy does in a session: one shell command per model turn (in order),
+    then the ``final`` text answer with no tool call. In the text protocol (no tools offered)
+    each command goes out as one fenced block and there is no final text: the last command
+    should end the client's loop (e.g. :data:`SUBMIT_COMMAND`)."""
+
+    commands: tuple[str, ...]
+    final: str = "Done: the answer is in outputs/answer.json."
+
+    @classmethod
+    def write_answer(cls, answer: Any, *, path: str = ANSWER_FILE, submit: bool = False,
+                     final: str | None = None) -> Plan:
+        """The plan that writes ``answer`` as JSON to ``path`` (relative to the client's cwd) and
+        prints it back, then finishes; ``submit`` adds :data:`SUBMIT_COMMAND` as the last command
+        (mini-swe-agent's way to finish). A wrong ``answer`` makes a plan that must score 0."""
+        folder = path.rpartition("/")[0]
+        text = json.dumps(answer, sort_keys=True)
+        write = (f"mkdir -p {shlex.quote(folder)} && " if folder else "") + \
+            f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(path)} && cat {shlex.quote(path)}"
+        commands = (write, SUBMIT_COMMAND) if submit else (write,)
+        return cls(commands=commands, final=final or cls.final)
+
+
+@dataclass(frozen=True)
+class ShellTool:
+    """The client's shell tool as the policy found it among the offered tools: its ``name``,
+    the argument key holding the command (``command`` | ``cmd``), whether that argument is an
+    argv list (then the policy sends ``["bash", "-lc", script]``), and the tool's kind in the
+    request (``function`` for chat/Responses function tools, ``anthropic`` for Messages tools)."""
+
+    name: str
+    key: str
+    argv: bool = False
+    kind: str = "function"
+
+    def arguments(self, script: str) -> dict[str, Any]:
+        return {self.key: ["bash", "-lc", script] if self.argv else script}
+
+
+@dataclass
+class PolicyTurn:
+    """One request the policy answered: its ``protocol``, ``stream``, ``kind`` (``command`` |
+    ``final`` | ``side``: a call without the shell tool, answered with plain text), the plan
+    ``index`` it played, the ``tool`` used, the latest tool result (or text-protocol
+    observation) the request carried (``observation``), the ``reply`` object as a non-streaming
+    answer of that protocol (a stream carries exactly this, see docs/testing.md), and the
+    request's ``path``, ``tools`` names and ``session_id`` (the gateway's ``X-Session-Id``)."""
+
+    protocol: PolicyProtocol
+    stream: bool
+    kind: Literal["command", "final", "side"]
+    index: int
+    path: str
+    tools: list[str]
+    tool: str | None
+    observation: str | None
+    reply: dict[str, Any]
+    session_id: str | None = None
+
+
+class PolicyError(Exception):
+    """The request cannot be played (e.g. tools offered but none is a shell tool)."""
+
+
+def _tool_names(protocol: PolicyProtocol, tools: Any) -> list[str]:
+    names = []
+    for t in tools if isinstance(tools, list) else []:
+        if not isinstance(t, dict):
+            continue
+        fn = t.get("function") if protocol == "chat_completions" else None
+        name = (fn or t).get("name") if isinstance(fn or t, dict) else None
+        names.append(str(name if name is not None else t.get("type")))
+    return names
+
+
+def _schema_command_key(schema: Any) -> tuple[str, bool] | None:
+    """(key, is_argv) of the command argument of a JSON schema, or None."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return None
+    props = schema["properties"]
+    for key in _COMMAND_KEYS:
+        spec = props.get(key)
+        if isinstance(spec, dict):
+            kind = spec.get("type")
+            if kind == "string":
+                return key, False
+            if kind == "array":
+                return key, True
+    return None
+
+
+def find_shell_tool(protocol: PolicyProtocol, tools: Any) -> ShellTool | None:
+    """The shell tool among a request's ``tools``, found by its schema whatever its name: a
+    function (chat: ``function.parameters``, Responses: ``parameters``, Messages:
+    ``input_schema``) with a string (or argv list) ``command``/``cmd`` argument; when several
+    match, the one whose name looks like a shell (bash, shell, exec...) wins."""
+    found: list[tuple[int, ShellTool]] = []
+    for t in tools if isinstance(tools, list) else []:
+        if not isinstance(t, dict):
+            continue
+        if protocol == "chat_completions":
+            fn = t.get("function")
+            name, schema = (fn.get("name"), fn.get("parameters")) if isinstance(fn, dict) else (None, None)
+        elif protocol == "responses":
+            name, schema = (t.get("name"), t.get("parameters")) if t.get("type") == "function" else (None, None)
+        else:
+            name, schema = t.get("name"), t.get("input_schema")
+        keyed = _schema_command_key(schema)
+        if not isinstance(name, str) or keyed is None:
+            continue
+        hint = sum(h in name.lower() for h in _SHELL_NAME_HINTS)
+        kind = "anthropic" if protocol == "anthropic_messages" else "function"
+        found.append((hint, ShellTool(name=name, key=keyed[0], argv=keyed[1], kind=kind)))
+    if not found:
+        return None
+    return max(found, key=lambda f: f[0])[1]
+
+
+def _text_of(content: Any) -> str:
+    """Text of a message content: a string, or the texts of a list of parts/blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+            elif isinstance(p, dict):
+                inner = p.get("text", p.get("content", p.get("output")))
+                parts.append(_text_of(inner) if inner is not None else "")
+        return "".join(parts)
+    return "" if content is None else str(content)
+
+
+def _conversation(protocol: PolicyProtocol, body: dict[str, Any]) -> tuple[list[str], int, str | None]:
+    """(tool results in order, assistant turns, text of the last user turn) of a request."""
+    results: list[str] = []
+    assistant = 0
+    last_user: str | None = None
+    if protocol == "responses":
+        items = body.get("input")
+        items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else items
+        for it in items if isinstance(items, list) else []:
+            if not isinstance(it, dict):
+                continue
+            kind = it.get("type", "message")
+            if kind.endswith("_call_output"):
+                results.append(_text_of(it.get("output")))
+            elif kind == "message" and it.get("role") == "assistant":
+                assistant += 1
+            elif kind == "message" and it.get("role") == "user":
+                last_user = _text_of(it.get("content"))
+        return results, assistant, last_user
+    for m in body.get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        role, content = m.get("role"), m.get("content")
+        if role == "tool":
+            results.append(_text_of(content))
+        elif role == "assistant":
+            assistant += 1
+        elif role == "user":
+            blocks = content if isinstance(content, list) else []
+            tool_results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+            results += [_text_of(b.get("content")) for b in tool_results]
+            if not tool_results:
+                last_user = _text_of(content)
+    return results, assistant, last_user
+
+
+def _fence_of(body: dict[str, Any]) -> str:
+    """The fence language the client's prompt asks for (mini-swe-agent's text protocol uses
+    ``mswea_bash_command``), else ``bash``."""
+    return "mswea_bash_command" if "```mswea_bash_command" in json.dumps(body) else "bash"
+
+
+class ScriptedPolicy:
+    """A rule for :meth:`FakeUpstream.add_rule` that plays a :class:`Plan` over chat
+    completions, Responses and Anthropic Messages (streamed and not), statelessly: the plan index
+    is the number of tool results in the request's conversation (text protocol: the number of
+    assistant turns), so a retried call gets the same answer. Several plans: each new session
+    (the gateway's ``X-Session-Id`` header) gets the next one, in order of its first request
+    (``session_plans``), the last one repeating. ``turns`` records each request it answered
+    (:class:`PolicyTurn`). Usage is ``input_tokens = 100 + 10 * index``, 20 output tokens.
+    ``text_protocol``: True = always answer with fenced blocks, False = always use the shell tool
+    (a call offering none is a ``side`` call answered with plain text), None = fenced blocks
+    exactly when the request offers no tools at all."""
+
+    def __init__(self, plan: Plan | Sequence[Plan], *, text_protocol: bool | None = None) -> None:
+        self.plans = [plan] if isinstance(plan, Plan) else list(plan)
+        if not self.plans:
+            raise ValueError("ScriptedPolicy needs at least one plan")
+        self.text_protocol = text_protocol
+        self.turns: list[PolicyTurn] = []
+        self.errors: list[str] = []
+        self.session_plans: dict[str | None, Plan] = {}
+
+    def plan_of(self, session_id: str | None) -> Plan:
+        """The plan of a session (assigned at its first request)."""
+        if session_id not in self.session_plans:
+            self.session_plans[session_id] = self.plans[min(len(self.session_plans), len(self.plans) - 1)]
+        return self.session_plans[session_id]
+
+    def __call__(self, req: FakeRequest) -> Reply | None:
+        protocol = _protocol_of(req)
+        if protocol is None:
+            if req.method == "POST" and req.path.endswith("/count_tokens"):
+                return Reply.json({"input_tokens": max(1, len(req.body) // 4)})
+            return None
+        body = req.json if isinstance(req.json, dict) else {}
+        try:
+            turn = self._play(protocol, req.path, body, req.headers.get("x-session-id"))
+        except PolicyError as exc:
+            self.errors.append(str(exc))
+            err = {"type": "error", "error": {"type": "invalid_request_error", "message": str(exc)}}
+            return Reply.json(err, status=400)
+        self.turns.append(turn)
+        stream = turn.stream
+        if not stream:
+            return Reply.json(turn.reply)
+        if protocol == "chat_completions":
+            opts = body.get("stream_options")
+            return Reply.sse(chat_stream(turn.reply, include_usage=isinstance(opts, dict) and bool(opts.get("include_usage"))))
+        return Reply.sse(responses_stream(turn.reply) if protocol == "responses" else messages_stream(turn.reply))
+
+    def _play(self, protocol: PolicyProtocol, path: str, body: dict[str, Any], sid: str | None) -> PolicyTurn:
+        plan = self.plan_of(sid)
+        tools = body.get("tools")
+        names = _tool_names(protocol, tools)
+        results, assistant, last_user = _conversation(protocol, body)
+        text = self.text_protocol if self.text_protocol is not None else not names
+        model = body.get("model") if isinstance(body.get("model"), str) else "m"
+        stream = bool(body.get("stream"))
+        commands = plan.commands
+        if text:
+            index = assistant
+            observation = last_user if assistant else None
+            script = commands[min(index, len(commands) - 1)]
+            content = f"THOUGHT: step {index + 1} of the plan.\n\n```{_fence_of(body)}\n{script}\n```"
+            reply = _policy_reply(protocol, model, index, content, None, None)
+            return PolicyTurn(protocol, stream, "command", index, path, names, None, observation, reply, sid)
+        shell = find_shell_tool(protocol, tools)
+        if shell is None:
+            if names:
+                raise PolicyError(f"scripted policy: no shell tool among the offered tools {names}")
+            reply = _policy_reply(protocol, model, 0, "OK", None, None)
+            return PolicyTurn(protocol, stream, "side", 0, path, names, None, None, reply, sid)
+        index = len(results)
+        observation = results[-1] if results else None
+        if index >= len(commands):
+            reply = _policy_reply(protocol, model, index, plan.final, None, None)
+            return PolicyTurn(protocol, stream, "final", index, path, names, shell.name, observation, reply, sid)
+        reply = _policy_reply(protocol, model, index, f"Running step {index + 1} of the plan.", shell,
+                              commands[index])
+        return PolicyTurn(protocol, stream, "command", index, path, names, shell.name, observation, reply, sid)
+
+
+def _protocol_of(req: FakeRequest) -> PolicyProtocol | None:
+    if req.method != "POST":
+        return None
+    if req.path.endswith("/chat/completions"):
+        return "chat_completions"
+    if req.path.endswith("/responses"):
+        return "responses"
+    if req.path.endswith("/v1/messages"):
+        return "anthropic_messages"
+    return None
+
+
+def _policy_reply(protocol: PolicyProtocol, model: str, index: int, text: str, shell: ShellTool | None,
+                  script: str | None) -> dict[str, Any]:
+    """The non-streaming answer of ``protocol``: ``text``, plus one shell call when given."""
+    n = index + 1
+    tokens_in, tokens_out = 100 + 10 * index, 20
+    args = None if shell is None or script is None else _dumps(shell.arguments(script))
+    if protocol == "chat_completions":
+        calls = None if args is None or shell is None else [
+            {"id": f"call_{n}", "type": "function", "function": {"name": shell.name, "arguments": args}}]
+        usage = {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
+        return chat_completion(text, tool_calls=calls, finish_reason="tool_calls" if calls else "stop",
+                               usage=usage, id=f"chatcmpl-{n}", model=model)
+    if protocol == "responses":
+        output: list[dict[str, Any]] = [
+            {"type": "message", "id": f"msg_{n}", "status": "completed", "role": "assistant",
+             "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+        if args is not None and shell is not None:
+            output.append({"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": shell.name,
+                           "arguments": args, "status": "completed"})
+        usage = {"input_tokens": tokens_in, "output_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
+        return response_object(output=output, usage=usage, id=f"resp_{n}", model=model)
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if args is not None and shell is not None:
+        blocks.append({"type": "tool_use", "id": f"toolu_{n}", "name": shell.name, "input": json.loads(args)})
+    return anthropic_message(blocks=blocks, usage={"input_tokens": tokens_in, "output_tokens": tokens_out},
+                             stop_reason="tool_use" if len(blocks) > 1 else "end_turn", id=f"msg_{n}", model=model)
+
+
+def _halves(s: str) -> list[str]:
+    """``s`` in two pieces (one when shorter than 2), so clients assemble deltas."""
+    mid = len(s) // 2
+    return [s[:mid], s[mid:]] if mid else [s]
+
+
+def chat_stream(completion: dict[str, Any], *, include_usage: bool) -> list[bytes]:
+    """The chat stream of a non-streaming ``completion`` (one choice): the role and the text in
+    two content deltas, each tool call as a head delta (id, name, empty arguments) plus its
+    arguments in two pieces, the finish chunk, the usage-only chunk when ``include_usage``, then
+    ``[DONE]``."""
+    cid, model, created = completion["id"], completion["model"], completion["created"]
+    choice = completion["choices"][0]
+    message = choice["message"]
+    extra: dict[str, Any] = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse_data({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    out += [chunk({"content": p}) for p in _halves(message.get("content") or "")]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        out.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                          "function": {"name": fn["name"], "arguments": ""}}]}))
+        out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}) for p in _halves(fn["arguments"])]
+    out.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        out.append(usage_chunk(completion["usage"], id=cid, model=model, created=created))
+    out.append(DONE)
+    return out
+
+
+def responses_stream(response: dict[str, Any]) -> list[bytes]:
+    """The Responses stream of a ``response`` object whose output holds ``message`` (one
+    ``output_text`` part) and ``function_call`` items: ``response.created``,
+    ``response.in_progress``, per item its added / delta (two pieces) / done events, then
+    ``response.completed`` with the object itself (``sequence_number`` on each event)."""
+    pending = {**response, "status": "in_progress", "output": [], "usage": None}
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": pending},
+                                    {"type": "response.in_progress", "response": pending}]
+    for i, item in enumerate(response["output"]):
+        ids = {"item_id": item["id"], "output_index": i}
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            part = {"type": "output_text", "text": "", "annotations": []}
+            events += [{"type": "response.output_item.added", "output_index": i,
+                        "item": {**item, "status": "in_progress", "content": []}},
+                       {"type": "response.content_part.added", **ids, "content_index": 0, "part": part}]
+            events += [{"type": "response.output_text.delta", **ids, "content_index": 0, "delta": p}
+                       for p in _halves(text)]
+            events += [{"type": "response.output_text.done", **ids, "content_index": 0, "text": text},
+                       {"type": "response.content_part.done", **ids, "content_index": 0,
+                        "part": {**part, "text": text}}]
+        elif item["type"] == "function_call":
+            events.append({"type": "response.output_item.added", "output_index": i,
+                           "item": {**item, "status": "in_progress", "arguments": ""}})
+            events += [{"type": "response.function_call_arguments.delta", **ids, "delta": p}
+                       for p in _halves(item["arguments"])]
+            events.append({"type": "response.function_call_arguments.done", **ids, "arguments": item["arguments"]})
+        else:
+            raise ValueError(f"responses_stream: unsupported output item type {item['type']!r}")
+        events.append({"type": "response.output_item.done", "output_index": i, "item": item})
+    events.append({"type": "response.completed", "response": response})
+    return [sse_event({**ev, "sequence_number": n}) for n, ev in enumerate(events)]
+
+
+def messages_stream(message: dict[str, Any]) -> list[bytes]:
+    """The Anthropic stream of a ``message`` with ``text`` and ``tool_use`` blocks:
+    ``message_start`` (no content, ``output_tokens: 1``), per block its start / deltas (two
+    pieces: ``text_delta`` or ``input_json_delta``) / stop, ``message_delta`` (stop reason and
+    the final ``output_tokens``), ``message_stop``."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    for i, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            events.append({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})
+            events += [{"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": p}}
+                       for p in _halves(block["text"])]
+        elif block["type"] == "tool_use":
+            events.append({"type": "content_block_start", "index": i,
+                           "content_block": {**block, "input": {}}})
+            events += [{"type": "content_block_delta", "index": i,
+                        "delta": {"type": "input_json_delta", "partial_json": p}}
+                       for p in _halves(_dumps(block["input"]))]
+        else:
+            raise ValueError(f"messages_stream: unsupported block type {block['type']!r}")
+        events.append({"type": "content_block_stop", "index": i})
+    events += [{"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]}},
+               {"type": "message_stop"}]
+    return [sse_event(ev) for ev in events]

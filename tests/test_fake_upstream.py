@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import time
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -17,12 +18,17 @@ from tests.fake_upstream import (
     DEFAULT_TEXT,
     DEFAULT_USAGE,
     DONE,
+    SUBMIT_COMMAND,
     FakeRequest,
     FakeUpstream,
+    Plan,
     Reply,
+    ScriptedPolicy,
+    ShellTool,
     chat_chunk,
     chat_completion,
     default_responses_stream,
+    find_shell_tool,
     usage_chunk,
 )
 from tests.faults import RESPONSES_ARGS_ONLY_IN_DONE, SPLIT_EVENTS_AND_CRLF
@@ -389,3 +395,197 @@ async def test_stop_closes_open_connections() -> None:
     await asyncio.wait_for(up.stop(), timeout=2.0)
     assert await asyncio.wait_for(reader.read(), timeout=2.0) == b""
     writer.close()
+
+
+# ------------------------------------------------------------------ the scripted policy
+ANSWER = {"total": 42, "name": "it's"}
+PLAN = Plan.write_answer(ANSWER)
+CHAT_BASH = {"type": "function", "function": {"name": "bash", "description": "Execute a bash command",
+             "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                            "required": ["command"]}}}
+CHAT_READ = {"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}}}}
+RESP_EXEC = {"type": "function", "name": "exec_command", "description": "Runs a command",
+             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"},
+                                                             "login": {"type": "boolean"}},
+                            "required": ["cmd"]}}
+RESP_VIEW = {"type": "function", "name": "view_image",
+             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}
+ANTH_TOOLS = [{"name": "Write", "input_schema": {"type": "object", "properties": {
+    "file_path": {"type": "string"}, "content": {"type": "string"}}}},
+    {"name": "Bash", "input_schema": {"type": "object", "properties": {
+        "command": {"type": "string"}, "description": {"type": "string"}}, "required": ["command"]}}]
+
+
+def run_script(script: str, cwd: str) -> str:
+    """Run a planned command the way a client's shell tool does; its output."""
+    import subprocess
+    return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def test_plan_write_answer_writes_the_json_and_prints_it(tmp_path: Path) -> None:
+    out = run_script(PLAN.commands[0], str(tmp_path))
+    assert json.loads(out) == ANSWER
+    assert json.loads((tmp_path / "outputs" / "answer.json").read_text()) == ANSWER
+    assert Plan.write_answer(ANSWER, submit=True).commands[1] == SUBMIT_COMMAND
+
+
+def test_find_shell_tool_by_schema_whatever_its_name() -> None:
+    assert find_shell_tool("chat_completions", [CHAT_READ, CHAT_BASH]) == ShellTool("bash", "command")
+    assert find_shell_tool("responses", [RESP_VIEW, RESP_EXEC]) == ShellTool("exec_command", "cmd")
+    assert find_shell_tool("anthropic_messages", ANTH_TOOLS) == ShellTool("Bash", "command", kind="anthropic")
+    argv = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {
+        "command": {"type": "array", "items": {"type": "string"}}}}}
+    tool = find_shell_tool("responses", [argv])
+    assert tool == ShellTool("shell", "command", argv=True)
+    assert tool.arguments("ls") == {"command": ["bash", "-lc", "ls"]}
+    assert find_shell_tool("chat_completions", [CHAT_READ]) is None
+
+
+async def test_policy_over_chat_tools_streamed_and_not(tmp_path: Path) -> None:
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy(PLAN)
+        up.add_rule(policy)
+        c = client(up)
+        messages: list[dict[str, object]] = [{"role": "user", "content": "task"}]
+        first = await c.chat.completions.create(model="r", messages=messages, tools=[CHAT_READ, CHAT_BASH])  # type: ignore
+        call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+        assert (first.choices[0].finish_reason, call.function.name) == ("tool_calls", "bash")  # type: ignore[union-attr]
+        output = run_script(json.loads(call.function.arguments)["command"], str(tmp_path))  # type: ignore[union-attr]
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": output}]
+        stream = await c.chat.completions.create(model="r", messages=messages, tools=[CHAT_BASH], stream=True,  # type: ignore
+                                                 stream_options={"include_usage": True})
+        text, usage = "", None
+        async for chunk in stream:
+            text += "".join(ch.delta.content or "" for ch in chunk.choices)
+            usage = chunk.usage or usage
+        await c.close()
+    assert text == PLAN.final
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (110, 20)
+    assert [(t.kind, t.index, t.stream, t.tool) for t in policy.turns] == [
+        ("command", 0, False, "bash"), ("final", 1, True, "bash")]
+    assert json.loads(policy.turns[1].observation or "") == ANSWER
+    sent = policy.turns[0].reply
+    assert first.choices[0].message.model_dump(exclude_none=True) == sent["choices"][0]["message"]
+    assert (first.id, first.usage.total_tokens) == (sent["id"], 120)  # type: ignore[union-attr]
+    assert policy.turns[1].reply["choices"][0]["message"]["content"] == text
+
+
+async def test_policy_streamed_chat_tool_call_assembles_to_the_reply() -> None:
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy(PLAN)
+        up.add_rule(policy)
+        c = client(up)
+        stream = await c.chat.completions.create(model="r", messages=MESSAGES, tools=[CHAT_BASH], stream=True)  # type: ignore
+        name, args, finish = "", "", None
+        async for chunk in stream:
+            for ch in chunk.choices:
+                for tc in ch.delta.tool_calls or []:
+                    name += tc.function.name or "" if tc.function else ""
+                    args += tc.function.arguments or "" if tc.function else ""
+                finish = ch.finish_reason or finish
+        await c.close()
+    sent = policy.turns[0].reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert (name, args, finish) == (sent["name"], sent["arguments"], "tool_calls")
+    assert json.loads(args) == {"command": PLAN.commands[0]}
+
+
+async def test_policy_over_responses_streamed_and_not(tmp_path: Path) -> None:
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy(PLAN)
+        up.add_rule(policy)
+        c = client(up)
+        async with c.responses.stream(model="r", input="task", tools=[RESP_VIEW, RESP_EXEC]) as s:  # type: ignore
+            first = await s.get_final_response()
+        call = next(o for o in first.output if o.type == "function_call")
+        assert (call.name, json.loads(call.arguments)) == ("exec_command", {"cmd": PLAN.commands[0]})
+        output = run_script(json.loads(call.arguments)["cmd"], str(tmp_path))
+        second = await c.responses.create(model="r", tools=[RESP_EXEC], input=[  # type: ignore
+            {"role": "user", "content": "task"}, {"type": "function_call", "call_id": call.call_id,
+                                                  "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": output}])
+        await c.close()
+    assert second.output_text == PLAN.final
+    assert first.model_dump(exclude_none=True)["output"] == policy.turns[0].reply["output"]
+    assert first.usage is not None and first.usage.input_tokens == 100
+    assert [(t.protocol, t.kind, t.stream) for t in policy.turns] == [
+        ("responses", "command", True), ("responses", "final", False)]
+    assert json.loads(policy.turns[1].observation or "") == ANSWER
+
+
+async def test_policy_over_anthropic_messages_streamed_and_not(tmp_path: Path) -> None:
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy(Plan.write_answer({"x": 1}, final="all done"))
+        up.add_rule(policy)
+        c = AsyncAnthropic(base_url=up.origin, api_key="x", max_retries=0)
+        async with c.messages.stream(model="r", max_tokens=100, tools=ANTH_TOOLS,  # type: ignore[arg-type]
+                                     messages=[{"role": "user", "content": "task"}]) as s:
+            first = await s.get_final_message()
+        use = next(b for b in first.content if b.type == "tool_use")
+        assert (use.name, first.stop_reason) == ("Bash", "tool_use")
+        output = run_script(use.input["command"], str(tmp_path))  # type: ignore[index]
+        second = await c.messages.create(model="r", max_tokens=100, tools=ANTH_TOOLS, messages=[  # type: ignore
+            {"role": "user", "content": "task"}, {"role": "assistant", "content": first.model_dump()["content"]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                          "content": [{"type": "text", "text": output}]}]}])
+        await c.close()
+    assert first.model_dump(exclude_none=True)["content"] == policy.turns[0].reply["content"]
+    assert (first.usage.input_tokens, first.usage.output_tokens) == (100, 20)
+    assert second.content[0].text == "all done"  # type: ignore[union-attr]
+    assert json.loads(policy.turns[1].observation or "") == {"x": 1}
+
+
+async def test_policy_text_protocol_fenced_blocks_then_submit() -> None:
+    plan = Plan.write_answer(ANSWER, submit=True)
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy(plan)
+        up.add_rule(policy)
+        c = client(up)
+        system = "Reply with one block:\n```mswea_bash_command\nls\n```"
+        messages: list[dict[str, str]] = [{"role": "system", "content": system}, {"role": "user", "content": "task"}]
+        texts = []
+        for observation in ("<output>the answer</output>", None):
+            r = await c.chat.completions.create(model="r", messages=messages)  # type: ignore[arg-type]
+            texts.append(r.choices[0].message.content or "")
+            messages.append({"role": "assistant", "content": texts[-1]})
+            if observation:
+                messages.append({"role": "user", "content": observation})
+        await c.close()
+    assert texts[0].endswith(f"```mswea_bash_command\n{plan.commands[0]}\n```")
+    assert texts[1].endswith(f"```mswea_bash_command\n{SUBMIT_COMMAND}\n```")
+    assert [t.observation for t in policy.turns] == [None, "<output>the answer</output>"]
+
+
+async def test_policy_side_calls_and_unplayable_requests() -> None:
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy(PLAN, text_protocol=False)
+        up.add_rule(policy)
+        c = client(up)
+        side = await c.chat.completions.create(model="r", messages=MESSAGES)  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError, match="no shell tool among the offered tools"):
+            await c.chat.completions.create(model="r", messages=MESSAGES, tools=[CHAT_READ])  # type: ignore
+        await c.close()
+    assert side.choices[0].message.content == "OK"
+    assert [t.kind for t in policy.turns] == ["side"]
+    assert policy.errors == ["scripted policy: no shell tool among the offered tools ['read_file']"]
+
+
+async def test_policy_gives_each_new_session_the_next_plan() -> None:
+    right, wrong = Plan.write_answer({"v": 1}), Plan.write_answer({"v": 2})
+    async with FakeUpstream() as up:
+        policy = ScriptedPolicy([right, wrong])
+        up.add_rule(policy)
+        c = client(up)
+        got = {}
+        for sid in ("s-a", "s-b", "s-a", "s-c"):
+            r = await c.chat.completions.create(model="r", messages=MESSAGES, tools=[CHAT_BASH],  # type: ignore
+                                                extra_headers={"X-Session-Id": sid})
+            got.setdefault(sid, []).append(json.loads(r.choices[0].message.tool_calls[0].function.arguments))  # type: ignore
+        await c.close()
+    assert got == {"s-a": [{"command": right.commands[0]}] * 2, "s-b": [{"command": wrong.commands[0]}],
+                   "s-c": [{"command": wrong.commands[0]}]}
+    assert policy.session_plans == {"s-a": right, "s-b": wrong, "s-c": wrong}
+    assert [t.session_id for t in policy.turns] == ["s-a", "s-b", "s-a", "s-c"]
+    with pytest.raises(ValueError, match="at least one plan"):
+        ScriptedPolicy([])
