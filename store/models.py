@@ -65,7 +65,8 @@ class JobEnvironment(SQLModel, table=True):
     ``session_id`` (column ``env_id``, Safactory's name) is the session id. ``status`` is one of
     pending | running | retrying | succeeded | failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
     when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
-    infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
+    infra_error apart, so an evaluator crash is never mistaken for a real 0. ``harness``: the
+    harness that ran the session (NULL: the env's own runtime). ``attempts`` counts
     the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
     outcome, or an infrastructure failure class). ``sandbox`` is how its runtime ran: ``bwrap``
     (isolated) or ``none`` (NULL: not run yet, or by an older version). ``eval_history``: the
@@ -97,6 +98,7 @@ class JobEnvironment(SQLModel, table=True):
     duration_s: float | None = None
     sandbox: str | None = Field(default=None, max_length=16)
     outcome: str | None = Field(default=None, max_length=32)
+    harness: str | None = Field(default=None, max_length=128)
     finished: bool = False
     created_at: datetime = _ts()
     started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
@@ -271,3 +273,23 @@ class SessionWorkspace(SQLModel, table=True):
     manifest: dict[str, Any] | None = _json()
     archive: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
     created_at: datetime = _ts()
+
+
+class FeedGroup(SQLModel, table=True):
+    """One entry of a job's feed: a group became ready (all its sessions finished and graded, or
+    finished as infrastructure failures). ``ready_seq`` counts from 1 per job in the order groups
+    became ready: the feed's durable cursor. ``revision`` is 1, or n when the group became ready
+    again after ``--resume`` reran some of its sessions (a new entry; earlier ones are kept).
+    ``n_samples``: the group's sessions at that moment."""
+
+    __tablename__ = "feed_groups"
+    __table_args__ = (
+        UniqueConstraint("job_id", "group_id", "revision", name="uq_feed_group_revision"),
+    )
+
+    job_id: str = Field(primary_key=True, max_length=128)
+    ready_seq: int = Field(primary_key=True)
+    group_id: str = Field(max_length=128)
+    revision: int = 1
+    n_samples: int = 0
+    ready_at: datetime = _ts()

@@ -24,6 +24,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
+from store.feed import append_if_ready
 from store.models import (
     GatewaySession,
     JobEnvironment,
@@ -487,8 +488,13 @@ class Store:
         """Finish a session in one transaction: write ``reward``/``step_reward`` (and the evaluation
         outcome into ``meta_json["evaluation"]``) on the session's last step, mark that step terminal
         and session-completed, and set the ``job_environments`` columns given in ``values`` plus
-        ``finished=True`` and ``finished_at``."""
+        ``finished=True`` and ``finished_at``. When this finishes the last unfinished session of
+        its group, the group's feed entry is appended in the same transaction
+        (:func:`store.feed.append_if_ready`)."""
         async with self._write_lock, self._write() as s, s.begin():
+            before = (await s.execute(
+                select(col(JobEnvironment.job_id), col(JobEnvironment.group_id), col(JobEnvironment.finished))
+                .where(col(JobEnvironment.session_id) == session_id))).one_or_none()
             last = (
                 await s.execute(
                     select(SessionStep)
@@ -517,6 +523,8 @@ class Store:
                 .where(col(JobEnvironment.session_id) == session_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
+            if before is not None and not before.finished:
+                await append_if_ready(s, before.job_id, before.group_id)
 
     # ------------------------------------------------------------------ kept workspaces, regrade
     async def save_workspace_archive(self, row: SessionWorkspace) -> None:
