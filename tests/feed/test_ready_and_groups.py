@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from rollout.feed.groups import GroupOptions, advantages, build_group, invalid_reason, load_groups, token_sequences
+from rollout.feed.groups import (
+    GroupOptions,
+    advantages,
+    build_group,
+    invalid_reason,
+    load_groups,
+    token_sequences,
+)
 from store import Store
 from store.feed import FeedQueries
 from tests.feed.helpers import finish, make_job
