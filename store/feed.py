@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Result, case, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.sql import ColumnElement
 
@@ -35,6 +35,12 @@ _SESSION_COLUMNS = ("env_id", "job_id", "group_id", "env_name", "case_id", "llm_
 _STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint", "status", "status_code", "messages",
                  "response", "finish_reason", "prompt_tokens", "completion_tokens", "total_tokens", "latency_ms",
                  "is_trainable", "created_at")
+
+
+def _dicts(result: Result[Any]) -> list[dict[str, Any]]:
+    """The rows of ``result`` as dicts (the keys built once, not per row)."""
+    keys = list(result.keys())
+    return [dict(zip(keys, row, strict=True)) for row in result.all()]
 
 
 def _present(table: Any, names: Iterable[str]) -> list[ColumnElement[Any]]:
@@ -79,7 +85,7 @@ class FeedQueries:
         q = (select(FG).where(FG.c.job_id == job_id, FG.c.ready_seq > after)
              .order_by(FG.c.ready_seq).limit(limit))
         async with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in (await conn.execute(q)).all()]
+            return _dicts(await conn.execute(q))
 
     async def progress(self, job_id: str) -> dict[str, int]:
         """``{"sessions", "finished", "groups", "groups_ready"}`` of a job (``groups_ready``:
@@ -102,22 +108,23 @@ class FeedQueries:
             for i in range(0, len(group_ids), _IN_CHUNK):
                 q = (select(*cols).where(JE.c.job_id == job_id, JE.c.group_id.in_(group_ids[i:i + _IN_CHUNK]))
                      .order_by(JE.c.group_id, JE.c.sample_index, JE.c.env_id))
-                out.extend(dict(r._mapping) for r in (await conn.execute(q)).all())
+                out.extend(_dicts(await conn.execute(q)))
         return out
 
-    async def steps_of_sessions(self, session_ids: Sequence[str], *,
+    async def steps_of_sessions(self, session_ids: Sequence[str], *, with_messages: bool = True,
                                 with_request: bool = False) -> dict[str, list[dict[str, Any]]]:
         """Every recorded step of these sessions (session id -> steps in ``seq`` order), with the
-        token columns the table has; ``request`` only when ``with_request``."""
-        names = (*_STEP_COLUMNS, *TOKEN_COLUMNS, *(("request",) if with_request else ()))
+        token columns the table has; ``messages`` only when ``with_messages``, ``request`` only
+        when ``with_request``."""
+        names = (*(c for c in _STEP_COLUMNS if with_messages or c != "messages"), *TOKEN_COLUMNS,
+                 *(("request",) if with_request else ()))
         cols = _present(ST, names)
         out: dict[str, list[dict[str, Any]]] = {sid: [] for sid in session_ids}
         async with self.engine.connect() as conn:
             for i in range(0, len(session_ids), _IN_CHUNK):
                 q = (select(*cols).where(ST.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
                      .order_by(ST.c.session_id, ST.c.seq))
-                for r in (await conn.execute(q)).all():
-                    row = dict(r._mapping)
+                for row in _dicts(await conn.execute(q)):
                     out[row["session_id"]].append(row)
         return out
 
@@ -133,4 +140,4 @@ class FeedQueries:
         """The latest feed entry of each ready group of a job (group id -> entry)."""
         q = select(FG).where(FG.c.job_id == job_id).order_by(FG.c.ready_seq)
         async with self.engine.connect() as conn:
-            return {r._mapping["group_id"]: dict(r._mapping) for r in (await conn.execute(q)).all()}
+            return {r["group_id"]: r for r in _dicts(await conn.execute(q))}

@@ -168,8 +168,8 @@ async def load_groups(queries: FeedQueries, job_id: str, entries: Sequence[Mappi
     for r in sessions:
         by_group.setdefault(r["group_id"], []).append(r)
     step_view = opts.view != "scores" or with_request
-    steps = await queries.steps_of_sessions([r["env_id"] for r in sessions],
-                                            with_request=with_request) if step_view else {}
+    steps = await queries.steps_of_sessions([r["env_id"] for r in sessions], with_request=with_request,
+                                            with_messages=opts.view == "full" or with_request) if step_view else {}
     out = []
     for entry, gid in zip(entries, group_ids, strict=True):
         members = by_group.get(gid)
