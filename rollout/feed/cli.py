@@ -1,5 +1,6 @@
-"""``python launcher.py feed`` (serve the feed of ready groups) and ``python launcher.py export``
-(write a job's groups to a file). Exit codes: 0 done, 1 the store, the job or the output cannot
+"""``python launcher.py feed`` (serve the feed of ready groups), ``python launcher.py export``
+(write a job's groups to a file) and ``python launcher.py serve`` (the long-running mode:
+``rollout.serve``). Exit codes: 0 done, 1 the store, the job or the output cannot
 be used (the message says why), 2 bad flags."""
 
 from __future__ import annotations
@@ -10,17 +11,19 @@ import logging
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
-import uvicorn
+from pydantic import ValidationError
 
-from rollout.feed.app import FeedSettings, create_feed_app
+from rollout.feed.app import FeedSettings, create_feed_app, run_server
 from rollout.feed.export import ExportError, export_job
 from rollout.feed.groups import GroupOptions
 from store import DbUrlError, Store
 from store.feed import FeedQueries
 
 DEFAULT_PORT = 8766
-COMMANDS = ("feed", "export")
+COMMANDS = ("feed", "export", "serve")
+SERVE_PORT = 8767
 _SUFFIX = {"jsonl": ".jsonl", "parquet": ".parquet", "openai": ".openai.jsonl"}
 
 
@@ -50,7 +53,59 @@ def build_parser() -> argparse.ArgumentParser:
                      help="advantage: (score - mean) / std (default) or score - mean")
     exp.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     exp.add_argument("--out", type=Path, help="output file (default runs/export-<job id>.<format>)")
+    srv = sub.add_parser("serve", help="long-running: start the gateway once, run batches a trainer submits "
+                                        "(POST /v1/batches) and serve their groups")
+    srv.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default env)")
+    srv.add_argument("--gateway-config", type=Path, help="gateway YAML (default configs/gateway.yaml)")
+    srv.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
+    srv.add_argument("--llm-model", help="default route of batches (default: the gateway config's)")
+    srv.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=SERVE_PORT, help=f"port (default {SERVE_PORT}; 0: any free port)")
+    srv.add_argument("--pool-size", type=int, default=4, help="sessions run at once (default 4)")
+    srv.add_argument("--no-evaluation", action="store_true", help="do not grade (default: grade every session)")
+    srv.add_argument("--eval-timeout", type=float, default=60.0, help="evaluator timeout in seconds (default 60)")
+    srv.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap", help="runtime sandbox (default bwrap)")
+    srv.add_argument("--max-retries", type=int, default=2, help="retries of infrastructure failures (default 2)")
+    srv.add_argument("--retry-backoff-s", type=float, default=1.0, help="backoff before the first retry (default 1 s)")
+    srv.add_argument("--min-valid-samples", type=int, default=2, help="valid samples a trainable group needs (default 2)")
+    srv.add_argument("--poll-interval-s", type=float, default=0.2, help="feed poll interval (default 0.2 s)")
+    srv.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     return ap
+
+
+def _serve_options(args: argparse.Namespace) -> Any:
+    from rollout.job import JobOptions
+
+    cfg = args.gateway_config
+    if cfg is None:
+        local = Path("configs/gateway.yaml")
+        cfg = local if local.is_file() else Path(__file__).resolve().parents[2] / "configs" / "gateway.yaml"
+    return JobOptions(agent_root=args.agent_root, gateway_config=cfg, gateway_base_url=args.gateway_base_url,
+                      llm_model=args.llm_model, db_path=args.db_path, pool_size=args.pool_size,
+                      enable_evaluation=not args.no_evaluation, eval_timeout=args.eval_timeout, sandbox=args.sandbox,
+                      max_retries=args.max_retries, retry_backoff_s=args.retry_backoff_s)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """``serve``: exit 0 when stopped, 1 when it cannot start."""
+    from rollout.job import SetupError
+    from rollout.serve import serve as serve_batches
+
+    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        opts = _serve_options(args)
+        asyncio.run(serve_batches(opts, args.host, args.port, FeedSettings(
+            min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s)))
+    except (SetupError, ValidationError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
 
 
 async def _open(url: str) -> Store:
@@ -73,12 +128,12 @@ async def serve(args: argparse.Namespace) -> None:
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))
+        sock.listen(128)  # connections wait in the backlog until the server accepts them
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"feed on http://{host}:{sock.getsockname()[1]}/ (store {store.identity()}); Ctrl-C stops it", flush=True)
         app = create_feed_app(FeedQueries(store.reader), FeedSettings(min_valid=args.min_valid_samples,
                                                                       poll_interval_s=args.poll_interval_s))
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        await server.serve(sockets=[sock])
+        await run_server(app, sock)
     finally:
         await store.close()
 
@@ -102,6 +157,8 @@ async def export(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     """Run ``feed`` or ``export``; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve_main(args)
     if args.command == "feed":
         logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

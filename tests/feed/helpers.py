@@ -1,10 +1,18 @@
-"""Building a job straight in a real SQLite store, as the launcher and the gateway write it."""
+"""Building a job straight in a real SQLite store, as the launcher and the gateway write it; a toy
+env for the launcher (one model call per session, graded by sample index)."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from store import JobEnvironment, SessionStep, Store
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def session(sid: str, job: str, group: str, k: int, *, case: str = "c", env: str = "toy",
@@ -41,3 +49,42 @@ async def make_job(store: Store, job: str, groups: dict[str, int]) -> dict[str, 
     await store.add_job_sessions(rows)
     await store.write_batch(steps, [])
     return out
+
+
+RUNTIME = '''
+from env.runtime_kit import chat_completion, openai_client, run_runtime
+from rollout.protocol import SimulationStartResult
+
+def main(req):
+    client = openai_client(req, max_retries=0)
+    completion, text = chat_completion(client, model=req.model,
+                                       messages=[{"role": "user", "content": req.env_params["dataset"]["q"]}])
+    return SimulationStartResult(session_id=req.session_id, status="succeeded", metrics={"text": text})
+
+run_runtime(main)
+'''
+
+# sample 0 passes, sample 1 fails; case "d" has an evaluator that crashes on sample 1
+EVALUATOR = '''
+def evaluate(request, spec, trajectory):
+    if request.case_id == "d" and request.sample_index == 1:
+        raise KeyError("grader bug")
+    return {"score": 10 if request.sample_index == 0 else 0, "reason": trajectory.final_response}
+'''
+
+CASES = ["a", "b", "c", "d"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def make_env(root: Path) -> None:
+    """The toy env under ``root/toy``."""
+    env_dir = root / "toy"
+    (env_dir / "data").mkdir(parents=True)
+    (env_dir / "runtime.py").write_text(RUNTIME)
+    (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
+    (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps({"id": c, "q": f"q {c}"}) + "\n" for c in CASES))
+    (env_dir / "env.yaml").write_text(yaml.safe_dump({
+        "name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 400}, "max_steps": 2}))
+
+

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -16,43 +15,7 @@ import httpx
 import yaml
 
 from tests.fake_upstream import DEFAULT_TEXT, FakeRequest, FakeUpstream, Reply, chat_completion
-
-REPO = Path(__file__).resolve().parents[2]
-
-RUNTIME = '''
-from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
-
-def main(req):
-    client = openai_client(req, max_retries=0)
-    completion, text = chat_completion(client, model=req.model,
-                                       messages=[{"role": "user", "content": req.env_params["dataset"]["q"]}])
-    return SimulationStartResult(session_id=req.session_id, status="succeeded", metrics={"text": text})
-
-run_runtime(main)
-'''
-
-# sample 0 passes, sample 1 fails; case "d" has an evaluator that crashes on sample 1
-EVALUATOR = '''
-def evaluate(request, spec, trajectory):
-    if request.case_id == "d" and request.sample_index == 1:
-        raise KeyError("grader bug")
-    return {"score": 10 if request.sample_index == 0 else 0, "reason": trajectory.final_response}
-'''
-
-CASES = ["a", "b", "c", "d"]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def make_env(root: Path) -> None:
-    env_dir = root / "toy"
-    (env_dir / "data").mkdir(parents=True)
-    (env_dir / "runtime.py").write_text(RUNTIME)
-    (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
-    (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps({"id": c, "q": f"q {c}"}) + "\n" for c in CASES))
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 400}, "max_steps": 2}))
+from tests.feed.helpers import CASES, ENV, REPO, make_env
 
 
 async def spawn(*args: str, cwd: Path, stdout: Path | None = None) -> asyncio.subprocess.Process:
