@@ -253,7 +253,7 @@ def _select_cases(envs: list[tuple[EnvConfig, list[Case]]],
 
 def create_serve_app(service: BatchService, feed: FeedSettings) -> FastAPI:
     """The feed's app plus the batch routes."""
-    app = create_feed_app(FeedQueries(service.store.reader), feed)
+    app = create_feed_app(FeedQueries(service.store.reader), feed, backfill=service.store.backfill_feed)
 
     @app.post("/v1/batches", status_code=202)
     async def submit(request: Request) -> JSONResponse:

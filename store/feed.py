@@ -68,6 +68,27 @@ async def append_if_ready(s: AsyncSession, job_id: str, group_id: str) -> int | 
     return seq
 
 
+async def backfill(s: AsyncSession, job_id: str) -> int:
+    """In the caller's write transaction: give every complete group of ``job_id`` that has no
+    feed entry one (revision 1), in the order of its last session's ``finished_at``; for jobs
+    recorded before the feed existed. Returns how many entries were appended. A group completed
+    by this version always has its entry already (appended in the same transaction as its last
+    finish), so this never duplicates one."""
+    have = set((await s.execute(select(FG.c.group_id).where(FG.c.job_id == job_id))).scalars())
+    done = (await s.execute(
+        select(JE.c.group_id, func.max(JE.c.finished_at), func.count()).where(JE.c.job_id == job_id)
+        .group_by(JE.c.group_id).having(func.sum(_FINISHED) == func.count()))).all()
+    todo = sorted(((last, gid, n) for gid, last, n in done if gid not in have),
+                  key=lambda t: (t[0] is None, t[0] or 0, t[1]))
+    last = (await s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id))).scalar()
+    seq = int(last or 0)
+    for _, gid, n in todo:
+        seq += 1
+        await s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=gid, revision=1, n_samples=int(n),
+                                           ready_at=utcnow()))
+    return len(todo)
+
+
 class FeedQueries:
     """Read-only queries of the feed and of exports, on a reader engine."""
 

@@ -24,7 +24,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
-from store.feed import append_if_ready
+from store.feed import append_if_ready, backfill
 from store.models import (
     GatewaySession,
     JobEnvironment,
@@ -525,6 +525,12 @@ class Store:
             )
             if before is not None and not before.finished:
                 await append_if_ready(s, before.job_id, before.group_id)
+
+    async def backfill_feed(self, job_id: str) -> int:
+        """Append feed entries for the complete groups of a job recorded before the feed existed
+        (:func:`store.feed.backfill`); returns how many."""
+        async with self._write_lock, self._write() as s, s.begin():
+            return await backfill(s, job_id)
 
     # ------------------------------------------------------------------ kept workspaces, regrade
     async def save_workspace_archive(self, row: SessionWorkspace) -> None:

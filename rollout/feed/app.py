@@ -12,7 +12,7 @@ import asyncio
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -66,10 +66,23 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
                         status_code=status)
 
 
-def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None) -> FastAPI:
-    """The feed's FastAPI app on ``queries`` (a reader of the store)."""
+def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
+                    backfill: Callable[[str], Awaitable[int]] | None = None) -> FastAPI:
+    """The feed's FastAPI app on ``queries`` (a reader of the store). ``backfill(job_id)``
+    (``Store.backfill_feed``) is called once per job the first time it is asked for while it has
+    finished sessions but no feed entry: a job recorded before the feed existed."""
     cfg = settings or FeedSettings()
     app = FastAPI(title="rollout-factory feed", docs_url=None, redoc_url=None)
+    checked: set[str] = set()
+
+    async def ensure(job_id: str) -> JobProgress:
+        """The job's progress, after the one-time backfill of a job recorded before the feed."""
+        progress = await job_progress(queries, job_id)
+        if backfill is not None and job_id not in checked:
+            checked.add(job_id)
+            if progress.finished and not progress.groups_ready and await backfill(job_id):
+                progress = await job_progress(queries, job_id)
+        return progress
 
     def options(min_valid: int | None, normalize: Normalize, view: View) -> GroupOptions:
         return GroupOptions(min_valid=cfg.min_valid if min_valid is None else min_valid, normalize=normalize,
@@ -82,7 +95,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None) 
     @app.get("/v1/jobs/{job_id}")
     async def progress(job_id: str) -> Response:
         try:
-            return Response((await job_progress(queries, job_id)).model_dump_json(), media_type="application/json")
+            return Response((await ensure(job_id)).model_dump_json(), media_type="application/json")
         except UnknownJob:
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
 
@@ -95,6 +108,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None) 
         opts = options(min_valid, normalize, view)
         deadline = time.monotonic() + wait
         try:
+            await ensure(job_id)
             while True:
                 found, prog = await groups_after(queries, job_id, after, limit, opts)
                 left = deadline - time.monotonic()
@@ -120,7 +134,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None) 
                                                         f"not {last_event_id!r}")
             cursor = int(last_event_id)
         try:
-            await job_progress(queries, job_id)
+            await ensure(job_id)
         except UnknownJob:
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
         return StreamingResponse(_events(queries, job_id, cursor, opts, cfg), media_type="text/event-stream",

@@ -132,7 +132,8 @@ async def serve(args: argparse.Namespace) -> None:
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"feed on http://{host}:{sock.getsockname()[1]}/ (store {store.identity()}); Ctrl-C stops it", flush=True)
         app = create_feed_app(FeedQueries(store.reader), FeedSettings(min_valid=args.min_valid_samples,
-                                                                      poll_interval_s=args.poll_interval_s))
+                                                                      poll_interval_s=args.poll_interval_s),
+                              backfill=store.backfill_feed)
         await run_server(app, sock)
     finally:
         await store.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from rollout.feed.app import FeedSettings, create_feed_app
 from store import Store
@@ -118,3 +119,19 @@ async def test_unknown_job_and_bad_parameters_are_clear_errors(store: Store) -> 
         assert r.status_code == 422 and "after" in r.text
         r = await c.get("/v1/jobs/nope/groups", params={"normalize": "zscore"})
         assert r.status_code == 422 and "normalize" in r.text
+
+
+async def test_a_job_recorded_before_the_feed_is_backfilled_in_finishing_order(store: Store, tmp_path: Path) -> None:
+    ids = await make_job(store, "old", {"a": 1, "b": 2, "c": 1})
+    for sid in (ids["c"][0], ids["b"][0], ids["a"][0]):  # b is still incomplete
+        await finish(store, sid, 5)
+    async with store.writer.begin() as conn:  # as an older version left it: no feed entries
+        await conn.execute(text("DELETE FROM feed_groups"))
+    app = create_feed_app(FeedQueries(store.reader), FeedSettings(), backfill=store.backfill_feed)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://feed") as c:
+        page = (await c.get("/v1/jobs/old/groups")).json()
+        assert [(g["group_id"], g["cursor"]) for g in page["groups"]] == [("c", 1), ("a", 2)]
+        await finish(store, ids["b"][1], 5)  # completed by this version: appended, not backfilled again
+        page = (await c.get("/v1/jobs/old/groups", params={"after": 2})).json()
+        assert [(g["group_id"], g["cursor"], g["revision"]) for g in page["groups"]] == [("b", 3, 1)]
+    assert await store.backfill_feed("old") == 0
