@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.assembly import read_answer
@@ -118,6 +118,11 @@ def feed_step(st: Mapping[str, Any], *, messages: bool) -> FeedStep:
         policy_version=st.get("policy_version"), extends_prefix=st.get("extends_prefix"))
 
 
+def _utc(t: datetime) -> datetime:
+    """SQLite gives back naive datetimes: the store writes UTC."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
 def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str, Any]],
                 steps: Mapping[str, Sequence[Mapping[str, Any]]], opts: GroupOptions) -> FeedGroupOut:
     """One group from its feed entry (None: not ready, as in an export), its session rows
@@ -149,7 +154,7 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
     ready_at = entry.get("ready_at") if entry else None
     return FeedGroupOut(
         cursor=entry["ready_seq"] if entry else None, revision=entry["revision"] if entry else 0,
-        ready_at=ready_at.isoformat() if isinstance(ready_at, datetime) else None,
+        ready_at=_utc(ready_at).isoformat() if isinstance(ready_at, datetime) else None,
         job_id=first["job_id"], group_id=first["group_id"], env=first["env_name"], case_id=first["case_id"],
         model=first["llm_model"], harness=first.get("harness"), n_samples=len(samples), n_valid=n_valid,
         min_valid=opts.min_valid, trainable=not {"too_few_valid", "incomplete"} & set(flags), flags=flags,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from store import Store
 from tests.feed.helpers import finish, make_job, step
@@ -72,6 +73,20 @@ async def test_jsonl_and_parquet_rows_per_session(tmp_path: Path) -> None:
     assert json.loads(steps[1]["tool_calls"])[0]["function"]["name"] == "bash"
     assert steps[0]["prompt_token_ids"] is None  # not captured: null, never an empty list
     assert pd.isna(df[df["session_id"] == ids["g2"][0]].iloc[0]["score"])
+
+
+async def test_parquet_loads_with_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import datasets  # imported here: slow to import, and it reads HF_* at import time
+    db = tmp_path / "t.db"
+    ids = await _job(db)
+    export(db, "--format", "parquet", "--out", str(tmp_path / "x.parquet"))
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "x.parquet"), split="train",
+                               cache_dir=str(tmp_path / "cache"))
+    assert ds.num_rows == 4 and sorted(ds["session_id"]) == sorted(sid for g in ids.values() for sid in g)
+    row = next(r for r in ds if r["session_id"] == ids["g1"][0])
+    assert row["score"] == 10.0 and [s["seq"] for s in row["steps"]] == [1, 2]
 
 
 async def test_only_trainable_per_step_and_openai_format(tmp_path: Path) -> None:

@@ -131,6 +131,7 @@ async def test_loaded_group_carries_steps_and_null_tokens_when_not_captured(tmp_
         ((g, raw),) = await load_groups(q, "j", entries, ["g"], GroupOptions())
         assert (g.cursor, g.env, g.case_id, g.model, g.n_valid, g.trainable) == (1, "toy", "case-g", "m", 2, True)
         assert g.mean_score == 6.0 and g.std_score == 4.0
+        assert g.ready_at is not None and g.ready_at.endswith("+00:00")
         assert [s.advantage for s in g.samples] == [pytest.approx(1.0), pytest.approx(-1.0)]
         (st,) = g.samples[0].steps or []
         assert st.messages == [{"role": "user", "content": "q1"}] and st.content == f"answer {ids['g'][0]}"
