@@ -149,6 +149,21 @@ class FeedQueries:
                     out[row["session_id"]].append(row)
         return out
 
+    async def policy_versions(self, session_ids: Sequence[str]) -> dict[str, list[int]]:
+        """The distinct policy versions stamped on each session's steps, ascending (a session
+        without any is absent; every session is absent when the table has no such column)."""
+        if "policy_version" not in ST.c:
+            return {}
+        out: dict[str, list[int]] = {}
+        async with self.engine.connect() as conn:
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = (select(ST.c.session_id, ST.c.policy_version).distinct()
+                     .where(ST.c.session_id.in_(session_ids[i:i + _IN_CHUNK]), ST.c.policy_version.is_not(None))
+                     .order_by(ST.c.session_id, ST.c.policy_version))
+                for sid, version in (await conn.execute(q)).all():
+                    out.setdefault(sid, []).append(int(version))
+        return out
+
     async def group_ids(self, job_id: str) -> list[str]:
         """Every group of a job, ordered by env, case and group id (exports)."""
         q = (select(JE.c.group_id, func.min(JE.c.env_name), func.min(JE.c.case_id))

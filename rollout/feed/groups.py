@@ -124,9 +124,12 @@ def _utc(t: datetime) -> datetime:
 
 
 def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str, Any]],
-                steps: Mapping[str, Sequence[Mapping[str, Any]]], opts: GroupOptions) -> FeedGroupOut:
+                steps: Mapping[str, Sequence[Mapping[str, Any]]], opts: GroupOptions,
+                versions: Mapping[str, list[int]] | None = None) -> FeedGroupOut:
     """One group from its feed entry (None: not ready, as in an export), its session rows
-    (``env_id`` = session id) and their steps (session id -> rows in ``seq`` order)."""
+    (``env_id`` = session id) and their steps (session id -> rows in ``seq`` order);
+    ``versions`` (session id -> policy versions) stands in for the steps' own when they were not
+    read (``view="scores"``)."""
     first = sessions[0]
     reasons = [invalid_reason(r) for r in sessions]
     scores = [float(r["reward"]) if why is None else None for r, why in zip(sessions, reasons, strict=True)]
@@ -134,13 +137,13 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
     samples: list[FeedSample] = []
     for row, why, score, a in zip(sessions, reasons, scores, adv, strict=True):
         rows = steps.get(row["env_id"], [])
-        versions = sorted({int(s["policy_version"]) for s in rows if s.get("policy_version") is not None})
+        pvs = (versions.get(row["env_id"], []) if versions is not None else
+               sorted({int(s["policy_version"]) for s in rows if s.get("policy_version") is not None}))
         samples.append(FeedSample(
             session_id=row["env_id"], sample_index=row["sample_index"], status=row["status"],
             outcome=row.get("outcome"), attempts=row.get("attempts") or 0, score=score,
             eval_status=row.get("eval_status"), eval_reason=row.get("eval_reason"), error=row.get("error_text"),
-            valid=why is None, invalid_reason=why, advantage=a, policy_versions=versions,
-            mixed_policy=len(versions) > 1,
+            valid=why is None, invalid_reason=why, advantage=a, policy_versions=pvs, mixed_policy=len(pvs) > 1,
             steps=None if opts.view == "scores" else [feed_step(s, messages=opts.view == "full") for s in rows],
             sequences=None if opts.view == "scores" else token_sequences(rows)))
     n_valid = sum(1 for s in samples if s.valid)
@@ -167,19 +170,21 @@ async def load_groups(queries: FeedQueries, job_id: str, entries: Sequence[Mappi
                       with_request: bool = False) -> list[tuple[FeedGroupOut, dict[str, list[dict[str, Any]]]]]:
     """Build the groups ``group_ids`` (``entries[i]``: the feed entry of ``group_ids[i]``, or None)
     in that order, each with its raw step rows (session id -> rows; with the ``request`` column
-    when ``with_request``, for exports). Three queries in all, whatever the number of groups."""
+    when ``with_request``, for exports). Two queries per 500 sessions, whatever the view."""
     sessions = await queries.sessions_of_groups(job_id, list(group_ids))
     by_group: dict[str, list[dict[str, Any]]] = {}
     for r in sessions:
         by_group.setdefault(r["group_id"], []).append(r)
     step_view = opts.view != "scores" or with_request
-    steps = await queries.steps_of_sessions([r["env_id"] for r in sessions], with_request=with_request,
+    sids = [r["env_id"] for r in sessions]
+    steps = await queries.steps_of_sessions(sids, with_request=with_request,
                                             with_messages=opts.view == "full" or with_request) if step_view else {}
+    versions = None if step_view else await queries.policy_versions(sids)
     out = []
     for entry, gid in zip(entries, group_ids, strict=True):
         members = by_group.get(gid)
         if not members:
             continue
         mine = {r["env_id"]: steps.get(r["env_id"], []) for r in members}
-        out.append((build_group(entry, members, mine, opts), mine))
+        out.append((build_group(entry, members, mine, opts, versions), mine))
     return out
