@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 
 from rollout.client import FeedClient
 from store import SessionStep
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeRequest, FakeUpstream, Reply, chat_completion
 from tests.feed.helpers import ENV, REPO, make_env
 
 
@@ -86,3 +87,46 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
                 proc.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(proc.wait(), 120)
     assert code == 0
+
+
+async def test_sigterm_cancels_the_batch_in_flight_and_leaves_it_for_resume(tmp_path: Path) -> None:
+    make_env(tmp_path / "envs")
+    db = tmp_path / "trajs.db"
+    hold = asyncio.Event()
+
+    async def held(req: FakeRequest) -> Reply:
+        await hold.wait()
+        return Reply.json(chat_completion("late"))
+
+    async with FakeUpstream() as up:
+        up.script("/v1/chat/completions", [held] * 4)
+        cfg = tmp_path / "gw.yaml"
+        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
+                                       "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "launcher.py"), "serve", "--agent-root", str(tmp_path / "envs"),
+            "--gateway-config", str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--port", "0",
+            "--pool-size", "2", cwd=str(tmp_path), env=ENV, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stdout is not None
+            url = (await asyncio.wait_for(proc.stdout.readline(), 180)).decode().split()[2].rstrip("/")
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                r = await http.post("/v1/batches", json={"envs": ["toy"], "samples": 2, "limit": 1, "job_id": "b"})
+                assert r.status_code == 202, r.text
+            await up.wait_for_requests(2, timeout=180)  # both sessions are waiting for the model
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(proc.wait(), 180)
+        finally:
+            hold.set()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert code == 0
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("SELECT status, finished FROM job_environments WHERE job_id = 'b'").fetchall() == [
+            ("cancelled", 0), ("cancelled", 0)]
+        assert con.execute("SELECT count(*) FROM feed_groups WHERE job_id = 'b'").fetchone() == (0,)
+    finally:
+        con.close()
