@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rollout.client import FeedClient
 from store import JobEnvironment, SessionStep, Store
@@ -58,7 +59,7 @@ async def build(db: Path, sessions: int, group: int, steps: int) -> tuple[float,
         for k in range(1, steps + 1):
             history.append({"role": "user" if k == 1 else "tool", "content": f"observation {k} of {i} " * 20})
             completion = [rng.randrange(50000) for _ in range(40)]
-            extra = {"prompt_token_ids": list(prompt), "completion_token_ids": completion,
+            extra: dict[str, Any] = {"prompt_token_ids": list(prompt), "completion_token_ids": completion,
                      "completion_logprobs": [-rng.random() for _ in completion]} if tokens else {}
             batch.append(SessionStep(
                 session_id=f"s{i:06d}", seq=k, step_id=k, llm_model="m", endpoint="chat.completions", job_id="big",

@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -18,7 +19,7 @@ from tests.fake_upstream import FakeRequest, FakeUpstream, Reply, chat_completio
 from tests.feed.helpers import ENV, REPO, make_env
 
 
-def read_groups(url: str, job_id: str) -> list[dict[str, object]]:
+def read_groups(url: str, job_id: str) -> list[dict[str, Any]]:
     with FeedClient(url) as c:
         return [g.model_dump() for g in c.groups(job_id, wait_s=5, view="scores")]
 
@@ -48,15 +49,15 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
                 assert {k: r.json()[k] for k in ("job_id", "sessions", "groups", "feed")} == {
                     "job_id": "first", "sessions": 4, "groups": 2, "feed": "/v1/jobs/first/groups"}
                 first = await asyncio.to_thread(read_groups, url, "first")
-                assert sorted(g["case_id"] for g in first) == ["a", "b"]  # type: ignore[type-var]
+                assert sorted(g["case_id"] for g in first) == ["a", "b"]
                 for g in first:
-                    assert [s["score"] for s in g["samples"]] == [10.0, 0.0]  # type: ignore[attr-defined]
+                    assert [s["score"] for s in g["samples"]] == [10.0, 0.0]
 
                 r = await http.post("/v1/batches", json={"envs": ["toy"], "samples": 3, "limit": 1})
                 assert r.status_code == 202, r.text
                 second_id = r.json()["job_id"]
                 (g2,) = await asyncio.to_thread(read_groups, url, second_id)
-                assert g2["case_id"] == "a" and [s["score"] for s in g2["samples"]] == [10.0, 0.0, 0.0]  # type: ignore[index]
+                assert g2["case_id"] == "a" and [s["score"] for s in g2["samples"]] == [10.0, 0.0, 0.0]
 
                 # bad batches are refused with the reason, and run nothing
                 for body, status, text in (
@@ -74,7 +75,7 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
                 if "policy_version" in SessionStep.__table__.c:  # type: ignore[attr-defined]
                     assert r.status_code == 202, r.text
                     (g3,) = await asyncio.to_thread(read_groups, url, "pv")
-                    assert [s["policy_versions"] for s in g3["samples"]] == [[5], [5]]  # type: ignore[index]
+                    assert [s["policy_versions"] for s in g3["samples"]] == [[5], [5]]
                 else:  # a gateway without policy versions: refused, never run unversioned
                     assert r.status_code == 400 and "has no policy versions" in r.json()["error"]["message"]
 
