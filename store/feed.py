@@ -37,6 +37,27 @@ _STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint", "statu
                  "is_trainable", "created_at")
 
 
+_DELTA_STEPS = "encoding" in ST.c
+"""This store version may keep a step as a delta on an earlier step of its session (column
+``encoding``, module ``store.stepcodec``): every read rebuilds the full values."""
+_CODEC_COLUMNS = ("session_id", "seq", "encoding", "messages", "request", "response", "prompt_token_ids",
+                  "completion_token_ids")
+
+
+def _rebuild(rows: list[dict[str, Any]], *, keep_messages: bool, keep_request: bool) -> None:
+    """Rebuild delta-stored steps in place (all of a session's steps are among ``rows``), then
+    drop the columns read only for that."""
+    from store.stepcodec import decode_rows  # present in the versions that have the column
+
+    decode_rows(rows)
+    for row in rows:
+        row.pop("encoding", None)
+        if not keep_messages:
+            row.pop("messages", None)
+        if not keep_request:
+            row.pop("request", None)
+
+
 def _dicts(result: Result[Any]) -> list[dict[str, Any]]:
     """The rows of ``result`` as dicts (the keys built once, not per row)."""
     keys = list(result.keys())
@@ -139,13 +160,18 @@ class FeedQueries:
         when ``with_request``."""
         names = (*(c for c in _STEP_COLUMNS if with_messages or c != "messages"), *TOKEN_COLUMNS,
                  *(("request",) if with_request else ()))
+        if _DELTA_STEPS:  # what rebuilding a step from its base needs
+            names = (*names, *(c for c in _CODEC_COLUMNS if c not in names))
         cols = _present(ST, names)
         out: dict[str, list[dict[str, Any]]] = {sid: [] for sid in session_ids}
         async with self.engine.connect() as conn:
             for i in range(0, len(session_ids), _IN_CHUNK):
                 q = (select(*cols).where(ST.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
                      .order_by(ST.c.session_id, ST.c.seq))
-                for row in _dicts(await conn.execute(q)):
+                rows = _dicts(await conn.execute(q))
+                if _DELTA_STEPS:
+                    _rebuild(rows, keep_messages=with_messages, keep_request=with_request)
+                for row in rows:
                     out[row["session_id"]].append(row)
         return out
 
