@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Result, case, func, select
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement
 
 from store.models import FeedGroup, JobEnvironment, SessionStep, utcnow
@@ -68,45 +69,51 @@ def _present(table: Any, names: Iterable[str]) -> list[ColumnElement[Any]]:
     return [table.c[n] for n in names if n in table.c]
 
 
-async def append_if_ready(s: AsyncSession, job_id: str, group_id: str) -> int | None:
+def unfinished_group(s: Session, session_id: str) -> tuple[str, str] | None:
+    """``(job_id, group_id)`` of a session that is not finished yet, None when it is finished or
+    unknown. Read in the finishing transaction before the session is marked finished."""
+    row = s.execute(select(JE.c.job_id, JE.c.group_id, JE.c.finished).where(JE.c.env_id == session_id)).one_or_none()
+    return None if row is None or row.finished else (row.job_id, row.group_id)
+
+
+def append_if_ready(s: Session, job_id: str, group_id: str) -> int | None:
     """In the caller's write transaction, after one of the group's sessions was finished: when
     every session of the group is finished, append a feed entry (the next ``ready_seq`` of the
     job, ``revision`` one more than the group's earlier entries). Returns the new ``ready_seq``,
     or None when the group still has unfinished sessions. The caller holds the write lock (SQLite
     ``BEGIN IMMEDIATE``), so the next ``ready_seq`` is read and written atomically; a concurrent
-    writer of the same job on PostgreSQL fails on the primary key instead of reusing a number."""
-    counts = (await s.execute(
-        select(func.count(), func.sum(_FINISHED))
-        .where(JE.c.job_id == job_id, JE.c.group_id == group_id))).one()
-    total, finished = int(counts[0] or 0), int(counts[1] or 0)
-    if total == 0 or finished < total:
+    writer of the same job on PostgreSQL fails on the primary key instead of reusing a number.
+    Synchronous (an async caller uses ``AsyncSession.run_sync``)."""
+    total, finished = s.execute(
+        select(func.count(), func.sum(_FINISHED)).where(JE.c.job_id == job_id, JE.c.group_id == group_id)).one()
+    if not total or int(finished or 0) < int(total):
         return None
-    last = (await s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id))).scalar()
-    revisions = (await s.execute(select(func.count()).where(FG.c.job_id == job_id, FG.c.group_id == group_id))).scalar()
+    last = s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id)).scalar()
+    revisions = s.execute(select(func.count()).where(FG.c.job_id == job_id, FG.c.group_id == group_id)).scalar()
     seq = int(last or 0) + 1
-    await s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=group_id,
-                                       revision=int(revisions or 0) + 1, n_samples=total, ready_at=utcnow()))
+    s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=group_id, revision=int(revisions or 0) + 1,
+                                 n_samples=int(total), ready_at=utcnow()))
     return seq
 
 
-async def backfill(s: AsyncSession, job_id: str) -> int:
+def backfill(s: Session, job_id: str) -> int:
     """In the caller's write transaction: give every complete group of ``job_id`` that has no
     feed entry one (revision 1), in the order of its last session's ``finished_at``; for jobs
     recorded before the feed existed. Returns how many entries were appended. A group completed
     by this version always has its entry already (appended in the same transaction as its last
-    finish), so this never duplicates one."""
-    have = set((await s.execute(select(FG.c.group_id).where(FG.c.job_id == job_id))).scalars())
-    done = (await s.execute(
+    finish), so this never duplicates one. Synchronous, as :func:`append_if_ready`."""
+    have = set(s.execute(select(FG.c.group_id).where(FG.c.job_id == job_id)).scalars())
+    done = s.execute(
         select(JE.c.group_id, func.max(JE.c.finished_at), func.count()).where(JE.c.job_id == job_id)
-        .group_by(JE.c.group_id).having(func.sum(_FINISHED) == func.count()))).all()
+        .group_by(JE.c.group_id).having(func.sum(_FINISHED) == func.count())).all()
     todo = sorted(((last, gid, n) for gid, last, n in done if gid not in have),
                   key=lambda t: (t[0] is None, t[0] or 0, t[1]))
-    last = (await s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id))).scalar()
-    seq = int(last or 0)
+    last_seq = s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id)).scalar()
+    seq = int(last_seq or 0)
     for _, gid, n in todo:
         seq += 1
-        await s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=gid, revision=1, n_samples=int(n),
-                                           ready_at=utcnow()))
+        s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=gid, revision=1, n_samples=int(n),
+                                     ready_at=utcnow()))
     return len(todo)
 
 

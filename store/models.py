@@ -65,11 +65,11 @@ class JobEnvironment(SQLModel, table=True):
     ``session_id`` (column ``env_id``, Safactory's name) is the session id. ``status`` is one of
     pending | running | retrying | succeeded | failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
     when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
-    infra_error apart, so an evaluator crash is never mistaken for a real 0. ``harness``: the
-    harness that ran the session (NULL: the env's own runtime). ``attempts`` counts
+    infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
     the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
     outcome, or an infrastructure failure class). ``sandbox`` is how its runtime ran: ``bwrap``
-    (isolated) or ``none`` (NULL: not run yet, or by an older version). ``eval_history``: the
+    (isolated) or ``none`` (NULL: not run yet, or by an older version). ``harness`` names the harness
+    that ran the session (``rollout.harness``), NULL when it was the env's own runtime. ``eval_history``: the
     evaluations a regrade replaced, oldest first (``{"eval_status", "reward", "eval_reason",
     "eval_detail", "replaced_at"}``), NULL when the session was never regraded.
     """
@@ -82,6 +82,7 @@ class JobEnvironment(SQLModel, table=True):
     env_name: str = Field(max_length=128)
     case_id: str = Field(max_length=256)
     llm_model: str = Field(max_length=256)
+    harness: str | None = Field(default=None, max_length=128)
     group_id: str = Field(index=True, max_length=128)
     sample_index: int = 0
     env_params: dict[str, Any] | None = _json()
@@ -98,7 +99,6 @@ class JobEnvironment(SQLModel, table=True):
     duration_s: float | None = None
     sandbox: str | None = Field(default=None, max_length=16)
     outcome: str | None = Field(default=None, max_length=32)
-    harness: str | None = Field(default=None, max_length=128)
     finished: bool = False
     created_at: datetime = _ts()
     started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))

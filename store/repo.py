@@ -24,7 +24,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, parse_db_url, sqlite_path
-from store.feed import append_if_ready, backfill
+from store.feed import append_if_ready, backfill, unfinished_group
 from store.models import (
     GatewaySession,
     JobEnvironment,
@@ -492,9 +492,7 @@ class Store:
         its group, the group's feed entry is appended in the same transaction
         (:func:`store.feed.append_if_ready`)."""
         async with self._write_lock, self._write() as s, s.begin():
-            before = (await s.execute(
-                select(col(JobEnvironment.job_id), col(JobEnvironment.group_id), col(JobEnvironment.finished))
-                .where(col(JobEnvironment.session_id) == session_id))).one_or_none()
+            group = await s.run_sync(unfinished_group, session_id)
             last = (
                 await s.execute(
                     select(SessionStep)
@@ -523,14 +521,14 @@ class Store:
                 .where(col(JobEnvironment.session_id) == session_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
-            if before is not None and not before.finished:
-                await append_if_ready(s, before.job_id, before.group_id)
+            if group is not None:
+                await s.run_sync(append_if_ready, *group)
 
     async def backfill_feed(self, job_id: str) -> int:
         """Append feed entries for the complete groups of a job recorded before the feed existed
         (:func:`store.feed.backfill`); returns how many."""
         async with self._write_lock, self._write() as s, s.begin():
-            return await backfill(s, job_id)
+            return await s.run_sync(backfill, job_id)
 
     # ------------------------------------------------------------------ kept workspaces, regrade
     async def save_workspace_archive(self, row: SessionWorkspace) -> None:
