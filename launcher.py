@@ -44,6 +44,7 @@ from rollout.scheduler import HARNESS_FAILURES
 HERE = Path(__file__).resolve().parent
 _FLAG_OF = {"agent_configs": "agent_config", "env_names": "env"}
 VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.viewer.cli (imported only when used)
+FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.feed.cli (imported only when used)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,12 +294,18 @@ def regrade_main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code. ``view`` and ``report`` as the first argument run
-    the trajectory viewer and the HTML report (``rollout.viewer.cli``)."""
+    the trajectory viewer and the HTML report (``rollout.viewer.cli``); ``feed``, ``export`` and
+    ``serve`` the feed of ready groups, the export of a job and the long-running mode
+    (``rollout.feed.cli``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in VIEWER_COMMANDS:
         from rollout.viewer.cli import main as viewer_main
 
         return viewer_main(argv)
+    if argv and argv[0] in FEED_COMMANDS:
+        from rollout.feed.cli import main as feed_main
+
+        return feed_main(argv)
     args = build_parser().parse_args(argv)
     if args.regrade:
         return regrade_main(args)

@@ -307,7 +307,7 @@ async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str)
     return backend
 
 
-async def _start_services(gw: GatewaySettings, models: list[str], store: Store, log_dir: Path,
+async def start_services(gw: GatewaySettings, models: list[str], store: Store, log_dir: Path,
                           children: list[ChildProcess], listen: str | None = None) -> str:
     """Start the model server of each managed route among ``models`` (once each), then the
     gateway (listening for ``listen``, the advertised URL, when set); returns its session URL."""
@@ -394,7 +394,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
             gateway_url = opts.gateway_base_url.rstrip("/")
         else:
             api_key = gateway_api_key(gw_settings)  # the started gateway's own first key, if any
-            gateway_url = await _start_services(gw_settings, models, store, log_dir, children,
+            gateway_url = await start_services(gw_settings, models, store, log_dir, children,
                                                 listen=opts.gateway_advertise_url)
         advertise_url = opts.gateway_advertise_url.rstrip("/") if opts.gateway_advertise_url else None
         if opts.mode == "ray":

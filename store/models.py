@@ -302,3 +302,23 @@ class SessionWorkspace(SQLModel, table=True):
     manifest: dict[str, Any] | None = _json()
     archive: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
     created_at: datetime = _ts()
+
+
+class FeedGroup(SQLModel, table=True):
+    """One entry of a job's feed: a group became ready (all its sessions finished and graded, or
+    finished as infrastructure failures). ``ready_seq`` counts from 1 per job in the order groups
+    became ready: the feed's durable cursor. ``revision`` is 1, or n when the group became ready
+    again after ``--resume`` reran some of its sessions (a new entry; earlier ones are kept).
+    ``n_samples``: the group's sessions at that moment."""
+
+    __tablename__ = "feed_groups"
+    __table_args__ = (
+        UniqueConstraint("job_id", "group_id", "revision", name="uq_feed_group_revision"),
+    )
+
+    job_id: str = Field(primary_key=True, max_length=128)
+    ready_seq: int = Field(primary_key=True)
+    group_id: str = Field(max_length=128)
+    revision: int = 1
+    n_samples: int = 0
+    ready_at: datetime = _ts()

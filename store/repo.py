@@ -26,6 +26,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
 from store.engine import BUSY_TIMEOUT_MS, make_engine, make_sync_sqlite_engine, parse_db_url, sqlite_path
+from store.feed import append_if_ready, backfill, unfinished_group
 from store.group import GroupCommit, Op
 from store.models import (
     GatewaySession,
@@ -738,8 +739,11 @@ class Store:
         """Finish a session in one transaction: write ``reward``/``step_reward`` (and the evaluation
         outcome into ``meta_json["evaluation"]``) on the session's last step, mark that step terminal
         and session-completed, and set the ``job_environments`` columns given in ``values`` plus
-        ``finished=True`` and ``finished_at``."""
+        ``finished=True`` and ``finished_at``. When this finishes the last unfinished session of
+        its group, the group's feed entry is appended in the same transaction
+        (:func:`store.feed.append_if_ready`)."""
         def op(s: Session) -> None:
+            group = unfinished_group(s, session_id)
             last = (
                 s.execute(
                     select(SessionStep)
@@ -768,7 +772,14 @@ class Store:
                 .where(col(JobEnvironment.session_id) == session_id)
                 .values(finished=True, finished_at=utcnow(), reward=reward, **values)
             )
+            if group is not None:
+                append_if_ready(s, *group)
         await self._group.run(op)
+
+    async def backfill_feed(self, job_id: str) -> int:
+        """Append feed entries for the complete groups of a job recorded before the feed existed
+        (:func:`store.feed.backfill`); returns how many."""
+        return int(await self._group.run(lambda s: backfill(s, job_id)))
 
     # ------------------------------------------------------------------ kept workspaces, regrade
     async def save_workspace_archive(self, row: SessionWorkspace) -> None:

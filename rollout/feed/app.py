@@ -1,0 +1,179 @@
+"""The feed service: ready groups of a job, in the order they became ready, by durable cursor.
+
+``GET /v1/jobs/{job_id}/groups?after=N`` (long-poll with ``wait``) and
+``GET /v1/jobs/{job_id}/groups/stream`` (SSE, resumed with ``Last-Event-ID``); ``GET
+/v1/jobs/{job_id}`` (progress), ``GET /healthz``. Reads the store only: the launcher appends feed
+entries as groups finish, this process polls for them (docs/feed.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+import uvicorn
+from fastapi import FastAPI, Header, Query
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from rollout.feed.groups import GroupOptions, load_groups
+from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from store.feed import FeedQueries
+
+MAX_WAIT_S = 60.0
+MAX_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class FeedSettings:
+    """The service's defaults: ``min_valid`` valid samples for a trainable group, how often the
+    store is polled while a client waits (seconds), and the SSE keep-alive interval (seconds)."""
+
+    min_valid: int = 2
+    poll_interval_s: float = 0.2
+    keepalive_s: float = 15.0
+
+
+class UnknownJob(LookupError):
+    """The store has no session of this job."""
+
+
+async def job_progress(queries: FeedQueries, job_id: str) -> JobProgress:
+    """A job's progress; UnknownJob when it has no session."""
+    p = await queries.progress(job_id)
+    if p["sessions"] == 0:
+        raise UnknownJob(job_id)
+    return JobProgress(**p, done=p["finished"] == p["sessions"])
+
+
+async def groups_after(queries: FeedQueries, job_id: str, after: int, limit: int,
+                       opts: GroupOptions) -> tuple[list[FeedGroupOut], JobProgress]:
+    """The ready groups after cursor ``after`` (at most ``limit``) and the job's progress, read
+    BEFORE the groups: when it says ``done``, every group that will ever be ready is already in
+    the feed, so an empty answer then means the end."""
+    progress = await job_progress(queries, job_id)
+    entries = await queries.ready_after(job_id, after, limit)
+    built = await load_groups(queries, job_id, entries, [e["group_id"] for e in entries], opts)
+    return [g for g, _ in built], progress
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}},
+                        status_code=status)
+
+
+def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
+                    backfill: Callable[[str], Awaitable[int]] | None = None) -> FastAPI:
+    """The feed's FastAPI app on ``queries`` (a reader of the store). ``backfill(job_id)``
+    (``Store.backfill_feed``) is called once per job the first time it is asked for while it has
+    finished sessions but no feed entry: a job recorded before the feed existed."""
+    cfg = settings or FeedSettings()
+    app = FastAPI(title="rollout-factory feed", docs_url=None, redoc_url=None)
+    checked: set[str] = set()
+
+    async def ensure(job_id: str) -> JobProgress:
+        """The job's progress, after the one-time backfill of a job recorded before the feed."""
+        progress = await job_progress(queries, job_id)
+        if backfill is not None and job_id not in checked:
+            checked.add(job_id)
+            if progress.finished and not progress.groups_ready and await backfill(job_id):
+                progress = await job_progress(queries, job_id)
+        return progress
+
+    def options(min_valid: int | None, normalize: Normalize, view: View) -> GroupOptions:
+        return GroupOptions(min_valid=cfg.min_valid if min_valid is None else min_valid, normalize=normalize,
+                            view=view)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/jobs/{job_id}")
+    async def progress(job_id: str) -> Response:
+        try:
+            return Response((await ensure(job_id)).model_dump_json(), media_type="application/json")
+        except UnknownJob:
+            return _error(404, "unknown_job", f"no job {job_id!r} in this store")
+
+    @app.get("/v1/jobs/{job_id}/groups")
+    async def groups(job_id: str, after: Annotated[int, Query(ge=0)] = 0,
+                     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
+                     min_valid: Annotated[int | None, Query(ge=0)] = None,
+                     normalize: Normalize = "std", view: View = "full") -> Response:
+        opts = options(min_valid, normalize, view)
+        deadline = time.monotonic() + wait
+        try:
+            await ensure(job_id)
+            while True:
+                found, prog = await groups_after(queries, job_id, after, limit, opts)
+                left = deadline - time.monotonic()
+                if found or prog.done or left <= 0:
+                    break
+                await asyncio.sleep(min(cfg.poll_interval_s, left))
+        except UnknownJob:
+            return _error(404, "unknown_job", f"no job {job_id!r} in this store")
+        page = GroupPage(job_id=job_id, after=after, next_cursor=(found[-1].cursor or after) if found else after,
+                         groups=found, progress=prog)
+        return Response(page.model_dump_json(), media_type="application/json")
+
+    @app.get("/v1/jobs/{job_id}/groups/stream")
+    async def stream(job_id: str, after: Annotated[int, Query(ge=0)] = 0,
+                     min_valid: Annotated[int | None, Query(ge=0)] = None,
+                     normalize: Normalize = "std", view: View = "full",
+                     last_event_id: Annotated[str | None, Header()] = None) -> Response:
+        opts = options(min_valid, normalize, view)
+        cursor = after
+        if last_event_id:
+            if not last_event_id.strip().isdigit():
+                return _error(400, "bad_last_event_id", f"Last-Event-ID must be a cursor (an integer), "
+                                                        f"not {last_event_id!r}")
+            cursor = int(last_event_id)
+        try:
+            await ensure(job_id)
+        except UnknownJob:
+            return _error(404, "unknown_job", f"no job {job_id!r} in this store")
+        return StreamingResponse(_events(queries, job_id, cursor, opts, cfg), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+async def _events(queries: FeedQueries, job_id: str, cursor: int, opts: GroupOptions,
+                  cfg: FeedSettings) -> AsyncIterator[bytes]:
+    """SSE events: ``group`` (``id`` = its cursor), comments as keep-alives while idle, and one
+    ``done`` event with the progress once every session of the job is finished and sent."""
+    idle_since = time.monotonic()
+    while True:
+        found, prog = await groups_after(queries, job_id, cursor, 20, opts)
+        for g in found:
+            yield f"id: {g.cursor}\nevent: group\ndata: {g.model_dump_json()}\n\n".encode()
+            cursor = g.cursor if g.cursor is not None else cursor
+        if found:
+            idle_since = time.monotonic()
+            continue
+        if prog.done:
+            yield f"event: done\ndata: {prog.model_dump_json()}\n\n".encode()
+            return
+        if time.monotonic() - idle_since >= cfg.keepalive_s:
+            yield b": keep-alive\n\n"
+            idle_since = time.monotonic()
+        await asyncio.sleep(cfg.poll_interval_s)
+
+
+async def run_server(app: FastAPI, sock: socket.socket) -> None:
+    """Serve ``app`` with uvicorn on the listening ``sock`` until SIGINT or SIGTERM, then return
+    normally (uvicorn re-raises the signal it caught once it has shut down; the handlers set
+    here take it, so the caller's cleanup runs instead of the process dying on SIGTERM)."""
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda s, _f: caught.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        await server.serve(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

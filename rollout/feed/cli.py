@@ -1,0 +1,178 @@
+"""``python launcher.py feed`` (serve the feed of ready groups), ``python launcher.py export``
+(write a job's groups to a file) and ``python launcher.py serve`` (the long-running mode:
+``rollout.serve``). Exit codes: 0 done, 1 the store, the job or the output cannot
+be used (the message says why), 2 bad flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rollout.feed.app import FeedSettings, create_feed_app, run_server
+from rollout.feed.export import ExportError, export_job
+from rollout.feed.groups import GroupOptions
+from store import DbUrlError, Store
+from store.feed import FeedQueries
+
+DEFAULT_PORT = 8766
+COMMANDS = ("feed", "export", "serve")
+SERVE_PORT = 8767
+_SUFFIX = {"jsonl": ".jsonl", "parquet": ".parquet", "openai": ".openai.jsonl"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``feed`` and ``export`` sub-commands."""
+    ap = argparse.ArgumentParser(prog="launcher.py", description="Serve or export finished groups for training.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    feed = sub.add_parser("feed", help="serve the feed of ready groups (GET /v1/jobs/{job_id}/groups)")
+    feed.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    feed.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    feed.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    feed.add_argument("--min-valid-samples", type=int, default=2,
+                      help="valid samples a group needs to be trainable (default 2; a request may set min_valid)")
+    feed.add_argument("--poll-interval-s", type=float, default=0.2,
+                      help="how often the store is polled while a client waits (default 0.2 s)")
+    feed.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    exp = sub.add_parser("export", help="write a job's groups as jsonl, parquet or the OpenAI chat format")
+    exp.add_argument("--job-id", required=True, help="the job")
+    exp.add_argument("--format", choices=["jsonl", "parquet", "openai"], default="jsonl",
+                     help="jsonl (default), parquet (needs pyarrow: the export extra) or openai (fine-tuning chat)")
+    exp.add_argument("--per", choices=["session", "step"], default="session", help="one row per session (default) or step")
+    exp.add_argument("--only-trainable", action="store_true",
+                     help="only valid samples of trainable groups (no errored, unscored or flagged ones)")
+    exp.add_argument("--min-score", type=float, help="only samples scored at least this (e.g. 10 for SFT on passes)")
+    exp.add_argument("--min-valid-samples", type=int, default=2, help="valid samples a trainable group needs (default 2)")
+    exp.add_argument("--normalize", choices=["std", "none"], default="std",
+                     help="advantage: (score - mean) / std (default) or score - mean")
+    exp.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    exp.add_argument("--out", type=Path, help="output file (default runs/export-<job id>.<format>)")
+    srv = sub.add_parser("serve", help="long-running: start the gateway once, run batches a trainer submits "
+                                        "(POST /v1/batches) and serve their groups")
+    srv.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default env)")
+    srv.add_argument("--gateway-config", type=Path, help="gateway YAML (default configs/gateway.yaml)")
+    srv.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
+    srv.add_argument("--llm-model", help="default route of batches (default: the gateway config's)")
+    srv.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=SERVE_PORT, help=f"port (default {SERVE_PORT}; 0: any free port)")
+    srv.add_argument("--pool-size", type=int, default=4, help="sessions run at once (default 4)")
+    srv.add_argument("--no-evaluation", action="store_true", help="do not grade (default: grade every session)")
+    srv.add_argument("--eval-timeout", type=float, default=60.0, help="evaluator timeout in seconds (default 60)")
+    srv.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap", help="runtime sandbox (default bwrap)")
+    srv.add_argument("--max-retries", type=int, default=2, help="retries of infrastructure failures (default 2)")
+    srv.add_argument("--retry-backoff-s", type=float, default=1.0, help="backoff before the first retry (default 1 s)")
+    srv.add_argument("--min-valid-samples", type=int, default=2, help="valid samples a trainable group needs (default 2)")
+    srv.add_argument("--poll-interval-s", type=float, default=0.2, help="feed poll interval (default 0.2 s)")
+    srv.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    return ap
+
+
+def _serve_options(args: argparse.Namespace) -> Any:
+    from rollout.job import JobOptions
+
+    cfg = args.gateway_config
+    if cfg is None:
+        local = Path("configs/gateway.yaml")
+        cfg = local if local.is_file() else Path(__file__).resolve().parents[2] / "configs" / "gateway.yaml"
+    return JobOptions(agent_root=args.agent_root, gateway_config=cfg, gateway_base_url=args.gateway_base_url,
+                      llm_model=args.llm_model, db_path=args.db_path, pool_size=args.pool_size,
+                      enable_evaluation=not args.no_evaluation, eval_timeout=args.eval_timeout, sandbox=args.sandbox,
+                      max_retries=args.max_retries, retry_backoff_s=args.retry_backoff_s)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """``serve``: exit 0 when stopped, 1 when it cannot start."""
+    from rollout.job import SetupError
+    from rollout.serve import serve as serve_batches
+
+    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        opts = _serve_options(args)
+        asyncio.run(serve_batches(opts, args.host, args.port, FeedSettings(
+            min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s)))
+    except (SetupError, ValidationError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+async def _open(url: str) -> Store:
+    """The store at ``url``, with the feed's table created when a store made by an older version
+    lacks it. Raises DbUrlError / FileNotFoundError for a bad URL or a missing SQLite file."""
+    store = Store(url)
+    if store.path is not None and not Path(store.path).is_file():
+        await store.close()
+        raise FileNotFoundError(f"no trajectory store at {store.path} (run a job first, or pass --db-path)")
+    await store.init()
+    return store
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Open the store and serve the feed until cancelled (Ctrl-C)."""
+    store = await _open(args.db_path)
+    try:
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"warning: serving on {args.host}: anyone who reaches it can read every trajectory", file=sys.stderr)
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+        sock.listen(128)  # connections wait in the backlog until the server accepts them
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"feed on http://{host}:{sock.getsockname()[1]}/ (store {store.identity()}); Ctrl-C stops it", flush=True)
+        app = create_feed_app(FeedQueries(store.reader), FeedSettings(min_valid=args.min_valid_samples,
+                                                                      poll_interval_s=args.poll_interval_s),
+                              backfill=store.backfill_feed)
+        await run_server(app, sock)
+    finally:
+        await store.close()
+
+
+async def export(args: argparse.Namespace) -> int:
+    """Write the export; prints what was written and what was left out."""
+    out = args.out or Path("runs") / f"export-{args.job_id}{_SUFFIX[args.format]}"
+    store = await _open(args.db_path)
+    try:
+        result = await export_job(FeedQueries(store.reader), args.job_id, args.format, out, per=args.per,
+                                  only_trainable=args.only_trainable, min_score=args.min_score,
+                                  opts=GroupOptions(min_valid=args.min_valid_samples, normalize=args.normalize))
+    finally:
+        await store.close()
+    print(f"{result.rows} rows ({args.format}, one per {args.per}) written to {result.path}")
+    for why, n in sorted(result.skipped.items()):
+        print(f"  left out {n}: {why}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Run ``feed`` or ``export``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve_main(args)
+    if args.command == "feed":
+        logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "feed":
+            asyncio.run(serve(args))
+            return 0
+        return asyncio.run(export(args))
+    except (DbUrlError, FileNotFoundError, ExportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        what = f"cannot listen on {args.host}:{args.port}" if args.command == "feed" else "cannot write the export"
+        print(f"error: {what}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0 if args.command == "feed" else 130

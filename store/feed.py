@@ -1,0 +1,208 @@
+"""The feed's SQL: marking a group ready (in the launcher's finishing transaction) and the reads
+that serve ready groups and exports (docs/feed.md).
+
+Written with SQLAlchemy Core/ORM only, so it runs unchanged on SQLite and PostgreSQL. Rows come
+back as plain dicts of column values (JSON columns decoded). Step columns that a store made by
+another version lacks (token ids, policy versions) are read when the table has them, and are
+None otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Result, case, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import ColumnElement
+
+from store.models import FeedGroup, JobEnvironment, SessionStep, utcnow
+from store.stepcodec import decode_rows
+
+JE = JobEnvironment.__table__  # type: ignore[attr-defined]
+ST = SessionStep.__table__  # type: ignore[attr-defined]
+FG = FeedGroup.__table__  # type: ignore[attr-defined]
+
+TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "policy_version",
+                 "extends_prefix")
+"""Step columns a trainer needs beyond the conversation; None when the store has no such column."""
+
+_FINISHED = case((JE.c.finished.is_(True), 1), else_=0)
+_IN_CHUNK = 500  # ids per IN (...) list, well under every backend's parameter limit
+
+_SESSION_COLUMNS = ("env_id", "job_id", "group_id", "env_name", "case_id", "llm_model", "harness", "sample_index",
+                    "status", "outcome", "attempts", "reward", "eval_status", "eval_reason", "error_text",
+                    "duration_s", "finished", "finished_at")
+_STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint", "status", "status_code", "messages",
+                 "response", "finish_reason", "prompt_tokens", "completion_tokens", "total_tokens", "latency_ms",
+                 "is_trainable", "created_at")
+
+
+# A step may be stored as a delta on an earlier step of its session (column ``encoding``,
+# ``store.stepcodec``): every read takes these columns and rebuilds the full values.
+_CODEC_COLUMNS = ("session_id", "seq", "encoding", "messages", "request", "response", "prompt_token_ids",
+                  "completion_token_ids")
+
+
+def _rebuild(rows: list[dict[str, Any]], *, keep_messages: bool, keep_request: bool) -> None:
+    """Rebuild delta-stored steps in place (all of a session's steps are among ``rows``), then
+    drop the columns read only for that."""
+    decode_rows(rows)
+    for row in rows:
+        row.pop("encoding", None)
+        if not keep_messages:
+            row.pop("messages", None)
+        if not keep_request:
+            row.pop("request", None)
+
+
+def _dicts(result: Result[Any]) -> list[dict[str, Any]]:
+    """The rows of ``result`` as dicts (the keys built once, not per row)."""
+    keys = list(result.keys())
+    return [dict(zip(keys, row, strict=True)) for row in result.all()]
+
+
+def _present(table: Any, names: Iterable[str]) -> list[ColumnElement[Any]]:
+    return [table.c[n] for n in names if n in table.c]
+
+
+def unfinished_group(s: Session, session_id: str) -> tuple[str, str] | None:
+    """``(job_id, group_id)`` of a session that is not finished yet, None when it is finished or
+    unknown. Read in the finishing transaction before the session is marked finished."""
+    row = s.execute(select(JE.c.job_id, JE.c.group_id, JE.c.finished).where(JE.c.env_id == session_id)).one_or_none()
+    return None if row is None or row.finished else (row.job_id, row.group_id)
+
+
+def append_if_ready(s: Session, job_id: str, group_id: str) -> int | None:
+    """In the caller's write transaction, after one of the group's sessions was finished: when
+    every session of the group is finished, append a feed entry (the next ``ready_seq`` of the
+    job, ``revision`` one more than the group's earlier entries). Returns the new ``ready_seq``,
+    or None when the group still has unfinished sessions. The caller holds the write lock (SQLite
+    ``BEGIN IMMEDIATE``), so the next ``ready_seq`` is read and written atomically; a concurrent
+    writer of the same job on PostgreSQL fails on the primary key instead of reusing a number.
+    Synchronous (an async caller uses ``AsyncSession.run_sync``)."""
+    total, finished = s.execute(
+        select(func.count(), func.sum(_FINISHED)).where(JE.c.job_id == job_id, JE.c.group_id == group_id)).one()
+    if not total or int(finished or 0) < int(total):
+        return None
+    last = s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id)).scalar()
+    revisions = s.execute(select(func.count()).where(FG.c.job_id == job_id, FG.c.group_id == group_id)).scalar()
+    seq = int(last or 0) + 1
+    s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=group_id, revision=int(revisions or 0) + 1,
+                                 n_samples=int(total), ready_at=utcnow()))
+    return seq
+
+
+def backfill(s: Session, job_id: str) -> int:
+    """In the caller's write transaction: give every complete group of ``job_id`` that has no
+    feed entry one (revision 1), in the order of its last session's ``finished_at``; for jobs
+    recorded before the feed existed. Returns how many entries were appended. A group completed
+    by this version always has its entry already (appended in the same transaction as its last
+    finish), so this never duplicates one. Synchronous, as :func:`append_if_ready`."""
+    have = set(s.execute(select(FG.c.group_id).where(FG.c.job_id == job_id)).scalars())
+    done = s.execute(
+        select(JE.c.group_id, func.max(JE.c.finished_at), func.count()).where(JE.c.job_id == job_id)
+        .group_by(JE.c.group_id).having(func.sum(_FINISHED) == func.count())).all()
+    todo = sorted(((last, gid, n) for gid, last, n in done if gid not in have),
+                  key=lambda t: (t[0] is None, t[0] or 0, t[1]))
+    last_seq = s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id)).scalar()
+    seq = int(last_seq or 0)
+    for _, gid, n in todo:
+        seq += 1
+        s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=gid, revision=1, n_samples=int(n),
+                                     ready_at=utcnow()))
+    return len(todo)
+
+
+class FeedQueries:
+    """Read-only queries of the feed and of exports, on a reader engine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def last_ready_seq(self, job_id: str) -> int:
+        """The job's highest ``ready_seq`` (0 when no group is ready yet)."""
+        async with self.engine.connect() as conn:
+            value = (await conn.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id))).scalar()
+        return int(value or 0)
+
+    async def ready_after(self, job_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+        """Feed entries of a job with ``ready_seq > after``, oldest first, at most ``limit``."""
+        q = (select(FG).where(FG.c.job_id == job_id, FG.c.ready_seq > after)
+             .order_by(FG.c.ready_seq).limit(limit))
+        async with self.engine.connect() as conn:
+            return _dicts(await conn.execute(q))
+
+    async def progress(self, job_id: str) -> dict[str, int]:
+        """``{"sessions", "finished", "groups", "groups_ready"}`` of a job (``groups_ready``:
+        distinct groups with a feed entry)."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(
+                select(func.count(), func.sum(_FINISHED),
+                       func.count(func.distinct(JE.c.group_id)))
+                .where(JE.c.job_id == job_id))).one()
+            ready = (await conn.execute(
+                select(func.count(func.distinct(FG.c.group_id))).where(FG.c.job_id == job_id))).scalar()
+        return {"sessions": int(row[0] or 0), "finished": int(row[1] or 0), "groups": int(row[2] or 0),
+                "groups_ready": int(ready or 0)}
+
+    async def sessions_of_groups(self, job_id: str, group_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The session rows of these groups (``env_id`` is the session id), by group and sample."""
+        out: list[dict[str, Any]] = []
+        cols = _present(JE, _SESSION_COLUMNS)
+        async with self.engine.connect() as conn:
+            for i in range(0, len(group_ids), _IN_CHUNK):
+                q = (select(*cols).where(JE.c.job_id == job_id, JE.c.group_id.in_(group_ids[i:i + _IN_CHUNK]))
+                     .order_by(JE.c.group_id, JE.c.sample_index, JE.c.env_id))
+                out.extend(_dicts(await conn.execute(q)))
+        return out
+
+    async def steps_of_sessions(self, session_ids: Sequence[str], *, with_messages: bool = True,
+                                with_request: bool = False) -> dict[str, list[dict[str, Any]]]:
+        """Every recorded step of these sessions (session id -> steps in ``seq`` order), with the
+        token columns the table has; ``messages`` only when ``with_messages``, ``request`` only
+        when ``with_request``."""
+        names = (*(c for c in _STEP_COLUMNS if with_messages or c != "messages"), *TOKEN_COLUMNS,
+                 *(("request",) if with_request else ()))
+        names = (*names, *(c for c in _CODEC_COLUMNS if c not in names))  # to rebuild a step from its base
+        cols = _present(ST, names)
+        out: dict[str, list[dict[str, Any]]] = {sid: [] for sid in session_ids}
+        async with self.engine.connect() as conn:
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = (select(*cols).where(ST.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
+                     .order_by(ST.c.session_id, ST.c.seq))
+                rows = _dicts(await conn.execute(q))
+                _rebuild(rows, keep_messages=with_messages, keep_request=with_request)
+                for row in rows:
+                    out[row["session_id"]].append(row)
+        return out
+
+    async def policy_versions(self, session_ids: Sequence[str]) -> dict[str, list[int]]:
+        """The distinct policy versions stamped on each session's steps, ascending (a session
+        without any is absent; every session is absent when the table has no such column)."""
+        if "policy_version" not in ST.c:
+            return {}
+        out: dict[str, list[int]] = {}
+        async with self.engine.connect() as conn:
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = (select(ST.c.session_id, ST.c.policy_version).distinct()
+                     .where(ST.c.session_id.in_(session_ids[i:i + _IN_CHUNK]), ST.c.policy_version.is_not(None))
+                     .order_by(ST.c.session_id, ST.c.policy_version))
+                for sid, version in (await conn.execute(q)).all():
+                    out.setdefault(sid, []).append(int(version))
+        return out
+
+    async def group_ids(self, job_id: str) -> list[str]:
+        """Every group of a job, ordered by env, case and group id (exports)."""
+        q = (select(JE.c.group_id, func.min(JE.c.env_name), func.min(JE.c.case_id))
+             .where(JE.c.job_id == job_id).group_by(JE.c.group_id)
+             .order_by(func.min(JE.c.env_name), func.min(JE.c.case_id), JE.c.group_id))
+        async with self.engine.connect() as conn:
+            return [r[0] for r in (await conn.execute(q)).all()]
+
+    async def ready_entries(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The latest feed entry of each ready group of a job (group id -> entry)."""
+        q = select(FG).where(FG.c.job_id == job_id).order_by(FG.c.ready_seq)
+        async with self.engine.connect() as conn:
+            return {r["group_id"]: r for r in _dicts(await conn.execute(q))}

@@ -1,0 +1,122 @@
+"""``launcher.py export``: JSONL, Parquet read back by pandas, the OpenAI chat format; only
+trainable rows; per step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from store import Store
+from tests.feed.helpers import finish, make_job, step
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+async def _job(db: Path) -> dict[str, list[str]]:
+    store = Store(f"sqlite://{db}")
+    await store.init()
+    try:
+        ids = await make_job(store, "j", {"g1": 2, "g2": 2})
+        tool_call = {"id": "t1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\": \"ls\"}"}}
+        second = step(ids["g1"][0], 2, "done", request={"model": "m", "tools": TOOLS})
+        second.response = {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                                        "finish_reason": "tool_calls"}]}
+        await store.write_batch([second], [])
+        await finish(store, ids["g1"][0], 10)
+        await finish(store, ids["g1"][1], 4)
+        await finish(store, ids["g2"][0], 0.0, "error", eval_reason="KeyError")  # never a 0 for training
+        await finish(store, ids["g2"][1], 8)
+    finally:
+        await store.close()
+    return ids
+
+
+def export(db: Path, *args: str) -> str:
+    r = subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
+                        "--job-id", "j", *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+async def test_jsonl_and_parquet_rows_per_session(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    ids = await _job(db)
+    out = export(db, "--format", "jsonl", "--out", str(tmp_path / "x.jsonl"))
+    assert "4 rows (jsonl, one per session)" in out
+    rows = {r["session_id"]: r for r in map(json.loads, (tmp_path / "x.jsonl").read_text().splitlines())}
+    a = rows[ids["g1"][0]]
+    assert (a["group_id"], a["env"], a["case_id"], a["score"], a["valid"], a["cursor"]) == ("g1", "toy", "case-g1",
+                                                                                           10.0, True, 1)
+    assert round(a["advantage"], 5) == 1.0 and a["group_trainable"] is True
+    assert [s["seq"] for s in a["steps"]] == [1, 2] and a["steps"][1]["tool_calls"][0]["id"] == "t1"
+    bad = rows[ids["g2"][0]]
+    assert (bad["score"], bad["advantage"], bad["valid"]) == (None, None, False)
+    assert bad["invalid_reason"] == "evaluation error: KeyError"
+    assert rows[ids["g2"][1]]["group_flags"] == ["too_few_valid"]
+
+    export(db, "--format", "parquet", "--out", str(tmp_path / "x.parquet"))
+    df = pd.read_parquet(tmp_path / "x.parquet")
+    assert len(df) == 4 and set(df["session_id"]) == set(rows)
+    pa_row = df[df["session_id"] == ids["g1"][0]].iloc[0]
+    assert pa_row["score"] == 10.0 and bool(pa_row["valid"])
+    steps = list(pa_row["steps"])
+    assert [int(s["seq"]) for s in steps] == [1, 2]
+    assert json.loads(steps[0]["messages"]) == [{"role": "user", "content": "q1"}]
+    assert json.loads(steps[1]["tool_calls"])[0]["function"]["name"] == "bash"
+    assert steps[0]["prompt_token_ids"] is None  # not captured: null, never an empty list
+    assert pd.isna(df[df["session_id"] == ids["g2"][0]].iloc[0]["score"])
+
+
+async def test_parquet_loads_with_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import datasets  # imported here: slow to import, and it reads HF_* at import time
+    db = tmp_path / "t.db"
+    ids = await _job(db)
+    export(db, "--format", "parquet", "--out", str(tmp_path / "x.parquet"))
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "x.parquet"), split="train",
+                               cache_dir=str(tmp_path / "cache"))
+    assert ds.num_rows == 4 and sorted(ds["session_id"]) == sorted(sid for g in ids.values() for sid in g)
+    row = next(r for r in ds if r["session_id"] == ids["g1"][0])
+    assert row["score"] == 10.0 and [s["seq"] for s in row["steps"]] == [1, 2]
+
+
+async def test_only_trainable_per_step_and_openai_format(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    ids = await _job(db)
+    out = export(db, "--format", "parquet", "--per", "step", "--only-trainable", "--out", str(tmp_path / "s.parquet"))
+    df = pd.read_parquet(tmp_path / "s.parquet")
+    # g2 has one valid sample (< 2): flagged, left out; g1's two sessions have 2 + 1 steps
+    assert sorted(zip(df["session_id"], df["seq"], strict=True)) == sorted(
+        [(ids["g1"][0], 1), (ids["g1"][0], 2), (ids["g1"][1], 1)])
+    assert set(df["step_model"]) == {"m"} and set(df["model"]) == {"m"}
+    assert "left out 2: group not trainable (too_few_valid)" in out
+
+    out = export(db, "--format", "openai", "--out", str(tmp_path / "o.jsonl"))
+    lines = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert len(lines) == 4  # the last successful call of each session
+    tool_ex = next(x for x in lines if "tools" in x)
+    assert tool_ex["tools"] == TOOLS
+    assert tool_ex["messages"] == [{"role": "user", "content": "q2"},
+                                   {"role": "assistant", "content": None, "tool_calls": [
+                                       {"id": "t1", "type": "function",
+                                        "function": {"name": "bash", "arguments": "{\"cmd\": \"ls\"}"}}]}]
+    export(db, "--format", "openai", "--min-score", "8", "--out", str(tmp_path / "o8.jsonl"))
+    lines = [json.loads(x) for x in (tmp_path / "o8.jsonl").read_text().splitlines()]
+    assert sorted(x["messages"][-1]["content"] or "tool" for x in lines) == [f"answer {ids['g2'][1]}", "tool"]
+
+
+def test_unknown_job_is_a_clear_error(tmp_path: Path) -> None:
+    db = tmp_path / "none.db"
+    r = subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
+                        "--job-id", "j"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 1 and "no trajectory store at" in r.stderr
