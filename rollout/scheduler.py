@@ -115,7 +115,7 @@ class RunSettings:
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
-def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
+def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]]], group_size: int | None,
                  max_steps: int | None) -> list[JobEnvironment]:
     """One ``job_environments`` row per (env, case, sample). The ``group_id`` of a case's samples is
     shared (uuid5 of job, env and case); session ids are random uuid4 hex."""
@@ -123,7 +123,7 @@ def session_rows(job_id: str, model: str, envs: list[tuple[EnvConfig, list[Case]
     for cfg, cases in envs:
         for case in cases:
             group = uuid.uuid5(uuid.NAMESPACE_URL, f"{job_id}/{cfg.name}/{case.case_id}").hex[:16]
-            for k in range(group_size):
+            for k in range(group_size or cfg.group_size):
                 rows.append(JobEnvironment(
                     session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
                     llm_model=model, group_id=group, sample_index=k,
