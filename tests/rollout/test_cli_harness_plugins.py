@@ -1,4 +1,4 @@
-"""The claude-code, codex and mini-swe-agent plugins without their CLIs: what ``launch`` asks for
+"""The harness plugins without their CLIs: what ``launch`` asks for
 (argv, env, files) and how ``install`` fails where a tool is missing (their runs:
 tests/test_harness_clis_e2e.py)."""
 
@@ -72,3 +72,14 @@ def test_npm_harnesses_say_what_is_missing(name: str, tmp_path: Path, monkeypatc
     monkeypatch.setattr(shutil, "which", lambda _cmd: None)
     with pytest.raises(HarnessUnavailable, match=r"apt-get install (npm|nodejs)"):
         load_harness(name).harness.install(tmp_path)
+
+
+def test_bash_agent_takes_the_env_temperature_only_when_the_job_sets_none() -> None:
+    h = load_harness("bash-agent").harness
+    env_set = CTX.model_copy(update={"temperature": None, "params": {"temperature": 0.5, "protocol": "text"}})
+    argv = h.launch(env_set).argv
+    assert argv[argv.index("--temperature") + 1] == "0.5" and argv[argv.index("--protocol") + 1] == "text"
+    both = CTX.model_copy(update={"params": {"temperature": 0.5}})  # the job's 0.3 wins
+    argv = h.launch(both).argv
+    assert argv[argv.index("--temperature") + 1] == "0.3"
+    assert "--temperature" not in h.launch(CTX.model_copy(update={"temperature": None, "params": {}})).argv

@@ -78,3 +78,24 @@ def test_discover_envs(tmp_path: Path) -> None:
     _write_env(tmp_path, "b", BASE, [])
     _write_env(tmp_path, "a", BASE, [])
     assert [c.name for c in discover_envs(tmp_path)] == ["a", "b"]
+
+
+def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
+    from rollout.scheduler import session_rows
+
+    one, four = tmp_path / "one", tmp_path / "four"
+    for folder, extra in ((one, ""), (four, "group_size: 4\n")):
+        (folder / "data").mkdir(parents=True)
+        (folder / "data" / "cases.jsonl").write_text('{"q": 1}\n{"q": 2}\n')
+        (folder / "env.yaml").write_text("dataset: {path: data/cases.jsonl}\nruntime: {command: [x]}\n" + extra)
+    envs = [(cfg, load_cases(cfg)) for cfg in (load_env_config(one / "env.yaml"), load_env_config(four / "env.yaml"))]
+    rows = session_rows("j", "m", envs, None, None)
+    assert [(r.env_name, r.case_id, r.sample_index) for r in rows if r.env_name == "four"] == [
+        ("four", c, k) for c in ("0", "1") for k in range(4)]
+    assert [(r.case_id, r.sample_index) for r in rows if r.env_name == "one"] == [("0", 0), ("1", 0)]
+    assert len({r.group_id for r in rows if r.env_name == "four" and r.case_id == "0"}) == 1
+    # --rl-group-size, when given, applies to every env
+    assert len(session_rows("j", "m", envs, 2, None)) == 2 * 2 * 2
+    with pytest.raises(EnvConfigError, match="group_size"):
+        (four / "env.yaml").write_text("dataset: {path: data/cases.jsonl}\nruntime: {command: [x]}\ngroup_size: 0\n")
+        load_env_config(four / "env.yaml")

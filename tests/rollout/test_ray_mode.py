@@ -86,7 +86,7 @@ async def test_bundled_envs_give_the_same_rows_on_ray_as_local(tmp_path: Path, c
     require_bwrap()
     db = tmp_path / "trajs.db"
     common = ["--agent-root", str(REPO / "env"), "--llm-model", "fake", "--db-path", f"sqlite://{db}",
-              "--enable-evaluation", "--limit", "2", "--pool-size", "3"]
+              "--enable-evaluation", "--limit", "2", "--pool-size", "3", "--env", "gsm8k", "--env", "workspace"]
     async with FakeUpstream() as up:
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
         code, _, err = await launch(*common, "--gateway-config", str(cfg), "--job-id", "loc",
