@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from gateway.errors import GatewayError
+from store import MAX_INT
 
 __all__ = ["PolicyControl", "build_admin_router"]
 
@@ -100,7 +101,7 @@ class PolicyVersionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: StrictInt = Field(ge=0)
+    version: StrictInt = Field(ge=0, le=MAX_INT)
 
 
 class PauseRequest(BaseModel):

@@ -58,7 +58,7 @@ from rollout.services import (
     start_gateway,
     start_llama_server,
 )
-from store import DbUrlError, JobEnvironment, Store
+from store import JOB_ID_PATTERN, MAX_INT, DbUrlError, JobEnvironment, Store
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,9 @@ class JobOptions(BaseModel):
     db_path: str = "sqlite://env_trajs.db"
     pool_size: int = Field(default=4, ge=1)
     rl_group_size: int | None = Field(default=None, ge=1)  # None: each env's group_size
-    max_steps: int | None = Field(default=None, ge=-1)
+    max_steps: int | None = Field(default=None, ge=-1, le=MAX_INT)
     limit: int | None = Field(default=None, ge=1)
-    job_id: str | None = None
+    job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)  # it names folders and files
     resume: bool = False
     mode: Literal["local", "ray"] = "local"
     ray_address: str | None = None

@@ -48,7 +48,7 @@ from rollout.services import (
     gateway_api_key,
     gateway_root,
 )
-from store import JobEnvironment, Store
+from store import JOB_ID_PATTERN, MAX_INT, JobEnvironment, Store
 from store.feed import FeedQueries
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,10 @@ class BatchRequest(BaseModel):
     limit: int | None = Field(default=None, ge=1)
     samples: int = Field(default=1, ge=1)
     model: str | None = None
-    policy_version: int | None = Field(default=None, ge=0)
+    policy_version: int | None = Field(default=None, ge=0, le=MAX_INT)
     temperature: float | None = Field(default=None, ge=0)
-    max_steps: int | None = Field(default=None, ge=-1)
-    job_id: str | None = Field(default=None, min_length=1, max_length=128)
+    max_steps: int | None = Field(default=None, ge=-1, le=MAX_INT)
+    job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)
 
 
 class BatchInfo(BaseModel):

@@ -6,6 +6,8 @@ docs/architecture.md).
 
 from store.engine import DbUrlError, json_dumps, parse_db_url
 from store.models import (
+    JOB_ID_PATTERN,
+    MAX_INT,
     GatewaySession,
     JobEnvironment,
     SessionAttempt,
@@ -21,6 +23,8 @@ from store.models import (
 from store.repo import SessionRow, StepRow, Store, is_unavailable
 
 __all__ = [
+    "JOB_ID_PATTERN",
+    "MAX_INT",
     "DbUrlError",
     "GatewaySession",
     "JobEnvironment",

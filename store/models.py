@@ -52,6 +52,14 @@ def new_record_id() -> str:
     return os.urandom(16).hex()
 
 
+MAX_INT = 2**63 - 1
+"""The largest integer an INTEGER / BIGINT column holds (SQLite and PostgreSQL): the bound of
+every integer a user gives that is stored (policy versions, budgets, cursors)."""
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""A job id: letters, digits, ``.``, ``_``, ``-`` (it names files and folders: ``runs/logs/<job id>/``)."""
+
+
 def _ts(**kw: Any) -> Any:
     return Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), **kw))
 

@@ -341,6 +341,26 @@ def test_a_runtime_file_missing_from_the_env_folder_stops_the_job_before_it_runs
     assert [c.name for c, _ in load_envs(opts)] == ["typo"]
 
 
+@pytest.mark.parametrize("job_id", ["a/b", "../../x", ".hidden", "", "x" * 129])
+def test_a_job_id_that_cannot_name_a_folder_is_refused(job_id: str) -> None:
+    from pydantic import ValidationError
+
+    from rollout.job import JobOptions
+
+    with pytest.raises(ValidationError, match="job_id"):
+        JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", job_id=job_id)
+    assert JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", job_id="exp-1.run_2").job_id == "exp-1.run_2"
+
+
+def test_integers_beyond_the_store_are_refused() -> None:
+    from pydantic import ValidationError
+
+    from rollout.job import JobOptions
+
+    with pytest.raises(ValidationError, match="max_steps"):
+        JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", max_steps=2**63)
+
+
 async def test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume(tmp_path: Path) -> None:
     import signal
 

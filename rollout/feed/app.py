@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollout.feed.groups import GroupOptions, load_groups
 from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from store import MAX_INT
 from store.feed import FeedQueries
 
 MAX_WAIT_S = 60.0
@@ -100,7 +101,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
 
     @app.get("/v1/jobs/{job_id}/groups")
-    async def groups(job_id: str, after: Annotated[int, Query(ge=0)] = 0,
+    async def groups(job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                      limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
                      min_valid: Annotated[int | None, Query(ge=0)] = None,
@@ -122,14 +123,14 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
         return Response(page.model_dump_json(), media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}/groups/stream")
-    async def stream(job_id: str, after: Annotated[int, Query(ge=0)] = 0,
+    async def stream(job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                      min_valid: Annotated[int | None, Query(ge=0)] = None,
                      normalize: Normalize = "std", view: View = "full",
                      last_event_id: Annotated[str | None, Header()] = None) -> Response:
         opts = options(min_valid, normalize, view)
         cursor = after
         if last_event_id:
-            if not last_event_id.strip().isdigit():
+            if not last_event_id.strip().isdigit() or int(last_event_id) > MAX_INT:
                 return _error(400, "bad_last_event_id", f"Last-Event-ID must be a cursor (an integer), "
                                                         f"not {last_event_id!r}")
             cursor = int(last_event_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import socket
 import sys
 from pathlib import Path
@@ -18,13 +19,19 @@ from pydantic import ValidationError
 from rollout.feed.app import FeedSettings, create_feed_app, run_server
 from rollout.feed.export import ExportError, export_job
 from rollout.feed.groups import GroupOptions
-from store import DbUrlError, Store
+from store import JOB_ID_PATTERN, DbUrlError, Store
 from store.feed import FeedQueries
 
 DEFAULT_PORT = 8766
 COMMANDS = ("feed", "export", "serve")
 SERVE_PORT = 8767
 _SUFFIX = {"jsonl": ".jsonl", "parquet": ".parquet", "openai": ".openai.jsonl"}
+
+
+def _job_id(value: str) -> str:
+    if not re.fullmatch(JOB_ID_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a job id (letters, digits, '.', '_', '-')")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how often the store is polled while a client waits (default 0.2 s)")
     feed.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     exp = sub.add_parser("export", help="write a job's groups as jsonl, parquet or the OpenAI chat format")
-    exp.add_argument("--job-id", required=True, help="the job")
+    exp.add_argument("--job-id", required=True, type=_job_id, help="the job")
     exp.add_argument("--format", choices=["jsonl", "parquet", "openai"], default="jsonl",
                      help="jsonl (default), parquet (needs pyarrow: the export extra) or openai (fine-tuning chat)")
     exp.add_argument("--per", choices=["session", "step"], default="session", help="one row per session (default) or step")

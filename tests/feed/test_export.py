@@ -120,3 +120,11 @@ def test_unknown_job_is_a_clear_error(tmp_path: Path) -> None:
                         "--job-id", "j"], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 1 and "no trajectory store at" in r.stderr
+
+
+def test_a_job_id_that_is_a_path_is_refused(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{tmp_path / 'x.db'}",
+                        "--job-id", "../../x"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and "is not a job id" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, not even runs/

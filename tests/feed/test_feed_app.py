@@ -116,8 +116,11 @@ async def test_unknown_job_and_bad_parameters_are_clear_errors(store: Store) -> 
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_job"
         assert (await c.get("/v1/jobs/nope")).status_code == 404
         assert (await c.get("/v1/jobs/nope/groups/stream")).status_code == 404
-        r = await c.get("/v1/jobs/nope/groups", params={"after": -1})
-        assert r.status_code == 422 and "after" in r.text
+        for after in (-1, "abc", 2**63):  # beyond 2**63 - 1 no stored cursor can be
+            r = await c.get("/v1/jobs/nope/groups", params={"after": after})
+            assert r.status_code == 422 and "after" in r.text, after
+        r = await c.get("/v1/jobs/nope/groups/stream", headers={"Last-Event-ID": str(2**63)})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_last_event_id"
         r = await c.get("/v1/jobs/nope/groups", params={"normalize": "zscore"})
         assert r.status_code == 422 and "normalize" in r.text
 
