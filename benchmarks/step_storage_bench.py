@@ -10,7 +10,9 @@ token per byte). Rows are built and recorded exactly as the gateway records them
 (:func:`store.step_record`, :class:`store.stepcodec.StepEncoder`, ``Store.commit_now``, the
 prefix check of :class:`gateway.continuity.PrefixTracker`), into two fresh SQLite files in the
 same run; every step is then read back (``Store.trajectory``) and checked equal to what was
-written. Prints the database size / unique content ratio and microseconds per recorded step.
+written. Prints the database size / unique content ratio and microseconds per recorded step, and
+where the bytes of the deltas file go (SQLite ``dbstat``: pages, payload and free bytes per table
+and index; the text bytes of each ``session_steps`` column).
 """
 
 from __future__ import annotations
@@ -82,6 +84,47 @@ def db_bytes(path: Path) -> tuple[int, int]:
         con.close()
 
 
+_TEXT_COLUMNS = ("messages", "request", "response", "prompt_token_ids", "completion_token_ids", "record_id",
+                 "created_at", "encoding", "meta_json", "session_id", "env_name", "llm_model", "group_id", "job_id",
+                 "endpoint", "status", "finish_reason")
+
+
+def breakdown(path: Path, unique: int) -> list[str]:
+    """Where the file's bytes go, as lines of text: each table and index of ``session_steps``
+    (pages, payload, free bytes in its pages), the pages of every other object (an empty
+    store's fixed cost, not per session), and the ``session_steps`` payload by column (the text
+    bytes of each text/JSON column; the rest is record headers and numbers). Ratios are to
+    ``unique``."""
+    con = sqlite3.connect(path)
+    try:
+        page = int(con.execute("PRAGMA page_size").fetchone()[0])
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_schema WHERE tbl_name = 'session_steps'")}
+        stats = con.execute("SELECT name, count(*), sum(pgsize), sum(payload), sum(unused) FROM dbstat "
+                            "GROUP BY name ORDER BY sum(pgsize) DESC").fetchall()
+        lines = [f"  where the deltas file goes (page size {page} B; x = bytes / unique content):"]
+        other_pages = other_bytes = 0
+        for name, pages, size, payload, unused in stats:
+            if name not in names:
+                other_pages += pages
+                other_bytes += size
+                continue
+            lines.append(f"    {name:<36} {pages:5d} pages {size / unique:6.3f}x  payload {payload / unique:6.3f}x  "
+                         f"free in its pages {unused / unique:6.3f}x  page/cell headers "
+                         f"{(size - payload - unused) / unique:6.3f}x")
+        lines.append(f"    {'every other table and index':<36} {other_pages:5d} pages {other_bytes / unique:6.3f}x  "
+                     "(one page each, empty: per file, not per session)")
+        sums = con.execute("SELECT " + ", ".join(f"coalesce(sum(length(CAST({c} AS BLOB))), 0)" for c in _TEXT_COLUMNS)
+                           + " FROM session_steps").fetchone()
+        payload = int(con.execute("SELECT sum(payload) FROM dbstat WHERE name = 'session_steps'").fetchone()[0])
+        cols = sorted(zip(_TEXT_COLUMNS, sums, strict=True), key=lambda c: -c[1])
+        lines.append("    session_steps payload by column: " + ", ".join(
+            f"{c} {n / unique:.3f}x" for c, n in cols if n) + f", record headers and numbers "
+            f"{(payload - sum(sums)) / unique:.3f}x")
+        return lines
+    finally:
+        con.close()
+
+
 async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool) -> tuple[float, float]:
     """Record every step as the gateway does (one commit per step, sessions interleaved); returns
     the CPU microseconds per step spent on the prefix check + encoding, and on writing."""
@@ -132,6 +175,8 @@ async def run(turns: int, turn_bytes: int, n_sessions: int, tokens: bool) -> Non
             path = Path(tmp) / f"{'delta' if deltas else 'full'}.db"
             encode_us, write_us = await record(path, sessions, deltas)
             results[deltas] = (db_bytes(path), encode_us, write_us)
+            if deltas:
+                where = breakdown(path, unique)
     label = "with token ids" if tokens else "messages only"
     print(f"{n_sessions} sessions x {turns} turns x {turn_bytes} B per turn ({label}); unique content "
           f"{unique / n_sessions / 1024:.1f} KiB per session")
@@ -145,6 +190,7 @@ async def run(turns: int, turn_bytes: int, n_sessions: int, tokens: bool) -> Non
     print(f"  deltas/full: file size {delta[0][0] / full[0][0]:.3f}, CPU to record a step "
           f"{(delta[1] + delta[2]) / (full[1] + full[2]):.2f}x (steps/unique: the session_steps table and its "
           "indexes)")
+    print("\n".join(where))
 
 
 def main(argv: list[str] | None = None) -> int:
