@@ -1,11 +1,13 @@
 """``python -m gateway --config configs/gateway.yaml [--host H] [--port P] [--db-url URL]``.
 
-Flags override the config file. Exit code 2 on a config error."""
+Flags override the config file. Exit code 2 on a config error, 3 when the address cannot be bound
+(checked before the app starts, so such a gateway never touches the store)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 import uvicorn
@@ -38,8 +40,15 @@ def main(argv: list[str] | None = None) -> int:
         updates["storage_type"] = "postgresql" if args.db_url.startswith("postgres") else "sqlite"
     settings = settings.model_copy(update=updates)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.listen_host, port=settings.listen_port,
-                log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=10)
+    host, port = settings.listen_host, settings.listen_port
+    try:  # bound before the app starts: a gateway that cannot listen must not touch the store
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        print(f"error: cannot listen on {host}:{port}: {e}", file=sys.stderr)
+        return 3
+    config = uvicorn.Config(create_app(settings), log_level=settings.log_level, access_log=False,
+                            timeout_graceful_shutdown=10)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
