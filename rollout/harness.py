@@ -18,6 +18,7 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -257,3 +258,22 @@ def install(loaded: LoadedHarness, root: Path | None = None) -> InstalledHarness
     """``ensure_installed`` for a found harness. Raises HarnessUnavailable."""
     return InstalledHarness(name=loaded.name, folder=loaded.folder,
                             install_dir=ensure_installed(loaded.harness, root))
+
+
+def npm_install(cache_dir: Path, spec: str, version_argv: list[str]) -> None:
+    """For a plugin's ``install``: ``npm install --prefix cache_dir spec``, then check that
+    ``version_argv + ["--version"]`` runs. Raises HarnessUnavailable (npm missing, the registry
+    unreachable, the CLI broken), with npm's or the CLI's last output."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise HarnessUnavailable(f"{spec} needs npm (Node.js), which is not installed: apt-get install npm")
+    p = subprocess.run([npm, "install", "--prefix", str(cache_dir), "--no-audit", "--no-fund",
+                        "--loglevel=error", spec], capture_output=True, text=True, timeout=900, check=False)
+    if p.returncode != 0:
+        raise HarnessUnavailable(f"npm install {spec} failed: {(p.stderr or p.stdout).strip()[-500:]}")
+    try:
+        v = subprocess.run([*version_argv, "--version"], capture_output=True, text=True, timeout=120, check=False)
+    except OSError as e:
+        raise HarnessUnavailable(f"{spec}: {version_argv} cannot be run: {e}") from e
+    if v.returncode != 0:
+        raise HarnessUnavailable(f"{spec}: --version failed: {(v.stderr or v.stdout).strip()[-500:]}")

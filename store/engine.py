@@ -95,6 +95,17 @@ def json_dumps(obj: Any) -> str:
     return text
 
 
+def _sqlite_connection(dbapi_conn: Any, _record: Any) -> None:
+    """Every SQLite connection: WAL, the busy timeout, ``synchronous=NORMAL``, and no implicit
+    transactions (we emit ``BEGIN``/``BEGIN IMMEDIATE`` ourselves: pysqlite's are deferred)."""
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
 def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
     """A sync engine on the SQLite file ``path`` set up as the async ones (WAL, busy_timeout,
     ``BEGIN IMMEDIATE`` for the writer, ``BEGIN`` for the reader), one connection: for the
@@ -103,14 +114,7 @@ def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
     engine = create_engine(f"sqlite:///{path}", json_serializer=json_dumps, poolclass=StaticPool,
                            connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
 
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
+    event.listen(engine, "connect", _sqlite_connection)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -132,15 +136,7 @@ def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:
         )
         begin_sql = "BEGIN IMMEDIATE" if writer else "BEGIN"
 
-        @event.listens_for(engine.sync_engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            # Let us emit BEGIN ourselves (pysqlite's implicit transactions are deferred).
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
+        event.listen(engine.sync_engine, "connect", _sqlite_connection)
 
         @event.listens_for(engine.sync_engine, "begin")
         def _on_begin(conn: Any) -> None:

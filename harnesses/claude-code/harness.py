@@ -7,11 +7,9 @@ update checks and other non-essential traffic are off. Claude Code refuses
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
-from rollout.harness import Harness, HarnessContext, HarnessLaunch, HarnessUnavailable
+from rollout.harness import Harness, HarnessContext, HarnessLaunch, npm_install
 
 PACKAGE = "@anthropic-ai/claude-code"
 VERSION = "2.1.332"
@@ -26,25 +24,6 @@ OFFLINE_ENV = {
 }
 
 
-def npm_install(cache_dir: Path, spec: str, binary: str) -> None:
-    """``npm install --prefix cache_dir spec``, then check that ``binary`` answers ``--version``.
-    Raises HarnessUnavailable (npm missing, the registry unreachable, the binary broken)."""
-    npm = shutil.which("npm")
-    if npm is None:
-        raise HarnessUnavailable(f"{spec} needs npm (Node.js), which is not installed: apt-get install npm")
-    p = subprocess.run([npm, "install", "--prefix", str(cache_dir), "--no-audit", "--no-fund",
-                        "--loglevel=error", spec], capture_output=True, text=True, timeout=900, check=False)
-    if p.returncode != 0:
-        raise HarnessUnavailable(f"npm install {spec} failed: {(p.stderr or p.stdout).strip()[-500:]}")
-    exe = cache_dir / binary
-    try:
-        v = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=120, check=False)
-    except OSError as e:
-        raise HarnessUnavailable(f"{spec}: {exe} cannot be run: {e}") from e
-    if v.returncode != 0:
-        raise HarnessUnavailable(f"{spec}: {exe} --version failed: {(v.stderr or v.stdout).strip()[-500:]}")
-
-
 class ClaudeCode(Harness):
     """``claude -p INSTRUCTION --model ROUTE --allowedTools Bash --output-format json`` (its JSON
     result goes to the harness log). The gateway's step budget bounds the turns."""
@@ -54,7 +33,7 @@ class ClaudeCode(Harness):
     version = VERSION
 
     def install(self, cache_dir: Path) -> None:
-        npm_install(cache_dir, f"{PACKAGE}@{VERSION}", BIN)
+        npm_install(cache_dir, f"{PACKAGE}@{VERSION}", [str(cache_dir / BIN)])
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         argv = [f"{ctx.install_dir}/{BIN}", "-p", ctx.instruction, "--model", ctx.model,

@@ -9,33 +9,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
-from rollout.harness import Harness, HarnessContext, HarnessLaunch, HarnessUnavailable
+from rollout.harness import Harness, HarnessContext, HarnessLaunch, HarnessUnavailable, npm_install
 
 PACKAGE = "@openai/codex"
 VERSION = "0.171.0"
 ENTRY = "node_modules/@openai/codex/bin/codex.js"
 KEY_ENV = "ROLLOUT_GATEWAY_KEY"
-
-
-def npm_install(cache_dir: Path, spec: str, argv: list[str]) -> None:
-    """``npm install --prefix cache_dir spec``, then check that ``argv + ["--version"]`` runs.
-    Raises HarnessUnavailable (npm missing, the registry unreachable, the CLI broken)."""
-    npm = shutil.which("npm")
-    if npm is None:
-        raise HarnessUnavailable(f"{spec} needs npm (Node.js), which is not installed: apt-get install npm")
-    p = subprocess.run([npm, "install", "--prefix", str(cache_dir), "--no-audit", "--no-fund",
-                        "--loglevel=error", spec], capture_output=True, text=True, timeout=900, check=False)
-    if p.returncode != 0:
-        raise HarnessUnavailable(f"npm install {spec} failed: {(p.stderr or p.stdout).strip()[-500:]}")
-    try:
-        v = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=120, check=False)
-    except OSError as e:
-        raise HarnessUnavailable(f"{spec}: {argv} cannot be run: {e}") from e
-    if v.returncode != 0:
-        raise HarnessUnavailable(f"{spec}: --version failed: {(v.stderr or v.stdout).strip()[-500:]}")
 
 
 def config_toml(ctx: HarnessContext) -> str:
