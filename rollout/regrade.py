@@ -190,9 +190,13 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
     """Regrade the finished sessions of ``opts.job_id`` (only ``opts.env_names`` when given),
     ``opts.pool_size`` at a time; ``on_start(n_sessions)`` is called once the sessions are known,
     ``on_done`` after each session. Starts no process and
-    makes no network call. Raises SetupError for an unknown job or an env the job does not have.
+    makes no network call. Raises SetupError for an agent root that is not a folder, an unknown
+    job or an env the job does not have.
     Each session's new evaluation is committed on its own, so an interruption leaves every session
     with either its new or its previous evaluation."""
+    if not opts.agent_configs and not opts.agent_root.is_dir():
+        raise SetupError(f"agent root {opts.agent_root} is not a directory: run from the project folder or "
+                         "pass --agent-root (the evaluators are looked up there)")
     store = open_store(opts.db_path)
     try:
         await store.init()

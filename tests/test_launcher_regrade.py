@@ -106,4 +106,7 @@ async def test_regrade_flag_errors(tmp_path: Path) -> None:
     code, _, err = await launch("--regrade", "--job-id", "j", "--pool-size", "0", cwd=tmp_path)
     assert code == 1 and "--pool-size" in err
     code, _, err = await launch("--regrade", "--job-id", "nosuch", "--db-path", f"sqlite://{db}", cwd=tmp_path)
+    assert code == 1 and "agent root env is not a directory" in err  # no env/ here: said before the store
+    code, _, err = await launch("--regrade", "--job-id", "nosuch", "--db-path", f"sqlite://{db}",
+                                "--agent-root", str(REPO / "env"), cwd=tmp_path)
     assert code == 1 and "no job 'nosuch'" in err

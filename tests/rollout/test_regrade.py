@@ -449,6 +449,8 @@ async def test_setup_errors(tmp_path: Path) -> None:
         await regrade_job(RegradeOptions(job_id="nosuch", db_path=f"sqlite://{db}"))
     with pytest.raises(SetupError, match=r"job js has no sessions of env \['other'\] \(has \['math'\]\)"):
         await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", env_names=["other"]))
+    with pytest.raises(SetupError, match=r"agent root .*nope is not a directory: run from the project folder"):
+        await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=tmp_path / "nope"))
 
 
 def test_blocker_rules() -> None:
