@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 import time
@@ -28,6 +27,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollout.job import JobOptions, JobResult, SetupError, run_job
+from rollout.logs import setup_logging
 from rollout.progress import ProgressState
 from rollout.regrade import (
     NotRegraded,
@@ -275,7 +275,7 @@ def regrade_main(args: argparse.Namespace) -> int:
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     try:
         result = asyncio.run(_regrade(opts, not args.no_progress))
     except SetupError as e:
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     job: dict[str, str] = {}
     try:
         result = asyncio.run(_run(opts, not args.no_progress, job))

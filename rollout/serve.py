@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import socket
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.settings import GatewaySettings
 from rollout.envs import Case, EnvConfig
-from rollout.feed.app import FeedSettings, create_feed_app, run_server
+from rollout.feed.app import FeedSettings, create_feed_app
 from rollout.job import (
     JobOptions,
     SetupError,
@@ -39,6 +38,7 @@ from rollout.job import (
     plan_sessions,
     start_services,
 )
+from rollout.local_server import listen, run_server, url_of
 from rollout.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.services import (
     ChildProcess,
@@ -326,12 +326,8 @@ async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings) -> N
         log_dir = Path("runs") / "logs" / f"serve-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
         url, key, model, gw = await _gateway(opts, store, log_dir, children)
         service = BatchService(store, opts, url, key, model, gw)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)  # connections wait in the backlog until the server accepts them
-        shown = f"[{host}]" if ":" in host else host
-        print(f"serve on http://{shown}:{sock.getsockname()[1]}/ (gateway {url}, route {model!r}, "
+        sock = listen(host, port, exposes="every trajectory and can start batches")
+        print(f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
               f"store {store.identity()}); Ctrl-C stops it", flush=True)
         runner = asyncio.create_task(service.run_forever(), name="batches")
         await run_server(create_serve_app(service, feed), sock)

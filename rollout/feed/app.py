@@ -9,14 +9,11 @@ entries as groups finish, this process polls for them (docs/feed.md).
 from __future__ import annotations
 
 import asyncio
-import signal
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-import uvicorn
 from fastapi import FastAPI, Header, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -164,17 +161,3 @@ async def _events(queries: FeedQueries, job_id: str, cursor: int, opts: GroupOpt
             yield b": keep-alive\n\n"
             idle_since = time.monotonic()
         await asyncio.sleep(cfg.poll_interval_s)
-
-
-async def run_server(app: FastAPI, sock: socket.socket) -> None:
-    """Serve ``app`` with uvicorn on the listening ``sock`` until SIGINT or SIGTERM, then return
-    normally (uvicorn re-raises the signal it caught once it has shut down; the handlers set
-    here take it, so the caller's cleanup runs instead of the process dying on SIGTERM)."""
-    caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda s, _f: caught.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        await server.serve(sockets=[sock])
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

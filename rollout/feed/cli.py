@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import re
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from rollout.feed.app import FeedSettings, create_feed_app, run_server
+from rollout.feed.app import FeedSettings, create_feed_app
 from rollout.feed.export import ExportError, export_job
 from rollout.feed.groups import GroupOptions
+from rollout.local_server import listen, run_server, url_of
+from rollout.logs import setup_logging
 from store import JOB_ID_PATTERN, DbUrlError, Store
 from store.feed import FeedQueries
 
@@ -99,7 +99,7 @@ def serve_main(args: argparse.Namespace) -> int:
     from rollout.job import SetupError
     from rollout.serve import serve as serve_batches
 
-    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     try:
         opts = _serve_options(args)
         asyncio.run(serve_batches(opts, args.host, args.port, FeedSettings(
@@ -130,14 +130,8 @@ async def serve(args: argparse.Namespace) -> None:
     """Open the store and serve the feed until cancelled (Ctrl-C)."""
     store = await _open(args.db_path)
     try:
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"warning: serving on {args.host}: anyone who reaches it can read every trajectory", file=sys.stderr)
-        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
-        sock.listen(128)  # connections wait in the backlog until the server accepts them
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"feed on http://{host}:{sock.getsockname()[1]}/ (store {store.identity()}); Ctrl-C stops it", flush=True)
+        sock = listen(args.host, args.port, exposes="every trajectory")
+        print(f"feed on {url_of(sock)} (store {store.identity()}); Ctrl-C stops it", flush=True)
         app = create_feed_app(FeedQueries(store.reader), FeedSettings(min_valid=args.min_valid_samples,
                                                                       poll_interval_s=args.poll_interval_s),
                               backfill=store.backfill_feed)
@@ -168,7 +162,7 @@ def main(argv: list[str]) -> int:
     if args.command == "serve":
         return serve_main(args)
     if args.command == "feed":
-        logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(args.log_level)
     try:
         if args.command == "feed":
             asyncio.run(serve(args))

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import socket
 import sys
 from pathlib import Path
 
-import uvicorn
-
+from rollout.local_server import listen, run_server, url_of
+from rollout.logs import setup_logging
 from rollout.viewer.app import create_app
 from rollout.viewer.db import ViewerError, open_queries
 from rollout.viewer.report import DEFAULT_VIEWER_URL, write_report
@@ -53,16 +51,9 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path) -> None:
         else:
             if made:
                 print(f"created indexes {', '.join(made)}", file=sys.stderr)
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"warning: serving on {host}: anyone who reaches it can read every trajectory", file=sys.stderr)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        url_host = f"[{host}]" if ":" in host else host
-        print(f"viewer on http://{url_host}:{sock.getsockname()[1]}/ (store {db_path}); Ctrl-C stops it", flush=True)
-        app = create_app(queries, HiddenFields(agent_root))
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        await server.serve(sockets=[sock])
+        sock = listen(host, port, exposes="every trajectory")
+        print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)
+        await run_server(create_app(queries, HiddenFields(agent_root)), sock)
     finally:
         await engine.dispose()
 
@@ -71,7 +62,7 @@ def main(argv: list[str]) -> int:
     """Run ``view`` or ``report``; returns the exit code."""
     args = build_parser().parse_args(argv)
     if args.command == "view":
-        logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(args.log_level)
         try:
             asyncio.run(serve(args.db_path, args.host, args.port, args.agent_root))
         except ViewerError as e:
