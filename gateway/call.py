@@ -27,7 +27,7 @@ from gateway.sessions import StepSlot
 from gateway.state import GatewayState
 from gateway.wire import WireRequest
 from store import step_record
-from store.stepcodec import TokenChain, token_chain
+from store.stepcodec import TokenChain, message_digests, token_chain
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class Call:
         self.policy_version: int | None = None  # the version when the call was admitted
         self.admitted = False  # counted in flight by gw.policy until released
         self.tokens: TokenChain | None = None  # fingerprints of the step's token ids, once read
+        self.digests: tuple[bytes, ...] | None = None  # exact digest of each message, once per step
         self._recorded = False  # the step row was handed to the telemetry writer
 
     # ------------------------------------------------------------------ ownership
@@ -161,7 +162,7 @@ class Call:
             fut = self.gw.writer.enqueue(step, state)
         else:
             encoder = self.gw.encoder
-            pending = encoder.encode(step, self.tokens)  # stored as a delta on the session's last committed step
+            pending = encoder.encode(step, self.tokens, self.digests)  # a delta on the session's last committed step
             fut = self.gw.writer.enqueue(step, state, on_commit=lambda: encoder.committed(pending))
         self._recorded = True  # handed to the writer (which reports a record it loses)
         return fut
@@ -205,18 +206,21 @@ class Call:
             meta["capture_added"] = sorted(self.capture_added)
         prompt_ids = completion_ids = logprobs = None
         extends = None
+        conversation = self.proto.conversation(self.body)
+        # once per step, for the prefix check and the encoder (without deltas the check hashes alone)
+        self.digests = message_digests(conversation) if self.gw.settings.telemetry.step_deltas else None
         if self.proto.endpoint == "chat.completions":
             prompt_ids, completion_ids, logprobs = tokens_of(outcome.response)
             ok = outcome.status == StepStatus.OK
             self.tokens = token_chain(prompt_ids, completion_ids)  # once, for the prefix check and the encoder
             extends = self.gw.prefixes.observe(
                 s.session_id, s.seq, ok=ok, prompt_ids=prompt_ids, tokens=self.tokens,
-                messages=self.body.get("messages"), answer_message=(message_of(outcome.response) or None) if ok else None,
-                tools=self.body.get("tools"))
+                messages=conversation, answer_message=(message_of(outcome.response) or None) if ok else None,
+                tools=self.body.get("tools"), digests=self.digests)
         return step_record(
             session_id=s.session_id, seq=s.seq, step_id=s.step_id, env_name=s.env_name, group_id=s.group_id,
             job_id=s.job_id, llm_model=self.route_key, endpoint=self.proto.endpoint, is_stream=self.stream,
-            status=outcome.status.value, status_code=outcome.status_code, messages=self.proto.conversation(self.body),
+            status=outcome.status.value, status_code=outcome.status_code, messages=conversation,
             request=redact_request(self.upstream_body), response=outcome.response,
             finish_reason=answer.finish_reason, prompt_tokens=answer.prompt_tokens,
             completion_tokens=answer.completion_tokens, total_tokens=answer.total_tokens, latency_ms=latency_ms,

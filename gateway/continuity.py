@@ -5,8 +5,9 @@ later prompt starts with exactly the earlier prompt and completion. :class:`Pref
 keeps, per session, a digest of the last ``ok`` step's prompt + completion (token ids when the
 upstream gave them, else the chat messages plus the assistant answer) and answers
 ``extends_prefix`` for each new step: True, False, or None (unknown). Memory per session:
-fingerprints (:class:`store.stepcodec.TokenChain`, one SHA-256 digest of the messages), never
-the conversation. The rule: docs/tokens.md.
+fingerprints (:class:`store.stepcodec.TokenChain`, a SHA-256 state of the messages, the exact
+digest of each message that the step encoder keeps anyway), never the conversation. The rule:
+docs/tokens.md.
 """
 
 from __future__ import annotations
@@ -16,18 +17,26 @@ import marshal
 from dataclasses import dataclass
 from typing import Any
 
-from store.stepcodec import TokenChain
+from store.stepcodec import TokenChain, message_digest
 
 __all__ = ["PrefixTracker", "canonical_message"]
 
 
 @dataclass(frozen=True, slots=True)
 class _Prefix:
+    """The last ``ok`` step: ``msg_count`` (its messages + the answer), ``msg_digest`` (SHA-256
+    of their canonical forms) and ``hasher`` (that SHA-256 state, to go on from), and the exact
+    digests of its messages and answer (``exact``, ``answer``: a later step whose messages start
+    with exactly these starts with them canonically too)."""
+
     seq: int
     tokens: TokenChain | None
     msg_count: int | None
     msg_digest: bytes | None
     tools_digest: bytes
+    hasher: Any = None
+    exact: tuple[bytes, ...] | None = None
+    answer: bytes | None = None
 
 
 def _text_or_parts(content: Any) -> Any:
@@ -87,11 +96,13 @@ class PrefixTracker:
 
     def observe(self, session_id: str, seq: int, *, ok: bool, prompt_ids: list[int] | None,
                 tokens: TokenChain | None, messages: Any, answer_message: dict[str, Any] | None,
-                tools: Any) -> bool | None:
+                tools: Any, digests: tuple[bytes, ...] | None = None) -> bool | None:
         """``extends_prefix`` of step ``seq`` of ``session_id``, then remember this step as the
         session's previous one when it is ``ok``. ``tokens``: the step's
         :func:`store.stepcodec.token_chain` (prompt + completion ids; None when the prompt ids
-        are unknown).
+        are unknown); ``digests``: :func:`store.stepcodec.message_digests` of ``messages``, when
+        the caller has them (then only the messages after an exactly equal history are hashed
+        again; the answer is the same).
 
         None when there is no previous step to compare with (the session's first step, a
         gateway restart since, a step recorded after a later one), or nothing comparable
@@ -109,27 +120,42 @@ class PrefixTracker:
                 and prev.tokens.complete):
             result = tokens.prompt_starts_with(prompt_ids, prev.tokens)
         msg_list = messages if isinstance(messages, list) else None
+        if msg_list is not None and digests is not None and len(digests) != len(msg_list):
+            digests = None
         h = hashlib.sha256()
         if msg_list is not None:
-            want = prev.msg_count if prev is not None and result is None and prev.msg_digest is not None else None
-            snap: bytes | None = None
-            for i, m in enumerate(msg_list):
-                if i == want:
+            want = prev.msg_count if prev is not None and prev.msg_digest is not None else None
+            if (want is not None and prev is not None and prev.exact is not None and digests is not None
+                    and len(digests) >= want and digests[want - 1] == prev.answer
+                    and digests[:want - 1] == prev.exact):
+                h = prev.hasher.copy()  # the same history exactly: canonically the same
+                for m in msg_list[want:]:
+                    h.update(_message_bytes(m))
+                if result is None:
+                    result = tools_digest == prev.tools_digest
+            else:
+                if result is not None:
+                    want = None
+                snap: bytes | None = None
+                for i, m in enumerate(msg_list):
+                    if i == want:
+                        snap = h.copy().digest()
+                    h.update(_message_bytes(m))
+                if want is not None and len(msg_list) == want:
                     snap = h.copy().digest()
-                h.update(_message_bytes(m))
-            if want is not None and len(msg_list) == want:
-                snap = h.copy().digest()
-            if prev is not None and want is not None:
-                result = snap is not None and snap == prev.msg_digest and tools_digest == prev.tools_digest
+                if prev is not None and want is not None:
+                    result = snap is not None and snap == prev.msg_digest and tools_digest == prev.tools_digest
         if not ok:
             return result
         if seq <= 1:
             self._last.pop(session_id, None)
         elif (have := self._last.get(session_id)) is not None and have.seq >= seq:
             return result
-        msg_count = msg_digest = None
         if msg_list is not None and answer_message is not None:
             h.update(_message_bytes(answer_message))
-            msg_count, msg_digest = len(msg_list) + 1, h.digest()
-        self._last[session_id] = _Prefix(seq, tokens, msg_count, msg_digest, tools_digest)
+            self._last[session_id] = _Prefix(
+                seq, tokens, len(msg_list) + 1, h.copy().digest(), tools_digest, h, digests,
+                message_digest(answer_message) if digests is not None else None)
+        else:
+            self._last[session_id] = _Prefix(seq, tokens, None, None, tools_digest)
         return result

@@ -20,6 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 BUSY_TIMEOUT_MS = 60_000
+SQLITE_PAGE_SIZE = 16384
+"""The page size of a SQLite file this store creates (bytes; an existing file keeps its own):
+a step row of a long session is ~1.5-2 KB, of which a 4 KiB page holds two and leaves ~15%
+empty, a 16 KiB page nine (docs/storage.md)."""
 
 
 class DbUrlError(ValueError):
@@ -96,10 +100,12 @@ def json_dumps(obj: Any) -> str:
 
 
 def _sqlite_connection(dbapi_conn: Any, _record: Any) -> None:
-    """Every SQLite connection: WAL, the busy timeout, ``synchronous=NORMAL``, and no implicit
-    transactions (we emit ``BEGIN``/``BEGIN IMMEDIATE`` ourselves: pysqlite's are deferred)."""
+    """Every SQLite connection: :data:`SQLITE_PAGE_SIZE` (before WAL, which writes the header of
+    a new file), WAL, the busy timeout, ``synchronous=NORMAL``, and no implicit transactions (we
+    emit ``BEGIN``/``BEGIN IMMEDIATE`` ourselves: pysqlite's are deferred)."""
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA synchronous=NORMAL")

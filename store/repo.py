@@ -25,7 +25,14 @@ from sqlalchemy.orm import Session
 from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
-from store.engine import BUSY_TIMEOUT_MS, make_engine, make_sync_sqlite_engine, parse_db_url, sqlite_path
+from store.engine import (
+    BUSY_TIMEOUT_MS,
+    SQLITE_PAGE_SIZE,
+    make_engine,
+    make_sync_sqlite_engine,
+    parse_db_url,
+    sqlite_path,
+)
 from store.feed import append_if_ready, backfill, unfinished_group
 from store.group import GroupCommit, Op
 from store.models import (
@@ -233,6 +240,7 @@ class _SqliteBatchWriter:
     def _connect(self, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, autocheckpoint: bool = True) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=busy_timeout_ms / 1000, isolation_level=None)
         try:
+            con.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")  # a new file only: before WAL writes its header
             con.execute("PRAGMA journal_mode=WAL")
             con.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
             con.execute("PRAGMA synchronous=NORMAL")

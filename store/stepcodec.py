@@ -17,17 +17,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ENCODING_VERSION", "Pending", "StepDecodeError", "StepEncoder", "TokenChain", "decode_rows", "token_chain"]
+__all__ = ["ENCODING_VERSION", "Pending", "StepDecodeError", "StepEncoder", "TokenChain", "answer_items", "decode_rows",
+           "message_digest", "message_digests", "token_chain"]
 
-ENCODING_VERSION = 1
+ENCODING_VERSION = 2
+"""The format :class:`StepEncoder` writes; :func:`decode_rows` reads it and version 1."""
 _CONVERSATION_KEYS = ("messages", "input")
 
 
-def _message_digest(message: Any) -> bytes:
+def message_digest(message: Any) -> bytes:
     """A digest equal for two JSON values exactly when they are stored as the same JSON text:
     ``marshal`` format 2 (no back-references, so equal values give equal bytes) keeps types,
     key order and every character, and costs a third of ``json.dumps``."""
     return hashlib.blake2b(marshal.dumps(message, 2), digest_size=16).digest()
+
+
+def message_digests(messages: Any) -> tuple[bytes, ...] | None:
+    """The exact digest of each message of a step's ``messages`` (None when it is not a list):
+    computed once per step, for :meth:`StepEncoder.encode` and the gateway's prefix check. Two
+    messages with equal digests are stored as the same JSON text."""
+    return tuple(message_digest(m) for m in messages) if isinstance(messages, list) else None
 
 
 TOKEN_BLOCK = 64
@@ -95,15 +104,31 @@ def _answer_message(response: Any) -> Any:
     return message if isinstance(message, dict) else None
 
 
+def answer_items(response: Any) -> list[Any]:
+    """The messages an agent sends back of a step's answer, as the answer holds them: a chat
+    completion's ``choices[0].message``; an Anthropic message's ``{"role", "content"}``; a
+    Responses answer's ``output`` items. Empty for anything else."""
+    if not isinstance(response, dict):
+        return []
+    message = _answer_message(response)
+    if message is not None:
+        return [message]
+    if response.get("type") == "message" and "role" in response and isinstance(response.get("content"), list):
+        return [{"role": response["role"], "content": response["content"]}]
+    output = response.get("output")
+    return list(output) if isinstance(output, list) else []
+
+
 @dataclass(frozen=True, slots=True)
 class _Stored:
     """What the encoder knows of a committed step: its seq; the digest of each of its messages
-    (None when ``messages`` was not a list), of its answer message and of its request without
-    the conversation; and its :class:`TokenChain` (None when its prompt ids are unknown)."""
+    (None when ``messages`` was not a list), of each of its :func:`answer_items` and of its
+    request without the conversation; and its :class:`TokenChain` (None when its prompt ids are
+    unknown)."""
 
     seq: int
     message_digests: tuple[bytes, ...] | None
-    answer_digest: bytes | None
+    answer_digests: tuple[bytes, ...]
     rest_digest: bytes
     tokens: TokenChain | None
 
@@ -139,26 +164,29 @@ class StepEncoder:
         if have is None or have.seq < pending.stored.seq or pending.stored.seq <= 1:
             self._last[pending.session_id] = pending.stored
 
-    def encode(self, row: dict[str, Any], tokens: TokenChain | None = None) -> Pending:
+    def encode(self, row: dict[str, Any], tokens: TokenChain | None = None,
+               digests: tuple[bytes, ...] | None = None) -> Pending:
         """Rewrite ``row`` (a dict of every ``session_steps`` column) in place into its stored
         form (docs/storage.md), and return what :meth:`committed` needs. ``tokens``: the row's
-        :func:`token_chain` when the caller already has it. With nothing to share (no committed
-        step yet, values with nothing in common) a value is stored in full; ``encoding`` is None
-        when every value is."""
+        :func:`token_chain`, ``digests``: its :func:`message_digests`, when the caller already
+        has them. With nothing to share (no committed step yet, values with nothing in common) a
+        value is stored in full; ``encoding`` is None when every value is."""
         sid, seq = row["session_id"], row["seq"]
         base = None if seq <= 1 else self._last.get(sid)
         messages, request = row["messages"], row["request"]
         prompt, completion = row["prompt_token_ids"], row["completion_token_ids"]
-        digests = tuple(_message_digest(m) for m in messages) if isinstance(messages, list) else None
-        answer = _answer_message(row["response"])
-        m_keep = a = q = k = f = p_keep = 0
+        if digests is None:
+            digests = message_digests(messages)
+        m_keep = a = q = f = p_keep = 0
         if base is not None and digests is not None and base.message_digests is not None:
             for mine, theirs in zip(digests, base.message_digests, strict=False):
                 if mine != theirs:
                     break
                 m_keep += 1
-            if m_keep < len(digests) and digests[m_keep] == base.answer_digest:
-                a = 1  # the agent sent the previous answer back as it got it
+            for mine, theirs in zip(digests[m_keep:], base.answer_digests, strict=False):
+                if mine != theirs:
+                    break
+                a += 1  # the agent sent the previous answer back as it got it
         rest = request
         if isinstance(messages, list) and isinstance(request, dict):
             for i, key in enumerate(_CONVERSATION_KEYS):
@@ -166,10 +194,10 @@ class StepEncoder:
                 if isinstance(value, list) and len(value) <= len(messages):
                     start = len(messages) - len(value)
                     if value is messages or value == messages[start:]:
-                        q, k, f = 1, i, start
+                        q, f = 1 | (4 if i else 0), start
                         rest = {**request, key: None}
                         break
-        rest_digest = _message_digest(rest)
+        rest_digest = message_digest(rest)
         if base is not None and rest_digest == base.rest_digest:
             q |= 2  # the same request apart from the conversation (model, sampling, tools)
         if tokens is None and prompt is not None:
@@ -179,8 +207,8 @@ class StepEncoder:
                 p_keep = base.tokens.total_len  # the usual case: the base's prompt + completion, then more
             else:
                 p_keep = tokens.common_prompt_blocks(base.tokens)
-        answer_digest = _message_digest(answer) if answer is not None else None
-        pending = Pending(sid, _Stored(seq, digests, answer_digest, rest_digest, tokens))
+        answer = tuple(message_digest(m) for m in answer_items(row["response"]))
+        pending = Pending(sid, _Stored(seq, digests, answer, rest_digest, tokens))
         if not (m_keep or a or q or p_keep):
             row["encoding"] = None
             return pending
@@ -192,8 +220,11 @@ class StepEncoder:
             row["request"] = rest
         if p_keep:
             row["prompt_token_ids"] = prompt[p_keep:]
-        base_seq = base.seq if base is not None and (m_keep or a or q & 2 or p_keep) else None
-        row["encoding"] = [ENCODING_VERSION, base_seq, m_keep, a, q, k, f, p_keep]
+        back = seq - base.seq if base is not None and (m_keep or a or q & 2 or p_keep) else 0
+        encoding = [ENCODING_VERSION, back, m_keep, a, q, f, p_keep]
+        while encoding[-1] == 0:
+            encoding.pop()  # trailing zeros are implied
+        row["encoding"] = encoding
         return pending
 
 
@@ -212,7 +243,16 @@ def _set(row: Any, name: str, value: Any) -> None:
         setattr(row, name, value)
 
 
-_Full = tuple[Any, Any, Any, Any]  # messages, token ids, answer message, request without the conversation
+_Full = tuple[Any, Any, list[Any], Any]  # messages, token ids, answer items, request without the conversation
+
+
+def _base_seq(seq: int, enc: Any) -> int | None:
+    """The seq of the base a stored ``encoding`` names (None: no base, or not an encoding)."""
+    if not isinstance(enc, list) or len(enc) < 2:
+        return None
+    if enc[0] == 1:
+        return enc[1] if isinstance(enc[1], int) else None
+    return seq - enc[1] if isinstance(enc[1], int) and enc[1] > 0 else None
 
 
 def decode_rows(rows: Sequence[Any]) -> None:
@@ -220,7 +260,8 @@ def decode_rows(rows: Sequence[Any]) -> None:
     encoded row of ``rows`` (dicts of columns, or :class:`store.models.SessionStep` objects) and
     set their ``encoding`` to None. A row's base is the row of the same ``session_id`` with the
     ``seq`` its encoding names, and must be among ``rows`` (a session's rows are always read
-    together). Raises :class:`StepDecodeError` when it is not."""
+    together). Raises :class:`StepDecodeError` when it is not, or when an encoding is of a
+    format this version cannot read."""
     by_key = {(_get(r, "session_id"), _get(r, "seq")): r for r in rows}
     full: dict[tuple[str, int], _Full] = {}
     for r in rows:
@@ -233,23 +274,39 @@ def decode_rows(rows: Sequence[Any]) -> None:
                 raise StepDecodeError(f"step {key[1]} of session {key[0]} is stored as a delta on its step {cur[1]}, "
                                       "which is not in the store")
             chain.append(row)
-            enc = _get(row, "encoding")
-            cur = (cur[0], enc[1]) if isinstance(enc, list) and enc[1] is not None else None
+            base_seq = _base_seq(cur[1], _get(row, "encoding"))
+            cur = (cur[0], base_seq) if base_seq is not None else None
         for row in reversed(chain):
             _decode_one(row, full)
+
+
+def _fields(sid: str, seq: int, enc: Any) -> tuple[int | None, int, int, int, str | None, int, int]:
+    """``(base_seq, messages kept, answer items, request mode bits 1|2, conversation key, from,
+    prompt ids kept)`` of an encoding of version 1 or 2 (docs/storage.md)."""
+    bad = StepDecodeError(f"step {seq} of session {sid} has an encoding this version cannot read: {enc!r}")
+    if not isinstance(enc, list) or not enc or not all(isinstance(v, int) or v is None for v in enc):
+        raise bad
+    if enc[0] == 1 and len(enc) == 8:
+        _, base_seq, m_keep, a, q, k, f, p_keep = enc
+        return base_seq, m_keep, a, q, _CONVERSATION_KEYS[k] if q & 1 else None, f, p_keep
+    if enc[0] == 2 and 2 <= len(enc) <= 7 and None not in enc:
+        _, _, m_keep, a, q, f, p_keep = enc + [0] * (7 - len(enc))
+        key = _CONVERSATION_KEYS[1 if q & 4 else 0] if q & 1 else None
+        return _base_seq(seq, enc), m_keep, a, q & 3, key, f, p_keep
+    raise bad
+
+
 def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
     sid, seq = _get(row, "session_id"), _get(row, "seq")
     enc = _get(row, "encoding")
     messages, prompt, request = _get(row, "messages"), _get(row, "prompt_token_ids"), _get(row, "request")
     key = None
     if enc is not None:
-        if not isinstance(enc, list) or len(enc) != 8 or enc[0] != ENCODING_VERSION:
-            raise StepDecodeError(f"step {seq} of session {sid} has an encoding this version cannot read: {enc!r}")
-        _, base_seq, m_keep, a, q, k, f, p_keep = enc
-        none: _Full = (None, None, None, None)
+        base_seq, m_keep, a, q, key, f, p_keep = _fields(sid, seq, enc)
+        none: _Full = (None, None, [], None)
         b_messages, b_ids, b_answer, b_rest = full[(sid, base_seq)] if base_seq is not None else none
         if m_keep or a:
-            kept = [_copy(m) for m in b_messages[:m_keep]] + ([_copy(b_answer)] if a else [])
+            kept = [_copy(m) for m in b_messages[:m_keep]] + [_copy(m) for m in b_answer[:a]]
             messages = kept + list(messages or [])
             _set(row, "messages", messages)
         if p_keep:
@@ -257,8 +314,7 @@ def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
             _set(row, "prompt_token_ids", prompt)
         if q & 2:
             request = _copy(b_rest)
-        if q & 1:
-            key = _CONVERSATION_KEYS[k]
+        if key is not None:
             rest = request
             request = {**rest, key: [_copy(m) for m in messages[f:]]}
         if q:
@@ -267,7 +323,7 @@ def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
     rest = {**request, key: None} if key is not None else request
     completion = _get(row, "completion_token_ids")
     ids = None if prompt is None else prompt if completion is None else prompt + completion
-    full[(sid, seq)] = (messages, ids, _answer_message(_get(row, "response")), rest)
+    full[(sid, seq)] = (messages, ids, answer_items(_get(row, "response")), rest)
 
 
 def _copy(value: Any) -> Any:

@@ -53,7 +53,7 @@ async def test_a_long_session_is_stored_once_and_read_in_full(start_gateway: Sta
     last = rows[-1]
     assert json.loads(last["messages"]) == sent[-1][-1:]  # only the new question: the answer sent back is a reference
     assert json.loads(last["request"])["messages"] is None  # rebuilt from the messages
-    assert json.loads(last["encoding"])[7] == len(steps[-2].prompt_token_ids) + len(steps[-2].completion_token_ids)
+    assert json.loads(last["encoding"])[6] == len(steps[-2].prompt_token_ids) + len(steps[-2].completion_token_ids)
     assert stored < full / 2
 
 

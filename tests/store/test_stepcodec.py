@@ -56,19 +56,20 @@ def encode_all(enc: StepEncoder, originals: list[dict[str, Any]]) -> list[dict[s
 
 def test_encode_stores_only_what_is_new_and_decode_rebuilds_it() -> None:
     stored = encode_all(StepEncoder(), ORIGINALS)
-    # [version, base seq, messages kept, answer sent back, request mode, conversation key, from, prompt ids kept]
+    # [version, seq - base seq, messages kept, answer items sent back, request mode, from, prompt ids kept],
+    # trailing zeros left out
     encs = [r["encoding"] for r in stored]
-    assert encs[0] == [1, None, 0, 0, 1, 0, 0, 0]  # no base: the messages once, not twice
+    assert encs[0] == [2, 0, 0, 0, 1]  # no base: the messages once, not twice
     assert stored[0]["request"] == {"model": "m", "messages": None, "temperature": 0.5}
     assert stored[0]["messages"] == ORIGINALS[0]["messages"]
-    assert encs[1] == [1, 1, 1, 0, 3, 0, 0, 103]  # the same request apart from its messages: not stored
+    assert encs[1] == [2, 1, 1, 0, 3, 0, 103]  # the same request apart from its messages: not stored
     assert stored[1]["request"] is None
     assert stored[1]["messages"] == conv(1)[1:] and stored[1]["prompt_token_ids"] == [5, 5]
-    assert encs[2][2] == 3 and encs[2][7] == 64  # token drift: whole blocks kept
+    assert encs[2] == [2, 1, 3, 0, 3, 0, 64]  # token drift: whole blocks kept
     assert stored[2]["prompt_token_ids"] == [*range(64, 100), 7, 8, 4, 5, 5, 1, 2]
-    assert encs[3][2] == 1 and encs[3][7] == 0  # the first user message edited; tokens unknown
-    assert encs[4][2] == 0 and encs[4][7] == 0  # nothing in common
-    assert encs[5][7] == 3 and stored[5]["prompt_token_ids"] == [4]
+    assert encs[3] == [2, 1, 1, 0, 3]  # the first user message edited; tokens unknown
+    assert encs[4] == [2, 1, 0, 0, 3]  # nothing in common but the request's other fields
+    assert encs[5] == [2, 1, 0, 0, 3, 0, 3] and stored[5]["prompt_token_ids"] == [4]
     decode_rows(stored)
     for got, want in zip(stored, ORIGINALS, strict=True):
         for col in ("messages", "request", "prompt_token_ids", "completion_token_ids"):
@@ -84,7 +85,7 @@ def test_the_answer_sent_back_is_not_stored_again() -> None:
     first["response"] = {"choices": [{"message": answer}]}
     second = row("s", 2, [SYS, answer, {"role": "tool", "content": "out"}])
     stored = encode_all(StepEncoder(), [first, second])
-    assert stored[1]["encoding"][2:4] == [1, 1] and stored[1]["messages"] == [{"role": "tool", "content": "out"}]
+    assert stored[1]["encoding"] == [2, 1, 1, 1, 3] and stored[1]["messages"] == [{"role": "tool", "content": "out"}]
     decode_rows(stored)
     assert stored[1]["messages"] == second["messages"] and stored[1]["request"] == second["request"]
 
@@ -95,7 +96,7 @@ def test_only_committed_steps_are_bases() -> None:
     enc.encode(first)  # never committed (refused by the store, dropped)
     second = copy.deepcopy(ORIGINALS[1])
     enc.committed(enc.encode(second))
-    assert second["encoding"][1] is None and second["messages"] == ORIGINALS[1]["messages"]
+    assert second["encoding"] == [2, 0, 0, 0, 1] and second["messages"] == ORIGINALS[1]["messages"]
     stored = encode_all(StepEncoder(), ORIGINALS[:2])
     with pytest.raises(StepDecodeError, match="not in the store"):
         decode_rows(stored[1:])  # its base is gone
@@ -132,4 +133,4 @@ async def test_rows_read_back_in_full_through_every_read(tmp_path: Path) -> None
         await store.close()
     con = sqlite3.connect(db)
     raw = con.execute("SELECT messages, encoding FROM session_steps WHERE seq = 2").fetchone()
-    assert raw[0] == json_dumps(conv(1)[1:]) and raw[1] == "[1, 1, 1, 0, 3, 0, 0, 103]"
+    assert raw[0] == json_dumps(conv(1)[1:]) and raw[1] == "[2, 1, 1, 0, 3, 0, 103]"
