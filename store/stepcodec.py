@@ -252,7 +252,7 @@ def _base_seq(seq: int, enc: Any) -> int | None:
         return None
     if enc[0] == 1:
         return enc[1] if isinstance(enc[1], int) else None
-    return seq - enc[1] if isinstance(enc[1], int) and enc[1] > 0 else None
+    return seq - enc[1] if enc[0] == 2 and isinstance(enc[1], int) and enc[1] > 0 else None
 
 
 def decode_rows(rows: Sequence[Any]) -> None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+import gateway.continuity as continuity
 from gateway.continuity import PrefixTracker
-from store.stepcodec import token_chain
+from store.stepcodec import message_digests, token_chain
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion, token_rule
 from tests.gateway.conftest import StartGateway
 
@@ -103,3 +106,42 @@ def test_tracker_unknowns() -> None:
     assert see(10, [1, *long[1:-1], 0, 7, 1, 2, 5, 6, 5]) is True
     t.drop("s")
     assert len(t) == 0
+
+
+def test_the_exact_digests_of_the_encoder_give_the_same_answers_and_hash_less(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the step encoder's exact message digests, a history sent back exactly is not hashed
+    again, and every answer is the one the full canonical check gives: an exact copy, an echo
+    with null fields (canonically equal, not exactly), an edit, a tools change, an error step."""
+    echoed = {**A1, "refusal": None, "tool_calls": None}
+    u2, u3 = {"role": "user", "content": "second"}, {"role": "user", "content": "third"}
+    script: list[tuple[list[dict[str, Any]], Any, bool]] = [
+        ([SYSTEM, U1], None, True),
+        ([SYSTEM, U1, A1, u2], None, True),                           # exact: True
+        ([SYSTEM, U1, A1, u2, A1, u3], None, False),                  # exact, an error step: True, not remembered
+        ([SYSTEM, U1, A1, u2, echoed, u3], None, True),               # canonical only: True
+        ([SYSTEM, U1, A1, u2, echoed, u3, A1, u2], [{"type": "function"}], True),  # tools changed: False
+        ([SYSTEM, U1, A1, u2, echoed, u3, A1, u2, A1], [{"type": "function"}], True),  # True again
+        ([SYSTEM, {"role": "user", "content": "edited"}], [{"type": "function"}], True),  # False
+    ]
+    hashed: list[int] = []
+    real = continuity._message_bytes
+
+    def counting(m: Any) -> bytes:
+        hashed[-1] += 1
+        return real(m)
+
+    results = []
+    for digests in (False, True):
+        tracker = PrefixTracker()
+        got = []
+        hashed.append(0)
+        monkeypatch.setattr(continuity, "_message_bytes", counting)
+        for seq, (messages, tools, ok) in enumerate(script, 1):
+            got.append(tracker.observe("s", seq, ok=ok, prompt_ids=None, tokens=None, messages=messages,
+                                       answer_message=A1 if ok else None, tools=tools,
+                                       digests=message_digests(messages) if digests else None))
+        results.append(got)
+    assert results[0] == results[1] == [None, True, True, True, False, True, False]
+    assert hashed[0] == sum(len(m) + 1 for m, _, ok in script if ok) + len(script[2][0])
+    # per step: the messages after the exact history (all of them when it is not exact) + the answer
+    assert hashed[1] == (2 + 1) + (1 + 1) + 1 + (6 + 1) + (1 + 1) + (0 + 1) + (2 + 1)

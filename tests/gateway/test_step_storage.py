@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from store import json_dumps
-from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, fake_prompt_ids, token_rule
+from tests.fake_upstream import (
+    DEFAULT_TEXT,
+    FakeUpstream,
+    Reply,
+    chat_completion,
+    fake_prompt_ids,
+    response_object,
+    token_rule,
+)
 from tests.gateway.conftest import StartGateway, anthropic_routes
 
 
@@ -84,3 +92,52 @@ async def test_every_protocol_reads_back_the_same_with_and_without_deltas(
                 assert json_dumps(getattr(a, col)) == json_dumps(getattr(b, col)), (sid, a.seq, col)
         rows = gws[0].sql("SELECT encoding FROM session_steps WHERE session_id = ? ORDER BY seq", sid)
         assert all(r["encoding"] is not None for r in rows[1:]), sid  # later steps are deltas
+
+
+async def test_the_answer_sent_back_is_a_reference_on_every_protocol(
+        start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    """An agent that sends each answer back as it got it (chat: ``choices[0].message``; Messages:
+    ``role`` + ``content``; Responses: the ``output`` items, a reasoning item among them) has each
+    message stored once; an answer sent back changed (its reasoning dropped) is stored in full."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}]}
+    message = response_object()["output"][0]
+    upstream.script("/v1/responses", [Reply.json(response_object(output=[reasoning, message])) for _ in range(3)])
+    upstream.script("/v1/chat/completions", [Reply.json(chat_completion(reasoning="hmm")) for _ in range(3)])
+    gw = await start_gateway(routes=anthropic_routes(upstream))
+    http = gw.http()
+    sent: dict[str, list[list[Any]]] = {"c": [], "r": [], "a": []}
+    history: dict[str, list[Any]] = {"c": [], "r": [], "a": []}
+    for k in range(3):
+        user = {"role": "user", "content": f"question {k} " + "q" * 300}
+        for sid, path in (("c", "/chat/completions"), ("r", "/responses"), ("a", "/v1/messages")):
+            conv = [*history[sid], user]
+            body: dict[str, Any] = {"model": "a" if sid == "a" else "m", "max_tokens": 8, "system": "be brief",
+                                    "messages": conv}
+            if sid == "c":
+                body = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, *conv]}
+            elif sid == "r":
+                body = {"model": "m", "instructions": "be brief", "input": conv}
+            r = await http.post(f"/v1/sessions/{sid}{path}", json=body)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            answer = {"c": lambda: [got["choices"][0]["message"]], "r": lambda: got["output"],
+                      "a": lambda: [{"role": got["role"], "content": got["content"]}]}[sid]()
+            if sid == "c" and k == 1:  # the client drops the reasoning: no longer the answer as received
+                answer = [{"role": "assistant", "content": answer[0]["content"]}]
+            history[sid] = [*conv, *answer]
+            sent[sid].append(body.get("messages", body.get("input")))
+    for sid, n_answer in (("c", 1), ("r", 2), ("a", 1)):
+        steps = await gw.wait_steps(sid, 3)
+        for step, conv in zip(steps, sent[sid], strict=True):
+            assert json_dumps(step.request.get("messages", step.request.get("input"))) == json_dumps(conv)
+            assert step.messages[0] == {"role": "system", "content": "be brief"}
+        rows = gw.sql("SELECT seq, messages, encoding FROM session_steps WHERE session_id = ? ORDER BY seq", sid)
+        for r in rows[1:]:
+            enc = json.loads(r["encoding"])
+            stored = json.loads(r["messages"])
+            if sid == "c" and r["seq"] == 3:  # the answer sent back without its reasoning: stored
+                assert enc[2:4] == [4, 0] and stored[0] == {"role": "assistant", "content": DEFAULT_TEXT}
+                assert len(stored) == 2
+            else:
+                assert enc[3] == n_answer, (sid, r["seq"], enc)
+                assert len(stored) == 1 and stored[0]["content"].startswith(f"question {r['seq'] - 1} ")

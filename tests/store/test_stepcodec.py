@@ -134,3 +134,103 @@ async def test_rows_read_back_in_full_through_every_read(tmp_path: Path) -> None
     con = sqlite3.connect(db)
     raw = con.execute("SELECT messages, encoding FROM session_steps WHERE seq = 2").fetchone()
     assert raw[0] == json_dumps(conv(1)[1:]) and raw[1] == "[2, 1, 1, 0, 3, 0, 103]"
+
+
+def test_rows_of_the_first_format_still_decode() -> None:
+    """Rows written with encoding version 1 (``[1, base seq, kept, answer, request mode,
+    conversation key, from, prompt ids kept]``) read back as they did."""
+    answer = {"role": "assistant", "content": "a1"}
+    first = row("s", 1, [SYS, {"role": "user", "content": "q1"}], [1, 2, 3], [4])
+    first["response"] = {"choices": [{"message": answer}]}
+    want = row("s", 2, [SYS, {"role": "user", "content": "q1"}, answer, {"role": "user", "content": "q2"}],
+               [1, 2, 3, 4, 5], [6])
+    stored_first = {**first, "request": {"model": "m", "messages": None, "temperature": 0.5},
+                    "encoding": [1, None, 0, 0, 1, 0, 0, 0]}
+    stored_second = {**want, "messages": [{"role": "user", "content": "q2"}], "request": None,
+                     "prompt_token_ids": [5], "encoding": [1, 1, 2, 1, 3, 0, 0, 4]}
+    rows = [stored_second, stored_first]  # any order
+    decode_rows(rows)
+    assert json_dumps(stored_second["messages"]) == json_dumps(want["messages"])
+    assert json_dumps(stored_second["request"]) == json_dumps(want["request"])
+    assert stored_second["prompt_token_ids"] == [1, 2, 3, 4, 5] and stored_second["encoding"] is None
+    assert json_dumps(stored_first["request"]) == json_dumps(first["request"])
+
+
+@pytest.mark.parametrize("encoding", [[3, 1, 0], [1, None, 0, 0, 1], [2], [2, None, 1], ["2", 1]])
+def test_an_encoding_of_another_format_is_refused(encoding: list[Any]) -> None:
+    stored = row("s", 1, [SYS])
+    stored["encoding"] = encoding
+    with pytest.raises(StepDecodeError, match="encoding this version cannot read"):
+        decode_rows([stored])
+
+
+def protocol_rows(endpoint: str, answers: list[list[dict[str, Any]]],
+                  responses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A session of ``endpoint`` (``responses``: instructions + input items; ``messages``: system
+    + messages) whose step k+1 sends back ``answers[k]`` then a new user message."""
+    key, lead = ("input", 1) if endpoint == "responses" else ("messages", 1 if endpoint == "messages" else 0)
+    conversation: list[Any] = [SYS, {"role": "user", "content": "u0"}]
+    rows = []
+    for k, response in enumerate(responses):
+        request = {"model": "m", key: conversation[lead:], "max_tokens": 9}
+        rows.append(step_record(session_id="s", seq=k + 1, step_id=k + 1, llm_model="m", endpoint=endpoint,
+                                messages=conversation, request=request, response=response))
+        if k < len(answers):
+            conversation = [*conversation, *answers[k], {"role": "user", "content": f"u{k + 1}"}]
+    return rows
+
+
+REASONING = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}]}
+OUT_MESSAGE = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": "done", "annotations": []}]}
+CALL = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "sh", "arguments": "{}"}
+BLOCKS = [{"type": "thinking", "thinking": "hm", "signature": "sig"}, {"type": "text", "text": "done"}]
+
+
+@pytest.mark.parametrize(("endpoint", "responses", "answers", "answer_counts"), [
+    ("chat.completions", [{"choices": [{"message": {"role": "assistant", "content": "a", "reasoning_content": "r"}}]}] * 3,
+     [[{"role": "assistant", "content": "a", "reasoning_content": "r"}], [{"role": "assistant", "content": "a"}]],
+     [1, 0]),  # the second answer sent back without its reasoning: stored
+    ("responses", [{"object": "response", "output": [REASONING, OUT_MESSAGE, CALL]}] * 3,
+     [[REASONING, OUT_MESSAGE, CALL], [REASONING, {**OUT_MESSAGE, "status": None}, CALL]],
+     [3, 1]),  # one item changed: the items before it are references, the rest stored
+    ("messages", [{"type": "message", "role": "assistant", "content": BLOCKS, "stop_reason": "end_turn"}] * 3,
+     [[{"role": "assistant", "content": BLOCKS}], [{"content": BLOCKS, "role": "assistant"}]],
+     [1, 0]),  # the same keys in another order: another JSON text, stored
+])
+def test_the_answer_sent_back_is_a_reference_on_every_protocol(
+        endpoint: str, responses: list[dict[str, Any]], answers: list[list[dict[str, Any]]],
+        answer_counts: list[int]) -> None:
+    originals = protocol_rows(endpoint, answers, responses)
+    stored = encode_all(StepEncoder(), originals)
+    assert [r["encoding"][3] for r in stored[1:]] == answer_counts
+    for r, a, n in zip(stored[1:], answers, answer_counts, strict=True):
+        assert json_dumps(r["messages"]) == json_dumps([*a[n:], originals[r["seq"] - 1]["messages"][-1]])
+        assert r["request"] is None  # the conversation is rebuilt from the messages, the rest from the base
+    decode_rows(stored)
+    for got, want in zip(stored, originals, strict=True):
+        for col in ("messages", "request", "response"):
+            assert json_dumps(got[col]) == json_dumps(want[col]), (endpoint, want["seq"], col)
+
+
+async def test_a_new_file_gets_16_kib_pages_and_an_old_4_kib_file_keeps_working(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    con = sqlite3.connect(old)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE legacy (x)")  # a file made before: 4 KiB pages
+    con.close()
+    for path, page in ((tmp_path / "new.db", 16384), (old, 4096)):
+        store = Store(f"sqlite:///{path}")
+        try:
+            await store.init()
+            stored = encode_all(StepEncoder(), ORIGINALS)
+            assert store.commit_now(stored[:2], [])
+            await store.write_batch(stored[2:], [])
+            traj = await store.trajectory("s")
+            assert [json_dumps(s.messages) for s in traj] == [json_dumps(r["messages"]) for r in ORIGINALS]
+        finally:
+            await store.close()
+        con = sqlite3.connect(path)
+        assert con.execute("PRAGMA page_size").fetchone()[0] == page, path
+        assert con.execute("SELECT count(*) FROM session_steps").fetchone()[0] == 6
+        con.close()
