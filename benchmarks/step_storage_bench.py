@@ -1,18 +1,21 @@
 """Storage of a long agent session: bytes on disk per byte of unique conversation, and what
 recording one step costs, with steps stored in full and as deltas (``telemetry.step_deltas``).
 
-    python benchmarks/step_storage_bench.py [--turns 100] [--turn-bytes 1024] [--sessions 8]
+    python benchmarks/step_storage_bench.py [--turns 100] [--turn-bytes 1024] [--sessions 16] [--token-sessions 8]
 
 Each session is an agent loop of ``--turns`` calls: call k sends the whole history (a system
 prompt, then per turn a user message of ``--turn-bytes`` and the assistant's answer) and gets a
 chat completion back; with ``--tokens`` the rows also carry prompt/completion token ids (one
 token per byte). Rows are built and recorded exactly as the gateway records them
 (:func:`store.step_record`, :class:`store.stepcodec.StepEncoder`, ``Store.commit_now``, the
-prefix check of :class:`gateway.continuity.PrefixTracker`), into two fresh SQLite files in the
-same run; every step is then read back (``Store.trajectory``) and checked equal to what was
-written. Prints the database size / unique content ratio and microseconds per recorded step, and
-where the bytes of the deltas file go (SQLite ``dbstat``: pages, payload and free bytes per table
-and index; the text bytes of each ``session_steps`` column).
+prefix check of :class:`gateway.continuity.PrefixTracker`), in one run into SQLite files of three
+kinds: ``full`` (every value in full, 4 KiB pages), ``before`` (deltas on a 4 KiB file, the prefix
+check and the encoder each hashing the history) and ``now`` (deltas on a new file, 16 KiB pages,
+one hashing pass per step); every step is then read back (``Store.trajectory``) and checked equal
+to what was written. Prints the file size / unique content for N sessions, what each session adds
+(the file of 2N sessions minus that of N: the target's measure, without the file's fixed cost),
+CPU microseconds per recorded step, and where the bytes of the ``now`` file go (SQLite
+``dbstat``: pages, payload and free bytes per table and index; the text bytes of each column).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any
 
 from gateway.continuity import PrefixTracker
 from store import Store, json_dumps, step_record
-from store.stepcodec import StepEncoder, token_chain
+from store.engine import SQLITE_PAGE_SIZE
+from store.stepcodec import StepEncoder, message_digests, token_chain
 
 ANSWER = "Done: I ran the command and the output is shown above; next I will check the log file."
 
@@ -125,9 +129,24 @@ def breakdown(path: Path, unique: int) -> list[str]:
         con.close()
 
 
-async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool) -> tuple[float, float]:
+def make_file(path: Path, page_size: int | None) -> None:
+    """``page_size`` None: leave ``path`` to the store (a new file gets ``SQLITE_PAGE_SIZE``);
+    else create it first with that page size, as a file made by an earlier version."""
+    if page_size is None:
+        return
+    con = sqlite3.connect(path)
+    try:
+        con.execute(f"PRAGMA page_size={page_size}")
+        con.execute("PRAGMA journal_mode=WAL")
+    finally:
+        con.close()
+
+
+async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool, shared: bool) -> tuple[float, float]:
     """Record every step as the gateway does (one commit per step, sessions interleaved); returns
-    the CPU microseconds per step spent on the prefix check + encoding, and on writing."""
+    the CPU microseconds per step spent on the prefix check + encoding, and on writing.
+    ``shared``: one exact hashing pass per step for both (``message_digests``, as the gateway
+    does), else each hashes the history itself (before)."""
     store = Store(f"sqlite:///{path}")
     await store.init()
     encoder, prefixes = StepEncoder(), PrefixTracker()
@@ -141,10 +160,12 @@ async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool)
                 row = dict(rows[k])
                 t0 = time.process_time()
                 tokens = token_chain(row["prompt_token_ids"], row["completion_token_ids"])
+                digests = message_digests(row["messages"]) if deltas and shared else None
                 row["extends_prefix"] = prefixes.observe(
                     row["session_id"], row["seq"], ok=True, prompt_ids=row["prompt_token_ids"], tokens=tokens,
-                    messages=row["messages"], answer_message=row["response"]["choices"][0]["message"], tools=None)
-                pending = encoder.encode(row, tokens) if deltas else None
+                    messages=row["messages"], answer_message=row["response"]["choices"][0]["message"], tools=None,
+                    digests=digests)
+                pending = encoder.encode(row, tokens, digests) if deltas else None
                 t1 = time.process_time()
                 if not store.commit_now([row], []):
                     await store.write_batch([row], [])
@@ -165,31 +186,40 @@ async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool)
     return encode_s / n * 1e6, write_s / n * 1e6
 
 
+# (name, deltas, page size of the file (None: a new file, SQLITE_PAGE_SIZE), one shared hashing pass)
+CONFIGS = (("full", False, 4096, False), ("before", True, 4096, False), ("now", True, None, True))
+
+
 async def run(turns: int, turn_bytes: int, n_sessions: int, tokens: bool) -> None:
-    built = [session_rows(f"s{i}", turns, turn_bytes, tokens) for i in range(n_sessions)]
-    sessions = [rows for rows, _ in built]
-    unique = sum(u for _, u in built)
-    with tempfile.TemporaryDirectory() as tmp:
-        results = {}
-        for deltas in (False, True):
-            path = Path(tmp) / f"{'delta' if deltas else 'full'}.db"
-            encode_us, write_us = await record(path, sessions, deltas)
-            results[deltas] = (db_bytes(path), encode_us, write_us)
-            if deltas:
-                where = breakdown(path, unique)
+    built = [session_rows(f"s{i}", turns, turn_bytes, tokens) for i in range(2 * n_sessions)]
+    unique_n = sum(u for _, u in built[:n_sessions])
+    unique_2n = sum(u for _, u in built)
     label = "with token ids" if tokens else "messages only"
     print(f"{n_sessions} sessions x {turns} turns x {turn_bytes} B per turn ({label}); unique content "
-          f"{unique / n_sessions / 1024:.1f} KiB per session")
-    print(f"  {'storage':<8} {'file KiB/sess':>14} {'file/unique':>12} {'steps/unique':>13} "
-          f"{'prefix+encode':>14} {'write':>8} {'total (CPU us/step)':>20}")
-    for deltas, name in ((False, "full"), (True, "deltas")):
-        (size, steps), enc, wr = results[deltas]
-        print(f"  {name:<8} {size / n_sessions / 1024:14.1f} {size / unique:12.2f} {steps / unique:13.2f} "
-              f"{enc:14.1f} {wr:8.1f} {enc + wr:20.1f}")
-    full, delta = results[False], results[True]
-    print(f"  deltas/full: file size {delta[0][0] / full[0][0]:.3f}, CPU to record a step "
-          f"{(delta[1] + delta[2]) / (full[1] + full[2]):.2f}x (steps/unique: the session_steps table and its "
-          "indexes)")
+          f"{unique_n / n_sessions / 1024:.1f} KiB per session")
+    print(f"  {'storage':<7} {'page':>6} {'file/unique':>12} {'per session':>12} {'steps/unique':>13} "
+          f"{'prefix+encode':>14} {'write':>7} {'total (CPU us/step)':>20}")
+    where: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, deltas, page_size, shared in CONFIGS:
+            sizes = []
+            for count in ((n_sessions,) if not deltas else (n_sessions, 2 * n_sessions)):
+                path = Path(tmp) / f"{name}-{count}.db"
+                make_file(path, page_size)
+                encode_us, write_us = await record(path, [rows for rows, _ in built[:count]], deltas, shared)
+                sizes.append(db_bytes(path))
+                if count == n_sessions:
+                    cpu = (encode_us, write_us)
+                if name == "now" and count == 2 * n_sessions:
+                    where = breakdown(path, unique_2n)
+            (size, steps), enc, wr = sizes[0], *cpu
+            page = page_size or SQLITE_PAGE_SIZE
+            marginal = f"{(sizes[1][0] - sizes[0][0]) / (unique_2n - unique_n):12.2f}" if len(sizes) > 1 else f"{'':>12}"
+            print(f"  {name:<7} {page:6d} {size / unique_n:12.2f} {marginal} {steps / unique_n:13.2f} "
+                  f"{enc:14.1f} {wr:7.1f} {enc + wr:20.1f}")
+    print(f"  file/unique: the file of {n_sessions} sessions (with its fixed cost, every empty table); per session: "
+          f"what each session adds (the file of {2 * n_sessions} sessions minus that of {n_sessions}, over the unique "
+          "content they add), the measure of the target; steps/unique: the session_steps table and its indexes")
     print("\n".join(where))
 
 
@@ -197,10 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="session storage: full steps vs deltas")
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--turn-bytes", type=int, default=1024)
-    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--sessions", type=int, default=16,
+                    help="sessions of the messages-only workload (and twice as many for the per-session cost)")
+    ap.add_argument("--token-sessions", type=int, default=8, help="the same for the workload with token ids")
     args = ap.parse_args(argv)
-    for tokens in (False, True):
-        asyncio.run(run(args.turns, args.turn_bytes, args.sessions, tokens))
+    asyncio.run(run(args.turns, args.turn_bytes, args.sessions, False))
+    asyncio.run(run(args.turns, args.turn_bytes, args.token_sessions, True))
     return 0
 
 

@@ -234,3 +234,41 @@ async def test_a_new_file_gets_16_kib_pages_and_an_old_4_kib_file_keeps_working(
         assert con.execute("PRAGMA page_size").fetchone()[0] == page, path
         assert con.execute("SELECT count(*) FROM session_steps").fetchone()[0] == 6
         con.close()
+
+
+async def test_every_protocol_and_the_first_format_read_back_exactly_on_both_backends(store_url: str) -> None:
+    """Sessions of the three protocols stored as deltas, and one stored in the first format,
+    read back through the store with every value as written (SQLite and PostgreSQL)."""
+    sessions = {
+        "chat": protocol_rows("chat.completions", [[{"role": "assistant", "content": "a"}]] * 2,
+                              [{"choices": [{"message": {"role": "assistant", "content": "a"}}]}] * 3),
+        "resp": protocol_rows("responses", [[REASONING, OUT_MESSAGE, CALL]] * 2,
+                              [{"object": "response", "output": [REASONING, OUT_MESSAGE, CALL]}] * 3),
+        "msgs": protocol_rows("messages", [[{"role": "assistant", "content": BLOCKS}]] * 2,
+                              [{"type": "message", "role": "assistant", "content": BLOCKS}] * 3),
+    }
+    written = []
+    for sid, originals in sessions.items():
+        for r in originals:
+            r["session_id"] = sid
+        written += encode_all(StepEncoder(), originals)
+    assert [r["encoding"][3] for r in written if r["seq"] > 1] == [1, 1, 3, 3, 1, 1]
+    answer = {"role": "assistant", "content": "a1"}
+    v1_first = row("old", 1, [SYS], [1, 2], [3])
+    v1_first["response"] = {"choices": [{"message": answer}]}
+    v1_want = row("old", 2, [SYS, answer, {"role": "user", "content": "q"}], [1, 2, 3, 4], [5])
+    v1_stored = {**v1_want, "messages": [{"role": "user", "content": "q"}], "request": None,
+                 "prompt_token_ids": [4], "encoding": [1, 1, 1, 1, 3, 0, 0, 3]}
+    store = Store(store_url)
+    try:
+        await store.init()
+        await store.write_batch([*written, v1_first, v1_stored], [])
+        for sid, originals in [*sessions.items(), ("old", [v1_first, v1_want])]:
+            traj = await store.trajectory(sid)
+            assert [s.seq for s in traj] == [r["seq"] for r in originals]
+            for got, want in zip(traj, originals, strict=True):
+                for col in ("messages", "request", "response", "prompt_token_ids"):
+                    assert json_dumps(getattr(got, col)) == json_dumps(want[col]), (sid, want["seq"], col)
+                assert got.encoding is None
+    finally:
+        await store.close()
