@@ -173,6 +173,8 @@ class StepEncoder:
         value is stored in full; ``encoding`` is None when every value is."""
         sid, seq = row["session_id"], row["seq"]
         base = None if seq <= 1 else self._last.get(sid)
+        if base is not None and base.seq == seq:
+            base = None  # the same step again: never its own base
         messages, request = row["messages"], row["request"]
         prompt, completion = row["prompt_token_ids"], row["completion_token_ids"]
         if digests is None:
@@ -252,7 +254,7 @@ def _base_seq(seq: int, enc: Any) -> int | None:
         return None
     if enc[0] == 1:
         return enc[1] if isinstance(enc[1], int) else None
-    return seq - enc[1] if enc[0] == 2 and isinstance(enc[1], int) and enc[1] > 0 else None
+    return seq - enc[1] if enc[0] == 2 and isinstance(enc[1], int) and enc[1] != 0 else None
 
 
 def decode_rows(rows: Sequence[Any]) -> None:

@@ -102,6 +102,23 @@ def test_only_committed_steps_are_bases() -> None:
         decode_rows(stored[1:])  # its base is gone
 
 
+def test_a_base_recorded_later_is_named_backwards() -> None:
+    """Parallel calls of a session: step 3 committed before step 2 was encoded, so step 2's base is
+    step 3 (the encoding holds seq - base seq = -1) and rebuilds from it."""
+    enc = StepEncoder()
+    first, third, second = (copy.deepcopy(ORIGINALS[0]), row("s", 3, conv(0) + [{"role": "user", "content": "q"}]),
+                            row("s", 2, conv(0) + [{"role": "user", "content": "q"}, {"role": "user", "content": "r"}]))
+    wants = [copy.deepcopy(r) for r in (first, third, second)]
+    for r in (first, third, second):
+        enc.committed(enc.encode(r))
+    assert third["encoding"] == [2, 2, 2, 0, 3] and second["encoding"] == [2, -1, 2, 0, 3]
+    assert second["messages"] == [{"role": "user", "content": "r"}]
+    decode_rows([first, second, third])
+    for got, want in zip((first, third, second), wants, strict=True):
+        assert json_dumps(got["messages"]) == json_dumps(want["messages"])
+        assert json_dumps(got["request"]) == json_dumps(want["request"])
+
+
 async def test_rows_read_back_in_full_through_every_read(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = Store(f"sqlite:///{db}")
