@@ -102,7 +102,7 @@ class PrefixTracker:
         :func:`store.stepcodec.token_chain` (prompt + completion ids; None when the prompt ids
         are unknown); ``digests``: :func:`store.stepcodec.message_digests` of ``messages``, when
         the caller has them (then only the messages after an exactly equal history are hashed
-        again; the answer is the same).
+        again; the result is the same).
 
         None when there is no previous step to compare with (the session's first step, a
         gateway restart since, a step recorded after a later one), or nothing comparable
