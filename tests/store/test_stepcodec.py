@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store import Store, json_dumps, step_record
-from store.engine import make_engine
+from store.engine import make_engine, make_sync_sqlite_engine
 from store.queries import ViewerQueries
 from store.stepcodec import StepDecodeError, StepEncoder, decode_rows
 
@@ -289,3 +289,15 @@ async def test_every_protocol_and_the_first_format_read_back_exactly_on_both_bac
                 assert got.encoding is None
     finally:
         await store.close()
+
+
+def test_the_sync_engine_creates_16_kib_pages_too(tmp_path: Path) -> None:
+    """The launcher's sync engine (``store.group``) may be the first to open a new file."""
+    engine = make_sync_sqlite_engine(tmp_path / "sync.db", writer=True)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (x)")
+            assert conn.exec_driver_sql("PRAGMA page_size").scalar() == 16384
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        engine.dispose()
