@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -735,6 +735,45 @@ class Store:
         q = q.order_by(col(JobEnvironment.env_name), col(JobEnvironment.case_id), col(JobEnvironment.sample_index))
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
+
+    async def job_exists(self, job_id: str) -> bool:
+        """Whether the job has any session row."""
+        q = select(_JE.c.env_id).where(_JE.c.job_id == job_id).limit(1)
+        async with self.reader.connect() as conn:
+            return (await conn.execute(q)).first() is not None
+
+    async def job_session_ids(self, job_id: str, *, finished_only: bool = False) -> AsyncIterator[str]:
+        """The session ids of a job in the order of :meth:`job_sessions` (env, case, sample),
+        streamed (not read into memory at once)."""
+        q = select(_JE.c.env_id).where(_JE.c.job_id == job_id)
+        if finished_only:
+            q = q.where(_JE.c.finished.is_(True))
+        q = q.order_by(_JE.c.env_name, _JE.c.case_id, _JE.c.sample_index)
+        async with self.reader.connect() as conn:
+            result = await conn.stream(q)
+            async for (sid,) in result:
+                yield sid
+
+    async def job_sessions_by_id(self, session_ids: Sequence[str]) -> list[JobEnvironment]:
+        """The session rows of ``session_ids`` (unknown ones left out), in that order."""
+        rows: dict[str, JobEnvironment] = {}
+        async with self._read() as s:
+            for i in range(0, len(session_ids), 500):
+                q = select(JobEnvironment).where(col(JobEnvironment.session_id).in_(session_ids[i:i + 500]))
+                rows.update((r.session_id, r) for r in (await s.execute(q)).scalars().all())
+        return [rows[sid] for sid in session_ids if sid in rows]
+
+    async def session_attempts(self, session_ids: Sequence[str]) -> dict[str, list[SessionAttempt]]:
+        """The attempt rows of ``session_ids``: session id -> its attempts in order (sessions
+        without any left out)."""
+        out: dict[str, list[SessionAttempt]] = {}
+        async with self._read() as s:
+            for i in range(0, len(session_ids), 500):
+                q = (select(SessionAttempt).where(col(SessionAttempt.session_id).in_(session_ids[i:i + 500]))
+                     .order_by(col(SessionAttempt.session_id), col(SessionAttempt.attempt)))
+                for a in (await s.execute(q)).scalars().all():
+                    out.setdefault(a.session_id, []).append(a)
+        return out
 
     async def update_job_session(self, session_id: str, **values: Any) -> None:
         """Set columns of one ``job_environments`` row."""
