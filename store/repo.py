@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
+from sqlalchemy import Connection, Table, bindparam, delete, insert, inspect, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -140,6 +140,23 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
         return tuple([row[n] if p is None else p(row[n]) for n, p in procs])
 
     return convert
+
+
+# The launcher's per-session statements, built once (the columns an UPDATE sets are the keys of
+# the parameters it is run with; ``b_*`` are the WHERE values).
+_UPDATE_JE = _JE.update().where(_JE.c.env_id == bindparam("b_sid"))
+_LAST_STEP = (select(_ST.c.record_id, _ST.c.meta_json).where(_ST.c.session_id == bindparam("b_sid"))
+              .order_by(_ST.c.seq.desc()).limit(1))
+_FINISH_STEP = _ST.update().where(_ST.c.record_id == bindparam("b_rid"))
+_TRAJECTORY = (select(SessionStep).where(col(SessionStep.session_id) == bindparam("b_sid"))
+               .order_by(col(SessionStep.seq)))
+
+
+def _check_columns(values: Mapping[str, Any]) -> None:
+    """ValueError naming the keys that are not columns of ``job_environments`` (an UPDATE run
+    with them would skip them silently)."""
+    if unknown := sorted(k for k in values if k not in _JE.c or k == "env_id"):
+        raise ValueError(f"job_environments has no column {', '.join(unknown)} (values: {sorted(values)})")
 
 
 def _insert_new(conn: Connection, rows: list[dict[str, Any]]) -> int:
@@ -777,27 +794,28 @@ class Store:
 
     async def update_job_session(self, session_id: str, **values: Any) -> None:
         """Set columns of one ``job_environments`` row."""
-        stmt = _JE.update().where(_JE.c.env_id == session_id).values(**values)
+        _check_columns(values)
+        params = {**values, "b_sid": session_id}
 
         def op(s: Session) -> None:
-            s.connection().execute(stmt)
+            s.connection().execute(_UPDATE_JE, params)
         await self._group.run(op)
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
         """Every recorded step of a session, in call order (``seq``), with every value in full
         (:func:`store.stepcodec.decode_rows`). On SQLite read in the grouped writes' thread (one
         hop, between their transactions)."""
-        q = select(SessionStep).where(col(SessionStep.session_id) == session_id).order_by(col(SessionStep.seq))
+        q, key = _TRAJECTORY, {"b_sid": session_id}
         if self._sync_reader is not None:
             reader = self._sync_reader
 
             def read() -> list[SessionStep]:
                 with Session(reader, expire_on_commit=False) as s:  # closing it ends the read transaction
-                    return list(s.execute(q).scalars().all())
+                    return list(s.execute(q, key).scalars().all())
             rows = await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
         else:
             async with self._read() as s:
-                rows = list((await s.execute(q)).scalars().all())
+                rows = list((await s.execute(q, key)).scalars().all())
         decode_rows(rows)
         return rows
 
@@ -830,21 +848,22 @@ class Store:
         ``finished=True`` and ``finished_at``. When this finishes the last unfinished session of
         its group, the group's feed entry is appended in the same transaction
         (:func:`store.feed.append_if_ready`)."""
+        _check_columns(values)
+
         def op(s: Session) -> None:
             conn = s.connection()
-            group = unfinished_group(s, session_id)
-            last = conn.execute(select(_ST.c.record_id, _ST.c.meta_json).where(_ST.c.session_id == session_id)
-                                .order_by(_ST.c.seq.desc()).limit(1)).one_or_none()
+            group = unfinished_group(conn, session_id)
+            last = conn.execute(_LAST_STEP, {"b_sid": session_id}).one_or_none()
             if last is not None:
                 meta = dict(last.meta_json or {})
                 if eval_meta is not None:
                     meta["evaluation"] = eval_meta
-                conn.execute(_ST.update().where(_ST.c.record_id == last.record_id).values(
-                    reward=reward, step_reward=reward, is_terminal=True, is_session_completed=True, meta_json=meta))
-            conn.execute(_JE.update().where(_JE.c.env_id == session_id)
-                         .values(finished=True, finished_at=utcnow(), reward=reward, **values))
+                conn.execute(_FINISH_STEP, {"b_rid": last.record_id, "reward": reward, "step_reward": reward,
+                                            "is_terminal": True, "is_session_completed": True, "meta_json": meta})
+            conn.execute(_UPDATE_JE, {**values, "finished": True, "finished_at": utcnow(), "reward": reward,
+                                      "b_sid": session_id})
             if group is not None:
-                append_if_ready(s, *group)
+                append_if_ready(conn, *group)
         await self._group.run(op)
 
     async def backfill_feed(self, job_id: str) -> int:
