@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -259,6 +260,8 @@ class Scheduler:
         self._left = 0
         self._room = asyncio.Semaphore(1)
         self._feeder: asyncio.Task[None] | None = None
+        self._files: ThreadPoolExecutor | None = None
+        self._removals: set[asyncio.Future[None]] = set()
         self._timers: set[asyncio.Task[None]] = set()
         self._workers: list[asyncio.Task[None]] = []
         self._stop_reason: str | None = None
@@ -306,6 +309,10 @@ class Scheduler:
                     t.cancel()
                 await asyncio.gather(feeder, *self._workers, *self._timers, return_exceptions=True)
                 await self.breaker.aclose()
+                await asyncio.shield(asyncio.gather(*self._removals, return_exceptions=True))
+                if self._files is not None:
+                    self._files.shutdown(wait=True)
+                    self._files = None
         if self._stop_reason is not None:
             raise JobStopped(self._stop_reason)
         return self.records
@@ -317,6 +324,16 @@ class Scheduler:
             for r in rows:
                 await self._room.acquire()
                 self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.session_id, []))))
+
+    def _remove_later(self, workspace: Path) -> None:
+        """Delete a finished session's workspace in the scheduler's file thread: an ``rmdir`` can
+        stall for milliseconds on a busy disk, which must hold up neither the event loop nor
+        the worker (``run`` waits for every removal before it returns)."""
+        if self._files is None:
+            self._files = ThreadPoolExecutor(1, thread_name_prefix="scheduler-files")
+        fut = asyncio.get_running_loop().run_in_executor(self._files, remove_workspace, workspace)
+        self._removals.add(fut)
+        fut.add_done_callback(self._removals.discard)
 
     def _put(self, priority: int, work: _Work | None) -> None:
         self._seq += 1
@@ -433,7 +450,7 @@ class Scheduler:
                              to_trajectory(sid, steps), attempts)
         finally:
             if not self.s.keep_workspaces:
-                remove_workspace(workspace)
+                self._remove_later(workspace)
 
     async def _prepare_retry(self, work: _Work) -> str | None:
         """Before attempt ``n`` > 1: close the gateway session (again: idempotent, and the close
