@@ -108,10 +108,16 @@ def child(args: argparse.Namespace) -> None:
 
     result = asyncio.run(run_job(opts, on_start=started))
     seconds = time.perf_counter() - t["start"]
-    scored = sum(1 for r in result.records if r.eval_status == "scored" and r.score == 10.0)
-    print(json.dumps({"seconds": seconds, "sessions": len(result.records), "scored": scored,
-                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "cpu_self_s": _cpu(resource.RUSAGE_SELF), "cpu_children_s": _cpu(resource.RUSAGE_CHILDREN)}))
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check reads anything
+    cpu_self, cpu_children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    sessions = scored = 0
+    with result.out.open() as fh:  # line by line: the check must not hold the records either
+        for line in fh:
+            r = json.loads(line)
+            sessions += 1
+            scored += r["eval_status"] == "scored" and r["score"] == 10.0
+    print(json.dumps({"seconds": seconds, "sessions": sessions, "scored": scored, "rss_mib": rss_mib,
+                      "cpu_self_s": cpu_self, "cpu_children_s": cpu_children}))
 
 
 SRC = REPO  # the tree whose launcher is measured (--src)
