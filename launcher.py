@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     ap.add_argument("--report", type=Path, metavar="PATH.html",
-                    help="after the job, write its self-contained HTML report there (see also: launcher.py report)")
+                    help="after the job, write its HTML report there, plotly.js once beside it (see also: launcher.py report)")
     return ap
 
 
