@@ -320,10 +320,16 @@ class Scheduler:
     async def _feed(self, source: RowSource) -> None:
         """Queue the rows of ``source`` in order, a page at a time, keeping at most two pools of
         them queued (a worker taking one makes room)."""
+        queued = 0
         async for rows, prior in source.pages():
             for r in rows:
                 await self._room.acquire()
                 self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.session_id, []))))
+                queued += 1
+        if queued < source.total:  # rows gone from the store meanwhile: the job must still end
+            log.error("%d planned session(s) were not found in the store and did not run", source.total - queued)
+            for _ in range(source.total - queued):
+                self._finished_one()
 
     def _remove_later(self, workspace: Path) -> None:
         """Delete a finished session's workspace in the scheduler's file thread: an ``rmdir`` can

@@ -3,6 +3,7 @@ generator, read back a page at a time in run order; the records rebuilt a page a
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from rollout.job import SetupError, load_envs, plan_job, plan_sessions
 from rollout.records import iter_job_records, job_records
-from rollout.scheduler import RowSource
+from rollout.scheduler import RowSource, RunSettings, Scheduler
 from rollout.session_ids import SessionIds
 from store import Store
 from tests.rollout.test_attempts import make_env, options
@@ -60,3 +61,20 @@ async def test_planned_rows_are_read_back_in_run_order_a_page_at_a_time(tmp_path
         assert [r.case_id for r in streamed] == ["c1", "c3", "c3"]  # env, case, sample order
     finally:
         await store.close()
+
+
+async def test_a_job_whose_rows_are_gone_from_the_store_still_ends(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                                    ) -> None:
+    store = Store(f"sqlite://{tmp_path / 't.db'}")
+    await store.init()
+    ids = SessionIds()
+    for _ in range(3):
+        ids.append(uuid.uuid4().hex)  # planned, but no such rows
+    settings = RunSettings(job_id="jz", model="m", gateway_url="http://127.0.0.1:9/v1/sessions",
+                           agent_root=tmp_path, pool_size=2)
+    try:
+        records = await asyncio.wait_for(Scheduler(store, settings, {}, {}).run(RowSource.from_store(store, ids)), 60)
+    finally:
+        await store.close()
+    assert records == []
+    assert any("3 planned session(s) were not found in the store" in r.getMessage() for r in caplog.records)
