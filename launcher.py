@@ -38,7 +38,7 @@ from rollout.regrade import (
     regrade_job,
     render_regrade_summary,
 )
-from rollout.report import SessionRecord, is_infra, render_table, summarize, table_footer
+from rollout.report import SessionRecord, render_table, summarize
 from rollout.scheduler import HARNESS_FAILURES
 
 HERE = Path(__file__).resolve().parent
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     ap.add_argument("--report", type=Path, metavar="PATH.html",
-                    help="after the job, write its self-contained HTML report there (see also: launcher.py report)")
+                    help="after the job, write its HTML report there, plotly.js once beside it (see also: launcher.py report)")
     return ap
 
 
@@ -169,13 +169,14 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
 
 def report(result: JobResult, count_unscored_as_zero: bool) -> int:
     """Print the summary table and where things are; returns the exit code (0, 2 or 3)."""
-    print(render_table(summarize(result.records, count_unscored_as_zero=count_unscored_as_zero)))
-    if footer := table_footer(result.records):
+    totals = result.totals
+    print(render_table(totals.summary(count_unscored_as_zero=count_unscored_as_zero)))
+    if footer := totals.footer():
         print(footer)
-    print(f"{len(result.records)} sessions written to {result.out}; steps and rewards in {result.store}")
-    infra_attempts = sum(1 for r in result.records for a in r.attempts if a.infra)
+    print(f"{totals.sessions} sessions written to {result.out}; steps and rewards in {result.store}")
+    infra_attempts = totals.infra_attempts
     if infra_attempts:
-        lost = sum(1 for r in result.records if is_infra(r))
+        lost = totals.lost
         print(f"{infra_attempts} attempts ended in an infrastructure failure; {lost} sessions never recovered "
               "(not graded, reward NULL)")
     opened = sum(1 for e in result.breaker_events if e.state == "open")
@@ -187,7 +188,7 @@ def report(result: JobResult, count_unscored_as_zero: bool) -> int:
         print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
               file=sys.stderr)
         return 3
-    failed = [r for r in result.records if r.status in HARNESS_FAILURES or r.eval_status in ("error", "timeout")]
+    failed = totals.count(statuses=HARNESS_FAILURES, eval_statuses=("error", "timeout"))
     return 2 if failed else 0
 
 

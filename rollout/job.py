@@ -44,11 +44,11 @@ from rollout.outcomes import (
 )
 from rollout.ray_backend import RayBackend, RayBackendError
 from rollout.ray_backend import connect as ray_connect
-from rollout.records import job_records
-from rollout.report import SessionRecord, write_jsonl
+from rollout.records import iter_job_records
+from rollout.report import JsonlWriter, ReportTotals, SessionRecord, read_jsonl
 from rollout.runner import effective_mode, sandbox_support
 from rollout.sandbox import SandboxUnavailable
-from rollout.scheduler import JobStopped, RunSettings, Scheduler, session_rows
+from rollout.scheduler import JobStopped, RowSource, RunSettings, Scheduler, iter_session_rows, session_rows
 from rollout.services import (
     ChildProcess,
     ServiceError,
@@ -58,6 +58,7 @@ from rollout.services import (
     start_gateway,
     start_llama_server,
 )
+from rollout.session_ids import SessionIds
 from store import JOB_ID_PATTERN, MAX_INT, DbUrlError, JobEnvironment, Store
 
 log = logging.getLogger(__name__)
@@ -128,17 +129,25 @@ class JobOptions(BaseModel):
 
 
 class JobResult(BaseModel):
-    """What a finished job produced: its id, every finished session's record, the JSONL path,
+    """What a finished job produced: its id, the JSONL path (one record per finished session),
+    the report's counts of those records (``totals``: the summary table, footer, infra counts),
     the store identity and where workspaces were kept (None unless ``keep_workspaces``), the
     circuit breaker's changes, and why the job stopped early (None when every session ran)."""
 
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
     job_id: str
-    records: list[SessionRecord]
+    totals: ReportTotals
     out: Path
     store: str
     workspaces: Path | None = None
     breaker_events: list[BreakerEvent] = Field(default_factory=list)
     stopped: str | None = None
+
+    @property
+    def records(self) -> list[SessionRecord]:
+        """Every finished session's record, read back from the JSONL (the job keeps none in memory)."""
+        return read_jsonl(self.out)
 
 
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
@@ -261,27 +270,75 @@ async def plan_sessions(store: Store, opts: JobOptions, job_id: str, models: lis
     scheduler archives their last attempt's steps before the next attempt, whose number goes on
     from the attempts already used). Raises SetupError for a resume of an unknown job, or a new
     job whose id is taken."""
-    existing = await store.job_sessions(job_id)
-    cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
     if opts.resume:
-        if not existing:
-            raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
-        rows = [r for r in existing if not r.finished or r.outcome in INFRA_CLASSES]
-        unknown = {(r.env_name, r.case_id) for r in rows} - cases
-        if unknown:
-            raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
-                             f"{sorted(unknown)[:5]}")
-        for r in rows:
-            if r.finished:  # an infrastructure failure: run it again, never graded
-                await store.update_job_session(r.session_id, finished=False, finished_at=None, reward=None,
-                                               eval_status=None, eval_reason=None, eval_detail=None)
-                r.finished = False
-        return rows
-    if existing:
-        raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
-                         "add --resume to finish it, or choose another --job-id")
+        return await _resume_rows(store, job_id, envs)
+    await _check_new(store, job_id)
     rows = session_rows(job_id, models, envs, opts.rl_group_size, opts.max_steps, harnesses or [None])
     await store.add_job_sessions(rows)
+    return rows
+
+
+class PlannedJob(BaseModel):
+    """The sessions a job runs, without their rows: their ids in run order (``SessionIds``),
+    sessions per env, and the routes and harnesses they use."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    ids: SessionIds
+    per_env: dict[str, int]
+    models: list[str]
+    harnesses: list[str]
+
+
+async def plan_job(store: Store, opts: JobOptions, job_id: str, models: list[str],
+                   envs: list[tuple[EnvConfig, list[Case]]], harnesses: list[str | None]) -> PlannedJob:
+    """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
+    transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
+    Same rows, order and errors as ``plan_sessions``."""
+    ids = SessionIds()
+    per_env: Counter[str] = Counter()
+    used_models: dict[str, None] = {}
+    used_harnesses: dict[str, None] = {}
+
+    def note(r: JobEnvironment) -> JobEnvironment:
+        ids.append(r.session_id)
+        per_env[r.env_name] += 1
+        used_models[r.llm_model] = None
+        if r.harness is not None:
+            used_harnesses[r.harness] = None
+        return r
+
+    if opts.resume:
+        for r in await _resume_rows(store, job_id, envs):
+            note(r)
+    else:
+        await _check_new(store, job_id)
+        await store.add_job_sessions(note(r) for r in iter_session_rows(
+            job_id, models, envs, opts.rl_group_size, opts.max_steps, harnesses))
+    return PlannedJob(ids=ids, per_env=dict(per_env), models=list(used_models), harnesses=list(used_harnesses))
+
+
+async def _check_new(store: Store, job_id: str) -> None:
+    if await store.job_exists(job_id):
+        raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
+                         "add --resume to finish it, or choose another --job-id")
+
+
+async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]]) -> list[JobEnvironment]:
+    existing = await store.job_sessions(job_id)
+    if not existing:
+        raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
+    cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
+    rows = [r for r in existing if not r.finished or r.outcome in INFRA_CLASSES]
+    unknown = {(r.env_name, r.case_id) for r in rows} - cases
+    if unknown:
+        raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
+                         f"{sorted(unknown)[:5]}")
+    for r in rows:
+        if r.finished:  # an infrastructure failure: run it again, never graded
+            await store.update_job_session(r.session_id, finished=False, finished_at=None, reward=None,
+                                           eval_status=None, eval_reason=None, eval_detail=None)
+            r.finished = False
     return rows
 
 
@@ -330,6 +387,21 @@ async def start_services(gw: GatewaySettings, models: list[str], store: Store, l
     return children[-1].url
 
 
+async def write_records(store: Store, job_id: str, out: Path) -> ReportTotals:
+    """Write the JSONL of every finished session of the job (rebuilt from the store, so a resumed
+    job reports all its sessions), streamed, and return the report's counts of those records."""
+    totals = ReportTotals()
+    case: tuple[str, str] | None = None
+    with JsonlWriter(out) as jsonl:
+        async for record in iter_job_records(store, job_id):
+            if (record.env_name, record.case_id) != case:  # records come in env, case order
+                totals.fold_cases()
+                case = (record.env_name, record.case_id)
+            jsonl.write(record)
+            totals.add(record)
+    return totals
+
+
 def check_routes(gw: GatewaySettings, models: list[str]) -> None:
     """SetupError naming each of ``models`` that is not a route of the gateway config."""
     unknown = [m for m in models if m not in gw.llm_routes]
@@ -366,17 +438,17 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         await store.init()
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
-        rows = await plan_sessions(store, opts, job_id, models, envs, [*loaded] or [None])
-        if opts.resume and rows:
-            models = list(dict.fromkeys(r.llm_model for r in rows))
-            for name in sorted({r.harness for r in rows if r.harness is not None} - set(loaded)):
+        plan = await plan_job(store, opts, job_id, models, envs, [*loaded] or [None])
+        if opts.resume and plan.ids:
+            models = plan.models
+            for name in sorted(set(plan.harnesses) - set(loaded)):
                 try:
                     loaded[name] = load_harness(name)  # a bundled one, by name
                 except HarnessUnavailable as e:
                     raise SetupError(f"--resume: sessions of {job_id} ran the harness {name!r}, which cannot be "
                                      f"loaded by name ({e}); give its folder again with --harness PATH") from e
         if opts.resume:
-            installed = await install_harnesses({n: h for n, h in loaded.items() if any(r.harness == n for r in rows)})
+            installed = await install_harnesses({n: h for n, h in loaded.items() if n in plan.harnesses})
         if opts.enable_evaluation:
             for cfg, _ in envs:
                 if discover_evaluator(opts.agent_root, cfg.name) is None and \
@@ -400,13 +472,13 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.mode == "ray":
             ray_backend = await connect_ray(opts, [cfg for cfg, _ in envs], advertise_url or gateway_url)
         if on_plan:
-            on_plan(dict(Counter(r.env_name for r in rows)))
+            on_plan(dict(plan.per_env))
         if on_start:
-            on_start(job_id, len(rows))
+            on_start(job_id, len(plan.ids))
         on = f"route {models[0]!r}" if len(models) == 1 else f"routes {', '.join(map(repr, models))}"
         if installed:
             on += f" with harness {', '.join(installed)}"
-        print(f"job {job_id}: {len(rows)} sessions on {on} via {gateway_url} "
+        print(f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
               f"(pool {opts.pool_size}, db {store.identity()})", file=sys.stderr)
         workspaces = Path(tempfile.mkdtemp(prefix=f"rollout-{job_id}-"))
         settings = RunSettings(job_id=job_id, model=models[0], models=tuple(models), harnesses=installed,
@@ -419,20 +491,19 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         by_name = {cfg.name: cfg for cfg, _ in envs}
         cases = {(c.env_name, c.case_id): c for _, cs in envs for c in cs}
         scheduler = Scheduler(store, settings, by_name, cases, on_done=on_done, on_breaker=on_breaker,
-                              executor=ray_backend.executor() if ray_backend else None)
+                              executor=ray_backend.executor() if ray_backend else None, keep_records=False)
         stopped: str | None = None
         try:
-            await scheduler.run(rows)
+            await scheduler.run(RowSource.from_store(store, plan.ids))
         except JobStopped as e:
             stopped = str(e)
         finally:
             if not opts.keep_workspaces:
                 shutil.rmtree(workspaces, ignore_errors=True)
-        records = await job_records(store, job_id)
         out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{job_id}.jsonl"
-        write_jsonl(out, records)
+        totals = await write_records(store, job_id, out)
         await store.checkpoint()
-        return JobResult(job_id=job_id, records=records, out=out, store=store.identity(),
+        return JobResult(job_id=job_id, totals=totals, out=out, store=store.identity(),
                          workspaces=workspaces if opts.keep_workspaces else None,
                          breaker_events=scheduler.breaker_events, stopped=stopped)
     finally:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from rollout.protocol import Trajectory
 from rollout.report import AttemptRecord, SessionRecord
+from rollout.session_ids import SessionIds
 from rollout.trajectory import to_trajectory, usage_total
 from store import JobEnvironment, SessionAttempt, Store, attempt_session_id
 
@@ -42,7 +43,19 @@ def record_of(row: JobEnvironment, traj: Trajectory, attempts: Sequence[SessionA
 
 async def job_records(store: Store, job_id: str) -> list[SessionRecord]:
     """Records of every finished session of a job, ordered by env, case, sample."""
-    rows = [r for r in await store.job_sessions(job_id) if r.finished]
-    attempts = await store.job_attempts(job_id)
-    return [record_of(r, to_trajectory(r.session_id, await store.trajectory(r.session_id)), attempts.get(r.session_id, []))
-            for r in rows]
+    return [r async for r in iter_job_records(store, job_id)]
+
+
+async def iter_job_records(store: Store, job_id: str, page: int = 256) -> AsyncIterator[SessionRecord]:
+    """The records of ``job_records``, in the same order, built ``page`` sessions at a time (a job
+    of any size never holds more than a page of rows)."""
+    ids = SessionIds()
+    async for sid in store.job_session_ids(job_id, finished_only=True):
+        ids.append(sid)
+    for i in range(0, len(ids), page):
+        chunk = ids[i:i + page]
+        attempts = await store.session_attempts(chunk)
+        for r in await store.job_sessions_by_id(chunk):
+            if r.finished:
+                steps = await store.trajectory(r.session_id)
+                yield record_of(r, to_trajectory(r.session_id, steps), attempts.get(r.session_id, []))

@@ -19,8 +19,9 @@ import math
 import os
 import tempfile
 import textwrap
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
@@ -214,7 +215,7 @@ def _passes(record: SessionRecord) -> bool:
 
 
 def summarize(
-    records: list[SessionRecord], *, k: int | None = None, count_unscored_as_zero: bool = False
+    records: Iterable[SessionRecord], *, k: int | None = None, count_unscored_as_zero: bool = False
 ) -> list[SummaryRow]:
     """One ``SummaryRow`` per (env_name, harness, model), sorted by env_name, harness (the env's
     own runtime first), then model.
@@ -224,65 +225,148 @@ def summarize(
     cases. ``k`` defaults, per row, to the smallest number of samples of any case in that row (the
     group size); with an explicit ``k``, cases with fewer than ``k`` samples are left out of pass@k
     (``pass_at_k_cases`` tells how many were used). pass@1 is always computed over all cases.
+    (``ReportTotals``, fed every record.)
 
     Raises:
         ValueError: ``k`` given and < 1.
     """
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise ValueError(f"summarize: k must be an int >= 1, got {k!r}")
-    groups: dict[tuple[str, str, str], list[SessionRecord]] = defaultdict(list)
-    for record in records:
-        groups[(record.env_name, record.harness or "", record.model)].append(record)
+    return ReportTotals.of(records).summary(k=k, count_unscored_as_zero=count_unscored_as_zero)
 
-    rows: list[SummaryRow] = []
-    for (env_name, harness, model), all_recs in sorted(groups.items()):
-        recs = [r for r in all_recs if not is_infra(r)]  # masked: never graded
-        by_case: dict[str, list[SessionRecord]] = defaultdict(list)
-        for r in recs:
-            by_case[r.case_id].append(r)
-        case_counts = [(len(rs), sum(1 for r in rs if _passes(r))) for rs in by_case.values()]
-        row_k = k if k is not None else min((n for n, _ in case_counts), default=1)
-        eligible = [(n, c) for n, c in case_counts if n >= row_k]
-        evaluated = any(r.eval_status not in (None, "skipped") for r in recs)
-        pass_k = (sum(pass_at_k(n, c, row_k) for n, c in eligible) / len(eligible)
-                  if eligible and evaluated else None)
-        pass_1 = (sum(pass_at_k(n, c, 1) for n, c in case_counts) / len(case_counts)
-                  if evaluated and case_counts else None)
 
-        scored = [r for r in recs if _is_scored(r)]
-        if count_unscored_as_zero:
-            values = [r.score if _is_scored(r) and r.score is not None else 0.0 for r in recs]
+class _RowTotals:
+    """The running counts of one (env, harness, model): what ``SummaryRow`` is computed from.
+    Sums are exact (``Fraction``), so a mean equals ``math.fsum(values) / len(values)``."""
+
+    def __init__(self) -> None:
+        self.sessions = self.graded = self.scored = self.invalid = self.eval_error = self.eval_timeout = 0
+        self.unevaluated = self.runtime_failed = self.runtime_errors = self.runtime_timeouts = 0
+        self.retried = self.infra = self.durations = self.cases = 0
+        self.evaluated = False
+        self.score_sum = Fraction(0)
+        self.duration_sum = Fraction(0)
+        self.open_cases: dict[str, list[int]] = {}  # case id -> [samples, passing], graded sessions only
+        self.open_ids: set[str] = set()  # case ids of every session not folded yet
+        self.pairs: Counter[tuple[int, int]] = Counter()  # (samples, passing) -> cases folded
+
+    def add(self, r: SessionRecord) -> None:
+        self.sessions += 1
+        self.open_ids.add(r.case_id)
+        if r.duration_s is not None:
+            self.durations += 1
+            self.duration_sum += Fraction(r.duration_s)
+        self.runtime_failed += r.status == "failed"
+        self.runtime_errors += r.status == "error"
+        self.runtime_timeouts += r.status == "timeout"
+        self.retried += r.retried
+        if is_infra(r):  # masked: never graded
+            self.infra += 1
+            return
+        self.graded += 1
+        counts = self.open_cases.setdefault(r.case_id, [0, 0])
+        counts[0] += 1
+        counts[1] += _passes(r)
+        if _is_scored(r) and r.score is not None:
+            self.scored += 1
+            self.score_sum += Fraction(r.score)
+        self.invalid += r.eval_status == EVAL_INVALID_STATUS
+        self.eval_error += r.eval_status == EVAL_ERROR_STATUS
+        self.eval_timeout += r.eval_status == EVAL_TIMEOUT_STATUS
+        if r.eval_status in (None, "skipped"):
+            self.unevaluated += 1
         else:
-            values = [r.score for r in scored if r.score is not None]
-        mean_score = math.fsum(values) / len(values) if values else None
-        durations = [r.duration_s for r in all_recs if r.duration_s is not None]
+            self.evaluated = True
 
-        rows.append(
-            SummaryRow(
-                env_name=env_name,
-                harness=harness or None,
-                model=model,
-                sessions=len(all_recs),
-                cases=len({r.case_id for r in all_recs}),
-                scored=len(scored),
-                invalid=sum(1 for r in recs if r.eval_status == EVAL_INVALID_STATUS),
-                eval_error=sum(1 for r in recs if r.eval_status == EVAL_ERROR_STATUS),
-                eval_timeout=sum(1 for r in recs if r.eval_status == EVAL_TIMEOUT_STATUS),
-                unevaluated=sum(1 for r in recs if r.eval_status in (None, "skipped")),
-                mean_score=mean_score,
-                k=row_k,
-                pass_at_1=pass_1,
-                pass_at_k=pass_k,
-                pass_at_k_cases=len(eligible),
-                runtime_failed=sum(1 for r in all_recs if r.status == "failed"),
-                runtime_errors=sum(1 for r in all_recs if r.status == "error"),
-                runtime_timeouts=sum(1 for r in all_recs if r.status == "timeout"),
-                mean_duration_s=math.fsum(durations) / len(durations) if durations else None,
-                retried=sum(1 for r in all_recs if r.retried),
-                infra=sum(1 for r in all_recs if is_infra(r)),
-            )
-        )
-    return rows
+    def fold(self) -> None:
+        """Keep only the (samples, passing) counts of the cases seen so far: none of them may
+        come again."""
+        self.cases += len(self.open_ids)
+        self.pairs.update(tuple(c) for c in self.open_cases.values())  # type: ignore[misc]
+        self.open_ids.clear()
+        self.open_cases.clear()
+
+    def row(self, key: tuple[str, str, str], k: int | None, count_unscored_as_zero: bool) -> SummaryRow:
+        self.fold()
+        env_name, harness, model = key
+        n_cases = sum(self.pairs.values())
+        row_k = k if k is not None else min((n for n, _ in self.pairs), default=1)
+        eligible = [(n, c, m) for (n, c), m in self.pairs.items() if n >= row_k]
+        n_eligible = sum(m for _, _, m in eligible)
+        pass_k = (math.fsum(pass_at_k(n, c, row_k) * m for n, c, m in eligible) / n_eligible
+                  if eligible and self.evaluated else None)
+        pass_1 = (math.fsum(pass_at_k(n, c, 1) * m for (n, c), m in self.pairs.items()) / n_cases
+                  if self.evaluated and n_cases else None)
+        averaged = self.graded if count_unscored_as_zero else self.scored
+        return SummaryRow(
+            env_name=env_name, harness=harness or None, model=model, sessions=self.sessions, cases=self.cases,
+            scored=self.scored, invalid=self.invalid, eval_error=self.eval_error, eval_timeout=self.eval_timeout,
+            unevaluated=self.unevaluated, mean_score=float(self.score_sum) / averaged if averaged else None,
+            k=row_k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=n_eligible,
+            runtime_failed=self.runtime_failed, runtime_errors=self.runtime_errors,
+            runtime_timeouts=self.runtime_timeouts,
+            mean_duration_s=float(self.duration_sum) / self.durations if self.durations else None,
+            retried=self.retried, infra=self.infra)
+
+
+class ReportTotals:
+    """What the report needs of a job's records, counted as they come (nothing per session is
+    kept but, until ``fold_cases``, the case ids of the current cases): the summary rows
+    (``summary``: ``summarize``'s numbers), the sessions run without a sandbox by env
+    (``table_footer``), attempts that ended in an infrastructure failure, and sessions by
+    (status, eval_status). For records streamed in case order, call ``fold_cases`` whenever a
+    case is complete (memory stays flat); else everything is folded by ``summary``."""
+
+    def __init__(self) -> None:
+        self.sessions = 0
+        self.infra_attempts = 0
+        self.bare: dict[str, int] = defaultdict(int)
+        self.by_status: Counter[tuple[str, str | None]] = Counter()
+        self._rows: dict[tuple[str, str, str], _RowTotals] = {}
+
+    @classmethod
+    def of(cls, records: Iterable[SessionRecord]) -> ReportTotals:
+        """The totals of ``records``."""
+        totals = cls()
+        for r in records:
+            totals.add(r)
+        return totals
+
+    def add(self, record: SessionRecord) -> None:
+        """Count one finished session's record."""
+        self.sessions += 1
+        key = (record.env_name, record.harness or "", record.model)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = _RowTotals()
+        row.add(record)
+        self.infra_attempts += sum(1 for a in record.attempts if a.infra)
+        if record.sandbox == "none":
+            self.bare[record.env_name] += 1
+        self.by_status[(record.status, record.eval_status)] += 1
+
+    def fold_cases(self) -> None:
+        """Every case seen so far is complete: keep only its counts."""
+        for row in self._rows.values():
+            row.fold()
+
+    @property
+    def lost(self) -> int:
+        """Sessions whose last attempt was an infrastructure failure (never graded)."""
+        return sum(r.infra for r in self._rows.values())
+
+    def count(self, statuses: Iterable[str] = (), eval_statuses: Iterable[str] = ()) -> int:
+        """Sessions whose status is one of ``statuses`` or whose eval_status is one of ``eval_statuses``."""
+        st, ev = set(statuses), set(eval_statuses)
+        return sum(n for (s, e), n in self.by_status.items() if s in st or e in ev)
+
+    def summary(self, *, k: int | None = None, count_unscored_as_zero: bool = False) -> list[SummaryRow]:
+        """The rows ``summarize`` gives for the records added (it folds every case)."""
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"summarize: k must be an int >= 1, got {k!r}")
+        return [row.row(key, k, count_unscored_as_zero) for key, row in sorted(self._rows.items())]
+
+    def footer(self) -> str | None:
+        """``table_footer`` of the records added."""
+        return _footer(self.bare)
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -382,6 +466,10 @@ def table_footer(records: Iterable[SessionRecord]) -> str | None:
     for r in records:
         if r.sandbox == "none":
             bare[r.env_name] += 1
+    return _footer(bare)
+
+
+def _footer(bare: dict[str, int]) -> str | None:
     if not bare:
         return None
     envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
@@ -403,23 +491,60 @@ def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:
         TypeError: a record holds a value that is not JSON-serializable.
         OSError: the file cannot be written.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    count = 0
-    try:
-        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; the export is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for record in records:
-                line = json.dumps(record.model_dump(mode="python"), allow_nan=False, ensure_ascii=False)
-                fh.write(line)
-                fh.write("\n")
-                count += 1
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    return count
+    with JsonlWriter(path) as out:
+        for record in records:
+            out.write(record)
+    return out.count
+
+
+class JsonlWriter:
+    """``write_jsonl`` one record at a time: ``with JsonlWriter(path) as out: out.write(r)``. The
+    lines go to a temporary file beside ``path``, moved over it (fsynced) when the block ends
+    without an error; on an error the target is left untouched. ``count``: lines written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.count = 0
+        self._tmp = ""
+        self._fh: Any = None
+
+    def __enter__(self) -> JsonlWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            os.chmod(self._tmp, 0o644)  # mkstemp creates 0600; the export is an ordinary file
+            self._fh = os.fdopen(fd, "w", encoding="utf-8")
+        except BaseException:
+            os.close(fd)
+            os.unlink(self._tmp)
+            raise
+        return self
+
+    def write(self, record: SessionRecord) -> None:
+        """Append one record's line. Raises ValueError (NaN/inf) or TypeError (not JSON)."""
+        line = json.dumps(record.model_dump(mode="python"), allow_nan=False, ensure_ascii=False)
+        self._fh.write(line)
+        self._fh.write("\n")
+        self.count += 1
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            if exc_type is None:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            self._fh.close()
+            if exc_type is None:
+                os.replace(self._tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+            raise
+        if exc_type is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+
+
+def read_jsonl(path: Path) -> list[SessionRecord]:
+    """The records of a JSONL file written by ``write_jsonl``."""
+    with Path(path).open(encoding="utf-8") as fh:
+        return [SessionRecord.model_validate_json(line) for line in fh if line.strip()]

@@ -183,7 +183,7 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
     raises except CancelledError."""
     out = await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log)
     try:
-        removed = await asyncio.to_thread(drop_unsafe_entries, workspace)
+        removed = await asyncio.to_thread(drop_unsafe_entries, workspace) if not _empty(workspace) else []
     except OSError as e:
         return out.model_copy(update={"status": "error", "result": None,
                                       "error_text": f"workspace cannot be checked for links: {e}"})
@@ -191,6 +191,16 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
         log.warning("session %s: removed %d link(s) leaving the workspace or fifo(s) before grading: %s",
                     request.session_id, len(removed), "; ".join(removed[:5]))
     return out
+
+
+def _empty(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing (then no thread is needed to check it); False when it
+    cannot be listed (the check in the thread reports that)."""
+    try:
+        with os.scandir(folder) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
 
 
 async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,

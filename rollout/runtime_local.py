@@ -121,9 +121,9 @@ async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
 
 
 async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int, total: list[int],
-                copy: BinaryIO | None = None) -> None:
+                copy: BinaryIO | None = None, read: Callable[[], None] | None = None) -> None:
     """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes (and all of it
-    in ``copy`` when given); adds the bytes read to ``total[0]``."""
+    in ``copy`` when given); adds the bytes read to ``total[0]`` and calls ``read()`` after each chunk."""
     while chunk := await stream.read(65536):
         total[0] += len(chunk)
         if copy is not None:
@@ -131,15 +131,31 @@ async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int, total
         keep += chunk
         if len(keep) > 2 * limit:
             del keep[:-limit]
+        if read is not None:
+            read()
 
 
-async def _exited(proc: asyncio.subprocess.Process, output: list[int], output_limit: int | None,
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol of a ``Process``, plus ``wake``: set when the process exits (its pipes
+    may stay open: a background child can hold them) and by whoever else needs ``_exited`` to
+    look again."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)  # asyncio's default stream limit
+        self.wake = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.wake.set()
+
+
+async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output: list[int], output_limit: int | None,
                   monitor: Monitor | None) -> tuple[str, str] | None:
-    """Wait until the process has exited (None), or a limit is exceeded (``(limit, reason)``).
-    (On Python 3.11, ``Process.wait()`` also waits until every pipe is closed, which a background
-    child holding stdout can delay for ever.)"""
-    start = time.monotonic()
-    next_check = start + _WATCH_EVERY_S
+    """Wait until the process has exited (None), or a limit is exceeded (``(limit, reason)``),
+    woken by ``wake`` (the exit, more output) and every 0.25 s for ``monitor``. (On Python 3.11,
+    ``Process.wait()`` also waits until every pipe is closed, which a background child holding
+    stdout can delay for ever.)"""
+    next_check = time.monotonic() + _WATCH_EVERY_S
     while proc.returncode is None:
         if output_limit is not None and output[0] > output_limit:
             return "output", f"output limit exceeded: more than {output_limit} bytes of stdout + stderr"
@@ -147,8 +163,13 @@ async def _exited(proc: asyncio.subprocess.Process, output: list[int], output_li
             if over := await asyncio.to_thread(monitor):
                 return over
             next_check = time.monotonic() + _WATCH_EVERY_S
-        # poll fast at first (short runtimes end without a 50 ms tick), then every 50 ms
-        await asyncio.sleep(min(0.05, max(0.002, (time.monotonic() - start) / 20)))
+            continue  # the process may have exited meanwhile
+        wake.clear()
+        try:
+            async with asyncio.timeout(max(0.0, next_check - time.monotonic()) if monitor is not None else None):
+                await wake.wait()
+        except TimeoutError:
+            pass
     return None
 
 
@@ -183,23 +204,31 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
 async def _run(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                env: dict[str, str], pass_fds: tuple[int, ...], output_limit: int | None, monitor: Monitor | None,
                copy: BinaryIO | None, t0: float) -> RuntimeOutcome:
-    proc = await asyncio.create_subprocess_exec(
-        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _Protocol(loop), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True, pass_fds=pass_fds,
     )
+    proc = asyncio.subprocess.Process(transport, protocol, loop)  # what create_subprocess_exec makes
+    wake = protocol.wake
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out_b, err_b, total = bytearray(), bytearray(), [0]
+
+    def read() -> None:
+        if output_limit is not None and total[0] > output_limit:
+            wake.set()
+
     tasks = [asyncio.create_task(_feed(proc.stdin, request.model_dump_json().encode() + b"\n")),
-             asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total)),
-             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total, copy))]
+             asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total, read=read)),
+             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total, copy, read=read))]
     over: tuple[str, str] | None = None
     try:
-        over = await asyncio.wait_for(_exited(proc, total, output_limit, monitor), timeout=timeout_s)
+        over = await asyncio.wait_for(_exited(proc, wake, total, output_limit, monitor), timeout=timeout_s)
         if over is None and monitor is not None:
             over = await asyncio.to_thread(monitor)  # a limit hit just before the exit
     except TimeoutError:
         _kill_group(proc)
-        await _exited(proc, total, None, None)
+        await _exited(proc, wake, total, None, None)
         return RuntimeOutcome(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
                               returncode=proc.returncode, duration_s=time.monotonic() - t0)
     except BaseException:
@@ -217,7 +246,7 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
                           returncode=proc.returncode)
     if over is not None:
         if proc.returncode is None:
-            await _exited(proc, total, None, None)
+            await _exited(proc, wake, total, None, None)
         return done.model_copy(update={"limit_exceeded": over[0], "error_text": over[1],
                                        "returncode": proc.returncode})
     try:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,12 +42,13 @@ from rollout.outcomes import (
     RetryPolicy,
     classify,
 )
-from rollout.protocol import EvalRequest, SimulationStartRequest
+from rollout.protocol import EvalRequest, EvalSpec, SimulationStartRequest
 from rollout.records import record_of
 from rollout.report import SessionRecord
 from rollout.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.runtime_local import RuntimeOutcome, pidfd_child_watcher
 from rollout.services import auth_headers, gateway_root
+from rollout.session_ids import SessionIds
 from rollout.trajectory import to_trajectory
 from rollout.workspace_archive import keep_workspace
 from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
@@ -84,6 +87,17 @@ def rejected_summary(close_info: dict[str, Any]) -> str | None:
         return None
     detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     return f"the gateway refused {sum(counts.values())} call(s) of the session itself: {detail}"
+
+
+def remove_workspace(folder: Path) -> None:
+    """Delete a session's workspace: one ``rmdir`` when it is empty (no tree walk), else the
+    whole tree; a folder already gone is fine."""
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        return
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass
@@ -163,9 +177,15 @@ def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvCo
     of one (case, harness, model) share a ``group_id`` (``group_id``: with one model and no
     harness, uuid5 of job, env and case as before); ``harness`` None is the env's own runtime.
     ``group_size`` None: each env's own ``group_size``. Session ids are random uuid4 hex."""
+    return list(iter_session_rows(job_id, model, envs, group_size, max_steps, harnesses))
+
+
+def iter_session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
+                      group_size: int | None, max_steps: int | None,
+                      harnesses: Sequence[str | None] = (None,)) -> Iterator[JobEnvironment]:
+    """The rows of ``session_rows``, one at a time, in the same order."""
     models = [model] if isinstance(model, str) else list(model)
     matrix = len(models) > 1 or any(h is not None for h in harnesses)
-    rows: list[JobEnvironment] = []
     for cfg, cases in envs:
         for case in cases:
             for harness in harnesses:
@@ -173,13 +193,42 @@ def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvCo
                     group = group_id(job_id, cfg.name, case.case_id, harness, m) if matrix else \
                         group_id(job_id, cfg.name, case.case_id)
                     for k in range(group_size or cfg.group_size):
-                        rows.append(JobEnvironment(
+                        yield JobEnvironment(
                             session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
                             llm_model=m, harness=harness, group_id=group, sample_index=k,
                             env_params={**cfg.params, "dataset": case.row}, status="pending",
                             max_steps=max_steps if max_steps is not None else cfg.max_steps,
-                        ))
-    return rows
+                        )
+
+
+Page = tuple[list[JobEnvironment], Mapping[str, list[SessionAttempt]]]
+"""Session rows in run order, with the earlier attempts of those sessions (session id -> attempts)."""
+
+
+class RowSource:
+    """The rows a scheduler runs: ``total`` of them, read a page at a time by ``pages()`` (an
+    async iterator of ``Page``), so a job of any size never holds all its rows at once."""
+
+    def __init__(self, total: int, pages: Callable[[], AsyncIterator[Page]]) -> None:
+        self.total = total
+        self.pages = pages
+
+    @classmethod
+    def of(cls, rows: list[JobEnvironment], prior: Mapping[str, list[SessionAttempt]] | None = None) -> RowSource:
+        """Rows already in memory, as one page with their earlier attempts ``prior``."""
+        async def pages() -> AsyncIterator[Page]:
+            yield rows, prior or {}
+        return cls(len(rows), pages)
+
+    @classmethod
+    def from_store(cls, store: Store, ids: SessionIds, page: int = 256) -> RowSource:
+        """The rows of the sessions ``ids`` (in that order), read from ``store`` ``page`` at a
+        time with their earlier attempts."""
+        async def pages() -> AsyncIterator[Page]:
+            for i in range(0, len(ids), page):
+                chunk = ids[i:i + page]
+                yield await store.job_sessions_by_id(chunk), await store.session_attempts(chunk)
+        return cls(len(ids), pages)
 
 
 class Scheduler:
@@ -187,13 +236,15 @@ class Scheduler:
     ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record,
     ``on_breaker`` with each change of the circuit breaker (also kept in ``breaker_events``).
     ``rng`` draws the backoff jitter; ``executor`` runs each attempt's runtime (default:
-    ``run_runtime``, on this machine)."""
+    ``run_runtime``, on this machine); ``keep_records`` False: finished records are passed to
+    ``on_done`` only, not kept (a job of any size in flat memory)."""
 
     def __init__(self, store: Store, settings: RunSettings, envs: dict[str, EnvConfig],
                  cases: dict[tuple[str, str], Case], on_done: Callable[[SessionRecord], None] | None = None,
                  on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, keep_records: bool = True) -> None:
         self.store = store
+        self.keep_records = keep_records
         self._execute: Executor = executor or run_runtime
         self.s = settings
         self.envs = envs
@@ -207,45 +258,88 @@ class Scheduler:
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
         self._seq = 0
         self._left = 0
+        self._room = asyncio.Semaphore(1)
+        self._feeder: asyncio.Task[None] | None = None
+        self._files: ThreadPoolExecutor | None = None
+        self._removals: set[asyncio.Future[None]] = set()
         self._timers: set[asyncio.Task[None]] = set()
         self._workers: list[asyncio.Task[None]] = []
         self._stop_reason: str | None = None
+        self._specs: dict[tuple[str, Path], EvalSpec] = {}
         self.breaker = CircuitBreaker(settings.breaker, self._probe, self._breaker_event)
 
-    async def run(self, rows: list[JobEnvironment]) -> list[SessionRecord]:
-        """Run every row; returns one record per finished session (cancelled ones are absent).
-        Cancelling this coroutine cancels the attempts in flight cleanly. Raises JobStopped when
-        the circuit breaker gives up (records so far are in ``records``)."""
+    async def run(self, rows: Sequence[JobEnvironment] | RowSource) -> list[SessionRecord]:
+        """Run every row (a list, or a ``RowSource`` read page by page: at most about two pools'
+        worth of rows wait in memory); returns one record per finished session (cancelled ones
+        are absent; empty unless ``keep_records``). Cancelling this coroutine cancels the attempts
+        in flight cleanly. Raises JobStopped when the circuit breaker gives up (records so far
+        are in ``records``)."""
+        if not isinstance(rows, RowSource):
+            rows = list(rows)
+            prior = await self.store.job_attempts(rows[0].job_id) if rows else {}
+            source = RowSource.of(rows, prior)
+        else:
+            source = rows
         with pidfd_child_watcher():
-            return await self._run(rows)
+            return await self._run(source)
 
-    async def _run(self, rows: list[JobEnvironment]) -> list[SessionRecord]:
-        prior = await self.store.job_attempts(rows[0].job_id) if rows else {}
-        self._left = len(rows)
-        for r in rows:
-            self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.session_id, []))))
+    async def _run(self, source: RowSource) -> list[SessionRecord]:
+        self._left = source.total
+        self._room = asyncio.Semaphore(2 * max(1, self.s.pool_size))
         # aiohttp, not httpx: a session close per session, and httpx cost 3x more launcher CPU per close
         timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30, sock_read=120)  # close may wait
         async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(self.s.gateway_api_key),
                                          connector=aiohttp.TCPConnector(limit=0)) as http:
             self._http = http
-            n = min(self.s.pool_size, max(1, len(rows)))
-            if not rows:
+            n = min(self.s.pool_size, max(1, source.total))
+            if not source.total:
                 self._put(9, None)
+            feeder = self._feeder = asyncio.create_task(self._feed(source), name="scheduler-feed")
             self._workers = [asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(n)]
             try:
+                await asyncio.wait([*self._workers, feeder], return_when=asyncio.FIRST_EXCEPTION)
+                if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
+                    raise feeder.exception()  # type: ignore[misc]  # the rows could not be read
                 await asyncio.wait(self._workers)
                 for t in self._workers:  # a worker that died of a bug fails the job loudly
                     if not t.cancelled() and t.exception() is not None:
                         raise t.exception()  # type: ignore[misc]
             finally:
-                for t in [*self._workers, *self._timers]:
+                for t in [feeder, *self._workers, *self._timers]:
                     t.cancel()
-                await asyncio.gather(*self._workers, *self._timers, return_exceptions=True)
+                await asyncio.gather(feeder, *self._workers, *self._timers, return_exceptions=True)
                 await self.breaker.aclose()
+                await asyncio.shield(asyncio.gather(*self._removals, return_exceptions=True))
+                if self._files is not None:
+                    self._files.shutdown(wait=True)
+                    self._files = None
         if self._stop_reason is not None:
             raise JobStopped(self._stop_reason)
         return self.records
+
+    async def _feed(self, source: RowSource) -> None:
+        """Queue the rows of ``source`` in order, a page at a time, keeping at most two pools of
+        them queued (a worker taking one makes room)."""
+        queued = 0
+        async for rows, prior in source.pages():
+            for r in rows:
+                await self._room.acquire()
+                self._put(1, _Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.session_id, []))))
+                queued += 1
+        if queued < source.total:  # rows gone from the store meanwhile: the job must still end
+            log.error("%d planned session(s) were not found in the store and did not run", source.total - queued)
+            for _ in range(source.total - queued):
+                self._finished_one()
+
+    def _remove_later(self, workspace: Path) -> None:
+        """Delete a finished session's workspace in the scheduler's file thread: an ``rmdir`` can
+        stall for milliseconds on a busy disk, which must hold up neither the event loop nor
+        the worker (``run`` waits for every removal before it returns)."""
+        if self._files is None:
+            self._files = ThreadPoolExecutor(1, thread_name_prefix="scheduler-files")
+        fut = asyncio.get_running_loop().run_in_executor(self._files, remove_workspace, workspace)
+        self._removals.add(fut)
+        fut.add_done_callback(self._removals.discard)
 
     def _put(self, priority: int, work: _Work | None) -> None:
         self._seq += 1
@@ -273,7 +367,7 @@ class Scheduler:
             self.on_breaker(ev)
         if ev.state == "stopped":
             self._stop_reason = ev.reason
-            for t in [*self._workers, *self._timers]:
+            for t in [*self._workers, *self._timers, *([self._feeder] if self._feeder else [])]:
                 t.cancel()
 
     async def _probe(self) -> str | None:
@@ -293,14 +387,17 @@ class Scheduler:
 
     async def _worker(self) -> None:
         while True:
-            _, _, work = await self._queue.get()
+            priority, _, work = await self._queue.get()
             if work is None:
                 return
+            if priority == 1:
+                self._room.release()
             if not await self.breaker.wait_ready():
                 return
             record = await self.run_session(work)
             if record is not None:
-                self.records.append(record)
+                if self.keep_records:
+                    self.records.append(record)
                 self._finished_one()
                 if self.on_done:
                     self.on_done(record)
@@ -359,7 +456,7 @@ class Scheduler:
                              to_trajectory(sid, steps), attempts)
         finally:
             if not self.s.keep_workspaces:
-                shutil.rmtree(workspace, ignore_errors=True)
+                self._remove_later(workspace)
 
     async def _prepare_retry(self, work: _Work) -> str | None:
         """Before attempt ``n`` > 1: close the gateway session (again: idempotent, and the close
@@ -532,11 +629,13 @@ class Scheduler:
             path = discover_evaluator(cfg.env_dir.parent, cfg.name)
         if path is None:
             return None
+        spec = self._specs.get((cfg.name, path))
+        if spec is None:  # built once per env and evaluator file (it resolves the path)
+            spec = self._specs[(cfg.name, path)] = build_eval_spec(cfg.name, path, self.s.eval_timeout_s)
         request = EvalRequest(
             job_id=row.job_id, session_id=row.session_id, env_name=cfg.name, case_id=case.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result if outcome else None,
             workspace=str(workspace),
         )
-        spec = build_eval_spec(cfg.name, path, self.s.eval_timeout_s)
         return await run_evaluation(path, request, spec, trajectory)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Result, case, func, select
+from sqlalchemy import Connection, Result, bindparam, case, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement
@@ -67,14 +67,23 @@ def _present(table: Any, names: Iterable[str]) -> list[ColumnElement[Any]]:
     return [table.c[n] for n in names if n in table.c]
 
 
-def unfinished_group(s: Session, session_id: str) -> tuple[str, str] | None:
+_GROUP_OF = select(JE.c.job_id, JE.c.group_id, JE.c.finished).where(JE.c.env_id == bindparam("sid"))
+_GROUP_COUNTS = select(func.count(), func.sum(_FINISHED)).where(JE.c.job_id == bindparam("job"),
+                                                               JE.c.group_id == bindparam("grp"))
+_LAST_READY = select(func.max(FG.c.ready_seq)).where(FG.c.job_id == bindparam("job"))
+_REVISIONS = select(func.count()).where(FG.c.job_id == bindparam("job"), FG.c.group_id == bindparam("grp"))
+_APPEND = FG.insert()
+# built once: each finished session runs these (building a statement costs more than running it)
+
+
+def unfinished_group(s: Session | Connection, session_id: str) -> tuple[str, str] | None:
     """``(job_id, group_id)`` of a session that is not finished yet, None when it is finished or
     unknown. Read in the finishing transaction before the session is marked finished."""
-    row = s.execute(select(JE.c.job_id, JE.c.group_id, JE.c.finished).where(JE.c.env_id == session_id)).one_or_none()
+    row = s.execute(_GROUP_OF, {"sid": session_id}).one_or_none()
     return None if row is None or row.finished else (row.job_id, row.group_id)
 
 
-def append_if_ready(s: Session, job_id: str, group_id: str) -> int | None:
+def append_if_ready(s: Session | Connection, job_id: str, group_id: str) -> int | None:
     """In the caller's write transaction, after one of the group's sessions was finished: when
     every session of the group is finished, append a feed entry (the next ``ready_seq`` of the
     job, ``revision`` one more than the group's earlier entries). Returns the new ``ready_seq``,
@@ -82,15 +91,15 @@ def append_if_ready(s: Session, job_id: str, group_id: str) -> int | None:
     ``BEGIN IMMEDIATE``), so the next ``ready_seq`` is read and written atomically; a concurrent
     writer of the same job on PostgreSQL fails on the primary key instead of reusing a number.
     Synchronous (an async caller uses ``AsyncSession.run_sync``)."""
-    total, finished = s.execute(
-        select(func.count(), func.sum(_FINISHED)).where(JE.c.job_id == job_id, JE.c.group_id == group_id)).one()
+    key = {"job": job_id, "grp": group_id}
+    total, finished = s.execute(_GROUP_COUNTS, key).one()
     if not total or int(finished or 0) < int(total):
         return None
-    last = s.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id)).scalar()
-    revisions = s.execute(select(func.count()).where(FG.c.job_id == job_id, FG.c.group_id == group_id)).scalar()
+    last = s.execute(_LAST_READY, key).scalar()
+    revisions = s.execute(_REVISIONS, key).scalar()
     seq = int(last or 0) + 1
-    s.execute(FG.insert().values(job_id=job_id, ready_seq=seq, group_id=group_id, revision=int(revisions or 0) + 1,
-                                 n_samples=int(total), ready_at=utcnow()))
+    s.execute(_APPEND, {"job_id": job_id, "ready_seq": seq, "group_id": group_id, "revision": int(revisions or 0) + 1,
+                        "n_samples": int(total), "ready_at": utcnow()})
     return seq
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Table, delete, insert, inspect, text, update
+from sqlalchemy import Connection, Table, bindparam, delete, insert, inspect, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -114,6 +114,23 @@ def _as_dict(obj: SQLModel | Mapping[str, Any], names: tuple[str, ...]) -> Mappi
     return obj if isinstance(obj, Mapping) else _columns(obj, names)
 
 
+_JE: Table = JobEnvironment.__table__  # type: ignore[attr-defined]
+_SA: Table = SessionAttempt.__table__  # type: ignore[attr-defined]
+_SW: Table = SessionWorkspace.__table__  # type: ignore[attr-defined]
+_ST: Table = SessionStep.__table__  # type: ignore[attr-defined]
+_COLUMN_OF: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _column_values(obj: SQLModel) -> dict[str, Any]:
+    """Column name -> value of a table model instance (``session_id`` is the column ``env_id``
+    of some tables): what an ORM flush of ``obj`` would write."""
+    names = _COLUMN_OF.get(type(obj))
+    if names is None:
+        names = tuple((a.key, a.columns[0].name) for a in inspect(type(obj)).mapper.column_attrs)
+        _COLUMN_OF[type(obj)] = names
+    return {c: getattr(obj, k) for k, c in names}
+
+
 def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
     """A function turning a row (a dict of every column) into the tuple of its column values,
     each converted exactly as SQLAlchemy binds it on this dialect (the column type's own bind
@@ -130,6 +147,32 @@ def _row_converter(table: Table, dialect: Dialect) -> _RowFn:
         return tuple([row[n] if p is None else p(row[n]) for n, p in procs])
 
     return convert
+
+
+# The launcher's per-session statements, built once (the columns an UPDATE sets are the keys of
+# the parameters it is run with; ``b_*`` are the WHERE values).
+_UPDATE_JE = _JE.update().where(_JE.c.env_id == bindparam("b_sid"))
+_LAST_STEP = (select(_ST.c.record_id, _ST.c.meta_json).where(_ST.c.session_id == bindparam("b_sid"))
+              .order_by(_ST.c.seq.desc()).limit(1))
+_FINISH_STEP = _ST.update().where(_ST.c.record_id == bindparam("b_rid"))
+_TRAJECTORY = (select(SessionStep).where(col(SessionStep.session_id) == bindparam("b_sid"))
+               .order_by(col(SessionStep.seq)))
+
+
+def _check_columns(values: Mapping[str, Any]) -> None:
+    """ValueError naming the keys that are not columns of ``job_environments`` (an UPDATE run
+    with them would skip them silently)."""
+    if unknown := sorted(k for k in values if k not in _JE.c or k == "env_id"):
+        raise ValueError(f"job_environments has no column {', '.join(unknown)} (values: {sorted(values)})")
+
+
+def _insert_new(conn: Connection, rows: list[dict[str, Any]]) -> int:
+    """Insert the ``job_environments`` rows (column dicts) whose ``env_id`` is not taken; returns how many."""
+    have = set(conn.execute(select(_JE.c.env_id).where(_JE.c.env_id.in_([r["env_id"] for r in rows]))).scalars())
+    new = [r for r in rows if r["env_id"] not in have]
+    if new:
+        conn.execute(insert(_JE), new)
+    return len(new)
 
 
 _SQLITE_COUNTS = "CASE WHEN json_type(step_counts) = 'object' THEN step_counts ELSE '{}' END"
@@ -390,6 +433,7 @@ class Store:
         self._write_lock = asyncio.Lock()
         self._group = GroupCommit(self._run_batch)  # the launcher's row writes (store.group)
         self._upsert_stmt: Any = None
+        self._upserts: dict[tuple[str, bool], Any] = {}
         self._reserve_pool: Any = None  # asyncpg pool of reserve_step (PostgreSQL)
         self._reserve_pool_lock = asyncio.Lock()
         path = self.path
@@ -642,14 +686,20 @@ class Store:
         return self._upsert_stmt
 
     # ------------------------------------------------------------------ launcher side
-    async def add_job_sessions(self, rows: Sequence[JobEnvironment]) -> int:
-        """Insert session rows that do not exist yet; returns how many were inserted."""
+    async def add_job_sessions(self, rows: Iterable[JobEnvironment], chunk: int = 500) -> int:
+        """Insert session rows that do not exist yet, in one transaction (Core inserts, ``chunk``
+        rows per statement batch; ``rows`` may be a generator, never held whole); returns how
+        many were inserted."""
         inserted = 0
-        async with self._write_lock, self._write() as s, s.begin():
+        async with self._write_lock, self.writer.begin() as conn:
+            batch: list[dict[str, Any]] = []
             for row in rows:
-                if await s.get(JobEnvironment, row.session_id) is None:
-                    s.add(row)
-                    inserted += 1
+                batch.append(_column_values(row))
+                if len(batch) >= chunk:
+                    inserted += await conn.run_sync(_insert_new, batch)
+                    batch = []
+            if batch:
+                inserted += await conn.run_sync(_insert_new, batch)
         return inserted
 
     async def reset_for_retry(self, session_id: str, attempt: int) -> int:
@@ -670,13 +720,27 @@ class Store:
     async def record_attempt(self, attempt: SessionAttempt, *, if_missing: bool = False) -> bool:
         """Write one attempt row (replacing the row of the same session and attempt number, or,
         with ``if_missing``, only when there is none). Returns whether it was written."""
+        values = _column_values(attempt)
+        stmt = self._upsert(_SA, replace=not if_missing)
+
         def op(s: Session) -> bool:
-            have = s.get(SessionAttempt, (attempt.session_id, attempt.attempt))
-            if have is not None and if_missing:
-                return False
-            s.merge(SessionAttempt(**attempt.model_dump()))
-            return True
+            return bool(s.connection().execute(stmt, values).rowcount)
         return await self._group.run(op)
+
+    def _upsert(self, table: Table, *, replace: bool) -> Any:
+        """``INSERT`` of every column of ``table`` that replaces the row with the same primary
+        key (``replace``) or leaves it (else); built once per table."""
+        key = (table.name, replace)
+        stmt = self._upserts.get(key)
+        if stmt is None:
+            dialect_insert = sqlite_insert if self.kind == "sqlite" else pg_insert
+            ins = dialect_insert(table)
+            pk = [c.name for c in table.primary_key.columns]
+            stmt = (ins.on_conflict_do_update(index_elements=pk, set_={c.name: ins.excluded[c.name]
+                                                                      for c in table.columns if c.name not in pk})
+                    if replace else ins.on_conflict_do_nothing(index_elements=pk))
+            self._upserts[key] = stmt
+        return stmt
 
     async def job_attempts(self, job_id: str) -> dict[str, list[SessionAttempt]]:
         """Every attempt row of a job: session id -> its attempts in order."""
@@ -697,27 +761,69 @@ class Store:
         async with self._read() as s:
             return list((await s.execute(q)).scalars().all())
 
+    async def job_exists(self, job_id: str) -> bool:
+        """Whether the job has any session row."""
+        q = select(_JE.c.env_id).where(_JE.c.job_id == job_id).limit(1)
+        async with self.reader.connect() as conn:
+            return (await conn.execute(q)).first() is not None
+
+    async def job_session_ids(self, job_id: str, *, finished_only: bool = False) -> AsyncIterator[str]:
+        """The session ids of a job in the order of :meth:`job_sessions` (env, case, sample),
+        streamed (not read into memory at once)."""
+        q = select(_JE.c.env_id).where(_JE.c.job_id == job_id)
+        if finished_only:
+            q = q.where(_JE.c.finished.is_(True))
+        q = q.order_by(_JE.c.env_name, _JE.c.case_id, _JE.c.sample_index)
+        async with self.reader.connect() as conn:
+            result = await conn.stream(q)
+            async for (sid,) in result:
+                yield sid
+
+    async def job_sessions_by_id(self, session_ids: Sequence[str]) -> list[JobEnvironment]:
+        """The session rows of ``session_ids`` (unknown ones left out), in that order."""
+        rows: dict[str, JobEnvironment] = {}
+        async with self._read() as s:
+            for i in range(0, len(session_ids), 500):
+                q = select(JobEnvironment).where(col(JobEnvironment.session_id).in_(session_ids[i:i + 500]))
+                rows.update((r.session_id, r) for r in (await s.execute(q)).scalars().all())
+        return [rows[sid] for sid in session_ids if sid in rows]
+
+    async def session_attempts(self, session_ids: Sequence[str]) -> dict[str, list[SessionAttempt]]:
+        """The attempt rows of ``session_ids``: session id -> its attempts in order (sessions
+        without any left out)."""
+        out: dict[str, list[SessionAttempt]] = {}
+        async with self._read() as s:
+            for i in range(0, len(session_ids), 500):
+                q = (select(SessionAttempt).where(col(SessionAttempt.session_id).in_(session_ids[i:i + 500]))
+                     .order_by(col(SessionAttempt.session_id), col(SessionAttempt.attempt)))
+                for a in (await s.execute(q)).scalars().all():
+                    out.setdefault(a.session_id, []).append(a)
+        return out
+
     async def update_job_session(self, session_id: str, **values: Any) -> None:
         """Set columns of one ``job_environments`` row."""
+        _check_columns(values)
+        params = {**values, "b_sid": session_id}
+
         def op(s: Session) -> None:
-            s.execute(update(JobEnvironment).where(col(JobEnvironment.session_id) == session_id).values(**values))
+            s.connection().execute(_UPDATE_JE, params)
         await self._group.run(op)
 
     async def trajectory(self, session_id: str) -> list[SessionStep]:
         """Every recorded step of a session, in call order (``seq``), with every value in full
         (:func:`store.stepcodec.decode_rows`). On SQLite read in the grouped writes' thread (one
         hop, between their transactions)."""
-        q = select(SessionStep).where(col(SessionStep.session_id) == session_id).order_by(col(SessionStep.seq))
+        q, key = _TRAJECTORY, {"b_sid": session_id}
         if self._sync_reader is not None:
             reader = self._sync_reader
 
             def read() -> list[SessionStep]:
                 with Session(reader, expire_on_commit=False) as s:  # closing it ends the read transaction
-                    return list(s.execute(q).scalars().all())
+                    return list(s.execute(q, key).scalars().all())
             rows = await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
         else:
             async with self._read() as s:
-                rows = list((await s.execute(q)).scalars().all())
+                rows = list((await s.execute(q, key)).scalars().all())
         decode_rows(rows)
         return rows
 
@@ -750,38 +856,22 @@ class Store:
         ``finished=True`` and ``finished_at``. When this finishes the last unfinished session of
         its group, the group's feed entry is appended in the same transaction
         (:func:`store.feed.append_if_ready`)."""
+        _check_columns(values)
+
         def op(s: Session) -> None:
-            group = unfinished_group(s, session_id)
-            last = (
-                s.execute(
-                    select(SessionStep)
-                    .where(col(SessionStep.session_id) == session_id)
-                    .order_by(col(SessionStep.seq).desc())
-                    .limit(1)
-                )
-            ).scalar_one_or_none()
+            conn = s.connection()
+            group = unfinished_group(conn, session_id)
+            last = conn.execute(_LAST_STEP, {"b_sid": session_id}).one_or_none()
             if last is not None:
                 meta = dict(last.meta_json or {})
                 if eval_meta is not None:
                     meta["evaluation"] = eval_meta
-                s.execute(
-                    update(SessionStep)
-                    .where(col(SessionStep.record_id) == last.record_id)
-                    .values(
-                        reward=reward,
-                        step_reward=reward,
-                        is_terminal=True,
-                        is_session_completed=True,
-                        meta_json=meta,
-                    )
-                )
-            s.execute(
-                update(JobEnvironment)
-                .where(col(JobEnvironment.session_id) == session_id)
-                .values(finished=True, finished_at=utcnow(), reward=reward, **values)
-            )
+                conn.execute(_FINISH_STEP, {"b_rid": last.record_id, "reward": reward, "step_reward": reward,
+                                            "is_terminal": True, "is_session_completed": True, "meta_json": meta})
+            conn.execute(_UPDATE_JE, {**values, "finished": True, "finished_at": utcnow(), "reward": reward,
+                                      "b_sid": session_id})
             if group is not None:
-                append_if_ready(s, *group)
+                append_if_ready(conn, *group)
         await self._group.run(op)
 
     async def backfill_feed(self, job_id: str) -> int:
@@ -793,8 +883,10 @@ class Store:
     async def save_workspace_archive(self, row: SessionWorkspace) -> None:
         """Insert the kept workspace of ``row.session_id``, replacing an earlier one (a new attempt
         of the session replaces what its earlier attempt left)."""
+        values, stmt = _column_values(row), self._upsert(_SW, replace=True)
+
         def op(s: Session) -> None:
-            s.merge(row)
+            s.connection().execute(stmt, values)
         await self._group.run(op)
 
     async def workspace_archive(self, session_id: str) -> SessionWorkspace | None:

@@ -494,7 +494,7 @@ def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: p
     from launcher import report
     from rollout.job import JobResult
     from rollout.outcomes import BreakerEvent
-    from rollout.report import AttemptRecord, SessionRecord
+    from rollout.report import AttemptRecord, ReportTotals, SessionRecord
 
     def rec(case: str, outcomes: list[str], status: str = "succeeded") -> SessionRecord:
         attempts = [AttemptRecord(attempt=i + 1, status="error", outcome=o, infra=o != "succeeded",
@@ -506,7 +506,7 @@ def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: p
 
     records = [rec("a", ["gateway_unreachable", "succeeded"]),
                rec("b", ["runtime_crashed", "runtime_crashed"], status="error")]
-    result = JobResult(job_id="j", records=records, out=tmp_path / "o.jsonl", store="sqlite:///x.db",
+    result = JobResult(job_id="j", totals=ReportTotals.of(records), out=tmp_path / "o.jsonl", store="sqlite:///x.db",
                        breaker_events=[BreakerEvent(state="open", reason="r"), BreakerEvent(state="stopped", reason="s")],
                        stopped="the gateway or its upstream did not answer for 300 s")
     assert report(result, False) == 3

@@ -30,12 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--agent-root", type=Path, default=Path("env"),
                       help="folder of env configs, to know each env's hidden fields (default env)")
     view.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
-    rep = sub.add_parser("report", help="write a job's self-contained HTML report")
+    rep = sub.add_parser("report", help="write a job's HTML report (plotly.js once beside it, or inlined)")
     rep.add_argument("--job-id", required=True, help="the job")
     rep.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     rep.add_argument("--out", type=Path, help="HTML file (default runs/report-<job id>.html)")
     rep.add_argument("--viewer-url", default=DEFAULT_VIEWER_URL,
                      help=f"where the report's links point (default {DEFAULT_VIEWER_URL})")
+    rep.add_argument("--self-contained", action="store_true",
+                     help="inline plotly.js (one ~5 MB file, e.g. to send) instead of a file beside the report")
     return ap
 
 
@@ -76,7 +78,8 @@ def main(argv: list[str]) -> int:
         return 0
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
     try:
-        path = asyncio.run(write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url))
+        path = asyncio.run(write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,
+                                        self_contained=args.self_contained))
     except ViewerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

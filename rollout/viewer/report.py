@@ -1,6 +1,7 @@
-"""The HTML report of one job: one self-contained file (plotly's offline bundle inlined, no network)
-with the summary table, score histograms, pass@k over k, duration/token/latency distributions and
-the evaluator's failure reasons, linking each example session into the viewer.
+"""The HTML report of one job: the summary table, score histograms, pass@k over k,
+duration/token/latency distributions and the evaluator's failure reasons, linking each example
+session into the viewer. A report file loads plotly's offline bundle from a file written once
+beside it (``plotly-<version>.min.js``; no network), the viewer's page from the viewer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import plotly
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
@@ -22,6 +24,8 @@ from rollout.viewer.stats import pass_curves, records_of, summary
 from store.queries import ViewerQueries
 
 DEFAULT_VIEWER_URL = "http://127.0.0.1:8765"
+VIEWER_PLOTLY_SRC = "/static/plotly.min.js"
+"""Where the viewer serves plotly.js (``rollout.viewer.app``)."""
 _CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -29,6 +33,35 @@ _CONFIG = {"displaylogo": False, "responsive": True}
 def plotly_js() -> str:
     """plotly.js from the plotly package (the offline bundle; no CDN)."""
     return str(get_plotlyjs())
+
+
+def plotly_file_name() -> str:
+    """The name of the plotly.js file beside the report files: ``plotly-<version>.min.js`` (the
+    version of the installed plotly package, so reports of two versions never share a wrong one)."""
+    return f"plotly-{plotly.__version__}.min.js"
+
+
+def write_plotly_beside(folder: Path) -> Path:
+    """Write plotly.js into ``folder`` as ``plotly_file_name()`` unless it is there with the same
+    size (written atomically: a reader sees no half file); returns its path."""
+    js = plotly_js().encode("utf-8")
+    path = folder / plotly_file_name()
+    if path.is_file() and path.stat().st_size == len(js):
+        return path
+    _write_atomic(path, js)
+    return path
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _label(env: str, model: str) -> str:
@@ -113,10 +146,11 @@ def _cut(text: str, n: int) -> str:
 
 
 async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str = DEFAULT_VIEWER_URL,
-                       inline_js: bool = True) -> str:
+                       inline_js: bool = True, plotly_src: str = VIEWER_PLOTLY_SRC) -> str:
     """The report of ``job_id`` as one HTML document. ``viewer_url`` prefixes the links into the
     viewer ("" for links relative to a viewer serving the page); ``inline_js`` inlines plotly.js
-    (a self-contained file) instead of loading it from the viewer. Raises ViewerError for an unknown job."""
+    (a self-contained document, ~4.8 MB) instead of loading it from ``plotly_src`` (a URL, or a
+    path relative to the document). Raises ViewerError for an unknown job."""
     job = await queries.job(job_id)
     if job is None:
         raise ViewerError(f"no job {job_id!r} in this store")
@@ -127,27 +161,26 @@ async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str =
     css = (Path(__file__).resolve().parent / "static" / "viewer.css").read_text(encoding="utf-8")
     return templates().get_template("report.html").render(
         job=job, summary=summary(records), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
-        plotly_js=plotly_js() if inline_js else None, worst=await queries.worst_sessions(job_id, 10),
+        plotly_js=plotly_js() if inline_js else None, plotly_src=plotly_src, worst=await queries.worst_sessions(job_id, 10),
         generated=datetime.now(UTC))
 
 
-async def write_report(db_url: str, job_id: str, out: Path, *, viewer_url: str = DEFAULT_VIEWER_URL) -> Path:
+async def write_report(db_url: str, job_id: str, out: Path, *, viewer_url: str = DEFAULT_VIEWER_URL,
+                       self_contained: bool = False) -> Path:
     """Write the report of ``job_id`` in the store at ``db_url`` to ``out`` (atomically: a reader
-    sees the old file or the whole new one). Raises ViewerError (the store cannot be read, or has no such job)."""
+    sees the old file or the whole new one), and plotly.js beside it once (``write_plotly_beside``:
+    the report loads it by a relative path, so the folder works offline and can be moved whole);
+    ``self_contained``: plotly.js inlined instead, nothing beside. Raises ViewerError (the store
+    cannot be read, or has no such job)."""
     engine, queries = await open_queries(db_url)
     try:
-        html = await build_report(queries, job_id, viewer_url=viewer_url)
+        html = await build_report(queries, job_id, viewer_url=viewer_url, inline_js=self_contained,
+                                  plotly_src=plotly_file_name())
     finally:
         await engine.dispose()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(html)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    if not self_contained:
+        write_plotly_beside(out.parent)
+    _write_atomic(out, html.encode("utf-8"))
     return out

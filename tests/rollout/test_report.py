@@ -13,12 +13,17 @@ import pytest
 from pydantic import ValidationError
 
 from rollout.report import (
+    AttemptRecord,
+    JsonlWriter,
+    ReportTotals,
     SessionRecord,
     SummaryRow,
     UsageTotals,
     pass_at_k,
+    read_jsonl,
     render_table,
     summarize,
+    table_footer,
     write_jsonl,
 )
 
@@ -319,3 +324,65 @@ def test_session_record_rejects_non_finite_scores() -> None:
             rec("e", "A", 0, bad)
     with pytest.raises(ValidationError):
         rec("e", "A", 0, 1.0, status="done")
+
+
+# ---------------------------------------------------------------------------------------------
+# ReportTotals: the report's numbers counted record by record (the launcher streams them)
+# ---------------------------------------------------------------------------------------------
+
+
+def _infra(r: SessionRecord) -> SessionRecord:
+    return r.model_copy(update={"status": "error", "outcome": "gateway_unreachable", "score": None,
+                                "eval_status": "infra_error", "sandbox": "none", "attempts": [
+                                    AttemptRecord(attempt=1, status="error", outcome="gateway_unreachable", infra=True,
+                                                  steps_session_id=f"{r.session_id}~a1"),
+                                    AttemptRecord(attempt=2, status="error", outcome="gateway_unreachable", infra=True,
+                                                  steps_session_id=r.session_id)], "retried": True})
+
+
+def test_totals_streamed_in_case_order_equal_summarize() -> None:
+    records = sorted(crafted() + [_infra(rec("math", "D", 0, 0.0)), rec("math", "D", 1, 10.0),
+                                  rec("code", "Z", 0, 7.3, duration=0.1), rec("code", "Z", 1, 2.9, duration=0.2)],
+                     key=lambda r: (r.env_name, r.case_id, r.sample_index))
+    totals, case = ReportTotals(), None
+    for r in records:
+        if (r.env_name, r.case_id) != case:  # as the launcher does: a finished case keeps only its counts
+            totals.fold_cases()
+            case = (r.env_name, r.case_id)
+        totals.add(r)
+        assert all(len(row.open_ids) <= 1 for row in totals._rows.values())  # one case open per row
+    for k, zero in ((None, False), (2, True), (3, False)):
+        assert totals.summary(k=k, count_unscored_as_zero=zero) == summarize(records, k=k, count_unscored_as_zero=zero)
+    [code, math_m1, _] = totals.summary()
+    assert math_m1.cases == 4 and math_m1.infra == 1 and math_m1.retried == 1
+    assert math_m1.pass_at_1 == pytest.approx((2 / 3 + 1 / 3 + 0 + 1) / 4)  # D: its one graded sample passes
+    # exact sums: the mean is math.fsum(values) / len(values), as for a list
+    assert code.mean_score == math.fsum([10.0, 10.0, 10.0 - 1e-10, 9.5, 7.3, 2.9]) / 6
+    durations = [r.duration_s for r in records if r.env_name == "code" and r.duration_s is not None]
+    assert code.mean_duration_s == math.fsum(durations) / len(durations) and len(durations) == 6
+    assert (totals.sessions, totals.infra_attempts, totals.lost) == (len(records), 2, 1)
+    assert totals.footer() == table_footer(records) is not None and "math (1)" in str(totals.footer())
+    assert totals.count(statuses={"error", "timeout"}) == sum(r.status in ("error", "timeout") for r in records)
+    assert totals.count(eval_statuses={"error"}) == 1 and totals.count() == 0
+
+
+def test_totals_of_records_in_any_order_equal_summarize() -> None:
+    records = crafted()
+    shuffled = records[::2] + records[1::2]
+    assert ReportTotals.of(shuffled).summary() == summarize(records)
+    with pytest.raises(ValueError):
+        ReportTotals.of(records).summary(k=0)
+
+
+def test_jsonl_writer_streams_and_reads_back(tmp_path: Path) -> None:
+    out = tmp_path / "o.jsonl"
+    with JsonlWriter(out) as w:
+        for r in crafted():
+            w.write(r)
+        assert not out.exists()  # moved in place only when the block ends
+    assert w.count == len(crafted()) and read_jsonl(out) == crafted()
+    with pytest.raises(RuntimeError), JsonlWriter(out) as w:
+        w.write(rec("e", "A", 0, 1.0))
+        raise RuntimeError("stopped")
+    assert read_jsonl(out) == crafted()  # untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["o.jsonl"]

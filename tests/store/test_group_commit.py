@@ -35,14 +35,16 @@ async def test_concurrent_writes_share_transactions_and_a_bad_one_fails_alone(
     try:
         await store.add_job_sessions(_rows(40))
         writes = [store.update_job_session(f"s{i}", status="running", attempts=1) for i in range(40)]
-        writes.insert(17, store.update_job_session("s3", no_such_column=1))  # fails when compiled
+        writes.insert(17, store.update_job_session("s3", status=None))  # fails in the database: NOT NULL
+        with pytest.raises(ValueError, match="no column no_such_column"):  # refused before it is queued
+            await store.update_job_session("s3", no_such_column=1)
         writes.append(store.record_attempt(SessionAttempt(session_id="s5", attempt=1, job_id="j", status="succeeded",
                                                           outcome="succeeded")))
         results = await asyncio.gather(*writes, return_exceptions=True)
     finally:
         await store.close()
     errors = [r for r in results if isinstance(r, BaseException)]
-    assert len(errors) == 1 and "no_such_column" in str(errors[0])
+    assert len(errors) == 1 and "NOT NULL constraint failed: job_environments.status" in str(errors[0])
     assert results[-1] is True  # record_attempt's own result
     con = sqlite3.connect(db)
     try:

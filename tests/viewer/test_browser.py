@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rollout.viewer.report import plotly_file_name, plotly_js
 from tests.viewer.conftest import REPO, Jobs, Viewer, launcher_env
 from tests.viewer.toy_env import SECRET, TOOL_END, WRONG
 
@@ -189,7 +190,16 @@ def test_report_command(jobs: Jobs, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     html = out.read_text()
     assert "Report of job <code>jobB</code>" in html and 'href="http://h:1/sessions/' in html
-    assert "<script src=" not in html  # plotly inlined
+    js = tmp_path / plotly_file_name()  # plotly.js once beside the reports, loaded by a relative path
+    assert f'<script src="{js.name}"></script>' in html and js.read_text() == plotly_js()
+    assert len(html) < 500_000 < js.stat().st_size
+    one = tmp_path / "one" / "c.html"
+    run = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobB", "--self-contained",
+                          "--db-path", f"sqlite://{jobs.db}", "--out", str(one)],
+                         capture_output=True, text=True, env=launcher_env(), timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "<script src=" not in one.read_text() and plotly_js() in one.read_text()  # inlined
+    assert [f.name for f in one.parent.iterdir()] == ["c.html"]
     bad = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "nope",
                           "--db-path", f"sqlite://{jobs.db}", "--out", str(tmp_path / "x.html")],
                          capture_output=True, text=True, env=launcher_env(), timeout=120)
