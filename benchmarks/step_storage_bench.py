@@ -1,17 +1,18 @@
 """Storage of a long agent session: bytes on disk per byte of unique conversation, and what
 recording one step costs, with steps stored in full and as deltas (``telemetry.step_deltas``).
 
-    python benchmarks/step_storage_bench.py [--turns 100] [--turn-bytes 1024] [--sessions 16] [--token-sessions 8]
+    python benchmarks/step_storage_bench.py [--turns 100] [--turn-bytes 1024] [--turn-spread 0] [--sessions 16] [--token-sessions 8]
 
 Each session is an agent loop of ``--turns`` calls: call k sends the whole history (a system
 prompt, then per turn a user message of ``--turn-bytes`` and the assistant's answer) and gets a
-chat completion back; with ``--tokens`` the rows also carry prompt/completion token ids (one
-token per byte). Rows are built and recorded exactly as the gateway records them
+chat completion back (``--turn-spread S``: each turn's size drawn from a log-normal of median
+``--turn-bytes`` and sigma S, as tool outputs of mixed sizes); with token ids the rows also
+carry prompt/completion token ids (one token per byte). Rows are built and recorded exactly as the gateway records them
 (:func:`store.step_record`, :class:`store.stepcodec.StepEncoder`, ``Store.commit_now``, the
-prefix check of :class:`gateway.continuity.PrefixTracker`), in one run into SQLite files of three
+prefix check of :class:`gateway.continuity.PrefixTracker`), in one run into SQLite files of four
 kinds: ``full`` (every value in full, 4 KiB pages), ``before`` (deltas on a 4 KiB file, the prefix
-check and the encoder each hashing the history) and ``now`` (deltas on a new file, 16 KiB pages,
-one hashing pass per step); every step is then read back (``Store.trajectory``) and checked equal
+check and the encoder each hashing the history), ``now`` (deltas on a new file as the store makes
+it, one hashing pass per step) and ``16k`` (the same on 16 KiB pages); every step is then read back (``Store.trajectory``) and checked equal
 to what was written. Prints the file size / unique content for N sessions, what each session adds
 (the file of 2N sessions minus that of N: the target's measure, without the file's fixed cost),
 CPU microseconds per recorded step, and where the bytes of the ``now`` file go (SQLite
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import random
 import sqlite3
 import sys
 import tempfile
@@ -37,15 +40,26 @@ from store.stepcodec import StepEncoder, message_digests, token_chain
 ANSWER = "Done: I ran the command and the output is shown above; next I will check the log file."
 
 
-def session_rows(sid: str, turns: int, turn_bytes: int, tokens: bool) -> tuple[list[dict[str, Any]], int]:
+def turn_sizes(sid: str, turns: int, turn_bytes: int, spread: float) -> list[int]:
+    """Bytes of each turn's user message: ``turn_bytes`` each, or with ``spread`` > 0 drawn
+    from a log-normal distribution of median ``turn_bytes`` and that sigma (seeded by ``sid``),
+    as tool outputs of mixed sizes."""
+    if spread <= 0:
+        return [turn_bytes] * turns
+    rng = random.Random(sid)
+    return [max(16, round(turn_bytes * math.exp(rng.gauss(0.0, spread)))) for _ in range(turns)]
+
+
+def session_rows(sid: str, turns: int, turn_bytes: int, tokens: bool,
+                 spread: float = 0.0) -> tuple[list[dict[str, Any]], int]:
     """The rows of one session (in call order) and the bytes of its unique content: every
     distinct message once, every response once, and with ``tokens`` every token id once."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent in a Linux shell."}]
     unique = len(json_dumps(messages[0]))
     rows = []
     prompt_ids: list[int] = []
-    for k in range(turns):
-        user = {"role": "user", "content": f"[turn {k}] " + ("output line\n" * (turn_bytes // 12 + 1))[:turn_bytes]}
+    for k, size in enumerate(turn_sizes(sid, turns, turn_bytes, spread)):
+        user = {"role": "user", "content": f"[turn {k}] " + ("output line\n" * (size // 12 + 1))[:size]}
         messages = [*messages, user]
         unique += len(json_dumps(user))
         response = {"id": f"chatcmpl-{sid}-{k}", "object": "chat.completion", "created": 1700000000 + k,
@@ -187,15 +201,17 @@ async def record(path: Path, sessions: list[list[dict[str, Any]]], deltas: bool,
 
 
 # (name, deltas, page size of the file (None: a new file, SQLITE_PAGE_SIZE), one shared hashing pass)
-CONFIGS = (("full", False, 4096, False), ("before", True, 4096, False), ("now", True, None, True))
+CONFIGS = (("full", False, 4096, False), ("before", True, 4096, False), ("now", True, None, True),
+           ("16k", True, 16384, True))
 
 
-async def run(turns: int, turn_bytes: int, n_sessions: int, tokens: bool) -> None:
-    built = [session_rows(f"s{i}", turns, turn_bytes, tokens) for i in range(2 * n_sessions)]
+async def run(turns: int, turn_bytes: int, n_sessions: int, tokens: bool, spread: float = 0.0) -> None:
+    built = [session_rows(f"s{i}", turns, turn_bytes, tokens, spread) for i in range(2 * n_sessions)]
     unique_n = sum(u for _, u in built[:n_sessions])
     unique_2n = sum(u for _, u in built)
     label = "with token ids" if tokens else "messages only"
-    print(f"{n_sessions} sessions x {turns} turns x {turn_bytes} B per turn ({label}); unique content "
+    sizes_text = f"{turn_bytes} B" if spread <= 0 else f"median {turn_bytes} B (log-normal, sigma {spread})"
+    print(f"{n_sessions} sessions x {turns} turns x {sizes_text} per turn ({label}); unique content "
           f"{unique_n / n_sessions / 1024:.1f} KiB per session")
     print(f"  {'storage':<7} {'page':>6} {'file/unique':>12} {'per session':>12} {'steps/unique':>13} "
           f"{'prefix+encode':>14} {'write':>7} {'total (CPU us/step)':>20}")
@@ -230,9 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=16,
                     help="sessions of the messages-only workload (and twice as many for the per-session cost)")
     ap.add_argument("--token-sessions", type=int, default=8, help="the same for the workload with token ids")
+    ap.add_argument("--turn-spread", type=float, default=0.0,
+                    help="sigma of log-normal turn sizes around --turn-bytes (0: every turn the same size)")
     args = ap.parse_args(argv)
-    asyncio.run(run(args.turns, args.turn_bytes, args.sessions, False))
-    asyncio.run(run(args.turns, args.turn_bytes, args.token_sessions, True))
+    asyncio.run(run(args.turns, args.turn_bytes, args.sessions, False, args.turn_spread))
+    if args.token_sessions > 0:
+        asyncio.run(run(args.turns, args.turn_bytes, args.token_sessions, True, args.turn_spread))
     return 0
 
 

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import store.engine as store_engine
+import store.repo as store_repo
 from store import Store, json_dumps, step_record
 from store.engine import make_engine, make_sync_sqlite_engine
 from store.queries import ViewerQueries
@@ -230,13 +232,23 @@ def test_the_answer_sent_back_is_a_reference_on_every_protocol(
             assert json_dumps(got[col]) == json_dumps(want[col]), (endpoint, want["seq"], col)
 
 
-async def test_a_new_file_gets_16_kib_pages_and_an_old_4_kib_file_keeps_working(tmp_path: Path) -> None:
+@pytest.fixture
+def page_size_8k(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The store's page size set to 8 KiB (not SQLite's default), so a test sees it applied."""
+    for module in (store_engine, store_repo):
+        monkeypatch.setattr(module, "SQLITE_PAGE_SIZE", 8192)
+    return 8192
+
+
+async def test_a_new_file_gets_the_stores_page_size_and_an_older_file_keeps_its_own(
+        tmp_path: Path, page_size_8k: int) -> None:
     old = tmp_path / "old.db"
     con = sqlite3.connect(old)
+    con.execute("PRAGMA page_size=16384")
     con.execute("PRAGMA journal_mode=WAL")
-    con.execute("CREATE TABLE legacy (x)")  # a file made before: 4 KiB pages
+    con.execute("CREATE TABLE legacy (x)")  # a file made with other pages
     con.close()
-    for path, page in ((tmp_path / "new.db", 16384), (old, 4096)):
+    for path, page in ((tmp_path / "new.db", page_size_8k), (old, 16384)):
         store = Store(f"sqlite:///{path}")
         try:
             await store.init()
@@ -291,13 +303,13 @@ async def test_every_protocol_and_the_first_format_read_back_exactly_on_both_bac
         await store.close()
 
 
-def test_the_sync_engine_creates_16_kib_pages_too(tmp_path: Path) -> None:
+def test_the_sync_engine_creates_the_stores_page_size_too(tmp_path: Path, page_size_8k: int) -> None:
     """The launcher's sync engine (``store.group``) may be the first to open a new file."""
     engine = make_sync_sqlite_engine(tmp_path / "sync.db", writer=True)
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE t (x)")
-            assert conn.exec_driver_sql("PRAGMA page_size").scalar() == 16384
+            assert conn.exec_driver_sql("PRAGMA page_size").scalar() == page_size_8k
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     finally:
         engine.dispose()
