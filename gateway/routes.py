@@ -140,7 +140,7 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     g.prefixes.drop(session_id)
     g.encoder.drop(session_id)
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
-            "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
+            "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
             "rejected_calls": _rejected(request, session_id), **await _versions(g, session_id)}
 
 
