@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.count_tokens import handle as count_tokens_handle
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, parse_body
 from gateway.state import GatewayState
 from gateway.wire import CloseSessionRequest, check_session_id
 
@@ -125,11 +125,7 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     are recorded later as ``after_close`` steps (see ``SessionManager.close``)."""
     check_session_id(session_id)
     g = _gw(request)
-    raw = await request.body()
-    try:
-        req = CloseSessionRequest.model_validate_json(raw) if raw.strip() else CloseSessionRequest()
-    except ValueError as e:
-        raise GatewayError(400, f"invalid close request: {e}") from None
+    req = parse_body(await request.body(), CloseSessionRequest, "invalid close request", optional=True)
     snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode, g.settings.close_grace_s)
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
     # the session stays closed in memory instead of reloading from the store as active)

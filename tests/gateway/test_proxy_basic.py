@@ -494,8 +494,8 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     r = await http.post("/v1/sessions/s1/close", json={"reason": "done", "completion_mode": "finished"})
     assert r.status_code == 200
-    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "truncated": False,
-                        "close_reason": "done", "completion_mode": "finished", "rejected_calls": {},
+    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "max_steps": -1,
+                        "refunded_steps": 0, "truncated": False, "close_reason": "done", "completion_mode": "finished", "rejected_calls": {},
                         "policy_versions": [None], "spans_policy_versions": False}
     r = await http.post("/v1/sessions/s1/close", json={"reason": "again"})  # idempotent: first reason kept
     assert r.json()["close_reason"] == "done"
