@@ -122,10 +122,15 @@ async def _versions(g: GatewayState, session_id: str) -> dict[str, object]:
 async def close_session(session_id: str, request: Request) -> dict[str, object]:
     """Close a session. Answers once every call of the session in flight has been recorded
     (strict telemetry: committed), waiting at most ``close_grace_s``; calls still running then
-    are recorded later as ``after_close`` steps (see ``SessionManager.close``)."""
+    are recorded later as ``after_close`` steps (see ``SessionManager.close``). A session the
+    gateway does not know (``SessionManager.known``) is a 404 ``session_not_found``: nothing is
+    created."""
     check_session_id(session_id)
     g = _gw(request)
     req = parse_body(await request.body(), CloseSessionRequest, "invalid close request", optional=True)
+    if not await g.sessions.known(session_id):
+        raise GatewayError(404, f"unknown session {session_id}: it never called the model and no launcher "
+                                "registered it", code="session_not_found", param="session_id")
     snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode, g.settings.close_grace_s)
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
     # the session stays closed in memory instead of reloading from the store as active)
