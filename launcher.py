@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--enable-evaluation", action="store_true", default=None,
                     help="grade sessions with rule_evaluator.py")
     ap.add_argument("--eval-timeout", type=float, help="evaluator timeout in seconds (default 60)")
-    ap.add_argument("--db-path", help="trajectory store (default sqlite://env_trajs.db)")
+    ap.add_argument("--db-path", help="trajectory store: a SQLite file path, sqlite://PATH or postgresql://... "
+                                     "(default sqlite://env_trajs.db)")
     ap.add_argument("--pool-size", type=int, help="sessions run at once (default 4)")
     ap.add_argument("--rl-group-size", type=int, help="samples per case (default: the env's group_size, else 1)")
     ap.add_argument("--max-steps", type=int, help="model calls per session (default: the env's)")

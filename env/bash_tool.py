@@ -1,6 +1,8 @@
-"""The ``bash`` tool of the bash agent: run one command with ``bash -lc`` in the workspace.
+"""The ``bash`` tool of the bash agent: run one command with ``bash -c`` in the workspace.
 
-Each call runs in its own process group (session) so a timeout kills the command and everything
+Not a login shell: a login profile would reset PATH (Debian's /etc/profile drops the sandbox's
+interpreter folder) and may be slow; the command gets this process's environment as it is,
+without ``BASH_ENV``/``ENV`` (files a shell would source first). Each call runs in its own process group (session) so a timeout kills the command and everything
 it started. Output is stdout and stderr interleaved, decoded as UTF-8 (invalid bytes replaced).
 """
 
@@ -52,16 +54,27 @@ def truncate_output(text: str, limit: int) -> str:
     return f"{text[:head]}\n[... {dropped} characters truncated ...]\n{text[len(text) - tail:]}"
 
 
+_STARTUP_FILES = ("BASH_ENV", "ENV")
+
+
+def command_env() -> dict[str, str]:
+    """The environment a command runs with: this process's, without the variables that name a
+    startup file for the shell to source."""
+    return {k: v for k, v in os.environ.items() if k not in _STARTUP_FILES}
+
+
 def run_bash(command: str, cwd: str, timeout_s: float = 20.0, output_limit: int = 8000) -> BashResult:
-    """Run ``bash -lc command`` in ``cwd`` with stdin closed.
+    """Run ``bash --noprofile --norc -c command`` in ``cwd`` with stdin closed and
+    :func:`command_env`.
 
     ``timeout_s`` (seconds) bounds the whole call: at the timeout the process group gets SIGKILL
     and the output gathered so far is returned with ``timed_out=True``. ``output_limit`` is in
     characters (see ``truncate_output``). Raises OSError only when bash itself cannot be started.
     """
     proc = subprocess.Popen(
-        ["bash", "-lc", command],
+        ["bash", "--noprofile", "--norc", "-c", command],
         cwd=cwd,
+        env=command_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

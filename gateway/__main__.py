@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="configs/gateway.yaml", help="gateway YAML (default: %(default)s)")
     ap.add_argument("--host", help="override listen_host")
     ap.add_argument("--port", type=int, help="override listen_port")
-    ap.add_argument("--db-url", help="override storage_config.db_url, e.g. sqlite://env_trajs.db or "
+    ap.add_argument("--db-url", help="override storage_config.db_url, e.g. env_trajs.db, sqlite://env_trajs.db or "
                     "postgresql://user:pw@host/db")
     args = ap.parse_args(argv)
     try:

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from gateway.errors import GatewayError
+from gateway.errors import parse_body
 from store import MAX_INT
 
 __all__ = ["PolicyControl", "build_admin_router"]
@@ -113,19 +113,19 @@ class PauseRequest(BaseModel):
     timeout_s: float = Field(default=DEFAULT_PAUSE_TIMEOUT_S, ge=0)
 
 
+class ResumeRequest(BaseModel):
+    """``POST /admin/resume`` body (optional): no field; an empty body or ``{}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def _control(request: Request) -> PolicyControl:
     control: PolicyControl = request.app.state.gw.policy
     return control
 
 
 async def _body(request: Request, model: type[BaseModel], *, optional: bool) -> Any:
-    raw = await request.body()
-    if optional and not raw.strip():
-        return model()
-    try:
-        return model.model_validate_json(raw)
-    except ValueError as e:
-        raise GatewayError(400, f"invalid {request.url.path} body: {e}") from None
+    return parse_body(await request.body(), model, f"invalid {request.url.path} body", optional=optional)
 
 
 async def get_policy_version(request: Request) -> dict[str, Any]:
@@ -152,7 +152,8 @@ async def pause(request: Request) -> dict[str, Any]:
 
 async def resume(request: Request) -> dict[str, Any]:
     """Let the held calls and new ones go: ``{"policy_version", "paused": false, "released": n}``
-    (``n``: calls that were held)."""
+    (``n``: calls that were held). A body other than empty or ``{}`` is a 400."""
+    await _body(request, ResumeRequest, optional=True)
     control = _control(request)
     released = control.resume()
     return {"policy_version": control.version, "paused": False, "released": released}

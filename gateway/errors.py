@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _TYPES = {
@@ -42,6 +43,69 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
             "code": code,
         }
     }
+
+
+_SOURCES = {"query": "query parameter", "header": "header", "path": "path parameter", "body": "field"}
+
+
+_SHORT = {"missing": "required", "extra_forbidden": "unknown"}
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _place(err: Any, request: bool) -> tuple[str, str | None]:
+    """(what kind of input, its dotted name) of one error; ``request``: FastAPI's errors, whose
+    ``loc`` starts with where the input came from (query, header, path, body)."""
+    loc = [str(x) for x in err.get("loc", ())]
+    kind = "field"
+    if request and loc and loc[0] in _SOURCES:
+        kind, loc = _SOURCES[loc[0]], loc[1:]
+    return kind, ".".join(loc) or None
+
+
+def validation_message(errors: list[Any], what: str, model: type[BaseModel] | None = None, *,
+                       request: bool = False) -> tuple[str, str | None]:
+    """A clear message for pydantic validation ``errors`` of ``what`` (e.g. ``"invalid
+    /admin/pause body"``), and the field at fault (the error's ``param``; None when the whole
+    input is wrong). It names the first field at fault, the rule it broke and the value it got;
+    ``model`` lists the known fields when an unknown one was sent. ``request``: the errors are
+    FastAPI's ``RequestValidationError.errors()`` (query parameters, headers, body fields)."""
+    if not errors:
+        return what, None
+    first = errors[0]
+    kind, field = _place(first, request)
+    etype, msg = first.get("type", ""), first.get("msg", "invalid")
+    if field is None:
+        text = (f"{what}: not valid JSON ({(first.get('ctx') or {}).get('error', msg)})" if etype == "json_invalid"
+                else f"{what}: {msg}")
+    elif etype == "missing":
+        text = f"{what}: {kind} '{field}' is required"
+    elif etype == "extra_forbidden":
+        known = f" (known: {', '.join(sorted(model.model_fields)) or 'none'})" if model is not None else ""
+        text = f"{what}: unknown {kind} '{field}'{known}"
+    else:
+        text = f"{what}: {kind} '{field}': {msg} (got {_got(first.get('input'))})"
+    others = sorted({f"'{name}' ({_SHORT.get(e.get('type', ''), 'invalid')})" for e in errors[1:]
+                     if (name := _place(e, request)[1]) and name != field})
+    if others:
+        text += f"; also: {', '.join(others)}"
+    return text, field
+
+
+def parse_body(raw: bytes, model: type[BaseModel], what: str, *, optional: bool = False) -> Any:
+    """``raw`` (a JSON request body) validated as ``model``; an empty body is ``model()`` when
+    ``optional``. Raises :class:`GatewayError` (400, ``invalid_request``, ``param`` = the field)
+    with :func:`validation_message`'s text otherwise."""
+    if optional and not raw.strip():
+        return model()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        message, param = validation_message(e.errors(include_url=False), what, model)
+        raise GatewayError(400, message, code="invalid_request", param=param) from None
 
 
 # (HTTP status, OpenAI-shaped error body) -> the body in the endpoint's own error shape
@@ -147,11 +211,10 @@ async def _http_error(req: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
-    msg = f"{first.get('msg', 'invalid request')}" + (f" (at {loc})" if loc else "")
-    count_error(req, 400, None, msg)
-    return JSONResponse(_shaped(req, 400, error_body(400, msg, param=loc)), status_code=400)
+    msg, param = validation_message(list(exc.errors()), f"invalid request to {req.url.path}", request=True)
+    count_error(req, 400, "invalid_request", msg)
+    return JSONResponse(_shaped(req, 400, error_body(400, msg, code="invalid_request", param=param)),
+                        status_code=400)
 
 
 async def _unexpected_error(req: Request, exc: Exception) -> JSONResponse:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.count_tokens import handle as count_tokens_handle
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, parse_body
 from gateway.state import GatewayState
 from gateway.wire import CloseSessionRequest, check_session_id
 
@@ -122,14 +122,15 @@ async def _versions(g: GatewayState, session_id: str) -> dict[str, object]:
 async def close_session(session_id: str, request: Request) -> dict[str, object]:
     """Close a session. Answers once every call of the session in flight has been recorded
     (strict telemetry: committed), waiting at most ``close_grace_s``; calls still running then
-    are recorded later as ``after_close`` steps (see ``SessionManager.close``)."""
+    are recorded later as ``after_close`` steps (see ``SessionManager.close``). A session the
+    gateway does not know (``SessionManager.known``) is a 404 ``session_not_found``: nothing is
+    created."""
     check_session_id(session_id)
     g = _gw(request)
-    raw = await request.body()
-    try:
-        req = CloseSessionRequest.model_validate_json(raw) if raw.strip() else CloseSessionRequest()
-    except ValueError as e:
-        raise GatewayError(400, f"invalid close request: {e}") from None
+    req = parse_body(await request.body(), CloseSessionRequest, "invalid close request", optional=True)
+    if not await g.sessions.known(session_id):
+        raise GatewayError(404, f"unknown session {session_id}: it never called the model and no launcher "
+                                "registered it", code="session_not_found", param="session_id")
     snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode, g.settings.close_grace_s)
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
     # the session stays closed in memory instead of reloading from the store as active)
@@ -140,7 +141,7 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     g.prefixes.drop(session_id)
     g.encoder.drop(session_id)
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
-            "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
+            "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
             "rejected_calls": _rejected(request, session_id), **await _versions(g, session_id)}
 
 

@@ -141,6 +141,16 @@ class SessionManager:
             return live.state
         return await self._store.load_gateway_session(sid)
 
+    async def known(self, sid: str) -> bool:
+        """Whether ``sid`` is a session: held in memory, stored by a gateway (it made a call), or
+        registered by a launcher (its ``job_environments`` row, written before the session
+        runs). A close of any other id is refused and creates nothing."""
+        live = self._sessions.get(sid)
+        if live is not None and (live.state is not None or live.in_flight):
+            return True
+        return (await self._store.load_gateway_session(sid) is not None
+                or await self._store.session_context(sid) is not None)
+
     def closing(self, sid: str) -> asyncio.Event:
         """Set once a close of ``sid`` started (already set for a session not held in memory:
         closed and forgotten). What a call kept for its retry waits on."""

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gateway.capture import CaptureSettings
+from store.engine import DbUrlError, parse_db_url
 
 SESSION_ID_PLACEHOLDER = "{session_id}"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -338,7 +339,8 @@ class AuthSettings(_Strict):
 
 
 class StorageConfig(_Strict):
-    """``db_url``: ``sqlite://PATH`` (relative to the working directory) or ``postgresql://...``."""
+    """``db_url``: a SQLite file path or ``sqlite://PATH`` (relative to the working directory), or
+    ``postgresql://...`` (``store.parse_db_url``)."""
 
     db_url: str = "sqlite://env_trajs.db"
 
@@ -429,20 +431,17 @@ class GatewaySettings(_Strict):
         """``storage_type`` (optional, kept for config compatibility) must name the database kind
         of ``storage_config.db_url``; when absent it is set from the URL."""
         url = self.storage_config.db_url
-        scheme = url.split("://", 1)[0] if "://" in url else ""
-        kind: Literal["sqlite", "postgresql"]
-        if scheme.startswith("postgres"):
-            kind = "postgresql"
-        elif scheme.startswith("sqlite"):
-            kind = "sqlite"
-        else:
-            raise ValueError(f"storage_config.db_url must start with sqlite:// or postgresql:// (got scheme "
-                             f"{scheme or 'none'!r})")
+        try:
+            parsed = parse_db_url(url)
+        except DbUrlError as e:
+            raise ValueError(f"storage_config.db_url: {e}") from None
+        kind: Literal["sqlite", "postgresql"] = "postgresql" if parsed.startswith("postgresql") else "sqlite"
+        given = f"{url.split('://', 1)[0]}://..." if "://" in url else "a file path"
         if self.storage_type == "postgres":
             self.storage_type = "postgresql"
         if self.storage_type is not None and self.storage_type != kind:
             raise ValueError(f"storage_type is {self.storage_type} but storage_config.db_url is a {kind} URL "
-                             f"({scheme}://...); make them agree or drop storage_type")
+                             f"({given}); make them agree or drop storage_type")
         self.storage_type = kind
         return self
 

@@ -57,6 +57,29 @@ def _upstream_failed(step: Any) -> bool:
         step.status == "error" and step.status_code is None)
 
 
+def budget_used(close_info: dict[str, Any]) -> bool:
+    """Whether the gateway's close answer says the session used its whole step budget: a call was
+    refused (``truncated``) or ``0 <= max_steps <= total_steps - refunded_steps`` (the gateway's
+    own counts, the rule it reserves by)."""
+    if close_info.get("truncated"):
+        return True
+    budget, used = close_info.get("max_steps"), close_info.get("total_steps")
+    if not isinstance(budget, int) or not isinstance(used, int) or budget < 0:
+        return False
+    return budget <= used - int(close_info.get("refunded_steps") or 0)
+
+
+def status_after_close(status: str, close_info: dict[str, Any]) -> str:
+    """The runtime's status once the gateway's close answer is known: ``succeeded`` after a
+    refused call, or ``failed`` (no answer) with the budget used up (``budget_used``), is
+    ``truncated``; any other status is kept."""
+    if status == "succeeded" and close_info.get("truncated"):
+        return "truncated"
+    if status == "failed" and budget_used(close_info):
+        return "truncated"
+    return status
+
+
 def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False, limit_exceeded: str | None = None,
              error_class: str | None = None, error_text: str | None = None, close_error: str | None = None,
              steps: Sequence[Any] = ()) -> AttemptEnd:

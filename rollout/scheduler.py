@@ -41,6 +41,7 @@ from rollout.outcomes import (
     CircuitBreaker,
     RetryPolicy,
     classify,
+    status_after_close,
 )
 from rollout.protocol import EvalRequest, EvalSpec, SimulationStartRequest
 from rollout.records import record_of
@@ -509,9 +510,7 @@ class Scheduler:
         outcome = await self._execute(cfg, request, workspace, self._runtime_env(cfg, command is None), self.s.sandbox,
                                       command=command, stderr_log=harness_log)
         close_info = await self._close(sid, outcome.status)
-        status = outcome.status
-        if status == "succeeded" and close_info.get("truncated"):
-            status = "truncated"
+        status = status_after_close(outcome.status, close_info)
         rejected = rejected_summary(close_info)  # e.g. a CLI that retried 401s with a wrong key
         if rejected is not None:
             log.warning("session %s: %s", sid, rejected)

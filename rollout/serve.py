@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.errors import error_body, validation_message
 from gateway.settings import GatewaySettings
 from rollout.envs import Case, EnvConfig
 from rollout.feed.app import FeedSettings, create_feed_app
@@ -259,7 +260,8 @@ def create_serve_app(service: BatchService, feed: FeedSettings) -> FastAPI:
         try:
             req = BatchRequest.model_validate_json(await request.body())
         except ValidationError as e:
-            return _err(400, "invalid_batch", str(e))
+            message, param = validation_message(e.errors(include_url=False), "invalid /v1/batches body", BatchRequest)
+            return _err(400, "invalid_batch", message, param)
         try:
             info = await service.submit(req)
         except BatchError as e:
@@ -285,9 +287,8 @@ def create_serve_app(service: BatchService, feed: FeedSettings) -> FastAPI:
     return app
 
 
-def _err(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}},
-                        status_code=status)
+def _err(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code=code, param=param), status_code=status)
 
 
 async def _gateway(opts: JobOptions, store: Store, log_dir: Path,

@@ -35,13 +35,15 @@ def parse_db_url(url: str) -> str:
     """Turn a user storage URL into a SQLAlchemy async URL.
 
     ``sqlite://env_trajs.db`` (Safactory style: a path relative to the working directory),
-    ``sqlite:///abs/path.db`` and ``sqlite:////abs/path.db`` give ``sqlite+aiosqlite:///<abs path>``;
-    ``postgresql://...`` gives ``postgresql+asyncpg://...``. Raises DbUrlError otherwise.
+    ``sqlite:///abs/path.db``, ``sqlite:////abs/path.db`` and a plain path (``/abs/path.db``,
+    ``runs/t.db``: no ``://``) give ``sqlite+aiosqlite:///<abs path>``; ``postgresql://...``
+    gives ``postgresql+asyncpg://...``. Raises DbUrlError otherwise, and for a SQLite file whose
+    folder does not exist.
     """
     if url.startswith("sqlite+aiosqlite://"):
         return url
-    if url.startswith("sqlite://"):
-        rest = url[len("sqlite://"):]
+    if url.startswith("sqlite://") or ("://" not in url and url.strip()):
+        rest = url[len("sqlite://"):] if url.startswith("sqlite://") else url
         if rest.startswith("//"):  # sqlite:////abs -> /abs
             rest = rest[1:]
         if not rest or rest == "/":
@@ -51,12 +53,16 @@ def parse_db_url(url: str) -> str:
         path = Path(rest).expanduser()
         if not path.is_absolute():
             path = Path.cwd() / path
-        return f"sqlite+aiosqlite:///{path.resolve()}"
+        path = path.resolve()
+        if not path.parent.is_dir():
+            raise DbUrlError(f"storage {url!r}: the folder {path.parent} of the SQLite file does not exist "
+                             "(create it first)")
+        return f"sqlite+aiosqlite:///{path}"
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+asyncpg://" + url.split("://", 1)[1]
     if url.startswith("postgresql+asyncpg://"):
         return url
-    raise DbUrlError(f"unsupported storage URL {url!r}: use sqlite://PATH or postgresql://...")
+    raise DbUrlError(f"unsupported storage URL {url!r}: use a file path, sqlite://PATH or postgresql://...")
 
 
 def sqlite_path(async_url: str) -> Path | None:

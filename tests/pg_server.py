@@ -4,11 +4,14 @@ temporary folder, on a free loopback port, its Unix socket in that folder too.
 PostgreSQL refuses to run as root: as root the server runs as the ``postgres`` user (Debian's
 package creates it). ``ROLLOUT_TEST_PG_URL`` (``postgresql://user@host:port``) uses a running
 server instead. :func:`find_binaries` says why none can be had (the tests then skip, or fail
-under ``CI=true``).
+under ``CI=true``). Each server's folder names the process that started it (``owner.json``); a
+start first stops and deletes the servers whose owner died without stopping them (a pytest killed
+by SIGTERM runs no teardown, and ``pg_ctl`` daemonizes the server): :func:`sweep_stale`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -19,6 +22,8 @@ import uuid
 from pathlib import Path
 
 PG_ROOTS = ("/usr/lib/postgresql",)
+DIR_PREFIX = "rollout-pg-"
+OWNER_FILE = "owner.json"
 TEST_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=300",
                  "shared_buffers=32MB")
 """Server settings for tests: no fsync (a test never survives a power cut; speed matters)."""
@@ -42,6 +47,76 @@ def find_binaries() -> Path:
     raise PgUnavailable("PostgreSQL is not installed (no pg_ctl): apt-get install postgresql")
 
 
+def _start_time(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, ``/proc/PID/stat`` field 22),
+    or None when there is no such process: with the pid it names a process, pid reuse aside."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie whose parent has not reaped it
+    yet has exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def owner_alive(owner: dict[str, object]) -> bool:
+    """Whether the process an ``owner.json`` names (``{"pid", "start"}``) still runs."""
+    pid = owner.get("pid")
+    return isinstance(pid, int) and running(pid) and _start_time(pid) == owner.get("start")
+
+
+def _as_server_user() -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        raise PgUnavailable("running as root and there is no 'postgres' user to run the server as "
+                            "(apt-get install postgresql creates it)") from None
+    return ["runuser", "-u", "postgres", "--"]
+
+
+def _postmaster_pid(data: Path) -> int | None:
+    """The pid in ``data/postmaster.pid`` when that process is alive, else None."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+    return pid if running(pid) else None
+
+
+def sweep_stale(root: Path | None = None) -> list[Path]:
+    """Stop the server of every ``rollout-pg-*`` folder in ``root`` (default: the temp folder)
+    whose ``owner.json`` names a dead process, and delete the folder. Folders without an owner
+    file (another tool's, or still being set up) are left alone. Returns the folders removed."""
+    removed = []
+    for folder in sorted(Path(root or tempfile.gettempdir()).glob(f"{DIR_PREFIX}*")):
+        try:
+            owner = json.loads((folder / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(owner, dict) or owner_alive(owner):
+            continue
+        data = folder / "data"
+        if _postmaster_pid(data) is not None:
+            bin_dir = find_binaries()
+            subprocess.run(_as_server_user() + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
+                                                "stop"], capture_output=True, text=True, timeout=120)
+            if _postmaster_pid(data) is not None:
+                continue  # it would not stop: leave the folder, the next start tries again
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,28 +126,20 @@ def _free_port() -> int:
 class PgServer:
     """One server: ``url`` (``postgresql://postgres@127.0.0.1:PORT``, trust auth, loopback only).
     ``start()``/``stop()``; ``create_database()`` gives a fresh database's URL. ``settings`` are
-    extra ``-c`` server settings (default :data:`TEST_SETTINGS`)."""
+    extra ``-c`` server settings (default :data:`TEST_SETTINGS`); ``root`` the folder its own
+    folder is made in (default: the temp folder; the server user must be able to enter it)."""
 
-    def __init__(self, settings: tuple[str, ...] = TEST_SETTINGS) -> None:
+    def __init__(self, settings: tuple[str, ...] = TEST_SETTINGS, root: Path | None = None) -> None:
         self.settings = settings
+        self.root = root
         self.bin: Path | None = None
         self.dir: Path | None = None
         self.port = 0
         self.url = ""
         self._external = os.environ.get("ROLLOUT_TEST_PG_URL", "").rstrip("/")
 
-    def _as_server_user(self) -> list[str]:
-        if os.geteuid() != 0:
-            return []
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            raise PgUnavailable("running as root and there is no 'postgres' user to run the server as "
-                                "(apt-get install postgresql creates it)") from None
-        return ["runuser", "-u", "postgres", "--"]
-
     def _run(self, argv: list[str], timeout: float = 120) -> None:
-        res = subprocess.run(self._as_server_user() + argv, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(_as_server_user() + argv, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
             raise PgUnavailable(f"{Path(argv[0]).name} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
 
@@ -83,9 +150,11 @@ class PgServer:
             self._psql("SELECT 1")
             return self
         self.bin = find_binaries()
-        self.dir = Path(tempfile.mkdtemp(prefix="rollout-pg-"))
+        sweep_stale(self.root)
+        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=self.root))
+        (self.dir / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())}))
         if os.geteuid() == 0:
-            user = pwd.getpwnam("postgres") if self._as_server_user() else None
+            user = pwd.getpwnam("postgres") if _as_server_user() else None
             if user is not None:
                 os.chown(self.dir, user.pw_uid, user.pw_gid)
         data = self.dir / "data"

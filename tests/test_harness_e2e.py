@@ -117,6 +117,37 @@ async def test_bash_agent_harness_scores_right_and_wrong_answers(tmp_path: Path)
     assert (tmp_path / "cache" / "bash-agent-1" / ".rollout-installed").is_file()
 
 
+def look_around(call_id: str) -> Reply:
+    """A bash tool call that writes no answer."""
+    call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": "ls"})}}
+    return Reply.json(chat_completion(None, tool_calls=[call], finish_reason="tool_calls"))
+
+
+async def test_a_harness_session_that_used_its_budget_without_an_answer_is_truncated(tmp_path: Path) -> None:
+    # the bash agent stops itself at --max-steps: the gateway never refuses a call, yet its count
+    # of the session's steps reached the budget, so the session is truncated (and still graded)
+    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
+    async with FakeUpstream() as up:
+        up.script("/v1/chat/completions", [look_around("call_1"), look_around("call_2")])
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        code, _, stderr = await launch(
+            "--agent-root", str(env_root(tmp_path)), "--env", "workspace", "--limit", "1", "--max-steps", "2",
+            "--harness", "bash-agent", "--gateway-config", str(cfg), "--llm-model", "fake",
+            "--db-path", f"sqlite://{db}", "--enable-evaluation", "--pool-size", "1",
+            "--job-id", "tjob", "--out", str(out), cwd=tmp_path,
+            env={**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")})
+        calls = [r for r in up.requests if r.path == "/v1/chat/completions"]
+    assert code == 0, stderr
+    assert len(calls) == 2
+    (record,) = map(json.loads, out.read_text().splitlines())
+    assert (record["status"], record["outcome"], record["harness_exit"], record["answer"]) == (
+        "truncated", "truncated", 1, None)
+    assert (record["eval_status"], record["score"]) == ("scored", 0.0)  # a task outcome: graded
+    assert rows(db, "select status, outcome, reward from job_environments where job_id = 'tjob'") == [
+        ("truncated", "truncated", 0.0)]
+    assert rows(db, "select outcome, infra from session_attempts where job_id = 'tjob'") == [("truncated", 0)]
+
+
 async def test_a_matrix_of_models_resumes_its_harness_sessions(tmp_path: Path) -> None:
     expected = json.loads((TASK_DIR / "expected.json").read_text())
     db = tmp_path / "trajs.db"

@@ -434,6 +434,31 @@ async def test_setup_mistakes_stop_before_running(tmp_path: Path) -> None:
         assert len(up.requests) == 1  # only the one good run called the model
 
 
+async def test_a_plain_db_path_is_a_sqlite_file(tmp_path: Path) -> None:
+    """``--db-path`` takes a file path (relative to the cwd) as well as a URL; a file whose
+    folder does not exist stops the job before anything runs."""
+    env_root = tmp_path / "envs"
+    env_dir = make_env(env_root)
+    (env_dir / "data" / "cases.jsonl").write_text(json.dumps(CASES[0]) + "\n")
+    (tmp_path / "runs").mkdir()
+    db = tmp_path / "runs" / "plain.db"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, tmp_path / "other.db")
+        common = ["--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake"]
+        code, _, err = await launch(*common, "--db-path", "runs/plain.db", "--job-id", "rel", cwd=tmp_path)
+        assert code == 0, err
+        code, _, err = await launch(*common, "--db-path", str(db), "--job-id", "abs", cwd=tmp_path)
+        assert code == 0, err
+        assert rows(db, "SELECT job_id, count(*) FROM session_steps GROUP BY job_id ORDER BY job_id") == [
+            ("abs", 1), ("rel", 1)]
+        assert not (tmp_path / "other.db").exists()  # the gateway the launcher started wrote to the same file
+        for bad in ("nowhere/t.db", str(tmp_path / "nowhere" / "t.db"), f"sqlite://{tmp_path}/nowhere/t.db"):
+            code, _, err = await launch(*common, "--db-path", bad, "--job-id", "bad", cwd=tmp_path)
+            assert code == 1 and f"the folder {tmp_path}/nowhere of the SQLite file does not exist" in err, err
+        assert len(up.requests) == 2  # the refused runs called nothing
+    assert not (tmp_path / "nowhere").exists()
+
+
 async def test_sigterm_stops_everything(tmp_path: Path) -> None:
     """SIGTERM (a scheduler stopping the job) cancels sessions and stops the gateway the launcher
     started: exit 143, no orphan process."""

@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import FastAPI, Header, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from gateway.errors import error_body, install_error_handlers
 from rollout.feed.groups import GroupOptions, load_groups
 from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 from store import MAX_INT
@@ -59,9 +60,8 @@ async def groups_after(queries: FeedQueries, job_id: str, after: int, limit: int
     return [g for g, _ in built], progress
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}},
-                        status_code=status)
+def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code=code, param=param), status_code=status)
 
 
 def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
@@ -71,6 +71,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
     finished sessions but no feed entry: a job recorded before the feed existed."""
     cfg = settings or FeedSettings()
     app = FastAPI(title="rollout-factory feed", docs_url=None, redoc_url=None)
+    install_error_handlers(app)  # every error in the gateway's shape: a bad parameter is a 400 naming it
     checked: set[str] = set()
 
     async def ensure(job_id: str) -> JobProgress:
@@ -129,7 +130,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
         if last_event_id:
             if not last_event_id.strip().isdigit() or int(last_event_id) > MAX_INT:
                 return _error(400, "bad_last_event_id", f"Last-Event-ID must be a cursor (an integer), "
-                                                        f"not {last_event_id!r}")
+                                                        f"not {last_event_id!r}", param="last-event-id")
             cursor = int(last_event_id)
         try:
             await ensure(job_id)

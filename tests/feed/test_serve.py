@@ -64,7 +64,10 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
                         ({"envs": ["nope"]}, 400, "no such env"),
                         ({"envs": ["toy"], "cases": {"toy": ["zz"]}}, 400, "has no case ['zz']"),
                         ({"envs": ["toy"], "job_id": "first"}, 409, "already exists"),
-                        ({"envs": ["toy"], "sample": 2}, 400, "sample"),
+                        ({"envs": ["toy"], "sample": 2}, 400, "invalid /v1/batches body: unknown field 'sample' "
+                                                              "(known: "),
+                        ({"envs": ["toy"], "samples": 0}, 400, "invalid /v1/batches body: field 'samples': Input "
+                                                               "should be greater than or equal to 1 (got 0)"),
                         ({"envs": ["toy"], "model": "nope"}, 400, "no route 'nope'")):
                     r = await http.post("/v1/batches", json=body)
                     assert r.status_code == status and text in r.json()["error"]["message"], (body, r.text)

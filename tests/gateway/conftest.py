@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings, RouteSettings
-from store import SessionStep, Store, parse_db_url
+from store import JobEnvironment, SessionStep, Store, parse_db_url
 from store.engine import sqlite_path
 from tests.fake_upstream import FakeUpstream
 from tests.raw_sql import raw_sql_sync
@@ -125,6 +125,16 @@ class Gateway:
         store = Store(self.db_url)
         try:
             return await store.trajectory(sid)
+        finally:
+            await store.close()
+
+    async def register(self, *sids: str, max_steps: int | None = None) -> None:
+        """Register sessions as a launcher does before they run (their ``job_environments`` rows)."""
+        store = Store(self.db_url)
+        try:
+            await store.add_job_sessions([JobEnvironment(session_id=sid, job_id="job", env_name="env", case_id="0",
+                                                         llm_model="m", group_id="g", max_steps=max_steps)
+                                          for sid in sids])
         finally:
             await store.close()
 

@@ -118,6 +118,8 @@ async def test_errors_answered_by_the_gateway_are_counted(gw: Gateway, upstream:
     assert (await http.post("/v1/sessions/s1/chat/completions", json={"model": "zz", "messages": MESSAGES})).status_code == 404
     assert (await http.get("/v1/nothing-here")).status_code == 404
     assert (await http.get("/v1/sessions/unknown")).status_code == 404
+    assert (await http.post("/v1/sessions/nope/close", json={})).status_code == 404  # never seen: nothing made
+    await gw.register("s2")
     await http.post("/v1/sessions/s2/close", json={})
     assert (await http.post("/v1/sessions/s2/chat/completions", json={"model": "m", "messages": MESSAGES})
             ).status_code == 409
@@ -125,7 +127,7 @@ async def test_errors_answered_by_the_gateway_are_counted(gw: Gateway, upstream:
     errors = {k[1]: v for k, v in m.items() if k[0] == "gateway_error_responses_total"}
     codes = {(dict(k)["status"], dict(k)["code"]): v for k, v in errors.items()}
     assert codes == {("400", ""): 1,  # malformed JSON (no error code)
-                     ("404", "model_not_found"): 1, ("404", ""): 1, ("404", "session_not_found"): 1,
+                     ("404", "model_not_found"): 1, ("404", ""): 1, ("404", "session_not_found"): 2,
                      ("409", "session_closed"): 1}
     assert not any(k[0] == "gateway_requests_total" for k in m)  # none of them reached a route
     assert upstream.requests == []

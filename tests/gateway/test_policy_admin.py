@@ -62,13 +62,48 @@ async def test_version_stamped_on_steps_that_start_after_it(gw: Gateway, upstrea
         await store.close()
 
 
+def admin_error(r: Any) -> tuple[int, str | None, str]:
+    """(status, param, message) of an admin error answer, checked to be in OpenAI's error shape."""
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error", r.text
+    assert err["code"] == "invalid_request" and "validation error" not in err["message"], r.text  # no raw pydantic text
+    return r.status_code, err["param"], err["message"]
+
+
 async def test_bad_admin_bodies_are_400(gw: Gateway) -> None:
     http = gw.http()
     for body in ({"version": "3"}, {"version": -1}, {"version": 2**63}, {"version": 1.5}, {"v": 1}, {}):
         r = await http.post("/admin/policy_version", json=body)
-        assert r.status_code == 400, body
-    assert (await http.post("/admin/pause", json={"timeout_s": -1})).status_code == 400
-    assert (await http.get("/admin/policy_version")).json()["policy_version"] is None
+        status, param, _ = admin_error(r)
+        assert (status, param) == (400, "version"), body
+    status, param, message = admin_error(await http.post("/admin/policy_version", json={"version": "3"}))
+    assert message == "invalid /admin/policy_version body: field 'version': Input should be a valid integer (got '3')"
+    _, _, message = admin_error(await http.post("/admin/policy_version", json={"v": 1}))
+    assert message == "invalid /admin/policy_version body: field 'version' is required; also: 'v' (unknown)"
+    _, param, message = admin_error(await http.post("/admin/policy_version", content=b"{nope"))
+    assert param is None and message.startswith("invalid /admin/policy_version body: not valid JSON (")
+    assert admin_error(await http.post("/admin/pause", json={"timeout_s": -1})) == (
+        400, "timeout_s", "invalid /admin/pause body: field 'timeout_s': Input should be greater than or equal to 0 "
+                          "(got -1)")
+    assert admin_error(await http.post("/admin/pause", json={"timeout": 5})) == (
+        400, "timeout", "invalid /admin/pause body: unknown field 'timeout' (known: timeout_s)")
+    state = (await http.get("/admin/policy_version")).json()
+    assert (state["policy_version"], state["paused"]) == (None, False)  # nothing was set or held
+
+
+async def test_resume_takes_no_body_but_an_empty_one(gw: Gateway) -> None:
+    http = gw.http()
+    assert (await http.post("/admin/pause", json={"timeout_s": 0})).json()["paused"] is True
+    assert admin_error(await http.post("/admin/resume", json={"now": True})) == (
+        400, "now", "invalid /admin/resume body: unknown field 'now' (known: none)")
+    _, param, message = admin_error(await http.post("/admin/resume", content=b"resume please"))
+    assert param is None and message.startswith("invalid /admin/resume body: not valid JSON (")
+    assert (await http.get("/admin/policy_version")).json()["paused"] is True  # a refused resume resumed nothing
+    r = await http.post("/admin/resume", json={})
+    assert r.status_code == 200 and r.json()["paused"] is False
+    await http.post("/admin/pause", json={"timeout_s": 0})
+    r = await http.post("/admin/resume")
+    assert r.status_code == 200 and r.json() == {"policy_version": None, "paused": False, "released": 0}
 
 
 async def test_pause_drains_in_flight_and_holds_new_calls(gw: Gateway, upstream: FakeUpstream) -> None:

@@ -494,8 +494,8 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     r = await http.post("/v1/sessions/s1/close", json={"reason": "done", "completion_mode": "finished"})
     assert r.status_code == 200
-    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "truncated": False,
-                        "close_reason": "done", "completion_mode": "finished", "rejected_calls": {},
+    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "max_steps": -1,
+                        "refunded_steps": 0, "truncated": False, "close_reason": "done", "completion_mode": "finished", "rejected_calls": {},
                         "policy_versions": [None], "spans_policy_versions": False}
     r = await http.post("/v1/sessions/s1/close", json={"reason": "again"})  # idempotent: first reason kept
     assert r.json()["close_reason"] == "done"
@@ -510,11 +510,39 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     assert_openai_error(ei.value.response.json(), type_="conflict_error", code="session_closed")
     assert len(upstream.requests) == 1
 
-    r = await http.post("/v1/sessions/s2/close", json={"reason": "x", "typo": 1})
+    r = await http.post("/v1/sessions/s1/close", json={"reason": "x", "typo": 1})
     assert r.status_code == 400
-    assert_openai_error(r.json(), type_="invalid_request_error")
+    assert_openai_error(r.json(), type_="invalid_request_error", code="invalid_request", param="typo")
+    await gw.register("s3")  # a session a launcher registered, that never called the model
     r = await http.post("/v1/sessions/s3/close")  # no body at all
-    assert (r.status_code, r.json()["status"]) == (200, "closed")
+    assert (r.status_code, r.json()["status"], r.json()["total_steps"]) == (200, "closed", 0)
+
+
+async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(gw: Gateway, upstream: FakeUpstream) -> None:
+    http = gw.http()
+    r = await http.post("/v1/sessions/nobody/close", json={"reason": "done"})
+    assert r.status_code == 404
+    assert_openai_error(r.json(), type_="not_found_error", code="session_not_found", param="session_id")
+    assert "unknown session nobody" in r.json()["error"]["message"]
+    assert gw.sql("SELECT session_id FROM gateway_sessions") == []
+    assert (await http.get("/v1/sessions/nobody")).status_code == 404  # no state was made up
+    assert not gw.app_state.sessions.holds("nobody")
+    # a session registered by a launcher that never called the model (its runtime answered
+    # without one) is closed: 0 steps, its budget, and a late call of it is refused
+    await gw.register("quiet", max_steps=4)
+    r = await http.post("/v1/sessions/quiet/close", json={"reason": "succeeded"})
+    assert r.status_code == 200
+    assert (r.json()["status"], r.json()["total_steps"], r.json()["max_steps"]) == ("closed", 0, 4)
+    r = await http.post("/v1/sessions/quiet/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "session_closed")
+    # a session that called the model and was forgotten after its close: closing it again is idempotent
+    await gw.client("talker").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    for reason in ("done", "again"):
+        r = await http.post("/v1/sessions/talker/close", json={"reason": reason})
+        assert (r.status_code, r.json()["close_reason"], r.json()["total_steps"]) == (200, "done", 1)
+    assert sorted(row["session_id"] for row in gw.sql("SELECT session_id FROM gateway_sessions")) == [
+        "quiet", "talker"]
+    assert len(upstream.requests) == 1
 
 
 async def test_default_stream_bytes_hide_the_gateways_usage_request(gw: Gateway, upstream: FakeUpstream) -> None:

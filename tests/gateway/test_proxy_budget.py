@@ -244,8 +244,8 @@ async def test_close_answers_only_once_the_call_in_flight_is_committed(gw: Gatew
     rows = gw.sql("SELECT status, is_trainable, meta_json FROM session_steps WHERE session_id='s1'")
     assert [(row["status"], row["is_trainable"]) for row in rows] == [("ok", 1)]
     assert "after_close" not in json.loads(rows[0]["meta_json"])
-    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "truncated": False,
-                        "close_reason": "killed", "completion_mode": None, "policy_versions": [None],
+    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "max_steps": -1,
+                        "refunded_steps": 0, "truncated": False, "close_reason": "killed", "completion_mode": None, "policy_versions": [None],
                         "spans_policy_versions": False,
                         "rejected_calls": {"session_closed": 1}}  # the refused call above
     assert (await call).choices[0].message.content == "last words"

@@ -57,5 +57,8 @@ def test_storage_type_is_derived_from_the_db_url_and_must_agree_with_it() -> Non
         GatewaySettings.model_validate({"storage_type": "sqlite", "storage_config": pg})
     assert "storage_type is sqlite but storage_config.db_url is a postgresql URL" in str(ei.value)
     assert "s3cret" not in str(ei.value)  # a URL's password is never echoed
-    with pytest.raises(ValidationError, match="must start with sqlite:// or postgresql://"):
+    assert GatewaySettings.model_validate({"storage_config": {"db_url": "/tmp/plain.db"}}).storage_type == "sqlite"
+    with pytest.raises(ValidationError, match="storage_config.db_url: storage '/nowhere/x.db': the folder /nowhere"):
+        GatewaySettings.model_validate({"storage_config": {"db_url": "/nowhere/x.db"}})
+    with pytest.raises(ValidationError, match="unsupported storage URL 'mysql://db/x': use a file path, sqlite://"):
         GatewaySettings.model_validate({"storage_config": {"db_url": "mysql://db/x"}})

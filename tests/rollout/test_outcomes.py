@@ -18,8 +18,10 @@ from rollout.outcomes import (
     BreakerSettings,
     CircuitBreaker,
     RetryPolicy,
+    budget_used,
     check_classes,
     classify,
+    status_after_close,
 )
 
 
@@ -45,6 +47,23 @@ def test_task_outcomes_are_final() -> None:
     assert (end.outcome, end.infra) == ("runtime_error", False)
     # a 4xx the model's request caused (e.g. context too long) is the agent's failure
     assert classify("failed", steps=[Step("error", 400)]).outcome == "failed"
+
+
+def test_a_failed_session_that_used_its_budget_is_truncated() -> None:
+    used = {"truncated": False, "max_steps": 3, "total_steps": 3, "refunded_steps": 0}
+    assert budget_used(used) and status_after_close("failed", used) == "truncated"
+    # a refunded call gave a unit back: the budget was not used up, the failure is the agent's
+    left = {**used, "refunded_steps": 1}
+    assert not budget_used(left) and status_after_close("failed", left) == "failed"
+    # unlimited budget, or a close answer without the counts (the gateway did not answer)
+    assert status_after_close("failed", {**used, "max_steps": -1}) == "failed"
+    assert status_after_close("failed", {"error": "closing failed"}) == "failed"
+    # an answer given on the last step is a success; after a refused call it is truncated
+    assert status_after_close("succeeded", used) == "succeeded"
+    assert status_after_close("succeeded", {**used, "truncated": True}) == "truncated"
+    # no valid result, or killed at its timeout: kept whatever the budget
+    assert status_after_close("error", used) == "error"
+    assert status_after_close("timeout", used) == "timeout"
 
 
 def test_infrastructure_failures() -> None:

@@ -32,10 +32,12 @@ async def test_bundled_envs_run_in_the_sandbox_by_default(tmp_path: Path) -> Non
     records = {r["env_name"]: r for r in all_records if r["env_name"] != "basics"}
     assert set(records) == {"gsm8k", "workspace"}
     # basics: its env-level group_size (4 samples); a reply without a fenced block is a format
-    # error that still counts as a step, so each sample uses its 3 steps and writes nothing
+    # error that still counts as a step, so each sample uses its 3 steps and writes nothing: its
+    # budget ran out without an answer, so it is truncated (and graded: 0)
     assert len(basics) == 4 and len({r["group_id"] for r in basics}) == 1
     for r in basics:
-        assert (r["sandbox"], r["status"], r["step_count"], r["score"]) == ("bwrap", "failed", 3, 0.0)
+        assert (r["sandbox"], r["status"], r["outcome"], r["step_count"], r["score"]) == (
+            "bwrap", "truncated", "truncated", 3, 0.0)
         assert r["trajectory"][1]["messages"][-1]["content"].startswith("Format error: your reply had no ```bash")
     for r in records.values():
         assert r["sandbox"] == "bwrap"

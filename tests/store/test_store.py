@@ -27,9 +27,18 @@ def _step(sid: str, seq: int, model: str = "m") -> SessionStep:
 def test_parse_db_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert parse_db_url("sqlite://env_trajs.db") == f"sqlite+aiosqlite:///{(tmp_path / 'env_trajs.db').resolve()}"
-    assert parse_db_url("sqlite:///abs/x.db") == "sqlite+aiosqlite:////abs/x.db"
-    assert parse_db_url("sqlite:////abs/x.db") == "sqlite+aiosqlite:////abs/x.db"
+    abs_db = (tmp_path / "abs" / "x.db").resolve()
+    abs_db.parent.mkdir()
+    assert parse_db_url(f"sqlite://{abs_db}") == f"sqlite+aiosqlite:///{abs_db}"
+    assert parse_db_url(f"sqlite:///{abs_db}") == f"sqlite+aiosqlite:///{abs_db}"
     assert parse_db_url("postgresql://u:p@h/db") == "postgresql+asyncpg://u:p@h/db"
+    # a plain path is a SQLite file, relative to the working directory
+    assert parse_db_url(str(abs_db)) == f"sqlite+aiosqlite:///{abs_db}"
+    assert parse_db_url("abs/x.db") == f"sqlite+aiosqlite:///{abs_db}"
+    # a SQLite file whose folder does not exist is refused, whichever way it is written
+    for url in (str(tmp_path / "no" / "x.db"), f"sqlite://{tmp_path}/no/x.db", "no/x.db"):
+        with pytest.raises(DbUrlError, match=f"the folder {tmp_path.resolve()}/no of the SQLite file does not exist"):
+            parse_db_url(url)
     with pytest.raises(DbUrlError, match="unsupported storage URL"):
         parse_db_url("mysql://h/db")
     with pytest.raises(DbUrlError, match="in-memory"):
