@@ -68,7 +68,7 @@ def make_env(root: Path, cases: list[dict[str, object]] = CASES) -> Path:
     (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
     cfg = {"name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id",
                                       "hidden_fields": ["expected"]},
-           "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 8},
+           "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 15},
            "max_steps": 3}
     (env_dir / "env.yaml").write_text(yaml.safe_dump(cfg))
     return env_dir
@@ -129,7 +129,7 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
         assert (d["status"], d["eval_status"], d["score"]) == ("failed", "scored", 3.0)
         assert "RuntimeError: agent crashed on purpose" in d["error"]
         e = records[("e", k)]
-        assert (e["status"], e["step_count"]) == ("timeout", 0) and "timed out after 8 s" in e["error"]
+        assert (e["status"], e["step_count"]) == ("timeout", 0) and "timed out after 15 s" in e["error"]
         # task outcomes are final: one attempt each, never retried
         assert [a["outcome"] for a in d["attempts"]] == ["failed"] and not d["retried"]
         assert [a["outcome"] for a in e["attempts"]] == ["timeout"] and not e["retried"]
