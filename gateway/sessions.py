@@ -148,8 +148,17 @@ class SessionManager:
         live = self._sessions.get(sid)
         if live is not None and (live.state is not None or live.in_flight):
             return True
-        return (await self._store.load_gateway_session(sid) is not None
-                or await self._store.session_context(sid) is not None)
+        st = await self._store.load_gateway_session(sid)
+        if st is None:
+            ctx = await self._store.session_context(sid)
+            if ctx is None:
+                return False
+            st = self._new_state(sid, ctx)
+        live = self._live(sid)
+        async with live.lock:
+            if live.state is None:
+                live.state = st  # what the close goes on with: the store is read once
+        return True
 
     def closing(self, sid: str) -> asyncio.Event:
         """Set once a close of ``sid`` started (already set for a session not held in memory:
