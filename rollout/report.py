@@ -159,7 +159,8 @@ class SummaryRow(BaseModel):
     Counts: ``sessions``; ``cases`` (distinct case_id); evaluation outcomes ``scored``,
     ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
     runtime outcomes ``runtime_failed`` (the runtime reported ``failed``: the agent did not finish
-    its task), ``runtime_errors`` (status error: the launcher could not run the session) and
+    its task), ``runtime_truncated`` (status truncated: the session used its whole step budget
+    without finishing), ``runtime_errors`` (status error: the launcher could not run the session) and
     ``runtime_timeouts`` (status timeout); ``retried`` (sessions with more than one attempt) and
     ``infra`` (sessions whose last attempt was an infrastructure failure: not graded, left out of
     the mean score and pass@k).
@@ -189,6 +190,7 @@ class SummaryRow(BaseModel):
     pass_at_k: float | None
     pass_at_k_cases: int
     runtime_failed: int
+    runtime_truncated: int = 0
     runtime_errors: int
     runtime_timeouts: int
     mean_duration_s: float | None
@@ -239,7 +241,8 @@ class _RowTotals:
 
     def __init__(self) -> None:
         self.sessions = self.graded = self.scored = self.invalid = self.eval_error = self.eval_timeout = 0
-        self.unevaluated = self.runtime_failed = self.runtime_errors = self.runtime_timeouts = 0
+        self.unevaluated = self.runtime_failed = self.runtime_truncated = self.runtime_errors = 0
+        self.runtime_timeouts = 0
         self.retried = self.infra = self.durations = self.cases = 0
         self.evaluated = False
         self.score_sum = Fraction(0)
@@ -255,6 +258,7 @@ class _RowTotals:
             self.durations += 1
             self.duration_sum += Fraction(r.duration_s)
         self.runtime_failed += r.status == "failed"
+        self.runtime_truncated += r.status == "truncated"
         self.runtime_errors += r.status == "error"
         self.runtime_timeouts += r.status == "timeout"
         self.retried += r.retried
@@ -301,7 +305,8 @@ class _RowTotals:
             scored=self.scored, invalid=self.invalid, eval_error=self.eval_error, eval_timeout=self.eval_timeout,
             unevaluated=self.unevaluated, mean_score=float(self.score_sum) / averaged if averaged else None,
             k=row_k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=n_eligible,
-            runtime_failed=self.runtime_failed, runtime_errors=self.runtime_errors,
+            runtime_failed=self.runtime_failed, runtime_truncated=self.runtime_truncated,
+            runtime_errors=self.runtime_errors,
             runtime_timeouts=self.runtime_timeouts,
             mean_duration_s=float(self.duration_sum) / self.durations if self.durations else None,
             retried=self.retried, infra=self.infra)
@@ -379,7 +384,7 @@ OWN_RUNTIME = "(env)"
 NAME_MIN = 10
 TABLE_LEGEND = ("score: mean of scored sessions (0-10); pass@k: a session passes at score 10; failed: the "
                 "runtime reported failed; time_s: mean session wall time (s)")
-PROBLEM_LEGEND = {"inval": "invalid reward", "ev_err": "evaluator error", "ev_t/o": "evaluator timeout",
+PROBLEM_LEGEND = {"trunc": "used its whole step budget (truncated)", "inval": "invalid reward", "ev_err": "evaluator error", "ev_t/o": "evaluator timeout",
                   "rt_err": "runtime error", "rt_t/o": "runtime timeout", "retried": "more than one attempt",
                   "infra": "infrastructure failure, not graded"}
 """The abbreviations of a row's ``problems:`` line, in display order."""
@@ -395,7 +400,8 @@ def _cut(name: str, width: int) -> str:
 
 
 def _problems(r: SummaryRow) -> list[str]:
-    counts = (r.invalid, r.eval_error, r.eval_timeout, r.runtime_errors, r.runtime_timeouts, r.retried, r.infra)
+    counts = (r.runtime_truncated, r.invalid, r.eval_error, r.eval_timeout, r.runtime_errors, r.runtime_timeouts,
+              r.retried, r.infra)
     return [f"{name} {n}" for name, n in zip(PROBLEM_LEGEND, counts, strict=True) if n]
 
 

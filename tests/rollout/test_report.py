@@ -127,7 +127,7 @@ def crafted() -> list[SessionRecord]:
         rec("code", "X", 0, 10.0),
         rec("code", "X", 1, 10.0),
         rec("code", "Y", 0, 10.0 - 1e-10),  # passes (within 1e-9)
-        rec("code", "Y", 1, 9.5),
+        rec("code", "Y", 1, 9.5, status="truncated"),  # used its whole step budget
         # math / m2: one session
         rec("math", "A", 0, 10.0, model="m2", status="error", eval_status="skipped", duration=2.5),
     ]
@@ -158,6 +158,7 @@ def test_summarize_exact_numbers() -> None:
 
     code_row = rows_by[("code", "m1")]
     assert (code_row.sessions, code_row.cases, code_row.scored, code_row.k) == (4, 2, 4, 2)
+    assert (code_row.runtime_failed, code_row.runtime_truncated, math_row.runtime_truncated) == (0, 1, 0)
     assert code_row.pass_at_1 == pytest.approx((1.0 + 0.5) / 2)
     assert code_row.pass_at_k == pytest.approx(1.0)
     assert code_row.mean_score == pytest.approx((10 + 10 + (10 - 1e-10) + 9.5) / 4)
@@ -218,7 +219,8 @@ def test_render_table() -> None:
     # the rarely non-zero counts are folded into a line under the row, only the non-zero ones
     assert lines[math_i + 1] == "  problems: inval 1, ev_err 1, ev_t/o 1, rt_t/o 1"
     code_i = next(i for i, line in enumerate(lines) if line.startswith("code"))
-    assert lines[code_i + 1].startswith("math")  # no problems, no problems line
+    assert lines[code_i].split()[8] == "0"  # none failed
+    assert lines[code_i + 1] == "  problems: trunc 1"  # one used its whole step budget
     m2_i = next(i for i, line in enumerate(lines) if " m2 " in line)
     assert lines[m2_i].split()[4] == "-"  # no mean score
     assert lines[m2_i + 1] == "  problems: rt_err 1"
@@ -226,7 +228,7 @@ def test_render_table() -> None:
     end = header.index("pass@1") + len("pass@1")
     assert math_line[end - 5 : end] == "0.333"
     # the legend explains the abbreviations, the problem ones only when shown
-    legend = " ".join(lines[m2_i + 2 :])
+    legend = " ".join(" ".join(lines[m2_i + 2 :]).split())  # the wrapped lines as one
     assert legend.startswith("score: mean of scored sessions")
     assert "rt_err = runtime error" in legend and "ev_t/o = evaluator timeout" in legend
     assert "infra =" not in legend and "retried =" not in legend and "cut name" not in legend
