@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
@@ -37,11 +37,11 @@ def parse_db_url(url: str) -> str:
     ``sqlite://env_trajs.db`` (Safactory style: a path relative to the working directory),
     ``sqlite:///abs/path.db``, ``sqlite:////abs/path.db`` and a plain path (``/abs/path.db``,
     ``runs/t.db``: no ``://``) give ``sqlite+aiosqlite:///<abs path>``; ``postgresql://...``
-    gives ``postgresql+asyncpg://...``. Raises DbUrlError otherwise, and for a SQLite file whose
-    folder does not exist.
+    gives ``postgresql+asyncpg://...``. Raises DbUrlError otherwise, and for a SQLite path whose
+    folder does not exist, that is a folder, or that is a file but not a SQLite database.
     """
-    if url.startswith("sqlite+aiosqlite://"):
-        return url
+    if url.startswith("sqlite+aiosqlite:///"):
+        url = "sqlite:///" + (make_url(url).database or "")
     if url.startswith("sqlite://") or ("://" not in url and url.strip()):
         rest = url[len("sqlite://"):] if url.startswith("sqlite://") else url
         if rest.startswith("//"):  # sqlite:////abs -> /abs
@@ -54,10 +54,15 @@ def parse_db_url(url: str) -> str:
         if not path.is_absolute():
             path = Path.cwd() / path
         path = path.resolve()
+        if path.is_dir():
+            raise DbUrlError(f"storage {url!r}: {path} is a folder, not a SQLite file")
         if not path.parent.is_dir():
             raise DbUrlError(f"storage {url!r}: the folder {path.parent} of the SQLite file does not exist "
                              "(create it first)")
-        return f"sqlite+aiosqlite:///{path}"
+        if path.is_file() and not _is_sqlite_file(path):
+            raise DbUrlError(f"storage {url!r}: {path} exists and is not a SQLite database")
+        # a URL object, so that ``?``, ``%`` or ``#`` in the path stay part of the file name
+        return URL.create("sqlite+aiosqlite", database=str(path)).render_as_string(hide_password=False)
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+asyncpg://" + url.split("://", 1)[1]
     if url.startswith("postgresql+asyncpg://"):
@@ -65,10 +70,24 @@ def parse_db_url(url: str) -> str:
     raise DbUrlError(f"unsupported storage URL {url!r}: use a file path, sqlite://PATH or postgresql://...")
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _is_sqlite_file(path: Path) -> bool:
+    """An empty file (SQLite makes it a database) or one that starts with SQLite's header."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_SQLITE_HEADER))
+    except OSError as e:
+        raise DbUrlError(f"cannot read the SQLite file {path}: {e}") from None
+    return head in (b"", _SQLITE_HEADER)
+
+
 def sqlite_path(async_url: str) -> Path | None:
     """The file path of a ``sqlite+aiosqlite:///`` URL, or None for other databases."""
-    prefix = "sqlite+aiosqlite:///"
-    return Path(async_url[len(prefix):]) if async_url.startswith(prefix) else None
+    if not async_url.startswith("sqlite+aiosqlite:///"):
+        return None
+    return Path(make_url(async_url).database or "")
 
 
 def _json_default(obj: Any) -> Any:

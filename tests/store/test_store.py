@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from store import GatewaySession, JobEnvironment, SessionStep, Store, json_dumps, parse_db_url
-from store.engine import DbUrlError
+from store.engine import DbUrlError, sqlite_path
 
 
 def _step(sid: str, seq: int, model: str = "m") -> SessionStep:
@@ -43,6 +44,37 @@ def test_parse_db_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         parse_db_url("mysql://h/db")
     with pytest.raises(DbUrlError, match="in-memory"):
         parse_db_url("sqlite://:memory:")
+
+
+async def test_a_sqlite_path_that_is_a_folder_another_file_or_has_url_characters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder or a file that is not SQLite is refused up front (nothing written to it); ``?``,
+    ``%`` and ``#`` in a path name that very file, not a URL query or an escape."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(DbUrlError, match="adir is a folder, not a SQLite file"):
+        parse_db_url("adir")
+    (tmp_path / "notes.db").write_text("my notes")
+    for url in ("notes.db", f"sqlite://{tmp_path}/notes.db", f"sqlite+aiosqlite:///{tmp_path}/notes.db"):
+        with pytest.raises(DbUrlError, match="notes.db exists and is not a SQLite database"):
+            parse_db_url(url)
+    assert (tmp_path / "notes.db").read_text() == "my notes"
+    for name in ("a?b.db", "a%20b.db", "c#d.db"):
+        url = parse_db_url(name)
+        assert sqlite_path(url) == tmp_path.resolve() / name and parse_db_url(url) == url
+        store = Store(name)
+        try:
+            await store.init()
+            await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id="0",
+                                                         llm_model="m", group_id="g")])
+        finally:
+            await store.close()
+        con = sqlite3.connect(tmp_path / name)
+        try:
+            assert con.execute("SELECT env_id FROM job_environments").fetchall() == [("s1",)]
+        finally:
+            con.close()
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == ["a%20b.db", "a?b.db", "c#d.db", "notes.db"]
 
 
 def test_json_dumps_keeps_strict_json() -> None:
