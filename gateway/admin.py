@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from gateway.errors import parse_body
+from gateway.wire import CONTROL_BODY_BYTES, read_body
 from store import MAX_INT
 
 __all__ = ["PolicyControl", "build_admin_router"]
@@ -125,7 +126,8 @@ def _control(request: Request) -> PolicyControl:
 
 
 async def _body(request: Request, model: type[BaseModel], *, optional: bool) -> Any:
-    return parse_body(await request.body(), model, f"invalid {request.url.path} body", optional=optional)
+    return parse_body(await read_body(request, CONTROL_BODY_BYTES), model, f"invalid {request.url.path} body",
+                      optional=optional)
 
 
 async def get_policy_version(request: Request) -> dict[str, Any]:

@@ -160,6 +160,10 @@ class CloseSessionRequest(BaseModel):
     completion_mode: str | None = None
 
 
+CONTROL_BODY_BYTES = 64 * 1024
+"""The largest body of a control call (a session close, the admin endpoints): a few fields."""
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole request body, at most ``limit`` bytes. Raises GatewayError(413,
     code ``request_too_large``) for a larger one, whether announced by ``Content-Length`` or

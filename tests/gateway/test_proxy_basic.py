@@ -545,6 +545,22 @@ async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(gw: Gate
     assert len(upstream.requests) == 1
 
 
+async def test_a_control_body_larger_than_its_limit_is_a_413(gw: Gateway) -> None:
+    """A close or admin body carries a few fields: one over CONTROL_BODY_BYTES is refused
+    without being kept, and the session is left as it was."""
+    from gateway.wire import CONTROL_BODY_BYTES
+
+    await gw.register("big", max_steps=4)
+    http = gw.http()
+    padding = "x" * (CONTROL_BODY_BYTES + 1)
+    for path in ("/v1/sessions/big/close", "/admin/pause", "/admin/policy_version"):
+        r = await http.post(path, json={"reason": padding})
+        assert r.status_code == 413, path
+        assert_openai_error(r.json(), type_="invalid_request_error", code="request_too_large")
+    r = await http.post("/v1/sessions/big/close", json={"reason": "done"})
+    assert (r.status_code, r.json()["close_reason"]) == (200, "done")  # the refused close closed nothing
+
+
 async def test_default_stream_bytes_hide_the_gateways_usage_request(gw: Gateway, upstream: FakeUpstream) -> None:
     """The client did not ask for usage: it gets the same bytes as from an upstream it had asked
     without include_usage, except the ``"usage":null`` fields OpenAI adds to every chunk."""
