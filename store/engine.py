@@ -38,7 +38,8 @@ def parse_db_url(url: str) -> str:
     ``sqlite:///abs/path.db``, ``sqlite:////abs/path.db`` and a plain path (``/abs/path.db``,
     ``runs/t.db``: no ``://``) give ``sqlite+aiosqlite:///<abs path>``; ``postgresql://...``
     gives ``postgresql+asyncpg://...``. Raises DbUrlError otherwise, and for a SQLite path whose
-    folder does not exist, that is a folder, or that is a file but not a SQLite database.
+    folder does not exist or that is a folder. (The file itself is never opened here: closing a
+    descriptor of a SQLite file drops the locks of every connection of the process to it.)
     """
     if url.startswith("sqlite+aiosqlite:///"):
         url = "sqlite:///" + (make_url(url).database or "")
@@ -59,8 +60,6 @@ def parse_db_url(url: str) -> str:
         if not path.parent.is_dir():
             raise DbUrlError(f"storage {url!r}: the folder {path.parent} of the SQLite file does not exist "
                              "(create it first)")
-        if path.is_file() and not _is_sqlite_file(path):
-            raise DbUrlError(f"storage {url!r}: {path} exists and is not a SQLite database")
         # a URL object, so that ``?``, ``%`` or ``#`` in the path stay part of the file name
         return URL.create("sqlite+aiosqlite", database=str(path)).render_as_string(hide_password=False)
     if url.startswith(("postgresql://", "postgres://")):
@@ -68,19 +67,6 @@ def parse_db_url(url: str) -> str:
     if url.startswith("postgresql+asyncpg://"):
         return url
     raise DbUrlError(f"unsupported storage URL {url!r}: use a file path, sqlite://PATH or postgresql://...")
-
-
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def _is_sqlite_file(path: Path) -> bool:
-    """An empty file (SQLite makes it a database) or one that starts with SQLite's header."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(len(_SQLITE_HEADER))
-    except OSError as e:
-        raise DbUrlError(f"cannot read the SQLite file {path}: {e}") from None
-    return head in (b"", _SQLITE_HEADER)
 
 
 def sqlite_path(async_url: str) -> Path | None:

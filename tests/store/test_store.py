@@ -46,19 +46,14 @@ def test_parse_db_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         parse_db_url("sqlite://:memory:")
 
 
-async def test_a_sqlite_path_that_is_a_folder_another_file_or_has_url_characters(
+async def test_a_sqlite_path_that_is_a_folder_or_has_url_characters(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A folder or a file that is not SQLite is refused up front (nothing written to it); ``?``,
-    ``%`` and ``#`` in a path name that very file, not a URL query or an escape."""
+    """A folder is refused up front; ``?``, ``%`` and ``#`` in a path name that very file, not a
+    URL query or an escape."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "adir").mkdir()
     with pytest.raises(DbUrlError, match="adir is a folder, not a SQLite file"):
         parse_db_url("adir")
-    (tmp_path / "notes.db").write_text("my notes")
-    for url in ("notes.db", f"sqlite://{tmp_path}/notes.db", f"sqlite+aiosqlite:///{tmp_path}/notes.db"):
-        with pytest.raises(DbUrlError, match="notes.db exists and is not a SQLite database"):
-            parse_db_url(url)
-    assert (tmp_path / "notes.db").read_text() == "my notes"
     for name in ("a?b.db", "a%20b.db", "c#d.db"):
         url = parse_db_url(name)
         assert sqlite_path(url) == tmp_path.resolve() / name and parse_db_url(url) == url
@@ -74,7 +69,7 @@ async def test_a_sqlite_path_that_is_a_folder_another_file_or_has_url_characters
             assert con.execute("SELECT env_id FROM job_environments").fetchall() == [("s1",)]
         finally:
             con.close()
-    assert sorted(p.name for p in tmp_path.glob("*.db")) == ["a%20b.db", "a?b.db", "c#d.db", "notes.db"]
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == ["a%20b.db", "a?b.db", "c#d.db"]
 
 
 def test_json_dumps_keeps_strict_json() -> None:
