@@ -3,9 +3,12 @@ listen, to say where, and to stop on Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -21,6 +24,24 @@ def listen(host: str, port: int, *, exposes: str) -> socket.socket:
         print(f"warning: serving on {host}: anyone who reaches it can read {exposes}", file=sys.stderr)
     return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                 backlog=128)  # connections wait in the backlog until the server accepts them
+
+
+def run_command(start: Callable[[], Coroutine[Any, Any, object]], host: str, port: int,
+                setup_errors: tuple[type[Exception], ...]) -> int:
+    """Run a server command (``start()`` builds its coroutine, inside the error handling) until it
+    stops; the exit code: 0 when stopped (Ctrl-C, SIGTERM), 1 with ``error: ...`` on stderr for
+    one of ``setup_errors`` or a port it cannot listen on (OSError)."""
+    try:
+        asyncio.run(start())
+    except setup_errors as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot listen on {host}:{port}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
 
 
 def url_of(sock: socket.socket) -> str:

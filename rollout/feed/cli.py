@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rollout.feed.app import FeedSettings, create_feed_app
 from rollout.feed.export import ExportError, export_job
 from rollout.feed.groups import GroupOptions
-from rollout.local_server import listen, run_server, url_of
+from rollout.local_server import listen, run_command, run_server, url_of
 from rollout.logs import setup_logging
 from store import JOB_ID_PATTERN, DbUrlError, Store
 from store.feed import FeedQueries
@@ -100,19 +100,9 @@ def serve_main(args: argparse.Namespace) -> int:
     from rollout.serve import serve as serve_batches
 
     setup_logging(args.log_level)
-    try:
-        opts = _serve_options(args)
-        asyncio.run(serve_batches(opts, args.host, args.port, FeedSettings(
-            min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s)))
-    except (SetupError, ValidationError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    return 0
+    return run_command(lambda: serve_batches(_serve_options(args), args.host, args.port, FeedSettings(
+        min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s)), args.host, args.port,
+        (SetupError, ValidationError))
 
 
 async def _open(url: str) -> Store:
@@ -163,17 +153,14 @@ def main(argv: list[str]) -> int:
         return serve_main(args)
     if args.command == "feed":
         setup_logging(args.log_level)
+        return run_command(lambda: serve(args), args.host, args.port, (DbUrlError, FileNotFoundError))
     try:
-        if args.command == "feed":
-            asyncio.run(serve(args))
-            return 0
         return asyncio.run(export(args))
     except (DbUrlError, FileNotFoundError, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        what = f"cannot listen on {args.host}:{args.port}" if args.command == "feed" else "cannot write the export"
-        print(f"error: {what}: {e}", file=sys.stderr)
+        print(f"error: cannot write the export: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 0 if args.command == "feed" else 130
+        return 130

@@ -8,7 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from rollout.local_server import listen, run_server, url_of
+from rollout.local_server import listen, run_command, run_server, url_of
 from rollout.logs import setup_logging
 from rollout.viewer.app import create_app
 from rollout.viewer.db import ViewerError, open_queries
@@ -65,17 +65,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "view":
         setup_logging(args.log_level)
-        try:
-            asyncio.run(serve(args.db_path, args.host, args.port, args.agent_root))
-        except ViewerError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        except OSError as e:
-            print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            return 0
-        return 0
+        return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root),
+                           args.host, args.port, (ViewerError,))
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
     try:
         path = asyncio.run(write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,
