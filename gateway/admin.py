@@ -23,6 +23,7 @@ from store import MAX_INT
 __all__ = ["PolicyControl", "build_admin_router"]
 
 DEFAULT_PAUSE_TIMEOUT_S = 600.0
+MAX_PAUSE_TIMEOUT_S = 86400.0
 
 
 class PolicyControl:
@@ -107,11 +108,12 @@ class PolicyVersionRequest(BaseModel):
 
 class PauseRequest(BaseModel):
     """``POST /admin/pause`` body (optional): ``timeout_s``, how long to wait for the calls in
-    flight (seconds, default 600; 0 answers at once)."""
+    flight (a JSON number of seconds, 0 to 86400, default 600; 0 answers at once)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float = Field(default=DEFAULT_PAUSE_TIMEOUT_S, ge=0)
+    timeout_s: float = Field(default=DEFAULT_PAUSE_TIMEOUT_S, ge=0, le=MAX_PAUSE_TIMEOUT_S, strict=True,
+                             allow_inf_nan=False)
 
 
 class ResumeRequest(BaseModel):

@@ -85,6 +85,12 @@ async def test_bad_admin_bodies_are_400(gw: Gateway) -> None:
     assert admin_error(await http.post("/admin/pause", json={"timeout_s": -1})) == (
         400, "timeout_s", "invalid /admin/pause body: field 'timeout_s': Input should be greater than or equal to 0 "
                           "(got -1)")
+    for bad in ("5", True, 86401, None):  # a number of seconds, not a string, a boolean or null
+        status, param, _ = admin_error(await http.post("/admin/pause", json={"timeout_s": bad}))
+        assert (status, param) == (400, "timeout_s"), bad
+    _, param, message = admin_error(await http.post("/admin/pause", content=b'{"timeout_s": Infinity}'))
+    assert (param, message) == ("timeout_s", "invalid /admin/pause body: field 'timeout_s': Input should be a finite "
+                                             "number (got inf)")
     assert admin_error(await http.post("/admin/pause", json={"timeout": 5})) == (
         400, "timeout", "invalid /admin/pause body: unknown field 'timeout' (known: timeout_s)")
     state = (await http.get("/admin/policy_version")).json()
