@@ -1,11 +1,13 @@
 """``python -m gateway --config configs/gateway.yaml [--host H] [--port P] [--db-url URL]``.
 
 Flags override the config file. Exit code 2 on a config error, 3 when the address cannot be bound
-(checked before the app starts, so such a gateway never touches the store)."""
+(checked before the app starts, so such a gateway never touches the store), 4 when the store
+cannot be opened (checked before serving) or the app fails to start."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import socket
 import sys
@@ -13,7 +15,18 @@ import sys
 import uvicorn
 
 from gateway.app import create_app
-from gateway.settings import ConfigError, load_settings
+from gateway.settings import ConfigError, GatewaySettings, load_settings
+from store import Store, StoreUnavailable
+from store.repo import SchemaError
+
+
+async def _check_store(settings: GatewaySettings) -> None:
+    """Open the store (tables created or upgraded) and close it: StoreUnavailable / SchemaError."""
+    store = Store(settings.storage_config.db_url)
+    try:
+        await store.init()
+    finally:
+        await store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,19 +39,10 @@ def main(argv: list[str] | None = None) -> int:
                     "postgresql://user:pw@host/db")
     args = ap.parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config, host=args.host, port=args.port, db_url=args.db_url)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    updates: dict[str, object] = {}
-    if args.host:
-        updates["listen_host"] = args.host
-    if args.port is not None:
-        updates["listen_port"] = args.port
-    if args.db_url:
-        updates["storage_config"] = settings.storage_config.model_copy(update={"db_url": args.db_url})
-        updates["storage_type"] = "postgresql" if args.db_url.startswith("postgres") else "sqlite"
-    settings = settings.model_copy(update=updates)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = settings.listen_host, settings.listen_port
     try:  # bound before the app starts: a gateway that cannot listen must not touch the store
@@ -46,10 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e}", file=sys.stderr)
         return 3
+    try:
+        asyncio.run(_check_store(settings))
+    except (StoreUnavailable, SchemaError) as e:
+        sock.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 4
     config = uvicorn.Config(create_app(settings), log_level=settings.log_level, access_log=False,
                             timeout_graceful_shutdown=10)
-    uvicorn.Server(config).run(sockets=[sock])
-    return 0
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0 if server.started else 4
 
 
 if __name__ == "__main__":

@@ -509,8 +509,11 @@ class ConfigError(ValueError):
     """The config file is missing, not YAML, or does not match GatewaySettings."""
 
 
-def load_settings(path: str | Path) -> GatewaySettings:
-    """Read and validate a gateway YAML file. Raises ConfigError with the file name and the
+def load_settings(path: str | Path, *, host: str | None = None, port: int | None = None,
+                  db_url: str | None = None) -> GatewaySettings:
+    """Read and validate a gateway YAML file, with ``host``, ``port`` and ``db_url`` (when given)
+    in place of ``listen_host``, ``listen_port`` and ``storage_config.db_url`` (and the config's
+    ``storage_type`` then dropped: the URL says it). Raises ConfigError with the file name and the
     pydantic message on any problem."""
     p = Path(path)
     try:
@@ -519,6 +522,12 @@ def load_settings(path: str | Path) -> GatewaySettings:
         raise ConfigError(f"cannot read gateway config {p}: {e}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"gateway config {p} is not valid YAML: {e}") from e
+    if isinstance(raw, dict):
+        raw.update({k: v for k, v in (("listen_host", host), ("listen_port", port)) if v is not None})
+        if db_url is not None:
+            storage = raw.get("storage_config")
+            raw["storage_config"] = {**(storage if isinstance(storage, dict) else {}), "db_url": db_url}
+            raw.pop("storage_type", None)
     try:
         return GatewaySettings.model_validate(raw)
     except ValueError as e:

@@ -59,7 +59,8 @@ from rollout.services import (
     start_llama_server,
 )
 from rollout.session_ids import SessionIds
-from store import JOB_ID_PATTERN, MAX_INT, DbUrlError, JobEnvironment, Store
+from store import JOB_ID_PATTERN, MAX_INT, DbUrlError, JobEnvironment, Store, StoreUnavailable
+from store.repo import SchemaError
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,14 @@ def open_store(url: str) -> Store:
                          "pip install asyncpg for PostgreSQL") from e
 
 
+async def init_store(store: Store) -> None:
+    """``store.init()``, a database that cannot be opened (or upgraded) as SetupError."""
+    try:
+        await store.init()
+    except (StoreUnavailable, SchemaError) as e:
+        raise SetupError(str(e)) from e
+
+
 async def plan_sessions(store: Store, opts: JobOptions, job_id: str, models: list[str],
                         envs: list[tuple[EnvConfig, list[Case]]],
                         harnesses: list[str | None] | None = None) -> list[JobEnvironment]:
@@ -435,7 +444,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     children: list[ChildProcess] = []
     ray_backend: RayBackend | None = None
     try:
-        await store.init()
+        await init_store(store)
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
         plan = await plan_job(store, opts, job_id, models, envs, [*loaded] or [None])

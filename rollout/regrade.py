@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollout.envs import EnvConfigError, load_env_config
 from rollout.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec, run_evaluation
 from rollout.evaluator_loader import discover_evaluator
-from rollout.job import SetupError, open_store
+from rollout.job import SetupError, init_store, open_store
 from rollout.outcomes import INFRA_CLASSES
 from rollout.protocol import EvalRequest, SimulationStartResult
 from rollout.records import job_records
@@ -199,7 +199,7 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
                          "pass --agent-root (the evaluators are looked up there)")
     store = open_store(opts.db_path)
     try:
-        await store.init()
+        await init_store(store)
         rows = await store.job_sessions(opts.job_id)
         if not rows:
             raise SetupError(f"--regrade: no job {opts.job_id!r} in {store.identity()}")

@@ -33,6 +33,7 @@ from rollout.job import (
     JobOptions,
     SetupError,
     check_sandbox,
+    init_store,
     load_envs,
     load_gateway_settings,
     open_store,
@@ -323,7 +324,7 @@ async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings) -> N
     children: list[ChildProcess] = []
     runner: asyncio.Task[None] | None = None
     try:
-        await store.init()
+        await init_store(store)
         log_dir = Path("runs") / "logs" / f"serve-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
         url, key, model, gw = await _gateway(opts, store, log_dir, children)
         service = BatchService(store, opts, url, key, model, gw)

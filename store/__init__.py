@@ -20,7 +20,7 @@ from store.models import (
     step_record,
     utcnow,
 )
-from store.repo import SessionRow, StepRow, Store, is_unavailable
+from store.repo import SessionRow, StepRow, Store, StoreUnavailable, is_unavailable
 
 __all__ = [
     "JOB_ID_PATTERN",
@@ -34,6 +34,7 @@ __all__ = [
     "SessionStep",
     "SessionWorkspace",
     "StepRow",
+    "StoreUnavailable",
     "StepStatus",
     "Store",
     "attempt_session_id",

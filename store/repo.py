@@ -225,6 +225,16 @@ def _log_checkpoint_failure(fut: Future[None]) -> None:
         log.warning("passive WAL checkpoint failed: %s: %s", type(e).__name__, e)
 
 
+class StoreUnavailable(RuntimeError):
+    """The database cannot be opened: a file that is not SQLite, a folder SQLite cannot write in,
+    a PostgreSQL server that refuses the connection or the credentials."""
+
+
+def _open_failure(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    return f"{type(orig or exc).__name__}: {orig or exc}".strip()
+
+
 class SchemaError(RuntimeError):
     """The database has a table of ours without a column this version needs, and the column
     cannot be added in place (NOT NULL without a server default)."""
@@ -470,12 +480,16 @@ class Store:
     async def init(self) -> None:
         """Create missing tables, and add the columns a database made by an older version lacks
         (:func:`add_missing_columns`). Idempotent; safe when two processes start at once.
-        Raises SchemaError when a missing column cannot be added automatically."""
-        async with self._write_lock, self.writer.begin() as conn:
-            if self.kind == "postgresql":  # DDL of two processes starting at once, one after the other
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
-            await conn.run_sync(SQLModel.metadata.create_all)
-            added = await conn.run_sync(add_missing_columns)
+        Raises SchemaError when a missing column cannot be added automatically, StoreUnavailable
+        when the database cannot be opened (the reason in its message)."""
+        try:
+            async with self._write_lock, self.writer.begin() as conn:
+                if self.kind == "postgresql":  # DDL of two processes starting at once, one after the other
+                    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+                await conn.run_sync(SQLModel.metadata.create_all)
+                added = await conn.run_sync(add_missing_columns)
+        except (sa_exc.DBAPIError, sqlite3.Error, OSError) as e:
+            raise StoreUnavailable(f"storage {self.identity()}: cannot open the database ({_open_failure(e)})") from e
         for name in added:
             log.warning("store %s: added column %s (the database was made by an older version)",
                         self.identity(), name)

@@ -455,6 +455,13 @@ async def test_a_plain_db_path_is_a_sqlite_file(tmp_path: Path) -> None:
         for bad in ("nowhere/t.db", str(tmp_path / "nowhere" / "t.db"), f"sqlite://{tmp_path}/nowhere/t.db"):
             code, _, err = await launch(*common, "--db-path", bad, "--job-id", "bad", cwd=tmp_path)
             assert code == 1 and f"the folder {tmp_path}/nowhere of the SQLite file does not exist" in err, err
+        (tmp_path / "runs" / "notes.db").write_text("these are notes, not a database\n")
+        code, _, err = await launch(*common, "--db-path", "runs/notes.db", "--job-id", "bad", cwd=tmp_path)
+        assert code == 1 and err.strip().splitlines()[-1] == (
+            f"error: storage sqlite://{tmp_path / 'runs' / 'notes.db'}: cannot open the database "
+            "(DatabaseError: file is not a database)"), err
+        assert "Traceback" not in err
+        assert (tmp_path / "runs" / "notes.db").read_text() == "these are notes, not a database\n"
         assert len(up.requests) == 2  # the refused runs called nothing
     assert not (tmp_path / "nowhere").exists()
 

@@ -19,7 +19,7 @@ from rollout.feed.export import ExportError, export_job
 from rollout.feed.groups import GroupOptions
 from rollout.local_server import listen, run_command, run_server, url_of
 from rollout.logs import setup_logging
-from store import JOB_ID_PATTERN, DbUrlError, Store
+from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
 from store.feed import FeedQueries
 
 DEFAULT_PORT = 8766
@@ -153,10 +153,10 @@ def main(argv: list[str]) -> int:
         return serve_main(args)
     if args.command == "feed":
         setup_logging(args.log_level)
-        return run_command(lambda: serve(args), args.host, args.port, (DbUrlError, FileNotFoundError))
+        return run_command(lambda: serve(args), args.host, args.port, (DbUrlError, FileNotFoundError, StoreUnavailable))
     try:
         return asyncio.run(export(args))
-    except (DbUrlError, FileNotFoundError, ExportError) as e:
+    except (DbUrlError, FileNotFoundError, StoreUnavailable, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:

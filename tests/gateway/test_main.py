@@ -1,6 +1,7 @@
 """``python -m gateway`` as a process: a gateway that cannot listen on its address exits before
 its app starts, leaving the store as it was (it must not mark the sessions of the gateway that
-holds the port as interrupted)."""
+holds the port as interrupted); a store that cannot be opened or a bad ``--db-url`` ends it with
+one line, not a traceback."""
 
 from __future__ import annotations
 
@@ -40,3 +41,31 @@ async def test_a_busy_port_exits_3_and_leaves_the_sessions_active(tmp_path: Path
     finally:
         await store.close()
     assert row is not None and row.status == "active"
+
+
+def test_a_store_that_cannot_be_opened_exits_4_and_a_bad_db_url_exits_2(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.db"
+    notes.write_text("not a database\n")
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(yaml.safe_dump({"listen_host": "127.0.0.1", "listen_port": 0, "storage_type": "sqlite",
+                                   "storage_config": {"db_url": f"sqlite://{tmp_path}/t.db"},
+                                   "llm_routes": {"m": {"base_url": "http://127.0.0.1:9/v1"}}}))
+    refused = socket.create_server(("127.0.0.1", 0))
+    port = refused.getsockname()[1]
+    refused.close()  # nothing listens there now
+
+    def run(db_url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", "--config", str(cfg), "--db-url", db_url],
+                              capture_output=True, text=True, timeout=120, env=os.environ.copy())
+
+    p = run(str(notes))
+    assert (p.returncode, p.stderr.strip()) == (4, f"error: storage sqlite://{notes}: cannot open the database "
+                                                   "(DatabaseError: file is not a database)")
+    assert notes.read_text() == "not a database\n"
+    p = run(f"postgresql://u:pw@127.0.0.1:{port}/db")  # the config's storage_type gives way to the URL
+    assert p.returncode == 4 and p.stderr.startswith(f"error: storage postgresql://127.0.0.1:{port}/db: cannot open "
+                                                     "the database (ConnectionRefusedError: "), p.stderr
+    assert "pw" not in p.stderr and "Traceback" not in p.stderr
+    p = run(str(tmp_path / "nowhere" / "t.db"))  # validated as the config's own value would be
+    assert p.returncode == 2 and f"the folder {tmp_path}/nowhere of the SQLite file does not exist" in p.stderr
+    assert not (tmp_path / "t.db").exists()
