@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import FastAPI, Header, Query
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.errors import error_body, install_error_handlers
@@ -64,6 +64,20 @@ def _error(status: int, code: str, message: str, param: str | None = None) -> JS
     return JSONResponse(error_body(status, message, code=code, param=param), status_code=status)
 
 
+def _unknown_param(request: Request, known: tuple[str, ...]) -> JSONResponse | None:
+    """A 400 naming the first query parameter not in ``known`` (a typo would otherwise fall back
+    to the default silently), or None."""
+    for name in request.query_params:
+        if name not in known:
+            return _error(400, "unknown_parameter", f"unknown query parameter {name!r} (known: {', '.join(known)})",
+                          param=name)
+    return None
+
+
+GROUPS_PARAMS = ("after", "limit", "wait", "min_valid", "normalize", "view")
+STREAM_PARAMS = ("after", "min_valid", "normalize", "view")
+
+
 def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
                     backfill: Callable[[str], Awaitable[int]] | None = None) -> FastAPI:
     """The feed's FastAPI app on ``queries`` (a reader of the store). ``backfill(job_id)``
@@ -99,11 +113,13 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
 
     @app.get("/v1/jobs/{job_id}/groups")
-    async def groups(job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+    async def groups(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                      limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
-                     min_valid: Annotated[int | None, Query(ge=0)] = None,
+                     min_valid: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
                      normalize: Normalize = "std", view: View = "full") -> Response:
+        if (bad := _unknown_param(request, GROUPS_PARAMS)) is not None:
+            return bad
         opts = options(min_valid, normalize, view)
         deadline = time.monotonic() + wait
         try:
@@ -121,10 +137,12 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
         return Response(page.model_dump_json(), media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}/groups/stream")
-    async def stream(job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
-                     min_valid: Annotated[int | None, Query(ge=0)] = None,
+    async def stream(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+                     min_valid: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
                      normalize: Normalize = "std", view: View = "full",
                      last_event_id: Annotated[str | None, Header()] = None) -> Response:
+        if (bad := _unknown_param(request, STREAM_PARAMS)) is not None:
+            return bad
         opts = options(min_valid, normalize, view)
         cursor = after
         if last_event_id:

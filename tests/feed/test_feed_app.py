@@ -132,6 +132,13 @@ async def test_unknown_job_and_bad_parameters_are_clear_errors(store: Store) -> 
         assert r.json()["error"]["message"] == (
             "invalid request to /v1/jobs/nope/groups: query parameter 'limit': Input should be greater than or "
             "equal to 1 (got '0'); also: 'normalize' (invalid)")
+        for path in ("/v1/jobs/nope/groups", "/v1/jobs/nope/groups/stream"):  # a typo is not the default
+            r = await c.get(path, params={"after": 0, "min_vaild": 5})
+            assert (r.status_code, r.json()["error"]["param"], r.json()["error"]["code"]) == (
+                400, "min_vaild", "unknown_parameter"), r.text
+            assert r.json()["error"]["message"].startswith("unknown query parameter 'min_vaild' (known: after, "), r.text
+            r = await c.get(path, params={"min_valid": 2**63})
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "min_valid"), r.text
         r = await c.get("/v1/nothing/here")
         assert r.status_code == 404 and r.json()["error"]["message"] == "Not Found"
 
