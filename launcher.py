@@ -316,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if args.report is not None:
+        from rollout.viewer.report import report_path_problem
+
+        if (problem := report_path_problem(args.report)) is not None:
+            print(f"error: --report: {problem}", file=sys.stderr)
+            return 1
     setup_logging(args.log_level)
     job: dict[str, str] = {}
     try:

@@ -462,6 +462,11 @@ async def test_a_plain_db_path_is_a_sqlite_file(tmp_path: Path) -> None:
             "(DatabaseError: file is not a database)"), err
         assert "Traceback" not in err
         assert (tmp_path / "runs" / "notes.db").read_text() == "these are notes, not a database\n"
+        code, _, err = await launch(*common, "--db-path", str(db), "--job-id", "rep", "--report", str(tmp_path),
+                                    cwd=tmp_path)  # a folder given as the report: refused before the job
+        assert (code, err.strip()) == (1, f"error: --report: {tmp_path} is a folder; give the HTML file's path "
+                                          f"(e.g. {tmp_path / 'report.html'})")
+        assert rows(db, "SELECT count(*) FROM job_environments WHERE job_id = 'rep'") == [(0,)]
         assert len(up.requests) == 2  # the refused runs called nothing
     assert not (tmp_path / "nowhere").exists()
 

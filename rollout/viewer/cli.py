@@ -74,5 +74,8 @@ def main(argv: list[str]) -> int:
     except ViewerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        print(f"error: cannot write the report to {out}: {e}", file=sys.stderr)
+        return 1
     print(f"report written to {path}")
     return 0

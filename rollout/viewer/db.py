@@ -9,7 +9,8 @@ from store.queries import ViewerQueries
 
 
 class ViewerError(RuntimeError):
-    """The store cannot be read (bad URL, no such file, not a trajectory store); the message says why."""
+    """The store cannot be read (bad URL, no such file, not a trajectory store), or the report
+    cannot be written where asked; the message says why."""
 
 
 async def open_queries(url: str) -> tuple[AsyncEngine, ViewerQueries]:
