@@ -180,6 +180,12 @@ def test_report_file_works_offline_and_its_plots_render(jobs: Jobs, page: Any, t
     links = page.locator("#worst a").evaluate_all("els => els.map(e => e.href)")
     ids = {str(r[0]) for r in sqlite3.connect(jobs.db).execute("select env_id from job_environments where job_id='jobA'")}
     assert links and all(h.startswith("http://127.0.0.1:8765/sessions/") and h.rsplit("/", 1)[1] in ids for h in links)
+    assert page.locator("#plotly-missing").is_hidden()
+    alone = tmp_path / "alone.html"  # the report moved without the plotly.js file beside it
+    alone.write_text(jobs.report.read_text())
+    page.goto(alone.as_uri())
+    assert page.locator("#plotly-missing").is_visible()
+    assert "could not be loaded, so the charts below are empty" in page.locator("#plotly-missing").inner_text()
 
 
 def test_report_command(jobs: Jobs, tmp_path: Path) -> None:
