@@ -211,7 +211,10 @@ class CircuitBreaker:
     def _emit(self, state: Literal["open", "closed", "stopped"], reason: str) -> None:
         ev = BreakerEvent(state=state, reason=reason)
         self.events.append(ev)
-        log.warning("circuit breaker %s: %s", state, reason)
+        s = self.settings
+        plan = (f"; new attempts wait while it probes every {s.probe_s:g} to {s.max_probe_s:g} s, and the job "
+                f"stops (resumable) after {s.max_wait_s:g} s without an answer") if state == "open" else ""
+        log.warning("circuit breaker %s: %s%s", state, reason, plan)
         if self._on_event:
             self._on_event(ev)
 

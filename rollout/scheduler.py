@@ -13,6 +13,7 @@ in flight: each runtime's process group is killed, its gateway session closed, i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -232,6 +233,16 @@ class RowSource:
         return cls(len(ids), pages)
 
 
+def readyz_error(body: str) -> str:
+    """The ``error`` of a gateway's ``/readyz`` answer (why it is not ready), else the body's
+    first 200 characters."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    return error if isinstance(error, str) and error else body[:200]
+
+
 class Scheduler:
     """Runs a job's session rows with ``pool_size`` workers. ``envs`` maps env name to config,
     ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record,
@@ -381,7 +392,7 @@ class Scheduler:
                 async with self._http.get(url, params={"route": model},
                                           timeout=aiohttp.ClientTimeout(total=10)) as r:
                     if r.status != 200:
-                        return f"{url}: HTTP {r.status}: {(await r.text())[:200]}"
+                        return f"{url}?route={model}: HTTP {r.status}: {readyz_error(await r.text())}"
             except (aiohttp.ClientError, TimeoutError) as e:
                 return f"{url}: {type(e).__name__}: {e}"
         return None

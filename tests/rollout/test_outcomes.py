@@ -166,7 +166,7 @@ async def test_breaker_suspect_probes_once_and_opens_on_failure() -> None:
     await b.aclose()
 
 
-async def test_breaker_gives_up_after_max_wait() -> None:
+async def test_breaker_gives_up_after_max_wait(caplog: pytest.LogCaptureFixture) -> None:
     async def down() -> str:
         return "connection refused"
 
@@ -174,9 +174,22 @@ async def test_breaker_gives_up_after_max_wait() -> None:
     b = CircuitBreaker(FAST.model_copy(update={"max_wait_s": 0.01}), down, events.append)
     b.suspect()
     assert await asyncio.wait_for(b.wait_ready(), 30) is False
+    opened = [r.getMessage() for r in caplog.records if "circuit breaker open" in r.getMessage()]
+    assert opened == ["circuit breaker open: the gateway probe failed: connection refused; new attempts wait while "
+                      "it probes every 0.001 to 0.002 s, and the job stops (resumable) after 0.01 s without an "
+                      "answer"]  # what happens next is said when it opens, not only when it gives up
     assert b.state == "stopped" and [e.state for e in events] == ["open", "stopped"]
     assert b.stop_reason is not None and "(last probe: connection refused)" in b.stop_reason
     await b.aclose()
+
+
+def test_readyz_error_names_why_not_ready() -> None:
+    from rollout.scheduler import readyz_error
+
+    body = '{"status": "unavailable", "storage_type": "sqlite", "routes": ["m"], "error": "route m: ConnectError"}'
+    assert readyz_error(body) == "route m: ConnectError"
+    assert readyz_error("<html>bad gateway</html>") == "<html>bad gateway</html>"
+    assert readyz_error('["no"]') == '["no"]' and readyz_error("x" * 500) == "x" * 200
 
 
 def test_rejected_summary_of_a_close_answer() -> None:
