@@ -269,6 +269,49 @@ async def gw(start_gateway: Callable[..., Awaitable[Gateway]]) -> Gateway:
     return await start_gateway()
 
 
+class StreamReader:
+    """A streamed call read piece by piece as the gateway sends it, for tests that hold the
+    gateway's commit: ``until(marker)``, ``assert_nothing_more()``, ``rest()``."""
+
+    def __init__(self, http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> None:
+        self.pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._task = asyncio.ensure_future(self._read(http, path, body))
+
+    async def _read(self, http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> None:
+        async with http.stream("POST", path, json=body) as r:
+            async for piece in r.aiter_raw():
+                await self.pieces.put(piece)
+        await self.pieces.put(None)
+
+    async def until(self, marker: bytes) -> bytes:
+        """What arrived up to the piece that completes ``marker``."""
+        got = b""
+        while marker not in got:
+            piece = await asyncio.wait_for(self.pieces.get(), 30)
+            assert piece is not None, f"the stream ended before {marker!r}: {got!r}"
+            got += piece
+        return got
+
+    async def assert_nothing_more(self, seconds: float = 0.4) -> None:
+        """No piece arrives within ``seconds`` (the rest waits for the held commit)."""
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(self.pieces.get(), seconds)
+
+    async def rest(self, on_piece: Callable[[bytes], None] | None = None) -> bytes:
+        """Every further piece until the stream ends; ``on_piece(received so far)`` after each."""
+        rest = b""
+        while (piece := await asyncio.wait_for(self.pieces.get(), 30)) is not None:
+            rest += piece
+            if on_piece is not None:
+                on_piece(rest)
+        await self._task
+        return rest
+
+    async def aclose(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
 def sse_payloads(raw: bytes) -> list[str]:
     """The ``data:`` payloads of a complete SSE body, in order (test-side reader, LF framing as
     the gateway relays what the fake upstream writes)."""

@@ -8,12 +8,10 @@ budget shared by the three protocols of a session."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 from anthropic.types import Message
 
@@ -33,6 +31,7 @@ from tests.gateway.conftest import (
     ROUTE_KEY,
     Gateway,
     StartGateway,
+    StreamReader,
     anthropic_routes,
     events_of,
     eventually,
@@ -424,27 +423,14 @@ async def test_passthrough_is_forwarded_but_not_recorded(agw: Gateway, upstream:
 
 async def test_strict_mode_commits_the_step_before_message_stop(agw: Gateway, upstream: FakeUpstream) -> None:
     lock = agw.hold_write_lock()  # the gateway's commit must wait for this lock
-    received: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    async def read() -> None:
-        async with httpx.AsyncClient(base_url=agw.url, timeout=10) as http, http.stream(
-                "POST", SESSION_PATH, json={"model": "a", "max_tokens": 10, "messages": MESSAGES, "stream": True}) as r:
-            async for piece in r.aiter_raw():
-                await received.put(piece)
-        await received.put(None)
-
-    reader = asyncio.ensure_future(read())
+    stream = StreamReader(agw.http(), SESSION_PATH, {"model": "a", "max_tokens": 10, "messages": MESSAGES,
+                                                     "stream": True})
     try:
-        got = b""
-        while b"message_delta" not in got:
-            got += await asyncio.wait_for(received.get(), 5) or b""
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(received.get(), 0.4)
+        await stream.until(b"message_delta")
+        await stream.assert_nothing_more()
         lock.rollback()
-        rest = b""
-        while (piece := await asyncio.wait_for(received.get(), 5)) is not None:
-            rest += piece
+        rest = await stream.rest()
         assert rest == default_messages_stream("a")[-1]
     finally:
         lock.close()
-        await reader
+        await stream.aclose()

@@ -22,7 +22,15 @@ from tests.faults import (
     REASONING_VARIANTS,
     SPLIT_EVENTS_AND_CRLF,
 )
-from tests.gateway.conftest import MESSAGES, NO_RETRY, Gateway, StartGateway, sse_json, sse_payloads
+from tests.gateway.conftest import (
+    MESSAGES,
+    NO_RETRY,
+    Gateway,
+    StartGateway,
+    StreamReader,
+    sse_json,
+    sse_payloads,
+)
 
 UP_PATH = "/v1/chat/completions"
 SESSION_PATH = "/v1/sessions/s1/chat/completions"
@@ -324,33 +332,20 @@ async def test_error_status_with_sse_content_type_is_not_a_stream(start_gateway:
 # ------------------------------------------------------------------------------ strict telemetry
 async def test_strict_mode_commits_the_step_before_done(gw: Gateway, upstream: FakeUpstream) -> None:
     lock = gw.hold_write_lock()  # the gateway's commit must wait for this lock
-    received: asyncio.Queue[bytes | None] = asyncio.Queue()
+    stream = StreamReader(gw.http(), SESSION_PATH, stream_body())
 
-    async def read() -> None:
-        async with gw.http().stream("POST", SESSION_PATH, json=stream_body()) as r:
-            async for piece in r.aiter_raw():
-                await received.put(piece)
-        await received.put(None)
+    def committed_by_done(rest: bytes) -> None:
+        if rest.endswith(b"data: [DONE]\n\n"):  # at the moment the client has [DONE], the row is committed
+            assert len(gw.sql("SELECT 1 FROM session_steps WHERE session_id='s1'")) == 1
 
-    reader = asyncio.ensure_future(read())
     try:
-        got = b""
-        while b'"finish_reason":"stop"' not in got:
-            got += await asyncio.wait_for(received.get(), 5) or b""
-        with pytest.raises(TimeoutError):  # the last content arrived; [DONE] must wait for the commit
-            await asyncio.wait_for(received.get(), 0.4)
+        await stream.until(b'"finish_reason":"stop"')
+        await stream.assert_nothing_more()  # the last content arrived; [DONE] must wait for the commit
         lock.rollback()
-        rest = b""
-        while (piece := await asyncio.wait_for(received.get(), 5)) is not None:
-            rest += piece
-            if rest.endswith(b"data: [DONE]\n\n"):
-                # at the moment the client has [DONE], the row is already committed
-                assert len(gw.sql("SELECT 1 FROM session_steps WHERE session_id='s1'")) == 1
-        assert rest.endswith(b"data: [DONE]\n\n")
-        await reader
+        assert (await stream.rest(committed_by_done)).endswith(b"data: [DONE]\n\n")
     finally:
         lock.close()
-        reader.cancel()
+        await stream.aclose()
 
 
 async def test_strict_mode_commits_before_a_non_stream_response(gw: Gateway, upstream: FakeUpstream) -> None:

@@ -6,7 +6,6 @@ at ``max_steps`` in the Responses shape, and errors in OpenAI's shape."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.gateway.conftest import (
     ROUTE_KEY,
     Gateway,
     StartGateway,
+    StreamReader,
     anthropic_routes,
     events_of,
 )
@@ -286,31 +286,18 @@ async def test_error_inside_a_200_stream_is_an_error_step(gw: Gateway, upstream:
 
 async def test_strict_mode_commits_the_step_before_response_completed(gw: Gateway, upstream: FakeUpstream) -> None:
     lock = gw.hold_write_lock()
-    received: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    async def read() -> None:
-        async with gw.http().stream("POST", SESSION_PATH, json={"model": "m", "input": "hi", "stream": True}) as r:
-            async for piece in r.aiter_raw():
-                await received.put(piece)
-        await received.put(None)
-
-    reader = asyncio.ensure_future(read())
+    stream = StreamReader(gw.http(), SESSION_PATH, {"model": "m", "input": "hi", "stream": True})
     try:
-        got = b""
-        while b"response.output_item.done" not in got:
-            got += await asyncio.wait_for(received.get(), 5) or b""
-        with pytest.raises(TimeoutError):  # response.completed must wait for the commit
-            await asyncio.wait_for(received.get(), 0.4)
+        got = await stream.until(b"response.output_item.done")
+        await stream.assert_nothing_more()  # response.completed must wait for the commit
         assert b"response.completed" not in got
         lock.rollback()
-        rest = b""
-        while (piece := await asyncio.wait_for(received.get(), 5)) is not None:
-            rest += piece
+        rest = await stream.rest()
         assert rest == default_responses_stream()[-1]
         assert len(gw.sql("SELECT * FROM session_steps")) == 1
     finally:
         lock.close()
-        await reader
+        await stream.aclose()
 
 
 # ------------------------------------------------------------------------------ budget
