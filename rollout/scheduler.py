@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -233,6 +234,13 @@ class RowSource:
         return cls(len(ids), pages)
 
 
+def workspace_prefix(env: str, case_id: str, sample_index: int) -> str:
+    """The name prefix of a session's workspace folder: env, case and sample, with every character
+    but letters, digits, ``.``, ``_`` and ``-`` as ``_`` (a case id such as ``django/django-11099``
+    is not a path), at most 60 characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{env}-{case_id}-{sample_index}-")[:60]
+
+
 def readyz_error(body: str) -> str:
     """The ``error`` of a gateway's ``/readyz`` answer (why it is not ready), else the body's
     first 200 characters."""
@@ -312,10 +320,10 @@ class Scheduler:
                 await asyncio.wait([*self._workers, feeder], return_when=asyncio.FIRST_EXCEPTION)
                 if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
                     raise feeder.exception()  # type: ignore[misc]  # the rows could not be read
-                await asyncio.wait(self._workers)
-                for t in self._workers:  # a worker that died of a bug fails the job loudly
-                    if not t.cancelled() and t.exception() is not None:
-                        raise t.exception()  # type: ignore[misc]
+                while pending := [t for t in self._workers if not t.done()]:
+                    self._raise_if_a_worker_died()  # at once: the others would wait for its session forever
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                self._raise_if_a_worker_died()
             finally:
                 for t in [feeder, *self._workers, *self._timers]:
                     t.cancel()
@@ -397,6 +405,12 @@ class Scheduler:
                 return f"{url}: {type(e).__name__}: {e}"
         return None
 
+    def _raise_if_a_worker_died(self) -> None:
+        """A worker that died of a bug fails the job loudly."""
+        for t in self._workers:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+
     async def _worker(self) -> None:
         while True:
             priority, _, work = await self._queue.get()
@@ -432,7 +446,7 @@ class Scheduler:
         t0 = time.monotonic()
         started = utcnow()
         await self.store.update_job_session(sid, status="running", attempts=n, started_at=started, finished=False)
-        workspace = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-{row.case_id}-{row.sample_index}-"[:60],
+        workspace = Path(tempfile.mkdtemp(prefix=workspace_prefix(cfg.name, row.case_id, row.sample_index),
                                           dir=self.s.workspace_root))
         try:
             try:

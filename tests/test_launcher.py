@@ -101,6 +101,26 @@ def rows(db: Path, sql: str) -> list[tuple]:  # type: ignore[type-arg]
         con.close()
 
 
+async def test_case_ids_that_look_like_paths(tmp_path: Path) -> None:
+    """Benchmark ids such as ``django/django-11099`` name a case, not a path: each session runs in
+    its own workspace and keeps its id."""
+    ids = ["django/django-11099", "org/repo#12", "../../up", "plain"]
+    env_root = tmp_path / "envs"
+    make_env(env_root, [{"id": i, "q": "say hello", "expected": DEFAULT_TEXT} for i in ids])
+    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        code, _, stderr = await launch(
+            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+            "--db-path", str(db), "--enable-evaluation", "--pool-size", "2", "--job-id", "paths",
+            "--out", str(out), cwd=tmp_path)
+    assert code == 0, stderr
+    records = {r["case_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(records) == sorted(ids)
+    assert {(r["status"], r["score"]) for r in records.values()} == {("succeeded", 10.0)}
+    assert not (tmp_path / "up").exists() and not (tmp_path.parent / "up").exists()
+
+
 async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
     env_root = tmp_path / "envs"
     make_env(env_root)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from rollout.job import JobOptions, JobResult, run_job
@@ -365,3 +366,46 @@ async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path
     assert record.error is not None and "the retry could not start (6 tries)" in record.error and "401" in record.error
     assert [a.outcome for a in record.attempts] == ["gateway_unreachable"]  # no second attempt ever ran
     assert q(db, "SELECT attempts, finished, reward FROM job_environments") == [(1, 1, None)]
+
+
+async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging(tmp_path: Path) -> None:
+    """A worker that dies of a bug (here: the store refuses the start of one session) ends the
+    job with that error while the other workers still wait for work, instead of leaving them
+    waiting for the dead worker's session for ever."""
+    from gateway.settings import GatewaySettings
+    from rollout.job import load_envs
+    from rollout.scheduler import RunSettings, Scheduler, session_rows
+    from store import Store
+    from tests.gateway.conftest import serve
+
+    make_env(tmp_path / "envs", [{"id": f"c{i}", "q": "hi"} for i in range(4)])
+    db = tmp_path / "t.db"
+    async with FakeUpstream() as up:
+        gw = await serve(GatewaySettings.model_validate({
+            "storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        store = Store(f"sqlite://{db}")
+        try:
+            await store.init()
+            opts = options(tmp_path, tmp_path / "unused.yaml", db)
+            envs = load_envs(opts)
+            rows = session_rows("jb", "fake", envs, 1, None)
+            await store.add_job_sessions(rows)
+            doomed = rows[1].session_id
+            update = store.update_job_session
+
+            async def refuse_one(sid: str, **values: Any) -> None:
+                if sid == doomed and values.get("status") == "running":
+                    raise RuntimeError("injected launcher bug")
+                await update(sid, **values)
+
+            store.update_job_session = refuse_one  # type: ignore[method-assign]
+            settings = RunSettings(job_id="jb", model="fake", gateway_url=f"{gw.url}/v1/sessions",
+                                   agent_root=tmp_path / "envs", pool_size=2, enable_evaluation=True)
+            sched = Scheduler(store, settings, {c.name: c for c, _ in envs},
+                              {(c.env_name, c.case_id): c for _, cs in envs for c in cs})
+            with pytest.raises(RuntimeError, match="injected launcher bug"):
+                await asyncio.wait_for(sched.run(rows), 120)
+        finally:
+            await store.close()
+            await gw.stop()
+    assert all(t.done() for t in sched._workers)  # none left behind
