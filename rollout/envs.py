@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 CONFIG_NAME = "env.yaml"
+MAX_GROUP_SIZE = 10_000
+"""Samples per case at most (an env's ``group_size``, ``--rl-group-size``, a batch's ``samples``)."""
 
 
 class EnvConfigError(ValueError):
@@ -116,7 +118,7 @@ class EnvConfig(_Strict):
     runtime: RuntimeConfig
     params: dict[str, Any] = Field(default_factory=dict)
     max_steps: int = -1
-    group_size: int = Field(default=1, ge=1)
+    group_size: int = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
     limit: int | None = Field(default=None, ge=1)
     workspace_archive: WorkspaceArchiveConfig = Field(default_factory=WorkspaceArchiveConfig)
     # resolved at load time

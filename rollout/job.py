@@ -23,7 +23,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.settings import ConfigError, GatewaySettings, load_settings
-from rollout.envs import Case, EnvConfig, EnvConfigError, discover_envs, load_cases, load_env_config
+from rollout.envs import (
+    MAX_GROUP_SIZE,
+    Case,
+    EnvConfig,
+    EnvConfigError,
+    discover_envs,
+    load_cases,
+    load_env_config,
+)
 from rollout.evaluator_loader import discover_evaluator
 from rollout.harness import (
     HarnessUnavailable,
@@ -86,7 +94,7 @@ class JobOptions(BaseModel):
     eval_timeout: float = Field(default=60.0, gt=0)
     db_path: str = "sqlite://env_trajs.db"
     pool_size: int = Field(default=4, ge=1)
-    rl_group_size: int | None = Field(default=None, ge=1)  # None: each env's group_size
+    rl_group_size: int | None = Field(default=None, ge=1, le=MAX_GROUP_SIZE)  # None: each env's group_size
     max_steps: int | None = Field(default=None, ge=-1, le=MAX_INT)
     limit: int | None = Field(default=None, ge=1)
     job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)  # it names folders and files

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import error_body, validation_message
 from gateway.settings import GatewaySettings
-from rollout.envs import Case, EnvConfig
+from rollout.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.feed.app import FeedSettings, create_feed_app
 from rollout.job import (
     JobOptions,
@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 BatchState = Literal["queued", "running", "done", "failed", "stopped"]
 
 
+MAX_BATCH_SESSIONS = 100_000
+"""Sessions one batch may plan (its rows are held in memory while it runs); a larger one is a 400."""
+
+
 class BatchRequest(BaseModel):
     """A batch to run: ``envs`` (names under the service's agent root), optionally ``cases`` (env
     name -> case ids; default every case, or the first ``limit``), ``samples`` per case (the
@@ -70,7 +74,7 @@ class BatchRequest(BaseModel):
     envs: list[str] = Field(min_length=1)
     cases: dict[str, list[str]] | None = None
     limit: int | None = Field(default=None, ge=1)
-    samples: int = Field(default=1, ge=1)
+    samples: int = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
     model: str | None = None
     policy_version: int | None = Field(default=None, ge=0, le=MAX_INT)
     temperature: float | None = Field(default=None, ge=0)
@@ -165,6 +169,10 @@ class BatchService:
                 raise BatchError(f"job {job_id!r} already exists: choose another job_id", 409)
             try:
                 envs = _select_cases(load_envs(opts), req.cases)
+                planned = sum(len(cases) * req.samples for _, cases in envs)
+                if planned > MAX_BATCH_SESSIONS:
+                    raise BatchError(f"the batch would plan {planned} sessions; at most {MAX_BATCH_SESSIONS} per "
+                                     "batch (submit several batches)")
                 rows = await plan_sessions(self.store, opts, job_id, [model], envs)
             except SetupError as e:
                 raise BatchError(str(e), 409 if "already exists" in str(e) else 400) from e

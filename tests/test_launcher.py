@@ -527,6 +527,8 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     opts, _ = parse_args([])
     assert (opts.max_retries, opts.retry_backoff_s) == (2, 1.0)
     assert opts.retry_policy().retries("gateway_unreachable") and not opts.retry_policy().retries("launcher_error")
+    with pytest.raises(SetupError, match="--rl-group-size: Input should be less than or equal to 10000"):
+        parse_args(["--rl-group-size", str(10**11)])  # refused before planning, not planned for ever
     start = tmp_path / "start.yaml"
     start.write_text(yaml.safe_dump({"max_retries": 5, "no_retry_on": ["setup_failed"],
                                      "retry_on": ["setup_failed", "runtime_crashed", "launcher_error"],

@@ -68,6 +68,8 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
                                                               "(known: "),
                         ({"envs": ["toy"], "samples": 0}, 400, "invalid /v1/batches body: field 'samples': Input "
                                                                "should be greater than or equal to 1 (got 0)"),
+                        ({"envs": ["toy"], "samples": 10**11}, 400, "field 'samples': Input should be less than or "
+                                                                    "equal to 10000 (got 100000000000)"),
                         ({"envs": ["toy"], "model": "nope"}, 400, "no route 'nope'")):
                     r = await http.post("/v1/batches", json=body)
                     assert r.status_code == status and text in r.json()["error"]["message"], (body, r.text)
