@@ -38,7 +38,7 @@ from rollout.regrade import (
     regrade_job,
     render_regrade_summary,
 )
-from rollout.report import SessionRecord, render_table, summarize
+from rollout.report import SessionRecord, output_path_problem, render_table, summarize
 from rollout.scheduler import HARNESS_FAILURES
 
 HERE = Path(__file__).resolve().parent
@@ -316,11 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.report is not None:
-        from rollout.viewer.report import report_path_problem
-
-        if (problem := report_path_problem(args.report)) is not None:
-            print(f"error: --report: {problem}", file=sys.stderr)
+    for flag, path, example in (("--out", opts.out, "out.jsonl"), ("--report", args.report, "report.html")):
+        if path is not None and (problem := output_path_problem(path, example)) is not None:
+            print(f"error: {flag}: {problem}", file=sys.stderr)  # before the job, not after it
             return 1
     setup_logging(args.log_level)
     job: dict[str, str] = {}

@@ -503,6 +503,17 @@ def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:
     return out.count
 
 
+def output_path_problem(out: Path, example: str) -> str | None:
+    """Why no file can be written at ``out`` (a folder: the message suggests ``out/<example>``;
+    or under a path that is a file), or None; for checks before any work."""
+    if out.is_dir():
+        return f"{out} is a folder; give the file's path (e.g. {out / example})"
+    for parent in out.parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, not a folder"
+    return None
+
+
 class JsonlWriter:
     """``write_jsonl`` one record at a time: ``with JsonlWriter(path) as out: out.write(r)``. The
     lines go to a temporary file beside ``path``, moved over it (fsynced) when the block ends

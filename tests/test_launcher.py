@@ -484,8 +484,14 @@ async def test_a_plain_db_path_is_a_sqlite_file(tmp_path: Path) -> None:
         assert (tmp_path / "runs" / "notes.db").read_text() == "these are notes, not a database\n"
         code, _, err = await launch(*common, "--db-path", str(db), "--job-id", "rep", "--report", str(tmp_path),
                                     cwd=tmp_path)  # a folder given as the report: refused before the job
-        assert (code, err.strip()) == (1, f"error: --report: {tmp_path} is a folder; give the HTML file's path "
+        assert (code, err.strip()) == (1, f"error: --report: {tmp_path} is a folder; give the file's path "
                                           f"(e.g. {tmp_path / 'report.html'})")
+        code, _, err = await launch(*common, "--db-path", str(db), "--job-id", "rep", "--out", str(tmp_path), cwd=tmp_path)
+        assert (code, err.strip()) == (1, f"error: --out: {tmp_path} is a folder; give the file's path "
+                                          f"(e.g. {tmp_path / 'out.jsonl'})")
+        code, _, err = await launch(*common, "--db-path", str(db), "--job-id", "rep", "--out",
+                                    str(tmp_path / "runs" / "notes.db" / "o.jsonl"), cwd=tmp_path)
+        assert (code, err.strip()) == (1, f"error: --out: {tmp_path / 'runs' / 'notes.db'} is a file, not a folder")
         assert rows(db, "SELECT count(*) FROM job_environments WHERE job_id = 'rep'") == [(0,)]
         assert len(up.requests) == 2  # the refused runs called nothing
     assert not (tmp_path / "nowhere").exists()

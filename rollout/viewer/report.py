@@ -18,6 +18,7 @@ import plotly
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from rollout.report import output_path_problem
 from rollout.viewer.db import ViewerError, open_queries
 from rollout.viewer.render import templates
 from rollout.viewer.stats import pass_curves, records_of, summary
@@ -165,25 +166,14 @@ async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str =
         generated=datetime.now(UTC))
 
 
-def report_path_problem(out: Path) -> str | None:
-    """Why the report cannot be written at ``out`` (a folder, or under a path that is a file),
-    or None; checked before any work."""
-    if out.is_dir():
-        return f"{out} is a folder; give the HTML file's path (e.g. {out / 'report.html'})"
-    for parent in out.parents:
-        if parent.exists():
-            return None if parent.is_dir() else f"{parent} is a file, not a folder"
-    return None
-
-
 async def write_report(db_url: str, job_id: str, out: Path, *, viewer_url: str = DEFAULT_VIEWER_URL,
                        self_contained: bool = False) -> Path:
     """Write the report of ``job_id`` in the store at ``db_url`` to ``out`` (atomically: a reader
     sees the old file or the whole new one), and plotly.js beside it once (``write_plotly_beside``:
     the report loads it by a relative path, so the folder works offline and can be moved whole);
     ``self_contained``: plotly.js inlined instead, nothing beside. Raises ViewerError (the store
-    cannot be read, or has no such job; or ``out`` cannot be a file: ``report_path_problem``)."""
-    if (problem := report_path_problem(Path(out))) is not None:
+    cannot be read, or has no such job; or ``out`` cannot be a file: ``output_path_problem``)."""
+    if (problem := output_path_problem(Path(out), "report.html")) is not None:
         raise ViewerError(f"cannot write the report: {problem}")
     engine, queries = await open_queries(db_url)
     try:

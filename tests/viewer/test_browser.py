@@ -211,7 +211,7 @@ def test_report_command(jobs: Jobs, tmp_path: Path) -> None:
                          capture_output=True, text=True, env=launcher_env(), timeout=120)
     assert bad.returncode == 1 and "no job 'nope'" in bad.stderr and not (tmp_path / "x.html").exists()
     (tmp_path / "afile").write_text("x")
-    for out, problem in ((tmp_path / "one", f"{tmp_path / 'one'} is a folder; give the HTML file's path (e.g. "
+    for out, problem in ((tmp_path / "one", f"{tmp_path / 'one'} is a folder; give the file's path (e.g. "
                                             f"{tmp_path / 'one' / 'report.html'})"),
                          (tmp_path / "afile" / "r.html", f"{tmp_path / 'afile'} is a file, not a folder")):
         bad = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobB",
