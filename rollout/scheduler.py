@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -234,6 +235,10 @@ class RowSource:
         return cls(len(ids), pages)
 
 
+FAILURES_TOLD = 3
+"""Infrastructure failures of each class logged as warnings (later ones at INFO)."""
+
+
 def workspace_prefix(env: str, case_id: str, sample_index: int) -> str:
     """The name prefix of a session's workspace folder: env, case and sample, with every character
     but letters, digits, ``.``, ``_`` and ``-`` as ``_`` (a case id such as ``django/django-11099``
@@ -273,6 +278,7 @@ class Scheduler:
         self.on_breaker = on_breaker
         self.records: list[SessionRecord] = []
         self.breaker_events: list[BreakerEvent] = []
+        self._failures_told: Counter[str] = Counter()
         self._rng = rng or random.Random()
         self._http: aiohttp.ClientSession | None = None
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
@@ -484,6 +490,17 @@ class Scheduler:
             if not self.s.keep_workspaces:
                 self._remove_later(workspace)
 
+    def _tell_failure(self, sid: str, n: int, end: AttemptEnd, then: str) -> None:
+        """Log an attempt's infrastructure failure: the first ``FAILURES_TOLD`` of each class as a
+        warning (the reason's last line), later ones at INFO (every reason is in the store)."""
+        told = self._failures_told[end.outcome] = self._failures_told[end.outcome] + 1
+        reason = (end.reason or "").strip().splitlines()[-1:] or ["no reason given"]
+        if told > FAILURES_TOLD:
+            log.info("session %s attempt %d: %s: %s; %s", sid, n, end.outcome, reason[0][:300], then)
+            return
+        more = f" (further {end.outcome} failures are logged at INFO)" if told == FAILURES_TOLD else ""
+        log.warning("session %s attempt %d: %s: %s; %s%s", sid, n, end.outcome, reason[0][:300], then, more)
+
     async def _prepare_retry(self, work: _Work) -> str | None:
         """Before attempt ``n`` > 1: close the gateway session (again: idempotent, and the close
         of a failed attempt may not have reached the gateway), then archive the previous attempt's
@@ -565,8 +582,7 @@ class Scheduler:
             await self.store.record_attempt(att)
             await self.store.update_job_session(sid, status="retrying", outcome=end.outcome, error_text=end.reason,
                                                 duration_s=duration)
-            log.info("session %s attempt %d: %s (%s); retry in %.1f s", sid, n, end.outcome, end.reason,
-                     att.retry_in_s)
+            self._tell_failure(sid, n, end, f"retry in {att.retry_in_s:.1f} s")
             work.attempts.append(att)
             work.attempt = n + 1
             self._schedule(work, att.retry_in_s)
@@ -576,6 +592,7 @@ class Scheduler:
         trajectory = to_trajectory(sid, run.steps)
         evaluation: EvalOutcome | None = None
         if end.infra:
+            self._tell_failure(sid, n, end, "not retried: the session ends not graded")
             status, error_text = "error", end.reason
             eval_status = INFRA_EVAL_STATUS if self.s.enable_evaluation else None
             eval_reason = (f"not graded: infrastructure failure ({end.outcome}) in attempt {n}"

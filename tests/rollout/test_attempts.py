@@ -111,7 +111,8 @@ def fail_503(req: FakeRequest) -> Reply | None:
     return None
 
 
-async def test_infra_faults_on_30_percent_of_first_attempts_are_retried_and_kept(tmp_path: Path) -> None:
+async def test_infra_faults_on_30_percent_of_first_attempts_are_retried_and_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cases = [{"id": f"ok{i}", "q": "hi"} for i in range(5)]
     cases += [{"id": "crash", "q": "hi", "fault": "crash"},          # runtime dies before any call
               {"id": "gateway", "q": "hi", "fault": "gateway"},      # cannot reach the gateway
@@ -166,6 +167,15 @@ async def test_infra_faults_on_30_percent_of_first_attempts_are_retried_and_kept
     lines = [json.loads(x) for x in result.out.read_text().splitlines()]
     gw = next(x for x in lines if x["case_id"] == "gateway")
     assert gw["retried"] is True and [a["outcome"] for a in gw["attempts"]] == ["gateway_unreachable", "succeeded"]
+    # each infrastructure failure is on the terminal with its reason, not only in the JSONL
+    told = {r.getMessage().split(": ")[1]: r.getMessage() for r in caplog.records
+            if r.name == "rollout.scheduler" and r.levelname == "WARNING" and " attempt 1: " in r.getMessage()}
+    assert sorted(told) == ["gateway_unreachable", "runtime_crashed", "upstream_unavailable"], told
+    for cid in ("crash", "gateway", "upstream"):
+        r = by_case[cid]
+        outcome, reason = r.attempts[0].outcome, (r.attempts[0].reason or "").strip().splitlines()[-1][:300]
+        assert told[outcome].startswith(f"session {r.session_id} attempt 1: {outcome}: {reason}; retry in 0.0"), \
+            told[outcome]
 
 
 async def test_exhausted_retries_are_not_graded_and_resume_redoes_them(tmp_path: Path) -> None:
