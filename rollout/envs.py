@@ -182,14 +182,30 @@ def load_env_config(path: Path) -> EnvConfig:
     return cfg
 
 
-def discover_envs(agent_root: Path) -> list[EnvConfig]:
-    """Every ``<agent_root>/<name>/env.yaml``, sorted by name. Raises EnvConfigError when the
-    folder does not exist or holds no env."""
+def scan_envs(agent_root: Path) -> tuple[list[EnvConfig], list[EnvConfigError]]:
+    """Every ``<agent_root>/<name>/env.yaml`` that loads, sorted by folder name, and the error of
+    each that does not. Raises EnvConfigError when the folder does not exist or holds no env."""
     if not agent_root.is_dir():
         raise EnvConfigError(f"agent root {agent_root} is not a directory")
-    found = [load_env_config(p) for p in sorted(agent_root.glob(f"*/{CONFIG_NAME}"))]
-    if not found:
+    paths = sorted(agent_root.glob(f"*/{CONFIG_NAME}"))
+    if not paths:
         raise EnvConfigError(f"no env found: no {agent_root}/<name>/{CONFIG_NAME}")
+    found: list[EnvConfig] = []
+    broken: list[EnvConfigError] = []
+    for p in paths:
+        try:
+            found.append(load_env_config(p))
+        except EnvConfigError as e:
+            broken.append(e)
+    return found, broken
+
+
+def discover_envs(agent_root: Path) -> list[EnvConfig]:
+    """Every ``<agent_root>/<name>/env.yaml``, sorted by name. Raises EnvConfigError when the
+    folder does not exist, holds no env, or one of them does not load."""
+    found, broken = scan_envs(agent_root)
+    if broken:
+        raise broken[0]
     return found
 
 

@@ -31,6 +31,7 @@ from rollout.envs import (
     discover_envs,
     load_cases,
     load_env_config,
+    scan_envs,
 )
 from rollout.evaluator_loader import discover_evaluator
 from rollout.harness import (
@@ -162,10 +163,19 @@ class JobResult(BaseModel):
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     """The env configs and their cases, filtered by ``env_names`` and ``limit``. Raises SetupError
     for bad configs, unknown env names, two envs with the same name and a runtime command naming
-    a file of the env folder that does not exist."""
+    a file of the env folder that does not exist. With ``env_names``, an env folder of the agent
+    root that does not load is skipped with a warning when the envs asked for are all found."""
     try:
-        configs = ([load_env_config(p) for p in opts.agent_configs] if opts.agent_configs
-                   else discover_envs(opts.agent_root))
+        if opts.agent_configs:
+            configs = [load_env_config(p) for p in opts.agent_configs]
+        elif opts.env_names:
+            configs, broken = scan_envs(opts.agent_root)
+            if broken and set(opts.env_names) - {c.name for c in configs}:
+                raise broken[0]  # perhaps the env asked for
+            for e in broken:
+                print(f"warning: skipped an env that does not load (not asked for by --env): {e}", file=sys.stderr)
+        else:
+            configs = discover_envs(opts.agent_root)
         seen: dict[str, Path] = {}
         for c in configs:
             if c.name in seen:

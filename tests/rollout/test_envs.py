@@ -99,3 +99,26 @@ def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
     with pytest.raises(EnvConfigError, match="group_size"):
         (four / "env.yaml").write_text("dataset: {path: data/cases.jsonl}\nruntime: {command: [x]}\ngroup_size: 0\n")
         load_env_config(four / "env.yaml")
+
+
+def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout.job import JobOptions, SetupError, load_envs
+
+    for name in ("a", "b"):
+        (_write_env(tmp_path, name, BASE, [{"id": "1"}]) / "rt.py").write_text("print()\n")
+    _write_env(tmp_path, "c", "name: c\ndataset: [unclosed\n", [])  # not valid YAML
+
+    def envs(*names: str) -> list[str]:
+        opts = JobOptions.model_validate({"agent_root": tmp_path, "gateway_config": tmp_path / "gw.yaml",
+                                          "env_names": list(names)})
+        return [cfg.name for cfg, _ in load_envs(opts)]
+
+    assert envs("b") == ["b"]
+    err = capsys.readouterr().err
+    assert err.startswith("warning: skipped an env that does not load (not asked for by --env): ") and \
+        f"{tmp_path / 'c' / 'env.yaml'}" in err, err
+    with pytest.raises(SetupError, match=f"{tmp_path / 'c' / 'env.yaml'}"):
+        envs("b", "zz")  # perhaps the broken one is the env asked for: its error, not a silent skip
+    with pytest.raises(SetupError, match=f"{tmp_path / 'c' / 'env.yaml'}"):
+        envs()  # every env asked for
