@@ -211,10 +211,13 @@ def discover_envs(agent_root: Path) -> list[EnvConfig]:
 
 def load_cases(cfg: EnvConfig, limit: int | None = None) -> list[Case]:
     """Expand an env's dataset into cases (at most ``limit`` or ``cfg.limit``). Raises
-    EnvConfigError for a missing file, a line that is not a JSON object, or duplicate case ids."""
+    EnvConfigError for a missing file, a line that is not a JSON object, an id that is not a
+    non-empty string or an integer, duplicate case ids, or no case at all."""
     path = cfg.dataset_path()
     n = limit or cfg.limit
     cases = _task_dirs(cfg, path) if cfg.dataset.format == "task_dirs" else _jsonl(cfg, path, n)
+    if not cases:
+        raise EnvConfigError(f"env {cfg.name}: its dataset {path} has no case")
     if n is not None:
         cases = cases[:n]
     seen: set[str] = set()
@@ -243,6 +246,10 @@ def _jsonl(cfg: EnvConfig, path: Path, limit: int | None) -> list[Case]:
             fid = cfg.dataset.id_field
             if fid is not None and fid not in row:
                 raise EnvConfigError(f"{path}:{lineno}: row has no id field {fid!r}")
+            if fid is not None and (isinstance(row[fid], bool) or not isinstance(row[fid], str | int)
+                                    or row[fid] == ""):
+                raise EnvConfigError(f"{path}:{lineno}: the id field {fid!r} must be a non-empty string or an "
+                                     f"integer, not {json.dumps(row[fid])}")
             case_id = str(row[fid]) if fid is not None else str(index)
             cases.append(Case(env_name=cfg.name, case_id=case_id, row=row,
                               hidden_fields=cfg.dataset.hidden_fields))

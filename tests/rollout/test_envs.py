@@ -43,6 +43,17 @@ def test_id_field_and_duplicates(tmp_path: Path) -> None:
     (d / "data" / "cases.jsonl").write_text('{"id": "x"}\n{"nope": 1}\n')
     with pytest.raises(EnvConfigError, match=r"cases.jsonl:2: row has no id field 'id'"):
         load_cases(load_env_config(d / "env.yaml"))
+    for bad in ("null", '{"x": 1}', "true", '""', "[1]", "1.5"):  # not made into 'None', "{'x': 1}", 'True'
+        (d / "data" / "cases.jsonl").write_text(f'{{"id": 7}}\n{{"id": {bad}}}\n')
+        with pytest.raises(EnvConfigError) as e:
+            load_cases(load_env_config(d / "env.yaml"))
+        assert str(e.value) == (f"{d / 'data' / 'cases.jsonl'}:2: the id field 'id' must be a non-empty string or "
+                                f"an integer, not {bad}")
+    (d / "data" / "cases.jsonl").write_text('{"id": 7}\n{"id": "django/django-1"}\n')
+    assert [c.case_id for c in load_cases(load_env_config(d / "env.yaml"))] == ["7", "django/django-1"]
+    (d / "data" / "cases.jsonl").write_text("\n")
+    with pytest.raises(EnvConfigError, match=f"^env e: its dataset {d / 'data' / 'cases.jsonl'} has no case$"):
+        load_cases(load_env_config(d / "env.yaml"))
 
 
 def test_bad_lines_and_typos_name_the_file(tmp_path: Path) -> None:
