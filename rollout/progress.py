@@ -10,23 +10,32 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rollout.report import EVAL_ERROR_STATUS, EVAL_TIMEOUT_STATUS, SessionRecord, is_infra
+from rollout.report import (
+    EVAL_ERROR_STATUS,
+    EVAL_INVALID_STATUS,
+    EVAL_TIMEOUT_STATUS,
+    PROBLEM_LEGEND,
+    SessionRecord,
+    is_infra,
+)
 
-PROBLEM_KEYS = ("rt_err", "rt_t/o", "ev_err", "ev_t/o", "infra", "retried")
-"""Problem counters, in display order: runtime error / timeout (session status), evaluator error /
-timeout (eval_status), infrastructure failure never recovered (last attempt), retried (more than
-one attempt). The same abbreviations as the summary table's ``problems`` column."""
+PROBLEM_KEYS = tuple(PROBLEM_LEGEND)
+"""Problem counters, in display order: the summary table's ``problems`` abbreviations (truncated,
+invalid reward, evaluator error / timeout, runtime error / timeout, retried, infrastructure
+failure never recovered)."""
 
 
 def record_problems(record: SessionRecord) -> list[str]:
     """The ``PROBLEM_KEYS`` that apply to one finished session."""
     hits = {
-        "rt_err": record.status == "error",
-        "rt_t/o": record.status == "timeout",
+        "trunc": record.status == "truncated",
+        "inval": record.eval_status == EVAL_INVALID_STATUS,
         "ev_err": record.eval_status == EVAL_ERROR_STATUS,
         "ev_t/o": record.eval_status == EVAL_TIMEOUT_STATUS,
-        "infra": is_infra(record),
+        "rt_err": record.status == "error",
+        "rt_t/o": record.status == "timeout",
         "retried": record.retried,
+        "infra": is_infra(record),
     }
     return [k for k in PROBLEM_KEYS if hits[k]]
 

@@ -37,12 +37,15 @@ def test_counts_per_env_running_mean_and_problems() -> None:
     assert state.mean_score() == pytest.approx((10 + 5 + 4) / 3)
     assert state.describe(120.0) == (
         "gsm8k 3/6 mean 7.50 | workspace 3/5 mean 4.00 | mean 6.33 | "
-        "problems rt_err 1, rt_t/o 1, ev_err 1, infra 1, retried 1 | 3.0 sessions/min")
+        "problems ev_err 1, rt_err 1, rt_t/o 1, retried 1, infra 1 | 3.0 sessions/min")
 
 
 def test_record_problems_and_an_env_that_was_not_planned() -> None:
     assert record_problems(rec("a", 0, 3.0)) == []
     assert record_problems(rec("a", 0, None, eval_status="timeout", retried=True)) == ["ev_t/o", "retried"]
+    # the same problems as the summary table's: a truncated session, an invalid reward
+    assert record_problems(rec("a", 0, 0.0, status="truncated")) == ["trunc"]
+    assert record_problems(rec("a", 0, None, eval_status="invalid_reward")) == ["inval"]
     state = ProgressState(totals={"a": 1})
     state.update(rec("b", 0, 2.0))
     assert state.describe(30.0) == "a 0/1 mean - | b 1/1 mean 2.00 | mean 2.00 | problems none | 2.0 sessions/min"
