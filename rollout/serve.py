@@ -85,7 +85,9 @@ class BatchRequest(BaseModel):
 class BatchInfo(BaseModel):
     """Where a batch is: ``state`` (queued | running | done | failed | stopped: the circuit
     breaker gave up, finish it with ``launcher.py --resume``), its sessions and groups, and
-    ``error`` when it failed or stopped. ``feed``: the path of its groups."""
+    ``error`` when it failed or stopped. ``feed``: the path of its groups. ``policy_version``: the
+    one asked for; without one, once the batch runs, the gateway's version it was left at (None:
+    none set, or a gateway without versions)."""
 
     job_id: str
     state: BatchState
@@ -195,7 +197,8 @@ class BatchService:
                 batch.info.finished_at = _now()
                 batch.done.set()
 
-    async def _policy_version(self, method: str, version: int | None = None) -> None:
+    async def _policy_version(self, method: str, version: int | None = None) -> int | None:
+        """GET (or POST ``version``) the gateway's policy version; returns the version it answers."""
         url = gateway_root(self.gateway_url) + "/admin/policy_version"
         try:
             async with httpx.AsyncClient(timeout=30, headers=auth_headers(self.api_key)) as http:
@@ -207,6 +210,8 @@ class BatchService:
                              "(no /admin/policy_version): submit the batch without policy_version")
         if r.status_code != 200:
             raise BatchError(f"{method} {url}: HTTP {r.status_code}: {r.text[:300]}", 502)
+        answered = r.json().get("policy_version")
+        return answered if isinstance(answered, int) else None
 
     async def _run(self, batch: _Batch) -> None:
         info, req = batch.info, batch.request
@@ -217,6 +222,11 @@ class BatchService:
             except BatchError as e:
                 info.state, info.error = "failed", f"the policy version could not be set: {e}"
                 return
+        else:  # left as it is: say which version that is (the one its steps are stamped with)
+            try:
+                info.policy_version = await self._policy_version("GET")
+            except BatchError as e:
+                log.info("batch %s: the gateway's policy version is unknown: %s", info.job_id, e)
         workspaces = tempfile.mkdtemp(prefix=f"rollout-{info.job_id}-")
         b = self.base
         settings = RunSettings(

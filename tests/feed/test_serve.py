@@ -81,6 +81,12 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
                     assert r.status_code == 202, r.text
                     (g3,) = await asyncio.to_thread(read_groups, url, "pv")
                     assert [s["policy_versions"] for s in g3["samples"]] == [[5], [5]]
+                    # a later batch without one runs at the version the gateway was left at, and says so
+                    r = await http.post("/v1/batches", json={"envs": ["toy"], "limit": 1, "job_id": "pv-kept"})
+                    assert r.status_code == 202 and r.json()["policy_version"] is None, r.text
+                    (g4,) = await asyncio.to_thread(read_groups, url, "pv-kept")
+                    assert [s["policy_versions"] for s in g4["samples"]] == [[5]]
+                    assert (await http.get("/v1/batches/pv-kept")).json()["policy_version"] == 5
                 else:  # a gateway without policy versions: refused, never run unversioned
                     assert r.status_code == 400 and "has no policy versions" in r.json()["error"]["message"]
 
