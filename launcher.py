@@ -168,12 +168,16 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
     return _validate(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields})  # type: ignore[no-any-return]
 
 
-def report(result: JobResult, count_unscored_as_zero: bool) -> int:
-    """Print the summary table and where things are; returns the exit code (0, 2 or 3)."""
+def report(result: JobResult, count_unscored_as_zero: bool, evaluated: bool = True) -> int:
+    """Print the summary table and where things are; returns the exit code (0, 2 or 3).
+    ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so)."""
     totals = result.totals
     print(render_table(totals.summary(count_unscored_as_zero=count_unscored_as_zero)))
     if footer := totals.footer():
         print(footer)
+    if not evaluated:
+        print("not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id "
+              f"{result.job_id})")
     print(f"{totals.sessions} sessions written to {result.out}; steps and rewards in {result.store}")
     infra_attempts = totals.infra_attempts
     if infra_attempts:
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    code = report(result, args.count_unscored_as_zero)
+    code = report(result, args.count_unscored_as_zero, opts.enable_evaluation)
     if args.report is not None:
         from rollout.viewer.db import ViewerError
         from rollout.viewer.report import write_report

@@ -461,8 +461,10 @@ async def test_setup_mistakes_stop_before_running(tmp_path: Path) -> None:
                   "--db-path", f"sqlite://{db}"]
         code, _, err = await launch(*common, "--resume", "--job-id", "nosuch", cwd=tmp_path)
         assert code == 1 and "no job 'nosuch'" in err
-        code, _, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)
+        code, out, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)
         assert code == 0, err
+        assert ("not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id j1)"
+                in out.splitlines()), out
         code, _, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)  # reused id, no --resume
         assert code == 1 and "already exists" in err and "--resume" in err
         code, _, err = await launch(*common, "--pool-size", "0", cwd=tmp_path)
