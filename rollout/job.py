@@ -66,7 +66,6 @@ from rollout.services import (
     gateway_root,
     start_gateway,
     start_llama_server,
-    upstream_problem,
 )
 from rollout.session_ids import SessionIds
 from store import JOB_ID_PATTERN, MAX_INT, DbUrlError, JobEnvironment, Store, StoreUnavailable
@@ -496,11 +495,6 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
             api_key = gateway_api_key(gw_settings)  # the started gateway's own first key, if any
             gateway_url = await start_services(gw_settings, models, store, log_dir, children,
                                                 listen=opts.gateway_advertise_url)
-        for model in models:
-            if (why := await upstream_problem(gateway_url, model)) is not None:
-                print(f"warning: route {model!r} cannot be reached now ({why}): sessions that call it fail as "
-                      "infrastructure failures and the circuit breaker holds new ones while it probes "
-                      f"(up to {opts.breaker.max_wait_s:g} s)", file=sys.stderr)
         advertise_url = opts.gateway_advertise_url.rstrip("/") if opts.gateway_advertise_url else None
         if opts.mode == "ray":
             ray_backend = await connect_ray(opts, [cfg for cfg, _ in envs], advertise_url or gateway_url)

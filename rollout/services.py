@@ -223,24 +223,6 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def upstream_problem(session_base_url: str, route: str) -> str | None:
-    """Why the upstream of ``route`` does not answer, as the gateway's ``/readyz?route=`` says
-    (None when it answers, or when the gateway cannot say)."""
-    url = gateway_root(session_base_url) + "/readyz"
-    try:
-        async with httpx.AsyncClient(timeout=15) as client:
-            r = await client.get(url, params={"route": route})
-    except httpx.TransportError as e:
-        return f"the gateway at {url} does not answer: {type(e).__name__}: {e}"
-    if r.status_code == 200:
-        return None
-    try:
-        error = r.json().get("error")
-    except (ValueError, AttributeError):
-        error = None
-    return str(error) if error else f"HTTP {r.status_code} from {url}?route={route}"
-
-
 async def check_gateway(session_base_url: str, store_identity: str, route: str,
                         api_key: str | None = None) -> dict[str, object]:
     """GET ``/readyz`` of a running gateway and check that it writes to the launcher's database,

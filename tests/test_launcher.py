@@ -121,32 +121,6 @@ async def test_case_ids_that_look_like_paths(tmp_path: Path) -> None:
     assert not (tmp_path / "up").exists() and not (tmp_path.parent / "up").exists()
 
 
-async def test_a_route_that_cannot_be_reached_is_said_at_start(tmp_path: Path) -> None:
-    """The job still runs (its sessions may need no model), with one warning naming the route and
-    the reason; a route that answers gives no warning."""
-    env_dir = make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "expected": ""}])
-    (env_dir / "runtime.py").write_text(
-        "import json, sys\nr = json.loads(sys.stdin.readline())\n"
-        "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))\n")
-    db = tmp_path / "t.db"
-    cfg = tmp_path / "gw.yaml"
-    cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": str(db)},
-                                   "llm_routes": {"fake": {"base_url": "http://127.0.0.1:9/v1"}}}))
-    code, _, err = await launch("--agent-root", str(tmp_path / "envs"), "--gateway-config", str(cfg),
-                                "--llm-model", "fake", "--db-path", str(db), "--job-id", "dead", cwd=tmp_path)
-    assert code == 0, err
-    [warning] = [line for line in err.splitlines() if line.startswith("warning: route")]
-    assert warning.startswith("warning: route 'fake' cannot be reached now (upstream of route fake does not "
-                              "answer: "), warning
-    assert warning.endswith("the circuit breaker holds new ones while it probes (up to 300 s)"), warning
-    async with FakeUpstream() as up:
-        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": str(db)},
-                                       "llm_routes": {"fake": {"base_url": up.base_url}}}))
-        code, _, err = await launch("--agent-root", str(tmp_path / "envs"), "--gateway-config", str(cfg),
-                                    "--llm-model", "fake", "--db-path", str(db), "--job-id", "up", cwd=tmp_path)
-    assert code == 0 and "warning: route" not in err, err
-
-
 async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
     env_root = tmp_path / "envs"
     make_env(env_root)
