@@ -103,11 +103,16 @@ def child(args: argparse.Namespace) -> None:
         **({"mode": "ray", "ray_address": args.ray_address} if args.mode == "ray" else {})})
     t: dict[str, float] = {}
     gateway: list[int] = []
+    spies: list[subprocess.Popen[bytes]] = []
 
     def started(job_id: str, n: int) -> None:
         t["start"] = time.perf_counter()
         gateway.extend(_children_running("gateway"))
         t["gw_start"] = sum(_proc_cpu(pid) for pid in gateway)  # its start-up, before any session
+        if args.profile_gateway and gateway:  # py-spy on the gateway too: it stops when the gateway exits
+            spies.append(subprocess.Popen([_py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", args.profile_gateway,
+                                           "--pid", str(gateway[0])], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
 
     def done(record: Any) -> None:
         t["gw_end"] = sum(_proc_cpu(pid) for pid in gateway)  # last reading while it still runs
@@ -115,6 +120,8 @@ def child(args: argparse.Namespace) -> None:
     result = asyncio.run(run_job(opts, on_start=started, on_done=done))
     seconds = time.perf_counter() - t["start"]
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check reads anything
+    for spy in spies:
+        spy.wait(timeout=120)
     cpu_self, cpu_children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     sessions = scored = 0
     with result.out.open() as fh:  # line by line: the check must not hold the records either
@@ -150,6 +157,10 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _py_spy() -> str:
+    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+
 SRC = REPO  # the tree whose launcher is measured (--src)
 
 
@@ -160,8 +171,8 @@ def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = 
            "--pool-size", str(pool), "--mode", mode] + (["--ray-address", ray_address] if ray_address else [])
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-        cmd = [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")), "record", "-r", "200",
-               "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--", *cmd]
+        cmd = [_py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--",
+               *cmd, "--profile-gateway", str(profile / f"gateway-{mode}-{n}.txt")]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=root,
                            env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=3600)
@@ -202,6 +213,7 @@ def main() -> None:
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="local", help=argparse.SUPPRESS)
     ap.add_argument("--ray-address", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-gateway", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         return child(args)
@@ -234,9 +246,14 @@ def main() -> None:
         res = launched if size == n and args.profile is None else run_child(size, pool)
         print(f"launcher peak RSS at {size:>6} sessions: {res['rss_mib']:7.1f} MiB  ({res['seconds']:.1f} s)")
     if args.profile is not None:
-        print(f"\ntop functions by own time (py-spy, {args.profile}):")
-        for f, share in top_functions(args.profile / f"launcher-local-{n}.txt"):
-            print(f"  {100 * share:5.1f}%  {f}")
+        for who in ("launcher", "gateway"):
+            raw = args.profile / f"{who}-local-{n}.txt"
+            if not raw.exists():
+                print(f"\n{who}: no profile recorded")
+                continue
+            print(f"\n{who}: top functions by own time (py-spy, {raw}):")
+            for f, share in top_functions(raw):
+                print(f"  {100 * share:5.1f}%  {f}")
     if args.ray_sessions:
         ray_compare(args.ray_sessions, args.ray_pool_size)
     shutil.rmtree(tmp, ignore_errors=True)

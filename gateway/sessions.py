@@ -107,9 +107,9 @@ class SessionManager:
         with ``live.lock`` held."""
         if live.state is not None:
             return live.state
-        st = await self._store.load_gateway_session(sid)
+        st, ctx = await self._store.gateway_session_or_context(sid)
         if st is None:
-            st = self._new_state(sid, await self._store.session_context(sid))
+            st = self._new_state(sid, ctx)
         live.state = st
         return st
 
@@ -148,9 +148,8 @@ class SessionManager:
         live = self._sessions.get(sid)
         if live is not None and (live.state is not None or live.in_flight):
             return True
-        st = await self._store.load_gateway_session(sid)
+        st, ctx = await self._store.gateway_session_or_context(sid)
         if st is None:
-            ctx = await self._store.session_context(sid)
             if ctx is None:
                 return False
             st = self._new_state(sid, ctx)

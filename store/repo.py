@@ -538,16 +538,36 @@ class Store:
         await asyncio.to_thread(_checkpoint)
 
     # ------------------------------------------------------------------ gateway side
+    async def _read_sync(self, fn: Callable[[Session], _T]) -> _T:
+        """``fn(session)`` in one read transaction: on SQLite in one hop to the grouped writes'
+        thread (between their transactions) on its sync reader connection, else through the
+        async reader (``run_sync``)."""
+        reader = self._sync_reader
+        if reader is not None:
+            def read() -> _T:
+                with Session(reader, expire_on_commit=False) as s:  # closing it ends the read transaction
+                    return fn(s)
+            return await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
+        async with self._read() as s:
+            return await s.run_sync(fn)
+
     async def load_gateway_session(self, session_id: str) -> GatewaySession | None:
         """The persisted gateway state of a session, or None."""
-        async with self._read() as s:
-            return await s.get(GatewaySession, session_id)
+        return await self._read_sync(lambda s: s.get(GatewaySession, session_id))
 
     async def session_context(self, session_id: str) -> JobEnvironment | None:
         """The launcher's row for a session (job, env, group, max_steps), or None when the
         session was not created by a launcher."""
-        async with self._read() as s:
-            return await s.get(JobEnvironment, session_id)
+        return await self._read_sync(lambda s: s.get(JobEnvironment, session_id))
+
+    async def gateway_session_or_context(
+            self, session_id: str) -> tuple[GatewaySession | None, JobEnvironment | None]:
+        """:meth:`load_gateway_session`, and when there is none :meth:`session_context` (else
+        None), in one read transaction."""
+        def read(s: Session) -> tuple[GatewaySession | None, JobEnvironment | None]:
+            st = s.get(GatewaySession, session_id)
+            return st, (s.get(JobEnvironment, session_id) if st is None else None)
+        return await self._read_sync(read)
 
     def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         """Commit ``steps`` and ``sessions`` (as :meth:`write_batch`) synchronously on the calling
@@ -831,8 +851,7 @@ class Store:
         """The distinct ``policy_version`` values of a session's steps, ascending, None (steps
         recorded before any version was set) first; empty when the session has no step."""
         q = select(SessionStep.policy_version).where(col(SessionStep.session_id) == session_id).distinct()
-        async with self._read() as s:
-            found = set((await s.execute(q)).scalars().all())
+        found = set(await self._read_sync(lambda s: s.execute(q).scalars().all()))
         return ([None] if None in found else []) + sorted(v for v in found if v is not None)
 
     async def policy_version_spans(self, job_id: str) -> dict[str, list[int | None]]:
