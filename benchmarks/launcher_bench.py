@@ -95,8 +95,10 @@ def child(args: argparse.Namespace) -> None:
     from rollout.job import JobOptions, run_job
 
     root = Path(args.root)
-    make_env(root, args.child, {"num_cpus": 1 / 32} if args.mode == "ray" else None)
+    cases = args.cases or args.child  # sessions = cases x samples (rl_group_size)
+    make_env(root, cases, {"num_cpus": 1 / 32} if args.mode == "ray" else None)
     opts = JobOptions.model_validate({
+        "rl_group_size": args.child // cases,
         "agent_root": root / "envs", "gateway_config": root / "gw.yaml", "llm_model": "none",
         "db_path": f"sqlite://{root / 'trajs.db'}", "enable_evaluation": True, "pool_size": args.pool_size,
         "sandbox": "none", "out": root / "out.jsonl", "job_id": f"bench-{args.mode}-{args.child}",
@@ -165,10 +167,13 @@ SRC = REPO  # the tree whose launcher is measured (--src)
 
 
 def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = None,
-              profile: Path | None = None) -> dict[str, Any]:
+              profile: Path | None = None, cases: int = 0) -> dict[str, Any]:
+    """One job of ``n`` sessions in a child process: ``cases`` distinct cases (``n`` divisible by
+    it) of ``n / cases`` samples each, or one case per session (0)."""
     root = Path(tempfile.mkdtemp(prefix="launcher-bench-"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--root", str(root),
-           "--pool-size", str(pool), "--mode", mode] + (["--ray-address", ray_address] if ray_address else [])
+           "--pool-size", str(pool), "--mode", mode, "--cases", str(cases)] + (
+        ["--ray-address", ray_address] if ray_address else [])
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
         cmd = [_py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--",
@@ -204,6 +209,9 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--pool-size", type=int, default=32)
     ap.add_argument("--memory-sizes", type=int, nargs="*", default=[1000, 4000])
+    ap.add_argument("--memory-cases", type=int, default=0,
+                    help="distinct cases in the memory runs, each size then being that many cases x "
+                         "size/cases samples (0: one case per session, so the dataset grows with the size)")
     ap.add_argument("--ray-sessions", type=int, default=0, help="0: no Ray comparison")
     ap.add_argument("--ray-pool-size", type=int, default=8)
     ap.add_argument("--profile", type=Path)
@@ -214,6 +222,7 @@ def main() -> None:
     ap.add_argument("--mode", default="local", help=argparse.SUPPRESS)
     ap.add_argument("--ray-address", help=argparse.SUPPRESS)
     ap.add_argument("--profile-gateway", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         return child(args)
@@ -242,9 +251,13 @@ def main() -> None:
     print(f"ratio launcher / bare: {ratio:.2f}x (target <= 1.3x): {'PASS' if ratio <= 1.3 else 'FAIL'}; "
           f"launcher cost {1000 * pool * (launched['seconds'] - floor) / n:.1f} ms of wall time per session "
           f"slot")
+    mc = args.memory_cases
+    if mc and any(size % mc for size in args.memory_sizes):
+        raise SystemExit(f"--memory-cases {mc} must divide every --memory-sizes value")
     for size in args.memory_sizes:
-        res = launched if size == n and args.profile is None else run_child(size, pool)
-        print(f"launcher peak RSS at {size:>6} sessions: {res['rss_mib']:7.1f} MiB  ({res['seconds']:.1f} s)")
+        res = launched if size == n and args.profile is None and not mc else run_child(size, pool, cases=mc)
+        shape = f"{mc} cases x {size // mc} samples" if mc else f"{size} cases x 1 sample"
+        print(f"launcher peak RSS at {size:>6} sessions ({shape}): {res['rss_mib']:7.1f} MiB  ({res['seconds']:.1f} s)")
     if args.profile is not None:
         for who in ("launcher", "gateway"):
             raw = args.profile / f"{who}-local-{n}.txt"
