@@ -1,6 +1,6 @@
 """The launcher's own cost per session, beside spawning the same runtime bare, in one run.
 
-    python benchmarks/launcher_bench.py [--sessions 1000] [--pool-size 32] [--memory-sizes 1000 4000]
+    python benchmarks/launcher_bench.py [--sessions 1000] [--pool-size 32] [--memory-sizes 1000 4000] [--memory-cases N]
                                         [--ray-sessions 200] [--ray-pool-size 8] [--profile DIR] [--src DIR]
 
 The runtime reads its start request and prints a result line (no model call). Measured in turn:
@@ -10,11 +10,12 @@ The runtime reads its start request and prints a result line (no model call). Me
   child process: the gateway it starts, SQLite, every session planned, run, closed on the gateway,
   graded by a rule evaluator, written back, the JSONL), ``--sandbox none`` so that both run the
   same process; timed from the first session's start to the job's return;
-- peak RSS of that launcher process at each of ``--memory-sizes`` (one child each);
+- peak RSS of that launcher process at each of ``--memory-sizes`` (one child each; with
+  ``--memory-cases N`` each size is N cases x size/N samples, so the dataset stays the same);
 - with ``--ray-sessions`` > 0: the same job on a local two-node Ray cluster (``--mode ray``)
   against ``--mode local`` at ``--ray-pool-size``: per-session overhead of Ray.
-``--profile DIR`` records the launcher child of the main measurement with py-spy (a tool: ``pip
-install py-spy``) and prints its top functions by own time. Results: benchmarks/README.md.
+``--profile DIR`` records the launcher child of the main measurement and its gateway with py-spy
+(a tool: ``pip install py-spy``) and prints their top functions by own time. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
