@@ -1,6 +1,6 @@
 """The launcher's own cost per session, beside spawning the same runtime bare, in one run.
 
-    python benchmarks/launcher_bench.py [--sessions 1000] [--pool-size 32] [--memory-sizes 1000 4000]
+    python benchmarks/launcher_bench.py [--sessions 1000] [--pool-size 32] [--memory-sizes 1000 4000] [--memory-cases N]
                                         [--ray-sessions 200] [--ray-pool-size 8] [--profile DIR] [--src DIR]
 
 The runtime reads its start request and prints a result line (no model call). Measured in turn:
@@ -10,11 +10,12 @@ The runtime reads its start request and prints a result line (no model call). Me
   child process: the gateway it starts, SQLite, every session planned, run, closed on the gateway,
   graded by a rule evaluator, written back, the JSONL), ``--sandbox none`` so that both run the
   same process; timed from the first session's start to the job's return;
-- peak RSS of that launcher process at each of ``--memory-sizes`` (one child each);
+- peak RSS of that launcher process at each of ``--memory-sizes`` (one child each; with
+  ``--memory-cases N`` each size is N cases x size/N samples, so the dataset stays the same);
 - with ``--ray-sessions`` > 0: the same job on a local two-node Ray cluster (``--mode ray``)
   against ``--mode local`` at ``--ray-pool-size``: per-session overhead of Ray.
-``--profile DIR`` records the launcher child of the main measurement with py-spy (a tool: ``pip
-install py-spy``) and prints its top functions by own time. Results: benchmarks/README.md.
+``--profile DIR`` records the launcher child of the main measurement and its gateway with py-spy
+(a tool: ``pip install py-spy``) and prints their top functions by own time. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -95,19 +96,26 @@ def child(args: argparse.Namespace) -> None:
     from rollout.job import JobOptions, run_job
 
     root = Path(args.root)
-    make_env(root, args.child, {"num_cpus": 1 / 32} if args.mode == "ray" else None)
+    cases = args.cases or args.child  # sessions = cases x samples (rl_group_size)
+    make_env(root, cases, {"num_cpus": 1 / 32} if args.mode == "ray" else None)
     opts = JobOptions.model_validate({
+        "rl_group_size": args.child // cases,
         "agent_root": root / "envs", "gateway_config": root / "gw.yaml", "llm_model": "none",
         "db_path": f"sqlite://{root / 'trajs.db'}", "enable_evaluation": True, "pool_size": args.pool_size,
         "sandbox": "none", "out": root / "out.jsonl", "job_id": f"bench-{args.mode}-{args.child}",
         **({"mode": "ray", "ray_address": args.ray_address} if args.mode == "ray" else {})})
     t: dict[str, float] = {}
     gateway: list[int] = []
+    spies: list[subprocess.Popen[bytes]] = []
 
     def started(job_id: str, n: int) -> None:
         t["start"] = time.perf_counter()
         gateway.extend(_children_running("gateway"))
         t["gw_start"] = sum(_proc_cpu(pid) for pid in gateway)  # its start-up, before any session
+        if args.profile_gateway and gateway:  # py-spy on the gateway too: it stops when the gateway exits
+            spies.append(subprocess.Popen([_py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", args.profile_gateway,
+                                           "--pid", str(gateway[0])], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
 
     def done(record: Any) -> None:
         t["gw_end"] = sum(_proc_cpu(pid) for pid in gateway)  # last reading while it still runs
@@ -115,6 +123,8 @@ def child(args: argparse.Namespace) -> None:
     result = asyncio.run(run_job(opts, on_start=started, on_done=done))
     seconds = time.perf_counter() - t["start"]
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check reads anything
+    for spy in spies:
+        spy.wait(timeout=120)
     cpu_self, cpu_children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     sessions = scored = 0
     with result.out.open() as fh:  # line by line: the check must not hold the records either
@@ -150,18 +160,25 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _py_spy() -> str:
+    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+
 SRC = REPO  # the tree whose launcher is measured (--src)
 
 
 def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = None,
-              profile: Path | None = None) -> dict[str, Any]:
+              profile: Path | None = None, cases: int = 0) -> dict[str, Any]:
+    """One job of ``n`` sessions in a child process: ``cases`` distinct cases (``n`` divisible by
+    it) of ``n / cases`` samples each, or one case per session (0)."""
     root = Path(tempfile.mkdtemp(prefix="launcher-bench-"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--root", str(root),
-           "--pool-size", str(pool), "--mode", mode] + (["--ray-address", ray_address] if ray_address else [])
+           "--pool-size", str(pool), "--mode", mode, "--cases", str(cases)] + (
+        ["--ray-address", ray_address] if ray_address else [])
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-        cmd = [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")), "record", "-r", "200",
-               "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--", *cmd]
+        cmd = [_py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--",
+               *cmd, "--profile-gateway", str(profile / f"gateway-{mode}-{n}.txt")]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=root,
                            env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=3600)
@@ -193,6 +210,9 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--pool-size", type=int, default=32)
     ap.add_argument("--memory-sizes", type=int, nargs="*", default=[1000, 4000])
+    ap.add_argument("--memory-cases", type=int, default=0,
+                    help="distinct cases in the memory runs, each size then being that many cases x "
+                         "size/cases samples (0: one case per session, so the dataset grows with the size)")
     ap.add_argument("--ray-sessions", type=int, default=0, help="0: no Ray comparison")
     ap.add_argument("--ray-pool-size", type=int, default=8)
     ap.add_argument("--profile", type=Path)
@@ -202,6 +222,8 @@ def main() -> None:
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="local", help=argparse.SUPPRESS)
     ap.add_argument("--ray-address", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-gateway", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         return child(args)
@@ -230,13 +252,22 @@ def main() -> None:
     print(f"ratio launcher / bare: {ratio:.2f}x (target <= 1.3x): {'PASS' if ratio <= 1.3 else 'FAIL'}; "
           f"launcher cost {1000 * pool * (launched['seconds'] - floor) / n:.1f} ms of wall time per session "
           f"slot")
+    mc = args.memory_cases
+    if mc and any(size % mc for size in args.memory_sizes):
+        raise SystemExit(f"--memory-cases {mc} must divide every --memory-sizes value")
     for size in args.memory_sizes:
-        res = launched if size == n and args.profile is None else run_child(size, pool)
-        print(f"launcher peak RSS at {size:>6} sessions: {res['rss_mib']:7.1f} MiB  ({res['seconds']:.1f} s)")
+        res = launched if size == n and args.profile is None and not mc else run_child(size, pool, cases=mc)
+        shape = f"{mc} cases x {size // mc} samples" if mc else f"{size} cases x 1 sample"
+        print(f"launcher peak RSS at {size:>6} sessions ({shape}): {res['rss_mib']:7.1f} MiB  ({res['seconds']:.1f} s)")
     if args.profile is not None:
-        print(f"\ntop functions by own time (py-spy, {args.profile}):")
-        for f, share in top_functions(args.profile / f"launcher-local-{n}.txt"):
-            print(f"  {100 * share:5.1f}%  {f}")
+        for who in ("launcher", "gateway"):
+            raw = args.profile / f"{who}-local-{n}.txt"
+            if not raw.exists():
+                print(f"\n{who}: no profile recorded")
+                continue
+            print(f"\n{who}: top functions by own time (py-spy, {raw}):")
+            for f, share in top_functions(raw):
+                print(f"  {100 * share:5.1f}%  {f}")
     if args.ray_sessions:
         ray_compare(args.ray_sessions, args.ray_pool_size)
     shutil.rmtree(tmp, ignore_errors=True)

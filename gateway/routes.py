@@ -143,7 +143,10 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     g.encoder.drop(session_id)
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
             "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
-            "rejected_calls": _rejected(request, session_id), **await _versions(g, session_id)}
+            "rejected_calls": _rejected(request, session_id),
+            # no step reserved, none recorded (a step row is written for a reserved step only)
+            **({"policy_versions": [], "spans_policy_versions": False} if snap.total_steps == 0
+               else await _versions(g, session_id))}
 
 
 async def head_ok(request: Request) -> Response:

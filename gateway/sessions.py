@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from gateway.idempotency import RecentCalls
-from store import GatewaySession, JobEnvironment, SessionStatus, Store, utcnow
+from store import GatewaySession, JobEnvironment, SessionContext, SessionStatus, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,15 @@ class StepSlot:
     group_id: str | None
 
 
+_FIELDS = tuple(c.name for c in GatewaySession.__table__.columns)  # type: ignore[attr-defined]
+
+
 def _snapshot(st: GatewaySession) -> GatewaySession:
-    """A detached copy of a session state (a new object, not an ORM copy)."""
-    return GatewaySession(**st.model_dump())
+    """A detached copy of a session state (a new object, not an ORM copy; ``step_counts``
+    copied too)."""
+    values = {n: getattr(st, n) for n in _FIELDS}
+    values["step_counts"] = dict(st.step_counts) if st.step_counts is not None else None
+    return GatewaySession(**values)
 
 
 def take_step(st: GatewaySession, model: str) -> StepSlot | None:
@@ -107,13 +113,13 @@ class SessionManager:
         with ``live.lock`` held."""
         if live.state is not None:
             return live.state
-        st = await self._store.load_gateway_session(sid)
+        st, ctx = await self._store.gateway_session_or_context(sid)
         if st is None:
-            st = self._new_state(sid, await self._store.session_context(sid))
+            st = self._new_state(sid, ctx)
         live.state = st
         return st
 
-    def _new_state(self, sid: str, ctx: JobEnvironment | None) -> GatewaySession:
+    def _new_state(self, sid: str, ctx: SessionContext | JobEnvironment | None) -> GatewaySession:
         """A new session's state: the launcher's row's budget and metadata, else the config's."""
         max_steps = self._default_max_steps
         if ctx is not None and ctx.max_steps is not None:
@@ -148,9 +154,8 @@ class SessionManager:
         live = self._sessions.get(sid)
         if live is not None and (live.state is not None or live.in_flight):
             return True
-        st = await self._store.load_gateway_session(sid)
+        st, ctx = await self._store.gateway_session_or_context(sid)
         if st is None:
-            ctx = await self._store.session_context(sid)
             if ctx is None:
                 return False
             st = self._new_state(sid, ctx)

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +140,8 @@ def disk_used(folder: Path, stop_above: int | None = None) -> int:
     return total
 
 
-def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
+def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str, str] | None] | None:
+    """The workspace's disk limit as a blocking check (None without a limit)."""
     if limits.disk_mb is None:
         return None
     cap = limits.disk_mb * MiB
@@ -151,8 +153,19 @@ def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
     return check
 
 
+def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
+    """The disk check in a thread, none while the workspace is empty (nothing to add up)."""
+    disk = _disk_check(workspace, limits)
+    if disk is None:
+        return None
+
+    async def monitor() -> tuple[str, str] | None:
+        return None if _empty(workspace) else await asyncio.to_thread(disk)
+    return monitor
+
+
 def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Monitor:
-    disk = _disk_monitor(workspace, limits)
+    disk = _disk_check(workspace, limits)
 
     def check() -> tuple[str, str] | None:
         hit = cg.exceeded()
@@ -163,7 +176,10 @@ def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> 
             return "processes", (f"process limit exceeded: the session tried to run more than "
                                  f"{limits.processes} processes/threads at once")
         return disk() if disk else None
-    return check
+
+    async def monitor() -> tuple[str, str] | None:
+        return await asyncio.to_thread(check)
+    return monitor
 
 
 def _output_limit(limits: LimitsConfig) -> int | None:

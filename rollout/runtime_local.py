@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -30,9 +30,10 @@ _STDERR_KEEP = 64 * 1024
 _PIPE_GRACE_S = 2.0
 _WATCH_EVERY_S = 0.25
 
-Monitor = Callable[[], tuple[str, str] | None]
-"""Polled (in a thread) while a runtime runs and once after it exits: ``(limit, reason)`` when the
-session went over one of its limits (e.g. ``("disk", "disk limit exceeded: ...")``), else None."""
+Monitor = Callable[[], Awaitable[tuple[str, str] | None]]
+"""Awaited while a runtime runs and once after it exits (its file or cgroup reads in a thread
+when it has any to do): ``(limit, reason)`` when the session went over one of its limits (e.g.
+``("disk", "disk limit exceeded: ...")``), else None."""
 
 
 class RuntimeOutcome(BaseModel):
@@ -160,7 +161,7 @@ async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output:
         if output_limit is not None and output[0] > output_limit:
             return "output", f"output limit exceeded: more than {output_limit} bytes of stdout + stderr"
         if monitor is not None and time.monotonic() >= next_check:
-            if over := await asyncio.to_thread(monitor):
+            if over := await monitor():
                 return over
             next_check = time.monotonic() + _WATCH_EVERY_S
             continue  # the process may have exited meanwhile
@@ -225,7 +226,7 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
     try:
         over = await asyncio.wait_for(_exited(proc, wake, total, output_limit, monitor), timeout=timeout_s)
         if over is None and monitor is not None:
-            over = await asyncio.to_thread(monitor)  # a limit hit just before the exit
+            over = await monitor()  # a limit hit just before the exit
     except TimeoutError:
         _kill_group(proc)
         await _exited(proc, wake, total, None, None)

@@ -557,7 +557,8 @@ class Scheduler:
         if rejected is not None:
             log.warning("session %s: %s", sid, rejected)
         errors = [e for e in (outcome.error_text, close_info.get("error"), rejected) if e]
-        steps = await self.store.trajectory(sid)
+        # a close that answered 0 steps: the gateway reserved none for the session, so none is stored
+        steps = [] if close_info.get("total_steps") == 0 else await self.store.trajectory(sid)
         end = classify(status, setup_failed=outcome.setup_failed, node_lost=outcome.node_lost,
                        limit_exceeded=outcome.limit_exceeded,
                        error_class=outcome.result.error_class if outcome.result else None,

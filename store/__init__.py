@@ -20,7 +20,7 @@ from store.models import (
     step_record,
     utcnow,
 )
-from store.repo import SessionRow, StepRow, Store, StoreUnavailable, is_unavailable
+from store.repo import SessionContext, SessionRow, StepRow, Store, StoreUnavailable, is_unavailable
 
 __all__ = [
     "JOB_ID_PATTERN",
@@ -29,6 +29,7 @@ __all__ = [
     "GatewaySession",
     "JobEnvironment",
     "SessionAttempt",
+    "SessionContext",
     "SessionRow",
     "SessionStatus",
     "SessionStep",

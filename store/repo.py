@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Table, bindparam, delete, insert, inspect, text, update
 from sqlalchemy import exc as sa_exc
@@ -157,6 +157,27 @@ _LAST_STEP = (select(_ST.c.record_id, _ST.c.meta_json).where(_ST.c.session_id ==
 _FINISH_STEP = _ST.update().where(_ST.c.record_id == bindparam("b_rid"))
 _TRAJECTORY = (select(SessionStep).where(col(SessionStep.session_id) == bindparam("b_sid"))
                .order_by(col(SessionStep.seq)))
+
+
+_GS: Table = GatewaySession.__table__  # type: ignore[attr-defined]
+_GATEWAY_SESSION = _GS.select().where(_GS.c.session_id == bindparam("b_sid"))
+_SESSION_CONTEXT = (select(_JE.c.job_id, _JE.c.env_name, _JE.c.group_id, _JE.c.max_steps)
+                    .where(_JE.c.env_id == bindparam("b_sid")))
+_POLICY_VERSIONS = select(_ST.c.policy_version).where(_ST.c.session_id == bindparam("b_sid")).distinct()
+
+
+class SessionContext(NamedTuple):
+    """What a gateway takes from the launcher's row of a session (``job_environments``)."""
+
+    job_id: str | None
+    env_name: str | None
+    group_id: str | None
+    max_steps: int | None
+
+
+def _gateway_session(conn: Connection, session_id: str) -> GatewaySession | None:
+    row = conn.execute(_GATEWAY_SESSION, {"b_sid": session_id}).mappings().first()
+    return GatewaySession(**row) if row is not None else None
 
 
 def _check_columns(values: Mapping[str, Any]) -> None:
@@ -552,16 +573,34 @@ class Store:
         await asyncio.to_thread(_checkpoint)
 
     # ------------------------------------------------------------------ gateway side
+    async def _read_sync(self, fn: Callable[[Connection], _T]) -> _T:
+        """``fn(connection)`` in one read transaction: on SQLite in one hop to the grouped writes'
+        thread (between their transactions) on its sync reader connection, else on the async
+        reader (``run_sync``)."""
+        reader = self._sync_reader
+        if reader is not None:
+            def read() -> _T:
+                with reader.connect() as conn:  # closing it ends the read transaction
+                    return fn(conn)
+            return await asyncio.get_running_loop().run_in_executor(self._group_executor(), read)
+        async with self.reader.connect() as aconn:
+            return await aconn.run_sync(fn)
+
     async def load_gateway_session(self, session_id: str) -> GatewaySession | None:
         """The persisted gateway state of a session, or None."""
-        async with self._read() as s:
-            return await s.get(GatewaySession, session_id)
+        return await self._read_sync(lambda c: _gateway_session(c, session_id))
 
-    async def session_context(self, session_id: str) -> JobEnvironment | None:
-        """The launcher's row for a session (job, env, group, max_steps), or None when the
-        session was not created by a launcher."""
-        async with self._read() as s:
-            return await s.get(JobEnvironment, session_id)
+    async def gateway_session_or_context(
+            self, session_id: str) -> tuple[GatewaySession | None, SessionContext | None]:
+        """The persisted gateway state of a session, and when there is none what the launcher's
+        row says of it (None as well when the session was not created by a launcher), in one read."""
+        def read(c: Connection) -> tuple[GatewaySession | None, SessionContext | None]:
+            st = _gateway_session(c, session_id)
+            if st is not None:
+                return st, None
+            row = c.execute(_SESSION_CONTEXT, {"b_sid": session_id}).first()
+            return None, (SessionContext(*row) if row is not None else None)
+        return await self._read_sync(read)
 
     def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         """Commit ``steps`` and ``sessions`` (as :meth:`write_batch`) synchronously on the calling
@@ -844,9 +883,8 @@ class Store:
     async def policy_versions(self, session_id: str) -> list[int | None]:
         """The distinct ``policy_version`` values of a session's steps, ascending, None (steps
         recorded before any version was set) first; empty when the session has no step."""
-        q = select(SessionStep.policy_version).where(col(SessionStep.session_id) == session_id).distinct()
-        async with self._read() as s:
-            found = set((await s.execute(q)).scalars().all())
+        found = set(await self._read_sync(
+            lambda c: c.execute(_POLICY_VERSIONS, {"b_sid": session_id}).scalars().all()))
         return ([None] if None in found else []) + sorted(v for v in found if v is not None)
 
     async def policy_version_spans(self, job_id: str) -> dict[str, list[int | None]]:

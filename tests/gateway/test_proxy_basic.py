@@ -533,6 +533,7 @@ async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(gw: Gate
     r = await http.post("/v1/sessions/quiet/close", json={"reason": "succeeded"})
     assert r.status_code == 200
     assert (r.json()["status"], r.json()["total_steps"], r.json()["max_steps"]) == ("closed", 0, 4)
+    assert (r.json()["policy_versions"], r.json()["spans_policy_versions"]) == ([], False)  # no step
     r = await http.post("/v1/sessions/quiet/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert (r.status_code, r.json()["error"]["code"]) == (409, "session_closed")
     # a session that called the model and was forgotten after its close: closing it again is idempotent
@@ -540,6 +541,7 @@ async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(gw: Gate
     for reason in ("done", "again"):
         r = await http.post("/v1/sessions/talker/close", json={"reason": reason})
         assert (r.status_code, r.json()["close_reason"], r.json()["total_steps"]) == (200, "done", 1)
+        assert r.json()["policy_versions"] == [None]  # its one step, made before any version was set
     assert sorted(row["session_id"] for row in gw.sql("SELECT session_id FROM gateway_sessions")) == [
         "quiet", "talker"]
     assert len(upstream.requests) == 1

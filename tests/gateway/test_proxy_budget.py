@@ -367,13 +367,13 @@ async def test_close_racing_the_first_call_waits_for_it(gw: Gateway, upstream: F
     close arrives: the close waits for that call, whose step is then recorded before the close
     answers, as a normal trainable step."""
     store = gw.app_state.store
-    real_load = store.load_gateway_session
+    real_load = store.gateway_session_or_context
 
     async def slow_load(sid: str) -> object:
         await asyncio.sleep(0.3)
         return await real_load(sid)
 
-    monkeypatch.setattr(store, "load_gateway_session", slow_load)
+    monkeypatch.setattr(store, "gateway_session_or_context", slow_load)
     call = asyncio.ensure_future(gw.client("s1").chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
     await asyncio.sleep(0.1)  # the call is inside reserve, loading the session
     r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "done"})

@@ -83,6 +83,18 @@ async def test_many_files_under_the_per_file_cap_still_hit_the_disk_limit(tmp_pa
     assert sum(p.stat().st_size for p in ws.iterdir()) > 8 << 20
 
 
+async def test_without_a_sandbox_the_disk_limit_stops_files_written_after_the_start(tmp_path: Path) -> None:
+    """``sandbox: none``: the workspace is empty when the runtime starts (the check then needs no
+    thread) and fills later: the disk limit still ends the session."""
+    cfg = make_env(tmp_path / "envs", "lim", MANY_FILES, runtime_cfg={"limits": {"disk_mb": 8}, "timeout_s": 120})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request("s1"), ws, {}, job_mode="none")
+    assert (out.status, out.limit_exceeded, out.sandbox) == ("error", "disk", "none")
+    assert out.error_text == "disk limit exceeded: the workspace holds more than 8 MiB"
+    assert sum(p.stat().st_size for p in ws.iterdir()) > 8 << 20
+
+
 MEMORY_HOG = """
 import time
 hog = bytearray(b"\\x01") * (1 << 30)   # 1 GiB, every page touched
