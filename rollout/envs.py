@@ -162,6 +162,18 @@ class Case(BaseModel):
         return {k: v for k, v in self.row.items() if k not in self.hidden_fields}
 
 
+def case_of(cfg: EnvConfig, case_id: str, row: dict[str, Any]) -> Case:
+    """The case of ``cfg`` with id ``case_id`` and full dataset row ``row`` (as the dataset gives
+    it, or as a session row keeps it in ``env_params["dataset"]``): the hidden fields of the env's
+    format, and for task folders the ``files_dir`` the row names."""
+    if cfg.dataset.format == "task_dirs":
+        files = row.get("files_dir")
+        return Case(env_name=cfg.name, case_id=case_id, row=row,
+                    hidden_fields=sorted({*cfg.dataset.hidden_fields, "expected", "files_dir"}),
+                    files_dir=files if isinstance(files, str) else None)
+    return Case(env_name=cfg.name, case_id=case_id, row=row, hidden_fields=cfg.dataset.hidden_fields)
+
+
 def load_env_config(path: Path) -> EnvConfig:
     """Read one ``env.yaml``. Raises EnvConfigError naming the file and the problem."""
     path = path.resolve()
@@ -251,8 +263,7 @@ def _jsonl(cfg: EnvConfig, path: Path, limit: int | None) -> list[Case]:
                 raise EnvConfigError(f"{path}:{lineno}: the id field {fid!r} must be a non-empty string or an "
                                      f"integer, not {json.dumps(row[fid])}")
             case_id = str(row[fid]) if fid is not None else str(index)
-            cases.append(Case(env_name=cfg.name, case_id=case_id, row=row,
-                              hidden_fields=cfg.dataset.hidden_fields))
+            cases.append(case_of(cfg, case_id, row))
             index += 1
             if limit is not None and index >= limit:
                 break
@@ -263,7 +274,6 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
     if not root.is_dir():
         raise EnvConfigError(f"env {cfg.name}: task folder {root} not found")
     cases: list[Case] = []
-    hidden = sorted({*cfg.dataset.hidden_fields, "expected", "files_dir"})
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
         instr, exp = d / "instruction.md", d / "expected.json"
         if not instr.is_file() or not exp.is_file():
@@ -275,6 +285,5 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
         files = d / "files"
         row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
                "files_dir": str(files) if files.is_dir() else None}
-        cases.append(Case(env_name=cfg.name, case_id=d.name, row=row, hidden_fields=hidden,
-                          files_dir=str(files) if files.is_dir() else None))
+        cases.append(case_of(cfg, d.name, row))
     return cases

@@ -466,6 +466,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
         plan = await plan_job(store, opts, job_id, models, envs, [*loaded] or [None])
+        configs = [cfg for cfg, _ in envs]
+        del envs  # the cases: each session's row keeps its own, the dataset is not held while the job runs
         if opts.resume and plan.ids:
             models = plan.models
             for name in sorted(set(plan.harnesses) - set(loaded)):
@@ -477,7 +479,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.resume:
             installed = await install_harnesses({n: h for n, h in loaded.items() if n in plan.harnesses})
         if opts.enable_evaluation:
-            for cfg, _ in envs:
+            for cfg in configs:
                 if discover_evaluator(opts.agent_root, cfg.name) is None and \
                         discover_evaluator(cfg.env_dir.parent, cfg.name) is None:
                     print(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded",
@@ -497,7 +499,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                                 listen=opts.gateway_advertise_url)
         advertise_url = opts.gateway_advertise_url.rstrip("/") if opts.gateway_advertise_url else None
         if opts.mode == "ray":
-            ray_backend = await connect_ray(opts, [cfg for cfg, _ in envs], advertise_url or gateway_url)
+            ray_backend = await connect_ray(opts, configs, advertise_url or gateway_url)
         if on_plan:
             on_plan(dict(plan.per_env))
         if on_start:
@@ -515,9 +517,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,
                                workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox,
                                retry=opts.retry_policy(), breaker=opts.breaker, advertise_url=advertise_url)
-        by_name = {cfg.name: cfg for cfg, _ in envs}
-        cases = {(c.env_name, c.case_id): c for _, cs in envs for c in cs}
-        scheduler = Scheduler(store, settings, by_name, cases, on_done=on_done, on_breaker=on_breaker,
+        scheduler = Scheduler(store, settings, {cfg.name: cfg for cfg in configs}, on_done=on_done, on_breaker=on_breaker,
                               executor=ray_backend.executor() if ray_backend else None, keep_records=False)
         stopped: str | None = None
         try:

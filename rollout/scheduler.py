@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from rollout.envs import Case, EnvConfig
+from rollout.envs import Case, EnvConfig, case_of
 from rollout.evaluation import EvalOutcome, build_eval_spec, run_evaluation
 from rollout.evaluator_loader import discover_evaluator
 from rollout.harness import InstalledHarness
@@ -246,6 +246,15 @@ def workspace_prefix(env: str, case_id: str, sample_index: int) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{env}-{case_id}-{sample_index}-")[:60]
 
 
+def session_case(cfg: EnvConfig, row: JobEnvironment) -> Case:
+    """The case a session row was planned with (its ``env_params["dataset"]``). Raises ValueError
+    for a row that does not keep one (not written by this launcher)."""
+    dataset = (row.env_params or {}).get("dataset")
+    if not isinstance(dataset, dict):
+        raise ValueError(f"session {row.session_id}: its row keeps no dataset row (env_params.dataset)")
+    return case_of(cfg, row.case_id, dataset)
+
+
 def readyz_error(body: str) -> str:
     """The ``error`` of a gateway's ``/readyz`` answer (why it is not ready), else the body's
     first 200 characters."""
@@ -257,15 +266,16 @@ def readyz_error(body: str) -> str:
 
 
 class Scheduler:
-    """Runs a job's session rows with ``pool_size`` workers. ``envs`` maps env name to config,
-    ``cases`` maps (env name, case id) to the case. ``on_done`` is called with each record,
+    """Runs a job's session rows with ``pool_size`` workers. ``envs`` maps env name to config; each
+    session's case is its row's ``env_params["dataset"]`` (the dataset row it was planned with:
+    the dataset is not held while the job runs). ``on_done`` is called with each record,
     ``on_breaker`` with each change of the circuit breaker (also kept in ``breaker_events``).
     ``rng`` draws the backoff jitter; ``executor`` runs each attempt's runtime (default:
     ``run_runtime``, on this machine); ``keep_records`` False: finished records are passed to
     ``on_done`` only, not kept (a job of any size in flat memory)."""
 
     def __init__(self, store: Store, settings: RunSettings, envs: dict[str, EnvConfig],
-                 cases: dict[tuple[str, str], Case], on_done: Callable[[SessionRecord], None] | None = None,
+                 on_done: Callable[[SessionRecord], None] | None = None,
                  on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None,
                  executor: Executor | None = None, keep_records: bool = True) -> None:
         self.store = store
@@ -273,7 +283,6 @@ class Scheduler:
         self._execute: Executor = executor or run_runtime
         self.s = settings
         self.envs = envs
-        self.cases = cases
         self.on_done = on_done
         self.on_breaker = on_breaker
         self.records: list[SessionRecord] = []
@@ -439,7 +448,7 @@ class Scheduler:
         the session is finished, None when a retry was scheduled."""
         row, n, sid = work.row, work.attempt, work.row.session_id
         cfg = self.envs[row.env_name]
-        case = self.cases[(row.env_name, row.case_id)]
+        case = session_case(cfg, row)
         if n > 1:
             why = await self._prepare_retry(work)
             if why is not None:

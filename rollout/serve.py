@@ -234,8 +234,7 @@ class BatchService:
             pool_size=b.pool_size, temperature=req.temperature, max_steps=req.max_steps,
             enable_evaluation=b.enable_evaluation, eval_timeout_s=b.eval_timeout, workspace_root=Path(workspaces),
             gateway_api_key=self.api_key, sandbox=b.sandbox, retry=b.retry_policy(), breaker=b.breaker)
-        scheduler = Scheduler(self.store, settings, {cfg.name: cfg for cfg, _ in batch.envs},
-                              {(c.env_name, c.case_id): c for _, cs in batch.envs for c in cs})
+        scheduler = Scheduler(self.store, settings, {cfg.name: cfg for cfg, _ in batch.envs})
         try:
             await scheduler.run(batch.rows)
             info.state = "done"

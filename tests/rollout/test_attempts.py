@@ -365,8 +365,7 @@ async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path
             settings = RunSettings(job_id="jg", model="fake", gateway_url=f"{gw.url}/v1/sessions",
                                    agent_root=tmp_path / "envs", pool_size=1, enable_evaluation=True,
                                    retry=opts.retry_policy().model_copy(update={"backoff_s": 0.01}))
-            sched = Scheduler(store, settings, {c.name: c for c, _ in envs},
-                              {(c.env_name, c.case_id): c for _, cs in envs for c in cs})
+            sched = Scheduler(store, settings, {c.name: c for c, _ in envs})
             [record] = await asyncio.wait_for(sched.run(rows), 120)
         finally:
             await store.close()
@@ -411,8 +410,7 @@ async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging
             store.update_job_session = refuse_one  # type: ignore[method-assign]
             settings = RunSettings(job_id="jb", model="fake", gateway_url=f"{gw.url}/v1/sessions",
                                    agent_root=tmp_path / "envs", pool_size=2, enable_evaluation=True)
-            sched = Scheduler(store, settings, {c.name: c for c, _ in envs},
-                              {(c.env_name, c.case_id): c for _, cs in envs for c in cs})
+            sched = Scheduler(store, settings, {c.name: c for c, _ in envs})
             with pytest.raises(RuntimeError, match="injected launcher bug"):
                 await asyncio.wait_for(sched.run(rows), 120)
         finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.envs import EnvConfigError, discover_envs, load_cases, load_env_config
+from rollout.envs import EnvConfigError, case_of, discover_envs, load_cases, load_env_config
 
 
 def _write_env(root: Path, name: str, cfg: str, rows: list[dict] | None = None) -> Path:  # type: ignore[type-arg]
@@ -81,6 +81,24 @@ def test_task_dirs(tmp_path: Path) -> None:
     assert (c1.case_id, c1.row["expected"], c1.files_dir) == ("t1", {"n": 3}, str(t / "files"))
     assert c1.public_row() == {"id": "t1", "instruction": "do it"}
     assert c2.files_dir is None
+    # the launcher rebuilds a session's case from the row its session keeps: the same case
+    cfg = load_env_config(d / "env.yaml")
+    assert [case_of(cfg, c.case_id, json.loads(json.dumps(c.row))) for c in (c1, c2)] == [c1, c2]
+
+
+def test_a_session_case_is_the_row_it_was_planned_with(tmp_path: Path) -> None:
+    from rollout.scheduler import session_case, session_rows
+
+    d = _write_env(tmp_path, "e", BASE.replace("hidden_fields", "id_field: id, hidden_fields"),
+                   [{"id": "x", "q": "2+2", "answer": "4"}])
+    cfg = load_env_config(d / "env.yaml")
+    [row] = session_rows("j", "m", [(cfg, load_cases(cfg))], 1, None)
+    (d / "data" / "cases.jsonl").write_text('{"id": "x", "q": "edited later", "answer": "5"}\n')
+    case = session_case(cfg, row)
+    assert (case.case_id, case.row, case.public_row()) == ("x", {"id": "x", "q": "2+2", "answer": "4"},
+                                                           {"id": "x", "q": "2+2"})
+    with pytest.raises(ValueError, match=f"session {row.session_id}: its row keeps no dataset row"):
+        session_case(cfg, row.model_copy(update={"env_params": {}}))
 
 
 def test_discover_envs(tmp_path: Path) -> None:

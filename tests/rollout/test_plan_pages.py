@@ -73,7 +73,7 @@ async def test_a_job_whose_rows_are_gone_from_the_store_still_ends(tmp_path: Pat
     settings = RunSettings(job_id="jz", model="m", gateway_url="http://127.0.0.1:9/v1/sessions",
                            agent_root=tmp_path, pool_size=2)
     try:
-        records = await asyncio.wait_for(Scheduler(store, settings, {}, {}).run(RowSource.from_store(store, ids)), 60)
+        records = await asyncio.wait_for(Scheduler(store, settings, {}).run(RowSource.from_store(store, ids)), 60)
     finally:
         await store.close()
     assert records == []
