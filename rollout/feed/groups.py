@@ -161,7 +161,7 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
             sequences=None if opts.view == "scores" else token_sequences(rows)))
     n_valid = sum(1 for s in samples if s.valid)
     flags: list[str] = []
-    if n_valid < opts.min_valid or n_valid == 0:  # never trainable without a valid sample
+    if n_valid < opts.min_valid:  # min_valid >= 1 (GroupOptions): never trainable without a valid sample
         flags.append("too_few_valid")
     if any(not r.get("finished") for r in sessions):
         flags.append("incomplete")
