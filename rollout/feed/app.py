@@ -31,7 +31,8 @@ MAX_LIMIT = 500
 @dataclass(frozen=True)
 class FeedSettings:
     """The service's defaults: ``min_valid`` valid samples for a trainable group, how often the
-    store is polled while a client waits (seconds), and the SSE keep-alive interval (seconds)."""
+    store is polled while a client waits (seconds), and the SSE keep-alive interval (seconds).
+    ValueError for a ``min_valid`` below 1 or an interval that is not a finite number above 0."""
 
     min_valid: int = 2
     poll_interval_s: float = 0.2
