@@ -111,8 +111,9 @@ _RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gat
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
-def _values(args: argparse.Namespace) -> dict[str, Any]:
-    """Flags over ``--agent-start-config`` YAML (keys of CLI-only flags left out)."""
+def _values(args: argparse.Namespace) -> tuple[dict[str, Any], set[str]]:
+    """Flags over ``--agent-start-config`` YAML (keys of CLI-only flags left out), and the keys
+    whose value came from that file."""
     values: dict[str, Any] = {}
     if args.agent_start_config:
         try:
@@ -121,11 +122,15 @@ def _values(args: argparse.Namespace) -> dict[str, Any]:
             raise SetupError(f"cannot read --agent-start-config {args.agent_start_config}: {e}") from e
         if not isinstance(values, dict):
             raise SetupError(f"--agent-start-config {args.agent_start_config} must be a mapping")
-    values.update({k: v for k, v in vars(args).items() if v is not None and k not in _CLI_ONLY})
-    return values
+    flags = {k: v for k, v in vars(args).items() if v is not None and k not in _CLI_ONLY}
+    from_file = {str(k) for k in values if k not in flags}
+    values.update(flags)
+    return values, from_file
 
 
-def _validate(model: type[Any], values: dict[str, Any]) -> Any:
+def _validate(model: type[Any], values: dict[str, Any], from_file: set[str], start_config: Path | None) -> Any:
+    """``model`` from ``values``; SetupError naming each bad value's flag, or its key in the
+    ``start_config`` file when it came from there (keys in ``from_file``)."""
     try:
         return model.model_validate(values)
     except ValidationError as e:
@@ -133,7 +138,10 @@ def _validate(model: type[Any], values: dict[str, Any]) -> Any:
         for err in e.errors():
             name = str(err["loc"][0]) if err["loc"] else "?"
             key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
-            msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
+            if name in from_file:
+                msgs.append(f"--agent-start-config {start_config}: {name}{key}: {err['msg']}")
+            else:
+                msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
         raise SetupError("; ".join(msgs)) from None
 
 
@@ -146,13 +154,13 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
 
 def job_options(args: argparse.Namespace) -> JobOptions:
     """The parsed flags of a run as JobOptions; SetupError naming the bad flag or key."""
-    values = _values(args)
+    values, from_file = _values(args)
     if values.get("resume") and not values.get("job_id"):
         raise SetupError("--resume needs --job-id")
     if values.get("gateway_config") is None:
         local = Path("configs/gateway.yaml")
         values["gateway_config"] = local if local.is_file() else HERE / "configs" / "gateway.yaml"
-    return _validate(JobOptions, values)  # type: ignore[no-any-return]
+    return _validate(JobOptions, values, from_file, args.agent_start_config)  # type: ignore[no-any-return]
 
 
 def regrade_options(args: argparse.Namespace) -> RegradeOptions:
@@ -162,10 +170,11 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
     given = [f"--{k.replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
     if given:
         raise SetupError(f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it")
-    values = _values(args)
+    values, from_file = _values(args)
     if not values.get("job_id"):
         raise SetupError("--regrade needs --job-id (the job to grade again)")
-    return _validate(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields})  # type: ignore[no-any-return]
+    return _validate(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields},  # type: ignore[no-any-return]
+                     from_file, args.agent_start_config)
 
 
 def report(result: JobResult, count_unscored_as_zero: bool, evaluated: bool = True) -> int:

@@ -22,15 +22,34 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollout.client import FeedClient
+from rollout.argtypes import finite_float, int_at_least
+from rollout.client import FeedClient, FeedError
 from rollout.feed.schema import FeedGroupOut, FeedSample
 
 
+class StateError(ValueError):
+    """The state file cannot be read or does not hold a trainer state."""
+
+
+STATE_KEYS = {"cursor": (int,), "groups": (int,), "updates": (int,), "loss_sum": (int, float)}
+
+
 def load_state(path: Path) -> dict[str, Any]:
-    """The trainer's state: the feed cursor and running totals (fresh when the file is absent)."""
+    """The trainer's state: the feed cursor and running totals (fresh when the file is absent).
+    StateError for a path that is a folder, an unreadable file or one without a state."""
     if not path.exists():
         return {"cursor": 0, "groups": 0, "updates": 0, "loss_sum": 0.0}
-    return dict(json.loads(path.read_text()))
+    if path.is_dir():
+        raise StateError(f"--state {path} is a folder; give a file path")
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise StateError(f"cannot read --state {path}: {e}") from None
+    if not isinstance(state, dict) or any(isinstance(state.get(k), bool) or not isinstance(state.get(k), types)
+                                          for k, types in STATE_KEYS.items()):
+        raise StateError(f"--state {path} does not hold a trainer state (a JSON object with "
+                         f"{', '.join(STATE_KEYS)})")
+    return dict(state)
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
@@ -70,9 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feed-url", required=True, help="the feed service, e.g. http://127.0.0.1:8766")
     ap.add_argument("--job-id", required=True)
     ap.add_argument("--state", type=Path, required=True, help="trainer state file (cursor + totals)")
-    ap.add_argument("--min-valid", type=int, help="valid samples a group needs (default: the feed's)")
-    ap.add_argument("--wait-s", type=float, default=30.0, help="long-poll wait per request (default 30)")
+    ap.add_argument("--min-valid", type=int_at_least(1), help="valid samples a group needs (default: the feed's)")
+    ap.add_argument("--wait-s", type=finite_float(low=0), default=30.0, help="long-poll wait per request (default 30)")
     args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except (StateError, FeedError) as e:  # FeedUnavailable too: the feed could not be reached
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot write --state {args.state}: {e}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """The loop: read groups from the saved cursor, print each one's loss input, save the state."""
     state = load_state(args.state)
     print(json.dumps({"event": "start", "job_id": args.job_id, "after": state["cursor"]}), flush=True)
     with FeedClient(args.feed_url) as client:

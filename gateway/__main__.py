@@ -34,14 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gateway", description="Session gateway: records every model call.")
     ap.add_argument("--config", default="configs/gateway.yaml", help="gateway YAML (default: %(default)s)")
     ap.add_argument("--host", help="override listen_host")
-    ap.add_argument("--port", type=int, help="override listen_port")
+    ap.add_argument("--port", type=int, help="override listen_port (0..65535; 0: any free port)")
     ap.add_argument("--db-url", help="override storage_config.db_url, e.g. env_trajs.db, sqlite://env_trajs.db or "
                     "postgresql://user:pw@host/db")
     args = ap.parse_args(argv)
     try:
         settings = load_settings(args.config, host=args.host, port=args.port, db_url=args.db_url)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        for line in str(e).splitlines():  # one line per problem
+            print(f"error: {line}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = settings.listen_host, settings.listen_port

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from gateway.errors import parse_body
-from gateway.wire import CONTROL_BODY_BYTES, read_body
+from gateway.wire import read_control_body
 from store import MAX_INT
 
 __all__ = ["PolicyControl", "build_admin_router"]
@@ -128,7 +128,7 @@ def _control(request: Request) -> PolicyControl:
 
 
 async def _body(request: Request, model: type[BaseModel], *, optional: bool) -> Any:
-    return parse_body(await read_body(request, CONTROL_BODY_BYTES), model, f"invalid {request.url.path} body",
+    return parse_body(await read_control_body(request), model, f"invalid {request.url.path} body",
                       optional=optional)
 
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway.count_tokens import handle as count_tokens_handle
 from gateway.errors import GatewayError, parse_body
 from gateway.state import GatewayState
-from gateway.wire import CONTROL_BODY_BYTES, CloseSessionRequest, check_session_id, read_body
+from gateway.wire import CloseSessionRequest, check_session_id, read_control_body
 
 
 def _gw(request: Request) -> GatewayState:
@@ -127,7 +127,7 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     created."""
     check_session_id(session_id)
     g = _gw(request)
-    req = parse_body(await read_body(request, CONTROL_BODY_BYTES), CloseSessionRequest, "invalid close request",
+    req = parse_body(await read_control_body(request), CloseSessionRequest, "invalid close request",
                      optional=True)
     if not await g.sessions.known(session_id):
         raise GatewayError(404, f"unknown session {session_id}: it never called the model and no launcher "

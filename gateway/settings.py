@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gateway.capture import CaptureSettings
 from store.engine import DbUrlError, parse_db_url
@@ -401,7 +410,7 @@ class GatewaySettings(_Strict):
     per store, the fastest)."""
 
     listen_host: str = "127.0.0.1"
-    listen_port: int = 8000
+    listen_port: int = Field(default=8000, ge=0, le=65535)  # 0: any free port
     base_session_path: str = "/v1/sessions"
     max_steps: int = -1
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
@@ -509,12 +518,40 @@ class ConfigError(ValueError):
     """The config file is missing, not YAML, or does not match GatewaySettings."""
 
 
+_FLAGS = {"listen_host": "--host", "listen_port": "--port", "storage_config.db_url": "--db-url"}
+"""The ``python -m gateway`` flag that sets each overridable key."""
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def config_problems(e: ValidationError, source: str, flags: Collection[str] = ()) -> list[str]:
+    """One line per problem of a failed GatewaySettings validation: ``<where>: <field path>:
+    <message>``, without pydantic's type tags and links. ``<where>`` is the flag that set the
+    value when its key is in ``flags`` (keys of :data:`_FLAGS`), else ``source`` (the file)."""
+    lines = []
+    for err in e.errors(include_url=False):
+        field = ".".join(str(part) for part in err["loc"])
+        msg = err["msg"]
+        for prefix in _PYDANTIC_PREFIXES:
+            msg = msg.removeprefix(prefix)
+        if not field:  # a model check: its message starts with the field it is about, if any
+            field, sep, rest = msg.partition(": ")
+            if sep and field in _FLAGS:
+                msg = rest
+            else:
+                field = ""
+        if field in flags:
+            lines.append(f"{_FLAGS[field]}: {msg}")
+        else:
+            lines.append(f"{source}: {field}: {msg}" if field else f"{source}: {msg}")
+    return lines
+
+
 def load_settings(path: str | Path, *, host: str | None = None, port: int | None = None,
                   db_url: str | None = None) -> GatewaySettings:
     """Read and validate a gateway YAML file, with ``host``, ``port`` and ``db_url`` (when given)
     in place of ``listen_host``, ``listen_port`` and ``storage_config.db_url`` (and the config's
-    ``storage_type`` then dropped: the URL says it). Raises ConfigError with the file name and the
-    pydantic message on any problem."""
+    ``storage_type`` then dropped: the URL says it). Raises ConfigError, one line per problem
+    (:func:`config_problems`: the file and field, or the flag when a given value is wrong)."""
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text()) or {}
@@ -522,13 +559,18 @@ def load_settings(path: str | Path, *, host: str | None = None, port: int | None
         raise ConfigError(f"cannot read gateway config {p}: {e}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"gateway config {p} is not valid YAML: {e}") from e
+    flags: set[str] = set()
     if isinstance(raw, dict):
-        raw.update({k: v for k, v in (("listen_host", host), ("listen_port", port)) if v is not None})
+        for key, value in (("listen_host", host), ("listen_port", port)):
+            if value is not None:
+                raw[key] = value
+                flags.add(key)
         if db_url is not None:
             storage = raw.get("storage_config")
             raw["storage_config"] = {**(storage if isinstance(storage, dict) else {}), "db_url": db_url}
             raw.pop("storage_type", None)
+            flags.add("storage_config.db_url")
     try:
         return GatewaySettings.model_validate(raw)
-    except ValueError as e:
-        raise ConfigError(f"invalid gateway config {p}: {e}") from e
+    except ValidationError as e:
+        raise ConfigError("\n".join(config_problems(e, f"gateway config {p}", flags))) from None

@@ -162,10 +162,12 @@ class CloseSessionRequest(BaseModel):
 
 CONTROL_BODY_BYTES = 64 * 1024
 """The largest body of a control call (a session close, the admin endpoints): a few fields."""
+CONTROL_LIMIT_NAME = "control body limit, fixed: a close or admin body holds a few fields"
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole request body, at most ``limit`` bytes. Raises GatewayError(413,
+async def read_body(request: Request, limit: int, limit_name: str = "max_request_bytes") -> bytes:
+    """The whole request body, at most ``limit`` bytes (``limit_name``, the limit's name in the
+    error message: the setting, or :data:`CONTROL_LIMIT_NAME`). Raises GatewayError(413,
     code ``request_too_large``) for a larger one, whether announced by ``Content-Length`` or
     found while reading a chunked body. The rest of an oversized body is read and discarded
     (not kept in memory) before the 413 is sent, so the client, still sending, gets the answer
@@ -178,7 +180,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     over = declared.isdigit() and int(declared) > limit
     if over and int(declared) > 2 * limit:
         raise GatewayError(413, f"request body ({declared} bytes announced) is larger than the gateway's limit of "
-                                f"{limit} bytes (max_request_bytes)", code="request_too_large")
+                                f"{limit} bytes ({limit_name})", code="request_too_large")
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
@@ -187,8 +189,13 @@ async def read_body(request: Request, limit: int) -> bytes:
             parts.append(chunk)
     if over:
         raise GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes "
-                                "(max_request_bytes)", code="request_too_large")
+                                f"({limit_name})", code="request_too_large")
     return b"".join(parts)
+
+
+async def read_control_body(request: Request) -> bytes:
+    """The body of a control call, at most :data:`CONTROL_BODY_BYTES` (413 naming that limit)."""
+    return await read_body(request, CONTROL_BODY_BYTES, CONTROL_LIMIT_NAME)
 
 
 MAX_SESSION_ID_CHARS = 128  # the width of the session_id columns (store.models)

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from rollout.feed.groups import check_min_valid
 from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 
 
@@ -65,6 +66,15 @@ class CursorFile:
             raise
 
 
+def _error_text(r: httpx.Response) -> str:
+    """``code: message`` of an answer in the gateway's error shape, else its first 500 characters."""
+    try:
+        err = r.json()["error"]
+        return f"{err['code']}: {err['message']}"
+    except (ValueError, KeyError, TypeError):
+        return r.text[:500]
+
+
 class FeedClient:
     """Synchronous client of a feed service at ``base_url`` (``http://HOST:PORT``). Connection
     failures are retried with backoff (the feed restarting is normal) for up to
@@ -100,7 +110,7 @@ class FeedClient:
                 delay = min(delay * 2, 5.0)
                 continue
             if r.status_code != 200:
-                raise FeedError(f"GET {path}: HTTP {r.status_code}: {r.text[:500]}")
+                raise FeedError(f"GET {path}: HTTP {r.status_code} {_error_text(r)}")
             return r.json()
 
     def progress(self, job_id: str) -> JobProgress:
@@ -110,7 +120,10 @@ class FeedClient:
     def page(self, job_id: str, after: int = 0, *, limit: int = 50, wait_s: float = 0.0,
              min_valid: int | None = None, normalize: Normalize = "std", view: View = "full") -> GroupPage:
         """One page of ready groups after ``after``; with ``wait_s`` > 0 the feed holds the request
-        until a group is ready, the job is done, or ``wait_s`` seconds passed (at most 60)."""
+        until a group is ready, the job is done, or ``wait_s`` seconds passed (at most 60).
+        ValueError for a ``min_valid`` below 1 (a trainable group needs a valid sample)."""
+        if min_valid is not None:
+            check_min_valid(min_valid)
         return GroupPage.model_validate(self._get(f"/v1/jobs/{job_id}/groups", {
             "after": after, "limit": limit, "wait": wait_s, "min_valid": min_valid, "normalize": normalize,
             "view": view}))

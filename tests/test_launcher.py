@@ -548,12 +548,19 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     assert not policy.retries("setup_failed") and not policy.retries("gateway_unreachable")
     assert (opts.breaker.window, opts.breaker.min_failures, opts.breaker.max_wait_s) == (8, 2, 30.0)
     start.write_text(yaml.safe_dump({"retry_on": ["gateway_down"]}))
-    with pytest.raises(SetupError, match=r"--retry-on: .*not infrastructure failure classes: \['gateway_down'\]"):
+    with pytest.raises(SetupError, match=rf"^--agent-start-config {start}: retry_on: .*not infrastructure failure "
+                                         r"classes: \['gateway_down'\]"):
         parse_args(["--agent-start-config", str(start)])
     start.write_text(yaml.safe_dump({"breaker": {"windw": 3}}))
-    with pytest.raises(SetupError, match="--breaker.windw: Extra inputs are not permitted"):
+    with pytest.raises(SetupError) as ei:  # a key of the file is named as such, not as a flag
         parse_args(["--agent-start-config", str(start)])
-    with pytest.raises(SetupError, match="--max-retries"):
+    assert str(ei.value) == f"--agent-start-config {start}: breaker.windw: Extra inputs are not permitted"
+    start.write_text("pool_sise: 3\nmax_retries: 4\n")
+    with pytest.raises(SetupError) as ei:
+        parse_args(["--agent-start-config", str(start), "--pool-size", "0"])
+    assert str(ei.value) == (f"--pool-size: Input should be greater than or equal to 1; "
+                             f"--agent-start-config {start}: pool_sise: Extra inputs are not permitted")
+    with pytest.raises(SetupError, match="^--max-retries: Input should be greater than or equal to 0$"):
         parse_args(["--max-retries", "-1"])
 
 

@@ -9,6 +9,7 @@ entries as groups finish, this process polls for them (docs/feed.md).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.errors import error_body, install_error_handlers
-from rollout.feed.groups import GroupOptions, load_groups
+from rollout.feed.groups import GroupOptions, check_min_valid, load_groups
 from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 from store import MAX_INT
 from store.feed import FeedQueries
@@ -30,11 +31,19 @@ MAX_LIMIT = 500
 @dataclass(frozen=True)
 class FeedSettings:
     """The service's defaults: ``min_valid`` valid samples for a trainable group, how often the
-    store is polled while a client waits (seconds), and the SSE keep-alive interval (seconds)."""
+    store is polled while a client waits (seconds), and the SSE keep-alive interval (seconds).
+    ValueError for a ``min_valid`` below 1 or an interval that is not a finite number above 0."""
 
     min_valid: int = 2
     poll_interval_s: float = 0.2
     keepalive_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        check_min_valid(self.min_valid)
+        for name in ("poll_interval_s", "keepalive_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number of seconds above 0, not {value!r}")
 
 
 class UnknownJob(LookupError):
@@ -64,13 +73,20 @@ def _error(status: int, code: str, message: str, param: str | None = None) -> JS
     return JSONResponse(error_body(status, message, code=code, param=param), status_code=status)
 
 
-def _unknown_param(request: Request, known: tuple[str, ...]) -> JSONResponse | None:
-    """A 400 naming the first query parameter not in ``known`` (a typo would otherwise fall back
-    to the default silently), or None."""
-    for name in request.query_params:
+def _bad_params(request: Request, known: tuple[str, ...]) -> JSONResponse | None:
+    """A 400 naming the first query parameter not in ``known`` (``unknown_parameter``: a typo would
+    otherwise fall back to the default silently) or given more than once (``repeated_parameter``:
+    which one counts would be a guess), or None."""
+    seen: set[str] = set()
+    for name, _ in request.query_params.multi_items():
         if name not in known:
-            return _error(400, "unknown_parameter", f"unknown query parameter {name!r} (known: {', '.join(known)})",
+            listed = ", ".join(known) if known else "none"
+            return _error(400, "unknown_parameter", f"unknown query parameter {name!r} (known: {listed})",
                           param=name)
+        if name in seen:
+            return _error(400, "repeated_parameter", f"query parameter {name!r} is given more than once "
+                                                     "(give it once)", param=name)
+        seen.add(name)
     return None
 
 
@@ -106,7 +122,9 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
         return {"status": "ok"}
 
     @app.get("/v1/jobs/{job_id}")
-    async def progress(job_id: str) -> Response:
+    async def progress(request: Request, job_id: str) -> Response:
+        if (bad := _bad_params(request, ())) is not None:
+            return bad
         try:
             return Response((await ensure(job_id)).model_dump_json(), media_type="application/json")
         except UnknownJob:
@@ -116,9 +134,9 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
     async def groups(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                      limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
-                     min_valid: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+                     min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
                      normalize: Normalize = "std", view: View = "full") -> Response:
-        if (bad := _unknown_param(request, GROUPS_PARAMS)) is not None:
+        if (bad := _bad_params(request, GROUPS_PARAMS)) is not None:
             return bad
         opts = options(min_valid, normalize, view)
         deadline = time.monotonic() + wait
@@ -138,10 +156,10 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
 
     @app.get("/v1/jobs/{job_id}/groups/stream")
     async def stream(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
-                     min_valid: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+                     min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
                      normalize: Normalize = "std", view: View = "full",
                      last_event_id: Annotated[str | None, Header()] = None) -> Response:
-        if (bad := _unknown_param(request, STREAM_PARAMS)) is not None:
+        if (bad := _bad_params(request, STREAM_PARAMS)) is not None:
             return bad
         opts = options(min_valid, normalize, view)
         cursor = after

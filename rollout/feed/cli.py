@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rollout.argtypes import finite_float, int_at_least, port_number
 from rollout.feed.app import FeedSettings, create_feed_app
 from rollout.feed.export import ExportError, export_job
 from rollout.feed.groups import GroupOptions
@@ -41,10 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     feed = sub.add_parser("feed", help="serve the feed of ready groups (GET /v1/jobs/{job_id}/groups)")
     feed.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     feed.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    feed.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
-    feed.add_argument("--min-valid-samples", type=int, default=2,
+    feed.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    feed.add_argument("--min-valid-samples", type=int_at_least(1), default=2,
                       help="valid samples a group needs to be trainable (default 2; a request may set min_valid)")
-    feed.add_argument("--poll-interval-s", type=float, default=0.2,
+    feed.add_argument("--poll-interval-s", type=finite_float(positive=True), default=0.2,
                       help="how often the store is polled while a client waits (default 0.2 s)")
     feed.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     exp = sub.add_parser("export", help="write a job's groups as jsonl, parquet or the OpenAI chat format")
@@ -54,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--per", choices=["session", "step"], default="session", help="one row per session (default) or step")
     exp.add_argument("--only-trainable", action="store_true",
                      help="only valid samples of trainable groups (no errored, unscored or flagged ones)")
-    exp.add_argument("--min-score", type=float, help="only samples scored at least this (e.g. 10 for SFT on passes)")
-    exp.add_argument("--min-valid-samples", type=int, default=2, help="valid samples a trainable group needs (default 2)")
+    exp.add_argument("--min-score", type=finite_float(), help="only samples scored at least this (e.g. 10 for SFT on passes)")
+    exp.add_argument("--min-valid-samples", type=int_at_least(1), default=2, help="valid samples a trainable group needs (default 2)")
     exp.add_argument("--normalize", choices=["std", "none"], default="std",
                      help="advantage: (score - mean) / std (default) or score - mean")
     exp.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
@@ -68,15 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--llm-model", help="default route of batches (default: the gateway config's)")
     srv.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    srv.add_argument("--port", type=int, default=SERVE_PORT, help=f"port (default {SERVE_PORT}; 0: any free port)")
-    srv.add_argument("--pool-size", type=int, default=4, help="sessions run at once (default 4)")
+    srv.add_argument("--port", type=port_number, default=SERVE_PORT, help=f"port (default {SERVE_PORT}; 0: any free port)")
+    srv.add_argument("--pool-size", type=int_at_least(1), default=4, help="sessions run at once (default 4)")
     srv.add_argument("--no-evaluation", action="store_true", help="do not grade (default: grade every session)")
-    srv.add_argument("--eval-timeout", type=float, default=60.0, help="evaluator timeout in seconds (default 60)")
+    srv.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
     srv.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap", help="runtime sandbox (default bwrap)")
-    srv.add_argument("--max-retries", type=int, default=2, help="retries of infrastructure failures (default 2)")
-    srv.add_argument("--retry-backoff-s", type=float, default=1.0, help="backoff before the first retry (default 1 s)")
-    srv.add_argument("--min-valid-samples", type=int, default=2, help="valid samples a trainable group needs (default 2)")
-    srv.add_argument("--poll-interval-s", type=float, default=0.2, help="feed poll interval (default 0.2 s)")
+    srv.add_argument("--max-retries", type=int_at_least(0), default=2, help="retries of infrastructure failures (default 2)")
+    srv.add_argument("--retry-backoff-s", type=finite_float(low=0), default=1.0, help="backoff before the first retry (default 1 s)")
+    srv.add_argument("--min-valid-samples", type=int_at_least(1), default=2, help="valid samples a trainable group needs (default 2)")
+    srv.add_argument("--poll-interval-s", type=finite_float(positive=True), default=0.2, help="feed poll interval (default 0.2 s)")
     srv.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     return ap
 

@@ -28,12 +28,25 @@ _TOKEN_STEP_STATUSES = frozenset({"ok", "truncated"})
 class GroupOptions:
     """How groups are built: ``min_valid`` valid samples for a group to be trainable, the
     advantage normalization, and what each sample carries (``full``: steps with messages and
-    token sequences; ``tokens``: no messages; ``scores``: no steps)."""
+    token sequences; ``tokens``: no messages; ``scores``: no steps). ValueError for a
+    ``min_valid`` below 1: a group without a valid sample is never trainable."""
 
     min_valid: int = 2
     normalize: Normalize = "std"
     view: View = "full"
     eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        check_min_valid(self.min_valid)
+
+
+def check_min_valid(min_valid: int) -> int:
+    """``min_valid`` when it is at least 1, else ValueError (a group needs a valid sample to be
+    trainable, whatever the caller asks)."""
+    if isinstance(min_valid, bool) or not isinstance(min_valid, int) or min_valid < 1:
+        raise ValueError(f"min_valid must be an integer >= 1 (a trainable group needs a valid sample), "
+                         f"not {min_valid!r}")
+    return min_valid
 
 
 def invalid_reason(row: Mapping[str, Any]) -> str | None:
@@ -148,7 +161,7 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
             sequences=None if opts.view == "scores" else token_sequences(rows)))
     n_valid = sum(1 for s in samples if s.valid)
     flags: list[str] = []
-    if n_valid < opts.min_valid:
+    if n_valid < opts.min_valid:  # min_valid >= 1 (GroupOptions): never trainable without a valid sample
         flags.append("too_few_valid")
     if any(not r.get("finished") for r in sessions):
         flags.append("incomplete")

@@ -33,6 +33,28 @@ PAGE_SIZE = 50
 COMPARE_PAGE = 100
 
 
+SESSION_PARAMS = ("env", "case", "model", "status", "eval", "group", "score_min", "score_max", "sort", "dir", "page")
+COMPARE_PARAMS = ("a", "b", "changed", "page")
+SESSION_STATUSES = ("pending", "running", "retrying", "succeeded", "failed", "truncated", "timeout", "error",
+                    "cancelled")
+"""``job_environments.status`` values (store.models.JobEnvironment)."""
+EVAL_STATUSES = ("scored", "invalid_reward", "error", "timeout", "skipped", "infra_error", "none")
+"""``job_environments.eval_status`` values; ``none``: not evaluated."""
+MAX_PAGE = 10**9
+
+
+def _check_params(request: Request, known: tuple[str, ...]) -> None:
+    """400 for a query parameter not in ``known`` (a typo would otherwise be ignored silently) or
+    given twice."""
+    seen: set[str] = set()
+    for name, _ in request.query_params.multi_items():
+        if name not in known:
+            raise HTTPException(400, f"unknown parameter {name!r} (known: {', '.join(known)})")
+        if name in seen:
+            raise HTTPException(400, f"parameter {name!r} is given more than once")
+        seen.add(name)
+
+
 def _opt_float(request: Request, name: str) -> float | None:
     raw = request.query_params.get(name, "").strip()
     if not raw:
@@ -51,10 +73,18 @@ def _opt_str(request: Request, name: str) -> str | None:
     return raw or None
 
 
+def _one_of(request: Request, name: str, allowed: list[str]) -> str | None:
+    """The value of ``name`` when it is one of ``allowed`` (None when absent), else 400."""
+    value = _opt_str(request, name)
+    if value is not None and value not in allowed:
+        raise HTTPException(400, f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value
+
+
 def _page(request: Request) -> int:
     raw = request.query_params.get("page", "1").strip() or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise HTTPException(400, f"page={raw!r} is not a page number (1, 2, ...)")
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
+        raise HTTPException(400, f"page={raw[:40]!r} is not a page number (1 to {MAX_PAGE})")
     return int(raw)
 
 
@@ -98,15 +128,22 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
 
     async def sessions(request: Request) -> Response:
         job_id = request.path_params["job_id"]
+        _check_params(request, SESSION_PARAMS)
         info = await need_job(job_id)
+        values = await queries.filter_values(job_id)  # a status this version does not know still filters
         flt = SessionFilter(env_name=_opt_str(request, "env"), case_id=_opt_str(request, "case"),
-                            llm_model=_opt_str(request, "model"), status=_opt_str(request, "status"),
-                            eval_status=_opt_str(request, "eval"), group_id=_opt_str(request, "group"),
+                            llm_model=_opt_str(request, "model"),
+                            status=_one_of(request, "status", sorted({*SESSION_STATUSES, *values["status"]})),
+                            eval_status=_one_of(request, "eval", sorted({*EVAL_STATUSES, *values["eval_status"]})),
+                            group_id=_opt_str(request, "group"),
                             score_min=_opt_float(request, "score_min"), score_max=_opt_float(request, "score_max"))
+        if flt.score_min is not None and flt.score_max is not None and flt.score_min > flt.score_max:
+            raise HTTPException(400, f"score_min={flt.score_min:g} is above score_max={flt.score_max:g}: "
+                                     "no score can match")
         sort = request.query_params.get("sort", "order")
         if sort not in SORTS:
             raise HTTPException(400, f"sort={sort!r}: sort by one of {', '.join(SORTS)}")
-        descending = request.query_params.get("dir", "asc") == "desc"
+        descending = _one_of(request, "dir", ["asc", "desc"]) == "desc"
         n = _page(request)
         result = await queries.session_page(job_id, flt, sort=sort, descending=descending,
                                             offset=(n - 1) * PAGE_SIZE, limit=PAGE_SIZE)
@@ -115,7 +152,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
             raise HTTPException(404, f"page {n} of {pages}: no such page")
         args = {k: v for k, v in request.query_params.items() if k != "page" and v}
         return page("sessions.html", job=info, result=result, flt=flt, sort=sort, descending=descending,
-                    page_no=n, pages=pages, args=args, values=await queries.filter_values(job_id),
+                    page_no=n, pages=pages, args=args, values=values,
                     live_url=_job_live(info), live_every=_live_every(info))
 
     async def session(request: Request) -> Response:
@@ -171,6 +208,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         return cached[1]
 
     async def compare(request: Request) -> Response:
+        _check_params(request, COMPARE_PARAMS)
         a, b = _opt_str(request, "a"), _opt_str(request, "b")
         ids = await queries.job_ids()
         if not a or not b:

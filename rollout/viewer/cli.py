@@ -8,6 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from rollout.argtypes import port_number
 from rollout.local_server import listen, run_command, run_server, url_of
 from rollout.logs import setup_logging
 from rollout.viewer.app import create_app
@@ -25,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     view = sub.add_parser("view", help="serve the trajectory viewer (read-only) on loopback")
     view.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
-    view.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    view.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
     view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     view.add_argument("--agent-root", type=Path, default=Path("env"),
                       help="folder of env configs, to know each env's hidden fields (default env)")

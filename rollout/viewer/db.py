@@ -34,7 +34,8 @@ async def open_queries(url: str) -> tuple[AsyncEngine, ViewerQueries]:
         ok = await queries.has_store()
     except Exception as e:
         await engine.dispose()
-        raise ViewerError(f"cannot read {url}: {type(e).__name__}: {e}") from e
+        orig = getattr(e, "orig", None)  # the driver's error, without SQLAlchemy's statement and link
+        raise ViewerError(f"cannot read {url}: {type(orig or e).__name__}: {orig or e}") from e
     if not ok:
         await engine.dispose()
         raise ViewerError(f"{url} holds no job_environments/session_steps tables: not a trajectory store")

@@ -101,9 +101,12 @@ async def test_an_unknown_job_is_a_feed_error(tmp_path: Path) -> None:
     feed = await asyncio.to_thread(start_feed, db, port)
     try:
         with FeedClient(f"http://127.0.0.1:{port}") as c:
-            with pytest.raises(FeedError, match="HTTP 404.*unknown_job"):
+            with pytest.raises(FeedError) as ei:
                 await asyncio.to_thread(c.progress, "nope")
-            with pytest.raises(FeedError, match="HTTP 400.*query parameter 'after'"):
+            assert str(ei.value) == "GET /v1/jobs/nope: HTTP 404 unknown_job: no job 'nope' in this store"
+            with pytest.raises(FeedError, match="HTTP 400 invalid_request: .*query parameter 'after'"):
                 await asyncio.to_thread(c.page, "nope", -1)
+            with pytest.raises(ValueError, match=r"^min_valid must be an integer >= 1 .*not 0$"):
+                c.page("nope", min_valid=0)  # refused before any request
     finally:
         stop_feed(feed)

@@ -128,3 +128,20 @@ def test_a_job_id_that_is_a_path_is_refused(tmp_path: Path) -> None:
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and "is not a job id" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, not even runs/
+
+
+async def test_min_valid_below_one_and_a_non_finite_min_score_are_refused_before_writing(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    await _job(db)
+    for args, line in ((["--min-valid-samples", "0"], "argument --min-valid-samples: 0 is below 1 (it must be at "
+                                                      "least 1)"),
+                       (["--min-score", "nan"], "argument --min-score: 'nan' is not a finite number")):
+        r = subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
+                            "--job-id", "j", "--out", str(tmp_path / "x.jsonl"), *args], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert (r.returncode, r.stderr.splitlines()[-1]) == (2, f"launcher.py export: error: {line}"), r.stderr
+        assert not (tmp_path / "x.jsonl").exists()
+    export(db, "--min-valid-samples", "1", "--out", str(tmp_path / "x.jsonl"))
+    rows = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
+    by_group = {(r["group_id"], r["group_n_valid"], r["group_trainable"]) for r in rows}
+    assert by_group == {("g1", 2, True), ("g2", 1, True)}  # min_valid 1: one valid sample is enough

@@ -157,3 +157,39 @@ async def test_a_job_recorded_before_the_feed_is_backfilled_in_finishing_order(s
         page = (await c.get("/v1/jobs/old/groups", params={"after": 2})).json()
         assert [(g["group_id"], g["cursor"], g["revision"]) for g in page["groups"]] == [("b", 3, 1)]
     assert await store.backfill_feed("old") == 0
+
+
+async def test_min_valid_below_one_is_refused_and_a_group_without_a_valid_sample_is_never_trainable(
+        store: Store) -> None:
+    ids = await make_job(store, "j", {"bad": 2})
+    for sid in ids["bad"]:  # every sample an evaluator error
+        await finish(store, sid, None, "error", eval_reason="KeyError")
+    async with client(store) as c:
+        for path in ("/v1/jobs/j/groups", "/v1/jobs/j/groups/stream"):
+            for value in (0, -1):
+                r = await c.get(path, params={"min_valid": value})
+                err = r.json()["error"]
+                assert (r.status_code, err["param"], err["code"]) == (400, "min_valid", "invalid_request"), r.text
+                assert err["message"].endswith(f"Input should be greater than or equal to 1 (got '{value}')"), err
+        (g,) = (await c.get("/v1/jobs/j/groups", params={"min_valid": 1, "view": "scores"})).json()["groups"]
+        assert (g["n_valid"], g["min_valid"], g["trainable"], g["flags"]) == (0, 1, False, ["too_few_valid"])
+    with pytest.raises(ValueError, match=r"^min_valid must be an integer >= 1 .*not 0$"):
+        FeedSettings(min_valid=0)
+    with pytest.raises(ValueError, match=r"^poll_interval_s must be a finite number of seconds above 0, not nan$"):
+        FeedSettings(poll_interval_s=float("nan"))
+
+
+async def test_every_route_refuses_unknown_and_repeated_parameters(store: Store) -> None:
+    await make_job(store, "j", {"a": 1})
+    async with client(store) as c:
+        r = await c.get("/v1/jobs/j", params={"foo": 1})
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": "unknown query parameter 'foo' (known: none)", "type": "invalid_request_error",
+            "param": "foo", "code": "unknown_parameter"}
+        assert (await c.get("/v1/jobs/j")).status_code == 200
+        for path, query in (("/v1/jobs/j/groups", "limit=1&limit=2"), ("/v1/jobs/j/groups/stream", "after=0&after=3")):
+            r = await c.get(f"{path}?{query}")
+            name = query.split("=")[0]
+            assert r.status_code == 400 and r.json()["error"] == {
+                "message": f"query parameter {name!r} is given more than once (give it once)",
+                "type": "invalid_request_error", "param": name, "code": "repeated_parameter"}, r.text

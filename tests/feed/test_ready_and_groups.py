@@ -119,6 +119,19 @@ def test_group_flags_too_few_valid_and_no_signal() -> None:
     assert (g.n_valid, g.trainable, g.flags) == (2, True, ["no_signal"])
 
 
+def test_min_valid_is_at_least_one_so_a_group_without_a_valid_sample_is_never_trainable() -> None:
+    rows = [{"env_id": f"s{k}", "job_id": "j", "group_id": "g", "env_name": "e", "case_id": "c", "llm_model": "m",
+             "sample_index": k, "status": "succeeded", "finished": True, "reward": None, "eval_status": "error"}
+            for k in range(2)]
+    g = build_group(None, rows, {}, GroupOptions(min_valid=1))
+    assert (g.n_valid, g.trainable, g.flags, g.mean_score) == (0, False, ["too_few_valid"], None)
+    for bad in (0, -3, True, 1.5):
+        with pytest.raises(ValueError) as ei:
+            GroupOptions(min_valid=bad)  # type: ignore[arg-type]
+        assert str(ei.value) == (f"min_valid must be an integer >= 1 (a trainable group needs a valid sample), "
+                                 f"not {bad!r}")
+
+
 async def test_loaded_group_carries_steps_and_null_tokens_when_not_captured(tmp_path: Path) -> None:
     store = Store(f"sqlite://{tmp_path}/t.db")
     await store.init()

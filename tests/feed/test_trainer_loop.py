@@ -1,12 +1,14 @@
 """The example trainer against a job in progress: the real launcher (gateway, runtimes,
 evaluator) with the fake upstream as the model, the feed service as a subprocess, the trainer
-killed while the job still runs and restarted: every group is seen exactly once, in ready order."""
+killed while the job still runs and restarted: every group is seen exactly once, in ready order;
+its errors (unknown job, bad state file, bad flags) are one line and a nonzero exit."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from store import Store
 from tests.fake_upstream import DEFAULT_TEXT, FakeRequest, FakeUpstream, Reply, chat_completion
 from tests.feed.helpers import CASES, ENV, REPO, make_env
 
@@ -121,3 +124,50 @@ async def test_trainer_reads_a_running_job_survives_a_restart_and_sees_each_grou
     assert d["samples"][1]["valid"] is False and d["samples"][1]["score"] is None
     assert d["samples"][1]["invalid_reason"].startswith("evaluation error")
     assert run2[-1]["event"] == "done" and run2[-1]["groups"] == 4 and run2[-1]["cursor"] == 4
+
+
+def test_trainer_errors_are_one_line_and_a_nonzero_exit(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+
+    async def empty_store() -> None:
+        store = Store(f"sqlite://{db}")
+        await store.init()
+        await store.close()
+
+    asyncio.run(empty_store())
+    feed = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}",
+                             "--port", "0"], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert feed.stdout is not None
+        url = feed.stdout.readline().split()[2].rstrip("/")
+
+        def trainer(*args: str) -> tuple[int, str]:
+            r = subprocess.run([sys.executable, str(REPO / "examples" / "trainer_loop.py"), "--feed-url", url,
+                                "--job-id", "nope", *args], capture_output=True, text=True, timeout=120, env=ENV,
+                               cwd=tmp_path)
+            assert "Traceback" not in r.stderr, r.stderr
+            return r.returncode, r.stderr.strip().splitlines()[-1]
+
+        state = tmp_path / "state.json"
+        assert trainer("--state", str(state)) == (
+            1, "error: GET /v1/jobs/nope/groups: HTTP 404 unknown_job: no job 'nope' in this store")
+        assert not state.exists()
+        folder = tmp_path / "folder"
+        folder.mkdir()
+        assert trainer("--state", str(folder)) == (1, f"error: --state {folder} is a folder; give a file path")
+        state.write_text('{"cursor": "x"}')
+        assert trainer("--state", str(state)) == (
+            1, f"error: --state {state} does not hold a trainer state (a JSON object with cursor, groups, updates, "
+               "loss_sum)")
+        state.write_text("{not json")
+        code, line = trainer("--state", str(state))
+        assert code == 1 and line.startswith(f"error: cannot read --state {state}: Expecting property name")
+        assert trainer("--state", str(state), "--min-valid", "-1") == (
+            2, "trainer_loop.py: error: argument --min-valid: -1 is below 1 (it must be at least 1)")
+        assert trainer("--state", str(state), "--wait-s", "nan") == (
+            2, "trainer_loop.py: error: argument --wait-s: 'nan' is not a finite number")
+    finally:
+        feed.kill()
+        feed.wait()
+        if feed.stdout is not None:
+            feed.stdout.close()

@@ -69,3 +69,19 @@ def test_a_store_that_cannot_be_opened_exits_4_and_a_bad_db_url_exits_2(tmp_path
     p = run(str(tmp_path / "nowhere" / "t.db"))  # validated as the config's own value would be
     assert p.returncode == 2 and f"the folder {tmp_path}/nowhere of the SQLite file does not exist" in p.stderr
     assert not (tmp_path / "t.db").exists()
+
+
+def test_a_port_out_of_range_or_a_folder_as_db_url_is_one_line_naming_the_flag_or_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(yaml.safe_dump({"listen_port": 70000, "storage_config": {"db_url": f"sqlite://{tmp_path}/t.db"}}))
+
+    def run(*args: str) -> tuple[int, str]:
+        p = subprocess.run([sys.executable, "-m", "gateway", "--config", str(cfg), *args], capture_output=True,
+                           text=True, timeout=120, env=os.environ.copy())
+        return p.returncode, p.stderr
+
+    assert run() == (2, f"error: gateway config {cfg}: listen_port: Input should be less than or equal to 65535\n")
+    assert run("--port", "99999") == (2, "error: --port: Input should be less than or equal to 65535\n")
+    assert run("--port", "0", "--db-url", str(tmp_path)) == (
+        2, f"error: --db-url: storage '{tmp_path}': {tmp_path} is a folder, not a SQLite file\n")
+    assert not (tmp_path / "t.db").exists()

@@ -559,6 +559,9 @@ async def test_a_control_body_larger_than_its_limit_is_a_413(gw: Gateway) -> Non
         r = await http.post(path, json={"reason": padding})
         assert r.status_code == 413, path
         assert_openai_error(r.json(), type_="invalid_request_error", code="request_too_large")
+        assert r.json()["error"]["message"] == (  # the fixed control limit, not max_request_bytes
+            "request body is larger than the gateway's limit of 65536 bytes "
+            "(control body limit, fixed: a close or admin body holds a few fields)"), path
     r = await http.post("/v1/sessions/big/close", json={"reason": "done"})
     assert (r.status_code, r.json()["close_reason"]) == (200, "done")  # the refused close closed nothing
 

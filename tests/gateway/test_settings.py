@@ -62,3 +62,36 @@ def test_storage_type_is_derived_from_the_db_url_and_must_agree_with_it() -> Non
         GatewaySettings.model_validate({"storage_config": {"db_url": "/nowhere/x.db"}})
     with pytest.raises(ValidationError, match="unsupported storage URL 'mysql://db/x': use a file path, sqlite://"):
         GatewaySettings.model_validate({"storage_config": {"db_url": "mysql://db/x"}})
+
+
+def test_listen_port_is_a_port_number() -> None:
+    assert GatewaySettings.model_validate({"listen_port": 0}).listen_port == 0
+    assert GatewaySettings.model_validate({"listen_port": 65535}).listen_port == 65535
+    for bad in (-1, 65536, 70000):
+        with pytest.raises(ValidationError, match="listen_port"):
+            GatewaySettings.model_validate({"listen_port": bad})
+
+
+def test_config_errors_are_one_line_per_problem_naming_the_file_field_or_flag(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("listen_port: 70000\nbogus: 1\nllm_routes:\n  a:\n    base_url: 3\n")
+    with pytest.raises(ConfigError) as ei:
+        load_settings(cfg)
+    assert str(ei.value).splitlines() == [
+        f"gateway config {cfg}: listen_port: Input should be less than or equal to 65535",
+        f"gateway config {cfg}: llm_routes.a.base_url: Input should be a valid string",
+        f"gateway config {cfg}: bogus: Extra inputs are not permitted"]
+    cfg.write_text("listen_port: 8000\n")
+    with pytest.raises(ConfigError) as ei:  # a flag's value is blamed on the flag, not the file
+        load_settings(cfg, host="127.0.0.1", port=99999, db_url=str(tmp_path))
+    assert str(ei.value).splitlines() == [
+        "--port: Input should be less than or equal to 65535"]
+    with pytest.raises(ConfigError) as ei:
+        load_settings(cfg, db_url=str(tmp_path))
+    assert str(ei.value) == f"--db-url: storage '{tmp_path}': {tmp_path} is a folder, not a SQLite file"
+    cfg.write_text(f"storage_config:\n  db_url: {tmp_path}\n")
+    with pytest.raises(ConfigError) as ei:  # the same value in the file names the file and the field
+        load_settings(cfg)
+    assert str(ei.value) == (f"gateway config {cfg}: storage_config.db_url: storage '{tmp_path}': {tmp_path} is a "
+                             "folder, not a SQLite file")
+    assert "pydantic.dev" not in str(ei.value) and "validation error" not in str(ei.value)

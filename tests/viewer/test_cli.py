@@ -28,3 +28,12 @@ def test_view_needs_known_flags(tmp_path: Path) -> None:
     bad = run("view", "--bogus", cwd=tmp_path)
     assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
     assert run("report", cwd=tmp_path).returncode == 2  # --job-id is required
+
+
+def test_a_file_that_is_not_sqlite_is_one_line_without_sqlalchemys_link(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.db"
+    notes.write_text("these are notes\n")
+    for cmd in (["report", "--job-id", "j"], ["view", "--port", "0"]):
+        p = run(*cmd, "--db-path", str(notes), cwd=tmp_path)
+        assert (p.returncode, p.stderr) == (1, f"error: cannot read {notes}: DatabaseError: file is not a database\n")
+    assert notes.read_text() == "these are notes\n"
