@@ -107,7 +107,7 @@ class JobOptions(BaseModel):
     out: Path | None = None
     keep_workspaces: bool = False
     max_retries: int = Field(default=2, ge=0)
-    retry_backoff_s: float = Field(default=1.0, ge=0)
+    retry_backoff_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     retry_on: list[str] = Field(default_factory=lambda: sorted(DEFAULT_RETRY_ON))
     no_retry_on: list[str] = Field(default_factory=list)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)

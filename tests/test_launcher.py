@@ -515,10 +515,11 @@ async def test_sigterm_stops_everything(tmp_path: Path) -> None:
             "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--job-id", "jt", "--no-progress",
             cwd=str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         gateway_log = tmp_path / "runs" / "logs" / "jt" / "gateway.log"
-        for _ in range(300):  # SIGTERM while the gateway is still starting
-            await asyncio.sleep(0.02)
+        for _ in range(6000):  # SIGTERM once the gateway is being started (a loaded machine may take long)
             if gateway_log.exists():
                 break
+            await asyncio.sleep(0.02)
+        assert gateway_log.exists(), "the launcher never started its gateway"
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 143, err.decode()[-2000:]
@@ -537,6 +538,8 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     assert opts.retry_policy().retries("gateway_unreachable") and not opts.retry_policy().retries("launcher_error")
     with pytest.raises(SetupError, match="--rl-group-size: Input should be less than or equal to 10000"):
         parse_args(["--rl-group-size", str(10**11)])  # refused before planning, not planned for ever
+    with pytest.raises(SetupError, match="--retry-backoff-s: Input should be a finite number"):
+        parse_args(["--retry-backoff-s", "inf"])
     start = tmp_path / "start.yaml"
     start.write_text(yaml.safe_dump({"max_retries": 5, "no_retry_on": ["setup_failed"],
                                      "retry_on": ["setup_failed", "runtime_crashed", "launcher_error"],
