@@ -141,7 +141,9 @@ class SessionStep(SQLModel, table=True):
     ``encoding`` (NULL: every column holds its value in full) says how ``messages``, ``request``
     and ``prompt_token_ids`` are rebuilt from an earlier step of the session
     (:mod:`store.stepcodec`, docs/storage.md); every read of the store rebuilds them, so readers
-    see full values and ``encoding`` NULL.
+    see full values and ``encoding`` NULL. ``packed`` (format 3, NULL otherwise): the row's
+    ``messages``, ``request``, ``response`` and token columns as one zlib stream, those columns
+    then NULL; every read unpacks it and returns it NULL.
     """
 
     __tablename__ = "session_steps"
@@ -162,9 +164,9 @@ class SessionStep(SQLModel, table=True):
     is_stream: bool = False
     status: str = Field(default="ok", max_length=32)
     status_code: int | None = None
-    messages: Any = _json()
-    request: Any = _json()
-    response: Any = _json()
+    messages: Any = _json_or_null()
+    request: Any = _json_or_null()
+    response: Any = _json_or_null()
     finish_reason: str | None = Field(default=None, max_length=64)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -185,6 +187,7 @@ class SessionStep(SQLModel, table=True):
     policy_version: int | None = None
     extends_prefix: bool | None = None
     encoding: list[Any] | None = _json_or_null()
+    packed: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
 
 
 STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]
