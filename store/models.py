@@ -9,6 +9,7 @@ JSON columns hold the exact decoded JSON; timestamps are timezone-aware UTC date
 
 from __future__ import annotations
 
+import base64
 import os
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -46,10 +47,11 @@ def utcnow() -> datetime:
 
 
 def new_record_id() -> str:
-    """A globally unique step record id: 128 random bits from the OS as 32 hex chars (the
-    randomness of a uuid4, without building a UUID object on the hot path); stable across gateway
-    restarts, never reused."""
-    return os.urandom(16).hex()
+    """A globally unique step record id: 128 random bits from the OS as 22 URL-safe base64
+    characters (``A-Z a-z 0-9 - _``; the randomness of a uuid4, without building a UUID object on
+    the hot path); stable across gateway restarts, never reused. Rows of earlier versions keep
+    their 32 hex digits: a reader takes the id as an opaque string."""
+    return base64.urlsafe_b64encode(os.urandom(16))[:22].decode("ascii")
 
 
 MAX_INT = 2**63 - 1

@@ -226,6 +226,11 @@ class StepEncoder:
                 p_keep = tokens.common_prompt_blocks(base.tokens)
         answer = tuple(message_digest(m) for m in answer_items(row["response"]))
         pending = Pending(sid, _Stored(seq, digests, answer, rest_digest, tokens))
+        meta = row["meta_json"]
+        if self.version == 3 and isinstance(meta, dict) and next(iter(meta), None) == "route" \
+                and meta["route"] == row["llm_model"]:
+            q |= 8  # the route is the llm_model column: not stored twice
+            row["meta_json"] = {k: v for k, v in meta.items() if k != "route"}
         if not (m_keep or a or q or p_keep):
             row["encoding"] = [3] if self.version == 3 else None
             return pending
@@ -362,8 +367,10 @@ def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
         if key is not None:
             rest = request
             request = {**rest, key: [_copy(m) for m in messages[f:]]}
-        if q:
+        if q & 3:
             _set(row, "request", request)
+        if enc[0] == 3 and len(enc) > 4 and enc[4] & 8 and not (isinstance(row, Mapping) and "meta_json" not in row):
+            _set(row, "meta_json", {"route": _get(row, "llm_model"), **(_get(row, "meta_json") or {})})
         _set(row, "encoding", None)
     rest = {**request, key: None} if key is not None else request
     completion = _get(row, "completion_token_ids")
