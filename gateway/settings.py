@@ -361,8 +361,9 @@ class TelemetrySettings(_Strict):
     commits up to ``batch_max`` steps per transaction; ``queue_max`` bounds the queue.
     ``step_deltas`` (default true): store each step's ``messages``, ``request`` and
     ``prompt_token_ids`` as a delta on the session's previous step, so storage grows with the
-    conversation, not its square (:mod:`store.stepcodec`, docs/storage.md); false stores every
-    value in full (for tools that read ``session_steps`` with their own SQL)."""
+    conversation, not its square, and compressed by the store's writer when that makes the row
+    smaller (:mod:`store.stepcodec`, docs/storage.md); false stores every value in full and
+    uncompressed (for tools that read ``session_steps`` with their own SQL)."""
 
     mode: Literal["strict", "best_effort"] = "strict"
     batch_max: int = Field(default=256, ge=1)

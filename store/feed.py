@@ -41,8 +41,8 @@ _STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint", "statu
 
 # A step may be stored as a delta on an earlier step of its session (column ``encoding``,
 # ``store.stepcodec``): every read takes these columns and rebuilds the full values.
-_CODEC_COLUMNS = ("session_id", "seq", "encoding", "messages", "request", "response", "prompt_token_ids",
-                  "completion_token_ids")
+_CODEC_COLUMNS = ("session_id", "seq", "encoding", "packed", "messages", "request", "response", "prompt_token_ids",
+                  "completion_token_ids", "completion_logprobs")
 
 
 def _rebuild(rows: list[dict[str, Any]], *, keep_messages: bool, keep_request: bool) -> None:
@@ -51,6 +51,7 @@ def _rebuild(rows: list[dict[str, Any]], *, keep_messages: bool, keep_request: b
     decode_rows(rows)
     for row in rows:
         row.pop("encoding", None)
+        row.pop("packed", None)
         if not keep_messages:
             row.pop("messages", None)
         if not keep_request:

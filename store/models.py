@@ -9,6 +9,7 @@ JSON columns hold the exact decoded JSON; timestamps are timezone-aware UTC date
 
 from __future__ import annotations
 
+import base64
 import os
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -46,10 +47,11 @@ def utcnow() -> datetime:
 
 
 def new_record_id() -> str:
-    """A globally unique step record id: 128 random bits from the OS as 32 hex chars (the
-    randomness of a uuid4, without building a UUID object on the hot path); stable across gateway
-    restarts, never reused."""
-    return os.urandom(16).hex()
+    """A globally unique step record id: 128 random bits from the OS as 22 URL-safe base64
+    characters (``A-Z a-z 0-9 - _``; the randomness of a uuid4, without building a UUID object on
+    the hot path); stable across gateway restarts, never reused. Rows of earlier versions keep
+    their 32 hex digits: a reader takes the id as an opaque string."""
+    return base64.urlsafe_b64encode(os.urandom(16))[:22].decode("ascii")
 
 
 MAX_INT = 2**63 - 1
@@ -141,7 +143,9 @@ class SessionStep(SQLModel, table=True):
     ``encoding`` (NULL: every column holds its value in full) says how ``messages``, ``request``
     and ``prompt_token_ids`` are rebuilt from an earlier step of the session
     (:mod:`store.stepcodec`, docs/storage.md); every read of the store rebuilds them, so readers
-    see full values and ``encoding`` NULL.
+    see full values and ``encoding`` NULL. ``packed`` (format 3, NULL otherwise): the row's
+    ``messages``, ``request``, ``response`` and token columns as one zlib stream, those columns
+    then NULL; every read unpacks it and returns it NULL.
     """
 
     __tablename__ = "session_steps"
@@ -162,9 +166,9 @@ class SessionStep(SQLModel, table=True):
     is_stream: bool = False
     status: str = Field(default="ok", max_length=32)
     status_code: int | None = None
-    messages: Any = _json()
-    request: Any = _json()
-    response: Any = _json()
+    messages: Any = _json_or_null()
+    request: Any = _json_or_null()
+    response: Any = _json_or_null()
     finish_reason: str | None = Field(default=None, max_length=64)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -185,6 +189,7 @@ class SessionStep(SQLModel, table=True):
     policy_version: int | None = None
     extends_prefix: bool | None = None
     encoding: list[Any] | None = _json_or_null()
+    packed: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
 
 
 STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]

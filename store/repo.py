@@ -45,7 +45,7 @@ from store.models import (
     attempt_session_id,
     utcnow,
 )
-from store.stepcodec import decode_rows
+from store.stepcodec import decode_rows, pack
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -328,6 +328,7 @@ class _SqliteBatchWriter:
     def _commit_on(self, con: sqlite3.Connection, steps: list[Mapping[str, Any]],
                    sessions: list[Mapping[str, Any]], release: bool = False) -> None:
         session_rows = [self._session_row(gs) for gs in sessions]
+        steps = [pack(st) for st in steps]  # compressed here, in the writer, before taking the lock
         con.execute("BEGIN IMMEDIATE")
         try:
             if release:
@@ -627,6 +628,9 @@ class Store:
         A row is a table object or a plain dict of every column (:func:`store.models.step_record`;
         a session state as ``{column: value}``); dict rows must not be changed by the caller
         afterwards (they are read in the writer thread). :meth:`commit_now` is the inline path.
+        A format-3 step row is compressed on the way (:func:`store.stepcodec.pack`): SQLite in the
+        worker thread (inline: on the caller's thread), PostgreSQL on the caller's, where each
+        row's JSON is serialized.
 
         ``release_in_flight`` (gateways sharing sessions, :meth:`change_gateway_session`): in the
         same transaction, each step's session gets ``in_flight`` lowered by one, and the steps of
@@ -640,7 +644,7 @@ class Store:
         for gs in sessions:
             row = _as_dict(gs, _SESSION_COLUMNS)
             latest[row["session_id"]] = row
-        step_rows: list[Mapping[str, Any]] = [_as_dict(st, _STEP_COLUMNS) for st in steps]
+        step_rows: list[Mapping[str, Any]] = [pack(_as_dict(st, _STEP_COLUMNS)) for st in steps]
         async with self._write_lock, self.writer.begin() as conn:
             if release_in_flight:
                 counts = _release_counts(step_rows)

@@ -23,6 +23,7 @@ import yaml
 from rollout.harness import HarnessUnavailable, cache_root, install, load_harness
 from rollout.runner import sandbox_support
 from rollout.sandbox import SandboxUnavailable
+from store.stepcodec import decode_rows
 from tests.fake_upstream import FakeUpstream, Plan, ScriptedPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,16 +84,24 @@ async def launch(*args: str, cwd: Path) -> tuple[int, str, str]:
     return proc.returncode or 0, out.decode(), err.decode()
 
 
+_JSON_COLUMNS = ("messages", "request", "response", "prompt_token_ids", "completion_token_ids",
+                 "completion_logprobs", "meta_json", "encoding")
+
+
 def steps_of(db: Path, sid: str) -> list[dict[str, Any]]:
+    """The session's steps read with plain SQL, rebuilt as docs/storage.md tells such a reader to
+    (deltas and compressed values: ``decode_rows`` on all the rows of the session)."""
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
-        rows = con.execute("select endpoint, is_stream, status, response, meta_json "
-                           "from session_steps where session_id = ? order by seq", (sid,)).fetchall()
+        rows = con.execute("select session_id, seq, llm_model, endpoint, is_stream, status, packed, "
+                           f"{', '.join(_JSON_COLUMNS)} from session_steps where session_id = ? order by seq",
+                           (sid,)).fetchall()
     finally:
         con.close()
-    return [{**dict(r), "response": json.loads(r["response"]), "meta": json.loads(r["meta_json"] or "{}")}
-            for r in rows]
+    steps = [{**dict(r), **{c: None if r[c] is None else json.loads(r[c]) for c in _JSON_COLUMNS}} for r in rows]
+    decode_rows(steps)
+    return [{**st, "meta": st["meta_json"] or {}} for st in steps]
 
 
 @pytest.mark.parametrize("name", sorted(CLIS))

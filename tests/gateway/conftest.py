@@ -13,6 +13,7 @@ import contextlib
 import json
 import sqlite3
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -163,10 +164,13 @@ class Gateway:
             con.close()
 
     def db_dump(self) -> str:
-        """Every row of every table, as SQL text (``iterdump``), to search for leaked secrets."""
+        """Every row of every table, as SQL text (``iterdump``), then the text of every step's
+        compressed values (``packed``, a zlib stream), to search for leaked secrets."""
         con = sqlite3.connect(self.db_path, timeout=30)
         try:
-            return "\n".join(con.iterdump())
+            packed = [zlib.decompress(p).decode("utf-8") for (p,) in
+                      con.execute("SELECT packed FROM session_steps WHERE packed IS NOT NULL")]
+            return "\n".join([*con.iterdump(), *packed])
         finally:
             con.close()
 

@@ -7,6 +7,7 @@ upstream; the client is the real openai SDK, raw httpx only where the SDK cannot
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import openai
@@ -73,7 +74,7 @@ async def test_non_stream_call_is_recorded_exactly(gw: Gateway, upstream: FakeUp
     assert step.ttft_ms is None
     assert step.is_truncated is False
     assert step.meta_json == {"route": "m"}
-    assert len(step.record_id) == 32
+    assert len(step.record_id) == 22 and re.fullmatch(r"[A-Za-z0-9_-]{22}", step.record_id)
 
 
 async def test_body_is_forwarded_byte_for_byte(gw: Gateway, upstream: FakeUpstream) -> None:

@@ -5,6 +5,7 @@ exact request, messages and token ids."""
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,32 @@ async def test_a_long_session_is_stored_once_and_read_in_full(start_gateway: Sta
         assert step.prompt_token_ids == fake_prompt_ids(messages)
         assert step.encoding is None
     assert [s.extends_prefix for s in steps] == [None, True, True, True, True, True]
-    rows = gw.sql("SELECT seq, messages, request, prompt_token_ids, encoding FROM session_steps ORDER BY seq")
-    stored = sum(len(r["messages"]) + len(r["request"]) + len(r["prompt_token_ids"]) for r in rows)
+    rows = gw.sql("SELECT seq, messages, request, response, prompt_token_ids, completion_token_ids, "
+                  "completion_logprobs, encoding, packed FROM session_steps ORDER BY seq")
+    stored = sum(len(r["packed"] or b"") + sum(len(r[c] or "") for c in ("messages", "request", "prompt_token_ids"))
+                 for r in rows)
     full = sum(len(json_dumps(s.messages)) + len(json_dumps(s.request)) + len(json_dumps(s.prompt_token_ids))
                for s in steps)
     if not deltas:
-        assert stored == full and all(r["encoding"] is None for r in rows)
+        assert stored == full and all(r["encoding"] is None and r["packed"] is None for r in rows)
         return
-    last = rows[-1]
-    assert json.loads(last["messages"]) == sent[-1][-1:]  # only the new question: the answer sent back is a reference
-    assert json.loads(last["request"])["messages"] is None  # rebuilt from the messages
-    assert json.loads(last["encoding"])[6] == len(steps[-2].prompt_token_ids) + len(steps[-2].completion_token_ids)
-    assert stored < full / 2
+    assert all(r["packed"] is not None and r["messages"] is None for r in rows)  # compressed, every one
+    last = stored_values(rows[-1])
+    assert last["messages"] == sent[-1][-1:]  # only the new question: the answer sent back is a reference
+    assert last["request"]["messages"] is None  # rebuilt from the messages
+    enc = json.loads(rows[-1]["encoding"])
+    assert enc[:4] == [3, 1, 2 * 5, 1]  # format 3, base: the step before, its 10 messages and its answer kept
+    assert enc[6] == len(steps[-2].prompt_token_ids) + len(steps[-2].completion_token_ids)
+    assert stored < full / 4
+
+
+def stored_values(row: dict[str, Any]) -> dict[str, Any]:
+    """The values a stored row holds of the columns a format-3 row may compress: unpacked from
+    ``packed`` (zlib of their JSON list), else read from the columns."""
+    names = ("messages", "request", "response", "prompt_token_ids", "completion_token_ids", "completion_logprobs")
+    if row["packed"] is not None:
+        return dict(zip(names, json.loads(zlib.decompress(row["packed"])), strict=True))
+    return {c: None if row[c] is None else json.loads(row[c]) for c in names}
 
 
 async def test_every_protocol_reads_back_the_same_with_and_without_deltas(
@@ -135,10 +150,10 @@ async def test_the_answer_sent_back_is_a_reference_on_every_protocol(
         for step, conv in zip(steps, sent[sid], strict=True):
             assert json_dumps(step.request.get("messages", step.request.get("input"))) == json_dumps(conv)
             assert step.messages[0] == {"role": "system", "content": "be brief"}
-        rows = gw.sql("SELECT seq, messages, encoding FROM session_steps WHERE session_id = ? ORDER BY seq", sid)
+        rows = gw.sql("SELECT * FROM session_steps WHERE session_id = ? ORDER BY seq", sid)
         for r in rows[1:]:
             enc = json.loads(r["encoding"])
-            stored = json.loads(r["messages"])
+            stored = stored_values(r)["messages"]
             if sid == "c" and r["seq"] == 3:  # the answer sent back without its reasoning: stored
                 assert enc[2:4] == [4, 0] and stored[0] == {"role": "assistant", "content": DEFAULT_TEXT}
                 assert len(stored) == 2

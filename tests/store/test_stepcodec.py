@@ -4,7 +4,9 @@ committed step did not hold, and every read rebuilds each value exactly (the sam
 from __future__ import annotations
 
 import copy
+import json
 import sqlite3
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +63,17 @@ def test_encode_stores_only_what_is_new_and_decode_rebuilds_it() -> None:
     # [version, seq - base seq, messages kept, answer items sent back, request mode, from, prompt ids kept],
     # trailing zeros left out
     encs = [r["encoding"] for r in stored]
-    assert encs[0] == [2, 0, 0, 0, 1]  # no base: the messages once, not twice
+    assert encs[0] == [3, 0, 0, 0, 1]  # no base: the messages once, not twice
     assert stored[0]["request"] == {"model": "m", "messages": None, "temperature": 0.5}
     assert stored[0]["messages"] == ORIGINALS[0]["messages"]
-    assert encs[1] == [2, 1, 1, 0, 3, 0, 103]  # the same request apart from its messages: not stored
+    assert encs[1] == [3, 1, 1, 0, 3, 0, 103]  # the same request apart from its messages: not stored
     assert stored[1]["request"] is None
     assert stored[1]["messages"] == conv(1)[1:] and stored[1]["prompt_token_ids"] == [5, 5]
-    assert encs[2] == [2, 1, 3, 0, 3, 0, 64]  # token drift: whole blocks kept
+    assert encs[2] == [3, 1, 3, 0, 3, 0, 64]  # token drift: whole blocks kept
     assert stored[2]["prompt_token_ids"] == [*range(64, 100), 7, 8, 4, 5, 5, 1, 2]
-    assert encs[3] == [2, 1, 1, 0, 3]  # the first user message edited; tokens unknown
-    assert encs[4] == [2, 1, 0, 0, 3]  # nothing in common but the request's other fields
-    assert encs[5] == [2, 1, 0, 0, 3, 0, 3] and stored[5]["prompt_token_ids"] == [4]
+    assert encs[3] == [3, 1, 1, 0, 3]  # the first user message edited; tokens unknown
+    assert encs[4] == [3, 1, 0, 0, 3]  # nothing in common but the request's other fields
+    assert encs[5] == [3, 1, 0, 0, 3, 0, 3] and stored[5]["prompt_token_ids"] == [4]
     decode_rows(stored)
     for got, want in zip(stored, ORIGINALS, strict=True):
         for col in ("messages", "request", "prompt_token_ids", "completion_token_ids"):
@@ -87,7 +89,7 @@ def test_the_answer_sent_back_is_not_stored_again() -> None:
     first["response"] = {"choices": [{"message": answer}]}
     second = row("s", 2, [SYS, answer, {"role": "tool", "content": "out"}])
     stored = encode_all(StepEncoder(), [first, second])
-    assert stored[1]["encoding"] == [2, 1, 1, 1, 3] and stored[1]["messages"] == [{"role": "tool", "content": "out"}]
+    assert stored[1]["encoding"] == [3, 1, 1, 1, 3] and stored[1]["messages"] == [{"role": "tool", "content": "out"}]
     decode_rows(stored)
     assert stored[1]["messages"] == second["messages"] and stored[1]["request"] == second["request"]
 
@@ -98,7 +100,7 @@ def test_only_committed_steps_are_bases() -> None:
     enc.encode(first)  # never committed (refused by the store, dropped)
     second = copy.deepcopy(ORIGINALS[1])
     enc.committed(enc.encode(second))
-    assert second["encoding"] == [2, 0, 0, 0, 1] and second["messages"] == ORIGINALS[1]["messages"]
+    assert second["encoding"] == [3, 0, 0, 0, 1] and second["messages"] == ORIGINALS[1]["messages"]
     stored = encode_all(StepEncoder(), ORIGINALS[:2])
     with pytest.raises(StepDecodeError, match="not in the store"):
         decode_rows(stored[1:])  # its base is gone
@@ -113,7 +115,7 @@ def test_a_base_recorded_later_is_named_backwards() -> None:
     wants = [copy.deepcopy(r) for r in (first, third, second)]
     for r in (first, third, second):
         enc.committed(enc.encode(r))
-    assert third["encoding"] == [2, 2, 2, 0, 3] and second["encoding"] == [2, -1, 2, 0, 3]
+    assert third["encoding"] == [3, 2, 2, 0, 3] and second["encoding"] == [3, -1, 2, 0, 3]
     assert second["messages"] == [{"role": "user", "content": "r"}]
     decode_rows([first, second, third])
     for got, want in zip((first, third, second), wants, strict=True):
@@ -151,8 +153,12 @@ async def test_rows_read_back_in_full_through_every_read(tmp_path: Path) -> None
             await engine.dispose()
         await store.close()
     con = sqlite3.connect(db)
-    raw = con.execute("SELECT messages, encoding FROM session_steps WHERE seq = 2").fetchone()
-    assert raw[0] == json_dumps(conv(1)[1:]) and raw[1] == "[2, 1, 1, 0, 3, 0, 103]"
+    raw = con.execute("SELECT messages, request, response, prompt_token_ids, encoding, packed FROM session_steps "
+                      "WHERE seq = 2").fetchone()
+    con.close()
+    # the new messages, the response and the new token ids, compressed; the columns NULL
+    assert raw[:4] == (None, None, None, None) and raw[4] == "[3, 1, 1, 0, 3, 0, 103]"
+    assert json.loads(zlib.decompress(raw[5])) == [conv(1)[1:], None, ORIGINALS[1]["response"], [5, 5], [1], None]
 
 
 def test_rows_of_the_first_format_still_decode() -> None:
@@ -175,7 +181,7 @@ def test_rows_of_the_first_format_still_decode() -> None:
     assert json_dumps(stored_first["request"]) == json_dumps(first["request"])
 
 
-@pytest.mark.parametrize("encoding", [[3, 1, 0], [1, None, 0, 0, 1], [2], [2, None, 1], ["2", 1]])
+@pytest.mark.parametrize("encoding", [[4, 1, 0], [3, None], [3, 0, 0, 0, 0, 0, 0, 0], [1, None, 0, 0, 1], [2], [2, None, 1], ["2", 1]])
 def test_an_encoding_of_another_format_is_refused(encoding: list[Any]) -> None:
     stored = row("s", 1, [SYS])
     stored["encoding"] = encoding
