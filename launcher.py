@@ -40,6 +40,7 @@ from rollout.regrade import (
 )
 from rollout.report import SessionRecord, output_path_problem, render_table, summarize
 from rollout.scheduler import HARNESS_FAILURES
+from store.stepcodec import StepDecodeError
 
 HERE = Path(__file__).resolve().parent
 _FLAG_OF = {"agent_configs": "agent_config", "env_names": "env"}
@@ -295,6 +296,9 @@ def regrade_main(args: argparse.Namespace) -> int:
         result = asyncio.run(_regrade(opts, not args.no_progress))
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except StepDecodeError as e:  # a damaged row of the store
+        print(f"error: the store cannot be read: {e}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
         print("interrupted: sessions regraded so far have their new evaluation, the others their previous one; "

@@ -191,7 +191,7 @@ def gateway_error_response(req: Request, exc: GatewayError) -> JSONResponse:
 def unexpected_error_response(req: Request, exc: Exception) -> JSONResponse:
     """The 500 ``internal_error`` answer to a bug, in the request's error shape; counted in
     ``/metrics``."""
-    body = error_body(500, f"internal gateway error: {type(exc).__name__}: {exc}", code="internal_error")
+    body = error_body(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
     count_error(req, 500, "internal_error")
     return JSONResponse(_shaped(req, 500, body), status_code=500)
 

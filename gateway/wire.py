@@ -206,7 +206,9 @@ def check_session_id(session_id: str) -> str:
     none of them a control character (Unicode category Cc: NUL, CR, LF, ... cannot go into the
     ``X-Session-Id`` header or a per-session upstream URL). Raises GatewayError(400, code
     ``invalid_session_id``) otherwise, before any budget is used."""
-    if not session_id or len(session_id) > MAX_SESSION_ID_CHARS:
+    if not session_id.strip():
+        raise GatewayError(400, f"session id {session_id!r} is empty or only whitespace", code="invalid_session_id")
+    if len(session_id) > MAX_SESSION_ID_CHARS:
         raise GatewayError(400, f"session id must be 1 to {MAX_SESSION_ID_CHARS} characters, got "
                                 f"{len(session_id)}", code="invalid_session_id")
     if not session_id.isprintable() and any(unicodedata.category(c) == "Cc" for c in session_id):

@@ -55,7 +55,7 @@ class ResourcesConfig(_Strict):
     ignores them: there ``--pool-size`` alone decides). ``num_cpus``: CPUs (fractions allowed),
     ``memory_mb``: MiB of Ray's ``memory`` resource (None: none asked)."""
 
-    num_cpus: float = Field(default=1.0, ge=0)
+    num_cpus: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     memory_mb: int | None = Field(default=None, ge=1)
 
 
@@ -67,7 +67,7 @@ class RuntimeConfig(_Strict):
     launcher's ``--sandbox``) and the ``resources`` a session asks of a Ray node."""
 
     command: list[str]
-    timeout_s: float = Field(default=600.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     env: dict[str, str] = Field(default_factory=dict)
     pass_env: list[str] = Field(default_factory=list)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)

@@ -90,9 +90,9 @@ class JobOptions(BaseModel):
     gateway_config: Path
     llm_model: list[str] = Field(default_factory=list)
     harness: list[str] = Field(default_factory=list)
-    llm_temperature: float | None = Field(default=None, ge=0)
+    llm_temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     enable_evaluation: bool = False
-    eval_timeout: float = Field(default=60.0, gt=0)
+    eval_timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     db_path: str = "sqlite://env_trajs.db"
     pool_size: int = Field(default=4, ge=1)
     rl_group_size: int | None = Field(default=None, ge=1, le=MAX_GROUP_SIZE)  # None: each env's group_size

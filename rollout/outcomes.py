@@ -134,8 +134,8 @@ class RetryPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_retries: int = Field(default=2, ge=0)
-    backoff_s: float = Field(default=1.0, ge=0)
-    max_backoff_s: float = Field(default=60.0, ge=0)
+    backoff_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    max_backoff_s: float = Field(default=60.0, ge=0, allow_inf_nan=False)
     retry_on: frozenset[str] = DEFAULT_RETRY_ON
     no_retry_on: frozenset[str] = frozenset()
 
@@ -171,9 +171,9 @@ class BreakerSettings(BaseModel):
     window: int = Field(default=20, ge=1)
     min_failures: int = Field(default=5, ge=1)
     threshold: float = Field(default=0.5, gt=0, le=1)
-    probe_s: float = Field(default=0.5, gt=0)
-    max_probe_s: float = Field(default=15.0, gt=0)
-    max_wait_s: float = Field(default=300.0, gt=0)
+    probe_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    max_probe_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    max_wait_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
 
 
 class BreakerEvent(BaseModel):

@@ -84,11 +84,13 @@ def pidfd_child_watcher() -> Iterator[None]:
 
 
 def parse_result(stdout: str) -> SimulationStartResult:
-    """The last non-empty stdout line as a SimulationStartResult.
+    """The last non-empty stdout line as a SimulationStartResult. Lines end at ``\n`` only: JSON
+    may hold U+2028, U+2029 or U+0085 unescaped (pydantic's ``model_dump_json`` does), which
+    ``str.splitlines`` would take for line ends.
 
     Raises ValueError when that line is not a JSON object or lacks a valid ``status`` (such output
     is a failed session, never a success)."""
-    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    lines = [ln for ln in stdout.split("\n") if ln.strip()]
     if not lines:
         raise ValueError("runtime printed nothing on stdout")
     last = lines[-1].strip()

@@ -77,7 +77,7 @@ class BatchRequest(BaseModel):
     samples: int = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
     model: str | None = None
     policy_version: int | None = Field(default=None, ge=0, le=MAX_INT)
-    temperature: float | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     max_steps: int | None = Field(default=None, ge=-1, le=MAX_INT)
     job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)
 

@@ -309,8 +309,9 @@ def decode_rows(rows: Sequence[Any]) -> None:
     encoded row of ``rows`` (dicts of columns, or :class:`store.models.SessionStep` objects) and
     set their ``encoding`` to None. A row's base is the row of the same ``session_id`` with the
     ``seq`` its encoding names, and must be among ``rows`` (a session's rows are always read
-    together). Raises :class:`StepDecodeError` when it is not, or when an encoding is of a
-    format this version cannot read."""
+    together); JSON columns already parsed, as the store reads them. Raises
+    :class:`StepDecodeError` when it is not, or when an encoding is of a format this version
+    cannot read (or still JSON text)."""
     by_key = {(_get(r, "session_id"), _get(r, "seq")): r for r in rows}
     full: dict[tuple[str, int], _Full] = {}
     for r in rows:
@@ -332,6 +333,10 @@ def decode_rows(rows: Sequence[Any]) -> None:
 def _fields(sid: str, seq: int, enc: Any) -> tuple[int | None, int, int, int, str | None, int, int]:
     """``(base_seq, messages kept, answer items, request mode bits 1|2, conversation key, from,
     prompt ids kept)`` of an encoding of version 1, 2 or 3 (docs/storage.md)."""
+    if isinstance(enc, str):
+        raise StepDecodeError(f"step {seq} of session {sid}: its encoding is JSON text ({enc[:40]!r}): decode_rows "
+                              "takes the JSON columns parsed (json.loads of encoding, meta_json, messages, request, "
+                              "response and the token columns), as the store reads them")
     bad = StepDecodeError(f"step {seq} of session {sid} has an encoding this version cannot read: {enc!r}")
     if not isinstance(enc, list) or not enc or not all(isinstance(v, int) or v is None for v in enc):
         raise bad

@@ -540,8 +540,9 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     assert opts.retry_policy().retries("gateway_unreachable") and not opts.retry_policy().retries("launcher_error")
     with pytest.raises(SetupError, match="--rl-group-size: Input should be less than or equal to 10000"):
         parse_args(["--rl-group-size", str(10**11)])  # refused before planning, not planned for ever
-    with pytest.raises(SetupError, match="--retry-backoff-s: Input should be a finite number"):
-        parse_args(["--retry-backoff-s", "inf"])
+    for flag in ("--retry-backoff-s", "--llm-temperature", "--eval-timeout"):
+        with pytest.raises(SetupError, match=f"{flag}: Input should be a finite number"):
+            parse_args([flag, "inf"])  # not dropped or turned into an error of every session later
     start = tmp_path / "start.yaml"
     start.write_text(yaml.safe_dump({"max_retries": 5, "no_retry_on": ["setup_failed"],
                                      "retry_on": ["setup_failed", "runtime_crashed", "launcher_error"],

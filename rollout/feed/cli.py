@@ -22,6 +22,7 @@ from rollout.local_server import listen, run_command, run_server, url_of
 from rollout.logs import setup_logging
 from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
 from store.feed import FeedQueries
+from store.stepcodec import StepDecodeError
 
 DEFAULT_PORT = 8766
 COMMANDS = ("feed", "export", "serve")
@@ -159,6 +160,9 @@ def main(argv: list[str]) -> int:
         return asyncio.run(export(args))
     except (DbUrlError, FileNotFoundError, StoreUnavailable, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except StepDecodeError as e:  # a damaged row of the store: named, nothing written
+        print(f"error: the store cannot be read: {e}", file=sys.stderr)
         return 1
     except OSError as e:
         print(f"error: cannot write the export: {e}", file=sys.stderr)

@@ -9,6 +9,8 @@ lists. Groups are read and written in batches, so memory stays flat whatever the
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -72,12 +74,14 @@ def _openai_example(st: FeedStep, request: Any) -> dict[str, Any] | str:
 
 
 class _Writer:
+    """Rows to a temporary file beside ``path``, moved over it by ``close(keep=True)``; a failed
+    export leaves ``path`` as it was."""
+
     def __init__(self, path: Path, fmt: Format, per: Per) -> None:
         self.path, self.fmt, self.per = path, fmt, per
         self._rows: list[dict[str, Any]] = []
         self._pq: Any = None
         self._schema: Any = None
-        path.parent.mkdir(parents=True, exist_ok=True)
         if fmt == "parquet":
             try:
                 import pyarrow as pa
@@ -85,12 +89,17 @@ class _Writer:
             except ModuleNotFoundError as e:
                 raise ExportError("--format parquet needs pyarrow: pip install 'rollout-factory[export]' "
                                   "(or pip install pyarrow)") from e
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        if fmt == "parquet":
             self._schema = parquet_schema(pa, per)
-            self._pq = pq.ParquetWriter(str(path), self._schema)
+            self._pq = pq.ParquetWriter(tmp, self._schema)
             self._pa = pa
             self._file = None
         else:
-            self._file = path.open("w", encoding="utf-8")
+            self._file = self._tmp.open("w", encoding="utf-8")
 
     def add(self, row: dict[str, Any]) -> None:
         if self._file is not None:
@@ -105,12 +114,19 @@ class _Writer:
             self._pq.write_table(self._pa.Table.from_pylist(self._rows, schema=self._schema))
             self._rows = []
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        else:
-            self.flush()
-            self._pq.close()
+    def close(self, keep: bool) -> None:
+        try:
+            if self._file is not None:
+                self._file.close()
+            else:
+                if keep:
+                    self.flush()
+                self._pq.close()
+            if keep:
+                os.chmod(self._tmp, 0o644)
+                os.replace(self._tmp, self.path)
+        finally:
+            self._tmp.unlink(missing_ok=True)
 
 
 def _json_text(v: Any) -> str | None:
@@ -201,6 +217,7 @@ async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, 
     entries = await queries.ready_entries(job_id)
     result = ExportResult(path=out)
     writer = _Writer(out, fmt, per)
+    done = False
     try:
         for i in range(0, len(gids), BATCH_GROUPS):
             batch = gids[i:i + BATCH_GROUPS]
@@ -210,6 +227,7 @@ async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, 
                 for row in _rows(g, raw, fmt, per, only_trainable, min_score, result.skipped):
                     writer.add(row)
                     result.rows += 1
+        done = True
     finally:
-        writer.close()
+        writer.close(keep=done)
     return result

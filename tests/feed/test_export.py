@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,23 @@ async def test_min_valid_below_one_and_a_non_finite_min_score_are_refused_before
     rows = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
     by_group = {(r["group_id"], r["group_n_valid"], r["group_trainable"]) for r in rows}
     assert by_group == {("g1", 2, True), ("g2", 1, True)}  # min_valid 1: one valid sample is enough
+
+
+async def test_a_damaged_step_is_one_line_and_leaves_the_export_untouched(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    ids = await _job(db)
+    out = tmp_path / "x.jsonl"
+    out.write_text("the previous export\n")
+    con = sqlite3.connect(db)
+    con.execute("UPDATE session_steps SET encoding = '[3]', packed = x'0badbeef' WHERE session_id = ? AND seq = 2",
+                (ids["g1"][0],))
+    con.commit()
+    con.close()
+    r = subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
+                        "--job-id", "j", "--out", str(out)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 1 and r.stderr.startswith(
+        f"error: the store cannot be read: step 2 of session {ids['g1'][0]}: its packed values are damaged ("), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # no traceback
+    assert out.read_text() == "the previous export\n" and [p.name for p in tmp_path.iterdir() if
+                                                            p.name.startswith(".x.jsonl")] == []

@@ -67,7 +67,7 @@ async def test_session_id_is_decoded_once_on_every_route(gw: Gateway) -> None:
 async def test_session_id_with_control_characters_or_too_long_is_400_before_any_budget(
         gw: Gateway, upstream: FakeUpstream) -> None:
     http = gw.http()
-    for path in ("%00z", "a%0D%0AX-Evil:%201", "x" * 129):
+    for path in ("%00z", "a%0D%0AX-Evil:%201", "x" * 129, "%20", "%20%20%09"):  # whitespace is no id either
         r = await http.post(f"/v1/sessions/{path}/chat/completions", json=CHAT)
         assert r.status_code == 400, path
         assert r.json()["error"]["code"] == "invalid_session_id"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.protocol import SimulationStartRequest
+from rollout.protocol import SimulationStartRequest, SimulationStartResult
 from rollout.runtime_local import parse_result, run_local
 
 
@@ -29,6 +29,12 @@ def test_parse_result_takes_the_last_json_line() -> None:
     out = 'log line\n{"not": "it"}\n{"session_id": "s1", "status": "succeeded", "metrics": {"x": 1}}\n\n'
     r = parse_result(out)
     assert (r.session_id, r.status, r.metrics) == ("s1", "succeeded", {"x": 1})
+    # a model's text with U+2028, U+2029 or U+0085 in it, as pydantic writes it (unescaped), is one line
+    text = "a\u2028b\u2029c\x85d"
+    emitted = SimulationStartResult(session_id="s2", status="succeeded", metrics={"completion_text": text})
+    assert "\u2028" in emitted.model_dump_json()
+    r = parse_result("log\r\n" + emitted.model_dump_json() + "\r\n")
+    assert (r.session_id, r.metrics) == ("s2", {"completion_text": text})
 
 
 @pytest.mark.parametrize(("stdout", "message"), [
