@@ -5,6 +5,7 @@ injected deterministically from their case row and the attempt number in the sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -339,81 +342,83 @@ async def test_breaker_gives_up_then_resume_finishes_the_job(tmp_path: Path) -> 
         ("succeeded", 10.0, 1)] * 2 + [("succeeded", 10.0, 2)] * 2
 
 
-async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path) -> None:
-    """The gateway answers its probe but refuses to close the session (here: the launcher lacks
-    the key of a gateway with auth on): the retry is tried a bounded number of times, then the
-    session ends as an infrastructure failure, not graded, instead of looping for ever."""
+@contextlib.asynccontextmanager
+async def planned_on_a_gateway(tmp_path: Path, job_id: str, **gateway: Any) -> AsyncIterator[Planned]:
+    """The rows of a job of the env under ``tmp_path/envs`` planned in a store that a real
+    gateway (settings ``gateway`` added) records to, for a Scheduler run in this process."""
     from gateway.settings import GatewaySettings
     from rollout.job import load_envs
-    from rollout.scheduler import RunSettings, Scheduler, session_rows
+    from rollout.scheduler import session_rows
     from store import Store
     from tests.gateway.conftest import serve
 
-    make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "fault": "crash"}])
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
         gw = await serve(GatewaySettings.model_validate({
-            "storage_config": {"db_url": f"sqlite://{db}"}, "auth": {"api_keys": ["sk-gw"]},
-            "llm_routes": {"fake": {"base_url": up.base_url}}}))
+            "storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"fake": {"base_url": up.base_url}},
+            **gateway}))
         store = Store(f"sqlite://{db}")
         try:
             await store.init()
             opts = options(tmp_path, tmp_path / "unused.yaml", db)
             envs = load_envs(opts)
-            rows = session_rows("jg", "fake", envs, 1, None)
+            rows = session_rows(job_id, "fake", envs, 1, None)
             await store.add_job_sessions(rows)
-            settings = RunSettings(job_id="jg", model="fake", gateway_url=f"{gw.url}/v1/sessions",
-                                   agent_root=tmp_path / "envs", pool_size=1, enable_evaluation=True,
-                                   retry=opts.retry_policy().model_copy(update={"backoff_s": 0.01}))
-            sched = Scheduler(store, settings, {c.name: c for c, _ in envs})
-            [record] = await asyncio.wait_for(sched.run(rows), 120)
+            yield Planned(store, rows, {c.name: c for c, _ in envs}, opts, f"{gw.url}/v1/sessions", db)
         finally:
             await store.close()
             await gw.stop()
+
+
+@dataclass
+class Planned:
+    store: Any
+    rows: list[Any]
+    envs: dict[str, Any]
+    opts: JobOptions
+    gateway_url: str
+    db: Path
+
+
+async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path) -> None:
+    """The gateway answers its probe but refuses to close the session (here: the launcher lacks
+    the key of a gateway with auth on): the retry is tried a bounded number of times, then the
+    session ends as an infrastructure failure, not graded, instead of looping for ever."""
+    from rollout.scheduler import RunSettings, Scheduler
+
+    make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "fault": "crash"}])
+    async with planned_on_a_gateway(tmp_path, "jg", auth={"api_keys": ["sk-gw"]}) as p:
+        settings = RunSettings(job_id="jg", model="fake", gateway_url=p.gateway_url,
+                               agent_root=tmp_path / "envs", pool_size=1, enable_evaluation=True,
+                               retry=p.opts.retry_policy().model_copy(update={"backoff_s": 0.01}))
+        [record] = await asyncio.wait_for(Scheduler(p.store, settings, p.envs).run(p.rows), 120)
     assert (record.status, record.outcome, record.score, record.eval_status) == (
         "error", "gateway_unreachable", None, "infra_error")
     assert record.error is not None and "the retry could not start (6 tries)" in record.error and "401" in record.error
     assert [a.outcome for a in record.attempts] == ["gateway_unreachable"]  # no second attempt ever ran
-    assert q(db, "SELECT attempts, finished, reward FROM job_environments") == [(1, 1, None)]
+    assert q(p.db, "SELECT attempts, finished, reward FROM job_environments") == [(1, 1, None)]
 
 
 async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging(tmp_path: Path) -> None:
     """A worker that dies of a bug (here: the store refuses the start of one session) ends the
     job with that error while the other workers still wait for work, instead of leaving them
     waiting for the dead worker's session for ever."""
-    from gateway.settings import GatewaySettings
-    from rollout.job import load_envs
-    from rollout.scheduler import RunSettings, Scheduler, session_rows
-    from store import Store
-    from tests.gateway.conftest import serve
+    from rollout.scheduler import RunSettings, Scheduler
 
     make_env(tmp_path / "envs", [{"id": f"c{i}", "q": "hi"} for i in range(4)])
-    db = tmp_path / "t.db"
-    async with FakeUpstream() as up:
-        gw = await serve(GatewaySettings.model_validate({
-            "storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"fake": {"base_url": up.base_url}}}))
-        store = Store(f"sqlite://{db}")
-        try:
-            await store.init()
-            opts = options(tmp_path, tmp_path / "unused.yaml", db)
-            envs = load_envs(opts)
-            rows = session_rows("jb", "fake", envs, 1, None)
-            await store.add_job_sessions(rows)
-            doomed = rows[1].session_id
-            update = store.update_job_session
+    async with planned_on_a_gateway(tmp_path, "jb") as p:
+        doomed = p.rows[1].session_id
+        update = p.store.update_job_session
 
-            async def refuse_one(sid: str, **values: Any) -> None:
-                if sid == doomed and values.get("status") == "running":
-                    raise RuntimeError("injected launcher bug")
-                await update(sid, **values)
+        async def refuse_one(sid: str, **values: Any) -> None:
+            if sid == doomed and values.get("status") == "running":
+                raise RuntimeError("injected launcher bug")
+            await update(sid, **values)
 
-            store.update_job_session = refuse_one  # type: ignore[method-assign]
-            settings = RunSettings(job_id="jb", model="fake", gateway_url=f"{gw.url}/v1/sessions",
-                                   agent_root=tmp_path / "envs", pool_size=2, enable_evaluation=True)
-            sched = Scheduler(store, settings, {c.name: c for c, _ in envs})
-            with pytest.raises(RuntimeError, match="injected launcher bug"):
-                await asyncio.wait_for(sched.run(rows), 120)
-        finally:
-            await store.close()
-            await gw.stop()
+        p.store.update_job_session = refuse_one
+        settings = RunSettings(job_id="jb", model="fake", gateway_url=p.gateway_url,
+                               agent_root=tmp_path / "envs", pool_size=2, enable_evaluation=True)
+        sched = Scheduler(p.store, settings, p.envs)
+        with pytest.raises(RuntimeError, match="injected launcher bug"):
+            await asyncio.wait_for(sched.run(p.rows), 120)
     assert all(t.done() for t in sched._workers)  # none left behind
