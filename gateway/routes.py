@@ -142,7 +142,8 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     g.prefixes.drop(session_id)
     g.encoder.drop(session_id)
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
-            "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated, "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
+            "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated,
+            "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
             "rejected_calls": _rejected(request, session_id),
             # no step reserved, none recorded (a step row is written for a reserved step only)
             **({"policy_versions": [], "spans_policy_versions": False} if snap.total_steps == 0

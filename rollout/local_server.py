@@ -1,5 +1,5 @@
 """The HTTP servers the launcher's commands run themselves (viewer, feed, serve): one way to
-listen, to say where, and to stop on Ctrl-C or SIGTERM."""
+listen, to say where, to stop on Ctrl-C or SIGTERM, and to check query parameters."""
 
 from __future__ import annotations
 
@@ -7,13 +7,28 @@ import asyncio
 import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Literal
 
 import uvicorn
 from starlette.types import ASGIApp
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def bad_query_param(items: Iterable[tuple[str, str]], known: tuple[str, ...]
+                    ) -> tuple[Literal["unknown", "repeated"], str] | None:
+    """The first query parameter of ``items`` (``request.query_params.multi_items()``) that is not
+    in ``known`` (a typo would otherwise fall back to the default silently) or is given again
+    (which one counts would be a guess), with what is wrong; None when all are fine."""
+    seen: set[str] = set()
+    for name, _ in items:
+        if name not in known:
+            return "unknown", name
+        if name in seen:
+            return "repeated", name
+        seen.add(name)
+    return None
 
 
 def listen(host: str, port: int, *, exposes: str) -> socket.socket:

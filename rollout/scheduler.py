@@ -502,7 +502,8 @@ class Scheduler:
     def _tell_failure(self, sid: str, n: int, end: AttemptEnd, then: str) -> None:
         """Log an attempt's infrastructure failure: the first ``FAILURES_TOLD`` of each class as a
         warning (the reason's last line), later ones at INFO (every reason is in the store)."""
-        told = self._failures_told[end.outcome] = self._failures_told[end.outcome] + 1
+        self._failures_told[end.outcome] += 1
+        told = self._failures_told[end.outcome]
         reason = (end.reason or "").strip().splitlines()[-1:] or ["no reason given"]
         if told > FAILURES_TOLD:
             log.info("session %s attempt %d: %s: %s; %s", sid, n, end.outcome, reason[0][:300], then)

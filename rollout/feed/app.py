@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gateway.errors import error_body, install_error_handlers
 from rollout.feed.groups import GroupOptions, check_min_valid, load_groups
 from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from rollout.local_server import bad_query_param
 from store import MAX_INT
 from store.feed import FeedQueries
 
@@ -77,17 +78,15 @@ def _bad_params(request: Request, known: tuple[str, ...]) -> JSONResponse | None
     """A 400 naming the first query parameter not in ``known`` (``unknown_parameter``: a typo would
     otherwise fall back to the default silently) or given more than once (``repeated_parameter``:
     which one counts would be a guess), or None."""
-    seen: set[str] = set()
-    for name, _ in request.query_params.multi_items():
-        if name not in known:
-            listed = ", ".join(known) if known else "none"
-            return _error(400, "unknown_parameter", f"unknown query parameter {name!r} (known: {listed})",
-                          param=name)
-        if name in seen:
-            return _error(400, "repeated_parameter", f"query parameter {name!r} is given more than once "
-                                                     "(give it once)", param=name)
-        seen.add(name)
-    return None
+    bad = bad_query_param(request.query_params.multi_items(), known)
+    if bad is None:
+        return None
+    kind, name = bad
+    if kind == "unknown":
+        return _error(400, "unknown_parameter", f"unknown query parameter {name!r} (known: {', '.join(known) or 'none'})",
+                      param=name)
+    return _error(400, "repeated_parameter", f"query parameter {name!r} is given more than once (give it once)",
+                  param=name)
 
 
 GROUPS_PARAMS = ("after", "limit", "wait", "min_valid", "normalize", "view")

@@ -20,6 +20,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rollout.local_server import bad_query_param
 from rollout.report import SummaryRow
 from rollout.viewer.render import templates
 from rollout.viewer.report import build_report, plotly_js
@@ -46,13 +47,11 @@ MAX_PAGE = 10**9
 def _check_params(request: Request, known: tuple[str, ...]) -> None:
     """400 for a query parameter not in ``known`` (a typo would otherwise be ignored silently) or
     given twice."""
-    seen: set[str] = set()
-    for name, _ in request.query_params.multi_items():
-        if name not in known:
-            raise HTTPException(400, f"unknown parameter {name!r} (known: {', '.join(known)})")
-        if name in seen:
-            raise HTTPException(400, f"parameter {name!r} is given more than once")
-        seen.add(name)
+    bad = bad_query_param(request.query_params.multi_items(), known)
+    if bad is not None:
+        kind, name = bad
+        raise HTTPException(400, f"unknown parameter {name!r} (known: {', '.join(known)})" if kind == "unknown"
+                            else f"parameter {name!r} is given more than once")
 
 
 def _opt_float(request: Request, name: str) -> float | None:
