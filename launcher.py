@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(http://HOST:PORT/v1/sessions; default: the gateway's own URL)")
     ap.add_argument("--sandbox", choices=["bwrap", "none"],
                     help="run each runtime in a bubblewrap sandbox (default bwrap), or none: no isolation")
+    ap.add_argument("--grader-isolation", choices=["bwrap", "none"],
+                    help="run each evaluator in the grader sandbox (bwrap), or none: in the launcher, for trusted "
+                         "graders (default: as --sandbox)")
     ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
     ap.add_argument("--keep-workspaces", action="store_true", default=None,
                     help="keep each session's temporary workspace (the folder is printed at the end)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import time
 import uuid
@@ -157,6 +158,14 @@ class SessionCgroup:
     @property
     def procs_files(self) -> list[Path]:
         return [d / "cgroup.procs" for d in dict.fromkeys(self.dirs.values())]
+
+    def joined(self, argv: list[str]) -> list[str]:
+        """``argv`` run by a shell that first moves itself into the session's groups (so
+        everything it starts is capped from its first instruction); ``argv`` itself without groups."""
+        if not self.procs_files:
+            return argv
+        join = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in self.procs_files)
+        return ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
 
     def exceeded(self) -> str | None:
         """``"memory"`` when the memory cap made the kernel kill a process, ``"processes"`` when a

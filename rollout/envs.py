@@ -107,6 +107,17 @@ class WorkspaceArchiveConfig(_Strict):
         return out
 
 
+class GraderConfig(_Strict):
+    """Where the env's evaluator runs (docs/grading.md): ``isolation`` ``bwrap`` (the grader
+    sandbox) or ``none`` (a thread of the launcher: for trusted graders only, flagged in every
+    record); None follows the job (``--grader-isolation``, else its ``--sandbox``). The sandbox's
+    memory (MiB) and process caps."""
+
+    isolation: Literal["bwrap", "none"] | None = None
+    memory_mb: int = Field(default=2048, ge=64)
+    processes: int = Field(default=64, ge=4)
+
+
 class EnvConfig(_Strict):
     """One env: name, dataset, runtime, public params (merged into ``env_params``), default step
     budget (``max_steps``, -1 unlimited), samples per case when the job sets none (``group_size``),
@@ -121,6 +132,7 @@ class EnvConfig(_Strict):
     group_size: int = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
     limit: int | None = Field(default=None, ge=1)
     workspace_archive: WorkspaceArchiveConfig = Field(default_factory=WorkspaceArchiveConfig)
+    grader: GraderConfig = Field(default_factory=GraderConfig)
     # resolved at load time
     env_dir: Path = Field(default=Path("."), exclude=True)
     config_path: Path = Field(default=Path("."), exclude=True)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from rollout import evaluator_loader, scoring
+from rollout.grading.views import Record, request_view, trajectory_view
 from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class EvalOutcome(BaseModel):
       when ``scored``.
     - ``artifacts``: the evaluator's ``artifacts`` dict, if it returned one.
     - ``duration_s``: wall time of the evaluation in seconds, loading included.
+    - ``isolation``: where the evaluator ran: ``bwrap`` (the grader sandbox) or ``none`` (a thread
+      of the launcher); None when nothing ran.
     """
 
     status: EvalStatus
@@ -60,6 +63,7 @@ class EvalOutcome(BaseModel):
     reason: str | None = None
     artifacts: dict[str, Any] | None = None
     duration_s: float = 0.0
+    isolation: Literal["bwrap", "none"] | None = None
 
 
 
@@ -274,7 +278,8 @@ async def run_evaluation(
     Args:
         path: the env's ``rule_evaluator.py`` (from ``evaluator_loader.discover_evaluator``), or
             None for no evaluation (outcome ``skipped``, score None).
-        request, spec, trajectory: handed to the evaluator as ``fn(request, spec, trajectory)``.
+        request, spec, trajectory: handed to the evaluator as ``fn(request, spec, trajectory)``, as
+            ``rollout.grading.views.Record`` views of their JSON form.
             ``spec.timeout_s`` (seconds, ``DEFAULT_EVAL_TIMEOUT_S`` by convention) bounds the whole
             evaluation, loading included; it must be finite and > 0, else the outcome is ``error``.
 
@@ -304,6 +309,7 @@ async def run_evaluation(
             reason=None if reason is None else scoring.cut_text(reason),
             artifacts=artifacts,
             duration_s=time.monotonic() - started,
+            isolation=None if status == "skipped" else "none",
         )
         if status in ("error", "timeout", "invalid_reward"):
             logger.warning(
@@ -349,7 +355,8 @@ async def run_evaluation(
 
         if remaining() <= 0:
             raise _DeadlineExceeded
-        args = (request, spec, trajectory)
+        args = (request_view(request.model_dump(mode="json")), Record(spec.model_dump(mode="json")),
+                trajectory_view(trajectory.model_dump(mode="json")))
         if _is_async_callable(fn):
             value = await _await_with_timeout(fn(*args), remaining())
         else:

@@ -34,6 +34,7 @@ from rollout.envs import (
     scan_envs,
 )
 from rollout.evaluator_loader import discover_evaluator
+from rollout.grading.grader import grader_mode
 from rollout.harness import (
     HarnessUnavailable,
     InstalledHarness,
@@ -104,6 +105,7 @@ class JobOptions(BaseModel):
     ray_address: str | None = None
     gateway_advertise_url: str | None = None
     sandbox: Literal["bwrap", "none"] = "bwrap"
+    grader_isolation: Literal["bwrap", "none"] | None = None  # None: as ``sandbox``
     out: Path | None = None
     keep_workspaces: bool = False
     max_retries: int = Field(default=2, ge=0)
@@ -248,7 +250,13 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
     if bare:
         print(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
               "environment and network", file=sys.stderr)
-    if len(bare) == len(envs) or not probe:
+    trusted = sorted(cfg.name for cfg in envs
+                     if grader_mode(cfg, opts.grader_isolation or opts.sandbox) == "none") if opts.enable_evaluation else []
+    if trusted:
+        print(f"warning: evaluators of env(s) {', '.join(trusted)} run in the launcher (grader isolation none): "
+              "trust them, and what they run of the agent's answer, with this machine", file=sys.stderr)
+    graded_in_sandbox = opts.enable_evaluation and len(trusted) < len(envs)
+    if (len(bare) == len(envs) and not graded_in_sandbox) or not probe:
         return
     try:
         support = sandbox_support()
@@ -516,6 +524,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                max_steps=opts.max_steps, enable_evaluation=opts.enable_evaluation,
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,
                                workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox,
+                               grader_isolation=opts.grader_isolation or opts.sandbox,
                                retry=opts.retry_policy(), breaker=opts.breaker, advertise_url=advertise_url)
         scheduler = Scheduler(store, settings, {cfg.name: cfg for cfg in configs}, on_done=on_done, on_breaker=on_breaker,
                               executor=ray_backend.executor() if ray_backend else None, keep_records=False)

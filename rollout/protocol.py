@@ -79,8 +79,10 @@ class EvalSpec(BaseModel):
 
 class EvalRequest(BaseModel):
     """What the evaluator knows about the session: ids, the env params (``env_params["dataset"]``
-    is the full case row, expected answer included) and the runtime's ``start_result`` (None when
-    the runtime produced no valid result)."""
+    is the full case row, expected answer included), the runtime's ``start_result`` (None when
+    the runtime produced no valid result: the agent's words, never proof), ``workspace`` (the
+    folder holding a copy of the final workspace, as data: regular files and folders only) and
+    ``workspace_manifest`` (what that copy left out: links, FIFOs, what is over its caps)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -94,6 +96,7 @@ class EvalRequest(BaseModel):
     env_params: dict[str, Any]
     start_result: SimulationStartResult | None = None
     workspace: str | None = None
+    workspace_manifest: dict[str, Any] | None = None
 
 
 class TrajectoryStep(BaseModel):

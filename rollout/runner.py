@@ -12,7 +12,6 @@ import contextlib
 import functools
 import logging
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -37,7 +36,6 @@ from rollout.sandbox import (
     inside_url,
     probe,
 )
-from rollout.workspace_archive import drop_unsafe_entries
 
 MiB = 1024 * 1024
 CODE_ROOT = Path(rollout.protocol.__file__).resolve().parents[1]
@@ -194,29 +192,9 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
     variables: ``pass_env`` names copied from this process, then the env's ``runtime.env`` (with
     ``command``: its ``env`` instead of both), then ``extra_env`` (the scheduler's: the gateway key
     as ``OPENAI_API_KEY``), then the session's (``session_env``). ``stderr_log``: a host file that
-    keeps the runtime's whole stderr. Afterwards, links leaving ``workspace``, FIFOs and sockets in
-    it are deleted (``drop_unsafe_entries``) so the evaluator cannot be pointed at host files. Never
-    raises except CancelledError."""
-    out = await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log)
-    try:
-        removed = await asyncio.to_thread(drop_unsafe_entries, workspace) if not _empty(workspace) else []
-    except OSError as e:
-        return out.model_copy(update={"status": "error", "result": None,
-                                      "error_text": f"workspace cannot be checked for links: {e}"})
-    if removed:
-        log.warning("session %s: removed %d link(s) leaving the workspace or fifo(s) before grading: %s",
-                    request.session_id, len(removed), "; ".join(removed[:5]))
-    return out
-
-
-def _empty(folder: Path) -> bool:
-    """Whether ``folder`` holds nothing (then no thread is needed to check it); False when it
-    cannot be listed (the check in the thread reports that)."""
-    try:
-        with os.scandir(folder) as it:
-            return next(it, None) is None
-    except OSError:
-        return False
+    keeps the runtime's whole stderr. The workspace is left as the runtime left it: graders only
+    ever read a copy of it as data (``rollout.grading``). Never raises except CancelledError."""
+    return await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log)
 
 
 async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
@@ -240,6 +218,16 @@ async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspac
         return out.model_copy(update={"sandbox": "none"})
     out = await _run_sandboxed(cfg, request, workspace, extra, command, stderr_log)
     return out.model_copy(update={"sandbox": "bwrap"})
+
+
+def _empty(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing (then no thread is needed to measure it); False when it
+    cannot be listed (the check in the thread reports that)."""
+    try:
+        with os.scandir(folder) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
 
 
 def _setup_failed(t0: float, why: str) -> RuntimeOutcome:
@@ -281,9 +269,7 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
                            bridge_socket=bridge.socket_path, status_fd=status_w,
                            tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits)
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
-        if cg.procs_files:  # join the session's cgroups before bwrap starts anything
-            join = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in cg.procs_files)
-            argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
+        argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
         env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **session_env(url, extra)})
         try:

@@ -27,13 +27,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 
 from rollout.envs import Case, EnvConfig, case_of
-from rollout.evaluation import EvalOutcome, build_eval_spec, run_evaluation
+from rollout.evaluation import EvalOutcome, build_eval_spec
 from rollout.evaluator_loader import discover_evaluator
+from rollout.grading.grader import Grader, grader_mode
+from rollout.grading.sandbox import GraderLimits
 from rollout.harness import InstalledHarness
 from rollout.outcomes import (
     GATEWAY_CLASSES,
@@ -141,7 +143,8 @@ class RunSettings:
     and given to each runtime as ``OPENAI_API_KEY`` (what the openai SDK reads; also as
     ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``, see ``rollout.runner.session_env``), the retry
     policy, the circuit breaker's settings and ``sandbox``: ``bwrap`` (each runtime in a bubblewrap
-    sandbox) or ``none`` (see ``rollout.runner``). ``models``: every route of the job (``model``
+    sandbox) or ``none`` (see ``rollout.runner``); ``grader_isolation``: where evaluators run (``bwrap``:
+    the grader sandbox, ``none``: in the launcher; None: as ``sandbox``; see ``rollout.grading``). ``models``: every route of the job (``model``
     alone when empty), probed by the breaker; ``harnesses``: name -> installed harness, for rows
     whose ``harness`` is set; ``log_dir``: where harness logs go
     (``<log_dir>/harness/<session id>-a<attempt>.log``; None: not kept)."""
@@ -159,6 +162,7 @@ class RunSettings:
     workspace_root: Path | None = None
     gateway_api_key: str | None = None
     sandbox: str = "bwrap"
+    grader_isolation: Literal["bwrap", "none"] | None = None  # None: as ``sandbox``
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     models: tuple[str, ...] = ()
@@ -301,6 +305,8 @@ class Scheduler:
         self._workers: list[asyncio.Task[None]] = []
         self._stop_reason: str | None = None
         self._specs: dict[tuple[str, Path], EvalSpec] = {}
+        self._evaluators: dict[str, Path | None] = {}
+        self._grader: Grader | None = None
         self.breaker = CircuitBreaker(settings.breaker, self._probe, self._breaker_event)
 
     async def run(self, rows: Sequence[JobEnvironment] | RowSource) -> list[SessionRecord]:
@@ -316,7 +322,26 @@ class Scheduler:
         else:
             source = rows
         with pidfd_child_watcher():
-            return await self._run(source)
+            if not self.s.enable_evaluation:
+                return await self._run(source)
+            async with Grader(grader_mode(None, self._grader_job_mode()), work_dir=self.s.workspace_root) as grader:
+                await grader.start(p.parent.parent for p in map(self._evaluator, self.envs.values()) if p)
+                self._grader = grader
+                try:
+                    return await self._run(source)
+                finally:
+                    self._grader = None
+
+    def _grader_job_mode(self) -> str:
+        return self.s.grader_isolation or self.s.sandbox
+
+    def _evaluator(self, cfg: EnvConfig) -> Path | None:
+        """The env's ``rule_evaluator.py`` (under the agent root, else beside the env's folder),
+        looked up once per job."""
+        if cfg.name not in self._evaluators:
+            self._evaluators[cfg.name] = (discover_evaluator(self.s.agent_root, cfg.name)
+                                          or discover_evaluator(cfg.env_dir.parent, cfg.name))
+        return self._evaluators[cfg.name]
 
     async def _run(self, source: RowSource) -> list[SessionRecord]:
         self._left = source.total
@@ -674,12 +699,8 @@ class Scheduler:
 
     async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, outcome: RuntimeOutcome | None,
                         trajectory: Any, workspace: Path) -> EvalOutcome | None:
-        if not self.s.enable_evaluation:
-            return None
-        path = discover_evaluator(self.s.agent_root, cfg.name)
-        if path is None:
-            path = discover_evaluator(cfg.env_dir.parent, cfg.name)
-        if path is None:
+        path = self._evaluator(cfg)
+        if self._grader is None or path is None:
             return None
         spec = self._specs.get((cfg.name, path))
         if spec is None:  # built once per env and evaluator file (it resolves the path)
@@ -688,6 +709,7 @@ class Scheduler:
             job_id=row.job_id, session_id=row.session_id, env_name=cfg.name, case_id=case.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result if outcome else None,
-            workspace=str(workspace),
         )
-        return await run_evaluation(path, request, spec, trajectory)
+        return await self._grader.evaluate(path, request, spec, trajectory, workspace,
+                                           grader_mode(cfg, self._grader_job_mode()),
+                                           GraderLimits(memory_mb=cfg.grader.memory_mb, processes=cfg.grader.processes))

@@ -6,7 +6,7 @@ return value into a score.
 rejected. A dict result gives its score under the first of ``SCORE_KEYS`` present, plus its
 ``reason`` and ``artifacts``. ``raw_repr`` keeps the ``repr`` of the whole value, cut to
 ``RAW_REPR_MAX_CHARS`` (``cut_text``). Nothing here raises, imports evaluators or runs them; what
-is committed for an ``invalid_reward`` (score 0.0) is decided in ``rollout.evaluation``.
+is committed for an ``invalid_reward`` (score 0.0) is decided in ``rollout.evaluation``. Stdlib only: the grader sandbox imports it.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Literal
-
-from pydantic import BaseModel
 
 SCORE_MIN = 0.0
 SCORE_MAX = 10.0
@@ -30,7 +29,8 @@ RAW_REPR_MAX_CHARS = 1000
 string)."""
 
 
-class ScoreCheck(BaseModel):
+@dataclass(frozen=True)
+class ScoreCheck:
     """Result of ``normalize_score`` on one evaluator return value.
 
     - ``status``: ``scored`` (``score`` is a float in 0..10) or ``invalid_reward`` (``score`` is

@@ -69,34 +69,6 @@ def _inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
-def drop_unsafe_entries(workspace: Path) -> list[str]:
-    """Delete what under ``workspace`` the evaluator, which runs on the host, must not open: every
-    symlink whose target, resolved on this host, leaves it (absolute links included: their
-    target is a sandbox path), e.g. one planted to the case's expected.json, and every FIFO or
-    socket (reading one blocks the evaluator). Returns what it removed, as
-    ``"<path>: link to <target>"`` or ``"<path>: fifo/socket"``, relative to ``workspace``."""
-    real_root = os.path.realpath(workspace)
-    removed: list[str] = []
-    stack = [str(workspace)]  # an explicit stack: a runtime may nest folders deeper than recursion goes
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            entries = list(it)
-        for e in entries:
-            path = e.path
-            mode = e.stat(follow_symlinks=False).st_mode
-            if stat.S_ISDIR(mode):
-                stack.append(path)
-            elif stat.S_ISLNK(mode):
-                target = os.readlink(path)
-                if os.path.isabs(target) or not _inside(real_root, os.path.realpath(path)):
-                    os.unlink(path)
-                    removed.append(f"{os.path.relpath(path, workspace)}: link to {target}")
-            elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-                os.unlink(path)
-                removed.append(f"{os.path.relpath(path, workspace)}: fifo/socket")
-    return removed
-
-
 def _raise(e: OSError) -> None:
     raise e
 

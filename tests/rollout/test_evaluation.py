@@ -43,18 +43,16 @@ pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 # ---------------------------------------------------------------------------------------------
 
 
-async def test_evaluator_receives_pydantic_objects(tmp_path: Path) -> None:
+async def test_evaluator_receives_records_read_as_attributes_and_as_mappings(tmp_path: Path) -> None:
     path = write_evaluator(
         tmp_path,
         "env",
         """
-        from rollout.protocol import EvalRequest, EvalSpec, Trajectory
-
         def evaluate(request, spec, trajectory):
-            assert isinstance(request, EvalRequest)
-            assert isinstance(spec, EvalSpec)
-            assert isinstance(trajectory, Trajectory)
             assert request.start_result.metrics["answer"] == "42"
+            assert request["start_result"]["metrics"] == request.start_result.model_dump()["metrics"]
+            assert trajectory.steps[-1]["content"] == trajectory.steps[-1].content
+            assert isinstance(spec.model_dump_json(), str)
             return {"score": 10, "reason": spec.eval_id + " " + trajectory.steps[-1].content}
         """,
     )

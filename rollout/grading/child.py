@@ -1,0 +1,69 @@
+"""Runs one evaluation inside the grader sandbox (started by ``rollout.grading.sandbox``).
+
+Reads ``{"evaluator", "request", "spec", "trajectory", "rlimits", "result_fd"}`` as JSON on stdin, sets the
+resource limits, points its own stdout at stderr (what the evaluator prints is log, never the
+result), loads the evaluator, calls ``evaluate(request, spec, trajectory)`` with ``Record`` views,
+applies the score rule and writes one JSON object to the pipe ``result_fd``: ``status`` (``scored`` |
+``invalid_reward`` | ``error``), ``score``, ``raw_repr``, ``reason``, ``artifacts``. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import resource
+import sys
+from typing import Any
+
+from rollout import evaluator_loader, scoring
+from rollout.grading.views import Record, request_view, trajectory_view
+
+_RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,
+            "core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE}
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` as JSON types: anything else becomes its (cut) repr."""
+    try:
+        return json.loads(json.dumps(value, default=lambda v: scoring.cut_text(repr(v)), allow_nan=False))
+    except (ValueError, TypeError, RecursionError):
+        return scoring.cut_text(repr(value))
+
+
+def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
+    try:
+        fn = evaluator_loader.load_evaluator(job["evaluator"])
+    except evaluator_loader.EvaluatorLoadError as e:
+        return {"status": "error", "score": 0.0, "reason": f"EvaluatorLoadError: {e}"}
+    try:
+        value = fn(request_view(job["request"]), Record(job["spec"]), trajectory_view(job["trajectory"]))
+        if inspect.isawaitable(value):
+            value = asyncio.run(_wait(value))
+    except (Exception, SystemExit) as e:
+        return {"status": "error", "score": 0.0, "reason": scoring.cut_text(f"{type(e).__name__}: {e}")}
+    check = scoring.normalize_score(value)
+    return {"status": check.status, "score": check.score if check.status == "scored" else 0.0,
+            "raw_repr": check.raw_repr, "reason": check.reason,
+            "artifacts": _json_safe(check.artifacts) if check.artifacts is not None else None}
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def main() -> None:
+    """The child's whole life: limits, the evaluation, one result on the result pipe."""
+    job = json.loads(sys.stdin.buffer.read())
+    result = os.fdopen(int(job["result_fd"]), "w", encoding="utf-8")
+    for name, value in (job.get("rlimits") or {}).items():
+        resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
+    os.dup2(2, 1)  # prints go to the log
+    out = _evaluate(job)
+    result.write(json.dumps(out, ensure_ascii=True))
+    result.close()
+
+
+if __name__ == "__main__":
+    main()

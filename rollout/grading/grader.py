@@ -1,0 +1,112 @@
+"""The grader of a job: where each evaluation runs and on what (docs/grading.md).
+
+A ``Grader`` is opened once per job (or regrade). It snapshots the env roots that hold evaluators
+(an evaluator edited or overwritten during the job is never reloaded), and for each session
+copies the final workspace as data (``rollout.grading.workspace_copy``: no links, capped), then
+runs the evaluator on that copy: in the grader sandbox (``bwrap``, the default) or in a thread of
+the launcher (``none``, for trusted graders; flagged in every record). The copy is deleted
+afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from rollout.envs import EnvConfig
+from rollout.evaluation import EvalOutcome, run_evaluation
+from rollout.grading.sandbox import GraderLimits, evaluate_in_sandbox
+from rollout.grading.workspace_copy import CopyCaps, copy_workspace
+from rollout.protocol import EvalRequest, EvalSpec, Trajectory
+
+log = logging.getLogger(__name__)
+
+Isolation = Literal["bwrap", "none"]
+_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
+
+
+def grader_mode(cfg: EnvConfig | None, job_isolation: str) -> Isolation:
+    """Where ``cfg``'s evaluator runs: ``none`` when the env or the job (``job_isolation``: its
+    ``--grader-isolation``, else its ``--sandbox``) says so, else ``bwrap``."""
+    return "none" if "none" in (cfg.grader.isolation if cfg else None, job_isolation) else "bwrap"
+
+
+class Grader:
+    """Runs a job's evaluations (module docstring). ``isolation`` is the job's default (an env may
+    set its own per call); ``work_dir`` holds the snapshot and the workspace copies (None: the
+    system temp folder). Use as ``async with Grader(...) as g: await g.start(roots)``."""
+
+    def __init__(self, isolation: Isolation = "bwrap", work_dir: Path | None = None,
+                 limits: GraderLimits | None = None, caps: CopyCaps | None = None) -> None:
+        self.isolation = isolation
+        self.limits = limits or GraderLimits()
+        self.caps = caps or CopyCaps()
+        self._work_dir = work_dir
+        self._folder: Path | None = None
+        self._roots: dict[Path, Path] = {}
+
+    async def __aenter__(self) -> Grader:
+        self._folder = Path(tempfile.mkdtemp(prefix="rollout-grader-", dir=self._work_dir))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._folder is not None:
+            await asyncio.to_thread(shutil.rmtree, self._folder, True)
+            self._folder = None
+
+    async def start(self, roots: Iterable[Path]) -> None:
+        """Snapshot each env root (a folder holding ``<env>/rule_evaluator.py``) not taken yet."""
+        assert self._folder is not None, "use the Grader as an async context manager"
+        for root in dict.fromkeys(Path(r).resolve() for r in roots):
+            if root in self._roots:
+                continue
+            dest = self._folder / "envs" / str(len(self._roots))
+            t0 = time.monotonic()
+            await asyncio.to_thread(shutil.copytree, root, dest, ignore=_SKIP)
+            self._roots[root] = dest
+            log.debug("grader snapshot of %s taken in %.3f s", root, time.monotonic() - t0)
+
+    def _host_root(self, path: Path) -> Path:
+        resolved = path.resolve()
+        for root in self._roots:
+            if resolved.is_relative_to(root):
+                return root
+        raise ValueError(f"{path} is not in a snapshot env root (Grader.start was not given its root)")
+
+    async def evaluate(self, path: Path, request: EvalRequest, spec: EvalSpec, trajectory: Trajectory,
+                       workspace: Path | None, isolation: Isolation | None = None,
+                       limits: GraderLimits | None = None) -> EvalOutcome:
+        """Evaluate one session on a copy of ``workspace`` (None: the session has none) with the
+        snapshot of ``path``. Never raises but CancelledError."""
+        assert self._folder is not None, "use the Grader as an async context manager"
+        mode = isolation or self.isolation
+        root = self._host_root(path)
+        copy: Path | None = None
+        try:
+            manifest: dict[str, object] | None = None
+            if workspace is not None:
+                copy = Path(tempfile.mkdtemp(prefix="ws-", dir=self._folder)) / "w"
+                try:
+                    manifest = (await asyncio.to_thread(copy_workspace, workspace, copy, self.caps)).manifest()
+                except OSError as e:  # the workspace itself is gone or unreadable: graded without one
+                    manifest = {"complete": False, "error": f"the final workspace cannot be read: {e.strerror}"}
+                    await asyncio.to_thread(shutil.rmtree, copy.parent, True)
+                    copy = None
+            request = request.model_copy(update={"workspace_manifest": manifest})
+            if mode == "none":
+                snap = self._roots[root] / path.resolve().relative_to(root)
+                inside = request.model_copy(update={"workspace": str(copy) if copy is not None else None})
+                spec = spec.model_copy(update={"evaluator_path": str(snap)})
+                return await run_evaluation(snap, inside, spec, trajectory)
+            return await evaluate_in_sandbox(path.resolve(), request, spec, trajectory, copy,
+                                             [(snap, host) for host, snap in self._roots.items()],
+                                             limits or self.limits)
+        finally:
+            if copy is not None:
+                await asyncio.to_thread(shutil.rmtree, copy.parent, True)
