@@ -34,7 +34,7 @@ def record_of(row: JobEnvironment, traj: Trajectory, attempts: Sequence[SessionA
         "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": row.status,
         "score": row.reward, "eval_status": row.eval_status, "reason": row.eval_reason, "error": row.error_text,
         "duration_s": row.duration_s, "usage": usage_total(traj.steps), "step_count": len(traj.steps),
-        "sandbox": row.sandbox,
+        "sandbox": row.sandbox, "grader_isolation": (row.eval_detail or {}).get("isolation"),
         "outcome": row.outcome, "retried": len(listed) > 1, "harness": row.harness,
         "harness_exit": metrics.get("harness_exit"), "answer": metrics.get("answer"), "attempts": [a.model_dump() for a in listed],
         "trajectory": [s.model_dump(mode="json") for s in traj.steps],

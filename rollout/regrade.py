@@ -1,7 +1,7 @@
 """Regrade a finished job: run each env's current ``rule_evaluator.py`` again on what the store
 kept (trajectory, start result, case row, final workspace), with no runtime and no model call.
 
-Evaluation goes through ``rollout.evaluation.run_evaluation`` (same timeout, score rule, clamp and
+Evaluation goes through a ``rollout.grading.Grader``, as in a run (grader sandbox, timeout, score rule, clamp and
 error outcomes as a run). The new evaluation replaces the session's reward; the previous one is
 kept (``job_environments.eval_history``, the last step's ``meta_json["evaluation_history"]``).
 Sessions that cannot be regraded (unfinished, infrastructure failure, no evaluator, no kept
@@ -23,8 +23,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.envs import EnvConfigError, load_env_config
-from rollout.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec, run_evaluation
+from rollout.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec
 from rollout.evaluator_loader import discover_evaluator
+from rollout.grading.grader import Grader
 from rollout.job import SetupError, init_store, open_store
 from rollout.outcomes import INFRA_CLASSES
 from rollout.protocol import EvalRequest, SimulationStartResult
@@ -55,6 +56,7 @@ class RegradeOptions(BaseModel):
     eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0)
     pool_size: int = Field(default=4, ge=1)
     out: Path | None = None
+    grader_isolation: Literal["bwrap", "none"] = "bwrap"
 
 
 class Regraded(BaseModel):
@@ -147,8 +149,8 @@ def _file_sha256(path: Path) -> str | None:
         return None
 
 
-async def _regrade_one(store: Store, row: JobEnvironment, path: Path, sha256: str | None, timeout_s: float
-                       ) -> Regraded | NotRegraded:
+async def _regrade_one(store: Store, grader: Grader, row: JobEnvironment, path: Path, sha256: str | None,
+                       timeout_s: float) -> Regraded | NotRegraded:
     def blocked(kind: BlockKind, reason: str) -> NotRegraded:
         return NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                            sample_index=row.sample_index, kind=kind, reason=reason)
@@ -172,14 +174,15 @@ async def _regrade_one(store: Store, row: JobEnvironment, path: Path, sha256: st
         request = EvalRequest(
             job_id=row.job_id, session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
-            env_params=dict(row.env_params or {}), start_result=start_result, workspace=str(workspace))
-        outcome: EvalOutcome = await run_evaluation(path, request, build_eval_spec(row.env_name, path, timeout_s),
-                                                    trajectory)
+            env_params=dict(row.env_params or {}), start_result=start_result)
+        outcome: EvalOutcome = await grader.evaluate(path, request, build_eval_spec(row.env_name, path, timeout_s),
+                                                     trajectory, workspace)
     meta = {**outcome.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
             "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
     await store.record_regrade(
         row.session_id, reward=outcome.score, eval_status=outcome.status, eval_reason=outcome.reason,
-        eval_detail={"raw_repr": outcome.raw_repr, "artifacts": outcome.artifacts}, eval_meta=meta)
+        eval_detail={"raw_repr": outcome.raw_repr, "artifacts": outcome.artifacts, "isolation": outcome.isolation},
+        eval_meta=meta)
     return Regraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                     sample_index=row.sample_index, before_status=row.eval_status, before_score=row.reward,
                     after_status=outcome.status, after_score=outcome.score, reason=outcome.reason)
@@ -234,7 +237,7 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
             assert path is not None
             async with gate:
                 try:
-                    item = await _regrade_one(store, row, path, digests[row.env_name], opts.eval_timeout)
+                    item = await _regrade_one(store, grader, row, path, digests[row.env_name], opts.eval_timeout)
                 except Exception as e:
                     if is_unavailable(e):  # the database itself failed: stop the regrade
                         raise
@@ -244,13 +247,15 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
                                        reason=f"the regrade failed for this session: {type(e).__name__}: {e}")
                 note(item)
 
-        tasks = [asyncio.ensure_future(one(r)) for r in rows]
-        try:
-            await asyncio.gather(*tasks)
-        finally:  # on an error or Ctrl-C: stop the others (each commit is atomic)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        async with Grader(opts.grader_isolation) as grader:
+            await grader.start(p.parent.parent for p in evaluators.values() if p is not None)
+            tasks = [asyncio.ensure_future(one(r)) for r in rows]
+            try:
+                await asyncio.gather(*tasks)
+            finally:  # on an error or Ctrl-C: stop the others (each commit is atomic)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
         selected = {r.session_id for r in rows}
         records = [r for r in await job_records(store, opts.job_id) if r.session_id in selected]
         out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{opts.job_id}-regrade.jsonl"

@@ -118,7 +118,8 @@ class SessionRecord(BaseModel):
     - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order (the last
       attempt's).
     - ``sandbox``: how the runtime ran: ``bwrap`` (isolated) or ``none`` (no isolation), None when
-      unknown (the runtime never ran).
+      unknown (the runtime never ran). ``grader_isolation``: where its evaluator ran: ``bwrap`` (the
+      grader sandbox) or ``none`` (in the launcher), None when no evaluator ran.
     - ``outcome``: how the last attempt ended (None for records made by an older version);
       ``attempts``: every attempt, in order; ``retried``: more than one attempt.
     - ``harness``: the harness that ran the session (None: the env's own runtime);
@@ -143,6 +144,7 @@ class SessionRecord(BaseModel):
     usage: UsageTotals | None = None
     step_count: int = 0
     sandbox: str | None = None
+    grader_isolation: str | None = None
     outcome: str | None = None
     retried: bool = False
     harness: str | None = None
@@ -324,6 +326,7 @@ class ReportTotals:
         self.sessions = 0
         self.infra_attempts = 0
         self.bare: dict[str, int] = defaultdict(int)
+        self.trusted: dict[str, int] = defaultdict(int)
         self.by_status: Counter[tuple[str, str | None]] = Counter()
         self._rows: dict[tuple[str, str, str], _RowTotals] = {}
 
@@ -346,6 +349,8 @@ class ReportTotals:
         self.infra_attempts += sum(1 for a in record.attempts if a.infra)
         if record.sandbox == "none":
             self.bare[record.env_name] += 1
+        if record.grader_isolation == "none":
+            self.trusted[record.env_name] += 1
         self.by_status[(record.status, record.eval_status)] += 1
 
     def fold_cases(self) -> None:
@@ -371,7 +376,7 @@ class ReportTotals:
 
     def footer(self) -> str | None:
         """``table_footer`` of the records added."""
-        return _footer(self.bare)
+        return _footer(self.bare, self.trusted)
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -469,19 +474,27 @@ def table_footer(records: Iterable[SessionRecord]) -> str | None:
     """The warning printed under the table when sessions ran without the sandbox (``sandbox:
     none``), naming their envs; None when every session ran sandboxed (or did not run)."""
     bare: dict[str, int] = defaultdict(int)
+    trusted: dict[str, int] = defaultdict(int)
     for r in records:
         if r.sandbox == "none":
             bare[r.env_name] += 1
-    return _footer(bare)
+        if r.grader_isolation == "none":
+            trusted[r.env_name] += 1
+    return _footer(bare, trusted)
 
 
-def _footer(bare: dict[str, int]) -> str | None:
-    if not bare:
-        return None
-    envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
-    return (f"warning: {sum(bare.values())} sessions ran WITHOUT a sandbox (--sandbox none or the env's "
-            f"runtime.sandbox: none): {envs}. Their runtimes could read the host's files and environment and "
-            "reach its network; their scores may not be trustworthy as rewards.")
+def _footer(bare: dict[str, int], trusted: dict[str, int] | None = None) -> str | None:
+    lines = []
+    if bare:
+        envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
+        lines.append(f"warning: {sum(bare.values())} sessions ran WITHOUT a sandbox (--sandbox none or the env's "
+                     f"runtime.sandbox: none): {envs}. Their runtimes could read the host's files and environment "
+                     "and reach its network; their scores may not be trustworthy as rewards.")
+    if trusted:
+        envs = ", ".join(f"{name} ({n})" for name, n in sorted(trusted.items()))
+        lines.append(f"warning: {sum(trusted.values())} sessions were graded in the launcher, not in the grader "
+                     f"sandbox (--grader-isolation none, --sandbox none or the env's grader.isolation: none): {envs}.")
+    return "\n".join(lines) or None
 
 
 def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:

@@ -645,8 +645,8 @@ class Scheduler:
             "error_text": error_text, "duration_s": time.monotonic() - t0, "outcome": end.outcome,
             "sandbox": run.outcome.sandbox if run.outcome else None,
             "eval_status": eval_status, "eval_reason": eval_reason,
-            "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts}
-            if evaluation else None,
+            "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts,
+                            "isolation": evaluation.isolation} if evaluation else None,
         }
         reward = evaluation.score if evaluation else None
         await self.store.finish_job_session(

@@ -155,8 +155,10 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
 
             spy = Spy(monkeypatch)
             seen: list[Any] = []
+            # graded in the launcher here, so that no process at all may start (the grader sandbox is one)
             regrade = await regrade_job(RegradeOptions(job_id="j1", db_path=f"sqlite://{db}", agent_root=fixed_root,
-                                                       out=tmp_path / "regrade.jsonl"), on_done=seen.append)
+                                                       out=tmp_path / "regrade.jsonl", grader_isolation="none"),
+                                        on_done=seen.append)
             monkeypatch.undo()
         finally:
             await gw.stop()
@@ -189,7 +191,7 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
         "i": (None, "infra_error"), "u": (3.0, "scored")}
     [previous] = state["a"][2]
     assert (previous["eval_status"], previous["reward"], previous["eval_detail"]) == (
-        "scored", 3.0, {"raw_repr": "3", "artifacts": None})
+        "scored", 3.0, {"raw_repr": "3", "artifacts": None, "isolation": "bwrap"})
     assert state["c"][2] is None and state["i"][2] is None
     a_id = sql(db, "SELECT env_id FROM job_environments WHERE case_id = 'a'")[0][0]
     reward, step_reward, meta = sql(db, "SELECT reward, step_reward, meta_json FROM session_steps "
