@@ -34,6 +34,8 @@ from rollout.sandbox import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailabl
 
 MiB = 1024 * 1024
 CHILD = Path(__file__).with_name("child.py")
+PIPE_DRAIN_S = 10.0
+"""After the sandbox is killed, how long its pipes may take to close before they are dropped."""
 OUTPUT_TAIL_BYTES = 4096
 """How much of the grader's own output (stdout and stderr) is kept for the reason of a failure."""
 
@@ -142,9 +144,19 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
     result = bytearray()
     tail = bytearray()
     printed = [0]
+    over: list[str] = []
+
+    def kill(why: str | None = None) -> None:
+        """Kill the whole sandbox; the readers go on to the end of its pipes (a paused pipe would
+        keep ``wait()`` from returning)."""
+        if why is not None and not over:
+            over.append(why)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        cg.kill_all()
     result_file = os.fdopen(result_r, "rb", buffering=0)
     result_reader = asyncio.StreamReader(limit=limits.result_bytes + 1)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(result_reader), result_file)
+    result_pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(result_reader), result_file)
 
     async def feed() -> None:
         assert proc.stdin is not None
@@ -157,16 +169,20 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
         assert proc.stdout is not None
         while chunk := await proc.stdout.read(65536):
             printed[0] += len(chunk)
+            if over:
+                continue
             tail.extend(chunk)
             del tail[:-OUTPUT_TAIL_BYTES]
             if printed[0] > limits.output_bytes:
-                raise _Ended("error", f"the grader printed more than {limits.output_bytes // MiB} MiB")
+                kill(f"the grader printed more than {limits.output_bytes // MiB} MiB")
 
     async def read_result() -> None:
         while chunk := await result_reader.read(65536):
+            if over:
+                continue
             result.extend(chunk)
             if len(result) > limits.result_bytes:
-                raise _Ended("error", f"the grader's result is larger than {limits.result_bytes // MiB} MiB")
+                kill(f"the grader's result is larger than {limits.result_bytes // MiB} MiB")
 
     async def whole() -> int:
         await asyncio.gather(feed(), read_output(), read_result())
@@ -179,15 +195,16 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
         except TimeoutError:
             raise _Ended("timeout", "timed out") from None
     finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            cg.kill_all()
-            await asyncio.shield(proc.wait())
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        result_file.close()
+        if not task.done():  # timed out or cancelled: kill, then let the readers reach the pipes' end
+            kill()
+            try:
+                await asyncio.shield(asyncio.wait_for(asyncio.shield(task), PIPE_DRAIN_S))
+            except (TimeoutError, _Ended):
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        result_pipe.close()  # closes result_file too
+    if over:
+        raise _Ended("error", over[0])
     if result:
         try:
             return json.loads(bytes(result))

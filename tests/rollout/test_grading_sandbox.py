@@ -1,0 +1,185 @@
+"""The grader sandbox holds against hostile answers and hostile graders: the evaluator reads a copy
+of the final workspace as data (no links, no FIFOs, capped), from a snapshot of its env root,
+in its own bubblewrap child with limits; whatever it does fails that session's evaluation only."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from rollout.grading.grader import Grader
+from rollout.grading.sandbox import CHILD, GraderLimits
+from rollout.protocol import EvalRequest, EvalSpec, Trajectory
+from tests.rollout.sandbox_helpers import require_bwrap
+
+REPO = Path(__file__).resolve().parents[2]
+WORKSPACE_EVALUATOR = REPO / "env" / "workspace" / "rule_evaluator.py"
+
+
+def request(sid: str, expected: object = None) -> EvalRequest:
+    return EvalRequest(job_id="j", session_id=sid, env_name="t", case_id="c", group_id="g", sample_index=0,
+                       model="m", env_params={"dataset": {"expected": expected}})
+
+
+def spec(path: Path, timeout_s: float = 60.0) -> EvalSpec:
+    return EvalSpec(eval_id="t/rule", timeout_s=timeout_s, evaluator_path=str(path))
+
+
+def env_root(tmp_path: Path, code: str, name: str = "t") -> Path:
+    """``<tmp>/envs/<name>/rule_evaluator.py`` holding ``code``; returns the evaluator's path."""
+    path = tmp_path / "envs" / name / "rule_evaluator.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(code)
+    return path
+
+
+def grader_children() -> list[int]:
+    """Pids of grader children still running on this machine."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if str(CHILD).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+async def test_links_fifos_and_huge_files_in_the_workspace_are_never_followed(tmp_path: Path) -> None:
+    require_bwrap()
+    secret = tmp_path / "tasks" / "t1" / "expected.json"
+    secret.parent.mkdir(parents=True)
+    secret.write_text(json.dumps({"answer": 42}))
+    ws = tmp_path / "ws"
+    (ws / "outputs").mkdir(parents=True)
+    (ws / "outputs" / "answer.json").symlink_to(secret)          # absolute, to the host's expected answer
+    (ws / "rel").symlink_to("../tasks/t1/expected.json")          # relative, leaving the workspace
+    os.mkfifo(ws / "fifo.json")                                   # a read would block for ever
+    with open(ws / "huge.json", "wb") as f:                       # sparse: 600 MB that take no disk
+        f.truncate(600 * 1024 * 1024)
+    fd = os.open(ws, os.O_RDONLY)                                 # nested past PATH_MAX
+    for _ in range(120):
+        os.mkdir("d" * 60, dir_fd=fd)
+        fd, old = os.open("d" * 60, os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([WORKSPACE_EVALUATOR.parent.parent])
+        out = await grader.evaluate(WORKSPACE_EVALUATOR, request("s1", {"answer": 42}), spec(WORKSPACE_EVALUATOR),
+                                    Trajectory(session_id="s1"), ws)
+    assert (out.status, out.score, out.reason, out.isolation) == (
+        "scored", 0.0, "outputs/answer.json is missing", "bwrap")
+
+
+async def test_the_bundled_grader_scores_a_real_answer_in_the_sandbox(tmp_path: Path) -> None:
+    require_bwrap()
+    ws = tmp_path / "ws"
+    (ws / "outputs").mkdir(parents=True)
+    (ws / "outputs" / "answer.json").write_text(json.dumps({"answer": 42}))
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([WORKSPACE_EVALUATOR.parent.parent])
+        out = await grader.evaluate(WORKSPACE_EVALUATOR, request("s1", {"answer": 42}), spec(WORKSPACE_EVALUATOR),
+                                    Trajectory(session_id="s1"), ws)
+    assert (out.status, out.score, out.isolation) == ("scored", 10.0, "bwrap")
+    assert out.artifacts == {"answer": {"answer": 42}}
+
+
+HOSTILE = '''
+import os
+def evaluate(request, spec, trajectory):
+    # what graders of code tasks do: run the agent's code; here the answer is hostile
+    exec(open(os.path.join(request.workspace, "solution.py")).read(), {"__name__": "answer"})
+    return 0
+'''
+
+ANSWER = '''
+import os
+tried = []
+for target in (OTHER_EXPECTED, EVALUATOR, os.path.join(os.environ.get("HOME", "/"), "x")):
+    try:
+        with open(target, "w") as f:
+            f.write('{"answer": "pwned"}')
+        tried.append("wrote " + target)
+    except OSError as e:
+        tried.append(type(e).__name__)
+raise RuntimeError(";".join(tried) + "|" + os.environ.get("LAUNCHER_SECRET", "no secret"))
+'''
+
+
+async def test_a_hostile_answer_run_by_the_grader_cannot_touch_envs_secrets_or_the_grader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require_bwrap()
+    monkeypatch.setenv("LAUNCHER_SECRET", "s3cr3t")
+    path = env_root(tmp_path, HOSTILE)
+    other = env_root(tmp_path, "def evaluate(r, s, t):\n    return 1\n", name="other").parent / "expected.json"
+    other.write_text('{"answer": 1}')
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "solution.py").write_text(ANSWER.replace("OTHER_EXPECTED", repr(str(other)))
+                                    .replace("EVALUATOR", repr(str(path))))
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
+    assert out.status == "error" and out.reason is not None
+    assert out.reason.startswith("RuntimeError: OSError;OSError;") and out.reason.endswith("|no secret"), out.reason
+    assert other.read_text() == '{"answer": 1}'
+    assert path.read_text() == HOSTILE
+
+
+async def test_an_evaluator_changed_during_the_job_is_not_reloaded(tmp_path: Path) -> None:
+    require_bwrap()
+    path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 3\n")
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        first = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), None)
+        path.write_text("def evaluate(r, s, t):\n    return 10\n")
+        second = await grader.evaluate(path, request("s2"), spec(path), Trajectory(session_id="s2"), None)
+    assert (first.score, second.score) == (3.0, 3.0)
+
+
+@pytest.mark.parametrize(("code", "status", "reason"), [
+    ("import os\ndef evaluate(r, s, t):\n    print('{\"status\": \"scored\", \"score\": 10}')\n    os._exit(0)\n",
+     "error", "the grader exited with code 0 without a result: {\"status\": \"scored\", \"score\": 10}"),
+    ("import sys\ndef evaluate(r, s, t):\n    sys.exit(0)\n", "error", "SystemExit: 0"),
+    ("import os, signal\ndef evaluate(r, s, t):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+     "error", "the grader exited with code 137 without a result: no output"),  # 128 + SIGKILL, from bwrap
+    ("def evaluate(r, s, t):\n    x = bytearray(6 * 1024 ** 3)\n    return 10\n", "error", None),
+    ("import socket\ndef evaluate(r, s, t):\n    socket.create_connection(('1.1.1.1', 80), timeout=5)\n    return 10\n",
+     "error", "OSError: [Errno 101] Network is unreachable"),
+    ("import time\ndef evaluate(r, s, t):\n    time.sleep(600)\n", "timeout", "evaluator timed out after 3.0 s"),
+    ("def evaluate(r, s, t):\n    while True:\n        print('x' * 65536)\n", "error",
+     "the grader printed more than 1 MiB"),
+])
+async def test_a_hostile_grader_fails_its_session_only_and_leaves_nothing_behind(
+        tmp_path: Path, code: str, status: str, reason: str | None) -> None:
+    require_bwrap()
+    path = env_root(tmp_path, code)
+    limits = GraderLimits(memory_mb=512, output_bytes=1024 * 1024)
+    async with Grader("bwrap", work_dir=tmp_path, limits=limits) as grader:
+        await grader.start([path.parent.parent])
+        out = await grader.evaluate(path, request("s1"), spec(path, timeout_s=3.0 if "sleep" in code else 60.0),
+                                    Trajectory(session_id="s1"), None)
+    assert (out.status, out.score) == (status, 0.0), out.reason
+    if reason is not None:
+        assert out.reason == reason
+    else:  # the memory cap: the kernel's OOM killer (cgroup) or a MemoryError (RLIMIT_AS)
+        assert out.reason in ("the grader exceeded its memory limit (512 MiB)", "MemoryError: "), out.reason
+    assert grader_children() == []
+    assert [t.name for t in threading.enumerate() if t.name.startswith("evaluator-")] == []
+
+
+async def test_isolation_none_runs_in_the_launcher_on_the_same_copy(tmp_path: Path) -> None:
+    path = env_root(tmp_path, "import os\ndef evaluate(r, s, t):\n"
+                              "    return {'score': 4, 'reason': ' '.join(sorted(os.listdir(r.workspace)))}\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a")
+    (ws / "link").symlink_to("/etc/passwd")
+    async with Grader("none", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
+    assert (out.status, out.score, out.reason, out.isolation) == ("scored", 4.0, "a.txt", "none")
