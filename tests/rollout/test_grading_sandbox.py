@@ -183,3 +183,35 @@ async def test_isolation_none_runs_in_the_launcher_on_the_same_copy(tmp_path: Pa
         await grader.start([path.parent.parent])
         out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
     assert (out.status, out.score, out.reason, out.isolation) == ("scored", 4.0, "a.txt", "none")
+
+
+async def test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_scores_0(tmp_path: Path) -> None:
+    """End to end: the real launcher, gateway, sandbox and bash tool; the model's one command links
+    the task's expected.json (its host path is in the env's folder, known to the model) as the answer
+    and nests folders past PATH_MAX (which made the old pre-grading sweep give up)."""
+    from tests.fake_upstream import FakeUpstream, Reply, chat_completion
+    from tests.test_launcher import gateway_config, launch
+
+    require_bwrap()
+    task = sorted((REPO / "env" / "workspace" / "tasks").iterdir())[0]
+    deep = 'import os\\nfd = os.open(".", os.O_RDONLY)\\nfor _ in range(100):\\n' \
+           '    os.mkdir("d" * 60, dir_fd=fd); fd = os.open("d" * 60, os.O_RDONLY, dir_fd=fd)'
+    command = (f"mkdir -p outputs && ln -s {task}/expected.json outputs/answer.json && "
+               f"printf '{deep}' > deep.py && python3 deep.py && ls -la outputs")
+    tool_call = {"id": "call_1", "type": "function", "function": {"name": "bash",
+                                                                   "arguments": json.dumps({"command": command})}}
+    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
+    async with FakeUpstream() as up:
+        up.script("/v1/chat/completions", [Reply.json(chat_completion(None, tool_calls=[tool_call],
+                                                                      finish_reason="tool_calls")),
+                                           Reply.json(chat_completion("done"))])
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        code, _, stderr = await launch(
+            "--agent-root", str(REPO / "env"), "--env", "workspace", "--gateway-config", str(cfg),
+            "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation", "--limit", "1",
+            "--job-id", "links", "--out", str(out), cwd=tmp_path)
+    assert code == 0, stderr
+    (r,) = map(json.loads, out.read_text().splitlines())
+    assert f"answer.json -> {task}/expected.json" in r["trajectory"][1]["messages"][-1]["content"]  # made
+    assert (r["sandbox"], r["grader_isolation"], r["eval_status"], r["score"], r["reason"]) == (
+        "bwrap", "bwrap", "scored", 0.0, "outputs/answer.json is missing")
