@@ -132,7 +132,7 @@ async def test_only_evidence_the_agent_cannot_write_makes_an_attempt_an_infrastr
     kept; what a runtime says (an ``error_class`` it claims, a crash, an unparsable result line,
     with or without answered model calls) is the agent's outcome: graded once, never retried,
     never a NULL reward."""
-    cases = [{"id": f"ok{i}", "q": "hi"} for i in range(5)]
+    cases: list[dict[str, Any]] = [{"id": f"ok{i}", "q": "hi"} for i in range(5)]
     cases += [{"id": "crash", "q": "hi", "fault": "crash"},          # runtime dies before any call
               {"id": "gateway", "q": "hi", "fault": "gateway"},      # claims the gateway is unreachable
               {"id": "upstream", "q": "hi", "fault": "upstream"},    # the model server answers 503
