@@ -223,3 +223,25 @@ def test_rejected_summary_of_a_close_answer() -> None:
     assert rejected_summary({"rejected_calls": {"max_steps": 3}}) is None  # the session's truncated says it
     assert rejected_summary({"rejected_calls": {"max_steps": 1, "model_not_found": 2, "invalid_api_key": 12}}) == (
         "the gateway refused 14 call(s) of the session itself: invalid_api_key 12, model_not_found 2")
+
+
+def test_only_a_gateway_that_cannot_be_reached_is_evidence_of_an_outage() -> None:
+    """The bridge counts a failed connection to the gateway as an outage only when it says the
+    gateway could not be reached, not when the launcher ran out of something a runtime can use
+    up (file descriptors, memory)."""
+    import errno
+    import socket
+
+    from rollout.bridge import gateway_down
+
+    assert gateway_down(ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed"))
+    assert gateway_down(OSError(errno.EHOSTUNREACH, "No route to host"))
+    assert gateway_down(TimeoutError()) and gateway_down(socket.gaierror(-2, "Name or service not known"))
+    # asyncio's error when every address of a host name failed
+    assert gateway_down(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+                                "[Errno 111] Connect call failed ('127.0.0.1', 8000)"))
+    assert not gateway_down(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+                                    "[Errno 24] Too many open files"))
+    assert not gateway_down(OSError(errno.EMFILE, "Too many open files"))
+    assert not gateway_down(OSError(errno.ENOMEM, "Cannot allocate memory"))
+    assert not gateway_down(OSError("no errno at all"))
