@@ -123,7 +123,8 @@ def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False
         return AttemptEnd("upstream_unavailable", True,
                           "; ".join(x for x in (f"the gateway's last call to the upstream failed ({code})", why) if x))
     if claimed:
-        seen = f"its last call: HTTP {last.status_code}" if last is not None else "no model call"
+        seen = ("no model call" if last is None else f"its last call: HTTP {last.status_code}"
+                if last.status_code is not None else f"its last call: {last.status}")
         denied = (f"the runtime claimed {claimed}, which the launcher's and the gateway's records do not show "
                   f"({seen}); graded as the agent's outcome")
         why = f"{why}; {denied}" if why else denied
