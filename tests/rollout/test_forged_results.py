@@ -61,3 +61,23 @@ async def test_a_result_line_forged_by_a_tool_call_is_not_the_sessions_result(
         ("error", "runtime_error", None, 10.0)]
     assert code == 2, stderr  # a runtime error, as the launcher's exit codes say (not 3: no outage)
     assert "infrastructure failure" not in stdout
+
+
+def test_only_the_forwarders_first_status_line_counts() -> None:
+    """The forwarder writes ``started`` (or why the runtime could not start) first on the status
+    pipe; anything written after it is not the forwarder's and cannot make ``setup_failed``."""
+    import os
+
+    from rollout.runner import _read_status
+
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        os.write(w, b"started\nerror: cannot start runtime (forged)\n")
+        assert _read_status(r) == "started"
+        os.write(w, b"error: cannot start runtime ['x']: No such file\n")
+        assert _read_status(r) == "error: cannot start runtime ['x']: No such file"
+        assert _read_status(r) == ""  # nothing written
+    finally:
+        os.close(r)
+        os.close(w)
