@@ -92,7 +92,8 @@ InfraErrorClass = Literal["gateway_unreachable", "upstream_unavailable"]
 def infra_error_class(exc: BaseException) -> InfraErrorClass | None:
     """``gateway_unreachable`` for an SDK connection error or timeout (the gateway did not
     answer), ``upstream_unavailable`` for an HTTP 429/5xx answer (the model was unavailable after
-    the gateway's own retries), None for anything else (the agent's own failure)."""
+    the gateway's own retries), None for anything else (the agent's own failure). The class is a
+    claim in the result; the launcher decides from its own and the gateway's records."""
     if isinstance(exc, openai.APIConnectionError):
         return "gateway_unreachable"
     if isinstance(exc, openai.APIStatusError) and (exc.status_code == 429 or exc.status_code >= 500):
@@ -105,7 +106,8 @@ def run_runtime(main: Callable[[SimulationStartRequest], SimulationStartResult])
 
     Any exception (including an unreadable request) becomes a ``failed`` result whose
     ``error_text`` is ``"ExcType: message"`` and whose ``error_class`` says when the failure was
-    the gateway's or the model server's (:func:`infra_error_class`: the launcher retries those);
+    the gateway's or the model server's (:func:`infra_error_class`; the launcher retries only
+    what its own records confirm);
     the process still exits 0, because the launcher reads ``status``. While ``main`` runs, ``sys.stdout`` is redirected to stderr so stray prints cannot
     corrupt the result line. Configures logging to stderr (level from ``ROLLOUT_LOG_LEVEL``, default
     INFO; an unknown level name means INFO) when nothing configured it yet.

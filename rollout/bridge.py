@@ -8,14 +8,21 @@ prefix is the session URL's path, ``/v1/sessions/<sid>``), no ``%``, no dot segm
 ``<prefix>/close`` (the launcher closes sessions). Anything else gets a 403 and the connection is
 closed; so a runtime cannot make sessionless (unrecorded) calls or reach another session. Answers
 are relayed byte for byte as they arrive (streams stay streams).
+
+The bridge is the launcher's own view of whether the gateway could be reached: ``unreachable``
+says why its last connection to the gateway failed (None once one succeeds), evidence the
+runtime cannot write (docs/trust-model.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import re
+import socket
 import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,6 +30,21 @@ from urllib.parse import urlsplit
 import h11
 
 log = logging.getLogger(__name__)
+
+
+_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTUNREACH,
+                                 errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN, errno.ETIMEDOUT})
+
+
+def gateway_down(exc: OSError) -> bool:
+    """Whether a failed connection to the gateway says the gateway could not be reached (refused,
+    reset, no route, timed out, name not resolved), not that this process ran out of something
+    (file descriptors, memory: a runtime could cause that by opening connections). asyncio's
+    ``Multiple exceptions`` error (every address of a host name failed) counts when each of them did."""
+    if isinstance(exc, (TimeoutError, socket.gaierror)) or exc.errno in _UNREACHABLE_ERRNOS:
+        return True
+    codes = [int(c) for c in re.findall(r"\[Errno (\d+)\]", str(exc))] if exc.errno is None else []
+    return bool(codes) and all(c in _UNREACHABLE_ERRNOS for c in codes)
 
 
 class BridgeError(RuntimeError):
@@ -86,7 +108,9 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 class GatewayBridge:
     """``async with GatewayBridge(socket_path, session_url):`` serves ``socket_path`` while open.
     Connections still open at exit are closed. Raises BridgeError (from the constructor for a bad
-    URL, from ``__aenter__`` when the socket cannot be served)."""
+    URL, from ``__aenter__`` when the socket cannot be served). ``connect_failures`` counts the
+    connections to the gateway that failed because it could not be reached (``gateway_down``);
+    ``unreachable`` is why the last connection failed, None when it succeeded (or none was made)."""
 
     def __init__(self, socket_path: Path, session_url: str) -> None:
         self.socket_path = socket_path
@@ -97,6 +121,8 @@ class GatewayBridge:
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self.refused = 0
+        self.connect_failures = 0
+        self.unreachable: str | None = None
 
     async def __aenter__(self) -> GatewayBridge:
         try:
@@ -147,7 +173,11 @@ class GatewayBridge:
                             self.host, self.port, ssl=self._ssl, server_hostname=self.host if self._ssl else None)
                     except OSError as e:
                         log.warning("gateway bridge: cannot reach %s:%s: %s", self.host, self.port, e)
+                        if gateway_down(e):
+                            self.connect_failures += 1
+                            self.unreachable = f"{type(e).__name__}: {e}"
                         return
+                    self.unreachable = None
                     back = asyncio.create_task(_pump(up_r, writer))
                 out = h11.Connection(h11.CLIENT)
                 # the gateway's Host, also for an HTTP/1.0 request that sent none (h11 needs one)

@@ -85,7 +85,8 @@ class Harness:
     to the gateway) and ``version`` (what ``install`` installs; part of the cache key), and
     implement ``launch``; ``install`` defaults to nothing to install.
     ``unavailable_exit_codes``: exit codes by which the CLI says the gateway or the model was
-    unavailable (then, without an answer, the attempt is an infrastructure failure and retried)."""
+    unavailable (then, without an answer, the result claims ``upstream_unavailable``; the attempt is
+    retried only when the gateway's record shows the outage, docs/outcomes.md)."""
 
     name: str = ""
     protocol: Protocol = "chat_completions"

@@ -1,10 +1,13 @@
 """How an attempt of a session ended, and what the launcher does about it.
 
-``classify`` turns what an attempt left behind (the runtime's outcome, the gateway's close answer,
-the recorded steps) into an ``AttemptEnd``: a model/task outcome (final, graded, never retried) or
-an infrastructure failure (retried by ``RetryPolicy``; never graded). ``CircuitBreaker`` stops
-new attempts while infrastructure failures dominate, probes the gateway with backoff, and either
-lets work resume or gives up. The rules are explained in ``docs/outcomes.md``.
+``classify`` turns what an attempt left behind into an ``AttemptEnd``: a model/task outcome
+(final, graded, never retried) or an infrastructure failure (retried by ``RetryPolicy``; never
+graded). An infrastructure failure is decided only from evidence the agent cannot write: the
+launcher's own view (setup, limits, timeout, the node, the gateway bridge, the session close) and
+the gateway's record of the session's calls; what the runtime reports (its result line,
+``error_class`` included, its exit code) never makes one. ``CircuitBreaker`` stops new attempts
+while infrastructure failures dominate, probes the gateway with backoff, and either lets work
+resume or gives up. The rules are explained in ``docs/outcomes.md`` and ``docs/trust-model.md``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 
-InfraClass = Literal["setup_failed", "runtime_crashed", "gateway_unreachable", "upstream_unavailable",
-                     "node_lost", "launcher_error"]
+InfraClass = Literal["setup_failed", "gateway_unreachable", "upstream_unavailable", "node_lost", "launcher_error"]
 TaskOutcome = Literal["succeeded", "failed", "truncated", "timeout", "limit_exceeded", "runtime_error"]
 
 INFRA_CLASSES: frozenset[str] = frozenset(InfraClass.__args__)  # type: ignore[attr-defined]
@@ -81,23 +83,29 @@ def status_after_close(status: str, close_info: dict[str, Any]) -> str:
 
 
 def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False, limit_exceeded: str | None = None,
-             error_class: str | None = None, error_text: str | None = None, close_error: str | None = None,
-             steps: Sequence[Any] = ()) -> AttemptEnd:
+             unreachable: str | None = None, close_error: str | None = None, steps: Sequence[Any] = (),
+             claimed: str | None = None, error_text: str | None = None) -> AttemptEnd:
     """Classify one attempt (rules in order; ``status`` is the runtime status after the gateway's
     truncation: succeeded | failed | truncated | timeout | error).
+
+    The evidence: ``node_lost``, ``setup_failed``, ``limit_exceeded``, a ``timeout`` status,
+    ``unreachable`` (why the gateway bridge's last connection to the gateway failed) and
+    ``close_error`` (the launcher could not close the session) are the launcher's own
+    observations; ``steps`` (the attempt's recorded ``SessionStep`` rows, in order) are the
+    gateway's. ``claimed`` (the result's ``error_class``) and ``error_text`` are the runtime's
+    words: they explain, they never decide.
 
     0. ``node_lost`` (``--mode ray``: the node running the attempt died or left): ``node_lost``.
     1. ``setup_failed`` (the runtime never started, sandbox set-up included): ``setup_failed``.
     2. timeout, succeeded, truncated, or a sandbox limit (memory, processes, output, disk) the
        runtime exceeded (``limit_exceeded``): final task outcomes.
-    3. the launcher could not close the session (gateway down or 5xx: ``close_error``), or the
-       runtime reported ``error_class="gateway_unreachable"``: ``gateway_unreachable``.
-    4. the runtime reported ``upstream_unavailable``, or the last recorded step is an upstream
-       failure (429/5xx/connect error after the gateway's retries): ``upstream_unavailable``.
-    5. error (no valid result) with no model call answered: ``runtime_crashed``; after answered
-       calls: ``runtime_error`` (the agent's run broke: final, graded).
+    3. the launcher could not close the session (``close_error``), or the bridge's last
+       connection to the gateway failed (``unreachable``): ``gateway_unreachable``.
+    4. the last recorded step is an upstream failure (429/5xx/connect error after the gateway's
+       retries): ``upstream_unavailable``.
+    5. error (no valid result, whether or not a model call was answered): ``runtime_error``.
     6. failed: final.
-    ``steps`` are the attempt's recorded ``SessionStep`` rows, in order."""
+    A claimed outage that rules 3 and 4 do not confirm is named in the reason of 5 or 6."""
     why = error_text or None
     if node_lost:
         return AttemptEnd("node_lost", True, why or "the node running the session was lost")
@@ -107,18 +115,21 @@ def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False
         return AttemptEnd("limit_exceeded", False, why or f"{limit_exceeded} limit exceeded")
     if status in ("timeout", "succeeded", "truncated"):
         return AttemptEnd(status, False, why if status != "succeeded" else None)
-    if close_error or error_class == "gateway_unreachable":
-        return AttemptEnd("gateway_unreachable", True, "; ".join(x for x in (why, close_error) if x)
-                          or "the gateway did not answer")
-    if error_class == "upstream_unavailable" or (steps and _upstream_failed(steps[-1])):
-        last = steps[-1] if steps else None
-        code = f" (last call: HTTP {last.status_code})" if last is not None and last.status_code else ""
-        return AttemptEnd("upstream_unavailable", True, (why or "the upstream did not answer") + code)
+    if close_error or unreachable:
+        return AttemptEnd("gateway_unreachable", True, "; ".join(x for x in (unreachable, close_error, why) if x))
+    last = steps[-1] if steps else None
+    if last is not None and _upstream_failed(last):
+        code = f"HTTP {last.status_code}" if last.status_code else "no answer"
+        return AttemptEnd("upstream_unavailable", True,
+                          "; ".join(x for x in (f"the gateway's last call to the upstream failed ({code})", why) if x))
+    if claimed:
+        seen = ("no model call" if last is None else f"its last call: HTTP {last.status_code}"
+                if last.status_code is not None else f"its last call: {last.status}")
+        denied = (f"the runtime claimed {claimed}, which the launcher's and the gateway's records do not show "
+                  f"({seen}); graded as the agent's outcome")
+        why = f"{why}; {denied}" if why else denied
     if status == "error":
-        answered = sum(1 for s in steps if s.status == "ok")
-        if answered == 0:
-            return AttemptEnd("runtime_crashed", True, why or "the runtime printed no result")
-        return AttemptEnd("runtime_error", False, why)
+        return AttemptEnd("runtime_error", False, why or "the runtime printed no result")
     return AttemptEnd("failed", False, why)
 
 

@@ -46,13 +46,16 @@ class SimulationStartRequest(BaseModel):
 
 
 class SimulationStartResult(BaseModel):
-    """The runtime's result: the last JSON line it prints on stdout.
+    """The runtime's result: the last JSON line it prints on stdout before it exits 0.
 
-    ``status`` is required: output without it is a failed session, never a success.
-    ``metrics`` carries raw inputs for the rule (e.g. the extracted answer). ``error_class``:
-    set by a runtime whose failure was the infrastructure's, not the agent's: the gateway could
-    not be reached (``gateway_unreachable``) or answered that the model is unavailable (429/5xx:
-    ``upstream_unavailable``); the launcher then retries the session instead of grading it.
+    ``status`` is required: output without it (or a runtime that exits otherwise) is an error
+    session, never a success. ``metrics`` carries raw inputs for the rule (e.g. the extracted
+    answer). ``error_class``: what the runtime believes stopped it (the gateway could not be
+    reached: ``gateway_unreachable``; the model was unavailable, HTTP 429/5xx:
+    ``upstream_unavailable``). It is a claim, shown in the attempt's reason: the launcher retries
+    a session only when its own records (the gateway bridge, the session close, the gateway's
+    recorded calls) show the outage (docs/outcomes.md, docs/trust-model.md). The whole result is
+    the agent's words: it never decides a reward or an outcome class by itself.
     """
 
     model_config = ConfigDict(extra="allow")

@@ -285,6 +285,10 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
                                                                    f"exit code {out.returncode}")
             return out.model_copy(update={"status": "error", "setup_failed": True, "result": None,
                                           "limit_exceeded": None, "error_text": f"sandbox setup failed: {why}"})
+        if bridge.unreachable is not None:
+            return out.model_copy(update={"gateway_unreachable": (
+                f"the gateway bridge could not reach the gateway ({bridge.connect_failures} failed "
+                f"connection(s), the last: {bridge.unreachable})")})
         return out
     finally:
         if bridge is not None:
@@ -298,7 +302,9 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
 
 
 def _read_status(fd: int) -> str:
+    """The first line the forwarder wrote on the status pipe (``started`` or ``error: ...``):
+    anything after it is not the forwarder's."""
     try:
-        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+        return os.read(fd, 4096).decode("utf-8", "replace").strip().split("\n", 1)[0].strip()
     except BlockingIOError:
         return ""

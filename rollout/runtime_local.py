@@ -1,7 +1,8 @@
 """The ``local`` runtime backend: one subprocess per session, in its own temporary workspace.
 
 The runtime gets the ``SimulationStartRequest`` JSON on stdin and must print a
-``SimulationStartResult`` JSON line last. It runs in a new process group (``start_new_session``)
+``SimulationStartResult`` JSON line last and exit 0 (a runtime that exits otherwise printed no
+result, whatever its last line says). It runs in a new process group (``start_new_session``)
 so that a timeout or Ctrl-C kills it and every child it started (``killpg(SIGKILL)``).
 """
 
@@ -38,13 +39,17 @@ when it has any to do): ``(limit, reason)`` when the session went over one of it
 
 class RuntimeOutcome(BaseModel):
     """What running a runtime gave. ``status``: the result's status, ``timeout`` when the session
-    timeout killed it, or ``error`` when it printed no valid result (crash, bad JSON, no status).
+    timeout killed it, or ``error`` when it printed no valid result (crash, bad JSON, no status,
+    an exit code other than 0, killed by a signal not the launcher's).
     ``duration_s`` is wall-clock seconds; the ``*_tail`` fields hold the last 4000 characters.
     ``setup_failed``: the runtime never started (command not found, sandbox setup failed): an
     infrastructure failure, not something the agent did. ``limit_exceeded``: the limit that ended
     the session (memory | processes | output | disk), status ``error``. ``sandbox``: ``bwrap`` or
     ``none`` (None when unknown). ``node_lost``: the Ray node running it died or left the cluster
-    (``--mode ray``): an infrastructure failure."""
+    (``--mode ray``): an infrastructure failure. ``gateway_unreachable``: why the gateway bridge's
+    last connection to the gateway failed (None when it did not). ``setup_failed``, ``node_lost``,
+    ``limit_exceeded``, ``gateway_unreachable`` and a ``timeout`` status are the launcher's own
+    observations; ``result`` is the runtime's words (docs/trust-model.md)."""
 
     status: Literal["succeeded", "failed", "truncated", "timeout", "error"]
     result: SimulationStartResult | None = None
@@ -55,6 +60,7 @@ class RuntimeOutcome(BaseModel):
     limit_exceeded: str | None = None
     sandbox: str | None = None
     node_lost: bool = False
+    gateway_unreachable: str | None = None
     stdout_tail: str = ""
     stderr_tail: str = ""
 
@@ -105,6 +111,16 @@ def parse_result(stdout: str) -> SimulationStartResult:
     except ValidationError as e:
         raise ValueError(f"last stdout line is not a SimulationStartResult: {e.errors()[0]['msg']} "
                          f"at {'.'.join(map(str, e.errors()[0]['loc']))}") from None
+
+
+def exit_reason(returncode: int | None) -> str:
+    """How a runtime process ended, in words: a signal for a negative code (a direct child) or
+    128 + N (the sandbox's forwarder reports a runtime killed by signal N so)."""
+    if returncode is not None and returncode < 0:
+        return f"the runtime was killed by signal {-returncode} (not by the launcher)"
+    if returncode is not None and 128 < returncode < 128 + 65:
+        return f"the runtime exited with code {returncode} (killed by signal {returncode - 128}, not by the launcher)"
+    return f"the runtime exited with code {returncode}"
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -252,6 +268,11 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
             await _exited(proc, wake, total, None, None)
         return done.model_copy(update={"limit_exceeded": over[0], "error_text": over[1],
                                        "returncode": proc.returncode})
+    if proc.returncode != 0:
+        why = exit_reason(proc.returncode) + ": its output is not a result"
+        if err.strip():
+            why += f"; stderr: {err.strip()[-500:]}"
+        return done.model_copy(update={"error_text": why})
     try:
         result = parse_result(out)
     except ValueError as e:

@@ -2,7 +2,8 @@
 attempts at once.
 
 Per attempt: a runtime in a fresh temporary workspace (``files/`` of a task copied in), the gateway
-session closed, the end classified (``rollout.outcomes``). An infrastructure failure is kept as an
+session closed, the end classified (``rollout.outcomes``: from the launcher's and the gateway's
+records, never from what the runtime reports). An infrastructure failure is kept as an
 attempt row and retried after a backoff (its steps archived first); any other end is final:
 evaluation (optional), then the row finished with the score written back as the reward of the last
 step. A circuit breaker holds new attempts while the gateway is down. Ctrl-C cancels the attempts
@@ -591,13 +592,15 @@ class Scheduler:
         rejected = rejected_summary(close_info)  # e.g. a CLI that retried 401s with a wrong key
         if rejected is not None:
             log.warning("session %s: %s", sid, rejected)
-        errors = [e for e in (outcome.error_text, close_info.get("error"), rejected) if e]
         # a close that answered 0 steps: the gateway reserved none for the session, so none is stored
         steps = [] if close_info.get("total_steps") == 0 else await self.store.trajectory(sid)
         end = classify(status, setup_failed=outcome.setup_failed, node_lost=outcome.node_lost,
-                       limit_exceeded=outcome.limit_exceeded,
-                       error_class=outcome.result.error_class if outcome.result else None,
-                       error_text=outcome.error_text, close_error=close_info.get("error"), steps=steps)
+                       limit_exceeded=outcome.limit_exceeded, unreachable=outcome.gateway_unreachable,
+                       close_error=close_info.get("error"), steps=steps,
+                       claimed=outcome.result.error_class if outcome.result else None, error_text=outcome.error_text)
+        # a task outcome's reason: the runtime's error text, and a claimed outage the records do not show
+        said = outcome.error_text if end.infra else end.reason
+        errors = [e for e in (said, close_info.get("error"), rejected) if e]
         return _Run(status, outcome, close_info, steps, end, errors)
 
     async def _conclude(self, work: _Work, run: _Run, cfg: EnvConfig, case: Case, workspace: Path,

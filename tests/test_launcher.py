@@ -545,14 +545,17 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
             parse_args([flag, "inf"])  # not dropped or turned into an error of every session later
     start = tmp_path / "start.yaml"
     start.write_text(yaml.safe_dump({"max_retries": 5, "no_retry_on": ["setup_failed"],
-                                     "retry_on": ["setup_failed", "runtime_crashed", "launcher_error"],
+                                     "retry_on": ["setup_failed", "upstream_unavailable", "launcher_error"],
                                      "breaker": {"window": 8, "min_failures": 2, "max_wait_s": 30}}))
     opts, _ = parse_args(["--agent-start-config", str(start), "--max-retries", "1", "--retry-backoff-s", "0.5"])
     policy = opts.retry_policy()
     assert (policy.max_retries, policy.backoff_s) == (1, 0.5)  # flags win over the start config
-    assert policy.retries("launcher_error") and policy.retries("runtime_crashed")
+    assert policy.retries("launcher_error") and policy.retries("upstream_unavailable")
     assert not policy.retries("setup_failed") and not policy.retries("gateway_unreachable")
     assert (opts.breaker.window, opts.breaker.min_failures, opts.breaker.max_wait_s) == (8, 2, 30.0)
+    start.write_text(yaml.safe_dump({"retry_on": ["runtime_crashed"]}))  # no valid result is the agent's outcome
+    with pytest.raises(SetupError, match=r"not infrastructure failure classes: \['runtime_crashed'\]"):
+        parse_args(["--agent-start-config", str(start)])
     start.write_text(yaml.safe_dump({"retry_on": ["gateway_down"]}))
     with pytest.raises(SetupError, match=rf"^--agent-start-config {start}: retry_on: .*not infrastructure failure "
                                          r"classes: \['gateway_down'\]"):
@@ -585,7 +588,7 @@ def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: p
                              eval_status="scored" if status == "succeeded" else "infra_error")
 
     records = [rec("a", ["gateway_unreachable", "succeeded"]),
-               rec("b", ["runtime_crashed", "runtime_crashed"], status="error")]
+               rec("b", ["upstream_unavailable", "upstream_unavailable"], status="error")]
     result = JobResult(job_id="j", totals=ReportTotals.of(records), out=tmp_path / "o.jsonl", store="sqlite:///x.db",
                        breaker_events=[BreakerEvent(state="open", reason="r"), BreakerEvent(state="stopped", reason="s")],
                        stopped="the gateway or its upstream did not answer for 300 s")

@@ -31,7 +31,7 @@ from tests.fake_upstream import DEFAULT_TEXT, FakeRequest, FakeUpstream, Reply
 REPO = Path(__file__).resolve().parents[2]
 
 RUNTIME = '''
-import os, time
+import os, sys, time
 from pathlib import Path
 import openai
 from env.runtime_kit import chat_completion, openai_client, run_runtime
@@ -40,22 +40,34 @@ from rollout.protocol import SimulationStartResult
 def main(req):
     row, attempt = req.env_params["dataset"], req.metadata["attempt"]
     fault = row.get("fault") if attempt == 1 else None
-    marker = row.get("until")  # crash on every attempt until this file exists
-    if fault == "crash" or (marker and not Path(marker).exists()):
+    down = row.get("down_until")  # the model server answers 503 until this file exists
+    if fault == "crash":
         os._exit(3)  # dies before printing a result and before any model call
     client = openai_client(req, max_retries=0)
-    if fault == "gateway":  # the gateway cannot be reached from this attempt
+    if fault == "gateway":  # claims the gateway cannot be reached: its client points elsewhere
         client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", max_retries=0)
     text = None
     for i in range(row.get("calls", 1)):
         if i == 1 and row.get("wait_for") and attempt == 1:
             while not Path(row["wait_for"]).exists():
                 time.sleep(0.05)
-        q = "FAIL-503" if fault == "upstream" else row["q"]
-        completion, _ = chat_completion(client, model=req.model, messages=[{"role": "user", "content": q}])
+        q = "FAIL-503" if fault == "upstream" or (down and not Path(down).exists()) else row["q"]
+        try:
+            completion, _ = chat_completion(client, model=req.model, messages=[{"role": "user", "content": q}])
+        except openai.APIConnectionError as e:
+            if row.get("silent"):  # swallows the error: reports a plain failure, claims nothing
+                return SimulationStartResult(session_id=req.session_id, status="failed", error_text=str(e))
+            raise
         text = completion.choices[0].message.content
     if row.get("crash_after_call"):
         os._exit(4)
+    if row.get("garbage"):  # an unparsable last line, exit 0
+        sys.__stdout__.write("this is not a result\\n")
+        sys.__stdout__.flush()
+        os._exit(0)
+    if row.get("claim"):  # a hostile runtime: fakes an outage after the model answered
+        return SimulationStartResult(session_id=req.session_id, status="failed", error_class=row["claim"],
+                                     error_text="InternalServerError: Error code: 503")
     status = "failed" if row.get("agent_fails") else "succeeded"
     return SimulationStartResult(session_id=req.session_id, status=status, metrics={"text": text})
 
@@ -114,14 +126,24 @@ def fail_503(req: FakeRequest) -> Reply | None:
     return None
 
 
-async def test_infra_faults_on_30_percent_of_first_attempts_are_retried_and_kept(
+async def test_only_evidence_the_agent_cannot_write_makes_an_attempt_an_infrastructure_failure(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cases = [{"id": f"ok{i}", "q": "hi"} for i in range(5)]
+    """A real outage (the model server answers 503: the gateway's record shows it) is retried and
+    kept; what a runtime says (an ``error_class`` it claims, a crash, an unparsable result line,
+    with or without answered model calls) is the agent's outcome: graded once, never retried,
+    never a NULL reward."""
+    cases: list[dict[str, Any]] = [{"id": f"ok{i}", "q": "hi"} for i in range(5)]
     cases += [{"id": "crash", "q": "hi", "fault": "crash"},          # runtime dies before any call
-              {"id": "gateway", "q": "hi", "fault": "gateway"},      # cannot reach the gateway
+              {"id": "gateway", "q": "hi", "fault": "gateway"},      # claims the gateway is unreachable
               {"id": "upstream", "q": "hi", "fault": "upstream"},    # the model server answers 503
               {"id": "agent_fails", "q": "hi", "agent_fails": True},  # the agent's failure: final
-              {"id": "crash_after", "q": "hi", "crash_after_call": True}]  # broke after an answer: final
+              {"id": "crash_after", "q": "hi", "crash_after_call": True},  # broke after an answer: final
+              # hostile runtimes: an outage claimed after the model answered 200, on every attempt
+              {"id": "claims_upstream", "q": "hi", "claim": "upstream_unavailable"},
+              {"id": "claims_gateway", "q": "hi", "claim": "gateway_unreachable"},
+              # no valid result line, without and with a model call
+              {"id": "garbage_no_call", "q": "hi", "calls": 0, "garbage": True},
+              {"id": "garbage_after_call", "q": "hi", "garbage": True}]
     make_env(tmp_path / "envs", cases)
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
@@ -131,23 +153,40 @@ async def test_infra_faults_on_30_percent_of_first_attempts_are_retried_and_kept
         calls = [r for r in up.requests if r.path.endswith("/chat/completions")]
 
     by_case = {r.case_id: r for r in result.records}
-    assert len(by_case) == 10 and result.stopped is None
-    for cid in ("crash", "gateway", "upstream"):
+    assert len(by_case) == len(cases) and result.stopped is None
+    r = by_case["upstream"]
+    assert (r.status, r.outcome, r.score, r.eval_status, r.retried) == ("succeeded", "succeeded", 10.0, "scored", True)
+    first, second = r.attempts
+    assert (first.outcome, first.infra, second.outcome, second.infra) == (
+        "upstream_unavailable", True, "succeeded", False)
+    assert first.reason == ("the gateway's last call to the upstream failed (HTTP 503); "
+                            "InternalServerError: Error code: 503 - overloaded")
+    assert first.retry_in_s is not None and 0.025 <= first.retry_in_s <= 0.05
+    assert first.steps_session_id == f"{r.session_id}~a1" and second.steps_session_id == r.session_id
+    # task outcomes: one attempt each, graded (reward written), never retried
+    expected = {"crash": ("error", "runtime_error", 2.0), "gateway": ("failed", "failed", 2.0),
+                "agent_fails": ("failed", "failed", 10.0), "crash_after": ("error", "runtime_error", 10.0),
+                "claims_upstream": ("failed", "failed", 10.0), "claims_gateway": ("failed", "failed", 10.0),
+                "garbage_no_call": ("error", "runtime_error", 2.0), "garbage_after_call": ("error", "runtime_error", 10.0)}
+    for cid, (status, outcome, score) in expected.items():
         r = by_case[cid]
-        assert (r.status, r.outcome, r.score, r.eval_status, r.retried) == ("succeeded", "succeeded", 10.0,
-                                                                             "scored", True), cid
-        first, second = r.attempts
-        assert first.infra and not second.infra and second.outcome == "succeeded"
-        assert first.retry_in_s is not None and 0.025 <= first.retry_in_s <= 0.05
-        assert first.steps_session_id == f"{r.session_id}~a1" and second.steps_session_id == r.session_id
-    assert [by_case[c].attempts[0].outcome for c in ("crash", "gateway", "upstream")] == [
-        "runtime_crashed", "gateway_unreachable", "upstream_unavailable"]
+        assert (r.status, r.outcome, r.score, r.eval_status, len(r.attempts), r.attempts[0].infra) == (
+            status, outcome, score, "scored", 1, False), cid
+    assert q(db, "SELECT count(*) FROM job_environments WHERE reward IS NULL") == [(0,)]
+    # a claimed outage stays visible in the attempt's reason and the session's error
+    for cid, claim, seen in (("claims_upstream", "upstream_unavailable", "its last call: HTTP 200"),
+                             ("claims_gateway", "gateway_unreachable", "its last call: HTTP 200"),
+                             ("gateway", "gateway_unreachable", "no model call")):
+        r = by_case[cid]
+        denied = (f"the runtime claimed {claim}, which the launcher's and the gateway's records do not show ({seen}); "
+                  "graded as the agent's outcome")
+        assert (r.attempts[0].reason or "").endswith(denied) and denied in (r.error or ""), cid
     assert "APIConnectionError" in (by_case["gateway"].attempts[0].reason or "")
-    # model/task outcomes: one attempt, graded, never retried
-    fails, broke = by_case["agent_fails"], by_case["crash_after"]
-    assert (fails.status, fails.outcome, fails.score, len(fails.attempts)) == ("failed", "failed", 10.0, 1)
-    assert (broke.status, broke.outcome, broke.eval_status, len(broke.attempts)) == ("error", "runtime_error",
-                                                                                     "scored", 1)
+    assert (by_case["crash"].attempts[0].reason or "").startswith("the runtime exited with code 3: its output is "
+                                                                  "not a result")
+    for cid in ("garbage_no_call", "garbage_after_call"):
+        assert (by_case[cid].attempts[0].reason or "").startswith(
+            "last stdout line is not JSON: 'this is not a result' (exit code 0)"), cid
     assert all(len(by_case[f"ok{i}"].attempts) == 1 and by_case[f"ok{i}"].score == 10.0 for i in range(5))
     # the upstream attempt's failed step is archived under its attempt id, not trainable; the
     # trajectory of the session is the successful attempt's only
@@ -156,44 +195,45 @@ async def test_infra_faults_on_30_percent_of_first_attempts_are_retried_and_kept
         == [("error", 503, 0)]
     assert q(db, f"SELECT status, is_trainable, step_id FROM session_steps WHERE session_id = '{up_sid}'") \
         == [("ok", 1, 1)]
-    assert len(calls) == 10 + 1  # each session's last attempt called once, plus the attempt answered 503
-    assert q(db, "SELECT count(*), sum(infra) FROM session_attempts WHERE job_id = 'j30'") == [(13, 3)]
+    # a call per session but crash, gateway and garbage_no_call, plus the attempt answered 503
+    assert len(calls) == len(cases) - 3 + 1
+    assert q(db, "SELECT count(*), sum(infra) FROM session_attempts WHERE job_id = 'j30'") == [(len(cases) + 1, 1)]
     # never more attempts at once than --pool-size (retries wait in the queue, not in a worker)
     spans = q(db, "SELECT started_at, finished_at FROM session_attempts WHERE job_id = 'j30'")
     assert max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans) <= 3
-    assert q(db, "SELECT count(*) FROM job_environments WHERE attempts = 2") == [(3,)]
+    assert q(db, "SELECT case_id FROM job_environments WHERE attempts = 2") == [("upstream",)]
     # the table and the JSONL show what was retried
     [row] = summarize(result.records)
-    assert (row.retried, row.infra, row.scored, row.sessions) == (3, 0, 10, 10)
+    assert (row.retried, row.infra, row.scored, row.sessions) == (1, 0, len(cases), len(cases))
     table = render_table([row]).splitlines()
-    assert table[3] == "  problems: rt_err 1, retried 3"  # folded under the row; infra 0 is not shown
+    assert table[3] == "  problems: rt_err 4, retried 1"  # folded under the row; infra 0 is not shown
     lines = [json.loads(x) for x in result.out.read_text().splitlines()]
-    gw = next(x for x in lines if x["case_id"] == "gateway")
-    assert gw["retried"] is True and [a["outcome"] for a in gw["attempts"]] == ["gateway_unreachable", "succeeded"]
+    up_line = next(x for x in lines if x["case_id"] == "upstream")
+    assert up_line["retried"] is True
+    assert [a["outcome"] for a in up_line["attempts"]] == ["upstream_unavailable", "succeeded"]
     # each infrastructure failure is on the terminal with its reason, not only in the JSONL
-    told = {r.getMessage().split(": ")[1]: r.getMessage() for r in caplog.records
-            if r.name == "rollout.scheduler" and r.levelname == "WARNING" and " attempt 1: " in r.getMessage()}
-    assert sorted(told) == ["gateway_unreachable", "runtime_crashed", "upstream_unavailable"], told
-    for cid in ("crash", "gateway", "upstream"):
-        r = by_case[cid]
-        outcome, reason = r.attempts[0].outcome, (r.attempts[0].reason or "").strip().splitlines()[-1][:300]
-        assert told[outcome].startswith(f"session {r.session_id} attempt 1: {outcome}: {reason}; retry in 0.0"), \
-            told[outcome]
+    told = [m for r in caplog.records if r.name == "rollout.scheduler" and r.levelname == "WARNING"
+            and " attempt 1: " in (m := r.getMessage())]
+    r = by_case["upstream"]
+    reason = (r.attempts[0].reason or "").strip().splitlines()[-1][:300]
+    assert len(told) == 1 and told[0].startswith(
+        f"session {r.session_id} attempt 1: upstream_unavailable: {reason}; retry in 0.0"), told
 
 
 async def test_exhausted_retries_are_not_graded_and_resume_redoes_them(tmp_path: Path) -> None:
     marker = signal_file(tmp_path, "fixed")
-    cases = [{"id": "a", "q": "hi"}, {"id": "b", "q": "hi", "until": str(marker)}, {"id": "c", "q": "hi"}]
+    cases = [{"id": "a", "q": "hi"}, {"id": "b", "q": "hi", "down_until": str(marker)}, {"id": "c", "q": "hi"}]
     make_env(tmp_path / "envs", cases)
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
+        up.add_rule(fail_503)
         cfg = gateway_config(tmp_path / "gw.yaml", up, db)
         result = await run_job(options(tmp_path, cfg, db, job_id="jx", max_retries=1))
         by_case = {r.case_id: r for r in result.records}
         b = by_case["b"]
-        assert (b.status, b.outcome, b.score, b.eval_status) == ("error", "runtime_crashed", None, "infra_error")
-        assert b.reason == "not graded: infrastructure failure (runtime_crashed) in attempt 2"
-        assert [a.outcome for a in b.attempts] == ["runtime_crashed", "runtime_crashed"]
+        assert (b.status, b.outcome, b.score, b.eval_status) == ("error", "upstream_unavailable", None, "infra_error")
+        assert b.reason == "not graded: infrastructure failure (upstream_unavailable) in attempt 2"
+        assert [a.outcome for a in b.attempts] == ["upstream_unavailable", "upstream_unavailable"]
         [row] = summarize(result.records)
         assert (row.infra, row.scored, row.mean_score, row.pass_at_1) == (1, 2, 10.0, 1.0)  # masked, not a 0
         assert q(db, "SELECT reward, eval_status FROM job_environments WHERE case_id = 'b'") == [(None, "infra_error")]
@@ -397,6 +437,32 @@ async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path
     assert record.error is not None and "the retry could not start (6 tries)" in record.error and "401" in record.error
     assert [a.outcome for a in record.attempts] == ["gateway_unreachable"]  # no second attempt ever ran
     assert q(p.db, "SELECT attempts, finished, reward FROM job_environments") == [(1, 1, None)]
+
+
+async def test_a_gateway_the_bridge_cannot_reach_is_an_outage_even_when_the_runtime_claims_nothing(
+        tmp_path: Path) -> None:
+    """The launcher's own view decides: the runtime's calls go to a gateway address nothing
+    listens on (the session close reaches the real gateway), the runtime swallows the error and
+    reports a plain failure; the gateway bridge's failed connections make it ``gateway_unreachable``:
+    retried, then not graded."""
+    from rollout.scheduler import RunSettings, Scheduler
+    from tests.rollout.sandbox_helpers import require_bwrap
+
+    require_bwrap()
+    make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "silent": True}])
+    async with planned_on_a_gateway(tmp_path, "ju") as p:
+        settings = RunSettings(job_id="ju", model="fake", gateway_url=p.gateway_url,
+                               advertise_url=f"http://127.0.0.1:{free_port()}/v1/sessions",
+                               agent_root=tmp_path / "envs", pool_size=1, enable_evaluation=True,
+                               retry=p.opts.retry_policy().model_copy(update={"backoff_s": 0.01, "max_retries": 1}))
+        [record] = await asyncio.wait_for(Scheduler(p.store, settings, p.envs).run(p.rows), 120)
+    assert (record.status, record.outcome, record.score, record.eval_status) == (
+        "error", "gateway_unreachable", None, "infra_error")
+    assert [(a.outcome, a.infra) for a in record.attempts] == [("gateway_unreachable", True)] * 2
+    for a in record.attempts:
+        assert (a.reason or "").startswith("the gateway bridge could not reach the gateway (1 failed connection(s), "
+                                           "the last: ConnectionRefusedError: "), a.reason
+    assert q(p.db, "SELECT reward, eval_status FROM job_environments") == [(None, "infra_error")]
 
 
 async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging(tmp_path: Path) -> None:

@@ -42,9 +42,13 @@ def test_task_outcomes_are_final() -> None:
     assert classify("timeout", error_text="timed out").outcome == "timeout"
     end = classify("failed", error_text="no answer file", steps=[Step()])
     assert (end.outcome, end.infra, end.reason) == ("failed", False, "no answer file")
-    # the runtime broke after the model answered: the agent's run, graded, never retried
+    # no valid result (a crash, a bad line, a signal not the launcher's): the agent's run, graded,
+    # never retried, whether or not the model answered a call
     end = classify("error", error_text="Traceback", steps=[Step(), Step()])
     assert (end.outcome, end.infra) == ("runtime_error", False)
+    for steps in ([], [Step("error", 400)]):
+        end = classify("error", steps=steps)
+        assert (end.outcome, end.infra, end.reason) == ("runtime_error", False, "the runtime printed no result")
     # a 4xx the model's request caused (e.g. context too long) is the agent's failure
     assert classify("failed", steps=[Step("error", 400)]).outcome == "failed"
 
@@ -69,20 +73,39 @@ def test_a_failed_session_that_used_its_budget_is_truncated() -> None:
 def test_infrastructure_failures() -> None:
     end = classify("error", setup_failed=True, error_text="cannot start runtime: No such file")
     assert (end.outcome, end.infra, end.reason) == ("setup_failed", True, "cannot start runtime: No such file")
-    assert classify("error", steps=[]).outcome == "runtime_crashed"
-    # crashed after calls that all failed: no model call was answered
-    assert classify("error", steps=[Step("error", 400)]).outcome == "runtime_crashed"
+    # the launcher could not close the session, or its gateway bridge could not connect
     end = classify("failed", error_text="APIConnectionError", close_error="closing failed: ConnectError")
     assert (end.outcome, end.infra) == ("gateway_unreachable", True)
-    assert end.reason == "APIConnectionError; closing failed: ConnectError"
-    assert classify("failed", error_class="gateway_unreachable", steps=[Step()]).outcome == "gateway_unreachable"
-    assert classify("failed", error_class="upstream_unavailable").outcome == "upstream_unavailable"
+    assert end.reason == "closing failed: ConnectError; APIConnectionError"
+    end = classify("error", unreachable="the gateway bridge could not reach the gateway", steps=[Step()])
+    assert (end.outcome, end.infra, end.reason) == ("gateway_unreachable", True,
+                                                    "the gateway bridge could not reach the gateway")
     # the gateway's own record shows the upstream was down after its retries
     for last in (Step("error", 503), Step("error", 429), Step("error", None),
                  Step("error", 502, {"budget_refunded": True})):
         end = classify("failed", error_text="InternalServerError", steps=[Step(), last])
         assert (end.outcome, end.infra) == ("upstream_unavailable", True), last
-    assert "(last call: HTTP 503)" in (classify("error", steps=[Step("error", 503)]).reason or "")
+    assert classify("error", steps=[Step("error", 503)]).reason == (
+        "the gateway's last call to the upstream failed (HTTP 503)")
+    # a runtime that crashed because the upstream was down: the gateway's record decides
+    assert classify("error", claimed="upstream_unavailable", steps=[Step("error", 503)]).infra
+
+
+def test_a_claimed_outage_the_records_do_not_show_is_the_agents_outcome() -> None:
+    """``error_class`` is the runtime's word: without the launcher's or the gateway's evidence it
+    is a task outcome, graded, with the claim kept in the reason."""
+    end = classify("failed", claimed="upstream_unavailable", error_text="InternalServerError: 503",
+                   steps=[Step(), Step()])
+    assert (end.outcome, end.infra) == ("failed", False)
+    assert end.reason == ("InternalServerError: 503; the runtime claimed upstream_unavailable, which the "
+                          "launcher's and the gateway's records do not show (its last call: HTTP 200); graded as "
+                          "the agent's outcome")
+    end = classify("failed", claimed="gateway_unreachable")
+    assert (end.outcome, end.infra) == ("failed", False) and "(no model call)" in (end.reason or "")
+    assert "claimed upstream_unavailable" in (classify("error", claimed="upstream_unavailable").reason or "")
+    # a 4xx last call is the agent's own request, not an outage
+    assert not classify("failed", claimed="upstream_unavailable", steps=[Step("error", 400)]).infra
+    assert "runtime_crashed" not in INFRA_CLASSES  # no valid result is never an outage
 
 
 def test_retry_policy() -> None:
@@ -93,7 +116,7 @@ def test_retry_policy() -> None:
         assert 1.0 <= d1 <= 2.0 and 2.0 <= d2 <= 4.0 and 2.5 <= d3 <= 5.0  # doubled, capped, equal jitter
     assert len({round(d[0], 6) for d in delays}) > 100  # jittered, not a constant
     assert RetryPolicy(backoff_s=0).delay_s(3) == 0.0
-    assert p.retries("gateway_unreachable") and p.retries("runtime_crashed")
+    assert p.retries("gateway_unreachable") and p.retries("upstream_unavailable")
     assert not p.retries("launcher_error")  # a launcher bug would repeat
     assert not any(p.retries(o) for o in ("succeeded", "failed", "truncated", "timeout", "runtime_error"))
     q = RetryPolicy(retry_on=INFRA_CLASSES, no_retry_on=frozenset({"setup_failed"}))
@@ -200,3 +223,25 @@ def test_rejected_summary_of_a_close_answer() -> None:
     assert rejected_summary({"rejected_calls": {"max_steps": 3}}) is None  # the session's truncated says it
     assert rejected_summary({"rejected_calls": {"max_steps": 1, "model_not_found": 2, "invalid_api_key": 12}}) == (
         "the gateway refused 14 call(s) of the session itself: invalid_api_key 12, model_not_found 2")
+
+
+def test_only_a_gateway_that_cannot_be_reached_is_evidence_of_an_outage() -> None:
+    """The bridge counts a failed connection to the gateway as an outage only when it says the
+    gateway could not be reached, not when the launcher ran out of something a runtime can use
+    up (file descriptors, memory)."""
+    import errno
+    import socket
+
+    from rollout.bridge import gateway_down
+
+    assert gateway_down(ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed"))
+    assert gateway_down(OSError(errno.EHOSTUNREACH, "No route to host"))
+    assert gateway_down(TimeoutError()) and gateway_down(socket.gaierror(-2, "Name or service not known"))
+    # asyncio's error when every address of a host name failed
+    assert gateway_down(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+                                "[Errno 111] Connect call failed ('127.0.0.1', 8000)"))
+    assert not gateway_down(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+                                    "[Errno 24] Too many open files"))
+    assert not gateway_down(OSError(errno.EMFILE, "Too many open files"))
+    assert not gateway_down(OSError(errno.ENOMEM, "Cannot allocate memory"))
+    assert not gateway_down(OSError("no errno at all"))

@@ -466,10 +466,12 @@ def test_blocker_rules() -> None:
     for status in ("error", "infra_error"):  # rows written before outcomes were recorded
         kind, _ = regrade_blocker(row(finished=True, status=status)) or ("", "")
         assert kind == "infrastructure_failure"
-    # the recorded outcome decides: an infrastructure failure is never graded, a runtime error
-    # after the model answered (a task outcome) is
-    kind, _ = regrade_blocker(row(finished=True, status="error", outcome="runtime_crashed")) or ("", "")
+    # the recorded outcome decides: an infrastructure failure is never graded, a runtime error (a
+    # task outcome) is; so is a row an older launcher recorded as runtime_crashed (no valid result
+    # before any answered call), which is the agent's outcome under the current rules
+    kind, _ = regrade_blocker(row(finished=True, status="error", outcome="upstream_unavailable")) or ("", "")
     assert kind == "infrastructure_failure"
     assert regrade_blocker(row(finished=True, status="error", outcome="runtime_error")) is None
+    assert regrade_blocker(row(finished=True, status="error", outcome="runtime_crashed")) is None
     kind, _ = regrade_blocker(row(finished=False, status="running")) or ("", "")
     assert kind == "not_finished"

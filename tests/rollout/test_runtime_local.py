@@ -68,7 +68,24 @@ async def test_crash_without_result_is_an_error_with_stderr(tmp_path: Path) -> N
     cmd = _script(tmp_path, "import sys\nsys.stderr.write('boom: bad config\\n')\nsys.exit(3)\n")
     out = await run_local(cmd, _request(), tmp_path, timeout_s=30)
     assert out.status == "error" and out.result is None
-    assert "printed nothing" in out.error_text and "exit code 3" in out.error_text and "boom" in out.error_text
+    assert out.error_text is not None and "boom" in out.error_text
+    assert out.error_text.startswith("the runtime exited with code 3: its output is not a result")
+
+
+@pytest.mark.parametrize(("ending", "said"), [
+    ("sys.exit(1)", "the runtime exited with code 1"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "the runtime was killed by signal 9 (not by the launcher)"),
+    ("os._exit(137)", "the runtime exited with code 137 (killed by signal 9, not by the launcher)"),
+])
+async def test_a_result_line_counts_only_when_the_runtime_exits_0(tmp_path: Path, ending: str, said: str) -> None:
+    """A valid last line followed by a crash, a kill or an exit code is no result: a model's tool
+    call can write a forged line to its runtime's stdout and kill it."""
+    line = json.dumps({"session_id": "s1", "status": "failed", "error_class": "upstream_unavailable"})
+    cmd = _script(tmp_path, f"import os, signal, sys\nprint({line!r}, flush=True)\n{ending}\n")
+    out = await run_local(cmd, _request(), tmp_path, timeout_s=30)
+    assert (out.status, out.result) == ("error", None)
+    assert out.error_text == f"{said}: its output is not a result"
+    assert line in out.stdout_tail  # kept to read, not to trust
 
 
 async def test_result_for_another_session_is_an_error(tmp_path: Path) -> None:
