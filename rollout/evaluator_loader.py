@@ -8,24 +8,21 @@
    ``EvaluatorLoadError``. ``cached_evaluator(path)`` reads that cache without importing anything.
 
 Loading is synchronous and has no timeout of its own: ``rollout.evaluation`` runs a first load in a
-daemon thread under the session's deadline. Nothing here runs an evaluator or scores its result.
+daemon thread under the session's deadline. Nothing here runs an evaluator or scores its result. Light imports only: the grader sandbox
+imports it for every evaluation.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import inspect
 import itertools
-import logging
 import sys
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 EVALUATOR_FILE_NAME = "rule_evaluator.py"
 """The file an env drops into ``<agent_root>/<env_name>/`` to be evaluated."""
@@ -85,7 +82,7 @@ def cached_evaluator(path: Path) -> Callable[..., Any] | None:
 
 
 def _module_name_for(path: Path) -> str:
-    digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:16]
+    digest = f"{zlib.crc32(str(path).encode('utf-8')):08x}"
     env_part = "".join(ch if ch.isalnum() else "_" for ch in path.parent.name)
     return f"_rollout_evaluator_{env_part}_{digest}_{next(_module_counter)}"
 
@@ -96,7 +93,7 @@ def _pick_callable(module: ModuleType, path: Path) -> Callable[..., Any]:
             continue
         obj = getattr(module, name)
         if name == "RuleEvaluator":
-            if not inspect.isclass(obj):
+            if not isinstance(obj, type):
                 raise EvaluatorLoadError(f"{path}: RuleEvaluator is not a class ({type(obj).__name__})")
             try:
                 instance = obj()
@@ -125,7 +122,7 @@ def load_evaluator(path: Path) -> Callable[..., Any]:
     sessions of that env, so it must be safe to call from several threads).
 
     The file is imported with ``importlib`` under a unique module name
-    (``_rollout_evaluator_<dir>_<sha1(path)>_<n>``), so two envs' ``rule_evaluator.py`` never
+    (``_rollout_evaluator_<dir>_<crc32(path)>_<n>``), so two envs' ``rule_evaluator.py`` never
     share a module; ``sys.path`` is not touched (an evaluator cannot import sibling files as
     top-level modules). The module is registered in ``sys.modules`` under that unique name only
     (dataclasses and pickling need it); a reload replaces the old entry. Results are cached per
@@ -172,5 +169,4 @@ def load_evaluator(path: Path) -> Callable[..., Any]:
             _cache[resolved] = _CacheEntry(key, fn, module_name)
         if old is not None:
             sys.modules.pop(old.module_name, None)
-        logger.debug("loaded evaluator %s as module %s", resolved, module_name)
         return fn

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Literal
@@ -29,7 +28,6 @@ RAW_REPR_MAX_CHARS = 1000
 string)."""
 
 
-@dataclass(frozen=True)
 class ScoreCheck:
     """Result of ``normalize_score`` on one evaluator return value.
 
@@ -42,11 +40,15 @@ class ScoreCheck:
     - ``artifacts``: the ``artifacts`` dict of a dict result, else None.
     """
 
-    status: Literal["scored", "invalid_reward"]
-    score: float | None
-    raw_repr: str
-    reason: str | None = None
-    artifacts: dict[str, Any] | None = None
+    __slots__ = ("status", "score", "raw_repr", "reason", "artifacts")
+
+    def __init__(self, status: Literal["scored", "invalid_reward"], score: float | None, raw_repr: str,
+                 reason: str | None = None, artifacts: dict[str, Any] | None = None) -> None:
+        self.status = status
+        self.score = score
+        self.raw_repr = raw_repr
+        self.reason = reason
+        self.artifacts = artifacts
 
 
 def cut_text(text: str) -> str:

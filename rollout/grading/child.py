@@ -9,12 +9,11 @@ applies the score rule and writes one JSON object to the pipe ``result_fd``: ``s
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import os
 import resource
 import sys
+from collections.abc import Awaitable
 from typing import Any
 
 from rollout import evaluator_loader, scoring
@@ -39,8 +38,8 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
         return {"status": "error", "score": 0.0, "reason": f"EvaluatorLoadError: {e}"}
     try:
         value = fn(request_view(job["request"]), Record(job["spec"]), trajectory_view(job["trajectory"]))
-        if inspect.isawaitable(value):
-            value = asyncio.run(_wait(value))
+        if isinstance(value, Awaitable):
+            value = _run(value)
     except (Exception, SystemExit) as e:
         return {"status": "error", "score": 0.0, "reason": scoring.cut_text(f"{type(e).__name__}: {e}")}
     check = scoring.normalize_score(value)
@@ -51,6 +50,12 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
 
 async def _wait(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _run(awaitable: Any) -> Any:
+    import asyncio  # only for an async evaluator: it costs a sandbox start ~10 ms  # noqa: PLC0415
+
+    return asyncio.run(_wait(awaitable))
 
 
 def main() -> None:

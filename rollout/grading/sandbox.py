@@ -18,6 +18,7 @@ import json
 import math
 import os
 import signal
+import site
 import sys
 import time
 import uuid
@@ -34,6 +35,10 @@ from rollout.sandbox import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailabl
 
 MiB = 1024 * 1024
 CHILD = Path(__file__).with_name("child.py")
+CHILD_PATH = os.pathsep.join([str(CODE_ROOT), *site.getsitepackages()])
+"""The child's import path: the project, then the venv's packages. It runs without ``site`` (``-S``:
+no ``.pth`` processing, ~20 ms less per evaluation), so packages installed through a ``.pth`` file
+(editable installs) are not importable by evaluators in the sandbox."""
 PIPE_DRAIN_S = 10.0
 """After the sandbox is killed, how long its pipes may take to close before they are dropped."""
 OUTPUT_TAIL_BYTES = 4096
@@ -76,7 +81,7 @@ def grader_command(roots: list[tuple[Path, Path]], workspace: Path | None, limit
         b.ro(workspace, WORKSPACE)
     return [support.bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev",
             "--chdir", WORKSPACE if workspace is not None else "/tmp",
-            "--", sys.executable, "-s", "-B", str(CHILD)]
+            "--", sys.executable, "-S", "-s", "-B", str(CHILD)]
 
 
 async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, trajectory: Trajectory,
@@ -129,7 +134,7 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
 async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result_w: int, deadline: float,
                      limits: GraderLimits, cg: SessionCgroup) -> Any:
     """Start the child, feed it the job, collect its result; raise _Ended when there is none."""
-    env = clean_env({"PYTHONPATH": str(CODE_ROOT), "HOME": "/tmp"})
+    env = clean_env({"PYTHONPATH": CHILD_PATH, "HOME": "/tmp"})
     payload = json.dumps(job, ensure_ascii=True).encode("ascii")
     try:
         proc = await asyncio.create_subprocess_exec(

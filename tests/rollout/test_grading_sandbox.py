@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollout.grading.grader import Grader
-from rollout.grading.sandbox import CHILD, GraderLimits
+from rollout.grading.sandbox import GraderLimits
 from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 from tests.rollout.sandbox_helpers import require_bwrap
 
@@ -38,14 +38,22 @@ def env_root(tmp_path: Path, code: str, name: str = "t") -> Path:
 
 
 def grader_children() -> list[int]:
-    """Pids of grader children still running on this machine."""
-    found = []
+    """Pids of this test process's descendants still running (the grader's bwrap and child)."""
+    parent: dict[int, int] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if str(CHILD).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
+        parent[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, me = [], os.getpid()
+    for pid in parent:
+        p = pid
+        while p > 1 and p in parent:
+            p = parent[p]
+            if p == me:
+                found.append(pid)
+                break
     return found
 
 

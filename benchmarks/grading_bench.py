@@ -1,0 +1,101 @@
+"""What grading costs per session: in the grader sandbox next to in the launcher, in one run.
+
+    python benchmarks/grading_bench.py [--sessions 256] [--pool-size 32] [--rounds 2]
+
+Each session is a bundled workspace task's final workspace (its ``files/`` plus a correct
+``outputs/answer.json``) graded by the bundled workspace evaluator through ``rollout.grading.Grader``
+(workspace copy, evaluator, clean-up), ``--pool-size`` at a time, as the scheduler grades. For each
+isolation (``none``: a thread of the launcher; ``bwrap``: the grader sandbox) it prints the wall
+time per session at that concurrency (job wall time / sessions, the launcher's view) and the
+launcher's own CPU per session; then what the sandbox adds, against the 50 ms budget per session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rollout.grading.grader import Grader
+from rollout.protocol import EvalRequest, EvalSpec, Trajectory
+
+REPO = Path(__file__).resolve().parents[1]
+EVALUATOR = REPO / "env" / "workspace" / "rule_evaluator.py"
+BUDGET_MS = 50.0
+
+
+def _cpu_s() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def workspaces(tmp: Path, n: int) -> list[tuple[Path, dict[str, object]]]:
+    """``n`` final workspaces, round robin over the bundled workspace tasks, each with its expected answer."""
+    tasks = sorted(p for p in (REPO / "env" / "workspace" / "tasks").iterdir() if p.is_dir())
+    out = []
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        ws = tmp / f"ws{i}"
+        shutil.copytree(task / "files", ws) if (task / "files").is_dir() else ws.mkdir()
+        expected = json.loads((task / "expected.json").read_text())
+        (ws / "outputs").mkdir(exist_ok=True)
+        (ws / "outputs" / "answer.json").write_text(json.dumps(expected))
+        out.append((ws, expected))
+    return out
+
+
+async def grade_all(isolation: str, items: list[tuple[Path, dict[str, object]]], pool: int, tmp: Path
+                    ) -> tuple[float, float, int]:
+    """(wall s, launcher CPU s, sessions scored 10) for grading every item ``pool`` at a time."""
+    gate = asyncio.Semaphore(pool)
+    spec = EvalSpec(eval_id="workspace/rule", timeout_s=60.0, evaluator_path=str(EVALUATOR))
+    async with Grader(isolation, work_dir=tmp) as grader:  # type: ignore[arg-type]
+        await grader.start([EVALUATOR.parent.parent])
+
+        async def one(i: int, ws: Path, expected: dict[str, object]) -> float | None:
+            req = EvalRequest(job_id="bench", session_id=f"s{i}", env_name="workspace", case_id=str(i),
+                              group_id="g", sample_index=0, model="m", env_params={"dataset": {"expected": expected}})
+            async with gate:
+                out = await grader.evaluate(EVALUATOR, req, spec, Trajectory(session_id=f"s{i}"), ws)
+            return out.score
+
+        cpu0, t0 = _cpu_s(), time.perf_counter()
+        scores = await asyncio.gather(*(one(i, ws, exp) for i, (ws, exp) in enumerate(items)))
+        return time.perf_counter() - t0, _cpu_s() - cpu0, sum(1 for s in scores if s == 10.0)
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=256)
+    ap.add_argument("--pool-size", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per isolation; the best is kept")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="grading-bench-") as d:
+        tmp = Path(d)
+        items = workspaces(tmp, args.sessions)
+        best: dict[str, tuple[float, float, int]] = {}
+        for _ in range(args.rounds):
+            for isolation in ("none", "bwrap"):
+                got = await grade_all(isolation, items, args.pool_size, tmp)
+                if isolation not in best or got[0] < best[isolation][0]:
+                    best[isolation] = got
+        n = args.sessions
+        print(f"grading {n} sessions, pool {args.pool_size} (best of {args.rounds} rounds):")
+        for isolation, (wall, cpu, passed) in best.items():
+            print(f"  {isolation:6s} {wall / n * 1000:7.1f} ms wall/session  {cpu / n * 1000:6.1f} ms launcher CPU/session"
+                  f"  ({passed}/{n} scored 10)")
+        added = (best["bwrap"][0] - best["none"][0]) / n * 1000
+        verdict = "PASS" if added <= BUDGET_MS else "OVER"
+        print(f"  the grader sandbox adds {added:.1f} ms of wall time per session "
+              f"({best['bwrap'][0] / best['none'][0]:.2f}x in-process); budget {BUDGET_MS:.0f} ms: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
