@@ -34,7 +34,7 @@ from rollout.envs import (
     scan_envs,
 )
 from rollout.evaluator_loader import discover_evaluator
-from rollout.grading.grader import grader_mode
+from rollout.grading.grader import GraderSetupError, grader_mode
 from rollout.harness import (
     HarnessUnavailable,
     InstalledHarness,
@@ -531,6 +531,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         stopped: str | None = None
         try:
             await scheduler.run(RowSource.from_store(store, plan.ids))
+        except GraderSetupError as e:
+            raise SetupError(str(e)) from e
         except JobStopped as e:
             stopped = str(e)
         finally:

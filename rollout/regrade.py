@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollout.envs import EnvConfigError, load_env_config
 from rollout.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec
 from rollout.evaluator_loader import discover_evaluator
-from rollout.grading.grader import Grader
+from rollout.grading.grader import Grader, GraderSetupError
 from rollout.job import SetupError, init_store, open_store
 from rollout.outcomes import INFRA_CLASSES
 from rollout.protocol import EvalRequest, SimulationStartResult
@@ -248,7 +248,10 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
                 note(item)
 
         async with Grader(opts.grader_isolation) as grader:
-            await grader.start(p.parent.parent for p in evaluators.values() if p is not None)
+            try:
+                await grader.start(p.parent.parent for p in evaluators.values() if p is not None)
+            except GraderSetupError as e:
+                raise SetupError(str(e)) from e
             tasks = [asyncio.ensure_future(one(r)) for r in rows]
             try:
                 await asyncio.gather(*tasks)

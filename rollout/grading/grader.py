@@ -11,7 +11,9 @@ afterwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -28,7 +30,30 @@ from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 log = logging.getLogger(__name__)
 
 Isolation = Literal["bwrap", "none"]
-_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
+_SKIP_NAMES = ("__pycache__", ".git")
+_SKIP = shutil.ignore_patterns(*_SKIP_NAMES, "*.pyc")
+SNAPSHOT_MAX_BYTES = 1024 * 1024 * 1024
+SNAPSHOT_MAX_FILES = 100_000
+
+
+class GraderSetupError(RuntimeError):
+    """An env root cannot be snapshot (too large, unreadable); the message says which and why."""
+
+
+def _check_root(root: Path) -> None:
+    """Raise GraderSetupError when ``root`` is over the snapshot caps (it is copied whole)."""
+    size = files = 0
+    for folder, dirs, names in os.walk(root, onerror=None):
+        dirs[:] = [d for d in dirs if d not in _SKIP_NAMES]
+        for name in names:
+            files += 1
+            with contextlib.suppress(OSError):
+                size += os.stat(os.path.join(folder, name)).st_size
+        if size > SNAPSHOT_MAX_BYTES or files > SNAPSHOT_MAX_FILES:
+            raise GraderSetupError(
+                f"the env root {root} holds more than {SNAPSHOT_MAX_BYTES >> 20} MiB or {SNAPSHOT_MAX_FILES} files: "
+                "the grader snapshots it whole at job start; keep large data out of it (or pass --agent-root "
+                "a folder holding only the envs)")
 
 
 def grader_mode(cfg: EnvConfig | None, job_isolation: str) -> Isolation:
@@ -61,14 +86,20 @@ class Grader:
             self._folder = None
 
     async def start(self, roots: Iterable[Path]) -> None:
-        """Snapshot each env root (a folder holding ``<env>/rule_evaluator.py``) not taken yet."""
+        """Snapshot each env root (a folder holding ``<env>/rule_evaluator.py``) not taken yet.
+        Raises GraderSetupError for a root over ``SNAPSHOT_MAX_BYTES`` / ``SNAPSHOT_MAX_FILES``
+        or one that cannot be copied."""
         assert self._folder is not None, "use the Grader as an async context manager"
         for root in dict.fromkeys(Path(r).resolve() for r in roots):
             if root in self._roots:
                 continue
             dest = self._folder / "envs" / str(len(self._roots))
             t0 = time.monotonic()
-            await asyncio.to_thread(shutil.copytree, root, dest, ignore=_SKIP)
+            await asyncio.to_thread(_check_root, root)
+            try:
+                await asyncio.to_thread(shutil.copytree, root, dest, ignore=_SKIP)
+            except (OSError, shutil.Error) as e:
+                raise GraderSetupError(f"the env root {root} cannot be snapshot for grading: {e}") from e
             self._roots[root] = dest
             log.debug("grader snapshot of %s taken in %.3f s", root, time.monotonic() - t0)
 

@@ -223,3 +223,16 @@ async def test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_
     assert f"answer.json -> {task}/expected.json" in r["trajectory"][1]["messages"][-1]["content"]  # made
     assert (r["sandbox"], r["grader_isolation"], r["eval_status"], r["score"], r["reason"]) == (
         "bwrap", "bwrap", "scored", 0.0, "outputs/answer.json is missing")
+
+
+async def test_an_env_root_too_large_to_snapshot_is_refused_with_what_to_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout.grading import grader as grader_module
+
+    path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 1\n")
+    for i in range(5):
+        (path.parent / f"data{i}.txt").write_text("x")
+    monkeypatch.setattr(grader_module, "SNAPSHOT_MAX_FILES", 3)
+    async with Grader("none", work_dir=tmp_path) as grader:
+        with pytest.raises(grader_module.GraderSetupError, match="holds more than .* 3 files: the grader snapshots"):
+            await grader.start([path.parent.parent])
