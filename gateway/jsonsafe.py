@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from gateway.sse import SSEEvent
+from store.text import json_text
 
 _LINE = re.compile(rb"\r\n|\r|\n")
 
@@ -31,8 +32,9 @@ def loads_strict(text: str | bytes) -> tuple[Any, int]:
 
 
 def compact(obj: Any) -> str:
-    """Compact strict JSON text (no spaces, UTF-8 kept)."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact strict JSON text (no spaces, UTF-8 kept; all ``\\uXXXX`` escapes when a string
+    holds a lone surrogate: :func:`store.text.json_text`)."""
+    return json_text(obj, separators=(",", ":"), allow_nan=False)
 
 
 def may_hold_non_finite(raw: bytes) -> bool:
