@@ -63,12 +63,25 @@ def evaluate(request, spec, trajectory):
 '''
 
 
-def make_env(root: Path) -> Path:
+OWN_RESULT_LINE = r'''
+import json, sys
+req = json.loads(sys.stdin.read())
+# a runtime that writes its own result line: escapes of a lone surrogate and of NUL in its metrics
+print(json.dumps({"session_id": req["session_id"], "status": "succeeded", "step_count": 0,
+                  "metrics": {"seen": req["env_params"]["dataset"]["id"], "nul": "\x00", "lone": "\udbff"}}))
+'''
+
+NO_STEPS_EVALUATOR = r'''
+def evaluate(request, spec, trajectory):
+    return {"score": 10, "reason": "case " + request.env_params["dataset"]["id"]}
+'''
+
+
+def make_env(root: Path, cases: list[dict[str, object]], runtime: str = RUNTIME, evaluator: str = EVALUATOR) -> Path:
     env_dir = root / "toy"
     (env_dir / "data").mkdir(parents=True)
-    (env_dir / "runtime.py").write_text(RUNTIME)
-    (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
-    cases = [{"id": "a\ud800", "q": QUESTION}, {"id": "plain", "q": "hi", "fail": True}]
+    (env_dir / "runtime.py").write_text(runtime)
+    (env_dir / "rule_evaluator.py").write_text(evaluator)
     (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
     cfg = {"name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
            "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}, "max_steps": 4}
@@ -115,9 +128,12 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-async def test_lone_surrogates_and_nul_reach_every_reader(tmp_path: Path, store_url: str) -> None:
+async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_path: Path, store_url: str) -> None:
+    """A request holding a lone surrogate and NUL, answers holding one (JSON and SSE), metrics,
+    an error text and an evaluator's reason and artifacts holding them: the job ends, and the
+    JSONL, the table, the viewer, the feed, the export and the report read it."""
     env_root = tmp_path / "envs"
-    make_env(env_root)
+    make_env(env_root, [{"id": "asks", "q": QUESTION}, {"id": "plain", "q": "hi", "fail": True}])
     out = tmp_path / "out.jsonl"
     async with FakeUpstream() as up:
         up.add_rule(answer)
@@ -140,15 +156,14 @@ async def test_lone_surrogates_and_nul_reach_every_reader(tmp_path: Path, store_
     by_case: dict[str, list[dict[str, object]]] = {}
     for r in records:
         by_case.setdefault(str(r["case_id"]), []).append(r)
-    # a text column keeps a lone surrogate or NUL as its escape: the case id is that, everywhere
-    assert sorted(by_case) == ["a\\ud800", "plain"]
+    assert sorted(by_case) == ["asks", "plain"]
     for r in records:
         assert (r["status"], r["eval_status"], r["score"]) == (
             ("succeeded", "scored", 10.0) if r["case_id"] != "plain" else ("failed", "scored", 10.0))
         steps = r["trajectory"]
         assert [s["content"] for s in steps] == [ANSWER, STREAMED]  # type: ignore[index]
         assert r["reason"] == "saw \\u0000 streamed \\udc00 answer"
-    a = by_case["a\\ud800"][0]
+    a = by_case["asks"][0]
     assert a["trajectory"][0]["messages"] == [{"role": "user", "content": QUESTION}]  # type: ignore[index]
     assert by_case["plain"][0]["error"] == "tool \\udfff broke\\u0000"
 
@@ -164,7 +179,6 @@ async def test_lone_surrogates_and_nul_reach_every_reader(tmp_path: Path, store_
         assert env.result is not None and env.eval_detail is not None
         assert env.result["metrics"] == {"text": ANSWER, "relayed": True, "q": QUESTION}
         assert env.eval_detail["artifacts"] == {"final": STREAMED}
-        assert env.env_params is not None and env.env_params["dataset"]["id"] == "a\ud800"
     finally:
         await store.close()
 
@@ -186,7 +200,7 @@ async def test_lone_surrogates_and_nul_reach_every_reader(tmp_path: Path, store_
 
         groups = await asyncio.to_thread(read_all)
         raw = (await asyncio.to_thread(httpx.get, f"{url}/v1/jobs/bytes/groups", timeout=60)).content
-    assert sorted(g.case_id for g in groups) == ["a\\ud800", "plain"]
+    assert sorted(g.case_id for g in groups) == ["asks", "plain"]
     assert b"bad \\ud800 answer" in raw
     texts = {s.steps[0].content for g in groups for s in g.samples}  # type: ignore[union-attr]
     assert texts == {ANSWER}
@@ -199,3 +213,42 @@ async def test_lone_surrogates_and_nul_reach_every_reader(tmp_path: Path, store_
     rep = run("report", "--db-path", store_url, "--job-id", "bytes", "--out", str(tmp_path / "r.html"), cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     assert (tmp_path / "r.html").read_text(encoding="utf-8")
+
+
+async def test_a_case_id_and_a_result_line_holding_a_lone_surrogate(tmp_path: Path, store_url: str) -> None:
+    """A dataset case id holding a lone surrogate (and one holding NUL), and a runtime that prints
+    its own result line with their escapes in its metrics: the case id is stored escaped (one id
+    in the store, the JSONL, the feed), its dataset row and the metrics exactly; the job ends."""
+    env_root = tmp_path / "envs"
+    make_env(env_root, [{"id": "a\ud800"}, {"id": "b\x00"}], OWN_RESULT_LINE, NO_STEPS_EVALUATOR)
+    out = tmp_path / "out.jsonl"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, store_url)
+        code, stdout, stderr = await launch(
+            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+            "--db-path", store_url, "--enable-evaluation", "--pool-size", "2", "--rl-group-size", "2",
+            "--job-id", "ids", "--out", str(out), cwd=tmp_path)
+    assert code == 0, stderr
+    assert "toy" in stdout and "pass@" in stdout
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    # a text column keeps a lone surrogate or NUL as its escape: the case id is that, everywhere
+    assert sorted(r["case_id"] for r in records) == ["a\\ud800", "a\\ud800", "b\\u0000", "b\\u0000"]
+    assert {(r["status"], r["score"]) for r in records} == {("succeeded", 10.0)}
+    assert {r["reason"] for r in records} == {"case a\\ud800", "case b\\u0000"}
+    # two groups (a case's samples), told apart
+    assert len({r["group_id"] for r in records}) == 2
+    store = Store(store_url)
+    await store.init()
+    try:
+        envs = await store.job_sessions_by_id([str(r["session_id"]) for r in records])
+    finally:
+        await store.close()
+    for env in envs:
+        assert env.env_params is not None and env.result is not None
+        raw_id = env.env_params["dataset"]["id"]
+        assert raw_id in ("a\ud800", "b\x00")  # the dataset row, exactly
+        assert env.result["metrics"] == {"seen": raw_id, "nul": "\x00", "lone": "\udbff"}
+    ex = run("export", "--db-path", store_url, "--job-id", "ids", "--out", str(tmp_path / "x.jsonl"), cwd=tmp_path)
+    assert ex.returncode == 0, ex.stderr
+    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert sorted(r["case_id"] for r in rows) == ["a\\ud800", "a\\ud800", "b\\u0000", "b\\u0000"]
