@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import signal
 import sys
 import time
@@ -318,10 +317,6 @@ def main(argv: list[str] | None = None) -> int:
     ``serve`` the feed of ready groups, the export of a job and the long-running mode
     (``rollout.feed.cli``)."""
     argv = sys.argv[1:] if argv is None else argv
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        # the terminal, as stderr already does: text no UTF-8 can carry (a lone surrogate in a
-        # case id or a reason) printed as its escape, never an error that loses the summary
-        sys.stdout.reconfigure(errors="backslashreplace")
     if argv and argv[0] in VIEWER_COMMANDS:
         from rollout.viewer.cli import main as viewer_main
 
