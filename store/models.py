@@ -4,7 +4,8 @@ Table names follow Safactory where a trainer may already read them: ``job_enviro
 per session), ``session_steps`` (one row per model call) and ``gateway_sessions`` (the gateway's
 per-session state, persisted so that a gateway restart keeps step budgets).
 
-JSON columns hold the exact decoded JSON; timestamps are timezone-aware UTC datetimes.
+JSON columns hold the exact decoded JSON; text columns escape a lone surrogate or NUL
+(:class:`ColumnText`); timestamps are timezone-aware UTC datetimes.
 """
 
 from __future__ import annotations
