@@ -214,5 +214,5 @@ async def test_a_stream_retold_from_an_answer_holding_a_lone_surrogate(start_gat
     sent = [strict_loads(p) for p in sse_payloads(raw) if p != "[DONE]"]
     assert any(c["choices"] and c["choices"][0].get("delta", {}).get("content") == LONE for c in sent)
     [step] = await gw.steps("s1")
-    assert step.meta_json["stream_synthesized"] is True
+    assert step.meta_json is not None and step.meta_json["stream_synthesized"] is True
     assert step.response["choices"][0]["message"]["content"] == LONE

@@ -295,7 +295,7 @@ async def test_text_no_utf8_carries_is_stored_on_both_backends(store_url: str) -
         (st,) = await store.trajectory("s1")
         assert st.finish_reason == "stop\\udfff" and st.messages == [{"role": "user", "content": lone}]
         assert st.response == {"choices": [{"message": {"content": lone}}]}
-        assert st.meta_json["evaluation"]["artifacts"] == {"a": lone}
+        assert st.meta_json is not None and st.meta_json["evaluation"]["artifacts"] == {"a": lone}
         gs = await store.load_gateway_session("s1")
         assert gs is not None and gs.close_reason == escaped
     finally:
