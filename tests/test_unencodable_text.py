@@ -188,7 +188,8 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
             job = await http.get(f"{url}/jobs/bytes/sessions")
             report = await http.get(f"{url}/jobs/bytes/report")
     assert page.status_code == 200, page.text
-    assert "bad \ufffd answer" in page.text  # HTML carries UTF-8 only: U+FFFD
+    assert "bad \ufffd answer" in page.text  # HTML carries UTF-8 only: U+FFFD in text
+    assert "bad \\ud800 answer" in page.text  # and the escape in the JSON values it shows
     assert job.status_code == 200 and report.status_code == 200
 
     # the feed: a trainer's client reads both groups, the surrogate's kept as escapes on the wire

@@ -230,7 +230,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def report(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         await need_job(job_id)
-        return HTMLResponse(display_text(await build_report(queries, job_id, viewer_url="", inline_js=False)))
+        return HTMLResponse(await build_report(queries, job_id, viewer_url="", inline_js=False))
 
     async def jobs_progress(request: Request) -> Response:
         return JSONResponse([{k: j[k] for k in ("job_id", "sessions", "finished", "running")}

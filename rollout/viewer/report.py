@@ -23,7 +23,6 @@ from rollout.viewer.db import ViewerError, open_queries
 from rollout.viewer.render import templates
 from rollout.viewer.stats import pass_curves, records_of, summary
 from store.queries import ViewerQueries
-from store.text import display_text
 
 DEFAULT_VIEWER_URL = "http://127.0.0.1:8765"
 VIEWER_PLOTLY_SRC = "/static/plotly.min.js"
@@ -186,5 +185,5 @@ async def write_report(db_url: str, job_id: str, out: Path, *, viewer_url: str =
     out.parent.mkdir(parents=True, exist_ok=True)
     if not self_contained:
         write_plotly_beside(out.parent)
-    _write_atomic(out, display_text(html).encode("utf-8"))
+    _write_atomic(out, html.encode("utf-8"))
     return out
