@@ -288,5 +288,5 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
         files = d / "files"
         row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
                "files_dir": str(files) if files.is_dir() else None}
-        cases.append(case_of(cfg, d.name, row))
+        cases.append(case_of(cfg, column_text(d.name), row))  # a name that is not UTF-8: its escapes
     return cases

@@ -13,7 +13,6 @@ in flight: each runtime's process group is killed, its gateway session closed, i
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -57,7 +56,6 @@ from rollout.session_ids import SessionIds
 from rollout.trajectory import to_trajectory
 from rollout.workspace_archive import keep_workspace
 from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
-from store.text import hash_bytes
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +172,7 @@ def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = Non
     matrix (a harness, or several models); 16 hex digits."""
     key = f"{job_id}/{env_name}/{case_id}" if harness is None and model is None else \
         f"{job_id}/{env_name}/{case_id}/{harness or ''}/{model or ''}"
-    # uuid5, on bytes that exist for every string (a lone surrogate in a case id included)
-    return uuid.UUID(bytes=hashlib.sha1(uuid.NAMESPACE_URL.bytes + hash_bytes(key)).digest()[:16], version=5).hex[:16]
+    return uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:16]
 
 
 def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],

@@ -4,8 +4,8 @@
 A JSON string may hold ``"\\ud800"``, a lone UTF-16 surrogate: valid JSON that Python decodes to a
 ``str`` no UTF-8 encoder accepts; PostgreSQL also refuses NUL (``\\u0000``) in its text. JSON
 output keeps such a character exactly, as its ``\\uXXXX`` escape (:func:`json_text`); a text column
-stores it escaped (:func:`column_text`); HTML and the terminal show U+FFFD instead
-(:func:`display_text`); a hash reads it as its UTF-8-style bytes (:func:`hash_bytes`).
+stores it escaped (:func:`column_text`); HTML and other UTF-8-only output show U+FFFD instead
+(:func:`display_text`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["column_text", "display_text", "hash_bytes", "json_text", "utf8_ok"]
+__all__ = ["column_text", "display_text", "json_text", "utf8_ok"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _COLUMN_UNSAFE = re.compile("[\x00\ud800-\udfff]")
@@ -46,13 +46,7 @@ def column_text(text: str) -> str:
 
 
 def display_text(text: str) -> str:
-    """``text`` with each lone surrogate replaced by U+FFFD: for HTML pages, files of text and
-    the terminal, which carry UTF-8 only."""
+    """``text`` with each lone surrogate replaced by U+FFFD: for HTML pages and Parquet strings,
+    which carry UTF-8 only."""
     return text if utf8_ok(text) else _SURROGATE.sub("\ufffd", text)
-
-
-def hash_bytes(text: str) -> bytes:
-    """The bytes to hash for ``text``: its UTF-8, a lone surrogate as its three ``surrogatepass``
-    bytes (so a distinct string keeps a distinct digest)."""
-    return text.encode("utf-8", "surrogatepass")
 

@@ -241,8 +241,19 @@ async def test_a_case_id_and_a_result_line_holding_a_lone_surrogate(tmp_path: Pa
     await store.init()
     try:
         envs = await store.job_sessions_by_id([str(r["session_id"]) for r in records])
+        # a job cut short: its stored case ids match the dataset's again, so --resume runs the rest
+        await store.update_job_session(envs[0].session_id, finished=False, status="cancelled")
     finally:
         await store.close()
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, store_url)
+        code, _, stderr = await launch(
+            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+            "--db-path", store_url, "--enable-evaluation", "--job-id", "ids", "--resume",
+            "--out", str(tmp_path / "again.jsonl"), cwd=tmp_path)
+    assert code == 0, stderr
+    again = {r["session_id"]: r for r in map(json.loads, (tmp_path / "again.jsonl").read_text().splitlines())}
+    assert len(again) == 4 and again[envs[0].session_id]["attempts"][-1]["attempt"] == 2
     for env in envs:
         assert env.env_params is not None and env.result is not None
         raw_id = env.env_params["dataset"]["id"]
