@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pyarrow.parquet as pq
 import yaml
 
 from rollout.client import FeedClient
@@ -210,6 +211,13 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
     assert ex.returncode == 0, ex.stderr
     rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 4 and {r["steps"][0]["content"] for r in rows} == {ANSWER}
+    ex = run("export", "--db-path", store_url, "--job-id", "bytes", "--format", "parquet",
+             "--out", str(tmp_path / "x.parquet"), cwd=tmp_path)
+    assert ex.returncode == 0, ex.stderr
+    table = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    # a Parquet string is UTF-8: U+FFFD; its JSON-valued columns keep the escape
+    assert {s["steps"][0]["content"] for s in table} == {"bad \ufffd answer"}
+    assert {json.loads(s["steps"][0]["messages"])[0]["content"] for s in table} == {QUESTION, "hi"}
     rep = run("report", "--db-path", store_url, "--job-id", "bytes", "--out", str(tmp_path / "r.html"), cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     assert (tmp_path / "r.html").read_text(encoding="utf-8")
