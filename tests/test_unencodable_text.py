@@ -201,8 +201,12 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
 
         groups = await asyncio.to_thread(read_all)
         raw = (await asyncio.to_thread(httpx.get, f"{url}/v1/jobs/bytes/groups", timeout=60)).content
+        async with httpx.AsyncClient(timeout=60) as http:  # the SSE stream of the same groups, to its end
+            events = (await http.get(f"{url}/v1/jobs/bytes/groups/stream")).text
     assert sorted(g.case_id for g in groups) == ["asks", "plain"]
     assert b"bad \\ud800 answer" in raw
+    datas = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: ")]
+    assert [d.get("case_id") for d in datas[:-1]] == [g.case_id for g in groups] and datas[-1]["done"] is True
     texts = {s.steps[0].content for g in groups for s in g.samples if s.steps is not None}
     assert texts == {ANSWER}
 
