@@ -216,3 +216,17 @@ async def test_a_stream_retold_from_an_answer_holding_a_lone_surrogate(start_gat
     [step] = await gw.steps("s1")
     assert step.meta_json is not None and step.meta_json["stream_synthesized"] is True
     assert step.response["choices"][0]["message"]["content"] == LONE
+
+
+async def test_an_error_that_echoes_a_lone_surrogate_is_an_error_not_a_500(start_gateway: StartGateway,
+                                                                          upstream: FakeUpstream) -> None:
+    """The gateway's own error bodies quote what they refuse (here an unknown model name): the
+    quote is a lone surrogate's escape, the answer the error in the endpoint's shape."""
+    gw = await start_gateway()
+    chat = b'{"model":"\\ud800","messages":[{"role":"user","content":"x"}]}'
+    for path, body in (("/v1/sessions/s1/chat/completions", chat),
+                       ("/v1/sessions/s1/responses", b'{"model":"\\ud800","input":"x"}')):
+        r = await gw.http().post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 404, r.text
+        assert b"`\\ud800`" in r.content and "`\ud800`" in strict_loads(r.content)["error"]["message"]
+    assert upstream.requests == []
