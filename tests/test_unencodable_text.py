@@ -226,6 +226,13 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
     assert rep.returncode == 0, rep.stderr
     assert (tmp_path / "r.html").read_text(encoding="utf-8")
 
+    # graded again from the store: the evaluator reads the same steps, the JSONL is written
+    code, stdout, stderr = await launch("--regrade", "--job-id", "bytes", "--db-path", store_url, "--agent-root",
+                                        str(env_root), "--out", str(tmp_path / "regraded.jsonl"), cwd=tmp_path)
+    assert code == 0, stderr
+    regraded = [json.loads(line) for line in (tmp_path / "regraded.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert {r["reason"] for r in regraded} == {"saw \\u0000 streamed \\udc00 answer"}
+
 
 async def test_a_case_id_and_a_result_line_holding_a_lone_surrogate(tmp_path: Path, store_url: str) -> None:
     """A dataset case id holding a lone surrogate (and one holding NUL), and a runtime that prints
