@@ -3,7 +3,8 @@ end: in a client's request, in the model's answer (streamed and not), in a datas
 a runtime's result metrics and error text, in an evaluator's reason and artifacts. One job through
 the real launcher, gateway and fake upstream, on SQLite and PostgreSQL; then every reader: the
 JSONL and the summary table, the viewer's session page, the feed (a trainer's client reading past
-that group), the export and the HTML report. The rule: docs/storage.md, "Text that is not UTF-8"."""
+that group, pages and SSE), the export (JSONL, Parquet), the HTML report, ``--regrade`` and
+``--resume``. The rule: docs/storage.md, "Text that is not UTF-8"."""
 
 from __future__ import annotations
 
