@@ -24,7 +24,7 @@ from typing import Any, Literal, TextIO
 import openai
 from openai.types.chat import ChatCompletion
 
-from rollout.protocol import SimulationStartRequest, SimulationStartResult
+from rollout.protocol import SimulationStartRequest, SimulationStartResult, model_from_json, model_json
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def read_start_request(stream: TextIO | None = None) -> SimulationStartRequest:
     Raises ``pydantic.ValidationError`` when the JSON is malformed or misses required fields.
     """
     text = (stream or sys.stdin).read()
-    return SimulationStartRequest.model_validate_json(text)
+    return model_from_json(SimulationStartRequest, text)
 
 
 def openai_client(req: SimulationStartRequest, max_retries: int = 2, timeout_s: float = 600.0) -> openai.OpenAI:
@@ -73,7 +73,7 @@ def emit_result(result: SimulationStartResult, stream: TextIO | None = None) -> 
     Call it last: the launcher reads the last stdout line.
     """
     out = stream or sys.stdout
-    out.write(result.model_dump_json() + "\n")
+    out.write(model_json(result) + "\n")
     out.flush()
 
 

@@ -9,14 +9,14 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from gateway.call import Call
 from gateway.capture import strip_answer
 from gateway.errors import error_body
 from gateway.exchange import UpstreamFailed, before_model
 from gateway.idempotency import Replay
-from gateway.jsonsafe import compact, loads_strict
+from gateway.jsonsafe import StrictJSONResponse, compact, loads_strict
 from gateway.outcome import Outcome, Phase, StepStatus
 from gateway.protocols import WireProtocol
 from gateway.streaming import SSE_HEADERS
@@ -34,9 +34,9 @@ def gone_body(proto: WireProtocol, message: str) -> dict[str, Any]:
     return proto.client_error(499, error_body(499, message, code="client_disconnected", type_="client_disconnected"))
 
 
-def gone(proto: WireProtocol, message: str) -> JSONResponse:
+def gone(proto: WireProtocol, message: str) -> StrictJSONResponse:
     """The 499 answer of a client that left (nobody reads it: the server drops it)."""
-    return JSONResponse(gone_body(proto, message), status_code=499)
+    return StrictJSONResponse(gone_body(proto, message), status_code=499)
 
 
 def relayed_headers(up_headers: Mapping[str, str]) -> dict[str, str]:
@@ -74,7 +74,7 @@ def client_left(call: Call, *, backing_off: bool) -> tuple[Outcome, Response]:
                                  f"before the upstream {call.route_key} answered; the upstream request was cancelled")
     outcome = Outcome(StepStatus.CLIENT_DISCONNECTED, call.upstream_status, body, answered=499,
                       meta={"phase": phase.value}, refund=refund, wait=False)
-    return outcome, JSONResponse(body, status_code=499)
+    return outcome, StrictJSONResponse(body, status_code=499)
 
 
 def failed(call: Call, f: UpstreamFailed) -> tuple[Outcome, Response]:
@@ -82,7 +82,7 @@ def failed(call: Call, f: UpstreamFailed) -> tuple[Outcome, Response]:
     body = call.proto.client_error(f.status, f.error)
     outcome = Outcome(f.step_status, f.status, body, answered=f.status,
                       meta={"phase": f.phase.value, "error": f.error["error"]}, refund=before_model(f))
-    return outcome, JSONResponse(body, status_code=f.status)
+    return outcome, StrictJSONResponse(body, status_code=f.status)
 
 
 def unclaimed(call: Call, status: int, content: bytes) -> Outcome:
@@ -157,7 +157,7 @@ def synthetic_stop(call: Call) -> tuple[Outcome, Response]:
     if call.stream:
         return outcome, StreamingResponse(_iter(call.proto.to_stream(answer, call.req)),
                                           media_type="text/event-stream", headers=STOP_HEADER)
-    return outcome, JSONResponse(answer, headers=STOP_HEADER)
+    return outcome, StrictJSONResponse(answer, headers=STOP_HEADER)
 
 
 def _invalid(call: Call, status: int, up_headers: Mapping[str, str], content: bytes,
@@ -169,7 +169,7 @@ def _invalid(call: Call, status: int, up_headers: Mapping[str, str], content: by
                      code="upstream_invalid_response")
     outcome = Outcome(StepStatus.ERROR, 502, recorded, answered=502,
                       meta={"error": err["error"], "upstream_status": status})
-    return outcome, JSONResponse(call.proto.client_error(502, err), status_code=502)
+    return outcome, StrictJSONResponse(call.proto.client_error(502, err), status_code=502)
 
 
 def _raw_text(content: bytes) -> str:

@@ -18,10 +18,11 @@ from typing import Any
 
 import aiohttp
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from gateway.errors import GatewayError, anthropic_error, error_body, set_error_shape
 from gateway.forward import check_route
+from gateway.jsonsafe import StrictJSONResponse
 from gateway.protocols import MESSAGES
 from gateway.state import GatewayState
 from gateway.wire import WireRequest, check_session_id, parse_json_body, read_body, validate_request
@@ -118,7 +119,7 @@ async def handle(request: Request, session_id: str | None = None) -> Response:
             status = response.status_code
         else:
             n = estimate_tokens(body) if method == "estimate" else await _tokenize(gw, key, method, body, session_id)
-            response = JSONResponse({"input_tokens": n}, headers={METHOD_HEADER: method})
+            response = StrictJSONResponse({"input_tokens": n}, headers={METHOD_HEADER: method})
     except GatewayError as e:
         status = e.status
         raise
@@ -182,7 +183,7 @@ async def _forward(gw: GatewayState, request: Request, key: str, body: dict[str,
                                     f"input_tokens: {content[:200]!r}", code="upstream_invalid_response")
     elif ctype is None or "json" not in ctype:
         err = error_body(status, f"upstream {key} answered count_tokens with HTTP {status}: {content[:200]!r}")
-        return JSONResponse(anthropic_error(status, err), status_code=status, headers={METHOD_HEADER: "upstream"})
+        return StrictJSONResponse(anthropic_error(status, err), status_code=status, headers={METHOD_HEADER: "upstream"})
     return Response(content, status_code=status, media_type=ctype or "application/json",
                     headers={METHOD_HEADER: "upstream"})
 

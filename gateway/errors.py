@@ -14,9 +14,10 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.jsonsafe import StrictJSONResponse
 
 _TYPES = {
     400: "invalid_request_error",
@@ -180,44 +181,44 @@ class GatewayError(Exception):
 
 
 
-def gateway_error_response(req: Request, exc: GatewayError) -> JSONResponse:
+def gateway_error_response(req: Request, exc: GatewayError) -> StrictJSONResponse:
     """The answer to a :class:`GatewayError`: its status and headers, the body in the request's
     error shape (:func:`set_error_shape`; OpenAI's by default); counted in ``/metrics``."""
     body = error_body(exc.status, exc.message, code=exc.code, param=exc.param)
     count_error(req, exc.status, exc.code, exc.message)
-    return JSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
+    return StrictJSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
 
 
-def unexpected_error_response(req: Request, exc: Exception) -> JSONResponse:
+def unexpected_error_response(req: Request, exc: Exception) -> StrictJSONResponse:
     """The 500 ``internal_error`` answer to a bug, in the request's error shape; counted in
     ``/metrics``."""
     body = error_body(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
     count_error(req, 500, "internal_error")
-    return JSONResponse(_shaped(req, 500, body), status_code=500)
+    return StrictJSONResponse(_shaped(req, 500, body), status_code=500)
 
 
-async def _gateway_error(req: Request, exc: Exception) -> JSONResponse:
+async def _gateway_error(req: Request, exc: Exception) -> StrictJSONResponse:
     assert isinstance(exc, GatewayError)
     return gateway_error_response(req, exc)
 
 
-async def _http_error(req: Request, exc: Exception) -> JSONResponse:
+async def _http_error(req: Request, exc: Exception) -> StrictJSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     count_error(req, exc.status_code, None, str(exc.detail))
     body = error_body(exc.status_code, str(exc.detail))
-    return JSONResponse(_shaped(req, exc.status_code, body), status_code=exc.status_code,
+    return StrictJSONResponse(_shaped(req, exc.status_code, body), status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
 
 
-async def _validation_error(req: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(req: Request, exc: Exception) -> StrictJSONResponse:
     assert isinstance(exc, RequestValidationError)
     msg, param = validation_message(list(exc.errors()), f"invalid request to {req.url.path}", request=True)
     count_error(req, 400, "invalid_request", msg)
-    return JSONResponse(_shaped(req, 400, error_body(400, msg, code="invalid_request", param=param)),
+    return StrictJSONResponse(_shaped(req, 400, error_body(400, msg, code="invalid_request", param=param)),
                         status_code=400)
 
 
-async def _unexpected_error(req: Request, exc: Exception) -> JSONResponse:
+async def _unexpected_error(req: Request, exc: Exception) -> StrictJSONResponse:
     # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server logs the traceback.
     return unexpected_error_response(req, exc)
 

@@ -13,7 +13,10 @@ import json
 import re
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 from gateway.sse import SSEEvent
+from store.text import json_text
 
 _LINE = re.compile(rb"\r\n|\r|\n")
 
@@ -31,8 +34,18 @@ def loads_strict(text: str | bytes) -> tuple[Any, int]:
 
 
 def compact(obj: Any) -> str:
-    """Compact strict JSON text (no spaces, UTF-8 kept)."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact strict JSON text (no spaces, UTF-8 kept; all ``\\uXXXX`` escapes when a string
+    holds a lone surrogate: :func:`store.text.json_text`)."""
+    return json_text(obj, separators=(",", ":"), allow_nan=False)
+
+
+class StrictJSONResponse(JSONResponse):
+    """A JSON response the gateway writes itself (its errors, synthetic answers): starlette's
+    compact JSON, with ``\\uXXXX`` escapes when a string holds a lone surrogate (a client's model
+    name or an upstream's message echoed), so such a body is never a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json_text(content, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
 
 
 def may_hold_non_finite(raw: bytes) -> bool:

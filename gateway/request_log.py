@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.redact import redact
 from gateway.settings import RequestLogSettings
+from store.text import json_text
 
 
 class RequestLog:
@@ -55,7 +56,7 @@ class RequestLog:
             self._logger.removeHandler(h)
 
     def _cut(self, body: Any) -> Any:
-        text = json.dumps(redact(body), ensure_ascii=False, default=str)
+        text = json_text(redact(body), default=str)
         limit = self.settings.body_limit_bytes
         raw = text.encode()
         if len(raw) <= limit:
@@ -70,7 +71,7 @@ class RequestLog:
         line = {"ts": time.time(), "session_id": session_id, "route": route, "endpoint": endpoint,
                 "http_status": http_status, "step_status": step_status, "latency_ms": round(latency_ms, 3),
                 "request": self._cut(request), "response": self._cut(response)}
-        self._logger.info(json.dumps(line, ensure_ascii=False, default=str))
+        self._logger.info(json_text(line, default=str))
 
     def write_rejected(self, *, session_id: str | None, route: str | None, method: str, path: str,
                        http_status: int, reason: str, message: str) -> None:
@@ -80,4 +81,4 @@ class RequestLog:
             return
         line = {"ts": time.time(), "session_id": session_id, "route": route, "method": method, "path": path,
                 "http_status": http_status, "step_status": None, "rejected": reason, "message": message[:500]}
-        self._logger.info(json.dumps(line, ensure_ascii=False, default=str))
+        self._logger.info(json_text(line, default=str))

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from store.text import column_text
+
 CONFIG_NAME = "env.yaml"
 MAX_GROUP_SIZE = 10_000
 """Samples per case at most (an env's ``group_size``, ``--rl-group-size``, a batch's ``samples``)."""
@@ -274,7 +276,8 @@ def _jsonl(cfg: EnvConfig, path: Path, limit: int | None) -> list[Case]:
                                     or row[fid] == ""):
                 raise EnvConfigError(f"{path}:{lineno}: the id field {fid!r} must be a non-empty string or an "
                                      f"integer, not {json.dumps(row[fid])}")
-            case_id = str(row[fid]) if fid is not None else str(index)
+            # the id as every text column stores it (a lone surrogate or NUL escaped): one id everywhere
+            case_id = column_text(str(row[fid])) if fid is not None else str(index)
             cases.append(case_of(cfg, case_id, row))
             index += 1
             if limit is not None and index >= limit:
@@ -297,5 +300,5 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
         files = d / "files"
         row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
                "files_dir": str(files) if files.is_dir() else None}
-        cases.append(case_of(cfg, d.name, row))
+        cases.append(case_of(cfg, column_text(d.name), row))  # a name that is not UTF-8: its escapes
     return cases

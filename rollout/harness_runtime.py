@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.harness import HARNESS_FILE, Harness, HarnessContext, HarnessLaunch, load_harness_file
-from rollout.protocol import SimulationStartRequest, SimulationStartResult
+from rollout.protocol import SimulationStartRequest, SimulationStartResult, model_from_json, model_json
 
 _MISSING = object()
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         _say("usage: python -m rollout.harness_runtime HARNESS_DIR INSTALL_DIR")
         return 2
     try:
-        req = SimulationStartRequest.model_validate_json(sys.stdin.read())
+        req = model_from_json(SimulationStartRequest, sys.stdin.read())
     except ValueError as e:
         _say(f"unreadable start request: {e}")
         return 2
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the launcher reads why from stderr: the session fails, nothing else
         _say(f"cannot run the harness: {type(e).__name__}: {e}")
         return 1
-    sys.stdout.write(result.model_dump_json() + "\n")
+    sys.stdout.write(model_json(result) + "\n")
     sys.stdout.flush()
     return 0
 

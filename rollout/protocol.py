@@ -13,9 +13,31 @@ their own; user *configs* are strict elsewhere.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticSerializationError
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def model_json(model: BaseModel) -> str:
+    """``model.model_dump_json()`` (compact JSON, one line); when a string holds a lone surrogate,
+    which pydantic cannot encode, the same values with ``\\uXXXX`` escapes (docs/storage.md,
+    "Text that is not UTF-8"), so every message can be written."""
+    try:
+        return model.model_dump_json()
+    except PydanticSerializationError:
+        return json.dumps(model.model_dump(mode="json"), separators=(",", ":"), allow_nan=False)
+
+
+def model_from_json(cls: type[_M], text: str | bytes) -> _M:
+    """``cls`` validated from JSON ``text`` read by ``json.loads``, which, unlike pydantic's own
+    parser, reads a lone surrogate's escape (``"\\ud800"``). Raises ValueError (bad JSON, or
+    pydantic's ValidationError)."""
+    return cls.model_validate(json.loads(text))
+
 
 RuntimeStatus = Literal["succeeded", "failed", "truncated"]
 

@@ -14,7 +14,6 @@ sessions that needed more than one attempt.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -28,6 +27,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, FiniteFloat
 
 from rollout.outcomes import INFRA_CLASSES
+from rollout.protocol import model_from_json
+from store.text import json_text
 
 SessionStatus = Literal["succeeded", "failed", "truncated", "timeout", "error", "cancelled"]
 
@@ -552,7 +553,7 @@ class JsonlWriter:
 
     def write(self, record: SessionRecord) -> None:
         """Append one record's line. Raises ValueError (NaN/inf) or TypeError (not JSON)."""
-        line = json.dumps(record.model_dump(mode="python"), allow_nan=False, ensure_ascii=False)
+        line = json_text(record.model_dump(mode="python"), allow_nan=False)
         self._fh.write(line)
         self._fh.write("\n")
         self.count += 1
@@ -577,4 +578,4 @@ class JsonlWriter:
 def read_jsonl(path: Path) -> list[SessionRecord]:
     """The records of a JSONL file written by ``write_jsonl``."""
     with Path(path).open(encoding="utf-8") as fh:
-        return [SessionRecord.model_validate_json(line) for line in fh if line.strip()]
+        return [model_from_json(SessionRecord, line) for line in fh if line.strip()]

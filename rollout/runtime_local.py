@@ -22,7 +22,7 @@ from typing import BinaryIO, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from rollout.protocol import SimulationStartRequest, SimulationStartResult
+from rollout.protocol import SimulationStartRequest, SimulationStartResult, model_json
 
 log = logging.getLogger(__name__)
 _TAIL = 4000
@@ -237,7 +237,7 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
         if output_limit is not None and total[0] > output_limit:
             wake.set()
 
-    tasks = [asyncio.create_task(_feed(proc.stdin, request.model_dump_json().encode() + b"\n")),
+    tasks = [asyncio.create_task(_feed(proc.stdin, model_json(request).encode() + b"\n")),
              asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total, read=read)),
              asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total, copy, read=read))]
     over: tuple[str, str] | None = None

@@ -4,7 +4,8 @@ Table names follow Safactory where a trainer may already read them: ``job_enviro
 per session), ``session_steps`` (one row per model call) and ``gateway_sessions`` (the gateway's
 per-session state, persisted so that a gateway restart keeps step budgets).
 
-JSON columns hold the exact decoded JSON; timestamps are timezone-aware UTC datetimes.
+JSON columns hold the exact decoded JSON; text columns escape a lone surrogate or NUL
+(:class:`ColumnText`); timestamps are timezone-aware UTC datetimes.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, String, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Dialect, Index, LargeBinary, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
+from sqlmodel.sql.sqltypes import AutoString
+
+from store.text import column_text
 
 
 class StepStatus(StrEnum):
@@ -62,6 +67,18 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 """A job id: letters, digits, ``.``, ``_``, ``-`` (it names files and folders: ``runs/logs/<job id>/``)."""
 
 
+class ColumnText(TypeDecorator[str]):
+    """A text column (``VARCHAR``, as SQLModel's ``str`` fields): every value bound to it, stored
+    or compared, goes through :func:`store.text.column_text` (a lone surrogate or NUL escaped), so
+    no text a session writes can fail its row on SQLite or PostgreSQL."""
+
+    impl = AutoString
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else column_text(value)
+
+
 def _ts(**kw: Any) -> Any:
     return Field(default_factory=utcnow, sa_column=Column(DateTime(timezone=True), **kw))
 
@@ -94,28 +111,28 @@ class JobEnvironment(SQLModel, table=True):
     __tablename__ = "job_environments"
     __table_args__ = (Index("ix_job_env_job_status", "job_id", "finished"),)
 
-    session_id: str = Field(sa_column=Column("env_id", String(128), primary_key=True))
-    job_id: str = Field(index=True, max_length=128)
-    env_name: str = Field(max_length=128)
-    case_id: str = Field(max_length=256)
-    llm_model: str = Field(max_length=256)
-    harness: str | None = Field(default=None, max_length=128)
-    group_id: str = Field(index=True, max_length=128)
+    session_id: str = Field(sa_column=Column("env_id", ColumnText(128), primary_key=True))
+    job_id: str = Field(index=True, max_length=128, sa_type=ColumnText(128))
+    env_name: str = Field(max_length=128, sa_type=ColumnText(128))
+    case_id: str = Field(max_length=256, sa_type=ColumnText(256))
+    llm_model: str = Field(max_length=256, sa_type=ColumnText(256))
+    harness: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
+    group_id: str = Field(index=True, max_length=128, sa_type=ColumnText(128))
     sample_index: int = 0
     env_params: dict[str, Any] | None = _json()
     max_steps: int | None = None
-    status: str = Field(default="pending", max_length=32)
+    status: str = Field(default="pending", max_length=32, sa_type=ColumnText(32))
     attempts: int = 0
     reward: float | None = None
-    eval_status: str | None = Field(default=None, max_length=32)
-    eval_reason: str | None = None
+    eval_status: str | None = Field(default=None, max_length=32, sa_type=ColumnText(32))
+    eval_reason: str | None = Field(default=None, sa_type=ColumnText())
     eval_detail: dict[str, Any] | None = _json()
     eval_history: list[dict[str, Any]] | None = _json()
     result: dict[str, Any] | None = _json()
-    error_text: str | None = None
+    error_text: str | None = Field(default=None, sa_type=ColumnText())
     duration_s: float | None = None
-    sandbox: str | None = Field(default=None, max_length=16)
-    outcome: str | None = Field(default=None, max_length=32)
+    sandbox: str | None = Field(default=None, max_length=16, sa_type=ColumnText(16))
+    outcome: str | None = Field(default=None, max_length=32, sa_type=ColumnText(32))
     finished: bool = False
     created_at: datetime = _ts()
     started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
@@ -154,22 +171,22 @@ class SessionStep(SQLModel, table=True):
         Index("ix_steps_session_seq", "session_id", "seq"),
     )
 
-    record_id: str = Field(default_factory=new_record_id, primary_key=True, max_length=64)
-    session_id: str = Field(max_length=128)
+    record_id: str = Field(default_factory=new_record_id, primary_key=True, max_length=64, sa_type=ColumnText(64))
+    session_id: str = Field(max_length=128, sa_type=ColumnText(128))
     seq: int
     step_id: int
-    env_name: str | None = Field(default=None, max_length=128)
-    llm_model: str = Field(max_length=256)
-    group_id: str | None = Field(default=None, max_length=128)
-    job_id: str | None = Field(default=None, index=True, max_length=128)
-    endpoint: str = Field(max_length=64)
+    env_name: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
+    llm_model: str = Field(max_length=256, sa_type=ColumnText(256))
+    group_id: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
+    job_id: str | None = Field(default=None, index=True, max_length=128, sa_type=ColumnText(128))
+    endpoint: str = Field(max_length=64, sa_type=ColumnText(64))
     is_stream: bool = False
-    status: str = Field(default="ok", max_length=32)
+    status: str = Field(default="ok", max_length=32, sa_type=ColumnText(32))
     status_code: int | None = None
     messages: Any = _json_or_null()
     request: Any = _json_or_null()
     response: Any = _json_or_null()
-    finish_reason: str | None = Field(default=None, max_length=64)
+    finish_reason: str | None = Field(default=None, max_length=64, sa_type=ColumnText(64))
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
@@ -239,18 +256,18 @@ class GatewaySession(SQLModel, table=True):
 
     __tablename__ = "gateway_sessions"
 
-    session_id: str = Field(primary_key=True, max_length=128)
-    status: str = Field(default="active", max_length=32)
+    session_id: str = Field(primary_key=True, max_length=128, sa_type=ColumnText(128))
+    status: str = Field(default="active", max_length=32, sa_type=ColumnText(32))
     max_steps: int = -1
     total_steps: int = 0
     refunded_steps: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     in_flight: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     step_counts: dict[str, int] | None = _json()
-    job_id: str | None = Field(default=None, max_length=128)
-    env_name: str | None = Field(default=None, max_length=128)
-    group_id: str | None = Field(default=None, max_length=128)
-    close_reason: str | None = None
-    completion_mode: str | None = Field(default=None, max_length=32)
+    job_id: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
+    env_name: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
+    group_id: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
+    close_reason: str | None = Field(default=None, sa_type=ColumnText())
+    completion_mode: str | None = Field(default=None, max_length=32, sa_type=ColumnText(32))
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     closed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
@@ -268,13 +285,13 @@ class SessionAttempt(SQLModel, table=True):
 
     __tablename__ = "session_attempts"
 
-    session_id: str = Field(sa_column=Column("env_id", String(128), primary_key=True))
+    session_id: str = Field(sa_column=Column("env_id", ColumnText(128), primary_key=True))
     attempt: int = Field(primary_key=True)
-    job_id: str = Field(index=True, max_length=128)
-    status: str = Field(max_length=32)
-    outcome: str = Field(max_length=32)
+    job_id: str = Field(index=True, max_length=128, sa_type=ColumnText(128))
+    status: str = Field(max_length=32, sa_type=ColumnText(32))
+    outcome: str = Field(max_length=32, sa_type=ColumnText(32))
     infra: bool = False
-    reason: str | None = None
+    reason: str | None = Field(default=None, sa_type=ColumnText())
     step_count: int = 0
     retry_in_s: float | None = None
     started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
@@ -301,17 +318,17 @@ class SessionWorkspace(SQLModel, table=True):
 
     __tablename__ = "session_workspaces"
 
-    session_id: str = Field(primary_key=True, max_length=128)
-    job_id: str = Field(index=True, max_length=128)
-    env_name: str = Field(max_length=128)
-    status: str = Field(max_length=32)
-    reason: str | None = None
+    session_id: str = Field(primary_key=True, max_length=128, sa_type=ColumnText(128))
+    job_id: str = Field(index=True, max_length=128, sa_type=ColumnText(128))
+    env_name: str = Field(max_length=128, sa_type=ColumnText(128))
+    status: str = Field(max_length=32, sa_type=ColumnText(32))
+    reason: str | None = Field(default=None, sa_type=ColumnText())
     paths: list[str] | None = _json()
     max_bytes: int = 0
     file_count: int = 0
     total_bytes: int = 0
     archive_bytes: int = 0
-    sha256: str | None = Field(default=None, max_length=64)
+    sha256: str | None = Field(default=None, max_length=64, sa_type=ColumnText(64))
     manifest: dict[str, Any] | None = _json()
     archive: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
     created_at: datetime = _ts()
@@ -329,9 +346,9 @@ class FeedGroup(SQLModel, table=True):
         UniqueConstraint("job_id", "group_id", "revision", name="uq_feed_group_revision"),
     )
 
-    job_id: str = Field(primary_key=True, max_length=128)
+    job_id: str = Field(primary_key=True, max_length=128, sa_type=ColumnText(128))
     ready_seq: int = Field(primary_key=True)
-    group_id: str = Field(max_length=128)
+    group_id: str = Field(max_length=128, sa_type=ColumnText(128))
     revision: int = 1
     n_samples: int = 0
     ready_at: datetime = _ts()

@@ -66,7 +66,14 @@ Framing = Literal["chunked", "length", "close"]
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, UTF-8 kept; a string no UTF-8 can carry (a lone surrogate) makes the whole
+    text ``\\uXXXX`` escapes, as a Python server sends it."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":"))
+    return text
 
 
 def sse_data(obj: Any) -> bytes:

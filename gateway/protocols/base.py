@@ -6,7 +6,6 @@ call (upstream call, timeouts, disconnects, budget, recording, metrics, request 
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -16,6 +15,7 @@ from gateway.settings import RouteSettings
 from gateway.sse import format_event
 from gateway.wire import WireRequest, validate_request
 from store.models import StepStatus
+from store.text import json_text
 
 __all__ = ["WireProtocol", "compact", "inner_error"]
 
@@ -27,8 +27,9 @@ def inner_error(err: dict[str, Any]) -> dict[str, Any]:
 
 
 def compact(obj: Any) -> str:
-    """Compact JSON text (no spaces, UTF-8 kept), as the gateway writes its own events."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON text (no spaces, UTF-8 kept; all ``\\uXXXX`` escapes when a string holds a
+    lone surrogate: :func:`store.text.json_text`), as the gateway writes its own events."""
+    return json_text(obj, separators=(",", ":"))
 
 
 class WireProtocol(ABC):

@@ -22,6 +22,7 @@ from gateway.errors import error_body, install_error_handlers
 from rollout.feed.groups import GroupOptions, check_min_valid, load_groups
 from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 from rollout.local_server import bad_query_param
+from rollout.protocol import model_json
 from store import MAX_INT
 from store.feed import FeedQueries
 
@@ -125,7 +126,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
         if (bad := _bad_params(request, ())) is not None:
             return bad
         try:
-            return Response((await ensure(job_id)).model_dump_json(), media_type="application/json")
+            return Response(model_json(await ensure(job_id)), media_type="application/json")
         except UnknownJob:
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
 
@@ -151,7 +152,7 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
         page = GroupPage(job_id=job_id, after=after, next_cursor=(found[-1].cursor or after) if found else after,
                          groups=found, progress=prog)
-        return Response(page.model_dump_json(), media_type="application/json")
+        return Response(model_json(page), media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}/groups/stream")
     async def stream(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
@@ -185,13 +186,13 @@ async def _events(queries: FeedQueries, job_id: str, cursor: int, opts: GroupOpt
     while True:
         found, prog = await groups_after(queries, job_id, cursor, 20, opts)
         for g in found:
-            yield f"id: {g.cursor}\nevent: group\ndata: {g.model_dump_json()}\n\n".encode()
+            yield f"id: {g.cursor}\nevent: group\ndata: {model_json(g)}\n\n".encode()
             cursor = g.cursor if g.cursor is not None else cursor
         if found:
             idle_since = time.monotonic()
             continue
         if prog.done:
-            yield f"event: done\ndata: {prog.model_dump_json()}\n\n".encode()
+            yield f"event: done\ndata: {model_json(prog)}\n\n".encode()
             return
         if time.monotonic() - idle_since >= cfg.keepalive_s:
             yield b": keep-alive\n\n"

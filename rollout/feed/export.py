@@ -8,7 +8,6 @@ lists. Groups are read and written in batches, so memory stays flat whatever the
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections import Counter
@@ -20,6 +19,7 @@ from typing import Any, Literal
 from rollout.feed.groups import GroupOptions, load_groups
 from rollout.feed.schema import FeedGroupOut, FeedSample, FeedStep
 from store.feed import FeedQueries
+from store.text import display_text, json_text
 
 Format = Literal["jsonl", "parquet", "openai"]
 Per = Literal["session", "step"]
@@ -103,9 +103,9 @@ class _Writer:
 
     def add(self, row: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._file.write(json_text(row) + "\n")
             return
-        self._rows.append(_flatten_for_parquet(row))
+        self._rows.append(_utf8_strings(_flatten_for_parquet(row)))
         if len(self._rows) >= 512:
             self.flush()
 
@@ -130,7 +130,19 @@ class _Writer:
 
 
 def _json_text(v: Any) -> str | None:
-    return None if v is None else json.dumps(v, ensure_ascii=False)
+    return None if v is None else json_text(v)
+
+
+def _utf8_strings(v: Any) -> Any:
+    """``v`` with each string made UTF-8 (a lone surrogate replaced by U+FFFD): a Parquet string
+    is UTF-8 only (JSON-valued columns keep theirs as escapes, by :func:`_json_text`)."""
+    if isinstance(v, str):
+        return display_text(v)
+    if isinstance(v, dict):
+        return {k: _utf8_strings(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_utf8_strings(x) for x in v]
+    return v
 
 
 def _flatten_step(st: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from rollout.viewer.report import build_report, plotly_js
 from rollout.viewer.stats import HiddenFields, compare_cases, records_of, row_key, summary
 from rollout.viewer.trajectory_view import divergence, start_request_view, step_views
 from store.queries import SORTS, SessionFilter, ViewerQueries
+from store.text import display_text
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -104,7 +105,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     summaries: dict[str, tuple[tuple[Any, ...], dict[tuple[str, str], SummaryRow]]] = {}
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
-        return HTMLResponse(env.get_template(name).render(title=title, **ctx), status_code=status)
+        return HTMLResponse(display_text(env.get_template(name).render(title=title, **ctx)), status_code=status)
 
     async def need_job(job_id: str) -> dict[str, Any]:
         job = await queries.job(job_id)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.assembly import read_answer
+from store.text import json_text
 
 PREVIEW_CHARS = 160
 
@@ -67,9 +68,9 @@ def pretty(value: Any) -> str:
         except ValueError:
             return value
         if isinstance(parsed, dict | list):
-            return json.dumps(parsed, indent=2, ensure_ascii=False)
+            return json_text(parsed, indent=2)
         return value
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return json_text(value, indent=2, default=str)
 
 
 def _content_text(content: Any) -> str:

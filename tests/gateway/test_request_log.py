@@ -68,3 +68,19 @@ async def test_gateway_logs_each_call(tmp_path: Path) -> None:
     assert second["session_id"] is None  # passthrough calls are logged too
     text = path.read_text()
     assert ROUTE_KEY not in text and CLIENT_KEY not in text
+
+
+def test_a_lone_surrogate_is_logged_as_its_escape(tmp_path: Path) -> None:
+    path = tmp_path / "req.jsonl"
+    log = RequestLog(RequestLogSettings(enabled=True, path=str(path)))
+    log.start()
+    try:
+        log.write(session_id="s1", route="r", endpoint="chat.completions", http_status=200, step_status="ok",
+                  latency_ms=1.0, request={"messages": [{"role": "user", "content": "a\ud800"}]},
+                  response={"choices": [{"message": {"content": "b\udfff"}}]})
+    finally:
+        log.stop()
+    (line,) = _lines(path)
+    assert line["request"]["messages"][0]["content"] == "a\ud800"
+    assert line["response"]["choices"][0]["message"]["content"] == "b\udfff"
+    assert "\\ud800" in path.read_text(encoding="utf-8")

@@ -167,3 +167,66 @@ async def test_a_stream_retold_from_a_non_streamed_answer(start_gateway: StartGa
     [step] = await gw.steps("s1")
     assert step.meta_json["stream_synthesized"] is True and step.meta_json["non_finite_numbers"] == 2
     assert step.response["choices"][0]["logprobs"]["content"][0]["logprob"] is None
+
+
+LONE = "bad \ud800 answer"
+"""A lone UTF-16 surrogate: the JSON escape ``"\\ud800"`` decodes to it; no UTF-8 text carries it."""
+ASKED = b'{"model":"m","messages":[{"role":"user","content":"say \\ud800 \\u0000"}]}'
+"""A request body holding a lone surrogate's escape and NUL's."""
+
+
+async def test_a_lone_surrogate_with_non_finite_numbers_is_kept_as_its_escape(start_gateway: StartGateway,
+                                                                               upstream: FakeUpstream) -> None:
+    """The strict-JSON rewrite of a body or an event that also holds a lone surrogate: the client
+    gets the surrogate as its escape (the text stays UTF-8), the step records it exactly."""
+    gw = await start_gateway()
+    answer = chat_completion(LONE)
+    answer["choices"][0]["logprobs"] = _logprobs()
+    lp = {"content": [{"token": "x", "logprob": -INF, "bytes": None, "top_logprobs": []}]}
+    chunks = [chat_chunk(LONE, role="assistant", logprobs=lp), chat_chunk(finish_reason="stop"), DONE]
+    upstream.script("/v1/chat/completions", [Reply.json(answer), Reply.sse(chunks)])
+    headers = {"content-type": "application/json"}
+    r = await gw.http().post("/v1/sessions/s1/chat/completions", content=ASKED, headers=headers)
+    assert r.status_code == 200 and b"bad \\ud800 answer" in r.content
+    assert strict_loads(r.content)["choices"][0]["message"]["content"] == LONE
+    async with gw.http().stream("POST", "/v1/sessions/s1/chat/completions", headers=headers,
+                                content=ASKED[:-1] + b',"stream":true}') as s:
+        raw = await s.aread()
+    assert s.status_code == 200 and b"bad \\ud800 answer" in raw
+    assert [strict_loads(p)["choices"][0]["delta"].get("content") for p in sse_payloads(raw) if p != "[DONE]"] \
+        == [LONE, None]
+    first, second = await gw.steps("s1")
+    for step in (first, second):
+        assert step.status == "ok" and step.messages == [{"role": "user", "content": "say \ud800 \x00"}]
+        assert step.response["choices"][0]["message"]["content"] == LONE
+    # what the upstream got: the request's own bytes
+    assert [q.body for q in upstream.requests][0] == ASKED
+
+
+async def test_a_stream_retold_from_an_answer_holding_a_lone_surrogate(start_gateway: StartGateway,
+                                                                       upstream: FakeUpstream) -> None:
+    gw = await start_gateway(routes={"m": {"supports_stream": False}})
+    upstream.script("/v1/chat/completions", [Reply.json(chat_completion(LONE))])
+    async with gw.http().stream("POST", "/v1/sessions/s1/chat/completions",
+                                json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+        raw = await r.aread()
+    assert r.status_code == 200 and b"bad \\ud800 answer" in raw
+    sent = [strict_loads(p) for p in sse_payloads(raw) if p != "[DONE]"]
+    assert any(c["choices"] and c["choices"][0].get("delta", {}).get("content") == LONE for c in sent)
+    [step] = await gw.steps("s1")
+    assert step.meta_json is not None and step.meta_json["stream_synthesized"] is True
+    assert step.response["choices"][0]["message"]["content"] == LONE
+
+
+async def test_an_error_that_echoes_a_lone_surrogate_is_an_error_not_a_500(start_gateway: StartGateway,
+                                                                          upstream: FakeUpstream) -> None:
+    """The gateway's own error bodies quote what they refuse (here an unknown model name): the
+    quote is a lone surrogate's escape, the answer the error in the endpoint's shape."""
+    gw = await start_gateway()
+    chat = b'{"model":"\\ud800","messages":[{"role":"user","content":"x"}]}'
+    for path, body in (("/v1/sessions/s1/chat/completions", chat),
+                       ("/v1/sessions/s1/responses", b'{"model":"\\ud800","input":"x"}')):
+        r = await gw.http().post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 404, r.text
+        assert b"`\\ud800`" in r.content and "`\ud800`" in strict_loads(r.content)["error"]["message"]
+    assert upstream.requests == []

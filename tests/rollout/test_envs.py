@@ -151,3 +151,24 @@ def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
         envs("b", "zz")  # perhaps the broken one is the env asked for: its error, not a silent skip
     with pytest.raises(SetupError, match=f"{tmp_path / 'c' / 'env.yaml'}"):
         envs()  # every env asked for
+
+
+def test_case_ids_no_utf8_carries_are_escaped_as_stored(tmp_path: Path) -> None:
+    """A lone surrogate or NUL in a JSONL id, and a task folder whose name is not UTF-8: the case
+    id is escaped as its text column stores it (so ``--resume`` finds it again); the row keeps
+    the value exactly; two ids equal once escaped are duplicates."""
+    cfg_text = BASE.replace("hidden_fields", "id_field: id, hidden_fields")
+    d = _write_env(tmp_path, "e", cfg_text, [{"id": "a\ud800"}, {"id": "b\x00"}])
+    a, b = load_cases(load_env_config(d / "env.yaml"))
+    assert (a.case_id, b.case_id) == ("a\\ud800", "b\\u0000")
+    assert (a.row["id"], b.row["id"]) == ("a\ud800", "b\x00")
+    d2 = _write_env(tmp_path, "dup", cfg_text, [{"id": "a\ud800"}, {"id": "a\\ud800"}])
+    with pytest.raises(EnvConfigError, match="duplicate case id"):
+        load_cases(load_env_config(d2 / "env.yaml"))
+    t = _write_env(tmp_path, "ws", "dataset: {format: task_dirs, path: tasks}\nruntime: {command: [x]}\n")
+    task = t / "tasks" / (b"t\xff".decode("utf-8", "surrogateescape"))
+    task.mkdir(parents=True)
+    (task / "instruction.md").write_text("do it")
+    (task / "expected.json").write_text("{}")
+    (c,) = load_cases(load_env_config(t / "env.yaml"))
+    assert c.case_id == "t\\udcff" and c.row["id"] == "t\udcff"

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from rollout.protocol import SimulationStartRequest
+from rollout.protocol import SimulationStartRequest, model_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,11 +55,11 @@ PLUGIN = """
 
 
 def _request(params: dict[str, Any], dataset: dict[str, Any] | None = None) -> str:
-    return SimulationStartRequest(
+    return model_json(SimulationStartRequest(
         job_id="j", session_id="s1", agent_name="toy", agent_id="toy-0", group_id="g",
         gateway_base_url="http://127.0.0.1:41800/v1/sessions/s1", model="route-a", max_steps=6,
         env_params={**params, "dataset": {"id": "t1", "instruction": "Do the thing."} if dataset is None else dataset},
-    ).model_dump_json()
+    ))
 
 
 def _run(tmp_path: Path, params: dict[str, Any], dataset: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
@@ -89,6 +89,16 @@ def test_the_wrapper_runs_the_cli_and_reports_its_answer(tmp_path: Path) -> None
     assert not Path(home).is_relative_to(tmp_path / "ws") and not Path(home).exists()  # private, removed after
     assert "tiny cli says hello" in p.stderr and "tiny cli warns" in p.stderr
     assert "tiny 1: " in p.stderr and "tiny exited with 0; answer: present" in p.stderr
+
+
+def test_a_lone_surrogate_in_the_case_and_the_answer_is_kept_as_its_escape(tmp_path: Path) -> None:
+    """The start request and the result line carry a lone surrogate as its JSON escape (pydantic's
+    own JSON neither writes nor reads one): the instruction reaches the CLI, its answer comes back."""
+    p = _run(tmp_path, {"mode": "answer", "exit": 0}, {"id": "t1", "instruction": "Do \ud800 it."})
+    assert p.returncode == 0, p.stderr
+    assert "\\ud800" in p.stdout
+    result = json.loads(p.stdout)
+    assert result["status"] == "succeeded" and result["metrics"]["answer"]["instruction"] == "Do \ud800 it."
 
 
 def test_no_answer_and_the_unavailable_exit_code_is_an_infrastructure_failure(tmp_path: Path) -> None:

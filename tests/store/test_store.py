@@ -18,6 +18,7 @@ import pytest
 
 from store import GatewaySession, JobEnvironment, SessionStep, Store, json_dumps, parse_db_url
 from store.engine import DbUrlError, sqlite_path
+from store.text import column_text, display_text, json_text
 
 
 def _step(sid: str, seq: int, model: str = "m") -> SessionStep:
@@ -255,5 +256,47 @@ async def test_an_unreachable_postgresql_is_unavailable_and_a_refused_row_is_not
             await store.write_batch([SessionStep(record_id=step.record_id, session_id="s", seq=2, step_id=2,
                                                  llm_model="m", endpoint="e")], [])
         assert not is_unavailable(ei.value), repr(ei.value)
+    finally:
+        await store.close()
+
+
+def test_text_rules_for_what_no_utf8_carries() -> None:
+    """Lone surrogates and NUL: a text column's escape, JSON's escapes, U+FFFD for display."""
+    assert column_text("a\ud800b\x00c\udfff") == "a\\ud800b\\u0000c\\udfff"
+    assert column_text("é ok") == "é ok" and column_text(column_text("a\ud800")) == "a\\ud800"
+    assert json_text({"x": "é\ud800"}) == '{"x": "\\u00e9\\ud800"}' and json_text({"x": "é"}) == '{"x": "é"}'
+    assert json.loads(json_text(["\ud800\x00"])) == ["\ud800\x00"]
+    assert display_text("a\ud800\udfffé") == "a\ufffd\ufffdé"
+    assert json.loads(json_dumps({"x": "\udbff"})) == {"x": "\udbff"}
+
+
+async def test_text_no_utf8_carries_is_stored_on_both_backends(store_url: str) -> None:
+    """A lone surrogate or NUL in any text column (SQLite's driver cannot encode a surrogate,
+    PostgreSQL refuses both) is stored as its escape, in every write path (ORM insert, UPDATE,
+    the gateway's batch writer); in a JSON column it is kept exactly (as JSON escapes)."""
+    lone = "x\ud800y\x00z"
+    store = Store(store_url)
+    await store.init()
+    try:
+        await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id=lone,
+                                                     llm_model="m", group_id="g", env_params={"q": lone})])
+        step = _step("s1", 1)
+        step.finish_reason = "stop\udfff"
+        step.messages = [{"role": "user", "content": lone}]
+        step.response = {"choices": [{"message": {"content": lone}}]}
+        await store.write_batch([step], [GatewaySession(session_id="s1", total_steps=1, close_reason=lone)])
+        await store.update_job_session("s1", error_text=lone, result={"metrics": {"text": lone}})
+        await store.finish_job_session("s1", reward=1.0, eval_meta={"status": "scored", "artifacts": {"a": lone}},
+                                       eval_reason=lone, status="succeeded")
+        (row,) = await store.job_sessions("j")
+        escaped = "x\\ud800y\\u0000z"
+        assert (row.case_id, row.error_text, row.eval_reason) == (escaped, escaped, escaped)
+        assert row.env_params == {"q": lone} and row.result == {"metrics": {"text": lone}}
+        (st,) = await store.trajectory("s1")
+        assert st.finish_reason == "stop\\udfff" and st.messages == [{"role": "user", "content": lone}]
+        assert st.response == {"choices": [{"message": {"content": lone}}]}
+        assert st.meta_json is not None and st.meta_json["evaluation"]["artifacts"] == {"a": lone}
+        gs = await store.load_gateway_session("s1")
+        assert gs is not None and gs.close_reason == escaped
     finally:
         await store.close()
