@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollout.grading.grader import Grader
-from rollout.grading.sandbox import GraderLimits
+from rollout.grading.sandbox import CHILD, GraderLimits
 from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 from tests.rollout.sandbox_helpers import require_bwrap
 
@@ -38,7 +38,7 @@ def env_root(tmp_path: Path, code: str, name: str = "t") -> Path:
 
 
 def grader_children() -> list[int]:
-    """Pids of this test process's descendants still running (the grader's bwrap and child)."""
+    """Pids of this test process's descendants still running that are a grader's bwrap or child."""
     parent: dict[int, int] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -54,7 +54,15 @@ def grader_children() -> list[int]:
             if p == me:
                 found.append(pid)
                 break
-    return found
+    return [pid for pid in found if _is_grader(pid)]
+
+
+def _is_grader(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return str(CHILD).encode() in cmdline or b"bwrap" in cmdline
 
 
 async def test_links_fifos_and_huge_files_in_the_workspace_are_never_followed(tmp_path: Path) -> None:
