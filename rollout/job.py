@@ -160,6 +160,10 @@ class JobResult(BaseModel):
         return read_jsonl(self.out)
 
 
+TASK_FORMATS = ("task_dirs", "harbor")
+"""Dataset formats whose cases a harness can run (an instruction per case)."""
+
+
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     """The env configs and their cases, filtered by ``env_names`` and ``limit``. Raises SetupError
     for bad configs, unknown env names, two envs with the same name and a runtime command naming
@@ -196,10 +200,10 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
 
 
 def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConfig, list[Case]]]:
-    """The envs a harness can run: task-directory envs (``dataset.format: task_dirs``). The others
-    are left out with a warning line; SetupError when none is left."""
-    kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format == "task_dirs"]
-    skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format != "task_dirs")
+    """The envs a harness can run: task-directory envs (``dataset.format: task_dirs`` or
+    ``harbor``). The others are left out with a warning line; SetupError when none is left."""
+    kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format in TASK_FORMATS]
+    skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format not in TASK_FORMATS)
     if skipped:
         print(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
               f"{', '.join(skipped)}", file=sys.stderr)

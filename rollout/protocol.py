@@ -80,7 +80,9 @@ class EvalSpec(BaseModel):
 class EvalRequest(BaseModel):
     """What the evaluator knows about the session: ids, the env params (``env_params["dataset"]``
     is the full case row, expected answer included) and the runtime's ``start_result`` (None when
-    the runtime produced no valid result)."""
+    the runtime produced no valid result). ``verifier``: what the task's tests said (a Harbor task:
+    ``status``, ``reward``, ``reward_json``, ``exit_code``, ``stdout_tail``, ``stderr_tail``,
+    ``reason``; docs/verifiers.md), None when the case has none."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -94,6 +96,7 @@ class EvalRequest(BaseModel):
     env_params: dict[str, Any]
     start_result: SimulationStartResult | None = None
     workspace: str | None = None
+    verifier: dict[str, Any] | None = None
 
 
 class TrajectoryStep(BaseModel):
