@@ -483,8 +483,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.resume:
             installed = await install_harnesses({n: h for n, h in loaded.items() if n in plan.harnesses})
         if opts.enable_evaluation:
-            for cfg in configs:
-                if discover_evaluator(opts.agent_root, cfg.name) is None and \
+            for cfg in configs:  # a Harbor env is graded by each task's tests
+                if cfg.dataset.format != "harbor" and discover_evaluator(opts.agent_root, cfg.name) is None and \
                         discover_evaluator(cfg.env_dir.parent, cfg.name) is None:
                     print(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded",
                           file=sys.stderr)
