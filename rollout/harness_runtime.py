@@ -20,7 +20,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollout.harness import HARNESS_FILE, SOLUTION_ENV, Harness, HarnessContext, HarnessLaunch, load_harness_file
+from rollout.harness import (
+    HARNESS_FILE,
+    SOLUTION_ENV,
+    Harness,
+    HarnessContext,
+    HarnessLaunch,
+    load_harness_file,
+)
 from rollout.protocol import SimulationStartRequest, SimulationStartResult
 
 _MISSING = object()

@@ -33,6 +33,7 @@ from rollout.cgroups import SessionCgroup
 from rollout.envs import Case, EnvConfig, LimitsConfig
 from rollout.evaluation import EvalOutcome
 from rollout.grading.workspace_copy import CopyCaps, copy_workspace
+from rollout.harbor import DEFAULT_VERIFIER_TIMEOUT_S
 from rollout.protocol import SimulationStartRequest
 from rollout.runner import disk_used, sandbox_support
 from rollout.runtime_local import run_local
@@ -297,8 +298,8 @@ async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str
     tests), with the env's session limits and the task's verifier timeout."""
     if case.tests_dir is None:
         return None
-    timeout = case.row.get("verifier_timeout_s")
-    timeout_s = float(timeout) if _number(timeout) is not None and float(timeout) > 0 else 600.0
+    timeout = _number(case.row.get("verifier_timeout_s"))
+    timeout_s = timeout if timeout is not None and timeout > 0 else DEFAULT_VERIFIER_TIMEOUT_S
     return await run_verifier(workspace, Path(case.tests_dir), timeout_s=timeout_s, limits=cfg.runtime.limits,
                               label=label)
 
