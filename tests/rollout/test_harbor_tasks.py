@@ -187,6 +187,7 @@ async def test_oracle_scores_10_no_op_and_cheating_agents_0(tmp_path: Path) -> N
     log = (tmp_path / "runs" / "logs" / "hb" / "harness" / f"{got[('cheat', 'fix_median')]['session_id']}-a1.log")
     text = log.read_text()
     assert "ls: cannot access '/tests'" in text and "ls: cannot access '/solution'" in text
+    assert "/env/harbor_tasks/tasks/fix_median/solution': No such file" in text
     assert "test_stats" not in text and "solve.sh" not in text
     assert "oracle" in stdout and "harbor_tasks" in stdout
 
