@@ -562,7 +562,8 @@ class Scheduler:
                       "attempt": work.attempt},
         )
         command, harness_log = self._harness_command(row, work.attempt, case)
-        outcome = await self._execute(session_config(cfg, case), request, workspace, self._runtime_env(cfg, command is None), self.s.sandbox,
+        outcome = await self._execute(session_config(cfg, case), request, workspace,  # a task's own agent timeout
+                                      self._runtime_env(cfg, command is None), self.s.sandbox,
                                       command=command, stderr_log=harness_log)
         close_info = await self._close(sid, outcome.status)
         status = status_after_close(outcome.status, close_info)
@@ -692,7 +693,7 @@ class Scheduler:
         path = discover_evaluator(self.s.agent_root, cfg.name)
         if path is None:
             path = discover_evaluator(cfg.env_dir.parent, cfg.name)
-        if verdict is not None and (path is None or verdict.status != "rewarded" and verdict.status != "no_reward"):
+        if verdict is not None and (path is None or verdict.status not in ("rewarded", "no_reward")):
             return verifier_outcome(verdict)  # the tests' reward is the score; a timeout a grading failure
         if path is None:
             return None
