@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from rollout.cgroups import SessionCgroup
 from rollout.envs import Case, EnvConfig, LimitsConfig
 from rollout.evaluation import EvalOutcome
-from rollout.grading.workspace_copy import CopyCaps, copy_workspace
+from rollout.grading.workspace_copy import CopyCaps, WorkspaceCopy, copy_workspace
 from rollout.harbor import DEFAULT_VERIFIER_TIMEOUT_S
 from rollout.protocol import SimulationStartRequest
 from rollout.runner import disk_used, sandbox_support
@@ -178,6 +178,20 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
     return None, parsed, f"{REWARD_JSON} has no 'reward' and not exactly one number"
 
 
+def _copy(workspace: Path, dest: Path, caps: CopyCaps) -> WorkspaceCopy:
+    """The workspace copied; a workspace root the agent made unreadable gives an empty copy (its
+    own doing: graded on nothing, never an infrastructure failure). Raises OSError when ``dest``
+    cannot be made."""
+    try:
+        return copy_workspace(workspace, dest, caps)
+    except OSError as e:
+        if not dest.is_dir():
+            raise
+        out = WorkspaceCopy()
+        out.skip(".", f"the workspace cannot be read: {e.strerror}", incomplete=True)
+        return out
+
+
 def _remove(folder: Path) -> None:
     """Remove ``folder`` whatever the verifier did to its modes (a folder made unreadable)."""
     def fix(_fn: Any, path: str, _exc: Any) -> None:
@@ -240,7 +254,7 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             scratch = Path(tempfile.mkdtemp(prefix="rollout-verify-"))
             copy_dest, logs = scratch / "workspace", scratch / "logs"
             logs.mkdir()
-            copied = await asyncio.to_thread(copy_workspace, workspace, copy_dest,
+            copied = await asyncio.to_thread(_copy, workspace, copy_dest,
                                              caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB))
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)

@@ -287,3 +287,11 @@ async def test_an_unreadable_folder_left_by_the_verifier_is_removed(tmp_path: Pa
     assert out.status == "rewarded", out
     # scratch_root's teardown asserts nothing is left
     assert not any(stat.S_ISDIR(p.stat().st_mode) for p in scratch_root.iterdir())
+
+
+async def test_a_workspace_that_cannot_be_read_is_graded_on_nothing(tmp_path: Path, scratch_root: Path) -> None:
+    tests = task(tmp_path, "#!/bin/bash\nls -A /workspace | wc -l\necho 0 > /logs/verifier/reward.txt\n")
+    out = await verify(tmp_path / "missing", tests)  # (as root, a mode-000 folder would still be readable)
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert out.workspace_copy["complete"] is False and out.workspace_copy["skipped"][0].startswith(
+        ".: the workspace cannot be read")
