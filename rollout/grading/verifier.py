@@ -64,7 +64,8 @@ VerifierStatus = Literal["rewarded", "no_reward", "timeout", "setup_failed"]
 
 class VerifierResult(BaseModel):
     """What a verifier run gave. ``status``: ``rewarded`` (a reward was read), ``no_reward`` (the
-    script ended without a valid reward file, or went over a limit: ``limit_exceeded``),
+    script ended without a valid reward file, was killed by a signal (exit code 128 + N: what it
+    left is not trusted), or went over a limit: ``limit_exceeded``),
     ``timeout`` (killed at its timeout), ``setup_failed`` (the sandbox or the copy could not be
     made: an infrastructure failure). ``reward``: the number read; ``reward_json``: the parsed
     ``reward.json`` if any; ``exit_code`` of the script; the last 4000 characters of its stdout
@@ -293,6 +294,9 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
         if out.limit_exceeded:
             return base.model_copy(update={"limit_exceeded": out.limit_exceeded, "reason": out.error_text,
                                            "duration_s": time.monotonic() - t0})
+        if out.returncode is None or out.returncode < 0 or out.returncode >= 128:
+            why = f"the test script was killed (exit code {out.returncode}): its reward files are not trusted"
+            return base.model_copy(update={"reason": why, "duration_s": time.monotonic() - t0})
         reward, parsed, how = await asyncio.to_thread(read_reward, logs)
         return base.model_copy(update={"status": "rewarded" if reward is not None else "no_reward",
                                        "reward": reward, "reward_json": parsed,

@@ -6,6 +6,7 @@ attack is present in the copy the verifier sees, and the verdict stays the hones
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -295,3 +296,50 @@ async def test_a_workspace_that_cannot_be_read_is_graded_on_nothing(tmp_path: Pa
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     assert out.workspace_copy["complete"] is False and out.workspace_copy["skipped"][0].startswith(
         ".: the workspace cannot be read")
+
+
+async def test_a_script_killed_by_a_signal_gives_no_reward(tmp_path: Path, scratch_root: Path) -> None:
+    tests = task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nkill -9 $$\n")
+    out = await verify(workspace(tmp_path), tests)
+    assert (out.status, out.reward, out.exit_code) == ("no_reward", None, 137), out
+    assert "killed" in (out.reason or "")
+
+
+FIX_MEDIAN = Path(__file__).resolve().parents[2] / "env" / "harbor_tasks" / "tasks" / "fix_median"
+CLAIM = "open('/logs/verifier/reward.txt', 'w').write('1')\n"
+HOSTILE = {
+    "exit_0_on_import": "import os\nos._exit(0)\n",
+    "claims_then_wrong": CLAIM + "def median(values):\n    return values[0]\n",
+    "kills_its_checker": CLAIM + "import os\nos.kill(os.getppid(), 9)\n",
+    "kills_everything": CLAIM + "import os\nos.kill(-1, 9)\n",
+    "leaves_a_rewriter": CLAIM + (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        for _ in range(1200):\n"
+        "            open('/logs/verifier/reward.txt', 'w').write('1')\n"
+        "            time.sleep(0.05)\n"
+        "    os._exit(0)\n"
+        "def median(values):\n    return sorted(values)[len(values) // 2]\n"),
+    "hangs": "import time\ntime.sleep(3600)\n",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(HOSTILE))
+async def test_the_bundled_bug_fix_checker_holds_against_hostile_code(tmp_path: Path, scratch_root: Path,
+                                                                     attack: str) -> None:
+    ws = workspace(tmp_path, HOSTILE[attack])
+    (ws / "stats.py").write_text(HOSTILE[attack])
+    out = await verify(ws, FIX_MEDIAN / "tests")
+    assert out.reward in (0.0, None) and out.status in ("rewarded", "no_reward"), out
+
+
+async def test_the_bundled_bug_fix_scores_its_reference_solution(tmp_path: Path, scratch_root: Path) -> None:
+    ws = tmp_path / "ws"
+    shutil.copytree(FIX_MEDIAN / "environment", ws)
+    before = await verify(ws, FIX_MEDIAN / "tests")
+    subprocess.run(["bash", str(FIX_MEDIAN / "solution" / "solve.sh")], cwd=ws, check=True)
+    after = await verify(ws, FIX_MEDIAN / "tests")
+    assert (before.status, before.reward) == ("rewarded", 0.0), before
+    assert (after.status, after.reward) == ("rewarded", 1.0), after

@@ -1,8 +1,4 @@
 #!/bin/bash
-# The task's unit tests on the agent's /workspace/stats.py (stdlib unittest, isolated mode: nothing
-# of the workspace configures the interpreter); reward 1 when they all pass, else 0.
-if python3 -I -m unittest discover -s /tests -p 'test_*.py' -v; then
-  echo 1 > /logs/verifier/reward.txt
-else
-  echo 0 > /logs/verifier/reward.txt
-fi
+# The checker writes the reward itself (docs/verifiers.md): it runs the agent's stats.py only in
+# child processes, then stops whatever they left running, then writes reward.txt last.
+exec python3 -I /tests/check.py
