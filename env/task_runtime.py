@@ -4,7 +4,10 @@ The runtime's cwd is the session's workspace (the task's ``files/`` copied in). 
 case's ``instruction`` and reports ``succeeded`` when ``outputs/answer.json`` parses as JSON,
 else ``failed``. Params (``env_params``): ``protocol`` (tools | text | auto, default tools),
 ``bash_timeout_s`` (20), ``output_limit_chars`` (8000), ``max_tokens`` (512), ``turn_cap`` (model
-calls allowed when ``max_steps`` is -1, 50), ``temperature`` (used when the job sets none).
+calls allowed when ``max_steps`` is -1, 50), ``temperature`` (used when the job sets none),
+``answer_file`` (false: the task has no answer file, its own tests grade the workspace (a Harbor
+task): the session succeeded when the agent loop ended without an error, truncated when it used its
+budget).
 Run as ``python -m env.task_runtime``.
 """
 
@@ -47,18 +50,20 @@ def main(req: SimulationStartRequest) -> SimulationStartResult:
     temperature = req.temperature if req.temperature is not None else None if default_t is None else float(default_t)
     outcome = run_agent(openai_client(req), model=req.model, instruction=str(req.env_params["dataset"]["instruction"]),
                         cwd=str(workspace), params=params, max_steps=req.max_steps, temperature=temperature)
-    answer_error = check_answer(workspace)
+    expects_answer = req.env_params.get("answer_file", True) is not False
+    answer_error = check_answer(workspace) if expects_answer else None
+    failed = answer_error is not None or (not expects_answer and outcome.error is not None)
     logger.info("session %s: %s after %d steps, answer: %s", req.session_id, outcome.stop_reason,
                 outcome.steps, answer_error or "present")
     errors = [e for e in (outcome.error, answer_error) if e]
     return SimulationStartResult(
         session_id=req.session_id,
-        status="succeeded" if answer_error is None else "failed",
+        status="failed" if failed else "truncated" if not expects_answer and outcome.truncated else "succeeded",
         step_count=outcome.steps,
         terminated=outcome.finished,
         truncated=outcome.truncated,
         error_text="; ".join(errors) or None,
-        error_class=outcome.error_class if answer_error is not None else None,
+        error_class=outcome.error_class if failed else None,
         metrics={
             "steps": outcome.steps,
             "tool_calls": outcome.tool_calls,

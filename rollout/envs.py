@@ -2,22 +2,26 @@
 
 An env config is strict (unknown keys are errors). Paths are relative to the config file's folder.
 Datasets are JSONL files (one case per line; the case id is ``id_field`` of the row, else the line
-index) or task directories (``tasks/<id>/instruction.md``, ``expected.json``, optional ``files/``).
+index), task directories (``tasks/<id>/instruction.md``, ``expected.json``, optional ``files/``)
+or Harbor task directories (``rollout.harbor``, docs/verifiers.md).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollout import harbor
 from store.text import column_text
 
 CONFIG_NAME = "env.yaml"
+log = logging.getLogger(__name__)
 MAX_GROUP_SIZE = 10_000
 """Samples per case at most (an env's ``group_size``, ``--rl-group-size``, a batch's ``samples``)."""
 
@@ -32,12 +36,20 @@ class _Strict(BaseModel):
 
 class DatasetConfig(_Strict):
     """Where the cases come from. ``hidden_fields`` are removed from the case row that the runtime
-    sees (``env_params["dataset"]``); the evaluator sees the full row."""
+    sees (``env_params["dataset"]``); the evaluator sees the full row. ``host_toolchain`` (Harbor
+    format only): run the tasks whose environment names a container image on the host's tools."""
 
-    format: Literal["jsonl", "task_dirs"] = "jsonl"
+    format: Literal["jsonl", "task_dirs", "harbor"] = "jsonl"
     path: str
     id_field: str | None = None
     hidden_fields: list[str] = Field(default_factory=list)
+    host_toolchain: bool = False
+
+    @model_validator(mode="after")
+    def _toolchain_for_harbor(self) -> DatasetConfig:
+        if self.host_toolchain and self.format != "harbor":
+            raise ValueError("dataset.host_toolchain applies to format: harbor only")
+        return self
 
 
 class LimitsConfig(_Strict):
@@ -163,13 +175,17 @@ class EnvConfig(_Strict):
 
 class Case(BaseModel):
     """One dataset row of an env. ``row`` is the full row (what the evaluator sees);
-    ``public_row()`` what the runtime sees. ``files_dir`` is copied into the workspace."""
+    ``public_row()`` what the runtime sees. ``files_dir`` is copied into the workspace.
+    ``tests_dir`` (a Harbor task's ``tests/``): the verifier run after the agent ends (never
+    shown to the agent); ``solution_dir``: its reference solution (the oracle harness's only)."""
 
     env_name: str
     case_id: str
     row: dict[str, Any]
     hidden_fields: list[str] = Field(default_factory=list)
     files_dir: str | None = None
+    tests_dir: str | None = None
+    solution_dir: str | None = None
 
     def public_row(self) -> dict[str, Any]:
         """The row without its hidden fields."""
@@ -180,6 +196,11 @@ def case_of(cfg: EnvConfig, case_id: str, row: dict[str, Any]) -> Case:
     """The case of ``cfg`` with id ``case_id`` and full dataset row ``row`` (as the dataset gives
     it, or as a session row keeps it in ``env_params["dataset"]``): the hidden fields of the env's
     format, and for task folders the ``files_dir`` the row names."""
+    if cfg.dataset.format == "harbor":
+        paths = {k: row.get(k) if isinstance(row.get(k), str) else None
+                 for k in ("files_dir", "tests_dir", "solution_dir")}
+        return Case(env_name=cfg.name, case_id=case_id, row=row,
+                    hidden_fields=sorted({*cfg.dataset.hidden_fields, *harbor.HIDDEN_FIELDS}), **paths)
     if cfg.dataset.format == "task_dirs":
         files = row.get("files_dir")
         return Case(env_name=cfg.name, case_id=case_id, row=row,
@@ -241,7 +262,10 @@ def load_cases(cfg: EnvConfig, limit: int | None = None) -> list[Case]:
     non-empty string or an integer, duplicate case ids, or no case at all."""
     path = cfg.dataset_path()
     n = limit or cfg.limit
-    cases = _task_dirs(cfg, path) if cfg.dataset.format == "task_dirs" else _jsonl(cfg, path, n)
+    if cfg.dataset.format == "harbor":
+        cases = _harbor(cfg, path)
+    else:
+        cases = _task_dirs(cfg, path) if cfg.dataset.format == "task_dirs" else _jsonl(cfg, path, n)
     if not cases:
         raise EnvConfigError(f"env {cfg.name}: its dataset {path} has no case")
     if n is not None:
@@ -302,3 +326,25 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
                "files_dir": str(files) if files.is_dir() else None}
         cases.append(case_of(cfg, column_text(d.name), row))  # a name that is not UTF-8: its escapes
     return cases
+
+
+def _harbor(cfg: EnvConfig, root: Path) -> list[Case]:
+    try:
+        found = harbor.scan(root, cfg.dataset.host_toolchain)
+    except harbor.HarborTaskError as e:
+        raise EnvConfigError(f"env {cfg.name}: {e}") from None
+    for task_id, why in found.skipped:
+        log.warning("env %s: Harbor task %s skipped: %s", cfg.name, task_id, why)
+    if not found.rows and found.skipped:
+        raise EnvConfigError(f"env {cfg.name}: every Harbor task in {root} is skipped: "
+                             + "; ".join(f"{t}: {why}" for t, why in found.skipped))
+    return [case_of(cfg, row["id"], row) for row in found.rows]
+
+
+def session_config(cfg: EnvConfig, case: Case) -> EnvConfig:
+    """``cfg`` as one session of ``case`` runs it: a Harbor task's own agent timeout
+    (``agent_timeout_s`` of its row) replaces the env's ``runtime.timeout_s``."""
+    timeout = case.row.get("agent_timeout_s") if cfg.dataset.format == "harbor" else None
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        return cfg
+    return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"timeout_s": float(timeout)})})

@@ -32,6 +32,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 HARNESS_ROOT = PROJECT_ROOT / "harnesses"
 """Where bundled harnesses live: ``harnesses/<name>/harness.py``."""
 CACHE_ENV = "ROLLOUT_HARNESS_CACHE"
+SOLUTION_ENV = "ROLLOUT_SOLUTION_DIR"
+"""The variable that names a task's reference solution folder to a harness that uses it."""
 STAMP = ".rollout-installed"
 """The file ``ensure_installed`` writes into a cache folder once ``install`` succeeded."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -49,8 +51,9 @@ class HarnessContext(BaseModel):
     uses the same, its SDK appends ``/v1/messages``), ``api_key`` (the gateway's key or a
     placeholder), ``workspace`` (the CLI's cwd), ``home`` (a private writable HOME, not in the
     workspace), ``install_dir`` (the cache folder, read-only), ``max_steps`` (the session's model
-    calls, -1 unlimited), ``temperature`` (None: the route's default) and ``params`` (the env's
-    params)."""
+    calls, -1 unlimited), ``temperature`` (None: the route's default), ``params`` (the env's
+    params) and ``solution_dir`` (a Harbor task's ``solution/``, bound read-only: only for a
+    harness whose ``uses_solution`` is true, else None)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -64,20 +67,23 @@ class HarnessContext(BaseModel):
     max_steps: int = -1
     temperature: float | None = None
     params: dict[str, Any] = Field(default_factory=dict)
+    solution_dir: str | None = None
 
 
 class HarnessLaunch(BaseModel):
     """How to start the CLI: ``argv`` (run in the workspace), ``env`` (added to the sandbox's
     environment, ``HOME`` already set to ``ctx.home``), ``files`` (absolute path under ``home``
     or the workspace -> text, written before the start, e.g. a config file) and ``answer_path``
-    (relative to the workspace: the JSON file read as the session's answer)."""
+    (relative to the workspace: the JSON file read as the session's answer; None: the task has
+    no answer file (a Harbor task, graded by its tests), the session succeeded when the CLI
+    exited 0)."""
 
     model_config = ConfigDict(extra="forbid")
 
     argv: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
-    answer_path: str = "outputs/answer.json"
+    answer_path: str | None = "outputs/answer.json"
 
 
 class Harness:
@@ -86,12 +92,15 @@ class Harness:
     implement ``launch``; ``install`` defaults to nothing to install.
     ``unavailable_exit_codes``: exit codes by which the CLI says the gateway or the model was
     unavailable (then, without an answer, the result claims ``upstream_unavailable``; the attempt is
-    retried only when the gateway's record shows the outage, docs/outcomes.md)."""
+    retried only when the gateway's record shows the outage, docs/outcomes.md).
+    ``uses_solution``: the harness runs the task's reference solution (the ``oracle``), which is
+    then bound read-only into its sandbox (never into any other harness's)."""
 
     name: str = ""
     protocol: Protocol = "chat_completions"
     version: str = "0"
     unavailable_exit_codes: frozenset[int] = frozenset()
+    uses_solution: bool = False
 
     def install(self, cache_dir: Path) -> None:
         """Install once per machine into ``cache_dir`` (empty, owned by us). Raise
@@ -242,13 +251,15 @@ def _make_readable(folder: Path) -> None:
 
 
 class InstalledHarness(BaseModel):
-    """A harness ready for sessions (host side): its name, folder and install folder."""
+    """A harness ready for sessions (host side): its name, folder and install folder, and whether
+    it uses the task's reference solution (``Harness.uses_solution``)."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
     folder: Path
     install_dir: Path
+    uses_solution: bool = False
 
     def argv(self) -> list[str]:
         """The runtime command of its sessions: the wrapper ``rollout.harness_runtime``."""
@@ -258,7 +269,8 @@ class InstalledHarness(BaseModel):
 def install(loaded: LoadedHarness, root: Path | None = None) -> InstalledHarness:
     """``ensure_installed`` for a found harness. Raises HarnessUnavailable."""
     return InstalledHarness(name=loaded.name, folder=loaded.folder,
-                            install_dir=ensure_installed(loaded.harness, root))
+                            install_dir=ensure_installed(loaded.harness, root),
+                            uses_solution=loaded.harness.uses_solution)
 
 
 def npm_install(cache_dir: Path, spec: str, version_argv: list[str]) -> None:

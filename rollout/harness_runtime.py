@@ -20,7 +20,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollout.harness import HARNESS_FILE, Harness, HarnessContext, HarnessLaunch, load_harness_file
+from rollout.harness import (
+    HARNESS_FILE,
+    SOLUTION_ENV,
+    Harness,
+    HarnessContext,
+    HarnessLaunch,
+    load_harness_file,
+)
 from rollout.protocol import SimulationStartRequest, SimulationStartResult, model_from_json, model_json
 
 _MISSING = object()
@@ -41,7 +48,8 @@ def context(req: SimulationStartRequest, workspace: Path, home: Path, install_di
         instruction=instruction, model=req.model, session_url=req.gateway_base_url,
         api_key=os.environ.get("OPENAI_API_KEY", "sk-rollout-local"), workspace=str(workspace), home=str(home),
         install_dir=str(install_dir), max_steps=req.max_steps, temperature=req.temperature,
-        params={k: v for k, v in req.env_params.items() if k != "dataset"})
+        params={k: v for k, v in req.env_params.items() if k != "dataset"},
+        solution_dir=os.environ.get(SOLUTION_ENV) or None)
 
 
 def write_files(launch: HarnessLaunch, workspace: Path, home: Path) -> None:
@@ -84,10 +92,14 @@ def run(req: SimulationStartRequest, harness: Harness, install_dir: Path, worksp
     finally:
         shutil.rmtree(home, ignore_errors=True)
     code = proc.returncode
-    answer, why = read_answer(workspace, launch.answer_path)
-    present = answer is not _MISSING
+    if launch.answer_path is None:  # no answer file: the task's tests grade the workspace
+        answer, why = None, None if code == 0 else f"{harness.name} exited with code {code}"
+        present = code == 0
+    else:
+        answer, why = read_answer(workspace, launch.answer_path)
+        present = answer is not _MISSING
     _say(f"{harness.name} exited with {code}; answer: {why or 'present'}")
-    errors = [e for e in (why, f"{harness.name} exited with code {code}" if code else None) if e]
+    errors = list(dict.fromkeys(e for e in (why, f"{harness.name} exited with code {code}" if code else None) if e))
     return SimulationStartResult(
         session_id=req.session_id, status="succeeded" if present else "failed", terminated=code == 0,
         error_text="; ".join(errors) or None,

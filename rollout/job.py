@@ -162,6 +162,10 @@ class JobResult(BaseModel):
         return read_jsonl(self.out)
 
 
+TASK_FORMATS = ("task_dirs", "harbor")
+"""Dataset formats whose cases a harness can run (an instruction per case)."""
+
+
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     """The env configs and their cases, filtered by ``env_names`` and ``limit``. Raises SetupError
     for bad configs, unknown env names, two envs with the same name and a runtime command naming
@@ -198,10 +202,10 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
 
 
 def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConfig, list[Case]]]:
-    """The envs a harness can run: task-directory envs (``dataset.format: task_dirs``). The others
-    are left out with a warning line; SetupError when none is left."""
-    kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format == "task_dirs"]
-    skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format != "task_dirs")
+    """The envs a harness can run: task-directory envs (``dataset.format: task_dirs`` or
+    ``harbor``). The others are left out with a warning line; SetupError when none is left."""
+    kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format in TASK_FORMATS]
+    skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format not in TASK_FORMATS)
     if skipped:
         print(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
               f"{', '.join(skipped)}", file=sys.stderr)
@@ -487,8 +491,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.resume:
             installed = await install_harnesses({n: h for n, h in loaded.items() if n in plan.harnesses})
         if opts.enable_evaluation:
-            for cfg in configs:
-                if discover_evaluator(opts.agent_root, cfg.name) is None and \
+            for cfg in configs:  # a Harbor env is graded by each task's tests
+                if cfg.dataset.format != "harbor" and discover_evaluator(opts.agent_root, cfg.name) is None and \
                         discover_evaluator(cfg.env_dir.parent, cfg.name) is None:
                     print(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded",
                           file=sys.stderr)

@@ -133,6 +133,12 @@ def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False
     return AttemptEnd("failed", False, why)
 
 
+def verifier_setup_failed(reason: str | None) -> AttemptEnd:
+    """The end of an attempt whose verifier (the task's tests) could not start: an infrastructure
+    failure (``setup_failed``, retried), never the agent's 0."""
+    return AttemptEnd("setup_failed", True, reason or "the verifier could not start")
+
+
 class RetryPolicy(BaseModel):
     """Which infrastructure failures are retried, how often and after how long.
 

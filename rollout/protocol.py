@@ -106,8 +106,11 @@ class EvalRequest(BaseModel):
     """What the evaluator knows about the session: ids, the env params (``env_params["dataset"]``
     is the full case row, expected answer included), the runtime's ``start_result`` (None when
     the runtime produced no valid result: the agent's words, never proof), ``workspace`` (the
-    folder holding a copy of the final workspace, as data: regular files and folders only) and
-    ``workspace_manifest`` (what that copy left out: links, FIFOs, what is over its caps)."""
+    folder holding a copy of the final workspace, as data: regular files and folders only),
+    ``workspace_manifest`` (what that copy left out: links, FIFOs, what is over its caps) and
+    ``verifier``: what the task's tests said (a Harbor task: ``status``, ``reward``,
+    ``reward_json``, ``exit_code``, ``stdout_tail``, ``stderr_tail``, ``reason``;
+    docs/verifiers.md), None when the case has none."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -122,6 +125,7 @@ class EvalRequest(BaseModel):
     start_result: SimulationStartResult | None = None
     workspace: str | None = None
     workspace_manifest: dict[str, Any] | None = None
+    verifier: dict[str, Any] | None = None
 
 
 class TrajectoryStep(BaseModel):

@@ -4,8 +4,8 @@ and runs the runtime as its child.
 
     python -I -S sandbox_forwarder.py PORT SOCKET STATUS_FD RLIMITS -- COMMAND...
 
-RLIMITS is ``-`` or comma-separated ``NAME=BYTES`` (``fsize``, ``as``, ``core``), set on the
-runtime. It writes ``started`` (or ``error: <why>`` when the runtime cannot be started) to
+RLIMITS is ``-`` or comma-separated ``NAME=VALUE`` (``fsize``, ``as``, ``core``: bytes; ``cpu``:
+seconds), set on the runtime. It writes ``started`` (or ``error: <why>`` when the runtime cannot be started) to
 STATUS_FD and exits with the runtime's exit code (128 + N for a runtime killed by signal N). Only
 C modules are imported (``_socket``, ``_thread``): a session start pays for no module imports.
 """
@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
     _thread.start_new_thread(_serve, (listener, path))
     for item in rlimits.split(",") if rlimits != "-" else []:
         name, _, value = item.partition("=")
-        kind = {"fsize": resource.RLIMIT_FSIZE, "as": resource.RLIMIT_AS, "core": resource.RLIMIT_CORE}[name]
+        kind = {"fsize": resource.RLIMIT_FSIZE, "as": resource.RLIMIT_AS, "core": resource.RLIMIT_CORE,
+                "cpu": resource.RLIMIT_CPU}[name]
         resource.setrlimit(kind, (int(value), int(value)))
     try:
         pid = os.posix_spawnp(command[0], command, os.environ)

@@ -32,12 +32,13 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 
-from rollout.envs import Case, EnvConfig, case_of
+from rollout.envs import Case, EnvConfig, case_of, session_config
 from rollout.evaluation import EvalOutcome, build_eval_spec
 from rollout.evaluator_loader import discover_evaluator
 from rollout.grading.grader import Grader, grader_mode
 from rollout.grading.sandbox import GraderLimits
-from rollout.harness import InstalledHarness
+from rollout.grading.verifier import VerifierResult, verifier_outcome, verify_session
+from rollout.harness import SOLUTION_ENV, InstalledHarness
 from rollout.outcomes import (
     GATEWAY_CLASSES,
     INFRA_EVAL_STATUS,
@@ -48,6 +49,7 @@ from rollout.outcomes import (
     RetryPolicy,
     classify,
     status_after_close,
+    verifier_setup_failed,
 )
 from rollout.protocol import EvalRequest, EvalSpec, SimulationStartRequest
 from rollout.records import record_of
@@ -123,7 +125,7 @@ class _Work:
 @dataclass
 class _Run:
     """What one attempt's runtime left: its status (after the gateway's truncation), outcome,
-    close answer, recorded steps and how it ended."""
+    close answer, recorded steps and how it ended, and what the task's tests said (None: none ran)."""
 
     status: str
     outcome: RuntimeOutcome | None
@@ -131,6 +133,7 @@ class _Run:
     steps: list[SessionStep]
     end: AttemptEnd
     errors: list[str]
+    verdict: VerifierResult | None = None
 
 
 @dataclass(frozen=True)
@@ -584,8 +587,9 @@ class Scheduler:
             metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
                       "attempt": work.attempt},
         )
-        command, harness_log = self._harness_command(row, work.attempt)
-        outcome = await self._execute(cfg, request, workspace, self._runtime_env(cfg, command is None), self.s.sandbox,
+        command, harness_log = self._harness_command(row, work.attempt, case)
+        outcome = await self._execute(session_config(cfg, case), request, workspace,  # a task's own agent timeout
+                                      self._runtime_env(cfg, command is None), self.s.sandbox,
                                       command=command, stderr_log=harness_log)
         close_info = await self._close(sid, outcome.status)
         status = status_after_close(outcome.status, close_info)
@@ -601,7 +605,12 @@ class Scheduler:
         # a task outcome's reason: the runtime's error text, and a claimed outage the records do not show
         said = outcome.error_text if end.infra else end.reason
         errors = [e for e in (said, close_info.get("error"), rejected) if e]
-        return _Run(status, outcome, close_info, steps, end, errors)
+        # the task's tests, on a copy of the final workspace, once the agent has ended (docs/verifiers.md)
+        verdict = await verify_session(cfg, case, workspace, sid) if self.s.enable_evaluation and not end.infra \
+            else None
+        if verdict is not None and verdict.status == "setup_failed":
+            end = verifier_setup_failed(verdict.reason)
+        return _Run(status, outcome, close_info, steps, end, errors, verdict)
 
     async def _conclude(self, work: _Work, run: _Run, cfg: EnvConfig, case: Case, workspace: Path,
                         t0: float, started: Any) -> SessionRecord | None:
@@ -638,7 +647,7 @@ class Scheduler:
                            if self.s.enable_evaluation else None)
         else:
             status, error_text = run.status, "; ".join(run.errors) or None
-            evaluation = await self._evaluate(cfg, case, row, run.outcome, trajectory, workspace)
+            evaluation = await self._evaluate(cfg, case, row, run.outcome, trajectory, workspace, run.verdict)
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
         await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
@@ -657,13 +666,18 @@ class Scheduler:
         return record_of(row.model_copy(update={**final, "reward": reward, "attempts": n, "finished": True}),
                          trajectory, work.attempts)
 
-    def _harness_command(self, row: JobEnvironment, attempt: int) -> tuple[RuntimeCommand | None, Path | None]:
+    def _harness_command(self, row: JobEnvironment, attempt: int,
+                         case: Case) -> tuple[RuntimeCommand | None, Path | None]:
         """For a harness row: the wrapper's command (the harness and install folders bound
-        read-only) and the host file that keeps its log; (None, None) for the env's own runtime."""
+        read-only, and the task's solution folder for a harness that uses it: the oracle) and the
+        host file that keeps its log; (None, None) for the env's own runtime."""
         if row.harness is None:
             return None, None
         h = self.s.harnesses[row.harness]
-        command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir], env={"PYTHONPATH": str(CODE_ROOT)})
+        solution = [Path(case.solution_dir)] if h.uses_solution and case.solution_dir else []
+        command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir, *solution],
+                                 env={"PYTHONPATH": str(CODE_ROOT),
+                                      **({SOLUTION_ENV: str(solution[0])} if solution else {})})
         log = (self.s.log_dir.resolve() / "harness" / f"{row.session_id}-a{attempt}.log") if self.s.log_dir else None
         return command, log
 
@@ -701,8 +715,12 @@ class Scheduler:
             return {"error": f"closing the gateway session failed: {type(e).__name__}: {e}"}
 
     async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, outcome: RuntimeOutcome | None,
-                        trajectory: Any, workspace: Path) -> EvalOutcome | None:
+                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None) -> EvalOutcome | None:
+        if not self.s.enable_evaluation:
+            return None
         path = self._evaluator(cfg)
+        if verdict is not None and (path is None or verdict.status not in ("rewarded", "no_reward")):
+            return verifier_outcome(verdict)  # the tests' reward is the score; a timeout a grading failure
         if self._grader is None or path is None:
             return None
         spec = self._specs.get((cfg.name, path))
@@ -712,6 +730,7 @@ class Scheduler:
             job_id=row.job_id, session_id=row.session_id, env_name=cfg.name, case_id=case.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result if outcome else None,
+            verifier=verdict.for_evaluator() if verdict else None,
         )
         return await self._grader.evaluate(path, request, spec, trajectory, workspace,
                                            grader_mode(cfg, self._grader_job_mode()),

@@ -47,6 +47,9 @@ PLUGIN = """
             config = {"mode": mode, "exit": code, "model": ctx.model, "instruction": ctx.instruction,
                       "params": ctx.params, "steps": ctx.max_steps}
             import json
+            if ctx.params.get("no_answer_file"):  # a task graded by its own tests (Harbor)
+                print(f"solution_dir={ctx.solution_dir}", file=sys.stderr)
+                return HarnessLaunch(argv=[sys.executable, "-c", f"import sys; sys.exit({code})"], answer_path=None)
             return HarnessLaunch(argv=[sys.executable, "-c", CLI], env={"TINY_URL": ctx.session_url},
                                  files={where: json.dumps(config)})
 
@@ -62,7 +65,8 @@ def _request(params: dict[str, Any], dataset: dict[str, Any] | None = None) -> s
     ))
 
 
-def _run(tmp_path: Path, params: dict[str, Any], dataset: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, params: dict[str, Any], dataset: dict[str, Any] | None = None,
+         extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     plugin = tmp_path / "tiny"
     plugin.mkdir(exist_ok=True)
     (plugin / "harness.py").write_text(textwrap.dedent(PLUGIN))
@@ -70,7 +74,7 @@ def _run(tmp_path: Path, params: dict[str, Any], dataset: dict[str, Any] | None 
     workspace.mkdir(exist_ok=True)
     return subprocess.run([sys.executable, "-m", "rollout.harness_runtime", str(plugin), str(tmp_path / "cache")],
                           input=_request(params, dataset), cwd=workspace, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test"})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test", **(extra_env or {})})
 
 
 def test_the_wrapper_runs_the_cli_and_reports_its_answer(tmp_path: Path) -> None:
@@ -124,3 +128,19 @@ def test_a_bad_launch_prints_no_result_and_says_why(tmp_path: Path) -> None:
     p = _run(tmp_path, {"mode": "answer", "exit": 0}, dataset={"id": "x", "question": "2+2?"})
     assert (p.returncode, p.stdout) == (1, "")
     assert "the case has no instruction (a harness runs task-directory envs only)" in p.stderr
+
+
+def test_without_an_answer_file_the_exit_status_decides(tmp_path: Path) -> None:
+    done = json.loads(_run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 0}).stdout)
+    assert (done["status"], done["error_text"], done["error_class"]) == ("succeeded", None, None)
+    assert done["metrics"] == {"harness": "tiny", "harness_exit": 0, "answer": None}
+    down = json.loads(_run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 2}).stdout)
+    assert (down["status"], down["error_text"], down["error_class"]) == (
+        "failed", "tiny exited with code 2", "upstream_unavailable")
+
+
+def test_the_solution_folder_is_named_only_when_the_launcher_gives_it(tmp_path: Path) -> None:
+    p = _run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 0})
+    assert "solution_dir=None" in p.stderr
+    p = _run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 0}, extra_env={"ROLLOUT_SOLUTION_DIR": "/s"})
+    assert "solution_dir=/s" in p.stderr

@@ -29,8 +29,15 @@ async def test_bundled_envs_run_in_the_sandbox_by_default(tmp_path: Path) -> Non
     assert "sandbox: bubblewrap" in stderr and "WITHOUT a sandbox" not in stdout
     all_records = [json.loads(line) for line in out.read_text().splitlines()]
     basics = [r for r in all_records if r["env_name"] == "basics"]
-    records = {r["env_name"]: r for r in all_records if r["env_name"] != "basics"}
+    harbor = [r for r in all_records if r["env_name"] == "harbor_tasks"]
+    records = {r["env_name"]: r for r in all_records if r["env_name"] not in ("basics", "harbor_tasks")}
     assert set(records) == {"gsm8k", "workspace"}
+    # harbor_tasks: the text protocol too (2 steps of format errors); graded by the task's own tests,
+    # run in their verifier sandbox on the untouched workspace: reward 0
+    [h] = harbor
+    assert (h["sandbox"], h["status"], h["step_count"], h["eval_status"], h["score"]) == (
+        "bwrap", "truncated", 2, "scored", 0.0), h
+    assert h["reason"].startswith("verifier reward 0: read from reward.json"), h["reason"]
     # basics: its env-level group_size (4 samples); a reply without a fenced block is a format
     # error that still counts as a step, so each sample uses its 3 steps and writes nothing: its
     # budget ran out without an answer, so it is truncated (and graded: 0)

@@ -1,0 +1,340 @@
+"""Verifiers: a task's own tests (Harbor's ``tests/test.sh``) run on a copy of the final workspace.
+
+``run_verifier`` runs ``bash /tests/test.sh`` in a fresh bubblewrap sandbox of its own, after the
+agent ended: no network, a clean environment, the session's memory/process/output/disk limits, a
+CPU-time limit per process and its own timeout (the process group and the sandbox are killed at
+it; its cgroups and scratch folder are removed afterwards). It sees a copy of the final workspace
+(``copy_workspace``: files and folders only) at ``/workspace`` (its cwd), the TASK's tests
+read-only at ``/tests`` and a writable ``/logs/verifier``, where the script writes ``reward.txt``
+(a number) or ``reward.json``. Its tools come from the read-only host (PATH holds host folders
+only; ``PYTHONSAFEPATH``, ``PYTHONNOUSERSITE``, HOME on the private ``/tmp``), so files the agent
+left in the workspace (a ``conftest.py``, a ``sitecustomize.py``, a ``python`` or ``pytest``, its
+own ``tests/``) are not what runs the tests. The rules are in docs/verifiers.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from rollout.cgroups import SessionCgroup
+from rollout.envs import Case, EnvConfig, LimitsConfig
+from rollout.evaluation import EvalOutcome
+from rollout.grading.workspace_copy import CopyCaps, WorkspaceCopy, copy_workspace
+from rollout.harbor import DEFAULT_VERIFIER_TIMEOUT_S
+from rollout.protocol import SimulationStartRequest
+from rollout.runner import disk_used, sandbox_support
+from rollout.runtime_local import run_local
+from rollout.sandbox import (
+    FORWARDER,
+    FORWARDER_SOURCE,
+    GATEWAY_PORT,
+    NAMESPACE_FLAGS,
+    WORKSPACE,
+    Binds,
+    SandboxUnavailable,
+    clean_env,
+)
+from rollout.scoring import cut_text
+
+MiB = 1024 * 1024
+TESTS = "/tests"
+LOGS = "/logs/verifier"
+TEST_SCRIPT = "test.sh"
+REWARD_TXT, REWARD_JSON = "reward.txt", "reward.json"
+MAX_REWARD_FILE = 64 * 1024
+HOST_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+"""The verifier's PATH after the interpreter's folder: host folders only, never the workspace."""
+_NO_GATEWAY = "/run/rollout/no-gateway.sock"  # the forwarder's socket: a verifier has no gateway
+
+VerifierStatus = Literal["rewarded", "no_reward", "timeout", "setup_failed"]
+
+
+class VerifierResult(BaseModel):
+    """What a verifier run gave. ``status``: ``rewarded`` (a reward was read), ``no_reward`` (the
+    script ended without a valid reward file, was killed by a signal (exit code 128 + N: what it
+    left is not trusted), or went over a limit: ``limit_exceeded``),
+    ``timeout`` (killed at its timeout), ``setup_failed`` (the sandbox or the copy could not be
+    made: an infrastructure failure). ``reward``: the number read; ``reward_json``: the parsed
+    ``reward.json`` if any; ``exit_code`` of the script; the last 4000 characters of its stdout
+    and stderr; ``reason``: why there is no reward (or how it was read); ``workspace_copy``: the
+    copy's manifest (what was left out of it)."""
+
+    status: VerifierStatus
+    reward: float | None = None
+    reward_json: dict[str, Any] | None = None
+    exit_code: int | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    duration_s: float = 0.0
+    reason: str | None = None
+    limit_exceeded: str | None = None
+    workspace_copy: dict[str, Any] = Field(default_factory=dict)
+
+    def for_evaluator(self) -> dict[str, Any]:
+        """What an env's evaluator is handed (``EvalRequest.verifier``)."""
+        return self.model_dump(mode="json", include={"status", "reward", "reward_json", "exit_code", "stdout_tail",
+                                                     "stderr_tail", "reason", "limit_exceeded"})
+
+
+def _host_env() -> dict[str, str]:
+    env = clean_env({"HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1",
+                     "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})
+    env["PATH"] = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), *HOST_PATH]))
+    return env
+
+
+def _bash() -> str:
+    return next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.isfile(p)), "bash")
+
+
+def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, limits: LimitsConfig, status_fd: int,
+             rlimits: dict[str, int]) -> list[str]:
+    b = Binds()
+    b.args += ["--size", str(limits.disk_mb * MiB), "--tmpfs", "/tmp"] if limits.disk_mb else ["--tmpfs", "/tmp"]
+    b.system()
+    b.interpreter()
+    b.args += ["--bind", str(workspace), WORKSPACE]
+    b.ro(tests, TESTS)
+    b.args += ["--bind", str(logs), LOGS]
+    b.ro(FORWARDER_SOURCE, FORWARDER)
+    return [bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev", "--chdir", WORKSPACE, "--",
+            sys.executable, "-I", "-S", FORWARDER, str(GATEWAY_PORT), _NO_GATEWAY, str(status_fd),
+            ",".join(f"{k}={v}" for k, v in rlimits.items()), "--", _bash(), f"{TESTS}/{TEST_SCRIPT}"]
+
+
+def _read_small(folder: Path, name: str) -> str | None:
+    """The text of ``folder/name`` when it is a regular file (never a link, FIFO or device) of at
+    most ``MAX_REWARD_FILE`` bytes; None when absent. Raises ValueError for anything else."""
+    try:
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ValueError(f"{name} cannot be read: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{name} is not a regular file")
+        data = os.read(fd, MAX_REWARD_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_REWARD_FILE:
+        raise ValueError(f"{name} is over {MAX_REWARD_FILE} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
+    """``(reward, parsed reward.json, how or why not)`` from a verifier's log folder:
+    ``reward.txt`` (one finite number) first, else ``reward.json``'s ``reward`` (or its only
+    numeric value)."""
+    try:
+        text, raw_json = _read_small(logs, REWARD_TXT), _read_small(logs, REWARD_JSON)
+    except ValueError as e:
+        return None, None, str(e)
+    parsed: dict[str, Any] | None = None
+    if raw_json is not None:
+        try:
+            loaded = json.loads(raw_json)
+        except ValueError:
+            loaded = None
+        parsed = loaded if isinstance(loaded, dict) else None
+    if text is not None:
+        try:
+            value = _number(float(text.strip()))
+        except ValueError:
+            value = None
+        if value is None:
+            return None, parsed, f"{REWARD_TXT} does not hold a finite number: {text.strip()[:80]!r}"
+        return value, parsed, f"read from {REWARD_TXT}"
+    if raw_json is None:
+        return None, None, f"the verifier wrote neither {REWARD_TXT} nor {REWARD_JSON}"
+    if parsed is None:
+        return None, None, f"{REWARD_JSON} is not a JSON object"
+    if "reward" in parsed:
+        value = _number(parsed["reward"])
+        return (value, parsed, f"read from {REWARD_JSON}") if value is not None else \
+            (None, parsed, f"{REWARD_JSON}: reward is not a finite number")
+    numbers = [v for v in parsed.values() if _number(v) is not None]
+    if len(numbers) == 1:
+        return float(numbers[0]), parsed, f"the only number of {REWARD_JSON}"
+    return None, parsed, f"{REWARD_JSON} has no 'reward' and not exactly one number"
+
+
+def _copy(workspace: Path, dest: Path, caps: CopyCaps) -> WorkspaceCopy:
+    """The workspace copied; a workspace root the agent made unreadable gives an empty copy (its
+    own doing: graded on nothing, never an infrastructure failure). Raises OSError when ``dest``
+    cannot be made."""
+    try:
+        return copy_workspace(workspace, dest, caps)
+    except OSError as e:
+        if not dest.is_dir():
+            raise
+        out = WorkspaceCopy()
+        out.skip(".", f"the workspace cannot be read: {e.strerror}", incomplete=True)
+        return out
+
+
+def _remove(folder: Path) -> None:
+    """Remove ``folder`` whatever the verifier did to its modes (a folder made unreadable)."""
+    def fix(_fn: Any, path: str, _exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(path), 0o700)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, 0o700)
+                shutil.rmtree(path, onerror=fix)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+    shutil.rmtree(folder, onerror=fix)
+
+
+def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
+    cap = limits.disk_mb * MiB if limits.disk_mb is not None else None
+
+    def check() -> tuple[str, str] | None:
+        hit = cg.exceeded()
+        if hit == "memory":
+            return "memory", f"memory limit exceeded: the verifier used more than {limits.memory_mb} MiB"
+        if hit == "processes":
+            return "processes", f"process limit exceeded: the verifier ran more than {limits.processes} at once"
+        if cap is not None and disk_used(workspace, cap) > cap:
+            return "disk", f"disk limit exceeded: the verifier's workspace holds more than {limits.disk_mb} MiB"
+        return None
+
+    async def monitor() -> tuple[str, str] | None:
+        return await asyncio.to_thread(check)
+    return monitor
+
+
+async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, limits: LimitsConfig | None = None,
+                       cpu_s: int | None = None, caps: CopyCaps | None = None,
+                       label: str = "verifier") -> VerifierResult:
+    """Run ``tests_dir/test.sh`` on a copy of ``workspace`` (module docstring) and read its reward.
+    ``limits``: memory, processes, output and disk as a session's (default ``LimitsConfig()``);
+    ``cpu_s``: CPU seconds per process (default: ``timeout_s``); ``caps``: of the workspace copy;
+    ``label``: names the run (its cgroup). Never raises except CancelledError."""
+    t0 = time.monotonic()
+    limits = limits or LimitsConfig()
+
+    def failed(why: str) -> VerifierResult:
+        return VerifierResult(status="setup_failed", reason=f"verifier setup failed: {why}",
+                              duration_s=time.monotonic() - t0)
+
+    if not (tests_dir / TEST_SCRIPT).is_file():
+        return failed(f"{tests_dir / TEST_SCRIPT} is missing")
+    try:
+        support = sandbox_support()
+    except SandboxUnavailable as e:
+        return failed(str(e))
+    cg = SessionCgroup(support.memory, support.pids,
+                       limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes)
+    scratch: Path | None = None
+    status_r = status_w = -1
+    try:
+        try:
+            scratch = Path(tempfile.mkdtemp(prefix="rollout-verify-"))
+            copy_dest, logs = scratch / "workspace", scratch / "logs"
+            logs.mkdir()
+            copied = await asyncio.to_thread(_copy, workspace, copy_dest,
+                                             caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB))
+            status_r, status_w = os.pipe()
+            os.set_blocking(status_r, False)
+            await asyncio.to_thread(cg.create, f"rollout-verify-{label[:24]}-{uuid.uuid4().hex[:6]}")
+        except OSError as e:
+            return failed(f"{type(e).__name__}: {e}")
+        rlimits = {"core": 0, "cpu": max(1, math.ceil(cpu_s if cpu_s is not None else timeout_s))}
+        if limits.disk_mb is not None:
+            rlimits["fsize"] = limits.disk_mb * MiB + 1
+        if limits.memory_mb is not None and support.memory is None:
+            rlimits["as"] = limits.memory_mb * MiB
+        argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, limits, status_w, rlimits)
+        if cg.procs_files:  # join the cgroups before bwrap starts anything
+            join = " && ".join(f"echo $$ > '{f}'" for f in cg.procs_files)
+            argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
+        request = SimulationStartRequest(job_id="verifier", session_id=label, agent_name="verifier",
+                                         agent_id="verifier", group_id="verifier", gateway_base_url="", model="")
+        try:
+            out = await run_local(argv, request, copy_dest, timeout_s, env=_host_env(), pass_fds=(status_w,),
+                                  output_limit=limits.output_mb * MiB if limits.output_mb is not None else None,
+                                  monitor=_monitor(cg, copy_dest, limits))
+        except OSError as e:
+            return failed(f"cannot start bwrap: {e}")
+        try:
+            started = os.read(status_r, 4096).decode("utf-8", "replace").strip()
+        except BlockingIOError:
+            started = ""
+        base = VerifierResult(status="no_reward", exit_code=out.returncode, stdout_tail=out.stdout_tail,
+                              stderr_tail=out.stderr_tail, workspace_copy=copied.manifest())
+        if out.status == "timeout":
+            return base.model_copy(update={"status": "timeout", "duration_s": time.monotonic() - t0,
+                                           "reason": f"verifier timed out after {timeout_s:g} s (killed)"})
+        if started != "started":
+            why = started.removeprefix("error: ") or out.stderr_tail.strip()[-500:] or f"exit code {out.returncode}"
+            return failed(why).model_copy(update={"exit_code": out.returncode, "stderr_tail": out.stderr_tail})
+        if out.limit_exceeded:
+            return base.model_copy(update={"limit_exceeded": out.limit_exceeded, "reason": out.error_text,
+                                           "duration_s": time.monotonic() - t0})
+        if out.returncode is None or out.returncode < 0 or out.returncode >= 128:
+            why = f"the test script was killed (exit code {out.returncode}): its reward files are not trusted"
+            return base.model_copy(update={"reason": why, "duration_s": time.monotonic() - t0})
+        reward, parsed, how = await asyncio.to_thread(read_reward, logs)
+        return base.model_copy(update={"status": "rewarded" if reward is not None else "no_reward",
+                                       "reward": reward, "reward_json": parsed,
+                                       "reason": f"{how} (exit code {out.returncode})",
+                                       "duration_s": time.monotonic() - t0})
+    finally:
+        await asyncio.shield(asyncio.to_thread(cg.remove))
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
+        if scratch is not None:
+            await asyncio.shield(asyncio.to_thread(_remove, scratch))
+
+
+async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str) -> VerifierResult | None:
+    """The verifier of ``case`` on its session's final ``workspace`` (None: the case has no
+    tests), with the env's session limits and the task's verifier timeout."""
+    if case.tests_dir is None:
+        return None
+    timeout = _number(case.row.get("verifier_timeout_s"))
+    timeout_s = timeout if timeout is not None and timeout > 0 else DEFAULT_VERIFIER_TIMEOUT_S
+    return await run_verifier(workspace, Path(case.tests_dir), timeout_s=timeout_s, limits=cfg.runtime.limits,
+                              label=label)
+
+
+def verifier_outcome(result: VerifierResult) -> EvalOutcome:
+    """The evaluation committed from a verifier alone (an env without ``rule_evaluator.py``):
+    ``scored`` with reward x 10 clamped to 0..10, or 0 when it wrote no reward; ``timeout`` (0,
+    a grading failure) when it timed out; ``error`` when it could not start."""
+    detail = {"verifier": result.for_evaluator()}
+    if result.status == "rewarded" and result.reward is not None:
+        return EvalOutcome(status="scored", score=min(10.0, max(0.0, result.reward * 10)), raw_repr=repr(result.reward),
+                           reason=cut_text(f"verifier reward {result.reward:g}: {result.reason}"), artifacts=detail,
+                           duration_s=result.duration_s, isolation="bwrap")
+    status: Literal["scored", "timeout", "error"] = {"no_reward": "scored", "timeout": "timeout"}.get(
+        result.status, "error")  # type: ignore[assignment]
+    why = result.reason or result.status
+    if result.status == "no_reward":
+        why = f"no reward: {why}"
+    return EvalOutcome(status=status, score=0.0, reason=cut_text(why), artifacts=detail, duration_s=result.duration_s,
+                       isolation="bwrap")

@@ -1,0 +1,108 @@
+"""Harbor task directories as a dataset (``dataset: {format: harbor, path: ...}``, docs/verifiers.md).
+
+Each sub-folder of the dataset path is one task: ``instruction.md`` (what the agent is told),
+``task.toml`` (``[agent] timeout_sec``, ``[verifier] timeout_sec``, ``[metadata]``,
+``[environment] docker_image``), ``tests/test.sh`` (the verifier, never shown to the agent),
+optional ``solution/solve.sh`` (the reference solution, for the ``oracle`` harness only) and
+optional ``environment/`` (its files are the task's initial workspace). A task whose environment
+needs a container image (a Dockerfile, a compose file, or ``docker_image``) is skipped with the
+reason unless the env declares the host's toolchain enough (``dataset.host_toolchain: true``).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONTAINER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+"""Files of a task's ``environment/`` that say it is built as a container image."""
+DEFAULT_VERIFIER_TIMEOUT_S = 600.0
+"""The verifier's timeout when ``task.toml`` names none (Harbor's default)."""
+HIDDEN_FIELDS = ("files_dir", "tests_dir", "solution_dir", "verifier_timeout_s", "metadata")
+"""Fields of a Harbor case row that the agent never sees (paths of the task folder, the grading set-up)."""
+
+
+class HarborTaskError(ValueError):
+    """A task folder that is not a valid Harbor task (the message names the file)."""
+
+
+@dataclass
+class HarborScan:
+    """The dataset's rows (one per runnable task, by folder name) and the tasks left out, as
+    ``(task id, why)``."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _timeout(section: Any, where: str) -> float | None:
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise HarborTaskError(f"{where} must be a table")
+    value = section.get("timeout_sec")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise HarborTaskError(f"{where}.timeout_sec must be a positive number, not {value!r}")
+    return float(value)
+
+
+def container_need(task: Path, config: dict[str, Any]) -> str | None:
+    """Why the task's environment needs a container image (None when it does not)."""
+    env = config.get("environment")
+    if isinstance(env, dict) and env.get("docker_image"):
+        return f"task.toml names the image {env['docker_image']!r}"
+    for name in CONTAINER_FILES:
+        if (task / "environment" / name).is_file():
+            return f"environment/{name} builds a container image"
+    return None
+
+
+def read_task(task: Path) -> tuple[dict[str, Any], str | None]:
+    """One task folder as ``(row, container need)``. Raises HarborTaskError for a missing
+    ``instruction.md``, ``task.toml`` or ``tests/test.sh``, or an invalid ``task.toml``."""
+    instruction, toml_path, test = task / "instruction.md", task / "task.toml", task / "tests" / "test.sh"
+    for needed in (instruction, toml_path, test):
+        if not needed.is_file():
+            raise HarborTaskError(f"Harbor task {task} needs {needed.relative_to(task)}")
+    try:
+        config = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise HarborTaskError(f"{toml_path}: not valid TOML: {e}") from None
+    metadata = config.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise HarborTaskError(f"{toml_path}: [metadata] must be a table")
+    environment, solution = task / "environment", task / "solution"
+    row = {
+        "id": task.name,
+        "instruction": instruction.read_text(encoding="utf-8"),
+        "agent_timeout_s": _timeout(config.get("agent"), f"{toml_path}: [agent]"),
+        "verifier_timeout_s": _timeout(config.get("verifier"), f"{toml_path}: [verifier]")
+        or DEFAULT_VERIFIER_TIMEOUT_S,
+        "metadata": metadata,
+        "files_dir": str(environment.resolve()) if environment.is_dir() else None,
+        "tests_dir": str((task / "tests").resolve()),
+        "solution_dir": str(solution.resolve()) if (solution / "solve.sh").is_file() else None,
+    }
+    return row, container_need(task, config)
+
+
+def scan(root: Path, host_toolchain: bool = False) -> HarborScan:
+    """Every task folder under ``root`` (sorted by name): its row, or why it is skipped (a
+    container image is needed and ``host_toolchain`` is false). Raises HarborTaskError for an
+    invalid task and when ``root`` is not a folder."""
+    if not root.is_dir():
+        raise HarborTaskError(f"Harbor task folder {root} not found")
+    out = HarborScan()
+    for task in sorted(p for p in root.iterdir() if p.is_dir()):
+        row, need = read_task(task)
+        if need is not None and not host_toolchain:
+            out.skipped.append((task.name, f"{need}: no container runtime here (set dataset.host_toolchain: true "
+                                           "when the host's tools are enough)"))
+            continue
+        out.rows.append(row)
+    return out

@@ -1,0 +1,243 @@
+"""Harbor task folders as an env format, end to end: the reader (skips with reasons), the bundled
+``harbor_tasks`` env through the real launcher, gateway and sandbox with the ``oracle`` harness (10),
+a no-op agent (0) and a cheating agent (0); a verifier timeout is a grading failure; a verifier that
+cannot start is an infrastructure failure, retried; an env's evaluator gets the verifier's result."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rollout import harbor
+from rollout.envs import EnvConfigError, load_cases, load_env_config, session_config
+from tests.fake_upstream import FakeUpstream
+from tests.rollout.sandbox_helpers import require_bwrap
+from tests.test_launcher import REPO, gateway_config, launch
+
+BUNDLED = REPO / "env" / "harbor_tasks"
+FIXTURE_HARNESSES = REPO / "tests" / "fixtures" / "harnesses"
+TOML = '[metadata]\ndifficulty = "easy"\n\n[agent]\ntimeout_sec = 45.0\n\n[verifier]\ntimeout_sec = 30\n'
+NOOP_RUNTIME = '''
+from env.runtime_kit import run_runtime
+from rollout.protocol import SimulationStartResult
+run_runtime(lambda req: SimulationStartResult(session_id=req.session_id, status="succeeded"))
+'''
+
+
+def make_task(root: Path, name: str, *, toml: str = TOML, test_sh: str = "echo 1 > /logs/verifier/reward.txt\n",
+              files: dict[str, str] | None = None, solution: str | None = None) -> Path:
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "instruction.md").write_text(f"Do {name}.\n")
+    (task / "task.toml").write_text(toml)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    for rel, text in (files or {}).items():
+        (task / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / "environment" / rel).write_text(text)
+    if solution is not None:
+        (task / "solution").mkdir()
+        (task / "solution" / "solve.sh").write_text(solution)
+    return task
+
+
+def make_env(root: Path, name: str = "hb", *, evaluator: str | None = None, **dataset: Any) -> Path:
+    env_dir = root / name
+    (env_dir / "tasks").mkdir(parents=True, exist_ok=True)
+    (env_dir / "runtime.py").write_text(NOOP_RUNTIME)
+    if evaluator is not None:
+        (env_dir / "rule_evaluator.py").write_text(evaluator)
+    (env_dir / "env.yaml").write_text(yaml.safe_dump({
+        "name": name, "dataset": {"format": "harbor", "path": "tasks", **dataset},
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120}}))
+    return env_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# the reader
+
+
+def test_a_task_folder_is_read_with_its_timeouts_and_hidden_paths(tmp_path: Path) -> None:
+    env_dir = make_env(tmp_path)
+    task = make_task(env_dir / "tasks", "t1", files={"a.txt": "x"}, solution="true\n")
+    cfg = load_env_config(env_dir / "env.yaml")
+    [case] = load_cases(cfg)
+    assert case.case_id == "t1" and case.row["instruction"] == "Do t1.\n"
+    assert (case.row["agent_timeout_s"], case.row["verifier_timeout_s"]) == (45.0, 30.0)
+    assert case.row["metadata"] == {"difficulty": "easy"}
+    assert (case.files_dir, case.tests_dir, case.solution_dir) == (
+        str(task / "environment"), str(task / "tests"), str(task / "solution"))
+    # the agent sees the instruction and its timeout, never the paths of tests/ or solution/
+    assert case.public_row() == {"id": "t1", "instruction": "Do t1.\n", "agent_timeout_s": 45.0}
+    assert session_config(cfg, case).runtime.timeout_s == 45.0 and cfg.runtime.timeout_s == 120
+    # the tasks folder is hidden from the env's own runtime
+    assert (env_dir / "tasks").resolve() in [p.resolve() for p in cfg.hidden_paths()]
+
+
+def test_defaults_without_timeouts_or_solution(tmp_path: Path) -> None:
+    env_dir = make_env(tmp_path)
+    make_task(env_dir / "tasks", "t", toml='version = "1.0"\n')
+    cfg = load_env_config(env_dir / "env.yaml")
+    [case] = load_cases(cfg)
+    assert (case.row["agent_timeout_s"], case.row["verifier_timeout_s"]) == (None, harbor.DEFAULT_VERIFIER_TIMEOUT_S)
+    assert case.files_dir is None and case.solution_dir is None
+    assert session_config(cfg, case) is cfg
+
+
+def test_tasks_that_need_a_container_are_skipped_with_the_reason(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "tasks"
+    make_task(root, "plain")
+    make_task(root, "docker", files={"Dockerfile": "FROM alpine\n"})
+    make_task(root, "compose", files={"docker-compose.yaml": "services: {}\n"})
+    make_task(root, "image", toml='[environment]\ndocker_image = "org/img:1"\n')
+    found = harbor.scan(root)
+    assert [r["id"] for r in found.rows] == ["plain"]
+    assert [(t, why.split(":")[0]) for t, why in found.skipped] == [
+        ("compose", "environment/docker-compose.yaml builds a container image"),
+        ("docker", "environment/Dockerfile builds a container image"),
+        ("image", "task.toml names the image 'org/img"),
+    ]
+    assert all("dataset.host_toolchain: true" in why for _, why in found.skipped)
+    assert [r["id"] for r in harbor.scan(root, host_toolchain=True).rows] == ["compose", "docker", "image", "plain"]
+    # through an env config: skipped tasks are logged, and an env where all are skipped says why
+    env_dir = make_env(tmp_path / "e1")
+    shutil.copytree(root / "docker", env_dir / "tasks" / "docker")
+    with pytest.raises(EnvConfigError, match="every Harbor task .* is skipped: docker: environment/Dockerfile"):
+        load_cases(load_env_config(env_dir / "env.yaml"))
+    shutil.copytree(root / "plain", env_dir / "tasks" / "plain")
+    assert [c.case_id for c in load_cases(load_env_config(env_dir / "env.yaml"))] == ["plain"]
+    assert "Harbor task docker skipped: environment/Dockerfile" in caplog.text
+    on_host = make_env(tmp_path / "e2", host_toolchain=True)
+    shutil.copytree(root / "docker", on_host / "tasks" / "docker")
+    assert [c.case_id for c in load_cases(load_env_config(on_host / "env.yaml"))] == ["docker"]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda t: (t / "instruction.md").unlink(), "needs instruction.md"),
+    (lambda t: (t / "task.toml").unlink(), "needs task.toml"),
+    (lambda t: (t / "tests" / "test.sh").unlink(), "needs tests/test.sh"),
+    (lambda t: (t / "task.toml").write_text("[agent\n"), "not valid TOML"),
+    (lambda t: (t / "task.toml").write_text("[agent]\ntimeout_sec = -1\n"), "timeout_sec must be a positive number"),
+    (lambda t: (t / "task.toml").write_text('[verifier]\ntimeout_sec = "x"\n'), "timeout_sec must be a positive"),
+    (lambda t: (t / "task.toml").write_text('metadata = 3\n'), r"\[metadata\] must be a table"),
+])
+def test_invalid_tasks_are_errors_naming_the_file(tmp_path: Path, mutate: Any, message: str) -> None:
+    env_dir = make_env(tmp_path)
+    mutate(make_task(env_dir / "tasks", "bad"))
+    with pytest.raises(EnvConfigError, match=message):
+        load_cases(load_env_config(env_dir / "env.yaml"))
+
+
+def test_host_toolchain_is_for_the_harbor_format_only(tmp_path: Path) -> None:
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "env.yaml").write_text(yaml.safe_dump({
+        "name": "e", "dataset": {"format": "task_dirs", "path": "tasks", "host_toolchain": True},
+        "runtime": {"command": ["true"]}}))
+    with pytest.raises(EnvConfigError, match="host_toolchain applies to format: harbor only"):
+        load_env_config(tmp_path / "e" / "env.yaml")
+
+
+def test_the_bundled_env_loads_its_tasks() -> None:
+    cfg = load_env_config(BUNDLED / "env.yaml")
+    cases = load_cases(cfg)
+    assert [c.case_id for c in cases] == ["count_errors", "fix_median"]
+    assert all(c.tests_dir and c.solution_dir and c.files_dir for c in cases)
+
+
+# ---------------------------------------------------------------------------------------------
+# through the launcher
+
+
+async def run_job(tmp_path: Path, *args: str, exit_code: int = 0) -> tuple[list[dict[str, Any]], str, str]:
+    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        code, stdout, stderr = await launch(
+            *args, "--gateway-config", str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}",
+            "--enable-evaluation", "--out", str(out), "--retry-backoff", "0.05", cwd=tmp_path,
+            env={**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")})
+    assert code == exit_code, stderr
+    assert "has no rule_evaluator.py" not in stderr  # a Harbor env is graded by its tests
+    return [json.loads(line) for line in out.read_text().splitlines()], stdout, stderr
+
+
+async def test_oracle_scores_10_no_op_and_cheating_agents_0(tmp_path: Path) -> None:
+    require_bwrap()
+    records, stdout, _ = await run_job(
+        tmp_path, "--agent-root", str(REPO / "env"), "--env", "harbor_tasks", "--harness", "oracle",
+        "--harness", str(FIXTURE_HARNESSES / "noop"), "--harness", str(FIXTURE_HARNESSES / "cheat"),
+        "--job-id", "hb", "--pool-size", "3")
+    got = {(r["harness"], r["case_id"]): r for r in records}
+    assert set(got) == {(h, c) for h in ("oracle", "noop", "cheat") for c in ("count_errors", "fix_median")}
+    for (h, case), r in got.items():
+        assert (r["status"], r["eval_status"], r["outcome"], r["sandbox"], r["step_count"]) == (
+            "succeeded", "scored", "succeeded", "bwrap", 0), r
+        assert r["score"] == (10.0 if h == "oracle" else 0.0), (h, case, r["reason"])
+    assert got[("oracle", "fix_median")]["reason"].startswith("verifier reward 1: read from reward.txt")
+    assert got[("oracle", "count_errors")]["reason"].startswith("verifier reward 1: read from reward.json")
+    assert got[("cheat", "fix_median")]["reason"].startswith("verifier reward 0: read from reward.txt")
+    # the cheat saw neither the tests nor the solution of its task
+    log = (tmp_path / "runs" / "logs" / "hb" / "harness" / f"{got[('cheat', 'fix_median')]['session_id']}-a1.log")
+    text = log.read_text()
+    assert "ls: cannot access '/tests'" in text and "ls: cannot access '/solution'" in text
+    assert "/env/harbor_tasks/tasks/fix_median/solution': No such file" in text
+    assert "test_stats" not in text and "solve.sh" not in text
+    assert "oracle" in stdout and "harbor_tasks" in stdout
+
+
+async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the_verdict(tmp_path: Path) -> None:
+    require_bwrap()
+    root = tmp_path / "envs"
+    slow = make_env(root, "slow")
+    make_task(slow / "tasks", "sleepy", toml="[verifier]\ntimeout_sec = 2\n",
+              test_sh="echo 1 > /logs/verifier/reward.txt\nsleep 300\n")
+    judged = make_env(root, "judged", evaluator=(
+        "def evaluate(request, spec, trajectory):\n"
+        "    v = request.verifier\n"
+        "    return {'score': 7 * v['reward'], 'reason': f\"{v['status']} exit {v['exit_code']}: {v['stdout_tail']}\"}\n"))
+    make_task(judged / "tasks", "half", test_sh="echo said-so\necho 0.5 > /logs/verifier/reward.txt\n")
+    # exit code 2: a session's grading failed (as for an evaluator timeout)
+    records, stdout, _ = await run_job(tmp_path, "--agent-root", str(root), "--job-id", "to", exit_code=2)
+    got = {r["env_name"]: r for r in records}
+    assert (got["slow"]["status"], got["slow"]["eval_status"], got["slow"]["score"]) == ("succeeded", "timeout", 0.0)
+    assert "verifier timed out after 2 s" in got["slow"]["reason"]
+    assert (got["judged"]["eval_status"], got["judged"]["score"]) == ("scored", 3.5)
+    assert got["judged"]["reason"] == "rewarded exit 0: said-so\n"
+    # the timeout is left out of the mean and counted as a grading timeout, like an evaluator's
+    slow_row = next(line for line in stdout.splitlines() if line.startswith("slow "))
+    assert slow_row.split()[3:5] == ["0", "-"] and "problems: ev_t/o 1" in stdout
+
+
+async def test_a_verifier_that_cannot_start_is_an_infrastructure_failure_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require_bwrap()
+    import rollout.scheduler as scheduler
+    from rollout.grading.verifier import VerifierResult
+    from rollout.scheduler import RunSettings, Scheduler
+    from tests.rollout.test_attempts import planned_on_a_gateway
+
+    make_task(make_env(tmp_path / "envs") / "tasks", "t")
+    real, calls = scheduler.verify_session, []
+
+    async def flaky(*args: Any) -> VerifierResult | None:
+        calls.append(args[-1])
+        if len(calls) == 1:
+            return VerifierResult(status="setup_failed", reason="verifier setup failed: no bubblewrap today")
+        return await real(*args)
+    monkeypatch.setattr(scheduler, "verify_session", flaky)
+    async with planned_on_a_gateway(tmp_path, "vs") as p:
+        settings = RunSettings(job_id="vs", model="fake", gateway_url=p.gateway_url, agent_root=tmp_path / "envs",
+                               pool_size=1, enable_evaluation=True,
+                               retry=p.opts.retry_policy().model_copy(update={"backoff_s": 0.01}))
+        [record] = await asyncio.wait_for(Scheduler(p.store, settings, p.envs).run(p.rows), 120)
+    assert [(a.outcome, a.infra) for a in record.attempts] == [("setup_failed", True), ("succeeded", False)]
+    assert "no bubblewrap today" in (record.attempts[0].reason or "")
+    assert (record.eval_status, record.score) == ("scored", 10.0)
+    assert len(calls) == 2
