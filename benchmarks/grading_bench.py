@@ -8,6 +8,9 @@ Each session is a bundled workspace task's final workspace (its ``files/`` plus 
 isolation (``none``: a thread of the launcher; ``bwrap``: the grader sandbox) it prints the wall
 time per session at that concurrency (job wall time / sessions, the launcher's view) and the
 launcher's own CPU per session; then what the sandbox adds, against the 50 ms budget per session.
+Then the bundled Harbor tasks (``env/harbor_tasks``), solved by their ``solution/solve.sh``, verified
+by ``rollout.grading.verifier.run_verifier`` (their ``tests/test.sh`` in a verifier sandbox) at the
+same concurrency: the verifier's wall time per session.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import asyncio
 import json
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from rollout.grading.grader import Grader
+from rollout.grading.verifier import run_verifier
 from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +75,27 @@ async def grade_all(isolation: str, items: list[tuple[Path, dict[str, object]]],
         return time.perf_counter() - t0, _cpu_s() - cpu0, sum(1 for s in scores if s == 10.0)
 
 
+async def verify_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
+    """(wall s, sessions rewarded 1) for verifying ``n`` solved Harbor workspaces ``pool`` at a time."""
+    tasks = sorted(p for p in (REPO / "env" / "harbor_tasks" / "tasks").iterdir() if p.is_dir())
+    solved = []
+    for task in tasks:
+        ws = tmp / f"solved-{task.name}"
+        shutil.copytree(task / "environment", ws) if (task / "environment").is_dir() else ws.mkdir()
+        subprocess.run(["bash", str(task / "solution" / "solve.sh")], cwd=ws, check=True, capture_output=True)
+        solved.append((ws, task / "tests"))
+    gate = asyncio.Semaphore(pool)
+
+    async def one(i: int) -> float | None:
+        ws, tests = solved[i % len(solved)]
+        async with gate:
+            return (await run_verifier(ws, tests, timeout_s=120.0, label=f"bench-{i}")).reward
+
+    t0 = time.perf_counter()
+    rewards = await asyncio.gather(*(one(i) for i in range(n)))
+    return time.perf_counter() - t0, sum(1 for r in rewards if r == 1.0)
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sessions", type=int, default=256)
@@ -94,6 +120,11 @@ async def main() -> int:
         verdict = "PASS" if added <= BUDGET_MS else "OVER"
         print(f"  the grader sandbox adds {added:.1f} ms of wall time per session "
               f"({best['bwrap'][0] / best['none'][0]:.2f}x in-process); budget {BUDGET_MS:.0f} ms: {verdict}")
+        n_verify = max(1, n // 4)
+        wall, rewarded = await verify_all(n_verify, args.pool_size, tmp)
+        print(f"  verifier {wall / n_verify * 1000:7.1f} ms wall/session over {n_verify} Harbor sessions "
+              f"({rewarded}/{n_verify} rewarded 1; a test.sh run in its own sandbox, next to "
+              f"{best['none'][0] / n * 1000:.1f} ms in-process and {best['bwrap'][0] / n * 1000:.1f} ms sandboxed grading)")
     return 0
 
 
