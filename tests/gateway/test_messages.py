@@ -292,29 +292,32 @@ async def test_synthetic_stop_at_max_steps(start_gateway: StartGateway, upstream
     assert await gw.metric("gateway_synthetic_stops_total") == 3
 
 
-async def test_budget_is_counted_across_the_three_protocols(start_gateway: StartGateway,
-                                                            upstream: FakeUpstream) -> None:
-    gw = await start_gateway(routes=anthropic_routes(upstream), max_steps=3)
+async def test_budget_is_counted_across_the_protocols_of_the_session_route(start_gateway: StartGateway,
+                                                                            upstream: FakeUpstream) -> None:
+    """Chat completions and Responses calls of a session share its budget; a Messages call of the
+    same session names another route (an anthropic one) and is refused: a session has one route."""
+    gw = await start_gateway(routes=anthropic_routes(upstream), max_steps=2)
     oai, ant = gw.client("s1"), gw.anthropic("s1")
     chat = await oai.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     resp = await oai.responses.create(model="m", input="hi")
-    msg = await ant.messages.create(model="a", max_tokens=10, messages=MESSAGES)  # type: ignore[arg-type]
-    assert [chat.choices[0].message.content, resp.output_text, msg.content[0].text] == [DEFAULT_TEXT] * 3
-    # the budget is used: every protocol now gets its own synthetic stop, without an upstream call
-    assert (await ant.messages.create(model="a", max_tokens=10, messages=MESSAGES)).content == []  # type: ignore[arg-type]
+    assert [chat.choices[0].message.content, resp.output_text] == [DEFAULT_TEXT] * 2
+    # the budget is used: each protocol now gets its own synthetic stop, without an upstream call
     assert (await oai.responses.create(model="m", input="hi")).output == []
     assert (await oai.chat.completions.create(model="m", messages=MESSAGES)).choices[0].message.content == ""  # type: ignore[arg-type]
-    assert len(upstream.requests) == 3
+    with pytest.raises(anthropic.BadRequestError) as e:
+        await ant.messages.create(model="a", max_tokens=10, messages=MESSAGES)  # type: ignore[arg-type]
+    assert "bound to route `m`" in str(e.value)
+    assert len(upstream.requests) == 2
 
     steps = await gw.steps("s1")
     assert [(s.seq, s.endpoint, s.llm_model, s.step_id) for s in steps] == [
-        (1, "chat.completions", "m", 1), (2, "responses", "m", 2), (3, "messages", "a", 1)]
-    assert [(s.prompt_tokens, s.completion_tokens, s.total_tokens) for s in steps] == [(5, 3, 8)] * 3
-    assert [s.finish_reason for s in steps] == ["stop", "completed", "end_turn"]
+        (1, "chat.completions", "m", 1), (2, "responses", "m", 2)]
+    assert [(s.prompt_tokens, s.completion_tokens, s.total_tokens) for s in steps] == [(5, 3, 8)] * 2
+    assert [s.finish_reason for s in steps] == ["stop", "completed"]
     r = await gw.http().get("/v1/sessions/s1")
-    assert (r.json()["status"], r.json()["total_steps"], r.json()["step_counts"]) == ("truncated", 3, {"m": 2, "a": 1})
+    assert (r.json()["status"], r.json()["total_steps"], r.json()["step_counts"]) == ("truncated", 2, {"m": 2})
     traj = to_trajectory("s1", steps)
-    assert [s.content for s in traj.steps] == [DEFAULT_TEXT] * 3 and traj.final_response == DEFAULT_TEXT
+    assert [s.content for s in traj.steps] == [DEFAULT_TEXT] * 2 and traj.final_response == DEFAULT_TEXT
 
 
 # ------------------------------------------------------------------------------ errors
