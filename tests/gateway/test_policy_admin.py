@@ -166,14 +166,16 @@ async def test_a_client_that_leaves_while_paused_uses_nothing(gw: Gateway, upstr
     assert [s.seq for s in await gw.wait_steps("s1", 1)] == [1]
 
 
-async def test_admin_routes_need_the_gateway_key(start_gateway: StartGateway) -> None:
-    gw = await start_gateway(auth={"api_keys": [CLIENT_KEY]})
+async def test_admin_routes_need_an_admin_key(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(auth={"api_keys": [CLIENT_KEY], "admin_api_keys": ["sk-admin"]})
     http = gw.http()
     for method, path in (("GET", "/admin/policy_version"), ("POST", "/admin/policy_version"),
                          ("POST", "/admin/pause"), ("POST", "/admin/resume")):
         r = await http.request(method, path, json={"version": 1})
         assert (r.status_code, r.json()["error"]["code"]) == (401, "invalid_api_key")
-    r = await http.post("/admin/policy_version", json={"version": 1}, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        r = await http.request(method, path, json={"version": 1}, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_key_required")
+    r = await http.post("/admin/policy_version", json={"version": 1}, headers={"Authorization": "Bearer sk-admin"})
     assert r.json()["policy_version"] == 1
 
 
