@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from gateway.errors import GatewayError
 from gateway.settings import check_worker_url
 from gateway.state import GatewayState
+from store import redact_url
 
 
 class AddWorker(BaseModel):
@@ -63,7 +64,7 @@ async def remove_worker(route: str, base_url: str, request: Request) -> dict[str
     try:
         gw.upstream.pools[route].remove(base_url.rstrip("/"))
     except KeyError:
-        raise GatewayError(404, f"route {route!r} has no worker {base_url!r}", code="worker_not_found",
+        raise GatewayError(404, f"route {route!r} has no worker {redact_url(base_url)!r}", code="worker_not_found",
                            param="base_url") from None
     except ValueError as e:
         raise GatewayError(409, str(e), code="last_worker") from None

@@ -28,9 +28,11 @@ from sqlmodel import SQLModel, col, select
 from store.engine import (
     BUSY_TIMEOUT_MS,
     SQLITE_PAGE_SIZE,
+    hide_secrets,
     make_engine,
     make_sync_sqlite_engine,
     parse_db_url,
+    redact_url,
     sqlite_path,
 )
 from store.feed import append_if_ready, backfill, unfinished_group
@@ -161,7 +163,8 @@ _TRAJECTORY = (select(SessionStep).where(col(SessionStep.session_id) == bindpara
 
 _GS: Table = GatewaySession.__table__  # type: ignore[attr-defined]
 _GATEWAY_SESSION = _GS.select().where(_GS.c.session_id == bindparam("b_sid"))
-_SESSION_CONTEXT = (select(_JE.c.job_id, _JE.c.env_name, _JE.c.group_id, _JE.c.max_steps, _JE.c.llm_model)
+_SESSION_CONTEXT = (_JE.select().with_only_columns(_JE.c.job_id, _JE.c.env_name, _JE.c.group_id, _JE.c.max_steps,
+                                                   _JE.c.llm_model)
                     .where(_JE.c.env_id == bindparam("b_sid")))
 _POLICY_VERSIONS = select(_ST.c.policy_version).where(_ST.c.session_id == bindparam("b_sid")).distinct()
 
@@ -490,12 +493,17 @@ class Store:
         return str(p) if p else None
 
     def identity(self) -> str:
-        """A string naming the database, equal for two Store objects on the same database
-        (the absolute file path for SQLite, the URL without password for PostgreSQL)."""
+        """A string naming the database, equal for two Store objects on the same database, with
+        no credential in it (the absolute file path for SQLite; for PostgreSQL the URL without
+        its user info and with credential parameters such as ``password`` as ``***``,
+        :func:`store.engine.redact_url`). What is printed, logged and answered of the database."""
         if self.path:
             return f"sqlite://{self.path}"
-        head, _, tail = self.url.rpartition("@")
-        return ("postgresql://" + tail) if head else "postgresql://" + self.url.split("://", 1)[1]
+        return "postgresql://" + redact_url(self.url, drop_user=True).split("://", 1)[1]
+
+    def hide_secrets(self, text: str) -> str:
+        """``text`` (e.g. a driver's error) with this store URL's credentials as ``***``."""
+        return hide_secrets(text, self.user_url, self.url)
 
     def peer_url(self) -> str:
         """The URL another process (a gateway the launcher starts) opens the same database with:
@@ -514,7 +522,8 @@ class Store:
                 await conn.run_sync(SQLModel.metadata.create_all)
                 added = await conn.run_sync(add_missing_columns)
         except (sa_exc.DBAPIError, sqlite3.Error, OSError) as e:
-            raise StoreUnavailable(f"storage {self.identity()}: cannot open the database ({_open_failure(e)})") from e
+            raise StoreUnavailable(f"storage {self.identity()}: cannot open the database "
+                                   f"({self.hide_secrets(_open_failure(e))})") from e
         for name in added:
             log.warning("store %s: added column %s (the database was made by an older version)",
                         self.identity(), name)
