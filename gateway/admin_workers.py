@@ -1,5 +1,5 @@
-"""Admin endpoints of the upstream worker pools (:mod:`gateway.workers`), under the gateway's own
-API keys like every other route (``auth``; open when auth is off).
+"""Admin endpoints of the upstream worker pools (:mod:`gateway.workers`), under the gateway's admin
+keys (:mod:`gateway.auth`; open when auth is off) and JSON bodies only (:mod:`gateway.csrf`).
 
 * ``GET /admin/routes/{route}/workers``: the pool (each worker's health, last error, calls open);
 * ``POST /admin/routes/{route}/workers`` with ``{"base_url": "..."}``: add a worker (checked at
