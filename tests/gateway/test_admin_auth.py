@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from gateway.settings import GatewaySettings
 from rollout.job import JobOptions
 from rollout.serve import BatchError, BatchService
-from rollout.services import gateway_admin_key
+from rollout.services import gateway_admin_key, gateway_api_key
 from tests.fake_upstream import DEFAULT_TEXT
 from tests.gateway.conftest import CLIENT_KEY, MESSAGES, Gateway, StartGateway
 
@@ -105,6 +105,8 @@ def test_admin_key_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.auth.admin_keys() == ("first-admin", ADMIN_KEY, "second-admin")
     assert s.auth.keys() == (CLIENT_KEY,) and s.auth.enabled
     assert gateway_admin_key(s) == "first-admin"
+    assert gateway_api_key(s) == CLIENT_KEY  # what the runtimes get: a client key, never an admin key
+    assert gateway_api_key(GatewaySettings.model_validate({"auth": {"admin_api_keys": [ADMIN_KEY]}})) is None
     with pytest.raises(ValidationError, match="admin key #1 .* is also a client key") as ei:
         GatewaySettings.model_validate({"auth": {"api_keys": [CLIENT_KEY], "admin_api_keys": [CLIENT_KEY]}})
     assert CLIENT_KEY not in str(ei.value)
