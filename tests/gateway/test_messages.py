@@ -384,9 +384,12 @@ async def test_gateway_and_upstream_errors_keep_anthropic_shape(start_gateway: S
     assert_anthropic_error(ei2.value.response.json(), "timeout_error")
 
     with pytest.raises(anthropic.APIStatusError) as ei3:
-        await client.messages.create(**{**body, "model": "down"})
+        await gw.anthropic("s-down").messages.create(**{**body, "model": "down"})
     assert ei3.value.status_code == 502
     assert "unreachable" in assert_anthropic_error(ei3.value.response.json(), "api_error")
+    with pytest.raises(anthropic.BadRequestError) as mismatch:  # s1 is bound to route a
+        await client.messages.create(**{**body, "model": "down"})
+    assert "bound to route `a`" in assert_anthropic_error(mismatch.value.response.json(), "invalid_request_error")
 
     upstream.script(UP_PATH, [Reply.raw(b"<html>oops</html>", content_type="text/html")])
     with pytest.raises(anthropic.APIStatusError) as ei4:
@@ -395,8 +398,8 @@ async def test_gateway_and_upstream_errors_keep_anthropic_shape(start_gateway: S
     assert "not a JSON Anthropic message" in assert_anthropic_error(ei4.value.response.json(), "api_error")
 
     steps = await gw.steps("s1")
-    assert [(s.status, s.status_code) for s in steps] == [("error", 429), ("timeout", 504), ("error", 502),
-                                                          ("error", 502)]
+    assert [(s.status, s.status_code) for s in steps] == [("error", 429), ("timeout", 504), ("error", 502)]
+    assert [(s.status, s.status_code) for s in await gw.steps("s-down")] == [("error", 502)]
     assert steps[1].response["type"] == "error" and steps[1].meta_json["error"]["code"] == "upstream_timeout"
 
     await gw.http().post("/v1/sessions/s1/close", json={})
