@@ -4,7 +4,7 @@ model calls (``/admin/policy_version``, ``/admin/pause``, ``/admin/resume``).
 :class:`PolicyControl` holds the current version (in memory: None until a trainer sets it) and
 admits model calls: while paused, a new call waits before it reserves a step; calls already
 admitted run to their end, and ``POST /admin/pause`` answers once they have (or at its
-timeout). Auth: the gateway's API keys, as every other non-probe route. Semantics:
+timeout). Auth: the gateway's admin keys (:mod:`gateway.auth`); JSON bodies only (:mod:`gateway.csrf`). Semantics:
 docs/tokens.md.
 """
 

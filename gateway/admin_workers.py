@@ -1,5 +1,5 @@
-"""Admin endpoints of the upstream worker pools (:mod:`gateway.workers`), under the gateway's own
-API keys like every other route (``auth``; open when auth is off).
+"""Admin endpoints of the upstream worker pools (:mod:`gateway.workers`), under the gateway's admin
+keys (:mod:`gateway.auth`; open when auth is off) and JSON bodies only (:mod:`gateway.csrf`).
 
 * ``GET /admin/routes/{route}/workers``: the pool (each worker's health, last error, calls open);
 * ``POST /admin/routes/{route}/workers`` with ``{"base_url": "..."}``: add a worker (checked at
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from gateway.errors import GatewayError
 from gateway.settings import check_worker_url
 from gateway.state import GatewayState
+from store import redact_url
 
 
 class AddWorker(BaseModel):
@@ -63,7 +64,7 @@ async def remove_worker(route: str, base_url: str, request: Request) -> dict[str
     try:
         gw.upstream.pools[route].remove(base_url.rstrip("/"))
     except KeyError:
-        raise GatewayError(404, f"route {route!r} has no worker {base_url!r}", code="worker_not_found",
+        raise GatewayError(404, f"route {route!r} has no worker {redact_url(base_url)!r}", code="worker_not_found",
                            param="base_url") from None
     except ValueError as e:
         raise GatewayError(409, str(e), code="last_worker") from None

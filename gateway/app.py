@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.admin import build_admin_router
 from gateway.admin_workers import build_workers_router
 from gateway.auth import with_auth
+from gateway.csrf import with_csrf_guard
 from gateway.errors import install_error_handlers
 from gateway.fastpath import ModelCallPaths, method_not_allowed, serve
 from gateway.metrics import Metrics
@@ -35,7 +36,8 @@ class GatewayApp(FastAPI):
     """The gateway's FastAPI app, with the model-call endpoints served ahead of FastAPI's routing
     and middleware (:mod:`gateway.fastpath`); every other request goes through FastAPI. Every
     request, both ways, first passes ``front``: the API-key check when auth is on
-    (:func:`gateway.auth.with_auth`)."""
+    (:func:`gateway.auth.with_auth`), then the refusal of cross-site requests and non-JSON
+    bodies (:mod:`gateway.csrf`)."""
 
     model_call_paths: ModelCallPaths
     front: ASGIApp
@@ -101,7 +103,8 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
     app = GatewayApp(title="rollout gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.model_call_paths = ModelCallPaths(settings.base_session_path)
     install_error_handlers(app)
-    app.front = with_auth(app.dispatch, settings)  # API keys of the gateway's clients; off without keys
+    # API keys (off without keys), then the refusal of requests a web page could make
+    app.front = with_auth(with_csrf_guard(app.dispatch, settings.base_session_path), settings)
     app.include_router(build_router(settings.base_session_path))
     app.include_router(build_workers_router())  # upstream worker pools
     app.include_router(build_admin_router())

@@ -26,7 +26,7 @@ from gateway.redact import redact_request
 from gateway.sessions import StepSlot
 from gateway.state import GatewayState
 from gateway.wire import WireRequest
-from store import step_record
+from store import redact_url, step_record
 from store.stepcodec import TokenChain, message_digests, token_chain
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class Call:
         if self.client_headers:
             meta["client_headers"] = self.client_headers
         if self.worker is not None:
-            meta["upstream_worker"] = self.worker
+            meta["upstream_worker"] = redact_url(self.worker)
         if self.client_left_after_s is not None:
             meta["client_left_after_s"] = round(self.client_left_after_s, 3)
         if any(a.wait_s is not None for a in self.attempts):  # retried (or waiting to): list them

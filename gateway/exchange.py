@@ -20,6 +20,7 @@ import aiohttp
 from gateway.call import Call
 from gateway.errors import error_body
 from gateway.outcome import Attempt, Phase, StepStatus
+from store import hide_secrets
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,9 @@ class Exchange:
                                       retry_reason="connect_timeout") from e
             raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("first-byte", e), Phase.FIRST_BYTE) from e
         except aiohttp.ClientError as e:
-            err = error_body(502, f"upstream {call.route_key} unreachable: {type(e).__name__}: {e}",
-                             code="upstream_unreachable")
+            why = hide_secrets(f"{type(e).__name__}: {e}", worker.base_url,
+                               *call.gw.settings.llm_routes[call.route_key].workers)
+            err = error_body(502, f"upstream {call.route_key} unreachable: {why}", code="upstream_unreachable")
             retryable = (isinstance(e, aiohttp.ClientConnectorError)
                          and not isinstance(e, aiohttp.ClientConnectorCertificateError))
             raise UpstreamFailed(502, StepStatus.ERROR, err, Phase.CONNECT,

@@ -31,7 +31,7 @@ from gateway.outcome import Outcome
 from gateway.protocols import CHAT, WireProtocol
 from gateway.relay import StreamRelay
 from gateway.replay import replay_or_claim
-from gateway.sessions import SessionClosed
+from gateway.sessions import RouteMismatch, SessionClosed
 from gateway.state import GatewayState
 from gateway.streaming import SSE_HEADERS, GuardedStreamingResponse
 from gateway.upstream import route_base_url
@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 async def handle(gw: GatewayState, request: Request, session_id: str | None, proto: WireProtocol) -> Response:
     """Serve one model call of protocol ``proto``; ``session_id`` None means passthrough (not
-    recorded). Errors the gateway answers itself are raised as GatewayError (400 bad body or
-    route of another api, 404 unknown route, 409 closed session, 413 body too large); upstream
+    recorded). Errors the gateway answers itself are raised as GatewayError (400 bad body,
+    route of another api or another route than the session's, 404 unknown route, 409 closed session, 413 body too large); upstream
     answers and failures are answered by the call (see docs/gateway-semantics.md)."""
     set_error_shape(request, proto.client_error)
     if session_id is not None:
@@ -73,6 +73,11 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
                 call.slot = await gw.sessions.reserve(session_id, route_key)
             except SessionClosed:
                 raise GatewayError(409, f"session {session_id} is closed", code="session_closed") from None
+            except RouteMismatch as e:
+                raise GatewayError(400, f"session {session_id} is bound to route `{e.bound}` (the route it was "
+                                        f"started on); this call names `{req.model}` (route `{route_key}`). Every "
+                                        "call of a session must name its route or an alias of it",
+                                   code="session_route_mismatch", param="model") from None
             if call.slot is None:
                 return await _finish(call, answers.synthetic_stop(call))
         return await _forward(call, request, raw)

@@ -43,7 +43,7 @@ async def healthz() -> dict[str, str]:
 
 async def readyz(request: Request) -> JSONResponse:
     """Ready when the store answers (and, with ``?route=KEY``, that route's upstream); names the
-    database so a launcher can check it is its own."""
+    database so a launcher can check it is its own (``Store.identity``: no credential in it)."""
     g = _gw(request)
     body = {"status": "ready", "storage_type": g.store.kind, "db_url": g.store.identity(),
             "max_steps": g.settings.max_steps, "routes": sorted(g.settings.llm_routes),
@@ -52,7 +52,7 @@ async def readyz(request: Request) -> JSONResponse:
     try:
         await g.store.ping()
     except Exception as e:
-        body.update(status="unavailable", error=f"{type(e).__name__}: {e}")
+        body.update(status="unavailable", error=g.store.hide_secrets(f"{type(e).__name__}: {e}"))
         return JSONResponse(body, status_code=503)
     route = request.query_params.get("route")  # ?route=KEY: is that route's upstream up too?
     if route is not None and route in g.settings.llm_routes:
@@ -71,7 +71,7 @@ async def metrics(request: Request) -> Response:
     for key, pool in g.upstream.pools.items():
         if g.upstream.pooled(key):
             for w in pool.workers.values():
-                g.metrics.worker_healthy.labels(key, w.base_url).set(1 if w.healthy else 0)
+                g.metrics.worker_healthy.labels(key, w.shown).set(1 if w.healthy else 0)
     return Response(g.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

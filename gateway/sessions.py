@@ -44,17 +44,36 @@ def _snapshot(st: GatewaySession) -> GatewaySession:
     return GatewaySession(**values)
 
 
+class RouteMismatch(Exception):
+    """A call of a session named a route other than the one the session is bound to
+    (``GatewaySession.route``: its launcher's route, else the route of its first call)."""
+
+    def __init__(self, session_id: str, bound: str, called: str) -> None:
+        super().__init__(f"session {session_id} is bound to route {bound!r}, not {called!r}")
+        self.session_id, self.bound, self.called = session_id, bound, called
+
+
+def route_mismatch(st: GatewaySession, model: str) -> RouteMismatch | None:
+    """The refusal of a call of route ``model`` by a session bound to another route, else None."""
+    if st.route is not None and st.route != model:
+        return RouteMismatch(st.session_id, st.route, model)
+    return None
+
+
 def take_step(st: GatewaySession, model: str) -> StepSlot | None:
     """The budget rule, applied to a session state that is not closed (changed in place): the
     next step for route ``model``, or None when ``0 <= max_steps <= total_steps -
     refunded_steps`` (the state is then ``truncated``; ``active`` again once a refund frees a
-    unit, or after a restart's ``interrupted``)."""
+    unit, or after a restart's ``interrupted``). A session not bound to a route yet is bound to
+    ``model`` by its first step; the caller checked :func:`route_mismatch` first."""
     if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
         st.status = SessionStatus.TRUNCATED
         st.updated_at = utcnow()
         return None
     if st.status in (SessionStatus.TRUNCATED, SessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
         st.status = SessionStatus.ACTIVE
+    if st.route is None:
+        st.route = model
     counts = dict(st.step_counts or {})
     counts[model] = counts.get(model, 0) + 1
     st.step_counts = counts
@@ -120,14 +139,15 @@ class SessionManager:
         return st
 
     def _new_state(self, sid: str, ctx: SessionContext | JobEnvironment | None) -> GatewaySession:
-        """A new session's state: the launcher's row's budget and metadata, else the config's."""
+        """A new session's state: the launcher's row's budget, metadata and route (the session is
+        bound to it), else the config's budget and no route yet."""
         max_steps = self._default_max_steps
         if ctx is not None and ctx.max_steps is not None:
             max_steps = ctx.max_steps
         return GatewaySession(
             session_id=sid, max_steps=max_steps, step_counts={},
             job_id=ctx.job_id if ctx else None, env_name=ctx.env_name if ctx else None,
-            group_id=ctx.group_id if ctx else None,
+            group_id=ctx.group_id if ctx else None, route=ctx.llm_model if ctx else None,
         )
 
     def live(self, sid: str) -> GatewaySession | None:
@@ -181,7 +201,8 @@ class SessionManager:
         Returns the slot, or None when the budget is used up (``max_steps >= 0`` and
         ``max_steps <= total_steps - refunded_steps``): the session is then marked ``truncated``
         (``active`` again once a refund lets a later call reserve). Raises SessionClosed for a
-        closed session, and for one being closed. A returned slot is in flight until
+        closed session, and for one being closed; RouteMismatch when the session is bound to
+        another route (a session not bound yet is bound to ``model``). A returned slot is in flight until
         :meth:`release` (idempotent) is called with it, on every path."""
         live = self._live(sid)
         async with live.lock:
@@ -195,6 +216,8 @@ class SessionManager:
                     # session reset for a retry (Store.reset_for_retry) is fresh at its next call
                     del self._sessions[sid]
                 raise SessionClosed(sid)
+            if (mismatch := route_mismatch(st, model)) is not None:
+                raise mismatch
             slot = take_step(st, model)
             if slot is None:
                 return None

@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -284,6 +285,27 @@ def check_base_url_template(url: str) -> None:
                              "e.g. http://trainer:8000/sessions/{session_id}/v1")
 
 
+def _keys_from(inline: list[str], env_name: str | None, field: str) -> list[str]:
+    """The keys of one key set: ``inline``, then those of the environment variable ``env_name``
+    (comma-separated). ValueError for a variable that is unset, holds no key or a bad one; the
+    message names ``field`` (e.g. ``auth.api_keys_env``) and never prints a key."""
+    keys = list(inline)
+    if env_name is not None:
+        raw = os.environ.get(env_name)
+        if raw is None:
+            raise ValueError(f"{field} names {env_name}, which is not set; export it (comma-separated keys) or "
+                             f"remove {field} to run without it")
+        from_env = [k.strip() for k in raw.split(",") if k.strip()]
+        if not from_env:
+            raise ValueError(f"{field} names {env_name}, which holds no key")
+        for i, k in enumerate(from_env):
+            if not _KEY.fullmatch(k):
+                raise ValueError(f"key #{i + 1} in ${env_name} is not a valid key (visible ASCII characters, no "
+                                 "comma)")
+        keys += from_env
+    return list(dict.fromkeys(keys))
+
+
 class AuthSettings(_Strict):
     """API keys this gateway asks of its own clients (not the upstream keys: those are route
     ``api_key``). Keys come from ``api_keys`` (inline) and/or the environment variable named by
@@ -291,59 +313,63 @@ class AuthSettings(_Strict):
     default) means auth is off. A key is 1 or more visible ASCII characters without ``,``
     (what an HTTP header value can carry, RFC 9110 section 5.5).
 
-    Fail-closed: naming ``api_keys_env`` for a variable that is unset, or that holds no key, is
-    a config error (a gateway meant to be protected never starts open by a missing export). The
-    variable is read when the settings are validated (at load). Errors never print a key (they
-    say which entry is at fault). Enforced by :mod:`gateway.auth`."""
+    Admin keys (``admin_api_keys`` / ``admin_api_keys_env``, read the same way) open the
+    ``/admin/...`` endpoints and nothing else; client keys never open them. With client keys and
+    no admin key, the admin endpoints are refused (403 ``admin_disabled``: fail closed); with
+    no key at all, everything is open. A key may not be both a client key and an admin key.
+
+    Fail-closed: naming ``api_keys_env`` (or ``admin_api_keys_env``) for a variable that is
+    unset, or that holds no key, is a config error (a gateway meant to be protected never starts
+    open by a missing export). The variables are read when the settings are validated (at load).
+    Errors never print a key (they say which entry is at fault). Enforced by
+    :mod:`gateway.auth`."""
 
     api_keys: list[str] = Field(default_factory=list)
     api_keys_env: str | None = None
+    admin_api_keys: list[str] = Field(default_factory=list)
+    admin_api_keys_env: str | None = None
     _keys: tuple[str, ...] = PrivateAttr(default=())
+    _admin_keys: tuple[str, ...] = PrivateAttr(default=())
 
-    @field_validator("api_keys")
+    @field_validator("api_keys", "admin_api_keys")
     @classmethod
-    def _inline_keys(cls, v: list[str]) -> list[str]:
+    def _inline_keys(cls, v: list[str], info: ValidationInfo) -> list[str]:
         out = [k.strip() for k in v]
         for i, k in enumerate(out):
             if not _KEY.fullmatch(k):
-                raise ValueError(f"auth.api_keys[{i}] is not a valid key (visible ASCII characters, no "
+                raise ValueError(f"auth.{info.field_name}[{i}] is not a valid key (visible ASCII characters, no "
                                  "comma, not empty)")
         return out
 
-    @field_validator("api_keys_env")
+    @field_validator("api_keys_env", "admin_api_keys_env")
     @classmethod
-    def _env_name(cls, v: str | None) -> str | None:
+    def _env_name(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and not _ENV_NAME.fullmatch(v):
-            raise ValueError(f"auth.api_keys_env must be an environment variable name, not {v!r}")
+            raise ValueError(f"auth.{info.field_name} must be an environment variable name, not {v!r}")
         return v
 
     @model_validator(mode="after")
     def _resolve(self) -> AuthSettings:
-        keys = list(self.api_keys)
-        if self.api_keys_env is not None:
-            raw = os.environ.get(self.api_keys_env)
-            if raw is None:
-                raise ValueError(f"auth.api_keys_env names {self.api_keys_env}, which is not set; export it "
-                                 "(comma-separated keys) or remove auth.api_keys_env to run without it")
-            from_env = [k.strip() for k in raw.split(",") if k.strip()]
-            if not from_env:
-                raise ValueError(f"auth.api_keys_env names {self.api_keys_env}, which holds no key")
-            for i, k in enumerate(from_env):
-                if not _KEY.fullmatch(k):
-                    raise ValueError(f"key #{i + 1} in ${self.api_keys_env} is not a valid key (visible ASCII "
-                                     "characters, no comma)")
-            keys += from_env
-        self._keys = tuple(dict.fromkeys(keys))
+        self._keys = tuple(_keys_from(self.api_keys, self.api_keys_env, "auth.api_keys_env"))
+        self._admin_keys = tuple(_keys_from(self.admin_api_keys, self.admin_api_keys_env, "auth.admin_api_keys_env"))
+        for i, k in enumerate(self._admin_keys):
+            if k in self._keys:
+                raise ValueError(f"admin key #{i + 1} (auth.admin_api_keys, then auth.admin_api_keys_env) is also a "
+                                 "client key: an admin key must differ from every key the clients get")
         return self
 
     def keys(self) -> tuple[str, ...]:
-        """Every accepted key (inline first, then the environment variable's), without
+        """Every accepted client key (inline first, then the environment variable's), without
         duplicates; empty when auth is off."""
         return self._keys
 
+    def admin_keys(self) -> tuple[str, ...]:
+        """Every admin key (inline first, then the environment variable's), without duplicates."""
+        return self._admin_keys
+
     @property
     def enabled(self) -> bool:
-        """True when at least one key is configured."""
+        """True when at least one client key is configured."""
         return bool(self._keys)
 
 

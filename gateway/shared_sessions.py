@@ -15,7 +15,15 @@ import logging
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from gateway.sessions import SessionClosed, SessionManager, StepSlot, _snapshot, take_step
+from gateway.sessions import (
+    RouteMismatch,
+    SessionClosed,
+    SessionManager,
+    StepSlot,
+    _snapshot,
+    route_mismatch,
+    take_step,
+)
 from store import GatewaySession, JobEnvironment, SessionStatus, StepRow, Store, utcnow
 
 log = logging.getLogger(__name__)
@@ -53,14 +61,17 @@ class SharedSessionManager(SessionManager):
 
     async def reserve(self, sid: str, model: str) -> StepSlot | None:
         """As :meth:`SessionManager.reserve`, in one transaction on the session's row (which also
-        counts the step in ``in_flight``); ``closing`` and ``closed`` refuse the call."""
+        counts the step in ``in_flight``); ``closing`` and ``closed`` refuse the call, as does a
+        session bound to another route (RouteMismatch)."""
         live = self._live(sid)
         if live.closes_waiting:
             raise SessionClosed(sid)
 
-        def take(st: GatewaySession) -> StepSlot | None | SessionStatus:
+        def take(st: GatewaySession) -> StepSlot | None | SessionStatus | RouteMismatch:
             if st.status in _CLOSED:
                 return SessionStatus(st.status)
+            if (mismatch := route_mismatch(st, model)) is not None:
+                return mismatch
             slot = take_step(st, model)
             if slot is not None:
                 st.in_flight += 1
@@ -73,8 +84,10 @@ class SharedSessionManager(SessionManager):
         except BaseException:
             self._drop_if_idle(sid)
             raise
-        if isinstance(got, SessionStatus) or got is None:
+        if isinstance(got, SessionStatus | RouteMismatch) or got is None:
             self._drop_if_idle(sid)
+            if isinstance(got, RouteMismatch):
+                raise got
             if got is not None:
                 raise SessionClosed(sid)
             return None

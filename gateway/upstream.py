@@ -23,6 +23,7 @@ import aiohttp
 from gateway.errors import GatewayError
 from gateway.settings import SESSION_ID_PLACEHOLDER, RouteSettings
 from gateway.workers import Worker, WorkerPool
+from store import hide_secrets, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ def route_base_url(route_key: str, route: RouteSettings, session_id: str | None)
     if not route.per_session:
         return route.base_url
     if session_id is None:
-        raise GatewayError(400, f"route `{route_key}` sends each call to a per-session URL ({route.base_url}); "
+        raise GatewayError(400, f"route `{route_key}` sends each call to a per-session URL "
+                                f"({redact_url(route.base_url)}); "
                                 "call it through a session URL (.../v1/sessions/{session_id}/...), not the "
                                 "sessionless endpoint", code="session_required", param="model")
     if session_id in (".", ".."):
@@ -113,7 +115,7 @@ class UpstreamClient:
                 if resp.status >= 500:
                     return f"answered HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as e:
-            return f"does not answer: {type(e).__name__}: {e}"
+            return hide_secrets(f"does not answer: {type(e).__name__}: {e}", base_url)
         return None
 
     async def probe(self, route_key: str, timeout_s: float = 5.0) -> str | None:
@@ -131,7 +133,7 @@ class UpstreamClient:
             why = await self._probe_url(route, w.base_url, timeout_s)
             if why is None:
                 return None
-            whys.append(why if len(workers) == 1 else f"{w.base_url} {why}")
+            whys.append(why if len(workers) == 1 else f"{w.shown} {why}")
         return f"upstream of route {route_key} " + "; ".join(whys) if len(workers) == 1 else (
             f"no worker of route {route_key} answers: " + "; ".join(whys))
 
@@ -207,7 +209,8 @@ class UpstreamClient:
                     yield resp
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 if not connected and self.pooled(route_key):
-                    self.pools[route_key].set_health(w.base_url, False, f"connect failed: {type(e).__name__}: {e}")
+                    self.pools[route_key].set_health(w.base_url, False, hide_secrets(
+                        f"connect failed: {type(e).__name__}: {e}", w.base_url))
                 raise
         finally:
             w.in_flight -= 1

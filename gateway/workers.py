@@ -16,6 +16,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from store import redact_url
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +33,9 @@ def _weight(key: bytes, sid: bytes) -> int:
 @dataclass(slots=True)
 class Worker:
     """One upstream base URL of a route: whether it takes calls (``healthy``), why not
-    (``last_error``), since when (``changed_at``, wall-clock seconds) and the calls open on it."""
+    (``last_error``), since when (``changed_at``, wall-clock seconds) and the calls open on it.
+    ``shown``: the URL with its credentials hidden (:func:`store.redact_url`), what answers,
+    metrics and logs name it by."""
 
     base_url: str
     healthy: bool = True
@@ -40,12 +44,14 @@ class Worker:
     in_flight: int = 0
 
     key: bytes = field(init=False, repr=False)  # hashed before the session id: the URL and a NUL
+    shown: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.key = self.base_url.encode() + b"\0"
+        self.shown = redact_url(self.base_url)
 
     def as_json(self) -> dict[str, object]:
-        return {"base_url": self.base_url, "healthy": self.healthy, "last_error": self.last_error,
+        return {"base_url": self.shown, "healthy": self.healthy, "last_error": self.last_error,
                 "changed_at": self.changed_at, "in_flight": self.in_flight}
 
 
@@ -81,16 +87,16 @@ class WorkerPool:
         if changed:
             w.changed_at = time.time()
             if healthy:
-                log.info("route %s: worker %s is back", self.route_key, base_url)
+                log.info("route %s: worker %s is back", self.route_key, w.shown)
             else:
-                log.warning("route %s: worker %s taken out (%s); its sessions move", self.route_key, base_url, why)
+                log.warning("route %s: worker %s taken out (%s); its sessions move", self.route_key, w.shown, why)
 
     def add(self, base_url: str) -> bool:
         """Add a worker (healthy until a check says otherwise); False when it is already there."""
         if base_url in self.workers:
             return False
-        self.workers[base_url] = Worker(base_url, changed_at=time.time())
-        log.info("route %s: worker %s added", self.route_key, base_url)
+        w = self.workers[base_url] = Worker(base_url, changed_at=time.time())
+        log.info("route %s: worker %s added", self.route_key, w.shown)
         return True
 
     def remove(self, base_url: str) -> Worker:
@@ -99,8 +105,8 @@ class WorkerPool:
         if base_url not in self.workers:
             raise KeyError(base_url)
         if len(self.workers) == 1:
-            raise ValueError(f"route {self.route_key}: {base_url} is its last worker")
+            raise ValueError(f"route {self.route_key}: {redact_url(base_url)} is its last worker")
         w = self.workers.pop(base_url)
         log.info("route %s: worker %s removed (%d call(s) still open on it finish there)", self.route_key,
-                 base_url, w.in_flight)
+                 w.shown, w.in_flight)
         return w

@@ -25,6 +25,9 @@ from pydantic import BaseModel, ValidationError
 from rollout.protocol import SimulationStartRequest, SimulationStartResult, model_json
 
 log = logging.getLogger(__name__)
+WITHHELD_ENV = frozenset({"GATEWAY_ADMIN_KEY"})
+"""Variables of the launcher's environment a runtime never inherits: the gateway's admin key
+(``rollout.services.GATEWAY_ADMIN_KEY_ENV``) is the launcher's alone."""
 _TAIL = 4000
 _STDOUT_KEEP = 8 * 1024 * 1024
 _STDERR_KEEP = 64 * 1024
@@ -201,7 +204,8 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     The session ends when the runtime process exits (not when its pipes close: a background
     child it left behind does not hold the session open); its process group is then killed.
     Only the last 8 MiB of stdout and 64 KiB of stderr are kept in memory.
-    ``env`` given: the process's whole environment; else this process's plus ``extra_env``.
+    ``env`` given: the process's whole environment; else this process's (less
+    :data:`WITHHELD_ENV`) plus ``extra_env``.
     ``output_limit`` (bytes of stdout + stderr) and ``monitor`` (see ``Monitor``) end the session
     as ``error`` with ``limit_exceeded`` set when exceeded. ``stderr_log``: a file that gets the
     whole of stderr (folders created; appended to).
@@ -209,7 +213,8 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     the process group. Raises OSError when the command cannot be started at all.
     """
     if env is None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        env = {**{k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}, "PYTHONUNBUFFERED": "1",
+               **(extra_env or {})}
         env.setdefault("OPENAI_API_KEY", "sk-rollout-local")
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:

@@ -43,10 +43,12 @@ from rollout.job import (
 from rollout.local_server import listen, run_server, url_of
 from rollout.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.services import (
+    GATEWAY_ADMIN_KEY_ENV,
     ChildProcess,
     ServiceError,
     auth_headers,
     check_gateway,
+    gateway_admin_key,
     gateway_api_key,
     gateway_root,
 )
@@ -125,17 +127,19 @@ def _now() -> str:
 
 class BatchService:
     """Plans, queues and runs batches on one store and one gateway (``gateway_url``: its session
-    base URL; ``api_key``: the key the launcher's calls and runtimes send, None with auth off).
+    base URL; ``api_key``: the key the launcher's calls and runtimes send, None with auth off;
+    ``admin_key``: the key of the gateway's admin endpoints, sent by this service only).
     ``base`` holds the job-wide options (agent root, pool size, evaluation, sandbox, retries);
     ``model`` the default route; ``managed``: the route whose model server this service started
     (other managed routes have none running)."""
 
     def __init__(self, store: Store, base: JobOptions, gateway_url: str, api_key: str | None, model: str,
-                 gw: GatewaySettings | None = None) -> None:
+                 gw: GatewaySettings | None = None, admin_key: str | None = None) -> None:
         self.store = store
         self.base = base
         self.gateway_url = gateway_url
         self.api_key = api_key
+        self.admin_key = admin_key
         self.model = model
         self.gw = gw
         self.batches: dict[str, _Batch] = {}
@@ -201,13 +205,17 @@ class BatchService:
         """GET (or POST ``version``) the gateway's policy version; returns the version it answers."""
         url = gateway_root(self.gateway_url) + "/admin/policy_version"
         try:
-            async with httpx.AsyncClient(timeout=30, headers=auth_headers(self.api_key)) as http:
+            async with httpx.AsyncClient(timeout=30, headers=auth_headers(self.admin_key)) as http:
                 r = await (http.get(url) if method == "GET" else http.post(url, json={"version": version}))
         except httpx.TransportError as e:
             raise BatchError(f"the gateway at {url} does not answer: {type(e).__name__}: {e}", 503) from e
         if r.status_code == 404:
             raise BatchError(f"the gateway at {gateway_root(self.gateway_url)} has no policy versions "
                              "(no /admin/policy_version): submit the batch without policy_version")
+        if r.status_code in (401, 403):
+            raise BatchError(f"the gateway at {gateway_root(self.gateway_url)} refused this service's admin key "
+                             f"(HTTP {r.status_code}): its /admin endpoints take an admin key (auth.admin_api_keys "
+                             f"of a gateway serve starts, else ${GATEWAY_ADMIN_KEY_ENV}): {r.text[:300]}", 502)
         if r.status_code != 200:
             raise BatchError(f"{method} {url}: HTTP {r.status_code}: {r.text[:300]}", 502)
         answered = r.json().get("policy_version")
@@ -344,7 +352,7 @@ async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings) -> N
         await init_store(store)
         log_dir = Path("runs") / "logs" / f"serve-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
         url, key, model, gw = await _gateway(opts, store, log_dir, children)
-        service = BatchService(store, opts, url, key, model, gw)
+        service = BatchService(store, opts, url, key, model, gw, admin_key=gateway_admin_key(gw))
         sock = listen(host, port, exposes="every trajectory and can start batches")
         print(f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
               f"store {store.identity()}); Ctrl-C stops it", flush=True)

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 GATEWAY_API_KEY_ENV = "GATEWAY_API_KEY"
 """The environment variable holding the key of a running gateway that has auth on."""
+GATEWAY_ADMIN_KEY_ENV = "GATEWAY_ADMIN_KEY"
+"""The environment variable holding an admin key of a running gateway (its ``/admin/...``
+endpoints); the launcher uses it itself and never passes it to a runtime."""
 
 
 class ServiceError(RuntimeError):
@@ -216,6 +219,17 @@ def gateway_api_key(settings: GatewaySettings | None) -> str | None:
         keys = settings.auth.keys()
         return keys[0] if keys else None
     return os.environ.get(GATEWAY_API_KEY_ENV, "").strip() or None
+
+
+def gateway_admin_key(settings: GatewaySettings | None) -> str | None:
+    """The key the launcher sends to the gateway's ``/admin/...`` endpoints (policy versions), or
+    None. ``settings``: the config of the gateway the launcher starts itself (its first admin
+    key); None: a running gateway, the value of ``$GATEWAY_ADMIN_KEY``. Never given to a
+    runtime."""
+    if settings is not None:
+        keys = settings.auth.admin_keys()
+        return keys[0] if keys else None
+    return os.environ.get(GATEWAY_ADMIN_KEY_ENV, "").strip() or None
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

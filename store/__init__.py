@@ -4,7 +4,7 @@ Used by both the gateway and the launcher; knows nothing about HTTP (module map:
 docs/architecture.md).
 """
 
-from store.engine import DbUrlError, json_dumps, parse_db_url
+from store.engine import DbUrlError, hide_secrets, json_dumps, parse_db_url, redact_url
 from store.models import (
     JOB_ID_PATTERN,
     MAX_INT,
@@ -39,10 +39,12 @@ __all__ = [
     "StepStatus",
     "Store",
     "attempt_session_id",
+    "hide_secrets",
     "is_unavailable",
     "json_dumps",
     "new_record_id",
     "parse_db_url",
+    "redact_url",
     "step_record",
     "utcnow",
 ]

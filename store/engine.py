@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus
 
 from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -24,6 +26,74 @@ SQLITE_PAGE_SIZE = 4096
 """The page size of a SQLite file this store creates (bytes; an existing file keeps its own).
 Every page size wastes the tail of its pages on rows of some sizes; on agent steps of mixed
 sizes 4 KiB wastes no more than larger pages and costs less CPU per commit (docs/storage.md)."""
+
+
+REDACTED = "***"
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|credential|sig", re.IGNORECASE)
+
+
+def _split_url(url: str) -> tuple[str, str | None, str, str, str] | None:
+    """``(scheme://, userinfo or None, host and path, query, fragment)`` of ``url`` (query and
+    fragment with their ``?`` / ``#``), or None when it has no ``://``. The user info ends at the
+    last ``@`` before the query (a password may hold ``/`` or ``@``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    rest, hash_, fragment = rest.partition("#")
+    rest, qmark, query = rest.partition("?")
+    userinfo, at, hostpath = rest.rpartition("@")
+    return scheme + sep, userinfo if at else None, hostpath, qmark + query, hash_ + fragment
+
+
+def _secret_param(part: str) -> bool:
+    return bool(_SECRET_PARAM.search(unquote_plus(part.partition("=")[0])))
+
+
+def redact_url(url: str, *, drop_user: bool = False) -> str:
+    """``url`` with its credentials hidden: the password of its user info (``user:***@``; the
+    whole user info with ``drop_user``) and the value of every query parameter whose name looks
+    like a credential (``password``, ``sslpassword``, ``api_key``, ``key``, ``token``, ``sig``,
+    ...) replaced by ``***``. Everything else is kept as written; a string without ``://``
+    (a file path) is returned as is. Used for every database and upstream URL the gateway and
+    the launcher print, log or answer."""
+    parts = _split_url(url)
+    if parts is None:
+        return url
+    scheme, userinfo, hostpath, query, fragment = parts
+    user = ""
+    if userinfo is not None and not drop_user:
+        name, colon, _ = userinfo.partition(":")
+        user = f"{name}:{REDACTED}@" if colon else f"{name}@"
+    if query:
+        query = "?" + "&".join(f"{p.partition('=')[0]}={REDACTED}" if _secret_param(p) else p
+                               for p in query[1:].split("&"))
+    return scheme + user + hostpath + query + fragment
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credential values ``url`` holds (what :func:`redact_url` hides), raw and
+    percent-decoded, longest first; for :func:`hide_secrets`."""
+    parts = _split_url(url)
+    if parts is None:
+        return []
+    _, userinfo, _, query, _ = parts
+    found: list[str] = []
+    if userinfo is not None and ":" in userinfo:
+        found.append(userinfo.partition(":")[2])
+    if query:
+        found += [p.partition("=")[2] for p in query[1:].split("&") if _secret_param(p)]
+    values = {v for raw in found for v in (raw, unquote_plus(raw)) if v}
+    return sorted(values, key=len, reverse=True)
+
+
+def hide_secrets(text: str, *urls: str) -> str:
+    """``text`` (an error message, a log line) with every credential of ``urls`` replaced by
+    ``***``: driver and client errors may quote the URL or the connection string they failed
+    on."""
+    for url in urls:
+        for secret in url_secrets(url):
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 class DbUrlError(ValueError):
@@ -66,7 +136,8 @@ def parse_db_url(url: str) -> str:
         return "postgresql+asyncpg://" + url.split("://", 1)[1]
     if url.startswith("postgresql+asyncpg://"):
         return url
-    raise DbUrlError(f"unsupported storage URL {url!r}: use a file path, sqlite://PATH or postgresql://...")
+    raise DbUrlError(f"unsupported storage URL {redact_url(url)!r}: use a file path, sqlite://PATH or "
+                     "postgresql://...")
 
 
 def sqlite_path(async_url: str) -> Path | None:

@@ -203,6 +203,19 @@ class FeedQueries:
                     out.setdefault(sid, []).append(int(version))
         return out
 
+    async def step_routes(self, session_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The distinct routes (``llm_model``) of each session's steps, sorted (a session without
+        steps is absent)."""
+        out: dict[str, list[str]] = {}
+        async with self.engine.connect() as conn:
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = (select(ST.c.session_id, ST.c.llm_model).distinct()
+                     .where(ST.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
+                     .order_by(ST.c.session_id, ST.c.llm_model))
+                for sid, route in (await conn.execute(q)).all():
+                    out.setdefault(sid, []).append(str(route))
+        return out
+
     async def group_ids(self, job_id: str) -> list[str]:
         """Every group of a job, ordered by env, case and group id (exports)."""
         q = (select(JE.c.group_id, func.min(JE.c.env_name), func.min(JE.c.case_id))

@@ -250,7 +250,9 @@ class GatewaySession(SQLModel, table=True):
     and the steps used, per model (``step_counts``: route key -> last step_id) and in total.
     ``refunded_steps``: how many of the ``total_steps`` rows are calls that failed before reaching
     the model (connect failure, upstream 429) and so use no budget: the budget check is
-    ``max_steps <= total_steps - refunded_steps``. ``in_flight`` and the status ``closing`` (a
+    ``max_steps <= total_steps - refunded_steps``. ``route``: the route key the session is bound
+    to (its launcher row's ``llm_model``, else the route of its first call); every call of the
+    session must name it (NULL: not bound yet). ``in_flight`` and the status ``closing`` (a
     close waits for the calls in flight) are kept here only by gateways that share sessions
     (docs/scale-out.md): reserved steps whose row is not committed yet, on any gateway."""
 
@@ -263,6 +265,7 @@ class GatewaySession(SQLModel, table=True):
     refunded_steps: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     in_flight: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     step_counts: dict[str, int] | None = _json()
+    route: str | None = Field(default=None, max_length=256, sa_type=ColumnText(256))
     job_id: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
     env_name: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))
     group_id: str | None = Field(default=None, max_length=128, sa_type=ColumnText(128))

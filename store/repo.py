@@ -28,9 +28,11 @@ from sqlmodel import SQLModel, col, select
 from store.engine import (
     BUSY_TIMEOUT_MS,
     SQLITE_PAGE_SIZE,
+    hide_secrets,
     make_engine,
     make_sync_sqlite_engine,
     parse_db_url,
+    redact_url,
     sqlite_path,
 )
 from store.feed import append_if_ready, backfill, unfinished_group
@@ -161,18 +163,21 @@ _TRAJECTORY = (select(SessionStep).where(col(SessionStep.session_id) == bindpara
 
 _GS: Table = GatewaySession.__table__  # type: ignore[attr-defined]
 _GATEWAY_SESSION = _GS.select().where(_GS.c.session_id == bindparam("b_sid"))
-_SESSION_CONTEXT = (select(_JE.c.job_id, _JE.c.env_name, _JE.c.group_id, _JE.c.max_steps)
+_SESSION_CONTEXT = (_JE.select().with_only_columns(_JE.c.job_id, _JE.c.env_name, _JE.c.group_id, _JE.c.max_steps,
+                                                   _JE.c.llm_model)
                     .where(_JE.c.env_id == bindparam("b_sid")))
 _POLICY_VERSIONS = select(_ST.c.policy_version).where(_ST.c.session_id == bindparam("b_sid")).distinct()
 
 
 class SessionContext(NamedTuple):
-    """What a gateway takes from the launcher's row of a session (``job_environments``)."""
+    """What a gateway takes from the launcher's row of a session (``job_environments``):
+    ``llm_model`` is the route the launcher runs the session on (the session is bound to it)."""
 
     job_id: str | None
     env_name: str | None
     group_id: str | None
     max_steps: int | None
+    llm_model: str | None
 
 
 def _gateway_session(conn: Connection, session_id: str) -> GatewaySession | None:
@@ -200,9 +205,9 @@ _SQLITE_COUNTS = "CASE WHEN json_type(step_counts) = 'object' THEN step_counts E
 _SQLITE_RESERVE_SQL = (  # named parameters, run by the batch writer's own sqlite3 connection
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
     f"step_counts = json_set({_SQLITE_COUNTS}, :path, COALESCE(json_extract({_SQLITE_COUNTS}, :path), 0) + 1), "
-    "status = 'active', updated_at = :now "
+    "status = 'active', updated_at = :now, route = COALESCE(route, :model) "
     "WHERE session_id = :sid AND status IN ('active', 'truncated', 'interrupted') "
-    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
+    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) AND (route IS NULL OR route = :model) "
     "RETURNING total_steps, json_extract(step_counts, :path), job_id, env_name, group_id"
 )
 _PG_COUNTS = ("CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END")
@@ -210,9 +215,9 @@ _PG_RESERVE_SQL = (  # asyncpg: $1 session id, $2 route key, $3 now
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
     f"step_counts = jsonb_set({_PG_COUNTS}, ARRAY[$2::text], "
     f"to_jsonb(COALESCE(({_PG_COUNTS} ->> $2::text)::int, 0) + 1))::json, "
-    "status = 'active', updated_at = $3 "
+    "status = 'active', updated_at = $3, route = COALESCE(route, $2::text) "
     "WHERE session_id = $1 AND status IN ('active', 'truncated', 'interrupted') "
-    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) "
+    "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) AND (route IS NULL OR route = $2::text) "
     "RETURNING total_steps, (step_counts::jsonb ->> $2::text)::int, job_id, env_name, group_id"
 )
 _PG_LOCK_SESSIONS = text(
@@ -352,13 +357,14 @@ class _SqliteBatchWriter:
             con = self._con = self._connect()
         self._commit_on(con, steps, sessions, release)
 
-    def _reserve(self, sid: str, path: str) -> tuple[Any, ...] | None:
+    def _reserve(self, sid: str, model: str, path: str) -> tuple[Any, ...] | None:
         con = self._con
         if con is None:
             con = self._con = self._connect()
         con.execute("BEGIN IMMEDIATE")
         try:
-            row = con.execute(_SQLITE_RESERVE_SQL, {"sid": sid, "path": path, "now": self._now(utcnow())}).fetchone()
+            row = con.execute(_SQLITE_RESERVE_SQL, {"sid": sid, "model": model, "path": path,
+                                                    "now": self._now(utcnow())}).fetchone()
         except BaseException:
             if con.in_transaction:
                 con.execute("ROLLBACK")
@@ -366,10 +372,10 @@ class _SqliteBatchWriter:
         con.execute("COMMIT")
         return tuple(row) if row is not None else None
 
-    async def reserve(self, sid: str, path: str) -> tuple[Any, ...] | None:
+    async def reserve(self, sid: str, model: str, path: str) -> tuple[Any, ...] | None:
         """:data:`_SQLITE_RESERVE_SQL` in its own transaction, in the worker thread (after the
         batches submitted before it)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool(), self._reserve, sid, path)
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), self._reserve, sid, model, path)
 
     def _checkpoint(self) -> None:
         con = self._con
@@ -487,12 +493,17 @@ class Store:
         return str(p) if p else None
 
     def identity(self) -> str:
-        """A string naming the database, equal for two Store objects on the same database
-        (the absolute file path for SQLite, the URL without password for PostgreSQL)."""
+        """A string naming the database, equal for two Store objects on the same database, with
+        no credential in it (the absolute file path for SQLite; for PostgreSQL the URL without
+        its user info and with credential parameters such as ``password`` as ``***``,
+        :func:`store.engine.redact_url`). What is printed, logged and answered of the database."""
         if self.path:
             return f"sqlite://{self.path}"
-        head, _, tail = self.url.rpartition("@")
-        return ("postgresql://" + tail) if head else "postgresql://" + self.url.split("://", 1)[1]
+        return "postgresql://" + redact_url(self.url, drop_user=True).split("://", 1)[1]
+
+    def hide_secrets(self, text: str) -> str:
+        """``text`` (e.g. a driver's error) with this store URL's credentials as ``***``."""
+        return hide_secrets(text, self.user_url, self.url)
 
     def peer_url(self) -> str:
         """The URL another process (a gateway the launcher starts) opens the same database with:
@@ -511,7 +522,8 @@ class Store:
                 await conn.run_sync(SQLModel.metadata.create_all)
                 added = await conn.run_sync(add_missing_columns)
         except (sa_exc.DBAPIError, sqlite3.Error, OSError) as e:
-            raise StoreUnavailable(f"storage {self.identity()}: cannot open the database ({_open_failure(e)})") from e
+            raise StoreUnavailable(f"storage {self.identity()}: cannot open the database "
+                                   f"({self.hide_secrets(_open_failure(e))})") from e
         for name in added:
             log.warning("store %s: added column %s (the database was made by an older version)",
                         self.identity(), name)
@@ -695,7 +707,8 @@ class Store:
                                                                        str | None] | None:
         """The common reservation in ONE statement (PostgreSQL: ``UPDATE ... RETURNING`` on the
         session's row, which PostgreSQL re-checks under the row's lock): for a session row that
-        exists, is ``active``/``truncated``/``interrupted`` and has budget left, count the next
+        exists, is ``active``/``truncated``/``interrupted``, is bound to route ``model`` (or to
+        none yet: it is bound to ``model`` then) and has budget left, count the next
         step of route ``model`` (``total_steps``, ``step_counts``, ``in_flight``, status
         ``active``) and return ``(seq, step_id, job_id, env_name, group_id)``. None otherwise
         (and on SQLite for a route key holding ``"`` or ``\\``): the caller then takes
@@ -706,7 +719,7 @@ class Store:
         if self._sqlite_writer is not None:
             if '"' in model or "\\" in model:  # not expressible as a SQLite JSON path key
                 return None
-            row = await self._sqlite_writer.reserve(session_id, f'$."{model}"')
+            row = await self._sqlite_writer.reserve(session_id, model, f'$."{model}"')
         else:
             row = await (await self._pg_reserve_pool()).fetchrow(_PG_RESERVE_SQL, session_id, model, utcnow())
         if row is None:

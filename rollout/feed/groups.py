@@ -65,6 +65,17 @@ def invalid_reason(row: Mapping[str, Any]) -> str | None:
     return f"evaluation {status}" + (f": {reason}" if reason else "")
 
 
+def route_reason(row: Mapping[str, Any], routes: Sequence[str]) -> str | None:
+    """Why a session must not be trained on because of its steps' routes (``routes``: the distinct
+    ``llm_model`` of its steps), or None: every step was answered by the session's own route
+    (its ``llm_model``). A step of another route holds tokens another model produced."""
+    own = row.get("llm_model")
+    others = sorted(set(routes) - {own})
+    if not others:
+        return None
+    return f"steps of another route: {', '.join(others)} (the session runs on {own})"
+
+
 def advantages(scores: Sequence[float | None], normalize: Normalize = "std",
                eps: float = 1e-6) -> tuple[list[float | None], float | None, float | None]:
     """GRPO advantages (DeepSeekMath, Shao et al. 2024, sec. 4.1.2): for each valid score r_i
@@ -138,13 +149,21 @@ def _utc(t: datetime) -> datetime:
 
 def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str, Any]],
                 steps: Mapping[str, Sequence[Mapping[str, Any]]], opts: GroupOptions,
-                versions: Mapping[str, list[int]] | None = None) -> FeedGroupOut:
+                versions: Mapping[str, list[int]] | None = None,
+                routes: Mapping[str, list[str]] | None = None) -> FeedGroupOut:
     """One group from its feed entry (None: not ready, as in an export), its session rows
     (``env_id`` = session id) and their steps (session id -> rows in ``seq`` order);
-    ``versions`` (session id -> policy versions) stands in for the steps' own when they were not
-    read (``view="scores"``)."""
+    ``versions`` (session id -> policy versions) and ``routes`` (session id -> the routes of its
+    steps) stand in for the steps' own when they were not read (``view="scores"``). A sample is
+    invalid when :func:`invalid_reason` or :func:`route_reason` says why."""
     first = sessions[0]
-    reasons = [invalid_reason(r) for r in sessions]
+
+    def step_routes(sid: str) -> list[str]:
+        if routes is not None:
+            return list(routes.get(sid, []))
+        return sorted({str(s["llm_model"]) for s in steps.get(sid, [])})
+
+    reasons = [invalid_reason(r) or route_reason(r, step_routes(r["env_id"])) for r in sessions]
     scores = [float(r["reward"]) if why is None else None for r, why in zip(sessions, reasons, strict=True)]
     adv, mean, std = advantages(scores, opts.normalize, opts.eps)
     samples: list[FeedSample] = []
@@ -193,11 +212,12 @@ async def load_groups(queries: FeedQueries, job_id: str, entries: Sequence[Mappi
     steps = await queries.steps_of_sessions(sids, with_request=with_request,
                                             with_messages=opts.view == "full" or with_request) if step_view else {}
     versions = None if step_view else await queries.policy_versions(sids)
+    routes = None if step_view else await queries.step_routes(sids)
     out = []
     for entry, gid in zip(entries, group_ids, strict=True):
         members = by_group.get(gid)
         if not members:
             continue
         mine = {r["env_id"]: steps.get(r["env_id"], []) for r in members}
-        out.append((build_group(entry, members, mine, opts, versions), mine))
+        out.append((build_group(entry, members, mine, opts, versions, routes), mine))
     return out

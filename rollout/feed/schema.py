@@ -57,7 +57,8 @@ class TokenSequence(BaseModel):
 class FeedSample(BaseModel):
     """One session of a group. ``valid`` is False for a sample that must not be trained on
     (``invalid_reason`` says why: an infrastructure failure, an evaluator error, timeout or
-    invalid reward, no evaluation, unfinished); its ``score`` and ``advantage`` are then None,
+    invalid reward, no evaluation, unfinished, steps answered by another route than the
+    session's); its ``score`` and ``advantage`` are then None,
     never 0. ``policy_versions``: the distinct versions stamped on its steps (more than one:
     ``mixed_policy``)."""
 

@@ -21,8 +21,8 @@ def session(sid: str, job: str, group: str, k: int, *, case: str = "c", env: str
                           sample_index=k, status="running")
 
 
-def step(sid: str, seq: int, text: str, **extra: Any) -> SessionStep:
-    return SessionStep(session_id=sid, seq=seq, step_id=seq, llm_model="m", endpoint="chat.completions",
+def step(sid: str, seq: int, text: str, *, llm_model: str = "m", **extra: Any) -> SessionStep:
+    return SessionStep(session_id=sid, seq=seq, step_id=seq, llm_model=llm_model, endpoint="chat.completions",
                        messages=[{"role": "user", "content": f"q{seq}"}],
                        response={"choices": [{"message": {"role": "assistant", "content": text},
                                               "finish_reason": "stop"}]},

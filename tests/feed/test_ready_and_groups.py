@@ -19,7 +19,7 @@ from rollout.feed.groups import (
 )
 from store import Store
 from store.feed import FeedQueries
-from tests.feed.helpers import finish, make_job
+from tests.feed.helpers import finish, make_job, step
 
 
 async def test_a_group_is_ready_when_its_last_sample_finishes_in_ready_order(tmp_path: Path) -> None:
@@ -153,5 +153,35 @@ async def test_loaded_group_carries_steps_and_null_tokens_when_not_captured(tmp_
         assert set(raw) == set(ids["g"])
         ((light, _),) = await load_groups(q, "j", entries, ["g"], GroupOptions(view="scores"))
         assert light.samples[0].steps is None and light.samples[0].score == 10.0
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("view", ["full", "tokens", "scores"])
+async def test_a_sample_whose_steps_span_another_route_is_invalid(tmp_path: Path, view: str) -> None:
+    """A session run on route ``m`` whose steps include one answered by route ``strong`` (another
+    model's tokens, e.g. recorded by a gateway that did not bind sessions to their route) is not
+    trained on, whatever its score; so is one whose every step is of another route."""
+    store = Store(f"sqlite://{tmp_path}/t.db")
+    await store.init()
+    try:
+        ids = await make_job(store, "j", {"g": 3})
+        mixed, foreign, clean = ids["g"]
+        await store.write_batch([step(mixed, 2, "strong answer", llm_model="strong")], [])
+        await store.reset_for_retry(foreign, 1)  # its steps moved away: its only step is now of "strong"
+        await store.write_batch([step(foreign, 1, "strong", llm_model="strong")], [])
+        for sid, score in ((mixed, 10), (foreign, 9), (clean, 2)):
+            await finish(store, sid, score)
+        q = FeedQueries(store.reader)
+        entries = await q.ready_after("j", 0, 10)
+        ((g, _),) = await load_groups(q, "j", entries, ["g"], GroupOptions(view=view, min_valid=1))  # type: ignore[arg-type]
+        by_sid = {s.session_id: s for s in g.samples}
+        assert (by_sid[mixed].valid, by_sid[mixed].score, by_sid[mixed].advantage) == (False, None, None)
+        assert by_sid[mixed].invalid_reason == "steps of another route: strong (the session runs on m)"
+        assert (by_sid[foreign].valid, by_sid[foreign].invalid_reason) == (
+            False, "steps of another route: strong (the session runs on m)")
+        assert [st.model for st in by_sid[foreign].steps or []] == ([] if view == "scores" else ["strong"])
+        assert (by_sid[clean].valid, by_sid[clean].score) == (True, 2.0)
+        assert (g.n_valid, g.mean_score) == (1, 2.0)
     finally:
         await store.close()

@@ -165,14 +165,14 @@ async def test_the_client_key_is_never_forwarded_nor_recorded(start_gateway: Sta
     log_path = tmp_path / "requests.jsonl"
     gw = await start_gateway(auth=AUTH, routes=routes, request_log={"enabled": True, "path": str(log_path)})
     await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
-    await gw.client("s1").chat.completions.create(model="nokey", messages=MESSAGES)  # type: ignore[arg-type]
-    await gw.anthropic("s1").messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
-    await gw.http().post("/v1/sessions/s1/v1/messages", json=MSG, headers={"x-api-key": CLIENT_KEY})
+    await gw.client("s2").chat.completions.create(model="nokey", messages=MESSAGES)  # type: ignore[arg-type]
+    await gw.anthropic("s3").messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+    await gw.http().post("/v1/sessions/s3/v1/messages", json=MSG, headers={"x-api-key": CLIENT_KEY})
     creds = [(r.headers.get("authorization"), r.headers.get("x-api-key")) for r in upstream.requests]
     assert creds == [(f"Bearer {ROUTE_KEY}", None), (None, None), (None, ROUTE_KEY), (None, ROUTE_KEY)]
     for r in upstream.requests:
         assert CLIENT_KEY not in str(r.headers) and CLIENT_KEY.encode() not in r.body
-    assert len(await gw.steps("s1")) == 4
+    assert [len(await gw.steps(sid)) for sid in ("s1", "s2", "s3")] == [1, 1, 2]
     assert CLIENT_KEY not in gw.db_dump()
     await gw.stop()  # flushes the request log
     log_text = log_path.read_text()

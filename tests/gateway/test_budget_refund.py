@@ -83,18 +83,21 @@ async def test_429_or_503_is_refunded_and_the_next_call_gets_the_unit(
 async def test_connect_failure_is_refunded(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     dead = f"http://127.0.0.1:{_closed_port()}/v1"
     gw = await start_gateway(max_steps=1, routes={"m": {}, "dead": {"base_url": dead, **NO_RETRY}})
-    with pytest.raises(openai.InternalServerError) as ei:
-        await _chat(gw, model="dead")
-    assert ei.value.status_code == 502
-    out = await _chat(gw, model="m")
-    assert out.choices[0].message.content == DEFAULT_TEXT
-    assert await _stopped(gw)
+    for _ in range(2):  # budget 1: the second call is forwarded too, the first one used no budget
+        with pytest.raises(openai.InternalServerError) as ei:
+            await _chat(gw, model="dead")
+        assert ei.value.status_code == 502
     first, second = await gw.steps("s1")
     assert (first.seq, first.llm_model, first.status, first.status_code) == (1, "dead", "error", 502)
     assert first.meta_json["phase"] == "connect" and first.meta_json["budget_refunded"] is True
     assert first.is_trainable is False
-    assert (second.seq, second.llm_model, second.status, second.is_trainable) == (2, "m", "ok", True)
-    assert (await _status(gw))["refunded_steps"] == 1
+    assert (second.seq, second.llm_model, second.status, second.meta_json["budget_refunded"]) == (
+        2, "dead", "error", True)
+    st = await _status(gw)
+    assert (st["status"], st["total_steps"], st["refunded_steps"]) == ("active", 2, 2)
+    out = await _chat(gw, model="m", sid="s2")
+    assert out.choices[0].message.content == DEFAULT_TEXT
+    assert await _stopped(gw, "s2")
 
 
 async def test_connect_failure_after_route_retries_is_refunded_once(start_gateway: StartGateway) -> None:

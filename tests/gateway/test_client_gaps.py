@@ -177,15 +177,17 @@ async def test_aliases_and_patterns_reach_their_route(start_gateway: StartGatewa
     g = await start_gateway(routes=routes)
     out = await g.client("s1").chat.completions.create(model="gpt-5-codex", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content
-    msg = await g.anthropic("s1").messages.create(model="claude-opus-4-8", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+    msg = await g.anthropic("s2").messages.create(model="claude-opus-4-8", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
     assert msg.content
-    await g.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    await g.client("s1").chat.completions.create(model="o4", messages=MESSAGES)  # type: ignore[arg-type]
     assert [r.json["model"] for r in upstream.requests] == ["m", "claude-real", "m"]
     steps = await g.steps("s1")
-    assert [(s.llm_model, s.step_id) for s in steps] == [("m", 1), ("a", 1), ("m", 2)]
+    assert [(s.llm_model, s.step_id) for s in steps] == [("m", 1), ("m", 2)]
+    [claude] = await g.steps("s2")
+    assert (claude.llm_model, claude.step_id) == ("a", 1)
     assert steps[0].meta_json == {"route": "m", "requested_model": "gpt-5-codex", "upstream_model": "m"}
-    assert (steps[1].meta_json or {})["requested_model"] == "claude-opus-4-8"
-    assert steps[2].meta_json == {"route": "m"}
+    assert (claude.meta_json or {})["requested_model"] == "claude-opus-4-8"
+    assert steps[1].meta_json == {"route": "m", "requested_model": "o4", "upstream_model": "m"}
     got = await g.client().models.retrieve("o4")
     assert got.id == "o4"
     listed = [m.id async for m in g.client().models.list()]
@@ -265,10 +267,10 @@ async def test_client_correlation_headers_kept_in_the_step(agw: Gateway) -> None
             "x-stainless-retry-count": "0", "x-app": "cli", "cookie": "secret=1"}
     await agw.anthropic("s1").messages.create(model="a", max_tokens=8, messages=MESSAGES,  # type: ignore[arg-type]
                                               extra_headers=sent)
-    await agw.client("s1").chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[arg-type]
+    await agw.client("s2").chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[arg-type]
                                                    extra_headers={"session-id": "s" * 300, "thread-id": "t-1",
                                                                   "x-codex-turn-metadata": "{}"})
-    first, second = await agw.steps("s1")
+    (first,), (second,) = await agw.steps("s1"), await agw.steps("s2")
     assert (first.meta_json or {})["client_headers"] == {
         "x-claude-code-session-id": "cc-7f1", "session_id": "codex-1", "x-client-request-id": "req-9"}
     assert (second.meta_json or {})["client_headers"] == {"session-id": "s" * 256, "thread-id": "t-1"}

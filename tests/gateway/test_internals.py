@@ -22,7 +22,7 @@ from gateway.outcome import Attempt, Outcome, Phase, StepStatus
 from gateway.protocols import CHAT
 from gateway.recorder import TelemetryWriter
 from gateway.relay import StreamRelay
-from gateway.sessions import SessionClosed, SessionManager
+from gateway.sessions import RouteMismatch, SessionClosed, SessionManager
 from gateway.settings import GatewaySettings
 from gateway.sse import SSEParser
 from gateway.state import GatewayState
@@ -87,17 +87,20 @@ def _ok(body: dict[str, Any]) -> Outcome:
 
 
 # ------------------------------------------------------------------------------------------ sessions
-async def test_reserve_counts_per_model_and_stops_at_the_budget(state: GatewayState) -> None:
+async def test_reserve_binds_the_route_and_stops_at_the_budget(state: GatewayState) -> None:
     sm = state.sessions
-    a, b = await sm.reserve("s", "m"), await sm.reserve("s", "other")
+    a, b = await sm.reserve("s", "m"), await sm.reserve("s", "m")
     assert a is not None and b is not None
-    assert ((a.seq, a.step_id), (b.seq, b.step_id)) == ((1, 1), (2, 1))
+    assert ((a.seq, a.step_id), (b.seq, b.step_id)) == ((1, 1), (2, 2))
+    with pytest.raises(RouteMismatch) as ei:  # the first reserve bound the session to "m"
+        await sm.reserve("s", "other")
+    assert (ei.value.bound, ei.value.called) == ("m", "other")
     assert await sm.reserve("s", "m") is None  # max_steps 2
     st = sm.live("s")
     assert st is not None and (st.status, st.total_steps) == ("truncated", 2)
     assert await sm.refund(a) and not await sm.refund(a)  # once per step
     c = await sm.reserve("s", "m")  # the refund freed a unit
-    assert c is not None and (c.seq, c.step_id, st.status) == (3, 2, "active")
+    assert c is not None and (c.seq, c.step_id, st.status) == (3, 3, "active")
     for slot in (a, b, c, c):  # release is idempotent
         sm.release(slot)
     assert sm.in_flight("s") == 0

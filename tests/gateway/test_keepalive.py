@@ -160,7 +160,7 @@ async def test_zero_interval_disables_and_a_route_overrides(start_gateway: Start
     http = gw.http()
     for route in ("m", "fast"):
         upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[0, 0, 0, 0, 0, 0.7, 0])])
-        r = await http.post("/v1/sessions/s1/chat/completions",
+        r = await http.post(f"/v1/sessions/s-{route}/chat/completions",
                             json={"model": route, "messages": MESSAGES, "stream": True})
         assert r.content.replace(KEEPALIVE, b"") == RELAYED_OF_COMMENTS
         if route == "m":

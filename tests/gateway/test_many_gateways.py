@@ -155,15 +155,16 @@ async def test_parallel_calls_over_two_gateways_make_exactly_the_budget_of_upstr
 async def test_step_ids_stay_unique_and_increasing_across_gateways(start_gateways: StartGateways,
                                                                    store_url: str) -> None:
     a, b = await start_gateways()
-    order = [(a, "m"), (b, "m"), (b, "m2"), (a, "m2"), (a, "m")]
-    for gw, model in order:
-        assert await _chat(gw, "seq", model) == (DEFAULT_TEXT, None)
+    for gw in (a, b, b, a, a):
+        assert await _chat(gw, "seq") == (DEFAULT_TEXT, None)
+    for gw in (a, b):  # the session is bound to route m on every gateway
+        r = await _post(gw, "/v1/sessions/seq/chat/completions", {"model": "m2", "messages": MESSAGES})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "session_route_mismatch")
     steps = await _steps(store_url, "seq")
-    assert [(s["seq"], s["llm_model"], s["step_id"]) for s in steps] == [
-        (1, "m", 1), (2, "m", 2), (3, "m2", 1), (4, "m2", 2), (5, "m", 3)]
+    assert [(s["seq"], s["llm_model"], s["step_id"]) for s in steps] == [(i, "m", i) for i in range(1, 6)]
     # the sixth call (budget 5) is stopped by whichever gateway gets it
     assert await _chat(b, "seq") == ("", "max_steps")
-    assert await _chat(a, "seq", "m2") == ("", "max_steps")
+    assert await _chat(a, "seq") == ("", "max_steps")
 
 
 async def test_close_on_one_gateway_waits_for_a_call_in_flight_on_the_other(

@@ -292,29 +292,32 @@ async def test_synthetic_stop_at_max_steps(start_gateway: StartGateway, upstream
     assert await gw.metric("gateway_synthetic_stops_total") == 3
 
 
-async def test_budget_is_counted_across_the_three_protocols(start_gateway: StartGateway,
-                                                            upstream: FakeUpstream) -> None:
-    gw = await start_gateway(routes=anthropic_routes(upstream), max_steps=3)
+async def test_budget_is_counted_across_the_protocols_of_the_session_route(start_gateway: StartGateway,
+                                                                            upstream: FakeUpstream) -> None:
+    """Chat completions and Responses calls of a session share its budget; a Messages call of the
+    same session names another route (an anthropic one) and is refused: a session has one route."""
+    gw = await start_gateway(routes=anthropic_routes(upstream), max_steps=2)
     oai, ant = gw.client("s1"), gw.anthropic("s1")
     chat = await oai.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     resp = await oai.responses.create(model="m", input="hi")
-    msg = await ant.messages.create(model="a", max_tokens=10, messages=MESSAGES)  # type: ignore[arg-type]
-    assert [chat.choices[0].message.content, resp.output_text, msg.content[0].text] == [DEFAULT_TEXT] * 3
-    # the budget is used: every protocol now gets its own synthetic stop, without an upstream call
-    assert (await ant.messages.create(model="a", max_tokens=10, messages=MESSAGES)).content == []  # type: ignore[arg-type]
+    assert [chat.choices[0].message.content, resp.output_text] == [DEFAULT_TEXT] * 2
+    # the budget is used: each protocol now gets its own synthetic stop, without an upstream call
     assert (await oai.responses.create(model="m", input="hi")).output == []
     assert (await oai.chat.completions.create(model="m", messages=MESSAGES)).choices[0].message.content == ""  # type: ignore[arg-type]
-    assert len(upstream.requests) == 3
+    with pytest.raises(anthropic.BadRequestError) as e:
+        await ant.messages.create(model="a", max_tokens=10, messages=MESSAGES)  # type: ignore[arg-type]
+    assert "bound to route `m`" in str(e.value)
+    assert len(upstream.requests) == 2
 
     steps = await gw.steps("s1")
     assert [(s.seq, s.endpoint, s.llm_model, s.step_id) for s in steps] == [
-        (1, "chat.completions", "m", 1), (2, "responses", "m", 2), (3, "messages", "a", 1)]
-    assert [(s.prompt_tokens, s.completion_tokens, s.total_tokens) for s in steps] == [(5, 3, 8)] * 3
-    assert [s.finish_reason for s in steps] == ["stop", "completed", "end_turn"]
+        (1, "chat.completions", "m", 1), (2, "responses", "m", 2)]
+    assert [(s.prompt_tokens, s.completion_tokens, s.total_tokens) for s in steps] == [(5, 3, 8)] * 2
+    assert [s.finish_reason for s in steps] == ["stop", "completed"]
     r = await gw.http().get("/v1/sessions/s1")
-    assert (r.json()["status"], r.json()["total_steps"], r.json()["step_counts"]) == ("truncated", 3, {"m": 2, "a": 1})
+    assert (r.json()["status"], r.json()["total_steps"], r.json()["step_counts"]) == ("truncated", 2, {"m": 2})
     traj = to_trajectory("s1", steps)
-    assert [s.content for s in traj.steps] == [DEFAULT_TEXT] * 3 and traj.final_response == DEFAULT_TEXT
+    assert [s.content for s in traj.steps] == [DEFAULT_TEXT] * 2 and traj.final_response == DEFAULT_TEXT
 
 
 # ------------------------------------------------------------------------------ errors
@@ -381,9 +384,12 @@ async def test_gateway_and_upstream_errors_keep_anthropic_shape(start_gateway: S
     assert_anthropic_error(ei2.value.response.json(), "timeout_error")
 
     with pytest.raises(anthropic.APIStatusError) as ei3:
-        await client.messages.create(**{**body, "model": "down"})
+        await gw.anthropic("s-down").messages.create(**{**body, "model": "down"})
     assert ei3.value.status_code == 502
     assert "unreachable" in assert_anthropic_error(ei3.value.response.json(), "api_error")
+    with pytest.raises(anthropic.BadRequestError) as mismatch:  # s1 is bound to route a
+        await client.messages.create(**{**body, "model": "down"})
+    assert "bound to route `a`" in assert_anthropic_error(mismatch.value.response.json(), "invalid_request_error")
 
     upstream.script(UP_PATH, [Reply.raw(b"<html>oops</html>", content_type="text/html")])
     with pytest.raises(anthropic.APIStatusError) as ei4:
@@ -392,8 +398,8 @@ async def test_gateway_and_upstream_errors_keep_anthropic_shape(start_gateway: S
     assert "not a JSON Anthropic message" in assert_anthropic_error(ei4.value.response.json(), "api_error")
 
     steps = await gw.steps("s1")
-    assert [(s.status, s.status_code) for s in steps] == [("error", 429), ("timeout", 504), ("error", 502),
-                                                          ("error", 502)]
+    assert [(s.status, s.status_code) for s in steps] == [("error", 429), ("timeout", 504), ("error", 502)]
+    assert [(s.status, s.status_code) for s in await gw.steps("s-down")] == [("error", 502)]
     assert steps[1].response["type"] == "error" and steps[1].meta_json["error"]["code"] == "upstream_timeout"
 
     await gw.http().post("/v1/sessions/s1/close", json={})

@@ -13,6 +13,7 @@ from tests.gateway.conftest import CLIENT_KEY, MESSAGES, Gateway, StartGateway, 
 
 CHAT = {"model": "m", "messages": MESSAGES}
 UP_PATH = "/v1/chat/completions"
+JSON = {"content-type": "application/json"}
 
 
 def held(release: asyncio.Event, text: str) -> Any:
@@ -80,7 +81,7 @@ async def test_bad_admin_bodies_are_400(gw: Gateway) -> None:
     assert message == "invalid /admin/policy_version body: field 'version': Input should be a valid integer (got '3')"
     _, _, message = admin_error(await http.post("/admin/policy_version", json={"v": 1}))
     assert message == "invalid /admin/policy_version body: field 'version' is required; also: 'v' (unknown)"
-    _, param, message = admin_error(await http.post("/admin/policy_version", content=b"{nope"))
+    _, param, message = admin_error(await http.post("/admin/policy_version", content=b"{nope", headers=JSON))
     assert param is None and message.startswith("invalid /admin/policy_version body: not valid JSON (")
     assert admin_error(await http.post("/admin/pause", json={"timeout_s": -1})) == (
         400, "timeout_s", "invalid /admin/pause body: field 'timeout_s': Input should be greater than or equal to 0 "
@@ -88,7 +89,7 @@ async def test_bad_admin_bodies_are_400(gw: Gateway) -> None:
     for bad in ("5", True, 86401, None):  # a number of seconds, not a string, a boolean or null
         status, param, _ = admin_error(await http.post("/admin/pause", json={"timeout_s": bad}))
         assert (status, param) == (400, "timeout_s"), bad
-    _, param, message = admin_error(await http.post("/admin/pause", content=b'{"timeout_s": Infinity}'))
+    _, param, message = admin_error(await http.post("/admin/pause", content=b'{"timeout_s": Infinity}', headers=JSON))
     assert (param, message) == ("timeout_s", "invalid /admin/pause body: field 'timeout_s': Input should be a finite "
                                              "number (got inf)")
     assert admin_error(await http.post("/admin/pause", json={"timeout": 5})) == (
@@ -102,7 +103,7 @@ async def test_resume_takes_no_body_but_an_empty_one(gw: Gateway) -> None:
     assert (await http.post("/admin/pause", json={"timeout_s": 0})).json()["paused"] is True
     assert admin_error(await http.post("/admin/resume", json={"now": True})) == (
         400, "now", "invalid /admin/resume body: unknown field 'now' (known: none)")
-    _, param, message = admin_error(await http.post("/admin/resume", content=b"resume please"))
+    _, param, message = admin_error(await http.post("/admin/resume", content=b"resume please", headers=JSON))
     assert param is None and message.startswith("invalid /admin/resume body: not valid JSON (")
     assert (await http.get("/admin/policy_version")).json()["paused"] is True  # a refused resume resumed nothing
     r = await http.post("/admin/resume", json={})
@@ -166,14 +167,16 @@ async def test_a_client_that_leaves_while_paused_uses_nothing(gw: Gateway, upstr
     assert [s.seq for s in await gw.wait_steps("s1", 1)] == [1]
 
 
-async def test_admin_routes_need_the_gateway_key(start_gateway: StartGateway) -> None:
-    gw = await start_gateway(auth={"api_keys": [CLIENT_KEY]})
+async def test_admin_routes_need_an_admin_key(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(auth={"api_keys": [CLIENT_KEY], "admin_api_keys": ["sk-admin"]})
     http = gw.http()
     for method, path in (("GET", "/admin/policy_version"), ("POST", "/admin/policy_version"),
                          ("POST", "/admin/pause"), ("POST", "/admin/resume")):
         r = await http.request(method, path, json={"version": 1})
         assert (r.status_code, r.json()["error"]["code"]) == (401, "invalid_api_key")
-    r = await http.post("/admin/policy_version", json={"version": 1}, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        r = await http.request(method, path, json={"version": 1}, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_key_required")
+    r = await http.post("/admin/policy_version", json={"version": 1}, headers={"Authorization": "Bearer sk-admin"})
     assert r.json()["policy_version"] == 1
 
 

@@ -201,10 +201,12 @@ async def _is(got: Any, want: list[bool]) -> bool:
 async def test_workers_added_and_removed_at_run_time_without_dropping_calls(fakes: list[FakeUpstream],
                                                                            db_url: str) -> None:
     a, b = fakes[0], fakes[1]
-    g = await _gateway([a], db_url, auth={"api_keys": [CLIENT_KEY]})
-    admin = g.http(headers={"authorization": f"Bearer {CLIENT_KEY}"})
+    g = await _gateway([a], db_url, auth={"api_keys": [CLIENT_KEY], "admin_api_keys": ["sk-admin-key"]})
+    admin = g.http(headers={"authorization": "Bearer sk-admin-key"})
     try:
-        assert (await g.http().get("/admin/routes/m/workers")).status_code == 401  # the gateway's keys
+        assert (await g.http().get("/admin/routes/m/workers")).status_code == 401  # the gateway's admin keys
+        client = g.http(headers={"authorization": f"Bearer {CLIENT_KEY}"})
+        assert (await client.get("/admin/routes/m/workers")).status_code == 403
         release = asyncio.Event()
 
         async def held(_req: FakeRequest) -> Reply:

@@ -64,6 +64,19 @@ async def test_runtime_reads_the_request_and_runs_in_its_workspace(tmp_path: Pat
     assert out.returncode == 0
 
 
+async def test_the_gateway_admin_key_is_not_inherited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unsandboxed runtime inherits the launcher's environment, but never its admin key."""
+    monkeypatch.setenv("GATEWAY_ADMIN_KEY", "sk-admin-SECRET")
+    monkeypatch.setenv("GATEWAY_API_KEY", "sk-client")
+    cmd = _script(tmp_path, (
+        "import json, os, sys\n"
+        "req = json.load(sys.stdin)\n"
+        "print(json.dumps({'session_id': req['session_id'], 'status': 'succeeded', 'metrics': {"
+        "'admin': os.environ.get('GATEWAY_ADMIN_KEY'), 'client': os.environ.get('GATEWAY_API_KEY')}}))\n"))
+    out = await run_local(cmd, _request(), tmp_path, timeout_s=30)
+    assert out.result is not None and out.result.metrics == {"admin": None, "client": "sk-client"}
+
+
 async def test_crash_without_result_is_an_error_with_stderr(tmp_path: Path) -> None:
     cmd = _script(tmp_path, "import sys\nsys.stderr.write('boom: bad config\\n')\nsys.exit(3)\n")
     out = await run_local(cmd, _request(), tmp_path, timeout_s=30)
