@@ -40,7 +40,7 @@ from rollout.job import (
     plan_sessions,
     start_services,
 )
-from rollout.local_server import listen, run_server, url_of
+from rollout.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from rollout.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.services import (
     ChildProcess,
@@ -332,7 +332,7 @@ async def _gateway(opts: JobOptions, store: Store, log_dir: Path,
     return await start_services(gw, models, store, log_dir, children), gateway_api_key(gw), model, gw
 
 
-async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings) -> None:
+async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings, edge: HttpEdge = DEFAULT_EDGE) -> None:
     """Start the gateway (unless ``opts.gateway_base_url``), serve batches and the feed on
     ``host:port`` until SIGINT/SIGTERM, then cancel the batch in flight and stop the children.
     Raises SetupError before serving when something cannot start."""
@@ -349,7 +349,7 @@ async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings) -> N
         print(f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
               f"store {store.identity()}); Ctrl-C stops it", flush=True)
         runner = asyncio.create_task(service.run_forever(), name="batches")
-        await run_server(create_serve_app(service, feed), sock)
+        await run_server(create_serve_app(service, feed), sock, host, edge)
     finally:
         if runner is not None:
             runner.cancel()
