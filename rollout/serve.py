@@ -40,6 +40,7 @@ from rollout.job import (
     plan_sessions,
     start_services,
 )
+from rollout.job_lock import JobLease, JobLockError
 from rollout.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from rollout.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.services import (
@@ -236,8 +237,11 @@ class BatchService:
             gateway_api_key=self.api_key, sandbox=b.sandbox, retry=b.retry_policy(), breaker=b.breaker)
         scheduler = Scheduler(self.store, settings, {cfg.name: cfg for cfg, _ in batch.envs})
         try:
-            await scheduler.run(batch.rows)
+            async with JobLease(self.store, info.job_id):  # a launcher's --resume of it is refused meanwhile
+                await scheduler.run(batch.rows)
             info.state = "done"
+        except JobLockError as e:
+            info.state, info.error = "failed", str(e)
         except JobStopped as e:
             info.state, info.error = "stopped", str(e)
         except Exception as e:  # a launcher bug fails this batch, never the service
