@@ -71,8 +71,8 @@ async def test_a_second_launcher_on_a_running_job_is_refused_and_a_killed_ones_j
                     continue
             else:
                 first.kill()
-                _, err = await first.communicate()
-                pytest.fail(f"the first launcher's session never started: {err.decode()[-2000:]}")
+                _, first_err = await first.communicate()
+                pytest.fail(f"the first launcher's session never started: {first_err.decode()[-2000:]}")
             for extra in (["--resume"], []):
                 code, _, err = await launch(*common, *extra, "--out", str(tmp_path / "2.jsonl"), cwd=tmp_path)
                 assert code == 1, err
