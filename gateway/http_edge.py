@@ -201,12 +201,13 @@ class _HeadDeadline:
             self.transport.close()
 
 
-def head_timeout_protocol(head_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol (httptools or h11, as uvicorn picks it) with a deadline for each
-    request head (see ``_HeadDeadline``)."""
+def head_timeout_protocol(head_timeout_s: float, base: type[asyncio.Protocol] = AutoHTTPProtocol
+                          ) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol ``base`` (default: httptools or h11, as uvicorn picks it) with a
+    deadline for each request head (see ``_HeadDeadline``)."""
     if head_timeout_s <= 0:
         raise ValueError("head_timeout_s must be positive")
-    return type("HeadDeadlineProtocol", (_HeadDeadline, AutoHTTPProtocol), {"head_timeout_s": head_timeout_s})
+    return type("HeadDeadlineProtocol", (_HeadDeadline, base), {"head_timeout_s": head_timeout_s})
 
 
 def server_config(app: ASGIApp, *, head_timeout_s: float = DEFAULT_REQUEST_HEAD_TIMEOUT_S,

@@ -8,17 +8,21 @@ import asyncio
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import yaml
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.http_edge import HostAllowList, host_of_url, split_host
+from gateway.http_edge import HostAllowList, head_timeout_protocol, host_of_url, split_host
 from gateway.settings import GatewaySettings
 from rollout.bridge import GatewayBridge
 from rollout.services import free_port, start_gateway
 from tests.fake_upstream import DONE, FakeUpstream, Reply, chat_chunk, chat_completion
-from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, make_settings
+from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, _Server, make_settings
 
 UP_PATH = "/v1/chat/completions"
 GENEROUS_S = 30.0  # bound for "the server closed it": far above the 1 s timeouts configured
@@ -182,3 +186,46 @@ async def test_the_timeouts_never_cut_a_slow_call_or_a_long_stream(start_gateway
     assert s.status_code == 200 and body.rstrip().endswith(b"data: [DONE]")
     assert [st.status for st in await gw.steps("s1")] == ["ok"]
     assert [st.status for st in await gw.steps("s2")] == ["ok"]
+
+
+@pytest.mark.parametrize("base", [H11Protocol, HttpToolsProtocol], ids=["h11", "httptools"])
+async def test_the_head_deadline_on_both_of_uvicorns_protocols(base: type[asyncio.Protocol]) -> None:
+    """Whichever HTTP implementation uvicorn runs: no head within the deadline -> closed; a slow
+    answer after a complete head is not cut."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(2.0)  # four deadlines
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(app, http=head_timeout_protocol(0.5, base), host="127.0.0.1", port=0, lifespan="off",
+                            log_level="warning", timeout_keep_alive=1)
+    server = _Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(15):
+            while not server.started:
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+
+        def run() -> None:
+            half = socket.create_connection(("127.0.0.1", port))
+            half.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            _closed_by_server(half)
+            half.close()
+            slow = socket.create_connection(("127.0.0.1", port))
+            slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            slow.settimeout(GENEROUS_S)
+            answer = b""
+            while not answer.endswith(b"ok"):
+                chunk = slow.recv(4096)
+                assert chunk, f"closed before the answer: {answer!r}"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+            _closed_by_server(slow)  # then idle: keep-alive timeout
+            slow.close()
+        await asyncio.to_thread(run)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
