@@ -15,6 +15,7 @@ import sys
 import uvicorn
 
 from gateway.app import create_app
+from gateway.http_edge import server_config
 from gateway.settings import ConfigError, GatewaySettings, load_settings
 from store import Store, StoreUnavailable
 from store.repo import SchemaError
@@ -27,6 +28,14 @@ async def _check_store(settings: GatewaySettings) -> None:
         await store.init()
     finally:
         await store.close()
+
+
+def uvicorn_config(settings: GatewaySettings) -> uvicorn.Config:
+    """The uvicorn config serving the gateway app of ``settings``, with its request-head and
+    keep-alive timeouts (:mod:`gateway.http_edge`)."""
+    return server_config(create_app(settings), head_timeout_s=settings.request_head_timeout_s,
+                         keep_alive_s=settings.keep_alive_timeout_s, log_level=settings.log_level,
+                         access_log=False, timeout_graceful_shutdown=10)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.close()
         print(f"error: {e}", file=sys.stderr)
         return 4
-    config = uvicorn.Config(create_app(settings), log_level=settings.log_level, access_log=False,
-                            timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(settings))
     server.run(sockets=[sock])
     return 0 if server.started else 4
 

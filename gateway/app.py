@@ -9,14 +9,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin import build_admin_router
 from gateway.admin_workers import build_workers_router
 from gateway.auth import with_auth
 from gateway.csrf import with_csrf_guard
-from gateway.errors import install_error_handlers
+from gateway.errors import error_body, install_error_handlers, shaped
 from gateway.fastpath import ModelCallPaths, method_not_allowed, serve
+from gateway.http_edge import with_host_check
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
 from gateway.rejections import RejectedCalls
@@ -35,9 +37,9 @@ log = logging.getLogger(__name__)
 class GatewayApp(FastAPI):
     """The gateway's FastAPI app, with the model-call endpoints served ahead of FastAPI's routing
     and middleware (:mod:`gateway.fastpath`); every other request goes through FastAPI. Every
-    request, both ways, first passes ``front``: the API-key check when auth is on
-    (:func:`gateway.auth.with_auth`), then the refusal of cross-site requests and non-JSON
-    bodies (:mod:`gateway.csrf`)."""
+    request, both ways, first passes ``front``: the Host check (:mod:`gateway.http_edge`), then
+    the API-key check when auth is on (:func:`gateway.auth.with_auth`), then the refusal of
+    cross-site requests and non-JSON bodies (:mod:`gateway.csrf`)."""
 
     model_call_paths: ModelCallPaths
     front: ASGIApp
@@ -56,6 +58,18 @@ class GatewayApp(FastAPI):
             await serve(self.state.gw, hit[0], hit[1], scope, receive, send)
         else:
             await method_not_allowed(scope, receive, send)
+
+
+def _refuse_host(scope: Scope, message: str) -> Response:
+    """A request for a Host this gateway does not answer: 400 ``host_not_allowed`` in the path's
+    error shape, counted and noted like the gateway's other refusals."""
+    path: str = scope["path"]
+    gw = getattr(getattr(scope.get("app"), "state", None), "gw", None)
+    if gw is not None:
+        gw.metrics.error_responses.labels("400", "host_not_allowed").inc()
+        gw.rejections.note(method=str(scope.get("method")), path=path, status=400, reason="host_not_allowed",
+                           message=message)
+    return JSONResponse(shaped(path, 400, error_body(400, message, code="host_not_allowed")), status_code=400)
 
 
 def create_app(settings: GatewaySettings) -> GatewayApp:
@@ -103,8 +117,10 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
     app = GatewayApp(title="rollout gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.model_call_paths = ModelCallPaths(settings.base_session_path)
     install_error_handlers(app)
-    # API keys (off without keys), then the refusal of requests a web page could make
-    app.front = with_auth(with_csrf_guard(app.dispatch, settings.base_session_path), settings)
+    # the Host check (DNS rebinding: only the gateway's own names), API keys (off without keys),
+    # then the refusal of requests a web page could make
+    app.front = with_host_check(with_auth(with_csrf_guard(app.dispatch, settings.base_session_path), settings),
+                                settings.host_allow_list(), _refuse_host)
     app.include_router(build_router(settings.base_session_path))
     app.include_router(build_workers_router())  # upstream worker pools
     app.include_router(build_admin_router())

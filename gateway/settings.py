@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from gateway.capture import CaptureSettings
+from gateway.http_edge import DEFAULT_KEEP_ALIVE_TIMEOUT_S, DEFAULT_REQUEST_HEAD_TIMEOUT_S, HostAllowList
 from store.engine import DbUrlError, parse_db_url
 
 SESSION_ID_PLACEHOLDER = "{session_id}"
@@ -434,7 +435,15 @@ class GatewaySettings(_Strict):
     ``storage_config.db_url``. ``shared_sessions`` (default: true on PostgreSQL, false on SQLite)
     keeps each session's budget state in the database, so several gateway processes can serve
     the same sessions (docs/scale-out.md); false keeps it in this process's memory (one gateway
-    per store, the fastest)."""
+    per store, the fastest).
+
+    The HTTP edge (docs/gateway-protocols.md, "HTTP edge"): ``allowed_hosts`` are the ``Host``
+    names (``name`` or ``name:port``; ``"*"``: any) the gateway answers besides the loopback names
+    and ``listen_host`` when it names one address (not ``0.0.0.0`` / ``::``); any other Host gets
+    400 ``host_not_allowed`` (DNS rebinding). ``request_head_timeout_s`` (default 30) closes a
+    connection that has not sent a complete request head that long after it opened (or after
+    the first byte of its next request); ``keep_alive_timeout_s`` (default 5) closes one left
+    idle after an answer. Neither cuts a call in progress or a stream."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(default=8000, ge=0, le=65535)  # 0: any free port
@@ -453,6 +462,9 @@ class GatewaySettings(_Strict):
     retry_join_window_s: float = Field(default=30.0, ge=0)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     keepalive_interval_s: float = Field(default=15.0, ge=0)
+    allowed_hosts: list[str] = Field(default_factory=list)
+    request_head_timeout_s: float = Field(default=DEFAULT_REQUEST_HEAD_TIMEOUT_S, gt=0, allow_inf_nan=False)
+    keep_alive_timeout_s: int = Field(default=DEFAULT_KEEP_ALIVE_TIMEOUT_S, ge=1)
     _alias_owner: dict[str, str] = PrivateAttr(default_factory=dict)
     _patterns: list[tuple[str, str]] = PrivateAttr(default_factory=list)
 
@@ -461,6 +473,16 @@ class GatewaySettings(_Strict):
     def _path(cls, v: str) -> str:
         v = "/" + v.strip("/")
         return v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        HostAllowList(v)  # ValueError naming a malformed entry
+        return v
+
+    def host_allow_list(self) -> HostAllowList:
+        """The Host names this gateway answers (see the class docstring)."""
+        return HostAllowList.for_server([self.listen_host], self.allowed_hosts)
 
     @model_validator(mode="after")
     def _storage_type_matches_url(self) -> GatewaySettings:

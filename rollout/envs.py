@@ -55,13 +55,15 @@ class DatasetConfig(_Strict):
 class LimitsConfig(_Strict):
     """Per-session resource limits (None: no limit). ``memory_mb`` (MiB, the session's processes
     together), ``processes`` (at once, the sandbox's own helpers included), ``output_mb`` (MiB of
-    stdout + stderr), ``disk_mb`` (MiB: the workspace's total file size, any single file, and the
-    size of the private ``/tmp``). See README "Sandbox" for how each is enforced."""
+    stdout + stderr), ``disk_mb`` (MiB: the workspace's total size, any single file, and the
+    size of the private ``/tmp``), ``max_files`` (entries in the workspace: files, folders,
+    links). See README "Sandbox" for how each is enforced."""
 
     memory_mb: int | None = Field(default=4096, ge=32)
     processes: int | None = Field(default=512, ge=8)
     output_mb: int | None = Field(default=64, ge=1)
     disk_mb: int | None = Field(default=4096, ge=1)
+    max_files: int | None = Field(default=100_000, ge=1)
 
 
 class ResourcesConfig(_Strict):

@@ -44,6 +44,7 @@ from rollout.harness import (
     load_harness,
 )
 from rollout.harness import install as install_harness
+from rollout.job_lock import JobLease, JobLockError
 from rollout.outcomes import (
     DEFAULT_RETRY_ON,
     INFRA_CLASSES,
@@ -449,6 +450,17 @@ def check_routes(gw: GatewaySettings, models: list[str]) -> None:
                          f"({', '.join(sorted(gw.llm_routes))})")
 
 
+async def hold_job(store: Store, job_id: str) -> JobLease:
+    """The job's lease in the store, held (``rollout.job_lock``); SetupError naming the launcher
+    that runs it when another one does."""
+    lease = JobLease(store, job_id)
+    try:
+        await lease.take()
+    except JobLockError as e:
+        raise SetupError(str(e)) from None
+    return lease
+
+
 async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None = None,
                   on_done: Callable[[SessionRecord], None] | None = None,
                   on_breaker: Callable[[BreakerEvent], None] | None = None,
@@ -457,7 +469,9 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     gateway is up, just after ``on_plan(sessions_per_env)``; ``on_done(record)`` after each session; ``on_breaker(event)`` at each change
     of the circuit breaker. Cancellation (Ctrl-C) stops the sessions in flight cleanly (see
     ``rollout.scheduler``) and every started process. When the breaker gives up, the finished
-    sessions are still reported and ``JobResult.stopped`` says why."""
+    sessions are still reported and ``JobResult.stopped`` says why. The job is held in the store
+    while it runs (:func:`hold_job`): a second launcher on it, ``--resume`` included, is a
+    SetupError naming the one running it."""
     envs = load_envs(opts)
     loaded = load_harnesses(opts.harness)
     if loaded and not opts.resume:
@@ -473,9 +487,11 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     store = open_store(opts.db_path)
     children: list[ChildProcess] = []
     ray_backend: RayBackend | None = None
+    lease: JobLease | None = None
     try:
         await init_store(store)
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        lease = await hold_job(store, job_id)  # one launcher per job: refused while another runs it
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
         plan = await plan_job(store, opts, job_id, models, envs, [*loaded] or [None])
         configs = [cfg for cfg, _ in envs]
@@ -548,9 +564,16 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         return JobResult(job_id=job_id, totals=totals, out=out, store=store.identity(),
                          workspaces=workspaces if opts.keep_workspaces else None,
                          breaker_events=scheduler.breaker_events, stopped=stopped)
+    except asyncio.CancelledError as e:
+        lost = lease.lost_error(e) if lease is not None else None
+        if lost is not None:  # another launcher took the job over: this one stopped its sessions
+            raise SetupError(str(lost)) from None
+        raise
     finally:
         if ray_backend is not None:
             ray_backend.close()
         for child in reversed(children):
             child.stop()
+        if lease is not None:
+            await lease.release()
         await store.close()

@@ -97,7 +97,7 @@ def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False
 
     0. ``node_lost`` (``--mode ray``: the node running the attempt died or left): ``node_lost``.
     1. ``setup_failed`` (the runtime never started, sandbox set-up included): ``setup_failed``.
-    2. timeout, succeeded, truncated, or a sandbox limit (memory, processes, output, disk) the
+    2. timeout, succeeded, truncated, or a sandbox limit (memory, processes, output, disk, files) the
        runtime exceeded (``limit_exceeded``): final task outcomes.
     3. the launcher could not close the session (``close_error``), or the bridge's last
        connection to the gateway failed (``unreachable``): ``gateway_unreachable``.

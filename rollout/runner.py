@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -20,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import rollout.protocol
 from rollout.bridge import BridgeError, GatewayBridge
@@ -112,41 +115,133 @@ def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
             "GATEWAY_API_KEY": key}
 
 
-def disk_used(folder: Path, stop_above: int | None = None) -> int:
-    """Bytes used under ``folder``: the size of each regular file plus the blocks of every other
-    entry (folders, links, ...: a runtime must not fill the disk with empty folders); symlinks
-    are not followed. The walk stops once the total is above ``stop_above``."""
-    total, stack = 0, [str(folder)]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-                if e.is_file(follow_symlinks=False):
-                    total += st.st_size
-                else:
-                    total += st.st_blocks * 512
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-            except OSError:
+ENTRY_BYTES = 4096
+"""The least one workspace entry counts (one file-system block): empty files, links and folders
+use inodes and blocks too, so a flood of them reaches the disk limit."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
+class DiskUse(NamedTuple):
+    """What a workspace holds: ``bytes`` (each entry its size or allocated blocks, whichever is
+    larger, at least :data:`ENTRY_BYTES`) and ``entries`` (files, folders, links, ...)."""
+
+    bytes: int
+    entries: int
+
+
+class _Over(Exception):
+    """The walk went past a limit: it stops there."""
+
+
+def disk_used(folder: Path, stop_above: int | None = None, max_entries: int | None = None) -> DiskUse:
+    """What ``folder`` holds (:class:`DiskUse`; ``folder`` itself not counted). The walk goes
+    through directory file descriptors, one name at a time (``openat`` with ``O_NOFOLLOW``): it
+    never follows a link and never fails on depth (no path is ever longer than one name), so a
+    tree deeper than ``PATH_MAX`` counts in full. It holds one descriptor at a time: up through
+    ``..``, checked to be the folder it came from (when a runtime moved it meanwhile, that part
+    is reached again from the top, by name). It stops once ``bytes`` is above ``stop_above`` or
+    ``entries`` above ``max_entries``. Entries that vanish while it walks are skipped; anything
+    else it cannot read (a folder made unreadable) raises OSError: what it holds cannot be told."""
+    total = [0, 0]
+
+    def scan(fd: int) -> list[str]:
+        subdirs = []
+        with os.scandir(fd) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # gone meanwhile
+                size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+                total[0] += max(size, st.st_blocks * 512, ENTRY_BYTES)
+                total[1] += 1
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(e.name)
+                if (stop_above is not None and total[0] > stop_above) or \
+                        (max_entries is not None and total[1] > max_entries):
+                    raise _Over
+        return subdirs
+
+    def ident(fd: int) -> tuple[int, int]:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+
+    root = os.open(folder, _DIR_FLAGS)
+    fd = os.dup(root)
+    try:
+        levels = [(ident(fd), scan(fd))]  # per level down from the top: (its identity, subfolders left)
+        names: list[str] = []  # the path of the current folder, one name per level
+        while levels:
+            if levels[-1][1]:
+                name = levels[-1][1].pop()
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in _GONE:
+                        continue  # gone, or replaced by a link or a file: its entry is counted already
+                    raise OSError(e.errno, f"{e.strerror}: folder {'/'.join([*names, name])!r}") from None
+                os.close(fd)
+                fd = child
+                names.append(name)
+                levels.append((ident(fd), scan(fd)))
                 continue
-            if stop_above is not None and total > stop_above:
-                return total
-    return total
+            levels.pop()
+            if not levels:
+                break
+            names.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            if ident(fd) != levels[-1][0]:  # moved while walked: reach it again from the top
+                os.close(fd)
+                fd = _reopen(root, names, [lv[0] for lv in levels])
+                if fd < 0:  # gone: what is left of it is not counted this time
+                    fd = os.dup(root)
+                    del levels[1:], names[:]
+    except _Over:
+        pass
+    finally:
+        os.close(fd)
+        os.close(root)
+    return DiskUse(total[0], total[1])
+
+
+def _reopen(root: int, names: list[str], idents: list[tuple[int, int]]) -> int:
+    """A descriptor of ``root``/``names``... opened one name at a time, each folder checked against
+    ``idents`` (the top's first); -1 when one is gone or is another folder now."""
+    fd = os.dup(root)
+    for name, want in zip(names, idents[1:], strict=True):
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return -1
+        os.close(fd)
+        fd = child
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != want:
+            os.close(fd)
+            return -1
+    return fd
 
 
 def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str, str] | None] | None:
-    """The workspace's disk limit as a blocking check (None without a limit)."""
-    if limits.disk_mb is None:
+    """The workspace's disk and file-count limits as a blocking check (None without either)."""
+    if limits.disk_mb is None and limits.max_files is None:
         return None
-    cap = limits.disk_mb * MiB
+    cap = limits.disk_mb * MiB if limits.disk_mb is not None else None
 
     def check() -> tuple[str, str] | None:
-        if disk_used(workspace, cap) > cap:
+        try:
+            use = disk_used(workspace, cap, limits.max_files)
+        except OSError as e:
+            return "disk", f"disk limit: the workspace cannot be measured ({e.strerror or e})"
+        if cap is not None and use.bytes > cap:
             return "disk", f"disk limit exceeded: the workspace holds more than {limits.disk_mb} MiB"
+        if limits.max_files is not None and use.entries > limits.max_files:
+            return "files", (f"file limit exceeded: the workspace holds more than {limits.max_files} "
+                             "files, folders and links")
         return None
     return check
 

@@ -47,7 +47,7 @@ class RuntimeOutcome(BaseModel):
     ``duration_s`` is wall-clock seconds; the ``*_tail`` fields hold the last 4000 characters.
     ``setup_failed``: the runtime never started (command not found, sandbox setup failed): an
     infrastructure failure, not something the agent did. ``limit_exceeded``: the limit that ended
-    the session (memory | processes | output | disk), status ``error``. ``sandbox``: ``bwrap`` or
+    the session (memory | processes | output | disk | files), status ``error``. ``sandbox``: ``bwrap`` or
     ``none`` (None when unknown). ``node_lost``: the Ray node running it died or left the cluster
     (``--mode ray``): an infrastructure failure. ``gateway_unreachable``: why the gateway bridge's
     last connection to the gateway failed (None when it did not). ``setup_failed``, ``node_lost``,

@@ -62,6 +62,7 @@ class Support:
             "memory": self.memory.mechanism if self.memory else "RLIMIT_AS of each process (no cgroup available)",
             "processes": self.pids.mechanism if self.pids else "NOT ENFORCED (no cgroup pids controller available)",
             "disk": "RLIMIT_FSIZE per file + workspace total checked every 0.25 s; /tmp is a tmpfs of that size",
+            "files": "workspace entries counted with its total",
             "output": "stdout + stderr bytes counted by the launcher",
         }
 

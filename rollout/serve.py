@@ -40,7 +40,8 @@ from rollout.job import (
     plan_sessions,
     start_services,
 )
-from rollout.local_server import listen, run_server, url_of
+from rollout.job_lock import JobLease, JobLockError
+from rollout.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from rollout.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.services import (
     GATEWAY_ADMIN_KEY_ENV,
@@ -244,8 +245,11 @@ class BatchService:
             gateway_api_key=self.api_key, sandbox=b.sandbox, retry=b.retry_policy(), breaker=b.breaker)
         scheduler = Scheduler(self.store, settings, {cfg.name: cfg for cfg, _ in batch.envs})
         try:
-            await scheduler.run(batch.rows)
+            async with JobLease(self.store, info.job_id):  # a launcher's --resume of it is refused meanwhile
+                await scheduler.run(batch.rows)
             info.state = "done"
+        except JobLockError as e:
+            info.state, info.error = "failed", str(e)
         except JobStopped as e:
             info.state, info.error = "stopped", str(e)
         except Exception as e:  # a launcher bug fails this batch, never the service
@@ -340,7 +344,7 @@ async def _gateway(opts: JobOptions, store: Store, log_dir: Path,
     return await start_services(gw, models, store, log_dir, children), gateway_api_key(gw), model, gw
 
 
-async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings) -> None:
+async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings, edge: HttpEdge = DEFAULT_EDGE) -> None:
     """Start the gateway (unless ``opts.gateway_base_url``), serve batches and the feed on
     ``host:port`` until SIGINT/SIGTERM, then cancel the batch in flight and stop the children.
     Raises SetupError before serving when something cannot start."""
@@ -357,7 +361,7 @@ async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings) -> N
         print(f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
               f"store {store.identity()}); Ctrl-C stops it", flush=True)
         runner = asyncio.create_task(service.run_forever(), name="batches")
-        await run_server(create_serve_app(service, feed), sock)
+        await run_server(create_serve_app(service, feed), sock, host, edge)
     finally:
         if runner is not None:
             runner.cancel()

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from gateway.http_edge import host_of_url
 from gateway.settings import GatewaySettings, ManagedServer
 
 log = logging.getLogger(__name__)
@@ -181,13 +182,15 @@ async def start_gateway(settings: GatewaySettings, log_dir: Path, timeout_s: flo
     loopback port and wait for ``/readyz``. The child's ``url`` is the session base URL
     (``http://127.0.0.1:PORT/v1/sessions``). With ``advertise_url`` (how other machines reach it,
     e.g. ``http://10.0.0.5:8000/v1/sessions``) it listens on every interface at that URL's port
-    (80/443 when it names none)."""
+    (80/443 when it names none) and answers that URL's host (``allowed_hosts``)."""
     host, port = "127.0.0.1", free_port()
+    allowed = list(settings.allowed_hosts)
     if advertise_url is not None:
         parts = urlsplit(advertise_url)
         host, port = "0.0.0.0", parts.port or (443 if parts.scheme == "https" else 80)
-    data = settings.model_copy(update={"listen_host": host, "listen_port": port}).model_dump(
-        mode="json", exclude_none=True)
+        allowed.append(host_of_url(advertise_url))  # the Host of every call reaching it by that URL
+    data = settings.model_copy(update={"listen_host": host, "listen_port": port, "allowed_hosts": allowed}
+                               ).model_dump(mode="json", exclude_none=True)
     log_dir.mkdir(parents=True, exist_ok=True)  # the derived config is kept with the logs of the run
     fd, cfg_path = tempfile.mkstemp(prefix="gateway-", suffix=".yaml", dir=log_dir)
     with os.fdopen(fd, "w") as f:

@@ -355,3 +355,20 @@ class FeedGroup(SQLModel, table=True):
     revision: int = 1
     n_samples: int = 0
     ready_at: datetime = _ts()
+
+
+class JobLock(SQLModel, table=True):
+    """Which launcher runs a job now (one row per job, while it runs): ``owner`` a random token of
+    the holder, ``pid`` and ``host`` its process, ``started_at`` when it took the job,
+    ``heartbeat_at`` refreshed while it runs. A second launcher on the job is refused while the
+    row is live; a holder whose heartbeat is stale, or whose process is gone from its host, is
+    taken over (``rollout.job_lock``)."""
+
+    __tablename__ = "job_locks"
+
+    job_id: str = Field(primary_key=True, max_length=128)
+    owner: str = Field(max_length=64)
+    pid: int = 0
+    host: str = Field(default="", max_length=255)
+    started_at: datetime = _ts()
+    heartbeat_at: datetime = _ts()

@@ -12,6 +12,7 @@ import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.schema import CreateColumn
 from sqlmodel import SQLModel, col, select
 
+from store import job_lock
 from store.engine import (
     BUSY_TIMEOUT_MS,
     SQLITE_PAGE_SIZE,
@@ -40,6 +42,7 @@ from store.group import GroupCommit, Op
 from store.models import (
     GatewaySession,
     JobEnvironment,
+    JobLock,
     SessionAttempt,
     SessionStatus,
     SessionStep,
@@ -754,6 +757,26 @@ class Store:
                 index_elements=["session_id"],
                 set_={c: stmt.excluded[c] for c in _SESSION_COLUMNS if c not in ("session_id", "created_at")})
         return self._upsert_stmt
+
+    # ------------------------------------------------------------------ job locks
+    async def take_job_lock(self, lock: JobLock, stale_after_s: float,
+                            gone: Callable[[JobLock], bool]) -> JobLock | None:
+        """Make ``lock`` (job, owner token, pid, host) the job's holder unless a live one holds it
+        (:func:`store.job_lock.take`: a heartbeat within ``stale_after_s`` and not ``gone``);
+        returns None when taken, else the holder."""
+        now = utcnow()
+        async with self._write_lock, self.writer.begin() as conn:
+            return await conn.run_sync(job_lock.take, lock, now, now - timedelta(seconds=stale_after_s), gone)
+
+    async def beat_job_lock(self, job_id: str, owner: str) -> bool:
+        """Refresh ``owner``'s heartbeat on the job; False when it no longer holds it."""
+        async with self._write_lock, self.writer.begin() as conn:
+            return await conn.run_sync(job_lock.beat, job_id, owner, utcnow())
+
+    async def release_job_lock(self, job_id: str, owner: str) -> None:
+        """Drop ``owner``'s lock of the job."""
+        async with self._write_lock, self.writer.begin() as conn:
+            await conn.run_sync(job_lock.release, job_id, owner)
 
     # ------------------------------------------------------------------ launcher side
     async def add_job_sessions(self, rows: Iterable[JobEnvironment], chunk: int = 500) -> int:

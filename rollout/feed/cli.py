@@ -18,7 +18,7 @@ from rollout.argtypes import finite_float, int_at_least, port_number
 from rollout.feed.app import FeedSettings, create_feed_app
 from rollout.feed.export import ExportError, export_job
 from rollout.feed.groups import GroupOptions
-from rollout.local_server import listen, run_command, run_server, url_of
+from rollout.local_server import add_edge_flags, edge_of, listen, run_command, run_server, url_of
 from rollout.logs import setup_logging
 from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
 from store.feed import FeedQueries
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     feed.add_argument("--poll-interval-s", type=finite_float(positive=True), default=0.2,
                       help="how often the store is polled while a client waits (default 0.2 s)")
     feed.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_edge_flags(feed)
     exp = sub.add_parser("export", help="write a job's groups as jsonl, parquet or the OpenAI chat format")
     exp.add_argument("--job-id", required=True, type=_job_id, help="the job")
     exp.add_argument("--format", choices=["jsonl", "parquet", "openai"], default="jsonl",
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--min-valid-samples", type=int_at_least(1), default=2, help="valid samples a trainable group needs (default 2)")
     srv.add_argument("--poll-interval-s", type=finite_float(positive=True), default=0.2, help="feed poll interval (default 0.2 s)")
     srv.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_edge_flags(srv)
     return ap
 
 
@@ -103,7 +105,7 @@ def serve_main(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
     return run_command(lambda: serve_batches(_serve_options(args), args.host, args.port, FeedSettings(
-        min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s)), args.host, args.port,
+        min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s), edge_of(args)), args.host, args.port,
         (SetupError, ValidationError))
 
 
@@ -127,7 +129,7 @@ async def serve(args: argparse.Namespace) -> None:
         app = create_feed_app(FeedQueries(store.reader), FeedSettings(min_valid=args.min_valid_samples,
                                                                       poll_interval_s=args.poll_interval_s),
                               backfill=store.backfill_feed)
-        await run_server(app, sock)
+        await run_server(app, sock, args.host, edge_of(args))
     finally:
         await store.close()
 

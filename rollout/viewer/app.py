@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from rollout.local_server import bad_query_param
 from rollout.report import SummaryRow
@@ -97,6 +98,15 @@ def _live_every(job: dict[str, Any]) -> int:
     """Milliseconds between polls of a running job's pages: 2 s, 10 s from 5,000 sessions on
     (each reload of a big job's page costs the server more)."""
     return 2000 if job["sessions"] < 5000 else 10_000
+
+
+def refuse_host(scope: Scope, message: str) -> Response:
+    """A refused Host (``rollout.local_server.run_server``): 400 as the viewer's other errors,
+    JSON under ``/api/``, the error page elsewhere."""
+    if str(scope.get("path", "")).startswith("/api/"):
+        return JSONResponse({"error": message}, status_code=400)
+    page = templates().get_template("error.html").render(title="rollout viewer", code=400, message=message)
+    return HTMLResponse(page, status_code=400)
 
 
 def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "rollout viewer") -> Starlette:

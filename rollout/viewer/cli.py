@@ -9,9 +9,18 @@ import sys
 from pathlib import Path
 
 from rollout.argtypes import port_number
-from rollout.local_server import listen, run_command, run_server, url_of
+from rollout.local_server import (
+    DEFAULT_EDGE,
+    HttpEdge,
+    add_edge_flags,
+    edge_of,
+    listen,
+    run_command,
+    run_server,
+    url_of,
+)
 from rollout.logs import setup_logging
-from rollout.viewer.app import create_app
+from rollout.viewer.app import create_app, refuse_host
 from rollout.viewer.db import ViewerError, open_queries
 from rollout.viewer.report import DEFAULT_VIEWER_URL, write_report
 from rollout.viewer.stats import HiddenFields
@@ -31,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--agent-root", type=Path, default=Path("env"),
                       help="folder of env configs, to know each env's hidden fields (default env)")
     view.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_edge_flags(view)
     rep = sub.add_parser("report", help="write a job's HTML report (plotly.js once beside it, or inlined)")
     rep.add_argument("--job-id", required=True, help="the job")
     rep.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
@@ -42,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def serve(db_path: str, host: str, port: int, agent_root: Path) -> None:
+async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: HttpEdge = DEFAULT_EDGE) -> None:
     """Open the store, create the viewer's indexes, and serve until cancelled (Ctrl-C)."""
     engine, queries = await open_queries(db_path)
     try:
@@ -56,7 +66,7 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path) -> None:
                 print(f"created indexes {', '.join(made)}", file=sys.stderr)
         sock = listen(host, port, exposes="every trajectory")
         print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)
-        await run_server(create_app(queries, HiddenFields(agent_root)), sock)
+        await run_server(create_app(queries, HiddenFields(agent_root)), sock, host, edge, refuse_host)
     finally:
         await engine.dispose()
 
@@ -66,7 +76,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "view":
         setup_logging(args.log_level)
-        return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root),
+        return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),
                            args.host, args.port, (ViewerError,))
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
     try:

@@ -26,6 +26,7 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
+from gateway.http_edge import server_config
 from gateway.settings import GatewaySettings, RouteSettings
 from store import JobEnvironment, SessionStep, Store, parse_db_url
 from store.engine import sqlite_path
@@ -228,8 +229,9 @@ async def serve(settings: GatewaySettings) -> Gateway:
     """Serve ``create_app(settings)`` with uvicorn on an ephemeral loopback port; returns once
     the server has started (lifespan startup done, socket listening)."""
     app = create_app(settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=3)
+    config = server_config(app, head_timeout_s=settings.request_head_timeout_s,  # as python -m gateway
+                           keep_alive_s=settings.keep_alive_timeout_s, host="127.0.0.1", port=0, lifespan="on",
+                           log_level="warning", access_log=False, timeout_graceful_shutdown=3)
     server = _Server(config)
     task = asyncio.create_task(server.serve(), name="uvicorn-gateway")
     async with asyncio.timeout(15):

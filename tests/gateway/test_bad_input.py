@@ -90,7 +90,7 @@ async def test_deeply_nested_body_is_400(gw: Gateway, upstream: FakeUpstream) ->
 async def test_announced_body_far_over_the_limit_is_413_at_once(start_gateway: object) -> None:
     gw: Gateway = await start_gateway(max_request_bytes=1000)  # type: ignore[operator]
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    writer.write(b"POST /v1/sessions/s1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    writer.write(b"POST /v1/sessions/s1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  b"Content-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{}")
     await writer.drain()
     # the body is never sent: an answer at all means the gateway did not wait for it

@@ -5,6 +5,8 @@ a cgroup-shaped folder, the env config keys, the report's footer and records."""
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -16,7 +18,16 @@ from rollout.cgroups import Controller, SessionCgroup
 from rollout.envs import EnvConfigError, LimitsConfig
 from rollout.job import JobOptions, SetupError, check_sandbox
 from rollout.report import SessionRecord, table_footer
-from rollout.runner import CODE_ROOT, code_folders, disk_used, effective_mode, session_env, shared_code
+from rollout.runner import (
+    CODE_ROOT,
+    ENTRY_BYTES,
+    DiskUse,
+    code_folders,
+    disk_used,
+    effective_mode,
+    session_env,
+    shared_code,
+)
 from rollout.sandbox import (
     BRIDGE_SOCKET,
     FORWARDER,
@@ -127,7 +138,7 @@ def test_probe_of_a_missing_or_broken_bwrap_says_how_to_fix_it(tmp_path: Path) -
 def test_probe_finds_a_working_bwrap() -> None:
     support = require_bwrap()
     assert Path(support.bwrap).name == "bwrap"
-    assert set(support.mechanisms()) == {"memory", "processes", "disk", "output"}
+    assert set(support.mechanisms()) == {"memory", "processes", "disk", "files", "output"}
 
 
 def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -153,30 +164,73 @@ def test_env_config_limits_and_sandbox_keys(tmp_path: Path) -> None:
         "limits": {"memory_mb": 256, "processes": 64, "output_mb": 2, "disk_mb": None}, "pass_env": ["HF_TOKEN"]})
     assert cfg.runtime.limits == LimitsConfig(memory_mb=256, processes=64, output_mb=2, disk_mb=None)
     assert cfg.runtime.pass_env == ["HF_TOKEN"] and cfg.runtime.sandbox is None
-    assert LimitsConfig() == LimitsConfig(memory_mb=4096, processes=512, output_mb=64, disk_mb=4096)
+    assert LimitsConfig() == LimitsConfig(memory_mb=4096, processes=512, output_mb=64, disk_mb=4096, max_files=100_000)
     with pytest.raises(EnvConfigError, match="memory_gb"):
         make_env(tmp_path / "envs2", "e", "", runtime_cfg={"limits": {"memory_gb": 1}})
     with pytest.raises(EnvConfigError, match="sandbox"):
         make_env(tmp_path / "envs3", "e", "", runtime_cfg={"sandbox": "docker"})
 
 
-def test_disk_used_counts_files_not_symlinks_and_stops_early(tmp_path: Path) -> None:
+def _cost(p: Path) -> int:
+    st = os.lstat(p)
+    return max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512, ENTRY_BYTES)
+
+
+def test_disk_used_counts_every_entry_never_follows_links_and_stops_early(tmp_path: Path) -> None:
     (tmp_path / "a").write_bytes(b"x" * 100)
+    (tmp_path / "big").write_bytes(b"z" * 100_000)
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "b").write_bytes(b"y" * 50)
-    (tmp_path / "link").symlink_to("/usr/bin/env")
-    blocks = sum(os.lstat(tmp_path / n).st_blocks * 512 for n in ("d", "link"))
-    assert blocks >= 512  # the folder's own blocks count
-    assert disk_used(tmp_path) == 150 + blocks
-    assert disk_used(tmp_path, stop_above=10) <= 150 + blocks
+    (tmp_path / "link").symlink_to("/usr")  # a folder outside: never walked into
+    (tmp_path / "empty").touch()
+    names = ["a", "big", "d", "d/b", "link", "empty"]
+    assert disk_used(tmp_path) == DiskUse(sum(_cost(tmp_path / n) for n in names), 6)
+    assert _cost(tmp_path / "empty") == ENTRY_BYTES and _cost(tmp_path / "big") >= 100_000
+    assert disk_used(tmp_path, stop_above=10).bytes <= ENTRY_BYTES + 100_000 + 8192  # stopped at once
+    assert disk_used(tmp_path, max_entries=2).entries == 3
 
 
-def test_disk_used_counts_empty_folders(tmp_path: Path) -> None:
+def test_disk_used_counts_empty_folders_and_files(tmp_path: Path) -> None:
     for i in range(200):
         (tmp_path / f"d{i}").mkdir()
-    per_folder = os.lstat(tmp_path / "d0").st_blocks * 512
-    assert per_folder > 0
-    assert disk_used(tmp_path) == 200 * per_folder
+        (tmp_path / f"f{i}").touch()
+    assert disk_used(tmp_path) == DiskUse(200 * (_cost(tmp_path / "d0") + ENTRY_BYTES), 400)
+
+
+def test_disk_used_counts_a_tree_deeper_than_path_max(tmp_path: Path) -> None:
+    """Paths past PATH_MAX (4096) cannot be named from the top; the walk never needs to."""
+    name = "d" * 200
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    depth = 60  # 60 * 201 characters: a path of 12,000
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        big = os.open("deep.bin", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(big, b"q" * (1 << 20))
+        os.close(big)
+        os.symlink("/", "root-link", dir_fd=fd)
+    finally:
+        os.close(fd)
+    use = disk_used(tmp_path)
+    assert use.entries == depth + 2
+    assert use.bytes >= (1 << 20) + depth * ENTRY_BYTES
+    shutil.rmtree(tmp_path)  # (rmtree walks by descriptors too)
+
+
+def test_a_folder_that_cannot_be_read_is_an_error_not_zero(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads any folder")
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "f").write_bytes(b"x" * 10_000)
+    (tmp_path / "hidden").chmod(0)
+    try:
+        with pytest.raises(PermissionError, match="folder 'hidden'"):
+            disk_used(tmp_path)
+    finally:
+        (tmp_path / "hidden").chmod(0o700)
 
 
 MOUNTINFO = """\

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import rollout.runner
+from rollout.outcomes import classify
 from rollout.runner import run_runtime
 from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
 
@@ -93,6 +94,53 @@ async def test_without_a_sandbox_the_disk_limit_stops_files_written_after_the_st
     assert (out.status, out.limit_exceeded, out.sandbox) == ("error", "disk", "none")
     assert out.error_text == "disk limit exceeded: the workspace holds more than 8 MiB"
     assert sum(p.stat().st_size for p in ws.iterdir()) > 8 << 20
+
+
+DEEP_TREE = """
+import os, time
+for _ in range(60):                     # 60 folders of 200 characters: paths of 12,000, past PATH_MAX
+    os.mkdir("d" * 200)
+    os.chdir("d" * 200)
+for i in range(5):                      # 15 MiB down there, each file under the per-file cap
+    with open(f"part{i}.bin", "wb") as f:
+        f.write(b"y" * (3 << 20))
+print("written", flush=True)
+time.sleep(300)
+"""
+
+
+async def test_files_below_a_path_longer_than_path_max_count_against_the_disk_limit(tmp_path: Path) -> None:
+    require_bwrap()
+    out, _ = await _run(tmp_path, DEEP_TREE, {"disk_mb": 8})
+    assert (out.status, out.limit_exceeded) == ("error", "disk"), out
+    # the folders themselves are 60 entries (240 KiB): only the files below the deep path go past 8 MiB
+
+
+EMPTY_FILES = """
+import os, time
+for i in range({n}):
+    open(f"e{{i}}", "w").close()
+print("made", flush=True)
+time.sleep(300)
+"""
+
+
+async def test_empty_files_count_against_the_disk_limit(tmp_path: Path) -> None:
+    require_bwrap()
+    out, ws = await _run(tmp_path, EMPTY_FILES.format(n=4000), {"disk_mb": 8})  # 4000 blocks of 4 KiB > 8 MiB
+    assert (out.status, out.limit_exceeded) == ("error", "disk"), out
+    assert sum(p.stat().st_size for p in ws.iterdir()) == 0
+
+
+async def test_a_flood_of_files_is_stopped_by_the_file_limit(tmp_path: Path) -> None:
+    require_bwrap()
+    out, ws = await _run(tmp_path, EMPTY_FILES.format(n=3000), {"max_files": 1000})
+    assert (out.status, out.limit_exceeded) == ("error", "files"), out
+    assert out.error_text == "file limit exceeded: the workspace holds more than 1000 files, folders and links"
+    end = classify(out.status, setup_failed=out.setup_failed, limit_exceeded=out.limit_exceeded,
+                   error_text=out.error_text)
+    assert (end.outcome, end.infra) == ("limit_exceeded", False)  # a task outcome, graded, not retried
+    assert len(list(ws.iterdir())) > 1000
 
 
 MEMORY_HOG = """

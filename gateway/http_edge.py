@@ -1,0 +1,217 @@
+"""The HTTP edge shared by the gateway and the launcher's own servers (viewer, feed, serve): which
+``Host`` names a server answers, and how long a connection may take to send a request head.
+
+A server on loopback is still reachable from a web page by DNS rebinding (a name that resolves
+to 127.0.0.1 after the page loaded): its requests carry that name as ``Host``. So a server
+answers only the Host names it is known by (:class:`HostAllowList`, checked by
+:class:`HostCheck`). uvicorn closes a keep-alive connection left idle after an answer, but not a
+connection that never finishes a request head; :func:`server_config` adds that deadline
+(:func:`head_timeout_protocol`). Details: docs/gateway-protocols.md ("HTTP edge").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+import uvicorn
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+"""Host names every server answers (with any port): a page elsewhere cannot be served as these."""
+WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+"""Bind addresses that name no one host: they add nothing to a server's allowed names."""
+ANY_HOST = "*"
+"""An allowed-host entry that turns the check off."""
+
+DEFAULT_REQUEST_HEAD_TIMEOUT_S = 30.0
+DEFAULT_KEEP_ALIVE_TIMEOUT_S = 5
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """``(name, port)`` of a ``Host`` value or allow-list entry (``name``, ``name:port``,
+    ``[v6]``, ``[v6]:port``; a bare IPv6 address is taken as ``[v6]``); the name lowercased,
+    IPv6 in brackets. None when malformed."""
+    value = value.strip().lower()
+    if not value:
+        return None
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[: end + 1], value[end + 1:]
+        try:
+            ipaddress.IPv6Address(name[1:-1])
+        except ValueError:
+            return None
+    elif value.count(":") > 1:  # a bare IPv6 address (a bind address, never a Host header)
+        try:
+            return f"[{ipaddress.IPv6Address(value).compressed}]", None
+        except ValueError:
+            return None
+    else:
+        name, sep, port = value.partition(":")
+        rest = sep + port
+    if not name or any(c in name for c in "/?#@ \t\\"):
+        return None
+    if not rest:
+        return name, None
+    if not rest.startswith(":") or not rest[1:].isdigit() or not 0 < int(rest[1:]) < 65536:
+        return None
+    return name, int(rest[1:])
+
+
+def host_of_url(url: str) -> str:
+    """The ``name:port`` a client of ``url`` sends as ``Host`` (the name alone without a port),
+    e.g. ``http://10.0.0.5:8000/v1/sessions`` -> ``10.0.0.5:8000``. Raises ValueError for a URL
+    without a host."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise ValueError(f"{url!r} has no host")
+    name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{name}:{parts.port}" if parts.port else name
+
+
+class HostAllowList:
+    """The ``Host`` names a server answers: entries ``name`` (any port) or ``name:port`` (that
+    port only), compared case-insensitively; ``*`` allows any Host. A request without a Host,
+    with two, or with a malformed one is refused. Raises ValueError for a malformed entry."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        self.any = False
+        self._names: set[str] = set()
+        self._pairs: set[tuple[str, int]] = set()
+        self.entries: list[str] = []
+        for entry in entries:
+            if entry.strip() == ANY_HOST:
+                self.any = True
+                self.entries.append(ANY_HOST)
+                continue
+            parsed = split_host(entry)
+            if parsed is None:
+                raise ValueError(f"{entry!r} is not a host name, NAME:PORT or {ANY_HOST!r}")
+            name, port = parsed
+            if port is None:
+                self._names.add(name)
+            else:
+                self._pairs.add((name, port))
+            self.entries.append(name if port is None else f"{name}:{port}")
+
+    @classmethod
+    def for_server(cls, bind_hosts: Iterable[str], extra: Iterable[str] = ()) -> HostAllowList:
+        """The default of a server bound to ``bind_hosts`` (the addresses or names it was told to
+        listen on): the loopback names, each bind host that names one host (not a wildcard such as
+        ``0.0.0.0``), and ``extra`` (configured entries). Raises ValueError for a bad entry."""
+        own = [h for h in bind_hosts if h.strip().lower() not in WILDCARD_ADDRESSES]
+        return cls([*LOOPBACK_NAMES, *own, *extra])
+
+    def allows(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether a request with these raw ASGI headers may be answered."""
+        if self.any:
+            return True
+        hosts = [v for k, v in headers if k == b"host"]
+        if len(hosts) != 1:
+            return False
+        parsed = split_host(hosts[0].decode("latin-1"))
+        if parsed is None:
+            return False
+        name, port = parsed
+        return name in self._names or (port is not None and (name, port) in self._pairs)
+
+    def describe(self) -> str:
+        """The entries, for messages."""
+        return ", ".join(dict.fromkeys(self.entries))
+
+
+Refusal = Callable[[Scope, str], Response]
+"""A server's answer to a refused Host, in its own error shape: (scope, message) -> response."""
+
+
+class HostCheck:
+    """Pure ASGI middleware: an HTTP request whose ``Host`` ``allowed`` does not allow is answered
+    ``refuse(scope, message)`` (status 400) before ``app`` sees it. (None of these servers serves
+    WebSockets.)"""
+
+    def __init__(self, app: ASGIApp, allowed: HostAllowList, refuse: Refusal) -> None:
+        self.app = app
+        self.allowed = allowed
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.allowed.allows(scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+        what = f"Host {given[0][:200]!r}" if len(given) == 1 else \
+            "a request without a Host header" if not given else "a request with several Host headers"
+        message = (f"this server does not answer {what}; it answers {self.allowed.describe()} "
+                   "(a name it is reached by must be allowed in its configuration)")
+        await self.refuse(scope, message)(scope, receive, send)
+
+
+def with_host_check(app: ASGIApp, allowed: HostAllowList, refuse: Refusal) -> ASGIApp:
+    """``app`` behind :class:`HostCheck`, or ``app`` itself when ``allowed`` allows any Host."""
+    return app if allowed.any else HostCheck(app, allowed, refuse)
+
+
+class _HeadDeadline:
+    """Mixed into uvicorn's HTTP protocol: a connection must deliver each complete request head
+    within ``head_timeout_s`` of its start (the connection's opening, or the first byte after an
+    answer), else it is closed. Nothing changes once a head is in: a long answer or stream is
+    never cut; the idle time after an answer is uvicorn's ``timeout_keep_alive``."""
+
+    head_timeout_s: float = DEFAULT_REQUEST_HEAD_TIMEOUT_S
+    _head_timer: asyncio.TimerHandle | None = None
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    cycle: Any
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        if self.cycle is None or self.cycle.response_complete:  # still waiting for a whole head
+            self._arm_head_timer()
+        else:
+            self._disarm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None and not self.transport.is_closing():
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+            self.transport.close()
+
+
+def head_timeout_protocol(head_timeout_s: float, base: type[asyncio.Protocol] = AutoHTTPProtocol
+                          ) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol ``base`` (default: httptools or h11, as uvicorn picks it) with a
+    deadline for each request head (see ``_HeadDeadline``)."""
+    if head_timeout_s <= 0:
+        raise ValueError("head_timeout_s must be positive")
+    return type("HeadDeadlineProtocol", (_HeadDeadline, base), {"head_timeout_s": head_timeout_s})
+
+
+def server_config(app: ASGIApp, *, head_timeout_s: float = DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+                  keep_alive_s: int = DEFAULT_KEEP_ALIVE_TIMEOUT_S, **kw: Any) -> uvicorn.Config:
+    """A uvicorn config serving ``app`` with a request-head deadline of ``head_timeout_s`` and
+    idle keep-alive connections closed after ``keep_alive_s``; ``kw`` go to ``uvicorn.Config``."""
+    return uvicorn.Config(app, http=head_timeout_protocol(head_timeout_s), timeout_keep_alive=keep_alive_s, **kw)
