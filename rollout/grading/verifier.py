@@ -217,7 +217,7 @@ def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
             return "memory", f"memory limit exceeded: the verifier used more than {limits.memory_mb} MiB"
         if hit == "processes":
             return "processes", f"process limit exceeded: the verifier ran more than {limits.processes} at once"
-        if cap is not None and disk_used(workspace, cap) > cap:
+        if cap is not None and disk_used(workspace, cap).bytes > cap:
             return "disk", f"disk limit exceeded: the verifier's workspace holds more than {limits.disk_mb} MiB"
         return None
 
