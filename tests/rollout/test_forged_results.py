@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_upstream import FakeUpstream, Reply, chat_completion
-from tests.rollout.sandbox_helpers import require_bwrap
-from tests.test_launcher import gateway_config, launch
+from tests.rollout.sandbox_helpers import require_bwrap, workspace_tool_call_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,20 +29,9 @@ async def test_a_result_line_forged_by_a_tool_call_is_not_the_sessions_result(
     # the session id is the last part of the session URL the runtime was given; $PPID is the runtime
     command = (f"mkdir -p outputs && printf '%s' '{answer}' > outputs/answer.json && "
                f"sid=${{OPENAI_BASE_URL##*/}} && printf '%s\\n' '{line}' > /proc/$PPID/fd/1 && kill -9 $PPID")
-    tool_call = {"id": "call_1", "type": "function", "function": {"name": "bash",
-                                                                   "arguments": json.dumps({"command": command})}}
-    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
-    async with FakeUpstream() as up:
-        up.script("/v1/chat/completions", [Reply.json(chat_completion(None, tool_calls=[tool_call],
-                                                                      finish_reason="tool_calls"))])
-        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
-        code, stdout, stderr = await launch(
-            "--agent-root", str(REPO / "env"), "--env", "workspace", "--gateway-config", str(cfg),
-            "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation", "--limit", "1",
-            "--retry-backoff-s", "0", "--job-id", "forged", "--out", str(out), cwd=tmp_path)
-        calls = [r for r in up.requests if r.path.endswith("/chat/completions")]
-    (r,) = map(json.loads, out.read_text().splitlines())
-    assert len(calls) == 1  # the runtime died after its first call, and was not run again
+    run = await workspace_tool_call_run(tmp_path, command, "forged", "--retry-backoff-s", "0", then=None)
+    r, code, stdout, stderr, db = run.record, run.code, run.stdout, run.stderr, run.db
+    assert run.calls == 1  # the runtime died after its first call, and was not run again
     # graded on the workspace it left (the answer is right), once, as the agent's outcome
     assert (r["sandbox"], r["status"], r["outcome"], r["eval_status"], r["score"]) == (
         "bwrap", "error", "runtime_error", "scored", 10.0), (stdout, stderr)

@@ -14,7 +14,7 @@ import pytest
 from rollout.grading.grader import Grader
 from rollout.grading.sandbox import CHILD, GraderLimits
 from rollout.protocol import EvalRequest, EvalSpec, Trajectory
-from tests.rollout.sandbox_helpers import require_bwrap
+from tests.rollout.sandbox_helpers import require_bwrap, workspace_tool_call_run
 
 REPO = Path(__file__).resolve().parents[2]
 WORKSPACE_EVALUATOR = REPO / "env" / "workspace" / "rule_evaluator.py"
@@ -40,13 +40,14 @@ def env_root(tmp_path: Path, code: str, name: str = "t") -> Path:
 def grader_children() -> list[int]:
     """Pids of this test process's descendants still running that are a grader's bwrap or child."""
     parent: dict[int, int] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = Path(f"/proc/{name}/stat").read_text()
         except OSError:
             continue
-        parent[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, me = [], os.getpid()
+        parent[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    me = os.getpid()
     for pid in parent:
         p = pid
         while p > 1 and p in parent:
@@ -205,29 +206,15 @@ async def test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_
     """End to end: the real launcher, gateway, sandbox and bash tool; the model's one command links
     the task's expected.json (its host path is in the env's folder, known to the model) as the answer
     and nests folders past PATH_MAX (which made the old pre-grading sweep give up)."""
-    from tests.fake_upstream import FakeUpstream, Reply, chat_completion
-    from tests.test_launcher import gateway_config, launch
-
     require_bwrap()
     task = sorted((REPO / "env" / "workspace" / "tasks").iterdir())[0]
     deep = 'import os\\nfd = os.open(".", os.O_RDONLY)\\nfor _ in range(100):\\n' \
            '    os.mkdir("d" * 60, dir_fd=fd); fd = os.open("d" * 60, os.O_RDONLY, dir_fd=fd)'
     command = (f"mkdir -p outputs && ln -s {task}/expected.json outputs/answer.json && "
                f"printf '{deep}' > deep.py && python3 deep.py && ls -la outputs")
-    tool_call = {"id": "call_1", "type": "function", "function": {"name": "bash",
-                                                                   "arguments": json.dumps({"command": command})}}
-    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
-    async with FakeUpstream() as up:
-        up.script("/v1/chat/completions", [Reply.json(chat_completion(None, tool_calls=[tool_call],
-                                                                      finish_reason="tool_calls")),
-                                           Reply.json(chat_completion("done"))])
-        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
-        code, _, stderr = await launch(
-            "--agent-root", str(REPO / "env"), "--env", "workspace", "--gateway-config", str(cfg),
-            "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation", "--limit", "1",
-            "--job-id", "links", "--out", str(out), cwd=tmp_path)
-    assert code == 0, stderr
-    (r,) = map(json.loads, out.read_text().splitlines())
+    run = await workspace_tool_call_run(tmp_path, command, "links")
+    assert run.code == 0, run.stderr
+    r = run.record
     assert f"answer.json -> {task}/expected.json" in r["trajectory"][1]["messages"][-1]["content"]  # made
     assert (r["sandbox"], r["grader_isolation"], r["eval_status"], r["score"], r["reason"]) == (
         "bwrap", "bwrap", "scored", 0.0, "outputs/answer.json is missing")

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion
-from tests.rollout.sandbox_helpers import require_bwrap
+from tests.rollout.sandbox_helpers import require_bwrap, workspace_tool_call_run
 from tests.test_launcher import gateway_config, launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,20 +61,9 @@ async def test_workspace_agent_tools_run_in_the_sandbox_and_the_grader_sees_thei
     answer = json.dumps(json.loads((task / "expected.json").read_text()))
     command = (f"test ! -e {task}/expected.json && id -u && pwd && ls && mkdir -p outputs && "
                f"printf '%s' '{answer}' > outputs/answer.json")
-    tool_call = {"id": "call_1", "type": "function", "function": {"name": "bash",
-                                                                   "arguments": json.dumps({"command": command})}}
-    db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
-    async with FakeUpstream() as up:
-        up.script("/v1/chat/completions", [Reply.json(chat_completion(None, tool_calls=[tool_call],
-                                                                      finish_reason="tool_calls")),
-                                           Reply.json(chat_completion("done"))])
-        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
-        code, _, stderr = await launch(
-            "--agent-root", str(REPO / "env"), "--env", "workspace", "--gateway-config", str(cfg),
-            "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation", "--limit", "1",
-            "--job-id", "tools", "--out", str(out), cwd=tmp_path)
-    assert code == 0, stderr
-    (r,) = map(json.loads, out.read_text().splitlines())
+    run = await workspace_tool_call_run(tmp_path, command, "tools")
+    assert run.code == 0, run.stderr
+    r = run.record
     assert (r["sandbox"], r["status"], r["eval_status"], r["score"], r["step_count"]) == \
         ("bwrap", "succeeded", "scored", 10.0, 2)
     # the tool ran inside: as the sandbox user, in /workspace, with the task's files and not its expected.json
