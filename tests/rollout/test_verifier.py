@@ -323,6 +323,33 @@ HOSTILE = {
         "    os._exit(0)\n"
         "def median(values):\n    return sorted(values)[len(values) // 2]\n"),
     "hangs": "import time\ntime.sleep(3600)\n",
+    # a fork storm (each member forks two and exits) whose members keep renaming a 1 onto the reward
+    "fork_storm_rewriter": (
+        "import os\n"
+        "def median(values):\n    return values[len(values) // 2]\n"
+        "if os.path.isdir('/logs/verifier') and os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    null = os.open('/dev/null', os.O_RDWR)\n"
+        "    for fd in (0, 1, 2):\n"
+        "        os.dup2(null, fd)\n"
+        "    while True:\n"
+        "        kids = 0\n"
+        "        for _ in range(2):\n"
+        "            try:\n"
+        "                if os.fork() == 0:\n"
+        "                    kids = -1\n"
+        "                    break\n"
+        "                kids += 1\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "        if kids > 0:\n"
+        "            os._exit(0)\n"
+        "        try:\n"
+        "            tmp = f'/logs/verifier/.r{os.getpid()}'\n"
+        "            open(tmp, 'w').write('1')\n"
+        "            os.rename(tmp, '/logs/verifier/reward.txt')\n"
+        "        except OSError:\n"
+        "            pass\n"),
 }
 
 
