@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from pathlib import Path
 
 from env.bash_agent import LoopParams, run_agent
@@ -24,17 +26,25 @@ from rollout.protocol import SimulationStartRequest, SimulationStartResult
 logger = logging.getLogger("env.task_runtime")
 
 ANSWER_PATH = "outputs/answer.json"
+ANSWER_MAX_BYTES = 16 * 1024 * 1024
 
 
 def check_answer(workspace: Path) -> str | None:
     """None when ``outputs/answer.json`` exists and parses as JSON, else why not."""
     path = workspace / ANSWER_PATH
     try:
-        json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted there must not block the runtime
     except FileNotFoundError:
         return f"{ANSWER_PATH} is missing"
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         return f"{ANSWER_PATH} is unreadable or not JSON: {exc}"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return f"{ANSWER_PATH} is not a regular file"
+        try:
+            json.loads(f.read(ANSWER_MAX_BYTES + 1).decode("utf-8"))
+        except (OSError, ValueError) as exc:
+            return f"{ANSWER_PATH} is unreadable or not JSON: {exc}"
     return None
 
 

@@ -1,9 +1,9 @@
 """The grader sandbox: one evaluation in a child process under bubblewrap (docs/grading.md).
 
 ``evaluate_in_sandbox`` runs ``rollout.grading.child`` in a fresh sandbox per evaluation: the
-system folders and the interpreter read-only, the project's ``rollout`` package read-only, each env
-root read-only from the job's snapshot (bound at its host path, so ``spec.evaluator_path`` is the
-same string inside), the session's workspace copy read-only at ``/workspace``, a private ``/tmp``,
+system folders and the interpreter read-only, the project's ``rollout`` and ``env`` packages
+read-only (graders anywhere may import ``env.*``), each env root read-only from the job's snapshot
+(bound at its host path, so ``spec.evaluator_path`` is the same string inside), the session's workspace copy read-only at ``/workspace``, a private ``/tmp``,
 no network, a clean environment, memory and process caps (cgroups when there are, else
 ``RLIMIT_AS``), CPU-time and file-size limits, output counted. At the timeout the whole sandbox
 is killed (its process group, its cgroups; the pid namespace takes the rest). Whatever the child
@@ -75,6 +75,7 @@ def grader_command(roots: list[tuple[Path, Path]], workspace: Path | None, limit
     b.system()
     b.interpreter()
     b.ro(CODE_ROOT / "rollout")
+    b.ro(CODE_ROOT / "env")  # the bundled env package (graders import ``env.*``); a snapshot of it covers it
     for snapshot, host in roots:
         b.ro(snapshot, host)
     if workspace is not None:

@@ -38,3 +38,14 @@ def test_without_an_answer_file_the_loop_decides(monkeypatch: pytest.MonkeyPatch
     # the default still asks for outputs/answer.json
     asked = run(monkeypatch, tmp_path, {})
     assert (asked.status, asked.error_text) == ("failed", "outputs/answer.json is missing")
+
+
+def test_a_fifo_or_a_folder_as_the_answer_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "outputs").mkdir()
+    os.mkfifo(tmp_path / "outputs" / "answer.json")  # a blocking read would hold the session to its timeout
+    assert task_runtime.check_answer(tmp_path) == "outputs/answer.json is not a regular file"
+    os.unlink(tmp_path / "outputs" / "answer.json")
+    (tmp_path / "outputs" / "answer.json").write_text('{"a": 1}')
+    assert task_runtime.check_answer(tmp_path) is None

@@ -232,3 +232,15 @@ async def test_an_env_root_too_large_to_snapshot_is_refused_with_what_to_do(
     async with Grader("none", work_dir=tmp_path) as grader:
         with pytest.raises(grader_module.GraderSetupError, match="holds more than .* 3 files: the grader snapshots"):
             await grader.start([path.parent.parent])
+
+
+async def test_a_grader_outside_the_project_may_import_the_bundled_env_package(tmp_path: Path) -> None:
+    require_bwrap()
+    path = env_root(tmp_path, "from env.workspace.rule_evaluator import evaluate\n", name="copy_of_basics")
+    ws = tmp_path / "ws"
+    (ws / "outputs").mkdir(parents=True)
+    (ws / "outputs" / "answer.json").write_text(json.dumps({"answer": 42}))
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        out = await grader.evaluate(path, request("s1", {"answer": 42}), spec(path), Trajectory(session_id="s1"), ws)
+    assert (out.status, out.score) == ("scored", 10.0), out.reason
