@@ -12,7 +12,7 @@ run: setup-run
 	$(PY) launcher.py --enable-evaluation --pool-size 4 $(ARGS)
 
 test: setup-test
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=25 $(ARGS)
 
 lint: setup-test
 	$(PY) -m ruff check .
