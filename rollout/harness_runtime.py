@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from rollout.harness import (
 from rollout.protocol import SimulationStartRequest, SimulationStartResult, model_from_json, model_json
 
 _MISSING = object()
+ANSWER_MAX_BYTES = 16 * 1024 * 1024
 
 
 def _say(text: str) -> None:
@@ -70,11 +72,18 @@ def read_answer(workspace: Path, answer_path: str) -> tuple[Any, str | None]:
     if rel.is_absolute() or ".." in rel.parts:
         return _MISSING, f"answer_path {answer_path!r} must be relative to the workspace, without '..'"
     try:
-        return json.loads((workspace / rel).read_text(encoding="utf-8")), None
+        fd = os.open(workspace / rel, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted there must not block
     except FileNotFoundError:
         return _MISSING, f"{answer_path} is missing"
-    except (OSError, ValueError) as e:
+    except OSError as e:
         return _MISSING, f"{answer_path} is unreadable or not JSON: {e}"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return _MISSING, f"{answer_path} is not a regular file"
+        try:
+            return json.loads(f.read(ANSWER_MAX_BYTES + 1).decode("utf-8")), None
+        except (OSError, ValueError) as e:
+            return _MISSING, f"{answer_path} is unreadable or not JSON: {e}"
 
 
 def run(req: SimulationStartRequest, harness: Harness, install_dir: Path, workspace: Path) -> SimulationStartResult:
@@ -92,11 +101,12 @@ def run(req: SimulationStartRequest, harness: Harness, install_dir: Path, worksp
     finally:
         shutil.rmtree(home, ignore_errors=True)
     code = proc.returncode
-    if launch.answer_path is None:  # no answer file: the task's tests grade the workspace
+    answer_path = None if req.env_params.get("answer_file", True) is False else launch.answer_path
+    if answer_path is None:  # no answer file (the harness's or the env's word): the task's tests grade it
         answer, why = None, None if code == 0 else f"{harness.name} exited with code {code}"
         present = code == 0
     else:
-        answer, why = read_answer(workspace, launch.answer_path)
+        answer, why = read_answer(workspace, answer_path)
         present = answer is not _MISSING
     _say(f"{harness.name} exited with {code}; answer: {why or 'present'}")
     errors = list(dict.fromkeys(e for e in (why, f"{harness.name} exited with code {code}" if code else None) if e))

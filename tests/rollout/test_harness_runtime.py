@@ -144,3 +144,16 @@ def test_the_solution_folder_is_named_only_when_the_launcher_gives_it(tmp_path: 
     assert "solution_dir=None" in p.stderr
     p = _run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 0}, extra_env={"ROLLOUT_SOLUTION_DIR": "/s"})
     assert "solution_dir=/s" in p.stderr
+
+
+def test_an_env_without_answer_files_is_not_read_for_one(tmp_path: Path) -> None:
+    """A Harbor env says ``answer_file: false``: a harness that writes no answer file succeeds on exit 0."""
+    done = json.loads(_run(tmp_path, {"answer_file": False, "mode": "none", "exit": 0}).stdout)
+    assert (done["status"], done["error_text"]) == ("succeeded", None)
+
+
+def test_a_fifo_as_the_answer_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    (tmp_path / "ws" / "outputs").mkdir(parents=True)
+    os.mkfifo(tmp_path / "ws" / "outputs" / "answer.json")
+    result = json.loads(_run(tmp_path, {"mode": "none", "exit": 0}).stdout)
+    assert (result["status"], result["error_text"]) == ("failed", "outputs/answer.json is not a regular file")
