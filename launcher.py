@@ -1,9 +1,9 @@
 """``python launcher.py --enable-evaluation --pool-size N``: run envs' cases through the gateway,
 grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade --job-id ID``
-grades a finished job again from the store (``rollout.regrade``: no runtime, no model call).
+grades a finished job again from the store (``rollout.jobs.regrade``: no runtime, no model call).
 
 This file is only the CLI: flags (Safactory-compatible) become
-``rollout.job.JobOptions``; ``rollout.job.run_job`` does the work. Exit codes: 0 when every
+``rollout.jobs.job.JobOptions``; ``rollout.jobs.job.run_job`` does the work. Exit codes: 0 when every
 session ran (whatever the scores), 2 when a runtime or evaluator errored or timed out (argparse also
 uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model), 3 when
 the circuit breaker stopped the job (gateway or upstream down; left for --resume), 130 on Ctrl-C
@@ -26,10 +26,9 @@ import yaml
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from rollout.job import JobOptions, JobResult, SetupError, run_job
-from rollout.logs import setup_logging
-from rollout.progress import ProgressState
-from rollout.regrade import (
+from rollout.core.logs import setup_logging
+from rollout.jobs.job import JobOptions, JobResult, SetupError, run_job
+from rollout.jobs.regrade import (
     NotRegraded,
     Regraded,
     RegradeOptions,
@@ -38,14 +37,15 @@ from rollout.regrade import (
     regrade_job,
     render_regrade_summary,
 )
-from rollout.report import SessionRecord, output_path_problem, render_table, summarize
-from rollout.scheduler import HARNESS_FAILURES
+from rollout.jobs.scheduler import HARNESS_FAILURES
+from rollout.results.progress import ProgressState
+from rollout.results.report import SessionRecord, output_path_problem, render_table, summarize
 from store.stepcodec import StepDecodeError
 
 HERE = Path(__file__).resolve().parent
 _FLAG_OF = {"agent_configs": "agent_config", "env_names": "env"}
-VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.viewer.cli (imported only when used)
-FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.feed.cli (imported only when used)
+VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.cli.viewer (imported only when used)
+FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.cli.feed (imported only when used)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,16 +316,16 @@ def regrade_main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code. ``view`` and ``report`` as the first argument run
-    the trajectory viewer and the HTML report (``rollout.viewer.cli``); ``feed``, ``export`` and
+    the trajectory viewer and the HTML report (``rollout.cli.viewer``); ``feed``, ``export`` and
     ``serve`` the feed of ready groups, the export of a job and the long-running mode
-    (``rollout.feed.cli``)."""
+    (``rollout.cli.feed``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in VIEWER_COMMANDS:
-        from rollout.viewer.cli import main as viewer_main
+        from rollout.cli.viewer import main as viewer_main
 
         return viewer_main(argv)
     if argv and argv[0] in FEED_COMMANDS:
-        from rollout.feed.cli import main as feed_main
+        from rollout.cli.feed import main as feed_main
 
         return feed_main(argv)
     args = build_parser().parse_args(argv)
@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if isinstance(e, KeyboardInterrupt) else 143
     code = report(result, args.count_unscored_as_zero, opts.enable_evaluation)
     if args.report is not None:
-        from rollout.viewer.db import ViewerError
-        from rollout.viewer.report import write_report
+        from rollout.servers.viewer.db import ViewerError
+        from rollout.servers.viewer.report import write_report
 
         try:
             path = asyncio.run(write_report(opts.db_path, result.job_id, args.report))
