@@ -532,7 +532,7 @@ async def test_sigterm_stops_everything(tmp_path: Path) -> None:
 def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     """--max-retries / --retry-backoff-s, and in the start config the failure classes and the
     breaker; a typo in a class or a breaker key is a clear error naming it."""
-    from launcher import parse_args
+    from rollout.cli.run import parse_args
     from rollout.jobs.job import SetupError
 
     opts, _ = parse_args([])
@@ -574,7 +574,7 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
 
 
 def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from launcher import report
+    from rollout.cli.run import report
     from rollout.core.outcomes import BreakerEvent
     from rollout.jobs.job import JobResult
     from rollout.results.report import AttemptRecord, ReportTotals, SessionRecord
@@ -601,7 +601,7 @@ def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: p
 
 
 def test_progress_on_a_non_terminal_is_a_line_per_tenth(capsys: pytest.CaptureFixture[str]) -> None:
-    from launcher import _Progress
+    from rollout.cli.run import _Progress
     from rollout.results.report import SessionRecord
 
     def rec(env: str, i: int) -> SessionRecord:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import parse_args, regrade_options
+from rollout.cli.run import parse_args, regrade_options
 from rollout.core.envs import load_cases, load_env_config
 from rollout.grading.trajectory import to_trajectory
 from rollout.jobs.job import SetupError, harness_envs, load_harnesses
