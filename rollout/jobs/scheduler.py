@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import aiohttp
 
@@ -61,7 +61,7 @@ from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import InstalledHarness
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.sandbox.runtime_local import RuntimeOutcome, pidfd_child_watcher
-from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
+from store import FinalStatus, JobEnvironment, SessionAttempt, SessionResult, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -516,15 +516,15 @@ class Scheduler:
         except Exception as e:  # a launcher bug while concluding: this session only, reason recorded
             log.exception("session %s failed in the launcher", sid)
             why, duration = f"launcher error: {type(e).__name__}: {e}", time.monotonic() - t0
-            final = {"status": "error", "error_text": why, "duration_s": duration, "outcome": "launcher_error"}
+            result = SessionResult(status="error", outcome="launcher_error", attempts=n, error=why,
+                                   duration_s=duration)
             await self.store.record_attempt(SessionAttempt(
                 session_id=sid, attempt=n, job_id=row.job_id, status="error", outcome="launcher_error", infra=True,
                 reason=why, started_at=started, finished_at=utcnow(), duration_s=duration))
-            await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
+            await self.store.finish_job_session(sid, result)
             steps = await self.store.trajectory(sid)
             attempts = (await self.store.job_attempts(row.job_id)).get(sid, [])
-            return record_of(row.model_copy(update={**final, "attempts": n, "finished": True}),
-                             to_trajectory(sid, steps), attempts)
+            return record_of(row, result, to_trajectory(sid, steps), attempts)
         finally:
             if not self.s.keep_workspaces:
                 self._remove_later(workspace)
@@ -564,16 +564,15 @@ class Scheduler:
         """Finish a session whose retry could not be prepared (its gateway session cannot be
         closed): an infrastructure failure, never graded."""
         row, sid = work.row, work.row.session_id
-        final: dict[str, Any] = {
-            "status": "error", "outcome": "gateway_unreachable",
-            "error_text": f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
-            "eval_status": INFRA_EVAL_STATUS if self.s.enable_evaluation else None,
-            "eval_reason": (f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
-                            if self.s.enable_evaluation else None)}
-        await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
+        result = SessionResult(
+            status="error", outcome="gateway_unreachable", attempts=work.attempt - 1,
+            error=f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
+            eval_status=INFRA_EVAL_STATUS if self.s.enable_evaluation else None,
+            eval_reason=(f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
+                         if self.s.enable_evaluation else None))
+        await self.store.finish_job_session(sid, result)
         steps = await self.store.trajectory(sid)
-        return record_of(row.model_copy(update={**final, "reward": None, "attempts": work.attempt - 1,
-                                                "finished": True}), to_trajectory(sid, steps), work.attempts)
+        return record_of(row, result, to_trajectory(sid, steps), work.attempts)
 
     async def _run_runtime(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.session_id
@@ -652,20 +651,17 @@ class Scheduler:
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
         await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
-        final = {
-            "status": status,
-            "result": run.outcome.result.model_dump(mode="json") if run.outcome and run.outcome.result else None,
-            "error_text": error_text, "duration_s": time.monotonic() - t0, "outcome": end.outcome,
-            "sandbox": run.outcome.sandbox if run.outcome else None,
-            "eval_status": eval_status, "eval_reason": eval_reason,
-            "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts,
-                            "isolation": evaluation.isolation} if evaluation else None,
-        }
-        reward = evaluation.score if evaluation else None
-        await self.store.finish_job_session(
-            sid, reward=reward, eval_meta=evaluation.model_dump(mode="json") if evaluation else None, **final)
-        return record_of(row.model_copy(update={**final, "reward": reward, "attempts": n, "finished": True}),
-                         trajectory, work.attempts)
+        result = SessionResult(
+            status=cast(FinalStatus, status), outcome=end.outcome, attempts=n, error=error_text,
+            duration_s=time.monotonic() - t0,
+            runtime_result=run.outcome.result.model_dump(mode="json") if run.outcome and run.outcome.result else None,
+            sandbox=run.outcome.sandbox if run.outcome else None,
+            reward=evaluation.score if evaluation else None, eval_status=eval_status, eval_reason=eval_reason,
+            eval_detail={"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts,
+                         "isolation": evaluation.isolation} if evaluation else None,
+            evaluation=evaluation.model_dump(mode="json") if evaluation else None)
+        await self.store.finish_job_session(sid, result)
+        return record_of(row, result, trajectory, work.attempts)
 
     def _harness_command(self, row: JobEnvironment, attempt: int,
                          case: Case) -> tuple[RuntimeCommand | None, Path | None]:
