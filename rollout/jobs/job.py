@@ -43,7 +43,7 @@ from rollout.core.outcomes import (
     check_classes,
 )
 from rollout.core.session_ids import SessionIds
-from rollout.grading.evaluator_loader import discover_evaluator
+from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import GraderSetupError, grader_mode
 from rollout.jobs.job_lock import JobLease, JobLockError
 from rollout.jobs.ray_backend import RayBackend, RayBackendError
@@ -515,8 +515,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
             installed = await install_harnesses({n: h for n, h in loaded.items() if n in plan.harnesses})
         if opts.enable_evaluation:
             for cfg in configs:  # a Harbor env is graded by each task's tests
-                if cfg.dataset.format != "harbor" and discover_evaluator(opts.agent_root, cfg.name) is None and \
-                        discover_evaluator(cfg.env_dir.parent, cfg.name) is None:
+                if cfg.dataset.format != "harbor" and evaluator_for(opts.agent_root, cfg.name, cfg.env_dir) is None:
                     print(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded",
                           file=sys.stderr)
         log_dir = Path("runs") / "logs" / job_id

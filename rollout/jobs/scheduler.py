@@ -49,7 +49,7 @@ from rollout.core.outcomes import (
 )
 from rollout.core.session_ids import SessionIds
 from rollout.grading.evaluation import EvalOutcome, build_eval_spec
-from rollout.grading.evaluator_loader import discover_evaluator
+from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, grader_mode
 from rollout.grading.sandbox import GraderLimits
 from rollout.grading.trajectory import to_trajectory
@@ -344,8 +344,7 @@ class Scheduler:
         """The env's ``rule_evaluator.py`` (under the agent root, else beside the env's folder),
         looked up once per job."""
         if cfg.name not in self._evaluators:
-            self._evaluators[cfg.name] = (discover_evaluator(self.s.agent_root, cfg.name)
-                                          or discover_evaluator(cfg.env_dir.parent, cfg.name))
+            self._evaluators[cfg.name] = evaluator_for(self.s.agent_root, cfg.name, cfg.env_dir)
         return self._evaluators[cfg.name]
 
     async def _run(self, source: RowSource) -> list[SessionRecord]:
