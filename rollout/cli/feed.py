@@ -100,7 +100,7 @@ def _serve_options(args: argparse.Namespace) -> Any:
 
 def serve_main(args: argparse.Namespace) -> int:
     """``serve``: exit 0 when stopped, 1 when it cannot start."""
-    from rollout.jobs.job import SetupError
+    from rollout.core.setup import SetupError
     from rollout.servers.serve import serve as serve_batches
 
     setup_logging(args.log_level)

@@ -14,7 +14,6 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.settings import ConfigError, GatewaySettings, load_settings
+from gateway.settings import GatewaySettings
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import (
     MAX_GROUP_SIZE,
@@ -36,26 +35,19 @@ from rollout.core.envs import (
 )
 from rollout.core.outcomes import (
     DEFAULT_RETRY_ON,
-    INFRA_CLASSES,
     BreakerEvent,
     BreakerSettings,
     RetryPolicy,
     check_classes,
 )
-from rollout.core.session_ids import SessionIds
+from rollout.core.plan import RowSource, plan_job
+from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import GraderSetupError, grader_mode
 from rollout.jobs.job_lock import JobLease, JobLockError
 from rollout.jobs.ray_backend import RayBackend, RayBackendError
 from rollout.jobs.ray_backend import connect as ray_connect
-from rollout.jobs.scheduler import (
-    JobStopped,
-    RowSource,
-    RunSettings,
-    Scheduler,
-    iter_session_rows,
-    session_rows,
-)
+from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.jobs.services import (
     ChildProcess,
     ServiceError,
@@ -77,14 +69,9 @@ from rollout.sandbox.harness_cache import (
 )
 from rollout.sandbox.harness_cache import install as install_harness
 from rollout.sandbox.runner import effective_mode, sandbox_support
-from store import JOB_ID_PATTERN, MAX_INT, DbUrlError, JobEnvironment, Store, StoreUnavailable
-from store.repo import SchemaError
+from store import JOB_ID_PATTERN, MAX_INT, Store
 
 log = logging.getLogger(__name__)
-
-
-class SetupError(RuntimeError):
-    """The job cannot start; the message tells the user what to fix."""
 
 
 class JobOptions(BaseModel):
@@ -281,114 +268,6 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
               "pids controller)", file=sys.stderr)
 
 
-def load_gateway_settings(path: Path) -> GatewaySettings:
-    """The gateway config file, as SetupError on problems."""
-    try:
-        return load_settings(path)
-    except ConfigError as e:
-        raise SetupError(str(e)) from e
-
-
-def open_store(url: str) -> Store:
-    """A Store for ``url``; SetupError for bad URLs or a missing database driver."""
-    try:
-        return Store(url)
-    except DbUrlError as e:
-        raise SetupError(str(e)) from e
-    except ModuleNotFoundError as e:
-        raise SetupError(f"--db-path {url}: the database driver is not installed ({e.name}); "
-                         "pip install asyncpg for PostgreSQL") from e
-
-
-async def init_store(store: Store) -> None:
-    """``store.init()``, a database that cannot be opened (or upgraded) as SetupError."""
-    try:
-        await store.init()
-    except (StoreUnavailable, SchemaError) as e:
-        raise SetupError(str(e)) from e
-
-
-async def plan_sessions(store: Store, opts: JobOptions, job_id: str, models: list[str],
-                        envs: list[tuple[EnvConfig, list[Case]]],
-                        harnesses: list[str | None] | None = None) -> list[JobEnvironment]:
-    """The session rows to run: a new job's rows (inserted: every env x case x harness x model x
-    sample, ``harnesses`` None or ``[None]`` meaning the env's own runtime), or with ``resume`` the rows of an
-    existing job that are unfinished or ended in an infrastructure failure (reopened; the
-    scheduler archives their last attempt's steps before the next attempt, whose number goes on
-    from the attempts already used). Raises SetupError for a resume of an unknown job, or a new
-    job whose id is taken."""
-    if opts.resume:
-        return await _resume_rows(store, job_id, envs)
-    await _check_new(store, job_id)
-    rows = session_rows(job_id, models, envs, opts.rl_group_size, opts.max_steps, harnesses or [None])
-    await store.add_job_sessions(rows)
-    return rows
-
-
-class PlannedJob(BaseModel):
-    """The sessions a job runs, without their rows: their ids in run order (``SessionIds``),
-    sessions per env, and the routes and harnesses they use."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    ids: SessionIds
-    per_env: dict[str, int]
-    models: list[str]
-    harnesses: list[str]
-
-
-async def plan_job(store: Store, opts: JobOptions, job_id: str, models: list[str],
-                   envs: list[tuple[EnvConfig, list[Case]]], harnesses: list[str | None]) -> PlannedJob:
-    """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
-    transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
-    Same rows, order and errors as ``plan_sessions``."""
-    ids = SessionIds()
-    per_env: Counter[str] = Counter()
-    used_models: dict[str, None] = {}
-    used_harnesses: dict[str, None] = {}
-
-    def note(r: JobEnvironment) -> JobEnvironment:
-        ids.append(r.session_id)
-        per_env[r.env_name] += 1
-        used_models[r.llm_model] = None
-        if r.harness is not None:
-            used_harnesses[r.harness] = None
-        return r
-
-    if opts.resume:
-        for r in await _resume_rows(store, job_id, envs):
-            note(r)
-    else:
-        await _check_new(store, job_id)
-        await store.add_job_sessions(note(r) for r in iter_session_rows(
-            job_id, models, envs, opts.rl_group_size, opts.max_steps, harnesses))
-    return PlannedJob(ids=ids, per_env=dict(per_env), models=list(used_models), harnesses=list(used_harnesses))
-
-
-async def _check_new(store: Store, job_id: str) -> None:
-    if await store.job_exists(job_id):
-        raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
-                         "add --resume to finish it, or choose another --job-id")
-
-
-async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]]) -> list[JobEnvironment]:
-    existing = await store.job_sessions(job_id)
-    if not existing:
-        raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
-    cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
-    rows = [r for r in existing if not r.finished or r.outcome in INFRA_CLASSES]
-    unknown = {(r.env_name, r.case_id) for r in rows} - cases
-    if unknown:
-        raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
-                         f"{sorted(unknown)[:5]}")
-    for r in rows:
-        if r.finished:  # an infrastructure failure: run it again, never graded
-            await store.update_job_session(r.session_id, finished=False, finished_at=None, reward=None,
-                                           eval_status=None, eval_reason=None, eval_detail=None)
-            r.finished = False
-    return rows
-
-
 async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str) -> RayBackend:
     """Connect to the Ray cluster of ``--ray-address`` (else ``$RAY_ADDRESS``) and check, from a
     task on every node, that ``session_url``'s gateway answers there and the sandbox runs there,
@@ -500,7 +379,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         lease = await hold_job(store, job_id)  # one launcher per job: refused while another runs it
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
-        plan = await plan_job(store, opts, job_id, models, envs, [*loaded] or [None])
+        plan = await plan_job(store, job_id, models, envs, [*loaded] or [None], resume=opts.resume,
+                              group_size=opts.rl_group_size, max_steps=opts.max_steps)
         configs = [cfg for cfg, _ in envs]
         del envs  # the cases: each session's row keeps its own, the dataset is not held while the job runs
         if opts.resume and plan.ids:

@@ -28,17 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.errors import error_body, validation_message
 from gateway.settings import GatewaySettings
 from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
-from rollout.jobs.job import (
-    JobOptions,
-    SetupError,
-    check_sandbox,
-    init_store,
-    load_envs,
-    load_gateway_settings,
-    open_store,
-    plan_sessions,
-    start_services,
-)
+from rollout.core.plan import plan_sessions
+from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
+from rollout.jobs.job import JobOptions, check_sandbox, load_envs, start_services
 from rollout.jobs.job_lock import JobLease, JobLockError
 from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.jobs.services import (
@@ -180,7 +172,8 @@ class BatchService:
                 if planned > MAX_BATCH_SESSIONS:
                     raise BatchError(f"the batch would plan {planned} sessions; at most {MAX_BATCH_SESSIONS} per "
                                      "batch (submit several batches)")
-                rows = await plan_sessions(self.store, opts, job_id, [model], envs)
+                rows = await plan_sessions(self.store, job_id, [model], envs, resume=opts.resume,
+                                           group_size=opts.rl_group_size, max_steps=opts.max_steps)
             except SetupError as e:
                 raise BatchError(str(e), 409 if "already exists" in str(e) else 400) from e
             info = BatchInfo(job_id=job_id, state="queued", model=model, policy_version=req.policy_version,

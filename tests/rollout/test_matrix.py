@@ -13,9 +13,10 @@ import yaml
 
 from rollout.cli.run import parse_args, regrade_options
 from rollout.core.envs import load_cases, load_env_config
+from rollout.core.plan import group_id, session_rows
+from rollout.core.setup import SetupError
 from rollout.grading.trajectory import to_trajectory
-from rollout.jobs.job import SetupError, harness_envs, load_harnesses
-from rollout.jobs.scheduler import group_id, session_rows
+from rollout.jobs.job import harness_envs, load_harnesses
 from rollout.results.records import record_of
 from rollout.results.report import render_table, summarize
 from store import JobEnvironment, SessionResult

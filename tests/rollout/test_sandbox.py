@@ -14,7 +14,8 @@ import pytest
 
 import rollout.jobs.job
 from rollout.core.envs import EnvConfigError, LimitsConfig
-from rollout.jobs.job import JobOptions, SetupError, check_sandbox
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, check_sandbox
 from rollout.results.report import SessionRecord, table_footer
 from rollout.sandbox import cgroups
 from rollout.sandbox.bwrap import (
