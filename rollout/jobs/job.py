@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from rollout.core.envs import (
     load_env_config,
     scan_envs,
 )
+from rollout.core.logs import notices
 from rollout.core.outcomes import (
     DEFAULT_RETRY_ON,
     BreakerEvent,
@@ -174,7 +174,7 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
             if broken and set(opts.env_names) - {c.name for c in configs}:
                 raise broken[0]  # perhaps the env asked for
             for e in broken:
-                print(f"warning: skipped an env that does not load (not asked for by --env): {e}", file=sys.stderr)
+                notices.warning(f"warning: skipped an env that does not load (not asked for by --env): {e}")
         else:
             configs = discover_envs(opts.agent_root)
         seen: dict[str, Path] = {}
@@ -202,8 +202,8 @@ def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConf
     kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format in TASK_FORMATS]
     skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format not in TASK_FORMATS)
     if skipped:
-        print(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
-              f"{', '.join(skipped)}", file=sys.stderr)
+        notices.warning(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
+              f"{', '.join(skipped)}")
     if not kept:
         raise SetupError("--harness: none of the selected envs is a task-directory env (dataset.format: "
                          f"task_dirs); skipped {', '.join(skipped)}")
@@ -231,8 +231,8 @@ async def install_harnesses(loaded: dict[str, LoadedHarness]) -> dict[str, Insta
     ready: dict[str, InstalledHarness] = {}
     for name, h in loaded.items():
         if not is_installed(h.harness):
-            print(f"harness {name}: installing {h.harness.version} into {cache_dir(h.harness)} (once per machine)",
-                  file=sys.stderr)
+            notices.info(f"harness {name}: installing {h.harness.version} into {cache_dir(h.harness)} "
+                         "(once per machine)")
         try:
             ready[name] = await asyncio.to_thread(install_harness, h)
         except HarnessUnavailable as e:
@@ -247,13 +247,13 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
     checks its own sandbox)."""
     bare = sorted(cfg.name for cfg in envs if effective_mode(cfg, opts.sandbox) == "none")
     if bare:
-        print(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
-              "environment and network", file=sys.stderr)
+        notices.warning(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
+              "environment and network")
     trusted = sorted(cfg.name for cfg in envs
                      if grader_mode(cfg, opts.grader_isolation or opts.sandbox) == "none") if opts.enable_evaluation else []
     if trusted:
-        print(f"warning: evaluators of env(s) {', '.join(trusted)} run in the launcher (grader isolation none): "
-              "trust them, and what they run of the agent's answer, with this machine", file=sys.stderr)
+        notices.warning(f"warning: evaluators of env(s) {', '.join(trusted)} run in the launcher (grader isolation none): "
+              "trust them, and what they run of the agent's answer, with this machine")
     graded_in_sandbox = opts.enable_evaluation and len(trusted) < len(envs)
     if (len(bare) == len(envs) and not graded_in_sandbox) or not probe:
         return
@@ -262,10 +262,10 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
     except SandboxUnavailable as e:
         raise SetupError(str(e)) from e
     how = "; ".join(f"{k}: {v}" for k, v in support.mechanisms().items())
-    print(f"sandbox: bubblewrap ({support.bwrap}); limits enforced by {how}", file=sys.stderr)
+    notices.info(f"sandbox: bubblewrap ({support.bwrap}); limits enforced by {how}")
     if support.pids is None:
-        print("warning: the per-session process limit is not enforced on this machine (no usable cgroup "
-              "pids controller)", file=sys.stderr)
+        notices.warning("warning: the per-session process limit is not enforced on this machine (no usable cgroup "
+              "pids controller)")
 
 
 async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str) -> RayBackend:
@@ -285,8 +285,8 @@ async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str)
     except RayBackendError as e:
         backend.close()
         raise SetupError(str(e)) from e
-    print(f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at {session_url}",
-          file=sys.stderr)
+    notices.info(f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at "
+                 f"{session_url}")
     return backend
 
 
@@ -396,8 +396,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.enable_evaluation:
             for cfg in configs:  # a Harbor env is graded by each task's tests
                 if cfg.dataset.format != "harbor" and evaluator_for(opts.agent_root, cfg.name, cfg.env_dir) is None:
-                    print(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded",
-                          file=sys.stderr)
+                    notices.warning(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded")
         log_dir = Path("runs") / "logs" / job_id
         if opts.gateway_base_url:
             api_key = gateway_api_key(None)  # $GATEWAY_API_KEY, for a gateway with auth on
@@ -421,8 +420,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         on = f"route {models[0]!r}" if len(models) == 1 else f"routes {', '.join(map(repr, models))}"
         if installed:
             on += f" with harness {', '.join(installed)}"
-        print(f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
-              f"(pool {opts.pool_size}, db {store.identity()})", file=sys.stderr)
+        notices.info(f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
+                     f"(pool {opts.pool_size}, db {store.identity()})")
         workspaces = Path(tempfile.mkdtemp(prefix=f"rollout-{job_id}-"))
         settings = RunSettings(job_id=job_id, model=models[0], models=tuple(models), harnesses=installed,
                                log_dir=log_dir, gateway_url=gateway_url, agent_root=opts.agent_root,

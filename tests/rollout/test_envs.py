@@ -131,7 +131,7 @@ def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
 
 
 def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from rollout.core.setup import SetupError
     from rollout.jobs.job import JobOptions, load_envs
 
@@ -145,7 +145,7 @@ def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
         return [cfg.name for cfg, _ in load_envs(opts)]
 
     assert envs("b") == ["b"]
-    err = capsys.readouterr().err
+    err = "\n".join(r.getMessage() for r in caplog.records if r.name == "rollout.notice")
     assert err.startswith("warning: skipped an env that does not load (not asked for by --env): ") and \
         f"{tmp_path / 'c' / 'env.yaml'}" in err, err
     with pytest.raises(SetupError, match=f"{tmp_path / 'c' / 'env.yaml'}"):
