@@ -30,7 +30,7 @@ from starlette.routing import Route
 from gateway.errors import error_body
 from gateway.http_edge import HostAllowList, server_config, with_host_check
 from rollout.servers.local_server import json_refusal, listen, url_of
-from rollout.train.sampling import Generation, SamplingParams, generate
+from rollout.train.sampling import Engine, Generation, SamplingParams, generate
 
 __all__ = ["ChatPolicy", "PolicyServer", "RequestError"]
 
@@ -94,17 +94,15 @@ class _Prepared:
 
 
 class ChatPolicy:
-    """A model and its tokenizer as a chat completions engine: the chat template renders the
-    prompt, :func:`rollout.train.sampling.generate` samples under ``lock``. No HTTP here."""
+    """An :class:`~rollout.train.sampling.Engine` as a chat completions engine: the chat template
+    renders the prompt, :func:`rollout.train.sampling.generate` samples under ``lock``. No HTTP."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "policy",
-                 lock: threading.Lock | None = None, default_max_tokens: int | None = None) -> None:
-        self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
+    def __init__(self, engine: Engine, *, lock: threading.Lock | None = None,
+                 default_max_tokens: int | None = None) -> None:
+        self.engine, self.model_name = engine, engine.name
         self.lock = lock or threading.Lock()
         self.default_max_tokens = default_max_tokens
-        template = getattr(tokenizer, "chat_template", None) or ""
-        self.template_takes_tools = isinstance(template, str) and "tools" in template
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        self.context_length = engine.context_length
         self._warned_tools = False
 
     # --- request -> prompt ---------------------------------------------------------------------
@@ -150,18 +148,17 @@ class ChatPolicy:
         """Check ``req`` and render its prompt; raises :class:`RequestError`."""
         self.check(req)
         tools = req.tools if req.tools and req.tool_choice != "none" else None
-        if tools and not self.template_takes_tools:
+        if tools and not self.engine.takes_tools:
             if not self._warned_tools:
                 log.warning("the chat template of %s renders no tools: tools in requests are ignored",
                             self.model_name)
                 self._warned_tools = True
             tools = None
+        messages = self._messages(req)
         try:
-            text = self.tokenizer.apply_chat_template(self._messages(req), tools=tools, tokenize=False,
-                                                      add_generation_prompt=True)
+            prompt_ids = self.engine.prompt_ids(messages, tools)
         except Exception as e:  # a template's own refusal (roles, missing fields) is the client's error
             raise RequestError(f"the chat template cannot render these messages: {e}", param="messages") from e
-        prompt_ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         room = None if self.context_length is None else self.context_length - len(prompt_ids)
         if room is not None and room < 1:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this model's context is "
@@ -180,17 +177,14 @@ class ChatPolicy:
     def run(self, prepared: _Prepared) -> Generation:
         """Sample under the weights lock (a generation never sees an optimizer step midway)."""
         with self.lock:
-            return generate(self.model, self.tokenizer, prepared.prompt_ids, prepared.params)
+            return generate(self.engine, prepared.prompt_ids, prepared.params)
 
     # --- generation -> answer ------------------------------------------------------------------
 
-    def _token_text(self, token_id: int) -> str:
-        return str(self.tokenizer.decode([token_id]))
-
     def _logprob_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict[str, Any]:
-        text = self._token_text(token_id)
+        text = self.engine.token_text(token_id)
         return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [{"token": (t := self._token_text(i)), "logprob": _finite(v),
+                "top_logprobs": [{"token": (t := self.engine.token_text(i)), "logprob": _finite(v),
                                   "bytes": list(t.encode("utf-8"))} for i, v in top]}
 
     def message(self, gen: Generation, tools_rendered: bool) -> tuple[dict[str, Any], str]:
@@ -252,7 +246,7 @@ class ChatPolicy:
         sent = 0
         content = self._logprob_content(gen) if req.logprobs else None
         for i, token in enumerate(gen.token_ids):
-            upto = _common_prefix(str(self.tokenizer.decode(gen.token_ids[:i + 1], skip_special_tokens=True)), text)
+            upto = _common_prefix(self.engine.decode(gen.token_ids[:i + 1]), text)
             if i == len(gen.token_ids) - 1:
                 upto = len(text)
             delta: dict[str, Any] = {"content": text[sent:upto]} if upto > sent else {}
@@ -358,7 +352,9 @@ class PolicyServer:
 
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "policy", host: str = "127.0.0.1",
                  port: int = 0, lock: threading.Lock | None = None, default_max_tokens: int | None = None) -> None:
-        self.policy = ChatPolicy(model, tokenizer, model_name=model_name, lock=lock,
+        from rollout.train.hf_engine import TransformersEngine  # torch only here: the CLI's llama.cpp server has none
+
+        self.policy = ChatPolicy(TransformersEngine(model, tokenizer, name=model_name), lock=lock,
                                  default_max_tokens=default_max_tokens)
         self.host, self.port = host, port
         self.base_url = ""

@@ -1,19 +1,19 @@
-"""Token-by-token sampling from a ``transformers`` causal LM, keeping the exact ids and the
-logprob of each sampled token under the distribution it was drawn from (docs/training.md,
-"The policy server"). Pure torch: no HTTP, no global RNG (a seeded ``torch.Generator`` per call).
-"""
+"""Token-by-token sampling that keeps the exact ids and the logprob of each sampled token under
+the distribution it was drawn from (docs/training.md, "The policy server"). The model is behind
+an :class:`Engine` (a ``transformers`` model: :mod:`rollout.train.hf_engine`; a llama.cpp model:
+:mod:`rollout.train.llama_engine`); sampling is numpy on the next-token logits, with a seeded
+generator per call (no global RNG)."""
 
 from __future__ import annotations
 
-import inspect
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-import torch
+import numpy as np
 
-__all__ = ["Generation", "SamplingParams", "generate", "sampling_logprobs"]
+__all__ = ["Decoding", "Engine", "Generation", "SamplingParams", "generate", "sampling_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -45,43 +45,63 @@ class Generation:
     finish_reason: Literal["stop", "length"] = "length"
 
 
-def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Log-probabilities (last dimension) of the distribution ``params`` samples from: the
+class Decoding(Protocol):
+    """One generation's model state: the next-token logits after the prompt and after each
+    token pushed."""
+
+    def logits(self) -> np.ndarray: ...
+
+    def push(self, token: int) -> None: ...
+
+
+class Engine(Protocol):
+    """A model and its tokenizer as the policy server uses them."""
+
+    name: str
+    context_length: int | None
+    eos_ids: frozenset[int]
+    takes_tools: bool
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The chat template applied to ``messages`` (and ``tools``), generation prompt added, as ids."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` without special tokens."""
+        ...
+
+    def token_text(self, token: int) -> str:
+        """Text of one token (special tokens included)."""
+        ...
+
+    def open(self, prompt_ids: Sequence[int]) -> Decoding:
+        """Start a generation after ``prompt_ids``."""
+        ...
+
+
+def sampling_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Log-probabilities (float64, last axis) of the distribution ``params`` samples from: the
     softmax of ``logits / temperature`` with tokens outside ``top_k`` and the ``top_p`` nucleus at
     -inf, renormalised. Temperature 0 (greedy) gives the model's own distribution (temperature 1,
     nothing cut): the argmax is taken from it."""
-    logits = logits.float()
-    if params.temperature == 0:
-        return torch.log_softmax(logits, dim=-1)
-    scaled = logits / params.temperature
-    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above each token
-        drop_sorted = before >= params.top_p  # the smallest prefix reaching top_p is kept
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    return torch.log_softmax(scaled, dim=-1)
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(tokenizer, "eos_token_id", None),
-                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, list | tuple):
-            ids.update(int(i) for i in source)
-    return ids
-
-
-def _cache_keyword(model: Any) -> str:
-    """``cache`` (transformers >= 5.24) or ``past_key_values`` (older models): the forward keyword
-    and output field of the KV cache."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    x = np.asarray(logits, dtype=np.float64)
+    if params.temperature != 0:
+        x = x / params.temperature
+        if 0 < params.top_k < x.shape[-1]:
+            kth = np.partition(x, -params.top_k, axis=-1)[..., -params.top_k:].min(axis=-1, keepdims=True)
+            x = np.where(x < kth, -np.inf, x)
+        if params.top_p < 1.0:
+            order = np.argsort(-x, axis=-1, kind="stable")
+            sorted_x = np.take_along_axis(x, order, axis=-1)
+            probs = np.exp(sorted_x - sorted_x[..., :1])
+            probs /= probs.sum(axis=-1, keepdims=True)
+            before = np.cumsum(probs, axis=-1) - probs  # mass of the tokens ranked above each token
+            drop = np.empty_like(before, dtype=bool)
+            np.put_along_axis(drop, order, before >= params.top_p, axis=-1)  # keep the smallest prefix reaching top_p
+            x = np.where(drop, -np.inf, x)
+    top = x.max(axis=-1, keepdims=True)
+    shifted = x - top
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:
@@ -89,42 +109,34 @@ def _first_stop(text: str, stop: Sequence[str]) -> int | None:
     return min(hits) if hits else None
 
 
-def generate(model: Any, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
-    """Sample a completion of ``prompt_ids`` from ``model`` one token at a time (KV cache, no
-    gradient), as :class:`SamplingParams` says. The caller holds whatever lock keeps the weights
-    still; the module is run in the mode it is in (a trainer's module stays in train mode: models
-    with dropout should be served in eval mode)."""
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
-    eos = _eos_ids(model, tokenizer)
-    device = next(model.parameters()).device
-    cache_kw = _cache_keyword(model)
+def generate(engine: Engine, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+    """Sample a completion of ``prompt_ids`` one token at a time as ``params`` says. The caller
+    holds whatever lock keeps the weights still."""
+    rng = np.random.default_rng(params.seed if params.seed is not None else secrets.randbits(63))
     out = Generation()
-    with torch.no_grad():
-        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-        past: Any = None
-        for _ in range(params.max_new_tokens):
-            result = model(input_ids=input_ids, use_cache=True, **{cache_kw: past})
-            past = getattr(result, cache_kw)
-            logp = sampling_logprobs(result.logits[0, -1], params).cpu()
-            if params.temperature == 0:
-                token = int(torch.argmax(logp))
-            else:
-                token = int(torch.multinomial(logp.exp(), 1, generator=generator))
-            out.token_ids.append(token)
-            out.logprobs.append(float(logp[token]))
-            if params.top_logprobs:
-                best = torch.topk(logp, params.top_logprobs)
-                out.top.append([(int(i), float(v)) for v, i in zip(best.values, best.indices, strict=True)])
-            if token in eos:
-                out.finish_reason = "stop"
-                break
-            if params.stop:
-                text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
-                cut = _first_stop(text, params.stop)
-                if cut is not None:
-                    out.text, out.finish_reason = text[:cut], "stop"
-                    return out
-            input_ids = torch.tensor([[token]], dtype=torch.long, device=device)
-    out.text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    decoding = engine.open(prompt_ids)
+    for n in range(params.max_new_tokens):
+        logp = sampling_logprobs(decoding.logits(), params)
+        if params.temperature == 0:
+            token = int(np.argmax(logp))
+        else:
+            p = np.exp(logp)
+            token = int(rng.choice(p.shape[-1], p=p / p.sum()))
+        out.token_ids.append(token)
+        out.logprobs.append(float(logp[token]))
+        if params.top_logprobs:
+            best = np.argsort(-logp, kind="stable")[:params.top_logprobs]
+            out.top.append([(int(i), float(logp[i])) for i in best])
+        if token in engine.eos_ids:
+            out.finish_reason = "stop"
+            break
+        if params.stop:
+            text = engine.decode(out.token_ids)
+            cut = _first_stop(text, params.stop)
+            if cut is not None:
+                out.text, out.finish_reason = text[:cut], "stop"
+                return out
+        if n + 1 < params.max_new_tokens:
+            decoding.push(token)
+    out.text = engine.decode(out.token_ids)
     return out

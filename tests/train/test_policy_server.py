@@ -65,7 +65,7 @@ def forward_logprobs(model: Any, prompt: list[int], completion: list[int], param
     over prompt + completion (no cache, no sampling loop)."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + completion])).logits[0]
-    rows = logits[len(prompt) - 1: len(prompt) - 1 + len(completion)]
+    rows = logits[len(prompt) - 1: len(prompt) - 1 + len(completion)].numpy()
     logp = sampling_logprobs(rows, params)
     return [float(logp[i, t]) for i, t in enumerate(completion)]
 
