@@ -352,7 +352,8 @@ class PolicyServer:
 
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "policy", host: str = "127.0.0.1",
                  port: int = 0, lock: threading.Lock | None = None, default_max_tokens: int | None = None) -> None:
-        from rollout.train.hf_engine import TransformersEngine  # torch only here: the CLI's llama.cpp server has none
+        # torch is imported only here: the llama.cpp token server (rollout.cli.token_server) has none
+        from rollout.train.hf_engine import TransformersEngine
 
         self.policy = ChatPolicy(TransformersEngine(model, tokenizer, name=model_name), lock=lock,
                                  default_max_tokens=default_max_tokens)
