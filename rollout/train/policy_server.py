@@ -98,8 +98,9 @@ class ChatPolicy:
     renders the prompt, :func:`rollout.train.sampling.generate` samples under ``lock``. No HTTP."""
 
     def __init__(self, engine: Engine, *, lock: threading.Lock | None = None,
-                 default_max_tokens: int | None = None) -> None:
+                 default_max_tokens: int | None = None, defaults: SamplingParams | None = None) -> None:
         self.engine, self.model_name = engine, engine.name
+        self.defaults = defaults or SamplingParams(max_new_tokens=0)  # temperature, top_p, top_k a request omits
         self.lock = lock or threading.Lock()
         self.default_max_tokens = default_max_tokens
         self.context_length = engine.context_length
@@ -124,7 +125,7 @@ class ChatPolicy:
             raise RequestError(f"tool_choice {req.tool_choice!r} cannot be enforced by the policy server "
                                "(only auto and none)", param="tool_choice")
 
-    def _messages(self, req: ChatRequest) -> list[dict[str, Any]]:
+    def messages(self, req: ChatRequest) -> list[dict[str, Any]]:
         out = []
         for i, m in enumerate(req.messages):
             content = m.get("content")
@@ -154,7 +155,7 @@ class ChatPolicy:
                             self.model_name)
                 self._warned_tools = True
             tools = None
-        messages = self._messages(req)
+        messages = self.messages(req)
         try:
             prompt_ids = self.engine.prompt_ids(messages, tools)
         except Exception as e:  # a template's own refusal (roles, missing fields) is the client's error
@@ -168,9 +169,11 @@ class ChatPolicy:
         if max_new is None:
             raise RequestError("max_tokens is required: the model reports no context length", param="max_tokens")
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        top_k = req.top_k if req.top_k and req.top_k > 0 else 0
-        params = SamplingParams(max_new_tokens=max_new, temperature=1.0 if req.temperature is None else req.temperature,
-                                top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, stop=stop, seed=req.seed,
+        d = self.defaults
+        top_k = d.top_k if req.top_k is None else max(req.top_k, 0)
+        params = SamplingParams(max_new_tokens=max_new, temperature=d.temperature if req.temperature is None
+                                else req.temperature, top_p=d.top_p if req.top_p is None else req.top_p,
+                                top_k=top_k, stop=stop, seed=req.seed,
                                 top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         return _Prepared(prompt_ids, params, tools is not None)
 
@@ -287,7 +290,8 @@ def _error(e: RequestError) -> JSONResponse:
 
 
 def create_app(policy: ChatPolicy) -> Starlette:
-    """The ASGI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
+    """The ASGI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize`` (vLLM's,
+    chat messages), ``GET /health``.
     Generations run on one worker thread, one at a time (requests queue)."""
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy-generate")
 
@@ -316,6 +320,16 @@ def create_app(policy: ChatPolicy) -> Starlette:
             return StreamingResponse(iter(events), media_type="text/event-stream")
         return JSONResponse(policy.completion(req, prepared, gen))
 
+    async def tokenize(request: Request) -> Response:
+        # vLLM's POST /tokenize for chat messages (what the gateway's count_tokens: vllm sends)
+        try:
+            body = json.loads(await request.body())
+            req = ChatRequest.model_validate({"messages": body.get("messages"), "tools": body.get("tools")})
+            ids = policy.engine.prompt_ids(policy.messages(req), req.tools if policy.engine.takes_tools else None)
+        except (ValueError, AttributeError, RequestError) as e:
+            return _error(e if isinstance(e, RequestError) else RequestError(f"not a tokenize request: {e}"))
+        return JSONResponse({"count": len(ids), "max_model_len": policy.context_length, "tokens": ids})
+
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": policy.model_name, "object": "model", "created": 0,
                                                          "owned_by": "rollout-factory"}]})
@@ -335,6 +349,7 @@ def create_app(policy: ChatPolicy) -> Starlette:
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]),
+                             Route("/tokenize", tokenize, methods=["POST"]),
                              Route("/health", health, methods=["GET"])],
                      exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
 
