@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.8, help="default temperature (default 0.8)")
     ap.add_argument("--top-p", type=float, default=0.95, help="default top_p (default 0.95)")
     ap.add_argument("--top-k", type=int_at_least(0), default=40, help="default top_k, 0: off (default 40)")
+    ap.add_argument("--seed", type=int, default=0, help="requests without a seed draw one from a stream seeded "
+                    "with this, in arrival order, so a repeated run samples alike (-1: fresh randomness)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         sock = listen(args.host, args.port, exposes="the model")
         engine = LlamaCppEngine(args.model, n_ctx=args.n_ctx, n_threads=args.n_threads, name=args.name)
         defaults = SamplingParams(max_new_tokens=0, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-        await run_server(create_app(ChatPolicy(engine, defaults=defaults)), sock, args.host)
+        policy = ChatPolicy(engine, defaults=defaults, seed=None if args.seed < 0 else args.seed)
+        await run_server(create_app(policy), sock, args.host)
 
     return run_command(start, args.host, args.port, (ValueError,))
 

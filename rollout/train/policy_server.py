@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -98,8 +99,11 @@ class ChatPolicy:
     renders the prompt, :func:`rollout.train.sampling.generate` samples under ``lock``. No HTTP."""
 
     def __init__(self, engine: Engine, *, lock: threading.Lock | None = None,
-                 default_max_tokens: int | None = None, defaults: SamplingParams | None = None) -> None:
+                 default_max_tokens: int | None = None, defaults: SamplingParams | None = None,
+                 seed: int | None = None) -> None:
         self.engine, self.model_name = engine, engine.name
+        # requests without a seed draw one from this stream (in arrival order): a run repeats
+        self._seeds = None if seed is None else np.random.default_rng(seed)
         self.defaults = defaults or SamplingParams(max_new_tokens=0)  # temperature, top_p, top_k a request omits
         self.lock = lock or threading.Lock()
         self.default_max_tokens = default_max_tokens
@@ -173,7 +177,8 @@ class ChatPolicy:
         top_k = d.top_k if req.top_k is None else max(req.top_k, 0)
         params = SamplingParams(max_new_tokens=max_new, temperature=d.temperature if req.temperature is None
                                 else req.temperature, top_p=d.top_p if req.top_p is None else req.top_p,
-                                top_k=top_k, stop=stop, seed=req.seed,
+                                top_k=top_k, stop=stop, seed=req.seed if req.seed is not None or self._seeds is None
+                                else int(self._seeds.integers(2**63)),
                                 top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         return _Prepared(prompt_ids, params, tools is not None)
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from gateway.settings import GatewaySettings
-from rollout.train.policy_server import PolicyServer
+from rollout.train.hf_engine import TransformersEngine
+from rollout.train.policy_server import ChatPolicy, ChatRequest, PolicyServer
 from rollout.train.sampling import SamplingParams, sampling_logprobs
 from rollout.train.sync import set_policy_version
 from tests.gateway.conftest import Gateway, serve
@@ -201,3 +202,15 @@ async def test_policy_version_set_by_the_trainer_stamps_later_steps(server: Poli
     assert (await gateway.http().post("/v1/sessions/s2/chat/completions", json=body)).status_code == 200
     (step,) = await gateway.wait_steps("s2", 1)
     assert step.policy_version == 3
+
+
+def test_a_server_seed_makes_seedless_calls_repeat_in_order(model: Any, tokenizer: Any) -> None:
+    def run(seed: int) -> list[list[int]]:
+        policy = ChatPolicy(TransformersEngine(model, tokenizer), seed=seed)
+        req = ChatRequest(messages=MESSAGES, max_tokens=12)
+        return [policy.run(policy.prepare(req)).token_ids for _ in range(3)]
+
+    first = run(5)
+    assert run(5) == first
+    assert first[0] != first[1]  # the calls of one run differ (samples of a group)
+    assert run(6) != first
