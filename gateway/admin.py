@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from gateway.bodies import read_control_body
 from gateway.errors import parse_body
-from gateway.wire import read_control_body
 from store import MAX_INT
 
 __all__ = ["PolicyControl", "build_admin_router"]

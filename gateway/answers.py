@@ -13,13 +13,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.call import Call
 from gateway.capture import strip_answer
-from gateway.errors import error_body
 from gateway.exchange import UpstreamFailed, before_model
 from gateway.idempotency import Replay
-from gateway.jsonsafe import StrictJSONResponse, compact, loads_strict
-from gateway.outcome import Outcome, Phase, StepStatus
+from gateway.outcome import Outcome, Phase
 from gateway.protocols import WireProtocol
 from gateway.streaming import SSE_HEADERS
+from wire.errors import error_body
+from wire.jsonsafe import StrictJSONResponse, compact, loads_strict
+from wire.status import StepStatus
 
 STOP_HEADER = {"x-gateway-stop-reason": "max_steps"}
 NOT_PROCESSED_STATUS = frozenset({429, 503})
@@ -45,7 +46,7 @@ def relayed_headers(up_headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def parse_answer(proto: WireProtocol, content: bytes) -> tuple[dict[str, Any] | None, int]:
-    """``content`` parsed (strict JSON: non-finite numbers as None, :mod:`gateway.jsonsafe`) as
+    """``content`` parsed (strict JSON: non-finite numbers as None, :mod:`wire.jsonsafe`) as
     a valid answer of ``proto`` (:meth:`WireProtocol.is_answer`), or None; and the number of
     non-finite numbers replaced."""
     try:
@@ -97,7 +98,7 @@ def plain(call: Call, status: int, up_headers: Mapping[str, str], content: bytes
     """A non-streamed upstream answer relayed with its status: an answer (2xx) or an error
     (4xx/5xx, whatever its body). A 2xx body that is not an answer of the protocol becomes a 502
     ``upstream_invalid_response`` (the raw body kept in the step). A body with non-finite
-    numbers is re-encoded as strict JSON (:mod:`gateway.jsonsafe`): the client gets what is
+    numbers is re-encoded as strict JSON (:mod:`wire.jsonsafe`): the client gets what is
     recorded."""
     replaced = 0
     parsed: Any

@@ -16,18 +16,20 @@ import logging
 import time
 from typing import Any
 
-from gateway.assembly import message_of
 from gateway.capture import tokens_of
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError
 from gateway.idempotency import PendingCall, Replay
-from gateway.outcome import Attempt, Outcome, StepStatus
+from gateway.outcome import Attempt, Outcome
 from gateway.protocols import WireProtocol
 from gateway.redact import redact_request
 from gateway.sessions import StepSlot
 from gateway.state import GatewayState
-from gateway.wire import WireRequest
 from store import redact_url, step_record
 from store.stepcodec import TokenChain, message_digests, token_chain
+from wire.assembly import message_of
+from wire.errors import error_body
+from wire.requests import WireRequest
+from wire.status import StepStatus
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,14 @@ import aiohttp
 from fastapi import Request
 from fastapi.responses import Response
 
-from gateway.errors import GatewayError, anthropic_error, error_body, set_error_shape
+from gateway.bodies import check_session_id, parse_json_body, read_body, validate_body
+from gateway.errors import GatewayError
 from gateway.forward import check_route
-from gateway.jsonsafe import StrictJSONResponse
 from gateway.protocols import MESSAGES
 from gateway.state import GatewayState
-from gateway.wire import WireRequest, check_session_id, parse_json_body, read_body, validate_request
+from wire.errors import anthropic_error, error_body, set_error_shape
+from wire.jsonsafe import StrictJSONResponse
+from wire.requests import WireRequest
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ async def handle(request: Request, session_id: str | None = None) -> Response:
     if session_id is not None:
         check_session_id(session_id)
     body = parse_json_body(await read_body(request, gw.settings.max_request_bytes))
-    req = validate_request(CountTokensRequest, body)
+    req = validate_body(CountTokensRequest, body)
     key = check_route(gw, None, ENDPOINT, req.model, session_id)
     route = gw.settings.llm_routes[key]
     method = route.token_counter()

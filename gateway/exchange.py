@@ -18,9 +18,10 @@ from typing import Any
 import aiohttp
 
 from gateway.call import Call
-from gateway.errors import error_body
-from gateway.outcome import Attempt, Phase, StepStatus
+from gateway.outcome import Attempt, Phase
 from store import hide_secrets
+from wire.errors import error_body
+from wire.status import StepStatus
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.idempotency import Replay
-from store import StepStatus
+from wire.status import StepStatus
 
-__all__ = ["Attempt", "Outcome", "Phase", "StepStatus"]
+__all__ = ["Attempt", "Outcome", "Phase"]
 
 
 class Phase(StrEnum):

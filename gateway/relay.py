@@ -1,7 +1,7 @@
 """Relaying one upstream SSE stream to the client and recording it as one step, on every protocol.
 
 Events are relayed byte for byte as they are parsed (comments and data-less blocks are dropped;
-an event with non-finite numbers is made strict, :mod:`gateway.jsonsafe`), fed to the
+an event with non-finite numbers is made strict, :mod:`wire.jsonsafe`), fed to the
 protocol's assembler, and the event that ends the stream properly is held back until the step
 is recorded (strict telemetry: committed). While the upstream is silent for the keep-alive
 interval the client gets ``: keep-alive`` comment lines between whole events. End states and
@@ -21,12 +21,14 @@ import aiohttp
 
 from gateway.call import Call
 from gateway.capture import strip_chunk
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError
 from gateway.idempotency import Replay
-from gateway.jsonsafe import compact, strict_event, with_data
-from gateway.outcome import Outcome, Phase, StepStatus
-from gateway.sse import SSEParser, sse_comment
+from gateway.outcome import Outcome, Phase
 from gateway.streaming import SSE_HEADERS
+from wire.errors import error_body
+from wire.jsonsafe import compact, strict_event, with_data
+from wire.sse import SSEParser, sse_comment
+from wire.status import StepStatus
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ import uvicorn
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Scope
 
-from gateway.errors import error_body
 from gateway.http_edge import (
     DEFAULT_KEEP_ALIVE_TIMEOUT_S,
     DEFAULT_REQUEST_HEAD_TIMEOUT_S,
@@ -28,6 +27,7 @@ from gateway.http_edge import (
     with_host_check,
 )
 from rollout.argtypes import finite_float, int_at_least
+from wire.errors import error_body
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

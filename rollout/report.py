@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, FiniteFloat
 
 from rollout.outcomes import INFRA_CLASSES
 from rollout.protocol import model_from_json
-from store.text import json_text
+from wire.text import json_text
 
 SessionStatus = Literal["succeeded", "failed", "truncated", "timeout", "error", "cancelled"]
 

@@ -25,7 +25,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import error_body, validation_message
 from gateway.settings import GatewaySettings
 from rollout.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.feed.app import FeedSettings, create_feed_app
@@ -55,6 +54,7 @@ from rollout.services import (
 )
 from store import JOB_ID_PATTERN, MAX_INT, JobEnvironment, Store
 from store.feed import FeedQueries
+from wire.errors import error_body, validation_message
 
 log = logging.getLogger(__name__)
 

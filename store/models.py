@@ -21,19 +21,7 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
-from store.text import column_text
-
-
-class StepStatus(StrEnum):
-    """The ``session_steps.status`` of a recorded model call (what each means, by cause:
-    docs/gateway-semantics.md)."""
-
-    OK = "ok"
-    ERROR = "error"
-    TRUNCATED = "truncated"
-    TIMEOUT = "timeout"
-    CLIENT_DISCONNECTED = "client_disconnected"
-    EMPTY = "empty"
+from wire.text import column_text
 
 
 class SessionStatus(StrEnum):
@@ -69,7 +57,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 class ColumnText(TypeDecorator[str]):
     """A text column (``VARCHAR``, as SQLModel's ``str`` fields): every value bound to it, stored
-    or compared, goes through :func:`store.text.column_text` (a lone surrogate or NUL escaped), so
+    or compared, goes through :func:`wire.text.column_text` (a lone surrogate or NUL escaped), so
     no text a session writes can fail its row on SQLite or PostgreSQL."""
 
     impl = AutoString

@@ -10,12 +10,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from gateway.assembly import Answer, StreamAssembler
+from gateway.bodies import validate_body
 from gateway.settings import RouteSettings
-from gateway.sse import format_event
-from gateway.wire import WireRequest, validate_request
-from store.models import StepStatus
-from store.text import json_text
+from wire.assembly import Answer, StreamAssembler
+from wire.requests import WireRequest
+from wire.sse import format_event
+from wire.status import StepStatus
+from wire.text import json_text
 
 __all__ = ["WireProtocol", "compact", "inner_error"]
 
@@ -28,7 +29,7 @@ def inner_error(err: dict[str, Any]) -> dict[str, Any]:
 
 def compact(obj: Any) -> str:
     """Compact JSON text (no spaces, UTF-8 kept; all ``\\uXXXX`` escapes when a string holds a
-    lone surrogate: :func:`store.text.json_text`), as the gateway writes its own events."""
+    lone surrogate: :func:`wire.text.json_text`), as the gateway writes its own events."""
     return json_text(obj, separators=(",", ":"))
 
 
@@ -53,7 +54,7 @@ class WireProtocol(ABC):
     # ------------------------------------------------------------------ request side
     def validate(self, body: dict[str, Any]) -> WireRequest:
         """The validated body; raises GatewayError(400) naming the field at fault."""
-        return validate_request(self.request_model, body)
+        return validate_body(self.request_model, body)
 
     def upstream_body(self, req: WireRequest, body: dict[str, Any], route: RouteSettings
                       ) -> tuple[dict[str, Any], bool]:

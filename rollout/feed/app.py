@@ -18,13 +18,13 @@ from typing import Annotated
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.errors import error_body, install_error_handlers
 from rollout.feed.groups import GroupOptions, check_min_valid, load_groups
 from rollout.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 from rollout.local_server import bad_query_param
 from rollout.protocol import model_json
 from store import MAX_INT
 from store.feed import FeedQueries
+from wire.errors import error_body, install_error_handlers
 
 MAX_WAIT_S = 60.0
 MAX_LIMIT = 500

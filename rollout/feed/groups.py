@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.assembly import read_answer
 from rollout.feed.schema import (
     AdvantageSpec,
     FeedGroupOut,
@@ -20,6 +19,7 @@ from rollout.feed.schema import (
     View,
 )
 from store.feed import FeedQueries
+from wire.assembly import read_answer
 
 _TOKEN_STEP_STATUSES = frozenset({"ok", "truncated"})
 

@@ -16,20 +16,21 @@ from gateway.call import Call
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange, UpstreamFailed, before_model
 from gateway.idempotency import Replay
-from gateway.jsonsafe import loads_strict, strict_event
 from gateway.metrics import Metrics
-from gateway.outcome import Attempt, Outcome, Phase, StepStatus
+from gateway.outcome import Attempt, Outcome, Phase
 from gateway.protocols import CHAT
 from gateway.recorder import TelemetryWriter
 from gateway.relay import StreamRelay
 from gateway.sessions import RouteMismatch, SessionClosed, SessionManager
 from gateway.settings import GatewaySettings
-from gateway.sse import SSEParser
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamClient
 from store import Store
 from tests.fake_upstream import DONE, FakeUpstream, Reply, chat_chunk, chat_completion
 from tests.gateway.conftest import MESSAGES
+from wire.jsonsafe import loads_strict, strict_event
+from wire.sse import SSEParser
+from wire.status import StepStatus
 
 BODY = {"model": "m", "messages": MESSAGES}
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
-from gateway.sse import SSEEvent
-from store.models import StepStatus
+from wire.assembly.base import Answer, as_int, parse_event_json, text_of
+from wire.sse import SSEEvent
+from wire.status import StepStatus
 
 __all__ = ["TERMINAL_EVENTS", "ResponsesStreamAssembler", "read_responses"]
 

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.sse import SSEEvent
-from store.models import StepStatus
+from wire.sse import SSEEvent
+from wire.status import StepStatus
 
 __all__ = ["Answer", "StreamAssembler", "as_int", "parse_event_json", "text_of"]
 

@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
-from gateway.sse import SSEEvent
-from store.models import StepStatus
+from wire.assembly.base import Answer, as_int, parse_event_json, text_of
+from wire.sse import SSEEvent
+from wire.status import StepStatus
 
 __all__ = ["ChatStreamAssembler", "message_of", "read_chat", "reasoning_of", "usage_of"]
 
@@ -116,7 +116,7 @@ class ChatStreamAssembler:
         return self.saw_done
 
     def feed_event(self, ev: SSEEvent) -> Any:
-        """Feed one dispatched SSE event (:class:`gateway.assembly.base.StreamAssembler`):
+        """Feed one dispatched SSE event (:class:`wire.assembly.base.StreamAssembler`):
         ``[DONE]`` ends the stream; JSON goes to :meth:`feed_chunk` and is returned; a payload that
         is not JSON counts in ``invalid_count`` and returns None."""
         if ev.data == "[DONE]":

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
-from gateway.sse import SSEEvent
-from store.models import StepStatus
+from wire.assembly.base import Answer, as_int, parse_event_json, text_of
+from wire.sse import SSEEvent
+from wire.status import StepStatus
 
 __all__ = ["MessagesStreamAssembler", "read_messages"]
 

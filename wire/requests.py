@@ -1,23 +1,35 @@
-"""The request bodies the gateway reads, validated at the boundary with pydantic.
-
-The standard fields whose wrong type would only come back from the upstream as an opaque 500 are
-typed (see :class:`ChatCompletionRequest`, :class:`ResponsesRequest` and
-:class:`MessagesRequest`); every other field (``logprobs``, ``response_format``, vLLM/SGLang
-extras such as ``top_k`` or ``chat_template_kwargs``, Anthropic beta fields) is kept
-(``extra="allow"``) and forwarded untouched. The forwarded body is the client's JSON bytes, never a re-serialisation of
-these models.
+"""The model-call request bodies (chat, Responses, Anthropic Messages) and the session close
+body, validated with pydantic. Checked fields are the standard ones whose wrong type the upstream
+would answer with an opaque 500; every other field is kept (``extra="allow"``) and forwarded as
+the client sent it.
 """
 
 from __future__ import annotations
 
-import json
-import unicodedata
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
-from starlette.requests import Request
 
-from gateway.errors import GatewayError
+__all__ = [
+    "AnthropicMessage",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CloseSessionRequest",
+    "InvalidRequest",
+    "MessagesRequest",
+    "ResponsesRequest",
+    "WireRequest",
+    "validate_request",
+]
+
+
+class InvalidRequest(ValueError):
+    """A body that fails its request model: the message, and ``param``, the field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
 
 # JSON numbers only (an int is a number; a bool or a numeric string is not).
 _Temperature = Annotated[float, Field(strict=True, ge=0, le=2)]
@@ -160,87 +172,13 @@ class CloseSessionRequest(BaseModel):
     completion_mode: str | None = None
 
 
-CONTROL_BODY_BYTES = 64 * 1024
-"""The largest body of a control call (a session close, the admin endpoints): a few fields."""
-CONTROL_LIMIT_NAME = "control body limit, fixed: a close or admin body holds a few fields"
-
-
-async def read_body(request: Request, limit: int, limit_name: str = "max_request_bytes") -> bytes:
-    """The whole request body, at most ``limit`` bytes (``limit_name``, the limit's name in the
-    error message: the setting, or :data:`CONTROL_LIMIT_NAME`). Raises GatewayError(413,
-    code ``request_too_large``) for a larger one, whether announced by ``Content-Length`` or
-    found while reading a chunked body. The rest of an oversized body is read and discarded
-    (not kept in memory) before the 413 is sent, so the client, still sending, gets the answer
-    instead of a connection reset; except when ``Content-Length`` announces more than twice the
-    limit: then the 413 is sent at once (a client announcing a body it never sends would
-    otherwise hold the connection)."""
-    parts: list[bytes] = []
-    size = 0
-    declared = request.headers.get("content-length", "")
-    over = declared.isdigit() and int(declared) > limit
-    if over and int(declared) > 2 * limit:
-        raise GatewayError(413, f"request body ({declared} bytes announced) is larger than the gateway's limit of "
-                                f"{limit} bytes ({limit_name})", code="request_too_large")
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            over = True
-        if not over:
-            parts.append(chunk)
-    if over:
-        raise GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes "
-                                f"({limit_name})", code="request_too_large")
-    return b"".join(parts)
-
-
-async def read_control_body(request: Request) -> bytes:
-    """The body of a control call, at most :data:`CONTROL_BODY_BYTES` (413 naming that limit)."""
-    return await read_body(request, CONTROL_BODY_BYTES, CONTROL_LIMIT_NAME)
-
-
-MAX_SESSION_ID_CHARS = 128  # the width of the session_id columns (store.models)
-
-
-def check_session_id(session_id: str) -> str:
-    """``session_id`` when it can name a session: 1 to :data:`MAX_SESSION_ID_CHARS` characters,
-    none of them a control character (Unicode category Cc: NUL, CR, LF, ... cannot go into the
-    ``X-Session-Id`` header or a per-session upstream URL). Raises GatewayError(400, code
-    ``invalid_session_id``) otherwise, before any budget is used."""
-    if not session_id.strip():
-        raise GatewayError(400, f"session id {session_id!r} is empty or only whitespace", code="invalid_session_id")
-    if len(session_id) > MAX_SESSION_ID_CHARS:
-        raise GatewayError(400, f"session id must be 1 to {MAX_SESSION_ID_CHARS} characters, got "
-                                f"{len(session_id)}", code="invalid_session_id")
-    if not session_id.isprintable() and any(unicodedata.category(c) == "Cc" for c in session_id):
-        raise GatewayError(400, f"session id {session_id!r} contains a control character",
-                           code="invalid_session_id")
-    return session_id
-
-
-def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """Decode a request body that must be a JSON object. Raises GatewayError(400) otherwise
-    (empty, not JSON, not an object, or nested deeper than Python's recursion limit)."""
-    if not raw:
-        raise GatewayError(400, "request body is empty; expected a JSON object")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise GatewayError(400, f"request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise GatewayError(400, "request body is nested too deeply to be decoded") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, f"request body must be a JSON object, not {type(body).__name__}")
-    return body
-
-
 R = TypeVar("R", bound=WireRequest)
 
 
 def validate_request(model: type[R], body: dict[str, Any]) -> R:
-    """Validate a model-call body against ``model`` (:class:`ChatCompletionRequest`,
-    :class:`ResponsesRequest` or :class:`MessagesRequest`). Raises GatewayError(400) whose
-    ``param`` is the top-level field at fault (e.g. ``messages`` for ``messages[2].role``) and
-    whose message names the exact place, what was expected and what pydantic found."""
+    """``body`` validated as ``model``. Raises :class:`InvalidRequest` whose ``param`` is the
+    top-level field at fault (``messages`` for ``messages[2].role``) and whose message names the
+    exact place, what was expected and what was found."""
     try:
         return model.model_validate(body)
     except ValidationError as e:
@@ -262,5 +200,5 @@ def validate_request(model: type[R], body: dict[str, Any]) -> R:
         others = sorted({str(err["loc"][0]) for err in errors if err["loc"]} - {field})
         if others:
             msg += f"; also invalid: {', '.join(others)}"
-        raise GatewayError(400, msg, param=field) from None
+        raise InvalidRequest(msg, field) from None
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from gateway.sse import SSEEvent
-from store.text import json_text
+from wire.sse import SSEEvent
+from wire.text import json_text
 
 _LINE = re.compile(rb"\r\n|\r|\n")
 
@@ -35,7 +35,7 @@ def loads_strict(text: str | bytes) -> tuple[Any, int]:
 
 def compact(obj: Any) -> str:
     """Compact strict JSON text (no spaces, UTF-8 kept; all ``\\uXXXX`` escapes when a string
-    holds a lone surrogate: :func:`store.text.json_text`)."""
+    holds a lone surrogate: :func:`wire.text.json_text`)."""
     return json_text(obj, separators=(",", ":"), allow_nan=False)
 
 
