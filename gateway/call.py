@@ -1,13 +1,6 @@
-"""One model call in flight and its one owner of cleanup.
-
-A :class:`Call` is opened once per model call by :func:`gateway.forward.handle`. It holds what
-its step row needs, the reserved step (its session's in-flight mark) and the retry claim
-(:class:`gateway.idempotency.PendingCall`). :meth:`Call.finish` ends it for every outcome:
-refund, row, request log, commit, metrics, claim and release, in that order. A relayed stream
-or a detached call takes the call over with :meth:`Call.hand_over`; :meth:`Call.abandon` ends
-whatever a call without a row still holds (a bug, a shutdown). Semantics:
-docs/gateway-semantics.md.
-"""
+"""One model call in flight and the one owner of its cleanup: :meth:`Call.finish` ends it for every
+outcome; :meth:`Call.hand_over` passes it to a relayed stream or a detached call;
+:meth:`Call.abandon` ends what a call without a row still holds."""
 
 from __future__ import annotations
 
@@ -35,10 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class Call:
-    """One call: its protocol adapter, the validated request, the client's body and the body sent
-    upstream, the reserved step (``slot``, None for a sessionless call or before the reserve),
-    the retry claim (``claim``, None for a sessionless call), ``session_id``, and timings (``t0``; ``ttft_ms``:
-    milliseconds to the first upstream byte of a stream)."""
+    """One call: protocol, request, the client's and the upstream body, the reserved step (``slot``),
+    the retry claim (``claim``), ``session_id`` and timings."""
 
     def __init__(self, gw: GatewayState, proto: WireProtocol, req: WireRequest, body: dict[str, Any],
                  claim: PendingCall | None, session_id: str | None, route_key: str | None = None) -> None:
@@ -86,12 +77,9 @@ class Call:
             self.claim.fail()
 
     async def finish(self, outcome: Outcome) -> None:
-        """End the call with ``outcome``: refund the budget unit (``outcome.refund``), build the
-        step row and the request log line, queue the row with the session's state, release the
-        in-flight mark, wait for the commit (strict mode, ``outcome.wait``), count the answer in
-        ``/metrics`` and settle the retry claim (done with ``outcome.replay`` for an ``ok`` step,
-        failed otherwise). Raises GatewayError(500) when the step cannot be recorded (counted as a
-        500 answer; the claim failed). A second call is a no-op."""
+        """End the call with ``outcome``: refund, step row and request log line, queue, release, wait for
+        the commit (strict mode), metrics, settle the retry claim. Raises GatewayError(500) when the
+        step cannot be recorded. A second call is a no-op."""
         if self.finished:
             return
         self.finished = True

@@ -1,12 +1,5 @@
-"""Relaying one upstream SSE stream to the client and recording it as one step, on every protocol.
-
-Events are relayed byte for byte as they are parsed (comments and data-less blocks are dropped;
-an event with non-finite numbers is made strict, :mod:`wire.jsonsafe`), fed to the
-protocol's assembler, and the event that ends the stream properly is held back until the step
-is recorded (strict telemetry: committed). While the upstream is silent for the keep-alive
-interval the client gets ``: keep-alive`` comment lines between whole events. End states and
-keep-alive rules: docs/gateway-semantics.md.
-"""
+"""Relaying one upstream SSE stream to the client and recording it as one step, on every protocol
+(docs/gateway-protocols.md, "Stream relay")."""
 
 from __future__ import annotations
 
@@ -38,14 +31,7 @@ KEEPALIVE = sse_comment("keep-alive")
 
 async def read_or_idle(content: aiohttp.StreamReader, idle_s: float) -> bytes | None:
     """The next bytes of an upstream body (``b""`` at its end), or None when none came within
-    ``idle_s`` seconds (``idle_s`` 0: wait as long as it takes).
-
-    The read runs inline in the caller's task (``asyncio.timeout``, no helper task), exactly as
-    a plain ``readany()``: a read cancelled by the idle timeout has consumed nothing (aiohttp's
-    ``StreamReader`` only takes bytes from its buffer after its wait ended), so no byte is ever
-    lost, and bytes already buffered are returned before an error that followed them (a helper
-    task would start one loop turn late and could see the error first). Errors of the read
-    (aiohttp's own read timeout, a ``TimeoutError`` too; a broken body) are raised as they are."""
+    ``idle_s`` (0: no limit). Inline in the caller's task, so no byte is lost to the timeout."""
     if idle_s <= 0:
         return await content.readany()
     timeout = asyncio.timeout(idle_s)
@@ -59,24 +45,8 @@ async def read_or_idle(content: aiohttp.StreamReader, idle_s: float) -> bytes | 
 
 
 class StreamRelay:
-    """Relays one upstream SSE stream to the client and records it as one step.
-
-    :meth:`events` is the response body; the :class:`gateway.streaming.GuardedStreamingResponse`
-    calls :meth:`client_left` when the client goes away and always awaits :meth:`finish` at the
-    end.
-
-    End states: the terminal event → ok (``empty`` without any event before it), committed
-    before the terminal event is relayed; an in-stream error (chat ``{"error": ...}``, a
-    Responses ``error`` event or ``response.failed``, an Anthropic ``error`` event) → error; EOF
-    or a broken connection before the terminal event → truncated, and the client gets the
-    protocol's error event (:meth:`WireProtocol.stream_error`) instead of a fake end; a read
-    timeout → timeout (phase ``first-byte`` or ``idle``), also ended by an error event (a
-    timeout or a broken connection after the terminal event ends the stream normally); an
-    unexpected exception while relaying → error, logged, ended by an error event. The client
-    leaving, at any point, even before the body started (task cancelled, or body never run) →
-    the upstream connection is closed at once and the partial step is recorded as
-    ``client_disconnected`` by :meth:`finish`.
-    """
+    """Relays one upstream SSE stream and records it as one step. :meth:`events` is the response body;
+    the response calls :meth:`client_left` when the client goes and always awaits :meth:`finish`."""
 
     def __init__(self, call: Call, resp: aiohttp.ClientResponse, stack: AsyncExitStack) -> None:
         self.call = call  # handed over: this relay owns the call until finish()
@@ -92,9 +62,8 @@ class StreamRelay:
         self.resp.close()
 
     async def finish(self) -> None:
-        """Release the upstream connection and the route slot; when no final step was recorded
-        (the client left, the body never ran or was cancelled), record the partial one. Ends the
-        call (:meth:`Call.abandon`) on every path."""
+        """Release the upstream connection and route slot, record the partial step when no final one was,
+        and end the call, on every path."""
         call = self.call
         try:
             if not call.finished:

@@ -1,12 +1,6 @@
-"""Sessions shared by several gateway processes over one store (``shared_sessions``).
-
-The database holds each session's state; every reserve, refund and close is one short
-transaction holding the session row's lock (:meth:`store.Store.change_gateway_session`), so N
-parallel calls spread over any number of gateways with budget B make exactly B upstream calls
-and step ids stay unique and increasing. ``gateway_sessions.in_flight`` counts the reserved steps
-of every gateway whose row is not committed yet (lowered in the step's own commit), which is what
-a close on any gateway waits for. Rules and costs: docs/scale-out.md.
-"""
+"""Sessions shared by several gateway processes over one store (``shared_sessions``): each reserve,
+refund and close is one short transaction on the session's row, and ``in_flight`` counts every
+gateway's steps not committed yet (docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -37,10 +31,8 @@ _CLOSED = (SessionStatus.CLOSED, SessionStatus.CLOSING)
 
 
 class SharedSessionManager(SessionManager):
-    """:class:`SessionManager` with the state in the database instead of memory. Memory keeps
-    only this gateway's calls in flight (for :meth:`in_flight` and a local close's refusal of
-    new calls); :meth:`live` is always None, so the telemetry writer carries no session states
-    (it lowers ``in_flight`` with each step instead: ``release_in_flight``)."""
+    """:class:`SessionManager` with the state in the database; memory keeps only this gateway's calls
+    in flight, and :meth:`live` is always None (the writer lowers ``in_flight`` with each step)."""
 
     persists_itself = True
 
@@ -60,9 +52,7 @@ class SharedSessionManager(SessionManager):
         task.add_done_callback(done)
 
     async def reserve(self, sid: str, model: str) -> StepSlot | None:
-        """As :meth:`SessionManager.reserve`, in one transaction on the session's row (which also
-        counts the step in ``in_flight``); ``closing`` and ``closed`` refuse the call, as does a
-        session bound to another route (RouteMismatch)."""
+        """As :meth:`SessionManager.reserve`, in one transaction on the session's row."""
         live = self._live(sid)
         if live.closes_waiting:
             raise SessionClosed(sid)
@@ -102,9 +92,7 @@ class SharedSessionManager(SessionManager):
             del self._sessions[sid]
 
     def release(self, slot: StepSlot, recorded: bool = True) -> None:
-        """End this gateway's in-flight mark; a step that will have no row (not ``recorded``) is
-        taken out of the session's ``in_flight`` in the database too (its row's commit does
-        that otherwise)."""
+        """End this gateway's in-flight mark; a step without a row leaves ``in_flight`` here."""
         live = self._sessions.get(slot.session_id)
         if live is None or slot.seq not in live.in_flight:
             return
@@ -177,11 +165,8 @@ class SharedSessionManager(SessionManager):
 
     async def close(self, sid: str, reason: str | None, completion_mode: str | None,
                     grace_s: float = 0.0) -> tuple[GatewaySession, bool]:
-        """As :meth:`SessionManager.close`, for calls in flight on any gateway: the session is
-        marked ``closing`` (every gateway refuses its new calls), the close waits until its
-        ``in_flight`` is 0 (each step's commit lowers it: every step is committed then), at most
-        ``grace_s``, then marks it ``closed`` in one more transaction. Steps committed later are
-        stored ``after_close`` by the store. Idempotent; the first reason is kept."""
+        """As :meth:`SessionManager.close`, for calls in flight on any gateway: ``closing``, wait for
+        ``in_flight`` 0 (at most ``grace_s``), then ``closed``."""
         live = self._live(sid)
         live.closes_waiting += 1
         live.closing.set()

@@ -1,8 +1,5 @@
-"""The model-call request bodies (chat, Responses, Anthropic Messages) and the session close
-body, validated with pydantic. Checked fields are the standard ones whose wrong type the upstream
-would answer with an opaque 500; every other field is kept (``extra="allow"``) and forwarded as
-the client sent it.
-"""
+"""The model-call request bodies and the session close body, validated with pydantic: standard
+fields checked, every other field kept as sent (docs/gateway-protocols.md, "Request bodies")."""
 
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ _NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
 class WireRequest(BaseModel):
-    """What every model-call body has: ``model`` (a route key) and ``stream`` (a boolean, absent
-    or null meaning false). Every other key is kept as sent (``extra="allow"``)."""
+    """What every model-call body has: ``model`` (a route key) and ``stream``; other keys kept as sent."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -52,8 +48,7 @@ class WireRequest(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One entry of ``messages``: an object with a string ``role``. Any role is accepted (vendors
-    add their own, e.g. ``developer``, ``ipython``) and every other key is kept as sent."""
+    """One entry of ``messages``: an object with a string ``role`` (any role); other keys kept."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -61,13 +56,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(WireRequest):
-    """``POST .../chat/completions`` body (OpenAI API reference, "Create chat completion").
-
-    Checked: ``model`` a string (a route key); ``messages`` a non-empty list of objects, each with
-    a string ``role``; ``temperature`` a number in [0, 2]; ``top_p`` a number in [0, 1];
-    ``max_tokens``, ``max_completion_tokens`` and ``n`` integers >= 1; ``stream`` a boolean;
-    ``stream_options`` an object; ``tools`` a list of objects; ``stop`` a string or a list of
-    strings. Each optional field may also be null or absent. Everything else passes unchecked."""
+    """``POST .../chat/completions`` body (OpenAI API reference, "Create chat completion")."""
 
     stream_options: dict[str, Any] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -81,14 +70,7 @@ class ChatCompletionRequest(WireRequest):
 
 
 class ResponsesRequest(WireRequest):
-    """``POST .../responses`` body (OpenAI API reference, "Create a model response").
-
-    Checked: ``model`` a string (a route key); ``stream`` a boolean; ``input`` a string or a list
-    of objects (input items); ``instructions`` a string; ``temperature`` a number in [0, 2];
-    ``top_p`` a number in [0, 1]; ``max_output_tokens`` an integer >= 1; ``tools`` a list of
-    objects; ``stream_options`` an object. Each may be null or absent (``input`` too: a request
-    may continue ``previous_response_id`` or use a stored prompt). Everything else passes
-    unchecked."""
+    """``POST .../responses`` body (OpenAI API reference, "Create a model response")."""
 
     stream_options: dict[str, Any] | None = None
     input: StrictStr | list[dict[str, Any]] | None = None
@@ -100,8 +82,7 @@ class ResponsesRequest(WireRequest):
 
 
 class AnthropicMessage(BaseModel):
-    """One entry of an Anthropic ``messages`` list: a string ``role`` and a ``content`` that is
-    a string or a list of content-block objects; other keys are kept as sent."""
+    """One Anthropic message: a string ``role`` and a string or list ``content``; other keys kept."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -110,14 +91,7 @@ class AnthropicMessage(BaseModel):
 
 
 class MessagesRequest(WireRequest):
-    """``POST .../v1/messages`` body (Anthropic API reference, "Messages").
-
-    Checked: ``model`` a string (a route key); ``stream`` a boolean; ``max_tokens`` an integer
-    >= 1 (required, as Anthropic requires it); ``messages`` a non-empty list of objects with a
-    string ``role`` and a string-or-list ``content``; ``system`` a string or a list of objects;
-    ``temperature`` and ``top_p`` numbers in [0, 1]; ``top_k`` an integer >= 0;
-    ``stop_sequences`` a list of strings; ``tools`` a list of objects; ``tool_choice``,
-    ``thinking`` and ``metadata`` objects. Everything else passes unchecked."""
+    """``POST .../v1/messages`` body (Anthropic API reference, "Messages")."""
 
     max_tokens: _PositiveInt
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
@@ -176,9 +150,8 @@ R = TypeVar("R", bound=WireRequest)
 
 
 def validate_request(model: type[R], body: dict[str, Any]) -> R:
-    """``body`` validated as ``model``. Raises :class:`InvalidRequest` whose ``param`` is the
-    top-level field at fault (``messages`` for ``messages[2].role``) and whose message names the
-    exact place, what was expected and what was found."""
+    """``body`` validated as ``model``; :class:`InvalidRequest` names the field at fault, what was
+    expected and what was found."""
     try:
         return model.model_validate(body)
     except ValidationError as e:

@@ -1,8 +1,5 @@
-"""The protocol adapter interface: what the forwarding core (:mod:`gateway.forward`) asks of the
-API a call speaks. One adapter per protocol (:mod:`gateway.protocols.chat`,
-:mod:`gateway.protocols.responses`, :mod:`gateway.protocols.anthropic`); everything else about a
-call (upstream call, timeouts, disconnects, budget, recording, metrics, request log) is shared.
-"""
+"""The protocol adapter interface: what the forwarding core asks of the API a call speaks; all
+else about a call is shared."""
 
 from __future__ import annotations
 
@@ -34,15 +31,8 @@ def compact(obj: Any) -> str:
 
 
 class WireProtocol(ABC):
-    """One API the gateway serves. Class attributes:
-
-    * ``endpoint``: the step's ``endpoint`` column and the metrics/request-log label;
-    * ``upstream_path``: appended to the route's ``base_url``;
-    * ``api``: the ``api`` a route must have to serve this endpoint;
-    * ``request_model``: the pydantic model of the request body (:mod:`gateway.wire`);
-    * ``answer_name``: how error messages name a valid answer ("chat completion", ...);
-    * ``stream_end``: how error messages name the event that ends a stream properly.
-    """
+    """One API the gateway serves: its ``endpoint`` label, ``upstream_path``, the route ``api`` it
+    needs, its ``request_model``, and how messages name an answer and a stream's end."""
 
     endpoint: ClassVar[str]
     upstream_path: ClassVar[str]
@@ -58,10 +48,8 @@ class WireProtocol(ABC):
 
     def upstream_body(self, req: WireRequest, body: dict[str, Any], route: RouteSettings
                       ) -> tuple[dict[str, Any], bool]:
-        """The body to send upstream and whether the gateway added a usage request to it (only
-        chat does). Default: ``model`` replaced by ``route.upstream_model`` when set, and
-        ``stream``/``stream_options`` dropped when the route cannot stream. Returns ``body``
-        itself (the same object) when nothing changes, so the client's bytes are forwarded."""
+        """The body to send upstream (``model`` replaced by ``upstream_model``; stream fields dropped for
+        a route that cannot stream; ``body`` itself when unchanged) and whether a usage request was added."""
         out = body
         if route.upstream_model:
             out = {**out, "model": route.upstream_model}

@@ -1,9 +1,5 @@
-"""What the three stream assemblers share: the :class:`Answer` read from a finished answer object
-(for the promoted step columns and the evaluator's trajectory) and the :class:`StreamAssembler`
-interface the forwarding core drives (:mod:`gateway.forward`).
-
-Pure data code: no HTTP, no FastAPI, so the launcher's trajectory builder may import it.
-"""
+"""What the stream assemblers share: the :class:`Answer` read from a finished answer object and the
+:class:`StreamAssembler` interface the gateway's forwarding core drives. Pure data code."""
 
 from __future__ import annotations
 
@@ -19,17 +15,9 @@ __all__ = ["Answer", "StreamAssembler", "as_int", "parse_event_json", "text_of"]
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """The model-facing facts of one answer object, protocol-independent.
-
-    * ``content``: the assistant text (None when the answer holds no text part at all);
-    * ``reasoning``: reasoning/thinking text, or None;
-    * ``tool_calls``: tool calls in the OpenAI chat shape
-      ``[{"id", "type": "function", "function": {"name", "arguments": str}}]``;
-    * ``finish_reason``: why the answer ended, in the protocol's own words (chat
-      ``finish_reason``, Responses ``status`` or ``incomplete_details.reason``, Anthropic
-      ``stop_reason``);
-    * token counts (None when the answer did not report them; never a made-up 0).
-    """
+    """The model-facing facts of one answer object, whatever its protocol; tool calls in the OpenAI chat
+    shape, ``finish_reason`` in the protocol's words, token counts None when not reported
+    (docs/gateway-protocols.md, "Reading an answer")."""
 
     content: str | None = None
     reasoning: str | None = None
@@ -41,16 +29,10 @@ class Answer:
 
 
 class StreamAssembler(Protocol):
-    """An assembler of one protocol's SSE stream into that protocol's non-streaming answer.
-
-    The forwarding core feeds every dispatched SSE event to :meth:`feed_event` (which returns
-    the event's parsed JSON, or None) and, at the end, reads :meth:`status` and :meth:`result`.
-    ``finished`` turns true at the event that ends the stream properly (chat ``[DONE]``,
-    Responses ``response.completed``/``.failed``/``.incomplete``, Anthropic ``message_stop``):
-    the core holds that event back until the step is recorded (strict telemetry).
-    ``chunk_count`` counts the events fed (``[DONE]`` excluded), ``error`` is the in-stream error
-    object when one arrived; :meth:`notes` gives extra facts for the step's ``meta_json``
-    (``invalid_events``: events whose data was not JSON; read after :meth:`result`)."""
+    """An assembler of one protocol's SSE stream into its non-streaming answer: :meth:`feed_event` each
+    event (its parsed JSON, or None), then :meth:`status`, :meth:`result` and :meth:`notes` (extra
+    ``meta_json``). ``finished`` turns true at the event that ends the stream properly, which the
+    core holds back until the step is recorded."""
 
     chunk_count: int
     error: dict[str, Any] | None
