@@ -1,6 +1,6 @@
-"""The typed vocabulary of one call's ending: the step status (:class:`store.StepStatus`), the
-phase a failure happened in, one upstream attempt, and the :class:`Outcome` that
-:meth:`gateway.call.Call.finish` turns into a step row, a metric and a settled retry claim."""
+"""How one call ended: the phase a failure happened in, one upstream attempt, and the
+:class:`Outcome` that :meth:`gateway.call.Call.finish` turns into a step row, a metric and a
+settled retry claim."""
 
 from __future__ import annotations
 
