@@ -26,9 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from rollout.envs import WorkspaceArchiveConfig, load_cases, load_env_config  # noqa: E402
-from rollout.regrade import RegradeOptions, regrade_job  # noqa: E402
-from rollout.workspace_archive import build_archive, keep_workspace, restore_workspace  # noqa: E402
+from rollout.core.envs import WorkspaceArchiveConfig, load_cases, load_env_config  # noqa: E402
+from rollout.jobs.regrade import RegradeOptions, regrade_job  # noqa: E402
+from rollout.jobs.workspace_archive import build_archive, keep_workspace, restore_workspace  # noqa: E402
 from store import JobEnvironment, SessionWorkspace, Store, step_record  # noqa: E402
 
 

@@ -53,7 +53,7 @@ async def make_job(store: Store, job: str, groups: dict[str, int]) -> dict[str, 
 
 RUNTIME = '''
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     client = openai_client(req, max_retries=0)

@@ -1,4 +1,4 @@
-"""Tests for rollout.evaluator_loader: discovery, export names, load errors (also as
+"""Tests for rollout.grading.evaluator_loader: discovery, export names, load errors (also as
 ``run_evaluation`` outcomes), module naming and the load cache."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.evaluator_loader import EvaluatorLoadError, discover_evaluator, load_evaluator
+from rollout.grading.evaluator_loader import EvaluatorLoadError, discover_evaluator, load_evaluator
 from tests.rollout.evaluator_helpers import FAST, evaluate_file, write_evaluator
 
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import parse_args, regrade_options
-from rollout.envs import load_cases, load_env_config
-from rollout.job import SetupError, harness_envs, load_harnesses
-from rollout.records import record_of
-from rollout.report import render_table, summarize
-from rollout.scheduler import group_id, session_rows
-from rollout.trajectory import to_trajectory
+from rollout.cli.run import parse_args, regrade_options
+from rollout.core.envs import load_cases, load_env_config
+from rollout.grading.trajectory import to_trajectory
+from rollout.jobs.job import SetupError, harness_envs, load_harnesses
+from rollout.jobs.scheduler import group_id, session_rows
+from rollout.results.records import record_of
+from rollout.results.report import render_table, summarize
 from store import JobEnvironment
 
 
@@ -139,7 +139,7 @@ async def test_a_harness_that_cannot_be_installed_stops_the_job_before_any_row(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sqlite3
 
-    from rollout.job import JobOptions, run_job
+    from rollout.jobs.job import JobOptions, run_job
 
     monkeypatch.setenv("ROLLOUT_HARNESS_CACHE", str(tmp_path / "cache"))
     broken = tmp_path / "broken"

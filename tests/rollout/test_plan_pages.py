@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout.job import SetupError, load_envs, plan_job, plan_sessions
-from rollout.records import iter_job_records, job_records
-from rollout.scheduler import RowSource, RunSettings, Scheduler
-from rollout.session_ids import SessionIds
+from rollout.core.session_ids import SessionIds
+from rollout.jobs.job import SetupError, load_envs, plan_job, plan_sessions
+from rollout.jobs.scheduler import RowSource, RunSettings, Scheduler
+from rollout.results.records import iter_job_records, job_records
 from store import Store
 from tests.rollout.test_attempts import make_env, options
 
