@@ -134,11 +134,12 @@ def shaped(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def request_shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` in ``request``'s error shape: the one set by :func:`set_error_shape`, else its path's."""
     shape: ErrorShape | None = getattr(request.state, "error_shape", None)
     return shaped(request.url.path, status, body) if shape is None else shape(status, body)
 
 
-ErrorCounter = Callable[[Request, int, "str | None", str], None]
+ErrorCounter = Callable[[Request, int, str | None, str], None]
 """Told of each error answered: (request, HTTP status, code, message)."""
 
 
