@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.servers.feed.client import FeedClient
-from store import JobEnvironment, SessionStep, Store
+from store import JobEnvironment, SessionResult, SessionStep, Store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,8 +76,8 @@ async def build(db: Path, sessions: int, group: int, steps: int) -> tuple[float,
     t1 = time.perf_counter()
     for i in range(sessions):
         score = float(rng.choice((0, 0, 10)))
-        await store.finish_job_session(f"s{i:06d}", reward=score, eval_meta=None, status="succeeded",
-                                       eval_status="scored" if i % 50 else "error")
+        await store.finish_job_session(f"s{i:06d}", SessionResult(
+            reward=score, status="succeeded", eval_status="scored" if i % 50 else "error"))
     per_finish = (time.perf_counter() - t1) / sessions
     await store.checkpoint()
     await store.close()

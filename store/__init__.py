@@ -21,6 +21,7 @@ from store.models import (
     utcnow,
 )
 from store.repo import SessionContext, SessionRow, StepRow, Store, StoreUnavailable, is_unavailable
+from store.session_result import FinalStatus, SessionResult
 
 __all__ = [
     "JOB_ID_PATTERN",
@@ -31,6 +32,8 @@ __all__ = [
     "JobLock",
     "SessionAttempt",
     "SessionContext",
+    "SessionResult",
+    "FinalStatus",
     "SessionRow",
     "SessionStatus",
     "SessionStep",

@@ -50,6 +50,7 @@ from store.models import (
     attempt_session_id,
     utcnow,
 )
+from store.session_result import SessionResult
 from store.stepcodec import decode_rows, pack
 
 log = logging.getLogger(__name__)
@@ -939,16 +940,14 @@ class Store:
         return {sid: ([None] if None in vs else []) + sorted(v for v in vs if v is not None)
                 for sid, vs in sorted(by_sid.items()) if len(vs) > 1}
 
-    async def finish_job_session(
-        self, session_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None, **values: Any
-    ) -> None:
-        """Finish a session in one transaction: write ``reward``/``step_reward`` (and the evaluation
-        outcome into ``meta_json["evaluation"]``) on the session's last step, mark that step terminal
-        and session-completed, and set the ``job_environments`` columns given in ``values`` plus
-        ``finished=True`` and ``finished_at``. When this finishes the last unfinished session of
-        its group, the group's feed entry is appended in the same transaction
-        (:func:`store.feed.append_if_ready`)."""
-        _check_columns(values)
+    async def finish_job_session(self, session_id: str, result: SessionResult) -> None:
+        """Finish a session in one transaction, writing its ``result`` to both tables: on the
+        session's last step ``reward``/``step_reward`` (and ``result.evaluation`` into
+        ``meta_json["evaluation"]``), marked terminal and session-completed; on its
+        ``job_environments`` row the result's columns plus ``finished=True`` and ``finished_at``.
+        When this finishes the last unfinished session of its group, the group's feed entry is
+        appended in the same transaction (:func:`store.feed.append_if_ready`)."""
+        values, reward, eval_meta = result.columns(), result.reward, result.evaluation
 
         def op(s: Session) -> None:
             conn = s.connection()
@@ -960,8 +959,7 @@ class Store:
                     meta["evaluation"] = eval_meta
                 conn.execute(_FINISH_STEP, {"b_rid": last.record_id, "reward": reward, "step_reward": reward,
                                             "is_terminal": True, "is_session_completed": True, "meta_json": meta})
-            conn.execute(_UPDATE_JE, {**values, "finished": True, "finished_at": utcnow(), "reward": reward,
-                                      "b_sid": session_id})
+            conn.execute(_UPDATE_JE, {**values, "finished": True, "finished_at": utcnow(), "b_sid": session_id})
             if group is not None:
                 append_if_ready(conn, *group)
         await self._group.run(op)

@@ -57,7 +57,7 @@ class LimitsConfig(_Strict):
     together), ``processes`` (at once, the sandbox's own helpers included), ``output_mb`` (MiB of
     stdout + stderr), ``disk_mb`` (MiB: the workspace's total size, any single file, and the
     size of the private ``/tmp``), ``max_files`` (entries in the workspace: files, folders,
-    links). See README "Sandbox" for how each is enforced."""
+    links). See docs/sandbox.md for how each is enforced."""
 
     memory_mb: int | None = Field(default=4096, ge=32)
     processes: int | None = Field(default=512, ge=8)

@@ -48,6 +48,16 @@ def discover_evaluator(agent_root: Path, env_name: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def evaluator_for(agent_root: Path, env_name: str, env_dir: Path | None = None) -> Path | None:
+    """The evaluator a job uses for an env: ``<agent_root>/<env_name>/rule_evaluator.py``, else the
+    one in the folder holding ``env_dir`` (an env given by ``--agent-config`` outside the agent
+    root), else None (the env is not graded)."""
+    found = discover_evaluator(agent_root, env_name)
+    if found is None and env_dir is not None:
+        found = discover_evaluator(env_dir.parent, env_name)
+    return found
+
+
 class _CacheEntry:
     __slots__ = ("key", "fn", "module_name")
 

@@ -25,11 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollout.contract.protocol import EvalRequest, SimulationStartResult
 from rollout.core.envs import EnvConfigError, load_env_config
 from rollout.core.outcomes import INFRA_CLASSES
+from rollout.core.setup import SetupError, init_store, open_store
 from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec
-from rollout.grading.evaluator_loader import discover_evaluator
+from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
 from rollout.grading.trajectory import to_trajectory
-from rollout.jobs.job import SetupError, init_store, open_store
 from rollout.jobs.workspace_archive import ArchiveError, restore_workspace
 from rollout.results.records import job_records
 from rollout.results.report import SessionRecord, write_jsonl
@@ -132,14 +132,8 @@ def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | N
             cfg = load_env_config(p)
         except EnvConfigError as e:
             raise SetupError(str(e)) from e
-        dirs[cfg.name] = cfg.env_dir.parent
-    found: dict[str, Path | None] = {}
-    for name in env_names:
-        path = discover_evaluator(opts.agent_root, name)
-        if path is None and name in dirs:
-            path = discover_evaluator(dirs[name], name)
-        found[name] = path
-    return found
+        dirs[cfg.name] = cfg.env_dir
+    return {name: evaluator_for(opts.agent_root, name, dirs.get(name)) for name in env_names}
 
 
 def _file_sha256(path: Path) -> str | None:

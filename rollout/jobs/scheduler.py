@@ -22,19 +22,18 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import aiohttp
 
 from rollout.contract.harness import SOLUTION_ENV
 from rollout.contract.protocol import EvalRequest, EvalSpec, SimulationStartRequest
-from rollout.core.envs import Case, EnvConfig, case_of, session_config
+from rollout.core.envs import Case, EnvConfig, session_config
 from rollout.core.outcomes import (
     GATEWAY_CLASSES,
     INFRA_EVAL_STATUS,
@@ -47,9 +46,9 @@ from rollout.core.outcomes import (
     status_after_close,
     verifier_setup_failed,
 )
-from rollout.core.session_ids import SessionIds
+from rollout.core.plan import RowSource, session_case
 from rollout.grading.evaluation import EvalOutcome, build_eval_spec
-from rollout.grading.evaluator_loader import discover_evaluator
+from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, grader_mode
 from rollout.grading.sandbox import GraderLimits
 from rollout.grading.trajectory import to_trajectory
@@ -61,7 +60,7 @@ from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import InstalledHarness
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.sandbox.runtime_local import RuntimeOutcome, pidfd_child_watcher
-from store import JobEnvironment, SessionAttempt, SessionStep, Store, utcnow
+from store import FinalStatus, JobEnvironment, SessionAttempt, SessionResult, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -176,74 +175,6 @@ class RunSettings:
     advertise_url: str | None = None
 
 
-def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = None, model: str | None = None) -> str:
-    """The group of a case's samples: uuid5 of job/env/case, and of job/env/case/harness/model in a
-    matrix (a harness, or several models); 16 hex digits."""
-    key = f"{job_id}/{env_name}/{case_id}" if harness is None and model is None else \
-        f"{job_id}/{env_name}/{case_id}/{harness or ''}/{model or ''}"
-    return uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:16]
-
-
-def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
-                 group_size: int | None, max_steps: int | None, harnesses: Sequence[str | None] = (None,)) -> list[JobEnvironment]:
-    """One ``job_environments`` row per (env, case, harness, model, sample): the matrix. The samples
-    of one (case, harness, model) share a ``group_id`` (``group_id``: with one model and no
-    harness, uuid5 of job, env and case as before); ``harness`` None is the env's own runtime.
-    ``group_size`` None: each env's own ``group_size``. Session ids are random uuid4 hex."""
-    return list(iter_session_rows(job_id, model, envs, group_size, max_steps, harnesses))
-
-
-def iter_session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
-                      group_size: int | None, max_steps: int | None,
-                      harnesses: Sequence[str | None] = (None,)) -> Iterator[JobEnvironment]:
-    """The rows of ``session_rows``, one at a time, in the same order."""
-    models = [model] if isinstance(model, str) else list(model)
-    matrix = len(models) > 1 or any(h is not None for h in harnesses)
-    for cfg, cases in envs:
-        for case in cases:
-            for harness in harnesses:
-                for m in models:
-                    group = group_id(job_id, cfg.name, case.case_id, harness, m) if matrix else \
-                        group_id(job_id, cfg.name, case.case_id)
-                    for k in range(group_size or cfg.group_size):
-                        yield JobEnvironment(
-                            session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
-                            llm_model=m, harness=harness, group_id=group, sample_index=k,
-                            env_params={**cfg.params, "dataset": case.row}, status="pending",
-                            max_steps=max_steps if max_steps is not None else cfg.max_steps,
-                        )
-
-
-Page = tuple[list[JobEnvironment], Mapping[str, list[SessionAttempt]]]
-"""Session rows in run order, with the earlier attempts of those sessions (session id -> attempts)."""
-
-
-class RowSource:
-    """The rows a scheduler runs: ``total`` of them, read a page at a time by ``pages()`` (an
-    async iterator of ``Page``), so a job of any size never holds all its rows at once."""
-
-    def __init__(self, total: int, pages: Callable[[], AsyncIterator[Page]]) -> None:
-        self.total = total
-        self.pages = pages
-
-    @classmethod
-    def of(cls, rows: list[JobEnvironment], prior: Mapping[str, list[SessionAttempt]] | None = None) -> RowSource:
-        """Rows already in memory, as one page with their earlier attempts ``prior``."""
-        async def pages() -> AsyncIterator[Page]:
-            yield rows, prior or {}
-        return cls(len(rows), pages)
-
-    @classmethod
-    def from_store(cls, store: Store, ids: SessionIds, page: int = 256) -> RowSource:
-        """The rows of the sessions ``ids`` (in that order), read from ``store`` ``page`` at a
-        time with their earlier attempts."""
-        async def pages() -> AsyncIterator[Page]:
-            for i in range(0, len(ids), page):
-                chunk = ids[i:i + page]
-                yield await store.job_sessions_by_id(chunk), await store.session_attempts(chunk)
-        return cls(len(ids), pages)
-
-
 FAILURES_TOLD = 3
 """Infrastructure failures of each class logged as warnings (later ones at INFO)."""
 
@@ -253,15 +184,6 @@ def workspace_prefix(env: str, case_id: str, sample_index: int) -> str:
     but letters, digits, ``.``, ``_`` and ``-`` as ``_`` (a case id such as ``django/django-11099``
     is not a path), at most 60 characters."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{env}-{case_id}-{sample_index}-")[:60]
-
-
-def session_case(cfg: EnvConfig, row: JobEnvironment) -> Case:
-    """The case a session row was planned with (its ``env_params["dataset"]``). Raises ValueError
-    for a row that does not keep one (not written by this launcher)."""
-    dataset = (row.env_params or {}).get("dataset")
-    if not isinstance(dataset, dict):
-        raise ValueError(f"session {row.session_id}: its row keeps no dataset row (env_params.dataset)")
-    return case_of(cfg, row.case_id, dataset)
 
 
 def readyz_error(body: str) -> str:
@@ -344,8 +266,7 @@ class Scheduler:
         """The env's ``rule_evaluator.py`` (under the agent root, else beside the env's folder),
         looked up once per job."""
         if cfg.name not in self._evaluators:
-            self._evaluators[cfg.name] = (discover_evaluator(self.s.agent_root, cfg.name)
-                                          or discover_evaluator(cfg.env_dir.parent, cfg.name))
+            self._evaluators[cfg.name] = evaluator_for(self.s.agent_root, cfg.name, cfg.env_dir)
         return self._evaluators[cfg.name]
 
     async def _run(self, source: RowSource) -> list[SessionRecord]:
@@ -516,15 +437,15 @@ class Scheduler:
         except Exception as e:  # a launcher bug while concluding: this session only, reason recorded
             log.exception("session %s failed in the launcher", sid)
             why, duration = f"launcher error: {type(e).__name__}: {e}", time.monotonic() - t0
-            final = {"status": "error", "error_text": why, "duration_s": duration, "outcome": "launcher_error"}
+            result = SessionResult(status="error", outcome="launcher_error", attempts=n, error=why,
+                                   duration_s=duration)
             await self.store.record_attempt(SessionAttempt(
                 session_id=sid, attempt=n, job_id=row.job_id, status="error", outcome="launcher_error", infra=True,
                 reason=why, started_at=started, finished_at=utcnow(), duration_s=duration))
-            await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
+            await self.store.finish_job_session(sid, result)
             steps = await self.store.trajectory(sid)
             attempts = (await self.store.job_attempts(row.job_id)).get(sid, [])
-            return record_of(row.model_copy(update={**final, "attempts": n, "finished": True}),
-                             to_trajectory(sid, steps), attempts)
+            return record_of(row, result, to_trajectory(sid, steps), attempts)
         finally:
             if not self.s.keep_workspaces:
                 self._remove_later(workspace)
@@ -564,16 +485,15 @@ class Scheduler:
         """Finish a session whose retry could not be prepared (its gateway session cannot be
         closed): an infrastructure failure, never graded."""
         row, sid = work.row, work.row.session_id
-        final: dict[str, Any] = {
-            "status": "error", "outcome": "gateway_unreachable",
-            "error_text": f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
-            "eval_status": INFRA_EVAL_STATUS if self.s.enable_evaluation else None,
-            "eval_reason": (f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
-                            if self.s.enable_evaluation else None)}
-        await self.store.finish_job_session(sid, reward=None, eval_meta=None, **final)
+        result = SessionResult(
+            status="error", outcome="gateway_unreachable", attempts=work.attempt - 1,
+            error=f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
+            eval_status=INFRA_EVAL_STATUS if self.s.enable_evaluation else None,
+            eval_reason=(f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
+                         if self.s.enable_evaluation else None))
+        await self.store.finish_job_session(sid, result)
         steps = await self.store.trajectory(sid)
-        return record_of(row.model_copy(update={**final, "reward": None, "attempts": work.attempt - 1,
-                                                "finished": True}), to_trajectory(sid, steps), work.attempts)
+        return record_of(row, result, to_trajectory(sid, steps), work.attempts)
 
     async def _run_runtime(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.session_id
@@ -652,20 +572,17 @@ class Scheduler:
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
         await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
-        final = {
-            "status": status,
-            "result": run.outcome.result.model_dump(mode="json") if run.outcome and run.outcome.result else None,
-            "error_text": error_text, "duration_s": time.monotonic() - t0, "outcome": end.outcome,
-            "sandbox": run.outcome.sandbox if run.outcome else None,
-            "eval_status": eval_status, "eval_reason": eval_reason,
-            "eval_detail": {"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts,
-                            "isolation": evaluation.isolation} if evaluation else None,
-        }
-        reward = evaluation.score if evaluation else None
-        await self.store.finish_job_session(
-            sid, reward=reward, eval_meta=evaluation.model_dump(mode="json") if evaluation else None, **final)
-        return record_of(row.model_copy(update={**final, "reward": reward, "attempts": n, "finished": True}),
-                         trajectory, work.attempts)
+        result = SessionResult(
+            status=cast(FinalStatus, status), outcome=end.outcome, attempts=n, error=error_text,
+            duration_s=time.monotonic() - t0,
+            runtime_result=run.outcome.result.model_dump(mode="json") if run.outcome and run.outcome.result else None,
+            sandbox=run.outcome.sandbox if run.outcome else None,
+            reward=evaluation.score if evaluation else None, eval_status=eval_status, eval_reason=eval_reason,
+            eval_detail={"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts,
+                         "isolation": evaluation.isolation} if evaluation else None,
+            evaluation=evaluation.model_dump(mode="json") if evaluation else None)
+        await self.store.finish_job_session(sid, result)
+        return record_of(row, result, trajectory, work.attempts)
 
     def _harness_command(self, row: JobEnvironment, attempt: int,
                          case: Case) -> tuple[RuntimeCommand | None, Path | None]:

@@ -8,7 +8,7 @@ from rollout.contract.protocol import Trajectory
 from rollout.core.session_ids import SessionIds
 from rollout.grading.trajectory import to_trajectory, usage_total
 from rollout.results.report import AttemptRecord, SessionRecord
-from store import JobEnvironment, SessionAttempt, Store, attempt_session_id
+from store import JobEnvironment, SessionAttempt, SessionResult, Store, attempt_session_id
 
 
 def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> list[AttemptRecord]:
@@ -25,19 +25,21 @@ def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> 
     ) for a in sorted(attempts, key=lambda a: a.attempt)]
 
 
-def record_of(row: JobEnvironment, traj: Trajectory, attempts: Sequence[SessionAttempt] = ()) -> SessionRecord:
-    """The JSONL record of one finished session row, its recorded steps and its attempts."""
+def record_of(row: JobEnvironment, result: SessionResult, traj: Trajectory,
+              attempts: Sequence[SessionAttempt] = ()) -> SessionRecord:
+    """The JSONL record of one finished session: its row's identity, its ``result``, its recorded
+    steps and its attempts."""
     listed = attempt_records(row, attempts)
-    metrics = (row.result or {}).get("metrics") or {} if row.harness is not None else {}
+    metrics = (result.runtime_result or {}).get("metrics") or {} if row.harness is not None else {}
     return SessionRecord.model_validate({
         "session_id": row.session_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
-        "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": row.status,
-        "score": row.reward, "eval_status": row.eval_status, "reason": row.eval_reason, "error": row.error_text,
-        "duration_s": row.duration_s, "usage": usage_total(traj.steps), "step_count": len(traj.steps),
-        "sandbox": row.sandbox, "grader_isolation": (row.eval_detail or {}).get("isolation"),
-        "outcome": row.outcome, "retried": len(listed) > 1, "harness": row.harness,
-        "harness_exit": metrics.get("harness_exit"), "answer": metrics.get("answer"), "attempts": [a.model_dump() for a in listed],
-        "trajectory": [s.model_dump(mode="json") for s in traj.steps],
+        "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": result.status,
+        "score": result.reward, "eval_status": result.eval_status, "reason": result.eval_reason,
+        "error": result.error, "duration_s": result.duration_s, "usage": usage_total(traj.steps),
+        "step_count": len(traj.steps), "sandbox": result.sandbox, "grader_isolation": result.grader_isolation,
+        "outcome": result.outcome, "retried": len(listed) > 1, "harness": row.harness,
+        "harness_exit": metrics.get("harness_exit"), "answer": metrics.get("answer"),
+        "attempts": [a.model_dump() for a in listed], "trajectory": [s.model_dump(mode="json") for s in traj.steps],
     })
 
 
@@ -58,4 +60,5 @@ async def iter_job_records(store: Store, job_id: str, page: int = 256) -> AsyncI
         for r in await store.job_sessions_by_id(chunk):
             if r.finished:
                 steps = await store.trajectory(r.session_id)
-                yield record_of(r, to_trajectory(r.session_id, steps), attempts.get(r.session_id, []))
+                yield record_of(r, SessionResult.of_row(r), to_trajectory(r.session_id, steps),
+                                attempts.get(r.session_id, []))

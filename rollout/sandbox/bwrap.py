@@ -3,7 +3,7 @@
 Paths are bound at their host paths (commands need no rewriting), read-only except the workspace
 (``/workspace``, also cwd and HOME). The sandbox runs as uid/gid 65534 with no capabilities, in
 new user/pid/ipc/uts/mount/network/cgroup namespaces; its only way out is the gateway bridge's
-Unix socket. README "Sandbox" lists what a runtime can and cannot see.
+Unix socket. docs/sandbox.md lists what a runtime can and cannot see.
 """
 
 from __future__ import annotations

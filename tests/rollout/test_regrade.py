@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from rollout.core.envs import WorkspaceArchiveConfig
-from rollout.jobs.job import JobOptions, SetupError, run_job
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, run_job
 from rollout.jobs.regrade import (
     RegradeOptions,
     regrade_blocker,
@@ -27,7 +28,7 @@ from rollout.jobs.regrade import (
     render_regrade_summary,
 )
 from rollout.jobs.workspace_archive import keep_workspace
-from store import JobEnvironment, Store, step_record
+from store import JobEnvironment, SessionResult, Store, step_record
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, chat_completion
 from tests.gateway.conftest import make_settings, serve
 
@@ -241,8 +242,9 @@ async def stored_job(store: Store, tmp_path: Path, rows: list[JobEnvironment], *
     for r in rows:
         if r.finished:
             meta = {"status": r.eval_status, "score": r.reward} if r.eval_status else None
-            await store.finish_job_session(r.session_id, reward=r.reward, eval_meta=meta, status=r.status,
-                                           eval_status=r.eval_status, eval_reason=r.eval_reason)
+            await store.finish_job_session(r.session_id, SessionResult(
+                reward=r.reward, evaluation=meta, status=r.status, eval_status=r.eval_status,
+                eval_reason=r.eval_reason))
         if r.session_id in archive:
             ws = tmp_path / f"ws-{r.session_id}"
             (ws / "outputs").mkdir(parents=True)
