@@ -26,7 +26,7 @@ from rollout.contract.protocol import EvalRequest, SimulationStartResult
 from rollout.core.envs import EnvConfigError, load_env_config
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.core.setup import SetupError, init_store, open_store
-from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec
+from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
 from rollout.grading.trajectory import to_trajectory
@@ -169,7 +169,7 @@ async def _regrade_one(store: Store, grader: Grader, row: JobEnvironment, path: 
             job_id=row.job_id, session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params=dict(row.env_params or {}), start_result=start_result)
-        outcome: EvalOutcome = await grader.evaluate(path, request, build_eval_spec(row.env_name, path, timeout_s),
+        outcome: Evaluation = await grader.evaluate(path, request, build_eval_spec(row.env_name, path, timeout_s),
                                                      trajectory, workspace)
     meta = {**outcome.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
             "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
