@@ -17,6 +17,7 @@ test: setup-test
 lint: setup-test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	.venv/bin/lint-imports
 
 setup-run:
 	@scripts/setup.sh local

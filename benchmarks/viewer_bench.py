@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from rollout.viewer.app import create_app
-from rollout.viewer.db import open_queries
-from rollout.viewer.stats import HiddenFields
+from rollout.servers.viewer.app import create_app
+from rollout.servers.viewer.db import open_queries
+from rollout.servers.viewer.stats import HiddenFields
 from store import Store
 
 

@@ -25,6 +25,7 @@ from store.models import (
 )
 from store.repo import Store, StoreUnavailable, is_unavailable
 from store.schema import SchemaError
+from store.session_result import FinalStatus, SessionResult
 
 __all__ = [
     "JOB_ID_PATTERN",
@@ -36,6 +37,8 @@ __all__ = [
     "SchemaError",
     "SessionAttempt",
     "SessionContext",
+    "SessionResult",
+    "FinalStatus",
     "SessionRow",
     "SessionStatus",
     "SessionStep",

@@ -32,6 +32,7 @@ from store.models import (
     attempt_session_id,
     utcnow,
 )
+from store.session_result import SessionResult
 from store.stepcodec import decode_rows
 
 _JE: Table = JobEnvironment.__table__  # type: ignore[attr-defined]
@@ -150,19 +151,17 @@ class LauncherRows:
             s.connection().execute(_UPDATE_JE, params)
         await self._db.group.run(op)
 
-    async def finish_job_session(self, session_id: str, *, reward: float | None,
-                                 eval_meta: dict[str, Any] | None, **values: Any) -> None:
-        """In one transaction: the evaluation (:func:`store.evaluations.write_evaluation`, the
-        last step also marked terminal and session-completed), ``values`` plus ``finished`` and
-        ``finished_at`` on the session row, and the group's feed entry when this finishes its
-        last unfinished session (:func:`store.feed.append_if_ready`)."""
-        _check_columns(values)
-
+    async def finish_job_session(self, session_id: str, result: SessionResult) -> None:
+        """In one transaction: ``result`` as the evaluation
+        (:func:`store.evaluations.write_evaluation`; the last step also marked terminal and
+        session-completed) with the result's other columns plus ``finished`` and ``finished_at``
+        on the session row, and the group's feed entry when this finishes its last unfinished
+        session (:func:`store.feed.append_if_ready`)."""
         def op(s: Session) -> None:
             conn = s.connection()
             group = unfinished_group(conn, session_id)
-            write_evaluation(conn, session_id, reward=reward, eval_meta=eval_meta,
-                             columns={**values, "finished": True, "finished_at": utcnow()},
+            write_evaluation(conn, session_id, reward=result.reward, eval_meta=result.evaluation,
+                             columns={**result.columns(), "finished": True, "finished_at": utcnow()},
                              step_columns={"is_terminal": True, "is_session_completed": True})
             if group is not None:
                 append_if_ready(conn, *group)

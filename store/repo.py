@@ -39,6 +39,7 @@ from store.models import (
     utcnow,
 )
 from store.schema import SchemaError, create_or_upgrade
+from store.session_result import SessionResult
 
 __all__ = ["SchemaError", "Store", "StoreUnavailable", "is_unavailable"]  # SchemaError: store.schema
 
@@ -281,17 +282,15 @@ class Store:
         """Set columns of one ``job_environments`` row (ValueError for a key that is not one)."""
         await self._launcher.update_job_session(session_id, **values)
 
-    async def finish_job_session(
-        self, session_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None, **values: Any
-    ) -> None:
-        """Finish a session in one transaction: its evaluation written to both tables
-        (:func:`store.evaluations.write_evaluation`: ``reward`` on the session row, and
-        ``reward``/``step_reward`` and ``eval_meta`` as ``meta_json["evaluation"]`` on its last
-        step, which is also marked terminal and session-completed), the ``job_environments``
-        columns given in ``values`` plus ``finished=True`` and ``finished_at``. When this finishes
-        the last unfinished session of its group, the group's feed entry is appended in the same
-        transaction (:func:`store.feed.append_if_ready`). KeyError for an unknown session."""
-        await self._launcher.finish_job_session(session_id, reward=reward, eval_meta=eval_meta, **values)
+    async def finish_job_session(self, session_id: str, result: SessionResult) -> None:
+        """Finish a session in one transaction, writing its ``result`` to both tables
+        (:func:`store.evaluations.write_evaluation`): on the session's last step
+        ``reward``/``step_reward`` (and ``result.evaluation`` into ``meta_json["evaluation"]``),
+        marked terminal and session-completed; on its ``job_environments`` row the result's
+        columns plus ``finished=True`` and ``finished_at``. When this finishes the last unfinished
+        session of its group, the group's feed entry is appended in the same transaction
+        (:func:`store.feed.append_if_ready`). KeyError for an unknown session."""
+        await self._launcher.finish_job_session(session_id, result)
 
     async def record_regrade(
         self, session_id: str, *, reward: float | None, eval_status: str, eval_reason: str | None,

@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from rollout.envs import EnvConfig
-from rollout.evaluation import EvalOutcome, run_evaluation
+from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
+from rollout.core.envs import EnvConfig
+from rollout.grading.evaluation import EvalOutcome, run_evaluation
 from rollout.grading.sandbox import GraderLimits, evaluate_in_sandbox
 from rollout.grading.workspace_copy import CopyCaps, copy_workspace
-from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout import scoring
-from rollout.cgroups import SessionCgroup
-from rollout.evaluation import EvalOutcome, EvalStatus
-from rollout.protocol import EvalRequest, EvalSpec, Trajectory
-from rollout.runner import CODE_ROOT, sandbox_support
-from rollout.sandbox import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailable, clean_env
+from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
+from rollout.grading import scoring
+from rollout.grading.evaluation import EvalOutcome, EvalStatus
+from rollout.sandbox.bwrap import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailable, clean_env
+from rollout.sandbox.cgroups import SessionCgroup
+from rollout.sandbox.runner import CODE_ROOT, sandbox_support
 
 MiB = 1024 * 1024
 CHILD = Path(__file__).with_name("child.py")

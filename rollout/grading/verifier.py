@@ -29,15 +29,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rollout.cgroups import SessionCgroup
-from rollout.envs import Case, EnvConfig, LimitsConfig
-from rollout.evaluation import EvalOutcome
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import Case, EnvConfig, LimitsConfig
+from rollout.core.harbor import DEFAULT_VERIFIER_TIMEOUT_S
+from rollout.grading.evaluation import EvalOutcome
+from rollout.grading.scoring import cut_text
 from rollout.grading.workspace_copy import CopyCaps, WorkspaceCopy, copy_workspace
-from rollout.harbor import DEFAULT_VERIFIER_TIMEOUT_S
-from rollout.protocol import SimulationStartRequest
-from rollout.runner import disk_used, sandbox_support
-from rollout.runtime_local import run_local
-from rollout.sandbox import (
+from rollout.sandbox.bwrap import (
     FORWARDER,
     FORWARDER_SOURCE,
     GATEWAY_PORT,
@@ -47,7 +45,9 @@ from rollout.sandbox import (
     SandboxUnavailable,
     clean_env,
 )
-from rollout.scoring import cut_text
+from rollout.sandbox.cgroups import SessionCgroup
+from rollout.sandbox.runner import disk_used, sandbox_support
+from rollout.sandbox.runtime_local import run_local
 
 MiB = 1024 * 1024
 TESTS = "/tests"

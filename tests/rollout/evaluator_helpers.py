@@ -16,9 +16,9 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from rollout.evaluation import EvalOutcome, run_evaluation
-from rollout.evaluator_loader import load_evaluator
-from rollout.protocol import EvalRequest, EvalSpec, SimulationStartResult, Trajectory, TrajectoryStep
+from rollout.contract.protocol import EvalRequest, EvalSpec, SimulationStartResult, Trajectory, TrajectoryStep
+from rollout.grading.evaluation import EvalOutcome, run_evaluation
+from rollout.grading.evaluator_loader import load_evaluator
 
 
 def write_evaluator(root: Path, env_name: str, body: str) -> Path:

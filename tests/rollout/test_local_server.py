@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.local_server import listen, run_command
+from rollout.servers.local_server import listen, run_command
 from store import Store
 
 REPO = Path(__file__).resolve().parents[2]

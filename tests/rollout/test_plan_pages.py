@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rollout.job import SetupError, load_envs, plan_job, plan_sessions
-from rollout.records import iter_job_records, job_records
-from rollout.scheduler import RowSource, RunSettings, Scheduler
-from rollout.session_ids import SessionIds
-from store import Store
+from rollout.core.session_ids import SessionIds
+from rollout.jobs.job import SetupError, load_envs, plan_job, plan_sessions
+from rollout.jobs.scheduler import RowSource, RunSettings, Scheduler
+from rollout.results.records import iter_job_records, job_records
+from store import SessionResult, Store
 from tests.rollout.test_attempts import make_env, options
 
 
@@ -54,7 +54,7 @@ async def test_planned_rows_are_read_back_in_run_order_a_page_at_a_time(tmp_path
         with pytest.raises(SetupError, match="already exists"):
             await plan_job(store, opts, "jp", ["fake"], envs, [None])
         for sid in plan.ids[0:3]:
-            await store.finish_job_session(sid, reward=None, eval_meta=None, status="succeeded")
+            await store.finish_job_session(sid, SessionResult(status="succeeded"))
         streamed = [r async for r in iter_job_records(store, "jp", page=2)]
         assert [r.session_id for r in streamed] == [r.session_id for r in await job_records(store, "jp")]
         assert sorted((r.case_id, r.sample_index) for r in streamed) == [("c1", 0), ("c3", 0), ("c3", 1)]

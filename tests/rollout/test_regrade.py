@@ -1,4 +1,4 @@
-"""rollout.regrade: a job run for real (in-process gateway, fake upstream, runtime subprocesses),
+"""rollout.jobs.regrade: a job run for real (in-process gateway, fake upstream, runtime subprocesses),
 graded again with a fixed evaluator from the store only; and the rules on a job built with the
 store API (what is not regraded, evaluator failures, history)."""
 
@@ -17,17 +17,17 @@ import httpx
 import pytest
 import yaml
 
-from rollout.envs import WorkspaceArchiveConfig
-from rollout.job import JobOptions, SetupError, run_job
-from rollout.regrade import (
+from rollout.core.envs import WorkspaceArchiveConfig
+from rollout.jobs.job import JobOptions, SetupError, run_job
+from rollout.jobs.regrade import (
     RegradeOptions,
     regrade_blocker,
     regrade_exit_code,
     regrade_job,
     render_regrade_summary,
 )
-from rollout.workspace_archive import keep_workspace
-from store import JobEnvironment, Store, launcher_rows, step_record
+from rollout.jobs.workspace_archive import keep_workspace
+from store import JobEnvironment, SessionResult, Store, launcher_rows, step_record
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, chat_completion
 from tests.gateway.conftest import make_settings, serve
 
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUNTIME = '''
 from pathlib import Path
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     row = req.env_params["dataset"]
@@ -254,8 +254,9 @@ async def stored_job(store: Store, tmp_path: Path, rows: list[JobEnvironment], *
     for r in rows:
         if r.finished:
             meta = {"status": r.eval_status, "score": r.reward} if r.eval_status else None
-            await store.finish_job_session(r.session_id, reward=r.reward, eval_meta=meta, status=r.status,
-                                           eval_status=r.eval_status, eval_reason=r.eval_reason)
+            await store.finish_job_session(r.session_id, SessionResult(
+                reward=r.reward, evaluation=meta, status=r.status, eval_status=r.eval_status,
+                eval_reason=r.eval_reason))
         if r.session_id in archive:
             ws = tmp_path / f"ws-{r.session_id}"
             (ws / "outputs").mkdir(parents=True)
@@ -304,7 +305,7 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
         ''')
 
     def release() -> None:
-        from rollout.evaluator_loader import load_evaluator
+        from rollout.grading.evaluator_loader import load_evaluator
 
         load_evaluator(root / "hang" / "rule_evaluator.py").__globals__["RELEASE"].set()
 
@@ -365,7 +366,7 @@ async def test_bad_stored_data_fails_that_session_only(tmp_path: Path, monkeypat
         def evaluate(request, spec, trajectory):
             return 7
         ''')
-    import rollout.regrade as regrade_module
+    import rollout.jobs.regrade as regrade_module
 
     real = regrade_module.to_trajectory
 
@@ -406,7 +407,7 @@ async def test_cancelled_regrade_leaves_each_session_new_or_previous(tmp_path: P
         ''')
 
     def release() -> None:
-        from rollout.evaluator_loader import load_evaluator
+        from rollout.grading.evaluator_loader import load_evaluator
 
         load_evaluator(root / "math" / "rule_evaluator.py").__globals__["RELEASE"].set()
 

@@ -12,23 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import rollout.job
-from rollout import cgroups
-from rollout.cgroups import Controller, SessionCgroup
-from rollout.envs import EnvConfigError, LimitsConfig
-from rollout.job import JobOptions, SetupError, check_sandbox
-from rollout.report import SessionRecord, table_footer
-from rollout.runner import (
-    CODE_ROOT,
-    ENTRY_BYTES,
-    DiskUse,
-    code_folders,
-    disk_used,
-    effective_mode,
-    session_env,
-    shared_code,
-)
-from rollout.sandbox import (
+import rollout.jobs.job
+from rollout.core.envs import EnvConfigError, LimitsConfig
+from rollout.jobs.job import JobOptions, SetupError, check_sandbox
+from rollout.results.report import SessionRecord, table_footer
+from rollout.sandbox import cgroups
+from rollout.sandbox.bwrap import (
     BRIDGE_SOCKET,
     FORWARDER,
     WORKSPACE,
@@ -39,6 +28,17 @@ from rollout.sandbox import (
     bwrap_command,
     clean_env,
     probe,
+)
+from rollout.sandbox.cgroups import Controller, SessionCgroup
+from rollout.sandbox.runner import (
+    CODE_ROOT,
+    ENTRY_BYTES,
+    DiskUse,
+    code_folders,
+    disk_used,
+    effective_mode,
+    session_env,
+    shared_code,
 )
 from tests.rollout.sandbox_helpers import make_env, require_bwrap
 
@@ -147,7 +147,7 @@ def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path,
 
     def unavailable() -> Support:
         return probe(bwrap=str(tmp_path / "no-bwrap"))
-    monkeypatch.setattr(rollout.job, "sandbox_support", unavailable)
+    monkeypatch.setattr(rollout.jobs.job, "sandbox_support", unavailable)
     opts = JobOptions(gateway_config=tmp_path / "gw.yaml")
     with pytest.raises(SetupError, match="apt-get install bubblewrap"):
         check_sandbox(opts, [cfg])

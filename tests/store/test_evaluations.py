@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from store import GatewaySession, JobEnvironment, SessionStep, Store, launcher_rows
+from store import GatewaySession, JobEnvironment, SessionResult, SessionStep, Store, launcher_rows
 from tests.raw_sql import raw_sql
 
 
@@ -57,8 +57,8 @@ async def test_job_finish_and_regrade_write_one_reward_to_both_tables(
 
         # the job's end of a session
         first = {"status": "scored", "score": 7.5}
-        await st.finish_job_session("s1", reward=7.5, eval_meta=first, status="succeeded", eval_status="scored",
-                                    eval_reason="first")
+        await st.finish_job_session("s1", SessionResult(status="succeeded", reward=7.5, eval_status="scored",
+                                                        eval_reason="first", evaluation=first))
         assert evaluation_writes == [("s1", False)]
         row, steps = await _tables(store_url, "s1")
         assert (row["reward"], row["eval_status"], row["eval_reason"], row["eval_history"]) == (7.5, "scored", "first", None)
@@ -81,10 +81,10 @@ async def test_job_finish_and_regrade_write_one_reward_to_both_tables(
         assert steps[2]["meta_json"] == {"route": "m", "k": 3, "evaluation": second, "evaluation_history": [first]}
 
         # a session without steps: the session row alone; an unknown session: KeyError, nothing written
-        await st.finish_job_session("s2", reward=1.0, eval_meta={"status": "scored"}, status="succeeded")
+        await st.finish_job_session("s2", SessionResult(status="succeeded", reward=1.0, evaluation={"status": "scored"}))
         row, steps = await _tables(store_url, "s2")
         assert (row["reward"], steps) == (1.0, [])
-        for write in (lambda: st.finish_job_session("nope", reward=1.0, eval_meta=None, status="succeeded"),
+        for write in (lambda: st.finish_job_session("nope", SessionResult(status="succeeded", reward=1.0)),
                       lambda: st.record_regrade("nope", reward=1.0, eval_status="scored", eval_reason=None,
                                                 eval_detail=None, eval_meta={})):
             with pytest.raises(KeyError, match="no session 'nope'"):
