@@ -23,4 +23,4 @@ setup-run:
 	@scripts/setup.sh local
 
 setup-test:
-	@scripts/setup.sh dev,local,ray,postgres
+	@scripts/setup.sh dev,local,ray,postgres,train

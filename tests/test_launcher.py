@@ -348,7 +348,8 @@ def test_bad_env_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_runtime_file_missing_from_the_env_folder_stops_the_job_before_it_runs(tmp_path: Path) -> None:
-    from rollout.jobs.job import JobOptions, SetupError, load_envs
+    from rollout.core.setup import SetupError
+    from rollout.jobs.job import JobOptions, load_envs
 
     env_dir = tmp_path / "envs" / "typo"
     (env_dir / "data").mkdir(parents=True)
@@ -533,7 +534,7 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     """--max-retries / --retry-backoff-s, and in the start config the failure classes and the
     breaker; a typo in a class or a breaker key is a clear error naming it."""
     from rollout.cli.run import parse_args
-    from rollout.jobs.job import SetupError
+    from rollout.core.setup import SetupError
 
     opts, _ = parse_args([])
     assert (opts.max_retries, opts.retry_backoff_s) == (2, 1.0)

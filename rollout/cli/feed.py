@@ -14,12 +14,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rollout.cli.serving import add_edge_flags, edge_of, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
 from rollout.core.logs import setup_logging
 from rollout.servers.feed.app import FeedSettings, create_feed_app
 from rollout.servers.feed.export import ExportError, export_job
 from rollout.servers.feed.groups import GroupOptions
-from rollout.servers.local_server import add_edge_flags, edge_of, listen, run_command, run_server, url_of
+from rollout.servers.local_server import listen, run_server, url_of
 from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
 from store.feed import FeedQueries
 from store.stepcodec import StepDecodeError
@@ -100,13 +101,13 @@ def _serve_options(args: argparse.Namespace) -> Any:
 
 def serve_main(args: argparse.Namespace) -> int:
     """``serve``: exit 0 when stopped, 1 when it cannot start."""
-    from rollout.jobs.job import SetupError
+    from rollout.core.setup import SetupError
     from rollout.servers.serve import serve as serve_batches
 
     setup_logging(args.log_level)
     return run_command(lambda: serve_batches(_serve_options(args), args.host, args.port, FeedSettings(
-        min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s), edge_of(args)), args.host, args.port,
-        (SetupError, ValidationError))
+        min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s), edge_of(args),
+        on_listening=lambda line: print(line, flush=True)), args.host, args.port, (SetupError, ValidationError))
 
 
 async def _open(url: str) -> Store:

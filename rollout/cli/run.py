@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollout.core.logs import setup_logging
-from rollout.jobs.job import JobOptions, JobResult, SetupError, run_job
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, JobResult, run_job
 from rollout.jobs.regrade import (
     NotRegraded,
     Regraded,

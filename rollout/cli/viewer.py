@@ -8,18 +8,10 @@ import asyncio
 import sys
 from pathlib import Path
 
+from rollout.cli.serving import add_edge_flags, edge_of, run_command
 from rollout.core.argtypes import port_number
 from rollout.core.logs import setup_logging
-from rollout.servers.local_server import (
-    DEFAULT_EDGE,
-    HttpEdge,
-    add_edge_flags,
-    edge_of,
-    listen,
-    run_command,
-    run_server,
-    url_of,
-)
+from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from rollout.servers.viewer.app import create_app, refuse_host
 from rollout.servers.viewer.db import ViewerError, open_queries
 from rollout.servers.viewer.report import DEFAULT_VIEWER_URL, write_report

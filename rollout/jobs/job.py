@@ -11,10 +11,8 @@ import asyncio
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.settings import ConfigError, GatewaySettings, load_settings
+from gateway.settings import GatewaySettings
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import (
     MAX_GROUP_SIZE,
@@ -34,28 +32,22 @@ from rollout.core.envs import (
     load_env_config,
     scan_envs,
 )
+from rollout.core.logs import notices
 from rollout.core.outcomes import (
     DEFAULT_RETRY_ON,
-    INFRA_CLASSES,
     BreakerEvent,
     BreakerSettings,
     RetryPolicy,
     check_classes,
 )
-from rollout.core.session_ids import SessionIds
+from rollout.core.plan import RowSource, plan_job
+from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import GraderSetupError, grader_mode
 from rollout.jobs.job_lock import JobLease, JobLockError
 from rollout.jobs.ray_backend import RayBackend, RayBackendError
 from rollout.jobs.ray_backend import connect as ray_connect
-from rollout.jobs.scheduler import (
-    JobStopped,
-    RowSource,
-    RunSettings,
-    Scheduler,
-    iter_session_rows,
-    session_rows,
-)
+from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.jobs.services import (
     ChildProcess,
     ServiceError,
@@ -77,14 +69,9 @@ from rollout.sandbox.harness_cache import (
 )
 from rollout.sandbox.harness_cache import install as install_harness
 from rollout.sandbox.runner import effective_mode, sandbox_support
-from store import JOB_ID_PATTERN, MAX_INT, DbUrlError, JobEnvironment, Store, StoreUnavailable
-from store.repo import SchemaError
+from store import JOB_ID_PATTERN, MAX_INT, Store
 
 log = logging.getLogger(__name__)
-
-
-class SetupError(RuntimeError):
-    """The job cannot start; the message tells the user what to fix."""
 
 
 class JobOptions(BaseModel):
@@ -187,7 +174,7 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
             if broken and set(opts.env_names) - {c.name for c in configs}:
                 raise broken[0]  # perhaps the env asked for
             for e in broken:
-                print(f"warning: skipped an env that does not load (not asked for by --env): {e}", file=sys.stderr)
+                notices.warning(f"warning: skipped an env that does not load (not asked for by --env): {e}")
         else:
             configs = discover_envs(opts.agent_root)
         seen: dict[str, Path] = {}
@@ -215,8 +202,8 @@ def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConf
     kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format in TASK_FORMATS]
     skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format not in TASK_FORMATS)
     if skipped:
-        print(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
-              f"{', '.join(skipped)}", file=sys.stderr)
+        notices.warning(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
+              f"{', '.join(skipped)}")
     if not kept:
         raise SetupError("--harness: none of the selected envs is a task-directory env (dataset.format: "
                          f"task_dirs); skipped {', '.join(skipped)}")
@@ -244,8 +231,8 @@ async def install_harnesses(loaded: dict[str, LoadedHarness]) -> dict[str, Insta
     ready: dict[str, InstalledHarness] = {}
     for name, h in loaded.items():
         if not is_installed(h.harness):
-            print(f"harness {name}: installing {h.harness.version} into {cache_dir(h.harness)} (once per machine)",
-                  file=sys.stderr)
+            notices.info(f"harness {name}: installing {h.harness.version} into {cache_dir(h.harness)} "
+                         "(once per machine)")
         try:
             ready[name] = await asyncio.to_thread(install_harness, h)
         except HarnessUnavailable as e:
@@ -260,13 +247,13 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
     checks its own sandbox)."""
     bare = sorted(cfg.name for cfg in envs if effective_mode(cfg, opts.sandbox) == "none")
     if bare:
-        print(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
-              "environment and network", file=sys.stderr)
+        notices.warning(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
+              "environment and network")
     trusted = sorted(cfg.name for cfg in envs
                      if grader_mode(cfg, opts.grader_isolation or opts.sandbox) == "none") if opts.enable_evaluation else []
     if trusted:
-        print(f"warning: evaluators of env(s) {', '.join(trusted)} run in the launcher (grader isolation none): "
-              "trust them, and what they run of the agent's answer, with this machine", file=sys.stderr)
+        notices.warning(f"warning: evaluators of env(s) {', '.join(trusted)} run in the launcher (grader isolation none): "
+              "trust them, and what they run of the agent's answer, with this machine")
     graded_in_sandbox = opts.enable_evaluation and len(trusted) < len(envs)
     if (len(bare) == len(envs) and not graded_in_sandbox) or not probe:
         return
@@ -275,118 +262,10 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
     except SandboxUnavailable as e:
         raise SetupError(str(e)) from e
     how = "; ".join(f"{k}: {v}" for k, v in support.mechanisms().items())
-    print(f"sandbox: bubblewrap ({support.bwrap}); limits enforced by {how}", file=sys.stderr)
+    notices.info(f"sandbox: bubblewrap ({support.bwrap}); limits enforced by {how}")
     if support.pids is None:
-        print("warning: the per-session process limit is not enforced on this machine (no usable cgroup "
-              "pids controller)", file=sys.stderr)
-
-
-def load_gateway_settings(path: Path) -> GatewaySettings:
-    """The gateway config file, as SetupError on problems."""
-    try:
-        return load_settings(path)
-    except ConfigError as e:
-        raise SetupError(str(e)) from e
-
-
-def open_store(url: str) -> Store:
-    """A Store for ``url``; SetupError for bad URLs or a missing database driver."""
-    try:
-        return Store(url)
-    except DbUrlError as e:
-        raise SetupError(str(e)) from e
-    except ModuleNotFoundError as e:
-        raise SetupError(f"--db-path {url}: the database driver is not installed ({e.name}); "
-                         "pip install asyncpg for PostgreSQL") from e
-
-
-async def init_store(store: Store) -> None:
-    """``store.init()``, a database that cannot be opened (or upgraded) as SetupError."""
-    try:
-        await store.init()
-    except (StoreUnavailable, SchemaError) as e:
-        raise SetupError(str(e)) from e
-
-
-async def plan_sessions(store: Store, opts: JobOptions, job_id: str, models: list[str],
-                        envs: list[tuple[EnvConfig, list[Case]]],
-                        harnesses: list[str | None] | None = None) -> list[JobEnvironment]:
-    """The session rows to run: a new job's rows (inserted: every env x case x harness x model x
-    sample, ``harnesses`` None or ``[None]`` meaning the env's own runtime), or with ``resume`` the rows of an
-    existing job that are unfinished or ended in an infrastructure failure (reopened; the
-    scheduler archives their last attempt's steps before the next attempt, whose number goes on
-    from the attempts already used). Raises SetupError for a resume of an unknown job, or a new
-    job whose id is taken."""
-    if opts.resume:
-        return await _resume_rows(store, job_id, envs)
-    await _check_new(store, job_id)
-    rows = session_rows(job_id, models, envs, opts.rl_group_size, opts.max_steps, harnesses or [None])
-    await store.add_job_sessions(rows)
-    return rows
-
-
-class PlannedJob(BaseModel):
-    """The sessions a job runs, without their rows: their ids in run order (``SessionIds``),
-    sessions per env, and the routes and harnesses they use."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    ids: SessionIds
-    per_env: dict[str, int]
-    models: list[str]
-    harnesses: list[str]
-
-
-async def plan_job(store: Store, opts: JobOptions, job_id: str, models: list[str],
-                   envs: list[tuple[EnvConfig, list[Case]]], harnesses: list[str | None]) -> PlannedJob:
-    """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
-    transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
-    Same rows, order and errors as ``plan_sessions``."""
-    ids = SessionIds()
-    per_env: Counter[str] = Counter()
-    used_models: dict[str, None] = {}
-    used_harnesses: dict[str, None] = {}
-
-    def note(r: JobEnvironment) -> JobEnvironment:
-        ids.append(r.session_id)
-        per_env[r.env_name] += 1
-        used_models[r.llm_model] = None
-        if r.harness is not None:
-            used_harnesses[r.harness] = None
-        return r
-
-    if opts.resume:
-        for r in await _resume_rows(store, job_id, envs):
-            note(r)
-    else:
-        await _check_new(store, job_id)
-        await store.add_job_sessions(note(r) for r in iter_session_rows(
-            job_id, models, envs, opts.rl_group_size, opts.max_steps, harnesses))
-    return PlannedJob(ids=ids, per_env=dict(per_env), models=list(used_models), harnesses=list(used_harnesses))
-
-
-async def _check_new(store: Store, job_id: str) -> None:
-    if await store.job_exists(job_id):
-        raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
-                         "add --resume to finish it, or choose another --job-id")
-
-
-async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]]) -> list[JobEnvironment]:
-    existing = await store.job_sessions(job_id)
-    if not existing:
-        raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
-    cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
-    rows = [r for r in existing if not r.finished or r.outcome in INFRA_CLASSES]
-    unknown = {(r.env_name, r.case_id) for r in rows} - cases
-    if unknown:
-        raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
-                         f"{sorted(unknown)[:5]}")
-    for r in rows:
-        if r.finished:  # an infrastructure failure: run it again, never graded
-            await store.update_job_session(r.session_id, finished=False, finished_at=None, reward=None,
-                                           eval_status=None, eval_reason=None, eval_detail=None)
-            r.finished = False
-    return rows
+        notices.warning("warning: the per-session process limit is not enforced on this machine (no usable cgroup "
+              "pids controller)")
 
 
 async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str) -> RayBackend:
@@ -406,8 +285,8 @@ async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str)
     except RayBackendError as e:
         backend.close()
         raise SetupError(str(e)) from e
-    print(f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at {session_url}",
-          file=sys.stderr)
+    notices.info(f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at "
+                 f"{session_url}")
     return backend
 
 
@@ -500,7 +379,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         lease = await hold_job(store, job_id)  # one launcher per job: refused while another runs it
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
-        plan = await plan_job(store, opts, job_id, models, envs, [*loaded] or [None])
+        plan = await plan_job(store, job_id, models, envs, [*loaded] or [None], resume=opts.resume,
+                              group_size=opts.rl_group_size, max_steps=opts.max_steps)
         configs = [cfg for cfg, _ in envs]
         del envs  # the cases: each session's row keeps its own, the dataset is not held while the job runs
         if opts.resume and plan.ids:
@@ -516,8 +396,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.enable_evaluation:
             for cfg in configs:  # a Harbor env is graded by each task's tests
                 if cfg.dataset.format != "harbor" and evaluator_for(opts.agent_root, cfg.name, cfg.env_dir) is None:
-                    print(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded",
-                          file=sys.stderr)
+                    notices.warning(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded")
         log_dir = Path("runs") / "logs" / job_id
         if opts.gateway_base_url:
             api_key = gateway_api_key(None)  # $GATEWAY_API_KEY, for a gateway with auth on
@@ -541,8 +420,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         on = f"route {models[0]!r}" if len(models) == 1 else f"routes {', '.join(map(repr, models))}"
         if installed:
             on += f" with harness {', '.join(installed)}"
-        print(f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
-              f"(pool {opts.pool_size}, db {store.identity()})", file=sys.stderr)
+        notices.info(f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
+                     f"(pool {opts.pool_size}, db {store.identity()})")
         workspaces = Path(tempfile.mkdtemp(prefix=f"rollout-{job_id}-"))
         settings = RunSettings(job_id=job_id, model=models[0], models=tuple(models), harnesses=installed,
                                log_dir=log_dir, gateway_url=gateway_url, agent_root=opts.agent_root,

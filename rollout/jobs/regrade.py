@@ -25,11 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollout.contract.protocol import EvalRequest, SimulationStartResult
 from rollout.core.envs import EnvConfigError, load_env_config
 from rollout.core.outcomes import INFRA_CLASSES
+from rollout.core.setup import SetupError, init_store, open_store
 from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
 from rollout.grading.trajectory import to_trajectory
-from rollout.jobs.job import SetupError, init_store, open_store
 from rollout.jobs.workspace_archive import ArchiveError, restore_workspace
 from rollout.results.records import job_records
 from rollout.results.report import SessionRecord, write_jsonl

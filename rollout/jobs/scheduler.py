@@ -22,9 +22,8 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ import aiohttp
 
 from rollout.contract.harness import SOLUTION_ENV
 from rollout.contract.protocol import EvalRequest, EvalSpec, SimulationStartRequest
-from rollout.core.envs import Case, EnvConfig, case_of, session_config
+from rollout.core.envs import Case, EnvConfig, session_config
 from rollout.core.outcomes import (
     GATEWAY_CLASSES,
     INFRA_EVAL_STATUS,
@@ -47,7 +46,7 @@ from rollout.core.outcomes import (
     status_after_close,
     verifier_setup_failed,
 )
-from rollout.core.session_ids import SessionIds
+from rollout.core.plan import RowSource, session_case
 from rollout.grading.evaluation import EvalOutcome, build_eval_spec
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, grader_mode
@@ -176,74 +175,6 @@ class RunSettings:
     advertise_url: str | None = None
 
 
-def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = None, model: str | None = None) -> str:
-    """The group of a case's samples: uuid5 of job/env/case, and of job/env/case/harness/model in a
-    matrix (a harness, or several models); 16 hex digits."""
-    key = f"{job_id}/{env_name}/{case_id}" if harness is None and model is None else \
-        f"{job_id}/{env_name}/{case_id}/{harness or ''}/{model or ''}"
-    return uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:16]
-
-
-def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
-                 group_size: int | None, max_steps: int | None, harnesses: Sequence[str | None] = (None,)) -> list[JobEnvironment]:
-    """One ``job_environments`` row per (env, case, harness, model, sample): the matrix. The samples
-    of one (case, harness, model) share a ``group_id`` (``group_id``: with one model and no
-    harness, uuid5 of job, env and case as before); ``harness`` None is the env's own runtime.
-    ``group_size`` None: each env's own ``group_size``. Session ids are random uuid4 hex."""
-    return list(iter_session_rows(job_id, model, envs, group_size, max_steps, harnesses))
-
-
-def iter_session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
-                      group_size: int | None, max_steps: int | None,
-                      harnesses: Sequence[str | None] = (None,)) -> Iterator[JobEnvironment]:
-    """The rows of ``session_rows``, one at a time, in the same order."""
-    models = [model] if isinstance(model, str) else list(model)
-    matrix = len(models) > 1 or any(h is not None for h in harnesses)
-    for cfg, cases in envs:
-        for case in cases:
-            for harness in harnesses:
-                for m in models:
-                    group = group_id(job_id, cfg.name, case.case_id, harness, m) if matrix else \
-                        group_id(job_id, cfg.name, case.case_id)
-                    for k in range(group_size or cfg.group_size):
-                        yield JobEnvironment(
-                            session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
-                            llm_model=m, harness=harness, group_id=group, sample_index=k,
-                            env_params={**cfg.params, "dataset": case.row}, status="pending",
-                            max_steps=max_steps if max_steps is not None else cfg.max_steps,
-                        )
-
-
-Page = tuple[list[JobEnvironment], Mapping[str, list[SessionAttempt]]]
-"""Session rows in run order, with the earlier attempts of those sessions (session id -> attempts)."""
-
-
-class RowSource:
-    """The rows a scheduler runs: ``total`` of them, read a page at a time by ``pages()`` (an
-    async iterator of ``Page``), so a job of any size never holds all its rows at once."""
-
-    def __init__(self, total: int, pages: Callable[[], AsyncIterator[Page]]) -> None:
-        self.total = total
-        self.pages = pages
-
-    @classmethod
-    def of(cls, rows: list[JobEnvironment], prior: Mapping[str, list[SessionAttempt]] | None = None) -> RowSource:
-        """Rows already in memory, as one page with their earlier attempts ``prior``."""
-        async def pages() -> AsyncIterator[Page]:
-            yield rows, prior or {}
-        return cls(len(rows), pages)
-
-    @classmethod
-    def from_store(cls, store: Store, ids: SessionIds, page: int = 256) -> RowSource:
-        """The rows of the sessions ``ids`` (in that order), read from ``store`` ``page`` at a
-        time with their earlier attempts."""
-        async def pages() -> AsyncIterator[Page]:
-            for i in range(0, len(ids), page):
-                chunk = ids[i:i + page]
-                yield await store.job_sessions_by_id(chunk), await store.session_attempts(chunk)
-        return cls(len(ids), pages)
-
-
 FAILURES_TOLD = 3
 """Infrastructure failures of each class logged as warnings (later ones at INFO)."""
 
@@ -253,15 +184,6 @@ def workspace_prefix(env: str, case_id: str, sample_index: int) -> str:
     but letters, digits, ``.``, ``_`` and ``-`` as ``_`` (a case id such as ``django/django-11099``
     is not a path), at most 60 characters."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{env}-{case_id}-{sample_index}-")[:60]
-
-
-def session_case(cfg: EnvConfig, row: JobEnvironment) -> Case:
-    """The case a session row was planned with (its ``env_params["dataset"]``). Raises ValueError
-    for a row that does not keep one (not written by this launcher)."""
-    dataset = (row.env_params or {}).get("dataset")
-    if not isinstance(dataset, dict):
-        raise ValueError(f"session {row.session_id}: its row keeps no dataset row (env_params.dataset)")
-    return case_of(cfg, row.case_id, dataset)
 
 
 def readyz_error(body: str) -> str:

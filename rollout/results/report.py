@@ -22,15 +22,14 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, FiniteFloat
 
 from rollout.contract.protocol import model_from_json
 from rollout.core.outcomes import INFRA_CLASSES
+from store import FinalStatus
 from store.text import json_text
-
-SessionStatus = Literal["succeeded", "failed", "truncated", "timeout", "error", "cancelled"]
 
 PASS_SCORE = 10.0
 PASS_EPSILON = 1e-9
@@ -136,7 +135,7 @@ class SessionRecord(BaseModel):
     group_id: str
     model: str
     sample_index: int
-    status: SessionStatus
+    status: FinalStatus
     score: FiniteFloat | None = None
     eval_status: str | None = None
     reason: str | None = None

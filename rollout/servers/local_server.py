@@ -1,18 +1,15 @@
 """The HTTP servers the launcher's commands run themselves (viewer, feed, serve): one way to
-listen, to say where, to answer only their own Host names with request-head and keep-alive
+listen, to answer only their own Host names with request-head and keep-alive
 timeouts (:mod:`gateway.http_edge`), to stop on Ctrl-C or SIGTERM, and to check query
-parameters."""
+parameters. Their flags and exit codes: ``rollout.cli.serving``."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import signal
 import socket
-import sys
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import uvicorn
 from starlette.responses import JSONResponse, Response
@@ -27,7 +24,7 @@ from gateway.http_edge import (
     server_config,
     with_host_check,
 )
-from rollout.core.argtypes import finite_float, int_at_least
+from rollout.core.logs import notices
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -49,30 +46,12 @@ def bad_query_param(items: Iterable[tuple[str, str]], known: tuple[str, ...]
 
 def listen(host: str, port: int, *, exposes: str) -> socket.socket:
     """A listening socket on ``host:port`` (0: a free port), bound before the app starts so a
-    busy port fails at once (OSError). Warns on stderr when ``host`` is not loopback: anyone who
+    busy port fails at once (OSError). A notice warns when ``host`` is not loopback: anyone who
     reaches it can read ``exposes``."""
     if host not in LOOPBACK:
-        print(f"warning: serving on {host}: anyone who reaches it can read {exposes}", file=sys.stderr)
+        notices.warning(f"warning: serving on {host}: anyone who reaches it can read {exposes}")
     return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                 backlog=128)  # connections wait in the backlog until the server accepts them
-
-
-def run_command(start: Callable[[], Coroutine[Any, Any, object]], host: str, port: int,
-                setup_errors: tuple[type[Exception], ...]) -> int:
-    """Run a server command (``start()`` builds its coroutine, inside the error handling) until it
-    stops; the exit code: 0 when stopped (Ctrl-C, SIGTERM), 1 with ``error: ...`` on stderr for
-    one of ``setup_errors`` or a port it cannot listen on (OSError)."""
-    try:
-        asyncio.run(start())
-    except setup_errors as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"error: cannot listen on {host}:{port}: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    return 0
 
 
 def url_of(sock: socket.socket) -> str:
@@ -94,31 +73,6 @@ class HttpEdge:
 
 
 DEFAULT_EDGE = HttpEdge()
-
-
-def add_edge_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of :class:`HttpEdge` on a server command's parser."""
-    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts", type=_host_entry,
-                        metavar="NAME[:PORT]", help="a Host name to answer besides loopback and --host "
-                        "(repeatable; '*': any, which lets web pages read it by DNS rebinding)")
-    parser.add_argument("--request-head-timeout-s", type=finite_float(positive=True),
-                        default=DEFAULT_REQUEST_HEAD_TIMEOUT_S, help="close a connection that has not sent a "
-                        f"complete request head within this time (default {DEFAULT_REQUEST_HEAD_TIMEOUT_S:g} s)")
-    parser.add_argument("--keep-alive-timeout-s", type=int_at_least(1), default=DEFAULT_KEEP_ALIVE_TIMEOUT_S,
-                        help=f"close a connection idle this long after an answer (default {DEFAULT_KEEP_ALIVE_TIMEOUT_S} s)")
-
-
-def _host_entry(value: str) -> str:
-    try:
-        HostAllowList([value])
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return value
-
-
-def edge_of(args: argparse.Namespace) -> HttpEdge:
-    """The :class:`HttpEdge` of parsed :func:`add_edge_flags` flags."""
-    return HttpEdge(tuple(args.allowed_hosts), args.request_head_timeout_s, args.keep_alive_timeout_s)
 
 
 def json_refusal(scope: Scope, message: str) -> Response:

@@ -15,6 +15,7 @@ import logging
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,17 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.errors import error_body, validation_message
 from gateway.settings import GatewaySettings
 from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
-from rollout.jobs.job import (
-    JobOptions,
-    SetupError,
-    check_sandbox,
-    init_store,
-    load_envs,
-    load_gateway_settings,
-    open_store,
-    plan_sessions,
-    start_services,
-)
+from rollout.core.plan import plan_sessions
+from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
+from rollout.jobs.job import JobOptions, check_sandbox, load_envs, start_services
 from rollout.jobs.job_lock import JobLease, JobLockError
 from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.jobs.services import (
@@ -180,7 +173,8 @@ class BatchService:
                 if planned > MAX_BATCH_SESSIONS:
                     raise BatchError(f"the batch would plan {planned} sessions; at most {MAX_BATCH_SESSIONS} per "
                                      "batch (submit several batches)")
-                rows = await plan_sessions(self.store, opts, job_id, [model], envs)
+                rows = await plan_sessions(self.store, job_id, [model], envs, resume=opts.resume,
+                                           group_size=opts.rl_group_size, max_steps=opts.max_steps)
             except SetupError as e:
                 raise BatchError(str(e), 409 if "already exists" in str(e) else 400) from e
             info = BatchInfo(job_id=job_id, state="queued", model=model, policy_version=req.policy_version,
@@ -344,10 +338,12 @@ async def _gateway(opts: JobOptions, store: Store, log_dir: Path,
     return await start_services(gw, models, store, log_dir, children), gateway_api_key(gw), model, gw
 
 
-async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings, edge: HttpEdge = DEFAULT_EDGE) -> None:
+async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings, edge: HttpEdge = DEFAULT_EDGE,
+                on_listening: Callable[[str], None] | None = None) -> None:
     """Start the gateway (unless ``opts.gateway_base_url``), serve batches and the feed on
     ``host:port`` until SIGINT/SIGTERM, then cancel the batch in flight and stop the children.
-    Raises SetupError before serving when something cannot start."""
+    ``on_listening`` gets one line saying where it serves, once it listens. Raises SetupError
+    before serving when something cannot start."""
     check_sandbox(opts, [cfg for cfg, _ in load_envs(opts)])
     store = open_store(opts.db_path)
     children: list[ChildProcess] = []
@@ -358,8 +354,9 @@ async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings, edge
         url, key, model, gw = await _gateway(opts, store, log_dir, children)
         service = BatchService(store, opts, url, key, model, gw, admin_key=gateway_admin_key(gw))
         sock = listen(host, port, exposes="every trajectory and can start batches")
-        print(f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
-              f"store {store.identity()}); Ctrl-C stops it", flush=True)
+        if on_listening is not None:
+            on_listening(f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
+                         f"store {store.identity()}); Ctrl-C stops it")
         runner = asyncio.create_task(service.run_forever(), name="batches")
         await run_server(create_serve_app(service, feed), sock, host, edge)
     finally:

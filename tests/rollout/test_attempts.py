@@ -387,8 +387,8 @@ async def planned_on_a_gateway(tmp_path: Path, job_id: str, **gateway: Any) -> A
     """The rows of a job of the env under ``tmp_path/envs`` planned in a store that a real
     gateway (settings ``gateway`` added) records to, for a Scheduler run in this process."""
     from gateway.settings import GatewaySettings
+    from rollout.core.plan import session_rows
     from rollout.jobs.job import load_envs
-    from rollout.jobs.scheduler import session_rows
     from store import Store
     from tests.gateway.conftest import serve
 

@@ -13,9 +13,10 @@ import yaml
 
 from rollout.cli.run import parse_args, regrade_options
 from rollout.core.envs import load_cases, load_env_config
+from rollout.core.plan import group_id, session_rows
+from rollout.core.setup import SetupError
 from rollout.grading.trajectory import to_trajectory
-from rollout.jobs.job import SetupError, harness_envs, load_harnesses
-from rollout.jobs.scheduler import group_id, session_rows
+from rollout.jobs.job import harness_envs, load_harnesses
 from rollout.results.records import record_of
 from rollout.results.report import render_table, summarize
 from store import JobEnvironment, SessionResult
@@ -80,12 +81,12 @@ def test_flags_and_start_config_make_lists(tmp_path: Path) -> None:
         regrade_options(parse_args(["--regrade", "--job-id", "x", "--harness", "bash-agent"])[1])
 
 
-def test_only_task_directory_envs_run_a_harness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_only_task_directory_envs_run_a_harness(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     tasks, qa = load_env_config(_task_env(tmp_path)), load_env_config(_jsonl_env(tmp_path))
     kept = harness_envs([(qa, load_cases(qa)), (tasks, load_cases(tasks))])
     assert [cfg.name for cfg, _ in kept] == ["tasks"]
-    assert capsys.readouterr().err == ("warning: --harness runs task-directory envs only (dataset.format: "
-                                       "task_dirs); skipping qa\n")
+    assert [r.getMessage() for r in caplog.records if r.name == "rollout.notice"] == [
+        "warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping qa"]
     with pytest.raises(SetupError, match="none of the selected envs is a task-directory env .*skipped qa"):
         harness_envs([(qa, load_cases(qa))])
 

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from rollout.core.envs import WorkspaceArchiveConfig
-from rollout.jobs.job import JobOptions, SetupError, run_job
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, run_job
 from rollout.jobs.regrade import (
     RegradeOptions,
     regrade_blocker,

@@ -14,7 +14,8 @@ import pytest
 
 import rollout.jobs.job
 from rollout.core.envs import EnvConfigError, LimitsConfig
-from rollout.jobs.job import JobOptions, SetupError, check_sandbox
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, check_sandbox
 from rollout.results.report import SessionRecord, table_footer
 from rollout.sandbox import cgroups
 from rollout.sandbox.bwrap import (
@@ -142,7 +143,7 @@ def test_probe_finds_a_working_bwrap() -> None:
 
 
 def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     cfg = make_env(tmp_path / "envs", "e", "")
 
     def unavailable() -> Support:
@@ -153,7 +154,8 @@ def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path,
         check_sandbox(opts, [cfg])
     # opting out needs no bubblewrap, and says so
     check_sandbox(opts.model_copy(update={"sandbox": "none"}), [cfg])
-    assert "warning: no sandbox for env(s) e" in capsys.readouterr().err
+    assert any(r.name == "rollout.notice" and r.getMessage().startswith("warning: no sandbox for env(s) e")
+               for r in caplog.records)
     bare = make_env(tmp_path / "envs", "bare", "", runtime_cfg={"sandbox": "none"})
     assert effective_mode(bare, "bwrap") == "none" and effective_mode(cfg, "bwrap") == "bwrap"
     check_sandbox(opts, [bare])
@@ -296,7 +298,7 @@ def test_footer_warns_about_sessions_run_without_a_sandbox() -> None:
 
 
 def test_forwarder_uses_only_built_in_modules() -> None:
-    source = (CODE_ROOT / "rollout" / "sandbox_forwarder.py").read_text()
+    source = (CODE_ROOT / "rollout" / "contract" / "forwarder.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
     assert imports == {"_socket", "_thread", "os", "resource", "sys"}
-    assert os.access(CODE_ROOT / "rollout" / "sandbox_forwarder.py", os.R_OK)
+    assert os.access(CODE_ROOT / "rollout" / "contract" / "forwarder.py", os.R_OK)
