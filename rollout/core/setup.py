@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gateway.settings import ConfigError, GatewaySettings, load_settings
 from store import DbUrlError, Store, StoreUnavailable
-from store.repo import SchemaError
+from store import SchemaError
 
 
 class SetupError(RuntimeError):
