@@ -65,6 +65,10 @@ class Evaluation(BaseModel):
     duration_s: float = 0.0
     isolation: Literal["bwrap", "none"] | None = None
 
+    def detail(self) -> dict[str, Any]:
+        """What the session row keeps of it in ``eval_detail``."""
+        return {"raw_repr": self.raw_repr, "artifacts": self.artifacts, "isolation": self.isolation}
+
 
 
 # --------------------------------------------------------------------------------------------

@@ -578,8 +578,7 @@ class Scheduler:
             runtime_result=run.runtime.result.model_dump(mode="json") if run.runtime and run.runtime.result else None,
             sandbox=run.runtime.sandbox if run.runtime else None,
             reward=evaluation.score if evaluation else None, eval_status=eval_status, eval_reason=eval_reason,
-            eval_detail={"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts,
-                         "isolation": evaluation.isolation} if evaluation else None,
+            eval_detail=evaluation.detail() if evaluation else None,
             evaluation=evaluation.model_dump(mode="json") if evaluation else None)
         await self.store.finish_job_session(sid, result)
         return record_of(row, result, trajectory, work.attempts)
