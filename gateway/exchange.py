@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from gateway.call import Call
-from gateway.outcome import Attempt, Phase
+from gateway.call_end import Attempt, Phase
 from store import hide_secrets
 from wire.errors import error_body
 from wire.status import StepStatus

@@ -13,10 +13,10 @@ from typing import Any
 import aiohttp
 
 from gateway.call import Call
+from gateway.call_end import CallEnd, Phase
 from gateway.capture import strip_chunk
 from gateway.errors import GatewayError
 from gateway.idempotency import Replay
-from gateway.outcome import Outcome, Phase
 from gateway.streaming import SSE_HEADERS
 from wire.errors import error_body
 from wire.jsonsafe import compact, strict_event, with_data
@@ -54,7 +54,7 @@ class StreamRelay:
         self.stack = stack
         self.asm = call.proto.assembler()
         self.gone = False
-        self.outcome: StepStatus | None = None  # the final step's status once it is recorded (strict: committed)
+        self.final_status: StepStatus | None = None  # the final step's status once it is recorded (strict: committed)
 
     def client_left(self) -> None:
         """The client disconnected: stop reading the upstream at once."""
@@ -68,7 +68,7 @@ class StreamRelay:
         try:
             if not call.finished:
                 self.resp.close()
-                await call.finish(Outcome(StepStatus.CLIENT_DISCONNECTED, self.resp.status, self.asm.result(),
+                await call.finish(CallEnd(StepStatus.CLIENT_DISCONNECTED, self.resp.status, self.asm.result(),
                                           answered=499, meta={"chunks": self.asm.chunk_count}, wait=False))
             await self.stack.aclose()
         finally:
@@ -88,7 +88,7 @@ class StreamRelay:
                     if kept is not None:
                         kept.append(chunk)
                 yield chunk
-        if self.outcome == StepStatus.OK:  # every byte went out
+        if self.final_status == StepStatus.OK:  # every byte went out
             self.call.sent(Replay(200, dict(SSE_HEADERS), b"".join(kept), "text/event-stream")
                            if kept is not None else None)
 
@@ -170,11 +170,11 @@ class StreamRelay:
         if non_finite:
             meta["non_finite_numbers"] = non_finite
         try:
-            await call.finish(Outcome(status, 200, response, answered=200, meta=meta))
+            await call.finish(CallEnd(status, 200, response, answered=200, meta=meta))
         except GatewayError as e:  # finish() counted the 500
             yield proto.stream_error(500, error_body(500, e.message, code="telemetry_error"), asm)
             return
-        self.outcome = status
+        self.final_status = status
         if failure is not None:
             yield proto.stream_error(failure[0], failure[1], asm)
         else:

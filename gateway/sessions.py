@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 from gateway.idempotency import RecentCalls
-from store import GatewaySession, JobEnvironment, SessionContext, SessionStatus, Store, utcnow
+from store import GatewaySession, GatewaySessionStatus, JobEnvironment, SessionContext, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,11 @@ def take_step(st: GatewaySession, model: str) -> StepSlot | None:
     ``model``, or None when the budget is used up (the state is then ``truncated``). Binds an
     unbound session to ``model``; the caller checked :func:`route_mismatch` first."""
     if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
-        st.status = SessionStatus.TRUNCATED
+        st.status = GatewaySessionStatus.TRUNCATED
         st.updated_at = utcnow()
         return None
-    if st.status in (SessionStatus.TRUNCATED, SessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
-        st.status = SessionStatus.ACTIVE
+    if st.status in (GatewaySessionStatus.TRUNCATED, GatewaySessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
+        st.status = GatewaySessionStatus.ACTIVE
     if st.route is None:
         st.route = model
     counts = dict(st.step_counts or {})
@@ -186,7 +186,7 @@ class SessionManager:
                 raise SessionClosed(sid)
             held = live.state is not None
             st = await self._state(live, sid)
-            if st.status == SessionStatus.CLOSED:
+            if st.status == GatewaySessionStatus.CLOSED:
                 if not held and not live.in_flight and self._sessions.get(sid) is live:
                     # loaded closed from the store only to be refused: not pinned in memory, so a
                     # session reset for a retry (Store.reset_for_retry) is fresh at its next call
@@ -236,7 +236,7 @@ class SessionManager:
         live = self._sessions.get(sid)
         if live is None or live.forgotten or live.closes_waiting or live.state is None:
             return False
-        return live.state.status != SessionStatus.CLOSED
+        return live.state.status != GatewaySessionStatus.CLOSED
 
     def holds(self, sid: str) -> bool:
         """True while ``sid`` has any bookkeeping in memory (state, calls in flight)."""
@@ -274,11 +274,11 @@ class SessionManager:
                     pass
             async with live.lock:
                 st = await self._state(live, sid)
-                truncated = st.status == SessionStatus.TRUNCATED or st.completion_mode == "truncated"
-                if st.status != SessionStatus.CLOSED:
+                truncated = st.status == GatewaySessionStatus.TRUNCATED or st.completion_mode == "truncated"
+                if st.status != GatewaySessionStatus.CLOSED:
                     if truncated:
                         completion_mode = "truncated"
-                    st.status = SessionStatus.CLOSED
+                    st.status = GatewaySessionStatus.CLOSED
                     st.close_reason = reason
                     st.completion_mode = completion_mode
                     st.closed_at = st.updated_at = utcnow()
@@ -297,7 +297,7 @@ class SessionManager:
         """Drop a CLOSED session from memory once its closed state is stored (its state then
         lives in the store only; a later call loads it and is refused). No-op otherwise."""
         live = self._sessions.get(sid)
-        if live is not None and live.state is not None and live.state.status == SessionStatus.CLOSED:
+        if live is not None and live.state is not None and live.state.status == GatewaySessionStatus.CLOSED:
             self.recent_calls.drop(sid)
             if live.in_flight:
                 live.forgotten = True  # dropped when its last call in flight ends

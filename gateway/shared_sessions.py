@@ -18,7 +18,7 @@ from gateway.sessions import (
     route_mismatch,
     take_step,
 )
-from store import GatewaySession, JobEnvironment, SessionStatus, StepRow, Store, utcnow
+from store import GatewaySession, GatewaySessionStatus, JobEnvironment, StepRow, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ CLOSE_POLL_S = (0.005, 0.25)
 WATCH_POLL_S = 0.25
 """How often a call kept for its retry looks whether another gateway started closing its session."""
 
-_CLOSED = (SessionStatus.CLOSED, SessionStatus.CLOSING)
+_CLOSED = (GatewaySessionStatus.CLOSED, GatewaySessionStatus.CLOSING)
 
 
 class SharedSessionManager(SessionManager):
@@ -57,9 +57,9 @@ class SharedSessionManager(SessionManager):
         if live.closes_waiting:
             raise SessionClosed(sid)
 
-        def take(st: GatewaySession) -> StepSlot | None | SessionStatus | RouteMismatch:
+        def take(st: GatewaySession) -> StepSlot | None | GatewaySessionStatus | RouteMismatch:
             if st.status in _CLOSED:
-                return SessionStatus(st.status)
+                return GatewaySessionStatus(st.status)
             if (mismatch := route_mismatch(st, model)) is not None:
                 return mismatch
             slot = take_step(st, model)
@@ -74,7 +74,7 @@ class SharedSessionManager(SessionManager):
         except BaseException:
             self._drop_if_idle(sid)
             raise
-        if isinstance(got, SessionStatus | RouteMismatch) or got is None:
+        if isinstance(got, GatewaySessionStatus | RouteMismatch) or got is None:
             self._drop_if_idle(sid)
             if isinstance(got, RouteMismatch):
                 raise got
@@ -176,12 +176,12 @@ class SharedSessionManager(SessionManager):
 
         try:
             def begin(st: GatewaySession) -> int:
-                if st.status != SessionStatus.CLOSED:
-                    if st.status == SessionStatus.TRUNCATED:
+                if st.status != GatewaySessionStatus.CLOSED:
+                    if st.status == GatewaySessionStatus.TRUNCATED:
                         st.completion_mode = "truncated"  # what the final step reports
-                    st.status = SessionStatus.CLOSING
+                    st.status = GatewaySessionStatus.CLOSING
                     st.updated_at = utcnow()
-                return st.in_flight if st.status == SessionStatus.CLOSING else 0
+                return st.in_flight if st.status == GatewaySessionStatus.CLOSING else 0
 
             in_flight = await self._store.change_gateway_session(sid, begin, new)
             loop = asyncio.get_running_loop()
@@ -191,15 +191,15 @@ class SharedSessionManager(SessionManager):
                 await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
                 pause = min(pause * 2, CLOSE_POLL_S[1])
                 st = await self._store.load_gateway_session(sid)
-                in_flight = st.in_flight if st is not None and st.status == SessionStatus.CLOSING else 0
+                in_flight = st.in_flight if st is not None and st.status == GatewaySessionStatus.CLOSING else 0
             if in_flight > 0:
                 log.warning("session %s closed with %d call(s) still in flight after %.1f s; their steps will be "
                             "recorded with after_close=true, is_trainable=false", sid, in_flight, grace_s)
 
             def end(st: GatewaySession) -> tuple[GatewaySession, bool]:
-                truncated = st.status == SessionStatus.TRUNCATED or st.completion_mode == "truncated"
-                if st.status != SessionStatus.CLOSED:
-                    st.status = SessionStatus.CLOSED
+                truncated = st.status == GatewaySessionStatus.TRUNCATED or st.completion_mode == "truncated"
+                if st.status != GatewaySessionStatus.CLOSED:
+                    st.status = GatewaySessionStatus.CLOSED
                     st.close_reason = reason
                     st.completion_mode = "truncated" if truncated else completion_mode
                     st.closed_at = st.updated_at = utcnow()

@@ -24,7 +24,7 @@ from sqlmodel.sql.sqltypes import AutoString
 from wire.text import column_text
 
 
-class SessionStatus(StrEnum):
+class GatewaySessionStatus(StrEnum):
     """The ``gateway_sessions.status`` of a session."""
 
     ACTIVE = "active"

@@ -1,5 +1,5 @@
 """How one call ended: the phase a failure happened in, one upstream attempt, and the
-:class:`Outcome` that :meth:`gateway.call.Call.finish` turns into a step row, a metric and a
+:class:`CallEnd` that :meth:`gateway.call.Call.finish` turns into a step row, a metric and a
 settled retry claim."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from gateway.idempotency import Replay
 from wire.status import StepStatus
 
-__all__ = ["Attempt", "Outcome", "Phase"]
+__all__ = ["Attempt", "CallEnd", "Phase"]
 
 
 class Phase(StrEnum):
@@ -41,7 +41,7 @@ class Attempt:
 
 
 @dataclass(slots=True)
-class Outcome:
+class CallEnd:
     """How one call ended. ``status``: the step's status (None: no step row, a synthetic stop);
     ``status_code``: the step's HTTP status column; ``response``: the recorded response;
     ``meta``: extra ``meta_json`` keys; ``answered``: the HTTP status the client got (counted in
