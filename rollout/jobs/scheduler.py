@@ -1,4 +1,4 @@
-"""The scheduler: turns envs x cases x samples into sessions and runs exactly ``pool_size``
+"""The scheduler: runs the planned sessions (``rollout.core.plan``), exactly ``pool_size``
 attempts at once.
 
 Per attempt: a runtime in a fresh temporary workspace (``files/`` of a task copied in), the gateway
