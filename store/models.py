@@ -350,7 +350,7 @@ class JobLock(SQLModel, table=True):
     the holder, ``pid`` and ``host`` its process, ``started_at`` when it took the job,
     ``heartbeat_at`` refreshed while it runs. A second launcher on the job is refused while the
     row is live; a holder whose heartbeat is stale, or whose process is gone from its host, is
-    taken over (``rollout.jobs.job_lock``)."""
+    taken over (``rollout.jobs.lease``)."""
 
     __tablename__ = "job_locks"
 

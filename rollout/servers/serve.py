@@ -31,7 +31,7 @@ from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.core.plan import plan_sessions
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
 from rollout.jobs.job import JobOptions, check_sandbox, load_envs, start_services
-from rollout.jobs.job_lock import JobLease, JobLockError
+from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.jobs.services import (
     GATEWAY_ADMIN_KEY_ENV,
