@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.settings import ConfigError, GatewaySettings, load_settings
-from store import DbUrlError, Store, StoreUnavailable
-from store.repo import SchemaError
+from store import DbUrlError, SchemaError, Store, StoreUnavailable
 
 
 class SetupError(RuntimeError):

@@ -2,7 +2,7 @@
 
 ``run_evaluation(path, request, spec, trajectory)`` loads the evaluator (``rollout.grading.evaluator_loader``),
 runs a sync one in a daemon thread (an async one on the loop) under ``spec.timeout_s``, applies the
-score rule (``rollout.grading.scoring``) and returns the ``EvalOutcome`` to commit. A timeout stops the
+score rule (``rollout.grading.scoring``) and returns the ``Evaluation`` to commit. A timeout stops the
 wait, not the work: a late result is discarded, and abandoned threads are capped. The full rules
 are in docs/evaluation.md.
 """
@@ -38,7 +38,7 @@ fast. Read at call time, so tests may monkeypatch it."""
 EvalStatus = Literal["scored", "invalid_reward", "error", "timeout", "skipped"]
 
 
-class EvalOutcome(BaseModel):
+class Evaluation(BaseModel):
     """What was committed for one session's evaluation.
 
     - ``status``: ``scored`` | ``invalid_reward`` | ``error`` | ``timeout`` | ``skipped``.
@@ -64,6 +64,10 @@ class EvalOutcome(BaseModel):
     artifacts: dict[str, Any] | None = None
     duration_s: float = 0.0
     isolation: Literal["bwrap", "none"] | None = None
+
+    def detail(self) -> dict[str, Any]:
+        """What the session row keeps of it in ``eval_detail``."""
+        return {"raw_repr": self.raw_repr, "artifacts": self.artifacts, "isolation": self.isolation}
 
 
 
@@ -271,7 +275,7 @@ class _ThreadLimitReached(Exception):
 
 async def run_evaluation(
     path: Path | None, request: EvalRequest, spec: EvalSpec, trajectory: Trajectory
-) -> EvalOutcome:
+) -> Evaluation:
     """Evaluate one session and return the outcome to commit. Never raises for evaluator faults
     (only ``asyncio.CancelledError`` propagates, if the caller is cancelled).
 
@@ -283,7 +287,7 @@ async def run_evaluation(
             ``spec.timeout_s`` (seconds, ``DEFAULT_EVAL_TIMEOUT_S`` by convention) bounds the whole
             evaluation, loading included; it must be finite and > 0, else the outcome is ``error``.
 
-    Outcomes (see ``EvalOutcome``): ``scored`` with the clamped score; ``invalid_reward`` (score
+    Outcomes (see ``Evaluation``): ``scored`` with the clamped score; ``invalid_reward`` (score
     0.0, ``raw_repr`` kept) for a non-number result; ``error`` (score 0.0, reason
     ``"ExcType: message"``) for a load failure or an exception in the evaluator; ``timeout`` (score
     0.0, reason ``"evaluator timed out after <timeout_s> s"``); ``error`` with reason
@@ -301,8 +305,8 @@ async def run_evaluation(
         raw_repr: str | None = None,
         reason: str | None = None,
         artifacts: dict[str, Any] | None = None,
-    ) -> EvalOutcome:
-        outcome = EvalOutcome(
+    ) -> Evaluation:
+        outcome = Evaluation(
             status=status,
             score=score,
             raw_repr=raw_repr,

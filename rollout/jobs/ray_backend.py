@@ -28,7 +28,7 @@ from rollout.core.envs import EnvConfig, WorkspaceArchiveConfig
 from rollout.jobs.workspace_archive import ArchiveError, build_archive, restore_workspace
 from rollout.sandbox.bwrap import SandboxUnavailable
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, effective_mode, run_runtime, sandbox_support
-from rollout.sandbox.runtime_local import RuntimeOutcome
+from rollout.sandbox.runtime_local import RuntimeRun
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def unpack_workspace(archive: bytes | None, dest: Path) -> None:
 
 def run_on_node(cfg: EnvConfig, request: SimulationStartRequest, start: bytes | None, extra_env: dict[str, str],
                 job_mode: str, command: RuntimeCommand | None = None,
-                stderr_log: Path | None = None) -> tuple[RuntimeOutcome, bytes | None, str]:
+                stderr_log: Path | None = None) -> tuple[RuntimeRun, bytes | None, str]:
     """The Ray task (runs on a node): (outcome, final workspace packed, node id). The node needs
     the env folder (and a harness session the harness's install cache) at the launcher's paths;
     without the env folder the outcome is ``setup_failed``. A harness log is written on the node."""
@@ -92,7 +92,7 @@ def run_on_node(cfg: EnvConfig, request: SimulationStartRequest, start: bytes | 
     node = ray.get_runtime_context().get_node_id()
     t0 = time.monotonic()
     if not cfg.env_dir.is_dir():
-        return (RuntimeOutcome(status="error", setup_failed=True, duration_s=0.0,
+        return (RuntimeRun(status="error", setup_failed=True, duration_s=0.0,
                                error_text=f"env folder {cfg.env_dir} does not exist on Ray node {node}"), None, node)
     workspace = Path(tempfile.mkdtemp(prefix=f"rollout-{request.session_id[:16]}-"))
     try:
@@ -100,7 +100,7 @@ def run_on_node(cfg: EnvConfig, request: SimulationStartRequest, start: bytes | 
             if start is not None:
                 restore_workspace(start, None, workspace)
         except ArchiveError as e:
-            return (RuntimeOutcome(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
+            return (RuntimeRun(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
                                    error_text=f"the workspace cannot be prepared on Ray node {node}: {e}"), None, node)
         out = asyncio.run(run_runtime(cfg, request, workspace, extra_env, job_mode, command=command,
                                       stderr_log=stderr_log))
@@ -247,12 +247,12 @@ class RayExecutor:
 
     async def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                        extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                       stderr_log: Path | None = None) -> RuntimeOutcome:
+                       stderr_log: Path | None = None) -> RuntimeRun:
         ray, t0 = self.ray, time.monotonic()
         try:
             start = await asyncio.to_thread(pack_workspace, workspace, cfg)
         except ArchiveError as e:
-            return RuntimeOutcome(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
+            return RuntimeRun(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
                                   error_text=f"the workspace cannot be sent to a Ray node: {e}")
         ref = self._task.options(**_resource_options(cfg)).remote(cfg, request, start, extra_env, job_mode, command, stderr_log)
         try:
@@ -264,7 +264,7 @@ class RayExecutor:
             raise  # a bug of the task's own code: the scheduler records it as a launcher error
         except ray.exceptions.RayError as e:  # the node or its worker died, the task's object was lost
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            return RuntimeOutcome(status="error", node_lost=True, duration_s=time.monotonic() - t0,
+            return RuntimeRun(status="error", node_lost=True, duration_s=time.monotonic() - t0,
                                   error_text=f"the Ray node running the session was lost: {type(e).__name__}: {first}")
         log.debug("session %s ran on Ray node %s", request.session_id, node)
         try:

@@ -26,7 +26,7 @@ from rollout.contract.protocol import EvalRequest, SimulationStartResult
 from rollout.core.envs import EnvConfigError, load_env_config
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.core.setup import SetupError, init_store, open_store
-from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, EvalOutcome, build_eval_spec
+from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
 from rollout.grading.trajectory import to_trajectory
@@ -169,17 +169,16 @@ async def _regrade_one(store: Store, grader: Grader, row: JobEnvironment, path: 
             job_id=row.job_id, session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params=dict(row.env_params or {}), start_result=start_result)
-        outcome: EvalOutcome = await grader.evaluate(path, request, build_eval_spec(row.env_name, path, timeout_s),
-                                                     trajectory, workspace)
-    meta = {**outcome.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
+        evaluation: Evaluation = await grader.evaluate(path, request, build_eval_spec(row.env_name, path, timeout_s),
+                                                        trajectory, workspace)
+    meta = {**evaluation.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
             "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
     await store.record_regrade(
-        row.session_id, reward=outcome.score, eval_status=outcome.status, eval_reason=outcome.reason,
-        eval_detail={"raw_repr": outcome.raw_repr, "artifacts": outcome.artifacts, "isolation": outcome.isolation},
-        eval_meta=meta)
+        row.session_id, reward=evaluation.score, eval_status=evaluation.status, eval_reason=evaluation.reason,
+        eval_detail=evaluation.detail(), eval_meta=meta)
     return Regraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                     sample_index=row.sample_index, before_status=row.eval_status, before_score=row.reward,
-                    after_status=outcome.status, after_score=outcome.score, reason=outcome.reason)
+                    after_status=evaluation.status, after_score=evaluation.score, reason=evaluation.reason)
 
 
 async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | None = None,

@@ -1,4 +1,4 @@
-"""The scheduler: turns envs x cases x samples into sessions and runs exactly ``pool_size``
+"""The scheduler: runs the planned sessions (``rollout.core.plan``), exactly ``pool_size``
 attempts at once.
 
 Per attempt: a runtime in a fresh temporary workspace (``files/`` of a task copied in), the gateway
@@ -47,7 +47,7 @@ from rollout.core.outcomes import (
     verifier_setup_failed,
 )
 from rollout.core.plan import RowSource, session_case
-from rollout.grading.evaluation import EvalOutcome, build_eval_spec
+from rollout.grading.evaluation import Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import Grader, grader_mode
 from rollout.grading.sandbox import GraderLimits
@@ -59,7 +59,7 @@ from rollout.results.records import record_of
 from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import InstalledHarness
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, run_runtime
-from rollout.sandbox.runtime_local import RuntimeOutcome, pidfd_child_watcher
+from rollout.sandbox.runtime_local import RuntimeRun, pidfd_child_watcher
 from store import FinalStatus, JobEnvironment, SessionAttempt, SessionResult, SessionStep, Store, utcnow
 
 log = logging.getLogger(__name__)
@@ -67,13 +67,13 @@ log = logging.getLogger(__name__)
 
 class Executor(Protocol):
     """Runs one attempt's runtime: ``(cfg, request, workspace, extra_env, job_mode, command=,
-    stderr_log=) -> RuntimeOutcome``, the arguments and contract of ``rollout.sandbox.runner.run_runtime``
+    stderr_log=) -> RuntimeRun``, the arguments and contract of ``rollout.sandbox.runner.run_runtime``
     (the local executor); the workspace holds the final workspace when it returns.
     ``rollout.jobs.ray_backend.RayExecutor`` runs it on a Ray node instead."""
 
     def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path, extra_env: dict[str, str],
                  job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                 stderr_log: Path | None = None) -> Awaitable[RuntimeOutcome]: ...
+                 stderr_log: Path | None = None) -> Awaitable[RuntimeRun]: ...
 
 
 # job_environments.status values that mean the launcher failed to run the session (not the agent): exit code 2
@@ -124,11 +124,11 @@ class _Work:
 
 @dataclass
 class _Run:
-    """What one attempt's runtime left: its status (after the gateway's truncation), outcome,
-    close answer, recorded steps and how it ended, and what the task's tests said (None: none ran)."""
+    """What one attempt's runtime left: its status (after the gateway's truncation), the runtime's run,
+    the close answer, recorded steps and how it ended, and what the task's tests said (None: none ran)."""
 
     status: str
-    outcome: RuntimeOutcome | None
+    runtime: RuntimeRun | None
     close_info: dict[str, Any]
     steps: list[SessionStep]
     end: AttemptEnd
@@ -416,7 +416,7 @@ class Scheduler:
                                           dir=self.s.workspace_root))
         try:
             try:
-                run = await self._run_runtime(work, cfg, case, workspace)
+                run = await self._run_attempt(work, cfg, case, workspace)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a launcher bug must fail this attempt only, with its reason recorded
@@ -495,7 +495,7 @@ class Scheduler:
         steps = await self.store.trajectory(sid)
         return record_of(row, result, to_trajectory(sid, steps), work.attempts)
 
-    async def _run_runtime(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
+    async def _run_attempt(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.session_id
         if case.files_dir:
             shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
@@ -509,29 +509,29 @@ class Scheduler:
                       "attempt": work.attempt},
         )
         command, harness_log = self._harness_command(row, work.attempt, case)
-        outcome = await self._execute(session_config(cfg, case), request, workspace,  # a task's own agent timeout
+        ran = await self._execute(session_config(cfg, case), request, workspace,  # a task's own agent timeout
                                       self._runtime_env(cfg, command is None), self.s.sandbox,
                                       command=command, stderr_log=harness_log)
-        close_info = await self._close(sid, outcome.status)
-        status = status_after_close(outcome.status, close_info)
+        close_info = await self._close(sid, ran.status)
+        status = status_after_close(ran.status, close_info)
         rejected = rejected_summary(close_info)  # e.g. a CLI that retried 401s with a wrong key
         if rejected is not None:
             log.warning("session %s: %s", sid, rejected)
         # a close that answered 0 steps: the gateway reserved none for the session, so none is stored
         steps = [] if close_info.get("total_steps") == 0 else await self.store.trajectory(sid)
-        end = classify(status, setup_failed=outcome.setup_failed, node_lost=outcome.node_lost,
-                       limit_exceeded=outcome.limit_exceeded, unreachable=outcome.gateway_unreachable,
+        end = classify(status, setup_failed=ran.setup_failed, node_lost=ran.node_lost,
+                       limit_exceeded=ran.limit_exceeded, unreachable=ran.gateway_unreachable,
                        close_error=close_info.get("error"), steps=steps,
-                       claimed=outcome.result.error_class if outcome.result else None, error_text=outcome.error_text)
+                       claimed=ran.result.error_class if ran.result else None, error_text=ran.error_text)
         # a task outcome's reason: the runtime's error text, and a claimed outage the records do not show
-        said = outcome.error_text if end.infra else end.reason
+        said = ran.error_text if end.infra else end.reason
         errors = [e for e in (said, close_info.get("error"), rejected) if e]
         # the task's tests, on a copy of the final workspace, once the agent has ended (docs/verifiers.md)
         verdict = await verify_session(cfg, case, workspace, sid) if self.s.enable_evaluation and not end.infra \
             else None
         if verdict is not None and verdict.status == "setup_failed":
             end = verifier_setup_failed(verdict.reason)
-        return _Run(status, outcome, close_info, steps, end, errors, verdict)
+        return _Run(status, ran, close_info, steps, end, errors, verdict)
 
     async def _conclude(self, work: _Work, run: _Run, cfg: EnvConfig, case: Case, workspace: Path,
                         t0: float, started: Any) -> SessionRecord | None:
@@ -559,7 +559,7 @@ class Scheduler:
         await self.store.record_attempt(att)
         work.attempts.append(att)
         trajectory = to_trajectory(sid, run.steps)
-        evaluation: EvalOutcome | None = None
+        evaluation: Evaluation | None = None
         if end.infra:
             self._tell_failure(sid, n, end, "not retried: the session ends not graded")
             status, error_text = "error", end.reason
@@ -568,18 +568,17 @@ class Scheduler:
                            if self.s.enable_evaluation else None)
         else:
             status, error_text = run.status, "; ".join(run.errors) or None
-            evaluation = await self._evaluate(cfg, case, row, run.outcome, trajectory, workspace, run.verdict)
+            evaluation = await self._evaluate(cfg, case, row, run.runtime, trajectory, workspace, run.verdict)
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
         await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
         result = SessionResult(
             status=cast(FinalStatus, status), outcome=end.outcome, attempts=n, error=error_text,
             duration_s=time.monotonic() - t0,
-            runtime_result=run.outcome.result.model_dump(mode="json") if run.outcome and run.outcome.result else None,
-            sandbox=run.outcome.sandbox if run.outcome else None,
+            runtime_result=run.runtime.result.model_dump(mode="json") if run.runtime and run.runtime.result else None,
+            sandbox=run.runtime.sandbox if run.runtime else None,
             reward=evaluation.score if evaluation else None, eval_status=eval_status, eval_reason=eval_reason,
-            eval_detail={"raw_repr": evaluation.raw_repr, "artifacts": evaluation.artifacts,
-                         "isolation": evaluation.isolation} if evaluation else None,
+            eval_detail=evaluation.detail() if evaluation else None,
             evaluation=evaluation.model_dump(mode="json") if evaluation else None)
         await self.store.finish_job_session(sid, result)
         return record_of(row, result, trajectory, work.attempts)
@@ -632,8 +631,8 @@ class Scheduler:
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             return {"error": f"closing the gateway session failed: {type(e).__name__}: {e}"}
 
-    async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, outcome: RuntimeOutcome | None,
-                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None) -> EvalOutcome | None:
+    async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, ran: RuntimeRun | None,
+                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None) -> Evaluation | None:
         if not self.s.enable_evaluation:
             return None
         path = self._evaluator(cfg)
@@ -647,7 +646,7 @@ class Scheduler:
         request = EvalRequest(
             job_id=row.job_id, session_id=row.session_id, env_name=cfg.name, case_id=case.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
-            env_params={**cfg.params, "dataset": case.row}, start_result=outcome.result if outcome else None,
+            env_params={**cfg.params, "dataset": case.row}, start_result=ran.result if ran else None,
             verifier=verdict.for_evaluator() if verdict else None,
         )
         return await self._grader.evaluate(path, request, spec, trajectory, workspace,

@@ -38,7 +38,7 @@ from rollout.sandbox.bwrap import (
     probe,
 )
 from rollout.sandbox.cgroups import SessionCgroup
-from rollout.sandbox.runtime_local import Monitor, RuntimeOutcome, run_local
+from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
 
 MiB = 1024 * 1024
 CODE_ROOT = Path(rollout.contract.protocol.__file__).resolve().parents[2]
@@ -284,7 +284,7 @@ def _output_limit(limits: LimitsConfig) -> int | None:
 
 async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                       extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                      stderr_log: Path | None = None) -> RuntimeOutcome:
+                      stderr_log: Path | None = None) -> RuntimeRun:
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
     env says ``none``), or ``command`` instead (a harness session) under the same limits. Its
     variables: ``pass_env`` names copied from this process, then the env's ``runtime.env`` (with
@@ -297,7 +297,7 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
 
 async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                        extra_env: dict[str, str], job_mode: str, command: RuntimeCommand | None,
-                       stderr_log: Path | None) -> RuntimeOutcome:
+                       stderr_log: Path | None) -> RuntimeRun:
     own = command.env if command is not None else {
         **{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env}
     extra = {**own, **extra_env}
@@ -311,7 +311,7 @@ async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspac
                                   output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
                                   stderr_log=stderr_log)
         except OSError as e:
-            out = RuntimeOutcome(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
+            out = RuntimeRun(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
                                  error_text=f"cannot start runtime {argv[:3]}: {e}")
         return out.model_copy(update={"sandbox": "none"})
     out = await _run_sandboxed(cfg, request, workspace, extra, command, stderr_log)
@@ -328,14 +328,14 @@ def _empty(folder: Path) -> bool:
         return False
 
 
-def _setup_failed(t0: float, why: str) -> RuntimeOutcome:
-    return RuntimeOutcome(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
+def _setup_failed(t0: float, why: str) -> RuntimeRun:
+    return RuntimeRun(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
                           error_text=f"sandbox setup failed: {why}")
 
 
 async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                          extra: dict[str, str], command: RuntimeCommand | None,
-                         stderr_log: Path | None) -> RuntimeOutcome:
+                         stderr_log: Path | None) -> RuntimeRun:
     t0 = time.monotonic()
     limits = cfg.runtime.limits
     try:

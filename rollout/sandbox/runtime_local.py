@@ -40,7 +40,7 @@ when it has any to do): ``(limit, reason)`` when the session went over one of it
 ``("disk", "disk limit exceeded: ...")``), else None."""
 
 
-class RuntimeOutcome(BaseModel):
+class RuntimeRun(BaseModel):
     """What running a runtime gave. ``status``: the result's status, ``timeout`` when the session
     timeout killed it, or ``error`` when it printed no valid result (crash, bad JSON, no status,
     an exit code other than 0, killed by a signal not the launcher's).
@@ -198,7 +198,7 @@ async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output:
 async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None, *, env: dict[str, str] | None = None,
                     pass_fds: tuple[int, ...] = (), output_limit: int | None = None,
-                    monitor: Monitor | None = None, stderr_log: Path | None = None) -> RuntimeOutcome:
+                    monitor: Monitor | None = None, stderr_log: Path | None = None) -> RuntimeRun:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
     The session ends when the runtime process exits (not when its pipes close: a background
@@ -227,7 +227,7 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
 
 async def _run(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                env: dict[str, str], pass_fds: tuple[int, ...], output_limit: int | None, monitor: Monitor | None,
-               copy: BinaryIO | None, t0: float) -> RuntimeOutcome:
+               copy: BinaryIO | None, t0: float) -> RuntimeRun:
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
         lambda: _Protocol(loop), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -253,7 +253,7 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
     except TimeoutError:
         _kill_group(proc)
         await _exited(proc, wake, total, None, None)
-        return RuntimeOutcome(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
+        return RuntimeRun(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
                               returncode=proc.returncode, duration_s=time.monotonic() - t0)
     except BaseException:
         _kill_group(proc)
@@ -266,7 +266,7 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
     dt = time.monotonic() - t0
     out = out_b[-_STDOUT_KEEP:].decode("utf-8", "replace")
     err = err_b[-_STDERR_KEEP:].decode("utf-8", "replace")
-    done = RuntimeOutcome(status="error", duration_s=dt, stdout_tail=out[-_TAIL:], stderr_tail=err[-_TAIL:],
+    done = RuntimeRun(status="error", duration_s=dt, stdout_tail=out[-_TAIL:], stderr_tail=err[-_TAIL:],
                           returncode=proc.returncode)
     if over is not None:
         if proc.returncode is None:

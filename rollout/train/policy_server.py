@@ -28,10 +28,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.errors import error_body
 from gateway.http_edge import HostAllowList, server_config, with_host_check
 from rollout.servers.local_server import json_refusal, listen, url_of
 from rollout.train.sampling import Engine, Generation, SamplingParams, generate
+from wire.errors import error_body
 
 __all__ = ["ChatPolicy", "PolicyServer", "RequestError"]
 

@@ -20,7 +20,7 @@ import pytest
 
 from rollout.contract.protocol import Trajectory
 from rollout.grading import evaluation, evaluator_loader
-from rollout.grading.evaluation import EvalOutcome, abandoned_thread_count, build_eval_spec, run_evaluation
+from rollout.grading.evaluation import Evaluation, abandoned_thread_count, build_eval_spec, run_evaluation
 from tests.rollout.evaluator_helpers import (
     BUSY_LOOP,
     FAST,
@@ -210,7 +210,7 @@ async def test_hung_evaluators_time_out_without_blocking_others(
     releasers += [release_flag(busy), release_event(sleeper)]
     fast_paths = [write_evaluator(tmp_path, f"fast{i}", FAST) for i in range(5)]
 
-    async def run(path: Path, timeout_s: float, session: str) -> EvalOutcome:
+    async def run(path: Path, timeout_s: float, session: str) -> Evaluation:
         return await run_evaluation(
             path, make_request(session_id=session), make_spec(path, timeout_s), make_trajectory(session)
         )

@@ -28,7 +28,7 @@ from rollout.jobs.regrade import (
     render_regrade_summary,
 )
 from rollout.jobs.workspace_archive import keep_workspace
-from store import JobEnvironment, SessionResult, Store, step_record
+from store import JobEnvironment, SessionResult, Store, launcher_rows, step_record
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, chat_completion
 from tests.gateway.conftest import make_settings, serve
 
@@ -132,6 +132,15 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     write_env(run_root, BUGGY)
     write_env(fixed_root, FIXED)
     db = tmp_path / "trajs.db"
+    # the job's end of each session and the regrade write the evaluation through one function
+    writes: list[tuple[str, bool]] = []
+    write_evaluation = launcher_rows.write_evaluation
+
+    def spy(conn: Any, session_id: str, **kw: Any) -> Any:
+        writes.append((session_id, kw.get("keep_previous", False)))
+        return write_evaluation(conn, session_id, **kw)
+
+    monkeypatch.setattr(launcher_rows, "write_evaluation", spy)
     async with FakeUpstream() as up:
         gw = await serve(make_settings(up, f"sqlite://{db}"))
         try:
@@ -149,6 +158,9 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
             kept = dict(sql(db, "SELECT j.case_id, w.status FROM session_workspaces w "
                                 "JOIN job_environments j ON j.env_id = w.session_id"))
             assert kept == {"a": "kept", "b": "kept", "c": "too_large", "f": "kept", "i": "kept", "u": "kept"}
+            case_of = dict(sql(db, "SELECT env_id, case_id FROM job_environments"))
+            assert sorted((case_of[sid], keep) for sid, keep in writes) == [(c["id"], False) for c in CASES]
+            writes.clear()
             upstream_calls = len(up.requests)
             steps_before = sql(db, "SELECT record_id, session_id, seq, request, response FROM session_steps")
             gateway_before = sql(db, "SELECT * FROM gateway_sessions")
@@ -184,6 +196,7 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     assert len(seen) == len(CASES)
     assert regrade_exit_code(regrade) == 2
 
+    assert sorted((case_of[sid], keep) for sid, keep in writes) == [("a", True), ("b", True), ("f", True)]
     # the store: new reward on the session row and its last step, the previous evaluation kept
     state = {case: (reward, status, json.loads(history) if history else None) for case, reward, status, history in
              sql(db, "SELECT case_id, reward, eval_status, eval_history FROM job_environments")}
