@@ -42,8 +42,9 @@ class LlamaCppEngine:
     GGUF's metadata. One generation at a time (the caller's lock)."""
 
     def __init__(self, gguf: Path, *, n_ctx: int = 4096, n_threads: int | None = None, name: str = "local") -> None:
+        # verbose: llama.cpp's load log goes to stderr (its quiet mode leaks /dev/null handles)
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=n_threads, logits_all=False,
-                                   verbose=False)
+                                   verbose=True)
         self.name = name
         self.context_length: int | None = n_ctx
         self.n_vocab = self.llm.n_vocab()
