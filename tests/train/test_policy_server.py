@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, RouteSettings
 from rollout.train.hf_engine import TransformersEngine
 from rollout.train.policy_server import ChatPolicy, ChatRequest, PolicyServer
 from rollout.train.sampling import SamplingParams, sampling_logprobs
@@ -214,3 +214,23 @@ def test_a_server_seed_makes_seedless_calls_repeat_in_order(model: Any, tokenize
     assert run(5) == first
     assert first[0] != first[1]  # the calls of one run differ (samples of a group)
     assert run(6) != first
+
+
+def test_the_default_routes_server_kind_counts_tokens_by_tokenize() -> None:
+    route = RouteSettings(base_url="http://127.0.0.1:1/v1", managed={"kind": "llama_cpp_tokens"})
+    assert route.token_counter() == "vllm"
+
+
+async def test_count_tokens_through_the_gateway_is_the_chat_templates(server: PolicyServer, tmp_path: Path,
+                                                                      tokenizer: Any) -> None:
+    settings = GatewaySettings.model_validate({
+        "listen_port": 0, "storage_config": {"db_url": f"sqlite://{tmp_path}/gw.db"},
+        "llm_routes": {"policy": {"base_url": server.base_url, "count_tokens": "vllm"}}})
+    gw = await serve(settings)
+    try:
+        r = await gw.http().post("/v1/messages/count_tokens", json={
+            "model": "policy", "system": "You answer.", "messages": [{"role": "user", "content": "Say hi."}]})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"input_tokens": len(prompt_ids(tokenizer, MESSAGES))}
+    finally:
+        await gw.stop()
