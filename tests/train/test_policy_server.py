@@ -217,7 +217,7 @@ def test_a_server_seed_makes_seedless_calls_repeat_in_order(model: Any, tokenize
 
 
 def test_the_default_routes_server_kind_counts_tokens_by_tokenize() -> None:
-    route = RouteSettings(base_url="http://127.0.0.1:1/v1", managed={"kind": "llama_cpp_tokens"})
+    route = RouteSettings.model_validate({"base_url": "http://127.0.0.1:1/v1", "managed": {"kind": "llama_cpp_tokens"}})
     assert route.token_counter() == "vllm"
 
 
