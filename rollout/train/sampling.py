@@ -84,24 +84,29 @@ def sampling_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     softmax of ``logits / temperature`` with tokens outside ``top_k`` and the ``top_p`` nucleus at
     -inf, renormalised. Temperature 0 (greedy) gives the model's own distribution (temperature 1,
     nothing cut): the argmax is taken from it."""
-    x = np.asarray(logits, dtype=np.float64)
+    x = np.array(logits, dtype=np.float64)
     if params.temperature != 0:
-        x = x / params.temperature
-        if 0 < params.top_k < x.shape[-1]:
-            kth = np.partition(x, -params.top_k, axis=-1)[..., -params.top_k:].min(axis=-1, keepdims=True)
-            x = np.where(x < kth, -np.inf, x)
-        if params.top_p < 1.0:
-            order = np.argsort(-x, axis=-1, kind="stable")
-            sorted_x = np.take_along_axis(x, order, axis=-1)
-            probs = np.exp(sorted_x - sorted_x[..., :1])
-            probs /= probs.sum(axis=-1, keepdims=True)
-            before = np.cumsum(probs, axis=-1) - probs  # mass of the tokens ranked above each token
-            drop = np.empty_like(before, dtype=bool)
-            np.put_along_axis(drop, order, before >= params.top_p, axis=-1)  # keep the smallest prefix reaching top_p
-            x = np.where(drop, -np.inf, x)
+        x /= params.temperature
+        rows = x.reshape(-1, x.shape[-1])
+        for row in rows:
+            _cut(row, params)
     top = x.max(axis=-1, keepdims=True)
     shifted = x - top
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _cut(row: np.ndarray, params: SamplingParams) -> None:
+    """Set the tokens of one row of scaled logits outside ``top_k`` and the ``top_p`` nucleus to -inf."""
+    if 0 < params.top_k < row.shape[0]:
+        kth = np.partition(row, -params.top_k)[-params.top_k]
+        row[row < kth] = -np.inf
+    if params.top_p < 1.0:
+        kept = np.flatnonzero(np.isfinite(row))  # after top_k: only its survivors are sorted
+        order = kept[np.argsort(-row[kept], kind="stable")]
+        probs = np.exp(row[order] - row[order[0]])
+        probs /= probs.sum()
+        before = np.cumsum(probs) - probs  # mass of the tokens ranked above each token
+        row[order[before >= params.top_p]] = -np.inf  # keep the smallest prefix reaching top_p
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:
@@ -120,8 +125,8 @@ def generate(engine: Engine, prompt_ids: Sequence[int], params: SamplingParams) 
         if params.temperature == 0:
             token = int(np.argmax(logp))
         else:
-            p = np.exp(logp)
-            token = int(rng.choice(p.shape[-1], p=p / p.sum()))
+            cdf = np.cumsum(np.exp(logp))
+            token = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
         out.token_ids.append(token)
         out.logprobs.append(float(logp[token]))
         if params.top_logprobs:
