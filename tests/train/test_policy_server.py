@@ -17,7 +17,7 @@ import torch
 from gateway.settings import GatewaySettings, RouteSettings
 from rollout.train.hf_engine import TransformersEngine
 from rollout.train.policy_server import ChatPolicy, ChatRequest, PolicyServer
-from rollout.train.sampling import SamplingParams, sampling_logprobs
+from rollout.train.sampling import Generation, SamplingParams, sampling_logprobs
 from rollout.train.sync import set_policy_version
 from tests.gateway.conftest import Gateway, serve
 from tests.train.tiny_policy import tiny_model, tiny_tokenizer
@@ -234,3 +234,15 @@ async def test_count_tokens_through_the_gateway_is_the_chat_templates(server: Po
         assert r.json() == {"input_tokens": len(prompt_ids(tokenizer, MESSAGES))}
     finally:
         await gw.stop()
+
+
+def test_hermes_tool_calls_become_tool_calls(model: Any, tokenizer: Any) -> None:
+    policy = ChatPolicy(TransformersEngine(model, tokenizer))
+    text = 'Running it.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    msg, finish = policy.message(Generation(token_ids=[1], logprobs=[0.0], text=text, finish_reason="stop"), True)
+    assert finish == "tool_calls" and msg["content"] == "Running it."
+    (call,) = msg["tool_calls"]
+    assert call["function"] == {"name": "bash", "arguments": '{"command": "ls"}'} and call["type"] == "function"
+    # tools not rendered (a template without tools): the text stays the content
+    assert policy.message(Generation(text=text, finish_reason="stop"), False) == (
+        {"role": "assistant", "content": text}, "stop")
