@@ -18,7 +18,7 @@ from gateway.settings import GatewaySettings, RouteSettings
 from rollout.train.hf_engine import TransformersEngine
 from rollout.train.policy_server import ChatPolicy, ChatRequest, PolicyServer
 from rollout.train.sampling import Generation, SamplingParams, sampling_logprobs
-from rollout.train.sync import set_policy_version
+from rollout.train.sync import PolicySync, set_policy_version
 from tests.gateway.conftest import Gateway, serve
 from tests.train.tiny_policy import tiny_model, tiny_tokenizer
 
@@ -246,3 +246,16 @@ def test_hermes_tool_calls_become_tool_calls(model: Any, tokenizer: Any) -> None
     # tools not rendered (a template without tools): the text stays the content
     assert policy.message(Generation(text=text, finish_reason="stop"), False) == (
         {"role": "assistant", "content": text}, "stop")
+
+
+async def test_policy_sync_holds_the_lock_over_the_step_and_counts_versions(server: PolicyServer,
+                                                                           gateway: Gateway) -> None:
+    sync = PolicySync(server.lock, gateway.url)
+    await asyncio.to_thread(sync.on_train_begin, None, None, None)
+    assert (await gateway.http().get("/admin/policy_version")).json()["policy_version"] == 0
+    for step in (1, 2):
+        sync.on_pre_optimizer_step(None, None, None)
+        assert server.lock.locked()  # no generation starts while the weights change
+        await asyncio.to_thread(sync.on_optimizer_step, None, None, None)
+        assert not server.lock.locked()
+        assert (await gateway.http().get("/admin/policy_version")).json()["policy_version"] == step
