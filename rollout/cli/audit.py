@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -70,6 +71,7 @@ def main(argv: list[str]) -> int:
     if args.list:
         return list_battery()
     setup_logging(args.log_level)
+    logging.getLogger("rollout.jobs.workspace_archive").setLevel(logging.ERROR)  # what a regrade keeps: moot here
     keep = tempfile.TemporaryDirectory(prefix="rollout-audit-report-") if args.report and not args.db_path else None
     db_path = args.db_path or (f"sqlite://{Path(keep.name) / 'audit.db'}" if keep else None)
     try:
