@@ -129,10 +129,10 @@ def findings(records: list[SessionRecord], attacks: dict[str, tuple[str, str, st
     for c in cases:
         env, case = c.split("/", 1)
         for name, summ in summaries.items():
-            r = by_case[c].get(name)
-            reward = _scored(r) if r is not None else None
+            rec = by_case[c].get(name)
+            reward = _scored(rec) if rec is not None else None
             base = baseline[c]
-            if r is None or (reward is None and r.eval_status not in ("error", "invalid_reward")):
+            if rec is None or (reward is None and rec.eval_status not in ("error", "invalid_reward")):
                 verdict: Verdict = "not_graded"
                 inconclusive.add(c)
             elif reward is None:
@@ -144,11 +144,11 @@ def findings(records: list[SessionRecord], attacks: dict[str, tuple[str, str, st
                 verdict = "clean"
             gained = reward - base if verdict == "paid" and reward is not None and base is not None else 0.0
             out.append(Finding(attack=name, env=env, case=case, baseline=base, reward=reward, gained=gained,
-                               verdict=verdict, reason=r.reason if r is not None else None))
+                               verdict=verdict, reason=rec.reason if rec is not None else None))
             if verdict == "paid":
                 summ.paid.append(c)
                 if summ.reason is None:
-                    summ.reason = r.reason if r is not None else None
+                    summ.reason = rec.reason if rec is not None else None
                 summ.gained = max(summ.gained, gained)
     return AuditReport(job_id="", store="", out="", duration_s=0.0, cases=cases, baseline=baseline,
                        attacks=list(summaries.values()), findings=out, inconclusive=sorted(inconclusive))
