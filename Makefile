@@ -18,6 +18,7 @@ lint: setup-test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	.venv/bin/lint-imports
+	$(PY) scripts/docstring_ratio.py --max 0.15 wire gateway
 
 setup-run:
 	@scripts/setup.sh local

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
 from store.connections import Connections
-from store.models import GatewaySession, JobEnvironment, SessionStatus, utcnow
+from store.models import GatewaySession, GatewaySessionStatus, JobEnvironment, utcnow
 
 _T = TypeVar("_T")
 _GS: Table = GatewaySession.__table__  # type: ignore[attr-defined]
@@ -141,7 +141,7 @@ async def release_pg(conn: AsyncConnection, steps: list[Mapping[str, Any]]) -> l
     sids, ns = [c[0] for c in counts], [c[1] for c in counts]
     await conn.execute(_PG_LOCK_SESSIONS, {"sids": sids})
     res = await conn.execute(_PG_RELEASE_MANY, {"sids": sids, "ns": ns})
-    return mark_after_close(steps, {str(sid) for sid, status in res.all() if status == SessionStatus.CLOSED})
+    return mark_after_close(steps, {str(sid) for sid, status in res.all() if status == GatewaySessionStatus.CLOSED})
 
 
 def change(s: Session, session_id: str, change: Callable[[GatewaySession], _T],

@@ -21,22 +21,10 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
-from store.text import column_text
+from wire.text import column_text
 
 
-class StepStatus(StrEnum):
-    """The ``session_steps.status`` of a recorded model call (what each means, by cause:
-    docs/gateway-semantics.md)."""
-
-    OK = "ok"
-    ERROR = "error"
-    TRUNCATED = "truncated"
-    TIMEOUT = "timeout"
-    CLIENT_DISCONNECTED = "client_disconnected"
-    EMPTY = "empty"
-
-
-class SessionStatus(StrEnum):
+class GatewaySessionStatus(StrEnum):
     """The ``gateway_sessions.status`` of a session."""
 
     ACTIVE = "active"
@@ -69,7 +57,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 class ColumnText(TypeDecorator[str]):
     """A text column (``VARCHAR``, as SQLModel's ``str`` fields): every value bound to it, stored
-    or compared, goes through :func:`store.text.column_text` (a lone surrogate or NUL escaped), so
+    or compared, goes through :func:`wire.text.column_text` (a lone surrogate or NUL escaped), so
     no text a session writes can fail its row on SQLite or PostgreSQL."""
 
     impl = AutoString
@@ -362,7 +350,7 @@ class JobLock(SQLModel, table=True):
     the holder, ``pid`` and ``host`` its process, ``started_at`` when it took the job,
     ``heartbeat_at`` refreshed while it runs. A second launcher on the job is refused while the
     row is live; a holder whose heartbeat is stale, or whose process is gone from its host, is
-    taken over (``rollout.jobs.job_lock``)."""
+    taken over (``rollout.jobs.lease``)."""
 
     __tablename__ = "job_locks"
 

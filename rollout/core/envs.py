@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollout.core import harbor
-from store.text import column_text
+from wire.text import column_text
 
 CONFIG_NAME = "env.yaml"
 log = logging.getLogger(__name__)

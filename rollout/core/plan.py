@@ -49,7 +49,7 @@ class PlannedJob(BaseModel):
 async def plan_job(store: Store, job_id: str, models: list[str], envs: list[tuple[EnvConfig, list[Case]]],
                    harnesses: list[str | None], *, resume: bool = False, group_size: int | None = None,
                    max_steps: int | None = None) -> PlannedJob:
-    """````plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
+    """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
     transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
     Same rows, order and errors as ``plan_sessions``."""
     ids = SessionIds()

@@ -1,7 +1,7 @@
 """Building the evaluator's ``Trajectory`` from recorded ``session_steps`` rows.
 
 A step's answer is read according to its ``endpoint`` column with the gateway's own readers
-(:func:`gateway.assembly.read_answer`), so an evaluator sees the same fields whatever protocol
+(:func:`wire.assembly.read_answer`), so an evaluator sees the same fields whatever protocol
 the agent spoke: ``chat.completions`` (``choices[0].message``), ``responses`` (the ``response``
 object's ``output`` items) and ``messages`` (the Anthropic message's content blocks). Tool calls
 are always in the OpenAI chat shape ``{"id", "type": "function", "function": {"name",
@@ -11,9 +11,9 @@ blocks: ``input`` as JSON text).
 
 from __future__ import annotations
 
-from gateway.assembly import read_answer
 from rollout.contract.protocol import Trajectory, TrajectoryStep
 from store import SessionStep
+from wire.assembly import read_answer
 
 
 def to_step(row: SessionStep) -> TrajectoryStep:

@@ -44,7 +44,7 @@ from rollout.core.plan import RowSource, plan_job
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import GraderSetupError, grader_mode
-from rollout.jobs.job_lock import JobLease, JobLockError
+from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.ray_backend import RayBackend, RayBackendError
 from rollout.jobs.ray_backend import connect as ray_connect
 from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
@@ -346,7 +346,7 @@ def check_routes(gw: GatewaySettings, models: list[str]) -> None:
 
 
 async def hold_job(store: Store, job_id: str) -> JobLease:
-    """The job's lease in the store, held (``rollout.jobs.job_lock``); SetupError naming the launcher
+    """The job's lease in the store, held (``rollout.jobs.lease``); SetupError naming the launcher
     that runs it when another one does."""
     lease = JobLease(store, job_id)
     try:

@@ -1,4 +1,4 @@
-"""The scheduler: turns envs x cases x samples into sessions and runs exactly ``pool_size``
+"""The scheduler: runs the planned sessions (``rollout.core.plan``), exactly ``pool_size``
 attempts at once.
 
 Per attempt: a runtime in a fresh temporary workspace (``files/`` of a task copied in), the gateway
@@ -416,7 +416,7 @@ class Scheduler:
                                           dir=self.s.workspace_root))
         try:
             try:
-                run = await self._run_runtime(work, cfg, case, workspace)
+                run = await self._run_attempt(work, cfg, case, workspace)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a launcher bug must fail this attempt only, with its reason recorded
@@ -495,7 +495,7 @@ class Scheduler:
         steps = await self.store.trajectory(sid)
         return record_of(row, result, to_trajectory(sid, steps), work.attempts)
 
-    async def _run_runtime(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
+    async def _run_attempt(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.session_id
         if case.files_dir:
             shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)

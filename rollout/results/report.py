@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, FiniteFloat
 from rollout.contract.protocol import model_from_json
 from rollout.core.outcomes import INFRA_CLASSES
 from store import FinalStatus
-from store.text import json_text
+from wire.text import json_text
 
 PASS_SCORE = 10.0
 PASS_EPSILON = 1e-9

@@ -15,7 +15,6 @@ import uvicorn
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Scope
 
-from gateway.errors import error_body
 from gateway.http_edge import (
     DEFAULT_KEEP_ALIVE_TIMEOUT_S,
     DEFAULT_REQUEST_HEAD_TIMEOUT_S,
@@ -25,6 +24,7 @@ from gateway.http_edge import (
     with_host_check,
 )
 from rollout.core.logs import notices
+from wire.errors import error_body
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

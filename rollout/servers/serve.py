@@ -26,13 +26,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import error_body, validation_message
 from gateway.settings import GatewaySettings
 from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.core.plan import plan_sessions
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
 from rollout.jobs.job import JobOptions, check_sandbox, load_envs, start_services
-from rollout.jobs.job_lock import JobLease, JobLockError
+from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
 from rollout.jobs.services import (
     GATEWAY_ADMIN_KEY_ENV,
@@ -48,6 +47,7 @@ from rollout.servers.feed.app import FeedSettings, create_feed_app
 from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from store import JOB_ID_PATTERN, MAX_INT, JobEnvironment, Store
 from store.feed import FeedQueries
+from wire.errors import error_body, validation_message
 
 log = logging.getLogger(__name__)
 

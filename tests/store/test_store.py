@@ -18,7 +18,7 @@ import pytest
 
 from store import GatewaySession, JobEnvironment, SessionResult, SessionStep, Store, json_dumps, parse_db_url
 from store.engine import DbUrlError, sqlite_path
-from store.text import column_text, display_text, json_text
+from wire.text import column_text, display_text, json_text
 
 
 def _step(sid: str, seq: int, model: str = "m") -> SessionStep:

@@ -12,19 +12,19 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.errors import error_body, install_error_handlers
 from rollout.contract.protocol import model_json
 from rollout.servers.feed.groups import GroupOptions, check_min_valid, load_groups
 from rollout.servers.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 from rollout.servers.local_server import bad_query_param
 from store import MAX_INT
 from store.feed import FeedQueries
+from wire.errors import error_body, install_error_handlers
 
 MAX_WAIT_S = 60.0
 MAX_LIMIT = 500
@@ -64,9 +64,12 @@ async def groups_after(queries: FeedQueries, job_id: str, after: int, limit: int
                        opts: GroupOptions) -> tuple[list[FeedGroupOut], JobProgress]:
     """The ready groups after cursor ``after`` (at most ``limit``) and the job's progress, read
     BEFORE the groups: when it says ``done``, every group that will ever be ready is already in
-    the feed, so an empty answer then means the end."""
+    the feed, so an empty answer then means the end. With ``opts.max_policy_lag`` and no
+    ``opts.policy_version``, the lag is measured from the newest version stamped in the job."""
     progress = await job_progress(queries, job_id)
     entries = await queries.ready_after(job_id, after, limit)
+    if entries and opts.max_policy_lag is not None and opts.policy_version is None:
+        opts = replace(opts, policy_version=await queries.latest_policy_version(job_id))
     built = await load_groups(queries, job_id, entries, [e["group_id"] for e in entries], opts)
     return [g for g, _ in built], progress
 
@@ -90,8 +93,8 @@ def _bad_params(request: Request, known: tuple[str, ...]) -> JSONResponse | None
                   param=name)
 
 
-GROUPS_PARAMS = ("after", "limit", "wait", "min_valid", "normalize", "view")
-STREAM_PARAMS = ("after", "min_valid", "normalize", "view")
+GROUPS_PARAMS = ("after", "limit", "wait", "min_valid", "normalize", "view", "max_policy_lag", "policy_version")
+STREAM_PARAMS = ("after", "min_valid", "normalize", "view", "max_policy_lag", "policy_version")
 
 
 def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
@@ -113,9 +116,10 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
                 progress = await job_progress(queries, job_id)
         return progress
 
-    def options(min_valid: int | None, normalize: Normalize, view: View) -> GroupOptions:
+    def options(min_valid: int | None, normalize: Normalize, view: View, max_policy_lag: int | None,
+                policy_version: int | None) -> GroupOptions:
         return GroupOptions(min_valid=cfg.min_valid if min_valid is None else min_valid, normalize=normalize,
-                            view=view)
+                            view=view, max_policy_lag=max_policy_lag, policy_version=policy_version)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -135,10 +139,12 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
                      limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
                      min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
-                     normalize: Normalize = "std", view: View = "full") -> Response:
+                     normalize: Normalize = "std", view: View = "full",
+                     max_policy_lag: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+                     policy_version: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None) -> Response:
         if (bad := _bad_params(request, GROUPS_PARAMS)) is not None:
             return bad
-        opts = options(min_valid, normalize, view)
+        opts = options(min_valid, normalize, view, max_policy_lag, policy_version)
         deadline = time.monotonic() + wait
         try:
             await ensure(job_id)
@@ -158,10 +164,12 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
     async def stream(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
                      min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
                      normalize: Normalize = "std", view: View = "full",
+                     max_policy_lag: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+                     policy_version: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
                      last_event_id: Annotated[str | None, Header()] = None) -> Response:
         if (bad := _bad_params(request, STREAM_PARAMS)) is not None:
             return bad
-        opts = options(min_valid, normalize, view)
+        opts = options(min_valid, normalize, view, max_policy_lag, policy_version)
         cursor = after
         if last_event_id:
             if not last_event_id.strip().isdigit() or int(last_event_id) > MAX_INT:

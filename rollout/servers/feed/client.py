@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from rollout.servers.feed.groups import check_min_valid
+from rollout.servers.feed.groups import check_min_valid, check_version_bound
 from rollout.servers.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 
 
@@ -118,30 +118,38 @@ class FeedClient:
         return JobProgress.model_validate(self._get(f"/v1/jobs/{job_id}", {}))
 
     def page(self, job_id: str, after: int = 0, *, limit: int = 50, wait_s: float = 0.0,
-             min_valid: int | None = None, normalize: Normalize = "std", view: View = "full") -> GroupPage:
+             min_valid: int | None = None, normalize: Normalize = "std", view: View = "full",
+             max_policy_lag: int | None = None, policy_version: int | None = None) -> GroupPage:
         """One page of ready groups after ``after``; with ``wait_s`` > 0 the feed holds the request
         until a group is ready, the job is done, or ``wait_s`` seconds passed (at most 60).
-        ValueError for a ``min_valid`` below 1 (a trainable group needs a valid sample)."""
+        ``max_policy_lag`` (versions) flags a group ``stale`` (not trainable) whose oldest step is
+        more than that many versions behind ``policy_version`` (default: the newest version
+        stamped in the job), or whose lag is unknown. ValueError for a ``min_valid`` below 1 (a
+        trainable group needs a valid sample) or a negative lag or version."""
+        check_version_bound("max_policy_lag", max_policy_lag)
+        check_version_bound("policy_version", policy_version)
         if min_valid is not None:
             check_min_valid(min_valid)
         return GroupPage.model_validate(self._get(f"/v1/jobs/{job_id}/groups", {
             "after": after, "limit": limit, "wait": wait_s, "min_valid": min_valid, "normalize": normalize,
-            "view": view}))
+            "view": view, "max_policy_lag": max_policy_lag, "policy_version": policy_version}))
 
     def groups(self, job_id: str, *, after: int | None = None, cursor_file: CursorFile | None = None,
                wait_s: float = 30.0, limit: int = 50, stop_when_done: bool = True,
                only_trainable: bool = False, min_valid: int | None = None, normalize: Normalize = "std",
-               view: View = "full") -> Iterator[FeedGroupOut]:
+               view: View = "full", max_policy_lag: int | None = None,
+               policy_version: int | None = None) -> Iterator[FeedGroupOut]:
         """Iterate ready groups in ready order from ``after`` (default: the cursor in
         ``cursor_file``, else 0). With ``cursor_file``, each group's cursor is saved when the loop
         asks for the next one (so a crash while processing a group serves it again). Stops when
         the job is done and every ready group was given (``stop_when_done``), else waits for
-        more for ever. ``only_trainable`` skips groups flagged untrainable (their cursor still
-        advances)."""
+        more for ever. ``only_trainable`` skips groups flagged untrainable, stale ones included
+        (their cursor still advances). ``max_policy_lag``/``policy_version``: as :meth:`page`."""
         cursor = after if after is not None else (cursor_file.load() if cursor_file else 0)
         while True:
             page = self.page(job_id, cursor, limit=limit, wait_s=wait_s, min_valid=min_valid,
-                             normalize=normalize, view=view)
+                             normalize=normalize, view=view, max_policy_lag=max_policy_lag,
+                             policy_version=policy_version)
             for g in page.groups:
                 if g.trainable or not only_trainable:
                     yield g

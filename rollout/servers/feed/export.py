@@ -19,7 +19,7 @@ from typing import Any, Literal
 from rollout.servers.feed.groups import GroupOptions, load_groups
 from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep
 from store.feed import FeedQueries
-from store.text import display_text, json_text
+from wire.text import display_text, json_text
 
 Format = Literal["jsonl", "parquet", "openai"]
 Per = Literal["session", "step"]

@@ -4,12 +4,11 @@ sequences with their model-token masks (docs/feed.md). Pure functions plus one l
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.assembly import read_answer
 from rollout.servers.feed.schema import (
     AdvantageSpec,
     FeedGroupOut,
@@ -20,6 +19,7 @@ from rollout.servers.feed.schema import (
     View,
 )
 from store.feed import FeedQueries
+from wire.assembly import read_answer
 
 _TOKEN_STEP_STATUSES = frozenset({"ok", "truncated"})
 
@@ -28,16 +28,24 @@ _TOKEN_STEP_STATUSES = frozenset({"ok", "truncated"})
 class GroupOptions:
     """How groups are built: ``min_valid`` valid samples for a group to be trainable, the
     advantage normalization, and what each sample carries (``full``: steps with messages and
-    token sequences; ``tokens``: no messages; ``scores``: no steps). ValueError for a
-    ``min_valid`` below 1: a group without a valid sample is never trainable."""
+    token sequences; ``tokens``: no messages; ``scores``: no steps). ``max_policy_lag``
+    (versions; None: no bound) flags a group ``stale`` when its oldest stamped step is more than
+    that many versions behind ``policy_version`` (the reader's current version), or when that
+    lag is unknown (a step without a version, or no current version). ValueError for a
+    ``min_valid`` below 1 (a group without a valid sample is never trainable) or a negative
+    ``max_policy_lag``/``policy_version``."""
 
     min_valid: int = 2
     normalize: Normalize = "std"
     view: View = "full"
     eps: float = 1e-6
+    max_policy_lag: int | None = None
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         check_min_valid(self.min_valid)
+        check_version_bound("max_policy_lag", self.max_policy_lag)
+        check_version_bound("policy_version", self.policy_version)
 
 
 def check_min_valid(min_valid: int) -> int:
@@ -47,6 +55,14 @@ def check_min_valid(min_valid: int) -> int:
         raise ValueError(f"min_valid must be an integer >= 1 (a trainable group needs a valid sample), "
                          f"not {min_valid!r}")
     return min_valid
+
+
+def check_version_bound(name: str, value: int | None) -> int | None:
+    """``value`` when it is None or an integer >= 0 (a policy version, or a lag in versions),
+    else ValueError naming ``name``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be an integer >= 0 or None, not {value!r}")
+    return value
 
 
 def invalid_reason(row: Mapping[str, Any]) -> str | None:
@@ -127,6 +143,21 @@ def token_sequences(steps: Sequence[Mapping[str, Any]]) -> list[TokenSequence]:
     return out
 
 
+def policy_lag(min_version: int | None, unversioned: bool, opts: GroupOptions) -> tuple[int | None, bool]:
+    """``(lag, stale)`` of a group whose oldest stamped step has ``min_version`` (None: no step
+    stamped) and some of whose steps carry no version (``unversioned``). Without
+    ``opts.max_policy_lag``: ``(None, False)``. With it, the lag is ``opts.policy_version -
+    min_version``; it is unknown (None, stale) when a step has no version (made before any
+    version was set: older than every version), when no step is stamped, or when the current
+    version is unknown."""
+    if opts.max_policy_lag is None:
+        return None, False
+    if unversioned or min_version is None or opts.policy_version is None:
+        return None, True
+    lag = opts.policy_version - min_version
+    return lag, lag > opts.max_policy_lag
+
+
 def feed_step(st: Mapping[str, Any], *, messages: bool) -> FeedStep:
     """One step row as the feed shows it (the answer read with the gateway's own readers)."""
     answer = read_answer(st.get("endpoint"), st.get("response"))
@@ -150,12 +181,15 @@ def _utc(t: datetime) -> datetime:
 def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str, Any]],
                 steps: Mapping[str, Sequence[Mapping[str, Any]]], opts: GroupOptions,
                 versions: Mapping[str, list[int]] | None = None,
-                routes: Mapping[str, list[str]] | None = None) -> FeedGroupOut:
+                routes: Mapping[str, list[str]] | None = None,
+                unversioned: Set[str] | None = None) -> FeedGroupOut:
     """One group from its feed entry (None: not ready, as in an export), its session rows
     (``env_id`` = session id) and their steps (session id -> rows in ``seq`` order);
     ``versions`` (session id -> policy versions) and ``routes`` (session id -> the routes of its
-    steps) stand in for the steps' own when they were not read (``view="scores"``). A sample is
-    invalid when :func:`invalid_reason` or :func:`route_reason` says why."""
+    steps) and ``unversioned`` (the sessions with a step without a policy version) stand in for
+    the steps' own when they were not read (``view="scores"``). A sample is invalid when
+    :func:`invalid_reason` or :func:`route_reason` says why; the group is ``stale`` as
+    :func:`policy_lag` says."""
     first = sessions[0]
 
     def step_routes(sid: str) -> list[str]:
@@ -179,11 +213,19 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
             steps=None if opts.view == "scores" else [feed_step(s, messages=opts.view == "full") for s in rows],
             sequences=None if opts.view == "scores" else token_sequences(rows)))
     n_valid = sum(1 for s in samples if s.valid)
+    stamped = [v for s in samples for v in s.policy_versions]
+    if unversioned is not None:
+        no_version = any(r["env_id"] in unversioned for r in sessions)
+    else:
+        no_version = any(st.get("policy_version") is None for r in sessions for st in steps.get(r["env_id"], []))
+    lag, stale = policy_lag(min(stamped, default=None), no_version, opts)
     flags: list[str] = []
     if n_valid < opts.min_valid:  # min_valid >= 1 (GroupOptions): never trainable without a valid sample
         flags.append("too_few_valid")
     if any(not r.get("finished") for r in sessions):
         flags.append("incomplete")
+    if stale:
+        flags.append("stale")
     if n_valid >= 2 and std == 0:
         flags.append("no_signal")
     ready_at = entry.get("ready_at") if entry else None
@@ -192,8 +234,9 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
         ready_at=_utc(ready_at).isoformat() if isinstance(ready_at, datetime) else None,
         job_id=first["job_id"], group_id=first["group_id"], env=first["env_name"], case_id=first["case_id"],
         model=first["llm_model"], harness=first.get("harness"), n_samples=len(samples), n_valid=n_valid,
-        min_valid=opts.min_valid, trainable=not {"too_few_valid", "incomplete"} & set(flags), flags=flags,
-        mean_score=mean, std_score=std, advantage=AdvantageSpec(normalize=opts.normalize, eps=opts.eps),
+        min_valid=opts.min_valid, trainable=not {"too_few_valid", "incomplete", "stale"} & set(flags),
+        flags=flags, min_policy_version=min(stamped, default=None), max_policy_version=max(stamped, default=None),
+        policy_lag=lag, mean_score=mean, std_score=std, advantage=AdvantageSpec(normalize=opts.normalize, eps=opts.eps),
         samples=samples)
 
 
@@ -213,11 +256,13 @@ async def load_groups(queries: FeedQueries, job_id: str, entries: Sequence[Mappi
                                             with_messages=opts.view == "full" or with_request) if step_view else {}
     versions = None if step_view else await queries.policy_versions(sids)
     routes = None if step_view else await queries.step_routes(sids)
+    unversioned = (await queries.unversioned_sessions(sids) if not step_view and opts.max_policy_lag is not None
+                   else None)
     out = []
     for entry, gid in zip(entries, group_ids, strict=True):
         members = by_group.get(gid)
         if not members:
             continue
         mine = {r["env_id"]: steps.get(r["env_id"], []) for r in members}
-        out.append((build_group(entry, members, mine, opts, versions, routes), mine))
+        out.append((build_group(entry, members, mine, opts, versions, routes, unversioned), mine))
     return out

@@ -94,8 +94,12 @@ class AdvantageSpec(BaseModel):
 class FeedGroupOut(BaseModel):
     """One ready group. ``cursor`` is its ``ready_seq`` (pass it as ``after`` to continue after
     it; None in an export of a group that never became ready). ``trainable`` is False when it has
-    fewer than ``min_valid`` valid samples (flag ``too_few_valid``) or unfinished ones
-    (``incomplete``); ``no_signal``: its valid scores are all equal (every advantage 0)."""
+    fewer than ``min_valid`` valid samples (flag ``too_few_valid``), unfinished ones
+    (``incomplete``), or, when the reader bounds the policy lag, steps too old or of unknown
+    version (``stale``); ``no_signal``: its valid scores are all equal (every advantage 0).
+    ``min_policy_version``/``max_policy_version``: over the versions stamped on its samples'
+    steps (None when none is). ``policy_lag``: the reader's current version minus
+    ``min_policy_version``, only when it bounds the lag (None: not asked, or unknown)."""
 
     cursor: int | None
     revision: int = 1
@@ -111,6 +115,9 @@ class FeedGroupOut(BaseModel):
     min_valid: int
     trainable: bool
     flags: list[str] = Field(default_factory=list)
+    min_policy_version: int | None = None
+    max_policy_version: int | None = None
+    policy_lag: int | None = None
     mean_score: float | None = None
     std_score: float | None = None
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec)

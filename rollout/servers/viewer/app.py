@@ -28,7 +28,7 @@ from rollout.servers.viewer.report import build_report, plotly_js
 from rollout.servers.viewer.stats import HiddenFields, compare_cases, records_of, row_key, summary
 from rollout.servers.viewer.trajectory_view import divergence, start_request_view, step_views
 from store.queries import SORTS, SessionFilter, ViewerQueries
-from store.text import display_text
+from wire.text import display_text
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent

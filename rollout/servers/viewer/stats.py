@@ -68,18 +68,18 @@ def _row_at(records: Sequence[SessionRecord], row: SummaryRow, k: int) -> Summar
     return summarize(mine, k=k)[0]
 
 
-Outcome = tuple[int, int, float | None]
+CaseTally = tuple[int, int, float | None]
 """(samples, passing samples, mean score of the scored samples or None)."""
 
 
 @dataclass
 class CaseDelta:
-    """One case in two jobs: its :data:`Outcome` in A and in B (None: that job did not run it)."""
+    """One case in two jobs: its :data:`CaseTally` in A and in B (None: that job did not run it)."""
 
     env_name: str
     case_id: str
-    a: Outcome | None
-    b: Outcome | None
+    a: CaseTally | None
+    b: CaseTally | None
 
     @property
     def delta(self) -> float | None:
@@ -89,7 +89,7 @@ class CaseDelta:
         return self.b[2] - self.a[2]
 
 
-def _by_case(cases: Sequence[Counts]) -> dict[tuple[str, str], Outcome]:
+def _by_case(cases: Sequence[Counts]) -> dict[tuple[str, str], CaseTally]:
     acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
     for c in cases:
         a = acc[(c["env_name"], c["case_id"])]

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.assembly import read_answer
-from store.text import json_text
+from wire.assembly import read_answer
+from wire.text import json_text
 
 PREVIEW_CHARS = 160
 

@@ -1,11 +1,5 @@
-"""Incremental Server-Sent Events parser and writers (WHATWG HTML, "Server-sent events").
-
-:class:`SSEParser` follows "Parsing/Interpreting an event stream": UTF-8 with one leading BOM
-stripped, CRLF/LF/CR line ends (a CR and LF split across reads are one), ``:`` comments ignored,
-a blank line dispatches unless the data is empty, an unterminated last event is discarded.
-Framing works on bytes with no line-length limit, in O(total bytes). Details:
-docs/gateway-protocols.md.
-"""
+"""Incremental Server-Sent Events parser and writers (WHATWG HTML, "Server-sent events"; the rules:
+docs/gateway-protocols.md, "SSE parsing")."""
 
 from __future__ import annotations
 
@@ -20,22 +14,7 @@ _LINE_SPLIT = re.compile(r"\r\n|\r|\n")
 
 @dataclass(slots=True)
 class SSEEvent:
-    """One dispatched server-sent event (WHATWG HTML, "Server-sent events", dispatch step).
-
-    * ``event``: the ``event:`` field value, or None when the block had none (the spec then
-      uses the type ``"message"``).
-    * ``data``: the ``data:`` field values joined with ``"\\n"`` (never has a trailing newline).
-    * ``id``: the last event ID buffer at dispatch time (as the spec's ``lastEventId``: it
-      persists from earlier blocks until another ``id:`` line changes it), or None if no
-      ``id:`` line was ever seen.
-    * ``retry``: the reconnection time in ms given by a valid ``retry:`` line in this block, or
-      None.
-    * ``raw``: the exact bytes of this event block, from the first byte after the previous block
-      (comment lines of the block included, a stripped BOM excluded) up to and including the
-      terminating blank line, so the block can be forwarded verbatim. One exception: when the
-      blank line is a CR that ends a read and the next read starts with its LF, that LF is
-      consumed as part of the line end and appears in no ``raw``.
-    """
+    """One dispatched server-sent event; ``raw`` is the block's exact bytes, to forward verbatim."""
 
     event: str | None
     data: str
@@ -45,25 +24,10 @@ class SSEEvent:
 
 
 class SSEParser:
-    """Incremental byte-level parser for a ``text/event-stream`` body.
-
-    Follows the WHATWG HTML standard, section "Server-sent events" (event stream parsing and
-    interpretation; see the module docstring for the rules). Feed the body bytes as they arrive,
-    in pieces of any size; the resulting event list does not depend on where the pieces are cut.
-
-    Usage::
-
-        parser = SSEParser()
-        for piece in body_pieces:
-            for ev in parser.feed(piece):
-                ...
-        parser.close()   # always [] (an unterminated last event is discarded, per the spec)
-
-    Attributes after parsing: ``last_event_id`` (str | None) and ``retry`` (the last valid
-    reconnection time in ms, or None); ``pending_bytes`` is the count of buffered bytes of the
-    current, not yet terminated block (non-zero at EOF means the stream ended mid-event or
-    mid-line; blocks ended by a blank line, dispatched or not, are dropped from the buffer).
-    """
+    """Incremental byte-level parser of a ``text/event-stream`` body: :meth:`feed` the bytes as they
+    arrive, in pieces of any size (the events do not depend on where they are cut), then
+    :meth:`close` (an unterminated last event is discarded). ``last_event_id``, ``retry`` and
+    ``pending_bytes`` tell the state after parsing."""
 
     __slots__ = (
         "_buf",
@@ -99,10 +63,7 @@ class SSEParser:
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[SSEEvent]:
-        """Add the next bytes of the stream; return the events completed by them, in order.
-
-        Raises RuntimeError after ``close()``.
-        """
+        """Add the next bytes of the stream; the events they complete, in order. RuntimeError after close."""
         if self._closed:
             raise RuntimeError("SSEParser.feed() after close()")
         if not data:
@@ -127,8 +88,7 @@ class SSEParser:
         return self._parse_lines()
 
     def close(self) -> list[SSEEvent]:
-        """Signal end of stream. Returns [] : per the spec an event that was not terminated by a
-        blank line is discarded, never dispatched. Clears the buffer."""
+        """End of stream: clears the buffer; returns [] (an unterminated event is never dispatched)."""
         self._closed = True
         self._buf.clear()
         self._scan = self._line_start = 0
@@ -218,25 +178,15 @@ class SSEParser:
 
 
 def sse_comment(text: str = "") -> bytes:
-    """Encode ``text`` as SSE comment line(s) (WHATWG "Server-sent events": lines starting with
-    ``:``), e.g. ``sse_comment("ping") == b": ping\\n"``.
-
-    Deliberately NOT followed by a blank line: openai-python's decoder dispatches an empty-data
-    event on a lone blank line once an ``id:`` was seen, and then fails to parse it.
-    A comment line between two complete events is ignored by every conforming parser. Multi-line
-    text becomes one comment line per line.
-    """
+    """``text`` as SSE comment line(s), ``sse_comment("ping") == b": ping\\n"``, deliberately with no
+    blank line after (openai-python fails on the empty event a lone blank line dispatches)."""
     lines = _LINE_SPLIT.split(text) if text else [""]
     return "".join(f": {line}\n" if line else ":\n" for line in lines).encode("utf-8")
 
 
 def format_event(data: str, event: str | None = None) -> bytes:
-    """Encode one SSE event (WHATWG "Server-sent events" wire format): an optional
-    ``event: NAME`` line, one ``data: LINE`` line per line of ``data`` (split on CRLF, CR or LF,
-    so a conforming parser gets ``data`` back joined with ``"\\n"``), then a blank line.
-
-    Raises ValueError when ``event`` contains a line break.
-    """
+    """One SSE event: an optional ``event:`` line, one ``data:`` line per line of ``data``, a blank
+    line. ValueError for an event name with a line break."""
     parts: list[str] = []
     if event is not None:
         if "\n" in event or "\r" in event:

@@ -1,11 +1,5 @@
-"""Strict JSON toward the client: the one rule for non-finite numbers an upstream sends.
-
-``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259 section 6), yet Python-based
-servers emit them (in logprobs, typically). The gateway replaces each by ``null``, in
-non-streamed bodies and in SSE events alike, on every protocol, and records exactly what the
-client got (``meta_json.non_finite_numbers`` counts the replacements). Why ``null``: see
-docs/gateway-semantics.md, "Strict JSON".
-"""
+"""Strict JSON toward the client: each ``NaN``/``Infinity``/``-Infinity`` an upstream sends becomes
+``null``, in bodies and SSE events alike (docs/gateway-semantics.md, "Strict JSON")."""
 
 from __future__ import annotations
 
@@ -15,8 +9,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from gateway.sse import SSEEvent
-from store.text import json_text
+from wire.sse import SSEEvent
+from wire.text import json_text
 
 _LINE = re.compile(rb"\r\n|\r|\n")
 
@@ -35,7 +29,7 @@ def loads_strict(text: str | bytes) -> tuple[Any, int]:
 
 def compact(obj: Any) -> str:
     """Compact strict JSON text (no spaces, UTF-8 kept; all ``\\uXXXX`` escapes when a string
-    holds a lone surrogate: :func:`store.text.json_text`)."""
+    holds a lone surrogate: :func:`wire.text.json_text`)."""
     return json_text(obj, separators=(",", ":"), allow_nan=False)
 
 
@@ -54,9 +48,8 @@ def may_hold_non_finite(raw: bytes) -> bool:
 
 
 def strict_event(ev: SSEEvent) -> tuple[SSEEvent, int]:
-    """``ev`` with its JSON data made strict (the event block rebuilt with one ``data:`` line where
-    its first one was, every other line kept), and the number of replacements; ``ev`` itself
-    when there is nothing to replace (or its data is not JSON)."""
+    """``ev`` with its JSON data made strict (:func:`with_data`), and the number of replacements; ``ev``
+    itself when there is nothing to replace."""
     if not may_hold_non_finite(ev.raw):
         return ev, 0
     try:
@@ -69,9 +62,7 @@ def strict_event(ev: SSEEvent) -> tuple[SSEEvent, int]:
 
 
 def with_data(ev: SSEEvent, data: str) -> SSEEvent:
-    """``ev`` with its data replaced by ``data`` (one line of JSON): the block rebuilt with one
-    ``data:`` line where its first one was, every other line (``event:``, ``id:``, comments)
-    kept."""
+    """``ev`` with its data replaced by one line of JSON, every other line of the block kept."""
     lines: list[bytes] = []
     data_written = False
     for line in _LINE.split(ev.raw):

@@ -1,12 +1,5 @@
-"""Assemble a streamed chat completion into the non-streaming ``chat.completion`` object.
-
-Input is OpenAI's chat streaming format (``chat.completion.chunk`` events, then ``[DONE]``) with
-the variations OpenAI-compatible servers add (empty ``choices``, null deltas, two names for
-reasoning, tool calls keyed by ``index`` or not, usage on several chunks, an error object inside
-a 200 stream, EOF without ``[DONE]``): each is listed in docs/gateway-protocols.md. The
-assembler never raises on odd chunks; a chunk that is not a JSON object counts in
-``invalid_count``.
-"""
+"""Assemble a streamed chat completion into the ``chat.completion`` object, accepting the
+variations OpenAI-compatible servers add (docs/gateway-protocols.md, "Chat stream assembly")."""
 
 from __future__ import annotations
 
@@ -14,9 +7,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
-from gateway.sse import SSEEvent
-from store.models import StepStatus
+from wire.assembly.base import Answer, as_int, parse_event_json, text_of
+from wire.sse import SSEEvent
+from wire.status import StepStatus
 
 __all__ = ["ChatStreamAssembler", "message_of", "read_chat", "reasoning_of", "usage_of"]
 
@@ -68,32 +61,9 @@ _text = text_of
 
 
 class ChatStreamAssembler:
-    """Accumulates ``chat.completion.chunk`` objects (OpenAI chat streaming format) into one
-    ``chat.completion`` object, as a non-streaming call would have returned it.
-
-    Feed each parsed ``data:`` JSON object to :meth:`feed_chunk` and ``[DONE]`` to
-    :meth:`feed_done` (or pass the raw data text to :meth:`feed_data`, which does both). Then
-    :meth:`result` gives::
-
-        {"id", "object": "chat.completion", "created", "model",
-         "choices": [{"index", "message": {"role", "content", "reasoning_content"?,
-                                           "tool_calls"?, "refusal"?, "function_call"?},
-                      "finish_reason", "logprobs", "token_ids"?, <vendor choice keys>...}],
-         "usage": dict | None, "prompt_token_ids"?, <vendor top-level keys>...}
-
-    Rules: choices by their ``index``; role defaults to ``"assistant"``; content is None unless
-    a string arrived; reasoning from ``delta.reasoning`` and ``delta.reasoning_content`` is
-    joined in arrival order (one delta carrying both with the same text counts once) and stored
-    as ``message.reasoning_content``; tool calls are keyed by ``index`` (``id``/``type``/name
-    from the first delta that has them; a repeated name is not appended; ``arguments``
-    concatenated); an entry without ``index`` starts a new call when it carries an ``id`` (or a
-    function name) that differs from the last call's, else it extends the last call, except that
-    when one delta holds m > 1 entries with neither ``index`` nor ``id``, entry k continues the
-    k-th of the last m calls (parallel calls streamed side by side); two calls with different
-    ids are never merged; finish_reason and vendor keys: last non-null value; usage: last
-    non-null object (never summed); ``logprobs.content`` lists and ``token_ids`` lists
-    concatenated; ``prompt_token_ids``: first seen.
-    """
+    """Accumulates ``chat.completion.chunk`` objects into the ``chat.completion`` a non-streaming call
+    would have returned: :meth:`feed_chunk` each JSON object, :meth:`feed_done` at ``[DONE]`` (or
+    :meth:`feed_data` for both), then :meth:`result`. Merge rules: docs/gateway-protocols.md."""
 
     def __init__(self) -> None:
         self.saw_done: bool = False
@@ -116,9 +86,8 @@ class ChatStreamAssembler:
         return self.saw_done
 
     def feed_event(self, ev: SSEEvent) -> Any:
-        """Feed one dispatched SSE event (:class:`gateway.assembly.base.StreamAssembler`):
-        ``[DONE]`` ends the stream; JSON goes to :meth:`feed_chunk` and is returned; a payload that
-        is not JSON counts in ``invalid_count`` and returns None."""
+        """Feed one SSE event: ``[DONE]`` ends the stream; JSON is fed and returned; other data counts in
+        ``invalid_count`` (None)."""
         if ev.data == "[DONE]":
             self.feed_done()
             return None
@@ -433,10 +402,7 @@ def reasoning_of(message: Any) -> str | None:
 
 
 def read_chat(response: Any) -> Answer:
-    """The :class:`Answer` of a ``chat.completion`` object (choice 0): ``content``,
-    ``reasoning_content``/``reasoning``, ``tool_calls`` as sent, ``finish_reason``, and
-    ``usage.prompt_tokens``/``completion_tokens``/``total_tokens``. Any other value (an error
-    body, a non-dict) gives an empty Answer."""
+    """The :class:`Answer` of a ``chat.completion`` (choice 0); an empty one for anything else."""
     message = message_of(response)
     content = message.get("content")
     calls = message.get("tool_calls")

@@ -1,27 +1,21 @@
-"""Assemble an Anthropic Messages stream into the ``message`` object, and read a message.
-
-Follows the anthropic SDK's own accumulator: the base is ``message_start.message``, blocks are
-keyed by ``index``, deltas are appended per block, ``tool_use`` input is parsed once from the
-joined ``partial_json`` (kept as raw text when it is not JSON), ``message_delta`` usage is
-cumulative. Status: ``error`` after an ``error`` event, ``ok`` after ``message_stop``, else
-``truncated``; odd events never raise. Details: docs/gateway-protocols.md.
-"""
+"""Assemble an Anthropic Messages stream into the ``message`` object as the anthropic SDK's own
+accumulator does, and read a message (docs/gateway-protocols.md, "Anthropic Messages stream
+assembly")."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
-from gateway.sse import SSEEvent
-from store.models import StepStatus
+from wire.assembly.base import Answer, as_int, parse_event_json, text_of
+from wire.sse import SSEEvent
+from wire.status import StepStatus
 
 __all__ = ["MessagesStreamAssembler", "read_messages"]
 
 class MessagesStreamAssembler:
-    """Accumulates Anthropic Messages stream events (see the module docstring) into one
-    ``message`` object. Feed each dispatched SSE event to :meth:`feed_event`; then
-    :meth:`result` gives the message and :meth:`status` ``ok`` | ``error`` | ``truncated``."""
+    """Accumulates Anthropic Messages stream events into one ``message``; :meth:`status` is ``ok``,
+    ``error`` or ``truncated``."""
 
     def __init__(self) -> None:
         self.chunk_count = 0
@@ -136,12 +130,7 @@ class MessagesStreamAssembler:
 
 
 def read_messages(response: Any) -> Answer:
-    """The :class:`Answer` of an Anthropic ``message`` object: text of its ``text`` blocks
-    (joined), reasoning from its ``thinking`` blocks, tool calls from its ``tool_use`` blocks in
-    the OpenAI shape (``arguments`` = ``input`` as compact JSON text, or the raw text when the
-    streamed input was not valid JSON), ``finish_reason`` = ``stop_reason``, usage
-    ``input_tokens`` -> prompt, ``output_tokens`` -> completion, total = their sum (the cache
-    token counts stay in the recorded ``usage`` object only)."""
+    """The :class:`Answer` of an Anthropic ``message`` object."""
     if not isinstance(response, dict):
         return Answer()
     texts: list[str] = []

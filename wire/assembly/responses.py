@@ -1,19 +1,14 @@
-"""Assemble an OpenAI Responses stream into the ``response`` object, and read a response.
-
-The recorded answer is the terminal event's ``response`` (``response.completed``, ``.incomplete``
-or ``.failed``), never a rebuild from deltas, except when its ``output`` is empty while output
-events came (``output_from_events``). Without a terminal event the answer is the last lifecycle
-snapshot with the output accumulated from the events, status ``truncated``; an ``error`` event or
-``response.failed`` makes it ``error``. Odd events never raise. Details: docs/gateway-protocols.md.
-"""
+"""Assemble an OpenAI Responses stream into the ``response`` object (the terminal event's, never a
+rebuild from deltas unless its ``output`` is empty), and read a response
+(docs/gateway-protocols.md, "Responses stream assembly")."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.assembly.base import Answer, as_int, parse_event_json, text_of
-from gateway.sse import SSEEvent
-from store.models import StepStatus
+from wire.assembly.base import Answer, as_int, parse_event_json, text_of
+from wire.sse import SSEEvent
+from wire.status import StepStatus
 
 __all__ = ["TERMINAL_EVENTS", "ResponsesStreamAssembler", "read_responses"]
 
@@ -29,9 +24,8 @@ _PART_TEXT = {
 
 
 class ResponsesStreamAssembler:
-    """Accumulates Responses stream events (see the module docstring) into one ``response``
-    object. Feed each dispatched SSE event to :meth:`feed_event`; then :meth:`result` gives the
-    ``response`` object and :meth:`status` ``ok`` | ``error`` | ``truncated``."""
+    """Accumulates Responses stream events into one ``response``; :meth:`status` is ``ok``, ``error`` or
+    ``truncated``."""
 
     def __init__(self) -> None:
         self.chunk_count = 0
@@ -56,10 +50,8 @@ class ResponsesStreamAssembler:
         return self.terminal_type is not None
 
     def feed_event(self, ev: SSEEvent) -> Any:
-        """Feed one SSE event; returns its parsed JSON (None when it is not JSON). The type is the
-        payload's ``type``, else the ``event:`` field. A ``[DONE]`` sentinel (some OpenAI-compatible
-        servers end a Responses stream with one) is neither counted nor an end: only a terminal
-        event ends the stream."""
+        """Feed one SSE event (its type: the payload's ``type``, else ``event:``); returns its JSON or None.
+        A ``[DONE]`` is neither counted nor an end."""
         if ev.data == "[DONE]":
             return None
         self.chunk_count += 1
@@ -167,9 +159,7 @@ class ResponsesStreamAssembler:
         return StepStatus.OK if self.finished else StepStatus.TRUNCATED
 
     def notes(self) -> dict[str, Any]:
-        """Extra ``meta_json`` keys: ``invalid_events`` when some event was not JSON,
-        ``output_from_events`` when the terminal response had no output and the accumulated one
-        was recorded (read after :meth:`result`)."""
+        """``invalid_events`` and ``output_from_events`` when they apply (read after :meth:`result`)."""
         out: dict[str, Any] = {"invalid_events": self.invalid_count} if self.invalid_count else {}
         if self.output_from_events:
             out["output_from_events"] = True
@@ -218,12 +208,7 @@ class ResponsesStreamAssembler:
 
 
 def read_responses(response: Any) -> Answer:
-    """The :class:`Answer` of a Responses ``response`` object: text of the ``output_text``
-    parts of ``message`` items (joined as the openai SDK's ``output_text`` does), reasoning from
-    ``reasoning`` items (their ``content`` texts, else their ``summary`` texts), tool calls from
-    ``function_call`` items (``call_id`` as the id, ``arguments`` as sent), ``finish_reason``
-    = ``incomplete_details.reason`` for an incomplete response, else ``status``; usage
-    ``input_tokens``/``output_tokens``/``total_tokens`` (total = input + output when absent)."""
+    """The :class:`Answer` of a Responses ``response`` object."""
     if not isinstance(response, dict):
         return Answer()
     texts: list[str] = []

@@ -1,5 +1,5 @@
 """Stream assembly and answer reading for the three protocols (chat, Responses, Anthropic
-Messages): a stream assembler per protocol (:class:`gateway.assembly.base.StreamAssembler`) and a
+Messages): a stream assembler per protocol (:class:`wire.assembly.base.StreamAssembler`) and a
 reader of a finished answer into an :class:`Answer`. :func:`read_answer` picks the reader by the
 step's ``endpoint``; the promoted step columns and the launcher's trajectory builder both use it.
 Pure data code (no HTTP). Rules: docs/gateway-protocols.md.
@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.assembly.anthropic import MessagesStreamAssembler, read_messages
-from gateway.assembly.base import Answer, StreamAssembler
-from gateway.assembly.chat import ChatStreamAssembler, message_of, read_chat, reasoning_of, usage_of
-from gateway.assembly.responses import ResponsesStreamAssembler, read_responses
+from wire.assembly.anthropic import MessagesStreamAssembler, read_messages
+from wire.assembly.base import Answer, StreamAssembler
+from wire.assembly.chat import ChatStreamAssembler, message_of, read_chat, reasoning_of, usage_of
+from wire.assembly.responses import ResponsesStreamAssembler, read_responses
 
 __all__ = [
     "READERS",

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.assembly import ChatStreamAssembler, message_of, reasoning_of, usage_of
-from gateway.sse import SSEParser
 from tests.faults import (
     CHAT_FAULT_STREAMS,
     COMMENTS_AND_KEEPALIVES,
@@ -19,6 +17,8 @@ from tests.faults import (
     REASONING_VARIANTS,
     SPLIT_EVENTS_AND_CRLF,
 )
+from wire.assembly import ChatStreamAssembler, message_of, reasoning_of, usage_of
+from wire.sse import SSEParser
 
 PARALLEL_EXPECTED = [
     {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},

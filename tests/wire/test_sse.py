@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from gateway.sse import SSEEvent, SSEParser, format_event, sse_comment
 from tests.faults import COMMENTS_AND_KEEPALIVES, SPLIT_EVENTS_AND_CRLF
+from wire.sse import SSEEvent, SSEParser, format_event, sse_comment
 
 # A stream mixing every framing feature: BOM, comments, CRLF / CR / LF, multi-line data, event
 # and id fields, data-less blocks, retry, a multibyte character, an empty data value.

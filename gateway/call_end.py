@@ -1,6 +1,6 @@
-"""The typed vocabulary of one call's ending: the step status (:class:`store.StepStatus`), the
-phase a failure happened in, one upstream attempt, and the :class:`Outcome` that
-:meth:`gateway.call.Call.finish` turns into a step row, a metric and a settled retry claim."""
+"""How one call ended: the phase a failure happened in, one upstream attempt, and the
+:class:`CallEnd` that :meth:`gateway.call.Call.finish` turns into a step row, a metric and a
+settled retry claim."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.idempotency import Replay
-from store import StepStatus
+from wire.status import StepStatus
 
-__all__ = ["Attempt", "Outcome", "Phase", "StepStatus"]
+__all__ = ["Attempt", "CallEnd", "Phase"]
 
 
 class Phase(StrEnum):
@@ -41,7 +41,7 @@ class Attempt:
 
 
 @dataclass(slots=True)
-class Outcome:
+class CallEnd:
     """How one call ended. ``status``: the step's status (None: no step row, a synthetic stop);
     ``status_code``: the step's HTTP status column; ``response``: the recorded response;
     ``meta``: extra ``meta_json`` keys; ``answered``: the HTTP status the client got (counted in
