@@ -56,13 +56,14 @@ def list_battery() -> int:
     return 0
 
 
-def print_report(report: AuditReport) -> None:
-    """The table, then the verdict and where the sessions are."""
+def print_report(report: AuditReport, kept: bool) -> None:
+    """The table, then the verdict and where the sessions are (``kept``: in a store of the user's)."""
     print(render_table(table_rows(report)))
     print()
     print(verdict_line(report))
+    where = f"store {report.store}" if kept else "sessions not kept: --db-path keeps them"
     print(f"job {report.job_id}: {len(report.findings)} findings on {len(report.cases)} case(s) in "
-          f"{report.duration_s:.0f} s (store {report.store})")
+          f"{report.duration_s:.0f} s ({where})")
 
 
 def main(argv: list[str]) -> int:
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
-        print_report(report)
+        print_report(report, kept=args.db_path is not None)
         if args.report is not None:
             print(f"report written to {args.report}")
     return exit_code(report)
