@@ -100,8 +100,9 @@ class ChatPolicy:
 
     def __init__(self, engine: Engine, *, lock: threading.Lock | None = None,
                  default_max_tokens: int | None = None, defaults: SamplingParams | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, max_tokens_cap: int | None = None) -> None:
         self.engine, self.model_name = engine, engine.name
+        self.max_tokens_cap = max_tokens_cap  # no completion longer, whatever the request asks
         # requests without a seed draw one from this stream (in arrival order): a run repeats
         self._seeds = None if seed is None else np.random.default_rng(seed)
         self.defaults = defaults or SamplingParams(max_new_tokens=0)  # temperature, top_p, top_k a request omits
@@ -170,6 +171,8 @@ class ChatPolicy:
                                f"{self.context_length} tokens", param="messages", code="context_length_exceeded")
         asked = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
         max_new = asked if room is None else min(asked or room, room)
+        if self.max_tokens_cap is not None:
+            max_new = min(max_new or self.max_tokens_cap, self.max_tokens_cap)
         if max_new is None:
             raise RequestError("max_tokens is required: the model reports no context length", param="max_tokens")
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
@@ -371,12 +374,14 @@ class PolicyServer:
     ``lock`` (shared with the trainer) is held for each whole generation."""
 
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "policy", host: str = "127.0.0.1",
-                 port: int = 0, lock: threading.Lock | None = None, default_max_tokens: int | None = None) -> None:
+                 port: int = 0, lock: threading.Lock | None = None, default_max_tokens: int | None = None,
+                 seed: int | None = None, max_tokens_cap: int | None = None) -> None:
         # torch is imported only here: the llama.cpp token server (rollout.cli.token_server) has none
         from rollout.train.hf_engine import TransformersEngine
 
         self.policy = ChatPolicy(TransformersEngine(model, tokenizer, name=model_name), lock=lock,
-                                 default_max_tokens=default_max_tokens)
+                                 default_max_tokens=default_max_tokens, seed=seed,
+                                 max_tokens_cap=max_tokens_cap)
         self.host, self.port = host, port
         self.base_url = ""
         self._server: uvicorn.Server | None = None

@@ -1,0 +1,200 @@
+"""``launcher.py train``: GRPO (TRL's ``GRPOTrainer``) on a bundled env with the embedded model,
+its sessions run as launcher jobs through a gateway whose route is the trainer's own model
+(docs/training.md, "Training with TRL"). Prints one line per step and the held-out evaluation
+before and after; writes the curve (PNG and HTML) into the output folder."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions
+
+__all__ = ["TrainArgs", "main", "parse_args", "train"]
+
+
+@dataclass
+class TrainArgs:
+    """The ``train`` flags (``--help``)."""
+
+    env: str = "basics"
+    cases: list[str] | None = None
+    eval_cases: list[str] | None = None
+    steps: int = 16
+    samples: int = 8
+    cases_per_step: int = 1
+    lr: float = 5e-6
+    beta: float = 0.0
+    max_new_tokens: int = 48
+    temperature: float | None = None
+    seed: int = 0
+    out: Path | None = None
+    model_config: str = "embedded"
+    agent_root: Path = Path("env")
+    sandbox: str = "bwrap"
+    pool_size: int = 4
+    max_reruns: int = 2
+    max_retries: int = 2
+    eval_samples: int = 1
+
+
+def parse_args(argv: list[str]) -> TrainArgs:
+    """``train`` flags to :class:`TrainArgs` (argparse exits 2 on a bad flag)."""
+    p = argparse.ArgumentParser(prog="launcher.py train", description=__doc__)
+    p.add_argument("--env", default="basics", help="the env to train on (default: basics)")
+    p.add_argument("--cases", default="run_script", help="comma-separated case ids trained on (default: run_script)")
+    p.add_argument("--eval-cases", default=None,
+                   help="comma-separated case ids of the held-out evaluation (default: every case of the env)")
+    p.add_argument("--steps", type=int, default=16, help="optimizer steps (default 16)")
+    p.add_argument("--samples", type=int, default=8, help="samples per case per step: the GRPO group (default 8)")
+    p.add_argument("--cases-per-step", type=int, default=1, help="cases (groups) per step (default 1)")
+    p.add_argument("--lr", type=float, default=5e-6, help="learning rate (default 5e-6)")
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (default 0: no reference model)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="the longest completion of one model call")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the env's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the trainer and of the policy server's sampling")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/train-<time>)")
+    p.add_argument("--model-config", choices=["embedded", "tiny"], default="embedded",
+                   help="embedded: SmolLM2-135M from the bundled GGUF; tiny: a 2-layer model built in memory")
+    p.add_argument("--agent-root", type=Path, default=Path("env"), help="the envs' folder (default env)")
+    p.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap")
+    p.add_argument("--pool-size", type=int, default=4, help="sessions at once (default 4)")
+    p.add_argument("--max-reruns", type=int, default=2,
+                   help="jobs run again for samples that cannot be trained on (default 2)")
+    p.add_argument("--max-retries", type=int, default=2, help="the launcher's retries of an infrastructure failure")
+    p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out case (default 1, greedy)")
+    ns = p.parse_args(argv)
+    if min(ns.steps, ns.samples, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples) < 1:
+        p.error("--steps, --samples, --cases-per-step, --max-new-tokens and --eval-samples must be at least 1")
+
+    def listed(v: str | None) -> list[str] | None:
+        return [c.strip() for c in v.split(",") if c.strip()] if v else None
+
+    return TrainArgs(env=ns.env, cases=listed(ns.cases), eval_cases=listed(ns.eval_cases), steps=ns.steps,
+                     samples=ns.samples, cases_per_step=ns.cases_per_step, lr=ns.lr, beta=ns.beta,
+                     max_new_tokens=ns.max_new_tokens, temperature=ns.temperature, seed=ns.seed, out=ns.out,
+                     model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
+                     pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
+                     eval_samples=ns.eval_samples)
+
+
+def load_policy(name: str, seed: int) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of ``--model-config``."""
+    if name == "tiny":
+        from rollout.train.tiny import tiny_policy
+
+        return tiny_policy(seed)
+    from rollout.train.embedded import load_embedded_policy
+
+    return load_embedded_policy()
+
+
+def _step_line(step: int, stats: Any) -> str:
+    return (f"step {step:3d}  mean reward {stats.mean_reward:5.2f}  pass rate {stats.pass_rate:4.2f}  "
+            f"disagreeing groups {stats.disagreeing_groups}/{stats.groups}  tokens trained {stats.tokens_trained:5d}  "
+            f"dropped {stats.dropped}  {stats.seconds:6.1f} s")
+
+
+def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
+    """Run the training; returns ``{"history", "evals", "png", "html", "rollout"}``."""
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rollout.jobs.job import load_envs
+    from rollout.train.adapters import env_reward
+    from rollout.train.curve import write_curve
+    from rollout.train.policy_server import PolicyServer
+    from rollout.train.sync import PolicySync
+    from rollout.train.trl_rollout import JobRollout, policy_gateway
+
+    out = (args.out or Path("runs") / f"train-{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    db_url = f"sqlite://{out / 'train.db'}"
+    probe = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_config=out / "gateway.yaml")
+    ((env_cfg, all_cases),) = load_envs(probe)
+    case_ids = args.cases or [c.case_id for c in all_cases]
+    eval_ids = args.eval_cases or [c.case_id for c in all_cases]
+    unknown = sorted(set(case_ids + eval_ids) - {c.case_id for c in all_cases})
+    if unknown:
+        raise SetupError(f"--cases/--eval-cases: env {args.env} has no case {unknown}")
+    print(f"loading the {args.model_config} model", file=stdout, flush=True)
+    model, tokenizer = load_policy(args.model_config, args.seed)
+    evals: dict[str, tuple[float, float, int]] = {}
+    with PolicyServer(model, tokenizer, model_name="policy", seed=args.seed,
+                      max_tokens_cap=args.max_new_tokens) as server, \
+            policy_gateway(out, db_url, server.base_url) as (cfg, gateway_url):
+        template = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_base_url=gateway_url,
+                              gateway_config=cfg, llm_model=["policy"], enable_evaluation=True, db_path=db_url,
+                              pool_size=args.pool_size, sandbox=args.sandbox,  # type: ignore[arg-type]
+                              llm_temperature=args.temperature, max_retries=args.max_retries)
+        rollout = JobRollout(template, args.samples, job_prefix="train", out_dir=out / "jobs",
+                             max_reruns=args.max_reruns)
+
+        def evaluate(when: str) -> None:
+            mean, rate, n = rollout.evaluate(eval_ids, f"eval-{when}", samples=args.eval_samples)
+            evals[when] = (mean, rate, n)
+            print(f"eval {when:6s}  mean reward {mean:5.2f}  pass rate {rate:4.2f}  ({n} samples, greedy, "
+                  f"cases {', '.join(eval_ids)})", file=stdout, flush=True)
+
+        class _Print(TrainerCallback):  # type: ignore[misc]
+            last = 0.0
+
+            def on_train_begin(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+                self.last = time.monotonic()
+
+            def on_step_end(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+                now = time.monotonic()
+                if rollout.history:  # the step's seconds: its rollout jobs, TRL's forward passes, the update
+                    rollout.history[-1] = replace(rollout.history[-1], seconds=now - self.last)
+                    print(_step_line(state.global_step, rollout.history[-1]), file=stdout, flush=True)
+                self.last = now
+
+        evaluate("before")
+        n_rows = args.samples * args.cases_per_step
+        config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=n_rows,
+                            num_generations=args.samples, max_completion_length=4096, learning_rate=args.lr,
+                            beta=args.beta, use_cpu=True, bf16=False, report_to=[], max_steps=args.steps,
+                            save_strategy="no", logging_steps=1, seed=args.seed, activation_checkpointing=False,
+                            disable_tqdm=True)
+        dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
+        trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, processing_class=tokenizer,
+                              train_dataset=dataset, rollout_func=rollout.rollout_func,
+                              callbacks=[PolicySync(server.lock, gateway_url), _Print()])
+        trainer.remove_callback(PrinterCallback)  # the per-step line above instead of TRL's log dicts
+        model.train()
+        trainer.train()
+        model.eval()
+        evaluate("after")
+    png, page = write_curve(rollout.history, evals, out)
+    print(f"curve: {png}  {page}", file=stdout, flush=True)
+    return {"history": rollout.history, "evals": evals, "png": png, "html": page, "rollout": rollout}
+
+
+def main(argv: list[str]) -> int:
+    """``launcher.py train ...``: 0 when the run finished; 2 with one line on a setup problem."""
+    args = parse_args(argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    warnings.filterwarnings("ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning)
+    start = time.monotonic()
+    try:
+        result = train(args)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"error: launcher.py train needs the train extra (pip install -e '.[train]'): {e}", file=sys.stderr)
+        return 2
+    before, after = result["evals"].get("before"), result["evals"].get("after")
+    if before and after:
+        print(f"held-out pass rate {before[1]:.2f} -> {after[1]:.2f}, mean reward {before[0]:.2f} -> {after[0]:.2f} "
+              f"in {time.monotonic() - start:.0f} s", flush=True)
+    return 0
