@@ -116,6 +116,9 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     from rollout.train.sync import PolicySync
     from rollout.train.trl_rollout import JobRollout, policy_gateway
 
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
+    # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
+    warnings.filterwarnings("ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning)
     out = (args.out or Path("runs") / f"train-{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     db_url = f"sqlite://{out / 'train.db'}"
@@ -148,10 +151,10 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         class _Print(TrainerCallback):  # type: ignore[misc]
             last = 0.0
 
-            def on_train_begin(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 self.last = time.monotonic()
 
-            def on_step_end(self, a: Any, state: Any, control: Any, **kw: Any) -> None:
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 now = time.monotonic()
                 if rollout.history:  # the step's seconds: its rollout jobs, TRL's forward passes, the update
                     rollout.history[-1] = replace(rollout.history[-1], seconds=now - self.last)
@@ -182,8 +185,6 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     """``launcher.py train ...``: 0 when the run finished; 2 with one line on a setup problem."""
     args = parse_args(argv)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    warnings.filterwarnings("ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning)
     start = time.monotonic()
     try:
         result = train(args)
