@@ -2,8 +2,7 @@
 #   make run    the main job: every bundled case on the embedded local model, graded
 #   make test   the whole test suite (offline; includes an end-to-end run on the local model and
 #               the store tests on a throwaway PostgreSQL server); what CI runs
-#   make test-fast  the fast tier: -m "not slow" (unit and gateway tests; no model, no CLI installs,
-#               no Ray, no PostgreSQL, no Chromium, no whole launcher jobs); tiers: docs/testing.md
+#   make test-fast  -m "not slow": no model, CLI installs, Ray, PostgreSQL, Chromium or launcher jobs (docs/testing.md)
 # ARGS="..." passes extra arguments, e.g. make run ARGS="--env gsm8k", make test ARGS="-k sse".
 PY := .venv/bin/python
 ARGS ?=
