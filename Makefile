@@ -21,9 +21,11 @@ test-fast: setup-test
 lint: setup-test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	.venv/bin/lint-imports
+	$(PY) scripts/docstring_ratio.py --max 0.15 wire gateway
 
 setup-run:
 	@scripts/setup.sh local
 
 setup-test:
-	@scripts/setup.sh dev,local,ray,postgres
+	@scripts/setup.sh dev,local,ray,postgres,train

@@ -7,7 +7,7 @@ gateway's ``write_batch`` for ``--steps`` steps per session (a growing conversat
 logprobs too when the store has those columns) and ``finish_job_session`` for every session (which
 appends each group's feed entry as its last session finishes: its cost per call is printed). Then
 starts ``launcher.py feed`` as a subprocess (uvicorn, one process) and reads every group from
-cursor 0 with ``rollout.client.FeedClient`` in pages of ``--limit``, once per view (``full``:
+cursor 0 with ``rollout.servers.feed.client.FeedClient`` in pages of ``--limit``, once per view (``full``:
 messages and tokens; ``tokens``: no messages; ``scores``: no steps), and prints groups/s,
 sessions/s, MB/s of JSON, and the feed process's resident memory before and at its peak (VmHWM);
 finally ``launcher.py export`` to JSONL and Parquet with their time and peak memory.
@@ -28,8 +28,8 @@ from typing import Any
 
 import _bench
 
-from rollout.client import FeedClient
-from store import JobEnvironment, SessionStep, Store
+from rollout.servers.feed.client import FeedClient
+from store import JobEnvironment, SessionResult, SessionStep, Store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,8 +70,8 @@ async def build(db: Path, sessions: int, group: int, steps: int) -> tuple[float,
     t1 = time.perf_counter()
     for i in range(sessions):
         score = float(rng.choice((0, 0, 10)))
-        await store.finish_job_session(f"s{i:06d}", reward=score, eval_meta=None, status="succeeded",
-                                       eval_status="scored" if i % 50 else "error")
+        await store.finish_job_session(f"s{i:06d}", SessionResult(
+            reward=score, status="succeeded", eval_status="scored" if i % 50 else "error"))
     per_finish = (time.perf_counter() - t1) / sessions
     await store.checkpoint()
     await store.close()

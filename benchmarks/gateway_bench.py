@@ -391,9 +391,10 @@ _SUBSYSTEMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recording: step rows + session snapshots (SessionStep/GatewaySession objects)",
      ("_Call.step ", "_snapshot ", "SessionManager.", "/sqlmodel/")),
     ("upstream client (aiohttp)", ("/aiohttp/",)),
-    ("request body parsing + validation (gateway/wire.py)", ("/gateway/wire.py",)),
+    ("request body parsing + validation (gateway/bodies.py, wire/requests.py)",
+     ("/gateway/bodies.py", "/wire/requests.py")),
     ("metrics (prometheus_client)", ("/prometheus_client/",)),
-    ("gateway's own code (gateway/chat.py etc., incl. the json and Response calls it makes)", ("/gateway/",)),
+    ("gateway's own code (gateway/, wire/, incl. the json and Response calls it makes)", ("/gateway/", "/wire/")),
     ("FastAPI / Starlette (routing, middleware, responses)", ("/fastapi/", "/starlette/")),
     ("uvicorn HTTP server (httptools)", ("/uvicorn/",)),
 )

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import _bench
 
+from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading.grader import Grader
 from rollout.grading.verifier import run_verifier
-from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
 EVALUATOR = REPO / "env" / "workspace" / "rule_evaluator.py"

@@ -2,13 +2,13 @@
 
     python benchmarks/harness_bench.py [--sessions 30] [--quick] [--json PATH]
 
-Both go through ``rollout.runner.run_runtime`` in the bubblewrap sandbox, alternating so machine
+Both go through ``rollout.sandbox.runner.run_runtime`` in the bubblewrap sandbox, alternating so machine
 noise hits both alike:
 
 - ``runtime``: an env's own runtime (``python -c``: read the start request, print a result line);
-- ``runtime+protocol``: the same importing ``rollout.protocol`` first (pydantic: what every
+- ``runtime+protocol``: the same importing ``rollout.contract.protocol`` first (pydantic: what every
   runtime built on ``env/runtime_kit.py`` pays anyway);
-- ``harness``: ``python -m rollout.harness_runtime`` with a tiny harness whose CLI is ``/bin/sh``
+- ``harness``: ``python -m rollout.contract.harness_runtime`` with a tiny harness whose CLI is ``/bin/sh``
   writing ``outputs/answer.json``: the wrapper's own cost (import, ``launch``, files, the CLI's
   start, reading the answer) on top of a runtime's.
 
@@ -26,16 +26,16 @@ from pathlib import Path
 import _bench
 import yaml
 
-from rollout.envs import load_env_config
-from rollout.harness import InstalledHarness, ensure_installed, load_harness
-from rollout.protocol import SimulationStartRequest
-from rollout.runner import CODE_ROOT, RuntimeCommand, run_runtime, sandbox_support
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import load_env_config
+from rollout.sandbox.harness_cache import InstalledHarness, ensure_installed, load_harness
+from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, run_runtime, sandbox_support
 
 RUNTIME = ("import json, sys; r = json.loads(sys.stdin.read()); "
            "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))")
-PROTOCOL_RUNTIME = "import rollout.protocol; " + RUNTIME
+PROTOCOL_RUNTIME = "import rollout.contract.protocol; " + RUNTIME
 PLUGIN = """
-from rollout.harness import Harness, HarnessLaunch
+from rollout.contract.harness import Harness, HarnessLaunch
 
 class Echo(Harness):
     name, version = "bench-echo", "1"

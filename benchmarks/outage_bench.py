@@ -34,15 +34,15 @@ from typing import Any
 import _bench
 import yaml
 
-from rollout.job import JobOptions, run_job
-from rollout.services import free_port
+from rollout.jobs.job import JobOptions, run_job
+from rollout.jobs.services import free_port
 from tests.fake_upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = '''
 import time
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     client = openai_client(req, max_retries=0)

@@ -26,10 +26,11 @@ import _bench
 
 REPO = Path(__file__).resolve().parents[1]
 
-from rollout.envs import WorkspaceArchiveConfig, load_cases, load_env_config  # noqa: E402
-from rollout.regrade import RegradeOptions, regrade_job  # noqa: E402
-from rollout.workspace_archive import build_archive, keep_workspace, restore_workspace  # noqa: E402
+from rollout.core.envs import WorkspaceArchiveConfig, load_cases, load_env_config  # noqa: E402
+from rollout.jobs.regrade import RegradeOptions, regrade_job  # noqa: E402
+from rollout.jobs.workspace_archive import build_archive, keep_workspace, restore_workspace  # noqa: E402
 from store import JobEnvironment, SessionWorkspace, Store, step_record  # noqa: E402
+from store.session_result import SessionResult  # noqa: E402
 
 
 async def archive_costs(rounds: int, tmp: Path, report: _bench.Report) -> None:
@@ -100,9 +101,9 @@ async def regrade_speed(n: int, tmp: Path, report: _bench.Report) -> None:
     empty = tmp / "empty-ws"
     empty.mkdir()
     for r in rows:
-        await store.finish_job_session(r.session_id, reward=0.0, eval_meta={"status": "scored", "score": 0.0},
-                                       status="succeeded", eval_status="scored",
-                                       result={"session_id": r.session_id, "status": "succeeded"})
+        await store.finish_job_session(r.session_id, SessionResult(
+            reward=0.0, evaluation={"status": "scored", "score": 0.0}, status="succeeded", eval_status="scored",
+            runtime_result={"session_id": r.session_id, "status": "succeeded"}))
         await keep_workspace(store, r, WorkspaceArchiveConfig(), empty)
     await store.close()
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@
     python benchmarks/sandbox_bench.py [--sessions 40] [--requests 200] [--quick] [--json PATH]
 
 Each session runs the same trivial runtime (``python -c``: read the start request, print a result
-line; no imports) through ``rollout.runner.run_runtime``, alternating the two ways so machine noise
+line; no imports) through ``rollout.sandbox.runner.run_runtime``, alternating the two ways so machine noise
 hits both alike:
 
 - ``bare``: ``sandbox: none``, one subprocess in its own process group (what the launcher did
@@ -30,9 +30,9 @@ from pathlib import Path
 import _bench
 import yaml
 
-from rollout.envs import EnvConfig, load_env_config
-from rollout.protocol import SimulationStartRequest
-from rollout.runner import run_runtime, sandbox_support
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import EnvConfig, load_env_config
+from rollout.sandbox.runner import run_runtime, sandbox_support
 
 RUNTIME = ("import json, sys; r = json.loads(sys.stdin.read()); "
            "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))")

@@ -23,9 +23,9 @@ from pathlib import Path
 import _bench
 import httpx
 
-from rollout.viewer.app import create_app
-from rollout.viewer.db import open_queries
-from rollout.viewer.stats import HiddenFields
+from rollout.servers.viewer.app import create_app
+from rollout.servers.viewer.db import open_queries
+from rollout.servers.viewer.stats import HiddenFields
 from store import Store
 
 

@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollout.argtypes import finite_float, int_at_least
 from rollout.client import FeedClient, FeedError
-from rollout.feed.schema import FeedGroupOut, FeedSample
+from rollout.core.argtypes import finite_float, int_at_least
+from rollout.servers.feed.schema import FeedGroupOut, FeedSample
 
 
 class StateError(ValueError):

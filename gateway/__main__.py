@@ -17,8 +17,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.http_edge import server_config
 from gateway.settings import ConfigError, GatewaySettings, load_settings
-from store import Store, StoreUnavailable
-from store.repo import SchemaError
+from store import SchemaError, Store, StoreUnavailable
 
 
 async def _check_store(settings: GatewaySettings) -> None:

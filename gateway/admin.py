@@ -1,12 +1,6 @@
-"""The trainer's weight-sync hook: the policy version stamped on each step, and pause / resume of
-model calls (``/admin/policy_version``, ``/admin/pause``, ``/admin/resume``).
-
-:class:`PolicyControl` holds the current version (in memory: None until a trainer sets it) and
-admits model calls: while paused, a new call waits before it reserves a step; calls already
-admitted run to their end, and ``POST /admin/pause`` answers once they have (or at its
-timeout). Auth: the gateway's admin keys (:mod:`gateway.auth`); JSON bodies only (:mod:`gateway.csrf`). Semantics:
-docs/tokens.md.
-"""
+"""The trainer's weight-sync hook (``/admin/policy_version``, ``/admin/pause``, ``/admin/resume``):
+:class:`PolicyControl` holds the policy version stamped on each step and admits model calls
+(docs/tokens.md). Admin keys only (:mod:`gateway.auth`)."""
 
 from __future__ import annotations
 
@@ -16,8 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from gateway.bodies import read_control_body
 from gateway.errors import parse_body
-from gateway.wire import read_control_body
 from store import MAX_INT
 
 __all__ = ["PolicyControl", "build_admin_router"]
@@ -27,9 +21,8 @@ MAX_PAUSE_TIMEOUT_S = 86400.0
 
 
 class PolicyControl:
-    """The policy version and the admission of model calls of one gateway (see the module
-    docstring). ``in_flight``: calls admitted and not yet ended; ``waiting``: calls held by a
-    pause."""
+    """The policy version (in memory; None until set) and the admission of model calls: while paused a
+    new call waits before it reserves; a pause answers once the calls admitted before it ended."""
 
     def __init__(self) -> None:
         self.version: int | None = None

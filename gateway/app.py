@@ -16,7 +16,7 @@ from gateway.admin import build_admin_router
 from gateway.admin_workers import build_workers_router
 from gateway.auth import with_auth
 from gateway.csrf import with_csrf_guard
-from gateway.errors import error_body, install_error_handlers, shaped
+from gateway.errors import install_error_handlers
 from gateway.fastpath import ModelCallPaths, method_not_allowed, serve
 from gateway.http_edge import with_host_check
 from gateway.metrics import Metrics
@@ -30,6 +30,7 @@ from gateway.shared_sessions import SharedSessionManager
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamClient
 from store import Store
+from wire.errors import error_body, shaped
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import error_body, shaped
 from gateway.settings import GatewaySettings
+from wire.errors import error_body, shaped
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,6 @@
-"""One model call in flight and its one owner of cleanup.
-
-A :class:`Call` is opened once per model call by :func:`gateway.forward.handle`. It holds what
-its step row needs, the reserved step (its session's in-flight mark) and the retry claim
-(:class:`gateway.idempotency.PendingCall`). :meth:`Call.finish` ends it for every outcome:
-refund, row, request log, commit, metrics, claim and release, in that order. A relayed stream
-or a detached call takes the call over with :meth:`Call.hand_over`; :meth:`Call.abandon` ends
-whatever a call without a row still holds (a bug, a shutdown). Semantics:
-docs/gateway-semantics.md.
-"""
+"""One model call in flight and the one owner of its cleanup: :meth:`Call.finish` ends it, whatever the
+ending; :meth:`Call.hand_over` passes it to a relayed stream or a detached call;
+:meth:`Call.abandon` ends what a call without a row still holds."""
 
 from __future__ import annotations
 
@@ -16,27 +9,27 @@ import logging
 import time
 from typing import Any
 
-from gateway.assembly import message_of
+from gateway.call_end import Attempt, CallEnd
 from gateway.capture import tokens_of
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError
 from gateway.idempotency import PendingCall, Replay
-from gateway.outcome import Attempt, Outcome, StepStatus
 from gateway.protocols import WireProtocol
 from gateway.redact import redact_request
 from gateway.sessions import StepSlot
 from gateway.state import GatewayState
-from gateway.wire import WireRequest
 from store import redact_url, step_record
 from store.stepcodec import TokenChain, message_digests, token_chain
+from wire.assembly import message_of
+from wire.errors import error_body
+from wire.requests import WireRequest
+from wire.status import StepStatus
 
 log = logging.getLogger(__name__)
 
 
 class Call:
-    """One call: its protocol adapter, the validated request, the client's body and the body sent
-    upstream, the reserved step (``slot``, None for a sessionless call or before the reserve),
-    the retry claim (``claim``, None for a sessionless call), ``session_id``, and timings (``t0``; ``ttft_ms``:
-    milliseconds to the first upstream byte of a stream)."""
+    """One call: protocol, request, the client's and the upstream body, the reserved step (``slot``),
+    the retry claim (``claim``), ``session_id`` and timings."""
 
     def __init__(self, gw: GatewayState, proto: WireProtocol, req: WireRequest, body: dict[str, Any],
                  claim: PendingCall | None, session_id: str | None, route_key: str | None = None) -> None:
@@ -83,41 +76,38 @@ class Call:
         if self.claim is not None:
             self.claim.fail()
 
-    async def finish(self, outcome: Outcome) -> None:
-        """End the call with ``outcome``: refund the budget unit (``outcome.refund``), build the
-        step row and the request log line, queue the row with the session's state, release the
-        in-flight mark, wait for the commit (strict mode, ``outcome.wait``), count the answer in
-        ``/metrics`` and settle the retry claim (done with ``outcome.replay`` for an ``ok`` step,
-        failed otherwise). Raises GatewayError(500) when the step cannot be recorded (counted as a
-        500 answer; the claim failed). A second call is a no-op."""
+    async def finish(self, end: CallEnd) -> None:
+        """End the call with ``end``: refund, step row and request log line, queue, release, wait for
+        the commit (strict mode), metrics, settle the retry claim. Raises GatewayError(500) when the
+        step cannot be recorded. A second call is a no-op."""
         if self.finished:
             return
         self.finished = True
         try:
             try:
-                refunded = outcome.refund and self.slot is not None and await self.gw.sessions.refund(self.slot)
-                commit = self._queue(outcome, refunded)
+                refunded = end.refund and self.slot is not None and await self.gw.sessions.refund(self.slot)
+                commit = self._queue(end, refunded)
             finally:
                 self._release()  # queued (or failed to): no longer in flight
             if commit is not None:
-                if outcome.wait:
+                if end.wait:
                     await asyncio.shield(commit)
                 else:
                     commit.add_done_callback(_log_commit_failure)
         except Exception as e:
             if self.claim is not None:
                 self.claim.fail()
-            if not outcome.wait:
+            if not end.wait:
                 log.error("step of session %s not recorded: %s: %s", self.session_id, type(e).__name__, e)
                 return
             self.count(500)  # the answer the client gets instead
             raise GatewayError(500, f"the gateway could not record this call: {type(e).__name__}: {e}",
                                code="telemetry_error") from e
-        self.count(outcome.answered, timed=outcome.status is not None)  # a synthetic stop is not timed
+        self.count(end.answered, timed=end.status is not None)  # a synthetic stop is not timed
         if self.claim is not None:
-            if outcome.status == StepStatus.OK and outcome.replay is not None:
-                self.claim.done(outcome.replay)
-            elif not (self.stream and outcome.status == StepStatus.OK):
+            if end.status == StepStatus.OK and end.replay is not None:
+                self.claim.done(end.replay)
+            elif not (self.stream and end.status == StepStatus.OK):
                 self.claim.fail()  # an ok stream's claim is settled by sent() once its bytes are out
 
     def sent(self, replay: Replay | None) -> None:
@@ -148,13 +138,13 @@ class Call:
             self.admitted = False
             self.gw.policy.done()
 
-    def _queue(self, outcome: Outcome, refunded: bool) -> asyncio.Future[None] | None:
+    def _queue(self, end: CallEnd, refunded: bool) -> asyncio.Future[None] | None:
         """Build the row, write the request log line and queue the row for the telemetry
         writer with the session's live state. Returns the commit future (strict) or None."""
-        if outcome.status is None:  # a synthetic stop: no step, the session's state only
+        if end.status is None:  # a synthetic stop: no step, the session's state only
             state = self.gw.sessions.live(self.session_id) if self.session_id is not None else None
             return self.gw.writer.enqueue(None, state) if state is not None else None
-        step = self._row(outcome, refunded)
+        step = self._row(end, refunded)
         if step is None:
             return None
         state = self.gw.sessions.live(step["session_id"])
@@ -167,20 +157,20 @@ class Call:
         self._recorded = True  # handed to the writer (which reports a record it loses)
         return fut
 
-    def _row(self, outcome: Outcome, refunded: bool) -> dict[str, Any] | None:
+    def _row(self, end: CallEnd, refunded: bool) -> dict[str, Any] | None:
         """The step row (every ``session_steps`` column; None for a sessionless call) after
         writing the request log line. Promoted columns come from :meth:`WireProtocol.read`."""
-        assert outcome.status is not None
+        assert end.status is not None
         latency_ms = (time.perf_counter() - self.t0) * 1000
         if self.gw.request_log is not None:
             self.gw.request_log.write(
                 session_id=self.session_id, route=self.route_key, endpoint=self.proto.endpoint,
-                http_status=outcome.status_code or 0, step_status=outcome.status.value, latency_ms=latency_ms,
-                request=self.upstream_body, response=outcome.response)
+                http_status=end.status_code or 0, step_status=end.status.value, latency_ms=latency_ms,
+                request=self.upstream_body, response=end.response)
         s = self.slot
         if s is None:
             return None
-        answer = self.proto.read(outcome.response)
+        answer = self.proto.read(end.response)
         meta: dict[str, Any] = {"route": self.route_key}
         if self.req.model != self.route_key:
             meta["requested_model"] = self.req.model
@@ -196,7 +186,7 @@ class Call:
             meta["client_left_after_s"] = round(self.client_left_after_s, 3)
         if any(a.wait_s is not None for a in self.attempts):  # retried (or waiting to): list them
             meta["attempts"] = [a.as_json() for a in self.attempts]
-        meta.update(outcome.meta)
+        meta.update(end.meta)
         if refunded:
             meta["budget_refunded"] = True
         after_close = self.gw.sessions.is_after_close(s)
@@ -210,21 +200,21 @@ class Call:
         # once per step, for the prefix check and the encoder (without deltas the check hashes alone)
         self.digests = message_digests(conversation) if self.gw.settings.telemetry.step_deltas else None
         if self.proto.endpoint == "chat.completions":
-            prompt_ids, completion_ids, logprobs = tokens_of(outcome.response)
-            ok = outcome.status == StepStatus.OK
+            prompt_ids, completion_ids, logprobs = tokens_of(end.response)
+            ok = end.status == StepStatus.OK
             self.tokens = token_chain(prompt_ids, completion_ids)  # once, for the prefix check and the encoder
             extends = self.gw.prefixes.observe(
                 s.session_id, s.seq, ok=ok, prompt_ids=prompt_ids, tokens=self.tokens,
-                messages=conversation, answer_message=(message_of(outcome.response) or None) if ok else None,
+                messages=conversation, answer_message=(message_of(end.response) or None) if ok else None,
                 tools=self.body.get("tools"), digests=self.digests)
         return step_record(
             session_id=s.session_id, seq=s.seq, step_id=s.step_id, env_name=s.env_name, group_id=s.group_id,
             job_id=s.job_id, llm_model=self.route_key, endpoint=self.proto.endpoint, is_stream=self.stream,
-            status=outcome.status.value, status_code=outcome.status_code, messages=conversation,
-            request=redact_request(self.upstream_body), response=outcome.response,
+            status=end.status.value, status_code=end.status_code, messages=conversation,
+            request=redact_request(self.upstream_body), response=end.response,
             finish_reason=answer.finish_reason, prompt_tokens=answer.prompt_tokens,
             completion_tokens=answer.completion_tokens, total_tokens=answer.total_tokens, latency_ms=latency_ms,
-            ttft_ms=self.ttft_ms, is_truncated=outcome.status == StepStatus.TRUNCATED, meta_json=meta,
+            ttft_ms=self.ttft_ms, is_truncated=end.status == StepStatus.TRUNCATED, meta_json=meta,
             is_trainable=not (after_close or refunded), prompt_token_ids=prompt_ids,
             completion_token_ids=completion_ids, completion_logprobs=logprobs, policy_version=self.policy_version,
             extends_prefix=extends,

@@ -1,12 +1,6 @@
-"""Token capture (route option ``capture``): ask a vLLM or SGLang upstream for the exact token ids
-and logprobs of a chat completion, keep them in the step, and give the client only what it asked.
-
-Pure data code (no HTTP): :func:`upstream_fields` says which request fields the gateway adds,
-:func:`strip_answer` / :func:`strip_chunk` take them out of what the client gets, and
-:func:`tokens_of` reads the step columns ``prompt_token_ids``, ``completion_token_ids`` and
-``completion_logprobs`` from a (possibly assembled) ``chat.completion``. Field names per
-server and the exact stripping rule: docs/tokens.md.
-"""
+"""Token capture (route option ``capture``): which fields to ask a vLLM or SGLang upstream for,
+stripping them from what the client did not ask for, and reading the token columns of a
+``chat.completion`` (docs/tokens.md)."""
 
 from __future__ import annotations
 
@@ -22,13 +16,8 @@ SGLang ``token_ids``, SGLang ``prompt_token_ids``)."""
 
 
 class CaptureSettings(BaseModel):
-    """What a route captures for training (``capture: tokens`` is short for ``{mode: tokens}``).
-
-    ``server`` names the upstream's request fields: ``vllm`` (``return_token_ids``, vLLM >=
-    0.10.2) or ``sglang`` (``return_token_ids`` + ``return_prompt_token_ids``). ``logprobs``:
-    also ask for the completion's per-token logprobs (``logprobs: true``). ``prompt_logprobs``
-    (vLLM only): ask for that many top logprobs per prompt token (0: the prompt token's own);
-    they stay in the step's ``response``, not in a column. None: not asked."""
+    """What a route captures (``capture: tokens`` is ``{mode: tokens}``): the ``server``'s field
+    names, ``logprobs``, and vLLM's ``prompt_logprobs`` (docs/tokens.md)."""
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
@@ -55,9 +44,8 @@ def _asked(body: dict[str, Any], key: str) -> bool:
 
 
 def upstream_fields(body: dict[str, Any], capture: CaptureSettings) -> dict[str, Any]:
-    """The fields to add to a chat request ``body`` so the upstream returns what ``capture``
-    wants, leaving out those the client set itself (truthy value). Empty when nothing is
-    missing."""
+    """The fields to add to a chat request so the upstream returns what ``capture`` wants, those the
+    client set itself left out."""
     add: dict[str, Any] = {}
     if not _asked(body, "return_token_ids"):
         add["return_token_ids"] = True
@@ -109,11 +97,8 @@ def _strip(obj: Any, added: frozenset[str]) -> Any | None:
 
 
 def strip_answer(answer: Any, added: frozenset[str]) -> Any | None:
-    """``answer`` (a ``chat.completion``) without what the gateway asked for and the client did
-    not (``added``: the field names :func:`upstream_fields` added): top-level
-    ``prompt_token_ids`` / ``prompt_logprobs`` and per-choice ``token_ids`` /
-    ``prompt_token_ids`` removed, per-choice ``logprobs`` set to null. A new object (``answer``
-    is not changed), or None when there is nothing to take out."""
+    """A copy of ``answer`` without the ``added`` fields the client did not ask for, or None when there
+    is nothing to take out."""
     return _strip(answer, added)
 
 
@@ -136,11 +121,8 @@ def _ints(value: Any) -> list[int] | None:
 
 
 def tokens_of(response: Any) -> tuple[list[int] | None, list[int] | None, list[float | None] | None]:
-    """``(prompt_token_ids, completion_token_ids, completion_logprobs)`` of a ``chat.completion``
-    (choice 0), each None when the answer does not carry it: prompt ids from the top-level
-    ``prompt_token_ids`` (vLLM) or ``choices[0].prompt_token_ids`` (SGLang), completion ids from
-    ``choices[0].token_ids``, logprobs from ``choices[0].logprobs.content[].logprob`` (an entry
-    is None where the upstream sent a non-finite number, made null by the strict-JSON rule)."""
+    """``(prompt_token_ids, completion_token_ids, completion_logprobs)`` of choice 0 of a
+    ``chat.completion``, each None when absent."""
     if not isinstance(response, dict):
         return None, None, None
     choices = response.get("choices")

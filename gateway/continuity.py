@@ -1,14 +1,6 @@
 """Prefix continuity: does a step's prompt extend the previous step's prompt + completion?
-
-A trainer merges consecutive steps of a session into one training sequence only where the
-later prompt starts with exactly the earlier prompt and completion. :class:`PrefixTracker`
-keeps, per session, a digest of the last ``ok`` step's prompt + completion (token ids when the
-upstream gave them, else the chat messages plus the assistant answer) and answers
-``extends_prefix`` for each new step: True, False, or None (unknown). Memory per session:
-fingerprints (:class:`store.stepcodec.TokenChain`, a SHA-256 state of the messages, the exact
-digest of each message that the step encoder keeps anyway), never the conversation. The rule:
-docs/tokens.md.
-"""
+:class:`PrefixTracker` keeps per session fingerprints of the last ``ok`` step, never the
+conversation (the rule: docs/tokens.md, "Prefix continuity")."""
 
 from __future__ import annotations
 
@@ -24,10 +16,8 @@ __all__ = ["PrefixTracker", "canonical_message"]
 
 @dataclass(frozen=True, slots=True)
 class _Prefix:
-    """The last ``ok`` step: ``msg_count`` (its messages + the answer), ``msg_digest`` (SHA-256
-    of their canonical forms) and ``hasher`` (that SHA-256 state, to go on from), and the exact
-    digests of its messages and answer (``exact``, ``answer``: a later step whose messages start
-    with exactly these starts with them canonically too)."""
+    """The last ``ok`` step: its message count (answer included), the SHA-256 state of their canonical
+    forms, and the exact digests of its messages and answer."""
 
     seq: int
     tokens: TokenChain | None
@@ -59,10 +49,8 @@ def _text_or_parts(content: Any) -> Any:
 
 
 def canonical_message(message: Any) -> Any:
-    """What of a chat message reaches the model: role, content (text parts joined, None as
-    ""), reasoning (``reasoning_content`` or ``reasoning``, None as ""), tool calls as
-    ``[id, name, arguments]``, ``tool_call_id`` and ``name``. Keys a client echoes with null
-    values (``refusal``, ``annotations``, ``audio``, ...) do not count."""
+    """What of a chat message reaches the model: role, content, reasoning, tool calls as ``[id, name,
+    arguments]``, ``tool_call_id`` and ``name``; keys echoed with null values do not count."""
     if not isinstance(message, dict):
         return message
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
@@ -97,20 +85,9 @@ class PrefixTracker:
     def observe(self, session_id: str, seq: int, *, ok: bool, prompt_ids: list[int] | None,
                 tokens: TokenChain | None, messages: Any, answer_message: dict[str, Any] | None,
                 tools: Any, digests: tuple[bytes, ...] | None = None) -> bool | None:
-        """``extends_prefix`` of step ``seq`` of ``session_id``, then remember this step as the
-        session's previous one when it is ``ok``. ``tokens``: the step's
-        :func:`store.stepcodec.token_chain` (prompt + completion ids; None when the prompt ids
-        are unknown); ``digests``: :func:`store.stepcodec.message_digests` of ``messages``, when
-        the caller has them (then only the messages after an exactly equal history are hashed
-        again; the result is the same).
-
-        None when there is no previous step to compare with (the session's first step, a
-        gateway restart since, a step recorded after a later one), or nothing comparable
-        (token ids on one side only and no chat messages). Token mode (this prompt's ids and
-        the previous prompt + completion ids known): True when ``prompt_ids`` starts with them.
-        Messages mode: True when this step's ``messages`` start with the previous step's
-        ``messages`` plus its assistant answer, compared by :func:`canonical_message`, and the
-        request's ``tools`` are the same."""
+        """``extends_prefix`` of step ``seq`` (None: no previous step or nothing comparable), then remember
+        the step when it is ``ok``. ``tokens``: its :func:`store.stepcodec.token_chain`; ``digests``:
+        :func:`store.stepcodec.message_digests` of ``messages``, when the caller has them."""
         prev = None if seq <= 1 else self._last.get(session_id)
         if prev is not None and prev.seq >= seq:
             prev = None

@@ -1,12 +1,5 @@
-"""``POST .../v1/messages/count_tokens`` (Anthropic's token counting): never a step, never budget.
-
-The route's ``count_tokens`` method (:meth:`gateway.settings.RouteSettings.token_counter`)
-decides who counts: ``upstream`` forwards to the route's ``<base_url>/v1/messages/count_tokens``
-(the answer relayed as it came); ``vllm`` and ``llama_cpp`` ask the route's tokenizer endpoint;
-``estimate`` counts in the gateway (:func:`estimate_tokens`). The answer is
-``{"input_tokens": N}`` with the header ``x-gateway-token-count: <method>``; errors are in
-Anthropic's shape. Details: docs/gateway-protocols.md.
-"""
+"""``POST .../v1/messages/count_tokens``: never a step, never budget; counted by the route's
+``count_tokens`` method (docs/gateway-protocols.md, "Token counting")."""
 
 from __future__ import annotations
 
@@ -20,12 +13,14 @@ import aiohttp
 from fastapi import Request
 from fastapi.responses import Response
 
-from gateway.errors import GatewayError, anthropic_error, error_body, set_error_shape
+from gateway.bodies import check_session_id, parse_json_body, read_body, validate_body
+from gateway.errors import GatewayError
 from gateway.forward import check_route
-from gateway.jsonsafe import StrictJSONResponse
 from gateway.protocols import MESSAGES
 from gateway.state import GatewayState
-from gateway.wire import WireRequest, check_session_id, parse_json_body, read_body, validate_request
+from wire.errors import anthropic_error, error_body, set_error_shape
+from wire.jsonsafe import StrictJSONResponse
+from wire.requests import WireRequest
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +33,7 @@ TOKENS_PER_MESSAGE = 3
 
 
 class CountTokensRequest(WireRequest):
-    """``POST .../v1/messages/count_tokens`` body (Anthropic API reference, "Count tokens in a
-    Message"): ``model`` and a ``messages`` list; ``system``, ``tools``, ``thinking`` and the rest
-    are kept as sent. Unlike a Messages call, no ``max_tokens``."""
+    """A count_tokens body: ``model`` and ``messages`` (no ``max_tokens``); the rest kept as sent."""
 
     messages: list[dict[str, Any]]
 
@@ -99,16 +92,14 @@ def _origin(base_url: str) -> str:
 
 
 async def handle(request: Request, session_id: str | None = None) -> Response:
-    """Answer one count_tokens call (see the module docstring). Raises GatewayError (in
-    Anthropic's shape) for a bad body (400), an unknown route (404), a body too large (413)
-    and an upstream that cannot count (502/504)."""
+    """Answer one count_tokens call; GatewayError (Anthropic's shape) for 400, 404, 413, 502 and 504."""
     set_error_shape(request, MESSAGES.client_error)
     gw: GatewayState = request.app.state.gw
     t0 = time.perf_counter()
     if session_id is not None:
         check_session_id(session_id)
     body = parse_json_body(await read_body(request, gw.settings.max_request_bytes))
-    req = validate_request(CountTokensRequest, body)
+    req = validate_body(CountTokensRequest, body)
     key = check_route(gw, None, ENDPOINT, req.model, session_id)
     route = gw.settings.llm_routes[key]
     method = route.token_counter()
@@ -189,10 +180,8 @@ async def _forward(gw: GatewayState, request: Request, key: str, body: dict[str,
 
 
 async def _tokenize(gw: GatewayState, key: str, method: str, body: dict[str, Any], session_id: str | None) -> int:
-    """The count of the route's tokenizer endpoint: vLLM's ``POST /tokenize`` (chat messages,
-    its chat template applied; answer ``count``) or llama-cpp-python's ``POST
-    /extras/tokenize/count`` (the conversation's text, one message per line; answer ``count``).
-    GatewayError 502 for any other answer."""
+    """The count of the route's tokenizer endpoint (vLLM's ``/tokenize``, llama-cpp-python's
+    ``/extras/tokenize/count``); GatewayError 502 for any answer without one."""
     msgs = conversation(body)
     model = _upstream_model(gw, key)
     if method == "vllm":

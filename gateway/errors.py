@@ -1,170 +1,18 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, or in
-Anthropic's (``{"type": "error", "error": {"type", "message"}}``) on every Anthropic Messages path
-(``.../v1/messages`` and anything under it: :func:`is_anthropic_path`), whoever answers it.
-
-An endpoint may also register a converter for its request with :func:`set_error_shape`. Every
-error answered here counts in ``gateway_error_responses_total{status, code}`` and, when the
-gateway answered a call itself, is noted by :mod:`gateway.rejections`.
+"""The errors the gateway answers itself (:class:`GatewayError`), in the shapes of
+:mod:`wire.errors`; each counted in ``gateway_error_responses_total{status, code}`` and, for a
+4xx, noted by :mod:`gateway.rejections`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.jsonsafe import StrictJSONResponse
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-    504: "timeout_error",
-}
-
-
-def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None,
-               type_: str | None = None) -> dict[str, Any]:
-    """The JSON body of an OpenAI-shaped error for an HTTP status."""
-    return {
-        "error": {
-            "message": message,
-            "type": type_ or _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error"),
-            "param": param,
-            "code": code,
-        }
-    }
-
-
-_SOURCES = {"query": "query parameter", "header": "header", "path": "path parameter", "body": "field"}
-
-
-_SHORT = {"missing": "required", "extra_forbidden": "unknown"}
-
-
-def _got(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _place(err: Any, request: bool) -> tuple[str, str | None]:
-    """(what kind of input, its dotted name) of one error; ``request``: FastAPI's errors, whose
-    ``loc`` starts with where the input came from (query, header, path, body)."""
-    loc = [str(x) for x in err.get("loc", ())]
-    kind = "field"
-    if request and loc and loc[0] in _SOURCES:
-        kind, loc = _SOURCES[loc[0]], loc[1:]
-    return kind, ".".join(loc) or None
-
-
-def validation_message(errors: list[Any], what: str, model: type[BaseModel] | None = None, *,
-                       request: bool = False) -> tuple[str, str | None]:
-    """A clear message for pydantic validation ``errors`` of ``what`` (e.g. ``"invalid
-    /admin/pause body"``), and the field at fault (the error's ``param``; None when the whole
-    input is wrong). It names the first field at fault, the rule it broke and the value it got;
-    ``model`` lists the known fields when an unknown one was sent. ``request``: the errors are
-    FastAPI's ``RequestValidationError.errors()`` (query parameters, headers, body fields)."""
-    if not errors:
-        return what, None
-    first = errors[0]
-    kind, field = _place(first, request)
-    etype, msg = first.get("type", ""), first.get("msg", "invalid")
-    if field is None:
-        text = (f"{what}: not valid JSON ({(first.get('ctx') or {}).get('error', msg)})" if etype == "json_invalid"
-                else f"{what}: {msg}")
-    elif etype == "missing":
-        text = f"{what}: {kind} '{field}' is required"
-    elif etype == "extra_forbidden":
-        known = f" (known: {', '.join(sorted(model.model_fields)) or 'none'})" if model is not None else ""
-        text = f"{what}: unknown {kind} '{field}'{known}"
-    else:
-        text = f"{what}: {kind} '{field}': {msg} (got {_got(first.get('input'))})"
-    others = sorted({f"'{name}' ({_SHORT.get(e.get('type', ''), 'invalid')})" for e in errors[1:]
-                     if (name := _place(e, request)[1]) and name != field})
-    if others:
-        text += f"; also: {', '.join(others)}"
-    return text, field
-
-
-def parse_body(raw: bytes, model: type[BaseModel], what: str, *, optional: bool = False) -> Any:
-    """``raw`` (a JSON request body) validated as ``model``; an empty body is ``model()`` when
-    ``optional``. Raises :class:`GatewayError` (400, ``invalid_request``, ``param`` = the field)
-    with :func:`validation_message`'s text otherwise."""
-    if optional and not raw.strip():
-        return model()
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as e:
-        message, param = validation_message(e.errors(include_url=False), what, model)
-        raise GatewayError(400, message, code="invalid_request", param=param) from None
-
-
-# (HTTP status, OpenAI-shaped error body) -> the body in the endpoint's own error shape
-ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
-
-ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 413: "request_too_large", 422: "invalid_request_error",
-    429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
-}
-"""Anthropic's error ``type`` per HTTP status (API reference, "Errors"); another 4xx is
-``invalid_request_error``, another 5xx ``api_error``."""
-
-
-def anthropic_error(status: int, err: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI-shaped error body (:func:`error_body`) in Anthropic's shape:
-    ``{"type": "error", "error": {"type": ..., "message": ...}}``."""
-    inner = err.get("error")
-    message = inner.get("message") if isinstance(inner, dict) else None
-    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": str(message)}}
-
-
-def is_anthropic_path(path: str) -> bool:
-    """True for an Anthropic Messages path: ``.../v1/messages`` or under it (``count_tokens``,
-    an unknown sub-path), sessionless or per session."""
-    return path.endswith("/v1/messages") or "/v1/messages/" in path
-
-
-def set_error_shape(request: Request, shape: ErrorShape) -> None:
-    """Answer every later error of ``request`` in the shape ``shape`` builds (it gets the HTTP
-    status and the OpenAI-shaped body). Kept in the ASGI scope's state, which the exception
-    handlers of the app see."""
-    request.state.error_shape = shape
-
-
-def count_error(request: Request, status: int, code: str | None, message: str = "") -> None:
-    """Count an error the gateway answered itself in ``gateway_error_responses_total`` and, for
-    a 4xx, note the rejected call (:class:`gateway.rejections.RejectedCalls`: logs, per-session
-    count); a no-op when the app has no gateway state (e.g. during startup)."""
-    gw = getattr(request.app.state, "gw", None)
-    metrics = getattr(gw, "metrics", None)
-    if metrics is not None:
-        metrics.error_responses.labels(str(status), code or "").inc()
-    rejections = getattr(gw, "rejections", None)
-    if rejections is not None and 400 <= status < 500:
-        rejections.note(method=request.method, path=request.url.path, status=status, reason=code, message=message)
-
-
-def shaped(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` (OpenAI's shape) in the error shape of ``path``: Anthropic's on an Anthropic
-    Messages path, else unchanged."""
-    return anthropic_error(status, body) if is_anthropic_path(path) else body
-
-
-def _shaped(request: Request, status: int, body: dict[str, Any]) -> dict[str, Any]:
-    shape: ErrorShape | None = getattr(request.state, "error_shape", None)
-    return shaped(request.url.path, status, body) if shape is None else shape(status, body)
+from wire import errors as wire_errors
+from wire.errors import error_response, validation_message
+from wire.jsonsafe import StrictJSONResponse
 
 
 class GatewayError(Exception):
@@ -180,21 +28,41 @@ class GatewayError(Exception):
         self.headers = headers
 
 
+def parse_body(raw: bytes, model: type[BaseModel], what: str, *, optional: bool = False) -> Any:
+    """``raw`` (a JSON request body) validated as ``model``; an empty body is ``model()`` when
+    ``optional``. Raises :class:`GatewayError` (400, ``invalid_request``, ``param`` = the field)
+    with :func:`wire.errors.validation_message`'s text otherwise."""
+    if optional and not raw.strip():
+        return model()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        message, param = validation_message(e.errors(include_url=False), what, model)
+        raise GatewayError(400, message, code="invalid_request", param=param) from None
+
+
+def count_error(request: Request, status: int, code: str | None, message: str = "") -> None:
+    """Count an error the gateway answered itself and, for a 4xx, note the rejected call; a no-op
+    when the app has no gateway state (e.g. during startup)."""
+    gw = getattr(request.app.state, "gw", None)
+    metrics = getattr(gw, "metrics", None)
+    if metrics is not None:
+        metrics.error_responses.labels(str(status), code or "").inc()
+    rejections = getattr(gw, "rejections", None)
+    if rejections is not None and 400 <= status < 500:
+        rejections.note(method=request.method, path=request.url.path, status=status, reason=code, message=message)
+
 
 def gateway_error_response(req: Request, exc: GatewayError) -> StrictJSONResponse:
-    """The answer to a :class:`GatewayError`: its status and headers, the body in the request's
-    error shape (:func:`set_error_shape`; OpenAI's by default); counted in ``/metrics``."""
-    body = error_body(exc.status, exc.message, code=exc.code, param=exc.param)
+    """The answer to a :class:`GatewayError`, counted."""
     count_error(req, exc.status, exc.code, exc.message)
-    return StrictJSONResponse(_shaped(req, exc.status, body), status_code=exc.status, headers=exc.headers)
+    return error_response(req, exc.status, exc.message, code=exc.code, param=exc.param, headers=exc.headers)
 
 
 def unexpected_error_response(req: Request, exc: Exception) -> StrictJSONResponse:
-    """The 500 ``internal_error`` answer to a bug, in the request's error shape; counted in
-    ``/metrics``."""
-    body = error_body(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+    """The 500 ``internal_error`` answer to a bug, counted."""
     count_error(req, 500, "internal_error")
-    return StrictJSONResponse(_shaped(req, 500, body), status_code=500)
+    return wire_errors.unexpected_error_response(req, exc)
 
 
 async def _gateway_error(req: Request, exc: Exception) -> StrictJSONResponse:
@@ -202,32 +70,7 @@ async def _gateway_error(req: Request, exc: Exception) -> StrictJSONResponse:
     return gateway_error_response(req, exc)
 
 
-async def _http_error(req: Request, exc: Exception) -> StrictJSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    count_error(req, exc.status_code, None, str(exc.detail))
-    body = error_body(exc.status_code, str(exc.detail))
-    return StrictJSONResponse(_shaped(req, exc.status_code, body), status_code=exc.status_code,
-                        headers=getattr(exc, "headers", None))
-
-
-async def _validation_error(req: Request, exc: Exception) -> StrictJSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    msg, param = validation_message(list(exc.errors()), f"invalid request to {req.url.path}", request=True)
-    count_error(req, 400, "invalid_request", msg)
-    return StrictJSONResponse(_shaped(req, 400, error_body(400, msg, code="invalid_request", param=param)),
-                        status_code=400)
-
-
-async def _unexpected_error(req: Request, exc: Exception) -> StrictJSONResponse:
-    # Starlette's ServerErrorMiddleware calls this, then re-raises, so the server logs the traceback.
-    return unexpected_error_response(req, exc)
-
-
 def install_error_handlers(app: Any) -> None:
-    """Make every error of the app answer in OpenAI's shape (404/405 of unknown paths included,
-    and a 500 ``internal_error`` for a bug, whose traceback the server still logs), or in the
-    shape registered for the request with :func:`set_error_shape`."""
+    """:func:`wire.errors.install_error_handlers`, counted, and :class:`GatewayError` answered."""
+    wire_errors.install_error_handlers(app, count=count_error)
     app.add_exception_handler(GatewayError, _gateway_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _unexpected_error)

@@ -1,8 +1,5 @@
-"""The upstream half of one model call: POST to the route, wait for the headers, read the body
-unless it is an SSE stream to relay, and retry within the route's
-:class:`gateway.settings.RetrySettings` while nothing was sent to the client (the retry rules:
-docs/gateway-semantics.md, "Retries").
-"""
+"""The upstream half of one model call: POST, headers, the body unless it is a stream to relay, and
+retries while nothing was sent to the client (docs/gateway-semantics.md, "Retries")."""
 
 from __future__ import annotations
 
@@ -18,18 +15,17 @@ from typing import Any
 import aiohttp
 
 from gateway.call import Call
-from gateway.errors import error_body
-from gateway.outcome import Attempt, Phase, StepStatus
+from gateway.call_end import Attempt, Phase
 from store import hide_secrets
+from wire.errors import error_body
+from wire.status import StepStatus
 
 log = logging.getLogger(__name__)
 
 
 class UpstreamFailed(Exception):
-    """The upstream gave no usable answer: answer the client ``status`` with ``error`` and record
-    a step of status ``step_status`` with ``meta_json.phase``. ``retry_reason`` is set for a
-    failure that may be retried (the connection could not be made: nothing reached the
-    upstream's model, nothing reached the client)."""
+    """No usable answer: the client gets ``status`` with ``error``; the step is ``step_status`` with
+    ``meta_json.phase``. ``retry_reason`` is set when the connection could not be made."""
 
     def __init__(self, status: int, step_status: StepStatus, error: dict[str, Any], phase: Phase,
                  retry_reason: str | None = None) -> None:
@@ -42,12 +38,8 @@ class UpstreamFailed(Exception):
 
 
 class Exchange:
-    """The upstream half of one call: POST the payload and wait for the headers, then (unless the
-    answer is an SSE stream to relay) read the whole body, retrying within the route's
-    :class:`gateway.settings.RetrySettings` while nothing was sent to the client. :meth:`run` is
-    what the client's disconnect cancels (a backoff wait too: ``backing_off``); the response stays
-    open on ``stack`` (holding the route's concurrency slot) until :meth:`close` or a stream relay
-    takes it over."""
+    """The upstream half of one call. :meth:`run` is what the client's disconnect cancels; the
+    response stays open on ``stack`` (holding the route's slot) until :meth:`close` or a relay."""
 
     def __init__(self, call: Call, payload: bytes, headers: dict[str, str], relay_sse: bool) -> None:
         self.call = call
@@ -60,9 +52,8 @@ class Exchange:
         self.backing_off = False
 
     async def run(self) -> bytes | None:
-        """The whole body of the last attempt, or None when the answer is a 200 SSE stream to
-        relay. Raises UpstreamFailed for connect/read failures and timeouts (a connect failure
-        once the attempts are used up). Every attempt is appended to ``call.attempts``."""
+        """The body of the last attempt, or None for a 200 SSE stream to relay; UpstreamFailed for connect
+        and read failures. Every attempt is appended to ``call.attempts``."""
         call, policy = self.call, self.retry
         while True:
             n = len(call.attempts) + 1
@@ -181,9 +172,7 @@ def retry_after_s(value: str | None) -> float | None:
 
 
 def before_model(f: UpstreamFailed) -> bool:
-    """True when the call's last attempt could not even connect to the upstream (a connect
-    error, TLS certificate errors included, or a connect timeout): nothing reached the model, so
-    the call uses no budget. A connection that broke after the request was sent is not such a
-    failure (the model may have started)."""
+    """True when the last attempt could not connect (TLS errors and connect timeouts included): nothing
+    reached the model, so the call uses no budget."""
     return f.phase == Phase.CONNECT and isinstance(
         f.__cause__, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)

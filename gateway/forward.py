@@ -20,14 +20,15 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from gateway import answers
+from gateway.bodies import check_session_id, parse_json_body, read_body
 from gateway.call import Call
+from gateway.call_end import CallEnd
 from gateway.capture import upstream_fields
 from gateway.client_headers import correlation_headers
 from gateway.disconnect import ClientGone, unless_client_leaves
-from gateway.errors import GatewayError, set_error_shape
+from gateway.errors import GatewayError
 from gateway.exchange import Exchange, UpstreamFailed
 from gateway.idempotency import may_retry
-from gateway.outcome import Outcome
 from gateway.protocols import CHAT, WireProtocol
 from gateway.relay import StreamRelay
 from gateway.replay import replay_or_claim
@@ -35,7 +36,7 @@ from gateway.sessions import RouteMismatch, SessionClosed
 from gateway.state import GatewayState
 from gateway.streaming import SSE_HEADERS, GuardedStreamingResponse
 from gateway.upstream import route_base_url
-from gateway.wire import check_session_id, parse_json_body, read_body
+from wire.errors import set_error_shape
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,9 @@ def check_route(gw: GatewayState, api: str | None, endpoint: str, model: str, se
     return key
 
 
-async def _finish(call: Call, ending: tuple[Outcome, Response]) -> Response:
-    outcome, response = ending
-    await call.finish(outcome)
+async def _finish(call: Call, ending: tuple[CallEnd, Response]) -> Response:
+    end, response = ending
+    await call.finish(end)
     return response
 
 

@@ -1,13 +1,5 @@
-"""The HTTP edge shared by the gateway and the launcher's own servers (viewer, feed, serve): which
-``Host`` names a server answers, and how long a connection may take to send a request head.
-
-A server on loopback is still reachable from a web page by DNS rebinding (a name that resolves
-to 127.0.0.1 after the page loaded): its requests carry that name as ``Host``. So a server
-answers only the Host names it is known by (:class:`HostAllowList`, checked by
-:class:`HostCheck`). uvicorn closes a keep-alive connection left idle after an answer, but not a
-connection that never finishes a request head; :func:`server_config` adds that deadline
-(:func:`head_timeout_protocol`). Details: docs/gateway-protocols.md ("HTTP edge").
-"""
+"""The HTTP edge shared by the gateway and the launcher's own servers: the ``Host`` names a server
+answers (DNS rebinding) and the deadline for a request head (docs/gateway-protocols.md, "HTTP edge")."""
 
 from __future__ import annotations
 
@@ -34,9 +26,8 @@ DEFAULT_KEEP_ALIVE_TIMEOUT_S = 5
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:
-    """``(name, port)`` of a ``Host`` value or allow-list entry (``name``, ``name:port``,
-    ``[v6]``, ``[v6]:port``; a bare IPv6 address is taken as ``[v6]``); the name lowercased,
-    IPv6 in brackets. None when malformed."""
+    """``(name, port)`` of a ``Host`` value or entry (``name``, ``name:port``, ``[v6]``, ``[v6]:port``, a
+    bare IPv6), the name lowercased; None when malformed."""
     value = value.strip().lower()
     if not value:
         return None
@@ -67,9 +58,7 @@ def split_host(value: str) -> tuple[str, int | None] | None:
 
 
 def host_of_url(url: str) -> str:
-    """The ``name:port`` a client of ``url`` sends as ``Host`` (the name alone without a port),
-    e.g. ``http://10.0.0.5:8000/v1/sessions`` -> ``10.0.0.5:8000``. Raises ValueError for a URL
-    without a host."""
+    """The ``Host`` a client of ``url`` sends (``name:port``, or the name alone); ValueError without one."""
     parts = urlsplit(url)
     if not parts.hostname:
         raise ValueError(f"{url!r} has no host")
@@ -78,9 +67,8 @@ def host_of_url(url: str) -> str:
 
 
 class HostAllowList:
-    """The ``Host`` names a server answers: entries ``name`` (any port) or ``name:port`` (that
-    port only), compared case-insensitively; ``*`` allows any Host. A request without a Host,
-    with two, or with a malformed one is refused. Raises ValueError for a malformed entry."""
+    """The ``Host`` names a server answers: ``name`` (any port), ``name:port``, or ``*`` (any).
+    Raises ValueError for a malformed entry."""
 
     def __init__(self, entries: Iterable[str]) -> None:
         self.any = False
@@ -104,9 +92,7 @@ class HostAllowList:
 
     @classmethod
     def for_server(cls, bind_hosts: Iterable[str], extra: Iterable[str] = ()) -> HostAllowList:
-        """The default of a server bound to ``bind_hosts`` (the addresses or names it was told to
-        listen on): the loopback names, each bind host that names one host (not a wildcard such as
-        ``0.0.0.0``), and ``extra`` (configured entries). Raises ValueError for a bad entry."""
+        """The loopback names, each of ``bind_hosts`` that names one host (not a wildcard), and ``extra``."""
         own = [h for h in bind_hosts if h.strip().lower() not in WILDCARD_ADDRESSES]
         return cls([*LOOPBACK_NAMES, *own, *extra])
 
@@ -133,9 +119,7 @@ Refusal = Callable[[Scope, str], Response]
 
 
 class HostCheck:
-    """Pure ASGI middleware: an HTTP request whose ``Host`` ``allowed`` does not allow is answered
-    ``refuse(scope, message)`` (status 400) before ``app`` sees it. (None of these servers serves
-    WebSockets.)"""
+    """ASGI middleware: a request whose ``Host`` is not allowed is answered ``refuse(scope, message)``."""
 
     def __init__(self, app: ASGIApp, allowed: HostAllowList, refuse: Refusal) -> None:
         self.app = app
@@ -160,10 +144,9 @@ def with_host_check(app: ASGIApp, allowed: HostAllowList, refuse: Refusal) -> AS
 
 
 class _HeadDeadline:
-    """Mixed into uvicorn's HTTP protocol: a connection must deliver each complete request head
-    within ``head_timeout_s`` of its start (the connection's opening, or the first byte after an
-    answer), else it is closed. Nothing changes once a head is in: a long answer or stream is
-    never cut; the idle time after an answer is uvicorn's ``timeout_keep_alive``."""
+    """Mixed into uvicorn's HTTP protocol: each request head must be complete within
+    ``head_timeout_s`` of the connection's start or of the first byte after an answer, else the
+    connection is closed; an answer in progress is never cut."""
 
     head_timeout_s: float = DEFAULT_REQUEST_HEAD_TIMEOUT_S
     _head_timer: asyncio.TimerHandle | None = None

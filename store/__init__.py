@@ -1,27 +1,30 @@
-"""The trajectory store: SQLModel tables, the engines and every SQL statement.
+"""The trajectory store: SQLModel tables, the engines and every SQL statement, behind ``Store``.
 
 Used by both the gateway and the launcher; knows nothing about HTTP (module map:
 docs/architecture.md).
 """
 
+from store.batch_writer import SessionRow, StepRow
 from store.engine import DbUrlError, hide_secrets, json_dumps, parse_db_url, redact_url
+from store.gateway_sessions import SessionContext
 from store.models import (
     JOB_ID_PATTERN,
     MAX_INT,
     GatewaySession,
+    GatewaySessionStatus,
     JobEnvironment,
     JobLock,
     SessionAttempt,
-    SessionStatus,
     SessionStep,
     SessionWorkspace,
-    StepStatus,
     attempt_session_id,
     new_record_id,
     step_record,
     utcnow,
 )
-from store.repo import SessionContext, SessionRow, StepRow, Store, StoreUnavailable, is_unavailable
+from store.repo import Store, StoreUnavailable, is_unavailable
+from store.schema import SchemaError
+from store.session_result import FinalStatus, SessionResult
 
 __all__ = [
     "JOB_ID_PATTERN",
@@ -30,15 +33,17 @@ __all__ = [
     "GatewaySession",
     "JobEnvironment",
     "JobLock",
+    "SchemaError",
     "SessionAttempt",
     "SessionContext",
+    "SessionResult",
+    "FinalStatus",
     "SessionRow",
-    "SessionStatus",
+    "GatewaySessionStatus",
     "SessionStep",
     "SessionWorkspace",
     "StepRow",
     "StoreUnavailable",
-    "StepStatus",
     "Store",
     "attempt_session_id",
     "hide_secrets",

@@ -203,6 +203,28 @@ class FeedQueries:
                     out.setdefault(sid, []).append(int(version))
         return out
 
+    async def unversioned_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """The sessions among these with at least one step without a policy version (made before
+        any version was set; every session with steps when the table has no such column)."""
+        out: set[str] = set()
+        async with self.engine.connect() as conn:
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = select(ST.c.session_id).distinct().where(ST.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
+                if "policy_version" in ST.c:
+                    q = q.where(ST.c.policy_version.is_(None))
+                out.update((await conn.execute(q)).scalars())
+        return out
+
+    async def latest_policy_version(self, job_id: str) -> int | None:
+        """The newest policy version stamped on any step of the job's sessions (None when none
+        is, or the table has no such column)."""
+        if "policy_version" not in ST.c:
+            return None
+        async with self.engine.connect() as conn:
+            value = (await conn.execute(select(func.max(ST.c.policy_version)).where(
+                ST.c.session_id.in_(select(JE.c.env_id).where(JE.c.job_id == job_id))))).scalar()
+        return None if value is None else int(value)
+
     async def step_routes(self, session_ids: Sequence[str]) -> dict[str, list[str]]:
         """The distinct routes (``llm_model``) of each session's steps, sorted (a session without
         steps is absent)."""

@@ -21,22 +21,10 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
-from store.text import column_text
+from wire.text import column_text
 
 
-class StepStatus(StrEnum):
-    """The ``session_steps.status`` of a recorded model call (what each means, by cause:
-    docs/gateway-semantics.md)."""
-
-    OK = "ok"
-    ERROR = "error"
-    TRUNCATED = "truncated"
-    TIMEOUT = "timeout"
-    CLIENT_DISCONNECTED = "client_disconnected"
-    EMPTY = "empty"
-
-
-class SessionStatus(StrEnum):
+class GatewaySessionStatus(StrEnum):
     """The ``gateway_sessions.status`` of a session."""
 
     ACTIVE = "active"
@@ -69,7 +57,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 class ColumnText(TypeDecorator[str]):
     """A text column (``VARCHAR``, as SQLModel's ``str`` fields): every value bound to it, stored
-    or compared, goes through :func:`store.text.column_text` (a lone surrogate or NUL escaped), so
+    or compared, goes through :func:`wire.text.column_text` (a lone surrogate or NUL escaped), so
     no text a session writes can fail its row on SQLite or PostgreSQL."""
 
     impl = AutoString
@@ -100,7 +88,7 @@ class JobEnvironment(SQLModel, table=True):
     pending | running | retrying | succeeded | failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
     when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
     infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
-    the attempts started; ``outcome`` is how the last one ended (``rollout.outcomes``: a task
+    the attempts started; ``outcome`` is how the last one ended (``rollout.core.outcomes``: a task
     outcome, or an infrastructure failure class). ``sandbox`` is how its runtime ran: ``bwrap``
     (isolated) or ``none`` (NULL: not run yet, or by an older version). ``harness`` names the harness
     that ran the session (``rollout.harness``), NULL when it was the env's own runtime. ``eval_history``: the
@@ -280,7 +268,7 @@ class SessionAttempt(SQLModel, table=True):
     """One attempt of a launcher session (every attempt is kept, retried or not).
 
     ``attempt`` counts from 1 per session. ``outcome`` is a task outcome or an infrastructure
-    failure class (``rollout.outcomes``), ``infra`` whether it is the latter, ``status`` the
+    failure class (``rollout.core.outcomes``), ``infra`` whether it is the latter, ``status`` the
     runtime status, ``reason`` why it ended so. ``retry_in_s``: the backoff before the next
     attempt (NULL when none followed). The attempt's steps stay in ``session_steps`` under
     session id ``<session_id>~a<attempt>`` (not trainable) once a later attempt ran, else under
@@ -362,7 +350,7 @@ class JobLock(SQLModel, table=True):
     the holder, ``pid`` and ``host`` its process, ``started_at`` when it took the job,
     ``heartbeat_at`` refreshed while it runs. A second launcher on the job is refused while the
     row is live; a holder whose heartbeat is stale, or whose process is gone from its host, is
-    taken over (``rollout.job_lock``)."""
+    taken over (``rollout.jobs.lease``)."""
 
     __tablename__ = "job_locks"
 

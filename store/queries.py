@@ -101,7 +101,7 @@ _LIST_COLUMNS = (
 
 
 PASS_SCORE = 10 - 1e-9
-"""A session passes when it is scored and its score is at least this (as ``rollout.report``)."""
+"""A session passes when it is scored and its score is at least this (as ``rollout.results.report``)."""
 
 OUTCOME_COUNTS = ("scored", "score_sum", "invalid", "eval_error", "eval_timeout", "unevaluated", "rt_failed",
                   "rt_errors", "rt_timeouts", "duration_sum", "duration_n")

@@ -1,5 +1,5 @@
 """What each bundled agent CLI sends, pinned: the CLI (from the harness install cache) runs
-headless through ``rollout.harness_runtime`` straight against the scripted policy (no gateway,
+headless through ``rollout.contract.harness_runtime`` straight against the scripted policy (no gateway,
 no sandbox), and the shape of every request (method, path, query, header names, a few stable
 header values, body keys, ``stream``, tool names) must equal the fixture
 ``tests/fixtures/cli_requests/<harness>.json``. A new CLI version that sends something new fails
@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from rollout.harness import HarnessUnavailable, cache_root, install, load_harness
-from rollout.protocol import SimulationStartRequest
+from rollout.contract.harness import HarnessUnavailable
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.sandbox.harness_cache import cache_root, install, load_harness
 from tests.fake_upstream import FakeRequest, FakeUpstream, Plan, ScriptedPolicy
 
 FIXTURES = Path(__file__).with_name("fixtures") / "cli_requests"
@@ -71,7 +72,7 @@ async def run_cli(name: str, workspace: Path) -> tuple[list[FakeRequest], Script
                                      env_params={"dataset": {"instruction": "Write the answer file."}})
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TERM")}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rollout.harness_runtime", str(loaded.folder), str(install_dir), cwd=workspace,
+            sys.executable, "-m", "rollout.contract.harness_runtime", str(loaded.folder), str(install_dir), cwd=workspace,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OPENAI_API_KEY": API_KEY})
         out, err = await asyncio.wait_for(proc.communicate(req.model_dump_json().encode()), timeout=600)

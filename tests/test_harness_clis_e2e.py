@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rollout.harness import HarnessUnavailable, cache_root, install, load_harness
-from rollout.runner import sandbox_support
-from rollout.sandbox import SandboxUnavailable
+from rollout.contract.harness import HarnessUnavailable
+from rollout.sandbox.bwrap import SandboxUnavailable
+from rollout.sandbox.harness_cache import cache_root, install, load_harness
+from rollout.sandbox.runner import sandbox_support
 from store.stepcodec import decode_rows
 from tests.fake_upstream import FakeUpstream, Plan, ScriptedPolicy
 

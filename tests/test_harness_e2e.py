@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rollout.runner import sandbox_support
-from rollout.sandbox import SandboxUnavailable
+from rollout.sandbox.bwrap import SandboxUnavailable
+from rollout.sandbox.runner import sandbox_support
 from tests.fake_upstream import DEFAULT_USAGE, FakeUpstream, Reply, chat_completion
 from tests.test_launcher import REPO, gateway_config, launch
 

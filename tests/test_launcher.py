@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIME = '''
 import time
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     row = req.env_params["dataset"]
@@ -224,7 +224,7 @@ async def test_a_job_on_postgresql_stores_the_same_rows_as_on_sqlite(tmp_path: P
         (cid, "closed", n, 0) for cid, n in calls.items() for _ in (0, 1)]
     assert {r["completion_mode"] for r in states if r["case_id"] == "g"} == {"truncated"}
     # the HTML report reads the same store (the viewer's queries)
-    from rollout.viewer.report import write_report
+    from rollout.servers.viewer.report import write_report
 
     html = (await write_report(store_url, "same", tmp_path / "report.html")).read_text()
     assert "toy" in html and "KeyError" in html  # the env row and the evaluator failure reason
@@ -348,7 +348,8 @@ def test_bad_env_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_runtime_file_missing_from_the_env_folder_stops_the_job_before_it_runs(tmp_path: Path) -> None:
-    from rollout.job import JobOptions, SetupError, load_envs
+    from rollout.core.setup import SetupError
+    from rollout.jobs.job import JobOptions, load_envs
 
     env_dir = tmp_path / "envs" / "typo"
     (env_dir / "data").mkdir(parents=True)
@@ -367,7 +368,7 @@ def test_a_runtime_file_missing_from_the_env_folder_stops_the_job_before_it_runs
 def test_a_job_id_that_cannot_name_a_folder_is_refused(job_id: str) -> None:
     from pydantic import ValidationError
 
-    from rollout.job import JobOptions
+    from rollout.jobs.job import JobOptions
 
     with pytest.raises(ValidationError, match="job_id"):
         JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", job_id=job_id)
@@ -377,7 +378,7 @@ def test_a_job_id_that_cannot_name_a_folder_is_refused(job_id: str) -> None:
 def test_integers_beyond_the_store_are_refused() -> None:
     from pydantic import ValidationError
 
-    from rollout.job import JobOptions
+    from rollout.jobs.job import JobOptions
 
     with pytest.raises(ValidationError, match="max_steps"):
         JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", max_steps=2**63)
@@ -532,8 +533,8 @@ async def test_sigterm_stops_everything(tmp_path: Path) -> None:
 def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     """--max-retries / --retry-backoff-s, and in the start config the failure classes and the
     breaker; a typo in a class or a breaker key is a clear error naming it."""
-    from launcher import parse_args
-    from rollout.job import SetupError
+    from rollout.cli.run import parse_args
+    from rollout.core.setup import SetupError
 
     opts, _ = parse_args([])
     assert (opts.max_retries, opts.retry_backoff_s) == (2, 1.0)
@@ -574,10 +575,10 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
 
 
 def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from launcher import report
-    from rollout.job import JobResult
-    from rollout.outcomes import BreakerEvent
-    from rollout.report import AttemptRecord, ReportTotals, SessionRecord
+    from rollout.cli.run import report
+    from rollout.core.outcomes import BreakerEvent
+    from rollout.jobs.job import JobResult
+    from rollout.results.report import AttemptRecord, ReportTotals, SessionRecord
 
     def rec(case: str, outcomes: list[str], status: str = "succeeded") -> SessionRecord:
         attempts = [AttemptRecord(attempt=i + 1, status="error", outcome=o, infra=o != "succeeded",
@@ -601,8 +602,8 @@ def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: p
 
 
 def test_progress_on_a_non_terminal_is_a_line_per_tenth(capsys: pytest.CaptureFixture[str]) -> None:
-    from launcher import _Progress
-    from rollout.report import SessionRecord
+    from rollout.cli.run import _Progress
+    from rollout.results.report import SessionRecord
 
     def rec(env: str, i: int) -> SessionRecord:
         return SessionRecord(session_id=f"{env}{i}", job_id="j", env_name=env, case_id=str(i), group_id=str(i),

@@ -21,7 +21,7 @@ from tests.test_launcher import REPO, gateway_config, launch, rows
 RUNTIME = '''
 import pathlib, time
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 HOLD = pathlib.Path(__file__).parent / "hold"
 

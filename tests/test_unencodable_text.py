@@ -21,8 +21,8 @@ import httpx
 import pyarrow.parquet as pq
 import yaml
 
-from rollout.client import FeedClient
-from rollout.feed.schema import FeedGroupOut
+from rollout.servers.feed.client import FeedClient
+from rollout.servers.feed.schema import FeedGroupOut
 from store import Store
 from tests.fake_upstream import FakeRequest, FakeUpstream, Reply, chat_completion, chat_stream
 from tests.test_launcher import REPO, gateway_config, launch
@@ -35,7 +35,7 @@ RUNTIME = r'''
 import json
 import httpx
 from env.runtime_kit import run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     row = req.env_params["dataset"]

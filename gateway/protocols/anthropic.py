@@ -14,12 +14,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.assembly import Answer, MessagesStreamAssembler, StreamAssembler, read_messages
-from gateway.errors import anthropic_error
 from gateway.protocols.base import WireProtocol, compact
 from gateway.settings import RouteSettings
-from gateway.sse import format_event
-from gateway.wire import MessagesRequest, WireRequest
+from wire.assembly import Answer, MessagesStreamAssembler, StreamAssembler, read_messages
+from wire.errors import anthropic_error
+from wire.requests import MessagesRequest, WireRequest
+from wire.sse import format_event
 
 __all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicProtocol", "message_to_stream"]
 

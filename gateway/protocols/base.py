@@ -1,8 +1,5 @@
-"""The protocol adapter interface: what the forwarding core (:mod:`gateway.forward`) asks of the
-API a call speaks. One adapter per protocol (:mod:`gateway.protocols.chat`,
-:mod:`gateway.protocols.responses`, :mod:`gateway.protocols.anthropic`); everything else about a
-call (upstream call, timeouts, disconnects, budget, recording, metrics, request log) is shared.
-"""
+"""The protocol adapter interface: what the forwarding core asks of the API a call speaks; all
+else about a call is shared."""
 
 from __future__ import annotations
 
@@ -10,12 +7,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from gateway.assembly import Answer, StreamAssembler
+from gateway.bodies import validate_body
 from gateway.settings import RouteSettings
-from gateway.sse import format_event
-from gateway.wire import WireRequest, validate_request
-from store.models import StepStatus
-from store.text import json_text
+from wire.assembly import Answer, StreamAssembler
+from wire.requests import WireRequest
+from wire.sse import format_event
+from wire.status import StepStatus
+from wire.text import json_text
 
 __all__ = ["WireProtocol", "compact", "inner_error"]
 
@@ -28,20 +26,13 @@ def inner_error(err: dict[str, Any]) -> dict[str, Any]:
 
 def compact(obj: Any) -> str:
     """Compact JSON text (no spaces, UTF-8 kept; all ``\\uXXXX`` escapes when a string holds a
-    lone surrogate: :func:`store.text.json_text`), as the gateway writes its own events."""
+    lone surrogate: :func:`wire.text.json_text`), as the gateway writes its own events."""
     return json_text(obj, separators=(",", ":"))
 
 
 class WireProtocol(ABC):
-    """One API the gateway serves. Class attributes:
-
-    * ``endpoint``: the step's ``endpoint`` column and the metrics/request-log label;
-    * ``upstream_path``: appended to the route's ``base_url``;
-    * ``api``: the ``api`` a route must have to serve this endpoint;
-    * ``request_model``: the pydantic model of the request body (:mod:`gateway.wire`);
-    * ``answer_name``: how error messages name a valid answer ("chat completion", ...);
-    * ``stream_end``: how error messages name the event that ends a stream properly.
-    """
+    """One API the gateway serves: its ``endpoint`` label, ``upstream_path``, the route ``api`` it
+    needs, its ``request_model``, and how messages name an answer and a stream's end."""
 
     endpoint: ClassVar[str]
     upstream_path: ClassVar[str]
@@ -53,14 +44,12 @@ class WireProtocol(ABC):
     # ------------------------------------------------------------------ request side
     def validate(self, body: dict[str, Any]) -> WireRequest:
         """The validated body; raises GatewayError(400) naming the field at fault."""
-        return validate_request(self.request_model, body)
+        return validate_body(self.request_model, body)
 
     def upstream_body(self, req: WireRequest, body: dict[str, Any], route: RouteSettings
                       ) -> tuple[dict[str, Any], bool]:
-        """The body to send upstream and whether the gateway added a usage request to it (only
-        chat does). Default: ``model`` replaced by ``route.upstream_model`` when set, and
-        ``stream``/``stream_options`` dropped when the route cannot stream. Returns ``body``
-        itself (the same object) when nothing changes, so the client's bytes are forwarded."""
+        """The body to send upstream (``model`` replaced by ``upstream_model``; stream fields dropped for
+        a route that cannot stream; ``body`` itself when unchanged) and whether a usage request was added."""
         out = body
         if route.upstream_model:
             out = {**out, "model": route.upstream_model}

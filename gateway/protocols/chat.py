@@ -12,10 +12,10 @@ import time
 import uuid
 from typing import Any
 
-from gateway.assembly import Answer, ChatStreamAssembler, read_chat
 from gateway.protocols.base import WireProtocol, compact
 from gateway.settings import RouteSettings
-from gateway.wire import ChatCompletionRequest, WireRequest
+from wire.assembly import Answer, ChatStreamAssembler, read_chat
+from wire.requests import ChatCompletionRequest, WireRequest
 
 __all__ = ["ChatProtocol", "completion_to_stream"]
 

@@ -12,11 +12,11 @@ import time
 import uuid
 from typing import Any
 
-from gateway.assembly import Answer, ResponsesStreamAssembler, StreamAssembler, read_responses
 from gateway.protocols.base import WireProtocol, compact, inner_error
-from gateway.sse import format_event
-from gateway.wire import ResponsesRequest, WireRequest
-from store.models import StepStatus
+from wire.assembly import Answer, ResponsesStreamAssembler, StreamAssembler, read_responses
+from wire.requests import ResponsesRequest, WireRequest
+from wire.sse import format_event
+from wire.status import StepStatus
 
 __all__ = ["ResponsesProtocol", "response_to_stream"]
 

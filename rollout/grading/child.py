@@ -16,7 +16,7 @@ import sys
 from collections.abc import Awaitable
 from typing import Any
 
-from rollout import evaluator_loader, scoring
+from rollout.grading import evaluator_loader, scoring
 from rollout.grading.views import Record, request_view, trajectory_view
 
 _RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,

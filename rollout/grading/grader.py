@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from rollout.envs import EnvConfig
-from rollout.evaluation import EvalOutcome, run_evaluation
+from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
+from rollout.core.envs import EnvConfig
+from rollout.grading.evaluation import Evaluation, run_evaluation
 from rollout.grading.sandbox import GraderLimits, evaluate_in_sandbox
 from rollout.grading.workspace_copy import CopyCaps, copy_workspace
-from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Grader:
 
     async def evaluate(self, path: Path, request: EvalRequest, spec: EvalSpec, trajectory: Trajectory,
                        workspace: Path | None, isolation: Isolation | None = None,
-                       limits: GraderLimits | None = None) -> EvalOutcome:
+                       limits: GraderLimits | None = None) -> Evaluation:
         """Evaluate one session on a copy of ``workspace`` (None: the session has none) with the
         snapshot of ``path``. Never raises but CancelledError."""
         assert self._folder is not None, "use the Grader as an async context manager"

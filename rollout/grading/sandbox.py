@@ -7,7 +7,7 @@ read-only (graders anywhere may import ``env.*``), each env root read-only from 
 no network, a clean environment, memory and process caps (cgroups when there are, else
 ``RLIMIT_AS``), CPU-time and file-size limits, output counted. At the timeout the whole sandbox
 is killed (its process group, its cgroups; the pid namespace takes the rest). Whatever the child
-does, the answer is an ``EvalOutcome``: nothing raises but cancellation.
+does, the answer is an ``Evaluation``: nothing raises but cancellation.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout import scoring
-from rollout.cgroups import SessionCgroup
-from rollout.evaluation import EvalOutcome, EvalStatus
-from rollout.protocol import EvalRequest, EvalSpec, Trajectory
-from rollout.runner import CODE_ROOT, sandbox_support
-from rollout.sandbox import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailable, clean_env
+from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
+from rollout.grading import scoring
+from rollout.grading.evaluation import EvalStatus, Evaluation
+from rollout.sandbox.bwrap import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailable, clean_env
+from rollout.sandbox.cgroups import SessionCgroup
+from rollout.sandbox.runner import CODE_ROOT, sandbox_support
 
 MiB = 1024 * 1024
 CHILD = Path(__file__).with_name("child.py")
@@ -87,7 +87,7 @@ def grader_command(roots: list[tuple[Path, Path]], workspace: Path | None, limit
 
 async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, trajectory: Trajectory,
                               workspace: Path | None, roots: list[tuple[Path, Path]],
-                              limits: GraderLimits | None = None) -> EvalOutcome:
+                              limits: GraderLimits | None = None) -> Evaluation:
     """Evaluate one session in the grader sandbox (module docstring). ``path`` is the evaluator
     at its host path (bound from the snapshot in ``roots``); ``workspace`` the host folder shown as
     ``/workspace`` (``request.workspace`` is set to that). Never raises but CancelledError."""
@@ -95,9 +95,9 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
     started = time.monotonic()
     timeout = spec.timeout_s
 
-    def outcome(status: EvalStatus, score: float | None, **kw: Any) -> EvalOutcome:
+    def outcome(status: EvalStatus, score: float | None, **kw: Any) -> Evaluation:
         reason = kw.pop("reason", None)
-        return EvalOutcome(status=status, score=score, reason=None if reason is None else scoring.cut_text(reason),
+        return Evaluation(status=status, score=score, reason=None if reason is None else scoring.cut_text(reason),
                            duration_s=time.monotonic() - started, isolation="bwrap", **kw)
 
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
@@ -226,8 +226,8 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
     raise _Ended("error", f"the grader {how} without a result: {last[0][-300:]}")
 
 
-def _checked(value: Any, outcome: Any) -> EvalOutcome:
-    """The child's answer as an EvalOutcome, its shape and score checked again here."""
+def _checked(value: Any, outcome: Any) -> Evaluation:
+    """The child's answer as an Evaluation, its shape and score checked again here."""
     if not isinstance(value, dict) or value.get("status") not in ("scored", "invalid_reward", "error"):
         return outcome("error", 0.0, reason="the grader sandbox returned a malformed result")
     status = value["status"]

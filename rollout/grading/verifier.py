@@ -29,15 +29,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rollout.cgroups import SessionCgroup
-from rollout.envs import Case, EnvConfig, LimitsConfig
-from rollout.evaluation import EvalOutcome
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import Case, EnvConfig, LimitsConfig
+from rollout.core.harbor import DEFAULT_VERIFIER_TIMEOUT_S
+from rollout.grading.evaluation import Evaluation
+from rollout.grading.scoring import cut_text
 from rollout.grading.workspace_copy import CopyCaps, WorkspaceCopy, copy_workspace
-from rollout.harbor import DEFAULT_VERIFIER_TIMEOUT_S
-from rollout.protocol import SimulationStartRequest
-from rollout.runner import disk_used, sandbox_support
-from rollout.runtime_local import run_local
-from rollout.sandbox import (
+from rollout.sandbox.bwrap import (
     FORWARDER,
     FORWARDER_SOURCE,
     GATEWAY_PORT,
@@ -47,7 +45,9 @@ from rollout.sandbox import (
     SandboxUnavailable,
     clean_env,
 )
-from rollout.scoring import cut_text
+from rollout.sandbox.cgroups import SessionCgroup
+from rollout.sandbox.runner import disk_used, sandbox_support
+from rollout.sandbox.runtime_local import run_local
 
 MiB = 1024 * 1024
 TESTS = "/tests"
@@ -322,13 +322,13 @@ async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str
                               label=label)
 
 
-def verifier_outcome(result: VerifierResult) -> EvalOutcome:
+def verifier_outcome(result: VerifierResult) -> Evaluation:
     """The evaluation committed from a verifier alone (an env without ``rule_evaluator.py``):
     ``scored`` with reward x 10 clamped to 0..10, or 0 when it wrote no reward; ``timeout`` (0,
     a grading failure) when it timed out; ``error`` when it could not start."""
     detail = {"verifier": result.for_evaluator()}
     if result.status == "rewarded" and result.reward is not None:
-        return EvalOutcome(status="scored", score=min(10.0, max(0.0, result.reward * 10)), raw_repr=repr(result.reward),
+        return Evaluation(status="scored", score=min(10.0, max(0.0, result.reward * 10)), raw_repr=repr(result.reward),
                            reason=cut_text(f"verifier reward {result.reward:g}: {result.reason}"), artifacts=detail,
                            duration_s=result.duration_s, isolation="bwrap")
     status: Literal["scored", "timeout", "error"] = {"no_reward": "scored", "timeout": "timeout"}.get(
@@ -336,5 +336,5 @@ def verifier_outcome(result: VerifierResult) -> EvalOutcome:
     why = result.reason or result.status
     if result.status == "no_reward":
         why = f"no reward: {why}"
-    return EvalOutcome(status=status, score=0.0, reason=cut_text(why), artifacts=detail, duration_s=result.duration_s,
+    return Evaluation(status=status, score=0.0, reason=cut_text(why), artifacts=detail, duration_s=result.duration_s,
                        isolation="bwrap")

@@ -3,7 +3,7 @@
 A ``Record`` is a ``dict`` whose keys also read as attributes (``request.env_params`` and
 ``request["env_params"]``; ``trajectory.steps[-1].content`` and ``...["content"]``), with
 ``model_dump()`` / ``model_dump_json()`` for code written against the pydantic models of
-``rollout.protocol``. The same views are handed in the grader sandbox and in-process, built from
+``rollout.contract.protocol``. The same views are handed in the grader sandbox and in-process, built from
 the models' JSON form. Stdlib only: the grader sandbox imports it.
 """
 

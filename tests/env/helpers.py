@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rollout.protocol import (
+from rollout.contract.protocol import (
     EvalRequest,
     EvalSpec,
     SimulationStartRequest,

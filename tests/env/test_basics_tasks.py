@@ -87,7 +87,7 @@ def test_a_wrong_number_scores_0(tmp_path: Path) -> None:
 
 
 def test_env_yaml_and_cases() -> None:
-    from rollout.envs import load_cases, load_env_config
+    from rollout.core.envs import load_cases, load_env_config
 
     config = yaml.safe_load((ENV_ROOT / "basics" / "env.yaml").read_text())
     assert config["runtime"]["command"] == ["{python}", "-m", "env.task_runtime"]

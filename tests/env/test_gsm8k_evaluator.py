@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 from tests.env.helpers import ENV_ROOT, eval_request, eval_spec, load_evaluator, trajectory
 
 gsm8k = load_evaluator("gsm8k")

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from env.runtime_kit import chat_completion, emit_result, openai_client, read_start_request
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 from tests.env.helpers import last_result, run_runtime_file, start_request
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.fake_upstream import chat_completion as completion_body
@@ -28,7 +28,7 @@ FAILING_RUNTIME = textwrap.dedent("""
 
 SUCCEEDING_RUNTIME = textwrap.dedent("""
     from env.runtime_kit import run_runtime
-    from rollout.protocol import SimulationStartResult
+    from rollout.contract.protocol import SimulationStartResult
 
     def main(req):
         print("stray print")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import env.task_runtime as task_runtime
-from rollout.protocol import SimulationStartRequest
+from rollout.contract.protocol import SimulationStartRequest
 
 
 def run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, params: dict[str, Any], **loop: Any) -> Any:

@@ -173,7 +173,7 @@ def test_env_yaml(env_name: str, dataset: dict, max_steps: int) -> None:
 
 
 def test_launcher_expands_the_bundled_envs_into_cases() -> None:
-    from rollout.envs import load_cases, load_env_config
+    from rollout.core.envs import load_cases, load_env_config
 
     gsm8k_cases = load_cases(load_env_config(ENV_ROOT / "gsm8k" / "env.yaml"))
     assert [c.case_id for c in gsm8k_cases] == ["0", "1", "2", "3", "4", "5"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from store import JobEnvironment, SessionStep, Store
+from store import JobEnvironment, SessionResult, SessionStep, Store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def step(sid: str, seq: int, text: str, *, llm_model: str = "m", **extra: Any) -
 async def finish(store: Store, sid: str, score: float | None, eval_status: str | None = "scored",
                  **values: Any) -> None:
     values.setdefault("status", "succeeded")
-    await store.finish_job_session(sid, reward=score, eval_meta=None, eval_status=eval_status, **values)
+    await store.finish_job_session(sid, SessionResult(reward=score, eval_status=eval_status, **values))
 
 
 async def make_job(store: Store, job: str, groups: dict[str, int]) -> dict[str, list[str]]:
@@ -53,7 +53,7 @@ async def make_job(store: Store, job: str, groups: dict[str, int]) -> dict[str, 
 
 RUNTIME = '''
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     client = openai_client(req, max_retries=0)

@@ -1,4 +1,4 @@
-"""rollout.client: the cursor file, errors, and iteration that survives a restart of the feed."""
+"""rollout.servers.feed.client: the cursor file, errors, and iteration that survives a restart of the feed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.client import CursorFile, FeedClient, FeedError, FeedUnavailable
+from rollout.servers.feed.client import CursorFile, FeedClient, FeedError, FeedUnavailable
 from store import Store
 from tests.feed.helpers import ENV, REPO, finish, make_job
 

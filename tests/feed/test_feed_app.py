@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from rollout.feed.app import FeedSettings, create_feed_app
+from rollout.servers.feed.app import FeedSettings, create_feed_app
 from store import Store
 from store.feed import FeedQueries
 from tests.feed.helpers import finish, make_job

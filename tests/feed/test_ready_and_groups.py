@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.feed.groups import (
+from rollout.servers.feed.groups import (
     GroupOptions,
     advantages,
     build_group,

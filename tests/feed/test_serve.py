@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from rollout.client import FeedClient
+from rollout.servers.feed.client import FeedClient
 from store import SessionStep
 from tests.fake_upstream import FakeRequest, FakeUpstream, Reply, chat_completion
 from tests.feed.helpers import ENV, REPO, make_env

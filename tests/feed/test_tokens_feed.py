@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollout.client import FeedClient
-from rollout.feed.schema import FeedGroupOut
+from rollout.servers.feed.client import FeedClient
+from rollout.servers.feed.schema import FeedGroupOut
 from store import SessionStep
 from tests.fake_upstream import FakeUpstream
 from tests.feed.helpers import ENV, REPO
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif("prompt_token_ids" not in SessionStep.__table__.
 
 RUNTIME = '''
 from env.runtime_kit import openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     client = openai_client(req, max_retries=0)

@@ -1,5 +1,5 @@
 """Unit tests of the Responses and Anthropic stream assemblers and answer readers
-(:mod:`gateway.assembly`), fed through the real SSE parser with arbitrary read boundaries, and of
+(:mod:`wire.assembly`), fed through the real SSE parser with arbitrary read boundaries, and of
 the synthesized streams (:mod:`gateway.protocols`) read back by the assemblers."""
 
 from __future__ import annotations
@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 
-from gateway.assembly import (
+from gateway.protocols.anthropic import message_to_stream
+from gateway.protocols.responses import response_to_stream
+from tests.fake_upstream import default_messages_stream, default_responses_stream, response_object, sse_event
+from tests.faults import RESPONSES_ARGS_ONLY_IN_DONE, RESPONSES_NO_COMPLETED
+from tests.gateway.test_messages import THINK_TEXT_TOOL, THINK_TEXT_TOOL_MESSAGE
+from wire.assembly import (
     Answer,
     MessagesStreamAssembler,
     ResponsesStreamAssembler,
@@ -17,12 +22,7 @@ from gateway.assembly import (
     read_messages,
     read_responses,
 )
-from gateway.protocols.anthropic import message_to_stream
-from gateway.protocols.responses import response_to_stream
-from gateway.sse import SSEParser
-from tests.fake_upstream import default_messages_stream, default_responses_stream, response_object, sse_event
-from tests.faults import RESPONSES_ARGS_ONLY_IN_DONE, RESPONSES_NO_COMPLETED
-from tests.gateway.test_messages import THINK_TEXT_TOOL, THINK_TEXT_TOOL_MESSAGE
+from wire.sse import SSEParser
 
 CALL = {"type": "function_call", "id": "fc1", "call_id": "call_1", "name": "get_weather",
         "arguments": '{"city":"Paris"}'}

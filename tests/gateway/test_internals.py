@@ -13,23 +13,24 @@ from typing import Any
 import pytest
 
 from gateway.call import Call
+from gateway.call_end import Attempt, CallEnd, Phase
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange, UpstreamFailed, before_model
 from gateway.idempotency import Replay
-from gateway.jsonsafe import loads_strict, strict_event
 from gateway.metrics import Metrics
-from gateway.outcome import Attempt, Outcome, Phase, StepStatus
 from gateway.protocols import CHAT
 from gateway.recorder import TelemetryWriter
 from gateway.relay import StreamRelay
 from gateway.sessions import RouteMismatch, SessionClosed, SessionManager
 from gateway.settings import GatewaySettings
-from gateway.sse import SSEParser
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamClient
 from store import Store
 from tests.fake_upstream import DONE, FakeUpstream, Reply, chat_chunk, chat_completion
 from tests.gateway.conftest import MESSAGES
+from wire.jsonsafe import loads_strict, strict_event
+from wire.sse import SSEParser
+from wire.status import StepStatus
 
 BODY = {"model": "m", "messages": MESSAGES}
 
@@ -82,8 +83,8 @@ async def _call(gw: GatewayState, sid: str | None = "s1", *, claim: bool = True,
     return call
 
 
-def _ok(body: dict[str, Any]) -> Outcome:
-    return Outcome(StepStatus.OK, 200, body, answered=200, replay=Replay(200, {}, b"{}", "application/json"))
+def _ok(body: dict[str, Any]) -> CallEnd:
+    return CallEnd(StepStatus.OK, 200, body, answered=200, replay=Replay(200, {}, b"{}", "application/json"))
 
 
 # ------------------------------------------------------------------------------------------ sessions
@@ -140,7 +141,7 @@ async def test_finish_records_counts_settles_and_releases_once(state: GatewaySta
     assert call.claim is not None and state.sessions.in_flight("s1") == 1
     answer = chat_completion("hi")
     await call.finish(_ok(answer))
-    await call.finish(Outcome(StepStatus.ERROR, 500, {}, answered=500))  # a second ending is a no-op
+    await call.finish(CallEnd(StepStatus.ERROR, 500, {}, answered=500))  # a second ending is a no-op
     [step] = await state.store.trajectory("s1")
     assert (step.status, step.status_code, step.response, step.is_trainable) == ("ok", 200, answer, True)
     assert step.meta_json == {"route": "m"}
@@ -153,7 +154,7 @@ async def test_finish_records_counts_settles_and_releases_once(state: GatewaySta
 async def test_a_refunded_failure_gives_the_unit_back_and_is_not_trainable(state: GatewayState) -> None:
     call = await _call(state)
     call.attempts = [Attempt(None, error="refused", wait_s=0.0), Attempt(None, error="refused")]
-    await call.finish(Outcome(StepStatus.ERROR, 502, {"error": {}}, answered=502,
+    await call.finish(CallEnd(StepStatus.ERROR, 502, {"error": {}}, answered=502,
                               meta={"phase": Phase.CONNECT.value}, refund=True))
     [step] = await state.store.trajectory("s1")
     assert step.meta_json is not None
@@ -190,7 +191,7 @@ async def test_a_commit_that_fails_is_a_500_and_the_call_is_still_ended(state: G
 
 async def test_an_ok_stream_keeps_its_claim_open_until_its_bytes_went_out(state: GatewayState) -> None:
     call = await _call(state, stream=True)
-    await call.finish(Outcome(StepStatus.OK, 200, chat_completion("x"), answered=200))
+    await call.finish(CallEnd(StepStatus.OK, 200, chat_completion("x"), answered=200))
     assert call.claim is not None and not call.claim.settled
     call.sent(Replay(200, {}, b"data: [DONE]\n\n", "text/event-stream"))
     assert call.claim.replay is not None and call.claim.replay.body == b"data: [DONE]\n\n"
@@ -242,7 +243,7 @@ async def test_relay_sends_the_upstream_bytes_and_records_one_ok_step(state: Gat
     sent = [b async for b in relay.events()]
     await relay.finish()
     assert b"".join(sent) == b"".join(chunks)  # byte for byte
-    assert relay.outcome == StepStatus.OK and state.sessions.in_flight("s1") == 0
+    assert relay.final_status == StepStatus.OK and state.sessions.in_flight("s1") == 0
     [step] = await state.store.trajectory("s1")
     assert (step.status, step.response["choices"][0]["message"]["content"]) == ("ok", "hello")
     assert call.claim is not None and call.claim.replay is not None

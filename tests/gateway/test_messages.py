@@ -15,7 +15,7 @@ import anthropic
 import pytest
 from anthropic.types import Message
 
-from rollout.trajectory import to_trajectory
+from rollout.grading.trajectory import to_trajectory
 from tests.fake_upstream import (
     DEFAULT_TEXT,
     FakeUpstream,

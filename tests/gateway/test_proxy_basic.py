@@ -550,7 +550,7 @@ async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(gw: Gate
 async def test_a_control_body_larger_than_its_limit_is_a_413(gw: Gateway) -> None:
     """A close or admin body carries a few fields: one over CONTROL_BODY_BYTES is refused
     without being kept, and the session is left as it was."""
-    from gateway.wire import CONTROL_BODY_BYTES
+    from gateway.bodies import CONTROL_BODY_BYTES
 
     await gw.register("big", max_steps=4)
     http = gw.http()

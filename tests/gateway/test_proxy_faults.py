@@ -428,7 +428,7 @@ async def test_unexpected_error_is_500_in_openai_shape(gw: Gateway, upstream: Fa
 
 async def test_unexpected_error_mid_stream_ends_with_an_error_event(gw: Gateway, upstream: FakeUpstream,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.assembly import ChatStreamAssembler
+    from wire.assembly import ChatStreamAssembler
 
     real_feed = ChatStreamAssembler.feed_chunk
 

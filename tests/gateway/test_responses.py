@@ -219,7 +219,7 @@ async def test_streamed_reasoning_text_and_argument_deltas(gw: Gateway, upstream
     assert step.response == completed
     assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (7, 20, 27)
 
-    from rollout.trajectory import to_step
+    from rollout.grading.trajectory import to_step
 
     view = to_step(step)
     assert (view.content, view.reasoning) == ("Let me check.", "think")

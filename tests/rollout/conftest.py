@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rollout.evaluation import abandoned_thread_count
+from rollout.grading.evaluation import abandoned_thread_count
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from rollout.evaluation import EvalOutcome, run_evaluation
-from rollout.evaluator_loader import load_evaluator
-from rollout.protocol import EvalRequest, EvalSpec, SimulationStartResult, Trajectory, TrajectoryStep
+from rollout.contract.protocol import EvalRequest, EvalSpec, SimulationStartResult, Trajectory, TrajectoryStep
+from rollout.grading.evaluation import Evaluation, run_evaluation
+from rollout.grading.evaluator_loader import load_evaluator
 
 
 def write_evaluator(root: Path, env_name: str, body: str) -> Path:
@@ -58,7 +58,7 @@ def make_trajectory(session_id: str = "s-1", final: str | None = "42") -> Trajec
     return Trajectory(session_id=session_id, steps=[step], final_response=final)
 
 
-async def evaluate_file(path: Path | None, timeout_s: float = 5.0, **kw: object) -> EvalOutcome:
+async def evaluate_file(path: Path | None, timeout_s: float = 5.0, **kw: object) -> Evaluation:
     spec = make_spec(path or Path("none"), timeout_s)
     return await run_evaluation(path, make_request(**kw), spec, make_trajectory())  # type: ignore[arg-type]
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rollout.envs import EnvConfig, load_env_config
-from rollout.protocol import SimulationStartRequest
-from rollout.runner import sandbox_support
-from rollout.sandbox import SandboxUnavailable, Support
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import EnvConfig, load_env_config
+from rollout.sandbox.bwrap import SandboxUnavailable, Support
+from rollout.sandbox.runner import sandbox_support
 
 
 def require_bwrap() -> Support:

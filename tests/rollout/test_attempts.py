@@ -22,10 +22,10 @@ import httpx
 import pytest
 import yaml
 
-from rollout.job import JobOptions, JobResult, run_job
-from rollout.outcomes import BreakerEvent
-from rollout.report import render_table, summarize
-from rollout.services import free_port
+from rollout.core.outcomes import BreakerEvent
+from rollout.jobs.job import JobOptions, JobResult, run_job
+from rollout.jobs.services import free_port
+from rollout.results.report import render_table, summarize
 from tests.fake_upstream import DEFAULT_TEXT, FakeRequest, FakeUpstream, Reply
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ import os, sys, time
 from pathlib import Path
 import openai
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     row, attempt = req.env_params["dataset"], req.metadata["attempt"]
@@ -212,7 +212,7 @@ async def test_only_evidence_the_agent_cannot_write_makes_an_attempt_an_infrastr
     assert up_line["retried"] is True
     assert [a["outcome"] for a in up_line["attempts"]] == ["upstream_unavailable", "succeeded"]
     # each infrastructure failure is on the terminal with its reason, not only in the JSONL
-    told = [m for r in caplog.records if r.name == "rollout.scheduler" and r.levelname == "WARNING"
+    told = [m for r in caplog.records if r.name == "rollout.jobs.scheduler" and r.levelname == "WARNING"
             and " attempt 1: " in (m := r.getMessage())]
     r = by_case["upstream"]
     reason = (r.attempts[0].reason or "").strip().splitlines()[-1][:300]
@@ -387,8 +387,8 @@ async def planned_on_a_gateway(tmp_path: Path, job_id: str, **gateway: Any) -> A
     """The rows of a job of the env under ``tmp_path/envs`` planned in a store that a real
     gateway (settings ``gateway`` added) records to, for a Scheduler run in this process."""
     from gateway.settings import GatewaySettings
-    from rollout.job import load_envs
-    from rollout.scheduler import session_rows
+    from rollout.core.plan import session_rows
+    from rollout.jobs.job import load_envs
     from store import Store
     from tests.gateway.conftest import serve
 
@@ -424,7 +424,7 @@ async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path
     """The gateway answers its probe but refuses to close the session (here: the launcher lacks
     the key of a gateway with auth on): the retry is tried a bounded number of times, then the
     session ends as an infrastructure failure, not graded, instead of looping for ever."""
-    from rollout.scheduler import RunSettings, Scheduler
+    from rollout.jobs.scheduler import RunSettings, Scheduler
 
     make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "fault": "crash"}])
     async with planned_on_a_gateway(tmp_path, "jg", auth={"api_keys": ["sk-gw"]}) as p:
@@ -445,7 +445,7 @@ async def test_a_gateway_the_bridge_cannot_reach_is_an_outage_even_when_the_runt
     listens on (the session close reaches the real gateway), the runtime swallows the error and
     reports a plain failure; the gateway bridge's failed connections make it ``gateway_unreachable``:
     retried, then not graded."""
-    from rollout.scheduler import RunSettings, Scheduler
+    from rollout.jobs.scheduler import RunSettings, Scheduler
     from tests.rollout.sandbox_helpers import require_bwrap
 
     require_bwrap()
@@ -469,7 +469,7 @@ async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging
     """A worker that dies of a bug (here: the store refuses the start of one session) ends the
     job with that error while the other workers still wait for work, instead of leaving them
     waiting for the dead worker's session for ever."""
-    from rollout.scheduler import RunSettings, Scheduler
+    from rollout.jobs.scheduler import RunSettings, Scheduler
 
     make_env(tmp_path / "envs", [{"id": f"c{i}", "q": "hi"} for i in range(4)])
     async with planned_on_a_gateway(tmp_path, "jb") as p:

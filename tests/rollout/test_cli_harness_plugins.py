@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.harness import HarnessContext, HarnessUnavailable, load_harness
+from rollout.contract.harness import HarnessContext, HarnessUnavailable
+from rollout.sandbox.harness_cache import load_harness
 
 CTX = HarnessContext(instruction="Do the task.\nCarefully.", model="route-x",
                      session_url="http://127.0.0.1:41800/v1/sessions/s1", api_key="sk-gw", workspace="/workspace",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout.argtypes import finite_float, int_at_least, port_number
-from rollout.feed import cli as feed_cli
-from rollout.viewer import cli as viewer_cli
+from rollout.cli import feed as feed_cli
+from rollout.cli import viewer as viewer_cli
+from rollout.core.argtypes import finite_float, int_at_least, port_number
 
 REPO = Path(__file__).resolve().parents[2]
 

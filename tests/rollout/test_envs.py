@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.envs import EnvConfigError, case_of, discover_envs, load_cases, load_env_config
+from rollout.core.envs import EnvConfigError, case_of, discover_envs, load_cases, load_env_config
 
 
 def _write_env(root: Path, name: str, cfg: str, rows: list[dict] | None = None) -> Path:  # type: ignore[type-arg]
@@ -87,7 +87,7 @@ def test_task_dirs(tmp_path: Path) -> None:
 
 
 def test_a_session_case_is_the_row_it_was_planned_with(tmp_path: Path) -> None:
-    from rollout.scheduler import session_case, session_rows
+    from rollout.core.plan import session_case, session_rows
 
     d = _write_env(tmp_path, "e", BASE.replace("hidden_fields", "id_field: id, hidden_fields"),
                    [{"id": "x", "q": "2+2", "answer": "4"}])
@@ -110,7 +110,7 @@ def test_discover_envs(tmp_path: Path) -> None:
 
 
 def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
-    from rollout.scheduler import session_rows
+    from rollout.core.plan import session_rows
 
     one, four = tmp_path / "one", tmp_path / "four"
     for folder, extra in ((one, ""), (four, "group_size: 4\n")):
@@ -131,8 +131,9 @@ def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
 
 
 def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rollout.job import JobOptions, SetupError, load_envs
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from rollout.core.setup import SetupError
+    from rollout.jobs.job import JobOptions, load_envs
 
     for name in ("a", "b"):
         (_write_env(tmp_path, name, BASE, [{"id": "1"}]) / "rt.py").write_text("print()\n")
@@ -144,7 +145,7 @@ def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
         return [cfg.name for cfg, _ in load_envs(opts)]
 
     assert envs("b") == ["b"]
-    err = capsys.readouterr().err
+    err = "\n".join(r.getMessage() for r in caplog.records if r.name == "rollout.notice")
     assert err.startswith("warning: skipped an env that does not load (not asked for by --env): ") and \
         f"{tmp_path / 'c' / 'env.yaml'}" in err, err
     with pytest.raises(SetupError, match=f"{tmp_path / 'c' / 'env.yaml'}"):

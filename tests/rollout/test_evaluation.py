@@ -1,4 +1,4 @@
-"""Tests for rollout.evaluation: running evaluators under a timeout in daemon threads,
+"""Tests for rollout.grading.evaluation: running evaluators under a timeout in daemon threads,
 evaluator exceptions as errors, the score rule as committed outcomes, async evaluators, and
 ``build_eval_spec``.
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout import evaluation, evaluator_loader
-from rollout.evaluation import EvalOutcome, abandoned_thread_count, build_eval_spec, run_evaluation
-from rollout.protocol import Trajectory
+from rollout.contract.protocol import Trajectory
+from rollout.grading import evaluation, evaluator_loader
+from rollout.grading.evaluation import Evaluation, abandoned_thread_count, build_eval_spec, run_evaluation
 from tests.rollout.evaluator_helpers import (
     BUSY_LOOP,
     FAST,
@@ -157,7 +157,7 @@ async def test_signal_alarm_off_main_thread_is_an_error(
             return 10
         """,
     )
-    with caplog.at_level(logging.WARNING, logger="rollout.evaluation"):
+    with caplog.at_level(logging.WARNING, logger="rollout.grading.evaluation"):
         outcome = await evaluate_file(path)
     assert outcome.status == "error"
     assert outcome.score == 0.0
@@ -210,7 +210,7 @@ async def test_hung_evaluators_time_out_without_blocking_others(
     releasers += [release_flag(busy), release_event(sleeper)]
     fast_paths = [write_evaluator(tmp_path, f"fast{i}", FAST) for i in range(5)]
 
-    async def run(path: Path, timeout_s: float, session: str) -> EvalOutcome:
+    async def run(path: Path, timeout_s: float, session: str) -> Evaluation:
         return await run_evaluation(
             path, make_request(session_id=session), make_spec(path, timeout_s), make_trajectory(session)
         )
@@ -250,7 +250,7 @@ async def test_late_result_is_discarded(tmp_path: Path, caplog: pytest.LogCaptur
             return 10
         """,
     )
-    caplog.set_level(logging.INFO, logger="rollout.evaluation")
+    caplog.set_level(logging.INFO, logger="rollout.grading.evaluation")
     outcome = await evaluate_file(path, timeout_s=0.5)
     assert (outcome.status, outcome.score) == ("timeout", 0.0)
     assert outcome.reason == "evaluator timed out after 0.5 s"
@@ -285,7 +285,7 @@ async def test_thread_limit_fails_fast(
     assert abandoned_thread_count() == 2
 
     started = time.monotonic()
-    with caplog.at_level(logging.ERROR, logger="rollout.evaluation"):
+    with caplog.at_level(logging.ERROR, logger="rollout.grading.evaluation"):
         refused = await evaluate_file(fast, timeout_s=5.0)
     assert time.monotonic() - started < 0.2
     assert refused.status == "error"

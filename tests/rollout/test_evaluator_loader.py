@@ -1,4 +1,4 @@
-"""Tests for rollout.evaluator_loader: discovery, export names, load errors (also as
+"""Tests for rollout.grading.evaluator_loader: discovery, export names, load errors (also as
 ``run_evaluation`` outcomes), module naming and the load cache."""
 
 from __future__ import annotations
@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rollout.evaluator_loader import EvaluatorLoadError, discover_evaluator, load_evaluator
+from rollout.grading.evaluator_loader import (
+    EvaluatorLoadError,
+    discover_evaluator,
+    evaluator_for,
+    load_evaluator,
+)
 from tests.rollout.evaluator_helpers import FAST, evaluate_file, write_evaluator
 
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")
@@ -20,6 +25,17 @@ def test_discover_present_and_missing(tmp_path: Path) -> None:
     assert discover_evaluator(tmp_path, "other") is None
     (tmp_path / "dironly" / "rule_evaluator.py").mkdir(parents=True)
     assert discover_evaluator(tmp_path, "dironly") is None  # a directory is not a file
+
+
+def test_evaluator_for_prefers_the_agent_root_then_the_envs_own_folder(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "env", tmp_path / "mine"
+    for folder in (root / "a", elsewhere / "a", elsewhere / "b"):
+        folder.mkdir(parents=True)
+        (folder / "rule_evaluator.py").write_text("def evaluate(*a): return 1\n")
+    assert evaluator_for(root, "a", elsewhere / "a") == root / "a" / "rule_evaluator.py"
+    assert evaluator_for(root, "b", elsewhere / "b") == elsewhere / "b" / "rule_evaluator.py"
+    assert evaluator_for(root, "b") is None
+    assert evaluator_for(root, "c", elsewhere / "c") is None
 
 
 @pytest.mark.parametrize(

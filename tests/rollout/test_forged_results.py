@@ -55,7 +55,7 @@ def test_only_the_forwarders_first_status_line_counts() -> None:
     pipe; anything written after it is not the forwarder's and cannot make ``setup_failed``."""
     import os
 
-    from rollout.runner import _read_status
+    from rollout.sandbox.runner import _read_status
 
     r, w = os.pipe()
     try:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading.grader import Grader
 from rollout.grading.sandbox import CHILD, GraderLimits
-from rollout.protocol import EvalRequest, EvalSpec, Trajectory
 from tests.rollout.sandbox_helpers import require_bwrap, workspace_tool_call_run
 
 REPO = Path(__file__).resolve().parents[2]

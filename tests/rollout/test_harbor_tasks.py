@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rollout import harbor
-from rollout.envs import EnvConfigError, load_cases, load_env_config, session_config
+from rollout.core import harbor
+from rollout.core.envs import EnvConfigError, load_cases, load_env_config, session_config
 from tests.fake_upstream import FakeUpstream
 from tests.rollout.sandbox_helpers import require_bwrap
 from tests.test_launcher import REPO, gateway_config, launch
@@ -26,7 +26,7 @@ FIXTURE_HARNESSES = REPO / "tests" / "fixtures" / "harnesses"
 TOML = '[metadata]\ndifficulty = "easy"\n\n[agent]\ntimeout_sec = 45.0\n\n[verifier]\ntimeout_sec = 30\n'
 NOOP_RUNTIME = '''
 from env.runtime_kit import run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 run_runtime(lambda req: SimulationStartResult(session_id=req.session_id, status="succeeded"))
 '''
 
@@ -218,9 +218,9 @@ async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the
 async def test_a_verifier_that_cannot_start_is_an_infrastructure_failure_retried(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require_bwrap()
-    import rollout.scheduler as scheduler
+    import rollout.jobs.scheduler as scheduler
     from rollout.grading.verifier import VerifierResult
-    from rollout.scheduler import RunSettings, Scheduler
+    from rollout.jobs.scheduler import RunSettings, Scheduler
     from tests.rollout.test_attempts import planned_on_a_gateway
 
     make_task(make_env(tmp_path / "envs") / "tasks", "t")

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout.harness import (
+from rollout.contract.harness import Harness, HarnessContext, HarnessUnavailable
+from rollout.sandbox.harness_cache import (
     HARNESS_ROOT,
     STAMP,
-    Harness,
-    HarnessContext,
-    HarnessUnavailable,
     bundled,
     cache_dir,
     cache_root,
@@ -36,7 +34,7 @@ def _plugin(folder: Path, body: str) -> Path:
 
 
 TINY = """
-    from rollout.harness import Harness, HarnessLaunch
+    from rollout.contract.harness import Harness, HarnessLaunch
 
     class Tiny(Harness):
         name = "tiny"
@@ -168,7 +166,8 @@ def test_cache_root_follows_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_pa
 _INSTALLER = """
 import sys, time
 from pathlib import Path
-from rollout.harness import Harness, ensure_installed
+from rollout.contract.harness import Harness
+from rollout.sandbox.harness_cache import ensure_installed
 
 root, log, wait_for, started = (Path(a) for a in sys.argv[1:5])
 

@@ -1,4 +1,4 @@
-"""The in-sandbox harness wrapper (``python -m rollout.harness_runtime``) as a real subprocess: the
+"""The in-sandbox harness wrapper (``python -m rollout.contract.harness_runtime``) as a real subprocess: the
 files it writes, the CLI's environment and output, the answer file and the result line."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from rollout.protocol import SimulationStartRequest, model_json
+from rollout.contract.protocol import SimulationStartRequest, model_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
 PLUGIN = """
     import sys
-    from rollout.harness import Harness, HarnessLaunch
+    from rollout.contract.harness import Harness, HarnessLaunch
 
     CLI = '''
     import json, os, pathlib, sys
@@ -72,7 +72,7 @@ def _run(tmp_path: Path, params: dict[str, Any], dataset: dict[str, Any] | None 
     (plugin / "harness.py").write_text(textwrap.dedent(PLUGIN))
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "rollout.harness_runtime", str(plugin), str(tmp_path / "cache")],
+    return subprocess.run([sys.executable, "-m", "rollout.contract.harness_runtime", str(plugin), str(tmp_path / "cache")],
                           input=_request(params, dataset), cwd=workspace, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test", **(extra_env or {})})
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rollout.job_lock import JobLease, JobLocked, JobLockLost, process_alive
+from rollout.jobs.lease import JobLease, JobLocked, JobLockLost, process_alive
 from store import JobLock, Store
 from tests.raw_sql import raw_sql
 

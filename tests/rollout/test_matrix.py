@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import parse_args, regrade_options
-from rollout.envs import load_cases, load_env_config
-from rollout.job import SetupError, harness_envs, load_harnesses
-from rollout.records import record_of
-from rollout.report import render_table, summarize
-from rollout.scheduler import group_id, session_rows
-from rollout.trajectory import to_trajectory
-from store import JobEnvironment
+from rollout.cli.run import parse_args, regrade_options
+from rollout.core.envs import load_cases, load_env_config
+from rollout.core.plan import group_id, session_rows
+from rollout.core.setup import SetupError
+from rollout.grading.trajectory import to_trajectory
+from rollout.jobs.job import harness_envs, load_harnesses
+from rollout.results.records import record_of
+from rollout.results.report import render_table, summarize
+from store import JobEnvironment, SessionResult
 
 
 def _task_env(root: Path, name: str = "tasks", n: int = 2) -> Path:
@@ -80,12 +81,12 @@ def test_flags_and_start_config_make_lists(tmp_path: Path) -> None:
         regrade_options(parse_args(["--regrade", "--job-id", "x", "--harness", "bash-agent"])[1])
 
 
-def test_only_task_directory_envs_run_a_harness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_only_task_directory_envs_run_a_harness(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     tasks, qa = load_env_config(_task_env(tmp_path)), load_env_config(_jsonl_env(tmp_path))
     kept = harness_envs([(qa, load_cases(qa)), (tasks, load_cases(tasks))])
     assert [cfg.name for cfg, _ in kept] == ["tasks"]
-    assert capsys.readouterr().err == ("warning: --harness runs task-directory envs only (dataset.format: "
-                                       "task_dirs); skipping qa\n")
+    assert [r.getMessage() for r in caplog.records if r.name == "rollout.notice"] == [
+        "warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping qa"]
     with pytest.raises(SetupError, match="none of the selected envs is a task-directory env .*skipped qa"):
         harness_envs([(qa, load_cases(qa))])
 
@@ -118,7 +119,7 @@ def test_records_and_table_have_a_row_per_env_harness_model() -> None:
         _row("bash-agent", "b", 0, 0.0, {"harness": "bash-agent", "harness_exit": 0, "answer": {"x": 9}}),
         _row(None, "a", 0, 10.0, {"answer": "not a harness metric"}),
     ]
-    records = [record_of(r, to_trajectory(r.session_id, [])) for r in rows]
+    records = [record_of(r, SessionResult.of_row(r), to_trajectory(r.session_id, [])) for r in rows]
     assert [(r.harness, r.harness_exit, r.answer) for r in records] == [
         ("bash-agent", 0, answer), ("bash-agent", 1, None), ("bash-agent", 0, {"x": 9}), (None, None, None)]
     line = json.loads(records[0].model_dump_json())
@@ -139,7 +140,7 @@ async def test_a_harness_that_cannot_be_installed_stops_the_job_before_any_row(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sqlite3
 
-    from rollout.job import JobOptions, run_job
+    from rollout.jobs.job import JobOptions, run_job
 
     monkeypatch.setenv("ROLLOUT_HARNESS_CACHE", str(tmp_path / "cache"))
     broken = tmp_path / "broken"

@@ -1,4 +1,4 @@
-"""Unit tests of ``rollout.outcomes``: the classification rules, the retry policy's backoff and
+"""Unit tests of ``rollout.core.outcomes``: the classification rules, the retry policy's backoff and
 the circuit breaker (driven by a scripted probe; every wait is on an event, never on a clock)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rollout.outcomes import (
+from rollout.core.outcomes import (
     DEFAULT_RETRY_ON,
     INFRA_CLASSES,
     BreakerEvent,
@@ -207,7 +207,7 @@ async def test_breaker_gives_up_after_max_wait(caplog: pytest.LogCaptureFixture)
 
 
 def test_readyz_error_names_why_not_ready() -> None:
-    from rollout.scheduler import readyz_error
+    from rollout.jobs.scheduler import readyz_error
 
     body = '{"status": "unavailable", "storage_type": "sqlite", "routes": ["m"], "error": "route m: ConnectError"}'
     assert readyz_error(body) == "route m: ConnectError"
@@ -216,7 +216,7 @@ def test_readyz_error_names_why_not_ready() -> None:
 
 
 def test_rejected_summary_of_a_close_answer() -> None:
-    from rollout.scheduler import rejected_summary
+    from rollout.jobs.scheduler import rejected_summary
 
     assert rejected_summary({"rejected_calls": {}}) is None
     assert rejected_summary({"error": "closing failed"}) is None  # an old gateway, or no answer
@@ -232,7 +232,7 @@ def test_only_a_gateway_that_cannot_be_reached_is_evidence_of_an_outage() -> Non
     import errno
     import socket
 
-    from rollout.bridge import gateway_down
+    from rollout.sandbox.bridge import gateway_down
 
     assert gateway_down(ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed"))
     assert gateway_down(OSError(errno.EHOSTUNREACH, "No route to host"))

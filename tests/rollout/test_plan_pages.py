@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from rollout.job import SetupError, load_envs, plan_job, plan_sessions
-from rollout.records import iter_job_records, job_records
-from rollout.scheduler import RowSource, RunSettings, Scheduler
-from rollout.session_ids import SessionIds
-from store import Store
+from rollout.core.plan import RowSource, plan_job, plan_sessions
+from rollout.core.session_ids import SessionIds
+from rollout.core.setup import SetupError
+from rollout.jobs.job import load_envs
+from rollout.jobs.scheduler import RunSettings, Scheduler
+from rollout.results.records import iter_job_records, job_records
+from store import SessionResult, Store
 from tests.rollout.test_attempts import make_env, options
 
 
@@ -37,7 +39,7 @@ async def test_planned_rows_are_read_back_in_run_order_a_page_at_a_time(tmp_path
     store = Store(f"sqlite://{db}")
     await store.init()
     try:
-        plan = await plan_job(store, opts, "jp", ["fake"], envs, [None])
+        plan = await plan_job(store, "jp", ["fake"], envs, [None], group_size=opts.rl_group_size)
         assert (len(plan.ids), plan.per_env, plan.models, plan.harnesses) == (8, {"flaky": 8}, ["fake"], [])
         source = RowSource.from_store(store, plan.ids, page=3)
         pages = [(rows, prior) async for rows, prior in source.pages()]
@@ -48,13 +50,13 @@ async def test_planned_rows_are_read_back_in_run_order_a_page_at_a_time(tmp_path
         assert all(r.status == "pending" and not r.finished and r.job_id == "jp" for r in rows)
         assert all(prior == {} for _, prior in pages)  # a new job: no earlier attempts
         # the same rows as plan_sessions makes (what `serve` uses), apart from the random ids
-        listed = await plan_sessions(store, opts, "jq", ["fake"], envs)
+        listed = await plan_sessions(store, "jq", ["fake"], envs, group_size=opts.rl_group_size)
         assert [(r.case_id, r.sample_index, r.group_id != "") for r in listed] == [
             (r.case_id, r.sample_index, True) for r in rows]
         with pytest.raises(SetupError, match="already exists"):
-            await plan_job(store, opts, "jp", ["fake"], envs, [None])
+            await plan_job(store, "jp", ["fake"], envs, [None], group_size=opts.rl_group_size)
         for sid in plan.ids[0:3]:
-            await store.finish_job_session(sid, reward=None, eval_meta=None, status="succeeded")
+            await store.finish_job_session(sid, SessionResult(status="succeeded"))
         streamed = [r async for r in iter_job_records(store, "jp", page=2)]
         assert [r.session_id for r in streamed] == [r.session_id for r in await job_records(store, "jp")]
         assert sorted((r.case_id, r.sample_index) for r in streamed) == [("c1", 0), ("c3", 0), ("c3", 1)]

@@ -1,12 +1,12 @@
-"""Tests for rollout.progress: what the launcher's progress display counts and prints, from
+"""Tests for rollout.results.progress: what the launcher's progress display counts and prints, from
 records built here and an elapsed time passed in (no clock)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rollout.progress import ProgressState, record_problems
-from rollout.report import AttemptRecord, SessionRecord
+from rollout.results.progress import ProgressState, record_problems
+from rollout.results.report import AttemptRecord, SessionRecord
 
 
 def rec(env: str, idx: int, score: float | None, eval_status: str | None = "scored", status: str = "succeeded",

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rollout.envs import EnvConfigError, load_env_config
-from rollout.job import JobOptions
+from rollout.core.envs import EnvConfigError, load_env_config
+from rollout.jobs.job import JobOptions
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion
 from tests.rollout.ray_cluster import RayCluster, ray_installed
 from tests.rollout.sandbox_helpers import require_bwrap
@@ -145,7 +145,7 @@ async def test_the_workspace_travels_to_the_node_and_back_for_the_grader(tmp_pat
 VICTIM_RUNTIME = '''
 import time
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     client = openai_client(req, max_retries=0)
@@ -246,8 +246,8 @@ async def test_setup_refuses_what_the_cluster_cannot_run(tmp_path: Path, ray_clu
 
 def test_a_ray_address_where_nothing_listens_is_a_clear_error() -> None:
     ray_installed()
-    from rollout.ray_backend import RayBackendError, connect
-    from rollout.services import free_port
+    from rollout.jobs.ray_backend import RayBackendError, connect
+    from rollout.jobs.services import free_port
 
     address = f"127.0.0.1:{free_port()}"
     with pytest.raises(RayBackendError, match=f"cannot connect to the Ray cluster at '{address}'.*ray start --head"):

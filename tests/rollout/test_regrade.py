@@ -1,4 +1,4 @@
-"""rollout.regrade: a job run for real (in-process gateway, fake upstream, runtime subprocesses),
+"""rollout.jobs.regrade: a job run for real (in-process gateway, fake upstream, runtime subprocesses),
 graded again with a fixed evaluator from the store only; and the rules on a job built with the
 store API (what is not regraded, evaluator failures, history)."""
 
@@ -17,17 +17,18 @@ import httpx
 import pytest
 import yaml
 
-from rollout.envs import WorkspaceArchiveConfig
-from rollout.job import JobOptions, SetupError, run_job
-from rollout.regrade import (
+from rollout.core.envs import WorkspaceArchiveConfig
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, run_job
+from rollout.jobs.regrade import (
     RegradeOptions,
     regrade_blocker,
     regrade_exit_code,
     regrade_job,
     render_regrade_summary,
 )
-from rollout.workspace_archive import keep_workspace
-from store import JobEnvironment, Store, step_record
+from rollout.jobs.workspace_archive import keep_workspace
+from store import JobEnvironment, SessionResult, Store, launcher_rows, step_record
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, chat_completion
 from tests.gateway.conftest import make_settings, serve
 
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUNTIME = '''
 from pathlib import Path
 from env.runtime_kit import chat_completion, openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 def main(req):
     row = req.env_params["dataset"]
@@ -131,6 +132,15 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     write_env(run_root, BUGGY)
     write_env(fixed_root, FIXED)
     db = tmp_path / "trajs.db"
+    # the job's end of each session and the regrade write the evaluation through one function
+    writes: list[tuple[str, bool]] = []
+    write_evaluation = launcher_rows.write_evaluation
+
+    def spy(conn: Any, session_id: str, **kw: Any) -> Any:
+        writes.append((session_id, kw.get("keep_previous", False)))
+        return write_evaluation(conn, session_id, **kw)
+
+    monkeypatch.setattr(launcher_rows, "write_evaluation", spy)
     async with FakeUpstream() as up:
         gw = await serve(make_settings(up, f"sqlite://{db}"))
         try:
@@ -148,6 +158,9 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
             kept = dict(sql(db, "SELECT j.case_id, w.status FROM session_workspaces w "
                                 "JOIN job_environments j ON j.env_id = w.session_id"))
             assert kept == {"a": "kept", "b": "kept", "c": "too_large", "f": "kept", "i": "kept", "u": "kept"}
+            case_of = dict(sql(db, "SELECT env_id, case_id FROM job_environments"))
+            assert sorted((case_of[sid], keep) for sid, keep in writes) == [(c["id"], False) for c in CASES]
+            writes.clear()
             upstream_calls = len(up.requests)
             steps_before = sql(db, "SELECT record_id, session_id, seq, request, response FROM session_steps")
             gateway_before = sql(db, "SELECT * FROM gateway_sessions")
@@ -183,6 +196,7 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     assert len(seen) == len(CASES)
     assert regrade_exit_code(regrade) == 2
 
+    assert sorted((case_of[sid], keep) for sid, keep in writes) == [("a", True), ("b", True), ("f", True)]
     # the store: new reward on the session row and its last step, the previous evaluation kept
     state = {case: (reward, status, json.loads(history) if history else None) for case, reward, status, history in
              sql(db, "SELECT case_id, reward, eval_status, eval_history FROM job_environments")}
@@ -241,8 +255,9 @@ async def stored_job(store: Store, tmp_path: Path, rows: list[JobEnvironment], *
     for r in rows:
         if r.finished:
             meta = {"status": r.eval_status, "score": r.reward} if r.eval_status else None
-            await store.finish_job_session(r.session_id, reward=r.reward, eval_meta=meta, status=r.status,
-                                           eval_status=r.eval_status, eval_reason=r.eval_reason)
+            await store.finish_job_session(r.session_id, SessionResult(
+                reward=r.reward, evaluation=meta, status=r.status, eval_status=r.eval_status,
+                eval_reason=r.eval_reason))
         if r.session_id in archive:
             ws = tmp_path / f"ws-{r.session_id}"
             (ws / "outputs").mkdir(parents=True)
@@ -291,7 +306,7 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
         ''')
 
     def release() -> None:
-        from rollout.evaluator_loader import load_evaluator
+        from rollout.grading.evaluator_loader import load_evaluator
 
         load_evaluator(root / "hang" / "rule_evaluator.py").__globals__["RELEASE"].set()
 
@@ -352,7 +367,7 @@ async def test_bad_stored_data_fails_that_session_only(tmp_path: Path, monkeypat
         def evaluate(request, spec, trajectory):
             return 7
         ''')
-    import rollout.regrade as regrade_module
+    import rollout.jobs.regrade as regrade_module
 
     real = regrade_module.to_trajectory
 
@@ -393,7 +408,7 @@ async def test_cancelled_regrade_leaves_each_session_new_or_previous(tmp_path: P
         ''')
 
     def release() -> None:
-        from rollout.evaluator_loader import load_evaluator
+        from rollout.grading.evaluator_loader import load_evaluator
 
         load_evaluator(root / "math" / "rule_evaluator.py").__globals__["RELEASE"].set()
 

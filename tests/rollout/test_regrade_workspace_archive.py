@@ -1,4 +1,4 @@
-"""rollout.workspace_archive on real folders: what is kept of a final workspace, the caps, and a
+"""rollout.jobs.workspace_archive on real folders: what is kept of a final workspace, the caps, and a
 restore that reproduces the kept tree and refuses archives that would write outside it."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollout.envs import EnvConfigError, WorkspaceArchiveConfig, load_env_config
-from rollout.workspace_archive import ArchiveError, build_archive, restore_workspace
+from rollout.core.envs import EnvConfigError, WorkspaceArchiveConfig, load_env_config
+from rollout.jobs.workspace_archive import ArchiveError, build_archive, restore_workspace
 
 
 def tree(root: Path) -> dict[str, str]:

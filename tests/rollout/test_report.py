@@ -1,4 +1,4 @@
-"""Tests for rollout.report: pass@k (Chen et al. 2021), the per-(env, model) summary, the text
+"""Tests for rollout.results.report: pass@k (Chen et al. 2021), the per-(env, model) summary, the text
 table and the JSONL export."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rollout.report import (
+from rollout.results.report import (
     AttemptRecord,
     JsonlWriter,
     ReportTotals,

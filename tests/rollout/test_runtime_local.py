@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.protocol import SimulationStartRequest, SimulationStartResult
-from rollout.runtime_local import parse_result, run_local
+from rollout.contract.protocol import SimulationStartRequest, SimulationStartResult
+from rollout.sandbox.runtime_local import parse_result, run_local
 
 
 def _request(sid: str = "s1") -> SimulationStartRequest:

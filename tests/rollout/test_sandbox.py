@@ -12,23 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import rollout.job
-from rollout import cgroups
-from rollout.cgroups import Controller, SessionCgroup
-from rollout.envs import EnvConfigError, LimitsConfig
-from rollout.job import JobOptions, SetupError, check_sandbox
-from rollout.report import SessionRecord, table_footer
-from rollout.runner import (
-    CODE_ROOT,
-    ENTRY_BYTES,
-    DiskUse,
-    code_folders,
-    disk_used,
-    effective_mode,
-    session_env,
-    shared_code,
-)
-from rollout.sandbox import (
+import rollout.jobs.job
+from rollout.core.envs import EnvConfigError, LimitsConfig
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, check_sandbox
+from rollout.results.report import SessionRecord, table_footer
+from rollout.sandbox import cgroups
+from rollout.sandbox.bwrap import (
     BRIDGE_SOCKET,
     FORWARDER,
     WORKSPACE,
@@ -39,6 +29,17 @@ from rollout.sandbox import (
     bwrap_command,
     clean_env,
     probe,
+)
+from rollout.sandbox.cgroups import Controller, SessionCgroup
+from rollout.sandbox.runner import (
+    CODE_ROOT,
+    ENTRY_BYTES,
+    DiskUse,
+    code_folders,
+    disk_used,
+    effective_mode,
+    session_env,
+    shared_code,
 )
 from tests.rollout.sandbox_helpers import make_env, require_bwrap
 
@@ -142,18 +143,19 @@ def test_probe_finds_a_working_bwrap() -> None:
 
 
 def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     cfg = make_env(tmp_path / "envs", "e", "")
 
     def unavailable() -> Support:
         return probe(bwrap=str(tmp_path / "no-bwrap"))
-    monkeypatch.setattr(rollout.job, "sandbox_support", unavailable)
+    monkeypatch.setattr(rollout.jobs.job, "sandbox_support", unavailable)
     opts = JobOptions(gateway_config=tmp_path / "gw.yaml")
     with pytest.raises(SetupError, match="apt-get install bubblewrap"):
         check_sandbox(opts, [cfg])
     # opting out needs no bubblewrap, and says so
     check_sandbox(opts.model_copy(update={"sandbox": "none"}), [cfg])
-    assert "warning: no sandbox for env(s) e" in capsys.readouterr().err
+    assert any(r.name == "rollout.notice" and r.getMessage().startswith("warning: no sandbox for env(s) e")
+               for r in caplog.records)
     bare = make_env(tmp_path / "envs", "bare", "", runtime_cfg={"sandbox": "none"})
     assert effective_mode(bare, "bwrap") == "none" and effective_mode(cfg, "bwrap") == "bwrap"
     check_sandbox(opts, [bare])
@@ -296,7 +298,7 @@ def test_footer_warns_about_sessions_run_without_a_sandbox() -> None:
 
 
 def test_forwarder_uses_only_built_in_modules() -> None:
-    source = (CODE_ROOT / "rollout" / "sandbox_forwarder.py").read_text()
+    source = (CODE_ROOT / "rollout" / "contract" / "forwarder.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
     assert imports == {"_socket", "_thread", "os", "resource", "sys"}
-    assert os.access(CODE_ROOT / "rollout" / "sandbox_forwarder.py", os.R_OK)
+    assert os.access(CODE_ROOT / "rollout" / "contract" / "forwarder.py", os.R_OK)

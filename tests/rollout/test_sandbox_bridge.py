@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout.bridge import BridgeError, GatewayBridge, gateway_address, refusal
+from rollout.sandbox.bridge import BridgeError, GatewayBridge, gateway_address, refusal
 from tests.fake_upstream import DONE, FakeUpstream, Reply, chat_chunk
 
 PREFIX = "/v1/sessions/s1"

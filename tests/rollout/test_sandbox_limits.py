@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import rollout.runner
-from rollout.outcomes import classify
-from rollout.runner import run_runtime
+import rollout.sandbox.runner
+from rollout.core.outcomes import classify
+from rollout.sandbox.runner import run_runtime
 from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
 
 
@@ -225,7 +225,7 @@ hog = bytearray(b"\\x01") * (1 << 30)
 async def test_without_a_memory_cgroup_the_memory_limit_is_a_per_process_rlimit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     support = require_bwrap()
-    monkeypatch.setattr(rollout.runner, "sandbox_support", lambda: dataclasses.replace(support, memory=None))
+    monkeypatch.setattr(rollout.sandbox.runner, "sandbox_support", lambda: dataclasses.replace(support, memory=None))
     out, _ = await _run(tmp_path, AS_PROBE, {"memory_mb": 256})
     assert f"as-limit {256 << 20}" in out.stderr_tail
     assert out.status == "error" and "MemoryError" in out.stderr_tail

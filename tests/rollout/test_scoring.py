@@ -1,4 +1,4 @@
-"""Tests for rollout.scoring: the score rule (``normalize_score``) on raw values. The same
+"""Tests for rollout.grading.scoring: the score rule (``normalize_score``) on raw values. The same
 cases run through a real evaluator in test_evaluation.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from rollout.scoring import normalize_score
+from rollout.grading.scoring import normalize_score
 from tests.rollout.evaluator_helpers import SCORE_RULE_CASES
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout.trajectory import to_step, to_trajectory, usage_total
+from rollout.grading.trajectory import to_step, to_trajectory, usage_total
 from store import SessionStep
 from tests.fake_upstream import anthropic_message, chat_completion, response_object
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import rollout.grading.verifier as verifier
-from rollout.envs import LimitsConfig
+from rollout.core.envs import LimitsConfig
 from rollout.grading.verifier import VerifierResult, read_reward, run_verifier, verifier_outcome
-from rollout.sandbox import SandboxUnavailable
+from rollout.sandbox.bwrap import SandboxUnavailable
 from tests.rollout.sandbox_helpers import require_bwrap
 
 # The task: answer.py's answer() must return 42. Its test imports the agent's module by path and

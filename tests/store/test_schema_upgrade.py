@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from store import Store
-from store.repo import SchemaError
+from store import SchemaError, Store
 from tests.raw_sql import raw_sql
 
 

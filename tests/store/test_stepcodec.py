@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import store.batch_writer as store_batch_writer
 import store.engine as store_engine
-import store.repo as store_repo
 from store import Store, json_dumps, step_record
 from store.engine import make_engine, make_sync_sqlite_engine
 from store.queries import ViewerQueries
@@ -241,7 +241,7 @@ def test_the_answer_sent_back_is_a_reference_on_every_protocol(
 @pytest.fixture
 def page_size_8k(monkeypatch: pytest.MonkeyPatch) -> int:
     """The store's page size set to 8 KiB (not SQLite's default), so a test sees it applied."""
-    for module in (store_engine, store_repo):
+    for module in (store_engine, store_batch_writer):
         monkeypatch.setattr(module, "SQLITE_PAGE_SIZE", 8192)
     return 8192
 

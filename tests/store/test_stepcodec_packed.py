@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from store import JobEnvironment, Store, json_dumps, step_record
+from store import JobEnvironment, SessionResult, Store, json_dumps, step_record
 from store.feed import FeedQueries
 from store.queries import ViewerQueries
 from store.stepcodec import PACKED_COLUMNS, StepDecodeError, StepEncoder, decode_rows, pack
@@ -178,7 +178,7 @@ async def test_every_format_reads_back_the_same_on_both_backends(store_url: str)
             traj = await store.trajectory(sid)
             assert [text_of(s) for s in traj] == [text_of(r) for r in originals], sid
             assert all(s.encoding is None and s.packed is None for s in traj)
-        await store.finish_job_session("0-3", reward=5.0, eval_meta={"status": "scored"}, status="succeeded")
+        await store.finish_job_session("0-3", SessionResult(reward=5.0, evaluation={"status": "scored"}, status="succeeded"))
         last = (await store.trajectory("0-3"))[-1]
         assert last.meta_json == {"route": "m", "evaluation": {"status": "scored"}} and last.reward == 5.0
     finally:

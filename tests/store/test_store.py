@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from store import GatewaySession, JobEnvironment, SessionStep, Store, json_dumps, parse_db_url
+from store import GatewaySession, JobEnvironment, SessionResult, SessionStep, Store, json_dumps, parse_db_url
 from store.engine import DbUrlError, sqlite_path
-from store.text import column_text, display_text, json_text
+from wire.text import column_text, display_text, json_text
 
 
 def _step(sid: str, seq: int, model: str = "m") -> SessionStep:
@@ -92,7 +92,7 @@ async def test_roundtrip_and_reward_writeback(store_url: str) -> None:
         await store.write_batch([_step("s1", 1), _step("s1", 2)],
                                 [GatewaySession(session_id="s1", total_steps=2, step_counts={"m": 2})])
         await store.write_batch([], [GatewaySession(session_id="s1", status="closed", total_steps=2)])
-        await store.finish_job_session("s1", reward=7.5, eval_meta={"status": "scored"}, status="succeeded")
+        await store.finish_job_session("s1", SessionResult(reward=7.5, evaluation={"status": "scored"}, status="succeeded"))
         steps = await store.trajectory("s1")
         assert [s.seq for s in steps] == [1, 2]
         assert (steps[0].reward, steps[1].reward, steps[1].step_reward) == (None, 7.5, 7.5)
@@ -131,7 +131,7 @@ async def test_64_concurrent_sessions_two_engines_and_a_poller(store_url: str) -
                                                      llm_model="m", group_id="g")])
         for k in range(1, 21):
             await store.write_batch([_step(sid, k)], [GatewaySession(session_id=sid, total_steps=k)])
-        await store.finish_job_session(sid, reward=float(i % 11), eval_meta=None, status="succeeded")
+        await store.finish_job_session(sid, SessionResult(reward=float(i % 11), status="succeeded"))
 
     try:
         poll_task = asyncio.create_task(poller())
@@ -286,10 +286,13 @@ async def test_text_no_utf8_carries_is_stored_on_both_backends(store_url: str) -
         step.response = {"choices": [{"message": {"content": lone}}]}
         await store.write_batch([step], [GatewaySession(session_id="s1", total_steps=1, close_reason=lone)])
         await store.update_job_session("s1", error_text=lone, result={"metrics": {"text": lone}})
-        await store.finish_job_session("s1", reward=1.0, eval_meta={"status": "scored", "artifacts": {"a": lone}},
-                                       eval_reason=lone, status="succeeded")
         (row,) = await store.job_sessions("j")
         escaped = "x\\ud800y\\u0000z"
+        assert row.error_text == escaped and row.result == {"metrics": {"text": lone}}
+        await store.finish_job_session("s1", SessionResult(
+            reward=1.0, evaluation={"status": "scored", "artifacts": {"a": lone}}, eval_reason=lone,
+            status="succeeded", error=lone, runtime_result={"metrics": {"text": lone}}))
+        (row,) = await store.job_sessions("j")
         assert (row.case_id, row.error_text, row.eval_reason) == (escaped, escaped, escaped)
         assert row.env_params == {"q": lone} and row.result == {"metrics": {"text": lone}}
         (st,) = await store.trajectory("s1")

@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from store import GatewaySession, SessionStep, Store
 
 TZ_PLUS2 = timezone(timedelta(hours=2))
@@ -58,7 +60,7 @@ def _raw(db: Path, table: str, where: str, arg: str) -> list[dict[str, Any]]:
 
 
 async def _orm_add(store: Store, *objs: Any) -> None:
-    async with store._write() as s, s.begin():
+    async with AsyncSession(store.writer, expire_on_commit=False) as s, s.begin():
         s.add_all(objs)
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollout.viewer.report import plotly_file_name, plotly_js
+from rollout.servers.viewer.report import plotly_file_name, plotly_js
 from tests.viewer.conftest import REPO, Jobs, Viewer, launcher_env
 from tests.viewer.toy_env import SECRET, TOOL_END, WRONG
 

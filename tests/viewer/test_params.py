@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout.viewer.app import create_app
-from rollout.viewer.db import open_queries
-from rollout.viewer.stats import HiddenFields
+from rollout.servers.viewer.app import create_app
+from rollout.servers.viewer.db import open_queries
+from rollout.servers.viewer.stats import HiddenFields
 from store import JobEnvironment, Store
 
 

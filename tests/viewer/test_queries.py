@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rollout.records import job_records
-from rollout.report import summarize
-from rollout.viewer.db import ViewerError, open_queries
-from rollout.viewer.report import build_report
-from rollout.viewer.stats import pass_curves, records_of, summary
+from rollout.results.records import job_records
+from rollout.results.report import summarize
+from rollout.servers.viewer.db import ViewerError, open_queries
+from rollout.servers.viewer.report import build_report
+from rollout.servers.viewer.stats import pass_curves, records_of, summary
 from store import JobEnvironment, Store, step_record
 from store.queries import SessionFilter, ViewerQueries
 

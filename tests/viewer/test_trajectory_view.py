@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout.viewer.trajectory_view import divergence, message_of, start_request_view, step_views
+from rollout.servers.viewer.trajectory_view import divergence, message_of, start_request_view, step_views
 from tests.fake_upstream import anthropic_message, chat_completion
 
 

@@ -22,7 +22,7 @@ RIGHT, WRONG = "ANSWER-42", "ANSWER-7"
 
 RUNTIME = '''
 from env.runtime_kit import openai_client, run_runtime
-from rollout.protocol import SimulationStartResult
+from rollout.contract.protocol import SimulationStartResult
 
 TOOL = {"type": "function", "function": {"name": "read_log", "description": "read a log file",
         "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}

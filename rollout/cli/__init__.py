@@ -1,0 +1,1 @@
+"""The command line: argv -> options, and the only layer that prints."""

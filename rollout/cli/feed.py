@@ -1,0 +1,174 @@
+"""``python launcher.py feed`` (serve the feed of ready groups), ``python launcher.py export``
+(write a job's groups to a file) and ``python launcher.py serve`` (the long-running mode:
+``rollout.servers.serve``). Exit codes: 0 done, 1 the store, the job or the output cannot
+be used (the message says why), 2 bad flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rollout.cli.serving import add_edge_flags, edge_of, run_command
+from rollout.core.argtypes import finite_float, int_at_least, port_number
+from rollout.core.logs import setup_logging
+from rollout.servers.feed.app import FeedSettings, create_feed_app
+from rollout.servers.feed.export import ExportError, export_job
+from rollout.servers.feed.groups import GroupOptions
+from rollout.servers.local_server import listen, run_server, url_of
+from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
+from store.feed import FeedQueries
+from store.stepcodec import StepDecodeError
+
+DEFAULT_PORT = 8766
+COMMANDS = ("feed", "export", "serve")
+SERVE_PORT = 8767
+_SUFFIX = {"jsonl": ".jsonl", "parquet": ".parquet", "openai": ".openai.jsonl"}
+
+
+def _job_id(value: str) -> str:
+    if not re.fullmatch(JOB_ID_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a job id (letters, digits, '.', '_', '-')")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``feed`` and ``export`` sub-commands."""
+    ap = argparse.ArgumentParser(prog="launcher.py", description="Serve or export finished groups for training.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    feed = sub.add_parser("feed", help="serve the feed of ready groups (GET /v1/jobs/{job_id}/groups)")
+    feed.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    feed.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    feed.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    feed.add_argument("--min-valid-samples", type=int_at_least(1), default=2,
+                      help="valid samples a group needs to be trainable (default 2; a request may set min_valid)")
+    feed.add_argument("--poll-interval-s", type=finite_float(positive=True), default=0.2,
+                      help="how often the store is polled while a client waits (default 0.2 s)")
+    feed.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_edge_flags(feed)
+    exp = sub.add_parser("export", help="write a job's groups as jsonl, parquet or the OpenAI chat format")
+    exp.add_argument("--job-id", required=True, type=_job_id, help="the job")
+    exp.add_argument("--format", choices=["jsonl", "parquet", "openai"], default="jsonl",
+                     help="jsonl (default), parquet (needs pyarrow: the export extra) or openai (fine-tuning chat)")
+    exp.add_argument("--per", choices=["session", "step"], default="session", help="one row per session (default) or step")
+    exp.add_argument("--only-trainable", action="store_true",
+                     help="only valid samples of trainable groups (no errored, unscored or flagged ones)")
+    exp.add_argument("--min-score", type=finite_float(), help="only samples scored at least this (e.g. 10 for SFT on passes)")
+    exp.add_argument("--min-valid-samples", type=int_at_least(1), default=2, help="valid samples a trainable group needs (default 2)")
+    exp.add_argument("--normalize", choices=["std", "none"], default="std",
+                     help="advantage: (score - mean) / std (default) or score - mean")
+    exp.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    exp.add_argument("--out", type=Path, help="output file (default runs/export-<job id>.<format>)")
+    srv = sub.add_parser("serve", help="long-running: start the gateway once, run batches a trainer submits "
+                                        "(POST /v1/batches) and serve their groups")
+    srv.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default env)")
+    srv.add_argument("--gateway-config", type=Path, help="gateway YAML (default configs/gateway.yaml)")
+    srv.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
+    srv.add_argument("--llm-model", help="default route of batches (default: the gateway config's)")
+    srv.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    srv.add_argument("--port", type=port_number, default=SERVE_PORT, help=f"port (default {SERVE_PORT}; 0: any free port)")
+    srv.add_argument("--pool-size", type=int_at_least(1), default=4, help="sessions run at once (default 4)")
+    srv.add_argument("--no-evaluation", action="store_true", help="do not grade (default: grade every session)")
+    srv.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
+    srv.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap", help="runtime sandbox (default bwrap)")
+    srv.add_argument("--max-retries", type=int_at_least(0), default=2, help="retries of infrastructure failures (default 2)")
+    srv.add_argument("--retry-backoff-s", type=finite_float(low=0), default=1.0, help="backoff before the first retry (default 1 s)")
+    srv.add_argument("--min-valid-samples", type=int_at_least(1), default=2, help="valid samples a trainable group needs (default 2)")
+    srv.add_argument("--poll-interval-s", type=finite_float(positive=True), default=0.2, help="feed poll interval (default 0.2 s)")
+    srv.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_edge_flags(srv)
+    return ap
+
+
+def _serve_options(args: argparse.Namespace) -> Any:
+    from rollout.jobs.job import JobOptions
+
+    cfg = args.gateway_config
+    if cfg is None:
+        local = Path("configs/gateway.yaml")
+        cfg = local if local.is_file() else Path(__file__).resolve().parents[2] / "configs" / "gateway.yaml"
+    return JobOptions(agent_root=args.agent_root, gateway_config=cfg, gateway_base_url=args.gateway_base_url,
+                      llm_model=args.llm_model, db_path=args.db_path, pool_size=args.pool_size,
+                      enable_evaluation=not args.no_evaluation, eval_timeout=args.eval_timeout, sandbox=args.sandbox,
+                      max_retries=args.max_retries, retry_backoff_s=args.retry_backoff_s)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """``serve``: exit 0 when stopped, 1 when it cannot start."""
+    from rollout.core.setup import SetupError
+    from rollout.servers.serve import serve as serve_batches
+
+    setup_logging(args.log_level)
+    return run_command(lambda: serve_batches(_serve_options(args), args.host, args.port, FeedSettings(
+        min_valid=args.min_valid_samples, poll_interval_s=args.poll_interval_s), edge_of(args),
+        on_listening=lambda line: print(line, flush=True)), args.host, args.port, (SetupError, ValidationError))
+
+
+async def _open(url: str) -> Store:
+    """The store at ``url``, with the feed's table created when a store made by an older version
+    lacks it. Raises DbUrlError / FileNotFoundError for a bad URL or a missing SQLite file."""
+    store = Store(url)
+    if store.path is not None and not Path(store.path).is_file():
+        await store.close()
+        raise FileNotFoundError(f"no trajectory store at {store.path} (run a job first, or pass --db-path)")
+    await store.init()
+    return store
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Open the store and serve the feed until cancelled (Ctrl-C)."""
+    store = await _open(args.db_path)
+    try:
+        sock = listen(args.host, args.port, exposes="every trajectory")
+        print(f"feed on {url_of(sock)} (store {store.identity()}); Ctrl-C stops it", flush=True)
+        app = create_feed_app(FeedQueries(store.reader), FeedSettings(min_valid=args.min_valid_samples,
+                                                                      poll_interval_s=args.poll_interval_s),
+                              backfill=store.backfill_feed)
+        await run_server(app, sock, args.host, edge_of(args))
+    finally:
+        await store.close()
+
+
+async def export(args: argparse.Namespace) -> int:
+    """Write the export; prints what was written and what was left out."""
+    out = args.out or Path("runs") / f"export-{args.job_id}{_SUFFIX[args.format]}"
+    store = await _open(args.db_path)
+    try:
+        result = await export_job(FeedQueries(store.reader), args.job_id, args.format, out, per=args.per,
+                                  only_trainable=args.only_trainable, min_score=args.min_score,
+                                  opts=GroupOptions(min_valid=args.min_valid_samples, normalize=args.normalize))
+    finally:
+        await store.close()
+    print(f"{result.rows} rows ({args.format}, one per {args.per}) written to {result.path}")
+    for why, n in sorted(result.skipped.items()):
+        print(f"  left out {n}: {why}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Run ``feed`` or ``export``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve_main(args)
+    if args.command == "feed":
+        setup_logging(args.log_level)
+        return run_command(lambda: serve(args), args.host, args.port, (DbUrlError, FileNotFoundError, StoreUnavailable))
+    try:
+        return asyncio.run(export(args))
+    except (DbUrlError, FileNotFoundError, StoreUnavailable, ExportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except StepDecodeError as e:  # a damaged row of the store: named, nothing written
+        print(f"error: the store cannot be read: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot write the export: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

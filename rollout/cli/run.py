@@ -1,0 +1,370 @@
+"""The launcher's command line (``python launcher.py``, ``launcher.py`` is its entry point):
+``python launcher.py --enable-evaluation --pool-size N``: run envs' cases through the gateway,
+grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade --job-id ID``
+grades a finished job again from the store (``rollout.jobs.regrade``: no runtime, no model call).
+
+Only the CLI: flags (Safactory-compatible) become
+``rollout.jobs.job.JobOptions``; ``rollout.jobs.job.run_job`` does the work. Exit codes: 0 when every
+session ran (whatever the scores), 2 when a runtime or evaluator errored or timed out (argparse also
+uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model), 3 when
+the circuit breaker stopped the job (gateway or upstream down; left for --resume), 130 on Ctrl-C
+and 143 on SIGTERM (sessions in flight are cancelled and closed, left for --resume).
+With ``--regrade``: 0 when every selected session was graded again, 2 when an evaluator errored or
+timed out or a session could not be regraded, 1 for a setup error, 130/143 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from tqdm import tqdm
+
+from rollout.core.logs import setup_logging
+from rollout.core.setup import SetupError
+from rollout.jobs.job import JobOptions, JobResult, run_job
+from rollout.jobs.regrade import (
+    NotRegraded,
+    Regraded,
+    RegradeOptions,
+    RegradeResult,
+    regrade_exit_code,
+    regrade_job,
+    render_regrade_summary,
+)
+from rollout.jobs.scheduler import HARNESS_FAILURES
+from rollout.results.progress import ProgressState
+from rollout.results.report import SessionRecord, output_path_problem, render_table, summarize
+from store.stepcodec import StepDecodeError
+
+HERE = Path(__file__).resolve().parents[2]
+"""The project folder (its ``configs/gateway.yaml`` is the default gateway config)."""
+_FLAG_OF = {"agent_configs": "agent_config", "env_names": "env"}
+VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.cli.viewer (imported only when used)
+FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.cli.feed (imported only when used)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The launcher's flags."""
+    ap = argparse.ArgumentParser(description="Run agent sessions through the gateway and grade them.")
+    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs",
+                    help="an env.yaml to run (repeatable); default: every <agent-root>/<name>/env.yaml")
+    ap.add_argument("--agent-start-config", type=Path, help="YAML file of defaults for these flags "
+                    "(keys are flag names with underscores, e.g. pool_size: 8)")
+    ap.add_argument("--agent-root", type=Path, help="folder of envs (default: env)")
+    ap.add_argument("--env", action="append", dest="env_names", help="only these env names (repeatable)")
+    ap.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
+    ap.add_argument("--gateway-config", type=Path,
+                    help="gateway YAML used when the launcher starts the gateway (default: configs/gateway.yaml)")
+    ap.add_argument("--llm-model", action="append",
+                    help="route key (repeatable: a matrix of models; default: the gateway config's default route)")
+    ap.add_argument("--harness", action="append", metavar="NAME|PATH",
+                    help="run task-directory envs with this agent CLI (repeatable: a matrix of harnesses): a "
+                         "bundled harness name (harnesses/<name>/) or a folder holding a harness.py")
+    ap.add_argument("--llm-temperature", type=float, help="sampling temperature (default: the server's)")
+    ap.add_argument("--enable-evaluation", action="store_true", default=None,
+                    help="grade sessions with rule_evaluator.py")
+    ap.add_argument("--eval-timeout", type=float, help="evaluator timeout in seconds (default 60)")
+    ap.add_argument("--db-path", help="trajectory store: a SQLite file path, sqlite://PATH or postgresql://... "
+                                     "(default sqlite://env_trajs.db)")
+    ap.add_argument("--pool-size", type=int, help="sessions run at once (default 4)")
+    ap.add_argument("--rl-group-size", type=int, help="samples per case (default: the env's group_size, else 1)")
+    ap.add_argument("--max-steps", type=int, help="model calls per session (default: the env's)")
+    ap.add_argument("--limit", type=int, help="at most N cases per env")
+    ap.add_argument("--job-id", help="job id (default: generated)")
+    ap.add_argument("--resume", action="store_true", default=None,
+                    help="run the unfinished sessions of --job-id and those that ended in an infrastructure failure")
+    ap.add_argument("--max-retries", type=int,
+                    help="attempts after the first for a session that ended in an infrastructure failure (default 2)")
+    ap.add_argument("--retry-backoff-s", type=float,
+                    help="backoff before the first retry in seconds, doubled each retry, with jitter (default 1)")
+    ap.add_argument("--regrade", action="store_true", default=None,
+                    help="grade the finished sessions of --job-id again with the current rule_evaluator.py "
+                         "(from the store: no runtime, no model call)")
+    ap.add_argument("--mode", choices=["local", "ray"],
+                    help="where runtimes run: local subprocesses (default), or ray: tasks on a Ray cluster")
+    ap.add_argument("--ray-address", help="with --mode ray: the Ray head, HOST:PORT, or auto (default $RAY_ADDRESS)")
+    ap.add_argument("--gateway-advertise-url",
+                    help="the session base URL runtimes use, as their machines reach the gateway "
+                         "(http://HOST:PORT/v1/sessions; default: the gateway's own URL)")
+    ap.add_argument("--sandbox", choices=["bwrap", "none"],
+                    help="run each runtime in a bubblewrap sandbox (default bwrap), or none: no isolation")
+    ap.add_argument("--grader-isolation", choices=["bwrap", "none"],
+                    help="run each evaluator in the grader sandbox (bwrap), or none: in the launcher, for trusted "
+                         "graders (default: as --sandbox)")
+    ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
+    ap.add_argument("--keep-workspaces", action="store_true", default=None,
+                    help="keep each session's temporary workspace (the folder is printed at the end)")
+    ap.add_argument("--count-unscored-as-zero", action="store_true",
+                    help="average evaluator errors/timeouts/invalid rewards as 0 (default: leave them out)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    ap.add_argument("--report", type=Path, metavar="PATH.html",
+                    help="after the job, write its HTML report there, plotly.js once beside it (see also: launcher.py report)")
+    return ap
+
+
+_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade", "report"}
+_RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size",
+             "max_steps", "limit", "resume", "mode", "ray_address", "gateway_advertise_url", "sandbox",
+             "keep_workspaces", "max_retries", "retry_backoff_s", "report")
+"""Flags that only mean something when sessions run; refused with ``--regrade``."""
+
+
+def _values(args: argparse.Namespace) -> tuple[dict[str, Any], set[str]]:
+    """Flags over ``--agent-start-config`` YAML (keys of CLI-only flags left out), and the keys
+    whose value came from that file."""
+    values: dict[str, Any] = {}
+    if args.agent_start_config:
+        try:
+            values = yaml.safe_load(args.agent_start_config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise SetupError(f"cannot read --agent-start-config {args.agent_start_config}: {e}") from e
+        if not isinstance(values, dict):
+            raise SetupError(f"--agent-start-config {args.agent_start_config} must be a mapping")
+    flags = {k: v for k, v in vars(args).items() if v is not None and k not in _CLI_ONLY}
+    from_file = {str(k) for k in values if k not in flags}
+    values.update(flags)
+    return values, from_file
+
+
+def _validate(model: type[Any], values: dict[str, Any], from_file: set[str], start_config: Path | None) -> Any:
+    """``model`` from ``values``; SetupError naming each bad value's flag, or its key in the
+    ``start_config`` file when it came from there (keys in ``from_file``)."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
+            if name in from_file:
+                msgs.append(f"--agent-start-config {start_config}: {name}{key}: {err['msg']}")
+            else:
+                msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
+        raise SetupError("; ".join(msgs)) from None
+
+
+def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
+    """Flags > ``--agent-start-config`` YAML > defaults, validated into JobOptions.
+    Raises SetupError naming the bad flag or key."""
+    args = build_parser().parse_args(argv)
+    return job_options(args), args
+
+
+def job_options(args: argparse.Namespace) -> JobOptions:
+    """The parsed flags of a run as JobOptions; SetupError naming the bad flag or key."""
+    values, from_file = _values(args)
+    if values.get("resume") and not values.get("job_id"):
+        raise SetupError("--resume needs --job-id")
+    if values.get("gateway_config") is None:
+        local = Path("configs/gateway.yaml")
+        values["gateway_config"] = local if local.is_file() else HERE / "configs" / "gateway.yaml"
+    return _validate(JobOptions, values, from_file, args.agent_start_config)  # type: ignore[no-any-return]
+
+
+def regrade_options(args: argparse.Namespace) -> RegradeOptions:
+    """The parsed flags of ``--regrade`` as RegradeOptions. Run-only flags given on the command
+    line are refused; keys of the start-config YAML that a regrade does not use are ignored (the
+    same file serves the run). Raises SetupError naming the bad flag."""
+    given = [f"--{k.replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
+    if given:
+        raise SetupError(f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it")
+    values, from_file = _values(args)
+    if not values.get("job_id"):
+        raise SetupError("--regrade needs --job-id (the job to grade again)")
+    return _validate(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields},  # type: ignore[no-any-return]
+                     from_file, args.agent_start_config)
+
+
+def report(result: JobResult, count_unscored_as_zero: bool, evaluated: bool = True) -> int:
+    """Print the summary table and where things are; returns the exit code (0, 2 or 3).
+    ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so)."""
+    totals = result.totals
+    print(render_table(totals.summary(count_unscored_as_zero=count_unscored_as_zero)))
+    if footer := totals.footer():
+        print(footer)
+    if not evaluated:
+        print("not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id "
+              f"{result.job_id})")
+    print(f"{totals.sessions} sessions written to {result.out}; steps and rewards in {result.store}")
+    infra_attempts = totals.infra_attempts
+    if infra_attempts:
+        lost = totals.lost
+        print(f"{infra_attempts} attempts ended in an infrastructure failure; {lost} sessions never recovered "
+              "(not graded, reward NULL)")
+    opened = sum(1 for e in result.breaker_events if e.state == "open")
+    if opened:
+        print(f"circuit breaker opened {opened} time(s)")
+    if result.workspaces:
+        print(f"workspaces kept in {result.workspaces}")
+    if result.stopped:
+        print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
+              file=sys.stderr)
+        return 3
+    failed = totals.count(statuses=HARNESS_FAILURES, eval_statuses=("error", "timeout"))
+    return 2 if failed else 0
+
+
+class _Progress:
+    """The job's progress on stderr: a tqdm bar (sessions done of planned) whose text is
+    ``ProgressState.describe``, redrawn as each session finishes; when stderr is not a terminal,
+    one plain line instead at each tenth of the job and at its end."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.state = ProgressState(totals={})
+        self.bar: tqdm[Any] | None = None
+        self.t0 = time.monotonic()
+        self.step = 1
+
+    def plan(self, totals: dict[str, int]) -> None:
+        self.state = ProgressState(totals=totals)
+
+    def start(self, job_id: str, n: int) -> None:
+        self.t0 = time.monotonic()
+        self.step = max(1, n // 10)
+        if self.enabled and self.tty:
+            self.bar = tqdm(total=n, unit="session", desc=job_id, file=sys.stderr, dynamic_ncols=True,
+                            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar:12}| {elapsed}<{remaining}{postfix}")
+
+    def done(self, rec: SessionRecord) -> None:
+        self.state.update(rec)
+        if not self.enabled:
+            return
+        text = self.state.describe(time.monotonic() - self.t0)
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        elif self.state.n_done % self.step == 0 or self.state.n_done == self.state.n_total:
+            print(f"progress {self.state.n_done}/{self.state.n_total}: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+async def _run(opts: JobOptions, progress: bool, job: dict[str, str]) -> JobResult:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    display = _Progress(progress)
+
+    def started(job_id: str, n: int) -> None:
+        job["id"] = job_id
+        display.start(job_id, n)
+
+    try:
+        return await run_job(opts, on_start=started, on_done=display.done, on_plan=display.plan)
+    finally:
+        display.close()
+
+
+async def _regrade(opts: RegradeOptions, progress: bool) -> RegradeResult:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    bar: tqdm[Any] | None = None
+
+    def started(n: int) -> None:
+        nonlocal bar
+        bar = tqdm(total=n, unit="session", desc=f"regrade {opts.job_id}", disable=not progress, file=sys.stderr)
+
+    def done(item: Regraded | NotRegraded) -> None:
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        return await regrade_job(opts, on_start=started, on_done=done)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def regrade_main(args: argparse.Namespace) -> int:
+    """``--regrade``: grade a finished job again, print the table and what was not regraded;
+    returns the exit code (module docstring)."""
+    try:
+        opts = regrade_options(args)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    setup_logging(args.log_level)
+    try:
+        result = asyncio.run(_regrade(opts, not args.no_progress))
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except StepDecodeError as e:  # a damaged row of the store
+        print(f"error: the store cannot be read: {e}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:
+        print("interrupted: sessions regraded so far have their new evaluation, the others their previous one; "
+              "rerun the same command to regrade them all", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+    print(render_table(summarize(result.records, count_unscored_as_zero=args.count_unscored_as_zero)))
+    print(render_regrade_summary(result))
+    print(f"{len(result.records)} sessions written to {result.out}; new evaluations in {result.store} "
+          "(previous ones kept in job_environments.eval_history)")
+    return regrade_exit_code(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit code. ``view`` and ``report`` as the first argument run
+    the trajectory viewer and the HTML report (``rollout.cli.viewer``); ``feed``, ``export`` and
+    ``serve`` the feed of ready groups, the export of a job and the long-running mode
+    (``rollout.cli.feed``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in VIEWER_COMMANDS:
+        from rollout.cli.viewer import main as viewer_main
+
+        return viewer_main(argv)
+    if argv and argv[0] in FEED_COMMANDS:
+        from rollout.cli.feed import main as feed_main
+
+        return feed_main(argv)
+    args = build_parser().parse_args(argv)
+    if args.regrade:
+        return regrade_main(args)
+    try:
+        opts = job_options(args)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for flag, path, example in (("--out", opts.out, "out.jsonl"), ("--report", args.report, "report.html")):
+        if path is not None and (problem := output_path_problem(path, example)) is not None:
+            print(f"error: {flag}: {problem}", file=sys.stderr)  # before the job, not after it
+            return 1
+    setup_logging(args.log_level)
+    job: dict[str, str] = {}
+    try:
+        result = asyncio.run(_run(opts, not args.no_progress, job))
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:
+        hint = f"--resume --job-id {job['id']}" if "id" in job else "the same command"
+        print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
+              file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+    code = report(result, args.count_unscored_as_zero, opts.enable_evaluation)
+    if args.report is not None:
+        from rollout.servers.viewer.db import ViewerError
+        from rollout.servers.viewer.report import write_report
+
+        try:
+            path = asyncio.run(write_report(opts.db_path, result.job_id, args.report))
+        except (ViewerError, OSError) as e:
+            print(f"error: the report could not be written: {e}", file=sys.stderr)
+            return code or 1
+        print(f"report written to {path}")
+    return code
+

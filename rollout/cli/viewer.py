@@ -1,0 +1,84 @@
+"""``python launcher.py view`` (serve the viewer) and ``python launcher.py report`` (write a job's
+HTML report). Exit codes: 0 done, 1 the store or the job cannot be read, 2 bad flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from rollout.cli.serving import add_edge_flags, edge_of, run_command
+from rollout.core.argtypes import port_number
+from rollout.core.logs import setup_logging
+from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
+from rollout.servers.viewer.app import create_app, refuse_host
+from rollout.servers.viewer.db import ViewerError, open_queries
+from rollout.servers.viewer.report import DEFAULT_VIEWER_URL, write_report
+from rollout.servers.viewer.stats import HiddenFields
+
+DEFAULT_PORT = 8765
+COMMANDS = ("view", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``view`` and ``report`` sub-commands."""
+    ap = argparse.ArgumentParser(prog="launcher.py", description="Look at the trajectories of the store.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    view = sub.add_parser("view", help="serve the trajectory viewer (read-only) on loopback")
+    view.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    view.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    view.add_argument("--agent-root", type=Path, default=Path("env"),
+                      help="folder of env configs, to know each env's hidden fields (default env)")
+    view.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_edge_flags(view)
+    rep = sub.add_parser("report", help="write a job's HTML report (plotly.js once beside it, or inlined)")
+    rep.add_argument("--job-id", required=True, help="the job")
+    rep.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    rep.add_argument("--out", type=Path, help="HTML file (default runs/report-<job id>.html)")
+    rep.add_argument("--viewer-url", default=DEFAULT_VIEWER_URL,
+                     help=f"where the report's links point (default {DEFAULT_VIEWER_URL})")
+    rep.add_argument("--self-contained", action="store_true",
+                     help="inline plotly.js (one ~5 MB file, e.g. to send) instead of a file beside the report")
+    return ap
+
+
+async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: HttpEdge = DEFAULT_EDGE) -> None:
+    """Open the store, create the viewer's indexes, and serve until cancelled (Ctrl-C)."""
+    engine, queries = await open_queries(db_path)
+    try:
+        try:
+            made = await queries.ensure_indexes()
+        except Exception as e:  # a read-only file or role: the viewer still works, only slower on big jobs
+            print(f"warning: cannot create the viewer's indexes ({type(e).__name__}: {e}); "
+                  "large jobs will page slowly", file=sys.stderr)
+        else:
+            if made:
+                print(f"created indexes {', '.join(made)}", file=sys.stderr)
+        sock = listen(host, port, exposes="every trajectory")
+        print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)
+        await run_server(create_app(queries, HiddenFields(agent_root)), sock, host, edge, refuse_host)
+    finally:
+        await engine.dispose()
+
+
+def main(argv: list[str]) -> int:
+    """Run ``view`` or ``report``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "view":
+        setup_logging(args.log_level)
+        return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),
+                           args.host, args.port, (ViewerError,))
+    out = args.out or Path("runs") / f"report-{args.job_id}.html"
+    try:
+        path = asyncio.run(write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,
+                                        self_contained=args.self_contained))
+    except ViewerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot write the report to {out}: {e}", file=sys.stderr)
+        return 1
+    print(f"report written to {path}")
+    return 0

@@ -1,0 +1,1 @@
+"""The launcher's vocabulary: env configs and datasets, session ids, outcome classes, logging."""

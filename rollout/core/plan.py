@@ -1,0 +1,176 @@
+"""The plan of a job: envs x cases x harnesses x models x samples -> one ``job_environments`` row
+per session (its group, its case row), written as they are made; a resumed job's rows to run
+again; the rows read back a page at a time."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from rollout.core.envs import Case, EnvConfig, case_of
+from rollout.core.outcomes import INFRA_CLASSES
+from rollout.core.session_ids import SessionIds
+from rollout.core.setup import SetupError
+from store import JobEnvironment, SessionAttempt, Store
+
+
+async def plan_sessions(store: Store, job_id: str, models: list[str], envs: list[tuple[EnvConfig, list[Case]]],
+                        harnesses: list[str | None] | None = None, *, resume: bool = False,
+                        group_size: int | None = None, max_steps: int | None = None) -> list[JobEnvironment]:
+    """The session rows to run: a new job's rows (inserted: every env x case x harness x model x
+    sample, ``harnesses`` None or ``[None]`` meaning the env's own runtime), or with ``resume`` the rows of an
+    existing job that are unfinished or ended in an infrastructure failure (reopened; the
+    scheduler archives their last attempt's steps before the next attempt, whose number goes on
+    from the attempts already used). Raises SetupError for a resume of an unknown job, or a new
+    job whose id is taken."""
+    if resume:
+        return await _resume_rows(store, job_id, envs)
+    await _check_new(store, job_id)
+    rows = session_rows(job_id, models, envs, group_size, max_steps, harnesses or [None])
+    await store.add_job_sessions(rows)
+    return rows
+
+
+class PlannedJob(BaseModel):
+    """The sessions a job runs, without their rows: their ids in run order (``SessionIds``),
+    sessions per env, and the routes and harnesses they use."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    ids: SessionIds
+    per_env: dict[str, int]
+    models: list[str]
+    harnesses: list[str]
+
+
+async def plan_job(store: Store, job_id: str, models: list[str], envs: list[tuple[EnvConfig, list[Case]]],
+                   harnesses: list[str | None], *, resume: bool = False, group_size: int | None = None,
+                   max_steps: int | None = None) -> PlannedJob:
+    """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
+    transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
+    Same rows, order and errors as ``plan_sessions``."""
+    ids = SessionIds()
+    per_env: Counter[str] = Counter()
+    used_models: dict[str, None] = {}
+    used_harnesses: dict[str, None] = {}
+
+    def note(r: JobEnvironment) -> JobEnvironment:
+        ids.append(r.session_id)
+        per_env[r.env_name] += 1
+        used_models[r.llm_model] = None
+        if r.harness is not None:
+            used_harnesses[r.harness] = None
+        return r
+
+    if resume:
+        for r in await _resume_rows(store, job_id, envs):
+            note(r)
+    else:
+        await _check_new(store, job_id)
+        await store.add_job_sessions(note(r) for r in iter_session_rows(
+            job_id, models, envs, group_size, max_steps, harnesses))
+    return PlannedJob(ids=ids, per_env=dict(per_env), models=list(used_models), harnesses=list(used_harnesses))
+
+
+async def _check_new(store: Store, job_id: str) -> None:
+    if await store.job_exists(job_id):
+        raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
+                         "add --resume to finish it, or choose another --job-id")
+
+
+async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]]) -> list[JobEnvironment]:
+    existing = await store.job_sessions(job_id)
+    if not existing:
+        raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
+    cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
+    rows = [r for r in existing if not r.finished or r.outcome in INFRA_CLASSES]
+    unknown = {(r.env_name, r.case_id) for r in rows} - cases
+    if unknown:
+        raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
+                         f"{sorted(unknown)[:5]}")
+    for r in rows:
+        if r.finished:  # an infrastructure failure: run it again, never graded
+            await store.update_job_session(r.session_id, finished=False, finished_at=None, reward=None,
+                                           eval_status=None, eval_reason=None, eval_detail=None)
+            r.finished = False
+    return rows
+
+
+def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = None, model: str | None = None) -> str:
+    """The group of a case's samples: uuid5 of job/env/case, and of job/env/case/harness/model in a
+    matrix (a harness, or several models); 16 hex digits."""
+    key = f"{job_id}/{env_name}/{case_id}" if harness is None and model is None else \
+        f"{job_id}/{env_name}/{case_id}/{harness or ''}/{model or ''}"
+    return uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:16]
+
+
+def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
+                 group_size: int | None, max_steps: int | None, harnesses: Sequence[str | None] = (None,)) -> list[JobEnvironment]:
+    """One ``job_environments`` row per (env, case, harness, model, sample): the matrix. The samples
+    of one (case, harness, model) share a ``group_id`` (``group_id``: with one model and no
+    harness, uuid5 of job, env and case as before); ``harness`` None is the env's own runtime.
+    ``group_size`` None: each env's own ``group_size``. Session ids are random uuid4 hex."""
+    return list(iter_session_rows(job_id, model, envs, group_size, max_steps, harnesses))
+
+
+def iter_session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
+                      group_size: int | None, max_steps: int | None,
+                      harnesses: Sequence[str | None] = (None,)) -> Iterator[JobEnvironment]:
+    """The rows of ``session_rows``, one at a time, in the same order."""
+    models = [model] if isinstance(model, str) else list(model)
+    matrix = len(models) > 1 or any(h is not None for h in harnesses)
+    for cfg, cases in envs:
+        for case in cases:
+            for harness in harnesses:
+                for m in models:
+                    group = group_id(job_id, cfg.name, case.case_id, harness, m) if matrix else \
+                        group_id(job_id, cfg.name, case.case_id)
+                    for k in range(group_size or cfg.group_size):
+                        yield JobEnvironment(
+                            session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
+                            llm_model=m, harness=harness, group_id=group, sample_index=k,
+                            env_params={**cfg.params, "dataset": case.row}, status="pending",
+                            max_steps=max_steps if max_steps is not None else cfg.max_steps,
+                        )
+
+
+Page = tuple[list[JobEnvironment], Mapping[str, list[SessionAttempt]]]
+"""Session rows in run order, with the earlier attempts of those sessions (session id -> attempts)."""
+
+
+class RowSource:
+    """The rows a scheduler runs: ``total`` of them, read a page at a time by ``pages()`` (an
+    async iterator of ``Page``), so a job of any size never holds all its rows at once."""
+
+    def __init__(self, total: int, pages: Callable[[], AsyncIterator[Page]]) -> None:
+        self.total = total
+        self.pages = pages
+
+    @classmethod
+    def of(cls, rows: list[JobEnvironment], prior: Mapping[str, list[SessionAttempt]] | None = None) -> RowSource:
+        """Rows already in memory, as one page with their earlier attempts ``prior``."""
+        async def pages() -> AsyncIterator[Page]:
+            yield rows, prior or {}
+        return cls(len(rows), pages)
+
+    @classmethod
+    def from_store(cls, store: Store, ids: SessionIds, page: int = 256) -> RowSource:
+        """The rows of the sessions ``ids`` (in that order), read from ``store`` ``page`` at a
+        time with their earlier attempts."""
+        async def pages() -> AsyncIterator[Page]:
+            for i in range(0, len(ids), page):
+                chunk = ids[i:i + page]
+                yield await store.job_sessions_by_id(chunk), await store.session_attempts(chunk)
+        return cls(len(ids), pages)
+
+
+def session_case(cfg: EnvConfig, row: JobEnvironment) -> Case:
+    """The case a session row was planned with (its ``env_params["dataset"]``). Raises ValueError
+    for a row that does not keep one (not written by this launcher)."""
+    dataset = (row.env_params or {}).get("dataset")
+    if not isinstance(dataset, dict):
+        raise ValueError(f"session {row.session_id}: its row keeps no dataset row (env_params.dataset)")
+    return case_of(cfg, row.case_id, dataset)

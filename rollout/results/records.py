@@ -1,0 +1,64 @@
+"""Per-session records of a job, rebuilt from the store (so a resumed job reports all sessions)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from rollout.contract.protocol import Trajectory
+from rollout.core.session_ids import SessionIds
+from rollout.grading.trajectory import to_trajectory, usage_total
+from rollout.results.report import AttemptRecord, SessionRecord
+from store import JobEnvironment, SessionAttempt, SessionResult, Store, attempt_session_id
+
+
+def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> list[AttemptRecord]:
+    """The attempts of a finished session, in order; each names the session id its steps are kept
+    under (``<sid>~a<n>`` for an earlier attempt, the session id for the last one)."""
+    last = max((a.attempt for a in attempts), default=0)
+    return [AttemptRecord(
+        attempt=a.attempt, status=a.status, outcome=a.outcome, infra=a.infra, reason=a.reason,
+        step_count=a.step_count, steps_session_id=row.session_id if a.attempt == last else attempt_session_id(
+            row.session_id, a.attempt),
+        retry_in_s=a.retry_in_s, duration_s=a.duration_s,
+        started_at=a.started_at.isoformat() if a.started_at else None,
+        finished_at=a.finished_at.isoformat() if a.finished_at else None,
+    ) for a in sorted(attempts, key=lambda a: a.attempt)]
+
+
+def record_of(row: JobEnvironment, result: SessionResult, traj: Trajectory,
+              attempts: Sequence[SessionAttempt] = ()) -> SessionRecord:
+    """The JSONL record of one finished session: its row's identity, its ``result``, its recorded
+    steps and its attempts."""
+    listed = attempt_records(row, attempts)
+    metrics = (result.runtime_result or {}).get("metrics") or {} if row.harness is not None else {}
+    return SessionRecord.model_validate({
+        "session_id": row.session_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
+        "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": result.status,
+        "score": result.reward, "eval_status": result.eval_status, "reason": result.eval_reason,
+        "error": result.error, "duration_s": result.duration_s, "usage": usage_total(traj.steps),
+        "step_count": len(traj.steps), "sandbox": result.sandbox, "grader_isolation": result.grader_isolation,
+        "outcome": result.outcome, "retried": len(listed) > 1, "harness": row.harness,
+        "harness_exit": metrics.get("harness_exit"), "answer": metrics.get("answer"),
+        "attempts": [a.model_dump() for a in listed], "trajectory": [s.model_dump(mode="json") for s in traj.steps],
+    })
+
+
+async def job_records(store: Store, job_id: str) -> list[SessionRecord]:
+    """Records of every finished session of a job, ordered by env, case, sample."""
+    return [r async for r in iter_job_records(store, job_id)]
+
+
+async def iter_job_records(store: Store, job_id: str, page: int = 256) -> AsyncIterator[SessionRecord]:
+    """The records of ``job_records``, in the same order, built ``page`` sessions at a time (a job
+    of any size never holds more than a page of rows)."""
+    ids = SessionIds()
+    async for sid in store.job_session_ids(job_id, finished_only=True):
+        ids.append(sid)
+    for i in range(0, len(ids), page):
+        chunk = ids[i:i + page]
+        attempts = await store.session_attempts(chunk)
+        for r in await store.job_sessions_by_id(chunk):
+            if r.finished:
+                steps = await store.trajectory(r.session_id)
+                yield record_of(r, SessionResult.of_row(r), to_trajectory(r.session_id, steps),
+                                attempts.get(r.session_id, []))

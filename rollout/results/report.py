@@ -1,0 +1,580 @@
+"""The report: one JSON line per session (``SessionRecord``), a summary per (env, model)
+(``summarize``) with mean score and pass@k, a text table (``render_table``) and the JSONL export
+(``write_jsonl``).
+
+Counting rules: a session is *scored* when its ``eval_status`` is ``scored``; ``invalid_reward``,
+``error`` and ``timeout`` are counted apart and are left out of the mean score unless
+``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
+(``score >= 10 - 1e-9``); sessions without a score never pass. A session whose last attempt was an
+infrastructure failure (``infra``) was never graded: it is left out of mean score and pass@k
+(its reward is NULL, a trainer masks it), and counted apart (``infra``); ``retried`` counts
+sessions that needed more than one attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import textwrap
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, FiniteFloat
+
+from rollout.contract.protocol import model_from_json
+from rollout.core.outcomes import INFRA_CLASSES
+from store import FinalStatus
+from wire.text import json_text
+
+PASS_SCORE = 10.0
+PASS_EPSILON = 1e-9
+"""A session passes when ``score >= PASS_SCORE - PASS_EPSILON``."""
+
+EVAL_ERROR_STATUS = "error"
+EVAL_TIMEOUT_STATUS = "timeout"
+EVAL_INVALID_STATUS = "invalid_reward"
+EVAL_SCORED_STATUS = "scored"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimate for one case: the probability that at least one of ``k`` samples
+    drawn without replacement from ``n`` samples, ``c`` of which pass, passes.
+
+    Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code"
+    (arXiv:2107.03374), eq. 1: ``pass@k = 1 - C(n-c, k) / C(n, k)``, computed here in the
+    numerically stable product form of the paper's Figure 3:
+    ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``; it is exactly 1.0 when ``n - c < k``.
+
+    Args:
+        n: samples of the case (>= 1). c: passing samples (0 <= c <= n). k: 1 <= k <= n.
+
+    Returns:
+        A float in [0, 1].
+
+    Raises:
+        ValueError: a non-integer (bools included) argument, ``n < 1``, ``c`` outside 0..n,
+            ``k < 1`` or ``k > n``.
+    """
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"pass_at_k: {name} must be an int, got {type(value).__name__}")
+    if n < 1:
+        raise ValueError(f"pass_at_k: n must be >= 1, got {n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: c must be in 0..n={n}, got {c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: k must be in 1..n={n}, got {k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+class UsageTotals(BaseModel):
+    """Token counts summed over a session's steps (steps with unknown counts add 0)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class AttemptRecord(BaseModel):
+    """One attempt of a session in the JSONL: number (from 1), runtime status, ``outcome`` (a task
+    outcome or an infrastructure class, ``rollout.core.outcomes``), ``infra``, reason, steps recorded
+    and the session id they are kept under, the backoff before the next attempt (seconds, None
+    for the last), duration (seconds) and UTC ISO times."""
+
+    attempt: int
+    status: str
+    outcome: str
+    infra: bool = False
+    reason: str | None = None
+    step_count: int = 0
+    steps_session_id: str
+    retry_in_s: FiniteFloat | None = None
+    duration_s: FiniteFloat | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+class SessionRecord(BaseModel):
+    """One session, one JSON line of the launcher's ``--out`` file.
+
+    - ``status``: the session's runtime status: succeeded | failed | truncated | timeout | error |
+      cancelled.
+    - ``score``: the committed reward in 0..10 (finite; NaN/inf rejected), None when not evaluated.
+    - ``eval_status``: scored | invalid_reward | error | timeout | skipped, or None (evaluation
+      disabled or not reached). ``reason``: the evaluator's reason; ``error``: why the runtime or
+      the launcher failed (None when nothing failed).
+    - ``duration_s``: session wall time in seconds (None when unknown).
+    - ``usage``: token sums over the steps, None when no step reported usage.
+    - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order (the last
+      attempt's).
+    - ``sandbox``: how the runtime ran: ``bwrap`` (isolated) or ``none`` (no isolation), None when
+      unknown (the runtime never ran). ``grader_isolation``: where its evaluator ran: ``bwrap`` (the
+      grader sandbox) or ``none`` (in the launcher), None when no evaluator ran.
+    - ``outcome``: how the last attempt ended (None for records made by an older version);
+      ``attempts``: every attempt, in order; ``retried``: more than one attempt.
+    - ``harness``: the harness that ran the session (None: the env's own runtime);
+      ``harness_exit``: its CLI's exit status and ``answer``: its parsed answer file (None when
+      absent or not JSON, and for sessions run by the env's own runtime). ``usage`` is always
+      the gateway's count of the recorded steps, never the harness's own estimate.
+    """
+
+    session_id: str
+    job_id: str
+    env_name: str
+    case_id: str
+    group_id: str
+    model: str
+    sample_index: int
+    status: FinalStatus
+    score: FiniteFloat | None = None
+    eval_status: str | None = None
+    reason: str | None = None
+    error: str | None = None
+    duration_s: FiniteFloat | None = None
+    usage: UsageTotals | None = None
+    step_count: int = 0
+    sandbox: str | None = None
+    grader_isolation: str | None = None
+    outcome: str | None = None
+    retried: bool = False
+    harness: str | None = None
+    harness_exit: int | None = None
+    answer: Any = None
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    trajectory: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class SummaryRow(BaseModel):
+    """Summary of the sessions of one (env_name, harness, model); ``harness`` None: the env's own
+    runtime.
+
+    Counts: ``sessions``; ``cases`` (distinct case_id); evaluation outcomes ``scored``,
+    ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
+    runtime outcomes ``runtime_failed`` (the runtime reported ``failed``: the agent did not finish
+    its task), ``runtime_truncated`` (status truncated: the session used its whole step budget
+    without finishing), ``runtime_errors`` (status error: the launcher could not run the session) and
+    ``runtime_timeouts`` (status timeout); ``retried`` (sessions with more than one attempt) and
+    ``infra`` (sessions whose last attempt was an infrastructure failure: not graded, left out of
+    the mean score and pass@k).
+
+    Scores (0..10): ``mean_score`` over scored sessions (or over all sessions with unscored ones as
+    0 when ``count_unscored_as_zero``), None when there is nothing to average.
+
+    Pass rates (0..1, Chen et al. 2021 estimator per case, averaged over cases; None when no
+    session of the row was evaluated, since nothing can pass): ``pass_at_1`` over all cases; ``pass_at_k`` for ``k`` over the ``pass_at_k_cases`` cases that have at least
+    ``k`` samples (None when no case has). ``mean_duration_s``: over sessions with a duration, in
+    seconds (None when none has one).
+    """
+
+    env_name: str
+    model: str
+    sessions: int
+    cases: int
+    harness: str | None = None
+    scored: int
+    invalid: int
+    eval_error: int
+    eval_timeout: int
+    unevaluated: int
+    mean_score: float | None
+    k: int
+    pass_at_1: float | None
+    pass_at_k: float | None
+    pass_at_k_cases: int
+    runtime_failed: int
+    runtime_truncated: int = 0
+    runtime_errors: int
+    runtime_timeouts: int
+    mean_duration_s: float | None
+    retried: int = 0
+    infra: int = 0
+
+    @property
+    def eval_error_rate(self) -> float:
+        """(eval_error + eval_timeout) / sessions, 0.0 for no sessions."""
+        return (self.eval_error + self.eval_timeout) / self.sessions if self.sessions else 0.0
+
+
+def is_infra(record: SessionRecord) -> bool:
+    """Whether the session's last attempt was an infrastructure failure (never graded)."""
+    return record.outcome in INFRA_CLASSES
+
+
+def _is_scored(record: SessionRecord) -> bool:
+    return record.eval_status == EVAL_SCORED_STATUS and record.score is not None
+
+
+def _passes(record: SessionRecord) -> bool:
+    return _is_scored(record) and record.score is not None and record.score >= PASS_SCORE - PASS_EPSILON
+
+
+def summarize(
+    records: Iterable[SessionRecord], *, k: int | None = None, count_unscored_as_zero: bool = False
+) -> list[SummaryRow]:
+    """One ``SummaryRow`` per (env_name, harness, model), sorted by env_name, harness (the env's
+    own runtime first), then model.
+
+    pass@k is computed per case (the samples with the same ``case_id``): ``n`` = samples of the
+    case, ``c`` = passing samples (scored and score == 10, within 1e-9), then averaged over the
+    cases. ``k`` defaults, per row, to the smallest number of samples of any case in that row (the
+    group size); with an explicit ``k``, cases with fewer than ``k`` samples are left out of pass@k
+    (``pass_at_k_cases`` tells how many were used). pass@1 is always computed over all cases.
+    (``ReportTotals``, fed every record.)
+
+    Raises:
+        ValueError: ``k`` given and < 1.
+    """
+    return ReportTotals.of(records).summary(k=k, count_unscored_as_zero=count_unscored_as_zero)
+
+
+class _RowTotals:
+    """The running counts of one (env, harness, model): what ``SummaryRow`` is computed from.
+    Sums are exact (``Fraction``), so a mean equals ``math.fsum(values) / len(values)``."""
+
+    def __init__(self) -> None:
+        self.sessions = self.graded = self.scored = self.invalid = self.eval_error = self.eval_timeout = 0
+        self.unevaluated = self.runtime_failed = self.runtime_truncated = self.runtime_errors = 0
+        self.runtime_timeouts = 0
+        self.retried = self.infra = self.durations = self.cases = 0
+        self.evaluated = False
+        self.score_sum = Fraction(0)
+        self.duration_sum = Fraction(0)
+        self.open_cases: dict[str, list[int]] = {}  # case id -> [samples, passing], graded sessions only
+        self.open_ids: set[str] = set()  # case ids of every session not folded yet
+        self.pairs: Counter[tuple[int, int]] = Counter()  # (samples, passing) -> cases folded
+
+    def add(self, r: SessionRecord) -> None:
+        self.sessions += 1
+        self.open_ids.add(r.case_id)
+        if r.duration_s is not None:
+            self.durations += 1
+            self.duration_sum += Fraction(r.duration_s)
+        self.runtime_failed += r.status == "failed"
+        self.runtime_truncated += r.status == "truncated"
+        self.runtime_errors += r.status == "error"
+        self.runtime_timeouts += r.status == "timeout"
+        self.retried += r.retried
+        if is_infra(r):  # masked: never graded
+            self.infra += 1
+            return
+        self.graded += 1
+        counts = self.open_cases.setdefault(r.case_id, [0, 0])
+        counts[0] += 1
+        counts[1] += _passes(r)
+        if _is_scored(r) and r.score is not None:
+            self.scored += 1
+            self.score_sum += Fraction(r.score)
+        self.invalid += r.eval_status == EVAL_INVALID_STATUS
+        self.eval_error += r.eval_status == EVAL_ERROR_STATUS
+        self.eval_timeout += r.eval_status == EVAL_TIMEOUT_STATUS
+        if r.eval_status in (None, "skipped"):
+            self.unevaluated += 1
+        else:
+            self.evaluated = True
+
+    def fold(self) -> None:
+        """Keep only the (samples, passing) counts of the cases seen so far: none of them may
+        come again."""
+        self.cases += len(self.open_ids)
+        self.pairs.update(tuple(c) for c in self.open_cases.values())  # type: ignore[misc]
+        self.open_ids.clear()
+        self.open_cases.clear()
+
+    def row(self, key: tuple[str, str, str], k: int | None, count_unscored_as_zero: bool) -> SummaryRow:
+        self.fold()
+        env_name, harness, model = key
+        n_cases = sum(self.pairs.values())
+        row_k = k if k is not None else min((n for n, _ in self.pairs), default=1)
+        eligible = [(n, c, m) for (n, c), m in self.pairs.items() if n >= row_k]
+        n_eligible = sum(m for _, _, m in eligible)
+        pass_k = (math.fsum(pass_at_k(n, c, row_k) * m for n, c, m in eligible) / n_eligible
+                  if eligible and self.evaluated else None)
+        pass_1 = (math.fsum(pass_at_k(n, c, 1) * m for (n, c), m in self.pairs.items()) / n_cases
+                  if self.evaluated and n_cases else None)
+        averaged = self.graded if count_unscored_as_zero else self.scored
+        return SummaryRow(
+            env_name=env_name, harness=harness or None, model=model, sessions=self.sessions, cases=self.cases,
+            scored=self.scored, invalid=self.invalid, eval_error=self.eval_error, eval_timeout=self.eval_timeout,
+            unevaluated=self.unevaluated, mean_score=float(self.score_sum) / averaged if averaged else None,
+            k=row_k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=n_eligible,
+            runtime_failed=self.runtime_failed, runtime_truncated=self.runtime_truncated,
+            runtime_errors=self.runtime_errors,
+            runtime_timeouts=self.runtime_timeouts,
+            mean_duration_s=float(self.duration_sum) / self.durations if self.durations else None,
+            retried=self.retried, infra=self.infra)
+
+
+class ReportTotals:
+    """What the report needs of a job's records, counted as they come (nothing per session is
+    kept but, until ``fold_cases``, the case ids of the current cases): the summary rows
+    (``summary``: ``summarize``'s numbers), the sessions run without a sandbox by env
+    (``table_footer``), attempts that ended in an infrastructure failure, and sessions by
+    (status, eval_status). For records streamed in case order, call ``fold_cases`` whenever a
+    case is complete (memory stays flat); else everything is folded by ``summary``."""
+
+    def __init__(self) -> None:
+        self.sessions = 0
+        self.infra_attempts = 0
+        self.bare: dict[str, int] = defaultdict(int)
+        self.trusted: dict[str, int] = defaultdict(int)
+        self.by_status: Counter[tuple[str, str | None]] = Counter()
+        self._rows: dict[tuple[str, str, str], _RowTotals] = {}
+
+    @classmethod
+    def of(cls, records: Iterable[SessionRecord]) -> ReportTotals:
+        """The totals of ``records``."""
+        totals = cls()
+        for r in records:
+            totals.add(r)
+        return totals
+
+    def add(self, record: SessionRecord) -> None:
+        """Count one finished session's record."""
+        self.sessions += 1
+        key = (record.env_name, record.harness or "", record.model)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = _RowTotals()
+        row.add(record)
+        self.infra_attempts += sum(1 for a in record.attempts if a.infra)
+        if record.sandbox == "none":
+            self.bare[record.env_name] += 1
+        if record.grader_isolation == "none":
+            self.trusted[record.env_name] += 1
+        self.by_status[(record.status, record.eval_status)] += 1
+
+    def fold_cases(self) -> None:
+        """Every case seen so far is complete: keep only its counts."""
+        for row in self._rows.values():
+            row.fold()
+
+    @property
+    def lost(self) -> int:
+        """Sessions whose last attempt was an infrastructure failure (never graded)."""
+        return sum(r.infra for r in self._rows.values())
+
+    def count(self, statuses: Iterable[str] = (), eval_statuses: Iterable[str] = ()) -> int:
+        """Sessions whose status is one of ``statuses`` or whose eval_status is one of ``eval_statuses``."""
+        st, ev = set(statuses), set(eval_statuses)
+        return sum(n for (s, e), n in self.by_status.items() if s in st or e in ev)
+
+    def summary(self, *, k: int | None = None, count_unscored_as_zero: bool = False) -> list[SummaryRow]:
+        """The rows ``summarize`` gives for the records added (it folds every case)."""
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"summarize: k must be an int >= 1, got {k!r}")
+        return [row.row(key, k, count_unscored_as_zero) for key, row in sorted(self._rows.items())]
+
+    def footer(self) -> str | None:
+        """``table_footer`` of the records added."""
+        return _footer(self.bare, self.trusted)
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+TABLE_WIDTH = 100
+OWN_RUNTIME = "(env)"
+"""What the harness column shows for sessions run by the env's own runtime."""
+NAME_MIN = 10
+TABLE_LEGEND = ("score: mean of scored sessions (0-10); pass@k: a session passes at score 10; failed: the "
+                "runtime reported failed; time_s: mean session wall time (s)")
+PROBLEM_LEGEND = {"trunc": "used its whole step budget (truncated)", "inval": "invalid reward", "ev_err": "evaluator error", "ev_t/o": "evaluator timeout",
+                  "rt_err": "runtime error", "rt_t/o": "runtime timeout", "retried": "more than one attempt",
+                  "infra": "infrastructure failure, not graded"}
+"""The abbreviations of a row's ``problems:`` line, in display order."""
+
+
+def _cut(name: str, width: int) -> str:
+    """``name`` cut to ``width`` characters by replacing its middle with ``..`` (the start, e.g.
+    an org or family, and the end, e.g. a size or variant, are what tell names apart)."""
+    if len(name) <= width:
+        return name
+    head = (width - 2 + 1) // 2
+    return name[:head] + ".." + name[len(name) - (width - 2 - head):]
+
+
+def _problems(r: SummaryRow) -> list[str]:
+    counts = (r.runtime_truncated, r.invalid, r.eval_error, r.eval_timeout, r.runtime_errors, r.runtime_timeouts,
+              r.retried, r.infra)
+    return [f"{name} {n}" for name, n in zip(PROBLEM_LEGEND, counts, strict=True) if n]
+
+
+def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
+    """A fixed-width plain-text table of ``rows`` that fits ``width`` columns (100 by default; names
+    stop shrinking at ``NAME_MIN``, so under about 80 columns rows may not fit):
+    a header line, a rule, one line per row, then a legend. The rarely non-zero counts (invalid
+    reward, evaluator and runtime errors and timeouts, retried, infra) are folded into an indented
+    ``problems:`` line under their row, listing only the non-zero ones. When the names do not fit,
+    the longer of env and model is cut in the middle (``..``, down to ``NAME_MIN``) and the legend
+    gives the full name (all of them when two cut alike). ``-`` stands for a missing value; scores have 2 decimals, pass rates 3,
+    durations 1 (seconds). Returns ``"(no sessions)"`` for no rows. No trailing newline."""
+    if not rows:
+        return "(no sessions)"
+    with_harness = any(r.harness is not None for r in rows)
+    names = 3 if with_harness else 2  # the name columns come first: env, [harness,] model
+    headers = ["env", *(["harness"] if with_harness else []), "model", "sess", "scored", "score", "pass@1",
+               "pass@k", "k", "failed", "time_s"]
+    body = [
+        [r.env_name, *([r.harness or OWN_RUNTIME] if with_harness else []), r.model, str(r.sessions), str(r.scored),
+         _fmt(r.mean_score, 2), _fmt(r.pass_at_1, 3), _fmt(r.pass_at_k, 3), str(r.k), str(r.runtime_failed),
+         _fmt(r.mean_duration_s, 1)]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(line[i]) for line in body)) for i, h in enumerate(headers)]
+    sep = 2 * (len(headers) - 1)
+    while sum(widths) + sep > width and max(widths[:names]) > NAME_MIN:
+        widest = max(reversed(range(names)), key=lambda i: widths[i])  # a tie cuts the later column
+        widths[widest] -= 1
+    cut: dict[str, list[str]] = {}  # one cut name may stand for several full names
+    for line in body:
+        for i in range(names):
+            short = _cut(line[i], widths[i])
+            if short != line[i] and line[i] not in cut.setdefault(short, []):
+                cut[short].append(line[i])
+            line[i] = short
+
+    def fmt_line(cells: list[str]) -> str:
+        parts = [c.ljust(w) if i < names else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "  ".join(parts).rstrip()
+
+    lines = [fmt_line(headers), "  ".join("-" * w for w in widths)]
+    shown: set[str] = set()
+    for line, row in zip(body, rows, strict=True):
+        lines.append(fmt_line(line))
+        if problems := _problems(row):
+            shown.update(p.split()[0] for p in problems)
+            lines.extend(_wrap("  problems: " + ", ".join(problems), width, indent="    "))
+    legend = TABLE_LEGEND
+    if any(r.harness is None for r in rows) and with_harness:
+        legend += f"; harness {OWN_RUNTIME}: the env's own runtime"
+    if shown:
+        legend += "; problems: " + ", ".join(f"{k} = {v}" for k, v in PROBLEM_LEGEND.items() if k in shown)
+    lines.extend(_wrap(legend, width))
+    for short, full in cut.items():
+        lines.extend(_wrap(f"cut name: {short} = {' or '.join(full)}", width))
+    return "\n".join(lines)
+
+
+def table_footer(records: Iterable[SessionRecord]) -> str | None:
+    """The warning printed under the table when sessions ran without the sandbox (``sandbox:
+    none``), naming their envs; None when every session ran sandboxed (or did not run)."""
+    bare: dict[str, int] = defaultdict(int)
+    trusted: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r.sandbox == "none":
+            bare[r.env_name] += 1
+        if r.grader_isolation == "none":
+            trusted[r.env_name] += 1
+    return _footer(bare, trusted)
+
+
+def _footer(bare: dict[str, int], trusted: dict[str, int] | None = None) -> str | None:
+    lines = []
+    if bare:
+        envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
+        lines.append(f"warning: {sum(bare.values())} sessions ran WITHOUT a sandbox (--sandbox none or the env's "
+                     f"runtime.sandbox: none): {envs}. Their runtimes could read the host's files and environment "
+                     "and reach its network; their scores may not be trustworthy as rewards.")
+    if trusted:
+        envs = ", ".join(f"{name} ({n})" for name, n in sorted(trusted.items()))
+        lines.append(f"warning: {sum(trusted.values())} sessions were graded in the launcher, not in the grader "
+                     f"sandbox (--grader-isolation none, --sandbox none or the env's grader.isolation: none): {envs}.")
+    return "\n".join(lines) or None
+
+
+def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:
+    """Write one strict-JSON line per record to ``path`` and return the number of lines.
+
+    Parent directories are created. The file is written to a temporary file in the same directory,
+    fsynced, then moved over ``path`` with ``os.replace``, so readers see the old file or the whole
+    new one. NaN/inf anywhere (score, trajectory, ...) is never emitted: ``json.dumps`` runs with
+    ``allow_nan=False``.
+
+    Raises:
+        ValueError: a record holds NaN or +-inf (the target file is left untouched).
+        TypeError: a record holds a value that is not JSON-serializable.
+        OSError: the file cannot be written.
+    """
+    with JsonlWriter(path) as out:
+        for record in records:
+            out.write(record)
+    return out.count
+
+
+def output_path_problem(out: Path, example: str) -> str | None:
+    """Why no file can be written at ``out`` (a folder: the message suggests ``out/<example>``;
+    or under a path that is a file), or None; for checks before any work."""
+    if out.is_dir():
+        return f"{out} is a folder; give the file's path (e.g. {out / example})"
+    for parent in out.parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, not a folder"
+    return None
+
+
+class JsonlWriter:
+    """``write_jsonl`` one record at a time: ``with JsonlWriter(path) as out: out.write(r)``. The
+    lines go to a temporary file beside ``path``, moved over it (fsynced) when the block ends
+    without an error; on an error the target is left untouched. ``count``: lines written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.count = 0
+        self._tmp = ""
+        self._fh: Any = None
+
+    def __enter__(self) -> JsonlWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            os.chmod(self._tmp, 0o644)  # mkstemp creates 0600; the export is an ordinary file
+            self._fh = os.fdopen(fd, "w", encoding="utf-8")
+        except BaseException:
+            os.close(fd)
+            os.unlink(self._tmp)
+            raise
+        return self
+
+    def write(self, record: SessionRecord) -> None:
+        """Append one record's line. Raises ValueError (NaN/inf) or TypeError (not JSON)."""
+        line = json_text(record.model_dump(mode="python"), allow_nan=False)
+        self._fh.write(line)
+        self._fh.write("\n")
+        self.count += 1
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            if exc_type is None:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            self._fh.close()
+            if exc_type is None:
+                os.replace(self._tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+            raise
+        if exc_type is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+
+
+def read_jsonl(path: Path) -> list[SessionRecord]:
+    """The records of a JSONL file written by ``write_jsonl``."""
+    with Path(path).open(encoding="utf-8") as fh:
+        return [model_from_json(SessionRecord, line) for line in fh if line.strip()]

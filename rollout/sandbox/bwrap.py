@@ -1,0 +1,207 @@
+"""The bubblewrap sandbox of a session: what it binds, its environment, and the machine check.
+
+Paths are bound at their host paths (commands need no rewriting), read-only except the workspace
+(``/workspace``, also cwd and HOME). The sandbox runs as uid/gid 65534 with no capabilities, in
+new user/pid/ipc/uts/mount/network/cgroup namespaces; its only way out is the gateway bridge's
+Unix socket. docs/sandbox.md lists what a runtime can and cannot see.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rollout.sandbox import cgroups
+from rollout.sandbox.cgroups import Controller
+
+WORKSPACE = "/workspace"
+BRIDGE_SOCKET = "/run/rollout/gateway.sock"
+FORWARDER = "/run/rollout/forwarder.py"
+GATEWAY_PORT = 41800  # the gateway's loopback port inside every sandbox (each has its own network)
+SANDBOX_UID = 65534
+FORWARDER_SOURCE = Path(__file__).resolve().parents[1] / "contract" / "forwarder.py"
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; `make run` sets it up), "
+                "or pass --sandbox none to run runtimes without isolation")
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# /etc entries a runtime may need; never shadow/gshadow, ssh, sudoers, ssl/private, package-manager
+# or git configs (they can hold credentials).
+ETC_ALLOW = (
+    "passwd", "group", "hosts", "nsswitch.conf", "host.conf", "gai.conf", "protocols",
+    "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "alternatives",
+    "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "mime.types", "magic", "magic.mime", "os-release",
+    "debian_version", "bash.bashrc", "profile", "inputrc", "terminfo", "shells", "locale.alias",
+    "locale.conf", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}",
+)
+ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "ROLLOUT_LOG_LEVEL", "NO_COLOR", "COLUMNS")
+ENV_ALLOW_PREFIX = ("LC_",)
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create its namespaces here (the message says what to do)."""
+
+
+@dataclass(frozen=True)
+class Support:
+    """What this machine offers: the bwrap executable and the cgroup controllers usable for the
+    memory and process caps (absent ones are enforced another way or not at all, see
+    ``mechanisms``)."""
+
+    bwrap: str
+    memory: Controller | None = None
+    pids: Controller | None = None
+
+    def mechanisms(self) -> dict[str, str]:
+        """Limit name -> how it is enforced on this machine."""
+        return {
+            "memory": self.memory.mechanism if self.memory else "RLIMIT_AS of each process (no cgroup available)",
+            "processes": self.pids.mechanism if self.pids else "NOT ENFORCED (no cgroup pids controller available)",
+            "disk": "RLIMIT_FSIZE per file + workspace total checked every 0.25 s; /tmp is a tmpfs of that size",
+            "files": "workspace entries counted with its total",
+            "output": "stdout + stderr bytes counted by the launcher",
+        }
+
+
+def _probe_command(bwrap: str) -> list[str]:
+    binds = Binds()
+    binds.system()
+    binds.interpreter()
+    return [bwrap, *NAMESPACE_FLAGS, *binds.args, "--proc", "/proc", "--dev", "/dev", "--",
+            sys.executable, "-I", "-S", "-c", "import socket; print(len(socket.if_nameindex()))"]
+
+
+def probe(bwrap: str | None = None) -> Support:
+    """Check that bubblewrap runs a sandbox here (a real one: namespaces, the interpreter) and find
+    the cgroup controllers. Raises SandboxUnavailable with what to do."""
+    path = bwrap or shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
+    if path is None:
+        raise SandboxUnavailable(f"the runtime sandbox needs bubblewrap (bwrap), which is not installed: {INSTALL_HINT}")
+    try:
+        p = subprocess.run(_probe_command(path), capture_output=True, text=True, timeout=60, env=clean_env({}))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SandboxUnavailable(f"bubblewrap ({path}) cannot be run: {e}; {INSTALL_HINT}") from e
+    if p.returncode != 0 or p.stdout.strip() != "1":
+        why = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}")[-300:]
+        raise SandboxUnavailable(
+            f"bubblewrap ({path}) cannot create a sandbox here ({why}); user namespaces may be disabled "
+            f"(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces > 0), or {INSTALL_HINT}")
+    found = cgroups.detect()
+    return Support(bwrap=path, memory=found.get("memory"), pids=found.get("pids"))
+
+
+NAMESPACE_FLAGS = (
+    "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+    "--cap-drop", "ALL", "--die-with-parent", "--hostname", "sandbox",
+)
+
+
+@dataclass
+class Binds:
+    """bwrap mount arguments, built up in order (later mounts cover earlier ones)."""
+
+    args: list[str] = field(default_factory=list)
+    covered: list[Path] = field(default_factory=list)
+
+    def ro(self, src: Path | str, dest: Path | str | None = None) -> None:
+        self.args += ["--ro-bind", str(src), str(dest or src)]
+        self.covered.append(Path(dest or src))
+
+    def system(self) -> None:
+        """The system's read-only folders (a usr-merged /bin etc. stays a symlink) and /etc's
+        allow-listed entries."""
+        for d in (*SYSTEM_DIRS, "/usr/local"):
+            p = Path(d)
+            if p.is_symlink():
+                self.args += ["--symlink", os.readlink(p), d]
+            elif p.is_dir() and not any(p.is_relative_to(c) for c in self.covered):
+                self.ro(p)
+        for name in ETC_ALLOW:
+            p = Path("/etc") / name
+            if p.exists():
+                self.ro(p)
+
+    def interpreter(self) -> None:
+        """The Python installation and the venv the launcher runs from."""
+        for d in dict.fromkeys((sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix)):
+            p = Path(d)
+            if not any(p.is_relative_to(c) for c in self.covered):
+                self.ro(p)
+
+    def code(self, folder: Path, hidden: list[Path]) -> None:
+        """``folder`` read-only, minus ``hidden`` paths: its entries are bound one by one, and an
+        entry that is (or holds) a hidden path is left out whole."""
+        folder = folder.resolve()
+        hide = [h.resolve() for h in hidden]
+        if any(folder.is_relative_to(h) for h in hide):
+            return  # all of it is hidden (a dataset path of "."): nothing to bind
+        if any(folder.is_relative_to(c) for c in self.covered):  # inside a system folder: cover the hidden paths
+            for h in hide:
+                if h.exists() and h.is_relative_to(folder):
+                    self.args += ["--tmpfs", str(h)] if h.is_dir() else ["--ro-bind", "/dev/null", str(h)]
+            return
+        self.args += ["--dir", str(folder)]
+        for entry in sorted(folder.iterdir()):
+            e = entry.resolve() if entry.is_symlink() else entry
+            if any(h == entry or h.is_relative_to(entry) or h == e or h.is_relative_to(e) for h in hide):
+                continue
+            self.ro(e, entry)
+        self.covered.append(folder)
+
+
+def clean_env(session: dict[str, str], source: dict[str, str] | None = None) -> dict[str, str]:
+    """The sandbox's whole environment: the allow-listed variables of ``source`` (default: this
+    process's environment; PATH with the interpreter's folder first), HOME/TMPDIR/PYTHONUNBUFFERED,
+    then ``session`` (wins)."""
+    src = os.environ if source is None else source
+    env = {k: v for k, v in src.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)}
+    # the launcher's interpreter first: `python3` in a tool call is the same Python as the runtime's
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+    env.update({"HOME": WORKSPACE, "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    env.update(session)
+    return env
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """One session's sandbox: the host workspace, the code folders (each with its hidden paths),
+    single files to bind read-only, the bridge socket on the host, the status pipe's fd, and the
+    limits in bytes (None: none)."""
+
+    workspace: Path
+    code: list[tuple[Path, list[Path]]]
+    files: list[Path]
+    bridge_socket: Path
+    status_fd: int
+    tmp_bytes: int | None
+    rlimits: dict[str, int] = field(default_factory=dict)  # "fsize" / "as" -> bytes, set on the runtime
+
+
+def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
+    """The bwrap command line that runs ``command`` in the sandbox, under the forwarder."""
+    b = Binds()
+    # the private /tmp first: code folders under the host's /tmp are bound on top of it
+    b.args += ["--size", str(spec.tmp_bytes), "--tmpfs", "/tmp"] if spec.tmp_bytes else ["--tmpfs", "/tmp"]
+    b.system()
+    b.interpreter()
+    for folder, hidden in spec.code:
+        b.code(folder, hidden)
+    for f in spec.files:
+        if not any(f.is_relative_to(c) for c in b.covered):
+            b.ro(f)
+    b.args += ["--bind", str(spec.workspace), WORKSPACE]
+    b.ro(spec.bridge_socket, BRIDGE_SOCKET)
+    b.ro(FORWARDER_SOURCE, FORWARDER)
+    return [support.bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev",
+            "--chdir", WORKSPACE, "--", sys.executable, "-I", "-S", FORWARDER, str(GATEWAY_PORT), BRIDGE_SOCKET,
+            str(spec.status_fd), ",".join(f"{k}={v}" for k, v in spec.rlimits.items()) or "-",
+            "--", *command]
+
+
+def inside_url(session_url: str) -> str:
+    """The session URL as a runtime in the sandbox sees it: the same path on the loopback port."""
+    return f"http://127.0.0.1:{GATEWAY_PORT}{urlsplit(session_url).path}"

@@ -1,0 +1,408 @@
+"""Runs one session's runtime the way its env asks: in a bubblewrap sandbox (default) with the
+gateway bridge, the session's cgroups and its limits, or without isolation (``sandbox: none``).
+
+``run_runtime`` never raises for the session's own problems: a sandbox that cannot be set up is an
+outcome with ``setup_failed=True``; a limit exceeded is ``status=error`` naming the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import logging
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import rollout.contract.protocol
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import EnvConfig, EnvConfigError, LimitsConfig, load_env_config
+from rollout.sandbox.bridge import BridgeError, GatewayBridge
+from rollout.sandbox.bwrap import (
+    SandboxSpec,
+    SandboxUnavailable,
+    Support,
+    bwrap_command,
+    clean_env,
+    inside_url,
+    probe,
+)
+from rollout.sandbox.cgroups import SessionCgroup
+from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
+
+MiB = 1024 * 1024
+CODE_ROOT = Path(rollout.contract.protocol.__file__).resolve().parents[2]
+"""The project folder whose ``env/*.py`` and ``rollout/contract/`` runtimes import."""
+CONTRACT = CODE_ROOT / "rollout" / "contract"
+"""The in-sandbox contract, bound read-only as one folder."""
+PUBLIC_ALIASES = ("__init__.py", "protocol.py", "harness.py")
+"""``rollout/`` files bound beside it: the package and the contract's public import paths."""
+
+log = logging.getLogger("rollout.sandbox.runner")
+
+
+@functools.cache
+def sandbox_support() -> Support:
+    """This machine's sandbox support, checked once per process. Raises SandboxUnavailable."""
+    return probe()
+
+
+def effective_mode(cfg: EnvConfig, job_mode: str) -> str:
+    """``none`` when the job or the env opts out of the sandbox, else ``bwrap``."""
+    return "none" if "none" in (job_mode, cfg.runtime.sandbox) else "bwrap"
+
+
+def shared_code() -> list[Path]:
+    """The project files every runtime may import: ``env/*.py`` and the contract's public paths
+    (``rollout.protocol``, ``rollout.harness``); the contract folder itself is ``CONTRACT``."""
+    files = sorted((CODE_ROOT / "env").glob("*.py")) if (CODE_ROOT / "env").is_dir() else []
+    return [*files, *(CODE_ROOT / "rollout" / f for f in PUBLIC_ALIASES)]
+
+
+@dataclass(frozen=True)
+class RuntimeCommand:
+    """A command run instead of the env's runtime (a harness session): ``argv``, the folders it
+    needs read-only at their host paths (``folders``: nothing of the env folder is bound then),
+    and ``env``: variables given to it instead of the env's ``runtime.env`` / ``pass_env``. The
+    env's limits, timeout and sandbox mode still apply."""
+
+    argv: list[str]
+    folders: list[Path] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
+    """(folders with their hidden paths, single files) a runtime's command needs read-only: its
+    env folder, and for each absolute path of an existing *file* in the command (folders never:
+    an argument like ``/`` must not bind the host), the env folder holding it
+    (``<root>/env/<name>/``) or the file itself (the interpreter's files are bound anyway)."""
+    folders: list[tuple[Path, list[Path]]] = [(cfg.env_dir, cfg.hidden_paths())]
+    files: list[Path] = []
+    env_root = CODE_ROOT / "env"
+    for arg in cfg.command():
+        p = Path(arg)
+        if not p.is_absolute() or not p.is_file() or p.resolve().is_relative_to(cfg.env_dir.resolve()):
+            continue
+        p = p.resolve()
+        if any(p.is_relative_to(Path(d).resolve()) for d in (sys.prefix, sys.base_prefix)):
+            continue  # the interpreter: bound anyway
+        if p.is_relative_to(env_root) and p != env_root and len(p.relative_to(env_root).parts) >= 2:
+            folder = env_root / p.relative_to(env_root).parts[0]
+            hidden = [folder / "data", folder / "tasks"]
+            if (folder / "env.yaml").is_file():
+                with contextlib.suppress(EnvConfigError):
+                    hidden += load_env_config(folder / "env.yaml").hidden_paths()
+            folders.append((folder, hidden))
+        else:
+            files.append(p)
+    return folders, files
+
+
+def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
+    """The variables pointing a runtime at its session: ``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``,
+    ``GATEWAY_BASE_URL`` (= ``base_url``) and the API keys (``OPENAI_API_KEY`` of ``extra_env``,
+    default ``sk-rollout-local``, also as ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``)."""
+    key = extra_env.get("OPENAI_API_KEY", "sk-rollout-local")
+    return {"OPENAI_BASE_URL": base_url, "ANTHROPIC_BASE_URL": base_url, "GATEWAY_BASE_URL": base_url,
+            "OPENAI_API_KEY": key, "ANTHROPIC_API_KEY": extra_env.get("ANTHROPIC_API_KEY", key),
+            "GATEWAY_API_KEY": key}
+
+
+ENTRY_BYTES = 4096
+"""The least one workspace entry counts (one file-system block): empty files, links and folders
+use inodes and blocks too, so a flood of them reaches the disk limit."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
+class DiskUse(NamedTuple):
+    """What a workspace holds: ``bytes`` (each entry its size or allocated blocks, whichever is
+    larger, at least :data:`ENTRY_BYTES`) and ``entries`` (files, folders, links, ...)."""
+
+    bytes: int
+    entries: int
+
+
+class _Over(Exception):
+    """The walk went past a limit: it stops there."""
+
+
+def disk_used(folder: Path, stop_above: int | None = None, max_entries: int | None = None) -> DiskUse:
+    """What ``folder`` holds (:class:`DiskUse`; ``folder`` itself not counted). The walk goes
+    through directory file descriptors, one name at a time (``openat`` with ``O_NOFOLLOW``): it
+    never follows a link and never fails on depth (no path is ever longer than one name), so a
+    tree deeper than ``PATH_MAX`` counts in full. It holds one descriptor at a time: up through
+    ``..``, checked to be the folder it came from (when a runtime moved it meanwhile, that part
+    is reached again from the top, by name). It stops once ``bytes`` is above ``stop_above`` or
+    ``entries`` above ``max_entries``. Entries that vanish while it walks are skipped; anything
+    else it cannot read (a folder made unreadable) raises OSError: what it holds cannot be told."""
+    total = [0, 0]
+
+    def scan(fd: int) -> list[str]:
+        subdirs = []
+        with os.scandir(fd) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # gone meanwhile
+                size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+                total[0] += max(size, st.st_blocks * 512, ENTRY_BYTES)
+                total[1] += 1
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(e.name)
+                if (stop_above is not None and total[0] > stop_above) or \
+                        (max_entries is not None and total[1] > max_entries):
+                    raise _Over
+        return subdirs
+
+    def ident(fd: int) -> tuple[int, int]:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+
+    root = os.open(folder, _DIR_FLAGS)
+    fd = os.dup(root)
+    try:
+        levels = [(ident(fd), scan(fd))]  # per level down from the top: (its identity, subfolders left)
+        names: list[str] = []  # the path of the current folder, one name per level
+        while levels:
+            if levels[-1][1]:
+                name = levels[-1][1].pop()
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in _GONE:
+                        continue  # gone, or replaced by a link or a file: its entry is counted already
+                    raise OSError(e.errno, f"{e.strerror}: folder {'/'.join([*names, name])!r}") from None
+                os.close(fd)
+                fd = child
+                names.append(name)
+                levels.append((ident(fd), scan(fd)))
+                continue
+            levels.pop()
+            if not levels:
+                break
+            names.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            if ident(fd) != levels[-1][0]:  # moved while walked: reach it again from the top
+                os.close(fd)
+                fd = _reopen(root, names, [lv[0] for lv in levels])
+                if fd < 0:  # gone: what is left of it is not counted this time
+                    fd = os.dup(root)
+                    del levels[1:], names[:]
+    except _Over:
+        pass
+    finally:
+        os.close(fd)
+        os.close(root)
+    return DiskUse(total[0], total[1])
+
+
+def _reopen(root: int, names: list[str], idents: list[tuple[int, int]]) -> int:
+    """A descriptor of ``root``/``names``... opened one name at a time, each folder checked against
+    ``idents`` (the top's first); -1 when one is gone or is another folder now."""
+    fd = os.dup(root)
+    for name, want in zip(names, idents[1:], strict=True):
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return -1
+        os.close(fd)
+        fd = child
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != want:
+            os.close(fd)
+            return -1
+    return fd
+
+
+def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str, str] | None] | None:
+    """The workspace's disk and file-count limits as a blocking check (None without either)."""
+    if limits.disk_mb is None and limits.max_files is None:
+        return None
+    cap = limits.disk_mb * MiB if limits.disk_mb is not None else None
+
+    def check() -> tuple[str, str] | None:
+        try:
+            use = disk_used(workspace, cap, limits.max_files)
+        except OSError as e:
+            return "disk", f"disk limit: the workspace cannot be measured ({e.strerror or e})"
+        if cap is not None and use.bytes > cap:
+            return "disk", f"disk limit exceeded: the workspace holds more than {limits.disk_mb} MiB"
+        if limits.max_files is not None and use.entries > limits.max_files:
+            return "files", (f"file limit exceeded: the workspace holds more than {limits.max_files} "
+                             "files, folders and links")
+        return None
+    return check
+
+
+def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
+    """The disk check in a thread, none while the workspace is empty (nothing to add up)."""
+    disk = _disk_check(workspace, limits)
+    if disk is None:
+        return None
+
+    async def monitor() -> tuple[str, str] | None:
+        return None if _empty(workspace) else await asyncio.to_thread(disk)
+    return monitor
+
+
+def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Monitor:
+    disk = _disk_check(workspace, limits)
+
+    def check() -> tuple[str, str] | None:
+        hit = cg.exceeded()
+        if hit == "memory":
+            return "memory", (f"memory limit exceeded: the session used more than {limits.memory_mb} MiB "
+                              "(the kernel killed a process)")
+        if hit == "processes":
+            return "processes", (f"process limit exceeded: the session tried to run more than "
+                                 f"{limits.processes} processes/threads at once")
+        return disk() if disk else None
+
+    async def monitor() -> tuple[str, str] | None:
+        return await asyncio.to_thread(check)
+    return monitor
+
+
+def _output_limit(limits: LimitsConfig) -> int | None:
+    return limits.output_mb * MiB if limits.output_mb is not None else None
+
+
+async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
+                      extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
+                      stderr_log: Path | None = None) -> RuntimeRun:
+    """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
+    env says ``none``), or ``command`` instead (a harness session) under the same limits. Its
+    variables: ``pass_env`` names copied from this process, then the env's ``runtime.env`` (with
+    ``command``: its ``env`` instead of both), then ``extra_env`` (the scheduler's: the gateway key
+    as ``OPENAI_API_KEY``), then the session's (``session_env``). ``stderr_log``: a host file that
+    keeps the runtime's whole stderr. The workspace is left as the runtime left it: graders only
+    ever read a copy of it as data (``rollout.grading``). Never raises except CancelledError."""
+    return await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log)
+
+
+async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
+                       extra_env: dict[str, str], job_mode: str, command: RuntimeCommand | None,
+                       stderr_log: Path | None) -> RuntimeRun:
+    own = command.env if command is not None else {
+        **{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env}
+    extra = {**own, **extra_env}
+    limits = cfg.runtime.limits
+    argv = command.argv if command is not None else cfg.command()
+    if effective_mode(cfg, job_mode) == "none":
+        t0 = time.monotonic()
+        env = {**extra, **session_env(request.gateway_base_url, extra)}
+        try:
+            out = await run_local(argv, request, workspace, cfg.runtime.timeout_s, env,
+                                  output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
+                                  stderr_log=stderr_log)
+        except OSError as e:
+            out = RuntimeRun(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
+                                 error_text=f"cannot start runtime {argv[:3]}: {e}")
+        return out.model_copy(update={"sandbox": "none"})
+    out = await _run_sandboxed(cfg, request, workspace, extra, command, stderr_log)
+    return out.model_copy(update={"sandbox": "bwrap"})
+
+
+def _empty(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing (then no thread is needed to measure it); False when it
+    cannot be listed (the check in the thread reports that)."""
+    try:
+        with os.scandir(folder) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
+
+
+def _setup_failed(t0: float, why: str) -> RuntimeRun:
+    return RuntimeRun(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
+                          error_text=f"sandbox setup failed: {why}")
+
+
+async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
+                         extra: dict[str, str], command: RuntimeCommand | None,
+                         stderr_log: Path | None) -> RuntimeRun:
+    t0 = time.monotonic()
+    limits = cfg.runtime.limits
+    try:
+        support = sandbox_support()
+    except SandboxUnavailable as e:
+        return _setup_failed(t0, str(e))
+    sid = request.session_id
+    cg = SessionCgroup(support.memory, support.pids,
+                       limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes)
+    scratch: Path | None = None
+    status_r = status_w = -1
+    bridge: GatewayBridge | None = None
+    try:
+        try:
+            scratch = Path(tempfile.mkdtemp(prefix="rollout-sbx-"))  # the bridge's socket: short path, not shared
+            status_r, status_w = os.pipe()
+            os.set_blocking(status_r, False)
+            await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
+            bridge = await GatewayBridge(scratch / "gw.sock", request.gateway_base_url).__aenter__()
+        except (OSError, BridgeError) as e:
+            return _setup_failed(t0, f"{type(e).__name__}: {e}")
+        rlimits = {"core": 0}
+        if limits.disk_mb is not None:
+            rlimits["fsize"] = limits.disk_mb * MiB + 1  # a file that reached this tried to go past the limit
+        if limits.memory_mb is not None and support.memory is None:
+            rlimits["as"] = limits.memory_mb * MiB
+        folders, files = code_folders(cfg) if command is None else ([(f, []) for f in command.folders], [])
+        spec = SandboxSpec(workspace=workspace, code=[(CONTRACT, []), *folders], files=[*shared_code(), *files],
+                           bridge_socket=bridge.socket_path, status_fd=status_w,
+                           tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits)
+        argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
+        argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
+        url = inside_url(request.gateway_base_url)
+        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **session_env(url, extra)})
+        try:
+            out = await run_local(argv, request.model_copy(update={"gateway_base_url": url}), workspace,
+                                  cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
+                                  output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits),
+                                  stderr_log=stderr_log)
+        except OSError as e:
+            return _setup_failed(t0, f"cannot start bwrap: {e}")
+        started = _read_status(status_r)
+        if started != "started" and out.status != "timeout":
+            why = started.removeprefix("error: ") if started else (out.stderr_tail.strip()[-500:] or
+                                                                   f"exit code {out.returncode}")
+            return out.model_copy(update={"status": "error", "setup_failed": True, "result": None,
+                                          "limit_exceeded": None, "error_text": f"sandbox setup failed: {why}"})
+        if bridge.unreachable is not None:
+            return out.model_copy(update={"gateway_unreachable": (
+                f"the gateway bridge could not reach the gateway ({bridge.connect_failures} failed "
+                f"connection(s), the last: {bridge.unreachable})")})
+        return out
+    finally:
+        if bridge is not None:
+            await bridge.__aexit__(None, None, None)
+        await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _read_status(fd: int) -> str:
+    """The first line the forwarder wrote on the status pipe (``started`` or ``error: ...``):
+    anything after it is not the forwarder's."""
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip().split("\n", 1)[0].strip()
+    except BlockingIOError:
+        return ""

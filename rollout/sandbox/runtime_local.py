@@ -1,0 +1,291 @@
+"""The ``local`` runtime backend: one subprocess per session, in its own temporary workspace.
+
+The runtime gets the ``SimulationStartRequest`` JSON on stdin and must print a
+``SimulationStartResult`` JSON line last and exit 0 (a runtime that exits otherwise printed no
+result, whatever its last line says). It runs in a new process group (``start_new_session``)
+so that a timeout or Ctrl-C kills it and every child it started (``killpg(SIGKILL)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from rollout.contract.protocol import SimulationStartRequest, SimulationStartResult, model_json
+
+log = logging.getLogger(__name__)
+WITHHELD_ENV = frozenset({"GATEWAY_ADMIN_KEY"})
+"""Variables of the launcher's environment a runtime never inherits: the gateway's admin key
+(``rollout.jobs.services.GATEWAY_ADMIN_KEY_ENV``) is the launcher's alone."""
+_TAIL = 4000
+_STDOUT_KEEP = 8 * 1024 * 1024
+_STDERR_KEEP = 64 * 1024
+_PIPE_GRACE_S = 2.0
+_WATCH_EVERY_S = 0.25
+
+Monitor = Callable[[], Awaitable[tuple[str, str] | None]]
+"""Awaited while a runtime runs and once after it exits (its file or cgroup reads in a thread
+when it has any to do): ``(limit, reason)`` when the session went over one of its limits (e.g.
+``("disk", "disk limit exceeded: ...")``), else None."""
+
+
+class RuntimeRun(BaseModel):
+    """What running a runtime gave. ``status``: the result's status, ``timeout`` when the session
+    timeout killed it, or ``error`` when it printed no valid result (crash, bad JSON, no status,
+    an exit code other than 0, killed by a signal not the launcher's).
+    ``duration_s`` is wall-clock seconds; the ``*_tail`` fields hold the last 4000 characters.
+    ``setup_failed``: the runtime never started (command not found, sandbox setup failed): an
+    infrastructure failure, not something the agent did. ``limit_exceeded``: the limit that ended
+    the session (memory | processes | output | disk | files), status ``error``. ``sandbox``: ``bwrap`` or
+    ``none`` (None when unknown). ``node_lost``: the Ray node running it died or left the cluster
+    (``--mode ray``): an infrastructure failure. ``gateway_unreachable``: why the gateway bridge's
+    last connection to the gateway failed (None when it did not). ``setup_failed``, ``node_lost``,
+    ``limit_exceeded``, ``gateway_unreachable`` and a ``timeout`` status are the launcher's own
+    observations; ``result`` is the runtime's words (docs/trust-model.md)."""
+
+    status: Literal["succeeded", "failed", "truncated", "timeout", "error"]
+    result: SimulationStartResult | None = None
+    error_text: str | None = None
+    returncode: int | None = None
+    duration_s: float
+    setup_failed: bool = False
+    limit_exceeded: str | None = None
+    sandbox: str | None = None
+    node_lost: bool = False
+    gateway_unreachable: str | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+@contextlib.contextmanager
+def pidfd_child_watcher() -> Iterator[None]:
+    """On Python 3.11 (Linux), wait for the runtimes' exits with pid file descriptors on the
+    running loop instead of the default watcher's one thread per subprocess (Python 3.12 does
+    this by itself); the previous watcher is back afterwards. Elsewhere a no-op."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open") or not hasattr(asyncio, "PidfdChildWatcher"):
+        yield
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # a kernel without pidfds (before 5.3)
+        yield
+        return
+    old = asyncio.get_child_watcher()
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.set_child_watcher(watcher)
+    try:
+        yield
+    finally:
+        asyncio.set_child_watcher(old)
+        watcher.close()
+
+
+def parse_result(stdout: str) -> SimulationStartResult:
+    """The last non-empty stdout line as a SimulationStartResult. Lines end at ``\n`` only: JSON
+    may hold U+2028, U+2029 or U+0085 unescaped (pydantic's ``model_dump_json`` does), which
+    ``str.splitlines`` would take for line ends.
+
+    Raises ValueError when that line is not a JSON object or lacks a valid ``status`` (such output
+    is a failed session, never a success)."""
+    lines = [ln for ln in stdout.split("\n") if ln.strip()]
+    if not lines:
+        raise ValueError("runtime printed nothing on stdout")
+    last = lines[-1].strip()
+    try:
+        obj = json.loads(last)
+    except ValueError:
+        raise ValueError(f"last stdout line is not JSON: {last[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"last stdout line is not a JSON object: {last[:200]!r}")
+    try:
+        return SimulationStartResult.model_validate(obj)
+    except ValidationError as e:
+        raise ValueError(f"last stdout line is not a SimulationStartResult: {e.errors()[0]['msg']} "
+                         f"at {'.'.join(map(str, e.errors()[0]['loc']))}") from None
+
+
+def exit_reason(returncode: int | None) -> str:
+    """How a runtime process ended, in words: a signal for a negative code (a direct child) or
+    128 + N (the sandbox's forwarder reports a runtime killed by signal N so)."""
+    if returncode is not None and returncode < 0:
+        return f"the runtime was killed by signal {-returncode} (not by the launcher)"
+    if returncode is not None and 128 < returncode < 128 + 65:
+        return f"the runtime exited with code {returncode} (killed by signal {returncode - 128}, not by the launcher)"
+    return f"the runtime exited with code {returncode}"
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
+    try:
+        stdin.write(payload)
+        await stdin.drain()
+        stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the runtime did not read its request: its result will say so
+
+
+async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int, total: list[int],
+                copy: BinaryIO | None = None, read: Callable[[], None] | None = None) -> None:
+    """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes (and all of it
+    in ``copy`` when given); adds the bytes read to ``total[0]`` and calls ``read()`` after each chunk."""
+    while chunk := await stream.read(65536):
+        total[0] += len(chunk)
+        if copy is not None:
+            copy.write(chunk)
+        keep += chunk
+        if len(keep) > 2 * limit:
+            del keep[:-limit]
+        if read is not None:
+            read()
+
+
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol of a ``Process``, plus ``wake``: set when the process exits (its pipes
+    may stay open: a background child can hold them) and by whoever else needs ``_exited`` to
+    look again."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)  # asyncio's default stream limit
+        self.wake = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.wake.set()
+
+
+async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output: list[int], output_limit: int | None,
+                  monitor: Monitor | None) -> tuple[str, str] | None:
+    """Wait until the process has exited (None), or a limit is exceeded (``(limit, reason)``),
+    woken by ``wake`` (the exit, more output) and every 0.25 s for ``monitor``. (On Python 3.11,
+    ``Process.wait()`` also waits until every pipe is closed, which a background child holding
+    stdout can delay for ever.)"""
+    next_check = time.monotonic() + _WATCH_EVERY_S
+    while proc.returncode is None:
+        if output_limit is not None and output[0] > output_limit:
+            return "output", f"output limit exceeded: more than {output_limit} bytes of stdout + stderr"
+        if monitor is not None and time.monotonic() >= next_check:
+            if over := await monitor():
+                return over
+            next_check = time.monotonic() + _WATCH_EVERY_S
+            continue  # the process may have exited meanwhile
+        wake.clear()
+        try:
+            async with asyncio.timeout(max(0.0, next_check - time.monotonic()) if monitor is not None else None):
+                await wake.wait()
+        except TimeoutError:
+            pass
+    return None
+
+
+async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
+                    extra_env: dict[str, str] | None = None, *, env: dict[str, str] | None = None,
+                    pass_fds: tuple[int, ...] = (), output_limit: int | None = None,
+                    monitor: Monitor | None = None, stderr_log: Path | None = None) -> RuntimeRun:
+    """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
+
+    The session ends when the runtime process exits (not when its pipes close: a background
+    child it left behind does not hold the session open); its process group is then killed.
+    Only the last 8 MiB of stdout and 64 KiB of stderr are kept in memory.
+    ``env`` given: the process's whole environment; else this process's (less
+    :data:`WITHHELD_ENV`) plus ``extra_env``.
+    ``output_limit`` (bytes of stdout + stderr) and ``monitor`` (see ``Monitor``) end the session
+    as ``error`` with ``limit_exceeded`` set when exceeded. ``stderr_log``: a file that gets the
+    whole of stderr (folders created; appended to).
+    Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
+    the process group. Raises OSError when the command cannot be started at all.
+    """
+    if env is None:
+        env = {**{k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}, "PYTHONUNBUFFERED": "1",
+               **(extra_env or {})}
+        env.setdefault("OPENAI_API_KEY", "sk-rollout-local")
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        copy: BinaryIO | None = None
+        if stderr_log is not None:
+            stderr_log.parent.mkdir(parents=True, exist_ok=True)
+            copy = stack.enter_context(stderr_log.open("ab", buffering=0))  # a live log: tail -f works
+        return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0)
+
+
+async def _run(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
+               env: dict[str, str], pass_fds: tuple[int, ...], output_limit: int | None, monitor: Monitor | None,
+               copy: BinaryIO | None, t0: float) -> RuntimeRun:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _Protocol(loop), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True, pass_fds=pass_fds,
+    )
+    proc = asyncio.subprocess.Process(transport, protocol, loop)  # what create_subprocess_exec makes
+    wake = protocol.wake
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out_b, err_b, total = bytearray(), bytearray(), [0]
+
+    def read() -> None:
+        if output_limit is not None and total[0] > output_limit:
+            wake.set()
+
+    tasks = [asyncio.create_task(_feed(proc.stdin, model_json(request).encode() + b"\n")),
+             asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total, read=read)),
+             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total, copy, read=read))]
+    over: tuple[str, str] | None = None
+    try:
+        over = await asyncio.wait_for(_exited(proc, wake, total, output_limit, monitor), timeout=timeout_s)
+        if over is None and monitor is not None:
+            over = await monitor()  # a limit hit just before the exit
+    except TimeoutError:
+        _kill_group(proc)
+        await _exited(proc, wake, total, None, None)
+        return RuntimeRun(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
+                              returncode=proc.returncode, duration_s=time.monotonic() - t0)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        _kill_group(proc)  # the runtime if still running, and children it left behind (pipes close)
+        _, pending = await asyncio.wait(tasks, timeout=_PIPE_GRACE_S)
+        for t in pending:  # a child that left the process group may still hold a pipe
+            t.cancel()
+    dt = time.monotonic() - t0
+    out = out_b[-_STDOUT_KEEP:].decode("utf-8", "replace")
+    err = err_b[-_STDERR_KEEP:].decode("utf-8", "replace")
+    done = RuntimeRun(status="error", duration_s=dt, stdout_tail=out[-_TAIL:], stderr_tail=err[-_TAIL:],
+                          returncode=proc.returncode)
+    if over is not None:
+        if proc.returncode is None:
+            await _exited(proc, wake, total, None, None)
+        return done.model_copy(update={"limit_exceeded": over[0], "error_text": over[1],
+                                       "returncode": proc.returncode})
+    if proc.returncode != 0:
+        why = exit_reason(proc.returncode) + ": its output is not a result"
+        if err.strip():
+            why += f"; stderr: {err.strip()[-500:]}"
+        return done.model_copy(update={"error_text": why})
+    try:
+        result = parse_result(out)
+    except ValueError as e:
+        why = f"{e} (exit code {proc.returncode})"
+        if err.strip():
+            why += f"; stderr: {err.strip()[-500:]}"
+        return done.model_copy(update={"error_text": why})
+    if result.session_id != request.session_id:
+        why = f"result is for session {result.session_id}, not {request.session_id}"
+        return done.model_copy(update={"result": result, "error_text": why})
+    return done.model_copy(update={"status": result.status, "result": result, "error_text": result.error_text})

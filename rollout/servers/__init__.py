@@ -1,0 +1,1 @@
+"""The launcher's own HTTP servers: the feed, the viewer, ``serve``."""

@@ -1,0 +1,245 @@
+"""``launcher.py export``: a job's groups as JSONL, Parquet or the OpenAI fine-tuning chat format,
+one row per session or per step, with the feed's fields (docs/feed.md, "Export").
+
+Parquet (pyarrow, the ``export`` extra) has a fixed schema: ``messages`` and ``tool_calls`` are
+JSON text (their shapes vary between protocols and turns); token ids, masks and logprobs are
+lists. Groups are read and written in batches, so memory stays flat whatever the job's size.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rollout.servers.feed.groups import GroupOptions, load_groups
+from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep
+from store.feed import FeedQueries
+from wire.text import display_text, json_text
+
+Format = Literal["jsonl", "parquet", "openai"]
+Per = Literal["session", "step"]
+BATCH_GROUPS = 64
+STEP_RENAMES = {"model": "step_model", "status": "step_status"}
+"""Step fields renamed in per-step rows, where the session has a field of the same name."""
+
+
+class ExportError(RuntimeError):
+    """The export cannot be written (unknown job, pyarrow missing); the message says what to do."""
+
+
+@dataclass
+class ExportResult:
+    """Rows written, samples left out by reason, and the output file."""
+
+    path: Path
+    rows: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+def _group_fields(g: FeedGroupOut) -> dict[str, Any]:
+    return {"job_id": g.job_id, "group_id": g.group_id, "cursor": g.cursor, "env": g.env, "case_id": g.case_id,
+            "model": g.model, "harness": g.harness, "group_trainable": g.trainable, "group_flags": g.flags,
+            "group_n_samples": g.n_samples, "group_n_valid": g.n_valid, "group_mean_score": g.mean_score,
+            "group_std_score": g.std_score, "advantage_normalize": g.advantage.normalize}
+
+
+def _sample_fields(s: FeedSample) -> dict[str, Any]:
+    return {"session_id": s.session_id, "sample_index": s.sample_index, "status": s.status, "outcome": s.outcome,
+            "attempts": s.attempts, "score": s.score, "eval_status": s.eval_status, "eval_reason": s.eval_reason,
+            "error": s.error, "valid": s.valid, "invalid_reason": s.invalid_reason, "advantage": s.advantage,
+            "policy_versions": s.policy_versions, "mixed_policy": s.mixed_policy}
+
+
+def _step_fields(st: FeedStep) -> dict[str, Any]:
+    return st.model_dump()
+
+
+def _openai_example(st: FeedStep, request: Any) -> dict[str, Any] | str:
+    """One OpenAI fine-tuning chat example: the step's conversation and its answer (with the
+    request's ``tools``); a reason string when the step cannot be one."""
+    if st.endpoint != "chat.completions":
+        return f"endpoint {st.endpoint}: the OpenAI chat format needs chat completions steps"
+    answer: dict[str, Any] = {"role": "assistant", "content": st.content}
+    if st.tool_calls:
+        answer["tool_calls"] = st.tool_calls
+    example: dict[str, Any] = {"messages": [*(st.messages or []), answer]}
+    if isinstance(request, dict) and isinstance(request.get("tools"), list):
+        example["tools"] = request["tools"]
+    return example
+
+
+class _Writer:
+    """Rows to a temporary file beside ``path``, moved over it by ``close(keep=True)``; a failed
+    export leaves ``path`` as it was."""
+
+    def __init__(self, path: Path, fmt: Format, per: Per) -> None:
+        self.path, self.fmt, self.per = path, fmt, per
+        self._rows: list[dict[str, Any]] = []
+        self._pq: Any = None
+        self._schema: Any = None
+        if fmt == "parquet":
+            try:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+            except ModuleNotFoundError as e:
+                raise ExportError("--format parquet needs pyarrow: pip install 'rollout-factory[export]' "
+                                  "(or pip install pyarrow)") from e
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        if fmt == "parquet":
+            self._schema = parquet_schema(pa, per)
+            self._pq = pq.ParquetWriter(tmp, self._schema)
+            self._pa = pa
+            self._file = None
+        else:
+            self._file = self._tmp.open("w", encoding="utf-8")
+
+    def add(self, row: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json_text(row) + "\n")
+            return
+        self._rows.append(_utf8_strings(_flatten_for_parquet(row)))
+        if len(self._rows) >= 512:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pq is not None and self._rows:
+            self._pq.write_table(self._pa.Table.from_pylist(self._rows, schema=self._schema))
+            self._rows = []
+
+    def close(self, keep: bool) -> None:
+        try:
+            if self._file is not None:
+                self._file.close()
+            else:
+                if keep:
+                    self.flush()
+                self._pq.close()
+            if keep:
+                os.chmod(self._tmp, 0o644)
+                os.replace(self._tmp, self.path)
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+
+def _json_text(v: Any) -> str | None:
+    return None if v is None else json_text(v)
+
+
+def _utf8_strings(v: Any) -> Any:
+    """``v`` with each string made UTF-8 (a lone surrogate replaced by U+FFFD): a Parquet string
+    is UTF-8 only (JSON-valued columns keep theirs as escapes, by :func:`_json_text`)."""
+    if isinstance(v, str):
+        return display_text(v)
+    if isinstance(v, dict):
+        return {k: _utf8_strings(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_utf8_strings(x) for x in v]
+    return v
+
+
+def _flatten_step(st: dict[str, Any]) -> dict[str, Any]:
+    return {**st, "messages": _json_text(st.get("messages")), "tool_calls": _json_text(st.get("tool_calls"))}
+
+
+def _flatten_for_parquet(row: dict[str, Any]) -> dict[str, Any]:
+    if "steps" in row:
+        return {**row, "steps": [_flatten_step(s) for s in row["steps"] or []]}
+    return _flatten_step(row)
+
+
+def parquet_schema(pa: Any, per: Per) -> Any:
+    """The Parquet schema of an export (``pa`` is the pyarrow module)."""
+    ints, floats = pa.list_(pa.int64()), pa.list_(pa.float64())
+    group = [("job_id", pa.string()), ("group_id", pa.string()), ("cursor", pa.int64()), ("env", pa.string()),
+             ("case_id", pa.string()), ("model", pa.string()), ("harness", pa.string()),
+             ("group_trainable", pa.bool_()), ("group_flags", pa.list_(pa.string())),
+             ("group_n_samples", pa.int64()), ("group_n_valid", pa.int64()), ("group_mean_score", pa.float64()),
+             ("group_std_score", pa.float64()), ("advantage_normalize", pa.string())]
+    sample = [("session_id", pa.string()), ("sample_index", pa.int64()), ("status", pa.string()),
+              ("outcome", pa.string()), ("attempts", pa.int64()), ("score", pa.float64()),
+              ("eval_status", pa.string()), ("eval_reason", pa.string()), ("error", pa.string()),
+              ("valid", pa.bool_()), ("invalid_reason", pa.string()), ("advantage", pa.float64()),
+              ("policy_versions", ints), ("mixed_policy", pa.bool_())]
+    step = [("seq", pa.int64()), ("step_id", pa.int64()), ("model", pa.string()), ("endpoint", pa.string()),
+            ("status", pa.string()), ("is_trainable", pa.bool_()), ("finish_reason", pa.string()),
+            ("messages", pa.string()), ("content", pa.string()), ("reasoning", pa.string()),
+            ("tool_calls", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+            ("prompt_token_ids", ints), ("completion_token_ids", ints), ("completion_logprobs", floats),
+            ("policy_version", pa.int64()), ("extends_prefix", pa.bool_())]
+    if per == "step":
+        return pa.schema([*group, *sample, *[(STEP_RENAMES.get(n, n), t) for n, t in step]])
+    sequence = pa.struct([("steps", ints), ("token_ids", ints), ("mask", pa.list_(pa.int8())),
+                          ("logprobs", floats), ("policy_versions", ints)])
+    return pa.schema([*group, *sample, ("steps", pa.list_(pa.struct(step))), ("sequences", pa.list_(sequence))])
+
+
+def _rows(g: FeedGroupOut, raw: dict[str, list[dict[str, Any]]], fmt: Format, per: Per, only_trainable: bool,
+          min_score: float | None, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    for s in g.samples:
+        if only_trainable and not g.trainable:
+            skipped["group not trainable (" + ", ".join(g.flags) + ")"] += 1
+            continue
+        if only_trainable and not s.valid:
+            skipped[f"invalid sample: {s.invalid_reason}"] += 1
+            continue
+        if min_score is not None and (s.score is None or s.score < min_score):
+            skipped[f"score below {min_score:g} or none"] += 1
+            continue
+        steps = s.steps or []
+        if fmt == "openai":
+            requests = {r["seq"]: r.get("request") for r in raw.get(s.session_id, [])}
+            chosen = [st for st in steps if st.is_trainable and st.status == "ok"]
+            if per == "session":
+                chosen = chosen[-1:]
+            if not chosen:
+                skipped["no successful model call"] += 1
+            for st in chosen:
+                ex = _openai_example(st, requests.get(st.seq))
+                if isinstance(ex, str):
+                    skipped[ex] += 1
+                else:
+                    yield ex
+            continue
+        head = {**_group_fields(g), **_sample_fields(s)}
+        if per == "session":
+            yield {**head, "steps": [_step_fields(st) for st in steps],
+                   "sequences": [q.model_dump() for q in s.sequences or []]}
+        else:
+            for st in steps:
+                yield {**head, **{STEP_RENAMES.get(k, k): v for k, v in _step_fields(st).items()}}
+
+
+async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, *, per: Per = "session",
+                     only_trainable: bool = False, min_score: float | None = None,
+                     opts: GroupOptions | None = None) -> ExportResult:
+    """Write every group of ``job_id`` to ``out``; raises ExportError for an unknown job or a
+    missing pyarrow. Groups not ready yet are exported too, flagged ``incomplete``."""
+    opts = opts or GroupOptions()
+    gids = await queries.group_ids(job_id)
+    if not gids:
+        raise ExportError(f"no job {job_id!r} in this store")
+    entries = await queries.ready_entries(job_id)
+    result = ExportResult(path=out)
+    writer = _Writer(out, fmt, per)
+    done = False
+    try:
+        for i in range(0, len(gids), BATCH_GROUPS):
+            batch = gids[i:i + BATCH_GROUPS]
+            built = await load_groups(queries, job_id, [entries.get(g) for g in batch], batch, opts,
+                                      with_request=fmt == "openai")
+            for g, raw in built:
+                for row in _rows(g, raw, fmt, per, only_trainable, min_score, result.skipped):
+                    writer.add(row)
+                    result.rows += 1
+        done = True
+    finally:
+        writer.close(keep=done)
+    return result

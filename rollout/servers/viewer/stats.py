@@ -1,0 +1,144 @@
+"""Job-wide numbers for the viewer and the report: the summary table and pass@k over k (the
+launcher's own ``rollout.results.report.summarize`` on light records of the store's rows, so the numbers
+are the terminal's), two jobs compared per case (counted in SQL), and the hidden fields of each
+env (what the runtime was not shown).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout.core.envs import EnvConfigError, discover_envs, load_cases
+from rollout.results.report import SessionRecord, SummaryRow, summarize
+
+log = logging.getLogger(__name__)
+
+
+Counts = dict[str, Any]
+"""A row of :mod:`store.queries` (``summary_rows``, ``case_outcomes``)."""
+
+
+def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:
+    """Light ``SessionRecord``s (no trajectory, no usage) of
+    :meth:`store.queries.ViewerQueries.summary_rows`, for ``rollout.results.report.summarize``. A
+    session with more than one attempt is ``retried``; ``outcome`` is passed on when the store
+    has it, and ``harness`` (a record type without these fields ignores them)."""
+    return [SessionRecord.model_validate({
+        "session_id": r["env_id"], "job_id": r["job_id"], "env_name": r["env_name"], "case_id": r["case_id"],
+        "group_id": r["group_id"], "model": r["llm_model"], "sample_index": r["sample_index"], "status": r["status"],
+        "score": r["reward"], "eval_status": r["eval_status"], "duration_s": r["duration_s"],
+        "outcome": r.get("outcome"), "harness": r.get("harness"), "retried": int(r["attempts"] or 0) > 1})
+        for r in rows]
+
+
+def row_key(row: SummaryRow) -> tuple[str, str]:
+    """(env, model) of a summary row, the model shown as ``harness · model`` for a harness row."""
+    return row.env_name, row.model if row.harness is None else f"{row.harness} · {row.model}"
+
+
+def summary(records: Sequence[SessionRecord]) -> list[SummaryRow]:
+    """The launcher's own summary table of these records (``rollout.results.report.summarize``), so the
+    viewer and the report show the numbers the terminal printed."""
+    return summarize(list(records))
+
+
+def pass_curves(records: Sequence[SessionRecord]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """pass@k for k = 1 .. the summary's k (the fewest samples of any case), per ``row_key``, each
+    point as ``rollout.results.report.summarize(records, k=k)`` computes it (the unbiased estimator per
+    case, averaged over cases). An (env, model) with nothing evaluated is left out."""
+    out: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for row in summarize(list(records)):
+        points: list[tuple[int, float]] = []
+        for k in range(1, row.k + 1):
+            value = (row if k == row.k else _row_at(records, row, k)).pass_at_k
+            if value is not None:
+                points.append((k, value))
+        if points:
+            out[row_key(row)] = points
+    return out
+
+
+def _row_at(records: Sequence[SessionRecord], row: SummaryRow, k: int) -> SummaryRow:
+    mine = [r for r in records if (r.env_name, r.model, r.harness) == (row.env_name, row.model, row.harness)]
+    return summarize(mine, k=k)[0]
+
+
+CaseTally = tuple[int, int, float | None]
+"""(samples, passing samples, mean score of the scored samples or None)."""
+
+
+@dataclass
+class CaseDelta:
+    """One case in two jobs: its :data:`CaseTally` in A and in B (None: that job did not run it)."""
+
+    env_name: str
+    case_id: str
+    a: CaseTally | None
+    b: CaseTally | None
+
+    @property
+    def delta(self) -> float | None:
+        """Mean score of B minus mean score of A (None when either has no score)."""
+        if self.a is None or self.b is None or self.a[2] is None or self.b[2] is None:
+            return None
+        return self.b[2] - self.a[2]
+
+
+def _by_case(cases: Sequence[Counts]) -> dict[tuple[str, str], CaseTally]:
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
+    for c in cases:
+        a = acc[(c["env_name"], c["case_id"])]
+        a[0] += int(c["n"])
+        a[1] += int(c["passes"])
+        a[2] += int(c["scored"])
+        a[3] += float(c["score_sum"] or 0.0)
+    return {key: (int(n), int(p), s / sc if sc else None) for key, (n, p, sc, s) in acc.items()}
+
+
+def compare_cases(a_cases: Sequence[Counts], b_cases: Sequence[Counts]) -> list[CaseDelta]:
+    """Per (env, case) of either job: its outcome in A and in B, the largest change of mean score
+    first (then cases without a score in one of them, e.g. run by one job only). Models are merged:
+    compare jobs on one model each, or one model on two jobs."""
+    a, b = _by_case(a_cases), _by_case(b_cases)
+    deltas = [CaseDelta(env, case, a.get((env, case)), b.get((env, case))) for env, case in sorted(a.keys() | b.keys())]
+    deltas.sort(key=lambda d: (d.delta is None, -abs(d.delta or 0.0), d.env_name, d.case_id))
+    return deltas
+
+
+class HiddenFields:
+    """The hidden fields of each env (``env.yaml`` ``dataset.hidden_fields``, plus what a task-folder
+    dataset always hides), read from the env configs under ``agent_root``. ``of(env)`` is None
+    for an env whose config is not there: the caller must then show no case row as the agent's."""
+
+    def __init__(self, agent_root: Path) -> None:
+        self.agent_root = agent_root
+        self._by_env: dict[str, list[str] | None] | None = None
+
+    def _load(self) -> dict[str, list[str] | None]:
+        found: dict[str, list[str] | None] = {}
+        try:
+            configs = discover_envs(self.agent_root)
+        except EnvConfigError as e:
+            log.warning("viewer: no env configs under %s (%s): case rows are shown only to the evaluator's view",
+                        self.agent_root, e)
+            return found
+        for cfg in configs:
+            try:
+                cases = load_cases(cfg, 1)
+            except EnvConfigError as e:
+                log.warning("viewer: env %s: cannot read its cases (%s): hidden fields unknown", cfg.name, e)
+                found[cfg.name] = None
+                continue
+            found[cfg.name] = list(cases[0].hidden_fields) if cases else None
+        return found
+
+    def of(self, env_name: str) -> list[str] | None:
+        """The hidden field names of ``env_name``, or None when unknown."""
+        if self._by_env is None:
+            self._by_env = self._load()
+        return self._by_env.get(env_name)

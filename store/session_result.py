@@ -1,0 +1,66 @@
+"""``SessionResult``: how one session ended, the one typed value every end of a session builds.
+
+The launcher builds it (a graded session, an infrastructure failure, a retry that could not start,
+a launcher error), ``Store.finish_job_session`` writes it, and ``SessionResult.of_row`` reads it back
+for the JSONL, the report, the feed and the viewer. Its fields are the ``job_environments``
+columns a finished session sets (docs/storage.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.models import JobEnvironment
+
+FinalStatus = Literal["succeeded", "failed", "truncated", "timeout", "error", "cancelled"]
+"""A finished session's ``status``: the runtime's status, ``error`` when the launcher could not run it."""
+
+
+class SessionResult(BaseModel):
+    """The end of one session.
+
+    ``status``: see ``FinalStatus``; ``outcome``: how its last attempt ended (a task outcome or an
+    infrastructure failure class, docs/outcomes.md); ``attempts``: attempts started; ``error``: why
+    the runtime or the launcher failed; ``runtime_result``: the runtime's result line (its words,
+    never trusted for the outcome); ``sandbox``: how the runtime ran (``bwrap`` | ``none``);
+    ``reward``: the committed score 0..10, None when not graded; ``eval_status`` / ``eval_reason`` /
+    ``eval_detail``: the evaluation (``eval_detail`` keeps ``raw_repr``, ``artifacts`` and the grader's
+    ``isolation``); ``evaluation``: the whole evaluation, written into the last step's
+    ``meta_json["evaluation"]``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: FinalStatus
+    outcome: str | None = None
+    attempts: int = 0
+    error: str | None = None
+    duration_s: float | None = None
+    runtime_result: dict[str, Any] | None = None
+    sandbox: str | None = None
+    reward: float | None = None
+    eval_status: str | None = None
+    eval_reason: str | None = None
+    eval_detail: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = Field(default=None, exclude=True)
+
+    @property
+    def grader_isolation(self) -> str | None:
+        """Where the evaluator ran (``bwrap`` | ``none``), None when none ran."""
+        return (self.eval_detail or {}).get("isolation")
+
+    def columns(self) -> dict[str, Any]:
+        """The ``job_environments`` columns this result sets (``finished``/``finished_at`` aside)."""
+        return {"status": self.status, "outcome": self.outcome, "attempts": self.attempts,
+                "error_text": self.error, "duration_s": self.duration_s, "result": self.runtime_result,
+                "sandbox": self.sandbox, "reward": self.reward, "eval_status": self.eval_status,
+                "eval_reason": self.eval_reason, "eval_detail": self.eval_detail}
+
+    @classmethod
+    def of_row(cls, row: JobEnvironment) -> SessionResult:
+        """The result a finished ``job_environments`` row holds."""
+        return cls(status=row.status, outcome=row.outcome, attempts=row.attempts,  # type: ignore[arg-type]
+                   error=row.error_text, duration_s=row.duration_s, runtime_result=row.result,
+                   sandbox=row.sandbox, reward=row.reward, eval_status=row.eval_status,
+                   eval_reason=row.eval_reason, eval_detail=row.eval_detail)
