@@ -102,20 +102,18 @@ def _markers(item: pytest.Item, function: str, module: str) -> set[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the tests of the slow tiers (:data:`FIXTURE_MARKERS`, :data:`LISTED`); every test of
     a tier in :data:`TIER_MARKERS` is ``slow`` too."""
-    listed = {name for names in LISTED.values() for name in names}
-    seen: set[str] = set()
-    modules: set[str] = set()
+    modules: dict[str, object] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
         function = item.nodeid.split("[")[0]
-        modules.add(module)
-        seen |= {module, function}
+        modules[module] = getattr(item, "module", None)
         for marker in _markers(item, function, module):
             item.add_marker(marker)
         if any(item.get_closest_marker(m) for m in TIER_MARKERS):
             item.add_marker("slow")
-    stale = sorted(n for n in listed - seen
-                   if not (config.rootpath / n.split("::")[0]).is_file() or ("::" in n and n.split("::")[0] in modules))
+    listed = {name for names in LISTED.values() for name in names}
+    stale = sorted(n for n in listed if not (config.rootpath / n.split("::")[0]).is_file() or (
+        "::" in n and n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]], n.split("::")[1])))
     if stale:
         raise pytest.UsageError(f"tests/conftest.py lists tests that do not exist: {', '.join(stale)}")
 
