@@ -73,6 +73,9 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_harbor_tasks.py::test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the_verdict",
         "tests/rollout/test_grading_sandbox.py::test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_scores_0",
     ),
+    ("slow", "trains a model with TRL (torch and transformers load)"): (
+        "tests/train/test_adapters.py::test_trls_grpo_trainer_trains_on_the_rollout_output",
+    ),
     ("e2e", "starts the local model's server (llama.cpp, the embedded model)"): (
         "tests/gateway/test_count_tokens_llama.py",
     ),
