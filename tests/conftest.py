@@ -14,7 +14,7 @@ FIXTURE_MARKERS = {"pg_server": "postgres", "ray_cluster": "ray", "browser": "br
 """A test that takes one of these fixtures gets that marker (the PostgreSQL instance of
 ``store_url`` gets ``postgres`` too)."""
 
-TIER_MARKERS = ("e2e", "harness", "postgres", "ray", "browser")
+TIER_MARKERS = ("e2e", "harness", "audit", "train", "postgres", "ray", "browser")
 """A test with any of these markers is also ``slow``: outside ``make test-fast``."""
 
 LISTED: dict[tuple[str, str], tuple[str, ...]] = {

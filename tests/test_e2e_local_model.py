@@ -6,6 +6,7 @@ whatever the model earned: the test checks the grading is consistent, never a pa
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sqlite3
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from env.bash_agent import TEXT_SYSTEM_PROMPT
+from store import SessionStep, Store
 
 pytestmark = pytest.mark.e2e
 
@@ -24,9 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _llama_servers_in(folder: Path) -> list[int]:
-    """Pids of llama.cpp servers running in ``folder`` (the launcher's working directory), so that
-    servers other test runs on the machine started do not count."""
-    p = subprocess.run(["pgrep", "-f", "llama_cpp.server"], capture_output=True, text=True)
+    """Pids of local model servers (llama.cpp's, or the token server the default route runs)
+    running in ``folder`` (the launcher's working directory), so that servers other test runs on
+    the machine started do not count."""
+    p = subprocess.run(["pgrep", "-f", r"llama_cpp\.server|rollout\.cli\.token_server"], capture_output=True, text=True)
     pids = []
     for pid in map(int, p.stdout.split()):
         try:
@@ -35,6 +38,20 @@ def _llama_servers_in(folder: Path) -> list[int]:
         except OSError:  # it exited meanwhile
             continue
     return pids
+
+
+async def _steps(db: Path) -> list[SessionStep]:
+    """Every recorded step, read through the Store (token ids are stored packed)."""
+    con = sqlite3.connect(db)
+    try:
+        session_ids = [sid for (sid,) in con.execute("SELECT DISTINCT session_id FROM session_steps")]
+    finally:
+        con.close()
+    store = Store(f"sqlite://{db}")
+    try:
+        return [s for sid in session_ids for s in await store.trajectory(sid)]
+    finally:
+        await store.close()
 
 
 def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
@@ -80,6 +97,15 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
             assert r["score"] in (0.0, 10.0)
             assert (r["score"] == 10.0) == r["reason"].startswith("all "), r["reason"]
             assert (r["score"] == 10.0) <= (r["status"] == "succeeded")
+
+    # every step of the default job carries the exact tokens (the local route captures them)
+    steps = asyncio.run(_steps(db))
+    assert len(steps) == sum(r["step_count"] for r in records)
+    for step in steps:
+        assert step.prompt_token_ids and step.completion_token_ids, step.session_id
+        assert step.completion_logprobs is not None and len(step.completion_logprobs) == len(step.completion_token_ids)
+        assert step.prompt_tokens == len(step.prompt_token_ids)
+        assert step.completion_tokens == len(step.completion_token_ids)
 
     con = sqlite3.connect(db)
     try:

@@ -82,19 +82,11 @@ def numbers_equal(a: str, b: str) -> bool:
     return math.isclose(float(x), float(y), rel_tol=REL_TOL)
 
 
-def _model_answer(request: Any, trajectory: Any) -> tuple[str | None, str | None]:
-    """(answer, source): from ``trajectory.final_response``, else the runtime's extracted_answer."""
-    found = extract_answer(getattr(trajectory, "final_response", None) or "")
-    if found is not None:
-        return found, "final_response"
-    start_result = getattr(request, "start_result", None)
-    metrics = getattr(start_result, "metrics", None) or {}
-    raw = metrics.get("extracted_answer")
-    if raw is not None:
-        found = normalize_number(str(raw))
-        if found is not None:
-            return found, "runtime_metrics"
-    return None, None
+def _model_answer(trajectory: Any) -> str | None:
+    """The answer in the model's last reply as the gateway recorded it (``trajectory.final_response``).
+    The runtime's result line (its ``metrics``) is never read: it is the agent's words, not the model's
+    recorded answer."""
+    return extract_answer(getattr(trajectory, "final_response", None) or "")
 
 
 def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
@@ -102,12 +94,12 @@ def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
 
     ``request.env_params["dataset"]["answer"]`` is the GSM8K answer text ending in ``#### N``.
     Returns ``{"score": 10 | 0, "reason": "expected N, got M", "artifacts": {"expected", "got",
-    "source"}}``. An empty trajectory with no runtime result scores 0 with a reason.
+    "source"}}``. A trajectory without a number in its last reply scores 0 with a reason.
     Raises ValueError when the case's answer is malformed (no ``#### <number>``).
     """
     expected = reference_answer(request.env_params["dataset"]["answer"])
-    got, source = _model_answer(request, trajectory)
-    artifacts = {"expected": expected, "got": got, "source": source}
+    got = _model_answer(trajectory)
+    artifacts = {"expected": expected, "got": got, "source": "final_response" if got is not None else None}
     if got is None:
         steps = len(getattr(trajectory, "steps", None) or [])
         return {"score": 0, "reason": f"expected {expected}, got no number ({steps} steps)", "artifacts": artifacts}

@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code. ``view`` and ``report`` as the first argument run
     the trajectory viewer and the HTML report (``rollout.cli.viewer``); ``feed``, ``export`` and
     ``serve`` the feed of ready groups, the export of a job and the long-running mode
-    (``rollout.cli.feed``)."""
+    (``rollout.cli.feed``); ``audit`` the battery of scripted attacks (``rollout.cli.audit``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in VIEWER_COMMANDS:
         from rollout.cli.viewer import main as viewer_main
@@ -331,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         from rollout.cli.feed import main as feed_main
 
         return feed_main(argv)
+    if argv and argv[0] == "audit":
+        from rollout.cli.audit import main as audit_main
+
+        return audit_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.regrade:
         return regrade_main(args)

@@ -83,13 +83,18 @@ class Harness:
     unavailable (then, without an answer, the result claims ``upstream_unavailable``; the attempt is
     retried only when the gateway's record shows the outage, docs/outcomes.md).
     ``uses_solution``: the harness runs the task's reference solution (the ``oracle``), which is
-    then bound read-only into its sandbox (never into any other harness's)."""
+    then bound read-only into its sandbox (never into any other harness's).
+    ``runtime``: a file of the harness folder that speaks the runtime contract itself (reads the
+    start request on stdin, prints the result line): run as the session's runtime instead of the
+    wrapper (``launch`` is not called), on any env, seeing what the env's own runtime sees (a
+    scripted attack of ``launcher.py audit``, docs/audit.md)."""
 
     name: str = ""
     protocol: Protocol = "chat_completions"
     version: str = "0"
     unavailable_exit_codes: frozenset[int] = frozenset()
     uses_solution: bool = False
+    runtime: str | None = None
 
     def install(self, cache_dir: Path) -> None:
         """Install once per machine into ``cache_dir`` (empty, owned by us). Raise
@@ -127,6 +132,9 @@ def load_harness_file(path: Path) -> Harness:
         raise HarnessUnavailable(f"{path}: HARNESS.protocol {h.protocol!r} is not one of {', '.join(PROTOCOLS)}")
     if not NAME_PATTERN.match(str(h.version)):
         raise HarnessUnavailable(f"{path}: HARNESS.version {h.version!r} must be letters, digits, - _ . (max 64)")
+    if h.runtime is not None and (Path(h.runtime).is_absolute() or ".." in Path(h.runtime).parts
+                                  or not (path.parent / h.runtime).is_file()):
+        raise HarnessUnavailable(f"{path}: HARNESS.runtime {h.runtime!r} must name a file of the harness folder")
     return h
 
 

@@ -82,6 +82,7 @@ class JobOptions(BaseModel):
     agent_root: Path = Path("env")
     agent_configs: list[Path] = Field(default_factory=list)
     env_names: list[str] = Field(default_factory=list)
+    case_ids: list[str] = Field(default_factory=list)  # only these case ids (of any env); empty: all
     gateway_base_url: str | None = None
     gateway_config: Path
     llm_model: list[str] = Field(default_factory=list)
@@ -162,8 +163,9 @@ TASK_FORMATS = ("task_dirs", "harbor")
 
 
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
-    """The env configs and their cases, filtered by ``env_names`` and ``limit``. Raises SetupError
-    for bad configs, unknown env names, two envs with the same name and a runtime command naming
+    """The env configs and their cases, filtered by ``env_names``, ``limit`` and ``case_ids`` (an
+    env left without a case is left out). Raises SetupError
+    for bad configs, unknown env names or case ids, two envs with the same name and a runtime command naming
     a file of the env folder that does not exist. With ``env_names``, an env folder of the agent
     root that does not load is skipped with a warning when the envs asked for are all found."""
     try:
@@ -191,7 +193,14 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
             if absent := c.missing_runtime_files():
                 raise SetupError(f"env {c.name} ({c.config_path}): runtime.command names {absent[0]}, "
                                  "which does not exist")
-        return [(c, load_cases(c, opts.limit)) for c in configs]
+        envs = [(c, load_cases(c, opts.limit)) for c in configs]
+        if opts.case_ids:
+            envs = [(c, [k for k in cases if k.case_id in opts.case_ids]) for c, cases in envs]
+            missing = set(opts.case_ids) - {k.case_id for _, cases in envs for k in cases}
+            if missing:
+                raise SetupError(f"--case: no such case {sorted(missing)} in the selected envs")
+            envs = [(c, cases) for c, cases in envs if cases]
+        return envs
     except EnvConfigError as e:
         raise SetupError(str(e)) from e
 
@@ -360,8 +369,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     SetupError naming the one running it."""
     envs = load_envs(opts)
     loaded = load_harnesses(opts.harness)
-    if loaded and not opts.resume:
-        envs = harness_envs(envs)
+    if any(h.harness.runtime is None for h in loaded.values()) and not opts.resume:
+        envs = harness_envs(envs)  # the wrapper needs an instruction; a harness's own runtime runs any env
     check_sandbox(opts, [cfg for cfg, _ in envs], probe=opts.mode == "local")
     gw_settings = load_gateway_settings(opts.gateway_config)
     default = gw_settings.route_for_default()

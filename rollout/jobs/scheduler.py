@@ -585,7 +585,8 @@ class Scheduler:
 
     def _harness_command(self, row: JobEnvironment, attempt: int,
                          case: Case) -> tuple[RuntimeCommand | None, Path | None]:
-        """For a harness row: the wrapper's command (the harness and install folders bound
+        """For a harness row: the wrapper's command, or the harness's own runtime (with the env's
+        code, as the env's runtime sees it) (the harness and install folders bound
         read-only, and the task's solution folder for a harness that uses it: the oracle) and the
         host file that keeps its log; (None, None) for the env's own runtime."""
         if row.harness is None:
@@ -594,7 +595,8 @@ class Scheduler:
         solution = [Path(case.solution_dir)] if h.uses_solution and case.solution_dir else []
         command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir, *solution],
                                  env={"PYTHONPATH": str(CODE_ROOT),
-                                      **({SOLUTION_ENV: str(solution[0])} if solution else {})})
+                                      **({SOLUTION_ENV: str(solution[0])} if solution else {})},
+                                 env_code=h.runtime is not None)  # its own runtime sees what the env's would
         log = (self.s.log_dir.resolve() / "harness" / f"{row.session_id}-a{attempt}.log") if self.s.log_dir else None
         return command, log
 

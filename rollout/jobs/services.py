@@ -156,18 +156,28 @@ def _install_hint(what: str) -> str:
 
 
 async def start_llama_server(managed: ManagedServer, log_dir: Path) -> ChildProcess:
-    """Start ``python -m llama_cpp.server`` for a managed route and wait until ``/v1/models``
-    answers. Returns the child; its ``url`` is the route's new ``base_url`` (ends in ``/v1``)."""
+    """Start the managed route's llama.cpp server (``kind: llama_cpp``: ``python -m
+    llama_cpp.server``; ``llama_cpp_tokens``: ``python -m rollout.cli.token_server``, which returns
+    exact token ids) and wait until ``/v1/models`` answers. Returns the child; its ``url`` is the
+    route's new ``base_url`` (ends in ``/v1``)."""
     if importlib.util.find_spec("llama_cpp") is None:
         raise ServiceError(_install_hint("llama-cpp-python is not installed"))
     gguf = find_gguf(managed)
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", str(managed.n_ctx)]
-    if managed.n_threads:
-        cmd += ["--n_threads", str(managed.n_threads)]
-    if managed.chat_format:
-        cmd += ["--chat_format", managed.chat_format]
+    if managed.kind == "llama_cpp_tokens":
+        if managed.chat_format:
+            raise ServiceError("managed kind llama_cpp_tokens takes no chat_format (the GGUF's chat template is used)")
+        cmd = [sys.executable, "-m", "rollout.cli.token_server", "--model", str(gguf), "--host", "127.0.0.1",
+               "--port", str(port), "--n-ctx", str(managed.n_ctx)]
+        if managed.n_threads:
+            cmd += ["--n-threads", str(managed.n_threads)]
+    else:
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+               "--port", str(port), "--n_ctx", str(managed.n_ctx)]
+        if managed.n_threads:
+            cmd += ["--n_threads", str(managed.n_threads)]
+        if managed.chat_format:
+            cmd += ["--chat_format", managed.chat_format]
     cmd += managed.extra_args
     url = f"http://127.0.0.1:{port}/v1"
     child = _spawn("llama_server", cmd, log_dir, url)

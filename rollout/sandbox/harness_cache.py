@@ -138,8 +138,9 @@ def _make_readable(folder: Path) -> None:
 
 
 class InstalledHarness(BaseModel):
-    """A harness ready for sessions (host side): its name, folder and install folder, and whether
-    it uses the task's reference solution (``Harness.uses_solution``)."""
+    """A harness ready for sessions (host side): its name, folder and install folder, whether
+    it uses the task's reference solution (``Harness.uses_solution``) and its own runtime file
+    (``Harness.runtime``, None: the wrapper runs it)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -147,9 +148,13 @@ class InstalledHarness(BaseModel):
     folder: Path
     install_dir: Path
     uses_solution: bool = False
+    runtime: Path | None = None
 
     def argv(self) -> list[str]:
-        """The runtime command of its sessions: the wrapper ``rollout.contract.harness_runtime``."""
+        """The runtime command of its sessions: the wrapper ``rollout.contract.harness_runtime``,
+        or the harness's own runtime file."""
+        if self.runtime is not None:
+            return [sys.executable, str(self.runtime)]
         return [sys.executable, "-m", "rollout.contract.harness_runtime", str(self.folder), str(self.install_dir)]
 
 
@@ -157,4 +162,5 @@ def install(loaded: LoadedHarness, root: Path | None = None) -> InstalledHarness
     """``ensure_installed`` for a found harness. Raises HarnessUnavailable."""
     return InstalledHarness(name=loaded.name, folder=loaded.folder,
                             install_dir=ensure_installed(loaded.harness, root),
-                            uses_solution=loaded.harness.uses_solution)
+                            uses_solution=loaded.harness.uses_solution,
+                            runtime=loaded.folder / loaded.harness.runtime if loaded.harness.runtime else None)

@@ -72,13 +72,15 @@ def shared_code() -> list[Path]:
 @dataclass(frozen=True)
 class RuntimeCommand:
     """A command run instead of the env's runtime (a harness session): ``argv``, the folders it
-    needs read-only at their host paths (``folders``: nothing of the env folder is bound then),
-    and ``env``: variables given to it instead of the env's ``runtime.env`` / ``pass_env``. The
-    env's limits, timeout and sandbox mode still apply."""
+    needs read-only at their host paths (``folders``: nothing of the env folder is bound then,
+    unless ``env_code``: the env's code folders too, hidden paths hidden, as its own runtime sees
+    them), and ``env``: variables given to it instead of the env's ``runtime.env`` /
+    ``pass_env``. The env's limits, timeout and sandbox mode still apply."""
 
     argv: list[str]
     folders: list[Path] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    env_code: bool = False
 
 
 def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
@@ -362,7 +364,9 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
             rlimits["fsize"] = limits.disk_mb * MiB + 1  # a file that reached this tried to go past the limit
         if limits.memory_mb is not None and support.memory is None:
             rlimits["as"] = limits.memory_mb * MiB
-        folders, files = code_folders(cfg) if command is None else ([(f, []) for f in command.folders], [])
+        folders, files = code_folders(cfg) if command is None or command.env_code else ([], [])
+        if command is not None:
+            folders = [*folders, *((f, []) for f in command.folders)]
         spec = SandboxSpec(workspace=workspace, code=[(CONTRACT, []), *folders], files=[*shared_code(), *files],
                            bridge_socket=bridge.socket_path, status_fd=status_w,
                            tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits)

@@ -82,10 +82,13 @@ def test_empty_trajectory_and_no_runtime_result_score_0() -> None:
                       "artifacts": {"expected": "18", "got": None, "source": None}}
 
 
-def test_falls_back_to_the_runtime_extracted_answer() -> None:
-    start = SimulationStartResult(session_id="sess-1", status="succeeded", metrics={"extracted_answer": "18"})
+def test_the_runtimes_claimed_answer_is_never_graded() -> None:
+    # the result line is the agent's words: a right answer claimed there without the model saying it scores 0
+    start = SimulationStartResult(session_id="sess-1", status="succeeded",
+                                  metrics={"extracted_answer": "18", "completion_text": "#### 18"})
     result = _evaluate(ROW, start_result=start)
-    assert (result["score"], result["artifacts"]["source"]) == (10, "runtime_metrics")
+    assert result == {"score": 0, "reason": "expected 18, got no number (0 steps)",
+                      "artifacts": {"expected": "18", "got": None, "source": None}}
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import functools
 import os
 import tempfile
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -147,11 +148,13 @@ def _cut(text: str, n: int) -> str:
 
 
 async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str = DEFAULT_VIEWER_URL,
-                       inline_js: bool = True, plotly_src: str = VIEWER_PLOTLY_SRC) -> str:
+                       inline_js: bool = True, plotly_src: str = VIEWER_PLOTLY_SRC,
+                       sections: Sequence[str] = ()) -> str:
     """The report of ``job_id`` as one HTML document. ``viewer_url`` prefixes the links into the
     viewer ("" for links relative to a viewer serving the page); ``inline_js`` inlines plotly.js
     (a self-contained document, ~4.8 MB) instead of loading it from ``plotly_src`` (a URL, or a
-    path relative to the document). Raises ViewerError for an unknown job."""
+    path relative to the document). ``sections``: HTML fragments, already escaped, put before the
+    summary (the audit's). Raises ViewerError for an unknown job."""
     job = await queries.job(job_id)
     if job is None:
         raise ViewerError(f"no job {job_id!r} in this store")
@@ -163,22 +166,23 @@ async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str =
     return templates().get_template("report.html").render(
         job=job, summary=summary(records), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
         plotly_js=plotly_js() if inline_js else None, plotly_src=plotly_src, worst=await queries.worst_sessions(job_id, 10),
-        generated=datetime.now(UTC))
+        generated=datetime.now(UTC), sections=list(sections))
 
 
 async def write_report(db_url: str, job_id: str, out: Path, *, viewer_url: str = DEFAULT_VIEWER_URL,
-                       self_contained: bool = False) -> Path:
+                       self_contained: bool = False, sections: Sequence[str] = ()) -> Path:
     """Write the report of ``job_id`` in the store at ``db_url`` to ``out`` (atomically: a reader
     sees the old file or the whole new one), and plotly.js beside it once (``write_plotly_beside``:
     the report loads it by a relative path, so the folder works offline and can be moved whole);
-    ``self_contained``: plotly.js inlined instead, nothing beside. Raises ViewerError (the store
+    ``self_contained``: plotly.js inlined instead, nothing beside; ``sections``: as ``build_report``.
+    Raises ViewerError (the store
     cannot be read, or has no such job; or ``out`` cannot be a file: ``output_path_problem``)."""
     if (problem := output_path_problem(Path(out), "report.html")) is not None:
         raise ViewerError(f"cannot write the report: {problem}")
     engine, queries = await open_queries(db_url)
     try:
         html = await build_report(queries, job_id, viewer_url=viewer_url, inline_js=self_contained,
-                                  plotly_src=plotly_file_name())
+                                  plotly_src=plotly_file_name(), sections=sections)
     finally:
         await engine.dispose()
     out = Path(out)
