@@ -6,12 +6,11 @@ compares :func:`gateway.count_tokens.estimate_tokens` with the SmolLM2 tokenizer
 the embedded model, vocabulary only) on the same text the ``llama_cpp`` method sends. Prints the
 mean ratio estimate/real, its spread and the mean absolute error in tokens.
 
-    python benchmarks/count_tokens_estimate.py [--n 500]
+    ROLLOUT_TEST_DATA=DIR python benchmarks/count_tokens_estimate.py [--n 500] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -19,13 +18,15 @@ import statistics
 import sys
 from pathlib import Path
 
+import _bench
+
 from gateway.count_tokens import conversation, estimate_tokens
 
 SYSTEM = "You are a careful math tutor. Think step by step, then give the final answer after ####."
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _bench.parser(__doc__, quick={"n": 20})
     ap.add_argument("--n", type=int, default=500, help="questions to count")
     args = ap.parse_args()
     data = os.environ.get("ROLLOUT_TEST_DATA")
@@ -41,6 +42,7 @@ def main() -> int:
     gguf = next(p for loc in spec.submodule_search_locations for p in sorted(Path(loc).glob("*.gguf")))
     tok = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
     lines = (Path(data) / "gsm8k" / "test.jsonl").read_text().splitlines()[: args.n]
+    report = _bench.Report("count_tokens_estimate", args)
     ratios, errors = [], []
     for line in lines:
         body = {"system": SYSTEM, "messages": [{"role": "user", "content": json.loads(line)["question"]}]}
@@ -49,10 +51,13 @@ def main() -> int:
         est = estimate_tokens(body)
         ratios.append(est / real)
         errors.append(abs(est - real))
-    q = statistics.quantiles(ratios, n=20)
-    print(f"{len(ratios)} GSM8K questions, SmolLM2 tokenizer vs the estimate (characters/4 + 3 per message)")
-    print(f"estimate/real: mean {statistics.mean(ratios):.3f}, 5th pct {q[0]:.3f}, 95th pct {q[-1]:.3f}")
-    print(f"mean absolute error: {statistics.mean(errors):.1f} tokens")
+    table = _bench.Table("GSM8K questions: the estimate (characters/4 + 3 per message) / the SmolLM2 tokenizer",
+                         ["questions", ("mean ratio", ".3f"), ("5th pct", ".3f"), ("95th pct", ".3f"),
+                          ("mean abs error (tokens)", ".1f")])
+    table.add(len(ratios), statistics.mean(ratios), _bench.percentile(ratios, 5), _bench.percentile(ratios, 95),
+              statistics.mean(errors))
+    report.table(table)
+    report.finish()
     return 0
 
 

@@ -14,16 +14,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-HOST = "127.0.0.1"
+from _bench import HOST, free_port, wait_http
+
 PLAIN_PREFIX = "/n/v1"   # base_url path of the non-streaming route
 STREAM_PREFIX = "/s/v1"  # base_url path of the streaming route
 CHAT_PATH = "/chat/completions"
@@ -71,34 +69,6 @@ STREAM_BODY: bytes = (
     b"".join(b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in _sse_chunks())
     + b"data: [DONE]\n\n"
 )
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface (bound then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[Any] | None = None,
-              method: str = "GET", body: bytes | None = None) -> None:
-    """Poll ``url`` until it answers 2xx, at most ``timeout_s`` seconds. Raises RuntimeError when
-    ``proc`` exits first or the time runs out."""
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with code {proc.returncode} before {url} answered")
-        try:
-            req = urllib.request.Request(url, data=body, method=method,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                if 200 <= r.status < 300:
-                    return
-        except OSError as e:
-            last = e
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s (last error: {last})")
 
 
 def _nginx_string(body: bytes) -> str:

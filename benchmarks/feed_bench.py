@@ -1,6 +1,6 @@
 """How fast the feed serves a 10,000-session job, and with how much memory.
 
-    python benchmarks/feed_bench.py [--sessions 10000] [--group-size 8] [--steps 3] [--limit 50]
+    python benchmarks/feed_bench.py [--sessions 10000] [--group-size 8] [--steps 3] [--limit 50] [--quick] [--json PATH]
 
 Builds a temporary SQLite store through the store's own write paths: ``add_job_sessions``, the
 gateway's ``write_batch`` for ``--steps`` steps per session (a growing conversation; token ids and
@@ -15,7 +15,6 @@ finally ``launcher.py export`` to JSONL and Parquet with their time and peak mem
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
@@ -27,17 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _bench
+
 from rollout.servers.feed.client import FeedClient
 from store import JobEnvironment, SessionResult, SessionStep, Store
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _vm(pid: int, key: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def build(db: Path, sessions: int, group: int, steps: int) -> tuple[float, float]:
@@ -106,48 +100,54 @@ def read_all(url: str, view: str, limit: int) -> tuple[int, int, int, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = _bench.parser(__doc__, quick={"sessions": 400})
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--limit", type=int, default=50)
     args = ap.parse_args()
+    report = _bench.Report("feed_bench", args)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "feed.db"
         built_s, per_finish = asyncio.run(build(db, args.sessions, args.group_size, args.steps))
-        print(f"store: {args.sessions} sessions x {args.steps} steps, groups of {args.group_size}; built in "
-              f"{built_s:.1f} s; {db.stat().st_size / 2**20:.0f} MiB; finish_job_session with the readiness "
-              f"check: {per_finish * 1e3:.2f} ms per session")
+        report.value("finish_job_session_ms", per_finish * 1e3)
+        report.line(f"store: {args.sessions} sessions x {args.steps} steps, groups of {args.group_size}; built in "
+                    f"{built_s:.1f} s; {db.stat().st_size / 2**20:.0f} MiB; finish_job_session with the readiness "
+                    f"check: {per_finish * 1e3:.2f} ms per session")
         feed = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}",
                                  "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+        table = _bench.Table(f"reading every group from cursor 0, pages of {args.limit}",
+                             ["view", "groups", ("groups/s", ",.0f"), ("sessions/s", ",.0f"), ("MB/s", ".1f"),
+                              ("KB/group", ".1f"), ("feed RSS peak MiB", ".0f")])
         try:
             assert feed.stdout is not None
             url = feed.stdout.readline().split()[2].rstrip("/")
             with FeedClient(url) as c:
                 prog = c.progress("big")
-            rss0 = _vm(feed.pid, "VmRSS")
-            print(f"feed: {prog.groups_ready} groups ready of {prog.groups}; resident {rss0:.0f} MiB at start")
-            print(f"{'view':<7} {'groups':>7} {'groups/s':>9} {'sessions/s':>11} {'MB/s':>7} {'KB/group':>9} "
-                  f"{'RSS peak MiB':>13}")
+            report.line(f"feed: {prog.groups_ready} groups ready of {prog.groups}; resident "
+                        f"{_bench.proc_mib(feed.pid):.0f} MiB at start")
             for view in ("scores", "tokens", "full"):
                 n, s, size, dt = read_all(url, view, args.limit)
-                print(f"{view:<7} {n:>7} {n / dt:>9.0f} {s / dt:>11.0f} {size / dt / 1e6:>7.1f} "
-                      f"{size / max(n, 1) / 1e3:>9.1f} {_vm(feed.pid, 'VmHWM'):>13.0f}")
+                table.add(view, n, n / dt, s / dt, size / dt / 1e6, size / max(n, 1) / 1e3,
+                          _bench.proc_mib(feed.pid, "VmHWM"))
         finally:
             feed.terminate()
             feed.wait()
+        report.table(table)
+        exports = _bench.Table("launcher.py export", ["format", ("sessions/s", ",.0f"), ("seconds", ".1f"),
+                                                      ("MiB", ".0f"), ("largest child peak RSS MiB", ".0f")])
         for fmt in ("jsonl", "parquet"):
             out = Path(tmp) / f"export.{fmt}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
-                            "--job-id", "big", "--format", fmt, "--out", str(out)], check=True, env=env,
-                           stdout=subprocess.DEVNULL)
-            dt = time.perf_counter() - t0
+            with _bench.timed() as t:
+                subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
+                                "--job-id", "big", "--format", fmt, "--out", str(out)], check=True, env=env,
+                               stdout=subprocess.DEVNULL)
             peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            print(f"export {fmt}: {args.sessions / dt:.0f} sessions/s ({dt:.1f} s), {out.stat().st_size / 2**20:.0f} MiB, "
-                  f"peak RSS of the largest child so far {max(peak, before) / 1024:.0f} MiB")
+            exports.add(fmt, args.sessions / t.wall_s, t.wall_s, out.stat().st_size / 2**20, max(peak, before) / 1024)
+        report.table(exports)
+    report.finish()
     return 0
 
 

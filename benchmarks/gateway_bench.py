@@ -1,6 +1,6 @@
 """Gateway overhead benchmark: direct-to-upstream vs through the gateway, in one run.
 
-    python benchmarks/gateway_bench.py [--duration 10] [--concurrency 1 64] [--profile DIR]
+    python benchmarks/gateway_bench.py [--duration 10] [--concurrency 1 64] [--profile DIR] [--quick] [--json PATH]
     PYTHONPATH=. python benchmarks/gateway_bench.py --scale-out   # SQLite vs PostgreSQL, 1 vs 2 gateways
 
 Runs nginx as the upstream (``fake_upstream_fast.py``), the gateway as a black box
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import shutil
 import signal
@@ -30,15 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fake_upstream_fast import (  # a sibling script: benchmarks/ is a folder of scripts, not a package
-    CHAT_PATH,
-    HOST,
-    FakeUpstream,
-    free_port,
-    nginx_binary,
-    start_upstream,
-    wait_http,
-)
+import _bench  # sibling modules: benchmarks/ is a folder of scripts, not a package
+from _bench import HOST, free_port, wait_http
+from fake_upstream_fast import CHAT_PATH, FakeUpstream, nginx_binary, start_upstream
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -58,6 +51,12 @@ def request_body(mode: str) -> bytes:
     if mode == "stream":
         body["stream"] = True
     return json.dumps(body).encode()
+
+
+def session_paths(mode: str, n: int) -> list[str]:
+    """The gateway's session paths of ``n`` session ids for ``mode``: a session is bound to the route
+    of its first call, so each mode has its own sessions."""
+    return [f"/v1/sessions/bench-{mode}-{i:03d}{CHAT_PATH}" for i in range(n)]
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -263,31 +262,16 @@ async def _py_load(base: str, paths: list[str], body: bytes, stream: bool, concu
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as sess:
         await asyncio.gather(*(worker(sess, k) for k in range(concurrency)))
-    lat.sort()
     res.errors = dict(errors)
     res.window_s = t_stop - t0
     if lat:
         res.mean_ms = sum(lat) / len(lat)
-        res.p50_ms = lat[int(0.50 * (len(lat) - 1))]
-        res.p99_ms = lat[int(0.99 * (len(lat) - 1))]
-        res.max_ms = lat[-1]
+        res.p50_ms, res.p99_ms = _bench.percentile(lat, 50), _bench.percentile(lat, 99)
+        res.max_ms = max(lat)
     return res
 
 
 # ------------------------------------------------------------------------------------- processes
-
-def _proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and all its threads (from /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _host_cpu() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine (from /proc/stat)."""
-    vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = vals[3] + vals[4]
-    return float(sum(vals) - idle), float(sum(vals))
-
 
 class Server:
     """A Python server subprocess (gateway or reference proxy) on a loopback port."""
@@ -438,12 +422,7 @@ def summarize_profile(raw: Path, top: int = 10) -> str:
     subsystems: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, n_s = line.rpartition(" ")
-        if not stack or not n_s.isdigit():
-            continue
-        n = int(n_s)
-        frames = stack.split(";")
+    for frames, n in _bench.collapsed_stacks(raw):
         thread = frames[0] if frames and frames[0].startswith(("thread", "process")) else "?"
         if frames and frames[0].startswith("process"):
             frames = frames[1:]
@@ -493,7 +472,7 @@ def summarize_profile(raw: Path, top: int = 10) -> str:
 def run_profile(args: argparse.Namespace, gw: Server, loader: Loader, outdir: Path) -> tuple[str, LoadResult]:
     """py-spy records the gateway while load of ``--profile-mode`` at ``--profile-concurrency``
     runs; returns the summary and the load result."""
-    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    pyspy = _bench.py_spy()
     if not Path(pyspy).exists():
         return "py-spy not found: pip install py-spy (into the venv running this script)", LoadResult()
     outdir.mkdir(parents=True, exist_ok=True)
@@ -503,11 +482,11 @@ def run_profile(args: argparse.Namespace, gw: Server, loader: Loader, outdir: Pa
                             "--format", "raw", "--threads", "--nonblocking", "--full-filenames", "--output", str(raw)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(1.0)
-    paths = [f"/v1/sessions/bench-{i:03d}{CHAT_PATH}" for i in range(args.sessions)]
-    c0 = _proc_cpu_s(gw.pid)
+    paths = session_paths(args.profile_mode, args.sessions)
+    c0 = _bench.proc_cpu_s(gw.pid)
     res = loader.run(gw.base, paths, request_body(args.profile_mode), args.profile_mode == "stream",
                       args.profile_concurrency, dur)
-    res.cpu_pct = 100 * (_proc_cpu_s(gw.pid) - c0) / (res.window_s + res.mean_ms / 1000)
+    res.cpu_pct = 100 * (_bench.proc_cpu_s(gw.pid) - c0) / (res.window_s + res.mean_ms / 1000)
     try:
         out, _ = rec.communicate(timeout=dur + 60)
     except subprocess.TimeoutExpired:
@@ -519,10 +498,6 @@ def run_profile(args: argparse.Namespace, gw: Server, loader: Loader, outdir: Pa
 
 
 # ----------------------------------------------------------------------------------------- table
-
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
 
 @dataclass
 class Row:
@@ -541,40 +516,34 @@ REFERENCES = {
 }
 
 
-def print_table(rows: list[Row]) -> None:
-    hdr = (f"{'mode':<10} {'conc':>4} | {'direct req/s':>12} {'gateway req/s':>13} {'ratio':>6} | "
-           f"{'direct p50/p99 ms':>17} {'gateway p50/p99 ms':>18} {'added p50 ms':>12} | "
-           f"{'gw CPU%':>7} {'gw CPU us/req':>13} | {'served 2xx':>10} {'recorded':>8}")
-    print(hdr)
-    print("-" * len(hdr))
+def print_tables(rows: list[Row], report: _bench.Report) -> None:
+    table = _bench.Table("direct (straight to the upstream) vs gateway (session path, recorded); latency ms",
+                         ["mode", "conc", ("direct req/s", ",.0f"), ("gateway req/s", ",.0f"), ("ratio", ".3f"),
+                          ("direct p50", ".3f"), ("direct p99", ".3f"), ("gateway p50", ".3f"),
+                          ("gateway p99", ".3f"), ("added p50", ".3f"), ("gw CPU%", ".0f"),
+                          ("gw CPU us/req", ",.0f"), "served 2xx", "recorded", "check"])
     for r in rows:
         d, g = r.direct, r.gateway
-        check = "" if g.recorded == g.served else "  <-- MISMATCH"
-        print(f"{r.mode:<10} {r.conc:>4} | {d.rps:>12,.0f} {g.rps:>13,.0f} {g.rps / d.rps if d.rps else 0:>6.3f} | "
-              f"{f'{d.p50_ms:.3f} / {d.p99_ms:.3f}':>17} {f'{g.p50_ms:.3f} / {g.p99_ms:.3f}':>18} "
-              f"{g.p50_ms - d.p50_ms:>12.3f} | {_f(g.cpu_pct, '.0f'):>7} {_f(g.cpu_us_per_req, ',.0f'):>13} | "
-              f"{g.served:>10,} {_f(g.recorded, ',d'):>8}{check}")
+        table.add(r.mode, r.conc, d.rps, g.rps, _bench.ratio(g.rps, d.rps), d.p50_ms, d.p99_ms, g.p50_ms, g.p99_ms,
+                  g.p50_ms - d.p50_ms, g.cpu_pct, g.cpu_us_per_req, g.served, g.recorded,
+                  "OK" if g.recorded == g.served else "MISMATCH")
+    report.table(table)
     names = [n for n in REFERENCES if any(n in r.refs for r in rows)]
     if not names:
         return
-    print()
-    print("references, same run (what the gateway's recorded path is compared with):")
+    report.line("\nreferences, same run (what the gateway's recorded path is compared with):")
     for n in names:
-        print(f"  {n}: {REFERENCES[n]}")
-    hdr2 = f"{'mode':<10} {'conc':>4}"
+        report.line(f"  {n}: {REFERENCES[n]}")
+    cols: list[str | tuple[str, str]] = ["mode", "conc"]
     for n in [*names, "gateway"]:
-        hdr2 += f" | {n + ' req/s':>17} {'p50/p99 ms':>16} {'CPU us/req':>10}"
-    print(hdr2)
-    print("-" * len(hdr2))
+        cols += [(f"{n} req/s", ",.0f"), (f"{n} p50", ".3f"), (f"{n} p99", ".3f"), (f"{n} CPU us/req", ",.0f")]
+    refs = _bench.Table("references; latency ms", cols)
     for r in rows:
-        line = f"{r.mode:<10} {r.conc:>4}"
+        values: list[Any] = [r.mode, r.conc]
         for x in [r.refs.get(n) for n in names] + [r.gateway]:
-            if x is None:
-                line += f" | {'-':>17} {'-':>16} {'-':>10}"
-            else:
-                line += (f" | {x.rps:>17,.0f} {f'{x.p50_ms:.3f} / {x.p99_ms:.3f}':>16} "
-                         f"{_f(x.cpu_us_per_req, ',.0f'):>10}")
-        print(line)
+            values += [None] * 4 if x is None else [x.rps, x.p50_ms, x.p99_ms, x.cpu_us_per_req]
+        refs.add(*values)
+    report.table(refs)
 
 
 # ------------------------------------------------------------------------------------- scale out
@@ -628,31 +597,31 @@ def _scale_load(loader: Loader, gws: list[Server], paths: list[str], body: bytes
     from concurrent.futures import ThreadPoolExecutor
 
     per = max(1, c // len(gws))
-    c0 = [_proc_cpu_s(g.pid) for g in gws]
+    c0 = [_bench.proc_cpu_s(g.pid) for g in gws]
     with ThreadPoolExecutor(len(gws)) as ex:
         parts = list(ex.map(lambda g: loader.run(g.base, paths, body, False, per, seconds), gws))
     res = _combine(parts)
     elapsed = res.window_s + res.mean_ms / 1000
-    res.cpu_pct = 100 * sum(_proc_cpu_s(g.pid) - t for g, t in zip(gws, c0, strict=True)) / elapsed
+    res.cpu_pct = 100 * sum(_bench.proc_cpu_s(g.pid) - t for g, t in zip(gws, c0, strict=True)) / elapsed
     return res
 
 
-def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, workdir: Path) -> int:
+def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, workdir: Path,
+                  report: _bench.Report) -> int:
     """Gateway req/s with recording (strict telemetry, non-streamed session calls) on SQLite vs
     PostgreSQL, sessions in memory vs shared through the store, 1 vs 2 gateway processes, in one
     run; checks recorded steps = 2xx served per cell. Returns the exit code."""
     try:
         from tests.pg_server import PgServer  # the tests' throwaway server; run with PYTHONPATH=<repo>
     except ImportError as e:
-        print(f"--scale-out needs the repository on PYTHONPATH (PYTHONPATH=. python benchmarks/...): {e}")
+        report.line(f"--scale-out needs the repository on PYTHONPATH (PYTHONPATH=. python benchmarks/...): {e}")
         return 2
     pg = PgServer(settings=PG_BENCH_SETTINGS).start()
     exit_code = 0
     results: list[tuple[ScaleCase, int, LoadResult]] = []
     try:
-        print(f"scale-out: non-stream session calls, {args.duration} s per cell, {args.sessions} session ids "
-              f"round-robin; PostgreSQL {pg.url} ({', '.join(PG_BENCH_SETTINGS)}); cpus {os.cpu_count()}",
-              flush=True)
+        report.line(f"scale-out: non-stream session calls, {args.duration} s per cell, {args.sessions} session ids "
+                    f"round-robin; PostgreSQL {pg.url} ({', '.join(PG_BENCH_SETTINGS)})")
         for case in SCALE_CASES:
             if case.backend not in args.backends:
                 continue
@@ -666,7 +635,7 @@ def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, wo
                     cfg.write_text(gateway_config(port, url, up, "strict", case.shared))
                     gws.append(Server(f"gateway-{i}", [sys.executable, "-m", "gateway", "--config", str(cfg)], port,
                                       "/readyz", workdir / f"{cfg.stem}.log", cwd=args.gateway_src))
-                paths = [f"/v1/sessions/bench-{i:03d}{CHAT_PATH}" for i in range(args.sessions)]
+                paths = session_paths(args.profile_mode, args.sessions)
                 body = request_body("non-stream")
 
                 _scale_load(loader, gws, paths, body, 64, args.warmup)  # sessions loaded, pools filled
@@ -686,23 +655,21 @@ def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, wo
                     pg.drop_database(url)
     finally:
         pg.stop()
-    print()
-    hdr = (f"{'store':<10} {'state':<6} {'gw':>2} {'conc':>4} | {'req/s':>8} {'vs sqlite/1':>11} | "
-           f"{'p50/p99 ms':>17} | {'gw CPU%':>7} {'CPU us/req':>10} | {'served 2xx':>10} {'recorded':>8}")
-    print(hdr)
-    print("-" * len(hdr))
+    table = _bench.Table("recorded non-stream session calls by store, session state and gateway processes; "
+                         "latency ms", ["store", "state", "gw", "conc", ("req/s", ",.0f"), ("vs sqlite/1", ".2f"),
+                                        ("p50", ".3f"), ("p99", ".3f"), ("gw CPU%", ".0f"), ("CPU us/req", ",.0f"),
+                                        "served 2xx", "recorded", "check"])
     base = {c: r.rps for case, c, r in results if (case.backend, case.shared, case.gateways) == ("sqlite", False, 1)}
     for case, c, r in results:
-        check = "" if r.recorded == r.served else "  <-- MISMATCH"
-        if check:
+        if r.recorded != r.served:
             exit_code = 1
-        ratio = f"{r.rps / base[c]:.2f}" if base.get(c) else "-"
-        print(f"{case.label} {c:>4} | {r.rps:>8,.0f} {ratio:>11} | {f'{r.p50_ms:.3f} / {r.p99_ms:.3f}':>17} | "
-              f"{_f(r.cpu_pct, '.0f'):>7} {_f(r.cpu_us_per_req, ',.0f'):>10} | {r.served:>10,} "
-              f"{_f(r.recorded, ',d'):>8}{check}")
-    print("state: memory = budgets in the gateway process (one gateway per store); shared = reservations in the "
-          "store (any number of gateways). gw CPU%: all gateway processes together, % of one core. With 2 "
-          "gateways each gets half the connections from its own wrk; p50/p99 are the slower one's.")
+        table.add(case.backend, "shared" if case.shared else "memory", case.gateways, c, r.rps,
+                  _bench.ratio(r.rps, base[c]) if base.get(c) else None, r.p50_ms, r.p99_ms, r.cpu_pct,
+                  r.cpu_us_per_req, r.served, r.recorded, "OK" if r.recorded == r.served else "MISMATCH")
+    report.table(table)
+    report.line("state: memory = budgets in the gateway process (one gateway per store); shared = reservations in "
+                "the store (any number of gateways). gw CPU%: all gateway processes together, % of one core. With 2 "
+                "gateways each gets half the connections from its own wrk; p50/p99 are the slower one's.")
     return exit_code
 
 
@@ -726,7 +693,7 @@ def prerequisites(force_python: bool) -> tuple[str, str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="gateway overhead benchmark (direct vs gateway, one run)")
+    ap = _bench.parser(__doc__, quick={"duration": 1, "warmup": 1})
     ap.add_argument("--duration", type=int, default=10, help="seconds of load per cell (default %(default)s)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64], help="default: 1 64")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -763,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.gateway_src / "gateway" / "__main__.py").is_file():
         ap.error(f"--gateway-src {args.gateway_src} has no gateway/__main__.py")
 
+    report = _bench.Report("gateway_bench --scale-out" if args.scale_out else "gateway_bench", args)
     up_kind, load_kind, notes = prerequisites(args.python_fallback)
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     db = workdir / "bench.db"
@@ -776,8 +744,8 @@ def main(argv: list[str] | None = None) -> int:
         loader = Loader(workdir, load_kind, args.wrk_threads, args.max_requests)
         if args.scale_out:
             for n in notes:
-                print(n)
-            exit_code = run_scale_out(args, up, loader, workdir)
+                report.line(n)
+            exit_code = run_scale_out(args, up, loader, workdir, report)
             return exit_code
         gw_port = free_port()
         cfg = workdir / "gateway.yaml"
@@ -788,18 +756,14 @@ def main(argv: list[str] | None = None) -> int:
             pport = free_port()
             proxy = Server("proxy", [sys.executable, str(HERE / "forward_proxy.py"), "--upstream", up.base,
                                      "--port", str(pport)], pport, "/healthz", workdir / "proxy.log")
-        sid_paths = [f"/v1/sessions/bench-{i:03d}{CHAT_PATH}" for i in range(args.sessions)]
-        print(f"gateway benchmark (direct = straight to the fake upstream; gateway = session path, {args.telemetry} "
-              "telemetry)")
+        report.line(f"direct = straight to the fake upstream; gateway = session path, {args.telemetry} telemetry")
         for n in notes:
-            print(n)
-        print(f"upstream: {up.kind} (fixed answers) at {up.base}; load: {load_kind}"
-              f"{f' ({args.wrk_threads} thread)' if load_kind == 'wrk' else ''}; gateway: python -m gateway "
-              f"(uvicorn, 1 process, pid {gw.pid}, "
-              f"from {args.gateway_src}), sqlite {db}")
-        print(f"{args.duration} s per cell, {args.sessions} session ids round-robin, warm-up {args.warmup} s per "
-              f"mode; cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.2f}")
-        print(flush=True)
+            report.line(n)
+        report.line(f"upstream: {up.kind} (fixed answers) at {up.base}; load: {load_kind}"
+                    f"{f' ({args.wrk_threads} thread)' if load_kind == 'wrk' else ''}; gateway: python -m gateway "
+                    f"(uvicorn, 1 process, pid {gw.pid}, from {args.gateway_src}), sqlite {db}")
+        report.line(f"{args.duration} s per cell, {args.sessions} session ids round-robin, warm-up {args.warmup} s "
+                    "per mode")
 
         def measure(target: str, mode: str, c: int, seconds: int) -> LoadResult:
             nonlocal total_served
@@ -816,15 +780,15 @@ def main(argv: list[str] | None = None) -> int:
                 base, paths, server = gw.base, ["/v1" + CHAT_PATH], gw
             else:
                 assert gw is not None
-                base, paths, server = gw.base, sid_paths, gw
+                base, paths, server = gw.base, session_paths(mode, args.sessions), gw
             before = count_steps(db) if target in ("gateway", "passthrough") else 0
-            c0 = _proc_cpu_s(server.pid) if server else 0.0
-            h0 = _host_cpu()
+            c0 = _bench.proc_cpu_s(server.pid) if server else 0.0
+            h0 = _bench.host_cpu()
             res = loader.run(base, paths, body, stream, c, seconds)
             elapsed = res.window_s + res.mean_ms / 1000
             if server is not None and elapsed > 0:
-                res.cpu_pct = 100 * (_proc_cpu_s(server.pid) - c0) / elapsed
-            h1 = _host_cpu()
+                res.cpu_pct = 100 * (_bench.proc_cpu_s(server.pid) - c0) / elapsed
+            h1 = _bench.host_cpu()
             res.host_cpu_pct = 100 * (h1[0] - h0[0]) / max(1.0, h1[1] - h0[1])
             if target == "gateway":
                 res.recorded = count_steps(db) - before
@@ -861,44 +825,47 @@ def main(argv: list[str] | None = None) -> int:
             profile_text, pres = run_profile(args, gw, loader, Path(args.profile))
             total_served += pres.served
 
-        print()
-        print_table(rows)
-        print()
+        print_tables(rows, report)
+        report.line()
         recorded = count_steps(db)
         if recorded == total_served:
-            print(f"recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}  (equal: OK)")
+            report.line(f"recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}  (equal: OK)")
         else:
             exit_code = 1
-            print("!" * 78)
-            print(f"MISMATCH: recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}")
-            print(f"step statuses: {step_status_counts(db)}")
-            print("!" * 78)
+            report.line("!" * 78)
+            report.line(f"MISMATCH: recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}")
+            report.line(f"step statuses: {step_status_counts(db)}")
+            report.line("!" * 78)
         if any(r.gateway.recorded != r.gateway.served for r in rows):
             exit_code = 1
-            print("MISMATCH in at least one cell (see the table)")
+            report.line("MISMATCH in at least one cell (see the table)")
+        failed = [f"{r.mode} c={r.conc}" for r in rows if r.gateway.non2xx or r.gateway.errors or r.gateway.bad_stream]
+        if failed:
+            exit_code = 1
+            report.line(f"FAILED calls through the gateway (non-2xx, errors or streams without [DONE]) in: "
+                        f"{', '.join(failed)} (see the notes above)")
 
         c1 = [(r.mode, r.gateway.p50_ms - r.direct.p50_ms) for r in rows if r.conc == 1]
         c64 = [(r.mode, r.gateway.rps) for r in rows if r.conc == 64]
         if c1:
             ok1 = all(v <= TARGET_ADDED_P50_MS for _, v in c1)
-            print(f"target p50 added latency <= {TARGET_ADDED_P50_MS:g} ms at concurrency 1: "
-                  + ", ".join(f"{m} {v:.3f} ms" for m, v in c1) + f"  -> {'PASS' if ok1 else 'FAIL'}")
+            report.line(f"target p50 added latency <= {TARGET_ADDED_P50_MS:g} ms at concurrency 1: "
+                        + ", ".join(f"{m} {v:.3f} ms" for m, v in c1) + f"  -> {'PASS' if ok1 else 'FAIL'}")
         else:
-            print("target p50 added latency at concurrency 1: not measured (add 1 to --concurrency)")
+            report.line("target p50 added latency at concurrency 1: not measured (add 1 to --concurrency)")
         if c64:
             ok64 = all(v >= TARGET_RPS_C64 for _, v in c64)
-            print(f"target >= {TARGET_RPS_C64:,.0f} requests/s at concurrency 64: "
-                  + ", ".join(f"{m} {v:,.0f} req/s" for m, v in c64) + f"  -> {'PASS' if ok64 else 'FAIL'}")
+            report.line(f"target >= {TARGET_RPS_C64:,.0f} requests/s at concurrency 64: "
+                        + ", ".join(f"{m} {v:,.0f} req/s" for m, v in c64) + f"  -> {'PASS' if ok64 else 'FAIL'}")
         else:
-            print("target requests/s at concurrency 64: not measured (add 64 to --concurrency)")
+            report.line("target requests/s at concurrency 64: not measured (add 64 to --concurrency)")
         if load_kind != "wrk" or up.kind != "nginx":
-            print("(Python fallback upstream/load generator in use: see the warning above)")
+            report.line("(Python fallback upstream/load generator in use: see the warning above)")
         if profile_text is not None:
-            print()
-            print(f"py-spy profile of the gateway under c=64 {args.profile_mode} load ({args.profile_duration} s, "
-                  f"{pres.rps:,.0f} req/s while sampled, gateway CPU {_f(pres.cpu_pct, '.0f')}%), "
-                  f"raw stacks in {args.profile}:")
-            print(profile_text)
+            report.line(f"\npy-spy profile of the gateway under c=64 {args.profile_mode} load ({args.profile_duration} "
+                        f"s, {pres.rps:,.0f} req/s while sampled, gateway CPU {pres.cpu_pct or 0:.0f}%), "
+                        f"raw stacks in {args.profile}:")
+            report.line(profile_text)
     finally:
         for s in (proxy, gw):
             if s is not None:
@@ -909,6 +876,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+        report.finish()
     return exit_code
 
 

@@ -1,6 +1,6 @@
 """What grading costs per session: in the grader sandbox next to in the launcher, in one run.
 
-    python benchmarks/grading_bench.py [--sessions 256] [--pool-size 32] [--rounds 2]
+    python benchmarks/grading_bench.py [--sessions 256] [--pool-size 32] [--rounds 2] [--quick] [--json PATH]
 
 Each session is a bundled workspace task's final workspace (its ``files/`` plus a correct
 ``outputs/answer.json``) graded by the bundled workspace evaluator through ``rollout.grading.Grader``
@@ -15,16 +15,15 @@ same concurrency: the verifier's wall time per session.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+import _bench
 
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading.grader import Grader
@@ -33,11 +32,6 @@ from rollout.grading.verifier import run_verifier
 REPO = Path(__file__).resolve().parents[1]
 EVALUATOR = REPO / "env" / "workspace" / "rule_evaluator.py"
 BUDGET_MS = 50.0
-
-
-def _cpu_s() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
 
 
 def workspaces(tmp: Path, n: int) -> list[tuple[Path, dict[str, object]]]:
@@ -70,9 +64,9 @@ async def grade_all(isolation: str, items: list[tuple[Path, dict[str, object]]],
                 out = await grader.evaluate(EVALUATOR, req, spec, Trajectory(session_id=f"s{i}"), ws)
             return out.score
 
-        cpu0, t0 = _cpu_s(), time.perf_counter()
-        scores = await asyncio.gather(*(one(i, ws, exp) for i, (ws, exp) in enumerate(items)))
-        return time.perf_counter() - t0, _cpu_s() - cpu0, sum(1 for s in scores if s == 10.0)
+        with _bench.timed() as t:
+            scores = await asyncio.gather(*(one(i, ws, exp) for i, (ws, exp) in enumerate(items)))
+        return t.wall_s, t.cpu_s, sum(1 for s in scores if s == 10.0)
 
 
 async def verify_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
@@ -91,17 +85,18 @@ async def verify_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
         async with gate:
             return (await run_verifier(ws, tests, timeout_s=120.0, label=f"bench-{i}")).reward
 
-    t0 = time.perf_counter()
-    rewards = await asyncio.gather(*(one(i) for i in range(n)))
-    return time.perf_counter() - t0, sum(1 for r in rewards if r == 1.0)
+    with _bench.timed() as t:
+        rewards = await asyncio.gather(*(one(i) for i in range(n)))
+    return t.wall_s, sum(1 for r in rewards if r == 1.0)
 
 
 async def main() -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = _bench.parser(__doc__, quick={"sessions": 16, "pool_size": 4, "rounds": 1})
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--pool-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per isolation; the best is kept")
     args = ap.parse_args()
+    report = _bench.Report("grading_bench", args)
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as d:
         tmp = Path(d)
         items = workspaces(tmp, args.sessions)
@@ -112,19 +107,23 @@ async def main() -> int:
                 if isolation not in best or got[0] < best[isolation][0]:
                     best[isolation] = got
         n = args.sessions
-        print(f"grading {n} sessions, pool {args.pool_size} (best of {args.rounds} rounds):")
-        for isolation, (wall, cpu, passed) in best.items():
-            print(f"  {isolation:6s} {wall / n * 1000:7.1f} ms wall/session  {cpu / n * 1000:6.1f} ms launcher CPU/session"
-                  f"  ({passed}/{n} scored 10)")
-        added = (best["bwrap"][0] - best["none"][0]) / n * 1000
-        verdict = "PASS" if added <= BUDGET_MS else "OVER"
-        print(f"  the grader sandbox adds {added:.1f} ms of wall time per session "
-              f"({best['bwrap'][0] / best['none'][0]:.2f}x in-process); budget {BUDGET_MS:.0f} ms: {verdict}")
         n_verify = max(1, n // 4)
         wall, rewarded = await verify_all(n_verify, args.pool_size, tmp)
-        print(f"  verifier {wall / n_verify * 1000:7.1f} ms wall/session over {n_verify} Harbor sessions "
-              f"({rewarded}/{n_verify} rewarded 1; a test.sh run in its own sandbox, next to "
-              f"{best['none'][0] / n * 1000:.1f} ms in-process and {best['bwrap'][0] / n * 1000:.1f} ms sandboxed grading)")
+    table = _bench.Table(f"grading per session at pool {args.pool_size} (best of {args.rounds} rounds)",
+                         ["grading", "sessions", ("wall ms/session", ".1f"), ("launcher CPU ms/session", ".1f"),
+                          "passed", ("vs in-process", ".2f")])
+    none_ms = best["none"][0] / n * 1000
+    labels = {"none": "in-process (none)", "bwrap": "grader sandbox (bwrap)"}
+    for isolation, (w, cpu, passed) in best.items():
+        table.add(labels[isolation], n, w / n * 1000, cpu / n * 1000, passed, _bench.ratio(w / n * 1000, none_ms))
+    table.add("Harbor verifier (test.sh)", n_verify, wall / n_verify * 1000, None, rewarded,
+              _bench.ratio(wall / n_verify * 1000, none_ms))
+    report.table(table)
+    added = (best["bwrap"][0] - best["none"][0]) / n * 1000
+    report.value("sandbox_added_ms", added)
+    report.line(f"the grader sandbox adds {added:.1f} ms of wall time per session; budget {BUDGET_MS:.0f} ms: "
+                f"{'PASS' if added <= BUDGET_MS else 'OVER'}")
+    report.finish()
     return 0
 
 

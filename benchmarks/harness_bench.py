@@ -1,6 +1,6 @@
 """Per-session cost of running a harness (the in-sandbox wrapper) beside an env runtime, in one run.
 
-    python benchmarks/harness_bench.py [--sessions 30]
+    python benchmarks/harness_bench.py [--sessions 30] [--quick] [--json PATH]
 
 Both go through ``rollout.sandbox.runner.run_runtime`` in the bubblewrap sandbox, alternating so machine
 noise hits both alike:
@@ -17,14 +17,13 @@ Prints median and p90 per session (ms), and the harness's overhead (ms) and rati
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _bench
 import yaml
 
 from rollout.contract.protocol import SimulationStartRequest
@@ -55,9 +54,10 @@ def _request(sid: str) -> SimulationStartRequest:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _bench.parser(__doc__, quick={"sessions": 3})
     ap.add_argument("--sessions", type=int, default=30, help="sessions of each kind")
     args = ap.parse_args()
+    report = _bench.Report("harness_bench", args)
     sandbox_support()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -75,22 +75,25 @@ async def main() -> None:
         h = InstalledHarness(name=loaded.name, folder=loaded.folder,
                              install_dir=ensure_installed(loaded.harness, root / "cache"))
         command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir], env={"PYTHONPATH": str(CODE_ROOT)})
-        times: dict[str, list[float]] = {"runtime": [], "runtime+protocol": [], "harness": []}
-        for i in range(args.sessions):
-            for kind in times:
-                ws = Path(tempfile.mkdtemp(dir=root))
-                t0 = time.perf_counter()
-                out = await run_runtime(with_protocol if kind == "runtime+protocol" else cfg, _request(f"k{i}"), ws,
-                                        {}, command=command if kind == "harness" else None)
-                times[kind].append(time.perf_counter() - t0)
-                assert out.status == "succeeded", (kind, out.error_text, out.stderr_tail[-500:])
-    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
-    p90 = {k: statistics.quantiles(v, n=10)[-1] * 1000 for k, v in times.items()}
-    for k in times:
-        print(f"{k:16s} median {med[k]:7.1f} ms  p90 {p90[k]:7.1f} ms  ({len(times[k])} sessions, bwrap)")
-    for base in ("runtime", "runtime+protocol"):
-        print(f"harness vs {base}: +{med['harness'] - med[base]:.1f} ms per session, "
-              f"ratio {med['harness'] / med[base]:.2f}")
+
+        async def one(kind: str, i: int) -> float:
+            ws = Path(tempfile.mkdtemp(dir=root))
+            t0 = time.perf_counter()
+            out = await run_runtime(with_protocol if kind == "runtime+protocol" else cfg, _request(f"k{i}"), ws,
+                                    {}, command=command if kind == "harness" else None)
+            assert out.status == "succeeded", (kind, out.error_text, out.stderr_tail[-500:])
+            return time.perf_counter() - t0
+
+        times = await _bench.alternate(args.sessions, ("runtime", "runtime+protocol", "harness"), one)
+    med = {k: _bench.ms(v) for k, v in times.items()}
+    table = _bench.Table(f"per session, bubblewrap sandbox, {args.sessions} sessions of each kind",
+                         ["kind", ("median ms", ".1f"), ("p90 ms", ".1f"), ("harness adds ms", "+.1f"),
+                          ("harness / kind", ".2f")])
+    for k, v in times.items():
+        table.add(k, med[k], _bench.ms(v, 90), med["harness"] - med[k] if k != "harness" else None,
+                  _bench.ratio(med["harness"], med[k]) if k != "harness" else None)
+    report.table(table)
+    report.finish()
 
 
 if __name__ == "__main__":

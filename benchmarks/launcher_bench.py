@@ -2,6 +2,7 @@
 
     python benchmarks/launcher_bench.py [--sessions 1000] [--pool-size 32] [--memory-sizes 1000 4000] [--memory-cases N]
                                         [--ray-sessions 200] [--ray-pool-size 8] [--profile DIR] [--src DIR]
+                                        [--quick] [--json PATH]
 
 The runtime reads its start request and prints a result line (no model call). Measured in turn:
 - ``bare``: the runtime spawned ``--sessions`` times, ``--pool-size`` at once (asyncio
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
+import contextlib
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _bench
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -66,11 +68,6 @@ def make_env(root: Path, n: int, resources: dict[str, Any] | None = None) -> Pat
     return d
 
 
-def _cpu(who: int) -> float:
-    ru = resource.getrusage(who)
-    return ru.ru_utime + ru.ru_stime
-
-
 async def bare(n: int, pool: int, runtime: Path) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the runtimes) to spawn the runtime ``n`` times, ``pool`` at
     once, each fed a start request."""
@@ -86,9 +83,9 @@ async def bare(n: int, pool: int, runtime: Path) -> tuple[float, float]:
             out, _ = await p.communicate(req)
             assert p.returncode == 0 and json.loads(out.splitlines()[-1])["status"] == "succeeded", out
 
-    t0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
+    t0, c0 = time.perf_counter(), _bench.cpu_s(resource.RUSAGE_CHILDREN)
     await asyncio.gather(*(one(i) for i in range(n)))
-    return time.perf_counter() - t0, _cpu(resource.RUSAGE_CHILDREN) - c0
+    return time.perf_counter() - t0, _bench.cpu_s(resource.RUSAGE_CHILDREN) - c0
 
 
 def child(args: argparse.Namespace) -> None:
@@ -113,7 +110,7 @@ def child(args: argparse.Namespace) -> None:
         gateway.extend(_children_running("gateway"))
         t["gw_start"] = sum(_proc_cpu(pid) for pid in gateway)  # its start-up, before any session
         if args.profile_gateway and gateway:  # py-spy on the gateway too: it stops when the gateway exits
-            spies.append(subprocess.Popen([_py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", args.profile_gateway,
+            spies.append(subprocess.Popen([_bench.py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", args.profile_gateway,
                                            "--pid", str(gateway[0])], stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
 
@@ -125,7 +122,7 @@ def child(args: argparse.Namespace) -> None:
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check reads anything
     for spy in spies:
         spy.wait(timeout=120)
-    cpu_self, cpu_children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    cpu_self, cpu_children = _bench.cpu_s(), _bench.cpu_s(resource.RUSAGE_CHILDREN)
     sessions = scored = 0
     with result.out.open() as fh:  # line by line: the check must not hold the records either
         for line in fh:
@@ -153,15 +150,9 @@ def _children_running(module: str) -> list[int]:
 
 def _proc_cpu(pid: int) -> float:
     """User + system CPU seconds of a running process (0.0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _py_spy() -> str:
-    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    with contextlib.suppress(OSError):
+        return _bench.proc_cpu_s(pid)
+    return 0.0
 
 
 SRC = REPO  # the tree whose launcher is measured (--src)
@@ -177,7 +168,7 @@ def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = 
         ["--ray-address", ray_address] if ray_address else [])
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-        cmd = [_py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--",
+        cmd = [_bench.py_spy(), "record", "-r", "200", "--gil", "--nonblocking", "-f", "raw", "-o", str(profile / f"launcher-{mode}-{n}.txt"), "--",
                *cmd, "--profile-gateway", str(profile / f"gateway-{mode}-{n}.txt")]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=root,
@@ -192,21 +183,8 @@ def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = 
     return res
 
 
-def top_functions(raw: Path, k: int = 25) -> list[tuple[str, float]]:
-    """(function, share of samples) by own time from py-spy's raw (collapsed stack) output."""
-    own: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        total += int(count)
-        own[stack.split(";")[-1]] += int(count)
-    return [(f, c / total) for f, c in own.most_common(k)]
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _bench.parser(__doc__, quick={"sessions": 40, "pool_size": 8, "memory_sizes": [40]})
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--pool-size", type=int, default=32)
     ap.add_argument("--memory-sizes", type=int, nargs="*", default=[1000, 4000])
@@ -229,51 +207,61 @@ def main() -> None:
         return child(args)
     global SRC
     SRC = (args.src or REPO).resolve()
+    report = _bench.Report("launcher_bench", args)
     tmp = Path(tempfile.mkdtemp(prefix="launcher-bench-rt-"))
     runtime = tmp / "runtime.py"
     runtime.write_text(RUNTIME)
     n, pool = args.sessions, args.pool_size
-    print(f"{n} sessions, pool {pool}, runtime: python reads its request and prints a result (no model call)")
+    report.line(f"{n} sessions, pool {pool}, runtime: python reads its request and prints a result (no model call); "
+                f"launcher from {SRC}")
     bare_s, bare_cpu = asyncio.run(bare(n, pool, runtime))
     launched = run_child(n, pool, profile=args.profile)
     bare2_s, bare2_cpu = asyncio.run(bare(n, pool, runtime))  # again after: machine noise hits both alike
     floor, rt_cpu = (bare_s + bare2_s) / 2, (bare_cpu + bare2_cpu) / 2
-    print(f"bare spawn      : {floor:7.2f} s ({bare_s:.2f} before, {bare2_s:.2f} after)  "
-          f"{1000 * floor / n:6.2f} ms/session")
-    print(f"launcher        : {launched['seconds']:7.2f} s  {1000 * launched['seconds'] / n:6.2f} ms/session  "
-          f"(every session recorded, closed and graded)")
     gw_cpu = launched["cpu_children_s"] - rt_cpu  # the launcher's children: the gateway and the runtimes
-    print(f"CPU per session : runtime {1000 * rt_cpu / n:.1f} ms; launcher process {1000 * launched['cpu_self_s'] / n:.1f} ms; "
-          f"gateway (its children minus the runtimes) {1000 * gw_cpu / n:.1f} ms")
-    if launched.get("gateway_run_s") is not None:
-        print(f"gateway measured: {1000 * launched['gateway_run_s'] / n:.2f} ms per session while sessions ran, "
-              f"{launched['gateway_start_s']:.2f} s to start (read from /proc)")
     ratio = launched["seconds"] / floor
-    print(f"ratio launcher / bare: {ratio:.2f}x (target <= 1.3x): {'PASS' if ratio <= 1.3 else 'FAIL'}; "
-          f"launcher cost {1000 * pool * (launched['seconds'] - floor) / n:.1f} ms of wall time per session "
-          f"slot")
+    table = _bench.Table(f"{n} sessions at pool {pool}: bare spawn (mean of before and after) vs a launcher job",
+                         ["run", ("seconds", ".2f"), ("ms/session", ".2f"), ("vs bare", ".2f"),
+                          ("CPU ms/session", ".1f")])
+    table.add(f"bare spawn ({bare_s:.2f} s before, {bare2_s:.2f} s after)", floor, 1000 * floor / n, 1.0,
+              1000 * rt_cpu / n)
+    table.add("launcher job (recorded, closed, graded)", launched["seconds"], 1000 * launched["seconds"] / n, ratio,
+              1000 * launched["cpu_self_s"] / n)
+    table.add("  its gateway (children minus the runtimes)", None, None, None, 1000 * gw_cpu / n)
+    if launched.get("gateway_run_s") is not None:
+        table.add(f"  its gateway measured (/proc; {launched['gateway_start_s']:.2f} s to start)", None, None, None,
+                  1000 * launched["gateway_run_s"] / n)
+    report.table(table)
+    report.value("ratio", ratio)
+    report.line(f"ratio launcher / bare: {ratio:.2f}x (target <= 1.3x): {'PASS' if ratio <= 1.3 else 'FAIL'}; "
+                f"launcher cost {1000 * pool * (launched['seconds'] - floor) / n:.1f} ms of wall time per session "
+                f"slot")
     mc = args.memory_cases
     if mc and any(size % mc for size in args.memory_sizes):
         raise SystemExit(f"--memory-cases {mc} must divide every --memory-sizes value")
+    memory = _bench.Table("the launcher's peak RSS", ["sessions", "shape", ("peak RSS MiB", ".1f"), ("seconds", ".1f")])
     for size in args.memory_sizes:
         res = launched if size == n and args.profile is None and not mc else run_child(size, pool, cases=mc)
         shape = f"{mc} cases x {size // mc} samples" if mc else f"{size} cases x 1 sample"
-        print(f"launcher peak RSS at {size:>6} sessions ({shape}): {res['rss_mib']:7.1f} MiB  ({res['seconds']:.1f} s)")
+        memory.add(size, shape, res["rss_mib"], res["seconds"])
+    if args.memory_sizes:
+        report.table(memory)
     if args.profile is not None:
         for who in ("launcher", "gateway"):
             raw = args.profile / f"{who}-local-{n}.txt"
             if not raw.exists():
-                print(f"\n{who}: no profile recorded")
+                report.line(f"\n{who}: no profile recorded")
                 continue
-            print(f"\n{who}: top functions by own time (py-spy, {raw}):")
-            for f, share in top_functions(raw):
-                print(f"  {100 * share:5.1f}%  {f}")
+            report.line(f"\n{who}: top functions by own time (py-spy, {raw}):")
+            for f, share in _bench.top_own(raw):
+                report.line(f"  {100 * share:5.1f}%  {f}")
     if args.ray_sessions:
-        ray_compare(args.ray_sessions, args.ray_pool_size)
+        ray_compare(args.ray_sessions, args.ray_pool_size, report)
     shutil.rmtree(tmp, ignore_errors=True)
+    report.finish()
 
 
-def ray_compare(n: int, pool: int) -> None:
+def ray_compare(n: int, pool: int, report: _bench.Report) -> None:
     from tests.rollout.ray_cluster import RayCluster
 
     cluster = RayCluster().start()
@@ -283,10 +271,12 @@ def ray_compare(n: int, pool: int) -> None:
         ray = run_child(n, pool, mode="ray", ray_address=cluster.address)
     finally:
         cluster.stop()
-    per = 1000 * pool * (ray["seconds"] - local["seconds"]) / n
-    print(f"\nRay vs local, {n} sessions at pool {pool} (two-node cluster on this machine):")
-    print(f"  --mode local: {local['seconds']:7.2f} s   --mode ray: {ray['seconds']:7.2f} s   "
-          f"ratio {ray['seconds'] / local['seconds']:.2f}x; Ray adds {per:.1f} ms per session")
+    table = _bench.Table(f"Ray vs local, {n} sessions at pool {pool} (two-node cluster on this machine)",
+                         ["mode", ("seconds", ".2f"), ("vs local", ".2f"), ("added ms per session", ".1f")])
+    table.add("local", local["seconds"], 1.0, None)
+    table.add("ray", ray["seconds"], _bench.ratio(ray["seconds"], local["seconds"]),
+              1000 * pool * (ray["seconds"] - local["seconds"]) / n)
+    report.table(table)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A gateway outage during a job: what becomes of the sessions, with and without retries.
 
-``python benchmarks/outage_bench.py [--sessions 200] [--pool 16] [--outage-s 3]``
+``python benchmarks/outage_bench.py [--sessions 200] [--pool 16] [--outage-s 3] [--quick] [--json PATH]``
 
 Runs the same job twice in one run, each against a gateway subprocess (the project's fake upstream
 as the model) that is SIGKILLed once a fifth of the sessions finished and restarted on the same
@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import _bench
 import yaml
 
 from rollout.jobs.job import JobOptions, run_job
@@ -73,16 +73,9 @@ def gateway(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-async def wait_ready(port: int) -> None:
-    async with httpx.AsyncClient(timeout=2) as http:
-        for _ in range(600):
-            try:
-                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("gateway did not start")
+async def wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
+    """Until the gateway answers (in a thread: the job's sessions go on meanwhile)."""
+    await asyncio.to_thread(_bench.wait_http, f"http://127.0.0.1:{port}/readyz", 60, proc)
 
 
 async def one_run(label: str, tmp: Path, up: FakeUpstream, args: argparse.Namespace, **opts: Any) -> dict[str, Any]:
@@ -92,7 +85,7 @@ async def one_run(label: str, tmp: Path, up: FakeUpstream, args: argparse.Namesp
                                    "llm_routes": {"fake": {"base_url": up.base_url}}}))
     port = free_port()
     gw = gateway(cfg, port, tmp / f"{label}.log")
-    await wait_ready(port)
+    await wait_ready(port, gw)
     done = 0
     options = JobOptions.model_validate({
         "agent_root": tmp / "envs", "gateway_config": cfg, "llm_model": "fake", "db_path": f"sqlite://{db}",
@@ -113,7 +106,7 @@ async def one_run(label: str, tmp: Path, up: FakeUpstream, args: argparse.Namesp
     await asyncio.sleep(args.outage_s)
     back = time.time()  # the gateway is down at least until its restart begins
     gw = gateway(cfg, port, tmp / f"{label}.log")
-    await wait_ready(port)
+    await wait_ready(port, gw)
     try:
         result = await job
     finally:
@@ -138,11 +131,12 @@ async def one_run(label: str, tmp: Path, up: FakeUpstream, args: argparse.Namesp
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _bench.parser(__doc__, quick={"sessions": 20, "pool": 4, "outage_s": 1.0})
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument("--pool", type=int, default=16)
     ap.add_argument("--outage-s", type=float, default=3.0)
     args = ap.parse_args()
+    report = _bench.Report("outage_bench", args)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         make_env(tmp / "envs", args.sessions)
@@ -150,10 +144,12 @@ async def main() -> None:
             rows = [await one_run("no_retries", tmp, up, args, max_retries=0,
                                   breaker={"min_failures": 10**6, "window": 10**6}),
                     await one_run("defaults", tmp, up, args)]
-    cols = list(rows[0])
-    print("  ".join(f"{c:>18}" for c in cols))
+    table = _bench.Table(f"a gateway killed after a fifth of the sessions, back {args.outage_s:g} s later",
+                         [*rows[0].keys()])
     for r in rows:
-        print("  ".join(f"{r[c]!s:>18}" for c in cols))
+        table.add(*r.values())
+    report.table(table)
+    report.finish()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What keeping a session's final workspace costs, and how fast a job is regraded from the store.
 
-    python benchmarks/regrade_bench.py [--rounds 50] [--sessions 400]
+    python benchmarks/regrade_bench.py [--rounds 50] [--sessions 400] [--quick] [--json PATH]
 
 1. For each bundled workspace task: a workspace made as the scheduler makes it (the task's
    ``files/`` copied in) plus an ``outputs/answer.json``; then, ``--rounds`` times each, the copy
@@ -13,16 +13,16 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _bench
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,11 +33,7 @@ from store import JobEnvironment, SessionWorkspace, Store, step_record  # noqa: 
 from store.session_result import SessionResult  # noqa: E402
 
 
-def _ms(samples: list[float]) -> float:
-    return statistics.median(samples) * 1000
-
-
-async def archive_costs(rounds: int, tmp: Path) -> None:
+async def archive_costs(rounds: int, tmp: Path, report: _bench.Report) -> None:
     store = Store(f"sqlite:///{tmp / 'archive.db'}")
     await store.init()
     cfg = WorkspaceArchiveConfig()
@@ -49,8 +45,9 @@ async def archive_costs(rounds: int, tmp: Path) -> None:
     (big / "text.log").write_text("2024-01-01 sshd[1]: Failed password for root from 10.0.0.1\n" * 35_000)
     (big / "random.bin").write_bytes(os.urandom(2 * 1024 * 1024))
     workspaces.append(("4 MiB workspace", big))
-    print(f"{'workspace':24} {'files KB':>9} {'copy ms':>8} {'archive ms':>10} {'store ms':>9} "
-          f"{'restore ms':>10} {'gz KB':>7} {'archive/copy':>12}")
+    table = _bench.Table(f"keeping a final workspace, median of {rounds} sessions each",
+                         ["workspace", ("files KB", ".1f"), ("copy ms", ".2f"), ("archive ms", ".2f"),
+                          ("store ms", ".2f"), ("restore ms", ".2f"), ("gz KB", ".1f"), ("archive/copy", ".2f")])
     for i, (name, src) in enumerate(workspaces):
         copy_t, arch_t, store_t, rest_t = [], [], [], []
         size = gz = 0
@@ -78,12 +75,13 @@ async def archive_costs(rounds: int, tmp: Path) -> None:
             size, gz = kept.total_bytes, len(kept.archive)
             shutil.rmtree(ws)
             shutil.rmtree(dest)
-        print(f"{name[:24]:24} {size / 1024:9.1f} {_ms(copy_t):8.2f} {_ms(arch_t):10.2f} {_ms(store_t):9.2f} "
-              f"{_ms(rest_t):10.2f} {gz / 1024:7.1f} {_ms(arch_t) / _ms(copy_t):12.2f}")
+        table.add(name, size / 1024, _bench.ms(copy_t), _bench.ms(arch_t), _bench.ms(store_t), _bench.ms(rest_t),
+                  gz / 1024, _bench.ratio(_bench.ms(arch_t), _bench.ms(copy_t)))
     await store.close()
+    report.table(table)
 
 
-async def regrade_speed(n: int, tmp: Path) -> None:
+async def regrade_speed(n: int, tmp: Path, report: _bench.Report) -> None:
     cfg = load_env_config(REPO / "env" / "gsm8k" / "env.yaml")
     cases = load_cases(cfg)
     db = f"sqlite:///{tmp / 'regrade.db'}"
@@ -113,18 +111,21 @@ async def regrade_speed(n: int, tmp: Path) -> None:
                                               out=tmp / "regrade.jsonl"))
     elapsed = time.perf_counter() - t0
     passed = sum(1 for r in result.regraded if r.after_score == 10.0)
-    print(f"regrade of {n} gsm8k sessions: {elapsed:.2f} s, {n / elapsed:.0f} sessions/s "
-          f"({len(result.regraded)} regraded, {passed} now score 10, {len(result.not_regraded)} not regraded)")
+    report.value("regrade_sessions_per_s", n / elapsed)
+    report.line(f"\nregrade of {n} gsm8k sessions: {elapsed:.2f} s, {n / elapsed:.0f} sessions/s "
+                f"({len(result.regraded)} regraded, {passed} now score 10, {len(result.not_regraded)} not regraded)")
 
 
 async def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _bench.parser(__doc__, quick={"rounds": 3, "sessions": 20})
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--sessions", type=int, default=400)
     args = ap.parse_args()
+    report = _bench.Report("regrade_bench", args)
     with tempfile.TemporaryDirectory(prefix="regrade-bench-") as d:
-        await archive_costs(args.rounds, Path(d))
-        await regrade_speed(args.sessions, Path(d))
+        await archive_costs(args.rounds, Path(d), report)
+        await regrade_speed(args.sessions, Path(d), report)
+    report.finish()
     return 0
 
 

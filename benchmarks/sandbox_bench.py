@@ -1,6 +1,6 @@
 """Per-session start-up cost of the runtime sandbox, beside a bare subprocess start, in one run.
 
-    python benchmarks/sandbox_bench.py [--sessions 40]
+    python benchmarks/sandbox_bench.py [--sessions 40] [--requests 200] [--quick] [--json PATH]
 
 Each session runs the same trivial runtime (``python -c``: read the start request, print a result
 line; no imports) through ``rollout.sandbox.runner.run_runtime``, alternating the two ways so machine noise
@@ -20,14 +20,14 @@ the ratio bwrap / bare.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import _bench
 import yaml
 
 from rollout.contract.protocol import SimulationStartRequest
@@ -85,77 +85,69 @@ async def _ping_server() -> tuple[asyncio.AbstractServer, str]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
-def _ms(xs: list[float]) -> tuple[float, float]:
-    xs = sorted(xs)
-    return statistics.median(xs) * 1000, xs[int(0.9 * (len(xs) - 1))] * 1000
+class SessionFailed(Exception):
+    """A benchmark session did not succeed: the run stops."""
 
 
-async def main(sessions: int, requests: int) -> int:
+async def main() -> int:
+    ap = _bench.parser(__doc__, quick={"sessions": 4, "requests": 20})
+    ap.add_argument("--sessions", type=int, default=40)
+    ap.add_argument("--requests", type=int, default=200)
+    args = ap.parse_args()
+    sessions, requests = args.sessions, args.requests
+    report = _bench.Report("sandbox_bench", args)
     support = sandbox_support()
-    print(f"bubblewrap {support.bwrap}; limits: {support.mechanisms()}")
+    report.line(f"bubblewrap {support.bwrap}; limits: {support.mechanisms()}")
     server, gateway = await _ping_server()
-    with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as tmp:
-        root = Path(tmp)
-        envs = {m: _env(root, f"start-{m}", m, RUNTIME) for m in ("none", "bwrap")}
-        sdk = {m: _env(root, f"sdk-{m}", m, SDK_RUNTIME) for m in ("none", "bwrap")}
-        http = {m: _env(root, f"http-{m}", m, HTTP_RUNTIME, {"BENCH_REQUESTS": str(requests)})
-                for m in ("none", "bwrap")}
-        times: dict[str, list[float]] = {"none": [], "bwrap": []}
-        rtt: dict[str, list[float]] = {"none": [], "bwrap": []}
-        for i in range(sessions + 2):  # the first two of each are warm-up
-            for mode in ("none", "bwrap"):
-                ws = root / f"ws-{mode}-{i}"
-                ws.mkdir()
-                t0 = time.perf_counter()
-                out = await run_runtime(envs[mode], _request(f"s{i}", gateway), ws, {})
-                dt = time.perf_counter() - t0
-                if out.status != "succeeded":
-                    print(f"session failed ({mode}): {out.error_text}", file=sys.stderr)
-                    return 1
-                if i >= 2:
-                    times[mode].append(dt)
-        sdk_times: dict[str, list[float]] = {"none": [], "bwrap": []}
-        for i in range(max(3, sessions // 4)):
-            for mode in ("none", "bwrap"):
-                ws = root / f"sdk-{mode}-{i}"
-                ws.mkdir()
-                t0 = time.perf_counter()
-                out = await run_runtime(sdk[mode], _request(f"k{i}", gateway), ws, {})
-                if out.status != "succeeded":
-                    print(f"sdk session failed ({mode}): {out.error_text}", file=sys.stderr)
-                    return 1
-                sdk_times[mode].append(time.perf_counter() - t0)
-        for i in range(max(3, sessions // 4)):
-            for mode in ("none", "bwrap"):
-                ws = root / f"http-{mode}-{i}"
-                ws.mkdir()
-                out = await run_runtime(http[mode], _request(f"h{i}", gateway), ws, {})
-                if out.status != "succeeded" or out.result is None:
-                    print(f"http session failed ({mode}): {out.error_text} {out.stderr_tail}", file=sys.stderr)
-                    return 1
-                rtt[mode].append(out.result.metrics["s"] / requests)
-    server.close()
-    bare, boxed = _ms(times["none"]), _ms(times["bwrap"])
-    print(f"\nsession start-up + trivial runtime, {sessions} sessions each (ms):")
-    print(f"{'':>8} {'median':>8} {'p90':>8}")
-    print(f"{'bare':>8} {bare[0]:8.1f} {bare[1]:8.1f}")
-    print(f"{'bwrap':>8} {boxed[0]:8.1f} {boxed[1]:8.1f}")
-    print(f"sandbox overhead per session: {boxed[0] - bare[0]:.1f} ms (median), ratio bwrap/bare "
-          f"{boxed[0] / bare[0]:.2f}x")
-    s_bare, s_boxed = _ms(sdk_times["none"]), _ms(sdk_times["bwrap"])
-    print(f"the same with `import openai` first (a typical Python runtime), {len(sdk_times['none'])} each: "
-          f"bare {s_bare[0]:.1f} ms, bwrap {s_boxed[0]:.1f} ms (+{s_boxed[0] - s_bare[0]:.1f} ms, "
-          f"ratio {s_boxed[0] / s_bare[0]:.2f}x)")
-    r_bare, r_boxed = _ms(rtt["none"]), _ms(rtt["bwrap"])
-    print(f"\nHTTP round trip on a keep-alive connection, {requests} requests per session (ms per request):")
-    print(f"  direct {r_bare[0]:.3f}, through forwarder + bridge {r_boxed[0]:.3f} "
-          f"(+{r_boxed[0] - r_bare[0]:.3f} ms, ratio {r_boxed[0] / r_bare[0]:.2f}x)")
+    modes = ("none", "bwrap")
+    try:
+        with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as tmp:
+            root = Path(tmp)
+            envs = {
+                "start": {m: _env(root, f"start-{m}", m, RUNTIME) for m in modes},
+                "sdk": {m: _env(root, f"sdk-{m}", m, SDK_RUNTIME) for m in modes},
+                "http": {m: _env(root, f"http-{m}", m, HTTP_RUNTIME, {"BENCH_REQUESTS": str(requests)})
+                         for m in modes},
+            }
+
+            def runner(kind: str) -> Callable[[str, int], Awaitable[float]]:
+                async def one(mode: str, i: int) -> float:
+                    ws = root / f"{kind}-{mode}-{i}"
+                    ws.mkdir()
+                    t0 = time.perf_counter()
+                    out = await run_runtime(envs[kind][mode], _request(f"{kind}{i}", gateway), ws, {})
+                    dt = time.perf_counter() - t0
+                    if out.status != "succeeded" or (kind == "http" and out.result is None):
+                        raise SessionFailed(f"{kind} session failed ({mode}): {out.error_text} {out.stderr_tail}")
+                    if kind == "http":
+                        assert out.result is not None
+                        return float(out.result.metrics["s"]) / requests  # per request, timed inside
+                    return dt
+                return one
+
+            few = max(3, sessions // 4)
+            times = await _bench.alternate(sessions, modes, runner("start"), warmup=2)
+            sdk_times = await _bench.alternate(few, modes, runner("sdk"))
+            rtt = await _bench.alternate(few, modes, runner("http"))
+    except SessionFailed as e:
+        print(e, file=sys.stderr)
+        return 1
+    finally:
+        server.close()
+    table = _bench.Table("per session (ms; HTTP: per request on one keep-alive connection), bare vs bubblewrap",
+                         ["measure", "sessions each", ("bare median", ".2f"), ("bare p90", ".2f"),
+                          ("bwrap median", ".2f"), ("bwrap p90", ".2f"), ("overhead", "+.2f"),
+                          ("bwrap / bare", ".2f")])
+    for label, got in (("start + trivial runtime", times), ("start + `import openai` runtime", sdk_times),
+                       (f"HTTP request ({requests} per session)", rtt)):
+        bare, boxed = _bench.ms(got["none"]), _bench.ms(got["bwrap"])
+        table.add(label, len(got["none"]), bare, _bench.ms(got["none"], 90), boxed, _bench.ms(got["bwrap"], 90),
+                  boxed - bare, _bench.ratio(boxed, bare))
+    report.table(table)
+    report.line("HTTP: directly to the host (bare), through the in-sandbox forwarder and the bridge (bwrap)")
+    report.finish()
     return 0
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sessions", type=int, default=40)
-    ap.add_argument("--requests", type=int, default=200)
-    args = ap.parse_args()
-    sys.exit(asyncio.run(main(args.sessions, args.requests)))
+    sys.exit(asyncio.run(main()))

@@ -3,7 +3,7 @@ recording one step costs, with steps stored in full, as format-2 deltas and as f
 compressed by the store's writer: ``store.stepcodec.pack``).
 
     python benchmarks/step_storage_bench.py [--turns 100] [--turn-bytes 1024] [--turn-spread 0]
-        [--sessions 16] [--token-sessions 8] [--corpus PATH]
+        [--sessions 16] [--token-sessions 8] [--corpus PATH] [--quick] [--json PATH]
 
 Each session is an agent loop of ``--turns`` calls: call k sends the whole history (a system
 prompt, a task, then per turn the assistant's tool call and the tool's output of
@@ -26,7 +26,6 @@ microseconds per recorded step, and where the bytes of the ``now`` file go (SQLi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
@@ -42,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _bench
 from sqlalchemy import JSON
 
 from gateway.continuity import PrefixTracker
@@ -291,20 +291,21 @@ CONFIGS: tuple[tuple[str, int | None], ...] = (("full", None), ("before", 2), ("
 """(name, the format written; None: every value in full)."""
 
 
-async def run(label: str, cutter_of: Callable[[int], Any], turns: int, turn_bytes: int, n_sessions: int,
-              tokens: bool, spread: float = 0.0, configs: tuple[tuple[str, int | None], ...] = CONFIGS,
-              show_where: bool = True) -> None:
+async def run(report: _bench.Report, label: str, cutter_of: Callable[[int], Any], turns: int, turn_bytes: int,
+              n_sessions: int, tokens: bool, spread: float = 0.0,
+              configs: tuple[tuple[str, int | None], ...] = CONFIGS, show_where: bool = True) -> None:
     built = [session_rows(f"s{i}", turns, turn_bytes, tokens, cutter_of(i), spread) for i in range(2 * n_sessions)]
     unique_n = sum(u for _, u, _ in built[:n_sessions])
     unique_2n = sum(u for _, u, _ in built)
     ideal = sum(len(z) for _, _, z in built) / unique_2n
     kind = "with token ids" if tokens else "messages only"
     sizes_text = f"{turn_bytes} B" if spread <= 0 else f"median {turn_bytes} B (log-normal, sigma {spread})"
-    print(f"{label}: {n_sessions} sessions x {turns} turns x {sizes_text} per turn ({kind}); unique content "
-          f"{unique_n / n_sessions / 1024:.1f} KiB per session; ideal (each session's unique content as one "
-          f"zlib stream, level 9): {ideal:.2f}x")
-    print(f"  {'storage':<7} {'file/unique':>12} {'per session':>12} {'steps/unique':>13} "
-          f"{'prefix+encode':>14} {'compress':>9} {'write':>7} {'total (CPU us/step)':>20}")
+    table = _bench.Table(
+        f"{label}: {n_sessions} sessions x {turns} turns x {sizes_text} per turn ({kind}); unique content "
+        f"{unique_n / n_sessions / 1024:.1f} KiB per session; ideal (each session's unique content as one "
+        f"zlib stream, level 9): {ideal:.2f}x",
+        ["storage", ("file/unique", ".2f"), ("per session", ".2f"), ("steps/unique", ".2f"),
+         ("prefix+encode us", ".1f"), ("compress us", ".1f"), ("write us", ".1f"), ("total CPU us/step", ".1f")])
     where: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, version in configs:
@@ -318,20 +319,21 @@ async def run(label: str, cutter_of: Callable[[int], Any], turns: int, turn_byte
                 if name == "now" and count == 2 * n_sessions and show_where:
                     where = breakdown(path, unique_2n)
             (size, steps), (enc, pk, wr) = sizes[0], cpu
-            marginal = f"{(sizes[1][0] - sizes[0][0]) / (unique_2n - unique_n):12.2f}" if len(sizes) > 1 else f"{'':>12}"
-            compress = f"{pk:9.1f}" if version == 3 else f"{'':>9}"
-            print(f"  {name:<7} {size / unique_n:12.2f} {marginal} {steps / unique_n:13.2f} "
-                  f"{enc:14.1f} {compress} {wr:7.1f} {enc + wr:20.1f}")
-    print(f"  page size {SQLITE_PAGE_SIZE} B; file/unique: the file of {n_sessions} sessions (with its fixed cost, every "
-          f"empty table); per session: what each session adds (the file of {2 * n_sessions} sessions minus that of "
-          f"{n_sessions}, over the unique content they add), the measure of the target; steps/unique: the "
-          "session_steps table and its indexes; compress: of the write, the zlib of the row (the writer's thread)")
-    if where:
-        print("\n".join(where))
+            marginal = (sizes[1][0] - sizes[0][0]) / (unique_2n - unique_n) if len(sizes) > 1 else None
+            table.add(name, size / unique_n, marginal, steps / unique_n, enc, pk if version == 3 else None, wr,
+                      enc + wr)
+    report.table(table)
+    report.line(f"page size {SQLITE_PAGE_SIZE} B; file/unique: the file of {n_sessions} sessions (with its fixed cost, "
+                f"every empty table); per session: what each session adds (the file of {2 * n_sessions} sessions "
+                f"minus that of {n_sessions}, over the unique content they add), the measure of the target; "
+                "steps/unique: the session_steps table and its indexes; compress: of the write, the zlib of the row "
+                "(the writer's thread)")
+    for line in where:
+        report.line(line)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="session storage: full steps, format-2 deltas, format 3 (compressed)")
+    ap = _bench.parser(__doc__, quick={"turns": 10, "sessions": 2, "token_sessions": 1})
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--turn-bytes", type=int, default=1024)
     ap.add_argument("--sessions", type=int, default=16,
@@ -342,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", type=Path, default=None,
                     help="a text file to cut the tool outputs from (default: this repository's *.py files)")
     args = ap.parse_args(argv)
+    report = _bench.Report("step_storage_bench", args)
     corpus = file_corpus(args.corpus) if args.corpus is not None else source_corpus()
     label = f"corpus {args.corpus.name}" if args.corpus is not None else "corpus: this repository's *.py files"
     size = sum(len(t) for _, t in corpus)
@@ -349,12 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     def cutter(i: int) -> Cutter:  # each session reads from its own place
         return Cutter(corpus, i * size // max(1, 2 * max(args.sessions, args.token_sessions)))
 
-    asyncio.run(run(label, cutter, args.turns, args.turn_bytes, args.sessions, False, args.turn_spread))
+    asyncio.run(run(report, label, cutter, args.turns, args.turn_bytes, args.sessions, False, args.turn_spread))
     if args.token_sessions > 0:
-        asyncio.run(run(label, cutter, args.turns, args.turn_bytes, args.token_sessions, True, args.turn_spread,
-                        show_where=False))
-    asyncio.run(run("worst case: random bytes, base64-encoded", lambda i: RandomCutter(f"r{i}"), args.turns,
+        asyncio.run(run(report, label, cutter, args.turns, args.turn_bytes, args.token_sessions, True,
+                        args.turn_spread, show_where=False))
+    asyncio.run(run(report, "worst case: random bytes, base64-encoded", lambda i: RandomCutter(f"r{i}"), args.turns,
                     args.turn_bytes, args.sessions, False, args.turn_spread, configs=CONFIGS[1:], show_where=False))
+    report.finish()
     return 0
 
 

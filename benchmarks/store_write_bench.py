@@ -1,6 +1,6 @@
 """What one recorded step costs in the store, and what two cheaper ways of writing it cost.
 
-    python benchmarks/store_write_bench.py [--steps 2000]
+    python benchmarks/store_write_bench.py [--steps 2000] [--quick] [--json PATH]
 
 Writes the gateway's kind of rows into a fresh SQLite file, in batches of 1 and 64, three ways:
 ``Store.write_batch`` as it is, a Core ``executemany``, and plain ``sqlite3`` with one thread
@@ -10,18 +10,16 @@ hop; prints wall and CPU microseconds per step, plus the cost of building SQLMod
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import resource
 import sqlite3
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _bench
 from sqlalchemy import JSON, DateTime, insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -34,11 +32,6 @@ RESPONSE = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1700
                          "logprobs": None, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}}
 N_SESSIONS = 64
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 class Rows:
@@ -67,18 +60,25 @@ class Rows:
                               total_steps=i)
 
 
-def _report(name: str, batch: int, steps: int, wall: float, cpu: float) -> None:
-    print(f"  {name:<22} batch {batch:>3}: {wall / steps * 1e6:8.1f} us wall/step  {cpu / steps * 1e6:8.1f} us "
-          f"CPU/step  ({wall / (steps / batch) * 1e3:6.2f} ms per commit)", flush=True)
+TABLE = _bench.Table("store write cost per recorded step (1 step row + 1 session-state row per step; SQLite WAL, "
+                     "synchronous=NORMAL)", ["way", "batch", ("us wall/step", ".1f"), ("us CPU/step", ".1f"),
+                                             ("ms per commit", ".2f"), ("wall vs write_batch", ".2f")])
+
+
+def _report(name: str, batch: int, steps: int, t: _bench.Span) -> None:
+    base = next((r[2] for r in TABLE.rows if r[0] == "Store.write_batch" and r[1] == batch), None)
+    per_step = t.wall_s / steps * 1e6
+    TABLE.add(name, batch, per_step, t.cpu_s / steps * 1e6, t.wall_s / (steps / batch) * 1e3,
+              _bench.ratio(per_step, base) if base else 1.0)
 
 
 async def bench_store(store: Store, rows: Rows, batch: int, steps: int) -> None:
     data = [([rows.step() for _ in range(batch)], [rows.session(rows.n + j) for j in range(batch)])
             for _ in range(steps // batch)]
-    t0, c0 = time.perf_counter(), _cpu()
-    for s, g in data:
-        await store.write_batch(s, g)
-    _report("Store.write_batch", batch, steps, time.perf_counter() - t0, _cpu() - c0)
+    with _bench.timed() as t:
+        for s, g in data:
+            await store.write_batch(s, g)
+    _report("Store.write_batch", batch, steps, t)
 
 
 async def bench_core(store: Store, rows: Rows, batch: int, steps: int) -> None:
@@ -90,13 +90,13 @@ async def bench_core(store: Store, rows: Rows, batch: int, steps: int) -> None:
         c.name: up.excluded[c.name] for c in sess_t.columns if c.name not in ("session_id", "created_at")})
     data = [([rows.step_dict() for _ in range(batch)], [rows.session(rows.n + j).model_dump() for j in range(batch)])
             for _ in range(steps // batch)]
-    t0, c0 = time.perf_counter(), _cpu()
-    for s, g in data:
-        last = list({r["session_id"]: r for r in g}.values())
-        async with store.writer.begin() as conn:
-            await conn.execute(ins, s)
-            await conn.execute(up, last)
-    _report("core executemany", batch, steps, time.perf_counter() - t0, _cpu() - c0)
+    with _bench.timed() as t:
+        for s, g in data:
+            last = list({r["session_id"]: r for r in g}.values())
+            async with store.writer.begin() as conn:
+                await conn.execute(ins, s)
+                await conn.execute(up, last)
+    _report("core executemany", batch, steps, t)
 
 
 def _converter(table: Any) -> tuple[list[str], Callable[[dict[str, Any]], tuple[Any, ...]]]:
@@ -143,27 +143,26 @@ async def bench_sqlite3(db: Path, rows: Rows, batch: int, steps: int) -> None:
 
     data = [([rows.step_dict() for _ in range(batch)], [rows.session(rows.n + j).model_dump() for j in range(batch)])
             for _ in range(steps // batch)]
-    t0, c0 = time.perf_counter(), _cpu()
-    for s, g in data:
-        await asyncio.to_thread(commit, s, g)
-    _report("sqlite3, 1 hop", batch, steps, time.perf_counter() - t0, _cpu() - c0)
+    with _bench.timed() as t:
+        for s, g in data:
+            await asyncio.to_thread(commit, s, g)
+    _report("sqlite3, 1 hop", batch, steps, t)
     con.close()
 
 
-def bench_objects(rows: Rows, n: int) -> None:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        rows.step()
-    t1 = time.perf_counter()
+def bench_objects(rows: Rows, n: int, report: _bench.Report) -> None:
+    with _bench.timed() as steps:
+        for _ in range(n):
+            rows.step()
     st = rows.session(1)
-    for _ in range(n):
-        GatewaySession(**st.model_dump())
-    t2 = time.perf_counter()
-    print(f"  building one SessionStep(...): {(t1 - t0) / n * 1e6:.1f} us; one session snapshot "
-          f"GatewaySession(**st.model_dump()): {(t2 - t1) / n * 1e6:.1f} us")
+    with _bench.timed() as snapshots:
+        for _ in range(n):
+            GatewaySession(**st.model_dump())
+    report.line(f"building one SessionStep(...): {steps.wall_s / n * 1e6:.1f} us; one session snapshot "
+                f"GatewaySession(**st.model_dump()): {snapshots.wall_s / n * 1e6:.1f} us")
 
 
-async def amain(steps: int) -> None:
+async def amain(steps: int, report: _bench.Report) -> None:
     with tempfile.TemporaryDirectory(prefix="store-bench-") as d:
         db = Path(d) / "bench.db"
         store = Store(f"sqlite://{db}")
@@ -175,25 +174,27 @@ async def amain(steps: int) -> None:
                 await bench_store(store, rows, batch, n)
                 await bench_core(store, rows, batch, n)
                 await bench_sqlite3(db, rows, batch, n)
-            bench_objects(rows, min(steps, 2000))
+            report.table(TABLE)
+            bench_objects(rows, min(steps, 2000), report)
         finally:
             await store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="cost of recording one step in the store, three ways")
+    ap = _bench.parser(__doc__, quick={"steps": 128})
     ap.add_argument("--steps", type=int, default=2000, help="steps written per variant and batch size")
     args = ap.parse_args(argv)
     if not 64 <= args.steps <= 1_000_000:
         ap.error("--steps must be 64..1000000")
-    print("store write cost per recorded step (1 step row + 1 session-state row per step; SQLite WAL, "
-          "synchronous=NORMAL):")
+    report = _bench.Report("store_write_bench", args)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(amain(args.steps))
+        report.line("uvloop not installed: the asyncio event loop")
+        asyncio.run(amain(args.steps, report))
     else:
-        uvloop.run(amain(args.steps))
+        uvloop.run(amain(args.steps, report))
+    report.finish()
     return 0
 
 

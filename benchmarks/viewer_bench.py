@@ -1,6 +1,6 @@
 """How fast the viewer's pages are on a 100,000-session job, without and with its indexes.
 
-    python benchmarks/viewer_bench.py [--sessions 100000] [--steps 3] [--repeat 3]
+    python benchmarks/viewer_bench.py [--sessions 100000] [--steps 3] [--repeat 3] [--quick] [--json PATH]
 
 Builds a temporary SQLite store (the launcher's schema from ``Store.init``) holding one job of
 ``--sessions`` finished sessions (2 envs, 4 samples per case, scores 0..10, some evaluator
@@ -13,15 +13,14 @@ first, a filtered, a score-sorted and the last page of the session list, a sessi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sqlite3
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import _bench
 import httpx
 
 from rollout.servers.viewer.app import create_app
@@ -81,9 +80,9 @@ async def time_pages(db: Path, repeat: int) -> dict[str, tuple[float, float]]:
             for name, path in PAGES.items():
                 times = []
                 for _ in range(repeat):
-                    t0 = time.perf_counter()
-                    r = await client.get(str(path))
-                    times.append(time.perf_counter() - t0)
+                    with _bench.timed() as t:
+                        r = await client.get(str(path))
+                    times.append(t.wall_s)
                     if r.status_code != 200:
                         raise SystemExit(f"{path}: HTTP {r.status_code}")
                 out[name] = (times[0] * 1000, min(times[1:] or times) * 1000)
@@ -93,33 +92,37 @@ async def time_pages(db: Path, repeat: int) -> dict[str, tuple[float, float]]:
 
 
 async def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = _bench.parser(__doc__, quick={"sessions": 2000, "repeat": 2})
     ap.add_argument("--sessions", type=int, default=100_000)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    report = _bench.Report("viewer_bench", args)
     PAGES["last page"] = f"/jobs/big/sessions?page={(args.sessions + 49) // 50}"
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.db"
         store = Store(f"sqlite://{db}")
         await store.init()
         await store.close()
-        t0 = time.perf_counter()
-        build(db, args.sessions, args.steps)
-        print(f"built {args.sessions} sessions x {args.steps} steps in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        with _bench.timed() as built:
+            build(db, args.sessions, args.steps)
+        report.line(f"built {args.sessions} sessions x {args.steps} steps in {built.wall_s:.1f} s")
         before = await time_pages(db, args.repeat)
         engine, queries = await open_queries(f"sqlite://{db}")
-        t0 = time.perf_counter()
-        made = await queries.ensure_indexes()
-        made_s = time.perf_counter() - t0
+        with _bench.timed() as indexing:
+            made = await queries.ensure_indexes()
         await engine.dispose()
         after = await time_pages(db, args.repeat)
-    print(f"{args.sessions} sessions, {args.steps} steps each; indexes {', '.join(made)} built in {made_s:.2f} s")
-    print("first: the first request (the job's summary not cached yet); again: best of the others")
-    print(f"{'page':<14}{'no index, first':>17}{'indexed, first':>16}{'ratio':>7}{'indexed, again':>16}")
+    report.line(f"indexes {', '.join(made)} built in {indexing.wall_s:.2f} s")
+    table = _bench.Table(f"viewer pages, {args.sessions} sessions x {args.steps} steps (ms; first: the first "
+                         "request, the job's summary not cached yet; again: best of the others)",
+                         ["page", ("no index, first", ".1f"), ("indexed, first", ".1f"), ("ratio", ".2f"),
+                          ("indexed, again", ".1f")])
     for name in PAGES:
         b, a = before[name][0], after[name][0]
-        print(f"{name:<14}{b:>14.1f} ms{a:>13.1f} ms{b / a:>7.2f}{after[name][1]:>13.1f} ms")
+        table.add(name, b, a, _bench.ratio(b, a), after[name][1])
+    report.table(table)
+    report.finish()
     return 0
 
 

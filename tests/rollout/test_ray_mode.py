@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RayCluster]:
+def ray_cluster() -> Iterator[RayCluster]:
     ray_installed()
     c = RayCluster().start()
     try:
@@ -82,7 +82,7 @@ def records(out: Path) -> dict[tuple[str, str], dict[str, Any]]:
 KEYS = ("status", "outcome", "score", "eval_status", "reason", "error", "step_count", "sandbox", "group_id")
 
 
-async def test_bundled_envs_give_the_same_rows_on_ray_as_local(tmp_path: Path, cluster: RayCluster) -> None:
+async def test_bundled_envs_give_the_same_rows_on_ray_as_local(tmp_path: Path, ray_cluster: RayCluster) -> None:
     require_bwrap()
     db = tmp_path / "trajs.db"
     common = ["--agent-root", str(REPO / "env"), "--llm-model", "fake", "--db-path", f"sqlite://{db}",
@@ -93,7 +93,7 @@ async def test_bundled_envs_give_the_same_rows_on_ray_as_local(tmp_path: Path, c
                                     "--out", str(tmp_path / "loc.jsonl"), cwd=tmp_path)
         assert code == 0, err
         code, _, err = await launch(*common, "--gateway-config", str(cfg), "--job-id", "ray", "--mode", "ray",
-                                    "--ray-address", cluster.address, "--out", str(tmp_path / "ray.jsonl"),
+                                    "--ray-address", ray_cluster.address, "--out", str(tmp_path / "ray.jsonl"),
                                     cwd=tmp_path)
     assert code == 0, err
     assert "ray: 2 node(s) at" in err
@@ -113,7 +113,7 @@ async def test_bundled_envs_give_the_same_rows_on_ray_as_local(tmp_path: Path, c
 
 
 async def test_the_workspace_travels_to_the_node_and_back_for_the_grader(tmp_path: Path,
-                                                                         cluster: RayCluster) -> None:
+                                                                         ray_cluster: RayCluster) -> None:
     """The agent's tool reads a task file (sent to the node with the workspace) and writes the
     answer there; the grader on the launcher's host reads it from the workspace brought back."""
     require_bwrap()
@@ -131,7 +131,7 @@ async def test_the_workspace_travels_to_the_node_and_back_for_the_grader(tmp_pat
         code, _, err = await launch(
             "--agent-root", str(REPO / "env"), "--env", "workspace", "--gateway-config", str(cfg),
             "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation", "--limit", "1",
-            "--job-id", "tools", "--out", str(out), "--mode", "ray", "--ray-address", cluster.address, cwd=tmp_path)
+            "--job-id", "tools", "--out", str(out), "--mode", "ray", "--ray-address", ray_cluster.address, cwd=tmp_path)
     assert code == 0, err
     (r,) = records(out).values()
     assert r["case_id"] == "csv_sales_by_region"
@@ -179,18 +179,18 @@ def make_env(root: Path, cases: list[dict[str, Any]], resources: dict[str, Any] 
 
 
 async def test_a_node_that_dies_mid_session_is_an_infra_failure_retried_elsewhere(tmp_path: Path,
-                                                                                  cluster: RayCluster) -> None:
+                                                                                  ray_cluster: RayCluster) -> None:
     require_bwrap()
     make_env(tmp_path / "envs", [{"id": "victim", "hang": True}, *({"id": f"ok{i}"} for i in range(3))],
              resources={"num_cpus": 1, "memory_mb": 64})
     db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
-    worker = cluster.nodes[-1]
+    worker = ray_cluster.nodes[-1]
     async with FakeUpstream() as up:
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
         job = asyncio.create_task(launch(
             "--agent-root", str(tmp_path / "envs"), "--gateway-config", str(cfg), "--llm-model", "fake",
             "--db-path", f"sqlite://{db}", "--enable-evaluation", "--job-id", "kill", "--out", str(out),
-            "--pool-size", "2", "--retry-backoff-s", "0.1", "--mode", "ray", "--ray-address", cluster.address,
+            "--pool-size", "2", "--retry-backoff-s", "0.1", "--mode", "ray", "--ray-address", ray_cluster.address,
             cwd=tmp_path))
         # the victim's runtime has made its model call and now waits on the worker node
         for _ in range(1200):
@@ -201,7 +201,7 @@ async def test_a_node_that_dies_mid_session_is_an_infra_failure_retried_elsewher
         else:
             raise AssertionError("the victim session never made its model call")
         worker.kill_raylet()
-        await asyncio.to_thread(cluster.add_worker, 2)  # the node that replaces it
+        await asyncio.to_thread(ray_cluster.add_worker, 2)  # the node that replaces it
         code, _, err = await job
     assert code == 0, err
     recs = records(out)
@@ -222,13 +222,13 @@ async def test_a_node_that_dies_mid_session_is_an_infra_failure_retried_elsewher
     assert q(db, "SELECT count(*) FROM job_environments WHERE job_id = 'kill' AND finished = 1") == [(4,)]
 
 
-async def test_setup_refuses_what_the_cluster_cannot_run(tmp_path: Path, cluster: RayCluster) -> None:
+async def test_setup_refuses_what_the_cluster_cannot_run(tmp_path: Path, ray_cluster: RayCluster) -> None:
     require_bwrap()
     db = tmp_path / "trajs.db"
     async with FakeUpstream() as up:
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
         base = ["--agent-root", str(tmp_path / "envs"), "--gateway-config", str(cfg), "--llm-model", "fake",
-                "--db-path", f"sqlite://{db}", "--mode", "ray", "--ray-address", cluster.address]
+                "--db-path", f"sqlite://{db}", "--mode", "ray", "--ray-address", ray_cluster.address]
         make_env(tmp_path / "envs", [{"id": "a"}], resources={"num_cpus": 64})
         code, _, err = await launch(*base, "--job-id", "big", cwd=tmp_path)
         assert code == 1, err
