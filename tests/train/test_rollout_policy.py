@@ -1,0 +1,73 @@
+"""The rollout_func's drop policy without the launcher (the jobs a call runs, what each asks for,
+the rows it returns, the error when a case stays short), the per-step numbers, and the curve's
+PNG raster. No torch needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout.jobs.job import JobOptions
+
+
+def _sample(case: str, sid: str, reward: float) -> Any:
+    from rollout.train.adapters import TrainSample
+
+    return TrainSample(group_id=f"g-{sid}", case_id=case, session_id=sid, sample_index=0, prompt_ids=[1],
+                       completion_ids=[2, 3], completion_mask=[1, 1], completion_logprobs=[-0.1, -0.2],
+                       reward=reward, advantage=None, policy_versions=[0], steps=[1], finish_reason="stop",
+                       truncated=False)
+
+
+def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drop policy without the launcher: the jobs a call runs, and what each asks for."""
+    from rollout.train import trl_rollout
+    from rollout.train.adapters import Dropped
+
+    asked: list[tuple[str, list[str], int | None]] = []
+    answers: dict[str, list[Any]] = {
+        "t-step0001": [_sample("a", "a0", 10.0), _sample("b", "b0", 0.0), _sample("b", "b1", 10.0)],
+        "t-step0001-rerun1": [_sample("a", "a1", 0.0)],
+        "t-step0002": [_sample("a", "a2", 10.0)],
+    }
+
+    async def run_job(opts: JobOptions) -> None:
+        assert opts.job_id is not None
+        asked.append((opts.job_id, opts.case_ids, opts.rl_group_size))
+
+    async def read(db_url: str, job_id: str) -> tuple[list[Any], list[Any], list[Dropped]]:
+        return [], answers.get(job_id, []), [Dropped("g", "x", "invalid: infrastructure failure (setup_failed)")]
+
+    monkeypatch.setattr(trl_rollout, "run_job", run_job)
+    monkeypatch.setattr(trl_rollout, "read_job_samples", read)
+    template = JobOptions(gateway_config=tmp_path / "gw.yaml", db_path=f"sqlite://{tmp_path / 't.db'}")
+    rollout = trl_rollout.JobRollout(template, num_generations=2, job_prefix="t", max_reruns=1)
+    rows = rollout.rollout_func(["a", "a", "b", "b"])
+    assert asked == [("t-step0001", ["a", "b"], 2), ("t-step0001-rerun1", ["a"], 1)]
+    assert rows["session_id"] == ["a0", "a1", "b0", "b1"] and rows["env_reward"] == [10.0, 0.0, 0.0, 10.0]
+    (stats,) = rollout.history
+    assert (stats.mean_reward, stats.pass_rate, stats.disagreeing_groups, stats.groups) == (5.0, 0.5, 2, 2)
+    assert (stats.tokens_trained, stats.rows, stats.dropped, stats.jobs) == (8, 4, 2, 2)
+    with pytest.raises(trl_rollout.RolloutError, match=r"cases short of 2 trainable samples: \{'a': 1\}"):
+        rollout.rollout_func(["a", "a"])
+    assert [a[0] for a in asked[2:]] == ["t-step0002", "t-step0002-rerun1"]
+
+
+def test_the_curve_png_draws_each_series() -> None:
+    import zlib
+
+    from rollout.train.curve import raster_png
+
+    png = raster_png([([0.0, 1.0], (31, 119, 180))])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    idat = png.index(b"IDAT")
+    raw = zlib.decompress(png[idat + 4: idat + 4 + int.from_bytes(png[idat - 4: idat], "big")])
+    rows = [raw[y * (3 * width + 1) + 1:(y + 1) * (3 * width + 1)] for y in range(height)]
+    blue = bytes((31, 119, 180))
+    # the line rises from the bottom left (y = height - margin) to the top right (y = margin)
+    assert blue in rows[height - 30] and blue in rows[30]
+    assert rows[height - 30].index(blue) < rows[30].index(blue)
