@@ -259,3 +259,14 @@ async def test_policy_sync_holds_the_lock_over_the_step_and_counts_versions(serv
         await asyncio.to_thread(sync.on_optimizer_step, None, None, None)
         assert not server.lock.locked()
         assert (await gateway.http().get("/admin/policy_version")).json()["policy_version"] == step
+
+
+def test_max_tokens_cap_bounds_every_completion_whatever_the_request_asks(model: Any, tokenizer: Any) -> None:
+    with PolicyServer(model, tokenizer, model_name="tiny", max_tokens_cap=5) as capped:
+        for body in ({"max_tokens": 50}, {"max_completion_tokens": 3}, {}):
+            out = answer(capped, temperature=1.0, seed=1, **TOKENS, **body)
+            limit = min(5, body.get("max_completion_tokens", 5))
+            ids = out["choices"][0]["token_ids"]
+            assert len(ids) <= limit and out["usage"]["completion_tokens"] == len(ids)
+            if out["choices"][0]["finish_reason"] == "length":
+                assert len(ids) == limit

@@ -71,3 +71,13 @@ def test_the_curve_png_draws_each_series() -> None:
     # the line rises from the bottom left (y = height - margin) to the top right (y = margin)
     assert blue in rows[height - 30] and blue in rows[30]
     assert rows[height - 30].index(blue) < rows[30].index(blue)
+
+
+def test_train_flags_are_checked_and_listed() -> None:
+    from rollout.cli.train import parse_args
+
+    a = parse_args(["--cases", "run_script, tally", "--steps", "3", "--model-config", "tiny"])
+    assert (a.cases, a.eval_cases, a.steps, a.samples, a.model_config) == (["run_script", "tally"], None, 3, 8, "tiny")
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--samples", "0"])
+    assert e.value.code == 2
