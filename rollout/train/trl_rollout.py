@@ -139,9 +139,11 @@ class JobRollout:
     async def collect(self, case_ids: Sequence[str], samples: int, tag: str,
                       temperature: float | None = None) -> Collected:
         """``samples`` trainable samples of each case: one job, then reruns of the cases short of
-        samples (only the shortfall) while reruns are left. RolloutError when a case stays short."""
+        samples (one job for them, its group size the largest shortfall; extra samples are left
+        unused) while reruns are left. RolloutError when a case stays short."""
         want = list(dict.fromkeys(case_ids))
         got = Collected({c: [] for c in want})
+        stopped: list[str] = []
         for attempt in range(1 + self.max_reruns):
             short = {c: samples - len(got.samples[c]) for c in want if len(got.samples[c]) < samples}
             if not short:
@@ -153,7 +155,9 @@ class JobRollout:
                 update["llm_temperature"] = temperature
             if self.out_dir is not None:
                 update["out"] = self.out_dir / f"{job_id}.jsonl"
-            await run_job(self.template.model_copy(update=update))
+            result = await run_job(self.template.model_copy(update=update))
+            if result is not None and result.stopped:
+                stopped.append(f"{job_id}: {result.stopped}")
             got.jobs.append(job_id)
             if self.on_job:
                 self.on_job(job_id)
@@ -166,7 +170,8 @@ class JobRollout:
         if missing:
             reasons = sorted({d.reason for d in got.dropped})
             raise RolloutError(f"after {len(got.jobs)} job(s) ({', '.join(got.jobs)}), cases short of {samples} "
-                               f"trainable samples: {missing}; dropped: {reasons}")
+                               f"trainable samples: {missing}; dropped: {reasons}"
+                               + (f"; stopped early: {stopped}" if stopped else ""))
         return got
 
     def rollout_func(self, prompts: list[Any], trainer: Any = None) -> dict[str, list[Any]]:
