@@ -61,9 +61,10 @@ class RolloutError(RuntimeError):
 
 @dataclass
 class Collected:
-    """Samples per case id (in the order they were recorded), the jobs run, and what was dropped."""
+    """Samples per case id (in the order they were recorded: trainable samples, or with
+    ``scores_only`` the valid samples' scores), the jobs run, and what was dropped."""
 
-    samples: dict[str, list[TrainSample]]
+    samples: dict[str, list[Any]]
     jobs: list[str] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
 
@@ -137,10 +138,12 @@ class JobRollout:
         self._calls = 0
 
     async def collect(self, case_ids: Sequence[str], samples: int, tag: str,
-                      temperature: float | None = None) -> Collected:
-        """``samples`` trainable samples of each case: one job, then reruns of the cases short of
-        samples (one job for them, its group size the largest shortfall; extra samples are left
-        unused) while reruns are left. RolloutError when a case stays short."""
+                      temperature: float | None = None, scores_only: bool = False) -> Collected:
+        """``samples`` trainable samples (:class:`TrainSample`) of each case: one job, then reruns
+        of the cases short of samples (one job for them, its group size the largest shortfall;
+        extra samples are left unused) while reruns are left. RolloutError when a case stays
+        short. ``scores_only``: the scores of valid samples instead (an evaluation needs no
+        tokens: a sample that is not one sequence still counts)."""
         want = list(dict.fromkeys(case_ids))
         got = Collected({c: [] for c in want})
         stopped: list[str] = []
@@ -161,11 +164,16 @@ class JobRollout:
             got.jobs.append(job_id)
             if self.on_job:
                 self.on_job(job_id)
-            _, converted, dropped = await read_job_samples(self.template.db_path, job_id)
+            groups, converted, dropped = await read_job_samples(self.template.db_path, job_id)
+            taken: list[tuple[str, Any]] = [(s.case_id, s) for s in converted]
+            if scores_only:
+                taken = [(g.case_id, x.score) for g in groups for x in g.samples if x.valid and x.score is not None]
+                dropped = [Dropped(g.group_id, x.session_id, f"invalid: {x.invalid_reason}")
+                           for g in groups for x in g.samples if not x.valid]
             got.dropped += dropped
-            for s in converted:
-                if s.case_id in got.samples and len(got.samples[s.case_id]) < samples:
-                    got.samples[s.case_id].append(s)
+            for case, x in taken:
+                if case in got.samples and len(got.samples[case]) < samples:
+                    got.samples[case].append(x)
         missing = {c: len(v) for c, v in got.samples.items() if len(v) < samples}
         if missing:
             reasons = sorted({d.reason for d in got.dropped})
@@ -197,7 +205,7 @@ class JobRollout:
                  temperature: float = 0.0) -> tuple[float, float, int]:
         """A held-out evaluation: ``samples`` per case at ``temperature`` (0: greedy, the same run
         before and after training); returns ``(mean reward, pass rate, samples)``."""
-        got = asyncio.run(self.collect(case_ids, samples, tag, temperature=temperature))
-        rewards = [s.reward for v in got.samples.values() for s in v]
+        got = asyncio.run(self.collect(case_ids, samples, tag, temperature=temperature, scores_only=True))
+        rewards = [float(r) for v in got.samples.values() for r in v]
         return (sum(rewards) / len(rewards), sum(r >= self.pass_score for r in rewards) / len(rewards),
                 len(rewards))

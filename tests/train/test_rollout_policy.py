@@ -81,3 +81,34 @@ def test_train_flags_are_checked_and_listed() -> None:
     with pytest.raises(SystemExit) as e:
         parse_args(["--samples", "0"])
     assert e.value.code == 2
+
+
+def test_the_evaluation_counts_valid_scores_without_tokens_and_reruns_invalid_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from rollout.train import trl_rollout
+
+    def sample(sid: str, score: float | None, valid: bool) -> Any:
+        return SimpleNamespace(session_id=sid, score=score, valid=valid,
+                               invalid_reason=None if valid else "infrastructure failure (setup_failed)")
+
+    groups = {  # a's sample is valid but not one sequence (no TrainSample): it still counts
+        "e-before": [SimpleNamespace(group_id="ga", case_id="a", samples=[sample("a0", 10.0, True)]),
+                     SimpleNamespace(group_id="gb", case_id="b", samples=[sample("b0", None, False)])],
+        "e-before-rerun1": [SimpleNamespace(group_id="gb2", case_id="b", samples=[sample("b1", 0.0, True)])],
+    }
+    asked: list[tuple[str | None, list[str], float | None]] = []
+
+    async def run_job(opts: JobOptions) -> None:
+        asked.append((opts.job_id, opts.case_ids, opts.llm_temperature))
+
+    async def read(db_url: str, job_id: str) -> tuple[list[Any], list[Any], list[Any]]:
+        return groups.get(job_id, []), [], []
+
+    monkeypatch.setattr(trl_rollout, "run_job", run_job)
+    monkeypatch.setattr(trl_rollout, "read_job_samples", read)
+    template = JobOptions(gateway_config=tmp_path / "gw.yaml", db_path=f"sqlite://{tmp_path / 't.db'}")
+    rollout = trl_rollout.JobRollout(template, num_generations=2, job_prefix="e")
+    assert rollout.evaluate(["a", "b"], "before") == (5.0, 0.5, 2)
+    assert asked == [("e-before", ["a", "b"], 0.0), ("e-before-rerun1", ["b"], 0.0)]
