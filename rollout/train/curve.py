@@ -81,7 +81,7 @@ def write_curve(history: Sequence[StepStats], evals: dict[str, tuple[float, floa
         fig.savefig(png, dpi=100)
         plt.close(fig)
     except ImportError:
-        png.write_bytes(raster_png([(passes, _BLUE), ([r / max_score for r in rewards], _ORANGE)]))
+        png.write_bytes(raster_png([([r / max_score for r in rewards], _ORANGE), (passes, _BLUE)]))  # pass rate on top
     import plotly.graph_objects as go
 
     fig = go.Figure()
