@@ -51,6 +51,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/feed/test_export.py",
         "tests/feed/test_client.py::test_iteration_goes_on_across_a_restart_of_the_feed",
         "tests/feed/test_client.py::test_an_unknown_job_is_a_feed_error",
+        "tests/rollout/test_cli_damaged_store.py",
     ),
     ("slow", "runs an env's runtime or agent as a subprocess (Python and the OpenAI SDK start each time)"): (
         "tests/env/test_gsm8k_runtime.py",

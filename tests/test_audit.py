@@ -98,6 +98,9 @@ def test_the_battery_loads_every_attack_once_baseline_first() -> None:
 def test_a_harness_that_is_not_an_attack_is_refused(tmp_path: Path) -> None:
     with pytest.raises(HarnessUnavailable, match="not an attack"):
         load_attack(str(REPO / "harnesses" / "oracle"))
+    with pytest.raises(HarnessUnavailable, match=r"^--attack nosuch: no such attack \(bundled: always-equal, ") as e:
+        load_attack("nosuch")
+    assert BASELINE not in str(e.value)
     folder = tmp_path / "bad"
     folder.mkdir()
     (folder / "harness.py").write_text("from rollout.audit.battery import Attack\n\nclass A(Attack):\n"

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
+from sqlalchemy.exc import DatabaseError
 
 from rollout.audit.audit import AuditOptions, AuditReport, exit_code, run_audit
 from rollout.audit.battery import ATTACK_ROOT, BASELINE, attack_folders, load_attack
@@ -91,6 +92,9 @@ def main(argv: list[str]) -> int:
                 return 1
     except (SetupError, HarnessUnavailable, ValidationError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except DatabaseError as e:  # a damaged database file given with --db-path
+        print(f"error: the store cannot be used: {e.orig or e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted: the audit was stopped", file=sys.stderr)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.exc import DatabaseError
 
 from rollout.cli.serving import add_edge_flags, edge_of, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
@@ -166,6 +167,9 @@ def main(argv: list[str]) -> int:
         return 1
     except StepDecodeError as e:  # a damaged row of the store: named, nothing written
         print(f"error: the store cannot be read: {e}", file=sys.stderr)
+        return 1
+    except DatabaseError as e:  # a damaged database file
+        print(f"error: the store cannot be read: {e.orig or e}", file=sys.stderr)
         return 1
     except OSError as e:
         print(f"error: cannot write the export: {e}", file=sys.stderr)

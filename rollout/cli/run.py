@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
 from rollout.core.logs import setup_logging
@@ -358,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(_run(opts, not args.no_progress, job))
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except DatabaseError as e:  # a damaged database file: named, no traceback
+        print(f"error: the store cannot be used: {e.orig or e}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
         hint = f"--resume --job-id {job['id']}" if "id" in job else "the same command"

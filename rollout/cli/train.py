@@ -72,8 +72,14 @@ def parse_args(argv: list[str]) -> TrainArgs:
     p.add_argument("--max-retries", type=int, default=2, help="the launcher's retries of an infrastructure failure")
     p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out case (default 1, greedy)")
     ns = p.parse_args(argv)
-    if min(ns.steps, ns.samples, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples) < 1:
-        p.error("--steps, --samples, --cases-per-step, --max-new-tokens and --eval-samples must be at least 1")
+    if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples) < 1:
+        p.error("--steps, --cases-per-step, --max-new-tokens and --eval-samples must be at least 1")
+    if ns.samples < 2:
+        p.error("--samples must be at least 2: GRPO compares the samples of a case")
+    if ns.out is not None and ns.out.exists() and not ns.out.is_dir():
+        p.error(f"--out {ns.out}: a file, not a folder")
+    if ns.out is not None and (ns.out / "train.db").exists():
+        p.error(f"--out {ns.out} holds an earlier run (train.db): give a new folder")
 
     def listed(v: str | None) -> list[str] | None:
         return [c.strip() for c in v.split(",") if c.strip()] if v else None
@@ -183,17 +189,18 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``launcher.py train ...``: 0 when the run finished; 2 with one line on a setup problem."""
+    """``launcher.py train ...``: 0 when the run finished; 1 with one line on a setup problem (as a job);
+    2 for bad flags (argparse)."""
     args = parse_args(argv)
     start = time.monotonic()
     try:
         result = train(args)
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1
     except ImportError as e:
         print(f"error: launcher.py train needs the train extra (pip install -e '.[train]'): {e}", file=sys.stderr)
-        return 2
+        return 1
     before, after = result["evals"].get("before"), result["evals"].get("after")
     if before and after:
         print(f"held-out pass rate {before[1]:.2f} -> {after[1]:.2f}, mean reward {before[0]:.2f} -> {after[0]:.2f} "

@@ -83,6 +83,24 @@ def test_train_flags_are_checked_and_listed() -> None:
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used"])
+def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout.cli.train import parse_args
+
+    (tmp_path / "f").write_text("")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "train.db").write_text("")
+    argv = {"samples1": ["--samples", "1"], "out_file": ["--out", str(tmp_path / "f")],
+            "out_used": ["--out", str(tmp_path / "used")]}[bad]
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert {"samples1": "--samples must be at least 2", "out_file": "a file, not a folder",
+            "out_used": "holds an earlier run"}[bad] in err
+
+
 def test_the_evaluation_counts_valid_scores_without_tokens_and_reruns_invalid_ones(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
