@@ -40,7 +40,6 @@ from rollout.jobs.regrade import (
     regrade_job,
     render_regrade_summary,
 )
-from rollout.jobs.scheduler import HARNESS_FAILURES
 from rollout.results.progress import ProgressState
 from rollout.results.report import SessionRecord, output_path_problem, render_table, summarize
 from store.stepcodec import StepDecodeError
@@ -186,7 +185,7 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
 
 
 def report(result: JobResult, count_unscored_as_zero: bool, evaluated: bool = True) -> int:
-    """Print the summary table and where things are; returns the exit code (0, 2 or 3).
+    """Print the summary table and where things are; returns the exit code (``job_exit_code``).
     ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so)."""
     totals = result.totals
     print(render_table(totals.summary(count_unscored_as_zero=count_unscored_as_zero)))
@@ -209,9 +208,22 @@ def report(result: JobResult, count_unscored_as_zero: bool, evaluated: bool = Tr
     if result.stopped:
         print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
               file=sys.stderr)
-        return 3
-    failed = totals.count(statuses=HARNESS_FAILURES, eval_statuses=("error", "timeout"))
-    return 2 if failed else 0
+    elif totals.lost:
+        print(f"error: {totals.lost} sessions lost to infrastructure failures after every retry; rerun with "
+              f"--resume --job-id {result.job_id} to run them again", file=sys.stderr)
+    return job_exit_code(result)
+
+
+EXIT_INFRA = 3
+"""The job's exit code when infrastructure left work undone: the circuit breaker stopped the job,
+or sessions failed on infrastructure after every retry (``--resume`` runs them again)."""
+
+
+def job_exit_code(result: JobResult) -> int:
+    """0 when the run completed, whatever the scores: runtime timeouts, agent failures and
+    evaluator errors are results (counted in the table); ``EXIT_INFRA`` when the breaker stopped
+    the job or a session's last attempt was an infrastructure failure."""
+    return EXIT_INFRA if result.stopped or result.totals.lost else 0
 
 
 class _Progress:

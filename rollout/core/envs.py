@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rollout.core import harbor
 from wire.text import column_text
@@ -137,7 +145,9 @@ class GraderConfig(_Strict):
 class EnvConfig(_Strict):
     """One env: name, dataset, runtime, public params (merged into ``env_params``), default step
     budget (``max_steps``, -1 unlimited), samples per case when the job sets none (``group_size``),
-    an optional case limit and what of the final workspace is kept for a regrade (``workspace_archive``)."""
+    an optional case limit and what of the final workspace is kept for a regrade (``workspace_archive``).
+    ``evaluation``: ``required`` (with ``--enable-evaluation`` the env must have an evaluator, or
+    be a Harbor env) or ``none`` (the env is not graded: no evaluator, no verifier, reward NULL)."""
 
     name: str
     description: str = ""
@@ -149,9 +159,23 @@ class EnvConfig(_Strict):
     limit: int | None = Field(default=None, ge=1)
     workspace_archive: WorkspaceArchiveConfig = Field(default_factory=WorkspaceArchiveConfig)
     grader: GraderConfig = Field(default_factory=GraderConfig)
+    evaluation: Literal["required", "none"] = "required"
     # resolved at load time
     env_dir: Path = Field(default=Path("."), exclude=True)
     config_path: Path = Field(default=Path("."), exclude=True)
+    _tasks_flag: bool = PrivateAttr(default=False)  # set by task_folder_env only, never by a file
+    _evaluator: Path | None = PrivateAttr(default=None)
+
+    @property
+    def from_tasks_flag(self) -> bool:
+        """Whether ``--tasks`` made this config (``task_folder_env``): its evaluator is its own."""
+        return self._tasks_flag
+
+    @property
+    def own_evaluator(self) -> Path | None:
+        """A ``--tasks`` env's evaluator: the bundled expected.json grader, None for Harbor tasks
+        (their tests grade them)."""
+        return self._evaluator
 
     def dataset_path(self) -> Path:
         """The dataset path, resolved against the config folder."""
@@ -228,6 +252,34 @@ def load_env_config(path: Path) -> EnvConfig:
         raise EnvConfigError(f"invalid env config {path}: {e}") from e
     cfg.env_dir = path.parent
     cfg.config_path = path
+    return cfg
+
+
+TASK_RUNTIME = ["{python}", "-m", "env.task_runtime"]
+"""The bundled runtime of task-directory envs (the bash agent)."""
+EXPECTED_JSON_EVALUATOR = Path(__file__).resolve().parents[2] / "env" / "workspace" / "rule_evaluator.py"
+"""The bundled grader of ``expected.json`` tasks (``outputs/answer.json`` against it)."""
+
+
+def task_folder_env(folder: Path) -> EnvConfig:
+    """The env ``--tasks FOLDER`` runs, without an env.yaml: each sub-folder is a task, Harbor's
+    (one holds ``task.toml``: graded by its tests) or ``instruction.md`` + ``expected.json`` +
+    ``files/`` (graded by ``EXPECTED_JSON_EVALUATOR``), run by the bundled bash agent (or
+    ``--harness``). Named after the folder, or its parent when it is called ``tasks``. Raises
+    EnvConfigError when the folder does not exist."""
+    root = folder.expanduser().resolve()
+    if not root.is_dir():
+        raise EnvConfigError(f"--tasks {folder}: not a folder")
+    harbor_format = any((d / "task.toml").is_file() for d in root.iterdir() if d.is_dir())
+    name = root.parent.name if root.name == "tasks" and root.parent.name else root.name
+    cfg = EnvConfig(name=name, description=f"the task folders of {root} (--tasks)",
+                    dataset=DatasetConfig(format="harbor" if harbor_format else "task_dirs", path=str(root)),
+                    runtime=RuntimeConfig(command=TASK_RUNTIME),
+                    params={"answer_file": False} if harbor_format else {})
+    cfg.env_dir = cfg.config_path = root
+    cfg._tasks_flag = True
+    if not harbor_format:
+        cfg._evaluator = EXPECTED_JSON_EVALUATOR
     return cfg
 
 
@@ -343,10 +395,12 @@ def _harbor(cfg: EnvConfig, root: Path) -> list[Case]:
     return [case_of(cfg, row["id"], row) for row in found.rows]
 
 
-def session_config(cfg: EnvConfig, case: Case) -> EnvConfig:
-    """``cfg`` as one session of ``case`` runs it: a Harbor task's own agent timeout
-    (``agent_timeout_s`` of its row) replaces the env's ``runtime.timeout_s``."""
-    timeout = case.row.get("agent_timeout_s") if cfg.dataset.format == "harbor" else None
+def session_config(cfg: EnvConfig, case: Case, timeout_s: float | None = None) -> EnvConfig:
+    """``cfg`` as one session of ``case`` runs it: ``timeout_s`` (the job's ``--timeout``), else a
+    Harbor task's own agent timeout (``agent_timeout_s`` of its row), replaces the env's
+    ``runtime.timeout_s``."""
+    timeout = timeout_s if timeout_s is not None else \
+        case.row.get("agent_timeout_s") if cfg.dataset.format == "harbor" else None
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
         return cfg
     return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"timeout_s": float(timeout)})})

@@ -4,6 +4,7 @@ again; the rows read back a page at a time."""
 
 from __future__ import annotations
 
+import difflib
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -73,6 +74,25 @@ async def plan_job(store: Store, job_id: str, models: list[str], envs: list[tupl
         await store.add_job_sessions(note(r) for r in iter_session_rows(
             job_id, models, envs, group_size, max_steps, harnesses))
     return PlannedJob(ids=ids, per_env=dict(per_env), models=list(used_models), harnesses=list(used_harnesses))
+
+
+def select_cases(envs: list[tuple[EnvConfig, list[Case]]],
+                 case_ids: Sequence[str]) -> list[tuple[EnvConfig, list[Case]]]:
+    """Only the cases named by ``case_ids`` (``--case``: ids of any env; empty: every case), envs
+    left without a case left out. Raises SetupError naming each unknown id and the nearest ids."""
+    if not case_ids:
+        return envs
+    wanted = set(case_ids)
+    picked = [(cfg, [c for c in cases if c.case_id in wanted]) for cfg, cases in envs]
+    known = sorted({c.case_id for _, cases in envs for c in cases})
+    missing = [i for i in dict.fromkeys(case_ids) if i not in set(known)]
+    if missing:
+        def near(i: str) -> str:
+            close = difflib.get_close_matches(i, known, n=3, cutoff=0.5)
+            return f"{i!r} (nearest: {', '.join(close)})" if close else repr(i)
+        names = ", ".join(cfg.name for cfg, _ in envs)
+        raise SetupError(f"--case: no such case {'; '.join(map(near, missing))} in env(s) {names}")
+    return [(cfg, cases) for cfg, cases in picked if cases]
 
 
 async def _check_new(store: Store, job_id: str) -> None:

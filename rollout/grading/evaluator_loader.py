@@ -22,7 +22,10 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollout.core.envs import EnvConfig
 
 EVALUATOR_FILE_NAME = "rule_evaluator.py"
 """The file an env drops into ``<agent_root>/<env_name>/`` to be evaluated."""
@@ -56,6 +59,16 @@ def evaluator_for(agent_root: Path, env_name: str, env_dir: Path | None = None) 
     if found is None and env_dir is not None:
         found = discover_evaluator(env_dir.parent, env_name)
     return found
+
+
+def env_evaluator(agent_root: Path, cfg: EnvConfig) -> Path | None:
+    """The evaluator a job uses for ``cfg``: None for an env that says ``evaluation: none``, a
+    ``--tasks`` env's own, else ``evaluator_for`` its name."""
+    if cfg.evaluation == "none":
+        return None
+    if cfg.from_tasks_flag:
+        return cfg.own_evaluator
+    return evaluator_for(agent_root, cfg.name, cfg.env_dir)
 
 
 class _CacheEntry:

@@ -31,6 +31,7 @@ from rollout.core.envs import (
     load_cases,
     load_env_config,
     scan_envs,
+    task_folder_env,
 )
 from rollout.core.logs import notices
 from rollout.core.outcomes import (
@@ -40,9 +41,9 @@ from rollout.core.outcomes import (
     RetryPolicy,
     check_classes,
 )
-from rollout.core.plan import RowSource, plan_job
+from rollout.core.plan import RowSource, plan_job, select_cases
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
-from rollout.grading.evaluator_loader import evaluator_for
+from rollout.grading.evaluator_loader import EVALUATOR_FILE_NAME, env_evaluator
 from rollout.grading.grader import GraderSetupError, grader_mode
 from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.ray_backend import RayBackend, RayBackendError
@@ -83,6 +84,8 @@ class JobOptions(BaseModel):
     agent_configs: list[Path] = Field(default_factory=list)
     env_names: list[str] = Field(default_factory=list)
     case_ids: list[str] = Field(default_factory=list)  # only these case ids (of any env); empty: all
+    tasks: list[Path] = Field(default_factory=list)  # folders of task folders, each run as one env
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # per session; None: the env's
     gateway_base_url: str | None = None
     gateway_config: Path
     llm_model: list[str] = Field(default_factory=list)
@@ -163,14 +166,15 @@ TASK_FORMATS = ("task_dirs", "harbor")
 
 
 def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
-    """The env configs and their cases, filtered by ``env_names``, ``limit`` and ``case_ids`` (an
+    """The env configs (``agent_configs`` and the ``tasks`` folders, else every env of the agent
+    root) and their cases, filtered by ``env_names``, ``limit`` and ``case_ids`` (an
     env left without a case is left out). Raises SetupError
     for bad configs, unknown env names or case ids, two envs with the same name and a runtime command naming
     a file of the env folder that does not exist. With ``env_names``, an env folder of the agent
     root that does not load is skipped with a warning when the envs asked for are all found."""
     try:
-        if opts.agent_configs:
-            configs = [load_env_config(p) for p in opts.agent_configs]
+        if opts.agent_configs or opts.tasks:
+            configs = [load_env_config(p) for p in opts.agent_configs] + [task_folder_env(p) for p in opts.tasks]
         elif opts.env_names:
             configs, broken = scan_envs(opts.agent_root)
             if broken and set(opts.env_names) - {c.name for c in configs}:
@@ -194,15 +198,24 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
                 raise SetupError(f"env {c.name} ({c.config_path}): runtime.command names {absent[0]}, "
                                  "which does not exist")
         envs = [(c, load_cases(c, opts.limit)) for c in configs]
-        if opts.case_ids:
-            envs = [(c, [k for k in cases if k.case_id in opts.case_ids]) for c, cases in envs]
-            missing = set(opts.case_ids) - {k.case_id for _, cases in envs for k in cases}
-            if missing:
-                raise SetupError(f"--case: no such case {sorted(missing)} in the selected envs")
-            envs = [(c, cases) for c, cases in envs if cases]
-        return envs
+        return select_cases(envs, opts.case_ids)
     except EnvConfigError as e:
         raise SetupError(str(e)) from e
+
+
+def check_evaluators(agent_root: Path, configs: list[EnvConfig]) -> None:
+    """With ``--enable-evaluation``, before any session: SetupError naming each env that would not
+    be graded (no evaluator found, not a Harbor env graded by its tests) and the file expected;
+    an env that says ``evaluation: none`` is run ungraded."""
+    missing = [cfg for cfg in configs if cfg.evaluation != "none" and cfg.dataset.format != "harbor"
+               and env_evaluator(agent_root, cfg) is None]
+    if missing:
+        where = "; ".join(f"env {cfg.name!r} needs {agent_root / cfg.name / EVALUATOR_FILE_NAME}"
+                          + (f" (or {cfg.env_dir.parent / cfg.name / EVALUATOR_FILE_NAME})"
+                             if cfg.env_dir.parent.resolve() != Path(agent_root).resolve() else "")
+                          for cfg in missing)
+        raise SetupError(f"--enable-evaluation: no evaluator: {where}; or set `evaluation: none` in its "
+                         "env.yaml to run it ungraded")
 
 
 def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConfig, list[Case]]]:
@@ -371,6 +384,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
     loaded = load_harnesses(opts.harness)
     if any(h.harness.runtime is None for h in loaded.values()) and not opts.resume:
         envs = harness_envs(envs)  # the wrapper needs an instruction; a harness's own runtime runs any env
+    if opts.enable_evaluation:
+        check_evaluators(opts.agent_root, [cfg for cfg, _ in envs])
     check_sandbox(opts, [cfg for cfg, _ in envs], probe=opts.mode == "local")
     gw_settings = load_gateway_settings(opts.gateway_config)
     default = gw_settings.route_for_default()
@@ -402,10 +417,6 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                      f"loaded by name ({e}); give its folder again with --harness PATH") from e
         if opts.resume:
             installed = await install_harnesses({n: h for n, h in loaded.items() if n in plan.harnesses})
-        if opts.enable_evaluation:
-            for cfg in configs:  # a Harbor env is graded by each task's tests
-                if cfg.dataset.format != "harbor" and evaluator_for(opts.agent_root, cfg.name, cfg.env_dir) is None:
-                    notices.warning(f"warning: env {cfg.name!r} has no rule_evaluator.py: its sessions are not graded")
         log_dir = Path("runs") / "logs" / job_id
         if opts.gateway_base_url:
             api_key = gateway_api_key(None)  # $GATEWAY_API_KEY, for a gateway with auth on
@@ -439,7 +450,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                eval_timeout_s=opts.eval_timeout, keep_workspaces=opts.keep_workspaces,
                                workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox,
                                grader_isolation=opts.grader_isolation or opts.sandbox,
-                               retry=opts.retry_policy(), breaker=opts.breaker, advertise_url=advertise_url)
+                               retry=opts.retry_policy(), breaker=opts.breaker, advertise_url=advertise_url,
+                               session_timeout_s=opts.timeout)
         scheduler = Scheduler(store, settings, {cfg.name: cfg for cfg in configs}, on_done=on_done, on_breaker=on_breaker,
                               executor=ray_backend.executor() if ray_backend else None, keep_records=False)
         stopped: str | None = None

@@ -23,11 +23,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.contract.protocol import EvalRequest, SimulationStartResult
-from rollout.core.envs import EnvConfigError, load_env_config
+from rollout.core.envs import EnvConfigError, load_env_config, task_folder_env
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.core.setup import SetupError, init_store, open_store
 from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
-from rollout.grading.evaluator_loader import evaluator_for
+from rollout.grading.evaluator_loader import env_evaluator, evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
 from rollout.grading.trajectory import to_trajectory
 from rollout.jobs.workspace_archive import ArchiveError, restore_workspace
@@ -52,6 +52,7 @@ class RegradeOptions(BaseModel):
     db_path: str = "sqlite://env_trajs.db"
     agent_root: Path = Path("env")
     agent_configs: list[Path] = Field(default_factory=list)
+    tasks: list[Path] = Field(default_factory=list)  # the --tasks folders the job ran
     env_names: list[str] = Field(default_factory=list)
     eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0)
     pool_size: int = Field(default=4, ge=1)
@@ -133,7 +134,15 @@ def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | N
         except EnvConfigError as e:
             raise SetupError(str(e)) from e
         dirs[cfg.name] = cfg.env_dir
-    return {name: evaluator_for(opts.agent_root, name, dirs.get(name)) for name in env_names}
+    own: dict[str, Path | None] = {}
+    for p in opts.tasks:
+        try:
+            cfg = task_folder_env(p)
+        except EnvConfigError as e:
+            raise SetupError(str(e)) from e
+        own[cfg.name] = env_evaluator(opts.agent_root, cfg)
+    return {name: own[name] if name in own else evaluator_for(opts.agent_root, name, dirs.get(name))
+            for name in env_names}
 
 
 def _file_sha256(path: Path) -> str | None:

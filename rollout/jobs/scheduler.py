@@ -48,7 +48,7 @@ from rollout.core.outcomes import (
 )
 from rollout.core.plan import RowSource, session_case
 from rollout.grading.evaluation import Evaluation, build_eval_spec
-from rollout.grading.evaluator_loader import evaluator_for
+from rollout.grading.evaluator_loader import env_evaluator
 from rollout.grading.grader import Grader, grader_mode
 from rollout.grading.sandbox import GraderLimits
 from rollout.grading.trajectory import to_trajectory
@@ -173,6 +173,7 @@ class RunSettings:
     harnesses: Mapping[str, InstalledHarness] = field(default_factory=dict)
     log_dir: Path | None = None
     advertise_url: str | None = None
+    session_timeout_s: float | None = None  # ``--timeout``: every session's, over the env's and the task's
 
 
 FAILURES_TOLD = 3
@@ -266,7 +267,7 @@ class Scheduler:
         """The env's ``rule_evaluator.py`` (under the agent root, else beside the env's folder),
         looked up once per job."""
         if cfg.name not in self._evaluators:
-            self._evaluators[cfg.name] = evaluator_for(self.s.agent_root, cfg.name, cfg.env_dir)
+            self._evaluators[cfg.name] = env_evaluator(self.s.agent_root, cfg)
         return self._evaluators[cfg.name]
 
     async def _run(self, source: RowSource) -> list[SessionRecord]:
@@ -509,7 +510,7 @@ class Scheduler:
                       "attempt": work.attempt},
         )
         command, harness_log = self._harness_command(row, work.attempt, case)
-        ran = await self._execute(session_config(cfg, case), request, workspace,  # a task's own agent timeout
+        ran = await self._execute(session_config(cfg, case, self.s.session_timeout_s), request, workspace,
                                       self._runtime_env(cfg, command is None), self.s.sandbox,
                                       command=command, stderr_log=harness_log)
         close_info = await self._close(sid, ran.status)
@@ -527,8 +528,8 @@ class Scheduler:
         said = ran.error_text if end.infra else end.reason
         errors = [e for e in (said, close_info.get("error"), rejected) if e]
         # the task's tests, on a copy of the final workspace, once the agent has ended (docs/verifiers.md)
-        verdict = await verify_session(cfg, case, workspace, sid) if self.s.enable_evaluation and not end.infra \
-            else None
+        graded = self.s.enable_evaluation and cfg.evaluation != "none"
+        verdict = await verify_session(cfg, case, workspace, sid) if graded and not end.infra else None
         if verdict is not None and verdict.status == "setup_failed":
             end = verifier_setup_failed(verdict.reason)
         return _Run(status, ran, close_info, steps, end, errors, verdict)

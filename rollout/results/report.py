@@ -24,7 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, FiniteFloat
+from pydantic import BaseModel, Field, FiniteFloat, model_validator
 
 from rollout.contract.protocol import model_from_json
 from rollout.core.outcomes import INFRA_CLASSES
@@ -109,7 +109,8 @@ class SessionRecord(BaseModel):
 
     - ``status``: the session's runtime status: succeeded | failed | truncated | timeout | error |
       cancelled.
-    - ``score``: the committed reward in 0..10 (finite; NaN/inf rejected), None when not evaluated.
+    - ``score``: the committed reward in 0..10 (finite; NaN/inf rejected), None when not evaluated;
+      ``reward``: the same on 0..1 (``score / 10``, always derived from ``score``; None with it).
     - ``eval_status``: scored | invalid_reward | error | timeout | skipped, or None (evaluation
       disabled or not reached). ``reason``: the evaluator's reason; ``error``: why the runtime or
       the launcher failed (None when nothing failed).
@@ -137,6 +138,7 @@ class SessionRecord(BaseModel):
     sample_index: int
     status: FinalStatus
     score: FiniteFloat | None = None
+    reward: FiniteFloat | None = None
     eval_status: str | None = None
     reason: str | None = None
     error: str | None = None
@@ -152,6 +154,13 @@ class SessionRecord(BaseModel):
     answer: Any = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
     trajectory: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _reward_of_score(self) -> SessionRecord:
+        """``reward`` is ``score`` / 10 whatever was given (a record read back from an older file
+        gets it too)."""
+        self.reward = None if self.score is None else self.score / 10
+        return self
 
 
 class SummaryRow(BaseModel):
