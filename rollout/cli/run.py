@@ -46,20 +46,52 @@ from store.stepcodec import StepDecodeError
 
 HERE = Path(__file__).resolve().parents[2]
 """The project folder (its ``configs/gateway.yaml`` is the default gateway config)."""
-_FLAG_OF = {"agent_configs": "agent_config", "env_names": "env"}
+_FLAG_OF = {"agent_configs": "agent_config", "env_names": "env", "case_ids": "case"}
 VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.cli.viewer (imported only when used)
 FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.cli.feed (imported only when used)
 
 
+COMMANDS = (
+    ("list", "the envs, their cases, the harnesses and the routes (--env NAME: its case ids; --json)"),
+    ("view", "serve the read-only trajectory viewer"),
+    ("report", "write a job's HTML report (--job-id ID)"),
+    ("feed", "serve the feed of ready groups for a trainer"),
+    ("export", "write a job's groups as jsonl, parquet or openai (--job-id ID)"),
+    ("serve", "long-running: run the batches a trainer posts, serve their groups"),
+    ("train", "GRPO on an env with the embedded model (the train extra)"),
+    ("audit", "run scripted hostile agents on each case; report the attacks that paid"),
+)
+"""The launcher's commands (the first argument), one line each for ``--help``."""
+
+
+def commands_help() -> str:
+    """The ``--help`` epilog: every command, one line each, and the exit codes."""
+    width = max(len(c) for c, _ in COMMANDS)
+    lines = [f"  {c.ljust(width)}  {what}" for c, what in COMMANDS]
+    return ("commands (launcher.py COMMAND --help for their flags; docs/launcher.md):\n" + "\n".join(lines)
+            + "\n\nexit codes: 0 the run completed (whatever the scores), 1 setup error, 2 bad flags,\n"
+              "  3 infrastructure left sessions unrun or ungraded (--resume runs them), 130/143 interrupted")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The launcher's flags."""
-    ap = argparse.ArgumentParser(description="Run agent sessions through the gateway and grade them.")
+    ap = argparse.ArgumentParser(prog="launcher.py", usage="%(prog)s [FLAGS]  |  %(prog)s COMMAND [FLAGS]",
+                                 description="Run agent sessions through the gateway and grade them (the flags "
+                                             "below), or run one of the commands.",
+                                 epilog=commands_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs",
                     help="an env.yaml to run (repeatable); default: every <agent-root>/<name>/env.yaml")
     ap.add_argument("--agent-start-config", type=Path, help="YAML file of defaults for these flags "
                     "(keys are flag names with underscores, e.g. pool_size: 8)")
     ap.add_argument("--agent-root", type=Path, help="folder of envs (default: env)")
     ap.add_argument("--env", action="append", dest="env_names", help="only these env names (repeatable)")
+    ap.add_argument("--case", action="append", dest="case_ids", metavar="ID",
+                    help="only this case id, of any env (repeatable; with --harness too)")
+    ap.add_argument("--tasks", action="append", type=Path, metavar="DIR",
+                    help="a folder of task folders (instruction.md + expected.json + files/, or Harbor tasks) run as "
+                         "one env, no env.yaml needed (repeatable)")
+    ap.add_argument("--timeout", type=float, metavar="S",
+                    help="each session's timeout in seconds (default: the env's runtime.timeout_s, a Harbor task's own)")
     ap.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
     ap.add_argument("--gateway-config", type=Path,
                     help="gateway YAML used when the launcher starts the gateway (default: configs/gateway.yaml)")
@@ -114,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 _CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade", "report"}
 _RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size",
              "max_steps", "limit", "resume", "mode", "ray_address", "gateway_advertise_url", "sandbox",
-             "keep_workspaces", "max_retries", "retry_backoff_s", "report")
+             "keep_workspaces", "max_retries", "retry_backoff_s", "report", "case_ids", "timeout")
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
@@ -159,14 +191,19 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
     return job_options(args), args
 
 
+def default_gateway_config() -> Path:
+    """``configs/gateway.yaml`` of the working directory, else the project's."""
+    local = Path("configs/gateway.yaml")
+    return local if local.is_file() else HERE / "configs" / "gateway.yaml"
+
+
 def job_options(args: argparse.Namespace) -> JobOptions:
     """The parsed flags of a run as JobOptions; SetupError naming the bad flag or key."""
     values, from_file = _values(args)
     if values.get("resume") and not values.get("job_id"):
         raise SetupError("--resume needs --job-id")
     if values.get("gateway_config") is None:
-        local = Path("configs/gateway.yaml")
-        values["gateway_config"] = local if local.is_file() else HERE / "configs" / "gateway.yaml"
+        values["gateway_config"] = default_gateway_config()
     return _validate(JobOptions, values, from_file, args.agent_start_config)  # type: ignore[no-any-return]
 
 
@@ -353,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         from rollout.cli.audit import main as audit_main
 
         return audit_main(argv[1:])
+    if argv and argv[0] == "list":
+        from rollout.cli.listing import main as list_main
+
+        return list_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.regrade:
         return regrade_main(args)

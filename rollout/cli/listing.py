@@ -1,0 +1,161 @@
+"""``launcher.py list``: what a job could run, without running anything: the envs (their dataset
+format, case count and grader), with ``--env NAME`` that env's case ids, the bundled harnesses and
+the gateway config's routes; ``--json`` for tools. Exit 0, or 1 when the gateway config or an env
+asked for cannot be read."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.settings import GatewaySettings
+from rollout.contract.harness import HarnessUnavailable
+from rollout.core.envs import (
+    EnvConfig,
+    EnvConfigError,
+    load_cases,
+    load_env_config,
+    scan_envs,
+    task_folder_env,
+)
+from rollout.core.setup import SetupError, load_gateway_settings
+from rollout.grading.evaluator_loader import env_evaluator
+from rollout.sandbox.harness_cache import bundled, load_harness
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``list``."""
+    ap = argparse.ArgumentParser(prog="launcher.py list",
+                                 description="List the envs (cases, grader), harnesses and routes a job can use.")
+    ap.add_argument("--env", action="append", dest="env_names", default=[], metavar="NAME",
+                    help="only this env, with its case ids (repeatable)")
+    ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
+    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", default=[],
+                    help="an env.yaml, instead of scanning the agent root (repeatable)")
+    ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
+                    help="a folder of task folders, as the job's --tasks (repeatable)")
+    ap.add_argument("--gateway-config", type=Path, help="gateway YAML (default: configs/gateway.yaml)")
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    return ap
+
+
+def grader_of(agent_root: Path, cfg: EnvConfig) -> str:
+    """How ``cfg``'s sessions are graded: ``none`` (``evaluation: none``), ``tests`` (Harbor
+    tasks, and their env's evaluator when it has one), the evaluator's path, or ``missing``."""
+    if cfg.evaluation == "none":
+        return "none"
+    path = env_evaluator(agent_root, cfg)
+    if cfg.dataset.format == "harbor":
+        return "tests" if path is None else f"tests + {path}"
+    return str(path) if path is not None else "missing"
+
+
+def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One entry per env (name, format, cases or the error loading them, grader; ``case_ids``
+    with ``--env``). Raises SetupError for an env named by ``--env`` that is not there."""
+    broken: list[str] = []
+    try:
+        if args.agent_configs or args.tasks:
+            configs = [load_env_config(p) for p in args.agent_configs] + [task_folder_env(p) for p in args.tasks]
+        else:
+            found, errors = scan_envs(args.agent_root)
+            configs, broken = found, [str(e) for e in errors]
+    except EnvConfigError as e:
+        raise SetupError(str(e)) from e
+    if args.env_names:
+        missing = sorted(set(args.env_names) - {c.name for c in configs})
+        if missing:
+            raise SetupError(f"--env: no such env {missing} (have {sorted(c.name for c in configs)})")
+        configs = [c for c in configs if c.name in args.env_names]
+    out: list[dict[str, Any]] = []
+    for cfg in configs:
+        entry: dict[str, Any] = {"name": cfg.name, "format": cfg.dataset.format, "path": str(cfg.config_path),
+                                 "grader": grader_of(args.agent_root, cfg)}
+        try:
+            cases = load_cases(cfg)
+            entry["cases"] = len(cases)
+            if args.env_names:
+                entry["case_ids"] = [c.case_id for c in cases]
+        except EnvConfigError as e:
+            entry["cases"], entry["error"] = None, str(e)
+        out.append(entry)
+    out += [{"name": None, "error": why} for why in broken if not args.env_names]
+    return out
+
+
+def harness_entries() -> list[dict[str, Any]]:
+    """The bundled harnesses: name, protocol and version (or why one does not load)."""
+    out: list[dict[str, Any]] = []
+    for name in bundled():
+        try:
+            h = load_harness(name).harness
+            out.append({"name": name, "protocol": h.protocol, "version": h.version})
+        except HarnessUnavailable as e:
+            out.append({"name": name, "error": str(e)})
+    return out
+
+
+def route_entries(gw: GatewaySettings) -> list[dict[str, Any]]:
+    """The routes: key, API, upstream (host and port only: a URL may carry a key), default."""
+    default = gw.route_for_default()
+    out: list[dict[str, Any]] = []
+    for key, route in gw.llm_routes.items():
+        if route.managed is not None:
+            upstream = "managed model server"
+        else:
+            parts = urlsplit(route.base_url)
+            upstream = f"{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}" or route.base_url
+        out.append({"route": key, "api": route.api, "upstream": upstream,
+                    "upstream_model": route.upstream_model, "default": key == default})
+    return out
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> list[str]:
+    """Aligned columns, a header and a rule; ``(none)`` when there is no row."""
+    if not rows:
+        return ["  (none)"]
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    rule = ["-" * w for w in widths]
+    return ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in [headers, rule, *rows]]
+
+
+def render(listing: dict[str, Any]) -> str:
+    """The listing as text: a table per section, an env's case ids under it."""
+    envs = [e for e in listing["envs"] if e.get("name")]
+    lines = ["envs (" + str(listing["agent_root"]) + "):"]
+    lines += _table([[e["name"], e["format"], "?" if e.get("cases") is None else str(e["cases"]), e["grader"]]
+                          for e in envs], ["env", "format", "cases", "graded by"])
+    for e in listing["envs"]:
+        if e.get("error"):
+            lines.append(f"  error: {e['error']}")
+        if "case_ids" in e:
+            lines.append(f"{e['name']} cases: {' '.join(e['case_ids'])}")
+    lines += ["", "harnesses (--harness NAME):"]
+    lines += _table([[h["name"], h.get("protocol", "-"), h.get("version", h.get("error", ""))]
+                          for h in listing["harnesses"]], ["harness", "protocol", "version"])
+    lines += ["", f"routes (--llm-model ROUTE; {listing['gateway_config']}):"]
+    lines += _table([[r["route"] + (" (default)" if r["default"] else ""), r["api"], r["upstream"],
+                           r["upstream_model"] or "-"] for r in listing["routes"]],
+                         ["route", "api", "upstream", "upstream model"])
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``argv`` without the leading ``list``; returns the exit code."""
+    from rollout.cli.run import default_gateway_config
+
+    args = build_parser().parse_args(argv)
+    gateway_config = args.gateway_config or default_gateway_config()
+    try:
+        listing = {"agent_root": str(args.agent_root), "envs": env_entries(args), "harnesses": harness_entries(),
+                   "gateway_config": str(gateway_config), "routes": route_entries(load_gateway_settings(gateway_config))}
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(listing, indent=2) if args.json else render(listing))
+    return 0
