@@ -42,7 +42,8 @@ class HarnessContext(BaseModel):
     workspace), ``install_dir`` (the cache folder, read-only), ``max_steps`` (the session's model
     calls, -1 unlimited), ``temperature`` (None: the route's default), ``params`` (the env's
     params) and ``solution_dir`` (a Harbor task's ``solution/``, bound read-only: only for a
-    harness whose ``uses_solution`` is true, else None)."""
+    harness whose ``uses_solution`` is true, else None), ``case_id`` (the case, or task, it runs)
+    and ``instruction_path`` (a read-only file holding the instruction; None when there is none)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -57,6 +58,8 @@ class HarnessContext(BaseModel):
     temperature: float | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     solution_dir: str | None = None
+    case_id: str | None = None
+    instruction_path: str | None = None
 
 
 class HarnessLaunch(BaseModel):

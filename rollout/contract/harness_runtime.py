@@ -56,7 +56,7 @@ def context(req: SimulationStartRequest, workspace: Path, home: Path, install_di
         api_key=os.environ.get("OPENAI_API_KEY", "sk-rollout-local"), workspace=str(workspace), home=str(home),
         install_dir=str(install_dir), max_steps=req.max_steps, temperature=req.temperature,
         params={k: v for k, v in req.env_params.items() if k != "dataset"},
-        solution_dir=os.environ.get(SOLUTION_ENV) or None)
+        solution_dir=os.environ.get(SOLUTION_ENV) or None, case_id=req.case_id, instruction_path=req.instruction_path)
 
 
 def write_files(launch: HarnessLaunch, workspace: Path, home: Path) -> None:

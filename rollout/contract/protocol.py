@@ -49,7 +49,9 @@ class SimulationStartRequest(BaseModel):
     an OpenAI client uses it as ``base_url`` (``.../chat/completions`` is appended by the SDK).
     ``env_params["dataset"]`` is the case row, without the expected answer when the env keeps one
     apart. ``max_steps`` is the session's model-call budget (-1 unlimited); ``temperature`` may be
-    None (route default).
+    None (route default). ``case_id``: the case (task) the session runs; ``instruction_path``: a
+    read-only file holding the case's instruction, as the runtime sees it (None when the case has
+    no ``instruction``); both also as ``ROLLOUT_CASE_ID`` and ``ROLLOUT_INSTRUCTION_PATH``.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -65,6 +67,8 @@ class SimulationStartRequest(BaseModel):
     max_steps: int = -1
     env_params: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    case_id: str | None = None
+    instruction_path: str | None = None
 
 
 class SimulationStartResult(BaseModel):

@@ -508,6 +508,7 @@ class Scheduler:
             env_params={**cfg.params, "dataset": case.public_row()},
             metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
                       "attempt": work.attempt},
+            case_id=case.case_id,
         )
         command, harness_log = self._harness_command(row, work.attempt, case)
         ran = await self._execute(session_config(cfg, case, self.s.session_timeout_s), request, workspace,

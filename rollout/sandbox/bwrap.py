@@ -22,6 +22,7 @@ from rollout.sandbox.cgroups import Controller
 WORKSPACE = "/workspace"
 BRIDGE_SOCKET = "/run/rollout/gateway.sock"
 FORWARDER = "/run/rollout/forwarder.py"
+INSTRUCTION = "/run/rollout/instruction.md"  # the case's instruction, read-only, when it has one
 GATEWAY_PORT = 41800  # the gateway's loopback port inside every sandbox (each has its own network)
 SANDBOX_UID = 65534
 FORWARDER_SOURCE = Path(__file__).resolve().parents[1] / "contract" / "forwarder.py"
@@ -179,6 +180,7 @@ class SandboxSpec:
     status_fd: int
     tmp_bytes: int | None
     rlimits: dict[str, int] = field(default_factory=dict)  # "fsize" / "as" -> bytes, set on the runtime
+    instruction: Path | None = None  # a host file bound read-only at INSTRUCTION
 
 
 def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
@@ -196,6 +198,8 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
     b.args += ["--bind", str(spec.workspace), WORKSPACE]
     b.ro(spec.bridge_socket, BRIDGE_SOCKET)
     b.ro(FORWARDER_SOURCE, FORWARDER)
+    if spec.instruction is not None:
+        b.ro(spec.instruction, INSTRUCTION)
     return [support.bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev",
             "--chdir", WORKSPACE, "--", sys.executable, "-I", "-S", FORWARDER, str(GATEWAY_PORT), BRIDGE_SOCKET,
             str(spec.status_fd), ",".join(f"{k}={v}" for k, v in spec.rlimits.items()) or "-",

@@ -29,6 +29,7 @@ from rollout.contract.protocol import SimulationStartRequest
 from rollout.core.envs import EnvConfig, EnvConfigError, LimitsConfig, load_env_config
 from rollout.sandbox.bridge import BridgeError, GatewayBridge
 from rollout.sandbox.bwrap import (
+    INSTRUCTION,
     SandboxSpec,
     SandboxUnavailable,
     Support,
@@ -118,6 +119,29 @@ def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
     return {"OPENAI_BASE_URL": base_url, "ANTHROPIC_BASE_URL": base_url, "GATEWAY_BASE_URL": base_url,
             "OPENAI_API_KEY": key, "ANTHROPIC_API_KEY": extra_env.get("ANTHROPIC_API_KEY", key),
             "GATEWAY_API_KEY": key}
+
+
+def case_instruction(request: SimulationStartRequest) -> str | None:
+    """The case's instruction (``instruction`` of the public row, as harnesses read it), None
+    when it has none."""
+    row = request.env_params.get("dataset")
+    text = row.get("instruction") if isinstance(row, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def task_env(request: SimulationStartRequest) -> dict[str, str]:
+    """The variables telling a runtime which case it runs: ``ROLLOUT_CASE_ID`` and
+    ``ROLLOUT_INSTRUCTION_PATH`` (each only when the request has it)."""
+    env = {"ROLLOUT_CASE_ID": request.case_id, "ROLLOUT_INSTRUCTION_PATH": request.instruction_path}
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def _write_instruction(folder: Path, text: str) -> Path:
+    """``text`` as ``folder/instruction.md``, read-only."""
+    path = folder / "instruction.md"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    path.chmod(0o444)
+    return path
 
 
 ENTRY_BYTES = 4096
@@ -307,14 +331,21 @@ async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspac
     argv = command.argv if command is not None else cfg.command()
     if effective_mode(cfg, job_mode) == "none":
         t0 = time.monotonic()
-        env = {**extra, **session_env(request.gateway_base_url, extra)}
+        text = case_instruction(request)
+        folder = Path(tempfile.mkdtemp(prefix="rollout-task-")) if text is not None else None
         try:
+            if folder is not None and text is not None:
+                request = request.model_copy(update={"instruction_path": str(_write_instruction(folder, text))})
+            env = {**extra, **session_env(request.gateway_base_url, extra), **task_env(request)}
             out = await run_local(argv, request, workspace, cfg.runtime.timeout_s, env,
                                   output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
                                   stderr_log=stderr_log)
         except OSError as e:
             out = RuntimeRun(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
                                  error_text=f"cannot start runtime {argv[:3]}: {e}")
+        finally:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
         return out.model_copy(update={"sandbox": "none"})
     out = await _run_sandboxed(cfg, request, workspace, extra, command, stderr_log)
     return out.model_copy(update={"sandbox": "bwrap"})
@@ -357,6 +388,8 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
             os.set_blocking(status_r, False)
             await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
             bridge = await GatewayBridge(scratch / "gw.sock", request.gateway_base_url).__aenter__()
+            text = case_instruction(request)
+            instruction = _write_instruction(scratch, text) if text is not None else None
         except (OSError, BridgeError) as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
         rlimits = {"core": 0}
@@ -369,13 +402,16 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
             folders = [*folders, *((f, []) for f in command.folders)]
         spec = SandboxSpec(workspace=workspace, code=[(CONTRACT, []), *folders], files=[*shared_code(), *files],
                            bridge_socket=bridge.socket_path, status_fd=status_w,
-                           tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits)
+                           tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits,
+                           instruction=instruction)
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
         argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
-        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **session_env(url, extra)})
+        request = request.model_copy(update={"gateway_base_url": url,
+                                             "instruction_path": INSTRUCTION if instruction is not None else None})
+        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **session_env(url, extra), **task_env(request)})
         try:
-            out = await run_local(argv, request.model_copy(update={"gateway_base_url": url}), workspace,
+            out = await run_local(argv, request, workspace,
                                   cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
                                   output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits),
                                   stderr_log=stderr_log)
