@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 from pydantic import ValidationError
@@ -40,7 +43,7 @@ from rollout.jobs.regrade import (
     regrade_job,
     render_regrade_summary,
 )
-from rollout.results.progress import ProgressState
+from rollout.results.progress import ProgressState, render_progress
 from rollout.results.report import SessionRecord, output_path_problem, render_table, summarize
 from store.stepcodec import StepDecodeError
 
@@ -263,50 +266,85 @@ def job_exit_code(result: JobResult) -> int:
     return EXIT_INFRA if result.stopped or result.totals.lost else 0
 
 
-class _Progress:
-    """The job's progress on stderr: a tqdm bar (sessions done of planned) whose text is
-    ``ProgressState.describe``, redrawn as each session finishes; when stderr is not a terminal,
-    one plain line instead at each tenth of the job and at its end."""
+class Progress:
+    """The job's progress on ``stream`` (stderr). On a terminal: ``render_progress``'s one or two
+    lines, redrawn in place as each session finishes and every ``tick_s`` seconds by a thread (so
+    the clock runs between completions), never wider than the terminal (read at each frame); the
+    first frame is drawn on a line of its own. Elsewhere: one plain line at each tenth of the job
+    and at its end. ``clock`` and ``width`` are injectable (tests draw frames with ``tick``)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, stream: TextIO | None = None, *, tty: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 width: Callable[[], int] = lambda: shutil.get_terminal_size((100, 24)).columns,
+                 tick_s: float | None = 1.0) -> None:
         self.enabled = enabled
-        self.tty = sys.stderr.isatty()
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.clock, self.width, self.tick_s = clock, width, tick_s
         self.state = ProgressState(totals={})
-        self.bar: tqdm[Any] | None = None
-        self.t0 = time.monotonic()
+        self.t0 = clock()
         self.step = 1
+        self.drawn = 0  # lines of the frame on screen (the cursor is on its last one)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def plan(self, totals: dict[str, int]) -> None:
         self.state = ProgressState(totals=totals)
 
     def start(self, job_id: str, n: int) -> None:
-        self.t0 = time.monotonic()
+        self.t0 = self.clock()
         self.step = max(1, n // 10)
         if self.enabled and self.tty:
-            self.bar = tqdm(total=n, unit="session", desc=job_id, file=sys.stderr, dynamic_ncols=True,
-                            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar:12}| {elapsed}<{remaining}{postfix}")
+            self.tick()
+            if self.tick_s:
+                self._ticker = threading.Thread(target=self._tick_loop, name="progress", daemon=True)
+                self._ticker.start()
+
+    def _tick_loop(self) -> None:
+        assert self.tick_s is not None
+        while not self._stop.wait(self.tick_s):
+            self.tick()
+
+    def tick(self) -> None:
+        """Draw the current frame over the previous one."""
+        with self._lock:
+            if self._stop.is_set() and self.drawn:
+                return
+            lines = render_progress(self.state, self.clock() - self.t0, self.width())
+            up = f"\x1b[{self.drawn - 1}F" if self.drawn > 1 else ""
+            self.stream.write(("\r" + up + "\x1b[J" if self.drawn else "") + "\n".join(lines))
+            self.stream.flush()
+            self.drawn = len(lines)
 
     def done(self, rec: SessionRecord) -> None:
-        self.state.update(rec)
+        with self._lock:
+            self.state.update(rec)
         if not self.enabled:
             return
-        text = self.state.describe(time.monotonic() - self.t0)
-        if self.bar is not None:
-            self.bar.set_postfix_str(text, refresh=False)
-            self.bar.update(1)
+        if self.tty:
+            self.tick()
         elif self.state.n_done % self.step == 0 or self.state.n_done == self.state.n_total:
-            print(f"progress {self.state.n_done}/{self.state.n_total}: {text}", file=sys.stderr, flush=True)
+            text = self.state.describe(self.clock() - self.t0)
+            print(f"progress {self.state.n_done}/{self.state.n_total}: {text}", file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        """Stop the clock; the last frame stays, the cursor below it."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        with self._lock:
+            if self.drawn:
+                self.stream.write("\n")
+                self.stream.flush()
+                self.drawn = 0
 
 
 async def _run(opts: JobOptions, progress: bool, job: dict[str, str]) -> JobResult:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    display = _Progress(progress)
+    display = Progress(progress)
 
     def started(job_id: str, n: int) -> None:
         job["id"] = job_id

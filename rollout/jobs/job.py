@@ -435,13 +435,13 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
             ray_backend = await connect_ray(opts, configs, advertise_url or gateway_url)
         if on_plan:
             on_plan(dict(plan.per_env))
-        if on_start:
-            on_start(job_id, len(plan.ids))
         on = f"route {models[0]!r}" if len(models) == 1 else f"routes {', '.join(map(repr, models))}"
         if installed:
             on += f" with harness {', '.join(installed)}"
         notices.info(f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
                      f"(pool {opts.pool_size}, db {store.identity()})")
+        if on_start:  # after the job's line: a progress display starts below it
+            on_start(job_id, len(plan.ids))
         workspaces = Path(tempfile.mkdtemp(prefix=f"rollout-{job_id}-"))
         settings = RunSettings(job_id=job_id, model=models[0], models=tuple(models), harnesses=installed,
                                log_dir=log_dir, gateway_url=gateway_url, agent_root=opts.agent_root,

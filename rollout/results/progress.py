@@ -89,3 +89,54 @@ class ProgressState:
         probs = ", ".join(f"{k} {self.problems[k]}" for k in PROBLEM_KEYS if self.problems[k]) or "none"
         rate = f"{self.n_done / elapsed_s * 60:.1f}" if elapsed_s > 0 else "-"
         return " | ".join([*envs, f"mean {fmt(self.mean_score())}", f"problems {probs}", f"{rate} sessions/min"])
+
+
+BAR_WIDTH = 12
+"""Cells of the progress bar when the terminal has room for it."""
+
+
+def clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    s = max(0, int(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` columns (ending ``...`` when cut)."""
+    if len(text) <= width:
+        return text
+    return text[:max(0, width - 3)] + "..." if width > 3 else text[:max(0, width)]
+
+
+def render_progress(state: ProgressState, elapsed_s: float, width: int) -> list[str]:
+    """The progress display: one line (sessions done of planned, a bar, the clock and the time
+    left, the mean score, the problem counts, sessions per minute), and a second one with each
+    env's counts when the job has several envs. Each line is shorter than ``width`` columns (a
+    line filling the last column would wrap): parts are dropped, then the line cut, to fit."""
+    room = max(1, width - 1)
+    done, total = state.n_done, state.n_total
+    eta = clock(elapsed_s / done * (total - done)) if done and total >= done else "?"
+    filled = BAR_WIDTH * done // total if total else 0
+    probs = ", ".join(f"{k} {state.problems[k]}" for k in PROBLEM_KEYS if state.problems[k])
+    mean = state.mean_score()
+    parts = {
+        "count": f"{done}/{total} sessions",
+        "bar": f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}]",
+        "clock": f"{clock(elapsed_s)} elapsed, {eta} left",
+        "mean": f"mean {'-' if mean is None else f'{mean:.2f}'}",
+        "problems": f"problems {probs}" if probs else "",
+        "rate": f"{done / elapsed_s * 60:.1f}/min" if elapsed_s > 0 else "",
+    }
+    for drop in ((), ("rate",), ("rate", "bar"), ("rate", "bar", "problems")):
+        head = parts["count"] + ("" if "bar" in drop else " " + parts["bar"])
+        line = " | ".join([head, *(parts[k] for k in ("clock", "mean", "problems", "rate") if parts[k] and k not in drop)])
+        if len(line) <= room:
+            break
+    lines = [fit(line, room)]
+    envs = sorted(set(state.totals) | set(state.done))
+    if len(envs) > 1:
+        cells = [f"{e} {state.done[e]}/{max(state.totals.get(e, 0), state.done[e])}"
+                 + (f" mean {m:.2f}" if (m := state.mean_score(e)) is not None else "") for e in envs]
+        lines.append(fit("  " + " | ".join(cells), room))
+    return lines
