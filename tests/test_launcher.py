@@ -598,11 +598,17 @@ def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: p
     assert "3 attempts ended in an infrastructure failure; 1 sessions never recovered (not graded, reward NULL)" in out
     assert "circuit breaker opened 1 time(s)" in out
     assert "job stopped: the gateway or its upstream did not answer for 300 s; rerun with --resume --job-id j" in err
-    assert report(result.model_copy(update={"stopped": None}), False) == 2  # an unrecovered session is an error
+    # the job completed but a session never recovered from an infrastructure failure: 3 too
+    assert report(result.model_copy(update={"stopped": None}), False) == 3
+    assert ("error: 1 sessions lost to infrastructure failures after every retry; rerun with --resume --job-id j"
+            in capsys.readouterr().err)
+    # only the infrastructure decides: the same job with session b's failure an agent's, not an outage, is 0
+    agent = [records[0], rec("b", ["timeout"], status="timeout")]
+    assert report(result.model_copy(update={"stopped": None, "totals": ReportTotals.of(agent)}), False) == 0
 
 
 def test_progress_on_a_non_terminal_is_a_line_per_tenth(capsys: pytest.CaptureFixture[str]) -> None:
-    from rollout.cli.run import _Progress
+    from rollout.cli.run import Progress
     from rollout.results.report import SessionRecord
 
     def rec(env: str, i: int) -> SessionRecord:
@@ -610,7 +616,7 @@ def test_progress_on_a_non_terminal_is_a_line_per_tenth(capsys: pytest.CaptureFi
                              model="m", sample_index=0, status="succeeded", score=float(i % 2) * 10,
                              eval_status="scored")
 
-    display = _Progress(enabled=True)  # stderr is captured here: not a terminal, so no bar
+    display = Progress(enabled=True)  # stderr is captured here: not a terminal, so no frame
     display.plan({"a": 15, "b": 5})
     display.start("j", 20)
     for i in range(15):
@@ -620,12 +626,12 @@ def test_progress_on_a_non_terminal_is_a_line_per_tenth(capsys: pytest.CaptureFi
     display.close()
     out, err = capsys.readouterr()
     lines = err.splitlines()
-    assert out == "" and display.bar is None
+    assert out == "" and display.drawn == 0 and "\x1b" not in err
     assert [line.split(":")[0] for line in lines] == [f"progress {n}/20" for n in range(2, 21, 2)]
     assert lines[-1].startswith("progress 20/20: a 15/15 mean 4.67 | b 5/5 mean 4.00 | mean 4.50 | problems none | ")
     assert lines[-1].endswith(" sessions/min")
 
-    quiet = _Progress(enabled=False)
+    quiet = Progress(enabled=False)
     quiet.plan({"a": 1})
     quiet.start("j", 1)
     quiet.done(rec("a", 1))
