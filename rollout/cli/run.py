@@ -309,7 +309,7 @@ class Progress:
     def tick(self) -> None:
         """Draw the current frame over the previous one."""
         with self._lock:
-            if self._stop.is_set() and self.drawn:
+            if self._stop.is_set():  # closed: the last frame stays as it is
                 return
             lines = render_progress(self.state, self.clock() - self.t0, self.width())
             up = f"\x1b[{self.drawn - 1}F" if self.drawn > 1 else ""

@@ -126,7 +126,7 @@ def render_progress(state: ProgressState, elapsed_s: float, width: int) -> list[
         "clock": f"{clock(elapsed_s)} elapsed, {eta} left",
         "mean": f"mean {'-' if mean is None else f'{mean:.2f}'}",
         "problems": f"problems {probs}" if probs else "",
-        "rate": f"{done / elapsed_s * 60:.1f}/min" if elapsed_s > 0 else "",
+        "rate": f"{done / elapsed_s * 60:.1f}/min" if elapsed_s > 0 and done else "",
     }
     for drop in ((), ("rate",), ("rate", "bar"), ("rate", "bar", "problems")):
         head = parts["count"] + ("" if "bar" in drop else " " + parts["bar"])

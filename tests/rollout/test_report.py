@@ -388,3 +388,15 @@ def test_jsonl_writer_streams_and_reads_back(tmp_path: Path) -> None:
         raise RuntimeError("stopped")
     assert read_jsonl(out) == crafted()  # untouched
     assert [p.name for p in tmp_path.iterdir()] == ["o.jsonl"]
+
+
+def test_reward_is_the_score_on_0_to_1_beside_it(tmp_path: Path) -> None:
+    assert [rec("e", "c", 0, s).reward for s in (10.0, 7.0, 0.0, None)] == [1.0, 0.7, 0.0, None]
+    given = rec("e", "c", 0, 4.0).model_dump()
+    assert list(given)[list(given).index("score") + 1] == "reward"  # next to the score in each JSON line
+    # derived, never taken as given: a line claiming another reward, or an older line without one
+    assert SessionRecord.model_validate({**given, "reward": 1.0}).reward == 0.4
+    old = {k: v for k, v in given.items() if k != "reward"}
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(old) + "\n")
+    assert [r.reward for r in read_jsonl(path)] == [0.4]

@@ -1,0 +1,163 @@
+"""What a job runs and how it tells a runtime so, without running it: ``--case`` (nearest ids),
+``--tasks`` folders as envs, ``--timeout``, ``evaluation: none`` and a missing evaluator, the
+case id and instruction given to a runtime and a harness, ``launcher.py --help`` and ``list``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rollout.cli.run import COMMANDS, build_parser, job_options, main
+from rollout.contract.harness_runtime import context
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import (
+    EXPECTED_JSON_EVALUATOR,
+    EnvConfigError,
+    load_cases,
+    load_env_config,
+    session_config,
+    task_folder_env,
+)
+from rollout.core.plan import select_cases
+from rollout.core.setup import SetupError
+from rollout.grading.evaluator_loader import env_evaluator
+from rollout.jobs.job import JobOptions, check_evaluators, load_envs
+from rollout.sandbox.bwrap import INSTRUCTION, SandboxSpec, Support, bwrap_command
+from rollout.sandbox.runner import case_instruction, task_env
+
+REPO = Path(__file__).resolve().parents[2]
+BASICS = REPO / "env" / "basics" / "tasks"
+HARBOR = REPO / "env" / "harbor_tasks" / "tasks"
+
+
+def opts(**kw: object) -> JobOptions:
+    return JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", **kw)  # type: ignore[arg-type]
+
+
+def test_case_runs_the_named_cases_across_envs_and_an_unknown_id_names_the_nearest() -> None:
+    envs = load_envs(opts(agent_root=REPO / "env", case_ids=["tally", "0"]))
+    assert {(c.name, k.case_id) for c, cases in envs for k in cases} == {("basics", "tally"), ("gsm8k", "0")}
+    with pytest.raises(SetupError) as ei:
+        load_envs(opts(agent_root=REPO / "env", env_names=["basics"], case_ids=["taly", "read_name", "zzz"]))
+    assert str(ei.value) == "--case: no such case 'taly' (nearest: tally); 'zzz' in env(s) basics"
+    everything = load_envs(opts(agent_root=REPO / "env"))
+    assert select_cases(everything, []) is everything  # no --case: every case
+
+
+def test_a_folder_of_expected_json_tasks_is_an_env_graded_by_the_bundled_rule(tmp_path: Path) -> None:
+    shutil.copytree(BASICS, tmp_path / "mybench" / "tasks")
+    cfg = task_folder_env(tmp_path / "mybench" / "tasks")
+    assert (cfg.name, cfg.dataset.format, cfg.runtime.command) == ("mybench", "task_dirs",
+                                                                    ["{python}", "-m", "env.task_runtime"])
+    assert cfg.from_tasks_flag and env_evaluator(tmp_path, cfg) == EXPECTED_JSON_EVALUATOR
+    assert [c.case_id for c in load_cases(cfg)] == ["read_name", "run_script", "tally"]
+    assert cfg.dataset_path() in cfg.hidden_paths()  # expected.json never reaches the runtime
+    assert load_cases(cfg)[0].public_row().keys() == {"id", "instruction"}
+    other = task_folder_env(tmp_path / "mybench")  # not called tasks: its own name
+    assert other.name == "mybench" and other.own_evaluator == EXPECTED_JSON_EVALUATOR
+    # an env.yaml cannot claim the evaluator of a --tasks env
+    assert not load_env_config(REPO / "env" / "basics" / "env.yaml").from_tasks_flag
+    with pytest.raises(EnvConfigError, match="not a folder"):
+        task_folder_env(tmp_path / "nowhere")
+
+
+def test_a_folder_of_harbor_tasks_is_graded_by_their_tests(tmp_path: Path) -> None:
+    cfg = task_folder_env(HARBOR)
+    assert (cfg.name, cfg.dataset.format, cfg.params) == ("harbor_tasks", "harbor", {"answer_file": False})
+    assert env_evaluator(tmp_path, cfg) is None  # the env/harbor_tasks name finds nothing: its tests grade
+    envs = load_envs(opts(tasks=[HARBOR, BASICS], agent_root=tmp_path))  # --tasks: the agent root is not scanned
+    assert [c.name for c, _ in envs] == ["harbor_tasks", "basics"]
+
+
+def test_timeout_overrides_the_envs_and_a_harbor_tasks_own() -> None:
+    args = build_parser().parse_args(["--timeout", "7.5", "--case", "a", "--case", "b", "--tasks", "t"])
+    o = job_options(args)
+    assert (o.timeout, o.case_ids, o.tasks) == (7.5, ["a", "b"], [Path("t")])
+    with pytest.raises(SetupError, match="^--timeout: Input should be greater than 0$"):
+        job_options(build_parser().parse_args(["--timeout", "0"]))
+    harbor = task_folder_env(HARBOR)
+    case = next(c for c in load_cases(harbor) if c.row.get("agent_timeout_s"))
+    assert session_config(harbor, case).runtime.timeout_s == case.row["agent_timeout_s"]
+    assert session_config(harbor, case, 7.5).runtime.timeout_s == 7.5
+    basics = load_env_config(REPO / "env" / "basics" / "env.yaml")
+    assert session_config(basics, load_cases(basics)[0], 3.0).runtime.timeout_s == 3.0
+    assert session_config(basics, load_cases(basics)[0]).runtime.timeout_s == 300
+
+
+def test_a_missing_evaluator_is_a_setup_error_unless_the_env_is_ungraded(tmp_path: Path) -> None:
+    root = tmp_path / "envs"
+    (root / "plain" / "tasks").parent.mkdir(parents=True)
+    shutil.copytree(BASICS, root / "plain" / "tasks")
+    (root / "plain" / "env.yaml").write_text("dataset: {format: task_dirs, path: tasks}\n"
+                                             "runtime: {command: ['{python}', '-m', 'env.task_runtime']}\n")
+    plain = load_env_config(root / "plain" / "env.yaml")
+    with pytest.raises(SetupError) as ei:
+        check_evaluators(root, [plain, task_folder_env(HARBOR)])  # a Harbor env needs none
+    assert str(ei.value) == (f"--enable-evaluation: no evaluator: env 'plain' needs {root}/plain/rule_evaluator.py; "
+                             "or set `evaluation: none` in its env.yaml to run it ungraded")
+    (root / "plain" / "env.yaml").write_text((root / "plain" / "env.yaml").read_text() + "evaluation: none\n")
+    ungraded = load_env_config(root / "plain" / "env.yaml")
+    check_evaluators(root, [ungraded])
+    (root / "plain" / "rule_evaluator.py").write_text("def evaluate(r, s, t):\n    return 10\n")
+    assert env_evaluator(root, ungraded) is None  # none: not graded even with an evaluator beside it
+    assert env_evaluator(root, plain) == root / "plain" / "rule_evaluator.py"
+    with pytest.raises(EnvConfigError, match="evaluation"):
+        (root / "plain" / "env.yaml").write_text((root / "plain" / "env.yaml").read_text() + "evaluation: maybe\n")
+        load_env_config(root / "plain" / "env.yaml")
+
+
+def test_the_runtime_and_the_harness_are_told_their_case(tmp_path: Path) -> None:
+    req = SimulationStartRequest(job_id="j", session_id="s", agent_name="a", agent_id="a-0", group_id="g",
+                                 gateway_base_url="http://127.0.0.1:1/v1/sessions/s", model="m",
+                                 env_params={"dataset": {"id": "t1", "instruction": "do it"}}, case_id="t1")
+    assert case_instruction(req) == "do it"
+    assert task_env(req) == {"ROLLOUT_CASE_ID": "t1"}
+    told = req.model_copy(update={"instruction_path": INSTRUCTION})
+    assert task_env(told) == {"ROLLOUT_CASE_ID": "t1", "ROLLOUT_INSTRUCTION_PATH": INSTRUCTION}
+    ctx = context(told, tmp_path, tmp_path, tmp_path)
+    assert (ctx.instruction, ctx.case_id, ctx.instruction_path) == ("do it", "t1", INSTRUCTION)
+    assert case_instruction(req.model_copy(update={"env_params": {"dataset": {"q": "1+1"}}})) is None
+    # the instruction file is bound read-only at INSTRUCTION, only when there is one
+    spec = SandboxSpec(workspace=tmp_path, code=[], files=[], bridge_socket=tmp_path / "gw.sock", status_fd=3,
+                       tmp_bytes=None, instruction=tmp_path / "instruction.md")
+    argv = bwrap_command(Support(bwrap="bwrap"), spec, ["true"])
+    i = argv.index(INSTRUCTION)
+    assert argv[i - 2:i + 1] == ["--ro-bind", str(tmp_path / "instruction.md"), INSTRUCTION]
+    bare = dataclasses.replace(spec, instruction=None)
+    assert INSTRUCTION not in bwrap_command(Support(bwrap="bwrap"), bare, ["true"])
+
+
+def test_help_lists_every_command_and_the_flag_style_run_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    for verb in ("list", "view", "report", "feed", "export", "serve", "train", "audit"):
+        assert [line for line in out.splitlines() if line.startswith(f"  {verb} ")], verb
+    assert {c for c, _ in COMMANDS} == {"list", "view", "report", "feed", "export", "serve", "train", "audit"}
+    assert "--case ID" in out and "--tasks DIR" in out and "--timeout S" in out and "3 infrastructure" in out
+    assert build_parser().parse_args(["--env", "basics", "--pool-size", "2"]).pool_size == 2
+
+
+def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--agent-root", str(REPO / "env")]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith("  basics ")] == [
+        ["basics", "task_dirs", "3"]]
+    assert "  harbor_tasks  harbor     2      tests" in out and "  oracle " in out and "local (default)" in out
+    assert main(["list", "--agent-root", str(REPO / "env"), "--env", "basics", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    [basics] = listing["envs"]
+    assert basics["case_ids"] == ["read_name", "run_script", "tally"] and basics["cases"] == 3
+    assert basics["grader"].endswith("env/basics/rule_evaluator.py")
+    assert "bash-agent" in [h["name"] for h in listing["harnesses"]]
+    assert [(r["route"], r["default"]) for r in listing["routes"]][0] == ("local", True)
+    assert main(["list", "--tasks", str(BASICS), "--json"]) == 0
+    [tasks] = json.loads(capsys.readouterr().out)["envs"]
+    assert (tasks["name"], tasks["grader"]) == ("basics", str(EXPECTED_JSON_EVALUATOR))
+    assert main(["list", "--agent-root", str(REPO / "env"), "--env", "nope"]) == 1
+    assert "error: --env: no such env ['nope']" in capsys.readouterr().err
