@@ -4,11 +4,13 @@ grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade 
 grades a finished job again from the store (``rollout.jobs.regrade``: no runtime, no model call).
 
 Only the CLI: flags (Safactory-compatible) become
-``rollout.jobs.job.JobOptions``; ``rollout.jobs.job.run_job`` does the work. Exit codes: 0 when every
-session ran (whatever the scores), 2 when a runtime or evaluator errored or timed out (argparse also
-uses 2 for bad flags), 1 for a setup error (bad config, gateway mismatch, missing model), 3 when
-the circuit breaker stopped the job (gateway or upstream down; left for --resume), 130 on Ctrl-C
-and 143 on SIGTERM (sessions in flight are cancelled and closed, left for --resume).
+``rollout.jobs.job.JobOptions``; ``rollout.jobs.job.run_job`` does the work. Exit codes (docs/launcher.md):
+0 when the run completed (whatever the scores: runtime timeouts, agent failures and evaluator
+errors are results), 1 for a setup error (bad config, unknown case, missing evaluator, gateway
+mismatch, missing model), 2 for bad flags (argparse), 3 when infrastructure left sessions unrun or
+ungraded (the circuit breaker stopped the job, or sessions failed on infrastructure after every
+retry; ``--resume`` runs them), 130 on Ctrl-C and 143 on SIGTERM (sessions in flight are
+cancelled and closed, left for --resume).
 With ``--regrade``: 0 when every selected session was graded again, 2 when an evaluator errored or
 timed out or a session could not be regraded, 1 for a setup error, 130/143 when interrupted.
 """
