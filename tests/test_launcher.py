@@ -144,7 +144,7 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
         assert (a["status"], a["score"], a["eval_status"], a["step_count"]) == ("succeeded", 10.0, "scored", 1)
         assert (b["score"], b["step_count"]) == (10.0, 2)
         assert (c["score"], c["reason"]) == (3.0, "1 steps")
-        assert (a["reward"], c["reward"], records[("e", k)]["reward"]) == (1.0, 0.3, None)  # score / 10
+        assert (a["reward"], c["reward"], records[("f", k)]["reward"]) == (1.0, 0.3, 0.0)  # score / 10
         assert a["trajectory"][0]["content"] == DEFAULT_TEXT
         assert a["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
         d = records[("d", k)]
