@@ -1,5 +1,5 @@
 """``python launcher.py ...``: the launcher's command line (``rollout.cli.run``; ``--help`` lists
-its flags; the verbs view, report, feed, export, serve, train and audit: docs/launcher.md)."""
+its flags and the commands: list, view, report, feed, export, serve, train, audit; docs/launcher.md)."""
 
 import sys
 

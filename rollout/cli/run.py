@@ -408,7 +408,8 @@ def regrade_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit code. ``view`` and ``report`` as the first argument run
+    """CLI entry point; returns the exit code. ``list`` as the first argument lists what a job can
+    run (``rollout.cli.listing``); ``view`` and ``report`` run
     the trajectory viewer and the HTML report (``rollout.cli.viewer``); ``feed``, ``export`` and
     ``serve`` the feed of ready groups, the export of a job and the long-running mode
     (``rollout.cli.feed``); ``train`` GRPO on an env (``rollout.cli.train``); ``audit`` the battery
