@@ -1,6 +1,7 @@
 """What the launcher's progress display shows while a job runs (``ProgressState``): sessions done
 per env out of its total, the running mean score of scored sessions, problem counts and
-throughput. Pure state and formatting: no clock (the caller passes the elapsed time) and no I/O.
+throughput; ``render_progress`` its lines fitted to a terminal width. Pure state and formatting:
+no clock (the caller passes the elapsed time and the width) and no I/O.
 """
 
 from __future__ import annotations
