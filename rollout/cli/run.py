@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import shutil
 import signal
 import sys
@@ -33,7 +34,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
-from rollout.core.logs import setup_logging
+from rollout.core.logs import notices, setup_logging
 from rollout.core.setup import SetupError
 from rollout.jobs.job import JobOptions, JobResult, run_job
 from rollout.jobs.regrade import (
@@ -272,8 +273,9 @@ class Progress:
     """The job's progress on ``stream`` (stderr). On a terminal: ``render_progress``'s one or two
     lines, redrawn in place as each session finishes and every ``tick_s`` seconds by a thread (so
     the clock runs between completions), never wider than the terminal (read at each frame); the
-    first frame is drawn on a line of its own. Elsewhere: one plain line at each tenth of the job
-    and at its end. ``clock`` and ``width`` are injectable (tests draw frames with ``tick``)."""
+    first frame is drawn on a line of its own, and a log line or notice written meanwhile clears
+    the frame first (the next frame is drawn below it). Elsewhere: one plain line at each tenth of
+    the job and at its end. ``clock`` and ``width`` are injectable (tests draw frames with ``tick``)."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None, *, tty: bool | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -287,9 +289,10 @@ class Progress:
         self.t0 = clock()
         self.step = 1
         self.drawn = 0  # lines of the frame on screen (the cursor is on its last one)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._watched: list[logging.Handler] = []
 
     def plan(self, totals: dict[str, int]) -> None:
         self.state = ProgressState(totals=totals)
@@ -298,6 +301,9 @@ class Progress:
         self.t0 = self.clock()
         self.step = max(1, n // 10)
         if self.enabled and self.tty:
+            self._watched = [*logging.getLogger().handlers, *notices.handlers]
+            for handler in self._watched:
+                handler.addFilter(self._before_log)
             self.tick()
             if self.tick_s:
                 self._ticker = threading.Thread(target=self._tick_loop, name="progress", daemon=True)
@@ -319,6 +325,15 @@ class Progress:
             self.stream.flush()
             self.drawn = len(lines)
 
+    def _before_log(self, record: logging.LogRecord) -> bool:
+        """A handler's filter: clear the frame so the record's line starts at a clean line."""
+        with self._lock:
+            if self.drawn:
+                self.stream.write("\r" + (f"\x1b[{self.drawn - 1}F" if self.drawn > 1 else "") + "\x1b[J")
+                self.stream.flush()
+                self.drawn = 0
+        return True
+
     def done(self, rec: SessionRecord) -> None:
         with self._lock:
             self.state.update(rec)
@@ -335,6 +350,8 @@ class Progress:
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
+        for handler in self._watched:
+            handler.removeFilter(self._before_log)
         with self._lock:
             if self.drawn:
                 self.stream.write("\n")

@@ -111,3 +111,28 @@ def test_the_clock_thread_stops_with_the_display() -> None:
     assert display._ticker is not None and display._ticker.is_alive()
     display.close()  # wakes the thread's wait: no need for the hour to pass
     assert not display._ticker.is_alive()
+
+
+def test_a_log_line_clears_the_frame_and_the_next_frame_is_drawn_below_it() -> None:
+    import logging
+
+    from rollout.cli.run import Progress
+    from rollout.core.logs import notices
+
+    term = FakeTerminal()
+    handler = logging.StreamHandler(term)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    notices.addHandler(handler)
+    try:
+        display = Progress(True, term, clock=lambda: 0.0, width=lambda: 80, tick_s=None)
+        display.plan({"a": 1, "b": 1})
+        display.start("j", 2)
+        frame = "0/2 sessions [............] | 0:00 elapsed, ? left | mean -\n  a 0/1 | b 0/1"
+        assert term.getvalue() == frame
+        notices.warning("warning: something happened")
+        display.tick()
+        assert term.getvalue() == frame + "\r\x1b[1F\x1b[J" + "warning: something happened\n" + frame
+        display.close()
+        assert display._before_log not in handler.filters  # a log line after the job is left alone
+    finally:
+        notices.removeHandler(handler)
