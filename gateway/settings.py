@@ -32,6 +32,17 @@ _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 # A key: visible ASCII without ',' (the env var separator), as an HTTP header value carries it
 _KEY = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # an HTTP field name (RFC 9110 token), lowercase
+
+DEFAULT_SESSION_HEADERS = (
+    "x-session-id",  # verifiers (one per rollout), inspect_ai's openrouter provider (one per sample)
+    "x-claude-code-session-id",  # Claude Code 2.1.86+ (one per CLI session)
+    "session-id",  # Codex CLI 0.171
+    "session_id",  # older Codex CLI
+    "x-session-affinity",  # inspect_ai's fireworks and cloudflare providers (one per sample)
+)
+"""The request headers a sessionless model call takes its session id from, first present wins."""
+_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "cookie", "api-key"})
 
 
 class _Strict(BaseModel):
@@ -321,6 +332,8 @@ class GatewaySettings(_Strict):
     allowed_hosts: list[str] = Field(default_factory=list)
     request_head_timeout_s: float = Field(default=DEFAULT_REQUEST_HEAD_TIMEOUT_S, gt=0, allow_inf_nan=False)
     keep_alive_timeout_s: int = Field(default=DEFAULT_KEEP_ALIVE_TIMEOUT_S, ge=1)
+    session_headers: list[str] = Field(default_factory=lambda: list(DEFAULT_SESSION_HEADERS))
+    require_session: bool = False  # a sessionless model call without a session header: 400, not passthrough
     _alias_owner: dict[str, str] = PrivateAttr(default_factory=dict)
     _patterns: list[tuple[str, str]] = PrivateAttr(default_factory=list)
 
@@ -335,6 +348,19 @@ class GatewaySettings(_Strict):
     def _hosts(cls, v: list[str]) -> list[str]:
         HostAllowList(v)  # ValueError naming a malformed entry
         return v
+
+    @field_validator("session_headers")
+    @classmethod
+    def _session_headers(cls, v: list[str]) -> list[str]:
+        out = [name.strip().lower() for name in v]
+        for name in out:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an HTTP header name")
+            if name in _CREDENTIAL_HEADERS:
+                raise ValueError(f"{name!r} carries a credential, never a session id")
+        if len(set(out)) != len(out):
+            raise ValueError("a header is listed twice")
+        return out
 
     def host_allow_list(self) -> HostAllowList:
         """The Host names this gateway answers (docs/gateway-protocols.md, "HTTP edge")."""
