@@ -74,6 +74,9 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_harbor_tasks.py::test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the_verdict",
         "tests/rollout/test_grading_sandbox.py::test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_scores_0",
     ),
+    ("slow", "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)"): (
+        "tests/gateway/test_one_base_url_clients.py",
+    ),
     ("slow", "trains a model with TRL (torch and transformers load)"): (
         "tests/train/test_adapters.py::test_trls_grpo_trainer_trains_on_the_rollout_output",
     ),
