@@ -19,7 +19,7 @@ NAMES = tuple(n.encode() for n in DEFAULT_SESSION_HEADERS)
 CHAT = {"model": "m", "messages": MESSAGES}
 SEQ, STEP = "x-gateway-step-seq", "x-gateway-step-id"
 # (path, body) of each protocol's sessionless endpoint; route ``a`` speaks Anthropic Messages
-CALLS = {
+CALLS: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", CHAT),
     "responses": ("/v1/responses", {"model": "m", "input": "hi"}),
     "messages": ("/v1/messages", {"model": "a", "max_tokens": 8, "messages": MESSAGES}),
@@ -60,8 +60,9 @@ def test_one_header_with_two_values_is_a_400() -> None:
 def test_session_headers_setting() -> None:
     assert GatewaySettings().session_headers == list(DEFAULT_SESSION_HEADERS)
     assert GatewaySettings.model_validate({"session_headers": [" X-Run-Id "]}).session_headers == ["x-run-id"]
-    for bad, why in ([["Authorization"], "credential"], [["x-api-key"], "credential"], [["a b"], "header name"],
-                     [["x-a", "X-A"], "twice"]):
+    cases: list[tuple[list[str], str]] = [(["Authorization"], "credential"), (["x-api-key"], "credential"),
+                                          (["a b"], "header name"), (["x-a", "X-A"], "twice")]
+    for bad, why in cases:
         with pytest.raises(pydantic.ValidationError, match=why):
             GatewaySettings.model_validate({"session_headers": bad})
 
