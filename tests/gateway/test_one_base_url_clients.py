@@ -5,6 +5,8 @@ named by the header the client sends (``x-session-id``). Needs the ``clients`` e
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,20 @@ from tests.gateway.conftest import Gateway
 # the clients' own deprecated calls and unclosed streams (tenacity, anyio in inspect_ai) are theirs
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::PendingDeprecationWarning",
                                         "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Both clients configure logging when used (root level and handlers, their own loggers):
+    undone afterwards, so the tests that run later in this process see the logging they expect."""
+    names = ("", "httpx", "httpx2", "httpcore", "inspect_ai", "verifiers")
+    saved = {n: (lg.level, list(lg.handlers), lg.propagate) for n in names if (lg := logging.getLogger(n))}
+    yield
+    for n, (level, handlers, propagate) in saved.items():
+        lg = logging.getLogger(n)
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate = propagate
 
 
 def _sessions(gw: Gateway) -> dict[str, list[tuple[int, str | None]]]:
