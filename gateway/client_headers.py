@@ -65,8 +65,8 @@ def session_from_headers(headers: Iterable[tuple[bytes, bytes]], names: Sequence
             raise GatewayError(400, f"header {header} is not UTF-8", code="invalid_session_id",
                                param=header) from None
         check_session_id(sid, where=f"header {header}")
-        if "/" in sid:
-            raise GatewayError(400, f"header {header}: a session id cannot contain '/' (it must name the session "
-                                    "in a session URL too)", code="invalid_session_id", param=header)
+        if "/" in sid or sid in (".", ".."):
+            raise GatewayError(400, f"header {header}: a session id cannot contain '/' or be '.' or '..' (it must "
+                                    "name the session in a session URL too)", code="invalid_session_id", param=header)
         return sid, header
     return None

@@ -43,7 +43,7 @@ def test_the_first_configured_header_present_names_the_session() -> None:
 
 @pytest.mark.parametrize("value, why", [
     (b"", "empty"), (b"   ", "empty"), (b"x" * 129, "1 to 128 characters"), (b"a\x01b", "control character"),
-    (b"\xff\xfe", "not UTF-8"), (b"a/b", "cannot contain '/'"),
+    (b"\xff\xfe", "not UTF-8"), (b"a/b", "cannot contain '/'"), (b"..", "or be '.' or '..'"), (b".", "or be '.'"),
 ])
 def test_a_header_value_that_cannot_name_a_session_is_a_400(value: bytes, why: str) -> None:
     with pytest.raises(GatewayError) as e:
