@@ -4,7 +4,6 @@ named by the header the client sends (``x-session-id``). Needs the ``clients`` e
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,13 +32,10 @@ def _logging_restored() -> Iterator[None]:
         lg.propagate = propagate
 
 
-def _sessions(gw: Gateway) -> dict[str, list[tuple[int, str | None]]]:
-    """Each recorded session: its steps' ``(seq, meta_json.session_header)``."""
-    out: dict[str, list[tuple[int, str | None]]] = {}
-    for row in gw.sql("SELECT session_id, seq, meta_json FROM session_steps ORDER BY session_id, seq"):
-        meta = json.loads(row["meta_json"] or "{}")
-        out.setdefault(row["session_id"], []).append((row["seq"], meta.get("session_header")))
-    return out
+async def _sessions(gw: Gateway) -> dict[str, list[tuple[int, str | None]]]:
+    """Each recorded session: its steps' ``(seq, meta_json.session_header)``, as the store reads them."""
+    sids = [row["session_id"] for row in gw.sql("SELECT DISTINCT session_id FROM session_steps")]
+    return {sid: [(s.seq, (s.meta_json or {}).get("session_header")) for s in await gw.steps(sid)] for sid in sids}
 
 
 async def test_each_inspect_sample_is_its_own_session(gw: Gateway, upstream: FakeUpstream, tmp_path: Path,
@@ -60,7 +56,7 @@ async def test_each_inspect_sample_is_its_own_session(gw: Gateway, upstream: Fak
     assert log.status == "success" and log.samples is not None
     uuids = {s.uuid for s in log.samples}
     assert len(uuids) == 4  # 2 samples x 2 epochs
-    assert _sessions(gw) == {u: [(1, "x-session-id"), (2, "x-session-id")] for u in uuids}
+    assert await _sessions(gw) == {u: [(1, "x-session-id"), (2, "x-session-id")] for u in uuids}
     assert {r.path for r in upstream.requests} == {"/v1/chat/completions"} and len(upstream.requests) == 8
 
 
@@ -86,5 +82,5 @@ async def test_each_verifiers_rollout_is_its_own_session(gw: Gateway, upstream: 
                              on_progress=[], state_columns=["trajectory_id"])
     trajectories = {o["trajectory_id"] for o in out["outputs"]}
     assert len(trajectories) == 4  # 2 examples x 2 rollouts
-    assert _sessions(gw) == {t: [(1, "x-session-id"), (2, "x-session-id")] for t in trajectories}
+    assert await _sessions(gw) == {t: [(1, "x-session-id"), (2, "x-session-id")] for t in trajectories}
     assert len(upstream.requests) == 8
