@@ -124,7 +124,7 @@ def _pick_callable(module: ModuleType, path: Path) -> Callable[..., Any]:
         return obj
     raise EvaluatorLoadError(
         f"{path}: exports none of {', '.join(EXPORT_NAMES)} "
-        "(define evaluate(request, spec, trajectory), evaluate_rule(...), or class RuleEvaluator)"
+        "(define class RuleEvaluator with evaluate(request, spec, trajectory), evaluate_rule(...) or evaluate(...))"
     )
 
 
