@@ -92,27 +92,91 @@ def pidfd_child_watcher() -> Iterator[None]:
         watcher.close()
 
 
-def parse_result(stdout: str) -> SimulationStartResult:
-    """The last non-empty stdout line as a SimulationStartResult. Lines end at ``\n`` only: JSON
-    may hold U+2028, U+2029 or U+0085 unescaped (pydantic's ``model_dump_json`` does), which
-    ``str.splitlines`` would take for line ends.
+RESULT_PREFIX = "SAFACTORY_RESULT_JSON "
+"""A stdout line starting so holds the result after it (Safactory's runners print it so)."""
+_SCAN_CHARS = 256 * 1024
+"""How much of stdout's end is searched for a multi-line (pretty-printed) result."""
+_SCAN_TRIES = 2000
+"""At most this many lines of that end are tried as the start of a JSON object."""
 
-    Raises ValueError when that line is not a JSON object or lacks a valid ``status`` (such output
-    is a failed session, never a success)."""
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(text: str) -> object:
+    """JSON, refusing the ``NaN`` / ``Infinity`` tokens Python's json reads by default."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _objects(stdout: str) -> list[tuple[str, object]]:
+    """The top-level JSON values in stdout's last ``_SCAN_CHARS``, each starting at a line start
+    (after blanks), as ``(text, value)`` in order. A value nested in another is never one of
+    them (the scan goes on after the end of each value found)."""
+    tail = stdout[-_SCAN_CHARS:]
+    decoder = json.JSONDecoder(parse_constant=_no_constant)
+    found: list[tuple[str, object]] = []
+    pos, tries = 0, 0
+    while pos < len(tail) and tries < _SCAN_TRIES:
+        nl = tail.find("\n", pos)
+        line_end = len(tail) if nl < 0 else nl
+        stripped = len(tail[pos:line_end]) - len(tail[pos:line_end].lstrip())
+        at = pos + stripped
+        if at < line_end and tail[at] == "{":
+            tries += 1
+            try:
+                value, end = decoder.raw_decode(tail, at)
+            except (ValueError, RecursionError):
+                pass
+            else:
+                found.append((tail[at:end], value))
+                nl = tail.find("\n", end)
+                line_end = len(tail) if nl < 0 else nl
+        pos = line_end + 1
+    return found
+
+
+def parse_result(stdout: str) -> SimulationStartResult:
+    """The runtime's result in its stdout, as a SimulationStartResult. Lines end at ``\n`` only:
+    JSON may hold U+2028, U+2029 or U+0085 unescaped (pydantic's ``model_dump_json`` does), which
+    ``str.splitlines`` would take for line ends. Where the result is:
+
+    - the last line starting with ``SAFACTORY_RESULT_JSON `` (``RESULT_PREFIX``): the JSON after it;
+    - else the last JSON object of stdout that has a ``status`` key, on one line or over several
+      (pretty-printed), lines after it being log; else the last one;
+    - nothing else: a line that is not JSON is never a result.
+
+    Raises ValueError when there is no such object, its JSON holds ``NaN`` or ``Infinity``, or it
+    lacks a valid ``status`` (such output is a failed session, never a success)."""
     lines = [ln for ln in stdout.split("\n") if ln.strip()]
     if not lines:
         raise ValueError("runtime printed nothing on stdout")
-    last = lines[-1].strip()
-    try:
-        obj = json.loads(last)
-    except ValueError:
-        raise ValueError(f"last stdout line is not JSON: {last[:200]!r}") from None
+    prefixed = [ln for ln in lines if ln.lstrip().startswith(RESULT_PREFIX)]
+    if prefixed:
+        text = prefixed[-1].lstrip()[len(RESULT_PREFIX):].strip()
+        where = f"the last {RESULT_PREFIX.strip()} line"
+        try:
+            obj = _loads(text)
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"{where} is not JSON ({e}): {text[:200]!r}") from None
+    else:
+        objects = [(t, v) for t, v in _objects(stdout) if isinstance(v, dict)]
+        if not objects:
+            last = lines[-1].strip()
+            try:
+                _loads(last)
+                why = "is not a JSON object"
+            except (ValueError, RecursionError) as e:
+                why = f"is not JSON ({e})"
+            raise ValueError(f"stdout holds no result: its last line {why}: {last[:200]!r}")
+        text, obj = next(((t, v) for t, v in reversed(objects) if "status" in v), objects[-1])  # type: ignore[operator]
+        where = "the result object"
     if not isinstance(obj, dict):
-        raise ValueError(f"last stdout line is not a JSON object: {last[:200]!r}")
+        raise ValueError(f"{where} is not a JSON object: {text[:200]!r}")
     try:
         return SimulationStartResult.model_validate(obj)
     except ValidationError as e:
-        raise ValueError(f"last stdout line is not a SimulationStartResult: {e.errors()[0]['msg']} "
+        raise ValueError(f"{where} is not a SimulationStartResult: {e.errors()[0]['msg']} "
                          f"at {'.'.join(map(str, e.errors()[0]['loc']))}") from None
 
 
