@@ -145,12 +145,21 @@ def safactory_env(request: SimulationStartRequest, workspace: str) -> dict[str, 
     if isinstance(row, dict):
         for key in ("task_id", "task_path", "category"):
             value = row.get(key)
-            if isinstance(value, str | int) and not isinstance(value, bool) and "\0" not in str(value):
+            if isinstance(value, str | int) and not isinstance(value, bool) and _env_safe(str(value)):
                 env[f"SAFACTORY_{key.upper()}"] = str(value)
     text = model_json(request)
-    if len(text.encode("utf-8", "surrogatepass")) <= _REQUEST_ENV_MAX and "\0" not in text:
+    if len(text) <= _REQUEST_ENV_MAX and _env_safe(text):
         env["SAFACTORY_START_REQUEST_JSON"] = text
-    return env
+    return {k: v for k, v in env.items() if _env_safe(v)}
+
+
+def _env_safe(text: str) -> bool:
+    """Whether ``text`` can be an environment variable's value (UTF-8, no NUL)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in text
 
 
 ENTRY_BYTES = 4096
