@@ -94,9 +94,9 @@ def pidfd_child_watcher() -> Iterator[None]:
 
 RESULT_PREFIX = "SAFACTORY_RESULT_JSON "
 """A stdout line starting so holds the result after it (Safactory's runners print it so)."""
-_SCAN_CHARS = 256 * 1024
-"""How much of stdout's end is searched for a multi-line (pretty-printed) result."""
-_SCAN_TRIES = 2000
+_SCAN_CHARS = 64 * 1024
+"""How much of stdout's end is searched for a result that is not on its last line."""
+_SCAN_TRIES = 500
 """At most this many lines of that end are tried as the start of a JSON object."""
 
 
@@ -109,31 +109,28 @@ def _loads(text: str) -> object:
     return json.loads(text, parse_constant=_no_constant)
 
 
-def _objects(stdout: str) -> list[tuple[str, object]]:
-    """The top-level JSON values in stdout's last ``_SCAN_CHARS``, each starting at a line start
-    (after blanks), as ``(text, value)`` in order. A value nested in another is never one of
-    them (the scan goes on after the end of each value found)."""
+def _last_object(stdout: str) -> tuple[str, dict[str, object]] | None:
+    """The last JSON object of stdout's last ``_SCAN_CHARS`` that starts a line (at its first
+    column: a pretty-printed object's inner objects are indented) and has a ``status`` key, else
+    the last such object without one, else None. Found from the end, ``_SCAN_TRIES`` lines at most."""
     tail = stdout[-_SCAN_CHARS:]
     decoder = json.JSONDecoder(parse_constant=_no_constant)
-    found: list[tuple[str, object]] = []
-    pos, tries = 0, 0
-    while pos < len(tail) and tries < _SCAN_TRIES:
-        nl = tail.find("\n", pos)
-        line_end = len(tail) if nl < 0 else nl
-        stripped = len(tail[pos:line_end]) - len(tail[pos:line_end].lstrip())
-        at = pos + stripped
-        if at < line_end and tail[at] == "{":
-            tries += 1
-            try:
-                value, end = decoder.raw_decode(tail, at)
-            except (ValueError, RecursionError):
-                pass
-            else:
-                found.append((tail[at:end], value))
-                nl = tail.find("\n", end)
-                line_end = len(tail) if nl < 0 else nl
-        pos = line_end + 1
-    return found
+    starts = [0] if tail.startswith("{") else []
+    at = tail.find("\n{")
+    while at >= 0:
+        starts.append(at + 1)
+        at = tail.find("\n{", at + 1)
+    fallback: tuple[str, dict[str, object]] | None = None
+    for start in reversed(starts[-_SCAN_TRIES:]):
+        try:
+            value, end = decoder.raw_decode(tail, start)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(value, dict):
+            if "status" in value:
+                return tail[start:end], value
+            fallback = fallback or (tail[start:end], value)
+    return fallback
 
 
 def parse_result(stdout: str) -> SimulationStartResult:
@@ -143,7 +140,8 @@ def parse_result(stdout: str) -> SimulationStartResult:
 
     - the last line starting with ``SAFACTORY_RESULT_JSON `` (``RESULT_PREFIX``): the JSON after it;
     - else the last JSON object of stdout that has a ``status`` key, on one line or over several
-      (pretty-printed), lines after it being log; else the last one;
+      (pretty-printed, starting at a line's first column), lines after it being log; else the
+      last one (its missing ``status`` is then the error);
     - nothing else: a line that is not JSON is never a result.
 
     Raises ValueError when there is no such object, its JSON holds ``NaN`` or ``Infinity``, or it
@@ -160,16 +158,21 @@ def parse_result(stdout: str) -> SimulationStartResult:
         except (ValueError, RecursionError) as e:
             raise ValueError(f"{where} is not JSON ({e}): {text[:200]!r}") from None
     else:
-        objects = [(t, v) for t, v in _objects(stdout) if isinstance(v, dict)]
-        if not objects:
-            last = lines[-1].strip()
+        last = lines[-1].strip()
+        try:
+            single = _loads(last) if last.startswith("{") else None
+        except (ValueError, RecursionError):
+            single = None
+        found = (last, single) if isinstance(single, dict) and "status" in single else (
+            _last_object(stdout) or ((last, single) if isinstance(single, dict) else None))
+        if found is None:
             try:
                 _loads(last)
                 why = "is not a JSON object"
             except (ValueError, RecursionError) as e:
                 why = f"is not JSON ({e})"
             raise ValueError(f"stdout holds no result: its last line {why}: {last[:200]!r}")
-        text, obj = next(((t, v) for t, v in reversed(objects) if "status" in v), objects[-1])  # type: ignore[operator]
+        text, obj = found
         where = "the result object"
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is not a JSON object: {text[:200]!r}")
