@@ -89,6 +89,21 @@ def load_agent_config(path: Path, start_config: Path | None = None) -> list[EnvC
     return configs
 
 
+def env_folders(path: Path) -> list[tuple[str, Path]]:
+    """``(env name, env folder)`` of each env of one ``--agent-config`` file, without its start
+    config (a regrade runs no runner). Raises EnvConfigError."""
+    path = path.resolve()
+    raw = _read(path, "agent config")
+    if not is_task_config(raw):
+        cfg = load_env_config(path)
+        return [(cfg.name, cfg.env_dir)]
+    entries = raw["environments"] if isinstance(raw["environments"], list) else []
+    names = [e.get("env_name") for e in entries if isinstance(e, dict)]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise EnvConfigError(f"{path}: environments: each entry needs an env_name")
+    return [(str(n), path.parent) for n in names]
+
+
 def _entry(path: Path, where: str, entry: dict[str, Any], start_path: Path,
            start: dict[str, Any]) -> tuple[EnvConfig | None, list[str]]:
     problems = [f"{where}.{k}: unknown key{did_you_mean(str(k), ENTRY_KEYS)}" for k in entry if k not in ENTRY_KEYS]

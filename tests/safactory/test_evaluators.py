@@ -15,7 +15,6 @@ from rollout.grading.evaluation import run_evaluation
 from rollout.grading.scoring import normalize_score
 from tests.rollout.evaluator_helpers import make_request, make_spec, write_evaluator
 
-
 KEYWORD_ONLY = '''
 def evaluate_rule(*, request, spec, trajectory):
     metrics = getattr(request.start_result, "metrics", {}) or {}
