@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
-from rollout.core.envs import did_you_mean
+from rollout.core.envs import did_you_mean, fields_at
 from rollout.core.logs import setup_logging
 from rollout.core.safactory import is_start_config
 from rollout.core.setup import SetupError
@@ -152,8 +152,9 @@ def _validate(model: type[Any], values: dict[str, Any], from_file: set[str], sta
             name = str(err["loc"][0]) if err["loc"] else "?"
             key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
             msg = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden" and not key:
-                msg = f"unknown key{did_you_mean(name, model.model_fields)}"
+            if err["type"] == "extra_forbidden":
+                loc = tuple(err["loc"])
+                msg = f"unknown key{did_you_mean(str(loc[-1]), fields_at(model, loc[:-1]))}"
             if name in from_file:
                 msgs.append(f"--agent-start-config {start_config}: {name}{key}: {msg}")
             else:

@@ -219,8 +219,9 @@ def did_you_mean(key: str, valid: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _fields_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
-    """The field names of the (nested) model at ``loc`` of ``model`` ([] when not a model)."""
+def fields_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The field names of the (nested) model at ``loc`` of ``model`` ([] when not a model): the
+    keys valid there, for ``did_you_mean``."""
     for part in loc:
         field = model.model_fields.get(str(part))
         ann = field.annotation if field is not None else None
@@ -238,7 +239,7 @@ def config_problems(e: ValidationError, model: type[BaseModel]) -> list[str]:
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown key{did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1]))}")
+            lines.append(f"{key}: unknown key{did_you_mean(str(loc[-1]), fields_at(model, loc[:-1]))}")
         elif err["type"] == "missing":
             lines.append(f"{key}: required key missing")
         else:
