@@ -170,8 +170,8 @@ def parse_result(stdout: str) -> SimulationStartResult:
                 _loads(last)
                 why = "is not a JSON object"
             except (ValueError, RecursionError) as e:
-                why = f"is not JSON ({e})"
-            raise ValueError(f"stdout holds no result: its last line {why}: {last[:200]!r}")
+                why = f"is not JSON ({e})" if "is not a JSON number" in str(e) else "is not JSON"
+            raise ValueError(f"last stdout line {why}: {last[:200]!r}")
         text, obj = found
         where = "the result object"
     if not isinstance(obj, dict):
