@@ -35,6 +35,7 @@ def evaluate(request, spec, trajectory):
     last = trajectory.steps[-1]
     assert last["response"] is last.response and last["content"] == last.content
     assert last["response"]["choices"][0]["message"]["content"] == trajectory.final_response
+    assert (last["llm_model"], last["session_id"], last["step_id"]) == ("route-a", "s-1", 0)
     return float(len(trajectory.steps)) + (5.0 if last["messages"][0]["role"] == "user" else 0.0)
 '''
 
