@@ -54,6 +54,19 @@ def _read(path: Path, what: str) -> Any:
         raise EnvConfigError(f"cannot read {what} {path}: {e}") from e
 
 
+def load_agent_configs(paths: list[Path], start_config: Path | None) -> list[EnvConfig]:
+    """The envs of every ``--agent-config`` file (``load_agent_config``). A Safactory
+    ``start_config`` with no Safactory task config to start is an EnvConfigError, not ignored."""
+    if start_config is not None and not paths:
+        raise EnvConfigError(f"{start_config}: a Safactory start config starts the envs of a Safactory task config: "
+                             "add --agent-config <name>_config.yaml")
+    configs = [c for p in paths for c in load_agent_config(p, start_config)]
+    if start_config is not None and not any(is_task_config(_read(p, "agent config")) for p in paths):
+        raise EnvConfigError(f"{start_config}: a Safactory start config, but no --agent-config is a Safactory task "
+                             "config (environments:); an env.yaml has its own runtime: drop --agent-start-config")
+    return configs
+
+
 def load_agent_config(path: Path, start_config: Path | None = None) -> list[EnvConfig]:
     """The envs of one ``--agent-config`` file: an ``env.yaml`` (one env), or a Safactory task
     YAML (one env per ``environments:`` entry, each started as ``start_config`` says). Raises

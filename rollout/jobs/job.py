@@ -40,7 +40,7 @@ from rollout.core.outcomes import (
     check_classes,
 )
 from rollout.core.plan import RowSource, plan_job
-from rollout.core.safactory import load_agent_config
+from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
 from rollout.grading.evaluator_loader import evaluator_for
 from rollout.grading.grader import GraderSetupError, grader_mode
@@ -170,8 +170,8 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     a file of the env folder that does not exist. With ``env_names``, an env folder of the agent
     root that does not load is skipped with a warning when the envs asked for are all found."""
     try:
-        if opts.agent_configs:
-            configs = [c for p in opts.agent_configs for c in load_agent_config(p, opts.agent_start_config)]
+        if opts.agent_configs or opts.agent_start_config is not None:
+            configs = load_agent_configs(opts.agent_configs, opts.agent_start_config)
         elif opts.env_names:
             configs, broken = scan_envs(opts.agent_root)
             if broken and set(opts.env_names) - {c.name for c in configs}:

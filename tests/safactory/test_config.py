@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollout.core.envs import EnvConfigError, load_env_config
-from rollout.core.safactory import load_agent_config
+from rollout.core.safactory import load_agent_config, load_agent_configs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MYBENCH = FIXTURES / "mybench"
@@ -107,3 +107,14 @@ def test_env_yaml_errors_are_one_line_per_problem_with_the_nearest_key(tmp_path:
         f"{path}: runtim: unknown key (did you mean 'runtime'?)",
     ]
     assert "http" not in text
+
+
+def test_a_start_config_with_nothing_to_start_is_refused(tmp_path: Path) -> None:
+    env = tmp_path / "env.yaml"
+    env.write_text("name: e\ndataset: {path: d.jsonl}\nruntime: {command: [x]}\n")
+    start = MYBENCH / "mybench_start.yaml"
+    with pytest.raises(EnvConfigError, match="no --agent-config is a Safactory task config"):
+        load_agent_configs([env], start)
+    with pytest.raises(EnvConfigError, match="add --agent-config <name>_config.yaml"):
+        load_agent_configs([], start)
+    assert [c.name for c in load_agent_configs([env, MYBENCH / "mybench_config.yaml"], start)] == ["e", "mybench"]
