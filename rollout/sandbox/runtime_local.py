@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -104,9 +105,17 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
 def _loads(text: str) -> object:
-    """JSON, refusing the ``NaN`` / ``Infinity`` tokens Python's json reads by default."""
-    return json.loads(text, parse_constant=_no_constant)
+    """JSON, refusing the ``NaN`` / ``Infinity`` tokens Python's json reads by default and
+    numbers too large for a float (``1e999``)."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
 
 
 def _last_object(stdout: str) -> tuple[str, dict[str, object]] | None:
@@ -114,7 +123,7 @@ def _last_object(stdout: str) -> tuple[str, dict[str, object]] | None:
     column: a pretty-printed object's inner objects are indented) and has a ``status`` key, else
     the last such object without one, else None. Found from the end, ``_SCAN_TRIES`` lines at most."""
     tail = stdout[-_SCAN_CHARS:]
-    decoder = json.JSONDecoder(parse_constant=_no_constant)
+    decoder = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
     starts = [0] if tail.startswith("{") else []
     at = tail.find("\n{")
     while at >= 0:
@@ -170,7 +179,7 @@ def parse_result(stdout: str) -> SimulationStartResult:
                 _loads(last)
                 why = "is not a JSON object"
             except (ValueError, RecursionError) as e:
-                why = f"is not JSON ({e})" if "is not a JSON number" in str(e) else "is not JSON"
+                why = f"is not JSON ({e})" if "number" in str(e) else "is not JSON"
             raise ValueError(f"last stdout line {why}: {last[:200]!r}")
         text, obj = found
         where = "the result object"

@@ -31,6 +31,9 @@ async def test_the_guides_command_runs_a_safactory_env_folder(tmp_path: Path) ->
                    "WHERE job_id = 'sf' ORDER BY case_id")
     assert [(c, s, e, round(r, 6)) for c, s, e, r, _ in got] == [
         ("0", "succeeded", "scored", 9.1), ("1", "succeeded", "scored", 5.0)]
+    results = [json.loads(r) for (r,) in rows(db, "SELECT result FROM job_environments WHERE job_id = 'sf' "
+                                                  "ORDER BY case_id")]
+    assert [(r["total_reward"], r["metrics"]["task_id_env"]) for r in results] == [(0.0, "case-001"), (0.0, "case-002")]
     detail = json.loads(got[0][4])
     assert detail["artifacts"] == {"task_id": "case-001", "steps": 1, "last": True}
     steps = rows(db, "SELECT count(*) FROM session_steps WHERE job_id = 'sf'")
