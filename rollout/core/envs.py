@@ -82,7 +82,9 @@ class RuntimeConfig(_Strict):
     = the env folder), extra environment variables (``env``: name -> value; ``pass_env``: names
     copied from the launcher's environment when set), the session timeout in seconds, resource
     ``limits`` and ``sandbox`` (``none`` runs this env's runtimes without isolation; default: the
-    launcher's ``--sandbox``) and the ``resources`` a session asks of a Ray node."""
+    launcher's ``--sandbox``) and the ``resources`` a session asks of a Ray node.
+    ``safactory_env``: also give the runtime the ``SAFACTORY_*`` variables Safactory's runners
+    read (on for the envs of a Safactory task config, docs/envs.md)."""
 
     command: list[str]
     timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
@@ -91,6 +93,7 @@ class RuntimeConfig(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     sandbox: Literal["bwrap", "none"] | None = None
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    safactory_env: bool = False
 
 
 DEFAULT_ARCHIVE_MAX_BYTES = 8 * 1024 * 1024

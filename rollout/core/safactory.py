@@ -199,7 +199,8 @@ def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[s
         env = {}
     command, bad = _command(start_path, where, prefix, container)
     problems += bad
-    runtime = {"command": command, "env": {str(k): "" if v is None else str(v) for k, v in env.items()}}
+    runtime = {"command": command, "env": {str(k): "" if v is None else str(v) for k, v in env.items()},
+               "safactory_env": True}
     return runtime, problems
 
 

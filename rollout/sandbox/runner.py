@@ -128,8 +128,8 @@ _REQUEST_ENV_MAX = 96 * 1024
 
 
 def safactory_env(request: SimulationStartRequest, workspace: str) -> dict[str, str]:
-    """The variables Safactory's runners read (docs/envs.md, "Coming from Safactory"), from the
-    session's own start request: ids, the session URL (``request.gateway_base_url``) and its root,
+    """The variables Safactory's runners read (docs/envs.md, "Coming from Safactory"; given to the
+    runtimes of envs with ``runtime.safactory_env``), from the session's own start request: ids, the session URL (``request.gateway_base_url``) and its root,
     the route, the result path in ``workspace`` (as the runtime sees it) and the case's
     ``task_id`` / ``task_path`` / ``category`` when its row has them. No key: the runtime's API key
     is ``OPENAI_API_KEY`` (``session_env``)."""
@@ -349,7 +349,8 @@ async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspac
     argv = command.argv if command is not None else cfg.command()
     if effective_mode(cfg, job_mode) == "none":
         t0 = time.monotonic()
-        env = {**extra, **safactory_env(request, str(workspace)), **session_env(request.gateway_base_url, extra)}
+        sf = safactory_env(request, str(workspace)) if command is None and cfg.runtime.safactory_env else {}
+        env = {**extra, **sf, **session_env(request.gateway_base_url, extra)}
         try:
             out = await run_local(argv, request, workspace, cfg.runtime.timeout_s, env,
                                   output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
@@ -416,8 +417,8 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
         argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
         inside = request.model_copy(update={"gateway_base_url": url})
-        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **safactory_env(inside, WORKSPACE),
-                         **session_env(url, extra)})
+        sf = safactory_env(inside, WORKSPACE) if command is None and cfg.runtime.safactory_env else {}
+        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **sf, **session_env(url, extra)})
         try:
             out = await run_local(argv, inside, workspace,
                                   cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),

@@ -25,6 +25,7 @@ def test_the_runnable_pair_maps_onto_an_env_config() -> None:
     assert cfg.runtime.env == {"PYTHONDONTWRITEBYTECODE": "1", "NO_PROXY": "host.docker.internal,localhost,127.0.0.1,::1",
                                "no_proxy": "host.docker.internal,localhost,127.0.0.1,::1"}
     assert cfg.env_dir == MYBENCH.resolve()
+    assert cfg.runtime.safactory_env  # its runner gets the SAFACTORY_* variables
     assert cfg.dataset_path() in cfg.hidden_paths()  # the runner never sees the dataset
 
 
