@@ -42,8 +42,11 @@ def is_task_config(raw: object) -> bool:
 
 
 def is_start_config(raw: object) -> bool:
-    """Whether a YAML document is a Safactory start config (rather than a file of flag defaults)."""
-    return isinstance(raw, dict) and any(k in raw for k in START_KEYS)
+    """Whether a YAML document is a Safactory start config (rather than a file of flag defaults,
+    where ``sandbox`` is the ``--sandbox`` flag's value, not a mapping)."""
+    if not isinstance(raw, dict):
+        return False
+    return any(k in raw for k in START_KEYS if k != "sandbox") or isinstance(raw.get("sandbox"), dict)
 
 
 def _read(path: Path, what: str) -> Any:

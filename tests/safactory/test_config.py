@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollout.core.envs import EnvConfigError, load_env_config
+from rollout.cli.run import parse_args
 from rollout.core.safactory import load_agent_config, load_agent_configs
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -119,3 +120,14 @@ def test_a_start_config_with_nothing_to_start_is_refused(tmp_path: Path) -> None
     with pytest.raises(EnvConfigError, match="add --agent-config <name>_config.yaml"):
         load_agent_configs([], start)
     assert [c.name for c in load_agent_configs([env, MYBENCH / "mybench_config.yaml"], start)] == ["e", "mybench"]
+
+
+def test_a_start_config_of_either_kind_on_the_command_line(tmp_path: Path) -> None:
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("sandbox: none\npool_size: 3\n")  # flag defaults: --sandbox's value, not Safactory's sandbox:
+    opts, _ = parse_args(["--agent-start-config", str(defaults)])
+    assert (opts.sandbox, opts.pool_size, opts.agent_start_config) == ("none", 3, None)
+    start = MYBENCH / "mybench_start.yaml"
+    opts, _ = parse_args(["--agent-config", str(MYBENCH / "mybench_config.yaml"), "--agent-start-config", str(start),
+                          "--pool-size", "1", "--db-path", "sqlite://env_trajs.db"])
+    assert (opts.agent_start_config, opts.pool_size, opts.db_path) == (start, 1, "sqlite://env_trajs.db")
