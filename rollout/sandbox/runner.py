@@ -122,7 +122,8 @@ def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
 
 
 SAFACTORY_RESULT_FILE = "safactory_result.json"
-"""``SAFACTORY_RESULT_PATH``: this file of the workspace (stdout is what is read for the result)."""
+"""``SAFACTORY_RESULT_PATH``: this file of the workspace, read for the result when stdout holds
+none (as Safactory does)."""
 _REQUEST_ENV_MAX = 96 * 1024
 """``SAFACTORY_START_REQUEST_JSON`` is left out over this size (one variable's limit is 128 KiB)."""
 
@@ -354,7 +355,7 @@ async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspac
         try:
             out = await run_local(argv, request, workspace, cfg.runtime.timeout_s, env,
                                   output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
-                                  stderr_log=stderr_log)
+                                  stderr_log=stderr_log, result_file=SAFACTORY_RESULT_FILE if sf else None)
         except OSError as e:
             out = RuntimeRun(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
                                  error_text=f"cannot start runtime {argv[:3]}: {e}")
@@ -423,7 +424,7 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
             out = await run_local(argv, inside, workspace,
                                   cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
                                   output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits),
-                                  stderr_log=stderr_log)
+                                  stderr_log=stderr_log, result_file=SAFACTORY_RESULT_FILE if sf else None)
         except OSError as e:
             return _setup_failed(t0, f"cannot start bwrap: {e}")
         started = _read_status(status_r)

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -271,10 +272,39 @@ async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output:
     return None
 
 
+RESULT_FILE_MAX = 1024 * 1024
+"""A result file over this size is not read."""
+
+
+def read_result_file(path: Path) -> str:
+    """The text of a runtime's result file (``SAFACTORY_RESULT_PATH``): a regular file, never
+    through a link, at most ``RESULT_FILE_MAX`` bytes. Raises ValueError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ValueError(f"no result file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RESULT_FILE_MAX:
+            raise ValueError("the result file is not a regular file of at most 1 MiB")
+        return f.read(RESULT_FILE_MAX).decode("utf-8", "replace")
+
+
+def _from_file(workspace: Path, result_file: str | None) -> SimulationStartResult | None:
+    """The result in the workspace's ``result_file``, None when there is none or it is not one."""
+    if result_file is None:
+        return None
+    try:
+        return parse_result(read_result_file(workspace / result_file))
+    except ValueError:
+        return None
+
+
 async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None, *, env: dict[str, str] | None = None,
                     pass_fds: tuple[int, ...] = (), output_limit: int | None = None,
-                    monitor: Monitor | None = None, stderr_log: Path | None = None) -> RuntimeRun:
+                    monitor: Monitor | None = None, stderr_log: Path | None = None,
+                    result_file: str | None = None) -> RuntimeRun:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
     The session ends when the runtime process exits (not when its pipes close: a background
@@ -284,7 +314,8 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     :data:`WITHHELD_ENV`) plus ``extra_env``.
     ``output_limit`` (bytes of stdout + stderr) and ``monitor`` (see ``Monitor``) end the session
     as ``error`` with ``limit_exceeded`` set when exceeded. ``stderr_log``: a file that gets the
-    whole of stderr (folders created; appended to).
+    whole of stderr (folders created; appended to). ``result_file``: a file of ``workspace`` (a
+    relative path) read for the result when stdout holds none (Safactory's ``SAFACTORY_RESULT_PATH``).
     Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
     the process group. Raises OSError when the command cannot be started at all.
     """
@@ -298,12 +329,13 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
         if stderr_log is not None:
             stderr_log.parent.mkdir(parents=True, exist_ok=True)
             copy = stack.enter_context(stderr_log.open("ab", buffering=0))  # a live log: tail -f works
-        return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0)
+        return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0,
+                          result_file)
 
 
 async def _run(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                env: dict[str, str], pass_fds: tuple[int, ...], output_limit: int | None, monitor: Monitor | None,
-               copy: BinaryIO | None, t0: float) -> RuntimeRun:
+               copy: BinaryIO | None, t0: float, result_file: str | None = None) -> RuntimeRun:
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
         lambda: _Protocol(loop), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -354,10 +386,14 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
         if err.strip():
             why += f"; stderr: {err.strip()[-500:]}"
         return done.model_copy(update={"error_text": why})
+    why = ""
+    result: SimulationStartResult | None
     try:
         result = parse_result(out)
     except ValueError as e:
         why = f"{e} (exit code {proc.returncode})"
+        result = _from_file(workspace, result_file)
+    if result is None:
         if err.strip():
             why += f"; stderr: {err.strip()[-500:]}"
         return done.model_copy(update={"error_text": why})

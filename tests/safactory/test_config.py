@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.core.envs import EnvConfigError, load_env_config
 from rollout.cli.run import parse_args
+from rollout.core.envs import EnvConfigError, load_env_config
 from rollout.core.safactory import load_agent_config, load_agent_configs
 
 FIXTURES = Path(__file__).parent / "fixtures"

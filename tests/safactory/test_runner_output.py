@@ -4,13 +4,15 @@ words, read no more generously than that (NaN and Infinity are never a result)."
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from rollout.contract.protocol import SimulationStartRequest
 from rollout.sandbox.runner import safactory_env
-from rollout.sandbox.runtime_local import parse_result
+from rollout.sandbox.runtime_local import parse_result, run_local
 
 RESULT = {"session_id": "s-1", "status": "succeeded", "total_reward": 0.0, "step_count": 8, "terminated": True,
           "truncated": False, "error_text": None,
@@ -84,3 +86,47 @@ def test_the_safactory_variables_come_from_the_sessions_own_request() -> None:
     assert json.loads(env["SAFACTORY_START_REQUEST_JSON"])["session_id"] == "s-1"
     big = request.model_copy(update={"env_params": {"dataset": {"blob": "x" * 200_000}}})
     assert "SAFACTORY_START_REQUEST_JSON" not in safactory_env(big, "/workspace")  # over one variable's limit
+
+
+RESULT_FILE_RUNNER = '''
+import json, os, sys
+mode = sys.argv[1]
+path = "safactory_result.json"
+result = {"session_id": "s-1", "status": "succeeded", "metrics": {"from": "file"}}
+if mode == "link":
+    os.symlink("/etc/hostname", path)
+elif mode == "fifo":
+    os.mkfifo(path)
+else:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+if mode == "both":
+    print(json.dumps({**result, "metrics": {"from": "stdout"}}))
+else:
+    print("no result on stdout")
+sys.exit(3 if mode == "crash" else 0)
+'''
+
+
+@pytest.mark.parametrize("mode, status, source", [
+    ("file", "succeeded", "file"),  # stdout holds none: the file is read, as Safactory does
+    ("both", "succeeded", "stdout"),  # stdout first
+    ("crash", "error", None),  # a runtime that exits otherwise printed no result, whatever its file says
+    ("link", "error", None),  # a link is never followed
+    ("fifo", "error", None),
+])
+async def test_the_result_file_when_stdout_holds_none(tmp_path: Path, mode: str, status: str,
+                                                      source: str | None) -> None:
+    script = tmp_path / "runner.py"
+    script.write_text(RESULT_FILE_RUNNER)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    request = SimulationStartRequest(job_id="j", session_id="s-1", agent_name="a", agent_id="a-0", group_id="g",
+                                     gateway_base_url="http://127.0.0.1:9/v1/sessions/s-1", model="m")
+    out = await run_local([sys.executable, str(script), mode], request, ws, timeout_s=60,
+                          result_file="safactory_result.json")
+    assert out.status == status, out.error_text
+    assert (out.result.metrics["from"] if out.result is not None else None) == source
+    (tmp_path / "ws2").mkdir()
+    plain = await run_local([sys.executable, str(script), "file"], request, tmp_path / "ws2", timeout_s=60)
+    assert plain.status == "error"  # without result_file (a native env): stdout only
