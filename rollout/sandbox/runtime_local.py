@@ -1,8 +1,8 @@
 """The ``local`` runtime backend: one subprocess per session, in its own temporary workspace.
 
 The runtime gets the ``SimulationStartRequest`` JSON on stdin and must print a
-``SimulationStartResult`` JSON line last and exit 0 (a runtime that exits otherwise printed no
-result, whatever its last line says). It runs in a new process group (``start_new_session``)
+``SimulationStartResult`` JSON object (last, or in one of Safactory's forms: ``parse_result``) and
+exit 0 (a runtime that exits otherwise printed no result, whatever its output says). It runs in a new process group (``start_new_session``)
 so that a timeout or Ctrl-C kills it and every child it started (``killpg(SIGKILL)``).
 """
 
