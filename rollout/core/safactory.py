@@ -192,10 +192,10 @@ def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[s
     if container.get("result_mode", "json") != "json":
         problems.append(f"{where} {prefix}result_mode: {container['result_mode']!r}: only json runs here (an exit "
                         "code is never a result); print the result JSON and remove result_mode")
-    for key in IGNORED_CONTAINER_KEYS:
-        if key in container:
-            log.warning("%s %s%s: ignored (Docker only: the runner runs in the session's workspace)",
-                        where, prefix, key)
+    ignored = [f"{prefix}{k}" for k in IGNORED_CONTAINER_KEYS if k in container]
+    if ignored:
+        log.warning("%s %s: ignored (Docker only: the runner runs in the session's workspace, in the sandbox)",
+                    where, ", ".join(ignored))
     env = container.get("env") or {}
     if not isinstance(env, dict):
         problems.append(f"{where} {prefix}env: must be a mapping of names to values")
