@@ -131,3 +131,11 @@ def test_a_start_config_of_either_kind_on_the_command_line(tmp_path: Path) -> No
     opts, _ = parse_args(["--agent-config", str(MYBENCH / "mybench_config.yaml"), "--agent-start-config", str(start),
                           "--pool-size", "1", "--db-path", "sqlite://env_trajs.db"])
     assert (opts.agent_start_config, opts.pool_size, opts.db_path) == (start, 1, "sqlite://env_trajs.db")
+
+
+def test_dockers_own_keys_are_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="rollout.core.safactory"):
+        load_agent_config(MYBENCH / "mybench_config.yaml", MYBENCH / "mybench_start.yaml")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{(MYBENCH / 'mybench_start.yaml').resolve()}: container.workdir, container.idle_command, container.extra_args: "
+        "ignored (Docker only: the runner runs in the session's workspace, in the sandbox)"]
