@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The launcher's flags."""
     ap = argparse.ArgumentParser(description="Run agent sessions through the gateway and grade them.")
     ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs",
-                    help="an env.yaml to run (repeatable); default: every <agent-root>/<name>/env.yaml")
+                    help="an env.yaml, or a Safactory task config (environments:), to run (repeatable); "
+                         "default: every <agent-root>/<name>/env.yaml")
     ap.add_argument("--agent-start-config", type=Path, help="YAML file of defaults for these flags "
                     "(keys are flag names with underscores, e.g. pool_size: 8), or a Safactory start config "
                     "(agent_name + container:, or agents:) for a Safactory --agent-config")
