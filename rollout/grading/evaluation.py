@@ -67,7 +67,7 @@ class Evaluation(BaseModel):
     artifacts: dict[str, Any] | None = None
     duration_s: float = 0.0
     isolation: Literal["bwrap", "none"] | None = None
-    score_keys: list[str] = Field(default_factory=list)
+    score_keys: list[str] = Field(default_factory=list, exclude=True)  # for the warning only: not stored
 
     def detail(self) -> dict[str, Any]:
         """What the session row keeps of it in ``eval_detail``."""
