@@ -12,6 +12,7 @@ import pytest
 from rollout.contract.protocol import SimulationStartResult, Trajectory, TrajectoryStep
 from rollout.grading import child
 from rollout.grading.evaluation import run_evaluation
+from rollout.grading.grader import Grader
 from rollout.grading.scoring import normalize_score
 from tests.rollout.evaluator_helpers import make_request, make_spec, write_evaluator
 
@@ -80,3 +81,18 @@ def test_score_keys_in_safactorys_order(value: dict, score: float) -> None:
     check = normalize_score(value)
     assert (check.status, check.score) == ("scored", score)
     assert check.keys == tuple(k for k in ("normalized_score_10", "score", "reward") if k in value)
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+async def test_more_than_one_score_key_is_warned_once_per_env(tmp_path: Path, isolation: str,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    path = write_evaluator(tmp_path / "root", "mybench", CLASS_AND_HELPER)
+    async with Grader(isolation, work_dir=tmp_path) as grader:  # type: ignore[arg-type]
+        await grader.start([path.parent.parent])
+        with caplog.at_level("WARNING", logger="rollout.grading.grader"):
+            scores = [(await grader.evaluate(path, make_request(session_id=f"s{i}"), make_spec(path), _trajectory(),
+                                             None)).score for i in range(3)]
+    assert scores == [9.1, 9.1, 9.1]
+    assert [r.getMessage() for r in caplog.records] == [
+        "env demo: the evaluator's result carries normalized_score_10, score; 'normalized_score_10' is used "
+        "(the order is normalized_score_10 > score > reward)"]
