@@ -3,12 +3,13 @@ echo the input (a config holds secrets). Every key: docs/gateway-protocols.md, "
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Collection
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -450,13 +451,38 @@ _FLAGS = {"listen_host": "--host", "listen_port": "--port", "storage_config.db_u
 _PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
+def _keys_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The keys valid at ``loc`` of ``model`` (through nested models and the values of dicts),
+    [] when that is not a model."""
+    for part in loc:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            field = model.model_fields.get(str(part))
+            if field is None:
+                return []
+            model = field.annotation
+        elif get_origin(model) is dict:
+            model = get_args(model)[1]
+        else:
+            return []
+        models = [a for a in get_args(model) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = models[0] if get_origin(model) is not dict and models else model
+    if get_origin(model) is dict:
+        return []
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
 def config_problems(e: ValidationError, source: str, flags: Collection[str] = ()) -> list[str]:
     """One line per problem of a failed validation: ``<where>: <field path>: <message>``, ``<where>``
-    being the flag that set the value (when in ``flags``) or ``source``."""
+    being the flag that set the value (when in ``flags``) or ``source``; an unknown key with the
+    valid key nearest it (difflib)."""
     lines = []
     for err in e.errors(include_url=False):
         field = ".".join(str(part) for part in err["loc"])
         msg = err["msg"]
+        if err["type"] == "extra_forbidden" and err["loc"]:
+            close = difflib.get_close_matches(str(err["loc"][-1]), _keys_at(GatewaySettings, tuple(err["loc"][:-1])),
+                                              n=1, cutoff=0.6)
+            msg = f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
         for prefix in _PYDANTIC_PREFIXES:
             msg = msg.removeprefix(prefix)
         if not field:  # a model check: its message starts with the field it is about, if any

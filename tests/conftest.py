@@ -42,6 +42,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/test_launcher.py::test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume",
         "tests/test_launcher.py::test_sigterm_stops_everything",
         "tests/test_launcher.py::test_bad_env_config_is_a_clear_error",
+        "tests/safactory/test_e2e.py",
         "tests/rollout/test_regrade.py::test_cancelled_regrade_leaves_each_session_new_or_previous",
         "tests/rollout/test_regrade.py::test_fixed_grader_regrades_a_real_job_from_the_store_only",
     ),
