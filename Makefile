@@ -28,4 +28,4 @@ setup-run:
 	@scripts/setup.sh local
 
 setup-test:
-	@scripts/setup.sh dev,local,ray,postgres,train
+	@scripts/setup.sh dev,local,ray,postgres,train,clients

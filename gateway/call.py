@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from gateway.call_end import Attempt, CallEnd
@@ -25,6 +26,9 @@ from wire.requests import WireRequest
 from wire.status import StepStatus
 
 log = logging.getLogger(__name__)
+
+STEP_SEQ_HEADER = "x-gateway-step-seq"
+STEP_ID_HEADER = "x-gateway-step-id"
 
 
 class Call:
@@ -50,6 +54,7 @@ class Call:
         self.attempts: list[Attempt] = []
         self.client_left_after_s: float | None = None  # set when the call goes on after its client left
         self.client_headers: dict[str, str] = {}  # the client's correlation headers (gateway.client_headers)
+        self.session_header: str | None = None  # the header that named the session (no session in the path)
         self.worker: str | None = None  # the pool worker of the last attempt (a route with base_urls)
         self.finished = False
         self.handed_over = False
@@ -106,16 +111,26 @@ class Call:
         self.count(end.answered, timed=end.status is not None)  # a synthetic stop is not timed
         if self.claim is not None:
             if end.status == StepStatus.OK and end.replay is not None:
-                self.claim.done(end.replay)
+                self.claim.done(self._kept(end.replay))
             elif not (self.stream and end.status == StepStatus.OK):
                 self.claim.fail()  # an ok stream's claim is settled by sent() once its bytes are out
+
+    def step_headers(self) -> dict[str, str]:
+        """The response headers naming the reserved step: ``x-gateway-step-seq`` and
+        ``x-gateway-step-id`` (empty without a step)."""
+        s = self.slot
+        return {} if s is None else {STEP_SEQ_HEADER: str(s.seq), STEP_ID_HEADER: str(s.step_id)}
+
+    def _kept(self, replay: Replay) -> Replay:
+        """``replay`` with the step headers: a retry answered from it names the same step."""
+        return replace(replay, headers={**replay.headers, **self.step_headers()})
 
     def sent(self, replay: Replay | None) -> None:
         """A relayed ``ok`` stream went out completely: keep ``replay`` (every byte sent, None when
         over the per-call cap) for its retries, else forget the call."""
         if self.claim is not None:
             if replay is not None:
-                self.claim.done(replay)
+                self.claim.done(self._kept(replay))
             else:
                 self.claim.fail()
 
@@ -180,6 +195,8 @@ class Call:
             meta["usage_requested_by_gateway"] = True
         if self.client_headers:
             meta["client_headers"] = self.client_headers
+        if self.session_header is not None:
+            meta["session_header"] = self.session_header
         if self.worker is not None:
             meta["upstream_worker"] = redact_url(self.worker)
         if self.client_left_after_s is not None:

@@ -50,7 +50,8 @@ def count_error(request: Request, status: int, code: str | None, message: str = 
         metrics.error_responses.labels(str(status), code or "").inc()
     rejections = getattr(gw, "rejections", None)
     if rejections is not None and 400 <= status < 500:
-        rejections.note(method=request.method, path=request.url.path, status=status, reason=code, message=message)
+        rejections.note(method=request.method, path=request.url.path, status=status, reason=code, message=message,
+                        session_id=getattr(request.state, "session_id", None))  # a session named by a header
 
 
 def gateway_error_response(req: Request, exc: GatewayError) -> StrictJSONResponse:

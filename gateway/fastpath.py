@@ -32,7 +32,8 @@ class ModelCallPaths:
 
     * ``{base}/{session_id}/chat/completions``, ``{base}/{session_id}/responses``,
       ``{base}/{session_id}/v1/messages`` (recorded);
-    * ``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages`` (passthrough).
+    * ``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages`` (sessionless: recorded in the
+      session a header names, else passthrough).
 
     A session id is one non-empty path segment of the ASGI ``path``, which the server has already
     percent-decoded (as FastAPI's path parameters see it; decoding again would make ``a%2541``

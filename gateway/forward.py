@@ -24,7 +24,7 @@ from gateway.bodies import check_session_id, parse_json_body, read_body
 from gateway.call import Call
 from gateway.call_end import CallEnd
 from gateway.capture import upstream_fields
-from gateway.client_headers import correlation_headers
+from gateway.client_headers import correlation_headers, session_from_headers
 from gateway.disconnect import ClientGone, unless_client_leaves
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange, UpstreamFailed
@@ -42,13 +42,24 @@ log = logging.getLogger(__name__)
 
 
 async def handle(gw: GatewayState, request: Request, session_id: str | None, proto: WireProtocol) -> Response:
-    """Serve one model call of protocol ``proto``; ``session_id`` None means passthrough (not
-    recorded). Errors the gateway answers itself are raised as GatewayError (400 bad body,
-    route of another api or another route than the session's, 404 unknown route, 409 closed session, 413 body too large); upstream
-    answers and failures are answered by the call (see docs/gateway-semantics.md)."""
+    """Serve one model call of protocol ``proto`` in session ``session_id`` (the path's), else in the
+    session its headers name (``session_headers``), else passthrough (not recorded). Errors the
+    gateway answers itself are raised as GatewayError (400 bad body or session id, route of another
+    api or another route than the session's, 404 unknown route, 409 closed session, 413 body too
+    large); upstream answers and failures are answered by the call (see docs/gateway-semantics.md).
+    A recorded call's answer names its step (:meth:`Call.step_headers`)."""
     set_error_shape(request, proto.client_error)
+    header = None
     if session_id is not None:
         check_session_id(session_id)
+    elif gw.session_headers and (found := session_from_headers(request.scope["headers"], gw.session_headers)):
+        session_id, header = found
+        request.state.session_id = session_id  # the session its refusals are counted for
+    elif gw.settings.require_session:
+        names = ", ".join(gw.settings.session_headers) or "none configured"
+        raise GatewayError(400, f"this gateway records every model call in a session: call a session URL "
+                                f"({gw.settings.base_session_path}/<session_id>/...) or send the session id in "
+                                f"a header ({names})", code="session_required")
     raw = await read_body(request, gw.settings.max_request_bytes)
     body = parse_json_body(raw)
     req = proto.validate(body)
@@ -60,6 +71,7 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
             return replayed
     call = Call(gw, proto, req, body, claim, session_id, route_key)
     call.client_headers = correlation_headers(request.headers)
+    call.session_header = header
     try:
         if gw.policy.paused:  # POST /admin/pause: wait for the resume (a client that leaves: 499)
             try:
@@ -81,7 +93,10 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
                                    code="session_route_mismatch", param="model") from None
             if call.slot is None:
                 return await _finish(call, answers.synthetic_stop(call))
-        return await _forward(call, request, raw)
+        response = await _forward(call, request, raw)
+        if call.slot is not None:
+            response.headers.update(call.step_headers())
+        return response
     finally:
         if not call.handed_over:
             call.abandon()  # a no-op once finished; else (a bug, a shutdown) release and fail the claim

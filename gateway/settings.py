@@ -3,12 +3,13 @@ echo the input (a config holds secrets). Every key: docs/gateway-protocols.md, "
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Collection
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -32,6 +33,17 @@ _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 # A key: visible ASCII without ',' (the env var separator), as an HTTP header value carries it
 _KEY = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # an HTTP field name (RFC 9110 token), lowercase
+
+DEFAULT_SESSION_HEADERS = (
+    "x-session-id",  # verifiers (one per rollout), inspect_ai's openrouter provider (one per sample)
+    "x-claude-code-session-id",  # Claude Code 2.1.86+ (one per CLI session)
+    "session-id",  # Codex CLI 0.171
+    "session_id",  # older Codex CLI
+    "x-session-affinity",  # inspect_ai's fireworks and cloudflare providers (one per sample)
+)
+"""The request headers a sessionless model call takes its session id from, first present wins."""
+_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "cookie", "api-key"})
 
 
 class _Strict(BaseModel):
@@ -321,6 +333,8 @@ class GatewaySettings(_Strict):
     allowed_hosts: list[str] = Field(default_factory=list)
     request_head_timeout_s: float = Field(default=DEFAULT_REQUEST_HEAD_TIMEOUT_S, gt=0, allow_inf_nan=False)
     keep_alive_timeout_s: int = Field(default=DEFAULT_KEEP_ALIVE_TIMEOUT_S, ge=1)
+    session_headers: list[str] = Field(default_factory=lambda: list(DEFAULT_SESSION_HEADERS))
+    require_session: bool = False  # a sessionless model call without a session header: 400, not passthrough
     _alias_owner: dict[str, str] = PrivateAttr(default_factory=dict)
     _patterns: list[tuple[str, str]] = PrivateAttr(default_factory=list)
 
@@ -335,6 +349,19 @@ class GatewaySettings(_Strict):
     def _hosts(cls, v: list[str]) -> list[str]:
         HostAllowList(v)  # ValueError naming a malformed entry
         return v
+
+    @field_validator("session_headers")
+    @classmethod
+    def _session_headers(cls, v: list[str]) -> list[str]:
+        out = [name.strip().lower() for name in v]
+        for name in out:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an HTTP header name")
+            if name in _CREDENTIAL_HEADERS:
+                raise ValueError(f"{name!r} carries a credential, never a session id")
+        if len(set(out)) != len(out):
+            raise ValueError("a header is listed twice")
+        return out
 
     def host_allow_list(self) -> HostAllowList:
         """The Host names this gateway answers (docs/gateway-protocols.md, "HTTP edge")."""
@@ -424,13 +451,38 @@ _FLAGS = {"listen_host": "--host", "listen_port": "--port", "storage_config.db_u
 _PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
+def _keys_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The keys valid at ``loc`` of ``model`` (through nested models and the values of dicts),
+    [] when that is not a model."""
+    for part in loc:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            field = model.model_fields.get(str(part))
+            if field is None:
+                return []
+            model = field.annotation
+        elif get_origin(model) is dict:
+            model = get_args(model)[1]
+        else:
+            return []
+        models = [a for a in get_args(model) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = models[0] if get_origin(model) is not dict and models else model
+    if get_origin(model) is dict:
+        return []
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
 def config_problems(e: ValidationError, source: str, flags: Collection[str] = ()) -> list[str]:
     """One line per problem of a failed validation: ``<where>: <field path>: <message>``, ``<where>``
-    being the flag that set the value (when in ``flags``) or ``source``."""
+    being the flag that set the value (when in ``flags``) or ``source``; an unknown key with the
+    valid key nearest it (difflib)."""
     lines = []
     for err in e.errors(include_url=False):
         field = ".".join(str(part) for part in err["loc"])
         msg = err["msg"]
+        if err["type"] == "extra_forbidden" and err["loc"]:
+            close = difflib.get_close_matches(str(err["loc"][-1]), _keys_at(GatewaySettings, tuple(err["loc"][:-1])),
+                                              n=1, cutoff=0.6)
+            msg = f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
         for prefix in _PYDANTIC_PREFIXES:
             msg = msg.removeprefix(prefix)
         if not field:  # a model check: its message starts with the field it is about, if any

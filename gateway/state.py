@@ -40,6 +40,10 @@ class GatewayState:
     policy: PolicyControl = field(default_factory=PolicyControl)
     prefixes: PrefixTracker = field(default_factory=PrefixTracker)
     encoder: StepEncoder = field(default_factory=StepEncoder)
+    session_headers: tuple[bytes, ...] = ()  # settings.session_headers as raw ASGI names
+
+    def __post_init__(self) -> None:
+        self.session_headers = tuple(n.encode("latin-1") for n in self.settings.session_headers)
 
     def closing(self, sid: str) -> asyncio.Future[None]:
         """A future done once session ``sid`` starts closing or the gateway stops (no retry of

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (or check) everything `make run` / `make test` need, idempotently:
-#   scripts/setup.sh EXTRAS      e.g. "local" (the main job) or "dev,local,ray,postgres,train" (the tests)
+#   scripts/setup.sh EXTRAS      e.g. "local" (the main job) or "dev,local,ray,postgres,train,clients" (the tests)
 # 1. a virtual environment in .venv (Python 3.11+);
 # 2. the project installed editable with EXTRAS, llama.cpp built with portable flags; skipped when
 #    pyproject.toml and EXTRAS are unchanged since the last install (a stamp file in .venv);

@@ -43,6 +43,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/test_launcher.py::test_sigterm_stops_everything",
         "tests/test_launcher.py::test_bad_env_config_is_a_clear_error",
         "tests/test_launcher.py::test_case_timeout_and_tasks_flags_run_exactly_what_they_name",
+        "tests/safactory/test_e2e.py",
         "tests/rollout/test_regrade.py::test_cancelled_regrade_leaves_each_session_new_or_previous",
         "tests/rollout/test_regrade.py::test_fixed_grader_regrades_a_real_job_from_the_store_only",
     ),
@@ -74,6 +75,9 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_harbor_tasks.py::test_oracle_scores_10_no_op_and_cheating_agents_0",
         "tests/rollout/test_harbor_tasks.py::test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the_verdict",
         "tests/rollout/test_grading_sandbox.py::test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_scores_0",
+    ),
+    ("slow", "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)"): (
+        "tests/gateway/test_one_base_url_clients.py",
     ),
     ("slow", "trains a model with TRL (torch and transformers load)"): (
         "tests/train/test_adapters.py::test_trls_grpo_trainer_trains_on_the_rollout_output",

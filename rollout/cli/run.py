@@ -34,7 +34,9 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
+from rollout.core.envs import did_you_mean, fields_at
 from rollout.core.logs import notices, setup_logging
+from rollout.core.safactory import is_start_config
 from rollout.core.setup import SetupError
 from rollout.jobs.job import JobOptions, JobResult, run_job
 from rollout.jobs.regrade import (
@@ -86,9 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                                              "below), or run one of the commands.",
                                  epilog=commands_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs",
-                    help="an env.yaml to run (repeatable); default: every <agent-root>/<name>/env.yaml")
+                    help="an env.yaml, or a Safactory task config (environments:), to run (repeatable); "
+                         "default: every <agent-root>/<name>/env.yaml")
     ap.add_argument("--agent-start-config", type=Path, help="YAML file of defaults for these flags "
-                    "(keys are flag names with underscores, e.g. pool_size: 8)")
+                    "(keys are flag names with underscores, e.g. pool_size: 8), or a Safactory start config "
+                    "(agent_name + container:, or agents:) for a Safactory --agent-config")
     ap.add_argument("--agent-root", type=Path, help="folder of envs (default: env)")
     ap.add_argument("--env", action="append", dest="env_names", help="only these env names (repeatable)")
     ap.add_argument("--case", action="append", dest="case_ids", metavar="ID",
@@ -167,6 +171,8 @@ def _values(args: argparse.Namespace) -> tuple[dict[str, Any], set[str]]:
             raise SetupError(f"cannot read --agent-start-config {args.agent_start_config}: {e}") from e
         if not isinstance(values, dict):
             raise SetupError(f"--agent-start-config {args.agent_start_config} must be a mapping")
+        if is_start_config(values):  # Safactory's: how its task YAML's envs start, not flag defaults
+            values = {"agent_start_config": args.agent_start_config}
     flags = {k: v for k, v in vars(args).items() if v is not None and k not in _CLI_ONLY}
     from_file = {str(k) for k in values if k not in flags}
     values.update(flags)
@@ -183,11 +189,15 @@ def _validate(model: type[Any], values: dict[str, Any], from_file: set[str], sta
         for err in e.errors():
             name = str(err["loc"][0]) if err["loc"] else "?"
             key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                loc = tuple(err["loc"])
+                msg = f"unknown key{did_you_mean(str(loc[-1]), fields_at(model, loc[:-1]))}"
             if name in from_file:
-                msgs.append(f"--agent-start-config {start_config}: {name}{key}: {err['msg']}")
+                msgs.append(f"--agent-start-config {start_config}: {name}{key}: {msg}")
             else:
-                msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {err['msg']}")
-        raise SetupError("; ".join(msgs)) from None
+                msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {msg}")
+        raise SetupError("\n".join(msgs)) from None
 
 
 def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticSerializationError
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -88,13 +88,19 @@ class SimulationStartResult(BaseModel):
 
     session_id: str
     status: RuntimeStatus
-    total_reward: float = 0.0
+    total_reward: float = Field(default=0.0, allow_inf_nan=False)
     step_count: int = 0
     terminated: bool = True
     truncated: bool = False
     error_text: str | None = None
     error_class: Literal["gateway_unreachable", "upstream_unavailable"] | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("total_reward", mode="before")
+    @classmethod
+    def _null_reward(cls, v: object) -> object:
+        """``"total_reward": null`` (Safactory's runners print it) reads as 0.0."""
+        return 0.0 if v is None else v
 
 
 class EvalSpec(BaseModel):

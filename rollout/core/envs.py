@@ -8,9 +8,11 @@ or Harbor task directories (``rollout.core.harbor``, docs/verifiers.md).
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,7 +90,9 @@ class RuntimeConfig(_Strict):
     = the env folder), extra environment variables (``env``: name -> value; ``pass_env``: names
     copied from the launcher's environment when set), the session timeout in seconds, resource
     ``limits`` and ``sandbox`` (``none`` runs this env's runtimes without isolation; default: the
-    launcher's ``--sandbox``) and the ``resources`` a session asks of a Ray node."""
+    launcher's ``--sandbox``) and the ``resources`` a session asks of a Ray node.
+    ``safactory_env``: also give the runtime the ``SAFACTORY_*`` variables Safactory's runners
+    read (on for the envs of a Safactory task config, docs/envs.md)."""
 
     command: list[str]
     timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
@@ -97,6 +101,7 @@ class RuntimeConfig(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     sandbox: Literal["bwrap", "none"] | None = None
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    safactory_env: bool = False
 
 
 DEFAULT_ARCHIVE_MAX_BYTES = 8 * 1024 * 1024
@@ -235,6 +240,40 @@ def case_of(cfg: EnvConfig, case_id: str, row: dict[str, Any]) -> Case:
     return Case(env_name=cfg.name, case_id=case_id, row=row, hidden_fields=cfg.dataset.hidden_fields)
 
 
+def did_you_mean(key: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the valid key nearest ``key`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def fields_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The field names of the (nested) model at ``loc`` of ``model`` ([] when not a model): the
+    keys valid there, for ``did_you_mean``."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field is not None else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def config_problems(e: ValidationError, model: type[BaseModel]) -> list[str]:
+    """One ``key.path: problem`` line per error of ``e`` (validating ``model``): an unknown key
+    with the nearest valid one, a missing one, or pydantic's message without its URL."""
+    lines = []
+    for err in e.errors(include_url=False):
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key{did_you_mean(str(loc[-1]), fields_at(model, loc[:-1]))}")
+        elif err["type"] == "missing":
+            lines.append(f"{key}: required key missing")
+        else:
+            lines.append(f"{key}: {str(err['msg']).removeprefix('Value error, ')}")
+    return lines
+
+
 def load_env_config(path: Path) -> EnvConfig:
     """Read one ``env.yaml``. Raises EnvConfigError naming the file and the problem."""
     path = path.resolve()
@@ -245,11 +284,14 @@ def load_env_config(path: Path) -> EnvConfig:
         raise EnvConfigError(f"cannot read env config {path}: {e}") from e
     if not isinstance(raw, dict):
         raise EnvConfigError(f"env config {path} must be a mapping")
+    if "environments" in raw:
+        raise EnvConfigError(f"{path}: a Safactory task config (environments:): give it with --agent-config "
+                             "and its start config with --agent-start-config")
     raw.setdefault("name", path.parent.name)
     try:
         cfg = EnvConfig.model_validate(raw)
     except ValidationError as e:
-        raise EnvConfigError(f"invalid env config {path}: {e}") from e
+        raise EnvConfigError("\n".join(f"{path}: {line}" for line in config_problems(e, EnvConfig))) from None
     cfg.env_dir = path.parent
     cfg.config_path = path
     return cfg

@@ -2,9 +2,11 @@
 
 Reads ``{"evaluator", "request", "spec", "trajectory", "rlimits", "result_fd"}`` as JSON on stdin, sets the
 resource limits, points its own stdout at stderr (what the evaluator prints is log, never the
-result), loads the evaluator, calls ``evaluate(request, spec, trajectory)`` with ``Record`` views,
+result), loads the evaluator, calls ``evaluate(request, spec, trajectory)`` with ``Record`` views (by keyword
+when it takes them by name: ``evaluator_loader.call_arguments``),
 applies the score rule and writes one JSON object to the pipe ``result_fd``: ``status`` (``scored`` |
-``invalid_reward`` | ``error``), ``score``, ``raw_repr``, ``reason``, ``artifacts``. Stdlib only.
+``invalid_reward`` | ``error``), ``score``, ``raw_repr``, ``reason``, ``artifacts``, ``score_keys``.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     except evaluator_loader.EvaluatorLoadError as e:
         return {"status": "error", "score": 0.0, "reason": f"EvaluatorLoadError: {e}"}
     try:
-        value = fn(request_view(job["request"]), Record(job["spec"]), trajectory_view(job["trajectory"]))
+        args, kwargs = evaluator_loader.call_arguments(fn, request_view(job["request"]), Record(job["spec"]),
+                                                       trajectory_view(job["trajectory"]))
+        value = fn(*args, **kwargs)
         if isinstance(value, Awaitable):
             value = _run(value)
     except (Exception, SystemExit) as e:
@@ -45,7 +49,8 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     check = scoring.normalize_score(value)
     return {"status": check.status, "score": check.score if check.status == "scored" else 0.0,
             "raw_repr": check.raw_repr, "reason": check.reason,
-            "artifacts": _json_safe(check.artifacts) if check.artifacts is not None else None}
+            "artifacts": _json_safe(check.artifacts) if check.artifacts is not None else None,
+            "score_keys": list(check.keys)}
 
 
 async def _wait(awaitable: Any) -> Any:

@@ -10,6 +10,7 @@ are in docs/evaluation.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading import evaluator_loader, scoring
@@ -55,6 +56,8 @@ class Evaluation(BaseModel):
     - ``duration_s``: wall time of the evaluation in seconds, loading included.
     - ``isolation``: where the evaluator ran: ``bwrap`` (the grader sandbox) or ``none`` (a thread
       of the launcher); None when nothing ran.
+    - ``score_keys``: the score keys a dict result carried (``scoring.SCORE_KEYS``; more than one:
+      the first won, and the grader warns once per env).
     """
 
     status: EvalStatus
@@ -64,6 +67,7 @@ class Evaluation(BaseModel):
     artifacts: dict[str, Any] | None = None
     duration_s: float = 0.0
     isolation: Literal["bwrap", "none"] | None = None
+    score_keys: list[str] = Field(default_factory=list, exclude=True)  # for the warning only: not stored
 
     def detail(self) -> dict[str, Any]:
         """What the session row keeps of it in ``eval_detail``."""
@@ -305,6 +309,7 @@ async def run_evaluation(
         raw_repr: str | None = None,
         reason: str | None = None,
         artifacts: dict[str, Any] | None = None,
+        score_keys: tuple[str, ...] = (),
     ) -> Evaluation:
         outcome = Evaluation(
             status=status,
@@ -312,6 +317,7 @@ async def run_evaluation(
             raw_repr=raw_repr,
             reason=None if reason is None else scoring.cut_text(reason),
             artifacts=artifacts,
+            score_keys=list(score_keys),
             duration_s=time.monotonic() - started,
             isolation=None if status == "skipped" else "none",
         )
@@ -359,13 +365,15 @@ async def run_evaluation(
 
         if remaining() <= 0:
             raise _DeadlineExceeded
-        args = (request_view(request.model_dump(mode="json")), Record(spec.model_dump(mode="json")),
-                trajectory_view(trajectory.model_dump(mode="json")))
+        args, kwargs = evaluator_loader.call_arguments(
+            fn, request_view(request.model_dump(mode="json")), Record(spec.model_dump(mode="json")),
+            trajectory_view(trajectory.model_dump(mode="json")))
         if _is_async_callable(fn):
-            value = await _await_with_timeout(fn(*args), remaining())
+            value = await _await_with_timeout(fn(*args, **kwargs), remaining())
         else:
             start_thread_or_refuse()
-            value = await _run_sync_in_thread(fn, args, remaining(), label)
+            value = await _run_sync_in_thread(functools.partial(fn, **kwargs) if kwargs else fn, args,
+                                              remaining(), label)
             if inspect.isawaitable(value):
                 value = await _await_with_timeout(value, remaining())
     except _ThreadLimitReached as exc:
@@ -383,10 +391,12 @@ async def run_evaluation(
     check = scoring.normalize_score(value)
     if check.status == "invalid_reward":
         return done(
-            "invalid_reward", 0.0, raw_repr=check.raw_repr, reason=check.reason, artifacts=check.artifacts
+            "invalid_reward", 0.0, raw_repr=check.raw_repr, reason=check.reason, artifacts=check.artifacts,
+            score_keys=check.keys,
         )
     return done(
-        "scored", check.score, raw_repr=check.raw_repr, reason=check.reason, artifacts=check.artifacts
+        "scored", check.score, raw_repr=check.raw_repr, reason=check.reason, artifacts=check.artifacts,
+        score_keys=check.keys,
     )
 
 

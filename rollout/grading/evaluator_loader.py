@@ -3,9 +3,12 @@
 1. ``discover_evaluator(agent_root, env_name)`` gives ``<agent_root>/<env_name>/rule_evaluator.py``
    (``EVALUATOR_FILE_NAME``) or None; None means the env has no evaluation.
 2. ``load_evaluator(path)`` imports the file under a unique module name and returns the evaluator
-   callable (the first of ``EXPORT_NAMES``: ``evaluate``, ``evaluate_rule`` or
-   ``RuleEvaluator().evaluate``), cached per (path, mtime, size); failures raise
+   callable (the first of ``EXPORT_NAMES``, Safactory's order: ``RuleEvaluator().evaluate``,
+   ``evaluate_rule``, ``evaluate``), cached per (path, mtime, size); failures raise
    ``EvaluatorLoadError``. ``cached_evaluator(path)`` reads that cache without importing anything.
+3. ``call_arguments(fn, request, spec, trajectory)``: the arguments to call it with, by keyword
+   when its parameters take ``request``, ``spec`` and ``trajectory`` by name (Safactory calls
+   ``evaluate_rule(*, request, spec, trajectory)`` so), else by position.
 
 Loading is synchronous and has no timeout of its own: ``rollout.grading.evaluation`` runs a first load in a
 daemon thread under the session's deadline. Nothing here runs an evaluator or scores its result. Light imports only: the grader sandbox
@@ -30,8 +33,9 @@ if TYPE_CHECKING:
 EVALUATOR_FILE_NAME = "rule_evaluator.py"
 """The file an env drops into ``<agent_root>/<env_name>/`` to be evaluated."""
 
-EXPORT_NAMES: tuple[str, ...] = ("evaluate", "evaluate_rule", "RuleEvaluator")
-"""Names looked up in an evaluator module, in this order."""
+EXPORT_NAMES: tuple[str, ...] = ("RuleEvaluator", "evaluate_rule", "evaluate")
+"""Names looked up in an evaluator module, in this order (Safactory's: a module with a class
+``RuleEvaluator`` and a helper named ``evaluate`` is graded by the class)."""
 
 
 class EvaluatorLoadError(Exception):
@@ -133,16 +137,16 @@ def _pick_callable(module: ModuleType, path: Path) -> Callable[..., Any]:
         return obj
     raise EvaluatorLoadError(
         f"{path}: exports none of {', '.join(EXPORT_NAMES)} "
-        "(define evaluate(request, spec, trajectory), evaluate_rule(...), or class RuleEvaluator)"
+        "(define class RuleEvaluator with evaluate(request, spec, trajectory), evaluate_rule(...) or evaluate(...))"
     )
 
 
 def load_evaluator(path: Path) -> Callable[..., Any]:
     """Import ``path`` and return its evaluator callable ``fn(request, spec, trajectory)``.
 
-    Looks up, in order, ``evaluate``, ``evaluate_rule``, or class ``RuleEvaluator`` (instantiated
-    once per load with no arguments; its bound ``evaluate`` is returned and shared by all the
-    sessions of that env, so it must be safe to call from several threads).
+    Looks up, in order, class ``RuleEvaluator`` (instantiated once per load with no arguments; its
+    bound ``evaluate`` is returned and shared by all the sessions of that env, so it must be safe
+    to call from several threads), ``evaluate_rule``, ``evaluate``.
 
     The file is imported with ``importlib`` under a unique module name
     (``_rollout_evaluator_<dir>_<crc32(path)>_<n>``), so two envs' ``rule_evaluator.py`` never
@@ -193,3 +197,18 @@ def load_evaluator(path: Path) -> Callable[..., Any]:
         if old is not None:
             sys.modules.pop(old.module_name, None)
         return fn
+
+
+def call_arguments(fn: Callable[..., Any], request: Any, spec: Any,
+                   trajectory: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` to call the evaluator ``fn`` with: by keyword when its signature takes
+    ``request``, ``spec`` and ``trajectory`` by name (keyword-only parameters included), else by
+    position (``def evaluate(req, spec, traj)``, ``*args``, a callable without a signature)."""
+    import inspect  # noqa: PLC0415  (only here: the sandbox child imports this module for every evaluation)
+
+    kwargs = {"request": request, "spec": spec, "trajectory": trajectory}
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except (TypeError, ValueError):
+        return (request, spec, trajectory), {}
+    return (), kwargs

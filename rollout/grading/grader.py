@@ -25,6 +25,7 @@ from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.core.envs import EnvConfig
 from rollout.grading.evaluation import Evaluation, run_evaluation
 from rollout.grading.sandbox import GraderLimits, evaluate_in_sandbox
+from rollout.grading.scoring import SCORE_KEYS
 from rollout.grading.workspace_copy import CopyCaps, copy_workspace
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class Grader:
         self._work_dir = work_dir
         self._folder: Path | None = None
         self._roots: dict[Path, Path] = {}
+        self._warned_keys: set[str] = set()
 
     async def __aenter__(self) -> Grader:
         self._folder = Path(tempfile.mkdtemp(prefix="rollout-grader-", dir=self._work_dir))
@@ -102,6 +104,13 @@ class Grader:
                 raise GraderSetupError(f"the env root {root} cannot be snapshot for grading: {e}") from e
             self._roots[root] = dest
             log.debug("grader snapshot of %s taken in %.3f s", root, time.monotonic() - t0)
+
+    def _warn_score_keys(self, env_name: str, done: Evaluation) -> None:
+        """A warning, once per env, when an evaluator's dict carried more than one score key."""
+        if len(done.score_keys) > 1 and env_name not in self._warned_keys:
+            self._warned_keys.add(env_name)
+            log.warning("env %s: the evaluator's result carries %s; %r is used (the order is %s)", env_name,
+                        ", ".join(done.score_keys), done.score_keys[0], " > ".join(SCORE_KEYS))
 
     def _host_root(self, path: Path) -> Path:
         resolved = path.resolve()
@@ -134,10 +143,13 @@ class Grader:
                 snap = self._roots[root] / path.resolve().relative_to(root)
                 inside = request.model_copy(update={"workspace": str(copy) if copy is not None else None})
                 spec = spec.model_copy(update={"evaluator_path": str(snap)})
-                return await run_evaluation(snap, inside, spec, trajectory)
-            return await evaluate_in_sandbox(path.resolve(), request, spec, trajectory, copy,
-                                             [(snap, host) for host, snap in self._roots.items()],
-                                             limits or self.limits)
+                done = await run_evaluation(snap, inside, spec, trajectory)
+            else:
+                done = await evaluate_in_sandbox(path.resolve(), request, spec, trajectory, copy,
+                                                 [(snap, host) for host, snap in self._roots.items()],
+                                                 limits or self.limits)
+            self._warn_score_keys(request.env_name, done)
+            return done
         finally:
             if copy is not None:
                 await asyncio.to_thread(shutil.rmtree, copy.parent, True)

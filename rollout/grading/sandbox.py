@@ -241,5 +241,7 @@ def _checked(value: Any, outcome: Any) -> Evaluation:
         score = 0.0
     artifacts = value.get("artifacts")
     text = {k: value.get(k) if isinstance(value.get(k), str) else None for k in ("raw_repr", "reason")}
+    keys = value.get("score_keys")
+    keys = [k for k in keys if k in scoring.SCORE_KEYS] if isinstance(keys, list) else []
     return outcome(status, score, raw_repr=text["raw_repr"], reason=text["reason"],
-                   artifacts=artifacts if isinstance(artifacts, dict) else None)
+                   artifacts=artifacts if isinstance(artifacts, dict) else None, score_keys=keys)

@@ -3,8 +3,9 @@ return value into a score.
 
 ``normalize_score(value)`` returns a ``ScoreCheck``: ``scored`` with a finite number clamped to
 ``SCORE_MIN``..``SCORE_MAX`` (0..10), or ``invalid_reward`` (score None) with why the value was
-rejected. A dict result gives its score under the first of ``SCORE_KEYS`` present, plus its
-``reason`` and ``artifacts``. ``raw_repr`` keeps the ``repr`` of the whole value, cut to
+rejected. A dict result gives its score under the first of ``SCORE_KEYS`` present (Safactory's
+order: ``normalized_score_10``, ``score``, ``reward``; all on the 0..10 scale), plus its ``reason``
+and ``artifacts``; ``keys`` names every score key it carried. ``raw_repr`` keeps the ``repr`` of the whole value, cut to
 ``RAW_REPR_MAX_CHARS`` (``cut_text``). Nothing here raises, imports evaluators or runs them; what
 is committed for an ``invalid_reward`` (score 0.0) is decided in ``rollout.grading.evaluation``. Stdlib only: the grader sandbox imports it.
 """
@@ -20,8 +21,9 @@ from typing import Any, Literal
 
 SCORE_MIN = 0.0
 SCORE_MAX = 10.0
-SCORE_KEYS: tuple[str, ...] = ("score", "normalized_score_10", "reward")
-"""Keys read from a dict result, in this order; the first one present is the raw score."""
+SCORE_KEYS: tuple[str, ...] = ("normalized_score_10", "score", "reward")
+"""Keys read from a dict result, in this order (Safactory's); the first one present is the raw
+score. Each is on the 0..10 scale: none is rescaled."""
 
 RAW_REPR_MAX_CHARS = 1000
 """``raw_repr`` and ``reason`` are cut to this many characters (an evaluator may return a huge
@@ -38,17 +40,20 @@ class ScoreCheck:
     - ``reason``: for ``scored`` the evaluator's own ``reason`` from a dict result (else None); for
       ``invalid_reward`` why the value was rejected.
     - ``artifacts``: the ``artifacts`` dict of a dict result, else None.
+    - ``keys``: the ``SCORE_KEYS`` a dict result carried (more than one: the first won).
     """
 
-    __slots__ = ("status", "score", "raw_repr", "reason", "artifacts")
+    __slots__ = ("status", "score", "raw_repr", "reason", "artifacts", "keys")
 
     def __init__(self, status: Literal["scored", "invalid_reward"], score: float | None, raw_repr: str,
-                 reason: str | None = None, artifacts: dict[str, Any] | None = None) -> None:
+                 reason: str | None = None, artifacts: dict[str, Any] | None = None,
+                 keys: tuple[str, ...] = ()) -> None:
         self.status = status
         self.score = score
         self.raw_repr = raw_repr
         self.reason = reason
         self.artifacts = artifacts
+        self.keys = keys
 
 
 def cut_text(text: str) -> str:
@@ -116,8 +121,8 @@ def normalize_score(value: Any) -> ScoreCheck:
       ``float``, ``Fraction``, ``Decimal``, numpy scalars (via ``numbers.Real``, or any non-str,
       non-bool object with ``__float__`` and no array shape). Examples: -3 -> 0.0, 12.5 -> 10.0,
       numpy.float32(11) -> 10.0, 1e308 -> 10.0, Decimal("5") -> 5.0.
-    - A dict (any ``Mapping``) uses the value of the first key present among ``score``,
-      ``normalized_score_10``, ``reward`` (checked by the rule above; a nested dict is invalid) and
+    - A dict (any ``Mapping``) uses the value of the first key present among
+      ``normalized_score_10``, ``score``, ``reward`` (checked by the rule above; a nested dict is invalid) and
       keeps ``reason`` (as str) and ``artifacts`` (if it is a dict).
     - Invalid (``status="invalid_reward"``, ``score=None``): NaN, +inf, -inf, None, strings and
       bytes (even ``"7"``), booleans (Python and numpy), complex numbers, arrays, a dict with none of
@@ -140,7 +145,8 @@ def normalize_score(value: Any) -> ScoreCheck:
 
 def _normalize(value: Any, raw_repr: str) -> ScoreCheck:
     if isinstance(value, Mapping):
-        present = next((k for k in SCORE_KEYS if k in value), None)
+        keys = tuple(k for k in SCORE_KEYS if k in value)
+        present = keys[0] if keys else None
         reason_value = value.get("reason")
         own_reason = None if reason_value is None else cut_text(str(reason_value))
         artifacts_value = value.get("artifacts")
@@ -169,9 +175,10 @@ def _normalize(value: Any, raw_repr: str) -> ScoreCheck:
                 raw_repr=raw_repr,
                 reason=f"{present!r}: {why}",
                 artifacts=artifacts,
+                keys=keys,
             )
         return ScoreCheck(
-            status="scored", score=score, raw_repr=raw_repr, reason=own_reason, artifacts=artifacts
+            status="scored", score=score, raw_repr=raw_repr, reason=own_reason, artifacts=artifacts, keys=keys
         )
 
     score, why = _number_to_score(value)

@@ -41,8 +41,18 @@ def request_view(data: dict[str, Any]) -> Record:
     return out
 
 
+SAFACTORY_STEP_ALIASES = {"llm_model": "model"}
+"""Keys of Safactory's step rows an evaluator may read, as the name of the same field here."""
+
+
 def trajectory_view(data: dict[str, Any]) -> Record:
-    """A ``Trajectory`` in JSON form as a Record whose ``steps`` are Records."""
+    """A ``Trajectory`` in JSON form as a Record whose ``steps`` are Records; each step also
+    carries the session id and Safactory's names of its fields (``SAFACTORY_STEP_ALIASES``)."""
     out = Record(data)
     out["steps"] = [Record(s) for s in out.get("steps") or []]
+    for step in out["steps"]:
+        step.setdefault("session_id", out.get("session_id"))
+        for alias, name in SAFACTORY_STEP_ALIASES.items():
+            if name in step:
+                step.setdefault(alias, step[name])
     return out

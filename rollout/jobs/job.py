@@ -29,7 +29,6 @@ from rollout.core.envs import (
     EnvConfigError,
     discover_envs,
     load_cases,
-    load_env_config,
     scan_envs,
     task_folder_env,
 )
@@ -42,6 +41,7 @@ from rollout.core.outcomes import (
     check_classes,
 )
 from rollout.core.plan import RowSource, plan_job, select_cases
+from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
 from rollout.grading.evaluator_loader import EVALUATOR_FILE_NAME, env_evaluator
 from rollout.grading.grader import GraderSetupError, grader_mode
@@ -82,6 +82,7 @@ class JobOptions(BaseModel):
 
     agent_root: Path = Path("env")
     agent_configs: list[Path] = Field(default_factory=list)
+    agent_start_config: Path | None = None  # a Safactory start YAML: how its task YAML's envs start
     env_names: list[str] = Field(default_factory=list)
     case_ids: list[str] = Field(default_factory=list)  # only these case ids (of any env); empty: all
     tasks: list[Path] = Field(default_factory=list)  # folders of task folders, each run as one env
@@ -173,8 +174,9 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     a file of the env folder that does not exist. With ``env_names``, an env folder of the agent
     root that does not load is skipped with a warning when the envs asked for are all found."""
     try:
-        if opts.agent_configs or opts.tasks:
-            configs = [load_env_config(p) for p in opts.agent_configs] + [task_folder_env(p) for p in opts.tasks]
+        if opts.agent_configs or opts.agent_start_config is not None or opts.tasks:
+            configs = [*load_agent_configs(opts.agent_configs, opts.agent_start_config),
+                       *(task_folder_env(p) for p in opts.tasks)]
         elif opts.env_names:
             configs, broken = scan_envs(opts.agent_root)
             if broken and set(opts.env_names) - {c.name for c in configs}:

@@ -23,8 +23,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.contract.protocol import EvalRequest, SimulationStartResult
-from rollout.core.envs import EnvConfigError, load_env_config, task_folder_env
+from rollout.core.envs import EnvConfigError, task_folder_env
 from rollout.core.outcomes import INFRA_CLASSES
+from rollout.core.safactory import env_folders
 from rollout.core.setup import SetupError, init_store, open_store
 from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator, evaluator_for
@@ -130,10 +131,9 @@ def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | N
     dirs: dict[str, Path] = {}
     for p in opts.agent_configs:
         try:
-            cfg = load_env_config(p)
+            dirs.update(env_folders(p))
         except EnvConfigError as e:
             raise SetupError(str(e)) from e
-        dirs[cfg.name] = cfg.env_dir
     own: dict[str, Path | None] = {}
     for p in opts.tasks:
         try:

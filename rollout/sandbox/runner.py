@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import rollout.contract.protocol
-from rollout.contract.protocol import SimulationStartRequest
+from rollout.contract.protocol import SimulationStartRequest, model_json
 from rollout.core.envs import EnvConfig, EnvConfigError, LimitsConfig, load_env_config
 from rollout.sandbox.bridge import BridgeError, GatewayBridge
 from rollout.sandbox.bwrap import (
     INSTRUCTION,
+    WORKSPACE,
     SandboxSpec,
     SandboxUnavailable,
     Support,
@@ -133,7 +134,7 @@ def task_env(request: SimulationStartRequest) -> dict[str, str]:
     """The variables telling a runtime which case it runs: ``ROLLOUT_CASE_ID`` and
     ``ROLLOUT_INSTRUCTION_PATH`` (each only when the request has it)."""
     env = {"ROLLOUT_CASE_ID": request.case_id, "ROLLOUT_INSTRUCTION_PATH": request.instruction_path}
-    return {k: v for k, v in env.items() if v is not None}
+    return {k: v for k, v in env.items() if v is not None and _env_safe(v)}
 
 
 def _write_instruction(folder: Path, text: str) -> Path:
@@ -142,6 +143,48 @@ def _write_instruction(folder: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     path.chmod(0o444)
     return path
+
+
+SAFACTORY_RESULT_FILE = "safactory_result.json"
+"""``SAFACTORY_RESULT_PATH``: this file of the workspace, read for the result when stdout holds
+none (as Safactory does)."""
+_REQUEST_ENV_MAX = 96 * 1024
+"""``SAFACTORY_START_REQUEST_JSON`` is left out over this size (one variable's limit is 128 KiB)."""
+
+
+def safactory_env(request: SimulationStartRequest, workspace: str) -> dict[str, str]:
+    """The variables Safactory's runners read (docs/envs.md, "Coming from Safactory"; given to the
+    runtimes of envs with ``runtime.safactory_env``), from the session's own start request: ids, the session URL (``request.gateway_base_url``) and its root,
+    the route, the result path in ``workspace`` (as the runtime sees it) and the case's
+    ``task_id`` / ``task_path`` / ``category`` when its row has them. No key: the runtime's API key
+    is ``OPENAI_API_KEY`` (``session_env``)."""
+    url = request.gateway_base_url.rstrip("/")
+    root = url.removesuffix(f"/{request.session_id}")
+    env = {"SAFACTORY_JOB_ID": request.job_id, "SAFACTORY_SESSION_ID": request.session_id,
+           "SAFACTORY_AGENT_NAME": request.agent_name, "SAFACTORY_AGENT_ID": request.agent_id,
+           "SAFACTORY_GATEWAY_BASE_URL": root, "SAFACTORY_GATEWAY_SESSION_URL": url,
+           "SAFACTORY_GATEWAY_SESSION_URL_CONTAINER": url, "OPENROUTER_BASE_URL": url,
+           "SAFACTORY_ROUTE_MODEL": request.model, "SAFACTORY_MODEL_REF": f"safactory/{request.model}",
+           "SAFACTORY_RESULT_PATH": f"{workspace.rstrip('/')}/{SAFACTORY_RESULT_FILE}"}
+    row = request.env_params.get("dataset")
+    if isinstance(row, dict):
+        for key in ("task_id", "task_path", "category"):
+            value = row.get(key)
+            if isinstance(value, str | int) and not isinstance(value, bool) and _env_safe(str(value)):
+                env[f"SAFACTORY_{key.upper()}"] = str(value)
+    text = model_json(request)
+    if len(text) <= _REQUEST_ENV_MAX and _env_safe(text):
+        env["SAFACTORY_START_REQUEST_JSON"] = text
+    return {k: v for k, v in env.items() if _env_safe(v)}
+
+
+def _env_safe(text: str) -> bool:
+    """Whether ``text`` can be an environment variable's value (UTF-8, no NUL)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in text
 
 
 ENTRY_BYTES = 4096
@@ -336,10 +379,11 @@ async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspac
         try:
             if folder is not None and text is not None:
                 request = request.model_copy(update={"instruction_path": str(_write_instruction(folder, text))})
-            env = {**extra, **session_env(request.gateway_base_url, extra), **task_env(request)}
+            sf = safactory_env(request, str(workspace)) if command is None and cfg.runtime.safactory_env else {}
+            env = {**extra, **sf, **session_env(request.gateway_base_url, extra), **task_env(request)}
             out = await run_local(argv, request, workspace, cfg.runtime.timeout_s, env,
                                   output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
-                                  stderr_log=stderr_log)
+                                  stderr_log=stderr_log, result_file=SAFACTORY_RESULT_FILE if sf else None)
         except OSError as e:
             out = RuntimeRun(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
                                  error_text=f"cannot start runtime {argv[:3]}: {e}")
@@ -407,14 +451,15 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
         argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
-        request = request.model_copy(update={"gateway_base_url": url,
-                                             "instruction_path": INSTRUCTION if instruction is not None else None})
-        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **session_env(url, extra), **task_env(request)})
+        inside = request.model_copy(update={"gateway_base_url": url,
+                                            "instruction_path": INSTRUCTION if instruction is not None else None})
+        sf = safactory_env(inside, WORKSPACE) if command is None and cfg.runtime.safactory_env else {}
+        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **sf, **session_env(url, extra), **task_env(inside)})
         try:
-            out = await run_local(argv, request, workspace,
+            out = await run_local(argv, inside, workspace,
                                   cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
                                   output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits),
-                                  stderr_log=stderr_log)
+                                  stderr_log=stderr_log, result_file=SAFACTORY_RESULT_FILE if sf else None)
         except OSError as e:
             return _setup_failed(t0, f"cannot start bwrap: {e}")
         started = _read_status(status_r)

@@ -1,8 +1,8 @@
 """The ``local`` runtime backend: one subprocess per session, in its own temporary workspace.
 
 The runtime gets the ``SimulationStartRequest`` JSON on stdin and must print a
-``SimulationStartResult`` JSON line last and exit 0 (a runtime that exits otherwise printed no
-result, whatever its last line says). It runs in a new process group (``start_new_session``)
+``SimulationStartResult`` JSON object (last, or in one of Safactory's forms: ``parse_result``) and
+exit 0 (a runtime that exits otherwise printed no result, whatever its output says). It runs in a new process group (``start_new_session``)
 so that a timeout or Ctrl-C kills it and every child it started (``killpg(SIGKILL)``).
 """
 
@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -92,27 +94,102 @@ def pidfd_child_watcher() -> Iterator[None]:
         watcher.close()
 
 
-def parse_result(stdout: str) -> SimulationStartResult:
-    """The last non-empty stdout line as a SimulationStartResult. Lines end at ``\n`` only: JSON
-    may hold U+2028, U+2029 or U+0085 unescaped (pydantic's ``model_dump_json`` does), which
-    ``str.splitlines`` would take for line ends.
+RESULT_PREFIX = "SAFACTORY_RESULT_JSON "
+"""A stdout line starting so holds the result after it (Safactory's runners print it so)."""
+_SCAN_CHARS = 64 * 1024
+"""How much of stdout's end is searched for a result that is not on its last line."""
+_SCAN_TRIES = 500
+"""At most this many lines of that end are tried as the start of a JSON object."""
 
-    Raises ValueError when that line is not a JSON object or lacks a valid ``status`` (such output
-    is a failed session, never a success)."""
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def _loads(text: str) -> object:
+    """JSON, refusing the ``NaN`` / ``Infinity`` tokens Python's json reads by default and
+    numbers too large for a float (``1e999``)."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _last_object(stdout: str) -> tuple[str, dict[str, object]] | None:
+    """The last JSON object of stdout's last ``_SCAN_CHARS`` that starts a line (at its first
+    column: a pretty-printed object's inner objects are indented) and has a ``status`` key, else
+    the last such object without one, else None. Found from the end, ``_SCAN_TRIES`` lines at most."""
+    tail = stdout[-_SCAN_CHARS:]
+    decoder = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+    starts = [0] if tail.startswith("{") else []
+    at = tail.find("\n{")
+    while at >= 0:
+        starts.append(at + 1)
+        at = tail.find("\n{", at + 1)
+    fallback: tuple[str, dict[str, object]] | None = None
+    for start in reversed(starts[-_SCAN_TRIES:]):
+        try:
+            value, end = decoder.raw_decode(tail, start)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(value, dict):
+            if "status" in value:
+                return tail[start:end], value
+            fallback = fallback or (tail[start:end], value)
+    return fallback
+
+
+def parse_result(stdout: str) -> SimulationStartResult:
+    """The runtime's result in its stdout, as a SimulationStartResult. Lines end at ``\n`` only:
+    JSON may hold U+2028, U+2029 or U+0085 unescaped (pydantic's ``model_dump_json`` does), which
+    ``str.splitlines`` would take for line ends. Where the result is:
+
+    - the last line starting with ``SAFACTORY_RESULT_JSON `` (``RESULT_PREFIX``): the JSON after it;
+    - else the last JSON object of stdout that has a ``status`` key, on one line or over several
+      (pretty-printed, starting at a line's first column), lines after it being log; else the
+      last one (its missing ``status`` is then the error);
+    - nothing else: a line that is not JSON is never a result.
+
+    Raises ValueError when there is no such object, its JSON holds ``NaN`` or ``Infinity``, or it
+    lacks a valid ``status`` (such output is a failed session, never a success)."""
     lines = [ln for ln in stdout.split("\n") if ln.strip()]
     if not lines:
         raise ValueError("runtime printed nothing on stdout")
-    last = lines[-1].strip()
-    try:
-        obj = json.loads(last)
-    except ValueError:
-        raise ValueError(f"last stdout line is not JSON: {last[:200]!r}") from None
+    prefixed = [ln for ln in lines if ln.lstrip().startswith(RESULT_PREFIX)]
+    if prefixed:
+        text = prefixed[-1].lstrip()[len(RESULT_PREFIX):].strip()
+        where = f"the last {RESULT_PREFIX.strip()} line"
+        try:
+            obj = _loads(text)
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"{where} is not JSON ({e}): {text[:200]!r}") from None
+    else:
+        last = lines[-1].strip()
+        try:
+            single = _loads(last) if last.startswith("{") else None
+        except (ValueError, RecursionError):
+            single = None
+        found = (last, single) if isinstance(single, dict) and "status" in single else (
+            _last_object(stdout) or ((last, single) if isinstance(single, dict) else None))
+        if found is None:
+            try:
+                _loads(last)
+                why = "is not a JSON object"
+            except (ValueError, RecursionError) as e:
+                why = f"is not JSON ({e})" if "number" in str(e) else "is not JSON"
+            raise ValueError(f"last stdout line {why}: {last[:200]!r}")
+        text, obj = found
+        where = "the result object"
     if not isinstance(obj, dict):
-        raise ValueError(f"last stdout line is not a JSON object: {last[:200]!r}")
+        raise ValueError(f"{where} is not a JSON object: {text[:200]!r}")
     try:
         return SimulationStartResult.model_validate(obj)
     except ValidationError as e:
-        raise ValueError(f"last stdout line is not a SimulationStartResult: {e.errors()[0]['msg']} "
+        raise ValueError(f"{where} is not a SimulationStartResult: {e.errors()[0]['msg']} "
                          f"at {'.'.join(map(str, e.errors()[0]['loc']))}") from None
 
 
@@ -195,10 +272,39 @@ async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output:
     return None
 
 
+RESULT_FILE_MAX = 1024 * 1024
+"""A result file over this size is not read."""
+
+
+def read_result_file(path: Path) -> str:
+    """The text of a runtime's result file (``SAFACTORY_RESULT_PATH``): a regular file, never
+    through a link, at most ``RESULT_FILE_MAX`` bytes. Raises ValueError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ValueError(f"no result file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RESULT_FILE_MAX:
+            raise ValueError("the result file is not a regular file of at most 1 MiB")
+        return f.read(RESULT_FILE_MAX).decode("utf-8", "replace")
+
+
+def _from_file(workspace: Path, result_file: str | None) -> SimulationStartResult | None:
+    """The result in the workspace's ``result_file``, None when there is none or it is not one."""
+    if result_file is None:
+        return None
+    try:
+        return parse_result(read_result_file(workspace / result_file))
+    except ValueError:
+        return None
+
+
 async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None, *, env: dict[str, str] | None = None,
                     pass_fds: tuple[int, ...] = (), output_limit: int | None = None,
-                    monitor: Monitor | None = None, stderr_log: Path | None = None) -> RuntimeRun:
+                    monitor: Monitor | None = None, stderr_log: Path | None = None,
+                    result_file: str | None = None) -> RuntimeRun:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
     The session ends when the runtime process exits (not when its pipes close: a background
@@ -208,7 +314,8 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     :data:`WITHHELD_ENV`) plus ``extra_env``.
     ``output_limit`` (bytes of stdout + stderr) and ``monitor`` (see ``Monitor``) end the session
     as ``error`` with ``limit_exceeded`` set when exceeded. ``stderr_log``: a file that gets the
-    whole of stderr (folders created; appended to).
+    whole of stderr (folders created; appended to). ``result_file``: a file of ``workspace`` (a
+    relative path) read for the result when stdout holds none (Safactory's ``SAFACTORY_RESULT_PATH``).
     Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
     the process group. Raises OSError when the command cannot be started at all.
     """
@@ -222,12 +329,13 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
         if stderr_log is not None:
             stderr_log.parent.mkdir(parents=True, exist_ok=True)
             copy = stack.enter_context(stderr_log.open("ab", buffering=0))  # a live log: tail -f works
-        return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0)
+        return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0,
+                          result_file)
 
 
 async def _run(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
                env: dict[str, str], pass_fds: tuple[int, ...], output_limit: int | None, monitor: Monitor | None,
-               copy: BinaryIO | None, t0: float) -> RuntimeRun:
+               copy: BinaryIO | None, t0: float, result_file: str | None = None) -> RuntimeRun:
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
         lambda: _Protocol(loop), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -278,10 +386,14 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
         if err.strip():
             why += f"; stderr: {err.strip()[-500:]}"
         return done.model_copy(update={"error_text": why})
+    why = ""
+    result: SimulationStartResult | None
     try:
         result = parse_result(out)
     except ValueError as e:
         why = f"{e} (exit code {proc.returncode})"
+        result = _from_file(workspace, result_file)
+    if result is None:
         if err.strip():
             why += f"; stderr: {err.strip()[-500:]}"
         return done.model_copy(update={"error_text": why})

@@ -80,7 +80,13 @@ def test_config_errors_are_one_line_per_problem_naming_the_file_field_or_flag(tm
     assert str(ei.value).splitlines() == [
         f"gateway config {cfg}: listen_port: Input should be less than or equal to 65535",
         f"gateway config {cfg}: llm_routes.a.base_url: Input should be a valid string",
-        f"gateway config {cfg}: bogus: Extra inputs are not permitted"]
+        f"gateway config {cfg}: bogus: unknown key"]
+    cfg.write_text("listen_prot: 8000\nllm_routes:\n  a: {base_url: http://x, api_kye: k}\n")
+    with pytest.raises(ConfigError) as ei:  # an unknown key with the nearest valid one, nested ones too
+        load_settings(cfg)
+    assert str(ei.value).splitlines() == [
+        f"gateway config {cfg}: llm_routes.a.api_kye: unknown key (did you mean 'api_key'?)",
+        f"gateway config {cfg}: listen_prot: unknown key (did you mean 'listen_port'?)"]
     cfg.write_text("listen_port: 8000\n")
     with pytest.raises(ConfigError) as ei:  # a flag's value is blamed on the flag, not the file
         load_settings(cfg, host="127.0.0.1", port=99999, db_url=str(tmp_path))

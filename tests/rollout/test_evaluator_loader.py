@@ -49,16 +49,16 @@ def test_evaluator_for_prefers_the_agent_root_then_the_envs_own_folder(tmp_path:
             "    def evaluate(self, request, spec, trajectory):\n        return 4 + self.bonus\n",
             5.0,
         ),
-        # precedence: evaluate before evaluate_rule before RuleEvaluator
+        # precedence (Safactory's): RuleEvaluator before evaluate_rule before evaluate
         (
             "def evaluate_rule(r, s, t):\n    return 1\n"
             "def evaluate(r, s, t):\n    return 2\n"
             "class RuleEvaluator:\n    def evaluate(self, r, s, t):\n        return 3\n",
-            2.0,
+            3.0,
         ),
         (
             "def evaluate_rule(r, s, t):\n    return 1\n"
-            "class RuleEvaluator:\n    def evaluate(self, r, s, t):\n        return 3\n",
+            "def evaluate(r, s, t):\n    return 2\n",
             1.0,
         ),
     ],
@@ -73,7 +73,7 @@ async def test_export_names(tmp_path: Path, body: str, expected: float) -> None:
 
 async def test_module_with_no_export_is_an_error(tmp_path: Path) -> None:
     path = write_evaluator(tmp_path, "env", "def grade(r, s, t):\n    return 10\n")
-    with pytest.raises(EvaluatorLoadError, match="exports none of evaluate, evaluate_rule, RuleEvaluator"):
+    with pytest.raises(EvaluatorLoadError, match="exports none of RuleEvaluator, evaluate_rule, evaluate"):
         load_evaluator(path)
     outcome = await evaluate_file(path)
     assert outcome.status == "error"
