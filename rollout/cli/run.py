@@ -227,7 +227,7 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
     """The parsed flags of ``--regrade`` as RegradeOptions. Run-only flags given on the command
     line are refused; keys of the start-config YAML that a regrade does not use are ignored (the
     same file serves the run). Raises SetupError naming the bad flag."""
-    given = [f"--{k.replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
+    given = [f"--{_FLAG_OF.get(k, k).replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
     if given:
         raise SetupError(f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it")
     values, from_file = _values(args)

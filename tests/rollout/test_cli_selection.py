@@ -161,3 +161,12 @@ def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixtu
     assert (tasks["name"], tasks["grader"]) == ("basics", str(EXPECTED_JSON_EVALUATOR))
     assert main(["list", "--agent-root", str(REPO / "env"), "--env", "nope"]) == 1
     assert "error: --env: no such env ['nope']" in capsys.readouterr().err
+
+
+def test_a_regrade_takes_tasks_folders_and_refuses_case_and_timeout() -> None:
+    from rollout.cli.run import regrade_options
+
+    assert regrade_options(build_parser().parse_args(["--regrade", "--job-id", "j", "--tasks", "t"])).tasks == [Path("t")]
+    with pytest.raises(SetupError) as ei:
+        regrade_options(build_parser().parse_args(["--regrade", "--job-id", "j", "--case", "x", "--timeout", "3"]))
+    assert str(ei.value) == "--regrade runs no session and calls no model: --case, --timeout cannot be used with it"
