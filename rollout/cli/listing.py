@@ -127,7 +127,7 @@ def _table(rows: list[list[str]], headers: list[str]) -> list[str]:
 def render(listing: dict[str, Any]) -> str:
     """The listing as text: a table per section, an env's case ids under it."""
     envs = [e for e in listing["envs"] if e.get("name")]
-    lines = ["envs (" + str(listing["agent_root"]) + "):"]
+    lines = [f"envs ({listing['source']}):"]
     lines += _table([[e["name"], e["format"], "?" if e.get("cases") is None else str(e["cases"]), e["grader"]]
                           for e in envs], ["env", "format", "cases", "graded by"])
     for e in listing["envs"]:
@@ -152,7 +152,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     gateway_config = args.gateway_config or default_gateway_config()
     try:
-        listing = {"agent_root": str(args.agent_root), "envs": env_entries(args), "harnesses": harness_entries(),
+        source = "--agent-config / --tasks" if args.agent_configs or args.tasks else f"--agent-root {args.agent_root}"
+        listing = {"source": source, "envs": env_entries(args), "harnesses": harness_entries(),
                    "gateway_config": str(gateway_config), "routes": route_entries(load_gateway_settings(gateway_config))}
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
