@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from rollout.servers.viewer.app import create_app, refuse_host
 from rollout.servers.viewer.db import ViewerError, open_queries
 from rollout.servers.viewer.report import DEFAULT_VIEWER_URL, write_report
 from rollout.servers.viewer.stats import HiddenFields
+from store.search import StepSearch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8765
 COMMANDS = ("view", "report")
@@ -56,11 +60,38 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
         else:
             if made:
                 print(f"created indexes {', '.join(made)}", file=sys.stderr)
+        index = StepSearch(engine)
+        problem = None
+        try:
+            await index.ensure()
+        except Exception as e:  # a read-only file or role: every page but the search works
+            problem = f"cannot create the search index in the store ({type(e).__name__}: {e})"
+            print(f"warning: {problem}", file=sys.stderr)
+            await index.close()
+        search = index if problem is None else None
         sock = listen(host, port, exposes="every trajectory")
         print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)
-        await run_server(create_app(queries, HiddenFields(agent_root)), sock, host, edge, refuse_host)
+        indexing = asyncio.create_task(_index_all(search)) if search is not None else None
+        try:
+            await run_server(create_app(queries, HiddenFields(agent_root), search=search, search_problem=problem),
+                             sock, host, edge, refuse_host)
+        finally:
+            if indexing is not None:
+                indexing.cancel()
+            if search is not None:
+                await search.close()
     finally:
         await engine.dispose()
+
+
+async def _index_all(search: StepSearch | None) -> None:
+    """Index every session's steps once at start, in the background (searches index the rest)."""
+    if search is None:
+        return
+    try:
+        await search.refresh()
+    except Exception:
+        log.exception("viewer: building the search index failed; searches retry it")
 
 
 def main(argv: list[str]) -> int:

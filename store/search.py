@@ -1,0 +1,242 @@
+"""Full-text search over the recorded steps: SQLite FTS5 or PostgreSQL ``tsvector`` (docs/viewer.md).
+
+Steps are stored as deltas on earlier steps and compressed (:mod:`store.stepcodec`), so no
+trigger or external-content table can read their text: the reader that searches keeps its own
+index, :class:`StepSearch`, built from decoded steps. :meth:`StepSearch.refresh` indexes the
+sessions whose steps changed since (their count, last ``seq`` or newest record id differ from the
+index's bookkeeping row) and drops those gone; the gateway's and the launcher's writes are
+untouched. Each step is indexed with the text of the messages new since the previous step and of
+its answer (string values of the JSON, ids and roles left out), at most :data:`MAX_STEP_CHARS`.
+Both backends tokenize without stemming (FTS5 ``unicode61``, PostgreSQL ``simple``) and match
+every word of the query (``plainto_tsquery``; in FTS5 each word a quoted term).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from store.engine import make_engine
+from store.models import SessionStep
+from store.stepcodec import answer_items, decode_rows
+
+ST = SessionStep.__table__  # type: ignore[attr-defined]
+
+INDEX_TABLE = "step_search"
+BOOK_TABLE = "step_search_sessions"
+MAX_STEP_CHARS = 200_000
+"""Text indexed per step (a tool result longer than this is searchable in its first part only)."""
+MARK_START, MARK_END = "\x02", "\x03"
+"""Around each matched word in :attr:`SearchHit.snippet` (never in indexed text: removed from it)."""
+SESSIONS_PER_BATCH = 25
+SKIP_KEYS = frozenset({"role", "type", "id", "tool_call_id", "call_id", "signature", "encrypted_content",
+                       "cache_control", "index", "status", "object"})
+"""JSON keys whose string values are not indexed (ids, roles, opaque blobs)."""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One matching step: its session, ``seq`` and job, and a snippet of its text with each
+    matched word between :data:`MARK_START` and :data:`MARK_END` (the text is raw: escape it)."""
+
+    session_id: str
+    seq: int
+    job_id: str | None
+    snippet: str
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    """A page of hits (best first), whether more follow, and the sessions not indexed yet."""
+
+    hits: list[SearchHit]
+    more: bool
+    pending: int
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k not in SKIP_KEYS:
+                _strings(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _strings(v, out)
+
+
+def _clean(s: str) -> str:
+    return s.replace("\x00", " ").replace(MARK_START, " ").replace(MARK_END, " ")
+
+
+def step_texts(steps: Sequence[dict[str, Any]]) -> list[str]:
+    """The indexed text of each step of one session (decoded rows in ``seq`` order): the messages
+    that are not a repeat of the previous step's messages and answer, then the answer."""
+    out: list[str] = []
+    previous: list[Any] = []
+    for row in steps:
+        messages = row.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        same = 0
+        while same < min(len(previous), len(messages)) and previous[same] == messages[same]:
+            same += 1
+        parts: list[str] = []
+        answer = answer_items(row.get("response"))
+        _strings(messages[same:], parts)
+        _strings(answer, parts)
+        previous = [*messages, *answer]  # the next step re-sends the answer too
+        out.append(_clean("\n".join(parts))[:MAX_STEP_CHARS])
+    return out
+
+
+def fts5_query(words: str) -> str:
+    """The FTS5 query matching every word of ``words`` (each a quoted term: no operator, column
+    filter or prefix syntax of the user's reaches FTS5)."""
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words.split())
+
+
+class StepSearch:
+    """The search index of one store: created by :meth:`ensure`, kept in step by :meth:`refresh`,
+    queried by :meth:`search`. Reads through ``engine``; writes the index through an engine of
+    its own (SQLite: ``BEGIN IMMEDIATE``, one short transaction per :data:`SESSIONS_PER_BATCH`
+    sessions). The caller closes it (:meth:`close`)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self._writer: AsyncEngine | None = None
+        self._lock = asyncio.Lock()
+
+    def _write_engine(self) -> AsyncEngine:
+        if self._writer is None:
+            self._writer = make_engine(self.engine.url.render_as_string(hide_password=False), writer=True)
+        return self._writer
+
+    async def close(self) -> None:
+        """Dispose of the writing engine."""
+        if self._writer is not None:
+            await self._writer.dispose()
+            self._writer = None
+
+    async def ensure(self) -> None:
+        """Create the index tables when missing."""
+        if self.dialect == "sqlite":
+            ddl = [f"CREATE VIRTUAL TABLE IF NOT EXISTS {INDEX_TABLE} USING fts5("
+                   "body, session_id UNINDEXED, seq UNINDEXED, job_id UNINDEXED, tokenize='unicode61')"]
+        else:
+            ddl = [f"CREATE TABLE IF NOT EXISTS {INDEX_TABLE} (session_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+                   "job_id TEXT, body TEXT NOT NULL, tsv TSVECTOR NOT NULL, PRIMARY KEY (session_id, seq))",
+                   f"CREATE INDEX IF NOT EXISTS ix_{INDEX_TABLE}_tsv ON {INDEX_TABLE} USING GIN (tsv)"]
+        ddl.append(f"CREATE TABLE IF NOT EXISTS {BOOK_TABLE} (session_id TEXT PRIMARY KEY, steps INTEGER NOT NULL, "
+                   "max_seq INTEGER NOT NULL, last_record TEXT NOT NULL)")
+        async with self._write_engine().begin() as conn:
+            for stmt in ddl:
+                await conn.execute(text(stmt))
+
+    async def _state(self) -> tuple[dict[str, tuple[int, int, str]], dict[str, tuple[int, int, str]]]:
+        stmt = (select(ST.c.session_id, func.count().label("n"), func.max(ST.c.seq).label("m"),
+                       func.max(ST.c.record_id).label("r")).group_by(ST.c.session_id))
+        async with self.engine.connect() as conn:
+            live = {r.session_id: (int(r.n), int(r.m), str(r.r)) for r in (await conn.execute(stmt)).all()}
+            book = {r.session_id: (int(r.steps), int(r.max_seq), str(r.last_record)) for r in (await conn.execute(
+                text(f"SELECT session_id, steps, max_seq, last_record FROM {BOOK_TABLE}"))).all()}
+        return live, book
+
+    async def pending(self) -> int:
+        """Sessions whose steps changed since they were indexed (or were never indexed), plus
+        indexed sessions whose steps are gone."""
+        live, book = await self._state()
+        return sum(1 for sid, v in live.items() if book.get(sid) != v) + len(book.keys() - live.keys())
+
+    async def refresh(self, max_sessions: int | None = None) -> int:
+        """Index the sessions that changed (at most ``max_sessions``, None: all); returns the
+        number of sessions still to index after this call. One refresh runs at a time."""
+        async with self._lock:
+            live, book = await self._state()
+            changed = sorted(sid for sid, v in live.items() if book.get(sid) != v)
+            gone = sorted(book.keys() - live.keys())
+            todo = changed if max_sessions is None else changed[:max_sessions]
+            for i in range(0, len(gone), 500):
+                await self._write([], gone[i:i + 500])
+            for i in range(0, len(todo), SESSIONS_PER_BATCH):
+                batch = todo[i:i + SESSIONS_PER_BATCH]
+                await self._index(batch, {sid: live[sid] for sid in batch})
+            return len(changed) - len(todo)
+
+    async def _index(self, sids: list[str], marks: dict[str, tuple[int, int, str]]) -> None:
+        async with self.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in (await conn.execute(
+                select(ST).where(ST.c.session_id.in_(sids)).order_by(ST.c.session_id, ST.c.seq))).all()]
+        if rows and "encoding" in rows[0]:
+            decode_rows(rows)
+        by_sid: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_sid.setdefault(r["session_id"], []).append(r)
+        entries: list[dict[str, Any]] = []
+        books: list[dict[str, Any]] = []
+        for sid in sids:
+            steps = by_sid.get(sid, [])
+            for row, body in zip(steps, step_texts(steps), strict=True):
+                entries.append({"sid": sid, "seq": int(row["seq"]), "job": row.get("job_id"), "body": body})
+            if steps:  # a session whose steps moved meanwhile is indexed at the next refresh
+                n, m, r = len(steps), max(int(s["seq"]) for s in steps), max(str(s["record_id"]) for s in steps)
+                books.append({"sid": sid, "n": n, "m": m, "r": r} if (n, m, r) == marks[sid] else
+                             {"sid": sid, "n": -1, "m": -1, "r": ""})
+        await self._write(entries, sids, books)
+
+    async def _write(self, entries: list[dict[str, Any]], drop: list[str],
+                     books: list[dict[str, Any]] | None = None) -> None:
+        if not drop and not entries:
+            return
+        if self.dialect == "sqlite":
+            insert = (f"INSERT INTO {INDEX_TABLE} (body, session_id, seq, job_id) "
+                      "VALUES (:body, :sid, :seq, :job)")
+        else:
+            insert = (f"INSERT INTO {INDEX_TABLE} (session_id, seq, job_id, body, tsv) "
+                      "VALUES (:sid, :seq, :job, :body, to_tsvector('simple', :body))")
+        async with self._write_engine().begin() as conn:
+            for i in range(0, len(drop), 500):
+                part = {f"s{k}": sid for k, sid in enumerate(drop[i:i + 500])}
+                names = ", ".join(f":{k}" for k in part)
+                await conn.execute(text(f"DELETE FROM {INDEX_TABLE} WHERE session_id IN ({names})"), part)
+                await conn.execute(text(f"DELETE FROM {BOOK_TABLE} WHERE session_id IN ({names})"), part)
+            if entries:
+                await conn.execute(text(insert), entries)
+            if books:
+                await conn.execute(text(f"INSERT INTO {BOOK_TABLE} (session_id, steps, max_seq, last_record) "
+                                        "VALUES (:sid, :n, :m, :r)"), books)
+
+    async def search(self, words: str, *, job_id: str | None = None, offset: int = 0,
+                     limit: int = 50) -> SearchPage:
+        """Steps whose text holds every word of ``words`` (best match first: FTS5's bm25, else
+        ``ts_rank``; then session and ``seq``), of ``job_id`` when given; ``pending`` counts the
+        sessions not indexed yet (call :meth:`refresh` first)."""
+        if not words.split():
+            return SearchPage(hits=[], more=False, pending=0)
+        params: dict[str, Any] = {"lim": limit + 1, "off": max(0, offset)}
+        where_job = ""
+        if job_id is not None:
+            params["job"], where_job = job_id, " AND job_id = :job"
+        if self.dialect == "sqlite":
+            params["q"] = fts5_query(words)
+            sql = (f"SELECT session_id, seq, job_id, snippet({INDEX_TABLE}, 0, '{MARK_START}', '{MARK_END}', '…', 24) "
+                   f"AS snip FROM {INDEX_TABLE} WHERE {INDEX_TABLE} MATCH :q{where_job} "
+                   "ORDER BY bm25(step_search), session_id, seq LIMIT :lim OFFSET :off")
+        else:
+            params["q"] = words
+            sql = (f"SELECT session_id, seq, job_id, ts_headline('simple', body, q, "
+                   f"'StartSel={MARK_START}, StopSel={MARK_END}, MaxWords=30, MinWords=10, MaxFragments=2, "
+                   "FragmentDelimiter=\" … \"') AS snip "
+                   f"FROM {INDEX_TABLE}, plainto_tsquery('simple', :q) AS q WHERE tsv @@ q{where_job} "
+                   "ORDER BY ts_rank(tsv, q) DESC, session_id, seq LIMIT :lim OFFSET :off")
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(text(sql), params)).all()
+        hits = [SearchHit(session_id=r.session_id, seq=int(r.seq), job_id=r.job_id, snippet=r.snip or "")
+                for r in rows[:limit]]
+        return SearchPage(hits=hits, more=len(rows) > limit, pending=await self.pending())
