@@ -14,6 +14,7 @@ from rollout.core.argtypes import port_number
 from rollout.core.logs import setup_logging
 from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from rollout.servers.viewer.app import create_app, refuse_host
+from rollout.servers.viewer.bundle import write_bundle
 from rollout.servers.viewer.db import ViewerError, open_queries
 from rollout.servers.viewer.report import DEFAULT_VIEWER_URL, write_report
 from rollout.servers.viewer.stats import HiddenFields
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"where the report's links point (default {DEFAULT_VIEWER_URL})")
     rep.add_argument("--self-contained", action="store_true",
                      help="inline plotly.js (one ~5 MB file, e.g. to send) instead of a file beside the report")
+    rep.add_argument("--bundle", type=Path, metavar="DIR",
+                     help="write one folder instead: index.html (the report, every session listed) and a page and "
+                          "a JSON per session transcript, relative links only, opens from disk without a server")
+    rep.add_argument("--agent-root", type=Path, default=Path("env"),
+                     help="with --bundle: folder of env configs, to leave each env's hidden fields out of the "
+                          "start requests shown (default env)")
     return ap
 
 
@@ -101,6 +108,21 @@ def main(argv: list[str]) -> int:
         setup_logging(args.log_level)
         return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),
                            args.host, args.port, (ViewerError,))
+    if args.bundle is not None:
+        if args.out is not None or args.self_contained or args.viewer_url != DEFAULT_VIEWER_URL:
+            print("error: --bundle writes a folder of its own: --out, --self-contained and --viewer-url do not apply",
+                  file=sys.stderr)
+            return 2
+        try:
+            index = asyncio.run(write_bundle(args.db_path, args.job_id, args.bundle, HiddenFields(args.agent_root)))
+        except ViewerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:
+            print(f"error: cannot write the bundle to {args.bundle}: {e}", file=sys.stderr)
+            return 1
+        print(f"bundle written to {args.bundle} (open {index})")
+        return 0
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
     try:
         path = asyncio.run(write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,

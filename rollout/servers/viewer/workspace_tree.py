@@ -56,8 +56,8 @@ class FileView:
 
 def clean_path(raw: str) -> str:
     """``raw`` as an archive entry name (``a/b``), or WorkspaceError for an empty, absolute or
-    ``..`` path, or one with a NUL or backslash."""
-    if not raw or "\x00" in raw or "\\" in raw:
+    ``..`` path, or one with a NUL."""
+    if not raw or "\x00" in raw:
         raise WorkspaceError(f"{raw[:200]!r} is not a path in the workspace")
     p = PurePosixPath(raw)
     if p.is_absolute() or ".." in p.parts or not p.parts:
