@@ -72,7 +72,7 @@ def hostile() -> bytes:
     return buf.getvalue()
 
 
-def test_paths_with_dotdot_absolute_nul_or_backslash_are_refused() -> None:
+def test_paths_with_dotdot_absolute_or_nul_are_refused() -> None:
     for bad in ("", "/etc/passwd", "../x", "a/../../x", "a/..", "a\x00b", "."):
         with pytest.raises(WorkspaceError):
             clean_path(bad)

@@ -37,7 +37,7 @@ def leave_files():
     """The agent's words in its workspace: a file named like a script tag, links, binary bytes."""
     os.makedirs("notes", exist_ok=True)
     with open("notes/SCRIPT_NAME", "w") as f:
-        f.write("SCRIPT_TEXT\n" + "a-very-long-line-" * 400 + "\n")
+        f.write("SCRIPT_TEXT\\n" + "a-very-long-line-" * 400 + "\\n")
     with open("notes/blob.bin", "wb") as f:
         f.write(bytes(range(256)))
     os.symlink("/etc/passwd", "passwd")
