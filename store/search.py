@@ -185,9 +185,10 @@ class StepSearch:
             for row, body in zip(steps, step_texts(steps), strict=True):
                 entries.append({"sid": sid, "seq": int(row["seq"]), "job": row.get("job_id"), "body": body})
             if steps:  # a session whose steps moved meanwhile is indexed at the next refresh
-                n, m, r = len(steps), max(int(s["seq"]) for s in steps), max(str(s["record_id"]) for s in steps)
-                books.append({"sid": sid, "n": n, "m": m, "r": r} if (n, m, r) == marks[sid] else
-                             {"sid": sid, "n": -1, "m": -1, "r": ""})
+                mark = (len(steps), max(int(s["seq"]) for s in steps), max(str(s["record_id"]) for s in steps))
+                same = mark == marks[sid]
+                books.append({"sid": sid, "n": mark[0] if same else -1, "m": mark[1] if same else -1,
+                              "r": mark[2] if same else ""})
         await self._write(entries, sids, books)
 
     async def _write(self, entries: list[dict[str, Any]], drop: list[str],

@@ -144,7 +144,7 @@ def test_every_page_fits_1400_pixels(jobs: Jobs, viewer: Viewer, page: Any) -> N
     group = rows(jobs.db, "select group_id from job_environments where env_id=?", sid)[0][0]
     assert page.viewport_size["width"] == 1400
     for path in ("/", "/jobs/jobA", "/jobs/jobA/sessions", f"/sessions/{sid}", f"/sessions/{sid}/steps/{seq}",
-                 f"/groups/{group}", "/compare?a=jobA&b=jobB", f"/search?q={TOOL_END}", f"/jobs/jobA/groups",
+                 f"/groups/{group}", "/compare?a=jobA&b=jobB", f"/search?q={TOOL_END}", "/jobs/jobA/groups",
                  f"/sessions/{sid}/workspace?path=notes/{SCRIPT_FILE}", "/compare/case?a=jobA&b=jobB&env=toy&case=logs"):
         assert page.goto(viewer.url + path).status == 200, path
         page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")  # tool results unfolded
