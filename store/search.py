@@ -2,10 +2,12 @@
 
 Steps are stored as deltas on earlier steps and compressed (:mod:`store.stepcodec`), so no
 trigger or external-content table can read their text: the reader that searches keeps its own
-index, :class:`StepSearch`, built from decoded steps. :meth:`StepSearch.refresh` indexes the
+index, :class:`StepSearch`, built from decoded steps: on SQLite in a file of its own beside the
+store (:func:`index_path`: its writes never take the store's write lock), on PostgreSQL in two
+tables of the store. :meth:`StepSearch.refresh` indexes the
 sessions whose steps changed since (their count, last ``seq`` or newest record id differ from the
-index's bookkeeping row) and drops those gone; the gateway's and the launcher's writes are
-untouched. Each step is indexed with the text of the messages new since the previous step and of
+index's bookkeeping row) and drops those gone, after a cheap check that any step was added or
+removed at all; the gateway's and the launcher's writes are untouched. Each step is indexed with the text of the messages new since the previous step and of
 its answer (string values of the JSON, ids and roles left out), at most :data:`MAX_STEP_CHARS`.
 Both backends tokenize without stemming (FTS5 ``unicode61``, PostgreSQL ``simple``) and match
 every word of the query (``plainto_tsquery``; in FTS5 each word a quoted term).
@@ -16,12 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store.engine import make_engine
+from store.engine import make_engine, sqlite_path
 from store.models import SessionStep
 from store.stepcodec import answer_items, decode_rows
 
@@ -33,10 +36,18 @@ MAX_STEP_CHARS = 200_000
 """Text indexed per step (a tool result longer than this is searchable in its first part only)."""
 MARK_START, MARK_END = "\x02", "\x03"
 """Around each matched word in :attr:`SearchHit.snippet` (never in indexed text: removed from it)."""
-SESSIONS_PER_BATCH = 25
+STEPS_PER_WRITE = 48
+"""Steps indexed per write transaction at most (a longer session is one transaction of its own):
+short transactions keep the gateway's commits from waiting on the index (benchmarks/search_bench.py)."""
 SKIP_KEYS = frozenset({"role", "type", "id", "tool_call_id", "call_id", "signature", "encrypted_content",
                        "cache_control", "index", "status", "object"})
 """JSON keys whose string values are not indexed (ids, roles, opaque blobs)."""
+
+
+def index_path(store_file: Path) -> Path:
+    """The SQLite file of the search index of the SQLite store ``store_file``: ``x.db`` ->
+    ``x.search.db`` beside it."""
+    return store_file.with_name(f"{store_file.stem}.search{store_file.suffix or '.db'}")
 
 
 @dataclass(frozen=True)
@@ -103,26 +114,40 @@ def fts5_query(words: str) -> str:
 
 class StepSearch:
     """The search index of one store: created by :meth:`ensure`, kept in step by :meth:`refresh`,
-    queried by :meth:`search`. Reads through ``engine``; writes the index through an engine of
-    its own (SQLite: ``BEGIN IMMEDIATE``, one short transaction per :data:`SESSIONS_PER_BATCH`
-    sessions). The caller closes it (:meth:`close`)."""
+    queried by :meth:`search`. Reads the steps through ``engine``; writes the index through an
+    engine of its own, one transaction per :data:`STEPS_PER_WRITE` steps at most (SQLite: into
+    :func:`index_path` of the store's file, ``index_file``). The caller closes it (:meth:`close`)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        url = engine.url.render_as_string(hide_password=False)
+        store_file = sqlite_path(url)
+        self.index_file = None if store_file is None else index_path(store_file)
+        self._index_url = url if self.index_file is None else f"sqlite+aiosqlite:///{self.index_file}"
         self._writer: AsyncEngine | None = None
+        self._reader: AsyncEngine | None = None
         self._lock = asyncio.Lock()
+        self._indexed_at: tuple[int, int] | None = None  # _signature() when every session was indexed
 
     def _write_engine(self) -> AsyncEngine:
         if self._writer is None:
-            self._writer = make_engine(self.engine.url.render_as_string(hide_password=False), writer=True)
+            self._writer = make_engine(self._index_url, writer=True)
         return self._writer
 
+    def _read_engine(self) -> AsyncEngine:
+        if self.index_file is None:
+            return self.engine
+        if self._reader is None:
+            self._reader = make_engine(self._index_url, writer=False)
+        return self._reader
+
     async def close(self) -> None:
-        """Dispose of the writing engine."""
-        if self._writer is not None:
-            await self._writer.dispose()
-            self._writer = None
+        """Dispose of the index's engines."""
+        for eng in (self._writer, self._reader):
+            if eng is not None:
+                await eng.dispose()
+        self._writer = self._reader = None
 
     async def ensure(self) -> None:
         """Create the index tables when missing."""
@@ -144,13 +169,24 @@ class StepSearch:
                        func.max(ST.c.record_id).label("r")).group_by(ST.c.session_id))
         async with self.engine.connect() as conn:
             live = {r.session_id: (int(r.n), int(r.m), str(r.r)) for r in (await conn.execute(stmt)).all()}
+        async with self._read_engine().connect() as conn:
             book = {r.session_id: (int(r.steps), int(r.max_seq), str(r.last_record)) for r in (await conn.execute(
                 text(f"SELECT session_id, steps, max_seq, last_record FROM {BOOK_TABLE}"))).all()}
         return live, book
 
+    async def _signature(self) -> tuple[int, int]:
+        """(steps, SQLite's largest rowid): equal to an earlier value when no step was added or
+        removed since (the cheap check before comparing every session)."""
+        last = "max(rowid)" if self.dialect == "sqlite" else "0"
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(text(f"SELECT count(*), coalesce({last}, 0) FROM {ST.name}"))).one()
+        return int(row[0]), int(row[1])
+
     async def pending(self) -> int:
         """Sessions whose steps changed since they were indexed (or were never indexed), plus
         indexed sessions whose steps are gone."""
+        if self._indexed_at is not None and await self._signature() == self._indexed_at:
+            return 0
         live, book = await self._state()
         return sum(1 for sid, v in live.items() if book.get(sid) != v) + len(book.keys() - live.keys())
 
@@ -158,16 +194,28 @@ class StepSearch:
         """Index the sessions that changed (at most ``max_sessions``, None: all); returns the
         number of sessions still to index after this call. One refresh runs at a time."""
         async with self._lock:
+            signature = await self._signature()
+            if signature == self._indexed_at:
+                return 0
             live, book = await self._state()
             changed = sorted(sid for sid, v in live.items() if book.get(sid) != v)
             gone = sorted(book.keys() - live.keys())
             todo = changed if max_sessions is None else changed[:max_sessions]
             for i in range(0, len(gone), 500):
                 await self._write([], gone[i:i + 500])
-            for i in range(0, len(todo), SESSIONS_PER_BATCH):
-                batch = todo[i:i + SESSIONS_PER_BATCH]
-                await self._index(batch, {sid: live[sid] for sid in batch})
-            return len(changed) - len(todo)
+            batch: list[str] = []
+            steps = 0
+            for sid in todo:
+                if batch and steps + live[sid][0] > STEPS_PER_WRITE:
+                    await self._index(batch, {b: live[b] for b in batch})
+                    batch, steps = [], 0
+                batch.append(sid)
+                steps += live[sid][0]
+            if batch:
+                await self._index(batch, {b: live[b] for b in batch})
+            left = len(changed) - len(todo)
+            self._indexed_at = signature if left == 0 else None
+            return left
 
     async def _index(self, sids: list[str], marks: dict[str, tuple[int, int, str]]) -> None:
         async with self.engine.connect() as conn:
@@ -236,7 +284,7 @@ class StepSearch:
                    "FragmentDelimiter=\" … \"') AS snip "
                    f"FROM {INDEX_TABLE}, plainto_tsquery('simple', :q) AS q WHERE tsv @@ q{where_job} "
                    "ORDER BY ts_rank(tsv, q) DESC, session_id, seq LIMIT :lim OFFSET :off")
-        async with self.engine.connect() as conn:
+        async with self._read_engine().connect() as conn:
             rows = (await conn.execute(text(sql), params)).all()
         hits = [SearchHit(session_id=r.session_id, seq=int(r.seq), job_id=r.job_id, snippet=r.snip or "")
                 for r in rows[:limit]]

@@ -5,6 +5,8 @@ user's never reaches the engine. Also the viewer's list neighbours and groups (s
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ from sqlalchemy import text
 from store import JobEnvironment, Store, step_record
 from store.engine import make_engine, parse_db_url
 from store.queries import SessionFilter, ViewerQueries
-from store.search import MARK_END, MARK_START, StepSearch, fts5_query, step_texts
+from store.search import MARK_END, MARK_START, StepSearch, fts5_query, index_path, step_texts
 from store.stepcodec import StepEncoder
 
 SYSTEM = {"role": "system", "content": "You read logs."}
@@ -158,3 +160,19 @@ async def test_neighbours_follow_the_list_order_and_filters(store: Store, store_
             ("g0", 1, 1, 1, 10.0), ("g1", 1, 0, 1, 2.0)]
     finally:
         await engine.dispose()
+
+
+async def test_on_sqlite_the_index_is_a_file_of_its_own(index: StepSearch, store_url: str) -> None:
+    await index.refresh()
+    if not store_url.startswith("sqlite"):
+        assert index.index_file is None  # PostgreSQL: two tables of the store
+        return
+    store_file = Path(store_url.removeprefix("sqlite://"))
+    assert index.index_file == store_file.with_name("store.search.db") and index.index_file.is_file()
+    con = sqlite3.connect(store_file)
+    try:
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+    finally:
+        con.close()
+    assert "session_steps" in tables and not any(t.startswith("step_search") for t in tables)
+    assert index_path(Path("/x/env_trajs.db")) == Path("/x/env_trajs.search.db")

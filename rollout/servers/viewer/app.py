@@ -278,7 +278,8 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         ids = await queries.job_ids()
         if job_id is not None and job_id not in ids:
             raise HTTPException(404, f"no job {job_id!r} in this store")
-        ctx: dict[str, Any] = {"q": words, "job": job_id, "ids": ids, "page_no": n, "problem": search_problem,
+        problem = search_problem or (None if search is not None else "this viewer was started without a search index")
+        ctx: dict[str, Any] = {"q": words, "job": job_id, "ids": ids, "page_no": n, "problem": problem,
                                "hits": [], "more": False, "pending": 0, "sessions": {}}
         if search is not None and words:
             await search.refresh(SEARCH_REFRESH)
