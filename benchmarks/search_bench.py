@@ -1,6 +1,6 @@
 """The viewer's search index: building it, searching it, and what it costs the gateway's writes.
 
-    PYTHONPATH=. python benchmarks/search_bench.py [--sessions 2000] [--steps 8] [--writes 600] [--quick] [--json PATH]
+    PYTHONPATH=. python benchmarks/search_bench.py [--sessions 2000] [--steps 8] [--writes 4000] [--quick] [--json PATH]
 
 Fills a SQLite store with ``--sessions`` sessions of ``--steps`` steps, stored as the gateway
 stores them (each a delta on the previous step, packed); builds the index
@@ -98,7 +98,7 @@ async def main() -> int:
     ap = _bench.parser(__doc__, quick={"sessions": 200, "steps": 4, "writes": 200})
     ap.add_argument("--sessions", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--writes", type=int, default=600)
+    ap.add_argument("--writes", type=int, default=4000)
     args = ap.parse_args()
     report = _bench.Report("search_bench", args)
     with tempfile.TemporaryDirectory() as tmp:
