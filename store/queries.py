@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, case, func, inspect, literal, literal_column, or_, select, text
+from sqlalchemy import and_, case, false, func, inspect, literal, literal_column, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Select
 
@@ -147,15 +147,33 @@ def _column_names(conn: Any, table: str) -> list[str]:
     return [str(c["name"]) for c in inspect(conn).get_columns(table)]
 
 
-def _order(sort: str, descending: bool) -> list[Any]:
-    """The ORDER BY of the session list: :data:`SORTS` ``sort`` with NULLs last, then the session id.
-    Raises KeyError for an unknown sort key."""
+def _order(sort: str, descending: bool, *, backwards: bool = False) -> list[Any]:
+    """The ORDER BY of the session list: :data:`SORTS` ``sort`` with NULLs last, then the session id
+    (``backwards``: that order reversed). Raises KeyError for an unknown sort key."""
     order: list[Any] = []
     for k in SORTS[sort]:
-        order.append(k.is_(None))  # NULLs last
-        order.append(k.desc() if descending else k.asc())
-    order.append(JE.c.env_id)
+        order.append(k.is_(None).desc() if backwards else k.is_(None))  # NULLs last
+        order.append(k.desc() if descending != backwards else k.asc())
+    order.append(JE.c.env_id.desc() if backwards else JE.c.env_id)
     return order
+
+
+def _beyond(keys: list[tuple[Any, bool, Any]], session_id: str, *, before: bool) -> ColumnElement[bool]:
+    """The rows of the session list sorted strictly before (``before``) or after the session whose
+    sort keys hold these values: ``(column, descending, value)`` per key, as :func:`_order` sorts
+    them (NULLs last either way, then the session id)."""
+    terms: list[ColumnElement[bool]] = []
+    equal: list[ColumnElement[bool]] = []
+    for column, desc, value in keys:
+        if value is None:  # only NULLs tie with it; values come before it, nothing after
+            terms.append(and_(*equal, column.is_not(None) if before else false()))
+            equal.append(column.is_(None))
+            continue
+        beyond = (column < value) if before != desc else (column > value)
+        terms.append(and_(*equal, beyond if before else or_(beyond, column.is_(None))))
+        equal.append(column == value)
+    terms.append(and_(*equal, JE.c.env_id < session_id if before else JE.c.env_id > session_id))
+    return or_(*terms)
 
 
 class ViewerQueries:
@@ -305,18 +323,23 @@ class ViewerQueries:
                          descending: bool = False) -> dict[str, Any] | None:
         """Where ``session_id`` stands in the session list of :meth:`session_page` (same filters and
         order): ``position`` (from 1), ``total``, and the ``prev`` and ``next`` session ids (None
-        at either end); None when the session is not in that list."""
-        order = _order(sort, descending)
-        inner = (select(JE.c.env_id.label("sid"),
-                        func.lag(JE.c.env_id).over(order_by=order).label("prev"),
-                        func.lead(JE.c.env_id).over(order_by=order).label("next"),
-                        func.row_number().over(order_by=order).label("position"),
-                        func.count().over().label("total"))
-                 .where(JE.c.job_id == job_id, *flt.clauses()).subquery())
-        row = await self._one(select(inner).where(inner.c.sid == session_id))
-        if row is None:
+        at either end); None when the session is not in that list. Keyset queries on the
+        session's own sort values (no window over the whole job)."""
+        keys = SORTS[sort]
+        base = [JE.c.job_id == job_id, *flt.clauses()]
+        cur = await self._one(select(*(k.label(f"k{i}") for i, k in enumerate(keys)))
+                              .where(JE.c.env_id == session_id, *base))
+        if cur is None:
             return None
-        return {"prev": row["prev"], "next": row["next"], "position": int(row["position"]), "total": int(row["total"])}
+        values = [(k, descending, cur[f"k{i}"]) for i, k in enumerate(keys)]
+        before, after = _beyond(values, session_id, before=True), _beyond(values, session_id, before=False)
+        prev = await self._one(select(JE.c.env_id).where(*base, before)
+                               .order_by(*_order(sort, descending, backwards=True)).limit(1))
+        nxt = await self._one(select(JE.c.env_id).where(*base, after).order_by(*_order(sort, descending)).limit(1))
+        counts = await self._one(select(_count(before).label("before"), func.count().label("total")).where(*base))
+        assert counts is not None
+        return {"prev": prev["env_id"] if prev else None, "next": nxt["env_id"] if nxt else None,
+                "position": int(counts["before"] or 0) + 1, "total": int(counts["total"])}
 
     async def groups(self, job_id: str, *, offset: int = 0, limit: int = 50) -> Page:
         """The groups of a job (the samples of one case, harness and model: a GRPO group), by env,
@@ -338,15 +361,16 @@ class ViewerQueries:
             select(*keys).where(JE.c.job_id == job_id).group_by(*keys).subquery()))
         return Page(rows=rows, total=int(total["n"]) if total else 0, offset=offset, limit=limit)
 
-    async def workspace(self, session_id: str) -> dict[str, Any] | None:
+    async def workspace(self, session_id: str, *, archive: bool = True) -> dict[str, Any] | None:
         """The kept final workspace of a session (``status``, ``reason``, ``sha256``, ``archive``
-        bytes, ``file_count``, ``total_bytes``, ``manifest``), or None (no row, or a store without
-        the table)."""
+        bytes unless ``archive`` is false, ``file_count``, ``total_bytes``, ``manifest``), or None
+        (no row, or a store without the table)."""
         if WS.name not in await self.tables():
             return None
-        row = await self._one(select(WS.c.status, WS.c.reason, WS.c.sha256, WS.c.archive, WS.c.file_count,
-                                     WS.c.total_bytes, WS.c.manifest).where(WS.c.session_id == session_id))
-        if row is not None and isinstance(row["archive"], memoryview):
+        cols = [WS.c.status, WS.c.reason, WS.c.sha256, WS.c.file_count, WS.c.total_bytes, WS.c.manifest]
+        row = await self._one(select(*cols, *([WS.c.archive] if archive else []))
+                              .where(WS.c.session_id == session_id))
+        if row is not None and isinstance(row.get("archive"), memoryview):
             row["archive"] = bytes(row["archive"])
         return row
 

@@ -165,9 +165,13 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
                     other_jobs=[j for j in await queries.job_ids() if j != job_id],
                     live_url=_job_live(info), live_every=_live_every(info))
 
-    async def list_filter(request: Request, job_id: str) -> tuple[SessionFilter, str, bool, dict[str, list[str]]]:
-        """The session list's filter, sort key and direction of a request, and the filter values."""
-        values = await queries.filter_values(job_id)  # a status this version does not know still filters
+    async def list_filter(request: Request, job_id: str, *, menus: bool = True
+                          ) -> tuple[SessionFilter, str, bool, dict[str, list[str]]]:
+        """The session list's filter, sort key and direction of a request, and the filter values
+        (read unless no ``menus`` are shown and no status is filtered)."""
+        needed = menus or any(request.query_params.get(k) for k in ("status", "eval"))
+        values = await queries.filter_values(job_id) if needed else {"status": [], "eval_status": []}
+        # a status this version does not know still filters
         flt = SessionFilter(env_name=_opt_str(request, "env"), case_id=_opt_str(request, "case"),
                             llm_model=_opt_str(request, "model"),
                             status=_one_of(request, "status", sorted({*SESSION_STATUSES, *values["status"]})),
@@ -204,7 +208,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         row = await queries.session(sid)
         if row is None:
             raise HTTPException(404, f"no session {sid!r} in this store")
-        flt, sort, descending, _ = await list_filter(request, row["job_id"])
+        flt, sort, descending, _ = await list_filter(request, row["job_id"], menus=False)
         near = await queries.neighbours(row["job_id"], flt, sid, sort=sort, descending=descending)
         in_list = list_args(request)
         if near is not None:
@@ -222,7 +226,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
             if isinstance(meta, dict) and "evaluation" in meta:
                 evaluation = meta["evaluation"]
                 break
-        workspace = await queries.workspace(sid)
+        workspace = await queries.workspace(sid, archive=False)
         return page("session.html", s=row, steps=steps, start=start_request_view(row, hidden_fields),
                     near=near, list_query=in_list, workspace=workspace,
                     hidden_fields=hidden_fields, dataset=dataset, evaluation=evaluation,
