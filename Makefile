@@ -16,7 +16,7 @@ test: setup-test
 	$(PY) -m pytest -q --durations=25 $(ARGS)
 
 test-fast: setup-test
-	$(PY) -m pytest -q -m "not slow" --durations=10 $(ARGS)
+	$(PY) -m pytest -q -n 4 -m "not slow" --durations=10 $(ARGS)
 
 lint: setup-test
 	$(PY) -m ruff check .

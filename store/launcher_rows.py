@@ -1,6 +1,6 @@
 """The launcher's rows: its sessions (``job_environments``), their attempts (``session_attempts``)
 and kept workspaces (``session_workspaces``), a session's steps moved aside for a retry, the
-evaluation written back (``store.evaluations``), and the reads of a job. Called by ``rollout``
+evaluation written back (:func:`write_evaluation`: both tables, one function), and the reads of a job. Called by ``rollout``
 (the job, its scheduler, the regrade, the records) through :class:`store.Store`.
 
 SQL: every write is SQLAlchemy Core on the tables, run as an operation of the group commit
@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, insert, inspect
+from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlmodel import SQLModel, col, select
 
 from store.connections import Connections
-from store.evaluations import write_evaluation
 from store.feed import append_if_ready, backfill, unfinished_group
 from store.models import (
     GatewaySession,
@@ -50,6 +50,60 @@ _TRAJECTORY = (select(SessionStep).where(col(SessionStep.session_id) == bindpara
                .order_by(col(SessionStep.seq)))
 _POLICY_VERSIONS = select(_ST.c.policy_version).where(_ST.c.session_id == bindparam("b_sid")).distinct()
 _COLUMN_OF: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+# The one write of a session's evaluation. A reward lives in two tables: the session row
+# (job_environments.reward, eval_status, eval_reason, eval_detail: what the report, the viewer and
+# the feed read) and the session's last step (session_steps.reward and step_reward, the outcome in
+# meta_json["evaluation"]: what a trainer reads with the trajectory). The end of a session in a job
+# and a regrade both write it through write_evaluation, so the two tables never disagree.
+_SESSION = (sa_select(_JE.c.reward, _JE.c.eval_status, _JE.c.eval_reason, _JE.c.eval_detail, _JE.c.eval_history)
+            .where(_JE.c.env_id == bindparam("b_sid")).with_for_update())
+_LAST_STEP = (sa_select(_ST.c.record_id, _ST.c.meta_json).where(_ST.c.session_id == bindparam("b_sid"))
+              .order_by(_ST.c.seq.desc()).limit(1))
+_UPDATE_STEP = _ST.update().where(_ST.c.record_id == bindparam("b_rid"))
+
+
+def write_evaluation(conn: Connection, session_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None,
+                     columns: Mapping[str, Any], step_columns: Mapping[str, Any] | None = None,
+                     keep_previous: bool = False) -> dict[str, Any] | None:
+    """Write an evaluation of ``session_id`` to BOTH tables, in the caller's write transaction.
+
+    ``job_environments`` (the session row, locked first): ``reward`` and ``columns`` (the other
+    ``job_environments`` columns to set, e.g. ``eval_status``). The session's last step (by
+    ``seq``), when it has one: ``reward`` and ``step_reward`` = ``reward``, ``eval_meta`` as
+    ``meta_json["evaluation"]`` (left as it was when None) and ``step_columns``.
+
+    ``keep_previous`` (a regrade): the session's previous evaluation (``eval_status``, ``reward``,
+    ``eval_reason``, ``eval_detail``, with ``replaced_at`` in ISO UTC) is appended to
+    ``eval_history`` unless it was never evaluated, and the step's previous
+    ``meta_json["evaluation"]`` to ``meta_json["evaluation_history"]``. Returns that previous
+    entry (None when there was none, always None without ``keep_previous``). Raises KeyError for a
+    session without a ``job_environments`` row (nothing written then)."""
+    key = {"b_sid": session_id}
+    row = conn.execute(_SESSION, key).one_or_none()
+    if row is None:
+        raise KeyError(f"no session {session_id!r}")
+    values = {**columns, "reward": reward}
+    previous: dict[str, Any] | None = None
+    if keep_previous:
+        history = list(row.eval_history or [])
+        if row.eval_status is not None or row.reward is not None:
+            previous = {"eval_status": row.eval_status, "reward": row.reward, "eval_reason": row.eval_reason,
+                        "eval_detail": row.eval_detail, "replaced_at": utcnow().isoformat()}
+            history.append(previous)
+        values["eval_history"] = history or None
+    last = conn.execute(_LAST_STEP, key).one_or_none()
+    if last is not None:
+        meta = dict(last.meta_json or {})
+        if keep_previous and "evaluation" in meta:
+            meta["evaluation_history"] = [*meta.get("evaluation_history", []), meta["evaluation"]]
+        if eval_meta is not None:
+            meta["evaluation"] = eval_meta
+        conn.execute(_UPDATE_STEP, {**(step_columns or {}), "reward": reward, "step_reward": reward,
+                                    "meta_json": meta, "b_rid": last.record_id})
+    conn.execute(_UPDATE_JE, {**values, "b_sid": session_id})
+    return previous
 
 
 def _column_values(obj: SQLModel) -> dict[str, Any]:
@@ -153,7 +207,7 @@ class LauncherRows:
 
     async def finish_job_session(self, session_id: str, result: SessionResult) -> None:
         """In one transaction: ``result`` as the evaluation
-        (:func:`store.evaluations.write_evaluation`; the last step also marked terminal and
+        (:func:`write_evaluation`; the last step also marked terminal and
         session-completed) with the result's other columns plus ``finished`` and ``finished_at``
         on the session row, and the group's feed entry when this finishes its last unfinished
         session (:func:`store.feed.append_if_ready`)."""
@@ -171,7 +225,7 @@ class LauncherRows:
                              eval_reason: str | None, eval_detail: dict[str, Any] | None,
                              eval_meta: dict[str, Any]) -> dict[str, Any] | None:
         """A new evaluation in one transaction, the previous one kept
-        (:func:`store.evaluations.write_evaluation` with ``keep_previous``); returns the previous
+        (:func:`write_evaluation` with ``keep_previous``); returns the previous
         entry or None, raises KeyError for an unknown session."""
         columns = {"eval_status": eval_status, "eval_reason": eval_reason, "eval_detail": eval_detail}
 

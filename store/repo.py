@@ -4,7 +4,7 @@ launcher, each in its own process. Its methods delegate to the modules named by 
 - ``store.batch_writer``: the gateway's recorded steps and session snapshots (batches);
 - ``store.gateway_sessions``: a gateway's session rows, shared by gateways under the row's lock;
 - ``store.launcher_rows``: the launcher's sessions, attempts, kept workspaces and reads, with the
-  evaluation written back through ``store.evaluations`` (both tables, one function);
+  evaluation written back through ``store.launcher_rows.write_evaluation`` (both tables, one function);
 - ``store.job_lock``: one launcher per job; ``store.schema``: tables made and upgraded at start.
 
 SQLite WAL + busy_timeout make the two processes' writes wait for each other instead of failing
@@ -284,7 +284,7 @@ class Store:
 
     async def finish_job_session(self, session_id: str, result: SessionResult) -> None:
         """Finish a session in one transaction, writing its ``result`` to both tables
-        (:func:`store.evaluations.write_evaluation`): on the session's last step
+        (:func:`store.launcher_rows.write_evaluation`): on the session's last step
         ``reward``/``step_reward`` (and ``result.evaluation`` into ``meta_json["evaluation"]``),
         marked terminal and session-completed; on its ``job_environments`` row the result's
         columns plus ``finished=True`` and ``finished_at``. When this finishes the last unfinished
@@ -297,7 +297,7 @@ class Store:
         eval_detail: dict[str, Any] | None, eval_meta: dict[str, Any],
     ) -> dict[str, Any] | None:
         """Write a new evaluation of a session in one transaction, keeping the previous one
-        (:func:`store.evaluations.write_evaluation` with ``keep_previous``, the same write as
+        (:func:`store.launcher_rows.write_evaluation` with ``keep_previous``, the same write as
         :meth:`finish_job_session`'s).
 
         ``job_environments``: the previous ``eval_status``/``reward``/``eval_reason``/``eval_detail``

@@ -116,6 +116,17 @@ def test_an_attack_runs_its_own_runtime(tmp_path: Path) -> None:
     assert oracle.runtime is None and oracle.argv()[1:3] == ["-m", "rollout.contract.harness_runtime"]
 
 
+@pytest.mark.parametrize(("flag", "value", "said"), [("--pool-size", "0", "0 is below 1"),
+                                                   ("--eval-timeout", "nan", "'nan' is not a finite number")])
+def test_bad_numbers_are_usage_errors_naming_the_flag(flag: str, value: str, said: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout.cli.audit import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([flag, value])
+    assert e.value.code == 2 and f"argument {flag}: {said}" in capsys.readouterr().err
+
+
 def test_case_ids_select_cases_across_envs() -> None:
     opts = dict(agent_root=REPO / "env", gateway_config=REPO / "configs" / "gateway.yaml")
     envs = load_envs(JobOptions(**opts, case_ids=["0", "json_orders"]))  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from rollout.audit.battery import ATTACK_ROOT, BASELINE, attack_folders, load_at
 from rollout.audit.battery import info as attack_info
 from rollout.audit.report import html_section, render_table, table_rows, verdict_line
 from rollout.contract.harness import HarnessUnavailable
+from rollout.core.argtypes import finite_float, int_at_least
 from rollout.core.logs import setup_logging
 from rollout.core.setup import SetupError
 
@@ -34,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"only this attack: a bundled name ({ATTACK_ROOT.name}/<name>/) or a folder (repeatable; "
                          "default: the whole battery)")
     ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
-    ap.add_argument("--pool-size", type=int, default=2, help="sessions run at once (default 2)")
-    ap.add_argument("--eval-timeout", type=float, default=60.0, help="evaluator timeout in seconds (default 60)")
+    ap.add_argument("--pool-size", type=int_at_least(1), default=2, help="sessions run at once (default 2)")
+    ap.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
     ap.add_argument("--db-path", help="keep the sessions in this store (default: a temporary SQLite file)")
     ap.add_argument("--out", type=Path, help="keep the sessions' JSONL there (default: temporary)")
     ap.add_argument("--job-id", help="job id (default: generated)")

@@ -118,6 +118,10 @@ async def _open(url: str) -> Store:
     if store.path is not None and not Path(store.path).is_file():
         await store.close()
         raise FileNotFoundError(f"no trajectory store at {store.path} (run a job first, or pass --db-path)")
+    if store.path is not None and Path(store.path).stat().st_size == 0:
+        await store.close()  # an empty file is not a store: never turned into one by a reader
+        raise FileNotFoundError(f"{store.path} is an empty file, not a trajectory store (run a job first, "
+                                "or pass --db-path)")
     await store.init()
     return store
 

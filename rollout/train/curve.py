@@ -1,60 +1,22 @@
-"""The training curve of ``launcher.py train``: a PNG (matplotlib when installed, else a plain
-raster drawn here: axes, the pass rate in blue, the mean reward / 10 in orange, no text) and an
-HTML page (plotly, its bundle inline, so it opens offline) with the per-step table and the
-held-out evaluation before and after."""
+"""The training curve of ``launcher.py train``: a PNG (matplotlib) and an HTML page (plotly, its
+bundle inline, so it opens offline) with the per-step table and the held-out evaluation before and
+after."""
 
 from __future__ import annotations
 
 import html
-import struct
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
+import matplotlib
 
-from rollout.train.trl_rollout import StepStats
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import plotly.graph_objects as go  # noqa: E402
+
+from rollout.train.trl_rollout import StepStats  # noqa: E402
 
 __all__ = ["write_curve"]
-
-_W, _H, _M = 640, 360, 30
-_BLUE, _ORANGE, _GREY = (31, 119, 180), (255, 127, 14), (120, 120, 120)
-
-
-def _png(pixels: np.ndarray) -> bytes:
-    h, w, _ = pixels.shape
-    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(h))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-
-
-def _line(img: np.ndarray, p: tuple[float, float], q: tuple[float, float], color: tuple[int, int, int]) -> None:
-    n = int(max(abs(q[0] - p[0]), abs(q[1] - p[1]))) + 1
-    xs = np.linspace(p[0], q[0], n).round().astype(int)
-    ys = np.linspace(p[1], q[1], n).round().astype(int)
-    for dx in (0, 1):
-        for dy in (0, 1):
-            img[np.clip(ys + dy, 0, _H - 1), np.clip(xs + dx, 0, _W - 1)] = color
-
-
-def raster_png(series: Sequence[tuple[Sequence[float], tuple[int, int, int]]]) -> bytes:
-    """A PNG of each series (values 0..1 over the steps) as a polyline on plain axes."""
-    img = np.full((_H, _W, 3), 255, dtype=np.uint8)
-    _line(img, (_M, _H - _M), (_W - _M, _H - _M), _GREY)
-    _line(img, (_M, _M), (_M, _H - _M), _GREY)
-    for values, color in series:
-        n = len(values)
-        pts = [(_M + (_W - 2 * _M) * (i / max(n - 1, 1)), (_H - _M) - (_H - 2 * _M) * min(max(v, 0.0), 1.0))
-               for i, v in enumerate(values)]
-        for a, b in zip(pts, pts[1:], strict=False):
-            _line(img, a, b, color)
-        if n == 1:
-            _line(img, pts[0], pts[0], color)
-    return _png(img)
 
 
 def write_curve(history: Sequence[StepStats], evals: dict[str, tuple[float, float, int]], out_dir: Path,
@@ -66,24 +28,20 @@ def write_curve(history: Sequence[StepStats], evals: dict[str, tuple[float, floa
     passes = [h.pass_rate for h in history]
     rewards = [h.mean_reward for h in history]
     png = out_dir / "curve.png"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        ax.plot(steps, passes, label="pass rate")
-        ax.plot(steps, [r / max_score for r in rewards], label=f"mean reward / {max_score:g}")
-        ax.set_xlabel("step")
-        ax.set_ylim(0, 1)
-        ax.legend()
-        fig.savefig(png, dpi=100)
-        plt.close(fig)
-    except ImportError:
-        png.write_bytes(raster_png([([r / max_score for r in rewards], _ORANGE), (passes, _BLUE)]))  # pass rate on top
-    import plotly.graph_objects as go
-
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(steps, [r / max_score for r in rewards], marker=".", label=f"mean reward / {max_score:g}")
+    ax.plot(steps, passes, marker="o", label="pass rate")
+    for name, (_, rate, _n) in evals.items():
+        ax.axhline(rate, linestyle="--", linewidth=1, color="grey")
+        ax.annotate(f"held-out {name}: {rate:.2f}", (steps[0] if steps else 0, rate), fontsize=8,
+                    xytext=(2, 2), textcoords="offset points")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("per-step batch")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("GRPO training")
+    ax.legend(loc="lower right")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=steps, y=passes, mode="lines+markers", name="pass rate"))
     fig.add_trace(go.Scatter(x=steps, y=rewards, mode="lines+markers", name="mean reward", yaxis="y2"))

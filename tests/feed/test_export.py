@@ -121,6 +121,12 @@ def test_unknown_job_is_a_clear_error(tmp_path: Path) -> None:
                         "--job-id", "j"], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 1 and "no trajectory store at" in r.stderr
+    db.touch()  # an empty file: refused, and left empty (a reader never turns it into a store)
+    r = subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
+                        "--job-id", "j"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 1 and "is an empty file, not a trajectory store" in r.stderr
+    assert db.stat().st_size == 0
 
 
 def test_a_job_id_that_is_a_path_is_refused(tmp_path: Path) -> None:

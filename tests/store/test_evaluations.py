@@ -1,4 +1,4 @@
-"""The evaluation write (``store.evaluations.write_evaluation``): the end of a session in a job
+"""The evaluation write (``store.launcher_rows.write_evaluation``): the end of a session in a job
 (``Store.finish_job_session``) and a regrade (``Store.record_regrade``) both go through it, and
 each leaves the same reward on the session row and on the session's last step. Run on SQLite and
 on PostgreSQL (``store_url``); the rows are read back with plain SQL, below the Store."""

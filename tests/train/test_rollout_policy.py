@@ -56,21 +56,22 @@ def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(tmp_pat
     assert [a[0] for a in asked[2:]] == ["t-step0002", "t-step0002-rerun1"]
 
 
-def test_the_curve_png_draws_each_series() -> None:
-    import zlib
+def test_the_curve_is_a_png_and_an_offline_page_with_every_step(tmp_path: Path) -> None:
+    from rollout.train.curve import write_curve
+    from rollout.train.trl_rollout import StepStats
 
-    from rollout.train.curve import raster_png
-
-    png = raster_png([([0.0, 1.0], (31, 119, 180))])
-    assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-    idat = png.index(b"IDAT")
-    raw = zlib.decompress(png[idat + 4: idat + 4 + int.from_bytes(png[idat - 4: idat], "big")])
-    rows = [raw[y * (3 * width + 1) + 1:(y + 1) * (3 * width + 1)] for y in range(height)]
-    blue = bytes((31, 119, 180))
-    # the line rises from the bottom left (y = height - margin) to the top right (y = margin)
-    assert blue in rows[height - 30] and blue in rows[30]
-    assert rows[height - 30].index(blue) < rows[30].index(blue)
+    history = [StepStats(mean_reward=2.5, pass_rate=0.25, disagreeing_groups=1, groups=1, tokens_trained=40,
+                         rows=8, dropped=0, jobs=1, seconds=3.0),
+               StepStats(mean_reward=7.5, pass_rate=0.75, disagreeing_groups=1, groups=1, tokens_trained=44,
+                         rows=8, dropped=1, jobs=2, seconds=4.0)]
+    png, page = write_curve(history, {"before": (3.3, 0.33, 3), "after": (10.0, 1.0, 3)}, tmp_path / "out")
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == (800, 450)
+    text = page.read_text(encoding="utf-8")
+    assert "<td>2</td><td>7.50</td><td>0.75</td><td>1/1</td><td>44</td><td>1</td><td>4.0</td>" in text
+    assert "<td>after</td><td>10.00</td><td>1.00</td><td>3</td>" in text
+    assert 'src="https://' not in text and len(text) > 1_000_000  # plotly's bundle inline: opens offline
 
 
 def test_train_flags_are_checked_and_listed() -> None:
