@@ -125,6 +125,9 @@ async def main() -> int:
             searches[words] = (_bench.median(times) * 1000, len(page.hits), page.more)
         await search.close()
         await engine.dispose()
+        store_mb = sum(f.stat().st_size for f in Path(tmp).glob("bench.db*")) / 2**20
+        index_mb = sum(f.stat().st_size for f in Path(tmp).glob("bench.search.db*")) / 2**20
+        report.line(f"store {store_mb:.1f} MiB, index {index_mb:.1f} MiB (WAL files included)")
         build = _bench.Table("the index", ["what", ("seconds", ".2f"), ("steps / s", ",.0f")])
         build.add("index every session", built.wall_s, args.sessions * args.steps / built.wall_s)
         build.add("refresh with nothing new", again.wall_s, None)

@@ -72,7 +72,8 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
         try:
             await index.ensure()
         except Exception as e:  # a read-only file or role: every page but the search works
-            problem = f"cannot create the search index in the store ({type(e).__name__}: {e})"
+            where = index.index_file or "in the store"
+            problem = f"cannot create the search index {where} ({type(e).__name__}: {e})"
             print(f"warning: {problem}", file=sys.stderr)
             await index.close()
         search = index if problem is None else None
