@@ -190,9 +190,12 @@ class StepSearch:
         live, book = await self._state()
         return sum(1 for sid, v in live.items() if book.get(sid) != v) + len(book.keys() - live.keys())
 
-    async def refresh(self, max_sessions: int | None = None) -> int:
+    async def refresh(self, max_sessions: int | None = None, *, wait: bool = True) -> int | None:
         """Index the sessions that changed (at most ``max_sessions``, None: all); returns the
-        number of sessions still to index after this call. One refresh runs at a time."""
+        number of sessions still to index after this call. One refresh runs at a time: with
+        ``wait`` false, a call while another runs returns None at once."""
+        if not wait and self._lock.locked():
+            return None
         async with self._lock:
             signature = await self._signature()
             if signature == self._indexed_at:

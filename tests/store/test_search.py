@@ -176,3 +176,10 @@ async def test_on_sqlite_the_index_is_a_file_of_its_own(index: StepSearch, store
         con.close()
     assert "session_steps" in tables and not any(t.startswith("step_search") for t in tables)
     assert index_path(Path("/x/env_trajs.db")) == Path("/x/env_trajs.search.db")
+
+
+async def test_a_refresh_that_need_not_wait_skips_a_running_one(index: StepSearch) -> None:
+    async with index._lock:  # another refresh (the viewer's start) is running
+        assert await index.refresh(wait=False) is None
+    assert await index.pending() == 3
+    assert await index.refresh(wait=False) == 0 and await index.pending() == 0

@@ -286,7 +286,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         ctx: dict[str, Any] = {"q": words, "job": job_id, "ids": ids, "page_no": n, "problem": problem,
                                "hits": [], "more": False, "pending": 0, "sessions": {}}
         if search is not None and words:
-            await search.refresh(SEARCH_REFRESH)
+            await search.refresh(SEARCH_REFRESH, wait=False)  # not behind the start's full indexing
             result = await search.search(words, job_id=job_id, offset=(n - 1) * SEARCH_PAGE, limit=SEARCH_PAGE)
             owners = {h.session_id.split("~a", 1)[0] for h in result.hits}
             ctx.update(hits=[(h, marked(h.snippet)) for h in result.hits], more=result.more, pending=result.pending,
