@@ -128,6 +128,9 @@ def test_job_page_lists_groups_and_compare_rows_open_both_jobs(jobs: Jobs, viewe
     logs.locator("a").first.click()
     page.wait_for_url(re.compile(r"/groups/"))
     assert page.locator(".sample").count() == 2
+    page.locator(".sample").nth(1).locator("p a").first.click()  # a sample: its group is the list
+    page.wait_for_url(re.compile(r"/sessions/\w+\?group="))
+    assert page.locator("#list-position").inner_text() == "2 of 2"
     page.goto(f"{viewer.url}/compare?a=jobA&b=jobB")
     page.locator("#compare-cases tr[data-case='logs'] a.both").click()
     page.wait_for_url(re.compile(r"/compare/case\?"))
