@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rollout.cli.viewer import main
-from rollout.servers.viewer.bundle import MARKER, session_file, write_bundle
+from rollout.servers.viewer.bundle import KEYS_SHA256, MARKER, session_file, write_bundle
 from rollout.servers.viewer.db import ViewerError
 from rollout.servers.viewer.stats import HiddenFields
 from store import JobEnvironment, Store, step_record
@@ -56,6 +56,7 @@ def test_a_bundle_of_a_small_job(tmp_path: Path) -> None:
     page = (out / "sessions" / "s1.html").read_text()
     assert "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x</script>" not in page
     assert f'href="{evil}.html"' in page and 'href="../index.html"' in page
+    assert f"script-src 'sha256-{KEYS_SHA256}'" in page and "unsafe-inline" not in page and page.count("<script>") == 1
     start = page.split('id="start-request">', 1)[1].split("</pre>", 1)[0]
     assert "HIDDEN-7" not in start
     transcript = json.loads((out / "sessions" / "s1.json").read_text())

@@ -9,6 +9,7 @@ the styles are files of the folder: nothing is loaded from the network (docs/out
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -28,6 +29,16 @@ from wire.text import display_text
 MARKER = ".rollout-bundle"
 """The file that marks a folder as a bundle (only such a folder, or an empty one, is written over)."""
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+KEYS_JS = """
+document.addEventListener("keydown", function (e) {
+  if (e.ctrlKey || e.metaKey || e.altKey) return;
+  const link = document.getElementById(e.key === "j" ? "next-session" : e.key === "k" ? "prev-session" : "");
+  if (link) link.click();
+});
+"""
+"""The one script of a session page (keys j / k), allowed by its hash in the page's CSP: no other
+script can run there."""
+KEYS_SHA256 = base64.b64encode(hashlib.sha256(KEYS_JS.encode()).digest()).decode()
 
 
 def session_file(session_id: str) -> str:
@@ -101,7 +112,8 @@ async def write_bundle(db_url: str, job_id: str, folder: Path, hidden: HiddenFie
             nxt = files[rows[i + 1]["env_id"]] if i + 1 < len(rows) else None
             html = page.render(s=row, steps=step_views(steps), start=start, hidden_fields=hidden_fields,
                                dataset=(row.get("env_params") or {}).get("dataset"), prev=prev, next=nxt,
-                               position=i + 1, total=len(rows), me=files[sid])
+                               position=i + 1, total=len(rows), me=files[sid], keys_js=KEYS_JS,
+                               keys_sha256=KEYS_SHA256)
             _write_atomic(folder / "sessions" / f"{files[sid]}.html", display_text(html).encode("utf-8"))
             data = json_dumps(_transcript(row, steps, start))
             _write_atomic(folder / "sessions" / f"{files[sid]}.json", json.dumps(json.loads(data), indent=1,
