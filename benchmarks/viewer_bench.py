@@ -8,7 +8,8 @@ errors) with ``--steps`` recorded steps each, then requests each page through th
 (``httpx`` on the ASGI app: routing, SQL and template rendering, no network) ``--repeat`` times
 with a new app before and after ``ViewerQueries.ensure_indexes``, and prints the first request's
 time (nothing cached) of each, their ratio, and the best of the later requests. Pages: the job list, the job page (summary table, lowest scores, failure reasons), the
-first, a filtered, a score-sorted and the last page of the session list, a session, a group.
+first, a filtered, a score-sorted and the last page of the session list, a session (its previous /
+next in the job's order), a session opened from a filtered, score-sorted list, the job's groups, a group.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ PAGES = {
     "by score": "/jobs/big/sessions?sort=score",
     "last page": None,  # set from the session count
     "session": "/sessions/s0000042",
+    "session in a list": "/sessions/s0000042?sort=score&env=workspace",
+    "groups": "/jobs/big/groups",
     "group": "/groups/g5",
 }
 

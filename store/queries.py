@@ -12,16 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, case, func, inspect, literal, literal_column, or_, select, text
+from sqlalchemy import and_, case, false, func, inspect, literal, literal_column, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Select
 
-from store.models import GatewaySession, JobEnvironment, SessionStep
+from store.models import GatewaySession, JobEnvironment, SessionStep, SessionWorkspace
 from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
 ST = SessionStep.__table__  # type: ignore[attr-defined]
 GS = GatewaySession.__table__  # type: ignore[attr-defined]
+WS = SessionWorkspace.__table__  # type: ignore[attr-defined]
 
 VIEWER_INDEXES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ix_viewer_job_order", "job_environments", ("job_id", "env_name", "case_id", "sample_index")),
@@ -144,6 +145,35 @@ def _index_names(conn: Any, table: str) -> set[str]:
 
 def _column_names(conn: Any, table: str) -> list[str]:
     return [str(c["name"]) for c in inspect(conn).get_columns(table)]
+
+
+def _order(sort: str, descending: bool, *, backwards: bool = False) -> list[Any]:
+    """The ORDER BY of the session list: :data:`SORTS` ``sort`` with NULLs last, then the session id
+    (``backwards``: that order reversed). Raises KeyError for an unknown sort key."""
+    order: list[Any] = []
+    for k in SORTS[sort]:
+        order.append(k.is_(None).desc() if backwards else k.is_(None))  # NULLs last
+        order.append(k.desc() if descending != backwards else k.asc())
+    order.append(JE.c.env_id.desc() if backwards else JE.c.env_id)
+    return order
+
+
+def _beyond(keys: list[tuple[Any, bool, Any]], session_id: str, *, before: bool) -> ColumnElement[bool]:
+    """The rows of the session list sorted strictly before (``before``) or after the session whose
+    sort keys hold these values: ``(column, descending, value)`` per key, as :func:`_order` sorts
+    them (NULLs last either way, then the session id)."""
+    terms: list[ColumnElement[bool]] = []
+    equal: list[ColumnElement[bool]] = []
+    for column, desc, value in keys:
+        if value is None:  # only NULLs tie with it; values come before it, nothing after
+            terms.append(and_(*equal, column.is_not(None) if before else false()))
+            equal.append(column.is_(None))
+            continue
+        beyond = (column < value) if before != desc else (column > value)
+        terms.append(and_(*equal, beyond if before else or_(beyond, column.is_(None))))
+        equal.append(column == value)
+    terms.append(and_(*equal, JE.c.env_id < session_id if before else JE.c.env_id > session_id))
+    return or_(*terms)
 
 
 class ViewerQueries:
@@ -270,15 +300,10 @@ class ViewerQueries:
         """One page of a job's sessions matching ``flt``, sorted by :data:`SORTS` ``sort`` (then by
         session id, so pages are stable); NULLs sort last either way. Raises KeyError for an
         unknown sort key."""
-        keys = SORTS[sort]
+        order = _order(sort, descending)
         limit = max(1, min(limit, PAGE_SIZE_MAX))
         offset = max(0, offset)
         where = and_(JE.c.job_id == job_id, *flt.clauses())
-        order: list[Any] = []
-        for k in keys:
-            order.append(k.is_(None))  # NULLs last
-            order.append(k.desc() if descending else k.asc())
-        order.append(JE.c.env_id)
         stmt: Select[Any] = (select(*_LIST_COLUMNS, *await self._harness_column()).where(where).order_by(*order)
                              .offset(offset).limit(limit))
         rows = await self._all(stmt)
@@ -293,6 +318,61 @@ class ViewerQueries:
                 r["steps"] = int(c["steps"]) if c else 0
                 r["tokens"] = int(c["tokens"]) if c and c["tokens"] is not None else None
         return Page(rows=rows, total=int(total), offset=offset, limit=limit)
+
+    async def neighbours(self, job_id: str, flt: SessionFilter, session_id: str, *, sort: str = "order",
+                         descending: bool = False) -> dict[str, Any] | None:
+        """Where ``session_id`` stands in the session list of :meth:`session_page` (same filters and
+        order): ``position`` (from 1), ``total``, and the ``prev`` and ``next`` session ids (None
+        at either end); None when the session is not in that list. Keyset queries on the
+        session's own sort values (no window over the whole job)."""
+        keys = SORTS[sort]
+        base = [JE.c.job_id == job_id, *flt.clauses()]
+        cur = await self._one(select(*(k.label(f"k{i}") for i, k in enumerate(keys)))
+                              .where(JE.c.env_id == session_id, *base))
+        if cur is None:
+            return None
+        values = [(k, descending, cur[f"k{i}"]) for i, k in enumerate(keys)]
+        before, after = _beyond(values, session_id, before=True), _beyond(values, session_id, before=False)
+        prev = await self._one(select(JE.c.env_id).where(*base, before)
+                               .order_by(*_order(sort, descending, backwards=True)).limit(1))
+        nxt = await self._one(select(JE.c.env_id).where(*base, after).order_by(*_order(sort, descending)).limit(1))
+        counts = await self._one(select(_count(before).label("before"), func.count().label("total")).where(*base))
+        assert counts is not None
+        return {"prev": prev["env_id"] if prev else None, "next": nxt["env_id"] if nxt else None,
+                "position": int(counts["before"] or 0) + 1, "total": int(counts["total"])}
+
+    async def groups(self, job_id: str, *, offset: int = 0, limit: int = 50) -> Page:
+        """The groups of a job (the samples of one case, harness and model: a GRPO group), by env,
+        case and model: ``group_id``, ``env_name``, ``case_id``, ``llm_model``, ``harness`` (when
+        the store has it), ``n`` sessions, ``finished``, ``scored``, ``passes`` and ``mean_score``
+        over the scored ones."""
+        harness = await self._harness_column()
+        keys = [JE.c.group_id, JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness]
+        stmt = (select(*keys, func.count().label("n"), _count(JE.c.finished.is_(True)).label("finished"),
+                       _count(_scored()).label("scored"), _passes().label("passes"),
+                       func.avg(case((_scored(), JE.c.reward), else_=None)).label("mean_score"))
+                .where(JE.c.job_id == job_id).group_by(*keys)
+                .order_by(JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness, JE.c.group_id)
+                .offset(max(0, offset)).limit(max(1, min(limit, PAGE_SIZE_MAX))))
+        rows = await self._all(stmt)
+        for r in rows:
+            r["passes"], r["scored"], r["finished"] = int(r["passes"] or 0), int(r["scored"] or 0), int(r["finished"] or 0)
+        total = await self._one(select(func.count().label("n")).select_from(
+            select(*keys).where(JE.c.job_id == job_id).group_by(*keys).subquery()))
+        return Page(rows=rows, total=int(total["n"]) if total else 0, offset=offset, limit=limit)
+
+    async def workspace(self, session_id: str, *, archive: bool = True) -> dict[str, Any] | None:
+        """The kept final workspace of a session (``status``, ``reason``, ``sha256``, ``archive``
+        bytes unless ``archive`` is false, ``file_count``, ``total_bytes``, ``manifest``), or None
+        (no row, or a store without the table)."""
+        if WS.name not in await self.tables():
+            return None
+        cols = [WS.c.status, WS.c.reason, WS.c.sha256, WS.c.file_count, WS.c.total_bytes, WS.c.manifest]
+        row = await self._one(select(*cols, *([WS.c.archive] if archive else []))
+                              .where(WS.c.session_id == session_id))
+        if row is not None and isinstance(row.get("archive"), memoryview):
+            row["archive"] = bytes(row["archive"])
+        return row
 
     # ------------------------------------------------------------------ one session
     async def session(self, session_id: str) -> dict[str, Any] | None:

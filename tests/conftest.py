@@ -30,6 +30,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/feed/test_serve.py",
         "tests/feed/test_tokens_feed.py",
         "tests/viewer/test_browser.py",
+        "tests/viewer/test_browser_reading.py",
         "tests/gateway/test_many_gateways.py",
         "tests/test_launcher.py::test_launcher_runs_grades_and_reports",
         "tests/test_launcher.py::test_a_job_on_postgresql_stores_the_same_rows_as_on_sqlite",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from pathlib import Path
 
@@ -13,9 +14,13 @@ from rollout.core.argtypes import port_number
 from rollout.core.logs import setup_logging
 from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from rollout.servers.viewer.app import create_app, refuse_host
+from rollout.servers.viewer.bundle import write_bundle
 from rollout.servers.viewer.db import ViewerError, open_queries
 from rollout.servers.viewer.report import DEFAULT_VIEWER_URL, write_report
 from rollout.servers.viewer.stats import HiddenFields
+from store.search import StepSearch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8765
 COMMANDS = ("view", "report")
@@ -41,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"where the report's links point (default {DEFAULT_VIEWER_URL})")
     rep.add_argument("--self-contained", action="store_true",
                      help="inline plotly.js (one ~5 MB file, e.g. to send) instead of a file beside the report")
+    rep.add_argument("--bundle", type=Path, metavar="DIR",
+                     help="write one folder instead: index.html (the report, every session listed) and a page and "
+                          "a JSON per session transcript, relative links only, opens from disk without a server")
+    rep.add_argument("--agent-root", type=Path, default=Path("env"),
+                     help="with --bundle: folder of env configs, to leave each env's hidden fields out of the "
+                          "start requests shown (default env)")
     return ap
 
 
@@ -56,11 +67,39 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
         else:
             if made:
                 print(f"created indexes {', '.join(made)}", file=sys.stderr)
+        index = StepSearch(engine)
+        problem = None
+        try:
+            await index.ensure()
+        except Exception as e:  # a read-only file or role: every page but the search works
+            where = index.index_file or "in the store"
+            problem = f"cannot create the search index {where} ({type(e).__name__}: {e})"
+            print(f"warning: {problem}", file=sys.stderr)
+            await index.close()
+        search = index if problem is None else None
         sock = listen(host, port, exposes="every trajectory")
         print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)
-        await run_server(create_app(queries, HiddenFields(agent_root)), sock, host, edge, refuse_host)
+        indexing = asyncio.create_task(_index_all(search)) if search is not None else None
+        try:
+            await run_server(create_app(queries, HiddenFields(agent_root), search=search, search_problem=problem),
+                             sock, host, edge, refuse_host)
+        finally:
+            if indexing is not None:
+                indexing.cancel()
+            if search is not None:
+                await search.close()
     finally:
         await engine.dispose()
+
+
+async def _index_all(search: StepSearch | None) -> None:
+    """Index every session's steps once at start, in the background (searches index the rest)."""
+    if search is None:
+        return
+    try:
+        await search.refresh()
+    except Exception:
+        log.exception("viewer: building the search index failed; searches retry it")
 
 
 def main(argv: list[str]) -> int:
@@ -70,6 +109,21 @@ def main(argv: list[str]) -> int:
         setup_logging(args.log_level)
         return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),
                            args.host, args.port, (ViewerError,))
+    if args.bundle is not None:
+        if args.out is not None or args.self_contained or args.viewer_url != DEFAULT_VIEWER_URL:
+            print("error: --bundle writes a folder of its own: --out, --self-contained and --viewer-url do not apply",
+                  file=sys.stderr)
+            return 2
+        try:
+            index = asyncio.run(write_bundle(args.db_path, args.job_id, args.bundle, HiddenFields(args.agent_root)))
+        except ViewerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:
+            print(f"error: cannot write the bundle to {args.bundle}: {e}", file=sys.stderr)
+            return 1
+        print(f"bundle written to {args.bundle} (open {index})")
+        return 0
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
     try:
         path = asyncio.run(write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,

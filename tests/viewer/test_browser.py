@@ -59,7 +59,7 @@ def test_session_page_shows_steps_and_expands_a_tool_result(jobs: Jobs, viewer: 
     sid = session_of(jobs, "jobA", "logs", 1)
     page.goto(f"{viewer.url}/jobs/jobA/sessions?case=logs")
     page.click(f"tr[data-session='{sid}'] >> a >> nth=0")
-    assert page.url.endswith(f"/sessions/{sid}")
+    assert page.url.endswith(f"/sessions/{sid}?case=logs")  # the list it was opened from
     steps = page.locator("section.step")
     assert steps.count() == one(jobs.db, "select count(*) from session_steps where session_id=?", sid) == 2
     assert "read_log" in steps.nth(0).locator(".answer").inner_text()

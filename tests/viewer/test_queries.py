@@ -171,3 +171,24 @@ async def test_summary_from_case_counts_equals_the_launchers_table(q: ViewerQuer
     assert [k for k, _ in curve] == list(range(1, expected[0].k + 1))
     assert curve[0][1] == pytest.approx(expected[0].pass_at_1) and curve[-1][1] == pytest.approx(expected[0].pass_at_k)
     assert sum(int(c["n"]) for c in await q.case_outcomes("big")) == sum(e.sessions for e in expected)
+
+
+async def test_neighbours_agree_with_the_pages_in_every_order(q: ViewerQueries) -> None:
+    from store.queries import SORTS
+
+    for flt in (SessionFilter(), SessionFilter(env_name="b", score_max=6)):
+        for sort in SORTS:
+            for descending in (False, True):
+                listed: list[str] = []
+                while True:
+                    page = await q.session_page("big", flt, sort=sort, descending=descending, offset=len(listed),
+                                                limit=500)
+                    listed += [r["env_id"] for r in page.rows]
+                    if len(listed) >= page.total:
+                        break
+                for i in sorted({0, len(listed) - 1, *range(0, len(listed), 97)}):
+                    got = await q.neighbours("big", flt, listed[i], sort=sort, descending=descending)
+                    assert got == {"prev": listed[i - 1] if i else None,
+                                   "next": listed[i + 1] if i + 1 < len(listed) else None,
+                                   "position": i + 1, "total": len(listed)}, (flt, sort, descending, i)
+    assert await q.neighbours("big", SessionFilter(env_name="b"), "s00000") is None  # env a

@@ -19,8 +19,12 @@ from tests.fake_upstream import FakeRequest, Reply, chat_completion
 TOOL_END = "END-OF-TOOL-OUTPUT-7731"
 SECRET = "HIDDEN-SECRET-9431"
 RIGHT, WRONG = "ANSWER-42", "ANSWER-7"
+SCRIPT_FILE = "<script>.html"
+"""The name of a file each session leaves in its workspace (its first line: ``SCRIPT_TEXT``)."""
+SCRIPT_TEXT = "<script>document.title = 'pwned'</script>"
 
 RUNTIME = '''
+import os
 from env.runtime_kit import openai_client, run_runtime
 from rollout.contract.protocol import SimulationStartResult
 
@@ -29,9 +33,20 @@ TOOL = {"type": "function", "function": {"name": "read_log", "description": "rea
 LOG = "\\n".join(f"Dec 10 06:55:{i % 60:02d} sshd[{1000 + i}]: Failed password for root from 10.0.0.{i % 250}"
                  for i in range(120)) + "\\nTOOL_END_MARK"
 
+def leave_files():
+    """The agent's words in its workspace: a file named like a script tag, links, binary bytes."""
+    os.makedirs("notes", exist_ok=True)
+    with open("notes/SCRIPT_NAME", "w") as f:
+        f.write("SCRIPT_TEXT\\n" + "a-very-long-line-" * 400 + "\\n")
+    with open("notes/blob.bin", "wb") as f:
+        f.write(bytes(range(256)))
+    os.symlink("/etc/passwd", "passwd")
+    os.symlink("notes/blob.bin", "inner-link")
+
 def main(req):
     row = req.env_params["dataset"]
     assert "expected" not in row and "secret" not in row, "hidden field leaked to the runtime"
+    leave_files()
     if row.get("crash"):
         raise RuntimeError("agent crashed on purpose")
     client = openai_client(req, max_retries=0)
@@ -49,7 +64,7 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="failed", error_text="no answer")
 
 run_runtime(main)
-'''.replace("TOOL_END_MARK", TOOL_END)
+'''.replace("TOOL_END_MARK", TOOL_END).replace("SCRIPT_NAME", SCRIPT_FILE).replace("SCRIPT_TEXT", SCRIPT_TEXT)
 
 EVALUATOR = '''
 def evaluate(request, spec, trajectory):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,7 +28,9 @@ from rollout.servers.viewer.render import templates
 from rollout.servers.viewer.report import build_report, plotly_js
 from rollout.servers.viewer.stats import HiddenFields, compare_cases, records_of, row_key, summary
 from rollout.servers.viewer.trajectory_view import divergence, start_request_view, step_views
+from rollout.servers.viewer.workspace_tree import WorkspaceError, entries, read_file
 from store.queries import SORTS, SessionFilter, ViewerQueries
+from store.search import MARK_END, MARK_START, StepSearch
 from wire.text import display_text
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,17 @@ PAGE_SIZE = 50
 COMPARE_PAGE = 100
 
 
-SESSION_PARAMS = ("env", "case", "model", "status", "eval", "group", "score_min", "score_max", "sort", "dir", "page")
+LIST_PARAMS = ("env", "case", "model", "status", "eval", "group", "score_min", "score_max", "sort", "dir")
+"""The filters and order of a session list; a session page opened from a list carries them (its
+previous / next session are that list's)."""
+SESSION_PARAMS = (*LIST_PARAMS, "page")
+SEARCH_PARAMS = ("q", "job", "page")
+WORKSPACE_PARAMS = ("path",)
+GROUP_PARAMS = ("page",)
+CASE_PARAMS = ("a", "b", "env", "case")
+SEARCH_PAGE = 50
+SEARCH_REFRESH = 200
+"""Sessions a search indexes at most before it answers (the rest: at the next search)."""
 COMPARE_PARAMS = ("a", "b", "changed", "page")
 SESSION_STATUSES = ("pending", "running", "retrying", "succeeded", "failed", "truncated", "timeout", "error",
                     "cancelled")
@@ -89,6 +102,20 @@ def _page(request: Request) -> int:
     return int(raw)
 
 
+def list_args(request: Request) -> dict[str, str]:
+    """The non-empty :data:`LIST_PARAMS` of a request, in that order."""
+    return {k: v for k in LIST_PARAMS if (v := request.query_params.get(k, "").strip())}
+
+
+def marked(snippet: str) -> Markup:
+    """A search snippet as HTML: escaped, each matched word in ``<mark>``."""
+    return Markup(str(escape(snippet)).replace(MARK_START, "<mark>").replace(MARK_END, "</mark>"))
+
+
+CSP_TEXT = "default-src 'none'; sandbox"
+"""The Content-Security-Policy of a raw workspace file: nothing loads, nothing runs."""
+
+
 def _job_live(job: dict[str, Any]) -> str | None:
     """The progress URL a job's pages poll while the job has unfinished sessions."""
     return None if job["finished"] >= job["sessions"] else f"/api/jobs/{quote(job['job_id'], safe='')}/progress"
@@ -109,8 +136,10 @@ def refuse_host(scope: Scope, message: str) -> Response:
     return HTMLResponse(page, status_code=400)
 
 
-def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "rollout viewer") -> Starlette:
-    """The viewer app on ``queries``; ``hidden`` tells which case fields the runtime was not shown."""
+def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "rollout viewer",
+               search: StepSearch | None = None, search_problem: str | None = None) -> Starlette:
+    """The viewer app on ``queries``; ``hidden`` tells which case fields the runtime was not shown;
+    ``search`` answers ``/search`` (None: the page says ``search_problem``)."""
     env = templates()
     summaries: dict[str, tuple[tuple[Any, ...], dict[tuple[str, str], SummaryRow]]] = {}
 
@@ -131,16 +160,18 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         info = await need_job(job_id)
-        return page("job.html", job=info, summary=list((await job_summary(job_id, info)).values()), statuses=await queries.status_counts(job_id),
+        return page("job.html", job=info, groups=await queries.groups(job_id, limit=PAGE_SIZE), summary=list((await job_summary(job_id, info)).values()), statuses=await queries.status_counts(job_id),
                     worst=await queries.worst_sessions(job_id, 5), reasons=await queries.failure_reasons(job_id, 10),
                     other_jobs=[j for j in await queries.job_ids() if j != job_id],
                     live_url=_job_live(info), live_every=_live_every(info))
 
-    async def sessions(request: Request) -> Response:
-        job_id = request.path_params["job_id"]
-        _check_params(request, SESSION_PARAMS)
-        info = await need_job(job_id)
-        values = await queries.filter_values(job_id)  # a status this version does not know still filters
+    async def list_filter(request: Request, job_id: str, *, menus: bool = True
+                          ) -> tuple[SessionFilter, str, bool, dict[str, list[str]]]:
+        """The session list's filter, sort key and direction of a request, and the filter values
+        (read unless no ``menus`` are shown and no status is filtered)."""
+        needed = menus or any(request.query_params.get(k) for k in ("status", "eval"))
+        values = await queries.filter_values(job_id) if needed else {"status": [], "eval_status": []}
+        # a status this version does not know still filters
         flt = SessionFilter(env_name=_opt_str(request, "env"), case_id=_opt_str(request, "case"),
                             llm_model=_opt_str(request, "model"),
                             status=_one_of(request, "status", sorted({*SESSION_STATUSES, *values["status"]})),
@@ -153,7 +184,13 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         sort = request.query_params.get("sort", "order")
         if sort not in SORTS:
             raise HTTPException(400, f"sort={sort!r}: sort by one of {', '.join(SORTS)}")
-        descending = _one_of(request, "dir", ["asc", "desc"]) == "desc"
+        return flt, sort, _one_of(request, "dir", ["asc", "desc"]) == "desc", values
+
+    async def sessions(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        _check_params(request, SESSION_PARAMS)
+        info = await need_job(job_id)
+        flt, sort, descending, values = await list_filter(request, job_id)
         n = _page(request)
         result = await queries.session_page(job_id, flt, sort=sort, descending=descending,
                                             offset=(n - 1) * PAGE_SIZE, limit=PAGE_SIZE)
@@ -162,14 +199,20 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
             raise HTTPException(404, f"page {n} of {pages}: no such page")
         args = {k: v for k, v in request.query_params.items() if k != "page" and v}
         return page("sessions.html", job=info, result=result, flt=flt, sort=sort, descending=descending,
-                    page_no=n, pages=pages, args=args, values=values,
+                    page_no=n, pages=pages, args=args, values=values, list_query=list_args(request),
                     live_url=_job_live(info), live_every=_live_every(info))
 
     async def session(request: Request) -> Response:
         sid = request.path_params["session_id"]
+        _check_params(request, LIST_PARAMS)
         row = await queries.session(sid)
         if row is None:
             raise HTTPException(404, f"no session {sid!r} in this store")
+        flt, sort, descending, _ = await list_filter(request, row["job_id"], menus=False)
+        near = await queries.neighbours(row["job_id"], flt, sid, sort=sort, descending=descending)
+        in_list = list_args(request)
+        if near is not None:
+            near["list_page"] = (near["position"] - 1) // PAGE_SIZE + 1
         steps = step_views(await queries.steps(sid))
         earlier = await queries.earlier_attempt_steps(sid)
         attempts: dict[str, list[Any]] = {}
@@ -183,7 +226,9 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
             if isinstance(meta, dict) and "evaluation" in meta:
                 evaluation = meta["evaluation"]
                 break
+        workspace = await queries.workspace(sid, archive=False)
         return page("session.html", s=row, steps=steps, start=start_request_view(row, hidden_fields),
+                    near=near, list_query=in_list, workspace=workspace,
                     hidden_fields=hidden_fields, dataset=dataset, evaluation=evaluation,
                     attempts={k: step_views(v) for k, v in attempts.items()},
                     gateway=await queries.gateway_session(sid), optional=await queries.optional_rows(sid),
@@ -196,6 +241,81 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
             raise HTTPException(404, f"no step {raw_seq!r} of session {sid!r} in this store")
         view = step_views([row])[0]
         return page("step.html", st=view, r=row, owner=sid.split("~a", 1)[0])
+
+    async def workspace(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        _check_params(request, WORKSPACE_PARAMS)
+        row = await queries.session(sid)
+        if row is None:
+            raise HTTPException(404, f"no session {sid!r} in this store")
+        kept = await queries.workspace(sid)
+        if kept is None or kept["archive"] is None:
+            reason = kept["reason"] if kept else "the store holds no final workspace of this session"
+            return page("workspace.html", s=row, kept=kept, reason=reason, tree=[], more=0, file=None, path=None)
+        raw = _opt_str(request, "path")
+        try:
+            tree, more = entries(kept["archive"])
+            file = read_file(kept["archive"], raw) if raw else None
+        except WorkspaceError as e:
+            raise HTTPException(404 if raw else 500, str(e)) from None
+        return page("workspace.html", s=row, kept=kept, reason=None, tree=tree, more=more, file=file, path=raw)
+
+    async def workspace_raw(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        _check_params(request, WORKSPACE_PARAMS)
+        kept = await queries.workspace(sid)
+        if kept is None or kept["archive"] is None:
+            raise HTTPException(404, f"no kept workspace of session {sid!r}")
+        try:
+            file = read_file(kept["archive"], _opt_str(request, "path") or "")
+        except WorkspaceError as e:
+            raise HTTPException(404, str(e)) from None
+        return Response(file.head, media_type="text/plain; charset=utf-8",
+                        headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": CSP_TEXT,
+                                 "Content-Disposition": "inline", "Cache-Control": "no-store"})
+
+    async def find(request: Request) -> Response:
+        _check_params(request, SEARCH_PARAMS)
+        words = (_opt_str(request, "q") or "")[:500]
+        job_id = _opt_str(request, "job")
+        n = _page(request)
+        ids = await queries.job_ids()
+        if job_id is not None and job_id not in ids:
+            raise HTTPException(404, f"no job {job_id!r} in this store")
+        problem = search_problem or (None if search is not None else "this viewer was started without a search index")
+        ctx: dict[str, Any] = {"q": words, "job": job_id, "ids": ids, "page_no": n, "problem": problem,
+                               "hits": [], "more": False, "pending": 0, "sessions": {}}
+        if search is not None and words:
+            await search.refresh(SEARCH_REFRESH, wait=False)  # not behind the start's full indexing
+            result = await search.search(words, job_id=job_id, offset=(n - 1) * SEARCH_PAGE, limit=SEARCH_PAGE)
+            owners = {h.session_id.split("~a", 1)[0] for h in result.hits}
+            ctx.update(hits=[(h, marked(h.snippet)) for h in result.hits], more=result.more, pending=result.pending,
+                       sessions={sid: r for sid in owners if (r := await queries.session(sid)) is not None})
+        return page("search.html", **ctx)
+
+    async def groups(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        _check_params(request, GROUP_PARAMS)
+        info = await need_job(job_id)
+        n = _page(request)
+        result = await queries.groups(job_id, offset=(n - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+        pages = max(1, math.ceil(result.total / PAGE_SIZE))
+        if n > pages:
+            raise HTTPException(404, f"page {n} of {pages}: no such page")
+        return page("groups.html", job=info, groups=result, page_no=n, pages=pages)
+
+    async def compare_case(request: Request) -> Response:
+        _check_params(request, CASE_PARAMS)
+        a, b, env_name, case_id = (_opt_str(request, k) for k in CASE_PARAMS)
+        if not (a and b and env_name and case_id):
+            raise HTTPException(400, "give a, b (two jobs), env and case")
+        sides = []
+        for job_id in (a, b):
+            await need_job(job_id)
+            result = await queries.session_page(job_id, SessionFilter(env_name=env_name, case_id=case_id),
+                                                limit=PAGE_SIZE)
+            sides.append((job_id, result))
+        return page("compare_case.html", a=a, b=b, env_name=env_name, case_id=case_id, sides=sides)
 
     async def group(request: Request) -> Response:
         gid = request.path_params["group_id"]
@@ -275,6 +395,8 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         Route("/", jobs), Route("/jobs/{job_id}/sessions", sessions), Route("/jobs/{job_id}/report", report),
         Route("/jobs/{job_id}", job), Route("/sessions/{session_id}", session),
         Route("/sessions/{session_id}/steps/{seq}", step),
+        Route("/sessions/{session_id}/workspace", workspace), Route("/sessions/{session_id}/workspace/raw", workspace_raw),
+        Route("/search", find), Route("/jobs/{job_id}/groups", groups), Route("/compare/case", compare_case),
         Route("/groups/{group_id}", group), Route("/compare", compare),
         Route("/api/jobs", jobs_progress), Route("/api/jobs/{job_id}/progress", job_progress),
         Route("/api/sessions/{session_id}/progress", session_progress),

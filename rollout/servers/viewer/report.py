@@ -10,7 +10,7 @@ import functools
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -149,12 +149,15 @@ def _cut(text: str, n: int) -> str:
 
 async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str = DEFAULT_VIEWER_URL,
                        inline_js: bool = True, plotly_src: str = VIEWER_PLOTLY_SRC,
-                       sections: Sequence[str] = ()) -> str:
+                       sections: Sequence[str] = (), session_href: Callable[[str], str] | None = None,
+                       bundle: Sequence[dict[str, Any]] = ()) -> str:
     """The report of ``job_id`` as one HTML document. ``viewer_url`` prefixes the links into the
     viewer ("" for links relative to a viewer serving the page); ``inline_js`` inlines plotly.js
     (a self-contained document, ~4.8 MB) instead of loading it from ``plotly_src`` (a URL, or a
     path relative to the document). ``sections``: HTML fragments, already escaped, put before the
-    summary (the audit's). Raises ViewerError for an unknown job."""
+    summary (the audit's). ``session_href``: a session's link (default: the viewer's page);
+    ``bundle``: the rows of every session, listed at the end (a bundle's index). Raises
+    ViewerError for an unknown job."""
     job = await queries.job(job_id)
     if job is None:
         raise ViewerError(f"no job {job_id!r} in this store")
@@ -163,7 +166,9 @@ async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str =
     reasons = await queries.failure_reasons(job_id, 50)
     plots = figures(rows, pass_curves(records), await queries.step_timings(job_id), reasons)
     css = (Path(__file__).resolve().parent / "static" / "viewer.css").read_text(encoding="utf-8")
+    viewer = viewer_url.rstrip("/")
     return templates().get_template("report.html").render(
+        session_href=session_href or (lambda sid: f"{viewer}/sessions/{sid}"), bundle=list(bundle),
         job=job, summary=summary(records), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
         plotly_js=plotly_js() if inline_js else None, plotly_src=plotly_src, worst=await queries.worst_sessions(job_id, 10),
         generated=datetime.now(UTC), sections=list(sections))

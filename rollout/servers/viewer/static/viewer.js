@@ -18,3 +18,13 @@
   }
   poll();
 })();
+// Keys on a session page: j the next session of the list it was opened from, k the previous one.
+(function () {
+  document.addEventListener("keydown", function (e) {
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    const t = e.target;
+    if (t && (t.tagName === "INPUT" || t.tagName === "SELECT" || t.tagName === "TEXTAREA" || t.isContentEditable)) return;
+    const link = document.getElementById(e.key === "j" ? "next-session" : e.key === "k" ? "prev-session" : "");
+    if (link) link.click();
+  });
+})();
