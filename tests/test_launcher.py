@@ -284,6 +284,8 @@ async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> 
         await gw.stop()
     assert not (tmp_path / "launcher.db").exists() or rows(tmp_path / "launcher.db",
                                                            "SELECT count(*) FROM session_steps") == [(0,)]
+    # refused before the plan: no session row written, so the same command runs again without --resume
+    assert rows(tmp_path / "gateway.db", "SELECT count(*) FROM job_environments") == [(0,)]
 
 
 async def test_gateway_with_auth_running_or_started(tmp_path: Path) -> None:

@@ -371,6 +371,16 @@ async def hold_job(store: Store, job_id: str) -> JobLease:
     return lease
 
 
+async def _check_running_gateway(url: str, store: Store, models: list[str], api_key: str | None) -> None:
+    """``--gateway-base-url``: the gateway answers, writes to this store and serves each route;
+    SetupError otherwise."""
+    try:
+        for model in models:
+            await check_gateway(url, store.identity(), model, api_key)
+    except ServiceError as e:
+        raise SetupError(str(e)) from e
+
+
 async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None = None,
                   on_done: Callable[[SessionRecord], None] | None = None,
                   on_breaker: Callable[[BreakerEvent], None] | None = None,
@@ -405,6 +415,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         lease = await hold_job(store, job_id)  # one launcher per job: refused while another runs it
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
+        if opts.gateway_base_url and not opts.resume:  # a gateway that cannot serve the job: no row written
+            await _check_running_gateway(opts.gateway_base_url, store, models, gateway_api_key(None))
         plan = await plan_job(store, job_id, models, envs, [*loaded] or [None], resume=opts.resume,
                               group_size=opts.rl_group_size, max_steps=opts.max_steps)
         configs = [cfg for cfg, _ in envs]
@@ -422,11 +434,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         log_dir = Path("runs") / "logs" / job_id
         if opts.gateway_base_url:
             api_key = gateway_api_key(None)  # $GATEWAY_API_KEY, for a gateway with auth on
-            try:
-                for model in models:
-                    await check_gateway(opts.gateway_base_url, store.identity(), model, api_key)
-            except ServiceError as e:
-                raise SetupError(str(e)) from e
+            if opts.resume:  # the routes the job's sessions ran on, known from its rows
+                await _check_running_gateway(opts.gateway_base_url, store, models, api_key)
             gateway_url = opts.gateway_base_url.rstrip("/")
         else:
             api_key = gateway_api_key(gw_settings)  # the started gateway's own first key, if any
