@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 
-from rollout.cli.serving import add_edge_flags, edge_of, run_command
+from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
 from rollout.core.logs import setup_logging
 from rollout.servers.feed.app import FeedSettings, create_feed_app
@@ -158,7 +158,7 @@ async def export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     """Run ``feed`` or ``export``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = parse_verb(build_parser(), argv)
     if args.command == "serve":
         return serve_main(args)
     if args.command == "feed":

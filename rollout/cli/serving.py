@@ -1,5 +1,6 @@
-"""What the server commands (view, feed, serve) share on the command line: the HTTP edge flags and
-running a server until Ctrl-C or SIGTERM with its exit code."""
+"""What the server commands (view, report, feed, export, serve) share on the command line: their
+verbs' flags parsed, the HTTP edge flags and running a server until Ctrl-C or SIGTERM with its exit
+code."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from typing import Any
 from gateway.http_edge import DEFAULT_KEEP_ALIVE_TIMEOUT_S, DEFAULT_REQUEST_HEAD_TIMEOUT_S, HostAllowList
 from rollout.core.argtypes import finite_float, int_at_least
 from rollout.servers.local_server import HttpEdge
+
+
+def parse_verb(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``ap.parse_args(argv)`` for a parser of verbs (sub-commands), an unknown flag refused with
+    the verb's own usage line rather than the parser's."""
+    args, extra = ap.parse_known_args(argv)
+    if extra:
+        verbs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+        verbs.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def run_command(start: Callable[[], Coroutine[Any, Any, object]], host: str, port: int,

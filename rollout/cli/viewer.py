@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rollout.cli.serving import add_edge_flags, edge_of, run_command
+from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import port_number
 from rollout.core.logs import setup_logging
 from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
@@ -104,7 +104,7 @@ async def _index_all(search: StepSearch | None) -> None:
 
 def main(argv: list[str]) -> int:
     """Run ``view`` or ``report``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = parse_verb(build_parser(), argv)
     if args.command == "view":
         setup_logging(args.log_level)
         return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),

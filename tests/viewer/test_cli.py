@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.viewer.conftest import REPO, launcher_env
 
 
@@ -37,3 +39,18 @@ def test_a_file_that_is_not_sqlite_is_one_line_without_sqlalchemys_link(tmp_path
         p = run(*cmd, "--db-path", str(notes), cwd=tmp_path)
         assert (p.returncode, p.stderr) == (1, f"error: cannot read {notes}: DatabaseError: file is not a database\n")
     assert notes.read_text() == "these are notes\n"
+
+
+def test_an_unknown_flag_is_refused_with_the_verbs_own_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout.cli import feed, viewer
+    from rollout.cli.serving import parse_verb
+
+    for build, argv, verb in [(viewer.build_parser, ["view", "--bogus"], "view"),
+                              (viewer.build_parser, ["report", "--job-id", "j", "--bogus", "x"], "report"),
+                              (feed.build_parser, ["export", "--job-id", "j", "--bogus"], "export")]:
+        with pytest.raises(SystemExit) as e:
+            parse_verb(build(), argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"launcher.py {verb}: error: unrecognized arguments: --bogus" in err
+        assert f"usage: launcher.py {verb} " in err
+    assert parse_verb(viewer.build_parser(), ["report", "--job-id", "j"]).job_id == "j"
