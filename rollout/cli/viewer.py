@@ -7,7 +7,9 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import port_number
@@ -114,25 +116,25 @@ def main(argv: list[str]) -> int:
             print("error: --bundle writes a folder of its own: --out, --self-contained and --viewer-url do not apply",
                   file=sys.stderr)
             return 2
-        try:
-            index = asyncio.run(write_bundle(args.db_path, args.job_id, args.bundle, HiddenFields(args.agent_root)))
-        except ViewerError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        except OSError as e:
-            print(f"error: cannot write the bundle to {args.bundle}: {e}", file=sys.stderr)
-            return 1
-        print(f"bundle written to {args.bundle} (open {index})")
-        return 0
+        return _write("bundle", args.bundle, lambda: write_bundle(args.db_path, args.job_id, args.bundle,
+                                                                  HiddenFields(args.agent_root)),
+                      lambda index: f"bundle written to {args.bundle} (open {index})")
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
+    return _write("report", out, lambda: write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,
+                                                      self_contained=args.self_contained),
+                  lambda path: f"report written to {path}")
+
+
+def _write(what: str, dest: Path, make: Callable[[], Coroutine[Any, Any, Path]], said: Callable[[Path], str]) -> int:
+    """Run ``make`` (it writes ``what`` to ``dest``) and print ``said(path)``; 1 with the error on a
+    store that cannot be read or a destination that cannot be written."""
     try:
-        path = asyncio.run(write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,
-                                        self_contained=args.self_contained))
+        path = asyncio.run(make())
     except ViewerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        print(f"error: cannot write the report to {out}: {e}", file=sys.stderr)
+        print(f"error: cannot write the {what} to {dest}: {e}", file=sys.stderr)
         return 1
-    print(f"report written to {path}")
+    print(said(path))
     return 0
