@@ -17,12 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement
 
-from store.models import FeedGroup, JobEnvironment, SessionStep, utcnow
+from store.models import FeedGroup, GatewaySession, JobEnvironment, SessionStep, utcnow
 from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
 ST = SessionStep.__table__  # type: ignore[attr-defined]
 FG = FeedGroup.__table__  # type: ignore[attr-defined]
+GS = GatewaySession.__table__  # type: ignore[attr-defined]
 
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "policy_version",
                  "extends_prefix")
@@ -251,3 +252,25 @@ class FeedQueries:
         q = select(FG).where(FG.c.job_id == job_id).order_by(FG.c.ready_seq)
         async with self.engine.connect() as conn:
             return {r["group_id"]: r for r in _dicts(await conn.execute(q))}
+
+    async def jobless_sessions(self, session_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The ``gateway_sessions`` rows without a launcher row (a client named the session: no
+        job, never graded), all of them or those of ``session_ids``, by first call then id."""
+        cond = ~select(JE.c.env_id).where(JE.c.env_id == GS.c.session_id).exists()
+        out: list[dict[str, Any]] = []
+        async with self.engine.connect() as conn:
+            if session_ids is None:
+                return _dicts(await conn.execute(select(GS).where(cond).order_by(GS.c.created_at, GS.c.session_id)))
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = select(GS).where(cond, GS.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
+                out.extend(_dicts(await conn.execute(q)))
+        return sorted(out, key=lambda r: (r["created_at"], r["session_id"]))
+
+    async def jobs_of_sessions(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """Session id -> job id, for those of ``session_ids`` that have a launcher row."""
+        out: dict[str, str] = {}
+        async with self.engine.connect() as conn:
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = select(JE.c.env_id, JE.c.job_id).where(JE.c.env_id.in_(session_ids[i:i + _IN_CHUNK]))
+                out.update({str(a): str(b) for a, b in (await conn.execute(q)).all()})
+        return out

@@ -48,6 +48,15 @@ SORTS: dict[str, tuple[ColumnElement[Any], ...]] = {
 }
 """Sort keys of the session list (``order``: env, case, sample)."""
 
+JOBLESS_SORTS: dict[str, tuple[ColumnElement[Any], ...]] = {
+    "created": (GS.c.created_at,),
+    "updated": (GS.c.updated_at,),
+    "steps": (GS.c.total_steps,),
+    "status": (GS.c.status,),
+    "route": (GS.c.route,),
+}
+"""Sort keys of the list of sessions without a job (``gateway_sessions`` columns)."""
+
 PAGE_SIZE_MAX = 500
 
 
@@ -373,6 +382,42 @@ class ViewerQueries:
         if row is not None and isinstance(row.get("archive"), memoryview):
             row["archive"] = bytes(row["archive"])
         return row
+
+    # ------------------------------------------------------------------ sessions without a job
+    def _without_job(self) -> ColumnElement[bool]:
+        return ~select(JE.c.env_id).where(JE.c.env_id == GS.c.session_id).exists()
+
+    async def jobless_count(self) -> int:
+        """How many gateway sessions have no launcher row (a client named the session by path or
+        header: no job, never graded); 0 on a store without the gateway's table."""
+        if GS.name not in await self.tables():
+            return 0
+        row = await self._one(select(func.count().label("n")).select_from(GS).where(self._without_job()))
+        return int(row["n"]) if row else 0
+
+    async def jobless_page(self, *, sort: str = "created", descending: bool = True, offset: int = 0,
+                           limit: int = 50) -> Page:
+        """One page of the gateway sessions without a launcher row (``gateway_sessions`` columns
+        plus ``steps`` and ``tokens`` from their recorded steps), sorted by :data:`JOBLESS_SORTS`
+        ``sort`` (NULLs last, then the session id). Raises KeyError for an unknown sort key."""
+        if GS.name not in await self.tables():
+            return Page(rows=[], total=0, offset=offset, limit=limit)
+        offset, limit = max(0, offset), max(1, min(limit, PAGE_SIZE_MAX))
+        order: list[Any] = []
+        for k in JOBLESS_SORTS[sort]:
+            order += [k.is_(None), k.desc() if descending else k.asc()]
+        order.append(GS.c.session_id)
+        rows = await self._all(select(GS).where(self._without_job()).order_by(*order).offset(offset).limit(limit))
+        if rows:
+            counts = await self._all(
+                select(ST.c.session_id, func.count().label("steps"), func.sum(ST.c.total_tokens).label("tokens"))
+                .where(ST.c.session_id.in_([r["session_id"] for r in rows])).group_by(ST.c.session_id))
+            by_sid = {c["session_id"]: c for c in counts}
+            for r in rows:
+                c = by_sid.get(r["session_id"])
+                r["steps"] = int(c["steps"]) if c else 0
+                r["tokens"] = int(c["tokens"]) if c and c["tokens"] is not None else None
+        return Page(rows=rows, total=await self.jobless_count(), offset=offset, limit=limit)
 
     # ------------------------------------------------------------------ one session
     async def session(self, session_id: str) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
 """``python launcher.py feed`` (serve the feed of ready groups), ``python launcher.py export``
-(write a job's groups to a file) and ``python launcher.py serve`` (the long-running mode:
+(write a job's groups, or sessions without a job, to a file) and ``python launcher.py serve`` (the long-running mode:
 ``rollout.servers.serve``). Exit codes: 0 done, 1 the store, the job or the output cannot
 be used (the message says why), 2 bad flags."""
 
@@ -19,7 +19,7 @@ from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
 from rollout.core.logs import setup_logging
 from rollout.servers.feed.app import FeedSettings, create_feed_app
-from rollout.servers.feed.export import ExportError, export_job
+from rollout.servers.feed.export import ExportError, export_job, export_sessions
 from rollout.servers.feed.groups import GroupOptions
 from rollout.servers.local_server import listen, run_server, url_of
 from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
@@ -52,8 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how often the store is polled while a client waits (default 0.2 s)")
     feed.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_edge_flags(feed)
-    exp = sub.add_parser("export", help="write a job's groups as jsonl, parquet or the OpenAI chat format")
-    exp.add_argument("--job-id", required=True, type=_job_id, help="the job")
+    exp = sub.add_parser("export", help="write a job's groups (or sessions without a job) as jsonl, parquet or "
+                                        "the OpenAI chat format")
+    which = exp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job-id", type=_job_id, help="the job")
+    which.add_argument("--session", action="append", metavar="ID",
+                       help="a session without a job (a client named it on the gateway); repeat for more")
+    which.add_argument("--without-job", action="store_true",
+                       help="every session without a job (no score: never graded)")
     exp.add_argument("--format", choices=["jsonl", "parquet", "openai"], default="jsonl",
                      help="jsonl (default), parquet (needs pyarrow: the export extra) or openai (fine-tuning chat)")
     exp.add_argument("--per", choices=["session", "step"], default="session", help="one row per session (default) or step")
@@ -64,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--normalize", choices=["std", "none"], default="std",
                      help="advantage: (score - mean) / std (default) or score - mean")
     exp.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
-    exp.add_argument("--out", type=Path, help="output file (default runs/export-<job id>.<format>)")
+    exp.add_argument("--out", type=Path, help="output file (default runs/export-<job id>.<format>, "
+                                              "runs/export-without-job.<format> for sessions without a job)")
     srv = sub.add_parser("serve", help="long-running: start the gateway once, run batches a trainer submits "
                                         "(POST /v1/batches) and serve their groups")
     srv.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default env)")
@@ -142,12 +149,17 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def export(args: argparse.Namespace) -> int:
     """Write the export; prints what was written and what was left out."""
-    out = args.out or Path("runs") / f"export-{args.job_id}{_SUFFIX[args.format]}"
+    name = args.job_id or "without-job"
+    out = args.out or Path("runs") / f"export-{name}{_SUFFIX[args.format]}"
     store = await _open(args.db_path)
     try:
-        result = await export_job(FeedQueries(store.reader), args.job_id, args.format, out, per=args.per,
-                                  only_trainable=args.only_trainable, min_score=args.min_score,
-                                  opts=GroupOptions(min_valid=args.min_valid_samples, normalize=args.normalize))
+        if args.job_id is None:
+            result = await export_sessions(FeedQueries(store.reader), args.session, args.format, out, per=args.per,
+                                           only_trainable=args.only_trainable, min_score=args.min_score)
+        else:
+            result = await export_job(FeedQueries(store.reader), args.job_id, args.format, out, per=args.per,
+                                      only_trainable=args.only_trainable, min_score=args.min_score,
+                                      opts=GroupOptions(min_valid=args.min_valid_samples, normalize=args.normalize))
     finally:
         await store.close()
     print(f"{result.rows} rows ({args.format}, one per {args.per}) written to {result.path}")

@@ -58,9 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: HttpEdge = DEFAULT_EDGE) -> None:
-    """Open the store, create the viewer's indexes, and serve until cancelled (Ctrl-C)."""
+    """Open the store, print the address (the first line), create the viewer's indexes, and serve until
+    cancelled (Ctrl-C)."""
     engine, queries = await open_queries(db_path)
     try:
+        sock = listen(host, port, exposes="every trajectory")
+        print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)  # the first line
         try:
             made = await queries.ensure_indexes()
         except Exception as e:  # a read-only file or role: the viewer still works, only slower on big jobs
@@ -68,7 +71,7 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
                   "large jobs will page slowly", file=sys.stderr)
         else:
             if made:
-                print(f"created indexes {', '.join(made)}", file=sys.stderr)
+                log.info("viewer: created indexes %s", ", ".join(made))
         index = StepSearch(engine)
         problem = None
         try:
@@ -79,8 +82,6 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
             print(f"warning: {problem}", file=sys.stderr)
             await index.close()
         search = index if problem is None else None
-        sock = listen(host, port, exposes="every trajectory")
-        print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)
         indexing = asyncio.create_task(_index_all(search)) if search is not None else None
         try:
             await run_server(create_app(queries, HiddenFields(agent_root), search=search, search_problem=problem),

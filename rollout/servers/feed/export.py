@@ -1,5 +1,6 @@
-"""``launcher.py export``: a job's groups as JSONL, Parquet or the OpenAI fine-tuning chat format,
-one row per session or per step, with the feed's fields (docs/feed.md, "Export").
+"""``launcher.py export``: a job's groups (or sessions without a job: :func:`export_sessions`) as
+JSONL, Parquet or the OpenAI fine-tuning chat format, one row per session or per step, with the
+feed's fields (docs/feed.md, "Export").
 
 Parquet (pyarrow, the ``export`` extra) has a fixed schema: ``messages`` and ``tool_calls`` are
 JSON text (their shapes vary between protocols and turns); token ids, masks and logprobs are
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rollout.servers.feed.groups import GroupOptions, load_groups
-from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep
+from rollout.servers.feed.groups import GroupOptions, feed_step, load_groups, token_sequences
+from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep, TokenSequence
 from store.feed import FeedQueries
 from wire.text import display_text, json_text
 
@@ -193,28 +194,33 @@ def _rows(g: FeedGroupOut, raw: dict[str, list[dict[str, Any]]], fmt: Format, pe
         if min_score is not None and (s.score is None or s.score < min_score):
             skipped[f"score below {min_score:g} or none"] += 1
             continue
-        steps = s.steps or []
-        if fmt == "openai":
-            requests = {r["seq"]: r.get("request") for r in raw.get(s.session_id, [])}
-            chosen = [st for st in steps if st.is_trainable and st.status == "ok"]
-            if per == "session":
-                chosen = chosen[-1:]
-            if not chosen:
-                skipped["no successful model call"] += 1
-            for st in chosen:
-                ex = _openai_example(st, requests.get(st.seq))
-                if isinstance(ex, str):
-                    skipped[ex] += 1
-                else:
-                    yield ex
-            continue
-        head = {**_group_fields(g), **_sample_fields(s)}
+        yield from _sample_rows({**_group_fields(g), **_sample_fields(s)}, s.steps or [], s.sequences or [],
+                                raw.get(s.session_id, []), fmt, per, skipped)
+
+
+def _sample_rows(head: dict[str, Any], steps: list[FeedStep], sequences: list[TokenSequence],
+                 raw: list[dict[str, Any]], fmt: Format, per: Per, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    """The rows of one sample that passed the filters (``head``: its group's and its own fields;
+    ``raw``: its step rows, for the requests' tools)."""
+    if fmt == "openai":
+        requests = {r["seq"]: r.get("request") for r in raw}
+        chosen = [st for st in steps if st.is_trainable and st.status == "ok"]
         if per == "session":
-            yield {**head, "steps": [_step_fields(st) for st in steps],
-                   "sequences": [q.model_dump() for q in s.sequences or []]}
-        else:
-            for st in steps:
-                yield {**head, **{STEP_RENAMES.get(k, k): v for k, v in _step_fields(st).items()}}
+            chosen = chosen[-1:]
+        if not chosen:
+            skipped["no successful model call"] += 1
+        for st in chosen:
+            ex = _openai_example(st, requests.get(st.seq))
+            if isinstance(ex, str):
+                skipped[ex] += 1
+            else:
+                yield ex
+        return
+    if per == "session":
+        yield {**head, "steps": [_step_fields(st) for st in steps], "sequences": [q.model_dump() for q in sequences]}
+    else:
+        for st in steps:
+            yield {**head, **{STEP_RENAMES.get(k, k): v for k, v in _step_fields(st).items()}}
 
 
 async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, *, per: Per = "session",
@@ -237,6 +243,71 @@ async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, 
                                       with_request=fmt == "openai")
             for g, raw in built:
                 for row in _rows(g, raw, fmt, per, only_trainable, min_score, result.skipped):
+                    writer.add(row)
+                    result.rows += 1
+        done = True
+    finally:
+        writer.close(keep=done)
+    return result
+
+
+NO_JOB = "no job: a session a client named on the gateway is never graded (no reward)"
+"""The ``invalid_reason`` of every session exported without a job: its ``score`` is null, never 0."""
+
+
+def jobless_head(gw: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The group and sample fields of a session without a job (``gw``: its ``gateway_sessions``
+    row): no job, group, case, sample or score (null, never 0), ``invalid_reason`` :data:`NO_JOB`;
+    ``model`` is the route the gateway bound it to, ``status`` the gateway's; flagged ``no_job``,
+    never trainable."""
+    pvs = sorted({int(st["policy_version"]) for st in steps if st.get("policy_version") is not None})
+    return {"job_id": None, "group_id": None, "cursor": None, "env": gw.get("env_name"), "case_id": None,
+            "model": gw.get("route"), "harness": None, "group_trainable": False, "group_flags": ["no_job"],
+            "group_n_samples": 1, "group_n_valid": 0, "group_mean_score": None, "group_std_score": None,
+            "advantage_normalize": None,
+            "session_id": gw["session_id"], "sample_index": None, "status": gw["status"], "outcome": None,
+            "attempts": None, "score": None, "eval_status": None, "eval_reason": None, "error": None,
+            "valid": False, "invalid_reason": NO_JOB, "advantage": None, "policy_versions": pvs,
+            "mixed_policy": len(pvs) > 1}
+
+
+async def export_sessions(queries: FeedQueries, session_ids: list[str] | None, fmt: Format, out: Path, *,
+                          per: Per = "session", only_trainable: bool = False,
+                          min_score: float | None = None) -> ExportResult:
+    """Write sessions without a job (``session_ids``, or all of them when None) to ``out``, in the
+    same formats and columns as :func:`export_job`; their ``score`` is null and ``invalid_reason``
+    :data:`NO_JOB`. Raises ExportError for an unknown session, one that belongs to a job, or none
+    to export."""
+    if session_ids is not None:
+        session_ids = list(dict.fromkeys(session_ids))
+        owned = await queries.jobs_of_sessions(session_ids)
+        if owned:
+            sid, job = next(iter(sorted(owned.items())))
+            raise ExportError(f"session {sid!r} belongs to job {job!r}: export it with --job-id {job}")
+    gws = await queries.jobless_sessions(session_ids)
+    if session_ids is not None and len(gws) < len(session_ids):
+        missing = sorted(set(session_ids) - {g["session_id"] for g in gws})
+        raise ExportError(f"no session {missing[0]!r} in this store")
+    if not gws:
+        raise ExportError("this store holds no session without a job")
+    result = ExportResult(path=out)
+    writer = _Writer(out, fmt, per)
+    done = False
+    try:
+        for i in range(0, len(gws), BATCH_GROUPS):
+            batch = gws[i:i + BATCH_GROUPS]
+            raw = await queries.steps_of_sessions([g["session_id"] for g in batch], with_request=fmt == "openai")
+            for gw in batch:
+                if only_trainable:
+                    result.skipped[f"invalid sample: {NO_JOB}"] += 1
+                    continue
+                if min_score is not None:
+                    result.skipped[f"score below {min_score:g} or none"] += 1
+                    continue
+                rows = raw.get(gw["session_id"], [])
+                steps = [feed_step(st, messages=True) for st in rows]
+                for row in _sample_rows(jobless_head(gw, rows), steps, token_sequences(rows), rows, fmt, per,
+                                        result.skipped):
                     writer.add(row)
                     result.rows += 1
         done = True

@@ -29,7 +29,7 @@ from rollout.servers.viewer.report import build_report, plotly_js
 from rollout.servers.viewer.stats import HiddenFields, compare_cases, records_of, row_key, summary
 from rollout.servers.viewer.trajectory_view import divergence, start_request_view, step_views
 from rollout.servers.viewer.workspace_tree import WorkspaceError, entries, read_file
-from store.queries import SORTS, SessionFilter, ViewerQueries
+from store.queries import JOBLESS_SORTS, SORTS, SessionFilter, ViewerQueries
 from store.search import MARK_END, MARK_START, StepSearch
 from wire.text import display_text
 
@@ -44,6 +44,7 @@ LIST_PARAMS = ("env", "case", "model", "status", "eval", "group", "score_min", "
 previous / next session are that list's)."""
 SESSION_PARAMS = (*LIST_PARAMS, "page")
 SEARCH_PARAMS = ("q", "job", "page")
+JOBLESS_PARAMS = ("sort", "dir", "page")
 WORKSPACE_PARAMS = ("path",)
 GROUP_PARAMS = ("page",)
 CASE_PARAMS = ("a", "b", "env", "case")
@@ -155,7 +156,30 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def jobs(request: Request) -> Response:
         rows = await queries.jobs()
         live = any(j["finished"] < j["sessions"] for j in rows)
-        return page("jobs.html", jobs=rows, live_url="/api/jobs" if live else None)
+        return page("jobs.html", jobs=rows, jobless=await queries.jobless_count(),
+                    live_url="/api/jobs" if live else None)
+
+    async def jobless(request: Request) -> Response:
+        _check_params(request, JOBLESS_PARAMS)
+        sort = request.query_params.get("sort", "created")
+        if sort not in JOBLESS_SORTS:
+            raise HTTPException(400, f"sort={sort!r}: sort by one of {', '.join(JOBLESS_SORTS)}")
+        descending = (_one_of(request, "dir", ["asc", "desc"]) or "desc") == "desc"
+        n = _page(request)
+        result = await queries.jobless_page(sort=sort, descending=descending, offset=(n - 1) * PAGE_SIZE,
+                                            limit=PAGE_SIZE)
+        pages = max(1, math.ceil(result.total / PAGE_SIZE))
+        if n > pages:
+            raise HTTPException(404, f"page {n} of {pages}: no such page")
+        return page("jobless.html", result=result, sort=sort, descending=descending, page_no=n, pages=pages)
+
+    async def jobless_session(sid: str) -> Response:
+        """A session the gateway recorded without a launcher row: its steps and gateway state."""
+        gateway = await queries.gateway_session(sid)
+        steps = await queries.steps(sid)
+        if gateway is None and not steps:
+            raise HTTPException(404, f"no session {sid!r} in this store")
+        return page("jobless_session.html", sid=sid, steps=step_views(steps), gateway=gateway)
 
     async def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -207,7 +231,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         _check_params(request, LIST_PARAMS)
         row = await queries.session(sid)
         if row is None:
-            raise HTTPException(404, f"no session {sid!r} in this store")
+            return await jobless_session(sid)
         flt, sort, descending, _ = await list_filter(request, row["job_id"], menus=False)
         near = await queries.neighbours(row["job_id"], flt, sid, sort=sort, descending=descending)
         in_list = list_args(request)
@@ -392,7 +416,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
                     message=f"the viewer could not show this page ({type(exc).__name__}); see the viewer's log")
 
     routes = [
-        Route("/", jobs), Route("/jobs/{job_id}/sessions", sessions), Route("/jobs/{job_id}/report", report),
+        Route("/", jobs), Route("/gateway-sessions", jobless), Route("/jobs/{job_id}/sessions", sessions), Route("/jobs/{job_id}/report", report),
         Route("/jobs/{job_id}", job), Route("/sessions/{session_id}", session),
         Route("/sessions/{session_id}/steps/{seq}", step),
         Route("/sessions/{session_id}/workspace", workspace), Route("/sessions/{session_id}/workspace/raw", workspace_raw),
