@@ -88,6 +88,66 @@ def test_search_finds_the_wrong_answer_and_opens_its_step(jobs: Jobs, viewer: Vi
     assert page.goto(f"{viewer.url}/search?q=x&job=nope").status == 404
 
 
+JOBLESS_STORE = """
+import asyncio, sys
+from store import GatewaySession, SessionStep, Store
+
+async def main(url):
+    store = Store(url)
+    await store.init()
+    steps = [SessionStep(session_id="rollout-7", seq=k, step_id=k, llm_model="fake", endpoint="chat.completions",
+                         messages=[{"role": "user", "content": f"question {k}"}],
+                         response={"choices": [{"message": {"role": "assistant", "content": text},
+                                                "finish_reason": "stop"}]},
+                         finish_reason="stop", meta_json={"session_header": "x-session-id"})
+             for k, text in ((1, "thinking <b>bold</b>"), (2, "final answer quokka"))]
+    await store.write_batch(steps, [GatewaySession(session_id="rollout-7", route="fake", status="closed",
+                                                   total_steps=2, max_steps=8, close_reason="client closed")])
+    await store.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_session_without_a_job_opens_from_the_home_page_and_from_search(jobs: Jobs, page: Any,
+                                                                          tmp_path: Path) -> None:
+    """A store holding only a session a client named by header (no launcher row, as inspect_ai /
+    verifiers leave): listed from the home page, its page shows its steps, and search opens it."""
+    db = tmp_path / "jobless.db"
+    made = subprocess.run([sys.executable, "-c", JOBLESS_STORE, f"sqlite://{db}"], capture_output=True, text=True,
+                          env=launcher_env(), timeout=120)
+    assert made.returncode == 0, made.stderr
+    own = Viewer(db, jobs.env_root, tmp_path)
+    try:
+        page.goto(f"{own.url}/")
+        assert "holds no job yet" not in page.locator("main").inner_text()
+        page.locator("#jobless-entry a").click()
+        page.wait_for_url(re.compile(r"/gateway-sessions$"))
+        row = page.locator("#jobless tr[data-session='rollout-7']")
+        assert row.locator("td").nth(1).inner_text() == "fake" and row.locator("td").nth(3).inner_text() == "2"
+        row.locator("a").click()
+        page.wait_for_url(re.compile(r"/sessions/rollout-7$"))
+        assert page.locator("#step-2 .answer").inner_text().strip().endswith("final answer quokka")
+        assert "thinking <b>bold</b>" in page.locator("#step-1 .answer").inner_text()  # shown as text
+        assert page.locator("#step-1 .answer b").count() == 0
+        assert "never graded" in page.locator("#verdict").inner_text()
+        assert "client closed" in page.locator("#gateway-state").inner_text()
+        page.fill("#search-box", "quokka")
+        page.keyboard.press("Enter")
+        page.wait_for_url(re.compile(r"/search\?q="))
+        for _ in range(50):  # the start's indexing runs beside the first searches: search again until done
+            if page.locator("#search-pending").count() == 0:
+                break
+            page.reload()
+        hit = page.locator("#hits li[data-session='rollout-7']")
+        assert "no job" in hit.inner_text()
+        hit.locator("a.hit-link").click()
+        page.wait_for_url(re.compile(r"/sessions/rollout-7#step-2$"))
+        assert page.locator("#step-2").is_visible()
+    finally:
+        own.stop()
+
+
 def test_the_workspace_tree_shows_the_agents_files_as_text(jobs: Jobs, viewer: Viewer, page: Any,
                                                            tmp_path: Path) -> None:
     dialogs: list[str] = []
