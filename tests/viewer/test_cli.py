@@ -54,3 +54,24 @@ def test_an_unknown_flag_is_refused_with_the_verbs_own_usage(capsys: pytest.Capt
         assert e.value.code == 2 and f"launcher.py {verb}: error: unrecognized arguments: --bogus" in err
         assert f"usage: launcher.py {verb} " in err
     assert parse_verb(viewer.build_parser(), ["report", "--job-id", "j"]).job_id == "j"
+
+
+def test_the_first_line_is_the_address_even_with_stderr_merged(tmp_path: Path) -> None:
+    """A fresh store (the viewer creates its indexes): with ``2>&1`` the first line is still the
+    address (scripts using ``--port 0`` read it); the index names go to the INFO log."""
+    db = tmp_path / "t.db"
+    made = subprocess.run([sys.executable, "-c", "import asyncio, sys\nfrom store import Store\n"
+                           "async def m():\n    s = Store(sys.argv[1]); await s.init(); await s.close()\n"
+                           "asyncio.run(m())", f"sqlite://{db}"], env=launcher_env(), timeout=120)
+    assert made.returncode == 0
+    proc = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), "view", "--db-path", f"sqlite://{db}",
+                             "--port", "0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=launcher_env())
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith("viewer on http://127.0.0.1:"), first
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert "created indexes" not in first + out
