@@ -76,7 +76,13 @@ def test_task_dirs(tmp_path: Path) -> None:
     (d / "tasks" / "t2" / "instruction.md").write_text("no expected")
     with pytest.raises(EnvConfigError, match="t2 needs instruction.md and expected.json"):
         load_cases(load_env_config(d / "env.yaml"))
-    (d / "tasks" / "t2" / "expected.json").write_text("{}")
+    for bad in ("{}", "[1, 2]", '"x"'):  # nothing to match, or never matchable: refused, naming the file
+        (d / "tasks" / "t2" / "expected.json").write_text(bad)
+        with pytest.raises(EnvConfigError) as e:
+            load_cases(load_env_config(d / "env.yaml"))
+        assert str(e.value) == (f"{d / 'tasks' / 't2' / 'expected.json'}: an expected.json must be a non-empty "
+                                f"JSON object (the keys outputs/answer.json must match), not {bad}")
+    (d / "tasks" / "t2" / "expected.json").write_text('{"m": 1}')
     c1, c2 = load_cases(load_env_config(d / "env.yaml"))
     assert (c1.case_id, c1.row["expected"], c1.files_dir) == ("t1", {"n": 3}, str(t / "files"))
     assert c1.public_row() == {"id": "t1", "instruction": "do it"}
@@ -170,6 +176,6 @@ def test_case_ids_no_utf8_carries_are_escaped_as_stored(tmp_path: Path) -> None:
     task = t / "tasks" / (b"t\xff".decode("utf-8", "surrogateescape"))
     task.mkdir(parents=True)
     (task / "instruction.md").write_text("do it")
-    (task / "expected.json").write_text("{}")
+    (task / "expected.json").write_text('{"n": 1}')
     (c,) = load_cases(load_env_config(t / "env.yaml"))
     assert c.case_id == "t\\udcff" and c.row["id"] == "t\udcff"
