@@ -287,6 +287,10 @@ def load_env_config(path: Path) -> EnvConfig:
     if "environments" in raw:
         raise EnvConfigError(f"{path}: a Safactory task config (environments:): give it with --agent-config "
                              "and its start config with --agent-start-config")
+    typo = next((k for k in raw if isinstance(k, str) and did_you_mean(k, ["environments"])), None)
+    if typo is not None and "dataset" not in raw and "runtime" not in raw:
+        raise EnvConfigError(f"{path}: {typo}: unknown key (did you mean 'environments'? the envs of a Safactory "
+                             "task config)")
     raw.setdefault("name", path.parent.name)
     try:
         cfg = EnvConfig.model_validate(raw)

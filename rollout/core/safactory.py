@@ -39,6 +39,7 @@ IGNORED_CONTAINER_KEYS = ("workdir", "idle_command", "network", "platform", "ext
 """Docker-only settings with no meaning here: the runner runs in the session's workspace, in the
 bwrap sandbox (a warning names each)."""
 _SHELL = re.compile(r"[&;|<>$`()*?~\n\\]")
+NO_IMAGES = "container images do not run here; remove it to run the runner with this machine's tools in the bwrap sandbox"
 
 
 def is_task_config(raw: object) -> bool:
@@ -132,8 +133,7 @@ def _entry(path: Path, where: str, entry: dict[str, Any], start_path: Path,
     if not isinstance(name, str) or not name:
         return None, [*problems, f"{where}.env_name: required (the env's name, = agent_name of the start config)"]
     if "env_image" in entry:
-        problems.append(f"{where}.env_image: container images do not run here; remove it to run the runner "
-                        "with this machine's tools in the bwrap sandbox")
+        problems.append(f"{where}.env_image: {NO_IMAGES}")
     mode = entry.get("dataset_load_mode", "eager")
     if mode != "eager":
         problems.append(f"{where}.dataset_load_mode: {mode!r} is not read here; use a JSONL dataset and eager")
@@ -229,7 +229,8 @@ def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[s
     if not isinstance(container, dict):
         return {}, [*problems, f"{where} {prefix}container: required (with runner_entrypoint.command)"]
     prefix += "container."
-    problems += [f"{where} {prefix}{k}: unknown key{did_you_mean(str(k), CONTAINER_KEYS)}"
+    problems += [f"{where} {prefix}{k}: {NO_IMAGES}" if k == "image" else
+                 f"{where} {prefix}{k}: unknown key{did_you_mean(str(k), CONTAINER_KEYS)}"
                  for k in container if k not in CONTAINER_KEYS]
     for key in ("mounts", "volumes"):
         if container.get(key):

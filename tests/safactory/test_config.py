@@ -211,3 +211,18 @@ def test_the_rows_id_field_is_the_case_id_when_every_row_has_a_unique_one(tmp_pa
     with caplog.at_level("WARNING", logger="rollout.core.safactory"):
         [cfg] = load_agent_config(config, start)
     assert [c.case_id for c in load_cases(cfg)] == ["0"] and caplog.text == ""  # no id field at all: no warning
+
+
+def test_a_misspelt_environments_and_a_container_image_say_what_is_meant(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("enviroments:\n  - env_name: mybench\n    dataset: ./cases.jsonl\n")
+    with pytest.raises(EnvConfigError) as e:
+        load_agent_config(config, MYBENCH / "mybench_start.yaml")
+    assert str(e.value) == (f"{config}: enviroments: unknown key (did you mean 'environments'? the envs of a "
+                            "Safactory task config)")
+    start = tmp_path / "s.yaml"
+    start.write_text("agent_name: mybench\ncontainer:\n  image: mybench:latest\n  runner_entrypoint: {command: python x.py}\n")
+    with pytest.raises(EnvConfigError) as e:
+        load_agent_config(MYBENCH / "mybench_config.yaml", start)
+    assert str(e.value) == (f"{start}: container.image: container images do not run here; remove it to run the "
+                            "runner with this machine's tools in the bwrap sandbox")
