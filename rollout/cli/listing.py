@@ -157,8 +157,9 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     gateway_config = args.gateway_config or default_gateway_config()
     try:
-        source = "--agent-config / --tasks" if args.agent_configs or args.tasks else f"--agent-root {args.agent_root}"
-        listing = {"source": source, "envs": env_entries(args), "harnesses": harness_entries(),
+        source = "--agent-config / --tasks" if args.agent_configs or args.agent_start_config or args.tasks else f"--agent-root {args.agent_root}"
+        envs = env_entries(args)
+        listing = {"source": source, "envs": envs, "harnesses": harness_entries(),
                    "gateway_config": str(gateway_config), "routes": route_entries(load_gateway_settings(gateway_config))}
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -169,4 +170,4 @@ def main(argv: list[str]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     asked = args.env_names or args.agent_configs or args.tasks
-    return 1 if asked and any(e.get("error") for e in listing["envs"]) else 0
+    return 1 if asked and any(e.get("error") for e in envs) else 0
