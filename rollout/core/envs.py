@@ -419,7 +419,7 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
             raise EnvConfigError(f"{exp}: not valid JSON: {e}") from None
         files = d / "files"
         row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
-               "files_dir": str(files) if files.is_dir() else None}
+               "files_dir": harbor.task_files(files, EnvConfigError)}
         cases.append(case_of(cfg, column_text(d.name), row))  # a name that is not UTF-8: its escapes
     return cases
 
