@@ -427,7 +427,7 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
                                  f"outputs/answer.json must match), not {json.dumps(expected)[:80]}")
         files = d / "files"
         row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
-               "files_dir": str(files) if files.is_dir() else None}
+               "files_dir": harbor.task_files(files, EnvConfigError)}
         cases.append(case_of(cfg, column_text(d.name), row))  # a name that is not UTF-8: its escapes
     return cases
 

@@ -92,6 +92,24 @@ def test_task_dirs(tmp_path: Path) -> None:
     assert [case_of(cfg, c.case_id, json.loads(json.dumps(c.row))) for c in (c1, c2)] == [c1, c2]
 
 
+@pytest.mark.parametrize("where", ["inside", "itself"])
+def test_a_link_in_a_tasks_files_is_refused_never_followed(tmp_path: Path, where: str) -> None:
+    d = _write_env(tmp_path, "ws", "dataset: {format: task_dirs, path: tasks}\nruntime: {command: [x]}\n")
+    t = d / "tasks" / "t1"
+    t.mkdir(parents=True)
+    (t / "instruction.md").write_text("do it")
+    (t / "expected.json").write_text('{"n": 3}')
+    if where == "inside":  # a link to the hidden answer would be copied into the workspace as a file
+        (t / "files" / "sub").mkdir(parents=True)
+        (t / "files" / "sub" / "shared.json").symlink_to(t / "expected.json")
+        link = t / "files" / "sub" / "shared.json"
+    else:
+        (t / "files").symlink_to("/etc")
+        link = t / "files"
+    with pytest.raises(EnvConfigError, match=f"{link} is a symbolic link: a task's files are copied as data"):
+        load_cases(load_env_config(d / "env.yaml"))
+
+
 def test_a_session_case_is_the_row_it_was_planned_with(tmp_path: Path) -> None:
     from rollout.core.plan import session_case, session_rows
 
