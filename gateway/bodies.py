@@ -56,7 +56,8 @@ MAX_SESSION_ID_CHARS = 128  # the width of the session_id columns (store.models)
 def check_session_id(session_id: str, where: str = "") -> str:
     """``session_id`` when it can name a session: 1 to :data:`MAX_SESSION_ID_CHARS` characters,
     none of them a control character (Unicode category Cc: NUL, CR, LF, ... cannot go into the
-    ``X-Session-Id`` header or a per-session upstream URL). Raises GatewayError(400, code
+    ``X-Session-Id`` header or a per-session upstream URL) or a format character (Cf: bidi overrides,
+    zero-width marks make look-alike ids). Raises GatewayError(400, code
     ``invalid_session_id``, the message prefixed by ``where``) otherwise, before any budget is used."""
     pre = f"{where}: " if where else ""
     param = where.removeprefix("header ") if where else None
@@ -66,8 +67,8 @@ def check_session_id(session_id: str, where: str = "") -> str:
     if len(session_id) > MAX_SESSION_ID_CHARS:
         raise GatewayError(400, f"{pre}session id must be 1 to {MAX_SESSION_ID_CHARS} characters, got "
                                 f"{len(session_id)}", code="invalid_session_id", param=param)
-    if not session_id.isprintable() and any(unicodedata.category(c) == "Cc" for c in session_id):
-        raise GatewayError(400, f"{pre}session id {session_id!r} contains a control character",
+    if not session_id.isprintable() and any(unicodedata.category(c) in ("Cc", "Cf") for c in session_id):
+        raise GatewayError(400, f"{pre}session id {session_id!r} contains a control or format character",
                            code="invalid_session_id", param=param)
     return session_id
 

@@ -60,7 +60,7 @@ def session_from_headers(headers: Iterable[tuple[bytes, bytes]], names: Sequence
             raise GatewayError(400, f"header {header} is sent more than once with different values",
                                code="invalid_session_id", param=header)
         try:
-            sid = values.pop().decode("utf-8")
+            sid = values.pop().decode("utf-8").strip(" \t")  # a field value's surrounding whitespace is not its own
         except UnicodeDecodeError:
             raise GatewayError(400, f"header {header} is not UTF-8", code="invalid_session_id",
                                param=header) from None

@@ -193,3 +193,18 @@ def test_each_attack_is_caught_by_a_gullible_grader(tmp_path: Path) -> None:
         assert f"{env}/t1" in paid[attack]["paid"], (env, attack, paid[attack])
     for a in paid.values():
         assert a["paid"] and a["gained"] == 10.0 and a["reason"] and a["fix_hint"]
+
+
+@pytest.mark.audit
+def test_a_tasks_folder_is_audited_as_the_job_runs_it(tmp_path: Path) -> None:
+    task = tmp_path / "mytasks" / "t1"
+    (task / "files").mkdir(parents=True)
+    (task / "instruction.md").write_text("Write {\"answer\": \"blue\"} to outputs/answer.json.")
+    (task / "expected.json").write_text(json.dumps({"answer": "blue"}))
+    p = audit("--tasks", str(tmp_path / "mytasks"), "--attack", "empty-answer", "--attack", "claim-success",
+              "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    report = json.loads(p.stdout)
+    assert report["cases"] == ["mytasks/t1"] and report["baseline"] == {"mytasks/t1": 0.0}
+    assert sorted(a["attack"] for a in report["attacks"]) == ["claim-success", "empty-answer"]
+    assert {f["verdict"] for f in report["findings"]} == {"clean"}

@@ -27,13 +27,18 @@ EPSILON = 1e-9
 
 
 class AuditOptions(BaseModel):
-    """What to audit: ``env_names`` (empty: every env of ``agent_root``), ``case_ids`` (empty:
-    every case), ``attacks`` (bundled names or folders; empty: the whole battery), where sessions
-    are kept (``db_path``, ``out``: default a temporary folder) and how many run at once."""
+    """What to audit: the envs as a job finds them (``agent_configs``, with a Safactory
+    ``agent_start_config``, and ``tasks`` folders; else every env of ``agent_root``), ``env_names``
+    (empty: all of them), ``case_ids`` (empty: every case), ``attacks`` (bundled names or folders;
+    empty: the whole battery), where sessions are kept (``db_path``, ``out``: default a temporary
+    folder) and how many run at once."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     agent_root: Path = Path("env")
+    agent_configs: list[Path] = Field(default_factory=list)
+    agent_start_config: Path | None = None
+    tasks: list[Path] = Field(default_factory=list)
     env_names: list[str] = Field(default_factory=list)
     case_ids: list[str] = Field(default_factory=list)
     attacks: list[str] = Field(default_factory=list)
@@ -175,7 +180,8 @@ async def run_audit(opts: AuditOptions, on_start: Callable[[str, int], None] | N
     with tempfile.TemporaryDirectory(prefix="rollout-audit-") as tmp:
         db_path = opts.db_path or f"sqlite://{Path(tmp) / 'audit.db'}"
         job = JobOptions(
-            agent_root=opts.agent_root, env_names=opts.env_names, case_ids=opts.case_ids,
+            agent_root=opts.agent_root, agent_configs=opts.agent_configs,
+            agent_start_config=opts.agent_start_config, tasks=opts.tasks, env_names=opts.env_names, case_ids=opts.case_ids,
             gateway_config=gateway_config(Path(tmp), db_path), llm_model=[NO_MODEL_ROUTE],
             harness=[str(h.folder) for h in loaded], enable_evaluation=True, eval_timeout=opts.eval_timeout,
             db_path=db_path, pool_size=opts.pool_size, rl_group_size=1, job_id=opts.job_id,

@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"only this attack: a bundled name ({ATTACK_ROOT.name}/<name>/) or a folder (repeatable; "
                          "default: the whole battery)")
     ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
+    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", default=[],
+                    help="an env.yaml, or a Safactory task config (environments:), instead of the agent root's "
+                         "envs (repeatable)")
+    ap.add_argument("--agent-start-config", type=Path,
+                    help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config")
+    ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
+                    help="a folder of task folders run as one env, as the job's --tasks (repeatable)")
     ap.add_argument("--pool-size", type=int_at_least(1), default=2, help="sessions run at once (default 2)")
     ap.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
     ap.add_argument("--db-path", help="keep the sessions in this store (default: a temporary SQLite file)")
@@ -78,7 +85,8 @@ def main(argv: list[str]) -> int:
     keep = tempfile.TemporaryDirectory(prefix="rollout-audit-report-") if args.report and not args.db_path else None
     db_path = args.db_path or (f"sqlite://{Path(keep.name) / 'audit.db'}" if keep else None)
     try:
-        opts = AuditOptions(agent_root=args.agent_root, env_names=args.env_names, case_ids=args.case_ids,
+        opts = AuditOptions(agent_root=args.agent_root, agent_configs=args.agent_configs,
+                            agent_start_config=args.agent_start_config, tasks=args.tasks, env_names=args.env_names, case_ids=args.case_ids,
                             attacks=args.attacks, db_path=db_path, out=args.out, job_id=args.job_id,
                             pool_size=args.pool_size, eval_timeout=args.eval_timeout)
         report = asyncio.run(run_audit(opts))

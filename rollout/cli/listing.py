@@ -1,12 +1,13 @@
 """``launcher.py list``: what a job could run, without running anything: the envs (their dataset
 format, case count and grader), with ``--env NAME`` that env's case ids, the bundled harnesses and
 the gateway config's routes; ``--json`` for tools. Exit 0, or 1 when the gateway config or an env
-asked for cannot be read."""
+asked for (``--env``, ``--agent-config``, ``--tasks``) or its cases cannot be read."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,10 @@ from rollout.core.envs import (
     EnvConfig,
     EnvConfigError,
     load_cases,
-    load_env_config,
     scan_envs,
     task_folder_env,
 )
+from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, load_gateway_settings
 from rollout.grading.evaluator_loader import env_evaluator
 from rollout.sandbox.harness_cache import bundled, load_harness
@@ -35,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only this env, with its case ids (repeatable)")
     ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
     ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", default=[],
-                    help="an env.yaml, instead of scanning the agent root (repeatable)")
+                    help="an env.yaml, or a Safactory task config (environments:), instead of scanning the "
+                         "agent root (repeatable)")
+    ap.add_argument("--agent-start-config", type=Path,
+                    help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config")
     ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
                     help="a folder of task folders, as the job's --tasks (repeatable)")
     ap.add_argument("--gateway-config", type=Path, help="gateway YAML (default: configs/gateway.yaml)")
@@ -59,8 +63,9 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
     with ``--env``). Raises SetupError for an env named by ``--env`` that is not there."""
     broken: list[str] = []
     try:
-        if args.agent_configs or args.tasks:
-            configs = [load_env_config(p) for p in args.agent_configs] + [task_folder_env(p) for p in args.tasks]
+        if args.agent_configs or args.agent_start_config is not None or args.tasks:
+            configs = [*load_agent_configs(args.agent_configs, args.agent_start_config),
+                       *(task_folder_env(p) for p in args.tasks)]
         else:
             found, errors = scan_envs(args.agent_root)
             configs, broken = found, [str(e) for e in errors]
@@ -152,11 +157,17 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     gateway_config = args.gateway_config or default_gateway_config()
     try:
-        source = "--agent-config / --tasks" if args.agent_configs or args.tasks else f"--agent-root {args.agent_root}"
-        listing = {"source": source, "envs": env_entries(args), "harnesses": harness_entries(),
+        source = "--agent-config / --tasks" if args.agent_configs or args.agent_start_config or args.tasks else f"--agent-root {args.agent_root}"
+        envs = env_entries(args)
+        listing = {"source": source, "envs": envs, "harnesses": harness_entries(),
                    "gateway_config": str(gateway_config), "routes": route_entries(load_gateway_settings(gateway_config))}
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(listing, indent=2) if args.json else render(listing))
-    return 0
+    try:
+        print(json.dumps(listing, indent=2) if args.json else render(listing), flush=True)
+    except BrokenPipeError:  # `list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+    asked = args.env_names or args.agent_configs or args.tasks
+    return 1 if asked and any(e.get("error") for e in envs) else 0

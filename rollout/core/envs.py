@@ -287,6 +287,10 @@ def load_env_config(path: Path) -> EnvConfig:
     if "environments" in raw:
         raise EnvConfigError(f"{path}: a Safactory task config (environments:): give it with --agent-config "
                              "and its start config with --agent-start-config")
+    typo = next((k for k in raw if isinstance(k, str) and did_you_mean(k, ["environments"])), None)
+    if typo is not None and "dataset" not in raw and "runtime" not in raw:
+        raise EnvConfigError(f"{path}: {typo}: unknown key (did you mean 'environments'? the envs of a Safactory "
+                             "task config)")
     raw.setdefault("name", path.parent.name)
     try:
         cfg = EnvConfig.model_validate(raw)
@@ -355,7 +359,8 @@ def discover_envs(agent_root: Path) -> list[EnvConfig]:
 def load_cases(cfg: EnvConfig, limit: int | None = None) -> list[Case]:
     """Expand an env's dataset into cases (at most ``limit`` or ``cfg.limit``). Raises
     EnvConfigError for a missing file, a line that is not a JSON object, an id that is not a
-    non-empty string or an integer, duplicate case ids, or no case at all."""
+    non-empty string or an integer, duplicate case ids, a task's ``expected.json`` that is not a
+    non-empty JSON object, or no case at all."""
     path = cfg.dataset_path()
     n = limit or cfg.limit
     if cfg.dataset.format == "harbor":
@@ -417,9 +422,12 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
             expected = json.loads(exp.read_text())
         except ValueError as e:
             raise EnvConfigError(f"{exp}: not valid JSON: {e}") from None
+        if not isinstance(expected, dict) or not expected:
+            raise EnvConfigError(f"{exp}: an expected.json must be a non-empty JSON object (the keys "
+                                 f"outputs/answer.json must match), not {json.dumps(expected)[:80]}")
         files = d / "files"
         row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
-               "files_dir": str(files) if files.is_dir() else None}
+               "files_dir": harbor.task_files(files, EnvConfigError)}
         cases.append(case_of(cfg, column_text(d.name), row))  # a name that is not UTF-8: its escapes
     return cases
 

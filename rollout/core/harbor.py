@@ -12,6 +12,7 @@ reason unless the env declares the host's toolchain enough (``dataset.host_toolc
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,22 @@ HIDDEN_FIELDS = ("files_dir", "tests_dir", "solution_dir", "verifier_timeout_s",
 class HarborTaskError(ValueError):
     """A task folder that is not a valid Harbor task (the message names the file)."""
 
+
+
+def task_files(folder: Path, error: type[Exception]) -> str | None:
+    """``folder`` (a task's files copied into each workspace) as an absolute path, None when there
+    is none. Raises ``error`` naming the first symbolic link in it (itself included): the files are
+    copied as data, and a link would copy what it points at on the host (a hidden answer, /etc)."""
+    if folder.is_symlink():
+        raise error(f"{folder} is a symbolic link: a task's files are copied as data; put the files there")
+    if not folder.is_dir():
+        return None
+    for parent, dirs, names in os.walk(folder):
+        for name in sorted([*dirs, *names]):
+            if (Path(parent) / name).is_symlink():
+                raise error(f"{Path(parent) / name} is a symbolic link: a task's files are copied as data, "
+                            "never followed; replace the link with the file")
+    return str(folder.resolve())
 
 @dataclass
 class HarborScan:
@@ -84,7 +101,7 @@ def read_task(task: Path) -> tuple[dict[str, Any], str | None]:
         "verifier_timeout_s": _timeout(config.get("verifier"), f"{toml_path}: [verifier]")
         or DEFAULT_VERIFIER_TIMEOUT_S,
         "metadata": metadata,
-        "files_dir": str(environment.resolve()) if environment.is_dir() else None,
+        "files_dir": task_files(environment, HarborTaskError),
         "tests_dir": str((task / "tests").resolve()),
         "solution_dir": str(solution.resolve()) if (solution / "solve.sh").is_file() else None,
     }

@@ -8,6 +8,7 @@ Safactory".
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -21,8 +22,12 @@ from rollout.core.envs import EnvConfig, EnvConfigError, config_problems, did_yo
 
 log = logging.getLogger(__name__)
 
-ENTRY_KEYS = ("env_name", "env_image", "env_num", "dataset", "dataset_load_mode", "dataset_columns", "env_params")
-"""The keys of one ``environments:`` entry of a Safactory task YAML."""
+ENTRY_KEYS = ("env_name", "env_image", "env_num", "dataset", "dataset_load_mode", "dataset_columns", "env_params",
+              "hidden_fields")
+"""The keys of one ``environments:`` entry of a Safactory task YAML (``hidden_fields`` is ours: the
+row's fields the runner never sees)."""
+ID_FIELD = "id"
+"""A dataset's case id when every row has a unique one (Safactory names no id field)."""
 START_KEYS = ("agent_name", "container", "sandbox", "rjob", "agents")
 """The top-level keys of a Safactory start YAML."""
 AGENT_KEYS = ("container", "sandbox", "rjob")
@@ -34,6 +39,7 @@ IGNORED_CONTAINER_KEYS = ("workdir", "idle_command", "network", "platform", "ext
 """Docker-only settings with no meaning here: the runner runs in the session's workspace, in the
 bwrap sandbox (a warning names each)."""
 _SHELL = re.compile(r"[&;|<>$`()*?~\n\\]")
+NO_IMAGES = "container images do not run here; remove it to run the runner with this machine's tools in the bwrap sandbox"
 
 
 def is_task_config(raw: object) -> bool:
@@ -127,8 +133,7 @@ def _entry(path: Path, where: str, entry: dict[str, Any], start_path: Path,
     if not isinstance(name, str) or not name:
         return None, [*problems, f"{where}.env_name: required (the env's name, = agent_name of the start config)"]
     if "env_image" in entry:
-        problems.append(f"{where}.env_image: container images do not run here; remove it to run the runner "
-                        "with this machine's tools in the bwrap sandbox")
+        problems.append(f"{where}.env_image: {NO_IMAGES}")
     mode = entry.get("dataset_load_mode", "eager")
     if mode != "eager":
         problems.append(f"{where}.dataset_load_mode: {mode!r} is not read here; use a JSONL dataset and eager")
@@ -144,17 +149,58 @@ def _entry(path: Path, where: str, entry: dict[str, Any], start_path: Path,
     problems += bad
     if problems:
         return None, problems
-    values: dict[str, Any] = {"name": name, "dataset": {"format": "jsonl", "path": dataset}, "runtime": runtime,
+    hidden = entry.get("hidden_fields", [])
+    fields, id_field = _scan_rows((path.parent / str(dataset)).resolve())
+    values: dict[str, Any] = {"name": name, "runtime": runtime,
+                              "dataset": {"format": "jsonl", "path": dataset, "hidden_fields": hidden,
+                                          "id_field": id_field},
                               "params": entry.get("env_params") or {}, "group_size": entry.get("env_num", 1)}
     try:
         cfg = EnvConfig.model_validate(values)
     except ValidationError as e:
-        keys = {"name": "env_name", "group_size": "env_num", "params": "env_params", "dataset": "dataset"}
-        return None, [f"{where}.{keys.get(line.split(':', 1)[0], line.split(':', 1)[0])}:{line.split(':', 1)[1]}"
+        keys = {"name": "env_name", "group_size": "env_num", "params": "env_params", "dataset": "dataset",
+                "dataset.hidden_fields": "hidden_fields"}
+        return None, [f"{where}.{_key(keys, line.split(':', 1)[0])}:{line.split(':', 1)[1]}"
                       for line in config_problems(e, EnvConfig)]
     cfg.env_dir = path.parent
     cfg.config_path = path
+    if not cfg.dataset.hidden_fields and fields:
+        log.warning("%s: env %s hides no field: the runner sees every field of its rows (%s); hide the answer "
+                    "with hidden_fields: [<field>, ...] in this entry", where, name, ", ".join(fields))
     return cfg, []
+
+
+def _key(keys: dict[str, str], loc: str) -> str:
+    """The Safactory key of an EnvConfig error location (``dataset.hidden_fields.0`` ->
+    ``hidden_fields.0``)."""
+    for ours, theirs in sorted(keys.items(), key=lambda kv: -len(kv[0])):
+        if loc == ours or loc.startswith(ours + "."):
+            return theirs + loc[len(ours):]
+    return loc
+
+
+def _scan_rows(dataset: Path) -> tuple[list[str], str | None]:
+    """The fields of a JSONL dataset's rows (sorted) and its case id field: ``ID_FIELD`` when
+    every row has a unique non-empty string or integer one, else None (cases numbered by line).
+    ``([], None)`` when the file cannot be read as JSON objects (loading its cases says why)."""
+    fields: set[str] = set()
+    ids: list[object] = []
+    try:
+        with dataset.open(encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return [], None
+    for row in rows:
+        if not isinstance(row, dict):
+            return [], None
+        fields.update(row)
+        ids.append(row.get(ID_FIELD))
+    valid = all((isinstance(i, str) and i) or (isinstance(i, int) and not isinstance(i, bool)) for i in ids)
+    unique = len({str(i) for i in ids}) == len(ids)
+    if rows and valid and not unique or any(ID_FIELD in r for r in rows) and not valid:
+        log.warning("%s: the %r fields of its rows are not unique non-empty ids: cases are numbered by line",
+                    dataset, ID_FIELD)
+    return sorted(fields), ID_FIELD if rows and valid and unique else None
 
 
 def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
@@ -183,7 +229,8 @@ def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[s
     if not isinstance(container, dict):
         return {}, [*problems, f"{where} {prefix}container: required (with runner_entrypoint.command)"]
     prefix += "container."
-    problems += [f"{where} {prefix}{k}: unknown key{did_you_mean(str(k), CONTAINER_KEYS)}"
+    problems += [f"{where} {prefix}{k}: {NO_IMAGES}" if k == "image" else
+                 f"{where} {prefix}{k}: unknown key{did_you_mean(str(k), CONTAINER_KEYS)}"
                  for k in container if k not in CONTAINER_KEYS]
     for key in ("mounts", "volumes"):
         if container.get(key):

@@ -499,7 +499,7 @@ class Scheduler:
     async def _run_attempt(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.session_id
         if case.files_dir:
-            shutil.copytree(case.files_dir, workspace, dirs_exist_ok=True)
+            shutil.copytree(case.files_dir, workspace, symlinks=True, dirs_exist_ok=True)  # never followed
         request = SimulationStartRequest(
             job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
             group_id=row.group_id, gateway_base_url=f"{(self.s.advertise_url or self.s.gateway_url).rstrip('/')}/{sid}",

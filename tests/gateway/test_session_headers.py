@@ -39,10 +39,13 @@ def test_the_first_configured_header_present_names_the_session() -> None:
     assert session_from_headers(_raw(("x-request-id", "per-call")), NAMES) is None  # not a session header
     assert session_from_headers(_raw(("x-session-id", "a"), ("x-session-id", "a")), NAMES) == ("a", "x-session-id")
     assert session_from_headers(_raw(("x-session-id", "séance".encode())), NAMES) == ("séance", "x-session-id")
+    # a field value's surrounding whitespace is not part of it: the same session as without it
+    assert session_from_headers(_raw(("x-session-id", " spaced \t")), NAMES) == ("spaced", "x-session-id")
 
 
 @pytest.mark.parametrize("value, why", [
-    (b"", "empty"), (b"   ", "empty"), (b"x" * 129, "1 to 128 characters"), (b"a\x01b", "control character"),
+    (b"", "empty"), (b"   ", "empty"), (b"x" * 129, "1 to 128 characters"), (b"a\x01b", "control or format character"),
+    ("\u202eevil".encode(), "control or format character"), ("a\u200bb".encode(), "format character"),
     (b"\xff\xfe", "not UTF-8"), (b"a/b", "cannot contain '/'"), (b"..", "or be '.' or '..'"), (b".", "or be '.'"),
 ])
 def test_a_header_value_that_cannot_name_a_session_is_a_400(value: bytes, why: str) -> None:

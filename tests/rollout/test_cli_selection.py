@@ -163,6 +163,34 @@ def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixtu
     assert "error: --env: no such env ['nope']" in capsys.readouterr().err
 
 
+def test_list_takes_a_safactory_pair_and_a_broken_env_asked_for_is_exit_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mybench = REPO / "tests" / "safactory" / "fixtures" / "mybench"
+    assert main(["list", "--agent-config", str(mybench / "mybench_config.yaml"), "--agent-start-config",
+                 str(mybench / "mybench_start.yaml"), "--env", "mybench", "--json"]) == 0
+    [env] = json.loads(capsys.readouterr().out)["envs"]
+    assert (env["name"], env["format"], env["case_ids"]) == ("mybench", "jsonl", ["0", "1"])
+    broken = tmp_path / "tasks" / "t1"
+    broken.mkdir(parents=True)
+    (broken / "instruction.md").write_text("do it")
+    (broken / "expected.json").write_text("{}")
+    assert main(["list", "--tasks", str(tmp_path / "tasks")]) == 1
+    assert "  error: " in capsys.readouterr().out
+
+
+def test_list_into_a_closed_pipe_exits_quietly(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # `| head` that has read all it wanted
+    with os.fdopen(write, "w") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        assert main(["list", "--agent-root", str(REPO / "env")]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_a_regrade_takes_tasks_folders_and_refuses_case_and_timeout() -> None:
     from rollout.cli.run import regrade_options
 

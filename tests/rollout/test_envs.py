@@ -76,7 +76,13 @@ def test_task_dirs(tmp_path: Path) -> None:
     (d / "tasks" / "t2" / "instruction.md").write_text("no expected")
     with pytest.raises(EnvConfigError, match="t2 needs instruction.md and expected.json"):
         load_cases(load_env_config(d / "env.yaml"))
-    (d / "tasks" / "t2" / "expected.json").write_text("{}")
+    for bad in ("{}", "[1, 2]", '"x"'):  # nothing to match, or never matchable: refused, naming the file
+        (d / "tasks" / "t2" / "expected.json").write_text(bad)
+        with pytest.raises(EnvConfigError) as e:
+            load_cases(load_env_config(d / "env.yaml"))
+        assert str(e.value) == (f"{d / 'tasks' / 't2' / 'expected.json'}: an expected.json must be a non-empty "
+                                f"JSON object (the keys outputs/answer.json must match), not {bad}")
+    (d / "tasks" / "t2" / "expected.json").write_text('{"m": 1}')
     c1, c2 = load_cases(load_env_config(d / "env.yaml"))
     assert (c1.case_id, c1.row["expected"], c1.files_dir) == ("t1", {"n": 3}, str(t / "files"))
     assert c1.public_row() == {"id": "t1", "instruction": "do it"}
@@ -84,6 +90,24 @@ def test_task_dirs(tmp_path: Path) -> None:
     # the launcher rebuilds a session's case from the row its session keeps: the same case
     cfg = load_env_config(d / "env.yaml")
     assert [case_of(cfg, c.case_id, json.loads(json.dumps(c.row))) for c in (c1, c2)] == [c1, c2]
+
+
+@pytest.mark.parametrize("where", ["inside", "itself"])
+def test_a_link_in_a_tasks_files_is_refused_never_followed(tmp_path: Path, where: str) -> None:
+    d = _write_env(tmp_path, "ws", "dataset: {format: task_dirs, path: tasks}\nruntime: {command: [x]}\n")
+    t = d / "tasks" / "t1"
+    t.mkdir(parents=True)
+    (t / "instruction.md").write_text("do it")
+    (t / "expected.json").write_text('{"n": 3}')
+    if where == "inside":  # a link to the hidden answer would be copied into the workspace as a file
+        (t / "files" / "sub").mkdir(parents=True)
+        (t / "files" / "sub" / "shared.json").symlink_to(t / "expected.json")
+        link = t / "files" / "sub" / "shared.json"
+    else:
+        (t / "files").symlink_to("/etc")
+        link = t / "files"
+    with pytest.raises(EnvConfigError, match=f"{link} is a symbolic link: a task's files are copied as data"):
+        load_cases(load_env_config(d / "env.yaml"))
 
 
 def test_a_session_case_is_the_row_it_was_planned_with(tmp_path: Path) -> None:
@@ -170,6 +194,6 @@ def test_case_ids_no_utf8_carries_are_escaped_as_stored(tmp_path: Path) -> None:
     task = t / "tasks" / (b"t\xff".decode("utf-8", "surrogateescape"))
     task.mkdir(parents=True)
     (task / "instruction.md").write_text("do it")
-    (task / "expected.json").write_text("{}")
+    (task / "expected.json").write_text('{"n": 1}')
     (c,) = load_cases(load_env_config(t / "env.yaml"))
     assert c.case_id == "t\\udcff" and c.row["id"] == "t\udcff"

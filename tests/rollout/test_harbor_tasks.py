@@ -127,6 +127,8 @@ def test_tasks_that_need_a_container_are_skipped_with_the_reason(tmp_path: Path,
     (lambda t: (t / "task.toml").write_text("[agent]\ntimeout_sec = -1\n"), "timeout_sec must be a positive number"),
     (lambda t: (t / "task.toml").write_text('[verifier]\ntimeout_sec = "x"\n'), "timeout_sec must be a positive"),
     (lambda t: (t / "task.toml").write_text('metadata = 3\n'), r"\[metadata\] must be a table"),
+    (lambda t: ((t / "environment").mkdir(exist_ok=True), (t / "environment" / "etc").symlink_to("/etc")),
+     r"environment/etc is a symbolic link: a task's files are copied as data, never followed"),
 ])
 def test_invalid_tasks_are_errors_naming_the_file(tmp_path: Path, mutate: Any, message: str) -> None:
     env_dir = make_env(tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -9,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from rollout.cli.run import parse_args
-from rollout.core.envs import EnvConfigError, load_env_config
+from rollout.contract.protocol import SimulationStartRequest
+from rollout.core.envs import EnvConfigError, load_cases, load_env_config
 from rollout.core.safactory import load_agent_config, load_agent_configs
+from rollout.sandbox.runner import run_runtime
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MYBENCH = FIXTURES / "mybench"
@@ -136,6 +139,90 @@ def test_a_start_config_of_either_kind_on_the_command_line(tmp_path: Path) -> No
 def test_dockers_own_keys_are_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="rollout.core.safactory"):
         load_agent_config(MYBENCH / "mybench_config.yaml", MYBENCH / "mybench_start.yaml")
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()] == [
         f"{(MYBENCH / 'mybench_start.yaml').resolve()}: container.workdir, container.idle_command, container.extra_args: "
         "ignored (Docker only: the runner runs in the session's workspace, in the sandbox)"]
+
+
+SPY_RUNNER = '''
+import json, os, sys
+stdin = sys.stdin.read()
+print(json.dumps({"session_id": "s-1", "status": "succeeded",
+                  "metrics": {"stdin": stdin, "env": os.environ.get("SAFACTORY_START_REQUEST_JSON", "")}}))
+'''
+
+
+def _pair(tmp_path: Path, entry_extra: str, rows: list[dict[str, object]]) -> tuple[Path, Path]:
+    (tmp_path / "runner.py").write_text(SPY_RUNNER)
+    (tmp_path / "cases.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "spy_config.yaml"
+    config.write_text(f"environments:\n  - env_name: spy\n    dataset: ./cases.jsonl\n{entry_extra}")
+    start = tmp_path / "spy_start.yaml"
+    start.write_text("agent_name: spy\ncontainer:\n  runner_entrypoint: {command: python runner.py, source: ./runner.py, "
+                     "target: runner.py}\n")
+    return config, start
+
+
+async def test_a_hidden_field_reaches_the_runner_neither_on_stdin_nor_in_its_variable(tmp_path: Path) -> None:
+    config, start = _pair(tmp_path, "    hidden_fields: [expected]\n",
+                          [{"id": "n1", "input": "q", "expected": "THE-ANSWER"}])
+    [cfg] = load_agent_config(config, start)
+    [case] = load_cases(cfg)
+    assert case.row["expected"] == "THE-ANSWER"  # the evaluator still sees it
+    request = SimulationStartRequest(job_id="j", session_id="s-1", agent_name="spy", agent_id="spy-0", group_id="g",
+                                     gateway_base_url="http://127.0.0.1:9/v1/sessions/s-1", model="m",
+                                     env_params={**cfg.params, "dataset": case.public_row()})
+    (tmp_path / "ws").mkdir()
+    out = await run_runtime(cfg, request, tmp_path / "ws", {}, "none")
+    assert out.result is not None, out.error_text
+    seen = out.result.metrics
+    assert json.loads(seen["stdin"])["env_params"]["dataset"] == {"id": "n1", "input": "q"}
+    assert json.loads(seen["env"])["env_params"]["dataset"] == {"id": "n1", "input": "q"}
+    assert "THE-ANSWER" not in seen["stdin"] + seen["env"]
+
+
+def test_an_env_that_hides_nothing_is_one_warning_naming_its_fields(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    config, start = _pair(tmp_path, "", [{"id": "n1", "input": "q", "expected": "a"}])
+    with caplog.at_level("WARNING", logger="rollout.core.safactory"):
+        load_agent_config(config, start)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{config}: environments[0]: env spy hides no field: the runner sees every field of its rows "
+        "(expected, id, input); hide the answer with hidden_fields: [<field>, ...] in this entry"]
+    config.write_text(config.read_text() + "    hidden_fields: expected\n")
+    with pytest.raises(EnvConfigError, match=r"environments\[0\]\.hidden_fields: Input should be a valid list"):
+        load_agent_config(config, start)
+
+
+def test_the_rows_id_field_is_the_case_id_when_every_row_has_a_unique_one(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    config, start = _pair(tmp_path, "    hidden_fields: [expected]\n",
+                          [{"id": "n1", "expected": "a"}, {"id": 7, "expected": "b"}])
+    [cfg] = load_agent_config(config, start)
+    assert [c.case_id for c in load_cases(cfg)] == ["n1", "7"]
+    for rows in ([{"id": "n1"}, {"id": "n1"}], [{"id": "n1"}, {"task": "x"}], [{"id": ""}]):
+        (tmp_path / "cases.jsonl").write_text("".join(json.dumps({**r, "expected": "a"}) + "\n" for r in rows))
+        with caplog.at_level("WARNING", logger="rollout.core.safactory"):
+            [cfg] = load_agent_config(config, start)
+        assert [c.case_id for c in load_cases(cfg)] == [str(i) for i in range(len(rows))]
+        assert "are not unique non-empty ids: cases are numbered by line" in caplog.text
+        caplog.clear()
+    (tmp_path / "cases.jsonl").write_text(json.dumps({"task": "x", "expected": "a"}) + "\n")
+    with caplog.at_level("WARNING", logger="rollout.core.safactory"):
+        [cfg] = load_agent_config(config, start)
+    assert [c.case_id for c in load_cases(cfg)] == ["0"] and caplog.text == ""  # no id field at all: no warning
+
+
+def test_a_misspelt_environments_and_a_container_image_say_what_is_meant(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("enviroments:\n  - env_name: mybench\n    dataset: ./cases.jsonl\n")
+    with pytest.raises(EnvConfigError) as e:
+        load_agent_config(config, MYBENCH / "mybench_start.yaml")
+    assert str(e.value) == (f"{config}: enviroments: unknown key (did you mean 'environments'? the envs of a "
+                            "Safactory task config)")
+    start = tmp_path / "s.yaml"
+    start.write_text("agent_name: mybench\ncontainer:\n  image: mybench:latest\n  runner_entrypoint: {command: python x.py}\n")
+    with pytest.raises(EnvConfigError) as e:
+        load_agent_config(MYBENCH / "mybench_config.yaml", start)
+    assert str(e.value) == (f"{start}: container.image: container images do not run here; remove it to run the "
+                            "runner with this machine's tools in the bwrap sandbox")
