@@ -1,14 +1,14 @@
 """Does the reward rise: GRPO (TRL) on the basics env's run_script with the embedded model.
 
-    PYTHONPATH=. python benchmarks/train_bench.py [--steps 24] [--samples 8] [--model-config embedded]
+    PYTHONPATH=. python benchmarks/train_bench.py [--steps 16] [--samples 8] [--model-config embedded]
                                                   [--max-new-tokens 48] [--out DIR] [--quick] [--json PATH]
 
 Runs ``launcher.py train`` (``rollout.cli.train.train``): a held-out greedy evaluation on every
 basics case, ``--steps`` GRPO steps of ``--samples`` sessions of ``run_script`` each (launcher jobs
 through the gateway, in the sandbox, graded by basics' rule evaluator; lr 5e-6, beta 0), the
 evaluation again. Prints a line per step, then the curve as a table, the first and last quarter's
-pass rate, the evaluation before and after, and the seconds per step. The full run takes about 30
-minutes on 2 idle cores: measure it on a quiet machine. ``--quick`` (2 steps of 2 samples on the
+pass rate, the evaluation before and after, and the seconds per step. The full run took 50 minutes
+on 2 cores shared with other work (181 s a step; docs/training.md has its figures). ``--quick`` (2 steps of 2 samples on the
 tiny model built in memory) checks that it runs, in seconds.
 """
 
@@ -24,7 +24,7 @@ from rollout.cli.train import TrainArgs, train
 
 def main() -> None:
     ap = _bench.parser(__doc__, quick={"steps": 2, "samples": 2, "model_config": "tiny"})
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--model-config", choices=["embedded", "tiny"], default="embedded")
     ap.add_argument("--max-new-tokens", type=int, default=48)
