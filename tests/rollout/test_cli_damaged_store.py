@@ -33,8 +33,9 @@ async def _damaged_store(path: Path) -> None:
 
 @pytest.mark.parametrize("argv", [
     ["export", "--job-id", "j", "--out", "OUT"],
+    # a resumed job reads its rows before it checks the running gateway (a new job checks the gateway first)
     ["--env", "basics", "--agent-root", str(ROOT / "env"), "--gateway-base-url", "http://127.0.0.1:1/v1/sessions",
-     "--job-id", "k"],
+     "--job-id", "j", "--resume"],
 ])
 async def test_a_damaged_database_is_one_line_of_error(tmp_path: Path, argv: list[str]) -> None:
     db = tmp_path / "t.db"
