@@ -18,6 +18,7 @@ from rollout.audit.audit import AuditOptions, AuditReport, exit_code, run_audit
 from rollout.audit.battery import ATTACK_ROOT, BASELINE, attack_folders, load_attack
 from rollout.audit.battery import info as attack_info
 from rollout.audit.report import html_section, render_table, table_rows, verdict_line
+from rollout.cli.listing import add_env_flags
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.argtypes import finite_float, int_at_least
 from rollout.core.logs import setup_logging
@@ -34,14 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attack", action="append", dest="attacks", default=[], metavar="NAME|PATH",
                     help=f"only this attack: a bundled name ({ATTACK_ROOT.name}/<name>/) or a folder (repeatable; "
                          "default: the whole battery)")
-    ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
-    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", default=[],
-                    help="an env.yaml, or a Safactory task config (environments:), instead of the agent root's "
-                         "envs (repeatable)")
-    ap.add_argument("--agent-start-config", type=Path,
-                    help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config")
-    ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
-                    help="a folder of task folders run as one env, as the job's --tasks (repeatable)")
+    add_env_flags(ap)
     ap.add_argument("--pool-size", type=int_at_least(1), default=2, help="sessions run at once (default 2)")
     ap.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
     ap.add_argument("--db-path", help="keep the sessions in this store (default: a temporary SQLite file)")

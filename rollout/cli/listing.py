@@ -28,20 +28,26 @@ from rollout.grading.evaluator_loader import env_evaluator
 from rollout.sandbox.harness_cache import bundled, load_harness
 
 
+def add_env_flags(ap: argparse.ArgumentParser) -> None:
+    """The flags that choose the envs, as the job's: ``--agent-root``, ``--agent-config``,
+    ``--agent-start-config``, ``--tasks`` (``list`` and ``audit``)."""
+    ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
+    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", default=[],
+                    help="an env.yaml, or a Safactory task config (environments:), instead of the agent root's "
+                         "envs (repeatable)")
+    ap.add_argument("--agent-start-config", type=Path,
+                    help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config")
+    ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
+                    help="a folder of task folders run as one env, as the job's --tasks (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``list``."""
     ap = argparse.ArgumentParser(prog="launcher.py list",
                                  description="List the envs (cases, grader), harnesses and routes a job can use.")
     ap.add_argument("--env", action="append", dest="env_names", default=[], metavar="NAME",
                     help="only this env, with its case ids (repeatable)")
-    ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
-    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", default=[],
-                    help="an env.yaml, or a Safactory task config (environments:), instead of scanning the "
-                         "agent root (repeatable)")
-    ap.add_argument("--agent-start-config", type=Path,
-                    help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config")
-    ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
-                    help="a folder of task folders, as the job's --tasks (repeatable)")
+    add_env_flags(ap)
     ap.add_argument("--gateway-config", type=Path, help="gateway YAML (default: configs/gateway.yaml)")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     return ap
