@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -234,21 +234,17 @@ async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, 
         raise ExportError(f"no job {job_id!r} in this store")
     entries = await queries.ready_entries(job_id)
     result = ExportResult(path=out)
-    writer = _Writer(out, fmt, per)
-    done = False
-    try:
+
+    async def rows() -> AsyncIterator[dict[str, Any]]:
         for i in range(0, len(gids), BATCH_GROUPS):
             batch = gids[i:i + BATCH_GROUPS]
             built = await load_groups(queries, job_id, [entries.get(g) for g in batch], batch, opts,
                                       with_request=fmt == "openai")
             for g, raw in built:
                 for row in _rows(g, raw, fmt, per, only_trainable, min_score, result.skipped):
-                    writer.add(row)
-                    result.rows += 1
-        done = True
-    finally:
-        writer.close(keep=done)
-    return result
+                    yield row
+
+    return await _write(result, fmt, per, rows())
 
 
 NO_JOB = "no job: a session a client named on the gateway is never graded (no reward)"
@@ -291,9 +287,8 @@ async def export_sessions(queries: FeedQueries, session_ids: list[str] | None, f
     if not gws:
         raise ExportError("this store holds no session without a job")
     result = ExportResult(path=out)
-    writer = _Writer(out, fmt, per)
-    done = False
-    try:
+
+    async def rows() -> AsyncIterator[dict[str, Any]]:
         for i in range(0, len(gws), BATCH_GROUPS):
             batch = gws[i:i + BATCH_GROUPS]
             raw = await queries.steps_of_sessions([g["session_id"] for g in batch], with_request=fmt == "openai")
@@ -304,12 +299,24 @@ async def export_sessions(queries: FeedQueries, session_ids: list[str] | None, f
                 if min_score is not None:
                     result.skipped[f"score below {min_score:g} or none"] += 1
                     continue
-                rows = raw.get(gw["session_id"], [])
-                steps = [feed_step(st, messages=True) for st in rows]
-                for row in _sample_rows(jobless_head(gw, rows), steps, token_sequences(rows), rows, fmt, per,
-                                        result.skipped):
-                    writer.add(row)
-                    result.rows += 1
+                steps_rows = raw.get(gw["session_id"], [])
+                steps = [feed_step(st, messages=True) for st in steps_rows]
+                for row in _sample_rows(jobless_head(gw, steps_rows), steps, token_sequences(steps_rows), steps_rows,
+                                        fmt, per, result.skipped):
+                    yield row
+
+    return await _write(result, fmt, per, rows())
+
+
+async def _write(result: ExportResult, fmt: Format, per: Per, rows: AsyncIterator[dict[str, Any]]) -> ExportResult:
+    """Write ``rows`` to ``result.path`` in ``fmt``, counting them in ``result``; the file is kept
+    only when every row was written."""
+    writer = _Writer(result.path, fmt, per)
+    done = False
+    try:
+        async for row in rows:
+            writer.add(row)
+            result.rows += 1
         done = True
     finally:
         writer.close(keep=done)
