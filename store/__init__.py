@@ -24,9 +24,18 @@ from store.models import (
 )
 from store.repo import Store, StoreUnavailable, is_unavailable
 from store.schema import SchemaError
-from store.session_result import FinalStatus, SessionResult
+from store.session_result import (
+    COUNTED_EVAL_STATUSES,
+    GRADER_BROKEN,
+    GRADING_FAILURES,
+    FinalStatus,
+    SessionResult,
+)
 
 __all__ = [
+    "COUNTED_EVAL_STATUSES",
+    "GRADER_BROKEN",
+    "GRADING_FAILURES",
     "JOB_ID_PATTERN",
     "MAX_INT",
     "DbUrlError",

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Select
 
 from store.models import GatewaySession, JobEnvironment, SessionStep, SessionWorkspace
+from store.session_result import COUNTED_EVAL_STATUSES, GRADER_BROKEN
 from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
@@ -113,10 +114,11 @@ _LIST_COLUMNS = (
 PASS_SCORE = 10 - 1e-9
 """A session passes when it is scored and its score is at least this (as ``rollout.results.report``)."""
 
-OUTCOME_COUNTS = ("scored", "score_sum", "invalid", "eval_error", "eval_timeout", "unevaluated", "rt_failed",
+OUTCOME_COUNTS = ("scored", "counted", "score_sum", "invalid", "grader_broken", "eval_error", "eval_timeout", "unevaluated", "rt_failed",
                   "rt_errors", "rt_timeouts", "duration_sum", "duration_n")
 """What :meth:`ViewerQueries.case_outcomes` counts per case:
-``scored`` (eval_status scored with a score) and ``score_sum`` over them; ``invalid``,
+``scored`` (eval_status scored with a score); ``counted`` (a score, or a grading failure's 0: what
+the mean is over, docs/trust-model.md) and ``score_sum`` over them; ``grader_broken``; ``invalid``,
 ``eval_error``, ``eval_timeout`` (eval_status invalid_reward | error | timeout), ``unevaluated``
 (no eval_status, or skipped); runtime ``rt_failed``, ``rt_errors``, ``rt_timeouts`` (status
 failed | error | timeout); ``duration_sum`` and ``duration_n`` over sessions with a duration."""
@@ -130,6 +132,10 @@ def _scored() -> ColumnElement[bool]:
     return and_(JE.c.eval_status == "scored", JE.c.reward.is_not(None))
 
 
+def _counted() -> ColumnElement[bool]:
+    return and_(JE.c.eval_status.in_(sorted(COUNTED_EVAL_STATUSES)), JE.c.reward.is_not(None))
+
+
 def _passes() -> Any:
     return _count(and_(_scored(), JE.c.reward >= PASS_SCORE))
 
@@ -137,7 +143,9 @@ def _passes() -> Any:
 def _outcome_counts() -> list[Any]:
     return [
         func.count().label("n"), _passes().label("passes"), _count(_scored()).label("scored"),
-        func.sum(case((_scored(), JE.c.reward), else_=None)).label("score_sum"),
+        _count(_counted()).label("counted"),
+        func.sum(case((_counted(), JE.c.reward), else_=None)).label("score_sum"),
+        _count(JE.c.eval_status == GRADER_BROKEN).label("grader_broken"),
         _count(JE.c.eval_status == "invalid_reward").label("invalid"),
         _count(JE.c.eval_status == "error").label("eval_error"),
         _count(JE.c.eval_status == "timeout").label("eval_timeout"),
@@ -354,12 +362,12 @@ class ViewerQueries:
         """The groups of a job (the samples of one case, harness and model: a GRPO group), by env,
         case and model: ``group_id``, ``env_name``, ``case_id``, ``llm_model``, ``harness`` (when
         the store has it), ``n`` sessions, ``finished``, ``scored``, ``passes`` and ``mean_score``
-        over the scored ones."""
+        over the scored ones and grading failures (their 0)."""
         harness = await self._harness_column()
         keys = [JE.c.group_id, JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness]
         stmt = (select(*keys, func.count().label("n"), _count(JE.c.finished.is_(True)).label("finished"),
                        _count(_scored()).label("scored"), _passes().label("passes"),
-                       func.avg(case((_scored(), JE.c.reward), else_=None)).label("mean_score"))
+                       func.avg(case((_counted(), JE.c.reward), else_=None)).label("mean_score"))
                 .where(JE.c.job_id == job_id).group_by(*keys)
                 .order_by(JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness, JE.c.group_id)
                 .offset(max(0, offset)).limit(max(1, min(limit, PAGE_SIZE_MAX))))

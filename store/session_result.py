@@ -17,6 +17,15 @@ from store.models import JobEnvironment
 FinalStatus = Literal["succeeded", "failed", "truncated", "timeout", "error", "cancelled"]
 """A finished session's ``status``: the runtime's status, ``error`` when the launcher could not run it."""
 
+GRADING_FAILURES = frozenset({"invalid_reward", "error", "timeout"})
+"""``eval_status`` of a grading that failed on the session and whose control graded: the agent's 0,
+counted like a score (docs/trust-model.md, "Failure attribution")."""
+COUNTED_EVAL_STATUSES = frozenset({"scored", *GRADING_FAILURES})
+"""``eval_status`` values whose committed reward counts in the mean, pass@k, the feed and training."""
+GRADER_BROKEN = "grader_broken"
+"""``eval_status`` of a session whose grader failed on it and on the case's control too: the grader
+is broken, the session carries no reward and is not counted."""
+
 
 class SessionResult(BaseModel):
     """The end of one session.

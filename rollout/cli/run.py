@@ -144,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
     ap.add_argument("--keep-workspaces", action="store_true", default=None,
                     help="keep each session's temporary workspace (the folder is printed at the end)")
-    ap.add_argument("--count-unscored-as-zero", action="store_true",
-                    help="average evaluator errors/timeouts/invalid rewards as 0 (default: leave them out)")
+    ap.add_argument("--max-broken-graders", type=int, metavar="N",
+                    help="stop the job (resumable) at N broken-grader findings: a grader that fails on a session "
+                         "and on the case's untouched starting workspace too (default 3; 0: never stop)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     ap.add_argument("--report", type=Path, metavar="PATH.html",
@@ -153,10 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-_CLI_ONLY = {"agent_start_config", "count_unscored_as_zero", "no_progress", "log_level", "regrade", "report"}
+_CLI_ONLY = {"agent_start_config", "no_progress", "log_level", "regrade", "report"}
 _RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size",
              "max_steps", "limit", "resume", "mode", "ray_address", "gateway_advertise_url", "sandbox",
-             "keep_workspaces", "max_retries", "retry_backoff_s", "report", "case_ids", "timeout")
+             "keep_workspaces", "max_retries", "retry_backoff_s", "report", "case_ids", "timeout",
+             "max_broken_graders")
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
@@ -237,11 +239,11 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
                      from_file, args.agent_start_config)
 
 
-def report(result: JobResult, count_unscored_as_zero: bool, evaluated: bool = True) -> int:
+def report(result: JobResult, evaluated: bool = True) -> int:
     """Print the summary table and where things are; returns the exit code (``job_exit_code``).
     ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so)."""
     totals = result.totals
-    print(render_table(totals.summary(count_unscored_as_zero=count_unscored_as_zero)))
+    print(render_table(totals.summary()))
     if footer := totals.footer():
         print(footer)
     if not evaluated:
@@ -427,7 +429,7 @@ def regrade_main(args: argparse.Namespace) -> int:
         print("interrupted: sessions regraded so far have their new evaluation, the others their previous one; "
               "rerun the same command to regrade them all", file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    print(render_table(summarize(result.records, count_unscored_as_zero=args.count_unscored_as_zero)))
+    print(render_table(summarize(result.records)))
     print(render_regrade_summary(result))
     print(f"{len(result.records)} sessions written to {result.out}; new evaluations in {result.store} "
           "(previous ones kept in job_environments.eval_history)")
@@ -489,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    code = report(result, args.count_unscored_as_zero, opts.enable_evaluation)
+    code = report(result, opts.enable_evaluation)
     if args.report is not None:
         from rollout.servers.viewer.db import ViewerError
         from rollout.servers.viewer.report import write_report

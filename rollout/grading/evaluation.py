@@ -36,17 +36,19 @@ ABANDONED_THREAD_LIMIT = 32
 """How many timed-out evaluator threads may still be running before new threaded evaluations fail
 fast. Read at call time, so tests may monkeypatch it."""
 
-EvalStatus = Literal["scored", "invalid_reward", "error", "timeout", "skipped"]
+EvalStatus = Literal["scored", "invalid_reward", "error", "timeout", "skipped", "grader_broken"]
 
 
 class Evaluation(BaseModel):
     """What was committed for one session's evaluation.
 
-    - ``status``: ``scored`` | ``invalid_reward`` | ``error`` | ``timeout`` | ``skipped``.
+    - ``status``: ``scored`` | ``invalid_reward`` | ``error`` | ``timeout`` | ``skipped`` |
+      ``grader_broken`` (the grader failed on the session and on the case's control too:
+      ``rollout.grading.attribution``).
     - ``score``: the value committed as the reward, in 0..10: the clamped score when ``scored``;
-      0.0 for ``invalid_reward``, ``error`` and ``timeout`` (the contract commits 0 with a reason,
-      so the status, not the 0, tells a failure from a real 0); None only for ``skipped`` (the env
-      has no evaluator).
+      0.0 for ``invalid_reward``, ``error`` and ``timeout`` (the contract commits 0 with a reason:
+      a grading failure the control shows the agent caused, counted as its 0); None for
+      ``skipped`` (the env has no evaluator) and ``grader_broken``.
     - ``raw_repr``: ``repr`` of what the evaluator returned (None when it returned nothing usable:
       error, timeout, skipped).
     - ``reason``: ``"ExcType: message"`` for errors, ``"evaluator timed out after 60.0 s"`` for
@@ -56,6 +58,7 @@ class Evaluation(BaseModel):
     - ``duration_s``: wall time of the evaluation in seconds, loading included.
     - ``isolation``: where the evaluator ran: ``bwrap`` (the grader sandbox) or ``none`` (a thread
       of the launcher); None when nothing ran.
+    - ``control``: the control a grading failure was judged by (status, score, reason), if any.
     - ``score_keys``: the score keys a dict result carried (``scoring.SCORE_KEYS``; more than one:
       the first won, and the grader warns once per env).
     """
@@ -67,11 +70,13 @@ class Evaluation(BaseModel):
     artifacts: dict[str, Any] | None = None
     duration_s: float = 0.0
     isolation: Literal["bwrap", "none"] | None = None
+    control: dict[str, Any] | None = None
     score_keys: list[str] = Field(default_factory=list, exclude=True)  # for the warning only: not stored
 
     def detail(self) -> dict[str, Any]:
         """What the session row keeps of it in ``eval_detail``."""
-        return {"raw_repr": self.raw_repr, "artifacts": self.artifacts, "isolation": self.isolation}
+        detail = {"raw_repr": self.raw_repr, "artifacts": self.artifacts, "isolation": self.isolation}
+        return {**detail, "control": self.control} if self.control is not None else detail
 
 
 

@@ -113,6 +113,7 @@ class JobOptions(BaseModel):
     retry_on: list[str] = Field(default_factory=lambda: sorted(DEFAULT_RETRY_ON))
     no_retry_on: list[str] = Field(default_factory=list)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    max_broken_graders: int = Field(default=3, ge=0)  # stop at this many broken-grader findings; 0: never
 
     @field_validator("llm_model", "harness", mode="before")
     @classmethod
@@ -462,7 +463,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox,
                                grader_isolation=opts.grader_isolation or opts.sandbox,
                                retry=opts.retry_policy(), breaker=opts.breaker, advertise_url=advertise_url,
-                               session_timeout_s=opts.timeout)
+                               session_timeout_s=opts.timeout, max_broken_graders=opts.max_broken_graders)
         scheduler = Scheduler(store, settings, {cfg.name: cfg for cfg in configs}, on_done=on_done, on_breaker=on_breaker,
                               executor=ray_backend.executor() if ray_backend else None, keep_records=False)
         stopped: str | None = None

@@ -23,10 +23,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout.contract.protocol import EvalRequest, SimulationStartResult
-from rollout.core.envs import EnvConfigError, task_folder_env
+from rollout.core.envs import Case, EnvConfigError, task_folder_env
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.core.safactory import env_folders
 from rollout.core.setup import SetupError, init_store, open_store
+from rollout.grading.attribution import Controls, attribute, needs_control
 from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator, evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
@@ -34,7 +35,7 @@ from rollout.grading.trajectory import to_trajectory
 from rollout.jobs.workspace_archive import ArchiveError, restore_workspace
 from rollout.results.records import job_records
 from rollout.results.report import SessionRecord, write_jsonl
-from store import JobEnvironment, Store, is_unavailable, utcnow
+from store import GRADER_BROKEN, JobEnvironment, Store, is_unavailable, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,17 @@ def _file_sha256(path: Path) -> str | None:
         return None
 
 
-async def _regrade_one(store: Store, grader: Grader, row: JobEnvironment, path: Path, sha256: str | None,
-                       timeout_s: float) -> Regraded | NotRegraded:
+def _start_case(row: JobEnvironment) -> Case:
+    """The case of ``row`` as far as its control needs it: its starting files (a task folder's
+    ``files_dir``, as the session row keeps it), none otherwise."""
+    dataset = (row.env_params or {}).get("dataset")
+    files = dataset.get("files_dir") if isinstance(dataset, dict) else None
+    return Case(env_name=row.env_name, case_id=row.case_id, row=dataset if isinstance(dataset, dict) else {},
+                files_dir=files if isinstance(files, str) and Path(files).is_dir() else None)
+
+
+async def _regrade_one(store: Store, grader: Grader, controls: Controls, row: JobEnvironment, path: Path,
+                       sha256: str | None, timeout_s: float) -> Regraded | NotRegraded:
     def blocked(kind: BlockKind, reason: str) -> NotRegraded:
         return NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
                            sample_index=row.sample_index, kind=kind, reason=reason)
@@ -178,8 +188,15 @@ async def _regrade_one(store: Store, grader: Grader, row: JobEnvironment, path: 
             job_id=row.job_id, session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
             env_params=dict(row.env_params or {}), start_result=start_result)
-        evaluation: Evaluation = await grader.evaluate(path, request, build_eval_spec(row.env_name, path, timeout_s),
-                                                        trajectory, workspace)
+        spec = build_eval_spec(row.env_name, path, timeout_s)
+        evaluation: Evaluation = await grader.evaluate(path, request, spec, trajectory, workspace)
+
+    async def grade_control(start: Path) -> Evaluation:
+        return await grader.evaluate(path, request.model_copy(update={"start_result": None}), spec,
+                                     to_trajectory(row.session_id, []), start)
+
+    if needs_control(evaluation):  # as in a run: whose failure it is (docs/trust-model.md)
+        evaluation = attribute(evaluation, await controls.control(_start_case(row), grade_control))
     meta = {**evaluation.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
             "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
     await store.record_regrade(
@@ -221,6 +238,7 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
         regraded: list[Regraded] = []
         not_regraded: list[NotRegraded] = []
         gate = asyncio.Semaphore(opts.pool_size)
+        controls = Controls()
 
         def note(item: Regraded | NotRegraded) -> None:
             (regraded if isinstance(item, Regraded) else not_regraded).append(item)  # type: ignore[arg-type]
@@ -239,7 +257,8 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
             assert path is not None
             async with gate:
                 try:
-                    item = await _regrade_one(store, grader, row, path, digests[row.env_name], opts.eval_timeout)
+                    item = await _regrade_one(store, grader, controls, row, path, digests[row.env_name],
+                                              opts.eval_timeout)
                 except Exception as e:
                     if is_unavailable(e):  # the database itself failed: stop the regrade
                         raise
@@ -292,7 +311,7 @@ def render_regrade_summary(result: RegradeResult, max_ids: int = 5) -> str:
 
 
 def regrade_exit_code(result: RegradeResult) -> int:
-    """0 when every selected session got a new evaluation and no evaluator errored or timed out,
-    else 2 (the launcher's code for "something did not run")."""
-    failed = any(r.after_status in ("error", "timeout") for r in result.regraded)
+    """0 when every selected session got a new evaluation and no evaluator errored, timed out or
+    was found broken, else 2 (the launcher's code for "something did not run")."""
+    failed = any(r.after_status in ("error", "timeout", GRADER_BROKEN) for r in result.regraded)
     return 2 if failed or result.not_regraded else 0

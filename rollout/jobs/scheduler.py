@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, cast
 import aiohttp
 
 from rollout.contract.harness import SOLUTION_ENV
-from rollout.contract.protocol import EvalRequest, EvalSpec, SimulationStartRequest
+from rollout.contract.protocol import EvalRequest, EvalSpec, SimulationStartRequest, SimulationStartResult
 from rollout.core.envs import Case, EnvConfig, session_config
 from rollout.core.outcomes import (
     GATEWAY_CLASSES,
@@ -47,6 +47,7 @@ from rollout.core.outcomes import (
     verifier_setup_failed,
 )
 from rollout.core.plan import RowSource, session_case
+from rollout.grading.attribution import Controls, attribute, needs_control
 from rollout.grading.evaluation import Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator
 from rollout.grading.grader import Grader, grader_mode
@@ -60,7 +61,16 @@ from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import InstalledHarness
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.sandbox.runtime_local import RuntimeRun, pidfd_child_watcher
-from store import FinalStatus, JobEnvironment, SessionAttempt, SessionResult, SessionStep, Store, utcnow
+from store import (
+    GRADER_BROKEN,
+    FinalStatus,
+    JobEnvironment,
+    SessionAttempt,
+    SessionResult,
+    SessionStep,
+    Store,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +184,7 @@ class RunSettings:
     log_dir: Path | None = None
     advertise_url: str | None = None
     session_timeout_s: float | None = None  # ``--timeout``: every session's, over the env's and the task's
+    max_broken_graders: int = 3  # the job stops at this many broken-grader findings (0: never)
 
 
 FAILURES_TOLD = 3
@@ -235,6 +246,9 @@ class Scheduler:
         self._specs: dict[tuple[str, Path], EvalSpec] = {}
         self._evaluators: dict[str, Path | None] = {}
         self._grader: Grader | None = None
+        self._controls = Controls(settings.workspace_root)
+        self._broken: Counter[str] = Counter()
+        self._stop_when_told: str | None = None
         self.breaker = CircuitBreaker(settings.breaker, self._probe, self._breaker_event)
 
     async def run(self, rows: Sequence[JobEnvironment] | RowSource) -> list[SessionRecord]:
@@ -353,9 +367,13 @@ class Scheduler:
         if self.on_breaker:
             self.on_breaker(ev)
         if ev.state == "stopped":
-            self._stop_reason = ev.reason
-            for t in [*self._workers, *self._timers, *([self._feeder] if self._feeder else [])]:
-                t.cancel()
+            self._stop(ev.reason)
+
+    def _stop(self, reason: str) -> None:
+        """Stop the job: the attempts in flight are cancelled (resumable); ``run`` raises JobStopped."""
+        self._stop_reason = reason
+        for t in [*self._workers, *self._timers, *([self._feeder] if self._feeder else [])]:
+            t.cancel()
 
     async def _probe(self) -> str | None:
         """GET the gateway's ``/readyz`` (asking it to check the route's upstream too); None when
@@ -394,6 +412,8 @@ class Scheduler:
                 self._finished_one()
                 if self.on_done:
                     self.on_done(record)
+                if self._stop_when_told is not None and self._stop_reason is None:
+                    self._stop(self._stop_when_told)
 
     async def run_session(self, work: _Work) -> SessionRecord | None:
         """Run the next attempt of a session (see the module docstring). Returns its record when
@@ -637,8 +657,39 @@ class Scheduler:
 
     async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, ran: RuntimeRun | None,
                         trajectory: Any, workspace: Path, verdict: VerifierResult | None = None) -> Evaluation | None:
+        """The session's evaluation; a grading failure is attributed by the case's control
+        (``rollout.grading.attribution``): the agent's 0, or ``grader_broken``."""
         if not self.s.enable_evaluation:
             return None
+        done = await self._grade(cfg, case, row, ran.result if ran else None, trajectory, workspace, verdict)
+        if not needs_control(done):
+            return done
+        assert done is not None
+
+        async def grade_control(start: Path) -> Evaluation:
+            control = await verify_session(cfg, case, start, f"{row.session_id}-control") if case.tests_dir else None
+            graded = await self._grade(cfg, case, row, None, to_trajectory(row.session_id, []), start, control)
+            return graded or Evaluation(status="error", score=0.0, reason="the control was not graded")
+
+        done = attribute(done, await self._controls.control(case, grade_control))
+        if done.status == GRADER_BROKEN:
+            self._grader_broken(cfg.name, done.reason)
+        return done
+
+    def _grader_broken(self, env_name: str, reason: str | None) -> None:
+        """Count a broken-grader finding; the job stops (resumable) once ``max_broken_graders``
+        are found."""
+        self._broken[env_name] += 1
+        n = sum(self._broken.values())
+        log.error("env %s: %s", env_name, reason)
+        limit = self.s.max_broken_graders
+        if limit and n >= limit and self._stop_when_told is None:
+            why = (f"{n} broken-grader finding(s) ({', '.join(f'{e}: {k}' for e, k in sorted(self._broken.items()))}):"
+                   f" the grader fails without the agent; fix it, then --resume (--max-broken-graders {limit})")
+            self._stop_when_told = why  # once this session's record is out (``_worker``)
+
+    async def _grade(self, cfg: EnvConfig, case: Case, row: JobEnvironment, start: SimulationStartResult | None,
+                     trajectory: Any, workspace: Path, verdict: VerifierResult | None) -> Evaluation | None:
         path = self._evaluator(cfg)
         if verdict is not None and (path is None or verdict.status not in ("rewarded", "no_reward")):
             return verifier_outcome(verdict)  # the tests' reward is the score; a timeout a grading failure
@@ -650,7 +701,7 @@ class Scheduler:
         request = EvalRequest(
             job_id=row.job_id, session_id=row.session_id, env_name=cfg.name, case_id=case.case_id,
             group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
-            env_params={**cfg.params, "dataset": case.row}, start_result=ran.result if ran else None,
+            env_params={**cfg.params, "dataset": case.row}, start_result=start,
             verifier=verdict.for_evaluator() if verdict else None,
         )
         return await self._grader.evaluate(path, request, spec, trajectory, workspace,

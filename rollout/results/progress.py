@@ -19,11 +19,12 @@ from rollout.results.report import (
     SessionRecord,
     is_infra,
 )
+from store import COUNTED_EVAL_STATUSES, GRADER_BROKEN
 
 PROBLEM_KEYS = tuple(PROBLEM_LEGEND)
 """Problem counters, in display order: the summary table's ``problems`` abbreviations (truncated,
 invalid reward, evaluator error / timeout, runtime error / timeout, retried, infrastructure
-failure never recovered)."""
+failure never recovered, grader broken)."""
 
 
 def record_problems(record: SessionRecord) -> list[str]:
@@ -37,6 +38,7 @@ def record_problems(record: SessionRecord) -> list[str]:
         "rt_t/o": record.status == "timeout",
         "retried": record.retried,
         "infra": is_infra(record),
+        "broken": record.eval_status == GRADER_BROKEN,
     }
     return [k for k in PROBLEM_KEYS if hits[k]]
 
@@ -55,7 +57,7 @@ class ProgressState:
     def update(self, record: SessionRecord) -> None:
         """Count one finished session."""
         self.done[record.env_name] += 1
-        if record.eval_status == "scored" and record.score is not None and not is_infra(record):
+        if record.eval_status in COUNTED_EVAL_STATUSES and record.score is not None and not is_infra(record):
             self.score_sum[record.env_name] = self.score_sum.get(record.env_name, 0.0) + record.score
             self.scored[record.env_name] += 1
         self.problems.update(record_problems(record))
@@ -72,7 +74,8 @@ class ProgressState:
         return sorted(set(self.totals) | set(self.done))
 
     def mean_score(self, env: str | None = None) -> float | None:
-        """Mean score (0..10) of the scored sessions so far, of one env or of all; None if none."""
+        """Mean score (0..10) of the counted sessions so far (grading failures as 0), of one env or
+        of all; None if none."""
         envs = [env] if env is not None else self._envs()
         n = sum(self.scored[e] for e in envs)
         return math.fsum(self.score_sum.get(e, 0.0) for e in envs) / n if n else None

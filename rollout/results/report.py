@@ -2,12 +2,13 @@
 (``summarize``) with mean score and pass@k, a text table (``render_table``) and the JSONL export
 (``write_jsonl``).
 
-Counting rules: a session is *scored* when its ``eval_status`` is ``scored``; ``invalid_reward``,
-``error`` and ``timeout`` are counted apart and are left out of the mean score unless
-``count_unscored_as_zero`` is set. A session *passes* when it is scored and its score is 10
-(``score >= 10 - 1e-9``); sessions without a score never pass. A session whose last attempt was an
-infrastructure failure (``infra``) was never graded: it is left out of mean score and pass@k
-(its reward is NULL, a trainer masks it), and counted apart (``infra``); ``retried`` counts
+Counting rules (failure attribution, docs/trust-model.md): a session is *scored* when its
+``eval_status`` is ``scored``; ``invalid_reward``, ``error`` and ``timeout`` (a grading failure the
+case's control showed the agent caused) are counted apart and averaged as the 0 they committed. A
+session *passes* when it is scored and its score is 10 (``score >= 10 - 1e-9``); sessions without a
+score never pass. Left out of mean score and pass@k, and counted apart: a session whose last attempt
+was an infrastructure failure (``infra``: never graded, reward NULL, a trainer masks it) and one
+whose grader is broken (``grader_broken``: it failed on the control too). ``retried`` counts
 sessions that needed more than one attempt.
 """
 
@@ -28,7 +29,7 @@ from pydantic import BaseModel, Field, FiniteFloat, model_validator
 
 from rollout.contract.protocol import model_from_json
 from rollout.core.outcomes import INFRA_CLASSES
-from store import FinalStatus
+from store import COUNTED_EVAL_STATUSES, GRADER_BROKEN, FinalStatus
 from wire.text import json_text
 
 PASS_SCORE = 10.0
@@ -174,10 +175,11 @@ class SummaryRow(BaseModel):
     without finishing), ``runtime_errors`` (status error: the launcher could not run the session) and
     ``runtime_timeouts`` (status timeout); ``retried`` (sessions with more than one attempt) and
     ``infra`` (sessions whose last attempt was an infrastructure failure: not graded, left out of
-    the mean score and pass@k).
+    the mean score and pass@k) and ``grader_broken`` (the grader failed on the case's control too:
+    left out likewise).
 
-    Scores (0..10): ``mean_score`` over scored sessions (or over all sessions with unscored ones as
-    0 when ``count_unscored_as_zero``), None when there is nothing to average.
+    Scores (0..10): ``mean_score`` over scored sessions and grading failures (their committed 0),
+    None when there is nothing to average.
 
     Pass rates (0..1, Chen et al. 2021 estimator per case, averaged over cases; None when no
     session of the row was evaluated, since nothing can pass): ``pass_at_1`` over all cases; ``pass_at_k`` for ``k`` over the ``pass_at_k_cases`` cases that have at least
@@ -207,6 +209,7 @@ class SummaryRow(BaseModel):
     mean_duration_s: float | None
     retried: int = 0
     infra: int = 0
+    grader_broken: int = 0
 
     @property
     def eval_error_rate(self) -> float:
@@ -228,7 +231,7 @@ def _passes(record: SessionRecord) -> bool:
 
 
 def summarize(
-    records: Iterable[SessionRecord], *, k: int | None = None, count_unscored_as_zero: bool = False
+    records: Iterable[SessionRecord], *, k: int | None = None
 ) -> list[SummaryRow]:
     """One ``SummaryRow`` per (env_name, harness, model), sorted by env_name, harness (the env's
     own runtime first), then model.
@@ -243,7 +246,7 @@ def summarize(
     Raises:
         ValueError: ``k`` given and < 1.
     """
-    return ReportTotals.of(records).summary(k=k, count_unscored_as_zero=count_unscored_as_zero)
+    return ReportTotals.of(records).summary(k=k)
 
 
 class _RowTotals:
@@ -253,7 +256,7 @@ class _RowTotals:
     def __init__(self) -> None:
         self.sessions = self.graded = self.scored = self.invalid = self.eval_error = self.eval_timeout = 0
         self.unevaluated = self.runtime_failed = self.runtime_truncated = self.runtime_errors = 0
-        self.runtime_timeouts = 0
+        self.runtime_timeouts = self.grader_broken = self.counted = 0
         self.retried = self.infra = self.durations = self.cases = 0
         self.evaluated = False
         self.score_sum = Fraction(0)
@@ -276,12 +279,17 @@ class _RowTotals:
         if is_infra(r):  # masked: never graded
             self.infra += 1
             return
+        if r.eval_status == GRADER_BROKEN:  # masked: the grader fails without the agent
+            self.grader_broken += 1
+            self.evaluated = True
+            return
         self.graded += 1
         counts = self.open_cases.setdefault(r.case_id, [0, 0])
         counts[0] += 1
         counts[1] += _passes(r)
-        if _is_scored(r) and r.score is not None:
-            self.scored += 1
+        self.scored += _is_scored(r)
+        if r.eval_status in COUNTED_EVAL_STATUSES and r.score is not None:
+            self.counted += 1
             self.score_sum += Fraction(r.score)
         self.invalid += r.eval_status == EVAL_INVALID_STATUS
         self.eval_error += r.eval_status == EVAL_ERROR_STATUS
@@ -299,7 +307,7 @@ class _RowTotals:
         self.open_ids.clear()
         self.open_cases.clear()
 
-    def row(self, key: tuple[str, str, str], k: int | None, count_unscored_as_zero: bool) -> SummaryRow:
+    def row(self, key: tuple[str, str, str], k: int | None) -> SummaryRow:
         self.fold()
         env_name, harness, model = key
         n_cases = sum(self.pairs.values())
@@ -310,17 +318,16 @@ class _RowTotals:
                   if eligible and self.evaluated else None)
         pass_1 = (math.fsum(pass_at_k(n, c, 1) * m for (n, c), m in self.pairs.items()) / n_cases
                   if self.evaluated and n_cases else None)
-        averaged = self.graded if count_unscored_as_zero else self.scored
         return SummaryRow(
             env_name=env_name, harness=harness or None, model=model, sessions=self.sessions, cases=self.cases,
             scored=self.scored, invalid=self.invalid, eval_error=self.eval_error, eval_timeout=self.eval_timeout,
-            unevaluated=self.unevaluated, mean_score=float(self.score_sum) / averaged if averaged else None,
+            unevaluated=self.unevaluated, mean_score=float(self.score_sum) / self.counted if self.counted else None,
             k=row_k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=n_eligible,
             runtime_failed=self.runtime_failed, runtime_truncated=self.runtime_truncated,
             runtime_errors=self.runtime_errors,
             runtime_timeouts=self.runtime_timeouts,
             mean_duration_s=float(self.duration_sum) / self.durations if self.durations else None,
-            retried=self.retried, infra=self.infra)
+            retried=self.retried, infra=self.infra, grader_broken=self.grader_broken)
 
 
 class ReportTotals:
@@ -377,11 +384,11 @@ class ReportTotals:
         st, ev = set(statuses), set(eval_statuses)
         return sum(n for (s, e), n in self.by_status.items() if s in st or e in ev)
 
-    def summary(self, *, k: int | None = None, count_unscored_as_zero: bool = False) -> list[SummaryRow]:
+    def summary(self, *, k: int | None = None) -> list[SummaryRow]:
         """The rows ``summarize`` gives for the records added (it folds every case)."""
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"summarize: k must be an int >= 1, got {k!r}")
-        return [row.row(key, k, count_unscored_as_zero) for key, row in sorted(self._rows.items())]
+        return [row.row(key, k) for key, row in sorted(self._rows.items())]
 
     def footer(self) -> str | None:
         """``table_footer`` of the records added."""
@@ -396,11 +403,12 @@ TABLE_WIDTH = 100
 OWN_RUNTIME = "(env)"
 """What the harness column shows for sessions run by the env's own runtime."""
 NAME_MIN = 10
-TABLE_LEGEND = ("score: mean of scored sessions (0-10); pass@k: a session passes at score 10; failed: the "
+TABLE_LEGEND = ("score: mean of graded sessions (0-10; a grading failure the agent caused counts 0); pass@k: a session passes at score 10; failed: the "
                 "runtime reported failed; time_s: mean session wall time (s)")
 PROBLEM_LEGEND = {"trunc": "used its whole step budget (truncated)", "inval": "invalid reward", "ev_err": "evaluator error", "ev_t/o": "evaluator timeout",
                   "rt_err": "runtime error", "rt_t/o": "runtime timeout", "retried": "more than one attempt",
-                  "infra": "infrastructure failure, not graded"}
+                  "infra": "infrastructure failure, not graded",
+                  "broken": "grader broken (failed on the untouched starting workspace too), not counted"}
 """The abbreviations of a row's ``problems:`` line, in display order."""
 
 
@@ -415,7 +423,7 @@ def _cut(name: str, width: int) -> str:
 
 def _problems(r: SummaryRow) -> list[str]:
     counts = (r.runtime_truncated, r.invalid, r.eval_error, r.eval_timeout, r.runtime_errors, r.runtime_timeouts,
-              r.retried, r.infra)
+              r.retried, r.infra, r.grader_broken)
     return [f"{name} {n}" for name, n in zip(PROBLEM_LEGEND, counts, strict=True) if n]
 
 

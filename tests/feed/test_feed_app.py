@@ -52,7 +52,7 @@ async def test_pages_follow_the_cursor_and_say_when_the_job_is_done(store: Store
         page = (await c.get("/v1/jobs/j/groups", params={"after": 2})).json()
         assert page["groups"] == [] and page["next_cursor"] == 2 and not page["progress"]["done"]
         await finish(store, ids["c"][0], 5)
-        await finish(store, ids["c"][1], 5, "error", eval_reason="boom")
+        await finish(store, ids["c"][1], None, "grader_broken", eval_reason="boom")
         page = (await c.get("/v1/jobs/j/groups", params={"after": 2, "view": "scores"})).json()
         (cg,) = page["groups"]
         assert cg["flags"] == ["too_few_valid"] and not cg["trainable"]

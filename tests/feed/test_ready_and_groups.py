@@ -70,8 +70,11 @@ def test_grpo_advantages_over_valid_samples_only() -> None:
 def test_invalid_reasons_never_pass_a_zero_for_a_score() -> None:
     base = {"finished": True, "reward": 0.0}
     assert invalid_reason({**base, "eval_status": "scored"}) is None
-    assert invalid_reason({**base, "eval_status": "error", "eval_reason": "KeyError"}) == "evaluation error: KeyError"
-    assert invalid_reason({**base, "eval_status": "timeout"}) == "evaluation timeout"
+    # a grading failure whose control graded is the agent's 0: valid (docs/trust-model.md)
+    assert invalid_reason({**base, "eval_status": "error", "eval_reason": "KeyError"}) is None
+    assert invalid_reason({**base, "eval_status": "timeout"}) is None
+    assert invalid_reason({"finished": True, "reward": None, "eval_status": "grader_broken",
+                           "eval_reason": "grader broken: x"}) == "evaluation grader_broken: grader broken: x"
     assert invalid_reason({"finished": True, "reward": None, "eval_status": "infra_error",
                            "outcome": "setup_failed"}) == "infrastructure failure (setup_failed)"
     assert invalid_reason({"finished": True, "reward": None, "eval_status": None}) == "not evaluated"
@@ -108,7 +111,7 @@ def test_token_sequences_merge_extending_steps_and_mask_model_tokens() -> None:
 def test_group_flags_too_few_valid_and_no_signal() -> None:
     rows = [{"env_id": f"s{k}", "job_id": "j", "group_id": "g", "env_name": "e", "case_id": "c", "llm_model": "m",
              "sample_index": k, "status": "succeeded", "finished": True, "reward": r, "eval_status": st}
-            for k, (r, st) in enumerate([(0.0, "error"), (6.0, "scored"), (None, "infra_error")])]
+            for k, (r, st) in enumerate([(None, "grader_broken"), (6.0, "scored"), (None, "infra_error")])]
     g = build_group(None, rows, {}, GroupOptions(min_valid=2))
     assert (g.n_valid, g.trainable, g.flags, g.cursor) == (1, False, ["too_few_valid"], None)
     assert [s.score for s in g.samples] == [None, 6.0, None]

@@ -27,18 +27,18 @@ def test_counts_per_env_running_mean_and_problems() -> None:
     for r in [
         rec("gsm8k", 0, 10.0),
         rec("gsm8k", 1, 5.0, retried=True),
-        rec("gsm8k", 2, 0.0, eval_status="error"),  # an evaluator error: no score in the mean
+        rec("gsm8k", 2, 0.0, eval_status="error"),  # an evaluator error the agent caused: its 0 counts
         rec("workspace", 0, 4.0, status="failed"),  # failed is a normal result, not a problem
         rec("workspace", 1, None, eval_status=None, status="timeout"),
         rec("workspace", 2, None, eval_status=None, status="error", outcome="gateway_unreachable"),
     ]:
         state.update(r)
     assert (state.n_done, state.n_total) == (6, 11)
-    assert state.mean_score("gsm8k") == pytest.approx(7.5)
+    assert state.mean_score("gsm8k") == pytest.approx(5.0)
     assert state.mean_score("workspace") == pytest.approx(4.0)
-    assert state.mean_score() == pytest.approx((10 + 5 + 4) / 3)
+    assert state.mean_score() == pytest.approx((10 + 5 + 0 + 4) / 4)
     assert state.describe(120.0) == (
-        "gsm8k 3/6 mean 7.50 | workspace 3/5 mean 4.00 | mean 6.33 | "
+        "gsm8k 3/6 mean 5.00 | workspace 3/5 mean 4.00 | mean 4.75 | "
         "problems ev_err 1, rt_err 1, rt_t/o 1, retried 1, infra 1 | 3.0 sessions/min")
 
 

@@ -316,7 +316,9 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     hung = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
                                             env_names=["hang"], eval_timeout=0.3, out=tmp_path / "h.jsonl"))
     assert [(r.session_id, r.after_status, r.after_score, r.reason) for r in hung.regraded] == [
-        ("s-hang", "timeout", 0.0, "evaluator timed out after 0.3 s")]
+        ("s-hang", "grader_broken", None, "grader broken: it failed on this session (timeout: evaluator timed out "
+                                          "after 0.3 s) and on the control, the untouched starting workspace "
+                                          "(timeout: evaluator timed out after 0.3 s); not counted")]
     assert regrade_exit_code(hung) == 2
 
     result = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
@@ -325,7 +327,7 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     assert got == {
         "s-ok": ("scored", 0.0, "scored", 10.0),
         "s-never": (None, None, "scored", 10.0),  # graded for the first time
-        "s-nan": ("scored", 5.0, "invalid_reward", 0.0),
+        "s-nan": ("scored", 5.0, "grader_broken", None),  # NaN on the control too: the grader is broken
     }
     blocked = {r.session_id: (r.kind, r.reason) for r in result.not_regraded}
     assert blocked == {
@@ -342,14 +344,14 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     assert state["s-never"] == (10.0, "scored", None)  # no previous evaluation to keep
     assert state["s-old"] == (0.0, "scored", None) and state["s-none"] == (5.0, "scored", None)
     assert state["s-harness"] == (None, None, None)
-    assert state["s-nan"][:2] == (0.0, "invalid_reward")
+    assert state["s-nan"][:2] == (None, "grader_broken")
     assert [(h["eval_status"], h["reward"]) for h in state["s-nan"][2]] == [("scored", 5.0)]
 
-    # only one env, and that env fully regradable: exit code 0
+    # only one env, fully regradable, but its grader is broken (NaN on the control too): exit code 2
     only = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
                                             env_names=["nan"], out=tmp_path / "n.jsonl"))
-    assert [(r.session_id, r.after_status) for r in only.regraded] == [("s-nan", "invalid_reward")]
-    assert only.not_regraded == [] and regrade_exit_code(only) == 0
+    assert [(r.session_id, r.after_status) for r in only.regraded] == [("s-nan", "grader_broken")]
+    assert only.not_regraded == [] and regrade_exit_code(only) == 2
     assert [r.session_id for r in only.records] == ["s-nan"]
 
 

@@ -146,7 +146,8 @@ def test_summarize_exact_numbers() -> None:
     assert (math_row.sessions, math_row.cases) == (9, 3)
     assert (math_row.scored, math_row.invalid, math_row.eval_error, math_row.eval_timeout) == (5, 1, 1, 1)
     assert math_row.unevaluated == 1
-    assert math_row.mean_score == pytest.approx((10 + 10 + 0 + 10 + 5) / 5)  # 7.0, scored only
+    # grading failures (invalid, error, timeout) count as their committed 0; the session never evaluated does not
+    assert math_row.mean_score == pytest.approx((10 + 10 + 0 + 10 + 0 + 0 + 0 + 5) / 8)
     assert math_row.k == 3  # the group size
     # passes per case: A c=2, B c=1, C c=0, n=3 each
     assert math_row.pass_at_1 == pytest.approx((2 / 3 + 1 / 3 + 0) / 3)
@@ -171,13 +172,13 @@ def test_summarize_exact_numbers() -> None:
     assert (m2.pass_at_1, m2.pass_at_k, m2.runtime_errors, m2.mean_duration_s) == (None, None, 1, 2.5)
 
 
-def test_summarize_explicit_k_and_count_unscored_as_zero() -> None:
-    rows = by_key(summarize(crafted(), k=2, count_unscored_as_zero=True))
+def test_summarize_explicit_k() -> None:
+    rows = by_key(summarize(crafted(), k=2))
     math_row = rows[("math", "m1")]
     assert math_row.k == 2
     # A: 1 - C(1,2)/C(3,2) = 1; B: 1 - C(2,2)/C(3,2) = 2/3; C: 0
     assert math_row.pass_at_k == pytest.approx((1 + 2 / 3 + 0) / 3)
-    assert math_row.mean_score == pytest.approx(35 / 9)  # unscored sessions count as 0
+    assert math_row.mean_score == pytest.approx(35 / 8)  # unchanged by k
     assert math_row.pass_at_1 == pytest.approx(1 / 3)  # unchanged by k
 
     # k larger than some groups: those cases are left out of pass@k
@@ -215,7 +216,7 @@ def test_render_table() -> None:
     assert set(lines[1]) == {"-", " "}
     math_i = next(i for i, line in enumerate(lines) if line.startswith("math") and " m1 " in line)
     math_line = lines[math_i]
-    assert math_line.split() == ["math", "m1", "9", "5", "7.00", "0.333", "0.667", "3", "1", "4.5"]
+    assert math_line.split() == ["math", "m1", "9", "5", "4.38", "0.333", "0.667", "3", "1", "4.5"]
     # the rarely non-zero counts are folded into a line under the row, only the non-zero ones
     assert lines[math_i + 1] == "  problems: inval 1, ev_err 1, ev_t/o 1, rt_t/o 1"
     code_i = next(i for i, line in enumerate(lines) if line.startswith("code"))
@@ -229,7 +230,7 @@ def test_render_table() -> None:
     assert math_line[end - 5 : end] == "0.333"
     # the legend explains the abbreviations, the problem ones only when shown
     legend = " ".join(" ".join(lines[m2_i + 2 :]).split())  # the wrapped lines as one
-    assert legend.startswith("score: mean of scored sessions")
+    assert legend.startswith("score: mean of graded sessions (0-10; a grading failure the agent caused counts 0)")
     assert "rt_err = runtime error" in legend and "ev_t/o = evaluator timeout" in legend
     assert "infra =" not in legend and "retried =" not in legend and "cut name" not in legend
     assert render_table([]) == "(no sessions)"
@@ -353,8 +354,8 @@ def test_totals_streamed_in_case_order_equal_summarize() -> None:
             case = (r.env_name, r.case_id)
         totals.add(r)
         assert all(len(row.open_ids) <= 1 for row in totals._rows.values())  # one case open per row
-    for k, zero in ((None, False), (2, True), (3, False)):
-        assert totals.summary(k=k, count_unscored_as_zero=zero) == summarize(records, k=k, count_unscored_as_zero=zero)
+    for k in (None, 2, 3):
+        assert totals.summary(k=k) == summarize(records, k=k)
     [code, math_m1, _] = totals.summary()
     assert math_m1.cases == 4 and math_m1.infra == 1 and math_m1.retried == 1
     assert math_m1.pass_at_1 == pytest.approx((2 / 3 + 1 / 3 + 0 + 1) / 4)  # D: its one graded sample passes

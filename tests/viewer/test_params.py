@@ -53,7 +53,7 @@ KNOWN = "env, case, model, status, eval, group, score_min, score_max, sort, dir,
     ("dir=sideways", "dir='sideways': use one of asc, desc"),
     ("status=bogus", "status='bogus': use one of cancelled, error, failed, pending, retrying, running, succeeded, "
                      "timeout, truncated"),
-    ("eval=maybe", "eval='maybe': use one of error, infra_error, invalid_reward, none, scored, skipped, timeout"),
+    ("eval=maybe", "eval='maybe': use one of error, grader_broken, infra_error, invalid_reward, none, scored, skipped, timeout"),
     ("score_min=5&score_max=1", "score_min=5 is above score_max=1: no score can match"),
     ("score_max=inf", "score_max='inf' is not a finite number"),
 ])

@@ -18,6 +18,7 @@ from rollout.servers.feed.schema import (
     TokenSequence,
     View,
 )
+from store import COUNTED_EVAL_STATUSES
 from store.feed import FeedQueries
 from wire.assembly import read_answer
 
@@ -66,12 +67,13 @@ def check_version_bound(name: str, value: int | None) -> int | None:
 
 
 def invalid_reason(row: Mapping[str, Any]) -> str | None:
-    """Why a session must not be trained on, or None when it has a real score: finished with
-    ``eval_status`` ``scored`` and a finite reward."""
+    """Why a session must not be trained on, or None when its reward counts: finished with a finite
+    reward and ``eval_status`` ``scored``, or a grading failure the case's control showed the agent
+    caused (its 0: ``store.COUNTED_EVAL_STATUSES``, docs/trust-model.md)."""
     if not row.get("finished"):
         return "unfinished"
     status, reward = row.get("eval_status"), row.get("reward")
-    if status == "scored" and isinstance(reward, int | float) and math.isfinite(reward):
+    if status in COUNTED_EVAL_STATUSES and isinstance(reward, int | float) and math.isfinite(reward):
         return None
     if status is None:
         return "not evaluated"

@@ -55,7 +55,7 @@ COMPARE_PARAMS = ("a", "b", "changed", "page")
 SESSION_STATUSES = ("pending", "running", "retrying", "succeeded", "failed", "truncated", "timeout", "error",
                     "cancelled")
 """``job_environments.status`` values (store.models.JobEnvironment)."""
-EVAL_STATUSES = ("scored", "invalid_reward", "error", "timeout", "skipped", "infra_error", "none")
+EVAL_STATUSES = ("scored", "invalid_reward", "error", "timeout", "grader_broken", "skipped", "infra_error", "none")
 """``job_environments.eval_status`` values; ``none``: not evaluated."""
 MAX_PAGE = 10**9
 

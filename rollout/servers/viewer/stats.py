@@ -69,7 +69,7 @@ def _row_at(records: Sequence[SessionRecord], row: SummaryRow, k: int) -> Summar
 
 
 CaseTally = tuple[int, int, float | None]
-"""(samples, passing samples, mean score of the scored samples or None)."""
+"""(samples, passing samples, mean score of the counted samples (grading failures as 0) or None)."""
 
 
 @dataclass
@@ -95,7 +95,7 @@ def _by_case(cases: Sequence[Counts]) -> dict[tuple[str, str], CaseTally]:
         a = acc[(c["env_name"], c["case_id"])]
         a[0] += int(c["n"])
         a[1] += int(c["passes"])
-        a[2] += int(c["scored"])
+        a[2] += int(c["counted"])
         a[3] += float(c["score_sum"] or 0.0)
     return {key: (int(n), int(p), s / sc if sc else None) for key, (n, p, sc, s) in acc.items()}
 

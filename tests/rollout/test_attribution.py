@@ -1,0 +1,215 @@
+"""Failure attribution: a grading failure the agent caused is its 0, counted everywhere; one the
+grader shows without the agent (the case's control fails too) is ``grader_broken``, excluded and
+named. Unit tests of ``rollout.grading.attribution`` and the counts, then real jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rollout.core.envs import Case
+from rollout.grading.attribution import Controls, attribute, needs_control
+from rollout.grading.evaluation import Evaluation
+from rollout.jobs.job import JobOptions, run_job
+from rollout.results.report import SessionRecord, render_table, summarize
+from rollout.servers.feed.groups import invalid_reason
+from rollout.train.trl_rollout import read_job_samples
+from tests.fake_upstream import FakeUpstream
+
+# --- unit -------------------------------------------------------------------------------------
+
+
+def test_a_failure_whose_control_grades_is_the_agents_zero() -> None:
+    failed = Evaluation(status="error", score=0.0, reason="RecursionError: maximum recursion depth exceeded",
+                        isolation="bwrap")
+    control = Evaluation(status="scored", score=0.0, reason="no answer")
+    out = attribute(failed, control)
+    assert (out.status, out.score, out.isolation) == ("error", 0.0, "bwrap")
+    assert out.reason == ("error: RecursionError: maximum recursion depth exceeded; counted as the agent's 0: the "
+                          "same grader scored the control (the untouched starting workspace) 0")
+    assert out.detail()["control"] == {"status": "scored", "score": 0.0, "reason": "no answer"}
+
+
+@pytest.mark.parametrize("control_status", ["error", "timeout", "invalid_reward"])
+def test_a_failure_whose_control_fails_too_is_a_broken_grader(control_status: str) -> None:
+    failed = Evaluation(status="timeout", score=0.0, reason="evaluator timed out after 60.0 s")
+    control = Evaluation(status=control_status, score=0.0, reason="KeyError: 'x'")  # type: ignore[arg-type]
+    out = attribute(failed, control)
+    assert (out.status, out.score) == ("grader_broken", None)
+    assert out.reason == ("grader broken: it failed on this session (timeout: evaluator timed out after 60.0 s) and "
+                          f"on the control, the untouched starting workspace ({control_status}: KeyError: 'x'); "
+                          "not counted")
+
+
+def test_only_grading_failures_need_a_control() -> None:
+    assert [needs_control(Evaluation(status=s, score=0.0)) for s in  # type: ignore[arg-type]
+            ("scored", "error", "timeout", "invalid_reward", "skipped", "grader_broken")] == [
+        False, True, True, True, False, False]
+    assert needs_control(None) is False
+
+
+async def test_a_control_is_graded_once_per_case_on_its_untouched_files(tmp_path: Path) -> None:
+    files = tmp_path / "files"
+    (files / "sub").mkdir(parents=True)
+    (files / "sub" / "start.txt").write_text("start")
+    seen: list[dict[str, str]] = []
+    gate = asyncio.Event()
+
+    async def grade(ws: Path) -> Evaluation:
+        seen.append({str(p.relative_to(ws)): p.read_text() for p in ws.rglob("*") if p.is_file()})
+        for p in ws.rglob("*.txt"):
+            p.write_text("changed by the grader")
+        await gate.wait()
+        return Evaluation(status="scored", score=3.0)
+
+    controls = Controls(tmp_path)
+    case = Case(env_name="e", case_id="c1", row={}, files_dir=str(files))
+    waiting = [asyncio.ensure_future(controls.control(case, grade)) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    assert [e.score for e in await asyncio.gather(*waiting)] == [3.0, 3.0, 3.0]
+    assert seen == [{"sub/start.txt": "start"}] and controls.graded == 1
+    assert (files / "sub" / "start.txt").read_text() == "start"  # a copy was graded
+    empty = await controls.control(Case(env_name="e", case_id="c2", row={}), grade)
+    assert empty.score == 3.0 and seen[1] == {} and controls.graded == 2
+    assert list(tmp_path.glob("rollout-control-*")) == []  # removed after grading
+
+
+def record(case: str, status: str, score: float | None, outcome: str = "succeeded") -> SessionRecord:
+    return SessionRecord(session_id=f"s-{case}-{status}", job_id="j", env_name="e", case_id=case, group_id=case,
+                         sample_index=0, model="m", status="succeeded", outcome=outcome, score=score,
+                         eval_status=status)
+
+
+def test_grading_failures_count_as_zero_and_broken_graders_are_left_out() -> None:
+    records = [record("a", "scored", 10.0), record("b", "scored", 10.0), record("c", "error", 0.0),
+               record("d", "timeout", 0.0), record("e", "invalid_reward", 0.0),
+               record("f", "grader_broken", None), record("g", "infra_error", None, outcome="setup_failed")]
+    (row,) = summarize(records)
+    assert row.mean_score == pytest.approx(4.0)  # 2 of 5 counted sessions, not 10.0 over the 2 scored
+    assert (row.scored, row.eval_error, row.eval_timeout, row.invalid, row.grader_broken, row.infra) == (
+        2, 1, 1, 1, 1, 1)
+    assert row.pass_at_1 == pytest.approx(2 / 5)  # the broken and the infra case are not cases of pass@k
+    assert "broken 1" in render_table([row])
+
+
+def test_the_feed_trains_on_a_grading_failures_zero_but_not_on_a_broken_grader() -> None:
+    base = {"finished": True, "outcome": "succeeded"}
+    assert invalid_reason({**base, "eval_status": "error", "reward": 0.0}) is None
+    assert invalid_reason({**base, "eval_status": "timeout", "reward": 0.0}) is None
+    assert invalid_reason({**base, "eval_status": "grader_broken", "reward": None,
+                           "eval_reason": "grader broken: ..."}) == "evaluation grader_broken: grader broken: ..."
+
+
+# --- real jobs --------------------------------------------------------------------------------
+
+RUNTIME = '''
+import json
+from pathlib import Path
+from env.runtime_kit import run_runtime
+from rollout.contract.protocol import SimulationStartResult
+
+def main(req):
+    kind = req.env_params["dataset"]["kind"]
+    out = Path("outputs")
+    out.mkdir(exist_ok=True)
+    if kind == "right":
+        (out / "answer.json").write_text(json.dumps({"answer": 42}))
+    elif kind == "deep":  # valid JSON that a plain json.loads cannot parse: one bash command writes it
+        (out / "answer.json").write_text("[" * 200000 + "]" * 200000)
+    return SimulationStartResult(session_id=req.session_id, status="succeeded")
+
+run_runtime(main)
+'''
+
+# a grader that scores a missing answer 0 but, like many, parses the answer without a depth guard
+EVALUATOR = '''
+import json
+from pathlib import Path
+
+def evaluate(request, spec, trajectory):
+    answer = Path(request.workspace or "/nonexistent") / "outputs" / "answer.json"
+    if not answer.is_file():
+        return {"score": 0, "reason": "no answer"}
+    return 10 if json.loads(answer.read_text()) == {"answer": 42} else 0
+'''
+
+BROKEN_EVALUATOR = '''
+def evaluate(request, spec, trajectory):
+    raise KeyError("expected")
+'''
+
+
+def make_env(root: Path, name: str, kinds: list[str], evaluator: str) -> None:
+    env_dir = root / name
+    (env_dir / "data").mkdir(parents=True)
+    (env_dir / "runtime.py").write_text(RUNTIME)
+    (env_dir / "rule_evaluator.py").write_text(evaluator)
+    (env_dir / "data" / "cases.jsonl").write_text(
+        "".join(json.dumps({"id": f"{k}{i}", "kind": k}) + "\n" for i, k in enumerate(kinds)))
+    (env_dir / "env.yaml").write_text(yaml.safe_dump({
+        "name": name, "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}}))
+
+
+def options(tmp: Path, up: FakeUpstream, **kw: Any) -> JobOptions:
+    db = tmp / "t.db"
+    cfg = tmp / "gw.yaml"
+    cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
+                                   "llm_routes": {"fake": {"base_url": up.base_url}}}))
+    return JobOptions.model_validate({
+        "agent_root": tmp / "envs", "gateway_config": cfg, "llm_model": "fake", "db_path": f"sqlite://{db}",
+        "enable_evaluation": True, "out": tmp / "out.jsonl", "pool_size": 2, **kw})
+
+
+async def test_a_wrong_answer_that_breaks_the_grader_counts_zero_in_the_mean_and_trains(tmp_path: Path) -> None:
+    """2 of 5 right, 3 answers that crash the grader: mean 4.00 (not 10.00), 5 valid samples."""
+    make_env(tmp_path / "envs", "answers", ["right", "right", "deep", "deep", "deep"], EVALUATOR)
+    async with FakeUpstream() as up:
+        result = await run_job(options(tmp_path, up, job_id="attr1"))
+    by_case = {r.case_id: r for r in result.records}
+    for cid in ("deep2", "deep3", "deep4"):
+        r = by_case[cid]
+        assert (r.eval_status, r.score) == ("error", 0.0), cid
+        assert "counted as the agent's 0: the same grader scored the control" in (r.reason or ""), cid
+    assert [by_case[c].score for c in ("right0", "right1")] == [10.0, 10.0]
+    (row,) = result.totals.summary()
+    assert (row.mean_score, row.pass_at_1, row.eval_error, row.grader_broken) == (4.0, 0.4, 3, 0)
+    groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr1")
+    samples = [s for g in groups for s in g.samples]
+    assert sorted((s.valid, s.score) for s in samples) == [(True, 0.0)] * 3 + [(True, 10.0)] * 2
+    con = sqlite3.connect(tmp_path / "t.db")
+    detail = con.execute("SELECT eval_detail FROM job_environments WHERE case_id = 'deep2'").fetchone()[0]
+    con.close()
+    assert json.loads(detail)["control"] == {"status": "scored", "score": 0.0, "reason": "no answer"}
+
+
+async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_job(tmp_path: Path) -> None:
+    make_env(tmp_path / "envs", "answers", ["right", "deep"], EVALUATOR)
+    make_env(tmp_path / "envs", "badgrader", ["right", "deep", "right", "deep"], BROKEN_EVALUATOR)
+    async with FakeUpstream() as up:
+        result = await run_job(options(tmp_path, up, job_id="attr2", max_broken_graders=0))
+    rows = {r.env_name: r for r in result.totals.summary()}
+    assert (rows["badgrader"].grader_broken, rows["badgrader"].mean_score, rows["badgrader"].pass_at_1) == (
+        4, None, None)
+    assert (rows["answers"].grader_broken, rows["answers"].mean_score) == (0, 5.0)
+    table = render_table(list(rows.values()))
+    assert "broken 4" in table.split("badgrader", 1)[1].split("\n", 2)[1]  # the problems line of its row
+    broken = [r for r in result.records if r.env_name == "badgrader"]
+    assert {(r.eval_status, r.score) for r in broken} == {("grader_broken", None)}
+    assert all((r.reason or "").startswith("grader broken: it failed on this session (error: KeyError: "
+                                                "'expected') and on the control") for r in broken)
+    groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr2")
+    assert {s.valid for g in groups if g.env == "badgrader" for s in g.samples} == {False}
+    # the default stops the job at 3 findings, resumable
+    make_env(tmp_path / "envs2", "badgrader", ["right"] * 8, BROKEN_EVALUATOR)
+    async with FakeUpstream() as up:
+        stopped = await run_job(options(tmp_path, up, job_id="attr3", agent_root=tmp_path / "envs2", pool_size=1))
+    assert stopped.stopped is not None and stopped.stopped.startswith("3 broken-grader finding(s) (badgrader: 3)")
+    assert len(stopped.records) == 3
