@@ -10,7 +10,10 @@ time per session at that concurrency (job wall time / sessions, the launcher's v
 launcher's own CPU per session; then what the sandbox adds, against the 50 ms budget per session.
 Then the bundled Harbor tasks (``env/harbor_tasks``), solved by their ``solution/solve.sh``, verified
 by ``rollout.grading.verifier.run_verifier`` (their ``tests/test.sh`` in a verifier sandbox) at the
-same concurrency: the verifier's wall time per session.
+same concurrency: the verifier's wall time per session. Last, a control grading (what failure
+attribution adds when a grading fails, ``rollout.grading.attribution``: the task's untouched files
+copied into a fresh folder and graded in the grader sandbox, at most once per case and job) at the
+same concurrency, next to a normal grading in the sandbox.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 import _bench
 
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
+from rollout.core.envs import Case
+from rollout.grading.attribution import Controls
 from rollout.grading.grader import Grader
 from rollout.grading.verifier import run_verifier
 
@@ -69,6 +74,36 @@ async def grade_all(isolation: str, items: list[tuple[Path, dict[str, object]]],
         return t.wall_s, t.cpu_s, sum(1 for s in scores if s == 10.0)
 
 
+async def control_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
+    """(wall s, controls graded) for ``n`` control gradings (each a case of its own: no sharing),
+    ``pool`` at a time, in the grader sandbox."""
+    tasks = sorted(p for p in (REPO / "env" / "workspace" / "tasks").iterdir() if p.is_dir())
+    spec = EvalSpec(eval_id="workspace/rule", timeout_s=60.0, evaluator_path=str(EVALUATOR))
+    gate = asyncio.Semaphore(pool)
+    controls = Controls(tmp)
+    async with Grader("bwrap", work_dir=tmp) as grader:
+        await grader.start([EVALUATOR.parent.parent])
+
+        async def one(i: int) -> str:
+            task = tasks[i % len(tasks)]
+            expected = json.loads((task / "expected.json").read_text())
+            files = task / "files"
+            case = Case(env_name="workspace", case_id=f"{task.name}-{i}", row={"expected": expected},
+                        files_dir=str(files) if files.is_dir() else None)
+            req = EvalRequest(job_id="bench", session_id=f"c{i}", env_name="workspace", case_id=case.case_id,
+                              group_id="g", sample_index=0, model="m", env_params={"dataset": case.row})
+
+            async def grade(ws: Path) -> object:
+                return await grader.evaluate(EVALUATOR, req, spec, Trajectory(session_id=f"c{i}"), ws)
+
+            async with gate:
+                return (await controls.control(case, grade)).status  # type: ignore[arg-type]
+
+        with _bench.timed() as t:
+            statuses = await asyncio.gather(*(one(i) for i in range(n)))
+    return t.wall_s, sum(1 for s in statuses if s == "scored")
+
+
 async def verify_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
     """(wall s, sessions rewarded 1) for verifying ``n`` solved Harbor workspaces ``pool`` at a time."""
     tasks = sorted(p for p in (REPO / "env" / "harbor_tasks" / "tasks").iterdir() if p.is_dir())
@@ -109,6 +144,7 @@ async def main() -> int:
         n = args.sessions
         n_verify = max(1, n // 4)
         wall, rewarded = await verify_all(n_verify, args.pool_size, tmp)
+        control_wall, controls_scored = await control_all(n, args.pool_size, tmp)
     table = _bench.Table(f"grading per session at pool {args.pool_size} (best of {args.rounds} rounds)",
                          ["grading", "sessions", ("wall ms/session", ".1f"), ("launcher CPU ms/session", ".1f"),
                           "passed", ("vs in-process", ".2f")])
@@ -118,7 +154,14 @@ async def main() -> int:
         table.add(labels[isolation], n, w / n * 1000, cpu / n * 1000, passed, _bench.ratio(w / n * 1000, none_ms))
     table.add("Harbor verifier (test.sh)", n_verify, wall / n_verify * 1000, None, rewarded,
               _bench.ratio(wall / n_verify * 1000, none_ms))
+    bwrap_ms = best["bwrap"][0] / n * 1000
+    table.add("control grading (bwrap, untouched files)", n, control_wall / n * 1000, None, controls_scored,
+              _bench.ratio(control_wall / n * 1000, none_ms))
     report.table(table)
+    report.value("control_vs_grading", control_wall / n * 1000 / bwrap_ms)
+    report.line(f"a control grading costs {control_wall / n * 1000:.1f} ms against {bwrap_ms:.1f} ms for a normal "
+                f"grading in the sandbox ({control_wall / n * 1000 / bwrap_ms:.2f}x); it runs only after a grading "
+                "failure, once per case and job")
     added = (best["bwrap"][0] - best["none"][0]) / n * 1000
     report.value("sandbox_added_ms", added)
     report.line(f"the grader sandbox adds {added:.1f} ms of wall time per session; budget {BUDGET_MS:.0f} ms: "

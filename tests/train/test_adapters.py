@@ -49,7 +49,7 @@ def tok(sid: str, seq: int, prompt: list[int] | None, completion: list[int] | No
 # g1: a 2-turn session whose second prompt extends the first prompt + completion (tool tokens 20, 21
 #     between), a 1-turn one, and a 2-turn one whose second prompt rewrote the history;
 # g2: an infrastructure failure (no steps) and a valid 1-turn session;
-# g3: an evaluator error and a valid session recorded without token ids;
+# g3: a broken grader and a valid session recorded without token ids;
 # g4: two valid sessions, one without logprobs.
 STEPS = {
     "g1-0": [tok("g1-0", 1, [1, 2, 3], [10, 11, EOS], [-0.1, -0.2, -0.3], 3),
@@ -67,7 +67,7 @@ STEPS = {
 SCORES: dict[str, tuple[float | None, str | None, dict[str, Any]]] = {
     "g1-0": (10.0, "scored", {}), "g1-1": (0.0, "scored", {}), "g1-2": (5.0, "scored", {}),
     "g2-0": (None, "infra_error", {"status": "error", "outcome": "setup_failed"}), "g2-1": (7.0, "scored", {}),
-    "g3-0": (0.0, "error", {"eval_reason": "grader bug"}), "g3-1": (10.0, "scored", {}),
+    "g3-0": (None, "grader_broken", {"eval_reason": "grader bug"}), "g3-1": (10.0, "scored", {}),
     "g4-0": (10.0, "scored", {}), "g4-1": (2.0, "scored", {}),
 }
 
@@ -115,7 +115,7 @@ async def test_samples_become_one_exact_sequence_and_invalid_ones_are_dropped_wi
     assert reasons == {
         ("g1", "g1-2"): "not one sequence: step 2 does not extend the previous prompt + completion (2 sequences)",
         ("g2", "g2-0"): "invalid: infrastructure failure (setup_failed)",
-        ("g3", "g3-0"): "invalid: evaluation error: grader bug",
+        ("g3", "g3-0"): "invalid: evaluation grader_broken: grader bug",
         ("g3", "g3-1"): "no token ids on step 1 (a route without token capture)",
     }
 
