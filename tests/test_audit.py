@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from rollout.audit.audit import INCONCLUSIVE_EXIT, PAID_EXIT, AttackMeta, exit_code, findings
-from rollout.audit.battery import ATTACK_ROOT, BASELINE, REFERENCE, Attack, attack_folders, battery, load_attack
+from rollout.audit.battery import (
+    ATTACK_ROOT,
+    BASELINE,
+    REFERENCE,
+    Attack,
+    attack_folders,
+    battery,
+    load_attack,
+)
 from rollout.audit.grader_scan import GraderScan, crash_line, passing_value, runner_keys, scan_evaluator
 from rollout.audit.report import html_section, sanity_cells, table_rows, verdict_line
 from rollout.contract.harness import HarnessUnavailable, load_harness_file
