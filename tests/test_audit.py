@@ -306,7 +306,7 @@ def test_each_attack_is_caught_by_a_gullible_grader(tmp_path: Path) -> None:
     for env, attack in caught.items():
         assert f"{env}/t1" in paid[attack]["paid"], (env, attack, paid[attack])
     for attack, env in BROKEN_BY.items():
-        assert paid[attack]["grader_errors"] == [f"{env}/t1"] and not paid[attack]["paid"], paid[attack]
+        assert f"{env}/t1" in paid[attack]["grader_errors"] and not paid[attack]["paid"], paid[attack]
     for a in paid.values():
         if a["attack"] not in BROKEN_BY:
             assert a["paid"] and a["gained"] == 10.0 and a["reason"] and a["fix_hint"]
