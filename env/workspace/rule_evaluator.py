@@ -17,6 +17,17 @@ from typing import Any
 
 ANSWER_PATH = "outputs/answer.json"
 REL_TOL = 1e-6
+MAX_ANSWER_BYTES = 1024 * 1024
+"""A larger answer file scores 0 unread (parsing a huge one could exceed the grader's memory)."""
+
+
+def _show(value: Any) -> str:
+    """``value`` as JSON for a reason, cut to 200 characters (``...`` for one nested too deeply to print)."""
+    try:
+        text = json.dumps(value)
+    except (RecursionError, ValueError):
+        return "..."
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _is_number(value: Any) -> bool:
@@ -28,7 +39,7 @@ def first_mismatch(expected: Any, actual: Any, path: str = "answer") -> str | No
     naming the first mismatched key path, e.g. ``"answer.totals.North: expected 12.5, got 12"``."""
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
-            return f"{path}: expected an object, got {json.dumps(actual)}"
+            return f"{path}: expected an object, got {_show(actual)}"
         for key, value in expected.items():
             if key not in actual:
                 return f"{path}.{key}: missing"
@@ -38,7 +49,7 @@ def first_mismatch(expected: Any, actual: Any, path: str = "answer") -> str | No
         return None
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(actual) != len(expected):
-            return f"{path}: expected {json.dumps(expected)}, got {json.dumps(actual)}"
+            return f"{path}: expected {_show(expected)}, got {_show(actual)}"
         for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
             found = first_mismatch(exp, act, f"{path}[{i}]")
             if found:
@@ -55,14 +66,20 @@ def first_mismatch(expected: Any, actual: Any, path: str = "answer") -> str | No
 
 def load_answer(workspace: str | None) -> tuple[Any, str | None]:
     """(answer, None) from ``<workspace>/outputs/answer.json``, or (None, reason) when there is no
-    workspace, no file, or the file is not a JSON object."""
+    workspace, no file, a file over ``MAX_ANSWER_BYTES`` or nested too deeply to parse, or the
+    file is not a JSON object."""
     if not workspace:
         return None, "no workspace to grade"
     path = Path(workspace) / ANSWER_PATH
     try:
+        size = path.stat().st_size
+        if size > MAX_ANSWER_BYTES:
+            return None, f"{ANSWER_PATH} is too large ({size} bytes, over {MAX_ANSWER_BYTES})"
         answer = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None, f"{ANSWER_PATH} is missing"
+    except RecursionError:
+        return None, f"{ANSWER_PATH} is nested too deeply"
     except (OSError, ValueError) as exc:
         return None, f"{ANSWER_PATH} is not valid JSON: {exc}"
     if not isinstance(answer, dict):

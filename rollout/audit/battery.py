@@ -12,6 +12,10 @@ from rollout.sandbox.harness_cache import PROJECT_ROOT, LoadedHarness, bundled, 
 
 ATTACK_ROOT = PROJECT_ROOT / "attacks"
 """Where bundled attacks live: ``attacks/<name>/harness.py`` + ``run.py``."""
+REFERENCE_FOLDER = Path(__file__).resolve().parent / "reference"
+"""The audit's reference run (not an attack): the case's reference solution, for the sanity row."""
+REFERENCE = "audit-reference"
+"""The reference run's harness name."""
 BASELINE = "do-nothing"
 """The attack folder every other attack is measured against: it leaves the workspace as it is."""
 
@@ -20,13 +24,18 @@ class Attack(Harness):
     """Base class of an attack plugin: a harness whose own ``runtime`` (default ``run.py`` of its
     folder) is the session's runtime, so it controls everything an agent could (the workspace,
     the result line, the exit status). ``summary``: what it does; ``source``: where the field saw
-    it; ``fix_hint``: one line telling a benchmark author how to stop it when it pays."""
+    it; ``fix_hint``: one line telling a benchmark author how to stop it when it pays.
+    ``grader_reads``: what of the grader's source scan (``rollout.audit.grader_scan.GraderScan``:
+    ``metric_keys``, ``paths``, ``names``, ``evals``) a finding cites as the line it exploited;
+    ``grader_aware``: the audit gives it that scan (``audit.json`` beside its ``run.py``)."""
 
     version = "1"
     runtime: str | None = "run.py"
     summary: str = ""
     source: str = ""
     fix_hint: str = ""
+    grader_reads: tuple[str, ...] = ()
+    grader_aware: bool = False
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         raise NotImplementedError("an attack runs its own runtime (run.py), never the harness wrapper")

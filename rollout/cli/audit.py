@@ -1,5 +1,6 @@
 """``launcher.py audit``: run the battery of scripted attacks on a benchmark's cases and say which
-ones earned more than doing nothing (docs/audit.md). Exit codes: 0 clean, 4 when an attack paid,
+ones earned more than doing nothing (docs/audit.md). Exit codes: 0 clean, 4 when the audit failed
+(an attack paid, a grader failed on agent input, a baseline passed or a reference failed),
 2 when none paid but a case could not be graded, 1 for a setup error, 130 on Ctrl-C."""
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from sqlalchemy.exc import DatabaseError
 from rollout.audit.audit import AuditOptions, AuditReport, exit_code, run_audit
 from rollout.audit.battery import ATTACK_ROOT, BASELINE, attack_folders, load_attack
 from rollout.audit.battery import info as attack_info
-from rollout.audit.report import html_section, render_table, table_rows, verdict_line
+from rollout.audit.report import (
+    SANITY_HEADERS,
+    html_section,
+    render_table,
+    sanity_cells,
+    table_rows,
+    verdict_line,
+)
 from rollout.cli.listing import add_env_flags
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.argtypes import finite_float, int_at_least
@@ -61,6 +69,9 @@ def list_battery() -> int:
 
 def print_report(report: AuditReport, kept: bool) -> None:
     """The table, then the verdict and where the sessions are (``kept``: in a store of the user's)."""
+    if report.sanity:
+        print(render_table([sanity_cells(r) for r in report.sanity], SANITY_HEADERS))
+        print()
     print(render_table(table_rows(report)))
     print()
     print(verdict_line(report))

@@ -618,7 +618,7 @@ class Scheduler:
         command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir, *solution],
                                  env={"PYTHONPATH": str(CODE_ROOT),
                                       **({SOLUTION_ENV: str(solution[0])} if solution else {})},
-                                 env_code=h.runtime is not None)  # its own runtime sees what the env's would
+                                 env_code=h.runtime is not None and not h.uses_solution)  # the solution: as the oracle sees it
         log = (self.s.log_dir.resolve() / "harness" / f"{row.session_id}-a{attempt}.log") if self.s.log_dir else None
         return command, log
 
