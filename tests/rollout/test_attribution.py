@@ -213,3 +213,51 @@ async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_
         stopped = await run_job(options(tmp_path, up, job_id="attr3", agent_root=tmp_path / "envs2", pool_size=1))
     assert stopped.stopped is not None and stopped.stopped.startswith("3 broken-grader finding(s) (badgrader: 3)")
     assert len(stopped.records) == 3
+
+
+STALL_RUNTIME = '''
+from pathlib import Path
+from env.runtime_kit import run_runtime
+from rollout.contract.protocol import SimulationStartResult
+
+def main(req):
+    if req.env_params["dataset"]["id"] == "stall":  # code under test that never returns: the checker stalls
+        Path("prog.sh").write_text("sleep 3600\\n")
+    return SimulationStartResult(session_id=req.session_id, status="succeeded")
+
+run_runtime(main)
+'''
+
+CHECK = '''#!/bin/bash
+out=$(cd /workspace && bash prog.sh)
+if [ "$out" = 42 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+'''
+
+
+async def test_code_under_test_that_stalls_the_verifier_is_the_agents_zero(tmp_path: Path) -> None:
+    """A verifier timeout caused by the agent's code is its 0, counted: the same tests complete on
+    the untouched starting workspace."""
+    env_dir = tmp_path / "envs" / "stall"
+    for task in ("stall", "idle"):
+        t = env_dir / "tasks" / task
+        (t / "environment").mkdir(parents=True)
+        (t / "tests").mkdir()
+        (t / "instruction.md").write_text("print 42 from prog.sh\n")
+        (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 3.0\n')
+        (t / "environment" / "prog.sh").write_text("echo 0\n")
+        (t / "tests" / "test.sh").write_text(CHECK)
+    (env_dir / "runtime.py").write_text(STALL_RUNTIME)
+    (env_dir / "env.yaml").write_text(yaml.safe_dump({
+        "name": "stall", "dataset": {"format": "harbor", "path": "tasks"},
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}}))
+    async with FakeUpstream() as up:
+        result = await run_job(options(tmp_path, up, job_id="attr4"))
+    by_case = {r.case_id: r for r in result.records}
+    stall, idle = by_case["stall"], by_case["idle"]
+    assert (stall.eval_status, stall.score) == ("timeout", 0.0)
+    assert (stall.reason or "").startswith("timeout: verifier timed out after 3 s (killed); counted as the agent's 0")
+    assert (idle.eval_status, idle.score) == ("scored", 0.0)
+    (row,) = result.totals.summary()
+    assert (row.mean_score, row.eval_timeout, row.grader_broken) == (0.0, 1, 0)
+    groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr4")
+    assert sorted((s.valid, s.score) for g in groups for s in g.samples) == [(True, 0.0), (True, 0.0)]
