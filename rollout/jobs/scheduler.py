@@ -685,7 +685,8 @@ class Scheduler:
         limit = self.s.max_broken_graders
         if limit and n >= limit and self._stop_when_told is None:
             why = (f"{n} broken-grader finding(s) ({', '.join(f'{e}: {k}' for e, k in sorted(self._broken.items()))}):"
-                   f" the grader fails without the agent; fix it, then --resume (--max-broken-graders {limit})")
+                   f" the grader fails without the agent; fix it, then --regrade --job-id {self.s.job_id} (its sessions) and"
+                   f" --resume --job-id {self.s.job_id} (the rest) (--max-broken-graders {limit})")
             self._stop_when_told = why  # once this session's record is out (``_worker``)
 
     async def _grade(self, cfg: EnvConfig, case: Case, row: JobEnvironment, start: SimulationStartResult | None,
