@@ -1,8 +1,9 @@
 """A grader's verdict cannot be written by the code it runs: an evaluator that runs the agent's
 program in a child process (as docs/grading.md recommends) is attacked by that program through every
-route to its result channel (the fds of every process in /proc, /proc/<pid>/mem, ptrace, inherited
-fds, a detached process that writes late) and by killing it. The committed evaluation is the honest
-score of the program's output, or ``error`` when the grader was killed; never the forged 10."""
+route to its result channel (the fds of every process in /proc, pidfd_getfd, /proc/<pid>/mem,
+ptrace, inherited fds, a detached process that writes late) and by killing it. The committed
+evaluation is the honest score of the program's output, or ``error`` when the grader was killed;
+never the forged 10."""
 
 from __future__ import annotations
 
@@ -107,6 +108,13 @@ def attack_holder(pid):
         except OSError:
             pass
     seen.append(f"fds opened {opened}")
+    pidfd, taken = libc.syscall(434, pid, 0), 0  # pidfd_open, then pidfd_getfd of each of its fds
+    for fd in range(64):
+        got = libc.syscall(438, pidfd, fd, 0)
+        if got >= 0:
+            os.close(got)
+            taken += 1
+    seen.append(f"fds taken {taken}")
     try:
         with open(f"/proc/{pid}/mem", "r+b"):
             seen.append("mem opened")
@@ -164,7 +172,7 @@ async def test_a_program_run_by_the_grader_cannot_forge_its_result(tmp_path: Pat
         assert out.reason is not None and out.reason.startswith("the grader exited with code 137 without a result: ")
     else:  # the honest verdict on the output 41, and the grader process refused every route
         assert (out.status, out.score, out.reason) == (
-            "scored", 0.0, "inherited []; fds opened 0; mem PermissionError; ptrace Operation not permitted")
+            "scored", 0.0, "inherited []; fds opened 0; fds taken 0; mem PermissionError; ptrace Operation not permitted")
 
 
 def _framed(nonce: str, body: bytes) -> bytes:
