@@ -2,12 +2,15 @@
 ``python -I -S``): listens on 127.0.0.1:PORT, relays each connection to the gateway's Unix socket,
 and runs the runtime as its child.
 
-    python -I -S sandbox_forwarder.py PORT SOCKET STATUS_FD RLIMITS -- COMMAND...
+    python -I -S sandbox_forwarder.py [--undumpable] PORT SOCKET STATUS_FD RLIMITS -- COMMAND...
 
 RLIMITS is ``-`` or comma-separated ``NAME=VALUE`` (``fsize``, ``as``, ``core``: bytes; ``cpu``:
 seconds), set on the runtime. It writes ``started`` (or ``error: <why>`` when the runtime cannot be started) to
 STATUS_FD and exits with the runtime's exit code (128 + N for a runtime killed by signal N). Only
 C modules are imported (``_socket``, ``_thread``): a session start pays for no module imports.
+``--undumpable`` (the verifier's) first makes the forwarder non-dumpable (``prctl(PR_SET_DUMPABLE,
+0)``, through ``ctypes``): what it runs can then neither trace it nor open its ``/proc/<pid>/mem``
+or fds, so its exit code stays the runtime's.
 """
 
 import _socket
@@ -50,7 +53,19 @@ def _serve(listener: _socket.socket, path: str) -> None:
         _thread.start_new_thread(_pump, (upstream, client))
 
 
+def _undumpable() -> None:
+    import ctypes  # only for --undumpable: a session start imports nothing  # noqa: PLC0415
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(err)}")
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--undumpable":
+        _undumpable()
+        argv = argv[1:]
     port, path, status_fd, rlimits = int(argv[0]), argv[1], int(argv[2]), argv[3]
     command = argv[argv.index("--") + 1:]
     os.set_inheritable(status_fd, False)  # the runtime never gets it

@@ -6,17 +6,21 @@ read-only (graders anywhere may import ``env.*``), each env root read-only from 
 (bound at its host path, so ``spec.evaluator_path`` is the same string inside), the session's workspace copy read-only at ``/workspace``, a private ``/tmp``,
 no network, a clean environment, memory and process caps (cgroups when there are, else
 ``RLIMIT_AS``), CPU-time and file-size limits, output counted. At the timeout the whole sandbox
-is killed (its process group, its cgroups; the pid namespace takes the rest). Whatever the child
-does, the answer is an ``Evaluation``: nothing raises but cancellation.
+is killed (its process group, its cgroups; the pid namespace takes the rest). The result comes on
+a pipe of its own, framed with a nonce of this evaluation that only the child's own code holds
+(it is non-dumpable, the pipe close-on-exec: programs the evaluator starts cannot reach either).
+Whatever the child does, the answer is an ``Evaluation``: nothing raises but cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import math
 import os
+import secrets
 import signal
 import site
 import sys
@@ -113,8 +117,10 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
         rlimits["as"] = limits.memory_mb * MiB
     inside = request.model_copy(update={"workspace": WORKSPACE if workspace is not None else None})
     result_r, result_w = os.pipe()
+    nonce = secrets.token_hex(16)
     job = {"evaluator": str(path), "request": inside.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
-           "trajectory": trajectory.model_dump(mode="json"), "rlimits": rlimits, "result_fd": result_w}
+           "trajectory": trajectory.model_dump(mode="json"), "rlimits": rlimits, "result_fd": result_w,
+           "nonce": nonce}
     try:
         await asyncio.to_thread(cg.create, f"rollout-grade-{request.session_id[:24]}-{uuid.uuid4().hex[:6]}")
     except OSError as e:
@@ -122,7 +128,7 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
         os.close(result_w)
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: cgroup: {e}")
     try:
-        value = await _run_child(cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg)
+        value = await _run_child(cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg, nonce)
     except _Ended as e:
         if e.status == "timeout":
             return outcome("timeout", 0.0, reason=f"evaluator timed out after {float(timeout)!r} s")
@@ -133,7 +139,7 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
 
 
 async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result_w: int, deadline: float,
-                     limits: GraderLimits, cg: SessionCgroup) -> Any:
+                     limits: GraderLimits, cg: SessionCgroup, nonce: str) -> Any:
     """Start the child, feed it the job, collect its result; raise _Ended when there is none."""
     env = clean_env({"PYTHONPATH": CHILD_PATH, "HOME": "/tmp"})
     payload = json.dumps(job, ensure_ascii=True).encode("ascii")
@@ -212,10 +218,7 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
     if over:
         raise _Ended("error", over[0])
     if result:
-        try:
-            return json.loads(bytes(result))
-        except ValueError:
-            raise _Ended("error", "the grader sandbox returned a malformed result") from None
+        return _unframed(bytes(result), nonce)
     hit = cg.exceeded()
     if hit == "memory":
         raise _Ended("error", f"the grader exceeded its memory limit ({limits.memory_mb} MiB)")
@@ -224,6 +227,18 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
     last = bytes(tail).decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
     how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
     raise _Ended("error", f"the grader {how} without a result: {last[0][-300:]}")
+
+
+def _unframed(data: bytes, nonce: str) -> Any:
+    """The JSON value of a result framed as ``nonce``, newline, JSON; raises _Ended (an error)
+    for bytes that do not start with this evaluation's nonce or are not one JSON value after it."""
+    head, sep, body = data.partition(b"\n")
+    if not sep or not hmac.compare_digest(head, nonce.encode("ascii")):
+        raise _Ended("error", "the grader's result channel carried bytes not written by the grader")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise _Ended("error", "the grader sandbox returned a malformed result") from None
 
 
 def _checked(value: Any, outcome: Any) -> Evaluation:

@@ -9,7 +9,9 @@ read-only at ``/tests`` and a writable ``/logs/verifier``, where the script writ
 (a number) or ``reward.json``. Its tools come from the read-only host (PATH holds host folders
 only; ``PYTHONSAFEPATH``, ``PYTHONNOUSERSITE``, HOME on the private ``/tmp``), so files the agent
 left in the workspace (a ``conftest.py``, a ``sitecustomize.py``, a ``python`` or ``pytest``, its
-own ``tests/``) are not what runs the tests. The rules are in docs/verifiers.md.
+own ``tests/``) are not what runs the tests. The script's bash (an execute-only copy: ``SHELL``) and
+the forwarder that reports its exit status are not dumpable, so the code under test cannot trace
+them. The rules are in docs/verifiers.md.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ MAX_REWARD_FILE = 64 * 1024
 HOST_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 """The verifier's PATH after the interpreter's folder: host folders only, never the workspace."""
 _NO_GATEWAY = "/run/rollout/no-gateway.sock"  # the forwarder's socket: a verifier has no gateway
+SHELL = "/run/rollout/bash"
+"""Where the script's bash is: a copy of the host's, execute-only (mode 0111), so the bash running
+``test.sh`` is not dumpable (the kernel makes a process that execs a file it cannot read so): the
+code under test can neither trace it nor open its ``/proc/<pid>/mem`` or fds."""
 
 VerifierStatus = Literal["rewarded", "no_reward", "timeout", "setup_failed"]
 
@@ -100,8 +106,8 @@ def _bash() -> str:
     return next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.isfile(p)), "bash")
 
 
-def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, limits: LimitsConfig, status_fd: int,
-             rlimits: dict[str, int]) -> list[str]:
+def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, limits: LimitsConfig,
+             status_fd: int, rlimits: dict[str, int]) -> list[str]:
     b = Binds()
     b.args += ["--size", str(limits.disk_mb * MiB), "--tmpfs", "/tmp"] if limits.disk_mb else ["--tmpfs", "/tmp"]
     b.system()
@@ -110,9 +116,10 @@ def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, limits: Limit
     b.ro(tests, TESTS)
     b.args += ["--bind", str(logs), LOGS]
     b.ro(FORWARDER_SOURCE, FORWARDER)
+    b.ro(shell, SHELL)
     return [bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev", "--chdir", WORKSPACE, "--",
-            sys.executable, "-I", "-S", FORWARDER, str(GATEWAY_PORT), _NO_GATEWAY, str(status_fd),
-            ",".join(f"{k}={v}" for k, v in rlimits.items()), "--", _bash(), f"{TESTS}/{TEST_SCRIPT}"]
+            sys.executable, "-I", "-S", FORWARDER, "--undumpable", str(GATEWAY_PORT), _NO_GATEWAY, str(status_fd),
+            ",".join(f"{k}={v}" for k, v in rlimits.items()), "--", SHELL, f"{TESTS}/{TEST_SCRIPT}"]
 
 
 def _read_small(folder: Path, name: str) -> str | None:
@@ -253,8 +260,10 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
     try:
         try:
             scratch = Path(tempfile.mkdtemp(prefix="rollout-verify-"))
-            copy_dest, logs = scratch / "workspace", scratch / "logs"
+            copy_dest, logs, shell = scratch / "workspace", scratch / "logs", scratch / "bash"
             logs.mkdir()
+            shutil.copyfile(_bash(), shell)
+            shell.chmod(0o111)
             copied = await asyncio.to_thread(_copy, workspace, copy_dest,
                                              caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB))
             status_r, status_w = os.pipe()
@@ -267,7 +276,7 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             rlimits["fsize"] = limits.disk_mb * MiB + 1
         if limits.memory_mb is not None and support.memory is None:
             rlimits["as"] = limits.memory_mb * MiB
-        argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, limits, status_w, rlimits)
+        argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, shell, limits, status_w, rlimits)
         if cg.procs_files:  # join the cgroups before bwrap starts anything
             join = " && ".join(f"echo $$ > '{f}'" for f in cg.procs_files)
             argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]

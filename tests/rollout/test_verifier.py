@@ -370,3 +370,56 @@ async def test_the_bundled_bug_fix_scores_its_reference_solution(tmp_path: Path,
     after = await verify(ws, FIX_MEDIAN / "tests")
     assert (before.status, before.reward) == ("rewarded", 0.0), before
     assert (after.status, after.reward) == ("rewarded", 1.0), after
+
+
+# The code under test, run by test.sh, tries what would let it change the verdict of the script
+# (bash) that runs it and of the sandbox's forwarder (whose exit status says whether the script was
+# killed): open their fds, their memory, trace them. It prints what it got.
+PROBE = r'''
+import ctypes, os
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+
+
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def probe(pid):
+    opened = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            os.close(os.open(f"/proc/{pid}/fd/{name}", os.O_RDONLY | os.O_NONBLOCK))
+            opened += 1
+        except OSError:
+            pass
+    seen = [f"fds opened {opened}"]
+    try:
+        with open(f"/proc/{pid}/mem", "r+b"):
+            seen.append("mem opened")
+    except OSError as e:
+        seen.append(f"mem {type(e).__name__}")
+    if libc.ptrace(0x4206, pid, None, None) == 0:  # PTRACE_SEIZE
+        libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+        seen.append("ptrace attached")
+    else:
+        seen.append(f"ptrace {os.strerror(ctypes.get_errno())}")
+    return "; ".join(seen)
+
+
+script = os.getppid()
+print(f"script: {probe(script)} | forwarder: {probe(parent_of(script))}")
+'''
+
+
+async def test_the_code_under_test_cannot_trace_the_script_or_the_forwarder(tmp_path: Path,
+                                                                              scratch_root: Path) -> None:
+    ws = workspace(tmp_path)
+    (ws / "probe.py").write_text(PROBE)
+    out = await verify(ws, task(tmp_path, "#!/bin/bash\npython3 /workspace/probe.py\necho 0 > /logs/verifier/reward.txt\n"))
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert out.stdout_tail.strip() == (
+        "script: fds opened 0; mem PermissionError; ptrace Operation not permitted | "
+        "forwarder: fds opened 0; mem PermissionError; ptrace Operation not permitted"), out.stdout_tail
