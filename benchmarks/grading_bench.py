@@ -97,7 +97,7 @@ async def control_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
                 return await grader.evaluate(EVALUATOR, req, spec, Trajectory(session_id=f"c{i}"), ws)
 
             async with gate:
-                return (await controls.control(case, grade)).status  # type: ignore[arg-type]
+                return (await controls.control(case, grade)).evaluation.status  # type: ignore[arg-type]
 
         with _bench.timed() as t:
             statuses = await asyncio.gather(*(one(i) for i in range(n)))

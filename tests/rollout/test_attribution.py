@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rollout.core.envs import Case
-from rollout.grading.attribution import Controls, attribute, needs_control
+from rollout.grading.attribution import REFERENCE, Control, Controls, attribute, needs_control
 from rollout.grading.evaluation import Evaluation
 from rollout.jobs.job import JobOptions, run_job
 from rollout.results.report import SessionRecord, render_table, summarize
@@ -29,18 +29,19 @@ def test_a_failure_whose_control_grades_is_the_agents_zero() -> None:
     failed = Evaluation(status="error", score=0.0, reason="RecursionError: maximum recursion depth exceeded",
                         isolation="bwrap")
     control = Evaluation(status="scored", score=0.0, reason="no answer")
-    out = attribute(failed, control)
+    out = attribute(failed, Control(control))
     assert (out.status, out.score, out.isolation) == ("error", 0.0, "bwrap")
     assert out.reason == ("error: RecursionError: maximum recursion depth exceeded; counted as the agent's 0: the "
                           "same grader scored the control (the untouched starting workspace) 0")
-    assert out.detail()["control"] == {"status": "scored", "score": 0.0, "reason": "no answer"}
+    assert out.detail()["control"] == {"on": "the untouched starting workspace", "status": "scored", "score": 0.0,
+                                       "reason": "no answer"}
 
 
 @pytest.mark.parametrize("control_status", ["error", "timeout", "invalid_reward"])
 def test_a_failure_whose_control_fails_too_is_a_broken_grader(control_status: str) -> None:
     failed = Evaluation(status="timeout", score=0.0, reason="evaluator timed out after 60.0 s")
     control = Evaluation(status=control_status, score=0.0, reason="KeyError: 'x'")  # type: ignore[arg-type]
-    out = attribute(failed, control)
+    out = attribute(failed, Control(control))
     assert (out.status, out.score) == ("grader_broken", None)
     assert out.reason == ("grader broken: it failed on this session (timeout: evaluator timed out after 60.0 s) and "
                           f"on the control, the untouched starting workspace ({control_status}: KeyError: 'x'); "
@@ -73,12 +74,38 @@ async def test_a_control_is_graded_once_per_case_on_its_untouched_files(tmp_path
     waiting = [asyncio.ensure_future(controls.control(case, grade)) for _ in range(3)]
     await asyncio.sleep(0.05)
     gate.set()
-    assert [e.score for e in await asyncio.gather(*waiting)] == [3.0, 3.0, 3.0]
+    assert [c.evaluation.score for c in await asyncio.gather(*waiting)] == [3.0, 3.0, 3.0]
     assert seen == [{"sub/start.txt": "start"}] and controls.graded == 1
     assert (files / "sub" / "start.txt").read_text() == "start"  # a copy was graded
     empty = await controls.control(Case(env_name="e", case_id="c2", row={}), grade)
-    assert empty.score == 3.0 and seen[1] == {} and controls.graded == 2
+    assert empty.evaluation.score == 3.0 and seen[1] == {} and controls.graded == 2
     assert list(tmp_path.glob("rollout-control-*")) == []  # removed after grading
+
+
+async def test_a_grader_that_fails_without_an_answer_is_shown_working_by_the_reference_answer(
+        tmp_path: Path) -> None:
+    """A grader that raises on a missing answer file fails on the untouched workspace; the case's
+    reference answer (an expected.json task's) shows it works, so the agent's failure is its 0."""
+    graded: list[str | None] = []
+
+    async def grade(ws: Path) -> Evaluation:
+        answer = ws / "outputs" / "answer.json"
+        graded.append(answer.read_text() if answer.is_file() else None)
+        if not answer.is_file():
+            return Evaluation(status="error", score=0.0, reason="FileNotFoundError: outputs/answer.json")
+        return Evaluation(status="scored", score=10.0)
+
+    case = Case(env_name="e", case_id="t1", row={"expected": {"total": 7}})
+    control = await Controls(tmp_path).control(case, grade)
+    assert (control.on, control.evaluation.score, graded) == (REFERENCE, 10.0, [None, '{"total": 7}'])
+    out = attribute(Evaluation(status="error", score=0.0, reason="FileNotFoundError"), control)
+    assert (out.status, out.score) == ("error", 0.0)
+    assert out.reason == ("error: FileNotFoundError; counted as the agent's 0: the same grader scored the control "
+                          "(the starting workspace with the reference answer in outputs/answer.json) 10")
+    # without a reference answer the same grader is broken
+    bare = await Controls(tmp_path).control(Case(env_name="e", case_id="t2", row={"expected": 7}), grade)
+    assert (bare.on, bare.evaluation.status) == ("the untouched starting workspace", "error")
+    assert attribute(Evaluation(status="error", score=0.0), bare).status == "grader_broken"
 
 
 def record(case: str, status: str, score: float | None, outcome: str = "succeeded") -> SessionRecord:
@@ -187,7 +214,8 @@ async def test_a_wrong_answer_that_breaks_the_grader_counts_zero_in_the_mean_and
     con = sqlite3.connect(tmp_path / "t.db")
     detail = con.execute("SELECT eval_detail FROM job_environments WHERE case_id = 'deep2'").fetchone()[0]
     con.close()
-    assert json.loads(detail)["control"] == {"status": "scored", "score": 0.0, "reason": "no answer"}
+    assert json.loads(detail)["control"] == {"on": "the untouched starting workspace", "status": "scored",
+                                             "score": 0.0, "reason": "no answer"}
 
 
 async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_job(tmp_path: Path) -> None:
