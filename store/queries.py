@@ -261,7 +261,7 @@ class ViewerQueries:
             func.sum(case((JE.c.status == "running", 1), else_=0)).label("running"),
             func.sum(case((JE.c.status.in_(("error", "timeout")), 1), else_=0)).label("errors"),
             func.sum(case((JE.c.eval_status == "scored", 1), else_=0)).label("scored"),
-            func.avg(case((JE.c.eval_status == "scored", JE.c.reward), else_=None)).label("mean_score"),
+            func.avg(case((_counted(), JE.c.reward), else_=None)).label("mean_score"),
             func.min(JE.c.created_at).label("created_at"),
             func.min(JE.c.started_at).label("started_at"),
             func.max(JE.c.finished_at).label("finished_at"),
@@ -269,7 +269,8 @@ class ViewerQueries:
 
     async def jobs(self, job_id: str | None = None) -> list[dict[str, Any]]:
         """One row per job (only ``job_id``'s when given), newest first: sessions, finished,
-        running, errors (status error|timeout), scored, mean score over scored sessions, first
+        running, errors (status error|timeout), scored, mean score over counted sessions (grading
+        failures as their 0), first
         created/started and last finished time, and the sorted distinct ``envs`` and ``models``."""
         stmt = self._job_stats().order_by(func.min(JE.c.created_at).desc())
         names_stmt = select(JE.c.job_id, JE.c.env_name, JE.c.llm_model).distinct()

@@ -23,6 +23,7 @@ from rollout.results.report import output_path_problem
 from rollout.servers.viewer.db import ViewerError, open_queries
 from rollout.servers.viewer.render import templates
 from rollout.servers.viewer.stats import pass_curves, records_of, summary
+from store import COUNTED_EVAL_STATUSES
 from store.queries import ViewerQueries
 
 DEFAULT_VIEWER_URL = "http://127.0.0.1:8765"
@@ -90,13 +91,13 @@ def figures(rows: list[dict[str, Any]], curves: dict[tuple[str, str], list[tuple
 
     hist = go.Figure()
     for (env, model), rs in sorted(by_key.items()):
-        scores = [r["reward"] for r in rs if r["eval_status"] == "scored" and r["reward"] is not None]
+        scores = [r["reward"] for r in rs if r["eval_status"] in COUNTED_EVAL_STATUSES and r["reward"] is not None]
         if scores:
             hist.add_trace(go.Histogram(x=scores, name=_label(env, model), xbins={"start": -0.5, "end": 10.5, "size": 1},
                                         opacity=0.75))
     if hist.data:
         hist.update_layout(barmode="group", xaxis={"range": [-0.5, 10.5], "dtick": 1})
-        out["scores"] = _div(_layout(hist, "Score histogram (scored sessions)", "score", "sessions"), "plot-scores")
+        out["scores"] = _div(_layout(hist, "Score histogram (graded sessions, a grading failure as 0)", "score", "sessions"), "plot-scores")
 
     if curves:
         fig = go.Figure()
