@@ -47,16 +47,31 @@ sys.stdout.write(line)
 sys.stdout.flush()
 '''
 
+DEEP_REQUEST = r'''
+import json, sys, urllib.error, urllib.request
+req = json.loads(sys.stdin.readline())
+deep = json.loads("[" * 300 + "]" * 300)
+body = {"model": req["model"], "messages": [{"role": "user", "content": "hi"}], "metadata": deep}
+call = urllib.request.Request(req["gateway_base_url"] + "/chat/completions", data=json.dumps(body).encode(),
+                              headers={"content-type": "application/json"})
+try:
+    urllib.request.urlopen(call)
+    answer = "answered"
+except urllib.error.HTTPError as e:
+    answer = f"HTTP {e.code}"
+print(json.dumps({"session_id": req["session_id"], "status": "succeeded", "metrics": {"answer": answer}}))
+'''
+
 EVALUATOR = '''
 def evaluate(request, spec, trajectory):
     return 7
 '''
 
 
-def make_env(root: Path, cases: list[dict[str, Any]]) -> None:
+def make_env(root: Path, cases: list[dict[str, Any]], runtime: str = RUNTIME) -> None:
     env_dir = root / "bytes"
     (env_dir / "data").mkdir(parents=True)
-    (env_dir / "runtime.py").write_text(RUNTIME)
+    (env_dir / "runtime.py").write_text(runtime)
     (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
     (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
     (env_dir / "env.yaml").write_text(yaml.safe_dump({
@@ -118,6 +133,22 @@ async def test_a_result_that_cannot_be_kept_is_the_agents_runtime_error(tmp_path
     lines = [json.loads(x) for x in result.out.read_text().splitlines()]
     assert sorted((x["case_id"], x["outcome"]) for x in lines) == sorted(
         [("ok", "succeeded")] + [(c, "runtime_error") for c in by_case])
+
+
+async def test_a_request_nested_too_deep_for_the_launchers_readers_is_refused_by_the_gateway(
+        tmp_path: Path) -> None:
+    """The agent's request is its bytes too: one nested deeper than the store's readers take is
+    refused (400) before it is recorded, so the job reads back every step it recorded."""
+    make_env(tmp_path / "envs", [{"id": "deep_request"}], DEEP_REQUEST)
+    db = tmp_path / "t.db"
+    async with FakeUpstream() as up:
+        result = await run_job(job_options(tmp_path, up, db))
+        assert up.requests == []
+    [r] = result.records
+    assert (r.status, r.outcome, r.score, r.eval_status, r.step_count) == ("succeeded", "succeeded", 7.0, "scored", 0)
+    assert q(db, "SELECT result FROM job_environments") == [(json.dumps(
+        {"session_id": r.session_id, "status": "succeeded", "total_reward": 0.0, "step_count": 0, "terminated": True,
+         "truncated": False, "error_text": None, "error_class": None, "metrics": {"answer": "HTTP 400"}}),)]
 
 
 @pytest.mark.parametrize(("value", "why"), [
