@@ -214,7 +214,7 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
     if result:
         try:
             return json.loads(bytes(result))
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _Ended("error", "the grader sandbox returned a malformed result") from None
     hit = cg.exceeded()
     if hit == "memory":

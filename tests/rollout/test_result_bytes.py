@@ -151,6 +151,40 @@ async def test_a_request_nested_too_deep_for_the_launchers_readers_is_refused_by
          "truncated": False, "error_text": None, "error_class": None, "metrics": {"answer": "HTTP 400"}}),)]
 
 
+DEEP_ANSWER = r'''
+import json, sys
+from pathlib import Path
+req = json.loads(sys.stdin.readline())
+Path("answer.json").write_text("[" * 300 + "]" * 300)
+print(json.dumps({"session_id": req["session_id"], "status": "succeeded"}))
+'''
+
+ECHOING_EVALUATOR = '''
+import json
+from pathlib import Path
+
+def evaluate(request, spec, trajectory):
+    answer = json.loads(Path(request.workspace, "answer.json").read_text())
+    return {"score": 7, "reason": "checked", "artifacts": {"answer": answer}}
+'''
+
+
+async def test_artifacts_an_evaluator_echoes_from_the_workspace_are_left_out_when_they_cannot_be_kept(
+        tmp_path: Path) -> None:
+    """An evaluator may hand back the agent's bytes (its answer file, parsed) as artifacts: what
+    cannot be kept is left out, the score stands, the launcher does not fail."""
+    make_env(tmp_path / "envs", [{"id": "deep_answer"}], DEEP_ANSWER)
+    (tmp_path / "envs" / "bytes" / "rule_evaluator.py").write_text(ECHOING_EVALUATOR)
+    db = tmp_path / "t.db"
+    async with FakeUpstream() as up:
+        result = await run_job(job_options(tmp_path, up, db))
+    [r] = result.records
+    assert (r.status, r.outcome, r.score, r.eval_status) == ("succeeded", "succeeded", 7.0, "scored")
+    assert r.reason == f"checked; artifacts left out: they cannot be kept (nested deeper than {RESULT_MAX_DEPTH} levels)"
+    [(detail,)] = q(db, "SELECT eval_detail FROM job_environments")
+    assert json.loads(detail)["artifacts"] is None
+
+
 @pytest.mark.parametrize(("value", "why"), [
     ({"a": [[[]]]}, None),
     ({"a": json.loads("[" * (RESULT_MAX_DEPTH - 1) + "]" * (RESULT_MAX_DEPTH - 1))}, None),
