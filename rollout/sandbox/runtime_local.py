@@ -25,6 +25,7 @@ from typing import BinaryIO, Literal
 from pydantic import BaseModel, ValidationError
 
 from rollout.contract.protocol import SimulationStartRequest, SimulationStartResult, model_json
+from wire.text import json_text
 
 log = logging.getLogger(__name__)
 WITHHELD_ENV = frozenset({"GATEWAY_ADMIN_KEY"})
@@ -129,8 +130,8 @@ _INT_MAX = 2**63 - 1
 def check_storable(obj: object) -> None:
     """Raise ValueError unless ``obj`` (a parsed result) can be kept, serialized and stored
     everywhere the launcher writes it: nested at most ``RESULT_MAX_DEPTH`` levels, integers within
-    64 bits, finite numbers, text UTF-8 can carry (no lone surrogate) and at most
-    ``RESULT_MAX_BYTES`` as JSON."""
+    64 bits, finite numbers, at most ``RESULT_MAX_BYTES`` as JSON (a lone surrogate or NUL is
+    kept, as its escape: docs/storage.md). TypeError for a value that is not JSON."""
     stack: list[tuple[object, int]] = [(obj, 1)]
     while stack:
         value, depth = stack.pop()
@@ -141,9 +142,7 @@ def check_storable(obj: object) -> None:
         elif isinstance(value, int) and not isinstance(value, bool) and not -_INT_MAX - 1 <= value <= _INT_MAX:
             raise ValueError("an integer beyond 64 bits")
     try:
-        size = len(json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError("text that is not UTF-8 (a lone surrogate)") from None
+        size = len(json_text(obj, allow_nan=False).encode("utf-8"))
     except ValueError:
         raise ValueError("a number that is not finite") from None
     if size > RESULT_MAX_BYTES:
@@ -186,7 +185,7 @@ def parse_result(stdout: str) -> SimulationStartResult:
     - nothing else: a line that is not JSON is never a result.
 
     Raises ValueError when there is no such object, its JSON holds ``NaN`` or ``Infinity``, it
-    cannot be kept (``check_storable``: too deep, too large, a lone surrogate, a huge integer), or
+    cannot be kept (``check_storable``: too deep, too large, a huge integer), or
     it lacks a valid ``status`` (such output is a failed session, never a success)."""
     lines = [ln for ln in stdout.split("\n") if ln.strip()]
     if not lines:
