@@ -87,7 +87,8 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         sessions = (SharedSessionManager if shared else SessionManager)(store, settings.max_steps)
         writer = TelemetryWriter(store, metrics, strict=tel.mode == "strict", batch_max=tel.batch_max,
                                  queue_max=tel.queue_max, release_in_flight=shared,
-                                 on_lost=sessions.lost if isinstance(sessions, SharedSessionManager) else None)
+                                 on_lost=sessions.lost if isinstance(sessions, SharedSessionManager) else None,
+                                 on_unrecorded=sessions.note_unrecorded)
         upstream = UpstreamClient(settings.llm_routes)
         await upstream.start()
         writer.start()

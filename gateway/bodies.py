@@ -73,9 +73,28 @@ def check_session_id(session_id: str, where: str = "") -> str:
     return session_id
 
 
+MAX_BODY_DEPTH = 128
+"""The deepest a request body may nest objects and arrays: a recorded step must stay readable by
+every reader of the store (pydantic serializes at most 255 levels)."""
+
+
+_TOO_DEEP = object()
+
+
+def _too_deep(body: object, limit: int) -> bool:
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((v, depth + 1) for v in inner if isinstance(v, dict | list))
+    return False
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """Decode a request body that must be a JSON object. Raises GatewayError(400) otherwise
-    (empty, not JSON, not an object, or nested deeper than Python's recursion limit)."""
+    (empty, not JSON, not an object, or nested deeper than :data:`MAX_BODY_DEPTH`)."""
     if not raw:
         raise GatewayError(400, "request body is empty; expected a JSON object")
     try:
@@ -83,7 +102,9 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as e:
         raise GatewayError(400, f"request body is not valid JSON: {e}") from None
     except RecursionError:
-        raise GatewayError(400, "request body is nested too deeply to be decoded") from None
+        body = _TOO_DEEP
+    if body is _TOO_DEEP or (raw.count(b"[") + raw.count(b"{") > MAX_BODY_DEPTH and _too_deep(body, MAX_BODY_DEPTH)):
+        raise GatewayError(400, f"request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)")
     if not isinstance(body, dict):
         raise GatewayError(400, f"request body must be a JSON object, not {type(body).__name__}")
     return body

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.metrics import Metrics
@@ -26,12 +26,16 @@ class TelemetryWriter:
     """Group-committing writer. ``start()`` in the loop, ``stop()`` at shutdown (drains first)."""
 
     def __init__(self, store: Store, metrics: Metrics, *, strict: bool, batch_max: int, queue_max: int,
-                 release_in_flight: bool = False, on_lost: Callable[[StepRow], None] | None = None) -> None:
+                 release_in_flight: bool = False, on_lost: Callable[[StepRow], None] | None = None,
+                 on_unrecorded: Callable[[str], None] | None = None) -> None:
         """``release_in_flight``: each step lowers its session's ``in_flight`` (shared sessions);
-        ``on_lost`` gets each step record dropped or refused."""
+        ``on_lost`` gets each step record dropped or refused; ``on_unrecorded`` the session id of
+        each step lost to the gateway itself: a full queue, or a store failed as a whole
+        (``is_unavailable``), not a record it refused."""
         self._store = store
         self._release = release_in_flight
         self._on_lost = on_lost
+        self._on_unrecorded = on_unrecorded
         self._metrics = metrics
         self.strict = strict
         self._batch_max = batch_max
@@ -65,8 +69,9 @@ class TelemetryWriter:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
             if self.strict:
+                self._unrecorded([item])
                 raise RuntimeError("telemetry queue is full") from None
-            self._lost([item])
+            self._lost([item], ours=True)
             self._metrics.telemetry_dropped.inc()
             log.error("telemetry queue full: record dropped (best_effort mode)")
             return None
@@ -138,17 +143,26 @@ class TelemetryWriter:
             return e
         return None
 
-    def _lost(self, batch: list[_Item]) -> None:
+    def _lost(self, batch: list[_Item], ours: bool) -> None:
         if self._on_lost is not None:
             for it in batch:
                 if it.step is not None:
                     self._on_lost(it.step)
+        if ours:
+            self._unrecorded(batch)
+
+    def _unrecorded(self, batch: list[_Item]) -> None:
+        if self._on_unrecorded is not None:
+            for it in batch:
+                if it.step is not None:
+                    self._on_unrecorded(it.step["session_id"] if isinstance(it.step, Mapping)
+                                        else it.step.session_id)
 
     def _settle(self, batch: list[_Item], err: BaseException | None) -> None:
         if err is None:
             self._metrics.steps_recorded.inc(sum(it.step is not None for it in batch))
         else:
-            self._lost(batch)
+            self._lost(batch, ours=is_unavailable(err))
             if not self.strict:
                 self._metrics.telemetry_dropped.inc(len(batch))
         for it in batch:

@@ -104,6 +104,7 @@ async def session_status(session_id: str, request: Request) -> dict[str, object]
             "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
             "step_counts": st.step_counts or {}, "close_reason": st.close_reason,
             "completion_mode": st.completion_mode, "rejected_calls": _rejected(request, session_id),
+            "unrecorded_calls": _gw(request).sessions.unrecorded(st.session_id),
             **await _versions(_gw(request), st.session_id)}
 
 
@@ -146,6 +147,7 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
             "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated,
             "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
             "rejected_calls": _rejected(request, session_id),
+            "unrecorded_calls": g.sessions.unrecorded(session_id),  # after the close's commit: every step settled
             # no step reserved, none recorded (a step row is written for a reserved step only)
             **({"policy_versions": [], "spans_policy_versions": False} if snap.total_steps == 0
                else await _versions(g, session_id))}

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from gateway.idempotency import RecentCalls
 from store import GatewaySession, GatewaySessionStatus, JobEnvironment, SessionContext, Store, utcnow
 
 log = logging.getLogger(__name__)
+
+MAX_UNRECORDED_SESSIONS = 100_000
+"""Sessions whose unrecorded calls are counted; the least recently counted are dropped past it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,7 @@ class SessionManager:
         self._default_max_steps = default_max_steps
         self.recent_calls = RecentCalls()
         self._sessions: dict[str, LiveSession] = {}
+        self._unrecorded: OrderedDict[str, int] = OrderedDict()
 
     def _live(self, sid: str) -> LiveSession:
         live = self._sessions.get(sid)
@@ -127,7 +132,9 @@ class SessionManager:
 
     def _new_state(self, sid: str, ctx: SessionContext | JobEnvironment | None) -> GatewaySession:
         """A new session's state: the launcher's row's budget, metadata and route (the session is
-        bound to it), else the config's budget and no route yet."""
+        bound to it), else the config's budget and no route yet. A new state starts a new count of
+        unrecorded calls (a retry under the same session id)."""
+        self._unrecorded.pop(sid, None)
         max_steps = self._default_max_steps
         if ctx is not None and ctx.max_steps is not None:
             max_steps = ctx.max_steps
@@ -136,6 +143,18 @@ class SessionManager:
             job_id=ctx.job_id if ctx else None, env_name=ctx.env_name if ctx else None,
             group_id=ctx.group_id if ctx else None, route=ctx.llm_model if ctx else None,
         )
+
+    def note_unrecorded(self, sid: str) -> None:
+        """Count one call of ``sid`` whose step the store failed to record (kept in memory only:
+        the store may be full)."""
+        n = self._unrecorded.pop(sid, 0) + 1
+        self._unrecorded[sid] = n
+        if len(self._unrecorded) > MAX_UNRECORDED_SESSIONS:
+            self._unrecorded.popitem(last=False)
+
+    def unrecorded(self, sid: str) -> int:
+        """How many calls of ``sid`` the store failed to record since its state was created."""
+        return self._unrecorded.get(sid, 0)
 
     def live(self, sid: str) -> GatewaySession | None:
         """The session's state object itself (not a copy), or None when not in memory: the writer

@@ -257,6 +257,44 @@ async def test_resume_runs_only_unfinished_sessions(tmp_path: Path) -> None:
     assert rows(db, "SELECT attempts FROM job_environments ORDER BY case_id") == [(1,), (2,)]
 
 
+async def test_resume_keeps_launcher_errors_unless_asked(tmp_path: Path) -> None:
+    """A session that ended in launcher_error (our bug) is not run again by --resume (no free
+    re-roll): it stays finished and reported, and the log says so; --rerun-launcher-errors runs it."""
+    env_root = tmp_path / "envs"
+    env_dir = make_env(env_root)
+    (env_dir / "data" / "cases.jsonl").write_text(json.dumps(CASES[0]) + "\n" + json.dumps(CASES[1]) + "\n")
+    db = tmp_path / "trajs.db"
+    async with FakeUpstream() as up:
+        cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
+        common = ["--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
+                  "--db-path", f"sqlite://{db}", "--enable-evaluation", "--job-id", "jl"]
+        code, _, err = await launch(*common, "--out", str(tmp_path / "1.jsonl"), cwd=tmp_path)
+        assert code == 0, err
+        assert len(up.requests) == 3
+        con = sqlite3.connect(db)  # the session of case "b" ended in a launcher bug
+        con.execute("UPDATE job_environments SET status = 'error', outcome = 'launcher_error', reward = NULL, "
+                    "eval_status = NULL, error_text = 'launcher error: ValueError: bug' WHERE case_id = 'b'")
+        con.commit()
+        con.close()
+        code, _, err = await launch(*common, "--resume", "--out", str(tmp_path / "2.jsonl"), cwd=tmp_path)
+        assert len(up.requests) == 3  # nothing ran again
+        assert code == 3, err  # still a session lost to a failure of ours
+        assert ("--resume: 1 session(s) of job jl ended in launcher_error (a launcher bug): kept as they ended, "
+                "not run again (--rerun-launcher-errors runs them again)") in err
+        assert ("rerun with --resume --job-id jl to run them again (1 of them launcher_error, run again only with "
+                "--rerun-launcher-errors)") in err
+        lines = [json.loads(x) for x in (tmp_path / "2.jsonl").read_text().splitlines()]
+        assert sorted((r["case_id"], r["outcome"]) for r in lines) == [("a", "succeeded"), ("b", "launcher_error")]
+        code, _, err = await launch(*common, "--resume", "--rerun-launcher-errors", "--out", str(tmp_path / "3.jsonl"),
+                                    cwd=tmp_path)
+        assert code == 0, err
+        assert len(up.requests) == 3 + 2  # case b ran again (2 calls)
+        assert "--resume: running again 1 session(s) of job jl that ended in launcher_error " \
+               "(--rerun-launcher-errors)" in err
+    assert rows(db, "SELECT case_id, attempts, outcome FROM job_environments ORDER BY case_id") == [
+        ("a", 1, "succeeded"), ("b", 2, "succeeded")]
+
+
 async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> None:
     """A given gateway is checked before anything runs: same storage, session path, route."""
     from gateway.settings import GatewaySettings
@@ -542,6 +580,11 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
 
     opts, _ = parse_args([])
     assert (opts.max_retries, opts.retry_backoff_s) == (2, 1.0)
+    assert not opts.rerun_launcher_errors
+    with pytest.raises(SetupError) as ei:
+        parse_args(["--rerun-launcher-errors"])
+    assert str(ei.value) == "--rerun-launcher-errors is only used with --resume"
+    assert parse_args(["--resume", "--job-id", "j", "--rerun-launcher-errors"])[0].rerun_launcher_errors
     assert opts.retry_policy().retries("gateway_unreachable") and not opts.retry_policy().retries("launcher_error")
     with pytest.raises(SetupError, match="--rl-group-size: Input should be less than or equal to 10000"):
         parse_args(["--rl-group-size", str(10**11)])  # refused before planning, not planned for ever

@@ -122,7 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, help="at most N cases per env")
     ap.add_argument("--job-id", help="job id (default: generated)")
     ap.add_argument("--resume", action="store_true", default=None,
-                    help="run the unfinished sessions of --job-id and those that ended in an infrastructure failure")
+                    help="run the unfinished sessions of --job-id and those that ended in an infrastructure failure "
+                         "(launcher_error only with --rerun-launcher-errors)")
+    ap.add_argument("--rerun-launcher-errors", action="store_true", default=None,
+                    help="with --resume: also run the sessions that ended in launcher_error (a launcher bug; "
+                         "kept as they ended by default)")
     ap.add_argument("--max-retries", type=int,
                     help="attempts after the first for a session that ended in an infrastructure failure (default 2)")
     ap.add_argument("--retry-backoff-s", type=float,
@@ -156,8 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 _CLI_ONLY = {"agent_start_config", "no_progress", "log_level", "regrade", "report"}
 _RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size",
-             "max_steps", "limit", "resume", "mode", "ray_address", "gateway_advertise_url", "sandbox",
-             "keep_workspaces", "max_retries", "retry_backoff_s", "report", "case_ids", "timeout",
+             "max_steps", "limit", "resume", "rerun_launcher_errors", "mode", "ray_address", "gateway_advertise_url",
+             "sandbox", "keep_workspaces", "max_retries", "retry_backoff_s", "report", "case_ids", "timeout",
              "max_broken_graders")
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
@@ -220,6 +224,8 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     values, from_file = _values(args)
     if values.get("resume") and not values.get("job_id"):
         raise SetupError("--resume needs --job-id")
+    if values.get("rerun_launcher_errors") and not values.get("resume"):
+        raise SetupError("--rerun-launcher-errors is only used with --resume")
     if values.get("gateway_config") is None:
         values["gateway_config"] = default_gateway_config()
     return _validate(JobOptions, values, from_file, args.agent_start_config)  # type: ignore[no-any-return]
@@ -264,8 +270,10 @@ def report(result: JobResult, evaluated: bool = True) -> int:
         print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
               file=sys.stderr)
     elif totals.lost:
+        bugs = (f" ({totals.launcher_errors} of them launcher_error, run again only with --rerun-launcher-errors)"
+                if totals.launcher_errors else "")
         print(f"error: {totals.lost} sessions lost to infrastructure failures after every retry; rerun with "
-              f"--resume --job-id {result.job_id} to run them again", file=sys.stderr)
+              f"--resume --job-id {result.job_id} to run them again{bugs}", file=sys.stderr)
     return job_exit_code(result)
 
 

@@ -25,14 +25,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 
-InfraClass = Literal["setup_failed", "gateway_unreachable", "upstream_unavailable", "node_lost", "launcher_error"]
+InfraClass = Literal["setup_failed", "gateway_unreachable", "upstream_unavailable", "store_unavailable", "node_lost",
+                     "launcher_error"]
 TaskOutcome = Literal["succeeded", "failed", "truncated", "timeout", "limit_exceeded", "runtime_error"]
 
 INFRA_CLASSES: frozenset[str] = frozenset(InfraClass.__args__)  # type: ignore[attr-defined]
 TASK_OUTCOMES: frozenset[str] = frozenset(TaskOutcome.__args__)  # type: ignore[attr-defined]
 DEFAULT_RETRY_ON: frozenset[str] = INFRA_CLASSES - {"launcher_error"}
 """Infrastructure classes retried by default: a launcher bug would repeat, so it is not."""
-GATEWAY_CLASSES: frozenset[str] = frozenset({"gateway_unreachable", "upstream_unavailable"})
+GATEWAY_CLASSES: frozenset[str] = frozenset({"gateway_unreachable", "upstream_unavailable", "store_unavailable"})
 """Failures a gateway probe can confirm: one of them makes the breaker probe at once."""
 INFRA_EVAL_STATUS = "infra_error"
 """``eval_status`` of a session whose last attempt was an infrastructure failure (reward NULL)."""
@@ -84,33 +85,38 @@ def status_after_close(status: str, close_info: dict[str, Any]) -> str:
 
 def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False, limit_exceeded: str | None = None,
              unreachable: str | None = None, close_error: str | None = None, steps: Sequence[Any] = (),
-             claimed: str | None = None, error_text: str | None = None) -> AttemptEnd:
+             claimed: str | None = None, error_text: str | None = None, unrecorded: int = 0) -> AttemptEnd:
     """Classify one attempt (rules in order; ``status`` is the runtime status after the gateway's
     truncation: succeeded | failed | truncated | timeout | error).
 
     The evidence: ``node_lost``, ``setup_failed``, ``limit_exceeded``, a ``timeout`` status,
     ``unreachable`` (why the gateway bridge's last connection to the gateway failed) and
     ``close_error`` (the launcher could not close the session) are the launcher's own
-    observations; ``steps`` (the attempt's recorded ``SessionStep`` rows, in order) are the
+    observations; ``steps`` (the attempt's recorded ``SessionStep`` rows, in order) and
+    ``unrecorded`` (the close answer's count of calls the gateway's store failed to record) are the
     gateway's. ``claimed`` (the result's ``error_class``) and ``error_text`` are the runtime's
     words: they explain, they never decide.
 
     0. ``node_lost`` (``--mode ray``: the node running the attempt died or left): ``node_lost``.
     1. ``setup_failed`` (the runtime never started, sandbox set-up included): ``setup_failed``.
-    2. timeout, succeeded, truncated, or a sandbox limit (memory, processes, output, disk, files) the
+    2. the gateway could not record calls of the attempt (``unrecorded``): ``store_unavailable``.
+    3. timeout, succeeded, truncated, or a sandbox limit (memory, processes, output, disk, files) the
        runtime exceeded (``limit_exceeded``): final task outcomes.
-    3. the launcher could not close the session (``close_error``), or the bridge's last
+    4. the launcher could not close the session (``close_error``), or the bridge's last
        connection to the gateway failed (``unreachable``): ``gateway_unreachable``.
-    4. the last recorded step is an upstream failure (429/5xx/connect error after the gateway's
+    5. the last recorded step is an upstream failure (429/5xx/connect error after the gateway's
        retries): ``upstream_unavailable``.
-    5. error (no valid result, whether or not a model call was answered): ``runtime_error``.
-    6. failed: final.
-    A claimed outage that rules 3 and 4 do not confirm is named in the reason of 5 or 6."""
+    6. error (no valid result, whether or not a model call was answered): ``runtime_error``.
+    7. failed: final.
+    A claimed outage that rules 4 and 5 do not confirm is named in the reason of 6 or 7."""
     why = error_text or None
     if node_lost:
         return AttemptEnd("node_lost", True, why or "the node running the session was lost")
     if setup_failed:
         return AttemptEnd("setup_failed", True, why or "the runtime could not start")
+    if unrecorded:
+        return AttemptEnd("store_unavailable", True, "; ".join(x for x in (
+            f"the gateway could not record {unrecorded} model call(s) of the session (its store failed)", why) if x))
     if limit_exceeded:
         return AttemptEnd("limit_exceeded", False, why or f"{limit_exceeded} limit exceeded")
     if status in ("timeout", "succeeded", "truncated"):

@@ -5,6 +5,7 @@ again; the rows read back a page at a time."""
 from __future__ import annotations
 
 import difflib
+import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -17,18 +18,22 @@ from rollout.core.session_ids import SessionIds
 from rollout.core.setup import SetupError
 from store import JobEnvironment, SessionAttempt, Store
 
+log = logging.getLogger(__name__)
+
 
 async def plan_sessions(store: Store, job_id: str, models: list[str], envs: list[tuple[EnvConfig, list[Case]]],
                         harnesses: list[str | None] | None = None, *, resume: bool = False,
-                        group_size: int | None = None, max_steps: int | None = None) -> list[JobEnvironment]:
+                        group_size: int | None = None, max_steps: int | None = None,
+                        rerun_launcher_errors: bool = False) -> list[JobEnvironment]:
     """The session rows to run: a new job's rows (inserted: every env x case x harness x model x
     sample, ``harnesses`` None or ``[None]`` meaning the env's own runtime), or with ``resume`` the rows of an
     existing job that are unfinished or ended in an infrastructure failure (reopened; the
     scheduler archives their last attempt's steps before the next attempt, whose number goes on
-    from the attempts already used). Raises SetupError for a resume of an unknown job, or a new
+    from the attempts already used); one that ended in ``launcher_error`` only with
+    ``rerun_launcher_errors``. Raises SetupError for a resume of an unknown job, or a new
     job whose id is taken."""
     if resume:
-        return await _resume_rows(store, job_id, envs)
+        return await _resume_rows(store, job_id, envs, rerun_launcher_errors)
     await _check_new(store, job_id)
     rows = session_rows(job_id, models, envs, group_size, max_steps, harnesses or [None])
     await store.add_job_sessions(rows)
@@ -49,7 +54,7 @@ class PlannedJob(BaseModel):
 
 async def plan_job(store: Store, job_id: str, models: list[str], envs: list[tuple[EnvConfig, list[Case]]],
                    harnesses: list[str | None], *, resume: bool = False, group_size: int | None = None,
-                   max_steps: int | None = None) -> PlannedJob:
+                   max_steps: int | None = None, rerun_launcher_errors: bool = False) -> PlannedJob:
     """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
     transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
     Same rows, order and errors as ``plan_sessions``."""
@@ -67,7 +72,7 @@ async def plan_job(store: Store, job_id: str, models: list[str], envs: list[tupl
         return r
 
     if resume:
-        for r in await _resume_rows(store, job_id, envs):
+        for r in await _resume_rows(store, job_id, envs, rerun_launcher_errors):
             note(r)
     else:
         await _check_new(store, job_id)
@@ -101,12 +106,24 @@ async def _check_new(store: Store, job_id: str) -> None:
                          "add --resume to finish it, or choose another --job-id")
 
 
-async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]]) -> list[JobEnvironment]:
+async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]],
+                       rerun_launcher_errors: bool = False) -> list[JobEnvironment]:
+    """The rows a resume runs: unfinished, or finished in an infrastructure failure; one finished
+    in ``launcher_error`` (a bug of ours, which would repeat) only with ``rerun_launcher_errors``,
+    and the log says which."""
     existing = await store.job_sessions(job_id)
     if not existing:
         raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
     cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
-    rows = [r for r in existing if not r.finished or r.outcome in INFRA_CLASSES]
+    bugs = sum(1 for r in existing if r.finished and r.outcome == "launcher_error")
+    if bugs and rerun_launcher_errors:
+        log.warning("--resume: running again %d session(s) of job %s that ended in launcher_error "
+                    "(--rerun-launcher-errors)", bugs, job_id)
+    elif bugs:
+        log.warning("--resume: %d session(s) of job %s ended in launcher_error (a launcher bug): kept as they "
+                    "ended, not run again (--rerun-launcher-errors runs them again)", bugs, job_id)
+    rows = [r for r in existing if not r.finished or (
+        r.outcome in INFRA_CLASSES and (r.outcome != "launcher_error" or rerun_launcher_errors))]
     unknown = {(r.env_name, r.case_id) for r in rows} - cases
     if unknown:
         raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "

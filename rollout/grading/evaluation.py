@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading import evaluator_loader, scoring
 from rollout.grading.views import Record, request_view, trajectory_view
+from rollout.sandbox.runtime_local import check_storable
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ class Evaluation(BaseModel):
     - ``reason``: ``"ExcType: message"`` for errors, ``"evaluator timed out after 60.0 s"`` for
       timeouts, why a value is invalid for ``invalid_reward``, the evaluator's own reason (if any)
       when ``scored``.
-    - ``artifacts``: the evaluator's ``artifacts`` dict, if it returned one.
+    - ``artifacts``: the evaluator's ``artifacts`` dict, if it returned one that can be kept
+      (``check_storable``: it may hold the agent's bytes); else None and the reason says why.
     - ``duration_s``: wall time of the evaluation in seconds, loading included.
     - ``isolation``: where the evaluator ran: ``bwrap`` (the grader sandbox) or ``none`` (a thread
       of the launcher); None when nothing ran.
@@ -72,6 +74,17 @@ class Evaluation(BaseModel):
     isolation: Literal["bwrap", "none"] | None = None
     control: dict[str, Any] | None = None
     score_keys: list[str] = Field(default_factory=list, exclude=True)  # for the warning only: not stored
+
+    @model_validator(mode="after")
+    def _storable(self) -> Evaluation:
+        if self.artifacts is not None:
+            try:
+                check_storable(self.artifacts)
+            except (ValueError, TypeError) as e:
+                self.artifacts = None
+                note = f"artifacts left out: they cannot be kept ({e})"
+                self.reason = f"{self.reason}; {note}" if self.reason else note
+        return self
 
     def detail(self) -> dict[str, Any]:
         """What the session row keeps of it in ``eval_detail``."""

@@ -237,7 +237,7 @@ def _unframed(data: bytes, nonce: str) -> Any:
         raise _Ended("error", "the grader's result channel carried bytes not written by the grader")
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _Ended("error", "the grader sandbox returned a malformed result") from None
 
 

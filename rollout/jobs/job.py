@@ -101,6 +101,7 @@ class JobOptions(BaseModel):
     limit: int | None = Field(default=None, ge=1)
     job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)  # it names folders and files
     resume: bool = False
+    rerun_launcher_errors: bool = False
     mode: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     gateway_advertise_url: str | None = None
@@ -129,6 +130,8 @@ class JobOptions(BaseModel):
 
     @model_validator(mode="after")
     def _ray_flags(self) -> JobOptions:
+        if self.rerun_launcher_errors and not self.resume:
+            raise ValueError("--rerun-launcher-errors is only used with --resume")
         if self.mode != "ray" and self.ray_address is not None:
             raise ValueError("--ray-address is only used with --mode ray")
         if self.gateway_advertise_url is not None and not self.gateway_advertise_url.startswith(("http://", "https://")):
@@ -419,7 +422,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         if opts.gateway_base_url and not opts.resume:  # a gateway that cannot serve the job: no row written
             await _check_running_gateway(opts.gateway_base_url, store, models, gateway_api_key(None))
         plan = await plan_job(store, job_id, models, envs, [*loaded] or [None], resume=opts.resume,
-                              group_size=opts.rl_group_size, max_steps=opts.max_steps)
+                              group_size=opts.rl_group_size, max_steps=opts.max_steps,
+                              rerun_launcher_errors=opts.rerun_launcher_errors)
         configs = [cfg for cfg, _ in envs]
         del envs  # the cases: each session's row keeps its own, the dataset is not held while the job runs
         if opts.resume and plan.ids:

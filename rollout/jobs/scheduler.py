@@ -108,6 +108,13 @@ def rejected_summary(close_info: dict[str, Any]) -> str | None:
     return f"the gateway refused {sum(counts.values())} call(s) of the session itself: {detail}"
 
 
+def unrecorded_calls(close_info: dict[str, Any]) -> int:
+    """The close answer's ``unrecorded_calls``: calls of the session the gateway could not record
+    (0 when absent: an older gateway)."""
+    n = close_info.get("unrecorded_calls")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
 def remove_workspace(folder: Path) -> None:
     """Delete a session's workspace: one ``rmdir`` when it is empty (no tree walk), else the
     whole tree; a folder already gone is fine."""
@@ -544,7 +551,8 @@ class Scheduler:
         end = classify(status, setup_failed=ran.setup_failed, node_lost=ran.node_lost,
                        limit_exceeded=ran.limit_exceeded, unreachable=ran.gateway_unreachable,
                        close_error=close_info.get("error"), steps=steps,
-                       claimed=ran.result.error_class if ran.result else None, error_text=ran.error_text)
+                       claimed=ran.result.error_class if ran.result else None, error_text=ran.error_text,
+                       unrecorded=unrecorded_calls(close_info))
         # a task outcome's reason: the runtime's error text, and a claimed outage the records do not show
         said = ran.error_text if end.infra else end.reason
         errors = [e for e in (said, close_info.get("error"), rejected) if e]

@@ -334,13 +334,14 @@ class ReportTotals:
     """What the report needs of a job's records, counted as they come (nothing per session is
     kept but, until ``fold_cases``, the case ids of the current cases): the summary rows
     (``summary``: ``summarize``'s numbers), the sessions run without a sandbox by env
-    (``table_footer``), attempts that ended in an infrastructure failure, and sessions by
-    (status, eval_status). For records streamed in case order, call ``fold_cases`` whenever a
+    (``table_footer``), attempts that ended in an infrastructure failure, sessions that ended in
+    ``launcher_error``, and sessions by (status, eval_status). For records streamed in case order, call ``fold_cases`` whenever a
     case is complete (memory stays flat); else everything is folded by ``summary``."""
 
     def __init__(self) -> None:
         self.sessions = 0
         self.infra_attempts = 0
+        self.launcher_errors = 0
         self.bare: dict[str, int] = defaultdict(int)
         self.trusted: dict[str, int] = defaultdict(int)
         self.by_status: Counter[tuple[str, str | None]] = Counter()
@@ -363,6 +364,7 @@ class ReportTotals:
             row = self._rows[key] = _RowTotals()
         row.add(record)
         self.infra_attempts += sum(1 for a in record.attempts if a.infra)
+        self.launcher_errors += record.outcome == "launcher_error"
         if record.sandbox == "none":
             self.bare[record.env_name] += 1
         if record.grader_isolation == "none":

@@ -25,6 +25,7 @@ from typing import BinaryIO, Literal
 from pydantic import BaseModel, ValidationError
 
 from rollout.contract.protocol import SimulationStartRequest, SimulationStartResult, model_json
+from wire.text import json_text
 
 log = logging.getLogger(__name__)
 WITHHELD_ENV = frozenset({"GATEWAY_ADMIN_KEY"})
@@ -119,6 +120,35 @@ def _loads(text: str) -> object:
     return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
 
 
+RESULT_MAX_BYTES = 1024 * 1024
+"""A result larger than this as UTF-8 JSON is no result."""
+RESULT_MAX_DEPTH = 64
+"""A result nested deeper than this (objects and arrays) is no result."""
+_INT_MAX = 2**63 - 1
+
+
+def check_storable(obj: object) -> None:
+    """Raise ValueError unless ``obj`` (a parsed result) can be kept, serialized and stored
+    everywhere the launcher writes it: nested at most ``RESULT_MAX_DEPTH`` levels, integers within
+    64 bits, finite numbers, at most ``RESULT_MAX_BYTES`` as JSON (a lone surrogate or NUL is
+    kept, as its escape: docs/storage.md). TypeError for a value that is not JSON."""
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > RESULT_MAX_DEPTH:
+                raise ValueError(f"nested deeper than {RESULT_MAX_DEPTH} levels")
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+        elif isinstance(value, int) and not isinstance(value, bool) and not -_INT_MAX - 1 <= value <= _INT_MAX:
+            raise ValueError("an integer beyond 64 bits")
+    try:
+        size = len(json_text(obj, allow_nan=False).encode("utf-8"))
+    except ValueError:
+        raise ValueError("a number that is not finite") from None
+    if size > RESULT_MAX_BYTES:
+        raise ValueError(f"larger than {RESULT_MAX_BYTES} bytes as JSON")
+
+
 def _last_object(stdout: str) -> tuple[str, dict[str, object]] | None:
     """The last JSON object of stdout's last ``_SCAN_CHARS`` that starts a line (at its first
     column: a pretty-printed object's inner objects are indented) and has a ``status`` key, else
@@ -154,8 +184,9 @@ def parse_result(stdout: str) -> SimulationStartResult:
       last one (its missing ``status`` is then the error);
     - nothing else: a line that is not JSON is never a result.
 
-    Raises ValueError when there is no such object, its JSON holds ``NaN`` or ``Infinity``, or it
-    lacks a valid ``status`` (such output is a failed session, never a success)."""
+    Raises ValueError when there is no such object, its JSON holds ``NaN`` or ``Infinity``, it
+    cannot be kept (``check_storable``: too deep, too large, a huge integer), or
+    it lacks a valid ``status`` (such output is a failed session, never a success)."""
     lines = [ln for ln in stdout.split("\n") if ln.strip()]
     if not lines:
         raise ValueError("runtime printed nothing on stdout")
@@ -186,6 +217,10 @@ def parse_result(stdout: str) -> SimulationStartResult:
         where = "the result object"
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is not a JSON object: {text[:200]!r}")
+    try:
+        check_storable(obj)
+    except ValueError as e:
+        raise ValueError(f"{where} cannot be kept: {e}") from None
     try:
         return SimulationStartResult.model_validate(obj)
     except ValidationError as e:

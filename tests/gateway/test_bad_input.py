@@ -100,3 +100,25 @@ async def test_announced_body_far_over_the_limit_is_413_at_once(start_gateway: o
     body = json.loads(await reader.readexactly(length))
     assert body["error"]["code"] == "request_too_large"
     writer.close()
+
+
+async def test_a_body_nested_past_the_limit_is_400_and_never_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
+    """A body nested deeper than the gateway takes (but not too deep for Python's JSON reader) is
+    refused before any budget is used: no step the launcher could not read back is recorded."""
+    from gateway.bodies import MAX_BODY_DEPTH
+
+    def body(depth: int) -> bytes:  # the body object itself is one level
+        return ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": '
+                + "[" * (depth - 1) + "]" * (depth - 1) + "}").encode()
+
+    http = gw.http()
+    r = await http.post("/v1/sessions/s1/chat/completions", content=body(MAX_BODY_DEPTH + 1),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == f"request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)"
+    assert upstream.requests == [] and await gw.steps("s1") == []
+    r = await http.post("/v1/sessions/s1/chat/completions", content=body(MAX_BODY_DEPTH),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    [step] = await gw.steps("s1")
+    assert step.seq == 1

@@ -120,7 +120,8 @@ async def test_step_id_counts_per_session(start_gateway: StartGateway) -> None:
     r = await gw.http().get("/v1/sessions/s1")
     assert r.json() == {"session_id": "s1", "status": "active", "max_steps": -1, "total_steps": 3,
                         "refunded_steps": 0, "step_counts": {"m": 3}, "close_reason": None, "completion_mode": None,
-                        "rejected_calls": {}, "policy_versions": [None], "spans_policy_versions": False}
+                        "rejected_calls": {}, "unrecorded_calls": 0, "policy_versions": [None],
+                        "spans_policy_versions": False}
     [row] = gw.sql("SELECT status, total_steps, step_counts, route FROM gateway_sessions WHERE session_id='s1'")
     assert (row["status"], row["total_steps"], json.loads(row["step_counts"]), row["route"]) == (
         "active", 3, {"m": 3}, "m")
@@ -496,7 +497,7 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     assert r.status_code == 200
     assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "max_steps": -1,
                         "refunded_steps": 0, "truncated": False, "close_reason": "done", "completion_mode": "finished", "rejected_calls": {},
-                        "policy_versions": [None], "spans_policy_versions": False}
+                        "unrecorded_calls": 0, "policy_versions": [None], "spans_policy_versions": False}
     r = await http.post("/v1/sessions/s1/close", json={"reason": "again"})  # idempotent: first reason kept
     assert r.json()["close_reason"] == "done"
     r = await http.get("/v1/sessions/s1")

@@ -247,7 +247,7 @@ async def test_close_answers_only_once_the_call_in_flight_is_committed(gw: Gatew
     assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "max_steps": -1,
                         "refunded_steps": 0, "truncated": False, "close_reason": "killed", "completion_mode": None, "policy_versions": [None],
                         "spans_policy_versions": False,
-                        "rejected_calls": {"session_closed": 1}}  # the refused call above
+                        "rejected_calls": {"session_closed": 1}, "unrecorded_calls": 0}  # the refused call above
     assert (await call).choices[0].message.content == "last words"
     assert session_row(gw, "s1")["status"] == "closed"
     assert len(upstream.requests) == 1

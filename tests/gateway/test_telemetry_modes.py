@@ -203,3 +203,98 @@ async def test_best_effort_close_that_was_not_stored_still_refuses_calls(start_g
 
     await eventually(stored)
     assert len(upstream.requests) == 1
+
+
+def fill_the_disk(gw: Gateway, times: int = 1_000_000, exc: BaseException | None = None) -> list[int]:
+    """Make the gateway's store fail the next ``times`` commits that hold a step, as a full disk
+    does (``sqlite3.OperationalError: database or disk is full``); a session's state alone is
+    still written. Returns the count left (set it to 0 to free the disk)."""
+    store = gw.app_state.store
+    now, batch = store.commit_now, store.write_batch
+    left = [times]
+
+    def full(steps: object) -> None:
+        if steps and left[0] > 0:
+            left[0] -= 1
+            raise exc or sqlite3.OperationalError("database or disk is full")
+
+    def commit_now(steps: list[object], sessions: list[object]) -> bool:
+        full(steps)
+        return bool(now(steps, sessions))
+
+    async def write_batch(steps: list[object], sessions: list[object], **kw: object) -> None:
+        full(steps)
+        await batch(steps, sessions, **kw)
+
+    store.commit_now, store.write_batch = commit_now, write_batch
+    return left
+
+
+@pytest.mark.parametrize("exc", [sqlite3.OperationalError("database or disk is full"),
+                                 OSError(28, "No space left on device")])
+async def test_strict_calls_the_store_could_not_record_are_counted_in_the_sessions_answers(
+        gw: Gateway, upstream: FakeUpstream, exc: BaseException) -> None:
+    """The gateway's own record of its outage: calls the store failed to record are counted per
+    session, in memory (the store is full), in the status and close answers."""
+    client = gw.client("s1")
+    left = fill_the_disk(gw, exc=exc)
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    http = gw.http()
+    assert (await http.get("/v1/sessions/s1")).json()["unrecorded_calls"] == 2
+    closed = (await http.post("/v1/sessions/s1/close", json={"reason": "done"})).json()
+    assert (closed["status"], closed["total_steps"], closed["unrecorded_calls"]) == ("closed", 2, 2)
+    assert step_count(gw) == 0
+    # another session's calls are its own
+    left[0] = 0
+    await gw.client("s2").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert (await http.post("/v1/sessions/s2/close", json={})).json()["unrecorded_calls"] == 0
+
+
+async def test_a_record_the_store_refuses_is_not_an_outage(gw: Gateway, upstream: FakeUpstream) -> None:
+    """A record refused for what it holds (here a trigger: a constraint error) is not the store's
+    outage: not counted, the call is the caller's error."""
+    client = gw.client("s1")
+    break_step_inserts(gw)
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    heal(gw)
+    closed = (await gw.http().post("/v1/sessions/s1/close", json={})).json()
+    assert (closed["total_steps"], closed["unrecorded_calls"]) == (1, 0)
+
+
+async def test_best_effort_drops_to_a_full_store_are_counted(start_gateway: StartGateway,
+                                                            upstream: FakeUpstream) -> None:
+    gw = await start_gateway(telemetry=BEST_EFFORT)
+    client = gw.client("s1")
+    fill_the_disk(gw)
+    out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert out.choices[0].message.content == DEFAULT_TEXT
+
+    async def dropped() -> bool:
+        return await gw.metric("gateway_telemetry_dropped_total") == 1
+
+    await eventually(dropped)
+    assert (await gw.http().get("/v1/sessions/s1")).json()["unrecorded_calls"] == 1
+
+
+async def test_a_new_state_of_the_session_starts_a_new_count(gw: Gateway, upstream: FakeUpstream) -> None:
+    """A retry under the same session id (the launcher drops the session's state from the store)
+    counts afresh."""
+    from store import Store
+
+    client = gw.client("s1")
+    fill_the_disk(gw, times=1)
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    http = gw.http()
+    assert (await http.post("/v1/sessions/s1/close", json={})).json()["unrecorded_calls"] == 1
+    launcher = Store(gw.db_url)
+    try:
+        await launcher.reset_for_retry("s1", 1)
+    finally:
+        await launcher.close()
+    await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    closed = (await http.post("/v1/sessions/s1/close", json={})).json()
+    assert (closed["total_steps"], closed["unrecorded_calls"]) == (1, 0)

@@ -89,6 +89,15 @@ def test_infrastructure_failures() -> None:
         "the gateway's last call to the upstream failed (HTTP 503)")
     # a runtime that crashed because the upstream was down: the gateway's record decides
     assert classify("error", claimed="upstream_unavailable", steps=[Step("error", 503)]).infra
+    # the gateway could not record calls (its store failed): whatever the runtime then reported
+    for status in ("succeeded", "failed", "timeout", "truncated", "error"):
+        end = classify(status, unrecorded=2, error_text="InternalServerError: 500", steps=[Step()])
+        assert (end.outcome, end.infra, end.reason) == (
+            "store_unavailable", True, "the gateway could not record 2 model call(s) of the session (its store "
+            "failed); InternalServerError: 500"), status
+    assert classify("failed", limit_exceeded="memory", unrecorded=1).outcome == "store_unavailable"
+    assert classify("error", setup_failed=True, unrecorded=1).outcome == "setup_failed"
+    assert RetryPolicy().retries("store_unavailable")
 
 
 def test_a_claimed_outage_the_records_do_not_show_is_the_agents_outcome() -> None:
