@@ -144,7 +144,8 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
         assert (a["status"], a["score"], a["eval_status"], a["step_count"]) == ("succeeded", 10.0, "scored", 1)
         assert (b["score"], b["step_count"]) == (10.0, 2)
         assert (c["score"], c["reason"]) == (3.0, "1 steps")
-        assert (a["reward"], c["reward"], records[("f", k)]["reward"]) == (1.0, 0.3, 0.0)  # score / 10
+        # score / 10; f's grader raises whatever the agent did (on the control too): broken, no reward
+        assert (a["reward"], c["reward"], records[("f", k)]["reward"]) == (1.0, 0.3, None)
         assert a["trajectory"][0]["content"] == DEFAULT_TEXT
         assert a["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
         d = records[("d", k)]
@@ -157,7 +158,7 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
         assert [a["outcome"] for a in d["attempts"]] == ["failed"] and not d["retried"]
         assert [a["outcome"] for a in e["attempts"]] == ["timeout"] and not e["retried"]
         f = records[("f", k)]
-        assert (f["eval_status"], f["score"], f["error"]) == ("error", 0.0, None) and "KeyError" in f["reason"]
+        assert (f["eval_status"], f["score"], f["error"]) == ("grader_broken", None, None) and "KeyError" in f["reason"]
         g = records[("g", k)]  # budget 3: the 4th call got a synthetic stop, no upstream call
         assert (g["status"], g["step_count"]) == ("truncated", 3)
     # samples of a case share a group; sessions do not
@@ -200,7 +201,7 @@ async def test_a_job_on_postgresql_stores_the_same_rows_as_on_sqlite(tmp_path: P
             "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
             "--db-path", store_url, "--enable-evaluation", "--pool-size", "3", "--rl-group-size", "2",
             "--job-id", "same", "--out", str(tmp_path / "out.jsonl"), cwd=tmp_path)
-    assert code == 0, stderr  # the evaluator bug is a result of the completed run (ev_err in the table)
+    assert code == 0, stderr  # the evaluator bug is a result of the completed run (broken in the table)
     sessions = await raw_sql(store_url, "SELECT env_id, case_id, sample_index, status, reward, eval_status, attempts, "
                                         "finished FROM job_environments ORDER BY case_id, sample_index")
     got = [(r["case_id"], r["sample_index"], r["status"], r["reward"], r["eval_status"], r["attempts"],
@@ -208,8 +209,9 @@ async def test_a_job_on_postgresql_stores_the_same_rows_as_on_sqlite(tmp_path: P
     expected = []
     for c in cases:
         status = "failed" if c.get("crash") else "truncated" if c.get("calls", 1) > 3 else "succeeded"
-        score = 0.0 if c.get("bad_eval") else 10.0 if c["expected"] == DEFAULT_TEXT else 3.0
-        expected += [(c["id"], k, status, score, "error" if c.get("bad_eval") else "scored", 1, True) for k in (0, 1)]
+        score = None if c.get("bad_eval") else 10.0 if c["expected"] == DEFAULT_TEXT else 3.0
+        expected += [(c["id"], k, status, score, "grader_broken" if c.get("bad_eval") else "scored", 1, True)
+                     for k in (0, 1)]
     assert got == expected
     steps = await raw_sql(store_url, "SELECT j.case_id, j.sample_index, s.seq, s.step_id, s.status, s.is_terminal, "
                                      "s.reward FROM session_steps s JOIN job_environments j ON j.env_id = s.session_id "

@@ -184,8 +184,11 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     assert sql(db, "SELECT env_id, attempts, started_at, finished_at FROM job_environments") == attempts_before
 
     got = {r.case_id: (r.after_status, r.after_score, r.before_score) for r in regrade.regraded}
-    assert got == {"a": ("scored", 10.0, 3.0), "b": ("scored", 1.0, 3.0), "f": ("error", 0.0, 3.0)}
-    assert [r.reason for r in regrade.regraded if r.case_id == "f"] == ["KeyError: 'expected_answer'"]
+    # f's grader raises on its case whatever the agent did (on the control too): broken
+    assert got == {"a": ("scored", 10.0, 3.0), "b": ("scored", 1.0, 3.0), "f": ("grader_broken", None, 3.0)}
+    assert [r.reason for r in regrade.regraded if r.case_id == "f"] == [
+        "grader broken: it failed on this session (error: KeyError: 'expected_answer') and on the control, the "
+        "untouched starting workspace (error: KeyError: 'expected_answer'); not counted"]
     blocked = {r.case_id: (r.kind, r.reason) for r in regrade.not_regraded}
     assert blocked == {
         "c": ("no_workspace", "final workspace not kept: its files hold more than 2048 bytes "
@@ -201,7 +204,7 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     state = {case: (reward, status, json.loads(history) if history else None) for case, reward, status, history in
              sql(db, "SELECT case_id, reward, eval_status, eval_history FROM job_environments")}
     assert {k: v[:2] for k, v in state.items()} == {
-        "a": (10.0, "scored"), "b": (1.0, "scored"), "c": (3.0, "scored"), "f": (0.0, "error"),
+        "a": (10.0, "scored"), "b": (1.0, "scored"), "c": (3.0, "scored"), "f": (None, "grader_broken"),
         "i": (None, "infra_error"), "u": (3.0, "scored")}
     [previous] = state["a"][2]
     assert (previous["eval_status"], previous["reward"], previous["eval_detail"]) == (
