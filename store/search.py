@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store.engine import make_engine, sqlite_path
 from store.models import SessionStep
 from store.stepcodec import answer_items, decode_rows
+from wire.text import display_text
 
 ST = SessionStep.__table__  # type: ignore[attr-defined]
 
@@ -83,7 +84,9 @@ def _strings(value: Any, out: list[str]) -> None:
 
 
 def _clean(s: str) -> str:
-    return s.replace("\x00", " ").replace(MARK_START, " ").replace(MARK_END, " ")
+    """Indexable text: NUL and the marks replaced by spaces, each lone surrogate (no UTF-8 carries
+    it) by U+FFFD (``wire.text.display_text``)."""
+    return display_text(s.replace("\x00", " ").replace(MARK_START, " ").replace(MARK_END, " "))
 
 
 def step_texts(steps: Sequence[dict[str, Any]]) -> list[str]:
@@ -269,6 +272,7 @@ class StepSearch:
         """Steps whose text holds every word of ``words`` (best match first: FTS5's bm25, else
         ``ts_rank``; then session and ``seq``), of ``job_id`` when given; ``pending`` counts the
         sessions not indexed yet (call :meth:`refresh` first)."""
+        words = display_text(words)
         if not words.split():
             return SearchPage(hits=[], more=False, pending=0)
         params: dict[str, Any] = {"lim": limit + 1, "off": max(0, offset)}
