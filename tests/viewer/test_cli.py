@@ -144,5 +144,7 @@ def test_view_export_and_report_read_a_read_only_store(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "the index is built in" in err
+    assert ("warning: cannot create the viewer's indexes (OperationalError: attempt to write a readonly database); "
+            "large jobs will page slowly\n") in err
     assert sorted((p.name, p.read_bytes()) for p in folder.iterdir()) == before
     assert not list(tmp_path.glob("rollout-search-*"))  # the temporary index is removed
