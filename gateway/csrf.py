@@ -15,10 +15,12 @@ Details: docs/gateway-protocols.md.
 from __future__ import annotations
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import is_admin_path
 from gateway.errors import GatewayError, gateway_error_response
+from wire.errors import error_body
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _BROWSER_SITES = frozenset({b"cross-site", b"same-site", b"same-origin"})
@@ -59,32 +61,57 @@ class CrossSiteGuard:
         await gateway_error_response(request, why)(scope, receive, send)
 
     def _refusal(self, scope: Scope) -> GatewayError | None:
-        origin = site = content_type = None
-        has_body = False
-        for name, value in scope["headers"]:
-            if name == b"origin":
-                origin = value
-            elif name == b"sec-fetch-site":
-                site = value.strip().lower()
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"content-length":
-                has_body = value.strip() not in (b"", b"0")
-            elif name == b"transfer-encoding":
-                has_body = True
-        method, path = scope["method"], scope["path"]
-        if origin is not None or site in _BROWSER_SITES:
-            return GatewayError(403, f"{method} {path} came from a web page (it has an Origin or Sec-Fetch-Site "
-                                     "header); this gateway serves no page and refuses such requests",
-                                code="cross_site_request")
-        control = self.is_control_path(path)
-        if content_type is not None and not is_json_type(content_type):
-            return GatewayError(415, f"{method} {path} takes a JSON body (Content-Type: application/json), not "
-                                     f"{content_type.decode('latin-1')[:100]!r}", code="unsupported_media_type")
-        if control and has_body and content_type is None:
-            return GatewayError(415, f"{method} {path} has a body without a Content-Type; send it as "
-                                     "Content-Type: application/json", code="unsupported_media_type")
-        return None
+        why = browser_refusal(scope, json_only=self.is_control_path(scope["path"]))
+        return None if why is None else GatewayError(why[0], why[2], code=why[1])
+
+
+def browser_refusal(scope: Scope, *, json_only: bool) -> tuple[int, str, str] | None:
+    """``(status, code, message)`` refusing a state-changing request ``scope`` by the module's
+    rules, None when it may go on; ``json_only``: a body must name a JSON type (a control endpoint)."""
+    origin = site = content_type = None
+    has_body = False
+    for name, value in scope["headers"]:
+        if name == b"origin":
+            origin = value
+        elif name == b"sec-fetch-site":
+            site = value.strip().lower()
+        elif name == b"content-type":
+            content_type = value
+        elif name == b"content-length":
+            has_body = value.strip() not in (b"", b"0")
+        elif name == b"transfer-encoding":
+            has_body = True
+    method, path = scope["method"], scope["path"]
+    if origin is not None or site in _BROWSER_SITES:
+        return 403, "cross_site_request", (f"{method} {path} came from a web page (it has an Origin or "
+                                           "Sec-Fetch-Site header); this server serves no page and refuses such "
+                                           "requests")
+    if content_type is not None and not is_json_type(content_type):
+        return 415, "unsupported_media_type", (f"{method} {path} takes a JSON body (Content-Type: application/json), "
+                                               f"not {content_type.decode('latin-1')[:100]!r}")
+    if json_only and has_body and content_type is None:
+        return 415, "unsupported_media_type", (f"{method} {path} has a body without a Content-Type; send it as "
+                                               "Content-Type: application/json")
+    return None
+
+
+class JsonOnlyGuard:
+    """Pure ASGI middleware for a server serving no page whose every state-changing endpoint is a
+    control endpoint (``launcher.py serve``): :func:`browser_refusal` with ``json_only``, answered
+    in OpenAI's error shape."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        why = None
+        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
+            why = browser_refusal(scope, json_only=True)
+        if why is None:
+            await self.app(scope, receive, send)
+            return
+        status, code, message = why
+        await JSONResponse(error_body(status, message, code=code), status_code=status)(scope, receive, send)
 
 
 def with_csrf_guard(app: ASGIApp, base_session_path: str) -> ASGIApp:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
 import uvicorn
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -143,16 +144,67 @@ def with_host_check(app: ASGIApp, allowed: HostAllowList, refuse: Refusal) -> AS
     return app if allowed.any else HostCheck(app, allowed, refuse)
 
 
+def origin_form(method: bytes, target: bytes) -> bool:
+    """Whether a request target is one a server takes (RFC 9112 3.2): ``/path?query``, or ``*`` for
+    ``OPTIONS``; the absolute form (``http://host/path``) is for proxies, the authority form for
+    ``CONNECT``."""
+    return target.startswith(b"/") or (target == b"*" and method == b"OPTIONS")
+
+
+class _NotOriginForm(Exception):
+    """Raised from a parser callback: uvicorn answers it with its 400 (``send_400_response``)."""
+
+
+class _OriginFormH11(h11.Connection):
+    """h11's server connection refusing a request whose target is not in origin form (``refused``
+    says why)."""
+
+    refused: str | None = None
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request) and not origin_form(event.method, event.target):
+            self.refused = _refused_target(event.target)
+            raise h11.RemoteProtocolError(self.refused)
+        return event
+
+
+def _refused_target(target: bytes) -> str:
+    shown = target[:200].decode("ascii", "backslashreplace")
+    return f"request target {shown!r} is not a path: this server is not a proxy"
+
+
 class _HeadDeadline:
     """Mixed into uvicorn's HTTP protocol: each request head must be complete within
     ``head_timeout_s`` of the connection's start or of the first byte after an answer, else the
-    connection is closed; an answer in progress is never cut."""
+    connection is closed; an answer in progress is never cut. A request target that is not a path
+    (absolute or authority form) is answered 400 and the connection closed."""
 
     head_timeout_s: float = DEFAULT_REQUEST_HEAD_TIMEOUT_S
     _head_timer: asyncio.TimerHandle | None = None
+    _target_refused: str | None = None
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     cycle: Any
+    parser: Any
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kw: Any) -> None:
+        super().__init__(config, *args, **kw)  # type: ignore[call-arg]
+        if isinstance(getattr(self, "conn", None), h11.Connection):  # uvicorn's h11 protocol
+            size = config.h11_max_incomplete_event_size
+            self.conn = _OriginFormH11(h11.SERVER) if size is None else _OriginFormH11(h11.SERVER, size)
+
+    def on_headers_complete(self) -> None:  # uvicorn's httptools protocol (h11's never calls it)
+        url: bytes = getattr(self, "url", b"")
+        if not origin_form(self.parser.get_method(), url):
+            self._target_refused = _refused_target(url)
+            raise _NotOriginForm(self._target_refused)
+        super().on_headers_complete()  # type: ignore[misc]
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for a request it cannot take, saying why when it is the target."""
+        why = self._target_refused or getattr(getattr(self, "conn", None), "refused", None)
+        super().send_400_response(why or msg)  # type: ignore[misc]
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]

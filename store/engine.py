@@ -3,8 +3,10 @@
 SQLite runs in WAL mode with a long ``busy_timeout`` on every connection; write transactions start
 with ``BEGIN IMMEDIATE`` so a read-then-write transaction never gets ``SQLITE_BUSY`` at once while
 another connection writes (a known behaviour of Python's sqlite3 module; SQLAlchemy "pysqlite serializable" recipe).
-Reads use a second engine with deferred transactions. PostgreSQL URLs map to asyncpg (the
-optional extra ``.[postgres]``); both backends run the whole store test suite.
+Reads use a second engine with deferred transactions; on a SQLite file this process cannot write
+(a read-only mount, file or folder: :func:`sqlite_read_only`) the reader opens it read only
+(:func:`read_only_uri`). PostgreSQL URLs map to asyncpg (the optional extra ``.[postgres]``); both
+backends run the whole store test suite.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote_plus
+from urllib.parse import quote, unquote_plus
 
 from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -194,13 +198,33 @@ def _sqlite_connection(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def sqlite_read_only(path: Path) -> bool:
+    """Whether the SQLite file ``path`` exists and this process cannot write it or its folder (a
+    read-only mount, file or folder, an immutable file): SQLite could not make its WAL index
+    (``-shm``) beside it, so readers open it read only."""
+    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def read_only_uri(path: Path) -> str:
+    """The SQLite URI opening ``path`` read only: ``mode=ro``, plus ``immutable=1`` unless a live WAL
+    (``-wal`` and ``-shm`` files) is beside it; without one nothing is in a WAL and none can be
+    made, so SQLite reads the file as it is."""
+    live_wal = all(path.with_name(path.name + end).exists() for end in ("-wal", "-shm"))
+    return f"file:{quote(str(path.absolute()))}?mode=ro{'' if live_wal else '&immutable=1'}"
+
+
 def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
     """A sync engine on the SQLite file ``path`` set up as the async ones (WAL, busy_timeout,
     ``BEGIN IMMEDIATE`` for the writer, ``BEGIN`` for the reader), one connection: for the
     launcher's writes and reads run in one thread hop each (``store.group``)."""
     begin_sql = "BEGIN IMMEDIATE" if writer else "BEGIN"
+    kw: dict[str, Any] = {}
+    if not writer and sqlite_read_only(path):
+        uri = read_only_uri(path)
+        kw["creator"] = lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                                                check_same_thread=False)
     engine = create_engine(f"sqlite:///{path}", json_serializer=json_dumps, poolclass=StaticPool,
-                           connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+                           connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}, **kw)
 
     event.listen(engine, "connect", _sqlite_connection)
 
@@ -213,14 +237,23 @@ def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
 
 def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:
     """Create an async engine. For SQLite: WAL, busy_timeout on every connection, and
-    ``BEGIN IMMEDIATE`` for the writer engine (``BEGIN`` for the reader)."""
+    ``BEGIN IMMEDIATE`` for the writer engine (``BEGIN`` for the reader, which opens a file it
+    cannot write read only: :func:`read_only_uri`)."""
     if async_url.startswith("sqlite"):
+        kw: dict[str, Any] = {}
+        path = sqlite_path(async_url)
+        if not writer and path is not None and sqlite_read_only(path):
+            import aiosqlite  # the driver SQLAlchemy loads for these URLs
+
+            uri = read_only_uri(path)
+            kw["async_creator"] = lambda: aiosqlite.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
         engine = create_async_engine(
             async_url,
             json_serializer=json_dumps,
             connect_args={"timeout": BUSY_TIMEOUT_MS / 1000},
             pool_size=1 if writer else 4,
             max_overflow=0 if writer else 4,
+            **kw,
         )
         begin_sql = "BEGIN IMMEDIATE" if writer else "BEGIN"
 

@@ -3,7 +3,8 @@
 Steps are stored as deltas on earlier steps and compressed (:mod:`store.stepcodec`), so no
 trigger or external-content table can read their text: the reader that searches keeps its own
 index, :class:`StepSearch`, built from decoded steps: on SQLite in a file of its own beside the
-store (:func:`index_path`: its writes never take the store's write lock), on PostgreSQL in two
+store (:func:`index_path`: its writes never take the store's write lock; in a temporary folder,
+removed at close, when that file cannot be written), on PostgreSQL in two
 tables of the store. :meth:`StepSearch.refresh` indexes the
 sessions whose steps changed since (their count, last ``seq`` or newest record id differ from the
 index's bookkeeping row) and drops those gone, after a cheap check that any step was added or
@@ -16,6 +17,10 @@ every word of the query (``plainto_tsquery``; in FTS5 each word a quoted term).
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +32,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store.engine import make_engine, sqlite_path
 from store.models import SessionStep
 from store.stepcodec import answer_items, decode_rows
+from wire.text import display_text
 
 ST = SessionStep.__table__  # type: ignore[attr-defined]
+log = logging.getLogger(__name__)
 
 INDEX_TABLE = "step_search"
 BOOK_TABLE = "step_search_sessions"
@@ -48,6 +55,13 @@ def index_path(store_file: Path) -> Path:
     """The SQLite file of the search index of the SQLite store ``store_file``: ``x.db`` ->
     ``x.search.db`` beside it."""
     return store_file.with_name(f"{store_file.stem}.search{store_file.suffix or '.db'}")
+
+
+def _writable(index_file: Path) -> bool:
+    """Whether the index file can be made or written where it belongs (beside the store)."""
+    if index_file.exists():
+        return os.access(index_file, os.W_OK) and os.access(index_file.parent, os.W_OK)
+    return os.access(index_file.parent, os.W_OK)
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,9 @@ def _strings(value: Any, out: list[str]) -> None:
 
 
 def _clean(s: str) -> str:
-    return s.replace("\x00", " ").replace(MARK_START, " ").replace(MARK_END, " ")
+    """Indexable text: NUL and the marks replaced by spaces, each lone surrogate (no UTF-8 carries
+    it) by U+FFFD (``wire.text.display_text``)."""
+    return display_text(s.replace("\x00", " ").replace(MARK_START, " ").replace(MARK_END, " "))
 
 
 def step_texts(steps: Sequence[dict[str, Any]]) -> list[str]:
@@ -124,6 +140,12 @@ class StepSearch:
         url = engine.url.render_as_string(hide_password=False)
         store_file = sqlite_path(url)
         self.index_file = None if store_file is None else index_path(store_file)
+        self.temp_dir: Path | None = None
+        if self.index_file is not None and not _writable(self.index_file):
+            self.temp_dir = Path(tempfile.mkdtemp(prefix="rollout-search-"))
+            self.index_file = self.temp_dir / self.index_file.name
+            log.warning("search: %s cannot be written; the index is built in %s (removed at close)",
+                        index_path(store_file) if store_file else None, self.temp_dir)
         self._index_url = url if self.index_file is None else f"sqlite+aiosqlite:///{self.index_file}"
         self._writer: AsyncEngine | None = None
         self._reader: AsyncEngine | None = None
@@ -143,11 +165,14 @@ class StepSearch:
         return self._reader
 
     async def close(self) -> None:
-        """Dispose of the index's engines."""
+        """Dispose of the index's engines; remove a temporary index."""
         for eng in (self._writer, self._reader):
             if eng is not None:
                 await eng.dispose()
         self._writer = self._reader = None
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir)
+            self.temp_dir = None
 
     async def ensure(self) -> None:
         """Create the index tables when missing."""
@@ -269,6 +294,7 @@ class StepSearch:
         """Steps whose text holds every word of ``words`` (best match first: FTS5's bm25, else
         ``ts_rank``; then session and ``seq``), of ``job_id`` when given; ``pending`` counts the
         sessions not indexed yet (call :meth:`refresh` first)."""
+        words = display_text(words)
         if not words.split():
             return SearchPage(hits=[], more=False, pending=0)
         params: dict[str, Any] = {"lim": limit + 1, "off": max(0, offset)}

@@ -23,6 +23,7 @@ from rollout.servers.feed.export import ExportError, export_job, export_sessions
 from rollout.servers.feed.groups import GroupOptions
 from rollout.servers.local_server import listen, run_server, url_of
 from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
+from store.engine import sqlite_read_only
 from store.feed import FeedQueries
 from store.stepcodec import StepDecodeError
 
@@ -118,9 +119,10 @@ def serve_main(args: argparse.Namespace) -> int:
         on_listening=lambda line: print(line, flush=True)), args.host, args.port, (SetupError, ValidationError))
 
 
-async def _open(url: str) -> Store:
+async def _open(url: str, *, reads_only: bool = False) -> Store:
     """The store at ``url``, with the feed's table created when a store made by an older version
-    lacks it. Raises DbUrlError / FileNotFoundError for a bad URL or a missing SQLite file."""
+    lacks it; with ``reads_only``, a SQLite file this process cannot write is read as it is (nothing
+    created). Raises DbUrlError / FileNotFoundError for a bad URL or a missing SQLite file."""
     store = Store(url)
     if store.path is not None and not Path(store.path).is_file():
         await store.close()
@@ -129,6 +131,8 @@ async def _open(url: str) -> Store:
         await store.close()  # an empty file is not a store: never turned into one by a reader
         raise FileNotFoundError(f"{store.path} is an empty file, not a trajectory store (run a job first, "
                                 "or pass --db-path)")
+    if reads_only and store.path is not None and sqlite_read_only(Path(store.path)):
+        return store
     await store.init()
     return store
 
@@ -151,7 +155,7 @@ async def export(args: argparse.Namespace) -> int:
     """Write the export; prints what was written and what was left out."""
     name = args.job_id or "without-job"
     out = args.out or Path("runs") / f"export-{name}{_SUFFIX[args.format]}"
-    store = await _open(args.db_path)
+    store = await _open(args.db_path, reads_only=True)
     try:
         if args.job_id is None:
             result = await export_sessions(FeedQueries(store.reader), args.session, args.format, out, per=args.per,

@@ -67,7 +67,8 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
         try:
             made = await queries.ensure_indexes()
         except Exception as e:  # a read-only file or role: the viewer still works, only slower on big jobs
-            print(f"warning: cannot create the viewer's indexes ({type(e).__name__}: {e}); "
+            why = getattr(e, "orig", None) or e  # the driver's error, without SQLAlchemy's statement and link
+            print(f"warning: cannot create the viewer's indexes ({type(why).__name__}: {why}); "
                   "large jobs will page slowly", file=sys.stderr)
         else:
             if made:
@@ -78,7 +79,8 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
             await index.ensure()
         except Exception as e:  # a read-only file or role: every page but the search works
             where = index.index_file or "in the store"
-            problem = f"cannot create the search index {where} ({type(e).__name__}: {e})"
+            why = getattr(e, "orig", None) or e
+            problem = f"cannot create the search index {where} ({type(why).__name__}: {why})"
             print(f"warning: {problem}", file=sys.stderr)
             await index.close()
         search = index if problem is None else None

@@ -4,8 +4,9 @@ requests to the gateway, only those under the session's own URL prefix.
 The socket file is bound into the session's sandbox (which has no network of its own); the
 forwarder inside (``rollout/contract/forwarder.py``) listens on a loopback port and relays to it.
 Each request is parsed (h11) and its target checked: ``<prefix>`` or ``<prefix>/...`` (the
-prefix is the session URL's path, ``/v1/sessions/<sid>``), no ``%``, no dot segments, not
-``<prefix>/close`` (the launcher closes sessions). Anything else gets a 403 and the connection is
+prefix is the session URL's path, ``/v1/sessions/<sid>``), a path of printable ASCII without
+``%``, ``#`` or ``\\``, no dot segments or ``//``, no fragment, not ``<prefix>/close`` in any spelling (case, trailing dots or
+slash, ``;``; the launcher closes sessions). Anything else gets a 403 and the connection is
 closed; so a runtime cannot make sessionless (unrecorded) calls or reach another session. Answers
 are relayed byte for byte as they arrive (streams stay streams).
 
@@ -61,14 +62,24 @@ def gateway_address(url: str) -> tuple[str, int, bool, str]:
     return parts.hostname, parts.port or (443 if tls else 80), tls, parts.path.rstrip("/")
 
 
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~/!$&'()*+,;=:@]*")
+"""What a request path may hold: no ``%`` (an encoded ``/``, ``.`` or ``#`` a server may decode),
+no ``\\``, nothing outside printable ASCII."""
+_PLAIN_QUERY = re.compile(r"[\x21-\x7e]*")
+
+
 def refusal(target: bytes, prefix: str) -> str | None:
     """Why a request target is refused (None: allowed), see the module docstring."""
-    path = target.split(b"?", 1)[0].decode("latin-1")
-    if "%" in path or "\\" in path or any(seg in (".", "..") for seg in path.split("/")) or "//" in path:
-        return f"request path {path!r} is not a plain path"
+    path, _, query = target.decode("latin-1").partition("?")
+    if "#" in query or not _PLAIN_QUERY.fullmatch(query):
+        return f"request target {target.decode('latin-1')[:200]!r} has a fragment or a byte no URL holds"
+    if not _PLAIN_PATH.fullmatch(path) or any(seg in (".", "..") for seg in path.split("/")) or "//" in path:
+        return f"request path {path[:200]!r} is not a plain path"
     if path != prefix and not path.startswith(prefix + "/"):
         return f"only this session's URL ({prefix}/...) is reachable from the sandbox, not {path!r}"
-    if path == prefix + "/close":
+    # the close route in any spelling a server might route there (case, trailing dots, ;params, a slash after)
+    first = path[len(prefix) + 1:].split("/", 1)[0].split(";", 1)[0].rstrip(".").lower()
+    if first == "close":
         return "the launcher closes the session; a runtime cannot"
     return None
 

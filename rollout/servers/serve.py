@@ -5,7 +5,8 @@ feed routes of the same process, without restarting anything between batches (do
 ``POST /v1/batches`` (a :class:`BatchRequest`) plans the batch as a new job at once (bad envs or
 cases are a 400) and queues it; batches run one after another, each with ``pool_size`` sessions
 at once, through the same Scheduler as a launcher job. ``GET /v1/batches[/{job_id}]`` says where
-they are; ``GET /v1/jobs/{job_id}/groups`` is the feed.
+they are; ``GET /v1/jobs/{job_id}/groups`` is the feed. A web page's request (``Origin``,
+``Sec-Fetch-Site``) to change anything is a 403, a body that is not JSON a 415 (``gateway.csrf``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.csrf import JsonOnlyGuard
 from gateway.settings import GatewaySettings
 from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.core.plan import plan_sessions
@@ -276,8 +278,10 @@ def _select_cases(envs: list[tuple[EnvConfig, list[Case]]],
 
 
 def create_serve_app(service: BatchService, feed: FeedSettings) -> FastAPI:
-    """The feed's app plus the batch routes."""
+    """The feed's app plus the batch routes; state-changing requests take JSON bodies and no
+    browser's request (``gateway.csrf.JsonOnlyGuard``)."""
     app = create_feed_app(FeedQueries(service.store.reader), feed, backfill=service.store.backfill_feed)
+    app.add_middleware(JsonOnlyGuard)
 
     @app.post("/v1/batches", status_code=202)
     async def submit(request: Request) -> JSONResponse:

@@ -229,3 +229,63 @@ async def test_the_head_deadline_on_both_of_uvicorns_protocols(base: type[asynci
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 15)
+
+
+def _ask(port: int, raw: bytes) -> bytes:
+    """Send ``raw`` on a new connection; what the server answers until it closes (or GENEROUS_S)."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(raw)
+        s.settimeout(GENEROUS_S)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
+
+
+ABSOLUTE = b"GET http://evil.example/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+AUTHORITY = b"CONNECT evil.example:443 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize("base", [H11Protocol, HttpToolsProtocol], ids=["h11", "httptools"])
+async def test_a_target_that_is_not_a_path_is_refused_on_both_of_uvicorns_protocols(
+        base: type[asyncio.Protocol]) -> None:
+    """A proxy's request (absolute form) or a CONNECT's (authority form): 400 before the app runs,
+    whatever the Host; paths and ``OPTIONS *`` reach the app."""
+    seen: list[tuple[str, str]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append((scope["method"], scope["path"]))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(app, http=head_timeout_protocol(30, base), host="127.0.0.1", port=0, lifespan="off",
+                            log_level="critical")
+    server = _Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(15):
+            while not server.started:
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        refused = await asyncio.to_thread(_ask, port, ABSOLUTE)
+        connect = await asyncio.to_thread(_ask, port, AUTHORITY)
+        star = await asyncio.to_thread(_ask, port, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+    # (h11 sends the text chunked, httptools with a length)
+    assert refused.startswith(b"HTTP/1.1 400 ")
+    assert b"request target 'http://evil.example/healthz' is not a path: this server is not a proxy" in refused
+    assert connect.startswith(b"HTTP/1.1 400 ")
+    assert b"request target 'evil.example:443' is not a path: this server is not a proxy" in connect
+    assert star.startswith(b"HTTP/1.1 200 ")
+    assert seen == [("OPTIONS", "*")]
+
+
+async def test_the_gateway_refuses_a_proxy_request_even_with_any_host_allowed(start_gateway: StartGateway) -> None:
+    for gw in (await start_gateway(), await start_gateway(allowed_hosts=["*"])):
+        answer = await asyncio.to_thread(_ask, gw.port, ABSOLUTE)
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"this server is not a proxy" in answer, answer
+        assert (await gw.http().get("/healthz")).status_code == 200

@@ -124,6 +124,9 @@ def test_feed_answers_only_its_own_host_names_and_closes_idle_connections(store_
         err = json.loads(body)["error"]
         assert err["code"] == "host_not_allowed" and "'rebound.example:" in err["message"]
         assert _get(port, "/healthz", None)[0] == 400
+        # a proxy's request (absolute form), even with a good Host: 400
+        assert _get(port, "http://evil.example/healthz", f"127.0.0.1:{port}") == (
+            400, "request target 'http://evil.example/healthz' is not a path: this server is not a proxy")
         assert _closed_within(port, b"")  # nothing sent
         assert _closed_within(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # half a head
     finally:
@@ -138,6 +141,7 @@ def test_viewer_refuses_another_host_with_its_error_page(store_file: Path) -> No
         assert status == 400 and "does not answer Host &#39;rebound.example:" in page and "<html" in page
         status, body = _get(port, "/api/jobs", "rebound.example")
         assert status == 400 and "does not answer Host 'rebound.example'" in json.loads(body)["error"]
+        assert _get(port, f"http://localhost:{port}/", f"localhost:{port}")[0] == 400  # absolute form
     finally:
         _stop(p)
 

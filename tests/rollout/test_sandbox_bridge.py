@@ -37,6 +37,64 @@ def test_refusal(target: bytes, why: str | None) -> None:
     assert refusal(target, PREFIX) == why
 
 
+CLOSE_REFUSED = "the launcher closes the session; a runtime cannot"
+# spellings of the session's close (and of other sessions) that a server may route where the bridge refuses
+SNEAKY_TARGETS = [
+    (b"/v1/sessions/s1/close#x", "request path '/v1/sessions/s1/close#x' is not a plain path"),
+    (b"/v1/sessions/s1/close?x=1#y", "request target '/v1/sessions/s1/close?x=1#y' has a fragment or a byte no "
+                                     "URL holds"),
+    (b"/v1/sessions/s1/chat/completions#/../close", "request path '/v1/sessions/s1/chat/completions#/../close' is "
+                                                    "not a plain path"),
+    (b"/v1/sessions/s1%2Fclose", "request path '/v1/sessions/s1%2Fclose' is not a plain path"),
+    (b"/v1/sessions/s1/clos%65", "request path '/v1/sessions/s1/clos%65' is not a plain path"),
+    (b"/v1/sessions/s1/close%23x", "request path '/v1/sessions/s1/close%23x' is not a plain path"),
+    (b"/v1/sessions/s1/x/../close", "request path '/v1/sessions/s1/x/../close' is not a plain path"),
+    (b"/v1/sessions/s1//close", "request path '/v1/sessions/s1//close' is not a plain path"),
+    (b"/v1/sessions/s1\\close", "request path '/v1/sessions/s1\\\\close' is not a plain path"),
+    (b"/v1/sessions/s1/close?reason=x", CLOSE_REFUSED),
+    (b"/v1/sessions/s1/close/", CLOSE_REFUSED),
+    (b"/v1/sessions/s1/close.", CLOSE_REFUSED),
+    (b"/v1/sessions/s1/close..", CLOSE_REFUSED),
+    (b"/v1/sessions/s1/close;x", CLOSE_REFUSED),
+    (b"/v1/sessions/s1/CLOSE", CLOSE_REFUSED),
+    (b"/v1/sessions/s1/Close/", CLOSE_REFUSED),
+    (b"http://127.0.0.1:8000/v1/sessions/s1/close", "request path 'http://127.0.0.1:8000/v1/sessions/s1/close' is "
+                                                   "not a plain path"),
+    (b"/V1/SESSIONS/s1/close", "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, not "
+                               "'/V1/SESSIONS/s1/close'"),
+]
+
+
+@pytest.mark.parametrize("target, why", SNEAKY_TARGETS)
+def test_refusal_of_sneaky_targets(target: bytes, why: str) -> None:
+    assert refusal(target, PREFIX) == why
+
+
+def test_refusal_keeps_ordinary_queries() -> None:
+    assert refusal(b"/v1/sessions/s1/v1/messages?beta=true&after=a%2Fb", PREFIX) is None
+    assert refusal(b"/v1/sessions/s1/closed/x", PREFIX) is None  # only the close route itself
+    assert refusal(b"/v1/sessions/s1/close\xc2\xa0", PREFIX) == ("request path '/v1/sessions/s1/close\u00c2\\xa0' is "
+                                                                "not a plain path")  # non-ASCII
+
+
+async def test_bridge_never_relays_a_sneaky_close(tmp_path: Path) -> None:
+    """Over the socket, each spelling is a 403 and nothing reaches the server."""
+    sock = tmp_path / "gw.sock"
+    async with FakeUpstream() as up, GatewayBridge(sock, f"{up.base_url.removesuffix('/v1')}{PREFIX}") as bridge:
+        for target, _ in SNEAKY_TARGETS:
+            reader, writer = await asyncio.open_unix_connection(str(sock))
+            writer.write(b"POST " + target + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: 2\r\n\r\n{}")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), timeout=30)
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 403 "), (target, answer)
+            assert json.loads(body)["error"]["code"] == "sandbox_forbidden"
+        assert bridge.refused == len(SNEAKY_TARGETS)
+    assert up.requests == []
+
+
 def test_gateway_address() -> None:
     assert gateway_address("http://127.0.0.1:8000/v1/sessions/s1") == ("127.0.0.1", 8000, False, PREFIX)
     assert gateway_address("https://gw.example/base/v1/sessions/s1/") == ("gw.example", 443, True,

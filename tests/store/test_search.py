@@ -183,3 +183,15 @@ async def test_a_refresh_that_need_not_wait_skips_a_running_one(index: StepSearc
         assert await index.refresh(wait=False) is None
     assert await index.pending() == 3
     assert await index.refresh(wait=False) == 0 and await index.pending() == 0
+
+
+async def test_a_lone_surrogate_in_a_step_is_indexed_and_the_rest_still_found(index: StepSearch, store: Store) -> None:
+    """A message holding ``"\\ud800"`` (a JSON escape no UTF-8 carries): indexed with U+FFFD in its
+    place; every other step is still found, and so is that one by its other words."""
+    enc = StepEncoder()
+    await store.write_batch(_steps("s3", "j1", [("odd \ud800 failed logins", "ANSWER-\udfff-9")], enc), [])
+    assert await index.refresh() == 0 and await index.pending() == 0
+    assert sorted(await _hits(index, "failed logins")) == [("s0", 1), ("s1", 1), ("s3", 1)]
+    (hit,) = (await index.search("odd")).hits
+    assert "odd \ufffd failed logins" in hit.snippet.replace(MARK_START, "").replace(MARK_END, "")
+    assert (await index.search("\ud800 odd")).hits == [hit]  # a query holding one too

@@ -303,3 +303,20 @@ async def test_text_no_utf8_carries_is_stored_on_both_backends(store_url: str) -
         assert gs is not None and gs.close_reason == escaped
     finally:
         await store.close()
+
+
+def test_the_read_only_uri_of_a_sqlite_file(tmp_path: Path) -> None:
+    """Read-only openings (``launcher.py view``, ``report``, ``export`` on a file this process cannot
+    write): the path quoted into the URI, ``immutable`` unless a live WAL is beside it."""
+    from store.engine import read_only_uri, sqlite_read_only
+
+    db = tmp_path / "a b?#%.db"
+    sqlite3.connect(db).close()
+    quoted = str(tmp_path).replace(" ", "%20") + "/a%20b%3F%23%25.db"
+    assert read_only_uri(db) == f"file:{quoted}?mode=ro&immutable=1"
+    assert sqlite3.connect(read_only_uri(db), uri=True).execute("select 1").fetchone() == (1,)
+    (tmp_path / "a b?#%.db-wal").touch()
+    assert read_only_uri(db).endswith("?mode=ro&immutable=1")  # a WAL without its index: not live
+    (tmp_path / "a b?#%.db-shm").touch()
+    assert read_only_uri(db) == f"file:{quoted}?mode=ro"
+    assert not sqlite_read_only(db) and not sqlite_read_only(tmp_path / "missing.db")

@@ -140,3 +140,26 @@ async def test_search_links_open_jobless_sessions(viewer: httpx.AsyncClient) -> 
     assert 'href="/sessions/odd%3F%23%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E#step-1"' in r.text
     assert EVIL not in r.text and "no job" in r.text
     assert (await viewer.get("/sessions/vf-001")).status_code == 200
+
+
+async def test_search_on_a_store_holding_a_lone_surrogate(tmp_path: Path) -> None:
+    """A step holding ``"\\ud800"`` (stored as its JSON escape): the search page answers 200, finds the
+    other steps, and shows that one with U+FFFD."""
+    db = tmp_path / "odd.db"
+    await _fill(db, 3, with_job=False)
+    store = Store(f"sqlite://{db}")
+    await store.init()
+    try:
+        await store.write_batch([_step("vf-002", 1, "zebrafish \ud800 lone")], [])
+    finally:
+        await store.close()
+    client, search, engine = await _client(db, tmp_path)
+    async with client:
+        r = await client.get("/search", params={"q": "zebrafish"})
+        lone = await client.get("/search", params={"q": "lone"})
+    await search.close()
+    await engine.dispose()  # type: ignore[attr-defined]
+    assert r.status_code == 200
+    for sid in ("vf-001", "vf-002", "odd%3F%23%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E"):
+        assert f'href="/sessions/{sid}#step-1"' in r.text, sid
+    assert lone.status_code == 200 and "zebrafish \ufffd <mark>lone</mark>" in lone.text

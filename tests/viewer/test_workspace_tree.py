@@ -6,6 +6,7 @@ is followed, what is served cannot run."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,37 @@ def test_the_raw_file_is_plain_text_that_cannot_run(client: TestClient) -> None:
     assert len(client.get("/sessions/s1/workspace/raw", params={"path": "big.log"}).content) == MAX_SHOWN_BYTES
     assert client.get("/sessions/s1/workspace/raw", params={"path": "passwd"}).status_code == 404
     assert client.get("/sessions/s1/workspace/raw", params={"path": "../escape"}).status_code == 404
+
+
+def test_a_name_that_is_not_utf8_is_listed_escaped_and_served(tmp_path: Path) -> None:
+    """An agent's file (and folder, and link) named with bytes that are not UTF-8: listed with each
+    such byte as ``\\xNN``, opened and served by its exact bytes; nothing is hidden from the reviewer."""
+    ws = tmp_path / "ws"
+    odd_dir = ws / os.fsdecode(b"d\xfe")
+    odd_dir.mkdir(parents=True)
+    (odd_dir / os.fsdecode(b"bad\xff.txt")).write_text("hidden answer")
+    (ws / "plain.txt").write_text("plain")
+    (ws / os.fsdecode(b"ln\xfa")).symlink_to(os.fsdecode(b"d\xfe/bad\xff.txt"))
+    kept = build_archive(ws, WorkspaceArchiveConfig())
+    assert kept.archive is not None
+    app = create_app(_Queries(kept.archive), HiddenFields(tmp_path))  # type: ignore[arg-type]
+    client = TestClient(app, raise_server_exceptions=False)
+    tree = client.get("/sessions/s1/workspace")
+    assert tree.status_code == 200
+    assert '<a href="?path=d%FE%2Fbad%FF.txt">bad\\xff.txt</a>' in tree.text
+    assert '<span class="dir">d\\xfe/</span>' in tree.text and "→ d\\xfe/bad\\xff.txt (link, not followed)" in tree.text
+    shown = client.get("/sessions/s1/workspace?path=d%FE%2Fbad%FF.txt")
+    assert shown.status_code == 200
+    assert "<code>d\\xfe/bad\\xff.txt</code>" in shown.text and '<pre id="file-text">hidden answer</pre>' in shown.text
+    assert 'href="/sessions/s1/workspace/raw?path=d%FE%2Fbad%FF.txt"' in shown.text
+    raw = client.get("/sessions/s1/workspace/raw?path=d%FE%2Fbad%FF.txt")
+    assert (raw.status_code, raw.text) == (200, "hidden answer")
+    link = client.get("/sessions/s1/workspace?path=ln%FA")
+    assert link.status_code == 404 and "ln\\xfa is a link to d\\xfe/bad\\xff.txt: only regular files are shown" in link.text
+    # the escaped spelling names no entry (a file could be named so literally)
+    assert client.get("/sessions/s1/workspace/raw", params={"path": "d\\xfe/bad\\xff.txt"}).status_code == 404
+    listed = entries(kept.archive)[0]
+    assert [(e.shown_path, e.kind, e.shown_target) for e in listed] == [
+        ("d\\xfe", "dir", None), ("d\\xfe/bad\\xff.txt", "file", None), ("ln\\xfa", "link", "d\\xfe/bad\\xff.txt"),
+        ("plain.txt", "file", None)]
+    assert listed[1].query == "path=d%FE%2Fbad%FF.txt"

@@ -28,7 +28,7 @@ from rollout.servers.viewer.render import templates
 from rollout.servers.viewer.report import build_report, plotly_js
 from rollout.servers.viewer.stats import HiddenFields, compare_cases, records_of, row_key, summary
 from rollout.servers.viewer.trajectory_view import divergence, start_request_view, step_views
-from rollout.servers.viewer.workspace_tree import WorkspaceError, entries, read_file
+from rollout.servers.viewer.workspace_tree import WorkspaceError, entries, path_param, read_file
 from store.queries import JOBLESS_SORTS, SORTS, SessionFilter, ViewerQueries
 from store.search import MARK_END, MARK_START, StepSearch
 from wire.text import display_text
@@ -276,7 +276,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         if kept is None or kept["archive"] is None:
             reason = kept["reason"] if kept else "the store holds no final workspace of this session"
             return page("workspace.html", s=row, kept=kept, reason=reason, tree=[], more=0, file=None, path=None)
-        raw = _opt_str(request, "path")
+        raw = path_param(request.scope["query_string"])
         try:
             tree, more = entries(kept["archive"])
             file = read_file(kept["archive"], raw) if raw else None
@@ -291,7 +291,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         if kept is None or kept["archive"] is None:
             raise HTTPException(404, f"no kept workspace of session {sid!r}")
         try:
-            file = read_file(kept["archive"], _opt_str(request, "path") or "")
+            file = read_file(kept["archive"], path_param(request.scope["query_string"]) or "")
         except WorkspaceError as e:
             raise HTTPException(404, str(e)) from None
         return Response(file.head, media_type="text/plain; charset=utf-8",

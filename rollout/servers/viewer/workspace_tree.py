@@ -1,8 +1,10 @@
 """A session's kept final workspace (``rollout.jobs.workspace_archive``) read as a file tree, never
 extracted: the archive's entries listed, one regular file's first bytes read from it. Links are
 shown with their target and never followed; a path is looked up as an exact entry name, so
-``..``, absolute paths and links cannot reach anything outside the archive. Pure data code: no
-HTTP, no SQL.
+``..``, absolute paths and links cannot reach anything outside the archive. A name that is not
+UTF-8 is kept as tarfile reads it (``surrogateescape``): looked up by its exact bytes
+(:func:`path_query`), shown with each undecodable byte as ``\\xNN`` (:func:`shown`). Pure data code:
+no HTTP, no SQL.
 """
 
 from __future__ import annotations
@@ -11,11 +13,36 @@ import io
 import tarfile
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from urllib.parse import parse_qsl, urlencode
+
+from wire.text import utf8_ok
 
 MAX_ENTRIES = 20_000
 """Entries listed at most (the rest counted, not shown)."""
 MAX_SHOWN_BYTES = 512 * 1024
 """Bytes of one file shown at most."""
+
+
+def shown(name: str) -> str:
+    """An entry name as UTF-8 text: each byte that is not UTF-8 (a ``surrogateescape`` surrogate)
+    written ``\\xNN``."""
+    if utf8_ok(name):
+        return name
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def path_query(path: str) -> str:
+    """``path=...`` naming the entry ``path`` by its exact bytes (``%FF`` for a byte that is not UTF-8)."""
+    return urlencode({"path": path.encode("utf-8", "surrogateescape")})
+
+
+def path_param(query_string: bytes) -> str | None:
+    """The ``path`` of a raw query string as an entry name (bytes that are not UTF-8 kept as
+    ``surrogateescape`` surrogates, as tarfile names them); None when absent or blank."""
+    for name, value in parse_qsl(query_string.decode("latin-1"), encoding="utf-8", errors="surrogateescape"):
+        if name == "path":
+            return value.strip() or None
+    return None
 
 
 class WorkspaceError(ValueError):
@@ -40,6 +67,22 @@ class Entry:
     def name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
 
+    @property
+    def shown_path(self) -> str:
+        return shown(self.path)
+
+    @property
+    def shown_name(self) -> str:
+        return shown(self.name)
+
+    @property
+    def shown_target(self) -> str | None:
+        return None if self.target is None else shown(self.target)
+
+    @property
+    def query(self) -> str:
+        return path_query(self.path)
+
 
 @dataclass(frozen=True)
 class FileView:
@@ -53,15 +96,23 @@ class FileView:
     truncated: bool
     head: bytes
 
+    @property
+    def shown_path(self) -> str:
+        return shown(self.path)
+
+    @property
+    def query(self) -> str:
+        return path_query(self.path)
+
 
 def clean_path(raw: str) -> str:
     """``raw`` as an archive entry name (``a/b``), or WorkspaceError for an empty, absolute or
     ``..`` path, or one with a NUL."""
     if not raw or "\x00" in raw:
-        raise WorkspaceError(f"{raw[:200]!r} is not a path in the workspace")
+        raise WorkspaceError(f"{shown(raw[:200])!r} is not a path in the workspace")
     p = PurePosixPath(raw)
     if p.is_absolute() or ".." in p.parts or not p.parts:
-        raise WorkspaceError(f"{raw[:200]!r} is not a path in the workspace")
+        raise WorkspaceError(f"{shown(raw[:200])!r} is not a path in the workspace")
     return "/".join(part for part in p.parts if part != ".")
 
 
@@ -125,9 +176,9 @@ def read_file(archive: bytes, raw_path: str, limit: int = MAX_SHOWN_BYTES) -> Fi
                 if _name(m) != path:
                     continue
                 if not m.isreg():
-                    what = f"a link to {m.linkname}" if m.issym() or m.islnk() else (
+                    what = f"a link to {shown(m.linkname)}" if m.issym() or m.islnk() else (
                         "a folder" if m.isdir() else "not a regular file")
-                    raise WorkspaceError(f"{path} is {what}: only regular files are shown")
+                    raise WorkspaceError(f"{shown(path)} is {what}: only regular files are shown")
                 src = tar.extractfile(m)
                 assert src is not None
                 with src:
@@ -137,4 +188,4 @@ def read_file(archive: bytes, raw_path: str, limit: int = MAX_SHOWN_BYTES) -> Fi
                                 truncated=m.size > len(head), head=head)
     except (tarfile.TarError, EOFError, OSError) as e:
         raise WorkspaceError(f"the kept workspace cannot be read: {type(e).__name__}: {e}") from e
-    raise WorkspaceError(f"{path} is not in the kept workspace")
+    raise WorkspaceError(f"{shown(path)} is not in the kept workspace")
