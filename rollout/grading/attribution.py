@@ -100,6 +100,13 @@ class Controls:
             fut = self._done[key] = asyncio.ensure_future(self._grade(case, grade))
         return await asyncio.shield(fut)
 
+    async def aclose(self) -> None:
+        """Cancel the controls still being graded (their askers are gone: the job stopped)."""
+        pending = [f for f in self._done.values() if not f.done()]
+        for f in pending:
+            f.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     async def _grade(self, case: Case, grade: ControlGrader) -> Control:
         untouched = Control(await self._graded(case, grade, None))
         answer = reference_answer(case)

@@ -280,6 +280,7 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                await controls.aclose()
         selected = {r.session_id for r in rows}
         records = [r for r in await job_records(store, opts.job_id) if r.session_id in selected]
         out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{opts.job_id}-regrade.jsonl"

@@ -317,6 +317,7 @@ class Scheduler:
                     t.cancel()
                 await asyncio.gather(feeder, *self._workers, *self._timers, return_exceptions=True)
                 await self.breaker.aclose()
+                await self._controls.aclose()
                 await asyncio.shield(asyncio.gather(*self._removals, return_exceptions=True))
                 if self._files is not None:
                     self._files.shutdown(wait=True)

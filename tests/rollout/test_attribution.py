@@ -289,3 +289,21 @@ async def test_code_under_test_that_stalls_the_verifier_is_the_agents_zero(tmp_p
     assert (row.mean_score, row.eval_timeout, row.grader_broken) == (0.0, 1, 0)
     groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr4")
     assert sorted((s.valid, s.score) for g in groups for s in g.samples) == [(True, 0.0), (True, 0.0)]
+
+
+async def test_closing_cancels_a_control_still_being_graded(tmp_path: Path) -> None:
+    started = asyncio.Event()
+
+    async def grade(ws: Path) -> Evaluation:
+        started.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("not reached")
+
+    controls = Controls(tmp_path)
+    asker = asyncio.ensure_future(controls.control(Case(env_name="e", case_id="c", row={}), grade))
+    await started.wait()
+    asker.cancel()
+    await controls.aclose()
+    with pytest.raises(asyncio.CancelledError):
+        await asker
+    assert list(tmp_path.glob("rollout-control-*")) == []  # its folder removed on the way out
