@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
+from os import PathLike
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OWNER_ALL = 0o700
@@ -137,7 +137,7 @@ def _empty(root: int, top: str, walk: _Walk) -> None:
         os.close(fd)
 
 
-def remove_tree(path: Path) -> str | None:
+def remove_tree(path: str | PathLike[str]) -> str | None:
     """Delete ``path`` (a folder and everything under it, or a single entry) however deep it goes
     and whatever modes it holds (module docstring); one already gone is fine. Never raises:
     returns None when all is gone, else what could not be removed and why."""
@@ -147,9 +147,9 @@ def remove_tree(path: Path) -> str | None:
         if not stat.S_ISDIR(st.st_mode):
             os.unlink(path)
             return None
-        root = _open_dir(str(path), None)
+        root = _open_dir(os.fspath(path), None)
         try:
-            _empty(root, str(path), walk)
+            _empty(root, os.fspath(path), walk)
         finally:
             os.close(root)
         os.rmdir(path)
