@@ -27,6 +27,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_attribution.py::test_a_wrong_answer_that_breaks_the_grader_counts_zero_in_the_mean_and_trains",
         "tests/rollout/test_attribution.py::test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_job",
         "tests/rollout/test_attribution.py::test_code_under_test_that_stalls_the_verifier_is_the_agents_zero",
+        "tests/rollout/test_attribution.py::test_a_tree_too_deep_for_rmtree_is_the_agents_zero_not_a_launcher_error",
         "tests/rollout/test_forged_results.py",
         "tests/rollout/test_sandbox_bundled.py",
         "tests/feed/test_trainer_loop.py",

@@ -23,6 +23,7 @@ from typing import Literal
 
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.core.envs import EnvConfig
+from rollout.core.trees import remove_tree
 from rollout.grading.evaluation import Evaluation, run_evaluation
 from rollout.grading.sandbox import GraderLimits, evaluate_in_sandbox
 from rollout.grading.scoring import SCORE_KEYS
@@ -151,5 +152,7 @@ class Grader:
             self._warn_score_keys(request.env_name, done)
             return done
         finally:
-            if copy is not None:
-                await asyncio.to_thread(shutil.rmtree, copy.parent, True)
+            if copy is not None:  # an evaluator run in the launcher (isolation none) may have written to it
+                left = await asyncio.to_thread(remove_tree, copy.parent)
+                if left is not None:
+                    log.warning("a workspace copy was not removed: %s", left)

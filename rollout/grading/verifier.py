@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import shutil
@@ -34,6 +35,7 @@ from pydantic import BaseModel, Field
 from rollout.contract.protocol import SimulationStartRequest
 from rollout.core.envs import Case, EnvConfig, LimitsConfig
 from rollout.core.harbor import DEFAULT_VERIFIER_TIMEOUT_S
+from rollout.core.trees import remove_tree
 from rollout.grading.evaluation import Evaluation
 from rollout.grading.scoring import cut_text
 from rollout.grading.workspace_copy import CopyCaps, WorkspaceCopy, copy_workspace
@@ -50,6 +52,8 @@ from rollout.sandbox.bwrap import (
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.runner import disk_used, sandbox_support
 from rollout.sandbox.runtime_local import run_local
+
+log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 TESTS = "/tests"
@@ -201,18 +205,11 @@ def _copy(workspace: Path, dest: Path, caps: CopyCaps) -> WorkspaceCopy:
 
 
 def _remove(folder: Path) -> None:
-    """Remove ``folder`` whatever the verifier did to its modes (a folder made unreadable)."""
-    def fix(_fn: Any, path: str, _exc: Any) -> None:
-        try:
-            os.chmod(os.path.dirname(path), 0o700)
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.chmod(path, 0o700)
-                shutil.rmtree(path, onerror=fix)
-            else:
-                os.unlink(path)
-        except OSError:
-            pass
-    shutil.rmtree(folder, onerror=fix)
+    """Remove ``folder`` whatever the code under test did to it (a folder made unreadable, a tree
+    deeper than ``shutil.rmtree`` can recurse): never raises, logs what is left."""
+    left = remove_tree(folder)
+    if left is not None:
+        log.warning("the verifier's scratch folder %s was not removed: %s", folder, left)
 
 
 def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
@@ -224,7 +221,13 @@ def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
             return "memory", f"memory limit exceeded: the verifier used more than {limits.memory_mb} MiB"
         if hit == "processes":
             return "processes", f"process limit exceeded: the verifier ran more than {limits.processes} at once"
-        if cap is not None and disk_used(workspace, cap).bytes > cap:
+        if cap is None:
+            return None
+        try:
+            used = disk_used(workspace, cap).bytes
+        except OSError as e:  # a folder the code under test made unreadable: its doing, as in a session
+            return "disk", f"disk limit: the verifier's workspace cannot be measured ({e.strerror or e})"
+        if used > cap:
             return "disk", f"disk limit exceeded: the verifier's workspace holds more than {limits.disk_mb} MiB"
         return None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from rollout.core.outcomes import (
 from rollout.core.plan import RowSource, plan_job, select_cases
 from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
+from rollout.core.trees import remove_tree
 from rollout.grading.evaluator_loader import EVALUATOR_FILE_NAME, env_evaluator
 from rollout.grading.grader import GraderSetupError, grader_mode
 from rollout.jobs.lease import JobLease, JobLockError
@@ -478,8 +478,10 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         except JobStopped as e:
             stopped = str(e)
         finally:
-            if not opts.keep_workspaces:
-                shutil.rmtree(workspaces, ignore_errors=True)
+            if not opts.keep_workspaces:  # however deep what an agent left there
+                left = remove_tree(workspaces)
+                if left is not None:
+                    log.warning("the job's workspaces were not all removed: %s", left)
         out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{job_id}.jsonl"
         totals = await write_records(store, job_id, out)
         await store.checkpoint()

@@ -25,6 +25,7 @@ from typing import Any
 
 from rollout.contract.protocol import SimulationStartRequest
 from rollout.core.envs import EnvConfig, WorkspaceArchiveConfig
+from rollout.core.trees import remove_tree
 from rollout.jobs.workspace_archive import ArchiveError, build_archive, restore_workspace
 from rollout.sandbox.bwrap import SandboxUnavailable
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, effective_mode, run_runtime, sandbox_support
@@ -109,8 +110,10 @@ def run_on_node(cfg: EnvConfig, request: SimulationStartRequest, start: bytes | 
         except ArchiveError as e:
             why = f"the final workspace cannot be brought back from Ray node {node}: {e}"
             return out.model_copy(update={"status": "error", "result": None, "error_text": why}), None, node
-    finally:
-        shutil.rmtree(workspace, ignore_errors=True)
+    finally:  # however deep the agent's tree: a failure here would be the launcher's, not the agent's
+        left = remove_tree(workspace)
+        if left is not None:
+            log.warning("workspace %s on Ray node %s was not removed: %s", workspace, node, left)
 
 
 def probe_node(gateway_root_url: str, sandboxed: bool) -> tuple[str, str | None]:

@@ -47,6 +47,7 @@ from rollout.core.outcomes import (
     verifier_setup_failed,
 )
 from rollout.core.plan import RowSource, session_case
+from rollout.core.trees import remove_tree
 from rollout.grading.attribution import Controls, attribute, needs_control
 from rollout.grading.evaluation import Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator
@@ -117,13 +118,16 @@ def unrecorded_calls(close_info: dict[str, Any]) -> int:
 
 def remove_workspace(folder: Path) -> None:
     """Delete a session's workspace: one ``rmdir`` when it is empty (no tree walk), else the
-    whole tree; a folder already gone is fine."""
+    whole tree, however deep and whatever its modes (``remove_tree``); a folder already gone is
+    fine. What cannot be removed is logged."""
     try:
         os.rmdir(folder)
     except FileNotFoundError:
         return
     except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
+        left = remove_tree(folder)
+        if left is not None:
+            log.warning("workspace %s was not removed: %s", folder, left)
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from gateway.settings import GatewaySettings
 from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.core.plan import plan_sessions
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
+from rollout.core.trees import remove_tree
 from rollout.jobs.job import JobOptions, check_sandbox, load_envs, start_services
 from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
@@ -251,8 +251,10 @@ class BatchService:
         except Exception as e:  # a launcher bug fails this batch, never the service
             log.exception("batch %s failed", info.job_id)
             info.state, info.error = "failed", f"{type(e).__name__}: {e}"
-        finally:
-            shutil.rmtree(workspaces, ignore_errors=True)
+        finally:  # however deep what an agent left there
+            left = remove_tree(workspaces)
+            if left is not None:
+                log.warning("batch %s: its workspaces were not all removed: %s", info.job_id, left)
 
 
 def _select_cases(envs: list[tuple[EnvConfig, list[Case]]],

@@ -307,3 +307,49 @@ async def test_closing_cancels_a_control_still_being_graded(tmp_path: Path) -> N
     with pytest.raises(asyncio.CancelledError):
         await asker
     assert list(tmp_path.glob("rollout-control-*")) == []  # its folder removed on the way out
+
+
+DEEP_RUNTIME = '''
+import os
+from pathlib import Path
+from env.runtime_kit import run_runtime
+from rollout.contract.protocol import SimulationStartResult
+
+DEEP = "import os\\\\nfor _ in range(3000):\\\\n    os.mkdir('d')\\\\n    os.chdir('d')\\\\n"
+
+def main(req):
+    # past Python's recursion limit: in its own workspace, and (prog.sh) in the verifier's copy
+    Path("prog.sh").write_text(f'python3 -c "{DEEP}"\\\\necho 0\\\\n')
+    here = os.getcwd()
+    for _ in range(3000):
+        os.mkdir("d")
+        os.chdir("d")
+    os.chdir(here)
+    return SimulationStartResult(session_id=req.session_id, status="succeeded")
+
+run_runtime(main)
+'''
+
+
+async def test_a_tree_too_deep_for_rmtree_is_the_agents_zero_not_a_launcher_error(tmp_path: Path) -> None:
+    """Nested folders past Python's recursion limit, left in the workspace and by the code under
+    test in the verifier's copy: the session is graded (the agent's 0, valid) and the job ends;
+    ``shutil.rmtree`` raised RecursionError (a launcher error, excluded; then the job crashed)."""
+    env_dir = tmp_path / "envs" / "deep"
+    t = env_dir / "tasks" / "deep"
+    (t / "environment").mkdir(parents=True)
+    (t / "tests").mkdir()
+    (t / "instruction.md").write_text("print 42 from prog.sh\n")
+    (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
+    (t / "environment" / "prog.sh").write_text("echo 0\n")
+    (t / "tests" / "test.sh").write_text(CHECK)
+    (env_dir / "runtime.py").write_text(DEEP_RUNTIME)
+    (env_dir / "env.yaml").write_text(yaml.safe_dump({
+        "name": "deep", "dataset": {"format": "harbor", "path": "tasks"},
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}}))
+    async with FakeUpstream() as up:
+        result = await run_job(options(tmp_path, up, job_id="attr5"))
+    (r,) = result.records
+    assert (r.outcome, r.eval_status, r.score) == ("succeeded", "scored", 0.0), r.reason
+    groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr5")
+    assert [(s.valid, s.score) for g in groups for s in g.samples] == [(True, 0.0)]

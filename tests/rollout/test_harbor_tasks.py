@@ -205,16 +205,19 @@ async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the
         "    v = request.verifier\n"
         "    return {'score': 7 * v['reward'], 'reason': f\"{v['status']} exit {v['exit_code']}: {v['stdout_tail']}\"}\n"))
     make_task(judged / "tasks", "half", test_sh="echo said-so\necho 0.5 > /logs/verifier/reward.txt\n")
-    # exit code 0: a grading timeout is a result of the completed run (ev_t/o in the table), not an outage
+    # exit code 0: a verifier that times out is a result of the completed run, not an outage; this one
+    # times out on the untouched starting workspace too (the control): the verifier is broken
     records, stdout, _ = await run_job(tmp_path, "--agent-root", str(root), "--job-id", "to", exit_code=0)
     got = {r["env_name"]: r for r in records}
-    assert (got["slow"]["status"], got["slow"]["eval_status"], got["slow"]["score"]) == ("succeeded", "timeout", 0.0)
-    assert "verifier timed out after 2 s" in got["slow"]["reason"]
+    assert (got["slow"]["status"], got["slow"]["eval_status"], got["slow"]["score"]) == (
+        "succeeded", "grader_broken", None)
+    assert got["slow"]["reason"].startswith("grader broken: it failed on this session (timeout: verifier timed out "
+                                            "after 2 s (killed)) and on the control")
     assert (got["judged"]["eval_status"], got["judged"]["score"]) == ("scored", 3.5)
     assert got["judged"]["reason"] == "rewarded exit 0: said-so\n"
-    # the timeout is left out of the mean and counted as a grading timeout, like an evaluator's
+    # the broken verifier is left out of the mean and named on its env's row
     slow_row = next(line for line in stdout.splitlines() if line.startswith("slow "))
-    assert slow_row.split()[3:5] == ["0", "-"] and "problems: ev_t/o 1" in stdout
+    assert slow_row.split()[3:5] == ["0", "-"] and "problems: broken 1" in stdout
 
 
 async def test_a_verifier_that_cannot_start_is_an_infrastructure_failure_retried(

@@ -290,6 +290,34 @@ async def test_an_unreadable_folder_left_by_the_verifier_is_removed(tmp_path: Pa
     assert not any(stat.S_ISDIR(p.stat().st_mode) for p in scratch_root.iterdir())
 
 
+DEEP_TREE = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+
+
+async def test_a_tree_deeper_than_rmtree_recurses_left_by_the_code_under_test_is_removed(
+        tmp_path: Path, scratch_root: Path) -> None:
+    """3000 nested folders (past Python's recursion limit) written in the verifier's workspace:
+    the verdict stands and the scratch folder is removed (shutil.rmtree raised RecursionError,
+    which ended the session as a launcher error: excluded)."""
+    tests = task(tmp_path, f"#!/bin/bash\npython3 -c \"{DEEP_TREE}\"\necho 0 > /logs/verifier/reward.txt\n")
+    out = await verify(workspace(tmp_path), tests)
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    # scratch_root's teardown asserts nothing is left
+
+
+async def test_a_workspace_the_disk_check_cannot_measure_is_the_agents_limit(
+        tmp_path: Path, scratch_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder the code under test made unreadable (for a launcher that is not root: same user)
+    stops the disk check: a limit hit, the agent's 0, as in its session; never ``setup_failed``."""
+    def unreadable(folder: Path, stop_above: int | None = None) -> None:
+        raise PermissionError(13, "Permission denied: folder 'x'")
+    monkeypatch.setattr(verifier, "disk_used", unreadable)
+    tests = task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    out = await verify(workspace(tmp_path), tests, limits=LimitsConfig(disk_mb=64))
+    assert (out.status, out.limit_exceeded, out.reward) == ("no_reward", "disk", None), out
+    assert out.reason == "disk limit: the verifier's workspace cannot be measured (Permission denied: folder 'x')"
+    assert verifier_outcome(out).model_dump(include={"status", "score"}) == {"status": "scored", "score": 0.0}
+
+
 async def test_a_workspace_that_cannot_be_read_is_graded_on_nothing(tmp_path: Path, scratch_root: Path) -> None:
     tests = task(tmp_path, "#!/bin/bash\nls -A /workspace | wc -l\necho 0 > /logs/verifier/reward.txt\n")
     out = await verify(tmp_path / "missing", tests)  # (as root, a mode-000 folder would still be readable)
