@@ -32,7 +32,7 @@ async def _job(db: Path) -> dict[str, list[str]]:
         await store.write_batch([second], [])
         await finish(store, ids["g1"][0], 10)
         await finish(store, ids["g1"][1], 4)
-        await finish(store, ids["g2"][0], 0.0, "error", eval_reason="KeyError")  # never a 0 for training
+        await finish(store, ids["g2"][0], None, "grader_broken", eval_reason="KeyError")  # never a 0 for training
         await finish(store, ids["g2"][1], 8)
     finally:
         await store.close()
@@ -60,7 +60,7 @@ async def test_jsonl_and_parquet_rows_per_session(tmp_path: Path) -> None:
     assert [s["seq"] for s in a["steps"]] == [1, 2] and a["steps"][1]["tool_calls"][0]["id"] == "t1"
     bad = rows[ids["g2"][0]]
     assert (bad["score"], bad["advantage"], bad["valid"]) == (None, None, False)
-    assert bad["invalid_reason"] == "evaluation error: KeyError"
+    assert bad["invalid_reason"] == "evaluation grader_broken: KeyError"
     assert rows[ids["g2"][1]]["group_flags"] == ["too_few_valid"]
 
     export(db, "--format", "parquet", "--out", str(tmp_path / "x.parquet"))

@@ -223,7 +223,7 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
 
     # the report covers the finished sessions, with the new scores
     lines = {r["case_id"]: r["score"] for r in map(json.loads, (tmp_path / "regrade.jsonl").read_text().splitlines())}
-    assert lines == {"a": 10.0, "b": 1.0, "c": 3.0, "f": 0.0, "i": None}
+    assert lines == {"a": 10.0, "b": 1.0, "c": 3.0, "f": None, "i": None}
     summary = render_regrade_summary(regrade)
     assert summary.splitlines()[0] == ("regrade of job j1: 3 sessions regraded (3 changed), "
                                        "3 not regraded (previous evaluation kept)")
@@ -233,7 +233,7 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     again = await regrade_job(RegradeOptions(job_id="j1", db_path=f"sqlite://{db}", agent_root=fixed_root,
                                              env_names=["toy"], out=tmp_path / "again.jsonl"))
     assert [(r.case_id, r.after_score, r.changed) for r in again.regraded] == [
-        ("a", 10.0, False), ("b", 1.0, False), ("f", 0.0, False)]
+        ("a", 10.0, False), ("b", 1.0, False), ("f", None, False)]
     history = json.loads(sql(db, "SELECT eval_history FROM job_environments WHERE case_id = 'a'")[0][0])
     assert [(h["eval_status"], h["reward"]) for h in history] == [("scored", 3.0), ("scored", 10.0)]
 
