@@ -29,6 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from rollout.core.envs import Case, EnvConfig
+
 log = logging.getLogger("rollout.sandbox.images")
 
 TOOLS = ("buildah", "skopeo", "umoci")
@@ -102,6 +104,25 @@ def _lookup(path: Path, name: str, col: int) -> tuple[int, int]:
     except (OSError, ValueError):
         pass
     raise ImageError(f"the image's USER {name!r} is not in its {path.name}")
+
+
+def source_for(cfg: EnvConfig, case: Case, image_map: tuple[tuple[str, str], ...] = ()) -> ImageSource | None:
+    """The image ``case`` runs in: its Harbor task's Dockerfile (``image_context``) or
+    ``docker_image`` (``image_ref``), else the env's ``image``; None for none. ``image_map`` (the
+    job's ``--image``) wins over the env's ``images``."""
+    mapping = tuple({**cfg.images, **dict(image_map)}.items())
+    context, ref = case.row.get("image_context"), case.row.get("image_ref")
+    if cfg.dataset.format == "harbor" and isinstance(context, str):
+        return ImageSource(context=Path(context), image_map=mapping)
+    if cfg.dataset.format == "harbor" and isinstance(ref, str):
+        return ImageSource(ref=ref, image_map=mapping)
+    return ImageSource(ref=cfg.image, image_map=mapping) if cfg.image else None
+
+
+def own_files(source: ImageSource | None, cfg: EnvConfig) -> bool:
+    """Whether the case's ``files_dir`` is copied into the workspace too: not for a Harbor task
+    in its own image (its ``environment/`` is the build context; the image's WORKDIR holds its files)."""
+    return source is None or cfg.dataset.format != "harbor" or source.ref == cfg.image
 
 
 def missing_tools() -> list[str]:
