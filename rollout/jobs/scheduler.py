@@ -549,7 +549,8 @@ class Scheduler:
         )
         command, harness_log = self._harness_command(row, work.attempt, case)
         if isinstance(image, ImageError):  # the launcher's failure, before the agent ran: never the agent's 0
-            ran = RuntimeRun(status="error", setup_failed=True, error_text=f"sandbox setup failed: image: {image}")
+            ran = RuntimeRun(status="error", setup_failed=True, duration_s=0.0,
+                             error_text=f"sandbox setup failed: image: {image}")
         else:
             more = {"image": image} if image is not None else {}
             ran = await self._execute(session_config(cfg, case, self.s.session_timeout_s), request, workspace,
