@@ -140,10 +140,23 @@ class _Work:
     close_failures: int = 0
 
 
+def _image_start(image: ImageRoot, start: Path, keep: bool) -> None:
+    """``start`` (a control's starting workspace, the case's files) as a session in ``image``
+    starts: the image's WORKDIR, then the case's files only when ``keep``."""
+    files = start.parent / f"{start.name}.files"
+    start.rename(files)
+    start.mkdir()
+    seed_workspace(image, start)
+    if keep:
+        shutil.copytree(files, start, symlinks=True, dirs_exist_ok=True)
+    shutil.rmtree(files, ignore_errors=True)
+
+
 @dataclass
 class _Run:
     """What one attempt's runtime left: its status (after the gateway's truncation), the runtime's run,
-    the close answer, recorded steps and how it ended, and what the task's tests said (None: none ran)."""
+    the close answer, recorded steps and how it ended, what the task's tests said (None: none ran)
+    and the image it ran in (None: none)."""
 
     status: str
     runtime: RuntimeRun | None
@@ -152,6 +165,7 @@ class _Run:
     end: AttemptEnd
     errors: list[str]
     verdict: VerifierResult | None = None
+    image: ImageRoot | None = None
 
 
 @dataclass(frozen=True)
@@ -577,7 +591,7 @@ class Scheduler:
         verdict = await verify_session(cfg, case, workspace, sid, in_image) if graded and not end.infra else None
         if verdict is not None and verdict.status == "setup_failed":
             end = verifier_setup_failed(verdict.reason)
-        return _Run(status, ran, close_info, steps, end, errors, verdict)
+        return _Run(status, ran, close_info, steps, end, errors, verdict, in_image)
 
     async def _conclude(self, work: _Work, run: _Run, cfg: EnvConfig, case: Case, workspace: Path,
                         t0: float, started: Any) -> SessionRecord | None:
@@ -614,7 +628,8 @@ class Scheduler:
                            if self.s.enable_evaluation else None)
         else:
             status, error_text = run.status, "; ".join(run.errors) or None
-            evaluation = await self._evaluate(cfg, case, row, run.runtime, trajectory, workspace, run.verdict)
+            evaluation = await self._evaluate(cfg, case, row, run.runtime, trajectory, workspace, run.verdict,
+                                              run.image)
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
         await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
@@ -680,9 +695,11 @@ class Scheduler:
             return {"error": f"closing the gateway session failed: {type(e).__name__}: {e}"}
 
     async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, ran: RuntimeRun | None,
-                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None) -> Evaluation | None:
+                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None,
+                        image: ImageRoot | None = None) -> Evaluation | None:
         """The session's evaluation; a grading failure is attributed by the case's control
-        (``rollout.grading.attribution``): the agent's 0, or ``grader_broken``."""
+        (``rollout.grading.attribution``): the agent's 0, or ``grader_broken``; for a session in
+        ``image``, the control starts from the image's WORKDIR and its tests run in the image."""
         if not self.s.enable_evaluation:
             return None
         done = await self._grade(cfg, case, row, ran.result if ran else None, trajectory, workspace, verdict)
@@ -691,7 +708,10 @@ class Scheduler:
         assert done is not None
 
         async def grade_control(start: Path) -> Evaluation:
-            control = await verify_session(cfg, case, start, f"{row.session_id}-control") if case.tests_dir else None
+            if image is not None:
+                await asyncio.to_thread(_image_start, image, start, own_files(source_for(cfg, case), cfg))
+            control = await verify_session(cfg, case, start, f"{row.session_id}-control", image) \
+                if case.tests_dir else None
             graded = await self._grade(cfg, case, row, None, to_trajectory(row.session_id, []), start, control)
             return graded or Evaluation(status="error", score=0.0, reason="the control was not graded")
 

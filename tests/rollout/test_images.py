@@ -85,3 +85,23 @@ async def test_a_task_with_a_dockerfile_runs_in_its_image(tmp_path: Path, base_i
     assert (oracle["eval_status"], oracle["score"], oracle["sandbox"]) == ("scored", 10.0, "bwrap"), oracle
     assert oracle["reason"].startswith("verifier reward 1: read from reward.txt"), oracle["reason"]
     assert (nothing["eval_status"], nothing["score"]) == ("scored", 0.0), nothing
+
+
+async def test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on(tmp_path: Path,
+                                                                                    base_image: str) -> None:
+    require_bwrap()
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS / "greet_name", tasks / "greet_name")
+    shutil.copytree(TASKS / "greet_name", tasks / "broken")
+    (tasks / "broken" / "environment" / "Dockerfile").write_text(
+        "FROM python:3\nRUN echo the-broken-step && exit 3\n")
+    records, _, stderr = await run_job(
+        tmp_path, "--tasks", str(tasks), "--image", f"python:3={base_image}", "--harness", "oracle",
+        "--job-id", "bad", "--max-retries", "1", exit_code=3)  # 3: a session lost to an infrastructure failure
+    got = {r["case_id"]: r for r in records}
+    assert set(got) == {"greet_name", "broken"}, stderr[-3000:]
+    assert (got["greet_name"]["eval_status"], got["greet_name"]["score"]) == ("scored", 10.0)
+    broken = got["broken"]
+    assert (broken["status"], broken["outcome"], broken["score"], len(broken["attempts"])) == (
+        "error", "setup_failed", None, 2), broken
+    assert broken["error"].startswith("sandbox setup failed: image: building ") and "the-broken-step" in broken["error"]
