@@ -48,6 +48,11 @@ if [[ ",$extras," == *,dev,* ]]; then
   # install cache (once per machine, at the first test run); mini-swe-agent gets a venv there
   needs+=("node:nodejs:the codex harness runs on Node.js")
   needs+=("npm:npm:the claude-code and codex harnesses are installed with npm")
+  # tasks in container images (docs/images.md): build, copy and unpack images; the tests' base image
+  needs+=("buildah:buildah:the image tests build task images with buildah")
+  needs+=("skopeo:skopeo:the image tests copy images out of the local container store")
+  needs+=("umoci:umoci:the image tests unpack images")
+  needs+=("mmdebstrap:mmdebstrap:the image tests build their base image from Debian packages")
 fi
 # the store tests run on SQLite and on a throwaway PostgreSQL server (Debian keeps pg_ctl off PATH)
 if [[ ",$extras," == *,postgres,* ]]; then

@@ -81,6 +81,11 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_harbor_tasks.py::test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the_verdict",
         "tests/rollout/test_grading_sandbox.py::test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_scores_0",
     ),
+    ("slow", "builds container images (mmdebstrap, buildah) and runs sessions in them"): (
+        "tests/rollout/test_images.py::test_a_build_that_fails_fails_with_its_log_tail_and_is_not_built_again",
+        "tests/rollout/test_images.py::test_a_task_with_a_dockerfile_runs_in_its_image",
+        "tests/rollout/test_images.py::test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on",
+    ),
     ("slow", "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)"): (
         "tests/gateway/test_one_base_url_clients.py",
     ),

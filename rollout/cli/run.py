@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
     ap.add_argument("--keep-workspaces", action="store_true", default=None,
                     help="keep each session's temporary workspace (the folder is printed at the end)")
+    ap.add_argument("--image", action="append", metavar="REF=LOCAL",
+                    help="run image REF (an env's image, a task's docker_image, a Dockerfile's FROM) as LOCAL, an "
+                         "image of the local container store (repeatable; docs/images.md)")
     ap.add_argument("--max-broken-graders", type=int, metavar="N",
                     help="stop the job (resumable) at N broken-grader findings: a grader that fails on a session "
                          "and on the case's untouched starting workspace too (default 3; 0: never stop)")
@@ -162,7 +165,7 @@ _CLI_ONLY = {"agent_start_config", "no_progress", "log_level", "regrade", "repor
 _RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size",
              "max_steps", "limit", "resume", "rerun_launcher_errors", "mode", "ray_address", "gateway_advertise_url",
              "sandbox", "keep_workspaces", "max_retries", "retry_backoff_s", "report", "case_ids", "timeout",
-             "max_broken_graders")
+             "max_broken_graders", "image")
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 

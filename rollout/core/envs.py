@@ -152,7 +152,9 @@ class EnvConfig(_Strict):
     budget (``max_steps``, -1 unlimited), samples per case when the job sets none (``group_size``),
     an optional case limit and what of the final workspace is kept for a regrade (``workspace_archive``).
     ``evaluation``: ``required`` (with ``--enable-evaluation`` the env must have an evaluator, or
-    be a Harbor env) or ``none`` (the env is not graded: no evaluator, no verifier, reward NULL)."""
+    be a Harbor env) or ``none`` (the env is not graded: no evaluator, no verifier, reward NULL).
+    ``image``: a container image every session runs in (docs/images.md); ``images``: the image
+    map, reference -> local reference (an env's image, a task's, a Dockerfile's ``FROM``)."""
 
     name: str
     description: str = ""
@@ -165,6 +167,8 @@ class EnvConfig(_Strict):
     workspace_archive: WorkspaceArchiveConfig = Field(default_factory=WorkspaceArchiveConfig)
     grader: GraderConfig = Field(default_factory=GraderConfig)
     evaluation: Literal["required", "none"] = "required"
+    image: str | None = Field(default=None, min_length=1)
+    images: dict[str, str] = Field(default_factory=dict)
     # resolved at load time
     env_dir: Path = Field(default=Path("."), exclude=True)
     config_path: Path = Field(default=Path("."), exclude=True)

@@ -4,9 +4,10 @@ Each sub-folder of the dataset path is one task: ``instruction.md`` (what the ag
 ``task.toml`` (``[agent] timeout_sec``, ``[verifier] timeout_sec``, ``[metadata]``,
 ``[environment] docker_image``), ``tests/test.sh`` (the verifier, never shown to the agent),
 optional ``solution/solve.sh`` (the reference solution, for the ``oracle`` harness only) and
-optional ``environment/`` (its files are the task's initial workspace). A task whose environment
-needs a container image (a Dockerfile, a compose file, or ``docker_image``) is skipped with the
-reason unless the env declares the host's toolchain enough (``dataset.host_toolchain: true``).
+optional ``environment/`` (its files are the task's initial workspace). A task with an
+``environment/Dockerfile`` or ``[environment] docker_image`` runs in that image (its row's
+``image_context`` / ``image_ref``: docs/images.md) unless the env declares the host's toolchain
+enough (``dataset.host_toolchain: true``); a task with a compose file is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ CONTAINER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "c
 """Files of a task's ``environment/`` that say it is built as a container image."""
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 """The verifier's timeout when ``task.toml`` names none (Harbor's default)."""
-HIDDEN_FIELDS = ("files_dir", "tests_dir", "solution_dir", "verifier_timeout_s", "metadata")
+HIDDEN_FIELDS = ("files_dir", "tests_dir", "solution_dir", "verifier_timeout_s", "metadata", "image_context",
+                 "image_ref")
 """Fields of a Harbor case row that the agent never sees (paths of the task folder, the grading set-up)."""
 
 
@@ -79,6 +81,22 @@ def container_need(task: Path, config: dict[str, Any]) -> str | None:
     return None
 
 
+def compose_file(task: Path) -> str | None:
+    """The compose file of the task's environment, if any (a multi-container task: not run here)."""
+    return next((n for n in CONTAINER_FILES[1:] if (task / "environment" / n).is_file()), None)
+
+
+def image_fields(task: Path, config: dict[str, Any]) -> dict[str, str]:
+    """The row fields naming the task's image: ``image_context`` (the build context of its
+    ``environment/Dockerfile``), else ``image_ref`` (``[environment] docker_image``); {} for none."""
+    if (task / "environment" / "Dockerfile").is_file():
+        return {"image_context": str((task / "environment").resolve())}
+    env = config.get("environment")
+    if isinstance(env, dict) and isinstance(env.get("docker_image"), str) and env["docker_image"]:
+        return {"image_ref": env["docker_image"]}
+    return {}
+
+
 def read_task(task: Path) -> tuple[dict[str, Any], str | None]:
     """One task folder as ``(row, container need)``. Raises HarborTaskError for a missing
     ``instruction.md``, ``task.toml`` or ``tests/test.sh``, or an invalid ``task.toml``."""
@@ -104,22 +122,28 @@ def read_task(task: Path) -> tuple[dict[str, Any], str | None]:
         "files_dir": task_files(environment, HarborTaskError),
         "tests_dir": str((task / "tests").resolve()),
         "solution_dir": str(solution.resolve()) if (solution / "solve.sh").is_file() else None,
+        **image_fields(task, config),
     }
     return row, container_need(task, config)
 
 
 def scan(root: Path, host_toolchain: bool = False) -> HarborScan:
     """Every task folder under ``root`` (sorted by name): its row, or why it is skipped (a
-    container image is needed and ``host_toolchain`` is false). Raises HarborTaskError for an
-    invalid task and when ``root`` is not a folder."""
+    compose file, and ``host_toolchain`` is false). A task in an image keeps its image fields
+    unless ``host_toolchain`` (then it runs on the host). Raises HarborTaskError for an invalid
+    task and when ``root`` is not a folder."""
     if not root.is_dir():
         raise HarborTaskError(f"Harbor task folder {root} not found")
     out = HarborScan()
     for task in sorted(p for p in root.iterdir() if p.is_dir()):
-        row, need = read_task(task)
-        if need is not None and not host_toolchain:
-            out.skipped.append((task.name, f"{need}: no container runtime here (set dataset.host_toolchain: true "
-                                           "when the host's tools are enough)"))
+        row, _ = read_task(task)
+        compose = compose_file(task)
+        if host_toolchain:
+            row.pop("image_context", None)
+            row.pop("image_ref", None)
+        elif compose is not None:
+            out.skipped.append((task.name, f"environment/{compose} runs several containers: not supported here "
+                                           "(set dataset.host_toolchain: true when the host's tools are enough)"))
             continue
         out.rows.append(row)
     return out

@@ -48,9 +48,13 @@ from rollout.sandbox.bwrap import (
     Binds,
     SandboxUnavailable,
     clean_env,
+    image_env,
+    namespace_flags,
 )
 from rollout.sandbox.cgroups import SessionCgroup
-from rollout.sandbox.runner import disk_used, sandbox_support
+from rollout.sandbox.images import ImageError, ImageRoot
+from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
+from rollout.sandbox.runner import disk_used, image_workdir, sandbox_support
 from rollout.sandbox.runtime_local import run_local
 
 log = logging.getLogger(__name__)
@@ -99,9 +103,14 @@ class VerifierResult(BaseModel):
                                                      "stderr_tail", "reason", "limit_exceeded"})
 
 
-def _host_env() -> dict[str, str]:
-    env = clean_env({"HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1",
-                     "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})
+_PY_ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _host_env(image: ImageRoot | None = None) -> dict[str, str]:
+    if image is not None:  # the image's ENV (its PATH: its own tools run the tests)
+        return image_env(image.env, _PY_ENV, "/tmp")
+    env = clean_env(_PY_ENV)
     env["PATH"] = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), *HOST_PATH]))
     return env
 
@@ -111,17 +120,23 @@ def _bash() -> str:
 
 
 def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, limits: LimitsConfig,
-             status_fd: int, rlimits: dict[str, int]) -> list[str]:
+             status_fd: int, rlimits: dict[str, int], image: ImageRoot | None = None,
+             root: Path | None = None) -> list[str]:
     b = Binds()
+    if image is not None and root is not None:  # the image's copy-on-write tree is /
+        b.args += ["--bind", str(root), "/"]
     b.args += ["--size", str(limits.disk_mb * MiB), "--tmpfs", "/tmp"] if limits.disk_mb else ["--tmpfs", "/tmp"]
-    b.system()
+    if image is None:
+        b.system()
     b.interpreter()
-    b.args += ["--bind", str(workspace), WORKSPACE]
+    workdir = image_workdir(image) if image is not None else WORKSPACE
+    b.args += ["--bind", str(workspace), workdir]
     b.ro(tests, TESTS)
     b.args += ["--bind", str(logs), LOGS]
     b.ro(FORWARDER_SOURCE, FORWARDER)
     b.ro(shell, SHELL)
-    return [bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev", "--chdir", WORKSPACE, "--",
+    flags = namespace_flags(*image.uid_gid()) if image is not None else NAMESPACE_FLAGS
+    return [bwrap, *flags, *b.args, "--proc", "/proc", "--dev", "/dev", "--chdir", workdir, "--",
             sys.executable, "-I", "-S", FORWARDER, "--undumpable", str(GATEWAY_PORT), _NO_GATEWAY, str(status_fd),
             ",".join(f"{k}={v}" for k, v in rlimits.items()), "--", SHELL, f"{TESTS}/{TEST_SCRIPT}"]
 
@@ -238,11 +253,13 @@ def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
 
 async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, limits: LimitsConfig | None = None,
                        cpu_s: int | None = None, caps: CopyCaps | None = None,
-                       label: str = "verifier") -> VerifierResult:
+                       label: str = "verifier", image: ImageRoot | None = None) -> VerifierResult:
     """Run ``tests_dir/test.sh`` on a copy of ``workspace`` (module docstring) and read its reward.
     ``limits``: memory, processes, output and disk as a session's (default ``LimitsConfig()``);
     ``cpu_s``: CPU seconds per process (default: ``timeout_s``); ``caps``: of the workspace copy;
-    ``label``: names the run (its cgroup). Never raises except CancelledError."""
+    ``label``: names the run (its cgroup); ``image``: the session's image, whose fresh
+    copy-on-write root the tests run in (the copy at its WORKDIR, its ENV and USER).
+    Never raises except CancelledError."""
     t0 = time.monotonic()
     limits = limits or LimitsConfig()
 
@@ -279,14 +296,24 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             rlimits["fsize"] = limits.disk_mb * MiB + 1
         if limits.memory_mb is not None and support.memory is None:
             rlimits["as"] = limits.memory_mb * MiB
-        argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, shell, limits, status_w, rlimits)
+        try:
+            root = None
+            if image is not None:
+                (scratch / "root").mkdir()
+                root = merged(scratch / "root")
+            argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, shell, limits, status_w, rlimits,
+                            image, root)
+            if image is not None:
+                argv = wrap(image.rootfs, scratch / "root", limits.disk_mb * MiB if limits.disk_mb else None, argv)
+        except (ImageError, OverlayUnavailable, OSError) as e:
+            return failed(f"{type(e).__name__}: {e}")
         if cg.procs_files:  # join the cgroups before bwrap starts anything
             join = " && ".join(f"echo $$ > '{f}'" for f in cg.procs_files)
             argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
         request = SimulationStartRequest(job_id="verifier", session_id=label, agent_name="verifier",
                                          agent_id="verifier", group_id="verifier", gateway_base_url="", model="")
         try:
-            out = await run_local(argv, request, copy_dest, timeout_s, env=_host_env(), pass_fds=(status_w,),
+            out = await run_local(argv, request, copy_dest, timeout_s, env=_host_env(image), pass_fds=(status_w,),
                                   output_limit=limits.output_mb * MiB if limits.output_mb is not None else None,
                                   monitor=_monitor(cg, copy_dest, limits))
         except OSError as e:
@@ -323,15 +350,17 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             await asyncio.shield(asyncio.to_thread(_remove, scratch))
 
 
-async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str) -> VerifierResult | None:
+async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str,
+                         image: ImageRoot | None = None) -> VerifierResult | None:
     """The verifier of ``case`` on its session's final ``workspace`` (None: the case has no
-    tests), with the env's session limits and the task's verifier timeout."""
+    tests), with the env's session limits and the task's verifier timeout, in the session's
+    ``image`` when it ran in one."""
     if case.tests_dir is None:
         return None
     timeout = _number(case.row.get("verifier_timeout_s"))
     timeout_s = timeout if timeout is not None and timeout > 0 else DEFAULT_VERIFIER_TIMEOUT_S
     return await run_verifier(workspace, Path(case.tests_dir), timeout_s=timeout_s, limits=cfg.runtime.limits,
-                              label=label)
+                              label=label, image=image)
 
 
 def verifier_outcome(result: VerifierResult) -> Evaluation:

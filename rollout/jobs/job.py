@@ -115,6 +115,20 @@ class JobOptions(BaseModel):
     no_retry_on: list[str] = Field(default_factory=list)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     max_broken_graders: int = Field(default=3, ge=0)  # stop at this many broken-grader findings; 0: never
+    image: list[str] = Field(default_factory=list)  # the image map: REF=LOCAL (docs/images.md)
+
+    @field_validator("image")
+    @classmethod
+    def _image_map(cls, v: list[str]) -> list[str]:
+        for item in v:
+            ref, sep, local = item.partition("=")
+            if not sep or not ref.strip() or not local.strip():
+                raise ValueError(f"--image {item!r}: expected REF=LOCAL (e.g. python:3=localhost/my/python:3)")
+        return v
+
+    def image_map(self) -> tuple[tuple[str, str], ...]:
+        """``--image`` as (reference, local reference) pairs."""
+        return tuple((r.strip(), loc.strip()) for r, _, loc in (i.partition("=") for i in self.image))
 
     @field_validator("llm_model", "harness", mode="before")
     @classmethod
@@ -467,7 +481,8 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
                                workspace_root=workspaces, gateway_api_key=api_key, sandbox=opts.sandbox,
                                grader_isolation=opts.grader_isolation or opts.sandbox,
                                retry=opts.retry_policy(), breaker=opts.breaker, advertise_url=advertise_url,
-                               session_timeout_s=opts.timeout, max_broken_graders=opts.max_broken_graders)
+                               session_timeout_s=opts.timeout, max_broken_graders=opts.max_broken_graders,
+                               image_map=opts.image_map())
         scheduler = Scheduler(store, settings, {cfg.name: cfg for cfg in configs}, on_done=on_done, on_breaker=on_breaker,
                               executor=ray_backend.executor() if ray_backend else None, keep_records=False)
         stopped: str | None = None

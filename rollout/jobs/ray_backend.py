@@ -28,6 +28,7 @@ from rollout.core.envs import EnvConfig, WorkspaceArchiveConfig
 from rollout.core.trees import remove_tree
 from rollout.jobs.workspace_archive import ArchiveError, build_archive, restore_workspace
 from rollout.sandbox.bwrap import SandboxUnavailable
+from rollout.sandbox.images import ImageRoot
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, effective_mode, run_runtime, sandbox_support
 from rollout.sandbox.runtime_local import RuntimeRun
 
@@ -250,8 +251,11 @@ class RayExecutor:
 
     async def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                        extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                       stderr_log: Path | None = None) -> RuntimeRun:
+                       stderr_log: Path | None = None, image: ImageRoot | None = None) -> RuntimeRun:
         ray, t0 = self.ray, time.monotonic()
+        if image is not None:  # the unpacked image is on the launcher's machine only (docs/images.md)
+            return RuntimeRun(status="error", setup_failed=True, duration_s=0.0,
+                              error_text="sandbox setup failed: a session in an image runs with --mode local only")
         try:
             start = await asyncio.to_thread(pack_workspace, workspace, cfg)
         except ArchiveError as e:

@@ -60,6 +60,7 @@ from rollout.jobs.workspace_archive import keep_workspace
 from rollout.results.records import record_of
 from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import InstalledHarness
+from rollout.sandbox.images import ImageError, ImageRoot, own_files, resolve, seed_workspace, source_for
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.sandbox.runtime_local import RuntimeRun, pidfd_child_watcher
 from store import (
@@ -78,13 +79,13 @@ log = logging.getLogger(__name__)
 
 class Executor(Protocol):
     """Runs one attempt's runtime: ``(cfg, request, workspace, extra_env, job_mode, command=,
-    stderr_log=) -> RuntimeRun``, the arguments and contract of ``rollout.sandbox.runner.run_runtime``
+    stderr_log=, image=) -> RuntimeRun``, the arguments and contract of ``rollout.sandbox.runner.run_runtime``
     (the local executor); the workspace holds the final workspace when it returns.
     ``rollout.jobs.ray_backend.RayExecutor`` runs it on a Ray node instead."""
 
     def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path, extra_env: dict[str, str],
                  job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                 stderr_log: Path | None = None) -> Awaitable[RuntimeRun]: ...
+                 stderr_log: Path | None = None, image: ImageRoot | None = None) -> Awaitable[RuntimeRun]: ...
 
 
 # job_environments.status values that mean the launcher failed to run the session (not the agent): exit code 2
@@ -143,10 +144,23 @@ class _Work:
     close_failures: int = 0
 
 
+def _image_start(image: ImageRoot, start: Path, keep: bool) -> None:
+    """``start`` (a control's starting workspace, the case's files) as a session in ``image``
+    starts: the image's WORKDIR, then the case's files only when ``keep``."""
+    files = start.parent / f"{start.name}.files"
+    start.rename(files)
+    start.mkdir()
+    seed_workspace(image, start)
+    if keep:
+        shutil.copytree(files, start, symlinks=True, dirs_exist_ok=True)
+    shutil.rmtree(files, ignore_errors=True)
+
+
 @dataclass
 class _Run:
     """What one attempt's runtime left: its status (after the gateway's truncation), the runtime's run,
-    the close answer, recorded steps and how it ended, and what the task's tests said (None: none ran)."""
+    the close answer, recorded steps and how it ended, what the task's tests said (None: none ran)
+    and the image it ran in (None: none)."""
 
     status: str
     runtime: RuntimeRun | None
@@ -155,6 +169,7 @@ class _Run:
     end: AttemptEnd
     errors: list[str]
     verdict: VerifierResult | None = None
+    image: ImageRoot | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +211,7 @@ class RunSettings:
     advertise_url: str | None = None
     session_timeout_s: float | None = None  # ``--timeout``: every session's, over the env's and the task's
     max_broken_graders: int = 3  # the job stops at this many broken-grader findings (0: never)
+    image_map: tuple[tuple[str, str], ...] = ()  # ``--image REF=LOCAL``: over each env's ``images``
 
 
 FAILURES_TOLD = 3
@@ -530,7 +546,15 @@ class Scheduler:
 
     async def _run_attempt(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.session_id
-        if case.files_dir:
+        source = source_for(cfg, case, self.s.image_map)
+        image: ImageRoot | ImageError | None = None
+        if source is not None:  # the image's WORKDIR is the starting workspace (docs/images.md)
+            try:
+                image = await asyncio.to_thread(resolve, source)
+                await asyncio.to_thread(seed_workspace, image, workspace)
+            except (ImageError, OSError) as e:
+                image = e if isinstance(e, ImageError) else ImageError(f"{type(e).__name__}: {e}")
+        if case.files_dir and own_files(source, cfg):
             shutil.copytree(case.files_dir, workspace, symlinks=True, dirs_exist_ok=True)  # never followed
         request = SimulationStartRequest(
             job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
@@ -543,9 +567,14 @@ class Scheduler:
             case_id=case.case_id,
         )
         command, harness_log = self._harness_command(row, work.attempt, case)
-        ran = await self._execute(session_config(cfg, case, self.s.session_timeout_s), request, workspace,
+        if isinstance(image, ImageError):  # the launcher's failure, before the agent ran: never the agent's 0
+            ran = RuntimeRun(status="error", setup_failed=True, duration_s=0.0,
+                             error_text=f"sandbox setup failed: image: {image}")
+        else:
+            more = {"image": image} if image is not None else {}
+            ran = await self._execute(session_config(cfg, case, self.s.session_timeout_s), request, workspace,
                                       self._runtime_env(cfg, command is None), self.s.sandbox,
-                                      command=command, stderr_log=harness_log)
+                                      command=command, stderr_log=harness_log, **more)
         close_info = await self._close(sid, ran.status)
         status = status_after_close(ran.status, close_info)
         rejected = rejected_summary(close_info)  # e.g. a CLI that retried 401s with a wrong key
@@ -563,10 +592,11 @@ class Scheduler:
         errors = [e for e in (said, close_info.get("error"), rejected) if e]
         # the task's tests, on a copy of the final workspace, once the agent has ended (docs/verifiers.md)
         graded = self.s.enable_evaluation and cfg.evaluation != "none"
-        verdict = await verify_session(cfg, case, workspace, sid) if graded and not end.infra else None
+        in_image = image if isinstance(image, ImageRoot) else None
+        verdict = await verify_session(cfg, case, workspace, sid, in_image) if graded and not end.infra else None
         if verdict is not None and verdict.status == "setup_failed":
             end = verifier_setup_failed(verdict.reason)
-        return _Run(status, ran, close_info, steps, end, errors, verdict)
+        return _Run(status, ran, close_info, steps, end, errors, verdict, in_image)
 
     async def _conclude(self, work: _Work, run: _Run, cfg: EnvConfig, case: Case, workspace: Path,
                         t0: float, started: Any) -> SessionRecord | None:
@@ -603,7 +633,8 @@ class Scheduler:
                            if self.s.enable_evaluation else None)
         else:
             status, error_text = run.status, "; ".join(run.errors) or None
-            evaluation = await self._evaluate(cfg, case, row, run.runtime, trajectory, workspace, run.verdict)
+            evaluation = await self._evaluate(cfg, case, row, run.runtime, trajectory, workspace, run.verdict,
+                                              run.image)
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
         await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
@@ -669,9 +700,11 @@ class Scheduler:
             return {"error": f"closing the gateway session failed: {type(e).__name__}: {e}"}
 
     async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, ran: RuntimeRun | None,
-                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None) -> Evaluation | None:
+                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None,
+                        image: ImageRoot | None = None) -> Evaluation | None:
         """The session's evaluation; a grading failure is attributed by the case's control
-        (``rollout.grading.attribution``): the agent's 0, or ``grader_broken``."""
+        (``rollout.grading.attribution``): the agent's 0, or ``grader_broken``; for a session in
+        ``image``, the control starts from the image's WORKDIR and its tests run in the image."""
         if not self.s.enable_evaluation:
             return None
         done = await self._grade(cfg, case, row, ran.result if ran else None, trajectory, workspace, verdict)
@@ -680,7 +713,10 @@ class Scheduler:
         assert done is not None
 
         async def grade_control(start: Path) -> Evaluation:
-            control = await verify_session(cfg, case, start, f"{row.session_id}-control") if case.tests_dir else None
+            if image is not None:
+                await asyncio.to_thread(_image_start, image, start, own_files(source_for(cfg, case), cfg))
+            control = await verify_session(cfg, case, start, f"{row.session_id}-control", image) \
+                if case.tests_dir else None
             graded = await self._grade(cfg, case, row, None, to_trajectory(row.session_id, []), start, control)
             return graded or Evaluation(status="error", score=0.0, reason="the control was not graded")
 

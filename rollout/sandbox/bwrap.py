@@ -95,10 +95,13 @@ def probe(bwrap: str | None = None) -> Support:
     return Support(bwrap=path, memory=found.get("memory"), pids=found.get("pids"))
 
 
-NAMESPACE_FLAGS = (
-    "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-    "--cap-drop", "ALL", "--die-with-parent", "--hostname", "sandbox",
-)
+def namespace_flags(uid: int = SANDBOX_UID, gid: int = SANDBOX_UID) -> tuple[str, ...]:
+    """bwrap's namespace flags, the sandbox running as ``uid``/``gid``."""
+    return ("--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(gid),
+            "--cap-drop", "ALL", "--die-with-parent", "--hostname", "sandbox")
+
+
+NAMESPACE_FLAGS = namespace_flags()
 
 
 @dataclass
@@ -181,29 +184,47 @@ class SandboxSpec:
     tmp_bytes: int | None
     rlimits: dict[str, int] = field(default_factory=dict)  # "fsize" / "as" -> bytes, set on the runtime
     instruction: Path | None = None  # a host file bound read-only at INSTRUCTION
+    root: Path | None = None  # an image's merged copy-on-write tree, bound as / (rollout.sandbox.overlay)
+    workdir: str = WORKSPACE  # where the workspace is bound (the cwd): an image's WORKDIR
+    uid: tuple[int, int] = (SANDBOX_UID, SANDBOX_UID)  # the sandbox's uid and gid: an image's USER
 
 
 def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
     """The bwrap command line that runs ``command`` in the sandbox, under the forwarder."""
     b = Binds()
+    if spec.root is not None:  # an image: its tree is / (the host's system folders are not bound)
+        b.args += ["--bind", str(spec.root), "/"]
     # the private /tmp first: code folders under the host's /tmp are bound on top of it
     b.args += ["--size", str(spec.tmp_bytes), "--tmpfs", "/tmp"] if spec.tmp_bytes else ["--tmpfs", "/tmp"]
-    b.system()
+    if spec.root is None:
+        b.system()
     b.interpreter()
     for folder, hidden in spec.code:
         b.code(folder, hidden)
     for f in spec.files:
         if not any(f.is_relative_to(c) for c in b.covered):
             b.ro(f)
-    b.args += ["--bind", str(spec.workspace), WORKSPACE]
+    b.args += ["--bind", str(spec.workspace), spec.workdir]
     b.ro(spec.bridge_socket, BRIDGE_SOCKET)
     b.ro(FORWARDER_SOURCE, FORWARDER)
     if spec.instruction is not None:
         b.ro(spec.instruction, INSTRUCTION)
-    return [support.bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev",
-            "--chdir", WORKSPACE, "--", sys.executable, "-I", "-S", FORWARDER, str(GATEWAY_PORT), BRIDGE_SOCKET,
+    return [support.bwrap, *namespace_flags(*spec.uid), *b.args, "--proc", "/proc", "--dev", "/dev",
+            "--chdir", spec.workdir, "--", sys.executable, "-I", "-S", FORWARDER, str(GATEWAY_PORT), BRIDGE_SOCKET,
             str(spec.status_fd), ",".join(f"{k}={v}" for k, v in spec.rlimits.items()) or "-",
             "--", *command]
+
+
+def image_env(image_env: dict[str, str], session: dict[str, str], home: str,
+              source: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a sandbox in an image: the launcher's allow-listed variables but PATH,
+    the image's ENV (its PATH), HOME, then ``session`` (wins)."""
+    src = os.environ if source is None else source
+    env = {k: v for k, v in src.items() if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)) and k != "PATH"}
+    env.update(image_env)
+    env.update({"HOME": home, "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    env.update(session)
+    return env
 
 
 def inside_url(session_url: str) -> str:

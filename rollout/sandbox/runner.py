@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import functools
 import logging
@@ -36,10 +37,13 @@ from rollout.sandbox.bwrap import (
     Support,
     bwrap_command,
     clean_env,
+    image_env,
     inside_url,
     probe,
 )
 from rollout.sandbox.cgroups import SessionCgroup
+from rollout.sandbox.images import ImageError, ImageRoot
+from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
 from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
 
 MiB = 1024 * 1024
@@ -353,26 +357,31 @@ def _output_limit(limits: LimitsConfig) -> int | None:
 
 async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                       extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                      stderr_log: Path | None = None) -> RuntimeRun:
+                      stderr_log: Path | None = None, image: ImageRoot | None = None) -> RuntimeRun:
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
     env says ``none``), or ``command`` instead (a harness session) under the same limits. Its
     variables: ``pass_env`` names copied from this process, then the env's ``runtime.env`` (with
     ``command``: its ``env`` instead of both), then ``extra_env`` (the scheduler's: the gateway key
     as ``OPENAI_API_KEY``), then the session's (``session_env``). ``stderr_log``: a host file that
-    keeps the runtime's whole stderr. The workspace is left as the runtime left it: graders only
-    ever read a copy of it as data (``rollout.grading``). Never raises except CancelledError."""
-    return await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log)
+    keeps the runtime's whole stderr. ``image``: the session's root file system (docs/images.md:
+    the workspace at its WORKDIR, its ENV and USER; it needs the sandbox). The workspace is left
+    as the runtime left it: graders only ever read a copy of it as data (``rollout.grading``).
+    Never raises except CancelledError."""
+    return await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log, image)
 
 
 async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                        extra_env: dict[str, str], job_mode: str, command: RuntimeCommand | None,
-                       stderr_log: Path | None) -> RuntimeRun:
+                       stderr_log: Path | None, image: ImageRoot | None = None) -> RuntimeRun:
     own = command.env if command is not None else {
         **{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env}
     extra = {**own, **extra_env}
     limits = cfg.runtime.limits
     argv = command.argv if command is not None else cfg.command()
     if effective_mode(cfg, job_mode) == "none":
+        if image is not None:
+            return _setup_failed(time.monotonic(), "a session in an image runs in the sandbox only (not with "
+                                 "--sandbox none / runtime.sandbox: none)").model_copy(update={"sandbox": "none"})
         t0 = time.monotonic()
         text = case_instruction(request)
         folder = Path(tempfile.mkdtemp(prefix="rollout-task-")) if text is not None else None
@@ -391,7 +400,7 @@ async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspac
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
         return out.model_copy(update={"sandbox": "none"})
-    out = await _run_sandboxed(cfg, request, workspace, extra, command, stderr_log)
+    out = await _run_sandboxed(cfg, request, workspace, extra, command, stderr_log, image)
     return out.model_copy(update={"sandbox": "bwrap"})
 
 
@@ -412,7 +421,7 @@ def _setup_failed(t0: float, why: str) -> RuntimeRun:
 
 async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
                          extra: dict[str, str], command: RuntimeCommand | None,
-                         stderr_log: Path | None) -> RuntimeRun:
+                         stderr_log: Path | None, image: ImageRoot | None) -> RuntimeRun:
     t0 = time.monotonic()
     limits = cfg.runtime.limits
     try:
@@ -444,17 +453,28 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
         folders, files = code_folders(cfg) if command is None or command.env_code else ([], [])
         if command is not None:
             folders = [*folders, *((f, []) for f in command.folders)]
+        disk = limits.disk_mb * MiB if limits.disk_mb is not None else None
         spec = SandboxSpec(workspace=workspace, code=[(CONTRACT, []), *folders], files=[*shared_code(), *files],
                            bridge_socket=bridge.socket_path, status_fd=status_w,
-                           tmp_bytes=limits.disk_mb * MiB if limits.disk_mb is not None else None, rlimits=rlimits,
-                           instruction=instruction)
+                           tmp_bytes=disk, rlimits=rlimits, instruction=instruction)
+        if image is not None:
+            try:
+                spec = image_spec(spec, image, scratch / "root")
+            except (ImageError, OSError) as e:
+                return _setup_failed(t0, f"{type(e).__name__}: {e}")
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
+        if image is not None:
+            try:
+                argv = wrap(image.rootfs, scratch / "root", disk, argv)  # the copy-on-write root's namespace
+            except OverlayUnavailable as e:
+                return _setup_failed(t0, str(e))
         argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
         inside = request.model_copy(update={"gateway_base_url": url,
                                             "instruction_path": INSTRUCTION if instruction is not None else None})
-        sf = safactory_env(inside, WORKSPACE) if command is None and cfg.runtime.safactory_env else {}
-        env = clean_env({"PYTHONPATH": str(CODE_ROOT), **extra, **sf, **session_env(url, extra), **task_env(inside)})
+        sf = safactory_env(inside, spec.workdir) if command is None and cfg.runtime.safactory_env else {}
+        own = {"PYTHONPATH": str(CODE_ROOT), **extra, **sf, **session_env(url, extra), **task_env(inside)}
+        env = clean_env(own) if image is None else image_env(image.env, own, _image_home(image, spec))
         try:
             out = await run_local(argv, inside, workspace,
                                   cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
@@ -482,6 +502,25 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
                 os.close(fd)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def image_spec(spec: SandboxSpec, image: ImageRoot, folder: Path) -> SandboxSpec:
+    """``spec`` in ``image``: the merged root (its overlay mounted at ``folder``, made here), the
+    WORKDIR (``/workspace`` for an image whose WORKDIR is ``/``), the USER. Raises ImageError
+    for a USER the image does not know, OSError when ``folder`` cannot be made."""
+    uid = image.uid_gid()
+    folder.mkdir()
+    return dataclasses.replace(spec, root=merged(folder), workdir=image_workdir(image), uid=uid)
+
+
+def image_workdir(image: ImageRoot) -> str:
+    """Where the workspace is in ``image``: its WORKDIR, ``/workspace`` when that is ``/``."""
+    return image.workdir.rstrip("/") or WORKSPACE
+
+
+def _image_home(image: ImageRoot, spec: SandboxSpec) -> str:
+    """HOME in an image: its ENV's, else ``/root`` for root, else the WORKDIR."""
+    return image.env.get("HOME") or ("/root" if spec.uid[0] == 0 else spec.workdir)
 
 
 def _read_status(fd: int) -> str:

@@ -90,33 +90,35 @@ def test_defaults_without_timeouts_or_solution(tmp_path: Path) -> None:
     assert session_config(cfg, case) is cfg
 
 
-def test_tasks_that_need_a_container_are_skipped_with_the_reason(tmp_path: Path,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_tasks_in_an_image_run_in_it_and_compose_tasks_are_skipped(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "tasks"
     make_task(root, "plain")
     make_task(root, "docker", files={"Dockerfile": "FROM alpine\n"})
     make_task(root, "compose", files={"docker-compose.yaml": "services: {}\n"})
     make_task(root, "image", toml='[environment]\ndocker_image = "org/img:1"\n')
     found = harbor.scan(root)
-    assert [r["id"] for r in found.rows] == ["plain"]
-    assert [(t, why.split(":")[0]) for t, why in found.skipped] == [
-        ("compose", "environment/docker-compose.yaml builds a container image"),
-        ("docker", "environment/Dockerfile builds a container image"),
-        ("image", "task.toml names the image 'org/img"),
+    assert [(r["id"], r.get("image_context"), r.get("image_ref")) for r in found.rows] == [
+        ("docker", str((root / "docker" / "environment").resolve()), None),
+        ("image", None, "org/img:1"),
+        ("plain", None, None),
     ]
-    assert all("dataset.host_toolchain: true" in why for _, why in found.skipped)
-    assert [r["id"] for r in harbor.scan(root, host_toolchain=True).rows] == ["compose", "docker", "image", "plain"]
+    assert [(t, why.split(":")[0]) for t, why in found.skipped] == [
+        ("compose", "environment/docker-compose.yaml runs several containers"),
+    ]
+    assert "dataset.host_toolchain: true" in found.skipped[0][1]
+    on_host = harbor.scan(root, host_toolchain=True).rows
+    assert [(r["id"], "image_context" in r or "image_ref" in r) for r in on_host] == [
+        ("compose", False), ("docker", False), ("image", False), ("plain", False)]
     # through an env config: skipped tasks are logged, and an env where all are skipped says why
     env_dir = make_env(tmp_path / "e1")
-    shutil.copytree(root / "docker", env_dir / "tasks" / "docker")
-    with pytest.raises(EnvConfigError, match="every Harbor task .* is skipped: docker: environment/Dockerfile"):
+    shutil.copytree(root / "compose", env_dir / "tasks" / "compose")
+    with pytest.raises(EnvConfigError, match="every Harbor task .* is skipped: compose: environment/docker-compose"):
         load_cases(load_env_config(env_dir / "env.yaml"))
-    shutil.copytree(root / "plain", env_dir / "tasks" / "plain")
-    assert [c.case_id for c in load_cases(load_env_config(env_dir / "env.yaml"))] == ["plain"]
-    assert "Harbor task docker skipped: environment/Dockerfile" in caplog.text
-    on_host = make_env(tmp_path / "e2", host_toolchain=True)
-    shutil.copytree(root / "docker", on_host / "tasks" / "docker")
-    assert [c.case_id for c in load_cases(load_env_config(on_host / "env.yaml"))] == ["docker"]
+    shutil.copytree(root / "docker", env_dir / "tasks" / "docker")
+    [case] = load_cases(load_env_config(env_dir / "env.yaml"))
+    assert case.case_id == "docker" and "image_context" not in case.public_row()
+    assert "Harbor task compose skipped: environment/docker-compose.yaml" in caplog.text
 
 
 @pytest.mark.parametrize(("mutate", "message"), [

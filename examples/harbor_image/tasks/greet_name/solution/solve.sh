@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+greet "$(cat name.txt)" > greeting.txt

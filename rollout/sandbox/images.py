@@ -1,0 +1,291 @@
+"""Container images as a session's root file system, without a container daemon (docs/images.md).
+
+``resolve`` turns an :class:`ImageSource` (a reference, or a Dockerfile's build context) into an
+:class:`ImageRoot`: an unpacked root file system in a cache keyed by the image's config digest,
+with the image's WORKDIR, ENV and USER. In order: the image map replaces a reference (and each
+``FROM`` of a Dockerfile), the local container store (``containers-storage:``, shared with buildah
+and podman) is asked, a Dockerfile is built with ``buildah bud --isolation chroot``, a reference
+not in the store is pulled with ``skopeo copy``; then ``skopeo copy`` to an OCI layout and
+``umoci unpack`` into the cache, once per image (a file lock). Each source is resolved once per
+process: its failure (a build that failed, with the log's tail) is kept and given to every
+session that asks again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from rollout.core.envs import Case, EnvConfig
+
+log = logging.getLogger("rollout.sandbox.images")
+
+TOOLS = ("buildah", "skopeo", "umoci")
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+"""The host's CA bundle: mounted read-only into a build's RUN steps by default (a proxy's CA)."""
+BUILD_TIMEOUT_S = 1800.0
+LOG_TAIL = 2000
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+
+
+class ImageError(RuntimeError):
+    """The image cannot be had (a build or pull that failed: the message ends with its log's tail)."""
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a session's image comes from: a reference (``ref``), or a Dockerfile in a build
+    context (``context``), with the image map (reference -> local reference) and the build's
+    read-only mounts (``HOST:CONTAINER``)."""
+
+    ref: str | None = None
+    context: Path | None = None
+    image_map: tuple[tuple[str, str], ...] = ()
+    build_mounts: tuple[str, ...] = field(default=(f"{CA_BUNDLE}:{CA_BUNDLE}:ro",))
+
+    def mapped(self, ref: str) -> str:
+        """``ref`` as the image map replaces it (itself when unmapped)."""
+        return dict(self.image_map).get(ref, ref)
+
+    def describe(self) -> str:
+        return f"{self.context}/Dockerfile" if self.context is not None else str(self.ref)
+
+
+class ImageRoot(BaseModel):
+    """An unpacked image: ``rootfs`` (read-only: sessions write to a copy-on-write layer),
+    ``digest`` (of its config), its ``workdir``, ``env`` and ``user``, and ``ref`` (the local
+    reference it was unpacked from)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    digest: str
+    rootfs: Path
+    workdir: str = "/"
+    env: dict[str, str] = {}
+    user: str = ""
+    ref: str = ""
+
+    def uid_gid(self) -> tuple[int, int]:
+        """The image's USER as numbers (a name is looked up in the image's ``/etc/passwd``; no
+        USER: root). Raises ImageError for a name the image does not know."""
+        name, _, group = self.user.partition(":")
+        if not name:
+            return 0, 0
+        if name.isdigit():
+            uid, gid = int(name), int(name)
+        else:
+            uid, gid = _lookup(self.rootfs / "etc" / "passwd", name, 2)
+        if group:
+            gid = int(group) if group.isdigit() else _lookup(self.rootfs / "etc" / "group", group, 2)[0]
+        return uid, gid
+
+
+def _lookup(path: Path, name: str, col: int) -> tuple[int, int]:
+    try:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            parts = line.split(":")
+            if len(parts) > col + 1 and parts[0] == name:
+                return int(parts[col]), int(parts[col + 1]) if col + 1 < len(parts) and parts[col + 1].isdigit() \
+                    else int(parts[col])
+    except (OSError, ValueError):
+        pass
+    raise ImageError(f"the image's USER {name!r} is not in its {path.name}")
+
+
+def source_for(cfg: EnvConfig, case: Case, image_map: tuple[tuple[str, str], ...] = ()) -> ImageSource | None:
+    """The image ``case`` runs in: its Harbor task's Dockerfile (``image_context``) or
+    ``docker_image`` (``image_ref``), else the env's ``image``; None for none. ``image_map`` (the
+    job's ``--image``) wins over the env's ``images``."""
+    mapping = tuple({**cfg.images, **dict(image_map)}.items())
+    context, ref = case.row.get("image_context"), case.row.get("image_ref")
+    if cfg.dataset.format == "harbor" and isinstance(context, str):
+        return ImageSource(context=Path(context), image_map=mapping)
+    if cfg.dataset.format == "harbor" and isinstance(ref, str):
+        return ImageSource(ref=ref, image_map=mapping)
+    return ImageSource(ref=cfg.image, image_map=mapping) if cfg.image else None
+
+
+def own_files(source: ImageSource | None, cfg: EnvConfig) -> bool:
+    """Whether the case's ``files_dir`` is copied into the workspace too: not for a Harbor task
+    in its own image (its ``environment/`` is the build context; the image's WORKDIR holds its files)."""
+    return source is None or cfg.dataset.format != "harbor" or source.ref == cfg.image
+
+
+def missing_tools() -> list[str]:
+    """The image tools not installed here."""
+    return [t for t in TOOLS if shutil.which(t) is None]
+
+
+def cache_root() -> Path:
+    """Where unpacked images are kept: ``$ROLLOUT_IMAGE_CACHE``, else the user's cache folder."""
+    env = os.environ.get("ROLLOUT_IMAGE_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollout-factory"
+    return (base / "images") if not env else base
+
+
+def _run(argv: list[str], what: str, timeout: float = BUILD_TIMEOUT_S) -> str:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ImageError(f"{what}: {e}") from None
+    if p.returncode != 0:
+        tail = (p.stdout + p.stderr)[-LOG_TAIL:]
+        raise ImageError(f"{what} failed (exit code {p.returncode}):\n{tail}")
+    return p.stdout
+
+
+def in_store(ref: str) -> bool:
+    """Whether the local container store holds ``ref``."""
+    try:
+        p = subprocess.run(["skopeo", "inspect", "--raw", f"containers-storage:{ref}"], capture_output=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0
+
+
+def _context_hash(context: Path, dockerfile: str) -> str:
+    h = hashlib.sha256(dockerfile.encode())
+    for parent, dirs, names in sorted(os.walk(context)):
+        dirs.sort()
+        for name in sorted(names):
+            p = Path(parent) / name
+            h.update(str(p.relative_to(context)).encode() + b"\0")
+            if p.is_file() and not p.is_symlink():
+                h.update(p.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def mapped_dockerfile(text: str, source: ImageSource) -> str:
+    """The Dockerfile with each ``FROM`` reference replaced by the image map."""
+    out = []
+    for line in text.splitlines():
+        m = _FROM.match(line)
+        out.append(f"{m[1]}{m[2]}{source.mapped(m[3])}{m[4]}" if m else line)
+    return "\n".join(out) + "\n"
+
+
+def build(source: ImageSource) -> str:
+    """Build ``source``'s Dockerfile (FROM lines mapped) into the local store; its local reference.
+    A context already built (same files, same mapped Dockerfile) is not built again."""
+    assert source.context is not None
+    dockerfile = mapped_dockerfile((source.context / "Dockerfile").read_text(encoding="utf-8"), source)
+    ref = f"localhost/rollout-build/{source.context.parent.name.lower() or 'task'}:{_context_hash(source.context, dockerfile)}"
+    ref = re.sub(r"[^a-z0-9./:_-]", "-", ref)
+    if in_store(ref):
+        return ref
+    with tempfile.TemporaryDirectory(prefix="rollout-dockerfile-") as tmp:
+        path = Path(tmp) / "Dockerfile"
+        path.write_text(dockerfile, encoding="utf-8")
+        mounts = [a for m in source.build_mounts if Path(m.split(":", 1)[0]).exists() for a in ("-v", m)]
+        log.info("building the image of %s as %s", source.describe(), ref)
+        _run(["buildah", "bud", "--isolation", "chroot", "--pull=missing", *mounts, "-f", str(path), "-t", ref,
+              str(source.context)], f"building {source.describe()}")
+    return ref
+
+
+def local_ref(source: ImageSource) -> str:
+    """``source`` as a reference in the local store: mapped, found, built or pulled."""
+    if source.context is not None:
+        return build(source)
+    assert source.ref is not None
+    ref = source.mapped(source.ref)
+    if in_store(ref):
+        return ref
+    log.info("pulling %s", ref)
+    _run(["skopeo", "copy", f"docker://{ref}", f"containers-storage:{ref}"], f"pulling {ref}")
+    return ref
+
+
+def _config(ref: str) -> tuple[str, dict[str, Any]]:
+    raw = _run(["skopeo", "inspect", "--config", "--raw", f"containers-storage:{ref}"], f"reading {ref}'s config", 120)
+    return "sha256:" + hashlib.sha256(raw.encode()).hexdigest(), json.loads(raw)
+
+
+def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
+    """``ref`` (in the local store) unpacked into the cache, once per image digest."""
+    digest, config = _config(ref)
+    cfg = config.get("config") or {}
+    env = dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
+    env.setdefault("PATH", DEFAULT_PATH)
+    folder = (cache or cache_root()) / digest.split(":", 1)[1][:32]
+    root = ImageRoot(digest=digest, rootfs=folder / "rootfs", workdir=cfg.get("WorkingDir") or "/", env=env,
+                     user=cfg.get("User") or "", ref=ref)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / "done").is_file():
+            return root
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            _run(["skopeo", "copy", f"containers-storage:{ref}", f"oci:{tmp / 'oci'}:img"], f"exporting {ref}")
+            rootless = ["--rootless"] if os.geteuid() != 0 else []
+            _run(["umoci", "unpack", *rootless, "--image", f"{tmp / 'oci'}:img", str(tmp / "bundle")],
+                 f"unpacking {ref}")
+            folder.mkdir()
+            (tmp / "bundle" / "rootfs").rename(folder / "rootfs")
+            (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+            (folder / "done").write_text(ref, encoding="utf-8")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+_memo: dict[ImageSource, ImageRoot | ImageError] = {}
+_locks: dict[ImageSource, threading.Lock] = {}
+_guard = threading.Lock()
+
+
+def resolve(source: ImageSource, cache: Path | None = None) -> ImageRoot:
+    """``source`` as an unpacked image (blocking; once per process and source). Raises
+    ImageError (the same one again for a source that failed before)."""
+    with _guard:
+        lock = _locks.setdefault(source, threading.Lock())
+    with lock:
+        done = _memo.get(source)
+        if isinstance(done, ImageError):
+            raise done
+        if done is not None:
+            return done
+        if missing_tools():
+            err = ImageError(f"a task in a container image needs {', '.join(missing_tools())} "
+                             "(apt-get install buildah skopeo umoci)")
+            _memo[source] = err
+            raise err
+        try:
+            out = unpack(local_ref(source), cache)
+        except (ImageError, OSError, ValueError) as e:
+            err = e if isinstance(e, ImageError) else ImageError(f"{source.describe()}: {type(e).__name__}: {e}")
+            _memo[source] = err
+            raise err from None
+        _memo[source] = out
+        return out
+
+
+def forget() -> None:
+    """Drop what this process resolved (tests)."""
+    with _guard:
+        _memo.clear()
+        _locks.clear()
+
+
+def seed_workspace(image: ImageRoot, workspace: Path) -> None:
+    """Copy the image's WORKDIR (its files, as the image holds them) into ``workspace``."""
+    src = image.rootfs / image.workdir.lstrip("/")
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, workspace, symlinks=True, dirs_exist_ok=True)

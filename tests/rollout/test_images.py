@@ -1,0 +1,107 @@
+"""Tasks in their own container images (docs/images.md): the bundled Harbor task with a Dockerfile
+(``examples/harbor_image``) built with buildah FROM a base made of Debian packages
+(``scripts/build_base_images.sh``), run through the real launcher: the oracle scores 10 in the
+image, an agent that does nothing 0; and the pieces (the image map, the FROM rewrite, a build
+that fails)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rollout.core.envs import Case, DatasetConfig, EnvConfig, RuntimeConfig
+from rollout.sandbox import images
+from rollout.sandbox.images import ImageError, ImageSource, mapped_dockerfile, source_for
+from tests.rollout.sandbox_helpers import require_bwrap
+from tests.rollout.test_harbor_tasks import run_job
+from tests.test_launcher import REPO
+
+BASE = "localhost/rollout-test/python:3"
+TASKS = REPO / "examples" / "harbor_image" / "tasks"
+
+
+def require_image_tools() -> None:
+    missing = [t for t in (*images.TOOLS, "mmdebstrap") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (apt-get install buildah skopeo umoci mmdebstrap)")
+
+
+@pytest.fixture(scope="module")
+def base_image() -> str:
+    """The stand-in base image in the local container store (built once per machine)."""
+    require_image_tools()
+    p = subprocess.run([str(REPO / "scripts" / "build_base_images.sh"), BASE], capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return BASE
+
+
+def _cfg(fmt: str = "harbor", **more: object) -> EnvConfig:
+    return EnvConfig.model_validate({"name": "e", "dataset": DatasetConfig(format=fmt, path="t"),  # type: ignore[arg-type]
+                                     "runtime": RuntimeConfig(command=["x"]), **more})
+
+
+def test_the_image_map_replaces_references_and_from_lines() -> None:
+    cfg = _cfg(images={"python:3": "localhost/a:1", "org/img:1": "localhost/b:2"})
+    row = {"image_ref": "org/img:1"}
+    src = source_for(cfg, Case(env_name="e", case_id="c", row=row), (("python:3", "localhost/cli:9"),))
+    assert src is not None and src.ref == "org/img:1" and src.mapped("org/img:1") == "localhost/b:2"
+    assert src.mapped("python:3") == "localhost/cli:9"  # --image wins over the env's images
+    text = "# x\nFROM python:3 AS build\nRUN echo FROM python:3\nfrom --platform=linux/amd64 python:3\nFROM other\n"
+    assert mapped_dockerfile(text, src) == (
+        "# x\nFROM localhost/cli:9 AS build\nRUN echo FROM python:3\nfrom --platform=linux/amd64 localhost/cli:9\n"
+        "FROM other\n")
+    assert source_for(_cfg(), Case(env_name="e", case_id="c", row={})) is None
+    env_wide = source_for(_cfg(fmt="jsonl", image="debian:12"), Case(env_name="e", case_id="c", row={}))
+    assert env_wide == ImageSource(ref="debian:12", image_map=())
+
+
+def test_a_build_that_fails_fails_with_its_log_tail_and_is_not_built_again(tmp_path: Path,
+                                                                          base_image: str) -> None:
+    ctx = tmp_path / "broken" / "environment"
+    ctx.mkdir(parents=True)
+    (ctx / "Dockerfile").write_text("FROM python:3\nRUN echo the-step-output && exit 3\n")
+    src = ImageSource(context=ctx, image_map=(("python:3", base_image),))
+    images.forget()
+    with pytest.raises(ImageError) as first:
+        images.resolve(src, tmp_path / "cache")
+    assert "failed (exit code" in str(first.value) and "the-step-output" in str(first.value)
+    with pytest.raises(ImageError) as again:  # kept for the job: the same error, no second build
+        images.resolve(src, tmp_path / "cache")
+    assert again.value is first.value
+
+
+async def test_a_task_with_a_dockerfile_runs_in_its_image(tmp_path: Path, base_image: str) -> None:
+    require_bwrap()
+    records, _, stderr = await run_job(
+        tmp_path, "--tasks", str(TASKS), "--image", f"python:3={base_image}", "--harness", "oracle",
+        "--harness", str(REPO / "attacks" / "do-nothing"), "--job-id", "img", "--pool-size", "2")
+    got = {r["harness"]: r for r in records}
+    assert set(got) == {"oracle", "do-nothing"}, stderr[-3000:]
+    oracle, nothing = got["oracle"], got["do-nothing"]
+    assert (oracle["eval_status"], oracle["score"], oracle["sandbox"]) == ("scored", 10.0, "bwrap"), oracle
+    assert oracle["reason"].startswith("verifier reward 1: read from reward.txt"), oracle["reason"]
+    assert (nothing["eval_status"], nothing["score"]) == ("scored", 0.0), nothing
+
+
+async def test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on(tmp_path: Path,
+                                                                                    base_image: str) -> None:
+    require_bwrap()
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS / "greet_name", tasks / "greet_name")
+    shutil.copytree(TASKS / "greet_name", tasks / "broken")
+    (tasks / "broken" / "environment" / "Dockerfile").write_text(
+        "FROM python:3\nRUN echo the-broken-step && exit 3\n")
+    records, _, stderr = await run_job(
+        tmp_path, "--tasks", str(tasks), "--image", f"python:3={base_image}", "--harness", "oracle",
+        "--job-id", "bad", "--max-retries", "1", exit_code=3)  # 3: a session lost to an infrastructure failure
+    got = {r["case_id"]: r for r in records}
+    assert set(got) == {"greet_name", "broken"}, stderr[-3000:]
+    assert (got["greet_name"]["eval_status"], got["greet_name"]["score"]) == ("scored", 10.0)
+    broken = got["broken"]
+    assert (broken["status"], broken["outcome"], broken["score"], len(broken["attempts"])) == (
+        "error", "setup_failed", None, 2), broken
+    assert broken["error"].startswith("sandbox setup failed: image: building ") and "the-broken-step" in broken["error"]
