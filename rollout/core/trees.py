@@ -71,7 +71,7 @@ def _next_folder(fd: int, walk: _Walk, where: str) -> str | None:
     return None
 
 
-def _reopen(root: int, names: list[str], idents: list[tuple[int, int]]) -> int:
+def reopen(root: int, names: list[str], idents: list[tuple[int, int]]) -> int:
     """``root``/``names``... opened one name at a time and checked against ``idents``; -1 when a
     folder is gone or is another one now."""
     fd = os.dup(root)
@@ -122,7 +122,7 @@ def _empty(root: int, top: str, walk: _Walk) -> None:
             fd = parent
             if _ident(fd) != idents[-1]:  # moved meanwhile: reach the parent again from the top
                 os.close(fd)
-                fd = _reopen(root, names, idents)
+                fd = reopen(root, names, idents)
                 if fd < 0:
                     fd = os.dup(root)
                     del names[:], idents[1:], walk.skip[1:]

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import rollout.contract.protocol
 from rollout.contract.protocol import SimulationStartRequest, model_json
 from rollout.core.envs import EnvConfig, EnvConfigError, LimitsConfig, load_env_config
+from rollout.core.trees import reopen
 from rollout.sandbox.bridge import BridgeError, GatewayBridge
 from rollout.sandbox.bwrap import (
     INSTRUCTION,
@@ -271,7 +272,7 @@ def disk_used(folder: Path, stop_above: int | None = None, max_entries: int | No
             fd = parent
             if ident(fd) != levels[-1][0]:  # moved while walked: reach it again from the top
                 os.close(fd)
-                fd = _reopen(root, names, [lv[0] for lv in levels])
+                fd = reopen(root, names, [lv[0] for lv in levels])
                 if fd < 0:  # gone: what is left of it is not counted this time
                     fd = os.dup(root)
                     del levels[1:], names[:]
@@ -281,25 +282,6 @@ def disk_used(folder: Path, stop_above: int | None = None, max_entries: int | No
         os.close(fd)
         os.close(root)
     return DiskUse(total[0], total[1])
-
-
-def _reopen(root: int, names: list[str], idents: list[tuple[int, int]]) -> int:
-    """A descriptor of ``root``/``names``... opened one name at a time, each folder checked against
-    ``idents`` (the top's first); -1 when one is gone or is another folder now."""
-    fd = os.dup(root)
-    for name, want in zip(names, idents[1:], strict=True):
-        try:
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except OSError:
-            os.close(fd)
-            return -1
-        os.close(fd)
-        fd = child
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != want:
-            os.close(fd)
-            return -1
-    return fd
 
 
 def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str, str] | None] | None:
