@@ -132,11 +132,14 @@ async def test_launcher_runs_grades_and_reports(tmp_path: Path) -> None:
         code, stdout, stderr = await launch(
             "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
             "--db-path", f"sqlite://{db}", "--enable-evaluation", "--pool-size", "3", "--rl-group-size", "2",
-            "--job-id", "job1", "--out", str(out), cwd=tmp_path)
+            "--job-id", "job1", "--out", str(out), "--max-broken-graders", "0", cwd=tmp_path)
         upstream_calls = len([r for r in up.requests if r.path.endswith("/chat/completions")])
 
-    # the hanging runtime timed out and one evaluator crashed: results of a completed run, exit 0
-    assert code == 0, stderr
+    # the hanging runtime timed out: a result; f's evaluator raises on its case whatever the agent did:
+    # a broken grader, which does not stop the job here (--max-broken-graders 0) but makes the exit code 5
+    assert code == 5, stderr
+    assert ("error: 2 sessions met a broken grader (toy 2): it failed on the case's untouched starting workspace "
+            "too, so they are not counted") in stderr
     records = {(r["case_id"], r["sample_index"]): r for r in map(json.loads, out.read_text().splitlines())}
     assert len(records) == len(CASES) * 2
     for k in (0, 1):
@@ -200,8 +203,9 @@ async def test_a_job_on_postgresql_stores_the_same_rows_as_on_sqlite(tmp_path: P
         code, stdout, stderr = await launch(
             "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
             "--db-path", store_url, "--enable-evaluation", "--pool-size", "3", "--rl-group-size", "2",
+            "--max-broken-graders", "0",
             "--job-id", "same", "--out", str(tmp_path / "out.jsonl"), cwd=tmp_path)
-    assert code == 0, stderr  # the evaluator bug is a result of the completed run (broken in the table)
+    assert code == 5, stderr  # the evaluator bug: a broken grader (named in the table, exit 5), the job completed
     sessions = await raw_sql(store_url, "SELECT env_id, case_id, sample_index, status, reward, eval_status, attempts, "
                                         "finished FROM job_environments ORDER BY case_id, sample_index")
     got = [(r["case_id"], r["sample_index"], r["status"], r["reward"], r["eval_status"], r["attempts"],

@@ -9,7 +9,8 @@ Only the CLI: flags (Safactory-compatible) become
 errors are results), 1 for a setup error (bad config, unknown case, missing evaluator, gateway
 mismatch, missing model), 2 for bad flags (argparse), 3 when infrastructure left sessions unrun or
 ungraded (the circuit breaker stopped the job, or sessions failed on infrastructure after every
-retry; ``--resume`` runs them), 130 on Ctrl-C and 143 on SIGTERM (sessions in flight are
+retry; ``--resume`` runs them), 5 when a grader is broken (it failed on a case's untouched
+starting workspace too), 130 on Ctrl-C and 143 on SIGTERM (sessions in flight are
 cancelled and closed, left for --resume).
 With ``--regrade``: 0 when every selected session was graded again, 2 when an evaluator errored or
 timed out or a session could not be regraded, 1 for a setup error, 130/143 when interrupted.
@@ -78,7 +79,8 @@ def commands_help() -> str:
     lines = [f"  {c.ljust(width)}  {what}" for c, what in COMMANDS]
     return ("commands (launcher.py COMMAND --help for their flags; docs/launcher.md):\n" + "\n".join(lines)
             + "\n\nexit codes: 0 the run completed (whatever the scores), 1 setup error, 2 bad flags,\n"
-              "  3 infrastructure left sessions unrun or ungraded (--resume runs them), 130/143 interrupted")
+              "  3 infrastructure left sessions unrun or ungraded (--resume runs them), 5 a grader is broken\n"
+              "  (it fails on a case's untouched starting workspace too), 130/143 interrupted")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "image of the local container store (repeatable; docs/images.md)")
     ap.add_argument("--max-broken-graders", type=int, metavar="N",
                     help="stop the job (resumable) at N broken-grader findings: a grader that fails on a session "
-                         "and on the case's untouched starting workspace too (default 3; 0: never stop)")
+                         "and on the case's untouched starting workspace too (default 1; 0: never stop); the job exits 5 either way")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     ap.add_argument("--report", type=Path, metavar="PATH.html",
@@ -269,6 +271,11 @@ def report(result: JobResult, evaluated: bool = True) -> int:
         print(f"circuit breaker opened {opened} time(s)")
     if result.workspaces:
         print(f"workspaces kept in {result.workspaces}")
+    if broken := totals.grader_broken:
+        named = ", ".join(f"{env} {n}" for env, n in broken.items())
+        print(f"error: {sum(broken.values())} sessions met a broken grader ({named}): it failed on the case's untouched "
+              "starting workspace too, so they are not counted; make it score 0 when the answer is missing or "
+              f"unreadable, then --regrade --job-id {result.job_id} (docs/trust-model.md)", file=sys.stderr)
     if result.stopped:
         print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
               file=sys.stderr)
@@ -283,12 +290,19 @@ def report(result: JobResult, evaluated: bool = True) -> int:
 EXIT_INFRA = 3
 """The job's exit code when infrastructure left work undone: the circuit breaker stopped the job,
 or sessions failed on infrastructure after every retry (``--resume`` runs them again)."""
+EXIT_GRADER_BROKEN = 5
+"""The job's exit code when a grader is broken: a session's grader failed on the case's untouched
+starting workspace too (``grader_broken``: not counted), whether or not that stopped the job."""
 
 
 def job_exit_code(result: JobResult) -> int:
     """0 when the run completed, whatever the scores: runtime timeouts, agent failures and
-    evaluator errors are results (counted in the table); ``EXIT_INFRA`` when the breaker stopped
-    the job or a session's last attempt was an infrastructure failure."""
+    evaluator errors are results (counted in the table); ``EXIT_GRADER_BROKEN`` when a grader was
+    found broken (before the infrastructure code: it needs the author, not a rerun);
+    ``EXIT_INFRA`` when the breaker stopped the job or a session's last attempt was an
+    infrastructure failure."""
+    if result.stop_kind == "broken_graders" or result.totals.grader_broken:
+        return EXIT_GRADER_BROKEN
     return EXIT_INFRA if result.stopped or result.totals.lost else 0
 
 

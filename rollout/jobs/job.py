@@ -114,7 +114,7 @@ class JobOptions(BaseModel):
     retry_on: list[str] = Field(default_factory=lambda: sorted(DEFAULT_RETRY_ON))
     no_retry_on: list[str] = Field(default_factory=list)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
-    max_broken_graders: int = Field(default=3, ge=0)  # stop at this many broken-grader findings; 0: never
+    max_broken_graders: int = Field(default=1, ge=0)  # stop at this many broken-grader findings; 0: never
     image: list[str] = Field(default_factory=list)  # the image map: REF=LOCAL (docs/images.md)
 
     @field_validator("image")
@@ -173,6 +173,7 @@ class JobResult(BaseModel):
     workspaces: Path | None = None
     breaker_events: list[BreakerEvent] = Field(default_factory=list)
     stopped: str | None = None
+    stop_kind: Literal["breaker", "broken_graders"] | None = None  # why it stopped, when it did
 
     @property
     def records(self) -> list[SessionRecord]:
@@ -486,12 +487,13 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         scheduler = Scheduler(store, settings, {cfg.name: cfg for cfg in configs}, on_done=on_done, on_breaker=on_breaker,
                               executor=ray_backend.executor() if ray_backend else None, keep_records=False)
         stopped: str | None = None
+        stop_kind: Literal["breaker", "broken_graders"] | None = None
         try:
             await scheduler.run(RowSource.from_store(store, plan.ids))
         except GraderSetupError as e:
             raise SetupError(str(e)) from e
         except JobStopped as e:
-            stopped = str(e)
+            stopped, stop_kind = str(e), e.kind
         finally:
             if not opts.keep_workspaces:  # however deep what an agent left there
                 left = remove_tree(workspaces)
@@ -502,7 +504,7 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         await store.checkpoint()
         return JobResult(job_id=job_id, totals=totals, out=out, store=store.identity(),
                          workspaces=workspaces if opts.keep_workspaces else None,
-                         breaker_events=scheduler.breaker_events, stopped=stopped)
+                         breaker_events=scheduler.breaker_events, stopped=stopped, stop_kind=stop_kind)
     except asyncio.CancelledError as e:
         lost = lease.lost_error(e) if lease is not None else None
         if lost is not None:  # another launcher took the job over: this one stopped its sessions

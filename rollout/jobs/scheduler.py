@@ -94,8 +94,13 @@ _MAX_CLOSE_FAILURES = 5  # a retry whose gateway session cannot be closed this o
 
 
 class JobStopped(RuntimeError):
-    """The circuit breaker gave up: the gateway or its upstream stayed unavailable. Sessions not
-    finished are left for ``--resume``; the message says why."""
+    """The job stopped early: the circuit breaker gave up (the gateway or its upstream stayed
+    unavailable; ``kind`` ``breaker``) or ``max_broken_graders`` broken-grader findings were made
+    (``broken_graders``). Sessions not finished are left for ``--resume``; the message says why."""
+
+    def __init__(self, reason: str, kind: Literal["breaker", "broken_graders"] = "breaker") -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
 def rejected_summary(close_info: dict[str, Any]) -> str | None:
@@ -210,7 +215,7 @@ class RunSettings:
     log_dir: Path | None = None
     advertise_url: str | None = None
     session_timeout_s: float | None = None  # ``--timeout``: every session's, over the env's and the task's
-    max_broken_graders: int = 3  # the job stops at this many broken-grader findings (0: never)
+    max_broken_graders: int = 1  # the job stops at this many broken-grader findings (0: never)
     image_map: tuple[tuple[str, str], ...] = ()  # ``--image REF=LOCAL``: over each env's ``images``
 
 
@@ -343,7 +348,7 @@ class Scheduler:
                     self._files.shutdown(wait=True)
                     self._files = None
         if self._stop_reason is not None:
-            raise JobStopped(self._stop_reason)
+            raise JobStopped(self._stop_reason, "broken_graders" if self._stop_when_told else "breaker")
         return self.records
 
     async def _feed(self, source: RowSource) -> None:

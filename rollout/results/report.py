@@ -377,6 +377,14 @@ class ReportTotals:
             row.fold()
 
     @property
+    def grader_broken(self) -> dict[str, int]:
+        """Sessions that met a broken grader, by env (none: empty)."""
+        out: Counter[str] = Counter()
+        for (env, _, _), r in self._rows.items():
+            out[env] += r.grader_broken
+        return {e: n for e, n in sorted(out.items()) if n}
+
+    @property
     def lost(self) -> int:
         """Sessions whose last attempt was an infrastructure failure (never graded)."""
         return sum(r.infra for r in self._rows.values())

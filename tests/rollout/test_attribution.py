@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rollout.cli.run import job_exit_code
 from rollout.core.envs import Case
 from rollout.grading.attribution import REFERENCE, Control, Controls, attribute, needs_control
 from rollout.grading.evaluation import Evaluation
@@ -235,12 +236,19 @@ async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_
                                                 "'expected') and on the control") for r in broken)
     groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr2")
     assert {s.valid for g in groups if g.env == "badgrader" for s in g.samples} == {False}
-    # the default stops the job at 3 findings, resumable
+    assert job_exit_code(result) == 5  # the job completed (--max-broken-graders 0), but a grader is broken
+    # the default stops the job at the first finding, resumable; a limit of 3 at the third
     make_env(tmp_path / "envs2", "badgrader", ["right"] * 8, BROKEN_EVALUATOR)
-    async with FakeUpstream() as up:
-        stopped = await run_job(options(tmp_path, up, job_id="attr3", agent_root=tmp_path / "envs2", pool_size=1))
-    assert stopped.stopped is not None and stopped.stopped.startswith("3 broken-grader finding(s) (badgrader: 3)")
-    assert len(stopped.records) == 3
+    for limit, job in ((None, "attr3"), (3, "attr5")):
+        more = {"max_broken_graders": limit} if limit else {}
+        async with FakeUpstream() as up:
+            stopped = await run_job(options(tmp_path, up, job_id=job, agent_root=tmp_path / "envs2", pool_size=1,
+                                            **more))
+        n = limit or 1
+        assert stopped.stopped is not None and stopped.stop_kind == "broken_graders"
+        assert stopped.stopped.startswith(f"{n} broken-grader finding(s) (badgrader: {n}): the grader fails without "
+                                          f"the agent; fix it, then --regrade --job-id {job}")
+        assert len(stopped.records) == n and job_exit_code(stopped) == 5
 
 
 STALL_RUNTIME = '''

@@ -207,9 +207,10 @@ async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the
         "    v = request.verifier\n"
         "    return {'score': 7 * v['reward'], 'reason': f\"{v['status']} exit {v['exit_code']}: {v['stdout_tail']}\"}\n"))
     make_task(judged / "tasks", "half", test_sh="echo said-so\necho 0.5 > /logs/verifier/reward.txt\n")
-    # exit code 0: a verifier that times out is a result of the completed run, not an outage; this one
+    # exit code 5: a verifier that times out is a result of the completed run, not an outage; this one
     # times out on the untouched starting workspace too (the control): the verifier is broken
-    records, stdout, _ = await run_job(tmp_path, "--agent-root", str(root), "--job-id", "to", exit_code=0)
+    records, stdout, _ = await run_job(tmp_path, "--agent-root", str(root), "--job-id", "to", "--max-broken-graders",
+                                       "0", exit_code=5)
     got = {r["env_name"]: r for r in records}
     assert (got["slow"]["status"], got["slow"]["eval_status"], got["slow"]["score"]) == (
         "succeeded", "grader_broken", None)
