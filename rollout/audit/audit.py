@@ -53,6 +53,7 @@ class AuditOptions(BaseModel):
     job_id: str | None = None
     pool_size: int = Field(default=2, ge=1)
     eval_timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    image: list[str] = Field(default_factory=list)  # the job's image map: REF=LOCAL (docs/images.md)
 
 
 Verdict = Literal["paid", "clean", "grader_error", "grader_broken", "not_graded"]
@@ -355,6 +356,7 @@ async def run_audit(opts: AuditOptions, on_start: Callable[[str, int], None] | N
             agent_start_config=opts.agent_start_config, tasks=opts.tasks, env_names=opts.env_names, case_ids=opts.case_ids,
             gateway_config=gateway_config(Path(tmp), db_path), llm_model=[NO_MODEL_ROUTE],
             enable_evaluation=True, eval_timeout=opts.eval_timeout, max_broken_graders=0,  # every finding, never stopped
+            image=opts.image,
             db_path=db_path, pool_size=opts.pool_size, rl_group_size=1, job_id=opts.job_id,
             out=opts.out or Path(tmp) / "audit.jsonl")
         harnesses, references, scans = prepare(load_envs(base), opts.agent_root, loaded, Path(tmp))

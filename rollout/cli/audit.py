@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"only this attack: a bundled name ({ATTACK_ROOT.name}/<name>/) or a folder (repeatable; "
                          "default: the whole battery)")
     add_env_flags(ap)
+    ap.add_argument("--image", action="append", default=[], metavar="REF=LOCAL",
+                    help="run image REF as LOCAL, an image of the local container store, as the job's --image "
+                         "(repeatable; docs/images.md)")
     ap.add_argument("--pool-size", type=int_at_least(1), default=2, help="sessions run at once (default 2)")
     ap.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
     ap.add_argument("--db-path", help="keep the sessions in this store (default: a temporary SQLite file)")
@@ -93,7 +96,7 @@ def main(argv: list[str]) -> int:
         opts = AuditOptions(agent_root=args.agent_root, agent_configs=args.agent_configs,
                             agent_start_config=args.agent_start_config, tasks=args.tasks, env_names=args.env_names, case_ids=args.case_ids,
                             attacks=args.attacks, db_path=db_path, out=args.out, job_id=args.job_id,
-                            pool_size=args.pool_size, eval_timeout=args.eval_timeout)
+                            pool_size=args.pool_size, eval_timeout=args.eval_timeout, image=args.image)
         report = asyncio.run(run_audit(opts))
         if args.report is not None:
             from rollout.servers.viewer.db import ViewerError

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="jsonl (default), parquet (needs pyarrow: the export extra) or openai (fine-tuning chat)")
     exp.add_argument("--per", choices=["session", "step"], default="session", help="one row per session (default) or step")
     exp.add_argument("--only-trainable", action="store_true",
-                     help="only valid samples of trainable groups (no errored, unscored or flagged ones)")
+                     help="only valid samples of trainable groups (no infrastructure failure, broken grader, unscored or flagged sample; a grading failure the agent caused is a valid 0)")
     exp.add_argument("--min-score", type=finite_float(), help="only samples scored at least this (e.g. 10 for SFT on passes)")
     exp.add_argument("--min-valid-samples", type=int_at_least(1), default=2, help="valid samples a trainable group needs (default 2)")
     exp.add_argument("--normalize", choices=["std", "none"], default="std",

@@ -105,3 +105,17 @@ async def test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes
     assert (broken["status"], broken["outcome"], broken["score"], len(broken["attempts"])) == (
         "error", "setup_failed", None, 2), broken
     assert broken["error"].startswith("sandbox setup failed: image: building ") and "the-broken-step" in broken["error"]
+
+
+async def test_the_audit_runs_an_image_task_with_the_image_map(tmp_path: Path, base_image: str) -> None:
+    """``launcher.py audit --tasks ... --image REF=LOCAL``: the audit's job gets the image map, so the
+    task's Dockerfile builds FROM the local base; its sanity rows are judged in the image."""
+    require_bwrap()
+    from rollout.audit.audit import AuditOptions, run_audit
+
+    report = await run_audit(AuditOptions(tasks=[TASKS], image=[f"python:3={base_image}"], attacks=["empty-answer"],
+                                          db_path=f"sqlite://{tmp_path / 'a.db'}", out=tmp_path / "a.jsonl"))
+    (row,) = report.sanity
+    assert (row.case, row.baseline, row.reference, row.reference_score) == (
+        "greet_name", 0.0, "solution/solve.sh", 10.0), row
+    assert not row.failed
