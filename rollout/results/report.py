@@ -458,7 +458,7 @@ def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
 
 def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
     """A fixed-width plain-text table of ``rows`` that fits ``width`` columns (100 by default; names
-    stop shrinking at ``NAME_MIN``, so under about 80 columns rows may not fit):
+    stop shrinking at ``NAME_MIN``, so under about 90 columns rows may not fit):
     a header line, a rule, one line per row, then a legend. The rarely non-zero counts (invalid
     reward, evaluator and runtime errors and timeouts, retried, infra) are folded into an indented
     ``problems:`` line under their row, listing only the non-zero ones. When the names do not fit,
