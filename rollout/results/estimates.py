@@ -7,8 +7,11 @@ estimate here treats the case as the unit: one value per case, the case's mean o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 Z975 = 1.959963984540054
 """The standard normal's 97.5% quantile."""
@@ -85,7 +88,7 @@ class PairedDiff:
     ci95: tuple[float, float] | None
 
 
-def paired(a: dict[object, float], b: dict[object, float]) -> PairedDiff:
+def paired(a: Mapping[K, float], b: Mapping[K, float]) -> PairedDiff:
     """Compare per-case mean scores ``a`` and ``b`` (case key -> mean) on the keys both have."""
     common = sorted(a.keys() & b.keys(), key=repr)
     if not common:
