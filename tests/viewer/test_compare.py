@@ -158,3 +158,17 @@ async def test_compare_json(viewer: httpx.AsyncClient) -> None:
     assert (await viewer.get("/api/compare?a=A")).status_code == 400
     assert (await viewer.get("/api/compare?a=A&b=nope")).json() == {"error": "no job 'nope' in this store"}
     assert (await viewer.get("/api/compare?a=A&b=B&changed=1")).status_code == 400
+
+
+@pytest.mark.parametrize("path", ["/jobs/A", "/jobs/A/report"])
+async def test_job_page_and_report_show_standard_errors(viewer: httpx.AsyncClient, path: str) -> None:
+    r = await viewer.get(path)
+    assert r.status_code == 200
+    table = re.search(r'<table class="grid summary">(.*?)</table>', r.text, re.S)
+    assert table
+    basics = table.group(1).split("<td>basics</td>", 1)[1].split("</tr>", 1)[0]
+    cells = [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", basics, re.S)]
+    # mean of the 4 counted sessions, SE over the case means 7.5, 0, 10; pass@1 over 1/2, 0/1, 1/1
+    se = statistics.stdev([7.5, 0.0, 10.0]) / math.sqrt(3)
+    assert f"6.25±{se:.2f}" in cells and "6.25±3.00" in cells
+    assert "0.500±0.289" in cells
