@@ -28,8 +28,8 @@ from typing import Any
 from pydantic import BaseModel, Field, FiniteFloat, model_validator
 
 from rollout.contract.protocol import model_from_json
-from rollout.results.estimates import Spread
 from rollout.core.outcomes import INFRA_CLASSES
+from rollout.results.estimates import Spread
 from store import COUNTED_EVAL_STATUSES, GRADER_BROKEN, FinalStatus
 from wire.text import json_text
 

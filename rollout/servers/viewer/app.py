@@ -26,7 +26,14 @@ from rollout.results.report import SummaryRow
 from rollout.servers.local_server import bad_query_param
 from rollout.servers.viewer.render import templates
 from rollout.servers.viewer.report import build_report, plotly_js
-from rollout.servers.viewer.stats import HiddenFields, compare_cases, compare_paired, records_of, row_key, summary
+from rollout.servers.viewer.stats import (
+    HiddenFields,
+    compare_cases,
+    compare_paired,
+    records_of,
+    row_key,
+    summary,
+)
 from rollout.servers.viewer.trajectory_view import divergence, start_request_view, step_views
 from rollout.servers.viewer.workspace_tree import WorkspaceError, entries, path_param, read_file
 from store.queries import JOBLESS_SORTS, SORTS, SessionFilter, ViewerQueries
