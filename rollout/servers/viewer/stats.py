@@ -1,6 +1,6 @@
 """Job-wide numbers for the viewer and the report: the summary table and pass@k over k (the
 launcher's own ``rollout.results.report.summarize`` on light records of the store's rows, so the numbers
-are the terminal's), two jobs compared per case (counted in SQL), and the hidden fields of each
+are the terminal's), two jobs compared per case (counted in SQL) and paired on the cases both scored, and the hidden fields of each
 env (what the runtime was not shown).
 """
 
