@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, FiniteFloat, model_validator
 
 from rollout.contract.protocol import model_from_json
 from rollout.core.outcomes import INFRA_CLASSES
+from rollout.results.estimates import Spread
 from store import COUNTED_EVAL_STATUSES, GRADER_BROKEN, FinalStatus
 from wire.text import json_text
 
@@ -179,7 +180,10 @@ class SummaryRow(BaseModel):
     left out likewise).
 
     Scores (0..10): ``mean_score`` over scored sessions and grading failures (their committed 0),
-    None when there is nothing to average.
+    None when there is nothing to average. ``score_stderr``: its standard error clustered by case
+    (each case's mean over its counted sessions, then the standard error of those means; None
+    under 2 such cases); ``pass_at_1_stderr`` likewise over each case's passing fraction
+    (docs/output.md, "Standard errors").
 
     Pass rates (0..1, Chen et al. 2021 estimator per case, averaged over cases; None when no
     session of the row was evaluated, since nothing can pass): ``pass_at_1`` over all cases; ``pass_at_k`` for ``k`` over the ``pass_at_k_cases`` cases that have at least
@@ -200,6 +204,8 @@ class SummaryRow(BaseModel):
     mean_score: float | None
     k: int
     pass_at_1: float | None
+    score_stderr: float | None = None
+    pass_at_1_stderr: float | None = None
     pass_at_k: float | None
     pass_at_k_cases: int
     runtime_failed: int
@@ -261,7 +267,8 @@ class _RowTotals:
         self.evaluated = False
         self.score_sum = Fraction(0)
         self.duration_sum = Fraction(0)
-        self.open_cases: dict[str, list[int]] = {}  # case id -> [samples, passing], graded sessions only
+        self.open_cases: dict[str, list[Any]] = {}  # case id -> [samples, passing, counted, score sum], graded
+        self.case_scores = Spread()  # the mean score of each folded case with a counted session
         self.open_ids: set[str] = set()  # case ids of every session not folded yet
         self.pairs: Counter[tuple[int, int]] = Counter()  # (samples, passing) -> cases folded
 
@@ -284,13 +291,15 @@ class _RowTotals:
             self.evaluated = True
             return
         self.graded += 1
-        counts = self.open_cases.setdefault(r.case_id, [0, 0])
+        counts = self.open_cases.setdefault(r.case_id, [0, 0, 0, Fraction(0)])
         counts[0] += 1
         counts[1] += _passes(r)
         self.scored += _is_scored(r)
         if r.eval_status in COUNTED_EVAL_STATUSES and r.score is not None:
             self.counted += 1
             self.score_sum += Fraction(r.score)
+            counts[2] += 1
+            counts[3] += Fraction(r.score)
         self.invalid += r.eval_status == EVAL_INVALID_STATUS
         self.eval_error += r.eval_status == EVAL_ERROR_STATUS
         self.eval_timeout += r.eval_status == EVAL_TIMEOUT_STATUS
@@ -303,7 +312,10 @@ class _RowTotals:
         """Keep only the (samples, passing) counts of the cases seen so far: none of them may
         come again."""
         self.cases += len(self.open_ids)
-        self.pairs.update(tuple(c) for c in self.open_cases.values())  # type: ignore[misc]
+        self.pairs.update((n, c) for n, c, _, _ in self.open_cases.values())
+        for _, _, counted, total in self.open_cases.values():
+            if counted:
+                self.case_scores.add(float(total / counted))
         self.open_ids.clear()
         self.open_cases.clear()
 
@@ -318,11 +330,16 @@ class _RowTotals:
                   if eligible and self.evaluated else None)
         pass_1 = (math.fsum(pass_at_k(n, c, 1) * m for (n, c), m in self.pairs.items()) / n_cases
                   if self.evaluated and n_cases else None)
+        passing = Spread()
+        for (n, c), m in sorted(self.pairs.items()):
+            passing.add(c / n, m)
         return SummaryRow(
             env_name=env_name, harness=harness or None, model=model, sessions=self.sessions, cases=self.cases,
             scored=self.scored, invalid=self.invalid, eval_error=self.eval_error, eval_timeout=self.eval_timeout,
             unevaluated=self.unevaluated, mean_score=float(self.score_sum) / self.counted if self.counted else None,
             k=row_k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=n_eligible,
+            score_stderr=self.case_scores.stderr if self.counted else None,
+            pass_at_1_stderr=passing.stderr if pass_1 is not None else None,
             runtime_failed=self.runtime_failed, runtime_truncated=self.runtime_truncated,
             runtime_errors=self.runtime_errors,
             runtime_timeouts=self.runtime_timeouts,
@@ -409,12 +426,18 @@ def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _fmt_se(value: float | None, se: float | None, digits: int) -> str:
+    """``value±se`` (``value`` alone when there is no standard error)."""
+    return _fmt(value, digits) if value is None or se is None else f"{value:.{digits}f}±{se:.{digits}f}"
+
+
 TABLE_WIDTH = 100
 OWN_RUNTIME = "(env)"
 """What the harness column shows for sessions run by the env's own runtime."""
 NAME_MIN = 10
-TABLE_LEGEND = ("score: mean of graded sessions (0-10; a grading failure the agent caused counts 0); pass@k: a session passes at score 10; failed: the "
-                "runtime reported failed; time_s: mean session wall time (s)")
+TABLE_LEGEND = ("score: mean of graded sessions (0-10; a grading failure the agent caused counts 0); pass@k: a session passes at score 10; "
+                "±: standard error over cases (each case's mean); failed: the runtime reported failed; time_s: mean session "
+                "wall time (s)")
 PROBLEM_LEGEND = {"trunc": "used its whole step budget (truncated)", "inval": "invalid reward", "ev_err": "evaluator error", "ev_t/o": "evaluator timeout",
                   "rt_err": "runtime error", "rt_t/o": "runtime timeout", "retried": "more than one attempt",
                   "infra": "infrastructure failure, not graded",
@@ -443,13 +466,13 @@ def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
 
 def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
     """A fixed-width plain-text table of ``rows`` that fits ``width`` columns (100 by default; names
-    stop shrinking at ``NAME_MIN``, so under about 80 columns rows may not fit):
+    stop shrinking at ``NAME_MIN``, so under about 90 columns rows may not fit):
     a header line, a rule, one line per row, then a legend. The rarely non-zero counts (invalid
     reward, evaluator and runtime errors and timeouts, retried, infra) are folded into an indented
     ``problems:`` line under their row, listing only the non-zero ones. When the names do not fit,
     the longer of env and model is cut in the middle (``..``, down to ``NAME_MIN``) and the legend
     gives the full name (all of them when two cut alike). ``-`` stands for a missing value; scores have 2 decimals, pass rates 3,
-    durations 1 (seconds). Returns ``"(no sessions)"`` for no rows. No trailing newline."""
+    durations 1 (seconds); score and pass@1 carry their standard error (``3.33±0.41``) when there is one. Returns ``"(no sessions)"`` for no rows. No trailing newline."""
     if not rows:
         return "(no sessions)"
     with_harness = any(r.harness is not None for r in rows)
@@ -458,7 +481,8 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
                "pass@k", "k", "failed", "time_s"]
     body = [
         [r.env_name, *([r.harness or OWN_RUNTIME] if with_harness else []), r.model, str(r.sessions), str(r.scored),
-         _fmt(r.mean_score, 2), _fmt(r.pass_at_1, 3), _fmt(r.pass_at_k, 3), str(r.k), str(r.runtime_failed),
+         _fmt_se(r.mean_score, r.score_stderr, 2), _fmt_se(r.pass_at_1, r.pass_at_1_stderr, 3), _fmt(r.pass_at_k, 3),
+         str(r.k), str(r.runtime_failed),
          _fmt(r.mean_duration_s, 1)]
         for r in rows
     ]

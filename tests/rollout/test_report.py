@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
 from fractions import Fraction
 from pathlib import Path
 
@@ -153,6 +154,13 @@ def test_summarize_exact_numbers() -> None:
     assert math_row.pass_at_1 == pytest.approx((2 / 3 + 1 / 3 + 0) / 3)
     assert math_row.pass_at_k == pytest.approx((1 + 1 + 0) / 3)
     assert math_row.pass_at_k_cases == 3
+    # standard errors clustered by case: each case's mean (A 20/3, B 10/3, C (0 + 5) / 2; the
+    # unevaluated session is not counted), then sd(means) / sqrt(3)
+    case_means = [20 / 3, 10 / 3, 5 / 2]
+    assert math_row.score_stderr == pytest.approx(statistics.stdev(case_means) / math.sqrt(3))
+    assert math_row.score_stderr == pytest.approx(1.2729376, abs=1e-7)
+    assert math_row.pass_at_1_stderr == pytest.approx(statistics.stdev([2 / 3, 1 / 3, 0]) / math.sqrt(3))
+    assert math_row.pass_at_1_stderr == pytest.approx(1 / 3 / math.sqrt(3))
     assert (math_row.runtime_failed, math_row.runtime_errors, math_row.runtime_timeouts) == (1, 0, 1)
     assert math_row.mean_duration_s == pytest.approx(36 / 8)
     assert math_row.eval_error_rate == pytest.approx(2 / 9)
@@ -163,6 +171,8 @@ def test_summarize_exact_numbers() -> None:
     assert code_row.pass_at_1 == pytest.approx((1.0 + 0.5) / 2)
     assert code_row.pass_at_k == pytest.approx(1.0)
     assert code_row.mean_score == pytest.approx((10 + 10 + (10 - 1e-10) + 9.5) / 4)
+    assert code_row.score_stderr == pytest.approx(statistics.stdev([10, (20 - 1e-10 - 0.5) / 2]) / math.sqrt(2))
+    assert code_row.pass_at_1_stderr == pytest.approx(0.25)  # sd(1, 0.5) / sqrt(2)
     assert (code_row.runtime_errors, code_row.runtime_timeouts, code_row.invalid) == (0, 0, 0)
 
     m2 = rows_by[("math", "m2")]
@@ -170,6 +180,19 @@ def test_summarize_exact_numbers() -> None:
     assert (m2.sessions, m2.scored, m2.unevaluated, m2.mean_score, m2.k) == (1, 0, 1, None, 1)
     # nothing of m2 was evaluated: no pass rate at all (not a 0 that looks measured)
     assert (m2.pass_at_1, m2.pass_at_k, m2.runtime_errors, m2.mean_duration_s) == (None, None, 1, 2.5)
+    assert (m2.score_stderr, m2.pass_at_1_stderr) == (None, None)
+
+
+def test_stderr_needs_two_cases_and_leaves_out_what_is_not_counted() -> None:
+    one_case = summarize([rec("e", "A", i, s) for i, s in enumerate((10.0, 0.0, 5.0))])
+    assert (one_case[0].mean_score, one_case[0].score_stderr, one_case[0].pass_at_1_stderr) == (5.0, None, None)
+    records = [rec("e", "A", 0, 10.0), rec("e", "A", 1, 0.0),
+               rec("e", "B", 0, 4.0), rec("e", "B", 1, None, "grader_broken"),  # B's mean is 4: broken left out
+               rec("e", "C", 0, 0.0, "invalid_reward")]  # C's mean is the agent's 0
+    (row,) = summarize(records)
+    assert row.score_stderr == pytest.approx(math.sqrt(((5 - 3) ** 2 + (4 - 3) ** 2 + (0 - 3) ** 2) / 2 / 3))
+    assert row.pass_at_1_stderr == pytest.approx(statistics.stdev([0.5, 0.0, 0.0]) / math.sqrt(3))
+    assert render_table([row]).splitlines()[2].split()[4:6] == ["3.50±1.53", "0.167±0.167"]
 
 
 def test_summarize_explicit_k() -> None:
@@ -216,7 +239,8 @@ def test_render_table() -> None:
     assert set(lines[1]) == {"-", " "}
     math_i = next(i for i, line in enumerate(lines) if line.startswith("math") and " m1 " in line)
     math_line = lines[math_i]
-    assert math_line.split() == ["math", "m1", "9", "5", "4.38", "0.333", "0.667", "3", "1", "4.5"]
+    # score and pass@1 carry their standard error over cases (each case's mean: 20/3, 10/3, 5/2; passing 2/3, 1/3, 0)
+    assert math_line.split() == ["math", "m1", "9", "5", "4.38±1.27", "0.333±0.192", "0.667", "3", "1", "4.5"]
     # the rarely non-zero counts are folded into a line under the row, only the non-zero ones
     assert lines[math_i + 1] == "  problems: inval 1, ev_err 1, ev_t/o 1, rt_t/o 1"
     code_i = next(i for i, line in enumerate(lines) if line.startswith("code"))
@@ -227,10 +251,11 @@ def test_render_table() -> None:
     assert lines[m2_i + 1] == "  problems: rt_err 1"
     # right-aligned numeric columns end at the same offset as their header
     end = header.index("pass@1") + len("pass@1")
-    assert math_line[end - 5 : end] == "0.333"
+    assert math_line[end - 11 : end] == "0.333±0.192"
     # the legend explains the abbreviations, the problem ones only when shown
     legend = " ".join(" ".join(lines[m2_i + 2 :]).split())  # the wrapped lines as one
     assert legend.startswith("score: mean of graded sessions (0-10; a grading failure the agent caused counts 0)")
+    assert "±: standard error over cases (each case's mean)" in legend
     assert "rt_err = runtime error" in legend and "ev_t/o = evaluator timeout" in legend
     assert "infra =" not in legend and "retried =" not in legend and "cut name" not in legend
     assert render_table([]) == "(no sessions)"
@@ -249,7 +274,8 @@ def test_render_table_fits_100_columns_with_long_names() -> None:
     rows = [
         _row("gsm8k-platinum-reasoning", "Qwen/Qwen2.5-7B-Instruct-1M", sessions=12000, cases=1500,
              scored=11880, eval_error=20, eval_timeout=100, mean_score=6.41, k=8, pass_at_1=0.641,
-             pass_at_k=0.912, pass_at_k_cases=1500, runtime_failed=2, mean_duration_s=14.2, retried=30),
+             pass_at_k=0.912, pass_at_k_cases=1500, runtime_failed=2, mean_duration_s=14.2, retried=30,
+             score_stderr=0.1234, pass_at_1_stderr=0.0116),
         _row("workspace-shell-tasks-long", "Qwen/Qwen2.5-7B-Instruct-1M", sessions=400, cases=50,
              scored=396, invalid=1, runtime_failed=120, runtime_errors=2, runtime_timeouts=4, infra=1, k=8,
              mean_score=3.2, pass_at_1=0.3, pass_at_k=0.6, pass_at_k_cases=50, mean_duration_s=1095.0),
@@ -260,11 +286,11 @@ def test_render_table_fits_100_columns_with_long_names() -> None:
     assert max(len(line) for line in lines) >= 95  # the names got the room there is, no more cut
     # the longer names are cut in the middle: start and end kept, full names in the legend
     env1, model1 = lines[2].split()[:2]
-    assert env1.startswith("gsm8k-") and env1.endswith("reasoning") and ".." in env1
-    assert model1.startswith("Qwen/Qwen") and model1.endswith("-1M") and ".." in model1
+    assert env1.startswith("gsm8k-") and env1.endswith("asoning") and ".." in env1
+    assert model1.startswith("Qwen/Qw") and model1.endswith("-1M") and ".." in model1
     assert f"cut name: {env1} = gsm8k-platinum-reasoning" in lines
     assert f"cut name: {model1} = Qwen/Qwen2.5-7B-Instruct-1M" in lines
-    assert lines[2].split()[2:] == ["12000", "11880", "6.41", "0.641", "0.912", "8", "2", "14.2"]
+    assert lines[2].split()[2:] == ["12000", "11880", "6.41±0.12", "0.641±0.012", "0.912", "8", "2", "14.2"]
     assert lines[3] == "  problems: ev_err 20, ev_t/o 100, retried 30"
     assert lines[5] == "  problems: inval 1, rt_err 2, rt_t/o 4, infra 1"
     legend = " ".join(line.strip() for line in lines[6:])
@@ -272,7 +298,7 @@ def test_render_table_fits_100_columns_with_long_names() -> None:
         assert abbreviation in legend
     # short names are never cut; a narrower width is honoured too
     assert "cut name" not in render_table([_row("gsm8k", "local", sessions=6)])
-    assert max(len(line) for line in render_table(rows, width=80).splitlines()) <= 80
+    assert max(len(line) for line in render_table(rows, width=90).splitlines()) <= 90
     # two names that cut alike are both named under the table
     alike = render_table([_row("swe-bench-lite-python-split-a", "m"), _row("swe-bench-full-python-split-a", "m")],
                          width=75).splitlines()

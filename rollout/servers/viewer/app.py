@@ -26,7 +26,14 @@ from rollout.results.report import SummaryRow
 from rollout.servers.local_server import bad_query_param
 from rollout.servers.viewer.render import templates
 from rollout.servers.viewer.report import build_report, plotly_js
-from rollout.servers.viewer.stats import HiddenFields, compare_cases, records_of, row_key, summary
+from rollout.servers.viewer.stats import (
+    HiddenFields,
+    compare_cases,
+    compare_paired,
+    records_of,
+    row_key,
+    summary,
+)
 from rollout.servers.viewer.trajectory_view import divergence, start_request_view, step_views
 from rollout.servers.viewer.workspace_tree import WorkspaceError, entries, path_param, read_file
 from store.queries import JOBLESS_SORTS, SORTS, SessionFilter, ViewerQueries
@@ -368,7 +375,9 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         if not a or not b:
             return page("compare.html", ids=ids, a=a, b=b, ready=False)
         job_a, job_b = await need_job(a), await need_job(b)
-        deltas = compare_cases(await queries.case_outcomes(a), await queries.case_outcomes(b))
+        cases_a, cases_b = await queries.case_outcomes(a), await queries.case_outcomes(b)
+        paired_rows, paired_all = compare_paired(cases_a, cases_b)
+        deltas = compare_cases(cases_a, cases_b)
         if request.query_params.get("changed"):
             deltas = [d for d in deltas if d.delta is None or abs(d.delta) > 1e-9]
         n = _page(request)
@@ -378,8 +387,19 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         args = {k: v for k, v in request.query_params.items() if k != "page" and v}
         return page("compare.html", ids=ids, a=a, b=b, ready=True, job_a=job_a, job_b=job_b,
                     sum_a=await job_summary(a, job_a), sum_b=await job_summary(b, job_b),
+                    paired_rows=paired_rows, paired_all=paired_all,
                     deltas=deltas[(n - 1) * COMPARE_PAGE:n * COMPARE_PAGE], n_cases=len(deltas),
                     page_no=n, pages=pages, args=args)
+
+    async def compare_json(request: Request) -> Response:
+        _check_params(request, ("a", "b"))
+        a, b = _opt_str(request, "a"), _opt_str(request, "b")
+        if not a or not b:
+            raise HTTPException(400, "give a and b (two jobs)")
+        await need_job(a)
+        await need_job(b)
+        rows, every = compare_paired(await queries.case_outcomes(a), await queries.case_outcomes(b))
+        return JSONResponse({"a": a, "b": b, "all": every.as_json(), "envs": [r.as_json() for r in rows]})
 
     async def report(request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -422,7 +442,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         Route("/sessions/{session_id}/workspace", workspace), Route("/sessions/{session_id}/workspace/raw", workspace_raw),
         Route("/search", find), Route("/jobs/{job_id}/groups", groups), Route("/compare/case", compare_case),
         Route("/groups/{group_id}", group), Route("/compare", compare),
-        Route("/api/jobs", jobs_progress), Route("/api/jobs/{job_id}/progress", job_progress),
+        Route("/api/jobs", jobs_progress), Route("/api/compare", compare_json), Route("/api/jobs/{job_id}/progress", job_progress),
         Route("/api/sessions/{session_id}/progress", session_progress),
         Route("/static/plotly.min.js", plotly),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

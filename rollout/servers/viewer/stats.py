@@ -1,6 +1,6 @@
 """Job-wide numbers for the viewer and the report: the summary table and pass@k over k (the
 launcher's own ``rollout.results.report.summarize`` on light records of the store's rows, so the numbers
-are the terminal's), two jobs compared per case (counted in SQL), and the hidden fields of each
+are the terminal's), two jobs compared per case (counted in SQL) and paired on the cases both scored, and the hidden fields of each
 env (what the runtime was not shown).
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.core.envs import EnvConfigError, discover_envs, load_cases
+from rollout.results.estimates import PairedDiff, paired
 from rollout.results.report import SessionRecord, SummaryRow, summarize
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,51 @@ def compare_cases(a_cases: Sequence[Counts], b_cases: Sequence[Counts]) -> list[
     deltas = [CaseDelta(env, case, a.get((env, case)), b.get((env, case))) for env, case in sorted(a.keys() | b.keys())]
     deltas.sort(key=lambda d: (d.delta is None, -abs(d.delta or 0.0), d.env_name, d.case_id))
     return deltas
+
+
+@dataclass
+class PairedRow:
+    """Two jobs compared on the cases both scored, in one env (``env_name`` None: every env):
+    the models each job ran there and the :class:`~rollout.results.estimates.PairedDiff` of the
+    per-case mean scores."""
+
+    env_name: str | None
+    models_a: list[str]
+    models_b: list[str]
+    score: PairedDiff
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as JSON (``/api/compare``)."""
+        s = self.score
+        return {"env": self.env_name, "models_a": self.models_a, "models_b": self.models_b,
+                "common_cases": s.common, "only_a": s.only_a, "only_b": s.only_b, "mean_a": s.mean_a,
+                "mean_b": s.mean_b, "diff": s.diff, "diff_stderr": s.stderr,
+                "diff_ci95": list(s.ci95) if s.ci95 is not None else None}
+
+
+def _models(cases: Sequence[Counts]) -> dict[str, list[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for c in cases:
+        out[c["env_name"]].add(c["llm_model"])
+    return {env: sorted(models) for env, models in out.items()}
+
+
+def compare_paired(a_cases: Sequence[Counts], b_cases: Sequence[Counts]) -> tuple[list[PairedRow], PairedRow]:
+    """Two jobs on the cases both scored (each case's mean over its counted sessions, models
+    merged as in :func:`compare_cases`): one row per env of either job, and one over every env.
+    A case one job scored and the other did not (not run, or nothing counted) is in ``only_a`` /
+    ``only_b``, never in the means."""
+    a = {key: t[2] for key, t in _by_case(a_cases).items() if t[2] is not None}
+    b = {key: t[2] for key, t in _by_case(b_cases).items() if t[2] is not None}
+    models_a, models_b = _models(a_cases), _models(b_cases)
+    rows = []
+    for env in sorted(models_a.keys() | models_b.keys()):
+        rows.append(PairedRow(env, models_a.get(env, []), models_b.get(env, []),
+                              paired({k: v for k, v in a.items() if k[0] == env},
+                                     {k: v for k, v in b.items() if k[0] == env})))
+    every = PairedRow(None, sorted({m for ms in models_a.values() for m in ms}),
+                      sorted({m for ms in models_b.values() for m in ms}), paired(a, b))
+    return rows, every
 
 
 class HiddenFields:
