@@ -1,4 +1,5 @@
-"""The trajectory store: SQLModel tables, the engines and every SQL statement, behind ``Store``.
+"""The trajectory store: SQLModel tables, the engines and every SQL statement: the writers' behind
+``Store``, the readers' in ``store.queries`` (viewer), ``store.feed`` and ``store.search``.
 
 Used by both the gateway and the launcher; knows nothing about HTTP (module map:
 docs/architecture.md).
