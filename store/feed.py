@@ -34,10 +34,10 @@ _IN_CHUNK = 500  # ids per IN (...) list, well under every backend's parameter l
 
 _SESSION_COLUMNS = ("env_id", "job_id", "group_id", "env_name", "case_id", "llm_model", "harness", "sample_index",
                     "status", "outcome", "attempts", "reward", "eval_status", "eval_reason", "error_text",
-                    "duration_s", "finished", "finished_at")
+                    "duration_s", "finished", "started_at", "finished_at")
 _STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint", "status", "status_code", "messages",
                  "response", "finish_reason", "prompt_tokens", "completion_tokens", "total_tokens", "latency_ms",
-                 "is_trainable", "created_at")
+                 "ttft_ms", "is_trainable", "created_at")
 
 
 # A step may be stored as a delta on an earlier step of its session (column ``encoding``,

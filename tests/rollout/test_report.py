@@ -18,7 +18,6 @@ from rollout.results.report import (
     ReportTotals,
     SessionRecord,
     SummaryRow,
-    UsageTotals,
     pass_at_k,
     read_jsonl,
     render_table,
@@ -26,6 +25,7 @@ from rollout.results.report import (
     table_footer,
     write_jsonl,
 )
+from rollout.results.session_fields import UsageTotals
 
 # ---------------------------------------------------------------------------------------------
 # pass@k
