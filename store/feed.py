@@ -266,6 +266,13 @@ class FeedQueries:
                 out.extend(_dicts(await conn.execute(q)))
         return sorted(out, key=lambda r: (r["created_at"], r["session_id"]))
 
+    async def jobs_newest_first(self) -> list[str]:
+        """Every job id, the most recently created first (by its first session's ``created_at``)."""
+        q = (select(JE.c.job_id).group_by(JE.c.job_id)
+             .order_by(func.min(JE.c.created_at).desc(), JE.c.job_id.desc()))
+        async with self.engine.connect() as conn:
+            return [str(j) for j in (await conn.execute(q)).scalars()]
+
     async def jobs_of_sessions(self, session_ids: Sequence[str]) -> dict[str, str]:
         """Session id -> job id, for those of ``session_ids`` that have a launcher row."""
         out: dict[str, str] = {}

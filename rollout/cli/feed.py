@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 
+from rollout.cli.next_steps import latest_job_line
 from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
 from rollout.core.logs import setup_logging
@@ -55,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_edge_flags(feed)
     exp = sub.add_parser("export", help="write a job's groups (or sessions without a job) as jsonl, parquet or "
                                         "the OpenAI chat format")
-    which = exp.add_mutually_exclusive_group(required=True)
-    which.add_argument("--job-id", type=_job_id, help="the job")
+    which = exp.add_mutually_exclusive_group()
+    which.add_argument("--job-id", type=_job_id, help="the job (default: the latest job of the store)")
     which.add_argument("--session", action="append", metavar="ID",
                        help="a session without a job (a client named it on the gateway); repeat for more")
     which.add_argument("--without-job", action="store_true",
@@ -153,10 +154,18 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def export(args: argparse.Namespace) -> int:
     """Write the export; prints what was written and what was left out."""
-    name = args.job_id or "without-job"
-    out = args.out or Path("runs") / f"export-{name}{_SUFFIX[args.format]}"
     store = await _open(args.db_path, reads_only=True)
     try:
+        jobless = args.session is not None or args.without_job
+        if not jobless and args.job_id is None:
+            jobs = await FeedQueries(store.reader).jobs_newest_first()
+            if not jobs:
+                raise ExportError(f"no job in {store.identity()} (run a job first; --session ID or --without-job "
+                                  "export sessions without a job)")
+            args.job_id = jobs[0]
+            print(latest_job_line(jobs[0], len(jobs), store.identity()), file=sys.stderr)
+        name = args.job_id or "without-job"
+        out = args.out or Path("runs") / f"export-{name}{_SUFFIX[args.format]}"
         if args.job_id is None:
             result = await export_sessions(FeedQueries(store.reader), args.session, args.format, out, per=args.per,
                                            only_trainable=args.only_trainable, min_score=args.min_score)

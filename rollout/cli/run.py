@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
+from rollout.cli.next_steps import next_step_lines
 from rollout.core.envs import did_you_mean, fields_at
 from rollout.core.logs import notices, setup_logging
 from rollout.core.safactory import is_start_config
@@ -248,9 +249,10 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
                      from_file, args.agent_start_config)
 
 
-def report(result: JobResult, evaluated: bool = True) -> int:
+def report(result: JobResult, evaluated: bool = True, db_path: str | None = None) -> int:
     """Print the summary table and where things are; returns the exit code (``job_exit_code``).
-    ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so)."""
+    ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so);
+    ``db_path``: the store as given, named in the last lines (the commands that show the job)."""
     totals = result.totals
     print(render_table(totals.summary()))
     if footer := totals.footer():
@@ -277,6 +279,8 @@ def report(result: JobResult, evaluated: bool = True) -> int:
                 if totals.launcher_errors else "")
         print(f"error: {totals.lost} sessions lost to infrastructure failures after every retry; rerun with "
               f"--resume --job-id {result.job_id} to run them again{bugs}", file=sys.stderr)
+    for line in next_step_lines(result.job_id, db_path or result.store):
+        print(line)
     return job_exit_code(result)
 
 
@@ -502,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    code = report(result, opts.enable_evaluation)
+    code = report(result, opts.enable_evaluation, opts.db_path)
     if args.report is not None:
         from rollout.servers.viewer.db import ViewerError
         from rollout.servers.viewer.report import write_report
