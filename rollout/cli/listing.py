@@ -45,7 +45,7 @@ def add_env_flags(ap: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``list``."""
-    ap = argparse.ArgumentParser(prog="launcher.py list",
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py list",
                                  description="List the envs (cases, grader), harnesses and routes a job can use.")
     ap.add_argument("--env", action="append", dest="env_names", default=[], metavar="NAME",
                     help="only this env, with its case ids (repeatable)")

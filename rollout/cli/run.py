@@ -82,9 +82,18 @@ def commands_help() -> str:
               "  3 infrastructure left sessions unrun or ungraded (--resume runs them), 130/143 interrupted")
 
 
+class _NotAFlag(argparse.Action):
+    """``--task``: another tool's flag, refused with the launcher's own (never read as ``--tasks``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not a flag of the launcher: --case ID runs one case (repeatable), "
+                     "--tasks DIR a folder of task folders")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The launcher's flags."""
-    ap = argparse.ArgumentParser(prog="launcher.py", usage="%(prog)s [FLAGS]  |  %(prog)s COMMAND [FLAGS]",
+    """The launcher's flags (no abbreviations: a prefix such as ``--task`` is never another flag)."""
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py", usage="%(prog)s [FLAGS]  |  %(prog)s COMMAND [FLAGS]",
                                  description="Run agent sessions through the gateway and grade them (the flags "
                                              "below), or run one of the commands.",
                                  epilog=commands_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(agent_name + container:, or agents:) for a Safactory --agent-config")
     ap.add_argument("--agent-root", type=Path, help="folder of envs (default: env)")
     ap.add_argument("--env", action="append", dest="env_names", help="only these env names (repeatable)")
+    ap.add_argument("--task", action=_NotAFlag, nargs="?", help=argparse.SUPPRESS)  # never a prefix of --tasks
     ap.add_argument("--case", action="append", dest="case_ids", metavar="ID",
                     help="only this case id, of any env (repeatable; with --harness too)")
     ap.add_argument("--tasks", action="append", type=Path, metavar="DIR",

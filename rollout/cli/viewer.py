@@ -31,9 +31,9 @@ COMMANDS = ("view", "report")
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``view`` and ``report`` sub-commands."""
-    ap = argparse.ArgumentParser(prog="launcher.py", description="Look at the trajectories of the store.")
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py", description="Look at the trajectories of the store.")
     sub = ap.add_subparsers(dest="command", required=True)
-    view = sub.add_parser("view", help="serve the trajectory viewer (read-only) on loopback")
+    view = sub.add_parser("view", allow_abbrev=False, help="serve the trajectory viewer (read-only) on loopback")
     view.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     view.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
     view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="folder of env configs, to know each env's hidden fields (default env)")
     view.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_edge_flags(view)
-    rep = sub.add_parser("report", help="write a job's HTML report (plotly.js once beside it, or inlined)")
+    rep = sub.add_parser("report", allow_abbrev=False, help="write a job's HTML report (plotly.js once beside it, or inlined)")
     rep.add_argument("--job-id", help="the job (default: the latest job of the store)")
     rep.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     rep.add_argument("--out", type=Path, help="HTML file (default runs/report-<job id>.html)")
