@@ -24,9 +24,9 @@ from rollout.core.envs import (
     task_folder_env,
 )
 from rollout.core.safactory import load_agent_configs
-from rollout.results.session_fields import utc_text
 from rollout.core.setup import SetupError, load_gateway_settings
 from rollout.grading.evaluator_loader import env_evaluator
+from rollout.results.session_fields import utc_text
 from rollout.sandbox.harness_cache import bundled, load_harness
 
 
