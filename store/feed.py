@@ -34,10 +34,10 @@ _IN_CHUNK = 500  # ids per IN (...) list, well under every backend's parameter l
 
 _SESSION_COLUMNS = ("env_id", "job_id", "group_id", "env_name", "case_id", "llm_model", "harness", "sample_index",
                     "status", "outcome", "attempts", "reward", "eval_status", "eval_reason", "error_text",
-                    "duration_s", "finished", "finished_at")
+                    "duration_s", "finished", "started_at", "finished_at")
 _STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint", "status", "status_code", "messages",
                  "response", "finish_reason", "prompt_tokens", "completion_tokens", "total_tokens", "latency_ms",
-                 "is_trainable", "created_at")
+                 "ttft_ms", "is_trainable", "created_at")
 
 
 # A step may be stored as a delta on an earlier step of its session (column ``encoding``,
@@ -265,6 +265,13 @@ class FeedQueries:
                 q = select(GS).where(cond, GS.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
                 out.extend(_dicts(await conn.execute(q)))
         return sorted(out, key=lambda r: (r["created_at"], r["session_id"]))
+
+    async def jobs_newest_first(self) -> list[str]:
+        """Every job id, the most recently created first (by its first session's ``created_at``)."""
+        q = (select(JE.c.job_id).group_by(JE.c.job_id)
+             .order_by(func.min(JE.c.created_at).desc(), JE.c.job_id.desc()))
+        async with self.engine.connect() as conn:
+            return [str(j) for j in (await conn.execute(q)).scalars()]
 
     async def jobs_of_sessions(self, session_ids: Sequence[str]) -> dict[str, str]:
         """Session id -> job id, for those of ``session_ids`` that have a launcher row."""

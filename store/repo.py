@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import exc as sa_exc
@@ -66,6 +68,26 @@ class StoreUnavailable(RuntimeError):
 def _open_failure(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
     return f"{type(orig or exc).__name__}: {orig or exc}".strip()
+
+
+_KERNEL_FS = ("/proc", "/sys", "/dev")
+
+
+def file_cause(path: str) -> str | None:
+    """Why the SQLite file ``path`` cannot be opened for writing, when the system says so (the
+    driver only says "unable to open database file"); None when it can be. A file this creates
+    to find out is removed again."""
+    p = Path(path)
+    existed = p.exists()
+    try:
+        os.close(os.open(p, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as e:
+        kernel = next((f"; {k} is a kernel filesystem: no store can be kept there" for k in _KERNEL_FS
+                       if p == Path(k) or Path(k) in p.parents), "")
+        return f"{path}: {e.strerror or e}{kernel}"
+    if not existed:
+        p.unlink(missing_ok=True)
+    return None
 
 
 class Store:
@@ -123,8 +145,10 @@ class Store:
             async with self._db.write_lock, self.writer.begin() as conn:
                 added = await conn.run_sync(create_or_upgrade)
         except (sa_exc.DBAPIError, sqlite3.Error, OSError) as e:
+            cause = file_cause(str(self.path)) if self.path else None
             raise StoreUnavailable(f"storage {self.identity()}: cannot open the database "
-                                   f"({self.hide_secrets(_open_failure(e))})") from e
+                                   f"({self.hide_secrets(_open_failure(e))}"
+                                   f"{f'; {cause}' if cause else ''})") from e
         for name in added:
             log.warning("store %s: added column %s (the database was made by an older version)",
                         self.identity(), name)

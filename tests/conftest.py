@@ -29,6 +29,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_attribution.py::test_code_under_test_that_stalls_the_verifier_is_the_agents_zero",
         "tests/rollout/test_attribution.py::test_a_tree_too_deep_for_rmtree_is_the_agents_zero_not_a_launcher_error",
         "tests/rollout/test_forged_results.py",
+        "tests/rollout/test_one_schema.py",
         "tests/rollout/test_sandbox_bundled.py",
         "tests/feed/test_trainer_loop.py",
         "tests/feed/test_serve.py",

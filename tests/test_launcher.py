@@ -445,7 +445,8 @@ async def test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume(tmp_path: Pa
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(REPO / "launcher.py"), "--agent-root", str(env_root), "--gateway-config", str(cfg),
             "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--pool-size", "2", "--job-id", "jc",
-            "--no-progress", cwd=str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            "--no-progress", cwd=str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
         for _ in range(300):  # wait until two sessions are running
             await asyncio.sleep(0.1)
             try:
@@ -456,10 +457,12 @@ async def test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume(tmp_path: Pa
         else:
             pytest.fail("sessions never started")
         await asyncio.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the group
         _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 130, err.decode()[-2000:]
-    assert "--resume" in err.decode()
+    assert "Traceback" not in err.decode(), err.decode()[-3000:]
+    assert err.decode().splitlines()[-1] == ("interrupted: sessions in flight were cancelled and closed; rerun with "
+                                             "--resume --job-id jc to finish the job")
     states = rows(db, "SELECT status, finished FROM job_environments ORDER BY case_id")
     assert states == [("cancelled", 0), ("cancelled", 0), ("pending", 0)]
     closed = rows(db, "SELECT status, close_reason FROM gateway_sessions")

@@ -35,7 +35,7 @@ from rollout.core.setup import SetupError
 
 def build_parser() -> argparse.ArgumentParser:
     """The audit's flags."""
-    ap = argparse.ArgumentParser(prog="launcher.py audit",
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py audit",
                                  description="Run scripted hostile agents on each case and report every attack "
                                              "whose reward beats a do-nothing agent's.")
     ap.add_argument("--env", action="append", dest="env_names", default=[], help="only this env (repeatable)")

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 
+from rollout.cli.next_steps import latest_job_line
 from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
 from rollout.core.logs import setup_logging
@@ -41,9 +42,9 @@ def _job_id(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``feed`` and ``export`` sub-commands."""
-    ap = argparse.ArgumentParser(prog="launcher.py", description="Serve or export finished groups for training.")
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py", description="Serve or export finished groups for training.")
     sub = ap.add_subparsers(dest="command", required=True)
-    feed = sub.add_parser("feed", help="serve the feed of ready groups (GET /v1/jobs/{job_id}/groups)")
+    feed = sub.add_parser("feed", allow_abbrev=False, help="serve the feed of ready groups (GET /v1/jobs/{job_id}/groups)")
     feed.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     feed.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     feed.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
@@ -53,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how often the store is polled while a client waits (default 0.2 s)")
     feed.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_edge_flags(feed)
-    exp = sub.add_parser("export", help="write a job's groups (or sessions without a job) as jsonl, parquet or "
+    exp = sub.add_parser("export", allow_abbrev=False, help="write a job's groups (or sessions without a job) as jsonl, parquet or "
                                         "the OpenAI chat format")
-    which = exp.add_mutually_exclusive_group(required=True)
-    which.add_argument("--job-id", type=_job_id, help="the job")
+    which = exp.add_mutually_exclusive_group()
+    which.add_argument("--job-id", type=_job_id, help="the job (default: the latest job of the store)")
     which.add_argument("--session", action="append", metavar="ID",
                        help="a session without a job (a client named it on the gateway); repeat for more")
     which.add_argument("--without-job", action="store_true",
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     exp.add_argument("--out", type=Path, help="output file (default runs/export-<job id>.<format>, "
                                               "runs/export-without-job.<format> for sessions without a job)")
-    srv = sub.add_parser("serve", help="long-running: start the gateway once, run batches a trainer submits "
+    srv = sub.add_parser("serve", allow_abbrev=False, help="long-running: start the gateway once, run batches a trainer submits "
                                         "(POST /v1/batches) and serve their groups")
     srv.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default env)")
     srv.add_argument("--gateway-config", type=Path, help="gateway YAML (default configs/gateway.yaml)")
@@ -153,10 +154,18 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def export(args: argparse.Namespace) -> int:
     """Write the export; prints what was written and what was left out."""
-    name = args.job_id or "without-job"
-    out = args.out or Path("runs") / f"export-{name}{_SUFFIX[args.format]}"
     store = await _open(args.db_path, reads_only=True)
     try:
+        jobless = args.session is not None or args.without_job
+        if not jobless and args.job_id is None:
+            jobs = await FeedQueries(store.reader).jobs_newest_first()
+            if not jobs:
+                raise ExportError(f"no job in {store.identity()} (run a job first; --session ID or --without-job "
+                                  "export sessions without a job)")
+            args.job_id = jobs[0]
+            print(latest_job_line(jobs[0], len(jobs), store.identity()), file=sys.stderr)
+        name = args.job_id or "without-job"
+        out = args.out or Path("runs") / f"export-{name}{_SUFFIX[args.format]}"
         if args.job_id is None:
             result = await export_sessions(FeedQueries(store.reader), args.session, args.format, out, per=args.per,
                                            only_trainable=args.only_trainable, min_score=args.min_score)

@@ -6,6 +6,7 @@ asked for (``--env``, ``--agent-config``, ``--tasks``) or its cases cannot be re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from rollout.core.envs import (
 from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, load_gateway_settings
 from rollout.grading.evaluator_loader import env_evaluator
+from rollout.results.session_fields import utc_text
 from rollout.sandbox.harness_cache import bundled, load_harness
 
 
@@ -43,14 +45,55 @@ def add_env_flags(ap: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``list``."""
-    ap = argparse.ArgumentParser(prog="launcher.py list",
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py list",
                                  description="List the envs (cases, grader), harnesses and routes a job can use.")
     ap.add_argument("--env", action="append", dest="env_names", default=[], metavar="NAME",
                     help="only this env, with its case ids (repeatable)")
     add_env_flags(ap)
     ap.add_argument("--gateway-config", type=Path, help="gateway YAML (default: configs/gateway.yaml)")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ap.add_argument("--jobs", action="store_true",
+                    help="list the jobs of the store instead (id, created, sessions, envs, mean score), newest first")
+    ap.add_argument("--db-path", default="sqlite://env_trajs.db",
+                    help="with --jobs: the trajectory store (default sqlite://env_trajs.db)")
     return ap
+
+
+async def job_entries(db_path: str) -> list[dict[str, Any]]:
+    """The jobs of the store at ``db_path``, newest first: id, created (UTC ISO), sessions, envs,
+    mean score (0..10, None when nothing was graded). Raises ViewerError when it cannot be read."""
+    from rollout.servers.viewer.db import open_queries
+
+    engine, queries = await open_queries(db_path)
+    try:
+        rows = await queries.jobs()
+    finally:
+        await engine.dispose()
+    return [{"job_id": r["job_id"], "created": utc_text(r["created_at"]), "sessions": int(r["sessions"]),
+             "envs": r["envs"], "mean_score": None if r["mean_score"] is None else float(r["mean_score"])}
+            for r in rows]
+
+
+def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
+    """The jobs as a table, newest first, or a line saying there are none."""
+    if not jobs:
+        return f"no job in {db_path}"
+    return "\n".join(_table([[j["job_id"], (j["created"] or "-")[:19].replace("T", " "), str(j["sessions"]),
+                              ",".join(j["envs"]), "-" if j["mean_score"] is None else f"{j['mean_score']:.2f}"]
+                             for j in jobs], ["job", "created (UTC)", "sessions", "envs", "mean"]))
+
+
+def list_jobs(args: argparse.Namespace) -> int:
+    """``list --jobs``: print the jobs of ``--db-path``; 1 when the store cannot be read."""
+    from rollout.servers.viewer.db import ViewerError
+
+    try:
+        jobs = asyncio.run(job_entries(args.db_path))
+    except ViewerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(jobs, indent=2) if args.json else render_jobs(jobs, args.db_path), flush=True)
+    return 0
 
 
 def grader_of(agent_root: Path, cfg: EnvConfig) -> str:
@@ -161,6 +204,8 @@ def main(argv: list[str]) -> int:
     from rollout.cli.run import default_gateway_config
 
     args = build_parser().parse_args(argv)
+    if args.jobs:
+        return list_jobs(args)
     gateway_config = args.gateway_config or default_gateway_config()
     try:
         source = "--agent-config / --tasks" if args.agent_configs or args.agent_start_config or args.tasks else f"--agent-root {args.agent_root}"

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
+from rollout.cli.next_steps import next_step_lines
 from rollout.core.envs import did_you_mean, fields_at
 from rollout.core.logs import notices, setup_logging
 from rollout.core.safactory import is_start_config
@@ -83,9 +84,18 @@ def commands_help() -> str:
               "  (it fails on a case's untouched starting workspace too), 130/143 interrupted")
 
 
+class _NotAFlag(argparse.Action):
+    """``--task``: another tool's flag, refused with the launcher's own (never read as ``--tasks``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not a flag of the launcher: --case ID runs one case (repeatable), "
+                     "--tasks DIR a folder of task folders")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The launcher's flags."""
-    ap = argparse.ArgumentParser(prog="launcher.py", usage="%(prog)s [FLAGS]  |  %(prog)s COMMAND [FLAGS]",
+    """The launcher's flags (no abbreviations: a prefix such as ``--task`` is never another flag)."""
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py", usage="%(prog)s [FLAGS]  |  %(prog)s COMMAND [FLAGS]",
                                  description="Run agent sessions through the gateway and grade them (the flags "
                                              "below), or run one of the commands.",
                                  epilog=commands_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(agent_name + container:, or agents:) for a Safactory --agent-config")
     ap.add_argument("--agent-root", type=Path, help="folder of envs (default: env)")
     ap.add_argument("--env", action="append", dest="env_names", help="only these env names (repeatable)")
+    ap.add_argument("--task", action=_NotAFlag, nargs="?", help=argparse.SUPPRESS)  # never a prefix of --tasks
     ap.add_argument("--case", action="append", dest="case_ids", metavar="ID",
                     help="only this case id, of any env (repeatable; with --harness too)")
     ap.add_argument("--tasks", action="append", type=Path, metavar="DIR",
@@ -250,9 +261,10 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
                      from_file, args.agent_start_config)
 
 
-def report(result: JobResult, evaluated: bool = True) -> int:
+def report(result: JobResult, evaluated: bool = True, db_path: str | None = None) -> int:
     """Print the summary table and where things are; returns the exit code (``job_exit_code``).
-    ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so)."""
+    ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so);
+    ``db_path``: the store as given, named in the last lines (the commands that show the job)."""
     totals = result.totals
     print(render_table(totals.summary()))
     if footer := totals.footer():
@@ -284,6 +296,8 @@ def report(result: JobResult, evaluated: bool = True) -> int:
                 if totals.launcher_errors else "")
         print(f"error: {totals.lost} sessions lost to infrastructure failures after every retry; rerun with "
               f"--resume --job-id {result.job_id} to run them again{bugs}", file=sys.stderr)
+    for line in next_step_lines(result.job_id, db_path or result.store):
+        print(line)
     return job_exit_code(result)
 
 
@@ -516,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
               file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    code = report(result, opts.enable_evaluation)
+    code = report(result, opts.enable_evaluation, opts.db_path)
     if args.report is not None:
         from rollout.servers.viewer.db import ViewerError
         from rollout.servers.viewer.report import write_report

@@ -18,7 +18,7 @@ from rollout.train.sampling import SamplingParams
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rollout.cli.token_server", description=__doc__)
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="python -m rollout.cli.token_server", description=__doc__)
     ap.add_argument("--model", type=Path, required=True, help="the GGUF file")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8081)

@@ -48,7 +48,7 @@ class TrainArgs:
 
 def parse_args(argv: list[str]) -> TrainArgs:
     """``train`` flags to :class:`TrainArgs` (argparse exits 2 on a bad flag)."""
-    p = argparse.ArgumentParser(prog="launcher.py train", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py train", description=__doc__)
     p.add_argument("--env", default="basics", help="the env to train on (default: basics)")
     p.add_argument("--cases", default="run_script", help="comma-separated case ids trained on (default: run_script)")
     p.add_argument("--eval-cases", default=None,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from rollout.cli.next_steps import latest_job_line, viewer_serves
 from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import port_number
 from rollout.core.logs import setup_logging
@@ -30,9 +31,9 @@ COMMANDS = ("view", "report")
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``view`` and ``report`` sub-commands."""
-    ap = argparse.ArgumentParser(prog="launcher.py", description="Look at the trajectories of the store.")
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py", description="Look at the trajectories of the store.")
     sub = ap.add_subparsers(dest="command", required=True)
-    view = sub.add_parser("view", help="serve the trajectory viewer (read-only) on loopback")
+    view = sub.add_parser("view", allow_abbrev=False, help="serve the trajectory viewer (read-only) on loopback")
     view.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     view.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
     view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
@@ -40,12 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="folder of env configs, to know each env's hidden fields (default env)")
     view.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_edge_flags(view)
-    rep = sub.add_parser("report", help="write a job's HTML report (plotly.js once beside it, or inlined)")
-    rep.add_argument("--job-id", required=True, help="the job")
+    rep = sub.add_parser("report", allow_abbrev=False, help="write a job's HTML report (plotly.js once beside it, or inlined)")
+    rep.add_argument("--job-id", help="the job (default: the latest job of the store)")
     rep.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
     rep.add_argument("--out", type=Path, help="HTML file (default runs/report-<job id>.html)")
-    rep.add_argument("--viewer-url", default=DEFAULT_VIEWER_URL,
-                     help=f"where the report's links point (default {DEFAULT_VIEWER_URL})")
+    rep.add_argument("--viewer-url",
+                     help=f"where the report's session links point (default: a viewer running at "
+                          f"{DEFAULT_VIEWER_URL} that serves this job, else that address, with a warning)")
     rep.add_argument("--self-contained", action="store_true",
                      help="inline plotly.js (one ~5 MB file, e.g. to send) instead of a file beside the report")
     rep.add_argument("--bundle", type=Path, metavar="DIR",
@@ -114,8 +116,14 @@ def main(argv: list[str]) -> int:
         setup_logging(args.log_level)
         return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),
                            args.host, args.port, (ViewerError,))
+    if args.job_id is None:
+        try:
+            args.job_id = asyncio.run(latest_job(args.db_path))
+        except ViewerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     if args.bundle is not None:
-        if args.out is not None or args.self_contained or args.viewer_url != DEFAULT_VIEWER_URL:
+        if args.out is not None or args.self_contained or args.viewer_url is not None:
             print("error: --bundle writes a folder of its own: --out, --self-contained and --viewer-url do not apply",
                   file=sys.stderr)
             return 2
@@ -123,9 +131,27 @@ def main(argv: list[str]) -> int:
                                                                   HiddenFields(args.agent_root)),
                       lambda index: f"bundle written to {args.bundle} (open {index})")
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
-    return _write("report", out, lambda: write_report(args.db_path, args.job_id, out, viewer_url=args.viewer_url,
+    viewer_url = args.viewer_url or DEFAULT_VIEWER_URL
+    if args.viewer_url is None and not viewer_serves(DEFAULT_VIEWER_URL, args.job_id):
+        print(f"warning: no viewer of job {args.job_id} runs at {DEFAULT_VIEWER_URL}: the report's session links "
+              f"point there; start one (python launcher.py view --db-path {args.db_path}) or pass --viewer-url",
+              file=sys.stderr)
+    return _write("report", out, lambda: write_report(args.db_path, args.job_id, out, viewer_url=viewer_url,
                                                       self_contained=args.self_contained),
-                  lambda path: f"report written to {path}")
+                  lambda path: f"report written to {path}; session links to {viewer_url}")
+
+
+async def latest_job(db_path: str) -> str:
+    """The latest job of the store (one line on stderr says which); ViewerError when it has none."""
+    engine, queries = await open_queries(db_path)
+    try:
+        jobs = await queries.jobs()
+    finally:
+        await engine.dispose()
+    if not jobs:
+        raise ViewerError(f"no job in {db_path} (run a job first, or pass --db-path)")
+    print(latest_job_line(jobs[0]["job_id"], len(jobs), db_path), file=sys.stderr)
+    return str(jobs[0]["job_id"])
 
 
 def _write(what: str, dest: Path, make: Callable[[], Coroutine[Any, Any, Path]], said: Callable[[Path], str]) -> int:

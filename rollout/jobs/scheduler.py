@@ -499,7 +499,7 @@ class Scheduler:
             await self.store.finish_job_session(sid, result)
             steps = await self.store.trajectory(sid)
             attempts = (await self.store.job_attempts(row.job_id)).get(sid, [])
-            return record_of(row, result, to_trajectory(sid, steps), attempts)
+            return record_of(row, result, to_trajectory(sid, steps), attempts, steps)
         finally:
             if not self.s.keep_workspaces:
                 self._remove_later(workspace)
@@ -547,7 +547,7 @@ class Scheduler:
                          if self.s.enable_evaluation else None))
         await self.store.finish_job_session(sid, result)
         steps = await self.store.trajectory(sid)
-        return record_of(row, result, to_trajectory(sid, steps), work.attempts)
+        return record_of(row, result, to_trajectory(sid, steps), work.attempts, steps)
 
     async def _run_attempt(self, work: _Work, cfg: EnvConfig, case: Case, workspace: Path) -> _Run:
         row, sid = work.row, work.row.session_id

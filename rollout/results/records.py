@@ -6,9 +6,10 @@ from collections.abc import AsyncIterator, Sequence
 
 from rollout.contract.protocol import Trajectory
 from rollout.core.session_ids import SessionIds
-from rollout.grading.trajectory import to_trajectory, usage_total
+from rollout.grading.trajectory import to_trajectory
 from rollout.results.report import AttemptRecord, SessionRecord
-from store import JobEnvironment, SessionAttempt, SessionResult, Store, attempt_session_id
+from rollout.results.session_fields import session_fields
+from store import JobEnvironment, SessionAttempt, SessionResult, SessionStep, Store, attempt_session_id
 
 
 def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> list[AttemptRecord]:
@@ -25,19 +26,28 @@ def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> 
     ) for a in sorted(attempts, key=lambda a: a.attempt)]
 
 
+STEP_KEYS = ("seq", "prompt_tokens", "completion_tokens", "total_tokens", "latency_ms", "ttft_ms")
+
+
 def record_of(row: JobEnvironment, result: SessionResult, traj: Trajectory,
-              attempts: Sequence[SessionAttempt] = ()) -> SessionRecord:
+              attempts: Sequence[SessionAttempt] = (), steps: Sequence[SessionStep] | None = None) -> SessionRecord:
     """The JSONL record of one finished session: its row's identity, its ``result``, its recorded
-    steps and its attempts."""
+    steps (``steps``, for their timings; else ``traj``'s, without timings) and its attempts; the
+    shared fields come from :func:`session_fields`, as ``launcher.py export``'s."""
     listed = attempt_records(row, attempts)
     metrics = (result.runtime_result or {}).get("metrics") or {} if row.harness is not None else {}
+    step_rows = ([{k: getattr(s, k) for k in STEP_KEYS} for s in sorted(steps, key=lambda s: s.seq)]
+                 if steps is not None else [{"seq": s.seq, **(s.usage or {})} for s in traj.steps])
+    shared = session_fields({
+        "env_id": row.session_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
+        "group_id": row.group_id, "llm_model": row.llm_model, "harness": row.harness,
+        "sample_index": row.sample_index, "status": result.status, "outcome": result.outcome,
+        "reward": result.reward, "eval_status": result.eval_status, "eval_reason": result.eval_reason,
+        "error_text": result.error, "duration_s": result.duration_s, "started_at": row.started_at,
+        "finished_at": row.finished_at}, step_rows)
     return SessionRecord.model_validate({
-        "session_id": row.session_id, "job_id": row.job_id, "env_name": row.env_name, "case_id": row.case_id,
-        "group_id": row.group_id, "model": row.llm_model, "sample_index": row.sample_index, "status": result.status,
-        "score": result.reward, "eval_status": result.eval_status, "reason": result.eval_reason,
-        "error": result.error, "duration_s": result.duration_s, "usage": usage_total(traj.steps),
-        "step_count": len(traj.steps), "sandbox": result.sandbox, "grader_isolation": result.grader_isolation,
-        "outcome": result.outcome, "retried": len(listed) > 1, "harness": row.harness,
+        **shared.model_dump(), "reason": result.eval_reason, "sandbox": result.sandbox,
+        "grader_isolation": result.grader_isolation, "retried": len(listed) > 1,
         "harness_exit": metrics.get("harness_exit"), "answer": metrics.get("answer"),
         "attempts": [a.model_dump() for a in listed], "trajectory": [s.model_dump(mode="json") for s in traj.steps],
     })
@@ -61,4 +71,4 @@ async def iter_job_records(store: Store, job_id: str, page: int = 256) -> AsyncI
             if r.finished:
                 steps = await store.trajectory(r.session_id)
                 yield record_of(r, SessionResult.of_row(r), to_trajectory(r.session_id, steps),
-                                attempts.get(r.session_id, []))
+                                attempts.get(r.session_id, []), steps)

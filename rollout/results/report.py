@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field, FiniteFloat, model_validator
 from rollout.contract.protocol import model_from_json
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.results.estimates import Spread
+from rollout.results.session_fields import SessionFields
 from store import COUNTED_EVAL_STATUSES, GRADER_BROKEN, FinalStatus
 from wire.text import json_text
 
@@ -79,14 +80,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-class UsageTotals(BaseModel):
-    """Token counts summed over a session's steps (steps with unknown counts add 0)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
 class AttemptRecord(BaseModel):
     """One attempt of a session in the JSONL: number (from 1), runtime status, ``outcome`` (a task
     outcome or an infrastructure class, ``rollout.core.outcomes``), ``infra``, reason, steps recorded
@@ -106,18 +99,14 @@ class AttemptRecord(BaseModel):
     finished_at: str | None = None
 
 
-class SessionRecord(BaseModel):
-    """One session, one JSON line of the launcher's ``--out`` file.
+class SessionRecord(SessionFields):
+    """One session, one JSON line of the launcher's ``--out`` file: the shared fields
+    (:class:`SessionFields`, the same as ``launcher.py export`` writes) and the launcher's own.
 
-    - ``status``: the session's runtime status: succeeded | failed | truncated | timeout | error |
-      cancelled.
-    - ``score``: the committed reward in 0..10 (finite; NaN/inf rejected), None when not evaluated;
-      ``reward``: the same on 0..1 (``score / 10``, always derived from ``score``; None with it).
-    - ``eval_status``: scored | invalid_reward | error | timeout | skipped, or None (evaluation
-      disabled or not reached). ``reason``: the evaluator's reason; ``error``: why the runtime or
-      the launcher failed (None when nothing failed).
-    - ``duration_s``: session wall time in seconds (None when unknown).
-    - ``usage``: token sums over the steps, None when no step reported usage.
+    - the shared fields (``schema_version``, ``score`` 0..10 and ``reward`` 0..1, ``eval_status``,
+      ``eval_reason``, ``duration_s``, ``started_at``/``finished_at``, ``usage``, ``step_timings``,
+      ...): docs/output.md; ``reward`` is always ``score / 10``; ``reason``: ``eval_reason`` again,
+      for older readers.
     - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order (the last
       attempt's).
     - ``sandbox``: how the runtime ran: ``bwrap`` (isolated) or ``none`` (no isolation), None when
@@ -131,7 +120,6 @@ class SessionRecord(BaseModel):
       the gateway's count of the recorded steps, never the harness's own estimate.
     """
 
-    session_id: str
     job_id: str
     env_name: str
     case_id: str
@@ -139,19 +127,10 @@ class SessionRecord(BaseModel):
     model: str
     sample_index: int
     status: FinalStatus
-    score: FiniteFloat | None = None
-    reward: FiniteFloat | None = None
-    eval_status: str | None = None
     reason: str | None = None
-    error: str | None = None
-    duration_s: FiniteFloat | None = None
-    usage: UsageTotals | None = None
-    step_count: int = 0
     sandbox: str | None = None
     grader_isolation: str | None = None
-    outcome: str | None = None
     retried: bool = False
-    harness: str | None = None
     harness_exit: int | None = None
     answer: Any = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
@@ -160,8 +139,11 @@ class SessionRecord(BaseModel):
     @model_validator(mode="after")
     def _reward_of_score(self) -> SessionRecord:
         """``reward`` is ``score`` / 10 whatever was given (a record read back from an older file
-        gets it too)."""
+        gets it too), ``eval_reason`` and ``reason`` the same text."""
         self.reward = None if self.score is None else self.score / 10
+        if self.eval_reason is None:
+            self.eval_reason = self.reason
+        self.reason = self.eval_reason
         return self
 
 

@@ -75,11 +75,12 @@ async def test_unknown_or_job_owned_sessions_are_refused(queries: FeedQueries, t
     assert not out.exists()
 
 
-def test_the_cli_takes_exactly_one_of_job_session_and_without_job(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_takes_at_most_one_of_job_session_and_without_job(capsys: pytest.CaptureFixture[str]) -> None:
     args = build_parser().parse_args(["export", "--session", "a", "--session", "b"])
     assert args.session == ["a", "b"] and args.job_id is None and not args.without_job
     assert build_parser().parse_args(["export", "--without-job"]).without_job
-    for bad in (["export"], ["export", "--job-id", "j", "--without-job"], ["export", "--job-id", "j", "--session", "a"]):
+    assert build_parser().parse_args(["export"]).job_id is None  # none: the latest job (tests/rollout/test_next_steps.py)
+    for bad in (["export", "--job-id", "j", "--without-job"], ["export", "--job-id", "j", "--session", "a"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(bad)
 

@@ -198,3 +198,26 @@ def test_a_regrade_takes_tasks_folders_and_refuses_case_and_timeout() -> None:
     with pytest.raises(SetupError) as ei:
         regrade_options(build_parser().parse_args(["--regrade", "--job-id", "j", "--case", "x", "--timeout", "3"]))
     assert str(ei.value) == "--regrade runs no session and calls no model: --case, --timeout cannot be used with it"
+
+
+def test_another_tools_task_flag_is_refused_not_read_as_tasks(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--task", "c1"], ["--task=c1"]):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(argv)
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            "launcher.py: error: --task is not a flag of the launcher: --case ID runs one case (repeatable), "
+            "--tasks DIR a folder of task folders")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--pool", "2"])  # no prefix of --pool-size either
+    assert "unrecognized arguments: --pool 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["export", "--job", "j"], ["report", "--job", "j"]])
+def test_the_commands_take_no_abbreviated_flag(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout.cli import feed, viewer
+
+    build = feed.build_parser if argv[0] == "export" else viewer.build_parser
+    with pytest.raises(SystemExit) as e:
+        build().parse_args(argv)
+    assert e.value.code == 2 and "unrecognized arguments: --job j" in capsys.readouterr().err

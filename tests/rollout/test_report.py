@@ -19,7 +19,6 @@ from rollout.results.report import (
     ReportTotals,
     SessionRecord,
     SummaryRow,
-    UsageTotals,
     pass_at_k,
     read_jsonl,
     render_table,
@@ -27,6 +26,7 @@ from rollout.results.report import (
     table_footer,
     write_jsonl,
 )
+from rollout.results.session_fields import UsageTotals
 
 # ---------------------------------------------------------------------------------------------
 # pass@k

@@ -32,7 +32,9 @@ def test_view_and_report_without_a_store(tmp_path: Path) -> None:
 def test_view_needs_known_flags(tmp_path: Path) -> None:
     bad = run("view", "--bogus", cwd=tmp_path)
     assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
-    assert run("report", cwd=tmp_path).returncode == 2  # --job-id is required
+    no_store = run("report", cwd=tmp_path)  # no --job-id: the latest job of the default store, which is missing
+    assert (no_store.returncode, no_store.stderr) == (
+        1, f"error: no trajectory store at {tmp_path / 'env_trajs.db'} (run a job first, or pass --db-path)\n")
 
 
 def test_a_file_that_is_not_sqlite_is_one_line_without_sqlalchemys_link(tmp_path: Path) -> None:

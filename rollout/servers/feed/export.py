@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rollout.results.session_fields import session_fields
 from rollout.servers.feed.groups import GroupOptions, feed_step, load_groups, token_sequences
 from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep, TokenSequence
 from store.feed import FeedQueries
@@ -50,10 +51,13 @@ def _group_fields(g: FeedGroupOut) -> dict[str, Any]:
 
 
 def _sample_fields(s: FeedSample) -> dict[str, Any]:
-    return {"session_id": s.session_id, "sample_index": s.sample_index, "status": s.status, "outcome": s.outcome,
-            "attempts": s.attempts, "score": s.score, "eval_status": s.eval_status, "eval_reason": s.eval_reason,
-            "error": s.error, "valid": s.valid, "invalid_reason": s.invalid_reason, "advantage": s.advantage,
+    """The feed's own fields of a sample (the session's shared ones come from :func:`session_fields`)."""
+    return {"attempts": s.attempts, "valid": s.valid, "invalid_reason": s.invalid_reason, "advantage": s.advantage,
             "policy_versions": s.policy_versions, "mixed_policy": s.mixed_policy}
+
+
+def _shared(row: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    return session_fields(row, steps).model_dump(mode="json")
 
 
 def _step_fields(st: FeedStep) -> dict[str, Any]:
@@ -164,26 +168,33 @@ def parquet_schema(pa: Any, per: Per) -> Any:
              ("group_trainable", pa.bool_()), ("group_flags", pa.list_(pa.string())),
              ("group_n_samples", pa.int64()), ("group_n_valid", pa.int64()), ("group_mean_score", pa.float64()),
              ("group_std_score", pa.float64()), ("advantage_normalize", pa.string())]
-    sample = [("session_id", pa.string()), ("sample_index", pa.int64()), ("status", pa.string()),
-              ("outcome", pa.string()), ("attempts", pa.int64()), ("score", pa.float64()),
-              ("eval_status", pa.string()), ("eval_reason", pa.string()), ("error", pa.string()),
-              ("valid", pa.bool_()), ("invalid_reason", pa.string()), ("advantage", pa.float64()),
-              ("policy_versions", ints), ("mixed_policy", pa.bool_())]
+    usage = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("total_tokens", pa.int64())])
+    timing = pa.struct([("seq", pa.int64()), ("latency_ms", pa.float64()), ("ttft_ms", pa.float64())])
+    shared = [("schema_version", pa.int64()), ("session_id", pa.string()), ("env_name", pa.string()),
+              ("sample_index", pa.int64()), ("status", pa.string()), ("outcome", pa.string()),
+              ("score", pa.float64()), ("reward", pa.float64()), ("eval_status", pa.string()),
+              ("eval_reason", pa.string()), ("error", pa.string()), ("duration_s", pa.float64()),
+              ("started_at", pa.string()), ("finished_at", pa.string()), ("usage", usage),
+              ("step_count", pa.int64())]
+    sample = [*shared, ("attempts", pa.int64()), ("valid", pa.bool_()), ("invalid_reason", pa.string()),
+              ("advantage", pa.float64()), ("policy_versions", ints), ("mixed_policy", pa.bool_())]
     step = [("seq", pa.int64()), ("step_id", pa.int64()), ("model", pa.string()), ("endpoint", pa.string()),
             ("status", pa.string()), ("is_trainable", pa.bool_()), ("finish_reason", pa.string()),
             ("messages", pa.string()), ("content", pa.string()), ("reasoning", pa.string()),
             ("tool_calls", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
             ("prompt_token_ids", ints), ("completion_token_ids", ints), ("completion_logprobs", floats),
-            ("policy_version", pa.int64()), ("extends_prefix", pa.bool_())]
+            ("policy_version", pa.int64()), ("extends_prefix", pa.bool_()), ("latency_ms", pa.float64()),
+            ("ttft_ms", pa.float64())]
     if per == "step":
         return pa.schema([*group, *sample, *[(STEP_RENAMES.get(n, n), t) for n, t in step]])
     sequence = pa.struct([("steps", ints), ("token_ids", ints), ("mask", pa.list_(pa.int8())),
                           ("logprobs", floats), ("policy_versions", ints)])
-    return pa.schema([*group, *sample, ("steps", pa.list_(pa.struct(step))), ("sequences", pa.list_(sequence))])
+    return pa.schema([*group, *sample, ("step_timings", pa.list_(timing)), ("steps", pa.list_(pa.struct(step))),
+                      ("sequences", pa.list_(sequence))])
 
 
-def _rows(g: FeedGroupOut, raw: dict[str, list[dict[str, Any]]], fmt: Format, per: Per, only_trainable: bool,
-          min_score: float | None, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+def _rows(g: FeedGroupOut, raw: dict[str, list[dict[str, Any]]], sessions: dict[str, dict[str, Any]], fmt: Format,
+          per: Per, only_trainable: bool, min_score: float | None, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for s in g.samples:
         if only_trainable and not g.trainable:
             skipped["group not trainable (" + ", ".join(g.flags) + ")"] += 1
@@ -194,8 +205,9 @@ def _rows(g: FeedGroupOut, raw: dict[str, list[dict[str, Any]]], fmt: Format, pe
         if min_score is not None and (s.score is None or s.score < min_score):
             skipped[f"score below {min_score:g} or none"] += 1
             continue
-        yield from _sample_rows({**_group_fields(g), **_sample_fields(s)}, s.steps or [], s.sequences or [],
-                                raw.get(s.session_id, []), fmt, per, skipped)
+        steps = raw.get(s.session_id, [])
+        head = {**_group_fields(g), **_shared(sessions[s.session_id], steps), **_sample_fields(s)}
+        yield from _sample_rows(head, s.steps or [], s.sequences or [], steps, fmt, per, skipped)
 
 
 def _sample_rows(head: dict[str, Any], steps: list[FeedStep], sequences: list[TokenSequence],
@@ -219,6 +231,7 @@ def _sample_rows(head: dict[str, Any], steps: list[FeedStep], sequences: list[To
     if per == "session":
         yield {**head, "steps": [_step_fields(st) for st in steps], "sequences": [q.model_dump() for q in sequences]}
     else:
+        head = {k: v for k, v in head.items() if k != "step_timings"}  # each row has its step's timings
         for st in steps:
             yield {**head, **{STEP_RENAMES.get(k, k): v for k, v in _step_fields(st).items()}}
 
@@ -238,10 +251,11 @@ async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, 
     async def rows() -> AsyncIterator[dict[str, Any]]:
         for i in range(0, len(gids), BATCH_GROUPS):
             batch = gids[i:i + BATCH_GROUPS]
+            sessions: dict[str, dict[str, Any]] = {}
             built = await load_groups(queries, job_id, [entries.get(g) for g in batch], batch, opts,
-                                      with_request=fmt == "openai")
+                                      with_request=fmt == "openai", session_rows=sessions)
             for g, raw in built:
-                for row in _rows(g, raw, fmt, per, only_trainable, min_score, result.skipped):
+                for row in _rows(g, raw, sessions, fmt, per, only_trainable, min_score, result.skipped):
                     yield row
 
     return await _write(result, fmt, per, rows())
@@ -257,13 +271,13 @@ def jobless_head(gw: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, A
     ``model`` is the route the gateway bound it to, ``status`` the gateway's; flagged ``no_job``,
     never trainable."""
     pvs = sorted({int(st["policy_version"]) for st in steps if st.get("policy_version") is not None})
+    shared = _shared({"env_id": gw["session_id"], "env_name": gw.get("env_name"), "llm_model": gw.get("route"),
+                      "status": gw["status"], "started_at": gw.get("created_at")}, steps)
     return {"job_id": None, "group_id": None, "cursor": None, "env": gw.get("env_name"), "case_id": None,
             "model": gw.get("route"), "harness": None, "group_trainable": False, "group_flags": ["no_job"],
             "group_n_samples": 1, "group_n_valid": 0, "group_mean_score": None, "group_std_score": None,
-            "advantage_normalize": None,
-            "session_id": gw["session_id"], "sample_index": None, "status": gw["status"], "outcome": None,
-            "attempts": None, "score": None, "eval_status": None, "eval_reason": None, "error": None,
-            "valid": False, "invalid_reason": NO_JOB, "advantage": None, "policy_versions": pvs,
+            "advantage_normalize": None, **shared,
+            "attempts": None, "valid": False, "invalid_reason": NO_JOB, "advantage": None, "policy_versions": pvs,
             "mixed_policy": len(pvs) > 1}
 
 

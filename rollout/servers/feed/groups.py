@@ -172,7 +172,8 @@ def feed_step(st: Mapping[str, Any], *, messages: bool) -> FeedStep:
         tool_calls=answer.tool_calls, prompt_tokens=st.get("prompt_tokens"),
         completion_tokens=st.get("completion_tokens"), prompt_token_ids=st.get("prompt_token_ids"),
         completion_token_ids=st.get("completion_token_ids"), completion_logprobs=st.get("completion_logprobs"),
-        policy_version=st.get("policy_version"), extends_prefix=st.get("extends_prefix"))
+        policy_version=st.get("policy_version"), extends_prefix=st.get("extends_prefix"),
+        latency_ms=st.get("latency_ms"), ttft_ms=st.get("ttft_ms"))
 
 
 def _utc(t: datetime) -> datetime:
@@ -244,11 +245,15 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
 
 async def load_groups(queries: FeedQueries, job_id: str, entries: Sequence[Mapping[str, Any] | None],
                       group_ids: Sequence[str], opts: GroupOptions, *,
-                      with_request: bool = False) -> list[tuple[FeedGroupOut, dict[str, list[dict[str, Any]]]]]:
+                      with_request: bool = False, session_rows: dict[str, dict[str, Any]] | None = None,
+                      ) -> list[tuple[FeedGroupOut, dict[str, list[dict[str, Any]]]]]:
     """Build the groups ``group_ids`` (``entries[i]``: the feed entry of ``group_ids[i]``, or None)
     in that order, each with its raw step rows (session id -> rows; with the ``request`` column
-    when ``with_request``, for exports). Two queries per 500 sessions, whatever the view."""
+    when ``with_request``, for exports). ``session_rows``, when given, is filled with each
+    session's row (session id -> row). Two queries per 500 sessions, whatever the view."""
     sessions = await queries.sessions_of_groups(job_id, list(group_ids))
+    if session_rows is not None:
+        session_rows.update({r["env_id"]: r for r in sessions})
     by_group: dict[str, list[dict[str, Any]]] = {}
     for r in sessions:
         by_group.setdefault(r["group_id"], []).append(r)

@@ -18,7 +18,8 @@ View = Literal["full", "tokens", "scores"]
 class FeedStep(BaseModel):
     """One recorded model call of a sample. ``messages`` is the request conversation (None with
     ``view=tokens``); ``content``/``reasoning``/``tool_calls`` the answer (tool calls in OpenAI's
-    chat shape). Token fields are None when the route did not capture them."""
+    chat shape). Token fields are None when the route did not capture them; ``latency_ms`` /
+    ``ttft_ms``: the call's latency and time to first token (None when unknown)."""
 
     seq: int
     step_id: int
@@ -38,6 +39,8 @@ class FeedStep(BaseModel):
     completion_logprobs: list[float | None] | None = None
     policy_version: int | None = None
     extends_prefix: bool | None = None
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
 
 
 class TokenSequence(BaseModel):

@@ -38,6 +38,18 @@ def fmt_dur(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min"
 
 
+def fmt_ms(ms: float | None) -> str:
+    """A latency in milliseconds as read: ``734 ms``, ``12.3 s``, ``3 min 5 s`` (``-``: unknown)."""
+    if ms is None or not math.isfinite(ms):
+        return "-"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
+
+
 def job_duration(job: dict[str, Any]) -> float | None:
     """Seconds from the first session start to the last finish (to now while it runs)."""
     start = _aware(job.get("started_at") or job.get("created_at"))
@@ -50,7 +62,7 @@ def job_duration(job: dict[str, Any]) -> float | None:
 def templates() -> Environment:
     """The Jinja2 environment of the viewer's and the report's templates."""
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
-    env.filters.update(dt=fmt_dt, num=fmt_num, dur=fmt_dur, pretty=pretty, short=lambda s: (s or "")[:8])
+    env.filters.update(dt=fmt_dt, num=fmt_num, dur=fmt_dur, ms=fmt_ms, pretty=pretty, short=lambda s: (s or "")[:8])
     env.globals["job_duration"] = job_duration
     return env
 
