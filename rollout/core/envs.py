@@ -154,7 +154,8 @@ class EnvConfig(_Strict):
     ``evaluation``: ``required`` (with ``--enable-evaluation`` the env must have an evaluator, or
     be a Harbor env) or ``none`` (the env is not graded: no evaluator, no verifier, reward NULL).
     ``image``: a container image every session runs in (docs/images.md); ``images``: the image
-    map, reference -> local reference (an env's image, a task's, a Dockerfile's ``FROM``)."""
+    map, reference -> local reference (an env's image, a task's, a Dockerfile's ``FROM``);
+    ``workdir``: where the workspace is in the image (default: the image's WORKDIR)."""
 
     name: str
     description: str = ""
@@ -169,6 +170,7 @@ class EnvConfig(_Strict):
     evaluation: Literal["required", "none"] = "required"
     image: str | None = Field(default=None, min_length=1)
     images: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(default=None, pattern=r"^/")
     # resolved at load time
     env_dir: Path = Field(default=Path("."), exclude=True)
     config_path: Path = Field(default=Path("."), exclude=True)
