@@ -121,7 +121,7 @@ def _bash() -> str:
 
 def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, limits: LimitsConfig,
              status_fd: int, rlimits: dict[str, int], image: ImageRoot | None = None,
-             root: Path | None = None) -> list[str]:
+             root: Path | None = None, also_at: str | None = None) -> list[str]:
     b = Binds()
     if image is not None and root is not None:  # the image's copy-on-write tree is /
         b.args += ["--bind", str(root), "/"]
@@ -131,6 +131,8 @@ def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, 
     b.interpreter()
     workdir = image_workdir(image) if image is not None else WORKSPACE
     b.args += ["--bind", str(workspace), workdir]
+    if image is None and also_at is not None:
+        b.also(workspace, also_at)
     b.ro(tests, TESTS)
     b.args += ["--bind", str(logs), LOGS]
     b.ro(FORWARDER_SOURCE, FORWARDER)
@@ -253,13 +255,14 @@ def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
 
 async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, limits: LimitsConfig | None = None,
                        cpu_s: int | None = None, caps: CopyCaps | None = None,
-                       label: str = "verifier", image: ImageRoot | None = None) -> VerifierResult:
+                       label: str = "verifier", image: ImageRoot | None = None,
+                       also_at: str | None = None) -> VerifierResult:
     """Run ``tests_dir/test.sh`` on a copy of ``workspace`` (module docstring) and read its reward.
     ``limits``: memory, processes, output and disk as a session's (default ``LimitsConfig()``);
     ``cpu_s``: CPU seconds per process (default: ``timeout_s``); ``caps``: of the workspace copy;
     ``label``: names the run (its cgroup); ``image``: the session's image, whose fresh
-    copy-on-write root the tests run in (the copy at its WORKDIR, its ENV and USER).
-    Never raises except CancelledError."""
+    copy-on-write root the tests run in (the copy at its WORKDIR, its ENV and USER); ``also_at``:
+    no image, the copy is bound there too (a host-toolchain task's WORKDIR). Never raises except CancelledError."""
     t0 = time.monotonic()
     limits = limits or LimitsConfig()
 
@@ -302,7 +305,7 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
                 (scratch / "root").mkdir()
                 root = merged(scratch / "root")
             argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, shell, limits, status_w, rlimits,
-                            image, root)
+                            image, root, also_at)
             if image is not None:
                 argv = wrap(image.rootfs, scratch / "root", limits.disk_mb * MiB if limits.disk_mb else None, argv)
         except (ImageError, OverlayUnavailable, OSError) as e:
@@ -359,8 +362,9 @@ async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str
         return None
     timeout = _number(case.row.get("verifier_timeout_s"))
     timeout_s = timeout if timeout is not None and timeout > 0 else DEFAULT_VERIFIER_TIMEOUT_S
+    workdir = case.row.get("workdir") if cfg.dataset.format == "harbor" else None
     return await run_verifier(workspace, Path(case.tests_dir), timeout_s=timeout_s, limits=cfg.runtime.limits,
-                              label=label, image=image)
+                              label=label, image=image, also_at=workdir if isinstance(workdir, str) else cfg.workdir)
 
 
 def verifier_outcome(result: VerifierResult) -> Evaluation:
