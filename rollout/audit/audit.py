@@ -45,6 +45,7 @@ class AuditOptions(BaseModel):
     agent_configs: list[Path] = Field(default_factory=list)
     agent_start_config: Path | None = None
     tasks: list[Path] = Field(default_factory=list)
+    host_toolchain: bool = False
     env_names: list[str] = Field(default_factory=list)
     case_ids: list[str] = Field(default_factory=list)
     attacks: list[str] = Field(default_factory=list)
@@ -353,7 +354,7 @@ async def run_audit(opts: AuditOptions, on_start: Callable[[str, int], None] | N
         db_path = opts.db_path or f"sqlite://{Path(tmp) / 'audit.db'}"
         base = JobOptions(
             agent_root=opts.agent_root, agent_configs=opts.agent_configs,
-            agent_start_config=opts.agent_start_config, tasks=opts.tasks, env_names=opts.env_names, case_ids=opts.case_ids,
+            agent_start_config=opts.agent_start_config, tasks=opts.tasks, host_toolchain=opts.host_toolchain, env_names=opts.env_names, case_ids=opts.case_ids,
             gateway_config=gateway_config(Path(tmp), db_path), llm_model=[NO_MODEL_ROUTE],
             enable_evaluation=True, eval_timeout=opts.eval_timeout, max_broken_graders=0,  # every finding, never stopped
             image=opts.image,

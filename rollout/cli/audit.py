@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     db_path = args.db_path or (f"sqlite://{Path(keep.name) / 'audit.db'}" if keep else None)
     try:
         opts = AuditOptions(agent_root=args.agent_root, agent_configs=args.agent_configs,
-                            agent_start_config=args.agent_start_config, tasks=args.tasks, env_names=args.env_names, case_ids=args.case_ids,
+                            agent_start_config=args.agent_start_config, tasks=args.tasks, host_toolchain=args.host_toolchain, env_names=args.env_names, case_ids=args.case_ids,
                             attacks=args.attacks, db_path=db_path, out=args.out, job_id=args.job_id,
                             pool_size=args.pool_size, eval_timeout=args.eval_timeout, image=args.image)
         report = asyncio.run(run_audit(opts))

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from gateway.settings import GatewaySettings
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import (
+    HOST_TOOLCHAIN_ALONE,
     EnvConfig,
     EnvConfigError,
     load_cases,
@@ -41,6 +42,8 @@ def add_env_flags(ap: argparse.ArgumentParser) -> None:
                     help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config")
     ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
                     help="a folder of task folders run as one env, as the job's --tasks (repeatable)")
+    ap.add_argument("--host-toolchain", action="store_true",
+                    help="the --tasks folders' Harbor tasks run on the host's tools, not in their images")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,10 +114,12 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One entry per env (name, format, cases or the error loading them, grader; ``case_ids``
     with ``--env``). Raises SetupError for an env named by ``--env`` that is not there."""
     broken: list[str] = []
+    if args.host_toolchain and not args.tasks:
+        raise SetupError(HOST_TOOLCHAIN_ALONE)
     try:
         if args.agent_configs or args.agent_start_config is not None or args.tasks:
             configs = [*load_agent_configs(args.agent_configs, args.agent_start_config),
-                       *(task_folder_env(p) for p in args.tasks)]
+                       *(task_folder_env(p, args.host_toolchain) for p in args.tasks)]
         else:
             found, errors = scan_envs(args.agent_root)
             configs, broken = found, [str(e) for e in errors]

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tasks", action="append", type=Path, metavar="DIR",
                     help="a folder of task folders (instruction.md + expected.json + files/, or Harbor tasks) run as "
                          "one env, no env.yaml needed (repeatable)")
+    ap.add_argument("--host-toolchain", action="store_true", default=None,
+                    help="the --tasks folders' Harbor tasks run on the host's tools, not in their images "
+                         "(an env.yaml's dataset.host_toolchain: true)")
     ap.add_argument("--timeout", type=float, metavar="S",
                     help="each session's timeout in seconds (default: the env's runtime.timeout_s, a Harbor task's own)")
     ap.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")

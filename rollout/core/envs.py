@@ -154,7 +154,9 @@ class EnvConfig(_Strict):
     ``evaluation``: ``required`` (with ``--enable-evaluation`` the env must have an evaluator, or
     be a Harbor env) or ``none`` (the env is not graded: no evaluator, no verifier, reward NULL).
     ``image``: a container image every session runs in (docs/images.md); ``images``: the image
-    map, reference -> local reference (an env's image, a task's, a Dockerfile's ``FROM``)."""
+    map, reference -> local reference (an env's image, a task's, a Dockerfile's ``FROM``);
+    ``workdir``: where the workspace is in the image (default: the image's WORKDIR); without an
+    image, the workspace is also bound there (``/workspace`` stays the cwd)."""
 
     name: str
     description: str = ""
@@ -169,6 +171,7 @@ class EnvConfig(_Strict):
     evaluation: Literal["required", "none"] = "required"
     image: str | None = Field(default=None, min_length=1)
     images: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(default=None, pattern=r"^/")
     # resolved at load time
     env_dir: Path = Field(default=Path("."), exclude=True)
     config_path: Path = Field(default=Path("."), exclude=True)
@@ -311,19 +314,21 @@ EXPECTED_JSON_EVALUATOR = Path(__file__).resolve().parents[2] / "env" / "workspa
 """The bundled grader of ``expected.json`` tasks (``outputs/answer.json`` against it)."""
 
 
-def task_folder_env(folder: Path) -> EnvConfig:
+def task_folder_env(folder: Path, host_toolchain: bool = False) -> EnvConfig:
     """The env ``--tasks FOLDER`` runs, without an env.yaml: each sub-folder is a task, Harbor's
     (one holds ``task.toml``: graded by its tests) or ``instruction.md`` + ``expected.json`` +
     ``files/`` (graded by ``EXPECTED_JSON_EVALUATOR``), run by the bundled bash agent (or
-    ``--harness``). Named after the folder, or its parent when it is called ``tasks``. Raises
-    EnvConfigError when the folder does not exist."""
+    ``--harness``). Named after the folder, or its parent when it is called ``tasks``.
+    ``host_toolchain`` (``--host-toolchain``): Harbor tasks run on the host's tools, as
+    ``dataset.host_toolchain: true``. Raises EnvConfigError when the folder does not exist."""
     root = folder.expanduser().resolve()
     if not root.is_dir():
         raise EnvConfigError(f"--tasks {folder}: not a folder")
     harbor_format = any((d / "task.toml").is_file() for d in root.iterdir() if d.is_dir())
     name = root.parent.name if root.name == "tasks" and root.parent.name else root.name
     cfg = EnvConfig(name=name, description=f"the task folders of {root} (--tasks)",
-                    dataset=DatasetConfig(format="harbor" if harbor_format else "task_dirs", path=str(root)),
+                    dataset=DatasetConfig(format="harbor" if harbor_format else "task_dirs", path=str(root),
+                                          host_toolchain=host_toolchain and harbor_format),
                     runtime=RuntimeConfig(command=TASK_RUNTIME),
                     params={"answer_file": False} if harbor_format else {})
     cfg.env_dir = cfg.config_path = root
@@ -444,15 +449,36 @@ def _harbor(cfg: EnvConfig, root: Path) -> list[Case]:
     for task_id, why in found.skipped:
         log.warning("env %s: Harbor task %s skipped: %s", cfg.name, task_id, why)
     if not found.rows and found.skipped:
-        raise EnvConfigError(f"env {cfg.name}: every Harbor task in {root} is skipped: "
-                             + "; ".join(f"{t}: {why}" for t, why in found.skipped))
+        raise EnvConfigError(f"env {cfg.name}: every Harbor task in {root} is skipped:\n"
+                             + "\n".join(skip_lines(found.skipped)))
     return [case_of(cfg, row["id"], row) for row in found.rows]
+
+
+HOST_TOOLCHAIN_ALONE = ("--host-toolchain applies to the Harbor tasks of --tasks folders (an env.yaml sets "
+                       "dataset.host_toolchain: true)")
+
+
+def skip_lines(skipped: list[tuple[str, str]], names: int = 3) -> list[str]:
+    """One line per distinct reason of ``skipped`` (``(task, why)``), most tasks first: the count
+    and the first ``names`` task names."""
+    by_reason: dict[str, list[str]] = {}
+    for task, why in skipped:
+        by_reason.setdefault(why, []).append(task)
+    out = []
+    for why, tasks in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ", ".join(tasks[:names]) + (", ..." if len(tasks) > names else "")
+        out.append(f"  {len(tasks)} task{'s' if len(tasks) != 1 else ''} ({shown}): {why}")
+    return out
 
 
 def session_config(cfg: EnvConfig, case: Case, timeout_s: float | None = None) -> EnvConfig:
     """``cfg`` as one session of ``case`` runs it: ``timeout_s`` (the job's ``--timeout``), else a
     Harbor task's own agent timeout (``agent_timeout_s`` of its row), replaces the env's
-    ``runtime.timeout_s``."""
+    ``runtime.timeout_s``. A host-toolchain Harbor task's Dockerfile WORKDIR (its row's
+    ``workdir``) is the session's ``workdir``: the workspace is bound there too."""
+    workdir = case.row.get("workdir") if cfg.dataset.format == "harbor" else None
+    if isinstance(workdir, str):
+        cfg = cfg.model_copy(update={"workdir": workdir})
     timeout = timeout_s if timeout_s is not None else \
         case.row.get("agent_timeout_s") if cfg.dataset.format == "harbor" else None
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:

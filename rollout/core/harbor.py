@@ -24,7 +24,7 @@ CONTAINER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "c
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 """The verifier's timeout when ``task.toml`` names none (Harbor's default)."""
 HIDDEN_FIELDS = ("files_dir", "tests_dir", "solution_dir", "verifier_timeout_s", "metadata", "image_context",
-                 "image_ref")
+                 "image_ref", "workdir")
 """Fields of a Harbor case row that the agent never sees (paths of the task folder, the grading set-up)."""
 
 
@@ -97,6 +97,19 @@ def image_fields(task: Path, config: dict[str, Any]) -> dict[str, str]:
     return {}
 
 
+def dockerfile_workdir(dockerfile: Path) -> str | None:
+    """The WORKDIR a Dockerfile's last stage ends in (a relative one joined to the one before);
+    None when it sets none."""
+    workdir: str | None = None
+    for line in dockerfile.read_text(encoding="utf-8", errors="replace").splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0].upper() == "FROM":
+            workdir = None
+        elif len(words) == 2 and words[0].upper() == "WORKDIR":
+            workdir = os.path.normpath(os.path.join(workdir or "/", words[1].strip("\"'")))
+    return workdir
+
+
 def read_task(task: Path) -> tuple[dict[str, Any], str | None]:
     """One task folder as ``(row, container need)``. Raises HarborTaskError for a missing
     ``instruction.md``, ``task.toml`` or ``tests/test.sh``, or an invalid ``task.toml``."""
@@ -139,11 +152,15 @@ def scan(root: Path, host_toolchain: bool = False) -> HarborScan:
         row, _ = read_task(task)
         compose = compose_file(task)
         if host_toolchain:
-            row.pop("image_context", None)
+            context = row.pop("image_context", None)
             row.pop("image_ref", None)
+            workdir = dockerfile_workdir(Path(context) / "Dockerfile") if context else None
+            if workdir not in (None, "/"):
+                row["workdir"] = workdir  # the workspace is bound there too (docs/images.md)
         elif compose is not None:
             out.skipped.append((task.name, f"environment/{compose} runs several containers: not supported here "
-                                           "(set dataset.host_toolchain: true when the host's tools are enough)"))
+                                           "(set dataset.host_toolchain: true, or --host-toolchain with --tasks, "
+                                           "when the host's tools are enough)"))
             continue
         out.rows.append(row)
     return out

@@ -1,8 +1,9 @@
 """Safactory's config shapes read as env configs: its task YAML (``--agent-config``, an
 ``environments:`` list) with its start YAML (``--agent-start-config``: ``agent_name`` with
-``container:``, or an ``agents:`` map). What has a meaning here is mapped; what cannot run here
-(a container image, Brainbox or RJob settings, bind mounts, parquet datasets) is refused, one
-line per key naming the file, the key and what to do. The table is in docs/envs.md, "Coming from
+``container:``, or an ``agents:`` map). What has a meaning here is mapped (a container image is
+the env's ``image``: the runner runs inside it, docs/images.md); what cannot run here (Brainbox
+or RJob settings, bind mounts, parquet datasets) is refused, one line per key naming the file,
+the key and what to do. The table is in docs/envs.md, "Coming from
 Safactory".
 """
 
@@ -37,9 +38,8 @@ CONTAINER_KEYS = ("workdir", "runner_entrypoint", "run_command", "idle_command",
 ENTRYPOINT_KEYS = ("source", "target", "command")
 IGNORED_CONTAINER_KEYS = ("workdir", "idle_command", "network", "platform", "extra_args", "install_runner_script")
 """Docker-only settings with no meaning here: the runner runs in the session's workspace, in the
-bwrap sandbox (a warning names each)."""
+bwrap sandbox (a warning names each; ``workdir`` has one for a runner in an image)."""
 _SHELL = re.compile(r"[&;|<>$`()*?~\n\\]")
-NO_IMAGES = "container images do not run here; remove it to run the runner with this machine's tools in the bwrap sandbox"
 
 
 def is_task_config(raw: object) -> bool:
@@ -132,8 +132,9 @@ def _entry(path: Path, where: str, entry: dict[str, Any], start_path: Path,
     name = entry.get("env_name")
     if not isinstance(name, str) or not name:
         return None, [*problems, f"{where}.env_name: required (the env's name, = agent_name of the start config)"]
-    if "env_image" in entry:
-        problems.append(f"{where}.env_image: {NO_IMAGES}")
+    image = entry.get("env_image")
+    if "env_image" in entry and (not isinstance(image, str) or not image.strip()):
+        problems.append(f"{where}.env_image: must be an image reference (e.g. mybench-image:latest)")
     mode = entry.get("dataset_load_mode", "eager")
     if mode != "eager":
         problems.append(f"{where}.dataset_load_mode: {mode!r} is not read here; use a JSONL dataset and eager")
@@ -145,16 +146,19 @@ def _entry(path: Path, where: str, entry: dict[str, Any], start_path: Path,
     elif not dataset.endswith(".jsonl"):
         problems.append(f"{where}.dataset: {dataset!r}: only JSONL datasets are read here; convert it to "
                         "JSONL (one JSON object per line)")
-    runtime, bad = _runtime(start_path, start, name)
+    runtime, container, bad = _runtime(start_path, start, name, isinstance(image, str))
     problems += bad
     if problems:
         return None, problems
+    image = image if isinstance(image, str) else container.get("image")
     hidden = entry.get("hidden_fields", [])
     fields, id_field = _scan_rows((path.parent / str(dataset)).resolve())
     values: dict[str, Any] = {"name": name, "runtime": runtime,
                               "dataset": {"format": "jsonl", "path": dataset, "hidden_fields": hidden,
                                           "id_field": id_field},
                               "params": entry.get("env_params") or {}, "group_size": entry.get("env_num", 1)}
+    if image:  # the runner runs inside the image, its workspace at container.workdir (docs/images.md)
+        values |= {"image": image, "workdir": container.get("workdir")}
     try:
         cfg = EnvConfig.model_validate(values)
     except ValidationError as e:
@@ -203,22 +207,24 @@ def _scan_rows(dataset: Path) -> tuple[list[str], str | None]:
     return sorted(fields), ID_FIELD if rows and valid and unique else None
 
 
-def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
-    """The ``runtime:`` of env ``name`` from the start config, and the problems found."""
+def _runtime(start_path: Path, start: dict[str, Any], name: str,
+             env_image: bool) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The ``runtime:`` of env ``name`` from the start config, its ``container:`` block, and the
+    problems found. ``env_image``: the task config names the env's image."""
     where = f"{start_path}:"
     problems = [f"{where} {k}: unknown key{did_you_mean(str(k), START_KEYS)}" for k in start if k not in START_KEYS]
     if "agents" in start:
         agents = start["agents"]
         if not isinstance(agents, dict) or not isinstance(agents.get(name), dict):
             have = sorted(agents) if isinstance(agents, dict) else []
-            return {}, [*problems, f"{where} agents: no agent {name!r} (the env_name){did_you_mean(name, have)}"]
+            return {}, {}, [*problems, f"{where} agents: no agent {name!r} (the env_name){did_you_mean(name, have)}"]
         block: dict[str, Any] = agents[name]
         prefix = f"agents.{name}."
         problems += [f"{where} {prefix}{k}: unknown key{did_you_mean(str(k), AGENT_KEYS)}"
                      for k in block if k not in AGENT_KEYS]
     else:
         if start.get("agent_name") != name:
-            return {}, [*problems, f"{where} agent_name: {start.get('agent_name')!r} does not match env_name "
+            return {}, {}, [*problems, f"{where} agent_name: {start.get('agent_name')!r} does not match env_name "
                                    f"{name!r}; set agent_name: {name}"]
         block, prefix = start, ""
     for key, what in (("sandbox", "Brainbox sandbox instances"), ("rjob", "RJob jobs")):
@@ -227,11 +233,17 @@ def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[s
                             f"sandbox); remove {prefix}{key}")
     container = block.get("container")
     if not isinstance(container, dict):
-        return {}, [*problems, f"{where} {prefix}container: required (with runner_entrypoint.command)"]
+        return {}, {}, [*problems, f"{where} {prefix}container: required (with runner_entrypoint.command)"]
     prefix += "container."
-    problems += [f"{where} {prefix}{k}: {NO_IMAGES}" if k == "image" else
-                 f"{where} {prefix}{k}: unknown key{did_you_mean(str(k), CONTAINER_KEYS)}"
-                 for k in container if k not in CONTAINER_KEYS]
+    problems += [f"{where} {prefix}{k}: unknown key{did_you_mean(str(k), CONTAINER_KEYS)}"
+                 for k in container if k not in (*CONTAINER_KEYS, "image")]
+    image = container.get("image")
+    if "image" in container and (not isinstance(image, str) or not image.strip()):
+        problems.append(f"{where} {prefix}image: must be an image reference (e.g. mybench-image:latest)")
+    in_image = env_image or isinstance(image, str)
+    workdir = container.get("workdir")
+    if in_image and workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        problems.append(f"{where} {prefix}workdir: {workdir!r}: must be an absolute path in the image")
     for key in ("mounts", "volumes"):
         if container.get(key):
             problems.append(f"{where} {prefix}{key}: host folders are not bound into the sandbox here; remove "
@@ -239,7 +251,7 @@ def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[s
     if container.get("result_mode", "json") != "json":
         problems.append(f"{where} {prefix}result_mode: {container['result_mode']!r}: only json runs here (an exit "
                         "code is never a result); print the result JSON and remove result_mode")
-    ignored = [f"{prefix}{k}" for k in IGNORED_CONTAINER_KEYS if k in container]
+    ignored = [f"{prefix}{k}" for k in IGNORED_CONTAINER_KEYS if k in container and not (in_image and k == "workdir")]
     if ignored:
         log.warning("%s %s: ignored (Docker only: the runner runs in the session's workspace, in the sandbox)",
                     where, ", ".join(ignored))
@@ -251,7 +263,7 @@ def _runtime(start_path: Path, start: dict[str, Any], name: str) -> tuple[dict[s
     problems += bad
     runtime = {"command": command, "env": {str(k): "" if v is None else str(v) for k, v in env.items()},
                "safactory_env": True}
-    return runtime, problems
+    return runtime, container, problems
 
 
 def _command(start_path: Path, where: str, prefix: str, container: dict[str, Any]) -> tuple[list[str], list[str]]:

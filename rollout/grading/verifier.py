@@ -7,9 +7,10 @@ it; its cgroups and scratch folder are removed afterwards). It sees a copy of th
 (``copy_workspace``: files and folders only) at ``/workspace`` (its cwd), the TASK's tests
 read-only at ``/tests`` and a writable ``/logs/verifier``, where the script writes ``reward.txt``
 (a number) or ``reward.json``. Its tools come from the read-only host (PATH holds host folders
-only; ``PYTHONSAFEPATH``, ``PYTHONNOUSERSITE``, HOME on the private ``/tmp``), so files the agent
-left in the workspace (a ``conftest.py``, a ``sitecustomize.py``, a ``python`` or ``pytest``, its
-own ``tests/``) are not what runs the tests. The script's bash (an execute-only copy: ``SHELL``) and
+only; ``PYTHONNOUSERSITE``, HOME on the private ``/tmp``), and what of the copy would run before
+or instead of the tests (a ``conftest.py``, a ``sitecustomize.py``, a ``pytest.py`` or a module
+shadowing one the tools import, a ``python`` or ``pytest`` executable) is removed from the copy
+(``rollout.grading.hooks``): the cwd stays on ``sys.path``, so tests import the agent's modules. The script's bash (an execute-only copy: ``SHELL``) and
 the forwarder that reports its exit status are not dumpable, so the code under test cannot trace
 them. The rules are in docs/verifiers.md.
 """
@@ -37,6 +38,7 @@ from rollout.core.envs import Case, EnvConfig, LimitsConfig
 from rollout.core.harbor import DEFAULT_VERIFIER_TIMEOUT_S
 from rollout.core.trees import remove_tree
 from rollout.grading.evaluation import Evaluation
+from rollout.grading.hooks import strip_hooks
 from rollout.grading.scoring import cut_text
 from rollout.grading.workspace_copy import CopyCaps, WorkspaceCopy, copy_workspace
 from rollout.sandbox.bwrap import (
@@ -103,7 +105,7 @@ class VerifierResult(BaseModel):
                                                      "stderr_tail", "reason", "limit_exceeded"})
 
 
-_PY_ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1",
+_PY_ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONNOUSERSITE": "1",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 
 
@@ -121,7 +123,7 @@ def _bash() -> str:
 
 def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, limits: LimitsConfig,
              status_fd: int, rlimits: dict[str, int], image: ImageRoot | None = None,
-             root: Path | None = None) -> list[str]:
+             root: Path | None = None, also_at: str | None = None) -> list[str]:
     b = Binds()
     if image is not None and root is not None:  # the image's copy-on-write tree is /
         b.args += ["--bind", str(root), "/"]
@@ -131,6 +133,8 @@ def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, 
     b.interpreter()
     workdir = image_workdir(image) if image is not None else WORKSPACE
     b.args += ["--bind", str(workspace), workdir]
+    if image is None and also_at is not None:
+        b.also(workspace, also_at)
     b.ro(tests, TESTS)
     b.args += ["--bind", str(logs), LOGS]
     b.ro(FORWARDER_SOURCE, FORWARDER)
@@ -205,18 +209,20 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
     return None, parsed, f"{REWARD_JSON} has no 'reward' and not exactly one number"
 
 
-def _copy(workspace: Path, dest: Path, caps: CopyCaps) -> WorkspaceCopy:
-    """The workspace copied; a workspace root the agent made unreadable gives an empty copy (its
-    own doing: graded on nothing, never an infrastructure failure). Raises OSError when ``dest``
-    cannot be made."""
+def _copy(workspace: Path, dest: Path, caps: CopyCaps, baseline: Path | None = None) -> WorkspaceCopy:
+    """The workspace copied, its hooks removed (``strip_hooks``; ``baseline``: the files the
+    session started with, kept as they were); a workspace root the agent made unreadable gives
+    an empty copy (its own doing: graded on nothing, never an infrastructure failure). Raises
+    OSError when ``dest`` cannot be made."""
     try:
-        return copy_workspace(workspace, dest, caps)
+        out = copy_workspace(workspace, dest, caps)
     except OSError as e:
         if not dest.is_dir():
             raise
         out = WorkspaceCopy()
         out.skip(".", f"the workspace cannot be read: {e.strerror}", incomplete=True)
-        return out
+    out.stripped = strip_hooks(dest, baseline)
+    return out
 
 
 def _remove(folder: Path) -> None:
@@ -253,13 +259,15 @@ def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
 
 async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, limits: LimitsConfig | None = None,
                        cpu_s: int | None = None, caps: CopyCaps | None = None,
-                       label: str = "verifier", image: ImageRoot | None = None) -> VerifierResult:
+                       label: str = "verifier", image: ImageRoot | None = None,
+                       also_at: str | None = None, baseline: Path | None = None) -> VerifierResult:
     """Run ``tests_dir/test.sh`` on a copy of ``workspace`` (module docstring) and read its reward.
     ``limits``: memory, processes, output and disk as a session's (default ``LimitsConfig()``);
     ``cpu_s``: CPU seconds per process (default: ``timeout_s``); ``caps``: of the workspace copy;
     ``label``: names the run (its cgroup); ``image``: the session's image, whose fresh
-    copy-on-write root the tests run in (the copy at its WORKDIR, its ENV and USER).
-    Never raises except CancelledError."""
+    copy-on-write root the tests run in (the copy at its WORKDIR, its ENV and USER); ``also_at``:
+    no image, the copy is bound there too (a host-toolchain task's WORKDIR); ``baseline``: the
+    files the session started with (``strip_hooks`` keeps those unchanged). Never raises except CancelledError."""
     t0 = time.monotonic()
     limits = limits or LimitsConfig()
 
@@ -285,7 +293,7 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             shutil.copyfile(_bash(), shell)
             shell.chmod(0o111)
             copied = await asyncio.to_thread(_copy, workspace, copy_dest,
-                                             caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB))
+                                             caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB), baseline)
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
             await asyncio.to_thread(cg.create, f"rollout-verify-{label[:24]}-{uuid.uuid4().hex[:6]}")
@@ -302,7 +310,7 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
                 (scratch / "root").mkdir()
                 root = merged(scratch / "root")
             argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, shell, limits, status_w, rlimits,
-                            image, root)
+                            image, root, also_at)
             if image is not None:
                 argv = wrap(image.rootfs, scratch / "root", limits.disk_mb * MiB if limits.disk_mb else None, argv)
         except (ImageError, OverlayUnavailable, OSError) as e:
@@ -359,8 +367,12 @@ async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str
         return None
     timeout = _number(case.row.get("verifier_timeout_s"))
     timeout_s = timeout if timeout is not None and timeout > 0 else DEFAULT_VERIFIER_TIMEOUT_S
+    workdir = case.row.get("workdir") if cfg.dataset.format == "harbor" else None
+    baseline = image.rootfs / image.workdir.lstrip("/") if image is not None else \
+        Path(case.files_dir) if case.files_dir else None
     return await run_verifier(workspace, Path(case.tests_dir), timeout_s=timeout_s, limits=cfg.runtime.limits,
-                              label=label, image=image)
+                              label=label, image=image, also_at=workdir if isinstance(workdir, str) else cfg.workdir,
+                              baseline=baseline)
 
 
 def verifier_outcome(result: VerifierResult) -> Evaluation:

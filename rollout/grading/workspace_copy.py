@@ -42,6 +42,7 @@ class WorkspaceCopy:
     skipped: list[str] = field(default_factory=list)
     skipped_count: int = 0
     complete: bool = True
+    stripped: list[str] | None = None  # the verifier's copy: what ``rollout.grading.hooks`` removed, and why
 
     def skip(self, rel: str, why: str, *, incomplete: bool = False) -> None:
         """Record one left-out entry."""
@@ -53,8 +54,12 @@ class WorkspaceCopy:
 
     def manifest(self) -> dict[str, object]:
         """A JSON-ready summary (what a grader is told about its copy)."""
-        return {"files": self.files, "folders": self.folders, "bytes": self.bytes, "complete": self.complete,
-                "skipped": list(self.skipped), "skipped_count": self.skipped_count}
+        out: dict[str, object] = {"files": self.files, "folders": self.folders, "bytes": self.bytes,
+                                  "complete": self.complete, "skipped": list(self.skipped),
+                                  "skipped_count": self.skipped_count}
+        if self.stripped is not None:
+            out["stripped"] = list(self.stripped)
+        return out
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gateway.settings import GatewaySettings
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import (
+    HOST_TOOLCHAIN_ALONE,
     MAX_GROUP_SIZE,
     Case,
     EnvConfig,
@@ -86,6 +87,7 @@ class JobOptions(BaseModel):
     env_names: list[str] = Field(default_factory=list)
     case_ids: list[str] = Field(default_factory=list)  # only these case ids (of any env); empty: all
     tasks: list[Path] = Field(default_factory=list)  # folders of task folders, each run as one env
+    host_toolchain: bool = False  # the tasks folders' Harbor tasks run on the host's tools
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # per session; None: the env's
     gateway_base_url: str | None = None
     gateway_config: Path
@@ -192,10 +194,12 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     for bad configs, unknown env names or case ids, two envs with the same name and a runtime command naming
     a file of the env folder that does not exist. With ``env_names``, an env folder of the agent
     root that does not load is skipped with a warning when the envs asked for are all found."""
+    if opts.host_toolchain and not opts.tasks:
+        raise SetupError(HOST_TOOLCHAIN_ALONE)
     try:
         if opts.agent_configs or opts.agent_start_config is not None or opts.tasks:
             configs = [*load_agent_configs(opts.agent_configs, opts.agent_start_config),
-                       *(task_folder_env(p) for p in opts.tasks)]
+                       *(task_folder_env(p, opts.host_toolchain) for p in opts.tasks)]
         elif opts.env_names:
             configs, broken = scan_envs(opts.agent_root)
             if broken and set(opts.env_names) - {c.name for c in configs}:

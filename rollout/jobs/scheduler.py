@@ -60,7 +60,15 @@ from rollout.jobs.workspace_archive import keep_workspace
 from rollout.results.records import record_of
 from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import InstalledHarness
-from rollout.sandbox.images import ImageError, ImageRoot, own_files, resolve, seed_workspace, source_for
+from rollout.sandbox.images import (
+    ImageError,
+    ImageRoot,
+    at_workdir,
+    own_files,
+    resolve,
+    seed_workspace,
+    source_for,
+)
 from rollout.sandbox.runner import CODE_ROOT, RuntimeCommand, run_runtime
 from rollout.sandbox.runtime_local import RuntimeRun, pidfd_child_watcher
 from store import (
@@ -555,7 +563,7 @@ class Scheduler:
         image: ImageRoot | ImageError | None = None
         if source is not None:  # the image's WORKDIR is the starting workspace (docs/images.md)
             try:
-                image = await asyncio.to_thread(resolve, source)
+                image = at_workdir(await asyncio.to_thread(resolve, source), cfg)
                 await asyncio.to_thread(seed_workspace, image, workspace)
             except (ImageError, OSError) as e:
                 image = e if isinstance(e, ImageError) else ImageError(f"{type(e).__name__}: {e}")

@@ -8,6 +8,7 @@ Unix socket. docs/sandbox.md lists what a runtime can and cannot see.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -19,7 +20,11 @@ from urllib.parse import urlsplit
 from rollout.sandbox import cgroups
 from rollout.sandbox.cgroups import Controller
 
+log = logging.getLogger(__name__)
+
 WORKSPACE = "/workspace"
+RESERVED = ("/workspace", "/proc", "/dev", "/run", "/tests", "/logs", "/etc", "/tmp")
+"""Where a second view of the workspace (``Binds.also``) is never bound."""
 BRIDGE_SOCKET = "/run/rollout/gateway.sock"
 FORWARDER = "/run/rollout/forwarder.py"
 INSTRUCTION = "/run/rollout/instruction.md"  # the case's instruction, read-only, when it has one
@@ -115,6 +120,19 @@ class Binds:
         self.args += ["--ro-bind", str(src), str(dest or src)]
         self.covered.append(Path(dest or src))
 
+    def also(self, workspace: Path, dest: str) -> None:
+        """``workspace`` bound at ``dest`` too (a host-toolchain task's WORKDIR, e.g. ``/app``),
+        unless ``dest`` is ``/``, relative, reserved or overlaps a folder bound already (a warning
+        says so: the workspace stays at its own path)."""
+        p = Path(dest)
+        clash = next((str(c) for c in [*map(Path, RESERVED), *self.covered]
+                      if p.is_relative_to(c) or c.is_relative_to(p)), None)
+        if not p.is_absolute() or p == Path("/") or clash is not None:
+            log.warning("the workspace is not bound at %s too: %s", dest,
+                        f"it overlaps {clash}" if clash else "not an absolute path below /")
+            return
+        self.args += ["--bind", str(workspace), dest]
+
     def system(self) -> None:
         """The system's read-only folders (a usr-merged /bin etc. stays a symlink) and /etc's
         allow-listed entries."""
@@ -187,6 +205,7 @@ class SandboxSpec:
     root: Path | None = None  # an image's merged copy-on-write tree, bound as / (rollout.sandbox.overlay)
     workdir: str = WORKSPACE  # where the workspace is bound (the cwd): an image's WORKDIR
     uid: tuple[int, int] = (SANDBOX_UID, SANDBOX_UID)  # the sandbox's uid and gid: an image's USER
+    also_at: str | None = None  # the workspace bound there too (no image: a Harbor task's WORKDIR)
 
 
 def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
@@ -205,6 +224,8 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
         if not any(f.is_relative_to(c) for c in b.covered):
             b.ro(f)
     b.args += ["--bind", str(spec.workspace), spec.workdir]
+    if spec.also_at is not None and spec.root is None:
+        b.also(spec.workspace, spec.also_at)
     b.ro(spec.bridge_socket, BRIDGE_SOCKET)
     b.ro(FORWARDER_SOURCE, FORWARDER)
     if spec.instruction is not None:

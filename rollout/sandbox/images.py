@@ -119,6 +119,11 @@ def source_for(cfg: EnvConfig, case: Case, image_map: tuple[tuple[str, str], ...
     return ImageSource(ref=cfg.image, image_map=mapping) if cfg.image else None
 
 
+def at_workdir(image: ImageRoot, cfg: EnvConfig) -> ImageRoot:
+    """``image`` with the env's ``workdir`` (if it sets one) as its WORKDIR."""
+    return image.model_copy(update={"workdir": cfg.workdir}) if cfg.workdir else image
+
+
 def own_files(source: ImageSource | None, cfg: EnvConfig) -> bool:
     """Whether the case's ``files_dir`` is copied into the workspace too: not for a Harbor task
     in its own image (its ``environment/`` is the build context; the image's WORKDIR holds its files)."""

@@ -438,7 +438,7 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
         disk = limits.disk_mb * MiB if limits.disk_mb is not None else None
         spec = SandboxSpec(workspace=workspace, code=[(CONTRACT, []), *folders], files=[*shared_code(), *files],
                            bridge_socket=bridge.socket_path, status_fd=status_w,
-                           tmp_bytes=disk, rlimits=rlimits, instruction=instruction)
+                           tmp_bytes=disk, rlimits=rlimits, instruction=instruction, also_at=cfg.workdir)
         if image is not None:
             try:
                 spec = image_spec(spec, image, scratch / "root")

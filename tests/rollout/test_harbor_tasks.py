@@ -113,7 +113,7 @@ def test_tasks_in_an_image_run_in_it_and_compose_tasks_are_skipped(tmp_path: Pat
     # through an env config: skipped tasks are logged, and an env where all are skipped says why
     env_dir = make_env(tmp_path / "e1")
     shutil.copytree(root / "compose", env_dir / "tasks" / "compose")
-    with pytest.raises(EnvConfigError, match="every Harbor task .* is skipped: compose: environment/docker-compose"):
+    with pytest.raises(EnvConfigError, match="every Harbor task .* is skipped:\n  1 task \\(compose\\): environment/docker-compose"):
         load_cases(load_env_config(env_dir / "env.yaml"))
     shutil.copytree(root / "docker", env_dir / "tasks" / "docker")
     [case] = load_cases(load_env_config(env_dir / "env.yaml"))
@@ -249,3 +249,72 @@ async def test_a_verifier_that_cannot_start_is_an_infrastructure_failure_retried
     assert "no bubblewrap today" in (record.attempts[0].reason or "")
     assert (record.eval_status, record.score) == ("scored", 10.0)
     assert len(calls) == 2
+
+
+def test_every_task_skipped_is_one_line_per_reason_with_the_count(tmp_path: Path) -> None:
+    env_dir = make_env(tmp_path)
+    for i in range(5):
+        make_task(env_dir / "tasks", f"c{i}", files={"docker-compose.yaml": "services: {}\n"})
+    make_task(env_dir / "tasks", "y", files={"compose.yaml": "services: {}\n"})
+    with pytest.raises(EnvConfigError) as e:
+        load_cases(load_env_config(env_dir / "env.yaml"))
+    hint = ("runs several containers: not supported here (set dataset.host_toolchain: true, or --host-toolchain "
+            "with --tasks, when the host's tools are enough)")
+    assert str(e.value).splitlines() == [
+        f"env hb: every Harbor task in {env_dir / 'tasks'} is skipped:",
+        f"  5 tasks (c0, c1, c2, ...): environment/docker-compose.yaml {hint}",
+        f"  1 task (y): environment/compose.yaml {hint}",
+    ]
+
+
+def test_host_toolchain_flag_runs_a_tasks_folder_on_the_hosts_tools(tmp_path: Path) -> None:
+    from rollout.cli.listing import build_parser as list_parser
+    from rollout.cli.listing import env_entries
+    from rollout.cli.run import parse_args
+    from rollout.core.envs import task_folder_env
+    from rollout.core.setup import SetupError
+    from rollout.jobs.job import load_envs
+
+    root = tmp_path / "tasks"
+    make_task(root, "compose", files={"docker-compose.yaml": "services: {}\n"})
+    make_task(root, "docker", files={"Dockerfile": "FROM alpine\nWORKDIR /app\n"})
+    assert [(c.case_id, "image_context" in c.row) for c in load_cases(task_folder_env(root))] == [("docker", True)]
+    opts, _ = parse_args(["--tasks", str(root), "--host-toolchain"])
+    assert opts.host_toolchain is True
+    [(cfg, cases)] = load_envs(opts)
+    assert cfg.dataset.host_toolchain is True
+    assert [(c.case_id, "image_context" in c.row) for c in cases] == [("compose", False), ("docker", False)]
+    entries = env_entries(list_parser().parse_args(["--tasks", str(root), "--host-toolchain"]))
+    assert [e["cases"] for e in entries] == [2]
+    with pytest.raises(SetupError, match="--host-toolchain applies to the Harbor tasks of --tasks folders"):
+        load_envs(parse_args(["--host-toolchain"])[0])
+
+
+async def test_a_host_toolchain_task_sees_its_workspace_at_its_dockerfiles_workdir(tmp_path: Path) -> None:
+    require_bwrap()
+    root = tmp_path / "tasks"
+    make_task(root, "at_app", files={"Dockerfile": "FROM python:3\nWORKDIR /srv\nWORKDIR app\nCOPY name.txt .\n",
+                                     "name.txt": "Ada\n"},
+              solution="cd /app && cat name.txt > greeting.txt\n",
+              test_sh="cd /app && grep -q Ada greeting.txt && echo 1 > /logs/verifier/reward.txt || "
+                      "echo 0 > /logs/verifier/reward.txt\n")
+    assert harbor.scan(root, host_toolchain=True).rows[0]["workdir"] == "/srv/app"
+    (root / "at_app" / "environment" / "Dockerfile").write_text("FROM python:3\nWORKDIR /app\n")
+    records, _, stderr = await run_job(tmp_path, "--tasks", str(root), "--host-toolchain", "--harness", "oracle",
+                                       "--job-id", "app")
+    [r] = records
+    assert (r["eval_status"], r["score"], r["sandbox"]) == ("scored", 10.0, "bwrap"), (r, stderr[-2000:])
+
+
+def test_the_second_view_of_the_workspace_is_never_bound_over_the_sandboxs_own_paths(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from rollout.sandbox.bwrap import Binds
+
+    b = Binds()
+    b.ro(Path("/usr"))
+    for dest in ("/", "/usr/src/app", "/workspace/app", "/tmp/x", "app"):
+        b.also(tmp_path, dest)
+    assert b.args == ["--ro-bind", "/usr", "/usr"]
+    b.also(tmp_path, "/app")
+    assert b.args[3:] == ["--bind", str(tmp_path), "/app"]
+    assert "the workspace is not bound at /usr/src/app too: it overlaps /usr" in caplog.text

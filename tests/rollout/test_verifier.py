@@ -116,7 +116,8 @@ async def test_pytest_config_files_in_the_workspace_do_not_change_the_verdict(tm
     (ws / "tox.ini").write_text("[pytest]\naddopts = --co\n")
     (ws / "setup.cfg").write_text("[tool:pytest]\naddopts = --co\n")
     out = await verify(ws, task(tmp_path))
-    assert "conftest.py" in out.stdout_tail and "pytest.ini" in out.stdout_tail  # the attack was there
+    assert "pytest.ini" in out.stdout_tail  # the ini files are there (pytest reads none of them on /tests/...)
+    assert out.workspace_copy["stripped"] == ["conftest.py: a conftest.py outside the task's tests"]
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     assert "1 failed" in out.stdout_tail
 
@@ -134,7 +135,13 @@ async def test_python_start_up_hooks_in_the_workspace_do_not_run(tmp_path: Path,
     (ws / "_pytest").mkdir()
     (ws / "_pytest" / "__init__.py").write_text(hook)
     out = await verify(ws, task(tmp_path))
-    assert "sitecustomize.py" in out.stdout_tail
+    site = f".local/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    assert out.workspace_copy["stripped"] == [
+        f"{site}/evil.pth: a .pth file (run by Python at start-up)", f"{site}/sitecustomize.py: a Python start-up hook",
+        f"{site}/usercustomize.py: a Python start-up hook",
+        "_pytest/__init__.py: makes _pytest/ a package shadowing the module _pytest (the cwd is first on sys.path)",
+        "evil.pth: a .pth file (run by Python at start-up)", "pytest.py: shadows pytest",
+        "sitecustomize.py: a Python start-up hook", "usercustomize.py: a Python start-up hook"]
     assert (out.status, out.reward) == ("rewarded", 0.0), out
 
 
@@ -144,8 +151,65 @@ async def test_shadowing_executables_in_the_workspace_are_not_run(tmp_path: Path
         for name in ("python", "python3", "pytest", "bash", "sh", "echo"):
             executable(folder / name)
     out = await verify(ws, task(tmp_path))
-    assert "python3" in out.stdout_tail
+    assert len(out.workspace_copy["stripped"]) == 4 * 6 - 4  # echo is no shadow: it stays, and runs not
+    assert "echo" in out.stdout_tail and "node_modules/.bin/python3: an executable shadowing python3" in \
+        out.workspace_copy["stripped"]
     assert (out.status, out.reward) == ("rewarded", 0.0), out
+
+
+# Harbor's common test line: cd to the workspace, `python -m pytest` on the task's tests, which
+# import the agent's module from the cwd.
+IMPORTING_TEST_PY = "from answer import answer\n\ndef test_answer():\n    assert answer() == 42\n"
+COMMON_SH = ("#!/bin/bash\ncd /workspace && python3 -m pytest -q -p no:cacheprovider /tests/test_answer.py "
+             "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+
+
+async def test_the_common_harbor_line_imports_the_agents_module_from_the_cwd(tmp_path: Path,
+                                                                           scratch_root: Path) -> None:
+    tests = task(tmp_path, COMMON_SH)
+    (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
+    right = await verify(workspace(tmp_path / "a", RIGHT), tests)
+    wrong = await verify(workspace(tmp_path / "b", WRONG), tests)
+    assert (right.status, right.reward) == ("rewarded", 1.0), right
+    assert (wrong.status, wrong.reward) == ("rewarded", 0.0), wrong
+    assert right.workspace_copy["stripped"] == []
+
+
+async def test_hooks_in_the_copy_are_stripped_and_listed_unless_the_task_started_with_them(
+        tmp_path: Path, scratch_root: Path) -> None:
+    tests = task(tmp_path, COMMON_SH)
+    (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
+    ws = workspace(tmp_path)
+    hook = "import os\nopen('/logs/verifier/reward.txt', 'w').write('1')\nos._exit(0)\n"
+    for rel in ("conftest.py", "lib/conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.py",
+                "argparse.py", "pluggy/__init__.py", "lib/evil.pth", "own.py", "html/index.html"):
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(hook)
+    executable(ws / "bin" / "python3")
+    executable(ws / "bash")
+    (ws / "python").write_text("not executable: kept\n")
+    baseline = tmp_path / "start"
+    (baseline / "lib").mkdir(parents=True)
+    (baseline / "lib" / "conftest.py").write_text(hook)  # the task's own file, unchanged: kept
+    (baseline / "conftest.py").write_text("# the task's, changed by the agent\n")
+    out = await verify(ws, tests, baseline=baseline)
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert out.workspace_copy["stripped"] == [
+        "argparse.py: shadows the module argparse (the cwd is first on sys.path)",
+        "bash: an executable shadowing bash",
+        "bin/python3: an executable shadowing python3",
+        "conftest.py: a conftest.py outside the task's tests",
+        "lib/evil.pth: a .pth file (run by Python at start-up)",
+        "pluggy/__init__.py: makes pluggy/ a package shadowing the module pluggy (the cwd is first on sys.path)",
+        "pytest.py: shadows pytest",
+        "sitecustomize.py: a Python start-up hook",
+        "usercustomize.py: a Python start-up hook",
+    ]
+    assert sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file()) == [
+        "answer.py", "argparse.py", "bash", "bin/python3", "conftest.py", "html/index.html", "lib/conftest.py",
+        "lib/evil.pth", "own.py", "pluggy/__init__.py", "pytest.py", "python", "sitecustomize.py",
+        "usercustomize.py"]  # the workspace itself is untouched
+    assert (await verify(workspace(tmp_path / "r", RIGHT), tests)).reward == 1.0
 
 
 async def test_the_agents_own_tests_and_planted_rewards_are_not_used(tmp_path: Path, scratch_root: Path) -> None:
@@ -197,7 +261,7 @@ async def test_the_environment_is_clean_and_the_toolchain_the_hosts(tmp_path: Pa
     out = await verify(workspace(tmp_path), tests)
     env = dict(line.split("=", 1) for line in out.stdout_tail.splitlines() if "=" in line)
     assert {k: env.get(k) for k in ("PYTHONSAFEPATH", "PYTHONNOUSERSITE", "HOME")} == {
-        "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "HOME": "/tmp"}
+        "PYTHONSAFEPATH": None, "PYTHONNOUSERSITE": "1", "HOME": "/tmp"}  # the cwd is on sys.path
     assert "PYTHONPATH" not in env and "PYTEST_ADDOPTS" not in env and "SECRET_TOKEN" not in env
     assert all(p.startswith("/") and not p.startswith("/workspace") for p in env["PATH"].split(":")), env["PATH"]
     assert f"{os.path.dirname(sys.executable)}/python3" in out.stdout_tail
