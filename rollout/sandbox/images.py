@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -289,8 +290,19 @@ def forget() -> None:
         _locks.clear()
 
 
+def _not_files(folder: str, names: list[str]) -> list[str]:
+    """The entries of ``folder`` that are neither folders, regular files nor links: device nodes,
+    FIFOs and sockets, never read (a copy of ``/dev/full`` never ends)."""
+    keep = (stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK)
+    return [n for n in names if not any(ok(os.lstat(os.path.join(folder, n)).st_mode) for ok in keep)]
+
+
 def seed_workspace(image: ImageRoot, workspace: Path) -> None:
-    """Copy the image's WORKDIR (its files, as the image holds them) into ``workspace``."""
+    """Copy the image's WORKDIR (its folders, regular files and links, as the image holds them)
+    into ``workspace``; nothing for a WORKDIR of ``/`` (the whole root is not a workspace: the
+    session works in an empty ``/workspace``)."""
+    if image.workdir.strip("/") == "":
+        return
     src = image.rootfs / image.workdir.lstrip("/")
     if src.is_dir() and not src.is_symlink():
-        shutil.copytree(src, workspace, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(src, workspace, symlinks=True, dirs_exist_ok=True, ignore=_not_files)

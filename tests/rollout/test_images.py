@@ -119,3 +119,27 @@ async def test_the_audit_runs_an_image_task_with_the_image_map(tmp_path: Path, b
     assert (row.case, row.baseline, row.reference, row.reference_score) == (
         "greet_name", 0.0, "solution/solve.sh", 10.0), row
     assert not row.failed
+
+
+def test_seeding_a_workspace_copies_files_never_devices_and_nothing_for_the_root(tmp_path: Path) -> None:
+    """An unpacked image holds device nodes (``/dev/full`` reads forever) and FIFOs: the copy of its
+    WORKDIR takes folders, regular files and links only; a WORKDIR of ``/`` seeds nothing."""
+    import os
+
+    from rollout.sandbox.images import ImageRoot, seed_workspace
+
+    rootfs = tmp_path / "rootfs"
+    app = rootfs / "app"
+    (app / "sub").mkdir(parents=True)
+    (app / "sub" / "a.txt").write_text("a")
+    (app / "link").symlink_to("sub/a.txt")
+    os.mkfifo(app / "pipe")
+    os.mknod(app / "full", 0o666 | 0o020000, os.makedev(1, 7))  # a character device, as /dev/full
+    ws = tmp_path / "ws"
+    seed_workspace(ImageRoot(digest="d", rootfs=rootfs, workdir="/app"), ws)
+    assert sorted(str(p.relative_to(ws)) for p in ws.rglob("*")) == ["link", "sub", "sub/a.txt"]
+    assert os.readlink(ws / "link") == "sub/a.txt"
+    root_ws = tmp_path / "root-ws"
+    root_ws.mkdir()
+    seed_workspace(ImageRoot(digest="d", rootfs=rootfs, workdir="/"), root_ws)
+    assert list(root_ws.iterdir()) == []
