@@ -98,7 +98,9 @@ async def test_trainer_reads_a_running_job_survives_a_restart_and_sees_each_grou
             trainer = await spawn(*argv, cwd=tmp_path, stdout=tmp_path / "run2.out")
             assert await asyncio.wait_for(trainer.wait(), 300) == 0
             code = await asyncio.wait_for(launcher.wait(), 300)
-            assert code == 0  # the crashing evaluator of case d: a result of the completed run (ev_err)
+            # case d's evaluator raises on its second sample whatever the agent did (on the control too):
+            # a broken grader, the job's last session: exit 5
+            assert code == 5
         finally:
             for p in (trainer, feed, launcher):
                 if p is not None and p.returncode is None:
@@ -122,7 +124,7 @@ async def test_trainer_reads_a_running_job_survives_a_restart_and_sees_each_grou
     d = groups[3]
     assert (d["trainable"], d["flags"]) == (False, ["too_few_valid"])
     assert d["samples"][1]["valid"] is False and d["samples"][1]["score"] is None
-    assert d["samples"][1]["invalid_reason"].startswith("evaluation error")
+    assert d["samples"][1]["invalid_reason"].startswith("evaluation grader_broken: grader broken")
     assert run2[-1]["event"] == "done" and run2[-1]["groups"] == 4 and run2[-1]["cursor"] == 4
 
 
