@@ -285,7 +285,7 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
                            ".every(d => d.querySelector('svg.main-svg g.trace'))", timeout=60_000)
     assert page.locator("#sessions tbody tr").count() == 6
     wrong = sid_of(jobs, "jobA", "logs", 1)
-    page.locator(f"#sessions tr[data-session='{wrong}'] a").click()
+    page.locator(f"#sessions tr[data-session='{wrong}'] td:first-child a").click()
     page.wait_for_url(re.compile(rf"sessions/{wrong}\.html$"))
     assert page.url.startswith("file://")
     assert page.locator("section.step").count() == 2
@@ -295,6 +295,13 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
     width, window = fits(page)
     assert width <= window, (width, window)
     assert ids.index(wrong) == 5 and page.locator("#next-session").count() == 0  # the last of the job
+    page.click("#group-link")  # its group's page, the samples side by side
+    page.wait_for_url(re.compile(r"groups/\w+\.html$"))
+    assert page.locator(".samples .sample").count() == 2
+    assert page.locator("#divergence").inner_text() == (
+        "The samples answer alike through step 1; they first diverge at step 2.")
+    page.locator(".samples .sample").nth(1).locator("p a").first.click()
+    page.wait_for_url(re.compile(rf"sessions/{wrong}\.html$"))
     page.keyboard.press("k")
     page.wait_for_url(re.compile(rf"sessions/{ids[4]}\.html$"))
     page.click("#index-link")
