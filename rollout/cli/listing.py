@@ -1,5 +1,5 @@
 """``launcher.py list``: what a job could run, without running anything: the envs (their dataset
-format, case count and grader), with ``--env NAME`` that env's case ids, the bundled harnesses and
+format, case count, samples per case, step budget, session timeout and grader), with ``--env NAME`` that env's case ids, the bundled harnesses and
 the gateway config's routes; ``--json`` for tools. Exit 0, or 1 when the gateway config or an env
 asked for (``--env``, ``--agent-config``, ``--tasks``) or its cases cannot be read."""
 
@@ -22,6 +22,7 @@ from rollout.core.envs import (
     EnvConfigError,
     load_cases,
     scan_envs,
+    session_config,
     task_folder_env,
 )
 from rollout.core.safactory import load_agent_configs
@@ -111,8 +112,9 @@ def grader_of(agent_root: Path, cfg: EnvConfig) -> str:
 
 
 def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One entry per env (name, format, cases or the error loading them, grader; ``case_ids``
-    with ``--env``). Raises SetupError for an env named by ``--env`` that is not there."""
+    """One entry per env (name, format, cases or the error loading them, ``group_size``,
+    ``max_steps``, ``timeout_s``, ``task_timeout_s`` [low, high] of Harbor tasks with their own,
+    grader; ``case_ids`` with ``--env``). Raises SetupError for an env named by ``--env`` that is not there."""
     broken: list[str] = []
     if args.host_toolchain and not args.tasks:
         raise SetupError(HOST_TOOLCHAIN_ALONE)
@@ -133,10 +135,14 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for cfg in configs:
         entry: dict[str, Any] = {"name": cfg.name, "format": cfg.dataset.format, "path": str(cfg.config_path),
-                                 "grader": grader_of(args.agent_root, cfg)}
+                                 "group_size": cfg.group_size, "max_steps": cfg.max_steps,
+                                 "timeout_s": cfg.runtime.timeout_s, "grader": grader_of(args.agent_root, cfg)}
         try:
             cases = load_cases(cfg)
             entry["cases"] = len(cases)
+            if cfg.dataset.format == "harbor" and any("agent_timeout_s" in c.row for c in cases):
+                own = sorted(session_config(cfg, c).runtime.timeout_s for c in cases)
+                entry["task_timeout_s"] = [own[0], own[-1]]
             if args.env_names:
                 entry["case_ids"] = [c.case_id for c in cases]
         except EnvConfigError as e:
@@ -183,12 +189,27 @@ def _table(rows: list[list[str]], headers: list[str]) -> list[str]:
             for r in [headers, rule, *rows]]
 
 
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def _timeout(env: dict[str, Any]) -> str:
+    """An env's session timeout as text; Harbor tasks with their own: ``per task LOW-HIGH s``."""
+    own = env.get("task_timeout_s")
+    if own:
+        return f"per task {_seconds(own[0])}" if own[0] == own[1] else f"per task {own[0]:g}-{own[1]:g} s"
+    return _seconds(env["timeout_s"])
+
+
 def render(listing: dict[str, Any]) -> str:
     """The listing as text: a table per section, an env's case ids under it."""
     envs = [e for e in listing["envs"] if e.get("name")]
     lines = [f"envs ({listing['source']}):"]
-    lines += _table([[e["name"], e["format"], "?" if e.get("cases") is None else str(e["cases"]), e["grader"]]
-                          for e in envs], ["env", "format", "cases", "graded by"])
+    lines += _table([[e["name"], e["format"], "?" if e.get("cases") is None else str(e["cases"]), str(e["group_size"]),
+                      "none" if e["max_steps"] < 0 else str(e["max_steps"]), _timeout(e), e["grader"]]
+                     for e in envs], ["env", "format", "cases", "samples", "max steps", "timeout", "graded by"])
+    lines.append("  (samples per case, step budget and session timeout: the env's; a job's --rl-group-size, "
+                 "--max-steps and --timeout replace them)")
     for e in listing["envs"]:
         if e.get("error"):
             lines.append(f"  error: {e['error']}")

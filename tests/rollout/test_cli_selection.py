@@ -146,13 +146,22 @@ def test_help_lists_every_command_and_the_flag_style_run_is_unchanged(capsys: py
 def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--agent-root", str(REPO / "env")]) == 0
     out = capsys.readouterr().out
-    assert [line.split()[:3] for line in out.splitlines() if line.startswith("  basics ")] == [
-        ["basics", "task_dirs", "3"]]
-    assert "  harbor_tasks  harbor     2      tests" in out and "  oracle " in out and "local (default)" in out
+    table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    assert out.splitlines()[1].split() == ["env", "format", "cases", "samples", "max", "steps", "timeout", "graded", "by"]
+    assert table["basics"] == ["task_dirs", "3", "4", "3", "300", "s", str(REPO / "env/basics/rule_evaluator.py")]
+    assert table["harbor_tasks"] == ["harbor", "2", "1", "2", "per", "task", "600", "s", "tests"]
+    assert table["workspace"][:6] == ["task_dirs", "5", "1", "12", "600", "s"]
+    assert "  oracle " in out and "local (default)" in out
     assert main(["list", "--agent-root", str(REPO / "env"), "--env", "basics", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     [basics] = listing["envs"]
     assert basics["case_ids"] == ["read_name", "run_script", "tally"] and basics["cases"] == 3
+    assert (basics["group_size"], basics["max_steps"], basics["timeout_s"]) == (4, 3, 300.0)
+    assert "task_timeout_s" not in basics
+    assert main(["list", "--agent-root", str(REPO / "env"), "--env", "harbor_tasks", "--json"]) == 0
+    [harbor] = json.loads(capsys.readouterr().out)["envs"]
+    assert (harbor["group_size"], harbor["max_steps"], harbor["timeout_s"], harbor["task_timeout_s"]) == (
+        1, 2, 300.0, [600.0, 600.0])
     assert basics["grader"].endswith("env/basics/rule_evaluator.py")
     assert "bash-agent" in [h["name"] for h in listing["harnesses"]]
     assert [(r["route"], r["default"]) for r in listing["routes"]][0] == ("local", True)

@@ -1,18 +1,24 @@
 """Reading many sessions in headless Chromium, on the two real jobs of the toy env (see conftest):
 previous / next within a filtered list, full-text search of the transcripts, the kept workspace as
 a file tree (the agent's hostile file names, links and bytes), the job's groups, a compared case
-opening both jobs, every page within a 1400 px window, and ``report --bundle`` opened from disk."""
+opening both jobs, every page within a 1400 px window (a group of four samples side by side, more
+scrolling in their own box), and ``report --bundle`` opened from disk."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rollout.servers.viewer.bundle import write_bundle
+from rollout.servers.viewer.stats import HiddenFields
 from tests.viewer.conftest import REPO, Jobs, Viewer, launcher_env
+from tests.viewer.group_store import GROUP, fill
 from tests.viewer.toy_env import RIGHT, SCRIPT_FILE, SCRIPT_TEXT, TOOL_END, WRONG
 
 
@@ -215,6 +221,45 @@ def test_every_page_fits_1400_pixels(jobs: Jobs, viewer: Viewer, page: Any) -> N
         assert width <= window, (path, width, window)
 
 
+def test_a_group_of_four_fits_1400_pixels_and_more_scroll_in_their_box(page: Any, tmp_path: Path) -> None:
+    db, ws = tmp_path / "groups.db", tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("a\n")
+    with ThreadPoolExecutor(1) as pool:  # playwright's loop runs in this thread
+        pool.submit(asyncio.run, fill(db, 4, ws)).result()
+        pool.submit(asyncio.run, fill(db, 6, ws, group="grp-six", job="tj6")).result()
+    (tmp_path / "envs").mkdir()
+    viewer = Viewer(db, tmp_path / "envs", tmp_path)
+    edges = ("(() => { const box = document.querySelector('.samples'); const b = box.getBoundingClientRect();"
+             " return [Math.round(b.right), box.scrollWidth - box.clientWidth,"
+             " ...[...box.querySelectorAll('.sample')].map(s => Math.round(s.getBoundingClientRect().right))]; })()")
+    try:
+        assert page.goto(f"{viewer.url}/groups/{GROUP}").status == 200
+        page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")  # outputs unfolded
+        width, window = fits(page)
+        assert width <= window, (width, window)
+        right, hidden, *samples = page.evaluate(edges)
+        assert len(samples) == 4 and hidden == 0 and max(samples) <= right <= window, (right, samples)
+        assert page.locator(".samples .sample").nth(3).locator("details.user-output").inner_text().count(
+            "OUTPUT-OF-SAMPLE-3") == 1
+        assert page.goto(f"{viewer.url}/groups/grp-six").status == 200
+        width, window = fits(page)
+        assert width <= window, (width, window)
+        right, hidden, *samples = page.evaluate(edges)
+        assert len(samples) == 6 and hidden > 0 and samples[3] <= right < samples[5], (right, hidden, samples)
+        assert page.locator("#scroll-hint").inner_text() == (
+            "6 samples: scroll sideways in the box below for samples past the fourth.")
+    finally:
+        viewer.stop()
+    with ThreadPoolExecutor(1) as pool:  # the bundle's group page, from disk, under its CSP
+        pool.submit(asyncio.run, write_bundle(f"sqlite://{db}", "tj", tmp_path / "b", HiddenFields(tmp_path / "envs"))
+                    ).result()
+    page.goto((tmp_path / "b" / "groups" / f"{GROUP}.html").as_uri())
+    width, window = fits(page)
+    right, hidden, *samples = page.evaluate(edges)
+    assert width <= window and len(samples) == 4 and hidden == 0 and max(samples) <= right <= window, (right, samples)
+
+
 def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path: Path) -> None:
     out = tmp_path / "bundle"
     run = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobA", "--bundle", str(out),
@@ -240,7 +285,7 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
                            ".every(d => d.querySelector('svg.main-svg g.trace'))", timeout=60_000)
     assert page.locator("#sessions tbody tr").count() == 6
     wrong = sid_of(jobs, "jobA", "logs", 1)
-    page.locator(f"#sessions tr[data-session='{wrong}'] a").click()
+    page.locator(f"#sessions tr[data-session='{wrong}'] td:first-child a").click()
     page.wait_for_url(re.compile(rf"sessions/{wrong}\.html$"))
     assert page.url.startswith("file://")
     assert page.locator("section.step").count() == 2
@@ -250,6 +295,13 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
     width, window = fits(page)
     assert width <= window, (width, window)
     assert ids.index(wrong) == 5 and page.locator("#next-session").count() == 0  # the last of the job
+    page.click("#group-link")  # its group's page, the samples side by side
+    page.wait_for_url(re.compile(r"groups/\w+\.html$"))
+    assert page.locator(".samples .sample").count() == 2
+    assert page.locator("#divergence").inner_text() == (
+        "The samples answer alike through step 1; they first diverge at step 2.")
+    page.locator(".samples .sample").nth(1).locator("p a").first.click()
+    page.wait_for_url(re.compile(rf"sessions/{wrong}\.html$"))
     page.keyboard.press("k")
     page.wait_for_url(re.compile(rf"sessions/{ids[4]}\.html$"))
     page.click("#index-link")

@@ -151,13 +151,13 @@ def _cut(text: str, n: int) -> str:
 async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str = DEFAULT_VIEWER_URL,
                        inline_js: bool = True, plotly_src: str = VIEWER_PLOTLY_SRC,
                        sections: Sequence[str] = (), session_href: Callable[[str], str] | None = None,
-                       bundle: Sequence[dict[str, Any]] = ()) -> str:
+                       group_href: Callable[[str], str] | None = None, bundle: Sequence[dict[str, Any]] = ()) -> str:
     """The report of ``job_id`` as one HTML document. ``viewer_url`` prefixes the links into the
     viewer ("" for links relative to a viewer serving the page); ``inline_js`` inlines plotly.js
     (a self-contained document, ~4.8 MB) instead of loading it from ``plotly_src`` (a URL, or a
     path relative to the document). ``sections``: HTML fragments, already escaped, put before the
     summary (the audit's). ``session_href``: a session's link (default: the viewer's page);
-    ``bundle``: the rows of every session, listed at the end (a bundle's index). Raises
+    ``group_href``: a group's link in the bundle's list (None: no link); ``bundle``: the rows of every session, listed at the end (a bundle's index). Raises
     ViewerError for an unknown job."""
     job = await queries.job(job_id)
     if job is None:
@@ -169,7 +169,8 @@ async def build_report(queries: ViewerQueries, job_id: str, *, viewer_url: str =
     css = (Path(__file__).resolve().parent / "static" / "viewer.css").read_text(encoding="utf-8")
     viewer = viewer_url.rstrip("/")
     return templates().get_template("report.html").render(
-        session_href=session_href or (lambda sid: f"{viewer}/sessions/{sid}"), bundle=list(bundle),
+        session_href=session_href or (lambda sid: f"{viewer}/sessions/{sid}"), group_href=group_href,
+        bundle=list(bundle),
         job=job, summary=summary(records), plots=plots, reasons=reasons, viewer=viewer_url.rstrip("/"), css=css,
         plotly_js=plotly_js() if inline_js else None, plotly_src=plotly_src, worst=await queries.worst_sessions(job_id, 10),
         generated=datetime.now(UTC), sections=list(sections))
