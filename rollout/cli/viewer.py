@@ -132,13 +132,14 @@ def main(argv: list[str]) -> int:
                       lambda index: f"bundle written to {args.bundle} (open {index})")
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
     viewer_url = args.viewer_url or DEFAULT_VIEWER_URL
-    if args.viewer_url is None and not viewer_serves(DEFAULT_VIEWER_URL, args.job_id):
+    code = _write("report", out, lambda: write_report(args.db_path, args.job_id, out, viewer_url=viewer_url,
+                                                      self_contained=args.self_contained),
+                  lambda path: f"report written to {path}; session links to {viewer_url}")
+    if code == 0 and args.viewer_url is None and not viewer_serves(DEFAULT_VIEWER_URL, args.job_id):
         print(f"warning: no viewer of job {args.job_id} runs at {DEFAULT_VIEWER_URL}: the report's session links "
               f"point there; start one (python launcher.py view --db-path {args.db_path}) or pass --viewer-url",
               file=sys.stderr)
-    return _write("report", out, lambda: write_report(args.db_path, args.job_id, out, viewer_url=viewer_url,
-                                                      self_contained=args.self_contained),
-                  lambda path: f"report written to {path}; session links to {viewer_url}")
+    return code
 
 
 async def latest_job(db_path: str) -> str:

@@ -123,7 +123,8 @@ def test_view_export_and_report_read_a_read_only_store(tmp_path: Path) -> None:
     reported = subprocess.run(_read_only(folder, *launcher, "report", "--job-id", "j", "--db-path", f"sqlite://{db}",
                                          "--out", str(out / "r.html")), cwd=tmp_path, capture_output=True,
                               text=True, env=env, timeout=120)
-    assert (reported.returncode, reported.stdout) == (0, f"report written to {out}/r.html\n"), reported.stderr
+    assert (reported.returncode, reported.stdout) == (
+        0, f"report written to {out}/r.html; session links to http://127.0.0.1:8765\n"), reported.stderr
     assert "j-a-0" in (out / "r.html").read_text()
     proc = subprocess.Popen(_read_only(folder, *launcher, "view", "--db-path", f"sqlite://{db}", "--port", "0"),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
