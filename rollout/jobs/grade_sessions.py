@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from rollout.contract.protocol import EvalRequest
 from rollout.core.envs import Case, EnvConfig, EnvConfigError, load_cases, scan_envs
@@ -50,8 +50,8 @@ class GradeOptions(BaseModel):
     env_name: str
     session_ids: list[str] = Field(default_factory=list)
     tag: tuple[str, str] | None = None
-    since: datetime | None = None
-    until: datetime | None = None
+    since: AwareDatetime | None = None
+    until: AwareDatetime | None = None
     case_id: str | None = None
     case_field: str | None = None
     job_id: str | None = None
@@ -99,6 +99,11 @@ def _env(opts: GradeOptions) -> tuple[EnvConfig, Path, dict[str, Case]]:
     return cfg, path, cases
 
 
+def _utc(t: datetime) -> datetime:
+    """A stored time as UTC (SQLite reads it back without a zone)."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
 async def _select(store: Store, opts: GradeOptions) -> list[dict[str, Any]]:
     """The gateway rows of the selected sessions, by first call; SetupError for one in a job, an
     unknown one, an open one (without ``include_active``) or none at all."""
@@ -112,8 +117,8 @@ async def _select(store: Store, opts: GradeOptions) -> list[dict[str, Any]]:
     rows = await queries.jobless_sessions(ids)
     if ids is not None and len(rows) < len(ids):
         raise SetupError(f"no session {sorted(set(ids) - {r['session_id'] for r in rows})[0]!r} in {store.identity()}")
-    rows = [r for r in rows if (opts.since is None or r["created_at"] >= opts.since)
-            and (opts.until is None or r["created_at"] < opts.until)]
+    rows = [r for r in rows if (opts.since is None or _utc(r["created_at"]) >= opts.since)
+            and (opts.until is None or _utc(r["created_at"]) < opts.until)]
     if opts.tag is not None:
         key, value = opts.tag
         rows = [r for r in rows

@@ -5,7 +5,9 @@ request's ``metadata`` or given for all; refusals (a session of a job, an open o
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +96,18 @@ async def test_grade_command_line_refusals(gw: tuple[Gateway, FakeUpstream], cap
     assert "env gsm8k has no case 'no-such'" in capsys.readouterr().err
     assert await asyncio.to_thread(grade_main, [*common, "--session", "nope", "--case", "0"]) == 1
     assert "no session 'nope'" in capsys.readouterr().err
+
+
+async def test_the_time_window_selects_by_first_call(gw: tuple[Gateway, FakeUpstream]) -> None:
+    g, up = gw
+    up.script("/v1/chat/completions", [Reply.json(chat_completion("#### 33")), Reply.json(chat_completion("#### 33"))])
+    await _sample(g, "early", None)
+    await _sample(g, "late", None)
+    with sqlite3.connect(g.settings.storage_config.db_url[len("sqlite://"):]) as db:  # first calls a day apart
+        db.execute("UPDATE gateway_sessions SET created_at = ? WHERE session_id = 'early'", ("2026-01-01 10:00:00",))
+        db.execute("UPDATE gateway_sessions SET created_at = ? WHERE session_id = 'late'", ("2026-01-02 10:00:00",))
+    noon = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    late = await grade_sessions(_opts(g, since=noon, case_id="0", job_id="after-noon"))
+    assert [(r.session_id, r.score) for r in late.records] == [("late", 10.0)]
+    early = await grade_sessions(_opts(g, until=noon, case_id="0", job_id="before-noon"))
+    assert [(r.session_id, r.score) for r in early.records] == [("early", 10.0)]
