@@ -12,9 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import httpx
+import pytest
 
 from rollout.cli.feed import build_parser as feed_parser
 from rollout.cli.feed import export
