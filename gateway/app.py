@@ -4,6 +4,7 @@ model calls are served by :mod:`gateway.fastpath`, every other route by :mod:`ga
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from gateway.csrf import with_csrf_guard
 from gateway.errors import install_error_handlers
 from gateway.fastpath import ModelCallPaths, method_not_allowed, serve
 from gateway.http_edge import with_host_check
+from gateway.idle import idle_loop
 from gateway.metrics import Metrics
 from gateway.recorder import TelemetryWriter
 from gateway.rejections import RejectedCalls
@@ -104,9 +106,12 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
             interrupted = await store.mark_interrupted()  # left active by an earlier gateway process
             log.info("gateway ready: storage=%s routes=%s; sessions left active by an earlier gateway, now "
                      "interrupted: %d", store.identity(), ",".join(settings.llm_routes), interrupted)
+        sweeper = asyncio.ensure_future(idle_loop(app.state.gw))
         try:
             yield
         finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
             await app.state.gw.stop_detached()  # their steps are queued before the writer drains
             await writer.stop()
             if isinstance(sessions, SharedSessionManager):

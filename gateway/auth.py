@@ -2,7 +2,8 @@
 the config).
 
 With a client key configured, every request needs one (``Authorization: Bearer <key>`` or
-``x-api-key``), except ``/healthz``, ``/readyz`` and ``/metrics``. The ``/admin/...`` endpoints
+``x-api-key``), except ``/healthz``, ``/readyz`` and ``/metrics``. The ``/admin/...`` endpoints (and a
+session's ``.../score``)
 take only an admin key (``auth.admin_api_keys``): a client key there is a 403
 ``admin_key_required``; with client keys and no admin key they are refused to everyone (403
 ``admin_disabled``: fail closed). A missing or wrong key is a 401 with ``WWW-Authenticate:
@@ -79,6 +80,15 @@ def is_admin_path(path: str) -> bool:
     return path == "/admin" or path.startswith("/admin/")
 
 
+def is_score_path(path: str, session_path: str) -> bool:
+    """True for ``{session_path}/{sid}/score`` (a client's score of a session: an admin key)."""
+    base = session_path.rstrip("/") + "/"
+    if not path.startswith(base):
+        return False
+    sid, _, rest = path[len(base):].partition("/")
+    return bool(sid) and rest == "score"
+
+
 class ApiKeyMiddleware:
     """Pure ASGI middleware enforcing the client keys (``keys``) on every HTTP request outside
     :data:`OPEN_PATHS` and :func:`is_admin_path`, and the admin keys (``admin_keys``) on the admin
@@ -86,10 +96,12 @@ class ApiKeyMiddleware:
     other paths open; no admin key closes the admin paths. Streaming responses pass through
     untouched: the check happens before the app runs, on the request headers only."""
 
-    def __init__(self, app: ASGIApp, *, keys: Sequence[str], admin_keys: Sequence[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, *, keys: Sequence[str], admin_keys: Sequence[str] = (),
+                 session_path: str = "/v1/sessions") -> None:
         if not keys and not admin_keys:
             raise ValueError("ApiKeyMiddleware needs a client key or an admin key")
         self.app = app
+        self.session_path = session_path
         self.checker = KeyChecker(keys) if keys else None
         self.admin_checker = KeyChecker(admin_keys) if admin_keys else None
 
@@ -98,7 +110,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         presented = presented_keys(scope["headers"])
-        if is_admin_path(scope["path"]):
+        if is_admin_path(scope["path"]) or is_score_path(scope["path"], self.session_path):
             await self._admin(scope, receive, send, presented)
             return
         if self.checker is None or _accepted(self.checker, presented):
@@ -156,4 +168,4 @@ def with_auth(app: ASGIApp, settings: GatewaySettings) -> ASGIApp:
         return app
     log.info("gateway auth on: %d client key(s), %d admin key(s)%s; open paths: %s", len(keys), len(admin_keys),
              "" if admin_keys else " (the admin endpoints are refused)", ", ".join(sorted(OPEN_PATHS)))
-    return ApiKeyMiddleware(app, keys=keys, admin_keys=admin_keys)
+    return ApiKeyMiddleware(app, keys=keys, admin_keys=admin_keys, session_path=settings.base_session_path)

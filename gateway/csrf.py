@@ -41,13 +41,13 @@ class CrossSiteGuard:
         self._sessions = base_session_path.rstrip("/") + "/"
 
     def is_control_path(self, path: str) -> bool:
-        """``/admin/...`` or ``{base}/{session_id}/close``."""
+        """``/admin/...``, ``{base}/{session_id}/close`` or ``.../score``."""
         if is_admin_path(path):
             return True
         if not path.startswith(self._sessions):
             return False
         sid, sep, rest = path[len(self._sessions):].partition("/")
-        return bool(sid) and rest == "close"
+        return bool(sid) and rest in ("close", "score")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in SAFE_METHODS:

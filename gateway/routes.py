@@ -1,5 +1,5 @@
 """The gateway's routes other than model calls: health, readiness, metrics, the model list (as
-OpenAI's "List models"), session status and close, ``HEAD`` of a session's base URL, and
+OpenAI's "List models"), session status, close and client score, ``HEAD`` of a session's base URL, and
 Anthropic's count_tokens (:mod:`gateway.count_tokens`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from gateway.bodies import check_session_id, read_control_body
 from gateway.count_tokens import handle as count_tokens_handle
 from gateway.errors import GatewayError, parse_body
 from gateway.state import GatewayState
-from wire.requests import CloseSessionRequest
+from wire.requests import CloseSessionRequest, ScoreSessionRequest
 
 
 def _gw(request: Request) -> GatewayState:
@@ -134,7 +134,13 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     if not await g.sessions.known(session_id):
         raise GatewayError(404, f"unknown session {session_id}: it never called the model and no launcher "
                                 "registered it", code="session_not_found", param="session_id")
-    snap, truncated = await g.sessions.close(session_id, req.reason, req.completion_mode, g.settings.close_grace_s)
+    return await close_and_store(g, session_id, req.reason, req.completion_mode)
+
+
+async def close_and_store(g: GatewayState, session_id: str, reason: str | None,
+                          completion_mode: str | None) -> dict[str, object]:
+    """Close a known session, store its closed state and forget it; the close answer."""
+    snap, truncated = await g.sessions.close(session_id, reason, completion_mode, g.settings.close_grace_s)
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
     # the session stays closed in memory instead of reloading from the store as active)
     if g.sessions.persists_itself:  # shared sessions: the closed state is committed already
@@ -143,14 +149,29 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
         await g.writer.commit(None, snap, on_commit=lambda: g.sessions.forget(session_id))
     g.prefixes.drop(session_id)
     g.encoder.drop(session_id)
+    rejected = g.rejections.of(session_id) if g.rejections is not None else {}
     return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
             "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated,
             "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
-            "rejected_calls": _rejected(request, session_id),
+            "rejected_calls": rejected,
             "unrecorded_calls": g.sessions.unrecorded(session_id),  # after the close's commit: every step settled
             # no step reserved, none recorded (a step row is written for a reserved step only)
             **({"policy_versions": [], "spans_policy_versions": False} if snap.total_steps == 0
                else await _versions(g, session_id))}
+
+
+async def score_session(session_id: str, request: Request) -> dict[str, object]:
+    """Record the score a client gave a session (an admin key: :mod:`gateway.auth`), provenance
+    ``client``, kept apart from any grader's reward. 404 for a session the gateway does not know."""
+    check_session_id(session_id)
+    g = _gw(request)
+    req = parse_body(await read_control_body(request), ScoreSessionRequest, "invalid score request")
+    if g.sessions.live(session_id) is None and await g.store.gateway_session_or_context(session_id) == (None, None):
+        raise GatewayError(404, f"unknown session {session_id}: it never called the model and no launcher "
+                                "registered it", code="session_not_found", param="session_id")
+    row = await g.store.set_client_score(session_id, req.as_score(), req.reason)
+    return {"session_id": session_id, "client_score": row.score, "reason": row.reason,
+            "provenance": row.provenance, "recorded_at": row.recorded_at.isoformat()}
 
 
 async def head_ok(request: Request) -> Response:
@@ -185,6 +206,7 @@ def build_router(session_path: str) -> APIRouter:
     r.add_api_route(sp + "/{session_id}/models/{model:path}", session_model, methods=["GET"])
     r.add_api_route(sp + "/{session_id}", session_status, methods=["GET"])
     r.add_api_route(sp + "/{session_id}/close", close_session, methods=["POST"])
+    r.add_api_route(sp + "/{session_id}/score", score_session, methods=["POST"])
     r.add_api_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])
     r.add_api_route(sp + "/{session_id}/v1/messages/count_tokens", session_count_tokens, methods=["POST"])
     for head in ("", "/", "/v1", "/v1/"):  # the forms of a session base URL a client may probe

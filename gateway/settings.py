@@ -335,6 +335,8 @@ class GatewaySettings(_Strict):
     keep_alive_timeout_s: int = Field(default=DEFAULT_KEEP_ALIVE_TIMEOUT_S, ge=1)
     session_headers: list[str] = Field(default_factory=lambda: list(DEFAULT_SESSION_HEADERS))
     require_session: bool = False  # a sessionless model call without a session header: 400, not passthrough
+    # a session without a job and no call for this many seconds is closed (reason idle); None: never
+    session_idle_close_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     _alias_owner: dict[str, str] = PrivateAttr(default_factory=dict)
     _patterns: list[tuple[str, str]] = PrivateAttr(default_factory=list)
 

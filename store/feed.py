@@ -17,13 +17,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement
 
-from store.models import FeedGroup, GatewaySession, JobEnvironment, SessionStep, utcnow
+from store.models import FeedGroup, GatewaySession, JobEnvironment, SessionClientScore, SessionStep, utcnow
 from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
 ST = SessionStep.__table__  # type: ignore[attr-defined]
 FG = FeedGroup.__table__  # type: ignore[attr-defined]
 GS = GatewaySession.__table__  # type: ignore[attr-defined]
+CS = SessionClientScore.__table__  # type: ignore[attr-defined]
 
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "policy_version",
                  "extends_prefix")
@@ -265,6 +266,15 @@ class FeedQueries:
                 q = select(GS).where(cond, GS.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
                 out.extend(_dicts(await conn.execute(q)))
         return sorted(out, key=lambda r: (r["created_at"], r["session_id"]))
+
+    async def client_scores(self, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Session id -> its ``session_client_scores`` row (a client's own score, never a reward)."""
+        out: dict[str, dict[str, Any]] = {}
+        async with self.engine.connect() as conn:
+            for i in range(0, len(session_ids), _IN_CHUNK):
+                q = select(CS).where(CS.c.session_id.in_(session_ids[i:i + _IN_CHUNK]))
+                out.update({r["session_id"]: r for r in _dicts(await conn.execute(q))})
+        return out
 
     async def jobs_newest_first(self) -> list[str]:
         """Every job id, the most recently created first (by its first session's ``created_at``)."""

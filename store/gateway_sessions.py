@@ -15,20 +15,24 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Table, bindparam, text
+from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
 from store.connections import Connections
-from store.models import GatewaySession, GatewaySessionStatus, JobEnvironment, utcnow
+from store.models import GatewaySession, GatewaySessionStatus, JobEnvironment, SessionClientScore, utcnow
 
 _T = TypeVar("_T")
 _GS: Table = GatewaySession.__table__  # type: ignore[attr-defined]
 _JE: Table = JobEnvironment.__table__  # type: ignore[attr-defined]
+_CS: Table = SessionClientScore.__table__  # type: ignore[attr-defined]
+_OPEN = ("active", "truncated", "interrupted")
 SESSION_COLUMNS = tuple(c.name for c in _GS.columns)
 
 _GATEWAY_SESSION = _GS.select().where(_GS.c.session_id == bindparam("b_sid"))
@@ -227,6 +231,28 @@ class GatewaySessions:
         """Lower a session's ``in_flight`` by ``n`` (not below 0)."""
         async with self._db.writer.begin() as conn:
             await conn.execute(_RELEASE, {"n": n, "sid": session_id})
+
+    async def set_client_score(self, session_id: str, score: float, reason: str | None) -> SessionClientScore:
+        """Record (or replace) the score a client gave ``session_id``, provenance ``client``."""
+        row = SessionClientScore(session_id=session_id, score=score, reason=reason)
+        values = {n: getattr(row, n) for n in ("session_id", "score", "reason", "provenance", "recorded_at")}
+        ins = (sqlite_insert if self._db.kind == "sqlite" else pg_insert)(_CS)
+        stmt = ins.on_conflict_do_update(index_elements=["session_id"],
+                                         set_={k: ins.excluded[k] for k in values if k != "session_id"})
+        async with self._db.write_lock, self._db.writer.begin() as conn:
+            await conn.execute(stmt, values)
+        return row
+
+    async def idle_sessions(self, before: datetime) -> list[str]:
+        """Sessions without a launcher row, still open (active, truncated, interrupted), whose row
+        last changed before ``before``, with no call in flight (shared sessions): what an idle close
+        closes."""
+        no_job = ~sa_select(_JE.c.env_id).where(_JE.c.env_id == _GS.c.session_id).exists()
+        q = (sa_select(_GS.c.session_id).where(_GS.c.status.in_(_OPEN), _GS.c.updated_at < before, _GS.c.in_flight == 0,
+                                               no_job)
+             .order_by(_GS.c.session_id))
+        async with self._db.reader.connect() as conn:
+            return [str(r) for r in (await conn.execute(q)).scalars()]
 
     async def close(self) -> None:
         """Close the reservation pool (PostgreSQL)."""

@@ -176,6 +176,22 @@ class LauncherRows:
                 inserted += await conn.run_sync(_insert_new, batch)
         return inserted
 
+    async def attach_sessions(self, rows: Sequence[JobEnvironment]) -> None:
+        """See :meth:`store.Store.attach_sessions`."""
+        values = [_column_values(r) for r in rows]
+
+        def op(conn: Connection) -> None:
+            taken = conn.execute(sa_select(_JE.c.env_id, _JE.c.job_id)
+                                 .where(_JE.c.env_id.in_([v["env_id"] for v in values]))).first()
+            if taken is not None:
+                raise ValueError(f"session {taken[0]!r} is already in job {taken[1]!r}")
+            conn.execute(insert(_JE), values)
+            for v in values:
+                conn.execute(_MOVE_STEPS, {"b_sid": v["env_id"], "job_id": v["job_id"], "env_name": v["env_name"],
+                                           "group_id": v["group_id"]})
+        async with self._db.write_lock, self._db.writer.begin() as conn:
+            await conn.run_sync(op)
+
     async def reset_for_retry(self, session_id: str, attempt: int) -> int:
         """Move the session's steps to ``attempt_session_id(session_id, attempt)`` (not trainable)
         and drop its gateway row; returns how many steps moved."""

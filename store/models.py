@@ -325,6 +325,21 @@ class SessionWorkspace(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class SessionClientScore(SQLModel, table=True):
+    """The score a client gave one session (``POST {base}/{sid}/score``, an admin key): ``score``
+    0..10 (a ``reward`` 0..1 is stored times 10), its ``reason``, ``provenance`` ``client``. Kept
+    apart from a grader's reward (``job_environments.reward``): never read as one, never trained on.
+    A later score of the same session replaces it."""
+
+    __tablename__ = "session_client_scores"
+
+    session_id: str = Field(primary_key=True, max_length=128, sa_type=ColumnText(128))
+    score: float
+    reason: str | None = Field(default=None, sa_type=ColumnText())
+    provenance: str = Field(default="client", max_length=32, sa_type=ColumnText(32))
+    recorded_at: datetime = _ts()
+
+
 class FeedGroup(SQLModel, table=True):
     """One entry of a job's feed: a group became ready (all its sessions finished and graded, or
     finished as infrastructure failures). ``ready_seq`` counts from 1 per job in the order groups

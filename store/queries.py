@@ -16,13 +16,14 @@ from sqlalchemy import and_, case, false, func, inspect, literal, literal_column
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Select
 
-from store.models import GatewaySession, JobEnvironment, SessionStep, SessionWorkspace
+from store.models import GatewaySession, JobEnvironment, SessionClientScore, SessionStep, SessionWorkspace
 from store.session_result import COUNTED_EVAL_STATUSES, GRADER_BROKEN
 from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
 ST = SessionStep.__table__  # type: ignore[attr-defined]
 GS = GatewaySession.__table__  # type: ignore[attr-defined]
+CS = SessionClientScore.__table__  # type: ignore[attr-defined]
 WS = SessionWorkspace.__table__  # type: ignore[attr-defined]
 
 VIEWER_INDEXES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -465,6 +466,13 @@ class ViewerQueries:
         if GS.name not in await self.tables():
             return None
         return await self._one(select(GS).where(GS.c.session_id == session_id))
+
+    async def client_score(self, session_id: str) -> dict[str, Any] | None:
+        """The score a client gave the session (``session_client_scores``: score, reason,
+        provenance, recorded_at), or None; never a grader's reward."""
+        if CS.name not in await self.tables():
+            return None
+        return await self._one(select(CS).where(CS.c.session_id == session_id))
 
     async def optional_rows(self, session_id: str) -> dict[str, list[dict[str, Any]]]:
         """Rows of :data:`OPTIONAL_TABLES` that exist and have a ``session_id`` column, for one

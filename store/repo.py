@@ -18,7 +18,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from store.models import (
     JobEnvironment,
     JobLock,
     SessionAttempt,
+    SessionClientScore,
     SessionStep,
     SessionWorkspace,
     utcnow,
@@ -261,6 +262,21 @@ class Store:
         """Lower a session's ``in_flight`` by ``n`` (not below 0), for reserved steps whose row
         will never be written (the call ended without one, or its record was lost)."""
         await self._gateway.release(session_id, n)
+
+    async def set_client_score(self, session_id: str, score: float, reason: str | None) -> SessionClientScore:
+        """Record (replace) the score 0..10 a client gave a session (``session_client_scores``,
+        provenance ``client``; never a grader's reward)."""
+        return await self._gateway.set_client_score(session_id, score, reason)
+
+    async def idle_sessions(self, before: datetime) -> list[str]:
+        """Open sessions without a job whose gateway row last changed before ``before``."""
+        return await self._gateway.idle_sessions(before)
+
+    async def attach_sessions(self, rows: Sequence[JobEnvironment]) -> None:
+        """Make sessions recorded without a job sessions of one (``launcher.py grade``): insert
+        their ``job_environments`` rows and stamp their steps with the job, env and group, in
+        one transaction. ValueError naming a session that already has a launcher row."""
+        await self._launcher.attach_sessions(rows)
 
     # ------------------------------------------------------------------ job locks
     async def take_job_lock(self, lock: JobLock, stale_after_s: float,

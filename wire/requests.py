@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, model_validator
 
 __all__ = [
     "AnthropicMessage",
@@ -144,6 +144,27 @@ class CloseSessionRequest(BaseModel):
 
     reason: str | None = None
     completion_mode: str | None = None
+
+
+class ScoreSessionRequest(BaseModel):
+    """``POST /v1/sessions/{sid}/score`` body: ``score`` 0..10 or ``reward`` 0..1 (one of them,
+    a finite JSON number, never a boolean) and an optional ``reason``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    score: float | None = Field(default=None, ge=0, le=10, strict=True, allow_inf_nan=False)
+    reward: float | None = Field(default=None, ge=0, le=1, strict=True, allow_inf_nan=False)
+    reason: str | None = Field(default=None, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _one_value(self) -> ScoreSessionRequest:
+        if (self.score is None) == (self.reward is None):
+            raise ValueError("give exactly one of score (0..10) or reward (0..1)")
+        return self
+
+    def as_score(self) -> float:
+        """The score 0..10 (a reward times 10)."""
+        return self.score if self.score is not None else float(self.reward or 0.0) * 10
 
 
 R = TypeVar("R", bound=WireRequest)

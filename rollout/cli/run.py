@@ -70,6 +70,7 @@ COMMANDS = (
     ("serve", "long-running: run the batches a trainer posts, serve their groups"),
     ("train", "GRPO on an env with the embedded model (the train extra)"),
     ("audit", "run scripted hostile agents on each case; report the attacks that paid"),
+    ("grade", "grade sessions recorded without a job (--session ID, --tag, --since) with an env's evaluator, as a new job"),
 )
 """The launcher's commands (the first argument), one line each for ``--help``."""
 
@@ -502,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         from rollout.cli.audit import main as audit_main
 
         return audit_main(argv[1:])
+    if argv and argv[0] == "grade":
+        from rollout.cli.grade import main as grade_main
+
+        return grade_main(argv[1:])
     if argv and argv[0] == "list":
         from rollout.cli.listing import main as list_main
 

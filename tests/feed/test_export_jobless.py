@@ -92,3 +92,27 @@ async def test_parquet_takes_them_with_the_job_export_schema(queries: FeedQuerie
     (row,) = pq.read_table(out).to_pylist()
     assert (row["session_id"], row["score"], row["sample_index"], row["invalid_reason"]) == ("vf-b", None, None, NO_JOB)
     assert row["steps"][0]["content"] == "bee"
+
+
+async def test_a_client_score_is_exported_as_client_score_never_as_score(queries: FeedQueries, tmp_path: Path) -> None:
+    store = Store(f"sqlite://{tmp_path / 't.db'}")
+    try:
+        await store.set_client_score("vf-a", 7.5, "inspect: includes")
+    finally:
+        await store.close()
+    out = tmp_path / "x.jsonl"
+    await export_sessions(queries, None, "jsonl", out)
+    got = [(r["session_id"], r["client_score"], r["client_score_reason"], r["score"], r["reward"], r["valid"])
+           for r in _read(out)]
+    assert got == [("vf-a", 7.5, "inspect: includes", None, None, False), ("vf-b", None, None, None, None, False)]
+    steps = tmp_path / "s.jsonl"
+    await export_sessions(queries, ["vf-a"], "jsonl", steps, per="step")
+    assert [(r["seq"], r["client_score"], r["score"]) for r in _read(steps)] == [(1, 7.5, None), (2, 7.5, None)]
+    r = await export_sessions(queries, None, "jsonl", tmp_path / "m.jsonl", min_score=5)
+    assert r.rows == 0  # a client's score never passes --min-score
+    pq = pytest.importorskip("pyarrow.parquet")
+    parquet = tmp_path / "x.parquet"
+    await export_sessions(queries, ["vf-a"], "parquet", parquet)
+    (row,) = pq.read_table(parquet).to_pylist()
+    assert (row["client_score"], row["client_score_reason"], row["score"], row["reward"]) == (
+        7.5, "inspect: includes", None, None)

@@ -136,7 +136,7 @@ def test_a_session_without_a_job_opens_from_the_home_page_and_from_search(jobs: 
         assert page.locator("#step-2 .answer").inner_text().strip().endswith("final answer quokka")
         assert "thinking <b>bold</b>" in page.locator("#step-1 .answer").inner_text()  # shown as text
         assert page.locator("#step-1 .answer b").count() == 0
-        assert "never graded" in page.locator("#verdict").inner_text()
+        assert "no reward until launcher.py grade grades it" in page.locator("#verdict").inner_text()
         assert "client closed" in page.locator("#gateway-state").inner_text()
         page.fill("#search-box", "quokka")
         page.keyboard.press("Enter")

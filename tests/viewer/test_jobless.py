@@ -15,7 +15,7 @@ import pytest
 from rollout.servers.viewer.app import PAGE_SIZE, create_app
 from rollout.servers.viewer.db import open_queries
 from rollout.servers.viewer.stats import HiddenFields
-from store import GatewaySession, JobEnvironment, SessionStep, Store
+from store import GatewaySession, JobEnvironment, SessionResult, SessionStep, Store
 from store.queries import ViewerQueries
 from store.search import StepSearch
 
@@ -122,7 +122,9 @@ async def test_a_jobless_session_page_shows_steps_gateway_state_and_no_score(vie
     r = await viewer.get("/sessions/vf-001")
     assert r.status_code == 200
     assert 'id="step-1"' in r.text and 'id="step-2"' in r.text and "first answer zebrafish" in r.text
-    assert 'id="no-job"' in r.text and "never graded" in r.text and "no score" in r.text
+    assert 'id="no-job"' in r.text and "no score" in r.text
+    assert "no reward until <code>launcher.py grade</code> grades it as a new job" in r.text
+    assert 'id="client-score"' not in r.text  # no client scored it
     assert 'id="gateway-state"' in r.text and "<th>max_steps</th><td>5</td>" in r.text
     odd = await viewer.get("/sessions/odd%3F%23%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E")
     assert odd.status_code == 200
@@ -163,3 +165,31 @@ async def test_search_on_a_store_holding_a_lone_surrogate(tmp_path: Path) -> Non
     for sid in ("vf-001", "vf-002", "odd%3F%23%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E"):
         assert f'href="/sessions/{sid}#step-1"' in r.text, sid
     assert lone.status_code == 200 and "zebrafish \ufffd <mark>lone</mark>" in lone.text
+
+
+async def test_a_client_score_is_shown_apart_from_the_graders_reward(tmp_path: Path) -> None:
+    db = tmp_path / "scored.db"
+    await _fill(db, 2, with_job=True)
+    store = Store(f"sqlite://{db}")
+    try:
+        await store.set_client_score("vf-001", 7.5, f"inspect: includes {EVIL}")
+        await store.set_client_score("launched", 2.0, None)
+        await store.finish_job_session("launched", SessionResult(status="succeeded", outcome="succeeded", attempts=1,
+                                                                 reward=10.0, eval_status="scored"))
+    finally:
+        await store.close()
+    client, search, engine = await _client(db, tmp_path)
+    async with client:
+        jobless = await client.get("/sessions/vf-001")
+        launched = await client.get("/sessions/launched")
+        unscored = await client.get("/sessions/vf-000")
+    await search.close()
+    await engine.dispose()  # type: ignore[attr-defined]
+    assert jobless.status_code == launched.status_code == 200
+    verdict, rest = jobless.text.split('id="client-score">', 1)[0], jobless.text.split('id="client-score">', 1)[1]
+    assert "no score" in verdict and "7.5" not in verdict  # the grader's verdict stays empty
+    assert rest.startswith("client score: 7.5 (inspect: includes &lt;img src=x onerror=alert(1)&gt;) ")
+    assert "provenance client" in rest
+    assert 'id="client-score">client score: 2 <span' in launched.text
+    assert launched.text.index('id="verdict"') < launched.text.index('id="client-score"')
+    assert 'id="client-score"' not in unscored.text

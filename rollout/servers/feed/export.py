@@ -177,7 +177,8 @@ def parquet_schema(pa: Any, per: Per) -> Any:
               ("started_at", pa.string()), ("finished_at", pa.string()), ("usage", usage),
               ("step_count", pa.int64())]
     sample = [*shared, ("attempts", pa.int64()), ("valid", pa.bool_()), ("invalid_reason", pa.string()),
-              ("advantage", pa.float64()), ("policy_versions", ints), ("mixed_policy", pa.bool_())]
+              ("advantage", pa.float64()), ("policy_versions", ints), ("mixed_policy", pa.bool_()),
+              ("client_score", pa.float64()), ("client_score_reason", pa.string())]
     step = [("seq", pa.int64()), ("step_id", pa.int64()), ("model", pa.string()), ("endpoint", pa.string()),
             ("status", pa.string()), ("is_trainable", pa.bool_()), ("finish_reason", pa.string()),
             ("messages", pa.string()), ("content", pa.string()), ("reasoning", pa.string()),
@@ -261,15 +262,17 @@ async def export_job(queries: FeedQueries, job_id: str, fmt: Format, out: Path, 
     return await _write(result, fmt, per, rows())
 
 
-NO_JOB = "no job: a session a client named on the gateway is never graded (no reward)"
+NO_JOB = "no job: a session a client named on the gateway has no reward until launcher.py grade grades it"
 """The ``invalid_reason`` of every session exported without a job: its ``score`` is null, never 0."""
 
 
-def jobless_head(gw: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def jobless_head(gw: dict[str, Any], steps: list[dict[str, Any]],
+                 client: dict[str, Any] | None = None) -> dict[str, Any]:
     """The group and sample fields of a session without a job (``gw``: its ``gateway_sessions``
     row): no job, group, case, sample or score (null, never 0), ``invalid_reason`` :data:`NO_JOB`;
     ``model`` is the route the gateway bound it to, ``status`` the gateway's; flagged ``no_job``,
-    never trainable."""
+    never trainable. ``client`` (its ``session_client_scores`` row) gives ``client_score`` and
+    ``client_score_reason``: the client's own word, never ``score``/``reward``."""
     pvs = sorted({int(st["policy_version"]) for st in steps if st.get("policy_version") is not None})
     shared = _shared({"env_id": gw["session_id"], "env_name": gw.get("env_name"), "llm_model": gw.get("route"),
                       "status": gw["status"], "started_at": gw.get("created_at")}, steps)
@@ -278,7 +281,8 @@ def jobless_head(gw: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, A
             "group_n_samples": 1, "group_n_valid": 0, "group_mean_score": None, "group_std_score": None,
             "advantage_normalize": None, **shared,
             "attempts": None, "valid": False, "invalid_reason": NO_JOB, "advantage": None, "policy_versions": pvs,
-            "mixed_policy": len(pvs) > 1}
+            "mixed_policy": len(pvs) > 1, "client_score": client["score"] if client else None,
+            "client_score_reason": client["reason"] if client else None}
 
 
 async def export_sessions(queries: FeedQueries, session_ids: list[str] | None, fmt: Format, out: Path, *,
@@ -306,6 +310,7 @@ async def export_sessions(queries: FeedQueries, session_ids: list[str] | None, f
         for i in range(0, len(gws), BATCH_GROUPS):
             batch = gws[i:i + BATCH_GROUPS]
             raw = await queries.steps_of_sessions([g["session_id"] for g in batch], with_request=fmt == "openai")
+            clients = await queries.client_scores([g["session_id"] for g in batch])
             for gw in batch:
                 if only_trainable:
                     result.skipped[f"invalid sample: {NO_JOB}"] += 1
@@ -315,7 +320,7 @@ async def export_sessions(queries: FeedQueries, session_ids: list[str] | None, f
                     continue
                 steps_rows = raw.get(gw["session_id"], [])
                 steps = [feed_step(st, messages=True) for st in steps_rows]
-                for row in _sample_rows(jobless_head(gw, steps_rows), steps, token_sequences(steps_rows), steps_rows,
+                for row in _sample_rows(jobless_head(gw, steps_rows, clients.get(gw["session_id"])), steps, token_sequences(steps_rows), steps_rows,
                                         fmt, per, result.skipped):
                     yield row
 

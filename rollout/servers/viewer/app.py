@@ -186,7 +186,8 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         steps = await queries.steps(sid)
         if gateway is None and not steps:
             raise HTTPException(404, f"no session {sid!r} in this store")
-        return page("jobless_session.html", sid=sid, steps=step_views(steps), gateway=gateway)
+        return page("jobless_session.html", sid=sid, steps=step_views(steps), gateway=gateway,
+                    client=await queries.client_score(sid))
 
     async def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -263,6 +264,7 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
                     hidden_fields=hidden_fields, dataset=dataset, evaluation=evaluation,
                     attempts={k: step_views(v) for k, v in attempts.items()},
                     gateway=await queries.gateway_session(sid), optional=await queries.optional_rows(sid),
+                    client=await queries.client_score(sid),
                     live_url=None if row["finished"] else f"/api/sessions/{quote(sid, safe='')}/progress")
 
     async def step(request: Request) -> Response:
