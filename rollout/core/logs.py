@@ -31,9 +31,11 @@ def _not_a_notice(record: logging.LogRecord) -> bool:
 def setup_logging(level: object) -> None:
     """Log to stderr at ``level`` (a name such as ``info``, any case) in :data:`LOG_FORMAT`; notices
     bare, whatever ``level``."""
+    root = logging.getLogger()
+    before = set(root.handlers)
     logging.basicConfig(level=str(level).upper(), format=LOG_FORMAT)
-    for handler in logging.getLogger().handlers:
-        if _not_a_notice not in handler.filters:
+    for handler in root.handlers:  # only the handler made here: others (a host's, pytest's) keep every record
+        if handler not in before and _not_a_notice not in handler.filters:
             handler.addFilter(_not_a_notice)
     if not any(isinstance(h, _BareToStderr) for h in notices.handlers):
         notices.addHandler(_BareToStderr())

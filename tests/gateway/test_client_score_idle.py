@@ -66,15 +66,16 @@ async def test_score_takes_an_admin_key_not_a_client_key(start_gateway: StartGat
 
 async def test_idle_sessions_without_a_job_are_closed_by_the_sweep(start_gateway: StartGateway) -> None:
     gw = await start_gateway(session_idle_close_s=3600)
+    before = utcnow()  # every session below changed at or after this (however slow the machine)
     await _call(gw, "idle")
     await _call(gw, "busy")
     await gw.register("launched")  # a launcher's session: its launcher closes it
     await gw.http().post("/v1/sessions/launched/chat/completions", json={"model": "m", "messages": MESSAGES})
     g = gw.app_state
-    now = utcnow()
-    assert await close_idle(g, now + timedelta(seconds=3599)) == []
-    g.sessions.live("busy").updated_at = now + timedelta(seconds=3000)  # a later call (in memory)
-    assert await close_idle(g, now + timedelta(seconds=3601)) == ["idle"]
+    after = utcnow()  # and at or before this
+    assert await close_idle(g, before + timedelta(seconds=3599)) == []
+    g.sessions.live("busy").updated_at = after + timedelta(seconds=3000)  # a later call (in memory)
+    assert await close_idle(g, after + timedelta(seconds=3601)) == ["idle"]
     status = (await gw.http().get("/v1/sessions/idle")).json()
     assert (status["status"], status["close_reason"]) == ("closed", "idle")
     assert [tuple(r) for r in gw.sql("SELECT session_id, status, close_reason FROM gateway_sessions ORDER BY 1")] == [
