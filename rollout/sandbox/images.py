@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from rollout.core.envs import Case, EnvConfig
+from rollout.sandbox.bwrap import WORKSPACE
 
 log = logging.getLogger("rollout.sandbox.images")
 
@@ -289,8 +290,15 @@ def forget() -> None:
         _locks.clear()
 
 
+def bound_at(image: ImageRoot) -> str:
+    """Where the workspace is bound in ``image``: its WORKDIR, ``/workspace`` when that is ``/``."""
+    return image.workdir.rstrip("/") or WORKSPACE
+
+
 def seed_workspace(image: ImageRoot, workspace: Path) -> None:
-    """Copy the image's WORKDIR (its files, as the image holds them) into ``workspace``."""
-    src = image.rootfs / image.workdir.lstrip("/")
+    """Copy what the image holds where the workspace is bound (:func:`bound_at`: its WORKDIR's
+    files) into ``workspace``; for a WORKDIR of ``/``, its ``/workspace`` (the root itself is
+    the session's ``/`` already)."""
+    src = image.rootfs / bound_at(image).lstrip("/")
     if src.is_dir() and not src.is_symlink():
         shutil.copytree(src, workspace, symlinks=True, dirs_exist_ok=True)

@@ -119,3 +119,16 @@ async def test_the_audit_runs_an_image_task_with_the_image_map(tmp_path: Path, b
     assert (row.case, row.baseline, row.reference, row.reference_score) == (
         "greet_name", 0.0, "solution/solve.sh", 10.0), row
     assert not row.failed
+
+
+def test_a_workspace_starts_as_what_the_image_holds_where_it_is_bound(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    for f in ("usr/bin/tool", "app/main.py", "workspace/seed.txt"):
+        (rootfs / f).parent.mkdir(parents=True, exist_ok=True)
+        (rootfs / f).write_text(f)
+    at_app, at_root = tmp_path / "at-app", tmp_path / "at-root"
+    images.seed_workspace(images.ImageRoot(digest="d", rootfs=rootfs, workdir="/app/"), at_app)
+    images.seed_workspace(images.ImageRoot(digest="d", rootfs=rootfs, workdir="/"), at_root)
+    assert sorted(str(p.relative_to(at_app)) for p in at_app.rglob("*")) == ["main.py"]
+    # WORKDIR /: the workspace is /workspace; the root is the session's / already, never copied
+    assert sorted(str(p.relative_to(at_root)) for p in at_root.rglob("*")) == ["seed.txt"]
