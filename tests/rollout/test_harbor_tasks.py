@@ -165,7 +165,7 @@ async def run_job(tmp_path: Path, *args: str, exit_code: int = 0) -> tuple[list[
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
         code, stdout, stderr = await launch(
             *args, "--gateway-config", str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}",
-            "--enable-evaluation", "--out", str(out), "--retry-backoff", "0.05", cwd=tmp_path,
+            "--enable-evaluation", "--out", str(out), "--retry-backoff-s", "0.05", cwd=tmp_path,
             env={**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")})
     assert code == exit_code, stderr
     assert "has no rule_evaluator.py" not in stderr  # a Harbor env is graded by its tests
