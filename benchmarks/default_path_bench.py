@@ -1,7 +1,7 @@
 """The default path's speed as three ratios, in one run: the sandboxed launcher against bare bwrap.
 
     python benchmarks/default_path_bench.py [--sessions 1000] [--pool-size 32] [--rounds 3]
-                                            [--image-sessions 20] [--image REF] [--quick] [--json PATH]
+                                            [--image-sessions 20] [--image REF] [--before DIR] [--quick] [--json PATH]
 
 The runtime is launcher_bench's: it reads its start request and prints a result (no model call).
 Each round runs, one after the other (so machine noise hits them alike), and the medians over
@@ -15,7 +15,9 @@ Each round runs, one after the other (so machine noise hits them alike), and the
   back), ``--sandbox bwrap --grader-isolation none``;
 - ``launcher, grader sandbox``: the same with ``--grader-isolation bwrap`` (the default).
 
-Ratio 1 and 2: each launcher variant's median over bare bwrap's (targets 1.5x and 2x). Ratio 3:
+Ratio 1 and 2: each launcher variant's median over bare bwrap's (targets 1.5x and 2x). With
+``--before DIR`` (another tree, e.g. ``git archive <commit> | tar -x -C DIR``) each round also runs
+both launcher variants of that tree, so that before and after are compared in one run. Ratio 3:
 a session's start in a cached image (``--image``, the stand-in scripts/build_base_images.sh
 builds) against a host-toolchain session, ``--image-sessions`` each, alternately, median per
 session (target 1.5x): the image looked up and its workspace seeded as the scheduler does each
@@ -40,7 +42,15 @@ import yaml
 
 from rollout.contract.protocol import SimulationStartRequest
 from rollout.core.envs import Case, load_env_config
-from rollout.sandbox.images import ImageError, at_workdir, in_store, missing_tools, resolve, seed_workspace, source_for
+from rollout.sandbox.images import (
+    ImageError,
+    at_workdir,
+    in_store,
+    missing_tools,
+    resolve,
+    seed_workspace,
+    source_for,
+)
 from rollout.sandbox.runner import run_runtime, sandbox_support
 
 IMAGE = "localhost/rollout-test/python:3"
@@ -97,7 +107,9 @@ async def image_starts(n: int, ref: str, tmp: Path) -> dict[str, list[float]]:
             "runtime": {"command": ["python3", "-c", IMAGE_RUNTIME], "timeout_s": 60}}))
         envs[kind] = load_env_config(d / "env.yaml")
     case = Case(env_name="img", case_id="0", row={"id": "0"})
-    await asyncio.to_thread(resolve, source_for(envs["image"], case))  # unpacked once: the cache is warm after
+    source = source_for(envs["image"], case)
+    assert source is not None
+    await asyncio.to_thread(resolve, source)  # unpacked once: the cache is warm after
 
     async def one(kind: str, i: int) -> float:
         cfg, ws = envs[kind], tmp / f"ws-{kind}-{i}"
@@ -128,6 +140,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the three job variants; medians compared")
     ap.add_argument("--image-sessions", type=int, default=20, help="0: no image ratio")
     ap.add_argument("--image", default=IMAGE, help="a cached image (default: the stand-in of build_base_images.sh)")
+    ap.add_argument("--before", type=Path, help="also run the launcher of this tree in every round")
     args = ap.parse_args()
     report = _bench.Report("default_path_bench", args)
     n, pool = args.sessions, args.pool_size
@@ -138,18 +151,21 @@ def main() -> int:
         runtime.write_text(launcher_bench.RUNTIME)
         argv = bwrap_argv(support.bwrap, runtime)
         report.line(f"{n} sessions at pool {pool}, {args.rounds} rounds; runtime: reads its request, prints a result")
-        got: dict[str, list[float]] = {"bare bwrap": [], "in-process grading": [], "grader sandbox": []}
+        trees = {"": launcher_bench.REPO, **({f" ({args.before})": args.before.resolve()} if args.before else {})}
+        got: dict[str, list[float]] = {"bare bwrap": []}
         for _ in range(args.rounds):
             got["bare bwrap"].append(asyncio.run(bare_bwrap(n, pool, argv)))
-            for label, isolation in (("in-process grading", "none"), ("grader sandbox", "bwrap")):
-                res = launcher_bench.run_child(n, pool, sandbox="bwrap", grader_isolation=isolation)
-                got[label].append(res["seconds"])
+            for suffix, src in trees.items():
+                launcher_bench.SRC = src
+                for label, isolation in (("in-process grading", "none"), ("grader sandbox", "bwrap")):
+                    res = launcher_bench.run_child(n, pool, sandbox="bwrap", grader_isolation=isolation)
+                    got.setdefault(label + suffix, []).append(res["seconds"])
         floor = statistics.median(got["bare bwrap"])
         table = _bench.Table(f"{n} sessions at pool {pool}: median of {args.rounds} rounds",
                              ["run", ("median s", ".2f"), "all rounds s", ("ms/session", ".2f"), ("vs bare bwrap", ".2f"),
                               "target"])
         table.add("bare bwrap spawn", floor, " ".join(f"{s:.2f}" for s in got["bare bwrap"]), 1000 * floor / n, 1.0, None)
-        for label, target in TARGETS.items():
+        for label, target in ((label + suffix, t) for suffix in trees for label, t in TARGETS.items()):
             med = statistics.median(got[label])
             ratio = med / floor
             report.value(f"ratio {label}", ratio)

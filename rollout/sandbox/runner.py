@@ -32,7 +32,6 @@ from rollout.core.trees import reopen
 from rollout.sandbox.bridge import BridgeError, GatewayBridge
 from rollout.sandbox.bwrap import (
     INSTRUCTION,
-    WORKSPACE,
     SandboxSpec,
     SandboxUnavailable,
     Support,
