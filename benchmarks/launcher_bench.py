@@ -99,7 +99,7 @@ def child(args: argparse.Namespace) -> None:
         "rl_group_size": args.child // cases,
         "agent_root": root / "envs", "gateway_config": root / "gw.yaml", "llm_model": "none",
         "db_path": f"sqlite://{root / 'trajs.db'}", "enable_evaluation": True, "pool_size": args.pool_size,
-        "sandbox": "none", "out": root / "out.jsonl", "job_id": f"bench-{args.mode}-{args.child}",
+        "sandbox": args.sandbox, "grader_isolation": args.grader_isolation, "out": root / "out.jsonl", "job_id": f"bench-{args.mode}-{args.child}",
         **({"mode": "ray", "ray_address": args.ray_address} if args.mode == "ray" else {})})
     t: dict[str, float] = {}
     gateway: list[int] = []
@@ -159,12 +159,15 @@ SRC = REPO  # the tree whose launcher is measured (--src)
 
 
 def run_child(n: int, pool: int, mode: str = "local", ray_address: str | None = None,
-              profile: Path | None = None, cases: int = 0) -> dict[str, Any]:
+              profile: Path | None = None, cases: int = 0, sandbox: str = "none",
+              grader_isolation: str | None = None) -> dict[str, Any]:
     """One job of ``n`` sessions in a child process: ``cases`` distinct cases (``n`` divisible by
-    it) of ``n / cases`` samples each, or one case per session (0)."""
+    it) of ``n / cases`` samples each, or one case per session (0); ``sandbox`` and
+    ``grader_isolation`` as the job's options."""
     root = Path(tempfile.mkdtemp(prefix="launcher-bench-"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--root", str(root),
-           "--pool-size", str(pool), "--mode", mode, "--cases", str(cases)] + (
+           "--pool-size", str(pool), "--mode", mode, "--cases", str(cases), "--sandbox", sandbox] + (
+        ["--grader-isolation", grader_isolation] if grader_isolation else []) + (
         ["--ray-address", ray_address] if ray_address else [])
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
@@ -202,6 +205,8 @@ def main() -> None:
     ap.add_argument("--ray-address", help=argparse.SUPPRESS)
     ap.add_argument("--profile-gateway", help=argparse.SUPPRESS)
     ap.add_argument("--cases", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--sandbox", default="none", help=argparse.SUPPRESS)
+    ap.add_argument("--grader-isolation", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         return child(args)

@@ -8,6 +8,7 @@ Unix socket. docs/sandbox.md lists what a runtime can and cannot see.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -109,16 +110,33 @@ def namespace_flags(uid: int = SANDBOX_UID, gid: int = SANDBOX_UID) -> tuple[str
 NAMESPACE_FLAGS = namespace_flags()
 
 
+def within(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or below it: ``Path.is_relative_to`` on two absolute paths written
+    as ``str(Path)`` writes them, at a fraction of its cost (a session's command line checks
+    hundreds of pairs)."""
+    return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
+
+
 @dataclass
 class Binds:
     """bwrap mount arguments, built up in order (later mounts cover earlier ones)."""
 
     args: list[str] = field(default_factory=list)
     covered: list[Path] = field(default_factory=list)
+    _covered: list[str] = field(default_factory=list)  # ``covered`` as strings, for ``covers``
 
     def ro(self, src: Path | str, dest: Path | str | None = None) -> None:
         self.args += ["--ro-bind", str(src), str(dest or src)]
-        self.covered.append(Path(dest or src))
+        self.cover(Path(dest or src))
+
+    def cover(self, p: Path) -> None:
+        self.covered.append(p)
+        self._covered.append(str(p))
+
+    def covers(self, p: Path) -> bool:
+        """``p`` is a covered path or below one."""
+        s = str(p)
+        return any(within(s, c) for c in self._covered)
 
     def also(self, workspace: Path, dest: str) -> None:
         """``workspace`` bound at ``dest`` too (a host-toolchain task's WORKDIR, e.g. ``/app``),
@@ -135,12 +153,22 @@ class Binds:
 
     def system(self) -> None:
         """The system's read-only folders (a usr-merged /bin etc. stays a symlink) and /etc's
-        allow-listed entries."""
+        allow-listed entries; looked up once per process when nothing is bound yet (every
+        sandbox's command line starts so)."""
+        if self.covered:
+            self._system()
+            return
+        args, covered = _system_binds()
+        self.args += args
+        for c in covered:
+            self.cover(Path(c))
+
+    def _system(self) -> None:
         for d in (*SYSTEM_DIRS, "/usr/local"):
             p = Path(d)
             if p.is_symlink():
                 self.args += ["--symlink", os.readlink(p), d]
-            elif p.is_dir() and not any(p.is_relative_to(c) for c in self.covered):
+            elif p.is_dir() and not self.covers(p):
                 self.ro(p)
         for name in ETC_ALLOW:
             p = Path("/etc") / name
@@ -151,7 +179,7 @@ class Binds:
         """The Python installation and the venv the launcher runs from."""
         for d in dict.fromkeys((sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix)):
             p = Path(d)
-            if not any(p.is_relative_to(c) for c in self.covered):
+            if not self.covers(p):
                 self.ro(p)
 
     def code(self, folder: Path, hidden: list[Path]) -> None:
@@ -159,20 +187,30 @@ class Binds:
         entry that is (or holds) a hidden path is left out whole."""
         folder = folder.resolve()
         hide = [h.resolve() for h in hidden]
-        if any(folder.is_relative_to(h) for h in hide):
+        top, hidden_s = str(folder), [str(h) for h in hide]
+        if any(within(top, h) for h in hidden_s):
             return  # all of it is hidden (a dataset path of "."): nothing to bind
-        if any(folder.is_relative_to(c) for c in self.covered):  # inside a system folder: cover the hidden paths
+        if self.covers(folder):  # inside a system folder: cover the hidden paths
             for h in hide:
-                if h.exists() and h.is_relative_to(folder):
+                if h.exists() and within(str(h), top):
                     self.args += ["--tmpfs", str(h)] if h.is_dir() else ["--ro-bind", "/dev/null", str(h)]
             return
-        self.args += ["--dir", str(folder)]
+        self.args += ["--dir", top]
         for entry in sorted(folder.iterdir()):
             e = entry.resolve() if entry.is_symlink() else entry
-            if any(h == entry or h.is_relative_to(entry) or h == e or h.is_relative_to(e) for h in hide):
+            names = (str(entry), str(e))
+            if any(within(h, n) for h in hidden_s for n in names):
                 continue
             self.ro(e, entry)
-        self.covered.append(folder)
+        self.cover(folder)
+
+
+@functools.cache
+def _system_binds() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``Binds.system`` on empty binds: (arguments, covered paths), the host's once per process."""
+    b = Binds()
+    b._system()
+    return tuple(b.args), tuple(b._covered)
 
 
 def clean_env(session: dict[str, str], source: dict[str, str] | None = None) -> dict[str, str]:
@@ -221,7 +259,7 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
     for folder, hidden in spec.code:
         b.code(folder, hidden)
     for f in spec.files:
-        if not any(f.is_relative_to(c) for c in b.covered):
+        if not b.covers(f):
             b.ro(f)
     b.args += ["--bind", str(spec.workspace), spec.workdir]
     if spec.also_at is not None and spec.root is None:

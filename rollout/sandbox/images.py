@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from rollout.core.envs import Case, EnvConfig
+from rollout.sandbox.bwrap import WORKSPACE
 
 log = logging.getLogger("rollout.sandbox.images")
 
@@ -297,12 +298,15 @@ def _not_files(folder: str, names: list[str]) -> list[str]:
     return [n for n in names if not any(ok(os.lstat(os.path.join(folder, n)).st_mode) for ok in keep)]
 
 
+def bound_at(image: ImageRoot) -> str:
+    """Where the workspace is bound in ``image``: its WORKDIR, ``/workspace`` when that is ``/``."""
+    return image.workdir.rstrip("/") or WORKSPACE
+
+
 def seed_workspace(image: ImageRoot, workspace: Path) -> None:
-    """Copy the image's WORKDIR (its folders, regular files and links, as the image holds them)
-    into ``workspace``; nothing for a WORKDIR of ``/`` (the whole root is not a workspace: the
-    session works in an empty ``/workspace``)."""
-    if image.workdir.strip("/") == "":
-        return
-    src = image.rootfs / image.workdir.lstrip("/")
+    """Copy what the image holds where the workspace is bound (:func:`bound_at`: its WORKDIR's
+    folders, regular files and links, never a device node) into ``workspace``; for a WORKDIR of
+    ``/``, its ``/workspace`` (the root itself is the session's ``/`` already)."""
+    src = image.rootfs / bound_at(image).lstrip("/")
     if src.is_dir() and not src.is_symlink():
         shutil.copytree(src, workspace, symlinks=True, dirs_exist_ok=True, ignore=_not_files)

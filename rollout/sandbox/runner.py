@@ -32,7 +32,6 @@ from rollout.core.trees import reopen
 from rollout.sandbox.bridge import BridgeError, GatewayBridge
 from rollout.sandbox.bwrap import (
     INSTRUCTION,
-    WORKSPACE,
     SandboxSpec,
     SandboxUnavailable,
     Support,
@@ -43,7 +42,7 @@ from rollout.sandbox.bwrap import (
     probe,
 )
 from rollout.sandbox.cgroups import SessionCgroup
-from rollout.sandbox.images import ImageError, ImageRoot
+from rollout.sandbox.images import ImageError, ImageRoot, bound_at
 from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
 from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
 
@@ -497,7 +496,7 @@ def image_spec(spec: SandboxSpec, image: ImageRoot, folder: Path) -> SandboxSpec
 
 def image_workdir(image: ImageRoot) -> str:
     """Where the workspace is in ``image``: its WORKDIR, ``/workspace`` when that is ``/``."""
-    return image.workdir.rstrip("/") or WORKSPACE
+    return bound_at(image)
 
 
 def _image_home(image: ImageRoot, spec: SandboxSpec) -> str:

@@ -123,7 +123,7 @@ async def test_the_audit_runs_an_image_task_with_the_image_map(tmp_path: Path, b
 
 def test_seeding_a_workspace_copies_files_never_devices_and_nothing_for_the_root(tmp_path: Path) -> None:
     """An unpacked image holds device nodes (``/dev/full`` reads forever) and FIFOs: the copy of its
-    WORKDIR takes folders, regular files and links only; a WORKDIR of ``/`` seeds nothing."""
+    WORKDIR takes folders, regular files and links only; a WORKDIR of ``/`` never copies the root."""
     import os
 
     from rollout.sandbox.images import ImageRoot, seed_workspace
@@ -143,3 +143,16 @@ def test_seeding_a_workspace_copies_files_never_devices_and_nothing_for_the_root
     root_ws.mkdir()
     seed_workspace(ImageRoot(digest="d", rootfs=rootfs, workdir="/"), root_ws)
     assert list(root_ws.iterdir()) == []
+
+
+def test_a_workspace_starts_as_what_the_image_holds_where_it_is_bound(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    for f in ("usr/bin/tool", "app/main.py", "workspace/seed.txt"):
+        (rootfs / f).parent.mkdir(parents=True, exist_ok=True)
+        (rootfs / f).write_text(f)
+    at_app, at_root = tmp_path / "at-app", tmp_path / "at-root"
+    images.seed_workspace(images.ImageRoot(digest="d", rootfs=rootfs, workdir="/app/"), at_app)
+    images.seed_workspace(images.ImageRoot(digest="d", rootfs=rootfs, workdir="/"), at_root)
+    assert sorted(str(p.relative_to(at_app)) for p in at_app.rglob("*")) == ["main.py"]
+    # WORKDIR /: the workspace is /workspace; the root is the session's / already, never copied
+    assert sorted(str(p.relative_to(at_root)) for p in at_root.rglob("*")) == ["seed.txt"]

@@ -29,6 +29,7 @@ from rollout.sandbox.bwrap import (
     bwrap_command,
     clean_env,
     probe,
+    within,
 )
 from rollout.sandbox.cgroups import Controller, SessionCgroup
 from rollout.sandbox.runner import (
@@ -111,6 +112,14 @@ def test_an_env_folder_inside_a_system_folder_still_hides_its_data(tmp_path: Pat
     b.ro(tmp_path)  # as if the env lived under /usr
     b.code(cfg.env_dir, cfg.hidden_paths())
     assert b.args[-2:] == ["--tmpfs", str(cfg.env_dir / "data")]
+
+
+@pytest.mark.parametrize(("path", "folder"), [
+    ("/usr/lib", "/usr"), ("/usr", "/usr"), ("/usrx", "/usr"), ("/usr", "/usr/lib"), ("/a/b", "/"), ("/", "/"),
+    ("/tmp/a.b/c", "/tmp/a.b"), ("/tmp/a.bc", "/tmp/a.b"), ("/a", "/a/b/.."),
+])
+def test_within_is_is_relative_to(path: str, folder: str) -> None:
+    assert within(str(Path(path)), str(Path(folder))) == Path(path).is_relative_to(folder)
 
 
 def test_clean_env_keeps_the_allow_list_and_the_session_only() -> None:
