@@ -100,6 +100,13 @@ class Controls:
             fut = self._done[key] = asyncio.ensure_future(self._grade(case, grade))
         return await asyncio.shield(fut)
 
+    async def judge(self, evaluation: Evaluation, case: Case, grade: ControlGrader) -> Evaluation:
+        """``evaluation`` as committed: unchanged unless it is a grading failure, then attributed
+        (``attribute``) by the control of ``case``, graded with ``grade`` when not yet."""
+        if not needs_control(evaluation):
+            return evaluation
+        return attribute(evaluation, await self.control(case, grade))
+
     async def aclose(self) -> None:
         """Cancel the controls still being graded (their askers are gone: the job stopped)."""
         pending = [f for f in self._done.values() if not f.done()]

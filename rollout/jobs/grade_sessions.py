@@ -23,7 +23,7 @@ from rollout.contract.protocol import EvalRequest
 from rollout.core.envs import Case, EnvConfig, EnvConfigError, load_cases, scan_envs
 from rollout.core.plan import group_id
 from rollout.core.setup import SetupError, init_store, open_store
-from rollout.grading.attribution import Controls, attribute, needs_control
+from rollout.grading.attribution import Controls
 from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator
 from rollout.grading.grader import Grader, GraderSetupError
@@ -175,9 +175,9 @@ async def _grade_one(store: Store, grader: Grader, controls: Controls, row: JobE
     async def grade_control(_start: Path) -> Evaluation:  # the same grader, no steps, no workspace
         return await grader.evaluate(path, request, spec, to_trajectory(row.session_id, []), None)
 
-    if needs_control(evaluation):  # whose failure it is (docs/trust-model.md, "Failure attribution")
-        case = Case(env_name=row.env_name, case_id=row.case_id, row={})
-        evaluation = attribute(evaluation, await controls.control(case, grade_control))
+    # whose failure it is (docs/trust-model.md, "Failure attribution")
+    evaluation = await controls.judge(evaluation, Case(env_name=row.env_name, case_id=row.case_id, row={}),
+                                      grade_control)
     result = SessionResult(status=row.status, outcome=row.outcome, attempts=1,  # type: ignore[arg-type]
                            reward=evaluation.score, eval_status=evaluation.status, eval_reason=evaluation.reason,
                            eval_detail=evaluation.detail(), evaluation=evaluation.model_dump(mode="json"))

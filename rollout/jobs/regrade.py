@@ -27,7 +27,7 @@ from rollout.core.envs import Case, EnvConfigError, task_folder_env
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.core.safactory import env_folders
 from rollout.core.setup import SetupError, init_store, open_store
-from rollout.grading.attribution import Controls, attribute, needs_control
+from rollout.grading.attribution import Controls
 from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator, evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
@@ -195,8 +195,7 @@ async def _regrade_one(store: Store, grader: Grader, controls: Controls, row: Jo
         return await grader.evaluate(path, request.model_copy(update={"start_result": None}), spec,
                                      to_trajectory(row.session_id, []), start)
 
-    if needs_control(evaluation):  # as in a run: whose failure it is (docs/trust-model.md)
-        evaluation = attribute(evaluation, await controls.control(_start_case(row), grade_control))
+    evaluation = await controls.judge(evaluation, _start_case(row), grade_control)  # as in a run
     meta = {**evaluation.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
             "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
     await store.record_regrade(

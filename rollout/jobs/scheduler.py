@@ -48,7 +48,7 @@ from rollout.core.outcomes import (
 )
 from rollout.core.plan import RowSource, session_case
 from rollout.core.trees import remove_tree
-from rollout.grading.attribution import Controls, attribute, needs_control
+from rollout.grading.attribution import Controls
 from rollout.grading.evaluation import Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator
 from rollout.grading.grader import Grader, grader_mode
@@ -721,9 +721,8 @@ class Scheduler:
         if not self.s.enable_evaluation:
             return None
         done = await self._grade(cfg, case, row, ran.result if ran else None, trajectory, workspace, verdict)
-        if not needs_control(done):
-            return done
-        assert done is not None
+        if done is None:
+            return None
 
         async def grade_control(start: Path) -> Evaluation:
             if image is not None:
@@ -733,7 +732,7 @@ class Scheduler:
             graded = await self._grade(cfg, case, row, None, to_trajectory(row.session_id, []), start, control)
             return graded or Evaluation(status="error", score=0.0, reason="the control was not graded")
 
-        done = attribute(done, await self._controls.control(case, grade_control))
+        done = await self._controls.judge(done, case, grade_control)
         if done.status == GRADER_BROKEN:
             self._grader_broken(cfg.name, done.reason)
         return done

@@ -270,22 +270,28 @@ if [ "$out" = 42 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs
 '''
 
 
-async def test_code_under_test_that_stalls_the_verifier_is_the_agents_zero(tmp_path: Path) -> None:
-    """A verifier timeout caused by the agent's code is its 0, counted: the same tests complete on
-    the untouched starting workspace."""
-    env_dir = tmp_path / "envs" / "stall"
-    for task in ("stall", "idle"):
+def make_harbor_env(tmp: Path, name: str, tasks: list[str], runtime: str, verifier_timeout_s: float) -> None:
+    """A Harbor env ``name`` under ``tmp/envs`` run by ``runtime``: each task starts with a
+    ``prog.sh`` that prints 0, and its tests (``CHECK``) reward a ``prog.sh`` that prints 42."""
+    env_dir = tmp / "envs" / name
+    for task in tasks:
         t = env_dir / "tasks" / task
         (t / "environment").mkdir(parents=True)
         (t / "tests").mkdir()
         (t / "instruction.md").write_text("print 42 from prog.sh\n")
-        (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 3.0\n')
+        (t / "task.toml").write_text(f'version = "1.0"\n[verifier]\ntimeout_sec = {verifier_timeout_s}\n')
         (t / "environment" / "prog.sh").write_text("echo 0\n")
         (t / "tests" / "test.sh").write_text(CHECK)
-    (env_dir / "runtime.py").write_text(STALL_RUNTIME)
+    (env_dir / "runtime.py").write_text(runtime)
     (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "stall", "dataset": {"format": "harbor", "path": "tasks"},
+        "name": name, "dataset": {"format": "harbor", "path": "tasks"},
         "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}}))
+
+
+async def test_code_under_test_that_stalls_the_verifier_is_the_agents_zero(tmp_path: Path) -> None:
+    """A verifier timeout caused by the agent's code is its 0, counted: the same tests complete on
+    the untouched starting workspace."""
+    make_harbor_env(tmp_path, "stall", ["stall", "idle"], STALL_RUNTIME, verifier_timeout_s=3.0)
     async with FakeUpstream() as up:
         result = await run_job(options(tmp_path, up, job_id="attr4"))
     by_case = {r.case_id: r for r in result.records}
@@ -343,21 +349,25 @@ async def test_a_tree_too_deep_for_rmtree_is_the_agents_zero_not_a_launcher_erro
     """Nested folders past Python's recursion limit, left in the workspace and by the code under
     test in the verifier's copy: the session is graded (the agent's 0, valid) and the job ends;
     ``shutil.rmtree`` raised RecursionError (a launcher error, excluded; then the job crashed)."""
-    env_dir = tmp_path / "envs" / "deep"
-    t = env_dir / "tasks" / "deep"
-    (t / "environment").mkdir(parents=True)
-    (t / "tests").mkdir()
-    (t / "instruction.md").write_text("print 42 from prog.sh\n")
-    (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
-    (t / "environment" / "prog.sh").write_text("echo 0\n")
-    (t / "tests" / "test.sh").write_text(CHECK)
-    (env_dir / "runtime.py").write_text(DEEP_RUNTIME)
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "deep", "dataset": {"format": "harbor", "path": "tasks"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}}))
+    make_harbor_env(tmp_path, "deep", ["deep"], DEEP_RUNTIME, verifier_timeout_s=60.0)
     async with FakeUpstream() as up:
         result = await run_job(options(tmp_path, up, job_id="attr5"))
     (r,) = result.records
     assert (r.outcome, r.eval_status, r.score) == ("succeeded", "scored", 0.0), r.reason
     groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr5")
     assert [(s.valid, s.score) for g in groups for s in g.samples] == [(True, 0.0)]
+
+
+async def test_judge_leaves_a_grading_alone_and_attributes_a_failure(tmp_path: Path) -> None:
+    calls: list[Path] = []
+
+    async def grade(ws: Path) -> Evaluation:
+        calls.append(ws)
+        return Evaluation(status="scored", score=0.0)
+
+    controls, case = Controls(tmp_path), Case(env_name="e", case_id="c", row={})
+    scored = Evaluation(status="scored", score=7.0)
+    assert await controls.judge(scored, case, grade) is scored and calls == []  # no control needed
+    judged = await controls.judge(Evaluation(status="timeout", score=0.0, reason="t"), case, grade)
+    assert (judged.status, judged.score, len(calls)) == ("timeout", 0.0, 1)
+    assert (judged.control or {}).get("status") == "scored"

@@ -29,14 +29,19 @@ def require_image_tools() -> None:
         pytest.skip(f"needs {', '.join(missing)} (apt-get install buildah skopeo umoci mmdebstrap)")
 
 
-@pytest.fixture(scope="module")
-def base_image() -> str:
-    """The stand-in base image in the local container store (built once per machine)."""
+def build_base_image() -> str:
+    """The stand-in base image in the local container store (built once per machine; skips
+    without the image tools)."""
     require_image_tools()
     p = subprocess.run([str(REPO / "scripts" / "build_base_images.sh"), BASE], capture_output=True, text=True,
                        timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
     return BASE
+
+
+@pytest.fixture(scope="module")
+def base_image() -> str:
+    return build_base_image()
 
 
 def _cfg(fmt: str = "harbor", **more: object) -> EnvConfig:

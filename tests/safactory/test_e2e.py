@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.fake_upstream import FakeUpstream
 from tests.rollout.sandbox_helpers import require_bwrap
-from tests.rollout.test_images import BASE, require_image_tools
-from tests.test_launcher import REPO, gateway_config, launch, rows
+from tests.rollout.test_images import build_base_image
+from tests.test_launcher import gateway_config, launch, rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -73,11 +72,7 @@ print(json.dumps({"session_id": request["session_id"], "status": "succeeded",
 @pytest.fixture(scope="module")
 def stand_in_image() -> str:
     """The stand-in base image in the local container store (tests/rollout/test_images.py)."""
-    require_image_tools()
-    p = subprocess.run([str(REPO / "scripts" / "build_base_images.sh"), BASE], capture_output=True, text=True,
-                       timeout=900)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return BASE
+    return build_base_image()
 
 
 async def test_a_task_config_with_env_image_runs_its_runner_inside_the_image(tmp_path: Path, stand_in_image: str) -> None:
