@@ -34,7 +34,8 @@ from typing import Any
 import _bench
 import yaml
 
-from rollout.jobs.job import JobOptions, run_job
+from rollout.jobs.options import JobOptions
+from rollout.jobs.run import run_job
 from rollout.jobs.services import free_port
 from tests.fake_upstream import FakeUpstream
 

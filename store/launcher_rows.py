@@ -1,7 +1,7 @@
 """The launcher's rows: its sessions (``job_environments``), their attempts (``session_attempts``)
 and kept workspaces (``session_workspaces``), a session's steps moved aside for a retry, the
 evaluation written back (:func:`write_evaluation`: both tables, one function), and the reads of a job. Called by ``rollout``
-(the job, its scheduler, the regrade, the records) through :class:`store.Store`.
+(the job, its attempts, the regrade, the records) through :class:`store.Store`.
 
 SQL: every write is SQLAlchemy Core on the tables, run as an operation of the group commit
 (``store.group``: many sessions' writes, one transaction). Reads that give whole rows select the

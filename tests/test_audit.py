@@ -27,7 +27,8 @@ from rollout.audit.grader_scan import GraderScan, crash_line, passing_value, run
 from rollout.audit.report import html_section, sanity_cells, table_rows, verdict_line
 from rollout.contract.harness import HarnessUnavailable, load_harness_file
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions, load_envs
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import load_envs
 from rollout.results.report import SessionRecord
 from rollout.sandbox.bwrap import SandboxUnavailable
 from rollout.sandbox.harness_cache import install, load_harness

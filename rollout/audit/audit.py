@@ -22,7 +22,9 @@ from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import Case, EnvConfig
 from rollout.core.setup import SetupError
 from rollout.grading.evaluator_loader import env_evaluator
-from rollout.jobs.job import JobOptions, load_envs, run_job
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import load_envs
+from rollout.jobs.run import run_job
 from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import PROJECT_ROOT, LoadedHarness
 

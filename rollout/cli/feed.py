@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve_options(args: argparse.Namespace) -> Any:
-    from rollout.jobs.job import JobOptions
+    from rollout.jobs.options import JobOptions
 
     cfg = args.gateway_config
     if cfg is None:

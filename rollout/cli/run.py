@@ -4,7 +4,7 @@ grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade 
 grades a finished job again from the store (``rollout.jobs.regrade``: no runtime, no model call).
 
 Only the CLI: flags (Safactory-compatible) become
-``rollout.jobs.job.JobOptions``; ``rollout.jobs.job.run_job`` does the work. Exit codes (docs/launcher.md):
+``rollout.jobs.options.JobOptions``; ``rollout.jobs.run.run_job`` does the work. Exit codes (docs/launcher.md):
 0 when the run completed (whatever the scores: runtime timeouts, agent failures and evaluator
 errors are results), 1 for a setup error (bad config, unknown case, missing evaluator, gateway
 mismatch, missing model), 2 for bad flags (argparse), 3 when infrastructure left sessions unrun or
@@ -40,7 +40,7 @@ from rollout.core.envs import did_you_mean, fields_at
 from rollout.core.logs import notices, setup_logging
 from rollout.core.safactory import is_start_config
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions, JobResult, run_job
+from rollout.jobs.options import JobOptions
 from rollout.jobs.regrade import (
     NotRegraded,
     Regraded,
@@ -50,6 +50,7 @@ from rollout.jobs.regrade import (
     regrade_job,
     render_regrade_summary,
 )
+from rollout.jobs.run import JobResult, run_job
 from rollout.results.progress import ProgressState, render_progress
 from rollout.results.report import SessionRecord, output_path_problem, render_table, summarize
 from store.stepcodec import StepDecodeError

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 
 __all__ = ["TrainArgs", "main", "parse_args", "train"]
 
@@ -115,7 +115,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rollout.jobs.job import load_envs
+    from rollout.jobs.prepare import load_envs
     from rollout.train.adapters import env_reward
     from rollout.train.curve import write_curve
     from rollout.train.policy_server import PolicyServer

@@ -128,7 +128,7 @@ _TASK_STATUSES = frozenset({"succeeded", "failed", "truncated", "timeout"})
 
 
 def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | None]:
-    """env name -> the evaluator a run would use now (as the scheduler finds it), None if none."""
+    """env name -> the evaluator a run would use now (as an attempt finds it), None if none."""
     dirs: dict[str, Path] = {}
     for p in opts.agent_configs:
         try:

@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from gateway.settings import GatewaySettings
-from rollout.jobs.job import JobOptions, run_job
+from rollout.jobs.options import JobOptions
+from rollout.jobs.run import run_job
 from rollout.jobs.services import start_gateway
 from rollout.servers.feed.groups import GroupOptions, load_groups
 from rollout.servers.feed.schema import FeedGroupOut

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 from rollout.servers.feed.app import FeedSettings
 from rollout.servers.serve import BatchInfo, BatchRequest, BatchService, create_serve_app
 from store import Store

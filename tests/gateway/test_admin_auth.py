@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.settings import GatewaySettings
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 from rollout.jobs.services import gateway_admin_key, gateway_api_key
 from rollout.servers.serve import BatchError, BatchService
 from tests.fake_upstream import DEFAULT_TEXT

@@ -25,7 +25,8 @@ from rollout.core.envs import (
 from rollout.core.plan import select_cases
 from rollout.core.setup import SetupError
 from rollout.grading.evaluator_loader import env_evaluator
-from rollout.jobs.job import JobOptions, check_evaluators, load_envs
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import check_evaluators, load_envs
 from rollout.sandbox.bwrap import INSTRUCTION, SandboxSpec, Support, bwrap_command
 from rollout.sandbox.runner import case_instruction, task_env
 

@@ -157,7 +157,8 @@ def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
 def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from rollout.core.setup import SetupError
-    from rollout.jobs.job import JobOptions, load_envs
+    from rollout.jobs.options import JobOptions
+    from rollout.jobs.prepare import load_envs
 
     for name in ("a", "b"):
         (_write_env(tmp_path, name, BASE, [{"id": "1"}]) / "rt.py").write_text("print()\n")

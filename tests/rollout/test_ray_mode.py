@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rollout.core.envs import EnvConfigError, load_env_config
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion
 from tests.rollout.ray_cluster import RayCluster, ray_installed
 from tests.rollout.sandbox_helpers import require_bwrap

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-import rollout.jobs.job
+import rollout.jobs.prepare
 from rollout.core.envs import EnvConfigError, LimitsConfig
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions, check_sandbox
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import check_sandbox
 from rollout.results.report import SessionRecord, table_footer
 from rollout.sandbox import cgroups
 from rollout.sandbox.bwrap import (
@@ -157,7 +158,7 @@ def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path,
 
     def unavailable() -> Support:
         return probe(bwrap=str(tmp_path / "no-bwrap"))
-    monkeypatch.setattr(rollout.jobs.job, "sandbox_support", unavailable)
+    monkeypatch.setattr(rollout.jobs.prepare, "sandbox_support", unavailable)
     opts = JobOptions(gateway_config=tmp_path / "gw.yaml")
     with pytest.raises(SetupError, match="apt-get install bubblewrap"):
         check_sandbox(opts, [cfg])

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 
 
 def _sample(case: str, sid: str, reward: float) -> Any:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 from store import SessionStep, Store
 from store.queries import ViewerQueries
 from tests.fake_upstream import FakeRequest, FakeUpstream, Reply
