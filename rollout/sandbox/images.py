@@ -186,13 +186,42 @@ def mapped_dockerfile(text: str, source: ImageSource) -> str:
     return "\n".join(out) + "\n"
 
 
-def build(source: ImageSource) -> str:
-    """Build ``source``'s Dockerfile (FROM lines mapped) into the local store; its local reference.
-    A context already built (same files, same mapped Dockerfile) is not built again."""
+def bases(dockerfile: str) -> list[str]:
+    """The images a Dockerfile's ``FROM`` lines name, in order: not ``scratch``, not an earlier
+    stage (``AS name``), not one naming a build ARG (``$``)."""
+    out: list[str] = []
+    stages: set[str] = set()
+    for line in dockerfile.splitlines():
+        m = _FROM.match(line)
+        if not m:
+            continue
+        name = m[3]
+        if name.lower() not in stages and name != "scratch" and "$" not in name and name not in out:
+            out.append(name)
+        stage = re.match(r"\s+AS\s+(\S+)", m[4], re.IGNORECASE)
+        if stage:
+            stages.add(stage[1].lower())
+    return out
+
+
+def build_ref(source: ImageSource) -> tuple[str, str]:
+    """The local reference ``source``'s build is tagged with, and its mapped Dockerfile. The tag
+    hashes the build context, the mapped Dockerfile and the config digest of each base image as
+    the local store holds it (a base not there is pulled first): a base rebuilt under the same
+    tag gives a new tag."""
     assert source.context is not None
     dockerfile = mapped_dockerfile((source.context / "Dockerfile").read_text(encoding="utf-8"), source)
-    ref = f"localhost/rollout-build/{source.context.parent.name.lower() or 'task'}:{_context_hash(source.context, dockerfile)}"
-    ref = re.sub(r"[^a-z0-9./:_-]", "-", ref)
+    keyed = dockerfile + "".join(f"\0{base}\0{_config(local_ref(ImageSource(ref=base)))[0]}"
+                                 for base in bases(dockerfile))
+    ref = f"localhost/rollout-build/{source.context.parent.name.lower() or 'task'}:{_context_hash(source.context, keyed)}"
+    return re.sub(r"[^a-z0-9./:_-]", "-", ref), dockerfile
+
+
+def build(source: ImageSource) -> str:
+    """Build ``source``'s Dockerfile (FROM lines mapped) into the local store; its local reference.
+    A context already built (same files, same mapped Dockerfile, same base images) is not built again."""
+    assert source.context is not None
+    ref, dockerfile = build_ref(source)
     if in_store(ref):
         return ref
     with tempfile.TemporaryDirectory(prefix="rollout-dockerfile-") as tmp:
