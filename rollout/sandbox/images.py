@@ -24,6 +24,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,7 @@ def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / "done").is_file():
+            _hold(folder)
             return root
         shutil.rmtree(folder, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
@@ -279,7 +281,24 @@ def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
             (folder / "done").write_text(ref, encoding="utf-8")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        _hold(folder)
     return root
+
+
+_held: dict[Path, Any] = {}
+
+
+def _hold(folder: Path) -> None:
+    """Mark ``folder`` (an unpacked image) as used now and in use by this process until it ends
+    (or :func:`forget`): a shared lock on ``<name>.use`` that :func:`prune` never breaks. Called
+    under the entry's unpack lock, so a prune cannot slip in between."""
+    (folder / "used").write_text(f"{os.getpid()}\n", encoding="utf-8")
+    with _guard:
+        if folder in _held:
+            return
+        use = open(folder.parent / f"{folder.name}.use", "a")  # noqa: SIM115 (held for the process's life)
+        fcntl.flock(use, fcntl.LOCK_SH)
+        _held[folder] = use
 
 
 _memo: dict[ImageSource, ImageRoot | ImageError] = {}
@@ -314,10 +333,104 @@ def resolve(source: ImageSource, cache: Path | None = None) -> ImageRoot:
 
 
 def forget() -> None:
-    """Drop what this process resolved (tests)."""
+    """Drop what this process resolved, and its hold on the images it used (tests)."""
     with _guard:
         _memo.clear()
         _locks.clear()
+        for use in _held.values():
+            use.close()
+        _held.clear()
+
+
+class CacheEntry(BaseModel):
+    """An unpacked image in the cache: its folder's ``name``, the ``ref`` it was unpacked from
+    (empty for an unpack that never finished), ``size`` in bytes, ``last_used`` (a Unix time: the
+    last time a process started using it) and ``in_use`` (a running process holds it)."""
+
+    name: str
+    ref: str
+    size: int
+    last_used: float
+    in_use: bool
+
+
+def _size(folder: Path) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for n in names:
+            st = os.lstat(os.path.join(parent, n))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def _flock_now(path: Path, how: int) -> Any | None:
+    """``path`` opened and locked (``how``) without waiting; None when another holds it."""
+    f = open(path, "a")  # noqa: SIM115 (returned locked)
+    try:
+        fcntl.flock(f, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def _entry(folder: Path) -> CacheEntry:
+    done, used = folder / "done", folder / "used"
+    ref = done.read_text(encoding="utf-8").strip() if done.is_file() else ""
+    stamp = used if used.is_file() else done if done.is_file() else folder
+    use = _flock_now(folder.parent / f"{folder.name.lstrip('.').split('-')[0]}.use", fcntl.LOCK_EX)
+    if use is not None:
+        use.close()
+    return CacheEntry(name=folder.name, ref=ref, size=_size(folder), last_used=stamp.stat().st_mtime,
+                      in_use=use is None)
+
+
+def cache_entries(cache: Path | None = None) -> list[CacheEntry]:
+    """The cache's unpacked images (and unfinished unpacks), least recently used first."""
+    root = cache or cache_root()
+    if not root.is_dir():
+        return []
+    found = [_entry(p) for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
+    return sorted(found, key=lambda e: (e.last_used, e.name))
+
+
+def _rmtree(folder: Path) -> None:
+    """Remove ``folder``, making its read-only folders writable first (a rootless unpack keeps the
+    image's modes)."""
+    os.chmod(folder, stat.S_IRWXU)
+    for parent, dirs, _ in os.walk(folder):  # top-down: a folder is made readable before it is walked
+        for d in dirs:
+            p = os.path.join(parent, d)
+            if not os.path.islink(p):
+                os.chmod(p, stat.S_IRWXU)
+    shutil.rmtree(folder)
+
+
+def prune(unused_for_s: float | None, cache: Path | None = None, now: float | None = None) -> list[CacheEntry]:
+    """Remove the cache's images not used for ``unused_for_s`` seconds before ``now`` (None: all),
+    never one a running process holds, nor an unpack under way; the entries removed."""
+    root = cache or cache_root()
+    removed = []
+    for entry in cache_entries(root):
+        if entry.in_use or (unused_for_s is not None and (now if now is not None else time.time())
+                            - entry.last_used < unused_for_s):
+            continue
+        base = entry.name.lstrip(".").split("-")[0]
+        unpacking = _flock_now(root / f"{base}.lock", fcntl.LOCK_EX)
+        if unpacking is None:
+            continue  # an unpack of that image is under way
+        with unpacking:
+            use = _flock_now(root / f"{base}.use", fcntl.LOCK_EX)
+            if use is None:
+                continue  # taken since it was listed
+            with use:
+                log.info("removing the unpacked image %s (%s)", entry.name, entry.ref or "unfinished")
+                _rmtree(root / entry.name)
+        removed.append(entry)
+    return removed
 
 
 def _not_files(folder: str, names: list[str]) -> list[str]:
