@@ -35,12 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _human(size: int) -> str:
     if size < 1024:
         return f"{size} B"
-    value, unit = float(size), "B"
-    for unit in ("KB", "MB", "GB"):
-        value /= 1024
-        if value < 1024:
-            break
-    return f"{value:.1f} {unit}"
+    value, units = size / 1024, ["KB", "MB", "GB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.1f} {units[0]}"
 
 
 def _table(entries: list[CacheEntry]) -> str:
@@ -48,7 +46,7 @@ def _table(entries: list[CacheEntry]) -> str:
         (e.name, e.ref or "(unfinished)", _human(e.size), datetime.fromtimestamp(e.last_used, UTC).strftime("%Y-%m-%d %H:%M UTC"), "yes" if e.in_use else "")
         for e in entries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def main(argv: list[str]) -> int:
