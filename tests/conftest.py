@@ -87,6 +87,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_images.py::test_a_task_with_a_dockerfile_runs_in_its_image",
         "tests/rollout/test_images.py::test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on",
         "tests/rollout/test_images.py::test_the_audit_runs_an_image_task_with_the_image_map",
+        "tests/rollout/test_images.py::test_a_base_rebuilt_under_the_same_tag_builds_the_task_again",
     ),
     ("slow", "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)"): (
         "tests/gateway/test_one_base_url_clients.py",

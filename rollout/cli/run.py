@@ -71,6 +71,7 @@ COMMANDS = (
     ("serve", "long-running: run the batches a trainer posts, serve their groups"),
     ("train", "GRPO on an env with the embedded model (the train extra)"),
     ("audit", "run scripted hostile agents on each case; report the attacks that paid"),
+    ("images", "the cache of unpacked container images; images prune --days N | --all"),
     ("grade", "grade sessions recorded without a job (--session ID, --tag, --since) with an env's evaluator, as a new job"),
 )
 """The launcher's commands (the first argument), one line each for ``--help``."""
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     the trajectory viewer and the HTML report (``rollout.cli.viewer``); ``feed``, ``export`` and
     ``serve`` the feed of ready groups, the export of a job and the long-running mode
     (``rollout.cli.feed``); ``train`` GRPO on an env (``rollout.cli.train``); ``audit`` the battery
-    of scripted attacks (``rollout.cli.audit``)."""
+    of scripted attacks (``rollout.cli.audit``); ``images`` the image cache (``rollout.cli.images``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in VIEWER_COMMANDS:
         from rollout.cli.viewer import main as viewer_main
@@ -508,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         from rollout.cli.grade import main as grade_main
 
         return grade_main(argv[1:])
+    if argv and argv[0] == "images":
+        from rollout.cli.images import main as images_main
+
+        return images_main(argv[1:])
     if argv and argv[0] == "list":
         from rollout.cli.listing import main as list_main
 

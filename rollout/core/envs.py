@@ -178,6 +178,22 @@ class EnvConfig(_Strict):
     _tasks_flag: bool = PrivateAttr(default=False)  # set by task_folder_env only, never by a file
     _evaluator: Path | None = PrivateAttr(default=None)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _harbor_runtime(cls, data: Any) -> Any:
+        """A Harbor env without ``runtime``: the one ``--tasks`` gives Harbor tasks (the bundled bash
+        agent, ``answer_file: false`` unless its params say otherwise)."""
+        if not isinstance(data, dict) or "runtime" in data:
+            return data
+        dataset = data.get("dataset")
+        fmt = dataset.get("format") if isinstance(dataset, dict) else getattr(dataset, "format", None)
+        if fmt != "harbor":
+            return data
+        params = data.get("params", {})
+        if isinstance(params, dict):
+            params = {"answer_file": False, **params}
+        return {**data, "runtime": {"command": list(TASK_RUNTIME)}, "params": params}
+
     @property
     def from_tasks_flag(self) -> bool:
         """Whether ``--tasks`` made this config (``task_folder_env``): its evaluator is its own."""
