@@ -145,11 +145,11 @@ def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConf
     kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format in TASK_FORMATS]
     skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format not in TASK_FORMATS)
     if skipped:
-        notices.warning(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping "
+        notices.warning(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping "
               f"{', '.join(skipped)}")
     if not kept:
         raise SetupError("--harness: none of the selected envs is a task-directory env (dataset.format: "
-                         f"task_dirs); skipped {', '.join(skipped)}")
+                         f"task_dirs or harbor); skipped {', '.join(skipped)}")
     return kept
 
 

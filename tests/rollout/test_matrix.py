@@ -86,7 +86,7 @@ def test_only_task_directory_envs_run_a_harness(tmp_path: Path, caplog: pytest.L
     kept = harness_envs([(qa, load_cases(qa)), (tasks, load_cases(tasks))])
     assert [cfg.name for cfg, _ in kept] == ["tasks"]
     assert [r.getMessage() for r in caplog.records if r.name == "rollout.notice"] == [
-        "warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping qa"]
+        "warning: --harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping qa"]
     with pytest.raises(SetupError, match="none of the selected envs is a task-directory env .*skipped qa"):
         harness_envs([(qa, load_cases(qa))])
 
