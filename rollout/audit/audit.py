@@ -21,6 +21,7 @@ from rollout.audit.grader_scan import GraderScan, crash_line, passing_value, run
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import Case, EnvConfig
 from rollout.core.setup import SetupError
+from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S
 from rollout.grading.evaluator_loader import env_evaluator
 from rollout.jobs.options import JobOptions
 from rollout.jobs.prepare import load_envs
@@ -54,8 +55,9 @@ class AuditOptions(BaseModel):
     db_path: str | None = None
     out: Path | None = None
     job_id: str | None = None
-    pool_size: int = Field(default=2, ge=1)
-    eval_timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    pool_size: int = Field(default=2, ge=1, description="sessions run at once")
+    eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0, allow_inf_nan=False,
+                                description="evaluator timeout in seconds")
     image: list[str] = Field(default_factory=list)  # the job's image map: REF=LOCAL (docs/images.md)
 
 

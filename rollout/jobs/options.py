@@ -13,53 +13,97 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rollout.core.envs import MAX_GROUP_SIZE
 from rollout.core.outcomes import DEFAULT_RETRY_ON, RetryPolicy, check_classes
+from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S
 from rollout.jobs.breaker import BreakerSettings
 from rollout.sandbox.harness_cache import InstalledHarness
 from store import JOB_ID_PATTERN, MAX_INT
 
 
-class JobOptions(BaseModel):
-    """Everything a job needs (the launcher's flags, validated). Seconds for timeouts."""
+class SharedOptions(BaseModel):
+    """The settings of every command that writes a job (run, ``--regrade``, ``grade``): where the
+    envs and the store are, the evaluator timeout, how many run at once, the JSONL output. Each
+    field's description is its flag's help (``flag_help``), the default appended from the field."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    agent_root: Path = Path("env")
-    agent_configs: list[Path] = Field(default_factory=list)
+    agent_root: Path = Field(default=Path("env"), description="folder of envs")
+    db_path: str = Field(default="sqlite://env_trajs.db", description=(
+        "trajectory store: a SQLite file path, sqlite://PATH or postgresql://..."))
+    eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0, allow_inf_nan=False,
+                                description="evaluator timeout in seconds")
+    pool_size: int = Field(default=4, ge=1, description="sessions run at once")
+    out: Path | None = Field(default=None, description="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
+
+
+class JobOptions(SharedOptions):
+    """Everything a job needs (the launcher's flags, validated). Seconds for timeouts."""
+
+    agent_configs: list[Path] = Field(default_factory=list, description=(
+        "an env.yaml, or a Safactory task config (environments:), to run (repeatable); default: every "
+        "<agent-root>/<name>/env.yaml"))
     agent_start_config: Path | None = None  # a Safactory start YAML: how its task YAML's envs start
-    env_names: list[str] = Field(default_factory=list)
-    case_ids: list[str] = Field(default_factory=list)  # only these case ids (of any env); empty: all
-    tasks: list[Path] = Field(default_factory=list)  # folders of task folders, each run as one env
-    host_toolchain: bool = False  # the tasks folders' Harbor tasks run on the host's tools
-    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # per session; None: the env's
-    gateway_base_url: str | None = None
-    gateway_config: Path
-    llm_model: list[str] = Field(default_factory=list)
-    harness: list[str] = Field(default_factory=list)
-    llm_temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    enable_evaluation: bool = False
-    eval_timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
-    db_path: str = "sqlite://env_trajs.db"
-    pool_size: int = Field(default=4, ge=1)
-    rl_group_size: int | None = Field(default=None, ge=1, le=MAX_GROUP_SIZE)  # None: each env's group_size
-    max_steps: int | None = Field(default=None, ge=-1, le=MAX_INT)
-    limit: int | None = Field(default=None, ge=1)
-    job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)  # it names folders and files
-    resume: bool = False
-    rerun_launcher_errors: bool = False
-    mode: Literal["local", "ray"] = "local"
-    ray_address: str | None = None
-    gateway_advertise_url: str | None = None
-    sandbox: Literal["bwrap", "none"] = "bwrap"
-    grader_isolation: Literal["bwrap", "none"] | None = None  # None: as ``sandbox``
-    out: Path | None = None
-    keep_workspaces: bool = False
-    max_retries: int = Field(default=2, ge=0)
-    retry_backoff_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    env_names: list[str] = Field(default_factory=list, description="only these env names (repeatable)")
+    case_ids: list[str] = Field(default_factory=list, description=(
+        "only this case id, of any env (repeatable; with --harness too)"))
+    tasks: list[Path] = Field(default_factory=list, description=(
+        "a folder of task folders (instruction.md + expected.json + files/, or Harbor tasks) run as one env, no "
+        "env.yaml needed (repeatable)"))
+    host_toolchain: bool = Field(default=False, description=(
+        "the --tasks folders' Harbor tasks run on the host's tools, not in their images (an env.yaml's "
+        "dataset.host_toolchain: true)"))
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=(
+        "each session's timeout in seconds (default: the env's runtime.timeout_s, a Harbor task's own)"))
+    gateway_base_url: str | None = Field(default=None, description=(
+        "use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions"))
+    gateway_config: Path = Field(description=(
+        "gateway YAML used when the launcher starts the gateway (default: configs/gateway.yaml)"))
+    llm_model: list[str] = Field(default_factory=list, description=(
+        "route key (repeatable: a matrix of models; default: the gateway config's default route)"))
+    harness: list[str] = Field(default_factory=list, description=(
+        "run task-directory envs with this agent CLI (repeatable: a matrix of harnesses): a bundled harness name "
+        "(harnesses/<name>/) or a folder holding a harness.py"))
+    llm_temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False, description=(
+        "sampling temperature (default: the server's)"))
+    enable_evaluation: bool = Field(default=False, description="grade sessions with rule_evaluator.py")
+    rl_group_size: int | None = Field(default=None, ge=1, le=MAX_GROUP_SIZE, description=(
+        "samples per case (default: the env's group_size, else 1)"))
+    max_steps: int | None = Field(default=None, ge=-1, le=MAX_INT, description=(
+        "model calls per session (default: the env's)"))
+    limit: int | None = Field(default=None, ge=1, description="at most N cases per env")
+    job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN, description="job id (default: generated)")
+    resume: bool = Field(default=False, description=(
+        "run the unfinished sessions of --job-id and those that ended in an infrastructure failure "
+        "(launcher_error only with --rerun-launcher-errors)"))
+    rerun_launcher_errors: bool = Field(default=False, description=(
+        "with --resume: also run the sessions that ended in launcher_error (a launcher bug; kept as they ended "
+        "by default)"))
+    mode: Literal["local", "ray"] = Field(default="local", description=(
+        "where runtimes run: local subprocesses, or ray: tasks on a Ray cluster"))
+    ray_address: str | None = Field(default=None, description=(
+        "with --mode ray: the Ray head, HOST:PORT, or auto (default $RAY_ADDRESS)"))
+    gateway_advertise_url: str | None = Field(default=None, description=(
+        "the session base URL runtimes use, as their machines reach the gateway (http://HOST:PORT/v1/sessions; "
+        "default: the gateway's own URL)"))
+    sandbox: Literal["bwrap", "none"] = Field(default="bwrap", description=(
+        "run each runtime in a bubblewrap sandbox (bwrap), or none: no isolation"))
+    grader_isolation: Literal["bwrap", "none"] | None = Field(default=None, description=(
+        "run each evaluator in the grader sandbox (bwrap), or none: in the launcher, for trusted graders "
+        "(default: as --sandbox)"))
+    keep_workspaces: bool = Field(default=False, description=(
+        "keep each session's temporary workspace (the folder is printed at the end)"))
+    max_retries: int = Field(default=2, ge=0, description=(
+        "attempts after the first for a session that ended in an infrastructure failure"))
+    retry_backoff_s: float = Field(default=1.0, ge=0, allow_inf_nan=False, description=(
+        "backoff before the first retry in seconds, doubled each retry, with jitter"))
     retry_on: list[str] = Field(default_factory=lambda: sorted(DEFAULT_RETRY_ON))
     no_retry_on: list[str] = Field(default_factory=list)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
-    max_broken_graders: int = Field(default=1, ge=0)  # stop at this many broken-grader findings; 0: never
-    image: list[str] = Field(default_factory=list)  # the image map: REF=LOCAL (docs/images.md)
+    max_broken_graders: int = Field(default=1, ge=0, description=(
+        "stop the job (resumable) at N broken-grader findings: a grader that fails on a session and on the case's "
+        "untouched starting workspace too (0: never stop); the job exits 5 either way"))
+    image: list[str] = Field(default_factory=list, description=(
+        "run image REF (an env's image, a task's docker_image, a Dockerfile's FROM) as LOCAL, an image of the "
+        "local container store (repeatable; docs/images.md)"))
 
     @field_validator("image")
     @classmethod
@@ -127,3 +171,14 @@ class JobContext:
     def session_base_url(self) -> str:
         """The session base URL runtimes are given."""
         return (self.advertise_url or self.gateway_url).rstrip("/")
+
+
+def flag_help(name: str, model: type[BaseModel] = JobOptions) -> str:
+    """The ``--help`` text of ``model``'s field ``name``: its description, and ``(default X)``
+    when the field has a plain default the description does not already state."""
+    info = model.model_fields[name]
+    text = info.description or ""
+    default = info.default
+    if "default" in text or default is None or isinstance(default, bool) or info.default_factory is not None:
+        return text
+    return f"{text} (default {default:g})" if isinstance(default, float) else f"{text} (default {default})"
