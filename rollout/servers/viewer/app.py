@@ -22,6 +22,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
+from rollout.results.estimates import Spread
 from rollout.results.report import SummaryRow
 from rollout.servers.local_server import bad_query_param
 from rollout.servers.viewer.render import templates
@@ -30,13 +31,16 @@ from rollout.servers.viewer.stats import (
     HiddenFields,
     compare_cases,
     compare_paired,
+    counted_scores,
+    job_spreads,
     records_of,
     row_key,
+    spread_of,
     summary,
 )
 from rollout.servers.viewer.trajectory_view import divergence, start_request_view, step_views
 from rollout.servers.viewer.workspace_tree import WorkspaceError, entries, path_param, read_file
-from store.queries import JOBLESS_SORTS, SORTS, SessionFilter, ViewerQueries
+from store.queries import JOBLESS_SORTS, SORTS, Page, SessionFilter, ViewerQueries
 from store.search import MARK_END, MARK_START, StepSearch
 from wire.text import display_text
 
@@ -154,6 +158,10 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(display_text(env.get_template(name).render(title=title, **ctx)), status_code=status)
 
+    async def group_spreads(job_id: str, groups: Page) -> dict[str, Spread]:
+        scores = await queries.group_scores(job_id, [g["group_id"] for g in groups.rows])
+        return {gid: spread_of(v) for gid, v in scores.items()}
+
     async def need_job(job_id: str) -> dict[str, Any]:
         job = await queries.job(job_id)
         if job is None:
@@ -163,8 +171,8 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def jobs(request: Request) -> Response:
         rows = await queries.jobs()
         live = any(j["finished"] < j["sessions"] for j in rows)
-        return page("jobs.html", jobs=rows, jobless=await queries.jobless_count(),
-                    live_url="/api/jobs" if live else None)
+        return page("jobs.html", jobs=rows, spreads=job_spreads(await queries.case_means()),
+                    jobless=await queries.jobless_count(), live_url="/api/jobs" if live else None)
 
     async def jobless(request: Request) -> Response:
         _check_params(request, JOBLESS_PARAMS)
@@ -192,7 +200,9 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
     async def job(request: Request) -> Response:
         job_id = request.path_params["job_id"]
         info = await need_job(job_id)
-        return page("job.html", job=info, groups=await queries.groups(job_id, limit=PAGE_SIZE), summary=list((await job_summary(job_id, info)).values()), statuses=await queries.status_counts(job_id),
+        first = await queries.groups(job_id, limit=PAGE_SIZE)
+        return page("job.html", job=info, groups=first, group_spreads=await group_spreads(job_id, first),
+                    summary=list((await job_summary(job_id, info)).values()), statuses=await queries.status_counts(job_id),
                     worst=await queries.worst_sessions(job_id, 5), reasons=await queries.failure_reasons(job_id, 10),
                     other_jobs=[j for j in await queries.job_ids() if j != job_id],
                     live_url=_job_live(info), live_every=_live_every(info))
@@ -335,7 +345,8 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         pages = max(1, math.ceil(result.total / PAGE_SIZE))
         if n > pages:
             raise HTTPException(404, f"page {n} of {pages}: no such page")
-        return page("groups.html", job=info, groups=result, page_no=n, pages=pages)
+        return page("groups.html", job=info, groups=result, group_spreads=await group_spreads(job_id, result),
+                    page_no=n, pages=pages)
 
     async def compare_case(request: Request) -> Response:
         _check_params(request, CASE_PARAMS)
@@ -358,7 +369,8 @@ def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "ro
         by_sid = await queries.steps_of([m["env_id"] for m in members])
         samples = [step_views(by_sid[m["env_id"]]) for m in members]
         common, diffs = divergence(samples)
-        return page("group.html", group_id=gid, members=members, samples=samples, common=common, diffs=diffs,
+        return page("group.html", group_id=gid, members=members, spread=spread_of(counted_scores(members)),
+                    samples=samples, common=common, diffs=diffs,
                     longest=max((len(s) for s in samples), default=0))
 
     async def job_summary(job_id: str, info: dict[str, Any]) -> dict[tuple[str, str], SummaryRow]:
