@@ -289,6 +289,14 @@ class ViewerQueries:
             r["models"] = sorted(models.get(r["job_id"], ()))
         return rows
 
+    async def case_means(self) -> list[dict[str, Any]]:
+        """Per (job, env, case): ``mean`` score over its counted sessions (the :meth:`jobs` mean's
+        sessions; models merged), for the standard error of each job's mean score."""
+        return await self._all(
+            select(JE.c.job_id, JE.c.env_name, JE.c.case_id, func.avg(JE.c.reward).label("mean"))
+            .where(_counted()).group_by(JE.c.job_id, JE.c.env_name, JE.c.case_id)
+            .order_by(JE.c.job_id, JE.c.env_name, JE.c.case_id))
+
     async def job(self, job_id: str) -> dict[str, Any] | None:
         """The :meth:`jobs` row of one job, or None."""
         rows = await self.jobs(job_id)
@@ -379,6 +387,18 @@ class ViewerQueries:
         total = await self._one(select(func.count().label("n")).select_from(
             select(*keys).where(JE.c.job_id == job_id).group_by(*keys).subquery()))
         return Page(rows=rows, total=int(total["n"]) if total else 0, offset=offset, limit=limit)
+
+    async def group_scores(self, job_id: str, group_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The scores of the counted sessions (:meth:`groups`' ``mean_score``'s) of each of
+        ``group_ids`` in a job, by sample index: ``{group_id: scores}`` (every id a key)."""
+        out: dict[str, list[float]] = {gid: [] for gid in group_ids}
+        if not group_ids:
+            return out
+        for r in await self._all(select(JE.c.group_id, JE.c.reward)
+                                 .where(JE.c.job_id == job_id, JE.c.group_id.in_(list(group_ids)), _counted())
+                                 .order_by(JE.c.group_id, JE.c.sample_index, JE.c.env_id)):
+            out[r["group_id"]].append(float(r["reward"]))
+        return out
 
     async def workspace(self, session_id: str, *, archive: bool = True) -> dict[str, Any] | None:
         """The kept final workspace of a session (``status``, ``reason``, ``sha256``, ``archive``

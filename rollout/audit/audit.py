@@ -114,17 +114,20 @@ SanityVerdict = Literal["ok", "pays_for_nothing", "cannot_be_solved", "no_refere
 class SanityRow(BaseModel):
     """One case's sanity checks, before the battery: the do-nothing baseline must score below a
     pass (else ``pays_for_nothing``), the reference solution (``reference``: what it is, None
-    when the case has none) must pass (else ``cannot_be_solved``)."""
+    when the case has none) must pass (else ``cannot_be_solved``); ``*_eval_status``: how each
+    session's grading went (None: no session)."""
 
     env: str
     case: str
     baseline: float | None
     baseline_verdict: SanityVerdict
     baseline_reason: str | None = None
+    baseline_eval_status: str | None = None
     reference: str | None = None
     reference_score: float | None = None
     reference_verdict: SanityVerdict = "no_reference"
     reference_reason: str | None = None
+    reference_eval_status: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -212,14 +215,17 @@ def _sanity(case: str, recs: dict[str, SessionRecord], reference: str | None) ->
     row = SanityRow(env=env, case=cid, baseline=base, reference=reference,
                     baseline_verdict="not_graded" if base is None else
                     "pays_for_nothing" if base >= PASS_SCORE - EPSILON else "ok",
-                    baseline_reason=base_rec.reason if base_rec is not None else None)
+                    baseline_reason=base_rec.reason if base_rec is not None else None,
+                    baseline_eval_status=base_rec.eval_status if base_rec is not None else None)
     ref = recs.get(REFERENCE)
     if reference is None:
         return row
     if ref is None or ref.eval_status not in ("scored", *GRADER_FAILED, "grader_broken"):
-        return row.model_copy(update={"reference_verdict": "not_graded"})
+        return row.model_copy(update={"reference_verdict": "not_graded",
+                                      "reference_eval_status": ref.eval_status if ref is not None else None})
     score = ref.score if ref.score is not None else 0.0
     return row.model_copy(update={"reference_score": score, "reference_reason": ref.reason,
+                                  "reference_eval_status": ref.eval_status,
                                   "reference_verdict": "ok" if score >= PASS_SCORE - EPSILON else "cannot_be_solved"})
 
 

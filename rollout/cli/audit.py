@@ -1,7 +1,7 @@
 """``launcher.py audit``: run the battery of scripted attacks on a benchmark's cases and say which
 ones earned more than doing nothing (docs/audit.md). Exit codes: 0 clean, 4 when the audit failed
 (an attack paid, a grader failed on agent input, a baseline passed or a reference failed),
-2 when none paid but a case could not be graded, 1 for a setup error, 130 on Ctrl-C."""
+2 when none paid but a case could not be judged, 1 for a setup error, 130 on Ctrl-C."""
 
 from __future__ import annotations
 
