@@ -3,7 +3,7 @@
 What is checked, and nothing else (so that shell commands, JSON keys, env var names and user-space
 file names are left alone); "nearby" is the span's paragraph and the heading of its section:
 
-- a dotted name rooted at one of ``CODE`` (``rollout.core.outcomes.classify``): the module imports
+- a dotted name rooted at one of ``DOTTED_ROOTS`` (``rollout.core.outcomes.classify``): the module imports
   and the attribute chain exists (``env.yaml``, a name and a file extension, is a file name);
 - ``Class.attr`` where ``Class`` is a class that one module of ``CODE`` (or a helper module of
   ``tests/``) defines, or several and one of them is named nearby (``Store.trajectory``);
@@ -13,7 +13,10 @@ file names are left alone); "nearby" is the span's paragraph and the heading of 
   without ``...`` none of its required ones left out; a ``name: Type`` (or ``-> Type``) is its
   annotation;
 - a path under ``PATH_ROOTS`` ending in ``/`` or a file extension, and the module of
-  ``python -m module``: it exists.
+  ``python -m module``: it exists;
+- a dotted name rooted at a table of the store (``job_environments.outcome``: the column exists;
+  what follows is JSON) or at a top-level key of env.yaml or gateway.yaml (``runtime.timeout_s``:
+  each key down to a free-form dict exists in ``CONFIG_MODELS``).
 
 A name whose module fails to import for a missing third-party package is skipped, with the reason.
 """
@@ -33,6 +36,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = ("rollout", "gateway", "store", "wire", "env")
+DOTTED_ROOTS = (*CODE, "tests")
+CONFIG_MODELS = ("rollout.core.envs.EnvConfig", "gateway.settings.GatewaySettings")
+"""env.yaml and gateway.yaml: a quoted key path of theirs (``runtime.timeout_s``) is checked."""
 PATH_ROOTS = (*CODE, "attacks", "benchmarks", "configs", "docs", "examples", "harnesses", "scripts")
 FILE_EXTENSIONS = frozenset(
     "py sh yaml yml json jsonl toml md txt log db sqlite parquet csv html js css cfg ini lock gz tar".split())
@@ -256,7 +262,7 @@ class Checker:
         chain = _chain(expr) if isinstance(expr, ast.Attribute) else None
         if chain is None or (len(chain) == 2 and chain[1] in FILE_EXTENSIONS and chain[0] not in self.index.classes):
             return False
-        return self._resolve(".".join(chain), text) is not None
+        return self._resolve(".".join(chain), text) is not None or _key_path(chain)
 
     @staticmethod
     def _as_def(span: str) -> ast.FunctionDef | None:
@@ -273,7 +279,7 @@ class Checker:
 
     def _resolve(self, dotted: str, text: str) -> _Target | None:
         parts = dotted.split(".")
-        if parts[0] in CODE:
+        if parts[0] in DOTTED_ROOTS:
             module, attrs = _module_of(dotted)
             return _walk(module, attrs, dotted)
         if parts[0] in self.index.classes:
@@ -360,6 +366,47 @@ class Checker:
                 raise _Stale(f"{arg.arg} is {_text(param.annotation)!r}, not {ast.unparse(arg.annotation)!r}")
         if node.returns is not None and not _same(ast.unparse(node.returns), sig.return_annotation):
             raise _Stale(f"returns {_text(sig.return_annotation)!r}, not {ast.unparse(node.returns)!r}")
+
+
+def _key_path(parts: list[str]) -> bool:
+    """``table.column`` of the store (what follows is JSON), or a key path of a config file."""
+    importlib.import_module("store.models")
+    tables = importlib.import_module("sqlmodel").SQLModel.metadata.tables
+    if parts[0] in tables:
+        if parts[1] not in tables[parts[0]].c:
+            raise _Stale(f"no column {parts[1]!r} in table {parts[0]}")
+        return True
+    roots = [_import(m.rsplit(".", 1)[0]) for m in CONFIG_MODELS]
+    models = [getattr(r, m.rsplit(".", 1)[1]) for r, m in zip(roots, CONFIG_MODELS, strict=True)]
+    mine = [m for m in models if parts[0] in _config_fields(m)]
+    if not mine:
+        return False
+    if not any(_config_walk(m, parts) for m in mine):
+        raise _Stale(f"no key {'.'.join(parts)} in {' or '.join(m.__name__ for m in mine)}")
+    return True
+
+
+def _config_fields(model: Any) -> dict[str, Any]:
+    fields = getattr(model, "model_fields", {})
+    return {**fields, **{f.alias: f for f in fields.values() if f.alias}}
+
+
+def _config_walk(model: Any, parts: list[str]) -> bool:
+    i = 0
+    while i < len(parts) and model is not None:
+        field_info = _config_fields(model).get(parts[i])
+        if field_info is None:
+            return False
+        hint, model = field_info.annotation, None
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+            hint, args = args[0], list(typing.get_args(args[0]))
+        if typing.get_origin(hint) is dict and len(args) == 2 and _config_fields(args[1]):
+            model, i = args[1], i + 1  # the next part is a key of the dict (``llm_routes.NAME``)
+        elif inspect.isclass(hint) and _config_fields(hint):
+            model = hint
+        i += 1
+    return True
 
 
 def _elides(arg: ast.expr) -> bool:

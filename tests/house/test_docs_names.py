@@ -45,6 +45,10 @@ def test_every_code_name_quoted_in_the_docs_resolves() -> None:
     ("`rollout/jobs/no_such_module.py`", "does not exist"),
     ("`python -m rollout.cli.no_such_cli --flag`", "no module rollout.cli.no_such_cli"),
     ("`_Strict.model_config`", "name its module nearby"),
+    ("`job_environments.rewards`", "no column 'rewards' in table job_environments"),
+    ("`runtime.timeout`", "no key runtime.timeout in EnvConfig"),
+    ("`llm_routes.m.base`", "no key llm_routes.m.base in GatewaySettings"),
+    ("`tests.no_such_helper`", "no attribute 'no_such_helper'"),
     ("`discover_evaluator(root, env_name)` in `rollout/grading/evaluator_loader.py`", "no parameter 'root'"),
 ])
 def test_a_stale_name_fails(checker: Checker, snippet: str, why: str) -> None:
@@ -64,6 +68,9 @@ def test_a_stale_name_fails(checker: Checker, snippet: str, why: str) -> None:
     "`SimulationStartRequest.metadata.attempt`",
     "`rollout/core/outcomes.py`, `rollout/jobs/`, `python -m gateway --config configs/gateway.yaml`",
     "`_Strict.model_config` (`gateway/settings.py`)",
+    "`job_environments.result.metrics.harness_exit`, `session_steps.reward`",
+    "`runtime.limits`, `dataset.hidden_fields`, `params.temperature`, `llm_routes.m.base_url`, `auth.api_keys`",
+    "`tests.fake_upstream.Plan.write_answer(answer, ...)`",
     "`discover_evaluator(agent_root, env_name)` in `rollout/grading/evaluator_loader.py`",
 ])
 def test_a_true_name_passes_and_is_checked(checker: Checker, snippet: str) -> None:
@@ -74,8 +81,8 @@ def test_a_true_name_passes_and_is_checked(checker: Checker, snippet: str) -> No
 
 @pytest.mark.parametrize("snippet", [
     "`env.yaml`", "`harness.py`", "`ROLLOUT_TEST_DATA`", "`pytest -q -k name`", '`"stream": true`',
-    "`tests/test.sh`", "`env/case`", "`env/<name>/rule_evaluator.py`", "`runtime.pass_env`",
-    "`auth.api_keys`", "`launch(ctx) -> HarnessLaunch`", "`workspace_copy.stripped`", "`OpenAI(base_url=u)`",
+    "`tests/test.sh`", "`env/case`", "`env/<name>/rule_evaluator.py`", "`container.image`",
+    "`meta_json.attempts`", "`request.workspace`", "`launch(ctx) -> HarnessLaunch`", "`workspace_copy.stripped`", "`OpenAI(base_url=u)`",
     "`discover_evaluator(root, name)` with its module named in another paragraph",
 ])
 def test_what_is_not_a_reference_to_the_code_is_not_checked(checker: Checker, snippet: str) -> None:
