@@ -80,13 +80,14 @@ def _modules() -> dict[str, Path]:
 @dataclass
 class Index:
     """Where the short names are defined: ``classes`` (checked on any page), ``local`` (functions:
-    checked only where the paragraph names their module in full)."""
+    checked only where the paragraph or its heading names their module in full)."""
 
     classes: dict[str, list[str]]
     local: dict[str, list[str]]
 
 
 def build_index() -> Index:
+    """The top-level classes and functions of every module of :func:`_modules` (read, not imported)."""
     classes: dict[str, list[str]] = defaultdict(list)
     local: dict[str, list[str]] = defaultdict(list)
     for module, path in _modules().items():
@@ -113,7 +114,7 @@ def _import(module: str) -> Any:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         missing = e.name or ""
-        if missing.split(".")[0] in (*CODE, "tests"):
+        if missing.split(".")[0] in DOTTED_ROOTS:
             raise
         raise _Skip(f"{module} needs {missing!r}, not installed") from e
 
@@ -171,7 +172,7 @@ def _field_type(klass: type, name: str) -> Any:
     """The class a field is annotated with (``Optional`` unwrapped), or None: a dict, a union."""
     try:
         hint = typing.get_type_hints(klass).get(name)
-    except Exception:  # noqa: BLE001 - an unresolvable hint leaves the rest of the chain unchecked
+    except (NameError, TypeError, AttributeError):  # a hint under TYPE_CHECKING: the rest is unchecked
         return None
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if hint is not None and typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
@@ -213,7 +214,7 @@ class Checker:
     def check(self, text: str, where: str, report: Report) -> None:
         heading = ""
         for paragraph in re.split(r"\n\s*\n", FENCE.sub("", text)):
-            if paragraph.lstrip().startswith("#"):
+            if re.match(r"#{1,6} ", paragraph):
                 heading = paragraph.strip().splitlines()[0]
             for span in quoted(paragraph):
                 try:
