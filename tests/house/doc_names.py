@@ -14,6 +14,8 @@ file names are left alone); "nearby" is the span's paragraph and the heading of 
   annotation;
 - a path under ``PATH_ROOTS`` ending in ``/`` or a file extension, and the module of
   ``python -m module``: it exists;
+- in a table with a ``file`` (or ``module``) column and a ``read`` (or ``names``) column, each
+  name quoted in the second is in the module quoted in the first;
 - a dotted name rooted at a table of the store (``job_environments.outcome``: the column exists;
   what follows is JSON) or at a top-level key of env.yaml or gateway.yaml (``runtime.timeout_s``:
   each key down to a free-form dict exists in ``CONFIG_MODELS``).
@@ -216,9 +218,13 @@ class Checker:
         for paragraph in re.split(r"\n\s*\n", FENCE.sub("", text)):
             if re.match(r"#{1,6} ", paragraph):
                 heading = paragraph.strip().splitlines()[0]
-            for span in quoted(paragraph):
+            checks = [(span, lambda span=span: self._check_span(span, f"{heading}\n{paragraph}"))
+                      for span in quoted(paragraph)]
+            checks += [(f"{path}: {name}", lambda path=path, name=name: _in_module(path, name))
+                       for path, name in _table_reads(paragraph)]
+            for span, run in checks:
                 try:
-                    if self._check_span(span, f"{heading}\n{paragraph}"):
+                    if run():
                         report.checked.append(f"{where}: `{span}`")
                 except _Skip as e:
                     report.skipped.append(f"{where}: `{span}`: {e}")
@@ -407,6 +413,34 @@ def _config_walk(model: Any, parts: list[str]) -> bool:
         elif inspect.isclass(hint) and _config_fields(hint):
             model = hint
         i += 1
+    return True
+
+
+def _table_reads(paragraph: str) -> list[tuple[str, str]]:
+    """(module path, name) of a table with a ``file`` (or ``module``) column and a ``read`` (or
+    ``names``) column: each name quoted in the second is in the module quoted in the first."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in paragraph.strip().splitlines() if line.lstrip().startswith("|")]
+    if len(rows) < 3:
+        return []
+    header = [c.lower() for c in rows[0]]
+    files = [i for i, c in enumerate(header) if c in ("file", "module")]
+    reads = [i for i, c in enumerate(header) if c in ("read", "names")]
+    if not files or not reads:
+        return []
+    out = []
+    for row in rows[2:]:
+        if len(row) != len(header) or not (m := re.fullmatch(r"`([\w/]+\.py)`", row[files[0]])):
+            continue
+        out += [(m.group(1), name) for name in quoted(row[reads[0]])]
+    return out
+
+
+def _in_module(path: str, name: str) -> bool:
+    if not (ROOT / path).is_file():
+        raise _Stale(f"{path} does not exist")
+    module, attrs = _module_of(".".join([*Path(path).with_suffix("").parts, name]))
+    _walk(module, attrs, name)
     return True
 
 

@@ -91,6 +91,30 @@ def test_what_is_not_a_reference_to_the_code_is_not_checked(checker: Checker, sn
     assert report.checked == ["snippet.md: `rollout/grading/workspace_copy.py`"]
 
 
+TABLE = """| # | file | read | what |
+|---|---|---|---|
+| 1 | `store/launcher_rows.py` | `LauncherRows.finish_job_session`, `write_evaluation` | the end |
+| 2 | `gateway/call.py` | `Call.finish`, `finish` | a call |
+| 3 | `gateway/no_such_module.py` | `Call` | gone |
+"""
+
+
+def test_a_name_read_in_a_file_of_a_table_is_in_that_file(checker: Checker) -> None:
+    report = _check(checker, TABLE)
+    assert report.problems == [
+        "snippet.md: `gateway/no_such_module.py`: gateway/no_such_module.py does not exist",
+        "snippet.md: `gateway/call.py: finish`: finish: no attribute 'finish' on 'gateway.call'",
+        "snippet.md: `gateway/no_such_module.py: Call`: gateway/no_such_module.py does not exist"]
+    assert [c for c in report.checked if ": " in c.split("`")[1]] == [
+        "snippet.md: `store/launcher_rows.py: LauncherRows.finish_job_session`",
+        "snippet.md: `store/launcher_rows.py: write_evaluation`", "snippet.md: `gateway/call.py: Call.finish`"]
+
+
+def test_a_table_without_file_and_read_columns_is_not_read_that_way(checker: Checker) -> None:
+    table = "| table | code |\n|---|---|\n| `job_environments` | `store/launcher_rows.py` |\n"
+    assert _check(checker, table) == Report(checked=["snippet.md: `store/launcher_rows.py`"])
+
+
 def test_a_fenced_block_is_not_checked(checker: Checker) -> None:
     assert _check(checker, "```python\nx = `rollout.core.nothing`\n```\n`rollout.core.nope`\n").problems == [
         "snippet.md: `rollout.core.nope`: rollout.core.nope: no attribute 'nope' on 'rollout.core'"]
