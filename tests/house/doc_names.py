@@ -33,6 +33,7 @@ import types
 import typing
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -218,10 +219,9 @@ class Checker:
         for paragraph in re.split(r"\n\s*\n", FENCE.sub("", text)):
             if re.match(r"#{1,6} ", paragraph):
                 heading = paragraph.strip().splitlines()[0]
-            checks = [(span, lambda span=span: self._check_span(span, f"{heading}\n{paragraph}"))
-                      for span in quoted(paragraph)]
-            checks += [(f"{path}: {name}", lambda path=path, name=name: _in_module(path, name))
-                       for path, name in _table_reads(paragraph)]
+            nearby = f"{heading}\n{paragraph}"
+            checks = [(span, partial(self._check_span, span, nearby)) for span in quoted(paragraph)]
+            checks += [(f"{path}: {name}", partial(_in_module, path, name)) for path, name in _table_reads(paragraph)]
             for span, run in checks:
                 try:
                     if run():
