@@ -320,15 +320,17 @@ class Checker:
         return self._resolve(".".join(chain), text)
 
     @staticmethod
-    def _signature(target: _Target, span: str) -> inspect.Signature:
-        if target.obj is None or not callable(target.obj):
+    def _signature(target: _Target, span: str) -> inspect.Signature | None:
+        """None where the arguments cannot be checked here: a value of unknown type (an instance
+        attribute, a dict's key), or a callable without a signature (an exception class)."""
+        if target.obj is None:
+            return None
+        if not callable(target.obj):
             raise _Stale(f"{target.attr or span} is not callable")
         try:
             sig = inspect.signature(target.obj)
-        except ValueError:
-            if not (inspect.isclass(target.obj) and issubclass(target.obj, BaseException)):
-                raise
-            return inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
+        except (ValueError, TypeError):
+            return None
         static = inspect.getattr_static(target.owner, target.attr, None) if inspect.isclass(target.owner) else None
         if inspect.isfunction(static) and sig.parameters:
             sig = sig.replace(parameters=list(sig.parameters.values())[1:])
@@ -336,6 +338,8 @@ class Checker:
 
     def _check_args(self, target: _Target, call: ast.Call, span: str) -> None:
         sig = self._signature(target, span)
+        if sig is None:
+            return
         params = list(sig.parameters.values())
         var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
         var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
@@ -364,6 +368,8 @@ class Checker:
 
     def _check_params(self, target: _Target, node: ast.FunctionDef, span: str) -> None:
         sig = self._signature(target, span)
+        if sig is None:
+            return
         quoted_args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
         for arg in quoted_args:
             param = sig.parameters.get(arg.arg)
