@@ -24,7 +24,7 @@ def test_every_code_name_quoted_in_the_docs_resolves() -> None:
     report = check_markdown([*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"])
     print("skipped (a third-party package missing here):", *report.skipped, sep="\n  ")
     assert report.problems == [], "stale names in the docs:\n" + "\n".join(report.problems)
-    assert len(report.checked) > 250, report.checked
+    assert len(report.checked) > 350, report.checked  # 391 when written: the rules still see the docs
     assert all(": needs '" in s and "', not installed" in s for s in report.skipped), report.skipped
 
 
