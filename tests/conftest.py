@@ -92,6 +92,9 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
     ("slow", "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)"): (
         "tests/gateway/test_one_base_url_clients.py",
     ),
+    ("slow", "imports every module the docs name (rollout.train.sync loads torch and transformers)"): (
+        "tests/house/test_docs_names.py::test_every_code_name_quoted_in_the_docs_resolves",
+    ),
     ("slow", "trains a model with TRL (torch and transformers load)"): (
         "tests/train/test_adapters.py::test_trls_grpo_trainer_trains_on_the_rollout_output",
     ),
