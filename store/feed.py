@@ -121,12 +121,6 @@ class FeedQueries:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def last_ready_seq(self, job_id: str) -> int:
-        """The job's highest ``ready_seq`` (0 when no group is ready yet)."""
-        async with self.engine.connect() as conn:
-            value = (await conn.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id))).scalar()
-        return int(value or 0)
-
     async def ready_after(self, job_id: str, after: int, limit: int) -> list[dict[str, Any]]:
         """Feed entries of a job with ``ready_seq > after``, oldest first, at most ``limit``."""
         q = (select(FG).where(FG.c.job_id == job_id, FG.c.ready_seq > after)

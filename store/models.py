@@ -159,7 +159,6 @@ class SessionStep(SQLModel, table=True):
     packed: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
 
 
-STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]
 _STEP_DEFAULTS: dict[str, Any] = {
     name: (None if f.default_factory is not None or f.is_required() else f.default)
     for name, f in SessionStep.model_fields.items()
