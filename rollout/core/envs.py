@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from rollout.core import harbor
+from rollout.errors import RolloutError
 from wire.text import column_text
 
 CONFIG_NAME = "env.yaml"
@@ -36,7 +37,7 @@ MAX_GROUP_SIZE = 10_000
 """Samples per case at most (an env's ``group_size``, ``--rl-group-size``, a batch's ``samples``)."""
 
 
-class EnvConfigError(ValueError):
+class EnvConfigError(RolloutError, ValueError):
     """An env config or its dataset cannot be read or is invalid (the message names the file)."""
 
 

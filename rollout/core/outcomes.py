@@ -26,7 +26,6 @@ InfraClass = Literal["setup_failed", "gateway_unreachable", "upstream_unavailabl
 TaskOutcome = Literal["succeeded", "failed", "truncated", "timeout", "limit_exceeded", "runtime_error"]
 
 INFRA_CLASSES: frozenset[str] = frozenset(InfraClass.__args__)  # type: ignore[attr-defined]
-TASK_OUTCOMES: frozenset[str] = frozenset(TaskOutcome.__args__)  # type: ignore[attr-defined]
 DEFAULT_RETRY_ON: frozenset[str] = INFRA_CLASSES - {"launcher_error"}
 """Infrastructure classes retried by default: a launcher bug would repeat, so it is not."""
 GATEWAY_CLASSES: frozenset[str] = frozenset({"gateway_unreachable", "upstream_unavailable", "store_unavailable"})

@@ -15,6 +15,7 @@ from typing import Literal
 
 from rollout.core.envs import EnvConfig
 from rollout.core.plan import RowSource
+from rollout.errors import RolloutError
 from rollout.grading.grader import Grader, grader_mode
 from rollout.jobs.attempt import Attempts, Executor, Retry, Work
 from rollout.jobs.breaker import BreakerEvent, CircuitBreaker
@@ -27,7 +28,7 @@ from store import JobEnvironment, Store
 log = logging.getLogger(__name__)
 
 
-class JobStopped(RuntimeError):
+class JobStopped(RolloutError, RuntimeError):
     """The job stopped early: the circuit breaker gave up (the gateway or its upstream stayed
     unavailable; ``kind`` ``breaker``) or ``max_broken_graders`` broken-grader findings were made
     (``broken_graders``). Sessions not finished are left for ``--resume``; the message says why."""

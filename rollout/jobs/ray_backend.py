@@ -26,6 +26,7 @@ from typing import Any
 from rollout.contract.protocol import SimulationStartRequest
 from rollout.core.envs import EnvConfig, WorkspaceArchiveConfig
 from rollout.core.trees import remove_tree
+from rollout.errors import RolloutError
 from rollout.jobs.workspace_archive import ArchiveError, build_archive, restore_workspace
 from rollout.sandbox.bwrap import SandboxUnavailable
 from rollout.sandbox.images import ImageRoot
@@ -41,7 +42,7 @@ PROBE_TIMEOUT_S = 120.0
 INSTALL_HINT = "install the ray extra: pip install -e '.[ray]'"
 
 
-class RayBackendError(RuntimeError):
+class RayBackendError(RolloutError, RuntimeError):
     """Ray is not installed, the cluster cannot be reached, or it cannot run this job (the message
     says what to fix)."""
 

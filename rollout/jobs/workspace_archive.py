@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from rollout.core.envs import WorkspaceArchiveConfig
+from rollout.errors import RolloutError
 from store import JobEnvironment, SessionWorkspace, Store
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 KeptStatus = Literal["kept", "too_large", "failed", "disabled"]
 
 
-class ArchiveError(ValueError):
+class ArchiveError(RolloutError, ValueError):
     """A stored archive cannot be restored (corrupt, digest mismatch, or a member that would land
     outside the target folder); the message says which."""
 

@@ -139,11 +139,6 @@ class SummaryRow(BaseModel):
     infra: int = 0
     grader_broken: int = 0
 
-    @property
-    def eval_error_rate(self) -> float:
-        """(eval_error + eval_timeout) / sessions, 0.0 for no sessions."""
-        return (self.eval_error + self.eval_timeout) / self.sessions if self.sessions else 0.0
-
 
 def is_infra(record: SessionRecord) -> bool:
     """Whether the session's last attempt was an infrastructure failure (never graded)."""

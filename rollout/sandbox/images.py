@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from rollout.core.envs import Case, EnvConfig
+from rollout.errors import RolloutError
 from rollout.sandbox.bwrap import WORKSPACE
 
 log = logging.getLogger("rollout.sandbox.images")
@@ -45,7 +46,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 
 
-class ImageError(RuntimeError):
+class ImageError(RolloutError, RuntimeError):
     """The image cannot be had (a build or pull that failed: the message ends with its log's tail)."""
 
 

@@ -51,8 +51,9 @@ CODE_ROOT = Path(rollout.contract.protocol.__file__).resolve().parents[2]
 """The project folder whose ``env/*.py`` and ``rollout/contract/`` runtimes import."""
 CONTRACT = CODE_ROOT / "rollout" / "contract"
 """The in-sandbox contract, bound read-only as one folder."""
-PUBLIC_ALIASES = ("__init__.py", "protocol.py", "harness.py")
-"""``rollout/`` files bound beside it: the package and the contract's public import paths."""
+PUBLIC_ALIASES = ("__init__.py", "protocol.py", "harness.py", "errors.py")
+"""``rollout/`` files bound beside it: the package, the contract's public import paths and the
+errors' base the contract imports."""
 
 log = logging.getLogger("rollout.sandbox.runner")
 

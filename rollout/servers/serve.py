@@ -31,6 +31,7 @@ from gateway.settings import GatewaySettings
 from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.core.plan import plan_sessions
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
+from rollout.errors import RolloutError
 from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.options import JobContext, JobOptions
 from rollout.jobs.prepare import check_sandbox, load_envs, select_envs
@@ -100,7 +101,7 @@ class BatchInfo(BaseModel):
     feed: str
 
 
-class BatchError(ValueError):
+class BatchError(RolloutError, ValueError):
     """The batch cannot be accepted; ``status`` is the HTTP status to answer with."""
 
     def __init__(self, message: str, status: int = 400) -> None:

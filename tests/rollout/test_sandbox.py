@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from rollout.sandbox.bwrap import (
 from rollout.sandbox.cgroups import Controller, SessionCgroup
 from rollout.sandbox.runner import (
     CODE_ROOT,
+    CONTRACT,
     ENTRY_BYTES,
     DiskUse,
     code_folders,
@@ -90,6 +92,22 @@ def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None
     tail = argv[argv.index("--") + 1:]
     assert tail[:4] == [sys.executable, "-I", "-S", FORWARDER]
     assert tail[6:9] == ["7", "fsize=99", "--"] and tail[9:] == cfg.command()
+
+
+def test_the_bound_code_alone_imports_the_contract(tmp_path: Path) -> None:
+    # what a runtime sees of the project: the contract folder and shared_code(), at their places
+    shutil.copytree(CONTRACT, tmp_path / CONTRACT.relative_to(CODE_ROOT),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for f in shared_code():
+        (tmp_path / f.relative_to(CODE_ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, tmp_path / f.relative_to(CODE_ROOT))
+    modules = ["rollout.protocol", "rollout.harness", *(f"rollout.contract.{p.stem}"
+                                                        for p in sorted(CONTRACT.glob("*.py")))]
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import importlib, rollout; "
+            f"assert rollout.__file__.startswith({str(tmp_path)!r}), rollout.__file__; "
+            f"[importlib.import_module(m) for m in {modules!r}]")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_runtime_file_in_another_env_folder_brings_that_folder_minus_its_data(tmp_path: Path) -> None:

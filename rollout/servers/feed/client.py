@@ -21,11 +21,12 @@ from typing import Any
 
 import httpx
 
+from rollout.errors import RolloutError
 from rollout.servers.feed.groups import check_min_valid, check_version_bound
 from rollout.servers.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
 
 
-class FeedError(RuntimeError):
+class FeedError(RolloutError, RuntimeError):
     """The feed refused the request (unknown job, bad parameter): the message has its answer."""
 
 
