@@ -1,6 +1,6 @@
 """``python launcher.py feed`` (serve the feed of ready groups), ``python launcher.py export``
 (write a job's groups, or sessions without a job, to a file) and ``python launcher.py serve`` (the long-running mode:
-``rollout.servers.serve``). Exit codes: 0 done, 1 the store, the job or the output cannot
+``rollout.servers.batches``). Exit codes: 0 done, 1 the store, the job or the output cannot
 be used (the message says why), 2 bad flags."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 
 from rollout.cli.next_steps import latest_job_line
-from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
+from rollout.cli.verbs import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
 from rollout.core.logs import setup_logging
 from rollout.jobs.options import flag_help
+from rollout.results.groups import GroupOptions
 from rollout.servers.feed.app import FeedSettings, create_feed_app
 from rollout.servers.feed.export import ExportError, export_job, export_sessions
-from rollout.servers.feed.groups import GroupOptions
-from rollout.servers.local_server import listen, run_server, url_of
+from rollout.servers.listener import listen, run_server, url_of
 from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
 from store.engine import sqlite_read_only
 from store.feed import FeedQueries
@@ -109,7 +109,7 @@ def _serve_options(args: argparse.Namespace) -> Any:
 def serve_main(args: argparse.Namespace) -> int:
     """``serve``: exit 0 when stopped, 1 when it cannot start."""
     from rollout.core.setup import SetupError
-    from rollout.servers.serve import serve as serve_batches
+    from rollout.servers.batches import serve as serve_batches
 
     setup_logging(args.log_level)
     return run_command(lambda: serve_batches(_serve_options(args), args.host, args.port, FeedSettings(

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from rollout.jobs.services import auth_headers, gateway_root
+from rollout.jobs.processes import auth_headers, gateway_root
 
 
 def readyz_error(body: str) -> str:

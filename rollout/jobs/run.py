@@ -32,9 +32,7 @@ from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.options import JobContext, JobOptions
 from rollout.jobs.pool import JobStopped, Pool
 from rollout.jobs.prepare import check_routes, install_harnesses, prepare
-from rollout.jobs.ray_backend import RayBackend, RayBackendError
-from rollout.jobs.ray_backend import connect as ray_connect
-from rollout.jobs.services import (
+from rollout.jobs.processes import (
     ChildProcess,
     ServiceError,
     check_gateway,
@@ -43,6 +41,8 @@ from rollout.jobs.services import (
     start_gateway,
     start_llama_server,
 )
+from rollout.jobs.ray_backend import RayBackend, RayBackendError
+from rollout.jobs.ray_backend import connect as ray_connect
 from rollout.results.records import iter_job_records
 from rollout.results.report import JsonlWriter, ReportTotals, SessionRecord, read_jsonl
 from rollout.sandbox.harness_cache import LoadedHarness, load_harness

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.http_edge import HostAllowList, server_config, with_host_check
-from rollout.servers.local_server import json_refusal, listen, url_of
+from rollout.servers.listener import json_refusal, listen, url_of
 from rollout.train.sampling import Engine, Generation, SamplingParams, generate
 from wire.errors import error_body
 

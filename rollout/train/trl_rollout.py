@@ -23,10 +23,10 @@ import yaml
 
 from gateway.settings import GatewaySettings
 from rollout.jobs.options import JobOptions
+from rollout.jobs.processes import start_gateway
 from rollout.jobs.run import run_job
-from rollout.jobs.services import start_gateway
-from rollout.servers.feed.groups import GroupOptions, load_groups
-from rollout.servers.feed.schema import FeedGroupOut
+from rollout.results.feed_schema import FeedGroupOut
+from rollout.results.groups import GroupOptions, load_groups
 from rollout.train.adapters import Dropped, TrainSample, convert, trl_rows
 from store import Store
 from store.feed import FeedQueries

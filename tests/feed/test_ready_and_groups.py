@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.servers.feed.groups import (
+from rollout.results.groups import (
     GroupOptions,
     advantages,
     build_group,

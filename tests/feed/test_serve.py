@@ -153,7 +153,7 @@ async def test_a_batch_refuses_a_missing_evaluator_exactly_as_a_job_does(tmp_pat
     from rollout.core.setup import SetupError
     from rollout.jobs.options import JobOptions
     from rollout.jobs.run import run_job
-    from rollout.servers.serve import BatchError, BatchRequest, BatchService
+    from rollout.servers.batches import BatchError, BatchRequest, BatchService
     from store import Store
     from tests.gateway.conftest import serve
 

@@ -24,8 +24,8 @@ import yaml
 
 from rollout.jobs.breaker import BreakerEvent
 from rollout.jobs.options import JobContext, JobOptions
+from rollout.jobs.processes import free_port
 from rollout.jobs.run import JobResult, run_job
-from rollout.jobs.services import free_port
 from rollout.results.report import render_table, summarize
 from tests.fake_upstream import DEFAULT_TEXT, FakeRequest, FakeUpstream, Reply
 

@@ -19,8 +19,8 @@ from rollout.grading.attribution import REFERENCE, Control, Controls, attribute,
 from rollout.grading.evaluation import Evaluation
 from rollout.jobs.options import JobOptions
 from rollout.jobs.run import run_job
+from rollout.results.groups import invalid_reason
 from rollout.results.report import SessionRecord, render_table, summarize
-from rollout.servers.feed.groups import invalid_reason
 from rollout.train.trl_rollout import read_job_samples
 from tests.fake_upstream import FakeUpstream
 

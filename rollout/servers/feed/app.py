@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollout.contract.protocol import model_json
 from rollout.errors import RolloutError
-from rollout.servers.feed.groups import GroupOptions, check_min_valid, load_groups
-from rollout.servers.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
-from rollout.servers.local_server import bad_query_param
+from rollout.results.feed_schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from rollout.results.groups import GroupOptions, check_min_valid, load_groups
+from rollout.servers.listener import bad_query_param
 from store import MAX_INT
 from store.feed import FeedQueries
 from wire.errors import error_body, install_error_handlers

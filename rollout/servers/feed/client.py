@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 
 from rollout.errors import RolloutError
-from rollout.servers.feed.groups import check_min_valid, check_version_bound
-from rollout.servers.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from rollout.results.feed_schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from rollout.results.groups import check_min_valid, check_version_bound
 
 
 class FeedError(RolloutError, RuntimeError):

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollout.errors import RolloutError
+from rollout.results.feed_schema import FeedGroupOut, FeedSample, FeedStep, TokenSequence
+from rollout.results.groups import GroupOptions, feed_step, load_groups, token_sequences
 from rollout.results.session_fields import session_fields
-from rollout.servers.feed.groups import GroupOptions, feed_step, load_groups, token_sequences
-from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep, TokenSequence
 from store.feed import FeedQueries
 from wire.text import display_text, json_text
 

@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def refuse_host(scope: Scope, message: str) -> Response:
-    """A refused Host (``rollout.servers.local_server.run_server``): 400 as the viewer's other errors,
+    """A refused Host (``rollout.servers.listener.run_server``): 400 as the viewer's other errors,
     JSON under ``/api/``, the error page elsewhere."""
     if str(scope.get("path", "")).startswith("/api/"):
         return JSONResponse({"error": message}, status_code=400)

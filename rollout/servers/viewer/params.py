@@ -8,7 +8,7 @@ import math
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from rollout.servers.local_server import bad_query_param
+from rollout.servers.listener import bad_query_param
 
 PAGE_SIZE = 50
 COMPARE_PAGE = 100

@@ -35,8 +35,7 @@ from rollout.errors import RolloutError
 from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.options import JobContext, JobOptions
 from rollout.jobs.prepare import check_sandbox, load_envs, select_envs
-from rollout.jobs.run import run_sessions, start_services
-from rollout.jobs.services import (
+from rollout.jobs.processes import (
     GATEWAY_ADMIN_KEY_ENV,
     ChildProcess,
     ServiceError,
@@ -46,8 +45,9 @@ from rollout.jobs.services import (
     gateway_api_key,
     gateway_root,
 )
+from rollout.jobs.run import run_sessions, start_services
 from rollout.servers.feed.app import FeedSettings, create_feed_app
-from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
+from rollout.servers.listener import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from store import JOB_ID_PATTERN, MAX_INT, JobEnvironment, Store
 from store.feed import FeedQueries
 from wire.errors import error_body, validation_message
