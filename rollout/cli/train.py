@@ -46,6 +46,7 @@ class TrainArgs:
     max_retries: int = 2
     eval_samples: int = 1
     save_steps: int = 8
+    resume: bool = False
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -75,6 +76,8 @@ def parse_args(argv: list[str]) -> TrainArgs:
     p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out case (default 1, greedy)")
     p.add_argument("--save-steps", type=int, default=8,
                    help="a checkpoint every N optimizer steps, and one at the end (default 8)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint, up to --steps in all")
     ns = p.parse_args(argv)
     if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples, ns.save_steps) < 1:
         p.error("--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1")
@@ -82,8 +85,10 @@ def parse_args(argv: list[str]) -> TrainArgs:
         p.error("--samples must be at least 2: GRPO compares the samples of a case")
     if ns.out is not None and ns.out.exists() and not ns.out.is_dir():
         p.error(f"--out {ns.out}: a file, not a folder")
-    if ns.out is not None and (ns.out / "train.db").exists():
-        p.error(f"--out {ns.out} holds an earlier run (train.db): give a new folder")
+    if ns.resume and (ns.out is None or not (ns.out / "train.db").exists()):
+        p.error(f"--resume: --out {ns.out} holds no run (train.db) to continue")
+    if ns.out is not None and (ns.out / "train.db").exists() and not ns.resume:
+        p.error(f"--out {ns.out} holds an earlier run (train.db): add --resume to continue it, or give a new folder")
 
     def listed(v: str | None) -> list[str] | None:
         return [c.strip() for c in v.split(",") if c.strip()] if v else None
@@ -93,7 +98,8 @@ def parse_args(argv: list[str]) -> TrainArgs:
                      max_new_tokens=ns.max_new_tokens, temperature=ns.temperature, seed=ns.seed, out=ns.out,
                      model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
                      pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
-                     eval_samples=ns.eval_samples, save_steps=ns.save_steps)
+                     eval_samples=ns.eval_samples, save_steps=ns.save_steps,
+                     resume=ns.resume)
 
 
 BASE_MODELS = {"tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
@@ -116,6 +122,37 @@ def _step_line(step: int, stats: Any) -> str:
     return (f"step {step:3d}  mean reward {stats.mean_reward:5.2f}  pass rate {stats.pass_rate:4.2f}  "
             f"disagreeing groups {stats.disagreeing_groups}/{stats.groups}  tokens trained {stats.tokens_trained:5d}  "
             f"dropped {stats.dropped}  {stats.seconds:6.1f} s")
+
+
+def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[Any]]:
+    """``--resume``: the last checkpoint of the run in ``out`` and the curve up to it (the steps
+    after it are cut: they run again); ``record`` takes over the run's steps done, evaluation
+    before and resumes. SetupError when it cannot go on."""
+    from pydantic import ValidationError
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from rollout.train.run_record import read_run, read_steps
+
+    try:
+        previous = read_run(out)
+    except (OSError, ValidationError) as e:
+        raise SetupError(f"--resume: {out} has no readable run.json: {e}") from e
+    last = get_last_checkpoint(str(out))
+    if last is None:
+        raise SetupError(f"--resume: {out} has no checkpoint-<step> (the run stopped before its first): start anew")
+    for flag, now, then in (("--env", args.env, previous.env), ("--model-config", args.model_config, previous.model)):
+        if now != then:
+            raise SetupError(f"--resume: {flag} {now} is not the run's ({then})")
+    step = int(Path(last).name.removeprefix("checkpoint-"))
+    if step >= args.steps:
+        raise SetupError(f"--resume: {last} is at step {step}: --steps {args.steps} leaves none to run")
+    try:
+        history = read_steps(out, step)
+    except (OSError, ValueError) as e:
+        raise SetupError(f"--resume: {e}") from e
+    record.steps, record.checkpoint, record.resumes = step, Path(last).name, previous.resumes + 1
+    record.evals = {w: e for w, e in previous.evals.items() if w == "before"}
+    return Path(last), history
 
 
 def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
@@ -152,7 +189,10 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                        train_cases=case_ids, eval_cases=eval_ids, max_steps=args.steps, samples=args.samples,
                        cases_per_step=args.cases_per_step, lr=args.lr, beta=args.beta, seed=args.seed,
                        save_steps=args.save_steps)
+    checkpoint, history = _resume_point(args, out, record) if args.resume else (None, [])
     write_run(out, record)
+    if checkpoint:
+        print(f"resuming from {checkpoint} (step {record.steps} of {args.steps})", file=stdout, flush=True)
     print(f"loading the {args.model_config} model", file=stdout, flush=True)
     model, tokenizer = load_policy(args.model_config, args.seed)
     evals: dict[str, tuple[float, float, int]] = {}
@@ -163,8 +203,12 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                               gateway_config=cfg, llm_model=["policy"], enable_evaluation=True, db_path=db_url,
                               pool_size=args.pool_size, sandbox=args.sandbox,  # type: ignore[arg-type]
                               llm_temperature=args.temperature, max_retries=args.max_retries)
-        rollout = JobRollout(template, args.samples, job_prefix="train", out_dir=out / "jobs",
-                             max_reruns=args.max_reruns)
+        # a resumed run's jobs get a prefix of their own: a step cut short left its jobs in the store
+        rollout = JobRollout(template, args.samples, out_dir=out / "jobs", max_reruns=args.max_reruns,
+                             job_prefix=f"train-resume{record.resumes}" if record.resumes else "train",
+                             calls_done=record.steps)
+        rollout.history = history
+        evals.update({w: (e.mean_reward, e.pass_rate, e.samples) for w, e in record.evals.items()})
 
         def evaluate(when: str) -> None:
             mean, rate, n = rollout.evaluate(eval_ids, f"eval-{when}", samples=args.eval_samples)
@@ -192,7 +236,8 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                 record.steps, record.checkpoint = state.global_step, f"checkpoint-{state.global_step}"
                 write_run(out, record)
 
-        evaluate("before")
+        if checkpoint is None:
+            evaluate("before")
         n_rows = args.samples * args.cases_per_step
         config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=n_rows,
                             num_generations=args.samples, max_completion_length=4096, learning_rate=args.lr,
@@ -202,10 +247,10 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
         trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, processing_class=tokenizer,
                               train_dataset=dataset, rollout_func=rollout.rollout_func,
-                              callbacks=[PolicySync(server.lock, gateway_url), _Print()])
+                              callbacks=[PolicySync(server.lock, gateway_url, start_version=record.steps), _Print()])
         trainer.remove_callback(PrinterCallback)  # the per-step line above instead of TRL's log dicts
         model.train()
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         model.eval()
         final = out / "final"
         trainer.save_model(str(final))  # safetensors, config and tokenizer: from_pretrained(final)

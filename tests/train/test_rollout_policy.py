@@ -84,7 +84,7 @@ def test_train_flags_are_checked_and_listed() -> None:
     assert e.value.code == 2
 
 
-@pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used"])
+@pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used", "resume_nothing"])
 def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     from rollout.cli.train import parse_args
@@ -93,13 +93,14 @@ def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "train.db").write_text("")
     argv = {"samples1": ["--samples", "1"], "out_file": ["--out", str(tmp_path / "f")],
-            "out_used": ["--out", str(tmp_path / "used")]}[bad]
+            "out_used": ["--out", str(tmp_path / "used")], "resume_nothing": ["--resume", "--out", str(tmp_path)]}[bad]
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert {"samples1": "--samples must be at least 2", "out_file": "a file, not a folder",
-            "out_used": "holds an earlier run"}[bad] in err
+            "out_used": "holds an earlier run (train.db): add --resume to continue it",
+            "resume_nothing": "--resume: --out " + str(tmp_path) + " holds no run"}[bad] in err
 
 
 def test_the_evaluation_counts_valid_scores_without_tokens_and_reruns_invalid_ones(

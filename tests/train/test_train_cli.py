@@ -63,3 +63,45 @@ def test_a_run_keeps_checkpoints_the_final_model_and_its_record(tmp_path: Path) 
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert [s["mean_reward"] for s in steps] == [h.mean_reward for h in result["history"]]
     assert f"model: {out / 'final'}" in printed
+
+
+@pytest.mark.parametrize("stopped", ["after_its_checkpoint", "before_its_checkpoint"])
+def test_resume_continues_from_the_last_checkpoint_with_one_curve(tmp_path: Path, stopped: str) -> None:
+    import asyncio
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.train.test_trl_rollout import recorded
+
+    out = tmp_path / "run"
+    first, _ = run_train(tmp_path, out, "--steps", "2", "--save-steps", "1")
+    if stopped == "before_its_checkpoint":  # step 2 ran (its jobs, its line) but its checkpoint was never written
+        import shutil
+
+        shutil.rmtree(out / "checkpoint-2")
+    resumed_from = {"after_its_checkpoint": 2, "before_its_checkpoint": 1}[stopped]
+    result, printed = run_train(tmp_path, out, "--steps", "3", "--save-steps", "1", "--resume")
+    assert f"resuming from {out / f'checkpoint-{resumed_from}'} (step {resumed_from} of 3)" in printed
+    assert "eval before" not in printed
+    steps = [json.loads(line)["step"] for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    assert len(result["history"]) == 3
+    assert result["history"][:resumed_from] == first["history"][:resumed_from]
+    page = (out / "curve.html").read_text()
+    assert re.findall(r"<tr><td>(\d+)</td><td>[\d.]+</td>", page) == ["1", "2", "3"]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
+    record = json.loads((out / "run.json").read_text())
+    assert (record["steps"], record["checkpoint"], record["resumes"]) == (3, "checkpoint-3", 1)
+    assert record["evals"]["before"] == dict(zip(("mean_reward", "pass_rate", "samples"), first["evals"]["before"],
+                                                 strict=True))
+    assert set(record["evals"]) == {"before", "after"}
+    new_steps = [f"train-resume1-step{n:04d}" for n in range(resumed_from + 1, 4)]
+    jobs = {p.stem for p in (out / "jobs").glob("*step*.jsonl")}
+    assert jobs == {"train-step0001", "train-step0002", *new_steps}
+    sessions, recorded_steps = asyncio.run(recorded(f"sqlite://{out / 'train.db'}", new_steps))
+    versions = {s.job_id: {st["policy_version"] for st in recorded_steps[sid]} for sid, s in sessions.items()}
+    assert versions == {job: {int(job[-4:]) - 1} for job in new_steps}  # the version is the steps done
+    AutoModelForCausalLM.from_pretrained(out / "checkpoint-3")
