@@ -7,6 +7,7 @@ final model (``final/``), ``run.json``, ``steps.jsonl`` and the curve (PNG and H
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -47,6 +48,7 @@ class TrainArgs:
     eval_samples: int = 1
     save_steps: int = 8
     resume: bool = False
+    report_to: str = "none"
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -78,7 +80,12 @@ def parse_args(argv: list[str]) -> TrainArgs:
                    help="a checkpoint every N optimizer steps, and one at the end (default 8)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint, up to --steps in all")
+    p.add_argument("--report-to", choices=["tensorboard", "none"], default=None,
+                   help="where TRL's logs go besides metrics.jsonl (default: tensorboard when it is installed)")
     ns = p.parse_args(argv)
+    tensorboard = any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX"))
+    if ns.report_to == "tensorboard" and not tensorboard:
+        p.error("--report-to tensorboard: the tensorboard package is not installed (pip install tensorboard)")
     if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples, ns.save_steps) < 1:
         p.error("--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1")
     if ns.samples < 2:
@@ -99,7 +106,7 @@ def parse_args(argv: list[str]) -> TrainArgs:
                      model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
                      pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
                      eval_samples=ns.eval_samples, save_steps=ns.save_steps,
-                     resume=ns.resume)
+                     resume=ns.resume, report_to=ns.report_to or ("tensorboard" if tensorboard else "none"))
 
 
 BASE_MODELS = {"tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
@@ -118,10 +125,16 @@ def load_policy(name: str, seed: int) -> tuple[Any, Any]:
     return load_embedded_policy()
 
 
-def _step_line(step: int, stats: Any) -> str:
+TRL_SHOWN = {"loss": "loss {:.4f}", "grad_norm": "grad norm {:.3f}", "entropy": "entropy {:.2f}", "kl": "kl {:.4f}",
+             "clip_ratio/region_mean": "clipped {:.2f}"}
+"""TRL's logged values shown in the step line (those it logged), and how."""
+
+
+def _step_line(step: int, stats: Any, logs: dict[str, Any]) -> str:
+    trl = "  ".join(f.format(logs[k]) for k, f in TRL_SHOWN.items() if isinstance(logs.get(k), int | float))
     return (f"step {step:3d}  mean reward {stats.mean_reward:5.2f}  pass rate {stats.pass_rate:4.2f}  "
             f"disagreeing groups {stats.disagreeing_groups}/{stats.groups}  tokens trained {stats.tokens_trained:5d}  "
-            f"dropped {stats.dropped}  {stats.seconds:6.1f} s")
+            f"dropped {stats.dropped}  {stats.seconds:6.1f} s  {trl}")
 
 
 def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[Any]]:
@@ -131,7 +144,7 @@ def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[A
     from pydantic import ValidationError
     from transformers.trainer_utils import get_last_checkpoint
 
-    from rollout.train.run_record import read_run, read_steps
+    from rollout.train.run_record import METRICS_FILE, read_jsonl, read_run, read_steps
 
     try:
         previous = read_run(out)
@@ -148,6 +161,7 @@ def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[A
         raise SetupError(f"--resume: {last} is at step {step}: --steps {args.steps} leaves none to run")
     try:
         history = read_steps(out, step)
+        read_jsonl(out / METRICS_FILE, step)
     except (OSError, ValueError) as e:
         raise SetupError(f"--resume: {e}") from e
     record.steps, record.checkpoint, record.resumes = step, Path(last).name, previous.resumes + 1
@@ -159,17 +173,24 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     """Run the training; returns ``{"history", "evals", "png", "html", "rollout", "final"}``."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
+    from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
     from rollout.jobs.job import load_envs
     from rollout.train.adapters import env_reward
     from rollout.train.curve import write_curve
     from rollout.train.policy_server import PolicyServer
-    from rollout.train.run_record import STEPS_FILE, EvalRecord, RunRecord, append_jsonl, step_line, write_run
+    from rollout.train.run_record import (
+        METRICS_FILE,
+        STEPS_FILE,
+        EvalRecord,
+        RunRecord,
+        append_jsonl,
+        step_line,
+        write_run,
+    )
     from rollout.train.sync import PolicySync
     from rollout.train.trl_rollout import JobRollout, policy_gateway
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the step lines instead of a bar per checkpoint written
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
@@ -228,9 +249,15 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                 now = time.monotonic()
                 if rollout.history:  # the step's seconds: its rollout jobs, TRL's forward passes, the update
                     rollout.history[-1] = replace(rollout.history[-1], seconds=now - self.last)
-                    print(_step_line(state.global_step, rollout.history[-1]), file=stdout, flush=True)
                     append_jsonl(out / STEPS_FILE, step_line(state.global_step, rollout.history[-1]))
                 self.last = now
+
+            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                       **kwargs: Any) -> None:
+                if logs is None or "loss" not in logs:  # not a step's log (the summary at the end of training)
+                    return
+                append_jsonl(out / METRICS_FILE, {"step": state.global_step, **logs})
+                print(_step_line(state.global_step, rollout.history[-1], logs), file=stdout, flush=True)
 
             def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 record.steps, record.checkpoint = state.global_step, f"checkpoint-{state.global_step}"
@@ -241,14 +268,16 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         n_rows = args.samples * args.cases_per_step
         config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=n_rows,
                             num_generations=args.samples, max_completion_length=4096, learning_rate=args.lr,
-                            beta=args.beta, use_cpu=True, bf16=False, report_to=[], max_steps=args.steps,
-                            save_strategy="steps", save_steps=args.save_steps, logging_steps=1, seed=args.seed, activation_checkpointing=False,
+                            beta=args.beta, use_cpu=True, bf16=False, max_steps=args.steps,
+                            report_to=[] if args.report_to == "none" else [args.report_to],
+                            save_strategy="steps", save_steps=args.save_steps, logging_steps=1, seed=args.seed,
+                            activation_checkpointing=False,
                             disable_tqdm=True)
         dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
         trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, processing_class=tokenizer,
                               train_dataset=dataset, rollout_func=rollout.rollout_func,
                               callbacks=[PolicySync(server.lock, gateway_url, start_version=record.steps), _Print()])
-        trainer.remove_callback(PrinterCallback)  # the per-step line above instead of TRL's log dicts
+        trainer.remove_callback(PrinterCallback)  # the step line and metrics.jsonl instead of TRL's log dicts
         model.train()
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         model.eval()

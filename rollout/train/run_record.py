@@ -1,6 +1,7 @@
 """What ``launcher.py train`` keeps beside its checkpoints (docs/training.md, "What a run keeps"):
 ``run.json`` (what was trained, on what, for how many steps, and the held-out evaluation) and
-``steps.jsonl`` (one line per step: the curve, read back by ``--resume``)."""
+``steps.jsonl`` (one line per step: the curve, read back by ``--resume``), ``metrics.jsonl`` (TRL's
+logged values per step)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ __all__ = ["EvalRecord", "RunRecord", "append_jsonl", "read_jsonl", "read_run", 
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.jsonl"
+METRICS_FILE = "metrics.jsonl"
 
 
 class EvalRecord(BaseModel):

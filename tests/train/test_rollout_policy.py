@@ -84,6 +84,27 @@ def test_train_flags_are_checked_and_listed() -> None:
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("installed", [True, False])
+def test_train_reports_to_tensorboard_by_default_only_when_it_is_installed(
+        installed: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from rollout.cli.train import parse_args
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        (find_spec("json") if installed else None) if name in ("tensorboard", "tensorboardX") else find_spec(name, *a)))
+    assert parse_args([]).report_to == ("tensorboard" if installed else "none")
+    assert parse_args(["--report-to", "none"]).report_to == "none"
+    if installed:
+        assert parse_args(["--report-to", "tensorboard"]).report_to == "tensorboard"
+        return
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--report-to", "tensorboard"])
+    assert e.value.code == 2
+    assert "--report-to tensorboard: the tensorboard package is not installed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used", "resume_nothing"])
 def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@ keeps in ``--out`` (checkpoints, the final model, ``run.json``, ``steps.jsonl``)
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -63,6 +64,14 @@ def test_a_run_keeps_checkpoints_the_final_model_and_its_record(tmp_path: Path) 
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert [s["mean_reward"] for s in steps] == [h.mean_reward for h in result["history"]]
     assert f"model: {out / 'final'}" in printed
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+    assert metrics == [h for h in logged if "loss" in h]  # TRL's own logged values, one line per step
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert {"loss", "grad_norm", "entropy", "clip_ratio/region_mean", "reward", "learning_rate"} <= set(metrics[0])
+    for m in metrics:
+        assert (f"loss {m['loss']:.4f}  grad norm {m['grad_norm']:.3f}  entropy {m['entropy']:.2f}  "
+                f"clipped {m['clip_ratio/region_mean']:.2f}") in printed
 
 
 @pytest.mark.parametrize("stopped", ["after_its_checkpoint", "before_its_checkpoint"])
@@ -84,8 +93,8 @@ def test_resume_continues_from_the_last_checkpoint_with_one_curve(tmp_path: Path
     result, printed = run_train(tmp_path, out, "--steps", "3", "--save-steps", "1", "--resume")
     assert f"resuming from {out / f'checkpoint-{resumed_from}'} (step {resumed_from} of 3)" in printed
     assert "eval before" not in printed
-    steps = [json.loads(line)["step"] for line in (out / "steps.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
+    for name in ("steps.jsonl", "metrics.jsonl"):
+        assert [json.loads(line)["step"] for line in (out / name).read_text().splitlines()] == [1, 2, 3]
     assert len(result["history"]) == 3
     assert result["history"][:resumed_from] == first["history"][:resumed_from]
     page = (out / "curve.html").read_text()
@@ -105,3 +114,11 @@ def test_resume_continues_from_the_last_checkpoint_with_one_curve(tmp_path: Path
     versions = {s.job_id: {st["policy_version"] for st in recorded_steps[sid]} for sid, s in sessions.items()}
     assert versions == {job: {int(job[-4:]) - 1} for job in new_steps}  # the version is the steps done
     AutoModelForCausalLM.from_pretrained(out / "checkpoint-3")
+
+
+@pytest.mark.skipif(not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")),
+                    reason="the tensorboard package is not installed: --report-to tensorboard is refused")
+def test_trls_logs_reach_tensorboard_by_default_when_it_is_installed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_train(tmp_path, out, "--steps", "1")
+    assert len(list(out.glob("runs/*/events.out.tfevents.*"))) == 1
