@@ -49,6 +49,8 @@ class TrainArgs:
     save_steps: int = 8
     resume: bool = False
     report_to: str = "none"
+    lora_r: int | None = None
+    lora_alpha: float | None = None
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -82,7 +84,16 @@ def parse_args(argv: list[str]) -> TrainArgs:
                    help="continue the run in --out from its last checkpoint, up to --steps in all")
     p.add_argument("--report-to", choices=["tensorboard", "none"], default=None,
                    help="where TRL's logs go besides metrics.jsonl (default: tensorboard when it is installed)")
+    p.add_argument("--lora-r", type=int, default=None,
+                   help="train a LoRA adapter of this rank (PEFT) on every linear layer instead of all weights")
+    p.add_argument("--lora-alpha", type=float, default=None, help="the LoRA scale's alpha (default 2 x --lora-r)")
     ns = p.parse_args(argv)
+    if ns.lora_alpha is not None and ns.lora_r is None:
+        p.error("--lora-alpha needs --lora-r")
+    if ns.lora_r is not None and ns.lora_r < 1:
+        p.error("--lora-r must be at least 1")
+    if ns.lora_r is not None and importlib.util.find_spec("peft") is None:
+        p.error("--lora-r: the peft package is not installed (pip install peft)")
     tensorboard = any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX"))
     if ns.report_to == "tensorboard" and not tensorboard:
         p.error("--report-to tensorboard: the tensorboard package is not installed (pip install tensorboard)")
@@ -106,7 +117,8 @@ def parse_args(argv: list[str]) -> TrainArgs:
                      model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
                      pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
                      eval_samples=ns.eval_samples, save_steps=ns.save_steps,
-                     resume=ns.resume, report_to=ns.report_to or ("tensorboard" if tensorboard else "none"))
+                     resume=ns.resume, report_to=ns.report_to or ("tensorboard" if tensorboard else "none"),
+                     lora_r=ns.lora_r, lora_alpha=(ns.lora_alpha or 2.0 * ns.lora_r) if ns.lora_r else None)
 
 
 BASE_MODELS = {"tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
@@ -137,6 +149,17 @@ def _step_line(step: int, stats: Any, logs: dict[str, Any]) -> str:
             f"dropped {stats.dropped}  {stats.seconds:6.1f} s  {trl}")
 
 
+def _lora(args: TrainArgs) -> Any:
+    """PEFT's ``LoraConfig`` of ``--lora-r``/``--lora-alpha`` (every linear layer but the output
+    head), or None."""
+    if args.lora_r is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear", lora_dropout=0.0,
+                      task_type="CAUSAL_LM")
+
+
 def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[Any]]:
     """``--resume``: the last checkpoint of the run in ``out`` and the curve up to it (the steps
     after it are cut: they run again); ``record`` takes over the run's steps done, evaluation
@@ -153,7 +176,8 @@ def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[A
     last = get_last_checkpoint(str(out))
     if last is None:
         raise SetupError(f"--resume: {out} has no checkpoint-<step> (the run stopped before its first): start anew")
-    for flag, now, then in (("--env", args.env, previous.env), ("--model-config", args.model_config, previous.model)):
+    for flag, now, then in (("--env", args.env, previous.env), ("--model-config", args.model_config, previous.model),
+                            ("--lora-r", args.lora_r, previous.lora_r)):
         if now != then:
             raise SetupError(f"--resume: {flag} {now} is not the run's ({then})")
     step = int(Path(last).name.removeprefix("checkpoint-"))
@@ -170,7 +194,8 @@ def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[A
 
 
 def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run the training; returns ``{"history", "evals", "png", "html", "rollout", "final"}``."""
+    """Run the training; returns ``{"history", "evals", "png", "html", "rollout", "final", "model"}``
+    (``model``: the module the policy server served)."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from transformers.utils import logging as hf_logging
@@ -209,7 +234,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     record = RunRecord(env=args.env, model=args.model_config, base_model=BASE_MODELS[args.model_config],
                        train_cases=case_ids, eval_cases=eval_ids, max_steps=args.steps, samples=args.samples,
                        cases_per_step=args.cases_per_step, lr=args.lr, beta=args.beta, seed=args.seed,
-                       save_steps=args.save_steps)
+                       save_steps=args.save_steps, lora_r=args.lora_r, lora_alpha=args.lora_alpha)
     checkpoint, history = _resume_point(args, out, record) if args.resume else (None, [])
     write_run(out, record)
     if checkpoint:
@@ -274,15 +299,16 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                             activation_checkpointing=False,
                             disable_tqdm=True)
         dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
+        # with LoRA, PEFT wraps the adapters into the served model's own layers: the server samples from them
         trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, processing_class=tokenizer,
-                              train_dataset=dataset, rollout_func=rollout.rollout_func,
+                              train_dataset=dataset, rollout_func=rollout.rollout_func, peft_config=_lora(args),
                               callbacks=[PolicySync(server.lock, gateway_url, start_version=record.steps), _Print()])
         trainer.remove_callback(PrinterCallback)  # the step line and metrics.jsonl instead of TRL's log dicts
         model.train()
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         model.eval()
         final = out / "final"
-        trainer.save_model(str(final))  # safetensors, config and tokenizer: from_pretrained(final)
+        trainer.save_model(str(final))  # safetensors (the adapter alone with LoRA), config and tokenizer
         record.final = final.name
         write_run(out, record)
         evaluate("after")
@@ -290,7 +316,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     print(f"curve: {png}  {page}\nmodel: {final}  (checkpoints {out}/checkpoint-<step>, run.json)",
           file=stdout, flush=True)
     return {"history": rollout.history, "evals": evals, "png": png, "html": page, "rollout": rollout,
-            "final": final}
+            "final": final, "model": model}
 
 
 def main(argv: list[str]) -> int:

@@ -33,7 +33,8 @@ class EvalRecord(BaseModel):
 
 class RunRecord(BaseModel):
     """``run.json``: ``steps`` is the optimizer steps done, ``checkpoint`` the newest checkpoint
-    folder (relative to the run's folder), ``final`` the model saved at the end."""
+    folder (relative to the run's folder), ``final`` the model saved at the end (with ``lora_r``:
+    the adapter of ``base_model``)."""
 
     model_config = ConfigDict(extra="forbid")
     env: str
@@ -49,6 +50,8 @@ class RunRecord(BaseModel):
     beta: float
     seed: int
     save_steps: int
+    lora_r: int | None = None
+    lora_alpha: float | None = None
     checkpoint: str | None = None
     final: str | None = None
     evals: dict[str, EvalRecord] = {}

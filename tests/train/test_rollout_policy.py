@@ -105,6 +105,28 @@ def test_train_reports_to_tensorboard_by_default_only_when_it_is_installed(
     assert "--report-to tensorboard: the tensorboard package is not installed" in capsys.readouterr().err
 
 
+def test_lora_flags_need_a_rank_and_peft(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from rollout.cli.train import parse_args
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: find_spec("json") if name == "peft" else
+                        find_spec(name, *a))
+    a = parse_args(["--lora-r", "8"])
+    assert (a.lora_r, a.lora_alpha) == (8, 16.0)
+    assert (parse_args(["--lora-r", "8", "--lora-alpha", "4"]).lora_alpha, parse_args([]).lora_r) == (4.0, None)
+    for argv, message in ((["--lora-alpha", "4"], "--lora-alpha needs --lora-r"),
+                          (["--lora-r", "0"], "--lora-r must be at least 1")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+    with pytest.raises(SystemExit):
+        parse_args(["--lora-r", "8"])
+    assert "--lora-r: the peft package is not installed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used", "resume_nothing"])
 def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:

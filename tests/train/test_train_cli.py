@@ -122,3 +122,29 @@ def test_trls_logs_reach_tensorboard_by_default_when_it_is_installed(tmp_path: P
     out = tmp_path / "run"
     run_train(tmp_path, out, "--steps", "1")
     assert len(list(out.glob("runs/*/events.out.tfevents.*"))) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None,
+                    reason="the peft package is not installed: --lora-r is refused")
+def test_lora_trains_an_adapter_that_the_served_model_carries_and_the_checkpoints_hold(tmp_path: Path) -> None:
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from rollout.train.tiny import tiny_policy
+
+    out = tmp_path / "run"
+    result, _ = run_train(tmp_path, out, "--steps", "1", "--lora-r", "4")
+    assert any(".lora_A." in n for n, _ in result["model"].named_parameters())  # what the policy server sampled from
+    for folder in (out / "checkpoint-1", out / "final"):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+        assert sorted(config["target_modules"]) == [f"model.layers.{i}.{m}" for i in (0, 1) for m in (
+            "mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj", "self_attn.o_proj",
+            "self_attn.q_proj", "self_attn.v_proj")]  # every linear layer but the output head
+        assert not (folder / "model.safetensors").exists()
+        keys = load_file(folder / "adapter_model.safetensors")
+        assert len(keys) == 2 * 7 * 2 and all(".lora_A." in k or ".lora_B." in k for k in keys)
+    loaded = PeftModel.from_pretrained(tiny_policy(0)[0], out / "final")
+    assert sum(".lora_B." in n for n, _ in loaded.named_parameters()) == 14
+    record = json.loads((out / "run.json").read_text())
+    assert (record["lora_r"], record["lora_alpha"], record["final"]) == (4, 8.0, "final")
