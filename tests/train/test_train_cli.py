@@ -57,7 +57,7 @@ def test_a_run_keeps_checkpoints_the_final_model_and_its_record(tmp_path: Path) 
         "env": "toy", "model": "tiny", "base_model": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
         "train_cases": ["a"], "eval_cases": ["a", "b"], "steps": 3, "max_steps": 3, "samples": 2,
         "cases_per_step": 1, "lr": 5e-6, "beta": 0.0, "seed": 0, "save_steps": 2, "checkpoint": "checkpoint-3",
-        "final": "final", "resumes": 0,
+        "final": "final", "resumes": 0, "lora_r": None, "lora_alpha": None,
         "evals": {w: {"mean_reward": evals[w][0], "pass_rate": evals[w][1], "samples": 2}
                   for w in ("before", "after")}}
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
