@@ -128,7 +128,8 @@ class JobRollout:
 
     def __init__(self, template: JobOptions, num_generations: int, *, job_prefix: str = "train",
                  out_dir: Path | None = None, max_reruns: int = 2, pass_score: float = PASS_SCORE,
-                 keep_batches: bool = False, on_job: Callable[[str], None] | None = None) -> None:
+                 keep_batches: bool = False, on_job: Callable[[str], None] | None = None,
+                 calls_done: int = 0) -> None:
         if num_generations < 1:
             raise ValueError("num_generations must be at least 1")
         self.template, self.num_generations = template, num_generations
@@ -136,7 +137,7 @@ class JobRollout:
         self.pass_score, self.keep_batches, self.on_job = pass_score, keep_batches, on_job
         self.history: list[StepStats] = []
         self.batches: list[dict[str, list[Any]]] = []
-        self._calls = 0
+        self._calls = calls_done  # a resumed run's next job is step calls_done + 1
 
     async def collect(self, case_ids: Sequence[str], samples: int, tag: str,
                       temperature: float | None = None, scores_only: bool = False) -> Collected:
