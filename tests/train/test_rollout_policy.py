@@ -51,7 +51,7 @@ def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(tmp_pat
     (stats,) = rollout.history
     assert (stats.mean_reward, stats.pass_rate, stats.disagreeing_groups, stats.groups) == (5.0, 0.5, 2, 2)
     assert (stats.tokens_trained, stats.rows, stats.dropped, stats.jobs) == (8, 4, 2, 2)
-    with pytest.raises(trl_rollout.RolloutError, match=r"cases short of 2 trainable samples: \{'a': 1\}"):
+    with pytest.raises(trl_rollout.ShortBatchError, match=r"cases short of 2 trainable samples: \{'a': 1\}"):
         rollout.rollout_func(["a", "a"])
     assert [a[0] for a in asked[2:]] == ["t-step0002", "t-step0002-rerun1"]
 
