@@ -50,7 +50,7 @@ class TrainArgs:
     resume: bool = False
     report_to: str = "none"
     lora_r: int | None = None
-    lora_alpha: float | None = None
+    lora_alpha: int | None = None
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -86,7 +86,7 @@ def parse_args(argv: list[str]) -> TrainArgs:
                    help="where TRL's logs go besides metrics.jsonl (default: tensorboard when it is installed)")
     p.add_argument("--lora-r", type=int, default=None,
                    help="train a LoRA adapter of this rank (PEFT) on every linear layer instead of all weights")
-    p.add_argument("--lora-alpha", type=float, default=None, help="the LoRA scale's alpha (default 2 x --lora-r)")
+    p.add_argument("--lora-alpha", type=int, default=None, help="the LoRA scale's alpha (default 2 x --lora-r)")
     ns = p.parse_args(argv)
     if ns.lora_alpha is not None and ns.lora_r is None:
         p.error("--lora-alpha needs --lora-r")
@@ -118,7 +118,7 @@ def parse_args(argv: list[str]) -> TrainArgs:
                      pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
                      eval_samples=ns.eval_samples, save_steps=ns.save_steps,
                      resume=ns.resume, report_to=ns.report_to or ("tensorboard" if tensorboard else "none"),
-                     lora_r=ns.lora_r, lora_alpha=(ns.lora_alpha or 2.0 * ns.lora_r) if ns.lora_r else None)
+                     lora_r=ns.lora_r, lora_alpha=(ns.lora_alpha or 2 * ns.lora_r) if ns.lora_r else None)
 
 
 BASE_MODELS = {"tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
@@ -156,7 +156,7 @@ def _lora(args: TrainArgs) -> Any:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear", lora_dropout=0.0,
+    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0,
                       task_type="CAUSAL_LM")
 
 

@@ -51,7 +51,7 @@ class RunRecord(BaseModel):
     seed: int
     save_steps: int
     lora_r: int | None = None
-    lora_alpha: float | None = None
+    lora_alpha: int | None = None
     checkpoint: str | None = None
     final: str | None = None
     evals: dict[str, EvalRecord] = {}
