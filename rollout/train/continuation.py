@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,9 +40,9 @@ class Continuity:
 @dataclass
 class _Kept:
     asked: list[Any]          # canonical messages of the last request
-    asked_ids: list[int]      # its prompt ids
+    asked_ids: array[int]     # its prompt ids (8 bytes an id, not a list of int objects)
     through: list[Any]        # canonical messages of the last request + its reply
-    ids: list[int]            # its prompt ids + completion ids
+    ids: array[int]           # its prompt ids + completion ids
     rendered: str | None      # the template's text of ``through`` (no generation prompt)
     closing: str | None       # what the template writes after the reply that the model did not sample
     tools: str
@@ -60,7 +61,7 @@ class SessionPrompts:
     ``counts`` holds the prompts per mode, ``reasons`` the fallbacks per reason; at most
     ``max_sessions`` sessions are kept (least recently used dropped, counted in ``evicted``)."""
 
-    def __init__(self, engine: Engine, *, max_sessions: int = 10_000) -> None:
+    def __init__(self, engine: Engine, *, max_sessions: int = 4096) -> None:
         self.engine, self.max_sessions = engine, max_sessions
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self.counts: Counter[str] = Counter({"continued": 0, "rendered": 0, "fallback": 0})
@@ -107,7 +108,7 @@ class SessionPrompts:
         if not text.startswith(kept.rendered):
             return self.engine.encode(text), Continuity(
                 "fallback", "the chat template renders the earlier turns differently in the longer chat")
-        return kept.ids + self.engine.encode(kept.closing + text[len(kept.rendered):]), Continuity("continued")
+        return [*kept.ids, *self.engine.encode(kept.closing + text[len(kept.rendered):])], Continuity("continued")
 
     @staticmethod
     def _mismatch(kept: _Kept, canon: list[Any], tools: list[dict[str, Any]] | None) -> str | None:
@@ -148,8 +149,8 @@ class SessionPrompts:
                 if closing.startswith(eos):
                     closing = closing[len(eos):]  # the model sampled the turn's end itself
         canon = [canonical_message(m) for m in messages]
-        self._kept[session_id] = _Kept(asked=canon, asked_ids=list(prompt_ids), through=[*canon,
-                                       canonical_message(reply)], ids=[*prompt_ids, *completion_ids],
+        self._kept[session_id] = _Kept(asked=canon, asked_ids=array("q", prompt_ids), through=[*canon,
+                                       canonical_message(reply)], ids=array("q", [*prompt_ids, *completion_ids]),
                                        rendered=rendered, closing=closing, tools=_tools_key(tools))
         self._kept.move_to_end(session_id)
         while len(self._kept) > self.max_sessions:

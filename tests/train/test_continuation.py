@@ -170,3 +170,19 @@ async def test_through_the_gateway_every_step_extends_the_previous(server: Polic
     steps = await gateway.wait_steps("g1", 3)
     assert [s.extends_prefix for s in steps] == [None, True, True]
     assert all(s.finish_reason == "stop" for s in steps)
+
+
+def test_an_evicted_session_falls_back_and_is_counted(policy: tuple[Any, Any]) -> None:
+    tokenizer = policy[1]
+    sessions = SessionPrompts(TransformersEngine(*policy), max_sessions=1)
+    first = [SYSTEM, {"role": "user", "content": "Say hi."}]
+    reply = {"role": "assistant", "content": "Hi."}
+    for sid in ("a", "b"):  # b's ids push a's out
+        prompt, _ = sessions.prompt(sid, first, None)
+        sessions.keep(sid, first, None, prompt, encode(tokenizer, "Hi."), reply)
+    later = [*first, reply, {"role": "user", "content": "Again."}]
+    ids, how = sessions.prompt("a", later, None)
+    assert how.mode == "fallback" and ids == rendered(tokenizer, later)
+    assert sessions.stats() == {"prompts": {"continued": 0, "rendered": 2, "fallback": 1}, "sessions": 1,
+                                "evicted": 1, "fallback_reasons": {how.reason: 1}}
+    assert sessions.prompt("b", later, None)[1] == Continuity("continued")
