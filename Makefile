@@ -20,9 +20,10 @@ test-fast: setup-test
 
 lint: setup-test
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	.venv/bin/lint-imports
-	$(PY) scripts/docstring_ratio.py --max 0.15 wire gateway store
+	$(PY) scripts/docstring_ratio.py --max 0.15 wire gateway store rollout env
 
 setup-run:
 	@scripts/setup.sh local

@@ -32,21 +32,43 @@ def main() -> None:
     args = ap.parse_args()
     report = _bench.Report("train_bench", args)
     start = time.monotonic()
-    result = train(TrainArgs(env="basics", cases=["run_script"], steps=args.steps, samples=args.samples,
-                             model_config=args.model_config, max_new_tokens=args.max_new_tokens, out=args.out))
+    result = train(
+        TrainArgs(
+            env="basics",
+            cases=["run_script"],
+            steps=args.steps,
+            samples=args.samples,
+            model_config=args.model_config,
+            max_new_tokens=args.max_new_tokens,
+            out=args.out,
+        )
+    )
     history = result["history"]
-    curve = _bench.Table(f"GRPO on basics run_script, {args.samples} samples per step ({args.model_config} model)",
-                         ["step", ("pass rate", ".2f"), ("mean reward", ".2f"), "disagreeing groups",
-                          "tokens trained", "dropped", ("seconds", ".1f")])
+    curve = _bench.Table(
+        f"GRPO on basics run_script, {args.samples} samples per step ({args.model_config} model)",
+        [
+            "step",
+            ("pass rate", ".2f"),
+            ("mean reward", ".2f"),
+            "disagreeing groups",
+            "tokens trained",
+            "dropped",
+            ("seconds", ".1f"),
+        ],
+    )
     for i, h in enumerate(history, 1):
-        curve.add(str(i), h.pass_rate, h.mean_reward, h.disagreeing_groups, h.tokens_trained, h.dropped, h.seconds)
+        curve.add(
+            str(i), h.pass_rate, h.mean_reward, h.disagreeing_groups, h.tokens_trained, h.dropped, h.seconds
+        )
     report.table(curve)
     q = max(1, len(history) // 4)
     first = report.value("first_quarter_pass_rate", sum(h.pass_rate for h in history[:q]) / q)
     last = report.value("last_quarter_pass_rate", sum(h.pass_rate for h in history[-q:]) / q)
     report.line(f"pass rate, first {q} step(s) {first:.2f} -> last {q} step(s) {last:.2f}")
-    evals = _bench.Table("held-out evaluation (greedy, every basics case)",
-                         ["when", ("pass rate", ".2f"), ("mean reward", ".2f"), "samples"])
+    evals = _bench.Table(
+        "held-out evaluation (greedy, every basics case)",
+        ["when", ("pass rate", ".2f"), ("mean reward", ".2f"), "samples"],
+    )
     for when, (mean, rate, n) in result["evals"].items():
         evals.add(when, rate, mean, n)
     report.table(evals)
