@@ -1,7 +1,8 @@
 """``launcher.py train``: GRPO (TRL's ``GRPOTrainer``) on a bundled env with the embedded model,
 its sessions run as launcher jobs through a gateway whose route is the trainer's own model
-(docs/training.md, "Training with TRL"). Prints one line per step and the held-out evaluation
-before and after; writes the curve (PNG and HTML) into the output folder."""
+(docs/training.md, "Training with TRL"). Prints one line per step and the evaluation on cases
+not trained on (held-out) before, every ``--eval-every`` steps and after; writes the curve (PNG and
+HTML) into the output folder."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ __all__ = ["TrainArgs", "main", "parse_args", "train"]
 class TrainArgs:
     """The ``train`` flags (``--help``)."""
 
-    env: str = "basics"
+    env: str = "scripts"
     cases: list[str] | None = None
     eval_cases: list[str] | None = None
     steps: int = 16
@@ -44,15 +45,21 @@ class TrainArgs:
     max_reruns: int = 2
     max_retries: int = 2
     eval_samples: int = 1
+    eval_every: int = 0
+    allow_eval_overlap: bool = False
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
     """``train`` flags to :class:`TrainArgs` (argparse exits 2 on a bad flag)."""
     p = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py train", description=__doc__)
-    p.add_argument("--env", default="basics", help="the env to train on (default: basics)")
-    p.add_argument("--cases", default="run_script", help="comma-separated case ids trained on (default: run_script)")
+    p.add_argument("--env", default="scripts", help="the env to train on (default: scripts)")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated case ids trained on (default: the env's split=train rows, else every case)")
     p.add_argument("--eval-cases", default=None,
-                   help="comma-separated case ids of the held-out evaluation (default: every case of the env)")
+                   help="comma-separated case ids evaluated on (default: the env's split=eval rows, else every "
+                        "case not trained on); a trained case is refused unless --allow-eval-overlap")
+    p.add_argument("--allow-eval-overlap", action="store_true",
+                   help="evaluate on trained cases too (the evaluation is then reported as overlapping, not held-out)")
     p.add_argument("--steps", type=int, default=16, help="optimizer steps (default 16)")
     p.add_argument("--samples", type=int, default=8, help="samples per case per step: the GRPO group (default 8)")
     p.add_argument("--cases-per-step", type=int, default=1, help="cases (groups) per step (default 1)")
@@ -70,10 +77,16 @@ def parse_args(argv: list[str]) -> TrainArgs:
     p.add_argument("--max-reruns", type=int, default=2,
                    help="jobs run again for samples that cannot be trained on (default 2)")
     p.add_argument("--max-retries", type=int, default=2, help="the launcher's retries of an infrastructure failure")
-    p.add_argument("--eval-samples", type=int, default=1, help="samples per held-out case (default 1, greedy)")
+    p.add_argument("--eval-samples", type=int, default=1,
+                   help="samples per evaluated case (default 1, greedy; K > 1: sampled at the training "
+                        "temperature, pass@1 and pass@K)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate every N steps too (default 0: before and after only)")
     ns = p.parse_args(argv)
     if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples) < 1:
         p.error("--steps, --cases-per-step, --max-new-tokens and --eval-samples must be at least 1")
+    if ns.eval_every < 0:
+        p.error("--eval-every must be 0 (off) or more")
     if ns.samples < 2:
         p.error("--samples must be at least 2: GRPO compares the samples of a case")
     if ns.out is not None and ns.out.exists() and not ns.out.is_dir():
@@ -89,7 +102,8 @@ def parse_args(argv: list[str]) -> TrainArgs:
                      max_new_tokens=ns.max_new_tokens, temperature=ns.temperature, seed=ns.seed, out=ns.out,
                      model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
                      pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
-                     eval_samples=ns.eval_samples)
+                     eval_samples=ns.eval_samples, eval_every=ns.eval_every,
+                     allow_eval_overlap=ns.allow_eval_overlap)
 
 
 def load_policy(name: str, seed: int) -> tuple[Any, Any]:
@@ -110,34 +124,40 @@ def _step_line(step: int, stats: Any) -> str:
 
 
 def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run the training; returns ``{"history", "evals", "png", "html", "rollout"}``."""
-    from datasets import Dataset
+    """Run the training; returns ``{"history", "evals" (:class:`EvalResult` list), "split", "png", "html",
+    "rollout"}``."""
+    from rollout.jobs.job import load_envs
+    from rollout.train.heldout import choose_cases, eval_line, run_eval, summarize
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
+    # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
+    warnings.filterwarnings("ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning)
+    out = (args.out or Path("runs") / f"train-{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
+    db_url = f"sqlite://{out / 'train.db'}"
+    probe = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_config=out / "gateway.yaml")
+    ((env_cfg, all_cases),) = load_envs(probe)
+    split = choose_cases(args.env, all_cases, args.cases, args.eval_cases, args.allow_eval_overlap)
+    case_ids = split.train
+    out.mkdir(parents=True, exist_ok=True)
+    # greedy for one sample; several: sampled as in training (--temperature, else the env's)
+    env_t = env_cfg.params.get("temperature")
+    eval_t = 0.0 if args.eval_samples == 1 else args.temperature if args.temperature is not None else \
+        float(env_t) if isinstance(env_t, int | float) else None
+    print(f"training on {', '.join(case_ids)}; evaluating ({split.label}) on {', '.join(split.eval)}",
+          file=stdout, flush=True)
+    from datasets import Dataset  # the cases are checked before these slow imports
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rollout.jobs.job import load_envs
     from rollout.train.adapters import env_reward
     from rollout.train.curve import write_curve
     from rollout.train.policy_server import PolicyServer
     from rollout.train.sync import PolicySync
     from rollout.train.trl_rollout import JobRollout, policy_gateway
 
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
-    # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
-    warnings.filterwarnings("ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning)
-    out = (args.out or Path("runs") / f"train-{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    db_url = f"sqlite://{out / 'train.db'}"
-    probe = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_config=out / "gateway.yaml")
-    ((env_cfg, all_cases),) = load_envs(probe)
-    case_ids = args.cases or [c.case_id for c in all_cases]
-    eval_ids = args.eval_cases or [c.case_id for c in all_cases]
-    unknown = sorted(set(case_ids + eval_ids) - {c.case_id for c in all_cases})
-    if unknown:
-        raise SetupError(f"--cases/--eval-cases: env {args.env} has no case {unknown}")
     print(f"loading the {args.model_config} model", file=stdout, flush=True)
     model, tokenizer = load_policy(args.model_config, args.seed)
-    evals: dict[str, tuple[float, float, int]] = {}
+    evals: list[Any] = []
     with PolicyServer(model, tokenizer, model_name="policy", seed=args.seed,
                       max_tokens_cap=args.max_new_tokens) as server, \
             policy_gateway(out, db_url, server.base_url) as (cfg, gateway_url):
@@ -148,11 +168,13 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         rollout = JobRollout(template, args.samples, job_prefix="train", out_dir=out / "jobs",
                              max_reruns=args.max_reruns)
 
-        def evaluate(when: str) -> None:
-            mean, rate, n = rollout.evaluate(eval_ids, f"eval-{when}", samples=args.eval_samples)
-            evals[when] = (mean, rate, n)
-            print(f"eval {when:6s}  mean reward {mean:5.2f}  pass rate {rate:4.2f}  ({n} samples, greedy, "
-                  f"cases {', '.join(eval_ids)})", file=stdout, flush=True)
+        def evaluate(when: str, step: int) -> None:
+            scores = run_eval(rollout, split.eval, f"eval-{when.replace(' ', '')}", args.eval_samples, eval_t)
+            evals.append(summarize(scores, when=when, step=step, label=split.label, temperature=eval_t,
+                                   pass_score=rollout.pass_score))
+            print(eval_line(evals[-1]), file=stdout, flush=True)
+
+        every, total = args.eval_every, args.steps  # (the callback's own ``args`` are TRL's)
 
         class _Print(TrainerCallback):  # type: ignore[misc]
             last = 0.0
@@ -166,8 +188,13 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                     rollout.history[-1] = replace(rollout.history[-1], seconds=now - self.last)
                     print(_step_line(state.global_step, rollout.history[-1]), file=stdout, flush=True)
                 self.last = now
+                if every and state.global_step % every == 0 and state.global_step < total:
+                    model.eval()
+                    evaluate(f"step {state.global_step}", state.global_step)
+                    model.train()
+                    self.last = time.monotonic()
 
-        evaluate("before")
+        evaluate("before", 0)
         n_rows = args.samples * args.cases_per_step
         config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=n_rows,
                             num_generations=args.samples, max_completion_length=4096, learning_rate=args.lr,
@@ -182,10 +209,10 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         model.train()
         trainer.train()
         model.eval()
-        evaluate("after")
+        evaluate("after", len(rollout.history))
     png, page = write_curve(rollout.history, evals, out)
     print(f"curve: {png}  {page}", file=stdout, flush=True)
-    return {"history": rollout.history, "evals": evals, "png": png, "html": page, "rollout": rollout}
+    return {"history": rollout.history, "evals": evals, "split": split, "png": png, "html": page, "rollout": rollout}
 
 
 def main(argv: list[str]) -> int:
@@ -201,8 +228,9 @@ def main(argv: list[str]) -> int:
     except ImportError as e:
         print(f"error: launcher.py train needs the train extra (pip install -e '.[train]'): {e}", file=sys.stderr)
         return 1
-    before, after = result["evals"].get("before"), result["evals"].get("after")
-    if before and after:
-        print(f"held-out pass rate {before[1]:.2f} -> {after[1]:.2f}, mean reward {before[0]:.2f} -> {after[0]:.2f} "
-              f"in {time.monotonic() - start:.0f} s", flush=True)
+    from rollout.train.heldout import summary_line
+
+    evals = result["evals"]
+    if len(evals) >= 2:
+        print(f"{summary_line(evals[0], evals[-1])} in {time.monotonic() - start:.0f} s", flush=True)
     return 0
