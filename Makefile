@@ -22,7 +22,7 @@ lint: setup-test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	.venv/bin/lint-imports
-	$(PY) scripts/docstring_ratio.py --max 0.15 wire gateway
+	$(PY) scripts/docstring_ratio.py --max 0.15 wire gateway store
 
 setup-run:
 	@scripts/setup.sh local

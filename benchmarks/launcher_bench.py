@@ -90,7 +90,8 @@ async def bare(n: int, pool: int, runtime: Path) -> tuple[float, float]:
 
 def child(args: argparse.Namespace) -> None:
     """One job in this process; prints one JSON line: seconds, sessions, peak RSS."""
-    from rollout.jobs.job import JobOptions, run_job
+    from rollout.jobs.options import JobOptions
+    from rollout.jobs.run import run_job
 
     root = Path(args.root)
     cases = args.cases or args.child  # sessions = cases x samples (rl_group_size)

@@ -34,8 +34,9 @@ from typing import Any
 import _bench
 import yaml
 
-from rollout.jobs.job import JobOptions, run_job
-from rollout.jobs.services import free_port
+from rollout.jobs.options import JobOptions
+from rollout.jobs.processes import free_port
+from rollout.jobs.run import run_job
 from tests.fake_upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[1]

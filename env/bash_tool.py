@@ -1,10 +1,6 @@
-"""The ``bash`` tool of the bash agent: run one command with ``bash -c`` in the workspace.
-
-Not a login shell: a login profile would reset PATH (Debian's /etc/profile drops the sandbox's
-interpreter folder) and may be slow; the command gets this process's environment as it is,
-without ``BASH_ENV``/``ENV`` (files a shell would source first). Each call runs in its own process group (session) so a timeout kills the command and everything
-it started. Output is stdout and stderr interleaved, decoded as UTF-8 (invalid bytes replaced).
-"""
+"""The ``bash`` tool of the bash agent: one command with ``bash --noprofile --norc -c`` in the
+workspace, in its own process group (a timeout kills all it started), without ``BASH_ENV``/``ENV``;
+stdout and stderr interleaved, decoded as UTF-8 (docs/bash-agent.md)."""
 
 from __future__ import annotations
 
@@ -64,13 +60,8 @@ def command_env() -> dict[str, str]:
 
 
 def run_bash(command: str, cwd: str, timeout_s: float = 20.0, output_limit: int = 8000) -> BashResult:
-    """Run ``bash --noprofile --norc -c command`` in ``cwd`` with stdin closed and
-    :func:`command_env`.
-
-    ``timeout_s`` (seconds) bounds the whole call: at the timeout the process group gets SIGKILL
-    and the output gathered so far is returned with ``timed_out=True``. ``output_limit`` is in
-    characters (see ``truncate_output``). Raises OSError only when bash itself cannot be started.
-    """
+    """Run ``command`` in ``cwd`` (stdin closed, :func:`command_env`); at ``timeout_s`` the group is
+    killed and the output so far returned with ``timed_out=True``. OSError only when bash cannot start."""
     proc = subprocess.Popen(
         ["bash", "--noprofile", "--norc", "-c", command],
         cwd=cwd,

@@ -1,15 +1,7 @@
-"""The runtime of task-directory envs: the bash agent loop (``env.bash_agent``) under the runtime contract.
-
-The runtime's cwd is the session's workspace (the task's ``files/`` copied in). It sends the
-case's ``instruction`` and reports ``succeeded`` when ``outputs/answer.json`` parses as JSON,
-else ``failed``. Params (``env_params``): ``protocol`` (tools | text | auto, default tools),
-``bash_timeout_s`` (20), ``output_limit_chars`` (8000), ``max_tokens`` (512), ``turn_cap`` (model
-calls allowed when ``max_steps`` is -1, 50), ``temperature`` (used when the job sets none),
-``answer_file`` (false: the task has no answer file, its own tests grade the workspace (a Harbor
-task): the session succeeded when the agent loop ended without an error, truncated when it used its
-budget).
-Run as ``python -m env.task_runtime``.
-"""
+"""The runtime of task-directory envs (``python -m env.task_runtime``): the bash agent loop
+(``env.bash_agent``) in the session's workspace on the case's ``instruction``; ``succeeded`` when
+``outputs/answer.json`` parses (or, with ``answer_file: false``, when the loop ended without an
+error). Its params are in docs/bash-agent.md."""
 
 from __future__ import annotations
 
@@ -49,11 +41,8 @@ def check_answer(workspace: Path) -> str | None:
 
 
 def main(req: SimulationStartRequest) -> SimulationStartResult:
-    """Run the agent in the cwd and report: succeeded when the answer file parses, else failed.
-
-    Metrics: ``steps``, ``tool_calls`` (commands run), ``format_errors``, ``answer_present``,
-    ``stop_reason``. Raises ValueError for an unknown ``protocol`` param (a failed result).
-    """
+    """Run the agent in the cwd and report, with metrics ``steps``, ``tool_calls``,
+    ``format_errors``, ``answer_present``, ``stop_reason``; ValueError for an unknown ``protocol``."""
     workspace = Path.cwd()
     params = LoopParams.from_env_params(req.env_params)
     default_t = req.env_params.get("temperature")

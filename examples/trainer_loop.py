@@ -24,7 +24,7 @@ from typing import Any
 
 from rollout.client import FeedClient, FeedError
 from rollout.core.argtypes import finite_float, int_at_least
-from rollout.servers.feed.schema import FeedGroupOut, FeedSample
+from rollout.results.feed_schema import FeedGroupOut, FeedSample
 
 
 class StateError(ValueError):

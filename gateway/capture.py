@@ -10,11 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["CaptureSettings", "strip_answer", "strip_chunk", "tokens_of", "upstream_fields"]
 
-TOKEN_KEYS = ("prompt_token_ids", "token_ids")
-"""Keys that carry token ids: top level (vLLM ``prompt_token_ids``) and per choice (vLLM and
-SGLang ``token_ids``, SGLang ``prompt_token_ids``)."""
-
-
 class CaptureSettings(BaseModel):
     """What a route captures (``capture: tokens`` is ``{mode: tokens}``): the ``server``'s field
     names, ``logprobs``, and vLLM's ``prompt_logprobs`` (docs/tokens.md)."""

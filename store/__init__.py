@@ -1,8 +1,7 @@
-"""The trajectory store: SQLModel tables, the engines and every SQL statement: the writers' behind
-``Store``, the readers' in ``store.queries`` (viewer), ``store.feed`` and ``store.search``.
-
-Used by both the gateway and the launcher; knows nothing about HTTP (module map:
-docs/architecture.md).
+"""The trajectory store: SQLModel tables, engines and every SQL statement: the writers behind
+``Store``, the readers in ``store.queries``, ``store.feed`` and ``store.search``. Used by the
+gateway and the launcher; knows nothing about HTTP. Tables, who writes them and the step
+format: docs/storage.md.
 """
 
 from store.batch_writer import SessionRow, StepRow

@@ -1,12 +1,6 @@
-"""Database URLs and engines.
-
-SQLite runs in WAL mode with a long ``busy_timeout`` on every connection; write transactions start
-with ``BEGIN IMMEDIATE`` so a read-then-write transaction never gets ``SQLITE_BUSY`` at once while
-another connection writes (a known behaviour of Python's sqlite3 module; SQLAlchemy "pysqlite serializable" recipe).
-Reads use a second engine with deferred transactions; on a SQLite file this process cannot write
-(a read-only mount, file or folder: :func:`sqlite_read_only`) the reader opens it read only
-(:func:`read_only_uri`). PostgreSQL URLs map to asyncpg (the optional extra ``.[postgres]``); both
-backends run the whole store test suite.
+"""Database URLs and engines. SQLite: WAL and a long ``busy_timeout`` on every connection; writes
+start with ``BEGIN IMMEDIATE`` (no ``SQLITE_BUSY`` at once for a read-then-write); reads use a
+second engine, read only on a file this process cannot write. PostgreSQL: asyncpg (``.[postgres]``).
 """
 
 from __future__ import annotations
@@ -27,9 +21,7 @@ from sqlalchemy.pool import StaticPool
 
 BUSY_TIMEOUT_MS = 60_000
 SQLITE_PAGE_SIZE = 4096
-"""The page size of a SQLite file this store creates (bytes; an existing file keeps its own).
-Every page size wastes the tail of its pages on rows of some sizes; on agent steps of mixed
-sizes 4 KiB wastes no more than larger pages and costs less CPU per commit (docs/storage.md)."""
+"""The page size of a SQLite file this store creates (an existing file keeps its own; docs/storage.md)."""
 
 
 REDACTED = "***"
@@ -54,12 +46,8 @@ def _secret_param(part: str) -> bool:
 
 
 def redact_url(url: str, *, drop_user: bool = False) -> str:
-    """``url`` with its credentials hidden: the password of its user info (``user:***@``; the
-    whole user info with ``drop_user``) and the value of every query parameter whose name looks
-    like a credential (``password``, ``sslpassword``, ``api_key``, ``key``, ``token``, ``sig``,
-    ...) replaced by ``***``. Everything else is kept as written; a string without ``://``
-    (a file path) is returned as is. Used for every database and upstream URL the gateway and
-    the launcher print, log or answer."""
+    """``url`` with the password of its user info (all of it with ``drop_user``) and every
+    credential-like query parameter as ``***``; a string without ``://`` is returned as is."""
     parts = _split_url(url)
     if parts is None:
         return url
@@ -91,9 +79,7 @@ def url_secrets(url: str) -> list[str]:
 
 
 def hide_secrets(text: str, *urls: str) -> str:
-    """``text`` (an error message, a log line) with every credential of ``urls`` replaced by
-    ``***``: driver and client errors may quote the URL or the connection string they failed
-    on."""
+    """``text`` (an error, a log line) with every credential of ``urls`` as ``***``."""
     for url in urls:
         for secret in url_secrets(url):
             text = text.replace(secret, REDACTED)
@@ -106,15 +92,10 @@ class DbUrlError(ValueError):
 
 
 def parse_db_url(url: str) -> str:
-    """Turn a user storage URL into a SQLAlchemy async URL.
-
-    ``sqlite://env_trajs.db`` (Safactory style: a path relative to the working directory),
-    ``sqlite:///abs/path.db``, ``sqlite:////abs/path.db`` and a plain path (``/abs/path.db``,
-    ``runs/t.db``: no ``://``) give ``sqlite+aiosqlite:///<abs path>``; ``postgresql://...``
-    gives ``postgresql+asyncpg://...``. Raises DbUrlError otherwise, and for a SQLite path whose
-    folder does not exist or that is a folder. (The file itself is never opened here: closing a
-    descriptor of a SQLite file drops the locks of every connection of the process to it.)
-    """
+    """A user storage URL as a SQLAlchemy async URL: ``sqlite://rel.db``, ``sqlite:///abs.db`` or a plain
+    path give ``sqlite+aiosqlite:///<abs path>``; ``postgresql://`` gives ``postgresql+asyncpg://``.
+    Raises DbUrlError otherwise, or for a SQLite path whose folder is missing or that is a folder.
+    (Never opens the file: closing a descriptor of it would drop this process's SQLite locks.)"""
     if url.startswith("sqlite+aiosqlite:///"):
         url = "sqlite:///" + (make_url(url).database or "")
     if url.startswith("sqlite://") or ("://" not in url and url.strip()):
@@ -167,12 +148,8 @@ def _json_floats(obj: Any) -> Any:
 
 
 def json_dumps(obj: Any) -> str:
-    """Serializer for JSON columns: strict JSON (NaN/Infinity become the strings 'nan'/'inf').
-
-    Text is stored as UTF-8, except when a string holds a lone surrogate (``"\\ud800"`` in a
-    request is valid JSON that Python decodes, but no UTF-8 text can carry it): then the whole
-    value is written with ``\\uXXXX`` escapes (``ensure_ascii``), which reads back to the same
-    string, so the row is stored exactly instead of failing its batch."""
+    """Serializer for JSON columns: strict JSON (NaN/Infinity as 'nan'/'inf'); a value holding a
+    lone surrogate is written with ``\\uXXXX`` escapes (UTF-8 cannot carry it) so its row is stored exactly."""
     try:
         text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
     except ValueError:
@@ -186,9 +163,8 @@ def json_dumps(obj: Any) -> str:
 
 
 def _sqlite_connection(dbapi_conn: Any, _record: Any) -> None:
-    """Every SQLite connection: :data:`SQLITE_PAGE_SIZE` (before WAL, which writes the header of
-    a new file), WAL, the busy timeout, ``synchronous=NORMAL``, and no implicit transactions (we
-    emit ``BEGIN``/``BEGIN IMMEDIATE`` ourselves: pysqlite's are deferred)."""
+    """Every SQLite connection: page size (before WAL), WAL, busy timeout, ``synchronous=NORMAL``,
+    no implicit transactions (we emit ``BEGIN`` ourselves)."""
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
@@ -199,24 +175,18 @@ def _sqlite_connection(dbapi_conn: Any, _record: Any) -> None:
 
 
 def sqlite_read_only(path: Path) -> bool:
-    """Whether the SQLite file ``path`` exists and this process cannot write it or its folder (a
-    read-only mount, file or folder, an immutable file): SQLite could not make its WAL index
-    (``-shm``) beside it, so readers open it read only."""
+    """Whether the SQLite file ``path`` exists and this process cannot write it or its folder."""
     return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
 
 
 def read_only_uri(path: Path) -> str:
-    """The SQLite URI opening ``path`` read only: ``mode=ro``, plus ``immutable=1`` unless a live WAL
-    (``-wal`` and ``-shm`` files) is beside it; without one nothing is in a WAL and none can be
-    made, so SQLite reads the file as it is."""
+    """The URI opening ``path`` read only (``mode=ro``, plus ``immutable=1`` unless a live WAL is beside it)."""
     live_wal = all(path.with_name(path.name + end).exists() for end in ("-wal", "-shm"))
     return f"file:{quote(str(path.absolute()))}?mode=ro{'' if live_wal else '&immutable=1'}"
 
 
 def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
-    """A sync engine on the SQLite file ``path`` set up as the async ones (WAL, busy_timeout,
-    ``BEGIN IMMEDIATE`` for the writer, ``BEGIN`` for the reader), one connection: for the
-    launcher's writes and reads run in one thread hop each (``store.group``)."""
+    """A one-connection sync engine on ``path`` set up as the async ones (``store.group``)."""
     begin_sql = "BEGIN IMMEDIATE" if writer else "BEGIN"
     kw: dict[str, Any] = {}
     if not writer and sqlite_read_only(path):
@@ -236,9 +206,7 @@ def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
 
 
 def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:
-    """Create an async engine. For SQLite: WAL, busy_timeout on every connection, and
-    ``BEGIN IMMEDIATE`` for the writer engine (``BEGIN`` for the reader, which opens a file it
-    cannot write read only: :func:`read_only_uri`)."""
+    """An async engine; SQLite: as :func:`_sqlite_connection`, ``BEGIN IMMEDIATE`` for the writer."""
     if async_url.startswith("sqlite"):
         kw: dict[str, Any] = {}
         path = sqlite_path(async_url)

@@ -1,10 +1,5 @@
-"""The feed's SQL: marking a group ready (in the launcher's finishing transaction) and the reads
-that serve ready groups and exports (docs/feed.md).
-
-Written with SQLAlchemy Core/ORM only, so it runs unchanged on SQLite and PostgreSQL. Rows come
-back as plain dicts of column values (JSON columns decoded). Step columns that a store made by
-another version lacks (token ids, policy versions) are read when the table has them, and are
-None otherwise.
+"""The feed's SQL: marking a group ready (in the launcher's finishing transaction) and the reads that
+serve ready groups and exports (docs/feed.md). Step columns an older store lacks read as None.
 """
 
 from __future__ import annotations
@@ -87,13 +82,9 @@ def unfinished_group(s: Session | Connection, session_id: str) -> tuple[str, str
 
 
 def append_if_ready(s: Session | Connection, job_id: str, group_id: str) -> int | None:
-    """In the caller's write transaction, after one of the group's sessions was finished: when
-    every session of the group is finished, append a feed entry (the next ``ready_seq`` of the
-    job, ``revision`` one more than the group's earlier entries). Returns the new ``ready_seq``,
-    or None when the group still has unfinished sessions. The caller holds the write lock (SQLite
-    ``BEGIN IMMEDIATE``), so the next ``ready_seq`` is read and written atomically; a concurrent
-    writer of the same job on PostgreSQL fails on the primary key instead of reusing a number.
-    Synchronous (an async caller uses ``AsyncSession.run_sync``)."""
+    """In the caller's write transaction (sync): when every session of the group is finished,
+    append its feed entry (next ``ready_seq``, next ``revision``) and return the ``ready_seq``; None
+    while some are unfinished. On PostgreSQL a concurrent writer fails on the primary key."""
     key = {"job": job_id, "grp": group_id}
     total, finished = s.execute(_GROUP_COUNTS, key).one()
     if not total or int(finished or 0) < int(total):
@@ -107,11 +98,8 @@ def append_if_ready(s: Session | Connection, job_id: str, group_id: str) -> int 
 
 
 def backfill(s: Session, job_id: str) -> int:
-    """In the caller's write transaction: give every complete group of ``job_id`` that has no
-    feed entry one (revision 1), in the order of its last session's ``finished_at``; for jobs
-    recorded before the feed existed. Returns how many entries were appended. A group completed
-    by this version always has its entry already (appended in the same transaction as its last
-    finish), so this never duplicates one. Synchronous, as :func:`append_if_ready`."""
+    """In the caller's write transaction (sync): a revision-1 entry for every complete group of
+    ``job_id`` without one (jobs recorded before the feed), in finishing order; returns how many."""
     have = set(s.execute(select(FG.c.group_id).where(FG.c.job_id == job_id)).scalars())
     done = s.execute(
         select(JE.c.group_id, func.max(JE.c.finished_at), func.count()).where(JE.c.job_id == job_id)
@@ -132,12 +120,6 @@ class FeedQueries:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-
-    async def last_ready_seq(self, job_id: str) -> int:
-        """The job's highest ``ready_seq`` (0 when no group is ready yet)."""
-        async with self.engine.connect() as conn:
-            value = (await conn.execute(select(func.max(FG.c.ready_seq)).where(FG.c.job_id == job_id))).scalar()
-        return int(value or 0)
 
     async def ready_after(self, job_id: str, after: int, limit: int) -> list[dict[str, Any]]:
         """Feed entries of a job with ``ready_seq > after``, oldest first, at most ``limit``."""

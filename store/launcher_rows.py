@@ -1,7 +1,7 @@
 """The launcher's rows: its sessions (``job_environments``), their attempts (``session_attempts``)
 and kept workspaces (``session_workspaces``), a session's steps moved aside for a retry, the
 evaluation written back (:func:`write_evaluation`: both tables, one function), and the reads of a job. Called by ``rollout``
-(the job, its scheduler, the regrade, the records) through :class:`store.Store`.
+(the job, its attempts, the regrade, the records) through :class:`store.Store`.
 
 SQL: every write is SQLAlchemy Core on the tables, run as an operation of the group commit
 (``store.group``: many sessions' writes, one transaction). Reads that give whole rows select the
@@ -177,7 +177,8 @@ class LauncherRows:
         return inserted
 
     async def attach_sessions(self, rows: Sequence[JobEnvironment]) -> None:
-        """See :meth:`store.Store.attach_sessions`."""
+        """Make sessions recorded without a job sessions of one: their ``job_environments`` rows
+        and their steps stamped, in one transaction. ValueError for one with a launcher row."""
         values = [_column_values(r) for r in rows]
 
         def op(conn: Connection) -> None:
@@ -194,7 +195,7 @@ class LauncherRows:
 
     async def reset_for_retry(self, session_id: str, attempt: int) -> int:
         """Move the session's steps to ``attempt_session_id(session_id, attempt)`` (not trainable)
-        and drop its gateway row; returns how many steps moved."""
+        and drop its gateway row (call once the gateway answered the close); returns how many moved."""
         def op(s: Session) -> int:
             conn = s.connection()
             res = conn.execute(_MOVE_STEPS, {"b_sid": session_id, "session_id": attempt_session_id(session_id, attempt),
@@ -213,7 +214,7 @@ class LauncherRows:
         return await self._db.group.run(op)
 
     async def update_job_session(self, session_id: str, **values: Any) -> None:
-        """Set columns of one ``job_environments`` row."""
+        """Set columns of one ``job_environments`` row (ValueError for a key that is not one)."""
         _check_columns(values)
         params = {**values, "b_sid": session_id}
 
@@ -226,7 +227,7 @@ class LauncherRows:
         (:func:`write_evaluation`; the last step also marked terminal and
         session-completed) with the result's other columns plus ``finished`` and ``finished_at``
         on the session row, and the group's feed entry when this finishes its last unfinished
-        session (:func:`store.feed.append_if_ready`)."""
+        session (:func:`store.feed.append_if_ready`). KeyError for an unknown session."""
         def op(s: Session) -> None:
             conn = s.connection()
             group = unfinished_group(conn, session_id)

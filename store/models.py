@@ -1,11 +1,7 @@
-"""SQLModel tables of the trajectory store.
+"""SQLModel tables of the trajectory store (table names as Safactory's where a trainer may read them).
 
-Table names follow Safactory where a trainer may already read them: ``job_environments`` (one row
-per session), ``session_steps`` (one row per model call) and ``gateway_sessions`` (the gateway's
-per-session state, persisted so that a gateway restart keeps step budgets).
-
-JSON columns hold the exact decoded JSON; text columns escape a lone surrogate or NUL
-(:class:`ColumnText`); timestamps are timezone-aware UTC datetimes.
+Text columns escape a lone surrogate or NUL (:class:`ColumnText`); timestamps are aware UTC.
+Columns: docs/storage.md, docs/tokens.md, docs/outcomes.md.
 """
 
 from __future__ import annotations
@@ -35,30 +31,25 @@ class GatewaySessionStatus(StrEnum):
 
 
 def utcnow() -> datetime:
-    """Current time as an aware UTC datetime."""
     return datetime.now(UTC)
 
 
 def new_record_id() -> str:
-    """A globally unique step record id: 128 random bits from the OS as 22 URL-safe base64
-    characters (``A-Z a-z 0-9 - _``; the randomness of a uuid4, without building a UUID object on
-    the hot path); stable across gateway restarts, never reused. Rows of earlier versions keep
-    their 32 hex digits: a reader takes the id as an opaque string."""
+    """A unique step record id: 128 random bits as 22 URL-safe base64 characters (older rows: 32
+    hex digits; readers take it as opaque)."""
     return base64.urlsafe_b64encode(os.urandom(16))[:22].decode("ascii")
 
 
 MAX_INT = 2**63 - 1
-"""The largest integer an INTEGER / BIGINT column holds (SQLite and PostgreSQL): the bound of
-every integer a user gives that is stored (policy versions, budgets, cursors)."""
+"""The largest INTEGER / BIGINT value: the bound of every stored user-given integer."""
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 """A job id: letters, digits, ``.``, ``_``, ``-`` (it names files and folders: ``runs/logs/<job id>/``)."""
 
 
 class ColumnText(TypeDecorator[str]):
-    """A text column (``VARCHAR``, as SQLModel's ``str`` fields): every value bound to it, stored
-    or compared, goes through :func:`wire.text.column_text` (a lone surrogate or NUL escaped), so
-    no text a session writes can fail its row on SQLite or PostgreSQL."""
+    """A text column whose bound values go through :func:`wire.text.column_text` (lone surrogate
+    or NUL escaped), so no session text can fail its row."""
 
     impl = AutoString
     cache_ok = True
@@ -76,25 +67,16 @@ def _json(nullable: bool = True) -> Any:
 
 
 def _json_or_null() -> Any:
-    """A JSON column where None is SQL NULL (not the JSON text ``null``), so ``IS NULL`` finds
-    the unknown values."""
+    """A JSON column where None is SQL NULL (not JSON ``null``)."""
     return Field(default=None, sa_column=Column(JSON(none_as_null=True), nullable=True))
 
 
 class JobEnvironment(SQLModel, table=True):
-    """One session of a job: (case, sample) of an env run against one model route.
-
-    ``session_id`` (column ``env_id``, Safactory's name) is the session id. ``status`` is one of
-    pending | running | retrying | succeeded | failed | truncated | timeout | error | cancelled. ``reward`` is the clamped score (0..10) or NULL
-    when not evaluated; ``eval_status`` tells scored | invalid_reward | error | timeout | skipped |
-    infra_error apart, so an evaluator crash is never mistaken for a real 0. ``attempts`` counts
-    the attempts started; ``outcome`` is how the last one ended (``rollout.core.outcomes``: a task
-    outcome, or an infrastructure failure class). ``sandbox`` is how its runtime ran: ``bwrap``
-    (isolated) or ``none`` (NULL: not run yet, or by an older version). ``harness`` names the harness
-    that ran the session (``rollout.harness``), NULL when it was the env's own runtime. ``eval_history``: the
-    evaluations a regrade replaced, oldest first (``{"eval_status", "reward", "eval_reason",
-    "eval_detail", "replaced_at"}``), NULL when the session was never regraded.
-    """
+    """One session of a job (column ``env_id`` is ``session_id``). ``status``: pending | running |
+    retrying | succeeded | failed | truncated | timeout | error | cancelled. ``reward``: the 0..10
+    score or NULL; ``eval_status`` tells an evaluator crash from a real 0; ``outcome``: how the last
+    attempt ended (``rollout.core.outcomes``); ``sandbox``: bwrap | none; ``harness``: NULL for the
+    env's own runtime; ``eval_history``: evaluations a regrade replaced, oldest first."""
 
     __tablename__ = "job_environments"
     __table_args__ = (Index("ix_job_env_job_status", "job_id", "finished"),)
@@ -128,30 +110,10 @@ class JobEnvironment(SQLModel, table=True):
 
 
 class SessionStep(SQLModel, table=True):
-    """One model call recorded by the gateway.
-
-    ``request`` is the body as sent upstream (secrets removed), ``response`` the answer as received
-    (a streamed answer assembled into one completion object), ``messages`` the request conversation.
-    ``step_id`` increases per (session, model) from 1; ``seq`` increases per session across models
-    and orders the trajectory. ``status`` is ok | error | truncated | timeout |
-    client_disconnected | empty (a stream with no chunk before ``[DONE]``). Token counts are NULL when the upstream did not report usage (never a fake 0).
-    Latencies are milliseconds.
-
-    Training columns (NULL always means unknown, never zero or empty): ``prompt_token_ids`` and
-    ``completion_token_ids`` (JSON lists of ints, as the upstream returned them),
-    ``completion_logprobs`` (JSON list, one logprob per completion token; an entry is null
-    where the upstream sent a non-finite number), ``policy_version`` (the gateway's policy
-    version when the call was admitted) and ``extends_prefix`` (true when this step's prompt
-    extends the previous step's prompt + completion, false when it does not, NULL for a
-    session's first step or when unknown). See docs/tokens.md.
-
-    ``encoding`` (NULL: every column holds its value in full) says how ``messages``, ``request``
-    and ``prompt_token_ids`` are rebuilt from an earlier step of the session
-    (:mod:`store.stepcodec`, docs/storage.md); every read of the store rebuilds them, so readers
-    see full values and ``encoding`` NULL. ``packed`` (format 3, NULL otherwise): the row's
-    ``messages``, ``request``, ``response`` and token columns as one zlib stream, those columns
-    then NULL; every read unpacks it and returns it NULL.
-    """
+    """One model call recorded by the gateway. ``seq`` orders the session's trajectory; ``step_id``
+    counts per (session, model) from 1. Token counts and training columns are NULL when unknown,
+    never a fake 0 (docs/tokens.md). ``encoding`` and ``packed``: how a row is stored as a delta,
+    compressed (:mod:`store.stepcodec`, docs/storage.md); every read returns full values, both NULL."""
 
     __tablename__ = "session_steps"
     __table_args__ = (
@@ -197,7 +159,6 @@ class SessionStep(SQLModel, table=True):
     packed: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
 
 
-STEP_COLUMNS: tuple[str, ...] = tuple(c.name for c in SessionStep.__table__.columns)  # type: ignore[attr-defined]
 _STEP_DEFAULTS: dict[str, Any] = {
     name: (None if f.default_factory is not None or f.is_required() else f.default)
     for name, f in SessionStep.model_fields.items()
@@ -205,14 +166,8 @@ _STEP_DEFAULTS: dict[str, Any] = {
 
 
 def step_record(**values: Any) -> dict[str, Any]:
-    """A ``session_steps`` row as a plain dict of every column, for the gateway's hot path
-    (``Store.write_batch`` takes it as it takes a :class:`SessionStep`, at a fraction of the
-    cost of building the SQLModel object, which goes through SQLAlchemy instrumentation).
-
-    ``values`` are column values; the others get the model's defaults (``record_id`` a new
-    :func:`new_record_id`, ``created_at`` :func:`utcnow`). Raises TypeError for a name that is
-    not a column, and for a missing required column (``session_id``, ``seq``, ``step_id``,
-    ``llm_model``, ``endpoint``)."""
+    """A ``session_steps`` row as a plain dict of every column (the gateway's hot path; cheaper than
+    a :class:`SessionStep`), defaults filled in. TypeError for an unknown or missing required column."""
     unknown = values.keys() - _STEP_DEFAULTS.keys()
     if unknown:
         raise TypeError(f"not columns of session_steps: {sorted(unknown)}")
@@ -232,17 +187,11 @@ _REQUIRED_STEP_COLUMNS = ("session_id", "seq", "step_id", "llm_model", "endpoint
 
 
 class GatewaySession(SQLModel, table=True):
-    """The gateway's state of one session: status (active | closed | truncated | interrupted: left
-    active by a gateway process that ended, set at the next gateway start, active again at the
-    session's next call), the step budget
-    and the steps used, per model (``step_counts``: route key -> last step_id) and in total.
-    ``refunded_steps``: how many of the ``total_steps`` rows are calls that failed before reaching
-    the model (connect failure, upstream 429) and so use no budget: the budget check is
-    ``max_steps <= total_steps - refunded_steps``. ``route``: the route key the session is bound
-    to (its launcher row's ``llm_model``, else the route of its first call); every call of the
-    session must name it (NULL: not bound yet). ``in_flight`` and the status ``closing`` (a
-    close waits for the calls in flight) are kept here only by gateways that share sessions
-    (docs/scale-out.md): reserved steps whose row is not committed yet, on any gateway."""
+    """The gateway's state of one session: status, step budget and steps used per route
+    (``step_counts``) and in total. The budget check is ``max_steps <= total_steps - refunded_steps``
+    (refunded: calls that never reached the model). ``route``: the route key every call must name
+    (NULL: not bound yet). ``in_flight`` and ``closing``: gateways sharing sessions only
+    (docs/scale-out.md)."""
 
     __tablename__ = "gateway_sessions"
 
@@ -265,14 +214,8 @@ class GatewaySession(SQLModel, table=True):
 
 
 class SessionAttempt(SQLModel, table=True):
-    """One attempt of a launcher session (every attempt is kept, retried or not).
-
-    ``attempt`` counts from 1 per session. ``outcome`` is a task outcome or an infrastructure
-    failure class (``rollout.core.outcomes``), ``infra`` whether it is the latter, ``status`` the
-    runtime status, ``reason`` why it ended so. ``retry_in_s``: the backoff before the next
-    attempt (NULL when none followed). The attempt's steps stay in ``session_steps`` under
-    session id ``<session_id>~a<attempt>`` (not trainable) once a later attempt ran, else under
-    ``session_id``. Times are UTC; ``duration_s`` seconds."""
+    """One attempt of a launcher session, every one kept; ``attempt`` counts from 1. Its steps stay
+    under ``attempt_session_id(session_id, attempt)`` once a later attempt ran."""
 
     __tablename__ = "session_attempts"
 
@@ -291,21 +234,12 @@ class SessionAttempt(SQLModel, table=True):
 
 
 def attempt_session_id(session_id: str, attempt: int) -> str:
-    """The session id under which an earlier attempt's steps are kept: ``<session_id>~a<attempt>``."""
     return f"{session_id}~a{attempt}"
 
 
 class SessionWorkspace(SQLModel, table=True):
-    """What was kept of a session's final workspace for a later regrade (one row per session; a
-    new attempt replaces it).
-
-    ``status``: kept (``archive`` holds a gzip'd tar of ``paths``, None = the whole workspace) |
-    too_large (over ``max_bytes``: nothing kept) | failed (could not be read) | disabled (the env
-    keeps nothing); ``reason`` says why for the last three. ``total_bytes``: bytes of the regular
-    files kept (uncompressed); ``archive_bytes``: size of ``archive``; ``sha256``: its hex digest.
-    ``manifest``: ``{"skipped": [...], "missing": [...]}`` entries not kept (special files, links
-    out of the workspace) and configured paths absent from the workspace.
-    """
+    """A session's kept final workspace for a regrade (one per session; docs/regrade.md). ``status``:
+    kept | too_large | failed | disabled; ``archive``: a gzip'd tar of ``paths`` (None: all)."""
 
     __tablename__ = "session_workspaces"
 
@@ -326,10 +260,8 @@ class SessionWorkspace(SQLModel, table=True):
 
 
 class SessionClientScore(SQLModel, table=True):
-    """The score a client gave one session (``POST {base}/{sid}/score``, an admin key): ``score``
-    0..10 (a ``reward`` 0..1 is stored times 10), its ``reason``, ``provenance`` ``client``. Kept
-    apart from a grader's reward (``job_environments.reward``): never read as one, never trained on.
-    A later score of the same session replaces it."""
+    """A client's score 0..10 of a session, provenance ``client``: never read as a reward, never
+    trained on; a later score replaces it."""
 
     __tablename__ = "session_client_scores"
 
@@ -341,11 +273,8 @@ class SessionClientScore(SQLModel, table=True):
 
 
 class FeedGroup(SQLModel, table=True):
-    """One entry of a job's feed: a group became ready (all its sessions finished and graded, or
-    finished as infrastructure failures). ``ready_seq`` counts from 1 per job in the order groups
-    became ready: the feed's durable cursor. ``revision`` is 1, or n when the group became ready
-    again after ``--resume`` reran some of its sessions (a new entry; earlier ones are kept).
-    ``n_samples``: the group's sessions at that moment."""
+    """A feed entry: a group became ready. ``ready_seq`` (from 1 per job) is the feed's cursor;
+    ``revision`` > 1 when ``--resume`` made it ready again (docs/feed.md)."""
 
     __tablename__ = "feed_groups"
     __table_args__ = (
@@ -361,11 +290,8 @@ class FeedGroup(SQLModel, table=True):
 
 
 class JobLock(SQLModel, table=True):
-    """Which launcher runs a job now (one row per job, while it runs): ``owner`` a random token of
-    the holder, ``pid`` and ``host`` its process, ``started_at`` when it took the job,
-    ``heartbeat_at`` refreshed while it runs. A second launcher on the job is refused while the
-    row is live; a holder whose heartbeat is stale, or whose process is gone from its host, is
-    taken over (``rollout.jobs.lease``)."""
+    """Which launcher runs a job now: a live holder refuses a second launcher; a stale or gone one
+    is taken over (``rollout.jobs.lease``)."""
 
     __tablename__ = "job_locks"
 

@@ -1,9 +1,5 @@
-"""Read-only queries of the trajectory viewer and the HTML report (see docs/viewer.md).
-
-Every statement here only reads, except :meth:`ViewerQueries.ensure_indexes` (``CREATE INDEX IF
-NOT EXISTS`` for the viewer's filters and sorts). Rows come back as plain dicts of column values
-(JSON columns decoded, timestamps as datetimes). Tables that newer versions add (attempts,
-workspaces) are read only when they exist: :meth:`optional_rows`.
+"""Read-only queries of the trajectory viewer and the HTML report (docs/viewer.md); rows as plain
+dicts. Tables newer versions add are read only when they exist (:meth:`optional_rows`).
 """
 
 from __future__ import annotations
@@ -269,10 +265,8 @@ class ViewerQueries:
         ).group_by(JE.c.job_id)
 
     async def jobs(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        """One row per job (only ``job_id``'s when given), newest first: sessions, finished,
-        running, errors (status error|timeout), scored, mean score over counted sessions (grading
-        failures as their 0), first
-        created/started and last finished time, and the sorted distinct ``envs`` and ``models``."""
+        """One row per job (only ``job_id``'s when given), newest first, with its counts, mean score
+        (grading failures as their 0), times, envs and models."""
         stmt = self._job_stats().order_by(func.min(JE.c.created_at).desc())
         names_stmt = select(JE.c.job_id, JE.c.env_name, JE.c.llm_model).distinct()
         if job_id is not None:
@@ -288,6 +282,14 @@ class ViewerQueries:
             r["envs"] = sorted(envs.get(r["job_id"], ()))
             r["models"] = sorted(models.get(r["job_id"], ()))
         return rows
+
+    async def case_means(self) -> list[dict[str, Any]]:
+        """Per (job, env, case): ``mean`` score over its counted sessions (the :meth:`jobs` mean's
+        sessions; models merged), for the standard error of each job's mean score."""
+        return await self._all(
+            select(JE.c.job_id, JE.c.env_name, JE.c.case_id, func.avg(JE.c.reward).label("mean"))
+            .where(_counted()).group_by(JE.c.job_id, JE.c.env_name, JE.c.case_id)
+            .order_by(JE.c.job_id, JE.c.env_name, JE.c.case_id))
 
     async def job(self, job_id: str) -> dict[str, Any] | None:
         """The :meth:`jobs` row of one job, or None."""
@@ -316,9 +318,8 @@ class ViewerQueries:
 
     async def session_page(self, job_id: str, flt: SessionFilter, *, sort: str = "order", descending: bool = False,
                            offset: int = 0, limit: int = 50) -> Page:
-        """One page of a job's sessions matching ``flt``, sorted by :data:`SORTS` ``sort`` (then by
-        session id, so pages are stable); NULLs sort last either way. Raises KeyError for an
-        unknown sort key."""
+        """One page of a job's sessions matching ``flt``, sorted by :data:`SORTS` ``sort`` then
+        session id (NULLs last). KeyError for an unknown sort key."""
         order = _order(sort, descending)
         limit = max(1, min(limit, PAGE_SIZE_MAX))
         offset = max(0, offset)
@@ -340,10 +341,8 @@ class ViewerQueries:
 
     async def neighbours(self, job_id: str, flt: SessionFilter, session_id: str, *, sort: str = "order",
                          descending: bool = False) -> dict[str, Any] | None:
-        """Where ``session_id`` stands in the session list of :meth:`session_page` (same filters and
-        order): ``position`` (from 1), ``total``, and the ``prev`` and ``next`` session ids (None
-        at either end); None when the session is not in that list. Keyset queries on the
-        session's own sort values (no window over the whole job)."""
+        """``position`` (from 1), ``total``, ``prev`` and ``next`` of ``session_id`` in
+        :meth:`session_page`'s list; None when it is not in it."""
         keys = SORTS[sort]
         base = [JE.c.job_id == job_id, *flt.clauses()]
         cur = await self._one(select(*(k.label(f"k{i}") for i, k in enumerate(keys)))
@@ -361,10 +360,8 @@ class ViewerQueries:
                 "position": int(counts["before"] or 0) + 1, "total": int(counts["total"])}
 
     async def groups(self, job_id: str, *, offset: int = 0, limit: int = 50) -> Page:
-        """The groups of a job (the samples of one case, harness and model: a GRPO group), by env,
-        case and model: ``group_id``, ``env_name``, ``case_id``, ``llm_model``, ``harness`` (when
-        the store has it), ``n`` sessions, ``finished``, ``scored``, ``passes`` and ``mean_score``
-        over the scored ones and grading failures (their 0)."""
+        """The groups of a job by env, case and model, with their session counts, passes and mean
+        score (grading failures as their 0)."""
         harness = await self._harness_column()
         keys = [JE.c.group_id, JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness]
         stmt = (select(*keys, func.count().label("n"), _count(JE.c.finished.is_(True)).label("finished"),
@@ -380,10 +377,21 @@ class ViewerQueries:
             select(*keys).where(JE.c.job_id == job_id).group_by(*keys).subquery()))
         return Page(rows=rows, total=int(total["n"]) if total else 0, offset=offset, limit=limit)
 
+    async def group_scores(self, job_id: str, group_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The scores of the counted sessions (:meth:`groups`' ``mean_score``'s) of each of
+        ``group_ids`` in a job, by sample index: ``{group_id: scores}`` (every id a key)."""
+        out: dict[str, list[float]] = {gid: [] for gid in group_ids}
+        if not group_ids:
+            return out
+        for r in await self._all(select(JE.c.group_id, JE.c.reward)
+                                 .where(JE.c.job_id == job_id, JE.c.group_id.in_(list(group_ids)), _counted())
+                                 .order_by(JE.c.group_id, JE.c.sample_index, JE.c.env_id)):
+            out[r["group_id"]].append(float(r["reward"]))
+        return out
+
     async def workspace(self, session_id: str, *, archive: bool = True) -> dict[str, Any] | None:
-        """The kept final workspace of a session (``status``, ``reason``, ``sha256``, ``archive``
-        bytes unless ``archive`` is false, ``file_count``, ``total_bytes``, ``manifest``), or None
-        (no row, or a store without the table)."""
+        """The kept final workspace of a session (``archive`` bytes unless ``archive`` is false), or
+        None (no row, or no table)."""
         if WS.name not in await self.tables():
             return None
         cols = [WS.c.status, WS.c.reason, WS.c.sha256, WS.c.file_count, WS.c.total_bytes, WS.c.manifest]
@@ -407,9 +415,8 @@ class ViewerQueries:
 
     async def jobless_page(self, *, sort: str = "created", descending: bool = True, offset: int = 0,
                            limit: int = 50) -> Page:
-        """One page of the gateway sessions without a launcher row (``gateway_sessions`` columns
-        plus ``steps`` and ``tokens`` from their recorded steps), sorted by :data:`JOBLESS_SORTS`
-        ``sort`` (NULLs last, then the session id). Raises KeyError for an unknown sort key."""
+        """One page of the gateway sessions without a launcher row, with ``steps`` and ``tokens``,
+        sorted by :data:`JOBLESS_SORTS` ``sort``. KeyError for an unknown sort key."""
         if GS.name not in await self.tables():
             return Page(rows=[], total=0, offset=offset, limit=limit)
         offset, limit = max(0, offset), max(1, min(limit, PAGE_SIZE_MAX))
@@ -522,9 +529,8 @@ class ViewerQueries:
 
     # ------------------------------------------------------------------ job-wide numbers (report, compare)
     async def finished_sessions(self, job_id: str) -> list[dict[str, Any]]:
-        """The finished sessions of a job with the columns the summary needs, plus their step
-        count and token sums (``prompt_tokens``, ``completion_tokens``, ``total_tokens``: None
-        when no step reported usage), ordered by env, case, sample."""
+        """The finished sessions of a job with their step count and token sums (None when no step
+        reported usage), ordered by env, case, sample."""
         tokens = (
             select(ST.c.session_id, func.count().label("steps"),
                    func.sum(ST.c.prompt_tokens).label("prompt_tokens"),
@@ -551,9 +557,8 @@ class ViewerQueries:
         return await self._all(stmt)
 
     async def summary_rows(self, job_id: str) -> list[dict[str, Any]]:
-        """The finished sessions of a job with only the columns the launcher's summary reads
-        (ids, env, case, model, sample, status, score, eval status, duration, attempts, and
-        ``outcome`` and ``harness`` when the store has those columns), ordered by env, case, sample."""
+        """The finished sessions of a job with the columns the launcher's summary reads, ordered
+        by env, case, sample."""
         cols = [JE.c.env_id, JE.c.job_id, JE.c.env_name, JE.c.case_id, JE.c.group_id, JE.c.llm_model,
                 JE.c.sample_index, JE.c.status, JE.c.reward, JE.c.eval_status, JE.c.duration_s, JE.c.attempts]
         if "outcome" in await self.columns(JE.name):
@@ -573,9 +578,7 @@ class ViewerQueries:
 
     async def failure_reasons(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """Why sessions of a job did not pass: one row per (env, eval_status, status, reason) with
-        its count, an example session id and the lowest score, most frequent first. Covers scored
-        sessions below 10, every evaluator failure (invalid_reward | error | timeout) and
-        sessions the launcher could not run; the reason is the evaluator's reason, else the error."""
+        its count, an example session and the lowest score, most frequent first."""
         reason = func.coalesce(JE.c.eval_reason, JE.c.error_text, literal("(no reason given)"))
         stmt = (
             select(JE.c.env_name, JE.c.eval_status, JE.c.status, reason.label("reason"),

@@ -1,17 +1,9 @@
 """Full-text search over the recorded steps: SQLite FTS5 or PostgreSQL ``tsvector`` (docs/viewer.md).
 
-Steps are stored as deltas on earlier steps and compressed (:mod:`store.stepcodec`), so no
-trigger or external-content table can read their text: the reader that searches keeps its own
-index, :class:`StepSearch`, built from decoded steps: on SQLite in a file of its own beside the
-store (:func:`index_path`: its writes never take the store's write lock; in a temporary folder,
-removed at close, when that file cannot be written), on PostgreSQL in two
-tables of the store. :meth:`StepSearch.refresh` indexes the
-sessions whose steps changed since (their count, last ``seq`` or newest record id differ from the
-index's bookkeeping row) and drops those gone, after a cheap check that any step was added or
-removed at all; the gateway's and the launcher's writes are untouched. Each step is indexed with the text of the messages new since the previous step and of
-its answer (string values of the JSON, ids and roles left out), at most :data:`MAX_STEP_CHARS`.
-Both backends tokenize without stemming (FTS5 ``unicode61``, PostgreSQL ``simple``) and match
-every word of the query (``plainto_tsquery``; in FTS5 each word a quoted term).
+Stored steps are deltas, compressed, so the searching reader keeps its own index
+(:class:`StepSearch`) built from decoded steps: on SQLite in a file beside the store
+(:func:`index_path`), on PostgreSQL in two tables. Each step is indexed with the text new since
+the previous step and its answer, at most :data:`MAX_STEP_CHARS`.
 """
 
 from __future__ import annotations
@@ -129,10 +121,8 @@ def fts5_query(words: str) -> str:
 
 
 class StepSearch:
-    """The search index of one store: created by :meth:`ensure`, kept in step by :meth:`refresh`,
-    queried by :meth:`search`. Reads the steps through ``engine``; writes the index through an
-    engine of its own, one transaction per :data:`STEPS_PER_WRITE` steps at most (SQLite: into
-    :func:`index_path` of the store's file, ``index_file``). The caller closes it (:meth:`close`)."""
+    """The search index of one store: :meth:`ensure`, :meth:`refresh`, :meth:`search`; writes one
+    transaction per :data:`STEPS_PER_WRITE` steps at most. The caller closes it."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine

@@ -1,12 +1,6 @@
-"""Step storage that grows with the conversation, not its square: a delta on an earlier step.
-
-An agent sends its whole history with every call, so storing each step's ``messages``, its
-``request`` (which holds the same messages again) and its ``prompt_token_ids`` in full costs
-O(turns^2). :class:`StepEncoder` (gateway side, per session) stores instead, when it can, the
-part of each of those values that the session's last committed step did not already hold, and
-the ``encoding`` column says how to rebuild the rest; the store's writer then compresses the
-row's own values into ``packed`` (:func:`pack`, when that makes the row smaller); :func:`decode_rows`
-(every read of the store) rebuilds each value exactly. Format and rules: docs/storage.md.
+"""Step storage that grows with the conversation, not its square: each step stored as a delta on
+the session's last committed step (:class:`StepEncoder`, gateway side), compressed by the store's
+writer (:func:`pack`), rebuilt exactly by every read (:func:`decode_rows`). Format: docs/storage.md.
 """
 
 from __future__ import annotations
@@ -31,36 +25,28 @@ PACKED_COLUMNS = ("messages", "request", "response", "prompt_token_ids", "comple
                   "completion_logprobs")
 """The columns a format-3 row may hold compressed in ``packed`` (in this order)."""
 PACK_LEVEL = 6
-"""zlib level of :func:`pack` (level 1 is ~15% faster and 2% larger on agent text; ~20 us per 1.5 KB row)."""
+"""zlib level of :func:`pack` (~20 us per 1.5 KB row; level 1: ~15% faster, 2% larger)."""
 PACK_MIN_SAVING = 8
-""":func:`pack` compresses only when that saves at least this many bytes (tiny rows stay raw)."""
 _CONVERSATION_KEYS = ("messages", "input")
 
 
 def message_digest(message: Any) -> bytes:
-    """A digest equal for two JSON values exactly when they are stored as the same JSON text:
-    ``marshal`` format 2 (no back-references, so equal values give equal bytes) keeps types,
-    key order and every character, and costs a third of ``json.dumps``."""
+    """A digest equal for two JSON values exactly when they are stored as the same JSON text
+    (``marshal`` format 2 keeps types, key order and characters, at a third of ``json.dumps``'s cost)."""
     return hashlib.blake2b(marshal.dumps(message, 2), digest_size=16).digest()
 
 
 def message_digests(messages: Any) -> tuple[bytes, ...] | None:
-    """The exact digest of each message of a step's ``messages`` (None when it is not a list):
-    computed once per step, for :meth:`StepEncoder.encode` and the gateway's prefix check. Two
-    messages with equal digests are stored as the same JSON text."""
+    """The :func:`message_digest` of each of a step's ``messages`` (None when not a list)."""
     return tuple(message_digest(m) for m in messages) if isinstance(messages, list) else None
 
 
 TOKEN_BLOCK = 64
-"""Token ids are compared in blocks of this many (a chained digest per whole block)."""
 
 
 class TokenChain:
-    """The token ids of one step (prompt + completion, or the prompt alone when the completion
-    is unknown) as comparable fingerprints, computed once per step: ``prompt_len``, ``total_len``,
-    the chained digest after each whole block of :data:`TOKEN_BLOCK` ids (``blocks``), the
-    ids after the last whole block (``tail``) and whether the completion is included
-    (``complete``). Memory: 16 bytes per block, never the ids."""
+    """A step's token ids (prompt + completion, or the prompt alone) as a chained digest per whole
+    block of :data:`TOKEN_BLOCK` ids plus the ids after the last block; never the ids themselves."""
 
     __slots__ = ("blocks", "complete", "prompt_len", "tail", "total_len")
 
@@ -83,8 +69,7 @@ class TokenChain:
         self.tail = ids[whole:].tolist()
 
     def prompt_starts_with(self, prompt: Sequence[int], earlier: TokenChain) -> bool:
-        """True when this step's ``prompt`` (the ids this chain was built from) starts with all
-        of ``earlier``'s ids."""
+        """True when ``prompt`` (this chain's) starts with all of ``earlier``'s ids."""
         n = earlier.total_len
         if n > self.prompt_len:
             return False
@@ -104,12 +89,10 @@ class TokenChain:
 
 
 def token_chain(prompt: Sequence[int] | None, completion: Sequence[int] | None) -> TokenChain | None:
-    """The :class:`TokenChain` of a step, or None when its prompt ids are unknown."""
     return None if prompt is None else TokenChain(prompt, completion)
 
 
 def _answer_message(response: Any) -> Any:
-    """``choices[0].message`` of a chat completion, else None."""
     choices = response.get("choices") if isinstance(response, dict) else None
     first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
     message = first.get("message") if first is not None else None
@@ -117,9 +100,8 @@ def _answer_message(response: Any) -> Any:
 
 
 def answer_items(response: Any) -> list[Any]:
-    """The messages an agent sends back of a step's answer, as the answer holds them: a chat
-    completion's ``choices[0].message``; an Anthropic message's ``{"role", "content"}``; a
-    Responses answer's ``output`` items. Empty for anything else."""
+    """The messages an agent sends back of a step's answer (chat: ``choices[0].message``;
+    Anthropic: ``{"role", "content"}``; Responses: ``output``); empty for anything else."""
     if not isinstance(response, dict):
         return []
     message = _answer_message(response)
@@ -133,10 +115,7 @@ def answer_items(response: Any) -> list[Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    """What the encoder knows of a committed step: its seq; the digest of each of its messages
-    (None when ``messages`` was not a list), of each of its :func:`answer_items` and of its
-    request without the conversation; and its :class:`TokenChain` (None when its prompt ids are
-    unknown)."""
+    """What the encoder keeps of a committed step: digests, never the conversation."""
 
     seq: int
     message_digests: tuple[bytes, ...] | None
@@ -154,10 +133,8 @@ class Pending:
 
 
 class StepEncoder:
-    """Encodes step rows of each session against the session's last committed step (constant
-    memory per session: digests, never the conversation). Call :meth:`encode` on the row just
-    before it is queued for the store, :meth:`committed` once it is committed (a row that is
-    never committed is never a base), :meth:`drop` when the session is closed."""
+    """Encodes each session's step rows against its last committed step: :meth:`encode` before a
+    row is queued, :meth:`committed` once committed (only those become bases), :meth:`drop` at close."""
 
     def __init__(self, version: int = ENCODING_VERSION) -> None:
         if version not in (2, 3):
@@ -169,24 +146,18 @@ class StepEncoder:
         return len(self._last)
 
     def drop(self, session_id: str) -> None:
-        """Forget a session (closed)."""
         self._last.pop(session_id, None)
 
     def committed(self, pending: Pending) -> None:
-        """``pending``'s row is committed: it becomes its session's base (unless a later step
-        already is)."""
+        """``pending``'s row becomes its session's base (unless a later step already is)."""
         have = self._last.get(pending.session_id)
         if have is None or have.seq < pending.stored.seq or pending.stored.seq <= 1:
             self._last[pending.session_id] = pending.stored
 
     def encode(self, row: dict[str, Any], tokens: TokenChain | None = None,
                digests: tuple[bytes, ...] | None = None) -> Pending:
-        """Rewrite ``row`` (a dict of every ``session_steps`` column) in place into its stored
-        form (docs/storage.md), and return what :meth:`committed` needs. ``tokens``: the row's
-        :func:`token_chain`, ``digests``: its :func:`message_digests`, when the caller already
-        has them. With nothing to share (no committed step yet, values with nothing in common) a
-        value is stored in full; then ``encoding`` is ``[3]``, or ``[3, 0, 0, 0, 8]`` when only
-        the route is not stored twice (format 2: None)."""
+        """Rewrite ``row`` (every ``session_steps`` column) in place into its stored form; ``tokens``
+        and ``digests``: the row's, when the caller already has them."""
         sid, seq = row["session_id"], row["seq"]
         base = None if seq <= 1 else self._last.get(sid)
         if base is not None and base.seq == seq:
@@ -252,12 +223,8 @@ class StepEncoder:
 
 
 def pack(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The row to store for ``row`` (a dict of every ``session_steps`` column, as the encoder
-    left it): for a format-3 row whose ``packed`` is empty, a new dict with the values of
-    :data:`PACKED_COLUMNS` as one zlib stream of their JSON list in ``packed`` and those columns
-    None, when that is at least :data:`PACK_MIN_SAVING` bytes smaller than storing them as they
-    are; ``row`` itself otherwise (and for every other row). Run by the store's writer, where
-    the row's JSON is serialized anyway."""
+    """``row`` with :data:`PACKED_COLUMNS` compressed into ``packed`` (a new dict) when it is a
+    format-3 row and that saves at least :data:`PACK_MIN_SAVING` bytes; else ``row`` itself."""
     enc = row.get("encoding")
     if not isinstance(enc, list) or not enc or enc[0] != 3 or row.get("packed") is not None:
         return row
@@ -276,9 +243,8 @@ def pack(row: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class StepDecodeError(ValueError):
-    """A stored step cannot be rebuilt: it refers to a base step that is not in the store (it was
-    deleted), its encoding is of a format this version cannot read, or its packed values are
-    damaged."""
+    """A stored step cannot be rebuilt: its base is not in the store, its format is unknown, or
+    its packed values are damaged."""
 
 
 def _get(row: Any, name: str) -> Any:
@@ -296,7 +262,6 @@ _Full = tuple[Any, Any, list[Any], Any]  # messages, token ids, answer items, re
 
 
 def _base_seq(seq: int, enc: Any) -> int | None:
-    """The seq of the base a stored ``encoding`` names (None: no base, or not an encoding)."""
     if not isinstance(enc, list) or len(enc) < 2:
         return None
     if enc[0] == 1:
@@ -305,13 +270,9 @@ def _base_seq(seq: int, enc: Any) -> int | None:
 
 
 def decode_rows(rows: Sequence[Any]) -> None:
-    """Rebuild in place the full ``messages``, ``request`` and ``prompt_token_ids`` of every
-    encoded row of ``rows`` (dicts of columns, or :class:`store.models.SessionStep` objects) and
-    set their ``encoding`` to None. A row's base is the row of the same ``session_id`` with the
-    ``seq`` its encoding names, and must be among ``rows`` (a session's rows are always read
-    together); JSON columns already parsed, as the store reads them. Raises
-    :class:`StepDecodeError` when it is not, or when an encoding is of a format this version
-    cannot read (or still JSON text)."""
+    """Rebuild in place the full values of every encoded row of ``rows`` (dicts with JSON columns
+    parsed, or :class:`store.models.SessionStep`) and set ``encoding`` to None; a row's base must be
+    among ``rows``. Raises :class:`StepDecodeError`."""
     by_key = {(_get(r, "session_id"), _get(r, "seq")): r for r in rows}
     full: dict[tuple[str, int], _Full] = {}
     for r in rows:
@@ -332,7 +293,7 @@ def decode_rows(rows: Sequence[Any]) -> None:
 
 def _fields(sid: str, seq: int, enc: Any) -> tuple[int | None, int, int, int, str | None, int, int]:
     """``(base_seq, messages kept, answer items, request mode bits 1|2, conversation key, from,
-    prompt ids kept)`` of an encoding of version 1, 2 or 3 (docs/storage.md)."""
+    prompt ids kept)`` of an encoding of version 1, 2 or 3."""
     if isinstance(enc, str):
         raise StepDecodeError(f"step {seq} of session {sid}: its encoding is JSON text ({enc[:40]!r}): decode_rows "
                               "takes the JSON columns parsed (json.loads of encoding, meta_json, messages, request, "
@@ -385,10 +346,8 @@ def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
 
 
 def _unpack(row: Any, sid: str, seq: int) -> bool:
-    """Set the :data:`PACKED_COLUMNS` of a format-3 row from its ``packed`` bytes and empty
-    ``packed``; False when the row was stored raw (``packed`` NULL). Raises StepDecodeError
-    naming the step when the bytes do not decompress to the list of values :func:`pack` writes,
-    and when a row read as a dict lacks the ``packed`` column (a reader that left it out)."""
+    """Unpack ``packed`` into :data:`PACKED_COLUMNS`; False when the row was stored raw. Raises
+    StepDecodeError for damaged bytes or a dict row read without ``packed``."""
     if isinstance(row, Mapping) and "packed" not in row:
         raise StepDecodeError(f"step {seq} of session {sid} is stored compressed and was read without its "
                               "packed column")
@@ -410,8 +369,7 @@ def _unpack(row: Any, sid: str, seq: int) -> bool:
 
 
 def _copy(value: Any) -> Any:
-    """A deep copy of a JSON value (each rebuilt row owns its objects, as a row read from its
-    own JSON text does)."""
+    """A deep copy of a JSON value (each rebuilt row owns its objects)."""
     if isinstance(value, dict):
         return {k: _copy(v) for k, v in value.items()}
     if isinstance(value, list):

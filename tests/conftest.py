@@ -88,9 +88,13 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_images.py::test_a_task_with_a_dockerfile_runs_in_its_image",
         "tests/rollout/test_images.py::test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on",
         "tests/rollout/test_images.py::test_the_audit_runs_an_image_task_with_the_image_map",
+        "tests/rollout/test_images.py::test_a_base_rebuilt_under_the_same_tag_builds_the_task_again",
     ),
     ("slow", "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)"): (
         "tests/gateway/test_one_base_url_clients.py",
+    ),
+    ("slow", "imports every module the docs name (rollout.train.sync loads torch and transformers)"): (
+        "tests/house/test_docs_names.py::test_every_code_name_quoted_in_the_docs_resolves",
     ),
     ("slow", "trains a model with TRL (torch and transformers load)"): (
         "tests/train/test_adapters.py::test_trls_grpo_trainer_trains_on_the_rollout_output",

@@ -27,7 +27,8 @@ from rollout.audit.grader_scan import GraderScan, crash_line, passing_value, run
 from rollout.audit.report import html_section, sanity_cells, table_rows, verdict_line
 from rollout.contract.harness import HarnessUnavailable, load_harness_file
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions, load_envs
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import load_envs
 from rollout.results.report import SessionRecord
 from rollout.sandbox.bwrap import SandboxUnavailable
 from rollout.sandbox.harness_cache import install, load_harness
@@ -101,6 +102,47 @@ def test_a_grader_broken_on_the_control_too_is_reported_as_such() -> None:
     assert [f.verdict for f in report.findings] == ["grader_broken", "clean"]
     assert exit_code(report) == PAID_EXIT
     assert table_rows(report)[0][1] == "grader broken on e/t1"
+
+
+def test_a_broken_grader_is_not_filed_under_agent_input() -> None:
+    """The verdict line and the row say which attack met a broken grader and which a grader that
+    failed on its input, each under its own name."""
+    report = findings([record(BASELINE, "t1"), record(BASELINE, "t2"),
+                       record("a", "t1", score=None, eval_status="grader_broken", reason="KeyError: x"),
+                       record("a", "t2", score=0.0, eval_status="error", reason="RecursionError: deep"),
+                       record("b", "t1", score=0.0, eval_status="timeout", reason="slow"), record("b", "t2")], META)
+    assert verdict_line(report) == ("audit FAILED on 2 case(s): grader broken (fails on the untouched workspace "
+                                    "too): a; grader fails on agent input: a, b")
+    assert table_rows(report)[0][:2] == ["a", "grader broken on e/t1; grader fails on agent input on e/t2"]
+    assert table_rows(report)[1][:2] == ["b", "grader fails on agent input on e/t1"]
+    only_broken = findings([record(BASELINE), record("a", score=None, eval_status="grader_broken", reason="KeyError"),
+                            record("b")], META)
+    assert verdict_line(only_broken) == ("audit FAILED on 1 case(s): grader broken (fails on the untouched "
+                                         "workspace too): a")
+
+
+def test_a_sanity_session_graded_with_a_failing_grader_says_so_not_not_graded() -> None:
+    records = [record(BASELINE, "t1", score=None, eval_status="grader_broken", reason="KeyError: 'x'"),
+               record(REFERENCE, "t1", score=0.0, eval_status="error", reason="ValueError: bad"),
+               record(BASELINE, "t2", score=0.0, eval_status="timeout", reason="evaluator timed out"),
+               record(REFERENCE, "t2", score=None, eval_status="grader_broken", reason="KeyError: 'y'"),
+               record(BASELINE, "t3", score=0.0, eval_status="invalid_reward", reason="score 11"),
+               record(BASELINE, "t4", score=None, eval_status="infra_error", reason="not graded: infrastructure"),
+               record(REFERENCE, "t4", score=None, eval_status="infra_error")]
+    refs = {"e/t1": "expected.json", "e/t2": "solution/solve.sh", "e/t3": None, "e/t4": "expected.json"}
+    report = findings(records, {BASELINE: AttackMeta()}, refs)
+    assert [(r.baseline_eval_status, r.reference_eval_status) for r in report.sanity] == [
+        ("grader_broken", "error"), ("timeout", "grader_broken"), ("invalid_reward", None),
+        ("infra_error", "infra_error")]
+    assert [sanity_cells(r) for r in report.sanity] == [
+        ["e/t1", "grader broken: KeyError: 'x'", "expected.json: 0 (grader error) CANNOT BE SOLVED HERE: ValueError: bad"],
+        ["e/t2", "grader timeout: evaluator timed out",
+         "solution/solve.sh: 0 (grader broken) CANNOT BE SOLVED HERE: KeyError: 'y'"],
+        ["e/t3", "invalid reward: score 11", "no reference"],
+        ["e/t4", "not graded", "expected.json: not graded"]]
+    alone = findings([records[4], records[5]], {BASELINE: AttackMeta()}, {"e/t3": None, "e/t4": None})
+    assert verdict_line(alone) == ("audit inconclusive: no attack paid, but the grader failed on the do-nothing "
+                                   "baseline of e/t3; e/t4 could not be graded")
 
 
 def test_the_grader_line_of_a_crash_is_its_last_frame_in_the_evaluator() -> None:

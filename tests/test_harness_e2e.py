@@ -78,7 +78,7 @@ async def test_bash_agent_harness_scores_right_and_wrong_answers(tmp_path: Path)
         calls = [r for r in up.requests if r.path == "/v1/chat/completions"]
 
     assert code == 0, stderr
-    assert "--harness runs task-directory envs only (dataset.format: task_dirs); skipping gsm8k" in stderr
+    assert "--harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping gsm8k" in stderr
     records = sorted(map(json.loads, out.read_text().splitlines()), key=lambda r: r["sample_index"])
     assert [(r["env_name"], r["case_id"], r["harness"], r["model"]) for r in records] == [
         ("workspace", TASK, "bash-agent", "fake")] * 2

@@ -397,7 +397,8 @@ def test_bad_env_config_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_a_runtime_file_missing_from_the_env_folder_stops_the_job_before_it_runs(tmp_path: Path) -> None:
     from rollout.core.setup import SetupError
-    from rollout.jobs.job import JobOptions, load_envs
+    from rollout.jobs.options import JobOptions
+    from rollout.jobs.prepare import load_envs
 
     env_dir = tmp_path / "envs" / "typo"
     (env_dir / "data").mkdir(parents=True)
@@ -416,7 +417,7 @@ def test_a_runtime_file_missing_from_the_env_folder_stops_the_job_before_it_runs
 def test_a_job_id_that_cannot_name_a_folder_is_refused(job_id: str) -> None:
     from pydantic import ValidationError
 
-    from rollout.jobs.job import JobOptions
+    from rollout.jobs.options import JobOptions
 
     with pytest.raises(ValidationError, match="job_id"):
         JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", job_id=job_id)
@@ -426,7 +427,7 @@ def test_a_job_id_that_cannot_name_a_folder_is_refused(job_id: str) -> None:
 def test_integers_beyond_the_store_are_refused() -> None:
     from pydantic import ValidationError
 
-    from rollout.jobs.job import JobOptions
+    from rollout.jobs.options import JobOptions
 
     with pytest.raises(ValidationError, match="max_steps"):
         JobOptions(gateway_config=REPO / "configs" / "gateway.yaml", max_steps=2**63)
@@ -632,8 +633,8 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
 
 def test_report_of_a_stopped_job_and_of_infra_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rollout.cli.run import report
-    from rollout.core.outcomes import BreakerEvent
-    from rollout.jobs.job import JobResult
+    from rollout.jobs.breaker import BreakerEvent
+    from rollout.jobs.run import JobResult
     from rollout.results.report import AttemptRecord, ReportTotals, SessionRecord
 
     def rec(case: str, outcomes: list[str], status: str = "succeeded") -> SessionRecord:

@@ -21,8 +21,8 @@ import httpx
 import pyarrow.parquet as pq
 import yaml
 
+from rollout.results.feed_schema import FeedGroupOut
 from rollout.servers.feed.client import FeedClient
-from rollout.servers.feed.schema import FeedGroupOut
 from store import Store
 from tests.fake_upstream import FakeRequest, FakeUpstream, Reply, chat_completion, chat_stream
 from tests.test_launcher import REPO, gateway_config, launch

@@ -1,11 +1,6 @@
-"""Rule evaluator for the gsm8k env: exact numeric match of the final answer.
-
-Self-contained (standard library only) so the launcher can load it by path with importlib; the
-runtime imports ``extract_answer`` from here so both sides read answers the same way.
-
-Score: 10 when the model's number equals the number after ``####`` in the case's ``answer``
-(see ``numbers_equal``), else 0.
-"""
+"""Rule evaluator for the gsm8k env: 10 when the number of the model's last reply equals the number
+after ``####`` in the case's ``answer`` (``numbers_equal``), else 0. Standard library only (loaded
+by path); the runtime imports ``extract_answer`` so both sides read answers alike."""
 
 from __future__ import annotations
 
@@ -57,11 +52,8 @@ def extract_answer(text: str | None) -> str | None:
 
 
 def reference_answer(answer: str) -> str:
-    """The normalized number after ``####`` in a GSM8K ``answer`` field.
-
-    Raises ValueError when there is no ``####`` or no number after it (a malformed case, which the
-    launcher records as an evaluator error, not as a score of 0).
-    """
+    """The normalized number after ``####`` in a GSM8K ``answer``; ValueError when there is none (a
+    malformed case: an evaluator error, not a 0)."""
     if not isinstance(answer, str) or _MARK not in answer:
         raise ValueError(f"malformed gsm8k case: answer has no '{_MARK} <number>' line: {answer!r:.200}")
     found = _first_number(answer.rsplit(_MARK, 1)[1])
@@ -71,11 +63,8 @@ def reference_answer(answer: str) -> str:
 
 
 def numbers_equal(a: str, b: str) -> bool:
-    """Numeric equality of two normalized number strings (``"18"`` equals ``"18.00"``).
-
-    Two whole numbers must be exactly equal: a relative tolerance would accept 1450001 for
-    1450000. Otherwise the values match within relative tolerance ``REL_TOL`` (1e-6).
-    """
+    """Numeric equality of two normalized numbers: whole numbers exactly (a tolerance would accept
+    1450001 for 1450000), others within ``REL_TOL``."""
     x, y = Decimal(a), Decimal(b)
     if x == x.to_integral_value() and y == y.to_integral_value():
         return x == y
@@ -90,13 +79,8 @@ def _model_answer(trajectory: Any) -> str | None:
 
 
 def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
-    """Score one gsm8k session.
-
-    ``request.env_params["dataset"]["answer"]`` is the GSM8K answer text ending in ``#### N``.
-    Returns ``{"score": 10 | 0, "reason": "expected N, got M", "artifacts": {"expected", "got",
-    "source"}}``. A trajectory without a number in its last reply scores 0 with a reason.
-    Raises ValueError when the case's answer is malformed (no ``#### <number>``).
-    """
+    """Score one session: 10 or 0 with ``"expected N, got M"`` and artifacts; the model's answer is
+    the recorded last reply, never the runtime's words. ValueError for a malformed case."""
     expected = reference_answer(request.env_params["dataset"]["answer"])
     got = _model_answer(trajectory)
     artifacts = {"expected": expected, "got": got, "source": "final_response" if got is not None else None}

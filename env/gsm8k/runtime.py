@@ -1,9 +1,6 @@
-"""Runtime of the gsm8k env: one chat completion per case through the gateway session.
-
-Reads the start request on stdin (``env_params["dataset"]["question"]``; params ``max_tokens``,
-default 256) and prints a ``SimulationStartResult`` whose metrics are
-``{"extracted_answer": str | None, "completion_text": str, "finish_reason": str | None}``.
-"""
+"""Runtime of the gsm8k env: one chat completion per case through the gateway session
+(``env_params["dataset"]["question"]``, param ``max_tokens`` 256); metrics ``extracted_answer``,
+``completion_text``, ``finish_reason``."""
 
 from __future__ import annotations
 
@@ -42,11 +39,7 @@ def completion_kwargs(req: SimulationStartRequest) -> dict[str, Any]:
 
 
 def main(req: SimulationStartRequest) -> SimulationStartResult:
-    """Ask the question once and report the completion and the number extracted from it.
-
-    ``truncated`` is True when the answer was cut at ``max_tokens`` (finish_reason ``length``) or
-    the gateway answered with its budget stop instead of the model.
-    """
+    """Ask once; ``truncated`` when cut at ``max_tokens`` or stopped by the gateway's budget."""
     completion, stop_reason = chat_completion(openai_client(req), **completion_kwargs(req))
     choice = completion.choices[0] if completion.choices else None
     text = (choice.message.content if choice else None) or ""

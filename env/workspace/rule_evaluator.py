@@ -1,12 +1,7 @@
-"""Rule evaluator for the workspace env: compare ``outputs/answer.json`` with the task's expected.json.
-
-Self-contained (standard library only) so the launcher can load it by path with importlib. It grades
-the workspace's final state, whatever the runtime reported (like a Harbor verifier).
-
-Matching rules (``first_mismatch``): numbers (int/float, never bool) match within relative
-tolerance 1e-6; strings match after ``strip()``; bools and null match exactly; lists match
-element-wise with equal length; dicts match when every expected key matches (extra keys ignored).
-"""
+"""Rule evaluator for the workspace env: ``outputs/answer.json`` against the task's expected.json,
+on the workspace's final state whatever the runtime reported. Standard library only. Matching
+(``first_mismatch``): numbers within relative 1e-6 (never bool), strings after ``strip()``, bools
+and null exactly, lists element-wise, dicts on every expected key (extra keys ignored)."""
 
 from __future__ import annotations
 
@@ -88,11 +83,8 @@ def load_answer(workspace: str | None) -> tuple[Any, str | None]:
 
 
 def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
-    """Score one workspace session: 10 when every key of ``env_params["dataset"]["expected"]``
-    matches the answer file, else 0. Returns ``{"score", "reason", "artifacts": {"answer"}}``;
-    a missing or unparseable answer file scores 0 with a reason (never raises for it).
-    Raises KeyError when the case row has no ``expected`` (a launcher/config error).
-    """
+    """10 when every key of ``env_params["dataset"]["expected"]`` matches the answer file, else 0 with
+    a reason (a missing or unparseable file too); KeyError when the row has no ``expected``."""
     expected = request.env_params["dataset"]["expected"]
     answer, problem = load_answer(getattr(request, "workspace", None))
     if problem:

@@ -21,8 +21,11 @@ from rollout.audit.grader_scan import GraderScan, crash_line, passing_value, run
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import Case, EnvConfig
 from rollout.core.setup import SetupError
+from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S
 from rollout.grading.evaluator_loader import env_evaluator
-from rollout.jobs.job import JobOptions, load_envs, run_job
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import load_envs
+from rollout.jobs.run import run_job
 from rollout.results.report import SessionRecord
 from rollout.sandbox.harness_cache import PROJECT_ROOT, LoadedHarness
 
@@ -52,8 +55,9 @@ class AuditOptions(BaseModel):
     db_path: str | None = None
     out: Path | None = None
     job_id: str | None = None
-    pool_size: int = Field(default=2, ge=1)
-    eval_timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    pool_size: int = Field(default=2, ge=1, description="sessions run at once")
+    eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0, allow_inf_nan=False,
+                                description="evaluator timeout in seconds")
     image: list[str] = Field(default_factory=list)  # the job's image map: REF=LOCAL (docs/images.md)
 
 
@@ -110,17 +114,20 @@ SanityVerdict = Literal["ok", "pays_for_nothing", "cannot_be_solved", "no_refere
 class SanityRow(BaseModel):
     """One case's sanity checks, before the battery: the do-nothing baseline must score below a
     pass (else ``pays_for_nothing``), the reference solution (``reference``: what it is, None
-    when the case has none) must pass (else ``cannot_be_solved``)."""
+    when the case has none) must pass (else ``cannot_be_solved``); ``*_eval_status``: how each
+    session's grading went (None: no session)."""
 
     env: str
     case: str
     baseline: float | None
     baseline_verdict: SanityVerdict
     baseline_reason: str | None = None
+    baseline_eval_status: str | None = None
     reference: str | None = None
     reference_score: float | None = None
     reference_verdict: SanityVerdict = "no_reference"
     reference_reason: str | None = None
+    reference_eval_status: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -208,14 +215,17 @@ def _sanity(case: str, recs: dict[str, SessionRecord], reference: str | None) ->
     row = SanityRow(env=env, case=cid, baseline=base, reference=reference,
                     baseline_verdict="not_graded" if base is None else
                     "pays_for_nothing" if base >= PASS_SCORE - EPSILON else "ok",
-                    baseline_reason=base_rec.reason if base_rec is not None else None)
+                    baseline_reason=base_rec.reason if base_rec is not None else None,
+                    baseline_eval_status=base_rec.eval_status if base_rec is not None else None)
     ref = recs.get(REFERENCE)
     if reference is None:
         return row
     if ref is None or ref.eval_status not in ("scored", *GRADER_FAILED, "grader_broken"):
-        return row.model_copy(update={"reference_verdict": "not_graded"})
+        return row.model_copy(update={"reference_verdict": "not_graded",
+                                      "reference_eval_status": ref.eval_status if ref is not None else None})
     score = ref.score if ref.score is not None else 0.0
     return row.model_copy(update={"reference_score": score, "reference_reason": ref.reason,
+                                  "reference_eval_status": ref.eval_status,
                                   "reference_verdict": "ok" if score >= PASS_SCORE - EPSILON else "cannot_be_solved"})
 
 

@@ -8,6 +8,10 @@ from rollout.audit.audit import GRADER_FIX, AttackSummary, AuditReport, SanityRo
 
 HEADERS = ["attack", "paid on", "gained", "grader's reason", "grader line", "fix"]
 SANITY_HEADERS = ["case", "do-nothing baseline", "reference solution"]
+BROKEN_FIX = "your grader fails on the untouched workspace too: fix it before auditing"
+GRADER_FAILURES = {"error": "grader error", "timeout": "grader timeout", "invalid_reward": "invalid reward",
+                   "grader_broken": "grader broken"}
+"""How a session's grading failed, by its eval_status (``GRADER_FAILED`` and ``grader_broken``)."""
 
 
 def _cases(names: list[str], most: int = 3) -> str:
@@ -22,29 +26,36 @@ def _cut(text: str | None, n: int) -> str:
 def _row(a: AttackSummary, width: int) -> list[str]:
     if a.paid:
         return [a.attack, _cases(a.paid), f"+{a.gained:g}", _cut(a.reason, width), a.grader_line or "", a.fix_hint]
-    if a.grader_broken:
-        return [a.attack, f"grader broken on {_cases(a.grader_broken)}", "", _cut(a.error_reason, width),
-                a.error_line or "", "your grader fails on the untouched workspace too: fix it before auditing"]
-    if a.grader_errors:
-        return [a.attack, f"grader fails on agent input on {_cases(a.grader_errors)}", "",
-                _cut(a.error_reason, width), a.error_line or "", GRADER_FIX]
+    where = [f"grader broken on {_cases(a.grader_broken)}"] if a.grader_broken else []
+    where += [f"grader fails on agent input on {_cases(a.grader_errors)}"] if a.grader_errors else []
+    if where:
+        return [a.attack, "; ".join(where), "", _cut(a.error_reason, width), a.error_line or "",
+                BROKEN_FIX if a.grader_broken else GRADER_FIX]
     return [a.attack, "clean", "", "", "", ""]
 
 
-def _score(x: float | None) -> str:
-    return "not graded" if x is None else f"{x:g}"
+def _grader_failed(score: float | None, eval_status: str | None) -> str | None:
+    """What happened to a session graded without a score: ``grader error``, ... (None: it has a
+    score, or was not graded)."""
+    return GRADER_FAILURES.get(eval_status or "") if score is None else None
 
 
 def sanity_cells(r: SanityRow, width: int = 60) -> list[str]:
-    """One case's sanity row: ``SANITY_HEADERS``' columns."""
-    base = _score(r.baseline) + (f" PAYS FOR NOTHING: {_cut(r.baseline_reason, width)}"
-                                 if r.baseline_verdict == "pays_for_nothing" else "")
+    """One case's sanity row: ``SANITY_HEADERS``' columns. A session graded without a score says
+    how its grader failed, with the grader's reason; ``not graded`` only when it was not graded."""
+    if (failed := _grader_failed(r.baseline, r.baseline_eval_status)) is not None:
+        base = f"{failed}: {_cut(r.baseline_reason, width)}"
+    else:
+        base = ("not graded" if r.baseline is None else f"{r.baseline:g}") + (
+            f" PAYS FOR NOTHING: {_cut(r.baseline_reason, width)}" if r.baseline_verdict == "pays_for_nothing"
+            else "")
     if r.reference is None:
         ref = "no reference"
     elif r.reference_verdict == "not_graded":
         ref = f"{r.reference}: not graded"
     else:
-        ref = f"{r.reference}: {_score(r.reference_score)}" + (
+        failed = GRADER_FAILURES.get(r.reference_eval_status or "") if r.reference_eval_status != "scored" else None
+        ref = f"{r.reference}: {r.reference_score or 0.0:g}" + (f" ({failed})" if failed else "") + (
             f" CANNOT BE SOLVED HERE: {_cut(r.reference_reason, width)}" if r.reference_verdict == "cannot_be_solved"
             else "")
     return [f"{r.env}/{r.case}", base, ref]
@@ -71,15 +82,22 @@ def verdict_line(report: AuditReport) -> str:
         said = []
         if report.paying:
             said.append(f"{len(report.paying)} attack(s) paid: {', '.join(a.attack for a in report.paying)}")
-        if report.grader_failing:
-            said.append("grader fails on agent input: " + ", ".join(a.attack for a in report.grader_failing))
+        if broken := [a.attack for a in report.attacks if a.grader_broken]:
+            said.append("grader broken (fails on the untouched workspace too): " + ", ".join(broken))
+        if failing := [a.attack for a in report.attacks if a.grader_errors]:
+            said.append("grader fails on agent input: " + ", ".join(failing))
         if pays := [f"{r.env}/{r.case}" for r in report.insane if r.baseline_verdict == "pays_for_nothing"]:
             said.append(f"pays for nothing: {_cases(pays)}")
         if unsolved := [f"{r.env}/{r.case}" for r in report.insane if r.reference_verdict == "cannot_be_solved"]:
             said.append(f"cannot be solved here: {_cases(unsolved)}")
         return f"audit FAILED on {n} case(s): " + "; ".join(said)
     if report.inconclusive:
-        return f"audit inconclusive: no attack paid, but {_cases(report.inconclusive)} could not be graded"
+        base_failed = [f"{r.env}/{r.case}" for r in report.sanity
+                       if _grader_failed(r.baseline, r.baseline_eval_status) is not None]
+        said = [f"the grader failed on the do-nothing baseline of {_cases(base_failed)}"] if base_failed else []
+        if rest := [c for c in report.inconclusive if c not in base_failed]:
+            said.append(f"{_cases(rest)} could not be graded")
+        return "audit inconclusive: no attack paid, but " + "; ".join(said)
     return f"audit clean: no attack paid on {n} case(s) ({len(report.attacks)} attacks)"
 
 

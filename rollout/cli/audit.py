@@ -1,7 +1,7 @@
 """``launcher.py audit``: run the battery of scripted attacks on a benchmark's cases and say which
 ones earned more than doing nothing (docs/audit.md). Exit codes: 0 clean, 4 when the audit failed
 (an attack paid, a grader failed on agent input, a baseline passed or a reference failed),
-2 when none paid but a case could not be graded, 1 for a setup error, 130 on Ctrl-C."""
+2 when none paid but a case could not be judged, 1 for a setup error, 130 on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -27,10 +27,12 @@ from rollout.audit.report import (
     verdict_line,
 )
 from rollout.cli.listing import add_env_flags
+from rollout.cli.options import options_of
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.argtypes import finite_float, int_at_least
 from rollout.core.logs import setup_logging
 from rollout.core.setup import SetupError
+from rollout.jobs.options import flag_help
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--image", action="append", default=[], metavar="REF=LOCAL",
                     help="run image REF as LOCAL, an image of the local container store, as the job's --image "
                          "(repeatable; docs/images.md)")
-    ap.add_argument("--pool-size", type=int_at_least(1), default=2, help="sessions run at once (default 2)")
-    ap.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
+    ap.add_argument("--pool-size", type=int_at_least(1), help=flag_help("pool_size", AuditOptions))
+    ap.add_argument("--eval-timeout", type=finite_float(positive=True), help=flag_help("eval_timeout", AuditOptions))
     ap.add_argument("--db-path", help="keep the sessions in this store (default: a temporary SQLite file)")
     ap.add_argument("--out", type=Path, help="keep the sessions' JSONL there (default: temporary)")
     ap.add_argument("--job-id", help="job id (default: generated)")
@@ -93,10 +95,7 @@ def main(argv: list[str]) -> int:
     keep = tempfile.TemporaryDirectory(prefix="rollout-audit-report-") if args.report and not args.db_path else None
     db_path = args.db_path or (f"sqlite://{Path(keep.name) / 'audit.db'}" if keep else None)
     try:
-        opts = AuditOptions(agent_root=args.agent_root, agent_configs=args.agent_configs,
-                            agent_start_config=args.agent_start_config, tasks=args.tasks, host_toolchain=args.host_toolchain, env_names=args.env_names, case_ids=args.case_ids,
-                            attacks=args.attacks, db_path=db_path, out=args.out, job_id=args.job_id,
-                            pool_size=args.pool_size, eval_timeout=args.eval_timeout, image=args.image)
+        opts = options_of(AuditOptions, args, db_path=db_path)
         report = asyncio.run(run_audit(opts))
         if args.report is not None:
             from rollout.servers.viewer.db import ViewerError

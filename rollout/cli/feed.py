@@ -1,6 +1,6 @@
 """``python launcher.py feed`` (serve the feed of ready groups), ``python launcher.py export``
 (write a job's groups, or sessions without a job, to a file) and ``python launcher.py serve`` (the long-running mode:
-``rollout.servers.serve``). Exit codes: 0 done, 1 the store, the job or the output cannot
+``rollout.servers.batches``). Exit codes: 0 done, 1 the store, the job or the output cannot
 be used (the message says why), 2 bad flags."""
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 
 from rollout.cli.next_steps import latest_job_line
-from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
+from rollout.cli.verbs import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import finite_float, int_at_least, port_number
 from rollout.core.logs import setup_logging
+from rollout.jobs.options import flag_help
+from rollout.results.groups import GroupOptions
 from rollout.servers.feed.app import FeedSettings, create_feed_app
 from rollout.servers.feed.export import ExportError, export_job, export_sessions
-from rollout.servers.feed.groups import GroupOptions
-from rollout.servers.local_server import listen, run_server, url_of
+from rollout.servers.listener import listen, run_server, url_of
 from store import JOB_ID_PATTERN, DbUrlError, Store, StoreUnavailable
 from store.engine import sqlite_read_only
 from store.feed import FeedQueries
@@ -76,19 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
                                               "runs/export-without-job.<format> for sessions without a job)")
     srv = sub.add_parser("serve", allow_abbrev=False, help="long-running: start the gateway once, run batches a trainer submits "
                                         "(POST /v1/batches) and serve their groups")
-    srv.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default env)")
-    srv.add_argument("--gateway-config", type=Path, help="gateway YAML (default configs/gateway.yaml)")
-    srv.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
+    srv.add_argument("--agent-root", type=Path, help=flag_help("agent_root"))
+    srv.add_argument("--gateway-config", type=Path, help=flag_help("gateway_config"))
+    srv.add_argument("--gateway-base-url", help=flag_help("gateway_base_url"))
     srv.add_argument("--llm-model", help="default route of batches (default: the gateway config's)")
-    srv.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    srv.add_argument("--db-path", help=flag_help("db_path"))
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     srv.add_argument("--port", type=port_number, default=SERVE_PORT, help=f"port (default {SERVE_PORT}; 0: any free port)")
-    srv.add_argument("--pool-size", type=int_at_least(1), default=4, help="sessions run at once (default 4)")
+    srv.add_argument("--pool-size", type=int_at_least(1), help=flag_help("pool_size"))
     srv.add_argument("--no-evaluation", action="store_true", help="do not grade (default: grade every session)")
-    srv.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0, help="evaluator timeout in seconds (default 60)")
-    srv.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap", help="runtime sandbox (default bwrap)")
-    srv.add_argument("--max-retries", type=int_at_least(0), default=2, help="retries of infrastructure failures (default 2)")
-    srv.add_argument("--retry-backoff-s", type=finite_float(low=0), default=1.0, help="backoff before the first retry (default 1 s)")
+    srv.add_argument("--eval-timeout", type=finite_float(positive=True), help=flag_help("eval_timeout"))
+    srv.add_argument("--sandbox", choices=["bwrap", "none"], help=flag_help("sandbox"))
+    srv.add_argument("--max-retries", type=int_at_least(0), help=flag_help("max_retries"))
+    srv.add_argument("--retry-backoff-s", type=finite_float(low=0), help=flag_help("retry_backoff_s"))
     srv.add_argument("--min-valid-samples", type=int_at_least(1), default=2, help="valid samples a trainable group needs (default 2)")
     srv.add_argument("--poll-interval-s", type=finite_float(positive=True), default=0.2, help="feed poll interval (default 0.2 s)")
     srv.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
@@ -97,22 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve_options(args: argparse.Namespace) -> Any:
-    from rollout.jobs.job import JobOptions
+    """``serve``'s flags as the JobOptions its batches start from; SetupError naming a bad flag."""
+    from rollout.cli.options import default_gateway_config, options_of
+    from rollout.jobs.options import JobOptions
 
-    cfg = args.gateway_config
-    if cfg is None:
-        local = Path("configs/gateway.yaml")
-        cfg = local if local.is_file() else Path(__file__).resolve().parents[2] / "configs" / "gateway.yaml"
-    return JobOptions(agent_root=args.agent_root, gateway_config=cfg, gateway_base_url=args.gateway_base_url,
-                      llm_model=args.llm_model, db_path=args.db_path, pool_size=args.pool_size,
-                      enable_evaluation=not args.no_evaluation, eval_timeout=args.eval_timeout, sandbox=args.sandbox,
-                      max_retries=args.max_retries, retry_backoff_s=args.retry_backoff_s)
+    return options_of(JobOptions, args, gateway_config=args.gateway_config or default_gateway_config(),
+                      enable_evaluation=not args.no_evaluation)
 
 
 def serve_main(args: argparse.Namespace) -> int:
     """``serve``: exit 0 when stopped, 1 when it cannot start."""
     from rollout.core.setup import SetupError
-    from rollout.servers.serve import serve as serve_batches
+    from rollout.servers.batches import serve as serve_batches
 
     setup_logging(args.log_level)
     return run_command(lambda: serve_batches(_serve_options(args), args.host, args.port, FeedSettings(

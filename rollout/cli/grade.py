@@ -10,10 +10,12 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rollout.cli.options import options_of
 from rollout.core.argtypes import finite_float, int_at_least
 from rollout.core.logs import setup_logging
 from rollout.core.setup import SetupError
 from rollout.jobs.grade_sessions import GradeOptions, grade_sessions
+from rollout.jobs.options import flag_help
 from rollout.results.report import render_table, summarize
 from store.stepcodec import StepDecodeError
 
@@ -52,14 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--include-active", action="store_true",
                     help="also grade sessions the gateway has not closed (what they recorded so far)")
     ap.add_argument("--job-id", help="the new job's id (default: generated)")
-    ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
-    ap.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
-    ap.add_argument("--eval-timeout", type=finite_float(positive=True), default=60.0,
-                    help="evaluator timeout in seconds (default 60)")
-    ap.add_argument("--pool-size", type=int_at_least(1), default=4, help="evaluations at once (default 4)")
-    ap.add_argument("--grader-isolation", choices=["bwrap", "none"], default="bwrap",
-                    help="run each evaluator in the grader sandbox (default), or none: for trusted graders")
-    ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
+    ap.add_argument("--agent-root", type=Path, help=flag_help("agent_root", GradeOptions))
+    ap.add_argument("--db-path", help=flag_help("db_path", GradeOptions))
+    ap.add_argument("--eval-timeout", type=finite_float(positive=True), help=flag_help("eval_timeout", GradeOptions))
+    ap.add_argument("--pool-size", type=int_at_least(1), help=flag_help("pool_size", GradeOptions))
+    ap.add_argument("--grader-isolation", choices=["bwrap", "none"], help=flag_help("grader_isolation", GradeOptions))
+    ap.add_argument("--out", type=Path, help=flag_help("out", GradeOptions))
     ap.add_argument("--log-level", default="warning", help="log level (default warning)")
     return ap
 
@@ -69,11 +69,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
-        opts = GradeOptions(env_name=args.env_name, session_ids=args.session_ids, tag=args.tag, since=args.since,
-                            until=args.until, case_id=args.case_id, case_field=args.case_field, job_id=args.job_id,
-                            include_active=args.include_active, db_path=args.db_path, agent_root=args.agent_root,
-                            eval_timeout=args.eval_timeout, pool_size=args.pool_size,
-                            grader_isolation=args.grader_isolation, out=args.out)
+        opts = options_of(GradeOptions, args)
         result = asyncio.run(grade_sessions(opts))
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,7 +4,7 @@ grade each session with its env's ``rule_evaluator.py`` and report. ``--regrade 
 grades a finished job again from the store (``rollout.jobs.regrade``: no runtime, no model call).
 
 Only the CLI: flags (Safactory-compatible) become
-``rollout.jobs.job.JobOptions``; ``rollout.jobs.job.run_job`` does the work. Exit codes (docs/launcher.md):
+``rollout.jobs.options.JobOptions``; ``rollout.jobs.run.run_job`` does the work. Exit codes (docs/launcher.md):
 0 when the run completed (whatever the scores: runtime timeouts, agent failures and evaluator
 errors are results), 1 for a setup error (bad config, unknown case, missing evaluator, gateway
 mismatch, missing model), 2 for bad flags (argparse), 3 when infrastructure left sessions unrun or
@@ -30,17 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-from pydantic import ValidationError
 from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
 from rollout.cli.next_steps import next_step_lines
-from rollout.core.envs import did_you_mean, fields_at
+from rollout.cli.options import FLAG_OF, default_gateway_config, start_config_values, validate_options
 from rollout.core.logs import notices, setup_logging
-from rollout.core.safactory import is_start_config
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions, JobResult, run_job
+from rollout.jobs.options import JobOptions, flag_help
 from rollout.jobs.regrade import (
     NotRegraded,
     Regraded,
@@ -50,13 +47,12 @@ from rollout.jobs.regrade import (
     regrade_job,
     render_regrade_summary,
 )
+from rollout.jobs.run import JobResult, run_job
 from rollout.results.progress import ProgressState, render_progress
 from rollout.results.report import SessionRecord, output_path_problem, render_table, summarize
 from store.stepcodec import StepDecodeError
 
-HERE = Path(__file__).resolve().parents[2]
 """The project folder (its ``configs/gateway.yaml`` is the default gateway config)."""
-_FLAG_OF = {"agent_configs": "agent_config", "env_names": "env", "case_ids": "case"}
 VIEWER_COMMANDS = ("view", "report")  # sub-commands of rollout.cli.viewer (imported only when used)
 FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.cli.feed (imported only when used)
 
@@ -70,6 +66,7 @@ COMMANDS = (
     ("serve", "long-running: run the batches a trainer posts, serve their groups"),
     ("train", "GRPO on an env with the embedded model (the train extra)"),
     ("audit", "run scripted hostile agents on each case; report the attacks that paid"),
+    ("images", "the cache of unpacked container images; images prune --days N | --all"),
     ("grade", "grade sessions recorded without a job (--session ID, --tag, --since) with an env's evaluator, as a new job"),
 )
 """The launcher's commands (the first argument), one line each for ``--help``."""
@@ -100,77 +97,46 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Run agent sessions through the gateway and grade them (the flags "
                                              "below), or run one of the commands.",
                                  epilog=commands_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs",
-                    help="an env.yaml, or a Safactory task config (environments:), to run (repeatable); "
-                         "default: every <agent-root>/<name>/env.yaml")
+    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", help=flag_help("agent_configs"))
     ap.add_argument("--agent-start-config", type=Path, help="YAML file of defaults for these flags "
                     "(keys are flag names with underscores, e.g. pool_size: 8), or a Safactory start config "
                     "(agent_name + container:, or agents:) for a Safactory --agent-config")
-    ap.add_argument("--agent-root", type=Path, help="folder of envs (default: env)")
-    ap.add_argument("--env", action="append", dest="env_names", help="only these env names (repeatable)")
+    ap.add_argument("--agent-root", type=Path, help=flag_help("agent_root"))
+    ap.add_argument("--env", action="append", dest="env_names", help=flag_help("env_names"))
     ap.add_argument("--task", action=_NotAFlag, nargs="?", help=argparse.SUPPRESS)  # never a prefix of --tasks
-    ap.add_argument("--case", action="append", dest="case_ids", metavar="ID",
-                    help="only this case id, of any env (repeatable; with --harness too)")
-    ap.add_argument("--tasks", action="append", type=Path, metavar="DIR",
-                    help="a folder of task folders (instruction.md + expected.json + files/, or Harbor tasks) run as "
-                         "one env, no env.yaml needed (repeatable)")
-    ap.add_argument("--host-toolchain", action="store_true", default=None,
-                    help="the --tasks folders' Harbor tasks run on the host's tools, not in their images "
-                         "(an env.yaml's dataset.host_toolchain: true)")
-    ap.add_argument("--timeout", type=float, metavar="S",
-                    help="each session's timeout in seconds (default: the env's runtime.timeout_s, a Harbor task's own)")
-    ap.add_argument("--gateway-base-url", help="use a running gateway, e.g. http://127.0.0.1:8000/v1/sessions")
-    ap.add_argument("--gateway-config", type=Path,
-                    help="gateway YAML used when the launcher starts the gateway (default: configs/gateway.yaml)")
-    ap.add_argument("--llm-model", action="append",
-                    help="route key (repeatable: a matrix of models; default: the gateway config's default route)")
-    ap.add_argument("--harness", action="append", metavar="NAME|PATH",
-                    help="run task-directory envs with this agent CLI (repeatable: a matrix of harnesses): a "
-                         "bundled harness name (harnesses/<name>/) or a folder holding a harness.py")
-    ap.add_argument("--llm-temperature", type=float, help="sampling temperature (default: the server's)")
-    ap.add_argument("--enable-evaluation", action="store_true", default=None,
-                    help="grade sessions with rule_evaluator.py")
-    ap.add_argument("--eval-timeout", type=float, help="evaluator timeout in seconds (default 60)")
-    ap.add_argument("--db-path", help="trajectory store: a SQLite file path, sqlite://PATH or postgresql://... "
-                                     "(default sqlite://env_trajs.db)")
-    ap.add_argument("--pool-size", type=int, help="sessions run at once (default 4)")
-    ap.add_argument("--rl-group-size", type=int, help="samples per case (default: the env's group_size, else 1)")
-    ap.add_argument("--max-steps", type=int, help="model calls per session (default: the env's)")
-    ap.add_argument("--limit", type=int, help="at most N cases per env")
-    ap.add_argument("--job-id", help="job id (default: generated)")
-    ap.add_argument("--resume", action="store_true", default=None,
-                    help="run the unfinished sessions of --job-id and those that ended in an infrastructure failure "
-                         "(launcher_error only with --rerun-launcher-errors)")
-    ap.add_argument("--rerun-launcher-errors", action="store_true", default=None,
-                    help="with --resume: also run the sessions that ended in launcher_error (a launcher bug; "
-                         "kept as they ended by default)")
-    ap.add_argument("--max-retries", type=int,
-                    help="attempts after the first for a session that ended in an infrastructure failure (default 2)")
-    ap.add_argument("--retry-backoff-s", type=float,
-                    help="backoff before the first retry in seconds, doubled each retry, with jitter (default 1)")
+    ap.add_argument("--case", action="append", dest="case_ids", metavar="ID", help=flag_help("case_ids"))
+    ap.add_argument("--tasks", action="append", type=Path, metavar="DIR", help=flag_help("tasks"))
+    ap.add_argument("--host-toolchain", action="store_true", default=None, help=flag_help("host_toolchain"))
+    ap.add_argument("--timeout", type=float, metavar="S", help=flag_help("timeout"))
+    ap.add_argument("--gateway-base-url", help=flag_help("gateway_base_url"))
+    ap.add_argument("--gateway-config", type=Path, help=flag_help("gateway_config"))
+    ap.add_argument("--llm-model", action="append", help=flag_help("llm_model"))
+    ap.add_argument("--harness", action="append", metavar="NAME|PATH", help=flag_help("harness"))
+    ap.add_argument("--llm-temperature", type=float, help=flag_help("llm_temperature"))
+    ap.add_argument("--enable-evaluation", action="store_true", default=None, help=flag_help("enable_evaluation"))
+    ap.add_argument("--eval-timeout", type=float, help=flag_help("eval_timeout"))
+    ap.add_argument("--db-path", help=flag_help("db_path"))
+    ap.add_argument("--pool-size", type=int, help=flag_help("pool_size"))
+    ap.add_argument("--rl-group-size", type=int, help=flag_help("rl_group_size"))
+    ap.add_argument("--max-steps", type=int, help=flag_help("max_steps"))
+    ap.add_argument("--limit", type=int, help=flag_help("limit"))
+    ap.add_argument("--job-id", help=flag_help("job_id"))
+    ap.add_argument("--resume", action="store_true", default=None, help=flag_help("resume"))
+    ap.add_argument("--rerun-launcher-errors", action="store_true", default=None, help=flag_help("rerun_launcher_errors"))
+    ap.add_argument("--max-retries", type=int, help=flag_help("max_retries"))
+    ap.add_argument("--retry-backoff-s", type=float, help=flag_help("retry_backoff_s"))
     ap.add_argument("--regrade", action="store_true", default=None,
                     help="grade the finished sessions of --job-id again with the current rule_evaluator.py "
                          "(from the store: no runtime, no model call)")
-    ap.add_argument("--mode", choices=["local", "ray"],
-                    help="where runtimes run: local subprocesses (default), or ray: tasks on a Ray cluster")
-    ap.add_argument("--ray-address", help="with --mode ray: the Ray head, HOST:PORT, or auto (default $RAY_ADDRESS)")
-    ap.add_argument("--gateway-advertise-url",
-                    help="the session base URL runtimes use, as their machines reach the gateway "
-                         "(http://HOST:PORT/v1/sessions; default: the gateway's own URL)")
-    ap.add_argument("--sandbox", choices=["bwrap", "none"],
-                    help="run each runtime in a bubblewrap sandbox (default bwrap), or none: no isolation")
-    ap.add_argument("--grader-isolation", choices=["bwrap", "none"],
-                    help="run each evaluator in the grader sandbox (bwrap), or none: in the launcher, for trusted "
-                         "graders (default: as --sandbox)")
-    ap.add_argument("--out", type=Path, help="JSONL output (default runs/<UTC time>-<job id>.jsonl)")
-    ap.add_argument("--keep-workspaces", action="store_true", default=None,
-                    help="keep each session's temporary workspace (the folder is printed at the end)")
-    ap.add_argument("--image", action="append", metavar="REF=LOCAL",
-                    help="run image REF (an env's image, a task's docker_image, a Dockerfile's FROM) as LOCAL, an "
-                         "image of the local container store (repeatable; docs/images.md)")
-    ap.add_argument("--max-broken-graders", type=int, metavar="N",
-                    help="stop the job (resumable) at N broken-grader findings: a grader that fails on a session "
-                         "and on the case's untouched starting workspace too (default 1; 0: never stop); the job exits 5 either way")
+    ap.add_argument("--mode", choices=["local", "ray"], help=flag_help("mode"))
+    ap.add_argument("--ray-address", help=flag_help("ray_address"))
+    ap.add_argument("--gateway-advertise-url", help=flag_help("gateway_advertise_url"))
+    ap.add_argument("--sandbox", choices=["bwrap", "none"], help=flag_help("sandbox"))
+    ap.add_argument("--grader-isolation", choices=["bwrap", "none"], help=flag_help("grader_isolation"))
+    ap.add_argument("--out", type=Path, help=flag_help("out"))
+    ap.add_argument("--keep-workspaces", action="store_true", default=None, help=flag_help("keep_workspaces"))
+    ap.add_argument("--image", action="append", metavar="REF=LOCAL", help=flag_help("image"))
+    ap.add_argument("--max-broken-graders", type=int, metavar="N", help=flag_help("max_broken_graders"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     ap.add_argument("--report", type=Path, metavar="PATH.html",
@@ -186,46 +152,6 @@ _RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gat
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
-def _values(args: argparse.Namespace) -> tuple[dict[str, Any], set[str]]:
-    """Flags over ``--agent-start-config`` YAML (keys of CLI-only flags left out), and the keys
-    whose value came from that file."""
-    values: dict[str, Any] = {}
-    if args.agent_start_config:
-        try:
-            values = yaml.safe_load(args.agent_start_config.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise SetupError(f"cannot read --agent-start-config {args.agent_start_config}: {e}") from e
-        if not isinstance(values, dict):
-            raise SetupError(f"--agent-start-config {args.agent_start_config} must be a mapping")
-        if is_start_config(values):  # Safactory's: how its task YAML's envs start, not flag defaults
-            values = {"agent_start_config": args.agent_start_config}
-    flags = {k: v for k, v in vars(args).items() if v is not None and k not in _CLI_ONLY}
-    from_file = {str(k) for k in values if k not in flags}
-    values.update(flags)
-    return values, from_file
-
-
-def _validate(model: type[Any], values: dict[str, Any], from_file: set[str], start_config: Path | None) -> Any:
-    """``model`` from ``values``; SetupError naming each bad value's flag, or its key in the
-    ``start_config`` file when it came from there (keys in ``from_file``)."""
-    try:
-        return model.model_validate(values)
-    except ValidationError as e:
-        msgs = []
-        for err in e.errors():
-            name = str(err["loc"][0]) if err["loc"] else "?"
-            key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                loc = tuple(err["loc"])
-                msg = f"unknown key{did_you_mean(str(loc[-1]), fields_at(model, loc[:-1]))}"
-            if name in from_file:
-                msgs.append(f"--agent-start-config {start_config}: {name}{key}: {msg}")
-            else:
-                msgs.append(f"--{_FLAG_OF.get(name, name).replace('_', '-')}{key}: {msg}")
-        raise SetupError("\n".join(msgs)) from None
-
-
 def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
     """Flags > ``--agent-start-config`` YAML > defaults, validated into JobOptions.
     Raises SetupError naming the bad flag or key."""
@@ -233,35 +159,29 @@ def parse_args(argv: list[str] | None) -> tuple[JobOptions, argparse.Namespace]:
     return job_options(args), args
 
 
-def default_gateway_config() -> Path:
-    """``configs/gateway.yaml`` of the working directory, else the project's."""
-    local = Path("configs/gateway.yaml")
-    return local if local.is_file() else HERE / "configs" / "gateway.yaml"
-
-
 def job_options(args: argparse.Namespace) -> JobOptions:
     """The parsed flags of a run as JobOptions; SetupError naming the bad flag or key."""
-    values, from_file = _values(args)
+    values, from_file = start_config_values(args, _CLI_ONLY)
     if values.get("resume") and not values.get("job_id"):
         raise SetupError("--resume needs --job-id")
     if values.get("rerun_launcher_errors") and not values.get("resume"):
         raise SetupError("--rerun-launcher-errors is only used with --resume")
     if values.get("gateway_config") is None:
         values["gateway_config"] = default_gateway_config()
-    return _validate(JobOptions, values, from_file, args.agent_start_config)  # type: ignore[no-any-return]
+    return validate_options(JobOptions, values, from_file, args.agent_start_config)  # type: ignore[no-any-return]
 
 
 def regrade_options(args: argparse.Namespace) -> RegradeOptions:
     """The parsed flags of ``--regrade`` as RegradeOptions. Run-only flags given on the command
     line are refused; keys of the start-config YAML that a regrade does not use are ignored (the
     same file serves the run). Raises SetupError naming the bad flag."""
-    given = [f"--{_FLAG_OF.get(k, k).replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
+    given = [f"--{FLAG_OF.get(k, k).replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
     if given:
         raise SetupError(f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it")
-    values, from_file = _values(args)
+    values, from_file = start_config_values(args, _CLI_ONLY)
     if not values.get("job_id"):
         raise SetupError("--regrade needs --job-id (the job to grade again)")
-    return _validate(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields},  # type: ignore[no-any-return]
+    return validate_options(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields},  # type: ignore[no-any-return]
                      from_file, args.agent_start_config)
 
 
@@ -485,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     the trajectory viewer and the HTML report (``rollout.cli.viewer``); ``feed``, ``export`` and
     ``serve`` the feed of ready groups, the export of a job and the long-running mode
     (``rollout.cli.feed``); ``train`` GRPO on an env (``rollout.cli.train``); ``audit`` the battery
-    of scripted attacks (``rollout.cli.audit``)."""
+    of scripted attacks (``rollout.cli.audit``); ``images`` the image cache (``rollout.cli.images``)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in VIEWER_COMMANDS:
         from rollout.cli.viewer import main as viewer_main
@@ -507,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
         from rollout.cli.grade import main as grade_main
 
         return grade_main(argv[1:])
+    if argv and argv[0] == "images":
+        from rollout.cli.images import main as images_main
+
+        return images_main(argv[1:])
     if argv and argv[0] == "list":
         from rollout.cli.listing import main as list_main
 

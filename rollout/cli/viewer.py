@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from rollout.cli.next_steps import latest_job_line, viewer_serves
-from rollout.cli.serving import add_edge_flags, edge_of, parse_verb, run_command
+from rollout.cli.verbs import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import port_number
 from rollout.core.logs import setup_logging
-from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
+from rollout.servers.listener import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from rollout.servers.viewer.app import create_app, refuse_host
 from rollout.servers.viewer.bundle import write_bundle
 from rollout.servers.viewer.db import ViewerError, open_queries

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.errors import RolloutError
+
 Protocol = Literal["chat_completions", "responses", "anthropic_messages"]
 PROTOCOLS: tuple[str, ...] = ("chat_completions", "responses", "anthropic_messages")
 HARNESS_FILE = "harness.py"
@@ -28,7 +30,7 @@ SOLUTION_ENV = "ROLLOUT_SOLUTION_DIR"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class HarnessUnavailable(RuntimeError):
+class HarnessUnavailable(RolloutError, RuntimeError):
     """The harness cannot be installed or run on this machine; the message says why (and how to
     fix it when known, e.g. a missing ``npm``)."""
 

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from rollout.core import harbor
+from rollout.errors import RolloutError
 from wire.text import column_text
 
 CONFIG_NAME = "env.yaml"
@@ -36,7 +37,7 @@ MAX_GROUP_SIZE = 10_000
 """Samples per case at most (an env's ``group_size``, ``--rl-group-size``, a batch's ``samples``)."""
 
 
-class EnvConfigError(ValueError):
+class EnvConfigError(RolloutError, ValueError):
     """An env config or its dataset cannot be read or is invalid (the message names the file)."""
 
 
@@ -177,6 +178,22 @@ class EnvConfig(_Strict):
     config_path: Path = Field(default=Path("."), exclude=True)
     _tasks_flag: bool = PrivateAttr(default=False)  # set by task_folder_env only, never by a file
     _evaluator: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _harbor_runtime(cls, data: Any) -> Any:
+        """A Harbor env without ``runtime``: the one ``--tasks`` gives Harbor tasks (the bundled bash
+        agent, ``answer_file: false`` unless its params say otherwise)."""
+        if not isinstance(data, dict) or "runtime" in data:
+            return data
+        dataset = data.get("dataset")
+        fmt = dataset.get("format") if isinstance(dataset, dict) else getattr(dataset, "format", None)
+        if fmt != "harbor":
+            return data
+        params = data.get("params", {})
+        if isinstance(params, dict):
+            params = {"answer_file": False, **params}
+        return {**data, "runtime": {"command": list(TASK_RUNTIME)}, "params": params}
 
     @property
     def from_tasks_flag(self) -> bool:

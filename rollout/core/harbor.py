@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout.errors import RolloutError
+
 CONTAINER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 """Files of a task's ``environment/`` that say it is built as a container image."""
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
@@ -28,7 +30,7 @@ HIDDEN_FIELDS = ("files_dir", "tests_dir", "solution_dir", "verifier_timeout_s",
 """Fields of a Harbor case row that the agent never sees (paths of the task folder, the grading set-up)."""
 
 
-class HarborTaskError(ValueError):
+class HarborTaskError(RolloutError, ValueError):
     """A task folder that is not a valid Harbor task (the message names the file)."""
 
 

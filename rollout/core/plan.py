@@ -28,7 +28,7 @@ async def plan_sessions(store: Store, job_id: str, models: list[str], envs: list
     """The session rows to run: a new job's rows (inserted: every env x case x harness x model x
     sample, ``harnesses`` None or ``[None]`` meaning the env's own runtime), or with ``resume`` the rows of an
     existing job that are unfinished or ended in an infrastructure failure (reopened; the
-    scheduler archives their last attempt's steps before the next attempt, whose number goes on
+    launcher archives their last attempt's steps before the next attempt, whose number goes on
     from the attempts already used); one that ended in ``launcher_error`` only with
     ``rerun_launcher_errors``. Raises SetupError for a resume of an unknown job, or a new
     job whose id is taken."""
@@ -179,7 +179,7 @@ Page = tuple[list[JobEnvironment], Mapping[str, list[SessionAttempt]]]
 
 
 class RowSource:
-    """The rows a scheduler runs: ``total`` of them, read a page at a time by ``pages()`` (an
+    """The rows a pool runs: ``total`` of them, read a page at a time by ``pages()`` (an
     async iterator of ``Page``), so a job of any size never holds all its rows at once."""
 
     def __init__(self, total: int, pages: Callable[[], AsyncIterator[Page]]) -> None:

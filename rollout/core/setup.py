@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.settings import ConfigError, GatewaySettings, load_settings
+from rollout.errors import RolloutError
 from store import DbUrlError, SchemaError, Store, StoreUnavailable
 
 
-class SetupError(RuntimeError):
+class SetupError(RolloutError, RuntimeError):
     """The job cannot start; the message tells the user what to fix."""
 
 

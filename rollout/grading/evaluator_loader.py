@@ -27,6 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from rollout.errors import RolloutError
+
 if TYPE_CHECKING:
     from rollout.core.envs import EnvConfig
 
@@ -38,7 +40,7 @@ EXPORT_NAMES: tuple[str, ...] = ("RuleEvaluator", "evaluate_rule", "evaluate")
 ``RuleEvaluator`` and a helper named ``evaluate`` is graded by the class)."""
 
 
-class EvaluatorLoadError(Exception):
+class EvaluatorLoadError(RolloutError):
     """The evaluator file could not be imported, or exports none of ``EXPORT_NAMES`` as a
     callable (or ``RuleEvaluator()`` failed). The message names the file and, for import
     failures, the original exception as ``ExcType: message``."""

@@ -24,6 +24,7 @@ from typing import Literal
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.core.envs import EnvConfig
 from rollout.core.trees import remove_tree
+from rollout.errors import RolloutError
 from rollout.grading.evaluation import Evaluation, run_evaluation
 from rollout.grading.sandbox import GraderLimits, evaluate_in_sandbox
 from rollout.grading.scoring import SCORE_KEYS
@@ -38,7 +39,7 @@ SNAPSHOT_MAX_BYTES = 1024 * 1024 * 1024
 SNAPSHOT_MAX_FILES = 100_000
 
 
-class GraderSetupError(RuntimeError):
+class GraderSetupError(RolloutError, RuntimeError):
     """An env root cannot be snapshot (too large, unreadable); the message says which and why."""
 
 

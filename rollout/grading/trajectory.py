@@ -41,9 +41,3 @@ def to_trajectory(session_id: str, rows: list[SessionStep]) -> Trajectory:
     return Trajectory(session_id=session_id, steps=steps, final_response=final or "")
 
 
-def usage_total(steps: list[TrajectoryStep]) -> dict[str, int] | None:
-    """Token counts summed over steps that reported usage; None when no step did."""
-    known = [s.usage for s in steps if s.usage]
-    if not known:
-        return None
-    return {k: sum(int(u.get(k) or 0) for u in known) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}

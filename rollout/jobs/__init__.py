@@ -1,1 +1,1 @@
-"""Jobs that write: the job, the scheduler, regrade, the job lock, child services, Ray."""
+"""Jobs that write: options, preparing and running a job, its pool and attempts, regrade, the job lock, child services, Ray."""

@@ -17,17 +17,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, Field
 
 from rollout.contract.protocol import EvalRequest
 from rollout.core.envs import Case, EnvConfig, EnvConfigError, load_cases, scan_envs
 from rollout.core.plan import group_id
 from rollout.core.setup import SetupError, init_store, open_store
 from rollout.grading.attribution import Controls
-from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
+from rollout.grading.evaluation import Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator
 from rollout.grading.grader import Grader, GraderSetupError
 from rollout.grading.trajectory import to_trajectory
+from rollout.jobs.options import SharedOptions
 from rollout.results.records import job_records
 from rollout.results.report import SessionRecord, write_jsonl
 from store import JobEnvironment, SessionResult, Store
@@ -39,13 +40,11 @@ OPEN_STATUSES = frozenset({"active", "closing", "interrupted"})
 """Gateway statuses of a session its client may still be calling: graded only with ``include_active``."""
 
 
-class GradeOptions(BaseModel):
+class GradeOptions(SharedOptions):
     """Which sessions (``session_ids``, or every session without a job matching ``tag`` and the
     ``since``/``until`` window on their first call), the env and its case (``case_id`` for all, or
     ``case_field``: the key of the first call's request ``metadata`` naming it), the new job id,
     the store, where the envs are, the evaluator timeout and concurrency, the JSONL output."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     env_name: str
     session_ids: list[str] = Field(default_factory=list)
@@ -56,11 +55,6 @@ class GradeOptions(BaseModel):
     case_field: str | None = None
     job_id: str | None = None
     include_active: bool = False
-    db_path: str = "sqlite://env_trajs.db"
-    agent_root: Path = Path("env")
-    eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0)
-    pool_size: int = Field(default=4, ge=1)
-    out: Path | None = None
     grader_isolation: Literal["bwrap", "none"] = "bwrap"
 
 

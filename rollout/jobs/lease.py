@@ -20,6 +20,7 @@ import socket
 import uuid
 from datetime import UTC, datetime
 
+from rollout.errors import RolloutError
 from store import JobLock, Store
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0
 
 
-class JobLockError(RuntimeError):
+class JobLockError(RolloutError, RuntimeError):
     """The job's lock is not (or no longer) this launcher's; the message says whose it is."""
 
 

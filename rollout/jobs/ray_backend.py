@@ -26,6 +26,7 @@ from typing import Any
 from rollout.contract.protocol import SimulationStartRequest
 from rollout.core.envs import EnvConfig, WorkspaceArchiveConfig
 from rollout.core.trees import remove_tree
+from rollout.errors import RolloutError
 from rollout.jobs.workspace_archive import ArchiveError, build_archive, restore_workspace
 from rollout.sandbox.bwrap import SandboxUnavailable
 from rollout.sandbox.images import ImageRoot
@@ -41,7 +42,7 @@ PROBE_TIMEOUT_S = 120.0
 INSTALL_HINT = "install the ray extra: pip install -e '.[ray]'"
 
 
-class RayBackendError(RuntimeError):
+class RayBackendError(RolloutError, RuntimeError):
     """Ray is not installed, the cluster cannot be reached, or it cannot run this job (the message
     says what to fix)."""
 
@@ -240,7 +241,7 @@ def connect(address: str) -> RayBackend:
 
 
 class RayExecutor:
-    """The scheduler's executor (``rollout.jobs.scheduler.Executor``) for ``--mode ray``: runs
+    """The pool's executor (``rollout.jobs.attempt.Executor``) for ``--mode ray``: runs
     ``run_on_node`` as a task asking for the env's ``runtime.resources``; the workspace is packed
     before and restored after. Cancelling it cancels the task (the runtime's process group is
     killed on its node)."""
@@ -268,7 +269,7 @@ class RayExecutor:
             ray.cancel(ref)  # KeyboardInterrupt in the task: run_runtime kills the runtime's process group
             raise
         except ray.exceptions.RayTaskError:
-            raise  # a bug of the task's own code: the scheduler records it as a launcher error
+            raise  # a bug of the task's own code: the attempt records it as a launcher error
         except ray.exceptions.RayError as e:  # the node or its worker died, the task's object was lost
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             return RuntimeRun(status="error", node_lost=True, duration_s=time.monotonic() - t0,

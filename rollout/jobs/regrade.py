@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from rollout.contract.protocol import EvalRequest, SimulationStartResult
 from rollout.core.envs import Case, EnvConfigError, task_folder_env
@@ -28,10 +28,11 @@ from rollout.core.outcomes import INFRA_CLASSES
 from rollout.core.safactory import env_folders
 from rollout.core.setup import SetupError, init_store, open_store
 from rollout.grading.attribution import Controls
-from rollout.grading.evaluation import DEFAULT_EVAL_TIMEOUT_S, Evaluation, build_eval_spec
+from rollout.grading.evaluation import Evaluation, build_eval_spec
 from rollout.grading.evaluator_loader import env_evaluator, evaluator_for
 from rollout.grading.grader import Grader, GraderSetupError
 from rollout.grading.trajectory import to_trajectory
+from rollout.jobs.options import SharedOptions
 from rollout.jobs.workspace_archive import ArchiveError, restore_workspace
 from rollout.results.records import job_records
 from rollout.results.report import SessionRecord, write_jsonl
@@ -43,22 +44,15 @@ BlockKind = Literal["not_finished", "infrastructure_failure", "no_evaluator", "n
                     "regrade_error"]
 
 
-class RegradeOptions(BaseModel):
+class RegradeOptions(SharedOptions):
     """What to regrade and how: the job, the store, where the evaluators are now (``agent_root``,
     or the folders of ``agent_configs``), which envs (empty: all of the job's), the evaluator
     timeout in seconds, how many evaluations run at once, and the JSONL output."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     job_id: str
-    db_path: str = "sqlite://env_trajs.db"
-    agent_root: Path = Path("env")
     agent_configs: list[Path] = Field(default_factory=list)
     tasks: list[Path] = Field(default_factory=list)  # the --tasks folders the job ran
     env_names: list[str] = Field(default_factory=list)
-    eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0)
-    pool_size: int = Field(default=4, ge=1)
-    out: Path | None = None
     grader_isolation: Literal["bwrap", "none"] = "bwrap"
 
 
@@ -128,7 +122,7 @@ _TASK_STATUSES = frozenset({"succeeded", "failed", "truncated", "timeout"})
 
 
 def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | None]:
-    """env name -> the evaluator a run would use now (as the scheduler finds it), None if none."""
+    """env name -> the evaluator a run would use now (as an attempt finds it), None if none."""
     dirs: dict[str, Path] = {}
     for p in opts.agent_configs:
         try:

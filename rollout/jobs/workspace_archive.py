@@ -1,6 +1,6 @@
 """What a grader may read of a session's final workspace, kept with the session for a regrade.
 
-After evaluation the scheduler calls :func:`keep_workspace`: the env's ``workspace_archive``
+After evaluation an attempt calls :func:`keep_workspace`: the env's ``workspace_archive``
 config says which paths are kept (default: the whole workspace) and the caps. The kept files go
 into a gzip'd tar in the ``session_workspaces`` row of the session. A workspace over a cap is not
 kept at all (the row says why): a regrade never grades a partial workspace. Kept: regular files,
@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from rollout.core.envs import WorkspaceArchiveConfig
+from rollout.errors import RolloutError
 from store import JobEnvironment, SessionWorkspace, Store
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 KeptStatus = Literal["kept", "too_large", "failed", "disabled"]
 
 
-class ArchiveError(ValueError):
+class ArchiveError(RolloutError, ValueError):
     """A stored archive cannot be restored (corrupt, digest mismatch, or a member that would land
     outside the target folder); the message says which."""
 

@@ -1,16 +1,6 @@
-"""The report: one JSON line per session (``SessionRecord``), a summary per (env, model)
-(``summarize``) with mean score and pass@k, a text table (``render_table``) and the JSONL export
-(``write_jsonl``).
-
-Counting rules (failure attribution, docs/trust-model.md): a session is *scored* when its
-``eval_status`` is ``scored``; ``invalid_reward``, ``error`` and ``timeout`` (a grading failure the
-case's control showed the agent caused) are counted apart and averaged as the 0 they committed. A
-session *passes* when it is scored and its score is 10 (``score >= 10 - 1e-9``); sessions without a
-score never pass. Left out of mean score and pass@k, and counted apart: a session whose last attempt
-was an infrastructure failure (``infra``: never graded, reward NULL, a trainer masks it) and one
-whose grader is broken (``grader_broken``: it failed on the control too). ``retried`` counts
-sessions that needed more than one attempt.
-"""
+"""The report: one JSON line per session (``SessionRecord``), a summary per (env, harness, model)
+(``summarize``: mean score, pass@k, standard errors) and its text table (``render_table``). What is
+counted, left out and why: docs/output.md and docs/trust-model.md ("Failure attribution")."""
 
 from __future__ import annotations
 
@@ -45,24 +35,9 @@ EVAL_SCORED_STATUS = "scored"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k estimate for one case: the probability that at least one of ``k`` samples
-    drawn without replacement from ``n`` samples, ``c`` of which pass, passes.
-
-    Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code"
-    (arXiv:2107.03374), eq. 1: ``pass@k = 1 - C(n-c, k) / C(n, k)``, computed here in the
-    numerically stable product form of the paper's Figure 3:
-    ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``; it is exactly 1.0 when ``n - c < k``.
-
-    Args:
-        n: samples of the case (>= 1). c: passing samples (0 <= c <= n). k: 1 <= k <= n.
-
-    Returns:
-        A float in [0, 1].
-
-    Raises:
-        ValueError: a non-integer (bools included) argument, ``n < 1``, ``c`` outside 0..n,
-            ``k < 1`` or ``k > n``.
-    """
+    """Unbiased pass@k for one case of ``n`` samples, ``c`` passing (Chen et al. 2021, arXiv:2107.03374,
+    eq. 1, in the stable product form of its Figure 3); exactly 1.0 when ``n - c < k``. ValueError
+    for a non-integer (bools included), ``n < 1``, ``c`` outside 0..n or ``k`` outside 1..n."""
     for name, value in (("n", n), ("c", c), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"pass_at_k: {name} must be an int, got {type(value).__name__}")
@@ -81,10 +56,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 class AttemptRecord(BaseModel):
-    """One attempt of a session in the JSONL: number (from 1), runtime status, ``outcome`` (a task
-    outcome or an infrastructure class, ``rollout.core.outcomes``), ``infra``, reason, steps recorded
-    and the session id they are kept under, the backoff before the next attempt (seconds, None
-    for the last), duration (seconds) and UTC ISO times."""
+    """One attempt of a session in the JSONL (docs/output.md): number, runtime status, ``outcome``
+    (``rollout.core.outcomes``), ``infra``, reason, steps and where they are kept, backoff, times."""
 
     attempt: int
     status: str
@@ -101,24 +74,9 @@ class AttemptRecord(BaseModel):
 
 class SessionRecord(SessionFields):
     """One session, one JSON line of the launcher's ``--out`` file: the shared fields
-    (:class:`SessionFields`, the same as ``launcher.py export`` writes) and the launcher's own.
-
-    - the shared fields (``schema_version``, ``score`` 0..10 and ``reward`` 0..1, ``eval_status``,
-      ``eval_reason``, ``duration_s``, ``started_at``/``finished_at``, ``usage``, ``step_timings``,
-      ...): docs/output.md; ``reward`` is always ``score / 10``; ``reason``: ``eval_reason`` again,
-      for older readers.
-    - ``step_count``: number of steps; ``trajectory``: the steps as dicts, in order (the last
-      attempt's).
-    - ``sandbox``: how the runtime ran: ``bwrap`` (isolated) or ``none`` (no isolation), None when
-      unknown (the runtime never ran). ``grader_isolation``: where its evaluator ran: ``bwrap`` (the
-      grader sandbox) or ``none`` (in the launcher), None when no evaluator ran.
-    - ``outcome``: how the last attempt ended (None for records made by an older version);
-      ``attempts``: every attempt, in order; ``retried``: more than one attempt.
-    - ``harness``: the harness that ran the session (None: the env's own runtime);
-      ``harness_exit``: its CLI's exit status and ``answer``: its parsed answer file (None when
-      absent or not JSON, and for sessions run by the env's own runtime). ``usage`` is always
-      the gateway's count of the recorded steps, never the harness's own estimate.
-    """
+    (:class:`SessionFields`, the same as ``launcher.py export`` writes) and the launcher's own
+    (trajectory, sandbox, grader isolation, attempts, harness, its exit and answer); every field
+    is in docs/output.md. ``reason`` repeats ``eval_reason`` for older readers."""
 
     job_id: str
     env_name: str
@@ -149,29 +107,11 @@ class SessionRecord(SessionFields):
 
 class SummaryRow(BaseModel):
     """Summary of the sessions of one (env_name, harness, model); ``harness`` None: the env's own
-    runtime.
-
-    Counts: ``sessions``; ``cases`` (distinct case_id); evaluation outcomes ``scored``,
-    ``invalid``, ``eval_error``, ``eval_timeout`` and ``unevaluated`` (skipped or no eval_status);
-    runtime outcomes ``runtime_failed`` (the runtime reported ``failed``: the agent did not finish
-    its task), ``runtime_truncated`` (status truncated: the session used its whole step budget
-    without finishing), ``runtime_errors`` (status error: the launcher could not run the session) and
-    ``runtime_timeouts`` (status timeout); ``retried`` (sessions with more than one attempt) and
-    ``infra`` (sessions whose last attempt was an infrastructure failure: not graded, left out of
-    the mean score and pass@k) and ``grader_broken`` (the grader failed on the case's control too:
-    left out likewise).
-
-    Scores (0..10): ``mean_score`` over scored sessions and grading failures (their committed 0),
-    None when there is nothing to average. ``score_stderr``: its standard error clustered by case
-    (each case's mean over its counted sessions, then the standard error of those means; None
-    under 2 such cases); ``pass_at_1_stderr`` likewise over each case's passing fraction
-    (docs/output.md, "Standard errors").
-
-    Pass rates (0..1, Chen et al. 2021 estimator per case, averaged over cases; None when no
-    session of the row was evaluated, since nothing can pass): ``pass_at_1`` over all cases; ``pass_at_k`` for ``k`` over the ``pass_at_k_cases`` cases that have at least
-    ``k`` samples (None when no case has). ``mean_duration_s``: over sessions with a duration, in
-    seconds (None when none has one).
-    """
+    runtime. Counts of evaluation and runtime outcomes, ``retried``, ``infra`` and
+    ``grader_broken`` (both left out of the mean and pass@k); ``mean_score`` (0..10, grading
+    failures as their committed 0) and pass@1 / pass@k (0..1, per case, averaged over cases) with
+    standard errors clustered by case; None where there is nothing to average. docs/output.md
+    says each column and estimator."""
 
     env_name: str
     model: str
@@ -199,11 +139,6 @@ class SummaryRow(BaseModel):
     infra: int = 0
     grader_broken: int = 0
 
-    @property
-    def eval_error_rate(self) -> float:
-        """(eval_error + eval_timeout) / sessions, 0.0 for no sessions."""
-        return (self.eval_error + self.eval_timeout) / self.sessions if self.sessions else 0.0
-
 
 def is_infra(record: SessionRecord) -> bool:
     """Whether the session's last attempt was an infrastructure failure (never graded)."""
@@ -221,19 +156,10 @@ def _passes(record: SessionRecord) -> bool:
 def summarize(
     records: Iterable[SessionRecord], *, k: int | None = None
 ) -> list[SummaryRow]:
-    """One ``SummaryRow`` per (env_name, harness, model), sorted by env_name, harness (the env's
-    own runtime first), then model.
-
-    pass@k is computed per case (the samples with the same ``case_id``): ``n`` = samples of the
-    case, ``c`` = passing samples (scored and score == 10, within 1e-9), then averaged over the
-    cases. ``k`` defaults, per row, to the smallest number of samples of any case in that row (the
-    group size); with an explicit ``k``, cases with fewer than ``k`` samples are left out of pass@k
-    (``pass_at_k_cases`` tells how many were used). pass@1 is always computed over all cases.
-    (``ReportTotals``, fed every record.)
-
-    Raises:
-        ValueError: ``k`` given and < 1.
-    """
+    """One ``SummaryRow`` per (env_name, harness, model), sorted by env, harness (the env's own runtime
+    first), model. pass@k per case, averaged over cases; ``k`` defaults per row to the smallest
+    sample count of its cases, and an explicit ``k`` leaves out cases with fewer samples
+    (``pass_at_k_cases``). ValueError for ``k < 1``."""
     return ReportTotals.of(records).summary(k=k)
 
 
@@ -330,12 +256,9 @@ class _RowTotals:
 
 
 class ReportTotals:
-    """What the report needs of a job's records, counted as they come (nothing per session is
-    kept but, until ``fold_cases``, the case ids of the current cases): the summary rows
-    (``summary``: ``summarize``'s numbers), the sessions run without a sandbox by env
-    (``table_footer``), attempts that ended in an infrastructure failure, sessions that ended in
-    ``launcher_error``, and sessions by (status, eval_status). For records streamed in case order, call ``fold_cases`` whenever a
-    case is complete (memory stays flat); else everything is folded by ``summary``."""
+    """What the report needs of a job's records, counted as they come: the summary rows, the sessions
+    run without a sandbox, infrastructure failures, launcher errors and (status, eval_status)
+    counts. Records streamed in case order: call ``fold_cases`` after each case (flat memory)."""
 
     def __init__(self) -> None:
         self.sessions = 0
@@ -447,14 +370,10 @@ def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
 
 
 def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
-    """A fixed-width plain-text table of ``rows`` that fits ``width`` columns (100 by default; names
-    stop shrinking at ``NAME_MIN``, so under about 90 columns rows may not fit):
-    a header line, a rule, one line per row, then a legend. The rarely non-zero counts (invalid
-    reward, evaluator and runtime errors and timeouts, retried, infra) are folded into an indented
-    ``problems:`` line under their row, listing only the non-zero ones. When the names do not fit,
-    the longer of env and model is cut in the middle (``..``, down to ``NAME_MIN``) and the legend
-    gives the full name (all of them when two cut alike). ``-`` stands for a missing value; scores have 2 decimals, pass rates 3,
-    durations 1 (seconds); score and pass@1 carry their standard error (``3.33±0.41``) when there is one. Returns ``"(no sessions)"`` for no rows. No trailing newline."""
+    """A fixed-width plain-text table of ``rows`` fitting ``width`` columns: header, rule, a line per
+    row (rare non-zero counts on an indented ``problems:`` line), a legend giving names cut in the
+    middle; ``-`` for a missing value, ``3.33±0.41`` for a mean and its standard error.
+    ``"(no sessions)"`` for no rows."""
     if not rows:
         return "(no sessions)"
     with_harness = any(r.harness is not None for r in rows)
@@ -531,18 +450,9 @@ def _footer(bare: dict[str, int], trusted: dict[str, int] | None = None) -> str 
 
 
 def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:
-    """Write one strict-JSON line per record to ``path`` and return the number of lines.
-
-    Parent directories are created. The file is written to a temporary file in the same directory,
-    fsynced, then moved over ``path`` with ``os.replace``, so readers see the old file or the whole
-    new one. NaN/inf anywhere (score, trajectory, ...) is never emitted: ``json.dumps`` runs with
-    ``allow_nan=False``.
-
-    Raises:
-        ValueError: a record holds NaN or +-inf (the target file is left untouched).
-        TypeError: a record holds a value that is not JSON-serializable.
-        OSError: the file cannot be written.
-    """
+    """Write one strict-JSON line per record to ``path`` atomically (a temporary file, fsynced, then
+    ``os.replace``) and return the number of lines. ValueError for NaN/inf (the file is left
+    untouched), TypeError for a value that is not JSON, OSError when it cannot be written."""
     with JsonlWriter(path) as out:
         for record in records:
             out.write(record)

@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 import h11
 
+from rollout.errors import RolloutError
+
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +50,7 @@ def gateway_down(exc: OSError) -> bool:
     return bool(codes) and all(c in _UNREACHABLE_ERRNOS for c in codes)
 
 
-class BridgeError(RuntimeError):
+class BridgeError(RolloutError, RuntimeError):
     """The bridge cannot be set up (bad gateway URL, socket path unusable)."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rollout.errors import RolloutError
 from rollout.sandbox import cgroups
 from rollout.sandbox.cgroups import Controller
 
@@ -49,7 +50,7 @@ ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "ROLLOUT_LOG_LEVEL", "NO_
 ENV_ALLOW_PREFIX = ("LC_",)
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(RolloutError, RuntimeError):
     """bubblewrap is missing or cannot create its namespaces here (the message says what to do)."""
 
 

@@ -24,6 +24,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from rollout.core.envs import Case, EnvConfig
+from rollout.errors import RolloutError
 from rollout.sandbox.bwrap import WORKSPACE
 
 log = logging.getLogger("rollout.sandbox.images")
@@ -44,7 +46,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 
 
-class ImageError(RuntimeError):
+class ImageError(RolloutError, RuntimeError):
     """The image cannot be had (a build or pull that failed: the message ends with its log's tail)."""
 
 
@@ -186,13 +188,42 @@ def mapped_dockerfile(text: str, source: ImageSource) -> str:
     return "\n".join(out) + "\n"
 
 
-def build(source: ImageSource) -> str:
-    """Build ``source``'s Dockerfile (FROM lines mapped) into the local store; its local reference.
-    A context already built (same files, same mapped Dockerfile) is not built again."""
+def bases(dockerfile: str) -> list[str]:
+    """The images a Dockerfile's ``FROM`` lines name, in order: not ``scratch``, not an earlier
+    stage (``AS name``), not one naming a build ARG (``$``)."""
+    out: list[str] = []
+    stages: set[str] = set()
+    for line in dockerfile.splitlines():
+        m = _FROM.match(line)
+        if not m:
+            continue
+        name = m[3]
+        if name.lower() not in stages and name != "scratch" and "$" not in name and name not in out:
+            out.append(name)
+        stage = re.match(r"\s+AS\s+(\S+)", m[4], re.IGNORECASE)
+        if stage:
+            stages.add(stage[1].lower())
+    return out
+
+
+def build_ref(source: ImageSource) -> tuple[str, str]:
+    """The local reference ``source``'s build is tagged with, and its mapped Dockerfile. The tag
+    hashes the build context, the mapped Dockerfile and the config digest of each base image as
+    the local store holds it (a base not there is pulled first): a base rebuilt under the same
+    tag gives a new tag."""
     assert source.context is not None
     dockerfile = mapped_dockerfile((source.context / "Dockerfile").read_text(encoding="utf-8"), source)
-    ref = f"localhost/rollout-build/{source.context.parent.name.lower() or 'task'}:{_context_hash(source.context, dockerfile)}"
-    ref = re.sub(r"[^a-z0-9./:_-]", "-", ref)
+    keyed = dockerfile + "".join(f"\0{base}\0{_config(local_ref(ImageSource(ref=base)))[0]}"
+                                 for base in bases(dockerfile))
+    ref = f"localhost/rollout-build/{source.context.parent.name.lower() or 'task'}:{_context_hash(source.context, keyed)}"
+    return re.sub(r"[^a-z0-9./:_-]", "-", ref), dockerfile
+
+
+def build(source: ImageSource) -> str:
+    """Build ``source``'s Dockerfile (FROM lines mapped) into the local store; its local reference.
+    A context already built (same files, same mapped Dockerfile, same base images) is not built again."""
+    assert source.context is not None
+    ref, dockerfile = build_ref(source)
     if in_store(ref):
         return ref
     with tempfile.TemporaryDirectory(prefix="rollout-dockerfile-") as tmp:
@@ -236,6 +267,7 @@ def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / "done").is_file():
+            _hold(folder)
             return root
         shutil.rmtree(folder, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
@@ -250,7 +282,24 @@ def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
             (folder / "done").write_text(ref, encoding="utf-8")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        _hold(folder)
     return root
+
+
+_held: dict[Path, Any] = {}
+
+
+def _hold(folder: Path) -> None:
+    """Mark ``folder`` (an unpacked image) as used now and in use by this process until it ends
+    (or :func:`forget`): a shared lock on ``<name>.use`` that :func:`prune` never breaks. Called
+    under the entry's unpack lock, so a prune cannot slip in between."""
+    (folder / "used").write_text(f"{os.getpid()}\n", encoding="utf-8")
+    with _guard:
+        if folder in _held:
+            return
+        use = open(folder.parent / f"{folder.name}.use", "a")  # noqa: SIM115 (held for the process's life)
+        fcntl.flock(use, fcntl.LOCK_SH)
+        _held[folder] = use
 
 
 _memo: dict[ImageSource, ImageRoot | ImageError] = {}
@@ -285,10 +334,104 @@ def resolve(source: ImageSource, cache: Path | None = None) -> ImageRoot:
 
 
 def forget() -> None:
-    """Drop what this process resolved (tests)."""
+    """Drop what this process resolved, and its hold on the images it used (tests)."""
     with _guard:
         _memo.clear()
         _locks.clear()
+        for use in _held.values():
+            use.close()
+        _held.clear()
+
+
+class CacheEntry(BaseModel):
+    """An unpacked image in the cache: its folder's ``name``, the ``ref`` it was unpacked from
+    (empty for an unpack that never finished), ``size`` in bytes, ``last_used`` (a Unix time: the
+    last time a process started using it) and ``in_use`` (a running process holds it)."""
+
+    name: str
+    ref: str
+    size: int
+    last_used: float
+    in_use: bool
+
+
+def _size(folder: Path) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for n in names:
+            st = os.lstat(os.path.join(parent, n))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def _flock_now(path: Path, how: int) -> Any | None:
+    """``path`` opened and locked (``how``) without waiting; None when another holds it."""
+    f = open(path, "a")  # noqa: SIM115 (returned locked)
+    try:
+        fcntl.flock(f, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def _entry(folder: Path) -> CacheEntry:
+    done, used = folder / "done", folder / "used"
+    ref = done.read_text(encoding="utf-8").strip() if done.is_file() else ""
+    stamp = used if used.is_file() else done if done.is_file() else folder
+    use = _flock_now(folder.parent / f"{folder.name.lstrip('.').split('-')[0]}.use", fcntl.LOCK_EX)
+    if use is not None:
+        use.close()
+    return CacheEntry(name=folder.name, ref=ref, size=_size(folder), last_used=stamp.stat().st_mtime,
+                      in_use=use is None)
+
+
+def cache_entries(cache: Path | None = None) -> list[CacheEntry]:
+    """The cache's unpacked images (and unfinished unpacks), least recently used first."""
+    root = cache or cache_root()
+    if not root.is_dir():
+        return []
+    found = [_entry(p) for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
+    return sorted(found, key=lambda e: (e.last_used, e.name))
+
+
+def _rmtree(folder: Path) -> None:
+    """Remove ``folder``, making its read-only folders writable first (a rootless unpack keeps the
+    image's modes)."""
+    os.chmod(folder, stat.S_IRWXU)
+    for parent, dirs, _ in os.walk(folder):  # top-down: a folder is made readable before it is walked
+        for d in dirs:
+            p = os.path.join(parent, d)
+            if not os.path.islink(p):
+                os.chmod(p, stat.S_IRWXU)
+    shutil.rmtree(folder)
+
+
+def prune(unused_for_s: float | None, cache: Path | None = None, now: float | None = None) -> list[CacheEntry]:
+    """Remove the cache's images not used for ``unused_for_s`` seconds before ``now`` (None: all),
+    never one a running process holds, nor an unpack under way; the entries removed."""
+    root = cache or cache_root()
+    removed = []
+    for entry in cache_entries(root):
+        if entry.in_use or (unused_for_s is not None and (now if now is not None else time.time())
+                            - entry.last_used < unused_for_s):
+            continue
+        base = entry.name.lstrip(".").split("-")[0]
+        unpacking = _flock_now(root / f"{base}.lock", fcntl.LOCK_EX)
+        if unpacking is None:
+            continue  # an unpack of that image is under way
+        with unpacking:
+            use = _flock_now(root / f"{base}.use", fcntl.LOCK_EX)
+            if use is None:
+                continue  # taken since it was listed
+            with use:
+                log.info("removing the unpacked image %s (%s)", entry.name, entry.ref or "unfinished")
+                _rmtree(root / entry.name)
+        removed.append(entry)
+    return removed
 
 
 def _not_files(folder: str, names: list[str]) -> list[str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rollout.errors import RolloutError
+
 MERGED = "m"
 """The merged tree under the session's scratch folder (where bwrap finds it, inside the namespace)."""
 _SCRIPT = ('set -e; s="$1"; lower="$2"; size="$3"; shift 3; '
@@ -22,7 +24,7 @@ _SCRIPT = ('set -e; s="$1"; lower="$2"; size="$3"; shift 3; '
            'exec "$@"')
 
 
-class OverlayUnavailable(RuntimeError):
+class OverlayUnavailable(RolloutError, RuntimeError):
     """``unshare`` is missing (util-linux)."""
 
 

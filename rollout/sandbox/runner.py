@@ -51,8 +51,9 @@ CODE_ROOT = Path(rollout.contract.protocol.__file__).resolve().parents[2]
 """The project folder whose ``env/*.py`` and ``rollout/contract/`` runtimes import."""
 CONTRACT = CODE_ROOT / "rollout" / "contract"
 """The in-sandbox contract, bound read-only as one folder."""
-PUBLIC_ALIASES = ("__init__.py", "protocol.py", "harness.py")
-"""``rollout/`` files bound beside it: the package and the contract's public import paths."""
+PUBLIC_ALIASES = ("__init__.py", "protocol.py", "harness.py", "errors.py")
+"""``rollout/`` files bound beside it: the package, the contract's public import paths and the
+errors' base the contract imports."""
 
 log = logging.getLogger("rollout.sandbox.runner")
 
@@ -342,7 +343,7 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
     env says ``none``), or ``command`` instead (a harness session) under the same limits. Its
     variables: ``pass_env`` names copied from this process, then the env's ``runtime.env`` (with
-    ``command``: its ``env`` instead of both), then ``extra_env`` (the scheduler's: the gateway key
+    ``command``: its ``env`` instead of both), then ``extra_env`` (the launcher's: the gateway key
     as ``OPENAI_API_KEY``), then the session's (``session_env``). ``stderr_log``: a host file that
     keeps the runtime's whole stderr. ``image``: the session's root file system (docs/images.md:
     the workspace at its WORKDIR, its ENV and USER; it needs the sandbox). The workspace is left

@@ -30,7 +30,7 @@ from wire.text import json_text
 log = logging.getLogger(__name__)
 WITHHELD_ENV = frozenset({"GATEWAY_ADMIN_KEY"})
 """Variables of the launcher's environment a runtime never inherits: the gateway's admin key
-(``rollout.jobs.services.GATEWAY_ADMIN_KEY_ENV``) is the launcher's alone."""
+(``rollout.jobs.processes.GATEWAY_ADMIN_KEY_ENV``) is the launcher's alone."""
 _TAIL = 4000
 _STDOUT_KEEP = 8 * 1024 * 1024
 _STDERR_KEEP = 64 * 1024

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep
+from rollout.results.feed_schema import FeedGroupOut, FeedSample, FeedStep
 
 ENV_TOKEN_LOGPROB = 0.0
 """The logprob written at tool/environment tokens (mask 0), as TRL's own tool loop and verl's tool

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.settings import ManagedServer
-from rollout.jobs.services import find_gguf
+from rollout.jobs.processes import find_gguf
 
 __all__ = ["EMBEDDED_PACKAGE", "embedded_gguf", "load_embedded_policy"]
 

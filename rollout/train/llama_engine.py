@@ -54,14 +54,21 @@ class LlamaCppEngine:
         if not template:
             raise ValueError(f"{gguf} carries no chat template")
         self.takes_tools = "tools" in template
-        self._formatter = Jinja2ChatFormatter(template=template, eos_token=self._special(self.llm.token_eos()),
-                                              bos_token=self._special(self.llm.token_bos()))
+        self._formatters = {add: Jinja2ChatFormatter(template=template, eos_token=self._special(self.llm.token_eos()),
+                                                     bos_token=self._special(self.llm.token_bos()),
+                                                     add_generation_prompt=add) for add in (True, False)}
 
     def _special(self, token: int) -> str:
         return "" if token < 0 else self.llm.detokenize([token], special=True).decode("utf-8", errors="replace")
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        text = self._formatter(messages=messages, tools=tools).prompt  # type: ignore[arg-type]
+        return self.encode(self.render(messages, tools, True))
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               add_generation_prompt: bool) -> str:
+        return self._formatters[add_generation_prompt](messages=messages, tools=tools).prompt  # type: ignore[arg-type]
+
+    def encode(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.http_edge import HostAllowList, server_config, with_host_check
-from rollout.servers.local_server import json_refusal, listen, url_of
+from rollout.errors import RolloutError
+from rollout.servers.listener import json_refusal, listen, url_of
+from rollout.train.continuation import Continuity, SessionPrompts
 from rollout.train.sampling import Engine, Generation, SamplingParams, generate
 from wire.errors import error_body
 
@@ -41,7 +43,7 @@ MAX_TOP_LOGPROBS = 20
 NEG_INF_LOGPROB = -9999.0  # what vLLM writes for a -inf logprob (JSON has no infinity)
 
 
-class RequestError(Exception):
+class RequestError(RolloutError):
     """A request the server cannot honour: answered as a 400 in OpenAI's error shape."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request",
@@ -92,6 +94,11 @@ class _Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     tools_rendered: bool
+    session_id: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    continuity: Continuity | None = None
+    reply: tuple[dict[str, Any], str] | None = None
 
 
 class ChatPolicy:
@@ -100,8 +107,10 @@ class ChatPolicy:
 
     def __init__(self, engine: Engine, *, lock: threading.Lock | None = None,
                  default_max_tokens: int | None = None, defaults: SamplingParams | None = None,
-                 seed: int | None = None, max_tokens_cap: int | None = None) -> None:
+                 seed: int | None = None, max_tokens_cap: int | None = None, continue_sessions: bool = True) -> None:
         self.engine, self.model_name = engine, engine.name
+        # token in, token out: a session's next prompt continues its ids (None: every prompt rendered whole)
+        self.sessions = SessionPrompts(engine) if continue_sessions else None
         self.max_tokens_cap = max_tokens_cap  # no completion longer, whatever the request asks
         # requests without a seed draw one from this stream (in arrival order): a run repeats
         self._seeds = None if seed is None else np.random.default_rng(seed)
@@ -150,8 +159,9 @@ class ChatPolicy:
             out.append({**m, "content": content})
         return out
 
-    def prepare(self, req: ChatRequest) -> _Prepared:
-        """Check ``req`` and render its prompt; raises :class:`RequestError`."""
+    def prepare(self, req: ChatRequest, session_id: str | None = None) -> _Prepared:
+        """Check ``req`` and make its prompt (continuing ``session_id``'s ids when its messages
+        extend them); raises :class:`RequestError`."""
         self.check(req)
         tools = req.tools if req.tools and req.tool_choice != "none" else None
         if tools and not self.engine.takes_tools:
@@ -161,8 +171,12 @@ class ChatPolicy:
                 self._warned_tools = True
             tools = None
         messages = self.messages(req)
+        continuity = None
         try:
-            prompt_ids = self.engine.prompt_ids(messages, tools)
+            if self.sessions is None:
+                prompt_ids = self.engine.prompt_ids(messages, tools)
+            else:
+                prompt_ids, continuity = self.sessions.prompt(session_id, messages, tools)
         except Exception as e:  # a template's own refusal (roles, missing fields) is the client's error
             raise RequestError(f"the chat template cannot render these messages: {e}", param="messages") from e
         room = None if self.context_length is None else self.context_length - len(prompt_ids)
@@ -183,12 +197,23 @@ class ChatPolicy:
                                 top_k=top_k, stop=stop, seed=req.seed if req.seed is not None or self._seeds is None
                                 else int(self._seeds.integers(2**63)),
                                 top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
-        return _Prepared(prompt_ids, params, tools is not None)
+        return _Prepared(prompt_ids, params, tools is not None, session_id, messages, tools, continuity)
 
     def run(self, prepared: _Prepared) -> Generation:
         """Sample under the weights lock (a generation never sees an optimizer step midway)."""
         with self.lock:
             return generate(self.engine, prepared.prompt_ids, prepared.params)
+
+    def finish(self, prepared: _Prepared, gen: Generation) -> tuple[dict[str, Any], str]:
+        """The assistant message and finish reason of ``gen`` (made once per request); keeps the
+        session's ids and messages for its next prompt."""
+        if prepared.reply is None:
+            prepared.reply = self.message(gen, prepared.tools_rendered)
+            if self.sessions is not None:
+                msg = prepared.reply[0]
+                self.sessions.keep(prepared.session_id, prepared.messages, prepared.tools, prepared.prompt_ids,
+                                   gen.token_ids, {**msg, "content": msg.get("content") or ""})
+        return prepared.reply
 
     # --- generation -> answer ------------------------------------------------------------------
 
@@ -223,7 +248,7 @@ class ChatPolicy:
 
     def completion(self, req: ChatRequest, prepared: _Prepared, gen: Generation) -> dict[str, Any]:
         """The ``chat.completion`` object (vLLM's extra fields only when asked)."""
-        msg, finish = self.message(gen, prepared.tools_rendered)
+        msg, finish = self.finish(prepared, gen)
         choice: dict[str, Any] = {"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}
         if req.logprobs:
             choice["logprobs"] = {"content": self._logprob_content(gen)}
@@ -234,6 +259,8 @@ class ChatPolicy:
                                "choices": [choice], "usage": _usage(prepared, gen)}
         if req.return_token_ids:
             out["prompt_token_ids"] = list(prepared.prompt_ids)
+            if prepared.continuity is not None:
+                out["prompt_continuity"] = prepared.continuity.as_json()
         return out
 
     def _logprob_content(self, gen: Generation) -> list[dict[str, Any]]:
@@ -245,13 +272,15 @@ class ChatPolicy:
         ids) first, then one chunk per token (its text delta, id and logprob), then the finish
         reason, then the usage when ``stream_options.include_usage``. The whole completion is
         sampled before the first chunk (not incremental)."""
-        msg, finish = self.message(gen, prepared.tools_rendered)
+        msg, finish = self.finish(prepared, gen)
         base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": req.model or self.model_name}
         first: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                       "logprobs": None, "finish_reason": None}]}
         if req.return_token_ids:
             first["prompt_token_ids"] = list(prepared.prompt_ids)
+            if prepared.continuity is not None:
+                first["prompt_continuity"] = prepared.continuity.as_json()
         yield first
         text = msg.get("content") or ""
         sent = 0
@@ -299,7 +328,7 @@ def _error(e: RequestError) -> JSONResponse:
 
 def create_app(policy: ChatPolicy) -> Starlette:
     """The ASGI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize`` (vLLM's,
-    chat messages), ``GET /health``.
+    chat messages), ``GET /health``, ``GET /stats`` (prompts continued, rendered, fallen back).
     Generations run on one worker thread, one at a time (requests queue)."""
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy-generate")
 
@@ -317,7 +346,7 @@ def create_app(policy: ChatPolicy) -> Starlette:
             where = ".".join(str(p) for p in err["loc"])
             return _error(RequestError(f"field {where!r}: {err['msg']}", param=where))
         try:
-            prepared = policy.prepare(req)
+            prepared = policy.prepare(req, request.headers.get("x-session-id"))
         except RequestError as e:
             return _error(e)
         gen = await asyncio.get_running_loop().run_in_executor(worker, policy.run, prepared)
@@ -345,6 +374,10 @@ def create_app(policy: ChatPolicy) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def stats(request: Request) -> Response:
+        return JSONResponse({"continue_sessions": policy.sessions is not None,
+                             **(policy.sessions.stats() if policy.sessions is not None else {})})
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error(RequestError(f"no route {request.method} {request.url.path}", code="not_found", status=404))
 
@@ -358,7 +391,8 @@ def create_app(policy: ChatPolicy) -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]),
                              Route("/tokenize", tokenize, methods=["POST"]),
-                             Route("/health", health, methods=["GET"])],
+                             Route("/health", health, methods=["GET"]),
+                             Route("/stats", stats, methods=["GET"])],
                      exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
 
 
@@ -375,13 +409,14 @@ class PolicyServer:
 
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "policy", host: str = "127.0.0.1",
                  port: int = 0, lock: threading.Lock | None = None, default_max_tokens: int | None = None,
-                 seed: int | None = None, max_tokens_cap: int | None = None) -> None:
+                 seed: int | None = None, max_tokens_cap: int | None = None,
+                 continue_sessions: bool = True) -> None:
         # torch is imported only here: the llama.cpp token server (rollout.cli.token_server) has none
         from rollout.train.hf_engine import TransformersEngine
 
         self.policy = ChatPolicy(TransformersEngine(model, tokenizer, name=model_name), lock=lock,
                                  default_max_tokens=default_max_tokens, seed=seed,
-                                 max_tokens_cap=max_tokens_cap)
+                                 max_tokens_cap=max_tokens_cap, continue_sessions=continue_sessions)
         self.host, self.port = host, port
         self.base_url = ""
         self._server: uvicorn.Server | None = None

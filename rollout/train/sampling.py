@@ -66,6 +66,15 @@ class Engine(Protocol):
         """The chat template applied to ``messages`` (and ``tools``), generation prompt added, as ids."""
         ...
 
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               add_generation_prompt: bool) -> str:
+        """The chat template applied to ``messages`` (and ``tools``), as text."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` (special tokens written in it parsed, none added)."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` without special tokens."""
         ...

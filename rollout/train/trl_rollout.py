@@ -6,7 +6,7 @@ the feed's group logic (``load_groups``, ``view=tokens``) and converts them with
 exact token ids, the loss mask (1 model, 0 tool/environment), the sampling logprobs and the graded
 reward. A sample that cannot be trained on (infrastructure failure, evaluator error, not one
 sequence, ...) is never a row: its case is run again for the missing samples, at most
-``max_reruns`` more jobs, else :class:`RolloutError`.
+``max_reruns`` more jobs, else :class:`ShortBatchError`.
 """
 
 from __future__ import annotations
@@ -22,15 +22,17 @@ from typing import Any
 import yaml
 
 from gateway.settings import GatewaySettings
-from rollout.jobs.job import JobOptions, run_job
-from rollout.jobs.services import start_gateway
-from rollout.servers.feed.groups import GroupOptions, load_groups
-from rollout.servers.feed.schema import FeedGroupOut
+from rollout.errors import RolloutError
+from rollout.jobs.options import JobOptions
+from rollout.jobs.processes import start_gateway
+from rollout.jobs.run import run_job
+from rollout.results.feed_schema import FeedGroupOut
+from rollout.results.groups import GroupOptions, load_groups
 from rollout.train.adapters import Dropped, TrainSample, convert, trl_rows
 from store import Store
 from store.feed import FeedQueries
 
-__all__ = ["Collected", "JobRollout", "RolloutError", "StepStats", "batch_stats", "policy_gateway"]
+__all__ = ["Collected", "JobRollout", "ShortBatchError", "StepStats", "batch_stats", "policy_gateway"]
 
 PASS_SCORE = 10.0
 """A sample passes when its graded reward is at least this (the bundled envs grade 0..10)."""
@@ -55,7 +57,7 @@ def policy_gateway(out_dir: Path, db_url: str, upstream_url: str, route: str = "
         child.stop()
 
 
-class RolloutError(RuntimeError):
+class ShortBatchError(RolloutError, RuntimeError):
     """A case still lacked trainable samples after every rerun allowed."""
 
 
@@ -127,7 +129,8 @@ class JobRollout:
 
     def __init__(self, template: JobOptions, num_generations: int, *, job_prefix: str = "train",
                  out_dir: Path | None = None, max_reruns: int = 2, pass_score: float = PASS_SCORE,
-                 keep_batches: bool = False, on_job: Callable[[str], None] | None = None) -> None:
+                 keep_batches: bool = False, on_job: Callable[[str], None] | None = None,
+                 calls_done: int = 0) -> None:
         if num_generations < 1:
             raise ValueError("num_generations must be at least 1")
         self.template, self.num_generations = template, num_generations
@@ -135,13 +138,13 @@ class JobRollout:
         self.pass_score, self.keep_batches, self.on_job = pass_score, keep_batches, on_job
         self.history: list[StepStats] = []
         self.batches: list[dict[str, list[Any]]] = []
-        self._calls = 0
+        self._calls = calls_done  # a resumed run's next job is step calls_done + 1
 
     async def collect(self, case_ids: Sequence[str], samples: int, tag: str,
                       temperature: float | None = None, scores_only: bool = False) -> Collected:
         """``samples`` trainable samples (:class:`TrainSample`) of each case: one job, then reruns
         of the cases short of samples (one job for them, its group size the largest shortfall;
-        extra samples are left unused) while reruns are left. RolloutError when a case stays
+        extra samples are left unused) while reruns are left. ShortBatchError when a case stays
         short. ``scores_only``: the scores of valid samples instead (an evaluation needs no
         tokens: a sample that is not one sequence still counts)."""
         want = list(dict.fromkeys(case_ids))
@@ -177,7 +180,7 @@ class JobRollout:
         missing = {c: len(v) for c, v in got.samples.items() if len(v) < samples}
         if missing:
             reasons = sorted({d.reason for d in got.dropped})
-            raise RolloutError(f"after {len(got.jobs)} job(s) ({', '.join(got.jobs)}), cases short of {samples} "
+            raise ShortBatchError(f"after {len(got.jobs)} job(s) ({', '.join(got.jobs)}), cases short of {samples} "
                                f"trainable samples: {missing}; dropped: {reasons}"
                                + (f"; stopped early: {stopped}" if stopped else ""))
         return got

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.servers.feed.groups import (
+from rollout.results.groups import (
     GroupOptions,
     advantages,
     build_group,
@@ -30,7 +30,7 @@ async def test_a_group_is_ready_when_its_last_sample_finishes_in_ready_order(tmp
         q = FeedQueries(store.reader)
         await finish(store, ids["g1"][0], 10)
         await finish(store, ids["g2"][0], 3)
-        assert await q.last_ready_seq("j") == 0  # no group complete yet
+        assert await q.ready_after("j", 0, 10) == []  # no group complete yet
         await finish(store, ids["g2"][1], 5)  # g2 completes first
         await finish(store, ids["g3"][0], None, "infra_error", status="error", outcome="setup_failed")
         await finish(store, ids["g1"][1], 0)
@@ -41,7 +41,7 @@ async def test_a_group_is_ready_when_its_last_sample_finishes_in_ready_order(tmp
         assert await q.progress("j") == {"sessions": 5, "finished": 5, "groups": 3, "groups_ready": 3}
         # finishing an already finished session again appends nothing
         await finish(store, ids["g1"][1], 0)
-        assert await q.last_ready_seq("j") == 3
+        assert [e["ready_seq"] for e in await q.ready_after("j", 0, 10)] == [1, 2, 3]
         # a resume reopens a session of a ready group: the group becomes ready again as revision 2
         await store.update_job_session(ids["g3"][0], finished=False)
         await finish(store, ids["g3"][0], 7)

@@ -142,3 +142,40 @@ async def test_sigterm_cancels_the_batch_in_flight_and_leaves_it_for_resume(tmp_
         assert con.execute("SELECT count(*) FROM feed_groups WHERE job_id = 'b'").fetchone() == (0,)
     finally:
         con.close()
+
+
+async def test_a_batch_refuses_a_missing_evaluator_exactly_as_a_job_does(tmp_path: Path) -> None:
+    """``serve`` accepts a batch on the launcher's own path (``rollout.jobs.prepare.select_envs``):
+    an env with no evaluator is refused with the job's message, and nothing is planned."""
+    import pytest
+
+    from gateway.settings import GatewaySettings
+    from rollout.core.setup import SetupError
+    from rollout.jobs.options import JobOptions
+    from rollout.jobs.run import run_job
+    from rollout.servers.batches import BatchError, BatchRequest, BatchService
+    from store import Store
+    from tests.gateway.conftest import serve
+
+    make_env(tmp_path / "envs")
+    (tmp_path / "envs" / "toy" / "rule_evaluator.py").unlink()
+    db = tmp_path / "t.db"
+    opts = JobOptions(agent_root=tmp_path / "envs", gateway_config=tmp_path / "unused.yaml", llm_model=["fake"],
+                      db_path=f"sqlite://{db}", enable_evaluation=True, sandbox="none")
+    with pytest.raises(SetupError) as job:
+        await run_job(opts)
+    assert "--enable-evaluation: no evaluator: env 'toy' needs" in str(job.value)
+    async with FakeUpstream() as up:
+        gw = await serve(GatewaySettings.model_validate({
+            "storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        store = Store(f"sqlite://{db}")
+        try:
+            await store.init()
+            service = BatchService(store, opts, f"{gw.url}/v1/sessions", None, "fake")
+            with pytest.raises(BatchError) as batch:
+                await service.submit(BatchRequest(envs=["toy"], job_id="b1"))
+            assert await store.job_sessions("b1") == []
+        finally:
+            await store.close()
+            await gw.stop()
+    assert (str(batch.value), batch.value.status) == (str(job.value), 400)

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
+from rollout.servers.batches import BatchInfo, BatchRequest, BatchService, create_serve_app
 from rollout.servers.feed.app import FeedSettings
-from rollout.servers.serve import BatchInfo, BatchRequest, BatchService, create_serve_app
 from store import Store
 
 BODY = b'{"envs": ["toy"], "policy_version": 7}'

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
+from rollout.results.groups import GroupOptions, policy_lag
 from rollout.servers.feed.app import FeedSettings, create_feed_app
 from rollout.servers.feed.client import FeedClient
-from rollout.servers.feed.groups import GroupOptions, policy_lag
 from store import SessionStep, Store
 from store.feed import FeedQueries
 from tests.feed.helpers import finish, session, step

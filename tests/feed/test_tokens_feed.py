@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollout.results.feed_schema import FeedGroupOut
 from rollout.servers.feed.client import FeedClient
-from rollout.servers.feed.schema import FeedGroupOut
 from store import SessionStep
 from tests.fake_upstream import FakeUpstream
 from tests.feed.helpers import ENV, REPO

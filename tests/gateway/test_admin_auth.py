@@ -14,9 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.settings import GatewaySettings
-from rollout.jobs.job import JobOptions
-from rollout.jobs.services import gateway_admin_key, gateway_api_key
-from rollout.servers.serve import BatchError, BatchService
+from rollout.jobs.options import JobOptions
+from rollout.jobs.processes import gateway_admin_key, gateway_api_key
+from rollout.servers.batches import BatchError, BatchService
 from tests.fake_upstream import DEFAULT_TEXT
 from tests.gateway.conftest import CLIENT_KEY, MESSAGES, Gateway, StartGateway
 

@@ -19,7 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.http_edge import HostAllowList, head_timeout_protocol, host_of_url, split_host
 from gateway.settings import GatewaySettings
-from rollout.jobs.services import free_port, start_gateway
+from rollout.jobs.processes import free_port, start_gateway
 from rollout.sandbox.bridge import GatewayBridge
 from tests.fake_upstream import DONE, FakeUpstream, Reply, chat_chunk, chat_completion
 from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, _Server, make_settings

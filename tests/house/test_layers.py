@@ -41,7 +41,7 @@ def test_the_tree_keeps_its_layers() -> None:
 
 
 @pytest.mark.parametrize(("lower", "higher"), [
-    ("rollout/core/envs.py", "rollout.jobs.job"),
+    ("rollout/core/envs.py", "rollout.jobs.run"),
     ("rollout/contract/protocol.py", "rollout.core.envs"),
     ("rollout/sandbox/runner.py", "rollout.grading.evaluation"),
     ("rollout/grading/scoring.py", "rollout.results.report"),

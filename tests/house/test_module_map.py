@@ -55,7 +55,7 @@ def test_every_entry_of_the_module_map_exists() -> None:
 
 def test_the_check_sees_a_missing_module() -> None:
     blocks = module_map()
-    assert _named(blocks, ROOT / "rollout" / "jobs" / "scheduler.py")
+    assert _named(blocks, ROOT / "rollout" / "jobs" / "attempt.py")
     assert not _named(blocks, ROOT / "rollout" / "jobs" / "no_such_module.py")
-    assert not _named({k: [ln.replace("scheduler.py", "x.py") for ln in v] for k, v in blocks.items()},
-                      ROOT / "rollout" / "jobs" / "scheduler.py")
+    assert not _named({k: [ln.replace("attempt.py", "x.py") for ln in v] for k, v in blocks.items()},
+                      ROOT / "rollout" / "jobs" / "attempt.py")

@@ -22,9 +22,10 @@ import httpx
 import pytest
 import yaml
 
-from rollout.core.outcomes import BreakerEvent
-from rollout.jobs.job import JobOptions, JobResult, run_job
-from rollout.jobs.services import free_port
+from rollout.jobs.breaker import BreakerEvent
+from rollout.jobs.options import JobContext, JobOptions
+from rollout.jobs.processes import free_port
+from rollout.jobs.run import JobResult, run_job
 from rollout.results.report import render_table, summarize
 from tests.fake_upstream import DEFAULT_TEXT, FakeRequest, FakeUpstream, Reply
 
@@ -212,7 +213,7 @@ async def test_only_evidence_the_agent_cannot_write_makes_an_attempt_an_infrastr
     assert up_line["retried"] is True
     assert [a["outcome"] for a in up_line["attempts"]] == ["upstream_unavailable", "succeeded"]
     # each infrastructure failure is on the terminal with its reason, not only in the JSONL
-    told = [m for r in caplog.records if r.name == "rollout.jobs.scheduler" and r.levelname == "WARNING"
+    told = [m for r in caplog.records if r.name == "rollout.jobs.attempt" and r.levelname == "WARNING"
             and " attempt 1: " in (m := r.getMessage())]
     r = by_case["upstream"]
     reason = (r.attempts[0].reason or "").strip().splitlines()[-1][:300]
@@ -385,10 +386,10 @@ async def test_breaker_gives_up_then_resume_finishes_the_job(tmp_path: Path) -> 
 @contextlib.asynccontextmanager
 async def planned_on_a_gateway(tmp_path: Path, job_id: str, **gateway: Any) -> AsyncIterator[Planned]:
     """The rows of a job of the env under ``tmp_path/envs`` planned in a store that a real
-    gateway (settings ``gateway`` added) records to, for a Scheduler run in this process."""
+    gateway (settings ``gateway`` added) records to, for a Pool run in this process."""
     from gateway.settings import GatewaySettings
     from rollout.core.plan import session_rows
-    from rollout.jobs.job import load_envs
+    from rollout.jobs.prepare import load_envs
     from store import Store
     from tests.gateway.conftest import serve
 
@@ -419,19 +420,25 @@ class Planned:
     gateway_url: str
     db: Path
 
+    def with_opts(self, **update: Any) -> JobOptions:
+        """The job's options, graded, with ``update``."""
+        return JobOptions.model_validate({**self.opts.model_dump(), "enable_evaluation": True, **update})
+
+    def context(self, job_id: str, **more: Any) -> JobContext:
+        """The context of a job on this gateway's ``fake`` route."""
+        return JobContext(job_id=job_id, gateway_url=self.gateway_url, models=("fake",), **more)
+
 
 async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path) -> None:
     """The gateway answers its probe but refuses to close the session (here: the launcher lacks
     the key of a gateway with auth on): the retry is tried a bounded number of times, then the
     session ends as an infrastructure failure, not graded, instead of looping for ever."""
-    from rollout.jobs.scheduler import RunSettings, Scheduler
+    from rollout.jobs.pool import Pool
 
     make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "fault": "crash"}])
     async with planned_on_a_gateway(tmp_path, "jg", auth={"api_keys": ["sk-gw"]}) as p:
-        settings = RunSettings(job_id="jg", model="fake", gateway_url=p.gateway_url,
-                               agent_root=tmp_path / "envs", pool_size=1, enable_evaluation=True,
-                               retry=p.opts.retry_policy().model_copy(update={"backoff_s": 0.01}))
-        [record] = await asyncio.wait_for(Scheduler(p.store, settings, p.envs).run(p.rows), 120)
+        pool = Pool(p.store, p.with_opts(pool_size=1, retry_backoff_s=0.01), p.context("jg"), p.envs)
+        [record] = await asyncio.wait_for(pool.run(p.rows), 120)
     assert (record.status, record.outcome, record.score, record.eval_status) == (
         "error", "gateway_unreachable", None, "infra_error")
     assert record.error is not None and "the retry could not start (6 tries)" in record.error and "401" in record.error
@@ -445,17 +452,15 @@ async def test_a_gateway_the_bridge_cannot_reach_is_an_outage_even_when_the_runt
     listens on (the session close reaches the real gateway), the runtime swallows the error and
     reports a plain failure; the gateway bridge's failed connections make it ``gateway_unreachable``:
     retried, then not graded."""
-    from rollout.jobs.scheduler import RunSettings, Scheduler
+    from rollout.jobs.pool import Pool
     from tests.rollout.sandbox_helpers import require_bwrap
 
     require_bwrap()
     make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "silent": True}])
     async with planned_on_a_gateway(tmp_path, "ju") as p:
-        settings = RunSettings(job_id="ju", model="fake", gateway_url=p.gateway_url,
-                               advertise_url=f"http://127.0.0.1:{free_port()}/v1/sessions",
-                               agent_root=tmp_path / "envs", pool_size=1, enable_evaluation=True,
-                               retry=p.opts.retry_policy().model_copy(update={"backoff_s": 0.01, "max_retries": 1}))
-        [record] = await asyncio.wait_for(Scheduler(p.store, settings, p.envs).run(p.rows), 120)
+        pool = Pool(p.store, p.with_opts(pool_size=1, retry_backoff_s=0.01, max_retries=1),
+                    p.context("ju", advertise_url=f"http://127.0.0.1:{free_port()}/v1/sessions"), p.envs)
+        [record] = await asyncio.wait_for(pool.run(p.rows), 120)
     assert (record.status, record.outcome, record.score, record.eval_status) == (
         "error", "gateway_unreachable", None, "infra_error")
     assert [(a.outcome, a.infra) for a in record.attempts] == [("gateway_unreachable", True)] * 2
@@ -469,7 +474,7 @@ async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging
     """A worker that dies of a bug (here: the store refuses the start of one session) ends the
     job with that error while the other workers still wait for work, instead of leaving them
     waiting for the dead worker's session for ever."""
-    from rollout.jobs.scheduler import RunSettings, Scheduler
+    from rollout.jobs.pool import Pool
 
     make_env(tmp_path / "envs", [{"id": f"c{i}", "q": "hi"} for i in range(4)])
     async with planned_on_a_gateway(tmp_path, "jb") as p:
@@ -482,9 +487,7 @@ async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging
             await update(sid, **values)
 
         p.store.update_job_session = refuse_one
-        settings = RunSettings(job_id="jb", model="fake", gateway_url=p.gateway_url,
-                               agent_root=tmp_path / "envs", pool_size=2, enable_evaluation=True)
-        sched = Scheduler(p.store, settings, p.envs)
+        sched = Pool(p.store, p.with_opts(pool_size=2), p.context("jb"), p.envs)
         with pytest.raises(RuntimeError, match="injected launcher bug"):
             await asyncio.wait_for(sched.run(p.rows), 120)
     assert all(t.done() for t in sched._workers)  # none left behind

@@ -17,9 +17,10 @@ from rollout.cli.run import job_exit_code
 from rollout.core.envs import Case
 from rollout.grading.attribution import REFERENCE, Control, Controls, attribute, needs_control
 from rollout.grading.evaluation import Evaluation
-from rollout.jobs.job import JobOptions, run_job
+from rollout.jobs.options import JobOptions
+from rollout.jobs.run import run_job
+from rollout.results.groups import invalid_reason
 from rollout.results.report import SessionRecord, render_table, summarize
-from rollout.servers.feed.groups import invalid_reason
 from rollout.train.trl_rollout import read_job_samples
 from tests.fake_upstream import FakeUpstream
 

@@ -25,7 +25,8 @@ from rollout.core.envs import (
 from rollout.core.plan import select_cases
 from rollout.core.setup import SetupError
 from rollout.grading.evaluator_loader import env_evaluator
-from rollout.jobs.job import JobOptions, check_evaluators, load_envs
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import check_evaluators, load_envs
 from rollout.sandbox.bwrap import INSTRUCTION, SandboxSpec, Support, bwrap_command
 from rollout.sandbox.runner import case_instruction, task_env
 
@@ -138,7 +139,8 @@ def test_help_lists_every_command_and_the_flag_style_run_is_unchanged(capsys: py
     out = capsys.readouterr().out
     for verb in ("list", "view", "report", "feed", "export", "serve", "train", "audit"):
         assert [line for line in out.splitlines() if line.startswith(f"  {verb} ")], verb
-    assert {c for c, _ in COMMANDS} == {"list", "view", "report", "feed", "export", "serve", "train", "audit", "grade"}
+    assert {c for c, _ in COMMANDS} == {"list", "view", "report", "feed", "export", "serve", "train", "audit", "grade",
+                                      "images"}
     assert "--case ID" in out and "--tasks DIR" in out and "--timeout S" in out and "3 infrastructure" in out
     assert build_parser().parse_args(["--env", "basics", "--pool-size", "2"]).pool_size == 2
 

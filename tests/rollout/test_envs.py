@@ -157,7 +157,8 @@ def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
 def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from rollout.core.setup import SetupError
-    from rollout.jobs.job import JobOptions, load_envs
+    from rollout.jobs.options import JobOptions
+    from rollout.jobs.prepare import load_envs
 
     for name in ("a", "b"):
         (_write_env(tmp_path, name, BASE, [{"id": "1"}]) / "rt.py").write_text("print()\n")
@@ -197,3 +198,24 @@ def test_case_ids_no_utf8_carries_are_escaped_as_stored(tmp_path: Path) -> None:
     (task / "expected.json").write_text('{"n": 1}')
     (c,) = load_cases(load_env_config(t / "env.yaml"))
     assert c.case_id == "t\\udcff" and c.row["id"] == "t\udcff"
+
+
+def test_a_harbor_env_without_a_runtime_gets_the_one_tasks_gives_it(tmp_path: Path) -> None:
+    """An env.yaml of Harbor tasks needs no ``runtime:``: the bundled bash agent with
+    ``answer_file: false``, as ``--tasks DIR`` runs them; other formats still need one."""
+    from rollout.core.envs import task_folder_env
+
+    tasks = Path(__file__).resolve().parents[2] / "env" / "harbor_tasks" / "tasks"
+    folder = tmp_path / "hb"
+    folder.mkdir()
+    (folder / "env.yaml").write_text(f"dataset: {{format: harbor, path: {tasks}}}\nparams: {{max_tokens: 64}}\n")
+    cfg = load_env_config(folder / "env.yaml")
+    flag = task_folder_env(tasks)
+    assert cfg.runtime == flag.runtime and cfg.runtime.command == ["{python}", "-m", "env.task_runtime"]
+    assert cfg.params == {"answer_file": False, "max_tokens": 64}
+    (folder / "env.yaml").write_text(f"dataset: {{format: harbor, path: {tasks}}}\nparams: {{answer_file: true}}\n")
+    assert load_env_config(folder / "env.yaml").params == {"answer_file": True}
+    assert [c.case_id for c in load_cases(cfg)] == [c.case_id for c in load_cases(flag)]
+    (folder / "env.yaml").write_text("dataset: {format: jsonl, path: cases.jsonl}\n")
+    with pytest.raises(EnvConfigError, match="runtime: required key missing"):
+        load_env_config(folder / "env.yaml")

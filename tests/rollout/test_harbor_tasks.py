@@ -226,25 +226,23 @@ async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the
 async def test_a_verifier_that_cannot_start_is_an_infrastructure_failure_retried(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require_bwrap()
-    import rollout.jobs.scheduler as scheduler
+    import rollout.jobs.attempt as attempt
     from rollout.grading.verifier import VerifierResult
-    from rollout.jobs.scheduler import RunSettings, Scheduler
+    from rollout.jobs.pool import Pool
     from tests.rollout.test_attempts import planned_on_a_gateway
 
     make_task(make_env(tmp_path / "envs") / "tasks", "t")
-    real, calls = scheduler.verify_session, []
+    real, calls = attempt.verify_session, []
 
     async def flaky(*args: Any) -> VerifierResult | None:
         calls.append(args[-1])
         if len(calls) == 1:
             return VerifierResult(status="setup_failed", reason="verifier setup failed: no bubblewrap today")
         return await real(*args)
-    monkeypatch.setattr(scheduler, "verify_session", flaky)
+    monkeypatch.setattr(attempt, "verify_session", flaky)
     async with planned_on_a_gateway(tmp_path, "vs") as p:
-        settings = RunSettings(job_id="vs", model="fake", gateway_url=p.gateway_url, agent_root=tmp_path / "envs",
-                               pool_size=1, enable_evaluation=True,
-                               retry=p.opts.retry_policy().model_copy(update={"backoff_s": 0.01}))
-        [record] = await asyncio.wait_for(Scheduler(p.store, settings, p.envs).run(p.rows), 120)
+        pool = Pool(p.store, p.with_opts(pool_size=1, retry_backoff_s=0.01), p.context("vs"), p.envs)
+        [record] = await asyncio.wait_for(pool.run(p.rows), 120)
     assert [(a.outcome, a.infra) for a in record.attempts] == [("setup_failed", True), ("succeeded", False)]
     assert "no bubblewrap today" in (record.attempts[0].reason or "")
     assert (record.eval_status, record.score) == ("scored", 10.0)
@@ -273,7 +271,7 @@ def test_host_toolchain_flag_runs_a_tasks_folder_on_the_hosts_tools(tmp_path: Pa
     from rollout.cli.run import parse_args
     from rollout.core.envs import task_folder_env
     from rollout.core.setup import SetupError
-    from rollout.jobs.job import load_envs
+    from rollout.jobs.prepare import load_envs
 
     root = tmp_path / "tasks"
     make_task(root, "compose", files={"docker-compose.yaml": "services: {}\n"})

@@ -161,3 +161,48 @@ def test_a_workspace_starts_as_what_the_image_holds_where_it_is_bound(tmp_path: 
     assert sorted(str(p.relative_to(at_app)) for p in at_app.rglob("*")) == ["main.py"]
     # WORKDIR /: the workspace is /workspace; the root is the session's / already, never copied
     assert sorted(str(p.relative_to(at_root)) for p in at_root.rglob("*")) == ["seed.txt"]
+
+
+def _buildah(*args: str) -> str:
+    p = subprocess.run(["buildah", *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.strip()
+
+
+def test_a_base_rebuilt_under_the_same_tag_builds_the_task_again(tmp_path: Path, base_image: str) -> None:
+    """The build's tag hashes each base image's digest in the local store: a different image under
+    the base's tag gives a new tag and a build FROM the new base, never the old build."""
+    import uuid
+
+    base = f"localhost/rollout-test/rebased-{uuid.uuid4().hex[:12]}:1"
+    ctx = tmp_path / "rebased" / "environment"
+    ctx.mkdir(parents=True)
+    (ctx / "Dockerfile").write_text("FROM python:3\nLABEL task=rebased\n")
+    src = ImageSource(context=ctx, image_map=(("python:3", base),))
+    built: list[str] = []
+    ctr = _buildah("from", "scratch")
+    try:
+        _buildah("tag", base_image, base)
+        first = images.build(src)
+        built.insert(0, first)
+        _buildah("config", "--label", "base=second", ctr)
+        built.append(_buildah("commit", "--quiet", ctr, base))  # another image under the same tag
+        second = images.build(src)
+        built.insert(0, second)
+        _buildah("tag", base_image, base)  # the first base again: its build is found, not rebuilt
+        again = images.build(src)
+        labels = [images._config(ref)[1]["config"].get("Labels") or {} for ref in (first, second)]
+    finally:
+        for ref in (*built, base):
+            subprocess.run(["buildah", "rmi", "-f", ref], capture_output=True, timeout=300)
+        subprocess.run(["buildah", "rm", ctr], capture_output=True, timeout=300)
+    assert first.startswith("localhost/rollout-build/rebased:") and second.startswith("localhost/rollout-build/rebased:")
+    assert second != first and again == first
+    assert (labels[0].get("task"), labels[0].get("base")) == ("rebased", None)
+    assert (labels[1].get("task"), labels[1].get("base")) == ("rebased", "second")
+
+
+def test_the_bases_of_a_dockerfile_skip_stages_scratch_and_build_args() -> None:
+    text = ("FROM localhost/a:1 AS build\nFROM build\nFROM --platform=linux/amd64 b:2 as Two\nFROM two\n"
+            "FROM scratch\nFROM ${BASE}\nFROM localhost/a:1\n")
+    assert images.bases(text) == ["localhost/a:1", "b:2"]

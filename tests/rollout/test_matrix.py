@@ -16,7 +16,7 @@ from rollout.core.envs import load_cases, load_env_config
 from rollout.core.plan import group_id, session_rows
 from rollout.core.setup import SetupError
 from rollout.grading.trajectory import to_trajectory
-from rollout.jobs.job import harness_envs, load_harnesses
+from rollout.jobs.prepare import harness_envs, load_harnesses
 from rollout.results.records import record_of
 from rollout.results.report import render_table, summarize
 from store import JobEnvironment, SessionResult
@@ -86,7 +86,7 @@ def test_only_task_directory_envs_run_a_harness(tmp_path: Path, caplog: pytest.L
     kept = harness_envs([(qa, load_cases(qa)), (tasks, load_cases(tasks))])
     assert [cfg.name for cfg, _ in kept] == ["tasks"]
     assert [r.getMessage() for r in caplog.records if r.name == "rollout.notice"] == [
-        "warning: --harness runs task-directory envs only (dataset.format: task_dirs); skipping qa"]
+        "warning: --harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping qa"]
     with pytest.raises(SetupError, match="none of the selected envs is a task-directory env .*skipped qa"):
         harness_envs([(qa, load_cases(qa))])
 
@@ -140,7 +140,8 @@ async def test_a_harness_that_cannot_be_installed_stops_the_job_before_any_row(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sqlite3
 
-    from rollout.jobs.job import JobOptions, run_job
+    from rollout.jobs.options import JobOptions
+    from rollout.jobs.run import run_job
 
     monkeypatch.setenv("ROLLOUT_HARNESS_CACHE", str(tmp_path / "cache"))
     broken = tmp_path / "broken"

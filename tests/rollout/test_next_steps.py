@@ -12,7 +12,7 @@ import pytest
 
 from rollout.cli import feed, listing, viewer
 from rollout.cli.run import report
-from rollout.jobs.job import JobResult
+from rollout.jobs.run import JobResult
 from rollout.results.report import ReportTotals
 from store import Store
 from tests.feed.helpers import finish, make_job

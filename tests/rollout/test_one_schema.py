@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollout.jobs.job import run_job
+from rollout.jobs.run import run_job
 from rollout.results.session_fields import SCHEMA_VERSION, SessionFields
 from rollout.servers.feed.export import export_job
 from store import Store

@@ -14,15 +14,13 @@ from pydantic import ValidationError
 from rollout.core.outcomes import (
     DEFAULT_RETRY_ON,
     INFRA_CLASSES,
-    BreakerEvent,
-    BreakerSettings,
-    CircuitBreaker,
     RetryPolicy,
     budget_used,
     check_classes,
     classify,
     status_after_close,
 )
+from rollout.jobs.breaker import BreakerEvent, BreakerSettings, CircuitBreaker
 
 
 @dataclass
@@ -216,7 +214,7 @@ async def test_breaker_gives_up_after_max_wait(caplog: pytest.LogCaptureFixture)
 
 
 def test_readyz_error_names_why_not_ready() -> None:
-    from rollout.jobs.scheduler import readyz_error
+    from rollout.jobs.gateway_client import readyz_error
 
     body = '{"status": "unavailable", "storage_type": "sqlite", "routes": ["m"], "error": "route m: ConnectError"}'
     assert readyz_error(body) == "route m: ConnectError"
@@ -225,7 +223,7 @@ def test_readyz_error_names_why_not_ready() -> None:
 
 
 def test_rejected_summary_of_a_close_answer() -> None:
-    from rollout.jobs.scheduler import rejected_summary
+    from rollout.jobs.attempt import rejected_summary
 
     assert rejected_summary({"rejected_calls": {}}) is None
     assert rejected_summary({"error": "closing failed"}) is None  # an old gateway, or no answer

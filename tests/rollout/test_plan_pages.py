@@ -12,8 +12,9 @@ import pytest
 from rollout.core.plan import RowSource, plan_job, plan_sessions
 from rollout.core.session_ids import SessionIds
 from rollout.core.setup import SetupError
-from rollout.jobs.job import load_envs
-from rollout.jobs.scheduler import RunSettings, Scheduler
+from rollout.jobs.options import JobContext, JobOptions
+from rollout.jobs.pool import Pool
+from rollout.jobs.prepare import load_envs
 from rollout.results.records import iter_job_records, job_records
 from store import SessionResult, Store
 from tests.rollout.test_attempts import make_env, options
@@ -72,10 +73,10 @@ async def test_a_job_whose_rows_are_gone_from_the_store_still_ends(tmp_path: Pat
     ids = SessionIds()
     for _ in range(3):
         ids.append(uuid.uuid4().hex)  # planned, but no such rows
-    settings = RunSettings(job_id="jz", model="m", gateway_url="http://127.0.0.1:9/v1/sessions",
-                           agent_root=tmp_path, pool_size=2)
+    opts = JobOptions(agent_root=tmp_path, gateway_config=tmp_path / "x.yaml", pool_size=2)
+    ctx = JobContext(job_id="jz", gateway_url="http://127.0.0.1:9/v1/sessions", models=("m",))
     try:
-        records = await asyncio.wait_for(Scheduler(store, settings, {}).run(RowSource.from_store(store, ids)), 60)
+        records = await asyncio.wait_for(Pool(store, opts, ctx, {}).run(RowSource.from_store(store, ids)), 60)
     finally:
         await store.close()
     assert records == []

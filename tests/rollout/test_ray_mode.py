@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rollout.core.envs import EnvConfigError, load_env_config
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, Reply, chat_completion
 from tests.rollout.ray_cluster import RayCluster, ray_installed
 from tests.rollout.sandbox_helpers import require_bwrap
@@ -246,8 +246,8 @@ async def test_setup_refuses_what_the_cluster_cannot_run(tmp_path: Path, ray_clu
 
 def test_a_ray_address_where_nothing_listens_is_a_clear_error() -> None:
     ray_installed()
+    from rollout.jobs.processes import free_port
     from rollout.jobs.ray_backend import RayBackendError, connect
-    from rollout.jobs.services import free_port
 
     address = f"127.0.0.1:{free_port()}"
     with pytest.raises(RayBackendError, match=f"cannot connect to the Ray cluster at '{address}'.*ray start --head"):

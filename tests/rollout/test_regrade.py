@@ -19,7 +19,7 @@ import yaml
 
 from rollout.core.envs import WorkspaceArchiveConfig
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions, run_job
+from rollout.jobs.options import JobOptions
 from rollout.jobs.regrade import (
     RegradeOptions,
     regrade_blocker,
@@ -27,6 +27,7 @@ from rollout.jobs.regrade import (
     regrade_job,
     render_regrade_summary,
 )
+from rollout.jobs.run import run_job
 from rollout.jobs.workspace_archive import keep_workspace
 from store import JobEnvironment, SessionResult, Store, launcher_rows, step_record
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream, chat_completion

@@ -163,7 +163,6 @@ def test_summarize_exact_numbers() -> None:
     assert math_row.pass_at_1_stderr == pytest.approx(1 / 3 / math.sqrt(3))
     assert (math_row.runtime_failed, math_row.runtime_errors, math_row.runtime_timeouts) == (1, 0, 1)
     assert math_row.mean_duration_s == pytest.approx(36 / 8)
-    assert math_row.eval_error_rate == pytest.approx(2 / 9)
 
     code_row = rows_by[("code", "m1")]
     assert (code_row.sessions, code_row.cases, code_row.scored, code_row.k) == (4, 2, 4, 2)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rollout.jobs.job import JobOptions, run_job
+from rollout.jobs.options import JobOptions
+from rollout.jobs.run import run_job
 from rollout.sandbox.runtime_local import RESULT_MAX_BYTES, RESULT_MAX_DEPTH, check_storable, parse_result
 from tests.fake_upstream import FakeUpstream
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import rollout.jobs.job
+import rollout.jobs.prepare
 from rollout.core.envs import EnvConfigError, LimitsConfig
 from rollout.core.setup import SetupError
-from rollout.jobs.job import JobOptions, check_sandbox
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import check_sandbox
 from rollout.results.report import SessionRecord, table_footer
 from rollout.sandbox import cgroups
 from rollout.sandbox.bwrap import (
@@ -34,6 +36,7 @@ from rollout.sandbox.bwrap import (
 from rollout.sandbox.cgroups import Controller, SessionCgroup
 from rollout.sandbox.runner import (
     CODE_ROOT,
+    CONTRACT,
     ENTRY_BYTES,
     DiskUse,
     code_folders,
@@ -89,6 +92,22 @@ def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None
     tail = argv[argv.index("--") + 1:]
     assert tail[:4] == [sys.executable, "-I", "-S", FORWARDER]
     assert tail[6:9] == ["7", "fsize=99", "--"] and tail[9:] == cfg.command()
+
+
+def test_the_bound_code_alone_imports_the_contract(tmp_path: Path) -> None:
+    # what a runtime sees of the project: the contract folder and shared_code(), at their places
+    shutil.copytree(CONTRACT, tmp_path / CONTRACT.relative_to(CODE_ROOT),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for f in shared_code():
+        (tmp_path / f.relative_to(CODE_ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, tmp_path / f.relative_to(CODE_ROOT))
+    modules = ["rollout.protocol", "rollout.harness", *(f"rollout.contract.{p.stem}"
+                                                        for p in sorted(CONTRACT.glob("*.py")))]
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import importlib, rollout; "
+            f"assert rollout.__file__.startswith({str(tmp_path)!r}), rollout.__file__; "
+            f"[importlib.import_module(m) for m in {modules!r}]")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_runtime_file_in_another_env_folder_brings_that_folder_minus_its_data(tmp_path: Path) -> None:
@@ -157,7 +176,7 @@ def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path,
 
     def unavailable() -> Support:
         return probe(bwrap=str(tmp_path / "no-bwrap"))
-    monkeypatch.setattr(rollout.jobs.job, "sandbox_support", unavailable)
+    monkeypatch.setattr(rollout.jobs.prepare, "sandbox_support", unavailable)
     opts = JobOptions(gateway_config=tmp_path / "gw.yaml")
     with pytest.raises(SetupError, match="apt-get install bubblewrap"):
         check_sandbox(opts, [cfg])

@@ -13,7 +13,7 @@ PROBE = """
 import importlib, json
 found = {}
 for name in ("rollout.contract.protocol", "rollout.contract.harness", "rollout.contract.harness_runtime",
-             "rollout.protocol", "rollout.harness", "rollout.jobs.job", "rollout.grading.grader",
+             "rollout.protocol", "rollout.harness", "rollout.jobs.run", "rollout.grading.grader",
              "rollout.sandbox.runner", "rollout.client", "store"):
     try:
         importlib.import_module(name)
@@ -35,5 +35,5 @@ async def test_a_runtime_sees_the_contract_and_nothing_else_of_ours(tmp_path: Pa
     assert json.loads(line.removeprefix("IMPORTS ")) == {
         "rollout.contract.protocol": True, "rollout.contract.harness": True,
         "rollout.contract.harness_runtime": True, "rollout.protocol": True, "rollout.harness": True,
-        "rollout.jobs.job": False, "rollout.grading.grader": False, "rollout.sandbox.runner": False,
+        "rollout.jobs.run": False, "rollout.grading.grader": False, "rollout.sandbox.runner": False,
         "rollout.client": False, "store": False}

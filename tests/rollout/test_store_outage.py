@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from rollout.core.plan import session_rows
-from rollout.jobs.job import JobOptions, load_envs
-from rollout.jobs.scheduler import RunSettings, Scheduler
+from rollout.jobs.options import JobContext, JobOptions
+from rollout.jobs.pool import Pool
+from rollout.jobs.prepare import load_envs
 from rollout.results.report import SessionRecord
 from store import Store
 from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
@@ -78,10 +79,10 @@ async def job_on_a_full_disk(tmp_path: Path, n: int, full_for: int) -> AsyncIter
             envs = load_envs(opts)
             rows = session_rows("jf", "fake", envs, 1, None)
             await store.add_job_sessions(rows)
-            settings = RunSettings(job_id="jf", model="fake", gateway_url=f"{gw.url}/v1/sessions",
-                                   agent_root=tmp_path / "envs", pool_size=2, enable_evaluation=True, sandbox="none",
-                                   retry=opts.retry_policy().model_copy(update={"backoff_s": 0.01, "max_retries": 1}))
-            yield await asyncio.wait_for(Scheduler(store, settings, {c.name: c for c, _ in envs}).run(rows), 120)
+            opts = opts.model_copy(update={"pool_size": 2, "enable_evaluation": True, "retry_backoff_s": 0.01,
+                                           "max_retries": 1})
+            ctx = JobContext(job_id="jf", gateway_url=f"{gw.url}/v1/sessions", models=("fake",))
+            yield await asyncio.wait_for(Pool(store, opts, ctx, {c.name: c for c, _ in envs}).run(rows), 120)
         finally:
             await store.close()
             await gw.stop()

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from rollout.results.feed_schema import FeedGroupOut, GroupPage
 from rollout.servers.feed.app import FeedSettings, create_feed_app
-from rollout.servers.feed.schema import FeedGroupOut, GroupPage
 from rollout.train.adapters import (
     ENV_TOKEN_LOGPROB,
     Dropped,

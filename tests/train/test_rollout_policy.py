@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 
 
 def _sample(case: str, sid: str, reward: float) -> Any:
@@ -51,7 +51,7 @@ def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(tmp_pat
     (stats,) = rollout.history
     assert (stats.mean_reward, stats.pass_rate, stats.disagreeing_groups, stats.groups) == (5.0, 0.5, 2, 2)
     assert (stats.tokens_trained, stats.rows, stats.dropped, stats.jobs) == (8, 4, 2, 2)
-    with pytest.raises(trl_rollout.RolloutError, match=r"cases short of 2 trainable samples: \{'a': 1\}"):
+    with pytest.raises(trl_rollout.ShortBatchError, match=r"cases short of 2 trainable samples: \{'a': 1\}"):
         rollout.rollout_func(["a", "a"])
     assert [a[0] for a in asked[2:]] == ["t-step0002", "t-step0002-rerun1"]
 
@@ -99,7 +99,50 @@ def test_train_flags_are_checked_and_listed() -> None:
     assert e.value.code == 2
 
 
-@pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used"])
+@pytest.mark.parametrize("installed", [True, False])
+def test_train_reports_to_tensorboard_by_default_only_when_it_is_installed(
+        installed: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from rollout.cli.train import parse_args
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        (find_spec("json") if installed else None) if name in ("tensorboard", "tensorboardX") else find_spec(name, *a)))
+    assert parse_args([]).report_to == ("tensorboard" if installed else "none")
+    assert parse_args(["--report-to", "none"]).report_to == "none"
+    if installed:
+        assert parse_args(["--report-to", "tensorboard"]).report_to == "tensorboard"
+        return
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--report-to", "tensorboard"])
+    assert e.value.code == 2
+    assert "--report-to tensorboard: the tensorboard package is not installed" in capsys.readouterr().err
+
+
+def test_lora_flags_need_a_rank_and_peft(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from rollout.cli.train import parse_args
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: find_spec("json") if name == "peft" else
+                        find_spec(name, *a))
+    a = parse_args(["--lora-r", "8"])
+    assert (a.lora_r, a.lora_alpha) == (8, 16.0)
+    assert (parse_args(["--lora-r", "8", "--lora-alpha", "4"]).lora_alpha, parse_args([]).lora_r) == (4.0, None)
+    for argv, message in ((["--lora-alpha", "4"], "--lora-alpha needs --lora-r"),
+                          (["--lora-r", "0"], "--lora-r must be at least 1")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+    with pytest.raises(SystemExit):
+        parse_args(["--lora-r", "8"])
+    assert "--lora-r: the peft package is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used", "resume_nothing"])
 def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     from rollout.cli.train import parse_args
@@ -108,13 +151,14 @@ def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "train.db").write_text("")
     argv = {"samples1": ["--samples", "1"], "out_file": ["--out", str(tmp_path / "f")],
-            "out_used": ["--out", str(tmp_path / "used")]}[bad]
+            "out_used": ["--out", str(tmp_path / "used")], "resume_nothing": ["--resume", "--out", str(tmp_path)]}[bad]
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert {"samples1": "--samples must be at least 2", "out_file": "a file, not a folder",
-            "out_used": "holds an earlier run"}[bad] in err
+            "out_used": "holds an earlier run (train.db): add --resume to continue it",
+            "resume_nothing": "--resume: --out " + str(tmp_path) + " holds no run"}[bad] in err
 
 
 def test_the_evaluation_counts_valid_scores_without_tokens_and_reruns_invalid_ones(

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from rollout.jobs.job import JobOptions
+from rollout.jobs.options import JobOptions
 from store import SessionStep, Store
 from store.queries import ViewerQueries
 from tests.fake_upstream import FakeRequest, FakeUpstream, Reply
@@ -80,7 +80,8 @@ class FaultyProxy:
             self.failed += 1
             return Reply.json({"error": {"message": "overloaded", "type": "server_error"}}, status=503)
         self.forwarded += 1
-        r = httpx.post(self.target + "/chat/completions", json=req.json, timeout=600)
+        session = {"X-Session-Id": req.headers["x-session-id"]} if "x-session-id" in req.headers else {}
+        r = httpx.post(self.target + "/chat/completions", json=req.json, headers=session, timeout=600)
         return Reply.json(r.json(), status=r.status_code)
 
     def __enter__(self) -> FaultyProxy:
@@ -183,6 +184,10 @@ def test_grpo_trainer_receives_the_recorded_tokens_masks_and_rewards(tmp_path: P
             n = int(got["completion_mask"][i].sum())
             assert got["completion_ids"][i].tolist()[:n] == c1 + between + c2
             assert got["tool_mask"][i].tolist()[:n] == batch["env_mask"][i]
+    # every later call of a session continued its token ids at the policy server (none re-rendered)
+    counts = server.policy.sessions.counts if server.policy.sessions is not None else {}
+    later = sum(max(0, sum(st["status"] == "ok" for st in v) - 1) for v in steps.values())
+    assert later >= 4 and counts == {"continued": later, "rendered": len(steps) - len(infra), "fallback": 0}
     rewards = [r for b in rollout.batches for r in b["env_reward"]]
     assert set(rewards) <= {0.0, 10.0}
     assert [h.rows for h in rollout.history] == [2, 2] and all(h.dropped >= 1 for h in rollout.history)

@@ -4,8 +4,10 @@ bad ids, and the report file offline. Screenshots go to each test's tmp folder."
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +138,34 @@ def test_compare_two_jobs(jobs: Jobs, viewer: Viewer, page: Any, tmp_path: Path)
     env_row = page.locator("#compare-envs tbody tr").inner_text()
     assert "4.67" in env_row and "7.33" in env_row  # mean scores, as the launcher's table printed
     assert "4.67" in jobs.outputs["jobA"][1] and "7.33" in jobs.outputs["jobB"][1]
+
+
+def test_standard_errors_in_the_browser(jobs: Jobs, viewer: Viewer, page: Any) -> None:
+    """The job page, the comparison and the home page show each mean with its standard error over
+    cases (docs/output.md, "Standard errors"), as Chromium renders them. The case means: jobA crash
+    2, direct 6 (10, 2), logs 6 (10, 2); jobB crash 2, direct 10, logs 10."""
+    assert one(jobs.db, "select group_concat(reward) from (select reward from job_environments "
+                        "where job_id='jobA' order by case_id, sample_index)") == "2.0,2.0,10.0,2.0,10.0,2.0"
+    se_a = statistics.stdev([2.0, 6.0, 6.0]) / math.sqrt(3)
+    se_b = statistics.stdev([2.0, 10.0, 10.0]) / math.sqrt(3)
+    se_pass_a = statistics.stdev([0.0, 0.5, 0.5]) / math.sqrt(3)
+    se_diff = statistics.stdev([0.0, 4.0, 4.0]) / math.sqrt(3)
+    assert [f"{x:.3f}" for x in (se_a, se_b, se_pass_a, se_diff)] == ["1.333", "2.667", "0.167", "1.333"]
+    page.goto(f"{viewer.url}/jobs/jobA")
+    summary = page.locator("table.summary tbody tr").first.locator("td").all_inner_texts()
+    assert summary[8:10] == ["4.67±1.33", "0.333±0.167"]  # mean score, pass@1
+    logs = page.locator("#groups tbody tr").filter(has_text="logs").locator("td.mean").inner_text()
+    assert logs == "6.00±4.00 (2 samples)"  # 10 and 2
+    page.goto(f"{viewer.url}/compare?a=jobA&b=jobB")
+    paired = page.locator("#compare-envs tbody tr").first.locator("td").all_inner_texts()
+    # mean A, mean B, B - A, its paired SE, mean ± t(0.975, 2) · SE
+    assert paired[5:] == ["4.67", "7.33", "+2.67", "1.33", "-3.07 to +8.40"]
+    each = page.locator("#compare-jobs tbody tr").first.locator("td").all_inner_texts()
+    assert each[3:7] == ["4.67±1.33", "7.33±2.67", "0.333±0.167", "0.667±0.333"]
+    page.goto(f"{viewer.url}/")
+    means = {r.locator("td").first.inner_text(): r.locator("td.mean").inner_text()
+             for r in page.locator("#jobs tbody tr").all()}
+    assert means == {"jobA": "4.67±1.33 (3 cases)", "jobB": "7.33±2.67 (3 cases)"}
 
 
 def test_bad_ids_and_values_get_an_error_page_not_a_traceback(viewer: Viewer, page: Any) -> None:

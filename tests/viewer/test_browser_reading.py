@@ -190,7 +190,8 @@ def test_job_page_lists_groups_and_compare_rows_open_both_jobs(jobs: Jobs, viewe
     assert groups.count() == 3
     logs = groups.filter(has_text="logs")
     cells = logs.locator("td").all_inner_texts()
-    assert cells[4:] == ["2", "2", "2", "1/2", "6.00"]  # samples, finished, scored, passed, mean of 10 and 2
+    # samples, finished, scored, passed, mean of 10 and 2 with its standard error
+    assert cells[4:] == ["2", "2", "2", "1/2", "6.00±4.00 (2 samples)"]
     logs.locator("a").first.click()
     page.wait_for_url(re.compile(r"/groups/"))
     assert page.locator(".sample").count() == 2

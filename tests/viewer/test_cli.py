@@ -48,7 +48,7 @@ def test_a_file_that_is_not_sqlite_is_one_line_without_sqlalchemys_link(tmp_path
 
 def test_an_unknown_flag_is_refused_with_the_verbs_own_usage(capsys: pytest.CaptureFixture[str]) -> None:
     from rollout.cli import feed, viewer
-    from rollout.cli.serving import parse_verb
+    from rollout.cli.verbs import parse_verb
 
     for build, argv, verb in [(viewer.build_parser, ["view", "--bogus"], "view"),
                               (viewer.build_parser, ["report", "--job-id", "j", "--bogus", "x"], "report"),

@@ -172,3 +172,42 @@ async def test_job_page_and_report_show_standard_errors(viewer: httpx.AsyncClien
     se = statistics.stdev([7.5, 0.0, 10.0]) / math.sqrt(3)
     assert f"6.25±{se:.2f}" in cells and "6.25±3.00" in cells
     assert "0.500±0.289" in cells
+
+
+def _text(fragment: str) -> str:
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", fragment)).split())
+
+
+async def test_home_page_gives_each_jobs_mean_its_standard_error_over_cases(viewer: httpx.AsyncClient) -> None:
+    r = await viewer.get("/")
+    assert r.status_code == 200
+    means = dict(re.findall(r'<a href="/jobs/(\w)">.*?<td class="mean">(.*?)</td>', r.text, re.S))
+    # A: 5 counted sessions (10, 5, 0, 10, 4) -> 5.80; its cases' means 7.5, 0, 10, 4
+    se_a = statistics.stdev([7.5, 0.0, 10.0, 4.0]) / 2
+    se_b = statistics.stdev([5.0, 10.0, 10.0, 6.0]) / 2
+    assert (se_a, se_b) == (pytest.approx(2.17346689), pytest.approx(1.31497782))
+    assert {k: _text(v) for k, v in means.items()} == {"A": "5.80±2.17 (4 cases)", "B": "7.75±1.31 (4 cases)"}
+
+
+@pytest.mark.parametrize("path", ["/jobs/A", "/jobs/A/groups"])
+async def test_group_tables_give_each_groups_mean_its_standard_error(viewer: httpx.AsyncClient, path: str) -> None:
+    r = await viewer.get(path)
+    assert r.status_code == 200
+    means = {gid: _text(cell) for gid, cell in re.findall(
+        r'<tr data-group="([^"]+)">.*?<td class="mean">(.*?)</td></tr>', r.text, re.S)}
+    # A-c1: 10 and 5 (SE 2.50); A-c2: the invalid reward's 0 (its grader_broken sample not counted)
+    assert means == {"A-c1": "7.50±2.50 (2 samples)", "A-c2": "0.00 (1 sample)", "A-c3": "10.00 (1 sample)",
+                     "A-o1": "4.00 (1 sample)"}
+
+
+async def test_group_page_gives_the_group_mean_its_standard_error(viewer: httpx.AsyncClient) -> None:
+    def mean_line(page: str) -> str:
+        found = re.search(r'<p id="group-mean">(.*?)</p>', page, re.S)
+        assert found, page[:2000]
+        return _text(found.group(1))
+
+    assert mean_line((await viewer.get("/groups/A-c1")).text) == "mean score 7.50±2.50 (2 samples)"
+    assert mean_line((await viewer.get("/groups/A-c2")).text) == (
+        "mean score 0.00 (1 sample) · 1 without a score (not graded, or a broken grader)")
+    assert mean_line((await viewer.get("/groups/B-c3")).text) == (
+        "mean score - · 1 without a score (not graded, or a broken grader)")

@@ -298,15 +298,6 @@ class ChatStreamAssembler:
         ch = self._choices.get(choice)
         return None if ch is None else ch.finish_reason
 
-    @property
-    def is_empty(self) -> bool:
-        """True when no content, reasoning, refusal or tool call arrived in any choice (a
-        stream of only ``[DONE]`` is empty)."""
-        return not any(
-            ch.content or ch.reasoning or ch.refusal or ch.calls or ch.function_call
-            for ch in self._choices.values()
-        )
-
     def status(self) -> StepStatus:
         """``error`` after an in-stream error object; else ``ok`` when the stream ended with
         ``[DONE]`` or some choice has a finish_reason; else ``truncated`` (EOF mid-stream)."""

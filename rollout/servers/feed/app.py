@@ -19,9 +19,10 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollout.contract.protocol import model_json
-from rollout.servers.feed.groups import GroupOptions, check_min_valid, load_groups
-from rollout.servers.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
-from rollout.servers.local_server import bad_query_param
+from rollout.errors import RolloutError
+from rollout.results.feed_schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from rollout.results.groups import GroupOptions, check_min_valid, load_groups
+from rollout.servers.listener import bad_query_param
 from store import MAX_INT
 from store.feed import FeedQueries
 from wire.errors import error_body, install_error_handlers
@@ -48,7 +49,7 @@ class FeedSettings:
                 raise ValueError(f"{name} must be a finite number of seconds above 0, not {value!r}")
 
 
-class UnknownJob(LookupError):
+class UnknownJob(RolloutError, LookupError):
     """The store has no session of this job."""
 
 

@@ -21,11 +21,12 @@ from typing import Any
 
 import httpx
 
-from rollout.servers.feed.groups import check_min_valid, check_version_bound
-from rollout.servers.feed.schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from rollout.errors import RolloutError
+from rollout.results.feed_schema import FeedGroupOut, GroupPage, JobProgress, Normalize, View
+from rollout.results.groups import check_min_valid, check_version_bound
 
 
-class FeedError(RuntimeError):
+class FeedError(RolloutError, RuntimeError):
     """The feed refused the request (unknown job, bad parameter): the message has its answer."""
 
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rollout.errors import RolloutError
+from rollout.results.feed_schema import FeedGroupOut, FeedSample, FeedStep, TokenSequence
+from rollout.results.groups import GroupOptions, feed_step, load_groups, token_sequences
 from rollout.results.session_fields import session_fields
-from rollout.servers.feed.groups import GroupOptions, feed_step, load_groups, token_sequences
-from rollout.servers.feed.schema import FeedGroupOut, FeedSample, FeedStep, TokenSequence
 from store.feed import FeedQueries
 from wire.text import display_text, json_text
 
@@ -30,7 +31,7 @@ STEP_RENAMES = {"model": "step_model", "status": "step_status"}
 """Step fields renamed in per-step rows, where the session has a field of the same name."""
 
 
-class ExportError(RuntimeError):
+class ExportError(RolloutError, RuntimeError):
     """The export cannot be written (unknown job, pyarrow missing); the message says what to do."""
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rollout.errors import RolloutError
 from store.engine import DbUrlError, make_engine, parse_db_url, sqlite_path
 from store.queries import ViewerQueries
 
 
-class ViewerError(RuntimeError):
+class ViewerError(RolloutError, RuntimeError):
     """The store cannot be read (bad URL, no such file, not a trajectory store), or the report
     cannot be written where asked; the message says why."""
 

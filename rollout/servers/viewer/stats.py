@@ -14,14 +14,40 @@ from pathlib import Path
 from typing import Any
 
 from rollout.core.envs import EnvConfigError, discover_envs, load_cases
-from rollout.results.estimates import PairedDiff, paired
+from rollout.results.estimates import PairedDiff, Spread, paired
 from rollout.results.report import SessionRecord, SummaryRow, summarize
+from store import COUNTED_EVAL_STATUSES
 
 log = logging.getLogger(__name__)
 
 
 Counts = dict[str, Any]
 """A row of :mod:`store.queries` (``summary_rows``, ``case_outcomes``)."""
+
+
+def job_spreads(case_means: Sequence[Counts]) -> dict[str, Spread]:
+    """Per job, the :class:`~rollout.results.estimates.Spread` of its case means
+    (:meth:`store.queries.ViewerQueries.case_means`): the case is the unit (docs/output.md,
+    "Standard errors"); ``n`` the cases with a counted session."""
+    out: dict[str, Spread] = defaultdict(Spread)
+    for c in case_means:
+        out[c["job_id"]].add(float(c["mean"]))
+    return dict(out)
+
+
+def spread_of(scores: Sequence[float]) -> Spread:
+    """The :class:`~rollout.results.estimates.Spread` of a group's counted scores (one case: the
+    samples are the unit)."""
+    spread = Spread()
+    for v in scores:
+        spread.add(v)
+    return spread
+
+
+def counted_scores(members: Sequence[Counts]) -> list[float]:
+    """The scores of the counted sessions among ``members`` (rows of ``job_environments``)."""
+    return [float(m["reward"]) for m in members
+            if m["eval_status"] in COUNTED_EVAL_STATUSES and m["reward"] is not None]
 
 
 def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:

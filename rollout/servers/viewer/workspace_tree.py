@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from urllib.parse import parse_qsl, urlencode
 
+from rollout.errors import RolloutError
 from wire.text import utf8_ok
 
 MAX_ENTRIES = 20_000
@@ -45,7 +46,7 @@ def path_param(query_string: bytes) -> str | None:
     return None
 
 
-class WorkspaceError(ValueError):
+class WorkspaceError(RolloutError, ValueError):
     """The archive cannot be read, or a path names no regular file in it; the message says why."""
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.http_edge import DEFAULT_KEEP_ALIVE_TIMEOUT_S, DEFAULT_REQUEST_HEAD_TIMEOUT_S, HostAllowList
 from rollout.core.argtypes import finite_float, int_at_least
-from rollout.servers.local_server import HttpEdge
+from rollout.servers.listener import HttpEdge
 
 
 def parse_verb(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

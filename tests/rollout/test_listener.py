@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.cli.serving import run_command
-from rollout.servers.local_server import listen
+from rollout.cli.verbs import run_command
+from rollout.servers.listener import listen
 from store import Store
 
 REPO = Path(__file__).resolve().parents[2]

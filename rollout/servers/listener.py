@@ -1,7 +1,7 @@
 """The HTTP servers the launcher's commands run themselves (viewer, feed, serve): one way to
 listen, to answer only their own Host names with request-head and keep-alive
 timeouts (:mod:`gateway.http_edge`), to stop on Ctrl-C or SIGTERM, and to check query
-parameters. Their flags and exit codes: ``rollout.cli.serving``."""
+parameters. Their flags and exit codes: ``rollout.cli.verbs``."""
 
 from __future__ import annotations
 

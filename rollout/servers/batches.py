@@ -4,7 +4,8 @@ feed routes of the same process, without restarting anything between batches (do
 
 ``POST /v1/batches`` (a :class:`BatchRequest`) plans the batch as a new job at once (bad envs or
 cases are a 400) and queues it; batches run one after another, each with ``pool_size`` sessions
-at once, through the same Scheduler as a launcher job. ``GET /v1/batches[/{job_id}]`` says where
+at once, through the same path as a launcher job (``rollout.jobs.prepare.select_envs`` to accept
+it, ``rollout.jobs.run.run_sessions`` to run it). ``GET /v1/batches[/{job_id}]`` says where
 they are; ``GET /v1/jobs/{job_id}/groups`` is the feed. A web page's request (``Origin``,
 ``Sec-Fetch-Site``) to change anything is a 403, a body that is not JSON a 415 (``gateway.csrf``).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,11 +31,11 @@ from gateway.settings import GatewaySettings
 from rollout.core.envs import MAX_GROUP_SIZE, Case, EnvConfig
 from rollout.core.plan import plan_sessions
 from rollout.core.setup import SetupError, init_store, load_gateway_settings, open_store
-from rollout.core.trees import remove_tree
-from rollout.jobs.job import JobOptions, check_sandbox, load_envs, start_services
+from rollout.errors import RolloutError
 from rollout.jobs.lease import JobLease, JobLockError
-from rollout.jobs.scheduler import JobStopped, RunSettings, Scheduler
-from rollout.jobs.services import (
+from rollout.jobs.options import JobContext, JobOptions
+from rollout.jobs.prepare import check_sandbox, load_envs, select_envs
+from rollout.jobs.processes import (
     GATEWAY_ADMIN_KEY_ENV,
     ChildProcess,
     ServiceError,
@@ -45,8 +45,9 @@ from rollout.jobs.services import (
     gateway_api_key,
     gateway_root,
 )
+from rollout.jobs.run import run_sessions, start_services
 from rollout.servers.feed.app import FeedSettings, create_feed_app
-from rollout.servers.local_server import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
+from rollout.servers.listener import DEFAULT_EDGE, HttpEdge, listen, run_server, url_of
 from store import JOB_ID_PATTERN, MAX_INT, JobEnvironment, Store
 from store.feed import FeedQueries
 from wire.errors import error_body, validation_message
@@ -100,7 +101,7 @@ class BatchInfo(BaseModel):
     feed: str
 
 
-class BatchError(ValueError):
+class BatchError(RolloutError, ValueError):
     """The batch cannot be accepted; ``status`` is the HTTP status to answer with."""
 
     def __init__(self, message: str, status: int = 400) -> None:
@@ -112,6 +113,7 @@ class BatchError(ValueError):
 class _Batch:
     info: BatchInfo
     request: BatchRequest
+    opts: JobOptions
     rows: list[JobEnvironment]
     envs: list[tuple[EnvConfig, list[Case]]]
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -170,7 +172,7 @@ class BatchService:
             if job_id in self.batches:
                 raise BatchError(f"job {job_id!r} already exists: choose another job_id", 409)
             try:
-                envs = _select_cases(load_envs(opts), req.cases)
+                envs = _select_cases(select_envs(opts)[0], req.cases)
                 planned = sum(len(cases) * req.samples for _, cases in envs)
                 if planned > MAX_BATCH_SESSIONS:
                     raise BatchError(f"the batch would plan {planned} sessions; at most {MAX_BATCH_SESSIONS} per "
@@ -182,7 +184,7 @@ class BatchService:
             info = BatchInfo(job_id=job_id, state="queued", model=model, policy_version=req.policy_version,
                              sessions=len(rows), groups=len({r.group_id for r in rows}), submitted_at=_now(),
                              feed=f"/v1/jobs/{job_id}/groups")
-            batch = _Batch(info, req, rows, envs)
+            batch = _Batch(info, req, opts, rows, envs)
             self.batches[job_id] = batch
         self._queue.put_nowait(batch)
         return info
@@ -232,29 +234,18 @@ class BatchService:
                 info.policy_version = await self._policy_version("GET")
             except BatchError as e:
                 log.info("batch %s: the gateway's policy version is unknown: %s", info.job_id, e)
-        workspaces = tempfile.mkdtemp(prefix=f"rollout-{info.job_id}-")
-        b = self.base
-        settings = RunSettings(
-            job_id=info.job_id, model=info.model, gateway_url=self.gateway_url, agent_root=b.agent_root,
-            pool_size=b.pool_size, temperature=req.temperature, max_steps=req.max_steps,
-            enable_evaluation=b.enable_evaluation, eval_timeout_s=b.eval_timeout, workspace_root=Path(workspaces),
-            gateway_api_key=self.api_key, sandbox=b.sandbox, retry=b.retry_policy(), breaker=b.breaker)
-        scheduler = Scheduler(self.store, settings, {cfg.name: cfg for cfg, _ in batch.envs})
+        ctx = JobContext(job_id=info.job_id, gateway_url=self.gateway_url, models=(info.model,),
+                         gateway_api_key=self.api_key)
         try:
             async with JobLease(self.store, info.job_id):  # a launcher's --resume of it is refused meanwhile
-                await scheduler.run(batch.rows)
-            info.state = "done"
-        except JobLockError as e:
+                ran = await run_sessions(self.store, batch.opts, ctx, {cfg.name: cfg for cfg, _ in batch.envs},
+                                         batch.rows)
+            info.state, info.error = ("stopped", ran.stopped) if ran.stopped else ("done", None)
+        except (JobLockError, SetupError) as e:
             info.state, info.error = "failed", str(e)
-        except JobStopped as e:
-            info.state, info.error = "stopped", str(e)
         except Exception as e:  # a launcher bug fails this batch, never the service
             log.exception("batch %s failed", info.job_id)
             info.state, info.error = "failed", f"{type(e).__name__}: {e}"
-        finally:  # however deep what an agent left there
-            left = remove_tree(workspaces)
-            if left is not None:
-                log.warning("batch %s: its workspaces were not all removed: %s", info.job_id, left)
 
 
 def _select_cases(envs: list[tuple[EnvConfig, list[Case]]],

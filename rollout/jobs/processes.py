@@ -30,6 +30,7 @@ import yaml
 
 from gateway.http_edge import host_of_url
 from gateway.settings import GatewaySettings, ManagedServer
+from rollout.errors import RolloutError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ GATEWAY_ADMIN_KEY_ENV = "GATEWAY_ADMIN_KEY"
 endpoints); the launcher uses it itself and never passes it to a runtime."""
 
 
-class ServiceError(RuntimeError):
+class ServiceError(RolloutError, RuntimeError):
     """A service could not be started or checked; the message says what to do."""
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 PARENT = r'''
 import sys, time
 from pathlib import Path
-from rollout.jobs.services import _spawn
+from rollout.jobs.processes import _spawn
 child = _spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], Path(sys.argv[1]), "")
 print(child.proc.pid, flush=True)
 time.sleep(600)

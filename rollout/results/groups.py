@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from rollout.servers.feed.schema import (
+from rollout.results.feed_schema import (
     AdvantageSpec,
     FeedGroupOut,
     FeedSample,
