@@ -53,8 +53,11 @@ def parser(doc: str | None, quick: dict[str, Any]) -> argparse.ArgumentParser:
     ``--quick`` (the defaults in ``quick`` instead: the smallest run that still measures
     everything once) and ``--json PATH`` (also write the results there)."""
     ap = _Parser(quick, description=(doc or "").strip().splitlines()[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="smallest settings: " + " ".join(f"--{k.replace('_', '-')} {_arg(v)}" for k, v in quick.items()))
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smallest settings: " + " ".join(f"--{k.replace('_', '-')} {_arg(v)}" for k, v in quick.items()),
+    )
     ap.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
     return ap
 
@@ -113,8 +116,9 @@ def timed() -> Iterator[Span]:
         span.wall_s, span.cpu_s = time.perf_counter() - t0, cpu_s() - c0
 
 
-async def alternate(rounds: int, variants: Sequence[str], one: Callable[[str, int], Awaitable[float | None]],
-                    warmup: int = 0) -> dict[str, list[float]]:
+async def alternate(
+    rounds: int, variants: Sequence[str], one: Callable[[str, int], Awaitable[float | None]], warmup: int = 0
+) -> dict[str, list[float]]:
     """Run ``one(variant, i)`` for ``i`` in ``range(warmup + rounds)``, the variants in turn
     within each round, so that machine noise hits them alike; keeps what each call returns
     (seconds, usually; None: nothing to keep) except in the ``warmup`` first rounds."""
@@ -196,14 +200,20 @@ class Table:
         widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(self.columns)]
 
         def line(parts: Sequence[str]) -> str:
-            return "  ".join(p.ljust(w) if i == 0 else p.rjust(w) for i, (p, w) in enumerate(zip(parts, widths,
-                                                                                                strict=True)))
+            return "  ".join(
+                p.ljust(w) if i == 0 else p.rjust(w)
+                for i, (p, w) in enumerate(zip(parts, widths, strict=True))
+            )
 
         head = line(self.columns)
         return "\n".join([self.title, head, "-" * len(head), *(line(r) for r in cells)])
 
     def as_json(self) -> dict[str, Any]:
-        return {"title": self.title, "columns": self.columns, "rows": [[_jsonable(v) for v in r] for r in self.rows]}
+        return {
+            "title": self.title,
+            "columns": self.columns,
+            "rows": [[_jsonable(v) for v in r] for r in self.rows],
+        }
 
 
 def _jsonable(v: Any) -> Any:
@@ -216,19 +226,36 @@ def _jsonable(v: Any) -> Any:
 
 def machine() -> dict[str, Any]:
     """Where the run happens: host name, CPU model and count, load average now, Python."""
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor() or "?")
-    return {"host": socket.gethostname(), "cpu": model, "cpus": os.cpu_count(),
-            "load_average": round(os.getloadavg()[0], 2), "python": platform.python_version()}
+    model = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor() or "?",
+    )
+    return {
+        "host": socket.gethostname(),
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "load_average": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+    }
 
 
 def commit(repo: Path = REPO) -> str:
     """The short commit of ``repo`` with ``+`` when its tracked files have changes, or ``not a git
     checkout``."""
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "diff", "--quiet", "HEAD"], capture_output=True).returncode
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "diff", "--quiet", "HEAD"], capture_output=True
+        ).returncode
     except (OSError, subprocess.CalledProcessError):
         return "not a git checkout"
     return head + ("+" if dirty else "")
@@ -248,9 +275,11 @@ class Report:
         self.lines: list[str] = []
         self.values: dict[str, Any] = {}
         m = self.machine
-        print(f"# {name}: {self.started:%Y-%m-%d %H:%M} UTC, {m['host']} ({m['cpus']} x {m['cpu']}, load average "
-              f"{m['load_average']}), commit {self.commit}{', --quick' if getattr(args, 'quick', False) else ''}",
-              flush=True)
+        print(
+            f"# {name}: {self.started:%Y-%m-%d %H:%M} UTC, {m['host']} ({m['cpus']} x {m['cpu']}, load average "
+            f"{m['load_average']}), commit {self.commit}{', --quick' if getattr(args, 'quick', False) else ''}",
+            flush=True,
+        )
 
     def table(self, table: Table) -> Table:
         """Print ``table`` (after a blank line) and keep it for the JSON."""
@@ -272,10 +301,19 @@ class Report:
         path = getattr(self.args, "json", None)
         if path is None:
             return
-        doc = {"benchmark": self.name, "started": self.started.isoformat(), "machine": self.machine,
-               "commit": self.commit, "args": {k: _jsonable(v) if not isinstance(v, list) else [_jsonable(x) for x in v]
-                                               for k, v in vars(self.args).items()},
-               "tables": [t.as_json() for t in self.tables], "values": self.values, "lines": self.lines}
+        doc = {
+            "benchmark": self.name,
+            "started": self.started.isoformat(),
+            "machine": self.machine,
+            "commit": self.commit,
+            "args": {
+                k: _jsonable(v) if not isinstance(v, list) else [_jsonable(x) for x in v]
+                for k, v in vars(self.args).items()
+            },
+            "tables": [t.as_json() for t in self.tables],
+            "values": self.values,
+            "lines": self.lines,
+        }
         Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
         print(f"results written to {path}")
 

@@ -51,11 +51,23 @@ def main() -> int:
         est = estimate_tokens(body)
         ratios.append(est / real)
         errors.append(abs(est - real))
-    table = _bench.Table("GSM8K questions: the estimate (characters/4 + 3 per message) / the SmolLM2 tokenizer",
-                         ["questions", ("mean ratio", ".3f"), ("5th pct", ".3f"), ("95th pct", ".3f"),
-                          ("mean abs error (tokens)", ".1f")])
-    table.add(len(ratios), statistics.mean(ratios), _bench.percentile(ratios, 5), _bench.percentile(ratios, 95),
-              statistics.mean(errors))
+    table = _bench.Table(
+        "GSM8K questions: the estimate (characters/4 + 3 per message) / the SmolLM2 tokenizer",
+        [
+            "questions",
+            ("mean ratio", ".3f"),
+            ("5th pct", ".3f"),
+            ("95th pct", ".3f"),
+            ("mean abs error (tokens)", ".1f"),
+        ],
+    )
+    table.add(
+        len(ratios),
+        statistics.mean(ratios),
+        _bench.percentile(ratios, 5),
+        _bench.percentile(ratios, 95),
+        statistics.mean(errors),
+    )
     report.table(table)
     report.finish()
     return 0

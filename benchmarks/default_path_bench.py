@@ -54,16 +54,35 @@ from rollout.sandbox.images import (
 from rollout.sandbox.runner import run_runtime, sandbox_support
 
 IMAGE = "localhost/rollout-test/python:3"
-IMAGE_RUNTIME = ("import json, sys; r = json.loads(sys.stdin.readline()); "
-                 "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))")
+IMAGE_RUNTIME = (
+    "import json, sys; r = json.loads(sys.stdin.readline()); "
+    "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))"
+)
 TARGETS = {"in-process grading": 1.5, "grader sandbox": 2.0}
 
 
 def bwrap_argv(bwrap: str, runtime: Path) -> list[str]:
     """A plain bubblewrap around the runtime: what a sandboxed session cannot cost less than."""
-    return [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--tmpfs", "/tmp",
-            "--ro-bind", str(runtime), str(runtime), "--proc", "/proc", "--dev", "/dev", "--",
-            sys.executable, str(runtime)]
+    return [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--tmpfs",
+        "/tmp",
+        "--ro-bind",
+        str(runtime),
+        str(runtime),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--",
+        sys.executable,
+        str(runtime),
+    ]
 
 
 async def bare_bwrap(n: int, pool: int, argv: list[str]) -> float:
@@ -73,9 +92,13 @@ async def bare_bwrap(n: int, pool: int, argv: list[str]) -> float:
     async def one(i: int) -> None:
         async with sem:
             req = json.dumps({"session_id": f"s{i}"}).encode() + b"\n"
-            p = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
-                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                     start_new_session=True)
+            p = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
             out, err = await p.communicate(req)
             if p.returncode != 0 or json.loads(out.splitlines()[-1])["status"] != "succeeded":
                 raise SystemExit(f"bare bwrap failed ({p.returncode}): {err.decode()[-2000:]}")
@@ -102,9 +125,16 @@ async def image_starts(n: int, ref: str, tmp: Path) -> dict[str, list[float]]:
         d = tmp / f"img-{kind}"
         (d / "data").mkdir(parents=True)
         (d / "data" / "cases.jsonl").write_text('{"id": "0"}\n')
-        (d / "env.yaml").write_text(yaml.safe_dump({
-            "name": f"img-{kind}", "dataset": {"path": "data/cases.jsonl"}, **({"image": ref} if kind == "image" else {}),
-            "runtime": {"command": ["python3", "-c", IMAGE_RUNTIME], "timeout_s": 60}}))
+        (d / "env.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "name": f"img-{kind}",
+                    "dataset": {"path": "data/cases.jsonl"},
+                    **({"image": ref} if kind == "image" else {}),
+                    "runtime": {"command": ["python3", "-c", IMAGE_RUNTIME], "timeout_s": 60},
+                }
+            )
+        )
         envs[kind] = load_env_config(d / "env.yaml")
     case = Case(env_name="img", case_id="0", row={"id": "0"})
     source = source_for(envs["image"], case)
@@ -114,9 +144,15 @@ async def image_starts(n: int, ref: str, tmp: Path) -> dict[str, list[float]]:
     async def one(kind: str, i: int) -> float:
         cfg, ws = envs[kind], tmp / f"ws-{kind}-{i}"
         ws.mkdir()
-        req = SimulationStartRequest(job_id="bench", session_id=f"{kind}{i}", agent_name="b", agent_id="b",
-                                     group_id="g", gateway_base_url=f"http://127.0.0.1:9/v1/sessions/{kind}{i}",
-                                     model="m")
+        req = SimulationStartRequest(
+            job_id="bench",
+            session_id=f"{kind}{i}",
+            agent_name="b",
+            agent_id="b",
+            group_id="g",
+            gateway_base_url=f"http://127.0.0.1:9/v1/sessions/{kind}{i}",
+            model="m",
+        )
         t0 = time.perf_counter()
         image = None
         source = source_for(cfg, case)
@@ -137,9 +173,13 @@ def main() -> int:
     ap = _bench.parser(__doc__, quick={"sessions": 100, "pool_size": 8, "rounds": 2, "image_sessions": 5})
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--pool-size", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three job variants; medians compared")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the three job variants; medians compared"
+    )
     ap.add_argument("--image-sessions", type=int, default=20, help="0: no image ratio")
-    ap.add_argument("--image", default=IMAGE, help="a cached image (default: the stand-in of build_base_images.sh)")
+    ap.add_argument(
+        "--image", default=IMAGE, help="a cached image (default: the stand-in of build_base_images.sh)"
+    )
     ap.add_argument("--before", type=Path, help="also run the launcher of this tree in every round")
     args = ap.parse_args()
     report = _bench.Report("default_path_bench", args)
@@ -150,8 +190,13 @@ def main() -> int:
         runtime = tmp / "runtime.py"
         runtime.write_text(launcher_bench.RUNTIME)
         argv = bwrap_argv(support.bwrap, runtime)
-        report.line(f"{n} sessions at pool {pool}, {args.rounds} rounds; runtime: reads its request, prints a result")
-        trees = {"": launcher_bench.REPO, **({f" ({args.before})": args.before.resolve()} if args.before else {})}
+        report.line(
+            f"{n} sessions at pool {pool}, {args.rounds} rounds; runtime: reads its request, prints a result"
+        )
+        trees = {
+            "": launcher_bench.REPO,
+            **({f" ({args.before})": args.before.resolve()} if args.before else {}),
+        }
         got: dict[str, list[float]] = {"bare bwrap": []}
         for _ in range(args.rounds):
             got["bare bwrap"].append(asyncio.run(bare_bwrap(n, pool, argv)))
@@ -161,16 +206,37 @@ def main() -> int:
                     res = launcher_bench.run_child(n, pool, sandbox="bwrap", grader_isolation=isolation)
                     got.setdefault(label + suffix, []).append(res["seconds"])
         floor = statistics.median(got["bare bwrap"])
-        table = _bench.Table(f"{n} sessions at pool {pool}: median of {args.rounds} rounds",
-                             ["run", ("median s", ".2f"), "all rounds s", ("ms/session", ".2f"), ("vs bare bwrap", ".2f"),
-                              "target"])
-        table.add("bare bwrap spawn", floor, " ".join(f"{s:.2f}" for s in got["bare bwrap"]), 1000 * floor / n, 1.0, None)
+        table = _bench.Table(
+            f"{n} sessions at pool {pool}: median of {args.rounds} rounds",
+            [
+                "run",
+                ("median s", ".2f"),
+                "all rounds s",
+                ("ms/session", ".2f"),
+                ("vs bare bwrap", ".2f"),
+                "target",
+            ],
+        )
+        table.add(
+            "bare bwrap spawn",
+            floor,
+            " ".join(f"{s:.2f}" for s in got["bare bwrap"]),
+            1000 * floor / n,
+            1.0,
+            None,
+        )
         for label, target in ((label + suffix, t) for suffix in trees for label, t in TARGETS.items()):
             med = statistics.median(got[label])
             ratio = med / floor
             report.value(f"ratio {label}", ratio)
-            table.add(f"launcher, {label}", med, " ".join(f"{s:.2f}" for s in got[label]), 1000 * med / n, ratio,
-                      f"<= {target}x: {'PASS' if ratio <= target else 'FAIL'}")
+            table.add(
+                f"launcher, {label}",
+                med,
+                " ".join(f"{s:.2f}" for s in got[label]),
+                1000 * med / n,
+                ratio,
+                f"<= {target}x: {'PASS' if ratio <= target else 'FAIL'}",
+            )
         report.table(table)
         skip = image_skip(args.image) if args.image_sessions else "--image-sessions 0"
         if skip is not None:
@@ -184,11 +250,18 @@ def main() -> int:
                 host, image = _bench.ms(starts["host"]), _bench.ms(starts["image"])
                 ratio = image / host
                 report.value("ratio image start", ratio)
-                t = _bench.Table(f"session start, {args.image_sessions} each alternately (ms)",
-                                 ["session", ("median", ".1f"), ("p90", ".1f"), ("vs host", ".2f"), "target"])
+                t = _bench.Table(
+                    f"session start, {args.image_sessions} each alternately (ms)",
+                    ["session", ("median", ".1f"), ("p90", ".1f"), ("vs host", ".2f"), "target"],
+                )
                 t.add("host toolchain", host, _bench.ms(starts["host"], 90), 1.0, None)
-                t.add(f"cached image {args.image}", image, _bench.ms(starts["image"], 90), ratio,
-                      f"<= 1.5x: {'PASS' if ratio <= 1.5 else 'FAIL'}")
+                t.add(
+                    f"cached image {args.image}",
+                    image,
+                    _bench.ms(starts["image"], 90),
+                    ratio,
+                    f"<= 1.5x: {'PASS' if ratio <= 1.5 else 'FAIL'}",
+                )
                 report.table(t)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from _bench import HOST, free_port, wait_http
 
-PLAIN_PREFIX = "/n/v1"   # base_url path of the non-streaming route
+PLAIN_PREFIX = "/n/v1"  # base_url path of the non-streaming route
 STREAM_PREFIX = "/s/v1"  # base_url path of the streaming route
 CHAT_PATH = "/chat/completions"
 
@@ -35,25 +35,43 @@ COMPLETION: dict[str, Any] = {
     "created": 1700000000,
     "model": _MODEL,
     "system_fingerprint": "fp_bench",
-    "choices": [{
-        "index": 0,
-        "message": {"role": "assistant", "content": "Hello! This is a fixed benchmark answer.", "refusal": None},
-        "logprobs": None,
-        "finish_reason": "stop",
-    }],
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "Hello! This is a fixed benchmark answer.",
+                "refusal": None,
+            },
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ],
     "usage": _USAGE,
 }
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": _MODEL,
-            "system_fingerprint": "fp_bench",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    return {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": _MODEL,
+        "system_fingerprint": "fp_bench",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
 
 
 def _sse_chunks() -> list[dict[str, Any]]:
-    usage_only = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000,
-                  "model": _MODEL, "system_fingerprint": "fp_bench", "choices": [], "usage": _USAGE}
+    usage_only = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": _MODEL,
+        "system_fingerprint": "fp_bench",
+        "choices": [],
+        "usage": _USAGE,
+    }
     return [
         _chunk({"role": "assistant", "content": ""}),
         _chunk({"content": "Hello! "}),
@@ -74,7 +92,9 @@ STREAM_BODY: bytes = (
 def _nginx_string(body: bytes) -> str:
     """``body`` as an nginx double-quoted string literal."""
     s = body.decode()
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("$", "${dollar}").replace("\n", "\\n") + '"'
+    return (
+        '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("$", "${dollar}").replace("\n", "\\n") + '"'
+    )
 
 
 def nginx_config(port: int, prefix: Path) -> str:
@@ -177,8 +197,11 @@ def start_nginx(port: int | None = None) -> FakeUpstream:
     conf = workdir / "nginx.conf"
     conf.write_text(nginx_config(port, workdir))
     # -e: error log before the config is read (else nginx may try /var/log/nginx/error.log)
-    proc = subprocess.Popen([binary, "-p", str(workdir), "-c", str(conf), "-e", str(workdir / "error.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [binary, "-p", str(workdir), "-c", str(conf), "-e", str(workdir / "error.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     up = FakeUpstream("nginx", port, proc, workdir)
     try:
         wait_http(up.base + "/healthz", 10, proc)
@@ -192,8 +215,9 @@ def start_nginx(port: int | None = None) -> FakeUpstream:
 def start_python(port: int | None = None) -> FakeUpstream:
     """Start the aiohttp fallback server (this file with ``--serve-python``) in a subprocess."""
     port = port or free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-python", "--port", str(port)],
-                            stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-python", "--port", str(port)], stdout=subprocess.DEVNULL
+    )
     up = FakeUpstream("python", port, proc, None)
     try:
         wait_http(up.base + "/healthz", 20, proc)
@@ -222,7 +246,9 @@ def serve_python(port: int) -> None:
 
     async def stream(request: web.Request) -> web.Response:
         await request.read()
-        return web.Response(body=STREAM_BODY, content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return web.Response(
+            body=STREAM_BODY, content_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -233,6 +259,7 @@ def serve_python(port: int) -> None:
     app.router.add_get("/healthz", health)
     try:
         import uvloop
+
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
@@ -254,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)  # stop nginx too when this wrapper is terminated
-    print(f"fake upstream ({up.kind}) on {up.base}: plain {up.plain_base_url}, stream {up.stream_base_url}",
-          flush=True)
+    print(
+        f"fake upstream ({up.kind}) on {up.base}: plain {up.plain_base_url}, stream {up.stream_base_url}",
+        flush=True,
+    )
     try:
         up.proc.wait()
     except KeyboardInterrupt:

@@ -41,11 +41,21 @@ async def build(db: Path, sessions: int, group: int, steps: int) -> tuple[float,
     await store.init()
     tokens = "prompt_token_ids" in SessionStep.__table__.c  # type: ignore[attr-defined]
     rng = random.Random(7)
-    rows = [JobEnvironment(session_id=f"s{i:06d}", job_id="big", env_name=("gsm8k", "workspace")[(i // group) % 2],
-                           case_id=f"c{i // group}", llm_model="m", group_id=f"g{i // group:05d}",
-                           sample_index=i % group, status="running") for i in range(sessions)]
+    rows = [
+        JobEnvironment(
+            session_id=f"s{i:06d}",
+            job_id="big",
+            env_name=("gsm8k", "workspace")[(i // group) % 2],
+            case_id=f"c{i // group}",
+            llm_model="m",
+            group_id=f"g{i // group:05d}",
+            sample_index=i % group,
+            status="running",
+        )
+        for i in range(sessions)
+    ]
     for i in range(0, sessions, 1000):
-        await store.add_job_sessions(rows[i:i + 1000])
+        await store.add_job_sessions(rows[i : i + 1000])
     batch: list[SessionStep] = []
     for i in range(sessions):
         history: list[dict[str, str]] = [{"role": "system", "content": "You solve tasks with a shell. " * 4}]
@@ -53,13 +63,37 @@ async def build(db: Path, sessions: int, group: int, steps: int) -> tuple[float,
         for k in range(1, steps + 1):
             history.append({"role": "user" if k == 1 else "tool", "content": f"observation {k} of {i} " * 20})
             completion = [rng.randrange(50000) for _ in range(40)]
-            extra: dict[str, Any] = {"prompt_token_ids": list(prompt), "completion_token_ids": completion,
-                     "completion_logprobs": [-rng.random() for _ in completion]} if tokens else {}
-            batch.append(SessionStep(
-                session_id=f"s{i:06d}", seq=k, step_id=k, llm_model="m", endpoint="chat.completions", job_id="big",
-                messages=list(history), prompt_tokens=len(prompt), completion_tokens=len(completion),
-                response={"choices": [{"message": {"role": "assistant", "content": f"run step {k} " * 10},
-                                       "finish_reason": "stop"}]}, **extra))
+            extra: dict[str, Any] = (
+                {
+                    "prompt_token_ids": list(prompt),
+                    "completion_token_ids": completion,
+                    "completion_logprobs": [-rng.random() for _ in completion],
+                }
+                if tokens
+                else {}
+            )
+            batch.append(
+                SessionStep(
+                    session_id=f"s{i:06d}",
+                    seq=k,
+                    step_id=k,
+                    llm_model="m",
+                    endpoint="chat.completions",
+                    job_id="big",
+                    messages=list(history),
+                    prompt_tokens=len(prompt),
+                    completion_tokens=len(completion),
+                    response={
+                        "choices": [
+                            {
+                                "message": {"role": "assistant", "content": f"run step {k} " * 10},
+                                "finish_reason": "stop",
+                            }
+                        ]
+                    },
+                    **extra,
+                )
+            )
             history.append({"role": "assistant", "content": f"run step {k} " * 10})
             prompt = prompt + completion + [rng.randrange(50000) for _ in range(80)]
         if len(batch) >= 600:
@@ -70,8 +104,10 @@ async def build(db: Path, sessions: int, group: int, steps: int) -> tuple[float,
     t1 = time.perf_counter()
     for i in range(sessions):
         score = float(rng.choice((0, 0, 10)))
-        await store.finish_job_session(f"s{i:06d}", SessionResult(
-            reward=score, status="succeeded", eval_status="scored" if i % 50 else "error"))
+        await store.finish_job_session(
+            f"s{i:06d}",
+            SessionResult(reward=score, status="succeeded", eval_status="scored" if i % 50 else "error"),
+        )
     per_finish = (time.perf_counter() - t1) / sessions
     await store.checkpoint()
     await store.close()
@@ -112,40 +148,89 @@ def main() -> int:
         db = Path(tmp) / "feed.db"
         built_s, per_finish = asyncio.run(build(db, args.sessions, args.group_size, args.steps))
         report.value("finish_job_session_ms", per_finish * 1e3)
-        report.line(f"store: {args.sessions} sessions x {args.steps} steps, groups of {args.group_size}; built in "
-                    f"{built_s:.1f} s; {db.stat().st_size / 2**20:.0f} MiB; finish_job_session with the readiness "
-                    f"check: {per_finish * 1e3:.2f} ms per session")
-        feed = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}",
-                                 "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
-        table = _bench.Table(f"reading every group from cursor 0, pages of {args.limit}",
-                             ["view", "groups", ("groups/s", ",.0f"), ("sessions/s", ",.0f"), ("MB/s", ".1f"),
-                              ("KB/group", ".1f"), ("feed RSS peak MiB", ".0f")])
+        report.line(
+            f"store: {args.sessions} sessions x {args.steps} steps, groups of {args.group_size}; built in "
+            f"{built_s:.1f} s; {db.stat().st_size / 2**20:.0f} MiB; finish_job_session with the readiness "
+            f"check: {per_finish * 1e3:.2f} ms per session"
+        )
+        feed = subprocess.Popen(
+            [sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}", "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        table = _bench.Table(
+            f"reading every group from cursor 0, pages of {args.limit}",
+            [
+                "view",
+                "groups",
+                ("groups/s", ",.0f"),
+                ("sessions/s", ",.0f"),
+                ("MB/s", ".1f"),
+                ("KB/group", ".1f"),
+                ("feed RSS peak MiB", ".0f"),
+            ],
+        )
         try:
             assert feed.stdout is not None
             url = feed.stdout.readline().split()[2].rstrip("/")
             with FeedClient(url) as c:
                 prog = c.progress("big")
-            report.line(f"feed: {prog.groups_ready} groups ready of {prog.groups}; resident "
-                        f"{_bench.proc_mib(feed.pid):.0f} MiB at start")
+            report.line(
+                f"feed: {prog.groups_ready} groups ready of {prog.groups}; resident "
+                f"{_bench.proc_mib(feed.pid):.0f} MiB at start"
+            )
             for view in ("scores", "tokens", "full"):
                 n, s, size, dt = read_all(url, view, args.limit)
-                table.add(view, n, n / dt, s / dt, size / dt / 1e6, size / max(n, 1) / 1e3,
-                          _bench.proc_mib(feed.pid, "VmHWM"))
+                table.add(
+                    view,
+                    n,
+                    n / dt,
+                    s / dt,
+                    size / dt / 1e6,
+                    size / max(n, 1) / 1e3,
+                    _bench.proc_mib(feed.pid, "VmHWM"),
+                )
         finally:
             feed.terminate()
             feed.wait()
         report.table(table)
-        exports = _bench.Table("launcher.py export", ["format", ("sessions/s", ",.0f"), ("seconds", ".1f"),
-                                                      ("MiB", ".0f"), ("largest child peak RSS MiB", ".0f")])
+        exports = _bench.Table(
+            "launcher.py export",
+            [
+                "format",
+                ("sessions/s", ",.0f"),
+                ("seconds", ".1f"),
+                ("MiB", ".0f"),
+                ("largest child peak RSS MiB", ".0f"),
+            ],
+        )
         for fmt in ("jsonl", "parquet"):
             out = Path(tmp) / f"export.{fmt}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             with _bench.timed() as t:
-                subprocess.run([sys.executable, str(REPO / "launcher.py"), "export", "--db-path", f"sqlite://{db}",
-                                "--job-id", "big", "--format", fmt, "--out", str(out)], check=True, env=env,
-                               stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        str(REPO / "launcher.py"),
+                        "export",
+                        "--db-path",
+                        f"sqlite://{db}",
+                        "--job-id",
+                        "big",
+                        "--format",
+                        fmt,
+                        "--out",
+                        str(out),
+                    ],
+                    check=True,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                )
             peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            exports.add(fmt, args.sessions / t.wall_s, t.wall_s, out.stat().st_size / 2**20, max(peak, before) / 1024)
+            exports.add(
+                fmt, args.sessions / t.wall_s, t.wall_s, out.stat().st_size / 2**20, max(peak, before) / 1024
+            )
         report.table(exports)
     report.finish()
     return 0

@@ -34,15 +34,20 @@ def create_app(upstream: str) -> FastAPI:
     @app.post("/{prefix}/v1/chat/completions")
     async def chat(prefix: str, request: Request) -> Response:
         body = await request.body()
-        resp = await state["s"].post(f"{upstream}/{prefix}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        resp = await state["s"].post(
+            f"{upstream}/{prefix}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
         if resp.content_type == "text/event-stream":
+
             async def relay() -> AsyncIterator[bytes]:
                 try:
                     async for data in resp.content.iter_any():
                         yield data
                 finally:
                     resp.release()
+
             return StreamingResponse(relay(), status_code=resp.status, media_type="text/event-stream")
         content = await resp.read()
         resp.release()
@@ -60,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upstream", required=True, help="http://127.0.0.1:PORT")
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(argv)
-    uvicorn.run(create_app(args.upstream.rstrip("/")), host="127.0.0.1", port=args.port, log_level="warning",
-                access_log=False)
+    uvicorn.run(
+        create_app(args.upstream.rstrip("/")),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+    )
     return 0
 
 

@@ -41,8 +41,8 @@ MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
     {"role": "user", "content": "What is the capital of France? Reply in one short sentence, please."},
 ]
-TARGET_ADDED_P50_MS = 1.0   # at concurrency 1
-TARGET_RPS_C64 = 2000.0     # at concurrency 64
+TARGET_ADDED_P50_MS = 1.0  # at concurrency 1
+TARGET_RPS_C64 = 2000.0  # at concurrency 64
 
 
 def request_body(mode: str) -> bytes:
@@ -61,23 +61,24 @@ def session_paths(mode: str, n: int) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- load
 
+
 @dataclass
 class LoadResult:
     """One measured cell. Latencies in ms; ``rps`` = completed / (window + mean latency)."""
 
-    requests: int = 0        # responses received (any status)
-    ok: int = 0              # 2xx (for streams: 2xx that ended with data: [DONE])
+    requests: int = 0  # responses received (any status)
+    ok: int = 0  # 2xx (for streams: 2xx that ended with data: [DONE])
     non2xx: int = 0
-    bad_stream: int = 0      # 2xx streams without [DONE]
+    bad_stream: int = 0  # 2xx streams without [DONE]
     errors: dict[str, int] = field(default_factory=dict)  # socket errors, timeouts
     window_s: float = 0.0
     mean_ms: float = 0.0
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
-    cpu_pct: float | None = None      # gateway (or proxy) process CPU, % of one core
+    cpu_pct: float | None = None  # gateway (or proxy) process CPU, % of one core
     host_cpu_pct: float | None = None  # whole machine, % of all cores
-    recorded: int | None = None        # session_steps rows added by this cell (gateway only)
+    recorded: int | None = None  # session_steps rows added by this cell (gateway only)
 
     @property
     def served(self) -> int:
@@ -193,31 +194,69 @@ class Loader:
         self.lua = workdir / "bench.lua"
         self.lua.write_text(_WRK_LUA)
 
-    def run(self, base: str, paths: list[str], body: bytes, stream: bool, concurrency: int,
-            duration_s: int) -> LoadResult:
+    def run(
+        self, base: str, paths: list[str], body: bytes, stream: bool, concurrency: int, duration_s: int
+    ) -> LoadResult:
         # one file per calling thread: two runs at once (--scale-out) must not rewrite each other's
         body_file = self.workdir / f"body-{'s' if stream else 'n'}-{threading.get_ident()}.json"
         body_file.write_bytes(body)
         if self.kind == "python":
-            return asyncio.run(_py_load(base, paths, body, stream, concurrency, duration_s, self.max_requests))
+            return asyncio.run(
+                _py_load(base, paths, body, stream, concurrency, duration_s, self.max_requests)
+            )
         threads = max(1, min(self.wrk_threads, concurrency))
         per_thread_max = -(-self.max_requests // threads)
-        cmd = ["wrk", "-t", str(threads), "-c", str(concurrency), "-d", f"{duration_s + 2}s", "--timeout", "10s",
-               "-s", str(self.lua), base + paths[0], "--", str(duration_s), str(per_thread_max),
-               "1" if stream else "0", str(body_file), *paths]
+        cmd = [
+            "wrk",
+            "-t",
+            str(threads),
+            "-c",
+            str(concurrency),
+            "-d",
+            f"{duration_s + 2}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(self.lua),
+            base + paths[0],
+            "--",
+            str(duration_s),
+            str(per_thread_max),
+            "1" if stream else "0",
+            str(body_file),
+            *paths,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60, check=False)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)
         if proc.returncode != 0 or line is None:
-            raise RuntimeError(f"wrk failed (exit {proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
+            raise RuntimeError(
+                f"wrk failed (exit {proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+            )
         d = json.loads(line.split(" ", 1)[1])
         errors = {k[4:]: int(d[k]) for k in ("err_connect", "err_read", "err_write", "err_timeout") if d[k]}
-        return LoadResult(requests=d["requests"], ok=d["ok"], non2xx=d["non2xx"], bad_stream=d["bad_stream"],
-                          errors=errors, window_s=d["window_s"], mean_ms=d["mean_us"] / 1000,
-                          p50_ms=d["p50_us"] / 1000, p99_ms=d["p99_us"] / 1000, max_ms=d["max_us"] / 1000)
+        return LoadResult(
+            requests=d["requests"],
+            ok=d["ok"],
+            non2xx=d["non2xx"],
+            bad_stream=d["bad_stream"],
+            errors=errors,
+            window_s=d["window_s"],
+            mean_ms=d["mean_us"] / 1000,
+            p50_ms=d["p50_us"] / 1000,
+            p99_ms=d["p99_us"] / 1000,
+            max_ms=d["max_us"] / 1000,
+        )
 
 
-async def _py_load(base: str, paths: list[str], body: bytes, stream: bool, concurrency: int, duration_s: int,
-                   max_requests: int) -> LoadResult:
+async def _py_load(
+    base: str,
+    paths: list[str],
+    body: bytes,
+    stream: bool,
+    concurrency: int,
+    duration_s: int,
+    max_requests: int,
+) -> LoadResult:
     """Fallback load generator (aiohttp), same contract as the wrk script: bounded in time and
     count, requests in flight finish after the deadline."""
     import aiohttp
@@ -273,18 +312,21 @@ async def _py_load(base: str, paths: list[str], body: bytes, stream: bool, concu
 
 # ------------------------------------------------------------------------------------- processes
 
+
 class Server:
     """A Python server subprocess (gateway or reference proxy) on a loopback port."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, health: str, log_path: Path,
-                 cwd: Path = REPO) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], port: int, health: str, log_path: Path, cwd: Path = REPO
+    ) -> None:
         self.name = name
         self.port = port
         self.base = f"http://{HOST}:{port}"
         self.log_path = log_path
         self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             wait_http(self.base + health, 60, self.proc)
         except RuntimeError as e:
@@ -313,8 +355,13 @@ class Server:
         self._log.close()
 
 
-def gateway_config(port: int, db: Path | str, up: FakeUpstream, telemetry: str = "strict",
-                   shared_sessions: bool | None = None) -> str:
+def gateway_config(
+    port: int,
+    db: Path | str,
+    up: FakeUpstream,
+    telemetry: str = "strict",
+    shared_sessions: bool | None = None,
+) -> str:
     """The benchmark's gateway YAML: ``telemetry`` mode (default strict), SQLite at ``db`` (or the
     storage URL ``db``), ``shared_sessions`` (None: the backend's default), unlimited steps, two
     routes."""
@@ -355,12 +402,16 @@ def count_steps(db: Path) -> int:
 def step_status_counts(db: Path) -> dict[str, int]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
-        return {str(s): int(n) for s, n in con.execute("SELECT status, count(*) FROM session_steps GROUP BY status")}
+        return {
+            str(s): int(n)
+            for s, n in con.execute("SELECT status, count(*) FROM session_steps GROUP BY status")
+        }
     finally:
         con.close()
 
 
 # --------------------------------------------------------------------------------------- profile
+
 
 def _frame_key(frame: str) -> tuple[str, str]:
     """``'func (/full/path/pkg/mod.py:123)'`` -> (``'func (pkg/mod.py)'``, package name)."""
@@ -370,13 +421,13 @@ def _frame_key(frame: str) -> tuple[str, str]:
     parts = loc.rsplit(":", 1)[0].replace("\\", "/").split("/")
     pyver = [i for i, p in enumerate(parts) if re.fullmatch(r"python3\.\d+", p)]
     if "site-packages" in parts:
-        rel = parts[parts.index("site-packages") + 1:]
+        rel = parts[parts.index("site-packages") + 1 :]
         pkg = rel[0].removesuffix(".py") if len(rel) > 1 else rel[0].removesuffix(".py")
     elif "gateway" in parts or "store" in parts:
-        rel = parts[max(i for i, p in enumerate(parts) if p in ("gateway", "store")):]
+        rel = parts[max(i for i, p in enumerate(parts) if p in ("gateway", "store")) :]
         pkg = rel[0]
     elif pyver and len(parts) > pyver[-1] + 1:
-        rel = parts[pyver[-1] + 1:]
+        rel = parts[pyver[-1] + 1 :]
         pkg = "stdlib " + (rel[0].removesuffix(".py") if len(rel) > 1 else rel[0].removesuffix(".py"))
     else:
         rel = parts[-2:]
@@ -386,22 +437,38 @@ def _frame_key(frame: str) -> tuple[str, str]:
 
 _SUBSYSTEMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (label, substrings of any frame of the sample's stack); first match wins
-    ("recording: SQLAlchemy ORM/Core + aiosqlite, main thread (Store.write_batch, session loads)",
-     ("/sqlalchemy/", "/aiosqlite/", "TelemetryWriter.", "Store.")),
-    ("recording: step rows + session snapshots (SessionStep/GatewaySession objects)",
-     ("_Call.step ", "_snapshot ", "SessionManager.", "/sqlmodel/")),
+    (
+        "recording: SQLAlchemy ORM/Core + aiosqlite, main thread (Store.write_batch, session loads)",
+        ("/sqlalchemy/", "/aiosqlite/", "TelemetryWriter.", "Store."),
+    ),
+    (
+        "recording: step rows + session snapshots (SessionStep/GatewaySession objects)",
+        ("_Call.step ", "_snapshot ", "SessionManager.", "/sqlmodel/"),
+    ),
     ("upstream client (aiohttp)", ("/aiohttp/",)),
-    ("request body parsing + validation (gateway/bodies.py, wire/requests.py)",
-     ("/gateway/bodies.py", "/wire/requests.py")),
+    (
+        "request body parsing + validation (gateway/bodies.py, wire/requests.py)",
+        ("/gateway/bodies.py", "/wire/requests.py"),
+    ),
     ("metrics (prometheus_client)", ("/prometheus_client/",)),
-    ("gateway's own code (gateway/, wire/, incl. the json and Response calls it makes)", ("/gateway/", "/wire/")),
+    (
+        "gateway's own code (gateway/, wire/, incl. the json and Response calls it makes)",
+        ("/gateway/", "/wire/"),
+    ),
     ("FastAPI / Starlette (routing, middleware, responses)", ("/fastapi/", "/starlette/")),
     ("uvicorn HTTP server (httptools)", ("/uvicorn/",)),
 )
 
 
-_OUTER_FRAMES = ("/gateway/__main__.py", "<frozen runpy>", "/uvicorn/main.py", "/uvicorn/server.py", "/uvicorn/_compat.py",
-                 "/asyncio/runners.py", "/uvloop/__init__.py")
+_OUTER_FRAMES = (
+    "/gateway/__main__.py",
+    "<frozen runpy>",
+    "/uvicorn/main.py",
+    "/uvicorn/server.py",
+    "/uvicorn/_compat.py",
+    "/asyncio/runners.py",
+    "/uvloop/__init__.py",
+)
 
 
 def _subsystem(frames: list[str], main_thread: bool) -> str:
@@ -432,7 +499,9 @@ def summarize_profile(raw: Path, top: int = 10) -> str:
         if not frames:
             continue
         total += n
-        threads[thread.split(" ")[0] + " " + ("main" if "MainThread" in thread else thread.split(" ", 1)[-1])] += n
+        threads[
+            thread.split(" ")[0] + " " + ("main" if "MainThread" in thread else thread.split(" ", 1)[-1])
+        ] += n
         subsystems[_subsystem(frames, "MainThread" in thread or thread == "?")] += n
         key, pkg = _frame_key(frames[-1])
         own[key] += n
@@ -443,9 +512,11 @@ def summarize_profile(raw: Path, top: int = 10) -> str:
         return "(no samples)"
     out = [f"samples (active, all threads): {total}"]
     out.append("threads: " + ", ".join(f"{t}: {100 * n / total:.1f}%" for t, n in threads.most_common(5)))
-    out.append(f"\ntop {top} functions by own time (leaf Python frame: time in C code is charged to the Python "
-               f"function that called it; Runner.run's own time is uvloop's C event loop: libuv, socket reads and "
-               f"writes, callback dispatch):")
+    out.append(
+        f"\ntop {top} functions by own time (leaf Python frame: time in C code is charged to the Python "
+        f"function that called it; Runner.run's own time is uvloop's C event loop: libuv, socket reads and "
+        f"writes, callback dispatch):"
+    )
     for k, n in own.most_common(top):
         out.append(f"  {100 * n / total:5.1f}%  {k}")
     out.append("\ntime by subsystem (whole stack; SQLAlchemy's greenlet stacks have no gateway frame):")
@@ -459,10 +530,26 @@ def summarize_profile(raw: Path, top: int = 10) -> str:
     for k, n in mine[:18]:
         out.append(f"  {100 * n / total:5.1f}%  {k}")
     out.append("\ninclusive time, selected library entry points:")
-    wanted = ("write_batch", "flush (sqlalchemy", "commit (sqlalchemy", "_execute_context", "validate_python",
-              "model_validate", "model_dump", "loads (stdlib", "dumps (stdlib", "json_dumps", "__call__ (starlette",
-              "_request (aiohttp", "serialize_response", "run_endpoint_function", "send (starlette",
-              "observe (prometheus", "inc (prometheus", "labels (prometheus")
+    wanted = (
+        "write_batch",
+        "flush (sqlalchemy",
+        "commit (sqlalchemy",
+        "_execute_context",
+        "validate_python",
+        "model_validate",
+        "model_dump",
+        "loads (stdlib",
+        "dumps (stdlib",
+        "json_dumps",
+        "__call__ (starlette",
+        "_request (aiohttp",
+        "serialize_response",
+        "run_endpoint_function",
+        "send (starlette",
+        "observe (prometheus",
+        "inc (prometheus",
+        "labels (prometheus",
+    )
     for k, n in incl.most_common():
         if any(w in k for w in wanted):
             out.append(f"  {100 * n / total:5.1f}%  {k}")
@@ -478,14 +565,39 @@ def run_profile(args: argparse.Namespace, gw: Server, loader: Loader, outdir: Pa
     outdir.mkdir(parents=True, exist_ok=True)
     raw = outdir / f"gateway_c{args.profile_concurrency}_{args.profile_mode}.txt"
     dur = args.profile_duration
-    rec = subprocess.Popen([pyspy, "record", "--pid", str(gw.pid), "--duration", str(dur + 1), "--rate", "200",
-                            "--format", "raw", "--threads", "--nonblocking", "--full-filenames", "--output", str(raw)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rec = subprocess.Popen(
+        [
+            pyspy,
+            "record",
+            "--pid",
+            str(gw.pid),
+            "--duration",
+            str(dur + 1),
+            "--rate",
+            "200",
+            "--format",
+            "raw",
+            "--threads",
+            "--nonblocking",
+            "--full-filenames",
+            "--output",
+            str(raw),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     time.sleep(1.0)
     paths = session_paths(args.profile_mode, args.sessions)
     c0 = _bench.proc_cpu_s(gw.pid)
-    res = loader.run(gw.base, paths, request_body(args.profile_mode), args.profile_mode == "stream",
-                      args.profile_concurrency, dur)
+    res = loader.run(
+        gw.base,
+        paths,
+        request_body(args.profile_mode),
+        args.profile_mode == "stream",
+        args.profile_concurrency,
+        dur,
+    )
     res.cpu_pct = 100 * (_bench.proc_cpu_s(gw.pid) - c0) / (res.window_s + res.mean_ms / 1000)
     try:
         out, _ = rec.communicate(timeout=dur + 60)
@@ -498,6 +610,7 @@ def run_profile(args: argparse.Namespace, gw: Server, loader: Loader, outdir: Pa
 
 
 # ----------------------------------------------------------------------------------------- table
+
 
 @dataclass
 class Row:
@@ -517,16 +630,45 @@ REFERENCES = {
 
 
 def print_tables(rows: list[Row], report: _bench.Report) -> None:
-    table = _bench.Table("direct (straight to the upstream) vs gateway (session path, recorded); latency ms",
-                         ["mode", "conc", ("direct req/s", ",.0f"), ("gateway req/s", ",.0f"), ("ratio", ".3f"),
-                          ("direct p50", ".3f"), ("direct p99", ".3f"), ("gateway p50", ".3f"),
-                          ("gateway p99", ".3f"), ("added p50", ".3f"), ("gw CPU%", ".0f"),
-                          ("gw CPU us/req", ",.0f"), "served 2xx", "recorded", "check"])
+    table = _bench.Table(
+        "direct (straight to the upstream) vs gateway (session path, recorded); latency ms",
+        [
+            "mode",
+            "conc",
+            ("direct req/s", ",.0f"),
+            ("gateway req/s", ",.0f"),
+            ("ratio", ".3f"),
+            ("direct p50", ".3f"),
+            ("direct p99", ".3f"),
+            ("gateway p50", ".3f"),
+            ("gateway p99", ".3f"),
+            ("added p50", ".3f"),
+            ("gw CPU%", ".0f"),
+            ("gw CPU us/req", ",.0f"),
+            "served 2xx",
+            "recorded",
+            "check",
+        ],
+    )
     for r in rows:
         d, g = r.direct, r.gateway
-        table.add(r.mode, r.conc, d.rps, g.rps, _bench.ratio(g.rps, d.rps), d.p50_ms, d.p99_ms, g.p50_ms, g.p99_ms,
-                  g.p50_ms - d.p50_ms, g.cpu_pct, g.cpu_us_per_req, g.served, g.recorded,
-                  "OK" if g.recorded == g.served else "MISMATCH")
+        table.add(
+            r.mode,
+            r.conc,
+            d.rps,
+            g.rps,
+            _bench.ratio(g.rps, d.rps),
+            d.p50_ms,
+            d.p99_ms,
+            g.p50_ms,
+            g.p99_ms,
+            g.p50_ms - d.p50_ms,
+            g.cpu_pct,
+            g.cpu_us_per_req,
+            g.served,
+            g.recorded,
+            "OK" if g.recorded == g.served else "MISMATCH",
+        )
     report.table(table)
     names = [n for n in REFERENCES if any(n in r.refs for r in rows)]
     if not names:
@@ -536,7 +678,12 @@ def print_tables(rows: list[Row], report: _bench.Report) -> None:
         report.line(f"  {n}: {REFERENCES[n]}")
     cols: list[str | tuple[str, str]] = ["mode", "conc"]
     for n in [*names, "gateway"]:
-        cols += [(f"{n} req/s", ",.0f"), (f"{n} p50", ".3f"), (f"{n} p99", ".3f"), (f"{n} CPU us/req", ",.0f")]
+        cols += [
+            (f"{n} req/s", ",.0f"),
+            (f"{n} p50", ".3f"),
+            (f"{n} p99", ".3f"),
+            (f"{n} CPU us/req", ",.0f"),
+        ]
     refs = _bench.Table("references; latency ms", cols)
     for r in rows:
         values: list[Any] = [r.mode, r.conc]
@@ -548,12 +695,13 @@ def print_tables(rows: list[Row], report: _bench.Report) -> None:
 
 # ------------------------------------------------------------------------------------- scale out
 
+
 @dataclass
 class ScaleCase:
     """One scale-out configuration: the store, whether sessions are shared through it, how many
     gateway processes share the load."""
 
-    backend: str        # sqlite | postgresql
+    backend: str  # sqlite | postgresql
     shared: bool
     gateways: int
 
@@ -562,9 +710,14 @@ class ScaleCase:
         return f"{self.backend:<10} {'shared' if self.shared else 'memory':<6} {self.gateways:>2}"
 
 
-SCALE_CASES = (ScaleCase("sqlite", False, 1), ScaleCase("sqlite", True, 1), ScaleCase("sqlite", True, 2),
-               ScaleCase("postgresql", False, 1), ScaleCase("postgresql", True, 1),
-               ScaleCase("postgresql", True, 2))
+SCALE_CASES = (
+    ScaleCase("sqlite", False, 1),
+    ScaleCase("sqlite", True, 1),
+    ScaleCase("sqlite", True, 2),
+    ScaleCase("postgresql", False, 1),
+    ScaleCase("postgresql", True, 1),
+    ScaleCase("postgresql", True, 2),
+)
 PG_BENCH_SETTINGS = ("synchronous_commit=off", "max_connections=200", "shared_buffers=128MB")
 """PostgreSQL as durable as SQLite's WAL with synchronous=NORMAL (a commit survives the process, not
 a power cut); fsync stays on."""
@@ -573,12 +726,19 @@ a power cut); fsync stays on."""
 def _combine(parts: list[LoadResult]) -> LoadResult:
     """Two wrk runs at once (one per gateway) as one cell: counts and CPU summed, the window the
     longest, latencies of the slower part (a p50 of the union is not known from two p50s)."""
-    out = LoadResult(requests=sum(p.requests for p in parts), ok=sum(p.ok for p in parts),
-                     non2xx=sum(p.non2xx for p in parts), bad_stream=sum(p.bad_stream for p in parts),
-                     window_s=max(p.window_s for p in parts))
+    out = LoadResult(
+        requests=sum(p.requests for p in parts),
+        ok=sum(p.ok for p in parts),
+        non2xx=sum(p.non2xx for p in parts),
+        bad_stream=sum(p.bad_stream for p in parts),
+        window_s=max(p.window_s for p in parts),
+    )
     out.mean_ms = sum(p.mean_ms * p.requests for p in parts) / max(1, out.requests)
-    out.p50_ms, out.p99_ms, out.max_ms = (max(p.p50_ms for p in parts), max(p.p99_ms for p in parts),
-                                          max(p.max_ms for p in parts))
+    out.p50_ms, out.p99_ms, out.max_ms = (
+        max(p.p50_ms for p in parts),
+        max(p.p99_ms for p in parts),
+        max(p.max_ms for p in parts),
+    )
     for p in parts:
         for k, v in p.errors.items():
             out.errors[k] = out.errors.get(k, 0) + v
@@ -588,11 +748,13 @@ def _combine(parts: list[LoadResult]) -> LoadResult:
 def _scale_count(url: str, pg: Any) -> int:
     """Rows of ``session_steps`` in the store at ``url``."""
     if url.startswith("sqlite://"):
-        return count_steps(Path(url[len("sqlite://"):]))
+        return count_steps(Path(url[len("sqlite://") :]))
     return int(pg.sql(url, "SELECT count(*) FROM session_steps").strip())
 
 
-def _scale_load(loader: Loader, gws: list[Server], paths: list[str], body: bytes, c: int, seconds: int) -> LoadResult:
+def _scale_load(
+    loader: Loader, gws: list[Server], paths: list[str], body: bytes, c: int, seconds: int
+) -> LoadResult:
     """``c`` connections split evenly over the gateways, one wrk each, at once."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -606,35 +768,51 @@ def _scale_load(loader: Loader, gws: list[Server], paths: list[str], body: bytes
     return res
 
 
-def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, workdir: Path,
-                  report: _bench.Report) -> int:
+def run_scale_out(
+    args: argparse.Namespace, up: FakeUpstream, loader: Loader, workdir: Path, report: _bench.Report
+) -> int:
     """Gateway req/s with recording (strict telemetry, non-streamed session calls) on SQLite vs
     PostgreSQL, sessions in memory vs shared through the store, 1 vs 2 gateway processes, in one
     run; checks recorded steps = 2xx served per cell. Returns the exit code."""
     try:
         from tests.pg_server import PgServer  # the tests' throwaway server; run with PYTHONPATH=<repo>
     except ImportError as e:
-        report.line(f"--scale-out needs the repository on PYTHONPATH (PYTHONPATH=. python benchmarks/...): {e}")
+        report.line(
+            f"--scale-out needs the repository on PYTHONPATH (PYTHONPATH=. python benchmarks/...): {e}"
+        )
         return 2
     pg = PgServer(settings=PG_BENCH_SETTINGS).start()
     exit_code = 0
     results: list[tuple[ScaleCase, int, LoadResult]] = []
     try:
-        report.line(f"scale-out: non-stream session calls, {args.duration} s per cell, {args.sessions} session ids "
-                    f"round-robin; PostgreSQL {pg.url} ({', '.join(PG_BENCH_SETTINGS)})")
+        report.line(
+            f"scale-out: non-stream session calls, {args.duration} s per cell, {args.sessions} session ids "
+            f"round-robin; PostgreSQL {pg.url} ({', '.join(PG_BENCH_SETTINGS)})"
+        )
         for case in SCALE_CASES:
             if case.backend not in args.backends:
                 continue
-            url = (f"sqlite://{workdir}/scale-{len(results)}.db" if case.backend == "sqlite"
-                   else pg.create_database("bench"))
+            url = (
+                f"sqlite://{workdir}/scale-{len(results)}.db"
+                if case.backend == "sqlite"
+                else pg.create_database("bench")
+            )
             gws: list[Server] = []
             try:
                 for i in range(case.gateways):
                     port = free_port()
                     cfg = workdir / f"scale-{case.backend}-{case.shared}-{case.gateways}-{i}.yaml"
                     cfg.write_text(gateway_config(port, url, up, "strict", case.shared))
-                    gws.append(Server(f"gateway-{i}", [sys.executable, "-m", "gateway", "--config", str(cfg)], port,
-                                      "/readyz", workdir / f"{cfg.stem}.log", cwd=args.gateway_src))
+                    gws.append(
+                        Server(
+                            f"gateway-{i}",
+                            [sys.executable, "-m", "gateway", "--config", str(cfg)],
+                            port,
+                            "/readyz",
+                            workdir / f"{cfg.stem}.log",
+                            cwd=args.gateway_src,
+                        )
+                    )
                 paths = session_paths(args.profile_mode, args.sessions)
                 body = request_body("non-stream")
 
@@ -645,9 +823,14 @@ def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, wo
                     res.recorded = _scale_count(url, pg) - before
                     results.append((case, c, res))
                     if res.errors or res.non2xx:
-                        print(f"  note: {case.label} c={c}: errors={res.errors} non2xx={res.non2xx}", flush=True)
-                    print(f"  measured {case.label} c={c}: {res.rps:,.0f} req/s, p50 {res.p50_ms:.3f} ms, "
-                          f"recorded {res.recorded:,} of {res.served:,}", flush=True)
+                        print(
+                            f"  note: {case.label} c={c}: errors={res.errors} non2xx={res.non2xx}", flush=True
+                        )
+                    print(
+                        f"  measured {case.label} c={c}: {res.rps:,.0f} req/s, p50 {res.p50_ms:.3f} ms, "
+                        f"recorded {res.recorded:,} of {res.served:,}",
+                        flush=True,
+                    )
             finally:
                 for g in gws:
                     g.stop()
@@ -655,25 +838,58 @@ def run_scale_out(args: argparse.Namespace, up: FakeUpstream, loader: Loader, wo
                     pg.drop_database(url)
     finally:
         pg.stop()
-    table = _bench.Table("recorded non-stream session calls by store, session state and gateway processes; "
-                         "latency ms", ["store", "state", "gw", "conc", ("req/s", ",.0f"), ("vs sqlite/1", ".2f"),
-                                        ("p50", ".3f"), ("p99", ".3f"), ("gw CPU%", ".0f"), ("CPU us/req", ",.0f"),
-                                        "served 2xx", "recorded", "check"])
-    base = {c: r.rps for case, c, r in results if (case.backend, case.shared, case.gateways) == ("sqlite", False, 1)}
+    table = _bench.Table(
+        "recorded non-stream session calls by store, session state and gateway processes; latency ms",
+        [
+            "store",
+            "state",
+            "gw",
+            "conc",
+            ("req/s", ",.0f"),
+            ("vs sqlite/1", ".2f"),
+            ("p50", ".3f"),
+            ("p99", ".3f"),
+            ("gw CPU%", ".0f"),
+            ("CPU us/req", ",.0f"),
+            "served 2xx",
+            "recorded",
+            "check",
+        ],
+    )
+    base = {
+        c: r.rps
+        for case, c, r in results
+        if (case.backend, case.shared, case.gateways) == ("sqlite", False, 1)
+    }
     for case, c, r in results:
         if r.recorded != r.served:
             exit_code = 1
-        table.add(case.backend, "shared" if case.shared else "memory", case.gateways, c, r.rps,
-                  _bench.ratio(r.rps, base[c]) if base.get(c) else None, r.p50_ms, r.p99_ms, r.cpu_pct,
-                  r.cpu_us_per_req, r.served, r.recorded, "OK" if r.recorded == r.served else "MISMATCH")
+        table.add(
+            case.backend,
+            "shared" if case.shared else "memory",
+            case.gateways,
+            c,
+            r.rps,
+            _bench.ratio(r.rps, base[c]) if base.get(c) else None,
+            r.p50_ms,
+            r.p99_ms,
+            r.cpu_pct,
+            r.cpu_us_per_req,
+            r.served,
+            r.recorded,
+            "OK" if r.recorded == r.served else "MISMATCH",
+        )
     report.table(table)
-    report.line("state: memory = budgets in the gateway process (one gateway per store); shared = reservations in "
-                "the store (any number of gateways). gw CPU%: all gateway processes together, % of one core. With 2 "
-                "gateways each gets half the connections from its own wrk; p50/p99 are the slower one's.")
+    report.line(
+        "state: memory = budgets in the gateway process (one gateway per store); shared = reservations in "
+        "the store (any number of gateways). gw CPU%: all gateway processes together, % of one core. With 2 "
+        "gateways each gets half the connections from its own wrk; p50/p99 are the slower one's."
+    )
     return exit_code
 
 
 # ------------------------------------------------------------------------------------------ main
+
 
 def prerequisites(force_python: bool) -> tuple[str, str, list[str]]:
     """(upstream kind, load kind, notes)."""
@@ -682,13 +898,17 @@ def prerequisites(force_python: bool) -> tuple[str, str, list[str]]:
     load_kind = "wrk" if shutil.which("wrk") and not force_python else "python"
     if not force_python and (up_kind == "python" or load_kind == "python"):
         missing = [n for n, k in (("nginx-light", up_kind), ("wrk", load_kind)) if k == "python"]
-        notes.append(f"WARNING: {', '.join(missing)} not installed: falling back to Python "
-                     f"({'aiohttp fake upstream' if up_kind == 'python' else ''}"
-                     f"{' + ' if len(missing) == 2 else ''}"
-                     f"{'aiohttp load generator' if load_kind == 'python' else ''}); these numbers understate "
-                     f"the gateway. Install with: apt-get install nginx-light wrk")
+        notes.append(
+            f"WARNING: {', '.join(missing)} not installed: falling back to Python "
+            f"({'aiohttp fake upstream' if up_kind == 'python' else ''}"
+            f"{' + ' if len(missing) == 2 else ''}"
+            f"{'aiohttp load generator' if load_kind == 'python' else ''}); these numbers understate "
+            f"the gateway. Install with: apt-get install nginx-light wrk"
+        )
     elif force_python:
-        notes.append("NOTE: --python-fallback: Python fake upstream and load generator (slow, shares the CPUs)")
+        notes.append(
+            "NOTE: --python-fallback: Python fake upstream and load generator (slow, shares the CPUs)"
+        )
     return up_kind, load_kind, notes
 
 
@@ -700,29 +920,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=64, help="session ids used round-robin (default 64)")
     ap.add_argument("--warmup", type=int, default=2, help="seconds of warm-up load per mode (default 2)")
     ap.add_argument("--max-requests", type=int, default=2_000_000, help="cap on requests per cell")
-    ap.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (default 1: leaves a core to the "
-                    "gateway)")
+    ap.add_argument(
+        "--wrk-threads", type=int, default=1, help="wrk threads (default 1: leaves a core to the gateway)"
+    )
     ap.add_argument("--no-proxy", action="store_true", help="skip the forwarding-only proxy reference")
-    ap.add_argument("--no-passthrough", action="store_true", help="skip the gateway's sessionless (unrecorded) "
-                    "passthrough reference")
-    ap.add_argument("--python-fallback", action="store_true", help="use the Python upstream and load generator")
-    ap.add_argument("--profile", metavar="DIR", help="also record the gateway with py-spy under c=64 non-stream "
-                    "load and print the top functions (raw stacks saved in DIR)")
+    ap.add_argument(
+        "--no-passthrough",
+        action="store_true",
+        help="skip the gateway's sessionless (unrecorded) passthrough reference",
+    )
+    ap.add_argument(
+        "--python-fallback", action="store_true", help="use the Python upstream and load generator"
+    )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also record the gateway with py-spy under c=64 non-stream "
+        "load and print the top functions (raw stacks saved in DIR)",
+    )
     ap.add_argument("--profile-duration", type=int, default=10)
     ap.add_argument("--profile-mode", choices=MODES, default="non-stream")
     ap.add_argument("--profile-concurrency", type=int, default=64)
-    ap.add_argument("--telemetry", choices=("strict", "best_effort"), default="strict",
-                    help="the gateway's telemetry mode (default %(default)s: the targets are for strict)")
+    ap.add_argument(
+        "--telemetry",
+        choices=("strict", "best_effort"),
+        default="strict",
+        help="the gateway's telemetry mode (default %(default)s: the targets are for strict)",
+    )
     ap.add_argument("--profile-top", type=int, default=10)
-    ap.add_argument("--gateway-src", type=Path, default=REPO, metavar="DIR",
-                    help="directory holding the gateway/ and store/ packages to run (the working directory of "
-                    "`python -m gateway`; default: this repository), e.g. an unpacked `git archive` of a commit")
+    ap.add_argument(
+        "--gateway-src",
+        type=Path,
+        default=REPO,
+        metavar="DIR",
+        help="directory holding the gateway/ and store/ packages to run (the working directory of "
+        "`python -m gateway`; default: this repository), e.g. an unpacked `git archive` of a commit",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (db, logs, config)")
-    ap.add_argument("--scale-out", action="store_true", help="instead: recorded req/s on SQLite vs PostgreSQL, "
-                    "sessions in memory vs shared, 1 vs 2 gateway processes (needs PYTHONPATH=<repo> and "
-                    "PostgreSQL installed)")
-    ap.add_argument("--backends", nargs="+", choices=("sqlite", "postgresql"), default=["sqlite", "postgresql"],
-                    help="with --scale-out: the stores to measure")
+    ap.add_argument(
+        "--scale-out",
+        action="store_true",
+        help="instead: recorded req/s on SQLite vs PostgreSQL, "
+        "sessions in memory vs shared, 1 vs 2 gateway processes (needs PYTHONPATH=<repo> and "
+        "PostgreSQL installed)",
+    )
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        choices=("sqlite", "postgresql"),
+        default=["sqlite", "postgresql"],
+        help="with --scale-out: the stores to measure",
+    )
     args = ap.parse_args(argv)
     if args.duration < 1 or args.duration > 600 or args.sessions < 1:
         ap.error("--duration must be 1..600 s and --sessions >= 1")
@@ -750,28 +998,48 @@ def main(argv: list[str] | None = None) -> int:
         gw_port = free_port()
         cfg = workdir / "gateway.yaml"
         cfg.write_text(gateway_config(gw_port, db, up, args.telemetry))
-        gw = Server("gateway", [sys.executable, "-m", "gateway", "--config", str(cfg)], gw_port, "/readyz",
-                    workdir / "gateway.log", cwd=args.gateway_src)
+        gw = Server(
+            "gateway",
+            [sys.executable, "-m", "gateway", "--config", str(cfg)],
+            gw_port,
+            "/readyz",
+            workdir / "gateway.log",
+            cwd=args.gateway_src,
+        )
         if not args.no_proxy:
             pport = free_port()
-            proxy = Server("proxy", [sys.executable, str(HERE / "forward_proxy.py"), "--upstream", up.base,
-                                     "--port", str(pport)], pport, "/healthz", workdir / "proxy.log")
-        report.line(f"direct = straight to the fake upstream; gateway = session path, {args.telemetry} telemetry")
+            proxy = Server(
+                "proxy",
+                [sys.executable, str(HERE / "forward_proxy.py"), "--upstream", up.base, "--port", str(pport)],
+                pport,
+                "/healthz",
+                workdir / "proxy.log",
+            )
+        report.line(
+            f"direct = straight to the fake upstream; gateway = session path, {args.telemetry} telemetry"
+        )
         for n in notes:
             report.line(n)
-        report.line(f"upstream: {up.kind} (fixed answers) at {up.base}; load: {load_kind}"
-                    f"{f' ({args.wrk_threads} thread)' if load_kind == 'wrk' else ''}; gateway: python -m gateway "
-                    f"(uvicorn, 1 process, pid {gw.pid}, from {args.gateway_src}), sqlite {db}")
-        report.line(f"{args.duration} s per cell, {args.sessions} session ids round-robin, warm-up {args.warmup} s "
-                    "per mode")
+        report.line(
+            f"upstream: {up.kind} (fixed answers) at {up.base}; load: {load_kind}"
+            f"{f' ({args.wrk_threads} thread)' if load_kind == 'wrk' else ''}; gateway: python -m gateway "
+            f"(uvicorn, 1 process, pid {gw.pid}, from {args.gateway_src}), sqlite {db}"
+        )
+        report.line(
+            f"{args.duration} s per cell, {args.sessions} session ids round-robin, warm-up {args.warmup} s "
+            "per mode"
+        )
 
         def measure(target: str, mode: str, c: int, seconds: int) -> LoadResult:
             nonlocal total_served
             stream = mode == "stream"
             body = request_body(mode)
             if target == "direct":
-                base, paths, server = up.base, [(up.stream_base_url if stream else up.plain_base_url)[len(up.base):]
-                                                 + CHAT_PATH], None
+                base, paths, server = (
+                    up.base,
+                    [(up.stream_base_url if stream else up.plain_base_url)[len(up.base) :] + CHAT_PATH],
+                    None,
+                )
             elif target == "proxy":
                 assert proxy is not None
                 base, paths, server = proxy.base, [("/s/v1" if stream else "/n/v1") + CHAT_PATH], proxy
@@ -794,11 +1062,16 @@ def main(argv: list[str] | None = None) -> int:
                 res.recorded = count_steps(db) - before
                 total_served += res.served
             elif target == "passthrough" and count_steps(db) != before:
-                raise RuntimeError("sessionless passthrough calls were recorded: the benchmark's accounting "
-                                   "assumes they are not")
+                raise RuntimeError(
+                    "sessionless passthrough calls were recorded: the benchmark's accounting "
+                    "assumes they are not"
+                )
             if res.errors or res.non2xx or res.bad_stream:
-                print(f"  note: {target} {mode} c={c}: errors={res.errors} non2xx={res.non2xx} "
-                      f"streams without [DONE]={res.bad_stream}", flush=True)
+                print(
+                    f"  note: {target} {mode} c={c}: errors={res.errors} non2xx={res.non2xx} "
+                    f"streams without [DONE]={res.bad_stream}",
+                    flush=True,
+                )
             return res
 
         refs = [n for n, on in (("proxy", proxy is not None), ("passthrough", not args.no_passthrough)) if on]
@@ -810,15 +1083,22 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[Row] = []
         for mode in args.modes:
             for c in args.concurrency:
-                row = Row(mode, c, measure("direct", mode, c, args.duration),
-                          measure("gateway", mode, c, args.duration))
+                row = Row(
+                    mode,
+                    c,
+                    measure("direct", mode, c, args.duration),
+                    measure("gateway", mode, c, args.duration),
+                )
                 for n in refs:
                     row.refs[n] = measure(n, mode, c, args.duration)
                 rows.append(row)
                 g = row.gateway
-                print(f"  measured {mode} c={c}: direct {row.direct.rps:,.0f} req/s, gateway {g.rps:,.0f} req/s "
-                      f"(p50 {g.p50_ms:.3f} ms, host CPU {g.host_cpu_pct:.0f}%)"
-                      + "".join(f", {n} {x.rps:,.0f} req/s" for n, x in row.refs.items()), flush=True)
+                print(
+                    f"  measured {mode} c={c}: direct {row.direct.rps:,.0f} req/s, gateway {g.rps:,.0f} req/s "
+                    f"(p50 {g.p50_ms:.3f} ms, host CPU {g.host_cpu_pct:.0f}%)"
+                    + "".join(f", {n} {x.rps:,.0f} req/s" for n, x in row.refs.items()),
+                    flush=True,
+                )
 
         profile_text = None
         if args.profile:
@@ -829,42 +1109,60 @@ def main(argv: list[str] | None = None) -> int:
         report.line()
         recorded = count_steps(db)
         if recorded == total_served:
-            report.line(f"recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}  (equal: OK)")
+            report.line(
+                f"recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}  (equal: OK)"
+            )
         else:
             exit_code = 1
             report.line("!" * 78)
-            report.line(f"MISMATCH: recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}")
+            report.line(
+                f"MISMATCH: recorded steps = {recorded:,}, gateway requests served (2xx) = {total_served:,}"
+            )
             report.line(f"step statuses: {step_status_counts(db)}")
             report.line("!" * 78)
         if any(r.gateway.recorded != r.gateway.served for r in rows):
             exit_code = 1
             report.line("MISMATCH in at least one cell (see the table)")
-        failed = [f"{r.mode} c={r.conc}" for r in rows if r.gateway.non2xx or r.gateway.errors or r.gateway.bad_stream]
+        failed = [
+            f"{r.mode} c={r.conc}"
+            for r in rows
+            if r.gateway.non2xx or r.gateway.errors or r.gateway.bad_stream
+        ]
         if failed:
             exit_code = 1
-            report.line(f"FAILED calls through the gateway (non-2xx, errors or streams without [DONE]) in: "
-                        f"{', '.join(failed)} (see the notes above)")
+            report.line(
+                f"FAILED calls through the gateway (non-2xx, errors or streams without [DONE]) in: "
+                f"{', '.join(failed)} (see the notes above)"
+            )
 
         c1 = [(r.mode, r.gateway.p50_ms - r.direct.p50_ms) for r in rows if r.conc == 1]
         c64 = [(r.mode, r.gateway.rps) for r in rows if r.conc == 64]
         if c1:
             ok1 = all(v <= TARGET_ADDED_P50_MS for _, v in c1)
-            report.line(f"target p50 added latency <= {TARGET_ADDED_P50_MS:g} ms at concurrency 1: "
-                        + ", ".join(f"{m} {v:.3f} ms" for m, v in c1) + f"  -> {'PASS' if ok1 else 'FAIL'}")
+            report.line(
+                f"target p50 added latency <= {TARGET_ADDED_P50_MS:g} ms at concurrency 1: "
+                + ", ".join(f"{m} {v:.3f} ms" for m, v in c1)
+                + f"  -> {'PASS' if ok1 else 'FAIL'}"
+            )
         else:
             report.line("target p50 added latency at concurrency 1: not measured (add 1 to --concurrency)")
         if c64:
             ok64 = all(v >= TARGET_RPS_C64 for _, v in c64)
-            report.line(f"target >= {TARGET_RPS_C64:,.0f} requests/s at concurrency 64: "
-                        + ", ".join(f"{m} {v:,.0f} req/s" for m, v in c64) + f"  -> {'PASS' if ok64 else 'FAIL'}")
+            report.line(
+                f"target >= {TARGET_RPS_C64:,.0f} requests/s at concurrency 64: "
+                + ", ".join(f"{m} {v:,.0f} req/s" for m, v in c64)
+                + f"  -> {'PASS' if ok64 else 'FAIL'}"
+            )
         else:
             report.line("target requests/s at concurrency 64: not measured (add 64 to --concurrency)")
         if load_kind != "wrk" or up.kind != "nginx":
             report.line("(Python fallback upstream/load generator in use: see the warning above)")
         if profile_text is not None:
-            report.line(f"\npy-spy profile of the gateway under c=64 {args.profile_mode} load ({args.profile_duration} "
-                        f"s, {pres.rps:,.0f} req/s while sampled, gateway CPU {pres.cpu_pct or 0:.0f}%), "
-                        f"raw stacks in {args.profile}:")
+            report.line(
+                f"\npy-spy profile of the gateway under c=64 {args.profile_mode} load ({args.profile_duration} "
+                f"s, {pres.rps:,.0f} req/s while sampled, gateway CPU {pres.cpu_pct or 0:.0f}%), "
+                f"raw stacks in {args.profile}:"
+            )
             report.line(profile_text)
     finally:
         for s in (proxy, gw):

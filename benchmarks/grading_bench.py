@@ -54,8 +54,9 @@ def workspaces(tmp: Path, n: int) -> list[tuple[Path, dict[str, object]]]:
     return out
 
 
-async def grade_all(isolation: str, items: list[tuple[Path, dict[str, object]]], pool: int, tmp: Path
-                    ) -> tuple[float, float, int]:
+async def grade_all(
+    isolation: str, items: list[tuple[Path, dict[str, object]]], pool: int, tmp: Path
+) -> tuple[float, float, int]:
     """(wall s, launcher CPU s, sessions scored 10) for grading every item ``pool`` at a time."""
     gate = asyncio.Semaphore(pool)
     spec = EvalSpec(eval_id="workspace/rule", timeout_s=60.0, evaluator_path=str(EVALUATOR))
@@ -63,8 +64,16 @@ async def grade_all(isolation: str, items: list[tuple[Path, dict[str, object]]],
         await grader.start([EVALUATOR.parent.parent])
 
         async def one(i: int, ws: Path, expected: dict[str, object]) -> float | None:
-            req = EvalRequest(job_id="bench", session_id=f"s{i}", env_name="workspace", case_id=str(i),
-                              group_id="g", sample_index=0, model="m", env_params={"dataset": {"expected": expected}})
+            req = EvalRequest(
+                job_id="bench",
+                session_id=f"s{i}",
+                env_name="workspace",
+                case_id=str(i),
+                group_id="g",
+                sample_index=0,
+                model="m",
+                env_params={"dataset": {"expected": expected}},
+            )
             async with gate:
                 out = await grader.evaluate(EVALUATOR, req, spec, Trajectory(session_id=f"s{i}"), ws)
             return out.score
@@ -88,10 +97,22 @@ async def control_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
             task = tasks[i % len(tasks)]
             expected = json.loads((task / "expected.json").read_text())
             files = task / "files"
-            case = Case(env_name="workspace", case_id=f"{task.name}-{i}", row={"expected": expected},
-                        files_dir=str(files) if files.is_dir() else None)
-            req = EvalRequest(job_id="bench", session_id=f"c{i}", env_name="workspace", case_id=case.case_id,
-                              group_id="g", sample_index=0, model="m", env_params={"dataset": case.row})
+            case = Case(
+                env_name="workspace",
+                case_id=f"{task.name}-{i}",
+                row={"expected": expected},
+                files_dir=str(files) if files.is_dir() else None,
+            )
+            req = EvalRequest(
+                job_id="bench",
+                session_id=f"c{i}",
+                env_name="workspace",
+                case_id=case.case_id,
+                group_id="g",
+                sample_index=0,
+                model="m",
+                env_params={"dataset": case.row},
+            )
 
             async def grade(ws: Path) -> object:
                 return await grader.evaluate(EVALUATOR, req, spec, Trajectory(session_id=f"c{i}"), ws)
@@ -129,7 +150,9 @@ async def main() -> int:
     ap = _bench.parser(__doc__, quick={"sessions": 16, "pool_size": 4, "rounds": 1})
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--pool-size", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per isolation; the best is kept")
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="alternating rounds per isolation; the best is kept"
+    )
     args = ap.parse_args()
     report = _bench.Report("grading_bench", args)
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as d:
@@ -145,27 +168,53 @@ async def main() -> int:
         n_verify = max(1, n // 4)
         wall, rewarded = await verify_all(n_verify, args.pool_size, tmp)
         control_wall, controls_scored = await control_all(n, args.pool_size, tmp)
-    table = _bench.Table(f"grading per session at pool {args.pool_size} (best of {args.rounds} rounds)",
-                         ["grading", "sessions", ("wall ms/session", ".1f"), ("launcher CPU ms/session", ".1f"),
-                          "passed", ("vs in-process", ".2f")])
+    table = _bench.Table(
+        f"grading per session at pool {args.pool_size} (best of {args.rounds} rounds)",
+        [
+            "grading",
+            "sessions",
+            ("wall ms/session", ".1f"),
+            ("launcher CPU ms/session", ".1f"),
+            "passed",
+            ("vs in-process", ".2f"),
+        ],
+    )
     none_ms = best["none"][0] / n * 1000
     labels = {"none": "in-process (none)", "bwrap": "grader sandbox (bwrap)"}
     for isolation, (w, cpu, passed) in best.items():
-        table.add(labels[isolation], n, w / n * 1000, cpu / n * 1000, passed, _bench.ratio(w / n * 1000, none_ms))
-    table.add("Harbor verifier (test.sh)", n_verify, wall / n_verify * 1000, None, rewarded,
-              _bench.ratio(wall / n_verify * 1000, none_ms))
+        table.add(
+            labels[isolation], n, w / n * 1000, cpu / n * 1000, passed, _bench.ratio(w / n * 1000, none_ms)
+        )
+    table.add(
+        "Harbor verifier (test.sh)",
+        n_verify,
+        wall / n_verify * 1000,
+        None,
+        rewarded,
+        _bench.ratio(wall / n_verify * 1000, none_ms),
+    )
     bwrap_ms = best["bwrap"][0] / n * 1000
-    table.add("control grading (bwrap, untouched files)", n, control_wall / n * 1000, None, controls_scored,
-              _bench.ratio(control_wall / n * 1000, none_ms))
+    table.add(
+        "control grading (bwrap, untouched files)",
+        n,
+        control_wall / n * 1000,
+        None,
+        controls_scored,
+        _bench.ratio(control_wall / n * 1000, none_ms),
+    )
     report.table(table)
     report.value("control_vs_grading", control_wall / n * 1000 / bwrap_ms)
-    report.line(f"a control grading costs {control_wall / n * 1000:.1f} ms against {bwrap_ms:.1f} ms for a normal "
-                f"grading in the sandbox ({control_wall / n * 1000 / bwrap_ms:.2f}x); it runs only after a grading "
-                "failure, once per case and job")
+    report.line(
+        f"a control grading costs {control_wall / n * 1000:.1f} ms against {bwrap_ms:.1f} ms for a normal "
+        f"grading in the sandbox ({control_wall / n * 1000 / bwrap_ms:.2f}x); it runs only after a grading "
+        "failure, once per case and job"
+    )
     added = (best["bwrap"][0] - best["none"][0]) / n * 1000
     report.value("sandbox_added_ms", added)
-    report.line(f"the grader sandbox adds {added:.1f} ms of wall time per session; budget {BUDGET_MS:.0f} ms: "
-                f"{'PASS' if added <= BUDGET_MS else 'OVER'}")
+    report.line(
+        f"the grader sandbox adds {added:.1f} ms of wall time per session; budget {BUDGET_MS:.0f} ms: "
+        f"{'PASS' if added <= BUDGET_MS else 'OVER'}"
+    )
     report.finish()
     return 0
 

@@ -40,7 +40,7 @@ from rollout.jobs.run import run_job
 from tests.fake_upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[1]
-RUNTIME = '''
+RUNTIME = """
 import time
 from env.runtime_kit import chat_completion, openai_client, run_runtime
 from rollout.contract.protocol import SimulationStartResult
@@ -53,7 +53,7 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded")
 
 run_runtime(main)
-'''
+"""
 
 
 def make_env(root: Path, n: int) -> None:
@@ -62,16 +62,28 @@ def make_env(root: Path, n: int) -> None:
     (d / "runtime.py").write_text(RUNTIME)
     (d / "rule_evaluator.py").write_text("def evaluate(request, spec, trajectory):\n    return 10\n")
     (d / "data" / "cases.jsonl").write_text("".join(json.dumps({"id": f"c{i}"}) + "\n" for i in range(n)))
-    (d / "env.yaml").write_text(yaml.safe_dump({
-        "name": "outage", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}, "max_steps": 4}))
+    (d / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "outage",
+                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
+                "max_steps": 4,
+            }
+        )
+    )
 
 
 def gateway(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port)],
-                                cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port)],
+            cwd=str(REPO),
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 async def wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -79,19 +91,37 @@ async def wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
     await asyncio.to_thread(_bench.wait_http, f"http://127.0.0.1:{port}/readyz", 60, proc)
 
 
-async def one_run(label: str, tmp: Path, up: FakeUpstream, args: argparse.Namespace, **opts: Any) -> dict[str, Any]:
+async def one_run(
+    label: str, tmp: Path, up: FakeUpstream, args: argparse.Namespace, **opts: Any
+) -> dict[str, Any]:
     db = tmp / f"{label}.db"
     cfg = tmp / f"{label}.yaml"
-    cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
-                                   "llm_routes": {"fake": {"base_url": up.base_url}}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "storage_config": {"db_url": f"sqlite://{db}"},
+                "llm_routes": {"fake": {"base_url": up.base_url}},
+            }
+        )
+    )
     port = free_port()
     gw = gateway(cfg, port, tmp / f"{label}.log")
     await wait_ready(port, gw)
     done = 0
-    options = JobOptions.model_validate({
-        "agent_root": tmp / "envs", "gateway_config": cfg, "llm_model": "fake", "db_path": f"sqlite://{db}",
-        "enable_evaluation": True, "out": tmp / f"{label}.jsonl", "pool_size": args.pool, "job_id": label,
-        "gateway_base_url": f"http://127.0.0.1:{port}/v1/sessions", **opts})
+    options = JobOptions.model_validate(
+        {
+            "agent_root": tmp / "envs",
+            "gateway_config": cfg,
+            "llm_model": "fake",
+            "db_path": f"sqlite://{db}",
+            "enable_evaluation": True,
+            "out": tmp / f"{label}.jsonl",
+            "pool_size": args.pool,
+            "job_id": label,
+            "gateway_base_url": f"http://127.0.0.1:{port}/v1/sessions",
+            **opts,
+        }
+    )
 
     def on_done(_: Any) -> None:
         nonlocal done
@@ -116,17 +146,21 @@ async def one_run(label: str, tmp: Path, up: FakeUpstream, args: argparse.Namesp
     con = sqlite3.connect(db)
     started_down = con.execute(
         "SELECT count(*) FROM session_attempts WHERE started_at >= ? AND started_at < ?",
-        tuple(datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S.%f") for t in (killed, back))).fetchone()[0]
+        tuple(datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S.%f") for t in (killed, back)),
+    ).fetchone()[0]
     con.close()
     recs = result.records
     return {
-        "run": label, "sessions": len(recs),
+        "run": label,
+        "sessions": len(recs),
         "succeeded": sum(r.status == "succeeded" for r in recs),
         "never_recovered": sum(r.eval_status == "infra_error" for r in recs),
         "infra_attempts": sum(a.infra for r in recs for a in r.attempts),
         "started_while_down": started_down,
         "breaker_opens": sum(e.state == "open" for e in result.breaker_events),
-        "scored_infra": sum(r.eval_status == "scored" and r.outcome not in ("succeeded", "failed") for r in recs),
+        "scored_infra": sum(
+            r.eval_status == "scored" and r.outcome not in ("succeeded", "failed") for r in recs
+        ),
         "wall_s": round(time.monotonic() - t0, 1),
     }
 
@@ -142,11 +176,20 @@ async def main() -> None:
         tmp = Path(d)
         make_env(tmp / "envs", args.sessions)
         async with FakeUpstream() as up:
-            rows = [await one_run("no_retries", tmp, up, args, max_retries=0,
-                                  breaker={"min_failures": 10**6, "window": 10**6}),
-                    await one_run("defaults", tmp, up, args)]
-    table = _bench.Table(f"a gateway killed after a fifth of the sessions, back {args.outage_s:g} s later",
-                         [*rows[0].keys()])
+            rows = [
+                await one_run(
+                    "no_retries",
+                    tmp,
+                    up,
+                    args,
+                    max_retries=0,
+                    breaker={"min_failures": 10**6, "window": 10**6},
+                ),
+                await one_run("defaults", tmp, up, args),
+            ]
+    table = _bench.Table(
+        f"a gateway killed after a fifth of the sessions, back {args.outage_s:g} s later", [*rows[0].keys()]
+    )
     for r in rows:
         table.add(*r.values())
     report.table(table)

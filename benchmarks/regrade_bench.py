@@ -45,9 +45,19 @@ async def archive_costs(rounds: int, tmp: Path, report: _bench.Report) -> None:
     (big / "text.log").write_text("2024-01-01 sshd[1]: Failed password for root from 10.0.0.1\n" * 35_000)
     (big / "random.bin").write_bytes(os.urandom(2 * 1024 * 1024))
     workspaces.append(("4 MiB workspace", big))
-    table = _bench.Table(f"keeping a final workspace, median of {rounds} sessions each",
-                         ["workspace", ("files KB", ".1f"), ("copy ms", ".2f"), ("archive ms", ".2f"),
-                          ("store ms", ".2f"), ("restore ms", ".2f"), ("gz KB", ".1f"), ("archive/copy", ".2f")])
+    table = _bench.Table(
+        f"keeping a final workspace, median of {rounds} sessions each",
+        [
+            "workspace",
+            ("files KB", ".1f"),
+            ("copy ms", ".2f"),
+            ("archive ms", ".2f"),
+            ("store ms", ".2f"),
+            ("restore ms", ".2f"),
+            ("gz KB", ".1f"),
+            ("archive/copy", ".2f"),
+        ],
+    )
     for i, (name, src) in enumerate(workspaces):
         copy_t, arch_t, store_t, rest_t = [], [], [], []
         size = gz = 0
@@ -64,8 +74,11 @@ async def archive_costs(rounds: int, tmp: Path, report: _bench.Report) -> None:
             arch_t.append(time.perf_counter() - t0)
             assert kept.status == "kept" and kept.archive is not None, kept.reason
             t0 = time.perf_counter()
-            await store.save_workspace_archive(SessionWorkspace(session_id=f"s-{i}-{r}", job_id="bench",
-                                                                env_name="workspace", **kept.columns()))
+            await store.save_workspace_archive(
+                SessionWorkspace(
+                    session_id=f"s-{i}-{r}", job_id="bench", env_name="workspace", **kept.columns()
+                )
+            )
             store_t.append(time.perf_counter() - t0)
             dest = tmp / f"restored-{i}-{r}"
             dest.mkdir()
@@ -75,8 +88,16 @@ async def archive_costs(rounds: int, tmp: Path, report: _bench.Report) -> None:
             size, gz = kept.total_bytes, len(kept.archive)
             shutil.rmtree(ws)
             shutil.rmtree(dest)
-        table.add(name, size / 1024, _bench.ms(copy_t), _bench.ms(arch_t), _bench.ms(store_t), _bench.ms(rest_t),
-                  gz / 1024, _bench.ratio(_bench.ms(arch_t), _bench.ms(copy_t)))
+        table.add(
+            name,
+            size / 1024,
+            _bench.ms(copy_t),
+            _bench.ms(arch_t),
+            _bench.ms(store_t),
+            _bench.ms(rest_t),
+            gz / 1024,
+            _bench.ratio(_bench.ms(arch_t), _bench.ms(copy_t)),
+        )
     await store.close()
     report.table(table)
 
@@ -87,33 +108,68 @@ async def regrade_speed(n: int, tmp: Path, report: _bench.Report) -> None:
     db = f"sqlite:///{tmp / 'regrade.db'}"
     store = Store(db)
     await store.init()
-    rows = [JobEnvironment(session_id=f"s{i}", job_id="bench", env_name="gsm8k", case_id=cases[i % len(cases)].case_id,
-                           llm_model="m", group_id=f"g{i % len(cases)}", sample_index=i // len(cases),
-                           env_params={**cfg.params, "dataset": cases[i % len(cases)].row}) for i in range(n)]
+    rows = [
+        JobEnvironment(
+            session_id=f"s{i}",
+            job_id="bench",
+            env_name="gsm8k",
+            case_id=cases[i % len(cases)].case_id,
+            llm_model="m",
+            group_id=f"g{i % len(cases)}",
+            sample_index=i // len(cases),
+            env_params={**cfg.params, "dataset": cases[i % len(cases)].row},
+        )
+        for i in range(n)
+    ]
     await store.add_job_sessions(rows)
     steps = []
     for i, r in enumerate(rows):
         final = cases[i % len(cases)].row["answer"].split("####")[-1].strip() if i % 2 else "I do not know"
-        steps.append(step_record(session_id=r.session_id, seq=1, step_id=1, llm_model="m", endpoint="chat.completions",
-                                 response={"choices": [{"index": 0, "finish_reason": "stop",
-                                                        "message": {"role": "assistant", "content": final}}]}))
+        steps.append(
+            step_record(
+                session_id=r.session_id,
+                seq=1,
+                step_id=1,
+                llm_model="m",
+                endpoint="chat.completions",
+                response={
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": final},
+                        }
+                    ]
+                },
+            )
+        )
     await store.write_batch(steps, [])
     empty = tmp / "empty-ws"
     empty.mkdir()
     for r in rows:
-        await store.finish_job_session(r.session_id, SessionResult(
-            reward=0.0, evaluation={"status": "scored", "score": 0.0}, status="succeeded", eval_status="scored",
-            runtime_result={"session_id": r.session_id, "status": "succeeded"}))
+        await store.finish_job_session(
+            r.session_id,
+            SessionResult(
+                reward=0.0,
+                evaluation={"status": "scored", "score": 0.0},
+                status="succeeded",
+                eval_status="scored",
+                runtime_result={"session_id": r.session_id, "status": "succeeded"},
+            ),
+        )
         await keep_workspace(store, r, WorkspaceArchiveConfig(), empty)
     await store.close()
     t0 = time.perf_counter()
-    result = await regrade_job(RegradeOptions(job_id="bench", db_path=db, agent_root=REPO / "env",
-                                              out=tmp / "regrade.jsonl"))
+    result = await regrade_job(
+        RegradeOptions(job_id="bench", db_path=db, agent_root=REPO / "env", out=tmp / "regrade.jsonl")
+    )
     elapsed = time.perf_counter() - t0
     passed = sum(1 for r in result.regraded if r.after_score == 10.0)
     report.value("regrade_sessions_per_s", n / elapsed)
-    report.line(f"\nregrade of {n} gsm8k sessions: {elapsed:.2f} s, {n / elapsed:.0f} sessions/s "
-                f"({len(result.regraded)} regraded, {passed} now score 10, {len(result.not_regraded)} not regraded)")
+    report.line(
+        f"\nregrade of {n} gsm8k sessions: {elapsed:.2f} s, {n / elapsed:.0f} sessions/s "
+        f"({len(result.regraded)} regraded, {passed} now score 10, {len(result.not_regraded)} not regraded)"
+    )
 
 
 async def main() -> int:

@@ -34,8 +34,10 @@ from rollout.contract.protocol import SimulationStartRequest
 from rollout.core.envs import EnvConfig, load_env_config
 from rollout.sandbox.runner import run_runtime, sandbox_support
 
-RUNTIME = ("import json, sys; r = json.loads(sys.stdin.read()); "
-           "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))")
+RUNTIME = (
+    "import json, sys; r = json.loads(sys.stdin.read()); "
+    "print(json.dumps({'session_id': r['session_id'], 'status': 'succeeded'}))"
+)
 
 SDK_RUNTIME = "import openai; " + RUNTIME  # what a typical Python runtime imports first
 
@@ -57,15 +59,33 @@ def _env(root: Path, name: str, mode: str, code: str, extra: dict[str, str] | No
     d = root / name
     (d / "data").mkdir(parents=True)
     (d / "data" / "cases.jsonl").write_text('{"id": "0"}\n')
-    (d / "env.yaml").write_text(yaml.safe_dump({
-        "name": name, "dataset": {"path": "data/cases.jsonl"},
-        "runtime": {"command": ["{python}", "-c", code], "timeout_s": 60, "sandbox": mode, "env": extra or {}}}))
+    (d / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "dataset": {"path": "data/cases.jsonl"},
+                "runtime": {
+                    "command": ["{python}", "-c", code],
+                    "timeout_s": 60,
+                    "sandbox": mode,
+                    "env": extra or {},
+                },
+            }
+        )
+    )
     return load_env_config(d / "env.yaml")
 
 
 def _request(sid: str, gateway: str) -> SimulationStartRequest:
-    return SimulationStartRequest(job_id="bench", session_id=sid, agent_name="bench", agent_id="b", group_id="g",
-                                  gateway_base_url=f"{gateway}/v1/sessions/{sid}", model="m")
+    return SimulationStartRequest(
+        job_id="bench",
+        session_id=sid,
+        agent_name="bench",
+        agent_id="b",
+        group_id="g",
+        gateway_base_url=f"{gateway}/v1/sessions/{sid}",
+        model="m",
+    )
 
 
 async def _ping_server() -> tuple[asyncio.AbstractServer, str]:
@@ -73,7 +93,7 @@ async def _ping_server() -> tuple[asyncio.AbstractServer, str]:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while (await reader.readuntil(b"\r\n\r\n")):
+            while await reader.readuntil(b"\r\n\r\n"):
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n" + body)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -106,8 +126,10 @@ async def main() -> int:
             envs = {
                 "start": {m: _env(root, f"start-{m}", m, RUNTIME) for m in modes},
                 "sdk": {m: _env(root, f"sdk-{m}", m, SDK_RUNTIME) for m in modes},
-                "http": {m: _env(root, f"http-{m}", m, HTTP_RUNTIME, {"BENCH_REQUESTS": str(requests)})
-                         for m in modes},
+                "http": {
+                    m: _env(root, f"http-{m}", m, HTTP_RUNTIME, {"BENCH_REQUESTS": str(requests)})
+                    for m in modes
+                },
             }
 
             def runner(kind: str) -> Callable[[str, int], Awaitable[float]]:
@@ -118,11 +140,14 @@ async def main() -> int:
                     out = await run_runtime(envs[kind][mode], _request(f"{kind}{i}", gateway), ws, {})
                     dt = time.perf_counter() - t0
                     if out.status != "succeeded" or (kind == "http" and out.result is None):
-                        raise SessionFailed(f"{kind} session failed ({mode}): {out.error_text} {out.stderr_tail}")
+                        raise SessionFailed(
+                            f"{kind} session failed ({mode}): {out.error_text} {out.stderr_tail}"
+                        )
                     if kind == "http":
                         assert out.result is not None
                         return float(out.result.metrics["s"]) / requests  # per request, timed inside
                     return dt
+
                 return one
 
             few = max(3, sessions // 4)
@@ -134,15 +159,35 @@ async def main() -> int:
         return 1
     finally:
         server.close()
-    table = _bench.Table("per session (ms; HTTP: per request on one keep-alive connection), bare vs bubblewrap",
-                         ["measure", "sessions each", ("bare median", ".2f"), ("bare p90", ".2f"),
-                          ("bwrap median", ".2f"), ("bwrap p90", ".2f"), ("overhead", "+.2f"),
-                          ("bwrap / bare", ".2f")])
-    for label, got in (("start + trivial runtime", times), ("start + `import openai` runtime", sdk_times),
-                       (f"HTTP request ({requests} per session)", rtt)):
+    table = _bench.Table(
+        "per session (ms; HTTP: per request on one keep-alive connection), bare vs bubblewrap",
+        [
+            "measure",
+            "sessions each",
+            ("bare median", ".2f"),
+            ("bare p90", ".2f"),
+            ("bwrap median", ".2f"),
+            ("bwrap p90", ".2f"),
+            ("overhead", "+.2f"),
+            ("bwrap / bare", ".2f"),
+        ],
+    )
+    for label, got in (
+        ("start + trivial runtime", times),
+        ("start + `import openai` runtime", sdk_times),
+        (f"HTTP request ({requests} per session)", rtt),
+    ):
         bare, boxed = _bench.ms(got["none"]), _bench.ms(got["bwrap"])
-        table.add(label, len(got["none"]), bare, _bench.ms(got["none"], 90), boxed, _bench.ms(got["bwrap"], 90),
-                  boxed - bare, _bench.ratio(boxed, bare))
+        table.add(
+            label,
+            len(got["none"]),
+            bare,
+            _bench.ms(got["none"], 90),
+            boxed,
+            _bench.ms(got["bwrap"], 90),
+            boxed - bare,
+            _bench.ratio(boxed, bare),
+        )
     report.table(table)
     report.line("HTTP: directly to the host (bare), through the in-sandbox forwarder and the bridge (bwrap)")
     report.finish()

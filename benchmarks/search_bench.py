@@ -54,16 +54,31 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 def session_rows(sid: str, steps: int, enc: StepEncoder) -> list[dict[str, object]]:
     """A session's steps as the gateway writes them: the whole history re-sent at each step."""
-    history: list[dict[str, object]] = [{"role": "system", "content": "You investigate logs with the bash tool."}]
+    history: list[dict[str, object]] = [
+        {"role": "system", "content": "You investigate logs with the bash tool."}
+    ]
     rows = []
     for seq in range(1, steps + 1):
-        tool = "\n".join(LOG_LINE.format(s=i % 60, p=1000 + i + seq, a=seq % 250, b=i % 250) for i in range(40))
-        history = [*history, {"role": "user" if seq == 1 else "tool", "content": f"step {seq} of {sid}\n{tool}"}]
+        tool = "\n".join(
+            LOG_LINE.format(s=i % 60, p=1000 + i + seq, a=seq % 250, b=i % 250) for i in range(40)
+        )
+        history = [
+            *history,
+            {"role": "user" if seq == 1 else "tool", "content": f"step {seq} of {sid}\n{tool}"},
+        ]
         answer = f"I count {seq * 7} failed logins so far in {sid}; next I grep auth.log.{seq}"
-        row = step_record(session_id=sid, seq=seq, step_id=seq, llm_model="m", endpoint="chat.completions",
-                          job_id="bench", env_name="e", messages=list(history),
-                          request={"model": "m", "messages": list(history)},
-                          response={"choices": [{"message": {"role": "assistant", "content": answer}}]})
+        row = step_record(
+            session_id=sid,
+            seq=seq,
+            step_id=seq,
+            llm_model="m",
+            endpoint="chat.completions",
+            job_id="bench",
+            env_name="e",
+            messages=list(history),
+            request={"model": "m", "messages": list(history)},
+            response={"choices": [{"message": {"role": "assistant", "content": answer}}]},
+        )
         enc.committed(enc.encode(row))
         rows.append(row)
         history = [*history, {"role": "assistant", "content": answer}]
@@ -141,8 +156,9 @@ async def main() -> int:
         lat["no viewer"] = await write_latencies(store, "a", args.writes, args.steps)
         stop = Path(tmp) / "stop"
         env = {**os.environ, "PYTHONPATH": str(_bench.REPO)}
-        indexer = subprocess.Popen([sys.executable, "-c", INDEXER, url, str(stop)], env=env, stdout=subprocess.PIPE,
-                                   text=True)
+        indexer = subprocess.Popen(
+            [sys.executable, "-c", INDEXER, url, str(stop)], env=env, stdout=subprocess.PIPE, text=True
+        )
         try:
             assert indexer.stdout is not None
             await asyncio.to_thread(indexer.stdout.readline)  # its first round done: it indexes what follows
@@ -152,11 +168,18 @@ async def main() -> int:
             rounds = (indexer.communicate(timeout=300)[0] or "?").strip()
         lat["no viewer, again"] = await write_latencies(store, "c", args.writes, args.steps)
         await store.close()
-    table = _bench.Table(f"Store.write_batch of one step ({args.writes} each; the indexer ran {rounds} refreshes)",
-                         ["while", ("p50 us", ",.0f"), ("p90 us", ",.0f"), ("p99 us", ",.0f"), ("max ms", ".1f")])
+    table = _bench.Table(
+        f"Store.write_batch of one step ({args.writes} each; the indexer ran {rounds} refreshes)",
+        ["while", ("p50 us", ",.0f"), ("p90 us", ",.0f"), ("p99 us", ",.0f"), ("max ms", ".1f")],
+    )
     for name, xs in lat.items():
-        table.add(name, _bench.percentile(xs, 50) * 1e6, _bench.percentile(xs, 90) * 1e6,
-                  _bench.percentile(xs, 99) * 1e6, max(xs) * 1000)
+        table.add(
+            name,
+            _bench.percentile(xs, 50) * 1e6,
+            _bench.percentile(xs, 90) * 1e6,
+            _bench.percentile(xs, 99) * 1e6,
+            max(xs) * 1000,
+        )
     report.table(table)
     report.finish()
     return 0

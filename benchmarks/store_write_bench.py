@@ -25,12 +25,25 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from store import GatewaySession, SessionStep, Store, json_dumps
 
-MESSAGES = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."},
-            {"role": "user", "content": "What is the capital of France? Reply in one short sentence, please."}]
-RESPONSE = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": "fake-fast",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris is the capital of France."},
-                         "logprobs": None, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}}
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "What is the capital of France? Reply in one short sentence, please."},
+]
+RESPONSE = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 1700000000,
+    "model": "fake-fast",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Paris is the capital of France."},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
+}
 N_SESSIONS = 64
 
 
@@ -42,11 +55,25 @@ class Rows:
 
     def step_kwargs(self) -> dict[str, Any]:
         self.n += 1
-        return dict(session_id=f"bench-{self.n % N_SESSIONS:03d}", seq=self.n, step_id=self.n, llm_model="bench",
-                    endpoint="chat.completions", is_stream=False, status="ok", status_code=200, messages=MESSAGES,
-                    request={"model": "bench", "messages": MESSAGES, "temperature": 0.7}, response=RESPONSE,
-                    finish_reason="stop", prompt_tokens=12, completion_tokens=9, total_tokens=21,
-                    latency_ms=1.0, meta_json={"route": "bench"})
+        return dict(
+            session_id=f"bench-{self.n % N_SESSIONS:03d}",
+            seq=self.n,
+            step_id=self.n,
+            llm_model="bench",
+            endpoint="chat.completions",
+            is_stream=False,
+            status="ok",
+            status_code=200,
+            messages=MESSAGES,
+            request={"model": "bench", "messages": MESSAGES, "temperature": 0.7},
+            response=RESPONSE,
+            finish_reason="stop",
+            prompt_tokens=12,
+            completion_tokens=9,
+            total_tokens=21,
+            latency_ms=1.0,
+            meta_json={"route": "bench"},
+        )
 
     def step(self) -> SessionStep:
         return SessionStep(**self.step_kwargs())
@@ -56,25 +83,43 @@ class Rows:
         return SessionStep(**self.step_kwargs()).model_dump()
 
     def session(self, i: int) -> GatewaySession:
-        return GatewaySession(session_id=f"bench-{i % N_SESSIONS:03d}", max_steps=-1, step_counts={"bench": i},
-                              total_steps=i)
+        return GatewaySession(
+            session_id=f"bench-{i % N_SESSIONS:03d}", max_steps=-1, step_counts={"bench": i}, total_steps=i
+        )
 
 
-TABLE = _bench.Table("store write cost per recorded step (1 step row + 1 session-state row per step; SQLite WAL, "
-                     "synchronous=NORMAL)", ["way", "batch", ("us wall/step", ".1f"), ("us CPU/step", ".1f"),
-                                             ("ms per commit", ".2f"), ("wall vs write_batch", ".2f")])
+TABLE = _bench.Table(
+    "store write cost per recorded step (1 step row + 1 session-state row per step; SQLite WAL, "
+    "synchronous=NORMAL)",
+    [
+        "way",
+        "batch",
+        ("us wall/step", ".1f"),
+        ("us CPU/step", ".1f"),
+        ("ms per commit", ".2f"),
+        ("wall vs write_batch", ".2f"),
+    ],
+)
 
 
 def _report(name: str, batch: int, steps: int, t: _bench.Span) -> None:
     base = next((r[2] for r in TABLE.rows if r[0] == "Store.write_batch" and r[1] == batch), None)
     per_step = t.wall_s / steps * 1e6
-    TABLE.add(name, batch, per_step, t.cpu_s / steps * 1e6, t.wall_s / (steps / batch) * 1e3,
-              _bench.ratio(per_step, base) if base else 1.0)
+    TABLE.add(
+        name,
+        batch,
+        per_step,
+        t.cpu_s / steps * 1e6,
+        t.wall_s / (steps / batch) * 1e3,
+        _bench.ratio(per_step, base) if base else 1.0,
+    )
 
 
 async def bench_store(store: Store, rows: Rows, batch: int, steps: int) -> None:
-    data = [([rows.step() for _ in range(batch)], [rows.session(rows.n + j) for j in range(batch)])
-            for _ in range(steps // batch)]
+    data = [
+        ([rows.step() for _ in range(batch)], [rows.session(rows.n + j) for j in range(batch)])
+        for _ in range(steps // batch)
+    ]
     with _bench.timed() as t:
         for s, g in data:
             await store.write_batch(s, g)
@@ -86,10 +131,19 @@ async def bench_core(store: Store, rows: Rows, batch: int, steps: int) -> None:
     sess_t = GatewaySession.__table__  # type: ignore[attr-defined]
     ins = insert(steps_t)
     up = sqlite_insert(sess_t)
-    up = up.on_conflict_do_update(index_elements=["session_id"], set_={
-        c.name: up.excluded[c.name] for c in sess_t.columns if c.name not in ("session_id", "created_at")})
-    data = [([rows.step_dict() for _ in range(batch)], [rows.session(rows.n + j).model_dump() for j in range(batch)])
-            for _ in range(steps // batch)]
+    up = up.on_conflict_do_update(
+        index_elements=["session_id"],
+        set_={
+            c.name: up.excluded[c.name] for c in sess_t.columns if c.name not in ("session_id", "created_at")
+        },
+    )
+    data = [
+        (
+            [rows.step_dict() for _ in range(batch)],
+            [rows.session(rows.n + j).model_dump() for j in range(batch)],
+        )
+        for _ in range(steps // batch)
+    ]
     with _bench.timed() as t:
         for s, g in data:
             last = list({r["session_id"]: r for r in g}.values())
@@ -124,9 +178,11 @@ async def bench_sqlite3(db: Path, rows: Rows, batch: int, steps: int) -> None:
     scols, sconv = _converter(steps_t)
     gcols, gconv = _converter(sess_t)
     isql = f"INSERT INTO {steps_t.name} ({','.join(scols)}) VALUES ({','.join('?' * len(scols))})"
-    usql = (f"INSERT INTO {sess_t.name} ({','.join(gcols)}) VALUES ({','.join('?' * len(gcols))}) "
-            f"ON CONFLICT(session_id) DO UPDATE SET "
-            + ",".join(f"{c}=excluded.{c}" for c in gcols if c not in ("session_id", "created_at")))
+    usql = (
+        f"INSERT INTO {sess_t.name} ({','.join(gcols)}) VALUES ({','.join('?' * len(gcols))}) "
+        f"ON CONFLICT(session_id) DO UPDATE SET "
+        + ",".join(f"{c}=excluded.{c}" for c in gcols if c not in ("session_id", "created_at"))
+    )
     con = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=60)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=NORMAL")
@@ -141,8 +197,13 @@ async def bench_sqlite3(db: Path, rows: Rows, batch: int, steps: int) -> None:
             raise
         con.execute("COMMIT")
 
-    data = [([rows.step_dict() for _ in range(batch)], [rows.session(rows.n + j).model_dump() for j in range(batch)])
-            for _ in range(steps // batch)]
+    data = [
+        (
+            [rows.step_dict() for _ in range(batch)],
+            [rows.session(rows.n + j).model_dump() for j in range(batch)],
+        )
+        for _ in range(steps // batch)
+    ]
     with _bench.timed() as t:
         for s, g in data:
             await asyncio.to_thread(commit, s, g)
@@ -158,8 +219,10 @@ def bench_objects(rows: Rows, n: int, report: _bench.Report) -> None:
     with _bench.timed() as snapshots:
         for _ in range(n):
             GatewaySession(**st.model_dump())
-    report.line(f"building one SessionStep(...): {steps.wall_s / n * 1e6:.1f} us; one session snapshot "
-                f"GatewaySession(**st.model_dump()): {snapshots.wall_s / n * 1e6:.1f} us")
+    report.line(
+        f"building one SessionStep(...): {steps.wall_s / n * 1e6:.1f} us; one session snapshot "
+        f"GatewaySession(**st.model_dump()): {snapshots.wall_s / n * 1e6:.1f} us"
+    )
 
 
 async def amain(steps: int, report: _bench.Report) -> None:

@@ -34,33 +34,46 @@ def engine_of(name: str) -> Engine:
     if name == "llama":
         from rollout.train.embedded import embedded_gguf
         from rollout.train.llama_engine import LlamaCppEngine
+
         return LlamaCppEngine(embedded_gguf(), n_ctx=4096, name="smollm2")
     from rollout.train.hf_engine import TransformersEngine
+
     if name == "transformers":
         from rollout.train.embedded import load_embedded_policy
+
         return TransformersEngine(*load_embedded_policy(), name="smollm2")
     from rollout.train.tiny import tiny_policy
+
     return TransformersEngine(*tiny_policy(), name="tiny")
 
 
 def session(policy: ChatPolicy, sid: str, instruction: str, turns: int, args: Any, seed: int) -> list[int]:
     """Run one session; returns for each call after the first whether it extends the last (1/0)."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPTS["text"]},
-                                      {"role": "user", "content": instruction}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPTS["text"]},
+        {"role": "user", "content": instruction},
+    ]
     last: list[int] | None = None
     extends = []
     for turn in range(turns):
-        req = ChatRequest(messages=messages, max_tokens=args.max_tokens, temperature=args.temperature,
-                          seed=seed * 1000 + turn)
+        req = ChatRequest(
+            messages=messages,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=seed * 1000 + turn,
+        )
         prepared = policy.prepare(req, sid)
         gen = policy.run(prepared)
         reply, _ = policy.finish(prepared, gen)
         if last is not None:
-            extends.append(int(prepared.prompt_ids[:len(last)] == last))
+            extends.append(int(prepared.prompt_ids[: len(last)] == last))
         last = prepared.prompt_ids + gen.token_ids
         blocks = bash_blocks(reply.get("content"))
-        messages = [*messages, {"role": "assistant", "content": reply.get("content") or ""},
-                    {"role": "user", "content": OUTPUT if len(blocks) == 1 else format_error(len(blocks))}]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": reply.get("content") or ""},
+            {"role": "user", "content": OUTPUT if len(blocks) == 1 else format_error(len(blocks))},
+        ]
     return extends
 
 
@@ -83,22 +96,39 @@ def main() -> int:
     seconds = dict.fromkeys(results, 0.0)
     for i in range(args.sessions):
         instruction = Path(tasks[i % len(tasks)]).read_text()
-        for _, on in (MODES if i % 2 == 0 else MODES[::-1]):  # alternate which mode goes first
+        for _, on in MODES if i % 2 == 0 else MODES[::-1]:  # alternate which mode goes first
             with _bench.timed() as span:
                 results[on].append(session(policies[on], f"s{i}", instruction, args.turns, args, seed=i))
             seconds[on] += span.wall_s
-    table = _bench.Table(f"{args.sessions} sessions x {args.turns} calls per mode ({args.engine}, temperature "
-                         f"{args.temperature:g}, at most {args.max_tokens} tokens a call)",
-                         ["prompt", "samples", "not one sequence", ("share", ".3f"), "calls not extending",
-                          "fallbacks (counted)", ("s per session", ".1f")])
+    table = _bench.Table(
+        f"{args.sessions} sessions x {args.turns} calls per mode ({args.engine}, temperature "
+        f"{args.temperature:g}, at most {args.max_tokens} tokens a call)",
+        [
+            "prompt",
+            "samples",
+            "not one sequence",
+            ("share", ".3f"),
+            "calls not extending",
+            "fallbacks (counted)",
+            ("s per session", ".1f"),
+        ],
+    )
     for label, on in MODES:
         samples = results[on]
         broken = sum(1 for s in samples if not all(s))
         fallbacks = policies[on].sessions.counts["fallback"] if policies[on].sessions is not None else "-"
-        table.add(label, len(samples), broken, broken / len(samples) if samples else 0.0,
-                  sum(len(s) - sum(s) for s in samples), fallbacks, seconds[on] / max(len(samples), 1))
-        report.value(f"share_not_one_sequence_{'after' if on else 'before'}",
-                     broken / len(samples) if samples else 0.0)
+        table.add(
+            label,
+            len(samples),
+            broken,
+            broken / len(samples) if samples else 0.0,
+            sum(len(s) - sum(s) for s in samples),
+            fallbacks,
+            seconds[on] / max(len(samples), 1),
+        )
+        report.value(
+            f"share_not_one_sequence_{'after' if on else 'before'}", broken / len(samples) if samples else 0.0
+        )
     report.table(table)
     report.finish()
     return 0

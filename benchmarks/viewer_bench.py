@@ -36,26 +36,83 @@ def build(db: Path, sessions: int, steps: int) -> None:
     rows = []
     for i in range(sessions):
         ev = "error" if i % 97 == 0 else "scored"
-        rows.append((f"s{i:07d}", "big", ("gsm8k", "workspace")[i % 2], f"c{i // 8}", "m", f"g{i // 8}", i % 4,
-                     json.dumps({"dataset": {"q": f"question {i}", "answer": str(i)}}), 4, "succeeded", 1,
-                     None if ev == "error" else float(i % 11), ev, "boom" if ev == "error" else f"expected {i}, got 0",
-                     None, None, None, 1.5 + i % 7, 1, now, now, now))
-    con.executemany("INSERT INTO job_environments (env_id, job_id, env_name, case_id, llm_model, group_id, "
-                    "sample_index, env_params, max_steps, status, attempts, reward, eval_status, eval_reason, "
-                    "eval_detail, result, error_text, duration_s, finished, created_at, started_at, finished_at) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        rows.append(
+            (
+                f"s{i:07d}",
+                "big",
+                ("gsm8k", "workspace")[i % 2],
+                f"c{i // 8}",
+                "m",
+                f"g{i // 8}",
+                i % 4,
+                json.dumps({"dataset": {"q": f"question {i}", "answer": str(i)}}),
+                4,
+                "succeeded",
+                1,
+                None if ev == "error" else float(i % 11),
+                ev,
+                "boom" if ev == "error" else f"expected {i}, got 0",
+                None,
+                None,
+                None,
+                1.5 + i % 7,
+                1,
+                now,
+                now,
+                now,
+            )
+        )
+    con.executemany(
+        "INSERT INTO job_environments (env_id, job_id, env_name, case_id, llm_model, group_id, "
+        "sample_index, env_params, max_steps, status, attempts, reward, eval_status, eval_reason, "
+        "eval_detail, result, error_text, duration_s, finished, created_at, started_at, finished_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
     msg = json.dumps([{"role": "user", "content": "question"}])
-    resp = json.dumps({"choices": [{"message": {"role": "assistant", "content": "0"}, "finish_reason": "stop"}]})
-    step_rows = [(f"r{i}-{k}", f"s{i:07d}", k, k, ("gsm8k", "workspace")[i % 2], "m", f"g{i // 8}", "big",
-                  "chat.completions", 0, "ok", 200, msg, "{}", resp, "stop", 50, 5, 55, 12.0, None, k == steps, 0, k == steps,
-                  1, now)
-                 for i in range(sessions) for k in range(1, steps + 1)]
-    con.executemany("INSERT INTO session_steps (record_id, session_id, seq, step_id, env_name, llm_model, group_id, "
-                    "job_id, endpoint, is_stream, status, status_code, messages, request, response, finish_reason, "
-                    "prompt_tokens, completion_tokens, total_tokens, latency_ms, ttft_ms, is_terminal, "
-                    "is_truncated, is_session_completed, is_trainable, created_at) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    step_rows)
+    resp = json.dumps(
+        {"choices": [{"message": {"role": "assistant", "content": "0"}, "finish_reason": "stop"}]}
+    )
+    step_rows = [
+        (
+            f"r{i}-{k}",
+            f"s{i:07d}",
+            k,
+            k,
+            ("gsm8k", "workspace")[i % 2],
+            "m",
+            f"g{i // 8}",
+            "big",
+            "chat.completions",
+            0,
+            "ok",
+            200,
+            msg,
+            "{}",
+            resp,
+            "stop",
+            50,
+            5,
+            55,
+            12.0,
+            None,
+            k == steps,
+            0,
+            k == steps,
+            1,
+            now,
+        )
+        for i in range(sessions)
+        for k in range(1, steps + 1)
+    ]
+    con.executemany(
+        "INSERT INTO session_steps (record_id, session_id, seq, step_id, env_name, llm_model, group_id, "
+        "job_id, endpoint, is_stream, status, status_code, messages, request, response, finish_reason, "
+        "prompt_tokens, completion_tokens, total_tokens, latency_ms, ttft_ms, is_terminal, "
+        "is_truncated, is_session_completed, is_trainable, created_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        step_rows,
+    )
     con.commit()
     con.close()
 
@@ -117,10 +174,17 @@ async def main() -> int:
         await engine.dispose()
         after = await time_pages(db, args.repeat)
     report.line(f"indexes {', '.join(made)} built in {indexing.wall_s:.2f} s")
-    table = _bench.Table(f"viewer pages, {args.sessions} sessions x {args.steps} steps (ms; first: the first "
-                         "request, the job's summary not cached yet; again: best of the others)",
-                         ["page", ("no index, first", ".1f"), ("indexed, first", ".1f"), ("ratio", ".2f"),
-                          ("indexed, again", ".1f")])
+    table = _bench.Table(
+        f"viewer pages, {args.sessions} sessions x {args.steps} steps (ms; first: the first "
+        "request, the job's summary not cached yet; again: best of the others)",
+        [
+            "page",
+            ("no index, first", ".1f"),
+            ("indexed, first", ".1f"),
+            ("ratio", ".2f"),
+            ("indexed, again", ".1f"),
+        ],
+    )
     for name in PAGES:
         b, a = before[name][0], after[name][0]
         table.add(name, b, a, _bench.ratio(b, a), after[name][1])

@@ -53,8 +53,11 @@ AUTO_SYSTEM_PROMPT = (
     "available. Inspect the files, compute the answer, and write it as JSON to the file the task names. "
     f"When the file is written, reply with a short final message and no command, or run `echo {SUBMIT_SENTINEL}`."
 )
-SYSTEM_PROMPTS: dict[Protocol, str] = {"tools": TOOLS_SYSTEM_PROMPT, "text": TEXT_SYSTEM_PROMPT,
-                                       "auto": AUTO_SYSTEM_PROMPT}
+SYSTEM_PROMPTS: dict[Protocol, str] = {
+    "tools": TOOLS_SYSTEM_PROMPT,
+    "text": TEXT_SYSTEM_PROMPT,
+    "auto": AUTO_SYSTEM_PROMPT,
+}
 
 StopReason = Literal["answered", "submitted", "budget", "gateway_stop", "length", "error"]
 
@@ -130,7 +133,9 @@ def run_tool_call(name: str | None, arguments: Any, cwd: str, params: LoopParams
         try:
             arguments = json.loads(arguments)
         except ValueError as exc:
-            return f'error: tool arguments are not valid JSON ({exc}); expected {{"command": "<bash command>"}}'
+            return (
+                f'error: tool arguments are not valid JSON ({exc}); expected {{"command": "<bash command>"}}'
+            )
     if not isinstance(arguments, dict) or not isinstance(arguments.get("command"), str):
         return 'error: tool arguments must be a JSON object {"command": "<bash command>"}'
     return _run(arguments["command"], cwd, params)
@@ -169,12 +174,22 @@ def observation(result: BashResult | str, timeout_s: float) -> str:
 def format_error(n_blocks: int) -> str:
     """The user message that answers a reply with zero or several fenced blocks."""
     found = "no ```bash block" if n_blocks == 0 else f"{n_blocks} ```bash blocks"
-    return (f"Format error: your reply had {found}. Reply with exactly one ```bash block holding one command. "
-            f"When the task is done, reply with:\n```bash\necho {SUBMIT_SENTINEL}\n```")
+    return (
+        f"Format error: your reply had {found}. Reply with exactly one ```bash block holding one command. "
+        f"When the task is done, reply with:\n```bash\necho {SUBMIT_SENTINEL}\n```"
+    )
 
 
-def run_agent(client: openai.OpenAI, *, model: str, instruction: str, cwd: str, params: LoopParams,
-              max_steps: int = -1, temperature: float | None = None) -> LoopOutcome:
+def run_agent(
+    client: openai.OpenAI,
+    *,
+    model: str,
+    instruction: str,
+    cwd: str,
+    params: LoopParams,
+    max_steps: int = -1,
+    temperature: float | None = None,
+) -> LoopOutcome:
     """Drive the conversation in ``cwd`` until the model finishes, ``max_steps`` model calls were
     made (-1: ``params.turn_cap``), the gateway sends its budget stop, or the API fails (the
     error is in the outcome, never raised).
@@ -198,8 +213,9 @@ def run_agent(client: openai.OpenAI, *, model: str, instruction: str, cwd: str, 
             out.stop_reason, out.truncated = "budget", True
             return out
         try:
-            completion, gateway_stop = chat_completion(client, model=model, messages=messages,
-                                                       max_tokens=params.max_tokens, **extra)
+            completion, gateway_stop = chat_completion(
+                client, model=model, messages=messages, max_tokens=params.max_tokens, **extra
+            )
         except openai.APIError as exc:
             out.stop_reason, out.error = "error", f"{type(exc).__name__}: {exc}"
             out.error_class = infra_error_class(exc)
@@ -214,8 +230,13 @@ def run_agent(client: openai.OpenAI, *, model: str, instruction: str, cwd: str, 
         choice = completion.choices[0]
         content = choice.message.content
         logger.debug("step %d reply: %r", out.steps, content)
-        calls = ([] if params.protocol == "text" else
-                 [_tool_call_parts(c, out.tool_calls + i) for i, c in enumerate(choice.message.tool_calls or [])])
+        calls = (
+            []
+            if params.protocol == "text"
+            else [
+                _tool_call_parts(c, out.tool_calls + i) for i, c in enumerate(choice.message.tool_calls or [])
+            ]
+        )
         messages.append(_assistant_message(content, calls))
         if calls:
             for call_id, name, arguments in calls:
@@ -283,11 +304,11 @@ def _status(result: BashResult | str) -> str:
 
 # ---- CLI -------------------------------------------------------------------------------------
 
-EXIT_FINISHED = 0       # the model finished
-EXIT_NOT_FINISHED = 1   # step budget used, gateway budget stop, or reply cut at max_tokens
-EXIT_UNAVAILABLE = 2    # the gateway or the model server was unavailable
-EXIT_API_ERROR = 3      # any other API error (e.g. a 400 or 401)
-EXIT_USAGE = 64         # bad flags, unreadable instruction file, OPENAI_BASE_URL unset
+EXIT_FINISHED = 0  # the model finished
+EXIT_NOT_FINISHED = 1  # step budget used, gateway budget stop, or reply cut at max_tokens
+EXIT_UNAVAILABLE = 2  # the gateway or the model server was unavailable
+EXIT_API_ERROR = 3  # any other API error (e.g. a 400 or 401)
+EXIT_USAGE = 64  # bad flags, unreadable instruction file, OPENAI_BASE_URL unset
 
 
 class _Parser(argparse.ArgumentParser):
@@ -298,14 +319,20 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's flags (see the module docstring and docs/bash-agent.md)."""
-    ap = _Parser(prog="python -m env.bash_agent",
-                 description="Run the bash agent in the current directory against OPENAI_BASE_URL.")
+    ap = _Parser(
+        prog="python -m env.bash_agent",
+        description="Run the bash agent in the current directory against OPENAI_BASE_URL.",
+    )
     ap.add_argument("--model", required=True, help="the model (a gateway route key)")
     ap.add_argument("--instruction-file", required=True, type=Path, help="the task, as text")
     ap.add_argument("--max-steps", type=int, default=-1, help="model calls allowed (-1: up to --turn-cap)")
-    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the server's)")
+    ap.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (default: the server's)"
+    )
     ap.add_argument("--max-tokens", type=int, default=512, help="tokens per completion (default 512)")
-    ap.add_argument("--protocol", choices=PROTOCOLS, default="auto", help="how the model runs commands (default auto)")
+    ap.add_argument(
+        "--protocol", choices=PROTOCOLS, default="auto", help="how the model runs commands (default auto)"
+    )
     ap.add_argument("--bash-timeout", type=float, default=20.0, help="seconds per command (default 20)")
     ap.add_argument("--output-limit", type=int, default=8000, help="characters of output kept per command")
     ap.add_argument("--turn-cap", type=int, default=50, help="model calls allowed when --max-steps is -1")
@@ -324,24 +351,45 @@ def main(argv: list[str] | None = None) -> int:
     ``LoopOutcome`` fields plus ``finished`` and ``protocol``."""
     args = build_parser().parse_args(argv)
     level = os.environ.get("ROLLOUT_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(stream=sys.stderr, level=level if level in logging.getLevelNamesMapping() else "INFO",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level if level in logging.getLevelNamesMapping() else "INFO",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     base_url = os.environ.get("OPENAI_BASE_URL")
     if not base_url:
-        print("error: OPENAI_BASE_URL is not set (the session URL, e.g. http://127.0.0.1:41800/v1/sessions/<sid>)",
-              file=sys.stderr)
+        print(
+            "error: OPENAI_BASE_URL is not set (the session URL, e.g. http://127.0.0.1:41800/v1/sessions/<sid>)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         instruction = args.instruction_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         print(f"error: cannot read --instruction-file {args.instruction_file}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    params = LoopParams(protocol=args.protocol, bash_timeout_s=args.bash_timeout,
-                        output_limit_chars=args.output_limit, max_tokens=args.max_tokens, turn_cap=args.turn_cap)
-    client = openai.OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY,
-                           max_retries=2, timeout=600.0)
-    outcome = run_agent(client, model=args.model, instruction=instruction, cwd=os.getcwd(), params=params,
-                        max_steps=args.max_steps, temperature=args.temperature)
+    params = LoopParams(
+        protocol=args.protocol,
+        bash_timeout_s=args.bash_timeout,
+        output_limit_chars=args.output_limit,
+        max_tokens=args.max_tokens,
+        turn_cap=args.turn_cap,
+    )
+    client = openai.OpenAI(
+        base_url=base_url,
+        api_key=os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY,
+        max_retries=2,
+        timeout=600.0,
+    )
+    outcome = run_agent(
+        client,
+        model=args.model,
+        instruction=instruction,
+        cwd=os.getcwd(),
+        params=params,
+        max_steps=args.max_steps,
+        temperature=args.temperature,
+    )
     summary = {**asdict(outcome), "finished": outcome.finished, "protocol": params.protocol}
     print(json.dumps(summary), flush=True)
     return exit_code(outcome)

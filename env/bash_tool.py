@@ -35,7 +35,9 @@ class BashResult:
 
     def render(self, timeout_s: float) -> str:
         """The text given back to the model as the tool message content."""
-        status = f"timed out after {timeout_s:g}s (killed)" if self.timed_out else f"exit code {self.exit_code}"
+        status = (
+            f"timed out after {timeout_s:g}s (killed)" if self.timed_out else f"exit code {self.exit_code}"
+        )
         return f"[{status}]\n{self.output}"
 
 
@@ -47,7 +49,7 @@ def truncate_output(text: str, limit: int) -> str:
     head = limit // 2
     tail = limit - head
     dropped = len(text) - head - tail
-    return f"{text[:head]}\n[... {dropped} characters truncated ...]\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n[... {dropped} characters truncated ...]\n{text[len(text) - tail :]}"
 
 
 _STARTUP_FILES = ("BASH_ENV", "ENV")

@@ -32,7 +32,9 @@ def read_start_request(stream: TextIO | None = None) -> SimulationStartRequest:
     return model_from_json(SimulationStartRequest, text)
 
 
-def openai_client(req: SimulationStartRequest, max_retries: int = 2, timeout_s: float = 600.0) -> openai.OpenAI:
+def openai_client(
+    req: SimulationStartRequest, max_retries: int = 2, timeout_s: float = 600.0
+) -> openai.OpenAI:
     """An ``openai.OpenAI`` client on the session URL ``req.gateway_base_url``, its key from
     ``OPENAI_API_KEY`` (default ``sk-rollout``: the gateway holds the real keys)."""
     return openai.OpenAI(

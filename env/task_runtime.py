@@ -46,18 +46,36 @@ def main(req: SimulationStartRequest) -> SimulationStartResult:
     workspace = Path.cwd()
     params = LoopParams.from_env_params(req.env_params)
     default_t = req.env_params.get("temperature")
-    temperature = req.temperature if req.temperature is not None else None if default_t is None else float(default_t)
-    outcome = run_agent(openai_client(req), model=req.model, instruction=str(req.env_params["dataset"]["instruction"]),
-                        cwd=str(workspace), params=params, max_steps=req.max_steps, temperature=temperature)
+    temperature = (
+        req.temperature if req.temperature is not None else None if default_t is None else float(default_t)
+    )
+    outcome = run_agent(
+        openai_client(req),
+        model=req.model,
+        instruction=str(req.env_params["dataset"]["instruction"]),
+        cwd=str(workspace),
+        params=params,
+        max_steps=req.max_steps,
+        temperature=temperature,
+    )
     expects_answer = req.env_params.get("answer_file", True) is not False
     answer_error = check_answer(workspace) if expects_answer else None
     failed = answer_error is not None or (not expects_answer and outcome.error is not None)
-    logger.info("session %s: %s after %d steps, answer: %s", req.session_id, outcome.stop_reason,
-                outcome.steps, answer_error or "present")
+    logger.info(
+        "session %s: %s after %d steps, answer: %s",
+        req.session_id,
+        outcome.stop_reason,
+        outcome.steps,
+        answer_error or "present",
+    )
     errors = [e for e in (outcome.error, answer_error) if e]
     return SimulationStartResult(
         session_id=req.session_id,
-        status="failed" if failed else "truncated" if not expects_answer and outcome.truncated else "succeeded",
+        status="failed"
+        if failed
+        else "truncated"
+        if not expects_answer and outcome.truncated
+        else "succeeded",
         step_count=outcome.steps,
         terminated=outcome.finished,
         truncated=outcome.truncated,

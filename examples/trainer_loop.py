@@ -45,10 +45,13 @@ def load_state(path: Path) -> dict[str, Any]:
         state = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise StateError(f"cannot read --state {path}: {e}") from None
-    if not isinstance(state, dict) or any(isinstance(state.get(k), bool) or not isinstance(state.get(k), types)
-                                          for k, types in STATE_KEYS.items()):
-        raise StateError(f"--state {path} does not hold a trainer state (a JSON object with "
-                         f"{', '.join(STATE_KEYS)})")
+    if not isinstance(state, dict) or any(
+        isinstance(state.get(k), bool) or not isinstance(state.get(k), types)
+        for k, types in STATE_KEYS.items()
+    ):
+        raise StateError(
+            f"--state {path} does not hold a trainer state (a JSON object with {', '.join(STATE_KEYS)})"
+        )
     return dict(state)
 
 
@@ -70,8 +73,16 @@ def sample_loss(s: FeedSample) -> dict[str, Any]:
     known = bool(model_lp) and all(lp is not None for lp in model_lp)
     lp_sum = sum(lp for lp in model_lp if lp is not None) if known else None
     loss = -s.advantage * lp_sum if (s.advantage is not None and lp_sum is not None) else None
-    return {"session_id": s.session_id, "score": s.score, "valid": s.valid, "invalid_reason": s.invalid_reason,
-            "advantage": s.advantage, "model_tokens": len(model_lp), "logprob_sum": lp_sum, "loss_term": loss}
+    return {
+        "session_id": s.session_id,
+        "score": s.score,
+        "valid": s.valid,
+        "invalid_reason": s.invalid_reason,
+        "advantage": s.advantage,
+        "model_tokens": len(model_lp),
+        "logprob_sum": lp_sum,
+        "loss_term": loss,
+    }
 
 
 def group_loss(g: FeedGroupOut) -> dict[str, Any]:
@@ -79,9 +90,18 @@ def group_loss(g: FeedGroupOut) -> dict[str, Any]:
     (over valid samples with known logprobs; None when there is none, or the group is flagged)."""
     samples = [sample_loss(s) for s in g.samples]
     terms = [x["loss_term"] for x in samples if x["valid"] and x["loss_term"] is not None]
-    return {"cursor": g.cursor, "group_id": g.group_id, "env": g.env, "case_id": g.case_id, "model": g.model,
-            "trainable": g.trainable, "flags": g.flags, "mean_score": g.mean_score, "samples": samples,
-            "loss": (sum(terms) / len(terms)) if (g.trainable and terms) else None}
+    return {
+        "cursor": g.cursor,
+        "group_id": g.group_id,
+        "env": g.env,
+        "case_id": g.case_id,
+        "model": g.model,
+        "trainable": g.trainable,
+        "flags": g.flags,
+        "mean_score": g.mean_score,
+        "samples": samples,
+        "loss": (sum(terms) / len(terms)) if (g.trainable and terms) else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feed-url", required=True, help="the feed service, e.g. http://127.0.0.1:8766")
     ap.add_argument("--job-id", required=True)
     ap.add_argument("--state", type=Path, required=True, help="trainer state file (cursor + totals)")
-    ap.add_argument("--min-valid", type=int_at_least(1), help="valid samples a group needs (default: the feed's)")
-    ap.add_argument("--wait-s", type=finite_float(low=0), default=30.0, help="long-poll wait per request (default 30)")
+    ap.add_argument(
+        "--min-valid", type=int_at_least(1), help="valid samples a group needs (default: the feed's)"
+    )
+    ap.add_argument(
+        "--wait-s", type=finite_float(low=0), default=30.0, help="long-poll wait per request (default 30)"
+    )
     args = ap.parse_args(argv)
     try:
         return run(args)
@@ -107,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
     state = load_state(args.state)
     print(json.dumps({"event": "start", "job_id": args.job_id, "after": state["cursor"]}), flush=True)
     with FeedClient(args.feed_url) as client:
-        for group in client.groups(args.job_id, after=state["cursor"], wait_s=args.wait_s,
-                                   min_valid=args.min_valid, view="tokens"):
+        for group in client.groups(
+            args.job_id, after=state["cursor"], wait_s=args.wait_s, min_valid=args.min_valid, view="tokens"
+        ):
             line = group_loss(group)
             print(json.dumps(line), flush=True)
             state["cursor"] = group.cursor

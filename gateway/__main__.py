@@ -32,19 +32,29 @@ async def _check_store(settings: GatewaySettings) -> None:
 def uvicorn_config(settings: GatewaySettings) -> uvicorn.Config:
     """The uvicorn config serving the gateway app of ``settings``, with its request-head and
     keep-alive timeouts (:mod:`gateway.http_edge`)."""
-    return server_config(create_app(settings), head_timeout_s=settings.request_head_timeout_s,
-                         keep_alive_s=settings.keep_alive_timeout_s, log_level=settings.log_level,
-                         access_log=False, timeout_graceful_shutdown=10)
+    return server_config(
+        create_app(settings),
+        head_timeout_s=settings.request_head_timeout_s,
+        keep_alive_s=settings.keep_alive_timeout_s,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, load the config, serve until interrupted."""
-    ap = argparse.ArgumentParser(prog="python -m gateway", description="Session gateway: records every model call.")
+    ap = argparse.ArgumentParser(
+        prog="python -m gateway", description="Session gateway: records every model call."
+    )
     ap.add_argument("--config", default="configs/gateway.yaml", help="gateway YAML (default: %(default)s)")
     ap.add_argument("--host", help="override listen_host")
     ap.add_argument("--port", type=int, help="override listen_port (0..65535; 0: any free port)")
-    ap.add_argument("--db-url", help="override storage_config.db_url, e.g. env_trajs.db, sqlite://env_trajs.db or "
-                    "postgresql://user:pw@host/db")
+    ap.add_argument(
+        "--db-url",
+        help="override storage_config.db_url, e.g. env_trajs.db, sqlite://env_trajs.db or "
+        "postgresql://user:pw@host/db",
+    )
     args = ap.parse_args(argv)
     try:
         settings = load_settings(args.config, host=args.host, port=args.port, db_url=args.db_url)
@@ -52,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(e).splitlines():  # one line per problem
             print(f"error: {line}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     host, port = settings.listen_host, settings.listen_port
     try:  # bound before the app starts: a gateway that cannot listen must not touch the store
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)

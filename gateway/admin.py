@@ -87,8 +87,12 @@ class PolicyControl:
 
     def state(self) -> dict[str, Any]:
         """``{"policy_version", "paused", "in_flight", "waiting"}``."""
-        return {"policy_version": self.version, "paused": self.paused, "in_flight": self.in_flight,
-                "waiting": self.waiting}
+        return {
+            "policy_version": self.version,
+            "paused": self.paused,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+        }
 
 
 class PolicyVersionRequest(BaseModel):
@@ -105,8 +109,9 @@ class PauseRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float = Field(default=DEFAULT_PAUSE_TIMEOUT_S, ge=0, le=MAX_PAUSE_TIMEOUT_S, strict=True,
-                             allow_inf_nan=False)
+    timeout_s: float = Field(
+        default=DEFAULT_PAUSE_TIMEOUT_S, ge=0, le=MAX_PAUSE_TIMEOUT_S, strict=True, allow_inf_nan=False
+    )
 
 
 class ResumeRequest(BaseModel):
@@ -121,8 +126,9 @@ def _control(request: Request) -> PolicyControl:
 
 
 async def _body(request: Request, model: type[BaseModel], *, optional: bool) -> Any:
-    return parse_body(await read_control_body(request), model, f"invalid {request.url.path} body",
-                      optional=optional)
+    return parse_body(
+        await read_control_body(request), model, f"invalid {request.url.path} body", optional=optional
+    )
 
 
 async def get_policy_version(request: Request) -> dict[str, Any]:

@@ -29,8 +29,11 @@ class AddWorker(BaseModel):
 
 def _pool_answer(gw: GatewayState, route: str) -> dict[str, object]:
     pool = gw.upstream.pools[route]
-    return {"route": route, "pooled": gw.upstream.pooled(route),
-            "workers": [w.as_json() for w in pool.workers.values()]}
+    return {
+        "route": route,
+        "pooled": gw.upstream.pooled(route),
+        "workers": [w.as_json() for w in pool.workers.values()],
+    }
 
 
 def _route(request: Request, route: str) -> GatewayState:
@@ -38,8 +41,12 @@ def _route(request: Request, route: str) -> GatewayState:
     if route not in gw.settings.llm_routes:
         raise GatewayError(404, f"no route {route!r}", code="route_not_found", param="route")
     if gw.settings.llm_routes[route].per_session:
-        raise GatewayError(400, f"route {route!r} has a per-session base_url; it cannot have a pool of workers",
-                           code="route_not_pooled", param="route")
+        raise GatewayError(
+            400,
+            f"route {route!r} has a per-session base_url; it cannot have a pool of workers",
+            code="route_not_pooled",
+            param="route",
+        )
     return gw
 
 
@@ -64,8 +71,12 @@ async def remove_worker(route: str, base_url: str, request: Request) -> dict[str
     try:
         gw.upstream.pools[route].remove(base_url.rstrip("/"))
     except KeyError:
-        raise GatewayError(404, f"route {route!r} has no worker {redact_url(base_url)!r}", code="worker_not_found",
-                           param="base_url") from None
+        raise GatewayError(
+            404,
+            f"route {route!r} has no worker {redact_url(base_url)!r}",
+            code="worker_not_found",
+            param="base_url",
+        ) from None
     except ValueError as e:
         raise GatewayError(409, str(e), code="last_worker") from None
     return _pool_answer(gw, route)

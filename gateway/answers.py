@@ -32,7 +32,9 @@ RAW_BODY_LIMIT = 65536  # bytes of a body that is not JSON kept in the step
 
 def gone_body(proto: WireProtocol, message: str) -> dict[str, Any]:
     """The 499 error body of a client that left, in the protocol's error shape."""
-    return proto.client_error(499, error_body(499, message, code="client_disconnected", type_="client_disconnected"))
+    return proto.client_error(
+        499, error_body(499, message, code="client_disconnected", type_="client_disconnected")
+    )
 
 
 def gone(proto: WireProtocol, message: str) -> StrictJSONResponse:
@@ -71,18 +73,34 @@ def client_left(call: Call, *, backing_off: bool) -> tuple[CallEnd, Response]:
         refund = last is None or last in NOT_PROCESSED_STATUS
     else:
         phase = Phase.FIRST_BYTE if call.upstream_status is None else Phase.BODY
-    body = gone_body(call.proto, f"the client closed the connection after {time.perf_counter() - call.t0:.3f} s, "
-                                 f"before the upstream {call.route_key} answered; the upstream request was cancelled")
-    end = CallEnd(StepStatus.CLIENT_DISCONNECTED, call.upstream_status, body, answered=499,
-                      meta={"phase": phase.value}, refund=refund, wait=False)
+    body = gone_body(
+        call.proto,
+        f"the client closed the connection after {time.perf_counter() - call.t0:.3f} s, "
+        f"before the upstream {call.route_key} answered; the upstream request was cancelled",
+    )
+    end = CallEnd(
+        StepStatus.CLIENT_DISCONNECTED,
+        call.upstream_status,
+        body,
+        answered=499,
+        meta={"phase": phase.value},
+        refund=refund,
+        wait=False,
+    )
     return end, StrictJSONResponse(body, status_code=499)
 
 
 def failed(call: Call, f: UpstreamFailed) -> tuple[CallEnd, Response]:
     """No usable upstream answer (unreachable, broken, timed out): the gateway's 502/504."""
     body = call.proto.client_error(f.status, f.error)
-    end = CallEnd(f.step_status, f.status, body, answered=f.status,
-                      meta={"phase": f.phase.value, "error": f.error["error"]}, refund=before_model(f))
+    end = CallEnd(
+        f.step_status,
+        f.status,
+        body,
+        answered=f.status,
+        meta={"phase": f.phase.value, "error": f.error["error"]},
+        refund=before_model(f),
+    )
     return end, StrictJSONResponse(body, status_code=f.status)
 
 
@@ -90,8 +108,14 @@ def unclaimed(call: Call, status: int, content: bytes) -> CallEnd:
     """A detached call's answer that no retry came for: kept, as ``client_disconnected``."""
     answer, replaced = parse_answer(call.proto, content)
     response = answer if answer is not None else {"raw_body": _raw_text(content)}
-    return CallEnd(StepStatus.CLIENT_DISCONNECTED, status, response, answered=499,
-                   meta={"phase": Phase.DETACHED.value, **_non_finite(replaced)}, wait=False)
+    return CallEnd(
+        StepStatus.CLIENT_DISCONNECTED,
+        status,
+        response,
+        answered=499,
+        meta={"phase": Phase.DETACHED.value, **_non_finite(replaced)},
+        wait=False,
+    )
 
 
 def plain(call: Call, status: int, up_headers: Mapping[str, str], content: bytes) -> tuple[CallEnd, Response]:
@@ -121,27 +145,46 @@ def plain(call: Call, status: int, up_headers: Mapping[str, str], content: bytes
     if ok and not call.proto.is_answer(parsed):
         return _invalid(call, status, up_headers, content, recorded)
     step_status = call.proto.answer_status(parsed) if ok else StepStatus.ERROR
-    meta = _non_finite(replaced) if step_status == StepStatus.OK else {"error": _error_text(parsed, content),
-                                                                       **_non_finite(replaced)}
+    meta = (
+        _non_finite(replaced)
+        if step_status == StepStatus.OK
+        else {"error": _error_text(parsed, content), **_non_finite(replaced)}
+    )
     headers = relayed_headers(up_headers)
     media = up_headers.get("Content-Type", "application/json")
     replay = Replay(status, headers, content, media) if step_status == StepStatus.OK else None
-    end = CallEnd(step_status, status, recorded, answered=status, meta=meta,
-                      refund=status in NOT_PROCESSED_STATUS, replay=replay)
+    end = CallEnd(
+        step_status,
+        status,
+        recorded,
+        answered=status,
+        meta=meta,
+        refund=status in NOT_PROCESSED_STATUS,
+        replay=replay,
+    )
     return end, Response(content=content, status_code=status, headers=headers, media_type=media)
 
 
-def synthesized(call: Call, up_headers: Mapping[str, str], answer: dict[str, Any],
-                replaced: int = 0) -> tuple[CallEnd, Response]:
+def synthesized(
+    call: Call, up_headers: Mapping[str, str], answer: dict[str, Any], replaced: int = 0
+) -> tuple[CallEnd, Response]:
     """A streaming client answered from a finished answer (a route that cannot stream, or an
     upstream that answered JSON): the answer re-told as a short stream of the protocol."""
     step_status = call.proto.answer_status(answer)
     headers = {**SSE_HEADERS, **relayed_headers(up_headers)}
     shown = strip_answer(answer, call.capture_added) if call.capture_added else None
     chunks = call.proto.to_stream(answer if shown is None else shown, call.req)
-    replay = Replay(200, headers, b"".join(chunks), "text/event-stream") if step_status == StepStatus.OK else None
-    end = CallEnd(step_status, 200, answer, answered=200,
-                      meta={"stream_synthesized": True, **_non_finite(replaced)}, replay=replay)
+    replay = (
+        Replay(200, headers, b"".join(chunks), "text/event-stream") if step_status == StepStatus.OK else None
+    )
+    end = CallEnd(
+        step_status,
+        200,
+        answer,
+        answered=200,
+        meta={"stream_synthesized": True, **_non_finite(replaced)},
+        replay=replay,
+    )
     return end, StreamingResponse(_iter(chunks), media_type="text/event-stream", headers=headers)
 
 
@@ -150,26 +193,38 @@ def synthetic_stop(call: Call) -> tuple[CallEnd, Response]:
     step; the session's state (now truncated) is persisted."""
     call.gw.metrics.synthetic_stops.inc()
     if call.gw.rejections is not None:
-        call.gw.rejections.note(method="POST", path=call.proto.endpoint, status=200, reason="max_steps",
-                                message="the session's step budget is used: synthetic stop",
-                                session_id=call.session_id, route=call.route_key)
+        call.gw.rejections.note(
+            method="POST",
+            path=call.proto.endpoint,
+            status=200,
+            reason="max_steps",
+            message="the session's step budget is used: synthetic stop",
+            session_id=call.session_id,
+            route=call.route_key,
+        )
     answer = call.proto.stop_answer(call.route_key, call.req)
     end = CallEnd(None, 200, None, answered=200)
     if call.stream:
-        return end, StreamingResponse(_iter(call.proto.to_stream(answer, call.req)),
-                                          media_type="text/event-stream", headers=STOP_HEADER)
+        return end, StreamingResponse(
+            _iter(call.proto.to_stream(answer, call.req)), media_type="text/event-stream", headers=STOP_HEADER
+        )
     return end, StrictJSONResponse(answer, headers=STOP_HEADER)
 
 
-def _invalid(call: Call, status: int, up_headers: Mapping[str, str], content: bytes,
-             recorded: Any) -> tuple[CallEnd, Response]:
+def _invalid(
+    call: Call, status: int, up_headers: Mapping[str, str], content: bytes, recorded: Any
+) -> tuple[CallEnd, Response]:
     ctype = up_headers.get("Content-Type") or "no content type"
     head = content[:200].decode("utf-8", "replace")
-    err = error_body(502, f"upstream {call.route_key} answered HTTP {status} with a body that is not a JSON "
-                          f"{call.proto.answer_name} ({ctype}, {len(content)} bytes): {head!r}",
-                     code="upstream_invalid_response")
-    end = CallEnd(StepStatus.ERROR, 502, recorded, answered=502,
-                      meta={"error": err["error"], "upstream_status": status})
+    err = error_body(
+        502,
+        f"upstream {call.route_key} answered HTTP {status} with a body that is not a JSON "
+        f"{call.proto.answer_name} ({ctype}, {len(content)} bytes): {head!r}",
+        code="upstream_invalid_response",
+    )
+    end = CallEnd(
+        StepStatus.ERROR, 502, recorded, answered=502, meta={"error": err["error"], "upstream_status": status}
+    )
     return end, StrictJSONResponse(call.proto.client_error(502, err), status_code=502)
 
 

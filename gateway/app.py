@@ -70,8 +70,9 @@ def _refuse_host(scope: Scope, message: str) -> Response:
     gw = getattr(getattr(scope.get("app"), "state", None), "gw", None)
     if gw is not None:
         gw.metrics.error_responses.labels("400", "host_not_allowed").inc()
-        gw.rejections.note(method=str(scope.get("method")), path=path, status=400, reason="host_not_allowed",
-                           message=message)
+        gw.rejections.note(
+            method=str(scope.get("method")), path=path, status=400, reason="host_not_allowed", message=message
+        )
     return JSONResponse(shaped(path, 400, error_body(400, message, code="host_not_allowed")), status_code=400)
 
 
@@ -87,25 +88,47 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         tel = settings.telemetry
         shared = settings.sessions_shared
         sessions = (SharedSessionManager if shared else SessionManager)(store, settings.max_steps)
-        writer = TelemetryWriter(store, metrics, strict=tel.mode == "strict", batch_max=tel.batch_max,
-                                 queue_max=tel.queue_max, release_in_flight=shared,
-                                 on_lost=sessions.lost if isinstance(sessions, SharedSessionManager) else None,
-                                 on_unrecorded=sessions.note_unrecorded)
+        writer = TelemetryWriter(
+            store,
+            metrics,
+            strict=tel.mode == "strict",
+            batch_max=tel.batch_max,
+            queue_max=tel.queue_max,
+            release_in_flight=shared,
+            on_lost=sessions.lost if isinstance(sessions, SharedSessionManager) else None,
+            on_unrecorded=sessions.note_unrecorded,
+        )
         upstream = UpstreamClient(settings.llm_routes)
         await upstream.start()
         writer.start()
         request_log = RequestLog(settings.request_log) if settings.request_log.enabled else None
         if request_log is not None:
             request_log.start()
-        app.state.gw = GatewayState(settings, store, sessions, upstream, writer, metrics, request_log,
-                                    RejectedCalls(settings.base_session_path, request_log))
+        app.state.gw = GatewayState(
+            settings,
+            store,
+            sessions,
+            upstream,
+            writer,
+            metrics,
+            request_log,
+            RejectedCalls(settings.base_session_path, request_log),
+        )
         if shared:  # other gateways may be serving the sessions left active
-            log.info("gateway ready: storage=%s routes=%s; sessions shared with other gateways",
-                     store.identity(), ",".join(settings.llm_routes))
+            log.info(
+                "gateway ready: storage=%s routes=%s; sessions shared with other gateways",
+                store.identity(),
+                ",".join(settings.llm_routes),
+            )
         else:
             interrupted = await store.mark_interrupted()  # left active by an earlier gateway process
-            log.info("gateway ready: storage=%s routes=%s; sessions left active by an earlier gateway, now "
-                     "interrupted: %d", store.identity(), ",".join(settings.llm_routes), interrupted)
+            log.info(
+                "gateway ready: storage=%s routes=%s; sessions left active by an earlier gateway, now "
+                "interrupted: %d",
+                store.identity(),
+                ",".join(settings.llm_routes),
+                interrupted,
+            )
         sweeper = asyncio.ensure_future(idle_loop(app.state.gw))
         try:
             yield
@@ -126,8 +149,11 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
     install_error_handlers(app)
     # the Host check (DNS rebinding: only the gateway's own names), API keys (off without keys),
     # then the refusal of requests a web page could make
-    app.front = with_host_check(with_auth(with_csrf_guard(app.dispatch, settings.base_session_path), settings),
-                                settings.host_allow_list(), _refuse_host)
+    app.front = with_host_check(
+        with_auth(with_csrf_guard(app.dispatch, settings.base_session_path), settings),
+        settings.host_allow_list(),
+        _refuse_host,
+    )
     app.include_router(build_router(settings.base_session_path))
     app.include_router(build_workers_router())  # upstream worker pools
     app.include_router(build_admin_router())

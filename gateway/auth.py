@@ -30,11 +30,15 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths served without a key (exact match)."""
 
-_MISSING = ("Missing API key: this gateway requires one of its keys as `Authorization: Bearer <key>` "
-            "or `x-api-key: <key>`.")
+_MISSING = (
+    "Missing API key: this gateway requires one of its keys as `Authorization: Bearer <key>` "
+    "or `x-api-key: <key>`."
+)
 _WRONG = "Incorrect API key provided."
-_MISSING_ADMIN = ("Missing admin key: the admin endpoints require one of this gateway's admin keys as "
-                  "`Authorization: Bearer <key>` or `x-api-key: <key>`.")
+_MISSING_ADMIN = (
+    "Missing admin key: the admin endpoints require one of this gateway's admin keys as "
+    "`Authorization: Bearer <key>` or `x-api-key: <key>`."
+)
 
 
 def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
@@ -85,7 +89,7 @@ def is_score_path(path: str, session_path: str) -> bool:
     base = session_path.rstrip("/") + "/"
     if not path.startswith(base):
         return False
-    sid, _, rest = path[len(base):].partition("/")
+    sid, _, rest = path[len(base) :].partition("/")
     return bool(sid) and rest == "score"
 
 
@@ -96,8 +100,14 @@ class ApiKeyMiddleware:
     other paths open; no admin key closes the admin paths. Streaming responses pass through
     untouched: the check happens before the app runs, on the request headers only."""
 
-    def __init__(self, app: ASGIApp, *, keys: Sequence[str], admin_keys: Sequence[str] = (),
-                 session_path: str = "/v1/sessions") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keys: Sequence[str],
+        admin_keys: Sequence[str] = (),
+        session_path: str = "/v1/sessions",
+    ) -> None:
         if not keys and not admin_keys:
             raise ValueError("ApiKeyMiddleware needs a client key or an admin key")
         self.app = app
@@ -120,21 +130,44 @@ class ApiKeyMiddleware:
 
     async def _admin(self, scope: Scope, receive: Receive, send: Send, presented: list[bytes]) -> None:
         if self.admin_checker is None:
-            await self._refuse(scope, receive, send, given=bool(presented), status=403, code="admin_disabled",
-                               message="The admin endpoints are off: this gateway has client keys and no admin key "
-                                       "(set auth.admin_api_keys or auth.admin_api_keys_env).")
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                given=bool(presented),
+                status=403,
+                code="admin_disabled",
+                message="The admin endpoints are off: this gateway has client keys and no admin key "
+                "(set auth.admin_api_keys or auth.admin_api_keys_env).",
+            )
         elif _accepted(self.admin_checker, presented):
             await self.app(scope, receive, send)
         elif self.checker is not None and _accepted(self.checker, presented):
-            await self._refuse(scope, receive, send, given=True, status=403, code="admin_key_required",
-                               message="This is a client key: the admin endpoints take an admin key "
-                                       "(auth.admin_api_keys).")
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                given=True,
+                status=403,
+                code="admin_key_required",
+                message="This is a client key: the admin endpoints take an admin key (auth.admin_api_keys).",
+            )
         else:
-            await self._refuse(scope, receive, send, given=bool(presented),
-                               message=None if presented else _MISSING_ADMIN)
+            await self._refuse(
+                scope, receive, send, given=bool(presented), message=None if presented else _MISSING_ADMIN
+            )
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, given: bool, status: int = 401,
-                      code: str = "invalid_api_key", message: str | None = None) -> None:
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        given: bool,
+        status: int = 401,
+        code: str = "invalid_api_key",
+        message: str | None = None,
+    ) -> None:
         text = message or (_WRONG if given else _MISSING)
         body = error_body(status, text, code=code, type_="invalid_request_error" if status == 401 else None)
         path: str = scope["path"]
@@ -146,9 +179,18 @@ class ApiKeyMiddleware:
             metrics.error_responses.labels(str(status), code).inc()
         rejections = getattr(gw, "rejections", None)
         if rejections is not None:
-            rejections.note(method=str(scope.get("method")), path=path, status=status, reason=code,
-                            message=f"{'wrong' if given else 'no'} API key" if status == 401 else code)
-        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"' if given else "Bearer"} if status == 401 else None
+            rejections.note(
+                method=str(scope.get("method")),
+                path=path,
+                status=status,
+                reason=code,
+                message=f"{'wrong' if given else 'no'} API key" if status == 401 else code,
+            )
+        headers = (
+            {"WWW-Authenticate": 'Bearer error="invalid_token"' if given else "Bearer"}
+            if status == 401
+            else None
+        )
         response = JSONResponse(body, status_code=status, headers=headers)
         await response(scope, receive, send)
 
@@ -166,6 +208,11 @@ def with_auth(app: ASGIApp, settings: GatewaySettings) -> ASGIApp:
     keys, admin_keys = settings.auth.keys(), settings.auth.admin_keys()
     if not keys and not admin_keys:
         return app
-    log.info("gateway auth on: %d client key(s), %d admin key(s)%s; open paths: %s", len(keys), len(admin_keys),
-             "" if admin_keys else " (the admin endpoints are refused)", ", ".join(sorted(OPEN_PATHS)))
+    log.info(
+        "gateway auth on: %d client key(s), %d admin key(s)%s; open paths: %s",
+        len(keys),
+        len(admin_keys),
+        "" if admin_keys else " (the admin endpoints are refused)",
+        ", ".join(sorted(OPEN_PATHS)),
+    )
     return ApiKeyMiddleware(app, keys=keys, admin_keys=admin_keys, session_path=settings.base_session_path)

@@ -31,8 +31,12 @@ async def read_body(request: Request, limit: int, limit_name: str = "max_request
     declared = request.headers.get("content-length", "")
     over = declared.isdigit() and int(declared) > limit
     if over and int(declared) > 2 * limit:
-        raise GatewayError(413, f"request body ({declared} bytes announced) is larger than the gateway's limit of "
-                                f"{limit} bytes ({limit_name})", code="request_too_large")
+        raise GatewayError(
+            413,
+            f"request body ({declared} bytes announced) is larger than the gateway's limit of "
+            f"{limit} bytes ({limit_name})",
+            code="request_too_large",
+        )
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
@@ -40,8 +44,11 @@ async def read_body(request: Request, limit: int, limit_name: str = "max_request
         if not over:
             parts.append(chunk)
     if over:
-        raise GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes "
-                                f"({limit_name})", code="request_too_large")
+        raise GatewayError(
+            413,
+            f"request body is larger than the gateway's limit of {limit} bytes ({limit_name})",
+            code="request_too_large",
+        )
     return b"".join(parts)
 
 
@@ -62,14 +69,26 @@ def check_session_id(session_id: str, where: str = "") -> str:
     pre = f"{where}: " if where else ""
     param = where.removeprefix("header ") if where else None
     if not session_id.strip():
-        raise GatewayError(400, f"{pre}session id {session_id!r} is empty or only whitespace",
-                           code="invalid_session_id", param=param)
+        raise GatewayError(
+            400,
+            f"{pre}session id {session_id!r} is empty or only whitespace",
+            code="invalid_session_id",
+            param=param,
+        )
     if len(session_id) > MAX_SESSION_ID_CHARS:
-        raise GatewayError(400, f"{pre}session id must be 1 to {MAX_SESSION_ID_CHARS} characters, got "
-                                f"{len(session_id)}", code="invalid_session_id", param=param)
+        raise GatewayError(
+            400,
+            f"{pre}session id must be 1 to {MAX_SESSION_ID_CHARS} characters, got {len(session_id)}",
+            code="invalid_session_id",
+            param=param,
+        )
     if not session_id.isprintable() and any(unicodedata.category(c) in ("Cc", "Cf") for c in session_id):
-        raise GatewayError(400, f"{pre}session id {session_id!r} contains a control or format character",
-                           code="invalid_session_id", param=param)
+        raise GatewayError(
+            400,
+            f"{pre}session id {session_id!r} contains a control or format character",
+            code="invalid_session_id",
+            param=param,
+        )
     return session_id
 
 
@@ -103,13 +122,13 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise GatewayError(400, f"request body is not valid JSON: {e}") from None
     except RecursionError:
         body = _TOO_DEEP
-    if body is _TOO_DEEP or (raw.count(b"[") + raw.count(b"{") > MAX_BODY_DEPTH and _too_deep(body, MAX_BODY_DEPTH)):
+    if body is _TOO_DEEP or (
+        raw.count(b"[") + raw.count(b"{") > MAX_BODY_DEPTH and _too_deep(body, MAX_BODY_DEPTH)
+    ):
         raise GatewayError(400, f"request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)")
     if not isinstance(body, dict):
         raise GatewayError(400, f"request body must be a JSON object, not {type(body).__name__}")
     return body
-
-
 
 
 R = TypeVar("R", bound=WireRequest)

@@ -35,8 +35,16 @@ class Call:
     """One call: protocol, request, the client's and the upstream body, the reserved step (``slot``),
     the retry claim (``claim``), ``session_id`` and timings."""
 
-    def __init__(self, gw: GatewayState, proto: WireProtocol, req: WireRequest, body: dict[str, Any],
-                 claim: PendingCall | None, session_id: str | None, route_key: str | None = None) -> None:
+    def __init__(
+        self,
+        gw: GatewayState,
+        proto: WireProtocol,
+        req: WireRequest,
+        body: dict[str, Any],
+        claim: PendingCall | None,
+        session_id: str | None,
+        route_key: str | None = None,
+    ) -> None:
         self.gw = gw
         self.proto = proto
         self.req = req
@@ -106,8 +114,11 @@ class Call:
                 log.error("step of session %s not recorded: %s: %s", self.session_id, type(e).__name__, e)
                 return
             self.count(500)  # the answer the client gets instead
-            raise GatewayError(500, f"the gateway could not record this call: {type(e).__name__}: {e}",
-                               code="telemetry_error") from e
+            raise GatewayError(
+                500,
+                f"the gateway could not record this call: {type(e).__name__}: {e}",
+                code="telemetry_error",
+            ) from e
         self.count(end.answered, timed=end.status is not None)  # a synthetic stop is not timed
         if self.claim is not None:
             if end.status == StepStatus.OK and end.replay is not None:
@@ -167,7 +178,9 @@ class Call:
             fut = self.gw.writer.enqueue(step, state)
         else:
             encoder = self.gw.encoder
-            pending = encoder.encode(step, self.tokens, self.digests)  # a delta on the session's last committed step
+            pending = encoder.encode(
+                step, self.tokens, self.digests
+            )  # a delta on the session's last committed step
             fut = self.gw.writer.enqueue(step, state, on_commit=lambda: encoder.committed(pending))
         self._recorded = True  # handed to the writer (which reports a record it loses)
         return fut
@@ -179,9 +192,15 @@ class Call:
         latency_ms = (time.perf_counter() - self.t0) * 1000
         if self.gw.request_log is not None:
             self.gw.request_log.write(
-                session_id=self.session_id, route=self.route_key, endpoint=self.proto.endpoint,
-                http_status=end.status_code or 0, step_status=end.status.value, latency_ms=latency_ms,
-                request=self.upstream_body, response=end.response)
+                session_id=self.session_id,
+                route=self.route_key,
+                endpoint=self.proto.endpoint,
+                http_status=end.status_code or 0,
+                step_status=end.status.value,
+                latency_ms=latency_ms,
+                request=self.upstream_body,
+                response=end.response,
+            )
         s = self.slot
         if s is None:
             return None
@@ -219,21 +238,48 @@ class Call:
         if self.proto.endpoint == "chat.completions":
             prompt_ids, completion_ids, logprobs = tokens_of(end.response)
             ok = end.status == StepStatus.OK
-            self.tokens = token_chain(prompt_ids, completion_ids)  # once, for the prefix check and the encoder
+            self.tokens = token_chain(
+                prompt_ids, completion_ids
+            )  # once, for the prefix check and the encoder
             extends = self.gw.prefixes.observe(
-                s.session_id, s.seq, ok=ok, prompt_ids=prompt_ids, tokens=self.tokens,
-                messages=conversation, answer_message=(message_of(end.response) or None) if ok else None,
-                tools=self.body.get("tools"), digests=self.digests)
+                s.session_id,
+                s.seq,
+                ok=ok,
+                prompt_ids=prompt_ids,
+                tokens=self.tokens,
+                messages=conversation,
+                answer_message=(message_of(end.response) or None) if ok else None,
+                tools=self.body.get("tools"),
+                digests=self.digests,
+            )
         return step_record(
-            session_id=s.session_id, seq=s.seq, step_id=s.step_id, env_name=s.env_name, group_id=s.group_id,
-            job_id=s.job_id, llm_model=self.route_key, endpoint=self.proto.endpoint, is_stream=self.stream,
-            status=end.status.value, status_code=end.status_code, messages=conversation,
-            request=redact_request(self.upstream_body), response=end.response,
-            finish_reason=answer.finish_reason, prompt_tokens=answer.prompt_tokens,
-            completion_tokens=answer.completion_tokens, total_tokens=answer.total_tokens, latency_ms=latency_ms,
-            ttft_ms=self.ttft_ms, is_truncated=end.status == StepStatus.TRUNCATED, meta_json=meta,
-            is_trainable=not (after_close or refunded), prompt_token_ids=prompt_ids,
-            completion_token_ids=completion_ids, completion_logprobs=logprobs, policy_version=self.policy_version,
+            session_id=s.session_id,
+            seq=s.seq,
+            step_id=s.step_id,
+            env_name=s.env_name,
+            group_id=s.group_id,
+            job_id=s.job_id,
+            llm_model=self.route_key,
+            endpoint=self.proto.endpoint,
+            is_stream=self.stream,
+            status=end.status.value,
+            status_code=end.status_code,
+            messages=conversation,
+            request=redact_request(self.upstream_body),
+            response=end.response,
+            finish_reason=answer.finish_reason,
+            prompt_tokens=answer.prompt_tokens,
+            completion_tokens=answer.completion_tokens,
+            total_tokens=answer.total_tokens,
+            latency_ms=latency_ms,
+            ttft_ms=self.ttft_ms,
+            is_truncated=end.status == StepStatus.TRUNCATED,
+            meta_json=meta,
+            is_trainable=not (after_close or refunded),
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids,
+            completion_logprobs=logprobs,
+            policy_version=self.policy_version,
             extends_prefix=extends,
         )
 
@@ -253,8 +299,11 @@ class Call:
 
     def timeout_error(self, phase: str, e: BaseException) -> dict[str, Any]:
         """The OpenAI-shaped 504 body for an upstream timeout in ``phase``."""
-        return error_body(504, f"upstream {self.route_key} timed out ({phase}): {type(e).__name__}: {e}",
-                          code="upstream_timeout")
+        return error_body(
+            504,
+            f"upstream {self.route_key} timed out ({phase}): {type(e).__name__}: {e}",
+            code="upstream_timeout",
+        )
 
 
 def _log_commit_failure(fut: asyncio.Future[None]) -> None:

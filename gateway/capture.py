@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["CaptureSettings", "strip_answer", "strip_chunk", "tokens_of", "upstream_fields"]
 
+
 class CaptureSettings(BaseModel):
     """What a route captures (``capture: tokens`` is ``{mode: tokens}``): the ``server``'s field
     names, ``logprobs``, and vLLM's ``prompt_logprobs`` (docs/tokens.md)."""

@@ -42,7 +42,9 @@ def correlation_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def session_from_headers(headers: Iterable[tuple[bytes, bytes]], names: Sequence[bytes]) -> tuple[str, str] | None:
+def session_from_headers(
+    headers: Iterable[tuple[bytes, bytes]], names: Sequence[bytes]
+) -> tuple[str, str] | None:
     """``(session id, header name)`` from the first of ``names`` (lowercase) that the raw ASGI
     ``headers`` carry, else None. The value is UTF-8 and must name a session as a path segment
     would: GatewayError 400 ``invalid_session_id`` otherwise, or when one header repeats with
@@ -57,16 +59,28 @@ def session_from_headers(headers: Iterable[tuple[bytes, bytes]], names: Sequence
             continue
         header = name.decode("latin-1")
         if len(values) > 1:
-            raise GatewayError(400, f"header {header} is sent more than once with different values",
-                               code="invalid_session_id", param=header)
+            raise GatewayError(
+                400,
+                f"header {header} is sent more than once with different values",
+                code="invalid_session_id",
+                param=header,
+            )
         try:
-            sid = values.pop().decode("utf-8").strip(" \t")  # a field value's surrounding whitespace is not its own
+            sid = (
+                values.pop().decode("utf-8").strip(" \t")
+            )  # a field value's surrounding whitespace is not its own
         except UnicodeDecodeError:
-            raise GatewayError(400, f"header {header} is not UTF-8", code="invalid_session_id",
-                               param=header) from None
+            raise GatewayError(
+                400, f"header {header} is not UTF-8", code="invalid_session_id", param=header
+            ) from None
         check_session_id(sid, where=f"header {header}")
         if "/" in sid or sid in (".", ".."):
-            raise GatewayError(400, f"header {header}: a session id cannot contain '/' or be '.' or '..' (it must "
-                                    "name the session in a session URL too)", code="invalid_session_id", param=header)
+            raise GatewayError(
+                400,
+                f"header {header}: a session id cannot contain '/' or be '.' or '..' (it must "
+                "name the session in a session URL too)",
+                code="invalid_session_id",
+                param=header,
+            )
         return sid, header
     return None

@@ -39,8 +39,11 @@ def _text_or_parts(content: Any) -> Any:
     if isinstance(content, list):
         texts: list[str] = []
         for part in content:
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text") \
-                    and isinstance(part.get("text"), str):
+            if (
+                isinstance(part, dict)
+                and part.get("type") in ("text", "input_text", "output_text")
+                and isinstance(part.get("text"), str)
+            ):
                 texts.append(part["text"])
             else:
                 return content
@@ -59,8 +62,14 @@ def canonical_message(message: Any) -> Any:
         fn = c.get("function") if isinstance(c, dict) else None
         fn = fn if isinstance(fn, dict) else {}
         calls.append([c.get("id") if isinstance(c, dict) else None, fn.get("name"), fn.get("arguments")])
-    return [message.get("role"), _text_or_parts(message.get("content")), reasoning, calls,
-            message.get("tool_call_id"), message.get("name")]
+    return [
+        message.get("role"),
+        _text_or_parts(message.get("content")),
+        reasoning,
+        calls,
+        message.get("tool_call_id"),
+        message.get("name"),
+    ]
 
 
 def _message_bytes(message: Any) -> bytes:
@@ -82,9 +91,19 @@ class PrefixTracker:
         """Forget a session (closed)."""
         self._last.pop(session_id, None)
 
-    def observe(self, session_id: str, seq: int, *, ok: bool, prompt_ids: list[int] | None,
-                tokens: TokenChain | None, messages: Any, answer_message: dict[str, Any] | None,
-                tools: Any, digests: tuple[bytes, ...] | None = None) -> bool | None:
+    def observe(
+        self,
+        session_id: str,
+        seq: int,
+        *,
+        ok: bool,
+        prompt_ids: list[int] | None,
+        tokens: TokenChain | None,
+        messages: Any,
+        answer_message: dict[str, Any] | None,
+        tools: Any,
+        digests: tuple[bytes, ...] | None = None,
+    ) -> bool | None:
         """``extends_prefix`` of step ``seq`` (None: no previous step or nothing comparable), then remember
         the step when it is ``ok``. ``tokens``: its :func:`store.stepcodec.token_chain`; ``digests``:
         :func:`store.stepcodec.message_digests` of ``messages``, when the caller has them."""
@@ -93,8 +112,13 @@ class PrefixTracker:
             prev = None
         tools_digest = hashlib.sha256(marshal.dumps(tools, 2)).digest()
         result: bool | None = None
-        if (prev is not None and prompt_ids is not None and tokens is not None and prev.tokens is not None
-                and prev.tokens.complete):
+        if (
+            prev is not None
+            and prompt_ids is not None
+            and tokens is not None
+            and prev.tokens is not None
+            and prev.tokens.complete
+        ):
             result = tokens.prompt_starts_with(prompt_ids, prev.tokens)
         msg_list = messages if isinstance(messages, list) else None
         if msg_list is not None and digests is not None and len(digests) != len(msg_list):
@@ -102,9 +126,15 @@ class PrefixTracker:
         h = hashlib.sha256()
         if msg_list is not None:
             want = prev.msg_count if prev is not None and prev.msg_digest is not None else None
-            if (want is not None and prev is not None and prev.exact is not None and digests is not None
-                    and len(digests) >= want and digests[want - 1] == prev.answer
-                    and digests[:want - 1] == prev.exact):
+            if (
+                want is not None
+                and prev is not None
+                and prev.exact is not None
+                and digests is not None
+                and len(digests) >= want
+                and digests[want - 1] == prev.answer
+                and digests[: want - 1] == prev.exact
+            ):
                 h = prev.hasher.copy()  # the same history exactly: canonically the same
                 for m in msg_list[want:]:
                     h.update(_message_bytes(m))
@@ -121,7 +151,9 @@ class PrefixTracker:
                 if want is not None and len(msg_list) == want:
                     snap = h.copy().digest()
                 if prev is not None and want is not None:
-                    result = snap is not None and snap == prev.msg_digest and tools_digest == prev.tools_digest
+                    result = (
+                        snap is not None and snap == prev.msg_digest and tools_digest == prev.tools_digest
+                    )
         if not ok:
             return result
         if seq <= 1:
@@ -131,8 +163,15 @@ class PrefixTracker:
         if msg_list is not None and answer_message is not None:
             h.update(_message_bytes(answer_message))
             self._last[session_id] = _Prefix(
-                seq, tokens, len(msg_list) + 1, h.copy().digest(), tools_digest, h, digests,
-                message_digest(answer_message) if digests is not None else None)
+                seq,
+                tokens,
+                len(msg_list) + 1,
+                h.copy().digest(),
+                tools_digest,
+                h,
+                digests,
+                message_digest(answer_message) if digests is not None else None,
+            )
         else:
             self._last[session_id] = _Prefix(seq, tokens, None, None, tools_digest)
         return result

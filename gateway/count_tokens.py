@@ -109,7 +109,11 @@ async def handle(request: Request, session_id: str | None = None) -> Response:
             response = await _forward(gw, request, key, body, session_id)
             status = response.status_code
         else:
-            n = estimate_tokens(body) if method == "estimate" else await _tokenize(gw, key, method, body, session_id)
+            n = (
+                estimate_tokens(body)
+                if method == "estimate"
+                else await _tokenize(gw, key, method, body, session_id)
+            )
             response = StrictJSONResponse({"input_tokens": n}, headers={METHOD_HEADER: method})
     except GatewayError as e:
         status = e.status
@@ -117,9 +121,16 @@ async def handle(request: Request, session_id: str | None = None) -> Response:
     finally:
         gw.metrics.answer(ENDPOINT, key, status, time.perf_counter() - t0)
     if gw.request_log is not None:
-        gw.request_log.write(session_id=session_id, route=key, endpoint=ENDPOINT, http_status=status,
-                             step_status=None, latency_ms=(time.perf_counter() - t0) * 1000, request=body,
-                             response=_logged(response))
+        gw.request_log.write(
+            session_id=session_id,
+            route=key,
+            endpoint=ENDPOINT,
+            http_status=status,
+            step_status=None,
+            latency_ms=(time.perf_counter() - t0) * 1000,
+            request=body,
+            response=_logged(response),
+        )
     return response
 
 
@@ -134,52 +145,90 @@ def _upstream_model(gw: GatewayState, key: str) -> str:
     return gw.settings.llm_routes[key].upstream_model or key
 
 
-async def _post(gw: GatewayState, key: str, path: str, payload: dict[str, Any], headers: dict[str, str],
-                session_id: str | None, *, at_origin: bool) -> tuple[int, bytes, str | None]:
+async def _post(
+    gw: GatewayState,
+    key: str,
+    path: str,
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    session_id: str | None,
+    *,
+    at_origin: bool,
+) -> tuple[int, bytes, str | None]:
     """POST ``payload`` to the route: (status, body, content type); GatewayError 502/504 when
     the upstream cannot be reached or times out."""
     route = gw.settings.llm_routes[key]
-    all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers,
-                   **route.extra_headers}
+    all_headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        **headers,
+        **route.extra_headers,
+    }
     if session_id is not None:
         all_headers["X-Session-Id"] = session_id
     try:
-        async with gw.upstream.post(key, path, json.dumps(payload).encode(), all_headers, session_id,
-                                    base=_origin if at_origin else None) as resp:
+        async with gw.upstream.post(
+            key,
+            path,
+            json.dumps(payload).encode(),
+            all_headers,
+            session_id,
+            base=_origin if at_origin else None,
+        ) as resp:
             return resp.status, await resp.read(), resp.headers.get("Content-Type")
     except TimeoutError as e:
-        raise GatewayError(504, f"upstream {key} timed out counting tokens: {type(e).__name__}: {e}",
-                           code="upstream_timeout") from e
+        raise GatewayError(
+            504, f"upstream {key} timed out counting tokens: {type(e).__name__}: {e}", code="upstream_timeout"
+        ) from e
     except aiohttp.ClientError as e:
-        raise GatewayError(502, f"upstream {key} unreachable for counting tokens: {type(e).__name__}: {e}",
-                           code="upstream_unreachable") from e
+        raise GatewayError(
+            502,
+            f"upstream {key} unreachable for counting tokens: {type(e).__name__}: {e}",
+            code="upstream_unreachable",
+        ) from e
 
 
-async def _forward(gw: GatewayState, request: Request, key: str, body: dict[str, Any],
-                   session_id: str | None) -> Response:
+async def _forward(
+    gw: GatewayState, request: Request, key: str, body: dict[str, Any], session_id: str | None
+) -> Response:
     """The route's own count_tokens endpoint (query string kept, e.g. ``?beta=true``): its
     answer relayed with its status; a 2xx that is not ``{"input_tokens": int}`` is a 502."""
     route = gw.settings.llm_routes[key]
     path = "/v1/messages/count_tokens" + (f"?{request.url.query}" if request.url.query else "")
     payload = {**body, "model": _upstream_model(gw, key)}
-    status, content, ctype = await _post(gw, key, path, payload, MESSAGES.upstream_headers(route, request.headers),
-                                         session_id, at_origin=False)
+    status, content, ctype = await _post(
+        gw, key, path, payload, MESSAGES.upstream_headers(route, request.headers), session_id, at_origin=False
+    )
     if 200 <= status < 300:
         try:
             parsed = json.loads(content)
         except ValueError:
             parsed = None
         if not (isinstance(parsed, dict) and isinstance(parsed.get("input_tokens"), int)):
-            raise GatewayError(502, f"upstream {key} answered count_tokens with HTTP {status} but no integer "
-                                    f"input_tokens: {content[:200]!r}", code="upstream_invalid_response")
+            raise GatewayError(
+                502,
+                f"upstream {key} answered count_tokens with HTTP {status} but no integer "
+                f"input_tokens: {content[:200]!r}",
+                code="upstream_invalid_response",
+            )
     elif ctype is None or "json" not in ctype:
-        err = error_body(status, f"upstream {key} answered count_tokens with HTTP {status}: {content[:200]!r}")
-        return StrictJSONResponse(anthropic_error(status, err), status_code=status, headers={METHOD_HEADER: "upstream"})
-    return Response(content, status_code=status, media_type=ctype or "application/json",
-                    headers={METHOD_HEADER: "upstream"})
+        err = error_body(
+            status, f"upstream {key} answered count_tokens with HTTP {status}: {content[:200]!r}"
+        )
+        return StrictJSONResponse(
+            anthropic_error(status, err), status_code=status, headers={METHOD_HEADER: "upstream"}
+        )
+    return Response(
+        content,
+        status_code=status,
+        media_type=ctype or "application/json",
+        headers={METHOD_HEADER: "upstream"},
+    )
 
 
-async def _tokenize(gw: GatewayState, key: str, method: str, body: dict[str, Any], session_id: str | None) -> int:
+async def _tokenize(
+    gw: GatewayState, key: str, method: str, body: dict[str, Any], session_id: str | None
+) -> int:
     """The count of the route's tokenizer endpoint (vLLM's ``/tokenize``, llama-cpp-python's
     ``/extras/tokenize/count``); GatewayError 502 for any answer without one."""
     msgs = conversation(body)
@@ -188,8 +237,18 @@ async def _tokenize(gw: GatewayState, key: str, method: str, body: dict[str, Any
         path = "/tokenize"
         payload: dict[str, Any] = {"model": model, "messages": msgs, "add_generation_prompt": True}
         if body.get("tools"):
-            payload["tools"] = [{"type": "function", "function": {"name": t.get("name"), "description": t.get(
-                "description"), "parameters": t.get("input_schema")}} for t in body["tools"] if isinstance(t, dict)]
+            payload["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.get("name"),
+                        "description": t.get("description"),
+                        "parameters": t.get("input_schema"),
+                    },
+                }
+                for t in body["tools"]
+                if isinstance(t, dict)
+            ]
     else:
         path = "/extras/tokenize/count"
         text = "\n".join(f"{m['role']}: {m['content']}" for m in msgs)
@@ -204,7 +263,11 @@ async def _tokenize(gw: GatewayState, key: str, method: str, body: dict[str, Any
         parsed = None
     count = parsed.get("count") if isinstance(parsed, dict) else None
     if status != 200 or not isinstance(count, int):
-        raise GatewayError(502, f"route {key} counts tokens with {method} ({path}), which answered HTTP {status}: "
-                                f"{content[:200]!r}; set the route's count_tokens to estimate if its server has "
-                                "no tokenizer endpoint", code="token_count_failed")
+        raise GatewayError(
+            502,
+            f"route {key} counts tokens with {method} ({path}), which answered HTTP {status}: "
+            f"{content[:200]!r}; set the route's count_tokens to estimate if its server has "
+            "no tokenizer endpoint",
+            code="token_count_failed",
+        )
     return count

@@ -46,7 +46,7 @@ class CrossSiteGuard:
             return True
         if not path.startswith(self._sessions):
             return False
-        sid, sep, rest = path[len(self._sessions):].partition("/")
+        sid, sep, rest = path[len(self._sessions) :].partition("/")
         return bool(sid) and rest in ("close", "score")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,15 +83,30 @@ def browser_refusal(scope: Scope, *, json_only: bool) -> tuple[int, str, str] | 
             has_body = True
     method, path = scope["method"], scope["path"]
     if origin is not None or site in _BROWSER_SITES:
-        return 403, "cross_site_request", (f"{method} {path} came from a web page (it has an Origin or "
-                                           "Sec-Fetch-Site header); this server serves no page and refuses such "
-                                           "requests")
+        return (
+            403,
+            "cross_site_request",
+            (
+                f"{method} {path} came from a web page (it has an Origin or "
+                "Sec-Fetch-Site header); this server serves no page and refuses such "
+                "requests"
+            ),
+        )
     if content_type is not None and not is_json_type(content_type):
-        return 415, "unsupported_media_type", (f"{method} {path} takes a JSON body (Content-Type: application/json), "
-                                               f"not {content_type.decode('latin-1')[:100]!r}")
+        return (
+            415,
+            "unsupported_media_type",
+            (
+                f"{method} {path} takes a JSON body (Content-Type: application/json), "
+                f"not {content_type.decode('latin-1')[:100]!r}"
+            ),
+        )
     if json_only and has_body and content_type is None:
-        return 415, "unsupported_media_type", (f"{method} {path} has a body without a Content-Type; send it as "
-                                               "Content-Type: application/json")
+        return (
+            415,
+            "unsupported_media_type",
+            (f"{method} {path} has a body without a Content-Type; send it as Content-Type: application/json"),
+        )
     return None
 
 

@@ -18,8 +18,15 @@ from wire.jsonsafe import StrictJSONResponse
 class GatewayError(Exception):
     """An error the gateway answers itself, as ``status`` with an OpenAI-shaped body."""
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -50,8 +57,14 @@ def count_error(request: Request, status: int, code: str | None, message: str = 
         metrics.error_responses.labels(str(status), code or "").inc()
     rejections = getattr(gw, "rejections", None)
     if rejections is not None and 400 <= status < 500:
-        rejections.note(method=request.method, path=request.url.path, status=status, reason=code, message=message,
-                        session_id=getattr(request.state, "session_id", None))  # a session named by a header
+        rejections.note(
+            method=request.method,
+            path=request.url.path,
+            status=status,
+            reason=code,
+            message=message,
+            session_id=getattr(request.state, "session_id", None),
+        )  # a session named by a header
 
 
 def gateway_error_response(req: Request, exc: GatewayError) -> StrictJSONResponse:

@@ -27,8 +27,14 @@ class UpstreamFailed(Exception):
     """No usable answer: the client gets ``status`` with ``error``; the step is ``step_status`` with
     ``meta_json.phase``. ``retry_reason`` is set when the connection could not be made."""
 
-    def __init__(self, status: int, step_status: StepStatus, error: dict[str, Any], phase: Phase,
-                 retry_reason: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        step_status: StepStatus,
+        error: dict[str, Any],
+        phase: Phase,
+        retry_reason: str | None = None,
+    ) -> None:
         super().__init__(error["error"]["message"])
         self.status = status
         self.step_status = step_status
@@ -70,8 +76,12 @@ class Exchange:
             assert resp is not None
             retry_after = retry_after_s(resp.headers.get("Retry-After"))
             call.attempts.append(Attempt(resp.status, retry_after_s=retry_after))
-            if (content is None or last or resp.status not in policy.retry_on_status
-                    or resp.headers.get("x-should-retry", "").lower() == "false"):
+            if (
+                content is None
+                or last
+                or resp.status not in policy.retry_on_status
+                or resp.headers.get("x-should-retry", "").lower() == "false"
+            ):
                 return content
             await self.stack.aclose()  # the body was read: the connection goes back to the pool
             self.stack, self.resp = AsyncExitStack(), None
@@ -99,8 +109,14 @@ class Exchange:
             wait = base / 2 + random.uniform(0, base / 2)
         call.attempts[-1].wait_s = round(wait, 3)
         call.gw.metrics.upstream_retries.labels(call.route_key, reason).inc()
-        log.info("route %s: retrying upstream call (%s, attempt %d of %d) in %.3f s", call.route_key, reason,
-                 n + 1, policy.max_attempts, wait)
+        log.info(
+            "route %s: retrying upstream call (%s, attempt %d of %d) in %.3f s",
+            call.route_key,
+            reason,
+            n + 1,
+            policy.max_attempts,
+            wait,
+        )
         self.backing_off = True  # stays set when the client's departure cancels the wait
         await asyncio.sleep(wait)
         self.backing_off = False
@@ -115,21 +131,37 @@ class Exchange:
         call.worker = worker.base_url if upstream.pooled(call.route_key) else None
         try:
             self.resp = resp = await self.stack.enter_async_context(
-                upstream.post(call.route_key, call.proto.upstream_path, self.payload, self.headers, sid,
-                              worker=worker))
+                upstream.post(
+                    call.route_key, call.proto.upstream_path, self.payload, self.headers, sid, worker=worker
+                )
+            )
         except TimeoutError as e:  # before aiohttp.ClientError: its timeouts are both
             if isinstance(e, aiohttp.ConnectionTimeoutError):
-                raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("connect", e), Phase.CONNECT,
-                                      retry_reason="connect_timeout") from e
-            raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("first-byte", e), Phase.FIRST_BYTE) from e
+                raise UpstreamFailed(
+                    504,
+                    StepStatus.TIMEOUT,
+                    call.timeout_error("connect", e),
+                    Phase.CONNECT,
+                    retry_reason="connect_timeout",
+                ) from e
+            raise UpstreamFailed(
+                504, StepStatus.TIMEOUT, call.timeout_error("first-byte", e), Phase.FIRST_BYTE
+            ) from e
         except aiohttp.ClientError as e:
-            why = hide_secrets(f"{type(e).__name__}: {e}", worker.base_url,
-                               *call.gw.settings.llm_routes[call.route_key].workers)
-            err = error_body(502, f"upstream {call.route_key} unreachable: {why}", code="upstream_unreachable")
-            retryable = (isinstance(e, aiohttp.ClientConnectorError)
-                         and not isinstance(e, aiohttp.ClientConnectorCertificateError))
-            raise UpstreamFailed(502, StepStatus.ERROR, err, Phase.CONNECT,
-                                  retry_reason="connect_error" if retryable else None) from e
+            why = hide_secrets(
+                f"{type(e).__name__}: {e}",
+                worker.base_url,
+                *call.gw.settings.llm_routes[call.route_key].workers,
+            )
+            err = error_body(
+                502, f"upstream {call.route_key} unreachable: {why}", code="upstream_unreachable"
+            )
+            retryable = isinstance(e, aiohttp.ClientConnectorError) and not isinstance(
+                e, aiohttp.ClientConnectorCertificateError
+            )
+            raise UpstreamFailed(
+                502, StepStatus.ERROR, err, Phase.CONNECT, retry_reason="connect_error" if retryable else None
+            ) from e
         call.upstream_status = resp.status
         if self.relay_sse and resp.status == 200 and resp.content_type == "text/event-stream":
             return None
@@ -138,8 +170,11 @@ class Exchange:
         except TimeoutError as e:
             raise UpstreamFailed(504, StepStatus.TIMEOUT, call.timeout_error("body", e), Phase.BODY) from e
         except aiohttp.ClientError as e:
-            err = error_body(502, f"upstream {call.route_key} failed while sending its answer: "
-                                  f"{type(e).__name__}: {e}", code="upstream_broken")
+            err = error_body(
+                502,
+                f"upstream {call.route_key} failed while sending its answer: {type(e).__name__}: {e}",
+                code="upstream_broken",
+            )
             raise UpstreamFailed(502, StepStatus.ERROR, err, Phase.BODY) from e
 
     async def close(self, *, abort: bool) -> None:
@@ -175,4 +210,5 @@ def before_model(f: UpstreamFailed) -> bool:
     """True when the last attempt could not connect (TLS errors and connect timeouts included): nothing
     reached the model, so the call uses no budget."""
     return f.phase == Phase.CONNECT and isinstance(
-        f.__cause__, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+        f.__cause__, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError
+    )

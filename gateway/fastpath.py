@@ -23,7 +23,11 @@ from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
-_PROTOCOLS: dict[str, WireProtocol] = {"chat/completions": CHAT, "responses": RESPONSES, "v1/messages": MESSAGES}
+_PROTOCOLS: dict[str, WireProtocol] = {
+    "chat/completions": CHAT,
+    "responses": RESPONSES,
+    "v1/messages": MESSAGES,
+}
 
 
 class ModelCallPaths:
@@ -42,7 +46,11 @@ class ModelCallPaths:
     def __init__(self, base_session_path: str) -> None:
         base = re.escape(base_session_path.rstrip("/"))
         self._session = re.compile(base + r"/([^/]+)/(chat/completions|responses|v1/messages)")
-        self._passthrough = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
+        self._passthrough = {
+            "/v1/chat/completions": CHAT,
+            "/v1/responses": RESPONSES,
+            "/v1/messages": MESSAGES,
+        }
 
     def match(self, path: str) -> tuple[str | None, WireProtocol] | None:
         """``(session_id or None, protocol)`` for a model-call path, None for any other path."""
@@ -55,8 +63,9 @@ class ModelCallPaths:
         return m.group(1), _PROTOCOLS[m.group(2)]
 
 
-async def serve(gw: GatewayState, session_id: str | None, proto: WireProtocol, scope: Scope, receive: Receive,
-                send: Send) -> None:
+async def serve(
+    gw: GatewayState, session_id: str | None, proto: WireProtocol, scope: Scope, receive: Receive, send: Send
+) -> None:
     """Answer one model call on the raw ASGI connection (see the module docstring). A
     :class:`GatewayError` becomes its error answer; any other exception raised before the answer
     started is logged with its traceback and answered 500 ``internal_error`` (the same bodies
@@ -77,6 +86,9 @@ async def serve(gw: GatewayState, session_id: str | None, proto: WireProtocol, s
 async def method_not_allowed(scope: Scope, receive: Receive, send: Send) -> None:
     """405 (``Allow: POST``) in the path's error shape, for another method on a model-call path."""
     request = Request(scope, receive, send)
-    err = GatewayError(405, f"Method Not Allowed: {scope['method']} {scope['path']} takes POST only",
-                       headers={"Allow": "POST"})
+    err = GatewayError(
+        405,
+        f"Method Not Allowed: {scope['method']} {scope['path']} takes POST only",
+        headers={"Allow": "POST"},
+    )
     await gateway_error_response(request, err)(scope, receive, send)

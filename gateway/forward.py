@@ -57,9 +57,13 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
         request.state.session_id = session_id  # the session its refusals are counted for
     elif gw.settings.require_session:
         names = ", ".join(gw.settings.session_headers) or "none configured"
-        raise GatewayError(400, f"this gateway records every model call in a session: call a session URL "
-                                f"({gw.settings.base_session_path}/<session_id>/...) or send the session id in "
-                                f"a header ({names})", code="session_required")
+        raise GatewayError(
+            400,
+            f"this gateway records every model call in a session: call a session URL "
+            f"({gw.settings.base_session_path}/<session_id>/...) or send the session id in "
+            f"a header ({names})",
+            code="session_required",
+        )
     raw = await read_body(request, gw.settings.max_request_bytes)
     body = parse_json_body(raw)
     req = proto.validate(body)
@@ -87,10 +91,14 @@ async def handle(gw: GatewayState, request: Request, session_id: str | None, pro
             except SessionClosed:
                 raise GatewayError(409, f"session {session_id} is closed", code="session_closed") from None
             except RouteMismatch as e:
-                raise GatewayError(400, f"session {session_id} is bound to route `{e.bound}` (the route it was "
-                                        f"started on); this call names `{req.model}` (route `{route_key}`). Every "
-                                        "call of a session must name its route or an alias of it",
-                                   code="session_route_mismatch", param="model") from None
+                raise GatewayError(
+                    400,
+                    f"session {session_id} is bound to route `{e.bound}` (the route it was "
+                    f"started on); this call names `{req.model}` (route `{route_key}`). Every "
+                    "call of a session must name its route or an alias of it",
+                    code="session_route_mismatch",
+                    param="model",
+                ) from None
             if call.slot is None:
                 return await _finish(call, answers.synthetic_stop(call))
         response = await _forward(call, request, raw)
@@ -109,12 +117,20 @@ def check_route(gw: GatewayState, api: str | None, endpoint: str, model: str, se
     key = gw.settings.resolve_route(model)
     if key is None:
         known = ", ".join(sorted(gw.settings.llm_routes)) or "none"
-        raise GatewayError(404, f"The model `{model}` does not exist (no such route or alias; routes: {known})",
-                           code="model_not_found", param="model")
+        raise GatewayError(
+            404,
+            f"The model `{model}` does not exist (no such route or alias; routes: {known})",
+            code="model_not_found",
+            param="model",
+        )
     route = gw.settings.llm_routes[key]
     if api is not None and route.api != api:
-        raise GatewayError(400, f"route `{key}` speaks the {route.api} API, which does not serve "
-                                f"{endpoint} calls", code="route_api_mismatch", param="model")
+        raise GatewayError(
+            400,
+            f"route `{key}` speaks the {route.api} API, which does not serve {endpoint} calls",
+            code="route_api_mismatch",
+            param="model",
+        )
     route_base_url(key, route, session_id)  # a per-session route without a usable session: 400, no budget
     return key
 
@@ -139,8 +155,10 @@ async def _forward(call: Call, request: Request, raw: bytes) -> Response:
             call.capture_added = frozenset(added)
     upstream_streams = call.stream and route.supports_stream
     payload = raw if call.upstream_body is call.body else json.dumps(call.upstream_body).encode()
-    headers = {"Content-Type": "application/json",
-               "Accept": "text/event-stream" if upstream_streams else "application/json"}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream" if upstream_streams else "application/json",
+    }
     headers.update(proto.upstream_headers(route, request.headers))
     headers.update(route.extra_headers)
     if call.session_id is not None:
@@ -148,8 +166,12 @@ async def _forward(call: Call, request: Request, raw: bytes) -> Response:
 
     exchange = Exchange(call, payload, headers, relay_sse=upstream_streams)
     run = asyncio.ensure_future(exchange.run())
-    detachable = (call.claim is not None and not call.stream and gw.settings.retry_join_window_s > 0
-                  and may_retry(request.headers))
+    detachable = (
+        call.claim is not None
+        and not call.stream
+        and gw.settings.retry_join_window_s > 0
+        and may_retry(request.headers)
+    )
     try:
         content = await unless_client_leaves(request.receive, asyncio.shield(run) if detachable else run)
     except ClientGone:
@@ -170,8 +192,13 @@ async def _forward(call: Call, request: Request, raw: bytes) -> Response:
     assert resp is not None
     if content is None:  # a 200 SSE stream: the relay owns the call and the connection from here
         relay = StreamRelay(call.hand_over(), resp, exchange.stack)
-        return GuardedStreamingResponse(relay.events(), on_disconnect=relay.client_left, finalize=relay.finish,
-                                        media_type="text/event-stream", headers=SSE_HEADERS)
+        return GuardedStreamingResponse(
+            relay.events(),
+            on_disconnect=relay.client_left,
+            finalize=relay.finish,
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
     await exchange.close(abort=False)
     if call.stream and resp.status == 200:
         answer, replaced = answers.parse_answer(proto, content)
@@ -190,8 +217,9 @@ def _detach(call: Call, exchange: Exchange, run: asyncio.Future[bytes | None]) -
     task = asyncio.create_task(_run_detached(call, exchange, run))
     call.gw.detached.add(task)  # a strong reference, and what a shutdown waits for
     task.add_done_callback(call.gw.detached.discard)
-    return answers.gone(call.proto, "the client closed the connection before the answer; the call goes on "
-                                    "for its retry")
+    return answers.gone(
+        call.proto, "the client closed the connection before the answer; the call goes on for its retry"
+    )
 
 
 async def _run_detached(call: Call, exchange: Exchange, run: asyncio.Future[bytes | None]) -> None:

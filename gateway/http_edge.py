@@ -36,7 +36,7 @@ def split_host(value: str) -> tuple[str, int | None] | None:
         end = value.find("]")
         if end < 0:
             return None
-        name, rest = value[: end + 1], value[end + 1:]
+        name, rest = value[: end + 1], value[end + 1 :]
         try:
             ipaddress.IPv6Address(name[1:-1])
         except ValueError:
@@ -132,10 +132,17 @@ class HostCheck:
             await self.app(scope, receive, send)
             return
         given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
-        what = f"Host {given[0][:200]!r}" if len(given) == 1 else \
-            "a request without a Host header" if not given else "a request with several Host headers"
-        message = (f"this server does not answer {what}; it answers {self.allowed.describe()} "
-                   "(a name it is reached by must be allowed in its configuration)")
+        what = (
+            f"Host {given[0][:200]!r}"
+            if len(given) == 1
+            else "a request without a Host header"
+            if not given
+            else "a request with several Host headers"
+        )
+        message = (
+            f"this server does not answer {what}; it answers {self.allowed.describe()} "
+            "(a name it is reached by must be allowed in its configuration)"
+        )
         await self.refuse(scope, message)(scope, receive, send)
 
 
@@ -236,8 +243,9 @@ class _HeadDeadline:
             self.transport.close()
 
 
-def head_timeout_protocol(head_timeout_s: float, base: type[asyncio.Protocol] = AutoHTTPProtocol
-                          ) -> type[asyncio.Protocol]:
+def head_timeout_protocol(
+    head_timeout_s: float, base: type[asyncio.Protocol] = AutoHTTPProtocol
+) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base`` (default: httptools or h11, as uvicorn picks it) with a
     deadline for each request head (see ``_HeadDeadline``)."""
     if head_timeout_s <= 0:
@@ -245,8 +253,15 @@ def head_timeout_protocol(head_timeout_s: float, base: type[asyncio.Protocol] = 
     return type("HeadDeadlineProtocol", (_HeadDeadline, base), {"head_timeout_s": head_timeout_s})
 
 
-def server_config(app: ASGIApp, *, head_timeout_s: float = DEFAULT_REQUEST_HEAD_TIMEOUT_S,
-                  keep_alive_s: int = DEFAULT_KEEP_ALIVE_TIMEOUT_S, **kw: Any) -> uvicorn.Config:
+def server_config(
+    app: ASGIApp,
+    *,
+    head_timeout_s: float = DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+    keep_alive_s: int = DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+    **kw: Any,
+) -> uvicorn.Config:
     """A uvicorn config serving ``app`` with a request-head deadline of ``head_timeout_s`` and
     idle keep-alive connections closed after ``keep_alive_s``; ``kw`` go to ``uvicorn.Config``."""
-    return uvicorn.Config(app, http=head_timeout_protocol(head_timeout_s), timeout_keep_alive=keep_alive_s, **kw)
+    return uvicorn.Config(
+        app, http=head_timeout_protocol(head_timeout_s), timeout_keep_alive=keep_alive_s, **kw
+    )

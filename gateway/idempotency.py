@@ -34,7 +34,11 @@ def call_key(headers: Mapping[str, str], endpoint: str, raw: bytes) -> tuple[Cal
     ``x-stainless-retry-count`` is an integer > 0 (an unreadable value counts as 0)."""
     idem = headers.get(IDEMPOTENCY_HEADER)
     if idem:
-        return ("key", endpoint, hashlib.blake2b(idem.encode("utf-8", "replace"), digest_size=16).hexdigest()), True
+        return (
+            "key",
+            endpoint,
+            hashlib.blake2b(idem.encode("utf-8", "replace"), digest_size=16).hexdigest(),
+        ), True
     try:
         retry = int(headers.get(RETRY_COUNT_HEADER) or 0)
     except ValueError:
@@ -134,8 +138,14 @@ class RecentCalls:
     and in all). No locking: :meth:`find` and :meth:`begin` run without an await in between, so one
     of several duplicates claims a call and the others join it."""
 
-    def __init__(self, *, per_session: int = PER_SESSION, max_entries: int = MAX_ENTRIES,
-                 max_entry_bytes: int = MAX_ENTRY_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        per_session: int = PER_SESSION,
+        max_entries: int = MAX_ENTRIES,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+        max_total_bytes: int = MAX_TOTAL_BYTES,
+    ) -> None:
         self.per_session = per_session
         self.max_entries = max_entries
         self.max_entry_bytes = max_entry_bytes

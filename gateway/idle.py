@@ -53,4 +53,6 @@ async def idle_loop(g: GatewayState, clock: Callable[[], datetime] = utcnow) -> 
         try:
             await close_idle(g, clock())
         except Exception:
-            log.exception("idle session sweep failed; the next one runs in %g s", min(MAX_SWEEP_INTERVAL_S, idle_s / 4))
+            log.exception(
+                "idle session sweep failed; the next one runs in %g s", min(MAX_SWEEP_INTERVAL_S, idle_s / 4)
+            )

@@ -13,37 +13,72 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("gateway_requests", "Requests answered, by endpoint, route and HTTP status",
-                                ["endpoint", "route", "status"], registry=r)
-        self.latency = Histogram("gateway_request_latency_seconds", "Time from request to end of answer",
-                                 ["endpoint", "route"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("gateway_ttft_seconds", "Time to the first upstream byte of a stream",
-                              ["route"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.in_flight = Gauge("gateway_upstream_in_flight", "Upstream calls in flight", ["route"], registry=r)
-        self.worker_healthy = Gauge("gateway_upstream_worker_healthy", "1 when a pool worker takes calls, else 0",
-                                    ["route", "worker"], registry=r)
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by endpoint, route and HTTP status",
+            ["endpoint", "route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gateway_request_latency_seconds",
+            "Time from request to end of answer",
+            ["endpoint", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_ttft_seconds",
+            "Time to the first upstream byte of a stream",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "gateway_upstream_in_flight", "Upstream calls in flight", ["route"], registry=r
+        )
+        self.worker_healthy = Gauge(
+            "gateway_upstream_worker_healthy",
+            "1 when a pool worker takes calls, else 0",
+            ["route", "worker"],
+            registry=r,
+        )
         self.steps_recorded = Counter("gateway_steps_recorded", "Steps committed to the store", registry=r)
-        self.telemetry_queue_depth = Gauge("gateway_telemetry_queue_depth", "Records waiting for the writer",
-                                           registry=r)
-        self.telemetry_dropped = Counter("gateway_telemetry_dropped", "Records dropped (best_effort mode)",
-                                         registry=r)
-        self.upstream_retries = Counter("gateway_upstream_retries",
-                                        "Upstream attempts retried before the first byte reached the client, by "
-                                        "route and reason (status_<code>, connect_error, connect_timeout)",
-                                        ["route", "reason"], registry=r)
-        self.synthetic_stops = Counter("gateway_synthetic_stops", "Synthetic stop answers at max_steps",
-                                       registry=r)
-        self.idempotent_replays = Counter("gateway_idempotent_replays",
-                                          "Retries of a session's call answered with that call's answer (replayed "
-                                          "or joined: no upstream call, no step), by endpoint",
-                                          ["endpoint"], registry=r)
-        self.keepalives = Counter("gateway_stream_keepalives",
-                                  "SSE keep-alive comments sent to streaming clients while the upstream was idle",
-                                  ["route"], registry=r)
-        self.error_responses = Counter("gateway_error_responses",
-                                       "Errors the gateway answered itself (auth, refused or malformed requests, "
-                                       "unknown paths, gateway faults), by HTTP status and error code",
-                                       ["status", "code"], registry=r)
+        self.telemetry_queue_depth = Gauge(
+            "gateway_telemetry_queue_depth", "Records waiting for the writer", registry=r
+        )
+        self.telemetry_dropped = Counter(
+            "gateway_telemetry_dropped", "Records dropped (best_effort mode)", registry=r
+        )
+        self.upstream_retries = Counter(
+            "gateway_upstream_retries",
+            "Upstream attempts retried before the first byte reached the client, by "
+            "route and reason (status_<code>, connect_error, connect_timeout)",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.synthetic_stops = Counter(
+            "gateway_synthetic_stops", "Synthetic stop answers at max_steps", registry=r
+        )
+        self.idempotent_replays = Counter(
+            "gateway_idempotent_replays",
+            "Retries of a session's call answered with that call's answer (replayed "
+            "or joined: no upstream call, no step), by endpoint",
+            ["endpoint"],
+            registry=r,
+        )
+        self.keepalives = Counter(
+            "gateway_stream_keepalives",
+            "SSE keep-alive comments sent to streaming clients while the upstream was idle",
+            ["route"],
+            registry=r,
+        )
+        self.error_responses = Counter(
+            "gateway_error_responses",
+            "Errors the gateway answered itself (auth, refused or malformed requests, "
+            "unknown paths, gateway faults), by HTTP status and error code",
+            ["status", "code"],
+            registry=r,
+        )
 
     def answer(self, endpoint: str, route: str, http_status: int, seconds: float | None = None) -> None:
         """Count one model call answered with ``http_status`` (and its latency, when given)."""

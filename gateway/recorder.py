@@ -25,9 +25,18 @@ class _Item:
 class TelemetryWriter:
     """Group-committing writer. ``start()`` in the loop, ``stop()`` at shutdown (drains first)."""
 
-    def __init__(self, store: Store, metrics: Metrics, *, strict: bool, batch_max: int, queue_max: int,
-                 release_in_flight: bool = False, on_lost: Callable[[StepRow], None] | None = None,
-                 on_unrecorded: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        *,
+        strict: bool,
+        batch_max: int,
+        queue_max: int,
+        release_in_flight: bool = False,
+        on_lost: Callable[[StepRow], None] | None = None,
+        on_unrecorded: Callable[[str], None] | None = None,
+    ) -> None:
         """``release_in_flight``: each step lowers its session's ``in_flight`` (shared sessions);
         ``on_lost`` gets each step record dropped or refused; ``on_unrecorded`` the session id of
         each step lost to the gateway itself: a full queue, or a store failed as a whole
@@ -55,15 +64,21 @@ class TelemetryWriter:
         await self._task
         self._task = None
 
-    def enqueue(self, step: StepRow | None, session: SessionRow | None,
-                on_commit: Callable[[], None] | None = None) -> asyncio.Future[None] | None:
+    def enqueue(
+        self, step: StepRow | None, session: SessionRow | None, on_commit: Callable[[], None] | None = None
+    ) -> asyncio.Future[None] | None:
         """Queue a record (committed at once when the writer is idle and the store need not wait). Returns
         a future resolved at commit (strict), or None (best_effort); ``on_commit`` runs once committed.
         Raises RuntimeError in strict mode when the queue is full."""
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if self.strict else None
         item = _Item(step, session, fut, on_commit)
-        if (self._task is not None and not self._release and not self._busy and self._queue.empty()
-                and self._commit_now([item])):
+        if (
+            self._task is not None
+            and not self._release
+            and not self._busy
+            and self._queue.empty()
+            and self._commit_now([item])
+        ):
             return fut
         try:
             self._queue.put_nowait(item)
@@ -78,8 +93,9 @@ class TelemetryWriter:
         self._metrics.telemetry_queue_depth.set(self._queue.qsize())
         return fut
 
-    async def commit(self, step: StepRow | None, session: SessionRow | None,
-                     on_commit: Callable[[], None] | None = None) -> None:
+    async def commit(
+        self, step: StepRow | None, session: SessionRow | None, on_commit: Callable[[], None] | None = None
+    ) -> None:
         """:meth:`enqueue`, then in strict mode wait until the record is committed (raises the DB
         error)."""
         fut = self.enqueue(step, session, on_commit)
@@ -155,8 +171,9 @@ class TelemetryWriter:
         if self._on_unrecorded is not None:
             for it in batch:
                 if it.step is not None:
-                    self._on_unrecorded(it.step["session_id"] if isinstance(it.step, Mapping)
-                                        else it.step.session_id)
+                    self._on_unrecorded(
+                        it.step["session_id"] if isinstance(it.step, Mapping) else it.step.session_id
+                    )
 
     def _settle(self, batch: list[_Item], err: BaseException | None) -> None:
         if err is None:

@@ -21,10 +21,21 @@ _SECRET = re.compile(
 
 # Top-level request fields that carry model-visible content (OpenAI chat/responses, Anthropic
 # messages): recorded untouched by redact_request.
-CONTENT_FIELDS = frozenset({
-    "messages", "tools", "functions", "tool_choice", "function_call", "response_format", "prediction",
-    "input", "instructions", "system", "prompt",
-})
+CONTENT_FIELDS = frozenset(
+    {
+        "messages",
+        "tools",
+        "functions",
+        "tool_choice",
+        "function_call",
+        "response_format",
+        "prediction",
+        "input",
+        "instructions",
+        "system",
+        "prompt",
+    }
+)
 
 
 def is_secret_key(name: str) -> bool:
@@ -36,7 +47,9 @@ def redact(obj: Any) -> Any:
     """A copy of a JSON value with the values of secret-named keys (at any depth) replaced by
     ``[REDACTED]``."""
     if isinstance(obj, dict):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v)) for k, v in obj.items()}
+        return {
+            k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v)) for k, v in obj.items()
+        }
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     return obj

@@ -20,8 +20,15 @@ log = logging.getLogger(__name__)
 MAX_SESSIONS = 100_000
 """Sessions whose counts are kept; the least recently rejected are dropped past it."""
 
-_BY_STATUS = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
-              409: "conflict", 413: "request_too_large", 422: "invalid_request"}
+_BY_STATUS = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "request_too_large",
+    422: "invalid_request",
+}
 
 
 class RejectedCalls:
@@ -37,13 +44,22 @@ class RejectedCalls:
         """The session id of a call path ``{base}/{sid}/...`` (not its ``close``), else None."""
         if not path.startswith(self._prefix):
             return None
-        sid, sep, rest = path[len(self._prefix):].partition("/")
+        sid, sep, rest = path[len(self._prefix) :].partition("/")
         if not sid or not sep or not rest or rest == "close":
             return None
         return sid
 
-    def note(self, *, method: str, path: str, status: int, reason: str | None, message: str,
-             session_id: str | None = None, route: str | None = None) -> None:
+    def note(
+        self,
+        *,
+        method: str,
+        path: str,
+        status: int,
+        reason: str | None,
+        message: str,
+        session_id: str | None = None,
+        route: str | None = None,
+    ) -> None:
         """Log and count one call answered ``status`` by the gateway. ``reason`` is the error
         code (None: named by the status); the session comes from ``session_id`` or the path."""
         why = reason or _BY_STATUS.get(status, f"http_{status}")
@@ -54,11 +70,25 @@ class RejectedCalls:
             self._counts[sid] = counts
             if len(self._counts) > MAX_SESSIONS:
                 self._counts.popitem(last=False)
-        log.info("answered by the gateway: %s %s -> %d %s (session %s): %s", method, path, status, why,
-                 sid or "none", message)
+        log.info(
+            "answered by the gateway: %s %s -> %d %s (session %s): %s",
+            method,
+            path,
+            status,
+            why,
+            sid or "none",
+            message,
+        )
         if self._request_log is not None:
-            self._request_log.write_rejected(session_id=sid, route=route, method=method, path=path,
-                                             http_status=status, reason=why, message=message)
+            self._request_log.write_rejected(
+                session_id=sid,
+                route=route,
+                method=method,
+                path=path,
+                http_status=status,
+                reason=why,
+                message=message,
+            )
 
     def of(self, session_id: str) -> dict[str, int]:
         """The counts of ``session_id`` by reason (``{}`` when none)."""

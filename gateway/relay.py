@@ -54,7 +54,9 @@ class StreamRelay:
         self.stack = stack
         self.asm = call.proto.assembler()
         self.gone = False
-        self.final_status: StepStatus | None = None  # the final step's status once it is recorded (strict: committed)
+        self.final_status: StepStatus | None = (
+            None  # the final step's status once it is recorded (strict: committed)
+        )
 
     def client_left(self) -> None:
         """The client disconnected: stop reading the upstream at once."""
@@ -68,8 +70,16 @@ class StreamRelay:
         try:
             if not call.finished:
                 self.resp.close()
-                await call.finish(CallEnd(StepStatus.CLIENT_DISCONNECTED, self.resp.status, self.asm.result(),
-                                          answered=499, meta={"chunks": self.asm.chunk_count}, wait=False))
+                await call.finish(
+                    CallEnd(
+                        StepStatus.CLIENT_DISCONNECTED,
+                        self.resp.status,
+                        self.asm.result(),
+                        answered=499,
+                        meta={"chunks": self.asm.chunk_count},
+                        wait=False,
+                    )
+                )
             await self.stack.aclose()
         finally:
             call.abandon()
@@ -89,8 +99,11 @@ class StreamRelay:
                         kept.append(chunk)
                 yield chunk
         if self.final_status == StepStatus.OK:  # every byte went out
-            self.call.sent(Replay(200, dict(SSE_HEADERS), b"".join(kept), "text/event-stream")
-                           if kept is not None else None)
+            self.call.sent(
+                Replay(200, dict(SSE_HEADERS), b"".join(kept), "text/event-stream")
+                if kept is not None
+                else None
+            )
 
     async def _relay(self) -> AsyncGenerator[bytes, None]:
         call, asm, proto = self.call, self.asm, self.call.proto
@@ -130,8 +143,14 @@ class StreamRelay:
                     yield raw
             status = asm.status()
             if status == StepStatus.TRUNCATED:
-                failure = 502, error_body(502, f"upstream closed the stream before it finished (no "
-                                               f"{proto.stream_end})", code="upstream_stream_truncated")
+                failure = (
+                    502,
+                    error_body(
+                        502,
+                        f"upstream closed the stream before it finished (no {proto.stream_end})",
+                        code="upstream_stream_truncated",
+                    ),
+                )
         except TimeoutError as e:  # before the connection errors: aiohttp's read timeout is both
             if asm.finished:
                 status = asm.status()
@@ -146,13 +165,23 @@ class StreamRelay:
                 status = asm.status()
             else:
                 status = StepStatus.TRUNCATED
-                failure = 502, error_body(502, f"upstream stream broke: {type(e).__name__}: {e}",
-                                          code="upstream_stream_broken")
+                failure = (
+                    502,
+                    error_body(
+                        502, f"upstream stream broke: {type(e).__name__}: {e}", code="upstream_stream_broken"
+                    ),
+                )
         except Exception as e:  # a bug or an unforeseen client error: end the stream loudly, keep the step
             log.exception("relaying the stream of route %s failed", call.route_key)
             status = StepStatus.ERROR
-            failure = 500, error_body(500, f"the gateway failed while relaying the stream: {type(e).__name__}: "
-                                           f"{e}", code="internal_error")
+            failure = (
+                500,
+                error_body(
+                    500,
+                    f"the gateway failed while relaying the stream: {type(e).__name__}: {e}",
+                    code="internal_error",
+                ),
+            )
         await self.stack.aclose()  # release the connection and the route slot before recording
         if self.gone:
             return

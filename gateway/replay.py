@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 REPLAYED_HEADER = {"x-gateway-replayed": "true"}
 
 
-async def replay_or_claim(gw: GatewayState, request: Request, sid: str, proto: WireProtocol, req: WireRequest,
-                          raw: bytes) -> tuple[Response | None, PendingCall | None]:
+async def replay_or_claim(
+    gw: GatewayState, request: Request, sid: str, proto: WireProtocol, req: WireRequest, raw: bytes
+) -> tuple[Response | None, PendingCall | None]:
     """``(answer, None)`` for a retry of a remembered call of session ``sid`` (waiting for it
     while it is in flight), else ``(None, claim)``: the :class:`PendingCall` under which this
     call is remembered, owned by the caller's :class:`gateway.call.Call` from then on. A retry
@@ -48,7 +49,9 @@ async def replay_or_claim(gw: GatewayState, request: Request, sid: str, proto: W
                 replay = await unless_client_leaves(request.receive, seen.wait())
             except ClientGone:
                 gw.metrics.answer(proto.endpoint, req.model, 499)
-                return gone(proto, "the client closed the connection while waiting for the call it retried"), None
+                return gone(
+                    proto, "the client closed the connection while waiting for the call it retried"
+                ), None
             if replay is None:
                 continue
         return replayed(gw, proto, req, replay), None
@@ -60,5 +63,9 @@ def replayed(gw: GatewayState, proto: WireProtocol, req: WireRequest, replay: Re
     gw.metrics.idempotent_replays.labels(proto.endpoint).inc()
     gw.metrics.answer(proto.endpoint, req.model, replay.status_code)
     log.info("%s call of route %s answered with the answer of the call it retries", proto.endpoint, req.model)
-    return Response(content=replay.body, status_code=replay.status_code, media_type=replay.media_type,
-                    headers={**replay.headers, **REPLAYED_HEADER})
+    return Response(
+        content=replay.body,
+        status_code=replay.status_code,
+        media_type=replay.media_type,
+        headers={**replay.headers, **REPLAYED_HEADER},
+    )

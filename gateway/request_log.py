@@ -37,8 +37,9 @@ class RequestLog:
         """Open the log file (creating its folder) and start the writer thread."""
         path = Path(self.settings.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(path, maxBytes=self.settings.max_bytes,
-                                                       backupCount=self.settings.backup_count, encoding="utf-8")
+        handler = logging.handlers.RotatingFileHandler(
+            path, maxBytes=self.settings.max_bytes, backupCount=self.settings.backup_count, encoding="utf-8"
+        )
         handler.setFormatter(logging.Formatter("%(message)s"))
         q: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
         self._logger.addHandler(logging.handlers.QueueHandler(q))
@@ -63,22 +64,58 @@ class RequestLog:
             return json.loads(text)
         return {"truncated": True, "bytes": len(raw), "prefix": raw[:limit].decode("utf-8", "ignore")}
 
-    def write(self, *, session_id: str | None, route: str, endpoint: str, http_status: int, step_status: str | None,
-              latency_ms: float, request: Any, response: Any) -> None:
+    def write(
+        self,
+        *,
+        session_id: str | None,
+        route: str,
+        endpoint: str,
+        http_status: int,
+        step_status: str | None,
+        latency_ms: float,
+        request: Any,
+        response: Any,
+    ) -> None:
         """Log one call (no-op before ``start()``)."""
         if self._listener is None:
             return
-        line = {"ts": time.time(), "session_id": session_id, "route": route, "endpoint": endpoint,
-                "http_status": http_status, "step_status": step_status, "latency_ms": round(latency_ms, 3),
-                "request": self._cut(request), "response": self._cut(response)}
+        line = {
+            "ts": time.time(),
+            "session_id": session_id,
+            "route": route,
+            "endpoint": endpoint,
+            "http_status": http_status,
+            "step_status": step_status,
+            "latency_ms": round(latency_ms, 3),
+            "request": self._cut(request),
+            "response": self._cut(response),
+        }
         self._logger.info(json_text(line, default=str))
 
-    def write_rejected(self, *, session_id: str | None, route: str | None, method: str, path: str,
-                       http_status: int, reason: str, message: str) -> None:
+    def write_rejected(
+        self,
+        *,
+        session_id: str | None,
+        route: str | None,
+        method: str,
+        path: str,
+        http_status: int,
+        reason: str,
+        message: str,
+    ) -> None:
         """Log one call the gateway answered itself (:mod:`gateway.rejections`): no step, so
         ``step_status`` is null and ``rejected`` names the reason; no bodies."""
         if self._listener is None:
             return
-        line = {"ts": time.time(), "session_id": session_id, "route": route, "method": method, "path": path,
-                "http_status": http_status, "step_status": None, "rejected": reason, "message": message[:500]}
+        line = {
+            "ts": time.time(),
+            "session_id": session_id,
+            "route": route,
+            "method": method,
+            "path": path,
+            "http_status": http_status,
+            "step_status": None,
+            "rejected": reason,
+            "message": message[:500],
+        }
         self._logger.info(json_text(line, default=str))

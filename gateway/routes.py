@@ -33,8 +33,12 @@ def _model_list(request: Request) -> dict[str, object]:
 
 def _model(request: Request, model: str) -> dict[str, object]:
     if _gw(request).settings.resolve_route(model) is None:
-        raise GatewayError(404, f"The model `{model}` does not exist (no such route or alias)", code="model_not_found",
-                           param="model")
+        raise GatewayError(
+            404,
+            f"The model `{model}` does not exist (no such route or alias)",
+            code="model_not_found",
+            param="model",
+        )
     return _model_object(model)
 
 
@@ -46,10 +50,16 @@ async def readyz(request: Request) -> JSONResponse:
     """Ready when the store answers (and, with ``?route=KEY``, that route's upstream); names the
     database so a launcher can check it is its own (``Store.identity``: no credential in it)."""
     g = _gw(request)
-    body = {"status": "ready", "storage_type": g.store.kind, "db_url": g.store.identity(),
-            "max_steps": g.settings.max_steps, "routes": sorted(g.settings.llm_routes),
-            "base_session_path": g.settings.base_session_path, "telemetry_mode": g.settings.telemetry.mode,
-            "shared_sessions": g.sessions.persists_itself}
+    body = {
+        "status": "ready",
+        "storage_type": g.store.kind,
+        "db_url": g.store.identity(),
+        "max_steps": g.settings.max_steps,
+        "routes": sorted(g.settings.llm_routes),
+        "base_session_path": g.settings.base_session_path,
+        "telemetry_mode": g.settings.telemetry.mode,
+        "shared_sessions": g.sessions.persists_itself,
+    }
     try:
         await g.store.ping()
     except Exception as e:
@@ -100,12 +110,19 @@ async def session_status(session_id: str, request: Request) -> dict[str, object]
     st = await _gw(request).sessions.get(check_session_id(session_id))
     if st is None:
         raise GatewayError(404, f"unknown session {session_id}", code="session_not_found")
-    return {"session_id": st.session_id, "status": st.status, "max_steps": st.max_steps,
-            "total_steps": st.total_steps, "refunded_steps": st.refunded_steps,
-            "step_counts": st.step_counts or {}, "close_reason": st.close_reason,
-            "completion_mode": st.completion_mode, "rejected_calls": _rejected(request, session_id),
-            "unrecorded_calls": _gw(request).sessions.unrecorded(st.session_id),
-            **await _versions(_gw(request), st.session_id)}
+    return {
+        "session_id": st.session_id,
+        "status": st.status,
+        "max_steps": st.max_steps,
+        "total_steps": st.total_steps,
+        "refunded_steps": st.refunded_steps,
+        "step_counts": st.step_counts or {},
+        "close_reason": st.close_reason,
+        "completion_mode": st.completion_mode,
+        "rejected_calls": _rejected(request, session_id),
+        "unrecorded_calls": _gw(request).sessions.unrecorded(st.session_id),
+        **await _versions(_gw(request), st.session_id),
+    }
 
 
 def _rejected(request: Request, session_id: str) -> dict[str, int]:
@@ -129,16 +146,22 @@ async def close_session(session_id: str, request: Request) -> dict[str, object]:
     created."""
     check_session_id(session_id)
     g = _gw(request)
-    req = parse_body(await read_control_body(request), CloseSessionRequest, "invalid close request",
-                     optional=True)
+    req = parse_body(
+        await read_control_body(request), CloseSessionRequest, "invalid close request", optional=True
+    )
     if not await g.sessions.known(session_id):
-        raise GatewayError(404, f"unknown session {session_id}: it never called the model and no launcher "
-                                "registered it", code="session_not_found", param="session_id")
+        raise GatewayError(
+            404,
+            f"unknown session {session_id}: it never called the model and no launcher registered it",
+            code="session_not_found",
+            param="session_id",
+        )
     return await close_and_store(g, session_id, req.reason, req.completion_mode)
 
 
-async def close_and_store(g: GatewayState, session_id: str, reason: str | None,
-                          completion_mode: str | None) -> dict[str, object]:
+async def close_and_store(
+    g: GatewayState, session_id: str, reason: str | None, completion_mode: str | None
+) -> dict[str, object]:
     """Close a known session, store its closed state and forget it; the close answer."""
     snap, truncated = await g.sessions.close(session_id, reason, completion_mode, g.settings.close_grace_s)
     # dropped from memory once the closed state is stored (best_effort: never if that fails, so
@@ -150,14 +173,24 @@ async def close_and_store(g: GatewayState, session_id: str, reason: str | None,
     g.prefixes.drop(session_id)
     g.encoder.drop(session_id)
     rejected = g.rejections.of(session_id) if g.rejections is not None else {}
-    return {"session_id": session_id, "status": snap.status, "total_steps": snap.total_steps,
-            "max_steps": snap.max_steps, "refunded_steps": snap.refunded_steps, "truncated": truncated,
-            "close_reason": snap.close_reason, "completion_mode": snap.completion_mode,
-            "rejected_calls": rejected,
-            "unrecorded_calls": g.sessions.unrecorded(session_id),  # after the close's commit: every step settled
-            # no step reserved, none recorded (a step row is written for a reserved step only)
-            **({"policy_versions": [], "spans_policy_versions": False} if snap.total_steps == 0
-               else await _versions(g, session_id))}
+    return {
+        "session_id": session_id,
+        "status": snap.status,
+        "total_steps": snap.total_steps,
+        "max_steps": snap.max_steps,
+        "refunded_steps": snap.refunded_steps,
+        "truncated": truncated,
+        "close_reason": snap.close_reason,
+        "completion_mode": snap.completion_mode,
+        "rejected_calls": rejected,
+        "unrecorded_calls": g.sessions.unrecorded(session_id),  # after the close's commit: every step settled
+        # no step reserved, none recorded (a step row is written for a reserved step only)
+        **(
+            {"policy_versions": [], "spans_policy_versions": False}
+            if snap.total_steps == 0
+            else await _versions(g, session_id)
+        ),
+    }
 
 
 async def score_session(session_id: str, request: Request) -> dict[str, object]:
@@ -166,12 +199,24 @@ async def score_session(session_id: str, request: Request) -> dict[str, object]:
     check_session_id(session_id)
     g = _gw(request)
     req = parse_body(await read_control_body(request), ScoreSessionRequest, "invalid score request")
-    if g.sessions.live(session_id) is None and await g.store.gateway_session_or_context(session_id) == (None, None):
-        raise GatewayError(404, f"unknown session {session_id}: it never called the model and no launcher "
-                                "registered it", code="session_not_found", param="session_id")
+    if g.sessions.live(session_id) is None and await g.store.gateway_session_or_context(session_id) == (
+        None,
+        None,
+    ):
+        raise GatewayError(
+            404,
+            f"unknown session {session_id}: it never called the model and no launcher registered it",
+            code="session_not_found",
+            param="session_id",
+        )
     row = await g.store.set_client_score(session_id, req.as_score(), req.reason)
-    return {"session_id": session_id, "client_score": row.score, "reason": row.reason,
-            "provenance": row.provenance, "recorded_at": row.recorded_at.isoformat()}
+    return {
+        "session_id": session_id,
+        "client_score": row.score,
+        "reason": row.reason,
+        "provenance": row.provenance,
+        "recorded_at": row.recorded_at.isoformat(),
+    }
 
 
 async def head_ok(request: Request) -> Response:

@@ -66,7 +66,10 @@ def take_step(st: GatewaySession, model: str) -> StepSlot | None:
         st.status = GatewaySessionStatus.TRUNCATED
         st.updated_at = utcnow()
         return None
-    if st.status in (GatewaySessionStatus.TRUNCATED, GatewaySessionStatus.INTERRUPTED):  # a refund freed a unit / a restart
+    if st.status in (
+        GatewaySessionStatus.TRUNCATED,
+        GatewaySessionStatus.INTERRUPTED,
+    ):  # a refund freed a unit / a restart
         st.status = GatewaySessionStatus.ACTIVE
     if st.route is None:
         st.route = model
@@ -139,9 +142,13 @@ class SessionManager:
         if ctx is not None and ctx.max_steps is not None:
             max_steps = ctx.max_steps
         return GatewaySession(
-            session_id=sid, max_steps=max_steps, step_counts={},
-            job_id=ctx.job_id if ctx else None, env_name=ctx.env_name if ctx else None,
-            group_id=ctx.group_id if ctx else None, route=ctx.llm_model if ctx else None,
+            session_id=sid,
+            max_steps=max_steps,
+            step_counts={},
+            job_id=ctx.job_id if ctx else None,
+            env_name=ctx.env_name if ctx else None,
+            group_id=ctx.group_id if ctx else None,
+            route=ctx.llm_model if ctx else None,
         )
 
     def note_unrecorded(self, sid: str) -> None:
@@ -241,8 +248,13 @@ class SessionManager:
         """Give the budget unit of a slot in flight back (its call never reached the model); its row is
         still written. False once the slot was released or refunded, or the session is forgotten."""
         live = self._sessions.get(slot.session_id)
-        if (live is None or live.forgotten or live.state is None or slot.seq not in live.in_flight
-                or slot.seq in live.refunded):
+        if (
+            live is None
+            or live.forgotten
+            or live.state is None
+            or slot.seq not in live.in_flight
+            or slot.seq in live.refunded
+        ):
             return False
         live.refunded.add(slot.seq)
         live.state.refunded_steps += 1
@@ -272,8 +284,9 @@ class SessionManager:
         live = self._sessions.get(slot.session_id)
         return live is not None and slot.seq in live.after_close
 
-    async def close(self, sid: str, reason: str | None, completion_mode: str | None,
-                    grace_s: float = 0.0) -> tuple[GatewaySession, bool]:
+    async def close(
+        self, sid: str, reason: str | None, completion_mode: str | None, grace_s: float = 0.0
+    ) -> tuple[GatewaySession, bool]:
         """Close a session (idempotent; the first reason kept): no new call from now, then wait for its
         calls in flight (at most ``grace_s``) and mark it closed. Returns the closed state and whether
         the budget truncated it."""
@@ -303,9 +316,13 @@ class SessionManager:
                     st.closed_at = st.updated_at = utcnow()
                 if live.in_flight:
                     live.after_close.update(live.in_flight)
-                    log.warning("session %s closed with %d call(s) still in flight after %.1f s; their steps "
-                                "will be recorded with after_close=true, is_trainable=false", sid,
-                                len(live.in_flight), grace_s)
+                    log.warning(
+                        "session %s closed with %d call(s) still in flight after %.1f s; their steps "
+                        "will be recorded with after_close=true, is_trainable=false",
+                        sid,
+                        len(live.in_flight),
+                        grace_s,
+                    )
                 snap = _snapshot(st)
             self.recent_calls.drop(sid)
         finally:

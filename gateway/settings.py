@@ -104,8 +104,10 @@ class RouteSettings(_Strict):
     def _aliases(cls, v: list[str]) -> list[str]:
         for i, name in enumerate(v):
             if not name or name != name.strip() or any(c in name for c in "*?["):
-                raise ValueError(f"aliases[{i}] must be an exact model name (not empty, no surrounding spaces, "
-                                 "no glob characters: use alias_pattern for a pattern)")
+                raise ValueError(
+                    f"aliases[{i}] must be an exact model name (not empty, no surrounding spaces, "
+                    "no glob characters: use alias_pattern for a pattern)"
+                )
         if len(set(v)) != len(v):
             raise ValueError("aliases lists a name twice")
         return v
@@ -120,8 +122,10 @@ class RouteSettings(_Strict):
     @model_validator(mode="after")
     def _count_tokens_fits(self) -> RouteSettings:
         if self.count_tokens == "upstream" and self.api != "anthropic":
-            raise ValueError("count_tokens: upstream needs an api: anthropic route (an OpenAI-style upstream has "
-                             "no /v1/messages/count_tokens); use vllm, llama_cpp or estimate")
+            raise ValueError(
+                "count_tokens: upstream needs an api: anthropic route (an OpenAI-style upstream has "
+                "no /v1/messages/count_tokens); use vllm, llama_cpp or estimate"
+            )
         return self
 
     def token_counter(self) -> str:
@@ -140,7 +144,9 @@ class RouteSettings(_Strict):
         dumped config, which holds both, loads again)."""
         if isinstance(data, dict) and data.get("base_urls"):
             urls = data["base_urls"]
-            first = urls[0].rstrip("/") if isinstance(urls, list) and urls and isinstance(urls[0], str) else None
+            first = (
+                urls[0].rstrip("/") if isinstance(urls, list) and urls and isinstance(urls[0], str) else None
+            )
             given = data.get("base_url")
             if given is not None and (not isinstance(given, str) or given.rstrip("/") != first):
                 raise ValueError("give base_url (one upstream) or base_urls (a pool of workers), not both")
@@ -173,7 +179,9 @@ class RouteSettings(_Strict):
     @model_validator(mode="after")
     def _capture_openai_only(self) -> RouteSettings:
         if self.capture is not None and self.api != "openai":
-            raise ValueError("capture works on chat completions, which an api: anthropic route does not serve")
+            raise ValueError(
+                "capture works on chat completions, which an api: anthropic route does not serve"
+            )
         return self
 
     @property
@@ -189,7 +197,9 @@ def check_worker_url(url: str, where: str = "base_url") -> None:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{where} must be an http:// or https:// URL with a host")
     if "{" in url or "}" in url:
-        raise ValueError(f"{where}: a worker of a pool cannot hold a placeholder such as {SESSION_ID_PLACEHOLDER}")
+        raise ValueError(
+            f"{where}: a worker of a pool cannot hold a placeholder such as {SESSION_ID_PLACEHOLDER}"
+        )
     if parts.query or parts.fragment:
         raise ValueError(f"{where} must not have a query or fragment")
 
@@ -199,16 +209,19 @@ def check_base_url_template(url: str) -> None:
     scheme, host, query or fragment: the gateway appends the endpoint path), with no stray brace."""
     for name in _PLACEHOLDER.findall(url):
         if "{" + name + "}" != SESSION_ID_PLACEHOLDER:
-            raise ValueError(f"base_url has the placeholder {{{name}}}; the only one replaced is "
-                             f"{SESSION_ID_PLACEHOLDER}")
+            raise ValueError(
+                f"base_url has the placeholder {{{name}}}; the only one replaced is {SESSION_ID_PLACEHOLDER}"
+            )
     rest = url.replace(SESSION_ID_PLACEHOLDER, "")
     if "{" in rest or "}" in rest:
         raise ValueError(f"base_url has a stray brace; the only placeholder is {SESSION_ID_PLACEHOLDER}")
     if SESSION_ID_PLACEHOLDER in url:
         parts = urlsplit(url.replace(SESSION_ID_PLACEHOLDER, "SESSIONID"))
         if "SESSIONID" in parts.scheme + parts.netloc + parts.query + parts.fragment:
-            raise ValueError(f"base_url: {SESSION_ID_PLACEHOLDER} may only appear in the URL path, "
-                             "e.g. http://trainer:8000/sessions/{session_id}/v1")
+            raise ValueError(
+                f"base_url: {SESSION_ID_PLACEHOLDER} may only appear in the URL path, "
+                "e.g. http://trainer:8000/sessions/{session_id}/v1"
+            )
 
 
 def _keys_from(inline: list[str], env_name: str | None, field: str) -> list[str]:
@@ -218,15 +231,18 @@ def _keys_from(inline: list[str], env_name: str | None, field: str) -> list[str]
     if env_name is not None:
         raw = os.environ.get(env_name)
         if raw is None:
-            raise ValueError(f"{field} names {env_name}, which is not set; export it (comma-separated keys) or "
-                             f"remove {field} to run without it")
+            raise ValueError(
+                f"{field} names {env_name}, which is not set; export it (comma-separated keys) or "
+                f"remove {field} to run without it"
+            )
         from_env = [k.strip() for k in raw.split(",") if k.strip()]
         if not from_env:
             raise ValueError(f"{field} names {env_name}, which holds no key")
         for i, k in enumerate(from_env):
             if not _KEY.fullmatch(k):
-                raise ValueError(f"key #{i + 1} in ${env_name} is not a valid key (visible ASCII characters, no "
-                                 "comma)")
+                raise ValueError(
+                    f"key #{i + 1} in ${env_name} is not a valid key (visible ASCII characters, no comma)"
+                )
         keys += from_env
     return list(dict.fromkeys(keys))
 
@@ -249,8 +265,10 @@ class AuthSettings(_Strict):
         out = [k.strip() for k in v]
         for i, k in enumerate(out):
             if not _KEY.fullmatch(k):
-                raise ValueError(f"auth.{info.field_name}[{i}] is not a valid key (visible ASCII characters, no "
-                                 "comma, not empty)")
+                raise ValueError(
+                    f"auth.{info.field_name}[{i}] is not a valid key (visible ASCII characters, no "
+                    "comma, not empty)"
+                )
         return out
 
     @field_validator("api_keys_env", "admin_api_keys_env")
@@ -263,11 +281,15 @@ class AuthSettings(_Strict):
     @model_validator(mode="after")
     def _resolve(self) -> AuthSettings:
         self._keys = tuple(_keys_from(self.api_keys, self.api_keys_env, "auth.api_keys_env"))
-        self._admin_keys = tuple(_keys_from(self.admin_api_keys, self.admin_api_keys_env, "auth.admin_api_keys_env"))
+        self._admin_keys = tuple(
+            _keys_from(self.admin_api_keys, self.admin_api_keys_env, "auth.admin_api_keys_env")
+        )
         for i, k in enumerate(self._admin_keys):
             if k in self._keys:
-                raise ValueError(f"admin key #{i + 1} (auth.admin_api_keys, then auth.admin_api_keys_env) is also a "
-                                 "client key: an admin key must differ from every key the clients get")
+                raise ValueError(
+                    f"admin key #{i + 1} (auth.admin_api_keys, then auth.admin_api_keys_env) is also a "
+                    "client key: an admin key must differ from every key the clients get"
+                )
         return self
 
     def keys(self) -> tuple[str, ...]:
@@ -382,8 +404,10 @@ class GatewaySettings(_Strict):
         if self.storage_type == "postgres":
             self.storage_type = "postgresql"
         if self.storage_type is not None and self.storage_type != kind:
-            raise ValueError(f"storage_type is {self.storage_type} but storage_config.db_url is a {kind} URL "
-                             f"({given}); make them agree or drop storage_type")
+            raise ValueError(
+                f"storage_type is {self.storage_type} but storage_config.db_url is a {kind} URL "
+                f"({given}); make them agree or drop storage_type"
+            )
         self.storage_type = kind
         return self
 
@@ -394,11 +418,15 @@ class GatewaySettings(_Strict):
         for key, route in self.llm_routes.items():
             for name in route.aliases:
                 if name in self.llm_routes:
-                    raise ValueError(f"llm_routes.{key}.aliases: {name!r} is the key of route {name!r}; an alias "
-                                     "must not name a route")
+                    raise ValueError(
+                        f"llm_routes.{key}.aliases: {name!r} is the key of route {name!r}; an alias "
+                        "must not name a route"
+                    )
                 if name in owner:
-                    raise ValueError(f"llm_routes.{key}.aliases: {name!r} is already an alias of route "
-                                     f"{owner[name]!r}; an alias names one route")
+                    raise ValueError(
+                        f"llm_routes.{key}.aliases: {name!r} is already an alias of route "
+                        f"{owner[name]!r}; an alias names one route"
+                    )
                 owner[name] = key
         self._alias_owner = owner
         self._patterns = [(r.alias_pattern, key) for key, r in self.llm_routes.items() if r.alias_pattern]
@@ -421,8 +449,9 @@ class GatewaySettings(_Strict):
     def _default_route_exists(self) -> GatewaySettings:
         if self.default_route is not None and self.default_route not in self.llm_routes:
             known = ", ".join(sorted(self.llm_routes)) or "none"
-            raise ValueError(f"default_route {self.default_route!r} is not a route of llm_routes "
-                             f"(known routes: {known})")
+            raise ValueError(
+                f"default_route {self.default_route!r} is not a route of llm_routes (known routes: {known})"
+            )
         return self
 
     @property
@@ -482,8 +511,9 @@ def config_problems(e: ValidationError, source: str, flags: Collection[str] = ()
         field = ".".join(str(part) for part in err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden" and err["loc"]:
-            close = difflib.get_close_matches(str(err["loc"][-1]), _keys_at(GatewaySettings, tuple(err["loc"][:-1])),
-                                              n=1, cutoff=0.6)
+            close = difflib.get_close_matches(
+                str(err["loc"][-1]), _keys_at(GatewaySettings, tuple(err["loc"][:-1])), n=1, cutoff=0.6
+            )
             msg = f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
         for prefix in _PYDANTIC_PREFIXES:
             msg = msg.removeprefix(prefix)
@@ -500,8 +530,9 @@ def config_problems(e: ValidationError, source: str, flags: Collection[str] = ()
     return lines
 
 
-def load_settings(path: str | Path, *, host: str | None = None, port: int | None = None,
-                  db_url: str | None = None) -> GatewaySettings:
+def load_settings(
+    path: str | Path, *, host: str | None = None, port: int | None = None, db_url: str | None = None
+) -> GatewaySettings:
     """Read and validate a gateway YAML file, ``host``, ``port`` and ``db_url`` (when given) replacing
     the file's values. Raises ConfigError, one line per problem (:func:`config_problems`)."""
     p = Path(path)

@@ -69,8 +69,13 @@ class SharedSessionManager(SessionManager):
 
         try:
             fast = await self._store.reserve_step(sid, model)  # one statement, the common case
-            got = (StepSlot(sid, *fast) if fast is not None else
-                   await self._store.change_gateway_session(sid, take, lambda ctx: self._new_state(sid, ctx)))
+            got = (
+                StepSlot(sid, *fast)
+                if fast is not None
+                else await self._store.change_gateway_session(
+                    sid, take, lambda ctx: self._new_state(sid, ctx)
+                )
+            )
         except BaseException:
             self._drop_if_idle(sid)
             raise
@@ -97,7 +102,9 @@ class SharedSessionManager(SessionManager):
         if live is None or slot.seq not in live.in_flight:
             return
         if not recorded:
-            self._spawn(self._store.release_in_flight(slot.session_id), f"in_flight release of {slot.session_id}")
+            self._spawn(
+                self._store.release_in_flight(slot.session_id), f"in_flight release of {slot.session_id}"
+            )
         live.in_flight.discard(slot.seq)
         live.refunded.discard(slot.seq)
         if not live.in_flight:
@@ -122,8 +129,9 @@ class SharedSessionManager(SessionManager):
             st.refunded_steps += 1
             st.updated_at = utcnow()
 
-        await self._store.change_gateway_session(slot.session_id, give_back,
-                                                 lambda ctx: self._new_state(slot.session_id, ctx))
+        await self._store.change_gateway_session(
+            slot.session_id, give_back, lambda ctx: self._new_state(slot.session_id, ctx)
+        )
         return True
 
     def live(self, sid: str) -> GatewaySession | None:
@@ -163,8 +171,9 @@ class SharedSessionManager(SessionManager):
                 return
             await asyncio.sleep(WATCH_POLL_S)
 
-    async def close(self, sid: str, reason: str | None, completion_mode: str | None,
-                    grace_s: float = 0.0) -> tuple[GatewaySession, bool]:
+    async def close(
+        self, sid: str, reason: str | None, completion_mode: str | None, grace_s: float = 0.0
+    ) -> tuple[GatewaySession, bool]:
         """As :meth:`SessionManager.close`, for calls in flight on any gateway: ``closing``, wait for
         ``in_flight`` 0 (at most ``grace_s``), then ``closed``."""
         live = self._live(sid)
@@ -175,6 +184,7 @@ class SharedSessionManager(SessionManager):
             return self._new_state(sid, ctx)
 
         try:
+
             def begin(st: GatewaySession) -> int:
                 if st.status != GatewaySessionStatus.CLOSED:
                     if st.status == GatewaySessionStatus.TRUNCATED:
@@ -191,10 +201,17 @@ class SharedSessionManager(SessionManager):
                 await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
                 pause = min(pause * 2, CLOSE_POLL_S[1])
                 st = await self._store.load_gateway_session(sid)
-                in_flight = st.in_flight if st is not None and st.status == GatewaySessionStatus.CLOSING else 0
+                in_flight = (
+                    st.in_flight if st is not None and st.status == GatewaySessionStatus.CLOSING else 0
+                )
             if in_flight > 0:
-                log.warning("session %s closed with %d call(s) still in flight after %.1f s; their steps will be "
-                            "recorded with after_close=true, is_trainable=false", sid, in_flight, grace_s)
+                log.warning(
+                    "session %s closed with %d call(s) still in flight after %.1f s; their steps will be "
+                    "recorded with after_close=true, is_trainable=false",
+                    sid,
+                    in_flight,
+                    grace_s,
+                )
 
             def end(st: GatewaySession) -> tuple[GatewaySession, bool]:
                 truncated = st.status == GatewaySessionStatus.TRUNCATED or st.completion_mode == "truncated"

@@ -30,9 +30,16 @@ class GuardedStreamingResponse(StreamingResponse):
       (normal end, disconnect, error, server shutdown), shielded from cancellation.
     """
 
-    def __init__(self, content: AsyncIterator[bytes], *, on_disconnect: Callable[[], None],
-                 finalize: Callable[[], Awaitable[None]], status_code: int = 200,
-                 headers: Mapping[str, str] | None = None, media_type: str | None = None) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        on_disconnect: Callable[[], None],
+        finalize: Callable[[], Awaitable[None]],
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        media_type: str | None = None,
+    ) -> None:
         super().__init__(content, status_code=status_code, headers=headers, media_type=media_type)
         self._content = content
         self._on_disconnect = on_disconnect

@@ -34,13 +34,21 @@ def route_base_url(route_key: str, route: RouteSettings, session_id: str | None)
     if not route.per_session:
         return route.base_url
     if session_id is None:
-        raise GatewayError(400, f"route `{route_key}` sends each call to a per-session URL "
-                                f"({redact_url(route.base_url)}); "
-                                "call it through a session URL (.../v1/sessions/{session_id}/...), not the "
-                                "sessionless endpoint", code="session_required", param="model")
+        raise GatewayError(
+            400,
+            f"route `{route_key}` sends each call to a per-session URL "
+            f"({redact_url(route.base_url)}); "
+            "call it through a session URL (.../v1/sessions/{session_id}/...), not the "
+            "sessionless endpoint",
+            code="session_required",
+            param="model",
+        )
     if session_id in (".", ".."):
-        raise GatewayError(400, f"the session id {session_id!r} cannot be put in the per-session URL of route "
-                                f"`{route_key}`", code="session_required")
+        raise GatewayError(
+            400,
+            f"the session id {session_id!r} cannot be put in the per-session URL of route `{route_key}`",
+            code="session_required",
+        )
     return route.base_url.replace(SESSION_ID_PLACEHOLDER, quote(session_id, safe=""))
 
 
@@ -65,7 +73,9 @@ class UpstreamClient:
         start the health checks."""
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, read_bufsize=2**16,
+            connector=connector,
+            auto_decompress=False,
+            read_bufsize=2**16,
             skip_auto_headers=("User-Agent",),
         )
         self._health = asyncio.create_task(self._health_loop(), name="upstream-health-checks")
@@ -94,8 +104,9 @@ class UpstreamClient:
             raise RuntimeError("UpstreamClient.start() was not called")
         url = base_url.rstrip("/") + ("/v1/models" if route.api == "anthropic" else "/models")
         try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                         allow_redirects=False) as resp:
+            async with self._session.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
+            ) as resp:
                 if resp.status >= 500:
                     return f"answered HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -115,8 +126,11 @@ class UpstreamClient:
             if why is None:
                 return None
             whys.append(why if len(workers) == 1 else f"{w.shown} {why}")
-        return f"upstream of route {route_key} " + "; ".join(whys) if len(workers) == 1 else (
-            f"no worker of route {route_key} answers: " + "; ".join(whys))
+        return (
+            f"upstream of route {route_key} " + "; ".join(whys)
+            if len(workers) == 1
+            else (f"no worker of route {route_key} answers: " + "; ".join(whys))
+        )
 
     async def check_workers(self, route_key: str | None = None) -> None:
         """Health-check every worker of the pooled routes (or of ``route_key``) now, at once: a
@@ -131,7 +145,9 @@ class UpstreamClient:
         if checks:
             await asyncio.gather(*checks)
 
-    async def _check_one(self, pool: WorkerPool, route: RouteSettings, base_url: str, timeout_s: float) -> None:
+    async def _check_one(
+        self, pool: WorkerPool, route: RouteSettings, base_url: str, timeout_s: float
+    ) -> None:
         why = await self._probe_url(route, base_url, timeout_s)
         pool.set_health(base_url, why is None, None if why is None else f"health check: {why}")
 
@@ -139,8 +155,12 @@ class UpstreamClient:
         """Check each pooled route every ``health_check_interval_s``; wakes every second (or the
         smallest interval, if shorter), so a pool made at run time is checked too."""
         while True:
-            due = [k for k in self._routes if self.pooled(k)
-                   and time.monotonic() - self._checked_at.get(k, 0.0) >= self._routes[k].health_check_interval_s]
+            due = [
+                k
+                for k in self._routes
+                if self.pooled(k)
+                and time.monotonic() - self._checked_at.get(k, 0.0) >= self._routes[k].health_check_interval_s
+            ]
             for key in due:
                 try:
                     await self.check_workers(key)
@@ -150,9 +170,17 @@ class UpstreamClient:
             await asyncio.sleep(min([1.0, *intervals]))
 
     @asynccontextmanager
-    async def post(self, route_key: str, path: str, body: bytes, headers: dict[str, str],
-                   session_id: str | None = None, *, base: Callable[[str], str] | None = None,
-                   worker: Worker | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def post(
+        self,
+        route_key: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        session_id: str | None = None,
+        *,
+        base: Callable[[str], str] | None = None,
+        worker: Worker | None = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST ``body`` to ``<base_url><path>`` (the ``worker``'s, else :meth:`pick`'s; ``base`` maps it
         first), holding the route's concurrency slot while the response is open; yields it with its
         headers read, and leaving the block releases (unread: closes) the connection. A pooled worker
@@ -165,9 +193,12 @@ class UpstreamClient:
         base_url = route_base_url(route_key, route, session_id) if route.per_session else w.base_url
         if base is not None:
             base_url = base(base_url)
-        timeout = aiohttp.ClientTimeout(total=None, connect=route.connect_timeout_s,
-                                        sock_connect=route.connect_timeout_s,
-                                        sock_read=route.read_timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=route.connect_timeout_s,
+            sock_connect=route.connect_timeout_s,
+            sock_read=route.read_timeout_s,
+        )
         sem = self._limits.get(route_key)
         if sem is not None:
             await sem.acquire()
@@ -177,14 +208,18 @@ class UpstreamClient:
             data = io.BytesIO(body) if len(body) > LARGE_BODY_BYTES else body
             connected = False
             try:
-                async with self._session.post(base_url + path, data=data, headers=headers, timeout=timeout,
-                                              allow_redirects=False) as resp:
+                async with self._session.post(
+                    base_url + path, data=data, headers=headers, timeout=timeout, allow_redirects=False
+                ) as resp:
                     connected = True
                     yield resp
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 if not connected and self.pooled(route_key):
-                    self.pools[route_key].set_health(w.base_url, False, hide_secrets(
-                        f"connect failed: {type(e).__name__}: {e}", w.base_url))
+                    self.pools[route_key].set_health(
+                        w.base_url,
+                        False,
+                        hide_secrets(f"connect failed: {type(e).__name__}: {e}", w.base_url),
+                    )
                 raise
         finally:
             w.in_flight -= 1

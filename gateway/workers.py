@@ -51,8 +51,13 @@ class Worker:
         self.shown = redact_url(self.base_url)
 
     def as_json(self) -> dict[str, object]:
-        return {"base_url": self.shown, "healthy": self.healthy, "last_error": self.last_error,
-                "changed_at": self.changed_at, "in_flight": self.in_flight}
+        return {
+            "base_url": self.shown,
+            "healthy": self.healthy,
+            "last_error": self.last_error,
+            "changed_at": self.changed_at,
+            "in_flight": self.in_flight,
+        }
 
 
 class WorkerPool:
@@ -89,7 +94,9 @@ class WorkerPool:
             if healthy:
                 log.info("route %s: worker %s is back", self.route_key, w.shown)
             else:
-                log.warning("route %s: worker %s taken out (%s); its sessions move", self.route_key, w.shown, why)
+                log.warning(
+                    "route %s: worker %s taken out (%s); its sessions move", self.route_key, w.shown, why
+                )
 
     def add(self, base_url: str) -> bool:
         """Add a worker (healthy until a check says otherwise); False when it is already there."""
@@ -107,6 +114,10 @@ class WorkerPool:
         if len(self.workers) == 1:
             raise ValueError(f"route {self.route_key}: {redact_url(base_url)} is its last worker")
         w = self.workers.pop(base_url)
-        log.info("route %s: worker %s removed (%d call(s) still open on it finish there)", self.route_key,
-                 w.shown, w.in_flight)
+        log.info(
+            "route %s: worker %s removed (%d call(s) still open on it finish there)",
+            self.route_key,
+            w.shown,
+            w.in_flight,
+        )
         return w

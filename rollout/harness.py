@@ -14,5 +14,15 @@ from rollout.contract.harness import (
     npm_install,
 )
 
-__all__ = ["HARNESS_FILE", "PROTOCOLS", "SOLUTION_ENV", "Harness", "HarnessContext", "HarnessLaunch",
-           "HarnessUnavailable", "Protocol", "load_harness_file", "npm_install"]
+__all__ = [
+    "HARNESS_FILE",
+    "PROTOCOLS",
+    "SOLUTION_ENV",
+    "Harness",
+    "HarnessContext",
+    "HarnessLaunch",
+    "HarnessUnavailable",
+    "Protocol",
+    "load_harness_file",
+    "npm_install",
+]

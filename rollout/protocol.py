@@ -13,5 +13,14 @@ from rollout.contract.protocol import (
     model_json,
 )
 
-__all__ = ["EvalRequest", "EvalSpec", "RuntimeStatus", "SimulationStartRequest", "SimulationStartResult",
-           "Trajectory", "TrajectoryStep", "model_from_json", "model_json"]
+__all__ = [
+    "EvalRequest",
+    "EvalSpec",
+    "RuntimeStatus",
+    "SimulationStartRequest",
+    "SimulationStartResult",
+    "Trajectory",
+    "TrajectoryStep",
+    "model_from_json",
+    "model_json",
+]

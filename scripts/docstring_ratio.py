@@ -18,8 +18,11 @@ def docstring_lines(source: str) -> int:
     """The number of lines of ``source`` inside bare string statements."""
     lines: set[int] = set()
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str)):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
     return len(lines)
 

@@ -54,7 +54,9 @@ _STEP_INSERT_SQL = (
 _SESSION_UPSERT_SQL = (
     f"INSERT INTO {_q(_GS.name)} ({', '.join(map(_q, SESSION_COLUMNS))}) "
     f"VALUES ({', '.join('?' * len(SESSION_COLUMNS))}) ON CONFLICT ({_q('session_id')}) DO UPDATE SET "
-    + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in SESSION_COLUMNS if c not in ("session_id", "created_at"))
+    + ", ".join(
+        f"{_q(c)} = excluded.{_q(c)}" for c in SESSION_COLUMNS if c not in ("session_id", "created_at")
+    )
 )
 
 
@@ -65,7 +67,8 @@ def _session_upsert(dialect_name: str) -> Any:
     stmt = (sqlite_insert if dialect_name == "sqlite" else pg_insert)(_GS)
     return stmt.on_conflict_do_update(
         index_elements=["session_id"],
-        set_={c: stmt.excluded[c] for c in SESSION_COLUMNS if c not in ("session_id", "created_at")})
+        set_={c: stmt.excluded[c] for c in SESSION_COLUMNS if c not in ("session_id", "created_at")},
+    )
 
 
 def _as_dict(obj: SQLModel | Mapping[str, Any], names: tuple[str, ...]) -> Mapping[str, Any]:
@@ -73,8 +76,9 @@ def _as_dict(obj: SQLModel | Mapping[str, Any], names: tuple[str, ...]) -> Mappi
     return obj if isinstance(obj, Mapping) else {n: getattr(obj, n) for n in names}
 
 
-def _rows(steps: Sequence[StepRow], sessions: Iterable[SessionRow]
-          ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+def _rows(
+    steps: Sequence[StepRow], sessions: Iterable[SessionRow]
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """The batch as dicts: every step, and the last snapshot of each session (callers queue
     snapshots in order)."""
     latest: dict[str, Mapping[str, Any]] = {}
@@ -131,10 +135,14 @@ class SqliteBatchWriter:
         self._inline_con: sqlite3.Connection | None = None  # only touched on the event loop thread
         self._inline_commits = 0
 
-    def _connect(self, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, autocheckpoint: bool = True) -> sqlite3.Connection:
+    def _connect(
+        self, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, autocheckpoint: bool = True
+    ) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=busy_timeout_ms / 1000, isolation_level=None)
         try:
-            con.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")  # a new file only: before WAL writes its header
+            con.execute(
+                f"PRAGMA page_size={SQLITE_PAGE_SIZE}"
+            )  # a new file only: before WAL writes its header
             con.execute("PRAGMA journal_mode=WAL")
             con.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
             con.execute("PRAGMA synchronous=NORMAL")
@@ -158,8 +166,13 @@ class SqliteBatchWriter:
         con.execute("COMMIT")
         return result
 
-    def _commit_on(self, con: sqlite3.Connection, steps: list[Mapping[str, Any]],
-                   sessions: list[Mapping[str, Any]], release: bool = False) -> None:
+    def _commit_on(
+        self,
+        con: sqlite3.Connection,
+        steps: list[Mapping[str, Any]],
+        sessions: list[Mapping[str, Any]],
+        release: bool = False,
+    ) -> None:
         session_rows = [self._session_row(gs) for gs in sessions]
         packed = [pack(st) for st in steps]  # compressed here, in the writer, before taking the lock
 
@@ -170,6 +183,7 @@ class SqliteBatchWriter:
                 con.executemany(_SESSION_UPSERT_SQL, session_rows)
             if step_rows:
                 con.executemany(_STEP_INSERT_SQL, step_rows)
+
         self._transaction(con, write)
 
     def _worker_con(self) -> sqlite3.Connection:
@@ -178,14 +192,17 @@ class SqliteBatchWriter:
             con = self._con = self._connect()
         return con
 
-    def _commit(self, steps: list[Mapping[str, Any]], sessions: list[Mapping[str, Any]], release: bool) -> None:
+    def _commit(
+        self, steps: list[Mapping[str, Any]], sessions: list[Mapping[str, Any]], release: bool
+    ) -> None:
         self._commit_on(self._worker_con(), steps, sessions, release)
 
     async def run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """``fn(connection)`` in a write transaction of its own, in the worker thread (after the
         batches submitted before it): the shared sessions' reservation."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool(), lambda: self._transaction(self._worker_con(), fn))
+            self._pool(), lambda: self._transaction(self._worker_con(), fn)
+        )
 
     def _checkpoint(self) -> None:
         self._worker_con().execute("PRAGMA wal_checkpoint(PASSIVE)")
@@ -220,14 +237,17 @@ class SqliteBatchWriter:
             return True
         return self._try_inline(step_rows, session_rows)
 
-    async def write(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], release: bool = False) -> None:
+    async def write(
+        self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], release: bool = False
+    ) -> None:
         """Write one batch in the worker thread (SQLModel objects are first copied to dicts here,
         on the caller's thread: they are not shared)."""
         step_rows, session_rows = _rows(steps, sessions)
         if not step_rows and not session_rows:
             return
-        await asyncio.get_running_loop().run_in_executor(self._pool(), self._commit, step_rows, session_rows,
-                                                         release)
+        await asyncio.get_running_loop().run_in_executor(
+            self._pool(), self._commit, step_rows, session_rows, release
+        )
 
     def _close_connection(self) -> None:
         con, self._con = self._con, None
@@ -259,7 +279,9 @@ class BatchWriter:
 
     def __init__(self, db: Connections) -> None:
         self._db = db
-        self.sqlite = SqliteBatchWriter(db.path, db.writer.sync_engine.dialect) if db.path is not None else None
+        self.sqlite = (
+            SqliteBatchWriter(db.path, db.writer.sync_engine.dialect) if db.path is not None else None
+        )
 
     def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         """Commit inline if that needs no waiting (SQLite, no batch of this store being written,

@@ -62,7 +62,9 @@ class Connections:
         of its own with a sync connection, else through the async writer."""
         async with self.write_lock:
             if self.sync_writer is not None:
-                return await asyncio.get_running_loop().run_in_executor(self.group_executor(), self._sync_batch, ops)
+                return await asyncio.get_running_loop().run_in_executor(
+                    self.group_executor(), self._sync_batch, ops
+                )
             async with self.write_session() as s, s.begin():
                 return await s.run_sync(lambda sync: [op(sync) for op in ops])
 
@@ -72,9 +74,11 @@ class Connections:
         reader (``run_sync``)."""
         reader = self.sync_reader
         if reader is not None:
+
             def read() -> _T:
                 with reader.connect() as conn:  # closing it ends the read transaction
                     return fn(conn)
+
             return await asyncio.get_running_loop().run_in_executor(self.group_executor(), read)
         async with self.reader.connect() as aconn:
             return await aconn.run_sync(fn)

@@ -57,8 +57,9 @@ def redact_url(url: str, *, drop_user: bool = False) -> str:
         name, colon, _ = userinfo.partition(":")
         user = f"{name}:{REDACTED}@" if colon else f"{name}@"
     if query:
-        query = "?" + "&".join(f"{p.partition('=')[0]}={REDACTED}" if _secret_param(p) else p
-                               for p in query[1:].split("&"))
+        query = "?" + "&".join(
+            f"{p.partition('=')[0]}={REDACTED}" if _secret_param(p) else p for p in query[1:].split("&")
+        )
     return scheme + user + hostpath + query + fragment
 
 
@@ -99,7 +100,7 @@ def parse_db_url(url: str) -> str:
     if url.startswith("sqlite+aiosqlite:///"):
         url = "sqlite:///" + (make_url(url).database or "")
     if url.startswith("sqlite://") or ("://" not in url and url.strip()):
-        rest = url[len("sqlite://"):] if url.startswith("sqlite://") else url
+        rest = url[len("sqlite://") :] if url.startswith("sqlite://") else url
         if rest.startswith("//"):  # sqlite:////abs -> /abs
             rest = rest[1:]
         if not rest or rest == "/":
@@ -113,16 +114,19 @@ def parse_db_url(url: str) -> str:
         if path.is_dir():
             raise DbUrlError(f"storage {url!r}: {path} is a folder, not a SQLite file")
         if not path.parent.is_dir():
-            raise DbUrlError(f"storage {url!r}: the folder {path.parent} of the SQLite file does not exist "
-                             "(create it first)")
+            raise DbUrlError(
+                f"storage {url!r}: the folder {path.parent} of the SQLite file does not exist "
+                "(create it first)"
+            )
         # a URL object, so that ``?``, ``%`` or ``#`` in the path stay part of the file name
         return URL.create("sqlite+aiosqlite", database=str(path)).render_as_string(hide_password=False)
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+asyncpg://" + url.split("://", 1)[1]
     if url.startswith("postgresql+asyncpg://"):
         return url
-    raise DbUrlError(f"unsupported storage URL {redact_url(url)!r}: use a file path, sqlite://PATH or "
-                     "postgresql://...")
+    raise DbUrlError(
+        f"unsupported storage URL {redact_url(url)!r}: use a file path, sqlite://PATH or postgresql://..."
+    )
 
 
 def sqlite_path(async_url: str) -> Path | None:
@@ -191,10 +195,16 @@ def make_sync_sqlite_engine(path: Path, *, writer: bool) -> Engine:
     kw: dict[str, Any] = {}
     if not writer and sqlite_read_only(path):
         uri = read_only_uri(path)
-        kw["creator"] = lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
-                                                check_same_thread=False)
-    engine = create_engine(f"sqlite:///{path}", json_serializer=json_dumps, poolclass=StaticPool,
-                           connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}, **kw)
+        kw["creator"] = lambda: sqlite3.connect(
+            uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+        )
+    engine = create_engine(
+        f"sqlite:///{path}",
+        json_serializer=json_dumps,
+        poolclass=StaticPool,
+        connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+        **kw,
+    )
 
     event.listen(engine, "connect", _sqlite_connection)
 
@@ -233,9 +243,16 @@ def make_engine(async_url: str, *, writer: bool) -> AsyncEngine:
 
         return engine
     if async_url.startswith("postgresql+asyncpg") and importlib.util.find_spec("asyncpg") is None:
-        raise DbUrlError("a postgresql:// storage URL needs the asyncpg driver, which is not installed: "
-                         "pip install 'rollout-factory[postgres]' (or pip install asyncpg)")
+        raise DbUrlError(
+            "a postgresql:// storage URL needs the asyncpg driver, which is not installed: "
+            "pip install 'rollout-factory[postgres]' (or pip install asyncpg)"
+        )
     # PostgreSQL: READ COMMITTED (its default); the writer's pool also serves the session
     # reservations of shared gateways (store.repo.Store.reserve_step), one short transaction each
-    return create_async_engine(async_url, json_serializer=json_dumps, pool_pre_ping=True,
-                               pool_size=8 if writer else 4, max_overflow=8 if writer else 4)
+    return create_async_engine(
+        async_url,
+        json_serializer=json_dumps,
+        pool_pre_ping=True,
+        pool_size=8 if writer else 4,
+        max_overflow=8 if writer else 4,
+    )

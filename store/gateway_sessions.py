@@ -36,9 +36,11 @@ _OPEN = ("active", "truncated", "interrupted")
 SESSION_COLUMNS = tuple(c.name for c in _GS.columns)
 
 _GATEWAY_SESSION = _GS.select().where(_GS.c.session_id == bindparam("b_sid"))
-_SESSION_CONTEXT = (_JE.select().with_only_columns(_JE.c.job_id, _JE.c.env_name, _JE.c.group_id, _JE.c.max_steps,
-                                                   _JE.c.llm_model)
-                    .where(_JE.c.env_id == bindparam("b_sid")))
+_SESSION_CONTEXT = (
+    _JE.select()
+    .with_only_columns(_JE.c.job_id, _JE.c.env_name, _JE.c.group_id, _JE.c.max_steps, _JE.c.llm_model)
+    .where(_JE.c.env_id == bindparam("b_sid"))
+)
 _MARK_INTERRUPTED = _GS.update().where(_GS.c.status == "active")
 
 _RELEASE_SQL = (  # sqlite3 ``?`` parameters: n, n, session id
@@ -65,7 +67,7 @@ _SQLITE_RESERVE_SQL = (  # named parameters, run by the batch writer's own sqlit
     "AND (max_steps < 0 OR total_steps - refunded_steps < max_steps) AND (route IS NULL OR route = :model) "
     "RETURNING total_steps, json_extract(step_counts, :path), job_id, env_name, group_id"
 )
-_PG_COUNTS = ("CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END")
+_PG_COUNTS = "CASE WHEN json_typeof(step_counts) = 'object' THEN step_counts::jsonb ELSE '{}'::jsonb END"
 _PG_RESERVE_SQL = (  # asyncpg: $1 session id, $2 route key, $3 now
     "UPDATE gateway_sessions SET total_steps = total_steps + 1, in_flight = in_flight + 1, "
     f"step_counts = jsonb_set({_PG_COUNTS}, ARRAY[$2::text], "
@@ -133,8 +135,11 @@ def release_sqlite(con: sqlite3.Connection, steps: list[Mapping[str, Any]]) -> l
     """In the batch writer's transaction: lower ``in_flight`` of each step's session by its steps
     in the batch; returns ``steps`` with those of sessions already closed marked
     (:func:`mark_after_close`)."""
-    closed = {sid for sid, n in release_counts(steps)
-              if (r := con.execute(_RELEASE_SQL, (n, n, sid)).fetchone()) is not None and r[0] == "closed"}
+    closed = {
+        sid
+        for sid, n in release_counts(steps)
+        if (r := con.execute(_RELEASE_SQL, (n, n, sid)).fetchone()) is not None and r[0] == "closed"
+    }
     return mark_after_close(steps, closed)
 
 
@@ -145,11 +150,17 @@ async def release_pg(conn: AsyncConnection, steps: list[Mapping[str, Any]]) -> l
     sids, ns = [c[0] for c in counts], [c[1] for c in counts]
     await conn.execute(_PG_LOCK_SESSIONS, {"sids": sids})
     res = await conn.execute(_PG_RELEASE_MANY, {"sids": sids, "ns": ns})
-    return mark_after_close(steps, {str(sid) for sid, status in res.all() if status == GatewaySessionStatus.CLOSED})
+    return mark_after_close(
+        steps, {str(sid) for sid, status in res.all() if status == GatewaySessionStatus.CLOSED}
+    )
 
 
-def change(s: Session, session_id: str, change: Callable[[GatewaySession], _T],
-           create: Callable[[JobEnvironment | None], GatewaySession]) -> _T:
+def change(
+    s: Session,
+    session_id: str,
+    change: Callable[[GatewaySession], _T],
+    create: Callable[[JobEnvironment | None], GatewaySession],
+) -> _T:
     """In the caller's write transaction: read the row with its lock (``SELECT ... FOR UPDATE``;
     SQLite's write lock), made first by ``create`` when missing (inserted unless another process
     did it meanwhile), and return ``change(row)``; the flush at commit writes what it changed."""
@@ -157,8 +168,10 @@ def change(s: Session, session_id: str, change: Callable[[GatewaySession], _T],
     if st is None:
         new = create(s.get(JobEnvironment, session_id))
         ins = (sqlite_insert if s.get_bind().dialect.name == "sqlite" else pg_insert)(_GS)
-        s.execute(ins.on_conflict_do_nothing(index_elements=["session_id"]),
-                  [{n: getattr(new, n) for n in SESSION_COLUMNS}])
+        s.execute(
+            ins.on_conflict_do_nothing(index_elements=["session_id"]),
+            [{n: getattr(new, n) for n in SESSION_COLUMNS}],
+        )
         st = s.get(GatewaySession, session_id, with_for_update=True, populate_existing=True)
         assert st is not None
     return change(st)
@@ -177,8 +190,9 @@ class GatewaySessions:
         dialect = db.writer.sync_engine.dialect
         # ``updated_at`` as SQLAlchemy binds it on this dialect: the plain sqlite3 reservation
         # stores what a Core write would
-        self._bind_ts: Callable[[Any], Any] = (
-            _GS.c.updated_at.type.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v))
+        self._bind_ts: Callable[[Any], Any] = _GS.c.updated_at.type.dialect_impl(dialect).bind_processor(
+            dialect
+        ) or (lambda v: v)
 
     async def load(self, session_id: str) -> GatewaySession | None:
         """The persisted gateway state of a session, or None."""
@@ -194,8 +208,12 @@ class GatewaySessions:
             res = await conn.execute(_MARK_INTERRUPTED.values(status="interrupted", updated_at=utcnow()))
             return int(res.rowcount or 0)
 
-    async def change(self, session_id: str, fn: Callable[[GatewaySession], _T],
-                     create: Callable[[JobEnvironment | None], GatewaySession]) -> _T:
+    async def change(
+        self,
+        session_id: str,
+        fn: Callable[[GatewaySession], _T],
+        create: Callable[[JobEnvironment | None], GatewaySession],
+    ) -> _T:
         """:func:`change` in a write transaction of its own."""
         async with self._db.write_session() as s, s.begin():
             return await s.run_sync(change, session_id, fn, create)
@@ -207,7 +225,12 @@ class GatewaySessions:
         if self._on_writer is not None:
             if '"' in model or "\\" in model:
                 return None
-            params = {"sid": session_id, "model": model, "path": f'$."{model}"', "now": self._bind_ts(utcnow())}
+            params = {
+                "sid": session_id,
+                "model": model,
+                "path": f'$."{model}"',
+                "now": self._bind_ts(utcnow()),
+            }
             row = await self._on_writer(lambda con: con.execute(_SQLITE_RESERVE_SQL, params).fetchone())
         else:
             row = await (await self._pg_pool()).fetchrow(_PG_RESERVE_SQL, session_id, model, utcnow())
@@ -237,8 +260,9 @@ class GatewaySessions:
         row = SessionClientScore(session_id=session_id, score=score, reason=reason)
         values = {n: getattr(row, n) for n in ("session_id", "score", "reason", "provenance", "recorded_at")}
         ins = (sqlite_insert if self._db.kind == "sqlite" else pg_insert)(_CS)
-        stmt = ins.on_conflict_do_update(index_elements=["session_id"],
-                                         set_={k: ins.excluded[k] for k in values if k != "session_id"})
+        stmt = ins.on_conflict_do_update(
+            index_elements=["session_id"], set_={k: ins.excluded[k] for k in values if k != "session_id"}
+        )
         async with self._db.write_lock, self._db.writer.begin() as conn:
             await conn.execute(stmt, values)
         return row
@@ -248,9 +272,11 @@ class GatewaySessions:
         last changed before ``before``, with no call in flight (shared sessions): what an idle close
         closes."""
         no_job = ~sa_select(_JE.c.env_id).where(_JE.c.env_id == _GS.c.session_id).exists()
-        q = (sa_select(_GS.c.session_id).where(_GS.c.status.in_(_OPEN), _GS.c.updated_at < before, _GS.c.in_flight == 0,
-                                               no_job)
-             .order_by(_GS.c.session_id))
+        q = (
+            sa_select(_GS.c.session_id)
+            .where(_GS.c.status.in_(_OPEN), _GS.c.updated_at < before, _GS.c.in_flight == 0, no_job)
+            .order_by(_GS.c.session_id)
+        )
         async with self._db.reader.connect() as conn:
             return [str(r) for r in (await conn.execute(q)).scalars()]
 

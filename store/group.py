@@ -46,12 +46,14 @@ class GroupCommit:
         batch: list[tuple[Op, asyncio.Future[Any]]] = []
         try:
             while self._pending:
-                batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch:]
+                batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
                 await self._commit(batch)
         except BaseException as e:  # cancelled (the loop ends): no caller waits for ever
             for _, fut in [*batch, *self._pending]:
                 if not fut.done():
-                    fut.set_exception(e if isinstance(e, Exception) else RuntimeError(f"write abandoned: {e!r}"))
+                    fut.set_exception(
+                        e if isinstance(e, Exception) else RuntimeError(f"write abandoned: {e!r}")
+                    )
             self._pending = []
             raise
 

@@ -46,8 +46,11 @@ _GS: Table = GatewaySession.__table__  # type: ignore[attr-defined]
 _UPDATE_JE = _JE.update().where(_JE.c.env_id == bindparam("b_sid"))
 _MOVE_STEPS = _ST.update().where(_ST.c.session_id == bindparam("b_sid"))
 _DROP_GATEWAY_SESSION = _GS.delete().where(_GS.c.session_id == bindparam("b_sid"))
-_TRAJECTORY = (select(SessionStep).where(col(SessionStep.session_id) == bindparam("b_sid"))
-               .order_by(col(SessionStep.seq)))
+_TRAJECTORY = (
+    select(SessionStep)
+    .where(col(SessionStep.session_id) == bindparam("b_sid"))
+    .order_by(col(SessionStep.seq))
+)
 _POLICY_VERSIONS = select(_ST.c.policy_version).where(_ST.c.session_id == bindparam("b_sid")).distinct()
 _COLUMN_OF: dict[type, tuple[tuple[str, str], ...]] = {}
 
@@ -57,16 +60,30 @@ _COLUMN_OF: dict[type, tuple[tuple[str, str], ...]] = {}
 # the feed read) and the session's last step (session_steps.reward and step_reward, the outcome in
 # meta_json["evaluation"]: what a trainer reads with the trajectory). The end of a session in a job
 # and a regrade both write it through write_evaluation, so the two tables never disagree.
-_SESSION = (sa_select(_JE.c.reward, _JE.c.eval_status, _JE.c.eval_reason, _JE.c.eval_detail, _JE.c.eval_history)
-            .where(_JE.c.env_id == bindparam("b_sid")).with_for_update())
-_LAST_STEP = (sa_select(_ST.c.record_id, _ST.c.meta_json).where(_ST.c.session_id == bindparam("b_sid"))
-              .order_by(_ST.c.seq.desc()).limit(1))
+_SESSION = (
+    sa_select(_JE.c.reward, _JE.c.eval_status, _JE.c.eval_reason, _JE.c.eval_detail, _JE.c.eval_history)
+    .where(_JE.c.env_id == bindparam("b_sid"))
+    .with_for_update()
+)
+_LAST_STEP = (
+    sa_select(_ST.c.record_id, _ST.c.meta_json)
+    .where(_ST.c.session_id == bindparam("b_sid"))
+    .order_by(_ST.c.seq.desc())
+    .limit(1)
+)
 _UPDATE_STEP = _ST.update().where(_ST.c.record_id == bindparam("b_rid"))
 
 
-def write_evaluation(conn: Connection, session_id: str, *, reward: float | None, eval_meta: dict[str, Any] | None,
-                     columns: Mapping[str, Any], step_columns: Mapping[str, Any] | None = None,
-                     keep_previous: bool = False) -> dict[str, Any] | None:
+def write_evaluation(
+    conn: Connection,
+    session_id: str,
+    *,
+    reward: float | None,
+    eval_meta: dict[str, Any] | None,
+    columns: Mapping[str, Any],
+    step_columns: Mapping[str, Any] | None = None,
+    keep_previous: bool = False,
+) -> dict[str, Any] | None:
     """Write an evaluation of ``session_id`` to BOTH tables, in the caller's write transaction.
 
     ``job_environments`` (the session row, locked first): ``reward`` and ``columns`` (the other
@@ -89,8 +106,13 @@ def write_evaluation(conn: Connection, session_id: str, *, reward: float | None,
     if keep_previous:
         history = list(row.eval_history or [])
         if row.eval_status is not None or row.reward is not None:
-            previous = {"eval_status": row.eval_status, "reward": row.reward, "eval_reason": row.eval_reason,
-                        "eval_detail": row.eval_detail, "replaced_at": utcnow().isoformat()}
+            previous = {
+                "eval_status": row.eval_status,
+                "reward": row.reward,
+                "eval_reason": row.eval_reason,
+                "eval_detail": row.eval_detail,
+                "replaced_at": utcnow().isoformat(),
+            }
             history.append(previous)
         values["eval_history"] = history or None
     last = conn.execute(_LAST_STEP, key).one_or_none()
@@ -100,8 +122,16 @@ def write_evaluation(conn: Connection, session_id: str, *, reward: float | None,
             meta["evaluation_history"] = [*meta.get("evaluation_history", []), meta["evaluation"]]
         if eval_meta is not None:
             meta["evaluation"] = eval_meta
-        conn.execute(_UPDATE_STEP, {**(step_columns or {}), "reward": reward, "step_reward": reward,
-                                    "meta_json": meta, "b_rid": last.record_id})
+        conn.execute(
+            _UPDATE_STEP,
+            {
+                **(step_columns or {}),
+                "reward": reward,
+                "step_reward": reward,
+                "meta_json": meta,
+                "b_rid": last.record_id,
+            },
+        )
     conn.execute(_UPDATE_JE, {**values, "b_sid": session_id})
     return previous
 
@@ -125,7 +155,9 @@ def _check_columns(values: Mapping[str, Any]) -> None:
 
 def _insert_new(conn: Connection, rows: list[dict[str, Any]]) -> int:
     """Insert the ``job_environments`` rows (column dicts) whose ``env_id`` is not taken; returns how many."""
-    have = set(conn.execute(select(_JE.c.env_id).where(_JE.c.env_id.in_([r["env_id"] for r in rows]))).scalars())
+    have = set(
+        conn.execute(select(_JE.c.env_id).where(_JE.c.env_id.in_([r["env_id"] for r in rows]))).scalars()
+    )
     new = [r for r in rows if r["env_id"] not in have]
     if new:
         conn.execute(insert(_JE), new)
@@ -154,9 +186,14 @@ class LauncherRows:
         if stmt is None:
             ins = (sqlite_insert if self._db.kind == "sqlite" else pg_insert)(table)
             pk = [c.name for c in table.primary_key.columns]
-            stmt = (ins.on_conflict_do_update(index_elements=pk, set_={c.name: ins.excluded[c.name]
-                                                                      for c in table.columns if c.name not in pk})
-                    if replace else ins.on_conflict_do_nothing(index_elements=pk))
+            stmt = (
+                ins.on_conflict_do_update(
+                    index_elements=pk,
+                    set_={c.name: ins.excluded[c.name] for c in table.columns if c.name not in pk},
+                )
+                if replace
+                else ins.on_conflict_do_nothing(index_elements=pk)
+            )
             self._upserts[key] = stmt
         return stmt
 
@@ -182,26 +219,43 @@ class LauncherRows:
         values = [_column_values(r) for r in rows]
 
         def op(conn: Connection) -> None:
-            taken = conn.execute(sa_select(_JE.c.env_id, _JE.c.job_id)
-                                 .where(_JE.c.env_id.in_([v["env_id"] for v in values]))).first()
+            taken = conn.execute(
+                sa_select(_JE.c.env_id, _JE.c.job_id).where(_JE.c.env_id.in_([v["env_id"] for v in values]))
+            ).first()
             if taken is not None:
                 raise ValueError(f"session {taken[0]!r} is already in job {taken[1]!r}")
             conn.execute(insert(_JE), values)
             for v in values:
-                conn.execute(_MOVE_STEPS, {"b_sid": v["env_id"], "job_id": v["job_id"], "env_name": v["env_name"],
-                                           "group_id": v["group_id"]})
+                conn.execute(
+                    _MOVE_STEPS,
+                    {
+                        "b_sid": v["env_id"],
+                        "job_id": v["job_id"],
+                        "env_name": v["env_name"],
+                        "group_id": v["group_id"],
+                    },
+                )
+
         async with self._db.write_lock, self._db.writer.begin() as conn:
             await conn.run_sync(op)
 
     async def reset_for_retry(self, session_id: str, attempt: int) -> int:
         """Move the session's steps to ``attempt_session_id(session_id, attempt)`` (not trainable)
         and drop its gateway row (call once the gateway answered the close); returns how many moved."""
+
         def op(s: Session) -> int:
             conn = s.connection()
-            res = conn.execute(_MOVE_STEPS, {"b_sid": session_id, "session_id": attempt_session_id(session_id, attempt),
-                                             "is_trainable": False})
+            res = conn.execute(
+                _MOVE_STEPS,
+                {
+                    "b_sid": session_id,
+                    "session_id": attempt_session_id(session_id, attempt),
+                    "is_trainable": False,
+                },
+            )
             conn.execute(_DROP_GATEWAY_SESSION, {"b_sid": session_id})
             return int(res.rowcount or 0)
+
         return await self._db.group.run(op)
 
     async def record_attempt(self, attempt: SessionAttempt, *, if_missing: bool = False) -> bool:
@@ -211,6 +265,7 @@ class LauncherRows:
 
         def op(s: Session) -> bool:
             return bool(s.connection().execute(stmt, values).rowcount)
+
         return await self._db.group.run(op)
 
     async def update_job_session(self, session_id: str, **values: Any) -> None:
@@ -220,6 +275,7 @@ class LauncherRows:
 
         def op(s: Session) -> None:
             s.connection().execute(_UPDATE_JE, params)
+
         await self._db.group.run(op)
 
     async def finish_job_session(self, session_id: str, result: SessionResult) -> None:
@@ -228,27 +284,48 @@ class LauncherRows:
         session-completed) with the result's other columns plus ``finished`` and ``finished_at``
         on the session row, and the group's feed entry when this finishes its last unfinished
         session (:func:`store.feed.append_if_ready`). KeyError for an unknown session."""
+
         def op(s: Session) -> None:
             conn = s.connection()
             group = unfinished_group(conn, session_id)
-            write_evaluation(conn, session_id, reward=result.reward, eval_meta=result.evaluation,
-                             columns={**result.columns(), "finished": True, "finished_at": utcnow()},
-                             step_columns={"is_terminal": True, "is_session_completed": True})
+            write_evaluation(
+                conn,
+                session_id,
+                reward=result.reward,
+                eval_meta=result.evaluation,
+                columns={**result.columns(), "finished": True, "finished_at": utcnow()},
+                step_columns={"is_terminal": True, "is_session_completed": True},
+            )
             if group is not None:
                 append_if_ready(conn, *group)
+
         await self._db.group.run(op)
 
-    async def record_regrade(self, session_id: str, *, reward: float | None, eval_status: str,
-                             eval_reason: str | None, eval_detail: dict[str, Any] | None,
-                             eval_meta: dict[str, Any]) -> dict[str, Any] | None:
+    async def record_regrade(
+        self,
+        session_id: str,
+        *,
+        reward: float | None,
+        eval_status: str,
+        eval_reason: str | None,
+        eval_detail: dict[str, Any] | None,
+        eval_meta: dict[str, Any],
+    ) -> dict[str, Any] | None:
         """A new evaluation in one transaction, the previous one kept
         (:func:`write_evaluation` with ``keep_previous``); returns the previous
         entry or None, raises KeyError for an unknown session."""
         columns = {"eval_status": eval_status, "eval_reason": eval_reason, "eval_detail": eval_detail}
 
         def op(s: Session) -> dict[str, Any] | None:
-            return write_evaluation(s.connection(), session_id, reward=reward, eval_meta=eval_meta,
-                                    columns=columns, keep_previous=True)
+            return write_evaluation(
+                s.connection(),
+                session_id,
+                reward=reward,
+                eval_meta=eval_meta,
+                columns=columns,
+                keep_previous=True,
+            )
+
         return await self._db.group.run(op)
 
     async def backfill_feed(self, job_id: str) -> int:
@@ -261,13 +338,17 @@ class LauncherRows:
 
         def op(s: Session) -> None:
             s.connection().execute(stmt, values)
+
         await self._db.group.run(op)
 
     # ------------------------------------------------------------------ reads
     async def job_attempts(self, job_id: str) -> dict[str, list[SessionAttempt]]:
         """Every attempt row of a job: session id -> its attempts in order."""
-        q = (select(SessionAttempt).where(col(SessionAttempt.job_id) == job_id)
-             .order_by(col(SessionAttempt.session_id), col(SessionAttempt.attempt)))
+        q = (
+            select(SessionAttempt)
+            .where(col(SessionAttempt.job_id) == job_id)
+            .order_by(col(SessionAttempt.session_id), col(SessionAttempt.attempt))
+        )
         out: dict[str, list[SessionAttempt]] = {}
         async with self._db.read_session() as s:
             for a in (await s.execute(q)).scalars().all():
@@ -279,7 +360,9 @@ class LauncherRows:
         q = select(JobEnvironment).where(col(JobEnvironment.job_id) == job_id)
         if unfinished_only:
             q = q.where(col(JobEnvironment.finished).is_(False))
-        q = q.order_by(col(JobEnvironment.env_name), col(JobEnvironment.case_id), col(JobEnvironment.sample_index))
+        q = q.order_by(
+            col(JobEnvironment.env_name), col(JobEnvironment.case_id), col(JobEnvironment.sample_index)
+        )
         async with self._db.read_session() as s:
             return list((await s.execute(q)).scalars().all())
 
@@ -305,7 +388,7 @@ class LauncherRows:
         rows: dict[str, JobEnvironment] = {}
         async with self._db.read_session() as s:
             for i in range(0, len(session_ids), 500):
-                q = select(JobEnvironment).where(col(JobEnvironment.session_id).in_(session_ids[i:i + 500]))
+                q = select(JobEnvironment).where(col(JobEnvironment.session_id).in_(session_ids[i : i + 500]))
                 rows.update((r.session_id, r) for r in (await s.execute(q)).scalars().all())
         return [rows[sid] for sid in session_ids if sid in rows]
 
@@ -314,8 +397,11 @@ class LauncherRows:
         out: dict[str, list[SessionAttempt]] = {}
         async with self._db.read_session() as s:
             for i in range(0, len(session_ids), 500):
-                q = (select(SessionAttempt).where(col(SessionAttempt.session_id).in_(session_ids[i:i + 500]))
-                     .order_by(col(SessionAttempt.session_id), col(SessionAttempt.attempt)))
+                q = (
+                    select(SessionAttempt)
+                    .where(col(SessionAttempt.session_id).in_(session_ids[i : i + 500]))
+                    .order_by(col(SessionAttempt.session_id), col(SessionAttempt.attempt))
+                )
                 for a in (await s.execute(q)).scalars().all():
                     out.setdefault(a.session_id, []).append(a)
         return out
@@ -326,9 +412,11 @@ class LauncherRows:
         q, key = _TRAJECTORY, {"b_sid": session_id}
         reader = self._db.sync_reader
         if reader is not None:
+
             def read() -> list[SessionStep]:
                 with Session(reader, expire_on_commit=False) as s:  # closing it ends the read transaction
                     return list(s.execute(q, key).scalars().all())
+
             rows = await asyncio.get_running_loop().run_in_executor(self._db.group_executor(), read)
         else:
             async with self._db.read_session() as s:
@@ -338,8 +426,11 @@ class LauncherRows:
 
     async def policy_versions(self, session_id: str) -> list[int | None]:
         """The distinct ``policy_version`` values of a session's steps, None first."""
-        return _versions(await self._db.read_sync(
-            lambda c: c.execute(_POLICY_VERSIONS, {"b_sid": session_id}).scalars().all()))
+        return _versions(
+            await self._db.read_sync(
+                lambda c: c.execute(_POLICY_VERSIONS, {"b_sid": session_id}).scalars().all()
+            )
+        )
 
     async def policy_version_spans(self, job_id: str) -> dict[str, list[int | None]]:
         """The sessions of a job whose steps span more than one policy version."""

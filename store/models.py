@@ -121,7 +121,9 @@ class SessionStep(SQLModel, table=True):
         Index("ix_steps_session_seq", "session_id", "seq"),
     )
 
-    record_id: str = Field(default_factory=new_record_id, primary_key=True, max_length=64, sa_type=ColumnText(64))
+    record_id: str = Field(
+        default_factory=new_record_id, primary_key=True, max_length=64, sa_type=ColumnText(64)
+    )
     session_id: str = Field(max_length=128, sa_type=ColumnText(128))
     seq: int
     step_id: int
@@ -277,9 +279,7 @@ class FeedGroup(SQLModel, table=True):
     ``revision`` > 1 when ``--resume`` made it ready again (docs/feed.md)."""
 
     __tablename__ = "feed_groups"
-    __table_args__ = (
-        UniqueConstraint("job_id", "group_id", "revision", name="uq_feed_group_revision"),
-    )
+    __table_args__ = (UniqueConstraint("job_id", "group_id", "revision", name="uq_feed_group_revision"),)
 
     job_id: str = Field(primary_key=True, max_length=128, sa_type=ColumnText(128))
     ready_seq: int = Field(primary_key=True)

@@ -75,14 +75,22 @@ class SessionFilter:
     def clauses(self) -> list[ColumnElement[bool]]:
         """The WHERE clauses of these filters."""
         out: list[ColumnElement[bool]] = []
-        for name, column in (("env_name", JE.c.env_name), ("case_id", JE.c.case_id),
-                             ("llm_model", JE.c.llm_model), ("status", JE.c.status),
-                             ("group_id", JE.c.group_id)):
+        for name, column in (
+            ("env_name", JE.c.env_name),
+            ("case_id", JE.c.case_id),
+            ("llm_model", JE.c.llm_model),
+            ("status", JE.c.status),
+            ("group_id", JE.c.group_id),
+        ):
             value = getattr(self, name)
             if value is not None:
                 out.append(column == value)
         if self.eval_status is not None:
-            out.append(JE.c.eval_status.is_(None) if self.eval_status == "none" else JE.c.eval_status == self.eval_status)
+            out.append(
+                JE.c.eval_status.is_(None)
+                if self.eval_status == "none"
+                else JE.c.eval_status == self.eval_status
+            )
         if self.score_min is not None:
             out.append(JE.c.reward >= self.score_min)
         if self.score_max is not None:
@@ -102,17 +110,45 @@ class Page:
 
 
 _LIST_COLUMNS = (
-    JE.c.env_id, JE.c.job_id, JE.c.env_name, JE.c.case_id, JE.c.llm_model, JE.c.group_id, JE.c.sample_index,
-    JE.c.status, JE.c.attempts, JE.c.reward, JE.c.eval_status, JE.c.eval_reason, JE.c.error_text,
-    JE.c.duration_s, JE.c.finished, JE.c.started_at, JE.c.finished_at, JE.c.max_steps,
+    JE.c.env_id,
+    JE.c.job_id,
+    JE.c.env_name,
+    JE.c.case_id,
+    JE.c.llm_model,
+    JE.c.group_id,
+    JE.c.sample_index,
+    JE.c.status,
+    JE.c.attempts,
+    JE.c.reward,
+    JE.c.eval_status,
+    JE.c.eval_reason,
+    JE.c.error_text,
+    JE.c.duration_s,
+    JE.c.finished,
+    JE.c.started_at,
+    JE.c.finished_at,
+    JE.c.max_steps,
 )
 
 
 PASS_SCORE = 10 - 1e-9
 """A session passes when it is scored and its score is at least this (as ``rollout.results.report``)."""
 
-OUTCOME_COUNTS = ("scored", "counted", "score_sum", "invalid", "grader_broken", "eval_error", "eval_timeout", "unevaluated", "rt_failed",
-                  "rt_errors", "rt_timeouts", "duration_sum", "duration_n")
+OUTCOME_COUNTS = (
+    "scored",
+    "counted",
+    "score_sum",
+    "invalid",
+    "grader_broken",
+    "eval_error",
+    "eval_timeout",
+    "unevaluated",
+    "rt_failed",
+    "rt_errors",
+    "rt_timeouts",
+    "duration_sum",
+    "duration_n",
+)
 """What :meth:`ViewerQueries.case_outcomes` counts per case:
 ``scored`` (eval_status scored with a score); ``counted`` (a score, or a grading failure's 0: what
 the mean is over, docs/trust-model.md) and ``score_sum`` over them; ``grader_broken``; ``invalid``,
@@ -139,7 +175,9 @@ def _passes() -> Any:
 
 def _outcome_counts() -> list[Any]:
     return [
-        func.count().label("n"), _passes().label("passes"), _count(_scored()).label("scored"),
+        func.count().label("n"),
+        _passes().label("passes"),
+        _count(_scored()).label("scored"),
         _count(_counted()).label("counted"),
         func.sum(case((_counted(), JE.c.reward), else_=None)).label("score_sum"),
         _count(JE.c.eval_status == GRADER_BROKEN).label("grader_broken"),
@@ -147,9 +185,11 @@ def _outcome_counts() -> list[Any]:
         _count(JE.c.eval_status == "error").label("eval_error"),
         _count(JE.c.eval_status == "timeout").label("eval_timeout"),
         _count(or_(JE.c.eval_status.is_(None), JE.c.eval_status == "skipped")).label("unevaluated"),
-        _count(JE.c.status == "failed").label("rt_failed"), _count(JE.c.status == "error").label("rt_errors"),
+        _count(JE.c.status == "failed").label("rt_failed"),
+        _count(JE.c.status == "error").label("rt_errors"),
         _count(JE.c.status == "timeout").label("rt_timeouts"),
-        func.sum(JE.c.duration_s).label("duration_sum"), func.count(JE.c.duration_s).label("duration_n"),
+        func.sum(JE.c.duration_s).label("duration_sum"),
+        func.count(JE.c.duration_s).label("duration_n"),
     ]
 
 
@@ -288,8 +328,10 @@ class ViewerQueries:
         sessions; models merged), for the standard error of each job's mean score."""
         return await self._all(
             select(JE.c.job_id, JE.c.env_name, JE.c.case_id, func.avg(JE.c.reward).label("mean"))
-            .where(_counted()).group_by(JE.c.job_id, JE.c.env_name, JE.c.case_id)
-            .order_by(JE.c.job_id, JE.c.env_name, JE.c.case_id))
+            .where(_counted())
+            .group_by(JE.c.job_id, JE.c.env_name, JE.c.case_id)
+            .order_by(JE.c.job_id, JE.c.env_name, JE.c.case_id)
+        )
 
     async def job(self, job_id: str) -> dict[str, Any] | None:
         """The :meth:`jobs` row of one job, or None."""
@@ -302,36 +344,60 @@ class ViewerQueries:
 
     async def status_counts(self, job_id: str) -> dict[str, int]:
         """Sessions of a job per ``status``."""
-        rows = await self._all(select(JE.c.status, func.count().label("n")).where(JE.c.job_id == job_id)
-                               .group_by(JE.c.status))
+        rows = await self._all(
+            select(JE.c.status, func.count().label("n")).where(JE.c.job_id == job_id).group_by(JE.c.status)
+        )
         return {r["status"]: int(r["n"]) for r in rows}
 
     async def filter_values(self, job_id: str) -> dict[str, list[str]]:
         """The distinct env names, models, statuses and eval statuses of a job's sessions (for the
         filter menus; ``eval_status`` None is listed as ``none``)."""
         out: dict[str, list[str]] = {}
-        for key, column in (("env_name", JE.c.env_name), ("llm_model", JE.c.llm_model),
-                            ("status", JE.c.status), ("eval_status", JE.c.eval_status)):
+        for key, column in (
+            ("env_name", JE.c.env_name),
+            ("llm_model", JE.c.llm_model),
+            ("status", JE.c.status),
+            ("eval_status", JE.c.eval_status),
+        ):
             rows = await self._all(select(column.label("v")).where(JE.c.job_id == job_id).distinct())
             out[key] = sorted("none" if r["v"] is None else str(r["v"]) for r in rows)
         return out
 
-    async def session_page(self, job_id: str, flt: SessionFilter, *, sort: str = "order", descending: bool = False,
-                           offset: int = 0, limit: int = 50) -> Page:
+    async def session_page(
+        self,
+        job_id: str,
+        flt: SessionFilter,
+        *,
+        sort: str = "order",
+        descending: bool = False,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> Page:
         """One page of a job's sessions matching ``flt``, sorted by :data:`SORTS` ``sort`` then
         session id (NULLs last). KeyError for an unknown sort key."""
         order = _order(sort, descending)
         limit = max(1, min(limit, PAGE_SIZE_MAX))
         offset = max(0, offset)
         where = and_(JE.c.job_id == job_id, *flt.clauses())
-        stmt: Select[Any] = (select(*_LIST_COLUMNS, *await self._harness_column()).where(where).order_by(*order)
-                             .offset(offset).limit(limit))
+        stmt: Select[Any] = (
+            select(*_LIST_COLUMNS, *await self._harness_column())
+            .where(where)
+            .order_by(*order)
+            .offset(offset)
+            .limit(limit)
+        )
         rows = await self._all(stmt)
-        total = (await self._one(select(func.count().label("n")).select_from(JE).where(where)) or {"n": 0})["n"]
+        total = (await self._one(select(func.count().label("n")).select_from(JE).where(where)) or {"n": 0})[
+            "n"
+        ]
         if rows:
             counts = await self._all(
-                select(ST.c.session_id, func.count().label("steps"), func.sum(ST.c.total_tokens).label("tokens"))
-                .where(ST.c.session_id.in_([r["env_id"] for r in rows])).group_by(ST.c.session_id))
+                select(
+                    ST.c.session_id, func.count().label("steps"), func.sum(ST.c.total_tokens).label("tokens")
+                )
+                .where(ST.c.session_id.in_([r["env_id"] for r in rows]))
+                .group_by(ST.c.session_id)
+            )
             by_sid = {c["session_id"]: c for c in counts}
             for r in rows:
                 c = by_sid.get(r["env_id"])
@@ -339,42 +405,78 @@ class ViewerQueries:
                 r["tokens"] = int(c["tokens"]) if c and c["tokens"] is not None else None
         return Page(rows=rows, total=int(total), offset=offset, limit=limit)
 
-    async def neighbours(self, job_id: str, flt: SessionFilter, session_id: str, *, sort: str = "order",
-                         descending: bool = False) -> dict[str, Any] | None:
+    async def neighbours(
+        self,
+        job_id: str,
+        flt: SessionFilter,
+        session_id: str,
+        *,
+        sort: str = "order",
+        descending: bool = False,
+    ) -> dict[str, Any] | None:
         """``position`` (from 1), ``total``, ``prev`` and ``next`` of ``session_id`` in
         :meth:`session_page`'s list; None when it is not in it."""
         keys = SORTS[sort]
         base = [JE.c.job_id == job_id, *flt.clauses()]
-        cur = await self._one(select(*(k.label(f"k{i}") for i, k in enumerate(keys)))
-                              .where(JE.c.env_id == session_id, *base))
+        cur = await self._one(
+            select(*(k.label(f"k{i}") for i, k in enumerate(keys))).where(JE.c.env_id == session_id, *base)
+        )
         if cur is None:
             return None
         values = [(k, descending, cur[f"k{i}"]) for i, k in enumerate(keys)]
         before, after = _beyond(values, session_id, before=True), _beyond(values, session_id, before=False)
-        prev = await self._one(select(JE.c.env_id).where(*base, before)
-                               .order_by(*_order(sort, descending, backwards=True)).limit(1))
-        nxt = await self._one(select(JE.c.env_id).where(*base, after).order_by(*_order(sort, descending)).limit(1))
-        counts = await self._one(select(_count(before).label("before"), func.count().label("total")).where(*base))
+        prev = await self._one(
+            select(JE.c.env_id)
+            .where(*base, before)
+            .order_by(*_order(sort, descending, backwards=True))
+            .limit(1)
+        )
+        nxt = await self._one(
+            select(JE.c.env_id).where(*base, after).order_by(*_order(sort, descending)).limit(1)
+        )
+        counts = await self._one(
+            select(_count(before).label("before"), func.count().label("total")).where(*base)
+        )
         assert counts is not None
-        return {"prev": prev["env_id"] if prev else None, "next": nxt["env_id"] if nxt else None,
-                "position": int(counts["before"] or 0) + 1, "total": int(counts["total"])}
+        return {
+            "prev": prev["env_id"] if prev else None,
+            "next": nxt["env_id"] if nxt else None,
+            "position": int(counts["before"] or 0) + 1,
+            "total": int(counts["total"]),
+        }
 
     async def groups(self, job_id: str, *, offset: int = 0, limit: int = 50) -> Page:
         """The groups of a job by env, case and model, with their session counts, passes and mean
         score (grading failures as their 0)."""
         harness = await self._harness_column()
         keys = [JE.c.group_id, JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness]
-        stmt = (select(*keys, func.count().label("n"), _count(JE.c.finished.is_(True)).label("finished"),
-                       _count(_scored()).label("scored"), _passes().label("passes"),
-                       func.avg(case((_counted(), JE.c.reward), else_=None)).label("mean_score"))
-                .where(JE.c.job_id == job_id).group_by(*keys)
-                .order_by(JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness, JE.c.group_id)
-                .offset(max(0, offset)).limit(max(1, min(limit, PAGE_SIZE_MAX))))
+        stmt = (
+            select(
+                *keys,
+                func.count().label("n"),
+                _count(JE.c.finished.is_(True)).label("finished"),
+                _count(_scored()).label("scored"),
+                _passes().label("passes"),
+                func.avg(case((_counted(), JE.c.reward), else_=None)).label("mean_score"),
+            )
+            .where(JE.c.job_id == job_id)
+            .group_by(*keys)
+            .order_by(JE.c.env_name, JE.c.case_id, JE.c.llm_model, *harness, JE.c.group_id)
+            .offset(max(0, offset))
+            .limit(max(1, min(limit, PAGE_SIZE_MAX)))
+        )
         rows = await self._all(stmt)
         for r in rows:
-            r["passes"], r["scored"], r["finished"] = int(r["passes"] or 0), int(r["scored"] or 0), int(r["finished"] or 0)
-        total = await self._one(select(func.count().label("n")).select_from(
-            select(*keys).where(JE.c.job_id == job_id).group_by(*keys).subquery()))
+            r["passes"], r["scored"], r["finished"] = (
+                int(r["passes"] or 0),
+                int(r["scored"] or 0),
+                int(r["finished"] or 0),
+            )
+        total = await self._one(
+            select(func.count().label("n")).select_from(
+                select(*keys).where(JE.c.job_id == job_id).group_by(*keys).subquery()
+            )
+        )
         return Page(rows=rows, total=int(total["n"]) if total else 0, offset=offset, limit=limit)
 
     async def group_scores(self, job_id: str, group_ids: Sequence[str]) -> dict[str, list[float]]:
@@ -383,9 +485,11 @@ class ViewerQueries:
         out: dict[str, list[float]] = {gid: [] for gid in group_ids}
         if not group_ids:
             return out
-        for r in await self._all(select(JE.c.group_id, JE.c.reward)
-                                 .where(JE.c.job_id == job_id, JE.c.group_id.in_(list(group_ids)), _counted())
-                                 .order_by(JE.c.group_id, JE.c.sample_index, JE.c.env_id)):
+        for r in await self._all(
+            select(JE.c.group_id, JE.c.reward)
+            .where(JE.c.job_id == job_id, JE.c.group_id.in_(list(group_ids)), _counted())
+            .order_by(JE.c.group_id, JE.c.sample_index, JE.c.env_id)
+        ):
             out[r["group_id"]].append(float(r["reward"]))
         return out
 
@@ -395,8 +499,9 @@ class ViewerQueries:
         if WS.name not in await self.tables():
             return None
         cols = [WS.c.status, WS.c.reason, WS.c.sha256, WS.c.file_count, WS.c.total_bytes, WS.c.manifest]
-        row = await self._one(select(*cols, *([WS.c.archive] if archive else []))
-                              .where(WS.c.session_id == session_id))
+        row = await self._one(
+            select(*cols, *([WS.c.archive] if archive else [])).where(WS.c.session_id == session_id)
+        )
         if row is not None and isinstance(row.get("archive"), memoryview):
             row["archive"] = bytes(row["archive"])
         return row
@@ -413,8 +518,9 @@ class ViewerQueries:
         row = await self._one(select(func.count().label("n")).select_from(GS).where(self._without_job()))
         return int(row["n"]) if row else 0
 
-    async def jobless_page(self, *, sort: str = "created", descending: bool = True, offset: int = 0,
-                           limit: int = 50) -> Page:
+    async def jobless_page(
+        self, *, sort: str = "created", descending: bool = True, offset: int = 0, limit: int = 50
+    ) -> Page:
         """One page of the gateway sessions without a launcher row, with ``steps`` and ``tokens``,
         sorted by :data:`JOBLESS_SORTS` ``sort``. KeyError for an unknown sort key."""
         if GS.name not in await self.tables():
@@ -424,11 +530,17 @@ class ViewerQueries:
         for k in JOBLESS_SORTS[sort]:
             order += [k.is_(None), k.desc() if descending else k.asc()]
         order.append(GS.c.session_id)
-        rows = await self._all(select(GS).where(self._without_job()).order_by(*order).offset(offset).limit(limit))
+        rows = await self._all(
+            select(GS).where(self._without_job()).order_by(*order).offset(offset).limit(limit)
+        )
         if rows:
             counts = await self._all(
-                select(ST.c.session_id, func.count().label("steps"), func.sum(ST.c.total_tokens).label("tokens"))
-                .where(ST.c.session_id.in_([r["session_id"] for r in rows])).group_by(ST.c.session_id))
+                select(
+                    ST.c.session_id, func.count().label("steps"), func.sum(ST.c.total_tokens).label("tokens")
+                )
+                .where(ST.c.session_id.in_([r["session_id"] for r in rows]))
+                .group_by(ST.c.session_id)
+            )
             by_sid = {c["session_id"]: c for c in counts}
             for r in rows:
                 c = by_sid.get(r["session_id"])
@@ -465,8 +577,9 @@ class ViewerQueries:
         """Steps of the session's earlier attempts (moved to ``<id>~a<n>`` when a job is resumed),
         ordered by that id, then ``seq``."""
         prefix = session_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "~a%"
-        return await self._steps(select(ST).where(ST.c.session_id.like(prefix, escape="\\"))
-                                 .order_by(ST.c.session_id, ST.c.seq))
+        return await self._steps(
+            select(ST).where(ST.c.session_id.like(prefix, escape="\\")).order_by(ST.c.session_id, ST.c.seq)
+        )
 
     async def gateway_session(self, session_id: str) -> dict[str, Any] | None:
         """The gateway's state of a session (budget, steps used, close reason), or None."""
@@ -493,37 +606,53 @@ class ViewerQueries:
             key = next((k for k in ("env_id", "session_id") if k in cols), None)
             if key is None:
                 continue
-            order = ' ORDER BY "attempt"' if "attempt" in cols else (
-                " ORDER BY rowid" if self.engine.dialect.name == "sqlite" else "")
+            order = (
+                ' ORDER BY "attempt"'
+                if "attempt" in cols
+                else (" ORDER BY rowid" if self.engine.dialect.name == "sqlite" else "")
+            )
             async with self.engine.connect() as conn:
-                res = await conn.execute(text(f'SELECT * FROM "{name}" WHERE "{key}" = :sid{order}'), {"sid": session_id})
-                rows = [{k: f"({len(v)} bytes)" if isinstance(v, bytes | memoryview) else v
-                         for k, v in r._mapping.items()} for r in res.all()]  # no archive blobs in pages
+                res = await conn.execute(
+                    text(f'SELECT * FROM "{name}" WHERE "{key}" = :sid{order}'), {"sid": session_id}
+                )
+                rows = [
+                    {
+                        k: f"({len(v)} bytes)" if isinstance(v, bytes | memoryview) else v
+                        for k, v in r._mapping.items()
+                    }
+                    for r in res.all()
+                ]  # no archive blobs in pages
             if rows:
                 out[name] = rows
         return out
 
     async def group(self, group_id: str) -> list[dict[str, Any]]:
         """The sessions of a group (every column), by job then sample index."""
-        return await self._all(select(JE).where(JE.c.group_id == group_id)
-                               .order_by(JE.c.job_id, JE.c.sample_index))
+        return await self._all(
+            select(JE).where(JE.c.group_id == group_id).order_by(JE.c.job_id, JE.c.sample_index)
+        )
 
     async def steps_of(self, session_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """Every step of several sessions: ``{session_id: steps in call order}``."""
         out: dict[str, list[dict[str, Any]]] = {sid: [] for sid in session_ids}
         if not session_ids:
             return out
-        for row in await self._steps(select(ST).where(ST.c.session_id.in_(list(session_ids)))
-                                     .order_by(ST.c.session_id, ST.c.seq)):
+        for row in await self._steps(
+            select(ST).where(ST.c.session_id.in_(list(session_ids))).order_by(ST.c.session_id, ST.c.seq)
+        ):
             out[row["session_id"]].append(row)
         return out
 
     async def progress(self, session_id: str) -> dict[str, Any] | None:
         """A session's status, finished flag and step count (what a live page polls), or None."""
-        row = await self._one(select(JE.c.status, JE.c.finished, JE.c.reward).where(JE.c.env_id == session_id))
+        row = await self._one(
+            select(JE.c.status, JE.c.finished, JE.c.reward).where(JE.c.env_id == session_id)
+        )
         if row is None:
             return None
-        n = await self._one(select(func.count().label("n")).select_from(ST).where(ST.c.session_id == session_id))
+        n = await self._one(
+            select(func.count().label("n")).select_from(ST).where(ST.c.session_id == session_id)
+        )
         row["steps"] = int(n["n"]) if n else 0
         return row
 
@@ -532,15 +661,25 @@ class ViewerQueries:
         """The finished sessions of a job with their step count and token sums (None when no step
         reported usage), ordered by env, case, sample."""
         tokens = (
-            select(ST.c.session_id, func.count().label("steps"),
-                   func.sum(ST.c.prompt_tokens).label("prompt_tokens"),
-                   func.sum(ST.c.completion_tokens).label("completion_tokens"),
-                   func.sum(ST.c.total_tokens).label("total_tokens"))
-            .where(ST.c.job_id == job_id).group_by(ST.c.session_id).subquery()
+            select(
+                ST.c.session_id,
+                func.count().label("steps"),
+                func.sum(ST.c.prompt_tokens).label("prompt_tokens"),
+                func.sum(ST.c.completion_tokens).label("completion_tokens"),
+                func.sum(ST.c.total_tokens).label("total_tokens"),
+            )
+            .where(ST.c.job_id == job_id)
+            .group_by(ST.c.session_id)
+            .subquery()
         )
         stmt = (
-            select(*_LIST_COLUMNS, tokens.c.steps, tokens.c.prompt_tokens, tokens.c.completion_tokens,
-                   tokens.c.total_tokens)
+            select(
+                *_LIST_COLUMNS,
+                tokens.c.steps,
+                tokens.c.prompt_tokens,
+                tokens.c.completion_tokens,
+                tokens.c.total_tokens,
+            )
             .select_from(JE.outerjoin(tokens, tokens.c.session_id == JE.c.env_id))
             .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
             .order_by(JE.c.env_name, JE.c.case_id, JE.c.sample_index)
@@ -550,30 +689,58 @@ class ViewerQueries:
     async def case_outcomes(self, job_id: str) -> list[dict[str, Any]]:
         """The finished sessions of a job counted per (env_name, llm_model, case_id), in that order:
         :data:`OUTCOME_COUNTS` plus ``n`` (sessions) and ``passes`` (for comparing two jobs)."""
-        stmt = (select(JE.c.env_name, JE.c.llm_model, JE.c.case_id, *_outcome_counts())
-                .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
-                .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
-                .order_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id))
+        stmt = (
+            select(JE.c.env_name, JE.c.llm_model, JE.c.case_id, *_outcome_counts())
+            .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
+            .group_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
+            .order_by(JE.c.env_name, JE.c.llm_model, JE.c.case_id)
+        )
         return await self._all(stmt)
 
     async def summary_rows(self, job_id: str) -> list[dict[str, Any]]:
         """The finished sessions of a job with the columns the launcher's summary reads, ordered
         by env, case, sample."""
-        cols = [JE.c.env_id, JE.c.job_id, JE.c.env_name, JE.c.case_id, JE.c.group_id, JE.c.llm_model,
-                JE.c.sample_index, JE.c.status, JE.c.reward, JE.c.eval_status, JE.c.duration_s, JE.c.attempts]
+        cols = [
+            JE.c.env_id,
+            JE.c.job_id,
+            JE.c.env_name,
+            JE.c.case_id,
+            JE.c.group_id,
+            JE.c.llm_model,
+            JE.c.sample_index,
+            JE.c.status,
+            JE.c.reward,
+            JE.c.eval_status,
+            JE.c.duration_s,
+            JE.c.attempts,
+        ]
         if "outcome" in await self.columns(JE.name):
             cols.append(literal_column('"outcome"').label("outcome"))
         cols += await self._harness_column()
-        stmt = (select(*cols).select_from(JE).where(JE.c.job_id == job_id, JE.c.finished.is_(True))
-                .order_by(JE.c.env_name, JE.c.case_id, JE.c.sample_index))
+        stmt = (
+            select(*cols)
+            .select_from(JE)
+            .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
+            .order_by(JE.c.env_name, JE.c.case_id, JE.c.sample_index)
+        )
         return await self._all(stmt)
 
     async def step_timings(self, job_id: str, limit: int = 200_000) -> list[dict[str, Any]]:
         """Per-step ``env_name``, ``llm_model``, ``status``, ``latency_ms``, ``ttft_ms`` and token
         counts of a job's steps (at most ``limit`` rows, by insertion order)."""
-        stmt = (select(ST.c.env_name, ST.c.llm_model, ST.c.status, ST.c.latency_ms, ST.c.ttft_ms,
-                       ST.c.prompt_tokens, ST.c.completion_tokens)
-                .where(ST.c.job_id == job_id).limit(limit))
+        stmt = (
+            select(
+                ST.c.env_name,
+                ST.c.llm_model,
+                ST.c.status,
+                ST.c.latency_ms,
+                ST.c.ttft_ms,
+                ST.c.prompt_tokens,
+                ST.c.completion_tokens,
+            )
+            .where(ST.c.job_id == job_id)
+            .limit(limit)
+        )
         return await self._all(stmt)
 
     async def failure_reasons(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
@@ -581,12 +748,25 @@ class ViewerQueries:
         its count, an example session and the lowest score, most frequent first."""
         reason = func.coalesce(JE.c.eval_reason, JE.c.error_text, literal("(no reason given)"))
         stmt = (
-            select(JE.c.env_name, JE.c.eval_status, JE.c.status, reason.label("reason"),
-                   func.count().label("n"), func.min(JE.c.env_id).label("example"),
-                   func.min(JE.c.reward).label("min_score"))
-            .where(JE.c.job_id == job_id, JE.c.finished.is_(True),
-                   or_(JE.c.reward.is_(None), JE.c.reward < 10 - 1e-9, JE.c.eval_status != "scored",
-                       JE.c.status.in_(("error", "timeout"))))
+            select(
+                JE.c.env_name,
+                JE.c.eval_status,
+                JE.c.status,
+                reason.label("reason"),
+                func.count().label("n"),
+                func.min(JE.c.env_id).label("example"),
+                func.min(JE.c.reward).label("min_score"),
+            )
+            .where(
+                JE.c.job_id == job_id,
+                JE.c.finished.is_(True),
+                or_(
+                    JE.c.reward.is_(None),
+                    JE.c.reward < 10 - 1e-9,
+                    JE.c.eval_status != "scored",
+                    JE.c.status.in_(("error", "timeout")),
+                ),
+            )
             .group_by(JE.c.env_name, JE.c.eval_status, JE.c.status, reason)
             .order_by(func.count().desc(), JE.c.env_name)
             .limit(limit)
@@ -596,7 +776,10 @@ class ViewerQueries:
     async def worst_sessions(self, job_id: str, limit: int = 5) -> list[dict[str, Any]]:
         """The finished sessions of a job with the lowest scores (unscored ones first: they carry
         no score at all), each with its reason."""
-        stmt = (select(*_LIST_COLUMNS).where(JE.c.job_id == job_id, JE.c.finished.is_(True))
-                .order_by(JE.c.reward.is_not(None), JE.c.reward, JE.c.env_name, JE.c.case_id, JE.c.sample_index)
-                .limit(limit))
+        stmt = (
+            select(*_LIST_COLUMNS)
+            .where(JE.c.job_id == job_id, JE.c.finished.is_(True))
+            .order_by(JE.c.reward.is_not(None), JE.c.reward, JE.c.env_name, JE.c.case_id, JE.c.sample_index)
+            .limit(limit)
+        )
         return await self._all(stmt)

@@ -70,8 +70,14 @@ def file_cause(path: str) -> str | None:
     try:
         os.close(os.open(p, os.O_RDWR | os.O_CREAT, 0o644))
     except OSError as e:
-        kernel = next((f"; {k} is a kernel filesystem: no store can be kept there" for k in _KERNEL_FS
-                       if p == Path(k) or Path(k) in p.parents), "")
+        kernel = next(
+            (
+                f"; {k} is a kernel filesystem: no store can be kept there"
+                for k in _KERNEL_FS
+                if p == Path(k) or Path(k) in p.parents
+            ),
+            "",
+        )
         return f"{path}: {e.strerror or e}{kernel}"
     if not existed:
         p.unlink(missing_ok=True)
@@ -125,12 +131,15 @@ class Store:
                 added = await conn.run_sync(create_or_upgrade)
         except (sa_exc.DBAPIError, sqlite3.Error, OSError) as e:
             cause = file_cause(str(self.path)) if self.path else None
-            raise StoreUnavailable(f"storage {self.identity()}: cannot open the database "
-                                   f"({self.hide_secrets(_open_failure(e))}"
-                                   f"{f'; {cause}' if cause else ''})") from e
+            raise StoreUnavailable(
+                f"storage {self.identity()}: cannot open the database "
+                f"({self.hide_secrets(_open_failure(e))}"
+                f"{f'; {cause}' if cause else ''})"
+            ) from e
         for name in added:
-            log.warning("store %s: added column %s (the database was made by an older version)",
-                        self.identity(), name)
+            log.warning(
+                "store %s: added column %s (the database was made by an older version)", self.identity(), name
+            )
 
     async def close(self) -> None:
         """Wait for queued writes, stop the batch writer and dispose the engines."""
@@ -164,8 +173,9 @@ class Store:
     def commit_now(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow]) -> bool:
         return self._batch.commit_now(steps, sessions)
 
-    async def write_batch(self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *,
-                          release_in_flight: bool = False) -> None:
+    async def write_batch(
+        self, steps: Sequence[StepRow], sessions: Iterable[SessionRow], *, release_in_flight: bool = False
+    ) -> None:
         """``release_in_flight``: also lower each step's session's ``in_flight`` by one
         (:func:`store.gateway_sessions.release_counts`, :func:`~store.gateway_sessions.mark_after_close`)."""
         await self._batch.write(steps, sessions, release=release_in_flight)
@@ -175,15 +185,20 @@ class Store:
         return await self._gateway.load(session_id)
 
     async def gateway_session_or_context(
-            self, session_id: str) -> tuple[GatewaySession | None, SessionContext | None]:
+        self, session_id: str
+    ) -> tuple[GatewaySession | None, SessionContext | None]:
         return await self._gateway.load_or_context(session_id)
 
     async def mark_interrupted(self) -> int:
         """At gateway start; a marked session's next call makes it ``active`` again."""
         return await self._gateway.mark_interrupted()
 
-    async def change_gateway_session(self, session_id: str, change: Callable[[GatewaySession], _T],
-                                     create: Callable[[JobEnvironment | None], GatewaySession]) -> _T:
+    async def change_gateway_session(
+        self,
+        session_id: str,
+        change: Callable[[GatewaySession], _T],
+        create: Callable[[JobEnvironment | None], GatewaySession],
+    ) -> _T:
         """:func:`store.gateway_sessions.change`: ``change`` runs in the transaction (no I/O)."""
         return await self._gateway.change(session_id, change, create)
 
@@ -203,8 +218,9 @@ class Store:
         await self._launcher.attach_sessions(rows)
 
     # ------------------------------------------------------------------ job locks
-    async def take_job_lock(self, lock: JobLock, stale_after_s: float,
-                            gone: Callable[[JobLock], bool]) -> JobLock | None:
+    async def take_job_lock(
+        self, lock: JobLock, stale_after_s: float, gone: Callable[[JobLock], bool]
+    ) -> JobLock | None:
         """Take the job's lock unless a live one holds it (:func:`store.job_lock.take`): None when
         taken, else the holder."""
         now = utcnow()
@@ -238,12 +254,23 @@ class Store:
         await self._launcher.finish_job_session(session_id, result)
 
     async def record_regrade(
-        self, session_id: str, *, reward: float | None, eval_status: str, eval_reason: str | None,
-        eval_detail: dict[str, Any] | None, eval_meta: dict[str, Any],
+        self,
+        session_id: str,
+        *,
+        reward: float | None,
+        eval_status: str,
+        eval_reason: str | None,
+        eval_detail: dict[str, Any] | None,
+        eval_meta: dict[str, Any],
     ) -> dict[str, Any] | None:
-        return await self._launcher.record_regrade(session_id, reward=reward, eval_status=eval_status,
-                                                   eval_reason=eval_reason, eval_detail=eval_detail,
-                                                   eval_meta=eval_meta)
+        return await self._launcher.record_regrade(
+            session_id,
+            reward=reward,
+            eval_status=eval_status,
+            eval_reason=eval_reason,
+            eval_detail=eval_detail,
+            eval_meta=eval_meta,
+        )
 
     async def backfill_feed(self, job_id: str) -> int:
         return await self._launcher.backfill_feed(job_id)

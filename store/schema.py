@@ -37,8 +37,10 @@ def add_missing_columns(conn: Connection) -> list[str]:
             if column.name in have:
                 continue
             if not column.nullable and column.server_default is None:
-                raise SchemaError(f"table {table.name} has no column {column.name} (NOT NULL, no default): "
-                                  "this database was made by an incompatible version")
+                raise SchemaError(
+                    f"table {table.name} has no column {column.name} (NOT NULL, no default): "
+                    "this database was made by an incompatible version"
+                )
             ddl = CreateColumn(column).compile(dialect=conn.dialect)
             conn.execute(text(f"ALTER TABLE {_q(table.name)} ADD COLUMN {ddl}"))
             added.append(f"{table.name}.{column.name}")

@@ -38,8 +38,21 @@ MARK_START, MARK_END = "\x02", "\x03"
 STEPS_PER_WRITE = 48
 """Steps indexed per write transaction at most (a longer session is one transaction of its own):
 short transactions keep the gateway's commits from waiting on the index (benchmarks/search_bench.py)."""
-SKIP_KEYS = frozenset({"role", "type", "id", "tool_call_id", "call_id", "signature", "encrypted_content",
-                       "cache_control", "index", "status", "object"})
+SKIP_KEYS = frozenset(
+    {
+        "role",
+        "type",
+        "id",
+        "tool_call_id",
+        "call_id",
+        "signature",
+        "encrypted_content",
+        "cache_control",
+        "index",
+        "status",
+        "object",
+    }
+)
 """JSON keys whose string values are not indexed (ids, roles, opaque blobs)."""
 
 
@@ -134,8 +147,11 @@ class StepSearch:
         if self.index_file is not None and not _writable(self.index_file):
             self.temp_dir = Path(tempfile.mkdtemp(prefix="rollout-search-"))
             self.index_file = self.temp_dir / self.index_file.name
-            log.warning("search: %s cannot be written; the index is built in %s (removed at close)",
-                        index_path(store_file) if store_file else None, self.temp_dir)
+            log.warning(
+                "search: %s cannot be written; the index is built in %s (removed at close)",
+                index_path(store_file) if store_file else None,
+                self.temp_dir,
+            )
         self._index_url = url if self.index_file is None else f"sqlite+aiosqlite:///{self.index_file}"
         self._writer: AsyncEngine | None = None
         self._reader: AsyncEngine | None = None
@@ -167,26 +183,42 @@ class StepSearch:
     async def ensure(self) -> None:
         """Create the index tables when missing."""
         if self.dialect == "sqlite":
-            ddl = [f"CREATE VIRTUAL TABLE IF NOT EXISTS {INDEX_TABLE} USING fts5("
-                   "body, session_id UNINDEXED, seq UNINDEXED, job_id UNINDEXED, tokenize='unicode61')"]
+            ddl = [
+                f"CREATE VIRTUAL TABLE IF NOT EXISTS {INDEX_TABLE} USING fts5("
+                "body, session_id UNINDEXED, seq UNINDEXED, job_id UNINDEXED, tokenize='unicode61')"
+            ]
         else:
-            ddl = [f"CREATE TABLE IF NOT EXISTS {INDEX_TABLE} (session_id TEXT NOT NULL, seq INTEGER NOT NULL, "
-                   "job_id TEXT, body TEXT NOT NULL, tsv TSVECTOR NOT NULL, PRIMARY KEY (session_id, seq))",
-                   f"CREATE INDEX IF NOT EXISTS ix_{INDEX_TABLE}_tsv ON {INDEX_TABLE} USING GIN (tsv)"]
-        ddl.append(f"CREATE TABLE IF NOT EXISTS {BOOK_TABLE} (session_id TEXT PRIMARY KEY, steps INTEGER NOT NULL, "
-                   "max_seq INTEGER NOT NULL, last_record TEXT NOT NULL)")
+            ddl = [
+                f"CREATE TABLE IF NOT EXISTS {INDEX_TABLE} (session_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+                "job_id TEXT, body TEXT NOT NULL, tsv TSVECTOR NOT NULL, PRIMARY KEY (session_id, seq))",
+                f"CREATE INDEX IF NOT EXISTS ix_{INDEX_TABLE}_tsv ON {INDEX_TABLE} USING GIN (tsv)",
+            ]
+        ddl.append(
+            f"CREATE TABLE IF NOT EXISTS {BOOK_TABLE} (session_id TEXT PRIMARY KEY, steps INTEGER NOT NULL, "
+            "max_seq INTEGER NOT NULL, last_record TEXT NOT NULL)"
+        )
         async with self._write_engine().begin() as conn:
             for stmt in ddl:
                 await conn.execute(text(stmt))
 
     async def _state(self) -> tuple[dict[str, tuple[int, int, str]], dict[str, tuple[int, int, str]]]:
-        stmt = (select(ST.c.session_id, func.count().label("n"), func.max(ST.c.seq).label("m"),
-                       func.max(ST.c.record_id).label("r")).group_by(ST.c.session_id))
+        stmt = select(
+            ST.c.session_id,
+            func.count().label("n"),
+            func.max(ST.c.seq).label("m"),
+            func.max(ST.c.record_id).label("r"),
+        ).group_by(ST.c.session_id)
         async with self.engine.connect() as conn:
             live = {r.session_id: (int(r.n), int(r.m), str(r.r)) for r in (await conn.execute(stmt)).all()}
         async with self._read_engine().connect() as conn:
-            book = {r.session_id: (int(r.steps), int(r.max_seq), str(r.last_record)) for r in (await conn.execute(
-                text(f"SELECT session_id, steps, max_seq, last_record FROM {BOOK_TABLE}"))).all()}
+            book = {
+                r.session_id: (int(r.steps), int(r.max_seq), str(r.last_record))
+                for r in (
+                    await conn.execute(
+                        text(f"SELECT session_id, steps, max_seq, last_record FROM {BOOK_TABLE}")
+                    )
+                ).all()
+            }
         return live, book
 
     async def _signature(self) -> tuple[int, int]:
@@ -220,7 +252,7 @@ class StepSearch:
             gone = sorted(book.keys() - live.keys())
             todo = changed if max_sessions is None else changed[:max_sessions]
             for i in range(0, len(gone), 500):
-                await self._write([], gone[i:i + 500])
+                await self._write([], gone[i : i + 500])
             batch: list[str] = []
             steps = 0
             for sid in todo:
@@ -237,8 +269,14 @@ class StepSearch:
 
     async def _index(self, sids: list[str], marks: dict[str, tuple[int, int, str]]) -> None:
         async with self.engine.connect() as conn:
-            rows = [dict(r._mapping) for r in (await conn.execute(
-                select(ST).where(ST.c.session_id.in_(sids)).order_by(ST.c.session_id, ST.c.seq))).all()]
+            rows = [
+                dict(r._mapping)
+                for r in (
+                    await conn.execute(
+                        select(ST).where(ST.c.session_id.in_(sids)).order_by(ST.c.session_id, ST.c.seq)
+                    )
+                ).all()
+            ]
         if rows and "encoding" in rows[0]:
             decode_rows(rows)
         by_sid: dict[str, list[dict[str, Any]]] = {}
@@ -251,36 +289,56 @@ class StepSearch:
             for row, body in zip(steps, step_texts(steps), strict=True):
                 entries.append({"sid": sid, "seq": int(row["seq"]), "job": row.get("job_id"), "body": body})
             if steps:  # a session whose steps moved meanwhile is indexed at the next refresh
-                mark = (len(steps), max(int(s["seq"]) for s in steps), max(str(s["record_id"]) for s in steps))
+                mark = (
+                    len(steps),
+                    max(int(s["seq"]) for s in steps),
+                    max(str(s["record_id"]) for s in steps),
+                )
                 same = mark == marks[sid]
-                books.append({"sid": sid, "n": mark[0] if same else -1, "m": mark[1] if same else -1,
-                              "r": mark[2] if same else ""})
+                books.append(
+                    {
+                        "sid": sid,
+                        "n": mark[0] if same else -1,
+                        "m": mark[1] if same else -1,
+                        "r": mark[2] if same else "",
+                    }
+                )
         await self._write(entries, sids, books)
 
-    async def _write(self, entries: list[dict[str, Any]], drop: list[str],
-                     books: list[dict[str, Any]] | None = None) -> None:
+    async def _write(
+        self, entries: list[dict[str, Any]], drop: list[str], books: list[dict[str, Any]] | None = None
+    ) -> None:
         if not drop and not entries:
             return
         if self.dialect == "sqlite":
-            insert = (f"INSERT INTO {INDEX_TABLE} (body, session_id, seq, job_id) "
-                      "VALUES (:body, :sid, :seq, :job)")
+            insert = (
+                f"INSERT INTO {INDEX_TABLE} (body, session_id, seq, job_id) VALUES (:body, :sid, :seq, :job)"
+            )
         else:
-            insert = (f"INSERT INTO {INDEX_TABLE} (session_id, seq, job_id, body, tsv) "
-                      "VALUES (:sid, :seq, :job, :body, to_tsvector('simple', :body))")
+            insert = (
+                f"INSERT INTO {INDEX_TABLE} (session_id, seq, job_id, body, tsv) "
+                "VALUES (:sid, :seq, :job, :body, to_tsvector('simple', :body))"
+            )
         async with self._write_engine().begin() as conn:
             for i in range(0, len(drop), 500):
-                part = {f"s{k}": sid for k, sid in enumerate(drop[i:i + 500])}
+                part = {f"s{k}": sid for k, sid in enumerate(drop[i : i + 500])}
                 names = ", ".join(f":{k}" for k in part)
                 await conn.execute(text(f"DELETE FROM {INDEX_TABLE} WHERE session_id IN ({names})"), part)
                 await conn.execute(text(f"DELETE FROM {BOOK_TABLE} WHERE session_id IN ({names})"), part)
             if entries:
                 await conn.execute(text(insert), entries)
             if books:
-                await conn.execute(text(f"INSERT INTO {BOOK_TABLE} (session_id, steps, max_seq, last_record) "
-                                        "VALUES (:sid, :n, :m, :r)"), books)
+                await conn.execute(
+                    text(
+                        f"INSERT INTO {BOOK_TABLE} (session_id, steps, max_seq, last_record) "
+                        "VALUES (:sid, :n, :m, :r)"
+                    ),
+                    books,
+                )
 
-    async def search(self, words: str, *, job_id: str | None = None, offset: int = 0,
-                     limit: int = 50) -> SearchPage:
+    async def search(
+        self, words: str, *, job_id: str | None = None, offset: int = 0, limit: int = 50
+    ) -> SearchPage:
         """Steps whose text holds every word of ``words`` (best match first: FTS5's bm25, else
         ``ts_rank``; then session and ``seq``), of ``job_id`` when given; ``pending`` counts the
         sessions not indexed yet (call :meth:`refresh` first)."""
@@ -293,18 +351,24 @@ class StepSearch:
             params["job"], where_job = job_id, " AND job_id = :job"
         if self.dialect == "sqlite":
             params["q"] = fts5_query(words)
-            sql = (f"SELECT session_id, seq, job_id, snippet({INDEX_TABLE}, 0, '{MARK_START}', '{MARK_END}', '…', 24) "
-                   f"AS snip FROM {INDEX_TABLE} WHERE {INDEX_TABLE} MATCH :q{where_job} "
-                   "ORDER BY bm25(step_search), session_id, seq LIMIT :lim OFFSET :off")
+            sql = (
+                f"SELECT session_id, seq, job_id, snippet({INDEX_TABLE}, 0, '{MARK_START}', '{MARK_END}', '…', 24) "
+                f"AS snip FROM {INDEX_TABLE} WHERE {INDEX_TABLE} MATCH :q{where_job} "
+                "ORDER BY bm25(step_search), session_id, seq LIMIT :lim OFFSET :off"
+            )
         else:
             params["q"] = words
-            sql = (f"SELECT session_id, seq, job_id, ts_headline('simple', body, q, "
-                   f"'StartSel={MARK_START}, StopSel={MARK_END}, MaxWords=30, MinWords=10, MaxFragments=2, "
-                   "FragmentDelimiter=\" … \"') AS snip "
-                   f"FROM {INDEX_TABLE}, plainto_tsquery('simple', :q) AS q WHERE tsv @@ q{where_job} "
-                   "ORDER BY ts_rank(tsv, q) DESC, session_id, seq LIMIT :lim OFFSET :off")
+            sql = (
+                f"SELECT session_id, seq, job_id, ts_headline('simple', body, q, "
+                f"'StartSel={MARK_START}, StopSel={MARK_END}, MaxWords=30, MinWords=10, MaxFragments=2, "
+                'FragmentDelimiter=" … "\') AS snip '
+                f"FROM {INDEX_TABLE}, plainto_tsquery('simple', :q) AS q WHERE tsv @@ q{where_job} "
+                "ORDER BY ts_rank(tsv, q) DESC, session_id, seq LIMIT :lim OFFSET :off"
+            )
         async with self._read_engine().connect() as conn:
             rows = (await conn.execute(text(sql), params)).all()
-        hits = [SearchHit(session_id=r.session_id, seq=int(r.seq), job_id=r.job_id, snippet=r.snip or "")
-                for r in rows[:limit]]
+        hits = [
+            SearchHit(session_id=r.session_id, seq=int(r.seq), job_id=r.job_id, snippet=r.snip or "")
+            for r in rows[:limit]
+        ]
         return SearchPage(hits=hits, more=len(rows) > limit, pending=await self.pending())

@@ -61,15 +61,33 @@ class SessionResult(BaseModel):
 
     def columns(self) -> dict[str, Any]:
         """The ``job_environments`` columns this result sets (``finished``/``finished_at`` aside)."""
-        return {"status": self.status, "outcome": self.outcome, "attempts": self.attempts,
-                "error_text": self.error, "duration_s": self.duration_s, "result": self.runtime_result,
-                "sandbox": self.sandbox, "reward": self.reward, "eval_status": self.eval_status,
-                "eval_reason": self.eval_reason, "eval_detail": self.eval_detail}
+        return {
+            "status": self.status,
+            "outcome": self.outcome,
+            "attempts": self.attempts,
+            "error_text": self.error,
+            "duration_s": self.duration_s,
+            "result": self.runtime_result,
+            "sandbox": self.sandbox,
+            "reward": self.reward,
+            "eval_status": self.eval_status,
+            "eval_reason": self.eval_reason,
+            "eval_detail": self.eval_detail,
+        }
 
     @classmethod
     def of_row(cls, row: JobEnvironment) -> SessionResult:
         """The result a finished ``job_environments`` row holds."""
-        return cls(status=row.status, outcome=row.outcome, attempts=row.attempts,  # type: ignore[arg-type]
-                   error=row.error_text, duration_s=row.duration_s, runtime_result=row.result,
-                   sandbox=row.sandbox, reward=row.reward, eval_status=row.eval_status,
-                   eval_reason=row.eval_reason, eval_detail=row.eval_detail)
+        return cls(
+            status=row.status,
+            outcome=row.outcome,
+            attempts=row.attempts,  # type: ignore[arg-type]
+            error=row.error_text,
+            duration_s=row.duration_s,
+            runtime_result=row.result,
+            sandbox=row.sandbox,
+            reward=row.reward,
+            eval_status=row.eval_status,
+            eval_reason=row.eval_reason,
+            eval_detail=row.eval_detail,
+        )

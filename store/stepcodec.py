@@ -16,13 +16,31 @@ from typing import Any
 
 from store.engine import json_dumps
 
-__all__ = ["ENCODING_VERSION", "PACKED_COLUMNS", "Pending", "StepDecodeError", "StepEncoder", "TokenChain",
-           "answer_items", "decode_rows", "message_digest", "message_digests", "pack", "token_chain"]
+__all__ = [
+    "ENCODING_VERSION",
+    "PACKED_COLUMNS",
+    "Pending",
+    "StepDecodeError",
+    "StepEncoder",
+    "TokenChain",
+    "answer_items",
+    "decode_rows",
+    "message_digest",
+    "message_digests",
+    "pack",
+    "token_chain",
+]
 
 ENCODING_VERSION = 3
 """The format :class:`StepEncoder` writes by default; :func:`decode_rows` reads it and versions 1, 2."""
-PACKED_COLUMNS = ("messages", "request", "response", "prompt_token_ids", "completion_token_ids",
-                  "completion_logprobs")
+PACKED_COLUMNS = (
+    "messages",
+    "request",
+    "response",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+)
 """The columns a format-3 row may hold compressed in ``packed`` (in this order)."""
 PACK_LEVEL = 6
 """zlib level of :func:`pack` (~20 us per 1.5 KB row; level 1: ~15% faster, 2% larger)."""
@@ -63,7 +81,7 @@ class TokenChain:
         step = TOKEN_BLOCK * ids.itemsize
         blocks = []
         for end in range(step, whole * ids.itemsize + 1, step):
-            h.update(raw[end - step:end])
+            h.update(raw[end - step : end])
             blocks.append(h.digest())
         self.blocks = tuple(blocks)
         self.tail = ids[whole:].tolist()
@@ -76,12 +94,12 @@ class TokenChain:
         nb = n // TOKEN_BLOCK
         if self.blocks[:nb] != earlier.blocks[:nb]:
             return False
-        return list(prompt[nb * TOKEN_BLOCK:n]) == earlier.tail
+        return list(prompt[nb * TOKEN_BLOCK : n]) == earlier.tail
 
     def common_prompt_blocks(self, earlier: TokenChain) -> int:
         """How many leading ids of this step's prompt, in whole blocks, equal ``earlier``'s."""
         n = 0
-        for mine, theirs in zip(self.blocks[:self.prompt_len // TOKEN_BLOCK], earlier.blocks, strict=False):
+        for mine, theirs in zip(self.blocks[: self.prompt_len // TOKEN_BLOCK], earlier.blocks, strict=False):
             if mine != theirs:
                 break
             n += TOKEN_BLOCK
@@ -154,8 +172,9 @@ class StepEncoder:
         if have is None or have.seq < pending.stored.seq or pending.stored.seq <= 1:
             self._last[pending.session_id] = pending.stored
 
-    def encode(self, row: dict[str, Any], tokens: TokenChain | None = None,
-               digests: tuple[bytes, ...] | None = None) -> Pending:
+    def encode(
+        self, row: dict[str, Any], tokens: TokenChain | None = None, digests: tuple[bytes, ...] | None = None
+    ) -> Pending:
         """Rewrite ``row`` (every ``session_steps`` column) in place into its stored form; ``tokens``
         and ``digests``: the row's, when the caller already has them."""
         sid, seq = row["session_id"], row["seq"]
@@ -199,15 +218,19 @@ class StepEncoder:
         answer = tuple(message_digest(m) for m in answer_items(row["response"]))
         pending = Pending(sid, _Stored(seq, digests, answer, rest_digest, tokens))
         meta = row["meta_json"]
-        if self.version == 3 and isinstance(meta, dict) and next(iter(meta), None) == "route" \
-                and meta["route"] == row["llm_model"]:
+        if (
+            self.version == 3
+            and isinstance(meta, dict)
+            and next(iter(meta), None) == "route"
+            and meta["route"] == row["llm_model"]
+        ):
             q |= 8  # the route is the llm_model column: not stored twice
             row["meta_json"] = {k: v for k, v in meta.items() if k != "route"}
         if not (m_keep or a or q or p_keep):
             row["encoding"] = [3] if self.version == 3 else None
             return pending
         if m_keep or a:
-            row["messages"] = messages[m_keep + a:]
+            row["messages"] = messages[m_keep + a :]
         if q & 2:
             row["request"] = None
         elif q & 1:
@@ -282,8 +305,10 @@ def decode_rows(rows: Sequence[Any]) -> None:
         while cur is not None and cur not in full:
             row = by_key.get(cur)
             if row is None:
-                raise StepDecodeError(f"step {key[1]} of session {key[0]} is stored as a delta on its step {cur[1]}, "
-                                      "which is not in the store")
+                raise StepDecodeError(
+                    f"step {key[1]} of session {key[0]} is stored as a delta on its step {cur[1]}, "
+                    "which is not in the store"
+                )
             chain.append(row)
             base_seq = _base_seq(cur[1], _get(row, "encoding"))
             cur = (cur[0], base_seq) if base_seq is not None else None
@@ -295,9 +320,11 @@ def _fields(sid: str, seq: int, enc: Any) -> tuple[int | None, int, int, int, st
     """``(base_seq, messages kept, answer items, request mode bits 1|2, conversation key, from,
     prompt ids kept)`` of an encoding of version 1, 2 or 3."""
     if isinstance(enc, str):
-        raise StepDecodeError(f"step {seq} of session {sid}: its encoding is JSON text ({enc[:40]!r}): decode_rows "
-                              "takes the JSON columns parsed (json.loads of encoding, meta_json, messages, request, "
-                              "response and the token columns), as the store reads them")
+        raise StepDecodeError(
+            f"step {seq} of session {sid}: its encoding is JSON text ({enc[:40]!r}): decode_rows "
+            "takes the JSON columns parsed (json.loads of encoding, meta_json, messages, request, "
+            "response and the token columns), as the store reads them"
+        )
     bad = StepDecodeError(f"step {seq} of session {sid} has an encoding this version cannot read: {enc!r}")
     if not isinstance(enc, list) or not enc or not all(isinstance(v, int) or v is None for v in enc):
         raise bad
@@ -319,7 +346,11 @@ def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
     if enc is not None:
         base_seq, m_keep, a, q, key, f, p_keep = _fields(sid, seq, enc)
         if enc[0] == 3 and _unpack(row, sid, seq):
-            messages, prompt, request = _get(row, "messages"), _get(row, "prompt_token_ids"), _get(row, "request")
+            messages, prompt, request = (
+                _get(row, "messages"),
+                _get(row, "prompt_token_ids"),
+                _get(row, "request"),
+            )
         none: _Full = (None, None, [], None)
         b_messages, b_ids, b_answer, b_rest = full[(sid, base_seq)] if base_seq is not None else none
         if m_keep or a:
@@ -336,7 +367,12 @@ def _decode_one(row: Any, full: dict[tuple[str, int], _Full]) -> None:
             request = {**rest, key: [_copy(m) for m in messages[f:]]}
         if q & 3:
             _set(row, "request", request)
-        if enc[0] == 3 and len(enc) > 4 and enc[4] & 8 and not (isinstance(row, Mapping) and "meta_json" not in row):
+        if (
+            enc[0] == 3
+            and len(enc) > 4
+            and enc[4] & 8
+            and not (isinstance(row, Mapping) and "meta_json" not in row)
+        ):
             _set(row, "meta_json", {"route": _get(row, "llm_model"), **(_get(row, "meta_json") or {})})
         _set(row, "encoding", None)
     rest = {**request, key: None} if key is not None else request
@@ -349,19 +385,23 @@ def _unpack(row: Any, sid: str, seq: int) -> bool:
     """Unpack ``packed`` into :data:`PACKED_COLUMNS`; False when the row was stored raw. Raises
     StepDecodeError for damaged bytes or a dict row read without ``packed``."""
     if isinstance(row, Mapping) and "packed" not in row:
-        raise StepDecodeError(f"step {seq} of session {sid} is stored compressed and was read without its "
-                              "packed column")
+        raise StepDecodeError(
+            f"step {seq} of session {sid} is stored compressed and was read without its packed column"
+        )
     blob = _get(row, "packed")
     if blob is None:
         return False
     try:
         values = json.loads(zlib.decompress(blob))
     except (zlib.error, ValueError) as e:
-        raise StepDecodeError(f"step {seq} of session {sid}: its packed values are damaged "
-                              f"({type(e).__name__}: {e})") from e
+        raise StepDecodeError(
+            f"step {seq} of session {sid}: its packed values are damaged ({type(e).__name__}: {e})"
+        ) from e
     if not isinstance(values, list) or len(values) != len(PACKED_COLUMNS):
-        raise StepDecodeError(f"step {seq} of session {sid}: its packed values are damaged (not a list of "
-                              f"{len(PACKED_COLUMNS)} values)")
+        raise StepDecodeError(
+            f"step {seq} of session {sid}: its packed values are damaged (not a list of "
+            f"{len(PACKED_COLUMNS)} values)"
+        )
     for name, value in zip(PACKED_COLUMNS, values, strict=True):
         _set(row, name, value)
     _set(row, "packed", None)

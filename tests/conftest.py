@@ -90,9 +90,10 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_images.py::test_the_audit_runs_an_image_task_with_the_image_map",
         "tests/rollout/test_images.py::test_a_base_rebuilt_under_the_same_tag_builds_the_task_again",
     ),
-    ("slow", "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)"): (
-        "tests/gateway/test_one_base_url_clients.py",
-    ),
+    (
+        "slow",
+        "drives real eval clients through the gateway (inspect_ai, verifiers: seconds to import and run)",
+    ): ("tests/gateway/test_one_base_url_clients.py",),
     ("slow", "imports every module the docs name (rollout.train.sync loads torch and transformers)"): (
         "tests/house/test_docs_names.py::test_every_code_name_quoted_in_the_docs_resolves",
     ),
@@ -102,9 +103,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
     ("e2e", "starts the local model's server (llama.cpp, the embedded model)"): (
         "tests/gateway/test_count_tokens_llama.py",
     ),
-    ("postgres", "starts PostgreSQL servers of its own"): (
-        "tests/test_pg_server.py",
-    ),
+    ("postgres", "starts PostgreSQL servers of its own"): ("tests/test_pg_server.py",),
     ("browser", "a launcher job watched in Chromium (playwright's async API, no fixture)"): (
         "tests/viewer/test_live.py",
     ),
@@ -138,8 +137,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if any(item.get_closest_marker(m) for m in TIER_MARKERS):
             item.add_marker("slow")
     listed = {name for names in LISTED.values() for name in names}
-    stale = sorted(n for n in listed if not (config.rootpath / n.split("::")[0]).is_file() or (
-        "::" in n and n.split("::")[0] in modules and not hasattr(modules[n.split("::")[0]], n.split("::")[1])))
+    stale = sorted(
+        n
+        for n in listed
+        if not (config.rootpath / n.split("::")[0]).is_file()
+        or (
+            "::" in n
+            and n.split("::")[0] in modules
+            and not hasattr(modules[n.split("::")[0]], n.split("::")[1])
+        )
+    )
     if stale:
         raise pytest.UsageError(f"tests/conftest.py lists tests that do not exist: {', '.join(stale)}")
 

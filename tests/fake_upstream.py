@@ -133,8 +133,14 @@ def usage_chunk(usage: dict[str, Any], *, id: str = "c1", model: str = "m", crea
     """The usage-only final chunk of an OpenAI stream with ``stream_options.include_usage``:
     ``"choices": []`` plus ``usage``."""
     return sse_data(
-        {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-         "usage": usage}
+        {
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }
     )
 
 
@@ -185,14 +191,36 @@ def response_object(
     object"). ``output`` defaults to one assistant ``message`` item holding ``content`` as an
     ``output_text`` part; ``usage`` defaults to :data:`DEFAULT_RESPONSES_USAGE`."""
     if output is None:
-        output = [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-                   "content": [{"type": "output_text", "text": content, "annotations": []}]}]
+        output = [
+            {
+                "type": "message",
+                "id": "msg_1",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": content, "annotations": []}],
+            }
+        ]
     return {
-        "id": id, "object": "response", "created_at": 0, "status": status, "error": None,
-        "incomplete_details": None, "instructions": None, "max_output_tokens": None, "model": model,
-        "output": output, "parallel_tool_calls": True, "previous_response_id": None, "reasoning": None,
-        "temperature": None, "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [],
-        "top_p": None, "truncation": "disabled", "metadata": {},
+        "id": id,
+        "object": "response",
+        "created_at": 0,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "max_output_tokens": None,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": None,
+        "temperature": None,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": None,
+        "truncation": "disabled",
+        "metadata": {},
         "usage": dict(DEFAULT_RESPONSES_USAGE) if usage is None else usage,
     }
 
@@ -211,15 +239,24 @@ def default_responses_stream(model: str = "m") -> list[bytes]:
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": pending},
         {"type": "response.in_progress", "response": pending},
-        {"type": "response.output_item.added", "output_index": 0,
-         "item": {**item, "status": "in_progress", "content": []}},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**item, "status": "in_progress", "content": []},
+        },
         {"type": "response.content_part.added", **ids, "content_index": 0, "part": part},
     ]
-    events += [{"type": "response.output_text.delta", **ids, "content_index": 0, "delta": p}
-               for p in _DEFAULT_PIECES]
+    events += [
+        {"type": "response.output_text.delta", **ids, "content_index": 0, "delta": p} for p in _DEFAULT_PIECES
+    ]
     events += [
         {"type": "response.output_text.done", **ids, "content_index": 0, "text": DEFAULT_TEXT},
-        {"type": "response.content_part.done", **ids, "content_index": 0, "part": {**part, "text": DEFAULT_TEXT}},
+        {
+            "type": "response.content_part.done",
+            **ids,
+            "content_index": 0,
+            "part": {**part, "text": DEFAULT_TEXT},
+        },
         {"type": "response.output_item.done", "output_index": 0, "item": item},
         {"type": "response.completed", "response": final},
     ]
@@ -239,9 +276,16 @@ def anthropic_message(
     one ``text`` block holding ``content``; ``usage`` defaults to :data:`DEFAULT_ANTHROPIC_USAGE`."""
     if blocks is None:
         blocks = [{"type": "text", "text": content}]
-    return {"id": id, "type": "message", "role": "assistant", "model": model, "content": blocks,
-            "stop_reason": stop_reason, "stop_sequence": None,
-            "usage": dict(DEFAULT_ANTHROPIC_USAGE) if usage is None else usage}
+    return {
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": blocks,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": dict(DEFAULT_ANTHROPIC_USAGE) if usage is None else usage,
+    }
 
 
 def default_messages_stream(model: str = "m") -> list[bytes]:
@@ -249,19 +293,28 @@ def default_messages_stream(model: str = "m") -> list[bytes]:
     ``message_start`` (usage with ``output_tokens: 1``), ``content_block_start``, ``ping``, one
     ``text_delta`` per piece of ``DEFAULT_TEXT``, ``content_block_stop``, ``message_delta``
     (``stop_reason: end_turn``, ``output_tokens: 3``), ``message_stop``."""
-    start = {**anthropic_message(model=model), "content": [], "stop_reason": None,
-             "usage": {**DEFAULT_ANTHROPIC_USAGE, "output_tokens": 1}}
+    start = {
+        **anthropic_message(model=model),
+        "content": [],
+        "stop_reason": None,
+        "usage": {**DEFAULT_ANTHROPIC_USAGE, "output_tokens": 1},
+    }
     events: list[dict[str, Any]] = [
         {"type": "message_start", "message": start},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "ping"},
     ]
-    events += [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
-               for p in _DEFAULT_PIECES]
+    events += [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
+        for p in _DEFAULT_PIECES
+    ]
     events += [
         {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-         "usage": {"output_tokens": DEFAULT_ANTHROPIC_USAGE["output_tokens"]}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": DEFAULT_ANTHROPIC_USAGE["output_tokens"]},
+        },
         {"type": "message_stop"},
     ]
     return [sse_event(ev) for ev in events]
@@ -281,9 +334,7 @@ class Reply:
     framing: Framing = "chunked"
 
     @classmethod
-    def json(
-        cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None, **kw: Any
-    ) -> Reply:
+    def json(cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None, **kw: Any) -> Reply:
         """A JSON body (``application/json``, ``Content-Length``) in one write."""
         hdrs = {"content-type": "application/json"}
         hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
@@ -595,9 +646,7 @@ class FakeUpstream:
                 with contextlib.suppress(BaseException):
                     await served
 
-    async def _read_request(
-        self, conn: _Conn, writer: asyncio.StreamWriter
-    ) -> tuple[FakeRequest, bool]:
+    async def _read_request(self, conn: _Conn, writer: asyncio.StreamWriter) -> tuple[FakeRequest, bool]:
         head = await conn.read_until(b"\r\n\r\n")
         lines = head[:-4].decode("latin-1").split("\r\n")
         while lines and not lines[0]:  # tolerate stray CRLF between requests
@@ -673,7 +722,9 @@ class FakeUpstream:
             opts = body.get("stream_options")
             with_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
             u: dict[str, Any] = {"usage": None} if with_usage else {}
-            chunks = [sse_data(_chunk_obj(model, {"role": "assistant", "content": _DEFAULT_PIECES[0]}, None, u))]
+            chunks = [
+                sse_data(_chunk_obj(model, {"role": "assistant", "content": _DEFAULT_PIECES[0]}, None, u))
+            ]
             chunks += [sse_data(_chunk_obj(model, {"content": p}, None, u)) for p in _DEFAULT_PIECES[1:]]
             chunks.append(sse_data(_chunk_obj(model, {}, "stop", u)))
             if with_usage:
@@ -686,10 +737,18 @@ class FakeUpstream:
             model = requested if isinstance(requested, str) else "m"
             responses = req.path.endswith("/responses")
             if body.get("stream"):
-                return Reply.sse(default_responses_stream(model) if responses else default_messages_stream(model))
+                return Reply.sse(
+                    default_responses_stream(model) if responses else default_messages_stream(model)
+                )
             return Reply.json(response_object(model=model) if responses else anthropic_message(model=model))
-        err = {"error": {"message": f"no route for {req.method} {req.path}", "type": "not_found_error",
-                         "param": None, "code": 404}}
+        err = {
+            "error": {
+                "message": f"no route for {req.method} {req.path}",
+                "type": "not_found_error",
+                "param": None,
+                "code": 404,
+            }
+        }
         return Reply.json(err, status=404)
 
     async def _write_reply(self, req: FakeRequest, reply: Reply, writer: asyncio.StreamWriter) -> bool:
@@ -735,9 +794,17 @@ class FakeUpstream:
         return reusable
 
 
-def _chunk_obj(model: str, delta: dict[str, Any], finish: str | None, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+def _chunk_obj(
+    model: str, delta: dict[str, Any], finish: str | None, extra: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        **extra,
+    }
 
 
 # ---------------------------------------------------------------------- vLLM/SGLang-style token answers
@@ -798,13 +865,25 @@ def _token_text(token_id: int) -> str:
 
 
 def _logprobs_content(ids: Sequence[int]) -> dict[str, Any]:
-    return {"content": [{"token": _token_text(t), "logprob": fake_logprob(t),
-                         "bytes": [t] if t < 256 else list(_token_text(t).encode("utf-8")), "top_logprobs": []}
-                        for t in ids]}
+    return {
+        "content": [
+            {
+                "token": _token_text(t),
+                "logprob": fake_logprob(t),
+                "bytes": [t] if t < 256 else list(_token_text(t).encode("utf-8")),
+                "top_logprobs": [],
+            }
+            for t in ids
+        ]
+    }
 
 
-def token_rule(server: Literal["vllm", "sglang"] = "vllm", *, text: str = DEFAULT_TEXT,
-               pieces: Sequence[str] = _DEFAULT_PIECES) -> Callable[[FakeRequest], Reply | None]:
+def token_rule(
+    server: Literal["vllm", "sglang"] = "vllm",
+    *,
+    text: str = DEFAULT_TEXT,
+    pieces: Sequence[str] = _DEFAULT_PIECES,
+) -> Callable[[FakeRequest], Reply | None]:
     """A rule (``up.add_rule``) answering every chat completion with ``text`` (streamed as
     ``pieces``, which must join to ``text``) the way ``server`` answers: token ids and logprobs
     only when the request asks for them, ``"logprobs": null`` in each choice otherwise, usage
@@ -816,7 +895,11 @@ def token_rule(server: Literal["vllm", "sglang"] = "vllm", *, text: str = DEFAUL
     assert "".join(pieces) == text
 
     def rule(req: FakeRequest) -> Reply | None:
-        if req.method != "POST" or not req.path.endswith("/chat/completions") or not isinstance(req.json, dict):
+        if (
+            req.method != "POST"
+            or not req.path.endswith("/chat/completions")
+            or not isinstance(req.json, dict)
+        ):
             return None
         body = req.json
         model = body.get("model") if isinstance(body.get("model"), str) else "m"
@@ -825,37 +908,60 @@ def token_rule(server: Literal["vllm", "sglang"] = "vllm", *, text: str = DEFAUL
         want_ids = bool(body.get("return_token_ids"))
         want_prompt_ids = want_ids if server == "vllm" else bool(body.get("return_prompt_token_ids"))
         want_lp = bool(body.get("logprobs"))
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(completion),
-                 "total_tokens": len(prompt) + len(completion)}
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(completion),
+            "total_tokens": len(prompt) + len(completion),
+        }
         if not body.get("stream"):
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": _logprobs_content(completion) if want_lp else None,
-                                      "finish_reason": "stop"}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": _logprobs_content(completion) if want_lp else None,
+                "finish_reason": "stop",
+            }
             if server == "sglang" and want_prompt_ids:
                 choice["prompt_token_ids"] = prompt
             if want_ids:
                 choice["token_ids"] = completion
-            answer: dict[str, Any] = {"id": "c1", "object": "chat.completion", "created": 0, "model": model,
-                                      "choices": [choice], "usage": usage}
+            answer: dict[str, Any] = {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
             if server == "vllm" and want_prompt_ids:
                 answer["prompt_token_ids"] = prompt
             if server == "vllm" and body.get("prompt_logprobs") is not None:
                 answer["prompt_logprobs"] = [None] + [
                     {str(t): {"logprob": fake_logprob(t), "rank": 1, "decoded_token": _token_text(t)}}
-                    for t in prompt[1:]]
+                    for t in prompt[1:]
+                ]
             return Reply.json(answer)
         chunks: list[bytes] = []
         parts: list[tuple[dict[str, Any], list[int], str | None]] = [
             ({"role": "assistant", "content": p} if i == 0 else {"content": p}, fake_encode(p), None)
-            for i, p in enumerate(pieces)]
+            for i, p in enumerate(pieces)
+        ]
         parts.append(({}, [IM_END], "stop"))
         for i, (delta, ids, finish) in enumerate(parts):
-            ch: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": _logprobs_content(ids) if want_lp else None,
-                                  "finish_reason": finish}
+            ch: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": _logprobs_content(ids) if want_lp else None,
+                "finish_reason": finish,
+            }
             if server == "vllm" and want_ids:
                 ch["token_ids"] = ids
-            obj: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
-                                   "choices": [ch]}
+            obj: dict[str, Any] = {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
+                "choices": [ch],
+            }
             if i == 0 and server == "vllm" and want_prompt_ids:
                 obj["prompt_token_ids"] = prompt
             chunks.append(sse_data(obj))
@@ -890,15 +996,17 @@ class Plan:
     final: str = "Done: the answer is in outputs/answer.json."
 
     @classmethod
-    def write_answer(cls, answer: Any, *, path: str = ANSWER_FILE, submit: bool = False,
-                     final: str | None = None) -> Plan:
+    def write_answer(
+        cls, answer: Any, *, path: str = ANSWER_FILE, submit: bool = False, final: str | None = None
+    ) -> Plan:
         """The plan that writes ``answer`` as JSON to ``path`` (relative to the client's cwd) and
         prints it back, then finishes; ``submit`` adds :data:`SUBMIT_COMMAND` as the last command
         (mini-swe-agent's way to finish). A wrong ``answer`` makes a plan that must score 0."""
         folder = path.rpartition("/")[0]
         text = json.dumps(answer, sort_keys=True)
-        write = (f"mkdir -p {shlex.quote(folder)} && " if folder else "") + \
-            f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(path)} && cat {shlex.quote(path)}"
+        write = (
+            f"mkdir -p {shlex.quote(folder)} && " if folder else ""
+        ) + f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(path)} && cat {shlex.quote(path)}"
         commands = (write, SUBMIT_COMMAND) if submit else (write,)
         return cls(commands=commands, final=final or cls.final)
 
@@ -984,7 +1092,9 @@ def find_shell_tool(protocol: PolicyProtocol, tools: Any) -> ShellTool | None:
             fn = t.get("function")
             name, schema = (fn.get("name"), fn.get("parameters")) if isinstance(fn, dict) else (None, None)
         elif protocol == "responses":
-            name, schema = (t.get("name"), t.get("parameters")) if t.get("type") == "function" else (None, None)
+            name, schema = (
+                (t.get("name"), t.get("parameters")) if t.get("type") == "function" else (None, None)
+            )
         else:
             name, schema = t.get("name"), t.get("input_schema")
         keyed = _schema_command_key(schema)
@@ -1102,8 +1212,14 @@ class ScriptedPolicy:
             return Reply.json(turn.reply)
         if protocol == "chat_completions":
             opts = body.get("stream_options")
-            return Reply.sse(chat_stream(turn.reply, include_usage=isinstance(opts, dict) and bool(opts.get("include_usage"))))
-        return Reply.sse(responses_stream(turn.reply) if protocol == "responses" else messages_stream(turn.reply))
+            return Reply.sse(
+                chat_stream(
+                    turn.reply, include_usage=isinstance(opts, dict) and bool(opts.get("include_usage"))
+                )
+            )
+        return Reply.sse(
+            responses_stream(turn.reply) if protocol == "responses" else messages_stream(turn.reply)
+        )
 
     def _play(self, protocol: PolicyProtocol, path: str, body: dict[str, Any], sid: str | None) -> PolicyTurn:
         plan = self.plan_of(sid)
@@ -1131,10 +1247,15 @@ class ScriptedPolicy:
         observation = results[-1] if results else None
         if index >= len(commands):
             reply = _policy_reply(protocol, model, index, plan.final, None, None)
-            return PolicyTurn(protocol, stream, "final", index, path, names, shell.name, observation, reply, sid)
-        reply = _policy_reply(protocol, model, index, f"Running step {index + 1} of the plan.", shell,
-                              commands[index])
-        return PolicyTurn(protocol, stream, "command", index, path, names, shell.name, observation, reply, sid)
+            return PolicyTurn(
+                protocol, stream, "final", index, path, names, shell.name, observation, reply, sid
+            )
+        reply = _policy_reply(
+            protocol, model, index, f"Running step {index + 1} of the plan.", shell, commands[index]
+        )
+        return PolicyTurn(
+            protocol, stream, "command", index, path, names, shell.name, observation, reply, sid
+        )
 
 
 def _protocol_of(req: FakeRequest) -> PolicyProtocol | None:
@@ -1149,32 +1270,71 @@ def _protocol_of(req: FakeRequest) -> PolicyProtocol | None:
     return None
 
 
-def _policy_reply(protocol: PolicyProtocol, model: str, index: int, text: str, shell: ShellTool | None,
-                  script: str | None) -> dict[str, Any]:
+def _policy_reply(
+    protocol: PolicyProtocol, model: str, index: int, text: str, shell: ShellTool | None, script: str | None
+) -> dict[str, Any]:
     """The non-streaming answer of ``protocol``: ``text``, plus one shell call when given."""
     n = index + 1
     tokens_in, tokens_out = 100 + 10 * index, 20
     args = None if shell is None or script is None else _dumps(shell.arguments(script))
     if protocol == "chat_completions":
-        calls = None if args is None or shell is None else [
-            {"id": f"call_{n}", "type": "function", "function": {"name": shell.name, "arguments": args}}]
-        usage = {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
-        return chat_completion(text, tool_calls=calls, finish_reason="tool_calls" if calls else "stop",
-                               usage=usage, id=f"chatcmpl-{n}", model=model)
+        calls = (
+            None
+            if args is None or shell is None
+            else [
+                {"id": f"call_{n}", "type": "function", "function": {"name": shell.name, "arguments": args}}
+            ]
+        )
+        usage = {
+            "prompt_tokens": tokens_in,
+            "completion_tokens": tokens_out,
+            "total_tokens": tokens_in + tokens_out,
+        }
+        return chat_completion(
+            text,
+            tool_calls=calls,
+            finish_reason="tool_calls" if calls else "stop",
+            usage=usage,
+            id=f"chatcmpl-{n}",
+            model=model,
+        )
     if protocol == "responses":
         output: list[dict[str, Any]] = [
-            {"type": "message", "id": f"msg_{n}", "status": "completed", "role": "assistant",
-             "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+            {
+                "type": "message",
+                "id": f"msg_{n}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ]
         if args is not None and shell is not None:
-            output.append({"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": shell.name,
-                           "arguments": args, "status": "completed"})
-        usage = {"input_tokens": tokens_in, "output_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{n}",
+                    "call_id": f"call_{n}",
+                    "name": shell.name,
+                    "arguments": args,
+                    "status": "completed",
+                }
+            )
+        usage = {
+            "input_tokens": tokens_in,
+            "output_tokens": tokens_out,
+            "total_tokens": tokens_in + tokens_out,
+        }
         return response_object(output=output, usage=usage, id=f"resp_{n}", model=model)
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text}]
     if args is not None and shell is not None:
         blocks.append({"type": "tool_use", "id": f"toolu_{n}", "name": shell.name, "input": json.loads(args)})
-    return anthropic_message(blocks=blocks, usage={"input_tokens": tokens_in, "output_tokens": tokens_out},
-                             stop_reason="tool_use" if len(blocks) > 1 else "end_turn", id=f"msg_{n}", model=model)
+    return anthropic_message(
+        blocks=blocks,
+        usage={"input_tokens": tokens_in, "output_tokens": tokens_out},
+        stop_reason="tool_use" if len(blocks) > 1 else "end_turn",
+        id=f"msg_{n}",
+        model=model,
+    )
 
 
 def _halves(s: str) -> list[str]:
@@ -1194,16 +1354,39 @@ def chat_stream(completion: dict[str, Any], *, include_usage: bool) -> list[byte
     extra: dict[str, Any] = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse_data({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
+        return sse_data(
+            {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                **extra,
+            }
+        )
 
     out = [chunk({"role": "assistant", "content": ""})]
     out += [chunk({"content": p}) for p in _halves(message.get("content") or "")]
     for i, call in enumerate(message.get("tool_calls") or []):
         fn = call["function"]
-        out.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                          "function": {"name": fn["name"], "arguments": ""}}]}))
-        out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}) for p in _halves(fn["arguments"])]
+        out.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": fn["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
+        out += [
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]})
+            for p in _halves(fn["arguments"])
+        ]
     out.append(chunk({}, choice["finish_reason"]))
     if include_usage:
         out.append(usage_chunk(completion["usage"], id=cid, model=model, created=created))
@@ -1217,27 +1400,51 @@ def responses_stream(response: dict[str, Any]) -> list[bytes]:
     ``response.in_progress``, per item its added / delta (two pieces) / done events, then
     ``response.completed`` with the object itself (``sequence_number`` on each event)."""
     pending = {**response, "status": "in_progress", "output": [], "usage": None}
-    events: list[dict[str, Any]] = [{"type": "response.created", "response": pending},
-                                    {"type": "response.in_progress", "response": pending}]
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": pending},
+        {"type": "response.in_progress", "response": pending},
+    ]
     for i, item in enumerate(response["output"]):
         ids = {"item_id": item["id"], "output_index": i}
         if item["type"] == "message":
             text = item["content"][0]["text"]
             part = {"type": "output_text", "text": "", "annotations": []}
-            events += [{"type": "response.output_item.added", "output_index": i,
-                        "item": {**item, "status": "in_progress", "content": []}},
-                       {"type": "response.content_part.added", **ids, "content_index": 0, "part": part}]
-            events += [{"type": "response.output_text.delta", **ids, "content_index": 0, "delta": p}
-                       for p in _halves(text)]
-            events += [{"type": "response.output_text.done", **ids, "content_index": 0, "text": text},
-                       {"type": "response.content_part.done", **ids, "content_index": 0,
-                        "part": {**part, "text": text}}]
+            events += [
+                {
+                    "type": "response.output_item.added",
+                    "output_index": i,
+                    "item": {**item, "status": "in_progress", "content": []},
+                },
+                {"type": "response.content_part.added", **ids, "content_index": 0, "part": part},
+            ]
+            events += [
+                {"type": "response.output_text.delta", **ids, "content_index": 0, "delta": p}
+                for p in _halves(text)
+            ]
+            events += [
+                {"type": "response.output_text.done", **ids, "content_index": 0, "text": text},
+                {
+                    "type": "response.content_part.done",
+                    **ids,
+                    "content_index": 0,
+                    "part": {**part, "text": text},
+                },
+            ]
         elif item["type"] == "function_call":
-            events.append({"type": "response.output_item.added", "output_index": i,
-                           "item": {**item, "status": "in_progress", "arguments": ""}})
-            events += [{"type": "response.function_call_arguments.delta", **ids, "delta": p}
-                       for p in _halves(item["arguments"])]
-            events.append({"type": "response.function_call_arguments.done", **ids, "arguments": item["arguments"]})
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": i,
+                    "item": {**item, "status": "in_progress", "arguments": ""},
+                }
+            )
+            events += [
+                {"type": "response.function_call_arguments.delta", **ids, "delta": p}
+                for p in _halves(item["arguments"])
+            ]
+            events.append(
+                {"type": "response.function_call_arguments.done", **ids, "arguments": item["arguments"]}
+            )
         else:
             raise ValueError(f"responses_stream: unsupported output item type {item['type']!r}")
         events.append({"type": "response.output_item.done", "output_index": i, "item": item})
@@ -1255,19 +1462,34 @@ def messages_stream(message: dict[str, Any]) -> list[bytes]:
     events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
     for i, block in enumerate(message["content"]):
         if block["type"] == "text":
-            events.append({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})
-            events += [{"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": p}}
-                       for p in _halves(block["text"])]
+            events.append(
+                {"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}
+            )
+            events += [
+                {"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": p}}
+                for p in _halves(block["text"])
+            ]
         elif block["type"] == "tool_use":
-            events.append({"type": "content_block_start", "index": i,
-                           "content_block": {**block, "input": {}}})
-            events += [{"type": "content_block_delta", "index": i,
-                        "delta": {"type": "input_json_delta", "partial_json": p}}
-                       for p in _halves(_dumps(block["input"]))]
+            events.append(
+                {"type": "content_block_start", "index": i, "content_block": {**block, "input": {}}}
+            )
+            events += [
+                {
+                    "type": "content_block_delta",
+                    "index": i,
+                    "delta": {"type": "input_json_delta", "partial_json": p},
+                }
+                for p in _halves(_dumps(block["input"]))
+            ]
         else:
             raise ValueError(f"messages_stream: unsupported block type {block['type']!r}")
         events.append({"type": "content_block_stop", "index": i})
-    events += [{"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": usage["output_tokens"]}},
-               {"type": "message_stop"}]
+    events += [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": usage["output_tokens"]},
+        },
+        {"type": "message_stop"},
+    ]
     return [sse_event(ev) for ev in events]

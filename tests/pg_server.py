@@ -24,8 +24,13 @@ from pathlib import Path
 PG_ROOTS = ("/usr/lib/postgresql",)
 DIR_PREFIX = "rollout-pg-"
 OWNER_FILE = "owner.json"
-TEST_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=300",
-                 "shared_buffers=32MB")
+TEST_SETTINGS = (
+    "fsync=off",
+    "synchronous_commit=off",
+    "full_page_writes=off",
+    "max_connections=300",
+    "shared_buffers=32MB",
+)
 """Server settings for tests: no fsync (a test never survives a power cut; speed matters)."""
 
 
@@ -37,8 +42,10 @@ def find_binaries() -> Path:
     """The folder holding ``initdb`` and ``pg_ctl`` (the newest ``/usr/lib/postgresql/N/bin``, else
     ``PATH``). Raises PgUnavailable."""
     for root in PG_ROOTS:
-        versions = sorted((p for p in Path(root).glob("*/bin") if (p / "pg_ctl").exists()),
-                          key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+        versions = sorted(
+            (p for p in Path(root).glob("*/bin") if (p / "pg_ctl").exists()),
+            key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        )
         if versions:
             return versions[-1]
     found = shutil.which("pg_ctl")
@@ -79,8 +86,10 @@ def _as_server_user() -> list[str]:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        raise PgUnavailable("running as root and there is no 'postgres' user to run the server as "
-                            "(apt-get install postgresql creates it)") from None
+        raise PgUnavailable(
+            "running as root and there is no 'postgres' user to run the server as "
+            "(apt-get install postgresql creates it)"
+        ) from None
     return ["runuser", "-u", "postgres", "--"]
 
 
@@ -108,8 +117,13 @@ def sweep_stale(root: Path | None = None) -> list[Path]:
         data = folder / "data"
         if _postmaster_pid(data) is not None:
             bin_dir = find_binaries()
-            subprocess.run(_as_server_user() + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
-                                                "stop"], capture_output=True, text=True, timeout=120)
+            subprocess.run(
+                _as_server_user()
+                + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if _postmaster_pid(data) is not None:
                 continue  # it would not stop: leave the folder, the next start tries again
         shutil.rmtree(folder, ignore_errors=True)
@@ -141,7 +155,9 @@ class PgServer:
     def _run(self, argv: list[str], timeout: float = 120) -> None:
         res = subprocess.run(_as_server_user() + argv, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
-            raise PgUnavailable(f"{Path(argv[0]).name} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+            raise PgUnavailable(
+                f"{Path(argv[0]).name} failed ({res.returncode}): {res.stderr.strip()[-800:]}"
+            )
 
     def start(self) -> PgServer:
         """Start the server (or check the external one). Raises PgUnavailable."""
@@ -152,19 +168,47 @@ class PgServer:
         self.bin = find_binaries()
         sweep_stale(self.root)
         self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=self.root))
-        (self.dir / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())}))
+        (self.dir / OWNER_FILE).write_text(
+            json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())})
+        )
         if os.geteuid() == 0:
             user = pwd.getpwnam("postgres") if _as_server_user() else None
             if user is not None:
                 os.chown(self.dir, user.pw_uid, user.pw_gid)
         data = self.dir / "data"
-        self._run([str(self.bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
-                   "--locale=C.UTF-8", "--no-sync"])
+        self._run(
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            ]
+        )
         self.port = _free_port()
         opts = [f"-p {self.port}", f"-k {self.dir}", "-c listen_addresses=127.0.0.1"]
         opts += [f"-c {s}" for s in self.settings]
-        self._run([str(self.bin / "pg_ctl"), "-D", str(data), "-w", "-t", "60", "-l", str(self.dir / "server.log"),
-                   "-o", " ".join(opts), "start"])
+        self._run(
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(data),
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                str(self.dir / "server.log"),
+                "-o",
+                " ".join(opts),
+                "start",
+            ]
+        )
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}"
         return self
 
@@ -184,8 +228,24 @@ class PgServer:
         return shutil.which("psql") or str(find_binaries() / "psql")
 
     def _psql(self, sql: str, db: str = "postgres") -> str:
-        res = subprocess.run([self._psql_bin(), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
-                              "-d", f"{self.url}/{db}", "-c", sql], capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [
+                self._psql_bin(),
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                f"{self.url}/{db}",
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if res.returncode != 0:
             raise PgUnavailable(f"psql failed: {res.stderr.strip()[-800:]}")
         return res.stdout

@@ -29,7 +29,9 @@ def _llama_servers_in(folder: Path) -> list[int]:
     """Pids of local model servers (llama.cpp's, or the token server the default route runs)
     running in ``folder`` (the launcher's working directory), so that servers other test runs on
     the machine started do not count."""
-    p = subprocess.run(["pgrep", "-f", r"llama_cpp\.server|rollout\.cli\.token_server"], capture_output=True, text=True)
+    p = subprocess.run(
+        ["pgrep", "-f", r"llama_cpp\.server|rollout\.cli\.token_server"], capture_output=True, text=True
+    )
     pids = []
     for pid in map(int, p.stdout.split()):
         try:
@@ -68,12 +70,39 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
     db, out = tmp_path / "env_trajs.db", tmp_path / "run.jsonl"
 
     p = subprocess.run(
-        [sys.executable, str(REPO / "launcher.py"), "--enable-evaluation", "--pool-size", "4",
-         "--agent-root", str(REPO / "env"), "--agent-config", str(tmp_path / "gsm8k" / "env.yaml"),
-         "--agent-config", str(REPO / "env" / "workspace" / "env.yaml"),
-         "--agent-config", str(REPO / "env" / "basics" / "env.yaml"), "--limit", "2", "--rl-group-size", "2",
-         "--max-steps", "2", "--db-path", f"sqlite://{db}", "--out", str(out), "--job-id", "e2e", "--no-progress"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "--enable-evaluation",
+            "--pool-size",
+            "4",
+            "--agent-root",
+            str(REPO / "env"),
+            "--agent-config",
+            str(tmp_path / "gsm8k" / "env.yaml"),
+            "--agent-config",
+            str(REPO / "env" / "workspace" / "env.yaml"),
+            "--agent-config",
+            str(REPO / "env" / "basics" / "env.yaml"),
+            "--limit",
+            "2",
+            "--rl-group-size",
+            "2",
+            "--max-steps",
+            "2",
+            "--db-path",
+            f"sqlite://{db}",
+            "--out",
+            str(out),
+            "--job-id",
+            "e2e",
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert _llama_servers_in(tmp_path) == []  # the managed model server was stopped
 
@@ -103,7 +132,9 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
     assert len(steps) == sum(r["step_count"] for r in records)
     for step in steps:
         assert step.prompt_token_ids and step.completion_token_ids, step.session_id
-        assert step.completion_logprobs is not None and len(step.completion_logprobs) == len(step.completion_token_ids)
+        assert step.completion_logprobs is not None and len(step.completion_logprobs) == len(
+            step.completion_token_ids
+        )
         assert step.prompt_tokens == len(step.prompt_token_ids)
         assert step.completion_tokens == len(step.completion_token_ids)
 
@@ -111,11 +142,20 @@ def test_main_job_on_the_local_model(tmp_path: Path, public_data: Path) -> None:
     try:
         n_steps = con.execute("SELECT count(*) FROM session_steps").fetchone()[0]
         assert n_steps == sum(r["step_count"] for r in records)  # one row per model call
-        terminal = con.execute("SELECT count(*) FROM session_steps WHERE is_terminal = 1 AND reward IS NOT NULL")
+        terminal = con.execute(
+            "SELECT count(*) FROM session_steps WHERE is_terminal = 1 AND reward IS NOT NULL"
+        )
         assert terminal.fetchone()[0] == 12  # a reward on each evaluated session's last step
-        assert con.execute("SELECT count(*) FROM job_environments WHERE finished = 1 AND reward IS NOT NULL"
-                           ).fetchone()[0] == 12
-        assert con.execute("SELECT count(*) FROM session_steps WHERE completion_tokens > 0").fetchone()[0] == n_steps
+        assert (
+            con.execute(
+                "SELECT count(*) FROM job_environments WHERE finished = 1 AND reward IS NOT NULL"
+            ).fetchone()[0]
+            == 12
+        )
+        assert (
+            con.execute("SELECT count(*) FROM session_steps WHERE completion_tokens > 0").fetchone()[0]
+            == n_steps
+        )
     finally:
         con.close()
     assert "gsm8k" in p.stdout and "workspace" in p.stdout and "basics" in p.stdout and "pass@" in p.stdout

@@ -106,7 +106,10 @@ async def test_default_stream_with_include_usage_ends_with_usage_only_chunk() ->
     async with FakeUpstream() as up:
         c = client(up)
         stream = await c.chat.completions.create(
-            model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+            model="m",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},  # type: ignore[arg-type]
         )
         chunks = [ch async for ch in stream]
         await c.close()
@@ -120,8 +123,9 @@ async def test_default_stream_with_include_usage_ends_with_usage_only_chunk() ->
 
 async def test_default_stream_exact_bytes_and_chunk_boundaries() -> None:
     async with FakeUpstream() as up:
-        body = json.dumps({"model": "m", "messages": MESSAGES, "stream": True,
-                           "stream_options": {"include_usage": True}}).encode()
+        body = json.dumps(
+            {"model": "m", "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
+        ).encode()
         head, chunks, terminated = await raw_exchange(up, post("/v1/chat/completions", body))
         assert head.startswith(b"HTTP/1.1 200 OK\r\n")
         assert b"content-type: text/event-stream\r\n" in head
@@ -177,11 +181,24 @@ async def test_chunk_builders() -> None:
 
 
 async def test_scripted_chunk_builders_through_openai_sdk_tool_calls() -> None:
-    tc0 = [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]
+    tc0 = [
+        {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    ]
     tc1 = [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]
     async with FakeUpstream() as up:
-        up.script(None, [Reply.sse([chat_chunk(role="assistant", tool_calls=tc0), chat_chunk(tool_calls=tc1),
-                                    chat_chunk(finish_reason="tool_calls"), DONE])])
+        up.script(
+            None,
+            [
+                Reply.sse(
+                    [
+                        chat_chunk(role="assistant", tool_calls=tc0),
+                        chat_chunk(tool_calls=tc1),
+                        chat_chunk(finish_reason="tool_calls"),
+                        DONE,
+                    ]
+                )
+            ],
+        )
         c = client(up)
         stream = await c.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
         chunks = [ch async for ch in stream]
@@ -210,7 +227,11 @@ async def test_default_responses_with_openai_sdk() -> None:
         c = client(up)
         r = await c.responses.create(model="m", input="hi")
         assert (r.output_text, r.status, r.model) == (DEFAULT_TEXT, "completed", "m")
-        assert r.usage is not None and (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (5, 3, 8)
+        assert r.usage is not None and (
+            r.usage.input_tokens,
+            r.usage.output_tokens,
+            r.usage.total_tokens,
+        ) == (5, 3, 8)
         events = [e async for e in await c.responses.create(model="m", input="hi", stream=True)]
         async with c.responses.stream(model="m", input="hi") as stream:
             final = await stream.get_final_response()
@@ -219,7 +240,10 @@ async def test_default_responses_with_openai_sdk() -> None:
         assert [e.sequence_number for e in events] == list(range(len(default_responses_stream())))
         assert final.output_text == DEFAULT_TEXT
         assert [(rq.path, rq.json.get("stream")) for rq in up.requests] == [
-            ("/v1/responses", None), ("/v1/responses", True), ("/v1/responses", True)]
+            ("/v1/responses", None),
+            ("/v1/responses", True),
+            ("/v1/responses", True),
+        ]
 
 
 async def test_scripted_responses_args_only_in_done_through_openai_sdk() -> None:
@@ -228,8 +252,12 @@ async def test_scripted_responses_args_only_in_done_through_openai_sdk() -> None
         c = client(up)
         events = [e async for e in await c.responses.create(model="m", input="hi", stream=True)]
         await c.close()
-        assert [e.type for e in events] == ["response.created", "response.output_item.added",
-                                            "response.function_call_arguments.done", "response.completed"]
+        assert [e.type for e in events] == [
+            "response.created",
+            "response.output_item.added",
+            "response.function_call_arguments.done",
+            "response.completed",
+        ]
         assert events[-1].response.output[0].arguments == '{"city":"Paris"}'
 
 
@@ -264,8 +292,10 @@ async def test_queue_order_path_before_wildcard_then_default_and_callables() -> 
 
     async with FakeUpstream() as up:
         up.script(None, [Reply.json(chat_completion("wild 1")), echo])
-        up.script("/v1/chat/completions", [Reply.json(chat_completion("path 1")),
-                                           lambda req: Reply.json(chat_completion("path 2"))])
+        up.script(
+            "/v1/chat/completions",
+            [Reply.json(chat_completion("path 1")), lambda req: Reply.json(chat_completion("path 2"))],
+        )
         c = client(up)
         texts = []
         for _ in range(5):
@@ -280,8 +310,10 @@ async def test_keep_alive_several_requests_on_one_connection() -> None:
         conn = aiohttp.TCPConnector(limit=1)
         async with aiohttp.ClientSession(connector=conn) as s:
             for i in range(3):
-                async with s.post(up.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES,
-                                                                           "stream": i == 1}) as resp:
+                async with s.post(
+                    up.base_url + "/chat/completions",
+                    json={"model": "m", "messages": MESSAGES, "stream": i == 1},
+                ) as resp:
                     assert resp.status == 200
                     await resp.read()
             async with s.get(up.base_url + "/models") as resp:
@@ -296,8 +328,11 @@ async def test_20mb_request_body() -> None:
     async with FakeUpstream() as up:
         async with aiohttp.ClientSession() as s:
             body = json.dumps({"model": "m", "messages": [{"role": "user", "content": big}]}).encode()
-            async with s.post(up.base_url + "/chat/completions", data=io.BytesIO(body),
-                              headers={"Content-Type": "application/json"}) as resp:
+            async with s.post(
+                up.base_url + "/chat/completions",
+                data=io.BytesIO(body),
+                headers={"Content-Type": "application/json"},
+            ) as resp:
                 assert resp.status == 200
                 assert (await resp.json())["choices"][0]["message"]["content"] == DEFAULT_TEXT
         assert len(up.requests[0].json["messages"][0]["content"]) == 20 * 1024 * 1024
@@ -310,7 +345,10 @@ async def test_chunked_request_body() -> None:
         yield b'"messages":[]}'
 
     async with FakeUpstream() as up:
-        async with aiohttp.ClientSession() as s, s.post(up.base_url + "/chat/completions", data=gen()) as resp:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(up.base_url + "/chat/completions", data=gen()) as resp,
+        ):
             assert resp.status == 200
         assert up.requests[0].headers["transfer-encoding"] == "chunked"
         assert up.requests[0].json == {"model": "m", "messages": []}
@@ -341,8 +379,14 @@ async def test_abrupt_close_with_content_length_framing() -> None:
 
 async def test_close_framing_and_html_502() -> None:
     async with FakeUpstream() as up:
-        up.script(None, [Reply.raw([b"<html>", b"bad gateway</html>"], status=502, content_type="text/html",
-                                   framing="close")])
+        up.script(
+            None,
+            [
+                Reply.raw(
+                    [b"<html>", b"bad gateway</html>"], status=502, content_type="text/html", framing="close"
+                )
+            ],
+        )
         async with aiohttp.ClientSession() as s, s.post(up.base_url + "/chat/completions", json={}) as resp:
             assert resp.status == 502
             assert resp.headers["content-type"] == "text/html"
@@ -400,26 +444,63 @@ async def test_stop_closes_open_connections() -> None:
 # ------------------------------------------------------------------ the scripted policy
 ANSWER = {"total": 42, "name": "it's"}
 PLAN = Plan.write_answer(ANSWER)
-CHAT_BASH = {"type": "function", "function": {"name": "bash", "description": "Execute a bash command",
-             "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                            "required": ["command"]}}}
-CHAT_READ = {"type": "function", "function": {"name": "read_file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}}}}
-RESP_EXEC = {"type": "function", "name": "exec_command", "description": "Runs a command",
-             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"},
-                                                             "login": {"type": "boolean"}},
-                            "required": ["cmd"]}}
-RESP_VIEW = {"type": "function", "name": "view_image",
-             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}
-ANTH_TOOLS = [{"name": "Write", "input_schema": {"type": "object", "properties": {
-    "file_path": {"type": "string"}, "content": {"type": "string"}}}},
-    {"name": "Bash", "input_schema": {"type": "object", "properties": {
-        "command": {"type": "string"}, "description": {"type": "string"}}, "required": ["command"]}}]
+CHAT_BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Execute a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+CHAT_READ = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    },
+}
+RESP_EXEC = {
+    "type": "function",
+    "name": "exec_command",
+    "description": "Runs a command",
+    "parameters": {
+        "type": "object",
+        "properties": {"cmd": {"type": "string"}, "login": {"type": "boolean"}},
+        "required": ["cmd"],
+    },
+}
+RESP_VIEW = {
+    "type": "function",
+    "name": "view_image",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+}
+ANTH_TOOLS = [
+    {
+        "name": "Write",
+        "input_schema": {
+            "type": "object",
+            "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
+        },
+    },
+    {
+        "name": "Bash",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+]
 
 
 def run_script(script: str, cwd: str) -> str:
     """Run a planned command the way a client's shell tool does; its output."""
     import subprocess
+
     return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, check=True).stdout
 
 
@@ -434,8 +515,14 @@ def test_find_shell_tool_by_schema_whatever_its_name() -> None:
     assert find_shell_tool("chat_completions", [CHAT_READ, CHAT_BASH]) == ShellTool("bash", "command")
     assert find_shell_tool("responses", [RESP_VIEW, RESP_EXEC]) == ShellTool("exec_command", "cmd")
     assert find_shell_tool("anthropic_messages", ANTH_TOOLS) == ShellTool("Bash", "command", kind="anthropic")
-    argv = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {
-        "command": {"type": "array", "items": {"type": "string"}}}}}
+    argv = {
+        "type": "function",
+        "name": "shell",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+        },
+    }
     tool = find_shell_tool("responses", [argv])
     assert tool == ShellTool("shell", "command", argv=True)
     assert tool.arguments("ls") == {"command": ["bash", "-lc", "ls"]}
@@ -452,10 +539,17 @@ async def test_policy_over_chat_tools_streamed_and_not(tmp_path: Path) -> None:
         call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
         assert (first.choices[0].finish_reason, call.function.name) == ("tool_calls", "bash")  # type: ignore[union-attr]
         output = run_script(json.loads(call.function.arguments)["command"], str(tmp_path))  # type: ignore[union-attr]
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": output}]
-        stream = await c.chat.completions.create(model="r", messages=messages, tools=[CHAT_BASH], stream=True,  # type: ignore
-                                                 stream_options={"include_usage": True})
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": output},
+        ]
+        stream = await c.chat.completions.create(
+            model="r",
+            messages=messages,
+            tools=[CHAT_BASH],
+            stream=True,  # type: ignore
+            stream_options={"include_usage": True},
+        )
         text, usage = "", None
         async for chunk in stream:
             text += "".join(ch.delta.content or "" for ch in chunk.choices)
@@ -464,7 +558,9 @@ async def test_policy_over_chat_tools_streamed_and_not(tmp_path: Path) -> None:
     assert text == PLAN.final
     assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (110, 20)
     assert [(t.kind, t.index, t.stream, t.tool) for t in policy.turns] == [
-        ("command", 0, False, "bash"), ("final", 1, True, "bash")]
+        ("command", 0, False, "bash"),
+        ("final", 1, True, "bash"),
+    ]
     assert json.loads(policy.turns[1].observation or "") == ANSWER
     sent = policy.turns[0].reply
     assert first.choices[0].message.model_dump(exclude_none=True) == sent["choices"][0]["message"]
@@ -501,16 +597,28 @@ async def test_policy_over_responses_streamed_and_not(tmp_path: Path) -> None:
         call = next(o for o in first.output if o.type == "function_call")
         assert (call.name, json.loads(call.arguments)) == ("exec_command", {"cmd": PLAN.commands[0]})
         output = run_script(json.loads(call.arguments)["cmd"], str(tmp_path))
-        second = await c.responses.create(model="r", tools=[RESP_EXEC], input=[  # type: ignore
-            {"role": "user", "content": "task"}, {"type": "function_call", "call_id": call.call_id,
-                                                  "name": call.name, "arguments": call.arguments},
-            {"type": "function_call_output", "call_id": call.call_id, "output": output}])
+        second = await c.responses.create(
+            model="r",
+            tools=[RESP_EXEC],
+            input=[  # type: ignore
+                {"role": "user", "content": "task"},
+                {
+                    "type": "function_call",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                },
+                {"type": "function_call_output", "call_id": call.call_id, "output": output},
+            ],
+        )
         await c.close()
     assert second.output_text == PLAN.final
     assert first.model_dump(exclude_none=True)["output"] == policy.turns[0].reply["output"]
     assert first.usage is not None and first.usage.input_tokens == 100
     assert [(t.protocol, t.kind, t.stream) for t in policy.turns] == [
-        ("responses", "command", True), ("responses", "final", False)]
+        ("responses", "command", True),
+        ("responses", "final", False),
+    ]
     assert json.loads(policy.turns[1].observation or "") == ANSWER
 
 
@@ -519,16 +627,35 @@ async def test_policy_over_anthropic_messages_streamed_and_not(tmp_path: Path) -
         policy = ScriptedPolicy(Plan.write_answer({"x": 1}, final="all done"))
         up.add_rule(policy)
         c = AsyncAnthropic(base_url=up.origin, api_key="x", max_retries=0)
-        async with c.messages.stream(model="r", max_tokens=100, tools=ANTH_TOOLS,  # type: ignore[arg-type]
-                                     messages=[{"role": "user", "content": "task"}]) as s:
+        async with c.messages.stream(
+            model="r",
+            max_tokens=100,
+            tools=ANTH_TOOLS,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": "task"}],
+        ) as s:
             first = await s.get_final_message()
         use = next(b for b in first.content if b.type == "tool_use")
         assert (use.name, first.stop_reason) == ("Bash", "tool_use")
         output = run_script(use.input["command"], str(tmp_path))  # type: ignore[index]
-        second = await c.messages.create(model="r", max_tokens=100, tools=ANTH_TOOLS, messages=[  # type: ignore
-            {"role": "user", "content": "task"}, {"role": "assistant", "content": first.model_dump()["content"]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                          "content": [{"type": "text", "text": output}]}]}])
+        second = await c.messages.create(
+            model="r",
+            max_tokens=100,
+            tools=ANTH_TOOLS,
+            messages=[  # type: ignore
+                {"role": "user", "content": "task"},
+                {"role": "assistant", "content": first.model_dump()["content"]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": use.id,
+                            "content": [{"type": "text", "text": output}],
+                        }
+                    ],
+                },
+            ],
+        )
         await c.close()
     assert first.model_dump(exclude_none=True)["content"] == policy.turns[0].reply["content"]
     assert (first.usage.input_tokens, first.usage.output_tokens) == (100, 20)
@@ -543,7 +670,10 @@ async def test_policy_text_protocol_fenced_blocks_then_submit() -> None:
         up.add_rule(policy)
         c = client(up)
         system = "Reply with one block:\n```mswea_bash_command\nls\n```"
-        messages: list[dict[str, str]] = [{"role": "system", "content": system}, {"role": "user", "content": "task"}]
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "task"},
+        ]
         texts = []
         for observation in ("<output>the answer</output>", None):
             r = await c.chat.completions.create(model="r", messages=messages)  # type: ignore[arg-type]
@@ -579,12 +709,19 @@ async def test_policy_gives_each_new_session_the_next_plan() -> None:
         c = client(up)
         got = {}
         for sid in ("s-a", "s-b", "s-a", "s-c"):
-            r = await c.chat.completions.create(model="r", messages=MESSAGES, tools=[CHAT_BASH],  # type: ignore
-                                                extra_headers={"X-Session-Id": sid})
+            r = await c.chat.completions.create(
+                model="r",
+                messages=MESSAGES,
+                tools=[CHAT_BASH],  # type: ignore
+                extra_headers={"X-Session-Id": sid},
+            )
             got.setdefault(sid, []).append(json.loads(r.choices[0].message.tool_calls[0].function.arguments))  # type: ignore
         await c.close()
-    assert got == {"s-a": [{"command": right.commands[0]}] * 2, "s-b": [{"command": wrong.commands[0]}],
-                   "s-c": [{"command": wrong.commands[0]}]}
+    assert got == {
+        "s-a": [{"command": right.commands[0]}] * 2,
+        "s-b": [{"command": wrong.commands[0]}],
+        "s-c": [{"command": wrong.commands[0]}],
+    }
     assert policy.session_plans == {"s-a": right, "s-b": wrong, "s-c": wrong}
     assert [t.session_id for t in policy.turns] == ["s-a", "s-b", "s-a", "s-c"]
     with pytest.raises(ValueError, match="at least one plan"):

@@ -63,8 +63,11 @@ def installed(name: str) -> None:
 def env_root(tmp_path: Path) -> Path:
     """A copy of the bundled workspace env (its grader) holding only the task played."""
     root = tmp_path / "envs"
-    shutil.copytree(REPO / "env" / "workspace", root / "workspace",
-                    ignore=lambda d, names: [n for n in names if Path(d).name == "tasks" and n != TASK])
+    shutil.copytree(
+        REPO / "env" / "workspace",
+        root / "workspace",
+        ignore=lambda d, names: [n for n in names if Path(d).name == "tasks" and n != TASK],
+    )
     return root
 
 
@@ -72,21 +75,37 @@ def gateway_config(path: Path, up: FakeUpstream, api: str, db: Path) -> Path:
     route = {"api_key": ROUTE_KEY, "base_url": up.base_url}
     if api == "anthropic":
         route = {**route, "api": "anthropic", "base_url": up.origin}
-    path.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"policy": route}}))
+    path.write_text(
+        yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"policy": route}})
+    )
     return path
 
 
 async def launch(*args: str, cwd: Path) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(REPO / "launcher.py"), *args, "--no-progress", cwd=str(cwd),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO), "ROLLOUT_HARNESS_CACHE": str(cache_root())})
+        sys.executable,
+        str(REPO / "launcher.py"),
+        *args,
+        "--no-progress",
+        cwd=str(cwd),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), "ROLLOUT_HARNESS_CACHE": str(cache_root())},
+    )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=900)
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-_JSON_COLUMNS = ("messages", "request", "response", "prompt_token_ids", "completion_token_ids",
-                 "completion_logprobs", "meta_json", "encoding")
+_JSON_COLUMNS = (
+    "messages",
+    "request",
+    "response",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+    "meta_json",
+    "encoding",
+)
 
 
 def steps_of(db: Path, sid: str) -> list[dict[str, Any]]:
@@ -95,12 +114,16 @@ def steps_of(db: Path, sid: str) -> list[dict[str, Any]]:
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
-        rows = con.execute("select session_id, seq, llm_model, endpoint, is_stream, status, packed, "
-                           f"{', '.join(_JSON_COLUMNS)} from session_steps where session_id = ? order by seq",
-                           (sid,)).fetchall()
+        rows = con.execute(
+            "select session_id, seq, llm_model, endpoint, is_stream, status, packed, "
+            f"{', '.join(_JSON_COLUMNS)} from session_steps where session_id = ? order by seq",
+            (sid,),
+        ).fetchall()
     finally:
         con.close()
-    steps = [{**dict(r), **{c: None if r[c] is None else json.loads(r[c]) for c in _JSON_COLUMNS}} for r in rows]
+    steps = [
+        {**dict(r), **{c: None if r[c] is None else json.loads(r[c]) for c in _JSON_COLUMNS}} for r in rows
+    ]
     decode_rows(steps)
     return [{**st, "meta": st["meta_json"] or {}} for st in steps]
 
@@ -111,7 +134,10 @@ async def test_cli_harness_scores_the_right_plan_10_and_a_wrong_plan_0(name: str
     api, text_protocol, submit = CLIS[name]
     expected = json.loads((TASK_DIR / "expected.json").read_text())
     wrong = {**expected, "order_count": expected["order_count"] + 1}
-    right_plan, wrong_plan = Plan.write_answer(expected, submit=submit), Plan.write_answer(wrong, submit=submit)
+    right_plan, wrong_plan = (
+        Plan.write_answer(expected, submit=submit),
+        Plan.write_answer(wrong, submit=submit),
+    )
     db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
     async with FakeUpstream() as up:
         policy = ScriptedPolicy([right_plan, wrong_plan], text_protocol=text_protocol)
@@ -119,10 +145,29 @@ async def test_cli_harness_scores_the_right_plan_10_and_a_wrong_plan_0(name: str
         cfg = gateway_config(tmp_path / "gw.yaml", up, api, db)
         # pool 1: the two samples run one after the other; the first session gets the right plan
         code, stdout, stderr = await launch(
-            "--agent-root", str(env_root(tmp_path)), "--env", "workspace", "--harness", name,
-            "--gateway-config", str(cfg), "--llm-model", "policy", "--db-path", f"sqlite://{db}",
-            "--enable-evaluation", "--pool-size", "1", "--rl-group-size", "2", "--job-id", "cli",
-            "--out", str(out), cwd=tmp_path)
+            "--agent-root",
+            str(env_root(tmp_path)),
+            "--env",
+            "workspace",
+            "--harness",
+            name,
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "policy",
+            "--db-path",
+            f"sqlite://{db}",
+            "--enable-evaluation",
+            "--pool-size",
+            "1",
+            "--rl-group-size",
+            "2",
+            "--job-id",
+            "cli",
+            "--out",
+            str(out),
+            cwd=tmp_path,
+        )
 
     assert code == 0, stderr[-4000:]
     assert policy.errors == []
@@ -131,16 +176,27 @@ async def test_cli_harness_scores_the_right_plan_10_and_a_wrong_plan_0(name: str
     for sid, r in records.items():
         right = policy.session_plans[sid] is right_plan
         assert (r["harness"], r["model"], r["status"], r["eval_status"], r["harness_exit"], r["sandbox"]) == (
-            name, "policy", "succeeded", "scored", 0, "bwrap"), r
+            name,
+            "policy",
+            "succeeded",
+            "scored",
+            0,
+            "bwrap",
+        ), r
         assert (r["score"], r["answer"]) == ((10.0, expected) if right else (0.0, wrong)), r
         # every call the CLI made is a step whose recorded response is what the policy sent
         turns = [t for t in policy.turns if t.session_id == sid]
         steps = steps_of(db, sid)
         assert [t.kind for t in turns if t.kind != "side"] == (
-            ["command", "command"] if submit else ["command", "final"]), turns
+            ["command", "command"] if submit else ["command", "final"]
+        ), turns
         assert len(steps) == len(turns) == r["step_count"]
         for step, turn in zip(steps, turns, strict=True):
-            assert (step["status"], bool(step["is_stream"]), step["response"]) == ("ok", turn.stream, turn.reply)
+            assert (step["status"], bool(step["is_stream"]), step["response"]) == (
+                "ok",
+                turn.stream,
+                turn.reply,
+            )
             assert set(step["meta"].get("client_headers") or {}) == CLIENT_HEADERS[name], step["meta"]
         # the CLI ran the command in the sandbox and fed its output back to the model
         plan = policy.session_plans[sid]

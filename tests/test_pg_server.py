@@ -35,8 +35,12 @@ def test_a_server_whose_owner_died_is_stopped_and_removed_by_the_sweep() -> None
         owner = json.loads((live.dir / OWNER_FILE).read_text())
         assert owner["pid"] == os.getpid() and owner_alive(owner)
         # the owner of ``stale`` was a pytest that is gone: a process that ran and was reaped
-        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True)
+        gone = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         dead_pid = int(gone.stdout)
         (stale.dir / OWNER_FILE).write_text(json.dumps({"pid": dead_pid, "start": "1"}))
         assert not owner_alive({"pid": dead_pid, "start": "1"})

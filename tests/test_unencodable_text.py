@@ -31,7 +31,7 @@ ANSWER = "bad \ud800 answer"
 STREAMED = "streamed \udc00 answer"
 QUESTION = "say \ud800 and \x00"
 
-RUNTIME = r'''
+RUNTIME = r"""
 import json
 import httpx
 from env.runtime_kit import run_runtime
@@ -55,37 +55,43 @@ def main(req):
                                  metrics={"text": text, "relayed": relayed, "q": row["q"]})
 
 run_runtime(main)
-'''
+"""
 
-EVALUATOR = r'''
+EVALUATOR = r"""
 def evaluate(request, spec, trajectory):
     return {"score": 10, "reason": "saw \x00 " + trajectory.final_response,
             "artifacts": {"final": trajectory.final_response}}
-'''
+"""
 
 
-OWN_RESULT_LINE = r'''
+OWN_RESULT_LINE = r"""
 import json, sys
 req = json.loads(sys.stdin.read())
 # a runtime that writes its own result line: escapes of a lone surrogate and of NUL in its metrics
 print(json.dumps({"session_id": req["session_id"], "status": "succeeded", "step_count": 0,
                   "metrics": {"seen": req["env_params"]["dataset"]["id"], "nul": "\x00", "lone": "\udbff"}}))
-'''
+"""
 
-NO_STEPS_EVALUATOR = r'''
+NO_STEPS_EVALUATOR = r"""
 def evaluate(request, spec, trajectory):
     return {"score": 10, "reason": "case " + request.env_params["dataset"]["id"]}
-'''
+"""
 
 
-def make_env(root: Path, cases: list[dict[str, object]], runtime: str = RUNTIME, evaluator: str = EVALUATOR) -> Path:
+def make_env(
+    root: Path, cases: list[dict[str, object]], runtime: str = RUNTIME, evaluator: str = EVALUATOR
+) -> Path:
     env_dir = root / "toy"
     (env_dir / "data").mkdir(parents=True)
     (env_dir / "runtime.py").write_text(runtime)
     (env_dir / "rule_evaluator.py").write_text(evaluator)
     (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
-    cfg = {"name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-           "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}, "max_steps": 4}
+    cfg = {
+        "name": "toy",
+        "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
+        "max_steps": 4,
+    }
     (env_dir / "env.yaml").write_text(yaml.safe_dump(cfg))
     return env_dir
 
@@ -105,9 +111,14 @@ def serving(*args: str, cwd: Path, ready: str) -> Iterator[str]:
     (``<ready> URL ...``)."""
     log = cwd / f"{args[0]}.log"
     with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), *args, "--port", "0"], cwd=str(cwd),
-                                stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "launcher.py"), *args, "--port", "0"],
+            cwd=str(cwd),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -125,11 +136,19 @@ def serving(*args: str, cwd: Path, ready: str) -> Iterator[str]:
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(REPO / "launcher.py"), *args], cwd=str(cwd), capture_output=True,
-                          text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, str(REPO / "launcher.py"), *args],
+        cwd=str(cwd),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
-async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_path: Path, store_url: str) -> None:
+async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(
+    tmp_path: Path, store_url: str
+) -> None:
     """A request holding a lone surrogate and NUL, answers holding one (JSON and SSE), metrics,
     an error text and an evaluator's reason and artifacts holding them: the job ends, and the
     JSONL, the table, the viewer, the feed, the export and the report read it."""
@@ -140,9 +159,25 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
         up.add_rule(answer)
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, store_url)
         code, stdout, stderr = await launch(
-            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
-            "--db-path", store_url, "--enable-evaluation", "--pool-size", "2", "--rl-group-size", "2",
-            "--job-id", "bytes", "--out", str(out), cwd=tmp_path)
+            "--agent-root",
+            str(env_root),
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            store_url,
+            "--enable-evaluation",
+            "--pool-size",
+            "2",
+            "--rl-group-size",
+            "2",
+            "--job-id",
+            "bytes",
+            "--out",
+            str(out),
+            cwd=tmp_path,
+        )
         forwarded = [r.body for r in up.requests if r.path.endswith("/chat/completions")]
 
     assert code == 0, stderr
@@ -160,7 +195,8 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
     assert sorted(by_case) == ["asks", "plain"]
     for r in records:
         assert (r["status"], r["eval_status"], r["score"]) == (
-            ("succeeded", "scored", 10.0) if r["case_id"] != "plain" else ("failed", "scored", 10.0))
+            ("succeeded", "scored", 10.0) if r["case_id"] != "plain" else ("failed", "scored", 10.0)
+        )
         steps = r["trajectory"]
         assert [s["content"] for s in steps] == [ANSWER, STREAMED]  # type: ignore[index]
         assert r["reason"] == "saw \\u0000 streamed \\udc00 answer"
@@ -184,7 +220,9 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
         await store.close()
 
     # the viewer's session page of that session
-    with serving("view", "--db-path", store_url, "--agent-root", str(env_root), cwd=tmp_path, ready="viewer on") as url:
+    with serving(
+        "view", "--db-path", store_url, "--agent-root", str(env_root), cwd=tmp_path, ready="viewer on"
+    ) as url:
         async with httpx.AsyncClient(timeout=60) as http:
             page = await http.get(f"{url}/sessions/{a['session_id']}")
             job = await http.get(f"{url}/jobs/bytes/sessions")
@@ -196,6 +234,7 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
 
     # the feed: a trainer's client reads both groups, the surrogate's kept as escapes on the wire
     with serving("feed", "--db-path", store_url, cwd=tmp_path, ready="feed on") as url:
+
         def read_all() -> list[FeedGroupOut]:
             with FeedClient(url) as client:
                 return list(client.groups("bytes", wait_s=0))
@@ -212,26 +251,59 @@ async def test_lone_surrogates_in_requests_and_answers_reach_every_reader(tmp_pa
     assert texts == {ANSWER}
 
     # export and the HTML report
-    ex = run("export", "--db-path", store_url, "--job-id", "bytes", "--out", str(tmp_path / "x.jsonl"), cwd=tmp_path)
+    ex = run(
+        "export",
+        "--db-path",
+        store_url,
+        "--job-id",
+        "bytes",
+        "--out",
+        str(tmp_path / "x.jsonl"),
+        cwd=tmp_path,
+    )
     assert ex.returncode == 0, ex.stderr
     rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 4 and {r["steps"][0]["content"] for r in rows} == {ANSWER}
-    ex = run("export", "--db-path", store_url, "--job-id", "bytes", "--format", "parquet",
-             "--out", str(tmp_path / "x.parquet"), cwd=tmp_path)
+    ex = run(
+        "export",
+        "--db-path",
+        store_url,
+        "--job-id",
+        "bytes",
+        "--format",
+        "parquet",
+        "--out",
+        str(tmp_path / "x.parquet"),
+        cwd=tmp_path,
+    )
     assert ex.returncode == 0, ex.stderr
     table = pq.read_table(tmp_path / "x.parquet").to_pylist()
     # a Parquet string is UTF-8: U+FFFD; its JSON-valued columns keep the escape
     assert {s["steps"][0]["content"] for s in table} == {"bad \ufffd answer"}
     assert {json.loads(s["steps"][0]["messages"])[0]["content"] for s in table} == {QUESTION, "hi"}
-    rep = run("report", "--db-path", store_url, "--job-id", "bytes", "--out", str(tmp_path / "r.html"), cwd=tmp_path)
+    rep = run(
+        "report", "--db-path", store_url, "--job-id", "bytes", "--out", str(tmp_path / "r.html"), cwd=tmp_path
+    )
     assert rep.returncode == 0, rep.stderr
     assert (tmp_path / "r.html").read_text(encoding="utf-8")
 
     # graded again from the store: the evaluator reads the same steps, the JSONL is written
-    code, stdout, stderr = await launch("--regrade", "--job-id", "bytes", "--db-path", store_url, "--agent-root",
-                                        str(env_root), "--out", str(tmp_path / "regraded.jsonl"), cwd=tmp_path)
+    code, stdout, stderr = await launch(
+        "--regrade",
+        "--job-id",
+        "bytes",
+        "--db-path",
+        store_url,
+        "--agent-root",
+        str(env_root),
+        "--out",
+        str(tmp_path / "regraded.jsonl"),
+        cwd=tmp_path,
+    )
     assert code == 0, stderr
-    regraded = [json.loads(line) for line in (tmp_path / "regraded.jsonl").read_text(encoding="utf-8").splitlines()]
+    regraded = [
+        json.loads(line) for line in (tmp_path / "regraded.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     assert {r["reason"] for r in regraded} == {"saw \\u0000 streamed \\udc00 answer"}
 
 
@@ -245,9 +317,25 @@ async def test_a_case_id_and_a_result_line_holding_a_lone_surrogate(tmp_path: Pa
     async with FakeUpstream() as up:
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, store_url)
         code, stdout, stderr = await launch(
-            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
-            "--db-path", store_url, "--enable-evaluation", "--pool-size", "2", "--rl-group-size", "2",
-            "--job-id", "ids", "--out", str(out), cwd=tmp_path)
+            "--agent-root",
+            str(env_root),
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            store_url,
+            "--enable-evaluation",
+            "--pool-size",
+            "2",
+            "--rl-group-size",
+            "2",
+            "--job-id",
+            "ids",
+            "--out",
+            str(out),
+            cwd=tmp_path,
+        )
     assert code == 0, stderr
     assert "toy" in stdout and "pass@" in stdout
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
@@ -268,9 +356,22 @@ async def test_a_case_id_and_a_result_line_holding_a_lone_surrogate(tmp_path: Pa
     async with FakeUpstream() as up:
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, store_url)
         code, _, stderr = await launch(
-            "--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
-            "--db-path", store_url, "--enable-evaluation", "--job-id", "ids", "--resume",
-            "--out", str(tmp_path / "again.jsonl"), cwd=tmp_path)
+            "--agent-root",
+            str(env_root),
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            store_url,
+            "--enable-evaluation",
+            "--job-id",
+            "ids",
+            "--resume",
+            "--out",
+            str(tmp_path / "again.jsonl"),
+            cwd=tmp_path,
+        )
     assert code == 0, stderr
     again = {r["session_id"]: r for r in map(json.loads, (tmp_path / "again.jsonl").read_text().splitlines())}
     assert len(again) == 4 and again[envs[0].session_id]["attempts"][-1]["attempt"] == 2
@@ -279,7 +380,9 @@ async def test_a_case_id_and_a_result_line_holding_a_lone_surrogate(tmp_path: Pa
         raw_id = env.env_params["dataset"]["id"]
         assert raw_id in ("a\ud800", "b\x00")  # the dataset row, exactly
         assert env.result["metrics"] == {"seen": raw_id, "nul": "\x00", "lone": "\udbff"}
-    ex = run("export", "--db-path", store_url, "--job-id", "ids", "--out", str(tmp_path / "x.jsonl"), cwd=tmp_path)
+    ex = run(
+        "export", "--db-path", store_url, "--job-id", "ids", "--out", str(tmp_path / "x.jsonl"), cwd=tmp_path
+    )
     assert ex.returncode == 0, ex.stderr
     rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text(encoding="utf-8").splitlines()]
     assert sorted(r["case_id"] for r in rows) == ["a\\ud800", "a\\ud800", "b\\u0000", "b\\u0000"]

@@ -30,8 +30,9 @@ _TYPES = {
 }
 
 
-def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None,
-               type_: str | None = None) -> dict[str, Any]:
+def error_body(
+    status: int, message: str, *, code: str | None = None, param: str | None = None, type_: str | None = None
+) -> dict[str, Any]:
     """The JSON body of an OpenAI-shaped error for an HTTP status."""
     return {
         "error": {
@@ -64,8 +65,9 @@ def _place(err: Any, request: bool) -> tuple[str, str | None]:
     return kind, ".".join(loc) or None
 
 
-def validation_message(errors: list[Any], what: str, model: type[BaseModel] | None = None, *,
-                       request: bool = False) -> tuple[str, str | None]:
+def validation_message(
+    errors: list[Any], what: str, model: type[BaseModel] | None = None, *, request: bool = False
+) -> tuple[str, str | None]:
     """A clear message for pydantic validation ``errors`` of ``what`` (e.g. ``"invalid
     /admin/pause body"``), and the field at fault (the error's ``param``; None when the whole
     input is wrong). It names the first field at fault, the rule it broke and the value it got;
@@ -77,8 +79,11 @@ def validation_message(errors: list[Any], what: str, model: type[BaseModel] | No
     kind, field = _place(first, request)
     etype, msg = first.get("type", ""), first.get("msg", "invalid")
     if field is None:
-        text = (f"{what}: not valid JSON ({(first.get('ctx') or {}).get('error', msg)})" if etype == "json_invalid"
-                else f"{what}: {msg}")
+        text = (
+            f"{what}: not valid JSON ({(first.get('ctx') or {}).get('error', msg)})"
+            if etype == "json_invalid"
+            else f"{what}: {msg}"
+        )
     elif etype == "missing":
         text = f"{what}: {kind} '{field}' is required"
     elif etype == "extra_forbidden":
@@ -86,8 +91,13 @@ def validation_message(errors: list[Any], what: str, model: type[BaseModel] | No
         text = f"{what}: unknown {kind} '{field}'{known}"
     else:
         text = f"{what}: {kind} '{field}': {msg} (got {_got(first.get('input'))})"
-    others = sorted({f"'{name}' ({_SHORT.get(e.get('type', ''), 'invalid')})" for e in errors[1:]
-                     if (name := _place(e, request)[1]) and name != field})
+    others = sorted(
+        {
+            f"'{name}' ({_SHORT.get(e.get('type', ''), 'invalid')})"
+            for e in errors[1:]
+            if (name := _place(e, request)[1]) and name != field
+        }
+    )
     if others:
         text += f"; also: {', '.join(others)}"
     return text, field
@@ -97,9 +107,16 @@ def validation_message(errors: list[Any], what: str, model: type[BaseModel] | No
 ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
 
 ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 413: "request_too_large", 422: "invalid_request_error",
-    429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
 }
 """Anthropic's error ``type`` per HTTP status (API reference, "Errors"); another 4xx is
 ``invalid_request_error``, another 5xx ``api_error``."""
@@ -143,8 +160,15 @@ ErrorCounter = Callable[[Request, int, str | None, str], None]
 """Told of each error answered: (request, HTTP status, code, message)."""
 
 
-def error_response(req: Request, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> StrictJSONResponse:
+def error_response(
+    req: Request,
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> StrictJSONResponse:
     """An error answer to ``req``, its body in the request's error shape."""
     body = error_body(status, message, code=code, param=param)
     return StrictJSONResponse(request_shaped(req, status, body), status_code=status, headers=headers)
@@ -166,7 +190,9 @@ def install_error_handlers(app: Any, count: ErrorCounter | None = None) -> None:
 
     async def invalid(req: Request, exc: Exception) -> StrictJSONResponse:
         assert isinstance(exc, RequestValidationError)
-        msg, param = validation_message(list(exc.errors()), f"invalid request to {req.url.path}", request=True)
+        msg, param = validation_message(
+            list(exc.errors()), f"invalid request to {req.url.path}", request=True
+        )
         counted(req, 400, "invalid_request", msg)
         return error_response(req, 400, msg, code="invalid_request", param=param)
 

@@ -195,4 +195,3 @@ def validate_request(model: type[R], body: dict[str, Any]) -> R:
         if others:
             msg += f"; also invalid: {', '.join(others)}"
         raise InvalidRequest(msg, field) from None
-

@@ -49,4 +49,3 @@ def display_text(text: str) -> str:
     """``text`` with each lone surrogate replaced by U+FFFD: for HTML pages and Parquet strings,
     which carry UTF-8 only."""
     return text if utf8_ok(text) else _SURROGATE.sub("\ufffd", text)
-

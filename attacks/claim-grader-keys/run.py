@@ -15,7 +15,7 @@ found = Path(__file__).with_name("audit.json")
 claims = json.loads(found.read_text()).get(req.agent_name, {}) if found.is_file() else {}
 metrics = dict(claims.get("metric_keys", {}))
 for rel in claims.get("paths", []):
-    for name in ([rel.replace("*", "x")] if "*" in rel else [rel]):
+    for name in [rel.replace("*", "x")] if "*" in rel else [rel]:
         if not Path(name).is_dir():
             write(name, MARKERS.get(Path(name).suffix, "1\n"))
 folders = ["."] + sorted({str(p.parent) for p in Path(".").rglob("*") if p.is_file()} - {"."})[:50]

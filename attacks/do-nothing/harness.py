@@ -5,9 +5,9 @@ from rollout.audit.battery import Attack
 
 class DoNothing(Attack):
     name = "do-nothing"
-    summary = 'the baseline: leaves the workspace as it is and says it failed'
-    source = 'the reward of an agent that does nothing: every attack is measured against it'
-    fix_hint = ''
+    summary = "the baseline: leaves the workspace as it is and says it failed"
+    source = "the reward of an agent that does nothing: every attack is measured against it"
+    fix_hint = ""
 
 
 HARNESS = DoNothing()

@@ -6,9 +6,19 @@ from rollout.contract.attack_kit import answer_everywhere, finish, instruction, 
 
 req = start()
 task = instruction(req)
-candidates = list(dict.fromkeys(
-    re.findall(r"-?\d+(?:\.\d+)?", task) + re.findall(r"[`'\"]([^`'\"\n]{1,40})[`'\"]", task)
-    + [str(i) for i in range(101)] + ["yes", "no", "true", "false", "A", "B", "C", "D", "E"]))
+candidates = list(
+    dict.fromkeys(
+        re.findall(r"-?\d+(?:\.\d+)?", task)
+        + re.findall(r"[`'\"]([^`'\"\n]{1,40})[`'\"]", task)
+        + [str(i) for i in range(101)]
+        + ["yes", "no", "true", "false", "A", "B", "C", "D", "E"]
+    )
+)
 text = " ".join(candidates)
-finish(req, metrics={**answer_everywhere({"answer": candidates, "answers": candidates}, text),
-                     "candidates": candidates})
+finish(
+    req,
+    metrics={
+        **answer_everywhere({"answer": candidates, "answers": candidates}, text),
+        "candidates": candidates,
+    },
+)

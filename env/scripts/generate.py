@@ -21,8 +21,30 @@ TRAIN_CASES = 5
 EVAL_CASES = 12
 DATA = Path(__file__).resolve().parent / "data" / "cases.jsonl"
 
-WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "ocean", "brick", "eagle",
-         "grape", "honey", "ivory", "jelly", "koala", "mango", "nutmeg", "olive", "pearl", "quartz", "robin"]
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "maple",
+    "tiger",
+    "lemon",
+    "piano",
+    "ocean",
+    "brick",
+    "eagle",
+    "grape",
+    "honey",
+    "ivory",
+    "jelly",
+    "koala",
+    "mango",
+    "nutmeg",
+    "olive",
+    "pearl",
+    "quartz",
+    "robin",
+]
 
 Op = tuple[str, str, Callable[[list[str]], int], bool]
 """(answer key, shell pipeline reading ``$F``, the same in Python, numbers rather than words)."""
@@ -30,13 +52,49 @@ OPS: list[Op] = [
     ("lines", "wc -l < \"$F\" | tr -d ' '", len, False),
     ("distinct", "sort -u \"$F\" | wc -l | tr -d ' '", lambda v: len(set(v)), False),
     ("total", "awk '{s += $1} END {print s}' \"$F\"", lambda v: sum(int(x) for x in v), True),
-    ("largest", "sort -n \"$F\" | tail -n 1", lambda v: max(int(x) for x in v), True),
-    ("smallest", "sort -n \"$F\" | head -n 1", lambda v: min(int(x) for x in v), True),
+    ("largest", 'sort -n "$F" | tail -n 1', lambda v: max(int(x) for x in v), True),
+    ("smallest", 'sort -n "$F" | head -n 1', lambda v: min(int(x) for x in v), True),
 ]
-SCRIPT_NAMES = ["count", "tally", "measure", "summarize", "check", "compute", "report", "scan", "digest",
-                "inspect", "survey", "audit", "gauge", "review", "probe", "sample", "reckon", "weigh"]
-DATA_NAMES = ["items", "records", "list", "values", "entries", "log", "stock", "notes", "batch", "orders",
-              "readings", "scores", "lines", "rows", "points", "cells", "marks", "ticks"]
+SCRIPT_NAMES = [
+    "count",
+    "tally",
+    "measure",
+    "summarize",
+    "check",
+    "compute",
+    "report",
+    "scan",
+    "digest",
+    "inspect",
+    "survey",
+    "audit",
+    "gauge",
+    "review",
+    "probe",
+    "sample",
+    "reckon",
+    "weigh",
+]
+DATA_NAMES = [
+    "items",
+    "records",
+    "list",
+    "values",
+    "entries",
+    "log",
+    "stock",
+    "notes",
+    "batch",
+    "orders",
+    "readings",
+    "scores",
+    "lines",
+    "rows",
+    "points",
+    "cells",
+    "marks",
+    "ticks",
+]
 
 SCRIPT = """#!/bin/sh
 # Reads {data} and writes the answer.
@@ -56,16 +114,22 @@ def instances() -> list[dict[str, object]]:
     for i in range(TRAIN_CASES + EVAL_CASES):
         key, pipeline, answer, numeric = OPS[i % len(OPS)]
         n = rng.randint(3, 9)
-        values = [str(rng.randint(1, 99)) for _ in range(n)] if numeric else [rng.choice(WORDS) for _ in range(n)]
+        values = (
+            [str(rng.randint(1, 99)) for _ in range(n)] if numeric else [rng.choice(WORDS) for _ in range(n)]
+        )
         script, data = f"{scripts[i]}.sh", f"{datas[i]}.txt"
-        rows.append({
-            "id": f"{scripts[i]}-{datas[i]}",
-            "split": "train" if i < TRAIN_CASES else "eval",
-            "instruction": f"```bash\n./{script}\n```\nRun the command above.\n",
-            "files": {script: SCRIPT.format(data=data, key=key, pipeline=pipeline),
-                      data: "".join(f"{v}\n" for v in values)},
-            "expected": {key: answer(values)},
-        })
+        rows.append(
+            {
+                "id": f"{scripts[i]}-{datas[i]}",
+                "split": "train" if i < TRAIN_CASES else "eval",
+                "instruction": f"```bash\n./{script}\n```\nRun the command above.\n",
+                "files": {
+                    script: SCRIPT.format(data=data, key=key, pipeline=pipeline),
+                    data: "".join(f"{v}\n" for v in values),
+                },
+                "expected": {key: answer(values)},
+            }
+        )
     return rows
 
 

@@ -92,4 +92,8 @@ def evaluate(request: Any, spec: Any, trajectory: Any) -> dict[str, Any]:
     mismatch = first_mismatch(expected, answer)
     if mismatch:
         return {"score": 0, "reason": f"mismatch at {mismatch}", "artifacts": {"answer": answer}}
-    return {"score": 10, "reason": f"all {len(expected)} expected keys match", "artifacts": {"answer": answer}}
+    return {
+        "score": 10,
+        "reason": f"all {len(expected)} expected keys match",
+        "artifacts": {"answer": answer},
+    }

@@ -13,8 +13,15 @@ from gateway.protocols.base import WireProtocol
 from gateway.protocols.chat import ChatProtocol
 from gateway.protocols.responses import ResponsesProtocol
 
-__all__ = ["CHAT", "MESSAGES", "RESPONSES", "AnthropicProtocol", "ChatProtocol", "ResponsesProtocol",
-           "WireProtocol"]
+__all__ = [
+    "CHAT",
+    "MESSAGES",
+    "RESPONSES",
+    "AnthropicProtocol",
+    "ChatProtocol",
+    "ResponsesProtocol",
+    "WireProtocol",
+]
 
 CHAT = ChatProtocol()
 RESPONSES = ResponsesProtocol()

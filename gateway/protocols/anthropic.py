@@ -58,7 +58,11 @@ class AnthropicProtocol(WireProtocol):
 
     def is_answer(self, parsed: Any) -> bool:
         """A dict with ``type: "message"`` and a ``content`` list."""
-        return isinstance(parsed, dict) and parsed.get("type") == "message" and isinstance(parsed.get("content"), list)
+        return (
+            isinstance(parsed, dict)
+            and parsed.get("type") == "message"
+            and isinstance(parsed.get("content"), list)
+        )
 
     def read(self, response: Any) -> Answer:
         return read_messages(response)
@@ -67,9 +71,16 @@ class AnthropicProtocol(WireProtocol):
         return message_to_stream(answer)
 
     def stop_answer(self, model: str, req: WireRequest) -> dict[str, Any]:
-        return {"id": f"msg_gw_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": model,
-                "content": [], "stop_reason": "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": 0, "output_tokens": 0}}
+        return {
+            "id": f"msg_gw_{uuid.uuid4().hex[:24]}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
 
     def client_error(self, status: int, err: dict[str, Any]) -> dict[str, Any]:
         return anthropic_error(status, err)
@@ -92,8 +103,13 @@ def message_to_stream(message: dict[str, Any]) -> list[bytes]:
     ``stop_sequence``, the whole usage) and ``message_stop``."""
     raw_usage = message.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
-    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {**usage, "output_tokens": 0}}
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 0},
+    }
     out = [_event({"type": "message_start", "message": start})]
     content = message.get("content")
     for i, block in enumerate(content if isinstance(content, list) else []):
@@ -110,8 +126,12 @@ def message_to_stream(message: dict[str, Any]) -> list[bytes]:
         elif kind == "tool_use":
             first = {**block, "input": {}}
             raw = block.get("input")
-            deltas.append({"type": "input_json_delta",
-                           "partial_json": raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)})
+            deltas.append(
+                {
+                    "type": "input_json_delta",
+                    "partial_json": raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False),
+                }
+            )
         out.append(_event({"type": "content_block_start", "index": i, "content_block": first}))
         out += [_event({"type": "content_block_delta", "index": i, "delta": d}) for d in deltas]
         out.append(_event({"type": "content_block_stop", "index": i}))

@@ -46,8 +46,9 @@ class WireProtocol(ABC):
         """The validated body; raises GatewayError(400) naming the field at fault."""
         return validate_body(self.request_model, body)
 
-    def upstream_body(self, req: WireRequest, body: dict[str, Any], route: RouteSettings
-                      ) -> tuple[dict[str, Any], bool]:
+    def upstream_body(
+        self, req: WireRequest, body: dict[str, Any], route: RouteSettings
+    ) -> tuple[dict[str, Any], bool]:
         """The body to send upstream (``model`` replaced by ``upstream_model``; stream fields dropped for
         a route that cannot stream; ``body`` itself when unchanged) and whether a usage request was added."""
         out = body

@@ -38,8 +38,9 @@ class ChatProtocol(WireProtocol):
     answer_name = "chat completion"
     stream_end = "[DONE]"
 
-    def upstream_body(self, req: WireRequest, body: dict[str, Any], route: RouteSettings
-                      ) -> tuple[dict[str, Any], bool]:
+    def upstream_body(
+        self, req: WireRequest, body: dict[str, Any], route: RouteSettings
+    ) -> tuple[dict[str, Any], bool]:
         """The default, plus ``stream_options.include_usage: true`` for a stream whose client
         did not ask for usage (the second value is then True)."""
         out, _ = super().upstream_body(req, body, route)
@@ -53,7 +54,11 @@ class ChatProtocol(WireProtocol):
 
     def is_answer(self, parsed: Any) -> bool:
         """A dict with a ``choices`` list and no ``error``."""
-        return isinstance(parsed, dict) and isinstance(parsed.get("choices"), list) and parsed.get("error") is None
+        return (
+            isinstance(parsed, dict)
+            and isinstance(parsed.get("choices"), list)
+            and parsed.get("error") is None
+        )
 
     def read(self, response: Any) -> Answer:
         return read_chat(response)
@@ -67,10 +72,18 @@ class ChatProtocol(WireProtocol):
 
     def stop_answer(self, model: str, req: WireRequest) -> dict[str, Any]:
         return {
-            "id": f"chatcmpl-gw-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+            "id": f"chatcmpl-gw-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "stop",
-                         "logprobs": None}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": ""},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
             "usage": dict(_ZERO_USAGE),
         }
 
@@ -85,10 +98,12 @@ def completion_to_stream(completion: dict[str, Any], include_usage: bool) -> lis
     an empty delta, the choice's ``finish_reason`` and ``logprobs``. Then, only when the client
     asked for usage and the completion has one, a usage chunk with ``"choices": []``;
     then ``[DONE]``. ``id``/``created``/``model``/``system_fingerprint`` are copied."""
-    base: dict[str, Any] = {"id": completion.get("id") or f"chatcmpl-gw-{uuid.uuid4().hex[:24]}",
-                            "object": "chat.completion.chunk",
-                            "created": completion.get("created") or int(time.time()),
-                            "model": completion.get("model")}
+    base: dict[str, Any] = {
+        "id": completion.get("id") or f"chatcmpl-gw-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion.chunk",
+        "created": completion.get("created") or int(time.time()),
+        "model": completion.get("model"),
+    }
     if completion.get("system_fingerprint") is not None:
         base["system_fingerprint"] = completion["system_fingerprint"]
     chunks: list[dict[str, Any]] = []
@@ -101,11 +116,25 @@ def completion_to_stream(completion: dict[str, Any], include_usage: bool) -> lis
         delta.setdefault("role", "assistant")
         calls = message.get("tool_calls")
         if isinstance(calls, list) and calls:
-            delta["tool_calls"] = [{"index": i, **c} if isinstance(c, dict) else c for i, c in enumerate(calls)]
-        chunks.append({**base, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                            "finish_reason": None}]})
-        chunks.append({**base, "choices": [{"index": index, "delta": {}, "logprobs": choice.get("logprobs"),
-                                            "finish_reason": choice.get("finish_reason")}]})
+            delta["tool_calls"] = [
+                {"index": i, **c} if isinstance(c, dict) else c for i, c in enumerate(calls)
+            ]
+        chunks.append(
+            {**base, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        )
+        chunks.append(
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {},
+                        "logprobs": choice.get("logprobs"),
+                        "finish_reason": choice.get("finish_reason"),
+                    }
+                ],
+            }
+        )
     usage = completion.get("usage")
     if include_usage and isinstance(usage, dict):
         chunks.append({**base, "choices": [], "usage": usage})

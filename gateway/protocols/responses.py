@@ -20,8 +20,11 @@ from wire.status import StepStatus
 
 __all__ = ["ResponsesProtocol", "response_to_stream"]
 
-_TERMINAL_BY_STATUS = {"completed": "response.completed", "incomplete": "response.incomplete",
-                       "failed": "response.failed"}
+_TERMINAL_BY_STATUS = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+}
 
 
 class ResponsesProtocol(WireProtocol):
@@ -63,21 +66,45 @@ class ResponsesProtocol(WireProtocol):
 
     def stop_answer(self, model: str, req: WireRequest) -> dict[str, Any]:
         return {
-            "id": f"resp_gw_{uuid.uuid4().hex[:24]}", "object": "response", "created_at": int(time.time()),
-            "status": "completed", "error": None, "incomplete_details": None, "instructions": None,
-            "max_output_tokens": None, "model": model, "output": [], "parallel_tool_calls": True,
-            "previous_response_id": None, "reasoning": None, "temperature": None,
-            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [], "top_p": None,
-            "truncation": "disabled", "metadata": {},
-            "usage": {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                      "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0},
+            "id": f"resp_gw_{uuid.uuid4().hex[:24]}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "error": None,
+            "incomplete_details": None,
+            "instructions": None,
+            "max_output_tokens": None,
+            "model": model,
+            "output": [],
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": None,
+            "temperature": None,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": None,
+            "truncation": "disabled",
+            "metadata": {},
+            "usage": {
+                "input_tokens": 0,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": 0,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 0,
+            },
         }
 
     def stream_error(self, status: int, err: dict[str, Any], asm: StreamAssembler | None) -> bytes:
         inner = inner_error(err)
         last = getattr(asm, "last_sequence_number", None)
-        event = {"type": "error", "code": inner.get("code"), "message": inner.get("message"),
-                 "param": inner.get("param"), "sequence_number": last + 1 if isinstance(last, int) else 0}
+        event = {
+            "type": "error",
+            "code": inner.get("code"),
+            "message": inner.get("message"),
+            "param": inner.get("param"),
+            "sequence_number": last + 1 if isinstance(last, int) else 0,
+        }
         return format_event(compact(event), event="error")
 
 
@@ -89,12 +116,16 @@ def response_to_stream(response: dict[str, Any]) -> list[bytes]:
     (``response.completed``, ``.incomplete`` or ``.failed``) with the response itself.
     ``sequence_number`` counts from 0."""
     pending = {**response, "status": "in_progress", "output": [], "usage": None}
-    events: list[dict[str, Any]] = [{"type": "response.created", "response": pending},
-                                    {"type": "response.in_progress", "response": pending}]
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": pending},
+        {"type": "response.in_progress", "response": pending},
+    ]
     output = response.get("output")
     for i, item in enumerate(output if isinstance(output, list) else []):
         events.append({"type": "response.output_item.added", "output_index": i, "item": item})
         events.append({"type": "response.output_item.done", "output_index": i, "item": item})
     terminal = _TERMINAL_BY_STATUS.get(str(response.get("status")), "response.completed")
     events.append({"type": terminal, "response": response})
-    return [format_event(compact({**ev, "sequence_number": n}), event=ev["type"]) for n, ev in enumerate(events)]
+    return [
+        format_event(compact({**ev, "sequence_number": n}), event=ev["type"]) for n, ev in enumerate(events)
+    ]

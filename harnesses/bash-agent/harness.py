@@ -19,21 +19,39 @@ class BashAgent(Harness):
     protocol = "chat_completions"
     version = "1"
     unavailable_exit_codes = frozenset({2})  # the CLI's "gateway or model unavailable"
-    _FLAGS = {"max_tokens": "--max-tokens", "bash_timeout_s": "--bash-timeout",
-              "output_limit_chars": "--output-limit", "turn_cap": "--turn-cap"}
+    _FLAGS = {
+        "max_tokens": "--max-tokens",
+        "bash_timeout_s": "--bash-timeout",
+        "output_limit_chars": "--output-limit",
+        "turn_cap": "--turn-cap",
+    }
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         instruction = f"{ctx.home}/instruction.md"
-        argv = [sys.executable, "-m", "env.bash_agent", "--model", ctx.model, "--instruction-file", instruction,
-                "--protocol", str(ctx.params.get("protocol", "auto")), "--max-steps", str(ctx.max_steps)]
+        argv = [
+            sys.executable,
+            "-m",
+            "env.bash_agent",
+            "--model",
+            ctx.model,
+            "--instruction-file",
+            instruction,
+            "--protocol",
+            str(ctx.params.get("protocol", "auto")),
+            "--max-steps",
+            str(ctx.max_steps),
+        ]
         temperature = ctx.temperature if ctx.temperature is not None else ctx.params.get("temperature")
         if temperature is not None:  # the job's, else the env's own ``temperature`` param
             argv += ["--temperature", str(temperature)]
         for key, flag in self._FLAGS.items():
             if ctx.params.get(key) is not None:
                 argv += [flag, str(ctx.params[key])]
-        return HarnessLaunch(argv=argv, files={instruction: ctx.instruction},
-                             env={"OPENAI_BASE_URL": ctx.session_url, "OPENAI_API_KEY": ctx.api_key})
+        return HarnessLaunch(
+            argv=argv,
+            files={instruction: ctx.instruction},
+            env={"OPENAI_BASE_URL": ctx.session_url, "OPENAI_API_KEY": ctx.api_key},
+        )
 
 
 HARNESS = BashAgent()

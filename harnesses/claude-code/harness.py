@@ -36,8 +36,17 @@ class ClaudeCode(Harness):
         npm_install(cache_dir, f"{PACKAGE}@{VERSION}", [str(cache_dir / BIN)])
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
-        argv = [f"{ctx.install_dir}/{BIN}", "-p", ctx.instruction, "--model", ctx.model,
-                "--allowedTools", "Bash", "--output-format", "json"]
+        argv = [
+            f"{ctx.install_dir}/{BIN}",
+            "-p",
+            ctx.instruction,
+            "--model",
+            ctx.model,
+            "--allowedTools",
+            "Bash",
+            "--output-format",
+            "json",
+        ]
         env = {**OFFLINE_ENV, "ANTHROPIC_BASE_URL": ctx.session_url, "ANTHROPIC_API_KEY": ctx.api_key}
         return HarnessLaunch(argv=argv, env=env)
 

@@ -60,16 +60,32 @@ class Codex(Harness):
     def install(self, cache_dir: Path) -> None:
         node = shutil.which("node")
         if node is None:
-            raise HarnessUnavailable(f"{PACKAGE} needs Node.js, which is not installed: apt-get install nodejs")
+            raise HarnessUnavailable(
+                f"{PACKAGE} needs Node.js, which is not installed: apt-get install nodejs"
+            )
         npm_install(cache_dir, f"{PACKAGE}@{VERSION}", [node, str(cache_dir / ENTRY)])
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         codex_home = f"{ctx.home}/.codex"
         node = shutil.which("node") or "node"
-        argv = [node, f"{ctx.install_dir}/{ENTRY}", "exec", "--strict-config", "--skip-git-repo-check", "--json",
-                "--sandbox", "danger-full-access", "--model", ctx.model, ctx.instruction]
-        return HarnessLaunch(argv=argv, env={"CODEX_HOME": codex_home, KEY_ENV: ctx.api_key},
-                             files={f"{codex_home}/config.toml": config_toml(ctx)})
+        argv = [
+            node,
+            f"{ctx.install_dir}/{ENTRY}",
+            "exec",
+            "--strict-config",
+            "--skip-git-repo-check",
+            "--json",
+            "--sandbox",
+            "danger-full-access",
+            "--model",
+            ctx.model,
+            ctx.instruction,
+        ]
+        return HarnessLaunch(
+            argv=argv,
+            env={"CODEX_HOME": codex_home, KEY_ENV: ctx.api_key},
+            files={f"{codex_home}/config.toml": config_toml(ctx)},
+        )
 
 
 HARNESS = Codex()

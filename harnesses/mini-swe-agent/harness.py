@@ -38,15 +38,28 @@ class MiniSweAgent(Harness):
 
     def install(self, cache_dir: Path) -> None:
         venv = cache_dir / "venv"
-        steps = [[sys.executable, "-m", "venv", str(venv)],
-                 [str(cache_dir / PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  "--constraint", str(CONSTRAINTS), f"{PACKAGE}=={VERSION}"],
-                 [str(cache_dir / PYTHON), "-c", "import minisweagent.run.mini"]]
+        steps = [
+            [sys.executable, "-m", "venv", str(venv)],
+            [
+                str(cache_dir / PYTHON),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--constraint",
+                str(CONSTRAINTS),
+                f"{PACKAGE}=={VERSION}",
+            ],
+            [str(cache_dir / PYTHON), "-c", "import minisweagent.run.mini"],
+        ]
         for argv in steps:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
             if p.returncode != 0:
-                raise HarnessUnavailable(f"{PACKAGE}=={VERSION}: {' '.join(argv[:4])} failed: "
-                                         f"{(p.stderr or p.stdout).strip()[-500:]}")
+                raise HarnessUnavailable(
+                    f"{PACKAGE}=={VERSION}: {' '.join(argv[:4])} failed: "
+                    f"{(p.stderr or p.stdout).strip()[-500:]}"
+                )
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         mode = str(ctx.params.get("mswea_protocol", "text"))
@@ -58,16 +71,44 @@ class MiniSweAgent(Harness):
         if ctx.params.get("max_tokens") is not None:
             kwargs["max_tokens"] = int(ctx.params["max_tokens"])
         session = {
-            "agent": {"step_limit": max(ctx.max_steps, 0), "cost_limit": 0, "mode": "yolo", "confirm_exit": False},
-            "model": {"model_name": f"openai/{ctx.model}", "model_class": MODEL_CLASSES[mode],
-                      "cost_tracking": "ignore_errors", "model_kwargs": kwargs},
+            "agent": {
+                "step_limit": max(ctx.max_steps, 0),
+                "cost_limit": 0,
+                "mode": "yolo",
+                "confirm_exit": False,
+            },
+            "model": {
+                "model_name": f"openai/{ctx.model}",
+                "model_class": MODEL_CLASSES[mode],
+                "cost_tracking": "ignore_errors",
+                "model_kwargs": kwargs,
+            },
         }
         config = f"{ctx.home}/rollout-session.yaml"  # JSON is YAML
-        argv = [f"{ctx.install_dir}/{PYTHON}", "-m", "minisweagent.run.mini", "-y", "--exit-immediately",
-                "-c", CONFIGS[mode], "-c", config, "-o", f"{ctx.home}/trajectory.json", "-t", ctx.instruction]
-        env = {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_SILENT_STARTUP": "1",
-               "MSWEA_GLOBAL_CONFIG_DIR": f"{ctx.home}/.config/mini-swe-agent",
-               "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "NO_COLOR": "1"}
+        argv = [
+            f"{ctx.install_dir}/{PYTHON}",
+            "-m",
+            "minisweagent.run.mini",
+            "-y",
+            "--exit-immediately",
+            "-c",
+            CONFIGS[mode],
+            "-c",
+            config,
+            "-o",
+            f"{ctx.home}/trajectory.json",
+            "-t",
+            ctx.instruction,
+        ]
+        env = {
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_GLOBAL_CONFIG_DIR": f"{ctx.home}/.config/mini-swe-agent",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "NO_COLOR": "1",
+        }
         return HarnessLaunch(argv=argv, env=env, files={config: json.dumps(session, indent=1)})
 
 

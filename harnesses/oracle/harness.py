@@ -18,8 +18,10 @@ class Oracle(Harness):
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         if ctx.solution_dir is None:
-            return HarnessLaunch(argv=["sh", "-c", "echo 'oracle: this task has no solution/solve.sh' >&2; exit 1"],
-                                 answer_path=None)
+            return HarnessLaunch(
+                argv=["sh", "-c", "echo 'oracle: this task has no solution/solve.sh' >&2; exit 1"],
+                answer_path=None,
+            )
         return HarnessLaunch(argv=["bash", f"{ctx.solution_dir}/solve.sh"], answer_path=None)
 
 

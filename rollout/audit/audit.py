@@ -56,8 +56,9 @@ class AuditOptions(BaseModel):
     out: Path | None = None
     job_id: str | None = None
     pool_size: int = Field(default=2, ge=1, description="sessions run at once")
-    eval_timeout: float = Field(default=DEFAULT_EVAL_TIMEOUT_S, gt=0, allow_inf_nan=False,
-                                description="evaluator timeout in seconds")
+    eval_timeout: float = Field(
+        default=DEFAULT_EVAL_TIMEOUT_S, gt=0, allow_inf_nan=False, description="evaluator timeout in seconds"
+    )
     image: list[str] = Field(default_factory=list)  # the job's image map: REF=LOCAL (docs/images.md)
 
 
@@ -68,8 +69,10 @@ untouched workspace too (the control grading)."""
 GRADER_FAILED = ("error", "timeout", "invalid_reward")
 PASS_SCORE = 10.0
 """A pass: the do-nothing baseline must score below it, the reference solution reach it."""
-GRADER_FIX = ("your grader fails on the agent's input: score 0 with a reason for any answer it cannot read "
-              "(check sizes first, catch RecursionError / UnicodeDecodeError / ValueError)")
+GRADER_FIX = (
+    "your grader fails on the agent's input: score 0 with a reason for any answer it cannot read "
+    "(check sizes first, catch RecursionError / UnicodeDecodeError / ValueError)"
+)
 
 
 class Finding(BaseModel):
@@ -212,26 +215,46 @@ def _sanity(case: str, recs: dict[str, SessionRecord], reference: str | None) ->
     env, cid = case.split("/", 1)
     base_rec = recs.get(BASELINE)
     base = _scored(base_rec) if base_rec is not None else None
-    row = SanityRow(env=env, case=cid, baseline=base, reference=reference,
-                    baseline_verdict="not_graded" if base is None else
-                    "pays_for_nothing" if base >= PASS_SCORE - EPSILON else "ok",
-                    baseline_reason=base_rec.reason if base_rec is not None else None,
-                    baseline_eval_status=base_rec.eval_status if base_rec is not None else None)
+    row = SanityRow(
+        env=env,
+        case=cid,
+        baseline=base,
+        reference=reference,
+        baseline_verdict="not_graded"
+        if base is None
+        else "pays_for_nothing"
+        if base >= PASS_SCORE - EPSILON
+        else "ok",
+        baseline_reason=base_rec.reason if base_rec is not None else None,
+        baseline_eval_status=base_rec.eval_status if base_rec is not None else None,
+    )
     ref = recs.get(REFERENCE)
     if reference is None:
         return row
     if ref is None or ref.eval_status not in ("scored", *GRADER_FAILED, "grader_broken"):
-        return row.model_copy(update={"reference_verdict": "not_graded",
-                                      "reference_eval_status": ref.eval_status if ref is not None else None})
+        return row.model_copy(
+            update={
+                "reference_verdict": "not_graded",
+                "reference_eval_status": ref.eval_status if ref is not None else None,
+            }
+        )
     score = ref.score if ref.score is not None else 0.0
-    return row.model_copy(update={"reference_score": score, "reference_reason": ref.reason,
-                                  "reference_eval_status": ref.eval_status,
-                                  "reference_verdict": "ok" if score >= PASS_SCORE - EPSILON else "cannot_be_solved"})
+    return row.model_copy(
+        update={
+            "reference_score": score,
+            "reference_reason": ref.reason,
+            "reference_eval_status": ref.eval_status,
+            "reference_verdict": "ok" if score >= PASS_SCORE - EPSILON else "cannot_be_solved",
+        }
+    )
 
 
-def findings(records: list[SessionRecord], attacks: dict[str, AttackMeta],
-             references: dict[str, str | None] | None = None,
-             scans: dict[str, GraderScan] | None = None) -> AuditReport:
+def findings(
+    records: list[SessionRecord],
+    attacks: dict[str, AttackMeta],
+    references: dict[str, str | None] | None = None,
+    scans: dict[str, GraderScan] | None = None,
+) -> AuditReport:
     """The audit's verdicts from the job's records (``attacks``: name -> what the report says of
     it; ``references``: ``env/case`` -> its reference solution, None or absent when it has none;
     ``scans``: env -> its grader's source scan); ``job_id``, ``store``, ``out`` and ``duration_s``
@@ -246,8 +269,11 @@ def findings(records: list[SessionRecord], attacks: dict[str, AttackMeta],
     sanity = [_sanity(c, by_case[c], references.get(c)) for c in cases]
     inconclusive = {c for c in cases if baseline[c] is None}
     inconclusive |= {f"{r.env}/{r.case}" for r in sanity if r.reference_verdict == "not_graded"}
-    summaries = {n: AttackSummary(attack=n, summary=m.summary, source=m.source, fix_hint=m.fix_hint)
-                 for n, m in attacks.items() if n not in (BASELINE, REFERENCE)}
+    summaries = {
+        n: AttackSummary(attack=n, summary=m.summary, source=m.source, fix_hint=m.fix_hint)
+        for n, m in attacks.items()
+        if n not in (BASELINE, REFERENCE)
+    }
     out: list[Finding] = []
     for c in cases:
         env, case = c.split("/", 1)
@@ -276,24 +302,52 @@ def findings(records: list[SessionRecord], attacks: dict[str, AttackMeta],
                 if summ.error_reason is None:
                     summ.error_reason, summ.error_line = (rec.reason if rec is not None else None), line
             gained = reward - base if verdict == "paid" and reward is not None and base is not None else 0.0
-            out.append(Finding(attack=name, env=env, case=case, baseline=base, reward=reward, gained=gained,
-                               verdict=verdict, reason=rec.reason if rec is not None else None, grader_line=line))
+            out.append(
+                Finding(
+                    attack=name,
+                    env=env,
+                    case=case,
+                    baseline=base,
+                    reward=reward,
+                    gained=gained,
+                    verdict=verdict,
+                    reason=rec.reason if rec is not None else None,
+                    grader_line=line,
+                )
+            )
             if verdict == "paid":
                 summ.paid.append(c)
                 if summ.reason is None:
                     summ.reason = rec.reason if rec is not None else None
                     summ.grader_line = line
                 summ.gained = max(summ.gained, gained)
-    return AuditReport(job_id="", store="", out="", duration_s=0.0, cases=cases, baseline=baseline, sanity=sanity,
-                       attacks=list(summaries.values()), findings=out, inconclusive=sorted(inconclusive))
+    return AuditReport(
+        job_id="",
+        store="",
+        out="",
+        duration_s=0.0,
+        cases=cases,
+        baseline=baseline,
+        sanity=sanity,
+        attacks=list(summaries.values()),
+        findings=out,
+        inconclusive=sorted(inconclusive),
+    )
 
 
 def gateway_config(folder: Path, db_path: str) -> Path:
     """A gateway config whose only route has no model behind it (attacks call none)."""
     path = folder / "audit-gateway.yaml"
-    path.write_text(yaml.safe_dump({
-        "storage_config": {"db_url": db_path}, "default_route": NO_MODEL_ROUTE,
-        "llm_routes": {NO_MODEL_ROUTE: {"base_url": NO_MODEL_URL}}}), encoding="utf-8")
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "storage_config": {"db_url": db_path},
+                "default_route": NO_MODEL_ROUTE,
+                "llm_routes": {NO_MODEL_ROUTE: {"base_url": NO_MODEL_URL}},
+            }
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -301,8 +355,12 @@ def _runtime_files(cfg: EnvConfig) -> list[Path]:
     """The env runtime's own Python files: ``.py`` arguments of its command, a ``-m`` module of the project."""
     cmd = cfg.command()
     files = [Path(a) for a in cmd if a.endswith(".py") and Path(a).is_file()]
-    files += [f for i, a in enumerate(cmd[:-1]) if a == "-m"
-              if (f := PROJECT_ROOT.joinpath(*cmd[i + 1].split(".")).with_suffix(".py")).is_file()]
+    files += [
+        f
+        for i, a in enumerate(cmd[:-1])
+        if a == "-m"
+        if (f := PROJECT_ROOT.joinpath(*cmd[i + 1].split(".")).with_suffix(".py")).is_file()
+    ]
     return files
 
 
@@ -316,8 +374,9 @@ def reference_of(cfg: EnvConfig, case: Case) -> tuple[str, Any] | None:
     return None
 
 
-def prepare(envs: list[tuple[EnvConfig, list[Case]]], agent_root: Path, loaded: list[LoadedHarness],
-            folder: Path) -> tuple[list[LoadedHarness], dict[str, str | None], dict[str, GraderScan]]:
+def prepare(
+    envs: list[tuple[EnvConfig, list[Case]]], agent_root: Path, loaded: list[LoadedHarness], folder: Path
+) -> tuple[list[LoadedHarness], dict[str, str | None], dict[str, GraderScan]]:
     """Before the job: each env's grader scan, each case's reference, and the harnesses the job
     runs (the reference run first, then ``loaded``), those that need it copied under ``folder``
     with what they are given: ``references.json`` for the reference run, ``audit.json`` (the scan's
@@ -331,8 +390,11 @@ def prepare(envs: list[tuple[EnvConfig, list[Case]]], agent_root: Path, loaded: 
         scan = scan_evaluator(path) if path is not None and path.is_file() else GraderScan()
         scan.runner_keys = runner_keys(_runtime_files(cfg))
         scans[cfg.name] = scan
-        claims[cfg.name] = {"metric_keys": {k: passing_value(k) for k in [*scan.metric_keys, *scan.runner_keys]},
-                            "paths": list(scan.paths), "names": list(scan.names)}
+        claims[cfg.name] = {
+            "metric_keys": {k: passing_value(k) for k in [*scan.metric_keys, *scan.runner_keys]},
+            "paths": list(scan.paths),
+            "names": list(scan.names),
+        }
         for case in cases:
             ref = reference_of(cfg, case)
             references[f"{cfg.name}/{case.case_id}"] = ref[0] if ref else None
@@ -340,8 +402,13 @@ def prepare(envs: list[tuple[EnvConfig, list[Case]]], agent_root: Path, loaded: 
                 answers[cfg.name][case.case_id] = ref[1]
     out = []
     for h in [load_attack(str(REFERENCE_FOLDER)), *loaded]:
-        given = ("references.json", answers) if h.name == REFERENCE else \
-            ("audit.json", claims) if info(h).grader_aware else None
+        given = (
+            ("references.json", answers)
+            if h.name == REFERENCE
+            else ("audit.json", claims)
+            if info(h).grader_aware
+            else None
+        )
         if given is not None:
             copy = folder / "harnesses" / h.name
             shutil.copytree(h.folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -351,8 +418,11 @@ def prepare(envs: list[tuple[EnvConfig, list[Case]]], agent_root: Path, loaded: 
     return out, references, scans
 
 
-async def run_audit(opts: AuditOptions, on_start: Callable[[str, int], None] | None = None,
-                    on_done: Callable[[SessionRecord], None] | None = None) -> AuditReport:
+async def run_audit(
+    opts: AuditOptions,
+    on_start: Callable[[str, int], None] | None = None,
+    on_done: Callable[[SessionRecord], None] | None = None,
+) -> AuditReport:
     """Run the battery on the selected cases (one launcher job: each attack a harness, one sample
     per case, evaluation on) and judge it. Raises SetupError (an unknown env, case or attack)."""
     try:
@@ -363,19 +433,44 @@ async def run_audit(opts: AuditOptions, on_start: Callable[[str, int], None] | N
     with tempfile.TemporaryDirectory(prefix="rollout-audit-") as tmp:
         db_path = opts.db_path or f"sqlite://{Path(tmp) / 'audit.db'}"
         base = JobOptions(
-            agent_root=opts.agent_root, agent_configs=opts.agent_configs,
-            agent_start_config=opts.agent_start_config, tasks=opts.tasks, host_toolchain=opts.host_toolchain, env_names=opts.env_names, case_ids=opts.case_ids,
-            gateway_config=gateway_config(Path(tmp), db_path), llm_model=[NO_MODEL_ROUTE],
-            enable_evaluation=True, eval_timeout=opts.eval_timeout, max_broken_graders=0,  # every finding, never stopped
+            agent_root=opts.agent_root,
+            agent_configs=opts.agent_configs,
+            agent_start_config=opts.agent_start_config,
+            tasks=opts.tasks,
+            host_toolchain=opts.host_toolchain,
+            env_names=opts.env_names,
+            case_ids=opts.case_ids,
+            gateway_config=gateway_config(Path(tmp), db_path),
+            llm_model=[NO_MODEL_ROUTE],
+            enable_evaluation=True,
+            eval_timeout=opts.eval_timeout,
+            max_broken_graders=0,  # every finding, never stopped
             image=opts.image,
-            db_path=db_path, pool_size=opts.pool_size, rl_group_size=1, job_id=opts.job_id,
-            out=opts.out or Path(tmp) / "audit.jsonl")
+            db_path=db_path,
+            pool_size=opts.pool_size,
+            rl_group_size=1,
+            job_id=opts.job_id,
+            out=opts.out or Path(tmp) / "audit.jsonl",
+        )
         harnesses, references, scans = prepare(load_envs(base), opts.agent_root, loaded, Path(tmp))
         job = base.model_copy(update={"harness": [str(h.folder) for h in harnesses]})
         result = await run_job(job, on_start=on_start, on_done=on_done)
         records = result.records
-    meta = {h.name: AttackMeta(summary=info(h).summary, source=info(h).source, fix_hint=info(h).fix_hint,
-                               grader_reads=info(h).grader_reads) for h in loaded}
+    meta = {
+        h.name: AttackMeta(
+            summary=info(h).summary,
+            source=info(h).source,
+            fix_hint=info(h).fix_hint,
+            grader_reads=info(h).grader_reads,
+        )
+        for h in loaded
+    }
     report = findings(records, meta, references, scans)
-    return report.model_copy(update={"job_id": result.job_id, "store": result.store, "out": str(result.out),
-                                     "duration_s": time.monotonic() - t0})
+    return report.model_copy(
+        update={
+            "job_id": result.job_id,
+            "store": result.store,
+            "out": str(result.out),
+            "duration_s": time.monotonic() - t0,
+        }
+    )

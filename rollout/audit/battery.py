@@ -48,10 +48,13 @@ def load_attack(spec: str) -> LoadedHarness:
         loaded = load_harness(spec, ATTACK_ROOT)
     except HarnessUnavailable as e:  # said of --harness: say it of --attack, naming the attacks
         attacks = ", ".join(n for n in bundled(ATTACK_ROOT) if n != BASELINE)
-        raise HarnessUnavailable(f"--attack {spec}: no such attack (bundled: {attacks}; or give a folder "
-                                 f"holding a harness.py)") from e
+        raise HarnessUnavailable(
+            f"--attack {spec}: no such attack (bundled: {attacks}; or give a folder holding a harness.py)"
+        ) from e
     if not isinstance(loaded.harness, Attack):
-        raise HarnessUnavailable(f"{loaded.folder}: HARNESS is not an attack (a rollout.audit.battery.Attack)")
+        raise HarnessUnavailable(
+            f"{loaded.folder}: HARNESS is not an attack (a rollout.audit.battery.Attack)"
+        )
     return loaded
 
 

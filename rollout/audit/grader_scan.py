@@ -15,8 +15,25 @@ from pydantic import BaseModel, Field
 
 log = logging.getLogger(__name__)
 
-OPENERS = {"open", "Path", "PurePath", "join", "read_text", "read_bytes", "load", "exists", "is_file", "isfile",
-           "glob", "rglob", "iglob", "fnmatch", "joinpath", "stat", "getsize"}
+OPENERS = {
+    "open",
+    "Path",
+    "PurePath",
+    "join",
+    "read_text",
+    "read_bytes",
+    "load",
+    "exists",
+    "is_file",
+    "isfile",
+    "glob",
+    "rglob",
+    "iglob",
+    "fnmatch",
+    "joinpath",
+    "stat",
+    "getsize",
+}
 """Calls whose string arguments name a workspace path (or a glob pattern)."""
 METRIC_NAMES = ("metrics", "start_result")
 """A value whose name holds one of these is the runtime's result (or its metrics)."""
@@ -51,8 +68,11 @@ def _name(node: ast.AST) -> str:
 
 
 def _mentions_metrics(node: ast.AST, aliases: set[str]) -> bool:
-    return any(isinstance(n, ast.Name | ast.Attribute) and (_name(n) in aliases
-               or any(m in _name(n).lower() for m in METRIC_NAMES)) for n in ast.walk(node))
+    return any(
+        isinstance(n, ast.Name | ast.Attribute)
+        and (_name(n) in aliases or any(m in _name(n).lower() for m in METRIC_NAMES))
+        for n in ast.walk(node)
+    )
 
 
 def _text(node: ast.AST) -> str | None:
@@ -76,8 +96,16 @@ def _path_of(node: ast.AST) -> str | None:
 def _relative(path: str) -> str | None:
     """A workspace path worth planting: relative, no ``..``, not a bare extension or format string."""
     path = path.strip().lstrip("./") if path.startswith("./") else path.strip()
-    if not path or path.startswith(("/", "~")) or ".." in path.split("/") or "{" in path or "%" in path \
-            or " " in path or len(path) > 200 or path in (".", "*"):
+    if (
+        not path
+        or path.startswith(("/", "~"))
+        or ".." in path.split("/")
+        or "{" in path
+        or "%" in path
+        or " " in path
+        or len(path) > 200
+        or path in (".", "*")
+    ):
         return None
     return path
 
@@ -102,9 +130,14 @@ def scan_evaluator(path: Path) -> GraderScan:
                 scan.metric_keys.setdefault(key, line)
         elif isinstance(node, ast.Call):
             fn = _name(node.func)
-            if fn in ("get", "pop", "getattr") and isinstance(node.func, ast.Attribute | ast.Name) \
-                    and node.args and _mentions_metrics(node.func.value if isinstance(node.func, ast.Attribute)
-                                                        else node.args[0], aliases):
+            if (
+                fn in ("get", "pop", "getattr")
+                and isinstance(node.func, ast.Attribute | ast.Name)
+                and node.args
+                and _mentions_metrics(
+                    node.func.value if isinstance(node.func, ast.Attribute) else node.args[0], aliases
+                )
+            ):
                 key = _text(node.args[1] if fn == "getattr" and len(node.args) > 1 else node.args[0])
                 if key is not None and key not in ("metrics", "start_result"):
                     scan.metric_keys.setdefault(key, line)
@@ -118,12 +151,20 @@ def scan_evaluator(path: Path) -> GraderScan:
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             if (p := _path_of(node)) is not None and (rel := _relative(p)) is not None and "/" in p:
                 scan.paths.setdefault(rel, line)
-            elif isinstance(node.right, ast.Constant) and (rel := _relative(_text(node.right) or "")) is not None:
+            elif (
+                isinstance(node.right, ast.Constant)
+                and (rel := _relative(_text(node.right) or "")) is not None
+            ):
                 scan.paths.setdefault(rel, line)
         elif isinstance(node, ast.Compare):  # ``name == "PASSED"``, ``f in (".tests_passed", "PASSED")``
             for c in [*node.comparators, node.left]:
-                for t in ([_text(c)] if _text(c) is not None else
-                          [_text(e) for e in c.elts] if isinstance(c, ast.Tuple | ast.List | ast.Set) else []):
+                for t in (
+                    [_text(c)]
+                    if _text(c) is not None
+                    else [_text(e) for e in c.elts]
+                    if isinstance(c, ast.Tuple | ast.List | ast.Set)
+                    else []
+                ):
                     if t and FILE_NAME.match(t) and len(t) <= 80:
                         scan.names.setdefault(t, line)
     folders = {"/".join(p.split("/")[:i]) for p in scan.paths for i in range(1, p.count("/") + 1)}
@@ -147,8 +188,11 @@ def runner_keys(files: list[Path]) -> list[str]:
             if isinstance(node, ast.keyword) and node.arg == "metrics":
                 found.append(node.value)
             elif isinstance(node, ast.Dict):
-                found += [v for k, v in zip(node.keys, node.values, strict=True)
-                          if k is not None and _text(k) == "metrics"]
+                found += [
+                    v
+                    for k, v in zip(node.keys, node.values, strict=True)
+                    if k is not None and _text(k) == "metrics"
+                ]
             elif isinstance(node, ast.Assign) and any("metrics" in _name(t).lower() for t in node.targets):
                 found.append(node.value)
                 for t in node.targets:

@@ -9,8 +9,12 @@ from rollout.audit.audit import GRADER_FIX, AttackSummary, AuditReport, SanityRo
 HEADERS = ["attack", "paid on", "gained", "grader's reason", "grader line", "fix"]
 SANITY_HEADERS = ["case", "do-nothing baseline", "reference solution"]
 BROKEN_FIX = "your grader fails on the untouched workspace too: fix it before auditing"
-GRADER_FAILURES = {"error": "grader error", "timeout": "grader timeout", "invalid_reward": "invalid reward",
-                   "grader_broken": "grader broken"}
+GRADER_FAILURES = {
+    "error": "grader error",
+    "timeout": "grader timeout",
+    "invalid_reward": "invalid reward",
+    "grader_broken": "grader broken",
+}
 """How a session's grading failed, by its eval_status (``GRADER_FAILED`` and ``grader_broken``)."""
 
 
@@ -25,12 +29,25 @@ def _cut(text: str | None, n: int) -> str:
 
 def _row(a: AttackSummary, width: int) -> list[str]:
     if a.paid:
-        return [a.attack, _cases(a.paid), f"+{a.gained:g}", _cut(a.reason, width), a.grader_line or "", a.fix_hint]
+        return [
+            a.attack,
+            _cases(a.paid),
+            f"+{a.gained:g}",
+            _cut(a.reason, width),
+            a.grader_line or "",
+            a.fix_hint,
+        ]
     where = [f"grader broken on {_cases(a.grader_broken)}"] if a.grader_broken else []
     where += [f"grader fails on agent input on {_cases(a.grader_errors)}"] if a.grader_errors else []
     if where:
-        return [a.attack, "; ".join(where), "", _cut(a.error_reason, width), a.error_line or "",
-                BROKEN_FIX if a.grader_broken else GRADER_FIX]
+        return [
+            a.attack,
+            "; ".join(where),
+            "",
+            _cut(a.error_reason, width),
+            a.error_line or "",
+            BROKEN_FIX if a.grader_broken else GRADER_FIX,
+        ]
     return [a.attack, "clean", "", "", "", ""]
 
 
@@ -47,17 +64,29 @@ def sanity_cells(r: SanityRow, width: int = 60) -> list[str]:
         base = f"{failed}: {_cut(r.baseline_reason, width)}"
     else:
         base = ("not graded" if r.baseline is None else f"{r.baseline:g}") + (
-            f" PAYS FOR NOTHING: {_cut(r.baseline_reason, width)}" if r.baseline_verdict == "pays_for_nothing"
-            else "")
+            f" PAYS FOR NOTHING: {_cut(r.baseline_reason, width)}"
+            if r.baseline_verdict == "pays_for_nothing"
+            else ""
+        )
     if r.reference is None:
         ref = "no reference"
     elif r.reference_verdict == "not_graded":
         ref = f"{r.reference}: not graded"
     else:
-        failed = GRADER_FAILURES.get(r.reference_eval_status or "") if r.reference_eval_status != "scored" else None
-        ref = f"{r.reference}: {r.reference_score or 0.0:g}" + (f" ({failed})" if failed else "") + (
-            f" CANNOT BE SOLVED HERE: {_cut(r.reference_reason, width)}" if r.reference_verdict == "cannot_be_solved"
-            else "")
+        failed = (
+            GRADER_FAILURES.get(r.reference_eval_status or "")
+            if r.reference_eval_status != "scored"
+            else None
+        )
+        ref = (
+            f"{r.reference}: {r.reference_score or 0.0:g}"
+            + (f" ({failed})" if failed else "")
+            + (
+                f" CANNOT BE SOLVED HERE: {_cut(r.reference_reason, width)}"
+                if r.reference_verdict == "cannot_be_solved"
+                else ""
+            )
+        )
     return [f"{r.env}/{r.case}", base, ref]
 
 
@@ -88,13 +117,20 @@ def verdict_line(report: AuditReport) -> str:
             said.append("grader fails on agent input: " + ", ".join(failing))
         if pays := [f"{r.env}/{r.case}" for r in report.insane if r.baseline_verdict == "pays_for_nothing"]:
             said.append(f"pays for nothing: {_cases(pays)}")
-        if unsolved := [f"{r.env}/{r.case}" for r in report.insane if r.reference_verdict == "cannot_be_solved"]:
+        if unsolved := [
+            f"{r.env}/{r.case}" for r in report.insane if r.reference_verdict == "cannot_be_solved"
+        ]:
             said.append(f"cannot be solved here: {_cases(unsolved)}")
         return f"audit FAILED on {n} case(s): " + "; ".join(said)
     if report.inconclusive:
-        base_failed = [f"{r.env}/{r.case}" for r in report.sanity
-                       if _grader_failed(r.baseline, r.baseline_eval_status) is not None]
-        said = [f"the grader failed on the do-nothing baseline of {_cases(base_failed)}"] if base_failed else []
+        base_failed = [
+            f"{r.env}/{r.case}"
+            for r in report.sanity
+            if _grader_failed(r.baseline, r.baseline_eval_status) is not None
+        ]
+        said = (
+            [f"the grader failed on the do-nothing baseline of {_cases(base_failed)}"] if base_failed else []
+        )
         if rest := [c for c in report.inconclusive if c not in base_failed]:
             said.append(f"{_cases(rest)} could not be graded")
         return "audit inconclusive: no attack paid, but " + "; ".join(said)
@@ -105,17 +141,26 @@ def html_section(report: AuditReport) -> str:
     """The HTML report's section: the verdict, then the table (every value escaped)."""
     e = html.escape
     sanity_head = "".join(f"<th>{e(h)}</th>" for h in SANITY_HEADERS)
-    sanity = "".join(f"<tr class=\"{'paid' if r.failed else 'clean'}\">" + "".join(f"<td>{e(c)}</td>" for c in
-                     sanity_cells(r, 200)) + "</tr>" for r in report.sanity)
+    sanity = "".join(
+        f'<tr class="{"paid" if r.failed else "clean"}">'
+        + "".join(f"<td>{e(c)}</td>" for c in sanity_cells(r, 200))
+        + "</tr>"
+        for r in report.sanity
+    )
     head = "".join(f"<th>{e(h)}</th>" for h in HEADERS)
     body = []
     for a in report.attacks:
         cells = _row(a, 200)
         title = f' title="{e(a.summary)} (source: {e(a.source)})"'
         failed = a.paid or a.grader_errors or a.grader_broken
-        body.append(f"<tr class=\"{'paid' if failed else 'clean'}\"><td{title}>{e(cells[0])}</td>"
-                    + "".join(f"<td>{e(c)}</td>" for c in cells[1:]) + "</tr>")
-    return (f"<section id=\"audit\"><h2>Audit</h2><p>{e(verdict_line(report))}</p>"
-            f"<h3>Sanity</h3><table class=\"grid\"><thead><tr>{sanity_head}</tr></thead><tbody>{sanity}</tbody></table>"
-            f"<h3>Battery</h3>"
-            f"<table class=\"grid\"><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></section>")
+        body.append(
+            f'<tr class="{"paid" if failed else "clean"}"><td{title}>{e(cells[0])}</td>'
+            + "".join(f"<td>{e(c)}</td>" for c in cells[1:])
+            + "</tr>"
+        )
+    return (
+        f'<section id="audit"><h2>Audit</h2><p>{e(verdict_line(report))}</p>'
+        f'<h3>Sanity</h3><table class="grid"><thead><tr>{sanity_head}</tr></thead><tbody>{sanity}</tbody></table>'
+        f"<h3>Battery</h3>"
+        f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></section>'
+    )

@@ -37,26 +37,50 @@ from rollout.jobs.options import flag_help
 
 def build_parser() -> argparse.ArgumentParser:
     """The audit's flags."""
-    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py audit",
-                                 description="Run scripted hostile agents on each case and report every attack "
-                                             "whose reward beats a do-nothing agent's.")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="launcher.py audit",
+        description="Run scripted hostile agents on each case and report every attack "
+        "whose reward beats a do-nothing agent's.",
+    )
     ap.add_argument("--env", action="append", dest="env_names", default=[], help="only this env (repeatable)")
-    ap.add_argument("--case", action="append", dest="case_ids", default=[], help="only this case id (repeatable)")
-    ap.add_argument("--attack", action="append", dest="attacks", default=[], metavar="NAME|PATH",
-                    help=f"only this attack: a bundled name ({ATTACK_ROOT.name}/<name>/) or a folder (repeatable; "
-                         "default: the whole battery)")
+    ap.add_argument(
+        "--case", action="append", dest="case_ids", default=[], help="only this case id (repeatable)"
+    )
+    ap.add_argument(
+        "--attack",
+        action="append",
+        dest="attacks",
+        default=[],
+        metavar="NAME|PATH",
+        help=f"only this attack: a bundled name ({ATTACK_ROOT.name}/<name>/) or a folder (repeatable; "
+        "default: the whole battery)",
+    )
     add_env_flags(ap)
-    ap.add_argument("--image", action="append", default=[], metavar="REF=LOCAL",
-                    help="run image REF as LOCAL, an image of the local container store, as the job's --image "
-                         "(repeatable; docs/images.md)")
+    ap.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="REF=LOCAL",
+        help="run image REF as LOCAL, an image of the local container store, as the job's --image "
+        "(repeatable; docs/images.md)",
+    )
     ap.add_argument("--pool-size", type=int_at_least(1), help=flag_help("pool_size", AuditOptions))
-    ap.add_argument("--eval-timeout", type=finite_float(positive=True), help=flag_help("eval_timeout", AuditOptions))
+    ap.add_argument(
+        "--eval-timeout", type=finite_float(positive=True), help=flag_help("eval_timeout", AuditOptions)
+    )
     ap.add_argument("--db-path", help="keep the sessions in this store (default: a temporary SQLite file)")
     ap.add_argument("--out", type=Path, help="keep the sessions' JSONL there (default: temporary)")
     ap.add_argument("--job-id", help="job id (default: generated)")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of the table")
-    ap.add_argument("--report", type=Path, metavar="PATH.html",
-                    help="write the job's HTML report with the audit's section there")
+    ap.add_argument(
+        "--json", action="store_true", help="print the report as JSON on stdout instead of the table"
+    )
+    ap.add_argument(
+        "--report",
+        type=Path,
+        metavar="PATH.html",
+        help="write the job's HTML report with the audit's section there",
+    )
     ap.add_argument("--list", action="store_true", help="list the battery and exit")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     return ap
@@ -81,8 +105,10 @@ def print_report(report: AuditReport, kept: bool) -> None:
     print()
     print(verdict_line(report))
     where = f"store {report.store}" if kept else "sessions not kept: --db-path keeps them"
-    print(f"job {report.job_id}: {len(report.findings)} findings on {len(report.cases)} case(s) in "
-          f"{report.duration_s:.0f} s ({where})")
+    print(
+        f"job {report.job_id}: {len(report.findings)} findings on {len(report.cases)} case(s) in "
+        f"{report.duration_s:.0f} s ({where})"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -91,8 +117,14 @@ def main(argv: list[str]) -> int:
     if args.list:
         return list_battery()
     setup_logging(args.log_level)
-    logging.getLogger("rollout.jobs.workspace_archive").setLevel(logging.ERROR)  # what a regrade keeps: moot here
-    keep = tempfile.TemporaryDirectory(prefix="rollout-audit-report-") if args.report and not args.db_path else None
+    logging.getLogger("rollout.jobs.workspace_archive").setLevel(
+        logging.ERROR
+    )  # what a regrade keeps: moot here
+    keep = (
+        tempfile.TemporaryDirectory(prefix="rollout-audit-report-")
+        if args.report and not args.db_path
+        else None
+    )
     db_path = args.db_path or (f"sqlite://{Path(keep.name) / 'audit.db'}" if keep else None)
     try:
         opts = options_of(AuditOptions, args, db_path=db_path)
@@ -100,9 +132,13 @@ def main(argv: list[str]) -> int:
         if args.report is not None:
             from rollout.servers.viewer.db import ViewerError
             from rollout.servers.viewer.report import write_report
+
             try:
-                asyncio.run(write_report(opts.db_path or "", report.job_id, args.report,
-                                         sections=[html_section(report)]))
+                asyncio.run(
+                    write_report(
+                        opts.db_path or "", report.job_id, args.report, sections=[html_section(report)]
+                    )
+                )
             except ViewerError as e:
                 print(f"error: the report could not be written: {e}", file=sys.stderr)
                 return 1

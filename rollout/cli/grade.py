@@ -25,7 +25,9 @@ def _when(text: str) -> datetime:
     try:
         t = datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-05-01T12:00:00Z)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time (e.g. 2026-05-01T12:00:00Z)"
+        ) from None
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
@@ -38,27 +40,55 @@ def _tag(text: str) -> tuple[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``grade``."""
-    ap = argparse.ArgumentParser(prog="launcher.py grade", allow_abbrev=False,
-                                 description="Grade sessions recorded without a job (a client named them on the "
-                                             "gateway) with an env's rule_evaluator.py, as a new job.")
-    ap.add_argument("--env", required=True, dest="env_name", metavar="NAME", help="the env whose evaluator grades them")
-    ap.add_argument("--session", action="append", dest="session_ids", default=[], metavar="ID",
-                    help="a session without a job (repeatable)")
-    ap.add_argument("--tag", type=_tag, metavar="KEY=VALUE",
-                    help="the sessions whose first request's metadata has KEY equal to VALUE")
-    ap.add_argument("--since", type=_when, metavar="TIME", help="sessions whose first call is at or after TIME (ISO 8601)")
-    ap.add_argument("--until", type=_when, metavar="TIME", help="sessions whose first call is before TIME (ISO 8601)")
+    ap = argparse.ArgumentParser(
+        prog="launcher.py grade",
+        allow_abbrev=False,
+        description="Grade sessions recorded without a job (a client named them on the "
+        "gateway) with an env's rule_evaluator.py, as a new job.",
+    )
+    ap.add_argument(
+        "--env", required=True, dest="env_name", metavar="NAME", help="the env whose evaluator grades them"
+    )
+    ap.add_argument(
+        "--session",
+        action="append",
+        dest="session_ids",
+        default=[],
+        metavar="ID",
+        help="a session without a job (repeatable)",
+    )
+    ap.add_argument(
+        "--tag",
+        type=_tag,
+        metavar="KEY=VALUE",
+        help="the sessions whose first request's metadata has KEY equal to VALUE",
+    )
+    ap.add_argument(
+        "--since", type=_when, metavar="TIME", help="sessions whose first call is at or after TIME (ISO 8601)"
+    )
+    ap.add_argument(
+        "--until", type=_when, metavar="TIME", help="sessions whose first call is before TIME (ISO 8601)"
+    )
     case = ap.add_mutually_exclusive_group(required=True)
     case.add_argument("--case", dest="case_id", metavar="ID", help="every session is this case of the env")
-    case.add_argument("--case-field", metavar="KEY", help="each session's case id: its first request's metadata KEY")
-    ap.add_argument("--include-active", action="store_true",
-                    help="also grade sessions the gateway has not closed (what they recorded so far)")
+    case.add_argument(
+        "--case-field", metavar="KEY", help="each session's case id: its first request's metadata KEY"
+    )
+    ap.add_argument(
+        "--include-active",
+        action="store_true",
+        help="also grade sessions the gateway has not closed (what they recorded so far)",
+    )
     ap.add_argument("--job-id", help="the new job's id (default: generated)")
     ap.add_argument("--agent-root", type=Path, help=flag_help("agent_root", GradeOptions))
     ap.add_argument("--db-path", help=flag_help("db_path", GradeOptions))
-    ap.add_argument("--eval-timeout", type=finite_float(positive=True), help=flag_help("eval_timeout", GradeOptions))
+    ap.add_argument(
+        "--eval-timeout", type=finite_float(positive=True), help=flag_help("eval_timeout", GradeOptions)
+    )
     ap.add_argument("--pool-size", type=int_at_least(1), help=flag_help("pool_size", GradeOptions))
-    ap.add_argument("--grader-isolation", choices=["bwrap", "none"], help=flag_help("grader_isolation", GradeOptions))
+    ap.add_argument(
+        "--grader-isolation", choices=["bwrap", "none"], help=flag_help("grader_isolation", GradeOptions)
+    )
     ap.add_argument("--out", type=Path, help=flag_help("out", GradeOptions))
     ap.add_argument("--log-level", default="warning", help="log level (default warning)")
     return ap
@@ -78,7 +108,11 @@ def main(argv: list[str]) -> int:
         print(f"error: the store cannot be read: {e}", file=sys.stderr)
         return 1
     print(render_table(summarize(result.records)))
-    print(f"job {result.job_id}: {len(result.records)} sessions graded, written to {result.out} and {result.store} "
-          f"(launcher.py view, report --job-id {result.job_id}, export --job-id {result.job_id})")
-    failed = any(r.eval_status in ("error", "timeout", "invalid_reward", "grader_broken") for r in result.records)
+    print(
+        f"job {result.job_id}: {len(result.records)} sessions graded, written to {result.out} and {result.store} "
+        f"(launcher.py view, report --job-id {result.job_id}, export --job-id {result.job_id})"
+    )
+    failed = any(
+        r.eval_status in ("error", "timeout", "invalid_reward", "grader_broken") for r in result.records
+    )
     return 2 if failed else 0

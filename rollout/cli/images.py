@@ -18,13 +18,20 @@ DAY_S = 86400.0
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``images`` and ``images prune``."""
-    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py images",
-                                 description="List the cache of unpacked container images, or prune it "
-                                             "($ROLLOUT_IMAGE_CACHE, else ~/.cache/rollout-factory/images).")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="launcher.py images",
+        description="List the cache of unpacked container images, or prune it "
+        "($ROLLOUT_IMAGE_CACHE, else ~/.cache/rollout-factory/images).",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object per image instead of the table")
     sub = ap.add_subparsers(dest="command")
-    pr = sub.add_parser("prune", allow_abbrev=False, help="remove images not used for --days N, or --all",
-                        description="Remove unpacked images; never one a running launcher uses.")
+    pr = sub.add_parser(
+        "prune",
+        allow_abbrev=False,
+        help="remove images not used for --days N, or --all",
+        description="Remove unpacked images; never one a running launcher uses.",
+    )
     which = pr.add_mutually_exclusive_group(required=True)
     which.add_argument("--days", type=finite_float(positive=True), help="those not used for N days")
     which.add_argument("--all", action="store_true", help="all of them")
@@ -43,8 +50,15 @@ def _human(size: int) -> str:
 
 def _table(entries: list[CacheEntry]) -> str:
     rows = [("IMAGE", "REF", "SIZE", "LAST USED", "IN USE")] + [
-        (e.name, e.ref or "(unfinished)", _human(e.size), datetime.fromtimestamp(e.last_used, UTC).strftime("%Y-%m-%d %H:%M UTC"), "yes" if e.in_use else "")
-        for e in entries]
+        (
+            e.name,
+            e.ref or "(unfinished)",
+            _human(e.size),
+            datetime.fromtimestamp(e.last_used, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "yes" if e.in_use else "",
+        )
+        for e in entries
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

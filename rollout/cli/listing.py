@@ -36,30 +36,63 @@ def add_env_flags(ap: argparse.ArgumentParser) -> None:
     """The flags that choose the envs, as the job's: ``--agent-root``, ``--agent-config``,
     ``--agent-start-config``, ``--tasks`` (``list`` and ``audit``)."""
     ap.add_argument("--agent-root", type=Path, default=Path("env"), help="folder of envs (default: env)")
-    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", default=[],
-                    help="an env.yaml, or a Safactory task config (environments:), instead of the agent root's "
-                         "envs (repeatable)")
-    ap.add_argument("--agent-start-config", type=Path,
-                    help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config")
-    ap.add_argument("--tasks", action="append", type=Path, default=[], metavar="DIR",
-                    help="a folder of task folders run as one env, as the job's --tasks (repeatable)")
-    ap.add_argument("--host-toolchain", action="store_true",
-                    help="the --tasks folders' Harbor tasks run on the host's tools, not in their images")
+    ap.add_argument(
+        "--agent-config",
+        action="append",
+        type=Path,
+        dest="agent_configs",
+        default=[],
+        help="an env.yaml, or a Safactory task config (environments:), instead of the agent root's "
+        "envs (repeatable)",
+    )
+    ap.add_argument(
+        "--agent-start-config",
+        type=Path,
+        help="the Safactory start config (agent_name + container:, or agents:) of a Safactory --agent-config",
+    )
+    ap.add_argument(
+        "--tasks",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a folder of task folders run as one env, as the job's --tasks (repeatable)",
+    )
+    ap.add_argument(
+        "--host-toolchain",
+        action="store_true",
+        help="the --tasks folders' Harbor tasks run on the host's tools, not in their images",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``list``."""
-    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py list",
-                                 description="List the envs (cases, grader), harnesses and routes a job can use.")
-    ap.add_argument("--env", action="append", dest="env_names", default=[], metavar="NAME",
-                    help="only this env, with its case ids (repeatable)")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="launcher.py list",
+        description="List the envs (cases, grader), harnesses and routes a job can use.",
+    )
+    ap.add_argument(
+        "--env",
+        action="append",
+        dest="env_names",
+        default=[],
+        metavar="NAME",
+        help="only this env, with its case ids (repeatable)",
+    )
     add_env_flags(ap)
     ap.add_argument("--gateway-config", type=Path, help="gateway YAML (default: configs/gateway.yaml)")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    ap.add_argument("--jobs", action="store_true",
-                    help="list the jobs of the store instead (id, created, sessions, envs, mean score), newest first")
-    ap.add_argument("--db-path", default="sqlite://env_trajs.db",
-                    help="with --jobs: the trajectory store (default sqlite://env_trajs.db)")
+    ap.add_argument(
+        "--jobs",
+        action="store_true",
+        help="list the jobs of the store instead (id, created, sessions, envs, mean score), newest first",
+    )
+    ap.add_argument(
+        "--db-path",
+        default="sqlite://env_trajs.db",
+        help="with --jobs: the trajectory store (default sqlite://env_trajs.db)",
+    )
     return ap
 
 
@@ -73,18 +106,37 @@ async def job_entries(db_path: str) -> list[dict[str, Any]]:
         rows = await queries.jobs()
     finally:
         await engine.dispose()
-    return [{"job_id": r["job_id"], "created": utc_text(r["created_at"]), "sessions": int(r["sessions"]),
-             "envs": r["envs"], "mean_score": None if r["mean_score"] is None else float(r["mean_score"])}
-            for r in rows]
+    return [
+        {
+            "job_id": r["job_id"],
+            "created": utc_text(r["created_at"]),
+            "sessions": int(r["sessions"]),
+            "envs": r["envs"],
+            "mean_score": None if r["mean_score"] is None else float(r["mean_score"]),
+        }
+        for r in rows
+    ]
 
 
 def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
     """The jobs as a table, newest first, or a line saying there are none."""
     if not jobs:
         return f"no job in {db_path}"
-    return "\n".join(_table([[j["job_id"], (j["created"] or "-")[:19].replace("T", " "), str(j["sessions"]),
-                              ",".join(j["envs"]), "-" if j["mean_score"] is None else f"{j['mean_score']:.2f}"]
-                             for j in jobs], ["job", "created (UTC)", "sessions", "envs", "mean"]))
+    return "\n".join(
+        _table(
+            [
+                [
+                    j["job_id"],
+                    (j["created"] or "-")[:19].replace("T", " "),
+                    str(j["sessions"]),
+                    ",".join(j["envs"]),
+                    "-" if j["mean_score"] is None else f"{j['mean_score']:.2f}",
+                ]
+                for j in jobs
+            ],
+            ["job", "created (UTC)", "sessions", "envs", "mean"],
+        )
+    )
 
 
 def list_jobs(args: argparse.Namespace) -> int:
@@ -120,8 +172,10 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise SetupError(HOST_TOOLCHAIN_ALONE)
     try:
         if args.agent_configs or args.agent_start_config is not None or args.tasks:
-            configs = [*load_agent_configs(args.agent_configs, args.agent_start_config),
-                       *(task_folder_env(p, args.host_toolchain) for p in args.tasks)]
+            configs = [
+                *load_agent_configs(args.agent_configs, args.agent_start_config),
+                *(task_folder_env(p, args.host_toolchain) for p in args.tasks),
+            ]
         else:
             found, errors = scan_envs(args.agent_root)
             configs, broken = found, [str(e) for e in errors]
@@ -134,9 +188,15 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
         configs = [c for c in configs if c.name in args.env_names]
     out: list[dict[str, Any]] = []
     for cfg in configs:
-        entry: dict[str, Any] = {"name": cfg.name, "format": cfg.dataset.format, "path": str(cfg.config_path),
-                                 "group_size": cfg.group_size, "max_steps": cfg.max_steps,
-                                 "timeout_s": cfg.runtime.timeout_s, "grader": grader_of(args.agent_root, cfg)}
+        entry: dict[str, Any] = {
+            "name": cfg.name,
+            "format": cfg.dataset.format,
+            "path": str(cfg.config_path),
+            "group_size": cfg.group_size,
+            "max_steps": cfg.max_steps,
+            "timeout_s": cfg.runtime.timeout_s,
+            "grader": grader_of(args.agent_root, cfg),
+        }
         try:
             cases = load_cases(cfg)
             entry["cases"] = len(cases)
@@ -174,8 +234,15 @@ def route_entries(gw: GatewaySettings) -> list[dict[str, Any]]:
         else:
             parts = urlsplit(route.base_url)
             upstream = f"{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}" or route.base_url
-        out.append({"route": key, "api": route.api, "upstream": upstream,
-                    "upstream_model": route.upstream_model, "default": key == default})
+        out.append(
+            {
+                "route": key,
+                "api": route.api,
+                "upstream": upstream,
+                "upstream_model": route.upstream_model,
+                "default": key == default,
+            }
+        )
     return out
 
 
@@ -185,8 +252,10 @@ def _table(rows: list[list[str]], headers: list[str]) -> list[str]:
         return ["  (none)"]
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     rule = ["-" * w for w in widths]
-    return ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in [headers, rule, *rows]]
+    return [
+        "  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [headers, rule, *rows]
+    ]
 
 
 def _seconds(value: float) -> str:
@@ -205,23 +274,51 @@ def render(listing: dict[str, Any]) -> str:
     """The listing as text: a table per section, an env's case ids under it."""
     envs = [e for e in listing["envs"] if e.get("name")]
     lines = [f"envs ({listing['source']}):"]
-    lines += _table([[e["name"], e["format"], "?" if e.get("cases") is None else str(e["cases"]), str(e["group_size"]),
-                      "none" if e["max_steps"] < 0 else str(e["max_steps"]), _timeout(e), e["grader"]]
-                     for e in envs], ["env", "format", "cases", "samples", "max steps", "timeout", "graded by"])
-    lines.append("  (samples per case, step budget and session timeout: the env's; a job's --rl-group-size, "
-                 "--max-steps and --timeout replace them)")
+    lines += _table(
+        [
+            [
+                e["name"],
+                e["format"],
+                "?" if e.get("cases") is None else str(e["cases"]),
+                str(e["group_size"]),
+                "none" if e["max_steps"] < 0 else str(e["max_steps"]),
+                _timeout(e),
+                e["grader"],
+            ]
+            for e in envs
+        ],
+        ["env", "format", "cases", "samples", "max steps", "timeout", "graded by"],
+    )
+    lines.append(
+        "  (samples per case, step budget and session timeout: the env's; a job's --rl-group-size, "
+        "--max-steps and --timeout replace them)"
+    )
     for e in listing["envs"]:
         if e.get("error"):
             lines.append(f"  error: {e['error']}")
         if "case_ids" in e:
             lines.append(f"{e['name']} cases: {' '.join(e['case_ids'])}")
     lines += ["", "harnesses (--harness NAME):"]
-    lines += _table([[h["name"], h.get("protocol", "-"), h.get("version", h.get("error", ""))]
-                          for h in listing["harnesses"]], ["harness", "protocol", "version"])
+    lines += _table(
+        [
+            [h["name"], h.get("protocol", "-"), h.get("version", h.get("error", ""))]
+            for h in listing["harnesses"]
+        ],
+        ["harness", "protocol", "version"],
+    )
     lines += ["", f"routes (--llm-model ROUTE; {listing['gateway_config']}):"]
-    lines += _table([[r["route"] + (" (default)" if r["default"] else ""), r["api"], r["upstream"],
-                           r["upstream_model"] or "-"] for r in listing["routes"]],
-                         ["route", "api", "upstream", "upstream model"])
+    lines += _table(
+        [
+            [
+                r["route"] + (" (default)" if r["default"] else ""),
+                r["api"],
+                r["upstream"],
+                r["upstream_model"] or "-",
+            ]
+            for r in listing["routes"]
+        ],
+        ["route", "api", "upstream", "upstream model"],
+    )
     return "\n".join(lines)
 
 
@@ -234,10 +331,19 @@ def main(argv: list[str]) -> int:
         return list_jobs(args)
     gateway_config = args.gateway_config or default_gateway_config()
     try:
-        source = "--agent-config / --tasks" if args.agent_configs or args.agent_start_config or args.tasks else f"--agent-root {args.agent_root}"
+        source = (
+            "--agent-config / --tasks"
+            if args.agent_configs or args.agent_start_config or args.tasks
+            else f"--agent-root {args.agent_root}"
+        )
         envs = env_entries(args)
-        listing = {"source": source, "envs": envs, "harnesses": harness_entries(),
-                   "gateway_config": str(gateway_config), "routes": route_entries(load_gateway_settings(gateway_config))}
+        listing = {
+            "source": source,
+            "envs": envs,
+            "harnesses": harness_entries(),
+            "gateway_config": str(gateway_config),
+            "routes": route_entries(load_gateway_settings(gateway_config)),
+        }
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -16,8 +16,13 @@ from rollout.core.setup import SetupError
 
 HERE = Path(__file__).resolve().parents[2]
 
-FLAG_OF = {"agent_configs": "agent_config", "env_names": "env", "case_ids": "case", "session_ids": "session",
-           "env_name": "env"}
+FLAG_OF = {
+    "agent_configs": "agent_config",
+    "env_names": "env",
+    "case_ids": "case",
+    "session_ids": "session",
+    "env_name": "env",
+}
 """Option fields whose flag has another name."""
 
 
@@ -40,7 +45,9 @@ def start_config_values(args: argparse.Namespace, cli_only: set[str]) -> tuple[d
     return values, from_file
 
 
-def validate_options(model: type[Any], values: dict[str, Any], from_file: set[str], start_config: Path | None) -> Any:
+def validate_options(
+    model: type[Any], values: dict[str, Any], from_file: set[str], start_config: Path | None
+) -> Any:
     """``model`` from ``values``; SetupError naming each bad value's flag, or its key in the
     ``start_config`` file when it came from there (keys in ``from_file``)."""
     try:

@@ -67,7 +67,10 @@ COMMANDS = (
     ("train", "GRPO on an env with the embedded model (the train extra)"),
     ("audit", "run scripted hostile agents on each case; report the attacks that paid"),
     ("images", "the cache of unpacked container images; images prune --days N | --all"),
-    ("grade", "grade sessions recorded without a job (--session ID, --tag, --since) with an env's evaluator, as a new job"),
+    (
+        "grade",
+        "grade sessions recorded without a job (--session ID, --tag, --since) with an env's evaluator, as a new job",
+    ),
 )
 """The launcher's commands (the first argument), one line each for ``--help``."""
 
@@ -76,34 +79,57 @@ def commands_help() -> str:
     """The ``--help`` epilog: every command, one line each, and the exit codes."""
     width = max(len(c) for c, _ in COMMANDS)
     lines = [f"  {c.ljust(width)}  {what}" for c, what in COMMANDS]
-    return ("commands (launcher.py COMMAND --help for their flags; docs/launcher.md):\n" + "\n".join(lines)
-            + "\n\nexit codes: 0 the run completed (whatever the scores), 1 setup error, 2 bad flags,\n"
-              "  3 infrastructure left sessions unrun or ungraded (--resume runs them), 5 a grader is broken\n"
-              "  (it fails on a case's untouched starting workspace too), 130/143 interrupted")
+    return (
+        "commands (launcher.py COMMAND --help for their flags; docs/launcher.md):\n"
+        + "\n".join(lines)
+        + "\n\nexit codes: 0 the run completed (whatever the scores), 1 setup error, 2 bad flags,\n"
+        "  3 infrastructure left sessions unrun or ungraded (--resume runs them), 5 a grader is broken\n"
+        "  (it fails on a case's untouched starting workspace too), 130/143 interrupted"
+    )
 
 
 class _NotAFlag(argparse.Action):
     """``--task``: another tool's flag, refused with the launcher's own (never read as ``--tasks``)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        parser.error(f"{option_string} is not a flag of the launcher: --case ID runs one case (repeatable), "
-                     "--tasks DIR a folder of task folders")
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"{option_string} is not a flag of the launcher: --case ID runs one case (repeatable), "
+            "--tasks DIR a folder of task folders"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The launcher's flags (no abbreviations: a prefix such as ``--task`` is never another flag)."""
-    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py", usage="%(prog)s [FLAGS]  |  %(prog)s COMMAND [FLAGS]",
-                                 description="Run agent sessions through the gateway and grade them (the flags "
-                                             "below), or run one of the commands.",
-                                 epilog=commands_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--agent-config", action="append", type=Path, dest="agent_configs", help=flag_help("agent_configs"))
-    ap.add_argument("--agent-start-config", type=Path, help="YAML file of defaults for these flags "
-                    "(keys are flag names with underscores, e.g. pool_size: 8), or a Safactory start config "
-                    "(agent_name + container:, or agents:) for a Safactory --agent-config")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="launcher.py",
+        usage="%(prog)s [FLAGS]  |  %(prog)s COMMAND [FLAGS]",
+        description="Run agent sessions through the gateway and grade them (the flags "
+        "below), or run one of the commands.",
+        epilog=commands_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--agent-config", action="append", type=Path, dest="agent_configs", help=flag_help("agent_configs")
+    )
+    ap.add_argument(
+        "--agent-start-config",
+        type=Path,
+        help="YAML file of defaults for these flags "
+        "(keys are flag names with underscores, e.g. pool_size: 8), or a Safactory start config "
+        "(agent_name + container:, or agents:) for a Safactory --agent-config",
+    )
     ap.add_argument("--agent-root", type=Path, help=flag_help("agent_root"))
     ap.add_argument("--env", action="append", dest="env_names", help=flag_help("env_names"))
-    ap.add_argument("--task", action=_NotAFlag, nargs="?", help=argparse.SUPPRESS)  # never a prefix of --tasks
+    ap.add_argument(
+        "--task", action=_NotAFlag, nargs="?", help=argparse.SUPPRESS
+    )  # never a prefix of --tasks
     ap.add_argument("--case", action="append", dest="case_ids", metavar="ID", help=flag_help("case_ids"))
     ap.add_argument("--tasks", action="append", type=Path, metavar="DIR", help=flag_help("tasks"))
     ap.add_argument("--host-toolchain", action="store_true", default=None, help=flag_help("host_toolchain"))
@@ -113,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--llm-model", action="append", help=flag_help("llm_model"))
     ap.add_argument("--harness", action="append", metavar="NAME|PATH", help=flag_help("harness"))
     ap.add_argument("--llm-temperature", type=float, help=flag_help("llm_temperature"))
-    ap.add_argument("--enable-evaluation", action="store_true", default=None, help=flag_help("enable_evaluation"))
+    ap.add_argument(
+        "--enable-evaluation", action="store_true", default=None, help=flag_help("enable_evaluation")
+    )
     ap.add_argument("--eval-timeout", type=float, help=flag_help("eval_timeout"))
     ap.add_argument("--db-path", help=flag_help("db_path"))
     ap.add_argument("--pool-size", type=int, help=flag_help("pool_size"))
@@ -122,12 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, help=flag_help("limit"))
     ap.add_argument("--job-id", help=flag_help("job_id"))
     ap.add_argument("--resume", action="store_true", default=None, help=flag_help("resume"))
-    ap.add_argument("--rerun-launcher-errors", action="store_true", default=None, help=flag_help("rerun_launcher_errors"))
+    ap.add_argument(
+        "--rerun-launcher-errors", action="store_true", default=None, help=flag_help("rerun_launcher_errors")
+    )
     ap.add_argument("--max-retries", type=int, help=flag_help("max_retries"))
     ap.add_argument("--retry-backoff-s", type=float, help=flag_help("retry_backoff_s"))
-    ap.add_argument("--regrade", action="store_true", default=None,
-                    help="grade the finished sessions of --job-id again with the current rule_evaluator.py "
-                         "(from the store: no runtime, no model call)")
+    ap.add_argument(
+        "--regrade",
+        action="store_true",
+        default=None,
+        help="grade the finished sessions of --job-id again with the current rule_evaluator.py "
+        "(from the store: no runtime, no model call)",
+    )
     ap.add_argument("--mode", choices=["local", "ray"], help=flag_help("mode"))
     ap.add_argument("--ray-address", help=flag_help("ray_address"))
     ap.add_argument("--gateway-advertise-url", help=flag_help("gateway_advertise_url"))
@@ -139,16 +173,40 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-broken-graders", type=int, metavar="N", help=flag_help("max_broken_graders"))
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
-    ap.add_argument("--report", type=Path, metavar="PATH.html",
-                    help="after the job, write its HTML report there, plotly.js once beside it (see also: launcher.py report)")
+    ap.add_argument(
+        "--report",
+        type=Path,
+        metavar="PATH.html",
+        help="after the job, write its HTML report there, plotly.js once beside it (see also: launcher.py report)",
+    )
     return ap
 
 
 _CLI_ONLY = {"agent_start_config", "no_progress", "log_level", "regrade", "report"}
-_RUN_ONLY = ("llm_model", "harness", "llm_temperature", "gateway_base_url", "gateway_config", "rl_group_size",
-             "max_steps", "limit", "resume", "rerun_launcher_errors", "mode", "ray_address", "gateway_advertise_url",
-             "sandbox", "keep_workspaces", "max_retries", "retry_backoff_s", "report", "case_ids", "timeout",
-             "max_broken_graders", "image")
+_RUN_ONLY = (
+    "llm_model",
+    "harness",
+    "llm_temperature",
+    "gateway_base_url",
+    "gateway_config",
+    "rl_group_size",
+    "max_steps",
+    "limit",
+    "resume",
+    "rerun_launcher_errors",
+    "mode",
+    "ray_address",
+    "gateway_advertise_url",
+    "sandbox",
+    "keep_workspaces",
+    "max_retries",
+    "retry_backoff_s",
+    "report",
+    "case_ids",
+    "timeout",
+    "max_broken_graders",
+    "image",
+)
 """Flags that only mean something when sessions run; refused with ``--regrade``."""
 
 
@@ -177,12 +235,18 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
     same file serves the run). Raises SetupError naming the bad flag."""
     given = [f"--{FLAG_OF.get(k, k).replace('_', '-')}" for k in _RUN_ONLY if getattr(args, k) is not None]
     if given:
-        raise SetupError(f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it")
+        raise SetupError(
+            f"--regrade runs no session and calls no model: {', '.join(given)} cannot be used with it"
+        )
     values, from_file = start_config_values(args, _CLI_ONLY)
     if not values.get("job_id"):
         raise SetupError("--regrade needs --job-id (the job to grade again)")
-    return validate_options(RegradeOptions, {k: v for k, v in values.items() if k in RegradeOptions.model_fields},  # type: ignore[no-any-return]
-                     from_file, args.agent_start_config)
+    return validate_options(
+        RegradeOptions,
+        {k: v for k, v in values.items() if k in RegradeOptions.model_fields},  # type: ignore[no-any-return]
+        from_file,
+        args.agent_start_config,
+    )
 
 
 def report(result: JobResult, evaluated: bool = True, db_path: str | None = None) -> int:
@@ -194,14 +258,18 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
     if footer := totals.footer():
         print(footer)
     if not evaluated:
-        print("not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id "
-              f"{result.job_id})")
+        print(
+            "not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id "
+            f"{result.job_id})"
+        )
     print(f"{totals.sessions} sessions written to {result.out}; steps and rewards in {result.store}")
     infra_attempts = totals.infra_attempts
     if infra_attempts:
         lost = totals.lost
-        print(f"{infra_attempts} attempts ended in an infrastructure failure; {lost} sessions never recovered "
-              "(not graded, reward NULL)")
+        print(
+            f"{infra_attempts} attempts ended in an infrastructure failure; {lost} sessions never recovered "
+            "(not graded, reward NULL)"
+        )
     opened = sum(1 for e in result.breaker_events if e.state == "open")
     if opened:
         print(f"circuit breaker opened {opened} time(s)")
@@ -209,17 +277,28 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
         print(f"workspaces kept in {result.workspaces}")
     if broken := totals.grader_broken:
         named = ", ".join(f"{env} {n}" for env, n in broken.items())
-        print(f"error: {sum(broken.values())} sessions met a broken grader ({named}): it failed on the case's untouched "
-              "starting workspace too, so they are not counted; make it score 0 when the answer is missing or "
-              f"unreadable, then --regrade --job-id {result.job_id} (docs/trust-model.md)", file=sys.stderr)
+        print(
+            f"error: {sum(broken.values())} sessions met a broken grader ({named}): it failed on the case's untouched "
+            "starting workspace too, so they are not counted; make it score 0 when the answer is missing or "
+            f"unreadable, then --regrade --job-id {result.job_id} (docs/trust-model.md)",
+            file=sys.stderr,
+        )
     if result.stopped:
-        print(f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
-              file=sys.stderr)
+        print(
+            f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
+            file=sys.stderr,
+        )
     elif totals.lost:
-        bugs = (f" ({totals.launcher_errors} of them launcher_error, run again only with --rerun-launcher-errors)"
-                if totals.launcher_errors else "")
-        print(f"error: {totals.lost} sessions lost to infrastructure failures after every retry; rerun with "
-              f"--resume --job-id {result.job_id} to run them again{bugs}", file=sys.stderr)
+        bugs = (
+            f" ({totals.launcher_errors} of them launcher_error, run again only with --rerun-launcher-errors)"
+            if totals.launcher_errors
+            else ""
+        )
+        print(
+            f"error: {totals.lost} sessions lost to infrastructure failures after every retry; rerun with "
+            f"--resume --job-id {result.job_id} to run them again{bugs}",
+            file=sys.stderr,
+        )
     for line in next_step_lines(result.job_id, db_path or result.store):
         print(line)
     return job_exit_code(result)
@@ -252,10 +331,16 @@ class Progress:
     the frame first (the next frame is drawn below it). Elsewhere: one plain line at each tenth of
     the job and at its end. ``clock`` and ``width`` are injectable (tests draw frames with ``tick``)."""
 
-    def __init__(self, enabled: bool, stream: TextIO | None = None, *, tty: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 width: Callable[[], int] = lambda: shutil.get_terminal_size((100, 24)).columns,
-                 tick_s: float | None = 1.0) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        stream: TextIO | None = None,
+        *,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        width: Callable[[], int] = lambda: shutil.get_terminal_size((100, 24)).columns,
+        tick_s: float | None = 1.0,
+    ) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
@@ -358,7 +443,9 @@ async def _regrade(opts: RegradeOptions, progress: bool) -> RegradeResult:
 
     def started(n: int) -> None:
         nonlocal bar
-        bar = tqdm(total=n, unit="session", desc=f"regrade {opts.job_id}", disable=not progress, file=sys.stderr)
+        bar = tqdm(
+            total=n, unit="session", desc=f"regrade {opts.job_id}", disable=not progress, file=sys.stderr
+        )
 
     def done(item: Regraded | NotRegraded) -> None:
         if bar is not None:
@@ -389,13 +476,18 @@ def regrade_main(args: argparse.Namespace) -> int:
         print(f"error: the store cannot be read: {e}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
-        print("interrupted: sessions regraded so far have their new evaluation, the others their previous one; "
-              "rerun the same command to regrade them all", file=sys.stderr)
+        print(
+            "interrupted: sessions regraded so far have their new evaluation, the others their previous one; "
+            "rerun the same command to regrade them all",
+            file=sys.stderr,
+        )
         return 130 if isinstance(e, KeyboardInterrupt) else 143
     print(render_table(summarize(result.records)))
     print(render_regrade_summary(result))
-    print(f"{len(result.records)} sessions written to {result.out}; new evaluations in {result.store} "
-          "(previous ones kept in job_environments.eval_history)")
+    print(
+        f"{len(result.records)} sessions written to {result.out}; new evaluations in {result.store} "
+        "(previous ones kept in job_environments.eval_history)"
+    )
     return regrade_exit_code(result)
 
 
@@ -459,8 +551,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
         hint = f"--resume --job-id {job['id']}" if "id" in job else "the same command"
-        print(f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
-              file=sys.stderr)
+        print(
+            f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
+            file=sys.stderr,
+        )
         return 130 if isinstance(e, KeyboardInterrupt) else 143
     code = report(result, opts.enable_evaluation, opts.db_path)
     if args.report is not None:
@@ -474,4 +568,3 @@ def main(argv: list[str] | None = None) -> int:
             return code or 1
         print(f"report written to {path}")
     return code
-

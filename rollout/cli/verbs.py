@@ -25,8 +25,12 @@ def parse_verb(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     return args
 
 
-def run_command(start: Callable[[], Coroutine[Any, Any, object]], host: str, port: int,
-                setup_errors: tuple[type[Exception], ...]) -> int:
+def run_command(
+    start: Callable[[], Coroutine[Any, Any, object]],
+    host: str,
+    port: int,
+    setup_errors: tuple[type[Exception], ...],
+) -> int:
     """Run a server command (``start()`` builds its coroutine, inside the error handling) until it
     stops; the exit code: 0 when stopped (Ctrl-C, SIGTERM), 1 with ``error: ...`` on stderr for
     one of ``setup_errors`` or a port it cannot listen on (OSError)."""
@@ -45,14 +49,29 @@ def run_command(start: Callable[[], Coroutine[Any, Any, object]], host: str, por
 
 def add_edge_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of :class:`HttpEdge` on a server command's parser."""
-    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts", type=_host_entry,
-                        metavar="NAME[:PORT]", help="a Host name to answer besides loopback and --host "
-                        "(repeatable; '*': any, which lets web pages read it by DNS rebinding)")
-    parser.add_argument("--request-head-timeout-s", type=finite_float(positive=True),
-                        default=DEFAULT_REQUEST_HEAD_TIMEOUT_S, help="close a connection that has not sent a "
-                        f"complete request head within this time (default {DEFAULT_REQUEST_HEAD_TIMEOUT_S:g} s)")
-    parser.add_argument("--keep-alive-timeout-s", type=int_at_least(1), default=DEFAULT_KEEP_ALIVE_TIMEOUT_S,
-                        help=f"close a connection idle this long after an answer (default {DEFAULT_KEEP_ALIVE_TIMEOUT_S} s)")
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        dest="allowed_hosts",
+        type=_host_entry,
+        metavar="NAME[:PORT]",
+        help="a Host name to answer besides loopback and --host "
+        "(repeatable; '*': any, which lets web pages read it by DNS rebinding)",
+    )
+    parser.add_argument(
+        "--request-head-timeout-s",
+        type=finite_float(positive=True),
+        default=DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+        help="close a connection that has not sent a "
+        f"complete request head within this time (default {DEFAULT_REQUEST_HEAD_TIMEOUT_S:g} s)",
+    )
+    parser.add_argument(
+        "--keep-alive-timeout-s",
+        type=int_at_least(1),
+        default=DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+        help=f"close a connection idle this long after an answer (default {DEFAULT_KEEP_ALIVE_TIMEOUT_S} s)",
+    )
 
 
 def _host_entry(value: str) -> str:

@@ -31,31 +31,65 @@ COMMANDS = ("view", "report")
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``view`` and ``report`` sub-commands."""
-    ap = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py", description="Look at the trajectories of the store.")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, prog="launcher.py", description="Look at the trajectories of the store."
+    )
     sub = ap.add_subparsers(dest="command", required=True)
-    view = sub.add_parser("view", allow_abbrev=False, help="serve the trajectory viewer (read-only) on loopback")
-    view.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
-    view.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
-    view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    view.add_argument("--agent-root", type=Path, default=Path("env"),
-                      help="folder of env configs, to know each env's hidden fields (default env)")
+    view = sub.add_parser(
+        "view", allow_abbrev=False, help="serve the trajectory viewer (read-only) on loopback"
+    )
+    view.add_argument(
+        "--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)"
+    )
+    view.add_argument(
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0: any free port)",
+    )
+    view.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)"
+    )
+    view.add_argument(
+        "--agent-root",
+        type=Path,
+        default=Path("env"),
+        help="folder of env configs, to know each env's hidden fields (default env)",
+    )
     view.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_edge_flags(view)
-    rep = sub.add_parser("report", allow_abbrev=False, help="write a job's HTML report (plotly.js once beside it, or inlined)")
+    rep = sub.add_parser(
+        "report", allow_abbrev=False, help="write a job's HTML report (plotly.js once beside it, or inlined)"
+    )
     rep.add_argument("--job-id", help="the job (default: the latest job of the store)")
-    rep.add_argument("--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)")
+    rep.add_argument(
+        "--db-path", default="sqlite://env_trajs.db", help="trajectory store (default sqlite://env_trajs.db)"
+    )
     rep.add_argument("--out", type=Path, help="HTML file (default runs/report-<job id>.html)")
-    rep.add_argument("--viewer-url",
-                     help=f"where the report's session links point (default: a viewer running at "
-                          f"{DEFAULT_VIEWER_URL} that serves this job, else that address, with a warning)")
-    rep.add_argument("--self-contained", action="store_true",
-                     help="inline plotly.js (one ~5 MB file, e.g. to send) instead of a file beside the report")
-    rep.add_argument("--bundle", type=Path, metavar="DIR",
-                     help="write one folder instead: index.html (the report, every session listed) and a page and "
-                          "a JSON per session transcript, relative links only, opens from disk without a server")
-    rep.add_argument("--agent-root", type=Path, default=Path("env"),
-                     help="with --bundle: folder of env configs, to leave each env's hidden fields out of the "
-                          "start requests shown (default env)")
+    rep.add_argument(
+        "--viewer-url",
+        help=f"where the report's session links point (default: a viewer running at "
+        f"{DEFAULT_VIEWER_URL} that serves this job, else that address, with a warning)",
+    )
+    rep.add_argument(
+        "--self-contained",
+        action="store_true",
+        help="inline plotly.js (one ~5 MB file, e.g. to send) instead of a file beside the report",
+    )
+    rep.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="DIR",
+        help="write one folder instead: index.html (the report, every session listed) and a page and "
+        "a JSON per session transcript, relative links only, opens from disk without a server",
+    )
+    rep.add_argument(
+        "--agent-root",
+        type=Path,
+        default=Path("env"),
+        help="with --bundle: folder of env configs, to leave each env's hidden fields out of the "
+        "start requests shown (default env)",
+    )
     return ap
 
 
@@ -70,8 +104,11 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
             made = await queries.ensure_indexes()
         except Exception as e:  # a read-only file or role: the viewer still works, only slower on big jobs
             why = getattr(e, "orig", None) or e  # the driver's error, without SQLAlchemy's statement and link
-            print(f"warning: cannot create the viewer's indexes ({type(why).__name__}: {why}); "
-                  "large jobs will page slowly", file=sys.stderr)
+            print(
+                f"warning: cannot create the viewer's indexes ({type(why).__name__}: {why}); "
+                "large jobs will page slowly",
+                file=sys.stderr,
+            )
         else:
             if made:
                 log.info("viewer: created indexes %s", ", ".join(made))
@@ -88,8 +125,13 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
         search = index if problem is None else None
         indexing = asyncio.create_task(_index_all(search)) if search is not None else None
         try:
-            await run_server(create_app(queries, HiddenFields(agent_root), search=search, search_problem=problem),
-                             sock, host, edge, refuse_host)
+            await run_server(
+                create_app(queries, HiddenFields(agent_root), search=search, search_problem=problem),
+                sock,
+                host,
+                edge,
+                refuse_host,
+            )
         finally:
             if indexing is not None:
                 indexing.cancel()
@@ -114,8 +156,12 @@ def main(argv: list[str]) -> int:
     args = parse_verb(build_parser(), argv)
     if args.command == "view":
         setup_logging(args.log_level)
-        return run_command(lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),
-                           args.host, args.port, (ViewerError,))
+        return run_command(
+            lambda: serve(args.db_path, args.host, args.port, args.agent_root, edge_of(args)),
+            args.host,
+            args.port,
+            (ViewerError,),
+        )
     if args.job_id is None:
         try:
             args.job_id = asyncio.run(latest_job(args.db_path))
@@ -124,21 +170,33 @@ def main(argv: list[str]) -> int:
             return 1
     if args.bundle is not None:
         if args.out is not None or args.self_contained or args.viewer_url is not None:
-            print("error: --bundle writes a folder of its own: --out, --self-contained and --viewer-url do not apply",
-                  file=sys.stderr)
+            print(
+                "error: --bundle writes a folder of its own: --out, --self-contained and --viewer-url do not apply",
+                file=sys.stderr,
+            )
             return 2
-        return _write("bundle", args.bundle, lambda: write_bundle(args.db_path, args.job_id, args.bundle,
-                                                                  HiddenFields(args.agent_root)),
-                      lambda index: f"bundle written to {args.bundle} (open {index})")
+        return _write(
+            "bundle",
+            args.bundle,
+            lambda: write_bundle(args.db_path, args.job_id, args.bundle, HiddenFields(args.agent_root)),
+            lambda index: f"bundle written to {args.bundle} (open {index})",
+        )
     out = args.out or Path("runs") / f"report-{args.job_id}.html"
     viewer_url = args.viewer_url or DEFAULT_VIEWER_URL
-    code = _write("report", out, lambda: write_report(args.db_path, args.job_id, out, viewer_url=viewer_url,
-                                                      self_contained=args.self_contained),
-                  lambda path: f"report written to {path}; session links to {viewer_url}")
+    code = _write(
+        "report",
+        out,
+        lambda: write_report(
+            args.db_path, args.job_id, out, viewer_url=viewer_url, self_contained=args.self_contained
+        ),
+        lambda path: f"report written to {path}; session links to {viewer_url}",
+    )
     if code == 0 and args.viewer_url is None and not viewer_serves(DEFAULT_VIEWER_URL, args.job_id):
-        print(f"warning: no viewer of job {args.job_id} runs at {DEFAULT_VIEWER_URL}: the report's session links "
-              f"point there; start one (python launcher.py view --db-path {args.db_path}) or pass --viewer-url",
-              file=sys.stderr)
+        print(
+            f"warning: no viewer of job {args.job_id} runs at {DEFAULT_VIEWER_URL}: the report's session links "
+            f"point there; start one (python launcher.py view --db-path {args.db_path}) or pass --viewer-url",
+            file=sys.stderr,
+        )
     return code
 
 
@@ -155,7 +213,9 @@ async def latest_job(db_path: str) -> str:
     return str(jobs[0]["job_id"])
 
 
-def _write(what: str, dest: Path, make: Callable[[], Coroutine[Any, Any, Path]], said: Callable[[Path], str]) -> int:
+def _write(
+    what: str, dest: Path, make: Callable[[], Coroutine[Any, Any, Path]], said: Callable[[Path], str]
+) -> int:
     """Run ``make`` (it writes ``what`` to ``dest``) and print ``said(path)``; 1 with the error on a
     store that cannot be read or a destination that cannot be written."""
     try:

@@ -62,15 +62,26 @@ def answer_everywhere(answer: Any, text: str | None = None) -> dict[str, Any]:
 def workspace_files(pattern: str = "*") -> list[Path]:
     """Regular files of the workspace matching ``pattern`` (not under ``outputs/`` or ``.git/``)."""
     root = Path.cwd()
-    return sorted(p for p in root.rglob(pattern) if p.is_file() and not p.is_symlink()
-                  and not {"outputs", ".git"} & set(p.relative_to(root).parts[:1]))
+    return sorted(
+        p
+        for p in root.rglob(pattern)
+        if p.is_file() and not p.is_symlink() and not {"outputs", ".git"} & set(p.relative_to(root).parts[:1])
+    )
 
 
-def finish(req: SimulationStartRequest, status: str = "succeeded", metrics: dict[str, Any] | None = None,
-           **extra: Any) -> None:
+def finish(
+    req: SimulationStartRequest,
+    status: str = "succeeded",
+    metrics: dict[str, Any] | None = None,
+    **extra: Any,
+) -> None:
     """Print the result line (``status``, ``metrics`` and any other field) and exit 0."""
-    result = SimulationStartResult(session_id=req.session_id, status=status,  # type: ignore[arg-type]
-                                   metrics=metrics or {}, **extra)
+    result = SimulationStartResult(
+        session_id=req.session_id,
+        status=status,  # type: ignore[arg-type]
+        metrics=metrics or {},
+        **extra,
+    )
     sys.stdout.write(model_json(result) + "\n")
     sys.stdout.flush()
     os._exit(0)

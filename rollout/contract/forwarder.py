@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
         _undumpable()
         argv = argv[1:]
     port, path, status_fd, rlimits = int(argv[0]), argv[1], int(argv[2]), argv[3]
-    command = argv[argv.index("--") + 1:]
+    command = argv[argv.index("--") + 1 :]
     os.set_inheritable(status_fd, False)  # the runtime never gets it
     listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
@@ -76,8 +76,12 @@ def main(argv: list[str]) -> int:
     _thread.start_new_thread(_serve, (listener, path))
     for item in rlimits.split(",") if rlimits != "-" else []:
         name, _, value = item.partition("=")
-        kind = {"fsize": resource.RLIMIT_FSIZE, "as": resource.RLIMIT_AS, "core": resource.RLIMIT_CORE,
-                "cpu": resource.RLIMIT_CPU}[name]
+        kind = {
+            "fsize": resource.RLIMIT_FSIZE,
+            "as": resource.RLIMIT_AS,
+            "core": resource.RLIMIT_CORE,
+            "cpu": resource.RLIMIT_CPU,
+        }[name]
         resource.setrlimit(kind, (int(value), int(value)))
     try:
         pid = os.posix_spawnp(command[0], command, os.environ)

@@ -129,17 +129,28 @@ def load_harness_file(path: Path) -> Harness:
         raise HarnessUnavailable(f"{path}: import failed: {type(e).__name__}: {e}") from e
     h = getattr(module, "HARNESS", None)
     if not isinstance(h, Harness):
-        raise HarnessUnavailable(f"{path}: defines no HARNESS = <instance of rollout.harness.Harness subclass> "
-                                 f"(found {type(h).__name__})")
+        raise HarnessUnavailable(
+            f"{path}: defines no HARNESS = <instance of rollout.harness.Harness subclass> "
+            f"(found {type(h).__name__})"
+        )
     if not NAME_PATTERN.match(h.name or ""):
         raise HarnessUnavailable(f"{path}: HARNESS.name {h.name!r} must be letters, digits, - _ . (max 64)")
     if h.protocol not in PROTOCOLS:
-        raise HarnessUnavailable(f"{path}: HARNESS.protocol {h.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        raise HarnessUnavailable(
+            f"{path}: HARNESS.protocol {h.protocol!r} is not one of {', '.join(PROTOCOLS)}"
+        )
     if not NAME_PATTERN.match(str(h.version)):
-        raise HarnessUnavailable(f"{path}: HARNESS.version {h.version!r} must be letters, digits, - _ . (max 64)")
-    if h.runtime is not None and (Path(h.runtime).is_absolute() or ".." in Path(h.runtime).parts
-                                  or not (path.parent / h.runtime).is_file()):
-        raise HarnessUnavailable(f"{path}: HARNESS.runtime {h.runtime!r} must name a file of the harness folder")
+        raise HarnessUnavailable(
+            f"{path}: HARNESS.version {h.version!r} must be letters, digits, - _ . (max 64)"
+        )
+    if h.runtime is not None and (
+        Path(h.runtime).is_absolute()
+        or ".." in Path(h.runtime).parts
+        or not (path.parent / h.runtime).is_file()
+    ):
+        raise HarnessUnavailable(
+            f"{path}: HARNESS.runtime {h.runtime!r} must name a file of the harness folder"
+        )
     return h
 
 
@@ -150,12 +161,19 @@ def npm_install(cache_dir: Path, spec: str, version_argv: list[str]) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise HarnessUnavailable(f"{spec} needs npm (Node.js), which is not installed: apt-get install npm")
-    p = subprocess.run([npm, "install", "--prefix", str(cache_dir), "--no-audit", "--no-fund",
-                        "--loglevel=error", spec], capture_output=True, text=True, timeout=900, check=False)
+    p = subprocess.run(
+        [npm, "install", "--prefix", str(cache_dir), "--no-audit", "--no-fund", "--loglevel=error", spec],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     if p.returncode != 0:
         raise HarnessUnavailable(f"npm install {spec} failed: {(p.stderr or p.stdout).strip()[-500:]}")
     try:
-        v = subprocess.run([*version_argv, "--version"], capture_output=True, text=True, timeout=120, check=False)
+        v = subprocess.run(
+            [*version_argv, "--version"], capture_output=True, text=True, timeout=120, check=False
+        )
     except OSError as e:
         raise HarnessUnavailable(f"{spec}: {version_argv} cannot be run: {e}") from e
     if v.returncode != 0:

@@ -52,11 +52,20 @@ def context(req: SimulationStartRequest, workspace: Path, home: Path, install_di
     if not isinstance(instruction, str):
         raise ValueError("the case has no instruction (a harness runs task-directory envs only)")
     return HarnessContext(
-        instruction=instruction, model=req.model, session_url=req.gateway_base_url,
-        api_key=os.environ.get("OPENAI_API_KEY", "sk-rollout-local"), workspace=str(workspace), home=str(home),
-        install_dir=str(install_dir), max_steps=req.max_steps, temperature=req.temperature,
+        instruction=instruction,
+        model=req.model,
+        session_url=req.gateway_base_url,
+        api_key=os.environ.get("OPENAI_API_KEY", "sk-rollout-local"),
+        workspace=str(workspace),
+        home=str(home),
+        install_dir=str(install_dir),
+        max_steps=req.max_steps,
+        temperature=req.temperature,
         params={k: v for k, v in req.env_params.items() if k != "dataset"},
-        solution_dir=os.environ.get(SOLUTION_ENV) or None, case_id=req.case_id, instruction_path=req.instruction_path)
+        solution_dir=os.environ.get(SOLUTION_ENV) or None,
+        case_id=req.case_id,
+        instruction_path=req.instruction_path,
+    )
 
 
 def write_files(launch: HarnessLaunch, workspace: Path, home: Path) -> None:
@@ -64,7 +73,11 @@ def write_files(launch: HarnessLaunch, workspace: Path, home: Path) -> None:
     (ValueError otherwise)."""
     for name, text in launch.files.items():
         p = Path(name)
-        if not p.is_absolute() or ".." in p.parts or not (p.is_relative_to(home) or p.is_relative_to(workspace)):
+        if (
+            not p.is_absolute()
+            or ".." in p.parts
+            or not (p.is_relative_to(home) or p.is_relative_to(workspace))
+        ):
             raise ValueError(f"harness file {name!r}: must be an absolute path under {home} or {workspace}")
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text, encoding="utf-8")
@@ -91,7 +104,9 @@ def read_answer(workspace: Path, answer_path: str) -> tuple[Any, str | None]:
             return _MISSING, f"{answer_path} is unreadable or not JSON: {e}"
 
 
-def run(req: SimulationStartRequest, harness: Harness, install_dir: Path, workspace: Path) -> SimulationStartResult:
+def run(
+    req: SimulationStartRequest, harness: Harness, install_dir: Path, workspace: Path
+) -> SimulationStartResult:
     """Launch the harness for ``req`` in ``workspace`` and report what it left. Raises OSError
     when the CLI cannot be started, ValueError for a bad launch (the runtime then prints no
     result: the launcher records why from this process's stderr)."""
@@ -101,8 +116,15 @@ def run(req: SimulationStartRequest, harness: Harness, install_dir: Path, worksp
         write_files(launch, workspace, home)
         env = {**os.environ, "HOME": str(home), **launch.env}
         _say(f"{harness.name} {harness.version}: {shlex.join(launch.argv)}")
-        proc = subprocess.run(launch.argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL,
-                              stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(), check=False)
+        proc = subprocess.run(
+            launch.argv,
+            cwd=workspace,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr.fileno(),
+            stderr=sys.stderr.fileno(),
+            check=False,
+        )
     finally:
         shutil.rmtree(home, ignore_errors=True)
     code = proc.returncode
@@ -114,12 +136,19 @@ def run(req: SimulationStartRequest, harness: Harness, install_dir: Path, worksp
         answer, why = read_answer(workspace, answer_path)
         present = answer is not _MISSING
     _say(f"{harness.name} exited with {code}; answer: {why or 'present'}")
-    errors = list(dict.fromkeys(e for e in (why, f"{harness.name} exited with code {code}" if code else None) if e))
+    errors = list(
+        dict.fromkeys(e for e in (why, f"{harness.name} exited with code {code}" if code else None) if e)
+    )
     return SimulationStartResult(
-        session_id=req.session_id, status="succeeded" if present else "failed", terminated=code == 0,
+        session_id=req.session_id,
+        status="succeeded" if present else "failed",
+        terminated=code == 0,
         error_text="; ".join(errors) or None,
-        error_class="upstream_unavailable" if not present and code in harness.unavailable_exit_codes else None,
-        metrics={"harness": harness.name, "harness_exit": code, "answer": answer if present else None})
+        error_class="upstream_unavailable"
+        if not present and code in harness.unavailable_exit_codes
+        else None,
+        metrics={"harness": harness.name, "harness_exit": code, "answer": answer if present else None},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

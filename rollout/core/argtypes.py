@@ -23,6 +23,7 @@ def port_number(text: str) -> int:
 
 def int_at_least(low: int) -> Callable[[str], int]:
     """An integer >= ``low``."""
+
     def convert(text: str) -> int:
         try:
             value = int(text)
@@ -31,12 +32,14 @@ def int_at_least(low: int) -> Callable[[str], int]:
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low} (it must be at least {low})")
         return value
+
     convert.__name__ = f"integer >= {low}"  # argparse names the type in its "invalid ... value" message
     return convert
 
 
 def finite_float(*, low: float | None = None, positive: bool = False) -> Callable[[str], float]:
     """A finite float (no nan, inf), at least ``low`` when given, above 0 when ``positive``."""
+
     def convert(text: str) -> float:
         try:
             value = float(text)
@@ -49,5 +52,6 @@ def finite_float(*, low: float | None = None, positive: bool = False) -> Callabl
         if positive and value <= 0:
             raise argparse.ArgumentTypeError(f"{text} must be above 0")
         return value
+
     convert.__name__ = "number"
     return convert

@@ -131,8 +131,10 @@ class WorkspaceArchiveConfig(_Strict):
         for p in paths:
             parts = Path(p).parts
             if not p.strip() or Path(p).is_absolute() or ".." in parts:
-                raise ValueError(f"workspace_archive.paths: {p!r} must be a path inside the workspace "
-                                 "(relative, without '..')")
+                raise ValueError(
+                    f"workspace_archive.paths: {p!r} must be a path inside the workspace "
+                    "(relative, without '..')"
+                )
             out.append(Path(p).as_posix().rstrip("/"))
         return out
 
@@ -218,14 +220,19 @@ class EnvConfig(_Strict):
 
     def command(self) -> list[str]:
         """The runtime command with ``{python}`` and ``{env_dir}`` substituted."""
-        return [a.replace("{python}", sys.executable).replace("{env_dir}", str(self.env_dir)) for a in
-                self.runtime.command]
+        return [
+            a.replace("{python}", sys.executable).replace("{env_dir}", str(self.env_dir))
+            for a in self.runtime.command
+        ]
 
     def missing_runtime_files(self) -> list[str]:
         """Arguments of the runtime command that name a path under ``{env_dir}`` that does not
         exist (a typo in env.yaml: every session would fail the same way)."""
-        return [a.replace("{env_dir}", str(self.env_dir)) for a in self.runtime.command
-                if a.startswith("{env_dir}") and not Path(a.replace("{env_dir}", str(self.env_dir))).exists()]
+        return [
+            a.replace("{env_dir}", str(self.env_dir))
+            for a in self.runtime.command
+            if a.startswith("{env_dir}") and not Path(a.replace("{env_dir}", str(self.env_dir))).exists()
+        ]
 
 
 class Case(BaseModel):
@@ -252,15 +259,26 @@ def case_of(cfg: EnvConfig, case_id: str, row: dict[str, Any]) -> Case:
     it, or as a session row keeps it in ``env_params["dataset"]``): the hidden fields of the env's
     format, and for task folders the ``files_dir`` the row names."""
     if cfg.dataset.format == "harbor":
-        paths = {k: row.get(k) if isinstance(row.get(k), str) else None
-                 for k in ("files_dir", "tests_dir", "solution_dir")}
-        return Case(env_name=cfg.name, case_id=case_id, row=row,
-                    hidden_fields=sorted({*cfg.dataset.hidden_fields, *harbor.HIDDEN_FIELDS}), **paths)
+        paths = {
+            k: row.get(k) if isinstance(row.get(k), str) else None
+            for k in ("files_dir", "tests_dir", "solution_dir")
+        }
+        return Case(
+            env_name=cfg.name,
+            case_id=case_id,
+            row=row,
+            hidden_fields=sorted({*cfg.dataset.hidden_fields, *harbor.HIDDEN_FIELDS}),
+            **paths,
+        )
     if cfg.dataset.format == "task_dirs":
         files = row.get("files_dir")
-        return Case(env_name=cfg.name, case_id=case_id, row=row,
-                    hidden_fields=sorted({*cfg.dataset.hidden_fields, "expected", "files_dir"}),
-                    files_dir=files if isinstance(files, str) else None)
+        return Case(
+            env_name=cfg.name,
+            case_id=case_id,
+            row=row,
+            hidden_fields=sorted({*cfg.dataset.hidden_fields, "expected", "files_dir"}),
+            files_dir=files if isinstance(files, str) else None,
+        )
     return Case(env_name=cfg.name, case_id=case_id, row=row, hidden_fields=cfg.dataset.hidden_fields)
 
 
@@ -309,12 +327,15 @@ def load_env_config(path: Path) -> EnvConfig:
     if not isinstance(raw, dict):
         raise EnvConfigError(f"env config {path} must be a mapping")
     if "environments" in raw:
-        raise EnvConfigError(f"{path}: a Safactory task config (environments:): give it with --agent-config "
-                             "and its start config with --agent-start-config")
+        raise EnvConfigError(
+            f"{path}: a Safactory task config (environments:): give it with --agent-config "
+            "and its start config with --agent-start-config"
+        )
     typo = next((k for k in raw if isinstance(k, str) and did_you_mean(k, ["environments"])), None)
     if typo is not None and "dataset" not in raw and "runtime" not in raw:
-        raise EnvConfigError(f"{path}: {typo}: unknown key (did you mean 'environments'? the envs of a Safactory "
-                             "task config)")
+        raise EnvConfigError(
+            f"{path}: {typo}: unknown key (did you mean 'environments'? the envs of a Safactory task config)"
+        )
     raw.setdefault("name", path.parent.name)
     try:
         cfg = EnvConfig.model_validate(raw)
@@ -343,11 +364,17 @@ def task_folder_env(folder: Path, host_toolchain: bool = False) -> EnvConfig:
         raise EnvConfigError(f"--tasks {folder}: not a folder")
     harbor_format = any((d / "task.toml").is_file() for d in root.iterdir() if d.is_dir())
     name = root.parent.name if root.name == "tasks" and root.parent.name else root.name
-    cfg = EnvConfig(name=name, description=f"the task folders of {root} (--tasks)",
-                    dataset=DatasetConfig(format="harbor" if harbor_format else "task_dirs", path=str(root),
-                                          host_toolchain=host_toolchain and harbor_format),
-                    runtime=RuntimeConfig(command=TASK_RUNTIME),
-                    params={"answer_file": False} if harbor_format else {})
+    cfg = EnvConfig(
+        name=name,
+        description=f"the task folders of {root} (--tasks)",
+        dataset=DatasetConfig(
+            format="harbor" if harbor_format else "task_dirs",
+            path=str(root),
+            host_toolchain=host_toolchain and harbor_format,
+        ),
+        runtime=RuntimeConfig(command=TASK_RUNTIME),
+        params={"answer_file": False} if harbor_format else {},
+    )
     cfg.env_dir = cfg.config_path = root
     cfg._tasks_flag = True
     if not harbor_format:
@@ -423,10 +450,13 @@ def _jsonl(cfg: EnvConfig, path: Path, limit: int | None) -> list[Case]:
             fid = cfg.dataset.id_field
             if fid is not None and fid not in row:
                 raise EnvConfigError(f"{path}:{lineno}: row has no id field {fid!r}")
-            if fid is not None and (isinstance(row[fid], bool) or not isinstance(row[fid], str | int)
-                                    or row[fid] == ""):
-                raise EnvConfigError(f"{path}:{lineno}: the id field {fid!r} must be a non-empty string or an "
-                                     f"integer, not {json.dumps(row[fid])}")
+            if fid is not None and (
+                isinstance(row[fid], bool) or not isinstance(row[fid], str | int) or row[fid] == ""
+            ):
+                raise EnvConfigError(
+                    f"{path}:{lineno}: the id field {fid!r} must be a non-empty string or an "
+                    f"integer, not {json.dumps(row[fid])}"
+                )
             # the id as every text column stores it (a lone surrogate or NUL escaped): one id everywhere
             case_id = column_text(str(row[fid])) if fid is not None else str(index)
             cases.append(case_of(cfg, case_id, row))
@@ -449,11 +479,17 @@ def _task_dirs(cfg: EnvConfig, root: Path) -> list[Case]:
         except ValueError as e:
             raise EnvConfigError(f"{exp}: not valid JSON: {e}") from None
         if not isinstance(expected, dict) or not expected:
-            raise EnvConfigError(f"{exp}: an expected.json must be a non-empty JSON object (the keys "
-                                 f"outputs/answer.json must match), not {json.dumps(expected)[:80]}")
+            raise EnvConfigError(
+                f"{exp}: an expected.json must be a non-empty JSON object (the keys "
+                f"outputs/answer.json must match), not {json.dumps(expected)[:80]}"
+            )
         files = d / "files"
-        row = {"id": d.name, "instruction": instr.read_text(), "expected": expected,
-               "files_dir": harbor.task_files(files, EnvConfigError)}
+        row = {
+            "id": d.name,
+            "instruction": instr.read_text(),
+            "expected": expected,
+            "files_dir": harbor.task_files(files, EnvConfigError),
+        }
         cases.append(case_of(cfg, column_text(d.name), row))  # a name that is not UTF-8: its escapes
     return cases
 
@@ -466,13 +502,17 @@ def _harbor(cfg: EnvConfig, root: Path) -> list[Case]:
     for task_id, why in found.skipped:
         log.warning("env %s: Harbor task %s skipped: %s", cfg.name, task_id, why)
     if not found.rows and found.skipped:
-        raise EnvConfigError(f"env {cfg.name}: every Harbor task in {root} is skipped:\n"
-                             + "\n".join(skip_lines(found.skipped)))
+        raise EnvConfigError(
+            f"env {cfg.name}: every Harbor task in {root} is skipped:\n"
+            + "\n".join(skip_lines(found.skipped))
+        )
     return [case_of(cfg, row["id"], row) for row in found.rows]
 
 
-HOST_TOOLCHAIN_ALONE = ("--host-toolchain applies to the Harbor tasks of --tasks folders (an env.yaml sets "
-                       "dataset.host_toolchain: true)")
+HOST_TOOLCHAIN_ALONE = (
+    "--host-toolchain applies to the Harbor tasks of --tasks folders (an env.yaml sets "
+    "dataset.host_toolchain: true)"
+)
 
 
 def skip_lines(skipped: list[tuple[str, str]], names: int = 3) -> list[str]:
@@ -496,8 +536,13 @@ def session_config(cfg: EnvConfig, case: Case, timeout_s: float | None = None) -
     workdir = case.row.get("workdir") if cfg.dataset.format == "harbor" else None
     if isinstance(workdir, str):
         cfg = cfg.model_copy(update={"workdir": workdir})
-    timeout = timeout_s if timeout_s is not None else \
-        case.row.get("agent_timeout_s") if cfg.dataset.format == "harbor" else None
+    timeout = (
+        timeout_s
+        if timeout_s is not None
+        else case.row.get("agent_timeout_s")
+        if cfg.dataset.format == "harbor"
+        else None
+    )
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
         return cfg
     return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"timeout_s": float(timeout)})})

@@ -25,14 +25,21 @@ CONTAINER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "c
 """Files of a task's ``environment/`` that say it is built as a container image."""
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 """The verifier's timeout when ``task.toml`` names none (Harbor's default)."""
-HIDDEN_FIELDS = ("files_dir", "tests_dir", "solution_dir", "verifier_timeout_s", "metadata", "image_context",
-                 "image_ref", "workdir")
+HIDDEN_FIELDS = (
+    "files_dir",
+    "tests_dir",
+    "solution_dir",
+    "verifier_timeout_s",
+    "metadata",
+    "image_context",
+    "image_ref",
+    "workdir",
+)
 """Fields of a Harbor case row that the agent never sees (paths of the task folder, the grading set-up)."""
 
 
 class HarborTaskError(RolloutError, ValueError):
     """A task folder that is not a valid Harbor task (the message names the file)."""
-
 
 
 def task_files(folder: Path, error: type[Exception]) -> str | None:
@@ -46,9 +53,12 @@ def task_files(folder: Path, error: type[Exception]) -> str | None:
     for parent, dirs, names in os.walk(folder):
         for name in sorted([*dirs, *names]):
             if (Path(parent) / name).is_symlink():
-                raise error(f"{Path(parent) / name} is a symbolic link: a task's files are copied as data, "
-                            "never followed; replace the link with the file")
+                raise error(
+                    f"{Path(parent) / name} is a symbolic link: a task's files are copied as data, "
+                    "never followed; replace the link with the file"
+                )
     return str(folder.resolve())
+
 
 @dataclass
 class HarborScan:
@@ -67,7 +77,12 @@ def _timeout(section: Any, where: str) -> float | None:
     value = section.get("timeout_sec")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise HarborTaskError(f"{where}.timeout_sec must be a positive number, not {value!r}")
     return float(value)
 
@@ -160,9 +175,14 @@ def scan(root: Path, host_toolchain: bool = False) -> HarborScan:
             if workdir not in (None, "/"):
                 row["workdir"] = workdir  # the workspace is bound there too (docs/images.md)
         elif compose is not None:
-            out.skipped.append((task.name, f"environment/{compose} runs several containers: not supported here "
-                                           "(set dataset.host_toolchain: true, or --host-toolchain with --tasks, "
-                                           "when the host's tools are enough)"))
+            out.skipped.append(
+                (
+                    task.name,
+                    f"environment/{compose} runs several containers: not supported here "
+                    "(set dataset.host_toolchain: true, or --host-toolchain with --tasks, "
+                    "when the host's tools are enough)",
+                )
+            )
             continue
         out.rows.append(row)
     return out

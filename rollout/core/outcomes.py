@@ -21,14 +21,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 
-InfraClass = Literal["setup_failed", "gateway_unreachable", "upstream_unavailable", "store_unavailable", "node_lost",
-                     "launcher_error"]
+InfraClass = Literal[
+    "setup_failed",
+    "gateway_unreachable",
+    "upstream_unavailable",
+    "store_unavailable",
+    "node_lost",
+    "launcher_error",
+]
 TaskOutcome = Literal["succeeded", "failed", "truncated", "timeout", "limit_exceeded", "runtime_error"]
 
 INFRA_CLASSES: frozenset[str] = frozenset(InfraClass.__args__)  # type: ignore[attr-defined]
 DEFAULT_RETRY_ON: frozenset[str] = INFRA_CLASSES - {"launcher_error"}
 """Infrastructure classes retried by default: a launcher bug would repeat, so it is not."""
-GATEWAY_CLASSES: frozenset[str] = frozenset({"gateway_unreachable", "upstream_unavailable", "store_unavailable"})
+GATEWAY_CLASSES: frozenset[str] = frozenset(
+    {"gateway_unreachable", "upstream_unavailable", "store_unavailable"}
+)
 """Failures a gateway probe can confirm: one of them makes the breaker probe at once."""
 INFRA_EVAL_STATUS = "infra_error"
 """``eval_status`` of a session whose last attempt was an infrastructure failure (reward NULL)."""
@@ -51,8 +59,11 @@ def _upstream_failed(step: Any) -> bool:
     if step.status == "ok":
         return False
     meta = step.meta_json or {}
-    return bool(meta.get("budget_refunded")) or step.status_code in _UNAVAILABLE_CODES or (
-        step.status == "error" and step.status_code is None)
+    return (
+        bool(meta.get("budget_refunded"))
+        or step.status_code in _UNAVAILABLE_CODES
+        or (step.status == "error" and step.status_code is None)
+    )
 
 
 def budget_used(close_info: dict[str, Any]) -> bool:
@@ -78,9 +89,19 @@ def status_after_close(status: str, close_info: dict[str, Any]) -> str:
     return status
 
 
-def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False, limit_exceeded: str | None = None,
-             unreachable: str | None = None, close_error: str | None = None, steps: Sequence[Any] = (),
-             claimed: str | None = None, error_text: str | None = None, unrecorded: int = 0) -> AttemptEnd:
+def classify(
+    status: str,
+    *,
+    setup_failed: bool = False,
+    node_lost: bool = False,
+    limit_exceeded: str | None = None,
+    unreachable: str | None = None,
+    close_error: str | None = None,
+    steps: Sequence[Any] = (),
+    claimed: str | None = None,
+    error_text: str | None = None,
+    unrecorded: int = 0,
+) -> AttemptEnd:
     """Classify one attempt (rules in order; ``status`` is the runtime status after the gateway's
     truncation: succeeded | failed | truncated | timeout | error).
 
@@ -110,24 +131,46 @@ def classify(status: str, *, setup_failed: bool = False, node_lost: bool = False
     if setup_failed:
         return AttemptEnd("setup_failed", True, why or "the runtime could not start")
     if unrecorded:
-        return AttemptEnd("store_unavailable", True, "; ".join(x for x in (
-            f"the gateway could not record {unrecorded} model call(s) of the session (its store failed)", why) if x))
+        return AttemptEnd(
+            "store_unavailable",
+            True,
+            "; ".join(
+                x
+                for x in (
+                    f"the gateway could not record {unrecorded} model call(s) of the session (its store failed)",
+                    why,
+                )
+                if x
+            ),
+        )
     if limit_exceeded:
         return AttemptEnd("limit_exceeded", False, why or f"{limit_exceeded} limit exceeded")
     if status in ("timeout", "succeeded", "truncated"):
         return AttemptEnd(status, False, why if status != "succeeded" else None)
     if close_error or unreachable:
-        return AttemptEnd("gateway_unreachable", True, "; ".join(x for x in (unreachable, close_error, why) if x))
+        return AttemptEnd(
+            "gateway_unreachable", True, "; ".join(x for x in (unreachable, close_error, why) if x)
+        )
     last = steps[-1] if steps else None
     if last is not None and _upstream_failed(last):
         code = f"HTTP {last.status_code}" if last.status_code else "no answer"
-        return AttemptEnd("upstream_unavailable", True,
-                          "; ".join(x for x in (f"the gateway's last call to the upstream failed ({code})", why) if x))
+        return AttemptEnd(
+            "upstream_unavailable",
+            True,
+            "; ".join(x for x in (f"the gateway's last call to the upstream failed ({code})", why) if x),
+        )
     if claimed:
-        seen = ("no model call" if last is None else f"its last call: HTTP {last.status_code}"
-                if last.status_code is not None else f"its last call: {last.status}")
-        denied = (f"the runtime claimed {claimed}, which the launcher's and the gateway's records do not show "
-                  f"({seen}); graded as the agent's outcome")
+        seen = (
+            "no model call"
+            if last is None
+            else f"its last call: HTTP {last.status_code}"
+            if last.status_code is not None
+            else f"its last call: {last.status}"
+        )
+        denied = (
+            f"the runtime claimed {claimed}, which the launcher's and the gateway's records do not show "
+            f"({seen}); graded as the agent's outcome"
+        )
         why = f"{why}; {denied}" if why else denied
     if status == "error":
         return AttemptEnd("runtime_error", False, why or "the runtime printed no result")
@@ -173,5 +216,7 @@ def check_classes(names: Iterable[str], what: str) -> frozenset[str]:
     out = frozenset(names)
     bad = sorted(out - INFRA_CLASSES)
     if bad:
-        raise ValueError(f"{what}: not infrastructure failure classes: {bad} (valid: {sorted(INFRA_CLASSES)})")
+        raise ValueError(
+            f"{what}: not infrastructure failure classes: {bad} (valid: {sorted(INFRA_CLASSES)})"
+        )
     return out

@@ -21,10 +21,18 @@ from store import JobEnvironment, SessionAttempt, Store
 log = logging.getLogger(__name__)
 
 
-async def plan_sessions(store: Store, job_id: str, models: list[str], envs: list[tuple[EnvConfig, list[Case]]],
-                        harnesses: list[str | None] | None = None, *, resume: bool = False,
-                        group_size: int | None = None, max_steps: int | None = None,
-                        rerun_launcher_errors: bool = False) -> list[JobEnvironment]:
+async def plan_sessions(
+    store: Store,
+    job_id: str,
+    models: list[str],
+    envs: list[tuple[EnvConfig, list[Case]]],
+    harnesses: list[str | None] | None = None,
+    *,
+    resume: bool = False,
+    group_size: int | None = None,
+    max_steps: int | None = None,
+    rerun_launcher_errors: bool = False,
+) -> list[JobEnvironment]:
     """The session rows to run: a new job's rows (inserted: every env x case x harness x model x
     sample, ``harnesses`` None or ``[None]`` meaning the env's own runtime), or with ``resume`` the rows of an
     existing job that are unfinished or ended in an infrastructure failure (reopened; the
@@ -52,9 +60,18 @@ class PlannedJob(BaseModel):
     harnesses: list[str]
 
 
-async def plan_job(store: Store, job_id: str, models: list[str], envs: list[tuple[EnvConfig, list[Case]]],
-                   harnesses: list[str | None], *, resume: bool = False, group_size: int | None = None,
-                   max_steps: int | None = None, rerun_launcher_errors: bool = False) -> PlannedJob:
+async def plan_job(
+    store: Store,
+    job_id: str,
+    models: list[str],
+    envs: list[tuple[EnvConfig, list[Case]]],
+    harnesses: list[str | None],
+    *,
+    resume: bool = False,
+    group_size: int | None = None,
+    max_steps: int | None = None,
+    rerun_launcher_errors: bool = False,
+) -> PlannedJob:
     """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
     transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
     Same rows, order and errors as ``plan_sessions``."""
@@ -76,13 +93,17 @@ async def plan_job(store: Store, job_id: str, models: list[str], envs: list[tupl
             note(r)
     else:
         await _check_new(store, job_id)
-        await store.add_job_sessions(note(r) for r in iter_session_rows(
-            job_id, models, envs, group_size, max_steps, harnesses))
-    return PlannedJob(ids=ids, per_env=dict(per_env), models=list(used_models), harnesses=list(used_harnesses))
+        await store.add_job_sessions(
+            note(r) for r in iter_session_rows(job_id, models, envs, group_size, max_steps, harnesses)
+        )
+    return PlannedJob(
+        ids=ids, per_env=dict(per_env), models=list(used_models), harnesses=list(used_harnesses)
+    )
 
 
-def select_cases(envs: list[tuple[EnvConfig, list[Case]]],
-                 case_ids: Sequence[str]) -> list[tuple[EnvConfig, list[Case]]]:
+def select_cases(
+    envs: list[tuple[EnvConfig, list[Case]]], case_ids: Sequence[str]
+) -> list[tuple[EnvConfig, list[Case]]]:
     """Only the cases named by ``case_ids`` (``--case``: ids of any env; empty: every case), envs
     left without a case left out. Raises SetupError naming each unknown id and the nearest ids."""
     if not case_ids:
@@ -92,9 +113,11 @@ def select_cases(envs: list[tuple[EnvConfig, list[Case]]],
     known = sorted({c.case_id for _, cases in envs for c in cases})
     missing = [i for i in dict.fromkeys(case_ids) if i not in set(known)]
     if missing:
+
         def near(i: str) -> str:
             close = difflib.get_close_matches(i, known, n=3, cutoff=0.5)
             return f"{i!r} (nearest: {', '.join(close)})" if close else repr(i)
+
         names = ", ".join(cfg.name for cfg, _ in envs)
         raise SetupError(f"--case: no such case {'; '.join(map(near, missing))} in env(s) {names}")
     return [(cfg, cases) for cfg, cases in picked if cases]
@@ -102,12 +125,15 @@ def select_cases(envs: list[tuple[EnvConfig, list[Case]]],
 
 async def _check_new(store: Store, job_id: str) -> None:
     if await store.job_exists(job_id):
-        raise SetupError(f"job {job_id!r} already exists in {store.identity()}: "
-                         "add --resume to finish it, or choose another --job-id")
+        raise SetupError(
+            f"job {job_id!r} already exists in {store.identity()}: "
+            "add --resume to finish it, or choose another --job-id"
+        )
 
 
-async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]],
-                       rerun_launcher_errors: bool = False) -> list[JobEnvironment]:
+async def _resume_rows(
+    store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]], rerun_launcher_errors: bool = False
+) -> list[JobEnvironment]:
     """The rows a resume runs: unfinished, or finished in an infrastructure failure; one finished
     in ``launcher_error`` (a bug of ours, which would repeat) only with ``rerun_launcher_errors``,
     and the log says which."""
@@ -117,35 +143,66 @@ async def _resume_rows(store: Store, job_id: str, envs: list[tuple[EnvConfig, li
     cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
     bugs = sum(1 for r in existing if r.finished and r.outcome == "launcher_error")
     if bugs and rerun_launcher_errors:
-        log.warning("--resume: running again %d session(s) of job %s that ended in launcher_error "
-                    "(--rerun-launcher-errors)", bugs, job_id)
+        log.warning(
+            "--resume: running again %d session(s) of job %s that ended in launcher_error "
+            "(--rerun-launcher-errors)",
+            bugs,
+            job_id,
+        )
     elif bugs:
-        log.warning("--resume: %d session(s) of job %s ended in launcher_error (a launcher bug): kept as they "
-                    "ended, not run again (--rerun-launcher-errors runs them again)", bugs, job_id)
-    rows = [r for r in existing if not r.finished or (
-        r.outcome in INFRA_CLASSES and (r.outcome != "launcher_error" or rerun_launcher_errors))]
+        log.warning(
+            "--resume: %d session(s) of job %s ended in launcher_error (a launcher bug): kept as they "
+            "ended, not run again (--rerun-launcher-errors runs them again)",
+            bugs,
+            job_id,
+        )
+    rows = [
+        r
+        for r in existing
+        if not r.finished
+        or (r.outcome in INFRA_CLASSES and (r.outcome != "launcher_error" or rerun_launcher_errors))
+    ]
     unknown = {(r.env_name, r.case_id) for r in rows} - cases
     if unknown:
-        raise SetupError(f"--resume: sessions of {job_id} refer to envs/cases not loaded now: "
-                         f"{sorted(unknown)[:5]}")
+        raise SetupError(
+            f"--resume: sessions of {job_id} refer to envs/cases not loaded now: {sorted(unknown)[:5]}"
+        )
     for r in rows:
         if r.finished:  # an infrastructure failure: run it again, never graded
-            await store.update_job_session(r.session_id, finished=False, finished_at=None, reward=None,
-                                           eval_status=None, eval_reason=None, eval_detail=None)
+            await store.update_job_session(
+                r.session_id,
+                finished=False,
+                finished_at=None,
+                reward=None,
+                eval_status=None,
+                eval_reason=None,
+                eval_detail=None,
+            )
             r.finished = False
     return rows
 
 
-def group_id(job_id: str, env_name: str, case_id: str, harness: str | None = None, model: str | None = None) -> str:
+def group_id(
+    job_id: str, env_name: str, case_id: str, harness: str | None = None, model: str | None = None
+) -> str:
     """The group of a case's samples: uuid5 of job/env/case, and of job/env/case/harness/model in a
     matrix (a harness, or several models); 16 hex digits."""
-    key = f"{job_id}/{env_name}/{case_id}" if harness is None and model is None else \
-        f"{job_id}/{env_name}/{case_id}/{harness or ''}/{model or ''}"
+    key = (
+        f"{job_id}/{env_name}/{case_id}"
+        if harness is None and model is None
+        else f"{job_id}/{env_name}/{case_id}/{harness or ''}/{model or ''}"
+    )
     return uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:16]
 
 
-def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
-                 group_size: int | None, max_steps: int | None, harnesses: Sequence[str | None] = (None,)) -> list[JobEnvironment]:
+def session_rows(
+    job_id: str,
+    model: str | Sequence[str],
+    envs: list[tuple[EnvConfig, list[Case]]],
+    group_size: int | None,
+    max_steps: int | None,
+    harnesses: Sequence[str | None] = (None,),
+) -> list[JobEnvironment]:
     """One ``job_environments`` row per (env, case, harness, model, sample): the matrix. The samples
     of one (case, harness, model) share a ``group_id`` (``group_id``: with one model and no
     harness, uuid5 of job, env and case as before); ``harness`` None is the env's own runtime.
@@ -153,9 +210,14 @@ def session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvCo
     return list(iter_session_rows(job_id, model, envs, group_size, max_steps, harnesses))
 
 
-def iter_session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[EnvConfig, list[Case]]],
-                      group_size: int | None, max_steps: int | None,
-                      harnesses: Sequence[str | None] = (None,)) -> Iterator[JobEnvironment]:
+def iter_session_rows(
+    job_id: str,
+    model: str | Sequence[str],
+    envs: list[tuple[EnvConfig, list[Case]]],
+    group_size: int | None,
+    max_steps: int | None,
+    harnesses: Sequence[str | None] = (None,),
+) -> Iterator[JobEnvironment]:
     """The rows of ``session_rows``, one at a time, in the same order."""
     models = [model] if isinstance(model, str) else list(model)
     matrix = len(models) > 1 or any(h is not None for h in harnesses)
@@ -163,13 +225,23 @@ def iter_session_rows(job_id: str, model: str | Sequence[str], envs: list[tuple[
         for case in cases:
             for harness in harnesses:
                 for m in models:
-                    group = group_id(job_id, cfg.name, case.case_id, harness, m) if matrix else \
-                        group_id(job_id, cfg.name, case.case_id)
+                    group = (
+                        group_id(job_id, cfg.name, case.case_id, harness, m)
+                        if matrix
+                        else group_id(job_id, cfg.name, case.case_id)
+                    )
                     for k in range(group_size or cfg.group_size):
                         yield JobEnvironment(
-                            session_id=uuid.uuid4().hex, job_id=job_id, env_name=cfg.name, case_id=case.case_id,
-                            llm_model=m, harness=harness, group_id=group, sample_index=k,
-                            env_params={**cfg.params, "dataset": case.row}, status="pending",
+                            session_id=uuid.uuid4().hex,
+                            job_id=job_id,
+                            env_name=cfg.name,
+                            case_id=case.case_id,
+                            llm_model=m,
+                            harness=harness,
+                            group_id=group,
+                            sample_index=k,
+                            env_params={**cfg.params, "dataset": case.row},
+                            status="pending",
                             max_steps=max_steps if max_steps is not None else cfg.max_steps,
                         )
 
@@ -187,20 +259,26 @@ class RowSource:
         self.pages = pages
 
     @classmethod
-    def of(cls, rows: list[JobEnvironment], prior: Mapping[str, list[SessionAttempt]] | None = None) -> RowSource:
+    def of(
+        cls, rows: list[JobEnvironment], prior: Mapping[str, list[SessionAttempt]] | None = None
+    ) -> RowSource:
         """Rows already in memory, as one page with their earlier attempts ``prior``."""
+
         async def pages() -> AsyncIterator[Page]:
             yield rows, prior or {}
+
         return cls(len(rows), pages)
 
     @classmethod
     def from_store(cls, store: Store, ids: SessionIds, page: int = 256) -> RowSource:
         """The rows of the sessions ``ids`` (in that order), read from ``store`` ``page`` at a
         time with their earlier attempts."""
+
         async def pages() -> AsyncIterator[Page]:
             for i in range(0, len(ids), page):
-                chunk = ids[i:i + page]
+                chunk = ids[i : i + page]
                 yield await store.job_sessions_by_id(chunk), await store.session_attempts(chunk)
+
         return cls(len(ids), pages)
 
 

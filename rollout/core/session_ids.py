@@ -21,7 +21,7 @@ class SessionIds:
             self._packed += bytes.fromhex(sid)
             return
         if self._other is None:
-            self._other = [bytes(self._packed[i:i + 16]).hex() for i in range(0, len(self._packed), 16)]
+            self._other = [bytes(self._packed[i : i + 16]).hex() for i in range(0, len(self._packed), 16)]
             self._packed = bytearray()
         self._other.append(sid)
 
@@ -32,4 +32,4 @@ class SessionIds:
         if self._other is not None:
             return self._other[span]
         start, stop, _ = span.indices(len(self))
-        return [self._packed[16 * i:16 * i + 16].hex() for i in range(start, stop)]
+        return [self._packed[16 * i : 16 * i + 16].hex() for i in range(start, stop)]

@@ -29,8 +29,10 @@ def open_store(url: str) -> Store:
     except DbUrlError as e:
         raise SetupError(str(e)) from e
     except ModuleNotFoundError as e:
-        raise SetupError(f"--db-path {url}: the database driver is not installed ({e.name}); "
-                         "pip install asyncpg for PostgreSQL") from e
+        raise SetupError(
+            f"--db-path {url}: the database driver is not installed ({e.name}); "
+            "pip install asyncpg for PostgreSQL"
+        ) from e
 
 
 async def init_store(store: Store) -> None:

@@ -61,13 +61,24 @@ def attribute(failed: Evaluation, control: Control) -> Evaluation:
     what = f"{failed.status}: {failed.reason or 'no reason given'}"
     c = control.evaluation
     if c.status == "scored":
-        why = f"{what}; counted as the agent's 0: the same grader scored the control ({control.on}) {c.score:g}"
+        why = (
+            f"{what}; counted as the agent's 0: the same grader scored the control ({control.on}) {c.score:g}"
+        )
         return failed.model_copy(update={"score": 0.0, "reason": why, "control": control.summary()})
-    why = (f"grader broken: it failed on this session ({what}) and on the control, {control.on} "
-           f"({c.status}: {c.reason or 'no reason given'}); not counted")
-    return Evaluation(status="grader_broken", score=None, raw_repr=failed.raw_repr, reason=why,
-                      artifacts=failed.artifacts, duration_s=failed.duration_s, isolation=failed.isolation,
-                      control=control.summary())
+    why = (
+        f"grader broken: it failed on this session ({what}) and on the control, {control.on} "
+        f"({c.status}: {c.reason or 'no reason given'}); not counted"
+    )
+    return Evaluation(
+        status="grader_broken",
+        score=None,
+        raw_repr=failed.raw_repr,
+        reason=why,
+        artifacts=failed.artifacts,
+        duration_s=failed.duration_s,
+        isolation=failed.isolation,
+        control=control.summary(),
+    )
 
 
 def needs_control(evaluation: Evaluation | None) -> bool:

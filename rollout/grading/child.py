@@ -27,8 +27,13 @@ from rollout.grading import evaluator_loader, scoring
 from rollout.grading.views import Record, request_view, trajectory_view
 
 _PR_SET_DUMPABLE = 4
-_RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,
-            "core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE}
+_RLIMITS = {
+    "as": resource.RLIMIT_AS,
+    "cpu": resource.RLIMIT_CPU,
+    "fsize": resource.RLIMIT_FSIZE,
+    "core": resource.RLIMIT_CORE,
+    "nofile": resource.RLIMIT_NOFILE,
+}
 
 
 def _json_safe(value: Any) -> Any:
@@ -45,18 +50,23 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     except evaluator_loader.EvaluatorLoadError as e:
         return {"status": "error", "score": 0.0, "reason": f"EvaluatorLoadError: {e}"}
     try:
-        args, kwargs = evaluator_loader.call_arguments(fn, request_view(job["request"]), Record(job["spec"]),
-                                                       trajectory_view(job["trajectory"]))
+        args, kwargs = evaluator_loader.call_arguments(
+            fn, request_view(job["request"]), Record(job["spec"]), trajectory_view(job["trajectory"])
+        )
         value = fn(*args, **kwargs)
         if isinstance(value, Awaitable):
             value = _run(value)
     except (Exception, SystemExit) as e:
         return {"status": "error", "score": 0.0, "reason": scoring.cut_text(f"{type(e).__name__}: {e}")}
     check = scoring.normalize_score(value)
-    return {"status": check.status, "score": check.score if check.status == "scored" else 0.0,
-            "raw_repr": check.raw_repr, "reason": check.reason,
-            "artifacts": _json_safe(check.artifacts) if check.artifacts is not None else None,
-            "score_keys": list(check.keys)}
+    return {
+        "status": check.status,
+        "score": check.score if check.status == "scored" else 0.0,
+        "raw_repr": check.raw_repr,
+        "reason": check.reason,
+        "artifacts": _json_safe(check.artifacts) if check.artifacts is not None else None,
+        "score_keys": list(check.keys),
+    }
 
 
 async def _wait(awaitable: Any) -> Any:

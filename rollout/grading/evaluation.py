@@ -92,7 +92,6 @@ class Evaluation(BaseModel):
         return {**detail, "control": self.control} if self.control is not None else detail
 
 
-
 # --------------------------------------------------------------------------------------------
 # running in a daemon thread, with abandoned-thread accounting
 # --------------------------------------------------------------------------------------------
@@ -384,14 +383,18 @@ async def run_evaluation(
         if remaining() <= 0:
             raise _DeadlineExceeded
         args, kwargs = evaluator_loader.call_arguments(
-            fn, request_view(request.model_dump(mode="json")), Record(spec.model_dump(mode="json")),
-            trajectory_view(trajectory.model_dump(mode="json")))
+            fn,
+            request_view(request.model_dump(mode="json")),
+            Record(spec.model_dump(mode="json")),
+            trajectory_view(trajectory.model_dump(mode="json")),
+        )
         if _is_async_callable(fn):
             value = await _await_with_timeout(fn(*args, **kwargs), remaining())
         else:
             start_thread_or_refuse()
-            value = await _run_sync_in_thread(functools.partial(fn, **kwargs) if kwargs else fn, args,
-                                              remaining(), label)
+            value = await _run_sync_in_thread(
+                functools.partial(fn, **kwargs) if kwargs else fn, args, remaining(), label
+            )
             if inspect.isawaitable(value):
                 value = await _await_with_timeout(value, remaining())
     except _ThreadLimitReached as exc:
@@ -409,11 +412,19 @@ async def run_evaluation(
     check = scoring.normalize_score(value)
     if check.status == "invalid_reward":
         return done(
-            "invalid_reward", 0.0, raw_repr=check.raw_repr, reason=check.reason, artifacts=check.artifacts,
+            "invalid_reward",
+            0.0,
+            raw_repr=check.raw_repr,
+            reason=check.reason,
+            artifacts=check.artifacts,
             score_keys=check.keys,
         )
     return done(
-        "scored", check.score, raw_repr=check.raw_repr, reason=check.reason, artifacts=check.artifacts,
+        "scored",
+        check.score,
+        raw_repr=check.raw_repr,
+        reason=check.reason,
+        artifacts=check.artifacts,
         score_keys=check.keys,
     )
 

@@ -46,7 +46,6 @@ class EvaluatorLoadError(RolloutError):
     failures, the original exception as ``ExcType: message``."""
 
 
-
 def discover_evaluator(agent_root: Path, env_name: str) -> Path | None:
     """Return ``<agent_root>/<env_name>/rule_evaluator.py`` if it is a regular file, else None.
 
@@ -201,8 +200,9 @@ def load_evaluator(path: Path) -> Callable[..., Any]:
         return fn
 
 
-def call_arguments(fn: Callable[..., Any], request: Any, spec: Any,
-                   trajectory: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def call_arguments(
+    fn: Callable[..., Any], request: Any, spec: Any, trajectory: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` to call the evaluator ``fn`` with: by keyword when its signature takes
     ``request``, ``spec`` and ``trajectory`` by name (keyword-only parameters included), else by
     position (``def evaluate(req, spec, traj)``, ``*args``, a callable without a signature)."""

@@ -56,7 +56,8 @@ def _check_root(root: Path) -> None:
             raise GraderSetupError(
                 f"the env root {root} holds more than {SNAPSHOT_MAX_BYTES >> 20} MiB or {SNAPSHOT_MAX_FILES} files: "
                 "the grader snapshots it whole at job start; keep large data out of it (or pass --agent-root "
-                "a folder holding only the envs)")
+                "a folder holding only the envs)"
+            )
 
 
 def grader_mode(cfg: EnvConfig | None, job_isolation: str) -> Isolation:
@@ -70,8 +71,13 @@ class Grader:
     set its own per call); ``work_dir`` holds the snapshot and the workspace copies (None: the
     system temp folder). Use as ``async with Grader(...) as g: await g.start(roots)``."""
 
-    def __init__(self, isolation: Isolation = "bwrap", work_dir: Path | None = None,
-                 limits: GraderLimits | None = None, caps: CopyCaps | None = None) -> None:
+    def __init__(
+        self,
+        isolation: Isolation = "bwrap",
+        work_dir: Path | None = None,
+        limits: GraderLimits | None = None,
+        caps: CopyCaps | None = None,
+    ) -> None:
         self.isolation = isolation
         self.limits = limits or GraderLimits()
         self.caps = caps or CopyCaps()
@@ -111,8 +117,13 @@ class Grader:
         """A warning, once per env, when an evaluator's dict carried more than one score key."""
         if len(done.score_keys) > 1 and env_name not in self._warned_keys:
             self._warned_keys.add(env_name)
-            log.warning("env %s: the evaluator's result carries %s; %r is used (the order is %s)", env_name,
-                        ", ".join(done.score_keys), done.score_keys[0], " > ".join(SCORE_KEYS))
+            log.warning(
+                "env %s: the evaluator's result carries %s; %r is used (the order is %s)",
+                env_name,
+                ", ".join(done.score_keys),
+                done.score_keys[0],
+                " > ".join(SCORE_KEYS),
+            )
 
     def _host_root(self, path: Path) -> Path:
         resolved = path.resolve()
@@ -121,9 +132,16 @@ class Grader:
                 return root
         raise ValueError(f"{path} is not in a snapshot env root (Grader.start was not given its root)")
 
-    async def evaluate(self, path: Path, request: EvalRequest, spec: EvalSpec, trajectory: Trajectory,
-                       workspace: Path | None, isolation: Isolation | None = None,
-                       limits: GraderLimits | None = None) -> Evaluation:
+    async def evaluate(
+        self,
+        path: Path,
+        request: EvalRequest,
+        spec: EvalSpec,
+        trajectory: Trajectory,
+        workspace: Path | None,
+        isolation: Isolation | None = None,
+        limits: GraderLimits | None = None,
+    ) -> Evaluation:
         """Evaluate one session on a copy of ``workspace`` (None: the session has none) with the
         snapshot of ``path``. Never raises but CancelledError."""
         assert self._folder is not None, "use the Grader as an async context manager"
@@ -135,9 +153,14 @@ class Grader:
             if workspace is not None:
                 copy = Path(tempfile.mkdtemp(prefix="ws-", dir=self._folder)) / "w"
                 try:
-                    manifest = (await asyncio.to_thread(copy_workspace, workspace, copy, self.caps)).manifest()
+                    manifest = (
+                        await asyncio.to_thread(copy_workspace, workspace, copy, self.caps)
+                    ).manifest()
                 except OSError as e:  # the workspace itself is gone or unreadable: graded without one
-                    manifest = {"complete": False, "error": f"the final workspace cannot be read: {e.strerror}"}
+                    manifest = {
+                        "complete": False,
+                        "error": f"the final workspace cannot be read: {e.strerror}",
+                    }
                     await asyncio.to_thread(shutil.rmtree, copy.parent, True)
                     copy = None
             request = request.model_copy(update={"workspace_manifest": manifest})
@@ -147,9 +170,15 @@ class Grader:
                 spec = spec.model_copy(update={"evaluator_path": str(snap)})
                 done = await run_evaluation(snap, inside, spec, trajectory)
             else:
-                done = await evaluate_in_sandbox(path.resolve(), request, spec, trajectory, copy,
-                                                 [(snap, host) for host, snap in self._roots.items()],
-                                                 limits or self.limits)
+                done = await evaluate_in_sandbox(
+                    path.resolve(),
+                    request,
+                    spec,
+                    trajectory,
+                    copy,
+                    [(snap, host) for host, snap in self._roots.items()],
+                    limits or self.limits,
+                )
             self._warn_score_keys(request.env_name, done)
             return done
         finally:

@@ -28,8 +28,20 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-TOOL_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "tomli", "exceptiongroup",
-                          "colorama", "pygments"})
+TOOL_MODULES = frozenset(
+    {
+        "pytest",
+        "_pytest",
+        "pluggy",
+        "py",
+        "iniconfig",
+        "packaging",
+        "tomli",
+        "exceptiongroup",
+        "colorama",
+        "pygments",
+    }
+)
 SHADOWED = (frozenset(sys.stdlib_module_names) | TOOL_MODULES) - {"test", "__main__"}
 """Module names a top-level file of the copy must not take (``test`` is a task's own name often)."""
 _EXE = re.compile(r"^(python(\d+(\.\d+)?)?|pytest|py\.test|bash|sh)$")
@@ -42,8 +54,9 @@ def why_stripped(rel: str, mode: int) -> str | None:
     name = parts[-1]
     m = _MODULE_SUFFIX.match(name)
     module = m[1] if m else None
-    if module in ("sitecustomize", "usercustomize") or (module == "__init__" and len(parts) > 1
-                                                         and parts[-2] in ("sitecustomize", "usercustomize")):
+    if module in ("sitecustomize", "usercustomize") or (
+        module == "__init__" and len(parts) > 1 and parts[-2] in ("sitecustomize", "usercustomize")
+    ):
         return "a Python start-up hook"
     if name.endswith(".pth"):
         return "a .pth file (run by Python at start-up)"

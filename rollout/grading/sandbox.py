@@ -84,14 +84,34 @@ def grader_command(roots: list[tuple[Path, Path]], workspace: Path | None, limit
         b.ro(snapshot, host)
     if workspace is not None:
         b.ro(workspace, WORKSPACE)
-    return [support.bwrap, *NAMESPACE_FLAGS, *b.args, "--proc", "/proc", "--dev", "/dev",
-            "--chdir", WORKSPACE if workspace is not None else "/tmp",
-            "--", sys.executable, "-S", "-s", "-B", str(CHILD)]
+    return [
+        support.bwrap,
+        *NAMESPACE_FLAGS,
+        *b.args,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--chdir",
+        WORKSPACE if workspace is not None else "/tmp",
+        "--",
+        sys.executable,
+        "-S",
+        "-s",
+        "-B",
+        str(CHILD),
+    ]
 
 
-async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, trajectory: Trajectory,
-                              workspace: Path | None, roots: list[tuple[Path, Path]],
-                              limits: GraderLimits | None = None) -> Evaluation:
+async def evaluate_in_sandbox(
+    path: Path,
+    request: EvalRequest,
+    spec: EvalSpec,
+    trajectory: Trajectory,
+    workspace: Path | None,
+    roots: list[tuple[Path, Path]],
+    limits: GraderLimits | None = None,
+) -> Evaluation:
     """Evaluate one session in the grader sandbox (module docstring). ``path`` is the evaluator
     at its host path (bound from the snapshot in ``roots``); ``workspace`` the host folder shown as
     ``/workspace`` (``request.workspace`` is set to that). Never raises but CancelledError."""
@@ -101,8 +121,14 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
 
     def outcome(status: EvalStatus, score: float | None, **kw: Any) -> Evaluation:
         reason = kw.pop("reason", None)
-        return Evaluation(status=status, score=score, reason=None if reason is None else scoring.cut_text(reason),
-                           duration_s=time.monotonic() - started, isolation="bwrap", **kw)
+        return Evaluation(
+            status=status,
+            score=score,
+            reason=None if reason is None else scoring.cut_text(reason),
+            duration_s=time.monotonic() - started,
+            isolation="bwrap",
+            **kw,
+        )
 
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
         return outcome("error", 0.0, reason=f"ValueError: invalid evaluator timeout_s {timeout!r}")
@@ -118,9 +144,15 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
     inside = request.model_copy(update={"workspace": WORKSPACE if workspace is not None else None})
     result_r, result_w = os.pipe()
     nonce = secrets.token_hex(16)
-    job = {"evaluator": str(path), "request": inside.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
-           "trajectory": trajectory.model_dump(mode="json"), "rlimits": rlimits, "result_fd": result_w,
-           "nonce": nonce}
+    job = {
+        "evaluator": str(path),
+        "request": inside.model_dump(mode="json"),
+        "spec": spec.model_dump(mode="json"),
+        "trajectory": trajectory.model_dump(mode="json"),
+        "rlimits": rlimits,
+        "result_fd": result_w,
+        "nonce": nonce,
+    }
     try:
         await asyncio.to_thread(cg.create, f"rollout-grade-{request.session_id[:24]}-{uuid.uuid4().hex[:6]}")
     except OSError as e:
@@ -128,7 +160,9 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
         os.close(result_w)
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: cgroup: {e}")
     try:
-        value = await _run_child(cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg, nonce)
+        value = await _run_child(
+            cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg, nonce
+        )
     except _Ended as e:
         if e.status == "timeout":
             return outcome("timeout", 0.0, reason=f"evaluator timed out after {float(timeout)!r} s")
@@ -138,15 +172,29 @@ async def evaluate_in_sandbox(path: Path, request: EvalRequest, spec: EvalSpec, 
     return _checked(value, outcome)
 
 
-async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result_w: int, deadline: float,
-                     limits: GraderLimits, cg: SessionCgroup, nonce: str) -> Any:
+async def _run_child(
+    argv: list[str],
+    job: dict[str, Any],
+    result_r: int,
+    result_w: int,
+    deadline: float,
+    limits: GraderLimits,
+    cg: SessionCgroup,
+    nonce: str,
+) -> Any:
     """Start the child, feed it the job, collect its result; raise _Ended when there is none."""
     env = clean_env({"PYTHONPATH": CHILD_PATH, "HOME": "/tmp"})
     payload = json.dumps(job, ensure_ascii=True).encode("ascii")
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            pass_fds=(result_w,), start_new_session=True, env=env)
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            pass_fds=(result_w,),
+            start_new_session=True,
+            env=env,
+        )
     except OSError as e:
         os.close(result_r)
         raise _Ended("error", f"the grader sandbox cannot start: {e}") from e
@@ -166,9 +214,12 @@ async def _run_child(argv: list[str], job: dict[str, Any], result_r: int, result
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         cg.kill_all()
+
     result_file = os.fdopen(result_r, "rb", buffering=0)
     result_reader = asyncio.StreamReader(limit=limits.result_bytes + 1)
-    result_pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(result_reader), result_file)
+    result_pipe, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(result_reader), result_file
+    )
 
     async def feed() -> None:
         assert proc.stdin is not None
@@ -258,5 +309,11 @@ def _checked(value: Any, outcome: Any) -> Evaluation:
     text = {k: value.get(k) if isinstance(value.get(k), str) else None for k in ("raw_repr", "reason")}
     keys = value.get("score_keys")
     keys = [k for k in keys if k in scoring.SCORE_KEYS] if isinstance(keys, list) else []
-    return outcome(status, score, raw_repr=text["raw_repr"], reason=text["reason"],
-                   artifacts=artifacts if isinstance(artifacts, dict) else None, score_keys=keys)
+    return outcome(
+        status,
+        score,
+        raw_repr=text["raw_repr"],
+        reason=text["reason"],
+        artifacts=artifacts if isinstance(artifacts, dict) else None,
+        score_keys=keys,
+    )

@@ -45,9 +45,15 @@ class ScoreCheck:
 
     __slots__ = ("status", "score", "raw_repr", "reason", "artifacts", "keys")
 
-    def __init__(self, status: Literal["scored", "invalid_reward"], score: float | None, raw_repr: str,
-                 reason: str | None = None, artifacts: dict[str, Any] | None = None,
-                 keys: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        status: Literal["scored", "invalid_reward"],
+        score: float | None,
+        raw_repr: str,
+        reason: str | None = None,
+        artifacts: dict[str, Any] | None = None,
+        keys: tuple[str, ...] = (),
+    ) -> None:
         self.status = status
         self.score = score
         self.raw_repr = raw_repr

@@ -21,16 +21,26 @@ def to_step(row: SessionStep) -> TrajectoryStep:
     answer = read_answer(row.endpoint, row.response)
     usage = None
     if row.total_tokens is not None or row.prompt_tokens is not None or row.completion_tokens is not None:
-        usage = {"prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens,
-                 "total_tokens": row.total_tokens}
+        usage = {
+            "prompt_tokens": row.prompt_tokens,
+            "completion_tokens": row.completion_tokens,
+            "total_tokens": row.total_tokens,
+        }
     return TrajectoryStep(
-        seq=row.seq, step_id=row.step_id, model=row.llm_model, endpoint=row.endpoint, status=row.status,
+        seq=row.seq,
+        step_id=row.step_id,
+        model=row.llm_model,
+        endpoint=row.endpoint,
+        status=row.status,
         status_code=row.status_code,
         messages=row.messages if isinstance(row.messages, list) else [],
         request=row.request if isinstance(row.request, dict) else None,
         response=row.response if isinstance(row.response, dict) else None,
-        content=answer.content, reasoning=answer.reasoning, tool_calls=answer.tool_calls,
-        finish_reason=row.finish_reason, usage=usage,
+        content=answer.content,
+        reasoning=answer.reasoning,
+        tool_calls=answer.tool_calls,
+        finish_reason=row.finish_reason,
+        usage=usage,
     )
 
 
@@ -39,5 +49,3 @@ def to_trajectory(session_id: str, rows: list[SessionStep]) -> Trajectory:
     steps = [to_step(r) for r in sorted(rows, key=lambda r: r.seq)]
     final = next((s.content for s in reversed(steps) if s.content), "")
     return Trajectory(session_id=session_id, steps=steps, final_response=final or "")
-
-

@@ -101,12 +101,28 @@ class VerifierResult(BaseModel):
 
     def for_evaluator(self) -> dict[str, Any]:
         """What an env's evaluator is handed (``EvalRequest.verifier``)."""
-        return self.model_dump(mode="json", include={"status", "reward", "reward_json", "exit_code", "stdout_tail",
-                                                     "stderr_tail", "reason", "limit_exceeded"})
+        return self.model_dump(
+            mode="json",
+            include={
+                "status",
+                "reward",
+                "reward_json",
+                "exit_code",
+                "stdout_tail",
+                "stderr_tail",
+                "reason",
+                "limit_exceeded",
+            },
+        )
 
 
-_PY_ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONNOUSERSITE": "1",
-           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+_PY_ENV = {
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def _host_env(image: ImageRoot | None = None) -> dict[str, str]:
@@ -121,13 +137,25 @@ def _bash() -> str:
     return next((p for p in ("/bin/bash", "/usr/bin/bash") if os.path.isfile(p)), "bash")
 
 
-def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, limits: LimitsConfig,
-             status_fd: int, rlimits: dict[str, int], image: ImageRoot | None = None,
-             root: Path | None = None, also_at: str | None = None) -> list[str]:
+def _command(
+    bwrap: str,
+    workspace: Path,
+    tests: Path,
+    logs: Path,
+    shell: Path,
+    limits: LimitsConfig,
+    status_fd: int,
+    rlimits: dict[str, int],
+    image: ImageRoot | None = None,
+    root: Path | None = None,
+    also_at: str | None = None,
+) -> list[str]:
     b = Binds()
     if image is not None and root is not None:  # the image's copy-on-write tree is /
         b.args += ["--bind", str(root), "/"]
-    b.args += ["--size", str(limits.disk_mb * MiB), "--tmpfs", "/tmp"] if limits.disk_mb else ["--tmpfs", "/tmp"]
+    b.args += (
+        ["--size", str(limits.disk_mb * MiB), "--tmpfs", "/tmp"] if limits.disk_mb else ["--tmpfs", "/tmp"]
+    )
     if image is None:
         b.system()
     b.interpreter()
@@ -140,9 +168,30 @@ def _command(bwrap: str, workspace: Path, tests: Path, logs: Path, shell: Path, 
     b.ro(FORWARDER_SOURCE, FORWARDER)
     b.ro(shell, SHELL)
     flags = namespace_flags(*image.uid_gid()) if image is not None else NAMESPACE_FLAGS
-    return [bwrap, *flags, *b.args, "--proc", "/proc", "--dev", "/dev", "--chdir", workdir, "--",
-            sys.executable, "-I", "-S", FORWARDER, "--undumpable", str(GATEWAY_PORT), _NO_GATEWAY, str(status_fd),
-            ",".join(f"{k}={v}" for k, v in rlimits.items()), "--", SHELL, f"{TESTS}/{TEST_SCRIPT}"]
+    return [
+        bwrap,
+        *flags,
+        *b.args,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--chdir",
+        workdir,
+        "--",
+        sys.executable,
+        "-I",
+        "-S",
+        FORWARDER,
+        "--undumpable",
+        str(GATEWAY_PORT),
+        _NO_GATEWAY,
+        str(status_fd),
+        ",".join(f"{k}={v}" for k, v in rlimits.items()),
+        "--",
+        SHELL,
+        f"{TESTS}/{TEST_SCRIPT}",
+    ]
 
 
 def _read_small(folder: Path, name: str) -> str | None:
@@ -201,8 +250,11 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
         return None, None, f"{REWARD_JSON} is not a JSON object"
     if "reward" in parsed:
         value = _number(parsed["reward"])
-        return (value, parsed, f"read from {REWARD_JSON}") if value is not None else \
-            (None, parsed, f"{REWARD_JSON}: reward is not a finite number")
+        return (
+            (value, parsed, f"read from {REWARD_JSON}")
+            if value is not None
+            else (None, parsed, f"{REWARD_JSON}: reward is not a finite number")
+        )
     numbers = [v for v in parsed.values() if _number(v) is not None]
     if len(numbers) == 1:
         return float(numbers[0]), parsed, f"the only number of {REWARD_JSON}"
@@ -241,7 +293,10 @@ def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
         if hit == "memory":
             return "memory", f"memory limit exceeded: the verifier used more than {limits.memory_mb} MiB"
         if hit == "processes":
-            return "processes", f"process limit exceeded: the verifier ran more than {limits.processes} at once"
+            return (
+                "processes",
+                f"process limit exceeded: the verifier ran more than {limits.processes} at once",
+            )
         if cap is None:
             return None
         try:
@@ -249,18 +304,31 @@ def _monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Any:
         except OSError as e:  # a folder the code under test made unreadable: its doing, as in a session
             return "disk", f"disk limit: the verifier's workspace cannot be measured ({e.strerror or e})"
         if used > cap:
-            return "disk", f"disk limit exceeded: the verifier's workspace holds more than {limits.disk_mb} MiB"
+            return (
+                "disk",
+                f"disk limit exceeded: the verifier's workspace holds more than {limits.disk_mb} MiB",
+            )
         return None
 
     async def monitor() -> tuple[str, str] | None:
         return await asyncio.to_thread(check)
+
     return monitor
 
 
-async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, limits: LimitsConfig | None = None,
-                       cpu_s: int | None = None, caps: CopyCaps | None = None,
-                       label: str = "verifier", image: ImageRoot | None = None,
-                       also_at: str | None = None, baseline: Path | None = None) -> VerifierResult:
+async def run_verifier(
+    workspace: Path,
+    tests_dir: Path,
+    *,
+    timeout_s: float,
+    limits: LimitsConfig | None = None,
+    cpu_s: int | None = None,
+    caps: CopyCaps | None = None,
+    label: str = "verifier",
+    image: ImageRoot | None = None,
+    also_at: str | None = None,
+    baseline: Path | None = None,
+) -> VerifierResult:
     """Run ``tests_dir/test.sh`` on a copy of ``workspace`` (module docstring) and read its reward.
     ``limits``: memory, processes, output and disk as a session's (default ``LimitsConfig()``);
     ``cpu_s``: CPU seconds per process (default: ``timeout_s``); ``caps``: of the workspace copy;
@@ -272,8 +340,9 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
     limits = limits or LimitsConfig()
 
     def failed(why: str) -> VerifierResult:
-        return VerifierResult(status="setup_failed", reason=f"verifier setup failed: {why}",
-                              duration_s=time.monotonic() - t0)
+        return VerifierResult(
+            status="setup_failed", reason=f"verifier setup failed: {why}", duration_s=time.monotonic() - t0
+        )
 
     if not (tests_dir / TEST_SCRIPT).is_file():
         return failed(f"{tests_dir / TEST_SCRIPT} is missing")
@@ -281,8 +350,12 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
         support = sandbox_support()
     except SandboxUnavailable as e:
         return failed(str(e))
-    cg = SessionCgroup(support.memory, support.pids,
-                       limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes)
+    cg = SessionCgroup(
+        support.memory,
+        support.pids,
+        limits.memory_mb * MiB if limits.memory_mb is not None else None,
+        limits.processes,
+    )
     scratch: Path | None = None
     status_r = status_w = -1
     try:
@@ -292,8 +365,13 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             logs.mkdir()
             shutil.copyfile(_bash(), shell)
             shell.chmod(0o111)
-            copied = await asyncio.to_thread(_copy, workspace, copy_dest,
-                                             caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB), baseline)
+            copied = await asyncio.to_thread(
+                _copy,
+                workspace,
+                copy_dest,
+                caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB),
+                baseline,
+            )
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
             await asyncio.to_thread(cg.create, f"rollout-verify-{label[:24]}-{uuid.uuid4().hex[:6]}")
@@ -309,46 +387,99 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             if image is not None:
                 (scratch / "root").mkdir()
                 root = merged(scratch / "root")
-            argv = _command(support.bwrap, copy_dest, tests_dir.resolve(), logs, shell, limits, status_w, rlimits,
-                            image, root, also_at)
+            argv = _command(
+                support.bwrap,
+                copy_dest,
+                tests_dir.resolve(),
+                logs,
+                shell,
+                limits,
+                status_w,
+                rlimits,
+                image,
+                root,
+                also_at,
+            )
             if image is not None:
-                argv = wrap(image.rootfs, scratch / "root", limits.disk_mb * MiB if limits.disk_mb else None, argv)
+                argv = wrap(
+                    image.rootfs, scratch / "root", limits.disk_mb * MiB if limits.disk_mb else None, argv
+                )
         except (ImageError, OverlayUnavailable, OSError) as e:
             return failed(f"{type(e).__name__}: {e}")
         if cg.procs_files:  # join the cgroups before bwrap starts anything
             join = " && ".join(f"echo $$ > '{f}'" for f in cg.procs_files)
             argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
-        request = SimulationStartRequest(job_id="verifier", session_id=label, agent_name="verifier",
-                                         agent_id="verifier", group_id="verifier", gateway_base_url="", model="")
+        request = SimulationStartRequest(
+            job_id="verifier",
+            session_id=label,
+            agent_name="verifier",
+            agent_id="verifier",
+            group_id="verifier",
+            gateway_base_url="",
+            model="",
+        )
         try:
-            out = await run_local(argv, request, copy_dest, timeout_s, env=_host_env(image), pass_fds=(status_w,),
-                                  output_limit=limits.output_mb * MiB if limits.output_mb is not None else None,
-                                  monitor=_monitor(cg, copy_dest, limits))
+            out = await run_local(
+                argv,
+                request,
+                copy_dest,
+                timeout_s,
+                env=_host_env(image),
+                pass_fds=(status_w,),
+                output_limit=limits.output_mb * MiB if limits.output_mb is not None else None,
+                monitor=_monitor(cg, copy_dest, limits),
+            )
         except OSError as e:
             return failed(f"cannot start bwrap: {e}")
         try:
             started = os.read(status_r, 4096).decode("utf-8", "replace").strip()
         except BlockingIOError:
             started = ""
-        base = VerifierResult(status="no_reward", exit_code=out.returncode, stdout_tail=out.stdout_tail,
-                              stderr_tail=out.stderr_tail, workspace_copy=copied.manifest())
+        base = VerifierResult(
+            status="no_reward",
+            exit_code=out.returncode,
+            stdout_tail=out.stdout_tail,
+            stderr_tail=out.stderr_tail,
+            workspace_copy=copied.manifest(),
+        )
         if out.status == "timeout":
-            return base.model_copy(update={"status": "timeout", "duration_s": time.monotonic() - t0,
-                                           "reason": f"verifier timed out after {timeout_s:g} s (killed)"})
+            return base.model_copy(
+                update={
+                    "status": "timeout",
+                    "duration_s": time.monotonic() - t0,
+                    "reason": f"verifier timed out after {timeout_s:g} s (killed)",
+                }
+            )
         if started != "started":
-            why = started.removeprefix("error: ") or out.stderr_tail.strip()[-500:] or f"exit code {out.returncode}"
-            return failed(why).model_copy(update={"exit_code": out.returncode, "stderr_tail": out.stderr_tail})
+            why = (
+                started.removeprefix("error: ")
+                or out.stderr_tail.strip()[-500:]
+                or f"exit code {out.returncode}"
+            )
+            return failed(why).model_copy(
+                update={"exit_code": out.returncode, "stderr_tail": out.stderr_tail}
+            )
         if out.limit_exceeded:
-            return base.model_copy(update={"limit_exceeded": out.limit_exceeded, "reason": out.error_text,
-                                           "duration_s": time.monotonic() - t0})
+            return base.model_copy(
+                update={
+                    "limit_exceeded": out.limit_exceeded,
+                    "reason": out.error_text,
+                    "duration_s": time.monotonic() - t0,
+                }
+            )
         if out.returncode is None or out.returncode < 0 or out.returncode >= 128:
             why = f"the test script was killed (exit code {out.returncode}): its reward files are not trusted"
             return base.model_copy(update={"reason": why, "duration_s": time.monotonic() - t0})
         reward, parsed, how = await asyncio.to_thread(read_reward, logs)
-        return base.model_copy(update={"status": "rewarded" if reward is not None else "no_reward",
-                                       "reward": reward, "reward_json": parsed,
-                                       "reason": f"{how} (exit code {out.returncode})",
-                                       "duration_s": time.monotonic() - t0})
+        return base.model_copy(
+            update={
+                "status": "rewarded" if reward is not None else "no_reward",
+                "reward": reward,
+                "reward_json": parsed,
+                "reason": f"{how} (exit code {out.returncode})",
+                "duration_s": time.monotonic() - t0,
+            }
+        )
     finally:
         await asyncio.shield(asyncio.to_thread(cg.remove))
         for fd in (status_r, status_w):
@@ -358,8 +489,9 @@ async def run_verifier(workspace: Path, tests_dir: Path, *, timeout_s: float, li
             await asyncio.shield(asyncio.to_thread(_remove, scratch))
 
 
-async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str,
-                         image: ImageRoot | None = None) -> VerifierResult | None:
+async def verify_session(
+    cfg: EnvConfig, case: Case, workspace: Path, label: str, image: ImageRoot | None = None
+) -> VerifierResult | None:
     """The verifier of ``case`` on its session's final ``workspace`` (None: the case has no
     tests), with the env's session limits and the task's verifier timeout, in the session's
     ``image`` when it ran in one."""
@@ -368,11 +500,23 @@ async def verify_session(cfg: EnvConfig, case: Case, workspace: Path, label: str
     timeout = _number(case.row.get("verifier_timeout_s"))
     timeout_s = timeout if timeout is not None and timeout > 0 else DEFAULT_VERIFIER_TIMEOUT_S
     workdir = case.row.get("workdir") if cfg.dataset.format == "harbor" else None
-    baseline = image.rootfs / image.workdir.lstrip("/") if image is not None else \
-        Path(case.files_dir) if case.files_dir else None
-    return await run_verifier(workspace, Path(case.tests_dir), timeout_s=timeout_s, limits=cfg.runtime.limits,
-                              label=label, image=image, also_at=workdir if isinstance(workdir, str) else cfg.workdir,
-                              baseline=baseline)
+    baseline = (
+        image.rootfs / image.workdir.lstrip("/")
+        if image is not None
+        else Path(case.files_dir)
+        if case.files_dir
+        else None
+    )
+    return await run_verifier(
+        workspace,
+        Path(case.tests_dir),
+        timeout_s=timeout_s,
+        limits=cfg.runtime.limits,
+        label=label,
+        image=image,
+        also_at=workdir if isinstance(workdir, str) else cfg.workdir,
+        baseline=baseline,
+    )
 
 
 def verifier_outcome(result: VerifierResult) -> Evaluation:
@@ -381,13 +525,26 @@ def verifier_outcome(result: VerifierResult) -> Evaluation:
     a grading failure) when it timed out; ``error`` when it could not start."""
     detail = {"verifier": result.for_evaluator()}
     if result.status == "rewarded" and result.reward is not None:
-        return Evaluation(status="scored", score=min(10.0, max(0.0, result.reward * 10)), raw_repr=repr(result.reward),
-                           reason=cut_text(f"verifier reward {result.reward:g}: {result.reason}"), artifacts=detail,
-                           duration_s=result.duration_s, isolation="bwrap")
+        return Evaluation(
+            status="scored",
+            score=min(10.0, max(0.0, result.reward * 10)),
+            raw_repr=repr(result.reward),
+            reason=cut_text(f"verifier reward {result.reward:g}: {result.reason}"),
+            artifacts=detail,
+            duration_s=result.duration_s,
+            isolation="bwrap",
+        )
     status: Literal["scored", "timeout", "error"] = {"no_reward": "scored", "timeout": "timeout"}.get(
-        result.status, "error")  # type: ignore[assignment]
+        result.status, "error"
+    )  # type: ignore[assignment]
     why = result.reason or result.status
     if result.status == "no_reward":
         why = f"no reward: {why}"
-    return Evaluation(status=status, score=0.0, reason=cut_text(why), artifacts=detail, duration_s=result.duration_s,
-                       isolation="bwrap")
+    return Evaluation(
+        status=status,
+        score=0.0,
+        reason=cut_text(why),
+        artifacts=detail,
+        duration_s=result.duration_s,
+        isolation="bwrap",
+    )

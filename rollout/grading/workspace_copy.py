@@ -54,9 +54,14 @@ class WorkspaceCopy:
 
     def manifest(self) -> dict[str, object]:
         """A JSON-ready summary (what a grader is told about its copy)."""
-        out: dict[str, object] = {"files": self.files, "folders": self.folders, "bytes": self.bytes,
-                                  "complete": self.complete, "skipped": list(self.skipped),
-                                  "skipped_count": self.skipped_count}
+        out: dict[str, object] = {
+            "files": self.files,
+            "folders": self.folders,
+            "bytes": self.bytes,
+            "complete": self.complete,
+            "skipped": list(self.skipped),
+            "skipped_count": self.skipped_count,
+        }
         if self.stripped is not None:
             out["stripped"] = list(self.stripped)
         return out
@@ -64,8 +69,13 @@ class WorkspaceCopy:
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_KIND = {stat.S_IFLNK: "link", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "device",
-         stat.S_IFBLK: "device"}
+_KIND = {
+    stat.S_IFLNK: "link",
+    stat.S_IFIFO: "fifo",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFCHR: "device",
+    stat.S_IFBLK: "device",
+}
 
 
 def _name(rel: str, name: str) -> str:
@@ -75,7 +85,7 @@ def _name(rel: str, name: str) -> str:
 def _printable(rel: str, keep: int = 160) -> str:
     """``rel`` as valid UTF-8 text, its middle cut when longer than ``keep`` characters."""
     text = rel.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]}"
+    return text if len(text) <= keep else f"{text[: keep // 2]}...{text[-keep // 2 :]}"
 
 
 def copy_workspace(src: Path, dest: Path, caps: CopyCaps | None = None) -> WorkspaceCopy:
@@ -109,8 +119,16 @@ def copy_workspace(src: Path, dest: Path, caps: CopyCaps | None = None) -> Works
     return out
 
 
-def _copy_dir(sfd: int, dfd: int, rel: str, depth: int, caps: CopyCaps, budget: list[int], out: WorkspaceCopy,
-              stack: list[tuple[int, int, str, int]]) -> None:
+def _copy_dir(
+    sfd: int,
+    dfd: int,
+    rel: str,
+    depth: int,
+    caps: CopyCaps,
+    budget: list[int],
+    out: WorkspaceCopy,
+    stack: list[tuple[int, int, str, int]],
+) -> None:
     try:
         names = sorted(os.listdir(sfd))
     except OSError as e:
@@ -150,7 +168,11 @@ def _copy_dir(sfd: int, dfd: int, rel: str, depth: int, caps: CopyCaps, budget: 
             stack.append((child, dchild, path, depth + 1))
         elif kind == stat.S_IFREG:
             if st.st_size > budget[1]:
-                out.skip(_printable(path), f"{st.st_size} bytes: over the {caps.max_bytes} bytes cap", incomplete=True)
+                out.skip(
+                    _printable(path),
+                    f"{st.st_size} bytes: over the {caps.max_bytes} bytes cap",
+                    incomplete=True,
+                )
                 continue
             copied = _copy_file(sfd, dfd, name, st, budget[1])
             if isinstance(copied, str):
@@ -172,8 +194,12 @@ def _copy_file(sfd: int, dfd: int, name: str, st: os.stat_result, limit: int) ->
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             return "changed while it was copied"
-        out_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         stat.S_IMODE(st.st_mode) & 0o777 | 0o600, dir_fd=dfd)
+        out_fd = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            stat.S_IMODE(st.st_mode) & 0o777 | 0o600,
+            dir_fd=dfd,
+        )
         try:
             copied = 0
             while True:

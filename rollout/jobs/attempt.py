@@ -80,9 +80,18 @@ class Executor(Protocol):
     (the local executor); the workspace holds the final workspace when it returns.
     ``rollout.jobs.ray_backend.RayExecutor`` runs it on a Ray node instead."""
 
-    def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path, extra_env: dict[str, str],
-                 job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                 stderr_log: Path | None = None, image: ImageRoot | None = None) -> Awaitable[RuntimeRun]: ...
+    def __call__(
+        self,
+        cfg: EnvConfig,
+        request: SimulationStartRequest,
+        workspace: Path,
+        extra_env: dict[str, str],
+        job_mode: str = "bwrap",
+        *,
+        command: RuntimeCommand | None = None,
+        stderr_log: Path | None = None,
+        image: ImageRoot | None = None,
+    ) -> Awaitable[RuntimeRun]: ...
 
 
 class SessionCloser(Protocol):
@@ -151,7 +160,6 @@ def remove_workspace(folder: Path) -> None:
             log.warning("workspace %s was not removed: %s", folder, left)
 
 
-
 @dataclass
 class Work:
     """A session to run: its row, the number of the attempt to run next, the first attempt
@@ -165,7 +173,6 @@ class Work:
     close_failures: int = 0
 
 
-
 def _image_start(image: ImageRoot, start: Path, keep: bool) -> None:
     """``start`` (a control's starting workspace, the case's files) as a session in ``image``
     starts: the image's WORKDIR, then the case's files only when ``keep``."""
@@ -176,7 +183,6 @@ def _image_start(image: ImageRoot, start: Path, keep: bool) -> None:
     if keep:
         shutil.copytree(files, start, symlinks=True, dirs_exist_ok=True)
     shutil.rmtree(files, ignore_errors=True)
-
 
 
 @dataclass
@@ -195,7 +201,6 @@ class AttemptRun:
     image: ImageRoot | None = None
 
 
-
 FAILURES_TOLD = 3
 """Infrastructure failures of each class logged as warnings (later ones at INFO)."""
 
@@ -207,7 +212,6 @@ def workspace_prefix(env: str, case_id: str, sample_index: int) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{env}-{case_id}-{sample_index}-")[:60]
 
 
-
 class Attempts:
     """Runs attempts of a job's sessions (one :meth:`run` per attempt, any number at once).
     ``envs`` maps env name to config; each session's case is its row's dataset row. ``gateway``
@@ -216,10 +220,20 @@ class Attempts:
     pool), ``on_grader_broken(env, reason)`` hears each broken-grader finding. ``stop_reason``
     (set by the pool) is what a cancelled attempt records as why."""
 
-    def __init__(self, store: Store, opts: JobOptions, ctx: JobContext, envs: Mapping[str, EnvConfig],
-                 gateway: SessionCloser, *, breaker: BreakerFeed | None = None, executor: Executor | None = None,
-                 grader: Grader | None = None, rng: random.Random | None = None,
-                 on_grader_broken: Callable[[str, str | None], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        opts: JobOptions,
+        ctx: JobContext,
+        envs: Mapping[str, EnvConfig],
+        gateway: SessionCloser,
+        *,
+        breaker: BreakerFeed | None = None,
+        executor: Executor | None = None,
+        grader: Grader | None = None,
+        rng: random.Random | None = None,
+        on_grader_broken: Callable[[str, str | None], None] | None = None,
+    ) -> None:
         self.store = store
         self.opts = opts
         self.ctx = ctx
@@ -280,9 +294,14 @@ class Attempts:
                 return Retry(self.retry.delay_s(work.close_failures, self._rng))
         t0 = time.monotonic()
         started = utcnow()
-        await self.store.update_job_session(sid, status="running", attempts=n, started_at=started, finished=False)
-        workspace = Path(tempfile.mkdtemp(prefix=workspace_prefix(cfg.name, row.case_id, row.sample_index),
-                                          dir=self.ctx.workspace_root))
+        await self.store.update_job_session(
+            sid, status="running", attempts=n, started_at=started, finished=False
+        )
+        workspace = Path(
+            tempfile.mkdtemp(
+                prefix=workspace_prefix(cfg.name, row.case_id, row.sample_index), dir=self.ctx.workspace_root
+            )
+        )
         try:
             try:
                 run = await self._run_attempt(work, cfg, case, workspace)
@@ -291,8 +310,14 @@ class Attempts:
             except Exception as e:  # a launcher bug must fail this attempt only, with its reason recorded
                 log.exception("session %s failed in the launcher", sid)
                 why = f"launcher error: {type(e).__name__}: {e}"
-                run = AttemptRun("error", None, {}, await self.store.trajectory(sid),
-                           AttemptEnd("launcher_error", True, why), [why])
+                run = AttemptRun(
+                    "error",
+                    None,
+                    {},
+                    await self.store.trajectory(sid),
+                    AttemptEnd("launcher_error", True, why),
+                    [why],
+                )
             return await self._conclude(work, run, cfg, case, workspace, t0, started)
         except asyncio.CancelledError:
             # finish the bookkeeping even if cancelled again meanwhile: nothing half-written
@@ -306,11 +331,23 @@ class Attempts:
         except Exception as e:  # a launcher bug while concluding: this session only, reason recorded
             log.exception("session %s failed in the launcher", sid)
             why, duration = f"launcher error: {type(e).__name__}: {e}", time.monotonic() - t0
-            result = SessionResult(status="error", outcome="launcher_error", attempts=n, error=why,
-                                   duration_s=duration)
-            await self.store.record_attempt(SessionAttempt(
-                session_id=sid, attempt=n, job_id=row.job_id, status="error", outcome="launcher_error", infra=True,
-                reason=why, started_at=started, finished_at=utcnow(), duration_s=duration))
+            result = SessionResult(
+                status="error", outcome="launcher_error", attempts=n, error=why, duration_s=duration
+            )
+            await self.store.record_attempt(
+                SessionAttempt(
+                    session_id=sid,
+                    attempt=n,
+                    job_id=row.job_id,
+                    status="error",
+                    outcome="launcher_error",
+                    infra=True,
+                    reason=why,
+                    started_at=started,
+                    finished_at=utcnow(),
+                    duration_s=duration,
+                )
+            )
             await self.store.finish_job_session(sid, result)
             steps = await self.store.trajectory(sid)
             attempts = (await self.store.job_attempts(row.job_id)).get(sid, [])
@@ -343,9 +380,15 @@ class Attempts:
             return str(close["error"])
         moved = await self.store.reset_for_retry(sid, prev)
         if not any(a.attempt == prev for a in work.attempts):  # the launcher was stopped during it
-            att = SessionAttempt(session_id=sid, attempt=prev, job_id=work.row.job_id, status=work.row.status,
-                                 outcome="interrupted", reason="the launcher stopped during this attempt",
-                                 step_count=moved)
+            att = SessionAttempt(
+                session_id=sid,
+                attempt=prev,
+                job_id=work.row.job_id,
+                status=work.row.status,
+                outcome="interrupted",
+                reason="the launcher stopped during this attempt",
+                step_count=moved,
+            )
             if await self.store.record_attempt(att, if_missing=True):
                 work.attempts.append(att)
         return None
@@ -355,11 +398,17 @@ class Attempts:
         closed): an infrastructure failure, never graded."""
         row, sid = work.row, work.row.session_id
         result = SessionResult(
-            status="error", outcome="gateway_unreachable", attempts=work.attempt - 1,
+            status="error",
+            outcome="gateway_unreachable",
+            attempts=work.attempt - 1,
             error=f"the retry could not start ({_MAX_CLOSE_FAILURES + 1} tries): {why}",
             eval_status=INFRA_EVAL_STATUS if self.opts.enable_evaluation else None,
-            eval_reason=(f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
-                         if self.opts.enable_evaluation else None))
+            eval_reason=(
+                f"not graded: infrastructure failure (gateway_unreachable) in attempt {work.attempt - 1}"
+                if self.opts.enable_evaluation
+                else None
+            ),
+        )
         await self.store.finish_job_session(sid, result)
         steps = await self.store.trajectory(sid)
         return record_of(row, result, to_trajectory(sid, steps), work.attempts, steps)
@@ -377,24 +426,44 @@ class Attempts:
         if case.files_dir and own_files(source, cfg):
             shutil.copytree(case.files_dir, workspace, symlinks=True, dirs_exist_ok=True)  # never followed
         request = SimulationStartRequest(
-            job_id=row.job_id, session_id=sid, agent_name=cfg.name, agent_id=f"{cfg.name}-{row.sample_index}",
-            group_id=row.group_id, gateway_base_url=f"{self.ctx.session_base_url}/{sid}",
-            model=row.llm_model, temperature=self.opts.llm_temperature,
+            job_id=row.job_id,
+            session_id=sid,
+            agent_name=cfg.name,
+            agent_id=f"{cfg.name}-{row.sample_index}",
+            group_id=row.group_id,
+            gateway_base_url=f"{self.ctx.session_base_url}/{sid}",
+            model=row.llm_model,
+            temperature=self.opts.llm_temperature,
             max_steps=row.max_steps if row.max_steps is not None else -1,
             env_params={**cfg.params, "dataset": case.public_row()},
-            metadata={"case_id": case.case_id, "sample_index": row.sample_index, "env_dir": str(cfg.env_dir),
-                      "attempt": work.attempt},
+            metadata={
+                "case_id": case.case_id,
+                "sample_index": row.sample_index,
+                "env_dir": str(cfg.env_dir),
+                "attempt": work.attempt,
+            },
             case_id=case.case_id,
         )
         command, harness_log = self._harness_command(row, work.attempt, case)
         if isinstance(image, ImageError):  # the launcher's failure, before the agent ran: never the agent's 0
-            ran = RuntimeRun(status="error", setup_failed=True, duration_s=0.0,
-                             error_text=f"sandbox setup failed: image: {image}")
+            ran = RuntimeRun(
+                status="error",
+                setup_failed=True,
+                duration_s=0.0,
+                error_text=f"sandbox setup failed: image: {image}",
+            )
         else:
             more = {"image": image} if image is not None else {}
-            ran = await self._execute(session_config(cfg, case, self.opts.timeout), request, workspace,
-                                      self._runtime_env(cfg, command is None), self.opts.sandbox,
-                                      command=command, stderr_log=harness_log, **more)
+            ran = await self._execute(
+                session_config(cfg, case, self.opts.timeout),
+                request,
+                workspace,
+                self._runtime_env(cfg, command is None),
+                self.opts.sandbox,
+                command=command,
+                stderr_log=harness_log,
+                **more,
+            )
         close_info = await self.gateway.close(sid, ran.status)
         status = status_after_close(ran.status, close_info)
         rejected = rejected_summary(close_info)  # e.g. a CLI that retried 401s with a wrong key
@@ -402,24 +471,41 @@ class Attempts:
             log.warning("session %s: %s", sid, rejected)
         # a close that answered 0 steps: the gateway reserved none for the session, so none is stored
         steps = [] if close_info.get("total_steps") == 0 else await self.store.trajectory(sid)
-        end = classify(status, setup_failed=ran.setup_failed, node_lost=ran.node_lost,
-                       limit_exceeded=ran.limit_exceeded, unreachable=ran.gateway_unreachable,
-                       close_error=close_info.get("error"), steps=steps,
-                       claimed=ran.result.error_class if ran.result else None, error_text=ran.error_text,
-                       unrecorded=unrecorded_calls(close_info))
+        end = classify(
+            status,
+            setup_failed=ran.setup_failed,
+            node_lost=ran.node_lost,
+            limit_exceeded=ran.limit_exceeded,
+            unreachable=ran.gateway_unreachable,
+            close_error=close_info.get("error"),
+            steps=steps,
+            claimed=ran.result.error_class if ran.result else None,
+            error_text=ran.error_text,
+            unrecorded=unrecorded_calls(close_info),
+        )
         # a task outcome's reason: the runtime's error text, and a claimed outage the records do not show
         said = ran.error_text if end.infra else end.reason
         errors = [e for e in (said, close_info.get("error"), rejected) if e]
         # the task's tests, on a copy of the final workspace, once the agent has ended (docs/verifiers.md)
         graded = self.opts.enable_evaluation and cfg.evaluation != "none"
         in_image = image if isinstance(image, ImageRoot) else None
-        verdict = await verify_session(cfg, case, workspace, sid, in_image) if graded and not end.infra else None
+        verdict = (
+            await verify_session(cfg, case, workspace, sid, in_image) if graded and not end.infra else None
+        )
         if verdict is not None and verdict.status == "setup_failed":
             end = verifier_setup_failed(verdict.reason)
         return AttemptRun(status, ran, close_info, steps, end, errors, verdict, in_image)
 
-    async def _conclude(self, work: Work, run: AttemptRun, cfg: EnvConfig, case: Case, workspace: Path,
-                        t0: float, started: Any) -> SessionRecord | Retry:
+    async def _conclude(
+        self,
+        work: Work,
+        run: AttemptRun,
+        cfg: EnvConfig,
+        case: Case,
+        workspace: Path,
+        t0: float,
+        started: Any,
+    ) -> SessionRecord | Retry:
         """Record the attempt; retry it, or finish the session (evaluated unless the attempt was an
         infrastructure failure: then reward NULL and ``eval_status`` ``infra_error``)."""
         row, n, sid, end = work.row, work.attempt, work.row.session_id, run.end
@@ -427,15 +513,26 @@ class Attempts:
         self.breaker.record(end.infra)
         if end.outcome in GATEWAY_CLASSES or run.close_info.get("error"):  # even a success whose close failed
             self.breaker.suspect()
-        att = SessionAttempt(session_id=sid, attempt=n, job_id=row.job_id, status=run.status, outcome=end.outcome,
-                             infra=end.infra, reason=end.reason, step_count=len(run.steps), started_at=started,
-                             finished_at=utcnow(), duration_s=duration)
+        att = SessionAttempt(
+            session_id=sid,
+            attempt=n,
+            job_id=row.job_id,
+            status=run.status,
+            outcome=end.outcome,
+            infra=end.infra,
+            reason=end.reason,
+            step_count=len(run.steps),
+            started_at=started,
+            finished_at=utcnow(),
+            duration_s=duration,
+        )
         retries_used = n - work.first
         if end.infra and self.retry.retries(end.outcome) and retries_used < self.retry.max_retries:
             att.retry_in_s = self.retry.delay_s(retries_used + 1, self._rng)
             await self.store.record_attempt(att)
-            await self.store.update_job_session(sid, status="retrying", outcome=end.outcome, error_text=end.reason,
-                                                duration_s=duration)
+            await self.store.update_job_session(
+                sid, status="retrying", outcome=end.outcome, error_text=end.reason, duration_s=duration
+            )
             self._tell_failure(sid, n, end, f"retry in {att.retry_in_s:.1f} s")
             work.attempts.append(att)
             work.attempt = n + 1
@@ -448,28 +545,41 @@ class Attempts:
             self._tell_failure(sid, n, end, "not retried: the session ends not graded")
             status, error_text = "error", end.reason
             eval_status = INFRA_EVAL_STATUS if self.opts.enable_evaluation else None
-            eval_reason = (f"not graded: infrastructure failure ({end.outcome}) in attempt {n}"
-                           if self.opts.enable_evaluation else None)
+            eval_reason = (
+                f"not graded: infrastructure failure ({end.outcome}) in attempt {n}"
+                if self.opts.enable_evaluation
+                else None
+            )
         else:
             status, error_text = run.status, "; ".join(run.errors) or None
-            evaluation = await self._evaluate(cfg, case, row, run.runtime, trajectory, workspace, run.verdict,
-                                              run.image)
+            evaluation = await self._evaluate(
+                cfg, case, row, run.runtime, trajectory, workspace, run.verdict, run.image
+            )
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
         await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
         result = SessionResult(
-            status=cast(FinalStatus, status), outcome=end.outcome, attempts=n, error=error_text,
+            status=cast(FinalStatus, status),
+            outcome=end.outcome,
+            attempts=n,
+            error=error_text,
             duration_s=time.monotonic() - t0,
-            runtime_result=run.runtime.result.model_dump(mode="json") if run.runtime and run.runtime.result else None,
+            runtime_result=run.runtime.result.model_dump(mode="json")
+            if run.runtime and run.runtime.result
+            else None,
             sandbox=run.runtime.sandbox if run.runtime else None,
-            reward=evaluation.score if evaluation else None, eval_status=eval_status, eval_reason=eval_reason,
+            reward=evaluation.score if evaluation else None,
+            eval_status=eval_status,
+            eval_reason=eval_reason,
             eval_detail=evaluation.detail() if evaluation else None,
-            evaluation=evaluation.model_dump(mode="json") if evaluation else None)
+            evaluation=evaluation.model_dump(mode="json") if evaluation else None,
+        )
         await self.store.finish_job_session(sid, result)
         return record_of(row, result, trajectory, work.attempts)
 
-    def _harness_command(self, row: JobEnvironment, attempt: int,
-                         case: Case) -> tuple[RuntimeCommand | None, Path | None]:
+    def _harness_command(
+        self, row: JobEnvironment, attempt: int, case: Case
+    ) -> tuple[RuntimeCommand | None, Path | None]:
         """For a harness row: the wrapper's command, or the harness's own runtime (with the env's
         code, as the env's runtime sees it) (the harness and install folders bound
         read-only, and the task's solution folder for a harness that uses it: the oracle) and the
@@ -478,11 +588,17 @@ class Attempts:
             return None, None
         h = self.ctx.harnesses[row.harness]
         solution = [Path(case.solution_dir)] if h.uses_solution and case.solution_dir else []
-        command = RuntimeCommand(argv=h.argv(), folders=[h.folder, h.install_dir, *solution],
-                                 env={"PYTHONPATH": str(CODE_ROOT),
-                                      **({SOLUTION_ENV: str(solution[0])} if solution else {})},
-                                 env_code=h.runtime is not None and not h.uses_solution)  # the solution: as the oracle sees it
-        log = (self.ctx.log_dir.resolve() / "harness" / f"{row.session_id}-a{attempt}.log") if self.ctx.log_dir else None
+        command = RuntimeCommand(
+            argv=h.argv(),
+            folders=[h.folder, h.install_dir, *solution],
+            env={"PYTHONPATH": str(CODE_ROOT), **({SOLUTION_ENV: str(solution[0])} if solution else {})},
+            env_code=h.runtime is not None and not h.uses_solution,
+        )  # the solution: as the oracle sees it
+        log = (
+            (self.ctx.log_dir.resolve() / "harness" / f"{row.session_id}-a{attempt}.log")
+            if self.ctx.log_dir
+            else None
+        )
         return command, log
 
     def _runtime_env(self, cfg: EnvConfig, own: bool = True) -> dict[str, str]:
@@ -496,18 +612,39 @@ class Attempts:
 
     async def _cancelled(self, work: Work, t0: float, started: Any) -> None:
         sid = work.row.session_id
-        why = (f"stopped: {self.stop_reason}" if self.stop_reason is not None
-               else "cancelled by the user (Ctrl-C)")
+        why = (
+            f"stopped: {self.stop_reason}"
+            if self.stop_reason is not None
+            else "cancelled by the user (Ctrl-C)"
+        )
         await self.gateway.close(sid, "cancelled")
-        await self.store.record_attempt(SessionAttempt(
-            session_id=sid, attempt=work.attempt, job_id=work.row.job_id, status="cancelled", outcome="cancelled",
-            reason=why, started_at=started, finished_at=utcnow(), duration_s=time.monotonic() - t0,
-            step_count=len(await self.store.trajectory(sid))))
+        await self.store.record_attempt(
+            SessionAttempt(
+                session_id=sid,
+                attempt=work.attempt,
+                job_id=work.row.job_id,
+                status="cancelled",
+                outcome="cancelled",
+                reason=why,
+                started_at=started,
+                finished_at=utcnow(),
+                duration_s=time.monotonic() - t0,
+                step_count=len(await self.store.trajectory(sid)),
+            )
+        )
         await self.store.update_job_session(sid, status="cancelled", finished=False, error_text=why)
 
-    async def _evaluate(self, cfg: EnvConfig, case: Case, row: JobEnvironment, ran: RuntimeRun | None,
-                        trajectory: Any, workspace: Path, verdict: VerifierResult | None = None,
-                        image: ImageRoot | None = None) -> Evaluation | None:
+    async def _evaluate(
+        self,
+        cfg: EnvConfig,
+        case: Case,
+        row: JobEnvironment,
+        ran: RuntimeRun | None,
+        trajectory: Any,
+        workspace: Path,
+        verdict: VerifierResult | None = None,
+        image: ImageRoot | None = None,
+    ) -> Evaluation | None:
         """The session's evaluation; a grading failure is attributed by the case's control
         (``rollout.grading.attribution``): the agent's 0, or ``grader_broken``; for a session in
         ``image``, the control starts from the image's WORKDIR and its tests run in the image."""
@@ -520,9 +657,14 @@ class Attempts:
         async def grade_control(start: Path) -> Evaluation:
             if image is not None:
                 await asyncio.to_thread(_image_start, image, start, own_files(source_for(cfg, case), cfg))
-            control = await verify_session(cfg, case, start, f"{row.session_id}-control", image) \
-                if case.tests_dir else None
-            graded = await self._grade(cfg, case, row, None, to_trajectory(row.session_id, []), start, control)
+            control = (
+                await verify_session(cfg, case, start, f"{row.session_id}-control", image)
+                if case.tests_dir
+                else None
+            )
+            graded = await self._grade(
+                cfg, case, row, None, to_trajectory(row.session_id, []), start, control
+            )
             return graded or Evaluation(status="error", score=0.0, reason="the control was not graded")
 
         done = await self._controls.judge(done, case, grade_control)
@@ -532,8 +674,16 @@ class Attempts:
                 self._on_grader_broken(cfg.name, done.reason)
         return done
 
-    async def _grade(self, cfg: EnvConfig, case: Case, row: JobEnvironment, start: SimulationStartResult | None,
-                     trajectory: Any, workspace: Path, verdict: VerifierResult | None) -> Evaluation | None:
+    async def _grade(
+        self,
+        cfg: EnvConfig,
+        case: Case,
+        row: JobEnvironment,
+        start: SimulationStartResult | None,
+        trajectory: Any,
+        workspace: Path,
+        verdict: VerifierResult | None,
+    ) -> Evaluation | None:
         path = self.evaluator(cfg)
         if verdict is not None and (path is None or verdict.status not in ("rewarded", "no_reward")):
             return verifier_outcome(verdict)  # the tests' reward is the score; a timeout a grading failure
@@ -543,11 +693,23 @@ class Attempts:
         if spec is None:  # built once per env and evaluator file (it resolves the path)
             spec = self._specs[(cfg.name, path)] = build_eval_spec(cfg.name, path, self.opts.eval_timeout)
         request = EvalRequest(
-            job_id=row.job_id, session_id=row.session_id, env_name=cfg.name, case_id=case.case_id,
-            group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
-            env_params={**cfg.params, "dataset": case.row}, start_result=start,
+            job_id=row.job_id,
+            session_id=row.session_id,
+            env_name=cfg.name,
+            case_id=case.case_id,
+            group_id=row.group_id,
+            sample_index=row.sample_index,
+            model=row.llm_model,
+            env_params={**cfg.params, "dataset": case.row},
+            start_result=start,
             verifier=verdict.for_evaluator() if verdict else None,
         )
-        return await self.grader.evaluate(path, request, spec, trajectory, workspace,
-                                           grader_mode(cfg, self.opts.grader_job_mode()),
-                                           GraderLimits(memory_mb=cfg.grader.memory_mb, processes=cfg.grader.processes))
+        return await self.grader.evaluate(
+            path,
+            request,
+            spec,
+            trajectory,
+            workspace,
+            grader_mode(cfg, self.opts.grader_job_mode()),
+            GraderLimits(memory_mb=cfg.grader.memory_mb, processes=cfg.grader.processes),
+        )

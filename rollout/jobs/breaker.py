@@ -51,8 +51,9 @@ class CircuitBreaker:
     ``wait_ready()`` returns True when attempts may start, False once the breaker gave up.
     ``events`` lists every change; ``on_event`` is called with each."""
 
-    def __init__(self, settings: BreakerSettings, probe: Probe,
-                 on_event: Callable[[BreakerEvent], None] | None = None) -> None:
+    def __init__(
+        self, settings: BreakerSettings, probe: Probe, on_event: Callable[[BreakerEvent], None] | None = None
+    ) -> None:
         self.settings = settings
         self._probe = probe
         self._on_event = on_event
@@ -68,8 +69,14 @@ class CircuitBreaker:
         ev = BreakerEvent(state=state, reason=reason)
         self.events.append(ev)
         s = self.settings
-        plan = (f"; new attempts wait while it probes every {s.probe_s:g} to {s.max_probe_s:g} s, and the job "
-                f"stops (resumable) after {s.max_wait_s:g} s without an answer") if state == "open" else ""
+        plan = (
+            (
+                f"; new attempts wait while it probes every {s.probe_s:g} to {s.max_probe_s:g} s, and the job "
+                f"stops (resumable) after {s.max_wait_s:g} s without an answer"
+            )
+            if state == "open"
+            else ""
+        )
         log.warning("circuit breaker %s: %s%s", state, reason, plan)
         if self._on_event:
             self._on_event(ev)
@@ -80,7 +87,11 @@ class CircuitBreaker:
         self._window.append(infra)
         n = sum(self._window)
         s = self.settings
-        if self.state in ("closed", "checking") and n >= s.min_failures and n / len(self._window) >= s.threshold:
+        if (
+            self.state in ("closed", "checking")
+            and n >= s.min_failures
+            and n / len(self._window) >= s.threshold
+        ):
             self._open(f"{n} of the last {len(self._window)} attempts were infrastructure failures")
 
     def suspect(self) -> None:
@@ -130,8 +141,9 @@ class CircuitBreaker:
                 return
             waited = time.monotonic() - t0
             if waited >= s.max_wait_s:
-                self.stop_reason = (f"the gateway or its upstream did not answer for {waited:.0f} s "
-                                    f"(last probe: {why})")
+                self.stop_reason = (
+                    f"the gateway or its upstream did not answer for {waited:.0f} s (last probe: {why})"
+                )
                 self.state = "stopped"
                 self._emit("stopped", self.stop_reason)
                 self._ready.set()

@@ -38,7 +38,9 @@ class GatewayClient:
         try:
             async with self._http.post(url, json={"reason": status, "completion_mode": status}) as r:
                 if r.status != 200:
-                    return {"error": f"closing the gateway session failed: HTTP {r.status}: {(await r.text())[:200]}"}
+                    return {
+                        "error": f"closing the gateway session failed: HTTP {r.status}: {(await r.text())[:200]}"
+                    }
                 return dict(await r.json())
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             return {"error": f"closing the gateway session failed: {type(e).__name__}: {e}"}
@@ -49,8 +51,9 @@ class GatewayClient:
         url = gateway_root(self.session_url) + "/readyz"
         for model in models:
             try:
-                async with self._http.get(url, params={"route": model},
-                                          timeout=aiohttp.ClientTimeout(total=10)) as r:
+                async with self._http.get(
+                    url, params={"route": model}, timeout=aiohttp.ClientTimeout(total=10)
+                ) as r:
                     if r.status != 200:
                         return f"{url}?route={model}: HTTP {r.status}: {readyz_error(await r.text())}"
             except (aiohttp.ClientError, TimeoutError) as e:
@@ -62,6 +65,7 @@ class GatewayClient:
 async def gateway_client(session_url: str, api_key: str | None) -> AsyncIterator[GatewayClient]:
     """A :class:`GatewayClient` sending ``api_key``; a close may wait for the session's last call."""
     timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30, sock_read=120)
-    async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(api_key),
-                                     connector=aiohttp.TCPConnector(limit=0)) as http:
+    async with aiohttp.ClientSession(
+        timeout=timeout, headers=auth_headers(api_key), connector=aiohttp.TCPConnector(limit=0)
+    ) as http:
         yield GatewayClient(http, session_url)

@@ -82,7 +82,9 @@ def _env(opts: GradeOptions) -> tuple[EnvConfig, Path, dict[str, Case]]:
         raise SetupError(str(e)) from e
     cfg = next((c for c in found if c.name == opts.env_name), None)
     if cfg is None:
-        raise SetupError(f"--env: no env {opts.env_name!r} under {opts.agent_root} (have {sorted(c.name for c in found)})")
+        raise SetupError(
+            f"--env: no env {opts.env_name!r} under {opts.agent_root} (have {sorted(c.name for c in found)})"
+        )
     path = env_evaluator(opts.agent_root, cfg)
     if path is None:
         raise SetupError(f"env {cfg.name} has no rule_evaluator.py: nothing to grade with")
@@ -107,34 +109,55 @@ async def _select(store: Store, opts: GradeOptions) -> list[dict[str, Any]]:
         owned = await queries.jobs_of_sessions(ids)
         if owned:
             sid, job = sorted(owned.items())[0]
-            raise SetupError(f"session {sid!r} is already in job {job!r}: grade it again with --regrade --job-id {job}")
+            raise SetupError(
+                f"session {sid!r} is already in job {job!r}: grade it again with --regrade --job-id {job}"
+            )
     rows = await queries.jobless_sessions(ids)
     if ids is not None and len(rows) < len(ids):
-        raise SetupError(f"no session {sorted(set(ids) - {r['session_id'] for r in rows})[0]!r} in {store.identity()}")
-    rows = [r for r in rows if (opts.since is None or _utc(r["created_at"]) >= opts.since)
-            and (opts.until is None or _utc(r["created_at"]) < opts.until)]
+        raise SetupError(
+            f"no session {sorted(set(ids) - {r['session_id'] for r in rows})[0]!r} in {store.identity()}"
+        )
+    rows = [
+        r
+        for r in rows
+        if (opts.since is None or _utc(r["created_at"]) >= opts.since)
+        and (opts.until is None or _utc(r["created_at"]) < opts.until)
+    ]
     if opts.tag is not None:
         key, value = opts.tag
-        rows = [r for r in rows
-                if request_metadata(await store.trajectory(r["session_id"])).get(key) == value]
+        rows = [
+            r for r in rows if request_metadata(await store.trajectory(r["session_id"])).get(key) == value
+        ]
     if not rows:
         raise SetupError(f"no session without a job matches the selection in {store.identity()}")
     still = [r["session_id"] for r in rows if r["status"] in OPEN_STATUSES]
     if still and not opts.include_active:
-        raise SetupError(f"session {still[0]!r} is still {rows[[r['session_id'] for r in rows].index(still[0])]['status']}"
-                         f" ({len(still)} open in all): close it (POST /v1/sessions/ID/close, or the gateway's "
-                         "session_idle_close_s), or pass --include-active to grade what it recorded so far")
+        raise SetupError(
+            f"session {still[0]!r} is still {rows[[r['session_id'] for r in rows].index(still[0])]['status']}"
+            f" ({len(still)} open in all): close it (POST /v1/sessions/ID/close, or the gateway's "
+            "session_idle_close_s), or pass --include-active to grade what it recorded so far"
+        )
     return rows
 
 
 def _status(gw: dict[str, Any]) -> str:
     """The job status of a gateway session: ``truncated`` when its budget ended it, else ``succeeded``
     (its client ran it to its end)."""
-    return "truncated" if gw["status"] == "truncated" or gw.get("completion_mode") == "truncated" else "succeeded"
+    return (
+        "truncated"
+        if gw["status"] == "truncated" or gw.get("completion_mode") == "truncated"
+        else "succeeded"
+    )
 
 
-async def _rows(store: Store, opts: GradeOptions, job_id: str, cfg: EnvConfig, cases: dict[str, Case],
-                gws: list[dict[str, Any]]) -> list[JobEnvironment]:
+async def _rows(
+    store: Store,
+    opts: GradeOptions,
+    job_id: str,
+    cfg: EnvConfig,
+    cases: dict[str, Case],
+    gws: list[dict[str, Any]],
+) -> list[JobEnvironment]:
     out: list[JobEnvironment] = []
     for k, gw in enumerate(gws):
         sid = gw["session_id"]
@@ -142,27 +165,49 @@ async def _rows(store: Store, opts: GradeOptions, job_id: str, cfg: EnvConfig, c
         if case_id is None:
             value = request_metadata(await store.trajectory(sid)).get(str(opts.case_field))
             if not isinstance(value, str | int) or isinstance(value, bool):
-                raise SetupError(f"session {sid!r}: its first request's metadata has no {opts.case_field!r} "
-                                 "naming a case (pass --case ID)")
+                raise SetupError(
+                    f"session {sid!r}: its first request's metadata has no {opts.case_field!r} "
+                    "naming a case (pass --case ID)"
+                )
             case_id = str(value)
         case = cases.get(case_id)
         if case is None:
             raise SetupError(f"session {sid!r}: env {cfg.name} has no case {case_id!r}")
-        out.append(JobEnvironment(
-            session_id=sid, job_id=job_id, env_name=cfg.name, case_id=case_id, llm_model=gw.get("route") or "unknown",
-            group_id=group_id(job_id, cfg.name, case_id), sample_index=k,
-            env_params={**cfg.params, "dataset": case.row}, max_steps=gw.get("max_steps"), status=_status(gw),
-            attempts=1, outcome=_status(gw), started_at=gw.get("created_at")))
+        out.append(
+            JobEnvironment(
+                session_id=sid,
+                job_id=job_id,
+                env_name=cfg.name,
+                case_id=case_id,
+                llm_model=gw.get("route") or "unknown",
+                group_id=group_id(job_id, cfg.name, case_id),
+                sample_index=k,
+                env_params={**cfg.params, "dataset": case.row},
+                max_steps=gw.get("max_steps"),
+                status=_status(gw),
+                attempts=1,
+                outcome=_status(gw),
+                started_at=gw.get("created_at"),
+            )
+        )
     return out
 
 
-async def _grade_one(store: Store, grader: Grader, controls: Controls, row: JobEnvironment, path: Path,
-                     timeout_s: float) -> None:
+async def _grade_one(
+    store: Store, grader: Grader, controls: Controls, row: JobEnvironment, path: Path, timeout_s: float
+) -> None:
     trajectory = to_trajectory(row.session_id, await store.trajectory(row.session_id))
     request = EvalRequest(
-        job_id=row.job_id, session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
-        group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
-        env_params=dict(row.env_params or {}), start_result=None)
+        job_id=row.job_id,
+        session_id=row.session_id,
+        env_name=row.env_name,
+        case_id=row.case_id,
+        group_id=row.group_id,
+        sample_index=row.sample_index,
+        model=row.llm_model,
+        env_params=dict(row.env_params or {}),
+        start_result=None,
+    )
     spec = build_eval_spec(row.env_name, path, timeout_s)
     evaluation: Evaluation = await grader.evaluate(path, request, spec, trajectory, None)
 
@@ -170,11 +215,19 @@ async def _grade_one(store: Store, grader: Grader, controls: Controls, row: JobE
         return await grader.evaluate(path, request, spec, to_trajectory(row.session_id, []), None)
 
     # whose failure it is (docs/trust-model.md, "Failure attribution")
-    evaluation = await controls.judge(evaluation, Case(env_name=row.env_name, case_id=row.case_id, row={}),
-                                      grade_control)
-    result = SessionResult(status=row.status, outcome=row.outcome, attempts=1,  # type: ignore[arg-type]
-                           reward=evaluation.score, eval_status=evaluation.status, eval_reason=evaluation.reason,
-                           eval_detail=evaluation.detail(), evaluation=evaluation.model_dump(mode="json"))
+    evaluation = await controls.judge(
+        evaluation, Case(env_name=row.env_name, case_id=row.case_id, row={}), grade_control
+    )
+    result = SessionResult(
+        status=row.status,
+        outcome=row.outcome,
+        attempts=1,  # type: ignore[arg-type]
+        reward=evaluation.score,
+        eval_status=evaluation.status,
+        eval_reason=evaluation.reason,
+        eval_detail=evaluation.detail(),
+        evaluation=evaluation.model_dump(mode="json"),
+    )
     await store.finish_job_session(row.session_id, result)
 
 
@@ -184,8 +237,10 @@ async def grade_sessions(opts: GradeOptions) -> GradeResult:
     that exists. A grading that fails on the store stops it; each session's evaluation is committed
     on its own."""
     if (opts.case_id is None) == (opts.case_field is None):
-        raise SetupError("give --case ID (every session is that case) or --case-field KEY (the key of the "
-                         "first request's metadata naming its case)")
+        raise SetupError(
+            "give --case ID (every session is that case) or --case-field KEY (the key of the "
+            "first request's metadata naming its case)"
+        )
     if not opts.session_ids and opts.tag is None and opts.since is None and opts.until is None:
         raise SetupError("select the sessions: --session ID, --tag KEY=VALUE or --since/--until")
     cfg, path, cases = _env(opts)

@@ -63,15 +63,23 @@ def _when(t: datetime) -> str:
 
 def describe(holder: JobLock) -> str:
     """``pid P on host H, started T, last heartbeat T``."""
-    return (f"pid {holder.pid} on host {holder.host}, started {_when(holder.started_at)}, "
-            f"last heartbeat {_when(holder.heartbeat_at)}")
+    return (
+        f"pid {holder.pid} on host {holder.host}, started {_when(holder.started_at)}, "
+        f"last heartbeat {_when(holder.heartbeat_at)}"
+    )
 
 
 class JobLease:
     """The lease of ``job_id`` in ``store`` while the ``async with`` block runs (module docstring)."""
 
-    def __init__(self, store: Store, job_id: str, *, heartbeat_s: float = HEARTBEAT_S,
-                 stale_after_s: float = STALE_AFTER_S) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
+    ) -> None:
         if not 0 < heartbeat_s < stale_after_s:
             raise ValueError("heartbeat_s must be positive and below stale_after_s")
         self.store = store
@@ -88,9 +96,11 @@ class JobLease:
         (heartbeats) until :meth:`release`."""
         holder = await self.store.take_job_lock(self.lock, self.stale_after_s, _gone)
         if holder is not None:
-            raise JobLocked(f"job {self.job_id} is running in another launcher ({describe(holder)}); wait for it "
-                            f"to finish or stop it (a dead one's lock is taken over {self.stale_after_s:g} s after "
-                            "its last heartbeat, at once on its own host)")
+            raise JobLocked(
+                f"job {self.job_id} is running in another launcher ({describe(holder)}); wait for it "
+                f"to finish or stop it (a dead one's lock is taken over {self.stale_after_s:g} s after "
+                "its last heartbeat, at once on its own host)"
+            )
         self._holder_task = asyncio.current_task()
         self._beat = asyncio.create_task(self._heartbeat(), name=f"job-lock-{self.job_id}")
 
@@ -119,8 +129,9 @@ class JobLease:
         await self.take()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: object) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
         await self.release()
         lost = self.lost_error(exc) if exc is not None else None
         if lost is not None:
@@ -131,12 +142,16 @@ class JobLease:
             await asyncio.sleep(self.heartbeat_s)
             try:
                 held = await self.store.beat_job_lock(self.job_id, self.lock.owner)
-            except Exception as e:  # the store unreachable: try again; the lease goes stale after stale_after_s
+            except (
+                Exception
+            ) as e:  # the store unreachable: try again; the lease goes stale after stale_after_s
                 log.warning("job %s: cannot refresh its lock: %s: %s", self.job_id, type(e).__name__, e)
                 continue
             if not held:
-                self.lost = (f"job {self.job_id} was taken over by another launcher (this one's lock went "
-                             f"unrefreshed for more than {self.stale_after_s:g} s); this launcher stopped")
+                self.lost = (
+                    f"job {self.job_id} was taken over by another launcher (this one's lock went "
+                    f"unrefreshed for more than {self.stale_after_s:g} s); this launcher stopped"
+                )
                 log.error("%s", self.lost)
                 if self._holder_task is not None:
                     self._holder_task.cancel()

@@ -45,10 +45,18 @@ class Pool:
     attempt's runtime (default: on this machine); ``keep_records`` False: finished records are
     passed to ``on_done`` only, not kept (a job of any size in flat memory)."""
 
-    def __init__(self, store: Store, opts: JobOptions, ctx: JobContext, envs: Mapping[str, EnvConfig],
-                 on_done: Callable[[SessionRecord], None] | None = None,
-                 on_breaker: Callable[[BreakerEvent], None] | None = None, rng: random.Random | None = None,
-                 executor: Executor | None = None, keep_records: bool = True) -> None:
+    def __init__(
+        self,
+        store: Store,
+        opts: JobOptions,
+        ctx: JobContext,
+        envs: Mapping[str, EnvConfig],
+        on_done: Callable[[SessionRecord], None] | None = None,
+        on_breaker: Callable[[BreakerEvent], None] | None = None,
+        rng: random.Random | None = None,
+        executor: Executor | None = None,
+        keep_records: bool = True,
+    ) -> None:
         self.store = store
         self.opts = opts
         self.ctx = ctx
@@ -90,16 +98,26 @@ class Pool:
             async with gateway_client(self.ctx.gateway_url, self.ctx.gateway_api_key) as gateway:
                 self._gateway = gateway
                 attempts = self._attempts = Attempts(
-                    self.store, self.opts, self.ctx, self.envs, gateway, breaker=self.breaker,
-                    executor=self._executor, rng=self._rng, on_grader_broken=self._grader_broken)
+                    self.store,
+                    self.opts,
+                    self.ctx,
+                    self.envs,
+                    gateway,
+                    breaker=self.breaker,
+                    executor=self._executor,
+                    rng=self._rng,
+                    on_grader_broken=self._grader_broken,
+                )
                 try:
                     if not self.opts.enable_evaluation:
                         await self._run(source)
                     else:
-                        async with Grader(grader_mode(None, self.opts.grader_job_mode()),
-                                          work_dir=self.ctx.workspace_root) as grader:
-                            await grader.start(p.parent.parent for p in map(attempts.evaluator, self.envs.values())
-                                               if p)
+                        async with Grader(
+                            grader_mode(None, self.opts.grader_job_mode()), work_dir=self.ctx.workspace_root
+                        ) as grader:
+                            await grader.start(
+                                p.parent.parent for p in map(attempts.evaluator, self.envs.values()) if p
+                            )
                             attempts.grader = grader
                             try:
                                 await self._run(source)
@@ -143,7 +161,9 @@ class Pool:
                 self._put(1, Work(r, r.attempts + 1, r.attempts + 1, list(prior.get(r.session_id, []))))
                 queued += 1
         if queued < source.total:  # rows gone from the store meanwhile: the job must still end
-            log.error("%d planned session(s) were not found in the store and did not run", source.total - queued)
+            log.error(
+                "%d planned session(s) were not found in the store and did not run", source.total - queued
+            )
             for _ in range(source.total - queued):
                 self._finished_one()
 
@@ -153,6 +173,7 @@ class Pool:
 
     def _schedule(self, work: Work, delay_s: float) -> None:
         """Queue ``work`` again after ``delay_s`` seconds, ahead of sessions not started yet."""
+
         async def later() -> None:
             await asyncio.sleep(delay_s)
             self._put(0, work)
@@ -197,7 +218,8 @@ class Pool:
             self._stop_when_told = (
                 f"{n} broken-grader finding(s) ({', '.join(f'{e}: {k}' for e, k in sorted(self._broken.items()))}):"
                 f" the grader fails without the agent; fix it, then --regrade --job-id {job} (its sessions) and"
-                f" --resume --job-id {job} (the rest) (--max-broken-graders {limit})")
+                f" --resume --job-id {job} (the rest) (--max-broken-graders {limit})"
+            )
 
     def _raise_if_a_worker_died(self) -> None:
         """A worker that died of a bug fails the job loudly."""

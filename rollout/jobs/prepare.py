@@ -94,8 +94,10 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
         raise SetupError(HOST_TOOLCHAIN_ALONE)
     try:
         if opts.agent_configs or opts.agent_start_config is not None or opts.tasks:
-            configs = [*load_agent_configs(opts.agent_configs, opts.agent_start_config),
-                       *(task_folder_env(p, opts.host_toolchain) for p in opts.tasks)]
+            configs = [
+                *load_agent_configs(opts.agent_configs, opts.agent_start_config),
+                *(task_folder_env(p, opts.host_toolchain) for p in opts.tasks),
+            ]
         elif opts.env_names:
             configs, broken = scan_envs(opts.agent_root)
             if broken and set(opts.env_names) - {c.name for c in configs}:
@@ -116,8 +118,9 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
             configs = [c for c in configs if c.name in opts.env_names]
         for c in configs:
             if absent := c.missing_runtime_files():
-                raise SetupError(f"env {c.name} ({c.config_path}): runtime.command names {absent[0]}, "
-                                 "which does not exist")
+                raise SetupError(
+                    f"env {c.name} ({c.config_path}): runtime.command names {absent[0]}, which does not exist"
+                )
         envs = [(c, load_cases(c, opts.limit)) for c in configs]
         return select_cases(envs, opts.case_ids)
     except EnvConfigError as e:
@@ -128,15 +131,27 @@ def check_evaluators(agent_root: Path, configs: list[EnvConfig]) -> None:
     """With ``--enable-evaluation``, before any session: SetupError naming each env that would not
     be graded (no evaluator found, not a Harbor env graded by its tests) and the file expected;
     an env that says ``evaluation: none`` is run ungraded."""
-    missing = [cfg for cfg in configs if cfg.evaluation != "none" and cfg.dataset.format != "harbor"
-               and env_evaluator(agent_root, cfg) is None]
+    missing = [
+        cfg
+        for cfg in configs
+        if cfg.evaluation != "none"
+        and cfg.dataset.format != "harbor"
+        and env_evaluator(agent_root, cfg) is None
+    ]
     if missing:
-        where = "; ".join(f"env {cfg.name!r} needs {agent_root / cfg.name / EVALUATOR_FILE_NAME}"
-                          + (f" (or {cfg.env_dir.parent / cfg.name / EVALUATOR_FILE_NAME})"
-                             if cfg.env_dir.parent.resolve() != Path(agent_root).resolve() else "")
-                          for cfg in missing)
-        raise SetupError(f"--enable-evaluation: no evaluator: {where}; or set `evaluation: none` in its "
-                         "env.yaml to run it ungraded")
+        where = "; ".join(
+            f"env {cfg.name!r} needs {agent_root / cfg.name / EVALUATOR_FILE_NAME}"
+            + (
+                f" (or {cfg.env_dir.parent / cfg.name / EVALUATOR_FILE_NAME})"
+                if cfg.env_dir.parent.resolve() != Path(agent_root).resolve()
+                else ""
+            )
+            for cfg in missing
+        )
+        raise SetupError(
+            f"--enable-evaluation: no evaluator: {where}; or set `evaluation: none` in its "
+            "env.yaml to run it ungraded"
+        )
 
 
 def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConfig, list[Case]]]:
@@ -145,11 +160,15 @@ def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConf
     kept = [(cfg, cases) for cfg, cases in envs if cfg.dataset.format in TASK_FORMATS]
     skipped = sorted(cfg.name for cfg, _ in envs if cfg.dataset.format not in TASK_FORMATS)
     if skipped:
-        notices.warning(f"warning: --harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping "
-              f"{', '.join(skipped)}")
+        notices.warning(
+            f"warning: --harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping "
+            f"{', '.join(skipped)}"
+        )
     if not kept:
-        raise SetupError("--harness: none of the selected envs is a task-directory env (dataset.format: "
-                         f"task_dirs or harbor); skipped {', '.join(skipped)}")
+        raise SetupError(
+            "--harness: none of the selected envs is a task-directory env (dataset.format: "
+            f"task_dirs or harbor); skipped {', '.join(skipped)}"
+        )
     return kept
 
 
@@ -163,7 +182,9 @@ def load_harnesses(specs: list[str]) -> dict[str, LoadedHarness]:
         except HarnessUnavailable as e:
             raise SetupError(str(e)) from e
         if h.name in found and found[h.name].folder != h.folder:
-            raise SetupError(f"--harness: two harnesses are named {h.name!r}: {found[h.name].folder} and {h.folder}")
+            raise SetupError(
+                f"--harness: two harnesses are named {h.name!r}: {found[h.name].folder} and {h.folder}"
+            )
         found[h.name] = h
     return found
 
@@ -174,8 +195,10 @@ async def install_harnesses(loaded: dict[str, LoadedHarness]) -> dict[str, Insta
     ready: dict[str, InstalledHarness] = {}
     for name, h in loaded.items():
         if not is_installed(h.harness):
-            notices.info(f"harness {name}: installing {h.harness.version} into {cache_dir(h.harness)} "
-                         "(once per machine)")
+            notices.info(
+                f"harness {name}: installing {h.harness.version} into {cache_dir(h.harness)} "
+                "(once per machine)"
+            )
         try:
             ready[name] = await asyncio.to_thread(install_harness, h)
         except HarnessUnavailable as e:
@@ -190,13 +213,20 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
     checks its own sandbox)."""
     bare = sorted(cfg.name for cfg in envs if effective_mode(cfg, opts.sandbox) == "none")
     if bare:
-        notices.warning(f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
-              "environment and network")
-    trusted = sorted(cfg.name for cfg in envs
-                     if grader_mode(cfg, opts.grader_isolation or opts.sandbox) == "none") if opts.enable_evaluation else []
+        notices.warning(
+            f"warning: no sandbox for env(s) {', '.join(bare)}: their runtimes see the host's files, "
+            "environment and network"
+        )
+    trusted = (
+        sorted(cfg.name for cfg in envs if grader_mode(cfg, opts.grader_isolation or opts.sandbox) == "none")
+        if opts.enable_evaluation
+        else []
+    )
     if trusted:
-        notices.warning(f"warning: evaluators of env(s) {', '.join(trusted)} run in the launcher (grader isolation none): "
-              "trust them, and what they run of the agent's answer, with this machine")
+        notices.warning(
+            f"warning: evaluators of env(s) {', '.join(trusted)} run in the launcher (grader isolation none): "
+            "trust them, and what they run of the agent's answer, with this machine"
+        )
     graded_in_sandbox = opts.enable_evaluation and len(trusted) < len(envs)
     if (len(bare) == len(envs) and not graded_in_sandbox) or not probe:
         return
@@ -207,15 +237,17 @@ def check_sandbox(opts: JobOptions, envs: list[EnvConfig], probe: bool = True) -
     how = "; ".join(f"{k}: {v}" for k, v in support.mechanisms().items())
     notices.info(f"sandbox: bubblewrap ({support.bwrap}); limits enforced by {how}")
     if support.pids is None:
-        notices.warning("warning: the per-session process limit is not enforced on this machine (no usable cgroup "
-              "pids controller)")
+        notices.warning(
+            "warning: the per-session process limit is not enforced on this machine (no usable cgroup "
+            "pids controller)"
+        )
 
 
 def check_routes(gw: GatewaySettings, models: list[str]) -> None:
     """SetupError naming each of ``models`` that is not a route of the gateway config."""
     unknown = [m for m in models if m not in gw.llm_routes]
     if unknown:
-        raise SetupError(f"--llm-model {', '.join(map(repr, unknown))}: not a route of the gateway config "
-                         f"({', '.join(sorted(gw.llm_routes))})")
-
-
+        raise SetupError(
+            f"--llm-model {', '.join(map(repr, unknown))}: not a route of the gateway config "
+            f"({', '.join(sorted(gw.llm_routes))})"
+        )

@@ -83,7 +83,9 @@ class ChildProcess:
 
 
 _PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None  # resolved before any fork
+_prctl = (
+    ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+)  # resolved before any fork
 
 
 def _die_with_parent() -> None:
@@ -96,8 +98,14 @@ def _spawn(name: str, cmd: list[str], log_dir: Path, url: str) -> ChildProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     fh = log_path.open("wb")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     fh.close()
     return ChildProcess(name, proc, log_path, url)
 
@@ -117,8 +125,10 @@ async def _poll(child: ChildProcess, url: str, timeout_s: float) -> httpx.Respon
     async with httpx.AsyncClient(timeout=5) as client:
         while time.monotonic() < deadline:
             if child.proc.poll() is not None:
-                raise ServiceError(f"{child.name} exited with code {child.proc.returncode} while starting; "
-                                   f"its log ({child.log_path}) ends with:\n{child.log_tail()}")
+                raise ServiceError(
+                    f"{child.name} exited with code {child.proc.returncode} while starting; "
+                    f"its log ({child.log_path}) ends with:\n{child.log_tail()}"
+                )
             try:
                 r = await client.get(url)
                 if r.status_code == 200:
@@ -149,11 +159,13 @@ def find_gguf(managed: ManagedServer) -> Path:
 
 
 def _install_hint(what: str) -> str:
-    return (f"{what}. The default route runs a local model; install the `local` extra with the CMAKE_ARGS "
-            "given in the README (Set up and run), e.g.\n"
-            "  CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF\" "
-            "pip install -e '.[local]'\n"
-            "or point the launcher at another route/gateway (--llm-model, --gateway-base-url).")
+    return (
+        f"{what}. The default route runs a local model; install the `local` extra with the CMAKE_ARGS "
+        "given in the README (Set up and run), e.g.\n"
+        '  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF" '
+        "pip install -e '.[local]'\n"
+        "or point the launcher at another route/gateway (--llm-model, --gateway-base-url)."
+    )
 
 
 async def start_llama_server(managed: ManagedServer, log_dir: Path) -> ChildProcess:
@@ -167,14 +179,38 @@ async def start_llama_server(managed: ManagedServer, log_dir: Path) -> ChildProc
     port = free_port()
     if managed.kind == "llama_cpp_tokens":
         if managed.chat_format:
-            raise ServiceError("managed kind llama_cpp_tokens takes no chat_format (the GGUF's chat template is used)")
-        cmd = [sys.executable, "-m", "rollout.cli.token_server", "--model", str(gguf), "--host", "127.0.0.1",
-               "--port", str(port), "--n-ctx", str(managed.n_ctx)]
+            raise ServiceError(
+                "managed kind llama_cpp_tokens takes no chat_format (the GGUF's chat template is used)"
+            )
+        cmd = [
+            sys.executable,
+            "-m",
+            "rollout.cli.token_server",
+            "--model",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n-ctx",
+            str(managed.n_ctx),
+        ]
         if managed.n_threads:
             cmd += ["--n-threads", str(managed.n_threads)]
     else:
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-               "--port", str(port), "--n_ctx", str(managed.n_ctx)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            str(managed.n_ctx),
+        ]
         if managed.n_threads:
             cmd += ["--n_threads", str(managed.n_threads)]
         if managed.chat_format:
@@ -187,8 +223,9 @@ async def start_llama_server(managed: ManagedServer, log_dir: Path) -> ChildProc
     return child
 
 
-async def start_gateway(settings: GatewaySettings, log_dir: Path, timeout_s: float = 60.0,
-                        advertise_url: str | None = None) -> ChildProcess:
+async def start_gateway(
+    settings: GatewaySettings, log_dir: Path, timeout_s: float = 60.0, advertise_url: str | None = None
+) -> ChildProcess:
     """Start ``python -m gateway`` with ``settings`` (written to a temporary YAML) on a free
     loopback port and wait for ``/readyz``. The child's ``url`` is the session base URL
     (``http://127.0.0.1:PORT/v1/sessions``). With ``advertise_url`` (how other machines reach it,
@@ -200,15 +237,20 @@ async def start_gateway(settings: GatewaySettings, log_dir: Path, timeout_s: flo
         parts = urlsplit(advertise_url)
         host, port = "0.0.0.0", parts.port or (443 if parts.scheme == "https" else 80)
         allowed.append(host_of_url(advertise_url))  # the Host of every call reaching it by that URL
-    data = settings.model_copy(update={"listen_host": host, "listen_port": port, "allowed_hosts": allowed}
-                               ).model_dump(mode="json", exclude_none=True)
+    data = settings.model_copy(
+        update={"listen_host": host, "listen_port": port, "allowed_hosts": allowed}
+    ).model_dump(mode="json", exclude_none=True)
     log_dir.mkdir(parents=True, exist_ok=True)  # the derived config is kept with the logs of the run
     fd, cfg_path = tempfile.mkstemp(prefix="gateway-", suffix=".yaml", dir=log_dir)
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(data, f, sort_keys=False)
     root = f"http://127.0.0.1:{port}"
-    child = _spawn("gateway", [sys.executable, "-m", "gateway", "--config", cfg_path], log_dir,
-                   root + settings.base_session_path)
+    child = _spawn(
+        "gateway",
+        [sys.executable, "-m", "gateway", "--config", cfg_path],
+        log_dir,
+        root + settings.base_session_path,
+    )
     await _wait_http(child, root + "/readyz", timeout_s)
     return child
 
@@ -251,8 +293,9 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def check_gateway(session_base_url: str, store_identity: str, route: str,
-                        api_key: str | None = None) -> dict[str, object]:
+async def check_gateway(
+    session_base_url: str, store_identity: str, route: str, api_key: str | None = None
+) -> dict[str, object]:
     """GET ``/readyz`` of a running gateway and check that it writes to the launcher's database,
     serves sessions under the given URL, and has the route ``route``; then GET ``/v1/models``
     with ``api_key`` (``Authorization: Bearer``) to check that the gateway accepts it (a gateway
@@ -274,14 +317,19 @@ async def check_gateway(session_base_url: str, store_identity: str, route: str,
         raise ServiceError(
             f"the gateway at {url} records to {info.get('db_url')!r}, but this launcher uses {store_identity!r}.\n"
             "Steps and rewards would land in different databases. Start the gateway with the same storage "
-            "(python -m gateway --db-url ...) or pass the launcher the gateway's --db-path.")
+            "(python -m gateway --db-url ...) or pass the launcher the gateway's --db-path."
+        )
     path = str(info.get("base_session_path", "/v1/sessions"))
     if not session_base_url.rstrip("/").endswith(path):
-        raise ServiceError(f"--gateway-base-url must end with the gateway's session path {path!r}, "
-                           f"e.g. {gateway_root(session_base_url)}{path}")
+        raise ServiceError(
+            f"--gateway-base-url must end with the gateway's session path {path!r}, "
+            f"e.g. {gateway_root(session_base_url)}{path}"
+        )
     routes = info.get("routes")
     if isinstance(routes, list) and route not in routes:
-        raise ServiceError(f"the gateway at {url} has no route {route!r} (routes: {', '.join(map(str, routes))})")
+        raise ServiceError(
+            f"the gateway at {url} has no route {route!r} (routes: {', '.join(map(str, routes))})"
+        )
     models_url = gateway_root(session_base_url) + "/v1/models"
     try:
         async with httpx.AsyncClient(timeout=10, headers=auth_headers(api_key)) as client:
@@ -290,8 +338,12 @@ async def check_gateway(session_base_url: str, store_identity: str, route: str,
         raise ServiceError(f"gateway at {models_url} does not answer: {type(e).__name__}: {e}") from None
     if r.status_code == 401:
         if api_key is None:
-            raise ServiceError(f"the gateway at {gateway_root(session_base_url)} requires an API key (its auth is "
-                               f"on): set {GATEWAY_API_KEY_ENV} to one of its keys")
-        raise ServiceError(f"the gateway at {gateway_root(session_base_url)} refused the key in "
-                           f"{GATEWAY_API_KEY_ENV} (HTTP 401)")
+            raise ServiceError(
+                f"the gateway at {gateway_root(session_base_url)} requires an API key (its auth is "
+                f"on): set {GATEWAY_API_KEY_ENV} to one of its keys"
+            )
+        raise ServiceError(
+            f"the gateway at {gateway_root(session_base_url)} refused the key in "
+            f"{GATEWAY_API_KEY_ENV} (HTTP 401)"
+        )
     return info

@@ -84,9 +84,15 @@ def unpack_workspace(archive: bytes | None, dest: Path) -> None:
         restore_workspace(archive, None, dest)
 
 
-def run_on_node(cfg: EnvConfig, request: SimulationStartRequest, start: bytes | None, extra_env: dict[str, str],
-                job_mode: str, command: RuntimeCommand | None = None,
-                stderr_log: Path | None = None) -> tuple[RuntimeRun, bytes | None, str]:
+def run_on_node(
+    cfg: EnvConfig,
+    request: SimulationStartRequest,
+    start: bytes | None,
+    extra_env: dict[str, str],
+    job_mode: str,
+    command: RuntimeCommand | None = None,
+    stderr_log: Path | None = None,
+) -> tuple[RuntimeRun, bytes | None, str]:
     """The Ray task (runs on a node): (outcome, final workspace packed, node id). The node needs
     the env folder (and a harness session the harness's install cache) at the launcher's paths;
     without the env folder the outcome is ``setup_failed``. A harness log is written on the node."""
@@ -95,18 +101,35 @@ def run_on_node(cfg: EnvConfig, request: SimulationStartRequest, start: bytes | 
     node = ray.get_runtime_context().get_node_id()
     t0 = time.monotonic()
     if not cfg.env_dir.is_dir():
-        return (RuntimeRun(status="error", setup_failed=True, duration_s=0.0,
-                               error_text=f"env folder {cfg.env_dir} does not exist on Ray node {node}"), None, node)
+        return (
+            RuntimeRun(
+                status="error",
+                setup_failed=True,
+                duration_s=0.0,
+                error_text=f"env folder {cfg.env_dir} does not exist on Ray node {node}",
+            ),
+            None,
+            node,
+        )
     workspace = Path(tempfile.mkdtemp(prefix=f"rollout-{request.session_id[:16]}-"))
     try:
         try:
             if start is not None:
                 restore_workspace(start, None, workspace)
         except ArchiveError as e:
-            return (RuntimeRun(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
-                                   error_text=f"the workspace cannot be prepared on Ray node {node}: {e}"), None, node)
-        out = asyncio.run(run_runtime(cfg, request, workspace, extra_env, job_mode, command=command,
-                                      stderr_log=stderr_log))
+            return (
+                RuntimeRun(
+                    status="error",
+                    setup_failed=True,
+                    duration_s=time.monotonic() - t0,
+                    error_text=f"the workspace cannot be prepared on Ray node {node}: {e}",
+                ),
+                None,
+                node,
+            )
+        out = asyncio.run(
+            run_runtime(cfg, request, workspace, extra_env, job_mode, command=command, stderr_log=stderr_log)
+        )
         try:
             return out, pack_workspace(workspace, cfg), node
         except ArchiveError as e:
@@ -163,15 +186,28 @@ class RayBackend:
         nodes = self.alive_nodes()
         for cfg in envs:
             want = _resource_options(cfg)
-            if not any(all(n["Resources"].get(k.replace("num_cpus", "CPU"), 0) >= v for k, v in want.items())
-                       for n in nodes):
-                have = ", ".join(f"{n['NodeID'][:8]}: {n['Resources'].get('CPU', 0):g} CPU, "
-                                 f"{n['Resources'].get('memory', 0) / MiB:.0f} MiB" for n in nodes) or "no node"
+            if not any(
+                all(n["Resources"].get(k.replace("num_cpus", "CPU"), 0) >= v for k, v in want.items())
+                for n in nodes
+            ):
+                have = (
+                    ", ".join(
+                        f"{n['NodeID'][:8]}: {n['Resources'].get('CPU', 0):g} CPU, "
+                        f"{n['Resources'].get('memory', 0) / MiB:.0f} MiB"
+                        for n in nodes
+                    )
+                    or "no node"
+                )
                 raise RayBackendError(
                     f"env {cfg.name} asks each session for {cfg.runtime.resources.num_cpus:g} CPU(s)"
-                    + (f" and {cfg.runtime.resources.memory_mb} MiB" if cfg.runtime.resources.memory_mb else "")
+                    + (
+                        f" and {cfg.runtime.resources.memory_mb} MiB"
+                        if cfg.runtime.resources.memory_mb
+                        else ""
+                    )
                     + f" (runtime.resources in env.yaml), more than any node of the Ray cluster at {self.address} "
-                    f"offers ({have})")
+                    f"offers ({have})"
+                )
 
     async def check_nodes(self, gateway_root_url: str, envs: list[EnvConfig], job_sandbox: str) -> None:
         """From a task on every alive node: the gateway answers there, and bubblewrap runs there
@@ -184,8 +220,12 @@ class RayBackend:
         nodes = [n["NodeID"] for n in self.alive_nodes()]
         if not nodes:
             raise RayBackendError(f"the Ray cluster at {self.address} has no alive node")
-        refs = {node: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-                .remote(gateway_root_url, sandboxed) for node in nodes}
+        refs = {
+            node: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+                gateway_root_url, sandboxed
+            )
+            for node in nodes
+        }
         problems = []
         for node, ref in refs.items():
             try:
@@ -199,9 +239,11 @@ class RayBackend:
                 problems.append(f"node {node[:12]}: {why}")
         if problems:
             raise RayBackendError(
-                "the Ray cluster cannot run this job's sessions: " + "; ".join(problems)
+                "the Ray cluster cannot run this job's sessions: "
+                + "; ".join(problems)
                 + ". Every node must reach the gateway (give its address as the nodes see it with "
-                "--gateway-advertise-url) and hold this project and its Python at the launcher's paths")
+                "--gateway-advertise-url) and hold this project and its Python at the launcher's paths"
+            )
 
     def executor(self) -> RayExecutor:
         return RayExecutor(self.ray)
@@ -219,8 +261,10 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=10).close()
     except OSError as e:
-        raise RayBackendError(f"cannot connect to the Ray cluster at {address!r}: {e} (is its head running? "
-                              "start one with `ray start --head`, then pass its HOST:PORT)") from e
+        raise RayBackendError(
+            f"cannot connect to the Ray cluster at {address!r}: {e} (is its head running? "
+            "start one with `ray start --head`, then pass its HOST:PORT)"
+        ) from e
 
 
 def connect(address: str) -> RayBackend:
@@ -232,11 +276,18 @@ def connect(address: str) -> RayBackend:
     if ray.is_initialized():
         ray.shutdown()
     try:
-        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": str(CODE_ROOT)}},
-                 logging_level=logging.WARNING, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=address,
+            runtime_env={"env_vars": {"PYTHONPATH": str(CODE_ROOT)}},
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise RayBackendError(f"cannot connect to the Ray cluster at {address!r}: {e} "
-                              "(start one with `ray start --head`, then pass its address)") from e
+        raise RayBackendError(
+            f"cannot connect to the Ray cluster at {address!r}: {e} "
+            "(start one with `ray start --head`, then pass its address)"
+        ) from e
     return RayBackend(address=address, ray=ray)
 
 
@@ -250,19 +301,38 @@ class RayExecutor:
         self.ray = ray
         self._task = ray.remote(max_retries=0)(run_on_node)
 
-    async def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                       extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                       stderr_log: Path | None = None, image: ImageRoot | None = None) -> RuntimeRun:
+    async def __call__(
+        self,
+        cfg: EnvConfig,
+        request: SimulationStartRequest,
+        workspace: Path,
+        extra_env: dict[str, str],
+        job_mode: str = "bwrap",
+        *,
+        command: RuntimeCommand | None = None,
+        stderr_log: Path | None = None,
+        image: ImageRoot | None = None,
+    ) -> RuntimeRun:
         ray, t0 = self.ray, time.monotonic()
         if image is not None:  # the unpacked image is on the launcher's machine only (docs/images.md)
-            return RuntimeRun(status="error", setup_failed=True, duration_s=0.0,
-                              error_text="sandbox setup failed: a session in an image runs with --mode local only")
+            return RuntimeRun(
+                status="error",
+                setup_failed=True,
+                duration_s=0.0,
+                error_text="sandbox setup failed: a session in an image runs with --mode local only",
+            )
         try:
             start = await asyncio.to_thread(pack_workspace, workspace, cfg)
         except ArchiveError as e:
-            return RuntimeRun(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
-                                  error_text=f"the workspace cannot be sent to a Ray node: {e}")
-        ref = self._task.options(**_resource_options(cfg)).remote(cfg, request, start, extra_env, job_mode, command, stderr_log)
+            return RuntimeRun(
+                status="error",
+                setup_failed=True,
+                duration_s=time.monotonic() - t0,
+                error_text=f"the workspace cannot be sent to a Ray node: {e}",
+            )
+        ref = self._task.options(**_resource_options(cfg)).remote(
+            cfg, request, start, extra_env, job_mode, command, stderr_log
+        )
         try:
             out, final, node = await ref
         except asyncio.CancelledError:
@@ -272,12 +342,21 @@ class RayExecutor:
             raise  # a bug of the task's own code: the attempt records it as a launcher error
         except ray.exceptions.RayError as e:  # the node or its worker died, the task's object was lost
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            return RuntimeRun(status="error", node_lost=True, duration_s=time.monotonic() - t0,
-                                  error_text=f"the Ray node running the session was lost: {type(e).__name__}: {first}")
+            return RuntimeRun(
+                status="error",
+                node_lost=True,
+                duration_s=time.monotonic() - t0,
+                error_text=f"the Ray node running the session was lost: {type(e).__name__}: {first}",
+            )
         log.debug("session %s ran on Ray node %s", request.session_id, node)
         try:
             await asyncio.to_thread(unpack_workspace, final, workspace)
         except (ArchiveError, OSError) as e:
-            return out.model_copy(update={"status": "error", "result": None,
-                                          "error_text": f"the final workspace cannot be restored here: {e}"})
+            return out.model_copy(
+                update={
+                    "status": "error",
+                    "result": None,
+                    "error_text": f"the final workspace cannot be restored here: {e}",
+                }
+            )
         return out

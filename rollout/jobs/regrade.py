@@ -40,8 +40,14 @@ from store import GRADER_BROKEN, JobEnvironment, Store, is_unavailable, utcnow
 
 log = logging.getLogger(__name__)
 
-BlockKind = Literal["not_finished", "infrastructure_failure", "no_evaluator", "no_workspace", "bad_stored_data",
-                    "regrade_error"]
+BlockKind = Literal[
+    "not_finished",
+    "infrastructure_failure",
+    "no_evaluator",
+    "no_workspace",
+    "bad_stored_data",
+    "regrade_error",
+]
 
 
 class RegradeOptions(SharedOptions):
@@ -109,12 +115,16 @@ def regrade_blocker(row: JobEnvironment) -> tuple[BlockKind, str] | None:
     before outcomes were recorded (``outcome`` NULL) fall back to their status: only task statuses
     are graded. A session the run did not grade (evaluation off, no evaluator) is graded."""
     if not row.finished:
-        return "not_finished", (f"not finished (status {row.status}): complete it with "
-                                f"--resume --job-id {row.job_id} first")
+        return "not_finished", (
+            f"not finished (status {row.status}): complete it with --resume --job-id {row.job_id} first"
+        )
     if row.outcome in INFRA_CLASSES:
         return "infrastructure_failure", f"not graded in the run ({row.outcome}: {row.error_text})"
     if row.outcome is None and row.reward is None and row.status not in _TASK_STATUSES:
-        return "infrastructure_failure", f"the run ended in status {row.status} without a score ({row.error_text})"
+        return (
+            "infrastructure_failure",
+            f"the run ended in status {row.status} without a score ({row.error_text})",
+        )
     return None
 
 
@@ -136,8 +146,10 @@ def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | N
         except EnvConfigError as e:
             raise SetupError(str(e)) from e
         own[cfg.name] = env_evaluator(opts.agent_root, cfg)
-    return {name: own[name] if name in own else evaluator_for(opts.agent_root, name, dirs.get(name))
-            for name in env_names}
+    return {
+        name: own[name] if name in own else evaluator_for(opts.agent_root, name, dirs.get(name))
+        for name in env_names
+    }
 
 
 def _file_sha256(path: Path) -> str | None:
@@ -152,15 +164,32 @@ def _start_case(row: JobEnvironment) -> Case:
     ``files_dir``, as the session row keeps it), none otherwise."""
     dataset = (row.env_params or {}).get("dataset")
     files = dataset.get("files_dir") if isinstance(dataset, dict) else None
-    return Case(env_name=row.env_name, case_id=row.case_id, row=dataset if isinstance(dataset, dict) else {},
-                files_dir=files if isinstance(files, str) and Path(files).is_dir() else None)
+    return Case(
+        env_name=row.env_name,
+        case_id=row.case_id,
+        row=dataset if isinstance(dataset, dict) else {},
+        files_dir=files if isinstance(files, str) and Path(files).is_dir() else None,
+    )
 
 
-async def _regrade_one(store: Store, grader: Grader, controls: Controls, row: JobEnvironment, path: Path,
-                       sha256: str | None, timeout_s: float) -> Regraded | NotRegraded:
+async def _regrade_one(
+    store: Store,
+    grader: Grader,
+    controls: Controls,
+    row: JobEnvironment,
+    path: Path,
+    sha256: str | None,
+    timeout_s: float,
+) -> Regraded | NotRegraded:
     def blocked(kind: BlockKind, reason: str) -> NotRegraded:
-        return NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
-                           sample_index=row.sample_index, kind=kind, reason=reason)
+        return NotRegraded(
+            session_id=row.session_id,
+            env_name=row.env_name,
+            case_id=row.case_id,
+            sample_index=row.sample_index,
+            kind=kind,
+            reason=reason,
+        )
 
     kept = await store.workspace_archive(row.session_id)
     if kept is None:
@@ -179,29 +208,61 @@ async def _regrade_one(store: Store, grader: Grader, controls: Controls, row: Jo
         except ArchiveError as e:
             return blocked("no_workspace", f"kept workspace unusable: {e}")
         request = EvalRequest(
-            job_id=row.job_id, session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
-            group_id=row.group_id, sample_index=row.sample_index, model=row.llm_model,
-            env_params=dict(row.env_params or {}), start_result=start_result)
+            job_id=row.job_id,
+            session_id=row.session_id,
+            env_name=row.env_name,
+            case_id=row.case_id,
+            group_id=row.group_id,
+            sample_index=row.sample_index,
+            model=row.llm_model,
+            env_params=dict(row.env_params or {}),
+            start_result=start_result,
+        )
         spec = build_eval_spec(row.env_name, path, timeout_s)
         evaluation: Evaluation = await grader.evaluate(path, request, spec, trajectory, workspace)
 
     async def grade_control(start: Path) -> Evaluation:
-        return await grader.evaluate(path, request.model_copy(update={"start_result": None}), spec,
-                                     to_trajectory(row.session_id, []), start)
+        return await grader.evaluate(
+            path,
+            request.model_copy(update={"start_result": None}),
+            spec,
+            to_trajectory(row.session_id, []),
+            start,
+        )
 
     evaluation = await controls.judge(evaluation, _start_case(row), grade_control)  # as in a run
-    meta = {**evaluation.model_dump(mode="json"), "regraded_at": utcnow().isoformat(),
-            "evaluator_path": str(path.resolve()), "evaluator_sha256": sha256}
+    meta = {
+        **evaluation.model_dump(mode="json"),
+        "regraded_at": utcnow().isoformat(),
+        "evaluator_path": str(path.resolve()),
+        "evaluator_sha256": sha256,
+    }
     await store.record_regrade(
-        row.session_id, reward=evaluation.score, eval_status=evaluation.status, eval_reason=evaluation.reason,
-        eval_detail=evaluation.detail(), eval_meta=meta)
-    return Regraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
-                    sample_index=row.sample_index, before_status=row.eval_status, before_score=row.reward,
-                    after_status=evaluation.status, after_score=evaluation.score, reason=evaluation.reason)
+        row.session_id,
+        reward=evaluation.score,
+        eval_status=evaluation.status,
+        eval_reason=evaluation.reason,
+        eval_detail=evaluation.detail(),
+        eval_meta=meta,
+    )
+    return Regraded(
+        session_id=row.session_id,
+        env_name=row.env_name,
+        case_id=row.case_id,
+        sample_index=row.sample_index,
+        before_status=row.eval_status,
+        before_score=row.reward,
+        after_status=evaluation.status,
+        after_score=evaluation.score,
+        reason=evaluation.reason,
+    )
 
 
-async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | None = None,
-                      on_done: Callable[[Regraded | NotRegraded], None] | None = None) -> RegradeResult:
+async def regrade_job(
+    opts: RegradeOptions,
+    on_start: Callable[[int], None] | None = None,
+    on_done: Callable[[Regraded | NotRegraded], None] | None = None,
+) -> RegradeResult:
     """Regrade the finished sessions of ``opts.job_id`` (only ``opts.env_names`` when given),
     ``opts.pool_size`` at a time; ``on_start(n_sessions)`` is called once the sessions are known,
     ``on_done`` after each session. Starts no process and
@@ -210,8 +271,10 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
     Each session's new evaluation is committed on its own, so an interruption leaves every session
     with either its new or its previous evaluation."""
     if not opts.agent_configs and not opts.agent_root.is_dir():
-        raise SetupError(f"agent root {opts.agent_root} is not a directory: run from the project folder or "
-                         "pass --agent-root (the evaluators are looked up there)")
+        raise SetupError(
+            f"agent root {opts.agent_root} is not a directory: run from the project folder or "
+            "pass --agent-root (the evaluators are looked up there)"
+        )
     store = open_store(opts.db_path)
     try:
         await init_store(store)
@@ -221,7 +284,9 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
         job_envs = sorted({r.env_name for r in rows})
         unknown = set(opts.env_names) - set(job_envs)
         if unknown:
-            raise SetupError(f"--env: job {opts.job_id} has no sessions of env {sorted(unknown)} (has {job_envs})")
+            raise SetupError(
+                f"--env: job {opts.job_id} has no sessions of env {sorted(unknown)} (has {job_envs})"
+            )
         if opts.env_names:
             rows = [r for r in rows if r.env_name in opts.env_names]
         evaluators = _evaluators(opts, {r.env_name for r in rows})
@@ -242,23 +307,40 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
             block = regrade_blocker(row)
             path = evaluators[row.env_name]
             if block is None and path is None:
-                block = ("no_evaluator", f"env {row.env_name!r} has no rule_evaluator.py under {opts.agent_root}")
+                block = (
+                    "no_evaluator",
+                    f"env {row.env_name!r} has no rule_evaluator.py under {opts.agent_root}",
+                )
             if block is not None:
-                note(NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
-                                 sample_index=row.sample_index, kind=block[0], reason=block[1]))
+                note(
+                    NotRegraded(
+                        session_id=row.session_id,
+                        env_name=row.env_name,
+                        case_id=row.case_id,
+                        sample_index=row.sample_index,
+                        kind=block[0],
+                        reason=block[1],
+                    )
+                )
                 return
             assert path is not None
             async with gate:
                 try:
-                    item = await _regrade_one(store, grader, controls, row, path, digests[row.env_name],
-                                              opts.eval_timeout)
+                    item = await _regrade_one(
+                        store, grader, controls, row, path, digests[row.env_name], opts.eval_timeout
+                    )
                 except Exception as e:
                     if is_unavailable(e):  # the database itself failed: stop the regrade
                         raise
                     log.exception("regrade of session %s failed", row.session_id)
-                    item = NotRegraded(session_id=row.session_id, env_name=row.env_name, case_id=row.case_id,
-                                       sample_index=row.sample_index, kind="regrade_error",
-                                       reason=f"the regrade failed for this session: {type(e).__name__}: {e}")
+                    item = NotRegraded(
+                        session_id=row.session_id,
+                        env_name=row.env_name,
+                        case_id=row.case_id,
+                        sample_index=row.sample_index,
+                        kind="regrade_error",
+                        reason=f"the regrade failed for this session: {type(e).__name__}: {e}",
+                    )
                 note(item)
 
         async with Grader(opts.grader_isolation) as grader:
@@ -282,8 +364,14 @@ async def regrade_job(opts: RegradeOptions, on_start: Callable[[int], None] | No
         order = {r.session_id: i for i, r in enumerate(rows)}
         regraded.sort(key=lambda x: order[x.session_id])
         not_regraded.sort(key=lambda x: order[x.session_id])
-        return RegradeResult(job_id=opts.job_id, records=records, regraded=regraded, not_regraded=not_regraded,
-                             out=out, store=store.identity())
+        return RegradeResult(
+            job_id=opts.job_id,
+            records=records,
+            regraded=regraded,
+            not_regraded=not_regraded,
+            out=out,
+            store=store.identity(),
+        )
     finally:
         await store.close()
 
@@ -292,8 +380,10 @@ def render_regrade_summary(result: RegradeResult, max_ids: int = 5) -> str:
     """Lines under the table: how many sessions were regraded and changed, then per (env, kind)
     the sessions left with their previous evaluation, one reason and up to ``max_ids`` ids."""
     changed = sum(1 for r in result.regraded if r.changed)
-    lines = [f"regrade of job {result.job_id}: {len(result.regraded)} sessions regraded "
-             f"({changed} changed), {len(result.not_regraded)} not regraded (previous evaluation kept)"]
+    lines = [
+        f"regrade of job {result.job_id}: {len(result.regraded)} sessions regraded "
+        f"({changed} changed), {len(result.not_regraded)} not regraded (previous evaluation kept)"
+    ]
     groups: dict[tuple[str, str], list[NotRegraded]] = defaultdict(list)
     for item in result.not_regraded:
         groups[(item.env_name, item.kind)].append(item)

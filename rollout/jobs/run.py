@@ -91,13 +91,20 @@ async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str)
     except RayBackendError as e:
         backend.close()
         raise SetupError(str(e)) from e
-    notices.info(f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at "
-                 f"{session_url}")
+    notices.info(
+        f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at {session_url}"
+    )
     return backend
 
 
-async def start_services(gw: GatewaySettings, models: list[str], store: Store, log_dir: Path,
-                          children: list[ChildProcess], listen: str | None = None) -> str:
+async def start_services(
+    gw: GatewaySettings,
+    models: list[str],
+    store: Store,
+    log_dir: Path,
+    children: list[ChildProcess],
+    listen: str | None = None,
+) -> str:
     """Start the model server of each managed route among ``models`` (once each), then the
     gateway (listening for ``listen``, the advertised URL, when set); returns its session URL."""
     check_routes(gw, models)
@@ -109,10 +116,13 @@ async def start_services(gw: GatewaySettings, models: list[str], store: Store, l
                 llama = await start_llama_server(route.managed, log_dir)
                 children.append(llama)
                 routes[model] = route.model_copy(update={"base_url": llama.url})
-        settings = gw.model_copy(update={
-            "llm_routes": routes, "storage_type": store.kind,
-            "storage_config": gw.storage_config.model_copy(update={"db_url": store.peer_url()}),
-        })
+        settings = gw.model_copy(
+            update={
+                "llm_routes": routes,
+                "storage_type": store.kind,
+                "storage_config": gw.storage_config.model_copy(update={"db_url": store.peer_url()}),
+            }
+        )
         children.append(await start_gateway(settings, log_dir, advertise_url=listen))
     except ServiceError as e:
         raise SetupError(str(e)) from e
@@ -166,18 +176,34 @@ class SessionsRun:
     workspaces: Path | None = None
 
 
-async def run_sessions(store: Store, opts: JobOptions, ctx: JobContext, envs: Mapping[str, EnvConfig],
-                       rows: Sequence[JobEnvironment] | RowSource, *,
-                       on_done: Callable[[SessionRecord], None] | None = None,
-                       on_breaker: Callable[[BreakerEvent], None] | None = None,
-                       executor: Executor | None = None) -> SessionsRun:
+async def run_sessions(
+    store: Store,
+    opts: JobOptions,
+    ctx: JobContext,
+    envs: Mapping[str, EnvConfig],
+    rows: Sequence[JobEnvironment] | RowSource,
+    *,
+    on_done: Callable[[SessionRecord], None] | None = None,
+    on_breaker: Callable[[BreakerEvent], None] | None = None,
+    executor: Executor | None = None,
+) -> SessionsRun:
     """Run planned ``rows`` through the pool with a running gateway (``ctx``), the sessions'
     workspaces in a fresh folder (removed after, however deep, unless ``keep_workspaces``). The
     pool stopping early is returned, not raised; a grader that cannot start is a SetupError."""
     workspaces = Path(tempfile.mkdtemp(prefix=f"rollout-{ctx.job_id}-"))
-    pool = Pool(store, opts, replace(ctx, workspace_root=workspaces), envs, on_done=on_done,
-                on_breaker=on_breaker, executor=executor, keep_records=False)
-    done = SessionsRun(breaker_events=pool.breaker_events, workspaces=workspaces if opts.keep_workspaces else None)
+    pool = Pool(
+        store,
+        opts,
+        replace(ctx, workspace_root=workspaces),
+        envs,
+        on_done=on_done,
+        on_breaker=on_breaker,
+        executor=executor,
+        keep_records=False,
+    )
+    done = SessionsRun(
+        breaker_events=pool.breaker_events, workspaces=workspaces if opts.keep_workspaces else None
+    )
     try:
         await pool.run(rows)
     except GraderSetupError as e:
@@ -192,10 +218,13 @@ async def run_sessions(store: Store, opts: JobOptions, ctx: JobContext, envs: Ma
     return done
 
 
-async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None = None,
-                  on_done: Callable[[SessionRecord], None] | None = None,
-                  on_breaker: Callable[[BreakerEvent], None] | None = None,
-                  on_plan: Callable[[dict[str, int]], None] | None = None) -> JobResult:
+async def run_job(
+    opts: JobOptions,
+    on_start: Callable[[str, int], None] | None = None,
+    on_done: Callable[[SessionRecord], None] | None = None,
+    on_breaker: Callable[[BreakerEvent], None] | None = None,
+    on_plan: Callable[[dict[str, int]], None] | None = None,
+) -> JobResult:
     """Run a job. ``on_start(job_id, n_sessions)`` is called once sessions are planned and the
     gateway is up, just after ``on_plan(sessions_per_env)``; ``on_done(record)`` after each
     session; ``on_breaker(event)`` at each change of the circuit breaker. Cancellation (Ctrl-C)
@@ -216,9 +245,17 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
         if opts.gateway_base_url and not opts.resume:  # a gateway that cannot serve the job: no row written
             await _check_running_gateway(opts.gateway_base_url, store, models, gateway_api_key(None))
-        plan = await plan_job(store, job_id, models, prepared.envs, [*loaded] or [None], resume=opts.resume,
-                              group_size=opts.rl_group_size, max_steps=opts.max_steps,
-                              rerun_launcher_errors=opts.rerun_launcher_errors)
+        plan = await plan_job(
+            store,
+            job_id,
+            models,
+            prepared.envs,
+            [*loaded] or [None],
+            resume=opts.resume,
+            group_size=opts.rl_group_size,
+            max_steps=opts.max_steps,
+            rerun_launcher_errors=opts.rerun_launcher_errors,
+        )
         configs = {cfg.name: cfg for cfg, _ in prepared.envs}
         prepared.envs = []  # the cases: each session's row keeps its own, the dataset is not held while the job runs
         if opts.resume and plan.ids:
@@ -234,19 +271,44 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         on = f"route {models[0]!r}" if len(models) == 1 else f"routes {', '.join(map(repr, models))}"
         if installed:
             on += f" with harness {', '.join(installed)}"
-        notices.info(f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
-                     f"(pool {opts.pool_size}, db {store.identity()})")
+        notices.info(
+            f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
+            f"(pool {opts.pool_size}, db {store.identity()})"
+        )
         if on_start:  # after the job's line: a progress display starts below it
             on_start(job_id, len(plan.ids))
-        ctx = JobContext(job_id=job_id, gateway_url=gateway_url, models=tuple(models), gateway_api_key=api_key,
-                         advertise_url=advertise_url, harnesses=installed, log_dir=log_dir)
-        ran = await run_sessions(store, opts, ctx, configs, RowSource.from_store(store, plan.ids), on_done=on_done,
-                                 on_breaker=on_breaker, executor=ray_backend.executor() if ray_backend else None)
+        ctx = JobContext(
+            job_id=job_id,
+            gateway_url=gateway_url,
+            models=tuple(models),
+            gateway_api_key=api_key,
+            advertise_url=advertise_url,
+            harnesses=installed,
+            log_dir=log_dir,
+        )
+        ran = await run_sessions(
+            store,
+            opts,
+            ctx,
+            configs,
+            RowSource.from_store(store, plan.ids),
+            on_done=on_done,
+            on_breaker=on_breaker,
+            executor=ray_backend.executor() if ray_backend else None,
+        )
         out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{job_id}.jsonl"
         totals = await write_records(store, job_id, out)
         await store.checkpoint()
-        return JobResult(job_id=job_id, totals=totals, out=out, store=store.identity(), workspaces=ran.workspaces,
-                         breaker_events=ran.breaker_events, stopped=ran.stopped, stop_kind=ran.stop_kind)
+        return JobResult(
+            job_id=job_id,
+            totals=totals,
+            out=out,
+            store=store.identity(),
+            workspaces=ran.workspaces,
+            breaker_events=ran.breaker_events,
+            stopped=ran.stopped,
+            stop_kind=ran.stop_kind,
+        )
     except asyncio.CancelledError as e:
         lost = lease.lost_error(e) if lease is not None else None
         if lost is not None:  # another launcher took the job over: this one stopped its sessions
@@ -262,8 +324,9 @@ async def run_job(opts: JobOptions, on_start: Callable[[str, int], None] | None 
         await store.close()
 
 
-def _resumed_harnesses(job_id: str, loaded: dict[str, LoadedHarness],
-                       ran: Sequence[str]) -> dict[str, LoadedHarness]:
+def _resumed_harnesses(
+    job_id: str, loaded: dict[str, LoadedHarness], ran: Sequence[str]
+) -> dict[str, LoadedHarness]:
     """The harnesses a resumed job's sessions ran: those given again, the others loaded by name
     (bundled ones). SetupError for one that cannot be."""
     found = dict(loaded)
@@ -271,13 +334,21 @@ def _resumed_harnesses(job_id: str, loaded: dict[str, LoadedHarness],
         try:
             found[name] = load_harness(name)
         except HarnessUnavailable as e:
-            raise SetupError(f"--resume: sessions of {job_id} ran the harness {name!r}, which cannot be "
-                             f"loaded by name ({e}); give its folder again with --harness PATH") from e
+            raise SetupError(
+                f"--resume: sessions of {job_id} ran the harness {name!r}, which cannot be "
+                f"loaded by name ({e}); give its folder again with --harness PATH"
+            ) from e
     return {n: h for n, h in found.items() if n in ran}
 
 
-async def _gateway_for(opts: JobOptions, gw: GatewaySettings, models: list[str], store: Store, log_dir: Path,
-                       children: list[ChildProcess]) -> tuple[str, str | None]:
+async def _gateway_for(
+    opts: JobOptions,
+    gw: GatewaySettings,
+    models: list[str],
+    store: Store,
+    log_dir: Path,
+    children: list[ChildProcess],
+) -> tuple[str, str | None]:
     """The job's gateway: ``--gateway-base-url`` (checked again on resume, for the routes the
     job's sessions ran on) or one started with its managed model servers. Returns its session
     base URL and the API key the launcher's calls and runtimes send (None: auth off)."""

@@ -54,11 +54,16 @@ class KeptWorkspace:
     def columns(self) -> dict[str, Any]:
         """The row's columns (archive size and digest computed here)."""
         return {
-            "status": self.status, "reason": self.reason, "paths": self.paths, "max_bytes": self.max_bytes,
-            "file_count": self.file_count, "total_bytes": self.total_bytes,
+            "status": self.status,
+            "reason": self.reason,
+            "paths": self.paths,
+            "max_bytes": self.max_bytes,
+            "file_count": self.file_count,
+            "total_bytes": self.total_bytes,
             "archive_bytes": len(self.archive) if self.archive is not None else 0,
             "sha256": hashlib.sha256(self.archive).hexdigest() if self.archive is not None else None,
-            "manifest": {"skipped": self.skipped, "missing": self.missing}, "archive": self.archive,
+            "manifest": {"skipped": self.skipped, "missing": self.missing},
+            "archive": self.archive,
         }
 
 
@@ -74,8 +79,9 @@ def _raise(e: OSError) -> None:
     raise e
 
 
-def _collect(root: Path, tops: list[str], cfg: WorkspaceArchiveConfig, kept: KeptWorkspace
-             ) -> dict[str, tuple[str, os.stat_result]]:
+def _collect(
+    root: Path, tops: list[str], cfg: WorkspaceArchiveConfig, kept: KeptWorkspace
+) -> dict[str, tuple[str, os.stat_result]]:
     """arcname -> (absolute path, lstat) of every entry to keep, in walk order. Raises _TooLarge."""
     real_root = os.path.realpath(root)
     entries: dict[str, tuple[str, os.stat_result]] = {}
@@ -94,13 +100,17 @@ def _collect(root: Path, tops: list[str], cfg: WorkspaceArchiveConfig, kept: Kep
         elif stat.S_ISREG(st.st_mode):
             kept.total_bytes += st.st_size
             if kept.total_bytes > cfg.max_bytes:
-                raise _TooLarge(f"its files hold more than {cfg.max_bytes} bytes "
-                                "(cap: workspace_archive.max_bytes in env.yaml)")
+                raise _TooLarge(
+                    f"its files hold more than {cfg.max_bytes} bytes "
+                    "(cap: workspace_archive.max_bytes in env.yaml)"
+                )
         elif not stat.S_ISDIR(st.st_mode):
             kept.skipped.append(f"{arc}: not a regular file, folder or link")
             return False
         if len(entries) >= cfg.max_files:
-            raise _TooLarge(f"it holds more than {cfg.max_files} entries (cap: workspace_archive.max_files in env.yaml)")
+            raise _TooLarge(
+                f"it holds more than {cfg.max_files} entries (cap: workspace_archive.max_files in env.yaml)"
+            )
         entries[arc] = (abs_path, st)
         kept.file_count += stat.S_ISREG(st.st_mode)
         return stat.S_ISDIR(st.st_mode)
@@ -152,16 +162,30 @@ def build_archive(workspace: Path, cfg: WorkspaceArchiveConfig) -> KeptWorkspace
                 else:
                     tar.addfile(info)
     except _TooLarge as e:
-        return KeptWorkspace(status="too_large", reason=f"final workspace not kept: {e}", paths=cfg.paths,
-                             max_bytes=cfg.max_bytes, skipped=kept.skipped, missing=kept.missing)
+        return KeptWorkspace(
+            status="too_large",
+            reason=f"final workspace not kept: {e}",
+            paths=cfg.paths,
+            max_bytes=cfg.max_bytes,
+            skipped=kept.skipped,
+            missing=kept.missing,
+        )
     except (OSError, RecursionError) as e:  # RecursionError: folders nested deeper than os.walk goes
-        return KeptWorkspace(status="failed", reason=f"final workspace not kept: {type(e).__name__}: {e}",
-                             paths=cfg.paths, max_bytes=cfg.max_bytes, skipped=kept.skipped, missing=kept.missing)
+        return KeptWorkspace(
+            status="failed",
+            reason=f"final workspace not kept: {type(e).__name__}: {e}",
+            paths=cfg.paths,
+            max_bytes=cfg.max_bytes,
+            skipped=kept.skipped,
+            missing=kept.missing,
+        )
     kept.archive = buf.getvalue()
     return kept
 
 
-async def keep_workspace(store: Store, row: JobEnvironment, cfg: WorkspaceArchiveConfig, workspace: Path) -> None:
+async def keep_workspace(
+    store: Store, row: JobEnvironment, cfg: WorkspaceArchiveConfig, workspace: Path
+) -> None:
     """Archive ``workspace`` (in a thread) and store it as the session's ``session_workspaces`` row,
     replacing an earlier attempt's. A failure to store it is logged (WARNING) and does not fail
     the session: a regrade then reports the session as having no kept workspace."""
@@ -169,15 +193,24 @@ async def keep_workspace(store: Store, row: JobEnvironment, cfg: WorkspaceArchiv
         kept = await asyncio.to_thread(build_archive, workspace, cfg)
     except Exception as e:  # a bug here must not cost the session its score: recorded as not kept
         log.exception("session %s: archiving its final workspace failed", row.session_id)
-        kept = KeptWorkspace(status="failed", reason=f"final workspace not kept: {type(e).__name__}: {e}",
-                             paths=cfg.paths, max_bytes=cfg.max_bytes)
+        kept = KeptWorkspace(
+            status="failed",
+            reason=f"final workspace not kept: {type(e).__name__}: {e}",
+            paths=cfg.paths,
+            max_bytes=cfg.max_bytes,
+        )
     if kept.status != "kept":
         log.warning("session %s (env %s): %s", row.session_id, row.env_name, kept.reason)
     try:
-        await store.save_workspace_archive(SessionWorkspace(
-            session_id=row.session_id, job_id=row.job_id, env_name=row.env_name, **kept.columns()))
+        await store.save_workspace_archive(
+            SessionWorkspace(
+                session_id=row.session_id, job_id=row.job_id, env_name=row.env_name, **kept.columns()
+            )
+        )
     except Exception as e:  # the session's score is already computed: it must not be lost for this
-        log.warning("session %s: its final workspace could not be stored: %s: %s", row.session_id, type(e).__name__, e)
+        log.warning(
+            "session %s: its final workspace could not be stored: %s: %s", row.session_id, type(e).__name__, e
+        )
 
 
 def _member_path(dest: Path, name: str) -> Path:
@@ -218,7 +251,8 @@ def restore_workspace(archive: bytes, sha256: str | None, dest: Path) -> int:
                 elif m.issym():
                     link_dir = PurePosixPath(m.name).parent
                     if PurePosixPath(m.linkname).is_absolute() or not _inside(
-                            str(dest), os.path.normpath(os.path.join(dest, str(link_dir), m.linkname))):
+                        str(dest), os.path.normpath(os.path.join(dest, str(link_dir), m.linkname))
+                    ):
                         raise ArchiveError(f"archive member {m.name!r} links outside the workspace")
                     links.append((target, m.linkname))
                 else:

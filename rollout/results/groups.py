@@ -53,8 +53,9 @@ def check_min_valid(min_valid: int) -> int:
     """``min_valid`` when it is at least 1, else ValueError (a group needs a valid sample to be
     trainable, whatever the caller asks)."""
     if isinstance(min_valid, bool) or not isinstance(min_valid, int) or min_valid < 1:
-        raise ValueError(f"min_valid must be an integer >= 1 (a trainable group needs a valid sample), "
-                         f"not {min_valid!r}")
+        raise ValueError(
+            f"min_valid must be an integer >= 1 (a trainable group needs a valid sample), not {min_valid!r}"
+        )
     return min_valid
 
 
@@ -94,8 +95,9 @@ def route_reason(row: Mapping[str, Any], routes: Sequence[str]) -> str | None:
     return f"steps of another route: {', '.join(others)} (the session runs on {own})"
 
 
-def advantages(scores: Sequence[float | None], normalize: Normalize = "std",
-               eps: float = 1e-6) -> tuple[list[float | None], float | None, float | None]:
+def advantages(
+    scores: Sequence[float | None], normalize: Normalize = "std", eps: float = 1e-6
+) -> tuple[list[float | None], float | None, float | None]:
     """GRPO advantages (DeepSeekMath, Shao et al. 2024, sec. 4.1.2): for each valid score r_i
     (None = invalid, skipped), ``(r_i - mean) / (std + eps)`` with mean and population std over
     the valid scores, or ``r_i - mean`` when ``normalize == "none"``. Returns (advantages, mean,
@@ -119,13 +121,18 @@ def token_sequences(steps: Sequence[Mapping[str, Any]]) -> list[TokenSequence]:
     cur: TokenSequence | None = None
     for st in steps:
         prompt, completion = st.get("prompt_token_ids"), st.get("completion_token_ids")
-        if (not st.get("is_trainable", True) or st.get("status") not in _TOKEN_STEP_STATUSES
-                or not isinstance(prompt, list) or not isinstance(completion, list)):
+        if (
+            not st.get("is_trainable", True)
+            or st.get("status") not in _TOKEN_STEP_STATUSES
+            or not isinstance(prompt, list)
+            or not isinstance(completion, list)
+        ):
             cur = None
             continue
         lp = st.get("completion_logprobs")
-        gen_lp: list[float | None] = list(lp) if isinstance(lp, list) and len(lp) == len(completion) \
-            else [None] * len(completion)
+        gen_lp: list[float | None] = (
+            list(lp) if isinstance(lp, list) and len(lp) == len(completion) else [None] * len(completion)
+        )
         n = len(cur.token_ids) if cur is not None else 0
         if cur is not None and len(prompt) >= n and prompt[:n] == cur.token_ids:
             extra = prompt[n:]
@@ -165,15 +172,27 @@ def feed_step(st: Mapping[str, Any], *, messages: bool) -> FeedStep:
     answer = read_answer(st.get("endpoint"), st.get("response"))
     msgs = st.get("messages")
     return FeedStep(
-        seq=st["seq"], step_id=st["step_id"], model=st["llm_model"], endpoint=st["endpoint"], status=st["status"],
-        is_trainable=bool(st.get("is_trainable", True)), finish_reason=st.get("finish_reason"),
+        seq=st["seq"],
+        step_id=st["step_id"],
+        model=st["llm_model"],
+        endpoint=st["endpoint"],
+        status=st["status"],
+        is_trainable=bool(st.get("is_trainable", True)),
+        finish_reason=st.get("finish_reason"),
         messages=(msgs if isinstance(msgs, list) else []) if messages else None,
-        content=answer.content if messages else None, reasoning=answer.reasoning if messages else None,
-        tool_calls=answer.tool_calls, prompt_tokens=st.get("prompt_tokens"),
-        completion_tokens=st.get("completion_tokens"), prompt_token_ids=st.get("prompt_token_ids"),
-        completion_token_ids=st.get("completion_token_ids"), completion_logprobs=st.get("completion_logprobs"),
-        policy_version=st.get("policy_version"), extends_prefix=st.get("extends_prefix"),
-        latency_ms=st.get("latency_ms"), ttft_ms=st.get("ttft_ms"))
+        content=answer.content if messages else None,
+        reasoning=answer.reasoning if messages else None,
+        tool_calls=answer.tool_calls,
+        prompt_tokens=st.get("prompt_tokens"),
+        completion_tokens=st.get("completion_tokens"),
+        prompt_token_ids=st.get("prompt_token_ids"),
+        completion_token_ids=st.get("completion_token_ids"),
+        completion_logprobs=st.get("completion_logprobs"),
+        policy_version=st.get("policy_version"),
+        extends_prefix=st.get("extends_prefix"),
+        latency_ms=st.get("latency_ms"),
+        ttft_ms=st.get("ttft_ms"),
+    )
 
 
 def _utc(t: datetime) -> datetime:
@@ -181,11 +200,15 @@ def _utc(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str, Any]],
-                steps: Mapping[str, Sequence[Mapping[str, Any]]], opts: GroupOptions,
-                versions: Mapping[str, list[int]] | None = None,
-                routes: Mapping[str, list[str]] | None = None,
-                unversioned: Set[str] | None = None) -> FeedGroupOut:
+def build_group(
+    entry: Mapping[str, Any] | None,
+    sessions: Sequence[Mapping[str, Any]],
+    steps: Mapping[str, Sequence[Mapping[str, Any]]],
+    opts: GroupOptions,
+    versions: Mapping[str, list[int]] | None = None,
+    routes: Mapping[str, list[str]] | None = None,
+    unversioned: Set[str] | None = None,
+) -> FeedGroupOut:
     """One group from its feed entry (None: not ready, as in an export), its session rows
     (``env_id`` = session id) and their steps (session id -> rows in ``seq`` order);
     ``versions`` (session id -> policy versions) and ``routes`` (session id -> the routes of its
@@ -206,21 +229,41 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
     samples: list[FeedSample] = []
     for row, why, score, a in zip(sessions, reasons, scores, adv, strict=True):
         rows = steps.get(row["env_id"], [])
-        pvs = (versions.get(row["env_id"], []) if versions is not None else
-               sorted({int(s["policy_version"]) for s in rows if s.get("policy_version") is not None}))
-        samples.append(FeedSample(
-            session_id=row["env_id"], sample_index=row["sample_index"], status=row["status"],
-            outcome=row.get("outcome"), attempts=row.get("attempts") or 0, score=score,
-            eval_status=row.get("eval_status"), eval_reason=row.get("eval_reason"), error=row.get("error_text"),
-            valid=why is None, invalid_reason=why, advantage=a, policy_versions=pvs, mixed_policy=len(pvs) > 1,
-            steps=None if opts.view == "scores" else [feed_step(s, messages=opts.view == "full") for s in rows],
-            sequences=None if opts.view == "scores" else token_sequences(rows)))
+        pvs = (
+            versions.get(row["env_id"], [])
+            if versions is not None
+            else sorted({int(s["policy_version"]) for s in rows if s.get("policy_version") is not None})
+        )
+        samples.append(
+            FeedSample(
+                session_id=row["env_id"],
+                sample_index=row["sample_index"],
+                status=row["status"],
+                outcome=row.get("outcome"),
+                attempts=row.get("attempts") or 0,
+                score=score,
+                eval_status=row.get("eval_status"),
+                eval_reason=row.get("eval_reason"),
+                error=row.get("error_text"),
+                valid=why is None,
+                invalid_reason=why,
+                advantage=a,
+                policy_versions=pvs,
+                mixed_policy=len(pvs) > 1,
+                steps=None
+                if opts.view == "scores"
+                else [feed_step(s, messages=opts.view == "full") for s in rows],
+                sequences=None if opts.view == "scores" else token_sequences(rows),
+            )
+        )
     n_valid = sum(1 for s in samples if s.valid)
     stamped = [v for s in samples for v in s.policy_versions]
     if unversioned is not None:
         no_version = any(r["env_id"] in unversioned for r in sessions)
     else:
-        no_version = any(st.get("policy_version") is None for r in sessions for st in steps.get(r["env_id"], []))
+        no_version = any(
+            st.get("policy_version") is None for r in sessions for st in steps.get(r["env_id"], [])
+        )
     lag, stale = policy_lag(min(stamped, default=None), no_version, opts)
     flags: list[str] = []
     if n_valid < opts.min_valid:  # min_valid >= 1 (GroupOptions): never trainable without a valid sample
@@ -233,20 +276,40 @@ def build_group(entry: Mapping[str, Any] | None, sessions: Sequence[Mapping[str,
         flags.append("no_signal")
     ready_at = entry.get("ready_at") if entry else None
     return FeedGroupOut(
-        cursor=entry["ready_seq"] if entry else None, revision=entry["revision"] if entry else 0,
+        cursor=entry["ready_seq"] if entry else None,
+        revision=entry["revision"] if entry else 0,
         ready_at=_utc(ready_at).isoformat() if isinstance(ready_at, datetime) else None,
-        job_id=first["job_id"], group_id=first["group_id"], env=first["env_name"], case_id=first["case_id"],
-        model=first["llm_model"], harness=first.get("harness"), n_samples=len(samples), n_valid=n_valid,
-        min_valid=opts.min_valid, trainable=not {"too_few_valid", "incomplete", "stale"} & set(flags),
-        flags=flags, min_policy_version=min(stamped, default=None), max_policy_version=max(stamped, default=None),
-        policy_lag=lag, mean_score=mean, std_score=std, advantage=AdvantageSpec(normalize=opts.normalize, eps=opts.eps),
-        samples=samples)
+        job_id=first["job_id"],
+        group_id=first["group_id"],
+        env=first["env_name"],
+        case_id=first["case_id"],
+        model=first["llm_model"],
+        harness=first.get("harness"),
+        n_samples=len(samples),
+        n_valid=n_valid,
+        min_valid=opts.min_valid,
+        trainable=not {"too_few_valid", "incomplete", "stale"} & set(flags),
+        flags=flags,
+        min_policy_version=min(stamped, default=None),
+        max_policy_version=max(stamped, default=None),
+        policy_lag=lag,
+        mean_score=mean,
+        std_score=std,
+        advantage=AdvantageSpec(normalize=opts.normalize, eps=opts.eps),
+        samples=samples,
+    )
 
 
-async def load_groups(queries: FeedQueries, job_id: str, entries: Sequence[Mapping[str, Any] | None],
-                      group_ids: Sequence[str], opts: GroupOptions, *,
-                      with_request: bool = False, session_rows: dict[str, dict[str, Any]] | None = None,
-                      ) -> list[tuple[FeedGroupOut, dict[str, list[dict[str, Any]]]]]:
+async def load_groups(
+    queries: FeedQueries,
+    job_id: str,
+    entries: Sequence[Mapping[str, Any] | None],
+    group_ids: Sequence[str],
+    opts: GroupOptions,
+    *,
+    with_request: bool = False,
+    session_rows: dict[str, dict[str, Any]] | None = None,
+) -> list[tuple[FeedGroupOut, dict[str, list[dict[str, Any]]]]]:
     """Build the groups ``group_ids`` (``entries[i]``: the feed entry of ``group_ids[i]``, or None)
     in that order, each with its raw step rows (session id -> rows; with the ``request`` column
     when ``with_request``, for exports). ``session_rows``, when given, is filled with each
@@ -259,12 +322,20 @@ async def load_groups(queries: FeedQueries, job_id: str, entries: Sequence[Mappi
         by_group.setdefault(r["group_id"], []).append(r)
     step_view = opts.view != "scores" or with_request
     sids = [r["env_id"] for r in sessions]
-    steps = await queries.steps_of_sessions(sids, with_request=with_request,
-                                            with_messages=opts.view == "full" or with_request) if step_view else {}
+    steps = (
+        await queries.steps_of_sessions(
+            sids, with_request=with_request, with_messages=opts.view == "full" or with_request
+        )
+        if step_view
+        else {}
+    )
     versions = None if step_view else await queries.policy_versions(sids)
     routes = None if step_view else await queries.step_routes(sids)
-    unversioned = (await queries.unversioned_sessions(sids) if not step_view and opts.max_policy_lag is not None
-                   else None)
+    unversioned = (
+        await queries.unversioned_sessions(sids)
+        if not step_view and opts.max_policy_lag is not None
+        else None
+    )
     out = []
     for entry, gid in zip(entries, group_ids, strict=True):
         members = by_group.get(gid)

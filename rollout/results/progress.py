@@ -85,14 +85,19 @@ class ProgressState:
         non-zero problem counts (``problems none`` when there are none) and sessions per minute
         over ``elapsed_s`` seconds (``-`` before any time has passed). Scores with 2 decimals,
         ``-`` when nothing is scored yet."""
+
         def fmt(v: float | None) -> str:
             return "-" if v is None else f"{v:.2f}"
 
-        envs = [f"{e} {self.done[e]}/{max(self.totals.get(e, 0), self.done[e])} mean {fmt(self.mean_score(e))}"
-                for e in self._envs()]
+        envs = [
+            f"{e} {self.done[e]}/{max(self.totals.get(e, 0), self.done[e])} mean {fmt(self.mean_score(e))}"
+            for e in self._envs()
+        ]
         probs = ", ".join(f"{k} {self.problems[k]}" for k in PROBLEM_KEYS if self.problems[k]) or "none"
         rate = f"{self.n_done / elapsed_s * 60:.1f}" if elapsed_s > 0 else "-"
-        return " | ".join([*envs, f"mean {fmt(self.mean_score())}", f"problems {probs}", f"{rate} sessions/min"])
+        return " | ".join(
+            [*envs, f"mean {fmt(self.mean_score())}", f"problems {probs}", f"{rate} sessions/min"]
+        )
 
 
 BAR_WIDTH = 12
@@ -110,7 +115,7 @@ def fit(text: str, width: int) -> str:
     """``text`` cut to ``width`` columns (ending ``...`` when cut)."""
     if len(text) <= width:
         return text
-    return text[:max(0, width - 3)] + "..." if width > 3 else text[:max(0, width)]
+    return text[: max(0, width - 3)] + "..." if width > 3 else text[: max(0, width)]
 
 
 def render_progress(state: ProgressState, elapsed_s: float, width: int) -> list[str]:
@@ -134,13 +139,18 @@ def render_progress(state: ProgressState, elapsed_s: float, width: int) -> list[
     }
     for drop in ((), ("rate",), ("rate", "bar"), ("rate", "bar", "problems")):
         head = parts["count"] + ("" if "bar" in drop else " " + parts["bar"])
-        line = " | ".join([head, *(parts[k] for k in ("clock", "mean", "problems", "rate") if parts[k] and k not in drop)])
+        line = " | ".join(
+            [head, *(parts[k] for k in ("clock", "mean", "problems", "rate") if parts[k] and k not in drop)]
+        )
         if len(line) <= room:
             break
     lines = [fit(line, room)]
     envs = sorted(set(state.totals) | set(state.done))
     if len(envs) > 1:
-        cells = [f"{e} {state.done[e]}/{max(state.totals.get(e, 0), state.done[e])}"
-                 + (f" mean {m:.2f}" if (m := state.mean_score(e)) is not None else "") for e in envs]
+        cells = [
+            f"{e} {state.done[e]}/{max(state.totals.get(e, 0), state.done[e])}"
+            + (f" mean {m:.2f}" if (m := state.mean_score(e)) is not None else "")
+            for e in envs
+        ]
         lines.append(fit("  " + " | ".join(cells), room))
     return lines

@@ -153,9 +153,7 @@ def _passes(record: SessionRecord) -> bool:
     return _is_scored(record) and record.score is not None and record.score >= PASS_SCORE - PASS_EPSILON
 
 
-def summarize(
-    records: Iterable[SessionRecord], *, k: int | None = None
-) -> list[SummaryRow]:
+def summarize(records: Iterable[SessionRecord], *, k: int | None = None) -> list[SummaryRow]:
     """One ``SummaryRow`` per (env_name, harness, model), sorted by env, harness (the env's own runtime
     first), model. pass@k per case, averaged over cases; ``k`` defaults per row to the smallest
     sample count of its cases, and an explicit ``k`` leaves out cases with fewer samples
@@ -175,7 +173,9 @@ class _RowTotals:
         self.evaluated = False
         self.score_sum = Fraction(0)
         self.duration_sum = Fraction(0)
-        self.open_cases: dict[str, list[Any]] = {}  # case id -> [samples, passing, counted, score sum], graded
+        self.open_cases: dict[
+            str, list[Any]
+        ] = {}  # case id -> [samples, passing, counted, score sum], graded
         self.case_scores = Spread()  # the mean score of each folded case with a counted session
         self.open_ids: set[str] = set()  # case ids of every session not folded yet
         self.pairs: Counter[tuple[int, int]] = Counter()  # (samples, passing) -> cases folded
@@ -234,25 +234,46 @@ class _RowTotals:
         row_k = k if k is not None else min((n for n, _ in self.pairs), default=1)
         eligible = [(n, c, m) for (n, c), m in self.pairs.items() if n >= row_k]
         n_eligible = sum(m for _, _, m in eligible)
-        pass_k = (math.fsum(pass_at_k(n, c, row_k) * m for n, c, m in eligible) / n_eligible
-                  if eligible and self.evaluated else None)
-        pass_1 = (math.fsum(pass_at_k(n, c, 1) * m for (n, c), m in self.pairs.items()) / n_cases
-                  if self.evaluated and n_cases else None)
+        pass_k = (
+            math.fsum(pass_at_k(n, c, row_k) * m for n, c, m in eligible) / n_eligible
+            if eligible and self.evaluated
+            else None
+        )
+        pass_1 = (
+            math.fsum(pass_at_k(n, c, 1) * m for (n, c), m in self.pairs.items()) / n_cases
+            if self.evaluated and n_cases
+            else None
+        )
         passing = Spread()
         for (n, c), m in sorted(self.pairs.items()):
             passing.add(c / n, m)
         return SummaryRow(
-            env_name=env_name, harness=harness or None, model=model, sessions=self.sessions, cases=self.cases,
-            scored=self.scored, invalid=self.invalid, eval_error=self.eval_error, eval_timeout=self.eval_timeout,
-            unevaluated=self.unevaluated, mean_score=float(self.score_sum) / self.counted if self.counted else None,
-            k=row_k, pass_at_1=pass_1, pass_at_k=pass_k, pass_at_k_cases=n_eligible,
+            env_name=env_name,
+            harness=harness or None,
+            model=model,
+            sessions=self.sessions,
+            cases=self.cases,
+            scored=self.scored,
+            invalid=self.invalid,
+            eval_error=self.eval_error,
+            eval_timeout=self.eval_timeout,
+            unevaluated=self.unevaluated,
+            mean_score=float(self.score_sum) / self.counted if self.counted else None,
+            k=row_k,
+            pass_at_1=pass_1,
+            pass_at_k=pass_k,
+            pass_at_k_cases=n_eligible,
             score_stderr=self.case_scores.stderr if self.counted else None,
             pass_at_1_stderr=passing.stderr if pass_1 is not None else None,
-            runtime_failed=self.runtime_failed, runtime_truncated=self.runtime_truncated,
+            runtime_failed=self.runtime_failed,
+            runtime_truncated=self.runtime_truncated,
             runtime_errors=self.runtime_errors,
             runtime_timeouts=self.runtime_timeouts,
             mean_duration_s=float(self.duration_sum) / self.durations if self.durations else None,
-            retried=self.retried, infra=self.infra, grader_broken=self.grader_broken)
+            retried=self.retried,
+            infra=self.infra,
+            grader_broken=self.grader_broken,
+        )
 
 
 class ReportTotals:
@@ -340,13 +361,22 @@ TABLE_WIDTH = 100
 OWN_RUNTIME = "(env)"
 """What the harness column shows for sessions run by the env's own runtime."""
 NAME_MIN = 10
-TABLE_LEGEND = ("score: mean of graded sessions (0-10; a grading failure the agent caused counts 0); pass@k: a session passes at score 10; "
-                "±: standard error over cases (each case's mean); failed: the runtime reported failed; time_s: mean session "
-                "wall time (s)")
-PROBLEM_LEGEND = {"trunc": "used its whole step budget (truncated)", "inval": "invalid reward", "ev_err": "evaluator error", "ev_t/o": "evaluator timeout",
-                  "rt_err": "runtime error", "rt_t/o": "runtime timeout", "retried": "more than one attempt",
-                  "infra": "infrastructure failure, not graded",
-                  "broken": "grader broken (failed on the untouched starting workspace too), not counted"}
+TABLE_LEGEND = (
+    "score: mean of graded sessions (0-10; a grading failure the agent caused counts 0); pass@k: a session passes at score 10; "
+    "±: standard error over cases (each case's mean); failed: the runtime reported failed; time_s: mean session "
+    "wall time (s)"
+)
+PROBLEM_LEGEND = {
+    "trunc": "used its whole step budget (truncated)",
+    "inval": "invalid reward",
+    "ev_err": "evaluator error",
+    "ev_t/o": "evaluator timeout",
+    "rt_err": "runtime error",
+    "rt_t/o": "runtime timeout",
+    "retried": "more than one attempt",
+    "infra": "infrastructure failure, not graded",
+    "broken": "grader broken (failed on the untouched starting workspace too), not counted",
+}
 """The abbreviations of a row's ``problems:`` line, in display order."""
 
 
@@ -356,12 +386,21 @@ def _cut(name: str, width: int) -> str:
     if len(name) <= width:
         return name
     head = (width - 2 + 1) // 2
-    return name[:head] + ".." + name[len(name) - (width - 2 - head):]
+    return name[:head] + ".." + name[len(name) - (width - 2 - head) :]
 
 
 def _problems(r: SummaryRow) -> list[str]:
-    counts = (r.runtime_truncated, r.invalid, r.eval_error, r.eval_timeout, r.runtime_errors, r.runtime_timeouts,
-              r.retried, r.infra, r.grader_broken)
+    counts = (
+        r.runtime_truncated,
+        r.invalid,
+        r.eval_error,
+        r.eval_timeout,
+        r.runtime_errors,
+        r.runtime_timeouts,
+        r.retried,
+        r.infra,
+        r.grader_broken,
+    )
     return [f"{name} {n}" for name, n in zip(PROBLEM_LEGEND, counts, strict=True) if n]
 
 
@@ -378,13 +417,33 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
         return "(no sessions)"
     with_harness = any(r.harness is not None for r in rows)
     names = 3 if with_harness else 2  # the name columns come first: env, [harness,] model
-    headers = ["env", *(["harness"] if with_harness else []), "model", "sess", "scored", "score", "pass@1",
-               "pass@k", "k", "failed", "time_s"]
+    headers = [
+        "env",
+        *(["harness"] if with_harness else []),
+        "model",
+        "sess",
+        "scored",
+        "score",
+        "pass@1",
+        "pass@k",
+        "k",
+        "failed",
+        "time_s",
+    ]
     body = [
-        [r.env_name, *([r.harness or OWN_RUNTIME] if with_harness else []), r.model, str(r.sessions), str(r.scored),
-         _fmt_se(r.mean_score, r.score_stderr, 2), _fmt_se(r.pass_at_1, r.pass_at_1_stderr, 3), _fmt(r.pass_at_k, 3),
-         str(r.k), str(r.runtime_failed),
-         _fmt(r.mean_duration_s, 1)]
+        [
+            r.env_name,
+            *([r.harness or OWN_RUNTIME] if with_harness else []),
+            r.model,
+            str(r.sessions),
+            str(r.scored),
+            _fmt_se(r.mean_score, r.score_stderr, 2),
+            _fmt_se(r.pass_at_1, r.pass_at_1_stderr, 3),
+            _fmt(r.pass_at_k, 3),
+            str(r.k),
+            str(r.runtime_failed),
+            _fmt(r.mean_duration_s, 1),
+        ]
         for r in rows
     ]
     widths = [max(len(h), *(len(line[i]) for line in body)) for i, h in enumerate(headers)]
@@ -401,7 +460,10 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
             line[i] = short
 
     def fmt_line(cells: list[str]) -> str:
-        parts = [c.ljust(w) if i < names else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        parts = [
+            c.ljust(w) if i < names else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return "  ".join(parts).rstrip()
 
     lines = [fmt_line(headers), "  ".join("-" * w for w in widths)]
@@ -439,13 +501,17 @@ def _footer(bare: dict[str, int], trusted: dict[str, int] | None = None) -> str 
     lines = []
     if bare:
         envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
-        lines.append(f"warning: {sum(bare.values())} sessions ran WITHOUT a sandbox (--sandbox none or the env's "
-                     f"runtime.sandbox: none): {envs}. Their runtimes could read the host's files and environment "
-                     "and reach its network; their scores may not be trustworthy as rewards.")
+        lines.append(
+            f"warning: {sum(bare.values())} sessions ran WITHOUT a sandbox (--sandbox none or the env's "
+            f"runtime.sandbox: none): {envs}. Their runtimes could read the host's files and environment "
+            "and reach its network; their scores may not be trustworthy as rewards."
+        )
     if trusted:
         envs = ", ".join(f"{name} ({n})" for name, n in sorted(trusted.items()))
-        lines.append(f"warning: {sum(trusted.values())} sessions were graded in the launcher, not in the grader "
-                     f"sandbox (--grader-isolation none, --sandbox none or the env's grader.isolation: none): {envs}.")
+        lines.append(
+            f"warning: {sum(trusted.values())} sessions were graded in the launcher, not in the grader "
+            f"sandbox (--grader-isolation none, --sandbox none or the env's grader.isolation: none): {envs}."
+        )
     return "\n".join(lines) or None
 
 

@@ -80,12 +80,27 @@ def session_fields(row: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -
     in ``seq`` order (``seq``, token counts, ``latency_ms``, ``ttft_ms``)."""
     score = row.get("reward")
     return SessionFields(
-        session_id=row["env_id"], job_id=row.get("job_id"), env_name=row.get("env_name"),
-        case_id=row.get("case_id"), group_id=row.get("group_id"), model=row.get("llm_model"),
-        harness=row.get("harness"), sample_index=row.get("sample_index"), status=row["status"],
-        outcome=row.get("outcome"), score=score, reward=None if score is None else score / 10,
-        eval_status=row.get("eval_status"), eval_reason=row.get("eval_reason"), error=row.get("error_text"),
-        duration_s=row.get("duration_s"), started_at=utc_text(row.get("started_at")),
-        finished_at=utc_text(row.get("finished_at")), usage=usage_of(steps), step_count=len(steps),
-        step_timings=[StepTiming(seq=s["seq"], latency_ms=s.get("latency_ms"), ttft_ms=s.get("ttft_ms"))
-                      for s in steps])
+        session_id=row["env_id"],
+        job_id=row.get("job_id"),
+        env_name=row.get("env_name"),
+        case_id=row.get("case_id"),
+        group_id=row.get("group_id"),
+        model=row.get("llm_model"),
+        harness=row.get("harness"),
+        sample_index=row.get("sample_index"),
+        status=row["status"],
+        outcome=row.get("outcome"),
+        score=score,
+        reward=None if score is None else score / 10,
+        eval_status=row.get("eval_status"),
+        eval_reason=row.get("eval_reason"),
+        error=row.get("error_text"),
+        duration_s=row.get("duration_s"),
+        started_at=utc_text(row.get("started_at")),
+        finished_at=utc_text(row.get("finished_at")),
+        usage=usage_of(steps),
+        step_count=len(steps),
+        step_timings=[
+            StepTiming(seq=s["seq"], latency_ms=s.get("latency_ms"), ttft_ms=s.get("ttft_ms")) for s in steps
+        ],
+    )

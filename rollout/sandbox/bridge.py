@@ -35,8 +35,18 @@ from rollout.errors import RolloutError
 log = logging.getLogger(__name__)
 
 
-_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTUNREACH,
-                                 errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN, errno.ETIMEDOUT})
+_UNREACHABLE_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.EHOSTDOWN,
+        errno.ENETDOWN,
+        errno.ETIMEDOUT,
+    }
+)
 
 
 def gateway_down(exc: OSError) -> bool:
@@ -80,24 +90,44 @@ def refusal(target: bytes, prefix: str) -> str | None:
     if path != prefix and not path.startswith(prefix + "/"):
         return f"only this session's URL ({prefix}/...) is reachable from the sandbox, not {path!r}"
     # the close route in any spelling a server might route there (case, trailing dots, ;params, a slash after)
-    first = path[len(prefix) + 1:].split("/", 1)[0].split(";", 1)[0].rstrip(".").lower()
+    first = path[len(prefix) + 1 :].split("/", 1)[0].split(";", 1)[0].rstrip(".").lower()
     if first == "close":
         return "the launcher closes the session; a runtime cannot"
     return None
 
 
 def _error(status: int, message: str) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": "sandbox_forbidden" if status == 403 else "bad_request"}}).encode()
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "sandbox_forbidden" if status == 403 else "bad_request",
+            }
+        }
+    ).encode()
     conn = h11.Connection(h11.SERVER)
     conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
     conn.next_event()
     conn.next_event()
-    return b"".join([
-        conn.send(h11.Response(status_code=status, headers=[("content-type", "application/json"),
-                                                            ("content-length", str(len(body))),
-                                                            ("connection", "close")])) or b"",
-        conn.send(h11.Data(data=body)) or b"", conn.send(h11.EndOfMessage()) or b""])
+    return b"".join(
+        [
+            conn.send(
+                h11.Response(
+                    status_code=status,
+                    headers=[
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(body))),
+                        ("connection", "close"),
+                    ],
+                )
+            )
+            or b"",
+            conn.send(h11.Data(data=body)) or b"",
+            conn.send(h11.EndOfMessage()) or b"",
+        ]
+    )
 
 
 async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> object:
@@ -183,7 +213,11 @@ class GatewayBridge:
                 if up_w is None:
                     try:
                         up_r, up_w = await asyncio.open_connection(
-                            self.host, self.port, ssl=self._ssl, server_hostname=self.host if self._ssl else None)
+                            self.host,
+                            self.port,
+                            ssl=self._ssl,
+                            server_hostname=self.host if self._ssl else None,
+                        )
                     except OSError as e:
                         log.warning("gateway bridge: cannot reach %s:%s: %s", self.host, self.port, e)
                         if gateway_down(e):
@@ -194,11 +228,16 @@ class GatewayBridge:
                     back = asyncio.create_task(_pump(up_r, writer))
                 out = h11.Connection(h11.CLIENT)
                 # the gateway's Host, also for an HTTP/1.0 request that sent none (h11 needs one)
-                headers = [(b"host", self._host_header), *((k, v) for k, v in request.headers if k != b"host")]
+                headers = [
+                    (b"host", self._host_header),
+                    *((k, v) for k, v in request.headers if k != b"host"),
+                ]
                 if request.http_version == b"1.0":  # relayed as HTTP/1.1: the answer must end the connection
                     headers = [(k, v) for k, v in headers if k != b"connection"] + [(b"connection", b"close")]
-                up_w.write(out.send(h11.Request(method=request.method, target=request.target,
-                                                headers=headers)) or b"")
+                up_w.write(
+                    out.send(h11.Request(method=request.method, target=request.target, headers=headers))
+                    or b""
+                )
                 while True:
                     event = await _next_event(conn, reader)
                     if isinstance(event, h11.Data):

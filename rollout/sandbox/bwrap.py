@@ -33,18 +33,46 @@ INSTRUCTION = "/run/rollout/instruction.md"  # the case's instruction, read-only
 GATEWAY_PORT = 41800  # the gateway's loopback port inside every sandbox (each has its own network)
 SANDBOX_UID = 65534
 FORWARDER_SOURCE = Path(__file__).resolve().parents[1] / "contract" / "forwarder.py"
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; `make run` sets it up), "
-                "or pass --sandbox none to run runtimes without isolation")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; `make run` sets it up), "
+    "or pass --sandbox none to run runtimes without isolation"
+)
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # /etc entries a runtime may need; never shadow/gshadow, ssh, sudoers, ssl/private, package-manager
 # or git configs (they can hold credentials).
 ETC_ALLOW = (
-    "passwd", "group", "hosts", "nsswitch.conf", "host.conf", "gai.conf", "protocols",
-    "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "alternatives",
-    "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "mime.types", "magic", "magic.mime", "os-release",
-    "debian_version", "bash.bashrc", "profile", "inputrc", "terminfo", "shells", "locale.alias",
-    "locale.conf", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}",
+    "passwd",
+    "group",
+    "hosts",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "alternatives",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "mime.types",
+    "magic",
+    "magic.mime",
+    "os-release",
+    "debian_version",
+    "bash.bashrc",
+    "profile",
+    "inputrc",
+    "terminfo",
+    "shells",
+    "locale.alias",
+    "locale.conf",
+    "python3",
+    f"python{sys.version_info.major}.{sys.version_info.minor}",
 )
 ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "ROLLOUT_LOG_LEVEL", "NO_COLOR", "COLUMNS")
 ENV_ALLOW_PREFIX = ("LC_",)
@@ -67,8 +95,12 @@ class Support:
     def mechanisms(self) -> dict[str, str]:
         """Limit name -> how it is enforced on this machine."""
         return {
-            "memory": self.memory.mechanism if self.memory else "RLIMIT_AS of each process (no cgroup available)",
-            "processes": self.pids.mechanism if self.pids else "NOT ENFORCED (no cgroup pids controller available)",
+            "memory": self.memory.mechanism
+            if self.memory
+            else "RLIMIT_AS of each process (no cgroup available)",
+            "processes": self.pids.mechanism
+            if self.pids
+            else "NOT ENFORCED (no cgroup pids controller available)",
             "disk": "RLIMIT_FSIZE per file + workspace total checked every 0.25 s; /tmp is a tmpfs of that size",
             "files": "workspace entries counted with its total",
             "output": "stdout + stderr bytes counted by the launcher",
@@ -79,8 +111,21 @@ def _probe_command(bwrap: str) -> list[str]:
     binds = Binds()
     binds.system()
     binds.interpreter()
-    return [bwrap, *NAMESPACE_FLAGS, *binds.args, "--proc", "/proc", "--dev", "/dev", "--",
-            sys.executable, "-I", "-S", "-c", "import socket; print(len(socket.if_nameindex()))"]
+    return [
+        bwrap,
+        *NAMESPACE_FLAGS,
+        *binds.args,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--",
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        "import socket; print(len(socket.if_nameindex()))",
+    ]
 
 
 def probe(bwrap: str | None = None) -> Support:
@@ -88,24 +133,41 @@ def probe(bwrap: str | None = None) -> Support:
     the cgroup controllers. Raises SandboxUnavailable with what to do."""
     path = bwrap or shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
     if path is None:
-        raise SandboxUnavailable(f"the runtime sandbox needs bubblewrap (bwrap), which is not installed: {INSTALL_HINT}")
+        raise SandboxUnavailable(
+            f"the runtime sandbox needs bubblewrap (bwrap), which is not installed: {INSTALL_HINT}"
+        )
     try:
-        p = subprocess.run(_probe_command(path), capture_output=True, text=True, timeout=60, env=clean_env({}))
+        p = subprocess.run(
+            _probe_command(path), capture_output=True, text=True, timeout=60, env=clean_env({})
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SandboxUnavailable(f"bubblewrap ({path}) cannot be run: {e}; {INSTALL_HINT}") from e
     if p.returncode != 0 or p.stdout.strip() != "1":
         why = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}")[-300:]
         raise SandboxUnavailable(
             f"bubblewrap ({path}) cannot create a sandbox here ({why}); user namespaces may be disabled "
-            f"(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces > 0), or {INSTALL_HINT}")
+            f"(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces > 0), or {INSTALL_HINT}"
+        )
     found = cgroups.detect()
     return Support(bwrap=path, memory=found.get("memory"), pids=found.get("pids"))
 
 
 def namespace_flags(uid: int = SANDBOX_UID, gid: int = SANDBOX_UID) -> tuple[str, ...]:
     """bwrap's namespace flags, the sandbox running as ``uid``/``gid``."""
-    return ("--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(gid),
-            "--cap-drop", "ALL", "--die-with-parent", "--hostname", "sandbox")
+    return (
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(gid),
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--hostname",
+        "sandbox",
+    )
 
 
 NAMESPACE_FLAGS = namespace_flags()
@@ -144,11 +206,20 @@ class Binds:
         unless ``dest`` is ``/``, relative, reserved or overlaps a folder bound already (a warning
         says so: the workspace stays at its own path)."""
         p = Path(dest)
-        clash = next((str(c) for c in [*map(Path, RESERVED), *self.covered]
-                      if p.is_relative_to(c) or c.is_relative_to(p)), None)
+        clash = next(
+            (
+                str(c)
+                for c in [*map(Path, RESERVED), *self.covered]
+                if p.is_relative_to(c) or c.is_relative_to(p)
+            ),
+            None,
+        )
         if not p.is_absolute() or p == Path("/") or clash is not None:
-            log.warning("the workspace is not bound at %s too: %s", dest,
-                        f"it overlaps {clash}" if clash else "not an absolute path below /")
+            log.warning(
+                "the workspace is not bound at %s too: %s",
+                dest,
+                f"it overlaps {clash}" if clash else "not an absolute path below /",
+            )
             return
         self.args += ["--bind", str(workspace), dest]
 
@@ -221,7 +292,9 @@ def clean_env(session: dict[str, str], source: dict[str, str] | None = None) -> 
     src = os.environ if source is None else source
     env = {k: v for k, v in src.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)}
     # the launcher's interpreter first: `python3` in a tool call is the same Python as the runtime's
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+    env["PATH"] = os.pathsep.join(
+        [os.path.dirname(sys.executable), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")]
+    )
     env.update({"HOME": WORKSPACE, "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
     env.update(session)
     return env
@@ -269,14 +342,33 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
     b.ro(FORWARDER_SOURCE, FORWARDER)
     if spec.instruction is not None:
         b.ro(spec.instruction, INSTRUCTION)
-    return [support.bwrap, *namespace_flags(*spec.uid), *b.args, "--proc", "/proc", "--dev", "/dev",
-            "--chdir", spec.workdir, "--", sys.executable, "-I", "-S", FORWARDER, str(GATEWAY_PORT), BRIDGE_SOCKET,
-            str(spec.status_fd), ",".join(f"{k}={v}" for k, v in spec.rlimits.items()) or "-",
-            "--", *command]
+    return [
+        support.bwrap,
+        *namespace_flags(*spec.uid),
+        *b.args,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--chdir",
+        spec.workdir,
+        "--",
+        sys.executable,
+        "-I",
+        "-S",
+        FORWARDER,
+        str(GATEWAY_PORT),
+        BRIDGE_SOCKET,
+        str(spec.status_fd),
+        ",".join(f"{k}={v}" for k, v in spec.rlimits.items()) or "-",
+        "--",
+        *command,
+    ]
 
 
-def image_env(image_env: dict[str, str], session: dict[str, str], home: str,
-              source: dict[str, str] | None = None) -> dict[str, str]:
+def image_env(
+    image_env: dict[str, str], session: dict[str, str], home: str, source: dict[str, str] | None = None
+) -> dict[str, str]:
     """The environment of a sandbox in an image: the launcher's allow-listed variables but PATH,
     the image's ENV (its PATH), HOME, then ``session`` (wins)."""
     src = os.environ if source is None else source

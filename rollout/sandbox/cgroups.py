@@ -35,7 +35,9 @@ class Controller:
     def mechanism(self) -> str:
         """A human description, e.g. ``cgroup v1 memory.limit_in_bytes``."""
         if self.name == "memory":
-            return f"cgroup v{self.version} " + ("memory.max" if self.version == 2 else "memory.limit_in_bytes")
+            return f"cgroup v{self.version} " + (
+                "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+            )
         return f"cgroup v{self.version} pids.max"
 
 
@@ -175,7 +177,11 @@ class SessionCgroup:
             events = d / ("memory.events" if self.memory.version == 2 else "memory.oom_control")
             if _counter(events, "oom_kill") > 0:
                 return "memory"
-        if "pids" in self.dirs and self.pids is not None and _counter(self.dirs["pids"] / "pids.events", "max") > 0:
+        if (
+            "pids" in self.dirs
+            and self.pids is not None
+            and _counter(self.dirs["pids"] / "pids.events", "max") > 0
+        ):
             return "processes"
         return None
 

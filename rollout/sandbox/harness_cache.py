@@ -54,11 +54,15 @@ def harness_folder(spec: str, root: Path = HARNESS_ROOT) -> Path:
             raise HarnessUnavailable(f"--harness {spec}: no {HARNESS_FILE} in {folder}")
         return folder
     if not NAME_PATTERN.match(spec):
-        raise HarnessUnavailable(f"--harness {spec!r}: not a harness name (letters, digits, - _ .) or a folder")
+        raise HarnessUnavailable(
+            f"--harness {spec!r}: not a harness name (letters, digits, - _ .) or a folder"
+        )
     folder = root / spec
     if not (folder / HARNESS_FILE).is_file():
-        raise HarnessUnavailable(f"--harness {spec}: no such harness (bundled: {', '.join(bundled(root)) or 'none'}; "
-                                 f"or give a folder holding a {HARNESS_FILE})")
+        raise HarnessUnavailable(
+            f"--harness {spec}: no such harness (bundled: {', '.join(bundled(root)) or 'none'}; "
+            f"or give a folder holding a {HARNESS_FILE})"
+        )
     return folder
 
 
@@ -115,7 +119,9 @@ def ensure_installed(h: Harness, root: Path | None = None) -> Path:
                 if isinstance(e, HarnessUnavailable):
                     raise
                 if isinstance(e, Exception):
-                    raise HarnessUnavailable(f"harness {h.name}: install failed: {type(e).__name__}: {e}") from e
+                    raise HarnessUnavailable(
+                        f"harness {h.name}: install failed: {type(e).__name__}: {e}"
+                    ) from e
                 raise
             _make_readable(folder)
             (folder / STAMP).write_text(f"{h.name} {h.version}\n")
@@ -155,12 +161,21 @@ class InstalledHarness(BaseModel):
         or the harness's own runtime file."""
         if self.runtime is not None:
             return [sys.executable, str(self.runtime)]
-        return [sys.executable, "-m", "rollout.contract.harness_runtime", str(self.folder), str(self.install_dir)]
+        return [
+            sys.executable,
+            "-m",
+            "rollout.contract.harness_runtime",
+            str(self.folder),
+            str(self.install_dir),
+        ]
 
 
 def install(loaded: LoadedHarness, root: Path | None = None) -> InstalledHarness:
     """``ensure_installed`` for a found harness. Raises HarnessUnavailable."""
-    return InstalledHarness(name=loaded.name, folder=loaded.folder,
-                            install_dir=ensure_installed(loaded.harness, root),
-                            uses_solution=loaded.harness.uses_solution,
-                            runtime=loaded.folder / loaded.harness.runtime if loaded.harness.runtime else None)
+    return InstalledHarness(
+        name=loaded.name,
+        folder=loaded.folder,
+        install_dir=ensure_installed(loaded.harness, root),
+        uses_solution=loaded.harness.uses_solution,
+        runtime=loaded.folder / loaded.harness.runtime if loaded.harness.runtime else None,
+    )

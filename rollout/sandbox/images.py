@@ -103,8 +103,9 @@ def _lookup(path: Path, name: str, col: int) -> tuple[int, int]:
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             parts = line.split(":")
             if len(parts) > col + 1 and parts[0] == name:
-                return int(parts[col]), int(parts[col + 1]) if col + 1 < len(parts) and parts[col + 1].isdigit() \
-                    else int(parts[col])
+                return int(parts[col]), int(parts[col + 1]) if col + 1 < len(parts) and parts[
+                    col + 1
+                ].isdigit() else int(parts[col])
     except (OSError, ValueError):
         pass
     raise ImageError(f"the image's USER {name!r} is not in its {path.name}")
@@ -142,7 +143,11 @@ def missing_tools() -> list[str]:
 def cache_root() -> Path:
     """Where unpacked images are kept: ``$ROLLOUT_IMAGE_CACHE``, else the user's cache folder."""
     env = os.environ.get("ROLLOUT_IMAGE_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollout-factory"
+    base = (
+        Path(env)
+        if env
+        else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rollout-factory"
+    )
     return (base / "images") if not env else base
 
 
@@ -160,8 +165,12 @@ def _run(argv: list[str], what: str, timeout: float = BUILD_TIMEOUT_S) -> str:
 def in_store(ref: str) -> bool:
     """Whether the local container store holds ``ref``."""
     try:
-        p = subprocess.run(["skopeo", "inspect", "--raw", f"containers-storage:{ref}"], capture_output=True,
-                           timeout=120, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            ["skopeo", "inspect", "--raw", f"containers-storage:{ref}"],
+            capture_output=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return p.returncode == 0
@@ -213,8 +222,9 @@ def build_ref(source: ImageSource) -> tuple[str, str]:
     tag gives a new tag."""
     assert source.context is not None
     dockerfile = mapped_dockerfile((source.context / "Dockerfile").read_text(encoding="utf-8"), source)
-    keyed = dockerfile + "".join(f"\0{base}\0{_config(local_ref(ImageSource(ref=base)))[0]}"
-                                 for base in bases(dockerfile))
+    keyed = dockerfile + "".join(
+        f"\0{base}\0{_config(local_ref(ImageSource(ref=base)))[0]}" for base in bases(dockerfile)
+    )
     ref = f"localhost/rollout-build/{source.context.parent.name.lower() or 'task'}:{_context_hash(source.context, keyed)}"
     return re.sub(r"[^a-z0-9./:_-]", "-", ref), dockerfile
 
@@ -231,8 +241,22 @@ def build(source: ImageSource) -> str:
         path.write_text(dockerfile, encoding="utf-8")
         mounts = [a for m in source.build_mounts if Path(m.split(":", 1)[0]).exists() for a in ("-v", m)]
         log.info("building the image of %s as %s", source.describe(), ref)
-        _run(["buildah", "bud", "--isolation", "chroot", "--pull=missing", *mounts, "-f", str(path), "-t", ref,
-              str(source.context)], f"building {source.describe()}")
+        _run(
+            [
+                "buildah",
+                "bud",
+                "--isolation",
+                "chroot",
+                "--pull=missing",
+                *mounts,
+                "-f",
+                str(path),
+                "-t",
+                ref,
+                str(source.context),
+            ],
+            f"building {source.describe()}",
+        )
     return ref
 
 
@@ -250,7 +274,11 @@ def local_ref(source: ImageSource) -> str:
 
 
 def _config(ref: str) -> tuple[str, dict[str, Any]]:
-    raw = _run(["skopeo", "inspect", "--config", "--raw", f"containers-storage:{ref}"], f"reading {ref}'s config", 120)
+    raw = _run(
+        ["skopeo", "inspect", "--config", "--raw", f"containers-storage:{ref}"],
+        f"reading {ref}'s config",
+        120,
+    )
     return "sha256:" + hashlib.sha256(raw.encode()).hexdigest(), json.loads(raw)
 
 
@@ -261,8 +289,14 @@ def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
     env = dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
     env.setdefault("PATH", DEFAULT_PATH)
     folder = (cache or cache_root()) / digest.split(":", 1)[1][:32]
-    root = ImageRoot(digest=digest, rootfs=folder / "rootfs", workdir=cfg.get("WorkingDir") or "/", env=env,
-                     user=cfg.get("User") or "", ref=ref)
+    root = ImageRoot(
+        digest=digest,
+        rootfs=folder / "rootfs",
+        workdir=cfg.get("WorkingDir") or "/",
+        env=env,
+        user=cfg.get("User") or "",
+        ref=ref,
+    )
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -272,10 +306,14 @@ def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
         shutil.rmtree(folder, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
-            _run(["skopeo", "copy", f"containers-storage:{ref}", f"oci:{tmp / 'oci'}:img"], f"exporting {ref}")
+            _run(
+                ["skopeo", "copy", f"containers-storage:{ref}", f"oci:{tmp / 'oci'}:img"], f"exporting {ref}"
+            )
             rootless = ["--rootless"] if os.geteuid() != 0 else []
-            _run(["umoci", "unpack", *rootless, "--image", f"{tmp / 'oci'}:img", str(tmp / "bundle")],
-                 f"unpacking {ref}")
+            _run(
+                ["umoci", "unpack", *rootless, "--image", f"{tmp / 'oci'}:img", str(tmp / "bundle")],
+                f"unpacking {ref}",
+            )
             folder.mkdir()
             (tmp / "bundle" / "rootfs").rename(folder / "rootfs")
             (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -319,14 +357,20 @@ def resolve(source: ImageSource, cache: Path | None = None) -> ImageRoot:
         if done is not None:
             return done
         if missing_tools():
-            err = ImageError(f"a task in a container image needs {', '.join(missing_tools())} "
-                             "(apt-get install buildah skopeo umoci)")
+            err = ImageError(
+                f"a task in a container image needs {', '.join(missing_tools())} "
+                "(apt-get install buildah skopeo umoci)"
+            )
             _memo[source] = err
             raise err
         try:
             out = unpack(local_ref(source), cache)
         except (ImageError, OSError, ValueError) as e:
-            err = e if isinstance(e, ImageError) else ImageError(f"{source.describe()}: {type(e).__name__}: {e}")
+            err = (
+                e
+                if isinstance(e, ImageError)
+                else ImageError(f"{source.describe()}: {type(e).__name__}: {e}")
+            )
             _memo[source] = err
             raise err from None
         _memo[source] = out
@@ -385,8 +429,9 @@ def _entry(folder: Path) -> CacheEntry:
     use = _flock_now(folder.parent / f"{folder.name.lstrip('.').split('-')[0]}.use", fcntl.LOCK_EX)
     if use is not None:
         use.close()
-    return CacheEntry(name=folder.name, ref=ref, size=_size(folder), last_used=stamp.stat().st_mtime,
-                      in_use=use is None)
+    return CacheEntry(
+        name=folder.name, ref=ref, size=_size(folder), last_used=stamp.stat().st_mtime, in_use=use is None
+    )
 
 
 def cache_entries(cache: Path | None = None) -> list[CacheEntry]:
@@ -410,14 +455,18 @@ def _rmtree(folder: Path) -> None:
     shutil.rmtree(folder)
 
 
-def prune(unused_for_s: float | None, cache: Path | None = None, now: float | None = None) -> list[CacheEntry]:
+def prune(
+    unused_for_s: float | None, cache: Path | None = None, now: float | None = None
+) -> list[CacheEntry]:
     """Remove the cache's images not used for ``unused_for_s`` seconds before ``now`` (None: all),
     never one a running process holds, nor an unpack under way; the entries removed."""
     root = cache or cache_root()
     removed = []
     for entry in cache_entries(root):
-        if entry.in_use or (unused_for_s is not None and (now if now is not None else time.time())
-                            - entry.last_used < unused_for_s):
+        if entry.in_use or (
+            unused_for_s is not None
+            and (now if now is not None else time.time()) - entry.last_used < unused_for_s
+        ):
             continue
         base = entry.name.lstrip(".").split("-")[0]
         unpacking = _flock_now(root / f"{base}.lock", fcntl.LOCK_EX)

@@ -16,12 +16,14 @@ from rollout.errors import RolloutError
 
 MERGED = "m"
 """The merged tree under the session's scratch folder (where bwrap finds it, inside the namespace)."""
-_SCRIPT = ('set -e; s="$1"; lower="$2"; size="$3"; shift 3; '
-           'if [ "$size" != - ]; then mount -t tmpfs -o "size=$size,mode=0700" tmpfs "$s"; '
-           'else mount -t tmpfs -o mode=0700 tmpfs "$s"; fi; '
-           'mkdir "$s/u" "$s/w" "$s/m"; '
-           'mount -t overlay overlay -o "lowerdir=$lower,upperdir=$s/u,workdir=$s/w" "$s/m"; '
-           'exec "$@"')
+_SCRIPT = (
+    'set -e; s="$1"; lower="$2"; size="$3"; shift 3; '
+    'if [ "$size" != - ]; then mount -t tmpfs -o "size=$size,mode=0700" tmpfs "$s"; '
+    'else mount -t tmpfs -o mode=0700 tmpfs "$s"; fi; '
+    'mkdir "$s/u" "$s/w" "$s/m"; '
+    'mount -t overlay overlay -o "lowerdir=$lower,upperdir=$s/u,workdir=$s/w" "$s/m"; '
+    'exec "$@"'
+)
 
 
 class OverlayUnavailable(RolloutError, RuntimeError):
@@ -40,5 +42,20 @@ def wrap(rootfs: Path, scratch: Path, size_bytes: int | None, argv: list[str]) -
     unshare = shutil.which("unshare")
     if unshare is None:
         raise OverlayUnavailable("a session in an image needs unshare (util-linux)")
-    return [unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-            "/bin/sh", "-c", _SCRIPT, "sh", str(scratch), str(rootfs), str(size_bytes) if size_bytes else "-", *argv]
+    return [
+        unshare,
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        _SCRIPT,
+        "sh",
+        str(scratch),
+        str(rootfs),
+        str(size_bytes) if size_bytes else "-",
+        *argv,
+    ]

@@ -122,9 +122,14 @@ def session_env(base_url: str, extra_env: dict[str, str]) -> dict[str, str]:
     ``GATEWAY_BASE_URL`` (= ``base_url``) and the API keys (``OPENAI_API_KEY`` of ``extra_env``,
     default ``sk-rollout-local``, also as ``ANTHROPIC_API_KEY`` and ``GATEWAY_API_KEY``)."""
     key = extra_env.get("OPENAI_API_KEY", "sk-rollout-local")
-    return {"OPENAI_BASE_URL": base_url, "ANTHROPIC_BASE_URL": base_url, "GATEWAY_BASE_URL": base_url,
-            "OPENAI_API_KEY": key, "ANTHROPIC_API_KEY": extra_env.get("ANTHROPIC_API_KEY", key),
-            "GATEWAY_API_KEY": key}
+    return {
+        "OPENAI_BASE_URL": base_url,
+        "ANTHROPIC_BASE_URL": base_url,
+        "GATEWAY_BASE_URL": base_url,
+        "OPENAI_API_KEY": key,
+        "ANTHROPIC_API_KEY": extra_env.get("ANTHROPIC_API_KEY", key),
+        "GATEWAY_API_KEY": key,
+    }
 
 
 def case_instruction(request: SimulationStartRequest) -> str | None:
@@ -165,12 +170,19 @@ def safactory_env(request: SimulationStartRequest, workspace: str) -> dict[str, 
     is ``OPENAI_API_KEY`` (``session_env``)."""
     url = request.gateway_base_url.rstrip("/")
     root = url.removesuffix(f"/{request.session_id}")
-    env = {"SAFACTORY_JOB_ID": request.job_id, "SAFACTORY_SESSION_ID": request.session_id,
-           "SAFACTORY_AGENT_NAME": request.agent_name, "SAFACTORY_AGENT_ID": request.agent_id,
-           "SAFACTORY_GATEWAY_BASE_URL": root, "SAFACTORY_GATEWAY_SESSION_URL": url,
-           "SAFACTORY_GATEWAY_SESSION_URL_CONTAINER": url, "OPENROUTER_BASE_URL": url,
-           "SAFACTORY_ROUTE_MODEL": request.model, "SAFACTORY_MODEL_REF": f"safactory/{request.model}",
-           "SAFACTORY_RESULT_PATH": f"{workspace.rstrip('/')}/{SAFACTORY_RESULT_FILE}"}
+    env = {
+        "SAFACTORY_JOB_ID": request.job_id,
+        "SAFACTORY_SESSION_ID": request.session_id,
+        "SAFACTORY_AGENT_NAME": request.agent_name,
+        "SAFACTORY_AGENT_ID": request.agent_id,
+        "SAFACTORY_GATEWAY_BASE_URL": root,
+        "SAFACTORY_GATEWAY_SESSION_URL": url,
+        "SAFACTORY_GATEWAY_SESSION_URL_CONTAINER": url,
+        "OPENROUTER_BASE_URL": url,
+        "SAFACTORY_ROUTE_MODEL": request.model,
+        "SAFACTORY_MODEL_REF": f"safactory/{request.model}",
+        "SAFACTORY_RESULT_PATH": f"{workspace.rstrip('/')}/{SAFACTORY_RESULT_FILE}",
+    }
     row = request.env_params.get("dataset")
     if isinstance(row, dict):
         for key in ("task_id", "task_path", "category"):
@@ -235,8 +247,9 @@ def disk_used(folder: Path, stop_above: int | None = None, max_entries: int | No
                 total[1] += 1
                 if stat.S_ISDIR(st.st_mode):
                     subdirs.append(e.name)
-                if (stop_above is not None and total[0] > stop_above) or \
-                        (max_entries is not None and total[1] > max_entries):
+                if (stop_above is not None and total[0] > stop_above) or (
+                    max_entries is not None and total[1] > max_entries
+                ):
                     raise _Over
         return subdirs
 
@@ -298,9 +311,12 @@ def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str
         if cap is not None and use.bytes > cap:
             return "disk", f"disk limit exceeded: the workspace holds more than {limits.disk_mb} MiB"
         if limits.max_files is not None and use.entries > limits.max_files:
-            return "files", (f"file limit exceeded: the workspace holds more than {limits.max_files} "
-                             "files, folders and links")
+            return "files", (
+                f"file limit exceeded: the workspace holds more than {limits.max_files} "
+                "files, folders and links"
+            )
         return None
+
     return check
 
 
@@ -312,6 +328,7 @@ def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
 
     async def monitor() -> tuple[str, str] | None:
         return None if _empty(workspace) else await asyncio.to_thread(disk)
+
     return monitor
 
 
@@ -321,15 +338,20 @@ def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> 
     def check() -> tuple[str, str] | None:
         hit = cg.exceeded()
         if hit == "memory":
-            return "memory", (f"memory limit exceeded: the session used more than {limits.memory_mb} MiB "
-                              "(the kernel killed a process)")
+            return "memory", (
+                f"memory limit exceeded: the session used more than {limits.memory_mb} MiB "
+                "(the kernel killed a process)"
+            )
         if hit == "processes":
-            return "processes", (f"process limit exceeded: the session tried to run more than "
-                                 f"{limits.processes} processes/threads at once")
+            return "processes", (
+                f"process limit exceeded: the session tried to run more than "
+                f"{limits.processes} processes/threads at once"
+            )
         return disk() if disk else None
 
     async def monitor() -> tuple[str, str] | None:
         return await asyncio.to_thread(check)
+
     return monitor
 
 
@@ -337,9 +359,17 @@ def _output_limit(limits: LimitsConfig) -> int | None:
     return limits.output_mb * MiB if limits.output_mb is not None else None
 
 
-async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                      extra_env: dict[str, str], job_mode: str = "bwrap", *, command: RuntimeCommand | None = None,
-                      stderr_log: Path | None = None, image: ImageRoot | None = None) -> RuntimeRun:
+async def run_runtime(
+    cfg: EnvConfig,
+    request: SimulationStartRequest,
+    workspace: Path,
+    extra_env: dict[str, str],
+    job_mode: str = "bwrap",
+    *,
+    command: RuntimeCommand | None = None,
+    stderr_log: Path | None = None,
+    image: ImageRoot | None = None,
+) -> RuntimeRun:
     """Run ``cfg``'s runtime for ``request`` in ``workspace`` (sandboxed unless ``job_mode`` or the
     env says ``none``), or ``command`` instead (a harness session) under the same limits. Its
     variables: ``pass_env`` names copied from this process, then the env's ``runtime.env`` (with
@@ -352,32 +382,63 @@ async def run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace
     return await _run_runtime(cfg, request, workspace, extra_env, job_mode, command, stderr_log, image)
 
 
-async def _run_runtime(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                       extra_env: dict[str, str], job_mode: str, command: RuntimeCommand | None,
-                       stderr_log: Path | None, image: ImageRoot | None = None) -> RuntimeRun:
-    own = command.env if command is not None else {
-        **{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env}
+async def _run_runtime(
+    cfg: EnvConfig,
+    request: SimulationStartRequest,
+    workspace: Path,
+    extra_env: dict[str, str],
+    job_mode: str,
+    command: RuntimeCommand | None,
+    stderr_log: Path | None,
+    image: ImageRoot | None = None,
+) -> RuntimeRun:
+    own = (
+        command.env
+        if command is not None
+        else {**{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env}
+    )
     extra = {**own, **extra_env}
     limits = cfg.runtime.limits
     argv = command.argv if command is not None else cfg.command()
     if effective_mode(cfg, job_mode) == "none":
         if image is not None:
-            return _setup_failed(time.monotonic(), "a session in an image runs in the sandbox only (not with "
-                                 "--sandbox none / runtime.sandbox: none)").model_copy(update={"sandbox": "none"})
+            return _setup_failed(
+                time.monotonic(),
+                "a session in an image runs in the sandbox only (not with "
+                "--sandbox none / runtime.sandbox: none)",
+            ).model_copy(update={"sandbox": "none"})
         t0 = time.monotonic()
         text = case_instruction(request)
         folder = Path(tempfile.mkdtemp(prefix="rollout-task-")) if text is not None else None
         try:
             if folder is not None and text is not None:
-                request = request.model_copy(update={"instruction_path": str(_write_instruction(folder, text))})
-            sf = safactory_env(request, str(workspace)) if command is None and cfg.runtime.safactory_env else {}
+                request = request.model_copy(
+                    update={"instruction_path": str(_write_instruction(folder, text))}
+                )
+            sf = (
+                safactory_env(request, str(workspace))
+                if command is None and cfg.runtime.safactory_env
+                else {}
+            )
             env = {**extra, **sf, **session_env(request.gateway_base_url, extra), **task_env(request)}
-            out = await run_local(argv, request, workspace, cfg.runtime.timeout_s, env,
-                                  output_limit=_output_limit(limits), monitor=_disk_monitor(workspace, limits),
-                                  stderr_log=stderr_log, result_file=SAFACTORY_RESULT_FILE if sf else None)
+            out = await run_local(
+                argv,
+                request,
+                workspace,
+                cfg.runtime.timeout_s,
+                env,
+                output_limit=_output_limit(limits),
+                monitor=_disk_monitor(workspace, limits),
+                stderr_log=stderr_log,
+                result_file=SAFACTORY_RESULT_FILE if sf else None,
+            )
         except OSError as e:
-            out = RuntimeRun(status="error", duration_s=time.monotonic() - t0, setup_failed=True,
-                                 error_text=f"cannot start runtime {argv[:3]}: {e}")
+            out = RuntimeRun(
+                status="error",
+                duration_s=time.monotonic() - t0,
+                setup_failed=True,
+                error_text=f"cannot start runtime {argv[:3]}: {e}",
+            )
         finally:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -397,13 +458,23 @@ def _empty(folder: Path) -> bool:
 
 
 def _setup_failed(t0: float, why: str) -> RuntimeRun:
-    return RuntimeRun(status="error", setup_failed=True, duration_s=time.monotonic() - t0,
-                          error_text=f"sandbox setup failed: {why}")
+    return RuntimeRun(
+        status="error",
+        setup_failed=True,
+        duration_s=time.monotonic() - t0,
+        error_text=f"sandbox setup failed: {why}",
+    )
 
 
-async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                         extra: dict[str, str], command: RuntimeCommand | None,
-                         stderr_log: Path | None, image: ImageRoot | None) -> RuntimeRun:
+async def _run_sandboxed(
+    cfg: EnvConfig,
+    request: SimulationStartRequest,
+    workspace: Path,
+    extra: dict[str, str],
+    command: RuntimeCommand | None,
+    stderr_log: Path | None,
+    image: ImageRoot | None,
+) -> RuntimeRun:
     t0 = time.monotonic()
     limits = cfg.runtime.limits
     try:
@@ -411,14 +482,20 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
     except SandboxUnavailable as e:
         return _setup_failed(t0, str(e))
     sid = request.session_id
-    cg = SessionCgroup(support.memory, support.pids,
-                       limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes)
+    cg = SessionCgroup(
+        support.memory,
+        support.pids,
+        limits.memory_mb * MiB if limits.memory_mb is not None else None,
+        limits.processes,
+    )
     scratch: Path | None = None
     status_r = status_w = -1
     bridge: GatewayBridge | None = None
     try:
         try:
-            scratch = Path(tempfile.mkdtemp(prefix="rollout-sbx-"))  # the bridge's socket: short path, not shared
+            scratch = Path(
+                tempfile.mkdtemp(prefix="rollout-sbx-")
+            )  # the bridge's socket: short path, not shared
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
             await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
@@ -436,9 +513,17 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
         if command is not None:
             folders = [*folders, *((f, []) for f in command.folders)]
         disk = limits.disk_mb * MiB if limits.disk_mb is not None else None
-        spec = SandboxSpec(workspace=workspace, code=[(CONTRACT, []), *folders], files=[*shared_code(), *files],
-                           bridge_socket=bridge.socket_path, status_fd=status_w,
-                           tmp_bytes=disk, rlimits=rlimits, instruction=instruction, also_at=cfg.workdir)
+        spec = SandboxSpec(
+            workspace=workspace,
+            code=[(CONTRACT, []), *folders],
+            files=[*shared_code(), *files],
+            bridge_socket=bridge.socket_path,
+            status_fd=status_w,
+            tmp_bytes=disk,
+            rlimits=rlimits,
+            instruction=instruction,
+            also_at=cfg.workdir,
+        )
         if image is not None:
             try:
                 spec = image_spec(spec, image, scratch / "root")
@@ -452,28 +537,55 @@ async def _run_sandboxed(cfg: EnvConfig, request: SimulationStartRequest, worksp
                 return _setup_failed(t0, str(e))
         argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
-        inside = request.model_copy(update={"gateway_base_url": url,
-                                            "instruction_path": INSTRUCTION if instruction is not None else None})
+        inside = request.model_copy(
+            update={
+                "gateway_base_url": url,
+                "instruction_path": INSTRUCTION if instruction is not None else None,
+            }
+        )
         sf = safactory_env(inside, spec.workdir) if command is None and cfg.runtime.safactory_env else {}
         own = {"PYTHONPATH": str(CODE_ROOT), **extra, **sf, **session_env(url, extra), **task_env(inside)}
         env = clean_env(own) if image is None else image_env(image.env, own, _image_home(image, spec))
         try:
-            out = await run_local(argv, inside, workspace,
-                                  cfg.runtime.timeout_s, env=env, pass_fds=(status_w,),
-                                  output_limit=_output_limit(limits), monitor=_limit_monitor(cg, workspace, limits),
-                                  stderr_log=stderr_log, result_file=SAFACTORY_RESULT_FILE if sf else None)
+            out = await run_local(
+                argv,
+                inside,
+                workspace,
+                cfg.runtime.timeout_s,
+                env=env,
+                pass_fds=(status_w,),
+                output_limit=_output_limit(limits),
+                monitor=_limit_monitor(cg, workspace, limits),
+                stderr_log=stderr_log,
+                result_file=SAFACTORY_RESULT_FILE if sf else None,
+            )
         except OSError as e:
             return _setup_failed(t0, f"cannot start bwrap: {e}")
         started = _read_status(status_r)
         if started != "started" and out.status != "timeout":
-            why = started.removeprefix("error: ") if started else (out.stderr_tail.strip()[-500:] or
-                                                                   f"exit code {out.returncode}")
-            return out.model_copy(update={"status": "error", "setup_failed": True, "result": None,
-                                          "limit_exceeded": None, "error_text": f"sandbox setup failed: {why}"})
+            why = (
+                started.removeprefix("error: ")
+                if started
+                else (out.stderr_tail.strip()[-500:] or f"exit code {out.returncode}")
+            )
+            return out.model_copy(
+                update={
+                    "status": "error",
+                    "setup_failed": True,
+                    "result": None,
+                    "limit_exceeded": None,
+                    "error_text": f"sandbox setup failed: {why}",
+                }
+            )
         if bridge.unreachable is not None:
-            return out.model_copy(update={"gateway_unreachable": (
-                f"the gateway bridge could not reach the gateway ({bridge.connect_failures} failed "
-                f"connection(s), the last: {bridge.unreachable})")})
+            return out.model_copy(
+                update={
+                    "gateway_unreachable": (
+                        f"the gateway bridge could not reach the gateway ({bridge.connect_failures} failed "
+                        f"connection(s), the last: {bridge.unreachable})"
+                    )
+                }
+            )
         return out
     finally:
         if bridge is not None:

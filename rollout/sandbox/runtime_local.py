@@ -76,7 +76,11 @@ def pidfd_child_watcher() -> Iterator[None]:
     """On Python 3.11 (Linux), wait for the runtimes' exits with pid file descriptors on the
     running loop instead of the default watcher's one thread per subprocess (Python 3.12 does
     this by itself); the previous watcher is back afterwards. Elsewhere a no-op."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open") or not hasattr(asyncio, "PidfdChildWatcher"):
+    if (
+        sys.version_info >= (3, 12)
+        or not hasattr(os, "pidfd_open")
+        or not hasattr(asyncio, "PidfdChildWatcher")
+    ):
         yield
         return
     try:
@@ -139,7 +143,9 @@ def check_storable(obj: object) -> None:
             if depth > RESULT_MAX_DEPTH:
                 raise ValueError(f"nested deeper than {RESULT_MAX_DEPTH} levels")
             stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-        elif isinstance(value, int) and not isinstance(value, bool) and not -_INT_MAX - 1 <= value <= _INT_MAX:
+        elif (
+            isinstance(value, int) and not isinstance(value, bool) and not -_INT_MAX - 1 <= value <= _INT_MAX
+        ):
             raise ValueError("an integer beyond 64 bits")
     try:
         size = len(json_text(obj, allow_nan=False).encode("utf-8"))
@@ -192,7 +198,7 @@ def parse_result(stdout: str) -> SimulationStartResult:
         raise ValueError("runtime printed nothing on stdout")
     prefixed = [ln for ln in lines if ln.lstrip().startswith(RESULT_PREFIX)]
     if prefixed:
-        text = prefixed[-1].lstrip()[len(RESULT_PREFIX):].strip()
+        text = prefixed[-1].lstrip()[len(RESULT_PREFIX) :].strip()
         where = f"the last {RESULT_PREFIX.strip()} line"
         try:
             obj = _loads(text)
@@ -204,8 +210,11 @@ def parse_result(stdout: str) -> SimulationStartResult:
             single = _loads(last) if last.startswith("{") else None
         except (ValueError, RecursionError):
             single = None
-        found = (last, single) if isinstance(single, dict) and "status" in single else (
-            _last_object(stdout) or ((last, single) if isinstance(single, dict) else None))
+        found = (
+            (last, single)
+            if isinstance(single, dict) and "status" in single
+            else (_last_object(stdout) or ((last, single) if isinstance(single, dict) else None))
+        )
         if found is None:
             try:
                 _loads(last)
@@ -224,8 +233,10 @@ def parse_result(stdout: str) -> SimulationStartResult:
     try:
         return SimulationStartResult.model_validate(obj)
     except ValidationError as e:
-        raise ValueError(f"{where} is not a SimulationStartResult: {e.errors()[0]['msg']} "
-                         f"at {'.'.join(map(str, e.errors()[0]['loc']))}") from None
+        raise ValueError(
+            f"{where} is not a SimulationStartResult: {e.errors()[0]['msg']} "
+            f"at {'.'.join(map(str, e.errors()[0]['loc']))}"
+        ) from None
 
 
 def exit_reason(returncode: int | None) -> str:
@@ -254,8 +265,14 @@ async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
         pass  # the runtime did not read its request: its result will say so
 
 
-async def _tail(stream: asyncio.StreamReader, keep: bytearray, limit: int, total: list[int],
-                copy: BinaryIO | None = None, read: Callable[[], None] | None = None) -> None:
+async def _tail(
+    stream: asyncio.StreamReader,
+    keep: bytearray,
+    limit: int,
+    total: list[int],
+    copy: BinaryIO | None = None,
+    read: Callable[[], None] | None = None,
+) -> None:
     """Read ``stream`` to EOF into ``keep``, keeping only its last ``limit`` bytes (and all of it
     in ``copy`` when given); adds the bytes read to ``total[0]`` and calls ``read()`` after each chunk."""
     while chunk := await stream.read(65536):
@@ -283,8 +300,13 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
         self.wake.set()
 
 
-async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output: list[int], output_limit: int | None,
-                  monitor: Monitor | None) -> tuple[str, str] | None:
+async def _exited(
+    proc: asyncio.subprocess.Process,
+    wake: asyncio.Event,
+    output: list[int],
+    output_limit: int | None,
+    monitor: Monitor | None,
+) -> tuple[str, str] | None:
     """Wait until the process has exited (None), or a limit is exceeded (``(limit, reason)``),
     woken by ``wake`` (the exit, more output) and every 0.25 s for ``monitor``. (On Python 3.11,
     ``Process.wait()`` also waits until every pipe is closed, which a background child holding
@@ -300,7 +322,9 @@ async def _exited(proc: asyncio.subprocess.Process, wake: asyncio.Event, output:
             continue  # the process may have exited meanwhile
         wake.clear()
         try:
-            async with asyncio.timeout(max(0.0, next_check - time.monotonic()) if monitor is not None else None):
+            async with asyncio.timeout(
+                max(0.0, next_check - time.monotonic()) if monitor is not None else None
+            ):
                 await wake.wait()
         except TimeoutError:
             pass
@@ -335,11 +359,20 @@ def _from_file(workspace: Path, result_file: str | None) -> SimulationStartResul
         return None
 
 
-async def run_local(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
-                    extra_env: dict[str, str] | None = None, *, env: dict[str, str] | None = None,
-                    pass_fds: tuple[int, ...] = (), output_limit: int | None = None,
-                    monitor: Monitor | None = None, stderr_log: Path | None = None,
-                    result_file: str | None = None) -> RuntimeRun:
+async def run_local(
+    command: list[str],
+    request: SimulationStartRequest,
+    workspace: Path,
+    timeout_s: float,
+    extra_env: dict[str, str] | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
+    output_limit: int | None = None,
+    monitor: Monitor | None = None,
+    stderr_log: Path | None = None,
+    result_file: str | None = None,
+) -> RuntimeRun:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
     The session ends when the runtime process exits (not when its pipes close: a background
@@ -355,8 +388,11 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
     the process group. Raises OSError when the command cannot be started at all.
     """
     if env is None:
-        env = {**{k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}, "PYTHONUNBUFFERED": "1",
-               **(extra_env or {})}
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in WITHHELD_ENV},
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
         env.setdefault("OPENAI_API_KEY", "sk-rollout-local")
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -364,17 +400,45 @@ async def run_local(command: list[str], request: SimulationStartRequest, workspa
         if stderr_log is not None:
             stderr_log.parent.mkdir(parents=True, exist_ok=True)
             copy = stack.enter_context(stderr_log.open("ab", buffering=0))  # a live log: tail -f works
-        return await _run(command, request, workspace, timeout_s, env, pass_fds, output_limit, monitor, copy, t0,
-                          result_file)
+        return await _run(
+            command,
+            request,
+            workspace,
+            timeout_s,
+            env,
+            pass_fds,
+            output_limit,
+            monitor,
+            copy,
+            t0,
+            result_file,
+        )
 
 
-async def _run(command: list[str], request: SimulationStartRequest, workspace: Path, timeout_s: float,
-               env: dict[str, str], pass_fds: tuple[int, ...], output_limit: int | None, monitor: Monitor | None,
-               copy: BinaryIO | None, t0: float, result_file: str | None = None) -> RuntimeRun:
+async def _run(
+    command: list[str],
+    request: SimulationStartRequest,
+    workspace: Path,
+    timeout_s: float,
+    env: dict[str, str],
+    pass_fds: tuple[int, ...],
+    output_limit: int | None,
+    monitor: Monitor | None,
+    copy: BinaryIO | None,
+    t0: float,
+    result_file: str | None = None,
+) -> RuntimeRun:
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(loop), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, cwd=str(workspace), env=env, start_new_session=True, pass_fds=pass_fds,
+        lambda: _Protocol(loop),
+        *command,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=str(workspace),
+        env=env,
+        start_new_session=True,
+        pass_fds=pass_fds,
     )
     proc = asyncio.subprocess.Process(transport, protocol, loop)  # what create_subprocess_exec makes
     wake = protocol.wake
@@ -385,9 +449,11 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
         if output_limit is not None and total[0] > output_limit:
             wake.set()
 
-    tasks = [asyncio.create_task(_feed(proc.stdin, model_json(request).encode() + b"\n")),
-             asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total, read=read)),
-             asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total, copy, read=read))]
+    tasks = [
+        asyncio.create_task(_feed(proc.stdin, model_json(request).encode() + b"\n")),
+        asyncio.create_task(_tail(proc.stdout, out_b, _STDOUT_KEEP, total, read=read)),
+        asyncio.create_task(_tail(proc.stderr, err_b, _STDERR_KEEP, total, copy, read=read)),
+    ]
     over: tuple[str, str] | None = None
     try:
         over = await asyncio.wait_for(_exited(proc, wake, total, output_limit, monitor), timeout=timeout_s)
@@ -396,8 +462,12 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
     except TimeoutError:
         _kill_group(proc)
         await _exited(proc, wake, total, None, None)
-        return RuntimeRun(status="timeout", error_text=f"runtime timed out after {timeout_s:g} s (killed)",
-                              returncode=proc.returncode, duration_s=time.monotonic() - t0)
+        return RuntimeRun(
+            status="timeout",
+            error_text=f"runtime timed out after {timeout_s:g} s (killed)",
+            returncode=proc.returncode,
+            duration_s=time.monotonic() - t0,
+        )
     except BaseException:
         _kill_group(proc)
         raise
@@ -409,13 +479,19 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
     dt = time.monotonic() - t0
     out = out_b[-_STDOUT_KEEP:].decode("utf-8", "replace")
     err = err_b[-_STDERR_KEEP:].decode("utf-8", "replace")
-    done = RuntimeRun(status="error", duration_s=dt, stdout_tail=out[-_TAIL:], stderr_tail=err[-_TAIL:],
-                          returncode=proc.returncode)
+    done = RuntimeRun(
+        status="error",
+        duration_s=dt,
+        stdout_tail=out[-_TAIL:],
+        stderr_tail=err[-_TAIL:],
+        returncode=proc.returncode,
+    )
     if over is not None:
         if proc.returncode is None:
             await _exited(proc, wake, total, None, None)
-        return done.model_copy(update={"limit_exceeded": over[0], "error_text": over[1],
-                                       "returncode": proc.returncode})
+        return done.model_copy(
+            update={"limit_exceeded": over[0], "error_text": over[1], "returncode": proc.returncode}
+        )
     if proc.returncode != 0:
         why = exit_reason(proc.returncode) + ": its output is not a result"
         if err.strip():
@@ -435,4 +511,6 @@ async def _run(command: list[str], request: SimulationStartRequest, workspace: P
     if result.session_id != request.session_id:
         why = f"result is for session {result.session_id}, not {request.session_id}"
         return done.model_copy(update={"result": result, "error_text": why})
-    return done.model_copy(update={"status": result.status, "result": result, "error_text": result.error_text})
+    return done.model_copy(
+        update={"status": result.status, "result": result, "error_text": result.error_text}
+    )

@@ -131,8 +131,16 @@ class BatchService:
     ``model`` the default route; ``managed``: the route whose model server this service started
     (other managed routes have none running)."""
 
-    def __init__(self, store: Store, base: JobOptions, gateway_url: str, api_key: str | None, model: str,
-                 gw: GatewaySettings | None = None, admin_key: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        base: JobOptions,
+        gateway_url: str,
+        api_key: str | None,
+        model: str,
+        gw: GatewaySettings | None = None,
+        admin_key: str | None = None,
+    ) -> None:
         self.store = store
         self.base = base
         self.gateway_url = gateway_url
@@ -152,8 +160,10 @@ class BatchService:
         if self.gw is not None and model != self.model:
             route = self.gw.llm_routes.get(model)
             if route is not None and route.managed is not None:
-                raise BatchError(f"route {model!r} is a managed model server that this service did not start "
-                                 f"(it started {self.model!r})")
+                raise BatchError(
+                    f"route {model!r} is a managed model server that this service did not start "
+                    f"(it started {self.model!r})"
+                )
         try:
             await check_gateway(self.gateway_url, self.store.identity(), model, self.api_key)
         except ServiceError as e:
@@ -162,10 +172,19 @@ class BatchService:
             await self._policy_version("GET")
         job_id = req.job_id or f"batch-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         try:
-            opts = JobOptions.model_validate({
-                **self.base.model_dump(), "env_names": req.envs, "limit": req.limit, "rl_group_size": req.samples,
-                "llm_model": [model], "llm_temperature": req.temperature, "max_steps": req.max_steps, "job_id": job_id,
-                "resume": False})
+            opts = JobOptions.model_validate(
+                {
+                    **self.base.model_dump(),
+                    "env_names": req.envs,
+                    "limit": req.limit,
+                    "rl_group_size": req.samples,
+                    "llm_model": [model],
+                    "llm_temperature": req.temperature,
+                    "max_steps": req.max_steps,
+                    "job_id": job_id,
+                    "resume": False,
+                }
+            )
         except ValidationError as e:
             raise BatchError(str(e)) from e
         async with self._plan_lock:
@@ -175,15 +194,31 @@ class BatchService:
                 envs = _select_cases(select_envs(opts)[0], req.cases)
                 planned = sum(len(cases) * req.samples for _, cases in envs)
                 if planned > MAX_BATCH_SESSIONS:
-                    raise BatchError(f"the batch would plan {planned} sessions; at most {MAX_BATCH_SESSIONS} per "
-                                     "batch (submit several batches)")
-                rows = await plan_sessions(self.store, job_id, [model], envs, resume=opts.resume,
-                                           group_size=opts.rl_group_size, max_steps=opts.max_steps)
+                    raise BatchError(
+                        f"the batch would plan {planned} sessions; at most {MAX_BATCH_SESSIONS} per "
+                        "batch (submit several batches)"
+                    )
+                rows = await plan_sessions(
+                    self.store,
+                    job_id,
+                    [model],
+                    envs,
+                    resume=opts.resume,
+                    group_size=opts.rl_group_size,
+                    max_steps=opts.max_steps,
+                )
             except SetupError as e:
                 raise BatchError(str(e), 409 if "already exists" in str(e) else 400) from e
-            info = BatchInfo(job_id=job_id, state="queued", model=model, policy_version=req.policy_version,
-                             sessions=len(rows), groups=len({r.group_id for r in rows}), submitted_at=_now(),
-                             feed=f"/v1/jobs/{job_id}/groups")
+            info = BatchInfo(
+                job_id=job_id,
+                state="queued",
+                model=model,
+                policy_version=req.policy_version,
+                sessions=len(rows),
+                groups=len({r.group_id for r in rows}),
+                submitted_at=_now(),
+                feed=f"/v1/jobs/{job_id}/groups",
+            )
             batch = _Batch(info, req, opts, rows, envs)
             self.batches[job_id] = batch
         self._queue.put_nowait(batch)
@@ -209,12 +244,17 @@ class BatchService:
         except httpx.TransportError as e:
             raise BatchError(f"the gateway at {url} does not answer: {type(e).__name__}: {e}", 503) from e
         if r.status_code == 404:
-            raise BatchError(f"the gateway at {gateway_root(self.gateway_url)} has no policy versions "
-                             "(no /admin/policy_version): submit the batch without policy_version")
+            raise BatchError(
+                f"the gateway at {gateway_root(self.gateway_url)} has no policy versions "
+                "(no /admin/policy_version): submit the batch without policy_version"
+            )
         if r.status_code in (401, 403):
-            raise BatchError(f"the gateway at {gateway_root(self.gateway_url)} refused this service's admin key "
-                             f"(HTTP {r.status_code}): its /admin endpoints take an admin key (auth.admin_api_keys "
-                             f"of a gateway serve starts, else ${GATEWAY_ADMIN_KEY_ENV}): {r.text[:300]}", 502)
+            raise BatchError(
+                f"the gateway at {gateway_root(self.gateway_url)} refused this service's admin key "
+                f"(HTTP {r.status_code}): its /admin endpoints take an admin key (auth.admin_api_keys "
+                f"of a gateway serve starts, else ${GATEWAY_ADMIN_KEY_ENV}): {r.text[:300]}",
+                502,
+            )
         if r.status_code != 200:
             raise BatchError(f"{method} {url}: HTTP {r.status_code}: {r.text[:300]}", 502)
         answered = r.json().get("policy_version")
@@ -234,12 +274,17 @@ class BatchService:
                 info.policy_version = await self._policy_version("GET")
             except BatchError as e:
                 log.info("batch %s: the gateway's policy version is unknown: %s", info.job_id, e)
-        ctx = JobContext(job_id=info.job_id, gateway_url=self.gateway_url, models=(info.model,),
-                         gateway_api_key=self.api_key)
+        ctx = JobContext(
+            job_id=info.job_id,
+            gateway_url=self.gateway_url,
+            models=(info.model,),
+            gateway_api_key=self.api_key,
+        )
         try:
             async with JobLease(self.store, info.job_id):  # a launcher's --resume of it is refused meanwhile
-                ran = await run_sessions(self.store, batch.opts, ctx, {cfg.name: cfg for cfg, _ in batch.envs},
-                                         batch.rows)
+                ran = await run_sessions(
+                    self.store, batch.opts, ctx, {cfg.name: cfg for cfg, _ in batch.envs}, batch.rows
+                )
             info.state, info.error = ("stopped", ran.stopped) if ran.stopped else ("done", None)
         except (JobLockError, SetupError) as e:
             info.state, info.error = "failed", str(e)
@@ -248,8 +293,9 @@ class BatchService:
             info.state, info.error = "failed", f"{type(e).__name__}: {e}"
 
 
-def _select_cases(envs: list[tuple[EnvConfig, list[Case]]],
-                  cases: dict[str, list[str]] | None) -> list[tuple[EnvConfig, list[Case]]]:
+def _select_cases(
+    envs: list[tuple[EnvConfig, list[Case]]], cases: dict[str, list[str]] | None
+) -> list[tuple[EnvConfig, list[Case]]]:
     """Keep only the named cases of each env named in ``cases`` (others keep all theirs). Raises
     SetupError for an env not in the batch or an unknown case id."""
     if not cases:
@@ -281,7 +327,9 @@ def create_serve_app(service: BatchService, feed: FeedSettings) -> FastAPI:
         try:
             req = BatchRequest.model_validate_json(await request.body())
         except ValidationError as e:
-            message, param = validation_message(e.errors(include_url=False), "invalid /v1/batches body", BatchRequest)
+            message, param = validation_message(
+                e.errors(include_url=False), "invalid /v1/batches body", BatchRequest
+            )
             return _err(400, "invalid_batch", message, param)
         try:
             info = await service.submit(req)
@@ -302,8 +350,12 @@ def create_serve_app(service: BatchService, feed: FeedSettings) -> FastAPI:
 
     @app.get("/v1/serve")
     async def about() -> dict[str, object]:
-        return {"gateway_url": service.gateway_url, "model": service.model, "pool_size": service.base.pool_size,
-                "batches": len(service.batches)}
+        return {
+            "gateway_url": service.gateway_url,
+            "model": service.model,
+            "pool_size": service.base.pool_size,
+            "batches": len(service.batches),
+        }
 
     return app
 
@@ -312,8 +364,9 @@ def _err(status: int, code: str, message: str, param: str | None = None) -> JSON
     return JSONResponse(error_body(status, message, code=code, param=param), status_code=status)
 
 
-async def _gateway(opts: JobOptions, store: Store, log_dir: Path,
-                   children: list[ChildProcess]) -> tuple[str, str | None, str, GatewaySettings | None]:
+async def _gateway(
+    opts: JobOptions, store: Store, log_dir: Path, children: list[ChildProcess]
+) -> tuple[str, str | None, str, GatewaySettings | None]:
     """The gateway the service uses: ``--gateway-base-url`` checked, or one started (with the
     managed model server of the default route). Returns (session base URL, API key, default
     route, the started gateway's settings or None). Raises SetupError."""
@@ -335,8 +388,14 @@ async def _gateway(opts: JobOptions, store: Store, log_dir: Path,
     return await start_services(gw, models, store, log_dir, children), gateway_api_key(gw), model, gw
 
 
-async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings, edge: HttpEdge = DEFAULT_EDGE,
-                on_listening: Callable[[str], None] | None = None) -> None:
+async def serve(
+    opts: JobOptions,
+    host: str,
+    port: int,
+    feed: FeedSettings,
+    edge: HttpEdge = DEFAULT_EDGE,
+    on_listening: Callable[[str], None] | None = None,
+) -> None:
     """Start the gateway (unless ``opts.gateway_base_url``), serve batches and the feed on
     ``host:port`` until SIGINT/SIGTERM, then cancel the batch in flight and stop the children.
     ``on_listening`` gets one line saying where it serves, once it listens. Raises SetupError
@@ -352,8 +411,10 @@ async def serve(opts: JobOptions, host: str, port: int, feed: FeedSettings, edge
         service = BatchService(store, opts, url, key, model, gw, admin_key=gateway_admin_key(gw))
         sock = listen(host, port, exposes="every trajectory and can start batches")
         if on_listening is not None:
-            on_listening(f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
-                         f"store {store.identity()}); Ctrl-C stops it")
+            on_listening(
+                f"serve on {url_of(sock)} (gateway {url}, route {model!r}, "
+                f"store {store.identity()}); Ctrl-C stops it"
+            )
         runner = asyncio.create_task(service.run_forever(), name="batches")
         await run_server(create_serve_app(service, feed), sock, host, edge)
     finally:

@@ -29,8 +29,9 @@ from wire.errors import error_body
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def bad_query_param(items: Iterable[tuple[str, str]], known: tuple[str, ...]
-                    ) -> tuple[Literal["unknown", "repeated"], str] | None:
+def bad_query_param(
+    items: Iterable[tuple[str, str]], known: tuple[str, ...]
+) -> tuple[Literal["unknown", "repeated"], str] | None:
     """The first query parameter of ``items`` (``request.query_params.multi_items()``) that is not
     in ``known`` (a typo would otherwise fall back to the default silently) or is given again
     (which one counts would be a guess), with what is wrong; None when all are fine."""
@@ -50,8 +51,9 @@ def listen(host: str, port: int, *, exposes: str) -> socket.socket:
     reaches it can read ``exposes``."""
     if host not in LOOPBACK:
         notices.warning(f"warning: serving on {host}: anyone who reaches it can read {exposes}")
-    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                backlog=128)  # connections wait in the backlog until the server accepts them
+    return socket.create_server(
+        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=128
+    )  # connections wait in the backlog until the server accepts them
 
 
 def url_of(sock: socket.socket) -> str:
@@ -80,8 +82,13 @@ def json_refusal(scope: Scope, message: str) -> Response:
     return JSONResponse(error_body(400, message, code="host_not_allowed"), status_code=400)
 
 
-async def run_server(app: ASGIApp, sock: socket.socket, host: str, edge: HttpEdge = DEFAULT_EDGE,
-                     refuse: Refusal = json_refusal) -> None:
+async def run_server(
+    app: ASGIApp,
+    sock: socket.socket,
+    host: str,
+    edge: HttpEdge = DEFAULT_EDGE,
+    refuse: Refusal = json_refusal,
+) -> None:
     """Serve ``app`` with uvicorn on the listening ``sock`` (bound for ``host``) until SIGINT or
     SIGTERM, then return normally (uvicorn re-raises the signal it caught once it has shut down;
     the handlers set here take it, so the caller's cleanup runs instead of the process dying on
@@ -90,11 +97,19 @@ async def run_server(app: ASGIApp, sock: socket.socket, host: str, edge: HttpEdg
     allowed = HostAllowList.for_server([host, sock.getsockname()[0]], edge.allowed_hosts)
     app = with_host_check(app, allowed, refuse)
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda s, _f: caught.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda s, _f: caught.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
-        server = uvicorn.Server(server_config(app, head_timeout_s=edge.request_head_timeout_s,
-                                              keep_alive_s=edge.keep_alive_timeout_s, log_level="warning",
-                                              access_log=False))
+        server = uvicorn.Server(
+            server_config(
+                app,
+                head_timeout_s=edge.request_head_timeout_s,
+                keep_alive_s=edge.keep_alive_timeout_s,
+                log_level="warning",
+                access_log=False,
+            )
+        )
         await server.serve(sockets=[sock])
     finally:
         for sig, handler in previous.items():

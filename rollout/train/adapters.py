@@ -81,13 +81,16 @@ class Conversion:
 def train_sample(group: FeedGroupOut, sample: FeedSample) -> TrainSample | Dropped:
     """One sample as one sequence, or why it cannot be one. ValueError for a group read without
     steps (``view=scores``): read the feed with ``view=tokens``."""
+
     def drop(reason: str) -> Dropped:
         return Dropped(group.group_id, sample.session_id, reason)
 
     if not sample.valid or sample.score is None or not math.isfinite(sample.score):
         return drop(f"invalid: {sample.invalid_reason or 'no score'}")
     if sample.steps is None or sample.sequences is None:
-        raise ValueError(f"group {group.group_id} was read without steps (view=scores): read it with view=tokens")
+        raise ValueError(
+            f"group {group.group_id} was read without steps (view=scores): read it with view=tokens"
+        )
     model_steps = [st for st in sample.steps if st.is_trainable and st.status in _TOKEN_STATUSES]
     if not model_steps:
         return drop("no model call")
@@ -96,8 +99,10 @@ def train_sample(group: FeedGroupOut, sample: FeedSample) -> TrainSample | Dropp
         return drop(f"no token ids on step {', '.join(map(str, missing))} (a route without token capture)")
     if len(sample.sequences) != 1:
         starts = [s.steps[0] for s in sample.sequences[1:]]
-        return drop(f"not one sequence: step {', '.join(map(str, starts))} does not extend the previous "
-                    f"prompt + completion ({len(sample.sequences)} sequences)")
+        return drop(
+            f"not one sequence: step {', '.join(map(str, starts))} does not extend the previous "
+            f"prompt + completion ({len(sample.sequences)} sequences)"
+        )
     (seq,) = sample.sequences
     by_seq = {st.seq: st for st in model_steps}
     first: FeedStep = by_seq[seq.steps[0]]
@@ -107,14 +112,23 @@ def train_sample(group: FeedGroupOut, sample: FeedSample) -> TrainSample | Dropp
         return drop("no model token (every completion is empty)")
     last = by_seq[seq.steps[-1]]
     return TrainSample(
-        group_id=group.group_id, case_id=group.case_id, session_id=sample.session_id,
-        sample_index=sample.sample_index, prompt_ids=seq.token_ids[:n_prompt], completion_ids=seq.token_ids[n_prompt:],
+        group_id=group.group_id,
+        case_id=group.case_id,
+        session_id=sample.session_id,
+        sample_index=sample.sample_index,
+        prompt_ids=seq.token_ids[:n_prompt],
+        completion_ids=seq.token_ids[n_prompt:],
         completion_mask=mask,
-        completion_logprobs=[lp if m else ENV_TOKEN_LOGPROB for lp, m in zip(seq.logprobs[n_prompt:], mask,
-                                                                             strict=True)],
-        reward=float(sample.score), advantage=sample.advantage, policy_versions=list(sample.policy_versions),
-        steps=list(seq.steps), finish_reason=last.finish_reason,
-        truncated=last.status == "truncated" or last.finish_reason == "length")
+        completion_logprobs=[
+            lp if m else ENV_TOKEN_LOGPROB for lp, m in zip(seq.logprobs[n_prompt:], mask, strict=True)
+        ],
+        reward=float(sample.score),
+        advantage=sample.advantage,
+        policy_versions=list(sample.policy_versions),
+        steps=list(seq.steps),
+        finish_reason=last.finish_reason,
+        truncated=last.status == "truncated" or last.finish_reason == "length",
+    )
 
 
 def untrainable(group: FeedGroupOut) -> Dropped | None:
@@ -195,18 +209,27 @@ def to_trl(groups: Iterable[FeedGroupOut], num_generations: int) -> TrlBatch:
             continue
         ok = sorted(conv.samples, key=lambda s: s.sample_index)
         if len(ok) < num_generations:
-            dropped.append(Dropped(g.group_id, None, f"{len(ok)} of {len(g.samples)} samples convertible, fewer "
-                                                     f"than num_generations={num_generations}"))
+            dropped.append(
+                Dropped(
+                    g.group_id,
+                    None,
+                    f"{len(ok)} of {len(g.samples)} samples convertible, fewer "
+                    f"than num_generations={num_generations}",
+                )
+            )
             continue
         kept.extend(ok[:num_generations])
-        dropped.extend(Dropped(g.group_id, s.session_id, f"beyond num_generations={num_generations}")
-                       for s in ok[num_generations:])
+        dropped.extend(
+            Dropped(g.group_id, s.session_id, f"beyond num_generations={num_generations}")
+            for s in ok[num_generations:]
+        )
         group_ids.append(g.group_id)
     return TrlBatch(output=trl_rows(kept), group_ids=group_ids, dropped=dropped)
 
 
-def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[float],
-               **_: Any) -> list[float | None]:
+def env_reward(
+    prompts: list[Any], completions: list[Any], env_reward: list[float], **_: Any
+) -> list[float | None]:
     """A TRL reward function that hands back the graded reward the rollout carried
     (``env_reward`` of :func:`trl_rows`; TRL's reward functions return ``list[float | None]``)."""
     return [float(r) for r in env_reward]
@@ -231,9 +254,13 @@ def to_verl(sample: TrainSample) -> dict[str, Any]:
         "reward_score": sample.reward,
         "num_turns": 2 * sample.model_turns,
         "metrics": {},
-        "extra_fields": {"session_id": sample.session_id, "group_id": sample.group_id,
-                         "case_id": sample.case_id, "policy_versions": list(sample.policy_versions),
-                         "advantage": sample.advantage},
+        "extra_fields": {
+            "session_id": sample.session_id,
+            "group_id": sample.group_id,
+            "case_id": sample.case_id,
+            "policy_versions": list(sample.policy_versions),
+            "advantage": sample.advantage,
+        },
     }
 
 

@@ -39,12 +39,12 @@ class Continuity:
 
 @dataclass
 class _Kept:
-    asked: list[Any]          # canonical messages of the last request
-    asked_ids: array[int]     # its prompt ids (8 bytes an id, not a list of int objects)
-    through: list[Any]        # canonical messages of the last request + its reply
-    ids: array[int]           # its prompt ids + completion ids
-    rendered: str | None      # the template's text of ``through`` (no generation prompt)
-    closing: str | None       # what the template writes after the reply that the model did not sample
+    asked: list[Any]  # canonical messages of the last request
+    asked_ids: array[int]  # its prompt ids (8 bytes an id, not a list of int objects)
+    through: list[Any]  # canonical messages of the last request + its reply
+    ids: array[int]  # its prompt ids + completion ids
+    rendered: str | None  # the template's text of ``through`` (no generation prompt)
+    closing: str | None  # what the template writes after the reply that the model did not sample
     tools: str
 
 
@@ -70,11 +70,16 @@ class SessionPrompts:
 
     def stats(self) -> dict[str, Any]:
         """The counters as JSON (``GET /stats``)."""
-        return {"prompts": dict(self.counts), "fallback_reasons": dict(self.reasons), "sessions": len(self._kept),
-                "evicted": self.evicted}
+        return {
+            "prompts": dict(self.counts),
+            "fallback_reasons": dict(self.reasons),
+            "sessions": len(self._kept),
+            "evicted": self.evicted,
+        }
 
-    def prompt(self, session_id: str | None, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None) -> tuple[list[int], Continuity]:
+    def prompt(
+        self, session_id: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[int], Continuity]:
         """The prompt ids for this request and how they were made (counted)."""
         ids, how = self._prompt(session_id, messages, tools)
         self.counts[how.mode] += 1
@@ -83,8 +88,9 @@ class SessionPrompts:
             log.warning("session %s: prompt rendered whole: %s", session_id, how.reason)
         return ids, how
 
-    def _prompt(self, session_id: str | None, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None) -> tuple[list[int], Continuity]:
+    def _prompt(
+        self, session_id: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[int], Continuity]:
         if session_id is None:
             return self.engine.prompt_ids(messages, tools), Continuity("rendered", "no session id")
         canon = [canonical_message(m) for m in messages]
@@ -92,8 +98,10 @@ class SessionPrompts:
         if kept is None:
             if _has_assistant(canon):
                 return self.engine.prompt_ids(messages, tools), Continuity(
-                    "fallback", "no kept token ids for a history with an assistant turn (its first call here, "
-                                "a restarted server or an evicted session)")
+                    "fallback",
+                    "no kept token ids for a history with an assistant turn (its first call here, "
+                    "a restarted server or an evicted session)",
+                )
             return self.engine.prompt_ids(messages, tools), Continuity("rendered")
         self._kept.move_to_end(session_id)
         why = self._mismatch(kept, canon, tools)
@@ -104,11 +112,15 @@ class SessionPrompts:
         text = self.engine.render(messages, tools, True)
         if kept.rendered is None or kept.closing is None:
             return self.engine.encode(text), Continuity(
-                "fallback", "the chat template's end of an assistant turn is unknown (its content not found)")
+                "fallback", "the chat template's end of an assistant turn is unknown (its content not found)"
+            )
         if not text.startswith(kept.rendered):
             return self.engine.encode(text), Continuity(
-                "fallback", "the chat template renders the earlier turns differently in the longer chat")
-        return [*kept.ids, *self.engine.encode(kept.closing + text[len(kept.rendered):])], Continuity("continued")
+                "fallback", "the chat template renders the earlier turns differently in the longer chat"
+            )
+        return [*kept.ids, *self.engine.encode(kept.closing + text[len(kept.rendered) :])], Continuity(
+            "continued"
+        )
 
     @staticmethod
     def _mismatch(kept: _Kept, canon: list[Any], tools: list[dict[str, Any]] | None) -> str | None:
@@ -128,8 +140,15 @@ class SessionPrompts:
             return f"messages[{first}] is not the assistant reply sampled for the previous request"
         return f"messages[{first}] differs from the previous request's (history edited)"
 
-    def keep(self, session_id: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-             prompt_ids: Sequence[int], completion_ids: Sequence[int], reply: dict[str, Any]) -> None:
+    def keep(
+        self,
+        session_id: str | None,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        reply: dict[str, Any],
+    ) -> None:
         """After a generation: keep the session's ids (prompt + completion) and messages (+ reply)."""
         if session_id is None:
             return
@@ -142,16 +161,22 @@ class SessionPrompts:
             rendered = probe = None
         closing = None
         if probe is not None and _SENTINEL in probe:
-            closing = probe[probe.index(_SENTINEL) + len(_SENTINEL):]
+            closing = probe[probe.index(_SENTINEL) + len(_SENTINEL) :]
             last = completion_ids[-1] if completion_ids else None
             if last is not None and last in self.engine.eos_ids:
                 eos = self.engine.token_text(last)
                 if closing.startswith(eos):
-                    closing = closing[len(eos):]  # the model sampled the turn's end itself
+                    closing = closing[len(eos) :]  # the model sampled the turn's end itself
         canon = [canonical_message(m) for m in messages]
-        self._kept[session_id] = _Kept(asked=canon, asked_ids=array("q", prompt_ids), through=[*canon,
-                                       canonical_message(reply)], ids=array("q", [*prompt_ids, *completion_ids]),
-                                       rendered=rendered, closing=closing, tools=_tools_key(tools))
+        self._kept[session_id] = _Kept(
+            asked=canon,
+            asked_ids=array("q", prompt_ids),
+            through=[*canon, canonical_message(reply)],
+            ids=array("q", [*prompt_ids, *completion_ids]),
+            rendered=rendered,
+            closing=closing,
+            tools=_tools_key(tools),
+        )
         self._kept.move_to_end(session_id)
         while len(self._kept) > self.max_sessions:
             self._kept.popitem(last=False)

@@ -23,8 +23,11 @@ class _Decoding:
 
     def _run(self, ids: list[int]) -> None:
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device), use_cache=True,
-                             **{self.cache_kw: self.cache})
+            out = self.model(
+                input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
+                use_cache=True,
+                **{self.cache_kw: self.cache},
+            )
         self.cache = getattr(out, self.cache_kw)
         self._logits = out.logits[0, -1].float().cpu().numpy()
 
@@ -43,25 +46,35 @@ class TransformersEngine:
         self.model, self.tokenizer, self.name = model, tokenizer, name
         template = getattr(tokenizer, "chat_template", None)
         self.takes_tools = isinstance(template, str) and "tools" in template
-        self.context_length: int | None = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        self.context_length: int | None = (
+            int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        )
         eos: set[int] = set()
-        for source in (getattr(tokenizer, "eos_token_id", None),
-                       getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        for source in (
+            getattr(tokenizer, "eos_token_id", None),
+            getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        ):
             if isinstance(source, int):
                 eos.add(source)
             elif isinstance(source, list | tuple):
                 eos.update(int(i) for i in source)
         self.eos_ids = frozenset(eos)
         # transformers >= 5.24 names the KV cache ``cache`` (``past_key_values`` is deprecated)
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kw = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.encode(self.render(messages, tools, True))
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool) -> str:
-        return str(self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt))
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

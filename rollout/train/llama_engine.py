@@ -20,7 +20,7 @@ class _Decoding:
     def __init__(self, engine: LlamaCppEngine, prompt_ids: Sequence[int]) -> None:
         self.llm, self.n_vocab = engine.llm, engine.n_vocab
         ids = list(prompt_ids)
-        held = self.llm.input_ids[:self.llm.n_tokens].tolist()
+        held = self.llm.input_ids[: self.llm.n_tokens].tolist()
         same = 0
         for a, b in zip(held, ids[:-1], strict=False):  # at least the last prompt token is evaluated
             if a != b:
@@ -41,10 +41,13 @@ class LlamaCppEngine:
     """A GGUF model run by llama.cpp (``n_ctx`` tokens of context), its chat template from the
     GGUF's metadata. One generation at a time (the caller's lock)."""
 
-    def __init__(self, gguf: Path, *, n_ctx: int = 4096, n_threads: int | None = None, name: str = "local") -> None:
+    def __init__(
+        self, gguf: Path, *, n_ctx: int = 4096, n_threads: int | None = None, name: str = "local"
+    ) -> None:
         # verbose: llama.cpp's load log goes to stderr (its quiet mode leaks /dev/null handles)
-        self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=n_threads, logits_all=False,
-                                   verbose=True)
+        self.llm = llama_cpp.Llama(
+            model_path=str(gguf), n_ctx=n_ctx, n_threads=n_threads, logits_all=False, verbose=True
+        )
         self.name = name
         self.context_length: int | None = n_ctx
         self.n_vocab = self.llm.n_vocab()
@@ -54,18 +57,27 @@ class LlamaCppEngine:
         if not template:
             raise ValueError(f"{gguf} carries no chat template")
         self.takes_tools = "tools" in template
-        self._formatters = {add: Jinja2ChatFormatter(template=template, eos_token=self._special(self.llm.token_eos()),
-                                                     bos_token=self._special(self.llm.token_bos()),
-                                                     add_generation_prompt=add) for add in (True, False)}
+        self._formatters = {
+            add: Jinja2ChatFormatter(
+                template=template,
+                eos_token=self._special(self.llm.token_eos()),
+                bos_token=self._special(self.llm.token_bos()),
+                add_generation_prompt=add,
+            )
+            for add in (True, False)
+        }
 
     def _special(self, token: int) -> str:
-        return "" if token < 0 else self.llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+        return (
+            "" if token < 0 else self.llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+        )
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.encode(self.render(messages, tools, True))
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
         return self._formatters[add_generation_prompt](messages=messages, tools=tools).prompt  # type: ignore[arg-type]
 
     def encode(self, text: str) -> list[int]:

@@ -46,8 +46,9 @@ NEG_INF_LOGPROB = -9999.0  # what vLLM writes for a -inf logprob (JSON has no in
 class RequestError(RolloutError):
     """A request the server cannot honour: answered as a 400 in OpenAI's error shape."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request",
-                 status: int = 400) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str = "invalid_request", status: int = 400
+    ) -> None:
         super().__init__(message)
         self.message, self.param, self.code, self.status = message, param, code, status
 
@@ -105,16 +106,26 @@ class ChatPolicy:
     """An :class:`~rollout.train.sampling.Engine` as a chat completions engine: the chat template
     renders the prompt, :func:`rollout.train.sampling.generate` samples under ``lock``. No HTTP."""
 
-    def __init__(self, engine: Engine, *, lock: threading.Lock | None = None,
-                 default_max_tokens: int | None = None, defaults: SamplingParams | None = None,
-                 seed: int | None = None, max_tokens_cap: int | None = None, continue_sessions: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        lock: threading.Lock | None = None,
+        default_max_tokens: int | None = None,
+        defaults: SamplingParams | None = None,
+        seed: int | None = None,
+        max_tokens_cap: int | None = None,
+        continue_sessions: bool = True,
+    ) -> None:
         self.engine, self.model_name = engine, engine.name
         # token in, token out: a session's next prompt continues its ids (None: every prompt rendered whole)
         self.sessions = SessionPrompts(engine) if continue_sessions else None
         self.max_tokens_cap = max_tokens_cap  # no completion longer, whatever the request asks
         # requests without a seed draw one from this stream (in arrival order): a run repeats
         self._seeds = None if seed is None else np.random.default_rng(seed)
-        self.defaults = defaults or SamplingParams(max_new_tokens=0)  # temperature, top_p, top_k a request omits
+        self.defaults = defaults or SamplingParams(
+            max_new_tokens=0
+        )  # temperature, top_p, top_k a request omits
         self.lock = lock or threading.Lock()
         self.default_max_tokens = default_max_tokens
         self.context_length = engine.context_length
@@ -125,19 +136,28 @@ class ChatPolicy:
     def check(self, req: ChatRequest) -> None:
         """Refuse what the server would otherwise silently not do."""
         if req.n not in (None, 1):
-            raise RequestError(f"n={req.n}: the policy server returns one choice per request (n=1); "
-                               "send n requests instead", param="n")
+            raise RequestError(
+                f"n={req.n}: the policy server returns one choice per request (n=1); send n requests instead",
+                param="n",
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(req, name) not in (None, 0, 0.0):
                 raise RequestError(f"{name} is not supported by the policy server", param=name)
         if req.repetition_penalty not in (None, 1, 1.0):
-            raise RequestError("repetition_penalty is not supported by the policy server", param="repetition_penalty")
+            raise RequestError(
+                "repetition_penalty is not supported by the policy server", param="repetition_penalty"
+            )
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
-            raise RequestError("response_format other than text is not supported by the policy server",
-                               param="response_format")
+            raise RequestError(
+                "response_format other than text is not supported by the policy server",
+                param="response_format",
+            )
         if req.tools and req.tool_choice not in (None, "auto", "none"):
-            raise RequestError(f"tool_choice {req.tool_choice!r} cannot be enforced by the policy server "
-                               "(only auto and none)", param="tool_choice")
+            raise RequestError(
+                f"tool_choice {req.tool_choice!r} cannot be enforced by the policy server "
+                "(only auto and none)",
+                param="tool_choice",
+            )
 
     def messages(self, req: ChatRequest) -> list[dict[str, Any]]:
         out = []
@@ -147,15 +167,19 @@ class ChatPolicy:
                 texts = []
                 for part in content:
                     if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
-                        raise RequestError(f"messages[{i}].content: only text parts are supported",
-                                           param=f"messages[{i}].content")
+                        raise RequestError(
+                            f"messages[{i}].content: only text parts are supported",
+                            param=f"messages[{i}].content",
+                        )
                     texts.append(str(part.get("text", "")))
                 content = "".join(texts)
             elif content is None:
                 content = ""
             elif not isinstance(content, str):
-                raise RequestError(f"messages[{i}].content must be a string or a list of parts",
-                                   param=f"messages[{i}].content")
+                raise RequestError(
+                    f"messages[{i}].content must be a string or a list of parts",
+                    param=f"messages[{i}].content",
+                )
             out.append({**m, "content": content})
         return out
 
@@ -166,8 +190,9 @@ class ChatPolicy:
         tools = req.tools if req.tools and req.tool_choice != "none" else None
         if tools and not self.engine.takes_tools:
             if not self._warned_tools:
-                log.warning("the chat template of %s renders no tools: tools in requests are ignored",
-                            self.model_name)
+                log.warning(
+                    "the chat template of %s renders no tools: tools in requests are ignored", self.model_name
+                )
                 self._warned_tools = True
             tools = None
         messages = self.messages(req)
@@ -178,25 +203,39 @@ class ChatPolicy:
             else:
                 prompt_ids, continuity = self.sessions.prompt(session_id, messages, tools)
         except Exception as e:  # a template's own refusal (roles, missing fields) is the client's error
-            raise RequestError(f"the chat template cannot render these messages: {e}", param="messages") from e
+            raise RequestError(
+                f"the chat template cannot render these messages: {e}", param="messages"
+            ) from e
         room = None if self.context_length is None else self.context_length - len(prompt_ids)
         if room is not None and room < 1:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this model's context is "
-                               f"{self.context_length} tokens", param="messages", code="context_length_exceeded")
+            raise RequestError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context is "
+                f"{self.context_length} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
         asked = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
         max_new = asked if room is None else min(asked or room, room)
         if self.max_tokens_cap is not None:
             max_new = min(max_new or self.max_tokens_cap, self.max_tokens_cap)
         if max_new is None:
-            raise RequestError("max_tokens is required: the model reports no context length", param="max_tokens")
+            raise RequestError(
+                "max_tokens is required: the model reports no context length", param="max_tokens"
+            )
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         d = self.defaults
         top_k = d.top_k if req.top_k is None else max(req.top_k, 0)
-        params = SamplingParams(max_new_tokens=max_new, temperature=d.temperature if req.temperature is None
-                                else req.temperature, top_p=d.top_p if req.top_p is None else req.top_p,
-                                top_k=top_k, stop=stop, seed=req.seed if req.seed is not None or self._seeds is None
-                                else int(self._seeds.integers(2**63)),
-                                top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+        params = SamplingParams(
+            max_new_tokens=max_new,
+            temperature=d.temperature if req.temperature is None else req.temperature,
+            top_p=d.top_p if req.top_p is None else req.top_p,
+            top_k=top_k,
+            stop=stop,
+            seed=req.seed
+            if req.seed is not None or self._seeds is None
+            else int(self._seeds.integers(2**63)),
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
         return _Prepared(prompt_ids, params, tools is not None, session_id, messages, tools, continuity)
 
     def run(self, prepared: _Prepared) -> Generation:
@@ -211,17 +250,33 @@ class ChatPolicy:
             prepared.reply = self.message(gen, prepared.tools_rendered)
             if self.sessions is not None:
                 msg = prepared.reply[0]
-                self.sessions.keep(prepared.session_id, prepared.messages, prepared.tools, prepared.prompt_ids,
-                                   gen.token_ids, {**msg, "content": msg.get("content") or ""})
+                self.sessions.keep(
+                    prepared.session_id,
+                    prepared.messages,
+                    prepared.tools,
+                    prepared.prompt_ids,
+                    gen.token_ids,
+                    {**msg, "content": msg.get("content") or ""},
+                )
         return prepared.reply
 
     # --- generation -> answer ------------------------------------------------------------------
 
     def _logprob_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict[str, Any]:
         text = self.engine.token_text(token_id)
-        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [{"token": (t := self.engine.token_text(i)), "logprob": _finite(v),
-                                  "bytes": list(t.encode("utf-8"))} for i, v in top]}
+        return {
+            "token": text,
+            "logprob": _finite(logprob),
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [
+                {
+                    "token": (t := self.engine.token_text(i)),
+                    "logprob": _finite(v),
+                    "bytes": list(t.encode("utf-8")),
+                }
+                for i, v in top
+            ],
+        }
 
     def message(self, gen: Generation, tools_rendered: bool) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason of ``gen``; with tools rendered, Hermes-style
@@ -237,9 +292,16 @@ class ChatPolicy:
                     continue
                 if isinstance(obj, dict) and isinstance(obj.get("name"), str):
                     args = obj.get("arguments", {})
-                    calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                  "function": {"name": obj["name"],
-                                               "arguments": args if isinstance(args, str) else json.dumps(args)}})
+                    calls.append(
+                        {
+                            "id": f"call_{uuid.uuid4().hex[:24]}",
+                            "type": "function",
+                            "function": {
+                                "name": obj["name"],
+                                "arguments": args if isinstance(args, str) else json.dumps(args),
+                            },
+                        }
+                    )
             if calls:
                 rest = _TOOL_CALL.sub("", gen.text).strip()
                 msg = {"role": "assistant", "content": rest or None, "tool_calls": calls}
@@ -254,9 +316,14 @@ class ChatPolicy:
             choice["logprobs"] = {"content": self._logprob_content(gen)}
         if req.return_token_ids:
             choice["token_ids"] = list(gen.token_ids)
-        out: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                               "created": int(time.time()), "model": req.model or self.model_name,
-                               "choices": [choice], "usage": _usage(prepared, gen)}
+        out: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model or self.model_name,
+            "choices": [choice],
+            "usage": _usage(prepared, gen),
+        }
         if req.return_token_ids:
             out["prompt_token_ids"] = list(prepared.prompt_ids)
             if prepared.continuity is not None:
@@ -265,7 +332,10 @@ class ChatPolicy:
 
     def _logprob_content(self, gen: Generation) -> list[dict[str, Any]]:
         tops = gen.top or [[] for _ in gen.token_ids]
-        return [self._logprob_entry(t, lp, top) for t, lp, top in zip(gen.token_ids, gen.logprobs, tops, strict=True)]
+        return [
+            self._logprob_entry(t, lp, top)
+            for t, lp, top in zip(gen.token_ids, gen.logprobs, tops, strict=True)
+        ]
 
     def chunks(self, req: ChatRequest, prepared: _Prepared, gen: Generation) -> Iterator[dict[str, Any]]:
         """The same answer as ``chat.completion.chunk`` objects: the role (and, asked, the prompt
@@ -273,10 +343,23 @@ class ChatPolicy:
         reason, then the usage when ``stream_options.include_usage``. The whole completion is
         sampled before the first chunk (not incremental)."""
         msg, finish = self.finish(prepared, gen)
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": req.model or self.model_name}
-        first: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                      "logprobs": None, "finish_reason": None}]}
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": req.model or self.model_name,
+        }
+        first: dict[str, Any] = {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         if req.return_token_ids:
             first["prompt_token_ids"] = list(prepared.prompt_ids)
             if prepared.continuity is not None:
@@ -286,14 +369,17 @@ class ChatPolicy:
         sent = 0
         content = self._logprob_content(gen) if req.logprobs else None
         for i, token in enumerate(gen.token_ids):
-            upto = _common_prefix(self.engine.decode(gen.token_ids[:i + 1]), text)
+            upto = _common_prefix(self.engine.decode(gen.token_ids[: i + 1]), text)
             if i == len(gen.token_ids) - 1:
                 upto = len(text)
             delta: dict[str, Any] = {"content": text[sent:upto]} if upto > sent else {}
             sent = max(sent, upto)
-            choice: dict[str, Any] = {"index": 0, "delta": delta,
-                                      "logprobs": {"content": [content[i]]} if content is not None else None,
-                                      "finish_reason": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": {"content": [content[i]]} if content is not None else None,
+                "finish_reason": None,
+            }
             if req.return_token_ids:
                 choice["token_ids"] = [token]
             yield {**base, "choices": [choice]}
@@ -351,8 +437,10 @@ def create_app(policy: ChatPolicy) -> Starlette:
             return _error(e)
         gen = await asyncio.get_running_loop().run_in_executor(worker, policy.run, prepared)
         if req.stream:
-            events = [b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
-                      for c in policy.chunks(req, prepared, gen)]
+            events = [
+                b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
+                for c in policy.chunks(req, prepared, gen)
+            ]
             events.append(b"data: [DONE]\n\n")
             return StreamingResponse(iter(events), media_type="text/event-stream")
         return JSONResponse(policy.completion(req, prepared, gen))
@@ -362,24 +450,38 @@ def create_app(policy: ChatPolicy) -> Starlette:
         try:
             body = json.loads(await request.body())
             req = ChatRequest.model_validate({"messages": body.get("messages"), "tools": body.get("tools")})
-            ids = policy.engine.prompt_ids(policy.messages(req), req.tools if policy.engine.takes_tools else None)
+            ids = policy.engine.prompt_ids(
+                policy.messages(req), req.tools if policy.engine.takes_tools else None
+            )
         except (ValueError, AttributeError, RequestError) as e:
             return _error(e if isinstance(e, RequestError) else RequestError(f"not a tokenize request: {e}"))
         return JSONResponse({"count": len(ids), "max_model_len": policy.context_length, "tokens": ids})
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": policy.model_name, "object": "model", "created": 0,
-                                                         "owned_by": "rollout-factory"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": policy.model_name, "object": "model", "created": 0, "owned_by": "rollout-factory"}
+                ],
+            }
+        )
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def stats(request: Request) -> Response:
-        return JSONResponse({"continue_sessions": policy.sessions is not None,
-                             **(policy.sessions.stats() if policy.sessions is not None else {})})
+        return JSONResponse(
+            {
+                "continue_sessions": policy.sessions is not None,
+                **(policy.sessions.stats() if policy.sessions is not None else {}),
+            }
+        )
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _error(RequestError(f"no route {request.method} {request.url.path}", code="not_found", status=404))
+        return _error(
+            RequestError(f"no route {request.method} {request.url.path}", code="not_found", status=404)
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -388,12 +490,17 @@ def create_app(policy: ChatPolicy) -> Starlette:
         finally:
             worker.shutdown(wait=False, cancel_futures=True)
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                             Route("/v1/models", models, methods=["GET"]),
-                             Route("/tokenize", tokenize, methods=["POST"]),
-                             Route("/health", health, methods=["GET"]),
-                             Route("/stats", stats, methods=["GET"])],
-                     exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/stats", stats, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
 
 
 class PolicyServer:
@@ -407,16 +514,31 @@ class PolicyServer:
 
     ``lock`` (shared with the trainer) is held for each whole generation."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "policy", host: str = "127.0.0.1",
-                 port: int = 0, lock: threading.Lock | None = None, default_max_tokens: int | None = None,
-                 seed: int | None = None, max_tokens_cap: int | None = None,
-                 continue_sessions: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        lock: threading.Lock | None = None,
+        default_max_tokens: int | None = None,
+        seed: int | None = None,
+        max_tokens_cap: int | None = None,
+        continue_sessions: bool = True,
+    ) -> None:
         # torch is imported only here: the llama.cpp token server (rollout.cli.token_server) has none
         from rollout.train.hf_engine import TransformersEngine
 
-        self.policy = ChatPolicy(TransformersEngine(model, tokenizer, name=model_name), lock=lock,
-                                 default_max_tokens=default_max_tokens, seed=seed,
-                                 max_tokens_cap=max_tokens_cap, continue_sessions=continue_sessions)
+        self.policy = ChatPolicy(
+            TransformersEngine(model, tokenizer, name=model_name),
+            lock=lock,
+            default_max_tokens=default_max_tokens,
+            seed=seed,
+            max_tokens_cap=max_tokens_cap,
+            continue_sessions=continue_sessions,
+        )
         self.host, self.port = host, port
         self.base_url = ""
         self._server: uvicorn.Server | None = None
@@ -431,15 +553,23 @@ class PolicyServer:
         """Start serving; returns the OpenAI base URL (``http://HOST:PORT/v1``)."""
         sock = listen(self.host, self.port, exposes="the policy model")
         try:
-            app = with_host_check(create_app(self.policy),
-                                  HostAllowList.for_server([self.host, sock.getsockname()[0]]), json_refusal)
-            server = uvicorn.Server(server_config(app, log_level="warning", access_log=False, lifespan="on",
-                                                  timeout_graceful_shutdown=3))
+            app = with_host_check(
+                create_app(self.policy),
+                HostAllowList.for_server([self.host, sock.getsockname()[0]]),
+                json_refusal,
+            )
+            server = uvicorn.Server(
+                server_config(
+                    app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=3
+                )
+            )
         except BaseException:
             sock.close()
             raise
         self._server = server
-        self._thread = threading.Thread(target=lambda: server.run(sockets=[sock]), name="policy-server", daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: server.run(sockets=[sock]), name="policy-server", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not server.started:
@@ -463,4 +593,3 @@ class PolicyServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

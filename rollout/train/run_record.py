@@ -93,8 +93,11 @@ def read_jsonl(path: Path, upto: int) -> list[dict[str, Any]]:
     steps after ``upto`` are run again); none when there is no file."""
     if not path.exists():
         return []
-    kept = [o for o in (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-            if int(o["step"]) <= upto]
+    kept = [
+        o
+        for o in (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        if int(o["step"]) <= upto
+    ]
     path.write_text("".join(json.dumps(o) + "\n" for o in kept), encoding="utf-8")
     return kept
 

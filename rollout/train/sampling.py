@@ -66,8 +66,9 @@ class Engine(Protocol):
         """The chat template applied to ``messages`` (and ``tools``), generation prompt added, as ids."""
         ...
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
         """The chat template applied to ``messages`` (and ``tools``), as text."""
         ...
 
@@ -139,7 +140,7 @@ def generate(engine: Engine, prompt_ids: Sequence[int], params: SamplingParams) 
         out.token_ids.append(token)
         out.logprobs.append(float(logp[token]))
         if params.top_logprobs:
-            best = np.argsort(-logp, kind="stable")[:params.top_logprobs]
+            best = np.argsort(-logp, kind="stable")[: params.top_logprobs]
             out.top.append([(int(i), float(logp[i])) for i in best])
         if token in engine.eos_ids:
             out.finish_reason = "stop"

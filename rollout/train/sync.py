@@ -21,15 +21,20 @@ def _origin(gateway_url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def set_policy_version(gateway_url: str, version: int, *, api_key: str | None = None,
-                       timeout_s: float = 30.0) -> dict[str, Any]:
+def set_policy_version(
+    gateway_url: str, version: int, *, api_key: str | None = None, timeout_s: float = 30.0
+) -> dict[str, Any]:
     """Set the gateway's policy version (every step admitted after it carries ``version``).
     ``gateway_url``: its origin or any URL on it (e.g. the session base URL); ``api_key``: an
     admin key when the gateway asks for one. Returns the gateway's answer (``policy_version``,
     ``previous``, ...); raises ``httpx.HTTPStatusError`` on a refusal."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    r = httpx.post(_origin(gateway_url) + "/admin/policy_version", json={"version": version}, headers=headers,
-                   timeout=timeout_s)
+    r = httpx.post(
+        _origin(gateway_url) + "/admin/policy_version",
+        json={"version": version},
+        headers=headers,
+        timeout=timeout_s,
+    )
     r.raise_for_status()
     answer: dict[str, Any] = r.json()
     return answer
@@ -41,8 +46,9 @@ class PolicySync(TrainerCallback):  # type: ignore[misc]
     generation sees half-updated weights, then sets the gateway's policy version to the number of
     optimizer steps done (``start_version`` at the start of training)."""
 
-    def __init__(self, lock: threading.Lock, gateway_url: str, *, api_key: str | None = None,
-                 start_version: int = 0) -> None:
+    def __init__(
+        self, lock: threading.Lock, gateway_url: str, *, api_key: str | None = None, start_version: int = 0
+    ) -> None:
         self.lock, self.gateway_url, self.api_key = lock, gateway_url, api_key
         self.version = start_version
 

@@ -39,16 +39,26 @@ PASS_SCORE = 10.0
 
 
 @contextlib.contextmanager
-def policy_gateway(out_dir: Path, db_url: str, upstream_url: str, route: str = "policy",
-                   **route_settings: Any) -> Iterator[tuple[Path, str]]:
+def policy_gateway(
+    out_dir: Path, db_url: str, upstream_url: str, route: str = "policy", **route_settings: Any
+) -> Iterator[tuple[Path, str]]:
     """A gateway for a whole training run, started once (``out_dir/gateway.yaml``, logs in
     ``out_dir/logs``): its one route ``route`` goes to ``upstream_url`` (the policy server) with
     token capture, one call at a time (``route_settings`` added to the route). Yields the config
     file and the session URL, for ``JobOptions(gateway_config=..., gateway_base_url=...)``."""
     cfg = out_dir / "gateway.yaml"
-    data = {"storage_config": {"db_url": db_url},
-            "llm_routes": {route: {"base_url": upstream_url, "capture": "tokens", "max_concurrency": 1,
-                                   "read_timeout_s": 3600, **route_settings}}}
+    data = {
+        "storage_config": {"db_url": db_url},
+        "llm_routes": {
+            route: {
+                "base_url": upstream_url,
+                "capture": "tokens",
+                "max_concurrency": 1,
+                "read_timeout_s": 3600,
+                **route_settings,
+            }
+        },
+    }
     cfg.write_text(yaml.safe_dump(data))
     child = asyncio.run(start_gateway(GatewaySettings.model_validate(data), out_dir / "logs"))
     try:
@@ -88,20 +98,33 @@ class StepStats:
     seconds: float = 0.0
 
 
-def batch_stats(rows: dict[str, list[Any]], num_generations: int, *, dropped: int = 0, jobs: int = 0,
-                pass_score: float = PASS_SCORE) -> StepStats:
+def batch_stats(
+    rows: dict[str, list[Any]],
+    num_generations: int,
+    *,
+    dropped: int = 0,
+    jobs: int = 0,
+    pass_score: float = PASS_SCORE,
+) -> StepStats:
     """The :class:`StepStats` of a ``rollout_func`` output whose groups are ``num_generations``
     consecutive rows."""
     rewards = [float(r) for r in rows["env_reward"]]
-    groups = [rewards[i:i + num_generations] for i in range(0, len(rewards), num_generations)]
-    return StepStats(mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
-                     pass_rate=sum(r >= pass_score for r in rewards) / len(rewards) if rewards else 0.0,
-                     disagreeing_groups=sum(len(set(g)) > 1 for g in groups), groups=len(groups),
-                     tokens_trained=sum(sum(m) for m in rows["env_mask"]), rows=len(rewards),
-                     dropped=dropped, jobs=jobs)
+    groups = [rewards[i : i + num_generations] for i in range(0, len(rewards), num_generations)]
+    return StepStats(
+        mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+        pass_rate=sum(r >= pass_score for r in rewards) / len(rewards) if rewards else 0.0,
+        disagreeing_groups=sum(len(set(g)) > 1 for g in groups),
+        groups=len(groups),
+        tokens_trained=sum(sum(m) for m in rows["env_mask"]),
+        rows=len(rewards),
+        dropped=dropped,
+        jobs=jobs,
+    )
 
 
-async def read_job_samples(db_url: str, job_id: str) -> tuple[list[FeedGroupOut], list[TrainSample], list[Dropped]]:
+async def read_job_samples(
+    db_url: str, job_id: str
+) -> tuple[list[FeedGroupOut], list[TrainSample], list[Dropped]]:
     """Every group of a finished job (the feed's groups, ``view=tokens``, one valid sample enough
     to be trainable) and their conversion."""
     store = Store(db_url)
@@ -109,8 +132,9 @@ async def read_job_samples(db_url: str, job_id: str) -> tuple[list[FeedGroupOut]
         queries = FeedQueries(store.reader)
         gids = await queries.group_ids(job_id)
         entries = await queries.ready_entries(job_id)
-        built = await load_groups(queries, job_id, [entries.get(g) for g in gids], gids,
-                                  GroupOptions(min_valid=1, view="tokens"))
+        built = await load_groups(
+            queries, job_id, [entries.get(g) for g in gids], gids, GroupOptions(min_valid=1, view="tokens")
+        )
     finally:
         await store.close()
     groups = [g for g, _ in built]
@@ -127,10 +151,19 @@ class JobRollout:
     each ``num_generations`` times in a row. ``history`` holds each call's :class:`StepStats`;
     ``batches`` (with ``keep_batches``) each call's rows as handed to TRL."""
 
-    def __init__(self, template: JobOptions, num_generations: int, *, job_prefix: str = "train",
-                 out_dir: Path | None = None, max_reruns: int = 2, pass_score: float = PASS_SCORE,
-                 keep_batches: bool = False, on_job: Callable[[str], None] | None = None,
-                 calls_done: int = 0) -> None:
+    def __init__(
+        self,
+        template: JobOptions,
+        num_generations: int,
+        *,
+        job_prefix: str = "train",
+        out_dir: Path | None = None,
+        max_reruns: int = 2,
+        pass_score: float = PASS_SCORE,
+        keep_batches: bool = False,
+        on_job: Callable[[str], None] | None = None,
+        calls_done: int = 0,
+    ) -> None:
         if num_generations < 1:
             raise ValueError("num_generations must be at least 1")
         self.template, self.num_generations = template, num_generations
@@ -140,8 +173,14 @@ class JobRollout:
         self.batches: list[dict[str, list[Any]]] = []
         self._calls = calls_done  # a resumed run's next job is step calls_done + 1
 
-    async def collect(self, case_ids: Sequence[str], samples: int, tag: str,
-                      temperature: float | None = None, scores_only: bool = False) -> Collected:
+    async def collect(
+        self,
+        case_ids: Sequence[str],
+        samples: int,
+        tag: str,
+        temperature: float | None = None,
+        scores_only: bool = False,
+    ) -> Collected:
         """``samples`` trainable samples (:class:`TrainSample`) of each case: one job, then reruns
         of the cases short of samples (one job for them, its group size the largest shortfall;
         extra samples are left unused) while reruns are left. ShortBatchError when a case stays
@@ -155,8 +194,12 @@ class JobRollout:
             if not short:
                 break
             job_id = f"{self.job_prefix}-{tag}" + (f"-rerun{attempt}" if attempt else "")
-            update: dict[str, Any] = {"case_ids": sorted(short), "rl_group_size": max(short.values()),
-                                      "job_id": job_id, "resume": False}
+            update: dict[str, Any] = {
+                "case_ids": sorted(short),
+                "rl_group_size": max(short.values()),
+                "job_id": job_id,
+                "resume": False,
+            }
             if temperature is not None:
                 update["llm_temperature"] = temperature
             if self.out_dir is not None:
@@ -170,9 +213,15 @@ class JobRollout:
             groups, converted, dropped = await read_job_samples(self.template.db_path, job_id)
             taken: list[tuple[str, Any]] = [(s.case_id, s) for s in converted]
             if scores_only:
-                taken = [(g.case_id, x.score) for g in groups for x in g.samples if x.valid and x.score is not None]
-                dropped = [Dropped(g.group_id, x.session_id, f"invalid: {x.invalid_reason}")
-                           for g in groups for x in g.samples if not x.valid]
+                taken = [
+                    (g.case_id, x.score) for g in groups for x in g.samples if x.valid and x.score is not None
+                ]
+                dropped = [
+                    Dropped(g.group_id, x.session_id, f"invalid: {x.invalid_reason}")
+                    for g in groups
+                    for x in g.samples
+                    if not x.valid
+                ]
             got.dropped += dropped
             for case, x in taken:
                 if case in got.samples and len(got.samples[case]) < samples:
@@ -180,9 +229,11 @@ class JobRollout:
         missing = {c: len(v) for c, v in got.samples.items() if len(v) < samples}
         if missing:
             reasons = sorted({d.reason for d in got.dropped})
-            raise ShortBatchError(f"after {len(got.jobs)} job(s) ({', '.join(got.jobs)}), cases short of {samples} "
-                               f"trainable samples: {missing}; dropped: {reasons}"
-                               + (f"; stopped early: {stopped}" if stopped else ""))
+            raise ShortBatchError(
+                f"after {len(got.jobs)} job(s) ({', '.join(got.jobs)}), cases short of {samples} "
+                f"trainable samples: {missing}; dropped: {reasons}"
+                + (f"; stopped early: {stopped}" if stopped else "")
+            )
         return got
 
     def rollout_func(self, prompts: list[Any], trainer: Any = None) -> dict[str, list[Any]]:
@@ -197,18 +248,27 @@ class JobRollout:
         got = asyncio.run(self.collect(list(counts), max(counts.values()), f"step{self._calls:04d}"))
         queues = {c: list(v) for c, v in got.samples.items()}
         rows = trl_rows([queues[c].pop(0) for c in cases])
-        stats = batch_stats(rows, self.num_generations, dropped=len(got.dropped), jobs=len(got.jobs),
-                            pass_score=self.pass_score)
+        stats = batch_stats(
+            rows,
+            self.num_generations,
+            dropped=len(got.dropped),
+            jobs=len(got.jobs),
+            pass_score=self.pass_score,
+        )
         self.history.append(replace(stats, seconds=time.monotonic() - start))
         if self.keep_batches:
             self.batches.append(rows)
         return rows
 
-    def evaluate(self, case_ids: Sequence[str], tag: str, samples: int = 1,
-                 temperature: float = 0.0) -> tuple[float, float, int]:
+    def evaluate(
+        self, case_ids: Sequence[str], tag: str, samples: int = 1, temperature: float = 0.0
+    ) -> tuple[float, float, int]:
         """A held-out evaluation: ``samples`` per case at ``temperature`` (0: greedy, the same run
         before and after training); returns ``(mean reward, pass rate, samples)``."""
         got = asyncio.run(self.collect(case_ids, samples, tag, temperature=temperature, scores_only=True))
         rewards = [float(r) for v in got.samples.values() for r in v]
-        return (sum(rewards) / len(rewards), sum(r >= self.pass_score for r in rewards) / len(rewards),
-                len(rewards))
+        return (
+            sum(rewards) / len(rewards),
+            sum(r >= self.pass_score for r in rewards) / len(rewards),
+            len(rewards),
+        )

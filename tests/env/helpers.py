@@ -35,21 +35,39 @@ def load_evaluator(env_name: str) -> ModuleType:
 
 
 def eval_spec(env_name: str) -> EvalSpec:
-    return EvalSpec(eval_id=f"{env_name}/rule", timeout_s=60,
-                    evaluator_path=str(ENV_ROOT / env_name / "rule_evaluator.py"))
+    return EvalSpec(
+        eval_id=f"{env_name}/rule",
+        timeout_s=60,
+        evaluator_path=str(ENV_ROOT / env_name / "rule_evaluator.py"),
+    )
 
 
-def eval_request(env_name: str, row: dict[str, Any], start_result: SimulationStartResult | None = None,
-                 workspace: str | None = None) -> EvalRequest:
-    return EvalRequest(job_id="job-1", session_id="sess-1", env_name=env_name, case_id="0", group_id="g-1",
-                       sample_index=0, model="m", env_params={"dataset": row}, start_result=start_result,
-                       workspace=workspace)
+def eval_request(
+    env_name: str,
+    row: dict[str, Any],
+    start_result: SimulationStartResult | None = None,
+    workspace: str | None = None,
+) -> EvalRequest:
+    return EvalRequest(
+        job_id="job-1",
+        session_id="sess-1",
+        env_name=env_name,
+        case_id="0",
+        group_id="g-1",
+        sample_index=0,
+        model="m",
+        env_params={"dataset": row},
+        start_result=start_result,
+        workspace=workspace,
+    )
 
 
 def trajectory(*contents: str | None) -> Trajectory:
     """A trajectory with one ok step per content; ``final_response`` = the last non-empty one."""
-    steps = [TrajectoryStep(seq=i, step_id=i + 1, model="m", endpoint="chat.completions", status="ok",
-                            content=c) for i, c in enumerate(contents)]
+    steps = [
+        TrajectoryStep(seq=i, step_id=i + 1, model="m", endpoint="chat.completions", status="ok", content=c)
+        for i, c in enumerate(contents)
+    ]
     final = next((c for c in reversed(contents) if c), "")
     return Trajectory(session_id="sess-1", steps=steps, final_response=final)
 
@@ -57,20 +75,31 @@ def trajectory(*contents: str | None) -> Trajectory:
 def start_request(base_url: str, dataset: dict[str, Any], **overrides: Any) -> SimulationStartRequest:
     """A start request for session ``sess-1`` whose gateway prefix is ``<base_url>/sessions/sess-1``."""
     fields: dict[str, Any] = {
-        "job_id": "job-1", "session_id": "sess-1", "agent_name": "test", "agent_id": "a-1", "group_id": "g-1",
-        "gateway_base_url": f"{base_url}/sessions/sess-1", "model": "m", "env_params": {"dataset": dataset},
+        "job_id": "job-1",
+        "session_id": "sess-1",
+        "agent_name": "test",
+        "agent_id": "a-1",
+        "group_id": "g-1",
+        "gateway_base_url": f"{base_url}/sessions/sess-1",
+        "model": "m",
+        "env_params": {"dataset": dataset},
     }
     fields.update(overrides)
     return SimulationStartRequest(**fields)
 
 
-async def run_runtime_file(script: Path, request: SimulationStartRequest | str, cwd: Path,
-                           timeout_s: float = 60) -> tuple[int, list[str], str]:
+async def run_runtime_file(
+    script: Path, request: SimulationStartRequest | str, cwd: Path, timeout_s: float = 60
+) -> tuple[int, list[str], str]:
     """Run ``python script`` with the request on stdin; (exit code, stdout lines, stderr text)."""
     payload = request if isinstance(request, str) else request.model_dump_json()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), cwd=cwd, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        str(script),
+        cwd=cwd,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(payload.encode()), timeout_s)
     assert proc.returncode is not None

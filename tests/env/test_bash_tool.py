@@ -34,14 +34,18 @@ def test_no_login_profile_and_the_path_as_given(tmp_path: Path, monkeypatch: pyt
     tools.mkdir()
     (tools / "mytool").write_text("#!/bin/sh\necho from-my-tool\n")
     (tools / "mytool").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")  # as the sandbox sets it: its interpreter's folder first
+    monkeypatch.setenv(
+        "PATH", f"{tools}:/usr/bin:/bin"
+    )  # as the sandbox sets it: its interpreter's folder first
     result = run_bash('echo "$PATH"; mytool; echo "${BASH_ENV-unset}"', str(tmp_path), timeout_s=20)
     assert (result.exit_code, result.output) == (0, f"{tools}:/usr/bin:/bin\nfrom-my-tool\nunset\n")
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     started = time.monotonic()
-    result = run_bash("echo before; (sleep 2; echo late > marker.txt) & sleep 30", str(tmp_path), timeout_s=0.5)
+    result = run_bash(
+        "echo before; (sleep 2; echo late > marker.txt) & sleep 30", str(tmp_path), timeout_s=0.5
+    )
     elapsed = time.monotonic() - started
     assert (result.exit_code, result.output, result.timed_out) == (None, "before\n", True)
     assert elapsed < 25  # killed, not waited for (the command alone sleeps 30 s)
@@ -68,12 +72,17 @@ def test_execute_tool_call_handles_bad_calls(tmp_path: Path) -> None:
     assert execute_tool_call("bash", '{"command": "echo hi"}', cwd, params) == "[exit code 0]\nhi\n"
     assert execute_tool_call("bash", {"command": "echo dict"}, cwd, params) == "[exit code 0]\ndict\n"
     assert execute_tool_call("python", '{"command": "ls"}', cwd, params) == (
-        "error: unknown tool 'python'; the only tool is 'bash'")
+        "error: unknown tool 'python'; the only tool is 'bash'"
+    )
     assert execute_tool_call("bash", '{"command": "ls', cwd, params).startswith(
-        "error: tool arguments are not valid JSON (Unterminated string")
+        "error: tool arguments are not valid JSON (Unterminated string"
+    )
     assert execute_tool_call("bash", None, cwd, params) == (
-        'error: tool arguments must be a JSON object {"command": "<bash command>"}')
+        'error: tool arguments must be a JSON object {"command": "<bash command>"}'
+    )
     assert execute_tool_call("bash", '{"cmd": "ls"}', cwd, params) == (
-        'error: tool arguments must be a JSON object {"command": "<bash command>"}')
+        'error: tool arguments must be a JSON object {"command": "<bash command>"}'
+    )
     assert execute_tool_call("bash", '"ls"', cwd, params) == (
-        'error: tool arguments must be a JSON object {"command": "<bash command>"}')
+        'error: tool arguments must be a JSON object {"command": "<bash command>"}'
+    )

@@ -29,9 +29,15 @@ def _expected(task_id: str) -> dict:
 
 
 def _grade(task_id: str, ws: Path) -> dict:
-    row = {"id": task_id, "instruction": (TASKS / task_id / "instruction.md").read_text(),
-           "expected": _expected(task_id), "files_dir": str(TASKS / task_id / "files")}
-    return basics_eval.evaluate(eval_request("basics", row, workspace=str(ws)), eval_spec("basics"), trajectory())
+    row = {
+        "id": task_id,
+        "instruction": (TASKS / task_id / "instruction.md").read_text(),
+        "expected": _expected(task_id),
+        "files_dir": str(TASKS / task_id / "files"),
+    }
+    return basics_eval.evaluate(
+        eval_request("basics", row, workspace=str(ws)), eval_spec("basics"), trajectory()
+    )
 
 
 def _command_in(instruction: str) -> str | None:
@@ -58,8 +64,11 @@ def test_no_instruction_holds_an_expected_value(task_id: str) -> None:
 @pytest.mark.parametrize("task_id", ["run_script", "tally"])
 def test_the_shown_command_solves_the_task_and_nothing_else_does(task_id: str, tmp_path: Path) -> None:
     ws = _workspace(task_id, tmp_path)
-    assert _grade(task_id, ws) == {"score": 0, "reason": "outputs/answer.json is missing",
-                                   "artifacts": {"answer": None}}
+    assert _grade(task_id, ws) == {
+        "score": 0,
+        "reason": "outputs/answer.json is missing",
+        "artifacts": {"answer": None},
+    }
     command = _command_in((TASKS / task_id / "instruction.md").read_text())
     assert command is not None and command.startswith("./")
     subprocess.run(["bash", "-c", command], cwd=ws, check=True, capture_output=True)
@@ -72,8 +81,12 @@ def test_read_name_scores_10_only_for_the_exact_name(tmp_path: Path) -> None:
     ws = _workspace("read_name", tmp_path)
     (ws / "outputs").mkdir()
     name = (ws / "name.txt").read_text().strip()
-    for answer, score in (({"name": name}, 10), ({"name": name.split()[0]}, 0), ({"name": name.lower()}, 0),
-                          ({"answer": name}, 0)):
+    for answer, score in (
+        ({"name": name}, 10),
+        ({"name": name.split()[0]}, 0),
+        ({"name": name.lower()}, 0),
+        ({"answer": name}, 0),
+    ):
         (ws / "outputs" / "answer.json").write_text(json.dumps(answer))
         assert _grade("read_name", ws)["score"] == score, answer
 
@@ -82,8 +95,11 @@ def test_a_wrong_number_scores_0(tmp_path: Path) -> None:
     ws = _workspace("tally", tmp_path)
     (ws / "outputs").mkdir()
     (ws / "outputs" / "answer.json").write_text(json.dumps({"winner": "tea", "votes": 2}))
-    assert _grade("tally", ws) == {"score": 0, "reason": "mismatch at answer.votes: expected 3, got 2",
-                                   "artifacts": {"answer": {"winner": "tea", "votes": 2}}}
+    assert _grade("tally", ws) == {
+        "score": 0,
+        "reason": "mismatch at answer.votes: expected 3, got 2",
+        "artifacts": {"answer": {"winner": "tea", "votes": 2}},
+    }
 
 
 def test_env_yaml_and_cases() -> None:

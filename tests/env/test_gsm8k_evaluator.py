@@ -78,23 +78,38 @@ def test_answer_without_a_number_scores_0() -> None:
 
 def test_empty_trajectory_and_no_runtime_result_score_0() -> None:
     result = _evaluate(ROW)
-    assert result == {"score": 0, "reason": "expected 18, got no number (0 steps)",
-                      "artifacts": {"expected": "18", "got": None, "source": None}}
+    assert result == {
+        "score": 0,
+        "reason": "expected 18, got no number (0 steps)",
+        "artifacts": {"expected": "18", "got": None, "source": None},
+    }
 
 
 def test_the_runtimes_claimed_answer_is_never_graded() -> None:
     # the result line is the agent's words: a right answer claimed there without the model saying it scores 0
-    start = SimulationStartResult(session_id="sess-1", status="succeeded",
-                                  metrics={"extracted_answer": "18", "completion_text": "#### 18"})
+    start = SimulationStartResult(
+        session_id="sess-1",
+        status="succeeded",
+        metrics={"extracted_answer": "18", "completion_text": "#### 18"},
+    )
     result = _evaluate(ROW, start_result=start)
-    assert result == {"score": 0, "reason": "expected 18, got no number (0 steps)",
-                      "artifacts": {"expected": "18", "got": None, "source": None}}
+    assert result == {
+        "score": 0,
+        "reason": "expected 18, got no number (0 steps)",
+        "artifacts": {"expected": "18", "got": None, "source": None},
+    }
 
 
 @pytest.mark.parametrize(
     ("a", "b", "equal"),
-    [("18", "18.00", True), ("1450000", "1450001", False), ("10.35", "10.35000001", True),
-     ("10.35", "10.36", False), ("-10", "10", False), (".5", "0.5", True)],
+    [
+        ("18", "18.00", True),
+        ("1450000", "1450001", False),
+        ("10.35", "10.35000001", True),
+        ("10.35", "10.36", False),
+        ("-10", "10", False),
+        (".5", "0.5", True),
+    ],
 )
 def test_numbers_equal(a, b, equal) -> None:
     assert gsm8k.numbers_equal(a, b) is equal

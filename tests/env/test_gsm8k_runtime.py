@@ -15,18 +15,27 @@ CASE = {"question": "Tom has 3 apples and buys 4 more. How many apples does he h
 async def test_one_call_with_prompt_and_extracted_answer(tmp_path: Path) -> None:
     async with FakeUpstream() as up:
         up.script(None, [Reply.json(chat_completion("3 + 4 = 7\n#### 7"))])
-        req = start_request(up.base_url, CASE, env_params={"dataset": CASE, "max_tokens": 64}, temperature=0.7)
+        req = start_request(
+            up.base_url, CASE, env_params={"dataset": CASE, "max_tokens": 64}, temperature=0.7
+        )
         code, lines, _ = await run_runtime_file(RUNTIME, req, tmp_path)
     assert code == 0
     result = last_result(lines)
     assert (result.status, result.step_count, result.truncated) == ("succeeded", 1, False)
-    assert result.metrics == {"extracted_answer": "7", "completion_text": "3 + 4 = 7\n#### 7",
-                              "finish_reason": "stop", "gateway_stop_reason": None}
+    assert result.metrics == {
+        "extracted_answer": "7",
+        "completion_text": "3 + 4 = 7\n#### 7",
+        "finish_reason": "stop",
+        "gateway_stop_reason": None,
+    }
     assert len(up.requests) == 1
     assert up.requests[0].path == "/v1/sessions/sess-1/chat/completions"
     assert up.requests[0].json == {
         "model": "m",
-        "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": CASE["question"]}],
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": CASE["question"]},
+        ],
         "max_tokens": 64,
         "temperature": 0.7,
     }
@@ -55,8 +64,10 @@ async def test_gateway_budget_stop_is_truncated(tmp_path: Path) -> None:
 
 async def test_upstream_error_becomes_a_failed_result(tmp_path: Path) -> None:
     async with FakeUpstream() as up:
-        up.script(None, [Reply.json({"error": {"message": "bad model", "type": "invalid_request_error"}},
-                                    status=404)])
+        up.script(
+            None,
+            [Reply.json({"error": {"message": "bad model", "type": "invalid_request_error"}}, status=404)],
+        )
         code, lines, _ = await run_runtime_file(RUNTIME, start_request(up.base_url, CASE), tmp_path)
     result = last_result(lines)
     assert code == 0

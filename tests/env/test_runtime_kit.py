@@ -60,7 +60,9 @@ async def test_run_runtime_reports_an_exception_as_a_failed_result(tmp_path: Pat
 
 
 async def test_run_runtime_reports_an_unreadable_request_as_failed(tmp_path: Path) -> None:
-    code, lines, _ = await run_runtime_file(_write(tmp_path, FAILING_RUNTIME), '{"session_id": "s-9"}', tmp_path)
+    code, lines, _ = await run_runtime_file(
+        _write(tmp_path, FAILING_RUNTIME), '{"session_id": "s-9"}', tmp_path
+    )
     assert code == 0
     result = last_result(lines)
     assert result.status == "failed"
@@ -72,8 +74,11 @@ async def test_run_runtime_emits_main_result_as_one_line(tmp_path: Path) -> None
     req = start_request("http://127.0.0.1:9/v1", {})
     code, lines, _ = await run_runtime_file(_write(tmp_path, SUCCEEDING_RUNTIME), req, tmp_path)
     assert code == 0
-    assert lines == [SimulationStartResult(session_id="sess-1", status="succeeded", step_count=3,
-                                           metrics={"cwd_ok": True}).model_dump_json()]
+    assert lines == [
+        SimulationStartResult(
+            session_id="sess-1", status="succeeded", step_count=3, metrics={"cwd_ok": True}
+        ).model_dump_json()
+    ]
 
 
 def test_read_start_request_and_emit_result_round_trip() -> None:
@@ -100,8 +105,13 @@ def test_openai_client_targets_the_session_prefix(monkeypatch: pytest.MonkeyPatc
 
 async def test_chat_completion_reads_the_gateway_stop_header() -> None:
     async with FakeUpstream() as up:
-        up.script(None, [Reply.json(completion_body("hi")),
-                         Reply.json(completion_body(""), headers={"x-gateway-stop-reason": "max_steps"})])
+        up.script(
+            None,
+            [
+                Reply.json(completion_body("hi")),
+                Reply.json(completion_body(""), headers={"x-gateway-stop-reason": "max_steps"}),
+            ],
+        )
         client = openai_client(start_request(up.base_url, {}), max_retries=0)
         # The sync SDK runs in a thread so it does not block the fake upstream's loop.
         first, first_stop = await asyncio.to_thread(chat_completion, client, model="m", messages=[])
@@ -109,4 +119,3 @@ async def test_chat_completion_reads_the_gateway_stop_header() -> None:
     assert (first.choices[0].message.content, first_stop) == ("hi", None)
     assert (second.choices[0].message.content, second_stop) == ("", "max_steps")
     assert [r.path for r in up.requests] == ["/v1/sessions/sess-1/chat/completions"] * 2
-

@@ -38,9 +38,12 @@ def test_the_dataset_is_the_generators_output_split_disjoint_by_construction() -
     assert (len(train), len(evals), len(cases)) == (5, 12, 17)
     names = [set(c.row["files"]) for c in cases]
     assert len(set().union(*names)) == 2 * len(cases)  # no script or data file in two instances
-    assert all(c.public_row().keys() == {"id", "split", "instruction", "files"} for c in cases)  # expected hidden
-    assert {c.row["instruction"].split("\n")[1] for c in cases} == {f"./{n}" for ns in names for n in ns
-                                                                     if n.endswith(".sh")}
+    assert all(
+        c.public_row().keys() == {"id", "split", "instruction", "files"} for c in cases
+    )  # expected hidden
+    assert {c.row["instruction"].split("\n")[1] for c in cases} == {
+        f"./{n}" for ns in names for n in ns if n.endswith(".sh")
+    }
 
 
 def test_each_script_writes_its_expected_answer_and_only_that_answer_scores(tmp_path: Path) -> None:
@@ -52,8 +55,11 @@ def test_each_script_writes_its_expected_answer_and_only_that_answer_scores(tmp_
         script = next(n for n in row["files"] if n.endswith(".sh"))  # type: ignore[union-attr]
         subprocess.run([f"./{script}"], cwd=ws, check=True, capture_output=True, timeout=30)
         assert json.loads((ws / "outputs" / "answer.json").read_text()) == row["expected"]
-        assert _grade(row, ws) == {"score": 10, "reason": "all 1 expected keys match", "artifacts":
-                                   {"answer": row["expected"]}}
+        assert _grade(row, ws) == {
+            "score": 10,
+            "reason": "all 1 expected keys match",
+            "artifacts": {"answer": row["expected"]},
+        }
         data = next(n for n in row["files"] if n.endswith(".txt"))  # type: ignore[union-attr]
         (ws / data).write_text("1000\n")  # the agent edits the data and reruns: the hidden answer decides
         subprocess.run([f"./{script}"], cwd=ws, check=True, capture_output=True, timeout=30)
@@ -73,9 +79,12 @@ def _agent(mode: str) -> Any:
             return Reply.json(chat_completion("```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"))
         command = re.search(r"```bash\n(.*?)\n```", messages[-1]["content"], re.DOTALL)
         assert command is not None
-        text = {"solve": command.group(1),
-                "forge": "mkdir -p outputs && echo '{\"lines\": 5}' > outputs/answer.json"}[mode]
+        text = {
+            "solve": command.group(1),
+            "forge": "mkdir -p outputs && echo '{\"lines\": 5}' > outputs/answer.json",
+        }[mode]
         return Reply.json(chat_completion(f"```bash\n{text}\n```"))
+
     return answer
 
 
@@ -88,14 +97,32 @@ def test_the_env_runs_in_the_sandbox_and_is_graded_on_the_hidden_answer(tmp_path
     async def go() -> tuple[int, str, str]:
         async with FakeUpstream() as up:
             up.add_rule(_agent(mode))
-            return await launch("--agent-root", str(REPO / "env"), "--env", "scripts", "--case", "gauge-batch",
-                                "--case", "measure-list", "--llm-model", "fake", "--enable-evaluation",
-                                "--gateway-config", str(gateway_config(tmp_path / "gw.yaml", up.base_url, db)),
-                                "--db-path", f"sqlite://{db}", "--out", str(tmp_path / "out.jsonl"),
-                                cwd=tmp_path)
+            return await launch(
+                "--agent-root",
+                str(REPO / "env"),
+                "--env",
+                "scripts",
+                "--case",
+                "gauge-batch",
+                "--case",
+                "measure-list",
+                "--llm-model",
+                "fake",
+                "--enable-evaluation",
+                "--gateway-config",
+                str(gateway_config(tmp_path / "gw.yaml", up.base_url, db)),
+                "--db-path",
+                f"sqlite://{db}",
+                "--out",
+                str(tmp_path / "out.jsonl"),
+                cwd=tmp_path,
+            )
 
     code, out, err = asyncio.run(go())
     assert code == 0, err
     scores = dict(rows(db, "SELECT case_id, reward FROM job_environments ORDER BY case_id"))
-    assert scores == ({"gauge-batch": 10.0, "measure-list": 10.0} if mode == "solve"
-                      else {"gauge-batch": 0.0, "measure-list": 0.0})
+    assert scores == (
+        {"gauge-batch": 10.0, "measure-list": 10.0}
+        if mode == "solve"
+        else {"gauge-batch": 0.0, "measure-list": 0.0}
+    )

@@ -15,16 +15,31 @@ from rollout.contract.protocol import SimulationStartRequest
 
 
 def run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, params: dict[str, Any], **loop: Any) -> Any:
-    outcome = SimpleNamespace(steps=2, tool_calls=1, format_errors=0, stop_reason="done", finished=True,
-                              truncated=False, error=None, error_class=None)
+    outcome = SimpleNamespace(
+        steps=2,
+        tool_calls=1,
+        format_errors=0,
+        stop_reason="done",
+        finished=True,
+        truncated=False,
+        error=None,
+        error_class=None,
+    )
     for k, v in loop.items():
         setattr(outcome, k, v)
     monkeypatch.setattr(task_runtime, "run_agent", lambda *a, **kw: outcome)
     monkeypatch.setattr(task_runtime, "openai_client", lambda req: None)
     monkeypatch.chdir(tmp_path)
-    req = SimulationStartRequest(job_id="j", session_id="s", agent_name="a", agent_id="a", group_id="g",
-                                 gateway_base_url="http://x", model="m",
-                                 env_params={**params, "dataset": {"instruction": "do it"}})
+    req = SimulationStartRequest(
+        job_id="j",
+        session_id="s",
+        agent_name="a",
+        agent_id="a",
+        group_id="g",
+        gateway_base_url="http://x",
+        model="m",
+        env_params={**params, "dataset": {"instruction": "do it"}},
+    )
     return task_runtime.main(req)
 
 
@@ -33,7 +48,9 @@ def test_without_an_answer_file_the_loop_decides(monkeypatch: pytest.MonkeyPatch
     done = run(monkeypatch, tmp_path, off)
     assert (done.status, done.error_text, done.error_class) == ("succeeded", None, None)
     assert run(monkeypatch, tmp_path, off, truncated=True, finished=False).status == "truncated"
-    down = run(monkeypatch, tmp_path, off, error="the gateway did not answer", error_class="gateway_unreachable")
+    down = run(
+        monkeypatch, tmp_path, off, error="the gateway did not answer", error_class="gateway_unreachable"
+    )
     assert (down.status, down.error_class) == ("failed", "gateway_unreachable")
     # the default still asks for outputs/answer.json
     asked = run(monkeypatch, tmp_path, {})

@@ -11,7 +11,11 @@ from tests.env.helpers import eval_request, eval_spec, load_evaluator, trajector
 
 workspace_eval = load_evaluator("workspace")
 SPEC = eval_spec("workspace")
-EXPECTED = {"total_by_region": {"North": 780.48, "South": 405.65}, "order_count": 16, "top_customer": "Nguyen, Thi"}
+EXPECTED = {
+    "total_by_region": {"North": 780.48, "South": 405.65},
+    "order_count": 16,
+    "top_customer": "Nguyen, Thi",
+}
 
 
 def _grade(tmp_path: Path, answer_text: str | None, expected=EXPECTED, start_result=None):
@@ -24,8 +28,12 @@ def _grade(tmp_path: Path, answer_text: str | None, expected=EXPECTED, start_res
 
 
 def test_matching_answer_scores_10(tmp_path: Path) -> None:
-    answer = {"total_by_region": {"North": 780.4800000001, "South": 405.65, "West": 1.0},
-              "order_count": 16.0, "top_customer": "  Nguyen, Thi\n", "extra": [1, 2]}
+    answer = {
+        "total_by_region": {"North": 780.4800000001, "South": 405.65, "West": 1.0},
+        "order_count": 16.0,
+        "top_customer": "  Nguyen, Thi\n",
+        "extra": [1, 2],
+    }
     result = _grade(tmp_path, json.dumps(answer))
     assert result["score"] == 10
     assert result["reason"] == "all 3 expected keys match"

@@ -31,8 +31,11 @@ def solve_csv_sales_by_region(ws: Path) -> dict:
     for row in rows:
         by_region[row["region"]] += float(row["amount"])
         by_customer[row["customer"]] += float(row["amount"])
-    return {"total_by_region": {k: round(v, 2) for k, v in by_region.items()}, "order_count": len(rows),
-            "top_customer": max(by_customer, key=by_customer.__getitem__)}
+    return {
+        "total_by_region": {k: round(v, 2) for k, v in by_region.items()},
+        "order_count": len(rows),
+        "top_customer": max(by_customer, key=by_customer.__getitem__),
+    }
 
 
 def solve_ssh_failed_logins(ws: Path) -> dict:
@@ -44,8 +47,12 @@ def solve_ssh_failed_logins(ws: Path) -> dict:
             failed[m[1]] += 1
             sources[m[2]] += 1
         accepted += bool(re.search(r" sshd\[\d+\]: Accepted ", line))
-    return {"failed_total": sum(failed.values()), "failed_by_user": dict(failed),
-            "top_source_ip": sources.most_common(1)[0][0], "accepted_total": accepted}
+    return {
+        "failed_total": sum(failed.values()),
+        "failed_by_user": dict(failed),
+        "top_source_ip": sources.most_common(1)[0][0],
+        "accepted_total": accepted,
+    }
 
 
 def solve_sqlite_library(ws: Path) -> dict:
@@ -57,11 +64,18 @@ def solve_sqlite_library(ws: Path) -> dict:
     ).fetchone()
     (open_loans,) = db.execute("SELECT COUNT(*) FROM loans WHERE returned_date IS NULL").fetchone()
     (never,) = db.execute("SELECT COUNT(*) FROM books WHERE id NOT IN (SELECT book_id FROM loans)").fetchone()
-    (title,) = db.execute("SELECT b.title FROM loans l JOIN books b ON b.id = l.book_id "
-                          "GROUP BY b.id ORDER BY COUNT(*) DESC LIMIT 1").fetchone()
+    (title,) = db.execute(
+        "SELECT b.title FROM loans l JOIN books b ON b.id = l.book_id "
+        "GROUP BY b.id ORDER BY COUNT(*) DESC LIMIT 1"
+    ).fetchone()
     db.close()
-    return {"top_author_2024": author, "top_author_2024_loans": n, "open_loans": open_loans,
-            "never_loaned_books": never, "most_loaned_title": title}
+    return {
+        "top_author_2024": author,
+        "top_author_2024_loans": n,
+        "open_loans": open_loans,
+        "never_loaned_books": never,
+        "most_loaned_title": title,
+    }
 
 
 def solve_json_orders(ws: Path) -> dict:
@@ -80,10 +94,13 @@ def solve_json_orders(ws: Path) -> dict:
                 by_status[order["status"]] += value
                 by_customer[customer["name"]] += value
                 sold[item["sku"]] += item["qty"]
-    return {"revenue": round(sum(by_status.values()), 2),
-            "revenue_by_status": {k: round(v, 2) for k, v in by_status.items()},
-            "cancelled_orders": cancelled, "best_selling_sku": sold.most_common(1)[0][0],
-            "top_customer": max(by_customer, key=by_customer.__getitem__)}
+    return {
+        "revenue": round(sum(by_status.values()), 2),
+        "revenue_by_status": {k: round(v, 2) for k, v in by_status.items()},
+        "cancelled_orders": cancelled,
+        "best_selling_sku": sold.most_common(1)[0][0],
+        "top_customer": max(by_customer, key=by_customer.__getitem__),
+    }
 
 
 def solve_fix_report_script(ws: Path) -> dict:
@@ -109,10 +126,15 @@ def _workspace(task_id: str, tmp_path: Path) -> Path:
 
 def _grade(task_id: str, ws: Path) -> dict:
     expected = json.loads((TASKS / task_id / "expected.json").read_text())
-    row = {"id": task_id, "instruction": (TASKS / task_id / "instruction.md").read_text(), "expected": expected,
-           "files_dir": str(TASKS / task_id / "files")}
-    return workspace_eval.evaluate(eval_request("workspace", row, workspace=str(ws)), eval_spec("workspace"),
-                                   trajectory())
+    row = {
+        "id": task_id,
+        "instruction": (TASKS / task_id / "instruction.md").read_text(),
+        "expected": expected,
+        "files_dir": str(TASKS / task_id / "files"),
+    }
+    return workspace_eval.evaluate(
+        eval_request("workspace", row, workspace=str(ws)), eval_spec("workspace"), trajectory()
+    )
 
 
 def test_every_task_has_a_reference_solution() -> None:
@@ -146,7 +168,9 @@ def test_report_script_bug_is_real_and_the_fix_scores_10(tmp_path: Path) -> None
     subprocess.run([sys.executable, "report.py"], cwd=ws, check=True, capture_output=True)
     buggy = _grade("fix_report_script", ws)
     assert (buggy["score"], buggy["reason"]) == (
-        0, 'mismatch at answer.median_ms./api/login: expected 104, got 131.0')
+        0,
+        "mismatch at answer.median_ms./api/login: expected 104, got 131.0",
+    )
     script = ws / "report.py"
     source = script.read_text()
     fixed = source.replace('append(row["latency_ms"])', 'append(float(row["latency_ms"]))')
@@ -160,7 +184,11 @@ def test_report_script_bug_is_real_and_the_fix_scores_10(tmp_path: Path) -> None
     ("env_name", "dataset", "max_steps"),
     [
         ("gsm8k", {"format": "jsonl", "path": "data/cases.jsonl", "hidden_fields": ["answer"]}, 4),
-        ("workspace", {"format": "task_dirs", "path": "tasks", "hidden_fields": ["expected", "files_dir"]}, 12),
+        (
+            "workspace",
+            {"format": "task_dirs", "path": "tasks", "hidden_fields": ["expected", "files_dir"]},
+            12,
+        ),
     ],
 )
 def test_env_yaml(env_name: str, dataset: dict, max_steps: int) -> None:

@@ -35,15 +35,30 @@ def _free_port() -> int:
 
 
 def test_an_unreachable_feed_is_an_error_after_the_grace_time() -> None:
-    with FeedClient(f"http://127.0.0.1:{_free_port()}", unavailable_s=0.5) as c, \
-            pytest.raises(FeedUnavailable, match="is unreachable"):
+    with (
+        FeedClient(f"http://127.0.0.1:{_free_port()}", unavailable_s=0.5) as c,
+        pytest.raises(FeedUnavailable, match="is unreachable"),
+    ):
         c.progress("j")
 
 
 def start_feed(db: Path, port: int) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}",
-                          "--port", str(port), "--poll-interval-s", "0.05"], stdout=subprocess.PIPE, text=True,
-                         env=ENV)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "feed",
+            "--db-path",
+            f"sqlite://{db}",
+            "--port",
+            str(port),
+            "--poll-interval-s",
+            "0.05",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     assert p.stdout is not None and p.stdout.readline().startswith("feed on http://127.0.0.1:")
     return p
 

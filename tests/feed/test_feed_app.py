@@ -27,8 +27,9 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 
 def client(store: Store) -> httpx.AsyncClient:
-    app = create_feed_app(FeedQueries(store.reader), FeedSettings(min_valid=2, poll_interval_s=0.02,
-                                                                  keepalive_s=0.05))
+    app = create_feed_app(
+        FeedQueries(store.reader), FeedSettings(min_valid=2, poll_interval_s=0.02, keepalive_s=0.05)
+    )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://feed")
 
 
@@ -42,7 +43,13 @@ async def test_pages_follow_the_cursor_and_say_when_the_job_is_done(store: Store
         page = r.json()
         assert r.status_code == 200
         assert [g["group_id"] for g in page["groups"]] == ["b"] and page["next_cursor"] == 1
-        assert page["progress"] == {"sessions": 6, "finished": 4, "groups": 3, "groups_ready": 2, "done": False}
+        assert page["progress"] == {
+            "sessions": 6,
+            "finished": 4,
+            "groups": 3,
+            "groups_ready": 2,
+            "done": False,
+        }
         (b,) = page["groups"]
         assert [s["score"] for s in b["samples"]] == [10.0, 0.0]
         assert [round(s["advantage"], 6) for s in b["samples"]] == [1.0, -1.0]
@@ -76,7 +83,9 @@ async def test_long_poll_answers_when_a_group_becomes_ready(store: Store) -> Non
         # (its progress was read before the groups, so it may or may not say done yet)
         assert [g["group_id"] for g in page["groups"]] == ["a"] and page["next_cursor"] == 1
         # a done job answers at once, even with a wait
-        page = (await asyncio.wait_for(c.get("/v1/jobs/j/groups", params={"after": 1, "wait": 30}), 10)).json()
+        page = (
+            await asyncio.wait_for(c.get("/v1/jobs/j/groups", params={"after": 1, "wait": 30}), 10)
+        ).json()
         assert page["groups"] == [] and page["progress"]["done"]
 
 
@@ -100,8 +109,12 @@ async def test_sse_resumes_from_last_event_id_and_ends_with_done(store: Store) -
         await finish(store, ids[g][0], 4)
     async with client(store) as c:
         events = _events((await c.get("/v1/jobs/j/groups/stream")).text)
-        assert [(e.get("id"), e["event"]) for e in events] == [("1", "group"), ("2", "group"), ("3", "group"),
-                                                              (None, "done")]
+        assert [(e.get("id"), e["event"]) for e in events] == [
+            ("1", "group"),
+            ("2", "group"),
+            ("3", "group"),
+            (None, "done"),
+        ]
         assert [json.loads(e["data"])["group_id"] for e in events[:3]] == ["c", "a", "b"]
         events = _events((await c.get("/v1/jobs/j/groups/stream", headers={"Last-Event-ID": "2"})).text)
         assert [e.get("id") for e in events] == ["3", None]
@@ -121,8 +134,14 @@ async def test_unknown_job_and_bad_parameters_are_clear_errors(store: Store) -> 
             assert r.status_code == 400, after
             err = r.json()["error"]  # the gateway's error shape, not FastAPI's {"detail": ...}
             assert set(err) == {"message", "type", "param", "code"}, r.text
-            assert (err["param"], err["code"], err["type"]) == ("after", "invalid_request", "invalid_request_error")
-            assert err["message"].startswith("invalid request to /v1/jobs/nope/groups: query parameter 'after': ")
+            assert (err["param"], err["code"], err["type"]) == (
+                "after",
+                "invalid_request",
+                "invalid_request_error",
+            )
+            assert err["message"].startswith(
+                "invalid request to /v1/jobs/nope/groups: query parameter 'after': "
+            )
             assert err["message"].endswith(f"(got {str(after)!r})"), err
         r = await c.get("/v1/jobs/nope/groups/stream", headers={"Last-Event-ID": str(2**63)})
         assert r.status_code == 400 and r.json()["error"]["code"] == "bad_last_event_id"
@@ -131,19 +150,27 @@ async def test_unknown_job_and_bad_parameters_are_clear_errors(store: Store) -> 
         assert r.status_code == 400 and r.json()["error"]["param"] == "limit"
         assert r.json()["error"]["message"] == (
             "invalid request to /v1/jobs/nope/groups: query parameter 'limit': Input should be greater than or "
-            "equal to 1 (got '0'); also: 'normalize' (invalid)")
+            "equal to 1 (got '0'); also: 'normalize' (invalid)"
+        )
         for path in ("/v1/jobs/nope/groups", "/v1/jobs/nope/groups/stream"):  # a typo is not the default
             r = await c.get(path, params={"after": 0, "min_vaild": 5})
             assert (r.status_code, r.json()["error"]["param"], r.json()["error"]["code"]) == (
-                400, "min_vaild", "unknown_parameter"), r.text
-            assert r.json()["error"]["message"].startswith("unknown query parameter 'min_vaild' (known: after, "), r.text
+                400,
+                "min_vaild",
+                "unknown_parameter",
+            ), r.text
+            assert r.json()["error"]["message"].startswith(
+                "unknown query parameter 'min_vaild' (known: after, "
+            ), r.text
             r = await c.get(path, params={"min_valid": 2**63})
             assert (r.status_code, r.json()["error"]["param"]) == (400, "min_valid"), r.text
         r = await c.get("/v1/nothing/here")
         assert r.status_code == 404 and r.json()["error"]["message"] == "Not Found"
 
 
-async def test_a_job_recorded_before_the_feed_is_backfilled_in_finishing_order(store: Store, tmp_path: Path) -> None:
+async def test_a_job_recorded_before_the_feed_is_backfilled_in_finishing_order(
+    store: Store, tmp_path: Path
+) -> None:
     ids = await make_job(store, "old", {"a": 1, "b": 2, "c": 1})
     for sid in (ids["c"][0], ids["b"][0], ids["a"][0]):  # b is still incomplete
         await finish(store, sid, 5)
@@ -160,7 +187,8 @@ async def test_a_job_recorded_before_the_feed_is_backfilled_in_finishing_order(s
 
 
 async def test_min_valid_below_one_is_refused_and_a_group_without_a_valid_sample_is_never_trainable(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     ids = await make_job(store, "j", {"bad": 2})
     for sid in ids["bad"]:  # every sample an evaluator error
         await finish(store, sid, None, "error", eval_reason="KeyError")
@@ -169,13 +197,19 @@ async def test_min_valid_below_one_is_refused_and_a_group_without_a_valid_sample
             for value in (0, -1):
                 r = await c.get(path, params={"min_valid": value})
                 err = r.json()["error"]
-                assert (r.status_code, err["param"], err["code"]) == (400, "min_valid", "invalid_request"), r.text
-                assert err["message"].endswith(f"Input should be greater than or equal to 1 (got '{value}')"), err
+                assert (r.status_code, err["param"], err["code"]) == (400, "min_valid", "invalid_request"), (
+                    r.text
+                )
+                assert err["message"].endswith(
+                    f"Input should be greater than or equal to 1 (got '{value}')"
+                ), err
         (g,) = (await c.get("/v1/jobs/j/groups", params={"min_valid": 1, "view": "scores"})).json()["groups"]
         assert (g["n_valid"], g["min_valid"], g["trainable"], g["flags"]) == (0, 1, False, ["too_few_valid"])
     with pytest.raises(ValueError, match=r"^min_valid must be an integer >= 1 .*not 0$"):
         FeedSettings(min_valid=0)
-    with pytest.raises(ValueError, match=r"^poll_interval_s must be a finite number of seconds above 0, not nan$"):
+    with pytest.raises(
+        ValueError, match=r"^poll_interval_s must be a finite number of seconds above 0, not nan$"
+    ):
         FeedSettings(poll_interval_s=float("nan"))
 
 
@@ -184,12 +218,21 @@ async def test_every_route_refuses_unknown_and_repeated_parameters(store: Store)
     async with client(store) as c:
         r = await c.get("/v1/jobs/j", params={"foo": 1})
         assert r.status_code == 400 and r.json()["error"] == {
-            "message": "unknown query parameter 'foo' (known: none)", "type": "invalid_request_error",
-            "param": "foo", "code": "unknown_parameter"}
+            "message": "unknown query parameter 'foo' (known: none)",
+            "type": "invalid_request_error",
+            "param": "foo",
+            "code": "unknown_parameter",
+        }
         assert (await c.get("/v1/jobs/j")).status_code == 200
-        for path, query in (("/v1/jobs/j/groups", "limit=1&limit=2"), ("/v1/jobs/j/groups/stream", "after=0&after=3")):
+        for path, query in (
+            ("/v1/jobs/j/groups", "limit=1&limit=2"),
+            ("/v1/jobs/j/groups/stream", "after=0&after=3"),
+        ):
             r = await c.get(f"{path}?{query}")
             name = query.split("=")[0]
             assert r.status_code == 400 and r.json()["error"] == {
                 "message": f"query parameter {name!r} is given more than once (give it once)",
-                "type": "invalid_request_error", "param": name, "code": "repeated_parameter"}, r.text
+                "type": "invalid_request_error",
+                "param": name,
+                "code": "repeated_parameter",
+            }, r.text

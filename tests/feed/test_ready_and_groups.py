@@ -36,7 +36,10 @@ async def test_a_group_is_ready_when_its_last_sample_finishes_in_ready_order(tmp
         await finish(store, ids["g1"][1], 0)
         entries = await q.ready_after("j", 0, 10)
         assert [(e["ready_seq"], e["group_id"], e["revision"], e["n_samples"]) for e in entries] == [
-            (1, "g2", 1, 2), (2, "g3", 1, 1), (3, "g1", 1, 2)]
+            (1, "g2", 1, 2),
+            (2, "g3", 1, 1),
+            (3, "g1", 1, 2),
+        ]
         assert [e["group_id"] for e in await q.ready_after("j", 1, 1)] == ["g3"]
         assert await q.progress("j") == {"sessions": 5, "finished": 5, "groups": 3, "groups_ready": 3}
         # finishing an already finished session again appends nothing
@@ -52,7 +55,11 @@ async def test_a_group_is_ready_when_its_last_sample_finishes_in_ready_order(tmp
     # durable: the entries are rows of the file
     con = sqlite3.connect(tmp_path / "t.db")
     assert con.execute("select group_id from feed_groups where job_id='j' order by ready_seq").fetchall() == [
-        ("g2",), ("g3",), ("g1",), ("g3",)]
+        ("g2",),
+        ("g3",),
+        ("g1",),
+        ("g3",),
+    ]
 
 
 def test_grpo_advantages_over_valid_samples_only() -> None:
@@ -73,19 +80,44 @@ def test_invalid_reasons_never_pass_a_zero_for_a_score() -> None:
     # a grading failure whose control graded is the agent's 0: valid (docs/trust-model.md)
     assert invalid_reason({**base, "eval_status": "error", "eval_reason": "KeyError"}) is None
     assert invalid_reason({**base, "eval_status": "timeout"}) is None
-    assert invalid_reason({"finished": True, "reward": None, "eval_status": "grader_broken",
-                           "eval_reason": "grader broken: x"}) == "evaluation grader_broken: grader broken: x"
-    assert invalid_reason({"finished": True, "reward": None, "eval_status": "infra_error",
-                           "outcome": "setup_failed"}) == "infrastructure failure (setup_failed)"
+    assert (
+        invalid_reason(
+            {
+                "finished": True,
+                "reward": None,
+                "eval_status": "grader_broken",
+                "eval_reason": "grader broken: x",
+            }
+        )
+        == "evaluation grader_broken: grader broken: x"
+    )
+    assert (
+        invalid_reason(
+            {"finished": True, "reward": None, "eval_status": "infra_error", "outcome": "setup_failed"}
+        )
+        == "infrastructure failure (setup_failed)"
+    )
     assert invalid_reason({"finished": True, "reward": None, "eval_status": None}) == "not evaluated"
     assert invalid_reason({"finished": False, "reward": 5.0, "eval_status": "scored"}) == "unfinished"
     assert invalid_reason({"finished": True, "reward": float("nan"), "eval_status": "scored"}) is not None
 
 
-def _tok(seq: int, prompt: list[int] | None, completion: list[int] | None, lp: list[float] | None = None,
-         **kw: object) -> dict[str, object]:
-    return {"seq": seq, "status": "ok", "is_trainable": True, "prompt_token_ids": prompt,
-            "completion_token_ids": completion, "completion_logprobs": lp, **kw}
+def _tok(
+    seq: int,
+    prompt: list[int] | None,
+    completion: list[int] | None,
+    lp: list[float] | None = None,
+    **kw: object,
+) -> dict[str, object]:
+    return {
+        "seq": seq,
+        "status": "ok",
+        "is_trainable": True,
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "completion_logprobs": lp,
+        **kw,
+    }
 
 
 def test_token_sequences_merge_extending_steps_and_mask_model_tokens() -> None:
@@ -109,9 +141,22 @@ def test_token_sequences_merge_extending_steps_and_mask_model_tokens() -> None:
 
 
 def test_group_flags_too_few_valid_and_no_signal() -> None:
-    rows = [{"env_id": f"s{k}", "job_id": "j", "group_id": "g", "env_name": "e", "case_id": "c", "llm_model": "m",
-             "sample_index": k, "status": "succeeded", "finished": True, "reward": r, "eval_status": st}
-            for k, (r, st) in enumerate([(None, "grader_broken"), (6.0, "scored"), (None, "infra_error")])]
+    rows = [
+        {
+            "env_id": f"s{k}",
+            "job_id": "j",
+            "group_id": "g",
+            "env_name": "e",
+            "case_id": "c",
+            "llm_model": "m",
+            "sample_index": k,
+            "status": "succeeded",
+            "finished": True,
+            "reward": r,
+            "eval_status": st,
+        }
+        for k, (r, st) in enumerate([(None, "grader_broken"), (6.0, "scored"), (None, "infra_error")])
+    ]
     g = build_group(None, rows, {}, GroupOptions(min_valid=2))
     assert (g.n_valid, g.trainable, g.flags, g.cursor) == (1, False, ["too_few_valid"], None)
     assert [s.score for s in g.samples] == [None, 6.0, None]
@@ -123,16 +168,30 @@ def test_group_flags_too_few_valid_and_no_signal() -> None:
 
 
 def test_min_valid_is_at_least_one_so_a_group_without_a_valid_sample_is_never_trainable() -> None:
-    rows = [{"env_id": f"s{k}", "job_id": "j", "group_id": "g", "env_name": "e", "case_id": "c", "llm_model": "m",
-             "sample_index": k, "status": "succeeded", "finished": True, "reward": None, "eval_status": "error"}
-            for k in range(2)]
+    rows = [
+        {
+            "env_id": f"s{k}",
+            "job_id": "j",
+            "group_id": "g",
+            "env_name": "e",
+            "case_id": "c",
+            "llm_model": "m",
+            "sample_index": k,
+            "status": "succeeded",
+            "finished": True,
+            "reward": None,
+            "eval_status": "error",
+        }
+        for k in range(2)
+    ]
     g = build_group(None, rows, {}, GroupOptions(min_valid=1))
     assert (g.n_valid, g.trainable, g.flags, g.mean_score) == (0, False, ["too_few_valid"], None)
     for bad in (0, -3, True, 1.5):
         with pytest.raises(ValueError) as ei:
             GroupOptions(min_valid=bad)  # type: ignore[arg-type]
-        assert str(ei.value) == (f"min_valid must be an integer >= 1 (a trainable group needs a valid sample), "
-                                 f"not {bad!r}")
+        assert str(ei.value) == (
+            f"min_valid must be an integer >= 1 (a trainable group needs a valid sample), not {bad!r}"
+        )
 
 
 async def test_loaded_group_carries_steps_and_null_tokens_when_not_captured(tmp_path: Path) -> None:
@@ -145,7 +204,14 @@ async def test_loaded_group_carries_steps_and_null_tokens_when_not_captured(tmp_
         q = FeedQueries(store.reader)
         entries = await q.ready_after("j", 0, 10)
         ((g, raw),) = await load_groups(q, "j", entries, ["g"], GroupOptions())
-        assert (g.cursor, g.env, g.case_id, g.model, g.n_valid, g.trainable) == (1, "toy", "case-g", "m", 2, True)
+        assert (g.cursor, g.env, g.case_id, g.model, g.n_valid, g.trainable) == (
+            1,
+            "toy",
+            "case-g",
+            "m",
+            2,
+            True,
+        )
         assert g.mean_score == 6.0 and g.std_score == 4.0
         assert g.ready_at is not None and g.ready_at.endswith("+00:00")
         assert [s.advantage for s in g.samples] == [pytest.approx(1.0), pytest.approx(-1.0)]
@@ -182,7 +248,9 @@ async def test_a_sample_whose_steps_span_another_route_is_invalid(tmp_path: Path
         assert (by_sid[mixed].valid, by_sid[mixed].score, by_sid[mixed].advantage) == (False, None, None)
         assert by_sid[mixed].invalid_reason == "steps of another route: strong (the session runs on m)"
         assert (by_sid[foreign].valid, by_sid[foreign].invalid_reason) == (
-            False, "steps of another route: strong (the session runs on m)")
+            False,
+            "steps of another route: strong (the session runs on m)",
+        )
         assert [st.model for st in by_sid[foreign].steps or []] == ([] if view == "scores" else ["strong"])
         assert (by_sid[clean].valid, by_sid[clean].score) == (True, 2.0)
         assert (g.n_valid, g.mean_score) == (1, 2.0)

@@ -29,13 +29,37 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
     db = tmp_path / "trajs.db"
     async with FakeUpstream() as up:
         cfg = tmp_path / "gw.yaml"
-        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
-                                       "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "storage_config": {"db_url": f"sqlite://{db}"},
+                    "llm_routes": {"fake": {"base_url": up.base_url}},
+                }
+            )
+        )
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(REPO / "launcher.py"), "serve", "--agent-root", str(tmp_path / "envs"),
-            "--gateway-config", str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--port", "0",
-            "--pool-size", "2", "--poll-interval-s", "0.05", cwd=str(tmp_path), env=ENV,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "serve",
+            "--agent-root",
+            str(tmp_path / "envs"),
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            f"sqlite://{db}",
+            "--port",
+            "0",
+            "--pool-size",
+            "2",
+            "--poll-interval-s",
+            "0.05",
+            cwd=str(tmp_path),
+            env=ENV,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             assert proc.stdout is not None
             line = (await asyncio.wait_for(proc.stdout.readline(), 180)).decode()
@@ -43,11 +67,17 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
             url = line.split()[2].rstrip("/")
             async with httpx.AsyncClient(base_url=url, timeout=60) as http:
                 gateway = (await http.get("/v1/serve")).json()["gateway_url"]
-                r = await http.post("/v1/batches", json={"envs": ["toy"], "samples": 2, "cases": {"toy": ["b", "a"]},
-                                                         "job_id": "first"})
+                r = await http.post(
+                    "/v1/batches",
+                    json={"envs": ["toy"], "samples": 2, "cases": {"toy": ["b", "a"]}, "job_id": "first"},
+                )
                 assert r.status_code == 202, r.text
                 assert {k: r.json()[k] for k in ("job_id", "sessions", "groups", "feed")} == {
-                    "job_id": "first", "sessions": 4, "groups": 2, "feed": "/v1/jobs/first/groups"}
+                    "job_id": "first",
+                    "sessions": 4,
+                    "groups": 2,
+                    "feed": "/v1/jobs/first/groups",
+                }
                 first = await asyncio.to_thread(read_groups, url, "first")
                 assert sorted(g["case_id"] for g in first) == ["a", "b"]
                 for g in first:
@@ -61,28 +91,43 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
 
                 # bad batches are refused with the reason, and run nothing
                 for body, status, text in (
-                        ({"envs": ["nope"]}, 400, "no such env"),
-                        ({"envs": ["toy"], "cases": {"toy": ["zz"]}}, 400, "has no case ['zz']"),
-                        ({"envs": ["toy"], "job_id": "first"}, 409, "already exists"),
-                        ({"envs": ["toy"], "sample": 2}, 400, "invalid /v1/batches body: unknown field 'sample' "
-                                                              "(known: "),
-                        ({"envs": ["toy"], "samples": 0}, 400, "invalid /v1/batches body: field 'samples': Input "
-                                                               "should be greater than or equal to 1 (got 0)"),
-                        ({"envs": ["toy"], "samples": 10**11}, 400, "field 'samples': Input should be less than or "
-                                                                    "equal to 10000 (got 100000000000)"),
-                        ({"envs": ["toy"], "model": "nope"}, 400, "no route 'nope'")):
+                    ({"envs": ["nope"]}, 400, "no such env"),
+                    ({"envs": ["toy"], "cases": {"toy": ["zz"]}}, 400, "has no case ['zz']"),
+                    ({"envs": ["toy"], "job_id": "first"}, 409, "already exists"),
+                    (
+                        {"envs": ["toy"], "sample": 2},
+                        400,
+                        "invalid /v1/batches body: unknown field 'sample' (known: ",
+                    ),
+                    (
+                        {"envs": ["toy"], "samples": 0},
+                        400,
+                        "invalid /v1/batches body: field 'samples': Input "
+                        "should be greater than or equal to 1 (got 0)",
+                    ),
+                    (
+                        {"envs": ["toy"], "samples": 10**11},
+                        400,
+                        "field 'samples': Input should be less than or equal to 10000 (got 100000000000)",
+                    ),
+                    ({"envs": ["toy"], "model": "nope"}, 400, "no route 'nope'"),
+                ):
                     r = await http.post("/v1/batches", json=body)
                     assert r.status_code == status and text in r.json()["error"]["message"], (body, r.text)
 
                 # a policy version is set on the gateway before the batch runs, and stamped on its steps
-                r = await http.post("/v1/batches", json={"envs": ["toy"], "limit": 1, "samples": 2, "job_id": "pv",
-                                                         "policy_version": 5})
+                r = await http.post(
+                    "/v1/batches",
+                    json={"envs": ["toy"], "limit": 1, "samples": 2, "job_id": "pv", "policy_version": 5},
+                )
                 if "policy_version" in SessionStep.__table__.c:  # type: ignore[attr-defined]
                     assert r.status_code == 202, r.text
                     (g3,) = await asyncio.to_thread(read_groups, url, "pv")
                     assert [s["policy_versions"] for s in g3["samples"]] == [[5], [5]]
                     # a later batch without one runs at the version the gateway was left at, and says so
-                    r = await http.post("/v1/batches", json={"envs": ["toy"], "limit": 1, "job_id": "pv-kept"})
+                    r = await http.post(
+                        "/v1/batches", json={"envs": ["toy"], "limit": 1, "job_id": "pv-kept"}
+                    )
                     assert r.status_code == 202 and r.json()["policy_version"] is None, r.text
                     (g4,) = await asyncio.to_thread(read_groups, url, "pv-kept")
                     assert [s["policy_versions"] for s in g4["samples"]] == [[5]]
@@ -92,7 +137,9 @@ async def test_batches_run_one_after_another_on_one_gateway(tmp_path: Path) -> N
 
                 listed = {b["job_id"]: b["state"] for b in (await http.get("/v1/batches")).json()["batches"]}
                 assert listed["first"] == listed[second_id] == "done"
-                assert (await http.get("/v1/serve")).json()["gateway_url"] == gateway  # the same gateway throughout
+                assert (await http.get("/v1/serve")).json()[
+                    "gateway_url"
+                ] == gateway  # the same gateway throughout
                 assert (await http.get("/v1/batches/none")).status_code == 404
         finally:
             if proc.returncode is None:
@@ -113,18 +160,42 @@ async def test_sigterm_cancels_the_batch_in_flight_and_leaves_it_for_resume(tmp_
     async with FakeUpstream() as up:
         up.script("/v1/chat/completions", [held] * 4)
         cfg = tmp_path / "gw.yaml"
-        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
-                                       "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "storage_config": {"db_url": f"sqlite://{db}"},
+                    "llm_routes": {"fake": {"base_url": up.base_url}},
+                }
+            )
+        )
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(REPO / "launcher.py"), "serve", "--agent-root", str(tmp_path / "envs"),
-            "--gateway-config", str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--port", "0",
-            "--pool-size", "2", cwd=str(tmp_path), env=ENV, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "serve",
+            "--agent-root",
+            str(tmp_path / "envs"),
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            f"sqlite://{db}",
+            "--port",
+            "0",
+            "--pool-size",
+            "2",
+            cwd=str(tmp_path),
+            env=ENV,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             assert proc.stdout is not None
             url = (await asyncio.wait_for(proc.stdout.readline(), 180)).decode().split()[2].rstrip("/")
             async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-                r = await http.post("/v1/batches", json={"envs": ["toy"], "samples": 2, "limit": 1, "job_id": "b"})
+                r = await http.post(
+                    "/v1/batches", json={"envs": ["toy"], "samples": 2, "limit": 1, "job_id": "b"}
+                )
                 assert r.status_code == 202, r.text
             await up.wait_for_requests(2, timeout=180)  # both sessions are waiting for the model
             proc.send_signal(signal.SIGTERM)
@@ -138,7 +209,9 @@ async def test_sigterm_cancels_the_batch_in_flight_and_leaves_it_for_resume(tmp_
     con = sqlite3.connect(db)
     try:
         assert con.execute("SELECT status, finished FROM job_environments WHERE job_id = 'b'").fetchall() == [
-            ("cancelled", 0), ("cancelled", 0)]
+            ("cancelled", 0),
+            ("cancelled", 0),
+        ]
         assert con.execute("SELECT count(*) FROM feed_groups WHERE job_id = 'b'").fetchone() == (0,)
     finally:
         con.close()
@@ -160,14 +233,26 @@ async def test_a_batch_refuses_a_missing_evaluator_exactly_as_a_job_does(tmp_pat
     make_env(tmp_path / "envs")
     (tmp_path / "envs" / "toy" / "rule_evaluator.py").unlink()
     db = tmp_path / "t.db"
-    opts = JobOptions(agent_root=tmp_path / "envs", gateway_config=tmp_path / "unused.yaml", llm_model=["fake"],
-                      db_path=f"sqlite://{db}", enable_evaluation=True, sandbox="none")
+    opts = JobOptions(
+        agent_root=tmp_path / "envs",
+        gateway_config=tmp_path / "unused.yaml",
+        llm_model=["fake"],
+        db_path=f"sqlite://{db}",
+        enable_evaluation=True,
+        sandbox="none",
+    )
     with pytest.raises(SetupError) as job:
         await run_job(opts)
     assert "--enable-evaluation: no evaluator: env 'toy' needs" in str(job.value)
     async with FakeUpstream() as up:
-        gw = await serve(GatewaySettings.model_validate({
-            "storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        gw = await serve(
+            GatewaySettings.model_validate(
+                {
+                    "storage_config": {"db_url": f"sqlite://{db}"},
+                    "llm_routes": {"fake": {"base_url": up.base_url}},
+                }
+            )
+        )
         store = Store(f"sqlite://{db}")
         try:
             await store.init()

@@ -20,10 +20,12 @@ from store import SessionStep
 from tests.fake_upstream import FakeUpstream
 from tests.feed.helpers import ENV, REPO
 
-pytestmark = pytest.mark.skipif("prompt_token_ids" not in SessionStep.__table__.c,  # type: ignore[attr-defined]
-                                reason="this store version has no token columns (gateway token capture)")
+pytestmark = pytest.mark.skipif(
+    "prompt_token_ids" not in SessionStep.__table__.c,  # type: ignore[attr-defined]
+    reason="this store version has no token columns (gateway token capture)",
+)
 
-RUNTIME = '''
+RUNTIME = """
 from env.runtime_kit import openai_client, run_runtime
 from rollout.contract.protocol import SimulationStartResult
 
@@ -37,11 +39,11 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded", metrics={"text": text})
 
 run_runtime(main)
-'''
-EVALUATOR = '''
+"""
+EVALUATOR = """
 def evaluate(request, spec, trajectory):
     return 10 if request.sample_index == 0 else 0
-'''
+"""
 
 
 def trainer_module() -> object:
@@ -60,25 +62,65 @@ async def test_sequences_hold_the_recorded_token_ids_with_masks_and_logprobs(tmp
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
     (env_dir / "data" / "cases.jsonl").write_text(json.dumps({"id": "a", "q": "q a"}) + "\n")
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 200}, "max_steps": 4}))
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "toy",
+                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 200},
+                "max_steps": 4,
+            }
+        )
+    )
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
         up.add_rule(token_rule())
         cfg = tmp_path / "gw.yaml"
-        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
-                                       "llm_routes": {"fake": {"base_url": up.base_url, "capture": "tokens"}}}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "storage_config": {"db_url": f"sqlite://{db}"},
+                    "llm_routes": {"fake": {"base_url": up.base_url, "capture": "tokens"}},
+                }
+            )
+        )
         job = await asyncio.create_subprocess_exec(
-            sys.executable, str(REPO / "launcher.py"), "--agent-root", str(tmp_path / "envs"), "--gateway-config",
-            str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation",
-            "--rl-group-size", "2", "--job-id", "j", "--no-progress", "--out", str(tmp_path / "o.jsonl"),
-            env=ENV, cwd=str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "--agent-root",
+            str(tmp_path / "envs"),
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            f"sqlite://{db}",
+            "--enable-evaluation",
+            "--rl-group-size",
+            "2",
+            "--job-id",
+            "j",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            env=ENV,
+            cwd=str(tmp_path),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         _, err = await asyncio.wait_for(job.communicate(), 300)
         assert job.returncode == 0, err.decode()
     feed = await asyncio.create_subprocess_exec(
-        sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}", "--port", "0",
-        env=ENV, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(REPO / "launcher.py"),
+        "feed",
+        "--db-path",
+        f"sqlite://{db}",
+        "--port",
+        "0",
+        env=ENV,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert feed.stdout is not None
         url = (await asyncio.wait_for(feed.stdout.readline(), 120)).decode().split()[2].rstrip("/")
@@ -93,16 +135,26 @@ async def test_sequences_hold_the_recorded_token_ids_with_masks_and_logprobs(tmp
         await feed.wait()
     good = g.samples[0]
     st1, st2 = good.steps or []
-    assert st1.prompt_token_ids and st1.completion_token_ids and st2.prompt_token_ids and st2.completion_token_ids
+    assert (
+        st1.prompt_token_ids
+        and st1.completion_token_ids
+        and st2.prompt_token_ids
+        and st2.completion_token_ids
+    )
     assert st1.completion_logprobs is not None and st2.completion_logprobs is not None
     (seq,) = good.sequences or []
     assert seq.steps == [1, 2] and st2.extends_prefix is True
     assert seq.token_ids == st2.prompt_token_ids + st2.completion_token_ids
     between = len(st2.prompt_token_ids) - len(st1.prompt_token_ids) - len(st1.completion_token_ids)
-    assert seq.mask == ([0] * len(st1.prompt_token_ids) + [1] * len(st1.completion_token_ids) + [0] * between
-                        + [1] * len(st2.completion_token_ids))
-    assert [lp for lp, m in zip(seq.logprobs, seq.mask, strict=True) if m] == (st1.completion_logprobs
-                                                                               + st2.completion_logprobs)
+    assert seq.mask == (
+        [0] * len(st1.prompt_token_ids)
+        + [1] * len(st1.completion_token_ids)
+        + [0] * between
+        + [1] * len(st2.completion_token_ids)
+    )
+    assert [lp for lp, m in zip(seq.logprobs, seq.mask, strict=True) if m] == (
+        st1.completion_logprobs + st2.completion_logprobs
+    )
     line = trainer_module().group_loss(g)  # type: ignore[attr-defined]
     lp_sum = sum(st1.completion_logprobs + st2.completion_logprobs)  # type: ignore[arg-type]
     assert good.advantage is not None and line["samples"][0]["logprob_sum"] == pytest.approx(lp_sum)

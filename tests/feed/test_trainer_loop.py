@@ -24,8 +24,9 @@ from tests.feed.helpers import CASES, ENV, REPO, make_env
 async def spawn(*args: str, cwd: Path, stdout: Path | None = None) -> asyncio.subprocess.Process:
     out = stdout.open("wb") if stdout else asyncio.subprocess.PIPE
     try:
-        return await asyncio.create_subprocess_exec(sys.executable, *args, cwd=str(cwd), env=ENV, stdout=out,
-                                                    stderr=asyncio.subprocess.PIPE)
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, cwd=str(cwd), env=ENV, stdout=out, stderr=asyncio.subprocess.PIPE
+        )
     finally:
         if stdout:
             out.close()  # type: ignore[union-attr]
@@ -47,7 +48,9 @@ def state_cursor(path: Path) -> int:
         return 0
 
 
-async def test_trainer_reads_a_running_job_survives_a_restart_and_sees_each_group_once(tmp_path: Path) -> None:
+async def test_trainer_reads_a_running_job_survives_a_restart_and_sees_each_group_once(
+    tmp_path: Path,
+) -> None:
     make_env(tmp_path / "envs")
     db = tmp_path / "trajs.db"
     release = asyncio.Event()
@@ -63,27 +66,68 @@ async def test_trainer_reads_a_running_job_survives_a_restart_and_sees_each_grou
     async with FakeUpstream() as up:
         up.script("/v1/chat/completions", [gated] * (2 * len(CASES)))
         cfg = tmp_path / "gw.yaml"
-        cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
-                                       "llm_routes": {"fake": {"base_url": up.base_url}}}))
-        launcher = await spawn(str(REPO / "launcher.py"), "--agent-root", str(tmp_path / "envs"),
-                               "--gateway-config", str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}",
-                               "--enable-evaluation", "--pool-size", "1", "--rl-group-size", "2", "--job-id", "job1",
-                               "--no-progress", "--out", str(tmp_path / "out.jsonl"),
-                               cwd=tmp_path)
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "storage_config": {"db_url": f"sqlite://{db}"},
+                    "llm_routes": {"fake": {"base_url": up.base_url}},
+                }
+            )
+        )
+        launcher = await spawn(
+            str(REPO / "launcher.py"),
+            "--agent-root",
+            str(tmp_path / "envs"),
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            f"sqlite://{db}",
+            "--enable-evaluation",
+            "--pool-size",
+            "1",
+            "--rl-group-size",
+            "2",
+            "--job-id",
+            "job1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out.jsonl"),
+            cwd=tmp_path,
+        )
         feed = None
         trainer = None
         try:
             await up.wait_for_requests(1, timeout=180)  # the job's rows are in the store
-            feed = await spawn(str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}", "--port", "0",
-                               "--poll-interval-s", "0.05", cwd=tmp_path)
+            feed = await spawn(
+                str(REPO / "launcher.py"),
+                "feed",
+                "--db-path",
+                f"sqlite://{db}",
+                "--port",
+                "0",
+                "--poll-interval-s",
+                "0.05",
+                cwd=tmp_path,
+            )
             assert feed.stdout is not None
             first = (await asyncio.wait_for(feed.stdout.readline(), 120)).decode()
             url = first.split()[2].rstrip("/")
             assert first.startswith("feed on http://127.0.0.1:"), first
 
             state = tmp_path / "trainer.json"
-            argv = [str(REPO / "examples" / "trainer_loop.py"), "--feed-url", url, "--job-id", "job1",
-                    "--state", str(state), "--wait-s", "2"]
+            argv = [
+                str(REPO / "examples" / "trainer_loop.py"),
+                "--feed-url",
+                url,
+                "--job-id",
+                "job1",
+                "--state",
+                str(state),
+                "--wait-s",
+                "2",
+            ]
             trainer = await spawn(*argv, cwd=tmp_path, stdout=tmp_path / "run1.out")
             await until(lambda: state_cursor(state) >= 2, "the trainer accounted for two groups")
             # the job is still running (the model holds the later sessions): kill the trainer mid-job
@@ -137,37 +181,65 @@ def test_trainer_errors_are_one_line_and_a_nonzero_exit(tmp_path: Path) -> None:
         await store.close()
 
     asyncio.run(empty_store())
-    feed = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}",
-                             "--port", "0"], stdout=subprocess.PIPE, text=True, env=ENV)
+    feed = subprocess.Popen(
+        [sys.executable, str(REPO / "launcher.py"), "feed", "--db-path", f"sqlite://{db}", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         assert feed.stdout is not None
         url = feed.stdout.readline().split()[2].rstrip("/")
 
         def trainer(*args: str) -> tuple[int, str]:
-            r = subprocess.run([sys.executable, str(REPO / "examples" / "trainer_loop.py"), "--feed-url", url,
-                                "--job-id", "nope", *args], capture_output=True, text=True, timeout=120, env=ENV,
-                               cwd=tmp_path)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    str(REPO / "examples" / "trainer_loop.py"),
+                    "--feed-url",
+                    url,
+                    "--job-id",
+                    "nope",
+                    *args,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=ENV,
+                cwd=tmp_path,
+            )
             assert "Traceback" not in r.stderr, r.stderr
             return r.returncode, r.stderr.strip().splitlines()[-1]
 
         state = tmp_path / "state.json"
         assert trainer("--state", str(state)) == (
-            1, "error: GET /v1/jobs/nope/groups: HTTP 404 unknown_job: no job 'nope' in this store")
+            1,
+            "error: GET /v1/jobs/nope/groups: HTTP 404 unknown_job: no job 'nope' in this store",
+        )
         assert not state.exists()
         folder = tmp_path / "folder"
         folder.mkdir()
-        assert trainer("--state", str(folder)) == (1, f"error: --state {folder} is a folder; give a file path")
+        assert trainer("--state", str(folder)) == (
+            1,
+            f"error: --state {folder} is a folder; give a file path",
+        )
         state.write_text('{"cursor": "x"}')
         assert trainer("--state", str(state)) == (
-            1, f"error: --state {state} does not hold a trainer state (a JSON object with cursor, groups, updates, "
-               "loss_sum)")
+            1,
+            f"error: --state {state} does not hold a trainer state (a JSON object with cursor, groups, updates, "
+            "loss_sum)",
+        )
         state.write_text("{not json")
         code, line = trainer("--state", str(state))
         assert code == 1 and line.startswith(f"error: cannot read --state {state}: Expecting property name")
         assert trainer("--state", str(state), "--min-valid", "-1") == (
-            2, "trainer_loop.py: error: argument --min-valid: -1 is below 1 (it must be at least 1)")
+            2,
+            "trainer_loop.py: error: argument --min-valid: -1 is below 1 (it must be at least 1)",
+        )
         assert trainer("--state", str(state), "--wait-s", "nan") == (
-            2, "trainer_loop.py: error: argument --wait-s: 'nan' is not a finite number")
+            2,
+            "trainer_loop.py: error: argument --wait-s: 'nan' is not a finite number",
+        )
     finally:
         feed.kill()
         feed.wait()

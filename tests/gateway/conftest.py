@@ -47,8 +47,9 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def eventually(pred: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 5.0,
-                     interval: float = 0.01) -> None:
+async def eventually(
+    pred: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 5.0, interval: float = 0.01
+) -> None:
     """Poll ``pred`` (sync or async) until it is true; AssertionError after ``timeout`` seconds.
     For state that offers nothing to await (rows committed by the gateway's writer task)."""
     deadline = time.monotonic() + timeout
@@ -67,7 +68,9 @@ class Gateway:
     """One running gateway: ``url`` (``http://127.0.0.1:PORT``), its settings, its app, and
     helpers to call it and to read the trajectory store behind it."""
 
-    def __init__(self, settings: GatewaySettings, server: _Server, task: asyncio.Task[None], port: int) -> None:
+    def __init__(
+        self, settings: GatewaySettings, server: _Server, task: asyncio.Task[None], port: int
+    ) -> None:
         self.settings = settings
         self.server = server
         self.task = task
@@ -134,9 +137,20 @@ class Gateway:
         """Register sessions as a launcher does before they run (their ``job_environments`` rows)."""
         store = Store(self.db_url)
         try:
-            await store.add_job_sessions([JobEnvironment(session_id=sid, job_id="job", env_name="env", case_id="0",
-                                                         llm_model="m", group_id="g", max_steps=max_steps)
-                                          for sid in sids])
+            await store.add_job_sessions(
+                [
+                    JobEnvironment(
+                        session_id=sid,
+                        job_id="job",
+                        env_name="env",
+                        case_id="0",
+                        llm_model="m",
+                        group_id="g",
+                        max_steps=max_steps,
+                    )
+                    for sid in sids
+                ]
+            )
         finally:
             await store.close()
 
@@ -169,8 +183,10 @@ class Gateway:
         compressed values (``packed``, a zlib stream), to search for leaked secrets."""
         con = sqlite3.connect(self.db_path, timeout=30)
         try:
-            packed = [zlib.decompress(p).decode("utf-8") for (p,) in
-                      con.execute("SELECT packed FROM session_steps WHERE packed IS NOT NULL")]
+            packed = [
+                zlib.decompress(p).decode("utf-8")
+                for (p,) in con.execute("SELECT packed FROM session_steps WHERE packed IS NOT NULL")
+            ]
             return "\n".join([*con.iterdump(), *packed])
         finally:
             con.close()
@@ -229,9 +245,17 @@ async def serve(settings: GatewaySettings) -> Gateway:
     """Serve ``create_app(settings)`` with uvicorn on an ephemeral loopback port; returns once
     the server has started (lifespan startup done, socket listening)."""
     app = create_app(settings)
-    config = server_config(app, head_timeout_s=settings.request_head_timeout_s,  # as python -m gateway
-                           keep_alive_s=settings.keep_alive_timeout_s, host="127.0.0.1", port=0, lifespan="on",
-                           log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+    config = server_config(
+        app,
+        head_timeout_s=settings.request_head_timeout_s,  # as python -m gateway
+        keep_alive_s=settings.keep_alive_timeout_s,
+        host="127.0.0.1",
+        port=0,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+    )
     server = _Server(config)
     task = asyncio.create_task(server.serve(), name="uvicorn-gateway")
     async with asyncio.timeout(15):
@@ -256,7 +280,9 @@ def db_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-async def start_gateway(upstream: FakeUpstream, db_url: str) -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
+async def start_gateway(
+    upstream: FakeUpstream, db_url: str
+) -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
     started: list[Gateway] = []
 
     async def start(**overrides: Any) -> Gateway:

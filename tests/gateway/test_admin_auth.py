@@ -40,22 +40,32 @@ def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def _send(gw: Gateway, method: str, path: str, body: dict[str, Any] | None, key: str | None) -> httpx.Response:
+async def _send(
+    gw: Gateway, method: str, path: str, body: dict[str, Any] | None, key: str | None
+) -> httpx.Response:
     return await gw.http().request(method, path, json=body, headers=_bearer(key) if key else {})
 
 
 @pytest.mark.parametrize(("method", "path", "body"), ADMIN)
-async def test_admin_endpoints_take_only_an_admin_key(start_gateway: StartGateway, method: str, path: str,
-                                                      body: dict[str, Any] | None) -> None:
+async def test_admin_endpoints_take_only_an_admin_key(
+    start_gateway: StartGateway, method: str, path: str, body: dict[str, Any] | None
+) -> None:
     gw = await start_gateway(auth={"api_keys": [CLIENT_KEY], "admin_api_keys": [ADMIN_KEY]})
     client = await _send(gw, method, path, body, CLIENT_KEY)
     assert client.status_code == 403
-    assert client.json() == {"error": {"message": "This is a client key: the admin endpoints take an admin key "
-                                                  "(auth.admin_api_keys).",
-                                       "type": "permission_error", "param": None, "code": "admin_key_required"}}
+    assert client.json() == {
+        "error": {
+            "message": "This is a client key: the admin endpoints take an admin key (auth.admin_api_keys).",
+            "type": "permission_error",
+            "param": None,
+            "code": "admin_key_required",
+        }
+    }
     missing = await _send(gw, method, path, body, None)
     wrong = await _send(gw, method, path, body, "sk-not-it")
-    assert [(r.status_code, r.json()["error"]["code"]) for r in (missing, wrong)] == [(401, "invalid_api_key")] * 2
+    assert [(r.status_code, r.json()["error"]["code"]) for r in (missing, wrong)] == [
+        (401, "invalid_api_key")
+    ] * 2
     assert missing.json()["error"]["message"].startswith("Missing admin key")
     assert ADMIN_KEY not in missing.text + wrong.text + client.text
     state = gw.app_state.policy
@@ -100,8 +110,15 @@ async def test_admin_keys_alone_leave_model_calls_open(start_gateway: StartGatew
 
 def test_admin_key_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GW_TEST_ADMIN", f" {ADMIN_KEY} ,second-admin")
-    s = GatewaySettings.model_validate({"auth": {"api_keys": [CLIENT_KEY], "admin_api_keys": ["first-admin"],
-                                                 "admin_api_keys_env": "GW_TEST_ADMIN"}})
+    s = GatewaySettings.model_validate(
+        {
+            "auth": {
+                "api_keys": [CLIENT_KEY],
+                "admin_api_keys": ["first-admin"],
+                "admin_api_keys_env": "GW_TEST_ADMIN",
+            }
+        }
+    )
     assert s.auth.admin_keys() == ("first-admin", ADMIN_KEY, "second-admin")
     assert s.auth.keys() == (CLIENT_KEY,) and s.auth.enabled
     assert gateway_admin_key(s) == "first-admin"
@@ -110,7 +127,9 @@ def test_admin_key_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError, match="admin key #1 .* is also a client key") as ei:
         GatewaySettings.model_validate({"auth": {"api_keys": [CLIENT_KEY], "admin_api_keys": [CLIENT_KEY]}})
     assert CLIENT_KEY not in str(ei.value)
-    with pytest.raises(ValidationError, match="auth.admin_api_keys_env names GW_TEST_UNSET, which is not set"):
+    with pytest.raises(
+        ValidationError, match="auth.admin_api_keys_env names GW_TEST_UNSET, which is not set"
+    ):
         GatewaySettings.model_validate({"auth": {"admin_api_keys_env": "GW_TEST_UNSET"}})
     with pytest.raises(ValidationError, match=r"auth.admin_api_keys\[0\] is not a valid key"):
         GatewaySettings.model_validate({"auth": {"admin_api_keys": ["has space"]}})
@@ -118,8 +137,9 @@ def test_admin_key_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gateway_admin_key(None) == ADMIN_KEY
 
 
-async def test_serve_sets_policy_versions_with_the_admin_key_only(start_gateway: StartGateway,
-                                                                  tmp_path: Path) -> None:
+async def test_serve_sets_policy_versions_with_the_admin_key_only(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
     """``launcher.py serve`` reaches ``/admin/policy_version`` with its admin key; the client key it
     gives runtimes is refused there."""
     gw = await start_gateway(auth={"api_keys": [CLIENT_KEY], "admin_api_keys": [ADMIN_KEY]})

@@ -23,14 +23,25 @@ from tests.fake_upstream import DEFAULT_TEXT, FakeUpstream
 from tests.gateway.conftest import CLIENT_KEY, MESSAGES, ROUTE_KEY, Gateway, StartGateway, anthropic_routes
 
 AUTH = {"api_keys": [CLIENT_KEY]}
-OPENAI_401_WRONG = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
-                              "param": None, "code": "invalid_api_key"}}
-MISSING = ("Missing API key: this gateway requires one of its keys as `Authorization: Bearer <key>` or "
-           "`x-api-key: <key>`.")
-OPENAI_401_MISSING = {"error": {"message": MISSING, "type": "invalid_request_error", "param": None,
-                                "code": "invalid_api_key"}}
-ANTHROPIC_401_WRONG = {"type": "error", "error": {"type": "authentication_error",
-                                                  "message": "Incorrect API key provided."}}
+OPENAI_401_WRONG = {
+    "error": {
+        "message": "Incorrect API key provided.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+}
+MISSING = (
+    "Missing API key: this gateway requires one of its keys as `Authorization: Bearer <key>` or "
+    "`x-api-key: <key>`."
+)
+OPENAI_401_MISSING = {
+    "error": {"message": MISSING, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+}
+ANTHROPIC_401_WRONG = {
+    "type": "error",
+    "error": {"type": "authentication_error", "message": "Incorrect API key provided."},
+}
 CHAT = {"model": "m", "messages": MESSAGES}
 MSG = {"model": "a", "max_tokens": 8, "messages": MESSAGES}
 
@@ -68,8 +79,14 @@ async def test_without_keys_nothing_is_asked(gw: Gateway, upstream: FakeUpstream
 
 
 @pytest.mark.parametrize(("method", "path", "body", "anthropic_shape"), PROTECTED)
-async def test_every_v1_route_needs_a_key(start_gateway: StartGateway, upstream: FakeUpstream, method: str,
-                                          path: str, body: dict[str, Any] | None, anthropic_shape: bool) -> None:
+async def test_every_v1_route_needs_a_key(
+    start_gateway: StartGateway,
+    upstream: FakeUpstream,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    anthropic_shape: bool,
+) -> None:
     gw = await authed(start_gateway, upstream)
     http = gw.http()
     missing = await http.request(method, path, json=body)
@@ -79,7 +96,10 @@ async def test_every_v1_route_needs_a_key(start_gateway: StartGateway, upstream:
     assert missing.headers["www-authenticate"] == "Bearer"
     assert wrong.headers["www-authenticate"] == 'Bearer error="invalid_token"'
     if anthropic_shape:
-        assert missing.json() == {"type": "error", "error": {"type": "authentication_error", "message": MISSING}}
+        assert missing.json() == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": MISSING},
+        }
         assert wrong.json() == wrong_x.json() == ANTHROPIC_401_WRONG
     else:
         assert missing.json() == OPENAI_401_MISSING
@@ -107,7 +127,9 @@ async def test_the_openai_sdk_with_the_key(start_gateway: StartGateway, upstream
     client = gw.client("s1")  # api_key=CLIENT_KEY: sent as Authorization: Bearer
     out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
-    chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    chunks = [
+        c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    ]  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == DEFAULT_TEXT
     assert [m.id async for m in gw.client().models.list()] == ["m", "a"]
     await gw.client().chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -120,7 +142,8 @@ async def test_the_openai_sdk_with_the_key(start_gateway: StartGateway, upstream
     assert ei.value.code == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         await gw.client("s1", api_key="sk-wrong").chat.completions.create(  # type: ignore[call-overload]
-            model="m", messages=MESSAGES, stream=True)
+            model="m", messages=MESSAGES, stream=True
+        )
     assert len(await gw.steps("s1")) == 2  # refused calls use no budget, leave no step
 
 
@@ -141,26 +164,40 @@ async def test_the_anthropic_sdk_with_the_key(start_gateway: StartGateway, upstr
         assert "".join([t async for t in stream.text_stream]) == DEFAULT_TEXT
 
     with pytest.raises(anthropic.AuthenticationError) as ei:
-        await gw.anthropic("s1", api_key="sk-wrong").messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+        await gw.anthropic("s1", api_key="sk-wrong").messages.create(
+            model="a", max_tokens=8, messages=MESSAGES
+        )  # type: ignore[arg-type]
     assert ei.value.status_code == 401 and ei.value.response.json() == ANTHROPIC_401_WRONG
 
 
-async def test_x_api_key_header_and_bearer_spelling(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_x_api_key_header_and_bearer_spelling(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await authed(start_gateway, upstream)
     http = gw.http()
-    for headers in ({"x-api-key": CLIENT_KEY}, {"X-Api-Key": CLIENT_KEY},
-                    {"Authorization": f"bearer {CLIENT_KEY}"}, {"Authorization": f"BEARER   {CLIENT_KEY}"},
-                    {"Authorization": "Bearer sk-wrong", "x-api-key": CLIENT_KEY}):
+    for headers in (
+        {"x-api-key": CLIENT_KEY},
+        {"X-Api-Key": CLIENT_KEY},
+        {"Authorization": f"bearer {CLIENT_KEY}"},
+        {"Authorization": f"BEARER   {CLIENT_KEY}"},
+        {"Authorization": "Bearer sk-wrong", "x-api-key": CLIENT_KEY},
+    ):
         r = await http.post("/v1/sessions/s1/v1/messages", json=MSG, headers=headers)
         assert r.status_code == 200, headers
-    for headers in ({"Authorization": CLIENT_KEY}, {"Authorization": f"Basic {CLIENT_KEY}"},
-                    {"Authorization": "Bearer"}, {"x-api-key": ""}, {"api-key": CLIENT_KEY}):
+    for headers in (
+        {"Authorization": CLIENT_KEY},
+        {"Authorization": f"Basic {CLIENT_KEY}"},
+        {"Authorization": "Bearer"},
+        {"x-api-key": ""},
+        {"api-key": CLIENT_KEY},
+    ):
         r = await http.post("/v1/sessions/s1/v1/messages", json=MSG, headers=headers)
         assert r.status_code == 401, headers
 
 
-async def test_the_client_key_is_never_forwarded_nor_recorded(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                              tmp_path: Path) -> None:
+async def test_the_client_key_is_never_forwarded_nor_recorded(
+    start_gateway: StartGateway, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     routes = {**anthropic_routes(upstream), "nokey": {"api_key": None}}
     log_path = tmp_path / "requests.jsonl"
     gw = await start_gateway(auth=AUTH, routes=routes, request_log={"enabled": True, "path": str(log_path)})
@@ -179,13 +216,20 @@ async def test_the_client_key_is_never_forwarded_nor_recorded(start_gateway: Sta
     assert log_text.count("\n") == 4 and CLIENT_KEY not in log_text
 
 
-async def test_keys_from_an_environment_variable(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_keys_from_an_environment_variable(
+    start_gateway: StartGateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GW_TEST_KEYS", " k-one , k-two,,")
     gw = await start_gateway(auth={"api_keys": ["k-inline"], "api_keys_env": "GW_TEST_KEYS"})
     assert gw.settings.auth.keys() == ("k-inline", "k-one", "k-two")
     http = gw.http()
-    for key, status in (("k-inline", 200), ("k-one", 200), ("k-two", 200), ("k-three", 401), ("k-one,k-two", 401)):
+    for key, status in (
+        ("k-inline", 200),
+        ("k-one", 200),
+        ("k-two", 200),
+        ("k-three", 401),
+        ("k-one,k-two", 401),
+    ):
         r = await http.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == status, key
 
@@ -213,8 +257,13 @@ def test_auth_config_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 
 def test_presented_keys_reads_both_headers() -> None:
-    headers = [(b"authorization", b"Bearer  k1 "), (b"x-api-key", b" k2"), (b"authorization", b"Basic k3"),
-               (b"x-api-key", b"  "), (b"content-type", b"k4")]
+    headers = [
+        (b"authorization", b"Bearer  k1 "),
+        (b"x-api-key", b" k2"),
+        (b"authorization", b"Basic k3"),
+        (b"x-api-key", b"  "),
+        (b"content-type", b"k4"),
+    ]
     assert presented_keys(headers) == [b"k1", b"k2"]
 
 
@@ -239,10 +288,13 @@ def test_keys_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> 
         KeyChecker([])
 
 
-async def test_a_raw_client_without_sdk_gets_openai_shaped_401(start_gateway: StartGateway,
-                                                               upstream: FakeUpstream) -> None:
+async def test_a_raw_client_without_sdk_gets_openai_shaped_401(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await authed(start_gateway, upstream)
     async with httpx.AsyncClient(base_url=gw.url) as c:
-        r = await c.post("/v1/sessions/s1/chat/completions", json=CHAT, headers={"Authorization": "Bearer nope"})
+        r = await c.post(
+            "/v1/sessions/s1/chat/completions", json=CHAT, headers={"Authorization": "Bearer nope"}
+        )
     assert (r.status_code, r.json()) == (401, OPENAI_401_WRONG)
     assert r.headers["content-type"] == "application/json"

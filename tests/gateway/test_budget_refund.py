@@ -20,6 +20,7 @@ UP_PATH = "/v1/chat/completions"
 RATE_LIMITED = {"error": {"message": "rate limited", "type": "rate_limit_error", "param": None, "code": None}}
 BUSY = {"error": {"message": "overloaded", "type": "server_error", "param": None, "code": None}}
 
+
 @pytest.fixture
 def db_url(store_url: str) -> str:
     """This module runs on both backends (SQLite, and PostgreSQL with shared sessions)."""
@@ -51,15 +52,18 @@ async def _status(gw: Gateway, sid: str = "s1") -> dict[str, Any]:
 
 
 def _row(gw: Gateway, sid: str = "s1") -> dict[str, Any]:
-    [row] = gw.sql("SELECT status, total_steps, refunded_steps, step_counts FROM gateway_sessions "
-                   "WHERE session_id=?", sid)
+    [row] = gw.sql(
+        "SELECT status, total_steps, refunded_steps, step_counts FROM gateway_sessions WHERE session_id=?",
+        sid,
+    )
     return dict(row)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("status", [429, 503])
 async def test_429_or_503_is_refunded_and_the_next_call_gets_the_unit(
-        start_gateway: StartGateway, upstream: FakeUpstream, stream: bool, status: int) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool, status: int
+) -> None:
     gw = await start_gateway(max_steps=1, routes={"m": NO_RETRY})
     upstream.script(UP_PATH, [Reply.json(RATE_LIMITED, status=status, headers={"Retry-After": "1"})])
     with pytest.raises(openai.RateLimitError if status == 429 else openai.InternalServerError):
@@ -92,7 +96,11 @@ async def test_connect_failure_is_refunded(start_gateway: StartGateway, upstream
     assert first.meta_json["phase"] == "connect" and first.meta_json["budget_refunded"] is True
     assert first.is_trainable is False
     assert (second.seq, second.llm_model, second.status, second.meta_json["budget_refunded"]) == (
-        2, "dead", "error", True)
+        2,
+        "dead",
+        "error",
+        True,
+    )
     st = await _status(gw)
     assert (st["status"], st["total_steps"], st["refunded_steps"]) == ("active", 2, 2)
     out = await _chat(gw, model="m", sid="s2")
@@ -102,14 +110,16 @@ async def test_connect_failure_is_refunded(start_gateway: StartGateway, upstream
 
 async def test_connect_failure_after_route_retries_is_refunded_once(start_gateway: StartGateway) -> None:
     dead = f"http://127.0.0.1:{_closed_port()}/v1"
-    gw = await start_gateway(max_steps=1, routes={"m": {"base_url": dead,
-                                                        "retry": {"backoff_s": 0.01, "max_backoff_s": 0.02}}})
+    gw = await start_gateway(
+        max_steps=1, routes={"m": {"base_url": dead, "retry": {"backoff_s": 0.01, "max_backoff_s": 0.02}}}
+    )
     for _ in range(2):
         with pytest.raises(openai.InternalServerError):
             await _chat(gw)
     steps = await gw.steps("s1")
-    assert [(s.seq, s.status, len(s.meta_json["attempts"]), s.meta_json["budget_refunded"]) for s in steps] == [
-        (1, "error", 3, True), (2, "error", 3, True)]
+    assert [
+        (s.seq, s.status, len(s.meta_json["attempts"]), s.meta_json["budget_refunded"]) for s in steps
+    ] == [(1, "error", 3, True), (2, "error", 3, True)]
     st = await _status(gw)
     assert (st["status"], st["total_steps"], st["refunded_steps"]) == ("active", 2, 2)
 
@@ -137,7 +147,11 @@ async def test_openai_sdk_retry_of_a_relayed_429(start_gateway: StartGateway, up
     assert len(upstream.requests) == 2
     first, second = await gw.steps("s1")
     assert (first.seq, first.status_code, first.meta_json["budget_refunded"], first.is_trainable) == (
-        1, 429, True, False)
+        1,
+        429,
+        True,
+        False,
+    )
     assert (second.seq, second.status, second.is_trainable) == (2, "ok", True)
     st = await _status(gw)
     assert st["total_steps"] - st["refunded_steps"] == 1  # the budget used
@@ -147,8 +161,13 @@ async def test_openai_sdk_retry_of_a_relayed_429(start_gateway: StartGateway, up
 async def test_parallel_calls_with_a_refund(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     budget, n = 2, 6
     gw = await start_gateway(max_steps=budget, routes={"m": NO_RETRY})
-    upstream.script(UP_PATH, [Reply.json(RATE_LIMITED, status=429, delay_headers_s=0.2),
-                              Reply.json(chat_completion(), delay_headers_s=0.2)])
+    upstream.script(
+        UP_PATH,
+        [
+            Reply.json(RATE_LIMITED, status=429, delay_headers_s=0.2),
+            Reply.json(chat_completion(), delay_headers_s=0.2),
+        ],
+    )
     client = gw.client("s1")
 
     async def one() -> str:
@@ -173,7 +192,9 @@ async def test_parallel_calls_with_a_refund(start_gateway: StartGateway, upstrea
     assert (st["total_steps"], st["refunded_steps"]) == (3, 1)
 
 
-async def test_refund_survives_a_restart(start_gateway: StartGateway, upstream: FakeUpstream, db_url: str) -> None:
+async def test_refund_survives_a_restart(
+    start_gateway: StartGateway, upstream: FakeUpstream, db_url: str
+) -> None:
     gw = await start_gateway(max_steps=1, routes={"m": NO_RETRY})
     upstream.script(UP_PATH, [Reply.json(RATE_LIMITED, status=429)])
     with pytest.raises(openai.RateLimitError):

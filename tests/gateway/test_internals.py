@@ -43,11 +43,19 @@ async def _ticks(n: int = 5) -> None:
 
 @pytest.fixture
 async def state(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[GatewayState]:
-    settings = GatewaySettings.model_validate({
-        "storage_config": {"db_url": f"sqlite://{tmp_path}/u.db"}, "max_steps": 2,
-        "llm_routes": {"m": {"base_url": upstream.base_url, "retry": {"backoff_s": 0, "max_attempts": 3}},
-                       "dead": {"base_url": f"http://127.0.0.1:{_free_port()}/v1",
-                                "retry": {"backoff_s": 0, "max_attempts": 2}}}})
+    settings = GatewaySettings.model_validate(
+        {
+            "storage_config": {"db_url": f"sqlite://{tmp_path}/u.db"},
+            "max_steps": 2,
+            "llm_routes": {
+                "m": {"base_url": upstream.base_url, "retry": {"backoff_s": 0, "max_attempts": 3}},
+                "dead": {
+                    "base_url": f"http://127.0.0.1:{_free_port()}/v1",
+                    "retry": {"backoff_s": 0, "max_attempts": 2},
+                },
+            },
+        }
+    )
     store = Store(settings.storage_config.db_url)
     await store.init()
     metrics = Metrics()
@@ -76,7 +84,9 @@ def _free_port() -> int:
 
 async def _call(gw: GatewayState, sid: str | None = "s1", *, claim: bool = True, **body: Any) -> Call:
     req = CHAT.validate({**BODY, **body})
-    pending = gw.sessions.recent_calls.begin(sid, ("body", "chat.completions", "k")) if sid and claim else None
+    pending = (
+        gw.sessions.recent_calls.begin(sid, ("body", "chat.completions", "k")) if sid and claim else None
+    )
     call = Call(gw, CHAT, req, {**BODY, **body}, pending, sid)
     if sid is not None:
         call.slot = await gw.sessions.reserve(sid, req.model)
@@ -154,8 +164,16 @@ async def test_finish_records_counts_settles_and_releases_once(state: GatewaySta
 async def test_a_refunded_failure_gives_the_unit_back_and_is_not_trainable(state: GatewayState) -> None:
     call = await _call(state)
     call.attempts = [Attempt(None, error="refused", wait_s=0.0), Attempt(None, error="refused")]
-    await call.finish(CallEnd(StepStatus.ERROR, 502, {"error": {}}, answered=502,
-                              meta={"phase": Phase.CONNECT.value}, refund=True))
+    await call.finish(
+        CallEnd(
+            StepStatus.ERROR,
+            502,
+            {"error": {}},
+            answered=502,
+            meta={"phase": Phase.CONNECT.value},
+            refund=True,
+        )
+    )
     [step] = await state.store.trajectory("s1")
     assert step.meta_json is not None
     assert (step.status, step.is_trainable, step.meta_json["budget_refunded"]) == ("error", False, True)
@@ -174,8 +192,9 @@ async def test_abandon_releases_and_fails_the_claim_without_a_row(state: Gateway
     assert await state.store.trajectory("s1") == []
 
 
-async def test_a_commit_that_fails_is_a_500_and_the_call_is_still_ended(state: GatewayState,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_commit_that_fails_is_a_500_and_the_call_is_still_ended(
+    state: GatewayState, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def broken(steps: object, sessions: object, **kw: object) -> None:
         raise OSError("disk full")
 
@@ -198,13 +217,20 @@ async def test_an_ok_stream_keeps_its_claim_open_until_its_bytes_went_out(state:
 
 
 # ------------------------------------------------------------------------------------------ Exchange
-async def test_exchange_retries_a_429_and_lists_every_attempt(state: GatewayState, upstream: FakeUpstream) -> None:
-    upstream.script("/v1/chat/completions", [Reply.json({"error": {"message": "slow down"}}, status=429,
-                                                        headers={"Retry-After": "0"}),
-                                             Reply.json(chat_completion("second"))])
+async def test_exchange_retries_a_429_and_lists_every_attempt(
+    state: GatewayState, upstream: FakeUpstream
+) -> None:
+    upstream.script(
+        "/v1/chat/completions",
+        [
+            Reply.json({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0"}),
+            Reply.json(chat_completion("second")),
+        ],
+    )
     call = await _call(state, claim=False)
-    exchange = Exchange(call, b'{"model":"m","messages":[]}', {"Content-Type": "application/json"},
-                        relay_sse=False)
+    exchange = Exchange(
+        call, b'{"model":"m","messages":[]}', {"Content-Type": "application/json"}, relay_sse=False
+    )
     content = await exchange.run()
     await exchange.close(abort=False)
     assert content is not None and b"second" in content
@@ -220,24 +246,35 @@ async def test_exchange_connect_failure_is_before_the_model_after_its_attempts(s
         await exchange.run()
     await exchange.close(abort=True)
     f = ei.value
-    assert (f.status, f.step_status, f.phase, f.retry_reason) == (502, StepStatus.ERROR, Phase.CONNECT,
-                                                                  "connect_error")
+    assert (f.status, f.step_status, f.phase, f.retry_reason) == (
+        502,
+        StepStatus.ERROR,
+        Phase.CONNECT,
+        "connect_error",
+    )
     assert before_model(f) and len(call.attempts) == 2 and call.attempts[0].wait_s == 0.0
 
 
 # ------------------------------------------------------------------------------------------ StreamRelay
-async def _relay(state: GatewayState, upstream: FakeUpstream, chunks: list[bytes]) -> tuple[Call, StreamRelay]:
+async def _relay(
+    state: GatewayState, upstream: FakeUpstream, chunks: list[bytes]
+) -> tuple[Call, StreamRelay]:
     upstream.script("/v1/chat/completions", [Reply.sse(chunks)])
     call = await _call(state, stream=True)
-    exchange = Exchange(call, b'{"model":"m","messages":[],"stream":true}', {"Content-Type": "application/json"},
-                        relay_sse=True)
+    exchange = Exchange(
+        call,
+        b'{"model":"m","messages":[],"stream":true}',
+        {"Content-Type": "application/json"},
+        relay_sse=True,
+    )
     assert await exchange.run() is None  # a stream to relay
     assert exchange.resp is not None
     return call, StreamRelay(call.hand_over(), exchange.resp, exchange.stack)
 
 
-async def test_relay_sends_the_upstream_bytes_and_records_one_ok_step(state: GatewayState,
-                                                                     upstream: FakeUpstream) -> None:
+async def test_relay_sends_the_upstream_bytes_and_records_one_ok_step(
+    state: GatewayState, upstream: FakeUpstream
+) -> None:
     chunks = [chat_chunk("hel", role="assistant"), chat_chunk("lo"), chat_chunk(finish_reason="stop"), DONE]
     call, relay = await _relay(state, upstream, chunks)
     sent = [b async for b in relay.events()]
@@ -250,8 +287,9 @@ async def test_relay_sends_the_upstream_bytes_and_records_one_ok_step(state: Gat
     assert call.claim.replay.body == b"".join(chunks)  # a retry gets every byte sent
 
 
-async def test_relay_whose_client_left_records_the_partial_answer(state: GatewayState,
-                                                                 upstream: FakeUpstream) -> None:
+async def test_relay_whose_client_left_records_the_partial_answer(
+    state: GatewayState, upstream: FakeUpstream
+) -> None:
     chunks = [chat_chunk("partial", role="assistant"), chat_chunk(" more"), DONE]
     call, relay = await _relay(state, upstream, chunks)
     events = relay.events()
@@ -261,14 +299,19 @@ async def test_relay_whose_client_left_records_the_partial_answer(state: Gateway
     await events.aclose()
     await relay.finish()
     [step] = await state.store.trajectory("s1")
-    assert step.status == "client_disconnected" and step.response["choices"][0]["message"]["content"] == "partial"
+    assert (
+        step.status == "client_disconnected"
+        and step.response["choices"][0]["message"]["content"] == "partial"
+    )
     assert call.claim is not None and call.claim.settled and call.claim.replay is None
     assert state.sessions.in_flight("s1") == 0
 
 
 # ------------------------------------------------------------------------------------------ strict JSON
 def test_strict_event_rewrites_only_the_data_and_keeps_the_other_lines() -> None:
-    [ev] = SSEParser().feed(b"event: delta\r\nid: 7\r\n: note\r\ndata: {\"lp\": -Infinity,\r\ndata:  \"x\": NaN}\r\n\r\n")
+    [ev] = SSEParser().feed(
+        b'event: delta\r\nid: 7\r\n: note\r\ndata: {"lp": -Infinity,\r\ndata:  "x": NaN}\r\n\r\n'
+    )
     out, n = strict_event(ev)
     assert n == 2 and out.data == '{"lp":null,"x":null}'
     assert out.raw == b'event: delta\nid: 7\n: note\ndata: {"lp":null,"x":null}\n\n'

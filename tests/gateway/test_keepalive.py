@@ -54,8 +54,13 @@ class Tee(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         resp = await self._inner.handle_async_request(request)
-        return httpx2.Response(resp.status_code, headers=resp.headers, stream=_TeeStream(resp.stream, self.raw),
-                               extensions=resp.extensions, request=request)
+        return httpx2.Response(
+            resp.status_code,
+            headers=resp.headers,
+            stream=_TeeStream(resp.stream, self.raw),
+            extensions=resp.extensions,
+            request=request,
+        )
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -69,7 +74,7 @@ def assert_only_between_events(raw: bytes) -> None:
     while at >= 0:
         before = raw[:at]
         assert before == b"" or before.endswith((b"\n\n", KEEPALIVE)), raw
-        assert not raw[at + len(KEEPALIVE):].startswith((b"\n", b"\r")), raw
+        assert not raw[at + len(KEEPALIVE) :].startswith((b"\n", b"\r")), raw
         at = raw.find(KEEPALIVE, at + 1)
 
 
@@ -89,8 +94,9 @@ def test_keepalive_is_one_comment_line_that_openai_python_ignores_after_an_id() 
     assert events([b": keep-alive", b""]) == ['{"x":1}', ""]  # the ": ping\n\n" style would break it
 
 
-async def test_stall_gets_keepalives_and_the_openai_sdk_reads_ab(start_gateway: StartGateway,
-                                                                    upstream: FakeUpstream) -> None:
+async def test_stall_gets_keepalives_and_the_openai_sdk_reads_ab(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(keepalive_interval_s=INTERVAL)
     delays = [0, 0, 0, 0, 0, STALL, 0]  # the upstream stalls between the "A" and "B" events
     upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=delays)])
@@ -116,7 +122,9 @@ async def test_stall_gets_keepalives_and_the_openai_sdk_reads_ab(start_gateway: 
     assert "keep-alive" not in json.dumps(step.response)
 
 
-async def test_a_stall_inside_an_event_never_splits_it(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_a_stall_inside_an_event_never_splits_it(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """The upstream stops in the middle of the "B" event: the keep-alives go out before the
     whole event, never inside it."""
     gw = await start_gateway(keepalive_interval_s=INTERVAL)
@@ -135,14 +143,16 @@ async def test_a_stall_inside_an_event_never_splits_it(start_gateway: StartGatew
     assert step.response["choices"][0]["message"]["content"] == "AB"
 
 
-async def test_keepalives_while_waiting_for_the_first_event(start_gateway: StartGateway,
-                                                           upstream: FakeUpstream) -> None:
+async def test_keepalives_while_waiting_for_the_first_event(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """Headers came at once, then a long prefill: keep-alives start the body; TTFT is still the
     time to the first upstream byte."""
     gw = await start_gateway(keepalive_interval_s=INTERVAL)
     upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[STALL, 0, 0, 0, 0, 0, 0])])
-    r = await gw.http().post("/v1/sessions/s1/chat/completions",
-                             json={"model": "m", "messages": MESSAGES, "stream": True})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    )
     assert r.status_code == 200
     assert r.content.startswith(KEEPALIVE)
     assert r.content.replace(KEEPALIVE, b"") == RELAYED_OF_COMMENTS
@@ -151,8 +161,9 @@ async def test_keepalives_while_waiting_for_the_first_event(start_gateway: Start
     assert step.ttft_ms is not None and step.ttft_ms >= STALL * 1000 * 0.9
 
 
-async def test_zero_interval_disables_and_a_route_overrides(start_gateway: StartGateway,
-                                                            upstream: FakeUpstream) -> None:
+async def test_zero_interval_disables_and_a_route_overrides(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """``keepalive_interval_s: 0`` on the gateway sends none; a route's own interval wins."""
     routes = {"m": {}, "fast": {"keepalive_interval_s": INTERVAL}}
     gw = await start_gateway(keepalive_interval_s=0, routes=routes)
@@ -160,8 +171,10 @@ async def test_zero_interval_disables_and_a_route_overrides(start_gateway: Start
     http = gw.http()
     for route in ("m", "fast"):
         upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[0, 0, 0, 0, 0, 0.7, 0])])
-        r = await http.post(f"/v1/sessions/s-{route}/chat/completions",
-                            json={"model": route, "messages": MESSAGES, "stream": True})
+        r = await http.post(
+            f"/v1/sessions/s-{route}/chat/completions",
+            json={"model": route, "messages": MESSAGES, "stream": True},
+        )
         assert r.content.replace(KEEPALIVE, b"") == RELAYED_OF_COMMENTS
         if route == "m":
             assert KEEPALIVE not in r.content
@@ -178,13 +191,16 @@ def test_keepalive_interval_settings() -> None:
     with pytest.raises(ValueError, match="keepalive_interval_s"):
         GatewaySettings.model_validate({"keepalive_interval_s": -1})
     with pytest.raises(ValueError, match="keepalive_interval_s"):
-        GatewaySettings.model_validate({"llm_routes": {"m": {"base_url": "http://u/v1", "keepalive_interval_s": -1}}})
+        GatewaySettings.model_validate(
+            {"llm_routes": {"m": {"base_url": "http://u/v1", "keepalive_interval_s": -1}}}
+        )
 
 
 async def test_anthropic_stream_with_a_stall(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     """The same for an Anthropic Messages stream, read by the real anthropic SDK."""
-    gw = await start_gateway(keepalive_interval_s=INTERVAL,
-                             routes={"a": {"api": "anthropic", "base_url": upstream.origin}})
+    gw = await start_gateway(
+        keepalive_interval_s=INTERVAL, routes={"a": {"api": "anthropic", "base_url": upstream.origin}}
+    )
     events = default_messages_stream()
     delays = [0.0] * len(events)
     delays[4] = 0.7  # between the first and second text delta

@@ -39,14 +39,20 @@ class GatewayProcess:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = log.open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(config), "--port",
-                                      str(self.port)], stdout=self._log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--config", str(config), "--port", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+        )
         self.log = log
 
     async def ready(self) -> None:
         async def up() -> bool:
             if self.proc.poll() is not None:
-                raise AssertionError(f"gateway exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
+                raise AssertionError(
+                    f"gateway exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}"
+                )
             try:
                 async with httpx.AsyncClient() as c:
                     r = await c.get(self.url + "/readyz")
@@ -58,7 +64,9 @@ class GatewayProcess:
         await eventually(up, timeout=90, interval=0.1)
 
     def client(self, sid: str) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=f"{self.url}/v1/sessions/{sid}", api_key="unused", max_retries=0, timeout=60)
+        return AsyncOpenAI(
+            base_url=f"{self.url}/v1/sessions/{sid}", api_key="unused", max_retries=0, timeout=60
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -80,7 +88,9 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 
 @pytest.fixture
-async def start_gateways(store_url: str, upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[StartGateways]:
+async def start_gateways(
+    store_url: str, upstream: FakeUpstream, tmp_path: Path
+) -> AsyncIterator[StartGateways]:
     store = Store(store_url)
     await store.init()  # the tables exist before either gateway starts (each would create them too)
     await store.close()
@@ -88,8 +98,14 @@ async def start_gateways(store_url: str, upstream: FakeUpstream, tmp_path: Path)
 
     async def start(n: int = 2, **config: Any) -> list[GatewayProcess]:
         route = {"base_url": upstream.base_url, "retry": {"max_attempts": 1}}
-        data = {"storage_config": {"db_url": store_url}, "shared_sessions": True, "max_steps": 5,
-                "log_level": "warning", "llm_routes": {"m": route, "m2": dict(route)}, **config}
+        data = {
+            "storage_config": {"db_url": store_url},
+            "shared_sessions": True,
+            "max_steps": 5,
+            "log_level": "warning",
+            "llm_routes": {"m": route, "m2": dict(route)},
+            **config,
+        }
         cfg = tmp_path / f"gateway-{len(started)}.yaml"
         cfg.write_text(yaml.safe_dump(data))
         gws = [GatewayProcess(cfg, tmp_path / f"gateway-{len(started) + i}.log") for i in range(n)]
@@ -115,13 +131,21 @@ async def _post(gw: GatewayProcess, path: str, body: dict[str, Any]) -> httpx.Re
 
 
 async def _steps(store_url: str, sid: str) -> list[dict[str, Any]]:
-    return await raw_sql(store_url, "SELECT seq, step_id, llm_model, status, is_trainable, meta_json "
-                                    "FROM session_steps WHERE session_id = ? ORDER BY seq", sid)
+    return await raw_sql(
+        store_url,
+        "SELECT seq, step_id, llm_model, status, is_trainable, meta_json "
+        "FROM session_steps WHERE session_id = ? ORDER BY seq",
+        sid,
+    )
 
 
 async def _session(store_url: str, sid: str) -> dict[str, Any]:
-    (row,) = await raw_sql(store_url, "SELECT status, total_steps, in_flight, close_reason, completion_mode "
-                                      "FROM gateway_sessions WHERE session_id = ?", sid)
+    (row,) = await raw_sql(
+        store_url,
+        "SELECT status, total_steps, in_flight, close_reason, completion_mode "
+        "FROM gateway_sessions WHERE session_id = ?",
+        sid,
+    )
     return row
 
 
@@ -133,7 +157,8 @@ def _meta(row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_parallel_calls_over_two_gateways_make_exactly_the_budget_of_upstream_calls(
-        start_gateways: StartGateways, upstream: FakeUpstream, store_url: str) -> None:
+    start_gateways: StartGateways, upstream: FakeUpstream, store_url: str
+) -> None:
     a, b = await start_gateways()
     n, budget = 24, 5
     upstream.hold()  # the calls that got a step wait upstream: every other call races for one meanwhile
@@ -143,17 +168,21 @@ async def test_parallel_calls_over_two_gateways_make_exactly_the_budget_of_upstr
     assert len(upstream.requests) == budget
     upstream.release()
     results = await asyncio.gather(*calls)
-    assert sorted(results, key=str) == sorted([(DEFAULT_TEXT, None)] * budget + [("", "max_steps")] * (n - budget),
-                                              key=str)
+    assert sorted(results, key=str) == sorted(
+        [(DEFAULT_TEXT, None)] * budget + [("", "max_steps")] * (n - budget), key=str
+    )
     assert len(upstream.requests) == budget
     steps = await _steps(store_url, "par")
-    assert [(s["seq"], s["step_id"], s["status"]) for s in steps] == [(i, i, "ok") for i in range(1, budget + 1)]
+    assert [(s["seq"], s["step_id"], s["status"]) for s in steps] == [
+        (i, i, "ok") for i in range(1, budget + 1)
+    ]
     row = await _session(store_url, "par")
     assert (row["status"], row["total_steps"], row["in_flight"]) == ("truncated", budget, 0)
 
 
-async def test_step_ids_stay_unique_and_increasing_across_gateways(start_gateways: StartGateways,
-                                                                   store_url: str) -> None:
+async def test_step_ids_stay_unique_and_increasing_across_gateways(
+    start_gateways: StartGateways, store_url: str
+) -> None:
     a, b = await start_gateways()
     for gw in (a, b, b, a, a):
         assert await _chat(gw, "seq") == (DEFAULT_TEXT, None)
@@ -168,7 +197,8 @@ async def test_step_ids_stay_unique_and_increasing_across_gateways(start_gateway
 
 
 async def test_close_on_one_gateway_waits_for_a_call_in_flight_on_the_other(
-        start_gateways: StartGateways, upstream: FakeUpstream, store_url: str) -> None:
+    start_gateways: StartGateways, upstream: FakeUpstream, store_url: str
+) -> None:
     a, b = await start_gateways()
     upstream.hold()
     call = asyncio.ensure_future(_chat(a, "cl"))
@@ -187,7 +217,11 @@ async def test_close_on_one_gateway_waits_for_a_call_in_flight_on_the_other(
     assert await call == (DEFAULT_TEXT, None)
     closed = await close
     assert closed.status_code == 200
-    assert (closed.json()["status"], closed.json()["total_steps"], closed.json()["truncated"]) == ("closed", 1, False)
+    assert (closed.json()["status"], closed.json()["total_steps"], closed.json()["truncated"]) == (
+        "closed",
+        1,
+        False,
+    )
     (step,) = await _steps(store_url, "cl")  # committed before the close answered
     assert bool(step["is_trainable"]) and "after_close" not in _meta(step)
     row = await _session(store_url, "cl")
@@ -200,7 +234,8 @@ async def test_close_on_one_gateway_waits_for_a_call_in_flight_on_the_other(
 
 
 async def test_a_call_still_in_flight_after_the_close_grace_is_stored_after_close(
-        start_gateways: StartGateways, upstream: FakeUpstream, store_url: str) -> None:
+    start_gateways: StartGateways, upstream: FakeUpstream, store_url: str
+) -> None:
     a, b = await start_gateways(close_grace_s=0.2)
     upstream.hold()
     call = asyncio.ensure_future(_chat(a, "late"))
@@ -215,12 +250,24 @@ async def test_a_call_still_in_flight_after_the_close_grace_is_stored_after_clos
     assert (await _session(store_url, "late"))["in_flight"] == 0
 
 
-async def test_launcher_budget_and_synthetic_stop_on_either_gateway(start_gateways: StartGateways,
-                                                                    store_url: str) -> None:
+async def test_launcher_budget_and_synthetic_stop_on_either_gateway(
+    start_gateways: StartGateways, store_url: str
+) -> None:
     store = Store(store_url)
     try:
-        await store.add_job_sessions([JobEnvironment(session_id="one", job_id="j", env_name="e", case_id="0",
-                                                     llm_model="m", group_id="g", max_steps=1)])
+        await store.add_job_sessions(
+            [
+                JobEnvironment(
+                    session_id="one",
+                    job_id="j",
+                    env_name="e",
+                    case_id="0",
+                    llm_model="m",
+                    group_id="g",
+                    max_steps=1,
+                )
+            ]
+        )
     finally:
         await store.close()
     a, b = await start_gateways()

@@ -19,7 +19,9 @@ UP_PATH = "/v1/chat/completions"
 CHAT_M = (("endpoint", "chat.completions"), ("route", "m"))
 
 
-async def test_exact_counts_after_a_known_sequence(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_exact_counts_after_a_known_sequence(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(max_steps=5, routes={"m": {"retry": {"max_attempts": 2, "backoff_s": 0}}})
     client = gw.client("s1")
     await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]  # 1: ok
@@ -41,8 +43,11 @@ async def test_exact_counts_after_a_known_sequence(start_gateway: StartGateway, 
     async with httpx.AsyncClient(base_url=gw.url) as c:
         r = await c.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
-         for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    m = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(r.text)
+        for s in fam.samples
+    }
 
     requests = {k[1]: v for k, v in m.items() if k[0] == "gateway_requests_total"}
     assert requests == {
@@ -58,23 +63,36 @@ async def test_exact_counts_after_a_known_sequence(start_gateway: StartGateway, 
     assert m[("gateway_steps_recorded_total", ())] == 5  # 1-5; no step for the stop, the passthrough, the 404
     assert m[("gateway_synthetic_stops_total", ())] == 1
     assert {k[1]: v for k, v in m.items() if k[0] == "gateway_upstream_retries_total"} == {
-        (("reason", "status_503"), ("route", "m")): 1}
+        (("reason", "status_503"), ("route", "m")): 1
+    }
     assert m[("gateway_telemetry_queue_depth", ())] == 0
     assert m[("gateway_telemetry_dropped_total", ())] == 0
     assert {k[1]: v for k, v in m.items() if k[0] == "gateway_error_responses_total"} == {
-        (("code", "model_not_found"), ("status", "404")): 1}
+        (("code", "model_not_found"), ("status", "404")): 1
+    }
     assert {k[1]: v for k, v in m.items() if k[0] == "gateway_stream_keepalives_total"} == {}
     assert [s.status for s in await gw.steps("s1")] == ["ok", "ok", "ok", "ok", "error"]
 
 
-async def test_upstream_in_flight_per_route_during_a_stream(start_gateway: StartGateway,
-                                                           upstream: FakeUpstream) -> None:
+async def test_upstream_in_flight_per_route_during_a_stream(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {}, "other": {}}, keepalive_interval_s=0.1)
-    upstream.script(UP_PATH, [Reply.sse([chat_chunk("x", role="assistant"), chat_chunk(finish_reason="stop"),
-                                         b"data: [DONE]\n\n"], delay_s=[0, 1.0, 0])])
+    upstream.script(
+        UP_PATH,
+        [
+            Reply.sse(
+                [chat_chunk("x", role="assistant"), chat_chunk(finish_reason="stop"), b"data: [DONE]\n\n"],
+                delay_s=[0, 1.0, 0],
+            )
+        ],
+    )
     http = gw.http()
-    task = asyncio.ensure_future(http.post("/v1/sessions/s1/chat/completions",
-                                           json={"model": "m", "messages": MESSAGES, "stream": True}))
+    task = asyncio.ensure_future(
+        http.post(
+            "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+        )
+    )
     await upstream.wait_for_requests(1)
 
     async def streaming() -> bool:
@@ -89,7 +107,9 @@ async def test_upstream_in_flight_per_route_during_a_stream(start_gateway: Start
     assert await gw.metric("gateway_stream_keepalives_total", route="m") == r.content.count(b": keep-alive\n")
 
 
-async def test_queue_depth_while_the_db_is_locked(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_queue_depth_while_the_db_is_locked(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """best_effort: the writer holds the first record (its commit waits for the lock); the
     next ones wait in the queue, and the gauge says how many."""
     gw = await start_gateway(telemetry={"mode": "best_effort"})
@@ -106,8 +126,10 @@ async def test_queue_depth_while_the_db_is_locked(start_gateway: StartGateway, u
     await gw.wait_steps("s1", 3)
 
     async def drained() -> bool:
-        return (await gw.metric("gateway_steps_recorded_total") == 3
-                and await gw.metric("gateway_telemetry_queue_depth") == 0)
+        return (
+            await gw.metric("gateway_steps_recorded_total") == 3
+            and await gw.metric("gateway_telemetry_queue_depth") == 0
+        )
 
     await eventually(drained)
 
@@ -115,19 +137,28 @@ async def test_queue_depth_while_the_db_is_locked(start_gateway: StartGateway, u
 async def test_errors_answered_by_the_gateway_are_counted(gw: Gateway, upstream: FakeUpstream) -> None:
     http = gw.http()
     assert (await http.post("/v1/sessions/s1/chat/completions", content=b"{not json")).status_code == 400
-    assert (await http.post("/v1/sessions/s1/chat/completions", json={"model": "zz", "messages": MESSAGES})).status_code == 404
+    assert (
+        await http.post("/v1/sessions/s1/chat/completions", json={"model": "zz", "messages": MESSAGES})
+    ).status_code == 404
     assert (await http.get("/v1/nothing-here")).status_code == 404
     assert (await http.get("/v1/sessions/unknown")).status_code == 404
-    assert (await http.post("/v1/sessions/nope/close", json={})).status_code == 404  # never seen: nothing made
+    assert (
+        await http.post("/v1/sessions/nope/close", json={})
+    ).status_code == 404  # never seen: nothing made
     await gw.register("s2")
     await http.post("/v1/sessions/s2/close", json={})
-    assert (await http.post("/v1/sessions/s2/chat/completions", json={"model": "m", "messages": MESSAGES})
-            ).status_code == 409
+    assert (
+        await http.post("/v1/sessions/s2/chat/completions", json={"model": "m", "messages": MESSAGES})
+    ).status_code == 409
     m = await gw.metrics()
     errors = {k[1]: v for k, v in m.items() if k[0] == "gateway_error_responses_total"}
     codes = {(dict(k)["status"], dict(k)["code"]): v for k, v in errors.items()}
-    assert codes == {("400", ""): 1,  # malformed JSON (no error code)
-                     ("404", "model_not_found"): 1, ("404", ""): 1, ("404", "session_not_found"): 2,
-                     ("409", "session_closed"): 1}
+    assert codes == {
+        ("400", ""): 1,  # malformed JSON (no error code)
+        ("404", "model_not_found"): 1,
+        ("404", ""): 1,
+        ("404", "session_not_found"): 2,
+        ("409", "session_closed"): 1,
+    }
     assert not any(k[0] == "gateway_requests_total" for k in m)  # none of them reached a route
     assert upstream.requests == []

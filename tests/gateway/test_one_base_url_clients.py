@@ -85,11 +85,23 @@ async def _client(script: str, gw: Gateway, tmp_path: Path) -> dict[str, object]
     the JSON object on its last stdout line."""
     path = tmp_path / "client.py"
     path.write_text(textwrap.dedent(script))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "INSPECT_DISPLAY": "none", "OPENROUTER_API_KEY": "unused",
-           "GATEWAY_API_KEY": "unused"}  # the gateway has no auth here
-    proc = await asyncio.create_subprocess_exec(sys.executable, str(path), gw.url, str(tmp_path / "logs"),
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env=env, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "INSPECT_DISPLAY": "none",
+        "OPENROUTER_API_KEY": "unused",
+        "GATEWAY_API_KEY": "unused",
+    }  # the gateway has no auth here
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(path),
+        gw.url,
+        str(tmp_path / "logs"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 300)
     assert proc.returncode == 0, err.decode()[-3000:]
     result: dict[str, object] = json.loads(out.decode().strip().splitlines()[-1])
@@ -99,10 +111,14 @@ async def _client(script: str, gw: Gateway, tmp_path: Path) -> dict[str, object]
 async def _sessions(gw: Gateway) -> dict[str, list[tuple[int, str | None]]]:
     """Each recorded session: its steps' ``(seq, meta_json.session_header)``, as the store reads them."""
     sids = [row["session_id"] for row in gw.sql("SELECT DISTINCT session_id FROM session_steps")]
-    return {sid: [(s.seq, (s.meta_json or {}).get("session_header")) for s in await gw.steps(sid)] for sid in sids}
+    return {
+        sid: [(s.seq, (s.meta_json or {}).get("session_header")) for s in await gw.steps(sid)] for sid in sids
+    }
 
 
-async def test_each_inspect_sample_is_its_own_session(gw: Gateway, upstream: FakeUpstream, tmp_path: Path) -> None:
+async def test_each_inspect_sample_is_its_own_session(
+    gw: Gateway, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     pytest.importorskip("inspect_ai", reason="the `clients` extra (inspect-ai) is not installed")
     result = await _client(INSPECT, gw, tmp_path)
     uuids = set(result["ids"])  # type: ignore[call-overload]
@@ -111,7 +127,9 @@ async def test_each_inspect_sample_is_its_own_session(gw: Gateway, upstream: Fak
     assert {r.path for r in upstream.requests} == {"/v1/chat/completions"} and len(upstream.requests) == 8
 
 
-async def test_each_verifiers_rollout_is_its_own_session(gw: Gateway, upstream: FakeUpstream, tmp_path: Path) -> None:
+async def test_each_verifiers_rollout_is_its_own_session(
+    gw: Gateway, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     pytest.importorskip("verifiers", reason="the `clients` extra (verifiers) is not installed")
     result = await _client(VERIFIERS, gw, tmp_path)
     trajectories = set(result["ids"])  # type: ignore[call-overload]
@@ -129,7 +147,9 @@ def _answer_by_question(req: FakeRequest) -> Reply | None:
     return Reply.json(chat_completion("so #### 33" if "q-right" in last else "so #### 7"))
 
 
-async def test_inspect_samples_graded_by_an_envs_evaluator(gw: Gateway, upstream: FakeUpstream, tmp_path: Path) -> None:
+async def test_inspect_samples_graded_by_an_envs_evaluator(
+    gw: Gateway, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     pytest.importorskip("inspect_ai", reason="the `clients` extra (inspect-ai) is not installed")
     upstream.add_rule(_answer_by_question)
     since = utcnow()
@@ -139,12 +159,30 @@ async def test_inspect_samples_graded_by_an_envs_evaluator(gw: Gateway, upstream
     assert result["scores"] == {"q-right": "C", "q-wrong": "I"}
     for question, sid in ids.items():  # the run is over: close its sessions, give inspect's own score
         assert (await gw.http().post(f"/v1/sessions/{sid}/close")).status_code == 200
-        r = await gw.http().post(f"/v1/sessions/{sid}/score",
-                                 json={"reward": 1.0 if question == "q-right" else 0.0, "reason": "inspect includes"})
+        r = await gw.http().post(
+            f"/v1/sessions/{sid}/score",
+            json={"reward": 1.0 if question == "q-right" else 0.0, "reason": "inspect includes"},
+        )
         assert r.status_code == 200, r.text
     db = gw.settings.storage_config.db_url
-    grade = ["--env", "gsm8k", "--agent-root", str(REPO / "env"), "--db-path", db, "--since", since.isoformat(),
-             "--case", "0", "--job-id", "inspect-gsm8k", "--grader-isolation", "none", "--out", str(tmp_path / "g.jsonl")]
+    grade = [
+        "--env",
+        "gsm8k",
+        "--agent-root",
+        str(REPO / "env"),
+        "--db-path",
+        db,
+        "--since",
+        since.isoformat(),
+        "--case",
+        "0",
+        "--job-id",
+        "inspect-gsm8k",
+        "--grader-isolation",
+        "none",
+        "--out",
+        str(tmp_path / "g.jsonl"),
+    ]
     assert await asyncio.to_thread(grade_main, grade) == 0
     right, wrong = ids["q-right"], ids["q-wrong"]
 
@@ -154,14 +192,18 @@ async def test_inspect_samples_graded_by_an_envs_evaluator(gw: Gateway, upstream
     finally:
         await store.close()
     assert {s: (r.env_name, r.case_id, r.status, r.eval_status, r.reward) for s, r in rows.items()} == {
-        right: ("gsm8k", "0", "succeeded", "scored", 10.0), wrong: ("gsm8k", "0", "succeeded", "scored", 0.0)}
+        right: ("gsm8k", "0", "succeeded", "scored", 10.0),
+        wrong: ("gsm8k", "0", "succeeded", "scored", 0.0),
+    }
     jsonl = [json.loads(line) for line in (tmp_path / "g.jsonl").read_text().splitlines()]
     assert sorted((r["session_id"], r["score"]) for r in jsonl) == sorted([(right, 10.0), (wrong, 0.0)])
 
     engine, queries = await open_queries(db)
     app = create_app(queries, HiddenFields(REPO / "env"))
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://viewer") as viewer:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://viewer"
+        ) as viewer:
             job = await viewer.get("/jobs/inspect-gsm8k")
             listing = await viewer.get("/jobs/inspect-gsm8k/sessions")
             page = await viewer.get(f"/sessions/{wrong}")
@@ -169,14 +211,21 @@ async def test_inspect_samples_graded_by_an_envs_evaluator(gw: Gateway, upstream
         await engine.dispose()
     assert job.status_code == listing.status_code == page.status_code == 200
     assert "gsm8k" in job.text and "5.00" in job.text  # the mean of 10 and 0
-    for sid, shown in ((right, '<span class="score pass">10.00</span>'), (wrong, '<span class="score zero">0.00</span>')):
+    for sid, shown in (
+        (right, '<span class="score pass">10.00</span>'),
+        (wrong, '<span class="score zero">0.00</span>'),
+    ):
         row = listing.text.split(f'<tr data-session="{sid}">', 1)[1].split("</tr>", 1)[0]
         assert shown in row
     assert 'id="client-score">client score: 0 (inspect includes)' in page.text
 
     out = tmp_path / "export.jsonl"
-    args = feed_parser().parse_args(["export", "--job-id", "inspect-gsm8k", "--db-path", db, "--out", str(out)])
+    args = feed_parser().parse_args(
+        ["export", "--job-id", "inspect-gsm8k", "--db-path", db, "--out", str(out)]
+    )
     assert await export(args) == 0
     exported = {r["session_id"]: r for r in (json.loads(line) for line in out.read_text().splitlines())}
     assert {s: (r["score"], r["case_id"], r["valid"]) for s, r in exported.items()} == {
-        right: (10.0, "0", True), wrong: (0.0, "0", True)}
+        right: (10.0, "0", True),
+        wrong: (0.0, "0", True),
+    }

@@ -32,8 +32,12 @@ async def chat(gw: Gateway, sid: str) -> Any:
 
 async def test_version_stamped_on_steps_that_start_after_it(gw: Gateway, upstream: FakeUpstream) -> None:
     http = gw.http()
-    assert (await http.get("/admin/policy_version")).json() == {"policy_version": None, "paused": False,
-                                                               "in_flight": 0, "waiting": 0}
+    assert (await http.get("/admin/policy_version")).json() == {
+        "policy_version": None,
+        "paused": False,
+        "in_flight": 0,
+        "waiting": 0,
+    }
     await chat(gw, "s1")  # before any version: unknown
     r = await http.post("/admin/policy_version", json={"version": 3})
     assert r.json() == {"policy_version": 3, "paused": False, "in_flight": 0, "waiting": 0, "previous": None}
@@ -67,7 +71,9 @@ def admin_error(r: Any) -> tuple[int, str | None, str]:
     """(status, param, message) of an admin error answer, checked to be in OpenAI's error shape."""
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error", r.text
-    assert err["code"] == "invalid_request" and "validation error" not in err["message"], r.text  # no raw pydantic text
+    assert err["code"] == "invalid_request" and "validation error" not in err["message"], (
+        r.text
+    )  # no raw pydantic text
     return r.status_code, err["param"], err["message"]
 
 
@@ -78,22 +84,34 @@ async def test_bad_admin_bodies_are_400(gw: Gateway) -> None:
         status, param, _ = admin_error(r)
         assert (status, param) == (400, "version"), body
     status, param, message = admin_error(await http.post("/admin/policy_version", json={"version": "3"}))
-    assert message == "invalid /admin/policy_version body: field 'version': Input should be a valid integer (got '3')"
+    assert (
+        message
+        == "invalid /admin/policy_version body: field 'version': Input should be a valid integer (got '3')"
+    )
     _, _, message = admin_error(await http.post("/admin/policy_version", json={"v": 1}))
     assert message == "invalid /admin/policy_version body: field 'version' is required; also: 'v' (unknown)"
     _, param, message = admin_error(await http.post("/admin/policy_version", content=b"{nope", headers=JSON))
     assert param is None and message.startswith("invalid /admin/policy_version body: not valid JSON (")
     assert admin_error(await http.post("/admin/pause", json={"timeout_s": -1})) == (
-        400, "timeout_s", "invalid /admin/pause body: field 'timeout_s': Input should be greater than or equal to 0 "
-                          "(got -1)")
+        400,
+        "timeout_s",
+        "invalid /admin/pause body: field 'timeout_s': Input should be greater than or equal to 0 (got -1)",
+    )
     for bad in ("5", True, 86401, None):  # a number of seconds, not a string, a boolean or null
         status, param, _ = admin_error(await http.post("/admin/pause", json={"timeout_s": bad}))
         assert (status, param) == (400, "timeout_s"), bad
-    _, param, message = admin_error(await http.post("/admin/pause", content=b'{"timeout_s": Infinity}', headers=JSON))
-    assert (param, message) == ("timeout_s", "invalid /admin/pause body: field 'timeout_s': Input should be a finite "
-                                             "number (got inf)")
+    _, param, message = admin_error(
+        await http.post("/admin/pause", content=b'{"timeout_s": Infinity}', headers=JSON)
+    )
+    assert (param, message) == (
+        "timeout_s",
+        "invalid /admin/pause body: field 'timeout_s': Input should be a finite number (got inf)",
+    )
     assert admin_error(await http.post("/admin/pause", json={"timeout": 5})) == (
-        400, "timeout", "invalid /admin/pause body: unknown field 'timeout' (known: timeout_s)")
+        400,
+        "timeout",
+        "invalid /admin/pause body: unknown field 'timeout' (known: timeout_s)",
+    )
     state = (await http.get("/admin/policy_version")).json()
     assert (state["policy_version"], state["paused"]) == (None, False)  # nothing was set or held
 
@@ -102,10 +120,15 @@ async def test_resume_takes_no_body_but_an_empty_one(gw: Gateway) -> None:
     http = gw.http()
     assert (await http.post("/admin/pause", json={"timeout_s": 0})).json()["paused"] is True
     assert admin_error(await http.post("/admin/resume", json={"now": True})) == (
-        400, "now", "invalid /admin/resume body: unknown field 'now' (known: none)")
+        400,
+        "now",
+        "invalid /admin/resume body: unknown field 'now' (known: none)",
+    )
     _, param, message = admin_error(await http.post("/admin/resume", content=b"resume please", headers=JSON))
     assert param is None and message.startswith("invalid /admin/resume body: not valid JSON (")
-    assert (await http.get("/admin/policy_version")).json()["paused"] is True  # a refused resume resumed nothing
+    assert (await http.get("/admin/policy_version")).json()[
+        "paused"
+    ] is True  # a refused resume resumed nothing
     r = await http.post("/admin/resume", json={})
     assert r.status_code == 200 and r.json()["paused"] is False
     await http.post("/admin/pause", json={"timeout_s": 0})
@@ -170,13 +193,21 @@ async def test_a_client_that_leaves_while_paused_uses_nothing(gw: Gateway, upstr
 async def test_admin_routes_need_an_admin_key(start_gateway: StartGateway) -> None:
     gw = await start_gateway(auth={"api_keys": [CLIENT_KEY], "admin_api_keys": ["sk-admin"]})
     http = gw.http()
-    for method, path in (("GET", "/admin/policy_version"), ("POST", "/admin/policy_version"),
-                         ("POST", "/admin/pause"), ("POST", "/admin/resume")):
+    for method, path in (
+        ("GET", "/admin/policy_version"),
+        ("POST", "/admin/policy_version"),
+        ("POST", "/admin/pause"),
+        ("POST", "/admin/resume"),
+    ):
         r = await http.request(method, path, json={"version": 1})
         assert (r.status_code, r.json()["error"]["code"]) == (401, "invalid_api_key")
-        r = await http.request(method, path, json={"version": 1}, headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        r = await http.request(
+            method, path, json={"version": 1}, headers={"Authorization": f"Bearer {CLIENT_KEY}"}
+        )
         assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_key_required")
-    r = await http.post("/admin/policy_version", json={"version": 1}, headers={"Authorization": "Bearer sk-admin"})
+    r = await http.post(
+        "/admin/policy_version", json={"version": 1}, headers={"Authorization": "Bearer sk-admin"}
+    )
     assert r.json()["policy_version"] == 1
 
 
@@ -188,7 +219,9 @@ async def test_pause_waits_for_a_stream_in_flight(gw: Gateway, upstream: FakeUps
         return Reply.sse([chat_chunk("one", role="assistant"), chat_chunk(finish_reason="stop"), DONE])
 
     upstream.script(UP_PATH, [stream])
-    reader = asyncio.ensure_future(gw.http().post("/v1/sessions/s1/chat/completions", json={**CHAT, "stream": True}))
+    reader = asyncio.ensure_future(
+        gw.http().post("/v1/sessions/s1/chat/completions", json={**CHAT, "stream": True})
+    )
     await upstream.wait_for_requests(1)
     pausing = asyncio.ensure_future(gw.http().post("/admin/pause"))
     await eventually(lambda: gw.app_state.policy.paused)

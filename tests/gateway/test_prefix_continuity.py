@@ -23,7 +23,9 @@ A1 = {"role": "assistant", "content": DEFAULT_TEXT}
 async def turns(gw: Any, sid: str, conversations: list[list[dict[str, Any]]], model: str = "m") -> list[Any]:
     http = gw.http()
     for messages in conversations:
-        r = await http.post(f"/v1/sessions/{sid}/chat/completions", json={"model": model, "messages": messages})
+        r = await http.post(
+            f"/v1/sessions/{sid}/chat/completions", json={"model": model, "messages": messages}
+        )
         assert r.status_code == 200, r.text
     return await gw.wait_steps(sid, len(conversations))
 
@@ -31,13 +33,17 @@ async def turns(gw: Any, sid: str, conversations: list[list[dict[str, Any]]], mo
 async def test_token_mode(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     upstream.add_rule(token_rule())
     gw = await start_gateway(routes={"m": {"capture": "tokens"}})
-    steps = await turns(gw, "s1", [
-        [SYSTEM, U1],
-        [SYSTEM, U1, A1, {"role": "user", "content": "second"}],                  # history kept
-        [SYSTEM, U1, {"role": "assistant", "content": "hello from FAKE"}],         # an answer rewritten
-        [SYSTEM, U1, {"role": "assistant", "content": "hello from FAKE"}, A1],     # extends the last one
-        [{"role": "user", "content": "summary of it all"}],                        # compaction
-    ])
+    steps = await turns(
+        gw,
+        "s1",
+        [
+            [SYSTEM, U1],
+            [SYSTEM, U1, A1, {"role": "user", "content": "second"}],  # history kept
+            [SYSTEM, U1, {"role": "assistant", "content": "hello from FAKE"}],  # an answer rewritten
+            [SYSTEM, U1, {"role": "assistant", "content": "hello from FAKE"}, A1],  # extends the last one
+            [{"role": "user", "content": "summary of it all"}],  # compaction
+        ],
+    )
     assert all(s.prompt_token_ids is not None for s in steps)
     assert [s.extends_prefix for s in steps] == [None, True, False, True, False]
 
@@ -46,35 +52,53 @@ async def test_messages_mode_without_tokens(start_gateway: StartGateway, upstrea
     gw = await start_gateway()
     # the openai SDK echoes assistant messages with null fields: they do not count
     echoed = {**A1, "refusal": None, "tool_calls": None, "function_call": None, "audio": None}
-    steps = await turns(gw, "s1", [
-        [SYSTEM, U1],
-        [SYSTEM, U1, echoed, {"role": "user", "content": "second"}],
-        [SYSTEM, U1, echoed, {"role": "user", "content": "second (edited)"}],
-        [{"role": "system", "content": "other"}, U1],
-    ])
+    steps = await turns(
+        gw,
+        "s1",
+        [
+            [SYSTEM, U1],
+            [SYSTEM, U1, echoed, {"role": "user", "content": "second"}],
+            [SYSTEM, U1, echoed, {"role": "user", "content": "second (edited)"}],
+            [{"role": "system", "content": "other"}, U1],
+        ],
+    )
     assert all(s.prompt_token_ids is None for s in steps)
     assert [s.extends_prefix for s in steps] == [None, True, False, False]
 
 
-async def test_dropped_reasoning_and_changed_tools_break_the_prefix(start_gateway: StartGateway,
-                                                                    upstream: FakeUpstream) -> None:
-    upstream.script("/v1/chat/completions", [Reply.json(chat_completion("ans", reasoning="think")) for _ in range(3)])
+async def test_dropped_reasoning_and_changed_tools_break_the_prefix(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
+    upstream.script(
+        "/v1/chat/completions", [Reply.json(chat_completion("ans", reasoning="think")) for _ in range(3)]
+    )
     gw = await start_gateway()
     kept = {"role": "assistant", "content": "ans", "reasoning_content": "think"}
     dropped = {"role": "assistant", "content": "ans"}
     http = gw.http()
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    for messages, t in (([U1], tools), ([U1, kept, U1], tools), ([U1, kept, U1, dropped, U1], tools),
-                        ([U1], tools), ([U1, kept, U1], None)):
-        r = await http.post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": messages, "tools": t})
+    for messages, t in (
+        ([U1], tools),
+        ([U1, kept, U1], tools),
+        ([U1, kept, U1, dropped, U1], tools),
+        ([U1], tools),
+        ([U1, kept, U1], None),
+    ):
+        r = await http.post(
+            "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": messages, "tools": t}
+        )
         assert r.status_code == 200
     steps = await gw.wait_steps("s1", 5)
     assert [s.extends_prefix for s in steps] == [None, True, False, False, False]
 
 
-async def test_error_steps_are_not_the_previous_step(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
-    upstream.script("/v1/chat/completions", [Reply.json(chat_completion(DEFAULT_TEXT)),
-                                             Reply.json({"error": {"message": "boom"}}, status=500)])
+async def test_error_steps_are_not_the_previous_step(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
+    upstream.script(
+        "/v1/chat/completions",
+        [Reply.json(chat_completion(DEFAULT_TEXT)), Reply.json({"error": {"message": "boom"}}, status=500)],
+    )
     gw = await start_gateway(routes={"m": {"retry": {"max_attempts": 1}}})
     http = gw.http()
     nxt = [SYSTEM, U1, A1, {"role": "user", "content": "2"}]
@@ -108,7 +132,9 @@ def test_tracker_unknowns() -> None:
     assert len(t) == 0
 
 
-def test_the_exact_digests_of_the_encoder_give_the_same_answers_and_hash_less(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_exact_digests_of_the_encoder_give_the_same_answers_and_hash_less(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With the step encoder's exact message digests, a history sent back exactly is not hashed
     again, and every answer is the one the full canonical check gives: an exact copy, an echo
     with null fields (canonically equal, not exactly), an edit, a tools change, an error step."""
@@ -116,9 +142,9 @@ def test_the_exact_digests_of_the_encoder_give_the_same_answers_and_hash_less(mo
     u2, u3 = {"role": "user", "content": "second"}, {"role": "user", "content": "third"}
     script: list[tuple[list[dict[str, Any]], Any, bool]] = [
         ([SYSTEM, U1], None, True),
-        ([SYSTEM, U1, A1, u2], None, True),                           # exact: True
-        ([SYSTEM, U1, A1, u2, A1, u3], None, False),                  # exact, an error step: True, not remembered
-        ([SYSTEM, U1, A1, u2, echoed, u3], None, True),               # canonical only: True
+        ([SYSTEM, U1, A1, u2], None, True),  # exact: True
+        ([SYSTEM, U1, A1, u2, A1, u3], None, False),  # exact, an error step: True, not remembered
+        ([SYSTEM, U1, A1, u2, echoed, u3], None, True),  # canonical only: True
         ([SYSTEM, U1, A1, u2, echoed, u3, A1, u2], [{"type": "function"}], True),  # tools changed: False
         ([SYSTEM, U1, A1, u2, echoed, u3, A1, u2, A1], [{"type": "function"}], True),  # True again
         ([SYSTEM, {"role": "user", "content": "edited"}], [{"type": "function"}], True),  # False
@@ -137,9 +163,19 @@ def test_the_exact_digests_of_the_encoder_give_the_same_answers_and_hash_less(mo
         hashed.append(0)
         monkeypatch.setattr(continuity, "_message_bytes", counting)
         for seq, (messages, tools, ok) in enumerate(script, 1):
-            got.append(tracker.observe("s", seq, ok=ok, prompt_ids=None, tokens=None, messages=messages,
-                                       answer_message=A1 if ok else None, tools=tools,
-                                       digests=message_digests(messages) if digests else None))
+            got.append(
+                tracker.observe(
+                    "s",
+                    seq,
+                    ok=ok,
+                    prompt_ids=None,
+                    tokens=None,
+                    messages=messages,
+                    answer_message=A1 if ok else None,
+                    tools=tools,
+                    digests=message_digests(messages) if digests else None,
+                )
+            )
         results.append(got)
     assert results[0] == results[1] == [None, True, True, True, False, True, False]
     assert hashed[0] == sum(len(m) + 1 for m, _, ok in script if ok) + len(script[2][0])

@@ -64,7 +64,12 @@ async def test_non_stream_call_is_recorded_exactly(gw: Gateway, upstream: FakeUp
 
     [step] = await gw.steps("s1")
     assert (step.session_id, step.seq, step.step_id, step.llm_model) == ("s1", 1, 1, "m")
-    assert (step.endpoint, step.is_stream, step.status, step.status_code) == ("chat.completions", False, "ok", 200)
+    assert (step.endpoint, step.is_stream, step.status, step.status_code) == (
+        "chat.completions",
+        False,
+        "ok",
+        200,
+    )
     assert step.messages == MESSAGES
     assert step.request == sent.json
     assert step.response == chat_completion(DEFAULT_TEXT, model="m")
@@ -79,8 +84,9 @@ async def test_non_stream_call_is_recorded_exactly(gw: Gateway, upstream: FakeUp
 
 async def test_body_is_forwarded_byte_for_byte(gw: Gateway, upstream: FakeUpstream) -> None:
     raw = b'{ "model" : "m",\n  "messages": [{"role":"user","content":"caf\\u00e9 \xf0\x9f\x8d\xb5"}], "seed": 1.50 }'
-    r = await gw.http().post("/v1/sessions/s1/chat/completions", content=raw,
-                             headers={"content-type": "application/json"})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 200
     assert upstream.requests[0].body == raw
     [step] = await gw.steps("s1")
@@ -95,13 +101,24 @@ async def test_stream_call_is_recorded_assembled(gw: Gateway, upstream: FakeUpst
     assert "".join(pieces) == DEFAULT_TEXT
 
     sent = upstream.requests[0].json
-    assert sent == {"messages": MESSAGES, "model": "m", "stream": True, "stream_options": {"include_usage": True}}
+    assert sent == {
+        "messages": MESSAGES,
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     [step] = await gw.steps("s1")
     assert (step.is_stream, step.status, step.status_code, step.finish_reason) == (True, "ok", 200, "stop")
     assert step.request == sent  # as sent upstream, the gateway's include_usage included
     assert step.response["object"] == "chat.completion"
-    assert step.response["choices"] == [{"index": 0, "message": {"role": "assistant", "content": DEFAULT_TEXT},
-                                         "finish_reason": "stop", "logprobs": None}]
+    assert step.response["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": DEFAULT_TEXT},
+            "finish_reason": "stop",
+            "logprobs": None,
+        }
+    ]
     assert step.response["usage"] == DEFAULT_USAGE
     assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (5, 3, 8)
     assert step.ttft_ms is not None and 0 < step.ttft_ms <= step.latency_ms
@@ -115,16 +132,36 @@ async def test_step_id_counts_per_session(start_gateway: StartGateway) -> None:
     for _ in range(2):
         await gw.client("s2").chat.completions.create(model="m2", messages=MESSAGES)  # type: ignore[arg-type]
 
-    assert [(s.seq, s.llm_model, s.step_id) for s in await gw.steps("s1")] == [(1, "m", 1), (2, "m", 2), (3, "m", 3)]
+    assert [(s.seq, s.llm_model, s.step_id) for s in await gw.steps("s1")] == [
+        (1, "m", 1),
+        (2, "m", 2),
+        (3, "m", 3),
+    ]
     assert [(s.seq, s.llm_model, s.step_id) for s in await gw.steps("s2")] == [(1, "m2", 1), (2, "m2", 2)]
     r = await gw.http().get("/v1/sessions/s1")
-    assert r.json() == {"session_id": "s1", "status": "active", "max_steps": -1, "total_steps": 3,
-                        "refunded_steps": 0, "step_counts": {"m": 3}, "close_reason": None, "completion_mode": None,
-                        "rejected_calls": {}, "unrecorded_calls": 0, "policy_versions": [None],
-                        "spans_policy_versions": False}
-    [row] = gw.sql("SELECT status, total_steps, step_counts, route FROM gateway_sessions WHERE session_id='s1'")
+    assert r.json() == {
+        "session_id": "s1",
+        "status": "active",
+        "max_steps": -1,
+        "total_steps": 3,
+        "refunded_steps": 0,
+        "step_counts": {"m": 3},
+        "close_reason": None,
+        "completion_mode": None,
+        "rejected_calls": {},
+        "unrecorded_calls": 0,
+        "policy_versions": [None],
+        "spans_policy_versions": False,
+    }
+    [row] = gw.sql(
+        "SELECT status, total_steps, step_counts, route FROM gateway_sessions WHERE session_id='s1'"
+    )
     assert (row["status"], row["total_steps"], json.loads(row["step_counts"]), row["route"]) == (
-        "active", 3, {"m": 3}, "m")
+        "active",
+        3,
+        {"m": 3},
+        "m",
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -154,34 +191,52 @@ async def test_secrets_are_never_recorded(gw: Gateway, upstream: FakeUpstream, s
             assert ROUTE_KEY.encode() not in data and CLIENT_KEY.encode() not in data
 
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "fetch_repo",
-        "description": "Clone a repository",
-        "parameters": {"type": "object",
-                       "properties": {"url": {"type": "string"},
-                                      "access_token": {"type": "string", "description": "PAT to use"},
-                                      "password": {"type": "string"}},
-                       "required": ["url"]},
-    },
-}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "fetch_repo",
+            "description": "Clone a repository",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string"},
+                    "access_token": {"type": "string", "description": "PAT to use"},
+                    "password": {"type": "string"},
+                },
+                "required": ["url"],
+            },
+        },
+    }
+]
 TOOL_CONVERSATION = [
     {"role": "user", "content": "clone it"},
-    {"role": "assistant", "content": None,
-     "tool_calls": [{"id": "call_1", "type": "function",
-                     "function": {"name": "fetch_repo", "arguments": "{\"url\": \"u\", \"access_token\": \"t\"}"}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "{\"ok\": true, \"api_key\": \"shown-to-model\"}"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "fetch_repo", "arguments": '{"url": "u", "access_token": "t"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"ok": true, "api_key": "shown-to-model"}'},
 ]
 
 
-async def test_tool_calls_and_tool_messages_pass_through_both_ways(gw: Gateway, upstream: FakeUpstream) -> None:
-    answer_calls = [{"id": "call_2", "type": "function",
-                     "function": {"name": "fetch_repo", "arguments": "{\"url\": \"v\"}"}}]
+async def test_tool_calls_and_tool_messages_pass_through_both_ways(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    answer_calls = [
+        {"id": "call_2", "type": "function", "function": {"name": "fetch_repo", "arguments": '{"url": "v"}'}}
+    ]
     upstream_answer = chat_completion(None, tool_calls=answer_calls, finish_reason="tool_calls")
     upstream.script(UP_PATH, [Reply.json(upstream_answer)])
     out = await gw.client("s1").chat.completions.create(
-        model="m", messages=TOOL_CONVERSATION, tools=TOOLS, tool_choice="auto")  # type: ignore[arg-type]
+        model="m", messages=TOOL_CONVERSATION, tools=TOOLS, tool_choice="auto"
+    )  # type: ignore[arg-type]
     assert out.choices[0].finish_reason == "tool_calls"
     assert [tc.model_dump() for tc in out.choices[0].message.tool_calls or []] == answer_calls
 
@@ -198,7 +253,9 @@ async def test_unknown_route_is_404_in_openai_shape(gw: Gateway, upstream: FakeU
     with pytest.raises(openai.NotFoundError) as ei:
         await gw.client("s1").chat.completions.create(model="nope", messages=MESSAGES)  # type: ignore[arg-type]
     assert ei.value.status_code == 404
-    assert_openai_error(ei.value.response.json(), type_="not_found_error", code="model_not_found", param="model")
+    assert_openai_error(
+        ei.value.response.json(), type_="not_found_error", code="model_not_found", param="model"
+    )
     assert "nope" in ei.value.response.json()["error"]["message"]
     with pytest.raises(openai.NotFoundError):
         await gw.client().chat.completions.create(model="nope", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
@@ -221,8 +278,9 @@ async def test_unknown_route_is_404_in_openai_shape(gw: Gateway, upstream: FakeU
         (b'\xff\xfe{"model": "m"}', None),
     ],
 )
-async def test_malformed_request_is_400_in_openai_shape(gw: Gateway, upstream: FakeUpstream, body: bytes,
-                                                        param: str | None) -> None:
+async def test_malformed_request_is_400_in_openai_shape(
+    gw: Gateway, upstream: FakeUpstream, body: bytes, param: str | None
+) -> None:
     for path in ("/v1/sessions/s1/chat/completions", "/v1/chat/completions"):
         r = await gw.http().post(path, content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400, r.text
@@ -264,8 +322,9 @@ GOOD = {"model": "m", "messages": MESSAGES}
         ({"stop": {"a": 1}}, "stop"),
     ],
 )
-async def test_wrong_types_of_standard_fields_are_400_naming_the_field(gw: Gateway, upstream: FakeUpstream,
-                                                                        extra: dict[str, Any], param: str) -> None:
+async def test_wrong_types_of_standard_fields_are_400_naming_the_field(
+    gw: Gateway, upstream: FakeUpstream, extra: dict[str, Any], param: str
+) -> None:
     for path in ("/v1/sessions/s1/chat/completions", "/v1/chat/completions"):
         r = await gw.http().post(path, json={**GOOD, **extra})
         assert r.status_code == 400, r.text
@@ -283,21 +342,39 @@ async def test_wrong_type_through_the_openai_sdk(gw: Gateway, upstream: FakeUpst
     assert upstream.requests == []
 
 
-async def test_valid_fields_unknown_roles_and_vendor_extras_pass_untouched(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_valid_fields_unknown_roles_and_vendor_extras_pass_untouched(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     body = {
         "model": "m",
-        "messages": [{"role": "developer", "content": "be brief"}, {"role": "ipython", "content": None},
-                     {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "u1", "x-extra": 1}],
-        "temperature": 0, "top_p": 1, "max_tokens": 1, "max_completion_tokens": 64, "n": 1, "stream": False,
-        "tools": [], "stop": ["\n\n", "END"], "seed": 7,
+        "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "ipython", "content": None},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "u1", "x-extra": 1},
+        ],
+        "temperature": 0,
+        "top_p": 1,
+        "max_tokens": 1,
+        "max_completion_tokens": 64,
+        "n": 1,
+        "stream": False,
+        "tools": [],
+        "stop": ["\n\n", "END"],
+        "seed": 7,
         # vLLM / SGLang extras
-        "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "skip_special_tokens": False,
-        "chat_template_kwargs": {"enable_thinking": False}, "guided_json": {"type": "object"},
-        "return_token_ids": True, "separate_reasoning": True,
+        "top_k": 20,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "skip_special_tokens": False,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "guided_json": {"type": "object"},
+        "return_token_ids": True,
+        "separate_reasoning": True,
     }
     raw = json.dumps(body, indent=1).encode()
-    r = await gw.http().post("/v1/sessions/s1/chat/completions", content=raw,
-                             headers={"content-type": "application/json"})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 200, r.text
     assert upstream.requests[0].body == raw  # the client's bytes, not a re-serialisation
     for value in (2, 2.0, 0.0, None):
@@ -310,15 +387,25 @@ async def test_models_list_names_the_route_keys(start_gateway: StartGateway, ups
     for client in (gw.client(), gw.client("s1")):  # plain /v1 and a session base URL
         page = await client.models.list()
         assert [(m.id, m.object, m.created, m.owned_by) for m in page.data] == [
-            ("qwen", "model", 0, "gateway"), ("local", "model", 0, "gateway"), ("org/model-7b", "model", 0, "gateway")]
+            ("qwen", "model", 0, "gateway"),
+            ("local", "model", 0, "gateway"),
+            ("org/model-7b", "model", 0, "gateway"),
+        ]
         got = await client.models.retrieve("org/model-7b")
         assert (got.id, got.owned_by) == ("org/model-7b", "gateway")
         with pytest.raises(openai.NotFoundError) as ei:
             await client.models.retrieve("nope")
-        assert_openai_error(ei.value.response.json(), type_="not_found_error", code="model_not_found", param="model")
+        assert_openai_error(
+            ei.value.response.json(), type_="not_found_error", code="model_not_found", param="model"
+        )
     r = await gw.http().get("/v1/models")
-    assert r.json() == {"object": "list", "data": [
-        {"id": key, "object": "model", "created": 0, "owned_by": "gateway"} for key in ("qwen", "local", "org/model-7b")]}
+    assert r.json() == {
+        "object": "list",
+        "data": [
+            {"id": key, "object": "model", "created": 0, "owned_by": "gateway"}
+            for key in ("qwen", "local", "org/model-7b")
+        ],
+    }
     assert upstream.requests == []  # answered by the gateway, not forwarded
     assert await gw.steps("s1") == []
 
@@ -334,8 +421,9 @@ async def test_unknown_path_and_wrong_method_in_openai_shape(gw: Gateway) -> Non
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_upstream_429_relayed_with_status_body_and_retry_after(start_gateway: StartGateway,
-                                                                   upstream: FakeUpstream, stream: bool) -> None:
+async def test_upstream_429_relayed_with_status_body_and_retry_after(
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool
+) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})  # retries: test_proxy_retries.py
     err = {"error": {"message": "rate limited", "type": "rate_limit_error", "param": None, "code": None}}
     upstream.script(UP_PATH, [Reply.json(err, status=429, headers={"Retry-After": "1"})])
@@ -351,15 +439,22 @@ async def test_upstream_429_relayed_with_status_body_and_retry_after(start_gatew
     [step] = await gw.steps("s1")
     assert (step.status, step.status_code, step.is_stream) == ("error", 429, stream)
     assert step.response == err
-    assert step.meta_json == {"route": "m", "error": "rate limited", "budget_refunded": True,
-                              **({"usage_requested_by_gateway": True} if stream else {})}
+    assert step.meta_json == {
+        "route": "m",
+        "error": "rate limited",
+        "budget_refunded": True,
+        **({"usage_requested_by_gateway": True} if stream else {}),
+    }
     assert step.is_trainable is False  # a 429 never reached the model (test_budget_refund.py)
     assert (step.prompt_tokens, step.total_tokens, step.finish_reason) == (None, None, None)
 
 
-@pytest.mark.parametrize(("status", "exc"), [(400, openai.BadRequestError), (503, openai.InternalServerError)])
-async def test_upstream_4xx_5xx_relayed(start_gateway: StartGateway, upstream: FakeUpstream, status: int,
-                                        exc: type[openai.APIStatusError]) -> None:
+@pytest.mark.parametrize(
+    ("status", "exc"), [(400, openai.BadRequestError), (503, openai.InternalServerError)]
+)
+async def test_upstream_4xx_5xx_relayed(
+    start_gateway: StartGateway, upstream: FakeUpstream, status: int, exc: type[openai.APIStatusError]
+) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})
     err = {"error": {"message": f"upstream says {status}", "type": "x", "param": None, "code": status}}
     upstream.script(UP_PATH, [Reply.json(err, status=status, headers={"Retry-After": "7"})])
@@ -372,8 +467,9 @@ async def test_upstream_4xx_5xx_relayed(start_gateway: StartGateway, upstream: F
     assert (step.status, step.status_code, step.response) == ("error", status, err)
 
 
-async def test_upstream_html_502_is_relayed_and_recorded_as_error(start_gateway: StartGateway,
-                                                                  upstream: FakeUpstream) -> None:
+async def test_upstream_html_502_is_relayed_and_recorded_as_error(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})
     html = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
     upstream.script(UP_PATH, [Reply.raw(html, status=502, content_type="text/html")])
@@ -385,16 +481,20 @@ async def test_upstream_html_502_is_relayed_and_recorded_as_error(start_gateway:
     assert step.response == {"raw_body": html.decode(), "content_type": "text/html"}
 
 
-@pytest.mark.parametrize(("body", "content_type"), [
-    (b"<html><body><h1>Welcome to nginx!</h1></body></html>", "text/html"),
-    (b'{"id": "c1", "object": "chat.completion", "choices": [{"index": 0, "mess', "application/json"),
-    (b"[1, 2, 3]", "application/json"),
-    (b'{"error": {"message": "model overloaded"}}', "application/json"),
-    (b"", "application/json"),
-])
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b"<html><body><h1>Welcome to nginx!</h1></body></html>", "text/html"),
+        (b'{"id": "c1", "object": "chat.completion", "choices": [{"index": 0, "mess', "application/json"),
+        (b"[1, 2, 3]", "application/json"),
+        (b'{"error": {"message": "model overloaded"}}', "application/json"),
+        (b"", "application/json"),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
-async def test_upstream_200_that_is_not_a_chat_completion_is_502(gw: Gateway, upstream: FakeUpstream, body: bytes,
-                                                                 content_type: str, stream: bool) -> None:
+async def test_upstream_200_that_is_not_a_chat_completion_is_502(
+    gw: Gateway, upstream: FakeUpstream, body: bytes, content_type: str, stream: bool
+) -> None:
     upstream.script(UP_PATH, [Reply.raw(body, content_type=content_type)])
     with pytest.raises(openai.InternalServerError) as ei:  # not a crash inside the SDK
         res = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=stream)  # type: ignore[call-overload]
@@ -414,12 +514,16 @@ async def test_upstream_200_that_is_not_a_chat_completion_is_502(gw: Gateway, up
         parsed = json.loads(body)
     except ValueError:
         pass
-    assert step.response == (parsed if parsed is not None else {"raw_body": body.decode(), "content_type": content_type})
+    assert step.response == (
+        parsed if parsed is not None else {"raw_body": body.decode(), "content_type": content_type}
+    )
     assert step.meta_json["upstream_status"] == 200
     assert step.meta_json["error"] == err["error"]
 
 
-async def test_upstream_error_status_with_a_text_body_is_still_relayed(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_upstream_error_status_with_a_text_body_is_still_relayed(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     upstream.script(UP_PATH, [Reply.raw(b"model not loaded", status=404, content_type="text/plain")])
     r = await gw.http().post("/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert (r.status_code, r.content) == (404, b"model not loaded")
@@ -429,7 +533,9 @@ async def test_upstream_error_status_with_a_text_body_is_still_relayed(gw: Gatew
 
 
 async def test_upstream_unreachable_is_502_and_recorded(start_gateway: StartGateway) -> None:
-    gw = await start_gateway(routes={"m": {"base_url": "http://127.0.0.1:9/v1", "connect_timeout_s": 2, **NO_RETRY}})
+    gw = await start_gateway(
+        routes={"m": {"base_url": "http://127.0.0.1:9/v1", "connect_timeout_s": 2, **NO_RETRY}}
+    )
     with pytest.raises(openai.InternalServerError) as ei:
         await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert ei.value.status_code == 502
@@ -443,7 +549,9 @@ async def test_passthrough_is_forwarded_but_not_recorded(gw: Gateway, upstream: 
     client = gw.client()
     out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
-    chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    chunks = [
+        c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    ]  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == DEFAULT_TEXT
     assert all(c.choices for c in chunks)  # the gateway's own usage request is hidden here too
     assert len(upstream.requests) == 2
@@ -451,10 +559,14 @@ async def test_passthrough_is_forwarded_but_not_recorded(gw: Gateway, upstream: 
     assert gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"] == 0
     assert gw.sql("SELECT count(*) AS n FROM gateway_sessions")[0]["n"] == 0
     assert await gw.metric("gateway_steps_recorded_total") == 0
-    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="200") == 2
+    assert (
+        await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="200") == 2
+    )
 
 
-async def test_upstream_model_replaces_the_route_key(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_upstream_model_replaces_the_route_key(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"upstream_model": "org/real-model-7b"}})
     out = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.model == "org/real-model-7b"  # the upstream's answer, relayed as is
@@ -465,8 +577,9 @@ async def test_upstream_model_replaces_the_route_key(start_gateway: StartGateway
     assert step.meta_json == {"route": "m", "upstream_model": "org/real-model-7b"}
 
 
-async def test_metrics_count_requests_and_recorded_steps(start_gateway: StartGateway,
-                                                         upstream: FakeUpstream) -> None:
+async def test_metrics_count_requests_and_recorded_steps(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})
     client = gw.client("s1")
     await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -477,13 +590,21 @@ async def test_metrics_count_requests_and_recorded_steps(start_gateway: StartGat
         await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     m = await gw.metrics()
     assert m[("gateway_steps_recorded_total", ())] == 3
-    assert m[("gateway_requests_total", (("endpoint", "chat.completions"), ("route", "m"), ("status", "200")))] == 2
-    assert m[("gateway_requests_total", (("endpoint", "chat.completions"), ("route", "m"), ("status", "503")))] == 1
+    assert (
+        m[("gateway_requests_total", (("endpoint", "chat.completions"), ("route", "m"), ("status", "200")))]
+        == 2
+    )
+    assert (
+        m[("gateway_requests_total", (("endpoint", "chat.completions"), ("route", "m"), ("status", "503")))]
+        == 1
+    )
     assert m[("gateway_synthetic_stops_total", ())] == 0
     assert m[("gateway_telemetry_dropped_total", ())] == 0
     assert m[("gateway_upstream_in_flight", (("route", "m"),))] == 0
     assert m[("gateway_ttft_seconds_count", (("route", "m"),))] == 1
-    assert m[("gateway_request_latency_seconds_count", (("endpoint", "chat.completions"), ("route", "m")))] == 3
+    assert (
+        m[("gateway_request_latency_seconds_count", (("endpoint", "chat.completions"), ("route", "m")))] == 3
+    )
 
 
 async def test_session_status_close_and_closed_session(gw: Gateway, upstream: FakeUpstream) -> None:
@@ -495,9 +616,20 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     r = await http.post("/v1/sessions/s1/close", json={"reason": "done", "completion_mode": "finished"})
     assert r.status_code == 200
-    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "max_steps": -1,
-                        "refunded_steps": 0, "truncated": False, "close_reason": "done", "completion_mode": "finished", "rejected_calls": {},
-                        "unrecorded_calls": 0, "policy_versions": [None], "spans_policy_versions": False}
+    assert r.json() == {
+        "session_id": "s1",
+        "status": "closed",
+        "total_steps": 1,
+        "max_steps": -1,
+        "refunded_steps": 0,
+        "truncated": False,
+        "close_reason": "done",
+        "completion_mode": "finished",
+        "rejected_calls": {},
+        "unrecorded_calls": 0,
+        "policy_versions": [None],
+        "spans_policy_versions": False,
+    }
     r = await http.post("/v1/sessions/s1/close", json={"reason": "again"})  # idempotent: first reason kept
     assert r.json()["close_reason"] == "done"
     r = await http.get("/v1/sessions/s1")
@@ -519,7 +651,9 @@ async def test_session_status_close_and_closed_session(gw: Gateway, upstream: Fa
     assert (r.status_code, r.json()["status"], r.json()["total_steps"]) == (200, "closed", 0)
 
 
-async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     http = gw.http()
     r = await http.post("/v1/sessions/nobody/close", json={"reason": "done"})
     assert r.status_code == 404
@@ -544,7 +678,9 @@ async def test_closing_an_unknown_session_is_a_404_that_creates_nothing(gw: Gate
         assert (r.status_code, r.json()["close_reason"], r.json()["total_steps"]) == (200, "done", 1)
         assert r.json()["policy_versions"] == [None]  # its one step, made before any version was set
     assert sorted(row["session_id"] for row in gw.sql("SELECT session_id FROM gateway_sessions")) == [
-        "quiet", "talker"]
+        "quiet",
+        "talker",
+    ]
     assert len(upstream.requests) == 1
 
 
@@ -562,16 +698,20 @@ async def test_a_control_body_larger_than_its_limit_is_a_413(gw: Gateway) -> Non
         assert_openai_error(r.json(), type_="invalid_request_error", code="request_too_large")
         assert r.json()["error"]["message"] == (  # the fixed control limit, not max_request_bytes
             "request body is larger than the gateway's limit of 65536 bytes "
-            "(control body limit, fixed: a close or admin body holds a few fields)"), path
+            "(control body limit, fixed: a close or admin body holds a few fields)"
+        ), path
     r = await http.post("/v1/sessions/big/close", json={"reason": "done"})
     assert (r.status_code, r.json()["close_reason"]) == (200, "done")  # the refused close closed nothing
 
 
-async def test_default_stream_bytes_hide_the_gateways_usage_request(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_default_stream_bytes_hide_the_gateways_usage_request(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     """The client did not ask for usage: it gets the same bytes as from an upstream it had asked
     without include_usage, except the ``"usage":null`` fields OpenAI adds to every chunk."""
-    r = await gw.http().post("/v1/sessions/s1/chat/completions",
-                             json={"model": "m", "messages": MESSAGES, "stream": True})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     assert b'"choices":[]' not in r.content
     assert r.content.endswith(b"data: [DONE]\n\n")

@@ -26,6 +26,7 @@ from tests.gateway.conftest import MESSAGES, Gateway, StartGateway, eventually, 
 
 UP_PATH = "/v1/chat/completions"
 
+
 @pytest.fixture
 def db_url(store_url: str) -> str:
     """This module runs on both backends (SQLite, and PostgreSQL with shared sessions)."""
@@ -37,8 +38,9 @@ def session_row(gw: Gateway, sid: str) -> dict[str, object]:
     return dict(row)
 
 
-async def test_budget_then_synthetic_stop_without_upstream_call(start_gateway: StartGateway,
-                                                                upstream: FakeUpstream) -> None:
+async def test_budget_then_synthetic_stop_without_upstream_call(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(max_steps=2)
     client = gw.client("s1")
     for _ in range(2):
@@ -68,8 +70,9 @@ async def test_budget_then_synthetic_stop_without_upstream_call(start_gateway: S
 
 
 @pytest.mark.parametrize("client_usage", [False, True])
-async def test_streamed_synthetic_stop(start_gateway: StartGateway, upstream: FakeUpstream,
-                                       client_usage: bool) -> None:
+async def test_streamed_synthetic_stop(
+    start_gateway: StartGateway, upstream: FakeUpstream, client_usage: bool
+) -> None:
     gw = await start_gateway(max_steps=0)
     body: dict[str, object] = {"model": "m", "messages": MESSAGES, "stream": True}
     if client_usage:
@@ -98,8 +101,9 @@ async def test_streamed_synthetic_stop(start_gateway: StartGateway, upstream: Fa
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_parallel_calls_make_exactly_budget_upstream_calls(start_gateway: StartGateway,
-                                                                 upstream: FakeUpstream, stream: bool) -> None:
+async def test_parallel_calls_make_exactly_budget_upstream_calls(
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool
+) -> None:
     budget, n = 3, 10
     gw = await start_gateway(max_steps=budget)
     # slow upstream answers, the earliest-reserved finishing last, so calls overlap for real
@@ -134,11 +138,16 @@ async def test_parallel_calls_make_exactly_budget_upstream_calls(start_gateway: 
     assert await gw.metric("gateway_synthetic_stops_total") == n - budget
     # the persisted state is the final one, not a snapshot of a call that finished late
     row = session_row(gw, "s1")
-    assert (row["status"], row["total_steps"], json.loads(str(row["step_counts"]))) == ("truncated", 3, {"m": 3})
+    assert (row["status"], row["total_steps"], json.loads(str(row["step_counts"]))) == (
+        "truncated",
+        3,
+        {"m": 3},
+    )
 
 
 async def test_persisted_state_survives_out_of_order_completion_and_restart(
-        start_gateway: StartGateway, upstream: FakeUpstream, db_url: str) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream, db_url: str
+) -> None:
     gw = await start_gateway()
     delays = [0.4, 0.0]  # the first-reserved call finishes last
     upstream.script(UP_PATH, [lambda _r: Reply.json(chat_completion(), delay_headers_s=delays.pop(0))] * 2)
@@ -166,7 +175,9 @@ async def test_persisted_state_survives_out_of_order_completion_and_restart(
     assert (row["status"], row["total_steps"]) == ("active", 3)  # its next call resumed it
 
 
-async def test_restart_keeps_the_budget(start_gateway: StartGateway, upstream: FakeUpstream, db_url: str) -> None:
+async def test_restart_keeps_the_budget(
+    start_gateway: StartGateway, upstream: FakeUpstream, db_url: str
+) -> None:
     gw = await start_gateway(max_steps=2)
     await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     await gw.stop()
@@ -179,13 +190,25 @@ async def test_restart_keeps_the_budget(start_gateway: StartGateway, upstream: F
     assert [s.step_id for s in await gw2.steps("s1")] == [1, 2]
 
 
-async def test_launcher_session_row_sets_budget_and_step_metadata(start_gateway: StartGateway,
-                                                                   upstream: FakeUpstream, db_url: str) -> None:
+async def test_launcher_session_row_sets_budget_and_step_metadata(
+    start_gateway: StartGateway, upstream: FakeUpstream, db_url: str
+) -> None:
     gw = await start_gateway(max_steps=-1)
     store = Store(db_url)
     try:
-        await store.add_job_sessions([JobEnvironment(session_id="job1-c1-0", job_id="job1", env_name="gsm8k",
-                                                     case_id="c1", llm_model="m", group_id="g1", max_steps=1)])
+        await store.add_job_sessions(
+            [
+                JobEnvironment(
+                    session_id="job1-c1-0",
+                    job_id="job1",
+                    env_name="gsm8k",
+                    case_id="c1",
+                    llm_model="m",
+                    group_id="g1",
+                    max_steps=1,
+                )
+            ]
+        )
     finally:
         await store.close()
     client = gw.client("job1-c1-0")
@@ -225,7 +248,9 @@ def _held(release: asyncio.Event, answer: dict[str, Any]) -> Callable[[FakeReque
 
 
 # ------------------------------------------------------------------ close with calls in flight
-async def test_close_answers_only_once_the_call_in_flight_is_committed(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_close_answers_only_once_the_call_in_flight_is_committed(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     """The launcher closes a session, then reads the trajectory and grades its last step: a call
     in flight at close time must be committed before the close answers, never after."""
     release = asyncio.Event()
@@ -244,10 +269,20 @@ async def test_close_answers_only_once_the_call_in_flight_is_committed(gw: Gatew
     rows = gw.sql("SELECT status, is_trainable, meta_json FROM session_steps WHERE session_id='s1'")
     assert [(row["status"], row["is_trainable"]) for row in rows] == [("ok", 1)]
     assert "after_close" not in json.loads(rows[0]["meta_json"])
-    assert r.json() == {"session_id": "s1", "status": "closed", "total_steps": 1, "max_steps": -1,
-                        "refunded_steps": 0, "truncated": False, "close_reason": "killed", "completion_mode": None, "policy_versions": [None],
-                        "spans_policy_versions": False,
-                        "rejected_calls": {"session_closed": 1}, "unrecorded_calls": 0}  # the refused call above
+    assert r.json() == {
+        "session_id": "s1",
+        "status": "closed",
+        "total_steps": 1,
+        "max_steps": -1,
+        "refunded_steps": 0,
+        "truncated": False,
+        "close_reason": "killed",
+        "completion_mode": None,
+        "policy_versions": [None],
+        "spans_policy_versions": False,
+        "rejected_calls": {"session_closed": 1},
+        "unrecorded_calls": 0,
+    }  # the refused call above
     assert (await call).choices[0].message.content == "last words"
     assert session_row(gw, "s1")["status"] == "closed"
     assert len(upstream.requests) == 1
@@ -274,11 +309,15 @@ async def test_close_waits_for_a_stream_in_flight(gw: Gateway, upstream: FakeUps
     assert "w0" + await reader == "w0w1w2w3w4w5"
 
 
-async def test_close_returns_quickly_when_the_client_in_flight_leaves(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_close_returns_quickly_when_the_client_in_flight_leaves(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     """The launcher killed the runtime (its client timed out here), then closes: the close does
     not wait for the upstream's answer (30 s) nor for the grace (30 s by default)."""
     upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
-    call = asyncio.ensure_future(gw.client("s1", timeout=0.5).chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
+    call = asyncio.ensure_future(
+        gw.client("s1", timeout=0.5).chat.completions.create(model="m", messages=MESSAGES)
+    )  # type: ignore[arg-type]
     await upstream.wait_for_requests(1)
     # the deadline is a hang guard: waiting for the upstream or the grace would take 30 s
     r = await asyncio.wait_for(gw.http().post("/v1/sessions/s1/close", json={"reason": "timeout"}), 20)
@@ -290,8 +329,9 @@ async def test_close_returns_quickly_when_the_client_in_flight_leaves(gw: Gatewa
     await upstream.wait_for_disconnect(1, timeout=1.0)
 
 
-async def test_call_outliving_the_close_grace_is_recorded_after_close_untrainable(start_gateway: StartGateway,
-                                                                                   upstream: FakeUpstream) -> None:
+async def test_call_outliving_the_close_grace_is_recorded_after_close_untrainable(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(close_grace_s=0.3)
     release = asyncio.Event()
     upstream.script(UP_PATH, [_held(release, chat_completion("too late"))])
@@ -344,16 +384,30 @@ async def _fails_once(gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.M
     return 200
 
 
-@pytest.mark.parametrize("path", ["ok", "upstream-error", "upstream-timeout", "invalid-answer", "telemetry-failure",
-                                  "gateway-bug", "synthesized-stream", "stream", "synthetic-stop"])
-async def test_every_call_path_ends_its_in_flight_mark(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                      monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+@pytest.mark.parametrize(
+    "path",
+    [
+        "ok",
+        "upstream-error",
+        "upstream-timeout",
+        "invalid-answer",
+        "telemetry-failure",
+        "gateway-bug",
+        "synthesized-stream",
+        "stream",
+        "synthetic-stop",
+    ],
+)
+async def test_every_call_path_ends_its_in_flight_mark(
+    start_gateway: StartGateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
     routes = {"m": {"read_timeout_s": 0.3, "supports_stream": path != "synthesized-stream"}}
     gw = await start_gateway(max_steps=0 if path == "synthetic-stop" else -1, routes=routes)
     status = await _fails_once(gw, upstream, monkeypatch, path)
     stream = path in ("synthesized-stream", "stream", "synthetic-stop")
-    r = await gw.http().post("/v1/sessions/s1/chat/completions",
-                             json={"model": "m", "messages": MESSAGES, "stream": stream})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": stream}
+    )
     assert r.status_code == status, r.text
     assert gw.app_state.sessions.in_flight("s1") == 0
     # nothing in flight: the close does not wait for its 30 s grace (the deadline is a hang guard)
@@ -361,8 +415,9 @@ async def test_every_call_path_ends_its_in_flight_mark(start_gateway: StartGatew
     assert r.status_code == 200
 
 
-async def test_close_racing_the_first_call_waits_for_it(gw: Gateway, upstream: FakeUpstream,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_close_racing_the_first_call_waits_for_it(
+    gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The session's first call is still being reserved (its state loads from the store) when the
     close arrives: the close waits for that call, whose step is then recorded before the close
     answers, as a normal trainable step."""

@@ -29,8 +29,10 @@ UP_PATH = "/v1/chat/completions"
 
 def endless_stream(n: int = 400, every_s: float = 0.05, usage: dict[str, int] | None = None) -> Reply:
     """An upstream that streams token ``t{i}`` every ``every_s`` seconds (20 s by default)."""
-    chunks = [chat_chunk(f"t{i}", role="assistant" if i == 0 else None, usage=usage if i == 0 else None)
-              for i in range(n)]
+    chunks = [
+        chat_chunk(f"t{i}", role="assistant" if i == 0 else None, usage=usage if i == 0 else None)
+        for i in range(n)
+    ]
     return Reply.sse([*chunks, chat_chunk(finish_reason="stop"), DONE], delay_s=every_s)
 
 
@@ -53,7 +55,9 @@ def content_of(step: Any) -> str:
 
 
 # -------------------------------------------------------------------------- client disconnects
-async def test_client_disconnect_closes_upstream_and_records_partial(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_client_disconnect_closes_upstream_and_records_partial(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     usage = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
     upstream.script(UP_PATH, [endless_stream(usage=usage)])
     client = gw.client("s1")
@@ -68,7 +72,11 @@ async def test_client_disconnect_closes_upstream_and_records_partial(gw: Gateway
     assert upstream.requests[0].disconnected
     [step] = await gw.wait_steps("s1", 1)
     assert (step.status, step.status_code, step.is_stream, step.finish_reason) == (
-        "client_disconnected", 200, True, None)
+        "client_disconnected",
+        200,
+        True,
+        None,
+    )
     assert content_of(step).startswith("t0t1t2")
     assert (step.prompt_tokens, step.completion_tokens, step.total_tokens) == (9, 1, 10)  # usage known so far
     await eventually(lambda: gw.app_state.upstream.in_flight["m"] == 0)
@@ -103,19 +111,26 @@ async def test_repeated_concurrent_disconnects_leak_nothing(gw: Gateway, upstrea
         await eventually(lambda: upstream.connections_opened == upstream.connections_closed)
         await eventually(lambda: gw.app_state.upstream.in_flight["m"] == 0 and upstream.in_flight == 0)
         await eventually(lambda: len(asyncio.all_tasks()) <= baseline_tasks, timeout=5)
-    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="499") == 2 * n + 1
+    assert (
+        await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="499")
+        == 2 * n + 1
+    )
 
 
-async def test_disconnect_before_upstream_headers_releases_the_route(start_gateway: StartGateway,
-                                                                        upstream: FakeUpstream) -> None:
+async def test_disconnect_before_upstream_headers_releases_the_route(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"max_concurrency": 1}})
-    upstream.script(UP_PATH, [Reply.sse([chat_chunk("late", role="assistant", finish_reason="stop"), DONE],
-                                        delay_headers_s=0.3)])
+    upstream.script(
+        UP_PATH,
+        [Reply.sse([chat_chunk("late", role="assistant", finish_reason="stop"), DONE], delay_headers_s=0.3)],
+    )
 
     async def call() -> None:
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
-            await http.post("/v1/sessions/s1/chat/completions",
-                            json={"model": "m", "messages": MESSAGES, "stream": True})
+            await http.post(
+                "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+            )
 
     task = asyncio.ensure_future(call())
     await upstream.wait_for_requests(1)
@@ -137,21 +152,42 @@ async def test_disconnect_before_upstream_headers_releases_the_route(start_gatew
 # but the body stalls; a stream asked from a route that cannot stream (the gateway waits for a
 # whole answer); a stream whose upstream has not sent its headers yet.
 SLOW_ANSWERS = {
-    "no-headers": (False, {}, lambda: Reply.json(chat_completion("late"), delay_headers_s=30), None, "first-byte"),
+    "no-headers": (
+        False,
+        {},
+        lambda: Reply.json(chat_completion("late"), delay_headers_s=30),
+        None,
+        "first-byte",
+    ),
     "body-stalls": (False, {}, lambda: Reply.json(chat_completion("late"), delay_s=30), 200, "body"),
-    "synthesized-stream": (True, {"supports_stream": False},
-                           lambda: Reply.json(chat_completion("late"), delay_headers_s=30), None, "first-byte"),
-    "stream-no-headers": (True, {}, lambda: Reply.sse([chat_chunk("late", role="assistant", finish_reason="stop"),
-                                                       DONE], delay_headers_s=30), None, "first-byte"),
+    "synthesized-stream": (
+        True,
+        {"supports_stream": False},
+        lambda: Reply.json(chat_completion("late"), delay_headers_s=30),
+        None,
+        "first-byte",
+    ),
+    "stream-no-headers": (
+        True,
+        {},
+        lambda: Reply.sse(
+            [chat_chunk("late", role="assistant", finish_reason="stop"), DONE], delay_headers_s=30
+        ),
+        None,
+        "first-byte",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(SLOW_ANSWERS))
 async def test_client_leaving_before_the_answer_cancels_the_upstream_call(
-        start_gateway: StartGateway, upstream: FakeUpstream, case: str) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream, case: str
+) -> None:
     stream, route, slow, status_code, phase = SLOW_ANSWERS[case]
     # retry_join_window_s 0: the SDK's call is cancelled, not kept for a retry (test_retry_join.py)
-    gw = await start_gateway(max_steps=1, retry_join_window_s=0, routes={"m": {"max_concurrency": 1, **route}})
+    gw = await start_gateway(
+        max_steps=1, retry_join_window_s=0, routes={"m": {"max_concurrency": 1, **route}}
+    )
     upstream.script(UP_PATH, [slow()])
     impatient = gw.client("s1", timeout=1.0)
     with pytest.raises(openai.APITimeoutError):
@@ -177,11 +213,15 @@ async def test_client_leaving_before_the_answer_cancels_the_upstream_call(
     raw = await gw.client("s1").chat.completions.with_raw_response.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert raw.headers["x-gateway-stop-reason"] == "max_steps"
     assert len(upstream.requests) == 2
-    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="499") == 1
+    assert (
+        await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="499") == 1
+    )
     assert gw.app_state.sessions.in_flight("s1") == 0
 
 
-async def test_passthrough_client_leaving_cancels_the_upstream_call(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_passthrough_client_leaving_cancels_the_upstream_call(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
     with pytest.raises(openai.APITimeoutError):
         await gw.client(timeout=0.5).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -192,8 +232,9 @@ async def test_passthrough_client_leaving_cancels_the_upstream_call(gw: Gateway,
 
 # ---------------------------------------------------------------------------- upstream timeouts
 @pytest.mark.parametrize("stream", [False, True])
-async def test_no_headers_within_read_timeout_is_504_timeout(start_gateway: StartGateway,
-                                                                 upstream: FakeUpstream, stream: bool) -> None:
+async def test_no_headers_within_read_timeout_is_504_timeout(
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool
+) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     upstream.script(UP_PATH, [Reply(never_respond=True)])
     with pytest.raises(openai.InternalServerError) as ei:
@@ -210,11 +251,14 @@ async def test_no_headers_within_read_timeout_is_504_timeout(start_gateway: Star
     await upstream.wait_for_disconnect(1, timeout=1.0)
 
 
-async def test_stall_after_headers_before_first_event(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_stall_after_headers_before_first_event(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     upstream.script(UP_PATH, [Reply.sse([chat_chunk("late", role="assistant"), DONE], delay_s=[2.0, 0])])
-    r = await gw.http().post("/v1/sessions/s1/chat/completions",
-                             json={"model": "m", "messages": MESSAGES, "stream": True})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    )
     assert r.status_code == 200  # the answer had started (headers relayed) ...
     [event] = sse_json(r.content)  # ... and ends with an error event, not [DONE]
     assert event["error"]["code"] == "upstream_timeout" and b"[DONE]" not in r.content
@@ -224,16 +268,22 @@ async def test_stall_after_headers_before_first_event(start_gateway: StartGatewa
 
 async def test_idle_stall_mid_stream(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
-    upstream.script(UP_PATH, [Reply.sse([chat_chunk("part", role="assistant"), chat_chunk("never"), DONE],
-                                        delay_s=[0, 2.0, 0])])
+    upstream.script(
+        UP_PATH,
+        [Reply.sse([chat_chunk("part", role="assistant"), chat_chunk("never"), DONE], delay_s=[0, 2.0, 0])],
+    )
     with pytest.raises(openai.APIError, match="timed out"):
-        async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+        async for _ in await gw.client("s1").chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        ):  # type: ignore[arg-type]
             pass
     [step] = await gw.steps("s1")
     assert (step.status, step.meta_json["phase"], content_of(step)) == ("timeout", "idle", "part")
 
 
-async def test_non_stream_body_stall_is_a_timeout(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_non_stream_body_stall_is_a_timeout(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     upstream.script(UP_PATH, [Reply.json(chat_completion(), delay_s=2.0)])
     with pytest.raises(openai.InternalServerError) as ei:
@@ -244,8 +294,9 @@ async def test_non_stream_body_stall_is_a_timeout(start_gateway: StartGateway, u
     assert (step.status, step.status_code, step.meta_json["phase"]) == ("timeout", 504, "body")
 
 
-async def test_read_timeout_does_not_cap_a_progressing_stream(start_gateway: StartGateway,
-                                                                  upstream: FakeUpstream) -> None:
+async def test_read_timeout_does_not_cap_a_progressing_stream(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"read_timeout_s": 0.3}})
     chunks = [chat_chunk(f"w{i}", role="assistant" if i == 0 else None) for i in range(6)]
     upstream.script(UP_PATH, [Reply.sse([*chunks, chat_chunk(finish_reason="stop"), DONE], delay_s=0.15)])
@@ -259,13 +310,26 @@ async def test_read_timeout_does_not_cap_a_progressing_stream(start_gateway: Sta
 
 # ------------------------------------------------------------------------------ max_concurrency
 @pytest.mark.parametrize("stream", [False, True])
-async def test_max_concurrency_caps_upstream_calls_in_flight(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                             stream: bool) -> None:
+async def test_max_concurrency_caps_upstream_calls_in_flight(
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool
+) -> None:
     gw = await start_gateway(routes={"m": {"max_concurrency": 2}, "free": {}})
     for _ in range(6):
         if stream:
-            upstream.script(UP_PATH, [Reply.sse([chat_chunk("x", role="assistant"), chat_chunk("y"),
-                                                 chat_chunk(finish_reason="stop"), DONE], delay_s=0.05)])
+            upstream.script(
+                UP_PATH,
+                [
+                    Reply.sse(
+                        [
+                            chat_chunk("x", role="assistant"),
+                            chat_chunk("y"),
+                            chat_chunk(finish_reason="stop"),
+                            DONE,
+                        ],
+                        delay_s=0.05,
+                    )
+                ],
+            )
         else:
             upstream.script(UP_PATH, [Reply.json(chat_completion("xy"), delay_headers_s=0.15)])
 
@@ -301,8 +365,16 @@ async def test_max_concurrency_is_per_route(start_gateway: StartGateway, upstrea
 async def test_20mb_request_body_is_accepted(gw: Gateway, upstream: FakeUpstream) -> None:
     image = "data:image/png;base64," + "A" * 19_000_000
     history = [{"role": "user", "content": "x" * 1000}] * 500
-    messages = [*history, {"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                                       {"type": "image_url", "image_url": {"url": image}}]}]
+    messages = [
+        *history,
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": image}},
+            ],
+        },
+    ]
     out = await gw.client("s1").chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
     assert len(upstream.requests[0].body) > 19_500_000
@@ -312,11 +384,14 @@ async def test_20mb_request_body_is_accepted(gw: Gateway, upstream: FakeUpstream
     assert step.messages[-1]["content"][1]["image_url"]["url"] == image
 
 
-async def test_request_over_the_body_limit_is_413(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_request_over_the_body_limit_is_413(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(max_request_bytes=1_000_000)
     with pytest.raises(openai.APIStatusError) as ei:
         await gw.client("s1").chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x" * 2_000_000}])  # type: ignore[arg-type]
+            model="m", messages=[{"role": "user", "content": "x" * 2_000_000}]
+        )  # type: ignore[arg-type]
     assert ei.value.status_code == 413
     err = ei.value.response.json()["error"]
     assert (err["type"], err["code"]) == ("invalid_request_error", "request_too_large")
@@ -327,12 +402,14 @@ async def test_request_over_the_body_limit_is_413(start_gateway: StartGateway, u
             yield b"y" * 100_000
         yield b'"}]}'
 
-    r = await gw.http().post("/v1/sessions/s1/chat/completions", content=chunked(),
-                             headers={"content-type": "application/json"})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", content=chunked(), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     # just under the limit is fine
     out = await gw.client("s1").chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "z" * 900_000}])  # type: ignore[arg-type]
+        model="m", messages=[{"role": "user", "content": "z" * 900_000}]
+    )  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
     assert len(upstream.requests) == 1
     assert [s.status for s in await gw.steps("s1")] == ["ok"]
@@ -340,8 +417,9 @@ async def test_request_over_the_body_limit_is_413(start_gateway: StartGateway, u
 
 # ------------------------------------------------------------------------------ supports_stream
 @pytest.mark.parametrize("client_usage", [False, True])
-async def test_route_without_streaming_gets_a_synthesized_stream(start_gateway: StartGateway,
-                                                                 upstream: FakeUpstream, client_usage: bool) -> None:
+async def test_route_without_streaming_gets_a_synthesized_stream(
+    start_gateway: StartGateway, upstream: FakeUpstream, client_usage: bool
+) -> None:
     gw = await start_gateway(routes={"m": {"supports_stream": False}})
     body: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
     if client_usage:
@@ -352,7 +430,9 @@ async def test_route_without_streaming_gets_a_synthesized_stream(start_gateway: 
     sent = upstream.requests[0].json
     assert sent == {"model": "m", "messages": MESSAGES}  # asked without streaming
     chunks = sse_json(r.content)
-    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == DEFAULT_TEXT
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == DEFAULT_TEXT
+    )
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
     usage_chunks = [c for c in chunks if not c["choices"]]
     assert usage_chunks == ([{**usage_chunks[0], "usage": DEFAULT_USAGE}] if client_usage else [])
@@ -363,13 +443,18 @@ async def test_route_without_streaming_gets_a_synthesized_stream(start_gateway: 
     assert step.meta_json == {"route": "m", "stream_synthesized": True}
 
 
-async def test_synthesized_stream_carries_tool_calls_and_reasoning_to_the_sdk(start_gateway: StartGateway,
-                                                                              upstream: FakeUpstream) -> None:
+async def test_synthesized_stream_carries_tool_calls_and_reasoning_to_the_sdk(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"supports_stream": False}})
-    calls = [{"id": "call_1", "type": "function", "function": {"name": "a", "arguments": "{\"x\": 1}"}},
-             {"id": "call_2", "type": "function", "function": {"name": "b", "arguments": "{}"}}]
-    upstream.script(UP_PATH, [Reply.json(chat_completion(None, tool_calls=calls, reasoning="think",
-                                                         finish_reason="tool_calls"))])
+    calls = [
+        {"id": "call_1", "type": "function", "function": {"name": "a", "arguments": '{"x": 1}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "b", "arguments": "{}"}},
+    ]
+    upstream.script(
+        UP_PATH,
+        [Reply.json(chat_completion(None, tool_calls=calls, reasoning="think", finish_reason="tool_calls"))],
+    )
     got: dict[int, dict[str, str]] = {}
     finish = None
     reasoning = ""
@@ -384,10 +469,14 @@ async def test_synthesized_stream_carries_tool_calls_and_reasoning_to_the_sdk(st
                 e["arguments"] += (tc.function.arguments or "") if tc.function else ""
     assert finish == "tool_calls" and reasoning == "think"
     assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(got.items())] == [
-        ("call_1", "a", "{\"x\": 1}"), ("call_2", "b", "{}")]
+        ("call_1", "a", '{"x": 1}'),
+        ("call_2", "b", "{}"),
+    ]
 
 
-async def test_upstream_answering_json_to_a_stream_request_is_streamed(gw: Gateway, upstream: FakeUpstream) -> None:
+async def test_upstream_answering_json_to_a_stream_request_is_streamed(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     upstream.script(UP_PATH, [Reply.json(chat_completion("plain"))])  # an upstream that ignores "stream"
     text = ""
     async for c in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
@@ -398,13 +487,16 @@ async def test_upstream_answering_json_to_a_stream_request_is_streamed(gw: Gatew
     assert step.meta_json["stream_synthesized"] is True
 
 
-async def test_route_without_streaming_relays_upstream_errors(start_gateway: StartGateway,
-                                                              upstream: FakeUpstream) -> None:
+async def test_route_without_streaming_relays_upstream_errors(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"supports_stream": False, **NO_RETRY}})
     err = {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": None}}
     upstream.script(UP_PATH, [Reply.json(err, status=429, headers={"Retry-After": "2"})])
     with pytest.raises(openai.RateLimitError) as ei:
-        async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+        async for _ in await gw.client("s1").chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        ):  # type: ignore[arg-type]
             pass
     assert ei.value.response.headers["retry-after"] == "2" and ei.value.response.json() == err
     [step] = await gw.steps("s1")
@@ -412,8 +504,9 @@ async def test_route_without_streaming_relays_upstream_errors(start_gateway: Sta
 
 
 # ------------------------------------------------------------------------------ unexpected errors
-async def test_unexpected_error_is_500_in_openai_shape(gw: Gateway, upstream: FakeUpstream,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_unexpected_error_is_500_in_openai_shape(
+    gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def broken(*_a: object, **_k: object) -> None:
         raise RuntimeError("boom")
 
@@ -426,8 +519,9 @@ async def test_unexpected_error_is_500_in_openai_shape(gw: Gateway, upstream: Fa
     assert json.loads(r.content) == body
 
 
-async def test_unexpected_error_mid_stream_ends_with_an_error_event(gw: Gateway, upstream: FakeUpstream,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_unexpected_error_mid_stream_ends_with_an_error_event(
+    gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from wire.assembly import ChatStreamAssembler
 
     real_feed = ChatStreamAssembler.feed_chunk
@@ -438,8 +532,9 @@ async def test_unexpected_error_mid_stream_ends_with_an_error_event(gw: Gateway,
         real_feed(self, obj)
 
     monkeypatch.setattr(ChatStreamAssembler, "feed_chunk", feed)
-    r = await gw.http().post("/v1/sessions/s1/chat/completions",
-                             json={"model": "m", "messages": MESSAGES, "stream": True})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    )
     events = sse_json(r.content)
     assert b"[DONE]" not in r.content
     assert events[-1]["error"]["code"] == "internal_error" and "KeyError" in events[-1]["error"]["message"]

@@ -49,8 +49,9 @@ def _closed_port() -> int:
 
 # ------------------------------------------------------ 429/5xx retried before the first byte
 @pytest.mark.parametrize("stream", [False, True])
-async def test_429_twice_then_200_is_retried_honouring_retry_after(start_gateway: StartGateway,
-                                                                       upstream: FakeUpstream, stream: bool) -> None:
+async def test_429_twice_then_200_is_retried_honouring_retry_after(
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool
+) -> None:
     gw = await start_gateway()  # default policy: 3 attempts, Retry-After honoured up to 30 s
     limited = Reply.json(RATE_LIMITED, status=429, headers={"Retry-After": "1"})
     upstream.script(UP_PATH, [limited, limited])  # then the default answer
@@ -63,7 +64,10 @@ async def test_429_twice_then_200_is_retried_honouring_retry_after(start_gateway
     assert step.response["choices"][0]["message"]["content"] == DEFAULT_TEXT
     attempts = step.meta_json["attempts"]
     assert [(a["status"], a["retry_after_s"], a["wait_s"], a["error"]) for a in attempts] == [
-        (429, 1.0, 1.0, None), (429, 1.0, 1.0, None), (200, None, None, None)]
+        (429, 1.0, 1.0, None),
+        (429, 1.0, 1.0, None),
+        (200, None, None, None),
+    ]
     assert await gw.metric("gateway_upstream_retries_total", route="m", reason="status_429") == 2
     r = await gw.http().get("/v1/sessions/s1")
     assert r.json()["total_steps"] == 1
@@ -76,12 +80,16 @@ async def test_retry_after_is_capped(start_gateway: StartGateway, upstream: Fake
     assert await asyncio.wait_for(_chat(gw, "s1", True), 20) == DEFAULT_TEXT  # not 2 x 30 s
     [step] = await gw.steps("s1")
     assert [(a["retry_after_s"], a["wait_s"]) for a in step.meta_json["attempts"]] == [
-        (30.0, 0.1), (30.0, 0.1), (None, None)]
+        (30.0, 0.1),
+        (30.0, 0.1),
+        (None, None),
+    ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_503_forever_relays_the_last_503_intact_after_max_attempts(
-        start_gateway: StartGateway, upstream: FakeUpstream, stream: bool) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool
+) -> None:
     gw = await start_gateway(routes={"m": _retry_route(max_retry_after_s=0.05)})
     upstream.script(UP_PATH, [Reply.json(BUSY, status=503, headers={"Retry-After": "1"}) for _ in range(5)])
     with pytest.raises(openai.InternalServerError) as ei:
@@ -92,10 +100,15 @@ async def test_503_forever_relays_the_last_503_intact_after_max_attempts(
     assert len(upstream.requests) == 3
     [step] = await gw.steps("s1")
     assert (step.status, step.status_code, step.response) == ("error", 503, BUSY)
-    assert [(a["status"], a["wait_s"]) for a in step.meta_json["attempts"]] == [(503, 0.05), (503, 0.05),
-                                                                                 (503, None)]
+    assert [(a["status"], a["wait_s"]) for a in step.meta_json["attempts"]] == [
+        (503, 0.05),
+        (503, 0.05),
+        (503, None),
+    ]
     assert await gw.metric("gateway_upstream_retries_total", route="m", reason="status_503") == 2
-    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="503") == 1
+    assert (
+        await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="503") == 1
+    )
 
 
 async def test_400_is_passed_through_without_retry(gw: Gateway, upstream: FakeUpstream) -> None:
@@ -123,8 +136,9 @@ async def test_max_attempts_1_disables_retries(start_gateway: StartGateway, upst
 
 
 async def test_connect_error_is_retried_then_502(start_gateway: StartGateway) -> None:
-    gw = await start_gateway(routes={"m": {"base_url": f"http://127.0.0.1:{_closed_port()}/v1",
-                                           **_retry_route()}})
+    gw = await start_gateway(
+        routes={"m": {"base_url": f"http://127.0.0.1:{_closed_port()}/v1", **_retry_route()}}
+    )
     with pytest.raises(openai.InternalServerError) as ei:
         await _chat(gw, "s1", True)
     assert ei.value.status_code == 502
@@ -145,11 +159,15 @@ async def test_retried_call_uses_one_budget_step(start_gateway: StartGateway, up
     assert raw.headers["x-gateway-stop-reason"] == "max_steps"
     assert len(upstream.requests) == 4
     steps = await gw.steps("s1")
-    assert [(s.seq, s.status, len(s.meta_json.get("attempts", []))) for s in steps] == [(1, "ok", 3), (2, "ok", 0)]
+    assert [(s.seq, s.status, len(s.meta_json.get("attempts", []))) for s in steps] == [
+        (1, "ok", 3),
+        (2, "ok", 0),
+    ]
 
 
-async def test_client_leaving_during_backoff_cancels_at_once(start_gateway: StartGateway,
-                                                             upstream: FakeUpstream) -> None:
+async def test_client_leaving_during_backoff_cancels_at_once(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway()
     upstream.script(UP_PATH, [Reply.json(RATE_LIMITED, status=429, headers={"Retry-After": "20"})])
 
@@ -176,25 +194,49 @@ async def test_client_leaving_during_backoff_cancels_at_once(start_gateway: Star
 
 
 # -------------------------------------------- a stream that broke after bytes is never retried
-async def test_stream_broken_after_bytes_is_never_retried(start_gateway: StartGateway,
-                                                             upstream: FakeUpstream) -> None:
+async def test_stream_broken_after_bytes_is_never_retried(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": _retry_route()})
 
     def tool_chunk(args: str, **kw: Any) -> bytes:
-        return chat_chunk(tool_calls=[{"index": 0, "id": "call_1", "type": "function",
-                                       "function": {"name": "write", "arguments": args}}], **kw)
+        return chat_chunk(
+            tool_calls=[
+                {
+                    "index": 0,
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "write", "arguments": args},
+                }
+            ],
+            **kw,
+        )
 
     fragment = '{"path":"/data/out'
-    upstream.script(UP_PATH, [
-        Reply.sse([tool_chunk(fragment, role="assistant")], close_abruptly=True),
-        Reply.sse([tool_chunk('{"path":"/data/output.csv"}', role="assistant"),
-                   chat_chunk(finish_reason="tool_calls"), DONE]),
-    ])
+    upstream.script(
+        UP_PATH,
+        [
+            Reply.sse([tool_chunk(fragment, role="assistant")], close_abruptly=True),
+            Reply.sse(
+                [
+                    tool_chunk('{"path":"/data/output.csv"}', role="assistant"),
+                    chat_chunk(finish_reason="tool_calls"),
+                    DONE,
+                ]
+            ),
+        ],
+    )
     got: list[str] = []
     with pytest.raises(openai.APIError):
-        async for ch in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
-            got += [tc.function.arguments or "" for c in ch.choices for tc in c.delta.tool_calls or []
-                    if tc.function is not None]
+        async for ch in await gw.client("s1").chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        ):  # type: ignore[arg-type]
+            got += [
+                tc.function.arguments or ""
+                for c in ch.choices
+                for tc in c.delta.tool_calls or []
+                if tc.function is not None
+            ]
     assert got == [fragment]  # exactly what was forwarded, no second attempt glued on
     assert len(upstream.requests) == 1
     [step] = await gw.steps("s1")
@@ -205,13 +247,15 @@ async def test_stream_broken_after_bytes_is_never_retried(start_gateway: StartGa
     assert await gw.metric("gateway_upstream_retries_total", route="m", reason="status_200") == 0
 
 
-async def test_raw_bytes_of_a_broken_stream_hold_one_attempt(start_gateway: StartGateway,
-                                                                upstream: FakeUpstream) -> None:
+async def test_raw_bytes_of_a_broken_stream_hold_one_attempt(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": _retry_route()})
     first = chat_chunk("Hel", role="assistant")
     upstream.script(UP_PATH, [Reply.sse([first], close_abruptly=True)])
-    r = await gw.http().post("/v1/sessions/s1/chat/completions",
-                             json={"model": "m", "messages": MESSAGES, "stream": True})
+    r = await gw.http().post(
+        "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    )
     assert r.status_code == 200 and r.content.startswith(first)
     payloads = sse_payloads(r.content)
     assert len(payloads) == 2 and "error" in json.loads(payloads[-1])  # the fragment, then the error event

@@ -36,7 +36,11 @@ UP_PATH = "/v1/chat/completions"
 SESSION_PATH = "/v1/sessions/s1/chat/completions"
 
 PARALLEL_CALLS = [
-    {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    },
     {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}},
 ]
 
@@ -53,7 +57,8 @@ def stream_body(**extra: Any) -> dict[str, Any]:
 # ------------------------------------------------------- empty choices, usage-only chunks
 @pytest.mark.parametrize("client_opts", [None, {"include_usage": False}])
 async def test_usage_only_chunk_hidden_from_a_client_that_did_not_ask(
-        gw: Gateway, upstream: FakeUpstream, client_opts: dict[str, Any] | None) -> None:
+    gw: Gateway, upstream: FakeUpstream, client_opts: dict[str, Any] | None
+) -> None:
     upstream.script(UP_PATH, [Reply.sse(EMPTY_CHOICES_CHUNKS)])
     extra = {} if client_opts is None else {"stream_options": client_opts}
     r = await raw_post(gw, stream_body(**extra))
@@ -83,20 +88,32 @@ async def test_client_that_asked_for_usage_gets_every_chunk(gw: Gateway, upstrea
 async def test_usage_only_chunk_through_the_openai_sdk(gw: Gateway, upstream: FakeUpstream) -> None:
     upstream.script(UP_PATH, [Reply.sse(EMPTY_CHOICES_CHUNKS), Reply.sse(EMPTY_CHOICES_CHUNKS)])
     client = gw.client("s1")
-    chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    chunks = [
+        c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    ]  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi"
     assert [c.usage for c in chunks] == [None, None, None]
-    chunks = [c async for c in await client.chat.completions.create(
-        model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True})]  # type: ignore[arg-type]
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+    ]  # type: ignore[arg-type]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 11
     assert [s.total_tokens for s in await gw.steps("s1")] == [11, 11]
 
 
 # ------------------------------------------------ SSE comments, keep-alives, data-less blocks
-async def test_comments_and_dataless_blocks_are_neither_parsed_nor_relayed(gw: Gateway, upstream: FakeUpstream
-                                                                             ) -> None:
-    upstream.script(UP_PATH, [Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[0, 0, 0.2, 0, 0, 0, 0]),
-                              Reply.sse(COMMENTS_AND_KEEPALIVES)])
+async def test_comments_and_dataless_blocks_are_neither_parsed_nor_relayed(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    upstream.script(
+        UP_PATH,
+        [
+            Reply.sse(COMMENTS_AND_KEEPALIVES, delay_s=[0, 0, 0.2, 0, 0, 0, 0]),
+            Reply.sse(COMMENTS_AND_KEEPALIVES),
+        ],
+    )
     stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "AB"
     r = await raw_post(gw, stream_body())
@@ -135,15 +152,29 @@ async def test_multibyte_utf8_cut_between_writes(gw: Gateway, upstream: FakeUpst
 # ------------------------------------------------------------------------- very long lines
 async def test_one_700kb_line_is_forwarded_whole_and_recorded(gw: Gateway, upstream: FakeUpstream) -> None:
     args = '{"path":"a.txt","content":"' + "x" * 700_000 + '"}'
-    big = chat_chunk(role="assistant", tool_calls=[{"index": 0, "id": "call_w", "type": "function",
-                                                    "function": {"name": "write_file", "arguments": args}}])
+    big = chat_chunk(
+        role="assistant",
+        tool_calls=[
+            {
+                "index": 0,
+                "id": "call_w",
+                "type": "function",
+                "function": {"name": "write_file", "arguments": args},
+            }
+        ],
+    )
     chunks = [big, chat_chunk(finish_reason="tool_calls"), DONE]
     upstream.script(UP_PATH, [Reply.sse(chunks), Reply.sse(chunks)])
     r = await raw_post(gw, stream_body())
     assert r.content == b"".join(chunks)  # the huge event arrives whole and unchanged
     stream = await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
-    got = [tc.function.arguments async for c in stream if c.choices for tc in c.choices[0].delta.tool_calls or []
-           if tc.function]
+    got = [
+        tc.function.arguments
+        async for c in stream
+        if c.choices
+        for tc in c.choices[0].delta.tool_calls or []
+        if tc.function
+    ]
     assert "".join(a or "" for a in got) == args
     for step in await gw.steps("s1"):
         assert (step.status, step.finish_reason) == ("ok", "tool_calls")
@@ -154,10 +185,12 @@ async def test_one_700kb_line_is_forwarded_whole_and_recorded(gw: Gateway, upstr
 
 
 # ------------------------------------------------------------------------ parallel tool calls
-@pytest.mark.parametrize("chunks", [PARALLEL_TOOL_CALLS, PARALLEL_TOOL_CALLS_NO_INDEX],
-                         ids=["indexed", "no-index"])
-async def test_parallel_tool_calls_assembled_and_bytes_unchanged(gw: Gateway, upstream: FakeUpstream,
-                                                                    chunks: list[bytes]) -> None:
+@pytest.mark.parametrize(
+    "chunks", [PARALLEL_TOOL_CALLS, PARALLEL_TOOL_CALLS_NO_INDEX], ids=["indexed", "no-index"]
+)
+async def test_parallel_tool_calls_assembled_and_bytes_unchanged(
+    gw: Gateway, upstream: FakeUpstream, chunks: list[bytes]
+) -> None:
     upstream.script(UP_PATH, [Reply.sse(chunks)])
     r = await raw_post(gw, stream_body())
     assert r.content == b"".join(chunks)
@@ -168,8 +201,9 @@ async def test_parallel_tool_calls_assembled_and_bytes_unchanged(gw: Gateway, up
     assert step.finish_reason == "tool_calls"
 
 
-async def test_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(gw: Gateway,
-                                                                               upstream: FakeUpstream) -> None:
+async def test_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     upstream.script(UP_PATH, [Reply.sse(PARALLEL_TOOL_CALLS)])
     client = gw.client("s1")
     calls: dict[int, dict[str, str]] = {}
@@ -180,10 +214,14 @@ async def test_tool_calls_reach_the_sdk_and_tool_messages_go_back_untouched(gw: 
             entry["name"] += (tc.function.name or "") if tc.function else ""
             entry["arguments"] += (tc.function.arguments or "") if tc.function else ""
     assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
-        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in PARALLEL_CALLS]
-    followup = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": PARALLEL_CALLS},
-                {"role": "tool", "tool_call_id": "call_a", "content": "18C"},
-                {"role": "tool", "tool_call_id": "call_b", "content": "12:00"}]
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in PARALLEL_CALLS
+    ]
+    followup = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": PARALLEL_CALLS},
+        {"role": "tool", "tool_call_id": "call_a", "content": "18C"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "12:00"},
+    ]
     async for _ in await client.chat.completions.create(model="m", messages=followup, stream=True):  # type: ignore[arg-type]
         pass
     assert upstream.requests[1].json["messages"] == followup
@@ -205,12 +243,28 @@ async def test_reasoning_fields_relayed_verbatim_and_recorded(gw: Gateway, upstr
 
 
 async def test_non_stream_reasoning_recorded_as_received(gw: Gateway, upstream: FakeUpstream) -> None:
-    answer = {"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
-              "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                           "message": {"role": "assistant", "content": "4", "reasoning": "2+2 is four.",
-                                       "reasoning_content": "2+2 is four."},
-                           "token_ids": [17, 18]}],
-              "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}, "prompt_token_ids": [1]}
+    answer = {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "logprobs": None,
+                "message": {
+                    "role": "assistant",
+                    "content": "4",
+                    "reasoning": "2+2 is four.",
+                    "reasoning_content": "2+2 is four.",
+                },
+                "token_ids": [17, 18],
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "prompt_token_ids": [1],
+    }
     upstream.script(UP_PATH, [Reply.json(answer)])
     r = await raw_post(gw, {"model": "m", "messages": MESSAGES})
     assert r.json() == answer
@@ -230,8 +284,9 @@ async def test_gateway_asks_for_usage_and_records_it(gw: Gateway, upstream: Fake
 
 
 async def test_no_usage_is_recorded_as_null_not_zero(gw: Gateway, upstream: FakeUpstream) -> None:
-    upstream.script(UP_PATH, [Reply.sse([chat_chunk("ok", role="assistant"), chat_chunk(finish_reason="stop"),
-                                         DONE])])
+    upstream.script(
+        UP_PATH, [Reply.sse([chat_chunk("ok", role="assistant"), chat_chunk(finish_reason="stop"), DONE])]
+    )
     await raw_post(gw, stream_body())
     [step] = await gw.steps("s1")
     assert step.status == "ok"
@@ -241,16 +296,32 @@ async def test_no_usage_is_recorded_as_null_not_zero(gw: Gateway, upstream: Fake
     assert tuple(row) == (None, None, None)
 
 
-async def test_zero_usage_on_a_content_chunk_then_the_last_non_null_wins(gw: Gateway,
-                                                                            upstream: FakeUpstream) -> None:
+async def test_zero_usage_on_a_content_chunk_then_the_last_non_null_wins(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
     zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     real = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
-    upstream.script(UP_PATH, [
-        Reply.sse([chat_chunk("a", role="assistant", usage=zero), chat_chunk("b", usage=zero),
-                   chat_chunk(finish_reason="stop"), usage_chunk(real), DONE]),
-        Reply.sse([chat_chunk("a", role="assistant", usage=zero), chat_chunk(finish_reason="stop", usage=zero),
-                   DONE]),
-    ])
+    upstream.script(
+        UP_PATH,
+        [
+            Reply.sse(
+                [
+                    chat_chunk("a", role="assistant", usage=zero),
+                    chat_chunk("b", usage=zero),
+                    chat_chunk(finish_reason="stop"),
+                    usage_chunk(real),
+                    DONE,
+                ]
+            ),
+            Reply.sse(
+                [
+                    chat_chunk("a", role="assistant", usage=zero),
+                    chat_chunk(finish_reason="stop", usage=zero),
+                    DONE,
+                ]
+            ),
+        ],
+    )
     await raw_post(gw, stream_body(stream_options={"include_usage": True}))
     await raw_post(gw, stream_body(stream_options={"include_usage": True}))
     s1, s2 = await gw.steps("s1")
@@ -265,18 +336,25 @@ async def test_error_event_inside_a_200_stream_is_an_error_step(gw: Gateway, ups
     assert r.status_code == 200
     assert r.content.startswith(ERROR_IN_200_STREAM[0])  # the error event is forwarded as is
     with pytest.raises(openai.APIError, match="maximum context length exceeded"):
-        async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+        async for _ in await gw.client("s1").chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        ):  # type: ignore[arg-type]
             pass
     for step in await gw.steps("s1"):
         assert (step.status, step.status_code, step.finish_reason) == ("error", 200, None)
-        assert step.meta_json["error"] == {"message": "maximum context length exceeded", "type": "BadRequestError",
-                                           "code": 400}
+        assert step.meta_json["error"] == {
+            "message": "maximum context length exceeded",
+            "type": "BadRequestError",
+            "code": 400,
+        }
         assert step.response["choices"] == []
 
 
 async def test_upstream_closes_mid_stream(gw: Gateway, upstream: FakeUpstream) -> None:
     partial = [chat_chunk("Hel", role="assistant"), chat_chunk("lo")]
-    upstream.script(UP_PATH, [Reply.sse(partial, close_abruptly=True), Reply.sse(partial, close_abruptly=True)])
+    upstream.script(
+        UP_PATH, [Reply.sse(partial, close_abruptly=True), Reply.sse(partial, close_abruptly=True)]
+    )
     r = await raw_post(gw, stream_body())
     assert r.status_code == 200
     assert r.content.startswith(partial[0] + partial[1])
@@ -285,7 +363,9 @@ async def test_upstream_closes_mid_stream(gw: Gateway, upstream: FakeUpstream) -
     last = json.loads(payloads[-1])  # ... but a terminal error event
     assert last["error"]["code"] in ("upstream_stream_broken", "upstream_stream_truncated")
     with pytest.raises(openai.APIError):
-        async for _ in await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
+        async for _ in await gw.client("s1").chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        ):  # type: ignore[arg-type]
             pass
     for step in await gw.steps("s1"):
         assert (step.status, step.is_truncated, step.finish_reason) == ("truncated", True, None)
@@ -308,8 +388,12 @@ async def test_only_done_is_recorded_and_nothing_hangs(gw: Gateway, upstream: Fa
     upstream.script(UP_PATH, [Reply.sse([DONE]), Reply.sse([DONE])])
     async with asyncio.timeout(5):
         r = await raw_post(gw, stream_body())
-        chunks = [c async for c in await gw.client("s1").chat.completions.create(
-            model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+        chunks = [
+            c
+            async for c in await gw.client("s1").chat.completions.create(
+                model="m", messages=MESSAGES, stream=True
+            )
+        ]  # type: ignore[arg-type]
     assert r.content == DONE and chunks == []
     for step in await gw.steps("s1"):
         assert step.status == "empty"
@@ -318,8 +402,9 @@ async def test_only_done_is_recorded_and_nothing_hangs(gw: Gateway, upstream: Fa
         assert step.meta_json["chunks"] == 0
 
 
-async def test_error_status_with_sse_content_type_is_not_a_stream(start_gateway: StartGateway,
-                                                                   upstream: FakeUpstream) -> None:
+async def test_error_status_with_sse_content_type_is_not_a_stream(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": NO_RETRY})
     body = b'data: {"error":{"message":"overloaded","code":503}}\n\n'
     upstream.script(UP_PATH, [Reply.raw(body, status=503, content_type="text/event-stream")])
@@ -363,7 +448,9 @@ async def test_strict_mode_commits_before_a_non_stream_response(gw: Gateway, ups
         lock.close()
 
 
-async def test_best_effort_mode_does_not_wait_for_the_db(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_best_effort_mode_does_not_wait_for_the_db(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(telemetry={"mode": "best_effort"})
     lock = gw.hold_write_lock()
     try:

@@ -18,9 +18,16 @@ def test_lines_are_redacted_and_cut(tmp_path: Path) -> None:
     log = RequestLog(RequestLogSettings(enabled=True, path=str(path), body_limit_bytes=200))
     log.start()
     try:
-        log.write(session_id="s1", route="r", endpoint="chat.completions", http_status=200, step_status="ok",
-                  latency_ms=1.23456, request={"model": "r", "api_key": "sk-secret", "max_tokens": 5},
-                  response={"choices": [{"message": {"content": "x" * 1000}}]})
+        log.write(
+            session_id="s1",
+            route="r",
+            endpoint="chat.completions",
+            http_status=200,
+            step_status="ok",
+            latency_ms=1.23456,
+            request={"model": "r", "api_key": "sk-secret", "max_tokens": 5},
+            response={"choices": [{"message": {"content": "x" * 1000}}]},
+        )
     finally:
         log.stop()
     (line,) = _lines(path)
@@ -36,8 +43,16 @@ def test_rotation_keeps_backup_count_files(tmp_path: Path) -> None:
     log.start()
     try:
         for i in range(100):
-            log.write(session_id=f"s{i}", route="r", endpoint="chat.completions", http_status=200, step_status="ok",
-                      latency_ms=1.0, request={"i": i}, response={"pad": "y" * 100})
+            log.write(
+                session_id=f"s{i}",
+                route="r",
+                endpoint="chat.completions",
+                http_status=200,
+                step_status="ok",
+                latency_ms=1.0,
+                request={"i": i},
+                response={"pad": "y" * 100},
+            )
     finally:
         log.stop()
     files = sorted(p.name for p in tmp_path.iterdir())
@@ -52,17 +67,26 @@ async def test_gateway_logs_each_call(tmp_path: Path) -> None:
 
     path = tmp_path / "req.jsonl"
     async with FakeUpstream() as up:
-        gw = await serve(make_settings(up, f"sqlite://{tmp_path}/gw.db",
-                                       request_log={"enabled": True, "path": str(path)}))
+        gw = await serve(
+            make_settings(up, f"sqlite://{tmp_path}/gw.db", request_log={"enabled": True, "path": str(path)})
+        )
         try:
             await gw.client("s1").chat.completions.create(model="m", messages=MESSAGES)
-            raw = await gw.http().post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
-                                       headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+            raw = await gw.http().post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": MESSAGES},
+                headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+            )
             assert raw.status_code == 200
         finally:
             await gw.stop()
     first, second = _lines(path)
-    assert (first["session_id"], first["route"], first["http_status"], first["step_status"]) == ("s1", "m", 200, "ok")
+    assert (first["session_id"], first["route"], first["http_status"], first["step_status"]) == (
+        "s1",
+        "m",
+        200,
+        "ok",
+    )
     assert first["response"]["choices"][0]["message"]["content"] == DEFAULT_TEXT
     assert first["request"]["messages"] == MESSAGES
     assert second["session_id"] is None  # passthrough calls are logged too
@@ -75,9 +99,16 @@ def test_a_lone_surrogate_is_logged_as_its_escape(tmp_path: Path) -> None:
     log = RequestLog(RequestLogSettings(enabled=True, path=str(path)))
     log.start()
     try:
-        log.write(session_id="s1", route="r", endpoint="chat.completions", http_status=200, step_status="ok",
-                  latency_ms=1.0, request={"messages": [{"role": "user", "content": "a\ud800"}]},
-                  response={"choices": [{"message": {"content": "b\udfff"}}]})
+        log.write(
+            session_id="s1",
+            route="r",
+            endpoint="chat.completions",
+            http_status=200,
+            step_status="ok",
+            latency_ms=1.0,
+            request={"messages": [{"role": "user", "content": "a\ud800"}]},
+            response={"choices": [{"message": {"content": "b\udfff"}}]},
+        )
     finally:
         log.stop()
     (line,) = _lines(path)

@@ -24,12 +24,16 @@ def templated(upstream: FakeUpstream, **extra: object) -> dict[str, dict[str, ob
     return {"t": {"base_url": f"{upstream.origin}/sessions/{{session_id}}/v1", **extra}, "m": {}}
 
 
-async def test_session_calls_go_to_the_session_url(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_session_calls_go_to_the_session_url(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes=templated(upstream))
     client = gw.client("s1")
     out = await client.chat.completions.create(model="t", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
-    chunks = [c async for c in await client.chat.completions.create(model="t", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    chunks = [
+        c async for c in await client.chat.completions.create(model="t", messages=MESSAGES, stream=True)
+    ]  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == DEFAULT_TEXT
     await gw.client("s2").responses.create(model="t", input="hi")
     await gw.client("s3").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -45,11 +49,14 @@ async def test_session_calls_go_to_the_session_url(start_gateway: StartGateway, 
     assert [s.step_id for s in steps] == [1, 2]
 
 
-async def test_the_session_id_is_one_percent_encoded_segment(start_gateway: StartGateway,
-                                                             upstream: FakeUpstream) -> None:
+async def test_the_session_id_is_one_percent_encoded_segment(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes=templated(upstream))
     sid = "run 1:a?b#c%d"
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1/sessions/{quote(sid, safe='')}", api_key="k", max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=f"{gw.url}/v1/sessions/{quote(sid, safe='')}", api_key="k", max_retries=0
+    )
     try:
         out = await client.chat.completions.create(model="t", messages=MESSAGES)  # type: ignore[arg-type]
     finally:
@@ -63,10 +70,13 @@ async def test_the_session_id_is_one_percent_encoded_segment(start_gateway: Star
     assert step.status == "ok"
 
 
-async def test_a_sessionless_call_to_a_per_session_route_is_a_400(start_gateway: StartGateway,
-                                                                  upstream: FakeUpstream) -> None:
-    routes = {**templated(upstream),
-              "a": {"api": "anthropic", "base_url": f"{upstream.origin}/sessions/{{session_id}}"}}
+async def test_a_sessionless_call_to_a_per_session_route_is_a_400(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
+    routes = {
+        **templated(upstream),
+        "a": {"api": "anthropic", "base_url": f"{upstream.origin}/sessions/{{session_id}}"},
+    }
     gw = await start_gateway(routes=routes)
     with pytest.raises(openai.BadRequestError) as ei:
         await gw.client().chat.completions.create(model="t", messages=MESSAGES)  # type: ignore[arg-type]
@@ -104,15 +114,18 @@ def test_route_base_url_substitution() -> None:
         assert (ei.value.status, ei.value.code) == (400, "session_required")
 
 
-@pytest.mark.parametrize(("base_url", "message"), [
-    ("http://t/sessions/{sid}/v1", "placeholder {sid}; the only one replaced is {session_id}"),
-    ("http://t/{session_id}/{job_id}/v1", "placeholder {job_id}"),
-    ("http://t/{}/v1", "placeholder {}"),
-    ("http://t/{session_id/v1", "stray brace"),
-    ("http://t/session_id}/v1", "stray brace"),
-    ("http://{session_id}.trainer/v1", "may only appear in the URL path"),
-    ("http://t/v1?session={session_id}", "may only appear in the URL path"),
-])
+@pytest.mark.parametrize(
+    ("base_url", "message"),
+    [
+        ("http://t/sessions/{sid}/v1", "placeholder {sid}; the only one replaced is {session_id}"),
+        ("http://t/{session_id}/{job_id}/v1", "placeholder {job_id}"),
+        ("http://t/{}/v1", "placeholder {}"),
+        ("http://t/{session_id/v1", "stray brace"),
+        ("http://t/session_id}/v1", "stray brace"),
+        ("http://{session_id}.trainer/v1", "may only appear in the URL path"),
+        ("http://t/v1?session={session_id}", "may only appear in the URL path"),
+    ],
+)
 def test_bad_templates_fail_at_load(base_url: str, message: str) -> None:
     with pytest.raises(ValidationError) as ei:
         GatewaySettings.model_validate({"llm_routes": {"t": {"base_url": base_url}}})

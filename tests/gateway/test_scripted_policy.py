@@ -12,8 +12,17 @@ from tests.fake_upstream import FakeUpstream, Plan, ScriptedPolicy
 from tests.gateway.conftest import Gateway, StartGateway, anthropic_routes
 
 PLAN = Plan.write_answer({"n": 7})
-BASH = {"type": "function", "function": {"name": "bash", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
 
 
 async def play_chat(gw: Gateway, sid: str, stream: bool) -> None:
@@ -23,7 +32,9 @@ async def play_chat(gw: Gateway, sid: str, stream: bool) -> None:
     for _ in range(2):
         if stream:
             args, call_id, text = "", None, ""
-            async for chunk in await c.chat.completions.create(model="m", messages=messages, tools=[BASH], **kw):
+            async for chunk in await c.chat.completions.create(
+                model="m", messages=messages, tools=[BASH], **kw
+            ):
                 for ch in chunk.choices:
                     text += ch.delta.content or ""
                     for tc in ch.delta.tool_calls or []:
@@ -36,9 +47,16 @@ async def play_chat(gw: Gateway, sid: str, stream: bool) -> None:
             call_id, args = (calls[0].id, calls[0].function.arguments) if calls else (None, "")  # type: ignore
         if call_id is None:
             return
-        messages += [{"role": "assistant", "content": text, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": args}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": json.loads(args)["command"][:20]}]
+        messages += [
+            {
+                "role": "assistant",
+                "content": text,
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": args}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": json.loads(args)["command"][:20]},
+        ]
 
 
 async def play_responses(gw: Gateway, sid: str, stream: bool) -> None:
@@ -54,9 +72,15 @@ async def play_responses(gw: Gateway, sid: str, stream: bool) -> None:
         calls = [o for o in r.output if o.type == "function_call"]
         if not calls:
             return
-        items += [{"type": "function_call", "call_id": calls[0].call_id, "name": "shell",
-                   "arguments": calls[0].arguments},
-                  {"type": "function_call_output", "call_id": calls[0].call_id, "output": "ok"}]
+        items += [
+            {
+                "type": "function_call",
+                "call_id": calls[0].call_id,
+                "name": "shell",
+                "arguments": calls[0].arguments,
+            },
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "ok"},
+        ]
 
 
 async def play_messages(gw: Gateway, sid: str, stream: bool) -> None:
@@ -72,14 +96,20 @@ async def play_messages(gw: Gateway, sid: str, stream: bool) -> None:
         uses = [b for b in m.content if b.type == "tool_use"]
         if not uses:
             return
-        messages += [{"role": "assistant", "content": m.model_dump()["content"]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "ok"}]}]
+        messages += [
+            {"role": "assistant", "content": m.model_dump()["content"]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "ok"}],
+            },
+        ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("play", [play_chat, play_responses, play_messages])
-async def test_policy_calls_are_recorded_as_sent(upstream: FakeUpstream, start_gateway: StartGateway,
-                                                 play: Any, stream: bool) -> None:
+async def test_policy_calls_are_recorded_as_sent(
+    upstream: FakeUpstream, start_gateway: StartGateway, play: Any, stream: bool
+) -> None:
     policy = ScriptedPolicy(PLAN, text_protocol=False)
     upstream.add_rule(policy)
     gw = await start_gateway(routes=anthropic_routes(upstream))

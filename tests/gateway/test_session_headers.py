@@ -37,17 +37,33 @@ def test_the_first_configured_header_present_names_the_session() -> None:
     assert got == ("rollout-7", "x-session-id")
     assert session_from_headers(_raw(("session-id", "codex-1")), NAMES) == ("codex-1", "session-id")
     assert session_from_headers(_raw(("x-request-id", "per-call")), NAMES) is None  # not a session header
-    assert session_from_headers(_raw(("x-session-id", "a"), ("x-session-id", "a")), NAMES) == ("a", "x-session-id")
-    assert session_from_headers(_raw(("x-session-id", "séance".encode())), NAMES) == ("séance", "x-session-id")
+    assert session_from_headers(_raw(("x-session-id", "a"), ("x-session-id", "a")), NAMES) == (
+        "a",
+        "x-session-id",
+    )
+    assert session_from_headers(_raw(("x-session-id", "séance".encode())), NAMES) == (
+        "séance",
+        "x-session-id",
+    )
     # a field value's surrounding whitespace is not part of it: the same session as without it
     assert session_from_headers(_raw(("x-session-id", " spaced \t")), NAMES) == ("spaced", "x-session-id")
 
 
-@pytest.mark.parametrize("value, why", [
-    (b"", "empty"), (b"   ", "empty"), (b"x" * 129, "1 to 128 characters"), (b"a\x01b", "control or format character"),
-    ("\u202eevil".encode(), "control or format character"), ("a\u200bb".encode(), "format character"),
-    (b"\xff\xfe", "not UTF-8"), (b"a/b", "cannot contain '/'"), (b"..", "or be '.' or '..'"), (b".", "or be '.'"),
-])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (b"", "empty"),
+        (b"   ", "empty"),
+        (b"x" * 129, "1 to 128 characters"),
+        (b"a\x01b", "control or format character"),
+        ("\u202eevil".encode(), "control or format character"),
+        ("a\u200bb".encode(), "format character"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"a/b", "cannot contain '/'"),
+        (b"..", "or be '.' or '..'"),
+        (b".", "or be '.'"),
+    ],
+)
 def test_a_header_value_that_cannot_name_a_session_is_a_400(value: bytes, why: str) -> None:
     with pytest.raises(GatewayError) as e:
         session_from_headers(_raw(("x-session-id", value)), NAMES)
@@ -63,8 +79,12 @@ def test_one_header_with_two_values_is_a_400() -> None:
 def test_session_headers_setting() -> None:
     assert GatewaySettings().session_headers == list(DEFAULT_SESSION_HEADERS)
     assert GatewaySettings.model_validate({"session_headers": [" X-Run-Id "]}).session_headers == ["x-run-id"]
-    cases: list[tuple[list[str], str]] = [(["Authorization"], "credential"), (["x-api-key"], "credential"),
-                                          (["a b"], "header name"), (["x-a", "X-A"], "twice")]
+    cases: list[tuple[list[str], str]] = [
+        (["Authorization"], "credential"),
+        (["x-api-key"], "credential"),
+        (["a b"], "header name"),
+        (["x-a", "X-A"], "twice"),
+    ]
     for bad, why in cases:
         with pytest.raises(pydantic.ValidationError, match=why):
             GatewaySettings.model_validate({"session_headers": bad})
@@ -79,12 +99,15 @@ async def agw(start_gateway: StartGateway, upstream: FakeUpstream) -> Gateway:
 @pytest.mark.parametrize("proto", sorted(CALLS))
 @pytest.mark.parametrize("stream", [False, True])
 async def test_each_header_session_is_its_own_session_and_answers_name_their_step(
-        agw: Gateway, upstream: FakeUpstream, proto: str, stream: bool) -> None:
+    agw: Gateway, upstream: FakeUpstream, proto: str, stream: bool
+) -> None:
     path, body = CALLS[proto]
     http = agw.http()
     seen = []
     for sid in ("sample-1", "sample-2", "sample-1"):
-        async with http.stream("POST", path, json={**body, "stream": stream}, headers={"X-Session-ID": sid}) as r:
+        async with http.stream(
+            "POST", path, json={**body, "stream": stream}, headers={"X-Session-ID": sid}
+        ) as r:
             # the step is reserved before the upstream is called: its headers lead even a stream
             seen.append((r.status_code, r.headers.get(SEQ), r.headers.get(STEP)))
             await r.aread()
@@ -97,8 +120,11 @@ async def test_each_header_session_is_its_own_session_and_answers_name_their_ste
 
 
 async def test_the_path_session_wins_over_a_header(agw: Gateway) -> None:
-    r = await agw.http().post("/v1/sessions/from-path/chat/completions", json=CHAT,
-                              headers={"X-Session-ID": "from-header", "x-claude-code-session-id": "cc"})
+    r = await agw.http().post(
+        "/v1/sessions/from-path/chat/completions",
+        json=CHAT,
+        headers={"X-Session-ID": "from-header", "x-claude-code-session-id": "cc"},
+    )
     assert r.status_code == 200 and (r.headers[SEQ], r.headers[STEP]) == ("1", "1")
     (step,) = await agw.wait_steps("from-path", 1)
     assert "session_header" not in (step.meta_json or {})
@@ -106,8 +132,9 @@ async def test_the_path_session_wins_over_a_header(agw: Gateway) -> None:
     assert (await agw.http().get("/v1/sessions/from-header")).status_code == 404
 
 
-async def test_a_sessionless_call_without_a_header_is_forwarded_unrecorded(agw: Gateway,
-                                                                          upstream: FakeUpstream) -> None:
+async def test_a_sessionless_call_without_a_header_is_forwarded_unrecorded(
+    agw: Gateway, upstream: FakeUpstream
+) -> None:
     r = await agw.http().post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "per-call"})
     assert r.status_code == 200 and SEQ not in r.headers and STEP not in r.headers
     assert len(upstream.requests) == 1 and "x-session-id" not in upstream.requests[0].headers
@@ -116,7 +143,8 @@ async def test_a_sessionless_call_without_a_header_is_forwarded_unrecorded(agw: 
 
 @pytest.mark.parametrize("proto", ["chat", "messages"])
 async def test_require_session_refuses_a_call_that_names_no_session(
-        start_gateway: StartGateway, upstream: FakeUpstream, proto: str) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream, proto: str
+) -> None:
     gw = await start_gateway(routes=anthropic_routes(upstream), require_session=True)
     path, body = CALLS[proto]
     r = await gw.http().post(path, json=body)
@@ -132,8 +160,9 @@ async def test_require_session_refuses_a_call_that_names_no_session(
 
 
 @pytest.mark.parametrize("proto", ["chat", "messages"])
-async def test_a_bad_header_value_is_a_400_in_the_apis_shape(agw: Gateway, upstream: FakeUpstream,
-                                                             proto: str) -> None:
+async def test_a_bad_header_value_is_a_400_in_the_apis_shape(
+    agw: Gateway, upstream: FakeUpstream, proto: str
+) -> None:
     path, body = CALLS[proto]
     r = await agw.http().post(path, json=body, headers={"x-session-id": "x" * 200})
     assert r.status_code == 400
@@ -145,8 +174,9 @@ async def test_a_bad_header_value_is_a_400_in_the_apis_shape(agw: Gateway, upstr
     assert upstream.requests == []
 
 
-async def test_no_session_headers_configured_means_passthrough(start_gateway: StartGateway,
-                                                                upstream: FakeUpstream) -> None:
+async def test_no_session_headers_configured_means_passthrough(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(session_headers=[])
     r = await gw.http().post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "s"})
     assert r.status_code == 200 and SEQ not in r.headers
@@ -155,25 +185,36 @@ async def test_no_session_headers_configured_means_passthrough(start_gateway: St
 
 # ------------------------------------------------------------------------------ the same rules as a path session
 async def test_a_header_cannot_take_a_call_into_another_routes_session(
-        start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {}, "other": {}})
     await gw.register("launched")  # a launcher's session, bound to route m
     http = gw.http()
-    r = await http.post("/v1/chat/completions", json={**CHAT, "model": "other"}, headers={"x-session-id": "launched"})
+    r = await http.post(
+        "/v1/chat/completions", json={**CHAT, "model": "other"}, headers={"x-session-id": "launched"}
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "session_route_mismatch"
     assert upstream.requests == [] and await gw.steps("launched") == []
     # a session bound by its first call (route m) is refused to route other just the same
-    assert (await http.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "free"})).status_code == 200
-    r = await http.post("/v1/chat/completions", json={**CHAT, "model": "other"}, headers={"x-session-id": "free"})
+    assert (
+        await http.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "free"})
+    ).status_code == 200
+    r = await http.post(
+        "/v1/chat/completions", json={**CHAT, "model": "other"}, headers={"x-session-id": "free"}
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "session_route_mismatch"
     status = (await http.get("/v1/sessions/free")).json()
     assert status["step_counts"] == {"m": 1} and status["rejected_calls"] == {"session_route_mismatch": 1}
 
 
-async def test_header_and_path_calls_share_one_budget(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_header_and_path_calls_share_one_budget(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(max_steps=2)
     http = gw.http()
-    assert (await http.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "b"})).headers[SEQ] == "1"
+    assert (await http.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "b"})).headers[
+        SEQ
+    ] == "1"
     assert (await http.post("/v1/sessions/b/chat/completions", json=CHAT)).headers[SEQ] == "2"
     stop = await http.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "b"})
     assert stop.status_code == 200 and stop.headers["x-gateway-stop-reason"] == "max_steps"
@@ -183,25 +224,31 @@ async def test_header_and_path_calls_share_one_budget(start_gateway: StartGatewa
 
 
 async def test_a_header_session_needs_the_key_and_a_closed_one_stays_closed(
-        start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(auth={"api_keys": [CLIENT_KEY]})
     anon = gw.http()
     r = await anon.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "k"})
     assert r.status_code == 401 and upstream.requests == []
     keyed = gw.http(headers={"Authorization": f"Bearer {CLIENT_KEY}"})
     assert (await keyed.get("/v1/sessions/k")).status_code == 404  # the refused call created nothing
-    assert (await keyed.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "k"})).status_code == 200
+    assert (
+        await keyed.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "k"})
+    ).status_code == 200
     assert (await keyed.post("/v1/sessions/k/close", json={"reason": "done"})).status_code == 200
     r = await keyed.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "k"})
     assert r.status_code == 409 and r.json()["error"]["code"] == "session_closed"
     assert len(upstream.requests) == 1
 
 
-async def test_a_retry_answered_from_its_first_call_names_the_same_step(agw: Gateway,
-                                                                        upstream: FakeUpstream) -> None:
+async def test_a_retry_answered_from_its_first_call_names_the_same_step(
+    agw: Gateway, upstream: FakeUpstream
+) -> None:
     headers: dict[str, Any] = {"x-session-id": "r", "Idempotency-Key": "call-1"}
     first = await agw.http().post("/v1/chat/completions", json=CHAT, headers=headers)
     again = await agw.http().post("/v1/chat/completions", json=CHAT, headers=headers)
     assert again.headers["x-gateway-replayed"] == "true" and again.content == first.content
-    assert (again.headers[SEQ], again.headers[STEP]) == (first.headers[SEQ], first.headers[STEP]) == ("1", "1")
+    assert (
+        (again.headers[SEQ], again.headers[STEP]) == (first.headers[SEQ], first.headers[STEP]) == ("1", "1")
+    )
     assert len(upstream.requests) == 1

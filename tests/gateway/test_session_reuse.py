@@ -37,7 +37,9 @@ async def test_closed_session_is_fresh_after_reset_for_retry(start_gateway: Star
     assert answer.choices[0].message.content
     [step] = await gw.wait_steps("s1", 1)
     assert (step.step_id, step.seq, step.status, step.is_trainable) == (1, 1, "ok", True)
-    archived = gw.sql("SELECT step_id, is_trainable FROM session_steps WHERE session_id = 's1~a1' ORDER BY seq")
+    archived = gw.sql(
+        "SELECT step_id, is_trainable FROM session_steps WHERE session_id = 's1~a1' ORDER BY seq"
+    )
     assert [tuple(r) for r in archived] == [(1, 0)]
     state = (await gw.http().get("/v1/sessions/s1")).json()
     assert (state["status"], state["total_steps"], state["max_steps"]) == ("active", 1, 1)  # a fresh budget

@@ -26,8 +26,9 @@ def _routes(**extra: Any) -> dict[str, dict[str, Any]]:
 
 
 @SHARED
-async def test_a_call_naming_another_route_is_refused(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                      shared: bool) -> None:
+async def test_a_call_naming_another_route_is_refused(
+    start_gateway: StartGateway, upstream: FakeUpstream, shared: bool
+) -> None:
     gw = await start_gateway(routes=_routes(), shared_sessions=shared)
     client = gw.client("s1")
     first = await client.chat.completions.create(model="fake", messages=MESSAGES)  # type: ignore[arg-type]
@@ -38,7 +39,11 @@ async def test_a_call_naming_another_route_is_refused(start_gateway: StartGatewa
     err = e.value.body
     assert isinstance(err, dict)
     assert (e.value.status_code, err["code"], err["param"], err["type"]) == (
-        400, "session_route_mismatch", "model", "invalid_request_error")
+        400,
+        "session_route_mismatch",
+        "model",
+        "invalid_request_error",
+    )
     assert "bound to route `fake`" in err["message"] and "`strong`" in err["message"]
     with pytest.raises(openai.BadRequestError):  # the Responses API too, streamed or not
         await client.responses.create(model="strong", input="hi", stream=True)
@@ -48,7 +53,10 @@ async def test_a_call_naming_another_route_is_refused(start_gateway: StartGatewa
     assert [(s.seq, s.llm_model) for s in steps] == [(1, "fake")]
     status = (await gw.http().get("/v1/sessions/s1")).json()
     assert (status["total_steps"], status["step_counts"], status["rejected_calls"]) == (
-        1, {"fake": 1}, {"session_route_mismatch": 2})
+        1,
+        {"fake": 1},
+        {"session_route_mismatch": 2},
+    )
     assert await gw.metric("gateway_error_responses_total", status="400", code="session_route_mismatch") == 2
 
     again = await client.chat.completions.create(model="fake-alias", messages=MESSAGES)  # type: ignore[arg-type]
@@ -61,7 +69,8 @@ async def test_a_call_naming_another_route_is_refused(start_gateway: StartGatewa
 
 @SHARED
 async def test_a_launcher_session_is_bound_to_its_route_from_its_first_call(
-        start_gateway: StartGateway, upstream: FakeUpstream, shared: bool) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream, shared: bool
+) -> None:
     gw = await start_gateway(routes={"m": {}, "strong": {}}, shared_sessions=shared)
     await gw.register("job-s")  # llm_model "m"
     with pytest.raises(openai.BadRequestError) as e:
@@ -97,8 +106,9 @@ async def test_parallel_first_calls_on_two_routes_bind_one(start_gateway: StartG
     assert {s.llm_model for s in await gw.steps("race")} == {winner}
 
 
-async def test_the_binding_holds_across_gateways_sharing_the_store(start_gateway: StartGateway,
-                                                                   upstream: FakeUpstream) -> None:
+async def test_the_binding_holds_across_gateways_sharing_the_store(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     a = await start_gateway(routes=_routes(), shared_sessions=True)
     b = await start_gateway(routes=_routes(), shared_sessions=True)
     await a.client("s1").chat.completions.create(model="fake", messages=MESSAGES)  # type: ignore[arg-type]
@@ -110,10 +120,13 @@ async def test_the_binding_holds_across_gateways_sharing_the_store(start_gateway
     assert len(upstream.requests) == 2
 
 
-async def test_anthropic_messages_refusal_in_anthropic_shape(start_gateway: StartGateway,
-                                                            upstream: FakeUpstream) -> None:
-    routes = {"a": {"api": "anthropic", "base_url": upstream.origin},
-              "a2": {"api": "anthropic", "base_url": upstream.origin}}
+async def test_anthropic_messages_refusal_in_anthropic_shape(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
+    routes = {
+        "a": {"api": "anthropic", "base_url": upstream.origin},
+        "a2": {"api": "anthropic", "base_url": upstream.origin},
+    }
     gw = await start_gateway(routes=routes)
     client = gw.anthropic("s1")
     await client.messages.create(model="a", max_tokens=10, messages=MESSAGES)  # type: ignore[arg-type]
@@ -121,5 +134,7 @@ async def test_anthropic_messages_refusal_in_anthropic_shape(start_gateway: Star
         await client.messages.create(model="a2", max_tokens=10, messages=MESSAGES)  # type: ignore[arg-type]
     body = e.value.body
     assert isinstance(body, dict) and body["type"] == "error"
-    assert body["error"]["type"] == "invalid_request_error" and "bound to route `a`" in body["error"]["message"]
+    assert (
+        body["error"]["type"] == "invalid_request_error" and "bound to route `a`" in body["error"]["message"]
+    )
     assert len(upstream.requests) == 1

@@ -23,7 +23,10 @@ def test_default_route_must_name_a_route() -> None:
 
 
 def test_default_route_naming_a_route_or_unset() -> None:
-    assert GatewaySettings.model_validate({"llm_routes": ROUTES, "default_route": "qwen"}).route_for_default() == "qwen"
+    assert (
+        GatewaySettings.model_validate({"llm_routes": ROUTES, "default_route": "qwen"}).route_for_default()
+        == "qwen"
+    )
     assert GatewaySettings.model_validate({"llm_routes": ROUTES}).route_for_default() == "local"
     assert GatewaySettings.model_validate({}).route_for_default() is None
 
@@ -57,10 +60,17 @@ def test_storage_type_is_derived_from_the_db_url_and_must_agree_with_it() -> Non
         GatewaySettings.model_validate({"storage_type": "sqlite", "storage_config": pg})
     assert "storage_type is sqlite but storage_config.db_url is a postgresql URL" in str(ei.value)
     assert "s3cret" not in str(ei.value)  # a URL's password is never echoed
-    assert GatewaySettings.model_validate({"storage_config": {"db_url": "/tmp/plain.db"}}).storage_type == "sqlite"
-    with pytest.raises(ValidationError, match="storage_config.db_url: storage '/nowhere/x.db': the folder /nowhere"):
+    assert (
+        GatewaySettings.model_validate({"storage_config": {"db_url": "/tmp/plain.db"}}).storage_type
+        == "sqlite"
+    )
+    with pytest.raises(
+        ValidationError, match="storage_config.db_url: storage '/nowhere/x.db': the folder /nowhere"
+    ):
         GatewaySettings.model_validate({"storage_config": {"db_url": "/nowhere/x.db"}})
-    with pytest.raises(ValidationError, match="unsupported storage URL 'mysql://db/x': use a file path, sqlite://"):
+    with pytest.raises(
+        ValidationError, match="unsupported storage URL 'mysql://db/x': use a file path, sqlite://"
+    ):
         GatewaySettings.model_validate({"storage_config": {"db_url": "mysql://db/x"}})
 
 
@@ -80,24 +90,27 @@ def test_config_errors_are_one_line_per_problem_naming_the_file_field_or_flag(tm
     assert str(ei.value).splitlines() == [
         f"gateway config {cfg}: listen_port: Input should be less than or equal to 65535",
         f"gateway config {cfg}: llm_routes.a.base_url: Input should be a valid string",
-        f"gateway config {cfg}: bogus: unknown key"]
+        f"gateway config {cfg}: bogus: unknown key",
+    ]
     cfg.write_text("listen_prot: 8000\nllm_routes:\n  a: {base_url: http://x, api_kye: k}\n")
     with pytest.raises(ConfigError) as ei:  # an unknown key with the nearest valid one, nested ones too
         load_settings(cfg)
     assert str(ei.value).splitlines() == [
         f"gateway config {cfg}: llm_routes.a.api_kye: unknown key (did you mean 'api_key'?)",
-        f"gateway config {cfg}: listen_prot: unknown key (did you mean 'listen_port'?)"]
+        f"gateway config {cfg}: listen_prot: unknown key (did you mean 'listen_port'?)",
+    ]
     cfg.write_text("listen_port: 8000\n")
     with pytest.raises(ConfigError) as ei:  # a flag's value is blamed on the flag, not the file
         load_settings(cfg, host="127.0.0.1", port=99999, db_url=str(tmp_path))
-    assert str(ei.value).splitlines() == [
-        "--port: Input should be less than or equal to 65535"]
+    assert str(ei.value).splitlines() == ["--port: Input should be less than or equal to 65535"]
     with pytest.raises(ConfigError) as ei:
         load_settings(cfg, db_url=str(tmp_path))
     assert str(ei.value) == f"--db-url: storage '{tmp_path}': {tmp_path} is a folder, not a SQLite file"
     cfg.write_text(f"storage_config:\n  db_url: {tmp_path}\n")
     with pytest.raises(ConfigError) as ei:  # the same value in the file names the file and the field
         load_settings(cfg)
-    assert str(ei.value) == (f"gateway config {cfg}: storage_config.db_url: storage '{tmp_path}': {tmp_path} is a "
-                             "folder, not a SQLite file")
+    assert str(ei.value) == (
+        f"gateway config {cfg}: storage_config.db_url: storage '{tmp_path}': {tmp_path} is a "
+        "folder, not a SQLite file"
+    )
     assert "pydantic.dev" not in str(ei.value) and "validation error" not in str(ei.value)

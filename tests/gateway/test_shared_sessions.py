@@ -12,22 +12,36 @@ from store import GatewaySession, JobEnvironment, SessionStep, Store
 
 
 def _new(sid: str, max_steps: int = -1):  # type: ignore[no-untyped-def]
-    return lambda ctx: GatewaySession(session_id=sid, max_steps=ctx.max_steps if ctx else max_steps, step_counts={})
+    return lambda ctx: GatewaySession(
+        session_id=sid, max_steps=ctx.max_steps if ctx else max_steps, step_counts={}
+    )
 
 
 async def test_change_gateway_session_creates_from_the_launcher_row_and_serializes(store_url: str) -> None:
     a, b = Store(store_url), Store(store_url)
     await a.init()
     try:
-        await a.add_job_sessions([JobEnvironment(session_id="s", job_id="j", env_name="e", case_id="0",
-                                                 llm_model="m", group_id="g", max_steps=7)])
+        await a.add_job_sessions(
+            [
+                JobEnvironment(
+                    session_id="s",
+                    job_id="j",
+                    env_name="e",
+                    case_id="0",
+                    llm_model="m",
+                    group_id="g",
+                    max_steps=7,
+                )
+            ]
+        )
 
         def bump(st: GatewaySession) -> int:
             st.total_steps += 1
             return st.total_steps
 
-        got = await asyncio.gather(*(store.change_gateway_session("s", bump, _new("s"))
-                                     for store in (a, b) * 20))
+        got = await asyncio.gather(
+            *(store.change_gateway_session("s", bump, _new("s")) for store in (a, b) * 20)
+        )
         assert sorted(got) == list(range(1, 41))  # 40 changes through two stores, none lost
         st = await a.load_gateway_session("s")
         assert st is not None and (st.total_steps, st.max_steps) == (40, 7)
@@ -48,10 +62,18 @@ async def test_reservations_over_two_stores_are_exact(store_url: str) -> None:
         assert [s.seq for s, _ in taken] == list(range(1, 11))
         assert [s.step_id for s, _ in taken] == list(range(1, 11))
         st = await a.load_gateway_session("s")
-        assert st is not None and (st.total_steps, st.in_flight, st.status, st.route) == (10, 10, "truncated", "m")
+        assert st is not None and (st.total_steps, st.in_flight, st.status, st.route) == (
+            10,
+            10,
+            "truncated",
+            "m",
+        )
         assert st.step_counts == {"m": 10}
         # steps committed with their release: in_flight back to 0
-        rows = [SessionStep(session_id="s", seq=s.seq, step_id=s.step_id, llm_model=m, endpoint="e") for s, m in taken]
+        rows = [
+            SessionStep(session_id="s", seq=s.seq, step_id=s.step_id, llm_model=m, endpoint="e")
+            for s, m in taken
+        ]
         await b.write_batch(rows[:4], [], release_in_flight=True)
         await a.write_batch(rows[4:], [], release_in_flight=True)
         st = await a.load_gateway_session("s")
@@ -70,14 +92,26 @@ async def test_one_statement_reservation(store_url: str) -> None:
         await store.change_gateway_session("s", lambda st: None, _new("s", max_steps=3))
         got = [await store.reserve_step("s", model) for model in ("n.x", "n.x", "m", "n.x", "n.x")]
         # the first reservation binds the session to its route; another route gets no step
-        assert got == [(1, 1, None, None, None), (2, 2, None, None, None), None, (3, 3, None, None, None), None]
+        assert got == [
+            (1, 1, None, None, None),
+            (2, 2, None, None, None),
+            None,
+            (3, 3, None, None, None),
+            None,
+        ]
         st = await store.load_gateway_session("s")
         assert st is not None and (st.step_counts, st.in_flight, st.status, st.route) == (
-            {"n.x": 3}, 3, "active", "n.x")
+            {"n.x": 3},
+            3,
+            "active",
+            "n.x",
+        )
         assert st.updated_at is not None and st.updated_at.year >= 2024  # stored as the ORM stores times
         await store.change_gateway_session("q", lambda st: None, _new("q", max_steps=-1))
         quoted = await store.reserve_step("q", 'a"b')
-        assert quoted == (None if store.kind == "sqlite" else (1, 1, None, None, None))  # SQLite: general path
+        assert quoted == (
+            None if store.kind == "sqlite" else (1, 1, None, None, None)
+        )  # SQLite: general path
     finally:
         await store.close()
 
@@ -96,8 +130,20 @@ async def test_a_step_committed_after_its_session_closed_is_after_close(store_ur
             raise AssertionError("a closed session took a call")
         except SessionClosed:
             pass
-        await store.write_batch([SessionStep(session_id="s", seq=slot.seq, step_id=slot.step_id, llm_model="m",
-                                             endpoint="e", meta_json={"route": "m"})], [], release_in_flight=True)
+        await store.write_batch(
+            [
+                SessionStep(
+                    session_id="s",
+                    seq=slot.seq,
+                    step_id=slot.step_id,
+                    llm_model="m",
+                    endpoint="e",
+                    meta_json={"route": "m"},
+                )
+            ],
+            [],
+            release_in_flight=True,
+        )
         (step,) = await store.trajectory("s")
         assert (step.is_trainable, step.meta_json) == (False, {"route": "m", "after_close": True})
         st = await store.load_gateway_session("s")

@@ -33,8 +33,9 @@ def history(turns: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("deltas", [True, False])
-async def test_a_long_session_is_stored_once_and_read_in_full(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                              deltas: bool) -> None:
+async def test_a_long_session_is_stored_once_and_read_in_full(
+    start_gateway: StartGateway, upstream: FakeUpstream, deltas: bool
+) -> None:
     upstream.add_rule(token_rule())
     gw = await start_gateway(routes={"m": {"capture": "tokens"}}, telemetry={"step_deltas": deltas})
     sent = []
@@ -52,12 +53,18 @@ async def test_a_long_session_is_stored_once_and_read_in_full(start_gateway: Sta
         assert step.prompt_token_ids == fake_prompt_ids(messages)
         assert step.encoding is None
     assert [s.extends_prefix for s in steps] == [None, True, True, True, True, True]
-    rows = gw.sql("SELECT seq, messages, request, response, prompt_token_ids, completion_token_ids, "
-                  "completion_logprobs, encoding, packed FROM session_steps ORDER BY seq")
-    stored = sum(len(r["packed"] or b"") + sum(len(r[c] or "") for c in ("messages", "request", "prompt_token_ids"))
-                 for r in rows)
-    full = sum(len(json_dumps(s.messages)) + len(json_dumps(s.request)) + len(json_dumps(s.prompt_token_ids))
-               for s in steps)
+    rows = gw.sql(
+        "SELECT seq, messages, request, response, prompt_token_ids, completion_token_ids, "
+        "completion_logprobs, encoding, packed FROM session_steps ORDER BY seq"
+    )
+    stored = sum(
+        len(r["packed"] or b"") + sum(len(r[c] or "") for c in ("messages", "request", "prompt_token_ids"))
+        for r in rows
+    )
+    full = sum(
+        len(json_dumps(s.messages)) + len(json_dumps(s.request)) + len(json_dumps(s.prompt_token_ids))
+        for s in steps
+    )
     if not deltas:
         assert stored == full and all(r["encoding"] is None and r["packed"] is None for r in rows)
         return
@@ -74,26 +81,56 @@ async def test_a_long_session_is_stored_once_and_read_in_full(start_gateway: Sta
 def stored_values(row: dict[str, Any]) -> dict[str, Any]:
     """The values a stored row holds of the columns a format-3 row may compress: unpacked from
     ``packed`` (zlib of their JSON list), else read from the columns."""
-    names = ("messages", "request", "response", "prompt_token_ids", "completion_token_ids", "completion_logprobs")
+    names = (
+        "messages",
+        "request",
+        "response",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "completion_logprobs",
+    )
     if row["packed"] is not None:
         return dict(zip(names, json.loads(zlib.decompress(row["packed"])), strict=True))
     return {c: None if row[c] is None else json.loads(row[c]) for c in names}
 
 
 async def test_every_protocol_reads_back_the_same_with_and_without_deltas(
-        start_gateway: StartGateway, upstream: FakeUpstream, tmp_path: Path) -> None:
-    gws = [await start_gateway(routes=anthropic_routes(upstream), telemetry={"step_deltas": d},
-                               db_url=f"sqlite://{tmp_path}/{d}.db") for d in (True, False)]
+    start_gateway: StartGateway, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    gws = [
+        await start_gateway(
+            routes=anthropic_routes(upstream),
+            telemetry={"step_deltas": d},
+            db_url=f"sqlite://{tmp_path}/{d}.db",
+        )
+        for d in (True, False)
+    ]
     user = [{"role": "user", "content": "u" * 300}]
     turns: list[tuple[str, dict[str, Any]]] = []
     for k in range(3):
-        history = [m for i in range(k) for m in ({"role": "user", "content": f"{i}" * 300},
-                                                  {"role": "assistant", "content": DEFAULT_TEXT})]
+        history = [
+            m
+            for i in range(k)
+            for m in (
+                {"role": "user", "content": f"{i}" * 300},
+                {"role": "assistant", "content": DEFAULT_TEXT},
+            )
+        ]
         turns.append(("/chat/completions", {"model": "m", "messages": history + user}))
         items = [{"type": "message", "role": m["role"], "content": m["content"]} for m in history + user]
         turns.append(("/responses", {"model": "m", "instructions": "be brief", "input": items}))
-        turns.append(("/v1/messages", {"model": "a", "max_tokens": 8, "system": "be brief",
-                                       "messages": history + user, "stream": k == 2}))
+        turns.append(
+            (
+                "/v1/messages",
+                {
+                    "model": "a",
+                    "max_tokens": 8,
+                    "system": "be brief",
+                    "messages": history + user,
+                    "stream": k == 2,
+                },
+            )
+        )
     for gw in gws:
         http = gw.http()
         for path, body in turns:
@@ -110,13 +147,16 @@ async def test_every_protocol_reads_back_the_same_with_and_without_deltas(
 
 
 async def test_the_answer_sent_back_is_a_reference_on_every_protocol(
-        start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """An agent that sends each answer back as it got it (chat: ``choices[0].message``; Messages:
     ``role`` + ``content``; Responses: the ``output`` items, a reasoning item among them) has each
     message stored once; an answer sent back changed (its reasoning dropped) is stored in full."""
     reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}]}
     message = response_object()["output"][0]
-    upstream.script("/v1/responses", [Reply.json(response_object(output=[reasoning, message])) for _ in range(3)])
+    upstream.script(
+        "/v1/responses", [Reply.json(response_object(output=[reasoning, message])) for _ in range(3)]
+    )
     upstream.script("/v1/chat/completions", [Reply.json(chat_completion(reasoning="hmm")) for _ in range(3)])
     gw = await start_gateway(routes=anthropic_routes(upstream))
     http = gw.http()
@@ -126,8 +166,12 @@ async def test_the_answer_sent_back_is_a_reference_on_every_protocol(
         user = {"role": "user", "content": f"question {k} " + "q" * 300}
         for sid, path in (("c", "/chat/completions"), ("r", "/responses"), ("a", "/v1/messages")):
             conv = [*history[sid], user]
-            body: dict[str, Any] = {"model": "a" if sid == "a" else "m", "max_tokens": 8, "system": "be brief",
-                                    "messages": conv}
+            body: dict[str, Any] = {
+                "model": "a" if sid == "a" else "m",
+                "max_tokens": 8,
+                "system": "be brief",
+                "messages": conv,
+            }
             if sid == "c":
                 body = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, *conv]}
             elif sid == "r":

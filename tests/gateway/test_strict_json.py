@@ -34,8 +34,17 @@ def strict_loads(text: str | bytes) -> Any:
 
 
 def _logprobs() -> dict[str, Any]:
-    return {"content": [{"token": "hi", "logprob": -INF, "bytes": [104, 105],
-                         "top_logprobs": [{"token": "hi", "logprob": NAN, "bytes": None}]}], "refusal": None}
+    return {
+        "content": [
+            {
+                "token": "hi",
+                "logprob": -INF,
+                "bytes": [104, 105],
+                "top_logprobs": [{"token": "hi", "logprob": NAN, "bytes": None}],
+            }
+        ],
+        "refusal": None,
+    }
 
 
 def test_the_fake_upstream_really_sends_non_finite_numbers() -> None:
@@ -80,7 +89,9 @@ async def test_chat_streamed(start_gateway: StartGateway, upstream: FakeUpstream
     assert first.response["choices"][0]["message"]["content"] == "hi"
 
 
-async def test_responses_non_streamed_and_streamed(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_responses_non_streamed_and_streamed(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway()
     answer = response_object("hi")
     answer["output"][0]["content"][0]["logprobs"] = [{"token": "hi", "logprob": -INF, "top_logprobs": []}]
@@ -91,8 +102,9 @@ async def test_responses_non_streamed_and_streamed(start_gateway: StartGateway, 
     stream[4] = sse_event(delta)
     completed = json.loads(sse_payloads(stream[-1])[0])  # the recorded answer of a stream comes from here
     assert completed["type"] == "response.completed"
-    completed["response"]["output"][0]["content"][0]["logprobs"] = [{"token": "x", "logprob": -INF,
-                                                                     "top_logprobs": []}]
+    completed["response"]["output"][0]["content"][0]["logprobs"] = [
+        {"token": "x", "logprob": -INF, "top_logprobs": []}
+    ]
     stream[-1] = sse_event(completed)
     upstream.script("/v1/responses", [Reply.json(answer), Reply.sse(stream)])
     client = gw.client("s1")
@@ -109,26 +121,35 @@ async def test_responses_non_streamed_and_streamed(start_gateway: StartGateway, 
     assert streamed.response["output"][0]["content"][0]["logprobs"][0]["logprob"] is None
 
 
-async def test_anthropic_non_streamed_and_streamed(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_anthropic_non_streamed_and_streamed(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes=anthropic_routes(upstream))
-    answer = anthropic_message(blocks=[{"type": "tool_use", "id": "t1", "name": "f", "input": {"x": NAN}}],
-                               stop_reason="tool_use")
+    answer = anthropic_message(
+        blocks=[{"type": "tool_use", "id": "t1", "name": "f", "input": {"x": NAN}}], stop_reason="tool_use"
+    )
     start = {**anthropic_message(), "content": [], "stop_reason": None, "x_confidence": -INF}
     events = [
         {"type": "message_start", "message": start},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
         {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-         "usage": {"output_tokens": 1}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 1},
+        },
         {"type": "message_stop"},
     ]
     upstream.script("/v1/messages", [Reply.json(answer), Reply.sse([sse_event(e) for e in events])])
     client = gw.anthropic("s1")
     msg = await client.messages.create(model="a", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
     assert msg.content[0].input == {"x": None}  # type: ignore[union-attr]
-    async with gw.http().stream("POST", "/v1/sessions/s1/v1/messages",
-                                json={"model": "a", "max_tokens": 8, "messages": MESSAGES, "stream": True}) as r:
+    async with gw.http().stream(
+        "POST",
+        "/v1/sessions/s1/v1/messages",
+        json={"model": "a", "max_tokens": 8, "messages": MESSAGES, "stream": True},
+    ) as r:
         raw = await r.aread()
     sent = [strict_loads(p) for p in sse_payloads(raw)]
     assert sent[0]["message"]["x_confidence"] is None and raw.count(b"event: message_start\n") == 1
@@ -138,15 +159,31 @@ async def test_anthropic_non_streamed_and_streamed(start_gateway: StartGateway, 
     assert streamed.response["content"][0]["text"] == "hi" and streamed.meta_json["non_finite_numbers"] == 1
 
 
-async def test_strings_that_look_non_finite_are_relayed_untouched(start_gateway: StartGateway,
-                                                                  upstream: FakeUpstream) -> None:
+async def test_strings_that_look_non_finite_are_relayed_untouched(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway()
-    text = 'NaN and -Infinity, in words'
-    upstream.script("/v1/chat/completions", [Reply.sse([sse_data({"id": "c", "object": "chat.completion.chunk",
-                                                                  "choices": [{"index": 0, "delta": {"content": text},
-                                                                               "finish_reason": "stop"}]}), DONE])])
-    async with gw.http().stream("POST", "/v1/sessions/s1/chat/completions",
-                                json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+    text = "NaN and -Infinity, in words"
+    upstream.script(
+        "/v1/chat/completions",
+        [
+            Reply.sse(
+                [
+                    sse_data(
+                        {
+                            "id": "c",
+                            "object": "chat.completion.chunk",
+                            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}],
+                        }
+                    ),
+                    DONE,
+                ]
+            )
+        ],
+    )
+    async with gw.http().stream(
+        "POST", "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    ) as r:
         raw = await r.aread()
     assert raw.startswith(b'data: {"id":"c"')  # byte for byte, not re-encoded
     [step] = await gw.steps("s1")
@@ -154,13 +191,16 @@ async def test_strings_that_look_non_finite_are_relayed_untouched(start_gateway:
     assert "non_finite_numbers" not in step.meta_json
 
 
-async def test_a_stream_retold_from_a_non_streamed_answer(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_a_stream_retold_from_a_non_streamed_answer(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"supports_stream": False}})
     answer = chat_completion("hi")
     answer["choices"][0]["logprobs"] = _logprobs()
     upstream.script("/v1/chat/completions", [Reply.json(answer)])
-    async with gw.http().stream("POST", "/v1/sessions/s1/chat/completions",
-                                json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+    async with gw.http().stream(
+        "POST", "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    ) as r:
         raw = await r.aread()
     sent = [strict_loads(p) for p in sse_payloads(raw) if p != "[DONE]"]
     assert any(c["choices"] and c["choices"][0].get("delta", {}).get("content") == "hi" for c in sent)
@@ -175,8 +215,9 @@ ASKED = b'{"model":"m","messages":[{"role":"user","content":"say \\ud800 \\u0000
 """A request body holding a lone surrogate's escape and NUL's."""
 
 
-async def test_a_lone_surrogate_with_non_finite_numbers_is_kept_as_its_escape(start_gateway: StartGateway,
-                                                                               upstream: FakeUpstream) -> None:
+async def test_a_lone_surrogate_with_non_finite_numbers_is_kept_as_its_escape(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """The strict-JSON rewrite of a body or an event that also holds a lone surrogate: the client
     gets the surrogate as its escape (the text stays UTF-8), the step records it exactly."""
     gw = await start_gateway()
@@ -189,12 +230,14 @@ async def test_a_lone_surrogate_with_non_finite_numbers_is_kept_as_its_escape(st
     r = await gw.http().post("/v1/sessions/s1/chat/completions", content=ASKED, headers=headers)
     assert r.status_code == 200 and b"bad \\ud800 answer" in r.content
     assert strict_loads(r.content)["choices"][0]["message"]["content"] == LONE
-    async with gw.http().stream("POST", "/v1/sessions/s1/chat/completions", headers=headers,
-                                content=ASKED[:-1] + b',"stream":true}') as s:
+    async with gw.http().stream(
+        "POST", "/v1/sessions/s1/chat/completions", headers=headers, content=ASKED[:-1] + b',"stream":true}'
+    ) as s:
         raw = await s.aread()
     assert s.status_code == 200 and b"bad \\ud800 answer" in raw
-    assert [strict_loads(p)["choices"][0]["delta"].get("content") for p in sse_payloads(raw) if p != "[DONE]"] \
-        == [LONE, None]
+    assert [
+        strict_loads(p)["choices"][0]["delta"].get("content") for p in sse_payloads(raw) if p != "[DONE]"
+    ] == [LONE, None]
     first, second = await gw.steps("s1")
     for step in (first, second):
         assert step.status == "ok" and step.messages == [{"role": "user", "content": "say \ud800 \x00"}]
@@ -203,12 +246,14 @@ async def test_a_lone_surrogate_with_non_finite_numbers_is_kept_as_its_escape(st
     assert [q.body for q in upstream.requests][0] == ASKED
 
 
-async def test_a_stream_retold_from_an_answer_holding_a_lone_surrogate(start_gateway: StartGateway,
-                                                                       upstream: FakeUpstream) -> None:
+async def test_a_stream_retold_from_an_answer_holding_a_lone_surrogate(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes={"m": {"supports_stream": False}})
     upstream.script("/v1/chat/completions", [Reply.json(chat_completion(LONE))])
-    async with gw.http().stream("POST", "/v1/sessions/s1/chat/completions",
-                                json={"model": "m", "messages": MESSAGES, "stream": True}) as r:
+    async with gw.http().stream(
+        "POST", "/v1/sessions/s1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    ) as r:
         raw = await r.aread()
     assert r.status_code == 200 and b"bad \\ud800 answer" in raw
     sent = [strict_loads(p) for p in sse_payloads(raw) if p != "[DONE]"]
@@ -218,14 +263,17 @@ async def test_a_stream_retold_from_an_answer_holding_a_lone_surrogate(start_gat
     assert step.response["choices"][0]["message"]["content"] == LONE
 
 
-async def test_an_error_that_echoes_a_lone_surrogate_is_an_error_not_a_500(start_gateway: StartGateway,
-                                                                          upstream: FakeUpstream) -> None:
+async def test_an_error_that_echoes_a_lone_surrogate_is_an_error_not_a_500(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """The gateway's own error bodies quote what they refuse (here an unknown model name): the
     quote is a lone surrogate's escape, the answer the error in the endpoint's shape."""
     gw = await start_gateway()
     chat = b'{"model":"\\ud800","messages":[{"role":"user","content":"x"}]}'
-    for path, body in (("/v1/sessions/s1/chat/completions", chat),
-                       ("/v1/sessions/s1/responses", b'{"model":"\\ud800","input":"x"}')):
+    for path, body in (
+        ("/v1/sessions/s1/chat/completions", chat),
+        ("/v1/sessions/s1/responses", b'{"model":"\\ud800","input":"x"}'),
+    ):
         r = await gw.http().post(path, content=body, headers={"content-type": "application/json"})
         assert r.status_code == 404, r.text
         assert b"`\\ud800`" in r.content and "`\ud800`" in strict_loads(r.content)["error"]["message"]

@@ -27,8 +27,10 @@ def break_step_inserts(gw: Gateway) -> None:
     """Make every INSERT into session_steps fail inside SQLite (until :func:`heal`)."""
     con = sqlite3.connect(gw.db_path, timeout=30)
     try:
-        con.execute("CREATE TRIGGER fail_steps BEFORE INSERT ON session_steps "
-                    f"BEGIN SELECT RAISE(ABORT, '{FAILURE}'); END")
+        con.execute(
+            "CREATE TRIGGER fail_steps BEFORE INSERT ON session_steps "
+            f"BEGIN SELECT RAISE(ABORT, '{FAILURE}'); END"
+        )
         con.commit()
     finally:
         con.close()
@@ -53,8 +55,9 @@ def step_count(gw: Gateway) -> int:
     return int(gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"])
 
 
-async def test_best_effort_answers_while_the_db_is_locked(start_gateway: StartGateway,
-                                                          upstream: FakeUpstream) -> None:
+async def test_best_effort_answers_while_the_db_is_locked(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(telemetry=BEST_EFFORT)
     client = gw.client("s1")
     lock = gw.hold_write_lock()
@@ -62,8 +65,14 @@ async def test_best_effort_answers_while_the_db_is_locked(start_gateway: StartGa
         await answered(client.chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
 
         async def stream() -> None:
-            chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES,  # type: ignore[arg-type]
-                                                                            stream=True)]
+            chunks = [
+                c
+                async for c in await client.chat.completions.create(
+                    model="m",
+                    messages=MESSAGES,  # type: ignore[arg-type]
+                    stream=True,
+                )
+            ]
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == DEFAULT_TEXT
 
         await answered(stream())
@@ -78,7 +87,10 @@ async def test_best_effort_answers_while_the_db_is_locked(start_gateway: StartGa
         lock.close()
     steps = await gw.wait_steps("s1", 3)
     assert [(s.seq, s.endpoint, s.is_stream, s.status) for s in steps] == [
-        (1, "chat.completions", False, "ok"), (2, "chat.completions", True, "ok"), (3, "responses", False, "ok")]
+        (1, "chat.completions", False, "ok"),
+        (2, "chat.completions", True, "ok"),
+        (3, "responses", False, "ok"),
+    ]
     assert steps[1].response["choices"][0]["message"]["content"] == DEFAULT_TEXT
 
     async def closed() -> bool:
@@ -88,14 +100,17 @@ async def test_best_effort_answers_while_the_db_is_locked(start_gateway: StartGa
     assert await gw.metric("gateway_telemetry_dropped_total") == 0
 
 
-async def test_best_effort_answers_when_the_db_fails_and_counts_the_loss(start_gateway: StartGateway,
-                                                                         upstream: FakeUpstream) -> None:
+async def test_best_effort_answers_when_the_db_fails_and_counts_the_loss(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(telemetry=BEST_EFFORT)
     client = gw.client("s1")
     break_step_inserts(gw)
     out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
-    chunks = [c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]  # type: ignore[arg-type]
+    chunks = [
+        c async for c in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    ]  # type: ignore[arg-type]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == DEFAULT_TEXT
 
     async def both_dropped() -> bool:
@@ -104,7 +119,9 @@ async def test_best_effort_answers_when_the_db_fails_and_counts_the_loss(start_g
     await eventually(both_dropped)
     assert step_count(gw) == 0
     assert await gw.metric("gateway_steps_recorded_total") == 0
-    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="200") == 2
+    assert (
+        await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="200") == 2
+    )
 
     heal(gw)  # the DB works again: the next call is recorded, the lost ones stay lost
     await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -114,7 +131,9 @@ async def test_best_effort_answers_when_the_db_fails_and_counts_the_loss(start_g
     assert await gw.metric("gateway_steps_recorded_total") == 1
 
 
-async def test_best_effort_full_queue_drops_and_counts(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_best_effort_full_queue_drops_and_counts(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """queue_max 1 with the DB locked: the writer holds the first record, the second waits in
     the queue, the third finds it full and is dropped; every answer still arrives."""
     gw = await start_gateway(telemetry={**BEST_EFFORT, "queue_max": 1})
@@ -141,7 +160,12 @@ async def test_strict_db_failure_is_an_error_the_agent_sees(gw: Gateway, upstrea
     with pytest.raises(openai.InternalServerError) as ei:
         await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     err = ei.value.response.json()["error"]
-    assert (ei.value.status_code, err["type"], err["code"], err["param"]) == (500, "api_error", "telemetry_error", None)
+    assert (ei.value.status_code, err["type"], err["code"], err["param"]) == (
+        500,
+        "api_error",
+        "telemetry_error",
+        None,
+    )
     assert err["message"].startswith("the gateway could not record this call: ") and FAILURE in err["message"]
 
     # a stream: the answer's content arrives, then an error event instead of [DONE]
@@ -158,7 +182,9 @@ async def test_strict_db_failure_is_an_error_the_agent_sees(gw: Gateway, upstrea
     assert await gw.metric("gateway_error_responses_total", status="500", code="telemetry_error") == 1
     # both failed calls (the stream ended by the relay, the non-streamed one answered by the error
     # handler) count as 500 answers of their route
-    assert await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="500") == 2
+    assert (
+        await gw.metric("gateway_requests_total", endpoint="chat.completions", route="m", status="500") == 2
+    )
 
     heal(gw)
     out = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -167,8 +193,9 @@ async def test_strict_db_failure_is_an_error_the_agent_sees(gw: Gateway, upstrea
     assert (step.seq, step.status) == (3, "ok")
 
 
-async def test_best_effort_close_that_was_not_stored_still_refuses_calls(start_gateway: StartGateway,
-                                                                         upstream: FakeUpstream) -> None:
+async def test_best_effort_close_that_was_not_stored_still_refuses_calls(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     """The closed state is dropped from memory only once it is committed: when the DB loses it,
     the session stays closed in memory (a later call is 409, not reloaded from the store as
     active); once the DB works again, a second close stores it."""
@@ -177,8 +204,10 @@ async def test_best_effort_close_that_was_not_stored_still_refuses_calls(start_g
     await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     await gw.wait_steps("s1", 1)
     con = sqlite3.connect(gw.db_path, timeout=30)
-    con.execute("CREATE TRIGGER fail_sessions BEFORE UPDATE ON gateway_sessions "
-                f"BEGIN SELECT RAISE(ABORT, '{FAILURE}'); END")
+    con.execute(
+        "CREATE TRIGGER fail_sessions BEFORE UPDATE ON gateway_sessions "
+        f"BEGIN SELECT RAISE(ABORT, '{FAILURE}'); END"
+    )
     con.commit()
     try:
         r = await gw.http().post("/v1/sessions/s1/close", json={"reason": "done"})
@@ -230,10 +259,12 @@ def fill_the_disk(gw: Gateway, times: int = 1_000_000, exc: BaseException | None
     return left
 
 
-@pytest.mark.parametrize("exc", [sqlite3.OperationalError("database or disk is full"),
-                                 OSError(28, "No space left on device")])
+@pytest.mark.parametrize(
+    "exc", [sqlite3.OperationalError("database or disk is full"), OSError(28, "No space left on device")]
+)
 async def test_strict_calls_the_store_could_not_record_are_counted_in_the_sessions_answers(
-        gw: Gateway, upstream: FakeUpstream, exc: BaseException) -> None:
+    gw: Gateway, upstream: FakeUpstream, exc: BaseException
+) -> None:
     """The gateway's own record of its outage: calls the store failed to record are counted per
     session, in memory (the store is full), in the status and close answers."""
     client = gw.client("s1")
@@ -264,8 +295,9 @@ async def test_a_record_the_store_refuses_is_not_an_outage(gw: Gateway, upstream
     assert (closed["total_steps"], closed["unrecorded_calls"]) == (1, 0)
 
 
-async def test_best_effort_drops_to_a_full_store_are_counted(start_gateway: StartGateway,
-                                                            upstream: FakeUpstream) -> None:
+async def test_best_effort_drops_to_a_full_store_are_counted(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(telemetry=BEST_EFFORT)
     client = gw.client("s1")
     fill_the_disk(gw)

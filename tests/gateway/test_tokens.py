@@ -42,8 +42,9 @@ async def post(gw: Any, sid: str, body: dict[str, Any]) -> bytes:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_exact_ids_stored_and_client_answer_unchanged(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                            stream: bool) -> None:
+async def test_exact_ids_stored_and_client_answer_unchanged(
+    start_gateway: StartGateway, upstream: FakeUpstream, stream: bool
+) -> None:
     upstream.add_rule(token_rule())
     gw = await start_gateway(routes=routes())
     captured = await post(gw, "s-cap", {**CHAT, "stream": stream})
@@ -61,7 +62,11 @@ async def test_exact_ids_stored_and_client_answer_unchanged(start_gateway: Start
     assert step.meta_json is not None and step.meta_json["capture_added"] == ["logprobs", "return_token_ids"]
     assert step.request["return_token_ids"] is True  # the request column is what went upstream
     (other,) = await gw.wait_steps("s-plain", 1)
-    assert (other.prompt_token_ids, other.completion_token_ids, other.completion_logprobs) == (None, None, None)
+    assert (other.prompt_token_ids, other.completion_token_ids, other.completion_logprobs) == (
+        None,
+        None,
+        None,
+    )
 
 
 async def test_stream_through_the_openai_sdk(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
@@ -74,7 +79,9 @@ async def test_stream_through_the_openai_sdk(start_gateway: StartGateway, upstre
     assert step.completion_token_ids == COMPLETION and step.prompt_token_ids == PROMPT
 
 
-async def test_what_the_client_asked_for_it_keeps(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_what_the_client_asked_for_it_keeps(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     upstream.add_rule(token_rule())
     gw = await start_gateway(routes=routes())
     answer = json.loads(await post(gw, "s1", {**CHAT, "logprobs": True}))
@@ -87,8 +94,9 @@ async def test_what_the_client_asked_for_it_keeps(start_gateway: StartGateway, u
     assert step.meta_json is not None and "capture_added" not in step.meta_json
 
 
-async def test_prompt_logprobs_asked_and_kept_in_the_step(start_gateway: StartGateway,
-                                                          upstream: FakeUpstream) -> None:
+async def test_prompt_logprobs_asked_and_kept_in_the_step(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     upstream.add_rule(token_rule())
     gw = await start_gateway(routes=routes(prompt_logprobs=0))
     captured = await post(gw, "s1", CHAT)
@@ -97,8 +105,9 @@ async def test_prompt_logprobs_asked_and_kept_in_the_step(start_gateway: StartGa
     (step,) = await gw.wait_steps("s1", 1)
     plp = step.response["prompt_logprobs"]
     assert plp[0] is None and len(plp) == len(PROMPT)
-    assert plp[1] == {str(PROMPT[1]): {"logprob": fake_logprob(PROMPT[1]), "rank": 1,
-                                        "decoded_token": chr(PROMPT[1])}}
+    assert plp[1] == {
+        str(PROMPT[1]): {"logprob": fake_logprob(PROMPT[1]), "rank": 1, "decoded_token": chr(PROMPT[1])}
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -117,13 +126,19 @@ async def test_sglang_fields(start_gateway: StartGateway, upstream: FakeUpstream
         assert (step.prompt_token_ids, step.completion_token_ids) == (PROMPT, COMPLETION)
 
 
-async def test_route_that_cannot_stream_retells_the_stripped_answer(start_gateway: StartGateway,
-                                                                    upstream: FakeUpstream) -> None:
+async def test_route_that_cannot_stream_retells_the_stripped_answer(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     upstream.add_rule(token_rule())
-    gw = await start_gateway(routes={"cap": {"capture": "tokens", "supports_stream": False, "upstream_model": "m"},
-                                     "plain": {"supports_stream": False, "upstream_model": "m"}})
+    gw = await start_gateway(
+        routes={
+            "cap": {"capture": "tokens", "supports_stream": False, "upstream_model": "m"},
+            "plain": {"supports_stream": False, "upstream_model": "m"},
+        }
+    )
     captured = await post(gw, "s1", {**CHAT, "stream": True})
     plain = await post(gw, "s2", {**CHAT, "model": "plain", "stream": True})
+
     def same(chunks: list[Any]) -> list[Any]:  # a re-told stream has its own id and time
         return [{k: v for k, v in c.items() if k not in ("id", "created")} for c in chunks]
 
@@ -133,7 +148,9 @@ async def test_route_that_cannot_stream_retells_the_stripped_answer(start_gatewa
     assert step.completion_token_ids == COMPLETION
 
 
-async def test_other_endpoints_leave_the_columns_unknown(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
+async def test_other_endpoints_leave_the_columns_unknown(
+    start_gateway: StartGateway, upstream: FakeUpstream
+) -> None:
     gw = await start_gateway(routes=routes())
     r = await gw.http().post("/v1/sessions/s1/responses", json={"model": "cap", "input": "hi"})
     assert r.status_code == 200
@@ -147,12 +164,19 @@ def test_capture_config_is_strict(upstream: FakeUpstream) -> None:
     ok = GatewaySettings.model_validate({"llm_routes": {"m": {**base, "capture": "tokens"}}})
     cap = ok.llm_routes["m"].capture
     assert cap == CaptureSettings(mode="tokens", server="vllm", logprobs=True, prompt_logprobs=None)
-    for bad in ({"mode": "tokens", "typo": 1}, "everything", {"server": "tgi"},
-                {"server": "sglang", "prompt_logprobs": 1}, {"prompt_logprobs": -1}):
+    for bad in (
+        {"mode": "tokens", "typo": 1},
+        "everything",
+        {"server": "tgi"},
+        {"server": "sglang", "prompt_logprobs": 1},
+        {"prompt_logprobs": -1},
+    ):
         with pytest.raises(ValidationError):
             GatewaySettings.model_validate({"llm_routes": {"m": {**base, "capture": bad}}})
     with pytest.raises(ValidationError, match="anthropic"):
-        GatewaySettings.model_validate({"llm_routes": {"a": {**base, "api": "anthropic", "capture": "tokens"}}})
+        GatewaySettings.model_validate(
+            {"llm_routes": {"a": {**base, "api": "anthropic", "capture": "tokens"}}}
+        )
 
 
 def test_pure_helpers() -> None:
@@ -160,7 +184,10 @@ def test_pure_helpers() -> None:
     assert upstream_fields({"logprobs": True}, cap) == {"return_token_ids": True}
     assert upstream_fields({"logprobs": False}, CaptureSettings(logprobs=False)) == {"return_token_ids": True}
     assert upstream_fields({"return_token_ids": True, "logprobs": True}, cap) == {}
-    answer = {"choices": [{"index": 0, "logprobs": {"content": []}, "token_ids": [1]}], "prompt_token_ids": [2]}
+    answer = {
+        "choices": [{"index": 0, "logprobs": {"content": []}, "token_ids": [1]}],
+        "prompt_token_ids": [2],
+    }
     stripped = strip_answer(answer, frozenset({"return_token_ids", "logprobs"}))
     assert stripped == {"choices": [{"index": 0, "logprobs": None}]}
     assert answer["choices"][0]["token_ids"] == [1]  # the recorded answer is not touched

@@ -32,11 +32,18 @@ def _closed_port() -> int:
 
 def test_redact_url_hides_passwords_and_credential_parameters() -> None:
     assert redact_url(f"postgresql://u:{DB_SECRET}@h:5432/db?password={PARAM_SECRET}&sslmode=require") == (
-        "postgresql://u:***@h:5432/db?password=***&sslmode=require")
-    assert redact_url(f"postgresql://u@h/db?password={PARAM_SECRET}", drop_user=True) == "postgresql://h/db?password=***"
-    assert redact_url(f"postgresql://u:a/b@c{DB_SECRET}@h/db") == "postgresql://u:***@h/db"  # '/' and '@' in it
+        "postgresql://u:***@h:5432/db?password=***&sslmode=require"
+    )
+    assert (
+        redact_url(f"postgresql://u@h/db?password={PARAM_SECRET}", drop_user=True)
+        == "postgresql://h/db?password=***"
+    )
+    assert (
+        redact_url(f"postgresql://u:a/b@c{DB_SECRET}@h/db") == "postgresql://u:***@h/db"
+    )  # '/' and '@' in it
     assert redact_url("https://h/v1?api_key=k1&key=k2&sig=k3&api-version=2024&sslpassword=k4#f") == (
-        "https://h/v1?api_key=***&key=***&sig=***&api-version=2024&sslpassword=***#f")
+        "https://h/v1?api_key=***&key=***&sig=***&api-version=2024&sslpassword=***#f"
+    )
     assert redact_url("http://h:8/v1") == "http://h:8/v1" and redact_url("runs/t.db") == "runs/t.db"
     text = f"connect failed: password={PARAM_SECRET} dsn=u:{DB_SECRET}@h"
     url = f"postgresql://u:{DB_SECRET}@h/db?password={PARAM_SECRET}"
@@ -47,7 +54,10 @@ def test_store_identity_and_errors_carry_no_credential() -> None:
     port = _closed_port()
     store = Store(f"postgresql://u:{DB_SECRET}@127.0.0.1:{port}/db?password={PARAM_SECRET}&sslmode=disable")
     assert store.identity() == f"postgresql://127.0.0.1:{port}/db?password=***&sslmode=disable"
-    assert Store(f"postgresql://u:{DB_SECRET}@127.0.0.1:{port}/db").identity() == f"postgresql://127.0.0.1:{port}/db"
+    assert (
+        Store(f"postgresql://u:{DB_SECRET}@127.0.0.1:{port}/db").identity()
+        == f"postgresql://127.0.0.1:{port}/db"
+    )
     with pytest.raises(DbUrlError) as ei:
         parse_db_url(f"mysql://u:{DB_SECRET}@h/db?password={PARAM_SECRET}")
     assert DB_SECRET not in str(ei.value) and PARAM_SECRET not in str(ei.value)
@@ -65,7 +75,8 @@ async def test_a_store_that_cannot_open_names_no_credential() -> None:
 
 
 async def test_readyz_and_the_startup_log_name_no_database_credential(
-        start_gateway: StartGateway, pg_server: PgServer, caplog: pytest.LogCaptureFixture) -> None:
+    start_gateway: StartGateway, pg_server: PgServer, caplog: pytest.LogCaptureFixture
+) -> None:
     url = pg_server.create_database()  # trust auth: the passwords below are ignored by the server
     try:
         root, _, db = url.rpartition("/")
@@ -85,21 +96,37 @@ async def test_readyz_and_the_startup_log_name_no_database_credential(
         pg_server.drop_database(url)
 
 
-async def test_upstream_credentials_are_not_shown(start_gateway: StartGateway, upstream: FakeUpstream,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+async def test_upstream_credentials_are_not_shown(
+    start_gateway: StartGateway, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     with_cred = upstream.base_url.replace("http://", f"http://user:{UP_SECRET}@")
     dead = f"http://user:{UP_SECRET}@127.0.0.1:{_closed_port()}/v1"
-    gw = await start_gateway(routes={"m": {"base_url": with_cred, "base_urls": [with_cred, dead],
-                                           "health_check_interval_s": 3600,
-                                           "retry": {"max_attempts": 1}, "api_key": None},
-                                     "solo": {"base_url": dead, "retry": {"max_attempts": 1}, "api_key": None}})
+    gw = await start_gateway(
+        routes={
+            "m": {
+                "base_url": with_cred,
+                "base_urls": [with_cred, dead],
+                "health_check_interval_s": 3600,
+                "retry": {"max_attempts": 1},
+                "api_key": None,
+            },
+            "solo": {"base_url": dead, "retry": {"max_attempts": 1}, "api_key": None},
+        }
+    )
     http = gw.http()
-    shown = [(await http.get("/admin/routes/m/workers")).text, (await http.get("/metrics")).text,
-             (await http.get("/readyz", params={"route": "solo"})).text]
-    r = await http.post("/admin/routes/m/workers", json={"base_url": f"http://user:{UP_SECRET}@127.0.0.1:9/v1"})
+    shown = [
+        (await http.get("/admin/routes/m/workers")).text,
+        (await http.get("/metrics")).text,
+        (await http.get("/readyz", params={"route": "solo"})).text,
+    ]
+    r = await http.post(
+        "/admin/routes/m/workers", json={"base_url": f"http://user:{UP_SECRET}@127.0.0.1:9/v1"}
+    )
     shown.append(r.text)
-    r = await http.delete("/admin/routes/m/workers", params={"base_url": f"http://user:{UP_SECRET}@127.0.0.1:8/v1"})
+    r = await http.delete(
+        "/admin/routes/m/workers", params={"base_url": f"http://user:{UP_SECRET}@127.0.0.1:8/v1"}
+    )
     assert r.status_code == 404
     shown.append(r.text)
     r = await http.post("/v1/sessions/s-dead/chat/completions", json={"model": "solo", "messages": MESSAGES})
@@ -111,7 +138,9 @@ async def test_upstream_credentials_are_not_shown(start_gateway: StartGateway, u
     assert "user:***@" in shown[0]
     for text in shown:
         assert UP_SECRET not in text
-    gateway_log = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith(("gateway", "uvicorn")))
+    gateway_log = "\n".join(
+        r.getMessage() for r in caplog.records if r.name.startswith(("gateway", "uvicorn"))
+    )
     assert "taken out" in gateway_log and UP_SECRET not in gateway_log
     assert UP_SECRET not in gw.db_dump()  # meta_json.upstream_worker included
 

@@ -66,7 +66,10 @@ def test_pool_config() -> None:
         return GatewaySettings.model_validate({"llm_routes": {"m": r}})
 
     s = route(base_urls=["http://a:1/v1/", "http://b:1/v1"])
-    assert (s.llm_routes["m"].base_url, s.llm_routes["m"].workers) == ("http://a:1/v1", ["http://a:1/v1", "http://b:1/v1"])
+    assert (s.llm_routes["m"].base_url, s.llm_routes["m"].workers) == (
+        "http://a:1/v1",
+        ["http://a:1/v1", "http://b:1/v1"],
+    )
     with pytest.raises(ValueError, match="not both"):
         route(base_url="http://a:1/v1", base_urls=["http://b:1/v1"])
     assert route(base_url="http://a:1/v1", base_urls=["http://a:1/v1", "http://b:1/v1"]) == s
@@ -90,13 +93,19 @@ async def fakes() -> AsyncIterator[list[FakeUpstream]]:
 
 
 async def _gateway(ups: list[FakeUpstream], db_url: str, **route: Any) -> Gateway:
-    fields = {"base_urls": [u.base_url for u in ups], "health_check_interval_s": 3600,
-              "retry": {"max_attempts": 3, "backoff_s": 30}, **route}  # a backoff would show
+    fields = {
+        "base_urls": [u.base_url for u in ups],
+        "health_check_interval_s": 3600,
+        "retry": {"max_attempts": 3, "backoff_s": 30},
+        **route,
+    }  # a backoff would show
     overrides: dict[str, Any] = {"routes": {"m": fields}}
     if "auth" in route:
         overrides["auth"] = fields.pop("auth")
     settings = make_settings(ups[0], db_url, **overrides)  # its base_url is the pool's first worker
-    assert GatewaySettings.model_validate(settings.model_dump()) == settings  # a dumped pool config loads again
+    assert (
+        GatewaySettings.model_validate(settings.model_dump()) == settings
+    )  # a dumped pool config loads again
     return await serve(settings)
 
 
@@ -119,8 +128,9 @@ async def _call_all(g: Gateway, sids: list[str]) -> None:
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
 
 
-async def test_sessions_stick_move_when_a_worker_is_down_and_come_back(fakes: list[FakeUpstream],
-                                                                       db_url: str) -> None:
+async def test_sessions_stick_move_when_a_worker_is_down_and_come_back(
+    fakes: list[FakeUpstream], db_url: str
+) -> None:
     g = await _gateway(fakes, db_url)
     try:
         await _call_all(g, SIDS)
@@ -142,12 +152,16 @@ async def test_sessions_stick_move_when_a_worker_is_down_and_come_back(fakes: li
         view = (await g.http().get("/admin/routes/m/workers")).json()
         b = next(w for w in view["workers"] if w["base_url"] == fakes[1].base_url)
         assert not b["healthy"] and "connect failed" in b["last_error"]
-        health = {w.base_url: await g.metric("gateway_upstream_worker_healthy", route="m", worker=w.base_url)
-                  for w in fakes}
+        health = {
+            w.base_url: await g.metric("gateway_upstream_worker_healthy", route="m", worker=w.base_url)
+            for w in fakes
+        }
         assert health == {fakes[0].base_url: 1.0, fakes[1].base_url: 0.0, fakes[2].base_url: 1.0}
         [*_, last] = await g.steps(on_b[0])
         assert last.status == "ok" and (last.meta_json or {})["upstream_worker"] != fakes[1].base_url
-        attempts = (last.meta_json or {})["attempts"]  # refused by b, then answered by its next worker at once
+        attempts = (last.meta_json or {})[
+            "attempts"
+        ]  # refused by b, then answered by its next worker at once
         assert [(a["status"], a.get("wait_s")) for a in attempts] == [(None, 0.0), (200, None)]
 
         await fakes[1].start()  # back on the same port
@@ -174,6 +188,7 @@ async def test_a_failing_health_check_takes_a_worker_out(fakes: list[FakeUpstrea
     g = await _gateway(ups, db_url, health_check_interval_s=0.5)
     # a check times out after its interval: 0.5 s leaves a loaded machine room to answer it
     try:
+
         async def healthy() -> list[bool]:
             view = (await g.http().get("/admin/routes/m/workers")).json()
             return [w["healthy"] for w in view["workers"]]
@@ -198,8 +213,9 @@ async def _is(got: Any, want: list[bool]) -> bool:
     return bool(await got == want)
 
 
-async def test_workers_added_and_removed_at_run_time_without_dropping_calls(fakes: list[FakeUpstream],
-                                                                           db_url: str) -> None:
+async def test_workers_added_and_removed_at_run_time_without_dropping_calls(
+    fakes: list[FakeUpstream], db_url: str
+) -> None:
     a, b = fakes[0], fakes[1]
     g = await _gateway([a], db_url, auth={"api_keys": [CLIENT_KEY], "admin_api_keys": ["sk-admin-key"]})
     admin = g.http(headers={"authorization": "Bearer sk-admin-key"})
@@ -219,7 +235,9 @@ async def test_workers_added_and_removed_at_run_time_without_dropping_calls(fake
         r = await admin.post("/admin/routes/m/workers", json={"base_url": b.base_url + "/"})
         assert r.status_code == 200
         assert [(w["base_url"], w["healthy"], w["in_flight"]) for w in r.json()["workers"]] == [
-            (a.base_url, True, 1), (b.base_url, True, 0)]
+            (a.base_url, True, 1),
+            (b.base_url, True, 0),
+        ]
         r = await admin.delete("/admin/routes/m/workers", params={"base_url": a.base_url})
         assert [w["base_url"] for w in r.json()["workers"]] == [b.base_url]
         release.set()
@@ -229,7 +247,9 @@ async def test_workers_added_and_removed_at_run_time_without_dropping_calls(fake
         assert [r.headers["x-session-id"] for r in b.requests if r.method == "POST"] == ["x", "y"]
         steps = await g.steps("x")
         assert [(s.status, (s.meta_json or {})["upstream_worker"]) for s in steps] == [
-            ("ok", a.base_url), ("ok", b.base_url)]
+            ("ok", a.base_url),
+            ("ok", b.base_url),
+        ]
 
         r = await admin.delete("/admin/routes/m/workers", params={"base_url": b.base_url})
         assert (r.status_code, r.json()["error"]["code"]) == (409, "last_worker")

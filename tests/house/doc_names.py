@@ -44,7 +44,8 @@ CONFIG_MODELS = ("rollout.core.envs.EnvConfig", "gateway.settings.GatewaySetting
 """env.yaml and gateway.yaml: a quoted key path of theirs (``runtime.timeout_s``) is checked."""
 PATH_ROOTS = (*CODE, "attacks", "benchmarks", "configs", "docs", "examples", "harnesses", "scripts")
 FILE_EXTENSIONS = frozenset(
-    "py sh yaml yml json jsonl toml md txt log db sqlite parquet csv html js css cfg ini lock gz tar".split())
+    "py sh yaml yml json jsonl toml md txt log db sqlite parquet csv html js css cfg ini lock gz tar".split()
+)
 QUOTED = re.compile(r"(`+)(.+?)\1")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 PATH = re.compile("(?:" + "|".join(PATH_ROOTS) + r")/[\w./-]*")
@@ -72,7 +73,9 @@ class _Stale(Exception):
 def _modules() -> dict[str, Path]:
     """Dotted module name -> file, for ``CODE`` and ``tests/``'s helper modules."""
     files = [p for pkg in CODE for p in sorted((ROOT / pkg).rglob("*.py")) if "__pycache__" not in p.parts]
-    files += [p for p in sorted((ROOT / "tests").glob("*.py")) if not p.name.startswith(("test_", "conftest"))]
+    files += [
+        p for p in sorted((ROOT / "tests").glob("*.py")) if not p.name.startswith(("test_", "conftest"))
+    ]
     out = {}
     for path in files:
         rel = path.relative_to(ROOT).with_suffix("")
@@ -104,7 +107,10 @@ def build_index() -> Index:
 
 def _named_in(module: str, text: str) -> bool:
     path = module.replace(".", "/")
-    return re.search(rf"(?<![\w/.]){re.escape(module)}(?![\w])|(?<![\w/]){re.escape(path)}(?:\.py|/)", text) is not None
+    return (
+        re.search(rf"(?<![\w/.]){re.escape(module)}(?![\w])|(?<![\w/]){re.escape(path)}(?:\.py|/)", text)
+        is not None
+    )
 
 
 def quoted(text: str) -> list[str]:
@@ -139,8 +145,12 @@ def _has(owner: Any, name: str) -> bool:
     if not inspect.isclass(owner):
         return False
     for klass in owner.__mro__:
-        fields = {*getattr(klass, "model_fields", {}), *getattr(klass, "__dataclass_fields__", {}),
-                  *vars(klass).get("__annotations__", {}), *vars(klass).get("__slots__", ())}
+        fields = {
+            *getattr(klass, "model_fields", {}),
+            *getattr(klass, "__dataclass_fields__", {}),
+            *vars(klass).get("__annotations__", {}),
+            *vars(klass).get("__slots__", ()),
+        }
         if name in fields or name in _assigned_on_self(klass):
             return True
     return False
@@ -152,8 +162,12 @@ def _assigned_on_self(klass: type) -> set[str]:
         tree = ast.parse(inspect.getsource(klass).strip())
     except (OSError, TypeError, SyntaxError):
         return set()
-    return {t.attr for node in ast.walk(tree) for t in _targets(node)
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    return {
+        t.attr
+        for node in ast.walk(tree)
+        for t in _targets(node)
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
 
 
 def _targets(node: ast.AST) -> list[ast.expr]:
@@ -221,7 +235,9 @@ class Checker:
                 heading = paragraph.strip().splitlines()[0]
             nearby = f"{heading}\n{paragraph}"
             checks = [(span, partial(self._check_span, span, nearby)) for span in quoted(paragraph)]
-            checks += [(f"{path}: {name}", partial(_in_module, path, name)) for path, name in _table_reads(paragraph)]
+            checks += [
+                (f"{path}: {name}", partial(_in_module, path, name)) for path, name in _table_reads(paragraph)
+            ]
             for span, run in checks:
                 try:
                     if run():
@@ -267,7 +283,9 @@ class Checker:
             self._check_args(target, expr, span)
             return True
         chain = _chain(expr) if isinstance(expr, ast.Attribute) else None
-        if chain is None or (len(chain) == 2 and chain[1] in FILE_EXTENSIONS and chain[0] not in self.index.classes):
+        if chain is None or (
+            len(chain) == 2 and chain[1] in FILE_EXTENSIONS and chain[0] not in self.index.classes
+        ):
             return False
         return self._resolve(".".join(chain), text) is not None or _key_path(chain)
 
@@ -331,7 +349,9 @@ class Checker:
             sig = inspect.signature(target.obj)
         except (ValueError, TypeError):
             return None
-        static = inspect.getattr_static(target.owner, target.attr, None) if inspect.isclass(target.owner) else None
+        static = (
+            inspect.getattr_static(target.owner, target.attr, None) if inspect.isclass(target.owner) else None
+        )
         if inspect.isfunction(static) and sig.parameters:
             sig = sig.replace(parameters=list(sig.parameters.values())[1:])
         return sig
@@ -361,8 +381,10 @@ class Checker:
                 raise _Stale(f"no parameter {kw.arg!r} in {sig}")
         if elided or any(kw.arg is None for kw in call.keywords):
             return
-        passed = {*positional[:len(given)], *(kw.arg for kw in call.keywords)}
-        required = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        passed = {*positional[: len(given)], *(kw.arg for kw in call.keywords)}
+        required = [
+            p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         if missing := [n for n in required if n not in passed]:
             raise _Stale(f"leaves out {missing} of {sig} (write `...` where the quote leaves arguments out)")
 
@@ -425,8 +447,11 @@ def _config_walk(model: Any, parts: list[str]) -> bool:
 def _table_reads(paragraph: str) -> list[tuple[str, str]]:
     """(module path, name) of a table with a ``file`` (or ``module``) column and a ``read`` (or
     ``names``) column: each name quoted in the second is in the module quoted in the first."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in paragraph.strip().splitlines() if line.lstrip().startswith("|")]
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in paragraph.strip().splitlines()
+        if line.lstrip().startswith("|")
+    ]
     if len(rows) < 3:
         return []
     header = [c.lower() for c in rows[0]]
@@ -463,6 +488,7 @@ def _text(annotation: Any) -> str:
 def _same(quoted_annotation: str, real: Any) -> bool:
     def norm(s: str) -> str:
         return QUALIFIER.sub("", re.sub(r"\s+", "", s.strip("'\"")))
+
     return norm(quoted_annotation) == norm(_text(real))
 
 

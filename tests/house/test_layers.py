@@ -22,16 +22,20 @@ def _tree(tmp: Path) -> Path:
     """A copy of the project's packages (code only) and its pyproject.toml under ``tmp``."""
     for name in PACKAGES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, tmp / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "data", "tasks", "static", "templates"))
+            shutil.copytree(
+                ROOT / name,
+                tmp / name,
+                ignore=shutil.ignore_patterns("__pycache__", "data", "tasks", "static", "templates"),
+            )
     shutil.copy(ROOT / "pyproject.toml", tmp / "pyproject.toml")
     return tmp
 
 
 def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(cwd)}
-    return subprocess.run([str(LINT), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [str(LINT), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_the_tree_keeps_its_layers() -> None:
@@ -40,13 +44,16 @@ def test_the_tree_keeps_its_layers() -> None:
     assert "rollout layers KEPT" in out.stdout
 
 
-@pytest.mark.parametrize(("lower", "higher"), [
-    ("rollout/core/envs.py", "rollout.jobs.run"),
-    ("rollout/contract/protocol.py", "rollout.core.envs"),
-    ("rollout/sandbox/runner.py", "rollout.grading.evaluation"),
-    ("rollout/grading/scoring.py", "rollout.results.report"),
-    ("rollout/servers/feed/app.py", "rollout.cli.feed"),
-])
+@pytest.mark.parametrize(
+    ("lower", "higher"),
+    [
+        ("rollout/core/envs.py", "rollout.jobs.run"),
+        ("rollout/contract/protocol.py", "rollout.core.envs"),
+        ("rollout/sandbox/runner.py", "rollout.grading.evaluation"),
+        ("rollout/grading/scoring.py", "rollout.results.report"),
+        ("rollout/servers/feed/app.py", "rollout.cli.feed"),
+    ],
+)
 def test_an_upward_import_breaks_the_lint(tmp_path: Path, lower: str, higher: str) -> None:
     tree = _tree(tmp_path)
     module = tree / lower

@@ -40,16 +40,25 @@ def _named(blocks: dict[str, list[str]], module: Path) -> bool:
 
 def test_every_module_is_in_the_module_map() -> None:
     blocks = module_map()
-    modules = [p for pkg in PACKAGES if (ROOT / pkg).is_dir() for p in sorted((ROOT / pkg).rglob("*.py"))
-               if p.name != "__init__.py" and "__pycache__" not in p.parts]
+    modules = [
+        p
+        for pkg in PACKAGES
+        if (ROOT / pkg).is_dir()
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if p.name != "__init__.py" and "__pycache__" not in p.parts
+    ]
     modules += sorted((ROOT / "env").glob("*.py"))
     missing = [str(p.relative_to(ROOT)) for p in modules if p.name != "__init__.py" and not _named(blocks, p)]
     assert not missing, f"modules missing from the module map of docs/architecture.md: {missing}"
 
 
 def test_every_entry_of_the_module_map_exists() -> None:
-    stale = [f"{folder}{m.group(1)}" for folder, lines in module_map().items() for line in lines
-             if (m := ENTRY.match(line)) and "<" not in folder and not (ROOT / folder / m.group(1)).exists()]
+    stale = [
+        f"{folder}{m.group(1)}"
+        for folder, lines in module_map().items()
+        for line in lines
+        if (m := ENTRY.match(line)) and "<" not in folder and not (ROOT / folder / m.group(1)).exists()
+    ]
     assert not stale, f"the module map of docs/architecture.md names what is gone: {stale}"
 
 
@@ -57,5 +66,7 @@ def test_the_check_sees_a_missing_module() -> None:
     blocks = module_map()
     assert _named(blocks, ROOT / "rollout" / "jobs" / "attempt.py")
     assert not _named(blocks, ROOT / "rollout" / "jobs" / "no_such_module.py")
-    assert not _named({k: [ln.replace("attempt.py", "x.py") for ln in v] for k, v in blocks.items()},
-                      ROOT / "rollout" / "jobs" / "attempt.py")
+    assert not _named(
+        {k: [ln.replace("attempt.py", "x.py") for ln in v] for k, v in blocks.items()},
+        ROOT / "rollout" / "jobs" / "attempt.py",
+    )

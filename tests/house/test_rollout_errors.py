@@ -31,20 +31,33 @@ def rollout_files() -> tuple[list[str], list[Path]]:
 def not_rollout_errors(module: ModuleType) -> list[str]:
     """The public exception classes defined in ``module`` that are not RolloutErrors (a class named
     with a leading ``_`` is an internal signal that never reaches a caller)."""
-    return [f"{module.__name__}.{name}" for name, cls in vars(module).items()
-            if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == module.__name__
-            and not name.startswith("_") and not issubclass(cls, RolloutError)]
+    return [
+        f"{module.__name__}.{name}"
+        for name, cls in vars(module).items()
+        if inspect.isclass(cls)
+        and issubclass(cls, BaseException)
+        and cls.__module__ == module.__name__
+        and not name.startswith("_")
+        and not issubclass(cls, RolloutError)
+    ]
 
 
 def builtin_exception_classes(source: str) -> list[str]:
     """The public classes of a plugin file (read, never run) based directly on a builtin exception
     and not on RolloutError."""
+
     def builtin_exception(base: ast.expr) -> bool:
         found = getattr(builtins, base.id, None) if isinstance(base, ast.Name) else None
         return inspect.isclass(found) and issubclass(found, BaseException)
-    return [node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)
-            and not node.name.startswith("_") and any(builtin_exception(b) for b in node.bases)
-            and not any(isinstance(b, ast.Name) and b.id == "RolloutError" for b in node.bases)]
+
+    return [
+        node.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef)
+        and not node.name.startswith("_")
+        and any(builtin_exception(b) for b in node.bases)
+        and not any(isinstance(b, ast.Name) and b.id == "RolloutError" for b in node.bases)
+    ]
 
 
 def test_every_exception_class_of_rollout_is_a_rollout_error() -> None:
@@ -53,8 +66,11 @@ def test_every_exception_class_of_rollout_is_a_rollout_error() -> None:
     assert ROOT / "rollout" / "audit" / "reference" / "run.py" in plugins
     assert "rollout.train.trl_rollout" in modules
     bad = [name for m in modules for name in not_rollout_errors(importlib.import_module(m))]
-    bad += [f"{p.relative_to(ROOT)}: {name}" for p in plugins
-            for name in builtin_exception_classes(p.read_text(encoding="utf-8"))]
+    bad += [
+        f"{p.relative_to(ROOT)}: {name}"
+        for p in plugins
+        for name in builtin_exception_classes(p.read_text(encoding="utf-8"))
+    ]
     assert bad == []
 
 
@@ -69,11 +85,16 @@ def test_they_keep_their_builtin_bases() -> None:
 
 def test_the_check_sees_a_class_that_is_not_one() -> None:
     module = ModuleType("rollout.fake")
-    exec("class Broken(RuntimeError): pass\nclass Fine(RolloutError): pass\nclass _Signal(Exception): pass\n",
-         {"__name__": "rollout.fake", "RolloutError": RolloutError}, module.__dict__)
+    exec(
+        "class Broken(RuntimeError): pass\nclass Fine(RolloutError): pass\nclass _Signal(Exception): pass\n",
+        {"__name__": "rollout.fake", "RolloutError": RolloutError},
+        module.__dict__,
+    )
     assert not_rollout_errors(module) == ["rollout.fake.Broken"]
-    assert builtin_exception_classes("class A(ValueError): pass\nclass B(RolloutError, OSError): pass\n"
-                                     "class _C(Exception): pass\nclass D(B): pass\n") == ["A"]
+    assert builtin_exception_classes(
+        "class A(ValueError): pass\nclass B(RolloutError, OSError): pass\n"
+        "class _C(Exception): pass\nclass D(B): pass\n"
+    ) == ["A"]
 
 
 def test_rollout_errors_imports_nothing_of_ours() -> None:

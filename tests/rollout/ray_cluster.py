@@ -20,7 +20,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
-OBJECT_STORE_BYTES = 80_000_000  # Ray's smallest object store: these nodes share 2 cores and the tests' memory
+OBJECT_STORE_BYTES = (
+    80_000_000  # Ray's smallest object store: these nodes share 2 cores and the tests' memory
+)
 
 
 def ray_installed() -> None:
@@ -94,35 +96,64 @@ class RayCluster:
         env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
         with log.open("wb") as f:
             proc = subprocess.Popen(
-                [str(RAY), "start", *args, "--node-manager-port", str(nm_port),
-                 "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--block"],
-                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=str(self.temp_dir))
+                [
+                    str(RAY),
+                    "start",
+                    *args,
+                    "--node-manager-port",
+                    str(nm_port),
+                    "--object-store-memory",
+                    str(OBJECT_STORE_BYTES),
+                    "--disable-usage-stats",
+                    "--block",
+                ],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=str(self.temp_dir),
+            )
         node = Node(proc, nm_port, log)
         self.nodes.append(node)
         return node
 
     def start(self) -> RayCluster:
         self.port = _free_port()
-        self._start(["--head", "--port", str(self.port), "--num-cpus", str(self.num_cpus_head),
-                     "--include-dashboard=false", "--temp-dir", str(self.temp_dir)], "head")
+        self._start(
+            [
+                "--head",
+                "--port",
+                str(self.port),
+                "--num-cpus",
+                str(self.num_cpus_head),
+                "--include-dashboard=false",
+                "--temp-dir",
+                str(self.temp_dir),
+            ],
+            "head",
+        )
         self.wait_nodes(1)
         return self
 
     def add_worker(self, num_cpus: int = 2) -> Node:
         n = sum(1 for nd in self.nodes if nd.proc.poll() is None and nd.raylet_pid() is not None)
-        node = self._start(["--address", self.address, "--num-cpus", str(num_cpus)], f"worker{len(self.nodes)}")
+        node = self._start(
+            ["--address", self.address, "--num-cpus", str(num_cpus)], f"worker{len(self.nodes)}"
+        )
         self.wait_nodes(n + 1)
         return node
 
     def wait_nodes(self, n: int, timeout_s: float = 180.0) -> None:
         """Wait until the cluster lists ``n`` alive nodes (asked by a separate Python process, so
         the test process never holds a Ray connection of its own)."""
-        script = ("import ray, sys, time\n"
-                  f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
-                  f"t = time.monotonic() + {timeout_s}\n"
-                  f"while sum(1 for x in ray.nodes() if x['Alive']) < {n}:\n"
-                  "    if time.monotonic() > t: sys.exit(1)\n"
-                  "    time.sleep(0.5)\n")
+        script = (
+            "import ray, sys, time\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
+            f"t = time.monotonic() + {timeout_s}\n"
+            f"while sum(1 for x in ray.nodes() if x['Alive']) < {n}:\n"
+            "    if time.monotonic() > t: sys.exit(1)\n"
+            "    time.sleep(0.5)\n"
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             p = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=timeout_s + 60)
@@ -130,7 +161,9 @@ class RayCluster:
                 return
             if time.monotonic() > deadline:
                 logs = "\n".join(nd.log.read_text(errors="replace")[-2000:] for nd in self.nodes)
-                raise AssertionError(f"the Ray cluster did not reach {n} alive nodes: {p.stderr[-2000:]!r}\n{logs}")
+                raise AssertionError(
+                    f"the Ray cluster did not reach {n} alive nodes: {p.stderr[-2000:]!r}\n{logs}"
+                )
             time.sleep(1)
 
     def stop(self) -> None:

@@ -29,23 +29,42 @@ def require_bwrap() -> Support:
         pytest.skip(f"bubblewrap unavailable: {e}")
 
 
-def make_env(root: Path, name: str, runtime: str, rows: list[dict[str, Any]] | None = None,
-             runtime_cfg: dict[str, Any] | None = None, hidden: list[str] | None = None) -> EnvConfig:
+def make_env(
+    root: Path,
+    name: str,
+    runtime: str,
+    rows: list[dict[str, Any]] | None = None,
+    runtime_cfg: dict[str, Any] | None = None,
+    hidden: list[str] | None = None,
+) -> EnvConfig:
     """``root/name/`` with ``runtime.py``, ``data/cases.jsonl`` and ``env.yaml``; returns its config."""
     d = root / name
     (d / "data").mkdir(parents=True)
     (d / "runtime.py").write_text(runtime)
     (d / "data" / "cases.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows or [{"id": "0"}]))
-    cfg = {"name": name, "dataset": {"path": "data/cases.jsonl", "id_field": "id", "hidden_fields": hidden or []},
-           "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120, **(runtime_cfg or {})}}
+    cfg = {
+        "name": name,
+        "dataset": {"path": "data/cases.jsonl", "id_field": "id", "hidden_fields": hidden or []},
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120, **(runtime_cfg or {})},
+    }
     (d / "env.yaml").write_text(yaml.safe_dump(cfg))
     return load_env_config(d / "env.yaml")
 
 
-def request(sid: str = "s1", gateway: str = "http://127.0.0.1:9/v1/sessions", **params: Any) -> SimulationStartRequest:
+def request(
+    sid: str = "s1", gateway: str = "http://127.0.0.1:9/v1/sessions", **params: Any
+) -> SimulationStartRequest:
     """A start request for session ``sid`` (the gateway URL needs no server unless the runtime calls it)."""
-    return SimulationStartRequest(job_id="j", session_id=sid, agent_name="t", agent_id="t-0", group_id="g",
-                                  gateway_base_url=f"{gateway}/{sid}", model="m", env_params=params)
+    return SimulationStartRequest(
+        job_id="j",
+        session_id=sid,
+        agent_name="t",
+        agent_id="t-0",
+        group_id="g",
+        gateway_base_url=f"{gateway}/{sid}",
+        model="m",
+        env_params=params,
+    )
 
 
 @dataclass
@@ -61,8 +80,9 @@ class ToolCallRun:
     db: Path
 
 
-async def workspace_tool_call_run(tmp_path: Path, command: str, job_id: str, *flags: str,
-                                  then: str | None = "done") -> ToolCallRun:
+async def workspace_tool_call_run(
+    tmp_path: Path, command: str, job_id: str, *flags: str, then: str | None = "done"
+) -> ToolCallRun:
     """One bundled ``workspace`` session through the real launcher, gateway and sandbox, graded,
     whose scripted model makes one bash tool call running ``command``, then answers ``then``
     (None: no second answer is scripted)."""
@@ -70,8 +90,11 @@ async def workspace_tool_call_run(tmp_path: Path, command: str, job_id: str, *fl
     from tests.test_launcher import gateway_config, launch  # noqa: PLC0415
 
     repo = Path(__file__).resolve().parents[2]
-    tool_call = {"id": "call_1", "type": "function", "function": {"name": "bash",
-                                                                   "arguments": json.dumps({"command": command})}}
+    tool_call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+    }
     replies = [Reply.json(chat_completion(None, tool_calls=[tool_call], finish_reason="tool_calls"))]
     if then is not None:
         replies.append(Reply.json(chat_completion(then)))
@@ -80,9 +103,26 @@ async def workspace_tool_call_run(tmp_path: Path, command: str, job_id: str, *fl
         up.script("/v1/chat/completions", replies)
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
         code, stdout, stderr = await launch(
-            "--agent-root", str(repo / "env"), "--env", "workspace", "--gateway-config", str(cfg),
-            "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--enable-evaluation", "--limit", "1",
-            "--job-id", job_id, "--out", str(out), *flags, cwd=tmp_path)
+            "--agent-root",
+            str(repo / "env"),
+            "--env",
+            "workspace",
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            f"sqlite://{db}",
+            "--enable-evaluation",
+            "--limit",
+            "1",
+            "--job-id",
+            job_id,
+            "--out",
+            str(out),
+            *flags,
+            cwd=tmp_path,
+        )
         calls = len([r for r in up.requests if r.path.endswith("/chat/completions")])
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     assert len(records) == 1, (code, stderr)

@@ -24,7 +24,7 @@ from rollout.sandbox.runtime_local import RuntimeRun
 from store import Store
 
 # the agent's answer is the file it leaves; "crash" in it makes the evaluator raise (the agent's bytes)
-EVALUATOR = '''
+EVALUATOR = """
 from pathlib import Path
 
 def evaluate(request, spec, trajectory):
@@ -33,7 +33,7 @@ def evaluate(request, spec, trajectory):
     if "crash" in text or request.env_params.get("broken"):
         raise RuntimeError("the evaluator fell over")
     return 10 if text == "42" else 0
-'''
+"""
 
 
 @dataclass
@@ -68,8 +68,15 @@ class FakeExecutor:
         self.runs = list(runs)
         self.requests: list[SimulationStartRequest] = []
 
-    async def __call__(self, cfg: EnvConfig, request: SimulationStartRequest, workspace: Path,
-                       extra_env: dict[str, str], job_mode: str = "bwrap", **kw: Any) -> RuntimeRun:
+    async def __call__(
+        self,
+        cfg: EnvConfig,
+        request: SimulationStartRequest,
+        workspace: Path,
+        extra_env: dict[str, str],
+        job_mode: str = "bwrap",
+        **kw: Any,
+    ) -> RuntimeRun:
         self.requests.append(request)
         answer, run = self.runs.pop(0)
         if answer:
@@ -78,7 +85,9 @@ class FakeExecutor:
 
 
 def ran(status: str = "succeeded", **kw: Any) -> RuntimeRun:
-    result = SimulationStartResult(session_id="x", status=status) if status in ("succeeded", "failed") else None
+    result = (
+        SimulationStartResult(session_id="x", status=status) if status in ("succeeded", "failed") else None
+    )
     return RuntimeRun(status=status, result=result, duration_s=0.1, **kw)
 
 
@@ -93,29 +102,62 @@ class Setup:
 
 
 @asynccontextmanager
-async def one_session(tmp_path: Path, executor: FakeExecutor, graded: bool = True, params: dict[str, Any] | None = None,
-                      **opts: Any) -> AsyncIterator[Setup]:
+async def one_session(
+    tmp_path: Path,
+    executor: FakeExecutor,
+    graded: bool = True,
+    params: dict[str, Any] | None = None,
+    **opts: Any,
+) -> AsyncIterator[Setup]:
     env = tmp_path / "envs" / "answer"
     (env / "data").mkdir(parents=True)
     (env / "data" / "cases.jsonl").write_text(json.dumps({"id": "c1", "q": "6*7?"}) + "\n")
     (env / "rule_evaluator.py").write_text(EVALUATOR)
-    (env / "env.yaml").write_text(yaml.safe_dump({
-        "name": "answer", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "-c", "pass"]}, "params": params or {}}))
-    options = JobOptions.model_validate({
-        "agent_root": tmp_path / "envs", "gateway_config": tmp_path / "unused.yaml", "llm_model": ["m"],
-        "enable_evaluation": graded, "sandbox": "none", "retry_backoff_s": 0.0, **opts})
+    (env / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "answer",
+                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+                "runtime": {"command": ["{python}", "-c", "pass"]},
+                "params": params or {},
+            }
+        )
+    )
+    options = JobOptions.model_validate(
+        {
+            "agent_root": tmp_path / "envs",
+            "gateway_config": tmp_path / "unused.yaml",
+            "llm_model": ["m"],
+            "enable_evaluation": graded,
+            "sandbox": "none",
+            "retry_backoff_s": 0.0,
+            **opts,
+        }
+    )
     envs = load_envs(options)
     store = Store(f"sqlite://{tmp_path / 't.db'}")
     await store.init()
     [row] = session_rows("ja", "m", envs, 1, None)
     await store.add_job_sessions([row])
     (tmp_path / "ws").mkdir()
-    ctx = JobContext(job_id="ja", gateway_url="http://127.0.0.1:9/v1/sessions", models=("m",),
-                     workspace_root=tmp_path / "ws")
+    ctx = JobContext(
+        job_id="ja",
+        gateway_url="http://127.0.0.1:9/v1/sessions",
+        models=("m",),
+        workspace_root=tmp_path / "ws",
+    )
     gateway, breaker, broken = FakeGateway(), FakeBreaker(), []
-    attempts = Attempts(store, options, ctx, {cfg.name: cfg for cfg, _ in envs}, gateway, breaker=breaker,
-                        executor=executor, rng=random.Random(0), on_grader_broken=lambda env, _: broken.append(env))
+    attempts = Attempts(
+        store,
+        options,
+        ctx,
+        {cfg.name: cfg for cfg, _ in envs},
+        gateway,
+        breaker=breaker,
+        executor=executor,
+        rng=random.Random(0),
+        on_grader_broken=lambda env, _: broken.append(env),
+    )
     try:
         async with Grader("none", work_dir=tmp_path / "ws") as grader:
             await grader.start([tmp_path / "envs"])
@@ -132,7 +174,12 @@ async def test_a_solved_attempt_finishes_the_session_with_its_score(tmp_path: Pa
         record = await s.attempts.run(s.work)
         [row] = await s.store.job_sessions("ja")
     assert not isinstance(record, Retry)
-    assert (record.status, record.outcome, record.score, record.eval_status) == ("succeeded", "succeeded", 10.0, "scored")
+    assert (record.status, record.outcome, record.score, record.eval_status) == (
+        "succeeded",
+        "succeeded",
+        10.0,
+        "scored",
+    )
     assert s.gateway.closed == [(s.work.row.session_id, "succeeded")]
     assert s.breaker.ends == [False]
     assert ex.requests[0].gateway_base_url == f"http://127.0.0.1:9/v1/sessions/{s.work.row.session_id}"
@@ -147,13 +194,18 @@ async def test_a_runtime_error_is_the_agents_and_graded_on_its_workspace(tmp_pat
         record = await s.attempts.run(s.work)
     assert not isinstance(record, Retry)
     assert (record.status, record.outcome, record.score, record.attempts[-1].infra) == (
-        "error", "runtime_error", 0.0, False)
+        "error",
+        "runtime_error",
+        0.0,
+        False,
+    )
     assert s.breaker.ends == [False]
 
 
 async def test_an_infrastructure_failure_is_retried_then_the_retry_finishes(tmp_path: Path) -> None:
-    ex = FakeExecutor(("", ran("error", setup_failed=True, error_text="bwrap: cannot mount")),
-                      ("42", ran("succeeded")))
+    ex = FakeExecutor(
+        ("", ran("error", setup_failed=True, error_text="bwrap: cannot mount")), ("42", ran("succeeded"))
+    )
     async with one_session(tmp_path, ex, max_retries=1) as s:
         first = await s.attempts.run(s.work)
         assert isinstance(first, Retry) and first.delay_s == 0.0
@@ -161,8 +213,15 @@ async def test_an_infrastructure_failure_is_retried_then_the_retry_finishes(tmp_
         second = await s.attempts.run(s.work)
     assert not isinstance(second, Retry)
     assert (second.status, second.score, [(a.outcome, a.infra) for a in second.attempts]) == (
-        "succeeded", 10.0, [("setup_failed", True), ("succeeded", False)])
-    assert [status for _, status in s.gateway.closed] == ["error", "retry", "succeeded"]  # closed again before
+        "succeeded",
+        10.0,
+        [("setup_failed", True), ("succeeded", False)],
+    )
+    assert [status for _, status in s.gateway.closed] == [
+        "error",
+        "retry",
+        "succeeded",
+    ]  # closed again before
     assert s.breaker.ends == [True, False]
 
 
@@ -173,7 +232,11 @@ async def test_an_infrastructure_failure_without_retries_left_is_never_graded(tm
         [row] = await s.store.job_sessions("ja")
     assert not isinstance(record, Retry)
     assert (record.status, record.outcome, record.score, record.eval_status) == (
-        "error", "setup_failed", None, "infra_error")
+        "error",
+        "setup_failed",
+        None,
+        "infra_error",
+    )
     assert (row.finished, row.reward) == (True, None)
 
 

@@ -31,7 +31,7 @@ from tests.fake_upstream import DEFAULT_TEXT, FakeRequest, FakeUpstream, Reply
 
 REPO = Path(__file__).resolve().parents[2]
 
-RUNTIME = '''
+RUNTIME = """
 import os, sys, time
 from pathlib import Path
 import openai
@@ -73,12 +73,12 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status=status, metrics={"text": text})
 
 run_runtime(main)
-'''
+"""
 
-EVALUATOR = '''
+EVALUATOR = """
 def evaluate(request, spec, trajectory):
     return 10 if trajectory.final_response == "hello from fake" else 2
-'''
+"""
 
 
 def signal_file(tmp: Path, name: str) -> Path:
@@ -94,23 +94,44 @@ def make_env(root: Path, cases: list[dict[str, Any]], timeout_s: float = 60) -> 
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
     (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "flaky", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": timeout_s}, "max_steps": 4}))
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "flaky",
+                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": timeout_s},
+                "max_steps": 4,
+            }
+        )
+    )
     return env_dir
 
 
 def gateway_config(path: Path, upstream: FakeUpstream, db: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "storage_config": {"db_url": f"sqlite://{db}"},
-        "llm_routes": {"fake": {"base_url": upstream.base_url, "retry": {"max_attempts": 1}}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "storage_config": {"db_url": f"sqlite://{db}"},
+                "llm_routes": {"fake": {"base_url": upstream.base_url, "retry": {"max_attempts": 1}}},
+            }
+        )
+    )
     return path
 
 
 def options(tmp: Path, cfg: Path, db: Path, **kw: Any) -> JobOptions:
-    return JobOptions.model_validate({
-        "agent_root": tmp / "envs", "gateway_config": cfg, "llm_model": "fake", "db_path": f"sqlite://{db}",
-        "enable_evaluation": True, "out": tmp / "out.jsonl", "retry_backoff_s": 0.05, **kw})
+    return JobOptions.model_validate(
+        {
+            "agent_root": tmp / "envs",
+            "gateway_config": cfg,
+            "llm_model": "fake",
+            "db_path": f"sqlite://{db}",
+            "enable_evaluation": True,
+            "out": tmp / "out.jsonl",
+            "retry_backoff_s": 0.05,
+            **kw,
+        }
+    )
 
 
 def q(db: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -128,23 +149,26 @@ def fail_503(req: FakeRequest) -> Reply | None:
 
 
 async def test_only_evidence_the_agent_cannot_write_makes_an_attempt_an_infrastructure_failure(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A real outage (the model server answers 503: the gateway's record shows it) is retried and
     kept; what a runtime says (an ``error_class`` it claims, a crash, an unparsable result line,
     with or without answered model calls) is the agent's outcome: graded once, never retried,
     never a NULL reward."""
     cases: list[dict[str, Any]] = [{"id": f"ok{i}", "q": "hi"} for i in range(5)]
-    cases += [{"id": "crash", "q": "hi", "fault": "crash"},          # runtime dies before any call
-              {"id": "gateway", "q": "hi", "fault": "gateway"},      # claims the gateway is unreachable
-              {"id": "upstream", "q": "hi", "fault": "upstream"},    # the model server answers 503
-              {"id": "agent_fails", "q": "hi", "agent_fails": True},  # the agent's failure: final
-              {"id": "crash_after", "q": "hi", "crash_after_call": True},  # broke after an answer: final
-              # hostile runtimes: an outage claimed after the model answered 200, on every attempt
-              {"id": "claims_upstream", "q": "hi", "claim": "upstream_unavailable"},
-              {"id": "claims_gateway", "q": "hi", "claim": "gateway_unreachable"},
-              # no valid result line, without and with a model call
-              {"id": "garbage_no_call", "q": "hi", "calls": 0, "garbage": True},
-              {"id": "garbage_after_call", "q": "hi", "garbage": True}]
+    cases += [
+        {"id": "crash", "q": "hi", "fault": "crash"},  # runtime dies before any call
+        {"id": "gateway", "q": "hi", "fault": "gateway"},  # claims the gateway is unreachable
+        {"id": "upstream", "q": "hi", "fault": "upstream"},  # the model server answers 503
+        {"id": "agent_fails", "q": "hi", "agent_fails": True},  # the agent's failure: final
+        {"id": "crash_after", "q": "hi", "crash_after_call": True},  # broke after an answer: final
+        # hostile runtimes: an outage claimed after the model answered 200, on every attempt
+        {"id": "claims_upstream", "q": "hi", "claim": "upstream_unavailable"},
+        {"id": "claims_gateway", "q": "hi", "claim": "gateway_unreachable"},
+        # no valid result line, without and with a model call
+        {"id": "garbage_no_call", "q": "hi", "calls": 0, "garbage": True},
+        {"id": "garbage_after_call", "q": "hi", "garbage": True},
+    ]
     make_env(tmp_path / "envs", cases)
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
@@ -156,49 +180,83 @@ async def test_only_evidence_the_agent_cannot_write_makes_an_attempt_an_infrastr
     by_case = {r.case_id: r for r in result.records}
     assert len(by_case) == len(cases) and result.stopped is None
     r = by_case["upstream"]
-    assert (r.status, r.outcome, r.score, r.eval_status, r.retried) == ("succeeded", "succeeded", 10.0, "scored", True)
+    assert (r.status, r.outcome, r.score, r.eval_status, r.retried) == (
+        "succeeded",
+        "succeeded",
+        10.0,
+        "scored",
+        True,
+    )
     first, second = r.attempts
     assert (first.outcome, first.infra, second.outcome, second.infra) == (
-        "upstream_unavailable", True, "succeeded", False)
-    assert first.reason == ("the gateway's last call to the upstream failed (HTTP 503); "
-                            "InternalServerError: Error code: 503 - overloaded")
+        "upstream_unavailable",
+        True,
+        "succeeded",
+        False,
+    )
+    assert first.reason == (
+        "the gateway's last call to the upstream failed (HTTP 503); "
+        "InternalServerError: Error code: 503 - overloaded"
+    )
     assert first.retry_in_s is not None and 0.025 <= first.retry_in_s <= 0.05
     assert first.steps_session_id == f"{r.session_id}~a1" and second.steps_session_id == r.session_id
     # task outcomes: one attempt each, graded (reward written), never retried
-    expected = {"crash": ("error", "runtime_error", 2.0), "gateway": ("failed", "failed", 2.0),
-                "agent_fails": ("failed", "failed", 10.0), "crash_after": ("error", "runtime_error", 10.0),
-                "claims_upstream": ("failed", "failed", 10.0), "claims_gateway": ("failed", "failed", 10.0),
-                "garbage_no_call": ("error", "runtime_error", 2.0), "garbage_after_call": ("error", "runtime_error", 10.0)}
+    expected = {
+        "crash": ("error", "runtime_error", 2.0),
+        "gateway": ("failed", "failed", 2.0),
+        "agent_fails": ("failed", "failed", 10.0),
+        "crash_after": ("error", "runtime_error", 10.0),
+        "claims_upstream": ("failed", "failed", 10.0),
+        "claims_gateway": ("failed", "failed", 10.0),
+        "garbage_no_call": ("error", "runtime_error", 2.0),
+        "garbage_after_call": ("error", "runtime_error", 10.0),
+    }
     for cid, (status, outcome, score) in expected.items():
         r = by_case[cid]
         assert (r.status, r.outcome, r.score, r.eval_status, len(r.attempts), r.attempts[0].infra) == (
-            status, outcome, score, "scored", 1, False), cid
+            status,
+            outcome,
+            score,
+            "scored",
+            1,
+            False,
+        ), cid
     assert q(db, "SELECT count(*) FROM job_environments WHERE reward IS NULL") == [(0,)]
     # a claimed outage stays visible in the attempt's reason and the session's error
-    for cid, claim, seen in (("claims_upstream", "upstream_unavailable", "its last call: HTTP 200"),
-                             ("claims_gateway", "gateway_unreachable", "its last call: HTTP 200"),
-                             ("gateway", "gateway_unreachable", "no model call")):
+    for cid, claim, seen in (
+        ("claims_upstream", "upstream_unavailable", "its last call: HTTP 200"),
+        ("claims_gateway", "gateway_unreachable", "its last call: HTTP 200"),
+        ("gateway", "gateway_unreachable", "no model call"),
+    ):
         r = by_case[cid]
-        denied = (f"the runtime claimed {claim}, which the launcher's and the gateway's records do not show ({seen}); "
-                  "graded as the agent's outcome")
+        denied = (
+            f"the runtime claimed {claim}, which the launcher's and the gateway's records do not show ({seen}); "
+            "graded as the agent's outcome"
+        )
         assert (r.attempts[0].reason or "").endswith(denied) and denied in (r.error or ""), cid
     assert "APIConnectionError" in (by_case["gateway"].attempts[0].reason or "")
-    assert (by_case["crash"].attempts[0].reason or "").startswith("the runtime exited with code 3: its output is "
-                                                                  "not a result")
+    assert (by_case["crash"].attempts[0].reason or "").startswith(
+        "the runtime exited with code 3: its output is not a result"
+    )
     for cid in ("garbage_no_call", "garbage_after_call"):
         assert (by_case[cid].attempts[0].reason or "").startswith(
-            "last stdout line is not JSON: 'this is not a result' (exit code 0)"), cid
+            "last stdout line is not JSON: 'this is not a result' (exit code 0)"
+        ), cid
     assert all(len(by_case[f"ok{i}"].attempts) == 1 and by_case[f"ok{i}"].score == 10.0 for i in range(5))
     # the upstream attempt's failed step is archived under its attempt id, not trainable; the
     # trajectory of the session is the successful attempt's only
     up_sid = by_case["upstream"].session_id
-    assert q(db, f"SELECT status, status_code, is_trainable FROM session_steps WHERE session_id = '{up_sid}~a1'") \
-        == [("error", 503, 0)]
-    assert q(db, f"SELECT status, is_trainable, step_id FROM session_steps WHERE session_id = '{up_sid}'") \
-        == [("ok", 1, 1)]
+    assert q(
+        db, f"SELECT status, status_code, is_trainable FROM session_steps WHERE session_id = '{up_sid}~a1'"
+    ) == [("error", 503, 0)]
+    assert q(
+        db, f"SELECT status, is_trainable, step_id FROM session_steps WHERE session_id = '{up_sid}'"
+    ) == [("ok", 1, 1)]
     # a call per session but crash, gateway and garbage_no_call, plus the attempt answered 503
     assert len(calls) == len(cases) - 3 + 1
-    assert q(db, "SELECT count(*), sum(infra) FROM session_attempts WHERE job_id = 'j30'") == [(len(cases) + 1, 1)]
+    assert q(db, "SELECT count(*), sum(infra) FROM session_attempts WHERE job_id = 'j30'") == [
+        (len(cases) + 1, 1)
+    ]
     # never more attempts at once than --pool-size (retries wait in the queue, not in a worker)
     spans = q(db, "SELECT started_at, finished_at FROM session_attempts WHERE job_id = 'j30'")
     assert max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans) <= 3
@@ -213,17 +271,27 @@ async def test_only_evidence_the_agent_cannot_write_makes_an_attempt_an_infrastr
     assert up_line["retried"] is True
     assert [a["outcome"] for a in up_line["attempts"]] == ["upstream_unavailable", "succeeded"]
     # each infrastructure failure is on the terminal with its reason, not only in the JSONL
-    told = [m for r in caplog.records if r.name == "rollout.jobs.attempt" and r.levelname == "WARNING"
-            and " attempt 1: " in (m := r.getMessage())]
+    told = [
+        m
+        for r in caplog.records
+        if r.name == "rollout.jobs.attempt"
+        and r.levelname == "WARNING"
+        and " attempt 1: " in (m := r.getMessage())
+    ]
     r = by_case["upstream"]
     reason = (r.attempts[0].reason or "").strip().splitlines()[-1][:300]
     assert len(told) == 1 and told[0].startswith(
-        f"session {r.session_id} attempt 1: upstream_unavailable: {reason}; retry in 0.0"), told
+        f"session {r.session_id} attempt 1: upstream_unavailable: {reason}; retry in 0.0"
+    ), told
 
 
 async def test_exhausted_retries_are_not_graded_and_resume_redoes_them(tmp_path: Path) -> None:
     marker = signal_file(tmp_path, "fixed")
-    cases = [{"id": "a", "q": "hi"}, {"id": "b", "q": "hi", "down_until": str(marker)}, {"id": "c", "q": "hi"}]
+    cases = [
+        {"id": "a", "q": "hi"},
+        {"id": "b", "q": "hi", "down_until": str(marker)},
+        {"id": "c", "q": "hi"},
+    ]
     make_env(tmp_path / "envs", cases)
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
@@ -232,12 +300,19 @@ async def test_exhausted_retries_are_not_graded_and_resume_redoes_them(tmp_path:
         result = await run_job(options(tmp_path, cfg, db, job_id="jx", max_retries=1))
         by_case = {r.case_id: r for r in result.records}
         b = by_case["b"]
-        assert (b.status, b.outcome, b.score, b.eval_status) == ("error", "upstream_unavailable", None, "infra_error")
+        assert (b.status, b.outcome, b.score, b.eval_status) == (
+            "error",
+            "upstream_unavailable",
+            None,
+            "infra_error",
+        )
         assert b.reason == "not graded: infrastructure failure (upstream_unavailable) in attempt 2"
         assert [a.outcome for a in b.attempts] == ["upstream_unavailable", "upstream_unavailable"]
         [row] = summarize(result.records)
         assert (row.infra, row.scored, row.mean_score, row.pass_at_1) == (1, 2, 10.0, 1.0)  # masked, not a 0
-        assert q(db, "SELECT reward, eval_status FROM job_environments WHERE case_id = 'b'") == [(None, "infra_error")]
+        assert q(db, "SELECT reward, eval_status FROM job_environments WHERE case_id = 'b'") == [
+            (None, "infra_error")
+        ]
         # an interrupted session too (the launcher was killed during its attempt)
         con = sqlite3.connect(db)
         con.execute("UPDATE job_environments SET finished = 0, status = 'running' WHERE case_id = 'c'")
@@ -254,17 +329,28 @@ async def test_exhausted_retries_are_not_graded_and_resume_redoes_them(tmp_path:
     assert [a.attempt for a in b.attempts] == [1, 2, 3]  # attempt numbers go on from those used
     assert [a.outcome for a in c.attempts] == ["succeeded", "succeeded"]  # the first row was kept
     assert c.score == 10.0 and len(by_case["a"].attempts) == 1
-    assert q(db, "SELECT case_id, attempts FROM job_environments ORDER BY case_id") == [("a", 1), ("b", 3), ("c", 2)]
+    assert q(db, "SELECT case_id, attempts FROM job_environments ORDER BY case_id") == [
+        ("a", 1),
+        ("b", 3),
+        ("c", 2),
+    ]
     # c's first attempt's step is archived under its attempt id, not trainable
     assert q(db, f"SELECT is_trainable FROM session_steps WHERE session_id = '{c_sid}~a1'") == [(0,)]
-    assert q(db, f"SELECT is_trainable, reward FROM session_steps WHERE session_id = '{c_sid}'") == [(1, 10.0)]
+    assert q(db, f"SELECT is_trainable, reward FROM session_steps WHERE session_id = '{c_sid}'") == [
+        (1, 10.0)
+    ]
 
 
 def start_gateway_process(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port)],
-                                cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port)],
+            cwd=str(REPO),
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 async def wait_ready(port: int, deadline_s: float = 60) -> None:
@@ -301,14 +387,28 @@ async def test_gateway_killed_and_restarted_mid_job(tmp_path: Path) -> None:
         gw = start_gateway_process(cfg, port, tmp_path / "gw.log")
         try:
             await wait_ready(port)
-            opts = options(tmp_path, cfg, db, job_id="jk", pool_size=3, max_retries=2,
-                           gateway_base_url=f"http://127.0.0.1:{port}/v1/sessions",
-                           breaker={"window": 6, "min_failures": 3, "probe_s": 0.1, "max_probe_s": 0.5,
-                                    "max_wait_s": 120})
+            opts = options(
+                tmp_path,
+                cfg,
+                db,
+                job_id="jk",
+                pool_size=3,
+                max_retries=2,
+                gateway_base_url=f"http://127.0.0.1:{port}/v1/sessions",
+                breaker={
+                    "window": 6,
+                    "min_failures": 3,
+                    "probe_s": 0.1,
+                    "max_probe_s": 0.5,
+                    "max_wait_s": 120,
+                },
+            )
             job: asyncio.Task[JobResult] = asyncio.create_task(run_job(opts, on_breaker=on_breaker))
             deadline = time.monotonic() + 120
             while not (db.exists() and q(db, "SELECT count(*) FROM session_steps") == [(3,)]):
-                assert time.monotonic() < deadline and not job.done(), "three sessions never made their first call"
+                assert time.monotonic() < deadline and not job.done(), (
+                    "three sessions never made their first call"
+                )
                 await asyncio.sleep(0.05)
             os.killpg(gw.pid, signal.SIGKILL)
             gw.wait()
@@ -332,12 +432,14 @@ async def test_gateway_killed_and_restarted_mid_job(tmp_path: Path) -> None:
     for r in retried:
         assert [a.outcome for a in r.attempts] == ["gateway_unreachable", "succeeded"]
         # the first attempt's answered call is kept, archived, not trainable
-        assert q(db, f"SELECT status, is_trainable FROM session_steps WHERE session_id = '{r.session_id}~a1'") \
-            == [("ok", 0)]
+        assert q(
+            db, f"SELECT status, is_trainable FROM session_steps WHERE session_id = '{r.session_id}~a1'"
+        ) == [("ok", 0)]
         assert q(db, f"SELECT count(*) FROM session_steps WHERE session_id = '{r.session_id}'") == [(2,)]
     # no infrastructure failure was scored
-    assert q(db, "SELECT count(*) FROM job_environments WHERE reward IS NOT NULL AND outcome != 'succeeded'") \
-        == [(0,)]
+    assert q(
+        db, "SELECT count(*) FROM job_environments WHERE reward IS NOT NULL AND outcome != 'succeeded'"
+    ) == [(0,)]
     assert DEFAULT_TEXT in result.records[0].trajectory[-1]["content"]
 
 
@@ -354,13 +456,18 @@ async def test_breaker_gives_up_then_resume_finishes_the_job(tmp_path: Path) -> 
         gw = start_gateway_process(cfg, port, tmp_path / "gw.log")
         try:
             await wait_ready(port)
-            common: dict[str, Any] = {"job_id": "js", "pool_size": 2,
-                                      "gateway_base_url": f"http://127.0.0.1:{port}/v1/sessions",
-                                      "breaker": {"probe_s": 0.05, "max_probe_s": 0.1, "max_wait_s": 0.5}}
+            common: dict[str, Any] = {
+                "job_id": "js",
+                "pool_size": 2,
+                "gateway_base_url": f"http://127.0.0.1:{port}/v1/sessions",
+                "breaker": {"probe_s": 0.05, "max_probe_s": 0.1, "max_wait_s": 0.5},
+            }
             job = asyncio.create_task(run_job(options(tmp_path, cfg, db, **common)))
             deadline = time.monotonic() + 120
             while not (db.exists() and q(db, "SELECT count(*) FROM session_steps") == [(2,)]):
-                assert time.monotonic() < deadline and not job.done(), "two sessions never made their first call"
+                assert time.monotonic() < deadline and not job.done(), (
+                    "two sessions never made their first call"
+                )
                 await asyncio.sleep(0.05)
             os.killpg(gw.pid, signal.SIGKILL)
             gw.wait()
@@ -370,7 +477,10 @@ async def test_breaker_gives_up_then_resume_finishes_the_job(tmp_path: Path) -> 
             assert [e.state for e in result.breaker_events] == ["open", "stopped"]
             assert result.records == []  # nothing finished: nothing graded
             assert q(db, "SELECT finished, reward FROM job_environments") == [(0, None)] * 4
-            assert sorted(q(db, "SELECT status FROM job_environments")) == [("pending",)] * 2 + [("retrying",)] * 2
+            assert (
+                sorted(q(db, "SELECT status FROM job_environments"))
+                == [("pending",)] * 2 + [("retrying",)] * 2
+            )
             gw = start_gateway_process(cfg, port, tmp_path / "gw.log")
             await wait_ready(port)
             result = await asyncio.wait_for(run_job(options(tmp_path, cfg, db, resume=True, **common)), 240)
@@ -379,8 +489,10 @@ async def test_breaker_gives_up_then_resume_finishes_the_job(tmp_path: Path) -> 
                 os.killpg(gw.pid, signal.SIGTERM)
                 gw.wait()
     assert result.stopped is None
-    assert sorted((r.status, r.score, len(r.attempts)) for r in result.records) == [
-        ("succeeded", 10.0, 1)] * 2 + [("succeeded", 10.0, 2)] * 2
+    assert (
+        sorted((r.status, r.score, len(r.attempts)) for r in result.records)
+        == [("succeeded", 10.0, 1)] * 2 + [("succeeded", 10.0, 2)] * 2
+    )
 
 
 @contextlib.asynccontextmanager
@@ -395,9 +507,15 @@ async def planned_on_a_gateway(tmp_path: Path, job_id: str, **gateway: Any) -> A
 
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
-        gw = await serve(GatewaySettings.model_validate({
-            "storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"fake": {"base_url": up.base_url}},
-            **gateway}))
+        gw = await serve(
+            GatewaySettings.model_validate(
+                {
+                    "storage_config": {"db_url": f"sqlite://{db}"},
+                    "llm_routes": {"fake": {"base_url": up.base_url}},
+                    **gateway,
+                }
+            )
+        )
         store = Store(f"sqlite://{db}")
         try:
             await store.init()
@@ -440,14 +558,23 @@ async def test_a_retry_whose_session_cannot_be_closed_is_given_up(tmp_path: Path
         pool = Pool(p.store, p.with_opts(pool_size=1, retry_backoff_s=0.01), p.context("jg"), p.envs)
         [record] = await asyncio.wait_for(pool.run(p.rows), 120)
     assert (record.status, record.outcome, record.score, record.eval_status) == (
-        "error", "gateway_unreachable", None, "infra_error")
-    assert record.error is not None and "the retry could not start (6 tries)" in record.error and "401" in record.error
+        "error",
+        "gateway_unreachable",
+        None,
+        "infra_error",
+    )
+    assert (
+        record.error is not None
+        and "the retry could not start (6 tries)" in record.error
+        and "401" in record.error
+    )
     assert [a.outcome for a in record.attempts] == ["gateway_unreachable"]  # no second attempt ever ran
     assert q(p.db, "SELECT attempts, finished, reward FROM job_environments") == [(1, 1, None)]
 
 
 async def test_a_gateway_the_bridge_cannot_reach_is_an_outage_even_when_the_runtime_claims_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The launcher's own view decides: the runtime's calls go to a gateway address nothing
     listens on (the session close reaches the real gateway), the runtime swallows the error and
     reports a plain failure; the gateway bridge's failed connections make it ``gateway_unreachable``:
@@ -458,15 +585,25 @@ async def test_a_gateway_the_bridge_cannot_reach_is_an_outage_even_when_the_runt
     require_bwrap()
     make_env(tmp_path / "envs", [{"id": "x", "q": "hi", "silent": True}])
     async with planned_on_a_gateway(tmp_path, "ju") as p:
-        pool = Pool(p.store, p.with_opts(pool_size=1, retry_backoff_s=0.01, max_retries=1),
-                    p.context("ju", advertise_url=f"http://127.0.0.1:{free_port()}/v1/sessions"), p.envs)
+        pool = Pool(
+            p.store,
+            p.with_opts(pool_size=1, retry_backoff_s=0.01, max_retries=1),
+            p.context("ju", advertise_url=f"http://127.0.0.1:{free_port()}/v1/sessions"),
+            p.envs,
+        )
         [record] = await asyncio.wait_for(pool.run(p.rows), 120)
     assert (record.status, record.outcome, record.score, record.eval_status) == (
-        "error", "gateway_unreachable", None, "infra_error")
+        "error",
+        "gateway_unreachable",
+        None,
+        "infra_error",
+    )
     assert [(a.outcome, a.infra) for a in record.attempts] == [("gateway_unreachable", True)] * 2
     for a in record.attempts:
-        assert (a.reason or "").startswith("the gateway bridge could not reach the gateway (1 failed connection(s), "
-                                           "the last: ConnectionRefusedError: "), a.reason
+        assert (a.reason or "").startswith(
+            "the gateway bridge could not reach the gateway (1 failed connection(s), "
+            "the last: ConnectionRefusedError: "
+        ), a.reason
     assert q(p.db, "SELECT reward, eval_status FROM job_environments") == [(None, "infra_error")]
 
 

@@ -28,15 +28,25 @@ from tests.fake_upstream import FakeUpstream
 
 
 def test_a_failure_whose_control_grades_is_the_agents_zero() -> None:
-    failed = Evaluation(status="error", score=0.0, reason="RecursionError: maximum recursion depth exceeded",
-                        isolation="bwrap")
+    failed = Evaluation(
+        status="error",
+        score=0.0,
+        reason="RecursionError: maximum recursion depth exceeded",
+        isolation="bwrap",
+    )
     control = Evaluation(status="scored", score=0.0, reason="no answer")
     out = attribute(failed, Control(control))
     assert (out.status, out.score, out.isolation) == ("error", 0.0, "bwrap")
-    assert out.reason == ("error: RecursionError: maximum recursion depth exceeded; counted as the agent's 0: the "
-                          "same grader scored the control (the untouched starting workspace) 0")
-    assert out.detail()["control"] == {"on": "the untouched starting workspace", "status": "scored", "score": 0.0,
-                                       "reason": "no answer"}
+    assert out.reason == (
+        "error: RecursionError: maximum recursion depth exceeded; counted as the agent's 0: the "
+        "same grader scored the control (the untouched starting workspace) 0"
+    )
+    assert out.detail()["control"] == {
+        "on": "the untouched starting workspace",
+        "status": "scored",
+        "score": 0.0,
+        "reason": "no answer",
+    }
 
 
 @pytest.mark.parametrize("control_status", ["error", "timeout", "invalid_reward"])
@@ -45,15 +55,18 @@ def test_a_failure_whose_control_fails_too_is_a_broken_grader(control_status: st
     control = Evaluation(status=control_status, score=0.0, reason="KeyError: 'x'")  # type: ignore[arg-type]
     out = attribute(failed, Control(control))
     assert (out.status, out.score) == ("grader_broken", None)
-    assert out.reason == ("grader broken: it failed on this session (timeout: evaluator timed out after 60.0 s) and "
-                          f"on the control, the untouched starting workspace ({control_status}: KeyError: 'x'); "
-                          "not counted")
+    assert out.reason == (
+        "grader broken: it failed on this session (timeout: evaluator timed out after 60.0 s) and "
+        f"on the control, the untouched starting workspace ({control_status}: KeyError: 'x'); "
+        "not counted"
+    )
 
 
 def test_only_grading_failures_need_a_control() -> None:
-    assert [needs_control(Evaluation(status=s, score=0.0)) for s in  # type: ignore[arg-type]
-            ("scored", "error", "timeout", "invalid_reward", "skipped", "grader_broken")] == [
-        False, True, True, True, False, False]
+    assert [
+        needs_control(Evaluation(status=s, score=0.0))
+        for s in ("scored", "error", "timeout", "invalid_reward", "skipped", "grader_broken")  # type: ignore[arg-type]
+    ] == [False, True, True, True, False, False]
     assert needs_control(None) is False
 
 
@@ -85,7 +98,8 @@ async def test_a_control_is_graded_once_per_case_on_its_untouched_files(tmp_path
 
 
 async def test_a_grader_that_fails_without_an_answer_is_shown_working_by_the_reference_answer(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A grader that raises on a missing answer file fails on the untouched workspace; the case's
     reference answer (an expected.json task's) shows it works, so the agent's failure is its 0."""
     graded: list[str | None] = []
@@ -102,8 +116,10 @@ async def test_a_grader_that_fails_without_an_answer_is_shown_working_by_the_ref
     assert (control.on, control.evaluation.score, graded) == (REFERENCE, 10.0, [None, '{"total": 7}'])
     out = attribute(Evaluation(status="error", score=0.0, reason="FileNotFoundError"), control)
     assert (out.status, out.score) == ("error", 0.0)
-    assert out.reason == ("error: FileNotFoundError; counted as the agent's 0: the same grader scored the control "
-                          "(the starting workspace with the reference answer in outputs/answer.json) 10")
+    assert out.reason == (
+        "error: FileNotFoundError; counted as the agent's 0: the same grader scored the control "
+        "(the starting workspace with the reference answer in outputs/answer.json) 10"
+    )
     # without a reference answer the same grader is broken
     bare = await Controls(tmp_path).control(Case(env_name="e", case_id="t2", row={"expected": 7}), grade)
     assert (bare.on, bare.evaluation.status) == ("the untouched starting workspace", "error")
@@ -111,19 +127,41 @@ async def test_a_grader_that_fails_without_an_answer_is_shown_working_by_the_ref
 
 
 def record(case: str, status: str, score: float | None, outcome: str = "succeeded") -> SessionRecord:
-    return SessionRecord(session_id=f"s-{case}-{status}", job_id="j", env_name="e", case_id=case, group_id=case,
-                         sample_index=0, model="m", status="succeeded", outcome=outcome, score=score,
-                         eval_status=status)
+    return SessionRecord(
+        session_id=f"s-{case}-{status}",
+        job_id="j",
+        env_name="e",
+        case_id=case,
+        group_id=case,
+        sample_index=0,
+        model="m",
+        status="succeeded",
+        outcome=outcome,
+        score=score,
+        eval_status=status,
+    )
 
 
 def test_grading_failures_count_as_zero_and_broken_graders_are_left_out() -> None:
-    records = [record("a", "scored", 10.0), record("b", "scored", 10.0), record("c", "error", 0.0),
-               record("d", "timeout", 0.0), record("e", "invalid_reward", 0.0),
-               record("f", "grader_broken", None), record("g", "infra_error", None, outcome="setup_failed")]
+    records = [
+        record("a", "scored", 10.0),
+        record("b", "scored", 10.0),
+        record("c", "error", 0.0),
+        record("d", "timeout", 0.0),
+        record("e", "invalid_reward", 0.0),
+        record("f", "grader_broken", None),
+        record("g", "infra_error", None, outcome="setup_failed"),
+    ]
     (row,) = summarize(records)
     assert row.mean_score == pytest.approx(4.0)  # 2 of 5 counted sessions, not 10.0 over the 2 scored
     assert (row.scored, row.eval_error, row.eval_timeout, row.invalid, row.grader_broken, row.infra) == (
-        2, 1, 1, 1, 1, 1)
+        2,
+        1,
+        1,
+        1,
+        1,
+        1,
+    )
     assert row.pass_at_1 == pytest.approx(2 / 5)  # the broken and the infra case are not cases of pass@k
     assert "broken 1" in render_table([row])
 
@@ -132,13 +170,17 @@ def test_the_feed_trains_on_a_grading_failures_zero_but_not_on_a_broken_grader()
     base = {"finished": True, "outcome": "succeeded"}
     assert invalid_reason({**base, "eval_status": "error", "reward": 0.0}) is None
     assert invalid_reason({**base, "eval_status": "timeout", "reward": 0.0}) is None
-    assert invalid_reason({**base, "eval_status": "grader_broken", "reward": None,
-                           "eval_reason": "grader broken: ..."}) == "evaluation grader_broken: grader broken: ..."
+    assert (
+        invalid_reason(
+            {**base, "eval_status": "grader_broken", "reward": None, "eval_reason": "grader broken: ..."}
+        )
+        == "evaluation grader_broken: grader broken: ..."
+    )
 
 
 # --- real jobs --------------------------------------------------------------------------------
 
-RUNTIME = '''
+RUNTIME = """
 import json
 from pathlib import Path
 from env.runtime_kit import run_runtime
@@ -155,10 +197,10 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded")
 
 run_runtime(main)
-'''
+"""
 
 # a grader that scores a missing answer 0 but, like many, parses the answer without a depth guard
-EVALUATOR = '''
+EVALUATOR = """
 import json
 from pathlib import Path
 
@@ -167,12 +209,12 @@ def evaluate(request, spec, trajectory):
     if not answer.is_file():
         return {"score": 0, "reason": "no answer"}
     return 10 if json.loads(answer.read_text()) == {"answer": 42} else 0
-'''
+"""
 
-BROKEN_EVALUATOR = '''
+BROKEN_EVALUATOR = """
 def evaluate(request, spec, trajectory):
     raise KeyError("expected")
-'''
+"""
 
 
 def make_env(root: Path, name: str, kinds: list[str], evaluator: str) -> None:
@@ -181,23 +223,47 @@ def make_env(root: Path, name: str, kinds: list[str], evaluator: str) -> None:
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(evaluator)
     (env_dir / "data" / "cases.jsonl").write_text(
-        "".join(json.dumps({"id": f"{k}{i}", "kind": k}) + "\n" for i, k in enumerate(kinds)))
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": name, "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}}))
+        "".join(json.dumps({"id": f"{k}{i}", "kind": k}) + "\n" for i, k in enumerate(kinds))
+    )
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
+            }
+        )
+    )
 
 
 def options(tmp: Path, up: FakeUpstream, **kw: Any) -> JobOptions:
     db = tmp / "t.db"
     cfg = tmp / "gw.yaml"
-    cfg.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
-                                   "llm_routes": {"fake": {"base_url": up.base_url}}}))
-    return JobOptions.model_validate({
-        "agent_root": tmp / "envs", "gateway_config": cfg, "llm_model": "fake", "db_path": f"sqlite://{db}",
-        "enable_evaluation": True, "out": tmp / "out.jsonl", "pool_size": 2, **kw})
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "storage_config": {"db_url": f"sqlite://{db}"},
+                "llm_routes": {"fake": {"base_url": up.base_url}},
+            }
+        )
+    )
+    return JobOptions.model_validate(
+        {
+            "agent_root": tmp / "envs",
+            "gateway_config": cfg,
+            "llm_model": "fake",
+            "db_path": f"sqlite://{db}",
+            "enable_evaluation": True,
+            "out": tmp / "out.jsonl",
+            "pool_size": 2,
+            **kw,
+        }
+    )
 
 
-async def test_a_wrong_answer_that_breaks_the_grader_counts_zero_in_the_mean_and_trains(tmp_path: Path) -> None:
+async def test_a_wrong_answer_that_breaks_the_grader_counts_zero_in_the_mean_and_trains(
+    tmp_path: Path,
+) -> None:
     """2 of 5 right, 3 answers that crash the grader: mean 4.00 (not 10.00), 5 valid samples."""
     make_env(tmp_path / "envs", "answers", ["right", "right", "deep", "deep", "deep"], EVALUATOR)
     async with FakeUpstream() as up:
@@ -216,8 +282,12 @@ async def test_a_wrong_answer_that_breaks_the_grader_counts_zero_in_the_mean_and
     con = sqlite3.connect(tmp_path / "t.db")
     detail = con.execute("SELECT eval_detail FROM job_environments WHERE case_id = 'deep2'").fetchone()[0]
     con.close()
-    assert json.loads(detail)["control"] == {"on": "the untouched starting workspace", "status": "scored",
-                                             "score": 0.0, "reason": "no answer"}
+    assert json.loads(detail)["control"] == {
+        "on": "the untouched starting workspace",
+        "status": "scored",
+        "score": 0.0,
+        "reason": "no answer",
+    }
 
 
 async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_job(tmp_path: Path) -> None:
@@ -227,14 +297,21 @@ async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_
         result = await run_job(options(tmp_path, up, job_id="attr2", max_broken_graders=0))
     rows = {r.env_name: r for r in result.totals.summary()}
     assert (rows["badgrader"].grader_broken, rows["badgrader"].mean_score, rows["badgrader"].pass_at_1) == (
-        4, None, None)
+        4,
+        None,
+        None,
+    )
     assert (rows["answers"].grader_broken, rows["answers"].mean_score) == (0, 5.0)
     table = render_table(list(rows.values()))
     assert "broken 4" in table.split("badgrader", 1)[1].split("\n", 2)[1]  # the problems line of its row
     broken = [r for r in result.records if r.env_name == "badgrader"]
     assert {(r.eval_status, r.score) for r in broken} == {("grader_broken", None)}
-    assert all((r.reason or "").startswith("grader broken: it failed on this session (error: KeyError: "
-                                                "'expected') and on the control") for r in broken)
+    assert all(
+        (r.reason or "").startswith(
+            "grader broken: it failed on this session (error: KeyError: 'expected') and on the control"
+        )
+        for r in broken
+    )
     groups, _, _ = await read_job_samples(f"sqlite://{tmp_path / 't.db'}", "attr2")
     assert {s.valid for g in groups if g.env == "badgrader" for s in g.samples} == {False}
     assert job_exit_code(result) == 5  # the job completed (--max-broken-graders 0), but a grader is broken
@@ -243,16 +320,19 @@ async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_
     for limit, job in ((None, "attr3"), (3, "attr5")):
         more = {"max_broken_graders": limit} if limit else {}
         async with FakeUpstream() as up:
-            stopped = await run_job(options(tmp_path, up, job_id=job, agent_root=tmp_path / "envs2", pool_size=1,
-                                            **more))
+            stopped = await run_job(
+                options(tmp_path, up, job_id=job, agent_root=tmp_path / "envs2", pool_size=1, **more)
+            )
         n = limit or 1
         assert stopped.stopped is not None and stopped.stop_kind == "broken_graders"
-        assert stopped.stopped.startswith(f"{n} broken-grader finding(s) (badgrader: {n}): the grader fails without "
-                                          f"the agent; fix it, then --regrade --job-id {job}")
+        assert stopped.stopped.startswith(
+            f"{n} broken-grader finding(s) (badgrader: {n}): the grader fails without "
+            f"the agent; fix it, then --regrade --job-id {job}"
+        )
         assert len(stopped.records) == n and job_exit_code(stopped) == 5
 
 
-STALL_RUNTIME = '''
+STALL_RUNTIME = """
 from pathlib import Path
 from env.runtime_kit import run_runtime
 from rollout.contract.protocol import SimulationStartResult
@@ -263,12 +343,12 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded")
 
 run_runtime(main)
-'''
+"""
 
-CHECK = '''#!/bin/bash
+CHECK = """#!/bin/bash
 out=$(cd /workspace && bash prog.sh)
 if [ "$out" = 42 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
-'''
+"""
 
 
 def make_harbor_env(tmp: Path, name: str, tasks: list[str], runtime: str, verifier_timeout_s: float) -> None:
@@ -284,9 +364,15 @@ def make_harbor_env(tmp: Path, name: str, tasks: list[str], runtime: str, verifi
         (t / "environment" / "prog.sh").write_text("echo 0\n")
         (t / "tests" / "test.sh").write_text(CHECK)
     (env_dir / "runtime.py").write_text(runtime)
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": name, "dataset": {"format": "harbor", "path": "tasks"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60}}))
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "dataset": {"format": "harbor", "path": "tasks"},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
+            }
+        )
+    )
 
 
 async def test_code_under_test_that_stalls_the_verifier_is_the_agents_zero(tmp_path: Path) -> None:
@@ -298,7 +384,9 @@ async def test_code_under_test_that_stalls_the_verifier_is_the_agents_zero(tmp_p
     by_case = {r.case_id: r for r in result.records}
     stall, idle = by_case["stall"], by_case["idle"]
     assert (stall.eval_status, stall.score) == ("timeout", 0.0)
-    assert (stall.reason or "").startswith("timeout: verifier timed out after 3 s (killed); counted as the agent's 0")
+    assert (stall.reason or "").startswith(
+        "timeout: verifier timed out after 3 s (killed); counted as the agent's 0"
+    )
     assert (idle.eval_status, idle.score) == ("scored", 0.0)
     (row,) = result.totals.summary()
     assert (row.mean_score, row.eval_timeout, row.grader_broken) == (0.0, 1, 0)
@@ -324,7 +412,7 @@ async def test_closing_cancels_a_control_still_being_graded(tmp_path: Path) -> N
     assert list(tmp_path.glob("rollout-control-*")) == []  # its folder removed on the way out
 
 
-DEEP_RUNTIME = '''
+DEEP_RUNTIME = """
 import os
 from pathlib import Path
 from env.runtime_kit import run_runtime
@@ -343,7 +431,7 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded")
 
 run_runtime(main)
-'''
+"""
 
 
 async def test_a_tree_too_deep_for_rmtree_is_the_agents_zero_not_a_launcher_error(tmp_path: Path) -> None:

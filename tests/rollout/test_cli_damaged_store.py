@@ -19,10 +19,20 @@ async def _damaged_store(path: Path) -> None:
     store = Store(f"sqlite://{path}")
     await store.init()
     try:
-        await store.add_job_sessions([
-            JobEnvironment(session_id=f"s{i:04d}", job_id="j", env_name="e", case_id=f"c{i}" * 40,
-                           llm_model="m", group_id=f"g{i}", env_params={"dataset": {"q": "x" * 200}})
-            for i in range(400)])
+        await store.add_job_sessions(
+            [
+                JobEnvironment(
+                    session_id=f"s{i:04d}",
+                    job_id="j",
+                    env_name="e",
+                    case_id=f"c{i}" * 40,
+                    llm_model="m",
+                    group_id=f"g{i}",
+                    env_params={"dataset": {"q": "x" * 200}},
+                )
+                for i in range(400)
+            ]
+        )
     finally:
         await store.close()
     size = path.stat().st_size
@@ -31,18 +41,36 @@ async def _damaged_store(path: Path) -> None:
         f.write(os.urandom(6 * 4096))
 
 
-@pytest.mark.parametrize("argv", [
-    ["export", "--job-id", "j", "--out", "OUT"],
-    # a resumed job reads its rows before it checks the running gateway (a new job checks the gateway first)
-    ["--env", "basics", "--agent-root", str(ROOT / "env"), "--gateway-base-url", "http://127.0.0.1:1/v1/sessions",
-     "--job-id", "j", "--resume"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "--job-id", "j", "--out", "OUT"],
+        # a resumed job reads its rows before it checks the running gateway (a new job checks the gateway first)
+        [
+            "--env",
+            "basics",
+            "--agent-root",
+            str(ROOT / "env"),
+            "--gateway-base-url",
+            "http://127.0.0.1:1/v1/sessions",
+            "--job-id",
+            "j",
+            "--resume",
+        ],
+    ],
+)
 async def test_a_damaged_database_is_one_line_of_error(tmp_path: Path, argv: list[str]) -> None:
     db = tmp_path / "t.db"
     await _damaged_store(db)
     argv = [str(tmp_path / "out.jsonl") if a == "OUT" else a for a in argv]
-    p = subprocess.run([sys.executable, str(ROOT / "launcher.py"), *argv, "--db-path", f"sqlite://{db}"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "launcher.py"), *argv, "--db-path", f"sqlite://{db}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
     assert "error: the store cannot be" in p.stderr and "malformed" in p.stderr, p.stderr

@@ -52,8 +52,11 @@ def test_case_runs_the_named_cases_across_envs_and_an_unknown_id_names_the_neare
 def test_a_folder_of_expected_json_tasks_is_an_env_graded_by_the_bundled_rule(tmp_path: Path) -> None:
     shutil.copytree(BASICS, tmp_path / "mybench" / "tasks")
     cfg = task_folder_env(tmp_path / "mybench" / "tasks")
-    assert (cfg.name, cfg.dataset.format, cfg.runtime.command) == ("mybench", "task_dirs",
-                                                                    ["{python}", "-m", "env.task_runtime"])
+    assert (cfg.name, cfg.dataset.format, cfg.runtime.command) == (
+        "mybench",
+        "task_dirs",
+        ["{python}", "-m", "env.task_runtime"],
+    )
     assert cfg.from_tasks_flag and env_evaluator(tmp_path, cfg) == EXPECTED_JSON_EVALUATOR
     assert [c.case_id for c in load_cases(cfg)] == ["read_name", "run_script", "tally"]
     assert cfg.dataset_path() in cfg.hidden_paths()  # expected.json never reaches the runtime
@@ -70,7 +73,9 @@ def test_a_folder_of_harbor_tasks_is_graded_by_their_tests(tmp_path: Path) -> No
     cfg = task_folder_env(HARBOR)
     assert (cfg.name, cfg.dataset.format, cfg.params) == ("harbor_tasks", "harbor", {"answer_file": False})
     assert env_evaluator(tmp_path, cfg) is None  # the env/harbor_tasks name finds nothing: its tests grade
-    envs = load_envs(opts(tasks=[HARBOR, BASICS], agent_root=tmp_path))  # --tasks: the agent root is not scanned
+    envs = load_envs(
+        opts(tasks=[HARBOR, BASICS], agent_root=tmp_path)
+    )  # --tasks: the agent root is not scanned
     assert [c.name for c, _ in envs] == ["harbor_tasks", "basics"]
 
 
@@ -93,13 +98,17 @@ def test_a_missing_evaluator_is_a_setup_error_unless_the_env_is_ungraded(tmp_pat
     root = tmp_path / "envs"
     (root / "plain" / "tasks").parent.mkdir(parents=True)
     shutil.copytree(BASICS, root / "plain" / "tasks")
-    (root / "plain" / "env.yaml").write_text("dataset: {format: task_dirs, path: tasks}\n"
-                                             "runtime: {command: ['{python}', '-m', 'env.task_runtime']}\n")
+    (root / "plain" / "env.yaml").write_text(
+        "dataset: {format: task_dirs, path: tasks}\n"
+        "runtime: {command: ['{python}', '-m', 'env.task_runtime']}\n"
+    )
     plain = load_env_config(root / "plain" / "env.yaml")
     with pytest.raises(SetupError) as ei:
         check_evaluators(root, [plain, task_folder_env(HARBOR)])  # a Harbor env needs none
-    assert str(ei.value) == (f"--enable-evaluation: no evaluator: env 'plain' needs {root}/plain/rule_evaluator.py; "
-                             "or set `evaluation: none` in its env.yaml to run it ungraded")
+    assert str(ei.value) == (
+        f"--enable-evaluation: no evaluator: env 'plain' needs {root}/plain/rule_evaluator.py; "
+        "or set `evaluation: none` in its env.yaml to run it ungraded"
+    )
     (root / "plain" / "env.yaml").write_text((root / "plain" / "env.yaml").read_text() + "evaluation: none\n")
     ungraded = load_env_config(root / "plain" / "env.yaml")
     check_evaluators(root, [ungraded])
@@ -107,14 +116,24 @@ def test_a_missing_evaluator_is_a_setup_error_unless_the_env_is_ungraded(tmp_pat
     assert env_evaluator(root, ungraded) is None  # none: not graded even with an evaluator beside it
     assert env_evaluator(root, plain) == root / "plain" / "rule_evaluator.py"
     with pytest.raises(EnvConfigError, match="evaluation"):
-        (root / "plain" / "env.yaml").write_text((root / "plain" / "env.yaml").read_text() + "evaluation: maybe\n")
+        (root / "plain" / "env.yaml").write_text(
+            (root / "plain" / "env.yaml").read_text() + "evaluation: maybe\n"
+        )
         load_env_config(root / "plain" / "env.yaml")
 
 
 def test_the_runtime_and_the_harness_are_told_their_case(tmp_path: Path) -> None:
-    req = SimulationStartRequest(job_id="j", session_id="s", agent_name="a", agent_id="a-0", group_id="g",
-                                 gateway_base_url="http://127.0.0.1:1/v1/sessions/s", model="m",
-                                 env_params={"dataset": {"id": "t1", "instruction": "do it"}}, case_id="t1")
+    req = SimulationStartRequest(
+        job_id="j",
+        session_id="s",
+        agent_name="a",
+        agent_id="a-0",
+        group_id="g",
+        gateway_base_url="http://127.0.0.1:1/v1/sessions/s",
+        model="m",
+        env_params={"dataset": {"id": "t1", "instruction": "do it"}},
+        case_id="t1",
+    )
     assert case_instruction(req) == "do it"
     assert task_env(req) == {"ROLLOUT_CASE_ID": "t1"}
     told = req.model_copy(update={"instruction_path": INSTRUCTION})
@@ -123,24 +142,43 @@ def test_the_runtime_and_the_harness_are_told_their_case(tmp_path: Path) -> None
     assert (ctx.instruction, ctx.case_id, ctx.instruction_path) == ("do it", "t1", INSTRUCTION)
     assert case_instruction(req.model_copy(update={"env_params": {"dataset": {"q": "1+1"}}})) is None
     # the instruction file is bound read-only at INSTRUCTION, only when there is one
-    spec = SandboxSpec(workspace=tmp_path, code=[], files=[], bridge_socket=tmp_path / "gw.sock", status_fd=3,
-                       tmp_bytes=None, instruction=tmp_path / "instruction.md")
+    spec = SandboxSpec(
+        workspace=tmp_path,
+        code=[],
+        files=[],
+        bridge_socket=tmp_path / "gw.sock",
+        status_fd=3,
+        tmp_bytes=None,
+        instruction=tmp_path / "instruction.md",
+    )
     argv = bwrap_command(Support(bwrap="bwrap"), spec, ["true"])
     i = argv.index(INSTRUCTION)
-    assert argv[i - 2:i + 1] == ["--ro-bind", str(tmp_path / "instruction.md"), INSTRUCTION]
+    assert argv[i - 2 : i + 1] == ["--ro-bind", str(tmp_path / "instruction.md"), INSTRUCTION]
     bare = dataclasses.replace(spec, instruction=None)
     assert INSTRUCTION not in bwrap_command(Support(bwrap="bwrap"), bare, ["true"])
 
 
-def test_help_lists_every_command_and_the_flag_style_run_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_lists_every_command_and_the_flag_style_run_is_unchanged(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with pytest.raises(SystemExit) as ei:
         main(["--help"])
     assert ei.value.code == 0
     out = capsys.readouterr().out
     for verb in ("list", "view", "report", "feed", "export", "serve", "train", "audit"):
         assert [line for line in out.splitlines() if line.startswith(f"  {verb} ")], verb
-    assert {c for c, _ in COMMANDS} == {"list", "view", "report", "feed", "export", "serve", "train", "audit", "grade",
-                                      "images"}
+    assert {c for c, _ in COMMANDS} == {
+        "list",
+        "view",
+        "report",
+        "feed",
+        "export",
+        "serve",
+        "train",
+        "audit",
+        "grade",
+        "images",
+    }
     assert "--case ID" in out and "--tasks DIR" in out and "--timeout S" in out and "3 infrastructure" in out
     assert build_parser().parse_args(["--env", "basics", "--pool-size", "2"]).pool_size == 2
 
@@ -149,8 +187,26 @@ def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixtu
     assert main(["list", "--agent-root", str(REPO / "env")]) == 0
     out = capsys.readouterr().out
     table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
-    assert out.splitlines()[1].split() == ["env", "format", "cases", "samples", "max", "steps", "timeout", "graded", "by"]
-    assert table["basics"] == ["task_dirs", "3", "4", "3", "300", "s", str(REPO / "env/basics/rule_evaluator.py")]
+    assert out.splitlines()[1].split() == [
+        "env",
+        "format",
+        "cases",
+        "samples",
+        "max",
+        "steps",
+        "timeout",
+        "graded",
+        "by",
+    ]
+    assert table["basics"] == [
+        "task_dirs",
+        "3",
+        "4",
+        "3",
+        "300",
+        "s",
+        str(REPO / "env/basics/rule_evaluator.py"),
+    ]
     assert table["harbor_tasks"] == ["harbor", "2", "1", "2", "per", "task", "600", "s", "tests"]
     assert table["workspace"][:6] == ["task_dirs", "5", "1", "12", "600", "s"]
     assert "  oracle " in out and "local (default)" in out
@@ -163,7 +219,11 @@ def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixtu
     assert main(["list", "--agent-root", str(REPO / "env"), "--env", "harbor_tasks", "--json"]) == 0
     [harbor] = json.loads(capsys.readouterr().out)["envs"]
     assert (harbor["group_size"], harbor["max_steps"], harbor["timeout_s"], harbor["task_timeout_s"]) == (
-        1, 2, 300.0, [600.0, 600.0])
+        1,
+        2,
+        300.0,
+        [600.0, 600.0],
+    )
     assert basics["grader"].endswith("env/basics/rule_evaluator.py")
     assert "bash-agent" in [h["name"] for h in listing["harnesses"]]
     assert [(r["route"], r["default"]) for r in listing["routes"]][0] == ("local", True)
@@ -175,10 +235,24 @@ def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixtu
 
 
 def test_list_takes_a_safactory_pair_and_a_broken_env_asked_for_is_exit_1(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     mybench = REPO / "tests" / "safactory" / "fixtures" / "mybench"
-    assert main(["list", "--agent-config", str(mybench / "mybench_config.yaml"), "--agent-start-config",
-                 str(mybench / "mybench_start.yaml"), "--env", "mybench", "--json"]) == 0
+    assert (
+        main(
+            [
+                "list",
+                "--agent-config",
+                str(mybench / "mybench_config.yaml"),
+                "--agent-start-config",
+                str(mybench / "mybench_start.yaml"),
+                "--env",
+                "mybench",
+                "--json",
+            ]
+        )
+        == 0
+    )
     [env] = json.loads(capsys.readouterr().out)["envs"]
     assert (env["name"], env["format"], env["case_ids"]) == ("mybench", "jsonl", ["0", "1"])
     broken = tmp_path / "tasks" / "t1"
@@ -189,8 +263,9 @@ def test_list_takes_a_safactory_pair_and_a_broken_env_asked_for_is_exit_1(
     assert "  error: " in capsys.readouterr().out
 
 
-def test_list_into_a_closed_pipe_exits_quietly(monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_into_a_closed_pipe_exits_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import os
     import sys
 
@@ -205,10 +280,17 @@ def test_list_into_a_closed_pipe_exits_quietly(monkeypatch: pytest.MonkeyPatch,
 def test_a_regrade_takes_tasks_folders_and_refuses_case_and_timeout() -> None:
     from rollout.cli.run import regrade_options
 
-    assert regrade_options(build_parser().parse_args(["--regrade", "--job-id", "j", "--tasks", "t"])).tasks == [Path("t")]
+    assert regrade_options(
+        build_parser().parse_args(["--regrade", "--job-id", "j", "--tasks", "t"])
+    ).tasks == [Path("t")]
     with pytest.raises(SetupError) as ei:
-        regrade_options(build_parser().parse_args(["--regrade", "--job-id", "j", "--case", "x", "--timeout", "3"]))
-    assert str(ei.value) == "--regrade runs no session and calls no model: --case, --timeout cannot be used with it"
+        regrade_options(
+            build_parser().parse_args(["--regrade", "--job-id", "j", "--case", "x", "--timeout", "3"])
+        )
+    assert (
+        str(ei.value)
+        == "--regrade runs no session and calls no model: --case, --timeout cannot be used with it"
+    )
 
 
 def test_another_tools_task_flag_is_refused_not_read_as_tasks(capsys: pytest.CaptureFixture[str]) -> None:
@@ -218,7 +300,8 @@ def test_another_tools_task_flag_is_refused_not_read_as_tasks(capsys: pytest.Cap
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines()[-1] == (
             "launcher.py: error: --task is not a flag of the launcher: --case ID runs one case (repeatable), "
-            "--tasks DIR a folder of task folders")
+            "--tasks DIR a folder of task folders"
+        )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--pool", "2"])  # no prefix of --pool-size either
     assert "unrecognized arguments: --pool 2" in capsys.readouterr().err

@@ -24,7 +24,12 @@ BASE = "dataset: {path: data/cases.jsonl, hidden_fields: [answer]}\nruntime: {co
 
 
 def test_jsonl_cases_use_line_index_and_hide_fields(tmp_path: Path) -> None:
-    d = _write_env(tmp_path, "math", BASE, [{"question": "1+1", "answer": "#### 2"}, {"question": "2+2", "answer": "#### 4"}])
+    d = _write_env(
+        tmp_path,
+        "math",
+        BASE,
+        [{"question": "1+1", "answer": "#### 2"}, {"question": "2+2", "answer": "#### 4"}],
+    )
     cfg = load_env_config(d / "env.yaml")
     assert cfg.name == "math" and cfg.dataset_path() == (d / "data" / "cases.jsonl").resolve()
     assert cfg.command() == [sys.executable, f"{d.resolve()}/rt.py"]
@@ -47,12 +52,16 @@ def test_id_field_and_duplicates(tmp_path: Path) -> None:
         (d / "data" / "cases.jsonl").write_text(f'{{"id": 7}}\n{{"id": {bad}}}\n')
         with pytest.raises(EnvConfigError) as e:
             load_cases(load_env_config(d / "env.yaml"))
-        assert str(e.value) == (f"{d / 'data' / 'cases.jsonl'}:2: the id field 'id' must be a non-empty string or "
-                                f"an integer, not {bad}")
+        assert str(e.value) == (
+            f"{d / 'data' / 'cases.jsonl'}:2: the id field 'id' must be a non-empty string or "
+            f"an integer, not {bad}"
+        )
     (d / "data" / "cases.jsonl").write_text('{"id": 7}\n{"id": "django/django-1"}\n')
     assert [c.case_id for c in load_cases(load_env_config(d / "env.yaml"))] == ["7", "django/django-1"]
     (d / "data" / "cases.jsonl").write_text("\n")
-    with pytest.raises(EnvConfigError, match=f"^env e: its dataset {d / 'data' / 'cases.jsonl'} has no case$"):
+    with pytest.raises(
+        EnvConfigError, match=f"^env e: its dataset {d / 'data' / 'cases.jsonl'} has no case$"
+    ):
         load_cases(load_env_config(d / "env.yaml"))
 
 
@@ -80,8 +89,10 @@ def test_task_dirs(tmp_path: Path) -> None:
         (d / "tasks" / "t2" / "expected.json").write_text(bad)
         with pytest.raises(EnvConfigError) as e:
             load_cases(load_env_config(d / "env.yaml"))
-        assert str(e.value) == (f"{d / 'tasks' / 't2' / 'expected.json'}: an expected.json must be a non-empty "
-                                f"JSON object (the keys outputs/answer.json must match), not {bad}")
+        assert str(e.value) == (
+            f"{d / 'tasks' / 't2' / 'expected.json'}: an expected.json must be a non-empty "
+            f"JSON object (the keys outputs/answer.json must match), not {bad}"
+        )
     (d / "tasks" / "t2" / "expected.json").write_text('{"m": 1}')
     c1, c2 = load_cases(load_env_config(d / "env.yaml"))
     assert (c1.case_id, c1.row["expected"], c1.files_dir) == ("t1", {"n": 3}, str(t / "files"))
@@ -113,14 +124,21 @@ def test_a_link_in_a_tasks_files_is_refused_never_followed(tmp_path: Path, where
 def test_a_session_case_is_the_row_it_was_planned_with(tmp_path: Path) -> None:
     from rollout.core.plan import session_case, session_rows
 
-    d = _write_env(tmp_path, "e", BASE.replace("hidden_fields", "id_field: id, hidden_fields"),
-                   [{"id": "x", "q": "2+2", "answer": "4"}])
+    d = _write_env(
+        tmp_path,
+        "e",
+        BASE.replace("hidden_fields", "id_field: id, hidden_fields"),
+        [{"id": "x", "q": "2+2", "answer": "4"}],
+    )
     cfg = load_env_config(d / "env.yaml")
     [row] = session_rows("j", "m", [(cfg, load_cases(cfg))], 1, None)
     (d / "data" / "cases.jsonl").write_text('{"id": "x", "q": "edited later", "answer": "5"}\n')
     case = session_case(cfg, row)
-    assert (case.case_id, case.row, case.public_row()) == ("x", {"id": "x", "q": "2+2", "answer": "4"},
-                                                           {"id": "x", "q": "2+2"})
+    assert (case.case_id, case.row, case.public_row()) == (
+        "x",
+        {"id": "x", "q": "2+2", "answer": "4"},
+        {"id": "x", "q": "2+2"},
+    )
     with pytest.raises(ValueError, match=f"session {row.session_id}: its row keeps no dataset row"):
         session_case(cfg, row.model_copy(update={"env_params": {}}))
 
@@ -140,22 +158,31 @@ def test_env_group_size_is_the_default_samples_per_case(tmp_path: Path) -> None:
     for folder, extra in ((one, ""), (four, "group_size: 4\n")):
         (folder / "data").mkdir(parents=True)
         (folder / "data" / "cases.jsonl").write_text('{"q": 1}\n{"q": 2}\n')
-        (folder / "env.yaml").write_text("dataset: {path: data/cases.jsonl}\nruntime: {command: [x]}\n" + extra)
-    envs = [(cfg, load_cases(cfg)) for cfg in (load_env_config(one / "env.yaml"), load_env_config(four / "env.yaml"))]
+        (folder / "env.yaml").write_text(
+            "dataset: {path: data/cases.jsonl}\nruntime: {command: [x]}\n" + extra
+        )
+    envs = [
+        (cfg, load_cases(cfg))
+        for cfg in (load_env_config(one / "env.yaml"), load_env_config(four / "env.yaml"))
+    ]
     rows = session_rows("j", "m", envs, None, None)
     assert [(r.env_name, r.case_id, r.sample_index) for r in rows if r.env_name == "four"] == [
-        ("four", c, k) for c in ("0", "1") for k in range(4)]
+        ("four", c, k) for c in ("0", "1") for k in range(4)
+    ]
     assert [(r.case_id, r.sample_index) for r in rows if r.env_name == "one"] == [("0", 0), ("1", 0)]
     assert len({r.group_id for r in rows if r.env_name == "four" and r.case_id == "0"}) == 1
     # --rl-group-size, when given, applies to every env
     assert len(session_rows("j", "m", envs, 2, None)) == 2 * 2 * 2
     with pytest.raises(EnvConfigError, match="group_size"):
-        (four / "env.yaml").write_text("dataset: {path: data/cases.jsonl}\nruntime: {command: [x]}\ngroup_size: 0\n")
+        (four / "env.yaml").write_text(
+            "dataset: {path: data/cases.jsonl}\nruntime: {command: [x]}\ngroup_size: 0\n"
+        )
         load_env_config(four / "env.yaml")
 
 
 def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from rollout.core.setup import SetupError
     from rollout.jobs.options import JobOptions
     from rollout.jobs.prepare import load_envs
@@ -165,14 +192,17 @@ def test_a_broken_env_folder_not_asked_for_is_skipped_with_a_warning(
     _write_env(tmp_path, "c", "name: c\ndataset: [unclosed\n", [])  # not valid YAML
 
     def envs(*names: str) -> list[str]:
-        opts = JobOptions.model_validate({"agent_root": tmp_path, "gateway_config": tmp_path / "gw.yaml",
-                                          "env_names": list(names)})
+        opts = JobOptions.model_validate(
+            {"agent_root": tmp_path, "gateway_config": tmp_path / "gw.yaml", "env_names": list(names)}
+        )
         return [cfg.name for cfg, _ in load_envs(opts)]
 
     assert envs("b") == ["b"]
     err = "\n".join(r.getMessage() for r in caplog.records if r.name == "rollout.notice")
-    assert err.startswith("warning: skipped an env that does not load (not asked for by --env): ") and \
-        f"{tmp_path / 'c' / 'env.yaml'}" in err, err
+    assert (
+        err.startswith("warning: skipped an env that does not load (not asked for by --env): ")
+        and f"{tmp_path / 'c' / 'env.yaml'}" in err
+    ), err
     with pytest.raises(SetupError, match=f"{tmp_path / 'c' / 'env.yaml'}"):
         envs("b", "zz")  # perhaps the broken one is the env asked for: its error, not a silent skip
     with pytest.raises(SetupError, match=f"{tmp_path / 'c' / 'env.yaml'}"):
@@ -208,12 +238,16 @@ def test_a_harbor_env_without_a_runtime_gets_the_one_tasks_gives_it(tmp_path: Pa
     tasks = Path(__file__).resolve().parents[2] / "env" / "harbor_tasks" / "tasks"
     folder = tmp_path / "hb"
     folder.mkdir()
-    (folder / "env.yaml").write_text(f"dataset: {{format: harbor, path: {tasks}}}\nparams: {{max_tokens: 64}}\n")
+    (folder / "env.yaml").write_text(
+        f"dataset: {{format: harbor, path: {tasks}}}\nparams: {{max_tokens: 64}}\n"
+    )
     cfg = load_env_config(folder / "env.yaml")
     flag = task_folder_env(tasks)
     assert cfg.runtime == flag.runtime and cfg.runtime.command == ["{python}", "-m", "env.task_runtime"]
     assert cfg.params == {"answer_file": False, "max_tokens": 64}
-    (folder / "env.yaml").write_text(f"dataset: {{format: harbor, path: {tasks}}}\nparams: {{answer_file: true}}\n")
+    (folder / "env.yaml").write_text(
+        f"dataset: {{format: harbor, path: {tasks}}}\nparams: {{answer_file: true}}\n"
+    )
     assert load_env_config(folder / "env.yaml").params == {"answer_file": True}
     assert [c.case_id for c in load_cases(cfg)] == [c.case_id for c in load_cases(flag)]
     (folder / "env.yaml").write_text("dataset: {format: jsonl, path: cases.jsonl}\n")

@@ -57,8 +57,7 @@ def test_evaluator_for_prefers_the_agent_root_then_the_envs_own_folder(tmp_path:
             3.0,
         ),
         (
-            "def evaluate_rule(r, s, t):\n    return 1\n"
-            "def evaluate(r, s, t):\n    return 2\n",
+            "def evaluate_rule(r, s, t):\n    return 1\ndef evaluate(r, s, t):\n    return 2\n",
             1.0,
         ),
     ],

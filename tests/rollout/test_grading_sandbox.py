@@ -21,8 +21,16 @@ WORKSPACE_EVALUATOR = REPO / "env" / "workspace" / "rule_evaluator.py"
 
 
 def request(sid: str, expected: object = None) -> EvalRequest:
-    return EvalRequest(job_id="j", session_id=sid, env_name="t", case_id="c", group_id="g", sample_index=0,
-                       model="m", env_params={"dataset": {"expected": expected}})
+    return EvalRequest(
+        job_id="j",
+        session_id=sid,
+        env_name="t",
+        case_id="c",
+        group_id="g",
+        sample_index=0,
+        model="m",
+        env_params={"dataset": {"expected": expected}},
+    )
 
 
 def spec(path: Path, timeout_s: float = 60.0) -> EvalSpec:
@@ -73,12 +81,12 @@ async def test_links_fifos_and_huge_files_in_the_workspace_are_never_followed(tm
     secret.write_text(json.dumps({"answer": 42}))
     ws = tmp_path / "ws"
     (ws / "outputs").mkdir(parents=True)
-    (ws / "outputs" / "answer.json").symlink_to(secret)          # absolute, to the host's expected answer
-    (ws / "rel").symlink_to("../tasks/t1/expected.json")          # relative, leaving the workspace
-    os.mkfifo(ws / "fifo.json")                                   # a read would block for ever
-    with open(ws / "huge.json", "wb") as f:                       # sparse: 600 MB that take no disk
+    (ws / "outputs" / "answer.json").symlink_to(secret)  # absolute, to the host's expected answer
+    (ws / "rel").symlink_to("../tasks/t1/expected.json")  # relative, leaving the workspace
+    os.mkfifo(ws / "fifo.json")  # a read would block for ever
+    with open(ws / "huge.json", "wb") as f:  # sparse: 600 MB that take no disk
         f.truncate(600 * 1024 * 1024)
-    fd = os.open(ws, os.O_RDONLY)                                 # nested past PATH_MAX
+    fd = os.open(ws, os.O_RDONLY)  # nested past PATH_MAX
     for _ in range(120):
         os.mkdir("d" * 60, dir_fd=fd)
         fd, old = os.open("d" * 60, os.O_RDONLY, dir_fd=fd), fd
@@ -86,10 +94,19 @@ async def test_links_fifos_and_huge_files_in_the_workspace_are_never_followed(tm
     os.close(fd)
     async with Grader("bwrap", work_dir=tmp_path) as grader:
         await grader.start([WORKSPACE_EVALUATOR.parent.parent])
-        out = await grader.evaluate(WORKSPACE_EVALUATOR, request("s1", {"answer": 42}), spec(WORKSPACE_EVALUATOR),
-                                    Trajectory(session_id="s1"), ws)
+        out = await grader.evaluate(
+            WORKSPACE_EVALUATOR,
+            request("s1", {"answer": 42}),
+            spec(WORKSPACE_EVALUATOR),
+            Trajectory(session_id="s1"),
+            ws,
+        )
     assert (out.status, out.score, out.reason, out.isolation) == (
-        "scored", 0.0, "outputs/answer.json is missing", "bwrap")
+        "scored",
+        0.0,
+        "outputs/answer.json is missing",
+        "bwrap",
+    )
 
 
 async def test_the_bundled_grader_scores_a_real_answer_in_the_sandbox(tmp_path: Path) -> None:
@@ -99,21 +116,26 @@ async def test_the_bundled_grader_scores_a_real_answer_in_the_sandbox(tmp_path: 
     (ws / "outputs" / "answer.json").write_text(json.dumps({"answer": 42}))
     async with Grader("bwrap", work_dir=tmp_path) as grader:
         await grader.start([WORKSPACE_EVALUATOR.parent.parent])
-        out = await grader.evaluate(WORKSPACE_EVALUATOR, request("s1", {"answer": 42}), spec(WORKSPACE_EVALUATOR),
-                                    Trajectory(session_id="s1"), ws)
+        out = await grader.evaluate(
+            WORKSPACE_EVALUATOR,
+            request("s1", {"answer": 42}),
+            spec(WORKSPACE_EVALUATOR),
+            Trajectory(session_id="s1"),
+            ws,
+        )
     assert (out.status, out.score, out.isolation) == ("scored", 10.0, "bwrap")
     assert out.artifacts == {"answer": {"answer": 42}}
 
 
-HOSTILE = '''
+HOSTILE = """
 import os
 def evaluate(request, spec, trajectory):
     # what graders of code tasks do: run the agent's code; here the answer is hostile
     exec(open(os.path.join(request.workspace, "solution.py")).read(), {"__name__": "answer"})
     return 0
-'''
+"""
 
-ANSWER = '''
+ANSWER = """
 import os
 tried = []
 for target in (OTHER_EXPECTED, EVALUATOR, os.path.join(os.environ.get("HOME", "/"), "x")):
@@ -124,25 +146,31 @@ for target in (OTHER_EXPECTED, EVALUATOR, os.path.join(os.environ.get("HOME", "/
     except OSError as e:
         tried.append(type(e).__name__)
 raise RuntimeError(";".join(tried) + "|" + os.environ.get("LAUNCHER_SECRET", "no secret"))
-'''
+"""
 
 
 async def test_a_hostile_answer_run_by_the_grader_cannot_touch_envs_secrets_or_the_grader(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     require_bwrap()
     monkeypatch.setenv("LAUNCHER_SECRET", "s3cr3t")
     path = env_root(tmp_path, HOSTILE)
-    other = env_root(tmp_path, "def evaluate(r, s, t):\n    return 1\n", name="other").parent / "expected.json"
+    other = (
+        env_root(tmp_path, "def evaluate(r, s, t):\n    return 1\n", name="other").parent / "expected.json"
+    )
     other.write_text('{"answer": 1}')
     ws = tmp_path / "ws"
     ws.mkdir()
-    (ws / "solution.py").write_text(ANSWER.replace("OTHER_EXPECTED", repr(str(other)))
-                                    .replace("EVALUATOR", repr(str(path))))
+    (ws / "solution.py").write_text(
+        ANSWER.replace("OTHER_EXPECTED", repr(str(other))).replace("EVALUATOR", repr(str(path)))
+    )
     async with Grader("bwrap", work_dir=tmp_path) as grader:
         await grader.start([path.parent.parent])
         out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
     assert out.status == "error" and out.reason is not None
-    assert out.reason.startswith("RuntimeError: OSError;OSError;") and out.reason.endswith("|no secret"), out.reason
+    assert out.reason.startswith("RuntimeError: OSError;OSError;") and out.reason.endswith("|no secret"), (
+        out.reason
+    )
     assert other.read_text() == '{"answer": 1}'
     assert path.read_text() == HOSTILE
 
@@ -158,28 +186,53 @@ async def test_an_evaluator_changed_during_the_job_is_not_reloaded(tmp_path: Pat
     assert (first.score, second.score) == (3.0, 3.0)
 
 
-@pytest.mark.parametrize(("code", "status", "reason"), [
-    ("import os\ndef evaluate(r, s, t):\n    print('{\"status\": \"scored\", \"score\": 10}')\n    os._exit(0)\n",
-     "error", "the grader exited with code 0 without a result: {\"status\": \"scored\", \"score\": 10}"),
-    ("import sys\ndef evaluate(r, s, t):\n    sys.exit(0)\n", "error", "SystemExit: 0"),
-    ("import os, signal\ndef evaluate(r, s, t):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
-     "error", "the grader exited with code 137 without a result: no output"),  # 128 + SIGKILL, from bwrap
-    ("def evaluate(r, s, t):\n    x = bytearray(6 * 1024 ** 3)\n    return 10\n", "error", None),
-    ("import socket\ndef evaluate(r, s, t):\n    socket.create_connection(('1.1.1.1', 80), timeout=5)\n    return 10\n",
-     "error", "OSError: [Errno 101] Network is unreachable"),
-    ("import time\ndef evaluate(r, s, t):\n    time.sleep(600)\n", "timeout", "evaluator timed out after 3.0 s"),
-    ("def evaluate(r, s, t):\n    while True:\n        print('x' * 65536)\n", "error",
-     "the grader printed more than 1 MiB"),
-])
+@pytest.mark.parametrize(
+    ("code", "status", "reason"),
+    [
+        (
+            'import os\ndef evaluate(r, s, t):\n    print(\'{"status": "scored", "score": 10}\')\n    os._exit(0)\n',
+            "error",
+            'the grader exited with code 0 without a result: {"status": "scored", "score": 10}',
+        ),
+        ("import sys\ndef evaluate(r, s, t):\n    sys.exit(0)\n", "error", "SystemExit: 0"),
+        (
+            "import os, signal\ndef evaluate(r, s, t):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+            "error",
+            "the grader exited with code 137 without a result: no output",
+        ),  # 128 + SIGKILL, from bwrap
+        ("def evaluate(r, s, t):\n    x = bytearray(6 * 1024 ** 3)\n    return 10\n", "error", None),
+        (
+            "import socket\ndef evaluate(r, s, t):\n    socket.create_connection(('1.1.1.1', 80), timeout=5)\n    return 10\n",
+            "error",
+            "OSError: [Errno 101] Network is unreachable",
+        ),
+        (
+            "import time\ndef evaluate(r, s, t):\n    time.sleep(600)\n",
+            "timeout",
+            "evaluator timed out after 3.0 s",
+        ),
+        (
+            "def evaluate(r, s, t):\n    while True:\n        print('x' * 65536)\n",
+            "error",
+            "the grader printed more than 1 MiB",
+        ),
+    ],
+)
 async def test_a_hostile_grader_fails_its_session_only_and_leaves_nothing_behind(
-        tmp_path: Path, code: str, status: str, reason: str | None) -> None:
+    tmp_path: Path, code: str, status: str, reason: str | None
+) -> None:
     require_bwrap()
     path = env_root(tmp_path, code)
     limits = GraderLimits(memory_mb=512, output_bytes=1024 * 1024)
     async with Grader("bwrap", work_dir=tmp_path, limits=limits) as grader:
         await grader.start([path.parent.parent])
-        out = await grader.evaluate(path, request("s1"), spec(path, timeout_s=3.0 if "sleep" in code else 60.0),
-                                    Trajectory(session_id="s1"), None)
+        out = await grader.evaluate(
+            path,
+            request("s1"),
+            spec(path, timeout_s=3.0 if "sleep" in code else 60.0),
+            Trajectory(session_id="s1"),
+            None,
+        )
     assert (out.status, out.score) == (status, 0.0), out.reason
     if reason is not None:
         assert out.reason == reason
@@ -191,8 +244,11 @@ async def test_a_hostile_grader_fails_its_session_only_and_leaves_nothing_behind
 
 
 async def test_isolation_none_runs_in_the_launcher_on_the_same_copy(tmp_path: Path) -> None:
-    path = env_root(tmp_path, "import os\ndef evaluate(r, s, t):\n"
-                              "    return {'score': 4, 'reason': ' '.join(sorted(os.listdir(r.workspace)))}\n")
+    path = env_root(
+        tmp_path,
+        "import os\ndef evaluate(r, s, t):\n"
+        "    return {'score': 4, 'reason': ' '.join(sorted(os.listdir(r.workspace)))}\n",
+    )
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a.txt").write_text("a")
@@ -203,26 +259,38 @@ async def test_isolation_none_runs_in_the_launcher_on_the_same_copy(tmp_path: Pa
     assert (out.status, out.score, out.reason, out.isolation) == ("scored", 4.0, "a.txt", "none")
 
 
-async def test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_scores_0(tmp_path: Path) -> None:
+async def test_a_model_answer_linking_the_expected_answer_through_the_bash_tool_scores_0(
+    tmp_path: Path,
+) -> None:
     """End to end: the real launcher, gateway, sandbox and bash tool; the model's one command links
     the task's expected.json (its host path is in the env's folder, known to the model) as the answer
     and nests folders past PATH_MAX (which made the old pre-grading sweep give up)."""
     require_bwrap()
     task = sorted((REPO / "env" / "workspace" / "tasks").iterdir())[0]
-    deep = 'import os\\nfd = os.open(".", os.O_RDONLY)\\nfor _ in range(100):\\n' \
-           '    os.mkdir("d" * 60, dir_fd=fd); fd = os.open("d" * 60, os.O_RDONLY, dir_fd=fd)'
-    command = (f"mkdir -p outputs && ln -s {task}/expected.json outputs/answer.json && "
-               f"printf '{deep}' > deep.py && python3 deep.py && ls -la outputs")
+    deep = (
+        'import os\\nfd = os.open(".", os.O_RDONLY)\\nfor _ in range(100):\\n'
+        '    os.mkdir("d" * 60, dir_fd=fd); fd = os.open("d" * 60, os.O_RDONLY, dir_fd=fd)'
+    )
+    command = (
+        f"mkdir -p outputs && ln -s {task}/expected.json outputs/answer.json && "
+        f"printf '{deep}' > deep.py && python3 deep.py && ls -la outputs"
+    )
     run = await workspace_tool_call_run(tmp_path, command, "links")
     assert run.code == 0, run.stderr
     r = run.record
     assert f"answer.json -> {task}/expected.json" in r["trajectory"][1]["messages"][-1]["content"]  # made
     assert (r["sandbox"], r["grader_isolation"], r["eval_status"], r["score"], r["reason"]) == (
-        "bwrap", "bwrap", "scored", 0.0, "outputs/answer.json is missing")
+        "bwrap",
+        "bwrap",
+        "scored",
+        0.0,
+        "outputs/answer.json is missing",
+    )
 
 
 async def test_an_env_root_too_large_to_snapshot_is_refused_with_what_to_do(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rollout.grading import grader as grader_module
 
     path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 1\n")
@@ -230,7 +298,9 @@ async def test_an_env_root_too_large_to_snapshot_is_refused_with_what_to_do(
         (path.parent / f"data{i}.txt").write_text("x")
     monkeypatch.setattr(grader_module, "SNAPSHOT_MAX_FILES", 3)
     async with Grader("none", work_dir=tmp_path) as grader:
-        with pytest.raises(grader_module.GraderSetupError, match="holds more than .* 3 files: the grader snapshots"):
+        with pytest.raises(
+            grader_module.GraderSetupError, match="holds more than .* 3 files: the grader snapshots"
+        ):
             await grader.start([path.parent.parent])
 
 
@@ -242,5 +312,7 @@ async def test_a_grader_outside_the_project_may_import_the_bundled_env_package(t
     (ws / "outputs" / "answer.json").write_text(json.dumps({"answer": 42}))
     async with Grader("bwrap", work_dir=tmp_path) as grader:
         await grader.start([path.parent.parent])
-        out = await grader.evaluate(path, request("s1", {"answer": 42}), spec(path), Trajectory(session_id="s1"), ws)
+        out = await grader.evaluate(
+            path, request("s1", {"answer": 42}), spec(path), Trajectory(session_id="s1"), ws
+        )
     assert (out.status, out.score) == ("scored", 10.0), out.reason

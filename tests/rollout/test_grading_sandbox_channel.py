@@ -18,11 +18,17 @@ from rollout.grading.grader import Grader
 from tests.rollout.sandbox_helpers import require_bwrap
 from tests.rollout.test_grading_sandbox import env_root, request, spec
 
-FORGED = {"status": "scored", "score": 10, "raw_repr": "10", "reason": "forged", "artifacts": None,
-          "score_keys": ["score"]}
+FORGED = {
+    "status": "scored",
+    "score": 10,
+    "raw_repr": "10",
+    "reason": "forged",
+    "artifacts": None,
+    "score_keys": ["score"],
+}
 
 # The grader of a code task: run the answer with a timeout, compare its output.
-EVALUATOR = '''
+EVALUATOR = """
 import subprocess, sys
 
 def evaluate(request, spec, trajectory):
@@ -32,7 +38,7 @@ def evaluate(request, spec, trajectory):
     except subprocess.TimeoutExpired:
         return {"score": 0, "reason": "the program timed out"}
     return {"score": 10 if run.stdout.strip() == "42" else 0, "reason": run.stderr.strip()}
-'''
+"""
 
 # The agent's program: a wrong answer (41) that forges the grader's result every way it can.
 SOLUTION = r'''
@@ -156,40 +162,65 @@ if KILL_GRADER:
 
 @pytest.mark.parametrize("close_fds", [True, False])
 @pytest.mark.parametrize("kill", [False, True])
-async def test_a_program_run_by_the_grader_cannot_forge_its_result(tmp_path: Path, close_fds: bool,
-                                                                   kill: bool) -> None:
+async def test_a_program_run_by_the_grader_cannot_forge_its_result(
+    tmp_path: Path, close_fds: bool, kill: bool
+) -> None:
     require_bwrap()
     path = env_root(tmp_path, EVALUATOR.replace("CLOSE_FDS", repr(close_fds)))
     ws = tmp_path / "ws"
     ws.mkdir()
-    (ws / "solution.py").write_text(SOLUTION.replace("FORGED_TEXT", repr(json.dumps(FORGED)))
-                                    .replace("KILL_GRADER", repr(kill)))
+    (ws / "solution.py").write_text(
+        SOLUTION.replace("FORGED_TEXT", repr(json.dumps(FORGED))).replace("KILL_GRADER", repr(kill))
+    )
     async with Grader("bwrap", work_dir=tmp_path) as grader:
         await grader.start([path.parent.parent])
         out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
     if kill:  # the grader was killed before it could answer: an error (the agent's 0), never its forgery
         assert (out.status, out.score) == ("error", 0.0), out.reason
-        assert out.reason is not None and out.reason.startswith("the grader exited with code 137 without a result: ")
+        assert out.reason is not None and out.reason.startswith(
+            "the grader exited with code 137 without a result: "
+        )
     else:  # the honest verdict on the output 41, and the grader process refused every route
         assert (out.status, out.score, out.reason) == (
-            "scored", 0.0, "inherited []; fds opened 0; fds taken 0; mem PermissionError; ptrace Operation not permitted")
+            "scored",
+            0.0,
+            "inherited []; fds opened 0; fds taken 0; mem PermissionError; ptrace Operation not permitted",
+        )
 
 
 def _framed(nonce: str, body: bytes) -> bytes:
     return nonce.encode() + b"\n" + body
 
 
-@pytest.mark.parametrize(("data", "status", "reason"), [
-    (_framed("n0nce", json.dumps({"status": "scored", "score": 3}).encode()), "scored", None),
-    (json.dumps(FORGED).encode(), "error", "the grader's result channel carried bytes not written by the grader"),
-    (json.dumps(FORGED).encode() + _framed("n0nce", b'{"status": "scored", "score": 3}'), "error",
-     "the grader's result channel carried bytes not written by the grader"),
-    (_framed("n0nce", b'{"status": "scored", "score": 3}') + json.dumps(FORGED).encode(), "error",
-     "the grader sandbox returned a malformed result"),
-    (_framed("other", json.dumps(FORGED).encode()), "error",
-     "the grader's result channel carried bytes not written by the grader"),
-])
-def test_only_a_result_framed_with_the_evaluations_nonce_counts(data: bytes, status: str, reason: str | None) -> None:
+@pytest.mark.parametrize(
+    ("data", "status", "reason"),
+    [
+        (_framed("n0nce", json.dumps({"status": "scored", "score": 3}).encode()), "scored", None),
+        (
+            json.dumps(FORGED).encode(),
+            "error",
+            "the grader's result channel carried bytes not written by the grader",
+        ),
+        (
+            json.dumps(FORGED).encode() + _framed("n0nce", b'{"status": "scored", "score": 3}'),
+            "error",
+            "the grader's result channel carried bytes not written by the grader",
+        ),
+        (
+            _framed("n0nce", b'{"status": "scored", "score": 3}') + json.dumps(FORGED).encode(),
+            "error",
+            "the grader sandbox returned a malformed result",
+        ),
+        (
+            _framed("other", json.dumps(FORGED).encode()),
+            "error",
+            "the grader's result channel carried bytes not written by the grader",
+        ),
+    ],
+)
+def test_only_a_result_framed_with_the_evaluations_nonce_counts(
+    data: bytes, status: str, reason: str | None
+) -> None:
     try:
         value = sandbox._unframed(bytes(data), "n0nce")
     except sandbox._Ended as e:

@@ -24,15 +24,22 @@ from tests.test_launcher import REPO, gateway_config, launch
 BUNDLED = REPO / "env" / "harbor_tasks"
 FIXTURE_HARNESSES = REPO / "tests" / "fixtures" / "harnesses"
 TOML = '[metadata]\ndifficulty = "easy"\n\n[agent]\ntimeout_sec = 45.0\n\n[verifier]\ntimeout_sec = 30\n'
-NOOP_RUNTIME = '''
+NOOP_RUNTIME = """
 from env.runtime_kit import run_runtime
 from rollout.contract.protocol import SimulationStartResult
 run_runtime(lambda req: SimulationStartResult(session_id=req.session_id, status="succeeded"))
-'''
+"""
 
 
-def make_task(root: Path, name: str, *, toml: str = TOML, test_sh: str = "echo 1 > /logs/verifier/reward.txt\n",
-              files: dict[str, str] | None = None, solution: str | None = None) -> Path:
+def make_task(
+    root: Path,
+    name: str,
+    *,
+    toml: str = TOML,
+    test_sh: str = "echo 1 > /logs/verifier/reward.txt\n",
+    files: dict[str, str] | None = None,
+    solution: str | None = None,
+) -> Path:
     task = root / name
     (task / "tests").mkdir(parents=True)
     (task / "instruction.md").write_text(f"Do {name}.\n")
@@ -53,9 +60,15 @@ def make_env(root: Path, name: str = "hb", *, evaluator: str | None = None, **da
     (env_dir / "runtime.py").write_text(NOOP_RUNTIME)
     if evaluator is not None:
         (env_dir / "rule_evaluator.py").write_text(evaluator)
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": name, "dataset": {"format": "harbor", "path": "tasks", **dataset},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120}}))
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "dataset": {"format": "harbor", "path": "tasks", **dataset},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120},
+            }
+        )
+    )
     return env_dir
 
 
@@ -72,7 +85,10 @@ def test_a_task_folder_is_read_with_its_timeouts_and_hidden_paths(tmp_path: Path
     assert (case.row["agent_timeout_s"], case.row["verifier_timeout_s"]) == (45.0, 30.0)
     assert case.row["metadata"] == {"difficulty": "easy"}
     assert (case.files_dir, case.tests_dir, case.solution_dir) == (
-        str(task / "environment"), str(task / "tests"), str(task / "solution"))
+        str(task / "environment"),
+        str(task / "tests"),
+        str(task / "solution"),
+    )
     # the agent sees the instruction and its timeout, never the paths of tests/ or solution/
     assert case.public_row() == {"id": "t1", "instruction": "Do t1.\n", "agent_timeout_s": 45.0}
     assert session_config(cfg, case).runtime.timeout_s == 45.0 and cfg.runtime.timeout_s == 120
@@ -85,13 +101,17 @@ def test_defaults_without_timeouts_or_solution(tmp_path: Path) -> None:
     make_task(env_dir / "tasks", "t", toml='version = "1.0"\n')
     cfg = load_env_config(env_dir / "env.yaml")
     [case] = load_cases(cfg)
-    assert (case.row["agent_timeout_s"], case.row["verifier_timeout_s"]) == (None, harbor.DEFAULT_VERIFIER_TIMEOUT_S)
+    assert (case.row["agent_timeout_s"], case.row["verifier_timeout_s"]) == (
+        None,
+        harbor.DEFAULT_VERIFIER_TIMEOUT_S,
+    )
     assert case.files_dir is None and case.solution_dir is None
     assert session_config(cfg, case) is cfg
 
 
-def test_tasks_in_an_image_run_in_it_and_compose_tasks_are_skipped(tmp_path: Path,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_tasks_in_an_image_run_in_it_and_compose_tasks_are_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root = tmp_path / "tasks"
     make_task(root, "plain")
     make_task(root, "docker", files={"Dockerfile": "FROM alpine\n"})
@@ -109,11 +129,18 @@ def test_tasks_in_an_image_run_in_it_and_compose_tasks_are_skipped(tmp_path: Pat
     assert "dataset.host_toolchain: true" in found.skipped[0][1]
     on_host = harbor.scan(root, host_toolchain=True).rows
     assert [(r["id"], "image_context" in r or "image_ref" in r) for r in on_host] == [
-        ("compose", False), ("docker", False), ("image", False), ("plain", False)]
+        ("compose", False),
+        ("docker", False),
+        ("image", False),
+        ("plain", False),
+    ]
     # through an env config: skipped tasks are logged, and an env where all are skipped says why
     env_dir = make_env(tmp_path / "e1")
     shutil.copytree(root / "compose", env_dir / "tasks" / "compose")
-    with pytest.raises(EnvConfigError, match="every Harbor task .* is skipped:\n  1 task \\(compose\\): environment/docker-compose"):
+    with pytest.raises(
+        EnvConfigError,
+        match="every Harbor task .* is skipped:\n  1 task \\(compose\\): environment/docker-compose",
+    ):
         load_cases(load_env_config(env_dir / "env.yaml"))
     shutil.copytree(root / "docker", env_dir / "tasks" / "docker")
     [case] = load_cases(load_env_config(env_dir / "env.yaml"))
@@ -121,17 +148,31 @@ def test_tasks_in_an_image_run_in_it_and_compose_tasks_are_skipped(tmp_path: Pat
     assert "Harbor task compose skipped: environment/docker-compose.yaml" in caplog.text
 
 
-@pytest.mark.parametrize(("mutate", "message"), [
-    (lambda t: (t / "instruction.md").unlink(), "needs instruction.md"),
-    (lambda t: (t / "task.toml").unlink(), "needs task.toml"),
-    (lambda t: (t / "tests" / "test.sh").unlink(), "needs tests/test.sh"),
-    (lambda t: (t / "task.toml").write_text("[agent\n"), "not valid TOML"),
-    (lambda t: (t / "task.toml").write_text("[agent]\ntimeout_sec = -1\n"), "timeout_sec must be a positive number"),
-    (lambda t: (t / "task.toml").write_text('[verifier]\ntimeout_sec = "x"\n'), "timeout_sec must be a positive"),
-    (lambda t: (t / "task.toml").write_text('metadata = 3\n'), r"\[metadata\] must be a table"),
-    (lambda t: ((t / "environment").mkdir(exist_ok=True), (t / "environment" / "etc").symlink_to("/etc")),
-     r"environment/etc is a symbolic link: a task's files are copied as data, never followed"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda t: (t / "instruction.md").unlink(), "needs instruction.md"),
+        (lambda t: (t / "task.toml").unlink(), "needs task.toml"),
+        (lambda t: (t / "tests" / "test.sh").unlink(), "needs tests/test.sh"),
+        (lambda t: (t / "task.toml").write_text("[agent\n"), "not valid TOML"),
+        (
+            lambda t: (t / "task.toml").write_text("[agent]\ntimeout_sec = -1\n"),
+            "timeout_sec must be a positive number",
+        ),
+        (
+            lambda t: (t / "task.toml").write_text('[verifier]\ntimeout_sec = "x"\n'),
+            "timeout_sec must be a positive",
+        ),
+        (lambda t: (t / "task.toml").write_text("metadata = 3\n"), r"\[metadata\] must be a table"),
+        (
+            lambda t: (
+                (t / "environment").mkdir(exist_ok=True),
+                (t / "environment" / "etc").symlink_to("/etc"),
+            ),
+            r"environment/etc is a symbolic link: a task's files are copied as data, never followed",
+        ),
+    ],
+)
 def test_invalid_tasks_are_errors_naming_the_file(tmp_path: Path, mutate: Any, message: str) -> None:
     env_dir = make_env(tmp_path)
     mutate(make_task(env_dir / "tasks", "bad"))
@@ -141,9 +182,15 @@ def test_invalid_tasks_are_errors_naming_the_file(tmp_path: Path, mutate: Any, m
 
 def test_host_toolchain_is_for_the_harbor_format_only(tmp_path: Path) -> None:
     (tmp_path / "e").mkdir()
-    (tmp_path / "e" / "env.yaml").write_text(yaml.safe_dump({
-        "name": "e", "dataset": {"format": "task_dirs", "path": "tasks", "host_toolchain": True},
-        "runtime": {"command": ["true"]}}))
+    (tmp_path / "e" / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "e",
+                "dataset": {"format": "task_dirs", "path": "tasks", "host_toolchain": True},
+                "runtime": {"command": ["true"]},
+            }
+        )
+    )
     with pytest.raises(EnvConfigError, match="host_toolchain applies to format: harbor only"):
         load_env_config(tmp_path / "e" / "env.yaml")
 
@@ -164,9 +211,21 @@ async def run_job(tmp_path: Path, *args: str, exit_code: int = 0) -> tuple[list[
     async with FakeUpstream() as up:
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
         code, stdout, stderr = await launch(
-            *args, "--gateway-config", str(cfg), "--llm-model", "fake", "--db-path", f"sqlite://{db}",
-            "--enable-evaluation", "--out", str(out), "--retry-backoff-s", "0.05", cwd=tmp_path,
-            env={**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")})
+            *args,
+            "--gateway-config",
+            str(cfg),
+            "--llm-model",
+            "fake",
+            "--db-path",
+            f"sqlite://{db}",
+            "--enable-evaluation",
+            "--out",
+            str(out),
+            "--retry-backoff-s",
+            "0.05",
+            cwd=tmp_path,
+            env={**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")},
+        )
     assert code == exit_code, stderr
     assert "has no rule_evaluator.py" not in stderr  # a Harbor env is graded by its tests
     return [json.loads(line) for line in out.read_text().splitlines()], stdout, stderr
@@ -175,20 +234,40 @@ async def run_job(tmp_path: Path, *args: str, exit_code: int = 0) -> tuple[list[
 async def test_oracle_scores_10_no_op_and_cheating_agents_0(tmp_path: Path) -> None:
     require_bwrap()
     records, stdout, _ = await run_job(
-        tmp_path, "--agent-root", str(REPO / "env"), "--env", "harbor_tasks", "--harness", "oracle",
-        "--harness", str(FIXTURE_HARNESSES / "noop"), "--harness", str(FIXTURE_HARNESSES / "cheat"),
-        "--job-id", "hb", "--pool-size", "3")
+        tmp_path,
+        "--agent-root",
+        str(REPO / "env"),
+        "--env",
+        "harbor_tasks",
+        "--harness",
+        "oracle",
+        "--harness",
+        str(FIXTURE_HARNESSES / "noop"),
+        "--harness",
+        str(FIXTURE_HARNESSES / "cheat"),
+        "--job-id",
+        "hb",
+        "--pool-size",
+        "3",
+    )
     got = {(r["harness"], r["case_id"]): r for r in records}
     assert set(got) == {(h, c) for h in ("oracle", "noop", "cheat") for c in ("count_errors", "fix_median")}
     for (h, case), r in got.items():
         assert (r["status"], r["eval_status"], r["outcome"], r["sandbox"], r["step_count"]) == (
-            "succeeded", "scored", "succeeded", "bwrap", 0), r
+            "succeeded",
+            "scored",
+            "succeeded",
+            "bwrap",
+            0,
+        ), r
         assert r["score"] == (10.0 if h == "oracle" else 0.0), (h, case, r["reason"])
     assert got[("oracle", "fix_median")]["reason"].startswith("verifier reward 1: read from reward.txt")
     assert got[("oracle", "count_errors")]["reason"].startswith("verifier reward 1: read from reward.json")
     assert got[("cheat", "fix_median")]["reason"].startswith("verifier reward 0: read from reward.txt")
     # the cheat saw neither the tests nor the solution of its task
-    log = (tmp_path / "runs" / "logs" / "hb" / "harness" / f"{got[('cheat', 'fix_median')]['session_id']}-a1.log")
+    log = (
+        tmp_path / "runs" / "logs" / "hb" / "harness" / f"{got[('cheat', 'fix_median')]['session_id']}-a1.log"
+    )
     text = log.read_text()
     assert "ls: cannot access '/tests'" in text and "ls: cannot access '/solution'" in text
     assert "/env/harbor_tasks/tasks/fix_median/solution': No such file" in text
@@ -196,26 +275,43 @@ async def test_oracle_scores_10_no_op_and_cheating_agents_0(tmp_path: Path) -> N
     assert "oracle" in stdout and "harbor_tasks" in stdout
 
 
-async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the_verdict(tmp_path: Path) -> None:
+async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the_verdict(
+    tmp_path: Path,
+) -> None:
     require_bwrap()
     root = tmp_path / "envs"
     slow = make_env(root, "slow")
-    make_task(slow / "tasks", "sleepy", toml="[verifier]\ntimeout_sec = 2\n",
-              test_sh="echo 1 > /logs/verifier/reward.txt\nsleep 300\n")
-    judged = make_env(root, "judged", evaluator=(
-        "def evaluate(request, spec, trajectory):\n"
-        "    v = request.verifier\n"
-        "    return {'score': 7 * v['reward'], 'reason': f\"{v['status']} exit {v['exit_code']}: {v['stdout_tail']}\"}\n"))
+    make_task(
+        slow / "tasks",
+        "sleepy",
+        toml="[verifier]\ntimeout_sec = 2\n",
+        test_sh="echo 1 > /logs/verifier/reward.txt\nsleep 300\n",
+    )
+    judged = make_env(
+        root,
+        "judged",
+        evaluator=(
+            "def evaluate(request, spec, trajectory):\n"
+            "    v = request.verifier\n"
+            "    return {'score': 7 * v['reward'], 'reason': f\"{v['status']} exit {v['exit_code']}: {v['stdout_tail']}\"}\n"
+        ),
+    )
     make_task(judged / "tasks", "half", test_sh="echo said-so\necho 0.5 > /logs/verifier/reward.txt\n")
     # exit code 5: a verifier that times out is a result of the completed run, not an outage; this one
     # times out on the untouched starting workspace too (the control): the verifier is broken
-    records, stdout, _ = await run_job(tmp_path, "--agent-root", str(root), "--job-id", "to", "--max-broken-graders",
-                                       "0", exit_code=5)
+    records, stdout, _ = await run_job(
+        tmp_path, "--agent-root", str(root), "--job-id", "to", "--max-broken-graders", "0", exit_code=5
+    )
     got = {r["env_name"]: r for r in records}
     assert (got["slow"]["status"], got["slow"]["eval_status"], got["slow"]["score"]) == (
-        "succeeded", "grader_broken", None)
-    assert got["slow"]["reason"].startswith("grader broken: it failed on this session (timeout: verifier timed out "
-                                            "after 2 s (killed)) and on the control")
+        "succeeded",
+        "grader_broken",
+        None,
+    )
+    assert got["slow"]["reason"].startswith(
+        "grader broken: it failed on this session (timeout: verifier timed out "
+        "after 2 s (killed)) and on the control"
+    )
     assert (got["judged"]["eval_status"], got["judged"]["score"]) == ("scored", 3.5)
     assert got["judged"]["reason"] == "rewarded exit 0: said-so\n"
     # the broken verifier is left out of the mean and named on its env's row
@@ -224,7 +320,8 @@ async def test_a_verifier_timeout_is_a_grading_failure_and_an_evaluator_gets_the
 
 
 async def test_a_verifier_that_cannot_start_is_an_infrastructure_failure_retried(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     require_bwrap()
     import rollout.jobs.attempt as attempt
     from rollout.grading.verifier import VerifierResult
@@ -239,6 +336,7 @@ async def test_a_verifier_that_cannot_start_is_an_infrastructure_failure_retried
         if len(calls) == 1:
             return VerifierResult(status="setup_failed", reason="verifier setup failed: no bubblewrap today")
         return await real(*args)
+
     monkeypatch.setattr(attempt, "verify_session", flaky)
     async with planned_on_a_gateway(tmp_path, "vs") as p:
         pool = Pool(p.store, p.with_opts(pool_size=1, retry_backoff_s=0.01), p.context("vs"), p.envs)
@@ -256,8 +354,10 @@ def test_every_task_skipped_is_one_line_per_reason_with_the_count(tmp_path: Path
     make_task(env_dir / "tasks", "y", files={"compose.yaml": "services: {}\n"})
     with pytest.raises(EnvConfigError) as e:
         load_cases(load_env_config(env_dir / "env.yaml"))
-    hint = ("runs several containers: not supported here (set dataset.host_toolchain: true, or --host-toolchain "
-            "with --tasks, when the host's tools are enough)")
+    hint = (
+        "runs several containers: not supported here (set dataset.host_toolchain: true, or --host-toolchain "
+        "with --tasks, when the host's tools are enough)"
+    )
     assert str(e.value).splitlines() == [
         f"env hb: every Harbor task in {env_dir / 'tasks'} is skipped:",
         f"  5 tasks (c0, c1, c2, ...): environment/docker-compose.yaml {hint}",
@@ -276,7 +376,9 @@ def test_host_toolchain_flag_runs_a_tasks_folder_on_the_hosts_tools(tmp_path: Pa
     root = tmp_path / "tasks"
     make_task(root, "compose", files={"docker-compose.yaml": "services: {}\n"})
     make_task(root, "docker", files={"Dockerfile": "FROM alpine\nWORKDIR /app\n"})
-    assert [(c.case_id, "image_context" in c.row) for c in load_cases(task_folder_env(root))] == [("docker", True)]
+    assert [(c.case_id, "image_context" in c.row) for c in load_cases(task_folder_env(root))] == [
+        ("docker", True)
+    ]
     opts, _ = parse_args(["--tasks", str(root), "--host-toolchain"])
     assert opts.host_toolchain is True
     [(cfg, cases)] = load_envs(opts)
@@ -291,21 +393,29 @@ def test_host_toolchain_flag_runs_a_tasks_folder_on_the_hosts_tools(tmp_path: Pa
 async def test_a_host_toolchain_task_sees_its_workspace_at_its_dockerfiles_workdir(tmp_path: Path) -> None:
     require_bwrap()
     root = tmp_path / "tasks"
-    make_task(root, "at_app", files={"Dockerfile": "FROM python:3\nWORKDIR /srv\nWORKDIR app\nCOPY name.txt .\n",
-                                     "name.txt": "Ada\n"},
-              solution="cd /app && cat name.txt > greeting.txt\n",
-              test_sh="cd /app && grep -q Ada greeting.txt && echo 1 > /logs/verifier/reward.txt || "
-                      "echo 0 > /logs/verifier/reward.txt\n")
+    make_task(
+        root,
+        "at_app",
+        files={
+            "Dockerfile": "FROM python:3\nWORKDIR /srv\nWORKDIR app\nCOPY name.txt .\n",
+            "name.txt": "Ada\n",
+        },
+        solution="cd /app && cat name.txt > greeting.txt\n",
+        test_sh="cd /app && grep -q Ada greeting.txt && echo 1 > /logs/verifier/reward.txt || "
+        "echo 0 > /logs/verifier/reward.txt\n",
+    )
     assert harbor.scan(root, host_toolchain=True).rows[0]["workdir"] == "/srv/app"
     (root / "at_app" / "environment" / "Dockerfile").write_text("FROM python:3\nWORKDIR /app\n")
-    records, _, stderr = await run_job(tmp_path, "--tasks", str(root), "--host-toolchain", "--harness", "oracle",
-                                       "--job-id", "app")
+    records, _, stderr = await run_job(
+        tmp_path, "--tasks", str(root), "--host-toolchain", "--harness", "oracle", "--job-id", "app"
+    )
     [r] = records
     assert (r["eval_status"], r["score"], r["sandbox"]) == ("scored", 10.0, "bwrap"), (r, stderr[-2000:])
 
 
 def test_the_second_view_of_the_workspace_is_never_bound_over_the_sandboxs_own_paths(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from rollout.sandbox.bwrap import Binds
 
     b = Binds()

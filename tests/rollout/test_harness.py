@@ -51,27 +51,57 @@ TINY = """
 def test_bundled_bash_agent_is_found_by_name() -> None:
     loaded = load_harness("bash-agent")
     assert (loaded.name, loaded.harness.protocol, loaded.folder) == (
-        "bash-agent", "chat_completions", HARNESS_ROOT / "bash-agent")
+        "bash-agent",
+        "chat_completions",
+        HARNESS_ROOT / "bash-agent",
+    )
     assert "bash-agent" in bundled()
 
 
 def test_bash_agent_launch_follows_the_cli_contract() -> None:
     h = load_harness("bash-agent").harness
-    ctx = HarnessContext(instruction="do it", model="m1", session_url="http://127.0.0.1:41800/v1/sessions/s",
-                         api_key="k", workspace="/workspace", home="/tmp/h", install_dir="/c", max_steps=7,
-                         temperature=0.5, params={"max_tokens": 99, "protocol": "text"})
+    ctx = HarnessContext(
+        instruction="do it",
+        model="m1",
+        session_url="http://127.0.0.1:41800/v1/sessions/s",
+        api_key="k",
+        workspace="/workspace",
+        home="/tmp/h",
+        install_dir="/c",
+        max_steps=7,
+        temperature=0.5,
+        params={"max_tokens": 99, "protocol": "text"},
+    )
     launch = h.launch(ctx)
-    assert launch.argv == [sys.executable, "-m", "env.bash_agent", "--model", "m1", "--instruction-file",
-                           "/tmp/h/instruction.md", "--protocol", "text", "--max-steps", "7",
-                           "--temperature", "0.5", "--max-tokens", "99"]
+    assert launch.argv == [
+        sys.executable,
+        "-m",
+        "env.bash_agent",
+        "--model",
+        "m1",
+        "--instruction-file",
+        "/tmp/h/instruction.md",
+        "--protocol",
+        "text",
+        "--max-steps",
+        "7",
+        "--temperature",
+        "0.5",
+        "--max-tokens",
+        "99",
+    ]
     # every flag it sets is one the CLI knows
     from env.bash_agent import build_parser
+
     assert build_parser().parse_args(launch.argv[3:]).max_tokens == 99
     assert launch.files == {"/tmp/h/instruction.md": "do it"}
     assert launch.env == {"OPENAI_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s", "OPENAI_API_KEY": "k"}
     assert launch.answer_path == "outputs/answer.json"
-    unlimited = h.launch(ctx.model_copy(update={"max_steps": -1, "temperature": None,
-                                                "params": {"turn_cap": 5, "bash_timeout_s": 3}}))
+    unlimited = h.launch(
+        ctx.model_copy(
+            update={"max_steps": -1, "temperature": None, "params": {"turn_cap": 5, "bash_timeout_s": 3}}
+        )
+    )
     assert unlimited.argv[9:] == ["--max-steps", "-1", "--bash-timeout", "3", "--turn-cap", "5"]
 
 
@@ -79,7 +109,11 @@ def test_a_users_harness_is_found_by_its_folder(tmp_path: Path) -> None:
     folder = _plugin(tmp_path / "mine", TINY)
     loaded = load_harness(str(folder))
     assert (loaded.name, loaded.harness.protocol, loaded.harness.version, loaded.folder) == (
-        "tiny", "responses", "3", folder.resolve())
+        "tiny",
+        "responses",
+        "3",
+        folder.resolve(),
+    )
 
 
 def test_unknown_name_lists_the_bundled_harnesses(tmp_path: Path) -> None:
@@ -90,15 +124,22 @@ def test_unknown_name_lists_the_bundled_harnesses(tmp_path: Path) -> None:
         load_harness(str(tmp_path / "missing"))
 
 
-@pytest.mark.parametrize(("body", "match"), [
-    ("X = 1\n", "defines no HARNESS"),
-    ("HARNESS = object()\n", "defines no HARNESS"),
-    ("raise RuntimeError('boom')\n", "import failed: RuntimeError: boom"),
-    ("from rollout.harness import Harness\nclass H(Harness):\n    name = 'has space'\nHARNESS = H()\n",
-     "HARNESS.name 'has space'"),
-    ("from rollout.harness import Harness\nclass H(Harness):\n    name = 'h'\n    protocol = 'grpc'\nHARNESS = H()\n",
-     "HARNESS.protocol 'grpc' is not one of"),
-])
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("X = 1\n", "defines no HARNESS"),
+        ("HARNESS = object()\n", "defines no HARNESS"),
+        ("raise RuntimeError('boom')\n", "import failed: RuntimeError: boom"),
+        (
+            "from rollout.harness import Harness\nclass H(Harness):\n    name = 'has space'\nHARNESS = H()\n",
+            "HARNESS.name 'has space'",
+        ),
+        (
+            "from rollout.harness import Harness\nclass H(Harness):\n    name = 'h'\n    protocol = 'grpc'\nHARNESS = H()\n",
+            "HARNESS.protocol 'grpc' is not one of",
+        ),
+    ],
+)
 def test_a_bad_plugin_is_refused_with_the_reason(tmp_path: Path, body: str, match: str) -> None:
     folder = tmp_path / "bad"
     folder.mkdir()
@@ -127,7 +168,11 @@ class _Counting(Harness):
 def test_install_runs_once_and_is_stamped(tmp_path: Path) -> None:
     h = _Counting()
     folder = ensure_installed(h, tmp_path)
-    assert folder == tmp_path / "counting-1" and (folder / STAMP).is_file() and (folder / "bin" / "tool").is_file()
+    assert (
+        folder == tmp_path / "counting-1"
+        and (folder / STAMP).is_file()
+        and (folder / "bin" / "tool").is_file()
+    )
     assert ensure_installed(h, tmp_path) == folder
     assert h.calls == 1 and is_installed(h, tmp_path)
 
@@ -193,14 +238,23 @@ def test_a_second_job_waits_for_the_first_install_and_does_not_reinstall(tmp_pat
     root, log = tmp_path / "cache", tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # the first job installs, and keeps installing until the second job has started and reached the lock
-    first = subprocess.Popen([PY, str(script), str(root), str(log), str(tmp_path / "b-started"), str(tmp_path / "a")],
-                             env=env, stdout=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [PY, str(script), str(root), str(log), str(tmp_path / "b-started"), str(tmp_path / "a")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         while not log.exists():  # the first job is inside install(), holding the lock
             assert first.poll() is None, "the first job ended before installing"
             time.sleep(0.01)
-        second = subprocess.run([PY, str(script), str(root), str(log), "-", str(tmp_path / "b-started")],
-                                env=env, capture_output=True, text=True, timeout=180)
+        second = subprocess.run(
+            [PY, str(script), str(root), str(log), "-", str(tmp_path / "b-started")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         out, _ = first.communicate(timeout=180)
     finally:
         first.kill()

@@ -58,23 +58,44 @@ PLUGIN = """
 
 
 def _request(params: dict[str, Any], dataset: dict[str, Any] | None = None) -> str:
-    return model_json(SimulationStartRequest(
-        job_id="j", session_id="s1", agent_name="toy", agent_id="toy-0", group_id="g",
-        gateway_base_url="http://127.0.0.1:41800/v1/sessions/s1", model="route-a", max_steps=6,
-        env_params={**params, "dataset": {"id": "t1", "instruction": "Do the thing."} if dataset is None else dataset},
-    ))
+    return model_json(
+        SimulationStartRequest(
+            job_id="j",
+            session_id="s1",
+            agent_name="toy",
+            agent_id="toy-0",
+            group_id="g",
+            gateway_base_url="http://127.0.0.1:41800/v1/sessions/s1",
+            model="route-a",
+            max_steps=6,
+            env_params={
+                **params,
+                "dataset": {"id": "t1", "instruction": "Do the thing."} if dataset is None else dataset,
+            },
+        )
+    )
 
 
-def _run(tmp_path: Path, params: dict[str, Any], dataset: dict[str, Any] | None = None,
-         extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path,
+    params: dict[str, Any],
+    dataset: dict[str, Any] | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     plugin = tmp_path / "tiny"
     plugin.mkdir(exist_ok=True)
     (plugin / "harness.py").write_text(textwrap.dedent(PLUGIN))
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "rollout.contract.harness_runtime", str(plugin), str(tmp_path / "cache")],
-                          input=_request(params, dataset), cwd=workspace, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test", **(extra_env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "rollout.contract.harness_runtime", str(plugin), str(tmp_path / "cache")],
+        input=_request(params, dataset),
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-test", **(extra_env or {})},
+    )
 
 
 def test_the_wrapper_runs_the_cli_and_reports_its_answer(tmp_path: Path) -> None:
@@ -83,14 +104,25 @@ def test_the_wrapper_runs_the_cli_and_reports_its_answer(tmp_path: Path) -> None
     assert len(p.stdout.splitlines()) == 1  # the result line only: the CLI's stdout went to the log
     result = json.loads(p.stdout)
     assert (result["session_id"], result["status"], result["error_text"], result["error_class"]) == (
-        "s1", "succeeded", None, None)
+        "s1",
+        "succeeded",
+        None,
+        None,
+    )
     answer = result["metrics"].pop("answer")
     assert result["metrics"] == {"harness": "tiny", "harness_exit": 0}
     home = answer.pop("home")
-    assert answer == {"model": "route-a", "url": "http://127.0.0.1:41800/v1/sessions/s1", "cwd": str(tmp_path / "ws"),
-                      "instruction": "Do the thing.", "params": {"mode": "answer", "exit": 0, "max_tokens": 9},
-                      "steps": 6}
-    assert not Path(home).is_relative_to(tmp_path / "ws") and not Path(home).exists()  # private, removed after
+    assert answer == {
+        "model": "route-a",
+        "url": "http://127.0.0.1:41800/v1/sessions/s1",
+        "cwd": str(tmp_path / "ws"),
+        "instruction": "Do the thing.",
+        "params": {"mode": "answer", "exit": 0, "max_tokens": 9},
+        "steps": 6,
+    }
+    assert (
+        not Path(home).is_relative_to(tmp_path / "ws") and not Path(home).exists()
+    )  # private, removed after
     assert "tiny cli says hello" in p.stderr and "tiny cli warns" in p.stderr
     assert "tiny 1: " in p.stderr and "tiny exited with 0; answer: present" in p.stderr
 
@@ -136,13 +168,18 @@ def test_without_an_answer_file_the_exit_status_decides(tmp_path: Path) -> None:
     assert done["metrics"] == {"harness": "tiny", "harness_exit": 0, "answer": None}
     down = json.loads(_run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 2}).stdout)
     assert (down["status"], down["error_text"], down["error_class"]) == (
-        "failed", "tiny exited with code 2", "upstream_unavailable")
+        "failed",
+        "tiny exited with code 2",
+        "upstream_unavailable",
+    )
 
 
 def test_the_solution_folder_is_named_only_when_the_launcher_gives_it(tmp_path: Path) -> None:
     p = _run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 0})
     assert "solution_dir=None" in p.stderr
-    p = _run(tmp_path, {"no_answer_file": True, "mode": "-", "exit": 0}, extra_env={"ROLLOUT_SOLUTION_DIR": "/s"})
+    p = _run(
+        tmp_path, {"no_answer_file": True, "mode": "-", "exit": 0}, extra_env={"ROLLOUT_SOLUTION_DIR": "/s"}
+    )
     assert "solution_dir=/s" in p.stderr
 
 

@@ -52,7 +52,8 @@ def test_the_cache_lists_its_images_and_prunes_those_not_used_for_n_days(tmp_pat
     assert [(e.name, e.ref, e.last_used, e.in_use) for e in got] == [
         ("a" * 32, "localhost/old:1", NOW - 10 * DAY, False),
         ("." + "c" * 32 + "-x1y2", "", NOW - 5 * DAY, False),
-        ("b" * 32, "localhost/recent:1", NOW - 1 * DAY, False)]
+        ("b" * 32, "localhost/recent:1", NOW - 1 * DAY, False),
+    ]
     assert got[0].size >= 8192
     removed = images.prune(3 * DAY, cache, now=NOW)
     assert [e.name for e in removed] == ["a" * 32, "." + "c" * 32 + "-x1y2"]
@@ -63,6 +64,7 @@ def test_the_cache_lists_its_images_and_prunes_those_not_used_for_n_days(tmp_pat
 
 def _fake_tools(monkeypatch: pytest.MonkeyPatch) -> None:
     """``skopeo``/``umoci`` as stand-ins: the export does nothing, the unpack makes a rootfs."""
+
     def run(argv: list[str], what: str, timeout: float = 0) -> str:
         if argv[:2] == ["umoci", "unpack"]:
             (Path(argv[-1]) / "rootfs" / "etc").mkdir(parents=True)
@@ -72,8 +74,9 @@ def _fake_tools(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(images, "_config", lambda ref: ("sha256:" + "d" * 64, {"config": {}}))
 
 
-def test_an_image_this_process_unpacked_or_reused_is_in_use_until_it_lets_go(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_image_this_process_unpacked_or_reused_is_in_use_until_it_lets_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _fake_tools(monkeypatch)
     cache = tmp_path / "cache"
     root = images.unpack("localhost/x:1", cache)
@@ -105,9 +108,14 @@ sys.stdin.read()
 def test_prune_never_removes_an_image_another_running_launcher_holds(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     held = _entry(cache, "e" * 32, "localhost/held:1", 40)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(held)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(held)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         assert [e.in_use for e in images.cache_entries(cache)] == [True]
@@ -118,15 +126,20 @@ def test_prune_never_removes_an_image_another_running_launcher_holds(tmp_path: P
     assert [e.name for e in images.prune(None, cache, now=NOW)] == ["e" * 32]
 
 
-def test_the_images_command_lists_and_prunes_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_images_command_lists_and_prunes_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cache = tmp_path / "cache"
     monkeypatch.setenv("ROLLOUT_IMAGE_CACHE", str(cache))
     _entry(cache, "a" * 32, "localhost/old:1", 10_000)  # days before NOW: long before the real now
     assert main(["images", "--json"]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     assert {k: v for k, v in json.loads(line).items() if k != "size"} == {
-        "name": "a" * 32, "ref": "localhost/old:1", "last_used": NOW - 10_000 * DAY, "in_use": False}
+        "name": "a" * 32,
+        "ref": "localhost/old:1",
+        "last_used": NOW - 10_000 * DAY,
+        "in_use": False,
+    }
     assert main(["images"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["IMAGE", "REF", "SIZE", "LAST", "USED", "IN", "USE"]

@@ -33,8 +33,9 @@ def build_base_image() -> str:
     """The stand-in base image in the local container store (built once per machine; skips
     without the image tools)."""
     require_image_tools()
-    p = subprocess.run([str(REPO / "scripts" / "build_base_images.sh"), BASE], capture_output=True, text=True,
-                       timeout=900)
+    p = subprocess.run(
+        [str(REPO / "scripts" / "build_base_images.sh"), BASE], capture_output=True, text=True, timeout=900
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return BASE
 
@@ -45,8 +46,14 @@ def base_image() -> str:
 
 
 def _cfg(fmt: str = "harbor", **more: object) -> EnvConfig:
-    return EnvConfig.model_validate({"name": "e", "dataset": DatasetConfig(format=fmt, path="t"),  # type: ignore[arg-type]
-                                     "runtime": RuntimeConfig(command=["x"]), **more})
+    return EnvConfig.model_validate(
+        {
+            "name": "e",
+            "dataset": DatasetConfig(format=fmt, path="t"),  # type: ignore[arg-type]
+            "runtime": RuntimeConfig(command=["x"]),
+            **more,
+        }
+    )
 
 
 def test_the_image_map_replaces_references_and_from_lines() -> None:
@@ -58,14 +65,16 @@ def test_the_image_map_replaces_references_and_from_lines() -> None:
     text = "# x\nFROM python:3 AS build\nRUN echo FROM python:3\nfrom --platform=linux/amd64 python:3\nFROM other\n"
     assert mapped_dockerfile(text, src) == (
         "# x\nFROM localhost/cli:9 AS build\nRUN echo FROM python:3\nfrom --platform=linux/amd64 localhost/cli:9\n"
-        "FROM other\n")
+        "FROM other\n"
+    )
     assert source_for(_cfg(), Case(env_name="e", case_id="c", row={})) is None
     env_wide = source_for(_cfg(fmt="jsonl", image="debian:12"), Case(env_name="e", case_id="c", row={}))
     assert env_wide == ImageSource(ref="debian:12", image_map=())
 
 
-def test_a_build_that_fails_fails_with_its_log_tail_and_is_not_built_again(tmp_path: Path,
-                                                                          base_image: str) -> None:
+def test_a_build_that_fails_fails_with_its_log_tail_and_is_not_built_again(
+    tmp_path: Path, base_image: str
+) -> None:
     ctx = tmp_path / "broken" / "environment"
     ctx.mkdir(parents=True)
     (ctx / "Dockerfile").write_text("FROM python:3\nRUN echo the-step-output && exit 3\n")
@@ -82,8 +91,20 @@ def test_a_build_that_fails_fails_with_its_log_tail_and_is_not_built_again(tmp_p
 async def test_a_task_with_a_dockerfile_runs_in_its_image(tmp_path: Path, base_image: str) -> None:
     require_bwrap()
     records, _, stderr = await run_job(
-        tmp_path, "--tasks", str(TASKS), "--image", f"python:3={base_image}", "--harness", "oracle",
-        "--harness", str(REPO / "attacks" / "do-nothing"), "--job-id", "img", "--pool-size", "2")
+        tmp_path,
+        "--tasks",
+        str(TASKS),
+        "--image",
+        f"python:3={base_image}",
+        "--harness",
+        "oracle",
+        "--harness",
+        str(REPO / "attacks" / "do-nothing"),
+        "--job-id",
+        "img",
+        "--pool-size",
+        "2",
+    )
     got = {r["harness"]: r for r in records}
     assert set(got) == {"oracle", "do-nothing"}, stderr[-3000:]
     oracle, nothing = got["oracle"], got["do-nothing"]
@@ -92,24 +113,44 @@ async def test_a_task_with_a_dockerfile_runs_in_its_image(tmp_path: Path, base_i
     assert (nothing["eval_status"], nothing["score"]) == ("scored", 0.0), nothing
 
 
-async def test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on(tmp_path: Path,
-                                                                                    base_image: str) -> None:
+async def test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on(
+    tmp_path: Path, base_image: str
+) -> None:
     require_bwrap()
     tasks = tmp_path / "tasks"
     shutil.copytree(TASKS / "greet_name", tasks / "greet_name")
     shutil.copytree(TASKS / "greet_name", tasks / "broken")
     (tasks / "broken" / "environment" / "Dockerfile").write_text(
-        "FROM python:3\nRUN echo the-broken-step && exit 3\n")
+        "FROM python:3\nRUN echo the-broken-step && exit 3\n"
+    )
     records, _, stderr = await run_job(
-        tmp_path, "--tasks", str(tasks), "--image", f"python:3={base_image}", "--harness", "oracle",
-        "--job-id", "bad", "--max-retries", "1", exit_code=3)  # 3: a session lost to an infrastructure failure
+        tmp_path,
+        "--tasks",
+        str(tasks),
+        "--image",
+        f"python:3={base_image}",
+        "--harness",
+        "oracle",
+        "--job-id",
+        "bad",
+        "--max-retries",
+        "1",
+        exit_code=3,
+    )  # 3: a session lost to an infrastructure failure
     got = {r["case_id"]: r for r in records}
     assert set(got) == {"greet_name", "broken"}, stderr[-3000:]
     assert (got["greet_name"]["eval_status"], got["greet_name"]["score"]) == ("scored", 10.0)
     broken = got["broken"]
     assert (broken["status"], broken["outcome"], broken["score"], len(broken["attempts"])) == (
-        "error", "setup_failed", None, 2), broken
-    assert broken["error"].startswith("sandbox setup failed: image: building ") and "the-broken-step" in broken["error"]
+        "error",
+        "setup_failed",
+        None,
+        2,
+    ), broken
+    assert (
+        broken["error"].startswith("sandbox setup failed: image: building ")
+        and "the-broken-step" in broken["error"]
+    )
 
 
 async def test_the_audit_runs_an_image_task_with_the_image_map(tmp_path: Path, base_image: str) -> None:
@@ -118,11 +159,22 @@ async def test_the_audit_runs_an_image_task_with_the_image_map(tmp_path: Path, b
     require_bwrap()
     from rollout.audit.audit import AuditOptions, run_audit
 
-    report = await run_audit(AuditOptions(tasks=[TASKS], image=[f"python:3={base_image}"], attacks=["empty-answer"],
-                                          db_path=f"sqlite://{tmp_path / 'a.db'}", out=tmp_path / "a.jsonl"))
+    report = await run_audit(
+        AuditOptions(
+            tasks=[TASKS],
+            image=[f"python:3={base_image}"],
+            attacks=["empty-answer"],
+            db_path=f"sqlite://{tmp_path / 'a.db'}",
+            out=tmp_path / "a.jsonl",
+        )
+    )
     (row,) = report.sanity
     assert (row.case, row.baseline, row.reference, row.reference_score) == (
-        "greet_name", 0.0, "solution/solve.sh", 10.0), row
+        "greet_name",
+        0.0,
+        "solution/solve.sh",
+        10.0,
+    ), row
     assert not row.failed
 
 
@@ -196,13 +248,17 @@ def test_a_base_rebuilt_under_the_same_tag_builds_the_task_again(tmp_path: Path,
         for ref in (*built, base):
             subprocess.run(["buildah", "rmi", "-f", ref], capture_output=True, timeout=300)
         subprocess.run(["buildah", "rm", ctr], capture_output=True, timeout=300)
-    assert first.startswith("localhost/rollout-build/rebased:") and second.startswith("localhost/rollout-build/rebased:")
+    assert first.startswith("localhost/rollout-build/rebased:") and second.startswith(
+        "localhost/rollout-build/rebased:"
+    )
     assert second != first and again == first
     assert (labels[0].get("task"), labels[0].get("base")) == ("rebased", None)
     assert (labels[1].get("task"), labels[1].get("base")) == ("rebased", "second")
 
 
 def test_the_bases_of_a_dockerfile_skip_stages_scratch_and_build_args() -> None:
-    text = ("FROM localhost/a:1 AS build\nFROM build\nFROM --platform=linux/amd64 b:2 as Two\nFROM two\n"
-            "FROM scratch\nFROM ${BASE}\nFROM localhost/a:1\n")
+    text = (
+        "FROM localhost/a:1 AS build\nFROM build\nFROM --platform=linux/amd64 b:2 as Two\nFROM two\n"
+        "FROM scratch\nFROM ${BASE}\nFROM localhost/a:1\n"
+    )
     assert images.bases(text) == ["localhost/a:1", "b:2"]

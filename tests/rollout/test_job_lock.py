@@ -47,8 +47,10 @@ async def test_a_live_holder_is_named_and_the_lock_is_free_once_released(store: 
         with pytest.raises(JobLocked) as refused:
             await JobLease(store, "j1").take()
         message = str(refused.value)
-        assert message.startswith(f"job j1 is running in another launcher (pid {os.getpid()} on host "
-                                  f"{socket.gethostname()}, started {before:%Y-%m-%d}T")
+        assert message.startswith(
+            f"job j1 is running in another launcher (pid {os.getpid()} on host "
+            f"{socket.gethostname()}, started {before:%Y-%m-%d}T"
+        )
         assert await holders(store, "j1") == [(first.lock.owner, os.getpid(), socket.gethostname())]
         other = JobLease(store, "j2")  # another job is free
         await other.take()

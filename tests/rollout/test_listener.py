@@ -29,6 +29,7 @@ def test_run_command_exit_codes_and_messages(capsys: pytest.CaptureFixture[str])
     busy = listen("127.0.0.1", 0, exposes="nothing")
     port = busy.getsockname()[1]
     try:
+
         async def serve_on_busy_port() -> None:
             listen("127.0.0.1", port, exposes="nothing")
 
@@ -53,6 +54,7 @@ def test_run_command_exit_codes_and_messages(capsys: pytest.CaptureFixture[str])
     assert run_command(stopped, "h", 1, (Broken,)) == 0
     assert capsys.readouterr().err == ""
     with pytest.raises(ValueError, match="not a setup error"):  # anything else is not swallowed
+
         async def other() -> None:
             raise ValueError("not a setup error")
 
@@ -61,8 +63,13 @@ def test_run_command_exit_codes_and_messages(capsys: pytest.CaptureFixture[str])
 
 def _serve(*args: str) -> tuple[subprocess.Popen[str], int]:
     """``launcher.py ARGS --port 0`` started; (process, port) once it printed its address."""
-    p = subprocess.Popen([sys.executable, str(REPO / "launcher.py"), *args, "--port", "0"], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = subprocess.Popen(
+        [sys.executable, str(REPO / "launcher.py"), *args, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert p.stdout is not None
     first = p.stdout.readline()
     assert " on http://127.0.0.1:" in first, first
@@ -77,7 +84,11 @@ def _stop(p: subprocess.Popen[str]) -> None:
 
 
 def _get(port: int, path: str, host: str | None) -> tuple[int, str]:
-    head = f"GET {path} HTTP/1.1\r\n" + (f"Host: {host}\r\n" if host is not None else "") + "Connection: close\r\n\r\n"
+    head = (
+        f"GET {path} HTTP/1.1\r\n"
+        + (f"Host: {host}\r\n" if host is not None else "")
+        + "Connection: close\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", port), timeout=GENEROUS_S) as s:
         s.sendall(head.encode())
         raw = b""
@@ -109,15 +120,31 @@ def store_file(tmp_path: Path) -> Path:
         store = Store(f"sqlite://{db}")
         await store.init()
         await store.close()
+
     asyncio.run(make())
     return db
 
 
 def test_feed_answers_only_its_own_host_names_and_closes_idle_connections(store_file: Path) -> None:
-    p, port = _serve("feed", "--db-path", f"sqlite://{store_file}", "--allowed-host", "trainer.internal",
-                     "--request-head-timeout-s", "1", "--keep-alive-timeout-s", "1")
+    p, port = _serve(
+        "feed",
+        "--db-path",
+        f"sqlite://{store_file}",
+        "--allowed-host",
+        "trainer.internal",
+        "--request-head-timeout-s",
+        "1",
+        "--keep-alive-timeout-s",
+        "1",
+    )
     try:
-        for host in ("127.0.0.1", f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "trainer.internal:1"):
+        for host in (
+            "127.0.0.1",
+            f"127.0.0.1:{port}",
+            f"localhost:{port}",
+            f"[::1]:{port}",
+            "trainer.internal:1",
+        ):
             assert _get(port, "/healthz", host)[0] == 200, host
         status, body = _get(port, "/healthz", f"rebound.example:{port}")
         assert status == 400
@@ -126,7 +153,9 @@ def test_feed_answers_only_its_own_host_names_and_closes_idle_connections(store_
         assert _get(port, "/healthz", None)[0] == 400
         # a proxy's request (absolute form), even with a good Host: 400
         assert _get(port, "http://evil.example/healthz", f"127.0.0.1:{port}") == (
-            400, "request target 'http://evil.example/healthz' is not a path: this server is not a proxy")
+            400,
+            "request target 'http://evil.example/healthz' is not a path: this server is not a proxy",
+        )
         assert _closed_within(port, b"")  # nothing sent
         assert _closed_within(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # half a head
     finally:
@@ -147,6 +176,10 @@ def test_viewer_refuses_another_host_with_its_error_page(store_file: Path) -> No
 
 
 def test_allowed_host_flags_are_checked() -> None:
-    p = subprocess.run([sys.executable, str(REPO / "launcher.py"), "feed", "--allowed-host", "http://x/"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = subprocess.run(
+        [sys.executable, str(REPO / "launcher.py"), "feed", "--allowed-host", "http://x/"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert p.returncode == 2 and "--allowed-host: 'http://x/' is not a host name" in p.stderr

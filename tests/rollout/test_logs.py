@@ -23,8 +23,12 @@ def test_setup_logging_leaves_handlers_it_did_not_make_alone() -> None:
 
 
 def test_a_notice_is_printed_once_and_bare_in_a_fresh_process() -> None:
-    code = ("import logging; from rollout.core.logs import setup_logging, notices; setup_logging('info'); "
-            "notices.warning('warning: x'); logging.getLogger('rollout.jobs').warning('y')")
+    code = (
+        "import logging; from rollout.core.logs import setup_logging, notices; setup_logging('info'); "
+        "notices.warning('warning: x'); logging.getLogger('rollout.jobs').warning('y')"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     lines = p.stderr.splitlines()
-    assert lines[0] == "warning: x" and len(lines) == 2 and lines[1].endswith("y") and "rollout.jobs" in lines[1]
+    assert (
+        lines[0] == "warning: x" and len(lines) == 2 and lines[1].endswith("y") and "rollout.jobs" in lines[1]
+    )

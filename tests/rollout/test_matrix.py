@@ -29,8 +29,15 @@ def _task_env(root: Path, name: str = "tasks", n: int = 2) -> Path:
         t.mkdir(parents=True)
         (t / "instruction.md").write_text(f"task {i}")
         (t / "expected.json").write_text(json.dumps({"x": i}))
-    (d / "env.yaml").write_text(yaml.safe_dump({"name": name, "dataset": {"format": "task_dirs", "path": "tasks"},
-                                                "runtime": {"command": ["true"]}}))
+    (d / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "dataset": {"format": "task_dirs", "path": "tasks"},
+                "runtime": {"command": ["true"]},
+            }
+        )
+    )
     return d / "env.yaml"
 
 
@@ -38,13 +45,17 @@ def _jsonl_env(root: Path, name: str = "qa") -> Path:
     d = root / name
     (d / "data").mkdir(parents=True)
     (d / "data" / "cases.jsonl").write_text('{"q": 1}\n')
-    (d / "env.yaml").write_text(yaml.safe_dump({"name": name, "dataset": {"path": "data/cases.jsonl"},
-                                                "runtime": {"command": ["true"]}}))
+    (d / "env.yaml").write_text(
+        yaml.safe_dump(
+            {"name": name, "dataset": {"path": "data/cases.jsonl"}, "runtime": {"command": ["true"]}}
+        )
+    )
     return d / "env.yaml"
 
 
 def test_every_env_case_harness_model_sample_is_a_session_and_groups_are_per_case_harness_model(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     cfg = load_env_config(_task_env(tmp_path))
     envs = [(cfg, load_cases(cfg))]
     rows = session_rows("J", ["a", "b"], envs, 3, None, ["bash-agent", "codex"])
@@ -55,21 +66,27 @@ def test_every_env_case_harness_model_sample_is_a_session_and_groups_are_per_cas
     assert all(len(keys) == 1 for keys in groups.values()) and len(groups) == 8
     assert Counter(r.group_id for r in rows) == {g: 3 for g in groups}
     r0 = next(r for r in rows if (r.case_id, r.harness, r.llm_model) == ("t1", "codex", "b"))
-    assert r0.group_id == uuid.uuid5(uuid.NAMESPACE_URL, "J/tasks/t1/codex/b").hex[:16] == group_id(
-        "J", "tasks", "t1", "codex", "b")
+    assert (
+        r0.group_id
+        == uuid.uuid5(uuid.NAMESPACE_URL, "J/tasks/t1/codex/b").hex[:16]
+        == group_id("J", "tasks", "t1", "codex", "b")
+    )
     assert sorted(r.sample_index for r in rows if r.group_id == r0.group_id) == [0, 1, 2]
     # without a harness and with one model: the env's own runtime, groups as before
     plain = session_rows("J", "a", envs, 2, None)
     assert {r.harness for r in plain} == {None} and len(plain) == 4
     assert {r.group_id for r in plain if r.case_id == "t0"} == {
-        uuid.uuid5(uuid.NAMESPACE_URL, "J/tasks/t0").hex[:16]}
+        uuid.uuid5(uuid.NAMESPACE_URL, "J/tasks/t0").hex[:16]
+    }
     # several models without a harness: a group per (case, model)
     two = session_rows("J", ["a", "b"], envs, 1, None)
     assert len({r.group_id for r in two}) == 4
 
 
 def test_flags_and_start_config_make_lists(tmp_path: Path) -> None:
-    opts, _ = parse_args(["--llm-model", "a", "--llm-model", "b", "--harness", "bash-agent", "--harness", "./mine"])
+    opts, _ = parse_args(
+        ["--llm-model", "a", "--llm-model", "b", "--harness", "bash-agent", "--harness", "./mine"]
+    )
     assert (opts.llm_model, opts.harness) == (["a", "b"], ["bash-agent", "./mine"])
     start = tmp_path / "start.yaml"
     start.write_text(yaml.safe_dump({"llm_model": "qwen", "harness": "bash-agent"}))
@@ -86,7 +103,8 @@ def test_only_task_directory_envs_run_a_harness(tmp_path: Path, caplog: pytest.L
     kept = harness_envs([(qa, load_cases(qa)), (tasks, load_cases(tasks))])
     assert [cfg.name for cfg, _ in kept] == ["tasks"]
     assert [r.getMessage() for r in caplog.records if r.name == "rollout.notice"] == [
-        "warning: --harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping qa"]
+        "warning: --harness runs task-directory envs only (dataset.format: task_dirs or harbor); skipping qa"
+    ]
     with pytest.raises(SetupError, match="none of the selected envs is a task-directory env .*skipped qa"):
         harness_envs([(qa, load_cases(qa))])
 
@@ -96,19 +114,33 @@ def test_harness_flags_are_checked(tmp_path: Path) -> None:
         load_harnesses(["nope"])
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "harness.py").write_text("from rollout.harness import Harness\nclass H(Harness):\n"
-                                     "    name = 'bash-agent'\nHARNESS = H()\n")
+    (mine / "harness.py").write_text(
+        "from rollout.harness import Harness\nclass H(Harness):\n    name = 'bash-agent'\nHARNESS = H()\n"
+    )
     with pytest.raises(SetupError, match="two harnesses are named 'bash-agent'"):
         load_harnesses(["bash-agent", str(mine)])
     assert list(load_harnesses(["bash-agent", "bash-agent"])) == ["bash-agent"]
 
 
-def _row(harness: str | None, model: str, sample: int, reward: float, metrics: dict[str, object]) -> JobEnvironment:
+def _row(
+    harness: str | None, model: str, sample: int, reward: float, metrics: dict[str, object]
+) -> JobEnvironment:
     return JobEnvironment(
-        session_id=f"{harness}-{model}-{sample}", job_id="J", env_name="tasks", case_id="t0", llm_model=model,
-        harness=harness, group_id=group_id("J", "tasks", "t0", harness, model), sample_index=sample,
-        status="succeeded", reward=reward, eval_status="scored", finished=True, outcome="succeeded",
-        result={"session_id": "x", "status": "succeeded", "metrics": metrics})
+        session_id=f"{harness}-{model}-{sample}",
+        job_id="J",
+        env_name="tasks",
+        case_id="t0",
+        llm_model=model,
+        harness=harness,
+        group_id=group_id("J", "tasks", "t0", harness, model),
+        sample_index=sample,
+        status="succeeded",
+        reward=reward,
+        eval_status="scored",
+        finished=True,
+        outcome="succeeded",
+        result={"session_id": "x", "status": "succeeded", "metrics": metrics},
+    )
 
 
 def test_records_and_table_have_a_row_per_env_harness_model() -> None:
@@ -121,23 +153,34 @@ def test_records_and_table_have_a_row_per_env_harness_model() -> None:
     ]
     records = [record_of(r, SessionResult.of_row(r), to_trajectory(r.session_id, [])) for r in rows]
     assert [(r.harness, r.harness_exit, r.answer) for r in records] == [
-        ("bash-agent", 0, answer), ("bash-agent", 1, None), ("bash-agent", 0, {"x": 9}), (None, None, None)]
+        ("bash-agent", 0, answer),
+        ("bash-agent", 1, None),
+        ("bash-agent", 0, {"x": 9}),
+        (None, None, None),
+    ]
     line = json.loads(records[0].model_dump_json())
     assert (line["harness"], line["harness_exit"], line["answer"]) == ("bash-agent", 0, answer)
     summary = summarize(records)
     assert [(s.env_name, s.harness, s.model, s.sessions, s.pass_at_1) for s in summary] == [
-        ("tasks", None, "a", 1, 1.0), ("tasks", "bash-agent", "a", 2, 0.5), ("tasks", "bash-agent", "b", 1, 0.0)]
+        ("tasks", None, "a", 1, 1.0),
+        ("tasks", "bash-agent", "a", 2, 0.5),
+        ("tasks", "bash-agent", "b", 1, 0.0),
+    ]
     lines = render_table(summary).splitlines()
     assert lines[0].split()[:4] == ["env", "harness", "model", "sess"]
     assert [line.split()[:4] for line in lines[2:5]] == [
-        ["tasks", "(env)", "a", "1"], ["tasks", "bash-agent", "a", "2"], ["tasks", "bash-agent", "b", "1"]]
+        ["tasks", "(env)", "a", "1"],
+        ["tasks", "bash-agent", "a", "2"],
+        ["tasks", "bash-agent", "b", "1"],
+    ]
     assert "harness (env): the env's own runtime" in " ".join(lines[5:])
     # a job without harnesses keeps today's table
     assert render_table(summarize(records[3:])).splitlines()[0].split()[:3] == ["env", "model", "sess"]
 
 
 async def test_a_harness_that_cannot_be_installed_stops_the_job_before_any_row(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sqlite3
 
     from rollout.jobs.options import JobOptions
@@ -150,12 +193,19 @@ async def test_a_harness_that_cannot_be_installed_stops_the_job_before_any_row(
         "from rollout.harness import Harness, HarnessUnavailable\n"
         "class H(Harness):\n    name, version = 'broken', '1'\n"
         "    def install(self, cache_dir):\n        raise HarnessUnavailable('npm is not installed')\n"
-        "HARNESS = H()\n")
+        "HARNESS = H()\n"
+    )
     gw = tmp_path / "gw.yaml"
     db = tmp_path / "t.db"
     gw.write_text(yaml.safe_dump({"llm_routes": {"m": {"base_url": "http://127.0.0.1:9/v1"}}}))
-    opts = JobOptions(agent_configs=[_task_env(tmp_path / "envs")], harness=[str(broken)], gateway_config=gw,
-                      db_path=f"sqlite://{db}", job_id="jb", sandbox="none")
+    opts = JobOptions(
+        agent_configs=[_task_env(tmp_path / "envs")],
+        harness=[str(broken)],
+        gateway_config=gw,
+        db_path=f"sqlite://{db}",
+        job_id="jb",
+        sandbox="none",
+    )
     with pytest.raises(SetupError, match="^harness broken cannot be used here: npm is not installed$"):
         await run_job(opts)
     con = sqlite3.connect(db)

@@ -36,57 +36,92 @@ def _two_jobs(db: Path) -> str:
     return f"sqlite://{db}"
 
 
-def test_the_run_ends_with_the_commands_that_show_the_job(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    result = JobResult(job_id="j1", totals=ReportTotals(), out=tmp_path / "o.jsonl", store="sqlite:///abs/x.db")
+def test_the_run_ends_with_the_commands_that_show_the_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = JobResult(
+        job_id="j1", totals=ReportTotals(), out=tmp_path / "o.jsonl", store="sqlite:///abs/x.db"
+    )
     assert report(result, True, "sqlite://my store.db") == 0
     assert capsys.readouterr().out.splitlines()[-2:] == [
         "browse:  python launcher.py view --db-path 'sqlite://my store.db'   (job j1)",
-        "report:  python launcher.py report --db-path 'sqlite://my store.db' --job-id j1"]
+        "report:  python launcher.py report --db-path 'sqlite://my store.db' --job-id j1",
+    ]
 
 
 def test_export_and_report_take_the_latest_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = _two_jobs(tmp_path / "t.db")
-    line = (f"job b-new: the latest of 2 job(s) in {db} (--job-id picks another; "
-            f"python launcher.py list --jobs --db-path {db} lists them)")
+    line = (
+        f"job b-new: the latest of 2 job(s) in {db} (--job-id picks another; "
+        f"python launcher.py list --jobs --db-path {db} lists them)"
+    )
     assert feed.main(["export", "--db-path", db, "--out", str(tmp_path / "x.jsonl")]) == 0
     assert capsys.readouterr().err.splitlines() == [line]
     rows = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
     assert [r["job_id"] for r in rows] == ["b-new", "b-new"]
 
-    assert viewer.main(["report", "--db-path", db, "--out", str(tmp_path / "r.html"),
-                        "--viewer-url", "http://viewer.test:9000/"]) == 0
+    assert (
+        viewer.main(
+            [
+                "report",
+                "--db-path",
+                db,
+                "--out",
+                str(tmp_path / "r.html"),
+                "--viewer-url",
+                "http://viewer.test:9000/",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [line]
-    assert captured.out == f"report written to {tmp_path / 'r.html'}; session links to http://viewer.test:9000/\n"
+    assert (
+        captured.out
+        == f"report written to {tmp_path / 'r.html'}; session links to http://viewer.test:9000/\n"
+    )
     html = (tmp_path / "r.html").read_text()
     assert 'href="http://viewer.test:9000/sessions/b-new-g-0"' in html and "127.0.0.1:8765" not in html
 
 
 def test_a_report_without_a_running_viewer_says_where_its_links_point(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = _two_jobs(tmp_path / "t.db")
     monkeypatch.setattr(viewer, "viewer_serves", lambda url, job: False)
-    assert viewer.main(["report", "--job-id", "a-old", "--db-path", db, "--out", str(tmp_path / "r.html")]) == 0
+    assert (
+        viewer.main(["report", "--job-id", "a-old", "--db-path", db, "--out", str(tmp_path / "r.html")]) == 0
+    )
     assert capsys.readouterr().err == (
         "warning: no viewer of job a-old runs at http://127.0.0.1:8765: the report's session links point there; "
-        f"start one (python launcher.py view --db-path {db}) or pass --viewer-url\n")
-    monkeypatch.setattr(viewer, "viewer_serves", lambda url, job: (url, job) == ("http://127.0.0.1:8765", "a-old"))
-    assert viewer.main(["report", "--job-id", "a-old", "--db-path", db, "--out", str(tmp_path / "r.html")]) == 0
+        f"start one (python launcher.py view --db-path {db}) or pass --viewer-url\n"
+    )
+    monkeypatch.setattr(
+        viewer, "viewer_serves", lambda url, job: (url, job) == ("http://127.0.0.1:8765", "a-old")
+    )
+    assert (
+        viewer.main(["report", "--job-id", "a-old", "--db-path", db, "--out", str(tmp_path / "r.html")]) == 0
+    )
     assert capsys.readouterr().err == ""
 
 
-def test_list_jobs_lists_the_stores_jobs_newest_first(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_jobs_lists_the_stores_jobs_newest_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = _two_jobs(tmp_path / "t.db")
     assert listing.main(["--jobs", "--db-path", db, "--json"]) == 0
     jobs = json.loads(capsys.readouterr().out)
     assert [(j["job_id"], j["sessions"], j["envs"], j["mean_score"]) for j in jobs] == [
-        ("b-new", 2, ["toy"], 7.0), ("a-old", 1, ["toy"], 10.0)]
+        ("b-new", 2, ["toy"], 7.0),
+        ("a-old", 1, ["toy"], 10.0),
+    ]
     assert listing.main(["--jobs", "--db-path", db]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["job", "created", "(UTC)", "sessions", "envs", "mean"]
     assert lines[2].split()[:1] + lines[2].split()[3:] == ["b-new", "2", "toy", "7.00"]
     assert lines[3].split()[:1] + lines[3].split()[3:] == ["a-old", "1", "toy", "10.00"]
     assert listing.main(["--jobs", "--db-path", f"sqlite://{tmp_path / 'none.db'}"]) == 1
-    assert capsys.readouterr().err == f"error: no trajectory store at {tmp_path / 'none.db'} (run a job first, or pass --db-path)\n"
+    assert (
+        capsys.readouterr().err
+        == f"error: no trajectory store at {tmp_path / 'none.db'} (run a job first, or pass --db-path)\n"
+    )

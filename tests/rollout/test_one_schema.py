@@ -14,7 +14,7 @@ from store.feed import FeedQueries
 from tests.fake_upstream import FakeUpstream
 from tests.rollout.test_attribution import EVALUATOR, make_env, options
 
-CALLS_THE_MODEL = '''
+CALLS_THE_MODEL = """
 import json
 from pathlib import Path
 from env.runtime_kit import chat_completion, openai_client, run_runtime
@@ -30,7 +30,7 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded")
 
 run_runtime(main)
-'''
+"""
 
 
 async def test_the_export_and_the_jsonl_agree_on_every_shared_field(tmp_path: Path) -> None:
@@ -51,8 +51,13 @@ async def test_the_export_and_the_jsonl_agree_on_every_shared_field(tmp_path: Pa
     for sid, row in jsonl.items():
         assert {k: row[k] for k in shared} == {k: exported[sid][k] for k in shared}
     right = next(r for r in jsonl.values() if r["case_id"] == "right0")
-    assert (right["schema_version"], right["score"], right["reward"], right["eval_status"], right["step_count"]) == (
-        SCHEMA_VERSION, 10.0, 1.0, "scored", 2)
+    assert (
+        right["schema_version"],
+        right["score"],
+        right["reward"],
+        right["eval_status"],
+        right["step_count"],
+    ) == (SCHEMA_VERSION, 10.0, 1.0, "scored", 2)
     assert right["usage"]["total_tokens"] > 0 and right["duration_s"] > 0
     assert right["started_at"] < right["finished_at"]
     assert [t["seq"] for t in right["step_timings"]] == [1, 2]

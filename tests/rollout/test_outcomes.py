@@ -46,7 +46,11 @@ def test_task_outcomes_are_final() -> None:
     assert (end.outcome, end.infra) == ("runtime_error", False)
     for steps in ([], [Step("error", 400)]):
         end = classify("error", steps=steps)
-        assert (end.outcome, end.infra, end.reason) == ("runtime_error", False, "the runtime printed no result")
+        assert (end.outcome, end.infra, end.reason) == (
+            "runtime_error",
+            False,
+            "the runtime printed no result",
+        )
     # a 4xx the model's request caused (e.g. context too long) is the agent's failure
     assert classify("failed", steps=[Step("error", 400)]).outcome == "failed"
 
@@ -70,29 +74,44 @@ def test_a_failed_session_that_used_its_budget_is_truncated() -> None:
 
 def test_infrastructure_failures() -> None:
     end = classify("error", setup_failed=True, error_text="cannot start runtime: No such file")
-    assert (end.outcome, end.infra, end.reason) == ("setup_failed", True, "cannot start runtime: No such file")
+    assert (end.outcome, end.infra, end.reason) == (
+        "setup_failed",
+        True,
+        "cannot start runtime: No such file",
+    )
     # the launcher could not close the session, or its gateway bridge could not connect
     end = classify("failed", error_text="APIConnectionError", close_error="closing failed: ConnectError")
     assert (end.outcome, end.infra) == ("gateway_unreachable", True)
     assert end.reason == "closing failed: ConnectError; APIConnectionError"
     end = classify("error", unreachable="the gateway bridge could not reach the gateway", steps=[Step()])
-    assert (end.outcome, end.infra, end.reason) == ("gateway_unreachable", True,
-                                                    "the gateway bridge could not reach the gateway")
+    assert (end.outcome, end.infra, end.reason) == (
+        "gateway_unreachable",
+        True,
+        "the gateway bridge could not reach the gateway",
+    )
     # the gateway's own record shows the upstream was down after its retries
-    for last in (Step("error", 503), Step("error", 429), Step("error", None),
-                 Step("error", 502, {"budget_refunded": True})):
+    for last in (
+        Step("error", 503),
+        Step("error", 429),
+        Step("error", None),
+        Step("error", 502, {"budget_refunded": True}),
+    ):
         end = classify("failed", error_text="InternalServerError", steps=[Step(), last])
         assert (end.outcome, end.infra) == ("upstream_unavailable", True), last
     assert classify("error", steps=[Step("error", 503)]).reason == (
-        "the gateway's last call to the upstream failed (HTTP 503)")
+        "the gateway's last call to the upstream failed (HTTP 503)"
+    )
     # a runtime that crashed because the upstream was down: the gateway's record decides
     assert classify("error", claimed="upstream_unavailable", steps=[Step("error", 503)]).infra
     # the gateway could not record calls (its store failed): whatever the runtime then reported
     for status in ("succeeded", "failed", "timeout", "truncated", "error"):
         end = classify(status, unrecorded=2, error_text="InternalServerError: 500", steps=[Step()])
         assert (end.outcome, end.infra, end.reason) == (
-            "store_unavailable", True, "the gateway could not record 2 model call(s) of the session (its store "
-            "failed); InternalServerError: 500"), status
+            "store_unavailable",
+            True,
+            "the gateway could not record 2 model call(s) of the session (its store "
+            "failed); InternalServerError: 500",
+        ), status
     assert classify("failed", limit_exceeded="memory", unrecorded=1).outcome == "store_unavailable"
     assert classify("error", setup_failed=True, unrecorded=1).outcome == "setup_failed"
     assert RetryPolicy().retries("store_unavailable")
@@ -101,12 +120,18 @@ def test_infrastructure_failures() -> None:
 def test_a_claimed_outage_the_records_do_not_show_is_the_agents_outcome() -> None:
     """``error_class`` is the runtime's word: without the launcher's or the gateway's evidence it
     is a task outcome, graded, with the claim kept in the reason."""
-    end = classify("failed", claimed="upstream_unavailable", error_text="InternalServerError: 503",
-                   steps=[Step(), Step()])
+    end = classify(
+        "failed",
+        claimed="upstream_unavailable",
+        error_text="InternalServerError: 503",
+        steps=[Step(), Step()],
+    )
     assert (end.outcome, end.infra) == ("failed", False)
-    assert end.reason == ("InternalServerError: 503; the runtime claimed upstream_unavailable, which the "
-                          "launcher's and the gateway's records do not show (its last call: HTTP 200); graded as "
-                          "the agent's outcome")
+    assert end.reason == (
+        "InternalServerError: 503; the runtime claimed upstream_unavailable, which the "
+        "launcher's and the gateway's records do not show (its last call: HTTP 200); graded as "
+        "the agent's outcome"
+    )
     end = classify("failed", claimed="gateway_unreachable")
     assert (end.outcome, end.infra) == ("failed", False) and "(no model call)" in (end.reason or "")
     assert "claimed upstream_unavailable" in (classify("error", claimed="upstream_unavailable").reason or "")
@@ -147,7 +172,9 @@ class Probe:
         return await self.answers.get()
 
 
-FAST = BreakerSettings(window=4, min_failures=3, threshold=0.75, probe_s=0.001, max_probe_s=0.002, max_wait_s=60)
+FAST = BreakerSettings(
+    window=4, min_failures=3, threshold=0.75, probe_s=0.001, max_probe_s=0.002, max_wait_s=60
+)
 
 
 async def test_breaker_opens_when_infra_dominates_and_closes_when_the_probe_answers() -> None:
@@ -205,9 +232,11 @@ async def test_breaker_gives_up_after_max_wait(caplog: pytest.LogCaptureFixture)
     b.suspect()
     assert await asyncio.wait_for(b.wait_ready(), 30) is False
     opened = [r.getMessage() for r in caplog.records if "circuit breaker open" in r.getMessage()]
-    assert opened == ["circuit breaker open: the gateway probe failed: connection refused; new attempts wait while "
-                      "it probes every 0.001 to 0.002 s, and the job stops (resumable) after 0.01 s without an "
-                      "answer"]  # what happens next is said when it opens, not only when it gives up
+    assert opened == [
+        "circuit breaker open: the gateway probe failed: connection refused; new attempts wait while "
+        "it probes every 0.001 to 0.002 s, and the job stops (resumable) after 0.01 s without an "
+        "answer"
+    ]  # what happens next is said when it opens, not only when it gives up
     assert b.state == "stopped" and [e.state for e in events] == ["open", "stopped"]
     assert b.stop_reason is not None and "(last probe: connection refused)" in b.stop_reason
     await b.aclose()
@@ -228,8 +257,9 @@ def test_rejected_summary_of_a_close_answer() -> None:
     assert rejected_summary({"rejected_calls": {}}) is None
     assert rejected_summary({"error": "closing failed"}) is None  # an old gateway, or no answer
     assert rejected_summary({"rejected_calls": {"max_steps": 3}}) is None  # the session's truncated says it
-    assert rejected_summary({"rejected_calls": {"max_steps": 1, "model_not_found": 2, "invalid_api_key": 12}}) == (
-        "the gateway refused 14 call(s) of the session itself: invalid_api_key 12, model_not_found 2")
+    assert rejected_summary(
+        {"rejected_calls": {"max_steps": 1, "model_not_found": 2, "invalid_api_key": 12}}
+    ) == ("the gateway refused 14 call(s) of the session itself: invalid_api_key 12, model_not_found 2")
 
 
 def test_only_a_gateway_that_cannot_be_reached_is_evidence_of_an_outage() -> None:
@@ -245,10 +275,18 @@ def test_only_a_gateway_that_cannot_be_reached_is_evidence_of_an_outage() -> Non
     assert gateway_down(OSError(errno.EHOSTUNREACH, "No route to host"))
     assert gateway_down(TimeoutError()) and gateway_down(socket.gaierror(-2, "Name or service not known"))
     # asyncio's error when every address of a host name failed
-    assert gateway_down(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
-                                "[Errno 111] Connect call failed ('127.0.0.1', 8000)"))
-    assert not gateway_down(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
-                                    "[Errno 24] Too many open files"))
+    assert gateway_down(
+        OSError(
+            "Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+            "[Errno 111] Connect call failed ('127.0.0.1', 8000)"
+        )
+    )
+    assert not gateway_down(
+        OSError(
+            "Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+            "[Errno 24] Too many open files"
+        )
+    )
     assert not gateway_down(OSError(errno.EMFILE, "Too many open files"))
     assert not gateway_down(OSError(errno.ENOMEM, "Cannot allocate memory"))
     assert not gateway_down(OSError("no errno at all"))

@@ -33,7 +33,9 @@ def test_session_ids_pack_hex_ids_and_keep_any_others_in_order() -> None:
 
 
 async def test_planned_rows_are_read_back_in_run_order_a_page_at_a_time(tmp_path: Path) -> None:
-    make_env(tmp_path / "envs", [{"id": f"c{i}", "q": "hi"} for i in (3, 1, 10, 2)])  # dataset order, not sorted
+    make_env(
+        tmp_path / "envs", [{"id": f"c{i}", "q": "hi"} for i in (3, 1, 10, 2)]
+    )  # dataset order, not sorted
     db = tmp_path / "t.db"
     opts = options(tmp_path, tmp_path / "unused.yaml", db, rl_group_size=2)
     envs = load_envs(opts)
@@ -46,14 +48,17 @@ async def test_planned_rows_are_read_back_in_run_order_a_page_at_a_time(tmp_path
         pages = [(rows, prior) async for rows, prior in source.pages()]
         assert source.total == 8 and [len(rows) for rows, _ in pages] == [3, 3, 2]
         rows = [r for page, _ in pages for r in page]
-        assert [(r.case_id, r.sample_index) for r in rows] == [(c, k) for c in ("c3", "c1", "c10", "c2") for k in (0, 1)]
+        assert [(r.case_id, r.sample_index) for r in rows] == [
+            (c, k) for c in ("c3", "c1", "c10", "c2") for k in (0, 1)
+        ]
         assert [r.session_id for r in rows] == plan.ids[0:8]
         assert all(r.status == "pending" and not r.finished and r.job_id == "jp" for r in rows)
         assert all(prior == {} for _, prior in pages)  # a new job: no earlier attempts
         # the same rows as plan_sessions makes (what `serve` uses), apart from the random ids
         listed = await plan_sessions(store, "jq", ["fake"], envs, group_size=opts.rl_group_size)
         assert [(r.case_id, r.sample_index, r.group_id != "") for r in listed] == [
-            (r.case_id, r.sample_index, True) for r in rows]
+            (r.case_id, r.sample_index, True) for r in rows
+        ]
         with pytest.raises(SetupError, match="already exists"):
             await plan_job(store, "jp", ["fake"], envs, [None], group_size=opts.rl_group_size)
         for sid in plan.ids[0:3]:
@@ -66,8 +71,9 @@ async def test_planned_rows_are_read_back_in_run_order_a_page_at_a_time(tmp_path
         await store.close()
 
 
-async def test_a_job_whose_rows_are_gone_from_the_store_still_ends(tmp_path: Path, caplog: pytest.LogCaptureFixture
-                                                                    ) -> None:
+async def test_a_job_whose_rows_are_gone_from_the_store_still_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = Store(f"sqlite://{tmp_path / 't.db'}")
     await store.init()
     ids = SessionIds()

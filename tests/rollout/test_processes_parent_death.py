@@ -10,14 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-PARENT = r'''
+PARENT = r"""
 import sys, time
 from pathlib import Path
 from rollout.jobs.processes import _spawn
 child = _spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], Path(sys.argv[1]), "")
 print(child.proc.pid, flush=True)
 time.sleep(600)
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -30,8 +30,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_started_child_dies_when_the_launcher_is_killed(tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     assert parent.stdout is not None
     child_pid = int(parent.stdout.readline())
     try:

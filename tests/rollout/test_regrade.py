@@ -36,7 +36,7 @@ from tests.gateway.conftest import make_settings, serve
 pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 REPO = Path(__file__).resolve().parents[2]
 
-RUNTIME = '''
+RUNTIME = """
 from pathlib import Path
 from env.runtime_kit import chat_completion, openai_client, run_runtime
 from rollout.contract.protocol import SimulationStartResult
@@ -53,14 +53,14 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded", step_count=1, metrics={"text": text})
 
 run_runtime(main)
-'''
+"""
 
-BUGGY = '''
+BUGGY = """
 def evaluate(request, spec, trajectory):
     return 3
-'''
+"""
 
-FIXED = '''
+FIXED = """
 from pathlib import Path
 
 def evaluate(request, spec, trajectory):
@@ -70,7 +70,7 @@ def evaluate(request, spec, trajectory):
     answer = (Path(request.workspace) / "outputs" / "answer.txt").read_text()
     ok = answer == row["expected"] == trajectory.final_response == request.start_result.metrics["text"]
     return {"score": 10 if ok else 1, "reason": f"answer {answer!r}"}
-'''
+"""
 
 CASES = [
     {"id": "a", "q": "hi", "expected": DEFAULT_TEXT},
@@ -88,10 +88,17 @@ def write_env(root: Path, evaluator: str) -> Path:
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(evaluator)
     (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CASES))
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "toy", "dataset": {"path": "data/cases.jsonl", "id_field": "id", "hidden_fields": ["expected"]},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
-        "workspace_archive": {"max_bytes": 2048}, "max_steps": 2}))
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "toy",
+                "dataset": {"path": "data/cases.jsonl", "id_field": "id", "hidden_fields": ["expected"]},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
+                "workspace_archive": {"max_bytes": 2048},
+                "max_steps": 2,
+            }
+        )
+    )
     return env_dir
 
 
@@ -127,8 +134,9 @@ class Spy:
         monkeypatch.setattr(httpx.AsyncClient, "send", send)
 
 
-async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_fixed_grader_regrades_a_real_job_from_the_store_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_root, fixed_root = tmp_path / "run-envs", tmp_path / "fixed-envs"
     write_env(run_root, BUGGY)
     write_env(fixed_root, FIXED)
@@ -145,19 +153,37 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     async with FakeUpstream() as up:
         gw = await serve(make_settings(up, f"sqlite://{db}"))
         try:
-            result = await run_job(JobOptions(
-                agent_root=run_root, gateway_base_url=f"{gw.url}/v1/sessions", gateway_config=REPO / "configs" / "gateway.yaml",
-                llm_model="m", enable_evaluation=True, db_path=f"sqlite://{db}", pool_size=3, job_id="j1",
-                out=tmp_path / "run.jsonl"))
+            result = await run_job(
+                JobOptions(
+                    agent_root=run_root,
+                    gateway_base_url=f"{gw.url}/v1/sessions",
+                    gateway_config=REPO / "configs" / "gateway.yaml",
+                    llm_model="m",
+                    enable_evaluation=True,
+                    db_path=f"sqlite://{db}",
+                    pool_size=3,
+                    job_id="j1",
+                    out=tmp_path / "run.jsonl",
+                )
+            )
             assert {r.case_id: (r.status, r.score) for r in result.records} == {
-                c["id"]: ("succeeded", 3.0) for c in CASES}
+                c["id"]: ("succeeded", 3.0) for c in CASES
+            }
             # the outcomes of other parts of the launcher: an infrastructure failure (no reward) and an
             # unfinished session
-            sql(db, "UPDATE job_environments SET reward = NULL, status = 'error', outcome = 'gateway_unreachable', "
-                    "eval_status = 'infra_error', error_text = 'gateway unreachable' WHERE case_id = 'i'")
+            sql(
+                db,
+                "UPDATE job_environments SET reward = NULL, status = 'error', outcome = 'gateway_unreachable', "
+                "eval_status = 'infra_error', error_text = 'gateway unreachable' WHERE case_id = 'i'",
+            )
             sql(db, "UPDATE job_environments SET finished = 0, status = 'cancelled' WHERE case_id = 'u'")
-            kept = dict(sql(db, "SELECT j.case_id, w.status FROM session_workspaces w "
-                                "JOIN job_environments j ON j.env_id = w.session_id"))
+            kept = dict(
+                sql(
+                    db,
+                    "SELECT j.case_id, w.status FROM session_workspaces w "
+                    "JOIN job_environments j ON j.env_id = w.session_id",
+                )
+            )
             assert kept == {"a": "kept", "b": "kept", "c": "too_large", "f": "kept", "i": "kept", "u": "kept"}
             case_of = dict(sql(db, "SELECT env_id, case_id FROM job_environments"))
             assert sorted((case_of[sid], keep) for sid, keep in writes) == [(c["id"], False) for c in CASES]
@@ -165,14 +191,23 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
             upstream_calls = len(up.requests)
             steps_before = sql(db, "SELECT record_id, session_id, seq, request, response FROM session_steps")
             gateway_before = sql(db, "SELECT * FROM gateway_sessions")
-            attempts_before = sql(db, "SELECT env_id, attempts, started_at, finished_at FROM job_environments")
+            attempts_before = sql(
+                db, "SELECT env_id, attempts, started_at, finished_at FROM job_environments"
+            )
 
             spy = Spy(monkeypatch)
             seen: list[Any] = []
             # graded in the launcher here, so that no process at all may start (the grader sandbox is one)
-            regrade = await regrade_job(RegradeOptions(job_id="j1", db_path=f"sqlite://{db}", agent_root=fixed_root,
-                                                       out=tmp_path / "regrade.jsonl", grader_isolation="none"),
-                                        on_done=seen.append)
+            regrade = await regrade_job(
+                RegradeOptions(
+                    job_id="j1",
+                    db_path=f"sqlite://{db}",
+                    agent_root=fixed_root,
+                    out=tmp_path / "regrade.jsonl",
+                    grader_isolation="none",
+                ),
+                on_done=seen.append,
+            )
             monkeypatch.undo()
         finally:
             await gw.stop()
@@ -182,18 +217,24 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     assert len(up.requests) == upstream_calls
     assert sql(db, "SELECT record_id, session_id, seq, request, response FROM session_steps") == steps_before
     assert sql(db, "SELECT * FROM gateway_sessions") == gateway_before
-    assert sql(db, "SELECT env_id, attempts, started_at, finished_at FROM job_environments") == attempts_before
+    assert (
+        sql(db, "SELECT env_id, attempts, started_at, finished_at FROM job_environments") == attempts_before
+    )
 
     got = {r.case_id: (r.after_status, r.after_score, r.before_score) for r in regrade.regraded}
     # f's grader raises on its case whatever the agent did (on the control too): broken
     assert got == {"a": ("scored", 10.0, 3.0), "b": ("scored", 1.0, 3.0), "f": ("grader_broken", None, 3.0)}
     assert [r.reason for r in regrade.regraded if r.case_id == "f"] == [
         "grader broken: it failed on this session (error: KeyError: 'expected_answer') and on the control, the "
-        "untouched starting workspace (error: KeyError: 'expected_answer'); not counted"]
+        "untouched starting workspace (error: KeyError: 'expected_answer'); not counted"
+    ]
     blocked = {r.case_id: (r.kind, r.reason) for r in regrade.not_regraded}
     assert blocked == {
-        "c": ("no_workspace", "final workspace not kept: its files hold more than 2048 bytes "
-                              "(cap: workspace_archive.max_bytes in env.yaml)"),
+        "c": (
+            "no_workspace",
+            "final workspace not kept: its files hold more than 2048 bytes "
+            "(cap: workspace_archive.max_bytes in env.yaml)",
+        ),
         "i": ("infrastructure_failure", "not graded in the run (gateway_unreachable: gateway unreachable)"),
         "u": ("not_finished", "not finished (status cancelled): complete it with --resume --job-id j1 first"),
     }
@@ -202,18 +243,33 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
 
     assert sorted((case_of[sid], keep) for sid, keep in writes) == [("a", True), ("b", True), ("f", True)]
     # the store: new reward on the session row and its last step, the previous evaluation kept
-    state = {case: (reward, status, json.loads(history) if history else None) for case, reward, status, history in
-             sql(db, "SELECT case_id, reward, eval_status, eval_history FROM job_environments")}
+    state = {
+        case: (reward, status, json.loads(history) if history else None)
+        for case, reward, status, history in sql(
+            db, "SELECT case_id, reward, eval_status, eval_history FROM job_environments"
+        )
+    }
     assert {k: v[:2] for k, v in state.items()} == {
-        "a": (10.0, "scored"), "b": (1.0, "scored"), "c": (3.0, "scored"), "f": (None, "grader_broken"),
-        "i": (None, "infra_error"), "u": (3.0, "scored")}
+        "a": (10.0, "scored"),
+        "b": (1.0, "scored"),
+        "c": (3.0, "scored"),
+        "f": (None, "grader_broken"),
+        "i": (None, "infra_error"),
+        "u": (3.0, "scored"),
+    }
     [previous] = state["a"][2]
     assert (previous["eval_status"], previous["reward"], previous["eval_detail"]) == (
-        "scored", 3.0, {"raw_repr": "3", "artifacts": None, "isolation": "bwrap"})
+        "scored",
+        3.0,
+        {"raw_repr": "3", "artifacts": None, "isolation": "bwrap"},
+    )
     assert state["c"][2] is None and state["i"][2] is None
     a_id = sql(db, "SELECT env_id FROM job_environments WHERE case_id = 'a'")[0][0]
-    reward, step_reward, meta = sql(db, "SELECT reward, step_reward, meta_json FROM session_steps "
-                                        "WHERE session_id = ? AND is_terminal = 1", a_id)[0]
+    reward, step_reward, meta = sql(
+        db,
+        "SELECT reward, step_reward, meta_json FROM session_steps WHERE session_id = ? AND is_terminal = 1",
+        a_id,
+    )[0]
     meta = json.loads(meta)
     assert (reward, step_reward) == (10.0, 10.0)
     assert (meta["evaluation"]["status"], meta["evaluation"]["score"]) == ("scored", 10.0)
@@ -223,18 +279,32 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
     assert [(e["status"], e["score"]) for e in meta["evaluation_history"]] == [("scored", 3.0)]
 
     # the report covers the finished sessions, with the new scores
-    lines = {r["case_id"]: r["score"] for r in map(json.loads, (tmp_path / "regrade.jsonl").read_text().splitlines())}
+    lines = {
+        r["case_id"]: r["score"]
+        for r in map(json.loads, (tmp_path / "regrade.jsonl").read_text().splitlines())
+    }
     assert lines == {"a": 10.0, "b": 1.0, "c": 3.0, "f": None, "i": None}
     summary = render_regrade_summary(regrade)
-    assert summary.splitlines()[0] == ("regrade of job j1: 3 sessions regraded (3 changed), "
-                                       "3 not regraded (previous evaluation kept)")
+    assert summary.splitlines()[0] == (
+        "regrade of job j1: 3 sessions regraded (3 changed), 3 not regraded (previous evaluation kept)"
+    )
     assert "  toy: 1 cannot be regraded (no_workspace): final workspace not kept" in summary
 
     # a second regrade with the same grader: same scores, nothing changed, the history grows
-    again = await regrade_job(RegradeOptions(job_id="j1", db_path=f"sqlite://{db}", agent_root=fixed_root,
-                                             env_names=["toy"], out=tmp_path / "again.jsonl"))
+    again = await regrade_job(
+        RegradeOptions(
+            job_id="j1",
+            db_path=f"sqlite://{db}",
+            agent_root=fixed_root,
+            env_names=["toy"],
+            out=tmp_path / "again.jsonl",
+        )
+    )
     assert [(r.case_id, r.after_score, r.changed) for r in again.regraded] == [
-        ("a", 10.0, False), ("b", 1.0, False), ("f", None, False)]
+        ("a", 10.0, False),
+        ("b", 1.0, False),
+        ("f", None, False),
+    ]
     history = json.loads(sql(db, "SELECT eval_history FROM job_environments WHERE case_id = 'a'")[0][0])
     assert [(h["eval_status"], h["reward"]) for h in history] == [("scored", 3.0), ("scored", 10.0)]
 
@@ -243,9 +313,18 @@ async def test_fixed_grader_regrades_a_real_job_from_the_store_only(tmp_path: Pa
 # a job written with the store API
 # ------------------------------------------------------------------------------------------------
 
+
 def session(sid: str, env: str, case: str, **values: Any) -> JobEnvironment:
-    return JobEnvironment(session_id=sid, job_id="js", env_name=env, case_id=case, llm_model="m", group_id=f"g-{case}",
-                          env_params={"dataset": {"expected": "42"}}, **values)
+    return JobEnvironment(
+        session_id=sid,
+        job_id="js",
+        env_name=env,
+        case_id=case,
+        llm_model="m",
+        group_id=f"g-{case}",
+        env_params={"dataset": {"expected": "42"}},
+        **values,
+    )
 
 
 async def stored_job(store: Store, tmp_path: Path, rows: list[JobEnvironment], *, archive: set[str]) -> None:
@@ -253,15 +332,33 @@ async def stored_job(store: Store, tmp_path: Path, rows: list[JobEnvironment], *
     columns, and keep a workspace (with outputs/answer.txt = "42") for the sessions in ``archive``."""
     await store.init()
     await store.add_job_sessions([r.model_copy(update={"finished": False}) for r in rows])
-    await store.write_batch([step_record(session_id=r.session_id, seq=1, step_id=1, llm_model="m",
-                                         endpoint="chat.completions", response=chat_completion("42"))
-                             for r in rows], [])
+    await store.write_batch(
+        [
+            step_record(
+                session_id=r.session_id,
+                seq=1,
+                step_id=1,
+                llm_model="m",
+                endpoint="chat.completions",
+                response=chat_completion("42"),
+            )
+            for r in rows
+        ],
+        [],
+    )
     for r in rows:
         if r.finished:
             meta = {"status": r.eval_status, "score": r.reward} if r.eval_status else None
-            await store.finish_job_session(r.session_id, SessionResult(
-                reward=r.reward, evaluation=meta, status=r.status, eval_status=r.eval_status,
-                eval_reason=r.eval_reason))
+            await store.finish_job_session(
+                r.session_id,
+                SessionResult(
+                    reward=r.reward,
+                    evaluation=meta,
+                    status=r.status,
+                    eval_status=r.eval_status,
+                    eval_reason=r.eval_reason,
+                ),
+            )
         if r.session_id in archive:
             ws = tmp_path / f"ws-{r.session_id}"
             (ws / "outputs").mkdir(parents=True)
@@ -276,8 +373,9 @@ def evaluators(root: Path, **bodies: str) -> Path:
     return root
 
 
-async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
-                                                           releasers: list[Callable[[], None]]) -> None:
+async def test_evaluator_outcomes_and_what_is_not_regraded(
+    tmp_path: Path, releasers: list[Callable[[], None]]
+) -> None:
     db = tmp_path / "s.db"
     store = Store(f"sqlite://{db}")
     rows = [
@@ -290,24 +388,31 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
         session("s-none", "gone", "1", finished=True, status="succeeded", reward=5.0, eval_status="scored"),
     ]
     try:
-        await stored_job(store, tmp_path, rows, archive={"s-ok", "s-never", "s-harness", "s-nan", "s-hang", "s-none"})
+        await stored_job(
+            store, tmp_path, rows, archive={"s-ok", "s-never", "s-harness", "s-nan", "s-hang", "s-none"}
+        )
     finally:
         await store.close()
-    root = evaluators(tmp_path / "envs", math='''
+    root = evaluators(
+        tmp_path / "envs",
+        math="""
         from pathlib import Path
         def evaluate(request, spec, trajectory):
             answer = (Path(request.workspace) / "outputs" / "answer.txt").read_text()
             return 10 if answer == request.env_params["dataset"]["expected"] == trajectory.final_response else 0
-        ''', nan='''
+        """,
+        nan="""
         def evaluate(request, spec, trajectory):
             return float("nan")
-        ''', hang='''
+        """,
+        hang="""
         import threading
         RELEASE = threading.Event()
         def evaluate(request, spec, trajectory):
             RELEASE.wait(3600)
             return 10
-        ''')
+        """,
+    )
 
     def release() -> None:
         from rollout.grading.evaluator_loader import load_evaluator
@@ -317,17 +422,41 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     releasers.append(release)
     # an evaluator that never returns: the regrade's timeout (it blocks until released, so the
     # outcome does not depend on the machine's speed)
-    hung = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
-                                            env_names=["hang"], eval_timeout=0.3, out=tmp_path / "h.jsonl"))
+    hung = await regrade_job(
+        RegradeOptions(
+            job_id="js",
+            db_path=f"sqlite://{db}",
+            agent_root=root,
+            env_names=["hang"],
+            eval_timeout=0.3,
+            out=tmp_path / "h.jsonl",
+        )
+    )
     assert [(r.session_id, r.after_status, r.after_score, r.reason) for r in hung.regraded] == [
-        ("s-hang", "grader_broken", None, "grader broken: it failed on this session (timeout: evaluator timed out "
-                                          "after 0.3 s) and on the control, the untouched starting workspace "
-                                          "(timeout: evaluator timed out after 0.3 s); not counted")]
+        (
+            "s-hang",
+            "grader_broken",
+            None,
+            "grader broken: it failed on this session (timeout: evaluator timed out "
+            "after 0.3 s) and on the control, the untouched starting workspace "
+            "(timeout: evaluator timed out after 0.3 s); not counted",
+        )
+    ]
     assert regrade_exit_code(hung) == 2
 
-    result = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
-                                              env_names=["math", "nan", "gone"], out=tmp_path / "r.jsonl"))
-    got = {r.session_id: (r.before_status, r.before_score, r.after_status, r.after_score) for r in result.regraded}
+    result = await regrade_job(
+        RegradeOptions(
+            job_id="js",
+            db_path=f"sqlite://{db}",
+            agent_root=root,
+            env_names=["math", "nan", "gone"],
+            out=tmp_path / "r.jsonl",
+        )
+    )
+    got = {
+        r.session_id: (r.before_status, r.before_score, r.after_status, r.after_score)
+        for r in result.regraded
+    }
     assert got == {
         "s-ok": ("scored", 0.0, "scored", 10.0),
         "s-never": (None, None, "scored", 10.0),  # graded for the first time
@@ -342,7 +471,9 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     assert regrade_exit_code(result) == 2
     store = Store(f"sqlite://{db}")
     try:
-        state = {r.session_id: (r.reward, r.eval_status, r.eval_history) for r in await store.job_sessions("js")}
+        state = {
+            r.session_id: (r.reward, r.eval_status, r.eval_history) for r in await store.job_sessions("js")
+        }
     finally:
         await store.close()
     assert state["s-never"] == (10.0, "scored", None)  # no previous evaluation to keep
@@ -352,27 +483,41 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(tmp_path: Path,
     assert [(h["eval_status"], h["reward"]) for h in state["s-nan"][2]] == [("scored", 5.0)]
 
     # only one env, fully regradable, but its grader is broken (NaN on the control too): exit code 2
-    only = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
-                                            env_names=["nan"], out=tmp_path / "n.jsonl"))
+    only = await regrade_job(
+        RegradeOptions(
+            job_id="js",
+            db_path=f"sqlite://{db}",
+            agent_root=root,
+            env_names=["nan"],
+            out=tmp_path / "n.jsonl",
+        )
+    )
     assert [(r.session_id, r.after_status) for r in only.regraded] == [("s-nan", "grader_broken")]
     assert only.not_regraded == [] and regrade_exit_code(only) == 2
     assert [r.session_id for r in only.records] == ["s-nan"]
 
 
-async def test_bad_stored_data_fails_that_session_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_bad_stored_data_fails_that_session_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = tmp_path / "s.db"
     store = Store(f"sqlite://{db}")
-    rows = [session(f"s{i}", "math", str(i), finished=True, status="succeeded", reward=0.0, eval_status="scored")
-            for i in range(3)]
+    rows = [
+        session(f"s{i}", "math", str(i), finished=True, status="succeeded", reward=0.0, eval_status="scored")
+        for i in range(3)
+    ]
     try:
         await stored_job(store, tmp_path, rows, archive={"s0", "s1", "s2"})
         await store.update_job_session("s1", result={"session_id": "s1", "status": "exploded"})
     finally:
         await store.close()
-    root = evaluators(tmp_path / "envs", math='''
+    root = evaluators(
+        tmp_path / "envs",
+        math="""
         def evaluate(request, spec, trajectory):
             return 7
-        ''')
+        """,
+    )
     import rollout.jobs.regrade as regrade_module
 
     real = regrade_module.to_trajectory
@@ -383,35 +528,47 @@ async def test_bad_stored_data_fails_that_session_only(tmp_path: Path, monkeypat
         return real(sid, steps)
 
     monkeypatch.setattr(regrade_module, "to_trajectory", broken)
-    result = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root,
-                                              out=tmp_path / "r.jsonl"))
+    result = await regrade_job(
+        RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root, out=tmp_path / "r.jsonl")
+    )
     assert [(r.session_id, r.after_score) for r in result.regraded] == [("s0", 7.0)]
     blocked = {r.session_id: (r.kind, r.reason) for r in result.not_regraded}
-    assert blocked["s2"] == ("regrade_error", "the regrade failed for this session: TypeError: cannot read step 1")
-    assert blocked["s1"][0] == "bad_stored_data" and blocked["s1"][1].startswith("stored start result is invalid")
+    assert blocked["s2"] == (
+        "regrade_error",
+        "the regrade failed for this session: TypeError: cannot read step 1",
+    )
+    assert blocked["s1"][0] == "bad_stored_data" and blocked["s1"][1].startswith(
+        "stored start result is invalid"
+    )
     assert {r.session_id: r.score for r in result.records} == {"s0": 7.0, "s1": 0.0, "s2": 0.0}
 
 
-async def test_cancelled_regrade_leaves_each_session_new_or_previous(tmp_path: Path,
-                                                                    releasers: list[Callable[[], None]]) -> None:
+async def test_cancelled_regrade_leaves_each_session_new_or_previous(
+    tmp_path: Path, releasers: list[Callable[[], None]]
+) -> None:
     """Ctrl-C while a regrade runs: finished sessions keep their new evaluation, the one whose
     evaluator is still running and those not started keep their previous one."""
     db = tmp_path / "s.db"
     store = Store(f"sqlite://{db}")
-    rows = [session(f"s{i}", "math", str(i), finished=True, status="succeeded", reward=1.0, eval_status="scored")
-            for i in range(3)]
+    rows = [
+        session(f"s{i}", "math", str(i), finished=True, status="succeeded", reward=1.0, eval_status="scored")
+        for i in range(3)
+    ]
     try:
         await stored_job(store, tmp_path, rows, archive={"s0", "s1", "s2"})
     finally:
         await store.close()
-    root = evaluators(tmp_path / "envs", math='''
+    root = evaluators(
+        tmp_path / "envs",
+        math="""
         import threading
         RELEASE = threading.Event()
         def evaluate(request, spec, trajectory):
             if request.session_id != "s0":
                 RELEASE.wait(3600)
             return 9
-        ''')
+        """,
+    )
 
     def release() -> None:
         from rollout.grading.evaluator_loader import load_evaluator
@@ -420,9 +577,14 @@ async def test_cancelled_regrade_leaves_each_session_new_or_previous(tmp_path: P
 
     releasers.append(release)
     done: list[str] = []
-    task = asyncio.create_task(regrade_job(
-        RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=root, pool_size=1, out=tmp_path / "r.jsonl"),
-        on_done=lambda item: done.append(item.session_id)))
+    task = asyncio.create_task(
+        regrade_job(
+            RegradeOptions(
+                job_id="js", db_path=f"sqlite://{db}", agent_root=root, pool_size=1, out=tmp_path / "r.jsonl"
+            ),
+            on_done=lambda item: done.append(item.session_id),
+        )
+    )
     for _ in range(3000):  # until s0 is committed and s1's evaluator is running
         await asyncio.sleep(0.01)
         if done == ["s0"] and abandoned_or_running("s1"):
@@ -445,18 +607,33 @@ async def test_evaluator_found_next_to_an_agent_config(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = Store(f"sqlite://{db}")
     try:
-        await stored_job(store, tmp_path, [session("s1", "math", "1", finished=True, status="succeeded",
-                                                   reward=0.0, eval_status="scored")], archive={"s1"})
+        await stored_job(
+            store,
+            tmp_path,
+            [session("s1", "math", "1", finished=True, status="succeeded", reward=0.0, eval_status="scored")],
+            archive={"s1"},
+        )
     finally:
         await store.close()
-    root = evaluators(tmp_path / "elsewhere", math='''
+    root = evaluators(
+        tmp_path / "elsewhere",
+        math="""
         def evaluate(request, spec, trajectory):
             return 4
-        ''')
-    (root / "math" / "env.yaml").write_text(yaml.safe_dump({"name": "math", "dataset": {"path": "x.jsonl"},
-                                                           "runtime": {"command": ["x"]}}))
-    result = await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=tmp_path / "none",
-                                              agent_configs=[root / "math" / "env.yaml"], out=tmp_path / "r.jsonl"))
+        """,
+    )
+    (root / "math" / "env.yaml").write_text(
+        yaml.safe_dump({"name": "math", "dataset": {"path": "x.jsonl"}, "runtime": {"command": ["x"]}})
+    )
+    result = await regrade_job(
+        RegradeOptions(
+            job_id="js",
+            db_path=f"sqlite://{db}",
+            agent_root=tmp_path / "none",
+            agent_configs=[root / "math" / "env.yaml"],
+            out=tmp_path / "r.jsonl",
+        )
+    )
     assert [(r.session_id, r.after_score) for r in result.regraded] == [("s1", 4.0)]
 
 
@@ -464,15 +641,18 @@ async def test_setup_errors(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = Store(f"sqlite://{db}")
     try:
-        await stored_job(store, tmp_path, [session("s1", "math", "1", finished=True, status="succeeded")],
-                         archive=set())
+        await stored_job(
+            store, tmp_path, [session("s1", "math", "1", finished=True, status="succeeded")], archive=set()
+        )
     finally:
         await store.close()
     with pytest.raises(SetupError, match="no job 'nosuch'"):
         await regrade_job(RegradeOptions(job_id="nosuch", db_path=f"sqlite://{db}"))
     with pytest.raises(SetupError, match=r"job js has no sessions of env \['other'\] \(has \['math'\]\)"):
         await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", env_names=["other"]))
-    with pytest.raises(SetupError, match=r"agent root .*nope is not a directory: run from the project folder"):
+    with pytest.raises(
+        SetupError, match=r"agent root .*nope is not a directory: run from the project folder"
+    ):
         await regrade_job(RegradeOptions(job_id="js", db_path=f"sqlite://{db}", agent_root=tmp_path / "nope"))
 
 

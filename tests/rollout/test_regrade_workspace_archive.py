@@ -57,17 +57,26 @@ def test_whole_workspace_round_trip(tmp_path: Path) -> None:
     assert (kept.status, kept.reason, kept.paths) == ("kept", None, None)
     assert kept.file_count == 4
     assert kept.total_bytes == len('{"n": 3}') + len("notes") + len("a,b\n1,2\n") + len("#!/bin/sh\n")
-    assert sorted(kept.skipped) == ["abs_link: link to " + str(outside) + " leaves the workspace",
-                                    "pipe: not a regular file, folder or link",
-                                    "up_link: link to ../secret.txt leaves the workspace"]
+    assert sorted(kept.skipped) == [
+        "abs_link: link to " + str(outside) + " leaves the workspace",
+        "pipe: not a regular file, folder or link",
+        "up_link: link to ../secret.txt leaves the workspace",
+    ]
     cols = kept.columns()
     assert kept.archive is not None
-    assert cols["sha256"] == hashlib.sha256(kept.archive).hexdigest() and cols["archive_bytes"] == len(kept.archive)
+    assert cols["sha256"] == hashlib.sha256(kept.archive).hexdigest() and cols["archive_bytes"] == len(
+        kept.archive
+    )
 
     assert restore_workspace(kept.archive, cols["sha256"], dest) == 4
     assert tree(dest) == {
-        "outputs": "<dir>", "outputs/deep": "<dir>", "outputs/answer.json": '{"n": 3}',
-        "outputs/deep/notes.txt": "notes", "empty": "<dir>", "data.csv": "a,b\n1,2\n", "run.sh": "#!/bin/sh\n",
+        "outputs": "<dir>",
+        "outputs/deep": "<dir>",
+        "outputs/answer.json": '{"n": 3}',
+        "outputs/deep/notes.txt": "notes",
+        "empty": "<dir>",
+        "data.csv": "a,b\n1,2\n",
+        "run.sh": "#!/bin/sh\n",
         "latest.json": "-> outputs/answer.json",
     }
     assert (dest / "latest.json").read_text() == '{"n": 3}'
@@ -85,8 +94,13 @@ def test_configured_paths_only_and_missing_ones_listed(tmp_path: Path) -> None:
     assert kept.status == "kept" and kept.missing == ["nope/x.txt"] and kept.file_count == 3
     assert kept.archive is not None
     restore_workspace(kept.archive, None, dest)
-    assert tree(dest) == {"outputs": "<dir>", "outputs/deep": "<dir>", "outputs/answer.json": '{"n": 3}',
-                          "outputs/deep/notes.txt": "notes", "data.csv": "a,b\n1,2\n"}
+    assert tree(dest) == {
+        "outputs": "<dir>",
+        "outputs/deep": "<dir>",
+        "outputs/answer.json": '{"n": 3}',
+        "outputs/deep/notes.txt": "notes",
+        "data.csv": "a,b\n1,2\n",
+    }
 
 
 def test_a_path_reached_through_a_link_out_of_the_workspace_is_not_kept(tmp_path: Path) -> None:
@@ -108,8 +122,10 @@ def test_over_the_size_cap_nothing_is_kept_and_big_files_are_never_read(tmp_path
         f.truncate(10 * 1024**3)
     kept = build_archive(ws, WorkspaceArchiveConfig(max_bytes=1024 * 1024))
     assert kept.status == "too_large" and kept.archive is None
-    assert kept.reason == ("final workspace not kept: its files hold more than 1048576 bytes "
-                           "(cap: workspace_archive.max_bytes in env.yaml)")
+    assert kept.reason == (
+        "final workspace not kept: its files hold more than 1048576 bytes "
+        "(cap: workspace_archive.max_bytes in env.yaml)"
+    )
     assert kept.columns()["sha256"] is None and kept.columns()["archive_bytes"] == 0
     # under the cap when only the small file is asked for
     assert build_archive(ws, WorkspaceArchiveConfig(paths=["small.txt"], max_bytes=1024)).status == "kept"
@@ -138,7 +154,11 @@ def test_too_many_entries_and_disabled(tmp_path: Path) -> None:
     kept = build_archive(ws, WorkspaceArchiveConfig(max_files=20))
     assert kept.status == "too_large" and "more than 20 entries" in str(kept.reason)
     off = build_archive(ws, WorkspaceArchiveConfig(enabled=False))
-    assert (off.status, off.archive, off.reason) == ("disabled", None, "workspace_archive.enabled is false in env.yaml")
+    assert (off.status, off.archive, off.reason) == (
+        "disabled",
+        None,
+        "workspace_archive.enabled is false in env.yaml",
+    )
 
 
 def _tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
@@ -159,15 +179,18 @@ def _info(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarfi
     return info
 
 
-@pytest.mark.parametrize(("members", "message"), [
-    ([(_info("../escape.txt"), b"x")], "would land outside the workspace"),
-    ([(_info("/tmp/abs.txt"), b"x")], "would land outside the workspace"),
-    ([(_info("a/../../b.txt"), b"x")], "would land outside the workspace"),
-    ([(_info("ln", tarfile.SYMTYPE, "../../etc/passwd"), None)], "links outside the workspace"),
-    ([(_info("ln", tarfile.SYMTYPE, "/etc/passwd"), None)], "links outside the workspace"),
-    ([(_info("hard", tarfile.LNKTYPE, "x"), None)], "unsupported type"),
-    ([(_info("dev", tarfile.CHRTYPE), None)], "unsupported type"),
-])
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        ([(_info("../escape.txt"), b"x")], "would land outside the workspace"),
+        ([(_info("/tmp/abs.txt"), b"x")], "would land outside the workspace"),
+        ([(_info("a/../../b.txt"), b"x")], "would land outside the workspace"),
+        ([(_info("ln", tarfile.SYMTYPE, "../../etc/passwd"), None)], "links outside the workspace"),
+        ([(_info("ln", tarfile.SYMTYPE, "/etc/passwd"), None)], "links outside the workspace"),
+        ([(_info("hard", tarfile.LNKTYPE, "x"), None)], "unsupported type"),
+        ([(_info("dev", tarfile.CHRTYPE), None)], "unsupported type"),
+    ],
+)
 def test_restore_refuses_members_that_escape(tmp_path: Path, members: list, message: str) -> None:  # type: ignore[type-arg]
     dest = tmp_path / "dest"
     dest.mkdir()
@@ -189,15 +212,26 @@ def test_restore_checks_digest_and_corruption(tmp_path: Path) -> None:
 def test_env_config_key_is_strict(tmp_path: Path) -> None:
     def config(archive: object) -> Path:
         path = tmp_path / "env.yaml"
-        path.write_text(yaml.safe_dump({"name": "e", "dataset": {"path": "x.jsonl"}, "runtime": {"command": ["x"]},
-                                        "workspace_archive": archive}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "e",
+                    "dataset": {"path": "x.jsonl"},
+                    "runtime": {"command": ["x"]},
+                    "workspace_archive": archive,
+                }
+            )
+        )
         return path
 
     cfg = load_env_config(config({"paths": ["outputs/", "logs/run.txt"], "max_bytes": 4096}))
     assert cfg.workspace_archive == WorkspaceArchiveConfig(paths=["outputs", "logs/run.txt"], max_bytes=4096)
     assert load_env_config(config({})).workspace_archive == WorkspaceArchiveConfig()
-    for bad, text in (({"paths": ["/etc"]}, "must be a path inside the workspace"),
-                      ({"paths": ["../x"]}, "must be a path inside the workspace"),
-                      ({"max_bytes": 0}, "max_bytes"), ({"path": ["outputs"]}, "path")):
+    for bad, text in (
+        ({"paths": ["/etc"]}, "must be a path inside the workspace"),
+        ({"paths": ["../x"]}, "must be a path inside the workspace"),
+        ({"max_bytes": 0}, "max_bytes"),
+        ({"path": ["outputs"]}, "path"),
+    ):
         with pytest.raises(EnvConfigError, match=text):
             load_env_config(config(bad))

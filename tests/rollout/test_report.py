@@ -170,7 +170,9 @@ def test_summarize_exact_numbers() -> None:
     assert code_row.pass_at_1 == pytest.approx((1.0 + 0.5) / 2)
     assert code_row.pass_at_k == pytest.approx(1.0)
     assert code_row.mean_score == pytest.approx((10 + 10 + (10 - 1e-10) + 9.5) / 4)
-    assert code_row.score_stderr == pytest.approx(statistics.stdev([10, (20 - 1e-10 - 0.5) / 2]) / math.sqrt(2))
+    assert code_row.score_stderr == pytest.approx(
+        statistics.stdev([10, (20 - 1e-10 - 0.5) / 2]) / math.sqrt(2)
+    )
     assert code_row.pass_at_1_stderr == pytest.approx(0.25)  # sd(1, 0.5) / sqrt(2)
     assert (code_row.runtime_errors, code_row.runtime_timeouts, code_row.invalid) == (0, 0, 0)
 
@@ -184,10 +186,18 @@ def test_summarize_exact_numbers() -> None:
 
 def test_stderr_needs_two_cases_and_leaves_out_what_is_not_counted() -> None:
     one_case = summarize([rec("e", "A", i, s) for i, s in enumerate((10.0, 0.0, 5.0))])
-    assert (one_case[0].mean_score, one_case[0].score_stderr, one_case[0].pass_at_1_stderr) == (5.0, None, None)
-    records = [rec("e", "A", 0, 10.0), rec("e", "A", 1, 0.0),
-               rec("e", "B", 0, 4.0), rec("e", "B", 1, None, "grader_broken"),  # B's mean is 4: broken left out
-               rec("e", "C", 0, 0.0, "invalid_reward")]  # C's mean is the agent's 0
+    assert (one_case[0].mean_score, one_case[0].score_stderr, one_case[0].pass_at_1_stderr) == (
+        5.0,
+        None,
+        None,
+    )
+    records = [
+        rec("e", "A", 0, 10.0),
+        rec("e", "A", 1, 0.0),
+        rec("e", "B", 0, 4.0),
+        rec("e", "B", 1, None, "grader_broken"),  # B's mean is 4: broken left out
+        rec("e", "C", 0, 0.0, "invalid_reward"),
+    ]  # C's mean is the agent's 0
     (row,) = summarize(records)
     assert row.score_stderr == pytest.approx(math.sqrt(((5 - 3) ** 2 + (4 - 3) ** 2 + (0 - 3) ** 2) / 2 / 3))
     assert row.pass_at_1_stderr == pytest.approx(statistics.stdev([0.5, 0.0, 0.0]) / math.sqrt(3))
@@ -233,8 +243,18 @@ def test_summarize_empty_and_bad_k() -> None:
 def test_render_table() -> None:
     lines = render_table(summarize(crafted())).splitlines()
     header = lines[0]
-    assert header.split() == ["env", "model", "sess", "scored", "score", "pass@1", "pass@k", "k", "failed",
-                              "time_s"]
+    assert header.split() == [
+        "env",
+        "model",
+        "sess",
+        "scored",
+        "score",
+        "pass@1",
+        "pass@k",
+        "k",
+        "failed",
+        "time_s",
+    ]
     assert set(lines[1]) == {"-", " "}
     math_i = next(i for i, line in enumerate(lines) if line.startswith("math") and " m1 " in line)
     math_line = lines[math_i]
@@ -253,7 +273,9 @@ def test_render_table() -> None:
     assert math_line[end - 11 : end] == "0.333±0.192"
     # the legend explains the abbreviations, the problem ones only when shown
     legend = " ".join(" ".join(lines[m2_i + 2 :]).split())  # the wrapped lines as one
-    assert legend.startswith("score: mean of graded sessions (0-10; a grading failure the agent caused counts 0)")
+    assert legend.startswith(
+        "score: mean of graded sessions (0-10; a grading failure the agent caused counts 0)"
+    )
     assert "±: standard error over cases (each case's mean)" in legend
     assert "rt_err = runtime error" in legend and "ev_t/o = evaluator timeout" in legend
     assert "infra =" not in legend and "retried =" not in legend and "cut name" not in legend
@@ -262,22 +284,68 @@ def test_render_table() -> None:
 
 def _row(env: str, model: str, **counts: float | int | None) -> SummaryRow:
     values: dict[str, object] = dict(
-        env_name=env, model=model, sessions=0, cases=0, scored=0, invalid=0, eval_error=0, eval_timeout=0,
-        unevaluated=0, mean_score=None, k=1, pass_at_1=None, pass_at_k=None, pass_at_k_cases=0,
-        runtime_failed=0, runtime_errors=0, runtime_timeouts=0, mean_duration_s=None)
+        env_name=env,
+        model=model,
+        sessions=0,
+        cases=0,
+        scored=0,
+        invalid=0,
+        eval_error=0,
+        eval_timeout=0,
+        unevaluated=0,
+        mean_score=None,
+        k=1,
+        pass_at_1=None,
+        pass_at_k=None,
+        pass_at_k_cases=0,
+        runtime_failed=0,
+        runtime_errors=0,
+        runtime_timeouts=0,
+        mean_duration_s=None,
+    )
     values.update(counts)
     return SummaryRow.model_validate(values)
 
 
 def test_render_table_fits_100_columns_with_long_names() -> None:
     rows = [
-        _row("gsm8k-platinum-reasoning", "Qwen/Qwen2.5-7B-Instruct-1M", sessions=12000, cases=1500,
-             scored=11880, eval_error=20, eval_timeout=100, mean_score=6.41, k=8, pass_at_1=0.641,
-             pass_at_k=0.912, pass_at_k_cases=1500, runtime_failed=2, mean_duration_s=14.2, retried=30,
-             score_stderr=0.1234, pass_at_1_stderr=0.0116),
-        _row("workspace-shell-tasks-long", "Qwen/Qwen2.5-7B-Instruct-1M", sessions=400, cases=50,
-             scored=396, invalid=1, runtime_failed=120, runtime_errors=2, runtime_timeouts=4, infra=1, k=8,
-             mean_score=3.2, pass_at_1=0.3, pass_at_k=0.6, pass_at_k_cases=50, mean_duration_s=1095.0),
+        _row(
+            "gsm8k-platinum-reasoning",
+            "Qwen/Qwen2.5-7B-Instruct-1M",
+            sessions=12000,
+            cases=1500,
+            scored=11880,
+            eval_error=20,
+            eval_timeout=100,
+            mean_score=6.41,
+            k=8,
+            pass_at_1=0.641,
+            pass_at_k=0.912,
+            pass_at_k_cases=1500,
+            runtime_failed=2,
+            mean_duration_s=14.2,
+            retried=30,
+            score_stderr=0.1234,
+            pass_at_1_stderr=0.0116,
+        ),
+        _row(
+            "workspace-shell-tasks-long",
+            "Qwen/Qwen2.5-7B-Instruct-1M",
+            sessions=400,
+            cases=50,
+            scored=396,
+            invalid=1,
+            runtime_failed=120,
+            runtime_errors=2,
+            runtime_timeouts=4,
+            infra=1,
+            k=8,
+            mean_score=3.2,
+            pass_at_1=0.3,
+            pass_at_k=0.6,
+            pass_at_k_cases=50,
+            mean_duration_s=1095.0,
+        ),
     ]
     text = render_table(rows)
     lines = text.splitlines()
@@ -299,12 +367,14 @@ def test_render_table_fits_100_columns_with_long_names() -> None:
     assert "cut name" not in render_table([_row("gsm8k", "local", sessions=6)])
     assert max(len(line) for line in render_table(rows, width=90).splitlines()) <= 90
     # two names that cut alike are both named under the table
-    alike = render_table([_row("swe-bench-lite-python-split-a", "m"), _row("swe-bench-full-python-split-a", "m")],
-                         width=75).splitlines()
+    alike = render_table(
+        [_row("swe-bench-lite-python-split-a", "m"), _row("swe-bench-full-python-split-a", "m")], width=75
+    ).splitlines()
     assert max(len(line) for line in alike) <= 75
     assert alike[2].split()[0] == alike[3].split()[0] == "swe-b..lit-a"
-    assert " ".join(alike).endswith("cut name: swe-b..lit-a = swe-bench-lite-python-split-a or   "
-                                    "swe-bench-full-python-split-a")
+    assert " ".join(alike).endswith(
+        "cut name: swe-b..lit-a = swe-bench-lite-python-split-a or   swe-bench-full-python-split-a"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,18 +430,45 @@ def test_session_record_rejects_non_finite_scores() -> None:
 
 
 def _infra(r: SessionRecord) -> SessionRecord:
-    return r.model_copy(update={"status": "error", "outcome": "gateway_unreachable", "score": None,
-                                "eval_status": "infra_error", "sandbox": "none", "attempts": [
-                                    AttemptRecord(attempt=1, status="error", outcome="gateway_unreachable", infra=True,
-                                                  steps_session_id=f"{r.session_id}~a1"),
-                                    AttemptRecord(attempt=2, status="error", outcome="gateway_unreachable", infra=True,
-                                                  steps_session_id=r.session_id)], "retried": True})
+    return r.model_copy(
+        update={
+            "status": "error",
+            "outcome": "gateway_unreachable",
+            "score": None,
+            "eval_status": "infra_error",
+            "sandbox": "none",
+            "attempts": [
+                AttemptRecord(
+                    attempt=1,
+                    status="error",
+                    outcome="gateway_unreachable",
+                    infra=True,
+                    steps_session_id=f"{r.session_id}~a1",
+                ),
+                AttemptRecord(
+                    attempt=2,
+                    status="error",
+                    outcome="gateway_unreachable",
+                    infra=True,
+                    steps_session_id=r.session_id,
+                ),
+            ],
+            "retried": True,
+        }
+    )
 
 
 def test_totals_streamed_in_case_order_equal_summarize() -> None:
-    records = sorted(crafted() + [_infra(rec("math", "D", 0, 0.0)), rec("math", "D", 1, 10.0),
-                                  rec("code", "Z", 0, 7.3, duration=0.1), rec("code", "Z", 1, 2.9, duration=0.2)],
-                     key=lambda r: (r.env_name, r.case_id, r.sample_index))
+    records = sorted(
+        crafted()
+        + [
+            _infra(rec("math", "D", 0, 0.0)),
+            rec("math", "D", 1, 10.0),
+            rec("code", "Z", 0, 7.3, duration=0.1),
+            rec("code", "Z", 1, 2.9, duration=0.2),
+        ],
+        key=lambda r: (r.env_name, r.case_id, r.sample_index),
+    )
     totals, case = ReportTotals(), None
     for r in records:
         if (r.env_name, r.case_id) != case:  # as the launcher does: a finished case keeps only its counts
@@ -390,7 +487,9 @@ def test_totals_streamed_in_case_order_equal_summarize() -> None:
     assert code.mean_duration_s == math.fsum(durations) / len(durations) and len(durations) == 6
     assert (totals.sessions, totals.infra_attempts, totals.lost) == (len(records), 2, 1)
     assert totals.footer() == table_footer(records) is not None and "math (1)" in str(totals.footer())
-    assert totals.count(statuses={"error", "timeout"}) == sum(r.status in ("error", "timeout") for r in records)
+    assert totals.count(statuses={"error", "timeout"}) == sum(
+        r.status in ("error", "timeout") for r in records
+    )
     assert totals.count(eval_statuses={"error"}) == 1 and totals.count() == 0
 
 

@@ -64,8 +64,15 @@ def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None
     (cfg.env_dir / "helper.py").write_text("")
     (cfg.env_dir / "tasks").mkdir()
     folders, files = code_folders(cfg)
-    spec = SandboxSpec(workspace=tmp_path / "ws", code=folders, files=[*shared_code(), *files],
-                       bridge_socket=tmp_path / "gw.sock", status_fd=7, tmp_bytes=1024, rlimits={"fsize": 99})
+    spec = SandboxSpec(
+        workspace=tmp_path / "ws",
+        code=folders,
+        files=[*shared_code(), *files],
+        bridge_socket=tmp_path / "gw.sock",
+        status_fd=7,
+        tmp_bytes=1024,
+        rlimits={"fsize": 99},
+    )
     argv = bwrap_command(Support(bwrap="/usr/bin/bwrap"), spec, cfg.command())
     binds = _binds(argv)
     assert binds[WORKSPACE] == ("--bind", str(tmp_path / "ws"))  # the only writable bind
@@ -80,45 +87,71 @@ def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None
     assert not [d for d in binds if d in (str(CODE_ROOT), str(CODE_ROOT / "env"), str(CODE_ROOT / "rollout"))]
     assert not [d for d in binds if d.startswith(str(CODE_ROOT / "env" / "workspace"))]  # another env
     etc = sorted(d for d in binds if d.startswith("/etc"))
-    assert "/etc/passwd" in etc and not [d for d in etc if d.split("/")[2] in
-                                         ("shadow", "gshadow", "ssh", "sudoers", "pip.conf", "gitconfig")]
+    assert "/etc/passwd" in etc and not [
+        d for d in etc if d.split("/")[2] in ("shadow", "gshadow", "ssh", "sudoers", "pip.conf", "gitconfig")
+    ]
     assert binds[sys.base_prefix][0] == "--ro-bind"
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"):
         assert flag in argv
     assert argv[argv.index("--uid") + 1] == "65534" and argv[argv.index("--cap-drop") + 1] == "ALL"
     # private /tmp first (a code folder under the host's /tmp is bound on top), its size capped
     assert argv.index("--tmpfs") < argv.index("--ro-bind")
-    assert argv[argv.index("--tmpfs") - 2:argv.index("--tmpfs") + 2] == ["--size", "1024", "--tmpfs", "/tmp"]
-    tail = argv[argv.index("--") + 1:]
+    assert argv[argv.index("--tmpfs") - 2 : argv.index("--tmpfs") + 2] == [
+        "--size",
+        "1024",
+        "--tmpfs",
+        "/tmp",
+    ]
+    tail = argv[argv.index("--") + 1 :]
     assert tail[:4] == [sys.executable, "-I", "-S", FORWARDER]
     assert tail[6:9] == ["7", "fsize=99", "--"] and tail[9:] == cfg.command()
 
 
 def test_the_bound_code_alone_imports_the_contract(tmp_path: Path) -> None:
     # what a runtime sees of the project: the contract folder and shared_code(), at their places
-    shutil.copytree(CONTRACT, tmp_path / CONTRACT.relative_to(CODE_ROOT),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        CONTRACT, tmp_path / CONTRACT.relative_to(CODE_ROOT), ignore=shutil.ignore_patterns("__pycache__")
+    )
     for f in shared_code():
         (tmp_path / f.relative_to(CODE_ROOT)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(f, tmp_path / f.relative_to(CODE_ROOT))
-    modules = ["rollout.protocol", "rollout.harness", *(f"rollout.contract.{p.stem}"
-                                                        for p in sorted(CONTRACT.glob("*.py")))]
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import importlib, rollout; "
-            f"assert rollout.__file__.startswith({str(tmp_path)!r}), rollout.__file__; "
-            f"[importlib.import_module(m) for m in {modules!r}]")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    modules = [
+        "rollout.protocol",
+        "rollout.harness",
+        *(f"rollout.contract.{p.stem}" for p in sorted(CONTRACT.glob("*.py"))),
+    ]
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import importlib, rollout; "
+        f"assert rollout.__file__.startswith({str(tmp_path)!r}), rollout.__file__; "
+        f"[importlib.import_module(m) for m in {modules!r}]"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_a_runtime_file_in_another_env_folder_brings_that_folder_minus_its_data(tmp_path: Path) -> None:
-    cfg = make_env(tmp_path / "envs", "e", "", runtime_cfg={
-        "command": ["{python}", str(CODE_ROOT / "env" / "gsm8k" / "runtime.py"), "/no/such/path", "/",
-                    str(CODE_ROOT)]})  # folders named in a command are never bound
+    cfg = make_env(
+        tmp_path / "envs",
+        "e",
+        "",
+        runtime_cfg={
+            "command": [
+                "{python}",
+                str(CODE_ROOT / "env" / "gsm8k" / "runtime.py"),
+                "/no/such/path",
+                "/",
+                str(CODE_ROOT),
+            ]
+        },
+    )  # folders named in a command are never bound
     folders, files = code_folders(cfg)
     gsm8k = CODE_ROOT / "env" / "gsm8k"
     assert [f for f, _ in folders] == [cfg.env_dir, gsm8k] and files == []
-    spec = SandboxSpec(workspace=tmp_path, code=folders, files=[], bridge_socket=tmp_path / "s", status_fd=3,
-                       tmp_bytes=None)
+    spec = SandboxSpec(
+        workspace=tmp_path, code=folders, files=[], bridge_socket=tmp_path / "s", status_fd=3, tmp_bytes=None
+    )
     binds = _binds(bwrap_command(Support(bwrap="bwrap"), spec, cfg.command()))
     assert str(gsm8k / "runtime.py") in binds and str(gsm8k / "rule_evaluator.py") in binds
     assert not [d for d in binds if d.startswith(str(gsm8k / "data"))]
@@ -133,25 +166,50 @@ def test_an_env_folder_inside_a_system_folder_still_hides_its_data(tmp_path: Pat
     assert b.args[-2:] == ["--tmpfs", str(cfg.env_dir / "data")]
 
 
-@pytest.mark.parametrize(("path", "folder"), [
-    ("/usr/lib", "/usr"), ("/usr", "/usr"), ("/usrx", "/usr"), ("/usr", "/usr/lib"), ("/a/b", "/"), ("/", "/"),
-    ("/tmp/a.b/c", "/tmp/a.b"), ("/tmp/a.bc", "/tmp/a.b"), ("/a", "/a/b/.."),
-])
+@pytest.mark.parametrize(
+    ("path", "folder"),
+    [
+        ("/usr/lib", "/usr"),
+        ("/usr", "/usr"),
+        ("/usrx", "/usr"),
+        ("/usr", "/usr/lib"),
+        ("/a/b", "/"),
+        ("/", "/"),
+        ("/tmp/a.b/c", "/tmp/a.b"),
+        ("/tmp/a.bc", "/tmp/a.b"),
+        ("/a", "/a/b/.."),
+    ],
+)
 def test_within_is_is_relative_to(path: str, folder: str) -> None:
     assert within(str(Path(path)), str(Path(folder))) == Path(path).is_relative_to(folder)
 
 
 def test_clean_env_keeps_the_allow_list_and_the_session_only() -> None:
-    source = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "AWS_SECRET_ACCESS_KEY": "x",
-              "GATEWAY_API_KEY": "host-key", "HOME": "/root", "PYTHONPATH": "/work/repo"}
+    source = {
+        "PATH": "/usr/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "GATEWAY_API_KEY": "host-key",
+        "HOME": "/root",
+        "PYTHONPATH": "/work/repo",
+    }
     env = clean_env(session_env("http://127.0.0.1:41800/v1/sessions/s", {"OPENAI_API_KEY": "gw-key"}), source)
     assert env == {
-        "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "HOME": "/workspace", "TMPDIR": "/tmp",
-        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "HOME": "/workspace",
+        "TMPDIR": "/tmp",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
         "OPENAI_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
         "ANTHROPIC_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
         "GATEWAY_BASE_URL": "http://127.0.0.1:41800/v1/sessions/s",
-        "OPENAI_API_KEY": "gw-key", "ANTHROPIC_API_KEY": "gw-key", "GATEWAY_API_KEY": "gw-key"}
+        "OPENAI_API_KEY": "gw-key",
+        "ANTHROPIC_API_KEY": "gw-key",
+        "GATEWAY_API_KEY": "gw-key",
+    }
 
 
 def test_probe_of_a_missing_or_broken_bwrap_says_how_to_fix_it(tmp_path: Path) -> None:
@@ -170,31 +228,44 @@ def test_probe_finds_a_working_bwrap() -> None:
     assert set(support.mechanisms()) == {"memory", "processes", "disk", "files", "output"}
 
 
-def test_the_job_stops_before_running_anything_without_a_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_the_job_stops_before_running_anything_without_a_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = make_env(tmp_path / "envs", "e", "")
 
     def unavailable() -> Support:
         return probe(bwrap=str(tmp_path / "no-bwrap"))
+
     monkeypatch.setattr(rollout.jobs.prepare, "sandbox_support", unavailable)
     opts = JobOptions(gateway_config=tmp_path / "gw.yaml")
     with pytest.raises(SetupError, match="apt-get install bubblewrap"):
         check_sandbox(opts, [cfg])
     # opting out needs no bubblewrap, and says so
     check_sandbox(opts.model_copy(update={"sandbox": "none"}), [cfg])
-    assert any(r.name == "rollout.notice" and r.getMessage().startswith("warning: no sandbox for env(s) e")
-               for r in caplog.records)
+    assert any(
+        r.name == "rollout.notice" and r.getMessage().startswith("warning: no sandbox for env(s) e")
+        for r in caplog.records
+    )
     bare = make_env(tmp_path / "envs", "bare", "", runtime_cfg={"sandbox": "none"})
     assert effective_mode(bare, "bwrap") == "none" and effective_mode(cfg, "bwrap") == "bwrap"
     check_sandbox(opts, [bare])
 
 
 def test_env_config_limits_and_sandbox_keys(tmp_path: Path) -> None:
-    cfg = make_env(tmp_path / "envs", "e", "", runtime_cfg={
-        "limits": {"memory_mb": 256, "processes": 64, "output_mb": 2, "disk_mb": None}, "pass_env": ["HF_TOKEN"]})
+    cfg = make_env(
+        tmp_path / "envs",
+        "e",
+        "",
+        runtime_cfg={
+            "limits": {"memory_mb": 256, "processes": 64, "output_mb": 2, "disk_mb": None},
+            "pass_env": ["HF_TOKEN"],
+        },
+    )
     assert cfg.runtime.limits == LimitsConfig(memory_mb=256, processes=64, output_mb=2, disk_mb=None)
     assert cfg.runtime.pass_env == ["HF_TOKEN"] and cfg.runtime.sandbox is None
-    assert LimitsConfig() == LimitsConfig(memory_mb=4096, processes=512, output_mb=64, disk_mb=4096, max_files=100_000)
+    assert LimitsConfig() == LimitsConfig(
+        memory_mb=4096, processes=512, output_mb=64, disk_mb=4096, max_files=100_000
+    )
     with pytest.raises(EnvConfigError, match="memory_gb"):
         make_env(tmp_path / "envs2", "e", "", runtime_cfg={"limits": {"memory_gb": 1}})
     with pytest.raises(EnvConfigError, match="sandbox"):
@@ -277,8 +348,10 @@ def test_detect_prefers_a_delegated_cgroup2_and_falls_back_to_v1(tmp_path: Path)
     (tmp_path / "unified/job/cgroup.subtree_control").write_text("memory\n")
     own = "4:memory:/job\n8:pids:/\n0::/job\n"
     found = cgroups.detect(MOUNTINFO.format(root=tmp_path), own)
-    assert found == {"memory": Controller("memory", 2, tmp_path / "unified/job"),
-                     "pids": Controller("pids", 1, tmp_path / "v1pids")}
+    assert found == {
+        "memory": Controller("memory", 2, tmp_path / "unified/job"),
+        "pids": Controller("pids", 1, tmp_path / "v1pids"),
+    }
     assert found["memory"].mechanism == "cgroup v2 memory.max"
     assert found["pids"].mechanism == "cgroup v1 pids.max"
     assert cgroups.detect("", "") == {}
@@ -303,8 +376,12 @@ def test_session_cgroup_writes_limits_reads_events_and_removes(tmp_path: Path) -
 def test_session_cgroup_v1_files(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "p").mkdir()
-    cg = SessionCgroup(Controller("memory", 1, tmp_path / "m"), Controller("pids", 1, tmp_path / "p"),
-                       memory_bytes=1 << 30, max_processes=8)
+    cg = SessionCgroup(
+        Controller("memory", 1, tmp_path / "m"),
+        Controller("pids", 1, tmp_path / "p"),
+        memory_bytes=1 << 30,
+        max_processes=8,
+    )
     cg.create("s")
     assert (tmp_path / "m/s/memory.limit_in_bytes").read_text() == str(1 << 30)
     assert cg.procs_files == [tmp_path / "m/s/cgroup.procs", tmp_path / "p/s/cgroup.procs"]
@@ -313,20 +390,35 @@ def test_session_cgroup_v1_files(tmp_path: Path) -> None:
 
 
 def _record(env: str, sandbox: str | None) -> SessionRecord:
-    return SessionRecord(session_id=f"{env}-{sandbox}", job_id="j", env_name=env, case_id="0", group_id="g",
-                         model="m", sample_index=0, status="succeeded", sandbox=sandbox)
+    return SessionRecord(
+        session_id=f"{env}-{sandbox}",
+        job_id="j",
+        env_name=env,
+        case_id="0",
+        group_id="g",
+        model="m",
+        sample_index=0,
+        status="succeeded",
+        sandbox=sandbox,
+    )
 
 
 def test_footer_warns_about_sessions_run_without_a_sandbox() -> None:
     assert table_footer([_record("a", "bwrap"), _record("b", None)]) is None
-    footer = table_footer([_record("a", "none"), _record("a", "none"), _record("b", "none"), _record("c", "bwrap")])
-    assert footer == ("warning: 3 sessions ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: "
-                      "none): a (2), b (1). Their runtimes could read the host's files and environment and reach "
-                      "its network; their scores may not be trustworthy as rewards.")
+    footer = table_footer(
+        [_record("a", "none"), _record("a", "none"), _record("b", "none"), _record("c", "bwrap")]
+    )
+    assert footer == (
+        "warning: 3 sessions ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: "
+        "none): a (2), b (1). Their runtimes could read the host's files and environment and reach "
+        "its network; their scores may not be trustworthy as rewards."
+    )
 
 
 def test_forwarder_uses_only_built_in_modules() -> None:
     source = (CODE_ROOT / "rollout" / "contract" / "forwarder.py").read_text()
-    imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    imports = {
+        line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))
+    }
     assert imports == {"_socket", "_thread", "os", "resource", "sys"}
     assert os.access(CODE_ROOT / "rollout" / "contract" / "forwarder.py", os.R_OK)

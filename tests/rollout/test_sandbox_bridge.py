@@ -18,21 +18,35 @@ from tests.fake_upstream import DONE, FakeUpstream, Reply, chat_chunk
 PREFIX = "/v1/sessions/s1"
 
 
-@pytest.mark.parametrize("target, why", [
-    (b"/v1/sessions/s1", None),
-    (b"/v1/sessions/s1/chat/completions", None),
-    (b"/v1/sessions/s1/v1/messages?beta=true", None),
-    (b"/v1/chat/completions", "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, "
-                              "not '/v1/chat/completions'"),
-    (b"/v1/sessions/s12/chat/completions", "only this session's URL (/v1/sessions/s1/...) is reachable from the "
-                                           "sandbox, not '/v1/sessions/s12/chat/completions'"),
-    (b"/v1/sessions/s1/../s2/chat/completions", "request path '/v1/sessions/s1/../s2/chat/completions' is not a "
-                                                "plain path"),
-    (b"/v1/sessions/s1/%2e%2e/s2", "request path '/v1/sessions/s1/%2e%2e/s2' is not a plain path"),
-    (b"/v1/sessions/s1//x", "request path '/v1/sessions/s1//x' is not a plain path"),
-    (b"/v1/sessions/s1/close", "the launcher closes the session; a runtime cannot"),
-    (b"/metrics", "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, not '/metrics'"),
-])
+@pytest.mark.parametrize(
+    "target, why",
+    [
+        (b"/v1/sessions/s1", None),
+        (b"/v1/sessions/s1/chat/completions", None),
+        (b"/v1/sessions/s1/v1/messages?beta=true", None),
+        (
+            b"/v1/chat/completions",
+            "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, "
+            "not '/v1/chat/completions'",
+        ),
+        (
+            b"/v1/sessions/s12/chat/completions",
+            "only this session's URL (/v1/sessions/s1/...) is reachable from the "
+            "sandbox, not '/v1/sessions/s12/chat/completions'",
+        ),
+        (
+            b"/v1/sessions/s1/../s2/chat/completions",
+            "request path '/v1/sessions/s1/../s2/chat/completions' is not a plain path",
+        ),
+        (b"/v1/sessions/s1/%2e%2e/s2", "request path '/v1/sessions/s1/%2e%2e/s2' is not a plain path"),
+        (b"/v1/sessions/s1//x", "request path '/v1/sessions/s1//x' is not a plain path"),
+        (b"/v1/sessions/s1/close", "the launcher closes the session; a runtime cannot"),
+        (
+            b"/metrics",
+            "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, not '/metrics'",
+        ),
+    ],
+)
 def test_refusal(target: bytes, why: str | None) -> None:
     assert refusal(target, PREFIX) == why
 
@@ -41,10 +55,14 @@ CLOSE_REFUSED = "the launcher closes the session; a runtime cannot"
 # spellings of the session's close (and of other sessions) that a server may route where the bridge refuses
 SNEAKY_TARGETS = [
     (b"/v1/sessions/s1/close#x", "request path '/v1/sessions/s1/close#x' is not a plain path"),
-    (b"/v1/sessions/s1/close?x=1#y", "request target '/v1/sessions/s1/close?x=1#y' has a fragment or a byte no "
-                                     "URL holds"),
-    (b"/v1/sessions/s1/chat/completions#/../close", "request path '/v1/sessions/s1/chat/completions#/../close' is "
-                                                    "not a plain path"),
+    (
+        b"/v1/sessions/s1/close?x=1#y",
+        "request target '/v1/sessions/s1/close?x=1#y' has a fragment or a byte no URL holds",
+    ),
+    (
+        b"/v1/sessions/s1/chat/completions#/../close",
+        "request path '/v1/sessions/s1/chat/completions#/../close' is not a plain path",
+    ),
     (b"/v1/sessions/s1%2Fclose", "request path '/v1/sessions/s1%2Fclose' is not a plain path"),
     (b"/v1/sessions/s1/clos%65", "request path '/v1/sessions/s1/clos%65' is not a plain path"),
     (b"/v1/sessions/s1/close%23x", "request path '/v1/sessions/s1/close%23x' is not a plain path"),
@@ -58,10 +76,15 @@ SNEAKY_TARGETS = [
     (b"/v1/sessions/s1/close;x", CLOSE_REFUSED),
     (b"/v1/sessions/s1/CLOSE", CLOSE_REFUSED),
     (b"/v1/sessions/s1/Close/", CLOSE_REFUSED),
-    (b"http://127.0.0.1:8000/v1/sessions/s1/close", "request path 'http://127.0.0.1:8000/v1/sessions/s1/close' is "
-                                                   "not a plain path"),
-    (b"/V1/SESSIONS/s1/close", "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, not "
-                               "'/V1/SESSIONS/s1/close'"),
+    (
+        b"http://127.0.0.1:8000/v1/sessions/s1/close",
+        "request path 'http://127.0.0.1:8000/v1/sessions/s1/close' is not a plain path",
+    ),
+    (
+        b"/V1/SESSIONS/s1/close",
+        "only this session's URL (/v1/sessions/s1/...) is reachable from the sandbox, not "
+        "'/V1/SESSIONS/s1/close'",
+    ),
 ]
 
 
@@ -73,18 +96,24 @@ def test_refusal_of_sneaky_targets(target: bytes, why: str) -> None:
 def test_refusal_keeps_ordinary_queries() -> None:
     assert refusal(b"/v1/sessions/s1/v1/messages?beta=true&after=a%2Fb", PREFIX) is None
     assert refusal(b"/v1/sessions/s1/closed/x", PREFIX) is None  # only the close route itself
-    assert refusal(b"/v1/sessions/s1/close\xc2\xa0", PREFIX) == ("request path '/v1/sessions/s1/close\u00c2\\xa0' is "
-                                                                "not a plain path")  # non-ASCII
+    assert refusal(b"/v1/sessions/s1/close\xc2\xa0", PREFIX) == (
+        "request path '/v1/sessions/s1/close\u00c2\\xa0' is not a plain path"
+    )  # non-ASCII
 
 
 async def test_bridge_never_relays_a_sneaky_close(tmp_path: Path) -> None:
     """Over the socket, each spelling is a 403 and nothing reaches the server."""
     sock = tmp_path / "gw.sock"
-    async with FakeUpstream() as up, GatewayBridge(sock, f"{up.base_url.removesuffix('/v1')}{PREFIX}") as bridge:
+    async with (
+        FakeUpstream() as up,
+        GatewayBridge(sock, f"{up.base_url.removesuffix('/v1')}{PREFIX}") as bridge,
+    ):
         for target, _ in SNEAKY_TARGETS:
             reader, writer = await asyncio.open_unix_connection(str(sock))
-            writer.write(b"POST " + target + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"content-length: 2\r\n\r\n{}")
+            writer.write(
+                b"POST " + target + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 2\r\n\r\n{}"
+            )
             await writer.drain()
             answer = await asyncio.wait_for(reader.read(), timeout=30)
             writer.close()
@@ -97,8 +126,12 @@ async def test_bridge_never_relays_a_sneaky_close(tmp_path: Path) -> None:
 
 def test_gateway_address() -> None:
     assert gateway_address("http://127.0.0.1:8000/v1/sessions/s1") == ("127.0.0.1", 8000, False, PREFIX)
-    assert gateway_address("https://gw.example/base/v1/sessions/s1/") == ("gw.example", 443, True,
-                                                                          "/base/v1/sessions/s1")
+    assert gateway_address("https://gw.example/base/v1/sessions/s1/") == (
+        "gw.example",
+        443,
+        True,
+        "/base/v1/sessions/s1",
+    )
     with pytest.raises(BridgeError, match="need http"):
         gateway_address("unix:///x")
 
@@ -106,8 +139,14 @@ def test_gateway_address() -> None:
 async def test_bridge_relays_session_requests_and_refuses_the_rest(tmp_path: Path) -> None:
     sock = tmp_path / "gw.sock"
     async with FakeUpstream() as up:
-        up.script(f"{PREFIX}/chat/completions", [
-            Reply.json({"n": 1}), Reply.sse([chat_chunk("Hi"), chat_chunk(" there"), DONE]), Reply.json({"n": 3})])
+        up.script(
+            f"{PREFIX}/chat/completions",
+            [
+                Reply.json({"n": 1}),
+                Reply.sse([chat_chunk("Hi"), chat_chunk(" there"), DONE]),
+                Reply.json({"n": 3}),
+            ],
+        )
         origin = up.base_url.removesuffix("/v1")
         async with GatewayBridge(sock, f"{origin}{PREFIX}") as bridge:
             transport = httpx.AsyncHTTPTransport(uds=str(sock))
@@ -119,6 +158,7 @@ async def test_bridge_relays_session_requests_and_refuses_the_rest(tmp_path: Pat
                 async def chunked_body():  # type: ignore[no-untyped-def]
                     yield b'{"parts": '
                     yield b'"two"}'
+
                 third = await client.post(f"{PREFIX}/chat/completions", content=chunked_body())
                 refused = await client.post("/v1/chat/completions", json={"sneaky": True})
             assert bridge.refused == 1

@@ -33,7 +33,14 @@ async def test_a_runtime_sees_the_contract_and_nothing_else_of_ours(tmp_path: Pa
     assert out.sandbox == "bwrap"
     line = next(x for x in out.stdout_tail.splitlines() if x.startswith("IMPORTS "))
     assert json.loads(line.removeprefix("IMPORTS ")) == {
-        "rollout.contract.protocol": True, "rollout.contract.harness": True,
-        "rollout.contract.harness_runtime": True, "rollout.protocol": True, "rollout.harness": True,
-        "rollout.jobs.run": False, "rollout.grading.grader": False, "rollout.sandbox.runner": False,
-        "rollout.client": False, "store": False}
+        "rollout.contract.protocol": True,
+        "rollout.contract.harness": True,
+        "rollout.contract.harness_runtime": True,
+        "rollout.protocol": True,
+        "rollout.harness": True,
+        "rollout.jobs.run": False,
+        "rollout.grading.grader": False,
+        "rollout.sandbox.runner": False,
+        "rollout.client": False,
+        "store": False,
+    }

@@ -22,7 +22,7 @@ ANSWER = "HIDDEN-ANSWER-7f3a"
 EXPECTED = "EXPECTED-SECRET-9c1d"
 SECRET = "LAUNCHER-SECRET-52be"
 
-PROBE = r'''
+PROBE = r"""
 import glob, json, os, socket, sys
 from pathlib import Path
 
@@ -109,7 +109,7 @@ found["sessionless_call"] = post("/v1/chat/completions")
 found["other_session_call"] = post("/v1/sessions/someone-else/chat/completions")
 found["close_own_session"] = post(base.path + "/close")
 print(json.dumps({"session_id": req["session_id"], "status": "succeeded", "metrics": found}))
-'''
+"""
 
 
 def _envs(root: Path, db: Path, port: int) -> Path:
@@ -117,19 +117,39 @@ def _envs(root: Path, db: Path, port: int) -> Path:
     (evil / "data").mkdir(parents=True)
     (evil / "runtime.py").write_text(PROBE)
     repo_task = sorted((REPO / "env" / "workspace" / "tasks").glob("*/expected.json"))[0]
-    row = {"id": "attack", "answer": ANSWER, "repo_task": str(repo_task), "db": str(db),
-           "secret_value": SECRET, "answer_marker": ANSWER, "expected_marker": EXPECTED, "host_port": port}
+    row = {
+        "id": "attack",
+        "answer": ANSWER,
+        "repo_task": str(repo_task),
+        "db": str(db),
+        "secret_value": SECRET,
+        "answer_marker": ANSWER,
+        "expected_marker": EXPECTED,
+        "host_port": port,
+    }
     (evil / "data" / "cases.jsonl").write_text(json.dumps(row) + "\n")
-    (evil / "env.yaml").write_text(yaml.safe_dump({
-        "name": "evil", "dataset": {"path": "data/cases.jsonl", "id_field": "id", "hidden_fields": ["answer"]},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120}}))
+    (evil / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "evil",
+                "dataset": {"path": "data/cases.jsonl", "id_field": "id", "hidden_fields": ["answer"]},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 120},
+            }
+        )
+    )
     task = root / "victim" / "tasks" / "t1"
     task.mkdir(parents=True)
     (task / "instruction.md").write_text("do it")
     (task / "expected.json").write_text(json.dumps({"answer": EXPECTED}))
-    (root / "victim" / "env.yaml").write_text(yaml.safe_dump({
-        "name": "victim", "dataset": {"format": "task_dirs", "path": "tasks"},
-        "runtime": {"command": ["{python}", "-c", "pass"]}}))
+    (root / "victim" / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "victim",
+                "dataset": {"format": "task_dirs", "path": "tasks"},
+                "runtime": {"command": ["{python}", "-c", "pass"]},
+            }
+        )
+    )
     return repo_task
 
 
@@ -148,9 +168,24 @@ async def _attack(tmp_path: Path, *extra: str) -> tuple[dict, dict, str, int, li
         async with FakeUpstream() as up:
             cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
             code, stdout, stderr = await launch(
-                "--agent-root", str(tmp_path / "envs"), "--env", "evil", "--gateway-config", str(cfg),
-                "--llm-model", "fake", "--db-path", f"sqlite://{db}", "--job-id", "attack", "--out", str(out),
-                *extra, cwd=tmp_path, env={**os.environ, "ROLLOUT_TEST_SECRET": SECRET})
+                "--agent-root",
+                str(tmp_path / "envs"),
+                "--env",
+                "evil",
+                "--gateway-config",
+                str(cfg),
+                "--llm-model",
+                "fake",
+                "--db-path",
+                f"sqlite://{db}",
+                "--job-id",
+                "attack",
+                "--out",
+                str(out),
+                *extra,
+                cwd=tmp_path,
+                env={**os.environ, "ROLLOUT_TEST_SECRET": SECRET},
+            )
             upstream = [r.path for r in up.requests]
     finally:
         server.close()
@@ -169,18 +204,42 @@ async def test_malicious_runtime_gets_nothing_in_the_sandbox(tmp_path: Path) -> 
     require_bwrap()
     found, record, output, host_connections, upstream = await _attack(tmp_path)
     assert record["sandbox"] == "bwrap" and record["status"] == "succeeded"
-    assert found["row_keys"] == ["answer_marker", "db", "expected_marker", "host_port", "id", "repo_task",
-                                 "secret_value"]  # the hidden field was never sent
+    assert found["row_keys"] == [
+        "answer_marker",
+        "db",
+        "expected_marker",
+        "host_port",
+        "id",
+        "repo_task",
+        "secret_value",
+    ]  # the hidden field was never sent
     assert found["other_env_expected"] == "FileNotFoundError"
     assert found["repo_task_expected"] == "FileNotFoundError"
     assert found["own_dataset"] == "FileNotFoundError"
     assert found["db"] == "FileNotFoundError"
     assert found["secret_in_environ"] == [] and found["secret_in_any_proc"] == []
     proc1 = {kv.split("=", 1)[0] for kv in found["proc1_environ"] if kv}
-    assert proc1 <= {"PATH", "LANG", "LANGUAGE", "TERM", "TZ", "HOME", "TMPDIR", "PYTHONUNBUFFERED",
-                     "PYTHONDONTWRITEBYTECODE", "PYTHONPATH", "OPENAI_BASE_URL", "OPENAI_API_KEY",
-                     "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "GATEWAY_BASE_URL", "GATEWAY_API_KEY",
-                     "ROLLOUT_LOG_LEVEL", "NO_COLOR", "COLUMNS"} | {k for k in proc1 if k.startswith("LC_")}
+    assert proc1 <= {
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "TZ",
+        "HOME",
+        "TMPDIR",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONPATH",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "GATEWAY_BASE_URL",
+        "GATEWAY_API_KEY",
+        "ROLLOUT_LOG_LEVEL",
+        "NO_COLOR",
+        "COLUMNS",
+    } | {k for k in proc1 if k.startswith("LC_")}
     assert found["workspace_parent"] == "FileNotFoundError" and found["tmp_rollout"] == []
     assert found["marker_hits"] == ["/workspace/control.txt"]
     assert found["write_code"] == "OSError"  # read-only file system
@@ -193,7 +252,11 @@ async def test_malicious_runtime_gets_nothing_in_the_sandbox(tmp_path: Path) -> 
     assert found["streamed"] == DEFAULT_TEXT  # a streamed answer through the bridge too
     assert record["step_count"] == 2 and record["trajectory"][0]["content"] == DEFAULT_TEXT
     # only its own session is reachable: no sessionless (unrecorded) call, no other session, no close
-    assert (found["sessionless_call"], found["other_session_call"], found["close_own_session"]) == (403, 403, 403)
+    assert (found["sessionless_call"], found["other_session_call"], found["close_own_session"]) == (
+        403,
+        403,
+        403,
+    )
     assert len([r for r in upstream if r.endswith("/chat/completions")]) == 2
     assert "WITHOUT a sandbox" not in output
 
@@ -207,5 +270,7 @@ async def test_without_the_sandbox_the_same_probes_succeed_and_it_is_reported(tm
     assert found["host_loopback"] == "connected" and host_connections == 1
     assert found["gateway_answer"] == DEFAULT_TEXT
     assert found["sessionless_call"] == 200  # unsandboxed, the model can be used off the record
-    assert "warning: 1 sessions ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: none): " \
-           "evil (1)." in output
+    assert (
+        "warning: 1 sessions ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: none): "
+        "evil (1)." in output
+    )

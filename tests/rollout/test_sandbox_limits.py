@@ -38,8 +38,16 @@ async def test_fork_bomb_is_stopped_by_the_process_limit(tmp_path: Path) -> None
     support = require_bwrap()
     sid = f"fork-{uuid.uuid4().hex[:8]}"
     out, _ = await _run(tmp_path, FORK_BOMB, {"processes": 32}, sid=sid)
-    assert (out.status, out.limit_exceeded, out.sandbox, out.setup_failed) == ("error", "processes", "bwrap", False)
-    assert out.error_text == "process limit exceeded: the session tried to run more than 32 processes/threads at once"
+    assert (out.status, out.limit_exceeded, out.sandbox, out.setup_failed) == (
+        "error",
+        "processes",
+        "bwrap",
+        False,
+    )
+    assert (
+        out.error_text
+        == "process limit exceeded: the session tried to run more than 32 processes/threads at once"
+    )
     if support.pids is not None:  # its cgroup is gone, nothing left running in it
         assert not list(support.pids.parent.glob(f"rollout-{sid}-*"))
 
@@ -87,7 +95,9 @@ async def test_many_files_under_the_per_file_cap_still_hit_the_disk_limit(tmp_pa
 async def test_without_a_sandbox_the_disk_limit_stops_files_written_after_the_start(tmp_path: Path) -> None:
     """``sandbox: none``: the workspace is empty when the runtime starts (the check then needs no
     thread) and fills later: the disk limit still ends the session."""
-    cfg = make_env(tmp_path / "envs", "lim", MANY_FILES, runtime_cfg={"limits": {"disk_mb": 8}, "timeout_s": 120})
+    cfg = make_env(
+        tmp_path / "envs", "lim", MANY_FILES, runtime_cfg={"limits": {"disk_mb": 8}, "timeout_s": 120}
+    )
     ws = tmp_path / "ws"
     ws.mkdir()
     out = await run_runtime(cfg, request("s1"), ws, {}, job_mode="none")
@@ -136,9 +146,15 @@ async def test_a_flood_of_files_is_stopped_by_the_file_limit(tmp_path: Path) -> 
     require_bwrap()
     out, ws = await _run(tmp_path, EMPTY_FILES.format(n=3000), {"max_files": 1000})
     assert (out.status, out.limit_exceeded) == ("error", "files"), out
-    assert out.error_text == "file limit exceeded: the workspace holds more than 1000 files, folders and links"
-    end = classify(out.status, setup_failed=out.setup_failed, limit_exceeded=out.limit_exceeded,
-                   error_text=out.error_text)
+    assert (
+        out.error_text == "file limit exceeded: the workspace holds more than 1000 files, folders and links"
+    )
+    end = classify(
+        out.status,
+        setup_failed=out.setup_failed,
+        limit_exceeded=out.limit_exceeded,
+        error_text=out.error_text,
+    )
     assert (end.outcome, end.infra) == ("limit_exceeded", False)  # a task outcome, graded, not retried
     assert len(list(ws.iterdir())) > 1000
 
@@ -157,7 +173,10 @@ async def test_memory_hog_is_stopped_by_the_memory_limit(tmp_path: Path) -> None
         assert out.status == "error" and "MemoryError" in out.stderr_tail
         return
     assert (out.status, out.limit_exceeded) == ("error", "memory")
-    assert out.error_text == "memory limit exceeded: the session used more than 128 MiB (the kernel killed a process)"
+    assert (
+        out.error_text
+        == "memory limit exceeded: the session used more than 128 MiB (the kernel killed a process)"
+    )
 
 
 LOUD = """
@@ -211,8 +230,10 @@ async def test_a_gateway_that_cannot_be_bridged_is_a_setup_failure(tmp_path: Pat
     ws.mkdir()
     out = await run_runtime(cfg, request(gateway="ftp://127.0.0.1/v1/sessions"), ws, {})
     assert (out.status, out.setup_failed) == ("error", True)
-    assert out.error_text == ("sandbox setup failed: BridgeError: cannot bridge to gateway URL "
-                              "'ftp://127.0.0.1/v1/sessions/s1': need http(s)://HOST[:PORT]/...")
+    assert out.error_text == (
+        "sandbox setup failed: BridgeError: cannot bridge to gateway URL "
+        "'ftp://127.0.0.1/v1/sessions/s1': need http(s)://HOST[:PORT]/..."
+    )
 
 
 AS_PROBE = """
@@ -223,11 +244,16 @@ hog = bytearray(b"\\x01") * (1 << 30)
 
 
 async def test_without_a_memory_cgroup_the_memory_limit_is_a_per_process_rlimit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     support = require_bwrap()
-    monkeypatch.setattr(rollout.sandbox.runner, "sandbox_support", lambda: dataclasses.replace(support, memory=None))
+    monkeypatch.setattr(
+        rollout.sandbox.runner, "sandbox_support", lambda: dataclasses.replace(support, memory=None)
+    )
     out, _ = await _run(tmp_path, AS_PROBE, {"memory_mb": 256})
     assert f"as-limit {256 << 20}" in out.stderr_tail
     assert out.status == "error" and "MemoryError" in out.stderr_tail
-    assert dataclasses.replace(support, memory=None).mechanisms()["memory"] == \
-        "RLIMIT_AS of each process (no cgroup available)"
+    assert (
+        dataclasses.replace(support, memory=None).mechanisms()["memory"]
+        == "RLIMIT_AS of each process (no cgroup available)"
+    )

@@ -80,7 +80,11 @@ def test_normalize_numpy_extras() -> None:
         ({"normalized_score_10": 8.5}, "scored", 8.5),
         ({"reward": 3}, "scored", 3.0),
         ({"reward": 30}, "scored", 10.0),
-        ({"score": 4, "normalized_score_10": 6, "reward": 9}, "scored", 6.0),  # key order: normalized_score_10 first
+        (
+            {"score": 4, "normalized_score_10": 6, "reward": 9},
+            "scored",
+            6.0,
+        ),  # key order: normalized_score_10 first
         ({"normalized_score_10": 6, "reward": 9}, "scored", 6.0),
         ({"score": None, "reward": 9}, "invalid_reward", None),  # first present key decides
         ({"score": float("nan")}, "invalid_reward", None),

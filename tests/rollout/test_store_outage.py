@@ -27,7 +27,7 @@ from tests.gateway.test_telemetry_modes import fill_the_disk
 
 REPO = Path(__file__).resolve().parents[2]
 
-RUNTIME = '''
+RUNTIME = """
 from env.runtime_kit import chat_completion, openai_client, run_runtime
 from rollout.contract.protocol import SimulationStartResult
 
@@ -38,12 +38,12 @@ def main(req):
                                  metrics={"text": completion.choices[0].message.content})
 
 run_runtime(main)
-'''
+"""
 
-EVALUATOR = f'''
+EVALUATOR = f"""
 def evaluate(request, spec, trajectory):
     return 10 if trajectory.final_response == {DEFAULT_TEXT!r} else 0
-'''
+"""
 
 
 def make_env(root: Path, n: int) -> None:
@@ -51,11 +51,23 @@ def make_env(root: Path, n: int) -> None:
     (env_dir / "data").mkdir(parents=True)
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
-    (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps({"id": f"c{i}"}) + "\n" for i in range(n)))
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "full", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60,
-                    "env": {"PYTHONPATH": str(REPO)}}, "max_steps": 4}))
+    (env_dir / "data" / "cases.jsonl").write_text(
+        "".join(json.dumps({"id": f"c{i}"}) + "\n" for i in range(n))
+    )
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "full",
+                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+                "runtime": {
+                    "command": ["{python}", "{env_dir}/runtime.py"],
+                    "timeout_s": 60,
+                    "env": {"PYTHONPATH": str(REPO)},
+                },
+                "max_steps": 4,
+            }
+        )
+    )
 
 
 @asynccontextmanager
@@ -68,19 +80,32 @@ async def job_on_a_full_disk(tmp_path: Path, n: int, full_for: int) -> AsyncIter
     make_env(tmp_path / "envs", n)
     db = tmp_path / "t.db"
     async with FakeUpstream() as up:
-        gw = await serve(GatewaySettings.model_validate({
-            "storage_config": {"db_url": f"sqlite://{db}"}, "llm_routes": {"fake": {"base_url": up.base_url}}}))
+        gw = await serve(
+            GatewaySettings.model_validate(
+                {
+                    "storage_config": {"db_url": f"sqlite://{db}"},
+                    "llm_routes": {"fake": {"base_url": up.base_url}},
+                }
+            )
+        )
         store = Store(f"sqlite://{db}")
         try:
             await store.init()
             fill_the_disk(gw, times=full_for)
-            opts = JobOptions.model_validate({"agent_root": tmp_path / "envs", "gateway_config": tmp_path / "x.yaml",
-                                              "llm_model": "fake", "sandbox": "none"})
+            opts = JobOptions.model_validate(
+                {
+                    "agent_root": tmp_path / "envs",
+                    "gateway_config": tmp_path / "x.yaml",
+                    "llm_model": "fake",
+                    "sandbox": "none",
+                }
+            )
             envs = load_envs(opts)
             rows = session_rows("jf", "fake", envs, 1, None)
             await store.add_job_sessions(rows)
-            opts = opts.model_copy(update={"pool_size": 2, "enable_evaluation": True, "retry_backoff_s": 0.01,
-                                           "max_retries": 1})
+            opts = opts.model_copy(
+                update={"pool_size": 2, "enable_evaluation": True, "retry_backoff_s": 0.01, "max_retries": 1}
+            )
             ctx = JobContext(job_id="jf", gateway_url=f"{gw.url}/v1/sessions", models=("fake",))
             yield await asyncio.wait_for(Pool(store, opts, ctx, {c.name: c for c, _ in envs}).run(rows), 120)
         finally:
@@ -101,15 +126,25 @@ async def test_calls_the_gateway_could_not_record_are_an_outage_never_the_agents
         pass
     assert len(records) == 2
     for r in records:
-        assert (r.status, r.outcome, r.score, r.eval_status) == ("error", "store_unavailable", None, "infra_error")
+        assert (r.status, r.outcome, r.score, r.eval_status) == (
+            "error",
+            "store_unavailable",
+            None,
+            "infra_error",
+        )
         assert r.reason == "not graded: infrastructure failure (store_unavailable) in attempt 2"
         assert [(a.outcome, a.infra) for a in r.attempts] == [("store_unavailable", True)] * 2
-        for a in r.attempts:  # the runtime's words (a 500 it calls an upstream outage) follow the gateway's record
+        for a in (
+            r.attempts
+        ):  # the runtime's words (a 500 it calls an upstream outage) follow the gateway's record
             assert (a.reason or "").startswith(
                 "the gateway could not record 1 model call(s) of the session (its store failed); "
-                "InternalServerError: Error code: 500"), a.reason
-    assert q(tmp_path / "t.db", "SELECT reward, eval_status, outcome FROM job_environments") == [
-        (None, "infra_error", "store_unavailable")] * 2
+                "InternalServerError: Error code: 500"
+            ), a.reason
+    assert (
+        q(tmp_path / "t.db", "SELECT reward, eval_status, outcome FROM job_environments")
+        == [(None, "infra_error", "store_unavailable")] * 2
+    )
 
 
 async def test_the_retry_after_the_disk_is_freed_is_graded(tmp_path: Path) -> None:
@@ -118,4 +153,6 @@ async def test_the_retry_after_the_disk_is_freed_is_graded(tmp_path: Path) -> No
     [r] = records
     assert (r.status, r.outcome, r.score, r.eval_status) == ("succeeded", "succeeded", 10.0, "scored")
     assert [(a.outcome, a.infra) for a in r.attempts] == [("store_unavailable", True), ("succeeded", False)]
-    assert q(tmp_path / "t.db", "SELECT reward, outcome, attempts FROM job_environments") == [(10.0, "succeeded", 2)]
+    assert q(tmp_path / "t.db", "SELECT reward, outcome, attempts FROM job_environments") == [
+        (10.0, "succeeded", 2)
+    ]

@@ -25,7 +25,7 @@ from tests.rollout.sandbox_helpers import require_bwrap
 
 # The task: answer.py's answer() must return 42. Its test imports the agent's module by path and
 # runs under pytest, the way Harbor tasks usually do (``pytest /tests/test_*.py``, cwd = the workspace).
-TEST_PY = '''
+TEST_PY = """
 import importlib.util
 
 def test_answer():
@@ -33,15 +33,15 @@ def test_answer():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.answer() == 42
-'''
-TEST_SH = '''#!/bin/bash
+"""
+TEST_SH = """#!/bin/bash
 echo "workspace holds: $(ls -A /workspace | tr '\\n' ' ')"
 if python3 -m pytest -q -p no:cacheprovider /tests/test_answer.py; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt
 fi
-'''
+"""
 WRONG = "def answer():\n    return 41\n"
 RIGHT = "def answer():\n    return 42\n"
 CHEAT_SCRIPT = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\necho '1 passed'\nexit 0\n"
@@ -95,12 +95,19 @@ async def test_honest_answers_are_rewarded_and_wrong_ones_not(tmp_path: Path, sc
     assert (wrong.status, wrong.reward) == ("rewarded", 0.0), wrong
     assert "1 passed" in right.stdout_tail and "1 failed" in wrong.stdout_tail
     assert right.workspace_copy["files"] == 1 and right.duration_s > 0
-    assert verifier_outcome(right).model_dump(include={"status", "score"}) == {"status": "scored", "score": 10.0}
-    assert verifier_outcome(wrong).model_dump(include={"status", "score"}) == {"status": "scored", "score": 0.0}
+    assert verifier_outcome(right).model_dump(include={"status", "score"}) == {
+        "status": "scored",
+        "score": 10.0,
+    }
+    assert verifier_outcome(wrong).model_dump(include={"status", "score"}) == {
+        "status": "scored",
+        "score": 0.0,
+    }
 
 
-async def test_pytest_config_files_in_the_workspace_do_not_change_the_verdict(tmp_path: Path,
-                                                                              scratch_root: Path) -> None:
+async def test_pytest_config_files_in_the_workspace_do_not_change_the_verdict(
+    tmp_path: Path, scratch_root: Path
+) -> None:
     ws = workspace(tmp_path)
     # a conftest.py that turns every test report into a pass, and ini files that load it / skip tests
     (ws / "conftest.py").write_text(
@@ -110,13 +117,16 @@ async def test_pytest_config_files_in_the_workspace_do_not_change_the_verdict(tm
         "    outcome = yield\n"
         "    outcome.get_result().outcome = 'passed'\n"
         "def pytest_sessionfinish(session, exitstatus):\n"
-        "    session.exitstatus = 0\n")
+        "    session.exitstatus = 0\n"
+    )
     (ws / "pytest.ini").write_text("[pytest]\naddopts = -p conftest --co\n")
     (ws / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-p conftest --co'\n")
     (ws / "tox.ini").write_text("[pytest]\naddopts = --co\n")
     (ws / "setup.cfg").write_text("[tool:pytest]\naddopts = --co\n")
     out = await verify(ws, task(tmp_path))
-    assert "pytest.ini" in out.stdout_tail  # the ini files are there (pytest reads none of them on /tests/...)
+    assert (
+        "pytest.ini" in out.stdout_tail
+    )  # the ini files are there (pytest reads none of them on /tests/...)
     assert out.workspace_copy["stripped"] == ["conftest.py: a conftest.py outside the task's tests"]
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     assert "1 failed" in out.stdout_tail
@@ -124,9 +134,11 @@ async def test_pytest_config_files_in_the_workspace_do_not_change_the_verdict(tm
 
 async def test_python_start_up_hooks_in_the_workspace_do_not_run(tmp_path: Path, scratch_root: Path) -> None:
     ws = workspace(tmp_path)
-    hook = ("import os\nopen('/logs/verifier/reward.txt', 'w').write('1')\nos._exit(0)\n")
-    for folder in (ws, ws / ".local" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-                   / "site-packages"):
+    hook = "import os\nopen('/logs/verifier/reward.txt', 'w').write('1')\nos._exit(0)\n"
+    for folder in (
+        ws,
+        ws / ".local" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages",
+    ):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "sitecustomize.py").write_text(hook)
         (folder / "usercustomize.py").write_text(hook)
@@ -137,11 +149,15 @@ async def test_python_start_up_hooks_in_the_workspace_do_not_run(tmp_path: Path,
     out = await verify(ws, task(tmp_path))
     site = f".local/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
     assert out.workspace_copy["stripped"] == [
-        f"{site}/evil.pth: a .pth file (run by Python at start-up)", f"{site}/sitecustomize.py: a Python start-up hook",
+        f"{site}/evil.pth: a .pth file (run by Python at start-up)",
+        f"{site}/sitecustomize.py: a Python start-up hook",
         f"{site}/usercustomize.py: a Python start-up hook",
         "_pytest/__init__.py: makes _pytest/ a package shadowing the module _pytest (the cwd is first on sys.path)",
-        "evil.pth: a .pth file (run by Python at start-up)", "pytest.py: shadows pytest",
-        "sitecustomize.py: a Python start-up hook", "usercustomize.py: a Python start-up hook"]
+        "evil.pth: a .pth file (run by Python at start-up)",
+        "pytest.py: shadows pytest",
+        "sitecustomize.py: a Python start-up hook",
+        "usercustomize.py: a Python start-up hook",
+    ]
     assert (out.status, out.reward) == ("rewarded", 0.0), out
 
 
@@ -152,20 +168,25 @@ async def test_shadowing_executables_in_the_workspace_are_not_run(tmp_path: Path
             executable(folder / name)
     out = await verify(ws, task(tmp_path))
     assert len(out.workspace_copy["stripped"]) == 4 * 6 - 4  # echo is no shadow: it stays, and runs not
-    assert "echo" in out.stdout_tail and "node_modules/.bin/python3: an executable shadowing python3" in \
-        out.workspace_copy["stripped"]
+    assert (
+        "echo" in out.stdout_tail
+        and "node_modules/.bin/python3: an executable shadowing python3" in out.workspace_copy["stripped"]
+    )
     assert (out.status, out.reward) == ("rewarded", 0.0), out
 
 
 # Harbor's common test line: cd to the workspace, `python -m pytest` on the task's tests, which
 # import the agent's module from the cwd.
 IMPORTING_TEST_PY = "from answer import answer\n\ndef test_answer():\n    assert answer() == 42\n"
-COMMON_SH = ("#!/bin/bash\ncd /workspace && python3 -m pytest -q -p no:cacheprovider /tests/test_answer.py "
-             "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+COMMON_SH = (
+    "#!/bin/bash\ncd /workspace && python3 -m pytest -q -p no:cacheprovider /tests/test_answer.py "
+    "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+)
 
 
-async def test_the_common_harbor_line_imports_the_agents_module_from_the_cwd(tmp_path: Path,
-                                                                           scratch_root: Path) -> None:
+async def test_the_common_harbor_line_imports_the_agents_module_from_the_cwd(
+    tmp_path: Path, scratch_root: Path
+) -> None:
     tests = task(tmp_path, COMMON_SH)
     (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
     right = await verify(workspace(tmp_path / "a", RIGHT), tests)
@@ -176,13 +197,24 @@ async def test_the_common_harbor_line_imports_the_agents_module_from_the_cwd(tmp
 
 
 async def test_hooks_in_the_copy_are_stripped_and_listed_unless_the_task_started_with_them(
-        tmp_path: Path, scratch_root: Path) -> None:
+    tmp_path: Path, scratch_root: Path
+) -> None:
     tests = task(tmp_path, COMMON_SH)
     (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
     ws = workspace(tmp_path)
     hook = "import os\nopen('/logs/verifier/reward.txt', 'w').write('1')\nos._exit(0)\n"
-    for rel in ("conftest.py", "lib/conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.py",
-                "argparse.py", "pluggy/__init__.py", "lib/evil.pth", "own.py", "html/index.html"):
+    for rel in (
+        "conftest.py",
+        "lib/conftest.py",
+        "sitecustomize.py",
+        "usercustomize.py",
+        "pytest.py",
+        "argparse.py",
+        "pluggy/__init__.py",
+        "lib/evil.pth",
+        "own.py",
+        "html/index.html",
+    ):
         (ws / rel).parent.mkdir(parents=True, exist_ok=True)
         (ws / rel).write_text(hook)
     executable(ws / "bin" / "python3")
@@ -206,13 +238,27 @@ async def test_hooks_in_the_copy_are_stripped_and_listed_unless_the_task_started
         "usercustomize.py: a Python start-up hook",
     ]
     assert sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file()) == [
-        "answer.py", "argparse.py", "bash", "bin/python3", "conftest.py", "html/index.html", "lib/conftest.py",
-        "lib/evil.pth", "own.py", "pluggy/__init__.py", "pytest.py", "python", "sitecustomize.py",
-        "usercustomize.py"]  # the workspace itself is untouched
+        "answer.py",
+        "argparse.py",
+        "bash",
+        "bin/python3",
+        "conftest.py",
+        "html/index.html",
+        "lib/conftest.py",
+        "lib/evil.pth",
+        "own.py",
+        "pluggy/__init__.py",
+        "pytest.py",
+        "python",
+        "sitecustomize.py",
+        "usercustomize.py",
+    ]  # the workspace itself is untouched
     assert (await verify(workspace(tmp_path / "r", RIGHT), tests)).reward == 1.0
 
 
-async def test_the_agents_own_tests_and_planted_rewards_are_not_used(tmp_path: Path, scratch_root: Path) -> None:
+async def test_the_agents_own_tests_and_planted_rewards_are_not_used(
+    tmp_path: Path, scratch_root: Path
+) -> None:
     ws = workspace(tmp_path)
     executable(ws / "tests" / "test.sh")
     (ws / "tests" / "test_answer.py").write_text("def test_answer():\n    pass\n")
@@ -223,17 +269,23 @@ async def test_the_agents_own_tests_and_planted_rewards_are_not_used(tmp_path: P
     assert (out.status, out.reward) == ("rewarded", 0.0), out
 
 
-async def test_the_tests_are_read_only_and_the_workspace_copy_changes_nothing(tmp_path: Path,
-                                                                             scratch_root: Path) -> None:
-    tests = task(tmp_path, "#!/bin/bash\n"
-                           "echo hacked > /tests/test.sh || echo 'tests: read-only'\n"
-                           "rm -rf /workspace/* && echo 'workspace copy emptied'\n"
-                           "echo 0.5 > /logs/verifier/reward.txt\n")
+async def test_the_tests_are_read_only_and_the_workspace_copy_changes_nothing(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    tests = task(
+        tmp_path,
+        "#!/bin/bash\n"
+        "echo hacked > /tests/test.sh || echo 'tests: read-only'\n"
+        "rm -rf /workspace/* && echo 'workspace copy emptied'\n"
+        "echo 0.5 > /logs/verifier/reward.txt\n",
+    )
     ws = workspace(tmp_path, RIGHT)
     out = await verify(ws, tests)
     assert (out.status, out.reward) == ("rewarded", 0.5), out
     assert "tests: read-only" in out.stdout_tail and "workspace copy emptied" in out.stdout_tail
-    assert (tests / "test.sh").read_text().startswith("#!/bin/bash\necho hacked")  # the task's file, untouched
+    assert (
+        (tests / "test.sh").read_text().startswith("#!/bin/bash\necho hacked")
+    )  # the task's file, untouched
     assert (ws / "answer.py").read_text() == RIGHT  # the session's workspace, untouched
 
 
@@ -249,21 +301,30 @@ async def test_links_out_of_the_workspace_are_not_copied(tmp_path: Path, scratch
     assert out.workspace_copy["skipped"] == ["answer.py: link", "fifo: fifo"]
 
 
-async def test_the_environment_is_clean_and_the_toolchain_the_hosts(tmp_path: Path, scratch_root: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_environment_is_clean_and_the_toolchain_the_hosts(
+    tmp_path: Path, scratch_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", "/workspace")
     monkeypatch.setenv("PYTEST_ADDOPTS", "--co")
     monkeypatch.setenv("SECRET_TOKEN", "s3cret")
     monkeypatch.setenv("PATH", f"/workspace:.:{os.environ['PATH']}")
-    tests = task(tmp_path, "#!/bin/bash\nenv | sort\ncommand -v python3\n"
-                           "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 3)' "
-                           "|| echo 'no network'\necho 1 > /logs/verifier/reward.txt\n")
+    tests = task(
+        tmp_path,
+        "#!/bin/bash\nenv | sort\ncommand -v python3\n"
+        "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 3)' "
+        "|| echo 'no network'\necho 1 > /logs/verifier/reward.txt\n",
+    )
     out = await verify(workspace(tmp_path), tests)
     env = dict(line.split("=", 1) for line in out.stdout_tail.splitlines() if "=" in line)
     assert {k: env.get(k) for k in ("PYTHONSAFEPATH", "PYTHONNOUSERSITE", "HOME")} == {
-        "PYTHONSAFEPATH": None, "PYTHONNOUSERSITE": "1", "HOME": "/tmp"}  # the cwd is on sys.path
+        "PYTHONSAFEPATH": None,
+        "PYTHONNOUSERSITE": "1",
+        "HOME": "/tmp",
+    }  # the cwd is on sys.path
     assert "PYTHONPATH" not in env and "PYTEST_ADDOPTS" not in env and "SECRET_TOKEN" not in env
-    assert all(p.startswith("/") and not p.startswith("/workspace") for p in env["PATH"].split(":")), env["PATH"]
+    assert all(p.startswith("/") and not p.startswith("/workspace") for p in env["PATH"].split(":")), env[
+        "PATH"
+    ]
     assert f"{os.path.dirname(sys.executable)}/python3" in out.stdout_tail
     assert "no network" in out.stdout_tail
 
@@ -277,17 +338,20 @@ async def test_a_reward_file_that_is_a_link_is_not_followed(tmp_path: Path, scra
     assert "reward.txt cannot be read" in (out.reason or "")
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({}, (None, "neither")),
-    ({"reward.txt": "abc"}, (None, "does not hold a finite number")),
-    ({"reward.txt": "nan"}, (None, "does not hold a finite number")),
-    ({"reward.txt": " 0.25\n"}, (0.25, "reward.txt")),
-    ({"reward.json": '{"reward": 0.75, "tests": 4}'}, (0.75, "reward.json")),
-    ({"reward.json": '{"accuracy": 0.5, "name": "x"}'}, (0.5, "only number")),
-    ({"reward.json": '{"a": 1, "b": 0}'}, (None, "not exactly one number")),
-    ({"reward.json": '[1]'}, (None, "not a JSON object")),
-    ({"reward.json": '{"reward": true}'}, (None, "not a finite number")),
-])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({}, (None, "neither")),
+        ({"reward.txt": "abc"}, (None, "does not hold a finite number")),
+        ({"reward.txt": "nan"}, (None, "does not hold a finite number")),
+        ({"reward.txt": " 0.25\n"}, (0.25, "reward.txt")),
+        ({"reward.json": '{"reward": 0.75, "tests": 4}'}, (0.75, "reward.json")),
+        ({"reward.json": '{"accuracy": 0.5, "name": "x"}'}, (0.5, "only number")),
+        ({"reward.json": '{"a": 1, "b": 0}'}, (None, "not exactly one number")),
+        ({"reward.json": "[1]"}, (None, "not a JSON object")),
+        ({"reward.json": '{"reward": true}'}, (None, "not a finite number")),
+    ],
+)
 def test_read_reward(tmp_path: Path, files: dict[str, str], expected: tuple[float | None, str]) -> None:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -310,23 +374,35 @@ async def test_no_reward_is_the_agents_zero(tmp_path: Path, scratch_root: Path) 
     assert verifier_outcome(out).model_dump(include={"status", "score"}) == {"status": "scored", "score": 0.0}
 
 
-async def test_a_timeout_kills_everything_and_is_a_grading_failure(tmp_path: Path, scratch_root: Path) -> None:
+async def test_a_timeout_kills_everything_and_is_a_grading_failure(
+    tmp_path: Path, scratch_root: Path
+) -> None:
     marker = str(900_000 + uuid.uuid4().int % 90_000)
-    tests = task(tmp_path, f"#!/bin/bash\nsetsid sleep {marker} &\nnohup sleep {marker} &\n"
-                           "echo 1 > /logs/verifier/reward.txt\nsleep 600\n")
+    tests = task(
+        tmp_path,
+        f"#!/bin/bash\nsetsid sleep {marker} &\nnohup sleep {marker} &\n"
+        "echo 1 > /logs/verifier/reward.txt\nsleep 600\n",
+    )
     out = await verify(workspace(tmp_path), tests, timeout_s=3)
     assert out.status == "timeout" and out.reward is None, out
     assert "timed out after 3 s" in (out.reason or "")
     left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"sleep {marker}" not in left
-    assert verifier_outcome(out).model_dump(include={"status", "score"}) == {"status": "timeout", "score": 0.0}
+    assert verifier_outcome(out).model_dump(include={"status", "score"}) == {
+        "status": "timeout",
+        "score": 0.0,
+    }
 
 
 async def test_limits_apply(tmp_path: Path, scratch_root: Path) -> None:
-    tests = task(tmp_path, "#!/bin/bash\nhead -c 3000000 /dev/zero | tr '\\0' x\necho 1 > /logs/verifier/reward.txt\n")
+    tests = task(
+        tmp_path, "#!/bin/bash\nhead -c 3000000 /dev/zero | tr '\\0' x\necho 1 > /logs/verifier/reward.txt\n"
+    )
     out = await verify(workspace(tmp_path), tests, limits=LimitsConfig(output_mb=1))
     assert (out.status, out.limit_exceeded, out.reward) == ("no_reward", "output", None), out
-    cpu = task(tmp_path / "cpu", "#!/bin/bash\npython3 -c 'while True: pass'\necho $? > /logs/verifier/reward.txt\n")
+    cpu = task(
+        tmp_path / "cpu", "#!/bin/bash\npython3 -c 'while True: pass'\necho $? > /logs/verifier/reward.txt\n"
+    )
     spun = await verify(workspace(tmp_path / "cpu"), cpu, cpu_s=1)
     assert (spun.status, spun.reward) == ("rewarded", 128 + 9), spun  # SIGKILL at the CPU-time limit
 
@@ -339,15 +415,21 @@ async def test_setup_failures(tmp_path: Path, scratch_root: Path, monkeypatch: p
 
     def unavailable() -> None:
         raise SandboxUnavailable("bubblewrap is not installed")
+
     monkeypatch.setattr(verifier, "sandbox_support", unavailable)
     out = await verify(tmp_path / "ws", task(tmp_path))
     assert out.status == "setup_failed" and "bubblewrap is not installed" in (out.reason or "")
     assert verifier_outcome(out).status == "error"
 
 
-async def test_an_unreadable_folder_left_by_the_verifier_is_removed(tmp_path: Path, scratch_root: Path) -> None:
-    tests = task(tmp_path, "#!/bin/bash\nmkdir -p /workspace/locked/deep && touch /workspace/locked/deep/f\n"
-                           "chmod 000 /workspace/locked/deep /workspace/locked\necho 1 > /logs/verifier/reward.txt\n")
+async def test_an_unreadable_folder_left_by_the_verifier_is_removed(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    tests = task(
+        tmp_path,
+        "#!/bin/bash\nmkdir -p /workspace/locked/deep && touch /workspace/locked/deep/f\n"
+        "chmod 000 /workspace/locked/deep /workspace/locked\necho 1 > /logs/verifier/reward.txt\n",
+    )
     out = await verify(workspace(tmp_path), tests)
     assert out.status == "rewarded", out
     # scratch_root's teardown asserts nothing is left
@@ -358,36 +440,46 @@ DEEP_TREE = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('
 
 
 async def test_a_tree_deeper_than_rmtree_recurses_left_by_the_code_under_test_is_removed(
-        tmp_path: Path, scratch_root: Path) -> None:
+    tmp_path: Path, scratch_root: Path
+) -> None:
     """3000 nested folders (past Python's recursion limit) written in the verifier's workspace:
     the verdict stands and the scratch folder is removed (shutil.rmtree raised RecursionError,
     which ended the session as a launcher error: excluded)."""
-    tests = task(tmp_path, f"#!/bin/bash\npython3 -c \"{DEEP_TREE}\"\necho 0 > /logs/verifier/reward.txt\n")
+    tests = task(tmp_path, f'#!/bin/bash\npython3 -c "{DEEP_TREE}"\necho 0 > /logs/verifier/reward.txt\n')
     out = await verify(workspace(tmp_path), tests)
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     # scratch_root's teardown asserts nothing is left
 
 
 async def test_a_workspace_the_disk_check_cannot_measure_is_the_agents_limit(
-        tmp_path: Path, scratch_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, scratch_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A folder the code under test made unreadable (for a launcher that is not root: same user)
     stops the disk check: a limit hit, the agent's 0, as in its session; never ``setup_failed``."""
+
     def unreadable(folder: Path, stop_above: int | None = None) -> None:
         raise PermissionError(13, "Permission denied: folder 'x'")
+
     monkeypatch.setattr(verifier, "disk_used", unreadable)
     tests = task(tmp_path, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     out = await verify(workspace(tmp_path), tests, limits=LimitsConfig(disk_mb=64))
     assert (out.status, out.limit_exceeded, out.reward) == ("no_reward", "disk", None), out
-    assert out.reason == "disk limit: the verifier's workspace cannot be measured (Permission denied: folder 'x')"
+    assert (
+        out.reason
+        == "disk limit: the verifier's workspace cannot be measured (Permission denied: folder 'x')"
+    )
     assert verifier_outcome(out).model_dump(include={"status", "score"}) == {"status": "scored", "score": 0.0}
 
 
-async def test_a_workspace_that_cannot_be_read_is_graded_on_nothing(tmp_path: Path, scratch_root: Path) -> None:
+async def test_a_workspace_that_cannot_be_read_is_graded_on_nothing(
+    tmp_path: Path, scratch_root: Path
+) -> None:
     tests = task(tmp_path, "#!/bin/bash\nls -A /workspace | wc -l\necho 0 > /logs/verifier/reward.txt\n")
     out = await verify(tmp_path / "missing", tests)  # (as root, a mode-000 folder would still be readable)
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     assert out.workspace_copy["complete"] is False and out.workspace_copy["skipped"][0].startswith(
-        ".: the workspace cannot be read")
+        ".: the workspace cannot be read"
+    )
 
 
 async def test_a_script_killed_by_a_signal_gives_no_reward(tmp_path: Path, scratch_root: Path) -> None:
@@ -404,7 +496,8 @@ HOSTILE = {
     "claims_then_wrong": CLAIM + "def median(values):\n    return values[0]\n",
     "kills_its_checker": CLAIM + "import os\nos.kill(os.getppid(), 9)\n",
     "kills_everything": CLAIM + "import os\nos.kill(-1, 9)\n",
-    "leaves_a_rewriter": CLAIM + (
+    "leaves_a_rewriter": CLAIM
+    + (
         "import os, time\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
@@ -413,7 +506,8 @@ HOSTILE = {
         "            open('/logs/verifier/reward.txt', 'w').write('1')\n"
         "            time.sleep(0.05)\n"
         "    os._exit(0)\n"
-        "def median(values):\n    return sorted(values)[len(values) // 2]\n"),
+        "def median(values):\n    return sorted(values)[len(values) // 2]\n"
+    ),
     "hangs": "import time\ntime.sleep(3600)\n",
     # a fork storm (each member forks two and exits) whose members keep renaming a 1 onto the reward
     "fork_storm_rewriter": (
@@ -441,13 +535,15 @@ HOSTILE = {
         "            open(tmp, 'w').write('1')\n"
         "            os.rename(tmp, '/logs/verifier/reward.txt')\n"
         "        except OSError:\n"
-        "            pass\n"),
+        "            pass\n"
+    ),
 }
 
 
 @pytest.mark.parametrize("attack", sorted(HOSTILE))
-async def test_the_bundled_bug_fix_checker_holds_against_hostile_code(tmp_path: Path, scratch_root: Path,
-                                                                     attack: str) -> None:
+async def test_the_bundled_bug_fix_checker_holds_against_hostile_code(
+    tmp_path: Path, scratch_root: Path, attack: str
+) -> None:
     ws = workspace(tmp_path, HOSTILE[attack])
     (ws / "stats.py").write_text(HOSTILE[attack])
     out = await verify(ws, FIX_MEDIAN / "tests")
@@ -467,7 +563,7 @@ async def test_the_bundled_bug_fix_scores_its_reference_solution(tmp_path: Path,
 # The code under test, run by test.sh, tries what would let it change the verdict of the script
 # (bash) that runs it and of the sandbox's forwarder (whose exit status says whether the script was
 # killed): open their fds, their memory, trace them. It prints what it got.
-PROBE = r'''
+PROBE = r"""
 import ctypes, os
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -503,15 +599,19 @@ def probe(pid):
 
 script = os.getppid()
 print(f"script: {probe(script)} | forwarder: {probe(parent_of(script))}")
-'''
+"""
 
 
-async def test_the_code_under_test_cannot_trace_the_script_or_the_forwarder(tmp_path: Path,
-                                                                              scratch_root: Path) -> None:
+async def test_the_code_under_test_cannot_trace_the_script_or_the_forwarder(
+    tmp_path: Path, scratch_root: Path
+) -> None:
     ws = workspace(tmp_path)
     (ws / "probe.py").write_text(PROBE)
-    out = await verify(ws, task(tmp_path, "#!/bin/bash\npython3 /workspace/probe.py\necho 0 > /logs/verifier/reward.txt\n"))
+    out = await verify(
+        ws, task(tmp_path, "#!/bin/bash\npython3 /workspace/probe.py\necho 0 > /logs/verifier/reward.txt\n")
+    )
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     assert out.stdout_tail.strip() == (
         "script: fds opened 0; mem PermissionError; ptrace Operation not permitted | "
-        "forwarder: fds opened 0; mem PermissionError; ptrace Operation not permitted"), out.stdout_tail
+        "forwarder: fds opened 0; mem PermissionError; ptrace Operation not permitted"
+    ), out.stdout_tail

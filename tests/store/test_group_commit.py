@@ -15,12 +15,25 @@ from store import group as group_module
 
 
 def _rows(n: int) -> list[JobEnvironment]:
-    return [JobEnvironment(session_id=f"s{i}", job_id="j", env_name="e", case_id=str(i), llm_model="m",
-                           group_id="g", sample_index=0, env_params={}, status="pending") for i in range(n)]
+    return [
+        JobEnvironment(
+            session_id=f"s{i}",
+            job_id="j",
+            env_name="e",
+            case_id=str(i),
+            llm_model="m",
+            group_id="g",
+            sample_index=0,
+            env_params={},
+            status="pending",
+        )
+        for i in range(n)
+    ]
 
 
 async def test_concurrent_writes_share_transactions_and_a_bad_one_fails_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     batches: list[int] = []
     real_commit = group_module.GroupCommit._commit
 
@@ -38,8 +51,13 @@ async def test_concurrent_writes_share_transactions_and_a_bad_one_fails_alone(
         writes.insert(17, store.update_job_session("s3", status=None))  # fails in the database: NOT NULL
         with pytest.raises(ValueError, match="no column no_such_column"):  # refused before it is queued
             await store.update_job_session("s3", no_such_column=1)
-        writes.append(store.record_attempt(SessionAttempt(session_id="s5", attempt=1, job_id="j", status="succeeded",
-                                                          outcome="succeeded")))
+        writes.append(
+            store.record_attempt(
+                SessionAttempt(
+                    session_id="s5", attempt=1, job_id="j", status="succeeded", outcome="succeeded"
+                )
+            )
+        )
         results = await asyncio.gather(*writes, return_exceptions=True)
     finally:
         await store.close()
@@ -48,8 +66,9 @@ async def test_concurrent_writes_share_transactions_and_a_bad_one_fails_alone(
     assert results[-1] is True  # record_attempt's own result
     con = sqlite3.connect(db)
     try:
-        assert con.execute("SELECT count(*) FROM job_environments WHERE status = 'running' AND attempts = 1"
-                           ).fetchall() == [(40,)]
+        assert con.execute(
+            "SELECT count(*) FROM job_environments WHERE status = 'running' AND attempts = 1"
+        ).fetchall() == [(40,)]
         assert con.execute("SELECT env_id, outcome FROM session_attempts").fetchall() == [("s5", "succeeded")]
     finally:
         con.close()

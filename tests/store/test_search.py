@@ -26,10 +26,18 @@ def _steps(sid: str, job: str, turns: list[tuple[str, str]], enc: StepEncoder) -
     rows, history = [], [SYSTEM]
     for seq, (user, answer) in enumerate(turns, start=1):
         history = [*history, {"role": "user", "content": user}]
-        row = step_record(session_id=sid, seq=seq, step_id=seq, llm_model="m", endpoint="chat.completions",
-                          job_id=job, env_name="e", messages=list(history),
-                          request={"model": "m", "messages": list(history)},
-                          response={"choices": [{"message": {"role": "assistant", "content": answer}}]})
+        row = step_record(
+            session_id=sid,
+            seq=seq,
+            step_id=seq,
+            llm_model="m",
+            endpoint="chat.completions",
+            job_id=job,
+            env_name="e",
+            messages=list(history),
+            request={"model": "m", "messages": list(history)},
+            response={"choices": [{"message": {"role": "assistant", "content": answer}}]},
+        )
         enc.committed(enc.encode(row))
         rows.append(row)
         history = [*history, {"role": "assistant", "content": answer}]
@@ -40,14 +48,32 @@ def _steps(sid: str, job: str, turns: list[tuple[str, str]], enc: StepEncoder) -
 async def store(store_url: str):  # type: ignore[no-untyped-def]
     s = Store(store_url)
     await s.init()
-    await s.add_job_sessions([JobEnvironment(session_id=f"s{i}", job_id=("j1", "j2")[i % 2], env_name="e",
-                                             case_id=f"c{i // 2}", llm_model="m", group_id=f"g{i // 2}",
-                                             sample_index=i % 2) for i in range(4)])
+    await s.add_job_sessions(
+        [
+            JobEnvironment(
+                session_id=f"s{i}",
+                job_id=("j1", "j2")[i % 2],
+                env_name="e",
+                case_id=f"c{i // 2}",
+                llm_model="m",
+                group_id=f"g{i // 2}",
+                sample_index=i % 2,
+            )
+            for i in range(4)
+        ]
+    )
     enc = StepEncoder()
     await s.write_batch(
-        _steps("s0", "j1", [("count the failed logins", "reading auth.log"), ("tool output: 42 lines", "ANSWER-42")], enc)
+        _steps(
+            "s0",
+            "j1",
+            [("count the failed logins", "reading auth.log"), ("tool output: 42 lines", "ANSWER-42")],
+            enc,
+        )
         + _steps("s1", "j2", [("count the failed logins", "ANSWER-7")], enc)
-        + _steps("s2", "j1", [('say "quoted" OR NOT * col:x', "done")], enc), [])
+        + _steps("s2", "j1", [('say "quoted" OR NOT * col:x', "done")], enc),
+        [],
+    )
     yield s
     await s.close()
 
@@ -95,7 +121,9 @@ async def test_query_syntax_of_the_user_is_plain_words(index: StepSearch) -> Non
     assert fts5_query('a "b" c*') == '"a" """b""" "c*"'
 
 
-async def test_refresh_follows_new_moved_and_removed_steps(index: StepSearch, store: Store, store_url: str) -> None:
+async def test_refresh_follows_new_moved_and_removed_steps(
+    index: StepSearch, store: Store, store_url: str
+) -> None:
     await index.refresh()
     enc = StepEncoder()
     await store.write_batch(_steps("s3", "j2", [("brand new words zebra", "ok")], enc), [])
@@ -127,15 +155,42 @@ async def test_refresh_in_parts_says_what_is_left(index: StepSearch) -> None:
 
 
 def test_step_texts_new_messages_and_answer_only() -> None:
-    rows = [{"messages": [SYSTEM, {"role": "user", "content": "hi\x02there\x00"}],
-             "response": {"choices": [{"message": {"role": "assistant", "content": None,
-                                                   "tool_calls": [{"id": "call_9", "type": "function",
-                                                                   "function": {"name": "grep", "arguments": "{\"p\": 1}"}}]}}]}},
-            {"messages": [SYSTEM, {"role": "user", "content": "hi\x02there\x00"}, {"role": "tool", "tool_call_id": "call_9",
-                                                                                  "content": "result"}],
-             "response": {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "bye"}]}}]
+    rows = [
+        {
+            "messages": [SYSTEM, {"role": "user", "content": "hi\x02there\x00"}],
+            "response": {
+                "choices": [
+                    {
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "call_9",
+                                    "type": "function",
+                                    "function": {"name": "grep", "arguments": '{"p": 1}'},
+                                }
+                            ],
+                        }
+                    }
+                ]
+            },
+        },
+        {
+            "messages": [
+                SYSTEM,
+                {"role": "user", "content": "hi\x02there\x00"},
+                {"role": "tool", "tool_call_id": "call_9", "content": "result"},
+            ],
+            "response": {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "text", "text": "bye"}],
+            },
+        },
+    ]
     first, second = step_texts(rows)
-    assert first == "You read logs.\nhi there \ngrep\n{\"p\": 1}"
+    assert first == 'You read logs.\nhi there \ngrep\n{"p": 1}'
     assert second == "result\nbye"
     assert "call_9" not in first + second and "assistant" not in first + second
 
@@ -146,18 +201,38 @@ async def test_neighbours_follow_the_list_order_and_filters(store: Store, store_
     engine = make_engine(parse_db_url(store_url), writer=False)
     q = ViewerQueries(engine)
     try:
-        assert await q.neighbours("j1", SessionFilter(), "s0") == {"prev": None, "next": "s2", "position": 1, "total": 2}
-        assert await q.neighbours("j1", SessionFilter(), "s2") == {"prev": "s0", "next": None, "position": 2, "total": 2}
+        assert await q.neighbours("j1", SessionFilter(), "s0") == {
+            "prev": None,
+            "next": "s2",
+            "position": 1,
+            "total": 2,
+        }
+        assert await q.neighbours("j1", SessionFilter(), "s2") == {
+            "prev": "s0",
+            "next": None,
+            "position": 2,
+            "total": 2,
+        }
         assert await q.neighbours("j1", SessionFilter(), "s2", sort="score") == {
-            "prev": None, "next": "s0", "position": 1, "total": 2}
+            "prev": None,
+            "next": "s0",
+            "position": 1,
+            "total": 2,
+        }
         assert await q.neighbours("j1", SessionFilter(status="failed"), "s2") == {
-            "prev": None, "next": None, "position": 1, "total": 1}
+            "prev": None,
+            "next": None,
+            "position": 1,
+            "total": 1,
+        }
         assert await q.neighbours("j1", SessionFilter(status="failed"), "s0") is None
         assert await q.neighbours("j2", SessionFilter(), "s0") is None
         groups = await q.groups("j1")
         assert groups.total == 2
         assert [(g["group_id"], g["n"], g["passes"], g["scored"], g["mean_score"]) for g in groups.rows] == [
-            ("g0", 1, 1, 1, 10.0), ("g1", 1, 0, 1, 2.0)]
+            ("g0", 1, 1, 1, 10.0),
+            ("g1", 1, 0, 1, 2.0),
+        ]
     finally:
         await engine.dispose()
 
@@ -185,7 +260,9 @@ async def test_a_refresh_that_need_not_wait_skips_a_running_one(index: StepSearc
     assert await index.refresh(wait=False) == 0 and await index.pending() == 0
 
 
-async def test_a_lone_surrogate_in_a_step_is_indexed_and_the_rest_still_found(index: StepSearch, store: Store) -> None:
+async def test_a_lone_surrogate_in_a_step_is_indexed_and_the_rest_still_found(
+    index: StepSearch, store: Store
+) -> None:
     """A message holding ``"\\ud800"`` (a JSON escape no UTF-8 carries): indexed with U+FFFD in its
     place; every other step is still found, and so is that one by its other words."""
     enc = StepEncoder()

@@ -31,19 +31,35 @@ def conv(n: int, *, edit: int | None = None) -> list[dict[str, Any]]:
     return msgs
 
 
-def row(sid: str, seq: int, messages: list[Any], prompt: list[int] | None = None,
-        completion: list[int] | None = None, **kw: Any) -> dict[str, Any]:
+def row(
+    sid: str,
+    seq: int,
+    messages: list[Any],
+    prompt: list[int] | None = None,
+    completion: list[int] | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
     request = {"model": "m", "messages": messages, "temperature": 0.5}
-    return step_record(session_id=sid, seq=seq, step_id=seq, llm_model="m", endpoint="chat.completions",
-                       messages=messages, request=request, response={"choices": [{"message": {"content": "a"}}]},
-                       prompt_token_ids=prompt, completion_token_ids=completion, **kw)
+    return step_record(
+        session_id=sid,
+        seq=seq,
+        step_id=seq,
+        llm_model="m",
+        endpoint="chat.completions",
+        messages=messages,
+        request=request,
+        response={"choices": [{"message": {"content": "a"}}]},
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        **kw,
+    )
 
 
 ORIGINALS = [
     row("s", 1, conv(0) + [{"role": "user", "content": "q"}], list(range(100)), [7, 8, 9]),
-    row("s", 2, conv(1), [*range(100), 7, 8, 9, 5, 5], [1]),           # extends: prompt + completion kept
-    row("s", 3, conv(2), [*range(100), 7, 8, 4, 5, 5, 1, 2], [3]),     # token drift inside step 2's completion
-    row("s", 4, conv(2, edit=0), None, None),                         # history rewritten, tokens unknown
+    row("s", 2, conv(1), [*range(100), 7, 8, 9, 5, 5], [1]),  # extends: prompt + completion kept
+    row("s", 3, conv(2), [*range(100), 7, 8, 4, 5, 5, 1, 2], [3]),  # token drift inside step 2's completion
+    row("s", 4, conv(2, edit=0), None, None),  # history rewritten, tokens unknown
     row("s", 5, [{"role": "user", "content": "summary"}], [9, 9], [1]),  # compaction
     row("s", 6, conv(3, edit=0), [9, 9, 1, 4], [2]),
 ]
@@ -89,7 +105,9 @@ def test_the_answer_sent_back_is_not_stored_again() -> None:
     first["response"] = {"choices": [{"message": answer}]}
     second = row("s", 2, [SYS, answer, {"role": "tool", "content": "out"}])
     stored = encode_all(StepEncoder(), [first, second])
-    assert stored[1]["encoding"] == [3, 1, 1, 1, 3] and stored[1]["messages"] == [{"role": "tool", "content": "out"}]
+    assert stored[1]["encoding"] == [3, 1, 1, 1, 3] and stored[1]["messages"] == [
+        {"role": "tool", "content": "out"}
+    ]
     decode_rows(stored)
     assert stored[1]["messages"] == second["messages"] and stored[1]["request"] == second["request"]
 
@@ -110,8 +128,11 @@ def test_a_base_recorded_later_is_named_backwards() -> None:
     """Parallel calls of a session: step 3 committed before step 2 was encoded, so step 2's base is
     step 3 (the encoding holds seq - base seq = -1) and rebuilds from it."""
     enc = StepEncoder()
-    first, third, second = (copy.deepcopy(ORIGINALS[0]), row("s", 3, conv(0) + [{"role": "user", "content": "q"}]),
-                            row("s", 2, conv(0) + [{"role": "user", "content": "q"}, {"role": "user", "content": "r"}]))
+    first, third, second = (
+        copy.deepcopy(ORIGINALS[0]),
+        row("s", 3, conv(0) + [{"role": "user", "content": "q"}]),
+        row("s", 2, conv(0) + [{"role": "user", "content": "q"}, {"role": "user", "content": "r"}]),
+    )
     wants = [copy.deepcopy(r) for r in (first, third, second)]
     for r in (first, third, second):
         enc.committed(enc.encode(r))
@@ -153,12 +174,21 @@ async def test_rows_read_back_in_full_through_every_read(tmp_path: Path) -> None
             await engine.dispose()
         await store.close()
     con = sqlite3.connect(db)
-    raw = con.execute("SELECT messages, request, response, prompt_token_ids, encoding, packed FROM session_steps "
-                      "WHERE seq = 2").fetchone()
+    raw = con.execute(
+        "SELECT messages, request, response, prompt_token_ids, encoding, packed FROM session_steps "
+        "WHERE seq = 2"
+    ).fetchone()
     con.close()
     # the new messages, the response and the new token ids, compressed; the columns NULL
     assert raw[:4] == (None, None, None, None) and raw[4] == "[3, 1, 1, 0, 3, 0, 103]"
-    assert json.loads(zlib.decompress(raw[5])) == [conv(1)[1:], None, ORIGINALS[1]["response"], [5, 5], [1], None]
+    assert json.loads(zlib.decompress(raw[5])) == [
+        conv(1)[1:],
+        None,
+        ORIGINALS[1]["response"],
+        [5, 5],
+        [1],
+        None,
+    ]
 
 
 def test_rows_of_the_first_format_still_decode() -> None:
@@ -167,12 +197,25 @@ def test_rows_of_the_first_format_still_decode() -> None:
     answer = {"role": "assistant", "content": "a1"}
     first = row("s", 1, [SYS, {"role": "user", "content": "q1"}], [1, 2, 3], [4])
     first["response"] = {"choices": [{"message": answer}]}
-    want = row("s", 2, [SYS, {"role": "user", "content": "q1"}, answer, {"role": "user", "content": "q2"}],
-               [1, 2, 3, 4, 5], [6])
-    stored_first = {**first, "request": {"model": "m", "messages": None, "temperature": 0.5},
-                    "encoding": [1, None, 0, 0, 1, 0, 0, 0]}
-    stored_second = {**want, "messages": [{"role": "user", "content": "q2"}], "request": None,
-                     "prompt_token_ids": [5], "encoding": [1, 1, 2, 1, 3, 0, 0, 4]}
+    want = row(
+        "s",
+        2,
+        [SYS, {"role": "user", "content": "q1"}, answer, {"role": "user", "content": "q2"}],
+        [1, 2, 3, 4, 5],
+        [6],
+    )
+    stored_first = {
+        **first,
+        "request": {"model": "m", "messages": None, "temperature": 0.5},
+        "encoding": [1, None, 0, 0, 1, 0, 0, 0],
+    }
+    stored_second = {
+        **want,
+        "messages": [{"role": "user", "content": "q2"}],
+        "request": None,
+        "prompt_token_ids": [5],
+        "encoding": [1, 1, 2, 1, 3, 0, 0, 4],
+    }
     rows = [stored_second, stored_first]  # any order
     decode_rows(rows)
     assert json_dumps(stored_second["messages"]) == json_dumps(want["messages"])
@@ -181,7 +224,10 @@ def test_rows_of_the_first_format_still_decode() -> None:
     assert json_dumps(stored_first["request"]) == json_dumps(first["request"])
 
 
-@pytest.mark.parametrize("encoding", [[4, 1, 0], [3, None], [3, 0, 0, 0, 0, 0, 0, 0], [1, None, 0, 0, 1], [2], [2, None, 1], ["2", 1]])
+@pytest.mark.parametrize(
+    "encoding",
+    [[4, 1, 0], [3, None], [3, 0, 0, 0, 0, 0, 0, 0], [1, None, 0, 0, 1], [2], [2, None, 1], ["2", 1]],
+)
 def test_an_encoding_of_another_format_is_refused(encoding: list[Any]) -> None:
     stored = row("s", 1, [SYS])
     stored["encoding"] = encoding
@@ -189,8 +235,9 @@ def test_an_encoding_of_another_format_is_refused(encoding: list[Any]) -> None:
         decode_rows([stored])
 
 
-def protocol_rows(endpoint: str, answers: list[list[dict[str, Any]]],
-                  responses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def protocol_rows(
+    endpoint: str, answers: list[list[dict[str, Any]]], responses: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """A session of ``endpoint`` (``responses``: instructions + input items; ``messages``: system
     + messages) whose step k+1 sends back ``answers[k]`` then a new user message."""
     key, lead = ("input", 1) if endpoint == "responses" else ("messages", 1 if endpoint == "messages" else 0)
@@ -198,34 +245,67 @@ def protocol_rows(endpoint: str, answers: list[list[dict[str, Any]]],
     rows = []
     for k, response in enumerate(responses):
         request = {"model": "m", key: conversation[lead:], "max_tokens": 9}
-        rows.append(step_record(session_id="s", seq=k + 1, step_id=k + 1, llm_model="m", endpoint=endpoint,
-                                messages=conversation, request=request, response=response))
+        rows.append(
+            step_record(
+                session_id="s",
+                seq=k + 1,
+                step_id=k + 1,
+                llm_model="m",
+                endpoint=endpoint,
+                messages=conversation,
+                request=request,
+                response=response,
+            )
+        )
         if k < len(answers):
             conversation = [*conversation, *answers[k], {"role": "user", "content": f"u{k + 1}"}]
     return rows
 
 
 REASONING = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}]}
-OUT_MESSAGE = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-               "content": [{"type": "output_text", "text": "done", "annotations": []}]}
+OUT_MESSAGE = {
+    "type": "message",
+    "id": "msg_1",
+    "status": "completed",
+    "role": "assistant",
+    "content": [{"type": "output_text", "text": "done", "annotations": []}],
+}
 CALL = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "sh", "arguments": "{}"}
 BLOCKS = [{"type": "thinking", "thinking": "hm", "signature": "sig"}, {"type": "text", "text": "done"}]
 
 
-@pytest.mark.parametrize(("endpoint", "responses", "answers", "answer_counts"), [
-    ("chat.completions", [{"choices": [{"message": {"role": "assistant", "content": "a", "reasoning_content": "r"}}]}] * 3,
-     [[{"role": "assistant", "content": "a", "reasoning_content": "r"}], [{"role": "assistant", "content": "a"}]],
-     [1, 0]),  # the second answer sent back without its reasoning: stored
-    ("responses", [{"object": "response", "output": [REASONING, OUT_MESSAGE, CALL]}] * 3,
-     [[REASONING, OUT_MESSAGE, CALL], [REASONING, {**OUT_MESSAGE, "status": None}, CALL]],
-     [3, 1]),  # one item changed: the items before it are references, the rest stored
-    ("messages", [{"type": "message", "role": "assistant", "content": BLOCKS, "stop_reason": "end_turn"}] * 3,
-     [[{"role": "assistant", "content": BLOCKS}], [{"content": BLOCKS, "role": "assistant"}]],
-     [1, 0]),  # the same keys in another order: another JSON text, stored
-])
+@pytest.mark.parametrize(
+    ("endpoint", "responses", "answers", "answer_counts"),
+    [
+        (
+            "chat.completions",
+            [{"choices": [{"message": {"role": "assistant", "content": "a", "reasoning_content": "r"}}]}] * 3,
+            [
+                [{"role": "assistant", "content": "a", "reasoning_content": "r"}],
+                [{"role": "assistant", "content": "a"}],
+            ],
+            [1, 0],
+        ),  # the second answer sent back without its reasoning: stored
+        (
+            "responses",
+            [{"object": "response", "output": [REASONING, OUT_MESSAGE, CALL]}] * 3,
+            [[REASONING, OUT_MESSAGE, CALL], [REASONING, {**OUT_MESSAGE, "status": None}, CALL]],
+            [3, 1],
+        ),  # one item changed: the items before it are references, the rest stored
+        (
+            "messages",
+            [{"type": "message", "role": "assistant", "content": BLOCKS, "stop_reason": "end_turn"}] * 3,
+            [[{"role": "assistant", "content": BLOCKS}], [{"content": BLOCKS, "role": "assistant"}]],
+            [1, 0],
+        ),  # the same keys in another order: another JSON text, stored
+    ],
+)
 def test_the_answer_sent_back_is_a_reference_on_every_protocol(
-        endpoint: str, responses: list[dict[str, Any]], answers: list[list[dict[str, Any]]],
-        answer_counts: list[int]) -> None:
+    endpoint: str,
+    responses: list[dict[str, Any]],
+    answers: list[list[dict[str, Any]]],
+    answer_counts: list[int],
+) -> None:
     originals = protocol_rows(endpoint, answers, responses)
     stored = encode_all(StepEncoder(), originals)
     assert [r["encoding"][3] for r in stored[1:]] == answer_counts
@@ -247,7 +327,8 @@ def page_size_8k(monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 async def test_a_new_file_gets_the_stores_page_size_and_an_older_file_keeps_its_own(
-        tmp_path: Path, page_size_8k: int) -> None:
+    tmp_path: Path, page_size_8k: int
+) -> None:
     old = tmp_path / "old.db"
     con = sqlite3.connect(old)
     con.execute("PRAGMA page_size=16384")
@@ -275,12 +356,21 @@ async def test_every_protocol_and_the_first_format_read_back_exactly_on_both_bac
     """Sessions of the three protocols stored as deltas, and one stored in the first format,
     read back through the store with every value as written (SQLite and PostgreSQL)."""
     sessions = {
-        "chat": protocol_rows("chat.completions", [[{"role": "assistant", "content": "a"}]] * 2,
-                              [{"choices": [{"message": {"role": "assistant", "content": "a"}}]}] * 3),
-        "resp": protocol_rows("responses", [[REASONING, OUT_MESSAGE, CALL]] * 2,
-                              [{"object": "response", "output": [REASONING, OUT_MESSAGE, CALL]}] * 3),
-        "msgs": protocol_rows("messages", [[{"role": "assistant", "content": BLOCKS}]] * 2,
-                              [{"type": "message", "role": "assistant", "content": BLOCKS}] * 3),
+        "chat": protocol_rows(
+            "chat.completions",
+            [[{"role": "assistant", "content": "a"}]] * 2,
+            [{"choices": [{"message": {"role": "assistant", "content": "a"}}]}] * 3,
+        ),
+        "resp": protocol_rows(
+            "responses",
+            [[REASONING, OUT_MESSAGE, CALL]] * 2,
+            [{"object": "response", "output": [REASONING, OUT_MESSAGE, CALL]}] * 3,
+        ),
+        "msgs": protocol_rows(
+            "messages",
+            [[{"role": "assistant", "content": BLOCKS}]] * 2,
+            [{"type": "message", "role": "assistant", "content": BLOCKS}] * 3,
+        ),
     }
     written = []
     for sid, originals in sessions.items():
@@ -292,8 +382,13 @@ async def test_every_protocol_and_the_first_format_read_back_exactly_on_both_bac
     v1_first = row("old", 1, [SYS], [1, 2], [3])
     v1_first["response"] = {"choices": [{"message": answer}]}
     v1_want = row("old", 2, [SYS, answer, {"role": "user", "content": "q"}], [1, 2, 3, 4], [5])
-    v1_stored = {**v1_want, "messages": [{"role": "user", "content": "q"}], "request": None,
-                 "prompt_token_ids": [4], "encoding": [1, 1, 1, 1, 3, 0, 0, 3]}
+    v1_stored = {
+        **v1_want,
+        "messages": [{"role": "user", "content": "q"}],
+        "request": None,
+        "prompt_token_ids": [4],
+        "encoding": [1, 1, 1, 1, 3, 0, 0, 3],
+    }
     store = Store(store_url)
     try:
         await store.init()

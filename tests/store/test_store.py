@@ -22,13 +22,22 @@ from wire.text import column_text, display_text, json_text
 
 
 def _step(sid: str, seq: int, model: str = "m") -> SessionStep:
-    return SessionStep(session_id=sid, seq=seq, step_id=seq, llm_model=model, endpoint="chat.completions",
-                       response={"choices": [{"message": {"content": f"answer {seq}"}}]})
+    return SessionStep(
+        session_id=sid,
+        seq=seq,
+        step_id=seq,
+        llm_model=model,
+        endpoint="chat.completions",
+        response={"choices": [{"message": {"content": f"answer {seq}"}}]},
+    )
 
 
 def test_parse_db_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert parse_db_url("sqlite://env_trajs.db") == f"sqlite+aiosqlite:///{(tmp_path / 'env_trajs.db').resolve()}"
+    assert (
+        parse_db_url("sqlite://env_trajs.db")
+        == f"sqlite+aiosqlite:///{(tmp_path / 'env_trajs.db').resolve()}"
+    )
     abs_db = (tmp_path / "abs" / "x.db").resolve()
     abs_db.parent.mkdir()
     assert parse_db_url(f"sqlite://{abs_db}") == f"sqlite+aiosqlite:///{abs_db}"
@@ -39,7 +48,9 @@ def test_parse_db_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert parse_db_url("abs/x.db") == f"sqlite+aiosqlite:///{abs_db}"
     # a SQLite file whose folder does not exist is refused, whichever way it is written
     for url in (str(tmp_path / "no" / "x.db"), f"sqlite://{tmp_path}/no/x.db", "no/x.db"):
-        with pytest.raises(DbUrlError, match=f"the folder {tmp_path.resolve()}/no of the SQLite file does not exist"):
+        with pytest.raises(
+            DbUrlError, match=f"the folder {tmp_path.resolve()}/no of the SQLite file does not exist"
+        ):
             parse_db_url(url)
     with pytest.raises(DbUrlError, match="unsupported storage URL"):
         parse_db_url("mysql://h/db")
@@ -48,7 +59,8 @@ def test_parse_db_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 async def test_a_sqlite_path_that_is_a_folder_or_has_url_characters(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A folder is refused up front; ``?``, ``%`` and ``#`` in a path name that very file, not a
     URL query or an escape."""
     monkeypatch.chdir(tmp_path)
@@ -61,8 +73,13 @@ async def test_a_sqlite_path_that_is_a_folder_or_has_url_characters(
         store = Store(name)
         try:
             await store.init()
-            await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id="0",
-                                                         llm_model="m", group_id="g")])
+            await store.add_job_sessions(
+                [
+                    JobEnvironment(
+                        session_id="s1", job_id="j", env_name="e", case_id="0", llm_model="m", group_id="g"
+                    )
+                ]
+            )
         finally:
             await store.close()
         con = sqlite3.connect(tmp_path / name)
@@ -84,15 +101,32 @@ async def test_roundtrip_and_reward_writeback(store_url: str) -> None:
     store = Store(store_url)
     await store.init()
     try:
-        await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id="0",
-                                                     llm_model="m", group_id="g")])
+        await store.add_job_sessions(
+            [
+                JobEnvironment(
+                    session_id="s1", job_id="j", env_name="e", case_id="0", llm_model="m", group_id="g"
+                )
+            ]
+        )
         # inserting the same session again is a no-op (resume safety)
-        assert await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id="0",
-                                                            llm_model="m", group_id="g")]) == 0
-        await store.write_batch([_step("s1", 1), _step("s1", 2)],
-                                [GatewaySession(session_id="s1", total_steps=2, step_counts={"m": 2})])
+        assert (
+            await store.add_job_sessions(
+                [
+                    JobEnvironment(
+                        session_id="s1", job_id="j", env_name="e", case_id="0", llm_model="m", group_id="g"
+                    )
+                ]
+            )
+            == 0
+        )
+        await store.write_batch(
+            [_step("s1", 1), _step("s1", 2)],
+            [GatewaySession(session_id="s1", total_steps=2, step_counts={"m": 2})],
+        )
         await store.write_batch([], [GatewaySession(session_id="s1", status="closed", total_steps=2)])
-        await store.finish_job_session("s1", SessionResult(reward=7.5, evaluation={"status": "scored"}, status="succeeded"))
+        await store.finish_job_session(
+            "s1", SessionResult(reward=7.5, evaluation={"status": "scored"}, status="succeeded")
+        )
         steps = await store.trajectory("s1")
         assert [s.seq for s in steps] == [1, 2]
         assert (steps[0].reward, steps[1].reward, steps[1].step_reward) == (None, 7.5, 7.5)
@@ -127,8 +161,13 @@ async def test_64_concurrent_sessions_two_engines_and_a_poller(store_url: str) -
     async def session(i: int) -> None:
         store = a if i % 2 else b
         sid = f"s{i}"
-        await store.add_job_sessions([JobEnvironment(session_id=sid, job_id="j", env_name="e", case_id=str(i),
-                                                     llm_model="m", group_id="g")])
+        await store.add_job_sessions(
+            [
+                JobEnvironment(
+                    session_id=sid, job_id="j", env_name="e", case_id=str(i), llm_model="m", group_id="g"
+                )
+            ]
+        )
         for k in range(1, 21):
             await store.write_batch([_step(sid, k)], [GatewaySession(session_id=sid, total_steps=k)])
         await store.finish_job_session(sid, SessionResult(reward=float(i % 11), status="succeeded"))
@@ -166,8 +205,10 @@ WRITER = textwrap.dedent("""
 def test_two_processes_write_at_once(store_url: str) -> None:
     """Gateway and launcher are two processes on one store: both must succeed."""
     url = store_url
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, f"p{i}"], stderr=subprocess.PIPE)
-             for i in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, url, f"p{i}"], stderr=subprocess.PIPE)
+        for i in range(3)
+    ]
     errs = [p.communicate(timeout=120)[1].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errs
 
@@ -217,7 +258,9 @@ def test_postgresql_without_its_driver_is_a_clear_error(monkeypatch: pytest.Monk
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "asyncpg" else real(name, *a)
+    )
     with pytest.raises(DbUrlError, match=r"needs the asyncpg driver.*rollout-factory\[postgres\]"):
         Store("postgresql://user@db.example/trajs")
 
@@ -253,8 +296,19 @@ async def test_an_unreachable_postgresql_is_unavailable_and_a_refused_row_is_not
         step = _step("s", 1)
         await store.write_batch([step], [])
         with pytest.raises(Exception) as ei:
-            await store.write_batch([SessionStep(record_id=step.record_id, session_id="s", seq=2, step_id=2,
-                                                 llm_model="m", endpoint="e")], [])
+            await store.write_batch(
+                [
+                    SessionStep(
+                        record_id=step.record_id,
+                        session_id="s",
+                        seq=2,
+                        step_id=2,
+                        llm_model="m",
+                        endpoint="e",
+                    )
+                ],
+                [],
+            )
         assert not is_unavailable(ei.value), repr(ei.value)
     finally:
         await store.close()
@@ -278,8 +332,19 @@ async def test_text_no_utf8_carries_is_stored_on_both_backends(store_url: str) -
     store = Store(store_url)
     await store.init()
     try:
-        await store.add_job_sessions([JobEnvironment(session_id="s1", job_id="j", env_name="e", case_id=lone,
-                                                     llm_model="m", group_id="g", env_params={"q": lone})])
+        await store.add_job_sessions(
+            [
+                JobEnvironment(
+                    session_id="s1",
+                    job_id="j",
+                    env_name="e",
+                    case_id=lone,
+                    llm_model="m",
+                    group_id="g",
+                    env_params={"q": lone},
+                )
+            ]
+        )
         step = _step("s1", 1)
         step.finish_reason = "stop\udfff"
         step.messages = [{"role": "user", "content": lone}]
@@ -289,9 +354,17 @@ async def test_text_no_utf8_carries_is_stored_on_both_backends(store_url: str) -
         (row,) = await store.job_sessions("j")
         escaped = "x\\ud800y\\u0000z"
         assert row.error_text == escaped and row.result == {"metrics": {"text": lone}}
-        await store.finish_job_session("s1", SessionResult(
-            reward=1.0, evaluation={"status": "scored", "artifacts": {"a": lone}}, eval_reason=lone,
-            status="succeeded", error=lone, runtime_result={"metrics": {"text": lone}}))
+        await store.finish_job_session(
+            "s1",
+            SessionResult(
+                reward=1.0,
+                evaluation={"status": "scored", "artifacts": {"a": lone}},
+                eval_reason=lone,
+                status="succeeded",
+                error=lone,
+                runtime_result={"metrics": {"text": lone}},
+            ),
+        )
         (row,) = await store.job_sessions("j")
         assert (row.case_id, row.error_text, row.eval_reason) == (escaped, escaped, escaped)
         assert row.env_params == {"q": lone} and row.result == {"metrics": {"text": lone}}

@@ -24,7 +24,9 @@ async def test_write_batch_rows_equal_orm_rows(store_url: str) -> None:
     store = Store(store_url)
     await store.init()
     try:
-        kws = [kw for kw in _step_kwargs(0) if kw["created_at"].year >= 1000]  # PG and SQLite agree from year 1000
+        kws = [
+            kw for kw in _step_kwargs(0) if kw["created_at"].year >= 1000
+        ]  # PG and SQLite agree from year 1000
         await store.write_batch([SessionStep(session_id="batch", **kw) for kw in kws], [])
         await _orm_add(store, *[SessionStep(session_id="orm", **kw) for kw in kws])
         fast, orm = await store.trajectory("batch"), await store.trajectory("orm")
@@ -45,17 +47,34 @@ async def test_session_upsert_last_state_wins_and_created_at_is_kept(store_url: 
     await store.init()
     t0 = datetime(2024, 1, 1, tzinfo=UTC)
     try:
-        await store.write_batch([], [GatewaySession(session_id="s", total_steps=1, created_at=t0, updated_at=t0)])
-        last: dict[str, Any] = dict(status="closed", max_steps=5, total_steps=3, step_counts={"m/é": 3, "n": 0},
-                                    job_id="j", close_reason="done ✓", completion_mode="auto",
-                                    updated_at=datetime(2024, 1, 3, tzinfo=TZ_PLUS2))
-        await store.write_batch([], [GatewaySession(session_id="s", total_steps=2, step_counts={"m": 2}),
-                                     GatewaySession(session_id="s", created_at=datetime(2025, 1, 1, tzinfo=UTC),
-                                                    **last)])
+        await store.write_batch(
+            [], [GatewaySession(session_id="s", total_steps=1, created_at=t0, updated_at=t0)]
+        )
+        last: dict[str, Any] = dict(
+            status="closed",
+            max_steps=5,
+            total_steps=3,
+            step_counts={"m/é": 3, "n": 0},
+            job_id="j",
+            close_reason="done ✓",
+            completion_mode="auto",
+            updated_at=datetime(2024, 1, 3, tzinfo=TZ_PLUS2),
+        )
+        await store.write_batch(
+            [],
+            [
+                GatewaySession(session_id="s", total_steps=2, step_counts={"m": 2}),
+                GatewaySession(session_id="s", created_at=datetime(2025, 1, 1, tzinfo=UTC), **last),
+            ],
+        )
         gs = await store.load_gateway_session("s")
         assert gs is not None
-        assert (gs.status, gs.total_steps, gs.step_counts, gs.close_reason) == ("closed", 3, {"m/é": 3, "n": 0},
-                                                                                "done ✓")
+        assert (gs.status, gs.total_steps, gs.step_counts, gs.close_reason) == (
+            "closed",
+            3,
+            {"m/é": 3, "n": 0},
+            "done ✓",
+        )
         assert _aware(gs.created_at) in (datetime(2024, 1, 1), t0)
     finally:
         await store.close()
@@ -69,11 +88,18 @@ async def test_error_rolls_back_whole_batch_and_raises(store_url: str) -> None:
     try:
         ok = SessionStep(session_id="s", seq=1, step_id=1, llm_model="m", endpoint="e")
         await store.write_batch([ok], [GatewaySession(session_id="s", total_steps=1)])
-        dup = SessionStep(record_id=ok.record_id, session_id="s", seq=3, step_id=3, llm_model="m", endpoint="e")
+        dup = SessionStep(
+            record_id=ok.record_id, session_id="s", seq=3, step_id=3, llm_model="m", endpoint="e"
+        )
         new = SessionStep(session_id="s", seq=2, step_id=2, llm_model="m", endpoint="e")
         with pytest.raises((sqlite3.IntegrityError, sa_exc.IntegrityError)):
-            await store.write_batch([new, dup], [GatewaySession(session_id="s", total_steps=3),
-                                                 GatewaySession(session_id="other", total_steps=1)])
+            await store.write_batch(
+                [new, dup],
+                [
+                    GatewaySession(session_id="s", total_steps=3),
+                    GatewaySession(session_id="other", total_steps=1),
+                ],
+            )
         assert [s.seq for s in await store.trajectory("s")] == [1]
         gs = await store.load_gateway_session("s")
         assert gs is not None and gs.total_steps == 1

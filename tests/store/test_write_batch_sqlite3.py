@@ -22,25 +22,79 @@ STEP_EXCLUDED = ("record_id", "session_id")
 def _step_kwargs(i: int) -> list[dict[str, Any]]:
     """Step rows covering every kind of value a column holds."""
     return [
-        dict(seq=1, step_id=1, llm_model="m/é", endpoint="chat.completions", is_stream=True, status="ok",
-             status_code=200, env_name="env", group_id="g", job_id="j",
-             messages=[{"role": "user", "content": "héllo ☃ 😀 \u2028 \"q\" \\ \n"}],
-             request={"model": "m", "messages": [[1, [2, [3, None]]], {"a": {"b": [True, False]}}],
-                      "temperature": 0.7},
-             response={"choices": [{"message": {"content": "日本語"}}], "x": float("nan"),
-                       "y": [float("inf"), float("-inf"), 1e-310, 1.5]},
-             finish_reason="stop", prompt_tokens=12, completion_tokens=9, total_tokens=21,
-             latency_ms=1.25, ttft_ms=0.5, step_reward=-3.0, reward=1e300, meta_json={"route": "r", "n": None},
-             is_terminal=True, is_truncated=False, is_session_completed=True, is_trainable=False,
-             created_at=datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=UTC)),
+        dict(
+            seq=1,
+            step_id=1,
+            llm_model="m/é",
+            endpoint="chat.completions",
+            is_stream=True,
+            status="ok",
+            status_code=200,
+            env_name="env",
+            group_id="g",
+            job_id="j",
+            messages=[{"role": "user", "content": 'héllo ☃ 😀 \u2028 "q" \\ \n'}],
+            request={
+                "model": "m",
+                "messages": [[1, [2, [3, None]]], {"a": {"b": [True, False]}}],
+                "temperature": 0.7,
+            },
+            response={
+                "choices": [{"message": {"content": "日本語"}}],
+                "x": float("nan"),
+                "y": [float("inf"), float("-inf"), 1e-310, 1.5],
+            },
+            finish_reason="stop",
+            prompt_tokens=12,
+            completion_tokens=9,
+            total_tokens=21,
+            latency_ms=1.25,
+            ttft_ms=0.5,
+            step_reward=-3.0,
+            reward=1e300,
+            meta_json={"route": "r", "n": None},
+            is_terminal=True,
+            is_truncated=False,
+            is_session_completed=True,
+            is_trainable=False,
+            created_at=datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+        ),
         # None everywhere it may be; JSON None; a non-UTC aware datetime
-        dict(seq=2, step_id=2, llm_model="m", endpoint="responses", messages=None, request=None, response=None,
-             meta_json=None, created_at=datetime(2024, 6, 30, 23, 59, 59, 999999, tzinfo=TZ_PLUS2)),
+        dict(
+            seq=2,
+            step_id=2,
+            llm_model="m",
+            endpoint="responses",
+            messages=None,
+            request=None,
+            response=None,
+            meta_json=None,
+            created_at=datetime(2024, 6, 30, 23, 59, 59, 999999, tzinfo=TZ_PLUS2),
+        ),
         # JSON scalars and empty containers; a naive datetime; year < 1000
-        dict(seq=3, step_id=3, llm_model="m", endpoint="e", messages=[], request={}, response="plain",
-             meta_json={}, status_code=0, latency_ms=0.0, created_at=datetime(999, 1, 1, 0, 0, 0)),
-        dict(seq=4, step_id=4, llm_model="m", endpoint="e", messages=0, request=False, response=-1.5,
-             created_at=datetime(2030, 12, 31, 12, 0, 0, 1)),
+        dict(
+            seq=3,
+            step_id=3,
+            llm_model="m",
+            endpoint="e",
+            messages=[],
+            request={},
+            response="plain",
+            meta_json={},
+            status_code=0,
+            latency_ms=0.0,
+            created_at=datetime(999, 1, 1, 0, 0, 0),
+        ),
+        dict(
+            seq=4,
+            step_id=4,
+            llm_model="m",
+            endpoint="e",
+            messages=0,
+            request=False,
+            response=-1.5,
+            created_at=datetime(2030, 12, 31, 12, 0, 0, 1),
+        ),
     ]
 
 
@@ -52,8 +106,9 @@ def _raw(db: Path, table: str, where: str, arg: str) -> list[dict[str, Any]]:
     con = sqlite3.connect(db)
     try:
         con.row_factory = sqlite3.Row
-        rows = con.execute(f"SELECT *, typeof(created_at) AS t_created FROM {table} WHERE {where} = ? "
-                           f"ORDER BY rowid", (arg,)).fetchall()
+        rows = con.execute(
+            f"SELECT *, typeof(created_at) AS t_created FROM {table} WHERE {where} = ? ORDER BY rowid", (arg,)
+        ).fetchall()
         return [dict(r) for r in rows]
     finally:
         con.close()
@@ -86,12 +141,18 @@ async def test_fast_path_rows_equal_orm_rows(tmp_path: Path) -> None:
         assert fast[0].response["x"] == "nan" and fast[0].response["y"][:2] == ["inf", "-inf"]
         assert fast[0].messages == kws[0]["messages"] and fast[0].request == kws[0]["request"]
         assert (fast[0].is_stream, fast[0].is_trainable) == (True, False)
-        assert fast[1].created_at == datetime(2024, 6, 30, 23, 59, 59, 999999)  # tzinfo dropped, not converted
+        assert fast[1].created_at == datetime(
+            2024, 6, 30, 23, 59, 59, 999999
+        )  # tzinfo dropped, not converted
 
-        raw_fast, raw_orm = _raw(db, "session_steps", "session_id", "fast"), _raw(db, "session_steps", "session_id", "orm")
+        raw_fast, raw_orm = (
+            _raw(db, "session_steps", "session_id", "fast"),
+            _raw(db, "session_steps", "session_id", "orm"),
+        )
         for f, o in zip(raw_fast, raw_orm, strict=True):
-            assert {k: v for k, v in f.items() if k not in STEP_EXCLUDED} == \
-                   {k: v for k, v in o.items() if k not in STEP_EXCLUDED}
+            assert {k: v for k, v in f.items() if k not in STEP_EXCLUDED} == {
+                k: v for k, v in o.items() if k not in STEP_EXCLUDED
+            }
         assert raw_fast[0]["is_stream"] == 1 and raw_fast[0]["is_trainable"] == 0
         assert raw_fast[0]["created_at"] == "2024-01-02 03:04:05.000006"
         assert raw_fast[2]["created_at"] == "0999-01-01 00:00:00.000000"
@@ -109,26 +170,46 @@ async def test_fast_path_session_upsert_equals_orm(tmp_path: Path) -> None:
     try:
         first = GatewaySession(session_id="fast", total_steps=1, created_at=t0, updated_at=t0)
         mid = GatewaySession(session_id="fast", total_steps=2, step_counts={"m": 2})
-        last_kw: dict[str, Any] = dict(status="closed", max_steps=5, total_steps=3, step_counts={"m/é": 3, "n": 0},
-                                       job_id="j", env_name="e", group_id="g", close_reason="done ✓",
-                                       completion_mode="auto", updated_at=datetime(2024, 1, 3, tzinfo=TZ_PLUS2),
-                                       closed_at=datetime(2024, 1, 3, 1, 2, 3, 4, tzinfo=UTC))
+        last_kw: dict[str, Any] = dict(
+            status="closed",
+            max_steps=5,
+            total_steps=3,
+            step_counts={"m/é": 3, "n": 0},
+            job_id="j",
+            env_name="e",
+            group_id="g",
+            close_reason="done ✓",
+            completion_mode="auto",
+            updated_at=datetime(2024, 1, 3, tzinfo=TZ_PLUS2),
+            closed_at=datetime(2024, 1, 3, 1, 2, 3, 4, tzinfo=UTC),
+        )
         await store.write_batch([], [first])
         # the last snapshot of a session in a batch wins; created_at of the existing row is kept
-        await store.write_batch([], [mid, GatewaySession(session_id="fast", created_at=datetime(2025, 1, 1),
-                                                         **last_kw)])
+        await store.write_batch(
+            [], [mid, GatewaySession(session_id="fast", created_at=datetime(2025, 1, 1), **last_kw)]
+        )
         await _orm_add(store, GatewaySession(session_id="orm", created_at=t0, **last_kw))
         fast, orm = await store.load_gateway_session("fast"), await store.load_gateway_session("orm")
         assert fast is not None and orm is not None
         assert _fields(fast, ("session_id",)) == _fields(orm, ("session_id",))
         assert fast.created_at == datetime(2024, 1, 1) and fast.total_steps == 3
-        (rf,), (ro,) = _raw(db, "gateway_sessions", "session_id", "fast"), _raw(db, "gateway_sessions", "session_id", "orm")
-        assert {k: v for k, v in rf.items() if k != "session_id"} == {k: v for k, v in ro.items() if k != "session_id"}
+        (rf,), (ro,) = (
+            _raw(db, "gateway_sessions", "session_id", "fast"),
+            _raw(db, "gateway_sessions", "session_id", "orm"),
+        )
+        assert {k: v for k, v in rf.items() if k != "session_id"} == {
+            k: v for k, v in ro.items() if k != "session_id"
+        }
         # a session without step_counts: JSON None as SQLAlchemy stores it
         await store.write_batch([], [GatewaySession(session_id="fast2", created_at=t0, updated_at=t0)])
         await _orm_add(store, GatewaySession(session_id="orm2", created_at=t0, updated_at=t0))
-        (rf,), (ro,) = _raw(db, "gateway_sessions", "session_id", "fast2"), _raw(db, "gateway_sessions", "session_id", "orm2")
-        assert {k: v for k, v in rf.items() if k != "session_id"} == {k: v for k, v in ro.items() if k != "session_id"}
+        (rf,), (ro,) = (
+            _raw(db, "gateway_sessions", "session_id", "fast2"),
+            _raw(db, "gateway_sessions", "session_id", "orm2"),
+        )
+        assert {k: v for k, v in rf.items() if k != "session_id"} == {
+            k: v for k, v in ro.items() if k != "session_id"
+        }
     finally:
         await store.close()
 
@@ -158,7 +239,9 @@ async def test_commit_now_commits_inline_unless_the_lock_is_taken(tmp_path: Path
     store = Store(f"sqlite:///{db}")
     await store.init()
     try:
-        assert store.commit_now([SessionStep(session_id="a", seq=1, step_id=1, llm_model="m", endpoint="e")], [])
+        assert store.commit_now(
+            [SessionStep(session_id="a", seq=1, step_id=1, llm_model="m", endpoint="e")], []
+        )
 
         lock = sqlite3.connect(db, isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")

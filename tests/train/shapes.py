@@ -61,11 +61,34 @@ class GeneratorOutput(TypedDict):
     sampling_masks: list[list[list[int]]] | None
 
 
-SLIME_SAMPLE_FIELDS = frozenset({
-    "group_index", "index", "prompt", "tokens", "multimodal_inputs", "multimodal_train_inputs", "response",
-    "response_length", "label", "reward", "loss_mask", "weight_versions", "rollout_log_probs",
-    "rollout_routed_experts", "remove_sample", "teacher_log_probs", "mopd_teacher_log_probs", "status", "metadata",
-    "generate_function_path", "train_metadata", "session_id", "non_generation_time", "spec_info",
-    "prefix_cache_info"})
+SLIME_SAMPLE_FIELDS = frozenset(
+    {
+        "group_index",
+        "index",
+        "prompt",
+        "tokens",
+        "multimodal_inputs",
+        "multimodal_train_inputs",
+        "response",
+        "response_length",
+        "label",
+        "reward",
+        "loss_mask",
+        "weight_versions",
+        "rollout_log_probs",
+        "rollout_routed_experts",
+        "remove_sample",
+        "teacher_log_probs",
+        "mopd_teacher_log_probs",
+        "status",
+        "metadata",
+        "generate_function_path",
+        "train_metadata",
+        "session_id",
+        "non_generation_time",
+        "spec_info",
+        "prefix_cache_info",
+    }
+)
 """The fields of slime's ``Sample`` dataclass (``Sample.from_dict`` keeps only these as fields)."""
 SLIME_STATUSES = frozenset({"pending", "completed", "truncated", "aborted", "failed"})

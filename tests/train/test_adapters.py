@@ -31,16 +31,32 @@ from store.feed import FeedQueries
 from tests.feed.helpers import finish, session, step
 from tests.train.shapes import SLIME_SAMPLE_FIELDS, SLIME_STATUSES, AgentLoopOutput, GeneratorOutput
 
-pytestmark = pytest.mark.skipif("prompt_token_ids" not in SessionStep.__table__.c,  # type: ignore[attr-defined]
-                                reason="this store version has no token columns (gateway token capture)")
+pytestmark = pytest.mark.skipif(
+    "prompt_token_ids" not in SessionStep.__table__.c,  # type: ignore[attr-defined]
+    reason="this store version has no token columns (gateway token capture)",
+)
 
 EOS = 65
 
 
-def tok(sid: str, seq: int, prompt: list[int] | None, completion: list[int] | None,
-        logprobs: list[float | None] | None, version: int | None, **kw: Any) -> SessionStep:
-    row = step(sid, seq, f"answer {seq}", prompt_token_ids=prompt, completion_token_ids=completion,
-               completion_logprobs=logprobs, policy_version=version)
+def tok(
+    sid: str,
+    seq: int,
+    prompt: list[int] | None,
+    completion: list[int] | None,
+    logprobs: list[float | None] | None,
+    version: int | None,
+    **kw: Any,
+) -> SessionStep:
+    row = step(
+        sid,
+        seq,
+        f"answer {seq}",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=logprobs,
+        policy_version=version,
+    )
     for name, value in kw.items():  # finish_reason, status
         setattr(row, name, value)
     return row
@@ -52,11 +68,15 @@ def tok(sid: str, seq: int, prompt: list[int] | None, completion: list[int] | No
 # g3: a broken grader and a valid session recorded without token ids;
 # g4: two valid sessions, one without logprobs.
 STEPS = {
-    "g1-0": [tok("g1-0", 1, [1, 2, 3], [10, 11, EOS], [-0.1, -0.2, -0.3], 3),
-             tok("g1-0", 2, [1, 2, 3, 10, 11, EOS, 20, 21], [12, EOS], [-0.4, -0.5], 4)],
+    "g1-0": [
+        tok("g1-0", 1, [1, 2, 3], [10, 11, EOS], [-0.1, -0.2, -0.3], 3),
+        tok("g1-0", 2, [1, 2, 3, 10, 11, EOS, 20, 21], [12, EOS], [-0.4, -0.5], 4),
+    ],
     "g1-1": [tok("g1-1", 1, [1, 2, 3], [13, EOS], [-0.6, -0.7], 4)],
-    "g1-2": [tok("g1-2", 1, [1, 2, 3], [14, EOS], [-0.8, -0.9], 4),
-             tok("g1-2", 2, [1, 2, 3, 99, 20], [15, EOS], [-1.0, -1.1], 4)],
+    "g1-2": [
+        tok("g1-2", 1, [1, 2, 3], [14, EOS], [-0.8, -0.9], 4),
+        tok("g1-2", 2, [1, 2, 3, 99, 20], [15, EOS], [-1.0, -1.1], 4),
+    ],
     "g2-0": [],
     "g2-1": [tok("g2-1", 1, [4, 5], [16, EOS], [-0.1, -0.1], 5)],
     "g3-0": [tok("g3-0", 1, [6], [17, EOS], [-0.1, -0.1], 5)],
@@ -65,10 +85,15 @@ STEPS = {
     "g4-1": [tok("g4-1", 1, [7, 8], [19, 30, EOS], None, 5, finish_reason="length", status="truncated")],
 }
 SCORES: dict[str, tuple[float | None, str | None, dict[str, Any]]] = {
-    "g1-0": (10.0, "scored", {}), "g1-1": (0.0, "scored", {}), "g1-2": (5.0, "scored", {}),
-    "g2-0": (None, "infra_error", {"status": "error", "outcome": "setup_failed"}), "g2-1": (7.0, "scored", {}),
-    "g3-0": (None, "grader_broken", {"eval_reason": "grader bug"}), "g3-1": (10.0, "scored", {}),
-    "g4-0": (10.0, "scored", {}), "g4-1": (2.0, "scored", {}),
+    "g1-0": (10.0, "scored", {}),
+    "g1-1": (0.0, "scored", {}),
+    "g1-2": (5.0, "scored", {}),
+    "g2-0": (None, "infra_error", {"status": "error", "outcome": "setup_failed"}),
+    "g2-1": (7.0, "scored", {}),
+    "g3-0": (None, "grader_broken", {"eval_reason": "grader bug"}),
+    "g3-1": (10.0, "scored", {}),
+    "g4-0": (10.0, "scored", {}),
+    "g4-1": (2.0, "scored", {}),
 }
 
 
@@ -76,7 +101,9 @@ SCORES: dict[str, tuple[float | None, str | None, dict[str, Any]]] = {
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
     s = Store(f"sqlite://{tmp_path}/t.db")
     await s.init()
-    await s.add_job_sessions([session(sid, "j", sid[:2], int(sid[3:]), case=f"case-{sid[:2]}") for sid in STEPS])
+    await s.add_job_sessions(
+        [session(sid, "j", sid[:2], int(sid[3:]), case=f"case-{sid[:2]}") for sid in STEPS]
+    )
     await s.write_batch([st for rows in STEPS.values() for st in rows], [])
     for sid, (score, status, extra) in SCORES.items():
         await finish(s, sid, score, status, **extra)
@@ -97,7 +124,9 @@ def by_session(samples: list[TrainSample]) -> dict[str, TrainSample]:
     return {s.session_id: s for s in samples}
 
 
-async def test_samples_become_one_exact_sequence_and_invalid_ones_are_dropped_with_reasons(store: Store) -> None:
+async def test_samples_become_one_exact_sequence_and_invalid_ones_are_dropped_with_reasons(
+    store: Store,
+) -> None:
     conv = convert(await read_groups(store))
     got = by_session(conv.samples)
     assert sorted(got) == ["g1-0", "g1-1", "g2-1", "g4-0", "g4-1"]
@@ -109,11 +138,19 @@ async def test_samples_become_one_exact_sequence_and_invalid_ones_are_dropped_wi
     assert (two.reward, two.steps, two.policy_versions, two.truncated) == (10.0, [1, 2], [3, 4], False)
     assert two.advantage is not None and two.advantage > 0
     one = got["g1-1"]
-    assert (one.prompt_ids, one.completion_ids, one.completion_mask, one.reward) == ([1, 2, 3], [13, EOS], [1, 1], 0.0)
+    assert (one.prompt_ids, one.completion_ids, one.completion_mask, one.reward) == (
+        [1, 2, 3],
+        [13, EOS],
+        [1, 1],
+        0.0,
+    )
     assert got["g4-1"].completion_logprobs == [None, None, None] and got["g4-1"].truncated
     reasons = {(d.group_id, d.session_id): d.reason for d in conv.dropped}
     assert reasons == {
-        ("g1", "g1-2"): "not one sequence: step 2 does not extend the previous prompt + completion (2 sequences)",
+        (
+            "g1",
+            "g1-2",
+        ): "not one sequence: step 2 does not extend the previous prompt + completion (2 sequences)",
         ("g2", "g2-0"): "invalid: infrastructure failure (setup_failed)",
         ("g3", "g3-0"): "invalid: evaluation grader_broken: grader bug",
         ("g3", "g3-1"): "no token ids on step 1 (a route without token capture)",
@@ -130,18 +167,26 @@ async def test_trl_rollout_output_holds_whole_groups_of_num_generations(store: S
     assert out["prompt_ids"] == [[1, 2, 3], [1, 2, 3], [7, 8], [7, 8]]
     assert out["completion_ids"] == [[10, 11, EOS, 20, 21, 12, EOS], [13, EOS], [18, EOS], [19, 30, EOS]]
     assert out["env_mask"] == [[1, 1, 1, 0, 0, 1, 1], [1, 1], [1, 1], [1, 1, 1]]
-    assert out["logprobs"] == [[-0.1, -0.2, -0.3, 0.0, 0.0, -0.4, -0.5], [-0.6, -0.7], [-0.2, -0.3],
-                               [None, None, None]]
+    assert out["logprobs"] == [
+        [-0.1, -0.2, -0.3, 0.0, 0.0, -0.4, -0.5],
+        [-0.6, -0.7],
+        [-0.2, -0.3],
+        [None, None, None],
+    ]
     assert out["env_reward"] == [10.0, 0.0, 10.0, 2.0]
     for key in ("completion_ids", "logprobs", "env_mask"):
         assert [len(x) for x in out[key]] == [7, 2, 2, 3]
     group_drops = {d.group_id: d.reason for d in batch.dropped if d.session_id is None}
-    assert group_drops == {"g2": "1 of 2 samples convertible, fewer than num_generations=2",
-                           "g3": "0 of 2 samples convertible, fewer than num_generations=2"}
+    assert group_drops == {
+        "g2": "1 of 2 samples convertible, fewer than num_generations=2",
+        "g3": "0 of 2 samples convertible, fewer than num_generations=2",
+    }
     assert len(batch.dropped) == 2 + 4  # the two groups, and the four samples of test above
     one = to_trl(groups, num_generations=1)
     assert one.group_ids == ["g1", "g2", "g4"]
-    assert ("g1", "g1-1", "beyond num_generations=1") in [(d.group_id, d.session_id, d.reason) for d in one.dropped]
+    assert ("g1", "g1-1", "beyond num_generations=1") in [
+        (d.group_id, d.session_id, d.reason) for d in one.dropped
+    ]
     assert env_reward([], [], env_reward=out["env_reward"]) == [10.0, 0.0, 10.0, 2.0]
     with pytest.raises(ValueError):
         to_trl(groups, num_generations=0)
@@ -192,7 +237,10 @@ async def test_skyrl_and_slime_shapes(store: Store) -> None:
     assert sky["loss_masks"] == [[1, 1, 1, 0, 0, 1, 1], [1, 1]]
     assert sky["rewards"] == [10.0, 0.0] and sky["stop_reasons"] == ["stop", "stop"]
     assert sky["rollout_logprobs"] == [[-0.1, -0.2, -0.3, 0.0, 0.0, -0.4, -0.5], [-0.6, -0.7]]
-    assert sky["trajectory_ids"] == [{"instance_id": "g1", "repetition_id": 0}, {"instance_id": "g1", "repetition_id": 1}]
+    assert sky["trajectory_ids"] == [
+        {"instance_id": "g1", "repetition_id": 0},
+        {"instance_id": "g1", "repetition_id": 1},
+    ]
     assert to_skyrl([got["g4-0"], got["g4-1"]])["rollout_logprobs"] is None
     sl = to_slime(got["g1-0"], group_index=3)
     assert set(sl) <= SLIME_SAMPLE_FIELDS and sl["status"] in SLIME_STATUSES
@@ -210,18 +258,29 @@ def _tiny_trl_parts() -> tuple[Any, Any]:
     vocab = {f"t{i}": i for i in range(EOS)} | {"<eos>": EOS, "<pad>": EOS + 1, "<unk>": EOS + 2}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # type: ignore[assignment]
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>",
-                                        unk_token="<unk>")
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         pad_token_id=EOS + 1, eos_token_id=EOS, bos_token_id=None)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=EOS + 1,
+        eos_token_id=EOS,
+        bos_token_id=None,
+    )
     return tokenizer, LlamaForCausalLM(config)
 
 
 # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
 @pytest.mark.filterwarnings("ignore:.*is deprecated and will be removed in v6:FutureWarning")
-async def test_trls_grpo_trainer_trains_on_the_rollout_output(store: Store, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_trls_grpo_trainer_trains_on_the_rollout_output(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("trl")
     import torch
     from datasets import Dataset
@@ -240,13 +299,30 @@ async def test_trls_grpo_trainer_trains_on_the_rollout_output(store: Store, tmp_
         return batch.output
 
     tokenizer, model = _tiny_trl_parts()
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=16, use_cpu=True, report_to=[], max_steps=1, save_strategy="no",
-                      bf16=False, seed=0, activation_checkpointing=False)
-    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=args, processing_class=tokenizer,
-                          train_dataset=Dataset.from_list([{"prompt": "case-g1"}, {"prompt": "case-g4"}]),
-                          rollout_func=rollout_func)
-    scored = trainer._generate_and_score_completions([{"prompt": c} for c in ("case-g1",) * 2 + ("case-g4",) * 2])
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=16,
+        use_cpu=True,
+        report_to=[],
+        max_steps=1,
+        save_strategy="no",
+        bf16=False,
+        seed=0,
+        activation_checkpointing=False,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=env_reward,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"prompt": "case-g1"}, {"prompt": "case-g4"}]),
+        rollout_func=rollout_func,
+    )
+    scored = trainer._generate_and_score_completions(
+        [{"prompt": c} for c in ("case-g1",) * 2 + ("case-g4",) * 2]
+    )
     assert scored["completion_ids"][0].tolist() == [10, 11, EOS, 20, 21, 12, EOS]
     assert scored["tool_mask"][0].tolist() == [1, 1, 1, 0, 0, 1, 1]  # TRL's loss mask: env tokens out
     assert scored["tool_mask"][1].tolist()[:2] == [1, 1]

@@ -35,10 +35,16 @@ def server(policy: tuple[Any, Any]) -> Iterator[PolicyServer]:
         yield s
 
 
-def post(server: PolicyServer, messages: list[dict[str, Any]], session: str | None, **body: Any) -> dict[str, Any]:
+def post(
+    server: PolicyServer, messages: list[dict[str, Any]], session: str | None, **body: Any
+) -> dict[str, Any]:
     headers = {"X-Session-Id": session} if session else {}
-    r = httpx.post(server.base_url + "/chat/completions", json={**GREEDY, "messages": messages, **body},
-                   headers=headers, timeout=60)
+    r = httpx.post(
+        server.base_url + "/chat/completions",
+        json={**GREEDY, "messages": messages, **body},
+        headers=headers,
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()
     return out
@@ -79,16 +85,23 @@ def test_three_turns_are_one_sequence(server: PolicyServer, policy: tuple[Any, A
         messages = [*messages, choice["message"], {"role": "user", "content": f"Go on ({turn})."}]
     (p1, c1, how1), (p2, c2, how2), (p3, c3, how3) = steps
     # step 3's prompt is step 2's prompt + completion, then the turn's end and the new user turn
-    assert p3[:len(p2) + len(c2)] == p2 + c2
+    assert p3[: len(p2) + len(c2)] == p2 + c2
     assert p1 == rendered(tokenizer, [SYSTEM, {"role": "user", "content": "Say hi."}])
     assert how1 == how2 == how3 == {"mode": "continued", "reason": None}  # step 1: its probe's prompt again
-    assert p3 == p2 + c2 + encode(tokenizer, "<|im_end|>\n<|im_start|>user\nGo on (1).<|im_end|>\n"
-                                             "<|im_start|>assistant\n")
-    assert p2 == p1 + c1 + encode(tokenizer, "<|im_end|>\n<|im_start|>user\nGo on (0).<|im_end|>\n"
-                                             "<|im_start|>assistant\n")
+    assert p3 == p2 + c2 + encode(
+        tokenizer, "<|im_end|>\n<|im_start|>user\nGo on (1).<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert p2 == p1 + c1 + encode(
+        tokenizer, "<|im_end|>\n<|im_start|>user\nGo on (0).<|im_end|>\n<|im_start|>assistant\n"
+    )
     # 3 probes + 3 calls: the first rendered, the others continued (a probe repeated is the same prompt)
-    assert stats(server) == {"continue_sessions": True, "prompts": {"continued": 5, "rendered": 1, "fallback": 0},
-                             "fallback_reasons": {}, "sessions": 1, "evicted": 0}
+    assert stats(server) == {
+        "continue_sessions": True,
+        "prompts": {"continued": 5, "rendered": 1, "fallback": 0},
+        "fallback_reasons": {},
+        "sessions": 1,
+        "evicted": 0,
+    }
 
 
 @pytest.mark.parametrize("eos", [True, False])
@@ -103,18 +116,28 @@ def test_the_turns_end_is_added_unless_the_model_sampled_it(policy: tuple[Any, A
     sessions.keep("s", first, None, prompt, completion, reply)
     nxt, how = sessions.prompt("s", [*first, reply, {"role": "user", "content": "Again."}], None)
     assert how == Continuity("continued")
-    assert nxt == prompt + completion + encode(tokenizer, ("" if eos else "<|im_end|>")
-                                               + "\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n")
+    assert nxt == prompt + completion + encode(
+        tokenizer,
+        ("" if eos else "<|im_end|>") + "\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n",
+    )
 
 
-@pytest.mark.parametrize(("edit", "reason"), [
-    (lambda m: [m[0], m[1], {"role": "assistant", "content": "edited"}, m[3]],
-     "messages[2] is not the assistant reply sampled for the previous request"),
-    (lambda m: [m[0], {"role": "user", "content": "Say bye."}, m[2], m[3]],
-     "messages[1] differs from the previous request's (history edited)"),
-])
-def test_an_edited_history_is_rendered_whole_marked_and_counted(server: PolicyServer, policy: tuple[Any, Any],
-                                                                edit: Any, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (
+            lambda m: [m[0], m[1], {"role": "assistant", "content": "edited"}, m[3]],
+            "messages[2] is not the assistant reply sampled for the previous request",
+        ),
+        (
+            lambda m: [m[0], {"role": "user", "content": "Say bye."}, m[2], m[3]],
+            "messages[1] differs from the previous request's (history edited)",
+        ),
+    ],
+)
+def test_an_edited_history_is_rendered_whole_marked_and_counted(
+    server: PolicyServer, policy: tuple[Any, Any], edit: Any, reason: str
+) -> None:
     tokenizer = policy[1]
     first = [SYSTEM, {"role": "user", "content": "Say hi."}]
     reply = post(server, first, "s3")["choices"][0]["message"]
@@ -123,14 +146,18 @@ def test_an_edited_history_is_rendered_whole_marked_and_counted(server: PolicySe
     assert out["prompt_continuity"] == {"mode": "fallback", "reason": reason}
     assert out["prompt_token_ids"] == rendered(tokenizer, edited)
     got = stats(server)
-    assert got["prompts"] == {"continued": 0, "rendered": 1, "fallback": 1} and got["fallback_reasons"] == {reason: 1}
+    assert got["prompts"] == {"continued": 0, "rendered": 1, "fallback": 1} and got["fallback_reasons"] == {
+        reason: 1
+    }
     # the session goes on from the fallback's ids
     again = post(server, [*edited, out["choices"][0]["message"], {"role": "user", "content": "More."}], "s3")
     assert again["prompt_continuity"]["mode"] == "continued"
-    assert again["prompt_token_ids"][:len(out["prompt_token_ids"])] == out["prompt_token_ids"]
+    assert again["prompt_token_ids"][: len(out["prompt_token_ids"])] == out["prompt_token_ids"]
 
 
-def test_without_a_session_or_when_off_the_chat_is_rendered(policy: tuple[Any, Any], server: PolicyServer) -> None:
+def test_without_a_session_or_when_off_the_chat_is_rendered(
+    policy: tuple[Any, Any], server: PolicyServer
+) -> None:
     tokenizer = policy[1]
     first = [SYSTEM, {"role": "user", "content": "Say hi."}]
     out = post(server, first, None)
@@ -142,31 +169,43 @@ def test_without_a_session_or_when_off_the_chat_is_rendered(policy: tuple[Any, A
         reply = post(off, first, "s5", stop=[stop_in(off, first, "s5")])
         nxt = post(off, [*first, reply["choices"][0]["message"], {"role": "user", "content": "Again."}], "s5")
         assert "prompt_continuity" not in nxt
-        assert nxt["prompt_token_ids"] == rendered(tokenizer, [*first, reply["choices"][0]["message"],
-                                                               {"role": "user", "content": "Again."}])
+        assert nxt["prompt_token_ids"] == rendered(
+            tokenizer, [*first, reply["choices"][0]["message"], {"role": "user", "content": "Again."}]
+        )
         assert stats(off) == {"continue_sessions": False}
 
 
 @pytest.fixture
 async def gateway(server: PolicyServer, tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = GatewaySettings.model_validate({
-        "listen_port": 0, "storage_config": {"db_url": f"sqlite://{tmp_path}/gw.db"},
-        "llm_routes": {"tiny": {"base_url": server.base_url, "capture": "tokens"}}})
+    settings = GatewaySettings.model_validate(
+        {
+            "listen_port": 0,
+            "storage_config": {"db_url": f"sqlite://{tmp_path}/gw.db"},
+            "llm_routes": {"tiny": {"base_url": server.base_url, "capture": "tokens"}},
+        }
+    )
     gw = await serve(settings)
     yield gw
     await gw.stop()
 
 
-async def test_through_the_gateway_every_step_extends_the_previous(server: PolicyServer, gateway: Gateway) -> None:
+async def test_through_the_gateway_every_step_extends_the_previous(
+    server: PolicyServer, gateway: Gateway
+) -> None:
     # the gateway sends the session id (X-Session-Id); its record says each step extends the last
     messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "Say hi."}]
     for turn in range(3):
         stop = stop_in(server, messages, "g1")  # a probe straight to the server, in the same session
-        r = await gateway.http().post("/v1/sessions/g1/chat/completions",
-                                      json={"model": "tiny", "messages": messages, "max_tokens": 8,
-                                            "temperature": 0, "stop": [stop]})
+        r = await gateway.http().post(
+            "/v1/sessions/g1/chat/completions",
+            json={"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0, "stop": [stop]},
+        )
         assert r.status_code == 200, r.text
-        messages = [*messages, r.json()["choices"][0]["message"], {"role": "user", "content": f"Go on ({turn})."}]
+        messages = [
+            *messages,
+            r.json()["choices"][0]["message"],
+            {"role": "user", "content": f"Go on ({turn})."},
+        ]
     steps = await gateway.wait_steps("g1", 3)
     assert [s.extends_prefix for s in steps] == [None, True, True]
     assert all(s.finish_reason == "stop" for s in steps)
@@ -183,6 +222,10 @@ def test_an_evicted_session_falls_back_and_is_counted(policy: tuple[Any, Any]) -
     later = [*first, reply, {"role": "user", "content": "Again."}]
     ids, how = sessions.prompt("a", later, None)
     assert how.mode == "fallback" and ids == rendered(tokenizer, later)
-    assert sessions.stats() == {"prompts": {"continued": 0, "rendered": 2, "fallback": 1}, "sessions": 1,
-                                "evicted": 1, "fallback_reasons": {how.reason: 1}}
+    assert sessions.stats() == {
+        "prompts": {"continued": 0, "rendered": 2, "fallback": 1},
+        "sessions": 1,
+        "evicted": 1,
+        "fallback_reasons": {how.reason: 1},
+    }
     assert sessions.prompt("b", later, None)[1] == Continuity("continued")

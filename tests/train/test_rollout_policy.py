@@ -15,14 +15,27 @@ from rollout.jobs.options import JobOptions
 def _sample(case: str, sid: str, reward: float) -> Any:
     from rollout.train.adapters import TrainSample
 
-    return TrainSample(group_id=f"g-{sid}", case_id=case, session_id=sid, sample_index=0, prompt_ids=[1],
-                       completion_ids=[2, 3], completion_mask=[1, 1], completion_logprobs=[-0.1, -0.2],
-                       reward=reward, advantage=None, policy_versions=[0], steps=[1], finish_reason="stop",
-                       truncated=False)
+    return TrainSample(
+        group_id=f"g-{sid}",
+        case_id=case,
+        session_id=sid,
+        sample_index=0,
+        prompt_ids=[1],
+        completion_ids=[2, 3],
+        completion_mask=[1, 1],
+        completion_logprobs=[-0.1, -0.2],
+        reward=reward,
+        advantage=None,
+        policy_versions=[0],
+        steps=[1],
+        finish_reason="stop",
+        truncated=False,
+    )
 
 
-def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The drop policy without the launcher: the jobs a call runs, and what each asks for."""
     from rollout.train import trl_rollout
     from rollout.train.adapters import Dropped
@@ -39,7 +52,11 @@ def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(tmp_pat
         asked.append((opts.job_id, opts.case_ids, opts.rl_group_size))
 
     async def read(db_url: str, job_id: str) -> tuple[list[Any], list[Any], list[Dropped]]:
-        return [], answers.get(job_id, []), [Dropped("g", "x", "invalid: infrastructure failure (setup_failed)")]
+        return (
+            [],
+            answers.get(job_id, []),
+            [Dropped("g", "x", "invalid: infrastructure failure (setup_failed)")],
+        )
 
     monkeypatch.setattr(trl_rollout, "run_job", run_job)
     monkeypatch.setattr(trl_rollout, "read_job_samples", read)
@@ -61,24 +78,62 @@ def test_the_curve_is_a_png_and_an_offline_page_with_every_step(tmp_path: Path) 
     from rollout.train.heldout import HELD_OUT, summarize
     from rollout.train.trl_rollout import StepStats
 
-    history = [StepStats(mean_reward=2.5, pass_rate=0.25, disagreeing_groups=1, groups=1, tokens_trained=40,
-                         rows=8, dropped=0, jobs=1, seconds=3.0),
-               StepStats(mean_reward=7.5, pass_rate=0.75, disagreeing_groups=1, groups=1, tokens_trained=44,
-                         rows=8, dropped=1, jobs=2, seconds=4.0)]
-    evals = [summarize({"a": [0.0], "b": [10.0], "c": [0.0]}, when="before", step=0, label=HELD_OUT,
-                       temperature=0.0, pass_score=10.0),
-             summarize({"a": [10.0, 10.0], "b": [10.0, 0.0], "c": [0.0, 0.0]}, when="after", step=2,
-                       label=HELD_OUT, temperature=0.5, pass_score=10.0)]
+    history = [
+        StepStats(
+            mean_reward=2.5,
+            pass_rate=0.25,
+            disagreeing_groups=1,
+            groups=1,
+            tokens_trained=40,
+            rows=8,
+            dropped=0,
+            jobs=1,
+            seconds=3.0,
+        ),
+        StepStats(
+            mean_reward=7.5,
+            pass_rate=0.75,
+            disagreeing_groups=1,
+            groups=1,
+            tokens_trained=44,
+            rows=8,
+            dropped=1,
+            jobs=2,
+            seconds=4.0,
+        ),
+    ]
+    evals = [
+        summarize(
+            {"a": [0.0], "b": [10.0], "c": [0.0]},
+            when="before",
+            step=0,
+            label=HELD_OUT,
+            temperature=0.0,
+            pass_score=10.0,
+        ),
+        summarize(
+            {"a": [10.0, 10.0], "b": [10.0, 0.0], "c": [0.0, 0.0]},
+            when="after",
+            step=2,
+            label=HELD_OUT,
+            temperature=0.5,
+            pass_score=10.0,
+        ),
+    ]
     png, page = write_curve(history, evals, tmp_path / "out")
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == (800, 450)
     text = page.read_text(encoding="utf-8")
     assert "<td>2</td><td>7.50</td><td>0.75</td><td>1/1</td><td>44</td><td>1</td><td>4.0</td>" in text
-    assert "<td>before</td><td>0</td><td>held-out</td><td>0.33 ± 0.33</td><td></td><td>3.33 ± 3.33</td>" \
-           "<td>3</td><td>1</td><td>greedy</td>" in text
-    assert "<td>after</td><td>2</td><td>held-out</td><td>0.50 ± 0.29</td><td>0.67 ± 0.33</td><td>5.00 ± 2.89</td>" \
-           "<td>3</td><td>2</td><td>T=0.5</td>" in text
+    assert (
+        "<td>before</td><td>0</td><td>held-out</td><td>0.33 ± 0.33</td><td></td><td>3.33 ± 3.33</td>"
+        "<td>3</td><td>1</td><td>greedy</td>" in text
+    )
+    assert (
+        "<td>after</td><td>2</td><td>held-out</td><td>0.50 ± 0.29</td><td>0.67 ± 0.33</td><td>5.00 ± 2.89</td>"
+        "<td>3</td><td>2</td><td>T=0.5</td>" in text
+    )
     assert 'src="https://' not in text and len(text) > 1_000_000  # plotly's bundle inline: opens offline
 
 
@@ -86,10 +141,22 @@ def test_train_flags_are_checked_and_listed() -> None:
     from rollout.cli.train import parse_args
 
     a = parse_args(["--cases", "run_script, tally", "--steps", "3", "--model-config", "tiny"])
-    assert (a.cases, a.eval_cases, a.steps, a.samples, a.model_config) == (["run_script", "tally"], None, 3, 8, "tiny")
+    assert (a.cases, a.eval_cases, a.steps, a.samples, a.model_config) == (
+        ["run_script", "tally"],
+        None,
+        3,
+        8,
+        "tiny",
+    )
     d = parse_args([])
     assert (d.env, d.cases, d.eval_cases, d.eval_samples, d.eval_every, d.allow_eval_overlap) == (
-        "scripts", None, None, 1, 0, False)
+        "scripts",
+        None,
+        None,
+        1,
+        0,
+        False,
+    )
     e = parse_args(["--eval-samples", "4", "--eval-every", "2", "--allow-eval-overlap"])
     assert (e.eval_samples, e.eval_every, e.allow_eval_overlap) == (4, 2, True)
     with pytest.raises(SystemExit):
@@ -101,14 +168,22 @@ def test_train_flags_are_checked_and_listed() -> None:
 
 @pytest.mark.parametrize("installed", [True, False])
 def test_train_reports_to_tensorboard_by_default_only_when_it_is_installed(
-        installed: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    installed: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import importlib.util
 
     from rollout.cli.train import parse_args
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
-        (find_spec("json") if installed else None) if name in ("tensorboard", "tensorboardX") else find_spec(name, *a)))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (
+            (find_spec("json") if installed else None)
+            if name in ("tensorboard", "tensorboardX")
+            else find_spec(name, *a)
+        ),
+    )
     assert parse_args([]).report_to == ("tensorboard" if installed else "none")
     assert parse_args(["--report-to", "none"]).report_to == "none"
     if installed:
@@ -120,60 +195,87 @@ def test_train_reports_to_tensorboard_by_default_only_when_it_is_installed(
     assert "--report-to tensorboard: the tensorboard package is not installed" in capsys.readouterr().err
 
 
-def test_lora_flags_need_a_rank_and_peft(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_lora_flags_need_a_rank_and_peft(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import importlib.util
 
     from rollout.cli.train import parse_args
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: find_spec("json") if name == "peft" else
-                        find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: find_spec("json") if name == "peft" else find_spec(name, *a),
+    )
     a = parse_args(["--lora-r", "8"])
     assert (a.lora_r, a.lora_alpha) == (8, 16.0)
-    assert (parse_args(["--lora-r", "8", "--lora-alpha", "4"]).lora_alpha, parse_args([]).lora_r) == (4.0, None)
-    for argv, message in ((["--lora-alpha", "4"], "--lora-alpha needs --lora-r"),
-                          (["--lora-r", "0"], "--lora-r must be at least 1")):
+    assert (parse_args(["--lora-r", "8", "--lora-alpha", "4"]).lora_alpha, parse_args([]).lora_r) == (
+        4.0,
+        None,
+    )
+    for argv, message in (
+        (["--lora-alpha", "4"], "--lora-alpha needs --lora-r"),
+        (["--lora-r", "0"], "--lora-r must be at least 1"),
+    ):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a)
+    )
     with pytest.raises(SystemExit):
         parse_args(["--lora-r", "8"])
     assert "--lora-r: the peft package is not installed" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used", "resume_nothing"])
-def test_train_refuses_before_any_work_what_cannot_run(tmp_path: Path, bad: str,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_refuses_before_any_work_what_cannot_run(
+    tmp_path: Path, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from rollout.cli.train import parse_args
 
     (tmp_path / "f").write_text("")
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "train.db").write_text("")
-    argv = {"samples1": ["--samples", "1"], "out_file": ["--out", str(tmp_path / "f")],
-            "out_used": ["--out", str(tmp_path / "used")], "resume_nothing": ["--resume", "--out", str(tmp_path)]}[bad]
+    argv = {
+        "samples1": ["--samples", "1"],
+        "out_file": ["--out", str(tmp_path / "f")],
+        "out_used": ["--out", str(tmp_path / "used")],
+        "resume_nothing": ["--resume", "--out", str(tmp_path)],
+    }[bad]
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert {"samples1": "--samples must be at least 2", "out_file": "a file, not a folder",
-            "out_used": "holds an earlier run (train.db): add --resume to continue it",
-            "resume_nothing": "--resume: --out " + str(tmp_path) + " holds no run"}[bad] in err
+    assert {
+        "samples1": "--samples must be at least 2",
+        "out_file": "a file, not a folder",
+        "out_used": "holds an earlier run (train.db): add --resume to continue it",
+        "resume_nothing": "--resume: --out " + str(tmp_path) + " holds no run",
+    }[bad] in err
 
 
 def test_the_evaluation_counts_valid_scores_without_tokens_and_reruns_invalid_ones(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from types import SimpleNamespace
 
     from rollout.train import trl_rollout
 
     def sample(sid: str, score: float | None, valid: bool) -> Any:
-        return SimpleNamespace(session_id=sid, score=score, valid=valid,
-                               invalid_reason=None if valid else "infrastructure failure (setup_failed)")
+        return SimpleNamespace(
+            session_id=sid,
+            score=score,
+            valid=valid,
+            invalid_reason=None if valid else "infrastructure failure (setup_failed)",
+        )
 
     groups = {  # a's sample is valid but not one sequence (no TrainSample): it still counts
-        "e-before": [SimpleNamespace(group_id="ga", case_id="a", samples=[sample("a0", 10.0, True)]),
-                     SimpleNamespace(group_id="gb", case_id="b", samples=[sample("b0", None, False)])],
+        "e-before": [
+            SimpleNamespace(group_id="ga", case_id="a", samples=[sample("a0", 10.0, True)]),
+            SimpleNamespace(group_id="gb", case_id="b", samples=[sample("b0", None, False)]),
+        ],
         "e-before-rerun1": [SimpleNamespace(group_id="gb2", case_id="b", samples=[sample("b1", 0.0, True)])],
     }
     asked: list[tuple[str | None, list[str], float | None]] = []

@@ -24,14 +24,16 @@ from tests.fake_upstream import FakeRequest, FakeUpstream, Reply
 
 pytestmark = [
     pytest.mark.train,
-    pytest.mark.skipif("prompt_token_ids" not in SessionStep.__table__.c,  # type: ignore[attr-defined]
-                       reason="this store version has no token columns (gateway token capture)"),
+    pytest.mark.skipif(
+        "prompt_token_ids" not in SessionStep.__table__.c,  # type: ignore[attr-defined]
+        reason="this store version has no token columns (gateway token capture)",
+    ),
     # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
     pytest.mark.filterwarnings("ignore:.*is deprecated and will be removed in v6:FutureWarning"),
 ]
 
 FAIL = "FAIL-ME"
-RUNTIME = f'''
+RUNTIME = f"""
 from env.runtime_kit import openai_client, run_runtime
 from rollout.contract.protocol import SimulationStartResult
 
@@ -45,11 +47,11 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="succeeded")
 
 run_runtime(main)
-'''
-EVALUATOR = '''
+"""
+EVALUATOR = """
 def evaluate(request, spec, trajectory):
     return 10 if len(trajectory.steps[0].content or "") % 2 == 0 else 0
-'''
+"""
 
 
 def make_env(root: Path) -> None:
@@ -57,11 +59,19 @@ def make_env(root: Path) -> None:
     (env_dir / "data").mkdir(parents=True)
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
-    (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps({"id": c, "q": f"say {c}"}) + "\n"
-                                                          for c in ("a", "b")))
-    (env_dir / "env.yaml").write_text(yaml.safe_dump({
-        "name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 200}, "max_steps": 4}))
+    (env_dir / "data" / "cases.jsonl").write_text(
+        "".join(json.dumps({"id": c, "q": f"say {c}"}) + "\n" for c in ("a", "b"))
+    )
+    (env_dir / "env.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "toy",
+                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
+                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 200},
+                "max_steps": 4,
+            }
+        )
+    )
 
 
 class FaultyProxy:
@@ -74,7 +84,11 @@ class FaultyProxy:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def rule(self, req: FakeRequest) -> Reply | None:
-        if req.method != "POST" or not req.path.endswith("/chat/completions") or not isinstance(req.json, dict):
+        if (
+            req.method != "POST"
+            or not req.path.endswith("/chat/completions")
+            or not isinstance(req.json, dict)
+        ):
             return None
         if FAIL in json.dumps(req.json.get("messages")):
             self.failed += 1
@@ -114,8 +128,9 @@ async def recorded(db_url: str, job_ids: list[str]) -> tuple[dict[str, Any], dic
     return sessions, steps
 
 
-def test_grpo_trainer_receives_the_recorded_tokens_masks_and_rewards(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_grpo_trainer_receives_the_recorded_tokens_masks_and_rewards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("trl")
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -132,21 +147,50 @@ def test_grpo_trainer_receives_the_recorded_tokens_masks_and_rewards(tmp_path: P
     db = f"sqlite://{tmp_path / 't.db'}"
     model, tokenizer = tiny_policy(seed=0)
     seen: list[dict[str, Any]] = []
-    with PolicyServer(model, tokenizer, seed=0, max_tokens_cap=12) as server, \
-            FaultyProxy(server.base_url) as up, \
-            policy_gateway(tmp_path, db, up.url, retry={"max_attempts": 1}) as (cfg, gateway_url):
-        template = JobOptions(agent_root=tmp_path / "envs", env_names=["toy"], gateway_base_url=gateway_url,
-                              gateway_config=cfg, llm_model=["policy"], enable_evaluation=True, db_path=db,
-                              pool_size=2, max_retries=0)
-        rollout = JobRollout(template, num_generations=2, job_prefix="t", out_dir=tmp_path / "jobs",
-                             keep_batches=True)
-        args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=2, num_generations=2,
-                          max_completion_length=1024, learning_rate=1e-3, beta=0.0, use_cpu=True, report_to=[],
-                          max_steps=2, save_strategy="no", bf16=False, seed=0, activation_checkpointing=False,
-                          disable_tqdm=True)
-        trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=args, processing_class=tokenizer,
-                              train_dataset=Dataset.from_list([{"prompt": "a"}, {"prompt": "b"}]),
-                              rollout_func=rollout.rollout_func, callbacks=[PolicySync(server.lock, gateway_url)])
+    with (
+        PolicyServer(model, tokenizer, seed=0, max_tokens_cap=12) as server,
+        FaultyProxy(server.base_url) as up,
+        policy_gateway(tmp_path, db, up.url, retry={"max_attempts": 1}) as (cfg, gateway_url),
+    ):
+        template = JobOptions(
+            agent_root=tmp_path / "envs",
+            env_names=["toy"],
+            gateway_base_url=gateway_url,
+            gateway_config=cfg,
+            llm_model=["policy"],
+            enable_evaluation=True,
+            db_path=db,
+            pool_size=2,
+            max_retries=0,
+        )
+        rollout = JobRollout(
+            template, num_generations=2, job_prefix="t", out_dir=tmp_path / "jobs", keep_batches=True
+        )
+        args = GRPOConfig(
+            output_dir=str(tmp_path / "trl"),
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_completion_length=1024,
+            learning_rate=1e-3,
+            beta=0.0,
+            use_cpu=True,
+            report_to=[],
+            max_steps=2,
+            save_strategy="no",
+            bf16=False,
+            seed=0,
+            activation_checkpointing=False,
+            disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=env_reward,
+            args=args,
+            processing_class=tokenizer,
+            train_dataset=Dataset.from_list([{"prompt": "a"}, {"prompt": "b"}]),
+            rollout_func=rollout.rollout_func,
+            callbacks=[PolicySync(server.lock, gateway_url)],
+        )
         score = trainer._generate_and_score_completions
 
         def spy(inputs: Any) -> Any:
@@ -171,12 +215,15 @@ def test_grpo_trainer_receives_the_recorded_tokens_masks_and_rewards(tmp_path: P
             s1, s2 = (st for st in steps[sid] if st["status"] == "ok")
             p1, c1 = s1["prompt_token_ids"], s1["completion_token_ids"]
             p2, c2 = s2["prompt_token_ids"], s2["completion_token_ids"]
-            between = p2[len(p1) + len(c1):]
-            assert p2[:len(p1) + len(c1)] == p1 + c1 and between  # the env's turn extends the prefix
+            between = p2[len(p1) + len(c1) :]
+            assert p2[: len(p1) + len(c1)] == p1 + c1 and between  # the env's turn extends the prefix
             assert batch["prompt_ids"][i] == p1
             assert batch["completion_ids"][i] == c1 + between + c2
             assert batch["env_mask"][i] == [1] * len(c1) + [0] * len(between) + [1] * len(c2)
-            assert batch["logprobs"][i] == s1["completion_logprobs"] + [0.0] * len(between) + s2["completion_logprobs"]
+            assert (
+                batch["logprobs"][i]
+                == s1["completion_logprobs"] + [0.0] * len(between) + s2["completion_logprobs"]
+            )
             assert batch["env_reward"][i] == sessions[sid].reward and sessions[sid].eval_status == "scored"
             assert {s1["policy_version"], s2["policy_version"]} == {version}  # PolicySync's bump per step
             # what TRL itself holds for the row: the same ids and loss mask
@@ -191,4 +238,3 @@ def test_grpo_trainer_receives_the_recorded_tokens_masks_and_rewards(tmp_path: P
     rewards = [r for b in rollout.batches for r in b["env_reward"]]
     assert set(rewards) <= {0.0, 10.0}
     assert [h.rows for h in rollout.history] == [2, 2] and all(h.dropped >= 1 for h in rollout.history)
-

@@ -20,8 +20,16 @@ from tests.viewer.toy_env import gateway_config, make_env, model_reply
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @dataclass
@@ -40,16 +48,39 @@ def launcher_env() -> dict[str, str]:
 async def launch(*args: str, cwd: Path) -> tuple[int, str, str]:
     """Run launcher.py with ``args`` (plus ``--no-progress``); (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(REPO / "launcher.py"), *args, "--no-progress", cwd=str(cwd),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=launcher_env())
+        sys.executable,
+        str(REPO / "launcher.py"),
+        *args,
+        "--no-progress",
+        cwd=str(cwd),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=launcher_env(),
+    )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=300)
     return proc.returncode or 0, out.decode(), err.decode()
 
 
 def job_args(env_root: Path, cfg: Path, db: Path, job_id: str, group: int, tmp: Path) -> list[str]:
-    return ["--agent-root", str(env_root), "--gateway-config", str(cfg), "--llm-model", "fake",
-            "--db-path", f"sqlite://{db}", "--enable-evaluation", "--pool-size", "3",
-            "--rl-group-size", str(group), "--job-id", job_id, "--out", str(tmp / f"{job_id}.jsonl")]
+    return [
+        "--agent-root",
+        str(env_root),
+        "--gateway-config",
+        str(cfg),
+        "--llm-model",
+        "fake",
+        "--db-path",
+        f"sqlite://{db}",
+        "--enable-evaluation",
+        "--pool-size",
+        "3",
+        "--rl-group-size",
+        str(group),
+        "--job-id",
+        job_id,
+        "--out",
+        str(tmp / f"{job_id}.jsonl"),
+    ]
 
 
 async def _run_jobs(root: Path) -> Jobs:
@@ -62,7 +93,9 @@ async def _run_jobs(root: Path) -> Jobs:
             up.script(None, [model_reply(diverge)] * 100)
             cfg = gateway_config(root / f"gw-{job_id}.yaml", up.base_url, db)
             extra = ["--report", str(report)] if job_id == "jobA" else []
-            outputs[job_id] = await launch(*job_args(env_root, cfg, db, job_id, group, root), *extra, cwd=root)
+            outputs[job_id] = await launch(
+                *job_args(env_root, cfg, db, job_id, group, root), *extra, cwd=root
+            )
     return Jobs(root=root, db=db, env_root=env_root, report=report, outputs=outputs)
 
 
@@ -80,9 +113,23 @@ class Viewer:
         self.log = cwd / "viewer.log"  # a file, not a pipe: a full pipe would block the viewer
         with self.log.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(REPO / "launcher.py"), "view", "--db-path", f"sqlite://{db}", "--port", "0",
-                 "--agent-root", str(agent_root)],
-                cwd=str(cwd), stdout=subprocess.PIPE, stderr=err, text=True, env=launcher_env())
+                [
+                    sys.executable,
+                    str(REPO / "launcher.py"),
+                    "view",
+                    "--db-path",
+                    f"sqlite://{db}",
+                    "--port",
+                    "0",
+                    "--agent-root",
+                    str(agent_root),
+                ],
+                cwd=str(cwd),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=launcher_env(),
+            )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # blocks until the viewer listens (or exits)
         if not line.startswith("viewer on "):

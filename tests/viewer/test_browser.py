@@ -28,36 +28,47 @@ def one(db: Path, sql: str, *args: Any) -> Any:
 
 
 def session_of(jobs: Jobs, job: str, case: str, sample: int) -> str:
-    return str(one(jobs.db, "select env_id from job_environments where job_id=? and case_id=? and sample_index=?",
-                   job, case, sample))
+    return str(
+        one(
+            jobs.db,
+            "select env_id from job_environments where job_id=? and case_id=? and sample_index=?",
+            job,
+            case,
+            sample,
+        )
+    )
 
 
 def test_new_user_finds_the_worst_session_and_its_reason_in_three_clicks(
-        jobs: Jobs, viewer: Viewer, page: Any, tmp_path: Path) -> None:
+    jobs: Jobs, viewer: Viewer, page: Any, tmp_path: Path
+) -> None:
     worst_sid, worst_reason = one(
-        jobs.db, "select env_id, eval_reason from job_environments where job_id='jobA' "
-                 "order by reward is not null, reward, env_name, case_id, sample_index limit 1")
+        jobs.db,
+        "select env_id, eval_reason from job_environments where job_id='jobA' "
+        "order by reward is not null, reward, env_name, case_id, sample_index limit 1",
+    )
     page.goto(viewer.url + "/")
     page.screenshot(path=tmp_path / "1-jobs.png", full_page=True)
     rows = page.locator("#jobs tbody tr")
     assert rows.count() == 2
     assert "6/6" in rows.filter(has_text="jobA").inner_text()
-    page.click("#jobs >> text=jobA")                                    # click 1
+    page.click("#jobs >> text=jobA")  # click 1
     page.screenshot(path=tmp_path / "2-job.png", full_page=True)
     assert page.locator("#job-state").inner_text() == "finished"
-    page.click("#lowest")                                               # click 2: sessions, lowest score first
+    page.click("#lowest")  # click 2: sessions, lowest score first
     page.screenshot(path=tmp_path / "3-lowest.png", full_page=True)
     first = page.locator("#sessions tbody tr").first
     assert first.get_attribute("data-session") == worst_sid
-    first.locator("a").first.click()                                    # click 3
+    first.locator("a").first.click()  # click 3
     page.screenshot(path=tmp_path / "4-session.png", full_page=True)
     assert page.locator("#eval-reason").inner_text() == worst_reason
     assert page.locator("#verdict .score").inner_text() == "2.00"
     assert (tmp_path / "4-session.png").stat().st_size > 10_000
 
 
-def test_session_page_shows_steps_and_expands_a_tool_result(jobs: Jobs, viewer: Viewer, page: Any,
-                                                           tmp_path: Path) -> None:
+def test_session_page_shows_steps_and_expands_a_tool_result(
+    jobs: Jobs, viewer: Viewer, page: Any, tmp_path: Path
+) -> None:
     sid = session_of(jobs, "jobA", "logs", 1)
     page.goto(f"{viewer.url}/jobs/jobA/sessions?case=logs")
     page.click(f"tr[data-session='{sid}'] >> a >> nth=0")
@@ -112,14 +123,18 @@ def test_filter_by_status_and_sort_by_score(jobs: Jobs, viewer: Viewer, page: An
     assert scores == ["10.00", "10.00"]
 
 
-def test_group_shows_samples_side_by_side_and_where_they_diverge(jobs: Jobs, viewer: Viewer, page: Any,
-                                                                tmp_path: Path) -> None:
+def test_group_shows_samples_side_by_side_and_where_they_diverge(
+    jobs: Jobs, viewer: Viewer, page: Any, tmp_path: Path
+) -> None:
     page.goto(f"{viewer.url}/sessions/{session_of(jobs, 'jobA', 'logs', 0)}")
     page.click("#group-link")
     page.screenshot(path=tmp_path / "group.png", full_page=True)
     samples = page.locator(".sample")
     assert samples.count() == 2
-    assert "10.00" in samples.nth(0).locator("h2").inner_text() and "2.00" in samples.nth(1).locator("h2").inner_text()
+    assert (
+        "10.00" in samples.nth(0).locator("h2").inner_text()
+        and "2.00" in samples.nth(1).locator("h2").inner_text()
+    )
     assert "first diverge at step 2" in page.locator("#divergence").inner_text()
     assert samples.nth(1).locator(".gstep.diverged").count() == 1
     assert samples.nth(0).locator(".gstep.diverged").count() == 0
@@ -144,8 +159,14 @@ def test_standard_errors_in_the_browser(jobs: Jobs, viewer: Viewer, page: Any) -
     """The job page, the comparison and the home page show each mean with its standard error over
     cases (docs/output.md, "Standard errors"), as Chromium renders them. The case means: jobA crash
     2, direct 6 (10, 2), logs 6 (10, 2); jobB crash 2, direct 10, logs 10."""
-    assert one(jobs.db, "select group_concat(reward) from (select reward from job_environments "
-                        "where job_id='jobA' order by case_id, sample_index)") == "2.0,2.0,10.0,2.0,10.0,2.0"
+    assert (
+        one(
+            jobs.db,
+            "select group_concat(reward) from (select reward from job_environments "
+            "where job_id='jobA' order by case_id, sample_index)",
+        )
+        == "2.0,2.0,10.0,2.0,10.0,2.0"
+    )
     se_a = statistics.stdev([2.0, 6.0, 6.0]) / math.sqrt(3)
     se_b = statistics.stdev([2.0, 10.0, 10.0]) / math.sqrt(3)
     se_pass_a = statistics.stdev([0.0, 0.5, 0.5]) / math.sqrt(3)
@@ -163,17 +184,22 @@ def test_standard_errors_in_the_browser(jobs: Jobs, viewer: Viewer, page: Any) -
     each = page.locator("#compare-jobs tbody tr").first.locator("td").all_inner_texts()
     assert each[3:7] == ["4.67±1.33", "7.33±2.67", "0.333±0.167", "0.667±0.333"]
     page.goto(f"{viewer.url}/")
-    means = {r.locator("td").first.inner_text(): r.locator("td.mean").inner_text()
-             for r in page.locator("#jobs tbody tr").all()}
+    means = {
+        r.locator("td").first.inner_text(): r.locator("td.mean").inner_text()
+        for r in page.locator("#jobs tbody tr").all()
+    }
     assert means == {"jobA": "4.67±1.33 (3 cases)", "jobB": "7.33±2.67 (3 cases)"}
 
 
 def test_bad_ids_and_values_get_an_error_page_not_a_traceback(viewer: Viewer, page: Any) -> None:
-    for path, code, text in (("/sessions/nope", 404, "no session 'nope'"), ("/jobs/nope", 404, "no job 'nope'"),
-                             ("/groups/nope", 404, "no group 'nope'"),
-                             ("/jobs/jobA/sessions?score_min=abc", 400, "is not a number"),
-                             ("/jobs/jobA/sessions?page=99", 404, "no such page"),
-                             ("/compare?a=jobA&b=nope", 404, "no job 'nope'")):
+    for path, code, text in (
+        ("/sessions/nope", 404, "no session 'nope'"),
+        ("/jobs/nope", 404, "no job 'nope'"),
+        ("/groups/nope", 404, "no group 'nope'"),
+        ("/jobs/jobA/sessions?score_min=abc", 400, "is not a number"),
+        ("/jobs/jobA/sessions?page=99", 404, "no such page"),
+        ("/compare?a=jobA&b=nope", 404, "no job 'nope'"),
+    ):
         response = page.goto(viewer.url + path)
         assert response.status == code, path
         body = page.inner_text("body")
@@ -198,8 +224,11 @@ def test_report_file_works_offline_and_its_plots_render(jobs: Jobs, page: Any, t
     page.goto(jobs.report.as_uri())
     plots = page.locator(".plotly-graph-div")
     assert plots.count() == 6
-    page.wait_for_function("[...document.querySelectorAll('.plotly-graph-div')]"
-                           ".every(d => d.querySelector('svg.main-svg g.trace'))", timeout=60_000)
+    page.wait_for_function(
+        "[...document.querySelectorAll('.plotly-graph-div')]"
+        ".every(d => d.querySelector('svg.main-svg g.trace'))",
+        timeout=60_000,
+    )
     page.screenshot(path=tmp_path / "report.png", full_page=True)
     assert outside == []
     assert page.locator("#plot-scores .trace.bars path").count() >= 2  # bars at score 2 and 10
@@ -208,21 +237,44 @@ def test_report_file_works_offline_and_its_plots_render(jobs: Jobs, page: Any, t
     summary = page.locator("table.summary tbody tr").inner_text()
     assert "4.67" in summary and "0.667" in summary
     links = page.locator("#worst a").evaluate_all("els => els.map(e => e.href)")
-    ids = {str(r[0]) for r in sqlite3.connect(jobs.db).execute("select env_id from job_environments where job_id='jobA'")}
-    assert links and all(h.startswith("http://127.0.0.1:8765/sessions/") and h.rsplit("/", 1)[1] in ids for h in links)
+    ids = {
+        str(r[0])
+        for r in sqlite3.connect(jobs.db).execute("select env_id from job_environments where job_id='jobA'")
+    }
+    assert links and all(
+        h.startswith("http://127.0.0.1:8765/sessions/") and h.rsplit("/", 1)[1] in ids for h in links
+    )
     assert page.locator("#plotly-missing").is_hidden()
     alone = tmp_path / "alone.html"  # the report moved without the plotly.js file beside it
     alone.write_text(jobs.report.read_text())
     page.goto(alone.as_uri())
     assert page.locator("#plotly-missing").is_visible()
-    assert "could not be loaded, so the charts below are empty" in page.locator("#plotly-missing").inner_text()
+    assert (
+        "could not be loaded, so the charts below are empty" in page.locator("#plotly-missing").inner_text()
+    )
 
 
 def test_report_command(jobs: Jobs, tmp_path: Path) -> None:
     out = tmp_path / "b.html"
-    run = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobB",
-                          "--db-path", f"sqlite://{jobs.db}", "--out", str(out), "--viewer-url", "http://h:1"],
-                         capture_output=True, text=True, env=launcher_env(), timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "report",
+            "--job-id",
+            "jobB",
+            "--db-path",
+            f"sqlite://{jobs.db}",
+            "--out",
+            str(out),
+            "--viewer-url",
+            "http://h:1",
+        ],
+        capture_output=True,
+        text=True,
+        env=launcher_env(),
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     html = out.read_text()
     assert "Report of job <code>jobB</code>" in html and 'href="http://h:1/sessions/' in html
@@ -230,22 +282,69 @@ def test_report_command(jobs: Jobs, tmp_path: Path) -> None:
     assert f'<script src="{js.name}"></script>' in html and js.read_text() == plotly_js()
     assert len(html) < 500_000 < js.stat().st_size
     one = tmp_path / "one" / "c.html"
-    run = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobB", "--self-contained",
-                          "--db-path", f"sqlite://{jobs.db}", "--out", str(one)],
-                         capture_output=True, text=True, env=launcher_env(), timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "report",
+            "--job-id",
+            "jobB",
+            "--self-contained",
+            "--db-path",
+            f"sqlite://{jobs.db}",
+            "--out",
+            str(one),
+        ],
+        capture_output=True,
+        text=True,
+        env=launcher_env(),
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "<script src=" not in one.read_text() and plotly_js() in one.read_text()  # inlined
     assert [f.name for f in one.parent.iterdir()] == ["c.html"]
-    bad = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "nope",
-                          "--db-path", f"sqlite://{jobs.db}", "--out", str(tmp_path / "x.html")],
-                         capture_output=True, text=True, env=launcher_env(), timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "report",
+            "--job-id",
+            "nope",
+            "--db-path",
+            f"sqlite://{jobs.db}",
+            "--out",
+            str(tmp_path / "x.html"),
+        ],
+        capture_output=True,
+        text=True,
+        env=launcher_env(),
+        timeout=120,
+    )
     assert bad.returncode == 1 and "no job 'nope'" in bad.stderr and not (tmp_path / "x.html").exists()
     (tmp_path / "afile").write_text("x")
-    for out, problem in ((tmp_path / "one", f"{tmp_path / 'one'} is a folder; give the file's path (e.g. "
-                                            f"{tmp_path / 'one' / 'report.html'})"),
-                         (tmp_path / "afile" / "r.html", f"{tmp_path / 'afile'} is a file, not a folder")):
-        bad = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobB",
-                              "--db-path", f"sqlite://{jobs.db}", "--out", str(out)],
-                             capture_output=True, text=True, env=launcher_env(), timeout=120)
+    for out, problem in (
+        (
+            tmp_path / "one",
+            f"{tmp_path / 'one'} is a folder; give the file's path (e.g. {tmp_path / 'one' / 'report.html'})",
+        ),
+        (tmp_path / "afile" / "r.html", f"{tmp_path / 'afile'} is a file, not a folder"),
+    ):
+        bad = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "launcher.py"),
+                "report",
+                "--job-id",
+                "jobB",
+                "--db-path",
+                f"sqlite://{jobs.db}",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            env=launcher_env(),
+            timeout=120,
+        )
         assert (bad.returncode, bad.stderr.strip()) == (1, f"error: cannot write the report: {problem}")
     assert [f.name for f in one.parent.iterdir()] == ["c.html"] and (tmp_path / "afile").read_text() == "x"

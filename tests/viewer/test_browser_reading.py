@@ -31,8 +31,15 @@ def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 
 
 def sid_of(jobs: Jobs, job: str, case: str, sample: int) -> str:
-    return str(rows(jobs.db, "select env_id from job_environments where job_id=? and case_id=? and sample_index=?",
-                    job, case, sample)[0][0])
+    return str(
+        rows(
+            jobs.db,
+            "select env_id from job_environments where job_id=? and case_id=? and sample_index=?",
+            job,
+            case,
+            sample,
+        )[0][0]
+    )
 
 
 def fits(page: Any) -> tuple[int, int]:
@@ -40,8 +47,13 @@ def fits(page: Any) -> tuple[int, int]:
     return page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
 
 
-def test_previous_and_next_walk_the_filtered_list_and_keep_its_filters(jobs: Jobs, viewer: Viewer, page: Any) -> None:
-    failed = {r[0] for r in rows(jobs.db, "select env_id from job_environments where job_id='jobA' and status='failed'")}
+def test_previous_and_next_walk_the_filtered_list_and_keep_its_filters(
+    jobs: Jobs, viewer: Viewer, page: Any
+) -> None:
+    failed = {
+        r[0]
+        for r in rows(jobs.db, "select env_id from job_environments where job_id='jobA' and status='failed'")
+    }
     assert len(failed) == 2
     page.goto(f"{viewer.url}/jobs/jobA/sessions?status=failed&sort=score&dir=desc")
     listed = [r.get_attribute("data-session") for r in page.locator("#sessions tbody tr").all()]
@@ -53,14 +65,22 @@ def test_previous_and_next_walk_the_filtered_list_and_keep_its_filters(jobs: Job
     assert page.locator("#prev-session").count() == 0
     page.click("#next-session")
     page.wait_for_url(re.compile(rf"/sessions/{listed[1]}\?.*status=failed"))
-    assert page.locator("#list-position").inner_text() == "2 of 2" and page.locator("#next-session").count() == 0
+    assert (
+        page.locator("#list-position").inner_text() == "2 of 2" and page.locator("#next-session").count() == 0
+    )
     page.keyboard.press("k")  # the key of the previous session
     page.wait_for_url(re.compile(rf"/sessions/{listed[0]}\?"))
     page.click("#back-to-list")
     page.wait_for_url(re.compile(r"/jobs/jobA/sessions\?.*status=failed"))
     assert page.locator("#sessions tbody tr").count() == 2
-    unfiltered = [r[0] for r in rows(jobs.db, "select env_id from job_environments where job_id='jobA' "
-                                              "order by env_name, case_id, sample_index, env_id")]
+    unfiltered = [
+        r[0]
+        for r in rows(
+            jobs.db,
+            "select env_id from job_environments where job_id='jobA' "
+            "order by env_name, case_id, sample_index, env_id",
+        )
+    ]
     page.goto(f"{viewer.url}/sessions/{unfiltered[2]}")  # opened without a list: the job's sessions in order
     assert page.locator("#list-position").inner_text() == "3 of 6"
     assert page.locator("#next-session").get_attribute("href") == f"/sessions/{unfiltered[3]}"
@@ -73,10 +93,18 @@ def test_search_finds_the_wrong_answer_and_opens_its_step(jobs: Jobs, viewer: Vi
     page.fill("#search-box", WRONG.lower())
     page.keyboard.press("Enter")
     page.wait_for_url(re.compile(r"/search\?q="))
-    answered_wrong = {r[0] for r in rows(jobs.db, "select env_id from job_environments where job_id='jobA' "
-                                                  "and eval_reason like ?", f"%got '{WRONG}'")}
+    answered_wrong = {
+        r[0]
+        for r in rows(
+            jobs.db,
+            "select env_id from job_environments where job_id='jobA' and eval_reason like ?",
+            f"%got '{WRONG}'",
+        )
+    }
     hits = page.locator("#hits li[data-session]")
-    assert {h.get_attribute("data-session") for h in hits.all()} == answered_wrong and len(answered_wrong) == 2
+    assert {h.get_attribute("data-session") for h in hits.all()} == answered_wrong and len(
+        answered_wrong
+    ) == 2
     hit = page.locator(f"#hits li[data-session='{wrong}']")
     assert [m.upper() for m in hit.locator("mark").all_inner_texts()] == [WRONG]
     hit.locator("a.hit-link").click()
@@ -86,7 +114,10 @@ def test_search_finds_the_wrong_answer_and_opens_its_step(jobs: Jobs, viewer: Vi
     # every word in one step: the tool output's words, in the sessions of jobA that read the log
     page.goto(f"{viewer.url}/search?q=failed+password+{TOOL_END}&job=jobA")
     found = {h.get_attribute("data-session") for h in page.locator("#hits li[data-session]").all()}
-    read_log = {r[0] for r in rows(jobs.db, "select env_id from job_environments where job_id='jobA' and case_id='logs'")}
+    read_log = {
+        r[0]
+        for r in rows(jobs.db, "select env_id from job_environments where job_id='jobA' and case_id='logs'")
+    }
     assert found == read_log and len(found) == 2
     page.goto(f"{viewer.url}/search?q=failed+{RIGHT}+nosuchword")
     assert page.locator("#hits li[data-session]").count() == 0
@@ -115,13 +146,19 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-def test_a_session_without_a_job_opens_from_the_home_page_and_from_search(jobs: Jobs, page: Any,
-                                                                          tmp_path: Path) -> None:
+def test_a_session_without_a_job_opens_from_the_home_page_and_from_search(
+    jobs: Jobs, page: Any, tmp_path: Path
+) -> None:
     """A store holding only a session a client named by header (no launcher row, as inspect_ai /
     verifiers leave): listed from the home page, its page shows its steps, and search opens it."""
     db = tmp_path / "jobless.db"
-    made = subprocess.run([sys.executable, "-c", JOBLESS_STORE, f"sqlite://{db}"], capture_output=True, text=True,
-                          env=launcher_env(), timeout=120)
+    made = subprocess.run(
+        [sys.executable, "-c", JOBLESS_STORE, f"sqlite://{db}"],
+        capture_output=True,
+        text=True,
+        env=launcher_env(),
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
     own = Viewer(db, jobs.env_root, tmp_path)
     try:
@@ -130,7 +167,9 @@ def test_a_session_without_a_job_opens_from_the_home_page_and_from_search(jobs: 
         page.locator("#jobless-entry a").click()
         page.wait_for_url(re.compile(r"/gateway-sessions$"))
         row = page.locator("#jobless tr[data-session='rollout-7']")
-        assert row.locator("td").nth(1).inner_text() == "fake" and row.locator("td").nth(3).inner_text() == "2"
+        assert (
+            row.locator("td").nth(1).inner_text() == "fake" and row.locator("td").nth(3).inner_text() == "2"
+        )
         row.locator("a").click()
         page.wait_for_url(re.compile(r"/sessions/rollout-7$"))
         assert page.locator("#step-2 .answer").inner_text().strip().endswith("final answer quokka")
@@ -154,8 +193,9 @@ def test_a_session_without_a_job_opens_from_the_home_page_and_from_search(jobs: 
         own.stop()
 
 
-def test_the_workspace_tree_shows_the_agents_files_as_text(jobs: Jobs, viewer: Viewer, page: Any,
-                                                           tmp_path: Path) -> None:
+def test_the_workspace_tree_shows_the_agents_files_as_text(
+    jobs: Jobs, viewer: Viewer, page: Any, tmp_path: Path
+) -> None:
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     sid = sid_of(jobs, "jobA", "logs", 0)
@@ -164,7 +204,11 @@ def test_the_workspace_tree_shows_the_agents_files_as_text(jobs: Jobs, viewer: V
     page.wait_for_url(re.compile(rf"/sessions/{sid}/workspace$"))
     tree = page.locator("#tree")
     assert [e.get_attribute("data-path") for e in tree.locator("li").all()] == [
-        "inner-link", "notes", f"notes/{SCRIPT_FILE}", "notes/blob.bin"]  # the link to /etc/passwd was not kept
+        "inner-link",
+        "notes",
+        f"notes/{SCRIPT_FILE}",
+        "notes/blob.bin",
+    ]  # the link to /etc/passwd was not kept
     assert "→ notes/blob.bin (link, not followed)" in tree.inner_text()
     tree.locator(f"li[data-path='notes/{SCRIPT_FILE}'] a").click()
     page.wait_for_url(re.compile(r"\?path=notes%2F"))
@@ -213,11 +257,23 @@ def test_every_page_fits_1400_pixels(jobs: Jobs, viewer: Viewer, page: Any) -> N
     seq = rows(jobs.db, "select max(seq) from session_steps where session_id=?", sid)[0][0]
     group = rows(jobs.db, "select group_id from job_environments where env_id=?", sid)[0][0]
     assert page.viewport_size["width"] == 1400
-    for path in ("/", "/jobs/jobA", "/jobs/jobA/sessions", f"/sessions/{sid}", f"/sessions/{sid}/steps/{seq}",
-                 f"/groups/{group}", "/compare?a=jobA&b=jobB", f"/search?q={TOOL_END}", "/jobs/jobA/groups",
-                 f"/sessions/{sid}/workspace?path=notes/{SCRIPT_FILE}", "/compare/case?a=jobA&b=jobB&env=toy&case=logs"):
+    for path in (
+        "/",
+        "/jobs/jobA",
+        "/jobs/jobA/sessions",
+        f"/sessions/{sid}",
+        f"/sessions/{sid}/steps/{seq}",
+        f"/groups/{group}",
+        "/compare?a=jobA&b=jobB",
+        f"/search?q={TOOL_END}",
+        "/jobs/jobA/groups",
+        f"/sessions/{sid}/workspace?path=notes/{SCRIPT_FILE}",
+        "/compare/case?a=jobA&b=jobB&env=toy&case=logs",
+    ):
         assert page.goto(viewer.url + path).status == 200, path
-        page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")  # tool results unfolded
+        page.evaluate(
+            "document.querySelectorAll('details').forEach(d => d.open = true)"
+        )  # tool results unfolded
         width, window = fits(page)
         assert width <= window, (path, width, window)
 
@@ -231,9 +287,11 @@ def test_a_group_of_four_fits_1400_pixels_and_more_scroll_in_their_box(page: Any
         pool.submit(asyncio.run, fill(db, 6, ws, group="grp-six", job="tj6")).result()
     (tmp_path / "envs").mkdir()
     viewer = Viewer(db, tmp_path / "envs", tmp_path)
-    edges = ("(() => { const box = document.querySelector('.samples'); const b = box.getBoundingClientRect();"
-             " return [Math.round(b.right), box.scrollWidth - box.clientWidth,"
-             " ...[...box.querySelectorAll('.sample')].map(s => Math.round(s.getBoundingClientRect().right))]; })()")
+    edges = (
+        "(() => { const box = document.querySelector('.samples'); const b = box.getBoundingClientRect();"
+        " return [Math.round(b.right), box.scrollWidth - box.clientWidth,"
+        " ...[...box.querySelectorAll('.sample')].map(s => Math.round(s.getBoundingClientRect().right))]; })()"
+    )
     try:
         assert page.goto(f"{viewer.url}/groups/{GROUP}").status == 200
         page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")  # outputs unfolded
@@ -241,39 +299,76 @@ def test_a_group_of_four_fits_1400_pixels_and_more_scroll_in_their_box(page: Any
         assert width <= window, (width, window)
         right, hidden, *samples = page.evaluate(edges)
         assert len(samples) == 4 and hidden == 0 and max(samples) <= right <= window, (right, samples)
-        assert page.locator(".samples .sample").nth(3).locator("details.user-output").inner_text().count(
-            "OUTPUT-OF-SAMPLE-3") == 1
+        assert (
+            page.locator(".samples .sample")
+            .nth(3)
+            .locator("details.user-output")
+            .inner_text()
+            .count("OUTPUT-OF-SAMPLE-3")
+            == 1
+        )
         assert page.goto(f"{viewer.url}/groups/grp-six").status == 200
         width, window = fits(page)
         assert width <= window, (width, window)
         right, hidden, *samples = page.evaluate(edges)
         assert len(samples) == 6 and hidden > 0 and samples[3] <= right < samples[5], (right, hidden, samples)
         assert page.locator("#scroll-hint").inner_text() == (
-            "6 samples: scroll sideways in the box below for samples past the fourth.")
+            "6 samples: scroll sideways in the box below for samples past the fourth."
+        )
     finally:
         viewer.stop()
     with ThreadPoolExecutor(1) as pool:  # the bundle's group page, from disk, under its CSP
-        pool.submit(asyncio.run, write_bundle(f"sqlite://{db}", "tj", tmp_path / "b", HiddenFields(tmp_path / "envs"))
-                    ).result()
+        pool.submit(
+            asyncio.run, write_bundle(f"sqlite://{db}", "tj", tmp_path / "b", HiddenFields(tmp_path / "envs"))
+        ).result()
     page.goto((tmp_path / "b" / "groups" / f"{GROUP}.html").as_uri())
     width, window = fits(page)
     right, hidden, *samples = page.evaluate(edges)
-    assert width <= window and len(samples) == 4 and hidden == 0 and max(samples) <= right <= window, (right, samples)
+    assert width <= window and len(samples) == 4 and hidden == 0 and max(samples) <= right <= window, (
+        right,
+        samples,
+    )
 
 
 def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path: Path) -> None:
     out = tmp_path / "bundle"
-    run = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobA", "--bundle", str(out),
-                          "--db-path", f"sqlite://{jobs.db}", "--agent-root", str(jobs.env_root)],
-                         capture_output=True, text=True, env=launcher_env(), timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "report",
+            "--job-id",
+            "jobA",
+            "--bundle",
+            str(out),
+            "--db-path",
+            f"sqlite://{jobs.db}",
+            "--agent-root",
+            str(jobs.env_root),
+        ],
+        capture_output=True,
+        text=True,
+        env=launcher_env(),
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
-    ids = [r[0] for r in rows(jobs.db, "select env_id from job_environments where job_id='jobA' "
-                                       "order by env_name, case_id, sample_index, env_id")]
+    ids = [
+        r[0]
+        for r in rows(
+            jobs.db,
+            "select env_id from job_environments where job_id='jobA' "
+            "order by env_name, case_id, sample_index, env_id",
+        )
+    ]
     assert sorted(p.name for p in (out / "sessions").iterdir()) == sorted(
-        [f"{s}.html" for s in ids] + [f"{s}.json" for s in ids])
+        [f"{s}.html" for s in ids] + [f"{s}.json" for s in ids]
+    )
     for f in out.rglob("*.html"):  # every link and asset relative, inside the folder
         for link in re.findall(r'(?:href|src)="([^"]*)"', f.read_text()):
-            assert "://" not in link and not link.startswith(("/", "..//")) and "127.0.0.1" not in link, (f, link)
+            assert "://" not in link and not link.startswith(("/", "..//")) and "127.0.0.1" not in link, (
+                f,
+                link,
+            )
     outside: list[str] = []
 
     def block(route: Any) -> None:
@@ -282,8 +377,11 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
 
     page.route(re.compile(r"^(?!file:).*"), block)
     page.goto((out / "index.html").as_uri())
-    page.wait_for_function("[...document.querySelectorAll('.plotly-graph-div')]"
-                           ".every(d => d.querySelector('svg.main-svg g.trace'))", timeout=60_000)
+    page.wait_for_function(
+        "[...document.querySelectorAll('.plotly-graph-div')]"
+        ".every(d => d.querySelector('svg.main-svg g.trace'))",
+        timeout=60_000,
+    )
     assert page.locator("#sessions tbody tr").count() == 6
     wrong = sid_of(jobs, "jobA", "logs", 1)
     page.locator(f"#sessions tr[data-session='{wrong}'] td:first-child a").click()
@@ -292,7 +390,9 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
     assert page.locator("section.step").count() == 2
     assert page.locator("section.step").nth(1).locator(".answer").inner_text().strip().endswith(WRONG)
     assert page.locator("#list-position").inner_text() == f"{ids.index(wrong) + 1} of 6"
-    assert page.evaluate("getComputedStyle(document.querySelector('#verdict')).display") == "flex"  # the styles loaded
+    assert (
+        page.evaluate("getComputedStyle(document.querySelector('#verdict')).display") == "flex"
+    )  # the styles loaded
     width, window = fits(page)
     assert width <= window, (width, window)
     assert ids.index(wrong) == 5 and page.locator("#next-session").count() == 0  # the last of the job
@@ -300,7 +400,8 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
     page.wait_for_url(re.compile(r"groups/\w+\.html$"))
     assert page.locator(".samples .sample").count() == 2
     assert page.locator("#divergence").inner_text() == (
-        "The samples answer alike through step 1; they first diverge at step 2.")
+        "The samples answer alike through step 1; they first diverge at step 2."
+    )
     page.locator(".samples .sample").nth(1).locator("p a").first.click()
     page.wait_for_url(re.compile(rf"sessions/{wrong}\.html$"))
     page.keyboard.press("k")
@@ -308,15 +409,45 @@ def test_bundle_opens_from_disk_without_a_server(jobs: Jobs, page: Any, tmp_path
     page.click("#index-link")
     page.wait_for_url(re.compile(r"index\.html$"))
     assert outside == []
-    again = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobB", "--bundle", str(out),
-                            "--db-path", f"sqlite://{jobs.db}", "--agent-root", str(jobs.env_root)],
-                           capture_output=True, text=True, env=launcher_env(), timeout=300)
+    again = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "report",
+            "--job-id",
+            "jobB",
+            "--bundle",
+            str(out),
+            "--db-path",
+            f"sqlite://{jobs.db}",
+            "--agent-root",
+            str(jobs.env_root),
+        ],
+        capture_output=True,
+        text=True,
+        env=launcher_env(),
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr  # an earlier bundle is replaced, its sessions gone
     assert len(list((out / "sessions").glob("*.html"))) == 3
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("x")
-    refused = subprocess.run([sys.executable, str(REPO / "launcher.py"), "report", "--job-id", "jobB",
-                              "--bundle", str(tmp_path / "full"), "--db-path", f"sqlite://{jobs.db}"],
-                             capture_output=True, text=True, env=launcher_env(), timeout=300)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "report",
+            "--job-id",
+            "jobB",
+            "--bundle",
+            str(tmp_path / "full"),
+            "--db-path",
+            f"sqlite://{jobs.db}",
+        ],
+        capture_output=True,
+        text=True,
+        env=launcher_env(),
+        timeout=300,
+    )
     assert refused.returncode == 1 and "is not empty and holds no earlier bundle" in refused.stderr
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]

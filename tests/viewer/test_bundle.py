@@ -30,13 +30,36 @@ def test_session_file_names_stay_in_the_folder() -> None:
 async def _store(db: Path) -> None:
     store = Store(f"sqlite://{db}")
     await store.init()
-    await store.add_job_sessions([JobEnvironment(session_id=sid, job_id="j", env_name="e", case_id="c", llm_model="m",
-                                                 group_id="g", sample_index=i,
-                                                 env_params={"dataset": {"q": "<b>q</b>", "answer": "HIDDEN-7"}})
-                                  for i, sid in enumerate(("s1", "../evil"))])
-    await store.write_batch([step_record(session_id="s1", seq=1, step_id=1, llm_model="m", endpoint="chat.completions",
-                                         job_id="j", messages=[{"role": "user", "content": "<script>x</script>"}],
-                                         response={"choices": [{"message": {"role": "assistant", "content": "hi"}}]})], [])
+    await store.add_job_sessions(
+        [
+            JobEnvironment(
+                session_id=sid,
+                job_id="j",
+                env_name="e",
+                case_id="c",
+                llm_model="m",
+                group_id="g",
+                sample_index=i,
+                env_params={"dataset": {"q": "<b>q</b>", "answer": "HIDDEN-7"}},
+            )
+            for i, sid in enumerate(("s1", "../evil"))
+        ]
+    )
+    await store.write_batch(
+        [
+            step_record(
+                session_id="s1",
+                seq=1,
+                step_id=1,
+                llm_model="m",
+                endpoint="chat.completions",
+                job_id="j",
+                messages=[{"role": "user", "content": "<script>x</script>"}],
+                response={"choices": [{"message": {"role": "assistant", "content": "hi"}}]},
+            )
+        ],
+        [],
+    )
     await store.update_job_session("s1", finished=True, status="succeeded", reward=10.0, eval_status="scored")
     await store.close()
 
@@ -45,23 +68,31 @@ def test_a_bundle_of_a_small_job(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     asyncio.run(_store(db))
     envs = tmp_path / "envs"
-    (envs / "e").mkdir(parents=True)  # no env.yaml: hidden fields unknown, so no case row in the start request
+    (envs / "e").mkdir(
+        parents=True
+    )  # no env.yaml: hidden fields unknown, so no case row in the start request
     out = tmp_path / "b"
     index = asyncio.run(write_bundle(f"sqlite://{db}", "j", out, HiddenFields(envs)))
     assert index == out / "index.html" and (out / MARKER).is_file() and (out / "viewer.css").is_file()
     evil = session_file("../evil")
     assert sorted(p.name for p in (out / "sessions").iterdir()) == sorted(
-        ["s1.html", "s1.json", f"{evil}.html", f"{evil}.json"])
+        ["s1.html", "s1.json", f"{evil}.html", f"{evil}.json"]
+    )
     assert not (tmp_path / "evil.html").exists()
     page = (out / "sessions" / "s1.html").read_text()
     assert "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x</script>" not in page
     assert f'href="{evil}.html"' in page and 'href="../index.html"' in page
-    assert f"script-src 'sha256-{KEYS_SHA256}'" in page and "unsafe-inline" not in page and page.count("<script>") == 1
+    assert (
+        f"script-src 'sha256-{KEYS_SHA256}'" in page
+        and "unsafe-inline" not in page
+        and page.count("<script>") == 1
+    )
     start = page.split('id="start-request">', 1)[1].split("</pre>", 1)[0]
     assert "HIDDEN-7" not in start
     transcript = json.loads((out / "sessions" / "s1.json").read_text())
     assert transcript["session"]["session_id"] == "s1" and transcript["steps"][0]["new_messages"] == [
-        {"role": "user", "content": "<script>x</script>"}]
+        {"role": "user", "content": "<script>x</script>"}
+    ]
     html = index.read_text()
     links = re.findall(r'(?:href|src)="([^"]*)"', html)
     assert "sessions/s1.html" in links and f"sessions/{evil}.html" in links
@@ -74,9 +105,11 @@ def test_folders_a_bundle_refuses(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "mine.txt").write_text("x")
-    for folder, problem in ((tmp_path / "file", "is a file, not a folder"),
-                            (tmp_path / "file" / "b", "is a file, not a folder"),
-                            (tmp_path / "full", "is not empty and holds no earlier bundle")):
+    for folder, problem in (
+        (tmp_path / "file", "is a file, not a folder"),
+        (tmp_path / "file" / "b", "is a file, not a folder"),
+        (tmp_path / "full", "is not empty and holds no earlier bundle"),
+    ):
         with pytest.raises(ViewerError, match=problem):
             asyncio.run(write_bundle("sqlite:///nowhere.db", "j", folder, HiddenFields(tmp_path)))
     assert (tmp_path / "full" / "mine.txt").read_text() == "x"

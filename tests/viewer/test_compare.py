@@ -23,7 +23,8 @@ from store import JobEnvironment, Store
 
 # (job, env, case, sample, reward, eval_status)
 SESSIONS = [
-    ("A", "basics", "c1", 0, 10.0, "scored"), ("A", "basics", "c1", 1, 5.0, "scored"),  # 7.5
+    ("A", "basics", "c1", 0, 10.0, "scored"),
+    ("A", "basics", "c1", 1, 5.0, "scored"),  # 7.5
     ("A", "basics", "c2", 0, 0.0, "invalid_reward"),  # the agent's 0
     ("A", "basics", "c2", 1, None, "grader_broken"),  # left out: c2 is 0
     ("A", "basics", "c3", 0, 10.0, "scored"),  # B has no score for c3: A's alone
@@ -68,8 +69,18 @@ def _counts(job: str) -> list[dict[str, Any]]:
     for j, env, case, _, reward, ev in SESSIONS:
         if j != job:
             continue
-        row = rows.setdefault((env, case), {"env_name": env, "llm_model": "m", "case_id": case, "n": 0,
-                                            "passes": 0, "counted": 0, "score_sum": 0.0})
+        row = rows.setdefault(
+            (env, case),
+            {
+                "env_name": env,
+                "llm_model": "m",
+                "case_id": case,
+                "n": 0,
+                "passes": 0,
+                "counted": 0,
+                "score_sum": 0.0,
+            },
+        )
         row["n"] += 1
         row["passes"] += reward == 10.0 and ev == "scored"
         if ev != "grader_broken":
@@ -99,12 +110,24 @@ async def viewer(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     db = tmp_path / "t.db"
     store = Store(f"sqlite://{db}")
     await store.init()
-    await store.add_job_sessions([
-        JobEnvironment(session_id=f"{j}-{env}-{case}-{i}", job_id=j, env_name=env, case_id=case, llm_model="m",
-                       group_id=f"{j}-{case}", sample_index=i) for j, env, case, i, _, _ in SESSIONS])
+    await store.add_job_sessions(
+        [
+            JobEnvironment(
+                session_id=f"{j}-{env}-{case}-{i}",
+                job_id=j,
+                env_name=env,
+                case_id=case,
+                llm_model="m",
+                group_id=f"{j}-{case}",
+                sample_index=i,
+            )
+            for j, env, case, i, _, _ in SESSIONS
+        ]
+    )
     for j, env, case, i, reward, ev in SESSIONS:
-        await store.update_job_session(f"{j}-{env}-{case}-{i}", finished=True, status="succeeded", reward=reward,
-                                       eval_status=ev)
+        await store.update_job_session(
+            f"{j}-{env}-{case}-{i}", finished=True, status="succeeded", reward=reward, eval_status=ev
+        )
     await store.close()
     engine, queries = await open_queries(f"sqlite://{db}")
     app = create_app(queries, HiddenFields(tmp_path / "no-envs"))
@@ -116,8 +139,10 @@ async def viewer(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
 def _cells(page: str, env: str) -> list[str]:
     row = re.search(rf'<tr data-env="{env}">(.*?)</tr>', page, re.S)
     assert row, page[:2000]
-    return [" ".join(html.unescape(re.sub(r"<[^>]+>", "", c)).split())
-            for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
+    return [
+        " ".join(html.unescape(re.sub(r"<[^>]+>", "", c)).split())
+        for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    ]
 
 
 async def test_compare_page_pairs_the_common_cases_and_states_the_rest(viewer: httpx.AsyncClient) -> None:
@@ -125,15 +150,41 @@ async def test_compare_page_pairs_the_common_cases_and_states_the_rest(viewer: h
     assert r.status_code == 200
     # env, models, common, A only, B only, mean A, mean B, B - A, SE, 95% interval
     lo, hi = 3.75 - 12.7062047 * 6.25, 3.75 + 12.7062047 * 6.25
-    assert _cells(r.text, "basics") == ["basics", "m / m", "2", "1", "1", "3.75", "7.50", "+3.75", "6.25",
-                                        f"{lo:+.2f} to {hi:+.2f}"]
+    assert _cells(r.text, "basics") == [
+        "basics",
+        "m / m",
+        "2",
+        "1",
+        "1",
+        "3.75",
+        "7.50",
+        "+3.75",
+        "6.25",
+        f"{lo:+.2f} to {hi:+.2f}",
+    ]
     assert _cells(r.text, "other") == ["other", "m / m", "1", "0", "0", "4.00", "6.00", "+2.00", "-", "-"]
     diff = 7.0 - 11.5 / 3
     assert _cells(r.text, "all envs") == [
-        "all envs", "m / m", "3", "1", "1", "3.83", "7.00", f"{diff:+.2f}", f"{ALL_SE:.2f}",
-        f"{diff - 4.3026527 * ALL_SE:+.2f} to {diff + 4.3026527 * ALL_SE:+.2f}"]
-    note = " ".join(html.unescape(re.sub(r"<[^>]+>", "", re.search(
-        r'<p class="muted" id="compare-note">(.*?)</p>', r.text, re.S).group(1))).split())  # type: ignore[union-attr]
+        "all envs",
+        "m / m",
+        "3",
+        "1",
+        "1",
+        "3.83",
+        "7.00",
+        f"{diff:+.2f}",
+        f"{ALL_SE:.2f}",
+        f"{diff - 4.3026527 * ALL_SE:+.2f} to {diff + 4.3026527 * ALL_SE:+.2f}",
+    ]
+    note = " ".join(
+        html.unescape(
+            re.sub(
+                r"<[^>]+>",
+                "",
+                re.search(r'<p class="muted" id="compare-note">(.*?)</p>', r.text, re.S).group(1),
+            )
+        ).split()
+    )  # type: ignore[union-attr]
     assert "1 in A only, 1 in B only, left out" in note
     # each job on all its cases: A's basics is the mean of its 4 counted sessions (10, 5, 0, 10)
     jobs = re.search(r'<table class="grid" id="compare-jobs">(.*?)</table>', r.text, re.S)
@@ -146,10 +197,30 @@ async def test_compare_json(viewer: httpx.AsyncClient) -> None:
     body = r.json()
     assert (body["a"], body["b"]) == ("A", "B")
     basics = body["envs"][0]
-    assert {k: basics[k] for k in ("env", "models_a", "models_b", "common_cases", "only_a", "only_b", "mean_a",
-                                   "mean_b", "diff")} == {
-        "env": "basics", "models_a": ["m"], "models_b": ["m"], "common_cases": 2, "only_a": 1, "only_b": 1,
-        "mean_a": 3.75, "mean_b": 7.5, "diff": 3.75}
+    assert {
+        k: basics[k]
+        for k in (
+            "env",
+            "models_a",
+            "models_b",
+            "common_cases",
+            "only_a",
+            "only_b",
+            "mean_a",
+            "mean_b",
+            "diff",
+        )
+    } == {
+        "env": "basics",
+        "models_a": ["m"],
+        "models_b": ["m"],
+        "common_cases": 2,
+        "only_a": 1,
+        "only_b": 1,
+        "mean_a": 3.75,
+        "mean_b": 7.5,
+        "diff": 3.75,
+    }
     assert basics["diff_stderr"] == pytest.approx(6.25)
     assert basics["diff_ci95"] == pytest.approx([3.75 - 12.7062047 * 6.25, 3.75 + 12.7062047 * 6.25])
     assert body["envs"][1]["diff_stderr"] is None and body["envs"][1]["diff_ci95"] is None
@@ -167,7 +238,9 @@ async def test_job_page_and_report_show_standard_errors(viewer: httpx.AsyncClien
     table = re.search(r'<table class="grid summary">(.*?)</table>', r.text, re.S)
     assert table
     basics = table.group(1).split("<td>basics</td>", 1)[1].split("</tr>", 1)[0]
-    cells = [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", basics, re.S)]
+    cells = [
+        html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", basics, re.S)
+    ]
     # mean of the 4 counted sessions, SE over the case means 7.5, 0, 10; pass@1 over 1/2, 0/1, 1/1
     se = statistics.stdev([7.5, 0.0, 10.0]) / math.sqrt(3)
     assert f"6.25±{se:.2f}" in cells and "6.25±3.00" in cells
@@ -178,7 +251,9 @@ def _text(fragment: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", "", fragment)).split())
 
 
-async def test_home_page_gives_each_jobs_mean_its_standard_error_over_cases(viewer: httpx.AsyncClient) -> None:
+async def test_home_page_gives_each_jobs_mean_its_standard_error_over_cases(
+    viewer: httpx.AsyncClient,
+) -> None:
     r = await viewer.get("/")
     assert r.status_code == 200
     means = dict(re.findall(r'<a href="/jobs/(\w)">.*?<td class="mean">(.*?)</td>', r.text, re.S))
@@ -190,14 +265,24 @@ async def test_home_page_gives_each_jobs_mean_its_standard_error_over_cases(view
 
 
 @pytest.mark.parametrize("path", ["/jobs/A", "/jobs/A/groups"])
-async def test_group_tables_give_each_groups_mean_its_standard_error(viewer: httpx.AsyncClient, path: str) -> None:
+async def test_group_tables_give_each_groups_mean_its_standard_error(
+    viewer: httpx.AsyncClient, path: str
+) -> None:
     r = await viewer.get(path)
     assert r.status_code == 200
-    means = {gid: _text(cell) for gid, cell in re.findall(
-        r'<tr data-group="([^"]+)">.*?<td class="mean">(.*?)</td></tr>', r.text, re.S)}
+    means = {
+        gid: _text(cell)
+        for gid, cell in re.findall(
+            r'<tr data-group="([^"]+)">.*?<td class="mean">(.*?)</td></tr>', r.text, re.S
+        )
+    }
     # A-c1: 10 and 5 (SE 2.50); A-c2: the invalid reward's 0 (its grader_broken sample not counted)
-    assert means == {"A-c1": "7.50±2.50 (2 samples)", "A-c2": "0.00 (1 sample)", "A-c3": "10.00 (1 sample)",
-                     "A-o1": "4.00 (1 sample)"}
+    assert means == {
+        "A-c1": "7.50±2.50 (2 samples)",
+        "A-c2": "0.00 (1 sample)",
+        "A-c3": "10.00 (1 sample)",
+        "A-o1": "4.00 (1 sample)",
+    }
 
 
 async def test_group_page_gives_the_group_mean_its_standard_error(viewer: httpx.AsyncClient) -> None:
@@ -208,6 +293,8 @@ async def test_group_page_gives_the_group_mean_its_standard_error(viewer: httpx.
 
     assert mean_line((await viewer.get("/groups/A-c1")).text) == "mean score 7.50±2.50 (2 samples)"
     assert mean_line((await viewer.get("/groups/A-c2")).text) == (
-        "mean score 0.00 (1 sample) · 1 without a score (not graded, or a broken grader)")
+        "mean score 0.00 (1 sample) · 1 without a score (not graded, or a broken grader)"
+    )
     assert mean_line((await viewer.get("/groups/B-c3")).text) == (
-        "mean score - · 1 without a score (not graded, or a broken grader)")
+        "mean score - · 1 without a score (not graded, or a broken grader)"
+    )

@@ -46,8 +46,12 @@ async def viewer(store: Path, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient
 
 def fed_back(page: str) -> list[str]:
     """The texts of the user messages a group page shows, in page order."""
-    return [html.unescape(t) for t in re.findall(
-        r'<details class="tool-result user-output">.*?<pre>(.*?)</pre></details>', page, re.S)]
+    return [
+        html.unescape(t)
+        for t in re.findall(
+            r'<details class="tool-result user-output">.*?<pre>(.*?)</pre></details>', page, re.S
+        )
+    ]
 
 
 def samples_of(page: str) -> list[str]:
@@ -72,8 +76,10 @@ async def test_the_group_page_shows_what_a_text_protocol_agent_got_back(viewer: 
 
 async def test_the_session_page_folds_the_raw_rows_after_the_trajectory(viewer: httpx.AsyncClient) -> None:
     page = (await viewer.get(f"/sessions/{sid(0)}")).text
-    raw = page.index('<details class="raw-rows" id="raw-rows"><summary>raw rows '
-                     '<small class="muted">session_workspaces (1)</small></summary>')
+    raw = page.index(
+        '<details class="raw-rows" id="raw-rows"><summary>raw rows '
+        '<small class="muted">session_workspaces (1)</small></summary>'
+    )
     assert page.index('id="verdict"') < page.index("<h2>Trajectory</h2>") < raw
     assert page.index("<h2>session_workspaces</h2>") > raw
     assert page.count("<h2>session_workspaces</h2>") == 1
@@ -86,7 +92,9 @@ async def test_the_bundle_has_group_pages_and_the_kept_files(store: Path, tmp_pa
     assert sorted(p.name for p in (out / "groups").iterdir()) == [f"{GROUP}.html"]
     group = (out / "groups" / f"{GROUP}.html").read_text()
     parts = samples_of(group)
-    assert [re.findall(r'<a href="([^"]*)">', p)[0] for p in parts] == [f"../sessions/{sid(k)}.html" for k in range(4)]
+    assert [re.findall(r'<a href="([^"]*)">', p)[0] for p in parts] == [
+        f"../sessions/{sid(k)}.html" for k in range(4)
+    ]
     assert [fed_back(p) for p in parts] == [[output(k)] for k in range(4)]
     assert "<script" not in group and "unsafe-inline" not in group
     assert all("://" not in u and not u.startswith("/") for u in re.findall(r'(?:href|src)="([^"]*)"', group))
@@ -94,8 +102,10 @@ async def test_the_bundle_has_group_pages_and_the_kept_files(store: Path, tmp_pa
     first = (out / "sessions" / f"{sid(0)}.html").read_text()
     assert f'<a id="group-link" href="../groups/{GROUP}.html">{GROUP}</a>' in first
     tree = first.split('<ul class="tree" id="tree">', 1)[1].split("</ul>", 1)[0]
-    assert [(k, html.unescape(p)) for k, p in re.findall(r'<li class="kind-(\w+) flat" data-path="([^"]*)">', tree)] == [
-        ("file", "answer.json"), ("dir", "notes"), ("file", "notes/a.txt")]
+    assert [
+        (k, html.unescape(p))
+        for k, p in re.findall(r'<li class="kind-(\w+) flat" data-path="([^"]*)">', tree)
+    ] == [("file", "answer.json"), ("dir", "notes"), ("file", "notes/a.txt")]
     assert '<span class="file">notes/a.txt</span> <span class="muted">8 B</span>' in tree
     assert "one\ntwo" not in first  # names and sizes only
     second = (out / "sessions" / f"{sid(1)}.html").read_text()

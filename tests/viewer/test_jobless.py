@@ -24,12 +24,20 @@ EVIL = "<img src=x onerror=alert(1)>"  # a gateway session id holds no "/"
 
 
 def _step(sid: str, seq: int, text: str) -> SessionStep:
-    return SessionStep(session_id=sid, seq=seq, step_id=seq, llm_model="qwen", endpoint="chat.completions",
-                       messages=[{"role": "user", "content": f"question {seq} {EVIL}"}],
-                       response={"choices": [{"message": {"role": "assistant", "content": text},
-                                              "finish_reason": "stop"}]},
-                       finish_reason="stop", prompt_tokens=4, completion_tokens=2, total_tokens=6,
-                       meta_json={"session_header": "x-session-id"})
+    return SessionStep(
+        session_id=sid,
+        seq=seq,
+        step_id=seq,
+        llm_model="qwen",
+        endpoint="chat.completions",
+        messages=[{"role": "user", "content": f"question {seq} {EVIL}"}],
+        response={"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]},
+        finish_reason="stop",
+        prompt_tokens=4,
+        completion_tokens=2,
+        total_tokens=6,
+        meta_json={"session_header": "x-session-id"},
+    )
 
 
 async def _fill(db: Path, n: int, *, with_job: bool) -> None:
@@ -37,16 +45,47 @@ async def _fill(db: Path, n: int, *, with_job: bool) -> None:
     await store.init()
     try:
         if with_job:
-            await store.add_job_sessions([JobEnvironment(session_id="launched", job_id="j", env_name="e", case_id="c",
-                                                         llm_model="qwen", group_id="g", sample_index=0)])
+            await store.add_job_sessions(
+                [
+                    JobEnvironment(
+                        session_id="launched",
+                        job_id="j",
+                        env_name="e",
+                        case_id="c",
+                        llm_model="qwen",
+                        group_id="g",
+                        sample_index=0,
+                    )
+                ]
+            )
             await store.write_batch([], [GatewaySession(session_id="launched", route="qwen", job_id="j")])
-        gws = [GatewaySession(session_id=f"vf-{i:03d}", route="qwen", total_steps=i % 3, max_steps=5,
-                              status="closed" if i % 2 else "active", created_at=T0 + timedelta(minutes=i),
-                              updated_at=T0 + timedelta(minutes=i)) for i in range(n)]
-        gws.append(GatewaySession(session_id=f"odd?#{EVIL}", route=f"r{EVIL}", total_steps=2, close_reason=EVIL,
-                                  created_at=T0 - timedelta(days=1), updated_at=T0 - timedelta(days=1)))
-        steps = [_step("vf-001", 1, "first answer zebrafish"), _step("vf-001", 2, "second answer"),
-                 _step(f"odd?#{EVIL}", 1, f"odd answer zebrafish {EVIL}")]
+        gws = [
+            GatewaySession(
+                session_id=f"vf-{i:03d}",
+                route="qwen",
+                total_steps=i % 3,
+                max_steps=5,
+                status="closed" if i % 2 else "active",
+                created_at=T0 + timedelta(minutes=i),
+                updated_at=T0 + timedelta(minutes=i),
+            )
+            for i in range(n)
+        ]
+        gws.append(
+            GatewaySession(
+                session_id=f"odd?#{EVIL}",
+                route=f"r{EVIL}",
+                total_steps=2,
+                close_reason=EVIL,
+                created_at=T0 - timedelta(days=1),
+                updated_at=T0 - timedelta(days=1),
+            )
+        )
+        steps = [
+            _step("vf-001", 1, "first answer zebrafish"),
+            _step("vf-001", 2, "second answer"),
+            _step(f"odd?#{EVIL}", 1, f"odd answer zebrafish {EVIL}"),
+        ]
         await store.write_batch(steps, gws)
     finally:
         await store.close()
@@ -93,15 +132,25 @@ async def test_queries_list_only_sessions_without_a_launcher_row(queries: Viewer
     oldest = await queries.jobless_page(descending=False, limit=2)
     assert [r["session_id"] for r in oldest.rows] == [f"odd?#{EVIL}", "vf-000"]
     row = next(r for r in first.rows + rest.rows if r["session_id"] == "vf-001")
-    assert (row["steps"], row["tokens"], row["route"], row["status"], row["max_steps"]) == (2, 12, "qwen", "closed", 5)
-    assert next(r for r in rest.rows if r["session_id"] == "vf-000")["tokens"] is None  # no step: unknown, not 0
+    assert (row["steps"], row["tokens"], row["route"], row["status"], row["max_steps"]) == (
+        2,
+        12,
+        "qwen",
+        "closed",
+        5,
+    )
+    assert (
+        next(r for r in rest.rows if r["session_id"] == "vf-000")["tokens"] is None
+    )  # no step: unknown, not 0
     by_steps = await queries.jobless_page(sort="steps", limit=3)
     assert [r["total_steps"] for r in by_steps.rows] == [2, 2, 2]
     with pytest.raises(KeyError):
         await queries.jobless_page(sort="reward")
 
 
-async def test_home_page_of_a_store_with_only_jobless_sessions_links_their_list(viewer: httpx.AsyncClient) -> None:
+async def test_home_page_of_a_store_with_only_jobless_sessions_links_their_list(
+    viewer: httpx.AsyncClient,
+) -> None:
     home = await viewer.get("/")
     assert home.status_code == 200
     assert "holds no job yet" not in home.text
@@ -118,7 +167,9 @@ async def test_home_page_of_a_store_with_only_jobless_sessions_links_their_list(
     assert (await viewer.get("/gateway-sessions?job=x")).status_code == 400
 
 
-async def test_a_jobless_session_page_shows_steps_gateway_state_and_no_score(viewer: httpx.AsyncClient) -> None:
+async def test_a_jobless_session_page_shows_steps_gateway_state_and_no_score(
+    viewer: httpx.AsyncClient,
+) -> None:
     r = await viewer.get("/sessions/vf-001")
     assert r.status_code == 200
     assert 'id="step-1"' in r.text and 'id="step-2"' in r.text and "first answer zebrafish" in r.text
@@ -174,8 +225,12 @@ async def test_a_client_score_is_shown_apart_from_the_graders_reward(tmp_path: P
     try:
         await store.set_client_score("vf-001", 7.5, f"inspect: includes {EVIL}")
         await store.set_client_score("launched", 2.0, None)
-        await store.finish_job_session("launched", SessionResult(status="succeeded", outcome="succeeded", attempts=1,
-                                                                 reward=10.0, eval_status="scored"))
+        await store.finish_job_session(
+            "launched",
+            SessionResult(
+                status="succeeded", outcome="succeeded", attempts=1, reward=10.0, eval_status="scored"
+            ),
+        )
     finally:
         await store.close()
     client, search, engine = await _client(db, tmp_path)
@@ -186,7 +241,10 @@ async def test_a_client_score_is_shown_apart_from_the_graders_reward(tmp_path: P
     await search.close()
     await engine.dispose()  # type: ignore[attr-defined]
     assert jobless.status_code == launched.status_code == 200
-    verdict, rest = jobless.text.split('id="client-score">', 1)[0], jobless.text.split('id="client-score">', 1)[1]
+    verdict, rest = (
+        jobless.text.split('id="client-score">', 1)[0],
+        jobless.text.split('id="client-score">', 1)[1],
+    )
     assert "no score" in verdict and "7.5" not in verdict  # the grader's verdict stays empty
     assert rest.startswith("client score: 7.5 (inspect: includes &lt;img src=x onerror=alert(1)&gt;) ")
     assert "provenance client" in rest

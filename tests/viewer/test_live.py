@@ -60,11 +60,13 @@ async def test_pages_follow_a_running_job(tmp_path: Path) -> None:
                 code, _, err = await job
                 assert code == 0, err
                 await page.wait_for_function(
-                    "document.getElementById('job-state').textContent === 'finished'", timeout=120_000)
+                    "document.getElementById('job-state').textContent === 'finished'", timeout=120_000
+                )
                 assert "3/3" in await page.locator("#job-progress").inner_text()
                 assert not await page.locator("#live").is_visible()
                 await session.wait_for_function(
-                    "document.querySelector('#verdict .score').textContent === '10.00'", timeout=120_000)
+                    "document.querySelector('#verdict .score').textContent === '10.00'", timeout=120_000
+                )
                 await page.screenshot(path=tmp_path / "finished.png", full_page=True)
                 await browser.close()
         finally:

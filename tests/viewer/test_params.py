@@ -23,8 +23,20 @@ async def viewer(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     db = tmp_path / "t.db"
     store = Store(f"sqlite://{db}")
     await store.init()
-    await store.add_job_sessions([JobEnvironment(session_id=f"s{i}", job_id="j", env_name="e", case_id=f"c{i}",
-                                                 llm_model="m", group_id=f"g{i}", sample_index=0) for i in range(3)])
+    await store.add_job_sessions(
+        [
+            JobEnvironment(
+                session_id=f"s{i}",
+                job_id="j",
+                env_name="e",
+                case_id=f"c{i}",
+                llm_model="m",
+                group_id=f"g{i}",
+                sample_index=0,
+            )
+            for i in range(3)
+        ]
+    )
     await store.update_job_session("s0", finished=True, status="succeeded", reward=8.0, eval_status="scored")
     await store.update_job_session("s1", finished=True, status="failed", reward=2.0, eval_status="scored")
     await store.close()
@@ -44,21 +56,34 @@ def message(r: httpx.Response) -> str:
 KNOWN = "env, case, model, status, eval, group, score_min, score_max, sort, dir, page"
 
 
-@pytest.mark.parametrize(("query", "text"), [
-    ("page=99999999999999999999999", "page='99999999999999999999999' is not a page number (1 to 1000000000)"),
-    ("page=0", "page='0' is not a page number (1 to 1000000000)"),
-    ("page=%C2%B2", "page='²' is not a page number (1 to 1000000000)"),
-    ("min_score=3", f"unknown parameter 'min_score' (known: {KNOWN})"),
-    ("page=1&page=2", "parameter 'page' is given more than once"),
-    ("dir=sideways", "dir='sideways': use one of asc, desc"),
-    ("status=bogus", "status='bogus': use one of cancelled, error, failed, pending, retrying, running, succeeded, "
-                     "timeout, truncated"),
-    ("eval=maybe", "eval='maybe': use one of error, grader_broken, infra_error, invalid_reward, none, scored, skipped, timeout"),
-    ("score_min=5&score_max=1", "score_min=5 is above score_max=1: no score can match"),
-    ("score_max=inf", "score_max='inf' is not a finite number"),
-])
-async def test_bad_session_list_parameters_are_a_400_page_naming_them(viewer: httpx.AsyncClient, query: str,
-                                                                      text: str) -> None:
+@pytest.mark.parametrize(
+    ("query", "text"),
+    [
+        (
+            "page=99999999999999999999999",
+            "page='99999999999999999999999' is not a page number (1 to 1000000000)",
+        ),
+        ("page=0", "page='0' is not a page number (1 to 1000000000)"),
+        ("page=%C2%B2", "page='²' is not a page number (1 to 1000000000)"),
+        ("min_score=3", f"unknown parameter 'min_score' (known: {KNOWN})"),
+        ("page=1&page=2", "parameter 'page' is given more than once"),
+        ("dir=sideways", "dir='sideways': use one of asc, desc"),
+        (
+            "status=bogus",
+            "status='bogus': use one of cancelled, error, failed, pending, retrying, running, succeeded, "
+            "timeout, truncated",
+        ),
+        (
+            "eval=maybe",
+            "eval='maybe': use one of error, grader_broken, infra_error, invalid_reward, none, scored, skipped, timeout",
+        ),
+        ("score_min=5&score_max=1", "score_min=5 is above score_max=1: no score can match"),
+        ("score_max=inf", "score_max='inf' is not a finite number"),
+    ],
+)
+async def test_bad_session_list_parameters_are_a_400_page_naming_them(
+    viewer: httpx.AsyncClient, query: str, text: str
+) -> None:
     r = await viewer.get(f"/jobs/j/sessions?{query}")
     assert (r.status_code, message(r)) == (400, text)
 

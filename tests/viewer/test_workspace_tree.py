@@ -56,14 +56,18 @@ class _Zeros(io.RawIOBase):
 def hostile() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for info, data in [(_info(SCRIPT), SCRIPT.encode()), (_info("src", tarfile.DIRTYPE), None),
-                           (_info("src/main.py"), b"print('hi')\n"),
-                           (_info("passwd", tarfile.SYMTYPE, "/etc/passwd"), None),
-                           (_info("inner", tarfile.SYMTYPE, "src/main.py"), None),
-                           (_info("hard", tarfile.LNKTYPE, "src/main.py"), None),
-                           (_info("../escape"), b"out"), (_info("/abs"), b"abs"),
-                           (_info("bin.dat"), b"\x7fELF\x00\x01\x02" + bytes(range(256))),
-                           (_info("fifo", tarfile.FIFOTYPE), None)]:
+        for info, data in [
+            (_info(SCRIPT), SCRIPT.encode()),
+            (_info("src", tarfile.DIRTYPE), None),
+            (_info("src/main.py"), b"print('hi')\n"),
+            (_info("passwd", tarfile.SYMTYPE, "/etc/passwd"), None),
+            (_info("inner", tarfile.SYMTYPE, "src/main.py"), None),
+            (_info("hard", tarfile.LNKTYPE, "src/main.py"), None),
+            (_info("../escape"), b"out"),
+            (_info("/abs"), b"abs"),
+            (_info("bin.dat"), b"\x7fELF\x00\x01\x02" + bytes(range(256))),
+            (_info("fifo", tarfile.FIFOTYPE), None),
+        ]:
             if data is not None:
                 info.size = len(data)
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
@@ -96,9 +100,14 @@ def test_entries_list_links_with_their_targets_and_flag_bad_names(hostile: bytes
 def test_read_file_never_follows_links_or_leaves_the_archive(hostile: bytes) -> None:
     assert read_file(hostile, "src/main.py").text == "print('hi')\n"
     assert read_file(hostile, "./src//main.py").text == "print('hi')\n"
-    for path, message in (("passwd", "a link to /etc/passwd"), ("inner", "a link to src/main.py"),
-                          ("hard", "a link to src/main.py"), ("src", "a folder"), ("fifo", "not a regular file"),
-                          ("nope", "not in the kept workspace")):
+    for path, message in (
+        ("passwd", "a link to /etc/passwd"),
+        ("inner", "a link to src/main.py"),
+        ("hard", "a link to src/main.py"),
+        ("src", "a folder"),
+        ("fifo", "not a regular file"),
+        ("nope", "not in the kept workspace"),
+    ):
         with pytest.raises(WorkspaceError, match=message):
             read_file(hostile, path)
     for path in ("../escape", "/abs", "/etc/passwd", "src/../../etc/passwd"):
@@ -142,8 +151,11 @@ class _Queries:
         return {"env_id": sid, "job_id": "j"} if sid == "s1" else None
 
     async def workspace(self, sid: str) -> dict[str, Any] | None:
-        return {"status": "kept", "reason": None, "archive": self.archive, "file_count": 3,
-                "total_bytes": 1} if sid == "s1" else None
+        return (
+            {"status": "kept", "reason": None, "archive": self.archive, "file_count": 3, "total_bytes": 1}
+            if sid == "s1"
+            else None
+        )
 
 
 @pytest.fixture
@@ -158,8 +170,14 @@ def test_the_tree_page_escapes_names_and_contents(client: TestClient) -> None:
     assert SCRIPT not in page.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     assert "→ /etc/passwd (link, not followed)" in page.text
     shown = client.get("/sessions/s1/workspace", params={"path": SCRIPT})
-    assert shown.status_code == 200 and SCRIPT not in shown.text and shown.text.count("&lt;script&gt;alert(1)") == 3  # tree, title, text
-    assert "A binary file: not shown." in client.get("/sessions/s1/workspace", params={"path": "bin.dat"}).text
+    assert (
+        shown.status_code == 200
+        and SCRIPT not in shown.text
+        and shown.text.count("&lt;script&gt;alert(1)") == 3
+    )  # tree, title, text
+    assert (
+        "A binary file: not shown." in client.get("/sessions/s1/workspace", params={"path": "bin.dat"}).text
+    )
     big = client.get("/sessions/s1/workspace", params={"path": "big.log"})
     assert f"104857600 bytes, the first {MAX_SHOWN_BYTES} shown" in big.text
     for path in ("passwd", "../escape", "/etc/passwd"):
@@ -175,7 +193,9 @@ def test_the_raw_file_is_plain_text_that_cannot_run(client: TestClient) -> None:
     assert raw.headers["content-type"] == "text/plain; charset=utf-8"
     assert raw.headers["x-content-type-options"] == "nosniff"
     assert raw.headers["content-security-policy"] == "default-src 'none'; sandbox"
-    assert len(client.get("/sessions/s1/workspace/raw", params={"path": "big.log"}).content) == MAX_SHOWN_BYTES
+    assert (
+        len(client.get("/sessions/s1/workspace/raw", params={"path": "big.log"}).content) == MAX_SHOWN_BYTES
+    )
     assert client.get("/sessions/s1/workspace/raw", params={"path": "passwd"}).status_code == 404
     assert client.get("/sessions/s1/workspace/raw", params={"path": "../escape"}).status_code == 404
 
@@ -196,19 +216,31 @@ def test_a_name_that_is_not_utf8_is_listed_escaped_and_served(tmp_path: Path) ->
     tree = client.get("/sessions/s1/workspace")
     assert tree.status_code == 200
     assert '<a href="?path=d%FE%2Fbad%FF.txt">bad\\xff.txt</a>' in tree.text
-    assert '<span class="dir">d\\xfe/</span>' in tree.text and "→ d\\xfe/bad\\xff.txt (link, not followed)" in tree.text
+    assert (
+        '<span class="dir">d\\xfe/</span>' in tree.text
+        and "→ d\\xfe/bad\\xff.txt (link, not followed)" in tree.text
+    )
     shown = client.get("/sessions/s1/workspace?path=d%FE%2Fbad%FF.txt")
     assert shown.status_code == 200
-    assert "<code>d\\xfe/bad\\xff.txt</code>" in shown.text and '<pre id="file-text">hidden answer</pre>' in shown.text
+    assert (
+        "<code>d\\xfe/bad\\xff.txt</code>" in shown.text
+        and '<pre id="file-text">hidden answer</pre>' in shown.text
+    )
     assert 'href="/sessions/s1/workspace/raw?path=d%FE%2Fbad%FF.txt"' in shown.text
     raw = client.get("/sessions/s1/workspace/raw?path=d%FE%2Fbad%FF.txt")
     assert (raw.status_code, raw.text) == (200, "hidden answer")
     link = client.get("/sessions/s1/workspace?path=ln%FA")
-    assert link.status_code == 404 and "ln\\xfa is a link to d\\xfe/bad\\xff.txt: only regular files are shown" in link.text
+    assert (
+        link.status_code == 404
+        and "ln\\xfa is a link to d\\xfe/bad\\xff.txt: only regular files are shown" in link.text
+    )
     # the escaped spelling names no entry (a file could be named so literally)
     assert client.get("/sessions/s1/workspace/raw", params={"path": "d\\xfe/bad\\xff.txt"}).status_code == 404
     listed = entries(kept.archive)[0]
     assert [(e.shown_path, e.kind, e.shown_target) for e in listed] == [
-        ("d\\xfe", "dir", None), ("d\\xfe/bad\\xff.txt", "file", None), ("ln\\xfa", "link", "d\\xfe/bad\\xff.txt"),
-        ("plain.txt", "file", None)]
+        ("d\\xfe", "dir", None),
+        ("d\\xfe/bad\\xff.txt", "file", None),
+        ("ln\\xfa", "link", "d\\xfe/bad\\xff.txt"),
+        ("plain.txt", "file", None),
+    ]
     assert listed[1].query == "path=d%FE%2Fbad%FF.txt"

@@ -23,7 +23,8 @@ SCRIPT_FILE = "<script>.html"
 """The name of a file each session leaves in its workspace (its first line: ``SCRIPT_TEXT``)."""
 SCRIPT_TEXT = "<script>document.title = 'pwned'</script>"
 
-RUNTIME = '''
+RUNTIME = (
+    '''
 import os
 from env.runtime_kit import openai_client, run_runtime
 from rollout.contract.protocol import SimulationStartResult
@@ -64,16 +65,19 @@ def main(req):
     return SimulationStartResult(session_id=req.session_id, status="failed", error_text="no answer")
 
 run_runtime(main)
-'''.replace("TOOL_END_MARK", TOOL_END).replace("SCRIPT_NAME", SCRIPT_FILE).replace("SCRIPT_TEXT", SCRIPT_TEXT)
+'''.replace("TOOL_END_MARK", TOOL_END)
+    .replace("SCRIPT_NAME", SCRIPT_FILE)
+    .replace("SCRIPT_TEXT", SCRIPT_TEXT)
+)
 
-EVALUATOR = '''
+EVALUATOR = """
 def evaluate(request, spec, trajectory):
     row = request.env_params["dataset"]
     got = trajectory.final_response
     if got == row["expected"]:
         return {"score": 10, "reason": "correct", "artifacts": {"answer": got}}
     return {"score": 2, "reason": f"expected {row['expected']}, got {got!r}", "artifacts": {"answer": got}}
-'''
+"""
 
 CASES = [
     {"id": "logs", "q": "How many failed logins?", "expected": RIGHT, "secret": SECRET},
@@ -89,17 +93,30 @@ def make_env(root: Path) -> Path:
     (env_dir / "runtime.py").write_text(RUNTIME)
     (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
     (env_dir / "data" / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CASES))
-    cfg = {"name": "toy", "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id",
-                                      "hidden_fields": ["expected", "secret"]},
-           "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
-           "max_steps": 6}
+    cfg = {
+        "name": "toy",
+        "dataset": {
+            "format": "jsonl",
+            "path": "data/cases.jsonl",
+            "id_field": "id",
+            "hidden_fields": ["expected", "secret"],
+        },
+        "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 60},
+        "max_steps": 6,
+    }
     (env_dir / "env.yaml").write_text(yaml.safe_dump(cfg))
     return root
 
 
 def gateway_config(path: Path, upstream_url: str, db: Path) -> Path:
-    path.write_text(yaml.safe_dump({"storage_config": {"db_url": f"sqlite://{db}"},
-                                    "llm_routes": {"fake": {"base_url": upstream_url}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "storage_config": {"db_url": f"sqlite://{db}"},
+                "llm_routes": {"fake": {"base_url": upstream_url}},
+            }
+        )
+    )
     return path
 
 
@@ -112,10 +129,19 @@ def model_reply(diverge: bool):  # type: ignore[no-untyped-def]
         messages = body.get("messages") or []
         user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
         if messages and messages[-1].get("role") == "user" and "directly" not in user:
-            call = {"id": "call_1", "type": "function",
-                    "function": {"name": "read_log", "arguments": json.dumps({"name": "auth.log"})}}
-            return Reply.json(chat_completion(None, tool_calls=[call], finish_reason="tool_calls",
-                                              reasoning="I should read the log first."))
+            call = {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "read_log", "arguments": json.dumps({"name": "auth.log"})},
+            }
+            return Reply.json(
+                chat_completion(
+                    None,
+                    tool_calls=[call],
+                    finish_reason="tool_calls",
+                    reasoning="I should read the log first.",
+                )
+            )
         text = WRONG if diverge and "[sample 1]" in user else RIGHT
         return Reply.json(chat_completion(text))
 

@@ -21,7 +21,11 @@ from wire.assembly import ChatStreamAssembler, message_of, reasoning_of, usage_o
 from wire.sse import SSEParser
 
 PARALLEL_EXPECTED = [
-    {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    },
     {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}},
 ]
 
@@ -43,7 +47,14 @@ def run(pieces: list[bytes]) -> tuple[ChatStreamAssembler, int]:
 
 
 def chunk(choices: list[dict[str, Any]], **top: Any) -> dict[str, Any]:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices, **top}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": choices,
+        **top,
+    }
 
 
 def test_empty_choices_chunks_and_usage_only_last_chunk() -> None:
@@ -111,8 +122,12 @@ def test_700kb_tool_arguments_line() -> None:
                 "delta": {
                     "role": "assistant",
                     "tool_calls": [
-                        {"index": 0, "id": "call_w", "type": "function",
-                         "function": {"name": "write_file", "arguments": args}}
+                        {
+                            "index": 0,
+                            "id": "call_w",
+                            "type": "function",
+                            "function": {"name": "write_file", "arguments": args},
+                        }
                     ],
                 },
                 "finish_reason": None,
@@ -143,7 +158,10 @@ def test_parallel_tool_calls_with_index() -> None:
     assert asm.finish_reason() == "tool_calls"
     msg = asm.result()["choices"][0]["message"]
     assert msg == {"role": "assistant", "content": None, "tool_calls": PARALLEL_EXPECTED}
-    assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [{"city": "Paris"}, {"tz": "UTC"}]
+    assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [
+        {"city": "Paris"},
+        {"tz": "UTC"},
+    ]
 
 
 def test_parallel_tool_calls_without_index() -> None:
@@ -155,9 +173,17 @@ def test_parallel_tool_calls_without_index() -> None:
 def test_missing_index_sequential_calls_are_not_merged() -> None:
     asm = ChatStreamAssembler()
     deltas: list[dict[str, Any]] = [
-        {"tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "a", "arguments": '{"x":'}}]},
+        {
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "a", "arguments": '{"x":'}}
+            ]
+        },
         {"tool_calls": [{"function": {"arguments": "1}"}}]},
-        {"tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "b", "arguments": '{"y":'}}]},
+        {
+            "tool_calls": [
+                {"id": "call_2", "type": "function", "function": {"name": "b", "arguments": '{"y":'}}
+            ]
+        },
         {"tool_calls": [{"function": {"arguments": "2}"}}]},
         # a call id repeated on every fragment must not start a new call
         {"tool_calls": [{"id": "call_2", "function": {"arguments": ""}}]},
@@ -176,10 +202,19 @@ def test_missing_index_sequential_calls_are_not_merged() -> None:
 def test_repeated_name_is_not_concatenated() -> None:
     asm = ChatStreamAssembler()
     for frag in ['{"a":', " 1, ", '"b": 2}']:
-        tc = {"index": 0, "id": "call_x", "type": "function", "function": {"name": "add_two_numbers", "arguments": frag}}
+        tc = {
+            "index": 0,
+            "id": "call_x",
+            "type": "function",
+            "function": {"name": "add_two_numbers", "arguments": frag},
+        }
         asm.feed_chunk(chunk([{"index": 0, "delta": {"tool_calls": [tc]}, "finish_reason": None}]))
     assert asm.tool_calls() == [
-        {"id": "call_x", "type": "function", "function": {"name": "add_two_numbers", "arguments": '{"a": 1, "b": 2}'}}
+        {
+            "id": "call_x",
+            "type": "function",
+            "function": {"name": "add_two_numbers", "arguments": '{"a": 1, "b": 2}'},
+        }
     ]
 
 
@@ -219,7 +254,9 @@ def test_same_reasoning_under_both_names_in_one_delta_counts_once() -> None:
 
 def test_vendor_token_ids_and_prompt_token_ids() -> None:
     asm = ChatStreamAssembler()
-    asm.feed_chunk(chunk([{"index": 0, "delta": {"content": "x"}, "token_ids": [1, 2]}], prompt_token_ids=[9, 8]))
+    asm.feed_chunk(
+        chunk([{"index": 0, "delta": {"content": "x"}, "token_ids": [1, 2]}], prompt_token_ids=[9, 8])
+    )
     asm.feed_chunk(chunk([{"index": 0, "delta": {"content": "y"}, "token_ids": [3]}], prompt_token_ids=[7]))
     r = asm.result()
     assert r["prompt_token_ids"] == [9, 8]
@@ -269,8 +306,18 @@ def test_zero_usage_on_content_chunk_and_last_non_null_wins_never_summed() -> No
     assert asm.content() == "ab"
     # a later real usage object replaces (never adds to) the earlier ones; a null does not erase it
     asm = ChatStreamAssembler()
-    asm.feed_chunk(chunk([{"index": 0, "delta": {"content": "a"}}], usage={"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}))
-    asm.feed_chunk(chunk([{"index": 0, "delta": {"content": "b"}}], usage={"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}))
+    asm.feed_chunk(
+        chunk(
+            [{"index": 0, "delta": {"content": "a"}}],
+            usage={"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+        )
+    )
+    asm.feed_chunk(
+        chunk(
+            [{"index": 0, "delta": {"content": "b"}}],
+            usage={"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+        )
+    )
     asm.feed_chunk(chunk([], usage=None))
     assert asm.usage == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
 
@@ -286,7 +333,9 @@ def test_error_object_in_200_stream() -> None:
 
 def test_vllm_object_error_shape() -> None:
     asm = ChatStreamAssembler()
-    asm.feed_chunk({"object": "error", "message": "boom", "type": "InternalServerError", "param": None, "code": 500})
+    asm.feed_chunk(
+        {"object": "error", "message": "boom", "type": "InternalServerError", "param": None, "code": 500}
+    )
     assert asm.status() == "error"
     assert asm.error == {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}
 
@@ -324,22 +373,46 @@ def test_finish_reason_without_done_is_ok() -> None:
 def test_several_choices_logprobs_and_vendor_extras() -> None:
     asm = ChatStreamAssembler()
     lp = lambda tok: {"content": [{"token": tok, "logprob": -0.5, "bytes": None, "top_logprobs": []}]}  # noqa: E731
-    asm.feed_chunk(chunk(
-        [
-            {"index": 1, "delta": {"role": "assistant", "content": "B"}, "logprobs": lp("B"), "finish_reason": None},
-            {"index": 0, "delta": {"role": "assistant", "content": "A"}, "logprobs": lp("A"), "finish_reason": None},
-        ],
-        system_fingerprint="fp_1",
-    ))
-    asm.feed_chunk(chunk(
-        [
-            {"index": 0, "delta": {"content": "a"}, "logprobs": lp("a"), "finish_reason": "stop", "stop_reason": None},
-            {"index": 1, "delta": {"content": "b"}, "logprobs": None, "finish_reason": "length"},
-        ],
-        system_fingerprint="fp_2",
-        service_tier="default",
-    ))
-    asm.feed_chunk(chunk([], system_fingerprint=None, usage={"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}))
+    asm.feed_chunk(
+        chunk(
+            [
+                {
+                    "index": 1,
+                    "delta": {"role": "assistant", "content": "B"},
+                    "logprobs": lp("B"),
+                    "finish_reason": None,
+                },
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": "A"},
+                    "logprobs": lp("A"),
+                    "finish_reason": None,
+                },
+            ],
+            system_fingerprint="fp_1",
+        )
+    )
+    asm.feed_chunk(
+        chunk(
+            [
+                {
+                    "index": 0,
+                    "delta": {"content": "a"},
+                    "logprobs": lp("a"),
+                    "finish_reason": "stop",
+                    "stop_reason": None,
+                },
+                {"index": 1, "delta": {"content": "b"}, "logprobs": None, "finish_reason": "length"},
+            ],
+            system_fingerprint="fp_2",
+            service_tier="default",
+        )
+    )
+    asm.feed_chunk(
+        chunk(
+            [], system_fingerprint=None, usage={"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        )
+    )
     r = asm.result()
     assert r["system_fingerprint"] == "fp_2"
     assert r["service_tier"] == "default"
@@ -395,7 +468,9 @@ def test_top_level_fields_last_non_empty_value() -> None:
     asm = ChatStreamAssembler()
     asm.feed_chunk({"id": "", "object": "", "created": 0, "model": "", "choices": []})
     assert (asm.result()["id"], asm.result()["created"], asm.result()["model"]) == ("", 0, "")
-    asm.feed_chunk(chunk([{"index": 0, "delta": {"content": "x"}}], id="c9", created=1700000000, model="qwen"))
+    asm.feed_chunk(
+        chunk([{"index": 0, "delta": {"content": "x"}}], id="c9", created=1700000000, model="qwen")
+    )
     asm.feed_chunk({"id": "", "created": 0, "model": "", "choices": [], "usage": None})
     r = asm.result()
     assert (r["id"], r["object"], r["created"], r["model"]) == ("c9", "chat.completion", 1700000000, "qwen")

@@ -53,7 +53,11 @@ def test_comments_and_dataless_blocks_are_not_dispatched() -> None:
     # lastEventId persists across blocks, per the spec
     assert [e.id for e in events] == ["1", "1", "1"]
     assert [e.event for e in events] == [None, None, None]
-    assert [e.raw for e in events] == [COMMENTS_AND_KEEPALIVES[1], COMMENTS_AND_KEEPALIVES[5], COMMENTS_AND_KEEPALIVES[6]]
+    assert [e.raw for e in events] == [
+        COMMENTS_AND_KEEPALIVES[1],
+        COMMENTS_AND_KEEPALIVES[5],
+        COMMENTS_AND_KEEPALIVES[6],
+    ]
 
 
 def test_retry_only_block_sets_reconnection_time() -> None:
@@ -150,7 +154,9 @@ def test_field_rules() -> None:
 
 def test_unterminated_event_is_not_dispatched_at_eof() -> None:
     p = SSEParser()
-    assert p.feed(b"data: complete\n\ndata: partial\n") == [SSEEvent(None, "complete", None, None, b"data: complete\n\n")]
+    assert p.feed(b"data: complete\n\ndata: partial\n") == [
+        SSEEvent(None, "complete", None, None, b"data: complete\n\n")
+    ]
     assert p.pending_bytes == len(b"data: partial\n")
     assert p.close() == []
     with pytest.raises(RuntimeError):
@@ -165,7 +171,9 @@ def _split_equivalent(one_shot: list[SSEEvent], split: list[SSEEvent]) -> None:
 
 
 @pytest.mark.parametrize(
-    "stream", [b"".join(COMMENTS_AND_KEEPALIVES), b"".join(SPLIT_EVENTS_AND_CRLF), MIXED], ids=["comments", "split-crlf", "mixed"]
+    "stream",
+    [b"".join(COMMENTS_AND_KEEPALIVES), b"".join(SPLIT_EVENTS_AND_CRLF), MIXED],
+    ids=["comments", "split-crlf", "mixed"],
 )
 def test_split_invariance_every_two_way_split(stream: bytes) -> None:
     one_shot = parse([stream])
@@ -174,7 +182,9 @@ def test_split_invariance_every_two_way_split(stream: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    "stream", [b"".join(COMMENTS_AND_KEEPALIVES), b"".join(SPLIT_EVENTS_AND_CRLF), MIXED], ids=["comments", "split-crlf", "mixed"]
+    "stream",
+    [b"".join(COMMENTS_AND_KEEPALIVES), b"".join(SPLIT_EVENTS_AND_CRLF), MIXED],
+    ids=["comments", "split-crlf", "mixed"],
 )
 def test_split_invariance_byte_by_byte(stream: bytes) -> None:
     one_shot = parse([stream])
@@ -186,7 +196,10 @@ def test_split_invariance_lf_only_stream_raw_is_exact() -> None:
     one_shot = parse([stream])
     for cut in range(len(stream) + 1):
         assert parse([stream[:cut], stream[cut:]]) == one_shot
-    assert b"".join(e.raw for e in one_shot) == COMMENTS_AND_KEEPALIVES[1] + COMMENTS_AND_KEEPALIVES[5] + COMMENTS_AND_KEEPALIVES[6]
+    assert (
+        b"".join(e.raw for e in one_shot)
+        == COMMENTS_AND_KEEPALIVES[1] + COMMENTS_AND_KEEPALIVES[5] + COMMENTS_AND_KEEPALIVES[6]
+    )
 
 
 def test_700kb_line_in_one_read_and_in_small_reads() -> None:
@@ -225,11 +238,15 @@ def test_many_events_in_one_read() -> None:
 
 def test_format_event_round_trip() -> None:
     assert format_event("x") == b"data: x\n\n"
-    assert format_event('{"a":1}', event="response.completed") == b'event: response.completed\ndata: {"a":1}\n\n'
+    assert (
+        format_event('{"a":1}', event="response.completed") == b'event: response.completed\ndata: {"a":1}\n\n'
+    )
     assert format_event("a\nb\r\nc\rd") == b"data: a\ndata: b\ndata: c\ndata: d\n\n"
     assert format_event("") == b"data: \n\n"
     for data in ["x", "a\nb", " lead", "", "\n", "é€"]:
-        assert fields(parse([format_event(data, event="ev")])) == [("ev", data.replace("\r\n", "\n"), None, None)]
+        assert fields(parse([format_event(data, event="ev")])) == [
+            ("ev", data.replace("\r\n", "\n"), None, None)
+        ]
     with pytest.raises(ValueError):
         format_event("x", event="a\nb")
 

@@ -13,6 +13,7 @@ from wire.status import StepStatus
 
 __all__ = ["MessagesStreamAssembler", "read_messages"]
 
+
 class MessagesStreamAssembler:
     """Accumulates Anthropic Messages stream events into one ``message``; :meth:`status` is ``ok``,
     ``error`` or ``truncated``."""
@@ -147,14 +148,26 @@ def read_messages(response: Any) -> Answer:
             thinking.append(block["thinking"])
         elif kind == "tool_use":
             args = block.get("input")
-            arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False,
-                                                                      separators=(",", ":"))
-            calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": arguments}})
+            arguments = (
+                args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+            )
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": block.get("name"), "arguments": arguments},
+                }
+            )
     stop = response.get("stop_reason")
     usage = response.get("usage")
     prompt, completion = as_int(usage, "input_tokens"), as_int(usage, "output_tokens")
     total = prompt + completion if prompt is not None and completion is not None else None
-    return Answer(content="".join(texts) if texts else None, reasoning="".join(thinking) if thinking else None,
-                  tool_calls=calls, finish_reason=stop if isinstance(stop, str) else None, prompt_tokens=prompt,
-                  completion_tokens=completion, total_tokens=total)
+    return Answer(
+        content="".join(texts) if texts else None,
+        reasoning="".join(thinking) if thinking else None,
+        tool_calls=calls,
+        finish_reason=stop if isinstance(stop, str) else None,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+    )

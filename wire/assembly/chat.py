@@ -217,8 +217,10 @@ class ChatStreamAssembler:
             m = len(entries)
             # Several entries, none with an index or id: parallel calls streamed side by side
             # by a server that omits `index`; entry k of m continues the k-th of the last m calls.
-            side_by_side = m > 1 and len(ch.calls) >= m and all(
-                e.get("index") is None and not e.get("id") for e in entries
+            side_by_side = (
+                m > 1
+                and len(ch.calls) >= m
+                and all(e.get("index") is None and not e.get("id") for e in entries)
             )
             for k, entry in enumerate(entries):
                 hint = ch.calls[len(ch.calls) - m + k] if side_by_side else None

@@ -87,8 +87,12 @@ class ResponsesStreamAssembler:
                     self._by_id[item["id"]] = oi
                 if kind.endswith(".done"):
                     self._done_items.add(oi)
-        elif kind in ("response.content_part.added", "response.content_part.done",
-                      "response.reasoning_summary_part.added", "response.reasoning_summary_part.done"):
+        elif kind in (
+            "response.content_part.added",
+            "response.content_part.done",
+            "response.reasoning_summary_part.added",
+            "response.reasoning_summary_part.done",
+        ):
             self._feed_part(kind, obj)
         elif kind in ("response.function_call_arguments.delta", "response.function_call_arguments.done"):
             oi = self._index(obj)
@@ -178,7 +182,9 @@ class ResponsesStreamAssembler:
                     if args is not None:
                         item["arguments"] = args
                 for key in ("content", "summary"):
-                    parts = sorted((pi, slot) for (o, k, pi), slot in self._parts.items() if o == oi and k == key)
+                    parts = sorted(
+                        (pi, slot) for (o, k, pi), slot in self._parts.items() if o == oi and k == key
+                    )
                     if not parts:
                         continue
                     lst = list(item.get(key) or [])
@@ -220,8 +226,11 @@ def read_responses(response: Any) -> Answer:
             continue
         kind = item.get("type")
         if kind == "message":
-            texts += [p["text"] for p in item.get("content") or []
-                      if isinstance(p, dict) and p.get("type") == "output_text" and isinstance(p.get("text"), str)]
+            texts += [
+                p["text"]
+                for p in item.get("content") or []
+                if isinstance(p, dict) and p.get("type") == "output_text" and isinstance(p.get("text"), str)
+            ]
         elif kind == "reasoning":
             parts = [p.get("text") for p in item.get("content") or [] if isinstance(p, dict)]
             if not any(isinstance(t, str) for t in parts):
@@ -229,9 +238,16 @@ def read_responses(response: Any) -> Answer:
             reasoning += [t for t in parts if isinstance(t, str)]
         elif kind == "function_call":
             args = item.get("arguments")
-            calls.append({"id": item.get("call_id") or item.get("id"), "type": "function",
-                          "function": {"name": item.get("name"),
-                                       "arguments": args if isinstance(args, str) else text_of(args) or ""}})
+            calls.append(
+                {
+                    "id": item.get("call_id") or item.get("id"),
+                    "type": "function",
+                    "function": {
+                        "name": item.get("name"),
+                        "arguments": args if isinstance(args, str) else text_of(args) or "",
+                    },
+                }
+            )
     status = response.get("status")
     details = response.get("incomplete_details")
     finish = status if isinstance(status, str) else None
@@ -242,6 +258,12 @@ def read_responses(response: Any) -> Answer:
     total = as_int(usage, "total_tokens")
     if total is None and prompt is not None and completion is not None:
         total = prompt + completion
-    return Answer(content="".join(texts) if texts else None, reasoning="".join(reasoning) if reasoning else None,
-                  tool_calls=calls, finish_reason=finish, prompt_tokens=prompt, completion_tokens=completion,
-                  total_tokens=total)
+    return Answer(
+        content="".join(texts) if texts else None,
+        reasoning="".join(reasoning) if reasoning else None,
+        tool_calls=calls,
+        finish_reason=finish,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+    )

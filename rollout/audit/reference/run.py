@@ -16,8 +16,14 @@ solution = os.environ.get("ROLLOUT_SOLUTION_DIR")
 refs = Path(__file__).with_name("references.json")
 answers = json.loads(refs.read_text()).get(req.agent_name, {}) if refs.is_file() else {}
 if solution:
-    rc = subprocess.run(["bash", os.path.join(solution, "solve.sh")], stdout=sys.stderr, check=False).returncode
-    finish(req, status="succeeded" if rc == 0 else "failed", metrics={"reference": "solution/solve.sh", "exit": rc})
+    rc = subprocess.run(
+        ["bash", os.path.join(solution, "solve.sh")], stdout=sys.stderr, check=False
+    ).returncode
+    finish(
+        req,
+        status="succeeded" if rc == 0 else "failed",
+        metrics={"reference": "solution/solve.sh", "exit": rc},
+    )
 elif req.case_id in answers:
     write(ANSWER_FILE, json.dumps(answers[req.case_id]))
     finish(req, metrics={"reference": "expected.json"})

@@ -61,8 +61,9 @@ async def job_progress(queries: FeedQueries, job_id: str) -> JobProgress:
     return JobProgress(**p, done=p["finished"] == p["sessions"])
 
 
-async def groups_after(queries: FeedQueries, job_id: str, after: int, limit: int,
-                       opts: GroupOptions) -> tuple[list[FeedGroupOut], JobProgress]:
+async def groups_after(
+    queries: FeedQueries, job_id: str, after: int, limit: int, opts: GroupOptions
+) -> tuple[list[FeedGroupOut], JobProgress]:
     """The ready groups after cursor ``after`` (at most ``limit``) and the job's progress, read
     BEFORE the groups: when it says ``done``, every group that will ever be ready is already in
     the feed, so an empty answer then means the end. With ``opts.max_policy_lag`` and no
@@ -88,18 +89,38 @@ def _bad_params(request: Request, known: tuple[str, ...]) -> JSONResponse | None
         return None
     kind, name = bad
     if kind == "unknown":
-        return _error(400, "unknown_parameter", f"unknown query parameter {name!r} (known: {', '.join(known) or 'none'})",
-                      param=name)
-    return _error(400, "repeated_parameter", f"query parameter {name!r} is given more than once (give it once)",
-                  param=name)
+        return _error(
+            400,
+            "unknown_parameter",
+            f"unknown query parameter {name!r} (known: {', '.join(known) or 'none'})",
+            param=name,
+        )
+    return _error(
+        400,
+        "repeated_parameter",
+        f"query parameter {name!r} is given more than once (give it once)",
+        param=name,
+    )
 
 
-GROUPS_PARAMS = ("after", "limit", "wait", "min_valid", "normalize", "view", "max_policy_lag", "policy_version")
+GROUPS_PARAMS = (
+    "after",
+    "limit",
+    "wait",
+    "min_valid",
+    "normalize",
+    "view",
+    "max_policy_lag",
+    "policy_version",
+)
 STREAM_PARAMS = ("after", "min_valid", "normalize", "view", "max_policy_lag", "policy_version")
 
 
-def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
-                    backfill: Callable[[str], Awaitable[int]] | None = None) -> FastAPI:
+def create_feed_app(
+    queries: FeedQueries,
+    settings: FeedSettings | None = None,
+    backfill: Callable[[str], Awaitable[int]] | None = None,
+) -> FastAPI:
     """The feed's FastAPI app on ``queries`` (a reader of the store). ``backfill(job_id)``
     (``Store.backfill_feed``) is called once per job the first time it is asked for while it has
     finished sessions but no feed entry: a job recorded before the feed existed."""
@@ -117,10 +138,20 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
                 progress = await job_progress(queries, job_id)
         return progress
 
-    def options(min_valid: int | None, normalize: Normalize, view: View, max_policy_lag: int | None,
-                policy_version: int | None) -> GroupOptions:
-        return GroupOptions(min_valid=cfg.min_valid if min_valid is None else min_valid, normalize=normalize,
-                            view=view, max_policy_lag=max_policy_lag, policy_version=policy_version)
+    def options(
+        min_valid: int | None,
+        normalize: Normalize,
+        view: View,
+        max_policy_lag: int | None,
+        policy_version: int | None,
+    ) -> GroupOptions:
+        return GroupOptions(
+            min_valid=cfg.min_valid if min_valid is None else min_valid,
+            normalize=normalize,
+            view=view,
+            max_policy_lag=max_policy_lag,
+            policy_version=policy_version,
+        )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -136,13 +167,18 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
 
     @app.get("/v1/jobs/{job_id}/groups")
-    async def groups(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
-                     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
-                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
-                     min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
-                     normalize: Normalize = "std", view: View = "full",
-                     max_policy_lag: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
-                     policy_version: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None) -> Response:
+    async def groups(
+        request: Request,
+        job_id: str,
+        after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
+        min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
+        normalize: Normalize = "std",
+        view: View = "full",
+        max_policy_lag: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+        policy_version: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+    ) -> Response:
         if (bad := _bad_params(request, GROUPS_PARAMS)) is not None:
             return bad
         opts = options(min_valid, normalize, view, max_policy_lag, policy_version)
@@ -157,38 +193,56 @@ def create_feed_app(queries: FeedQueries, settings: FeedSettings | None = None,
                 await asyncio.sleep(min(cfg.poll_interval_s, left))
         except UnknownJob:
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
-        page = GroupPage(job_id=job_id, after=after, next_cursor=(found[-1].cursor or after) if found else after,
-                         groups=found, progress=prog)
+        page = GroupPage(
+            job_id=job_id,
+            after=after,
+            next_cursor=(found[-1].cursor or after) if found else after,
+            groups=found,
+            progress=prog,
+        )
         return Response(model_json(page), media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}/groups/stream")
-    async def stream(request: Request, job_id: str, after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
-                     min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
-                     normalize: Normalize = "std", view: View = "full",
-                     max_policy_lag: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
-                     policy_version: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
-                     last_event_id: Annotated[str | None, Header()] = None) -> Response:
+    async def stream(
+        request: Request,
+        job_id: str,
+        after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+        min_valid: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
+        normalize: Normalize = "std",
+        view: View = "full",
+        max_policy_lag: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+        policy_version: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> Response:
         if (bad := _bad_params(request, STREAM_PARAMS)) is not None:
             return bad
         opts = options(min_valid, normalize, view, max_policy_lag, policy_version)
         cursor = after
         if last_event_id:
             if not last_event_id.strip().isdigit() or int(last_event_id) > MAX_INT:
-                return _error(400, "bad_last_event_id", f"Last-Event-ID must be a cursor (an integer), "
-                                                        f"not {last_event_id!r}", param="last-event-id")
+                return _error(
+                    400,
+                    "bad_last_event_id",
+                    f"Last-Event-ID must be a cursor (an integer), not {last_event_id!r}",
+                    param="last-event-id",
+                )
             cursor = int(last_event_id)
         try:
             await ensure(job_id)
         except UnknownJob:
             return _error(404, "unknown_job", f"no job {job_id!r} in this store")
-        return StreamingResponse(_events(queries, job_id, cursor, opts, cfg), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            _events(queries, job_id, cursor, opts, cfg),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     return app
 
 
-async def _events(queries: FeedQueries, job_id: str, cursor: int, opts: GroupOptions,
-                  cfg: FeedSettings) -> AsyncIterator[bytes]:
+async def _events(
+    queries: FeedQueries, job_id: str, cursor: int, opts: GroupOptions, cfg: FeedSettings
+) -> AsyncIterator[bytes]:
     """SSE events: ``group`` (``id`` = its cursor), comments as keep-alives while idle, and one
     ``done`` event with the progress once every session of the job is finished and sent."""
     idle_since = time.monotonic()

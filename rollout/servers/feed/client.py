@@ -81,7 +81,9 @@ class FeedClient:
     failures are retried with backoff (the feed restarting is normal) for up to
     ``unavailable_s`` seconds, then FeedUnavailable; answers other than 200 raise FeedError."""
 
-    def __init__(self, base_url: str, *, unavailable_s: float = 60.0, http: httpx.Client | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, unavailable_s: float = 60.0, http: httpx.Client | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.unavailable_s = unavailable_s
         self._http = http or httpx.Client(timeout=httpx.Timeout(10.0, read=90.0))
@@ -102,11 +104,14 @@ class FeedClient:
         delay, t0 = 0.2, time.monotonic()
         while True:
             try:
-                r = self._http.get(self.base_url + path, params={k: v for k, v in params.items() if v is not None})
+                r = self._http.get(
+                    self.base_url + path, params={k: v for k, v in params.items() if v is not None}
+                )
             except httpx.TransportError as e:
                 if time.monotonic() - t0 > self.unavailable_s:
-                    raise FeedUnavailable(f"the feed at {self.base_url} is unreachable: {type(e).__name__}: {e}") \
-                        from e
+                    raise FeedUnavailable(
+                        f"the feed at {self.base_url} is unreachable: {type(e).__name__}: {e}"
+                    ) from e
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -118,9 +123,19 @@ class FeedClient:
         """The job's sessions and groups, total, finished and ready."""
         return JobProgress.model_validate(self._get(f"/v1/jobs/{job_id}", {}))
 
-    def page(self, job_id: str, after: int = 0, *, limit: int = 50, wait_s: float = 0.0,
-             min_valid: int | None = None, normalize: Normalize = "std", view: View = "full",
-             max_policy_lag: int | None = None, policy_version: int | None = None) -> GroupPage:
+    def page(
+        self,
+        job_id: str,
+        after: int = 0,
+        *,
+        limit: int = 50,
+        wait_s: float = 0.0,
+        min_valid: int | None = None,
+        normalize: Normalize = "std",
+        view: View = "full",
+        max_policy_lag: int | None = None,
+        policy_version: int | None = None,
+    ) -> GroupPage:
         """One page of ready groups after ``after``; with ``wait_s`` > 0 the feed holds the request
         until a group is ready, the job is done, or ``wait_s`` seconds passed (at most 60).
         ``max_policy_lag`` (versions) flags a group ``stale`` (not trainable) whose oldest step is
@@ -131,15 +146,38 @@ class FeedClient:
         check_version_bound("policy_version", policy_version)
         if min_valid is not None:
             check_min_valid(min_valid)
-        return GroupPage.model_validate(self._get(f"/v1/jobs/{job_id}/groups", {
-            "after": after, "limit": limit, "wait": wait_s, "min_valid": min_valid, "normalize": normalize,
-            "view": view, "max_policy_lag": max_policy_lag, "policy_version": policy_version}))
+        return GroupPage.model_validate(
+            self._get(
+                f"/v1/jobs/{job_id}/groups",
+                {
+                    "after": after,
+                    "limit": limit,
+                    "wait": wait_s,
+                    "min_valid": min_valid,
+                    "normalize": normalize,
+                    "view": view,
+                    "max_policy_lag": max_policy_lag,
+                    "policy_version": policy_version,
+                },
+            )
+        )
 
-    def groups(self, job_id: str, *, after: int | None = None, cursor_file: CursorFile | None = None,
-               wait_s: float = 30.0, limit: int = 50, stop_when_done: bool = True,
-               only_trainable: bool = False, min_valid: int | None = None, normalize: Normalize = "std",
-               view: View = "full", max_policy_lag: int | None = None,
-               policy_version: int | None = None) -> Iterator[FeedGroupOut]:
+    def groups(
+        self,
+        job_id: str,
+        *,
+        after: int | None = None,
+        cursor_file: CursorFile | None = None,
+        wait_s: float = 30.0,
+        limit: int = 50,
+        stop_when_done: bool = True,
+        only_trainable: bool = False,
+        min_valid: int | None = None,
+        normalize: Normalize = "std",
+        view: View = "full",
+        max_policy_lag: int | None = None,
+        policy_version: int | None = None,
+    ) -> Iterator[FeedGroupOut]:
         """Iterate ready groups in ready order from ``after`` (default: the cursor in
         ``cursor_file``, else 0). With ``cursor_file``, each group's cursor is saved when the loop
         asks for the next one (so a crash while processing a group serves it again). Stops when
@@ -148,9 +186,17 @@ class FeedClient:
         (their cursor still advances). ``max_policy_lag``/``policy_version``: as :meth:`page`."""
         cursor = after if after is not None else (cursor_file.load() if cursor_file else 0)
         while True:
-            page = self.page(job_id, cursor, limit=limit, wait_s=wait_s, min_valid=min_valid,
-                             normalize=normalize, view=view, max_policy_lag=max_policy_lag,
-                             policy_version=policy_version)
+            page = self.page(
+                job_id,
+                cursor,
+                limit=limit,
+                wait_s=wait_s,
+                min_valid=min_valid,
+                normalize=normalize,
+                view=view,
+                max_policy_lag=max_policy_lag,
+                policy_version=policy_version,
+            )
             for g in page.groups:
                 if g.trainable or not only_trainable:
                     yield g

@@ -28,8 +28,12 @@ async def compare_json(request: Request) -> Response:
 
 async def jobs_progress(request: Request) -> Response:
     """``/api/jobs``: each job's sessions, finished and running (the home page polls it)."""
-    return JSONResponse([{k: j[k] for k in ("job_id", "sessions", "finished", "running")}
-                         for j in await state_of(request).queries.jobs()])
+    return JSONResponse(
+        [
+            {k: j[k] for k in ("job_id", "sessions", "finished", "running")}
+            for j in await state_of(request).queries.jobs()
+        ]
+    )
 
 
 async def job_progress(request: Request) -> Response:
@@ -47,6 +51,8 @@ async def session_progress(request: Request) -> Response:
 
 
 routes = [
-    Route("/api/jobs", jobs_progress), Route("/api/compare", compare_json),
-    Route("/api/jobs/{job_id}/progress", job_progress), Route("/api/sessions/{session_id}/progress", session_progress),
+    Route("/api/jobs", jobs_progress),
+    Route("/api/compare", compare_json),
+    Route("/api/jobs/{job_id}/progress", job_progress),
+    Route("/api/sessions/{session_id}/progress", session_progress),
 ]

@@ -47,7 +47,9 @@ def refuse_host(scope: Scope, message: str) -> Response:
 
 async def plotly(request: Request) -> Response:
     """plotly.js for the report's plots, cached a day."""
-    return Response(plotly_js(), media_type="application/javascript", headers={"Cache-Control": "max-age=86400"})
+    return Response(
+        plotly_js(), media_type="application/javascript", headers={"Cache-Control": "max-age=86400"}
+    )
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -55,23 +57,38 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
-    return state_of(request).page("error.html", status=exc.status_code, code=exc.status_code, message=exc.detail)
+    return state_of(request).page(
+        "error.html", status=exc.status_code, code=exc.status_code, message=exc.detail
+    )
 
 
 async def server_error(request: Request, exc: Exception) -> Response:
     """Any other error: logged, and a 500 page without the traceback."""
     log.exception("viewer: %s failed", request.url.path, exc_info=exc)
-    return state_of(request).page("error.html", status=500, code=500,
-                                  message=f"the viewer could not show this page ({type(exc).__name__}); "
-                                          "see the viewer's log")
+    return state_of(request).page(
+        "error.html",
+        status=500,
+        code=500,
+        message=f"the viewer could not show this page ({type(exc).__name__}); see the viewer's log",
+    )
 
 
-def create_app(queries: ViewerQueries, hidden: HiddenFields, *, title: str = "rollout viewer",
-               search: StepSearch | None = None, search_problem: str | None = None) -> Starlette:
+def create_app(
+    queries: ViewerQueries,
+    hidden: HiddenFields,
+    *,
+    title: str = "rollout viewer",
+    search: StepSearch | None = None,
+    search_problem: str | None = None,
+) -> Starlette:
     """The viewer app on ``queries``; ``hidden`` tells which case fields the runtime was not shown;
     ``search`` answers ``/search`` (None: the page says ``search_problem``)."""
     routes: list[BaseRoute] = [
-        *job_pages.routes, *session_pages.routes, *search_page.routes, *compare_pages.routes, *api.routes,
+        *job_pages.routes,
+        *session_pages.routes,
+        *search_page.routes,
+        *compare_pages.routes,
+        *api.routes,
         Route("/static/plotly.min.js", plotly),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -74,16 +74,43 @@ async def _job_rows(queries: ViewerQueries, job_id: str) -> list[dict[str, Any]]
 
 
 def _transcript(row: dict[str, Any], steps: list[dict[str, Any]], start: dict[str, Any]) -> dict[str, Any]:
-    keep = ("env_id", "job_id", "env_name", "case_id", "sample_index", "group_id", "llm_model", "status",
-            "reward", "eval_status", "eval_reason", "error_text", "duration_s", "attempts", "result")
+    keep = (
+        "env_id",
+        "job_id",
+        "env_name",
+        "case_id",
+        "sample_index",
+        "group_id",
+        "llm_model",
+        "status",
+        "reward",
+        "eval_status",
+        "eval_reason",
+        "error_text",
+        "duration_s",
+        "attempts",
+        "result",
+    )
     views = step_views(steps)
-    return {"session": {("session_id" if k == "env_id" else k): row.get(k) for k in keep}, "start_request": start,
-            "steps": [{"seq": v.row["seq"], "llm_model": v.row["llm_model"], "status": v.row["status"],
-                       "finish_reason": v.row.get("finish_reason"), "prompt_tokens": v.row.get("prompt_tokens"),
-                       "completion_tokens": v.row.get("completion_tokens"),
-                       "new_messages": (v.row.get("messages") or [])[v.new_from:]
-                       if isinstance(v.row.get("messages"), list) else v.row.get("messages"),
-                       "response": v.row.get("response")} for v in views]}
+    return {
+        "session": {("session_id" if k == "env_id" else k): row.get(k) for k in keep},
+        "start_request": start,
+        "steps": [
+            {
+                "seq": v.row["seq"],
+                "llm_model": v.row["llm_model"],
+                "status": v.row["status"],
+                "finish_reason": v.row.get("finish_reason"),
+                "prompt_tokens": v.row.get("prompt_tokens"),
+                "completion_tokens": v.row.get("completion_tokens"),
+                "new_messages": (v.row.get("messages") or [])[v.new_from :]
+                if isinstance(v.row.get("messages"), list)
+                else v.row.get("messages"),
+                "response": v.row.get("response"),
+            }
+            for v in views
+        ],
+    }
 
 
 async def _workspace(queries: ViewerQueries, sid: str) -> dict[str, Any] | None:
@@ -101,8 +128,9 @@ async def _workspace(queries: ViewerQueries, sid: str) -> dict[str, Any] | None:
     return out
 
 
-async def _write_groups(queries: ViewerQueries, job_id: str, folder: Path, gids: list[str],
-                        files: dict[str, str]) -> None:
+async def _write_groups(
+    queries: ViewerQueries, job_id: str, folder: Path, gids: list[str], files: dict[str, str]
+) -> None:
     """``groups/<id>.html``: each group's samples of this job side by side, as the viewer's group page."""
     page = templates().get_template("bundle_group.html")
     for gid in gids:
@@ -110,9 +138,15 @@ async def _write_groups(queries: ViewerQueries, job_id: str, folder: Path, gids:
         by_sid = await queries.steps_of([m["env_id"] for m in members])
         samples = [step_views(by_sid[m["env_id"]]) for m in members]
         common, diffs = divergence(samples)
-        html = page.render(group_id=gid, members=members, samples=samples, common=common, diffs=diffs,
-                           longest=max((len(s) for s in samples), default=0),
-                           hrefs=[f"../sessions/{files[m['env_id']]}.html" for m in members])
+        html = page.render(
+            group_id=gid,
+            members=members,
+            samples=samples,
+            common=common,
+            diffs=diffs,
+            longest=max((len(s) for s in samples), default=0),
+            hrefs=[f"../sessions/{files[m['env_id']]}.html" for m in members],
+        )
         _write_atomic(folder / "groups" / f"{session_file(gid)}.html", display_text(html).encode("utf-8"))
 
 
@@ -133,7 +167,9 @@ async def write_bundle(db_url: str, job_id: str, folder: Path, hidden: HiddenFie
             if (folder / sub).is_dir():
                 shutil.rmtree(folder / sub)
             (folder / sub).mkdir(parents=True)
-        (folder / MARKER).write_text(f"a bundle of job {job_id}: launcher.py report --bundle\n", encoding="utf-8")
+        (folder / MARKER).write_text(
+            f"a bundle of job {job_id}: launcher.py report --bundle\n", encoding="utf-8"
+        )
         css = (Path(__file__).resolve().parent / "static" / "viewer.css").read_bytes()
         _write_atomic(folder / "viewer.css", css)
         page = templates().get_template("bundle_session.html")
@@ -145,20 +181,40 @@ async def write_bundle(db_url: str, job_id: str, folder: Path, hidden: HiddenFie
             start = start_request_view(row, hidden_fields)
             prev = files[rows[i - 1]["env_id"]] if i > 0 else None
             nxt = files[rows[i + 1]["env_id"]] if i + 1 < len(rows) else None
-            html = page.render(s=row, steps=step_views(steps), start=start, hidden_fields=hidden_fields,
-                               dataset=(row.get("env_params") or {}).get("dataset"), prev=prev, next=nxt,
-                               position=i + 1, total=len(rows), me=files[sid], keys_js=KEYS_JS,
-                               keys_sha256=KEYS_SHA256, workspace=await _workspace(queries, sid),
-                               group_file=session_file(row["group_id"]) if row.get("group_id") else None)
+            html = page.render(
+                s=row,
+                steps=step_views(steps),
+                start=start,
+                hidden_fields=hidden_fields,
+                dataset=(row.get("env_params") or {}).get("dataset"),
+                prev=prev,
+                next=nxt,
+                position=i + 1,
+                total=len(rows),
+                me=files[sid],
+                keys_js=KEYS_JS,
+                keys_sha256=KEYS_SHA256,
+                workspace=await _workspace(queries, sid),
+                group_file=session_file(row["group_id"]) if row.get("group_id") else None,
+            )
             _write_atomic(folder / "sessions" / f"{files[sid]}.html", display_text(html).encode("utf-8"))
             data = json_dumps(_transcript(row, steps, start))
-            _write_atomic(folder / "sessions" / f"{files[sid]}.json", json.dumps(json.loads(data), indent=1,
-                                                                                   ensure_ascii=False).encode("utf-8"))
+            _write_atomic(
+                folder / "sessions" / f"{files[sid]}.json",
+                json.dumps(json.loads(data), indent=1, ensure_ascii=False).encode("utf-8"),
+            )
         await _write_groups(queries, job_id, folder, gids, files)
         write_plotly_beside(folder)
-        index = await build_report(queries, job_id, viewer_url="", inline_js=False, plotly_src=plotly_file_name(),
-                                   session_href=lambda sid: f"sessions/{files.get(sid, session_file(sid))}.html",
-                                   group_href=lambda gid: f"groups/{session_file(gid)}.html", bundle=rows)
+        index = await build_report(
+            queries,
+            job_id,
+            viewer_url="",
+            inline_js=False,
+            plotly_src=plotly_file_name(),
+            session_href=lambda sid: f"sessions/{files.get(sid, session_file(sid))}.html",
+            group_href=lambda gid: f"groups/{session_file(gid)}.html",
+            bundle=rows,
+        )
     finally:
         await engine.dispose()
     _write_atomic(folder / "index.html", index.encode("utf-8"))

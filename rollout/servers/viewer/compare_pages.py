@@ -40,11 +40,24 @@ async def compare(request: Request) -> Response:
     n = page_number(request)
     pages = page_count(len(deltas), n, COMPARE_PAGE)
     args = {k: val for k, val in request.query_params.items() if k != "page" and val}
-    return v.page("compare.html", ids=ids, a=a, b=b, ready=True, job_a=job_a, job_b=job_b,
-                  sum_a=await v.job_summary(a, job_a), sum_b=await v.job_summary(b, job_b),
-                  paired_rows=paired_rows, paired_all=paired_all,
-                  deltas=deltas[(n - 1) * COMPARE_PAGE:n * COMPARE_PAGE], n_cases=len(deltas),
-                  page_no=n, pages=pages, args=args)
+    return v.page(
+        "compare.html",
+        ids=ids,
+        a=a,
+        b=b,
+        ready=True,
+        job_a=job_a,
+        job_b=job_b,
+        sum_a=await v.job_summary(a, job_a),
+        sum_b=await v.job_summary(b, job_b),
+        paired_rows=paired_rows,
+        paired_all=paired_all,
+        deltas=deltas[(n - 1) * COMPARE_PAGE : n * COMPARE_PAGE],
+        n_cases=len(deltas),
+        page_no=n,
+        pages=pages,
+        args=args,
+    )
 
 
 async def compare_case(request: Request) -> Response:
@@ -57,8 +70,9 @@ async def compare_case(request: Request) -> Response:
     sides = []
     for job_id in (a, b):
         await v.need_job(job_id)
-        result = await v.queries.session_page(job_id, SessionFilter(env_name=env_name, case_id=case_id),
-                                              limit=PAGE_SIZE)
+        result = await v.queries.session_page(
+            job_id, SessionFilter(env_name=env_name, case_id=case_id), limit=PAGE_SIZE
+        )
         sides.append((job_id, result))
     return v.page("compare_case.html", a=a, b=b, env_name=env_name, case_id=case_id, sides=sides)
 

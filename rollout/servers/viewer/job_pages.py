@@ -29,8 +29,13 @@ async def jobs(request: Request) -> Response:
     v = state_of(request)
     rows = await v.queries.jobs()
     live = any(j["finished"] < j["sessions"] for j in rows)
-    return v.page("jobs.html", jobs=rows, spreads=job_spreads(await v.queries.case_means()),
-                  jobless=await v.queries.jobless_count(), live_url="/api/jobs" if live else None)
+    return v.page(
+        "jobs.html",
+        jobs=rows,
+        spreads=job_spreads(await v.queries.case_means()),
+        jobless=await v.queries.jobless_count(),
+        live_url="/api/jobs" if live else None,
+    )
 
 
 async def jobless(request: Request) -> Response:
@@ -42,8 +47,9 @@ async def jobless(request: Request) -> Response:
         raise HTTPException(400, f"sort={sort!r}: sort by one of {', '.join(JOBLESS_SORTS)}")
     descending = (one_of(request, "dir", ["asc", "desc"]) or "desc") == "desc"
     n = page_number(request)
-    result = await v.queries.jobless_page(sort=sort, descending=descending, offset=(n - 1) * PAGE_SIZE,
-                                          limit=PAGE_SIZE)
+    result = await v.queries.jobless_page(
+        sort=sort, descending=descending, offset=(n - 1) * PAGE_SIZE, limit=PAGE_SIZE
+    )
     pages = page_count(result.total, n)
     return v.page("jobless.html", result=result, sort=sort, descending=descending, page_no=n, pages=pages)
 
@@ -54,12 +60,19 @@ async def job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     info = await v.need_job(job_id)
     first = await v.queries.groups(job_id, limit=PAGE_SIZE)
-    return v.page("job.html", job=info, groups=first, group_spreads=await v.group_spreads(job_id, first),
-                  summary=list((await v.job_summary(job_id, info)).values()),
-                  statuses=await v.queries.status_counts(job_id),
-                  worst=await v.queries.worst_sessions(job_id, 5), reasons=await v.queries.failure_reasons(job_id, 10),
-                  other_jobs=[j for j in await v.queries.job_ids() if j != job_id],
-                  live_url=job_live(info), live_every=live_every(info))
+    return v.page(
+        "job.html",
+        job=info,
+        groups=first,
+        group_spreads=await v.group_spreads(job_id, first),
+        summary=list((await v.job_summary(job_id, info)).values()),
+        statuses=await v.queries.status_counts(job_id),
+        worst=await v.queries.worst_sessions(job_id, 5),
+        reasons=await v.queries.failure_reasons(job_id, 10),
+        other_jobs=[j for j in await v.queries.job_ids() if j != job_id],
+        live_url=job_live(info),
+        live_every=live_every(info),
+    )
 
 
 async def groups(request: Request) -> Response:
@@ -71,8 +84,14 @@ async def groups(request: Request) -> Response:
     n = page_number(request)
     result = await v.queries.groups(job_id, offset=(n - 1) * PAGE_SIZE, limit=PAGE_SIZE)
     pages = page_count(result.total, n)
-    return v.page("groups.html", job=info, groups=result, group_spreads=await v.group_spreads(job_id, result),
-                  page_no=n, pages=pages)
+    return v.page(
+        "groups.html",
+        job=info,
+        groups=result,
+        group_spreads=await v.group_spreads(job_id, result),
+        page_no=n,
+        pages=pages,
+    )
 
 
 async def group(request: Request) -> Response:
@@ -85,8 +104,16 @@ async def group(request: Request) -> Response:
     by_sid = await v.queries.steps_of([m["env_id"] for m in members])
     samples = [step_views(by_sid[m["env_id"]]) for m in members]
     common, diffs = divergence(samples)
-    return v.page("group.html", group_id=gid, members=members, spread=spread_of(counted_scores(members)),
-                  samples=samples, common=common, diffs=diffs, longest=max((len(s) for s in samples), default=0))
+    return v.page(
+        "group.html",
+        group_id=gid,
+        members=members,
+        spread=spread_of(counted_scores(members)),
+        samples=samples,
+        common=common,
+        diffs=diffs,
+        longest=max((len(s) for s in samples), default=0),
+    )
 
 
 async def report(request: Request) -> Response:
@@ -98,6 +125,10 @@ async def report(request: Request) -> Response:
 
 
 routes = [
-    Route("/", jobs), Route("/gateway-sessions", jobless), Route("/jobs/{job_id}/report", report),
-    Route("/jobs/{job_id}", job), Route("/jobs/{job_id}/groups", groups), Route("/groups/{group_id}", group),
+    Route("/", jobs),
+    Route("/gateway-sessions", jobless),
+    Route("/jobs/{job_id}/report", report),
+    Route("/jobs/{job_id}", job),
+    Route("/jobs/{job_id}/groups", groups),
+    Route("/groups/{group_id}", group),
 ]

@@ -25,10 +25,28 @@ WORKSPACE_PARAMS = ("path",)
 GROUP_PARAMS = ("page",)
 CASE_PARAMS = ("a", "b", "env", "case")
 COMPARE_PARAMS = ("a", "b", "changed", "page")
-SESSION_STATUSES = ("pending", "running", "retrying", "succeeded", "failed", "truncated", "timeout", "error",
-                    "cancelled")
+SESSION_STATUSES = (
+    "pending",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "truncated",
+    "timeout",
+    "error",
+    "cancelled",
+)
 """``job_environments.status`` values (store.models.JobEnvironment)."""
-EVAL_STATUSES = ("scored", "invalid_reward", "error", "timeout", "grader_broken", "skipped", "infra_error", "none")
+EVAL_STATUSES = (
+    "scored",
+    "invalid_reward",
+    "error",
+    "timeout",
+    "grader_broken",
+    "skipped",
+    "infra_error",
+    "none",
+)
 """``job_environments.eval_status`` values; ``none``: not evaluated."""
 
 
@@ -38,8 +56,12 @@ def check_params(request: Request, known: tuple[str, ...]) -> None:
     bad = bad_query_param(request.query_params.multi_items(), known)
     if bad is not None:
         kind, name = bad
-        raise HTTPException(400, f"unknown parameter {name!r} (known: {', '.join(known)})" if kind == "unknown"
-                            else f"parameter {name!r} is given more than once")
+        raise HTTPException(
+            400,
+            f"unknown parameter {name!r} (known: {', '.join(known)})"
+            if kind == "unknown"
+            else f"parameter {name!r} is given more than once",
+        )
 
 
 def opt_float(request: Request, name: str) -> float | None:

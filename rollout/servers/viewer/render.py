@@ -27,7 +27,11 @@ def fmt_dt(value: datetime | None) -> str:
 
 
 def fmt_num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
+    return (
+        "-"
+        if value is None or (isinstance(value, float) and not math.isfinite(value))
+        else f"{value:.{digits}f}"
+    )
 
 
 def fmt_dur(seconds: float | None) -> str:
@@ -62,8 +66,8 @@ def job_duration(job: dict[str, Any]) -> float | None:
 def templates() -> Environment:
     """The Jinja2 environment of the viewer's and the report's templates."""
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
-    env.filters.update(dt=fmt_dt, num=fmt_num, dur=fmt_dur, ms=fmt_ms, pretty=pretty, short=lambda s: (s or "")[:8])
+    env.filters.update(
+        dt=fmt_dt, num=fmt_num, dur=fmt_dur, ms=fmt_ms, pretty=pretty, short=lambda s: (s or "")[:8]
+    )
     env.globals["job_duration"] = job_duration
     return env
-
-

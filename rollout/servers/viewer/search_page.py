@@ -33,15 +33,30 @@ async def find(request: Request) -> Response:
     ids = await v.queries.job_ids()
     if job_id is not None and job_id not in ids:
         raise HTTPException(404, f"no job {job_id!r} in this store")
-    problem = v.search_problem or (None if v.search is not None else "this viewer was started without a search index")
-    ctx: dict[str, Any] = {"q": words, "job": job_id, "ids": ids, "page_no": n, "problem": problem,
-                           "hits": [], "more": False, "pending": 0, "sessions": {}}
+    problem = v.search_problem or (
+        None if v.search is not None else "this viewer was started without a search index"
+    )
+    ctx: dict[str, Any] = {
+        "q": words,
+        "job": job_id,
+        "ids": ids,
+        "page_no": n,
+        "problem": problem,
+        "hits": [],
+        "more": False,
+        "pending": 0,
+        "sessions": {},
+    }
     if v.search is not None and words:
         await v.search.refresh(SEARCH_REFRESH, wait=False)  # not behind the start's full indexing
         result = await v.search.search(words, job_id=job_id, offset=(n - 1) * SEARCH_PAGE, limit=SEARCH_PAGE)
         owners = {h.session_id.split("~a", 1)[0] for h in result.hits}
-        ctx.update(hits=[(h, marked(h.snippet)) for h in result.hits], more=result.more, pending=result.pending,
-                   sessions={sid: r for sid in owners if (r := await v.queries.session(sid)) is not None})
+        ctx.update(
+            hits=[(h, marked(h.snippet)) for h in result.hits],
+            more=result.more,
+            pending=result.pending,
+            sessions={sid: r for sid in owners if (r := await v.queries.session(sid)) is not None},
+        )
     return v.page("search.html", **ctx)
 
 

@@ -35,22 +35,28 @@ CSP_TEXT = "default-src 'none'; sandbox"
 """The Content-Security-Policy of a raw workspace file: nothing loads, nothing runs."""
 
 
-async def list_filter(v: ViewerState, request: Request, job_id: str, *, menus: bool = True
-                      ) -> tuple[SessionFilter, str, bool, dict[str, list[str]]]:
+async def list_filter(
+    v: ViewerState, request: Request, job_id: str, *, menus: bool = True
+) -> tuple[SessionFilter, str, bool, dict[str, list[str]]]:
     """The session list's filter, sort key and direction of a request, and the filter values
     (read unless no ``menus`` are shown and no status is filtered)."""
     needed = menus or any(request.query_params.get(k) for k in ("status", "eval"))
     values = await v.queries.filter_values(job_id) if needed else {"status": [], "eval_status": []}
     # a status this version does not know still filters
-    flt = SessionFilter(env_name=opt_str(request, "env"), case_id=opt_str(request, "case"),
-                        llm_model=opt_str(request, "model"),
-                        status=one_of(request, "status", sorted({*SESSION_STATUSES, *values["status"]})),
-                        eval_status=one_of(request, "eval", sorted({*EVAL_STATUSES, *values["eval_status"]})),
-                        group_id=opt_str(request, "group"),
-                        score_min=opt_float(request, "score_min"), score_max=opt_float(request, "score_max"))
+    flt = SessionFilter(
+        env_name=opt_str(request, "env"),
+        case_id=opt_str(request, "case"),
+        llm_model=opt_str(request, "model"),
+        status=one_of(request, "status", sorted({*SESSION_STATUSES, *values["status"]})),
+        eval_status=one_of(request, "eval", sorted({*EVAL_STATUSES, *values["eval_status"]})),
+        group_id=opt_str(request, "group"),
+        score_min=opt_float(request, "score_min"),
+        score_max=opt_float(request, "score_max"),
+    )
     if flt.score_min is not None and flt.score_max is not None and flt.score_min > flt.score_max:
-        raise HTTPException(400, f"score_min={flt.score_min:g} is above score_max={flt.score_max:g}: "
-                                 "no score can match")
+        raise HTTPException(
+            400, f"score_min={flt.score_min:g} is above score_max={flt.score_max:g}: no score can match"
+        )
     sort = request.query_params.get("sort", "order")
     if sort not in SORTS:
         raise HTTPException(400, f"sort={sort!r}: sort by one of {', '.join(SORTS)}")
@@ -65,13 +71,26 @@ async def sessions(request: Request) -> Response:
     info = await v.need_job(job_id)
     flt, sort, descending, values = await list_filter(v, request, job_id)
     n = page_number(request)
-    result = await v.queries.session_page(job_id, flt, sort=sort, descending=descending,
-                                          offset=(n - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+    result = await v.queries.session_page(
+        job_id, flt, sort=sort, descending=descending, offset=(n - 1) * PAGE_SIZE, limit=PAGE_SIZE
+    )
     pages = page_count(result.total, n)
     args = {k: val for k, val in request.query_params.items() if k != "page" and val}
-    return v.page("sessions.html", job=info, result=result, flt=flt, sort=sort, descending=descending,
-                  page_no=n, pages=pages, args=args, values=values, list_query=list_args(request),
-                  live_url=job_live(info), live_every=live_every(info))
+    return v.page(
+        "sessions.html",
+        job=info,
+        result=result,
+        flt=flt,
+        sort=sort,
+        descending=descending,
+        page_no=n,
+        pages=pages,
+        args=args,
+        values=values,
+        list_query=list_args(request),
+        live_url=job_live(info),
+        live_every=live_every(info),
+    )
 
 
 async def jobless_session(v: ViewerState, sid: str) -> Response:
@@ -80,8 +99,13 @@ async def jobless_session(v: ViewerState, sid: str) -> Response:
     steps = await v.queries.steps(sid)
     if gateway is None and not steps:
         raise HTTPException(404, f"no session {sid!r} in this store")
-    return v.page("jobless_session.html", sid=sid, steps=step_views(steps), gateway=gateway,
-                  client=await v.queries.client_score(sid))
+    return v.page(
+        "jobless_session.html",
+        sid=sid,
+        steps=step_views(steps),
+        gateway=gateway,
+        client=await v.queries.client_score(sid),
+    )
 
 
 async def session(request: Request) -> Response:
@@ -107,13 +131,23 @@ async def session(request: Request) -> Response:
         if isinstance(meta, dict) and "evaluation" in meta:
             evaluation = meta["evaluation"]
             break
-    return v.page("session.html", s=row, steps=steps, start=start_request_view(row, hidden_fields),
-                  near=near, list_query=list_args(request), workspace=await v.queries.workspace(sid, archive=False),
-                  hidden_fields=hidden_fields, dataset=(row.get("env_params") or {}).get("dataset"),
-                  evaluation=evaluation, attempts={k: step_views(s) for k, s in attempts.items()},
-                  gateway=await v.queries.gateway_session(sid), optional=await v.queries.optional_rows(sid),
-                  client=await v.queries.client_score(sid),
-                  live_url=None if row["finished"] else f"/api/sessions/{quote(sid, safe='')}/progress")
+    return v.page(
+        "session.html",
+        s=row,
+        steps=steps,
+        start=start_request_view(row, hidden_fields),
+        near=near,
+        list_query=list_args(request),
+        workspace=await v.queries.workspace(sid, archive=False),
+        hidden_fields=hidden_fields,
+        dataset=(row.get("env_params") or {}).get("dataset"),
+        evaluation=evaluation,
+        attempts={k: step_views(s) for k, s in attempts.items()},
+        gateway=await v.queries.gateway_session(sid),
+        optional=await v.queries.optional_rows(sid),
+        client=await v.queries.client_score(sid),
+        live_url=None if row["finished"] else f"/api/sessions/{quote(sid, safe='')}/progress",
+    )
 
 
 async def step(request: Request) -> Response:
@@ -137,7 +171,9 @@ async def workspace(request: Request) -> Response:
     kept = await v.queries.workspace(sid)
     if kept is None or kept["archive"] is None:
         reason = kept["reason"] if kept else "the store holds no final workspace of this session"
-        return v.page("workspace.html", s=row, kept=kept, reason=reason, tree=[], more=0, file=None, path=None)
+        return v.page(
+            "workspace.html", s=row, kept=kept, reason=reason, tree=[], more=0, file=None, path=None
+        )
     raw = path_param(request.scope["query_string"])
     try:
         tree, more = entries(kept["archive"])
@@ -159,13 +195,22 @@ async def workspace_raw(request: Request) -> Response:
         file = read_file(kept["archive"], path_param(request.scope["query_string"]) or "")
     except WorkspaceError as e:
         raise HTTPException(404, str(e)) from None
-    return Response(file.head, media_type="text/plain; charset=utf-8",
-                    headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": CSP_TEXT,
-                             "Content-Disposition": "inline", "Cache-Control": "no-store"})
+    return Response(
+        file.head,
+        media_type="text/plain; charset=utf-8",
+        headers={
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": CSP_TEXT,
+            "Content-Disposition": "inline",
+            "Cache-Control": "no-store",
+        },
+    )
 
 
 routes = [
-    Route("/jobs/{job_id}/sessions", sessions), Route("/sessions/{session_id}", session),
-    Route("/sessions/{session_id}/steps/{seq}", step), Route("/sessions/{session_id}/workspace", workspace),
+    Route("/jobs/{job_id}/sessions", sessions),
+    Route("/sessions/{session_id}", session),
+    Route("/sessions/{session_id}/steps/{seq}", step),
+    Route("/sessions/{session_id}/workspace", workspace),
     Route("/sessions/{session_id}/workspace/raw", workspace_raw),
 ]

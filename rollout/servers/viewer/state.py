@@ -22,8 +22,15 @@ from wire.text import display_text
 class ViewerState:
     """The viewer's dependencies and its one cache (each job's summary, by its progress)."""
 
-    def __init__(self, queries: ViewerQueries, hidden: HiddenFields, *, title: str,
-                 search: StepSearch | None, search_problem: str | None) -> None:
+    def __init__(
+        self,
+        queries: ViewerQueries,
+        hidden: HiddenFields,
+        *,
+        title: str,
+        search: StepSearch | None,
+        search_problem: str | None,
+    ) -> None:
         self.queries = queries
         self.hidden = hidden
         self.title = title
@@ -67,7 +74,9 @@ def state_of(request: Request) -> ViewerState:
 
 def job_live(job: dict[str, Any]) -> str | None:
     """The progress URL a job's pages poll while the job has unfinished sessions."""
-    return None if job["finished"] >= job["sessions"] else f"/api/jobs/{quote(job['job_id'], safe='')}/progress"
+    return (
+        None if job["finished"] >= job["sessions"] else f"/api/jobs/{quote(job['job_id'], safe='')}/progress"
+    )
 
 
 def live_every(job: dict[str, Any]) -> int:

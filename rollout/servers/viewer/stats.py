@@ -46,8 +46,11 @@ def spread_of(scores: Sequence[float]) -> Spread:
 
 def counted_scores(members: Sequence[Counts]) -> list[float]:
     """The scores of the counted sessions among ``members`` (rows of ``job_environments``)."""
-    return [float(m["reward"]) for m in members
-            if m["eval_status"] in COUNTED_EVAL_STATUSES and m["reward"] is not None]
+    return [
+        float(m["reward"])
+        for m in members
+        if m["eval_status"] in COUNTED_EVAL_STATUSES and m["reward"] is not None
+    ]
 
 
 def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:
@@ -55,12 +58,27 @@ def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:
     :meth:`store.queries.ViewerQueries.summary_rows`, for ``rollout.results.report.summarize``. A
     session with more than one attempt is ``retried``; ``outcome`` is passed on when the store
     has it, and ``harness`` (a record type without these fields ignores them)."""
-    return [SessionRecord.model_validate({
-        "session_id": r["env_id"], "job_id": r["job_id"], "env_name": r["env_name"], "case_id": r["case_id"],
-        "group_id": r["group_id"], "model": r["llm_model"], "sample_index": r["sample_index"], "status": r["status"],
-        "score": r["reward"], "eval_status": r["eval_status"], "duration_s": r["duration_s"],
-        "outcome": r.get("outcome"), "harness": r.get("harness"), "retried": int(r["attempts"] or 0) > 1})
-        for r in rows]
+    return [
+        SessionRecord.model_validate(
+            {
+                "session_id": r["env_id"],
+                "job_id": r["job_id"],
+                "env_name": r["env_name"],
+                "case_id": r["case_id"],
+                "group_id": r["group_id"],
+                "model": r["llm_model"],
+                "sample_index": r["sample_index"],
+                "status": r["status"],
+                "score": r["reward"],
+                "eval_status": r["eval_status"],
+                "duration_s": r["duration_s"],
+                "outcome": r.get("outcome"),
+                "harness": r.get("harness"),
+                "retried": int(r["attempts"] or 0) > 1,
+            }
+        )
+        for r in rows
+    ]
 
 
 def row_key(row: SummaryRow) -> tuple[str, str]:
@@ -132,7 +150,10 @@ def compare_cases(a_cases: Sequence[Counts], b_cases: Sequence[Counts]) -> list[
     first (then cases without a score in one of them, e.g. run by one job only). Models are merged:
     compare jobs on one model each, or one model on two jobs."""
     a, b = _by_case(a_cases), _by_case(b_cases)
-    deltas = [CaseDelta(env, case, a.get((env, case)), b.get((env, case))) for env, case in sorted(a.keys() | b.keys())]
+    deltas = [
+        CaseDelta(env, case, a.get((env, case)), b.get((env, case)))
+        for env, case in sorted(a.keys() | b.keys())
+    ]
     deltas.sort(key=lambda d: (d.delta is None, -abs(d.delta or 0.0), d.env_name, d.case_id))
     return deltas
 
@@ -151,10 +172,19 @@ class PairedRow:
     def as_json(self) -> dict[str, Any]:
         """The row as JSON (``/api/compare``)."""
         s = self.score
-        return {"env": self.env_name, "models_a": self.models_a, "models_b": self.models_b,
-                "common_cases": s.common, "only_a": s.only_a, "only_b": s.only_b, "mean_a": s.mean_a,
-                "mean_b": s.mean_b, "diff": s.diff, "diff_stderr": s.stderr,
-                "diff_ci95": list(s.ci95) if s.ci95 is not None else None}
+        return {
+            "env": self.env_name,
+            "models_a": self.models_a,
+            "models_b": self.models_b,
+            "common_cases": s.common,
+            "only_a": s.only_a,
+            "only_b": s.only_b,
+            "mean_a": s.mean_a,
+            "mean_b": s.mean_b,
+            "diff": s.diff,
+            "diff_stderr": s.stderr,
+            "diff_ci95": list(s.ci95) if s.ci95 is not None else None,
+        }
 
 
 def _models(cases: Sequence[Counts]) -> dict[str, list[str]]:
@@ -174,11 +204,22 @@ def compare_paired(a_cases: Sequence[Counts], b_cases: Sequence[Counts]) -> tupl
     models_a, models_b = _models(a_cases), _models(b_cases)
     rows = []
     for env in sorted(models_a.keys() | models_b.keys()):
-        rows.append(PairedRow(env, models_a.get(env, []), models_b.get(env, []),
-                              paired({k: v for k, v in a.items() if k[0] == env},
-                                     {k: v for k, v in b.items() if k[0] == env})))
-    every = PairedRow(None, sorted({m for ms in models_a.values() for m in ms}),
-                      sorted({m for ms in models_b.values() for m in ms}), paired(a, b))
+        rows.append(
+            PairedRow(
+                env,
+                models_a.get(env, []),
+                models_b.get(env, []),
+                paired(
+                    {k: v for k, v in a.items() if k[0] == env}, {k: v for k, v in b.items() if k[0] == env}
+                ),
+            )
+        )
+    every = PairedRow(
+        None,
+        sorted({m for ms in models_a.values() for m in ms}),
+        sorted({m for ms in models_b.values() for m in ms}),
+        paired(a, b),
+    )
     return rows, every
 
 
@@ -196,8 +237,11 @@ class HiddenFields:
         try:
             configs = discover_envs(self.agent_root)
         except EnvConfigError as e:
-            log.warning("viewer: no env configs under %s (%s): case rows are shown only to the evaluator's view",
-                        self.agent_root, e)
+            log.warning(
+                "viewer: no env configs under %s (%s): case rows are shown only to the evaluator's view",
+                self.agent_root,
+                e,
+            )
             return found
         for cfg in configs:
             try:

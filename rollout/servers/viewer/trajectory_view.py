@@ -108,9 +108,15 @@ def _content_parts(content: list[Any]) -> list[Part]:
         elif kind in ("image_url", "input_image", "image"):
             parts.append(Part("image", "(image)"))
         elif kind == "tool_use":
-            parts.append(Part("tool_call", pretty(item.get("input")), f"{item.get('name')} · {item.get('id')}"))
+            parts.append(
+                Part("tool_call", pretty(item.get("input")), f"{item.get('name')} · {item.get('id')}")
+            )
         elif kind == "tool_result":
-            parts.append(Part("tool_result", _content_text(item.get("content")), f"result of {item.get('tool_use_id')}"))
+            parts.append(
+                Part(
+                    "tool_result", _content_text(item.get("content")), f"result of {item.get('tool_use_id')}"
+                )
+            )
         else:
             parts.append(Part("json", pretty(item)))
     return parts
@@ -123,11 +129,20 @@ def message_of(raw: Any) -> Message:
         return Message("?", [Part("text" if isinstance(raw, str) else "json", _content_text(raw))])
     kind = raw.get("type")
     if kind == "function_call":  # Responses input item
-        return Message("assistant", [Part("tool_call", pretty(raw.get("arguments") or ""),
-                                          f"{raw.get('name')} · {raw.get('call_id')}")])
+        return Message(
+            "assistant",
+            [
+                Part(
+                    "tool_call",
+                    pretty(raw.get("arguments") or ""),
+                    f"{raw.get('name')} · {raw.get('call_id')}",
+                )
+            ],
+        )
     if kind == "function_call_output":
-        return Message("tool", [Part("tool_result", _content_text(raw.get("output")),
-                                     f"result of {raw.get('call_id')}")])
+        return Message(
+            "tool", [Part("tool_result", _content_text(raw.get("output")), f"result of {raw.get('call_id')}")]
+        )
     role = str(raw.get("role") or kind or "?")
     content = raw.get("content")
     if role == "tool":
@@ -163,8 +178,13 @@ def _resent(prev: list[Any], prev_answer: Any, cur: list[Any]) -> int:
     n = 0
     while n < len(prev) and n < len(cur) and prev[n] == cur[n]:
         n += 1
-    if n == len(prev) and n < len(cur) and isinstance(cur[n], dict) and cur[n].get("role") == "assistant" \
-            and prev_answer is not None:
+    if (
+        n == len(prev)
+        and n < len(cur)
+        and isinstance(cur[n], dict)
+        and cur[n].get("role") == "assistant"
+        and prev_answer is not None
+    ):
         n += 1  # the previous answer, shown with the previous step
     return n
 
@@ -186,9 +206,18 @@ def step_views(rows: Sequence[dict[str, Any]]) -> list[StepView]:
         value = row.get("messages")
         raw: list[Any] = value if isinstance(value, list) else []
         meta = row.get("meta_json") or {}
-        retries = meta.get("attempts") if isinstance(meta, dict) and isinstance(meta.get("attempts"), int) else None
-        views.append(StepView(row=row, messages=[message_of(m) for m in raw], new_from=_resent(prev, prev_answer, raw),
-                              answer=answer_parts(row.get("endpoint"), row.get("response")), retries=retries))
+        retries = (
+            meta.get("attempts") if isinstance(meta, dict) and isinstance(meta.get("attempts"), int) else None
+        )
+        views.append(
+            StepView(
+                row=row,
+                messages=[message_of(m) for m in raw],
+                new_from=_resent(prev, prev_answer, raw),
+                answer=answer_parts(row.get("endpoint"), row.get("response")),
+                retries=retries,
+            )
+        )
         prev, prev_answer = raw, _answer_message(row.get("endpoint"), row.get("response"))
     return views
 
@@ -222,12 +251,17 @@ def start_request_view(row: dict[str, Any], hidden: Sequence[str] | None) -> dic
     env_params = dict(row.get("env_params") or {})
     dataset = env_params.get("dataset")
     if hidden is None:
-        env_params["dataset"] = "(not shown: the env's config was not found, so its hidden fields are unknown)"
+        env_params["dataset"] = (
+            "(not shown: the env's config was not found, so its hidden fields are unknown)"
+        )
     elif isinstance(dataset, dict):
         env_params["dataset"] = {k: v for k, v in dataset.items() if k not in set(hidden)}
     return {
-        "job_id": row.get("job_id"), "session_id": row.get("env_id"), "agent_name": row.get("env_name"),
-        "agent_id": f"{row.get('env_name')}-{row.get('sample_index')}", "group_id": row.get("group_id"),
+        "job_id": row.get("job_id"),
+        "session_id": row.get("env_id"),
+        "agent_name": row.get("env_name"),
+        "agent_id": f"{row.get('env_name')}-{row.get('sample_index')}",
+        "group_id": row.get("group_id"),
         "model": row.get("llm_model"),
         "max_steps": row.get("max_steps") if row.get("max_steps") is not None else -1,
         "env_params": env_params,

@@ -158,8 +158,14 @@ def entries(archive: bytes) -> tuple[list[Entry], int]:
                     continue
                 if not name:
                     continue  # the root itself
-                out.append(Entry(path=name, kind=_kind(m), size=m.size if m.isreg() else 0,
-                                 target=m.linkname if m.issym() or m.islnk() else None))
+                out.append(
+                    Entry(
+                        path=name,
+                        kind=_kind(m),
+                        size=m.size if m.isreg() else 0,
+                        target=m.linkname if m.issym() or m.islnk() else None,
+                    )
+                )
     except (tarfile.TarError, EOFError, OSError) as e:
         raise WorkspaceError(f"the kept workspace cannot be read: {type(e).__name__}: {e}") from e
     out.sort(key=lambda e: e.path.split("/"))
@@ -177,16 +183,24 @@ def read_file(archive: bytes, raw_path: str, limit: int = MAX_SHOWN_BYTES) -> Fi
                 if _name(m) != path:
                     continue
                 if not m.isreg():
-                    what = f"a link to {shown(m.linkname)}" if m.issym() or m.islnk() else (
-                        "a folder" if m.isdir() else "not a regular file")
+                    what = (
+                        f"a link to {shown(m.linkname)}"
+                        if m.issym() or m.islnk()
+                        else ("a folder" if m.isdir() else "not a regular file")
+                    )
                     raise WorkspaceError(f"{shown(path)} is {what}: only regular files are shown")
                 src = tar.extractfile(m)
                 assert src is not None
                 with src:
                     head = src.read(limit)
                 binary = b"\x00" in head
-                return FileView(path=path, size=m.size, text=None if binary else head.decode("utf-8", "replace"),
-                                truncated=m.size > len(head), head=head)
+                return FileView(
+                    path=path,
+                    size=m.size,
+                    text=None if binary else head.decode("utf-8", "replace"),
+                    truncated=m.size > len(head),
+                    head=head,
+                )
     except (tarfile.TarError, EOFError, OSError) as e:
         raise WorkspaceError(f"the kept workspace cannot be read: {type(e).__name__}: {e}") from e
     raise WorkspaceError(f"{shown(path)} is not in the kept workspace")

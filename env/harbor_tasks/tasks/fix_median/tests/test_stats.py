@@ -19,8 +19,15 @@ print(json.dumps({"median": result, "values": values}))
 
 def median_of(values):
     """(median, the list after the call) as the agent's median computed them."""
-    p = subprocess.run([sys.executable, "-I", "-c", CALL, json.dumps(values)], capture_output=True, text=True,
-                       timeout=10, stdin=subprocess.DEVNULL, start_new_session=True, cwd="/workspace")
+    p = subprocess.run(
+        [sys.executable, "-I", "-c", CALL, json.dumps(values)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd="/workspace",
+    )
     if p.returncode != 0:
         raise AssertionError(f"stats.median failed (exit {p.returncode}): {p.stderr[-500:]}")
     out = json.loads(p.stdout.strip().splitlines()[-1])
