@@ -52,6 +52,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/safactory/test_e2e.py",
         "tests/rollout/test_regrade.py::test_cancelled_regrade_leaves_each_session_new_or_previous",
         "tests/rollout/test_regrade.py::test_fixed_grader_regrades_a_real_job_from_the_store_only",
+        "tests/env/test_scripts_env.py::test_the_env_runs_in_the_sandbox_and_is_graded_on_the_hidden_answer",
     ),
     ("slow", "starts the project's other programs (python -m gateway, launcher.py view/export/feed)"): (
         "tests/gateway/test_main.py",

@@ -462,7 +462,14 @@ def audit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.audit
 def test_the_bundled_envs_are_clean(tmp_path: Path) -> None:
-    cases = ["read_name", "0", "count_errors", "fix_median", "json_orders"]  # one or two per bundled env
+    cases = [
+        "read_name",
+        "0",
+        "count_errors",
+        "fix_median",
+        "json_orders",
+        "gauge-batch",
+    ]  # 1-2 per bundled env
     p = audit(
         "--agent-root",
         str(REPO / "env"),
@@ -473,15 +480,16 @@ def test_the_bundled_envs_are_clean(tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stdout + p.stderr
     n = len(attack_folders()) - 1
-    assert f"audit clean: no attack paid on 5 case(s) ({n} attacks)" in p.stdout
+    assert f"audit clean: no attack paid on 6 case(s) ({n} attacks)" in p.stdout
     out = p.stdout.splitlines()
-    sanity = {line.split()[0]: line.split(None, 2)[1:] for line in out[2:7]}
+    sanity = {line.split()[0]: line.split(None, 2)[1:] for line in out[2:8]}
     assert sanity == {
         "basics/read_name": ["0", "expected.json: 10"],
         "gsm8k/0": ["0", "no reference"],
         "harbor_tasks/count_errors": ["0", "solution/solve.sh: 10"],
         "harbor_tasks/fix_median": ["0", "solution/solve.sh: 10"],
         "workspace/json_orders": ["0", "expected.json: 10"],
+        "scripts/gauge-batch": ["0", "no reference"],
     }
     start = out.index(next(line for line in out if line.startswith("attack ")))
     rows = {line.split()[0]: line.split()[1] for line in out[start + 2 : start + 2 + n]}

@@ -1,8 +1,9 @@
 """``launcher.py train``: GRPO (TRL's ``GRPOTrainer``) on a bundled env with the embedded model,
 its sessions run as launcher jobs through a gateway whose route is the trainer's own model
-(docs/training.md, "Training with TRL"). Prints one line per step and the held-out evaluation
-before and after; writes into the output folder the checkpoints (``checkpoint-<step>/``), the
-final model (``final/``), ``run.json``, ``steps.jsonl`` and the curve (PNG and HTML)."""
+(docs/training.md, "Training with TRL"). Prints one line per step and the evaluation on cases not
+trained on (held-out) before, every ``--eval-every`` steps and after; writes into the output folder
+the checkpoints (``checkpoint-<step>/``), the final model (``final/``), ``run.json``,
+``steps.jsonl`` and the curve (PNG and HTML)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,7 +28,7 @@ __all__ = ["TrainArgs", "main", "parse_args", "train"]
 class TrainArgs:
     """The ``train`` flags (``--help``)."""
 
-    env: str = "basics"
+    env: str = "scripts"
     cases: list[str] | None = None
     eval_cases: list[str] | None = None
     steps: int = 16
@@ -46,6 +47,8 @@ class TrainArgs:
     max_reruns: int = 2
     max_retries: int = 2
     eval_samples: int = 1
+    eval_every: int = 0
+    allow_eval_overlap: bool = False
     save_steps: int = 8
     resume: bool = False
     report_to: str = "none"
@@ -56,14 +59,22 @@ class TrainArgs:
 def parse_args(argv: list[str]) -> TrainArgs:
     """``train`` flags to :class:`TrainArgs` (argparse exits 2 on a bad flag)."""
     p = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py train", description=__doc__)
-    p.add_argument("--env", default="basics", help="the env to train on (default: basics)")
+    p.add_argument("--env", default="scripts", help="the env to train on (default: scripts)")
     p.add_argument(
-        "--cases", default="run_script", help="comma-separated case ids trained on (default: run_script)"
+        "--cases",
+        default=None,
+        help="comma-separated case ids trained on (default: the env's split=train rows, else every case)",
     )
     p.add_argument(
         "--eval-cases",
         default=None,
-        help="comma-separated case ids of the held-out evaluation (default: every case of the env)",
+        help="comma-separated case ids evaluated on (default: the env's split=eval rows, else every "
+        "case not trained on); a trained case is refused unless --allow-eval-overlap",
+    )
+    p.add_argument(
+        "--allow-eval-overlap",
+        action="store_true",
+        help="evaluate on trained cases too (the evaluation is then reported as overlapping, not held-out)",
     )
     p.add_argument("--steps", type=int, default=16, help="optimizer steps (default 16)")
     p.add_argument(
@@ -99,7 +110,17 @@ def parse_args(argv: list[str]) -> TrainArgs:
         "--max-retries", type=int, default=2, help="the launcher's retries of an infrastructure failure"
     )
     p.add_argument(
-        "--eval-samples", type=int, default=1, help="samples per held-out case (default 1, greedy)"
+        "--eval-samples",
+        type=int,
+        default=1,
+        help="samples per evaluated case (default 1, greedy; K > 1: sampled at the training "
+        "temperature, pass@1 and pass@K)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="evaluate every N steps too (default 0: before and after only)",
     )
     p.add_argument(
         "--save-steps",
@@ -141,6 +162,8 @@ def parse_args(argv: list[str]) -> TrainArgs:
         p.error(
             "--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1"
         )
+    if ns.eval_every < 0:
+        p.error("--eval-every must be 0 (off) or more")
     if ns.samples < 2:
         p.error("--samples must be at least 2: GRPO compares the samples of a case")
     if ns.out is not None and ns.out.exists() and not ns.out.is_dir():
@@ -175,6 +198,8 @@ def parse_args(argv: list[str]) -> TrainArgs:
         max_reruns=ns.max_reruns,
         max_retries=ns.max_retries,
         eval_samples=ns.eval_samples,
+        eval_every=ns.eval_every,
+        allow_eval_overlap=ns.allow_eval_overlap,
         save_steps=ns.save_steps,
         resume=ns.resume,
         report_to=ns.report_to or ("tensorboard" if tensorboard else "none"),
@@ -270,19 +295,43 @@ def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[A
     except (OSError, ValueError) as e:
         raise SetupError(f"--resume: {e}") from e
     record.steps, record.checkpoint, record.resumes = step, Path(last).name, previous.resumes + 1
-    record.evals = {w: e for w, e in previous.evals.items() if w == "before"}
+    record.evals = [e for e in previous.evals if e.step <= step]  # those after it run again
     return Path(last), history
 
 
 def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run the training; returns ``{"history", "evals", "png", "html", "rollout", "final", "model"}``
-    (``model``: the module the policy server served)."""
-    from datasets import Dataset
+    """Run the training; returns ``{"history", "evals" (:class:`EvalResult` list), "split", "png", "html",
+    "rollout", "final", "model"}`` (``model``: the module the policy server served)."""
+    from rollout.jobs.prepare import load_envs
+    from rollout.train.heldout import EvalResult, choose_cases, eval_line, run_eval, summarize
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
+    # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
+    warnings.filterwarnings(
+        "ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning
+    )
+    out = (args.out or Path("runs") / f"train-{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
+    db_url = f"sqlite://{out / 'train.db'}"
+    probe = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_config=out / "gateway.yaml")
+    ((env_cfg, all_cases),) = load_envs(probe)
+    split = choose_cases(args.env, all_cases, args.cases, args.eval_cases, args.allow_eval_overlap)
+    case_ids = split.train
+    # greedy for one sample; several: sampled as in training (--temperature, else the env's)
+    env_t = env_cfg.params.get("temperature")
+    eval_t = (
+        0.0
+        if args.eval_samples == 1
+        else args.temperature
+        if args.temperature is not None
+        else float(env_t)
+        if isinstance(env_t, int | float)
+        else None
+    )
+    from datasets import Dataset  # the cases are checked before these slow imports
     from transformers import PrinterCallback, TrainerCallback
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
-    from rollout.jobs.prepare import load_envs
     from rollout.train.adapters import env_reward
     from rollout.train.curve import write_curve
     from rollout.train.policy_server import PolicyServer
@@ -299,27 +348,14 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     from rollout.train.trl_rollout import JobRollout, policy_gateway
 
     hf_logging.disable_progress_bar()  # the step lines instead of a bar per checkpoint written
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.x
-    # TRL 1.16 still calls transformers' names deprecated in v5 (``is_gradient_checkpointing``)
-    warnings.filterwarnings(
-        "ignore", message=".*is deprecated and will be removed in v6", category=FutureWarning
-    )
-    out = (args.out or Path("runs") / f"train-{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    db_url = f"sqlite://{out / 'train.db'}"
-    probe = JobOptions(agent_root=args.agent_root, env_names=[args.env], gateway_config=out / "gateway.yaml")
-    ((env_cfg, all_cases),) = load_envs(probe)
-    case_ids = args.cases or [c.case_id for c in all_cases]
-    eval_ids = args.eval_cases or [c.case_id for c in all_cases]
-    unknown = sorted(set(case_ids + eval_ids) - {c.case_id for c in all_cases})
-    if unknown:
-        raise SetupError(f"--cases/--eval-cases: env {args.env} has no case {unknown}")
     record = RunRecord(
         env=args.env,
         model=args.model_config,
         base_model=BASE_MODELS[args.model_config],
         train_cases=case_ids,
-        eval_cases=eval_ids,
+        eval_cases=split.eval,
+        eval_label=split.label,
         max_steps=args.steps,
         samples=args.samples,
         cases_per_step=args.cases_per_step,
@@ -332,11 +368,16 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     )
     checkpoint, history = _resume_point(args, out, record) if args.resume else (None, [])
     write_run(out, record)
+    print(
+        f"training on {', '.join(case_ids)}; evaluating ({split.label}) on {', '.join(split.eval)}",
+        file=stdout,
+        flush=True,
+    )
     if checkpoint:
         print(f"resuming from {checkpoint} (step {record.steps} of {args.steps})", file=stdout, flush=True)
     print(f"loading the {args.model_config} model", file=stdout, flush=True)
     model, tokenizer = load_policy(args.model_config, args.seed)
-    evals: dict[str, tuple[float, float, int]] = {}
+    evals: list[EvalResult] = [EvalResult(**e.model_dump()) for e in record.evals]  # a resumed run's
     with (
         PolicyServer(
             model, tokenizer, model_name="policy", seed=args.seed, max_tokens_cap=args.max_new_tokens
@@ -366,19 +407,25 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
             calls_done=record.steps,
         )
         rollout.history = history
-        evals.update({w: (e.mean_reward, e.pass_rate, e.samples) for w, e in record.evals.items()})
 
-        def evaluate(when: str) -> None:
-            mean, rate, n = rollout.evaluate(eval_ids, f"eval-{when}", samples=args.eval_samples)
-            evals[when] = (mean, rate, n)
-            record.evals[when] = EvalRecord(mean_reward=mean, pass_rate=rate, samples=n)
-            write_run(out, record)
-            print(
-                f"eval {when:6s}  mean reward {mean:5.2f}  pass rate {rate:4.2f}  ({n} samples, greedy, "
-                f"cases {', '.join(eval_ids)})",
-                file=stdout,
-                flush=True,
+        def evaluate(when: str, step: int) -> None:
+            job = f"eval-{when.replace(' ', '')}" + (f"-resume{record.resumes}" if record.resumes else "")
+            scores = run_eval(rollout, split.eval, job, args.eval_samples, eval_t)
+            evals.append(
+                summarize(
+                    scores,
+                    when=when,
+                    step=step,
+                    label=split.label,
+                    temperature=eval_t,
+                    pass_score=rollout.pass_score,
+                )
             )
+            record.evals.append(EvalRecord(**asdict(evals[-1])))
+            write_run(out, record)
+            print(eval_line(evals[-1]), file=stdout, flush=True)
+
+        every, total = args.eval_every, args.steps  # (the callback's own ``args`` are TRL's)
 
         class _Print(TrainerCallback):  # type: ignore[misc]
             last = 0.0
@@ -392,6 +439,11 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                     rollout.history[-1] = replace(rollout.history[-1], seconds=now - self.last)
                     append_jsonl(out / STEPS_FILE, step_line(state.global_step, rollout.history[-1]))
                 self.last = now
+                if every and state.global_step % every == 0 and state.global_step < total:
+                    model.eval()
+                    evaluate(f"step {state.global_step}", state.global_step)
+                    model.train()
+                    self.last = time.monotonic()
 
             def on_log(
                 self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
@@ -408,7 +460,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                 write_run(out, record)
 
         if checkpoint is None:
-            evaluate("before")
+            evaluate("before", 0)
         n_rows = args.samples * args.cases_per_step
         config = GRPOConfig(
             output_dir=str(out),
@@ -448,7 +500,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         trainer.save_model(str(final))  # safetensors (the adapter alone with LoRA), config and tokenizer
         record.final = final.name
         write_run(out, record)
-        evaluate("after")
+        evaluate("after", len(rollout.history))
     png, page = write_curve(rollout.history, evals, out)
     print(
         f"curve: {png}  {page}\nmodel: {final}  (checkpoints {out}/checkpoint-<step>, run.json)",
@@ -458,6 +510,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     return {
         "history": rollout.history,
         "evals": evals,
+        "split": split,
         "png": png,
         "html": page,
         "rollout": rollout,
@@ -482,11 +535,9 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    before, after = result["evals"].get("before"), result["evals"].get("after")
-    if before and after:
-        print(
-            f"held-out pass rate {before[1]:.2f} -> {after[1]:.2f}, mean reward {before[0]:.2f} -> {after[0]:.2f} "
-            f"in {time.monotonic() - start:.0f} s",
-            flush=True,
-        )
+    from rollout.train.heldout import summary_line
+
+    evals = result["evals"]
+    if len(evals) >= 2:
+        print(f"{summary_line(evals[0], evals[-1])} in {time.monotonic() - start:.0f} s", flush=True)
     return 0

@@ -23,12 +23,21 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class EvalRecord(BaseModel):
-    """One held-out evaluation."""
+    """One evaluation, as ``rollout.train.heldout.EvalResult`` has it."""
 
     model_config = ConfigDict(extra="forbid")
-    mean_reward: float
-    pass_rate: float
+    when: str
+    step: int
+    label: str
+    cases: int
     samples: int
+    temperature: float | None
+    mean_reward: float
+    mean_reward_se: float | None
+    pass_rate: float
+    pass_rate_se: float | None
+    pass_at_k: float | None
+    pass_at_k_se: float | None
 
 
 class RunRecord(BaseModel):
@@ -42,6 +51,7 @@ class RunRecord(BaseModel):
     base_model: str
     train_cases: list[str]
     eval_cases: list[str]
+    eval_label: str = "held-out"  # "overlapping (train-set eval)" with --allow-eval-overlap
     steps: int = 0
     max_steps: int
     samples: int
@@ -54,7 +64,7 @@ class RunRecord(BaseModel):
     lora_alpha: int | None = None
     checkpoint: str | None = None
     final: str | None = None
-    evals: dict[str, EvalRecord] = {}
+    evals: list[EvalRecord] = []
     resumes: int = 0
 
 

@@ -44,7 +44,10 @@ async def test_bundled_envs_run_in_the_sandbox_by_default(tmp_path: Path) -> Non
     all_records = [json.loads(line) for line in out.read_text().splitlines()]
     basics = [r for r in all_records if r["env_name"] == "basics"]
     harbor = [r for r in all_records if r["env_name"] == "harbor_tasks"]
-    records = {r["env_name"]: r for r in all_records if r["env_name"] not in ("basics", "harbor_tasks")}
+    scripts = [r for r in all_records if r["env_name"] == "scripts"]
+    records = {
+        r["env_name"]: r for r in all_records if r["env_name"] not in ("basics", "harbor_tasks", "scripts")
+    }
     assert set(records) == {"gsm8k", "workspace"}
     # harbor_tasks: the text protocol too (2 steps of format errors); graded by the task's own tests,
     # run in their verifier sandbox on the untouched workspace: reward 0
@@ -72,6 +75,15 @@ async def test_bundled_envs_run_in_the_sandbox_by_default(tmp_path: Path) -> Non
         assert r["trajectory"][1]["messages"][-1]["content"].startswith(
             "Format error: your reply had no ```bash"
         )
+    # scripts: the same text protocol, one sample (its group_size), its files written by its runtime
+    [sc] = scripts
+    assert (sc["sandbox"], sc["status"], sc["step_count"], sc["eval_status"], sc["score"]) == (
+        "bwrap",
+        "truncated",
+        3,
+        "scored",
+        0.0,
+    ), sc
     for r in records.values():
         assert r["sandbox"] == "bwrap"
         assert r["step_count"] == 1 and r["trajectory"][0]["content"] == DEFAULT_TEXT

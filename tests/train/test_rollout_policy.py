@@ -75,6 +75,7 @@ def test_short_cases_are_rerun_for_the_missing_samples_only_then_refused(
 
 def test_the_curve_is_a_png_and_an_offline_page_with_every_step(tmp_path: Path) -> None:
     from rollout.train.curve import write_curve
+    from rollout.train.heldout import HELD_OUT, summarize
     from rollout.train.trl_rollout import StepStats
 
     history = [
@@ -101,13 +102,38 @@ def test_the_curve_is_a_png_and_an_offline_page_with_every_step(tmp_path: Path) 
             seconds=4.0,
         ),
     ]
-    png, page = write_curve(history, {"before": (3.3, 0.33, 3), "after": (10.0, 1.0, 3)}, tmp_path / "out")
+    evals = [
+        summarize(
+            {"a": [0.0], "b": [10.0], "c": [0.0]},
+            when="before",
+            step=0,
+            label=HELD_OUT,
+            temperature=0.0,
+            pass_score=10.0,
+        ),
+        summarize(
+            {"a": [10.0, 10.0], "b": [10.0, 0.0], "c": [0.0, 0.0]},
+            when="after",
+            step=2,
+            label=HELD_OUT,
+            temperature=0.5,
+            pass_score=10.0,
+        ),
+    ]
+    png, page = write_curve(history, evals, tmp_path / "out")
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == (800, 450)
     text = page.read_text(encoding="utf-8")
     assert "<td>2</td><td>7.50</td><td>0.75</td><td>1/1</td><td>44</td><td>1</td><td>4.0</td>" in text
-    assert "<td>after</td><td>10.00</td><td>1.00</td><td>3</td>" in text
+    assert (
+        "<td>before</td><td>0</td><td>held-out</td><td>0.33 ± 0.33</td><td></td><td>3.33 ± 3.33</td>"
+        "<td>3</td><td>1</td><td>greedy</td>" in text
+    )
+    assert (
+        "<td>after</td><td>2</td><td>held-out</td><td>0.50 ± 0.29</td><td>0.67 ± 0.33</td><td>5.00 ± 2.89</td>"
+        "<td>3</td><td>2</td><td>T=0.5</td>" in text
+    )
     assert 'src="https://' not in text and len(text) > 1_000_000  # plotly's bundle inline: opens offline
 
 
@@ -122,6 +148,19 @@ def test_train_flags_are_checked_and_listed() -> None:
         8,
         "tiny",
     )
+    d = parse_args([])
+    assert (d.env, d.cases, d.eval_cases, d.eval_samples, d.eval_every, d.allow_eval_overlap) == (
+        "scripts",
+        None,
+        None,
+        1,
+        0,
+        False,
+    )
+    e = parse_args(["--eval-samples", "4", "--eval-every", "2", "--allow-eval-overlap"])
+    assert (e.eval_samples, e.eval_every, e.allow_eval_overlap) == (4, 2, True)
+    with pytest.raises(SystemExit):
+        parse_args(["--eval-every", "-1"])
     with pytest.raises(SystemExit) as e:
         parse_args(["--samples", "0"])
     assert e.value.code == 2

@@ -1,11 +1,16 @@
-"""``launcher.py train`` end to end on the tiny model and a fixture env (no sandbox): what a run
-keeps in ``--out`` (checkpoints, the final model, ``run.json``, ``steps.jsonl``)."""
+"""``launcher.py train`` end to end on the tiny model: what a run keeps in ``--out`` (checkpoints,
+the final model, ``run.json``, ``steps.jsonl``) on a fixture env (no sandbox), and the scripts env's
+jobs in the sandbox with a sampled evaluation (``--eval-samples 2``) before, after every step
+(``--eval-every 1``) and after; with ``--allow-eval-overlap`` it is reported as overlapping, never
+held-out. The tiny random model never solves a case: every score there is 0."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
 import json
+import sqlite3
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +80,8 @@ def test_a_run_keeps_checkpoints_the_final_model_and_its_record(tmp_path: Path) 
         "model": "tiny",
         "base_model": "tiny: a 2-layer Llama, random weights (rollout/train/tiny.py)",
         "train_cases": ["a"],
-        "eval_cases": ["a", "b"],
+        "eval_cases": ["b"],
+        "eval_label": "held-out",
         "steps": 3,
         "max_steps": 3,
         "samples": 2,
@@ -89,11 +95,9 @@ def test_a_run_keeps_checkpoints_the_final_model_and_its_record(tmp_path: Path) 
         "resumes": 0,
         "lora_r": None,
         "lora_alpha": None,
-        "evals": {
-            w: {"mean_reward": evals[w][0], "pass_rate": evals[w][1], "samples": 2}
-            for w in ("before", "after")
-        },
+        "evals": [asdict(e) for e in evals],
     }
+    assert [(e.when, e.step, e.cases, e.samples) for e in evals] == [("before", 0, 1, 1), ("after", 3, 1, 1)]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert [s["mean_reward"] for s in steps] == [h.mean_reward for h in result["history"]]
@@ -144,10 +148,8 @@ def test_resume_continues_from_the_last_checkpoint_with_one_curve(tmp_path: Path
     assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
     record = json.loads((out / "run.json").read_text())
     assert (record["steps"], record["checkpoint"], record["resumes"]) == (3, "checkpoint-3", 1)
-    assert record["evals"]["before"] == dict(
-        zip(("mean_reward", "pass_rate", "samples"), first["evals"]["before"], strict=True)
-    )
-    assert set(record["evals"]) == {"before", "after"}
+    assert record["evals"][0] == asdict(first["evals"][0])  # the evaluation before, kept
+    assert [e["when"] for e in record["evals"]] == ["before", "after"]
     new_steps = [f"train-resume1-step{n:04d}" for n in range(resumed_from + 1, 4)]
     jobs = {p.stem for p in (out / "jobs").glob("*step*.jsonl")}
     assert jobs == {"train-step0001", "train-step0002", *new_steps}
@@ -206,3 +208,60 @@ def test_lora_trains_an_adapter_that_the_served_model_carries_and_the_checkpoint
     assert sum(".lora_B." in n for n, _ in loaded.named_parameters()) == 14
     record = json.loads((out / "run.json").read_text())
     assert (record["lora_r"], record["lora_alpha"], record["final"]) == (4, 8.0, "final")
+
+
+def test_a_sampled_evaluation_every_step_on_cases_also_trained_is_reported_as_overlapping(
+    tmp_path: Path,
+) -> None:
+    from rollout.cli.train import TrainArgs, train
+
+    out = io.StringIO()
+    result = train(
+        TrainArgs(
+            cases=["gauge-batch"],
+            eval_cases=["gauge-batch", "measure-list"],
+            allow_eval_overlap=True,
+            steps=2,
+            samples=2,
+            eval_samples=2,
+            eval_every=1,
+            max_new_tokens=8,
+            model_config="tiny",
+            out=tmp_path / "run",
+            pool_size=2,
+        ),
+        stdout=out,
+    )
+    text = out.getvalue()
+    lines = [line for line in text.splitlines() if line.startswith("eval ")]
+    label = "overlapping (train-set eval)"
+    assert lines == [
+        f"eval {when:8s} {label}  pass@1 0.00±0.00  pass@2 0.00±0.00  mean reward 0.00±0.00  "
+        "(n=2 cases x 2 samples, T=0.5)"
+        for when in ("before", "step 1", "after")
+    ]
+    assert "held-out" not in text
+    assert (
+        text.splitlines()[0] == f"training on gauge-batch; evaluating ({label}) on gauge-batch, measure-list"
+    )
+    assert [(e.when, e.step, e.n, e.temperature) for e in result["evals"]] == [
+        ("before", 0, 4, 0.5),
+        ("step 1", 1, 4, 0.5),
+        ("after", 2, 4, 0.5),
+    ]
+    page = result["html"].read_text(encoding="utf-8")
+    assert page.count(f"<td>{label}</td>") == 3 and "<td>step 1</td><td>1</td>" in page
+    con = sqlite3.connect(tmp_path / "run" / "train.db")
+    try:
+        jobs = dict(
+            con.execute(
+                "SELECT job_id, COUNT(*) FROM job_environments WHERE eval_status = 'scored' GROUP BY job_id"
+            ).fetchall()
+        )
+    finally:
+        con.close()
+    assert {j: n for j, n in jobs.items() if "eval" in j} == {
+        "train-eval-before": 4,
+        "train-eval-step1": 4,
+        "train-eval-after": 4,
+    }
