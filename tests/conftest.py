@@ -20,6 +20,7 @@ TIER_MARKERS = ("e2e", "harness", "audit", "train", "postgres", "ray", "browser"
 LISTED: dict[tuple[str, str], tuple[str, ...]] = {
     ("slow", "runs the launcher (a whole job: its gateway, sessions, grading) or several gateways"): (
         "tests/test_unencodable_text.py",
+        "tests/train/test_verl_loop.py",
         "tests/test_launcher_regrade.py",
         "tests/test_launcher_job_lock.py",
         "tests/test_harness_e2e.py",

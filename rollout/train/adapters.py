@@ -1,5 +1,6 @@
 """The feed's groups in the batch shapes of GPU trainers: TRL's ``rollout_func`` output, verl's
-agent-loop output, SkyRL's generator output and slime's samples (docs/training.md, "Adapters").
+agent-loop output, SkyRL's generator output, slime's samples and verifiers' per-turn tokens
+(docs/training.md, "Adapters").
 
 Pure functions, no trainer imported (verl's class only in :func:`verl_agent_loop_output`, when it
 is installed). Each valid sample becomes one sequence: the first step's prompt ids, then every
@@ -245,7 +246,9 @@ def to_verl(sample: TrainSample) -> dict[str, Any]:
     model token's logprob is unknown: verl takes all or none), ``reward_score`` (the evaluator's
     score, so verl's reward manager keeps it instead of computing one), ``num_turns`` (the
     first prompt, each model call and each environment turn between two calls), ``metrics``
-    (verl's timing metrics: not known here, left to their defaults) and ``extra_fields``."""
+    (verl's timing metrics: not known here, left to their defaults) and ``extra_fields``, with
+    verl's staleness fields ``min_global_steps`` / ``max_global_steps``: the oldest and newest
+    policy version stamped on the sample's steps (None when none is)."""
     return {
         "prompt_ids": list(sample.prompt_ids),
         "response_ids": list(sample.completion_ids),
@@ -260,6 +263,8 @@ def to_verl(sample: TrainSample) -> dict[str, Any]:
             "case_id": sample.case_id,
             "policy_versions": list(sample.policy_versions),
             "advantage": sample.advantage,
+            "min_global_steps": min(sample.policy_versions, default=None),
+            "max_global_steps": max(sample.policy_versions, default=None),
         },
     }
 
@@ -319,3 +324,86 @@ def to_slime(sample: TrainSample, group_index: int) -> dict[str, Any]:
         "session_id": sample.session_id,
         "metadata": {"group_id": sample.group_id, "case_id": sample.case_id, "advantage": sample.advantage},
     }
+
+
+# --- verifiers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifiersRollout:
+    """One sample as verifiers' per-turn token records: ``turns`` are its model calls in order,
+    each a dict of the fields of verifiers' ``TrajectoryStepTokens`` (``prompt_ids``,
+    ``prompt_mask`` 0s, ``completion_ids``, ``completion_mask`` 1s, ``completion_logprobs``,
+    ``overlong_prompt``, ``is_truncated``, ``routed_experts``); ``turn_versions`` and ``turn_seqs``
+    the policy version and step ``seq`` of each turn. ``trajectory_id`` is the session id."""
+
+    group_id: str
+    case_id: str
+    trajectory_id: str
+    sample_index: int
+    reward: float
+    advantage: float | None
+    is_truncated: bool
+    turns: list[dict[str, Any]]
+    turn_versions: list[int | None]
+    turn_seqs: list[int]
+
+
+def to_verifiers(group: FeedGroupOut, sample: FeedSample) -> VerifiersRollout | Dropped:
+    """One sample's model calls as verifiers' per-turn tokens (legacy ``vf.Environment``'s
+    ``state["trajectory"][i]["tokens"]``): each call its own prompt and completion, so the calls
+    need not extend each other's prefix. Dropped (with the reason) when invalid, without a model
+    call, without token ids, or with a model token whose logprob is unknown (verifiers'
+    ``completion_logprobs`` is ``list[float]``). ValueError for a group read with ``view=scores``."""
+
+    def drop(reason: str) -> Dropped:
+        return Dropped(group.group_id, sample.session_id, reason)
+
+    if not sample.valid or sample.score is None or not math.isfinite(sample.score):
+        return drop(f"invalid: {sample.invalid_reason or 'no score'}")
+    if sample.steps is None:
+        raise ValueError(
+            f"group {group.group_id} was read without steps (view=scores): read it with view=tokens"
+        )
+    calls = [st for st in sample.steps if st.is_trainable and st.status in _TOKEN_STATUSES]
+    if not calls:
+        return drop("no model call")
+    missing = [st.seq for st in calls if st.prompt_token_ids is None or st.completion_token_ids is None]
+    if missing:
+        return drop(f"no token ids on step {', '.join(map(str, missing))} (a route without token capture)")
+    unknown = [
+        st.seq
+        for st in calls
+        if st.completion_logprobs is None
+        or len(st.completion_logprobs) != len(st.completion_token_ids or [])
+        or any(lp is None for lp in st.completion_logprobs)
+    ]
+    if unknown:
+        return drop(f"no logprobs on step {', '.join(map(str, unknown))}")
+    turns: list[dict[str, Any]] = []
+    for st in calls:
+        prompt, completion = list(st.prompt_token_ids or []), list(st.completion_token_ids or [])
+        turns.append(
+            {
+                "prompt_ids": prompt,
+                "prompt_mask": [0] * len(prompt),
+                "completion_ids": completion,
+                "completion_mask": [1] * len(completion),
+                "completion_logprobs": [float(lp) for lp in st.completion_logprobs or [] if lp is not None],
+                "overlong_prompt": False,
+                "is_truncated": st.status == "truncated" or st.finish_reason == "length",
+                "routed_experts": None,
+            }
+        )
+    return VerifiersRollout(
+        group_id=group.group_id,
+        case_id=group.case_id,
+        trajectory_id=sample.session_id,
+        sample_index=sample.sample_index,
+        reward=float(sample.score),
+        advantage=sample.advantage,
+        is_truncated=bool(turns[-1]["is_truncated"]),
+        turns=turns,
+        turn_versions=[st.policy_version for st in calls],
+        turn_seqs=[st.seq for st in calls],
+    )

@@ -18,11 +18,13 @@ from rollout.train.adapters import (
     ENV_TOKEN_LOGPROB,
     Dropped,
     TrainSample,
+    VerifiersRollout,
     convert,
     env_reward,
     to_skyrl,
     to_slime,
     to_trl,
+    to_verifiers,
     to_verl,
     train_sample,
 )
@@ -210,6 +212,8 @@ async def test_scores_view_is_refused(store: Store) -> None:
         train_sample(g1, g1.samples[0])
 
 
+# importing verl (in .venv-verl) imports Ray's state API from its old path
+@pytest.mark.filterwarnings("ignore:Ray state API is no longer experimental:DeprecationWarning")
 async def test_verl_agent_loop_output_matches_verls_fields(store: Store) -> None:
     got = by_session(convert(await read_groups(store)).samples)
     out = AgentLoopOutput.model_validate(to_verl(got["g1-0"]))  # verl's shape, strict, no unknown field
@@ -218,6 +222,10 @@ async def test_verl_agent_loop_output_matches_verls_fields(store: Store) -> None
     assert out.response_logprobs == [-0.1, -0.2, -0.3, 0.0, 0.0, -0.4, -0.5]
     assert (out.reward_score, out.num_turns) == (10.0, 4)
     assert out.extra_fields["session_id"] == "g1-0" and out.extra_fields["policy_versions"] == [3, 4]
+    assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (
+        3,
+        4,
+    )  # verl's names
     unknown = AgentLoopOutput.model_validate(to_verl(got["g4-1"]))
     assert unknown.response_logprobs is None and unknown.reward_score == 2.0  # all or none
     try:
@@ -334,3 +342,62 @@ async def test_trls_grpo_trainer_trains_on_the_rollout_output(
     trainer.train()
     assert seen and all(set(s) <= {"g1-0", "g1-1", "g4-0", "g4-1"} for s in seen)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+async def test_verifiers_turns_round_trip_through_verifiers_own_types(store: Store) -> None:
+    vf_types = pytest.importorskip("verifiers.types", reason="verifiers is not installed")
+    from pydantic import TypeAdapter
+
+    groups = await read_groups(store)
+    out = {s.session_id: to_verifiers(g, s) for g in groups for s in g.samples}
+    rows = {sid: r for sid, r in out.items() if isinstance(r, VerifiersRollout)}
+    assert sorted(rows) == ["g1-0", "g1-1", "g1-2", "g2-1", "g4-0"]  # g1-2: per turn, no prefix needed
+    dropped = {sid: r.reason for sid, r in out.items() if isinstance(r, Dropped)}
+    assert dropped == {
+        "g2-0": "invalid: infrastructure failure (setup_failed)",
+        "g3-0": "invalid: evaluation grader_broken: grader bug",
+        "g3-1": "no token ids on step 1 (a route without token capture)",
+        "g4-1": "no logprobs on step 1",
+    }
+    two = rows["g1-0"]
+    assert (two.group_id, two.case_id, two.trajectory_id, two.sample_index, two.reward, two.is_truncated) == (
+        "g1",
+        "case-g1",
+        "g1-0",
+        0,
+        10.0,
+        False,
+    )
+    assert (two.turn_seqs, two.turn_versions) == ([1, 2], [3, 4])
+    assert two.turns == [
+        {
+            "prompt_ids": [1, 2, 3],
+            "prompt_mask": [0, 0, 0],
+            "completion_ids": [10, 11, EOS],
+            "completion_mask": [1, 1, 1],
+            "completion_logprobs": [-0.1, -0.2, -0.3],
+            "overlong_prompt": False,
+            "is_truncated": False,
+            "routed_experts": None,
+        },
+        {
+            "prompt_ids": [1, 2, 3, 10, 11, EOS, 20, 21],
+            "prompt_mask": [0] * 8,
+            "completion_ids": [12, EOS],
+            "completion_mask": [1, 1],
+            "completion_logprobs": [-0.4, -0.5],
+            "overlong_prompt": False,
+            "is_truncated": False,
+            "routed_experts": None,
+        },
+    ]
+    assert rows["g1-2"].turns[1]["prompt_ids"] == [1, 2, 3, 99, 20]
+    step_tokens = TypeAdapter(vf_types.TrajectoryStepTokens)
+    response_fields = set(vf_types.ResponseTokens.model_fields)
+    for r in rows.values():
+        for turn in r.turns:
+            assert step_tokens.validate_python(turn, strict=True) == turn
+            resp = vf_types.ResponseTokens(**{k: v for k, v in turn.items() if k in response_fields})
+            assert resp.model_dump(include=response_fields - {"multi_modal_data", "prompt_attribution"}) == {
+                k: turn[k] for k in response_fields - {"multi_modal_data", "prompt_attribution"}
+            }
