@@ -256,6 +256,10 @@ class GatewayBridge:
                 await writer.drain()
         except (ConnectionError, OSError):
             pass  # either side went away: this connection ends
+        except asyncio.CancelledError:
+            # the bridge closes (``__aexit__`` cancels its connections): end quietly, since Python
+            # 3.11's stream server logs a handler task that ends cancelled as an error
+            pass
         finally:
             if back is not None and not back.done():
                 back.cancel()

@@ -204,3 +204,37 @@ async def test_bridge_relays_an_http10_request_without_host(tmp_path: Path) -> N
     assert json.loads(body) == {"n": 1}
     assert [r.path for r in up.requests] == [PREFIX]
     assert up.requests[0].headers["host"] == up.base_url.removeprefix("http://").removesuffix("/v1")
+
+
+async def test_a_connection_cut_by_the_bridge_closing_logs_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session that ends (its timeout) while a call waits for the gateway: the bridge closes,
+    cancelling the relay; Python 3.11's stream server must not log the cancelled handler as an
+    ``Exception in callback`` traceback."""
+    accepted = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        await reader.read()  # never answers
+        writer.close()
+
+    gateway = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = gateway.sockets[0].getsockname()[1]
+    sock = tmp_path / "b.sock"
+    try:
+        async with GatewayBridge(sock, f"http://127.0.0.1:{port}{PREFIX}"):
+            reader, writer = await asyncio.open_unix_connection(str(sock))
+            writer.write(
+                f"POST {PREFIX}/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}".encode()
+            )
+            await writer.drain()
+            writer.write_eof()  # the client sent its call and waits for the answer
+            await asyncio.wait_for(accepted.wait(), 30)
+        await asyncio.sleep(0)  # the stream server's done-callbacks run
+        await asyncio.sleep(0)
+        writer.close()
+    finally:
+        gateway.close()
+        await gateway.wait_closed()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"] == []
