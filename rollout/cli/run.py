@@ -550,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the store cannot be used: {e.orig or e}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
-        hint = f"--resume --job-id {job['id']}" if "id" in job else "the same command"
+        graded = " --enable-evaluation" if opts.enable_evaluation else ""
+        hint = f"--resume --job-id {job['id']}{graded}" if "id" in job else "the same command"
         print(
             f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
             file=sys.stderr,

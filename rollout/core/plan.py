@@ -71,10 +71,12 @@ async def plan_job(
     group_size: int | None = None,
     max_steps: int | None = None,
     rerun_launcher_errors: bool = False,
+    graded: bool | None = None,
 ) -> PlannedJob:
     """``plan_sessions`` for ``run_job``: a new job's rows are written as they are made (one
     transaction) and only their ids are kept, so planning 100k sessions holds no 100k rows.
-    Same rows, order and errors as ``plan_sessions``."""
+    Same rows, order and errors as ``plan_sessions``. ``graded`` False: a resume of a job whose
+    sessions were graded is refused (its new sessions would go ungraded)."""
     ids = SessionIds()
     per_env: Counter[str] = Counter()
     used_models: dict[str, None] = {}
@@ -89,7 +91,7 @@ async def plan_job(
         return r
 
     if resume:
-        for r in await _resume_rows(store, job_id, envs, rerun_launcher_errors):
+        for r in await _resume_rows(store, job_id, envs, rerun_launcher_errors, graded):
             note(r)
     else:
         await _check_new(store, job_id)
@@ -132,7 +134,11 @@ async def _check_new(store: Store, job_id: str) -> None:
 
 
 async def _resume_rows(
-    store: Store, job_id: str, envs: list[tuple[EnvConfig, list[Case]]], rerun_launcher_errors: bool = False
+    store: Store,
+    job_id: str,
+    envs: list[tuple[EnvConfig, list[Case]]],
+    rerun_launcher_errors: bool = False,
+    graded: bool | None = None,
 ) -> list[JobEnvironment]:
     """The rows a resume runs: unfinished, or finished in an infrastructure failure; one finished
     in ``launcher_error`` (a bug of ours, which would repeat) only with ``rerun_launcher_errors``,
@@ -140,6 +146,11 @@ async def _resume_rows(
     existing = await store.job_sessions(job_id)
     if not existing:
         raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
+    if graded is False and any(r.finished and r.eval_status is not None for r in existing):
+        raise SetupError(
+            f"--resume: the sessions of {job_id} were graded: add --enable-evaluation, so the sessions "
+            "it runs now are graded too"
+        )
     cases = {(c.env_name, c.case_id) for _, cs in envs for c in cs}
     bugs = sum(1 for r in existing if r.finished and r.outcome == "launcher_error")
     if bugs and rerun_launcher_errors:

@@ -255,6 +255,7 @@ async def run_job(
             group_size=opts.rl_group_size,
             max_steps=opts.max_steps,
             rerun_launcher_errors=opts.rerun_launcher_errors,
+            graded=opts.enable_evaluation,
         )
         configs = {cfg.name: cfg for cfg, _ in prepared.envs}
         prepared.envs = []  # the cases: each session's row keeps its own, the dataset is not held while the job runs

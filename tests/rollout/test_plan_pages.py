@@ -87,3 +87,23 @@ async def test_a_job_whose_rows_are_gone_from_the_store_still_ends(
         await store.close()
     assert records == []
     assert any("3 planned session(s) were not found in the store" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_graded_job_resumed_without_evaluation_is_refused(tmp_path: Path) -> None:
+    """Its remaining sessions would finish ungraded beside graded ones: the resume names the flag."""
+    make_env(tmp_path / "envs", [{"id": "c1", "q": "hi"}, {"id": "c2", "q": "hi"}])
+    db = tmp_path / "t.db"
+    envs = load_envs(options(tmp_path, tmp_path / "unused.yaml", db))
+    store = Store(f"sqlite://{db}")
+    await store.init()
+    try:
+        plan = await plan_job(store, "jr", ["fake"], envs, [None])
+        await store.finish_job_session(
+            plan.ids[0:1][0], SessionResult(status="succeeded", reward=10.0, eval_status="scored")
+        )
+        with pytest.raises(SetupError, match="the sessions of jr were graded: add --enable-evaluation"):
+            await plan_job(store, "jr", ["fake"], envs, [None], resume=True, graded=False)
+        resumed = await plan_job(store, "jr", ["fake"], envs, [None], resume=True, graded=True)
+        assert (len(resumed.ids), resumed.ids[0:1]) == (1, plan.ids[1:2])  # the unfinished one
+    finally:
+        await store.close()
