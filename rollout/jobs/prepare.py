@@ -76,7 +76,29 @@ def prepare(opts: JobOptions) -> PreparedJob:
         raise SetupError("no --llm-model and no route in the gateway config")
     if not opts.gateway_base_url and not opts.resume:
         check_routes(gw, models)
+        check_harness_apis(gw, models, loaded)
     return PreparedJob(envs, loaded, gw, models)
+
+
+API_OF_PROTOCOL = {"chat_completions": "openai", "responses": "openai", "anthropic_messages": "anthropic"}
+"""The gateway route ``api`` that serves each harness protocol."""
+
+
+def check_harness_apis(gw: GatewaySettings, models: list[str], harnesses: dict[str, LoadedHarness]) -> None:
+    """SetupError for an agent CLI harness whose protocol a route of the job does not serve: the
+    gateway would refuse every call of its sessions (``route_api_mismatch``), known before any
+    session runs."""
+    for name, h in harnesses.items():
+        if h.harness.runtime is not None or h.harness.uses_solution:  # an attack's own runtime, the oracle
+            continue
+        api = API_OF_PROTOCOL[h.harness.protocol]
+        wrong = [m for m in models if gw.llm_routes[m].api != api]
+        if wrong:
+            raise SetupError(
+                f"--harness {name} speaks {h.harness.protocol} (an {api} API route), but route(s) "
+                f"{', '.join(map(repr, wrong))} speak the {gw.llm_routes[wrong[0]].api} API: the gateway would "
+                f"refuse every call; pick a route with api: {api} (--llm-model)"
+            )
 
 
 TASK_FORMATS = ("task_dirs", "harbor")

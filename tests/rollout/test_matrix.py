@@ -214,3 +214,25 @@ async def test_a_harness_that_cannot_be_installed_stops_the_job_before_any_row(
     assert not (tmp_path / "cache" / "broken-1").exists()
     with pytest.raises(SetupError, match=r"--llm-model 'nope': not a route of the gateway config \(m\)"):
         await run_job(opts.model_copy(update={"llm_model": ["m", "nope"]}))
+
+
+def test_a_harness_whose_api_the_route_does_not_speak_is_refused_before_any_session() -> None:
+    """claude-code speaks Anthropic Messages: on an OpenAI-API route the gateway would refuse every
+    call of its sessions, so the job is refused at setup instead of scoring zeros."""
+    from gateway.settings import GatewaySettings
+    from rollout.jobs.prepare import check_harness_apis
+
+    gw = GatewaySettings.model_validate(
+        {
+            "llm_routes": {
+                "oai": {"base_url": "http://127.0.0.1:9/v1"},
+                "claude": {"base_url": "http://127.0.0.1:9", "api": "anthropic"},
+            }
+        }
+    )
+    loaded = load_harnesses(["claude-code", "oracle"])
+    with pytest.raises(
+        SetupError, match=r"--harness claude-code speaks anthropic_messages .*route\(s\) 'oai' speak"
+    ):
+        check_harness_apis(gw, ["claude", "oai"], loaded)
+    check_harness_apis(gw, ["claude"], loaded)  # the oracle calls no model: any route
