@@ -110,6 +110,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("ray", "imports Ray"): (
         "tests/rollout/test_ray_mode.py::test_a_ray_address_where_nothing_listens_is_a_clear_error",
+        "tests/rollout/test_ray_mode.py::test_a_job_on_an_unreachable_ray_cluster_writes_no_row",
     ),
 }
 """Tests marked for what they run, by (marker, reason): a test module, or a test function (all

@@ -74,10 +74,9 @@ class JobResult(BaseModel):
         return read_jsonl(self.out)
 
 
-async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str) -> RayBackend:
-    """Connect to the Ray cluster of ``--ray-address`` (else ``$RAY_ADDRESS``) and check, from a
-    task on every node, that ``session_url``'s gateway answers there and the sandbox runs there,
-    and that some node can hold each env's ``runtime.resources``. SetupError otherwise."""
+def connect_ray(opts: JobOptions, envs: list[EnvConfig]) -> RayBackend:
+    """Connect to the Ray cluster of ``--ray-address`` (else ``$RAY_ADDRESS``) and check that some
+    node can hold each env's ``runtime.resources``: before any row is written. SetupError otherwise."""
     address = opts.ray_address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise SetupError("--mode ray needs --ray-address HOST:PORT (the Ray head; or auto, or $RAY_ADDRESS)")
@@ -87,14 +86,22 @@ async def connect_ray(opts: JobOptions, envs: list[EnvConfig], session_url: str)
         raise SetupError(str(e)) from e
     try:
         backend.check_resources(envs)
-        await backend.check_nodes(gateway_root(session_url), envs, opts.sandbox)
     except RayBackendError as e:
         backend.close()
         raise SetupError(str(e)) from e
-    notices.info(
-        f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at {session_url}"
-    )
     return backend
+
+
+async def check_ray_nodes(
+    backend: RayBackend, opts: JobOptions, envs: list[EnvConfig], session_url: str
+) -> None:
+    """From a task on every node: ``session_url``'s gateway answers there and the sandbox runs
+    there. SetupError otherwise."""
+    try:
+        await backend.check_nodes(gateway_root(session_url), envs, opts.sandbox)
+    except RayBackendError as e:
+        raise SetupError(str(e)) from e
+    notices.info(f"ray: {len(backend.alive_nodes())} node(s); runtimes reach the gateway at {session_url}")
 
 
 async def start_services(
@@ -242,6 +249,8 @@ async def run_job(
         await init_store(store)
         job_id = opts.job_id or f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         lease = await hold_job(store, job_id)  # one launcher per job: refused while another runs it
+        if opts.mode == "ray":  # a cluster that cannot be reached: no row written
+            ray_backend = connect_ray(opts, [cfg for cfg, _ in prepared.envs])
         installed = {} if opts.resume else await install_harnesses(loaded)  # before any row is written
         if opts.gateway_base_url and not opts.resume:  # a gateway that cannot serve the job: no row written
             await _check_running_gateway(opts.gateway_base_url, store, models, gateway_api_key(None))
@@ -265,8 +274,8 @@ async def run_job(
         log_dir = Path("runs") / "logs" / job_id
         gateway_url, api_key = await _gateway_for(opts, prepared.gateway, models, store, log_dir, children)
         advertise_url = opts.gateway_advertise_url.rstrip("/") if opts.gateway_advertise_url else None
-        if opts.mode == "ray":
-            ray_backend = await connect_ray(opts, list(configs.values()), advertise_url or gateway_url)
+        if ray_backend is not None:
+            await check_ray_nodes(ray_backend, opts, list(configs.values()), advertise_url or gateway_url)
         if on_plan:
             on_plan(dict(plan.per_env))
         on = f"route {models[0]!r}" if len(models) == 1 else f"routes {', '.join(map(repr, models))}"

@@ -414,3 +414,33 @@ def test_env_resources_are_strict(tmp_path: Path) -> None:
     make_env(tmp_path, [{"id": "a"}], resources={"num_cpus": -1})
     with pytest.raises(EnvConfigError, match="num_cpus"):
         load_env_config(env_dir / "env.yaml")
+
+
+async def test_a_job_on_an_unreachable_ray_cluster_writes_no_row(tmp_path: Path) -> None:
+    """The cluster is connected to before planning: a failed start leaves no job behind to block
+    its id or to become the store's latest job."""
+    ray_installed()
+    from rollout.core.setup import SetupError
+    from rollout.jobs.processes import free_port
+    from rollout.jobs.run import run_job
+    from tests.rollout.test_attempts import make_env
+
+    make_env(tmp_path / "envs", [{"id": "c1", "q": "hi"}])
+    db = tmp_path / "t.db"
+    (tmp_path / "gw.yaml").write_text(
+        yaml.safe_dump({"llm_routes": {"fake": {"base_url": "http://127.0.0.1:9/v1"}}})
+    )
+    opts = JobOptions.model_validate(
+        {
+            "agent_root": tmp_path / "envs",
+            "gateway_config": tmp_path / "gw.yaml",
+            "llm_model": "fake",
+            "db_path": f"sqlite://{db}",
+            "mode": "ray",
+            "ray_address": f"127.0.0.1:{free_port()}",
+            "job_id": "r1",
+        }
+    )
+    with pytest.raises(SetupError, match="cannot connect to the Ray cluster"):
+        await run_job(opts)
+    assert q(db, "SELECT count(*) FROM job_environments") == [(0,)]
