@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rollout.jobs.job import JobOptions, load_envs
 
 from rollout.core.envs import Case
 from rollout.core.setup import SetupError
+from rollout.jobs.options import JobOptions
+from rollout.jobs.prepare import load_envs
 from rollout.train.heldout import HELD_OUT, OVERLAPPING, choose_cases, eval_line, summarize, summary_line
 
 REPO = Path(__file__).resolve().parents[2]
