@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from rollout.jobs.options import JobOptions
 from store import SessionStep, Store
 from store.queries import ViewerQueries
 from tests.fake_upstream import FakeRequest, FakeUpstream, Reply
+from tests.train.toy_env import make_toy_env
 
 pytestmark = [
     pytest.mark.train,
@@ -55,23 +55,7 @@ def evaluate(request, spec, trajectory):
 
 
 def make_env(root: Path) -> None:
-    env_dir = root / "toy"
-    (env_dir / "data").mkdir(parents=True)
-    (env_dir / "runtime.py").write_text(RUNTIME)
-    (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
-    (env_dir / "data" / "cases.jsonl").write_text(
-        "".join(json.dumps({"id": c, "q": f"say {c}"}) + "\n" for c in ("a", "b"))
-    )
-    (env_dir / "env.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "toy",
-                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 200},
-                "max_steps": 4,
-            }
-        )
-    )
+    make_toy_env(root, RUNTIME, EVALUATOR)
 
 
 class FaultyProxy:

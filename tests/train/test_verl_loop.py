@@ -39,6 +39,7 @@ from tests.fake_upstream import (  # noqa: E402
     fake_prompt_ids,
     token_rule,
 )
+from tests.train.toy_env import make_toy_env  # noqa: E402
 
 RUNTIME = """
 from env.runtime_kit import openai_client, run_runtime
@@ -64,23 +65,7 @@ VERSION = 7
 
 
 def make_env(root: Path) -> None:
-    env_dir = root / "toy"
-    (env_dir / "data").mkdir(parents=True)
-    (env_dir / "runtime.py").write_text(RUNTIME)
-    (env_dir / "rule_evaluator.py").write_text(EVALUATOR)
-    (env_dir / "data" / "cases.jsonl").write_text(
-        "".join(json.dumps({"id": c, "q": f"say {c}"}) + "\n" for c in ("a", "b"))
-    )
-    (env_dir / "env.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "toy",
-                "dataset": {"format": "jsonl", "path": "data/cases.jsonl", "id_field": "id"},
-                "runtime": {"command": ["{python}", "{env_dir}/runtime.py"], "timeout_s": 200},
-                "max_steps": 4,
-            }
-        )
-    )
+    make_toy_env(root, RUNTIME, EVALUATOR)
 
 
 class ThreadedUpstream:
