@@ -60,9 +60,9 @@ FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.cli.feed 
 COMMANDS = (
     ("list", "the envs, their cases, the harnesses and the routes (--env NAME: its case ids; --json)"),
     ("view", "serve the read-only trajectory viewer"),
-    ("report", "write a job's HTML report (--job-id ID)"),
+    ("report", "write a job's HTML report (--job-id ID; default: the latest job)"),
     ("feed", "serve the feed of ready groups for a trainer"),
-    ("export", "write a job's groups as jsonl, parquet or openai (--job-id ID)"),
+    ("export", "write a job's groups as jsonl, parquet or openai (--job-id ID; default: the latest job)"),
     ("serve", "long-running: run the batches a trainer posts, serve their groups"),
     ("train", "GRPO on an env with the embedded model (the train extra)"),
     ("audit", "run scripted hostile agents on each case; report the attacks that paid"),
