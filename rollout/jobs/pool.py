@@ -121,10 +121,11 @@ class Pool:
                             attempts.grader = grader
                             try:
                                 await self._run(source)
-                            finally:
+                            finally:  # controls still being graded end while the grader is open
+                                await attempts.aclose()
                                 attempts.grader = None
                 finally:
-                    await attempts.aclose()
+                    await attempts.aclose()  # idempotent: the workspace removals, the controls
         if self._stop_reason is not None:
             raise JobStopped(self._stop_reason, "broken_graders" if self._stop_when_told else "breaker")
         return self.records
