@@ -295,7 +295,9 @@ def _resume_point(args: TrainArgs, out: Path, record: Any) -> tuple[Path, list[A
     except (OSError, ValueError) as e:
         raise SetupError(f"--resume: {e}") from e
     record.steps, record.checkpoint, record.resumes = step, Path(last).name, previous.resumes + 1
-    record.evals = [e for e in previous.evals if e.step <= step]  # those after it run again
+    record.evals = [
+        e for e in previous.evals if e.step <= step and e.when != "after"
+    ]  # the later ones run again
     return Path(last), history
 
 

@@ -101,7 +101,10 @@ async def check_ray_nodes(
         await backend.check_nodes(gateway_root(session_url), envs, opts.sandbox)
     except RayBackendError as e:
         raise SetupError(str(e)) from e
-    notices.info(f"ray: {len(backend.alive_nodes())} node(s); runtimes reach the gateway at {session_url}")
+    address = opts.ray_address or os.environ.get("RAY_ADDRESS")
+    notices.info(
+        f"ray: {len(backend.alive_nodes())} node(s) at {address}; runtimes reach the gateway at {session_url}"
+    )
 
 
 async def start_services(

@@ -156,14 +156,17 @@ async def test_closed_session_or_stopping_gateway_ends_a_detached_call(
     upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)] * 2)
     with pytest.raises(openai.APITimeoutError):
         await gw.client("s1", timeout=0.3).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    await upstream.wait_for_requests(1, timeout=30)  # the call is the gateway's (however loaded the machine)
     r = await gw.http().post("/v1/sessions/s1/close")
     assert r.status_code == 200
     [step] = await gw.wait_steps("s1", 1, timeout=2.0)  # recorded at the close, not 30 s later
     assert step.status == "client_disconnected"
     await upstream.wait_for_disconnect(1, timeout=2.0)
 
+    before = len(upstream.requests)
     with pytest.raises(openai.APITimeoutError):
         await gw.client("s2", timeout=0.3).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    await upstream.wait_for_requests(before + 1, timeout=30)
     # a shutdown records the detached call instead of dropping it, without waiting for its
     # upstream (30 s away; the deadline is a hang guard)
     await asyncio.wait_for(gw.stop(), 20)
