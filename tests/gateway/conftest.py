@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import sqlite3
 import time
 import zlib
@@ -370,3 +371,12 @@ def events_of(raw: bytes) -> list[tuple[str | None, dict[str, Any]]]:
         if data:
             out.append((name, json.loads(data)))
     return out
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A local port where a connection is refused for the whole test: bound, so no other test's
+    server can take it meanwhile, and never listening."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])

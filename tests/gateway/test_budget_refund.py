@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from typing import Any
 
 import openai
@@ -25,12 +24,6 @@ BUSY = {"error": {"message": "overloaded", "type": "server_error", "param": None
 def db_url(store_url: str) -> str:
     """This module runs on both backends (SQLite, and PostgreSQL with shared sessions)."""
     return store_url
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _chat(gw: Gateway, model: str = "m", sid: str = "s1") -> openai.types.chat.ChatCompletion:
@@ -84,8 +77,10 @@ async def test_429_or_503_is_refunded_and_the_next_call_gets_the_unit(
     assert (row["total_steps"], row["refunded_steps"], json.loads(row["step_counts"])) == (2, 1, {"m": 2})
 
 
-async def test_connect_failure_is_refunded(start_gateway: StartGateway, upstream: FakeUpstream) -> None:
-    dead = f"http://127.0.0.1:{_closed_port()}/v1"
+async def test_connect_failure_is_refunded(
+    start_gateway: StartGateway, upstream: FakeUpstream, refused_port: int
+) -> None:
+    dead = f"http://127.0.0.1:{refused_port}/v1"
     gw = await start_gateway(max_steps=1, routes={"m": {}, "dead": {"base_url": dead, **NO_RETRY}})
     for _ in range(2):  # budget 1: the second call is forwarded too, the first one used no budget
         with pytest.raises(openai.InternalServerError) as ei:
@@ -108,8 +103,10 @@ async def test_connect_failure_is_refunded(start_gateway: StartGateway, upstream
     assert await _stopped(gw, "s2")
 
 
-async def test_connect_failure_after_route_retries_is_refunded_once(start_gateway: StartGateway) -> None:
-    dead = f"http://127.0.0.1:{_closed_port()}/v1"
+async def test_connect_failure_after_route_retries_is_refunded_once(
+    start_gateway: StartGateway, refused_port: int
+) -> None:
+    dead = f"http://127.0.0.1:{refused_port}/v1"
     gw = await start_gateway(
         max_steps=1, routes={"m": {"base_url": dead, "retry": {"backoff_s": 0.01, "max_backoff_s": 0.02}}}
     )

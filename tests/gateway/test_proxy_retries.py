@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from typing import Any
 
@@ -39,12 +38,6 @@ async def _chat(gw: Gateway, sid: str, stream: bool) -> str:
     async for ch in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):  # type: ignore[arg-type]
         parts += [c.delta.content or "" for c in ch.choices]
     return "".join(parts)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------ 429/5xx retried before the first byte
@@ -135,9 +128,9 @@ async def test_max_attempts_1_disables_retries(start_gateway: StartGateway, upst
     assert await gw.metric("gateway_upstream_retries_total", route="m", reason="status_503") == 0
 
 
-async def test_connect_error_is_retried_then_502(start_gateway: StartGateway) -> None:
+async def test_connect_error_is_retried_then_502(start_gateway: StartGateway, refused_port: int) -> None:
     gw = await start_gateway(
-        routes={"m": {"base_url": f"http://127.0.0.1:{_closed_port()}/v1", **_retry_route()}}
+        routes={"m": {"base_url": f"http://127.0.0.1:{refused_port}/v1", **_retry_route()}}
     )
     with pytest.raises(openai.InternalServerError) as ei:
         await _chat(gw, "s1", True)

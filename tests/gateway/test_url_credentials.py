@@ -6,7 +6,6 @@ stores (SQLite; PostgreSQL when a server can be started)."""
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 
@@ -22,12 +21,6 @@ from tests.pg_server import PgServer
 DB_SECRET = "pgSECRET1"
 PARAM_SECRET = "pgSECRET2"
 UP_SECRET = "upSECRET3"
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_redact_url_hides_passwords_and_credential_parameters() -> None:
@@ -50,8 +43,8 @@ def test_redact_url_hides_passwords_and_credential_parameters() -> None:
     assert hide_secrets(text, url) == "connect failed: password=*** dsn=u:***@h"
 
 
-def test_store_identity_and_errors_carry_no_credential() -> None:
-    port = _closed_port()
+def test_store_identity_and_errors_carry_no_credential(refused_port: int) -> None:
+    port = refused_port
     store = Store(f"postgresql://u:{DB_SECRET}@127.0.0.1:{port}/db?password={PARAM_SECRET}&sslmode=disable")
     assert store.identity() == f"postgresql://127.0.0.1:{port}/db?password=***&sslmode=disable"
     assert (
@@ -63,8 +56,8 @@ def test_store_identity_and_errors_carry_no_credential() -> None:
     assert DB_SECRET not in str(ei.value) and PARAM_SECRET not in str(ei.value)
 
 
-async def test_a_store_that_cannot_open_names_no_credential() -> None:
-    store = Store(f"postgresql://u:{DB_SECRET}@127.0.0.1:{_closed_port()}/db?password={PARAM_SECRET}")
+async def test_a_store_that_cannot_open_names_no_credential(refused_port: int) -> None:
+    store = Store(f"postgresql://u:{DB_SECRET}@127.0.0.1:{refused_port}/db?password={PARAM_SECRET}")
     try:
         with pytest.raises(StoreUnavailable) as ei:
             await store.init()
@@ -97,11 +90,11 @@ async def test_readyz_and_the_startup_log_name_no_database_credential(
 
 
 async def test_upstream_credentials_are_not_shown(
-    start_gateway: StartGateway, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+    start_gateway: StartGateway, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture, refused_port: int
 ) -> None:
     caplog.set_level(logging.INFO)
     with_cred = upstream.base_url.replace("http://", f"http://user:{UP_SECRET}@")
-    dead = f"http://user:{UP_SECRET}@127.0.0.1:{_closed_port()}/v1"
+    dead = f"http://user:{UP_SECRET}@127.0.0.1:{refused_port}/v1"
     gw = await start_gateway(
         routes={
             "m": {
