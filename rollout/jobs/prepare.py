@@ -63,6 +63,16 @@ def select_envs(opts: JobOptions) -> tuple[list[tuple[EnvConfig, list[Case]]], d
     return envs, loaded
 
 
+def job_models(opts: JobOptions, gw: GatewaySettings) -> list[str]:
+    """The job's routes: ``--llm-model`` (each once), else the gateway config's default route.
+    SetupError when there is neither."""
+    default = gw.route_for_default()
+    models = list(dict.fromkeys(opts.llm_model)) or ([default] if default else [])
+    if not models:
+        raise SetupError("no --llm-model and no route in the gateway config")
+    return models
+
+
 def prepare(opts: JobOptions) -> PreparedJob:
     """Everything checked before a job opens its store: :func:`select_envs`, the sandbox (probed
     here unless on Ray, where each node checks its own), the gateway config and the routes.
@@ -70,10 +80,7 @@ def prepare(opts: JobOptions) -> PreparedJob:
     envs, loaded = select_envs(opts)
     check_sandbox(opts, [cfg for cfg, _ in envs], probe=opts.mode == "local")
     gw = load_gateway_settings(opts.gateway_config)
-    default = gw.route_for_default()
-    models = list(dict.fromkeys(opts.llm_model)) or ([default] if default else [])
-    if not models:
-        raise SetupError("no --llm-model and no route in the gateway config")
+    models = job_models(opts, gw)
     if not opts.gateway_base_url and not opts.resume:
         check_routes(gw, models)
         check_harness_apis(gw, models, loaded)

@@ -34,7 +34,7 @@ from rollout.core.setup import SetupError, init_store, load_gateway_settings, op
 from rollout.errors import RolloutError
 from rollout.jobs.lease import JobLease, JobLockError
 from rollout.jobs.options import JobContext, JobOptions
-from rollout.jobs.prepare import check_sandbox, load_envs, select_envs
+from rollout.jobs.prepare import check_sandbox, job_models, load_envs, select_envs
 from rollout.jobs.processes import (
     GATEWAY_ADMIN_KEY_ENV,
     ChildProcess,
@@ -371,10 +371,7 @@ async def _gateway(
     managed model server of the default route). Returns (session base URL, API key, default
     route, the started gateway's settings or None). Raises SetupError."""
     gw = load_gateway_settings(opts.gateway_config)
-    default = gw.route_for_default()
-    models = list(dict.fromkeys(opts.llm_model)) or ([default] if default else [])
-    if not models:
-        raise SetupError("no --llm-model and no route in the gateway config")
+    models = job_models(opts, gw)
     if len(models) > 1:
         raise SetupError("serve takes one --llm-model (the batches' default route; a batch may name its own)")
     model = models[0]

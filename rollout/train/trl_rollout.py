@@ -259,16 +259,3 @@ class JobRollout:
         if self.keep_batches:
             self.batches.append(rows)
         return rows
-
-    def evaluate(
-        self, case_ids: Sequence[str], tag: str, samples: int = 1, temperature: float = 0.0
-    ) -> tuple[float, float, int]:
-        """A held-out evaluation: ``samples`` per case at ``temperature`` (0: greedy, the same run
-        before and after training); returns ``(mean reward, pass rate, samples)``."""
-        got = asyncio.run(self.collect(case_ids, samples, tag, temperature=temperature, scores_only=True))
-        rewards = [float(r) for v in got.samples.values() for r in v]
-        return (
-            sum(rewards) / len(rewards),
-            sum(r >= self.pass_score for r in rewards) / len(rewards),
-            len(rewards),
-        )

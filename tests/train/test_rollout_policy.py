@@ -290,5 +290,8 @@ def test_the_evaluation_counts_valid_scores_without_tokens_and_reruns_invalid_on
     monkeypatch.setattr(trl_rollout, "read_job_samples", read)
     template = JobOptions(gateway_config=tmp_path / "gw.yaml", db_path=f"sqlite://{tmp_path / 't.db'}")
     rollout = trl_rollout.JobRollout(template, num_generations=2, job_prefix="e")
-    assert rollout.evaluate(["a", "b"], "before") == (5.0, 0.5, 2)
+    from rollout.train.heldout import run_eval
+
+    scores = run_eval(rollout, ["a", "b"], "before", 1, 0.0)
+    assert scores == {"a": [10.0], "b": [0.0]}  # mean 5.0, pass rate 0.5, 2 samples
     assert asked == [("e-before", ["a", "b"], 0.0), ("e-before-rerun1", ["b"], 0.0)]
