@@ -59,6 +59,12 @@ class SessionResult(BaseModel):
         """Where the evaluator ran (``bwrap`` | ``none``), None when none ran."""
         return (self.eval_detail or {}).get("isolation")
 
+    @property
+    def verifier_container(self) -> str | None:
+        """Where the task's tests ran: ``fresh`` (a new copy of the image or the host's tools) or
+        ``same`` (on the agent's own copy-on-write layer); None when no verifier ran."""
+        return (self.eval_detail or {}).get("verifier_container")
+
     def columns(self) -> dict[str, Any]:
         """The ``job_environments`` columns this result sets (``finished``/``finished_at`` aside)."""
         return {

@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--case", action="append", dest="case_ids", metavar="ID", help=flag_help("case_ids"))
     ap.add_argument("--tasks", action="append", type=Path, metavar="DIR", help=flag_help("tasks"))
     ap.add_argument("--host-toolchain", action="store_true", default=None, help=flag_help("host_toolchain"))
+    ap.add_argument("--same-container", action="store_true", default=None, help=flag_help("same_container"))
     ap.add_argument("--timeout", type=float, metavar="S", help=flag_help("timeout"))
     ap.add_argument("--gateway-base-url", help=flag_help("gateway_base_url"))
     ap.add_argument("--gateway-config", type=Path, help=flag_help("gateway_config"))

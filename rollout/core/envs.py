@@ -48,18 +48,22 @@ class _Strict(BaseModel):
 class DatasetConfig(_Strict):
     """Where the cases come from. ``hidden_fields`` are removed from the case row that the runtime
     sees (``env_params["dataset"]``); the evaluator sees the full row. ``host_toolchain`` (Harbor
-    format only): run the tasks whose environment names a container image on the host's tools."""
+    format only): run the tasks whose environment names a container image on the host's tools.
+    ``same_container`` (Harbor format only): a task in an image is verified on the agent's own
+    copy-on-write layer (what it wrote anywhere in the image), as Harbor does; every record says so."""
 
     format: Literal["jsonl", "task_dirs", "harbor"] = "jsonl"
     path: str
     id_field: str | None = None
     hidden_fields: list[str] = Field(default_factory=list)
     host_toolchain: bool = False
+    same_container: bool = False
 
     @model_validator(mode="after")
     def _toolchain_for_harbor(self) -> DatasetConfig:
-        if self.host_toolchain and self.format != "harbor":
-            raise ValueError("dataset.host_toolchain applies to format: harbor only")
+        for key in ("host_toolchain", "same_container"):
+            if getattr(self, key) and self.format != "harbor":
+                raise ValueError(f"dataset.{key} applies to format: harbor only")
         return self
 
 
@@ -352,13 +356,14 @@ EXPECTED_JSON_EVALUATOR = Path(__file__).resolve().parents[2] / "env" / "workspa
 """The bundled grader of ``expected.json`` tasks (``outputs/answer.json`` against it)."""
 
 
-def task_folder_env(folder: Path, host_toolchain: bool = False) -> EnvConfig:
+def task_folder_env(folder: Path, host_toolchain: bool = False, same_container: bool = False) -> EnvConfig:
     """The env ``--tasks FOLDER`` runs, without an env.yaml: each sub-folder is a task, Harbor's
     (one holds ``task.toml``: graded by its tests) or ``instruction.md`` + ``expected.json`` +
     ``files/`` (graded by ``EXPECTED_JSON_EVALUATOR``), run by the bundled bash agent (or
     ``--harness``). Named after the folder, or its parent when it is called ``tasks``.
     ``host_toolchain`` (``--host-toolchain``): Harbor tasks run on the host's tools, as
-    ``dataset.host_toolchain: true``. Raises EnvConfigError when the folder does not exist."""
+    ``dataset.host_toolchain: true``; ``same_container`` (``--same-container``): as
+    ``dataset.same_container: true``. Raises EnvConfigError when the folder does not exist."""
     root = folder.expanduser().resolve()
     if not root.is_dir():
         raise EnvConfigError(f"--tasks {folder}: not a folder")
@@ -371,6 +376,7 @@ def task_folder_env(folder: Path, host_toolchain: bool = False) -> EnvConfig:
             format="harbor" if harbor_format else "task_dirs",
             path=str(root),
             host_toolchain=host_toolchain and harbor_format,
+            same_container=same_container and harbor_format,
         ),
         runtime=RuntimeConfig(command=TASK_RUNTIME),
         params={"answer_file": False} if harbor_format else {},
@@ -512,6 +518,10 @@ def _harbor(cfg: EnvConfig, root: Path) -> list[Case]:
 HOST_TOOLCHAIN_ALONE = (
     "--host-toolchain applies to the Harbor tasks of --tasks folders (an env.yaml sets "
     "dataset.host_toolchain: true)"
+)
+SAME_CONTAINER_ALONE = (
+    "--same-container applies to the Harbor tasks of --tasks folders (an env.yaml sets "
+    "dataset.same_container: true)"
 )
 
 

@@ -86,7 +86,8 @@ class VerifierResult(BaseModel):
     made: an infrastructure failure). ``reward``: the number read; ``reward_json``: the parsed
     ``reward.json`` if any; ``exit_code`` of the script; the last 4000 characters of its stdout
     and stderr; ``reason``: why there is no reward (or how it was read); ``workspace_copy``: the
-    copy's manifest (what was left out of it)."""
+    copy's manifest (what was left out of it); ``container``: ``same`` when the tests ran on the
+    agent's own copy-on-write layer of the image (``dataset.same_container``), else ``fresh``."""
 
     status: VerifierStatus
     reward: float | None = None
@@ -98,6 +99,7 @@ class VerifierResult(BaseModel):
     reason: str | None = None
     limit_exceeded: str | None = None
     workspace_copy: dict[str, Any] = Field(default_factory=dict)
+    container: Literal["fresh", "same"] = "fresh"
 
     def for_evaluator(self) -> dict[str, Any]:
         """What an env's evaluator is handed (``EvalRequest.verifier``)."""
@@ -112,6 +114,7 @@ class VerifierResult(BaseModel):
                 "stderr_tail",
                 "reason",
                 "limit_exceeded",
+                "container",
             },
         )
 
@@ -261,9 +264,11 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
     return None, parsed, f"{REWARD_JSON} has no 'reward' and not exactly one number"
 
 
-def _copy(workspace: Path, dest: Path, caps: CopyCaps, baseline: Path | None = None) -> WorkspaceCopy:
-    """The workspace copied, its hooks removed (``strip_hooks``; ``baseline``: the files the
-    session started with, kept as they were); a workspace root the agent made unreadable gives
+def _copy(
+    workspace: Path, dest: Path, caps: CopyCaps, baseline: Path | None = None, strip: bool = True
+) -> WorkspaceCopy:
+    """The workspace copied, its hooks removed unless ``strip`` is false (``strip_hooks``;
+    ``baseline``: the files the session started with, kept as they were); a workspace root the agent made unreadable gives
     an empty copy (its own doing: graded on nothing, never an infrastructure failure). Raises
     OSError when ``dest`` cannot be made."""
     try:
@@ -273,7 +278,7 @@ def _copy(workspace: Path, dest: Path, caps: CopyCaps, baseline: Path | None = N
             raise
         out = WorkspaceCopy()
         out.skip(".", f"the workspace cannot be read: {e.strerror}", incomplete=True)
-    out.stripped = strip_hooks(dest, baseline)
+    out.stripped = strip_hooks(dest, baseline) if strip else []
     return out
 
 
@@ -328,6 +333,7 @@ async def run_verifier(
     image: ImageRoot | None = None,
     also_at: str | None = None,
     baseline: Path | None = None,
+    under: Path | None = None,
 ) -> VerifierResult:
     """Run ``tests_dir/test.sh`` on a copy of ``workspace`` (module docstring) and read its reward.
     ``limits``: memory, processes, output and disk as a session's (default ``LimitsConfig()``);
@@ -335,13 +341,19 @@ async def run_verifier(
     ``label``: names the run (its cgroup); ``image``: the session's image, whose fresh
     copy-on-write root the tests run in (the copy at its WORKDIR, its ENV and USER); ``also_at``:
     no image, the copy is bound there too (a host-toolchain task's WORKDIR); ``baseline``: the
-    files the session started with (``strip_hooks`` keeps those unchanged). Never raises except CancelledError."""
+    files the session started with (``strip_hooks`` keeps those unchanged); ``under``: the folder
+    that kept the agent's copy-on-write layer over ``image`` (same-container verification: that
+    layer under the verifier's own, no hook removed). Never raises except CancelledError."""
     t0 = time.monotonic()
     limits = limits or LimitsConfig()
+    container: Literal["fresh", "same"] = "same" if image is not None and under is not None else "fresh"
 
     def failed(why: str) -> VerifierResult:
         return VerifierResult(
-            status="setup_failed", reason=f"verifier setup failed: {why}", duration_s=time.monotonic() - t0
+            status="setup_failed",
+            reason=f"verifier setup failed: {why}",
+            duration_s=time.monotonic() - t0,
+            container=container,
         )
 
     if not (tests_dir / TEST_SCRIPT).is_file():
@@ -371,6 +383,7 @@ async def run_verifier(
                 copy_dest,
                 caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB),
                 baseline,
+                under is None,
             )
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
@@ -402,7 +415,11 @@ async def run_verifier(
             )
             if image is not None:
                 argv = wrap(
-                    image.rootfs, scratch / "root", limits.disk_mb * MiB if limits.disk_mb else None, argv
+                    image.rootfs,
+                    scratch / "root",
+                    limits.disk_mb * MiB if limits.disk_mb else None,
+                    argv,
+                    under=under,
                 )
         except (ImageError, OverlayUnavailable, OSError) as e:
             return failed(f"{type(e).__name__}: {e}")
@@ -437,6 +454,7 @@ async def run_verifier(
             started = ""
         base = VerifierResult(
             status="no_reward",
+            container=container,
             exit_code=out.returncode,
             stdout_tail=out.stdout_tail,
             stderr_tail=out.stderr_tail,
@@ -490,11 +508,16 @@ async def run_verifier(
 
 
 async def verify_session(
-    cfg: EnvConfig, case: Case, workspace: Path, label: str, image: ImageRoot | None = None
+    cfg: EnvConfig,
+    case: Case,
+    workspace: Path,
+    label: str,
+    image: ImageRoot | None = None,
+    changes: Path | None = None,
 ) -> VerifierResult | None:
     """The verifier of ``case`` on its session's final ``workspace`` (None: the case has no
     tests), with the env's session limits and the task's verifier timeout, in the session's
-    ``image`` when it ran in one."""
+    ``image`` when it ran in one, over the layer it kept in ``changes`` (same-container)."""
     if case.tests_dir is None:
         return None
     timeout = _number(case.row.get("verifier_timeout_s"))
@@ -516,6 +539,7 @@ async def verify_session(
         image=image,
         also_at=workdir if isinstance(workdir, str) else cfg.workdir,
         baseline=baseline,
+        under=changes if image is not None else None,
     )
 
 

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 class Executor(Protocol):
     """Runs one attempt's runtime: ``(cfg, request, workspace, extra_env, job_mode, command=,
-    stderr_log=, image=) -> RuntimeRun``, the arguments and contract of ``rollout.sandbox.runner.run_runtime``
+    stderr_log=, image=, changes=) -> RuntimeRun``, the arguments and contract of ``rollout.sandbox.runner.run_runtime``
     (the local executor); the workspace holds the final workspace when it returns.
     ``rollout.jobs.ray_backend.RayExecutor`` runs it on a Ray node instead."""
 
@@ -91,6 +91,7 @@ class Executor(Protocol):
         command: RuntimeCommand | None = None,
         stderr_log: Path | None = None,
         image: ImageRoot | None = None,
+        changes: Path | None = None,
     ) -> Awaitable[RuntimeRun]: ...
 
 
@@ -183,6 +184,20 @@ def _image_start(image: ImageRoot, start: Path, keep: bool) -> None:
     if keep:
         shutil.copytree(files, start, symlinks=True, dirs_exist_ok=True)
     shutil.rmtree(files, ignore_errors=True)
+
+
+def _detail(evaluation: Evaluation | None, verdict: VerifierResult | None) -> dict[str, Any] | None:
+    """``eval_detail`` of a session: the evaluation's, and where its tests ran (``verifier_container``)."""
+    if evaluation is None:
+        return None
+    detail = evaluation.detail()
+    return {**detail, "verifier_container": verdict.container} if verdict is not None else detail
+
+
+def _drop_layer(folder: Path) -> None:
+    left = remove_tree(folder)
+    if left is not None:
+        log.warning("a session's kept copy-on-write layer %s was not removed: %s", folder, left)
 
 
 @dataclass
@@ -414,6 +429,19 @@ class Attempts:
         return record_of(row, result, to_trajectory(sid, steps), work.attempts, steps)
 
     async def _run_attempt(self, work: Work, cfg: EnvConfig, case: Case, workspace: Path) -> AttemptRun:
+        """One attempt's runtime and verifier; with ``dataset.same_container`` a session in an
+        image keeps its copy-on-write layer in a scratch folder until its verifier has run."""
+        if not cfg.dataset.same_container:
+            return await self._attempt_in(work, cfg, case, workspace, None)
+        changes = Path(tempfile.mkdtemp(prefix="rollout-layer-"))
+        try:
+            return await self._attempt_in(work, cfg, case, workspace, changes)
+        finally:
+            await asyncio.shield(asyncio.to_thread(_drop_layer, changes))
+
+    async def _attempt_in(
+        self, work: Work, cfg: EnvConfig, case: Case, workspace: Path, changes: Path | None
+    ) -> AttemptRun:
         row, sid = work.row, work.row.session_id
         source = source_for(cfg, case, self.opts.image_map())
         image: ImageRoot | ImageError | None = None
@@ -453,7 +481,9 @@ class Attempts:
                 error_text=f"sandbox setup failed: image: {image}",
             )
         else:
-            more = {"image": image} if image is not None else {}
+            more: dict[str, Any] = {"image": image} if image is not None else {}
+            if image is not None and changes is not None:
+                more["changes"] = changes
             ran = await self._execute(
                 session_config(cfg, case, self.opts.timeout),
                 request,
@@ -490,7 +520,9 @@ class Attempts:
         graded = self.opts.enable_evaluation and cfg.evaluation != "none"
         in_image = image if isinstance(image, ImageRoot) else None
         verdict = (
-            await verify_session(cfg, case, workspace, sid, in_image) if graded and not end.infra else None
+            await verify_session(cfg, case, workspace, sid, in_image, changes if in_image else None)
+            if graded and not end.infra
+            else None
         )
         if verdict is not None and verdict.status == "setup_failed":
             end = verifier_setup_failed(verdict.reason)
@@ -571,7 +603,7 @@ class Attempts:
             reward=evaluation.score if evaluation else None,
             eval_status=eval_status,
             eval_reason=eval_reason,
-            eval_detail=evaluation.detail() if evaluation else None,
+            eval_detail=_detail(evaluation, run.verdict),
             evaluation=evaluation.model_dump(mode="json") if evaluation else None,
         )
         await self.store.finish_job_session(sid, result)

@@ -69,6 +69,13 @@ class JobOptions(SharedOptions):
             "dataset.host_toolchain: true)"
         ),
     )
+    same_container: bool = Field(
+        default=False,
+        description=(
+            "the --tasks folders' Harbor tasks in images are verified on the agent's own copy-on-write layer, "
+            "as Harbor does (an env.yaml's dataset.same_container: true; every record says so)"
+        ),
+    )
     timeout: float | None = Field(
         default=None,
         gt=0,

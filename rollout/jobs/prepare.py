@@ -12,6 +12,7 @@ from gateway.settings import GatewaySettings
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import (
     HOST_TOOLCHAIN_ALONE,
+    SAME_CONTAINER_ALONE,
     Case,
     EnvConfig,
     EnvConfigError,
@@ -121,11 +122,13 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
     root that does not load is skipped with a warning when the envs asked for are all found."""
     if opts.host_toolchain and not opts.tasks:
         raise SetupError(HOST_TOOLCHAIN_ALONE)
+    if opts.same_container and not opts.tasks:
+        raise SetupError(SAME_CONTAINER_ALONE)
     try:
         if opts.agent_configs or opts.agent_start_config is not None or opts.tasks:
             configs = [
                 *load_agent_configs(opts.agent_configs, opts.agent_start_config),
-                *(task_folder_env(p, opts.host_toolchain) for p in opts.tasks),
+                *(task_folder_env(p, opts.host_toolchain, opts.same_container) for p in opts.tasks),
             ]
         elif opts.env_names:
             configs, broken = scan_envs(opts.agent_root)

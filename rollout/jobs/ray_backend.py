@@ -312,6 +312,7 @@ class RayExecutor:
         command: RuntimeCommand | None = None,
         stderr_log: Path | None = None,
         image: ImageRoot | None = None,
+        changes: Path | None = None,
     ) -> RuntimeRun:
         ray, t0 = self.ray, time.monotonic()
         if image is not None:  # the unpacked image is on the launcher's machine only (docs/images.md)

@@ -84,6 +84,7 @@ def record_of(
             "reason": result.eval_reason,
             "sandbox": result.sandbox,
             "grader_isolation": result.grader_isolation,
+            "verifier_container": result.verifier_container,
             "retried": len(listed) > 1,
             "harness_exit": metrics.get("harness_exit"),
             "answer": metrics.get("answer"),

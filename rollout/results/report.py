@@ -88,6 +88,7 @@ class SessionRecord(SessionFields):
     reason: str | None = None
     sandbox: str | None = None
     grader_isolation: str | None = None
+    verifier_container: str | None = None
     retried: bool = False
     harness_exit: int | None = None
     answer: Any = None
@@ -287,6 +288,7 @@ class ReportTotals:
         self.launcher_errors = 0
         self.bare: dict[str, int] = defaultdict(int)
         self.trusted: dict[str, int] = defaultdict(int)
+        self.same: dict[str, int] = defaultdict(int)
         self.by_status: Counter[tuple[str, str | None]] = Counter()
         self._rows: dict[tuple[str, str, str], _RowTotals] = {}
 
@@ -312,6 +314,8 @@ class ReportTotals:
             self.bare[record.env_name] += 1
         if record.grader_isolation == "none":
             self.trusted[record.env_name] += 1
+        if record.verifier_container == "same":
+            self.same[record.env_name] += 1
         self.by_status[(record.status, record.eval_status)] += 1
 
     def fold_cases(self) -> None:
@@ -345,7 +349,7 @@ class ReportTotals:
 
     def footer(self) -> str | None:
         """``table_footer`` of the records added."""
-        return _footer(self.bare, self.trusted)
+        return _footer(self.bare, self.trusted, self.same)
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -485,19 +489,25 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
 
 
 def table_footer(records: Iterable[SessionRecord]) -> str | None:
-    """The warning printed under the table when sessions ran without the sandbox (``sandbox:
-    none``), naming their envs; None when every session ran sandboxed (or did not run)."""
+    """The warnings printed under the table, naming their envs: sessions run without the sandbox
+    (``sandbox: none``), graded in the launcher, verified in the agent's own container; None
+    when there is none of these."""
     bare: dict[str, int] = defaultdict(int)
     trusted: dict[str, int] = defaultdict(int)
+    same: dict[str, int] = defaultdict(int)
     for r in records:
         if r.sandbox == "none":
             bare[r.env_name] += 1
         if r.grader_isolation == "none":
             trusted[r.env_name] += 1
-    return _footer(bare, trusted)
+        if r.verifier_container == "same":
+            same[r.env_name] += 1
+    return _footer(bare, trusted, same)
 
 
-def _footer(bare: dict[str, int], trusted: dict[str, int] | None = None) -> str | None:
+def _footer(
+    bare: dict[str, int], trusted: dict[str, int] | None = None, same: dict[str, int] | None = None
+) -> str | None:
     lines = []
     if bare:
         envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
@@ -511,6 +521,13 @@ def _footer(bare: dict[str, int], trusted: dict[str, int] | None = None) -> str 
         lines.append(
             f"warning: {sum(trusted.values())} sessions were graded in the launcher, not in the grader "
             f"sandbox (--grader-isolation none, --sandbox none or the env's grader.isolation: none): {envs}."
+        )
+    if same:
+        envs = ", ".join(f"{name} ({n})" for name, n in sorted(same.items()))
+        lines.append(
+            f"warning: {sum(same.values())} sessions were verified in the agent's own container "
+            f"(dataset.same_container, --same-container): {envs}. What the agent wrote anywhere in "
+            "the image was under their tests, so the agent could decide their reward."
         )
     return "\n".join(lines) or None
 

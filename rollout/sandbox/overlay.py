@@ -2,9 +2,11 @@
 
 bubblewrap 0.8 has no overlay option, so the sandbox command is wrapped: ``unshare`` makes a user
 and mount namespace (the launcher's uid mapped to root there), a tmpfs of the session's disk size
-holds the overlay's upper and work folders, kernel overlayfs mounts the image's read-only rootfs
-under it, and bubblewrap binds the merged tree as ``/``. Every mount lives in that namespace
-only: it is gone when the sandbox ends, and nothing is copied from the image.
+(or a kept host folder) holds the overlay's upper and work folders, kernel overlayfs mounts the
+image's read-only rootfs under it (``userxattr``: whiteouts and opaque folders as ``user.``
+attributes, so removing a folder of the image works without privileges), and bubblewrap binds the
+merged tree as ``/``. Every mount lives in that namespace only: it is gone when the sandbox ends,
+and nothing is copied from the image.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from rollout.errors import RolloutError
 MERGED = "m"
 """The merged tree under the session's scratch folder (where bwrap finds it, inside the namespace)."""
 _SCRIPT = (
-    'set -e; s="$1"; lower="$2"; size="$3"; shift 3; '
-    'if [ "$size" != - ]; then mount -t tmpfs -o "size=$size,mode=0700" tmpfs "$s"; '
-    'else mount -t tmpfs -o mode=0700 tmpfs "$s"; fi; '
-    'mkdir "$s/u" "$s/w" "$s/m"; '
-    'mount -t overlay overlay -o "lowerdir=$lower,upperdir=$s/u,workdir=$s/w" "$s/m"; '
+    'set -e; s="$1"; lower="$2"; size="$3"; keep="$4"; shift 4; '
+    'if [ "$keep" != - ]; then up="$keep"; '
+    'elif [ "$size" != - ]; then mount -t tmpfs -o "size=$size,mode=0700" tmpfs "$s"; up="$s"; '
+    'else mount -t tmpfs -o mode=0700 tmpfs "$s"; up="$s"; fi; '
+    'mkdir -p "$up/u" "$up/w" "$s/m"; '
+    'mount -t overlay overlay -o "userxattr,lowerdir=$lower,upperdir=$up/u,workdir=$up/w" "$s/m"; '
     'exec "$@"'
 )
 
@@ -35,10 +38,26 @@ def merged(scratch: Path) -> Path:
     return scratch / MERGED
 
 
-def wrap(rootfs: Path, scratch: Path, size_bytes: int | None, argv: list[str]) -> list[str]:
+def upper(keep: Path) -> Path:
+    """The copy-on-write layer a session kept in ``keep`` (``wrap(keep=...)``): what it wrote,
+    removed (whiteouts) or replaced outside its bound folders, as overlayfs keeps an upper layer."""
+    return keep / "u"
+
+
+def wrap(
+    rootfs: Path,
+    scratch: Path,
+    size_bytes: int | None,
+    argv: list[str],
+    *,
+    keep: Path | None = None,
+    under: Path | None = None,
+) -> list[str]:
     """``argv`` (a bwrap command binding :func:`merged` as ``/``) run inside the namespace that
-    mounts the overlay of ``rootfs`` at ``scratch`` (an empty folder), its writable layer capped at
-    ``size_bytes``."""
+    mounts the overlay of ``rootfs`` at ``scratch`` (an empty folder), its writable layer in a
+    tmpfs capped at ``size_bytes``, or in the host folder ``keep`` (kept after the sandbox ends;
+    the caller counts its size); ``under``: a layer an earlier session kept (:func:`upper`), read-only
+    on top of the image."""
     unshare = shutil.which("unshare")
     if unshare is None:
         raise OverlayUnavailable("a session in an image needs unshare (util-linux)")
@@ -55,7 +74,8 @@ def wrap(rootfs: Path, scratch: Path, size_bytes: int | None, argv: list[str]) -
         _SCRIPT,
         "sh",
         str(scratch),
-        str(rootfs),
+        f"{upper(under)}:{rootfs}" if under is not None else str(rootfs),
         str(size_bytes) if size_bytes else "-",
+        str(keep) if keep is not None else "-",
         *argv,
     ]

@@ -206,7 +206,9 @@ def test_the_bundled_env_loads_its_tasks() -> None:
 # through the launcher
 
 
-async def run_job(tmp_path: Path, *args: str, exit_code: int = 0) -> tuple[list[dict[str, Any]], str, str]:
+async def run_job(
+    tmp_path: Path, *args: str, exit_code: int = 0, tmpdir: Path | None = None
+) -> tuple[list[dict[str, Any]], str, str]:
     db, out = tmp_path / "trajs.db", tmp_path / "out.jsonl"
     async with FakeUpstream() as up:
         cfg = gateway_config(tmp_path / "gw.yaml", up.base_url, db)
@@ -224,7 +226,11 @@ async def run_job(tmp_path: Path, *args: str, exit_code: int = 0) -> tuple[list[
             "--retry-backoff-s",
             "0.05",
             cwd=tmp_path,
-            env={**os.environ, "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache")},
+            env={
+                **os.environ,
+                "ROLLOUT_HARNESS_CACHE": str(tmp_path / "cache"),
+                **({"TMPDIR": str(tmpdir)} if tmpdir is not None else {}),
+            },
         )
     assert code == exit_code, stderr
     assert "has no rule_evaluator.py" not in stderr  # a Harbor env is graded by its tests

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,74 @@ async def test_a_task_with_a_dockerfile_runs_in_its_image(tmp_path: Path, base_i
     assert (oracle["eval_status"], oracle["score"], oracle["sandbox"]) == ("scored", 10.0, "bwrap"), oracle
     assert oracle["reason"].startswith("verifier reward 1: read from reward.txt"), oracle["reason"]
     assert (nothing["eval_status"], nothing["score"]) == ("scored", 0.0), nothing
+
+
+def _system_task(root: Path) -> Path:
+    """A Harbor task whose solution changes the image outside its WORKDIR: writes ``/etc``, removes
+    a folder the image holds; its test checks both."""
+    task = root / "tasks" / "configure"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text("FROM python:3\nWORKDIR /app\n")
+    (task / "instruction.md").write_text(
+        "Write 'configured' to /etc/greeting.conf; remove /usr/share/doc/gzip.\n"
+    )
+    (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
+    for folder, name, text in (
+        (
+            "solution",
+            "solve.sh",
+            "#!/bin/bash\nset -e\necho configured > /etc/greeting.conf\nrm -rf /usr/share/doc/gzip\n",
+        ),
+        (
+            "tests",
+            "test.sh",
+            "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n"
+            "grep -qx configured /etc/greeting.conf && [ ! -e /usr/share/doc/gzip ] && [ -d /usr/share/doc ] "
+            "&& echo 1 > /logs/verifier/reward.txt\n",
+        ),
+    ):
+        (task / folder).mkdir()
+        (task / folder / name).write_text(text)
+        (task / folder / name).chmod(0o755)
+    return task.parent
+
+
+async def test_same_container_verifies_on_the_agents_layer_and_every_record_says_so(
+    tmp_path: Path, base_image: str
+) -> None:
+    """By default the tests run in a fresh copy of the image (what the agent wrote outside /app is
+    gone: 0); with ``--same-container`` on the agent's own layer, its file written and its folder
+    removed (whiteout) both seen: 10, flagged in the record and under the table. No layer is left."""
+    require_bwrap()
+    tasks = _system_task(tmp_path)
+    got = {}
+    for flag in ((), ("--same-container",)):
+        run = tmp_path / ("same" if flag else "fresh")
+        run.mkdir()
+        scratch = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))  # short: the bridge's socket lives there
+        records, stdout, stderr = await run_job(
+            run,
+            "--tasks",
+            str(tasks),
+            *flag,
+            "--image",
+            f"python:3={base_image}",
+            "--harness",
+            "oracle",
+            "--job-id",
+            "sc",
+            tmpdir=scratch,
+        )
+        assert len(records) == 1, stderr[-3000:]
+        got[bool(flag)] = records[0], stdout + stderr
+        assert not list(scratch.glob("rollout-layer-*"))
+        shutil.rmtree(scratch)
+    fresh, fresh_out = got[False]
+    same, same_out = got[True]
+    assert (fresh["score"], fresh["verifier_container"]) == (0.0, "fresh"), fresh
+    assert (same["eval_status"], same["score"], same["verifier_container"]) == ("scored", 10.0, "same"), same
+    assert "verified in the agent's own container" in same_out
+    assert "verified in the agent's own container" not in fresh_out
 
 
 async def test_a_task_whose_image_does_not_build_fails_as_setup_and_the_job_goes_on(
