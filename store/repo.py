@@ -84,6 +84,12 @@ def file_cause(path: str) -> str | None:
     return None
 
 
+def _open_sqlite(path: str) -> None:
+    """Open and close the SQLite file ``path`` with the plain driver; raises sqlite3.Error when it
+    cannot be opened (aiosqlite's thread of a failed open may answer after its event loop closed)."""
+    sqlite3.connect(path).close()
+
+
 class Store:
     """The trajectory store at ``sqlite://PATH`` or ``postgresql://...``: ``await init()`` first,
     ``await close()`` at the end."""
@@ -127,6 +133,8 @@ class Store:
         """Create or upgrade the tables (idempotent). Raises SchemaError, or StoreUnavailable when
         the database cannot be opened."""
         try:
+            if self.path:  # a file that cannot be opened fails here, before a driver thread is started for it
+                _open_sqlite(self.path)
             async with self._db.write_lock, self.writer.begin() as conn:
                 added = await conn.run_sync(create_or_upgrade)
         except (sa_exc.DBAPIError, sqlite3.Error, OSError) as e:

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from rollout.cli.next_steps import next_step_lines
 from rollout.cli.options import FLAG_OF, default_gateway_config, start_config_values, validate_options
+from rollout.core.envs import did_you_mean
 from rollout.core.logs import notices, setup_logging
 from rollout.core.setup import SetupError
 from rollout.jobs.options import JobOptions, flag_help
@@ -528,6 +529,14 @@ def main(argv: list[str] | None = None) -> int:
         from rollout.cli.listing import main as list_main
 
         return list_main(argv[1:])
+    if argv and not argv[0].startswith("-"):  # a job takes flags only: this was meant as a command
+        names = [c for c, _ in COMMANDS]
+        print(
+            f"launcher.py: error: no command {argv[0]!r}{did_you_mean(argv[0], names)}; the commands: "
+            f"{', '.join(names)}; a job takes flags only (launcher.py --help)",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser().parse_args(argv)
     if args.regrade:
         return regrade_main(args)

@@ -315,3 +315,16 @@ def test_the_commands_take_no_abbreviated_flag(argv: list[str], capsys: pytest.C
     with pytest.raises(SystemExit) as e:
         build().parse_args(argv)
     assert e.value.code == 2 and "unrecognized arguments: --job j" in capsys.readouterr().err
+
+
+def test_a_word_that_is_no_command_is_named_with_the_nearest_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["exprot", "--job-id", "j"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        "launcher.py: error: no command 'exprot' (did you mean 'export'?); the commands: list, view,"
+    )
+    assert err.endswith("a job takes flags only (launcher.py --help)")
+    assert main(["frobnicate"]) == 2
+    assert "no command 'frobnicate'; the commands:" in capsys.readouterr().err
