@@ -393,8 +393,14 @@ async def test_resume_runs_only_unfinished_sessions(tmp_path: Path) -> None:
         code, _, err = await launch(*common, "--resume", "--out", str(tmp_path / "2.jsonl"), cwd=tmp_path)
         assert code == 0, err
         assert len(up.requests) == 3 + 2  # only case b ran again (2 calls)
+        # resuming the finished job: nothing runs, no gateway starts, its records are written again
+        code, _, err = await launch(*common, "--resume", "--out", str(tmp_path / "3.jsonl"), cwd=tmp_path)
+        assert code == 0, err
+        assert len(up.requests) == 3 + 2
+        assert "job jr: every session is finished, nothing to run" in err and " via http" not in err, err
     lines = [json.loads(x) for x in (tmp_path / "2.jsonl").read_text().splitlines()]
     assert sorted(r["case_id"] for r in lines) == ["a", "b"]  # the report covers the whole job
+    assert (tmp_path / "3.jsonl").read_text() == (tmp_path / "2.jsonl").read_text()
     assert rows(db, "SELECT attempts FROM job_environments ORDER BY case_id") == [(1,), (2,)]
 
 

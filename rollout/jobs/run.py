@@ -271,6 +271,13 @@ async def run_job(
         )
         configs = {cfg.name: cfg for cfg, _ in prepared.envs}
         prepared.envs = []  # the cases: each session's row keeps its own, the dataset is not held while the job runs
+        out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{job_id}.jsonl"
+        if opts.resume and not plan.ids:  # a finished job: no gateway, no session, its records again
+            notices.info(
+                f"job {job_id}: every session is finished, nothing to run; its records again in {out}"
+            )
+            totals = await write_records(store, job_id, out)
+            return JobResult(job_id=job_id, totals=totals, out=out, store=store.identity())
         if opts.resume and plan.ids:
             models = plan.models
             installed = await install_harnesses(_resumed_harnesses(job_id, loaded, plan.harnesses))
@@ -309,7 +316,6 @@ async def run_job(
             on_breaker=on_breaker,
             executor=ray_backend.executor() if ray_backend else None,
         )
-        out = opts.out or Path("runs") / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{job_id}.jsonl"
         totals = await write_records(store, job_id, out)
         await store.checkpoint()
         return JobResult(
