@@ -5,7 +5,8 @@
 Each session is a bundled workspace task's final workspace (its ``files/`` plus a correct
 ``outputs/answer.json``) graded by the bundled workspace evaluator through ``rollout.grading.Grader``
 (workspace copy, evaluator, clean-up), ``--pool-size`` at a time, as the scheduler grades. For each
-isolation (``none``: a thread of the launcher; ``bwrap``: the grader sandbox) it prints the wall
+isolation (``none``: a thread of the launcher; ``bwrap``: the grader sandbox, each evaluation forked
+by the fork server; ``bwrap/exec``: the same sandbox starting an interpreter) it prints the wall
 time per session at that concurrency (job wall time / sessions, the launcher's view) and the
 launcher's own CPU per session; then what the sandbox adds, against the 50 ms budget per session.
 Then the bundled Harbor tasks (``env/harbor_tasks``), solved by their ``solution/solve.sh``, verified
@@ -60,7 +61,8 @@ async def grade_all(
     """(wall s, launcher CPU s, sessions scored 10) for grading every item ``pool`` at a time."""
     gate = asyncio.Semaphore(pool)
     spec = EvalSpec(eval_id="workspace/rule", timeout_s=60.0, evaluator_path=str(EVALUATOR))
-    async with Grader(isolation, work_dir=tmp) as grader:  # type: ignore[arg-type]
+    mode, _, how = isolation.partition("/")
+    async with Grader(mode, work_dir=tmp, fork_server=how != "exec") as grader:  # type: ignore[arg-type]
         await grader.start([EVALUATOR.parent.parent])
 
         async def one(i: int, ws: Path, expected: dict[str, object]) -> float | None:
@@ -160,7 +162,7 @@ async def main() -> int:
         items = workspaces(tmp, args.sessions)
         best: dict[str, tuple[float, float, int]] = {}
         for _ in range(args.rounds):
-            for isolation in ("none", "bwrap"):
+            for isolation in ("none", "bwrap", "bwrap/exec"):
                 got = await grade_all(isolation, items, args.pool_size, tmp)
                 if isolation not in best or got[0] < best[isolation][0]:
                     best[isolation] = got
@@ -180,7 +182,11 @@ async def main() -> int:
         ],
     )
     none_ms = best["none"][0] / n * 1000
-    labels = {"none": "in-process (none)", "bwrap": "grader sandbox (bwrap)"}
+    labels = {
+        "none": "in-process (none)",
+        "bwrap": "grader sandbox (bwrap, fork server)",
+        "bwrap/exec": "grader sandbox, an interpreter each",
+    }
     for isolation, (w, cpu, passed) in best.items():
         table.add(
             labels[isolation], n, w / n * 1000, cpu / n * 1000, passed, _bench.ratio(w / n * 1000, none_ms)

@@ -26,7 +26,7 @@ from rollout.core.envs import EnvConfig
 from rollout.core.trees import remove_tree
 from rollout.errors import RolloutError
 from rollout.grading.evaluation import Evaluation, run_evaluation
-from rollout.grading.sandbox import GraderLimits, evaluate_in_sandbox
+from rollout.grading.sandbox import ForkServer, GraderLimits, evaluate_in_sandbox
 from rollout.grading.scoring import SCORE_KEYS
 from rollout.grading.workspace_copy import CopyCaps, copy_workspace
 
@@ -69,7 +69,9 @@ def grader_mode(cfg: EnvConfig | None, job_isolation: str) -> Isolation:
 class Grader:
     """Runs a job's evaluations (module docstring). ``isolation`` is the job's default (an env may
     set its own per call); ``work_dir`` holds the snapshot and the workspace copies (None: the
-    system temp folder). Use as ``async with Grader(...) as g: await g.start(roots)``."""
+    system temp folder); ``fork_server``: False starts an interpreter in each grader sandbox
+    instead of forking it from the fork server (for comparisons). Use as ``async with
+    Grader(...) as g: await g.start(roots)``."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class Grader:
         work_dir: Path | None = None,
         limits: GraderLimits | None = None,
         caps: CopyCaps | None = None,
+        fork_server: bool = True,
     ) -> None:
         self.isolation = isolation
         self.limits = limits or GraderLimits()
@@ -85,12 +88,15 @@ class Grader:
         self._folder: Path | None = None
         self._roots: dict[Path, Path] = {}
         self._warned_keys: set[str] = set()
+        self._forks = ForkServer() if fork_server else None
 
     async def __aenter__(self) -> Grader:
         self._folder = Path(tempfile.mkdtemp(prefix="rollout-grader-", dir=self._work_dir))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._forks is not None:
+            await asyncio.shield(self._forks.close())
         if self._folder is not None:
             await asyncio.to_thread(shutil.rmtree, self._folder, True)
             self._folder = None
@@ -178,6 +184,7 @@ class Grader:
                     copy,
                     [(snap, host) for host, snap in self._roots.items()],
                     limits or self.limits,
+                    self._forks,
                 )
             self._warn_score_keys(request.env_name, done)
             return done

@@ -1,6 +1,7 @@
 """The grader sandbox: one evaluation in a child process under bubblewrap (docs/grading.md).
 
-``evaluate_in_sandbox`` runs ``rollout.grading.child`` in a fresh sandbox per evaluation: the
+``evaluate_in_sandbox`` runs ``rollout.grading.child`` in a fresh sandbox per evaluation (forked
+into it by the Grader's ``ForkServer`` where it can enter one, else started there): the
 system folders and the interpreter read-only, the project's ``rollout`` and ``env`` packages
 read-only (graders anywhere may import ``env.*``), each env root read-only from the job's snapshot
 (bound at its host path, so ``spec.evaluator_path`` is the same string inside), the session's workspace copy read-only at ``/workspace``, a private ``/tmp``,
@@ -14,15 +15,18 @@ Whatever the child does, the answer is an ``Evaluation``: nothing raises but can
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import math
 import os
 import secrets
 import signal
 import site
+import socket
 import sys
 import time
 import uuid
@@ -37,12 +41,19 @@ from rollout.sandbox.bwrap import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnav
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.runner import CODE_ROOT, sandbox_support
 
+RESULT_FD = 3
+"""The result pipe's fd in an evaluation the fork server starts (``forkserver.RESULT_FD``)."""
+
 MiB = 1024 * 1024
 CHILD = Path(__file__).with_name("child.py")
 CHILD_PATH = os.pathsep.join([str(CODE_ROOT), *site.getsitepackages()])
 """The child's import path: the project, then the venv's packages. It runs without ``site`` (``-S``:
 no ``.pth`` processing, ~20 ms less per evaluation), so packages installed through a ``.pth`` file
 (editable installs) are not importable by evaluators in the sandbox."""
+FORKSERVER = Path(__file__).with_name("forkserver.py")
+ANCHOR = ["/bin/sh", "-c", "echo; read x"]
+"""The first process of a sandbox the fork server enters: says the sandbox is set up (a line), then
+holds its namespaces until its stdin closes or it is killed."""
 PIPE_DRAIN_S = 10.0
 """After the sandbox is killed, how long its pipes may take to close before they are dropped."""
 OUTPUT_TAIL_BYTES = 4096
@@ -70,9 +81,15 @@ class _Ended(Exception):
         self.reason = reason
 
 
-def grader_command(roots: list[tuple[Path, Path]], workspace: Path | None, limits: GraderLimits) -> list[str]:
+def grader_command(
+    roots: list[tuple[Path, Path]],
+    workspace: Path | None,
+    limits: GraderLimits,
+    info_fd: int | None = None,
+) -> list[str]:
     """The bwrap command line of one evaluation; ``roots`` are (snapshot folder, host path) pairs.
-    Raises SandboxUnavailable."""
+    With ``info_fd`` (the fork server's way) bwrap writes the sandbox's pid there and the sandbox
+    runs ``ANCHOR`` instead of the child. Raises SandboxUnavailable."""
     support = sandbox_support()
     b = Binds()
     b.args += ["--size", str(limits.tmp_mb * MiB), "--tmpfs", "/tmp"]
@@ -94,12 +111,8 @@ def grader_command(roots: list[tuple[Path, Path]], workspace: Path | None, limit
         "/dev",
         "--chdir",
         WORKSPACE if workspace is not None else "/tmp",
-        "--",
-        sys.executable,
-        "-S",
-        "-s",
-        "-B",
-        str(CHILD),
+        *(["--info-fd", str(info_fd), "--", *ANCHOR] if info_fd is not None else []),
+        *(["--", sys.executable, "-S", "-s", "-B", str(CHILD)] if info_fd is None else []),
     ]
 
 
@@ -111,10 +124,12 @@ async def evaluate_in_sandbox(
     workspace: Path | None,
     roots: list[tuple[Path, Path]],
     limits: GraderLimits | None = None,
+    forks: ForkServer | None = None,
 ) -> Evaluation:
     """Evaluate one session in the grader sandbox (module docstring). ``path`` is the evaluator
     at its host path (bound from the snapshot in ``roots``); ``workspace`` the host folder shown as
-    ``/workspace`` (``request.workspace`` is set to that). Never raises but CancelledError."""
+    ``/workspace`` (``request.workspace`` is set to that); ``forks``: the Grader's fork server, used
+    when it can enter a sandbox here. Never raises but CancelledError."""
     limits = limits or GraderLimits()
     started = time.monotonic()
     timeout = spec.timeout_s
@@ -132,8 +147,9 @@ async def evaluate_in_sandbox(
 
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
         return outcome("error", 0.0, reason=f"ValueError: invalid evaluator timeout_s {timeout!r}")
+    forked = forks is not None and await forks.usable(roots, limits)
     try:
-        argv = grader_command(roots, workspace, limits)
+        argv = grader_command(roots, workspace, limits, info_fd=-1 if forked else None)
     except SandboxUnavailable as e:
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: {e}")
     support = sandbox_support()
@@ -160,9 +176,15 @@ async def evaluate_in_sandbox(
         os.close(result_w)
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: cgroup: {e}")
     try:
-        value = await _run_child(
-            cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg, nonce
-        )
+        if forked:
+            assert forks is not None
+            job["result_fd"] = RESULT_FD
+            run = _Forked(forks, roots, workspace, limits, cg)
+            value = await run.evaluate(job, result_r, result_w, started + timeout, nonce)
+        else:
+            value = await _run_child(
+                cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg, nonce
+            )
     except _Ended as e:
         if e.status == "timeout":
             return outcome("timeout", 0.0, reason=f"evaluator timed out after {float(timeout)!r} s")
@@ -266,6 +288,20 @@ async def _run_child(
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         result_pipe.close()  # closes result_file too
+    return _ending(over, result, tail, rc, nonce, limits, cg)
+
+
+def _ending(
+    over: list[str],
+    result: bytearray,
+    tail: bytearray,
+    rc: int,
+    nonce: str,
+    limits: GraderLimits,
+    cg: SessionCgroup,
+) -> Any:
+    """The result of an evaluation that ended (``rc``: its exit code, negative for a signal),
+    or _Ended saying why there is none."""
     if over:
         raise _Ended("error", over[0])
     if result:
@@ -317,3 +353,322 @@ def _checked(value: Any, outcome: Any) -> Evaluation:
         artifacts=artifacts if isinstance(artifacts, dict) else None,
         score_keys=keys,
     )
+
+
+log = logging.getLogger(__name__)
+
+
+def _child_env() -> dict[str, str]:
+    return clean_env({"PYTHONPATH": CHILD_PATH, "HOME": "/tmp"})
+
+
+class ForkServer:
+    """The Grader's fork server (``rollout.grading.forkserver``): one process, started at the first
+    evaluation, that forks each evaluation into its sandbox instead of starting an interpreter
+    there. ``usable`` says whether it can enter a sandbox on this machine (checked once, with a
+    sandbox of the first evaluation's kind); when it cannot, evaluations start the child as before,
+    and the log says why once."""
+
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._lock = asyncio.Lock()
+        self._checked: bool | None = None
+        self.unavailable: str | None = None
+
+    async def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-S",
+                "-s",
+                "-B",
+                str(FORKSERVER),
+                str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                env=_child_env(),
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = ours
+
+    async def usable(self, roots: list[tuple[Path, Path]], limits: GraderLimits) -> bool:
+        """Whether evaluations go through the server (starts and checks it the first time)."""
+        if self._checked is not None:
+            return self._checked
+        async with self._lock:
+            if self._checked is None:
+                try:
+                    await self._start()
+                    cg = SessionCgroup(None, None, None, None)
+                    run = _Forked(self, roots, None, limits, cg)
+                    why = await run.probe(time.monotonic() + 30)
+                except (OSError, SandboxUnavailable) as e:
+                    why = f"{type(e).__name__}: {e}"
+                self.unavailable = why
+                self._checked = why is None
+                if why is not None:
+                    log.info(
+                        "grader: the fork server cannot enter a sandbox here (%s): an interpreter per evaluation",
+                        why,
+                    )
+        return bool(self._checked)
+
+    async def send(self, request: dict[str, Any], fds: list[int]) -> None:
+        """One request and its four fds, the server started again once when it is gone; OSError
+        when it cannot be."""
+        data = [json.dumps(request).encode()]
+        fds_msg = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        for again in (False, True):
+            try:
+                if self._sock is None or self._proc is None or self._proc.returncode is not None:
+                    raise ConnectionError("the grader's fork server is not running")
+                self._sock.sendmsg(data, fds_msg)
+                return
+            except OSError:
+                if again:
+                    raise
+                log.warning("grader: the fork server was gone; starting it again")
+                await self.close()
+                await self._start()
+
+    async def close(self) -> None:
+        """Stop the server (it ends when its socket closes; killed if it does not)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None and self._proc.returncode is None:
+            try:
+                await asyncio.wait_for(self._proc.wait(), 5)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+                await self._proc.wait()
+
+
+class _Forked:
+    """One evaluation through the fork server: the sandbox (bwrap running ``ANCHOR``), the request,
+    the pipes read as the child's would be."""
+
+    def __init__(
+        self,
+        forks: ForkServer,
+        roots: list[tuple[Path, Path]],
+        workspace: Path | None,
+        limits: GraderLimits,
+        cg: SessionCgroup,
+    ) -> None:
+        self.forks, self.roots, self.workspace, self.limits, self.cg = forks, roots, workspace, limits, cg
+        self.anchor: asyncio.subprocess.Process | None = None
+
+    def kill(self) -> None:
+        """Kill the sandbox (its PID namespace takes the evaluation and all it started) and the groups."""
+        if self.anchor is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.anchor.pid, signal.SIGKILL)
+        self.cg.kill_all()
+
+    async def _sandbox(self, deadline: float) -> int:
+        """Start the sandbox; its first process's pid once it is set up. Raises _Ended."""
+        info_r, info_w = os.pipe()
+        try:
+            argv = grader_command(self.roots, self.workspace, self.limits, info_fd=info_w)
+            self.anchor = await asyncio.create_subprocess_exec(
+                *self.cg.joined(argv),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(info_w,),
+                start_new_session=True,
+                env=_child_env(),
+            )
+        except OSError as e:
+            os.close(info_r)
+            raise _Ended("error", f"the grader sandbox cannot start: {e}") from e
+        finally:
+            os.close(info_w)
+        assert self.anchor.stdout is not None and self.anchor.stderr is not None
+        try:
+            ready = await asyncio.wait_for(
+                self.anchor.stdout.readline(), max(0.0, deadline - time.monotonic())
+            )
+        except TimeoutError:
+            os.close(info_r)
+            raise _Ended("timeout", "timed out") from None
+        try:  # bwrap wrote it before the sandbox's first line; it may keep the pipe open
+            os.set_blocking(info_r, False)
+            info = os.read(info_r, 65536) if ready else b""
+        except BlockingIOError:
+            info = b""
+        finally:
+            os.close(info_r)
+        if not ready:
+            err = (await self.anchor.stderr.read(4096)).decode("utf-8", "replace").strip()
+            raise _Ended("error", f"the grader sandbox cannot start: {err[-300:] or 'bwrap ended'}")
+        try:
+            return int(json.loads(info)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            raise _Ended("error", "the grader sandbox cannot start: bwrap gave no pid") from None
+
+    async def probe(self, deadline: float) -> str | None:
+        """Enter a sandbox of this kind, drop the capabilities, run nothing: None when that works
+        here, else why not."""
+        loop = asyncio.get_running_loop()
+        try:
+            pid = await self._sandbox(deadline)
+            status_r, status_w = os.pipe()
+            fds = [os.open(os.devnull, os.O_RDONLY), *(os.open(os.devnull, os.O_WRONLY) for _ in range(2))]
+            try:
+                await self.forks.send(
+                    {"pid": pid, "procs": [], "cwd": "/tmp", "env": {}, "probe": True}, [*fds, status_w]
+                )
+            finally:
+                for fd in (*fds, status_w):
+                    os.close(fd)
+            stream = asyncio.StreamReader()
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(status_r, "rb", buffering=0)
+            )
+            try:
+                said = await asyncio.wait_for(stream.read(), max(0.0, deadline - time.monotonic()))
+            finally:
+                transport.close()
+            lines = said.decode("utf-8", "replace").splitlines()
+            if "exit 0" in lines:
+                return None
+            return next((x.removeprefix("error: ") for x in lines if x.startswith("error: ")), None) or (
+                f"the check ended so: {' / '.join(lines) or 'no answer'}"
+            )
+        except _Ended as e:
+            return e.reason
+        except TimeoutError:
+            return "no answer in 30 s"
+        finally:
+            self.kill()
+            if self.anchor is not None:
+                await self.anchor.wait()
+
+    async def evaluate(
+        self, job: dict[str, Any], result_r: int, result_w: int, deadline: float, nonce: str
+    ) -> Any:
+        """The evaluation's result (as ``_run_child``'s); raises _Ended when there is none. Takes
+        both ends of the result pipe. The sandbox is gone when it returns."""
+        try:
+            return await self._evaluate(job, result_r, result_w, deadline, nonce)
+        finally:
+            self.kill()
+            if self.anchor is not None:
+                await asyncio.shield(self.anchor.wait())
+
+    async def _evaluate(
+        self, job: dict[str, Any], result_r: int, result_w: int, deadline: float, nonce: str
+    ) -> Any:
+        limits, loop = self.limits, asyncio.get_running_loop()
+        result, tail, printed = bytearray(), bytearray(), [0]
+        over: list[str] = []
+        try:
+            pid = await self._sandbox(deadline)
+        except BaseException:
+            os.close(result_r)
+            os.close(result_w)
+            raise
+        job_r, job_w = os.pipe()
+        out_r, out_w = os.pipe()
+        status_r, status_w = os.pipe()
+        request = {
+            "pid": pid,
+            "procs": [str(f) for f in self.cg.procs_files],
+            "cwd": WORKSPACE if self.workspace is not None else "/tmp",
+            "env": _child_env(),
+        }
+        try:
+            await self.forks.send(request, [job_r, result_w, out_w, status_w])
+        except OSError as e:
+            for fd in (job_w, out_r, status_r, result_r):
+                os.close(fd)
+            raise _Ended("error", f"the grader sandbox cannot start: the fork server: {e}") from e
+        finally:
+            for fd in (job_r, result_w, out_w, status_w):
+                os.close(fd)
+
+        def kill(why: str | None = None) -> None:
+            if why is not None and not over:
+                over.append(why)
+            self.kill()
+
+        transports: list[asyncio.BaseTransport] = []
+
+        async def reader(fd: int, limit: int) -> asyncio.StreamReader:
+            stream = asyncio.StreamReader(limit=limit)
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(fd, "rb", buffering=0)
+            )
+            transports.append(transport)
+            return stream
+
+        job_pipe, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(job_w, "wb", buffering=0))
+        transports.append(job_pipe)
+        job_pipe.write(json.dumps(job, ensure_ascii=True).encode("ascii"))
+        job_pipe.close()  # written as the evaluation reads it; dropped if it dies first
+        output = await reader(out_r, 65536)
+        results = await reader(result_r, limits.result_bytes + 1)
+        status = await reader(status_r, 65536)
+        ended: list[int] = []
+
+        async def read_output() -> None:
+            while chunk := await output.read(65536):
+                printed[0] += len(chunk)
+                if over:
+                    continue
+                tail.extend(chunk)
+                del tail[:-OUTPUT_TAIL_BYTES]
+                if printed[0] > limits.output_bytes:
+                    kill(f"the grader printed more than {limits.output_bytes // MiB} MiB")
+
+        async def read_result() -> None:
+            while chunk := await results.read(65536):
+                if over:
+                    continue
+                result.extend(chunk)
+                if len(result) > limits.result_bytes:
+                    kill(f"the grader's result is larger than {limits.result_bytes // MiB} MiB")
+
+        async def read_status() -> None:
+            while line := await status.readline():
+                word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
+                if word == "exit":
+                    ended.append(os.waitstatus_to_exitcode(int(rest)))
+                    self.kill()  # what the evaluation left running dies with the sandbox: the pipes close
+                elif word == "error:":
+                    over.append(f"the grader sandbox cannot start: {rest}")
+                    self.kill()
+
+        task = asyncio.ensure_future(asyncio.gather(read_output(), read_result(), read_status()))
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise _Ended("timeout", "timed out") from None
+        finally:
+            if not task.done():
+                kill()
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), PIPE_DRAIN_S)
+                except (TimeoutError, _Ended):
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            self.kill()
+            for t in transports:
+                t.close()
+            if self.anchor is not None:
+                await self.anchor.wait()
+        rc = ended[0] if ended else -signal.SIGKILL
+        return _ending(over, result, tail, 128 - rc if rc < 0 else rc, nonce, limits, self.cg)

@@ -316,3 +316,73 @@ async def test_a_grader_outside_the_project_may_import_the_bundled_env_package(t
             path, request("s1", {"answer": 42}), spec(path), Trajectory(session_id="s1"), ws
         )
     assert (out.status, out.score) == ("scored", 10.0), out.reason
+
+
+PROBE = r"""
+import ctypes, os
+
+def evaluate(request, spec, trajectory):
+    libc = ctypes.CDLL(None, use_errno=True)
+    caps = {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")}
+    tried = {}
+    for name, call in (
+        ("remount", lambda: libc.mount(None, b"/workspace", None, 0x20 | 0x1000 | 0x21, None)),  # MS_REMOUNT|MS_BIND, rw
+        ("umount", lambda: libc.umount2(b"/workspace", 2)),  # MNT_DETACH: what is under it
+        ("unshare_user", lambda: libc.unshare(0x10000000)),
+        ("setuid_root", lambda: libc.setuid(0)),
+    ):
+        rc = call()
+        tried[name] = rc if rc == 0 else os.strerror(ctypes.get_errno())
+    try:
+        open("/workspace/planted", "w").write("x")
+        tried["write"] = "written"
+    except OSError as e:
+        tried["write"] = e.strerror
+    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    return {"score": 1, "artifacts": {"caps": caps, "tried": tried, "uid": os.getuid(), "ppid": os.getppid(),
+                                      "pids": pids, "me": os.getpid(), "cwd": os.getcwd()}}
+"""
+
+
+async def test_an_evaluation_forked_into_its_sandbox_has_no_capability_and_sees_only_the_sandbox(
+    tmp_path: Path,
+) -> None:
+    """Through the fork server the evaluation enters the sandbox from outside (setns): it must hold
+    no capability there (it cannot remount its read-only workspace, unmount what hides the host,
+    make a user namespace or become root), run as the sandbox's uid, see only the sandbox's
+    processes, and its parent (the helper, outside) not at all."""
+    require_bwrap()
+    path = env_root(tmp_path, PROBE)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
+        assert grader._forks is not None and grader._forks.unavailable is None  # the fork server was used
+    assert out.status == "scored", out.reason
+    got = out.artifacts or {}
+    assert set(got["caps"].values()) == {"0000000000000000"}, got["caps"]
+    assert got["tried"] == {
+        "remount": "Operation not permitted",
+        "umount": "Operation not permitted",
+        "unshare_user": "No space left on device",  # bwrap's --disable-userns: no user namespace at all
+        "setuid_root": "Invalid argument",  # root is not mapped in the sandbox's user namespace
+        "write": "Read-only file system",
+    }, got["tried"]
+    assert (got["uid"], got["ppid"], got["cwd"]) == (65534, 0, "/workspace"), got
+    assert got["pids"] == [1, 2, got["me"]], got["pids"]  # bwrap's init, the sandbox's holder, itself
+    assert not (ws / "planted").exists()
+
+
+async def test_a_fork_server_that_died_is_started_again_and_the_evaluation_scores(tmp_path: Path) -> None:
+    require_bwrap()
+    path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 6\n")
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        first = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), None)
+        assert grader._forks is not None and grader._forks._proc is not None
+        grader._forks._proc.kill()
+        await grader._forks._proc.wait()
+        second = await grader.evaluate(path, request("s2"), spec(path), Trajectory(session_id="s2"), None)
+        assert grader._forks._proc.returncode is None  # a new one
+    assert (first.status, first.score, second.status, second.score) == ("scored", 6.0, "scored", 6.0), second

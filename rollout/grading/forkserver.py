@@ -1,0 +1,168 @@
+"""The grader's fork server (docs/grading.md, "Cost"): one process per ``Grader``, started outside
+any sandbox with the grader child's modules loaded, that runs each evaluation in a fresh grader
+sandbox without starting an interpreter.
+
+    python -S -s -B forkserver.py FD
+
+On the Unix socket FD (``SOCK_SEQPACKET``) each message is a JSON request ``{"pid", "procs",
+"cwd"}`` with four fds: the job's pipe, the result pipe, the output pipe and a status pipe. ``pid``
+is the first process of a sandbox the launcher started (bwrap, its namespaces set up). For each
+request the server forks a helper that joins the evaluation's cgroups (``procs``), enters the
+sandbox's user, IPC, UTS, network, cgroup, PID and mount namespaces and its root (``setns``,
+``chroot``), and forks the evaluation itself, a process of the sandbox's PID namespace: it drops
+every capability (bounding set, ambient, effective, permitted; ``no_new_privs``; the securebits
+that keep a later ``execve`` from giving them back), then runs ``rollout.grading.child`` as the
+sandbox's child process would, its stdin the job, its stdout and stderr the output pipe, the result
+pipe at fd 3. The helper writes ``started <pid>`` and then ``exit <wait status>`` to the status pipe.
+A helper that cannot enter the sandbox writes ``error: <why>``. Stdlib only besides the child.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import fcntl
+import json
+import os
+import signal
+import socket
+import sys
+
+from rollout.grading import child
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_NAMESPACES = (  # entered in this order (the user namespace as the helper says), the mount one last
+    ("user", 0x10000000),
+    ("ipc", 0x08000000),
+    ("uts", 0x04000000),
+    ("net", 0x40000000),
+    ("cgroup", 0x02000000),
+    ("pid", 0x20000000),
+    ("mnt", 0x00020000),
+)
+_CLONE_NEWUSER = 0x10000000
+_NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace
+_PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECUREBITS = 28
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_SECUREBITS_LOCKED_ALL = 0x3F  # noroot, no_setuid_fixup, keep_caps (off) and their locks
+_CAP_VERSION_3 = 0x20080522
+RESULT_FD = 3
+"""The result pipe's fd in the evaluation (the job's ``result_fd``)."""
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _drop_capabilities() -> None:
+    """No capability now or after any ``execve`` (what bwrap's ``--cap-drop ALL`` gives the
+    sandbox's own processes); raises OSError when one step fails."""
+    _check(_LIBC.prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED_ALL, 0, 0, 0), "securebits")
+    cap = 0
+    while _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    _check(_LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient capabilities")
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_LIBC.capset(header, data), "capset")
+    _check(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    with open("/proc/self/status") as f:
+        caps = [
+            line.split()[1] for line in f if line.startswith(("CapEff:", "CapPrm:", "CapBnd:", "CapAmb:"))
+        ]
+    if len(caps) != 4 or any(int(c, 16) for c in caps):
+        raise OSError(f"capabilities left after dropping them: {caps}")
+
+
+def _evaluation(job_fd: int, result_fd: int, out_fd: int, env: dict[str, str]) -> None:
+    """The evaluation process, inside the sandbox: never returns."""
+    try:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _drop_capabilities()
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_fd, out_fd, result_fd)]  # out of dup2's way
+        for fd, to in zip((high[0], high[1], high[1], high[2]), (0, 1, 2, RESULT_FD), strict=True):
+            os.dup2(fd, to)
+        os.closerange(RESULT_FD + 1, os.sysconf("SC_OPEN_MAX"))
+        os.environ.clear()
+        os.environ.update(env)
+        child.main()
+    except BaseException as e:  # noqa: BLE001  # whatever it is, the evaluation ends here
+        os.write(2, f"rollout-grader: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
+        os._exit(1)
+    os._exit(0)
+
+
+def _helper(req: dict[str, object], fds: list[int]) -> None:
+    """Join the cgroups, enter the sandbox, fork the evaluation, report its end: never returns."""
+    job_fd, result_fd, out_fd, status_fd = fds
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        for path in req["procs"]:  # type: ignore[attr-defined]
+            with open(str(path), "w") as f:
+                f.write(str(os.getpid()))
+        pid = int(req["pid"])  # type: ignore[call-overload]
+        ns = [
+            (os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), kind)
+            for name, kind in _NAMESPACES
+        ]
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # the namespaces are owned by the user namespace bwrap made; its process is in a nested one
+        # (--disable-userns): enter the owner, then the others, then the nested one
+        owner = fcntl.ioctl(ns[1][0], _NS_GET_USERNS)
+        users = [owner] + ([ns[0][0]] if os.fstat(owner).st_ino != os.fstat(ns[0][0]).st_ino else [])
+        for fd, kind in [(users[0], _CLONE_NEWUSER), *ns[1:], *((u, _CLONE_NEWUSER) for u in users[1:])]:
+            _check(_LIBC.setns(fd, kind), f"setns {kind:#x}")
+        for fd in {owner, *(fd for fd, _ in ns)}:
+            os.close(fd)
+        os.fchdir(root)
+        os.chroot(".")
+        os.close(root)
+        os.chdir(str(req["cwd"]))
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        evaluation = os.fork()
+    except BaseException as e:  # noqa: BLE001
+        os.write(status_fd, f"error: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
+        os._exit(1)
+    if evaluation == 0:
+        os.close(status_fd)
+        if req.get("probe"):  # the launcher's check that this works here: enter, drop, end
+            try:
+                _drop_capabilities()
+            except OSError:
+                os._exit(1)
+            os._exit(0)
+        _evaluation(job_fd, result_fd, out_fd, dict(req["env"]))  # type: ignore[call-overload]
+    for fd in (job_fd, result_fd, out_fd):
+        os.close(fd)
+    os.write(status_fd, f"started {evaluation}\n".encode())
+    _, status = os.waitpid(evaluation, 0)
+    os.write(status_fd, f"exit {status}\n".encode())
+    os._exit(0)
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer requests until the launcher closes its end."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the helpers are reaped by the kernel
+    while True:
+        fds = array.array("i")
+        msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(4 * fds.itemsize))
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        if not msg:
+            return
+        if len(fds) == 4 and os.fork() == 0:
+            sock.close()
+            _helper(json.loads(msg), list(fds))
+        for fd in fds:
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    serve(socket.socket(fileno=int(sys.argv[1])))
