@@ -91,6 +91,7 @@ LISTED: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/rollout/test_images.py::test_the_audit_runs_an_image_task_with_the_image_map",
         "tests/rollout/test_images.py::test_a_base_rebuilt_under_the_same_tag_builds_the_task_again",
         "tests/rollout/test_images.py::test_same_container_verifies_on_the_agents_layer_and_every_record_says_so",
+        "tests/rollout/test_images.py::test_a_dockerfile_tasks_build_context_is_not_copied_over_its_workdir",
     ),
     (
         "slow",

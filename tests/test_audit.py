@@ -591,3 +591,13 @@ def test_a_tasks_folder_is_audited_as_the_job_runs_it(tmp_path: Path) -> None:
     assert report["cases"] == ["mytasks/t1"] and report["baseline"] == {"mytasks/t1": 0.0}
     assert sorted(a["attack"] for a in report["attacks"]) == ["claim-success", "empty-answer"]
     assert {f["verdict"] for f in report["findings"]} == {"clean"}
+
+
+def test_a_clean_audit_names_the_envs_it_does_not_cover_same_container() -> None:
+    report = findings([record(BASELINE), record("a")], META).model_copy(update={"inconclusive": []})
+    assert verdict_line(report) == "audit clean: no attack paid on 1 case(s) (2 attacks)"
+    same = report.model_copy(update={"same_container": ["bench"]})
+    assert verdict_line(same) == (
+        "audit clean: no attack paid on 1 case(s) (2 attacks); not covered: bench verify on the agent's own "
+        "layer of the image (dataset.same_container), which the attacks never write"
+    )

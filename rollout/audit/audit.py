@@ -141,7 +141,8 @@ class SanityRow(BaseModel):
 class AuditReport(BaseModel):
     """The audit's result (``--json``): the job it ran, the baseline per case (``env/case`` ->
     reward), the sanity rows, one summary per attack and every finding; ``inconclusive``: cases
-    whose baseline or an attack was not graded (an infrastructure failure)."""
+    whose baseline or an attack was not graded (an infrastructure failure); ``same_container``: the
+    envs whose tests run on the agent's own layer of its image, which no attack of the battery tries."""
 
     job_id: str
     store: str
@@ -153,6 +154,7 @@ class AuditReport(BaseModel):
     attacks: list[AttackSummary]
     findings: list[Finding]
     inconclusive: list[str] = Field(default_factory=list)
+    same_container: list[str] = Field(default_factory=list)  # envs verified on the agent's own layer
 
     @property
     def paying(self) -> list[AttackSummary]:
@@ -452,7 +454,9 @@ async def run_audit(
             job_id=opts.job_id,
             out=opts.out or Path(tmp) / "audit.jsonl",
         )
-        harnesses, references, scans = prepare(load_envs(base), opts.agent_root, loaded, Path(tmp))
+        envs = load_envs(base)
+        same = sorted(cfg.name for cfg, _ in envs if cfg.dataset.same_container)
+        harnesses, references, scans = prepare(envs, opts.agent_root, loaded, Path(tmp))
         job = base.model_copy(update={"harness": [str(h.folder) for h in harnesses]})
         result = await run_job(job, on_start=on_start, on_done=on_done)
         records = result.records
@@ -472,5 +476,6 @@ async def run_audit(
             "store": result.store,
             "out": str(result.out),
             "duration_s": time.monotonic() - t0,
+            "same_container": same,
         }
     )

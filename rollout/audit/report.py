@@ -134,7 +134,13 @@ def verdict_line(report: AuditReport) -> str:
         if rest := [c for c in report.inconclusive if c not in base_failed]:
             said.append(f"{_cases(rest)} could not be graded")
         return "audit inconclusive: no attack paid, but " + "; ".join(said)
-    return f"audit clean: no attack paid on {n} case(s) ({len(report.attacks)} attacks)"
+    line = f"audit clean: no attack paid on {n} case(s) ({len(report.attacks)} attacks)"
+    if report.same_container:
+        line += (
+            f"; not covered: {', '.join(report.same_container)} verify on the agent's own layer of the image "
+            "(dataset.same_container), which the attacks never write"
+        )
+    return line
 
 
 def html_section(report: AuditReport) -> str:

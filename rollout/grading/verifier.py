@@ -18,6 +18,7 @@ them. The rules are in docs/verifiers.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -55,7 +56,7 @@ from rollout.sandbox.bwrap import (
 )
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.images import ImageError, ImageRoot
-from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
+from rollout.sandbox.overlay import OverlayUnavailable, kept, merged, upper, wrap
 from rollout.sandbox.runner import disk_used, image_workdir, sandbox_support
 from rollout.sandbox.runtime_local import run_local
 
@@ -152,13 +153,17 @@ def _command(
     image: ImageRoot | None = None,
     root: Path | None = None,
     also_at: str | None = None,
+    tmp_in_root: bool = False,
 ) -> list[str]:
     b = Binds()
     if image is not None and root is not None:  # the image's copy-on-write tree is /
         b.args += ["--bind", str(root), "/"]
-    b.args += (
-        ["--size", str(limits.disk_mb * MiB), "--tmpfs", "/tmp"] if limits.disk_mb else ["--tmpfs", "/tmp"]
-    )
+    if not tmp_in_root:  # else the agent's /tmp, carried in its layer
+        b.args += (
+            ["--size", str(limits.disk_mb * MiB), "--tmpfs", "/tmp"]
+            if limits.disk_mb
+            else ["--tmpfs", "/tmp"]
+        )
     if image is None:
         b.system()
     b.interpreter()
@@ -195,6 +200,65 @@ def _command(
         SHELL,
         f"{TESTS}/{TEST_SCRIPT}",
     ]
+
+
+_DEST_LAST = {
+    "--bind": 2,
+    "--ro-bind": 2,
+    "--dev-bind": 2,
+    "--symlink": 2,
+    "--dir": 1,
+    "--tmpfs": 1,
+    "--proc": 1,
+    "--dev": 1,
+}
+_VALUED = {"--uid", "--gid", "--size", "--hostname", "--cap-drop", "--chdir", "--perms"}
+
+
+def mount_points(argv: list[str]) -> list[str]:
+    """The paths a bwrap command line mounts or makes (``/`` aside), in order."""
+    out, i = [], 1
+    while i < len(argv) and argv[i] != "--":
+        n = _DEST_LAST.get(argv[i])
+        if n is not None:
+            if argv[i + n] != "/":
+                out.append(argv[i + n])
+            i += n + 1
+        else:
+            i += 2 if argv[i] in _VALUED else 1
+    return out
+
+
+def clear_mount_points(layer: Path, points: list[str]) -> list[str]:
+    """Remove from a kept ``layer`` what is not a folder on the way to one of ``points`` (a file, a
+    link, a whiteout where the verifier mounts ``/tests`` or ``/logs``): the image's own shows
+    through and bwrap makes its folders. ``"<path>: <why>"`` for each removed."""
+    out: list[str] = []
+    for point in points:
+        at = layer
+        for part in Path(point).relative_to("/").parts:
+            at = at / part
+            try:
+                st = at.lstat()
+            except FileNotFoundError:
+                break
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            kind = (
+                "a link"
+                if stat.S_ISLNK(st.st_mode)
+                else "a file"
+                if stat.S_ISREG(st.st_mode)
+                else "not a folder"
+            )
+            with contextlib.suppress(PermissionError):  # a folder the agent made unwritable: made writable
+                at.parent.chmod(0o700)
+            at.unlink()
+            out.append(
+                f"/{at.relative_to(layer).as_posix()}: {kind} in the agent's layer where the verifier mounts {point}"
+            )
+            break
+    return out
 
 
 def _read_small(folder: Path, name: str) -> str | None:
@@ -344,6 +408,56 @@ async def run_verifier(
     files the session started with (``strip_hooks`` keeps those unchanged); ``under``: the folder
     that kept the agent's copy-on-write layer over ``image`` (same-container verification: that
     layer under the verifier's own, no hook removed). Never raises except CancelledError."""
+    got = await _verify_once(
+        workspace,
+        tests_dir,
+        timeout_s=timeout_s,
+        limits=limits,
+        cpu_s=cpu_s,
+        caps=caps,
+        label=label,
+        image=image,
+        also_at=also_at,
+        baseline=baseline,
+        under=under,
+    )
+    if under is None or image is None or got.status != "setup_failed":
+        return got
+    # on the agent's layer the verifier could not start: whose failure it is, a fresh copy of the image says
+    fresh = await _verify_once(
+        workspace,
+        tests_dir,
+        timeout_s=timeout_s,
+        limits=limits,
+        cpu_s=cpu_s,
+        caps=caps,
+        label=label,
+        image=image,
+    )
+    if fresh.status == "setup_failed":
+        return got
+    return got.model_copy(
+        update={
+            "status": "no_reward",
+            "reason": f"{got.reason}; on a fresh copy of the image it starts: the agent's layer stopped it",
+        }
+    )
+
+
+async def _verify_once(
+    workspace: Path,
+    tests_dir: Path,
+    *,
+    timeout_s: float,
+    limits: LimitsConfig | None = None,
+    cpu_s: int | None = None,
+    caps: CopyCaps | None = None,
+    label: str = "verifier",
+    image: ImageRoot | None = None,
+    also_at: str | None = None,
+    baseline: Path | None = None,
+    under: Path | None = None,
+) -> VerifierResult:
     t0 = time.monotonic()
     limits = limits or LimitsConfig()
     container: Literal["fresh", "same"] = "same" if image is not None and under is not None else "fresh"
@@ -412,7 +526,19 @@ async def run_verifier(
                 image,
                 root,
                 also_at,
+                tmp_in_root=under is not None,
             )
+            if under is not None:
+                if not kept(under):
+                    return VerifierResult(
+                        status="no_reward",
+                        container=container,
+                        duration_s=time.monotonic() - t0,
+                        reason="the agent's layer was not kept (its sandbox was killed, or the layer could not "
+                        "be copied): the tests did not run",
+                    )
+                cleared = await asyncio.to_thread(clear_mount_points, upper(under), mount_points(argv))
+                copied.stripped = [*(copied.stripped or []), *cleared]
             if image is not None:
                 argv = wrap(
                     image.rootfs,

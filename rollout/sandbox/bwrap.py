@@ -318,6 +318,7 @@ class SandboxSpec:
     workdir: str = WORKSPACE  # where the workspace is bound (the cwd): an image's WORKDIR
     uid: tuple[int, int] = (SANDBOX_UID, SANDBOX_UID)  # the sandbox's uid and gid: an image's USER
     also_at: str | None = None  # the workspace bound there too (no image: a Harbor task's WORKDIR)
+    tmp_in_root: bool = False  # /tmp is the root's own (an image's, in its kept layer), no tmpfs of its own
 
 
 def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
@@ -326,7 +327,10 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
     if spec.root is not None:  # an image: its tree is / (the host's system folders are not bound)
         b.args += ["--bind", str(spec.root), "/"]
     # the private /tmp first: code folders under the host's /tmp are bound on top of it
-    b.args += ["--size", str(spec.tmp_bytes), "--tmpfs", "/tmp"] if spec.tmp_bytes else ["--tmpfs", "/tmp"]
+    if not spec.tmp_in_root:
+        b.args += (
+            ["--size", str(spec.tmp_bytes), "--tmpfs", "/tmp"] if spec.tmp_bytes else ["--tmpfs", "/tmp"]
+        )
     if spec.root is None:
         b.system()
     b.interpreter()

@@ -132,7 +132,11 @@ def at_workdir(image: ImageRoot, cfg: EnvConfig) -> ImageRoot:
 def own_files(source: ImageSource | None, cfg: EnvConfig) -> bool:
     """Whether the case's ``files_dir`` is copied into the workspace too: not for a Harbor task
     in its own image (its ``environment/`` is the build context; the image's WORKDIR holds its files)."""
-    return source is None or cfg.dataset.format != "harbor" or source.ref == cfg.image
+    return (
+        source is None
+        or cfg.dataset.format != "harbor"
+        or (cfg.image is not None and source.ref == cfg.image)
+    )
 
 
 def missing_tools() -> list[str]:

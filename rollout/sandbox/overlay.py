@@ -20,12 +20,13 @@ MERGED = "m"
 """The merged tree under the session's scratch folder (where bwrap finds it, inside the namespace)."""
 _SCRIPT = (
     'set -e; s="$1"; lower="$2"; size="$3"; keep="$4"; shift 4; '
-    'if [ "$keep" != - ]; then up="$keep"; '
-    'elif [ "$size" != - ]; then mount -t tmpfs -o "size=$size,mode=0700" tmpfs "$s"; up="$s"; '
-    'else mount -t tmpfs -o mode=0700 tmpfs "$s"; up="$s"; fi; '
-    'mkdir -p "$up/u" "$up/w" "$s/m"; '
-    'mount -t overlay overlay -o "userxattr,lowerdir=$lower,upperdir=$up/u,workdir=$up/w" "$s/m"; '
-    'exec "$@"'
+    'if [ "$size" != - ]; then mount -t tmpfs -o "size=$size,mode=0700" tmpfs "$s"; '
+    'else mount -t tmpfs -o mode=0700 tmpfs "$s"; fi; '
+    'mkdir "$s/u" "$s/w" "$s/m"; '
+    'mount -t overlay overlay -o "userxattr,lowerdir=$lower,upperdir=$s/u,workdir=$s/w" "$s/m"; '
+    'if [ "$keep" = - ]; then exec "$@"; fi; '
+    # keep the layer: copied out (whiteouts and user.overlay attributes too) once the sandbox ended
+    'set +e; "$@"; rc=$?; cp -a "$s/u" "$keep/u" && : > "$keep/copied"; exit $rc'
 )
 
 
@@ -44,6 +45,11 @@ def upper(keep: Path) -> Path:
     return keep / "u"
 
 
+def kept(keep: Path) -> bool:
+    """Whether the layer was copied into ``keep`` whole (the sandbox ended, not killed, and the copy worked)."""
+    return (keep / "copied").is_file()
+
+
 def wrap(
     rootfs: Path,
     scratch: Path,
@@ -55,9 +61,9 @@ def wrap(
 ) -> list[str]:
     """``argv`` (a bwrap command binding :func:`merged` as ``/``) run inside the namespace that
     mounts the overlay of ``rootfs`` at ``scratch`` (an empty folder), its writable layer in a
-    tmpfs capped at ``size_bytes``, or in the host folder ``keep`` (kept after the sandbox ends;
-    the caller counts its size); ``under``: a layer an earlier session kept (:func:`upper`), read-only
-    on top of the image."""
+    tmpfs capped at ``size_bytes``; with ``keep`` (an empty host folder) that layer is copied
+    there once ``argv`` ends (:func:`upper`, :func:`kept`); ``under``: a layer a session kept,
+    read-only on top of the image."""
     unshare = shutil.which("unshare")
     if unshare is None:
         raise OverlayUnavailable("a session in an image needs unshare (util-linux)")

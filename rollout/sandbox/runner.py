@@ -43,7 +43,7 @@ from rollout.sandbox.bwrap import (
 )
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.images import ImageError, ImageRoot, bound_at
-from rollout.sandbox.overlay import OverlayUnavailable, merged, upper, wrap
+from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
 from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
 
 MiB = 1024 * 1024
@@ -297,11 +297,8 @@ def disk_used(folder: Path, stop_above: int | None = None, max_entries: int | No
     return DiskUse(total[0], total[1])
 
 
-def _disk_check(
-    workspace: Path, limits: LimitsConfig, what: str = "the workspace"
-) -> Callable[[], tuple[str, str] | None] | None:
-    """The disk and file-count limits of ``workspace`` (a folder the session writes, named
-    ``what`` in the reason) as a blocking check (None without either)."""
+def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str, str] | None] | None:
+    """The workspace's disk and file-count limits as a blocking check (None without either)."""
     if limits.disk_mb is None and limits.max_files is None:
         return None
     cap = limits.disk_mb * MiB if limits.disk_mb is not None else None
@@ -310,12 +307,13 @@ def _disk_check(
         try:
             use = disk_used(workspace, cap, limits.max_files)
         except OSError as e:
-            return "disk", f"disk limit: {what} cannot be measured ({e.strerror or e})"
+            return "disk", f"disk limit: the workspace cannot be measured ({e.strerror or e})"
         if cap is not None and use.bytes > cap:
-            return "disk", f"disk limit exceeded: {what} holds more than {limits.disk_mb} MiB"
+            return "disk", f"disk limit exceeded: the workspace holds more than {limits.disk_mb} MiB"
         if limits.max_files is not None and use.entries > limits.max_files:
             return "files", (
-                f"file limit exceeded: {what} holds more than {limits.max_files} files, folders and links"
+                f"file limit exceeded: the workspace holds more than {limits.max_files} "
+                "files, folders and links"
             )
         return None
 
@@ -334,12 +332,8 @@ def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
     return monitor
 
 
-def _limit_monitor(
-    cg: SessionCgroup, workspace: Path, limits: LimitsConfig, layer: Path | None = None
-) -> Monitor:
-    """The cgroup caps, the workspace's disk limits and those of a kept copy-on-write ``layer``."""
+def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Monitor:
     disk = _disk_check(workspace, limits)
-    kept = _disk_check(layer, limits, "the session's writes outside its workspace") if layer else None
 
     def check() -> tuple[str, str] | None:
         hit = cg.exceeded()
@@ -353,7 +347,7 @@ def _limit_monitor(
                 f"process limit exceeded: the session tried to run more than "
                 f"{limits.processes} processes/threads at once"
             )
-        return (disk() if disk else None) or (kept() if kept and layer and layer.is_dir() else None)
+        return disk() if disk else None
 
     async def monitor() -> tuple[str, str] | None:
         return await asyncio.to_thread(check)
@@ -384,8 +378,8 @@ async def run_runtime(
     as ``OPENAI_API_KEY``), then the session's (``session_env``). ``stderr_log``: a host file that
     keeps the runtime's whole stderr. ``image``: the session's root file system (docs/images.md:
     the workspace at its WORKDIR, its ENV and USER; it needs the sandbox); ``changes``: an empty
-    host folder that keeps the session's copy-on-write layer over the image after it ends (for a
-    verifier in the same container), its size counted in the disk limit. The workspace is left
+    host folder the session's copy-on-write layer over the image (capped at ``disk_mb``, ``/tmp``
+    in it) is copied into when it ends (for a verifier in the same container). The workspace is left
     as the runtime left it: graders only ever read a copy of it as data (``rollout.grading``).
     Never raises except CancelledError."""
     return await _run_runtime(
@@ -542,6 +536,8 @@ async def _run_sandboxed(
                 spec = image_spec(spec, image, scratch / "root")
             except (ImageError, OSError) as e:
                 return _setup_failed(t0, f"{type(e).__name__}: {e}")
+            if changes is not None:  # the image's own /tmp, in the layer the verifier gets
+                spec = dataclasses.replace(spec, tmp_bytes=None, tmp_in_root=True)
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
         if image is not None:
             try:
@@ -569,9 +565,7 @@ async def _run_sandboxed(
                 env=env,
                 pass_fds=(status_w,),
                 output_limit=_output_limit(limits),
-                monitor=_limit_monitor(
-                    cg, workspace, limits, upper(changes) if image is not None and changes else None
-                ),
+                monitor=_limit_monitor(cg, workspace, limits),
                 stderr_log=stderr_log,
                 result_file=SAFACTORY_RESULT_FILE if sf else None,
             )

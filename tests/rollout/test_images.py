@@ -114,44 +114,93 @@ async def test_a_task_with_a_dockerfile_runs_in_its_image(tmp_path: Path, base_i
     assert (nothing["eval_status"], nothing["score"]) == ("scored", 0.0), nothing
 
 
-def _system_task(root: Path) -> Path:
-    """A Harbor task whose solution changes the image outside its WORKDIR: writes ``/etc``, removes
-    a folder the image holds; its test checks both."""
-    task = root / "tasks" / "configure"
+def _harbor_task(root: Path, name: str, solve: str, test: str) -> None:
+    task = root / "tasks" / name
     (task / "environment").mkdir(parents=True)
     (task / "environment" / "Dockerfile").write_text("FROM python:3\nWORKDIR /app\n")
-    (task / "instruction.md").write_text(
-        "Write 'configured' to /etc/greeting.conf; remove /usr/share/doc/gzip.\n"
-    )
+    (task / "instruction.md").write_text("Do what the solution does.\n")
     (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
-    for folder, name, text in (
-        (
-            "solution",
-            "solve.sh",
-            "#!/bin/bash\nset -e\necho configured > /etc/greeting.conf\nrm -rf /usr/share/doc/gzip\n",
-        ),
-        (
-            "tests",
-            "test.sh",
-            "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n"
-            "grep -qx configured /etc/greeting.conf && [ ! -e /usr/share/doc/gzip ] && [ -d /usr/share/doc ] "
-            "&& echo 1 > /logs/verifier/reward.txt\n",
-        ),
-    ):
+    for folder, file, text in (("solution", "solve.sh", solve), ("tests", "test.sh", test)):
         (task / folder).mkdir()
-        (task / folder / name).write_text(text)
-        (task / folder / name).chmod(0o755)
-    return task.parent
+        (task / folder / file).write_text("#!/bin/bash\n" + text)
+        (task / folder / file).chmod(0o755)
+
+
+def _system_tasks(root: Path) -> Path:
+    """Harbor tasks whose solutions change the image outside its WORKDIR: ``configure`` writes
+    ``/etc`` and ``/tmp`` and removes a folder the image holds (its test checks all three);
+    ``clobber`` fails its task and puts a file and a link where the verifier mounts ``/tests`` and
+    ``/logs``, ``libc`` breaks the image's C library (outages they would like to cause)."""
+    _harbor_task(
+        root,
+        "configure",
+        "set -e\necho configured > /etc/greeting.conf\necho t > /tmp/marker\nrm -rf /usr/share/doc/gzip\n",
+        "echo 0 > /logs/verifier/reward.txt\n"
+        "grep -qx configured /etc/greeting.conf && [ ! -e /usr/share/doc/gzip ] && [ -d /usr/share/doc ] "
+        "&& grep -qx t /tmp/marker && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    _harbor_task(
+        root,
+        "clobber",
+        "rm -rf /tests; echo x > /tests; ln -s /nonexistent /logs\n",
+        "echo 0 > /logs/verifier/reward.txt\n[ -e /app/solved ] && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    _harbor_task(  # the verifier's interpreter cannot start on this layer: still its own 0
+        root,
+        "libc",
+        "echo broken > /usr/lib/x86_64-linux-gnu/libc.so.6\n",
+        "echo 0 > /logs/verifier/reward.txt\n[ -e /app/solved ] && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    return root / "tasks"
+
+
+async def test_a_dockerfile_tasks_build_context_is_not_copied_over_its_workdir(
+    tmp_path: Path, base_image: str
+) -> None:
+    """The workspace is what the image's WORKDIR holds after the build (a RUN step's change
+    included), never the task's ``environment/`` folder copied over it."""
+    require_bwrap()
+    task = tmp_path / "tasks" / "ctx"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM python:3\nWORKDIR /app\nCOPY name.txt /app/name.txt\nRUN echo changed > /app/name.txt\n"
+    )
+    (task / "environment" / "name.txt").write_text("original\n")
+    (task / "environment" / "secret.txt").write_text("never copied by the Dockerfile\n")
+    (task / "instruction.md").write_text("Nothing to do.\n")
+    (task / "task.toml").write_text('version = "1.0"\n')
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
+    (task / "tests").mkdir()
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n"
+        '[ "$(cat /app/name.txt)" = changed ] && [ ! -e /app/secret.txt ] && [ ! -e /app/Dockerfile ] '
+        "&& echo 1 > /logs/verifier/reward.txt\n"
+    )
+    records, _, stderr = await run_job(
+        tmp_path,
+        "--tasks",
+        str(task.parent),
+        "--image",
+        f"python:3={base_image}",
+        "--harness",
+        "oracle",
+        "--job-id",
+        "ctx",
+    )
+    assert [(r["eval_status"], r["score"]) for r in records] == [("scored", 10.0)], stderr[-3000:]
 
 
 async def test_same_container_verifies_on_the_agents_layer_and_every_record_says_so(
     tmp_path: Path, base_image: str
 ) -> None:
     """By default the tests run in a fresh copy of the image (what the agent wrote outside /app is
-    gone: 0); with ``--same-container`` on the agent's own layer, its file written and its folder
-    removed (whiteout) both seen: 10, flagged in the record and under the table. No layer is left."""
+    gone: 0); with ``--same-container`` on the agent's own layer, its files written (``/tmp``
+    included) and its folder removed (whiteout) all seen: 10, flagged in the record and under the
+    table. A layer that clobbers the verifier's mount points is the agent's 0 either way. No layer
+    is left."""
     require_bwrap()
-    tasks = _system_task(tmp_path)
+    tasks = _system_tasks(tmp_path)
     got = {}
     for flag in ((), ("--same-container",)):
         run = tmp_path / ("same" if flag else "fresh")
@@ -170,8 +219,14 @@ async def test_same_container_verifies_on_the_agents_layer_and_every_record_says
             "sc",
             tmpdir=scratch,
         )
-        assert len(records) == 1, stderr[-3000:]
-        got[bool(flag)] = records[0], stdout + stderr
+        assert len(records) == 3, stderr[-3000:]
+        by_case = {r["case_id"]: r for r in records}
+        for case in ("clobber", "libc"):  # their own 0, never an outage
+            r = by_case[case]
+            assert (r["eval_status"], r["score"], len(r["attempts"])) == ("scored", 0.0, 1), r
+        if flag:
+            assert "the agent's layer stopped it" in by_case["libc"]["reason"], by_case["libc"]["reason"]
+        got[bool(flag)] = by_case["configure"], stdout + stderr
         assert not list(scratch.glob("rollout-layer-*"))
         shutil.rmtree(scratch)
     fresh, fresh_out = got[False]
