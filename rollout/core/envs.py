@@ -188,9 +188,13 @@ class EnvConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _harbor_runtime(cls, data: Any) -> Any:
-        """A Harbor env without ``runtime``: the one ``--tasks`` gives Harbor tasks (the bundled bash
-        agent, ``answer_file: false`` unless its params say otherwise)."""
-        if not isinstance(data, dict) or "runtime" in data:
+        """A Harbor env without ``runtime`` or without ``runtime.command`` (its limits or timeout set
+        alone): the runtime ``--tasks`` gives Harbor tasks (the bundled bash agent, ``answer_file:
+        false`` unless its params say otherwise)."""
+        if not isinstance(data, dict):
+            return data
+        runtime = data.get("runtime")
+        if runtime is not None and not (isinstance(runtime, dict) and "command" not in runtime):
             return data
         dataset = data.get("dataset")
         fmt = dataset.get("format") if isinstance(dataset, dict) else getattr(dataset, "format", None)
@@ -199,7 +203,7 @@ class EnvConfig(_Strict):
         params = data.get("params", {})
         if isinstance(params, dict):
             params = {"answer_file": False, **params}
-        return {**data, "runtime": {"command": list(TASK_RUNTIME)}, "params": params}
+        return {**data, "runtime": {**(runtime or {}), "command": list(TASK_RUNTIME)}, "params": params}
 
     @property
     def from_tasks_flag(self) -> bool:

@@ -223,14 +223,13 @@ def build_ref(source: ImageSource) -> tuple[str, str]:
     """The local reference ``source``'s build is tagged with, and its mapped Dockerfile. The tag
     hashes the build context, the mapped Dockerfile and the config digest of each base image as
     the local store holds it (a base not there is pulled first): a base rebuilt under the same
-    tag gives a new tag."""
+    tag gives a new tag, and tasks whose contexts are the same share one build."""
     assert source.context is not None
     dockerfile = mapped_dockerfile((source.context / "Dockerfile").read_text(encoding="utf-8"), source)
     keyed = dockerfile + "".join(
         f"\0{base}\0{_config(local_ref(ImageSource(ref=base)))[0]}" for base in bases(dockerfile)
     )
-    ref = f"localhost/rollout-build/{source.context.parent.name.lower() or 'task'}:{_context_hash(source.context, keyed)}"
-    return re.sub(r"[^a-z0-9./:_-]", "-", ref), dockerfile
+    return f"localhost/rollout-build/context:{_context_hash(source.context, keyed)}", dockerfile
 
 
 def build(source: ImageSource) -> str:

@@ -250,6 +250,17 @@ def test_a_harbor_env_without_a_runtime_gets_the_one_tasks_gives_it(tmp_path: Pa
     )
     assert load_env_config(folder / "env.yaml").params == {"answer_file": True}
     assert [c.case_id for c in load_cases(cfg)] == [c.case_id for c in load_cases(flag)]
+    (folder / "env.yaml").write_text(  # its limits alone: the same runtime with them
+        f"dataset: {{format: harbor, path: {tasks}}}\nruntime: {{timeout_s: 60, limits: {{disk_mb: 64}}}}\n"
+    )
+    limited = load_env_config(folder / "env.yaml")
+    assert limited.runtime.command == ["{python}", "-m", "env.task_runtime"]
+    assert (limited.runtime.timeout_s, limited.runtime.limits.disk_mb) == (60, 64)
     (folder / "env.yaml").write_text("dataset: {format: jsonl, path: cases.jsonl}\n")
     with pytest.raises(EnvConfigError, match="runtime: required key missing"):
+        load_env_config(folder / "env.yaml")
+    (folder / "env.yaml").write_text(
+        "dataset: {format: jsonl, path: cases.jsonl}\nruntime: {timeout_s: 60}\n"
+    )
+    with pytest.raises(EnvConfigError, match="runtime.command: required key missing"):
         load_env_config(folder / "env.yaml")

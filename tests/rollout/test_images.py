@@ -372,8 +372,8 @@ def test_a_base_rebuilt_under_the_same_tag_builds_the_task_again(tmp_path: Path,
         for ref in (*built, base):
             subprocess.run(["buildah", "rmi", "-f", ref], capture_output=True, timeout=300)
         subprocess.run(["buildah", "rm", ctr], capture_output=True, timeout=300)
-    assert first.startswith("localhost/rollout-build/rebased:") and second.startswith(
-        "localhost/rollout-build/rebased:"
+    assert first.startswith("localhost/rollout-build/context:") and second.startswith(
+        "localhost/rollout-build/context:"
     )
     assert second != first and again == first
     assert (labels[0].get("task"), labels[0].get("base")) == ("rebased", None)
@@ -386,3 +386,16 @@ def test_the_bases_of_a_dockerfile_skip_stages_scratch_and_build_args() -> None:
         "FROM scratch\nFROM ${BASE}\nFROM localhost/a:1\n"
     )
     assert images.bases(text) == ["localhost/a:1", "b:2"]
+
+
+def test_tasks_with_the_same_build_context_share_one_build(tmp_path: Path) -> None:
+    """The build's tag is the content's, not the task's: two tasks whose ``environment/`` folders
+    are the same build (and unpack) once; a byte of difference is another build."""
+    refs = []
+    for task, text in (("a", "x"), ("b", "x"), ("c", "y")):
+        ctx = tmp_path / task / "environment"
+        ctx.mkdir(parents=True)
+        (ctx / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
+        (ctx / "f").write_text(text)
+        refs.append(images.build_ref(ImageSource(context=ctx))[0])
+    assert refs[0] == refs[1] != refs[2] and refs[0].startswith("localhost/rollout-build/context:"), refs
