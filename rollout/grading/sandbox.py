@@ -72,6 +72,14 @@ class GraderLimits:
     result_bytes: int = 4 * MiB
 
 
+class _ServerGone(Exception):
+    """The fork server cannot be reached, even started again (``reason``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class _Ended(Exception):
     """The evaluation cannot give a result; ``status`` and ``reason`` say why."""
 
@@ -178,10 +186,18 @@ async def evaluate_in_sandbox(
     try:
         if forked:
             assert forks is not None
-            job["result_fd"] = RESULT_FD
-            run = _Forked(forks, roots, workspace, limits, cg)
-            value = await run.evaluate(job, result_r, result_w, started + timeout, nonce)
-        else:
+            try:
+                run = _Forked(forks, roots, workspace, limits, cg)
+                value = await run.evaluate(
+                    {**job, "result_fd": RESULT_FD}, result_r, result_w, started + timeout, nonce
+                )
+            except _ServerGone as gone:  # the launcher's own failure: this and later evaluations the old way
+                forks.disable(gone.reason)
+                forked = False
+                result_r, result_w = os.pipe()
+                job["result_fd"] = result_w
+                argv = grader_command(roots, workspace, limits)
+        if not forked:
             value = await _run_child(
                 cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg, nonce
             )
@@ -189,6 +205,8 @@ async def evaluate_in_sandbox(
         if e.status == "timeout":
             return outcome("timeout", 0.0, reason=f"evaluator timed out after {float(timeout)!r} s")
         return outcome(e.status, 0.0, reason=e.reason)
+    except SandboxUnavailable as e:
+        return outcome("error", 0.0, reason=f"the grader sandbox cannot start: {e}")
     finally:
         await asyncio.shield(asyncio.to_thread(cg.remove))
     return _checked(value, outcome)
@@ -411,7 +429,7 @@ class ForkServer:
                     cg = SessionCgroup(None, None, None, None)
                     run = _Forked(self, roots, None, limits, cg)
                     why = await run.probe(time.monotonic() + 30)
-                except (OSError, SandboxUnavailable) as e:
+                except Exception as e:  # noqa: BLE001  # whatever stops the check: not used here
                     why = f"{type(e).__name__}: {e}"
                 self.unavailable = why
                 self._checked = why is None
@@ -421,6 +439,13 @@ class ForkServer:
                         why,
                     )
         return bool(self._checked)
+
+    def disable(self, why: str) -> None:
+        """No evaluation goes through the server any more (it cannot be reached: ``why``)."""
+        self._checked, self.unavailable = False, why
+        log.warning(
+            "grader: the fork server cannot be reached (%s): an interpreter per evaluation from now on", why
+        )
 
     async def send(self, request: dict[str, Any], fds: list[int]) -> None:
         """One request and its four fds, the server started again once when it is gone; OSError
@@ -594,7 +619,7 @@ class _Forked:
         except OSError as e:
             for fd in (job_w, out_r, status_r, result_r):
                 os.close(fd)
-            raise _Ended("error", f"the grader sandbox cannot start: the fork server: {e}") from e
+            raise _ServerGone(f"{type(e).__name__}: {e}") from e
         finally:
             for fd in (job_r, result_w, out_w, status_w):
                 os.close(fd)

@@ -386,3 +386,28 @@ async def test_a_fork_server_that_died_is_started_again_and_the_evaluation_score
         second = await grader.evaluate(path, request("s2"), spec(path), Trajectory(session_id="s2"), None)
         assert grader._forks._proc.returncode is None  # a new one
     assert (first.status, first.score, second.status, second.score) == ("scored", 6.0, "scored", 6.0), second
+
+
+async def test_a_fork_server_that_cannot_be_started_again_leaves_the_old_way_not_a_failed_grading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork server is the launcher's: when it is gone and cannot start again, the evaluation
+    (and the next ones) start the child in the sandbox instead, never a grading failure."""
+    require_bwrap()
+    path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 4\n")
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        first = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), None)
+        forks = grader._forks
+        assert forks is not None and forks._proc is not None
+        forks._proc.kill()
+        await forks._proc.wait()
+
+        async def cannot_start() -> None:
+            raise OSError("no more processes")
+
+        monkeypatch.setattr(forks, "_start", cannot_start)
+        second = await grader.evaluate(path, request("s2"), spec(path), Trajectory(session_id="s2"), None)
+        third = await grader.evaluate(path, request("s3"), spec(path), Trajectory(session_id="s3"), None)
+        assert forks.unavailable == "OSError: no more processes"
+    assert [(e.status, e.score) for e in (first, second, third)] == [("scored", 4.0)] * 3, second.reason
