@@ -37,7 +37,7 @@ from typing import Any
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading import scoring
 from rollout.grading.evaluation import EvalStatus, Evaluation
-from rollout.sandbox.bwrap import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailable, clean_env
+from rollout.sandbox.bwrap import NAMESPACE_FLAGS, WORKSPACE, Binds, SandboxUnavailable, clean_env, proc_args
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.runner import CODE_ROOT, sandbox_support
 
@@ -113,8 +113,7 @@ def grader_command(
         support.bwrap,
         *NAMESPACE_FLAGS,
         *b.args,
-        "--proc",
-        "/proc",
+        *proc_args(),
         "--dev",
         "/dev",
         "--chdir",
@@ -166,23 +165,21 @@ async def evaluate_in_sandbox(
     if support.memory is None:
         rlimits["as"] = limits.memory_mb * MiB
     inside = request.model_copy(update={"workspace": WORKSPACE if workspace is not None else None})
-    result_r, result_w = os.pipe()
     nonce = secrets.token_hex(16)
-    job = {
+    job: dict[str, Any] = {
         "evaluator": str(path),
         "request": inside.model_dump(mode="json"),
         "spec": spec.model_dump(mode="json"),
         "trajectory": trajectory.model_dump(mode="json"),
         "rlimits": rlimits,
-        "result_fd": result_w,
         "nonce": nonce,
     }
     try:
         await asyncio.to_thread(cg.create, f"rollout-grade-{request.session_id[:24]}-{uuid.uuid4().hex[:6]}")
     except OSError as e:
-        os.close(result_r)
-        os.close(result_w)
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: cgroup: {e}")
+    result_r, result_w = os.pipe()  # handed on with no await between: whoever takes them closes them
+    job["result_fd"] = result_w
     try:
         if forked:
             assert forks is not None
@@ -194,9 +191,9 @@ async def evaluate_in_sandbox(
             except _ServerGone as gone:  # the launcher's own failure: this and later evaluations the old way
                 forks.disable(gone.reason)
                 forked = False
+                argv = grader_command(roots, workspace, limits)
                 result_r, result_w = os.pipe()
                 job["result_fd"] = result_w
-                argv = grader_command(roots, workspace, limits)
         if not forked:
             value = await _run_child(
                 cg.joined(argv), job, result_r, result_w, started + timeout, limits, cg, nonce
@@ -238,6 +235,9 @@ async def _run_child(
     except OSError as e:
         os.close(result_r)
         raise _Ended("error", f"the grader sandbox cannot start: {e}") from e
+    except BaseException:  # cancelled while it started
+        os.close(result_r)
+        raise
     finally:
         os.close(result_w)
     loop = asyncio.get_running_loop()
@@ -481,7 +481,10 @@ class ForkServer:
 
 class _Forked:
     """One evaluation through the fork server: the sandbox (bwrap running ``ANCHOR``), the request,
-    the pipes read as the child's would be."""
+    the pipes read as the child's would be. The anchor's stdin, stdout and stderr are plain pipes:
+    once its first line is read the launcher keeps only the stdin's write end (what a process of
+    the sandbox writes to the anchor's fds then goes nowhere), so waiting for it is waiting for its
+    exit alone."""
 
     def __init__(
         self,
@@ -493,74 +496,98 @@ class _Forked:
     ) -> None:
         self.forks, self.roots, self.workspace, self.limits, self.cg = forks, roots, workspace, limits, cg
         self.anchor: asyncio.subprocess.Process | None = None
+        self._hold: int | None = None  # the anchor's stdin, written never: closed, it ends
 
     def kill(self) -> None:
         """Kill the sandbox (its PID namespace takes the evaluation and all it started) and the groups."""
-        if self.anchor is not None:
+        if self.anchor is not None and self.anchor.returncode is None:  # never a reaped pid's group
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.anchor.pid, signal.SIGKILL)
+        if self._hold is not None:
+            os.close(self._hold)
+            self._hold = None
         self.cg.kill_all()
+
+    async def _ended(self) -> None:
+        """Kill the sandbox and wait for its first process (its exit only: no pipe of it is ours)."""
+        self.kill()
+        if self.anchor is not None:
+            await asyncio.shield(self.anchor.wait())
 
     async def _sandbox(self, deadline: float) -> int:
         """Start the sandbox; its first process's pid once it is set up. Raises _Ended."""
+        loop = asyncio.get_running_loop()
         info_r, info_w = os.pipe()
+        said_r, said_w = os.pipe()  # the anchor's stdout and stderr: its line, or bwrap's error
+        hold_r, self._hold = os.pipe()
         try:
-            argv = grader_command(self.roots, self.workspace, self.limits, info_fd=info_w)
-            self.anchor = await asyncio.create_subprocess_exec(
-                *self.cg.joined(argv),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(info_w,),
-                start_new_session=True,
-                env=_child_env(),
-            )
-        except OSError as e:
-            os.close(info_r)
-            raise _Ended("error", f"the grader sandbox cannot start: {e}") from e
+            try:
+                argv = grader_command(self.roots, self.workspace, self.limits, info_fd=info_w)
+                self.anchor = await asyncio.create_subprocess_exec(
+                    *self.cg.joined(argv),
+                    stdin=hold_r,
+                    stdout=said_w,
+                    stderr=said_w,
+                    pass_fds=(info_w,),
+                    start_new_session=True,
+                    env=_child_env(),
+                )
+            except OSError as e:
+                raise _Ended("error", f"the grader sandbox cannot start: {e}") from e
+            finally:
+                for fd in (info_w, said_w, hold_r):
+                    os.close(fd)
+            said = asyncio.StreamReader()
+            said_file = os.fdopen(said_r, "rb", buffering=0)
+            said_r = -1
+            transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(said), said_file)
+            try:
+                line = await asyncio.wait_for(said.readline(), max(0.0, deadline - time.monotonic()))
+                if line != b"\n":  # bwrap's error (it ends at the sandbox's end)
+                    rest = await asyncio.wait_for(said.read(4096), max(0.0, deadline - time.monotonic()))
+                    err = (line + rest).decode("utf-8", "replace").strip()
+                    raise _Ended("error", f"the grader sandbox cannot start: {err[-300:] or 'bwrap ended'}")
+            except TimeoutError:
+                raise _Ended("timeout", "timed out") from None
+            finally:
+                transport.close()
+            os.set_blocking(info_r, False)  # bwrap wrote it before the sandbox's first line
+            try:
+                return int(json.loads(os.read(info_r, 65536))["child-pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                raise _Ended("error", "the grader sandbox cannot start: bwrap gave no pid") from None
         finally:
-            os.close(info_w)
-        assert self.anchor.stdout is not None and self.anchor.stderr is not None
-        try:
-            ready = await asyncio.wait_for(
-                self.anchor.stdout.readline(), max(0.0, deadline - time.monotonic())
-            )
-        except TimeoutError:
             os.close(info_r)
-            raise _Ended("timeout", "timed out") from None
-        try:  # bwrap wrote it before the sandbox's first line; it may keep the pipe open
-            os.set_blocking(info_r, False)
-            info = os.read(info_r, 65536) if ready else b""
-        except BlockingIOError:
-            info = b""
-        finally:
-            os.close(info_r)
-        if not ready:
-            err = (await self.anchor.stderr.read(4096)).decode("utf-8", "replace").strip()
-            raise _Ended("error", f"the grader sandbox cannot start: {err[-300:] or 'bwrap ended'}")
-        try:
-            return int(json.loads(info)["child-pid"])
-        except (ValueError, KeyError, TypeError):
-            raise _Ended("error", "the grader sandbox cannot start: bwrap gave no pid") from None
+            if said_r >= 0:
+                os.close(said_r)
 
     async def probe(self, deadline: float) -> str | None:
         """Enter a sandbox of this kind, drop the capabilities, run nothing: None when that works
         here, else why not."""
         loop = asyncio.get_running_loop()
+        fds: list[int] = []
         try:
             pid = await self._sandbox(deadline)
             status_r, status_w = os.pipe()
-            fds = [os.open(os.devnull, os.O_RDONLY), *(os.open(os.devnull, os.O_WRONLY) for _ in range(2))]
+            fds = [
+                status_r,
+                os.open(os.devnull, os.O_RDONLY),
+                *(os.open(os.devnull, os.O_WRONLY) for _ in range(2)),
+            ]
             try:
                 await self.forks.send(
-                    {"pid": pid, "procs": [], "cwd": "/tmp", "env": {}, "probe": True}, [*fds, status_w]
+                    {"pid": pid, "procs": [], "cwd": "/tmp", "env": {}, "probe": True}, [*fds[1:], status_w]
                 )
             finally:
-                for fd in (*fds, status_w):
+                os.close(status_w)
+                for fd in fds[1:]:
                     os.close(fd)
+                fds = [status_r]
             stream = asyncio.StreamReader()
+            status_file = os.fdopen(status_r, "rb", buffering=0)
+            fds = []
             transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(status_r, "rb", buffering=0)
+                lambda: asyncio.StreamReaderProtocol(stream), status_file
             )
             try:
                 said = await asyncio.wait_for(stream.read(), max(0.0, deadline - time.monotonic()))
@@ -577,37 +604,46 @@ class _Forked:
         except TimeoutError:
             return "no answer in 30 s"
         finally:
-            self.kill()
-            if self.anchor is not None:
-                await self.anchor.wait()
+            for fd in fds:
+                os.close(fd)
+            await self._ended()
 
     async def evaluate(
         self, job: dict[str, Any], result_r: int, result_w: int, deadline: float, nonce: str
     ) -> Any:
-        """The evaluation's result (as ``_run_child``'s); raises _Ended when there is none. Takes
-        both ends of the result pipe. The sandbox is gone when it returns."""
+        """The evaluation's result (as ``_run_child``'s); raises _Ended when there is none, or
+        _ServerGone when the fork server cannot be reached. Takes both ends of the result pipe;
+        the sandbox is gone when it returns."""
+        owned = [result_r, result_w]  # fds still to close here (a transport closes its own)
+        transports: list[asyncio.BaseTransport] = []
         try:
-            return await self._evaluate(job, result_r, result_w, deadline, nonce)
+            return await self._evaluate(job, owned, transports, deadline, nonce)
         finally:
-            self.kill()
-            if self.anchor is not None:
-                await asyncio.shield(self.anchor.wait())
+            for t in transports:
+                t.close()
+            for fd in owned:
+                os.close(fd)
+            await self._ended()
 
     async def _evaluate(
-        self, job: dict[str, Any], result_r: int, result_w: int, deadline: float, nonce: str
+        self,
+        job: dict[str, Any],
+        owned: list[int],
+        transports: list[asyncio.BaseTransport],
+        deadline: float,
+        nonce: str,
     ) -> Any:
         limits, loop = self.limits, asyncio.get_running_loop()
+        result_r, result_w = owned
         result, tail, printed = bytearray(), bytearray(), [0]
         over: list[str] = []
-        try:
-            pid = await self._sandbox(deadline)
-        except BaseException:
-            os.close(result_r)
-            os.close(result_w)
-            raise
+        pid = await self._sandbox(deadline)
         job_r, job_w = os.pipe()
+        owned += [job_r, job_w]
         out_r, out_w = os.pipe()
+        owned += [out_r, out_w]
         status_r, status_w = os.pipe()
+        owned += [status_r, status_w]
         request = {
             "pid": pid,
             "procs": [str(f) for f in self.cg.procs_files],
@@ -617,11 +653,10 @@ class _Forked:
         try:
             await self.forks.send(request, [job_r, result_w, out_w, status_w])
         except OSError as e:
-            for fd in (job_w, out_r, status_r, result_r):
-                os.close(fd)
             raise _ServerGone(f"{type(e).__name__}: {e}") from e
-        finally:
+        finally:  # the server and its helper hold these now (or nobody does)
             for fd in (job_r, result_w, out_w, status_w):
+                owned.remove(fd)
                 os.close(fd)
 
         def kill(why: str | None = None) -> None:
@@ -629,17 +664,19 @@ class _Forked:
                 over.append(why)
             self.kill()
 
-        transports: list[asyncio.BaseTransport] = []
+        def opened(fd: int, mode: str) -> Any:
+            owned.remove(fd)  # the file object closes it from here on
+            return os.fdopen(fd, mode, buffering=0)
 
         async def reader(fd: int, limit: int) -> asyncio.StreamReader:
             stream = asyncio.StreamReader(limit=limit)
             transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(fd, "rb", buffering=0)
+                lambda: asyncio.StreamReaderProtocol(stream), opened(fd, "rb")
             )
             transports.append(transport)
             return stream
 
-        job_pipe, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(job_w, "wb", buffering=0))
+        job_pipe, _ = await loop.connect_write_pipe(asyncio.Protocol, opened(job_w, "wb"))
         transports.append(job_pipe)
         job_pipe.write(json.dumps(job, ensure_ascii=True).encode("ascii"))
         job_pipe.close()  # written as the evaluation reads it; dropped if it dies first
@@ -690,10 +727,5 @@ class _Forked:
                 except (TimeoutError, _Ended):
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
-            self.kill()
-            for t in transports:
-                t.close()
-            if self.anchor is not None:
-                await self.anchor.wait()
         rc = ended[0] if ended else -signal.SIGKILL
         return _ending(over, result, tail, 128 - rc if rc < 0 else rc, nonce, limits, self.cg)

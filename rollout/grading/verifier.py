@@ -53,6 +53,7 @@ from rollout.sandbox.bwrap import (
     clean_env,
     image_env,
     namespace_flags,
+    proc_args,
 )
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.images import ImageError, ImageRoot
@@ -180,8 +181,7 @@ def _command(
         bwrap,
         *flags,
         *b.args,
-        "--proc",
-        "/proc",
+        *proc_args(),
         "--dev",
         "/dev",
         "--chdir",

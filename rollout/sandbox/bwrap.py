@@ -107,6 +107,23 @@ class Support:
         }
 
 
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+"""Parts of ``/proc`` made read-only over the sandbox's own ``/proc``. The kernel lets a process
+write them by file mode alone, without a capability, when its uid is the host's root (a launcher
+run as root: the sandbox's uid maps to it): sysctls such as ``kernel.core_pattern``,
+``sysrq-trigger``. bwrap covers them only where it finds the folder writable."""
+
+
+def proc_args() -> list[str]:
+    """bwrap's arguments for the sandbox's ``/proc``: its own, then :data:`PROC_READ_ONLY` bound
+    read-only from the host (those that exist here)."""
+    out = ["--proc", "/proc"]
+    for path in PROC_READ_ONLY:
+        if os.path.exists(path):
+            out += ["--ro-bind", path, path]
+    return out
+
+
 def _probe_command(bwrap: str) -> list[str]:
     binds = Binds()
     binds.system()
@@ -115,8 +132,7 @@ def _probe_command(bwrap: str) -> list[str]:
         bwrap,
         *NAMESPACE_FLAGS,
         *binds.args,
-        "--proc",
-        "/proc",
+        *proc_args(),
         "--dev",
         "/dev",
         "--",
@@ -350,8 +366,7 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
         support.bwrap,
         *namespace_flags(*spec.uid),
         *b.args,
-        "--proc",
-        "/proc",
+        *proc_args(),
         "--dev",
         "/dev",
         "--chdir",

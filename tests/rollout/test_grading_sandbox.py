@@ -4,6 +4,8 @@ in its own bubblewrap child with limits; whatever it does fails that session's e
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -411,3 +413,80 @@ async def test_a_fork_server_that_cannot_be_started_again_leaves_the_old_way_not
         third = await grader.evaluate(path, request("s3"), spec(path), Trajectory(session_id="s3"), None)
         assert forks.unavailable == "OSError: no more processes"
     assert [(e.status, e.score) for e in (first, second, third)] == [("scored", 4.0)] * 3, second.reason
+
+
+CODE_GRADER = """
+import subprocess, sys
+
+def evaluate(request, spec, trajectory):
+    run = subprocess.run([sys.executable, "/workspace/solution.py"], capture_output=True, text=True, timeout=10)
+    return {"score": 10 if run.stdout.strip() == "42" else 0}
+"""
+
+# a wrong answer that floods the stdout and stderr of the process holding the sandbox (found by its
+# command line), from detached children that keep none of its own pipes
+FLOODER = r"""
+import os, time
+for p in os.listdir("/proc"):
+    try:
+        holder = p.isdigit() and b"read x" in open(f"/proc/{p}/cmdline", "rb").read()
+    except OSError:
+        holder = False
+    for n in (1, 2) if holder else ():
+        if os.fork() == 0:
+            os.setsid()
+            for fd in (0, 1, 2):
+                os.close(fd)
+            try:
+                fd = os.open(f"/proc/{p}/fd/{n}", os.O_WRONLY)
+                while True:
+                    os.write(fd, b"x" * 65536)
+            except OSError:
+                os._exit(0)
+time.sleep(1)
+print(41)
+"""
+
+
+async def test_an_answer_flooding_the_sandboxs_other_processes_is_graded_in_time(tmp_path: Path) -> None:
+    require_bwrap()
+    path = env_root(tmp_path, CODE_GRADER)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "solution.py").write_text(FLOODER)
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        out = await asyncio.wait_for(
+            grader.evaluate(path, request("s1"), spec(path, 20.0), Trajectory(session_id="s1"), ws), 60
+        )
+    assert (out.status, out.score) == ("scored", 0.0), out.reason
+    assert out.duration_s < 20.0
+
+
+async def test_cancelled_evaluations_leave_no_descriptor_open(tmp_path: Path) -> None:
+    require_bwrap()
+    path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 7\n")
+
+    def fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        await grader.evaluate(
+            path, request("w"), spec(path), Trajectory(session_id="w"), None
+        )  # server started
+        before = fds()
+        for delay in [0.0, 0.002, 0.005, 0.01, 0.02, 0.04, 0.07, 0.1] * 2:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    grader.evaluate(path, request("c"), spec(path), Trajectory(session_id="c"), None), delay
+                )
+        after = await grader.evaluate(path, request("n"), spec(path), Trajectory(session_id="n"), None)
+        for _ in range(300):  # what a cancelled evaluation still waits for (a sandbox's exit) ends soon
+            if not (left := fds() - before):
+                break
+            await asyncio.sleep(0.1)
+    assert (after.status, after.score) == ("scored", 7.0)
+    assert left == set(), {
+        fd: os.readlink(f"/proc/self/fd/{fd}") for fd in left if os.path.exists(f"/proc/self/fd/{fd}")
+    }

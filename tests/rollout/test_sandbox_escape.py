@@ -87,6 +87,14 @@ except OSError as e:
 finally:
     s.close()
 found["uid"] = os.getuid()
+# a sysctl, written back unchanged: the kernel lets the host's root write it by file mode alone
+try:
+    pattern = open("/proc/sys/kernel/core_pattern").read()
+    with open("/proc/sys/kernel/core_pattern", "w") as f:
+        f.write(pattern)
+    found["sysctl"] = "written"
+except OSError as e:
+    found["sysctl"] = type(e).__name__
 
 import openai
 client = openai.OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"], max_retries=0)
@@ -246,6 +254,7 @@ async def test_malicious_runtime_gets_nothing_in_the_sandbox(tmp_path: Path) -> 
     assert found["interfaces"] == ["lo"]
     assert found["host_loopback"] == "ConnectionRefusedError" and host_connections == 0
     assert found["uid"] == 65534
+    assert found["sysctl"] == "OSError"  # read-only file system, even when the launcher runs as root
     # the gateway is reachable through the bridge, and the call was recorded for this session
     assert found["gateway_answer"] == DEFAULT_TEXT
     assert found["gateway_url"] == f"http://127.0.0.1:41800/v1/sessions/{record['session_id']}"
