@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,19 +242,15 @@ async def _run_child(
     finally:
         os.close(result_w)
     loop = asyncio.get_running_loop()
-    result = bytearray()
-    tail = bytearray()
-    printed = [0]
-    over: list[str] = []
 
-    def kill(why: str | None = None) -> None:
+    def kill() -> None:
         """Kill the whole sandbox; the readers go on to the end of its pipes (a paused pipe would
         keep ``wait()`` from returning)."""
-        if why is not None and not over:
-            over.append(why)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         cg.kill_all()
+
+    got = _Collect(limits, kill)
 
     result_file = os.fdopen(result_r, "rb", buffering=0)
     result_reader = asyncio.StreamReader(limit=limits.result_bytes + 1)
@@ -268,27 +265,9 @@ async def _run_child(
             await proc.stdin.drain()
             proc.stdin.close()
 
-    async def read_output() -> None:
-        assert proc.stdout is not None
-        while chunk := await proc.stdout.read(65536):
-            printed[0] += len(chunk)
-            if over:
-                continue
-            tail.extend(chunk)
-            del tail[:-OUTPUT_TAIL_BYTES]
-            if printed[0] > limits.output_bytes:
-                kill(f"the grader printed more than {limits.output_bytes // MiB} MiB")
-
-    async def read_result() -> None:
-        while chunk := await result_reader.read(65536):
-            if over:
-                continue
-            result.extend(chunk)
-            if len(result) > limits.result_bytes:
-                kill(f"the grader's result is larger than {limits.result_bytes // MiB} MiB")
-
     async def whole() -> int:
-        await asyncio.gather(feed(), read_output(), read_result())
+        assert proc.stdout is not None
+        await asyncio.gather(feed(), got.output(proc.stdout), got.results(result_reader))
         return await proc.wait()
 
     task = asyncio.ensure_future(whole())
@@ -306,32 +285,59 @@ async def _run_child(
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         result_pipe.close()  # closes result_file too
-    return _ending(over, result, tail, rc, nonce, limits, cg)
+    return got.ending(rc, nonce, cg)
 
 
-def _ending(
-    over: list[str],
-    result: bytearray,
-    tail: bytearray,
-    rc: int,
-    nonce: str,
-    limits: GraderLimits,
-    cg: SessionCgroup,
-) -> Any:
-    """The result of an evaluation that ended (``rc``: its exit code, negative for a signal),
-    or _Ended saying why there is none."""
-    if over:
-        raise _Ended("error", over[0])
-    if result:
-        return _unframed(bytes(result), nonce)
-    hit = cg.exceeded()
-    if hit == "memory":
-        raise _Ended("error", f"the grader exceeded its memory limit ({limits.memory_mb} MiB)")
-    if hit == "processes":
-        raise _Ended("error", f"the grader exceeded its process limit ({limits.processes})")
-    last = bytes(tail).decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-    raise _Ended("error", f"the grader {how} without a result: {last[0][-300:]}")
+class _Collect:
+    """What one evaluation sends back, read to the ends of its pipes: its output's tail and size,
+    its framed result, and why it was stopped (``over``); ``kill`` stops the whole sandbox."""
+
+    def __init__(self, limits: GraderLimits, kill: Callable[[], None]) -> None:
+        self.limits, self.kill = limits, kill
+        self.result, self.tail, self.printed = bytearray(), bytearray(), 0
+        self.over: list[str] = []
+
+    def stop(self, why: str | None = None) -> None:
+        """Kill the sandbox; ``why`` (the first one kept) makes the evaluation an error."""
+        if why is not None and not self.over:
+            self.over.append(why)
+        self.kill()
+
+    async def output(self, stream: asyncio.StreamReader) -> None:
+        """What the grader prints: its tail kept, the sandbox killed past the output limit."""
+        while chunk := await stream.read(65536):
+            self.printed += len(chunk)
+            if self.over:
+                continue
+            self.tail.extend(chunk)
+            del self.tail[:-OUTPUT_TAIL_BYTES]
+            if self.printed > self.limits.output_bytes:
+                self.stop(f"the grader printed more than {self.limits.output_bytes // MiB} MiB")
+
+    async def results(self, stream: asyncio.StreamReader) -> None:
+        """The result channel, the sandbox killed past the result limit."""
+        while chunk := await stream.read(65536):
+            if self.over:
+                continue
+            self.result.extend(chunk)
+            if len(self.result) > self.limits.result_bytes:
+                self.stop(f"the grader's result is larger than {self.limits.result_bytes // MiB} MiB")
+
+    def ending(self, rc: int, nonce: str, cg: SessionCgroup) -> Any:
+        """The result of an evaluation that ended (``rc``: its exit code, negative for a signal),
+        or _Ended saying why there is none."""
+        if self.over:
+            raise _Ended("error", self.over[0])
+        if self.result:
+            return _unframed(bytes(self.result), nonce)
+        hit = cg.exceeded()
+        if hit == "memory":
+            raise _Ended("error", f"the grader exceeded its memory limit ({self.limits.memory_mb} MiB)")
+        if hit == "processes":
+            raise _Ended("error", f"the grader exceeded its process limit ({self.limits.processes})")
+        last = bytes(self.tail).decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        raise _Ended("error", f"the grader {how} without a result: {last[0][-300:]}")
 
 
 def _unframed(data: bytes, nonce: str) -> Any:
@@ -635,8 +641,7 @@ class _Forked:
     ) -> Any:
         limits, loop = self.limits, asyncio.get_running_loop()
         result_r, result_w = owned
-        result, tail, printed = bytearray(), bytearray(), [0]
-        over: list[str] = []
+        got = _Collect(limits, self.kill)
         pid = await self._sandbox(deadline)
         job_r, job_w = os.pipe()
         owned += [job_r, job_w]
@@ -659,11 +664,6 @@ class _Forked:
                 owned.remove(fd)
                 os.close(fd)
 
-        def kill(why: str | None = None) -> None:
-            if why is not None and not over:
-                over.append(why)
-            self.kill()
-
         def opened(fd: int, mode: str) -> Any:
             owned.remove(fd)  # the file object closes it from here on
             return os.fdopen(fd, mode, buffering=0)
@@ -685,24 +685,6 @@ class _Forked:
         status = await reader(status_r, 65536)
         ended: list[int] = []
 
-        async def read_output() -> None:
-            while chunk := await output.read(65536):
-                printed[0] += len(chunk)
-                if over:
-                    continue
-                tail.extend(chunk)
-                del tail[:-OUTPUT_TAIL_BYTES]
-                if printed[0] > limits.output_bytes:
-                    kill(f"the grader printed more than {limits.output_bytes // MiB} MiB")
-
-        async def read_result() -> None:
-            while chunk := await results.read(65536):
-                if over:
-                    continue
-                result.extend(chunk)
-                if len(result) > limits.result_bytes:
-                    kill(f"the grader's result is larger than {limits.result_bytes // MiB} MiB")
-
         async def read_status() -> None:
             while line := await status.readline():
                 word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
@@ -710,10 +692,9 @@ class _Forked:
                     ended.append(os.waitstatus_to_exitcode(int(rest)))
                     self.kill()  # what the evaluation left running dies with the sandbox: the pipes close
                 elif word == "error:":
-                    over.append(f"the grader sandbox cannot start: {rest}")
-                    self.kill()
+                    got.stop(f"the grader sandbox cannot start: {rest}")
 
-        task = asyncio.ensure_future(asyncio.gather(read_output(), read_result(), read_status()))
+        task = asyncio.ensure_future(asyncio.gather(got.output(output), got.results(results), read_status()))
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(task), timeout=max(0.0, deadline - time.monotonic()))
@@ -721,11 +702,11 @@ class _Forked:
                 raise _Ended("timeout", "timed out") from None
         finally:
             if not task.done():
-                kill()
+                got.stop()
                 try:
                     await asyncio.wait_for(asyncio.shield(task), PIPE_DRAIN_S)
                 except (TimeoutError, _Ended):
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
         rc = ended[0] if ended else -signal.SIGKILL
-        return _ending(over, result, tail, 128 - rc if rc < 0 else rc, nonce, limits, self.cg)
+        return got.ending(128 - rc if rc < 0 else rc, nonce, self.cg)

@@ -408,56 +408,6 @@ async def run_verifier(
     files the session started with (``strip_hooks`` keeps those unchanged); ``under``: the folder
     that kept the agent's copy-on-write layer over ``image`` (same-container verification: that
     layer under the verifier's own, no hook removed). Never raises except CancelledError."""
-    got = await _verify_once(
-        workspace,
-        tests_dir,
-        timeout_s=timeout_s,
-        limits=limits,
-        cpu_s=cpu_s,
-        caps=caps,
-        label=label,
-        image=image,
-        also_at=also_at,
-        baseline=baseline,
-        under=under,
-    )
-    if under is None or image is None or got.status != "setup_failed":
-        return got
-    # on the agent's layer the verifier could not start: whose failure it is, a fresh copy of the image says
-    fresh = await _verify_once(
-        workspace,
-        tests_dir,
-        timeout_s=timeout_s,
-        limits=limits,
-        cpu_s=cpu_s,
-        caps=caps,
-        label=label,
-        image=image,
-    )
-    if fresh.status == "setup_failed":
-        return got
-    return got.model_copy(
-        update={
-            "status": "no_reward",
-            "reason": f"{got.reason}; on a fresh copy of the image it starts: the agent's layer stopped it",
-        }
-    )
-
-
-async def _verify_once(
-    workspace: Path,
-    tests_dir: Path,
-    *,
-    timeout_s: float,
-    limits: LimitsConfig | None = None,
-    cpu_s: int | None = None,
-    caps: CopyCaps | None = None,
-    label: str = "verifier",
-    image: ImageRoot | None = None,
-    also_at: str | None = None,
-    baseline: Path | None = None,
-    under: Path | None = None,
-) -> VerifierResult:
     t0 = time.monotonic()
     limits = limits or LimitsConfig()
     container: Literal["fresh", "same"] = "same" if image is not None and under is not None else "fresh"
@@ -643,7 +593,8 @@ async def verify_session(
 ) -> VerifierResult | None:
     """The verifier of ``case`` on its session's final ``workspace`` (None: the case has no
     tests), with the env's session limits and the task's verifier timeout, in the session's
-    ``image`` when it ran in one, over the layer it kept in ``changes`` (same-container)."""
+    ``image`` when it ran in one, over the layer it kept in ``changes`` (same-container: a verifier
+    that cannot start there but starts on a fresh copy of the image is the agent's ``no_reward``)."""
     if case.tests_dir is None:
         return None
     timeout = _number(case.row.get("verifier_timeout_s"))
@@ -656,16 +607,32 @@ async def verify_session(
         if case.files_dir
         else None
     )
-    return await run_verifier(
-        workspace,
-        Path(case.tests_dir),
-        timeout_s=timeout_s,
-        limits=cfg.runtime.limits,
-        label=label,
-        image=image,
-        also_at=workdir if isinstance(workdir, str) else cfg.workdir,
-        baseline=baseline,
-        under=changes if image is not None else None,
+    tests = Path(case.tests_dir)
+
+    async def run(under: Path | None) -> VerifierResult:
+        return await run_verifier(
+            workspace,
+            tests,
+            timeout_s=timeout_s,
+            limits=cfg.runtime.limits,
+            label=label,
+            image=image,
+            also_at=workdir if isinstance(workdir, str) else cfg.workdir,
+            baseline=baseline,
+            under=under,
+        )
+
+    got = await run(changes if image is not None else None)
+    if changes is None or image is None or got.status != "setup_failed":
+        return got
+    # on the agent's layer the verifier could not start: whose failure it is, a fresh copy of the image says
+    if (await run(None)).status == "setup_failed":
+        return got
+    return got.model_copy(
+        update={
+            "status": "no_reward",
+            "reason": f"{got.reason}; on a fresh copy of the image it starts: the agent's layer stopped it",
+        }
     )
 
 
