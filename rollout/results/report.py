@@ -492,43 +492,36 @@ def table_footer(records: Iterable[SessionRecord]) -> str | None:
     """The warnings printed under the table, naming their envs: sessions run without the sandbox
     (``sandbox: none``), graded in the launcher, verified in the agent's own container; None
     when there is none of these."""
-    bare: dict[str, int] = defaultdict(int)
-    trusted: dict[str, int] = defaultdict(int)
-    same: dict[str, int] = defaultdict(int)
-    for r in records:
-        if r.sandbox == "none":
-            bare[r.env_name] += 1
-        if r.grader_isolation == "none":
-            trusted[r.env_name] += 1
-        if r.verifier_container == "same":
-            same[r.env_name] += 1
-    return _footer(bare, trusted, same)
+    return ReportTotals.of(records).footer()
 
 
-def _footer(
-    bare: dict[str, int], trusted: dict[str, int] | None = None, same: dict[str, int] | None = None
-) -> str | None:
-    lines = []
-    if bare:
-        envs = ", ".join(f"{name} ({n})" for name, n in sorted(bare.items()))
-        lines.append(
-            f"warning: {sum(bare.values())} sessions ran WITHOUT a sandbox (--sandbox none or the env's "
-            f"runtime.sandbox: none): {envs}. Their runtimes could read the host's files and environment "
-            "and reach its network; their scores may not be trustworthy as rewards."
-        )
-    if trusted:
-        envs = ", ".join(f"{name} ({n})" for name, n in sorted(trusted.items()))
-        lines.append(
-            f"warning: {sum(trusted.values())} sessions were graded in the launcher, not in the grader "
-            f"sandbox (--grader-isolation none, --sandbox none or the env's grader.isolation: none): {envs}."
-        )
-    if same:
-        envs = ", ".join(f"{name} ({n})" for name, n in sorted(same.items()))
-        lines.append(
-            f"warning: {sum(same.values())} sessions were verified in the agent's own container "
-            f"(dataset.same_container, --same-container): {envs}. What the agent wrote anywhere in "
-            "the image was under their tests, so the agent could decide their reward."
-        )
+def _footer(bare: dict[str, int], trusted: dict[str, int], same: dict[str, int]) -> str | None:
+    said = (
+        (
+            bare,
+            "ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: none)",
+            " Their runtimes could read the host's files and environment and reach its network; their "
+            "scores may not be trustworthy as rewards.",
+        ),
+        (
+            trusted,
+            "were graded in the launcher, not in the grader sandbox (--grader-isolation none, --sandbox "
+            "none or the env's grader.isolation: none)",
+            "",
+        ),
+        (
+            same,
+            "were verified in the agent's own container (dataset.same_container, --same-container)",
+            " What the agent wrote anywhere in the image was under their tests, so the agent could "
+            "decide their reward.",
+        ),
+    )
+    lines = [
+        f"warning: {sum(counts.values())} sessions {what}: "
+        f"{', '.join(f'{name} ({n})' for name, n in sorted(counts.items()))}.{after}"
+        for counts, what, after in said
+        if counts
+    ]
     return "\n".join(lines) or None
 
 
