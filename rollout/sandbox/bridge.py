@@ -1,8 +1,10 @@
-"""The gateway bridge of a sandboxed session: a Unix socket served by the launcher that relays HTTP
+"""The gateway bridge of a sandboxed session: a socket served by the launcher that relays HTTP
 requests to the gateway, only those under the session's own URL prefix.
 
-The socket file is bound into the session's sandbox (which has no network of its own); the
-forwarder inside (``rollout/contract/forwarder.py``) listens on a loopback port and relays to it.
+The socket is the session's loopback port itself, listening in the sandbox's network (made before
+the sandbox, ``rollout.sandbox.netns``); or, where that network cannot be made, a Unix socket bound
+into the sandbox, which the forwarder inside (``rollout/contract/forwarder.py``) relays its
+loopback port to.
 Each request is parsed (h11) and its target checked: ``<prefix>`` or ``<prefix>/...`` (the
 prefix is the session URL's path, ``/v1/sessions/<sid>``), a path of printable ASCII without
 ``%``, ``#`` or ``\\``, no dot segments or ``//``, no fragment, not ``<prefix>/close`` in any spelling (case, trailing dots or
@@ -149,14 +151,18 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class GatewayBridge:
-    """``async with GatewayBridge(socket_path, session_url):`` serves ``socket_path`` while open.
+    """``async with GatewayBridge(socket_path, session_url):`` serves ``socket_path`` while open
+    (with ``listener``, a listening socket, that socket instead; ``socket_path`` None).
     Connections still open at exit are closed. Raises BridgeError (from the constructor for a bad
     URL, from ``__aenter__`` when the socket cannot be served). ``connect_failures`` counts the
     connections to the gateway that failed because it could not be reached (``gateway_down``);
     ``unreachable`` is why the last connection failed, None when it succeeded (or none was made)."""
 
-    def __init__(self, socket_path: Path, session_url: str) -> None:
+    def __init__(
+        self, socket_path: Path | None, session_url: str, listener: socket.socket | None = None
+    ) -> None:
         self.socket_path = socket_path
+        self.listener = listener
         self.host, self.port, tls, self.prefix = gateway_address(session_url)
         self._ssl = ssl.create_default_context() if tls else None
         default = 443 if tls else 80
@@ -169,9 +175,14 @@ class GatewayBridge:
 
     async def __aenter__(self) -> GatewayBridge:
         try:
-            self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
+            if self.listener is not None:
+                self._server = await asyncio.start_server(self._handle, sock=self.listener)
+            else:
+                self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
         except OSError as e:
-            raise BridgeError(f"cannot serve the gateway bridge on {self.socket_path}: {e}") from e
+            raise BridgeError(
+                f"cannot serve the gateway bridge on {self.socket_path or 'its socket'}: {e}"
+            ) from e
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -182,8 +193,9 @@ class GatewayBridge:
         await asyncio.gather(*self._conns, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        if self.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

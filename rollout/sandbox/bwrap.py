@@ -168,10 +168,14 @@ def probe(bwrap: str | None = None) -> Support:
     return Support(bwrap=path, memory=found.get("memory"), pids=found.get("pids"))
 
 
-def namespace_flags(uid: int = SANDBOX_UID, gid: int = SANDBOX_UID) -> tuple[str, ...]:
-    """bwrap's namespace flags, the sandbox running as ``uid``/``gid``."""
+def namespace_flags(
+    uid: int = SANDBOX_UID, gid: int = SANDBOX_UID, *, own_network: bool = True
+) -> tuple[str, ...]:
+    """bwrap's namespace flags, the sandbox running as ``uid``/``gid``; ``own_network`` False: the
+    network namespace bwrap starts in is kept (one the launcher made, ``rollout.sandbox.netns``)."""
     return (
         "--unshare-all",
+        *(() if own_network else ("--share-net",)),
         "--unshare-user",
         "--disable-userns",
         "--uid",
@@ -319,16 +323,16 @@ def clean_env(session: dict[str, str], source: dict[str, str] | None = None) -> 
 @dataclass(frozen=True)
 class SandboxSpec:
     """One session's sandbox: the host workspace, the code folders (each with its hidden paths),
-    single files to bind read-only, the bridge socket on the host, the status pipe's fd, and the
-    limits in bytes (None: none)."""
+    single files to bind read-only, the bridge socket on the host (None: the launcher listens in
+    the sandbox's network, made before it), the status pipe's fd, and the limits in bytes (None: none)."""
 
     workspace: Path
     code: list[tuple[Path, list[Path]]]
     files: list[Path]
-    bridge_socket: Path
+    bridge_socket: Path | None
     status_fd: int
     tmp_bytes: int | None
-    rlimits: dict[str, int] = field(default_factory=dict)  # "fsize" / "as" -> bytes, set on the runtime
+    rlimits: dict[str, int] = field(default_factory=dict)  # "fsize" / "as" -> bytes, set by the forwarder
     instruction: Path | None = None  # a host file bound read-only at INSTRUCTION
     root: Path | None = None  # an image's merged copy-on-write tree, bound as / (rollout.sandbox.overlay)
     workdir: str = WORKSPACE  # where the workspace is bound (the cwd): an image's WORKDIR
@@ -337,8 +341,18 @@ class SandboxSpec:
     tmp_in_root: bool = False  # /tmp is the root's own (an image's, in its kept layer), no tmpfs of its own
 
 
+SHELL_START = (
+    'command -v "$1" >/dev/null 2>&1 || '
+    '{ echo "error: no command" >&3; exit 127; }; '
+    'echo started >&3; exec 3>&- 4<&- 5<&-; exec "$@"'
+)
+"""The sandbox's first command when the launcher listens in its network: ``started`` (or why the
+runtime cannot start) on the status pipe at fd 3, then fds 3 to 5 closed and the runtime exec'd."""
+
+
 def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
-    """The bwrap command line that runs ``command`` in the sandbox, under the forwarder."""
+    """The bwrap command line that runs ``command`` in the sandbox: under the forwarder, or (no
+    ``bridge_socket``) after :data:`SHELL_START` in the network bwrap starts in."""
     b = Binds()
     if spec.root is not None:  # an image: its tree is / (the host's system folders are not bound)
         b.args += ["--bind", str(spec.root), "/"]
@@ -358,13 +372,14 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
     b.args += ["--bind", str(spec.workspace), spec.workdir]
     if spec.also_at is not None and spec.root is None:
         b.also(spec.workspace, spec.also_at)
-    b.ro(spec.bridge_socket, BRIDGE_SOCKET)
-    b.ro(FORWARDER_SOURCE, FORWARDER)
+    if spec.bridge_socket is not None:
+        b.ro(spec.bridge_socket, BRIDGE_SOCKET)
+        b.ro(FORWARDER_SOURCE, FORWARDER)
     if spec.instruction is not None:
         b.ro(spec.instruction, INSTRUCTION)
-    return [
+    head = [
         support.bwrap,
-        *namespace_flags(*spec.uid),
+        *namespace_flags(*spec.uid, own_network=spec.bridge_socket is not None),
         *b.args,
         *proc_args(),
         "--dev",
@@ -372,6 +387,11 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
         "--chdir",
         spec.workdir,
         "--",
+    ]
+    if spec.bridge_socket is None:
+        return [*head, "/bin/sh", "-c", SHELL_START, "sh", *command]
+    return [
+        *head,
         sys.executable,
         "-I",
         "-S",

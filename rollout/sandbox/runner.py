@@ -8,16 +8,19 @@ outcome with ``setup_failed=True``; a limit exceeded is ``status=error`` naming 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import errno
 import functools
 import logging
 import os
+import shlex
 import shutil
 import stat
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -31,6 +34,7 @@ from rollout.core.envs import EnvConfig, EnvConfigError, LimitsConfig, load_env_
 from rollout.core.trees import reopen
 from rollout.sandbox.bridge import BridgeError, GatewayBridge
 from rollout.sandbox.bwrap import (
+    GATEWAY_PORT,
     INSTRUCTION,
     SandboxSpec,
     SandboxUnavailable,
@@ -42,7 +46,8 @@ from rollout.sandbox.bwrap import (
     probe,
 )
 from rollout.sandbox.cgroups import SessionCgroup
-from rollout.sandbox.images import ImageError, ImageRoot, bound_at
+from rollout.sandbox.images import ImageError, ImageRoot, bound_at, has_shell
+from rollout.sandbox.netns import NetnsError, NetnsMaker, SessionNet, high_dup
 from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
 from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
 
@@ -355,6 +360,71 @@ def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> 
     return monitor
 
 
+class _Networks:
+    """How sandboxes reach the bridge in this process: the launcher listening in each sandbox's
+    network, made ahead by the helper (``rollout.sandbox.netns``), or, once that has failed before
+    ever working (``off`` says why, logged once), the forwarder in each sandbox."""
+
+    def __init__(self) -> None:
+        self.maker: NetnsMaker | None = None
+        self.off: str | None = None
+        self.worked = False
+        self._lock = threading.Lock()
+
+    async def make(self) -> SessionNet | None:
+        """A session network, or None: the forwarder relays. Raises NetnsError once it has worked."""
+        with self._lock:
+            if self.off is None and self.maker is None:
+                missing = [t for t in ("nsenter", "bash") if shutil.which(t) is None]
+                if missing:
+                    self._disable(f"{' and '.join(missing)} missing")
+                else:
+                    self.maker = NetnsMaker(GATEWAY_PORT)
+                    atexit.register(self.maker.close)  # the helper exits at EOF; waited for here
+            maker = self.maker if self.off is None else None
+        if maker is None:
+            return None
+        try:
+            net = await maker.make()
+        except NetnsError as e:
+            if self.worked:
+                raise
+            with self._lock:
+                self._disable(str(e))
+            return None
+        self.worked = True
+        return net
+
+    def close(self) -> None:
+        """Stop the helper (a later session starts it again)."""
+        with self._lock:
+            if self.maker is not None:
+                self.maker.close()
+
+    def _disable(self, why: str) -> None:
+        if self.off is None:
+            self.off = why
+            log.warning("sandboxes use the forwarder to reach the gateway bridge: %s", why)
+
+
+_NETWORKS = _Networks()
+
+
+def _host_start(
+    argv: list[str], fds: tuple[int, int, int], rlimits: dict[str, int], procs: list[Path]
+) -> list[str]:
+    """``argv`` run by bash after it moved ``fds`` (the status pipe, the user and network
+    namespaces) to 3, 4 and 5, set ``rlimits`` (bytes; for the sandbox's every process) and joined
+    the session's cgroups (``procs``: their ``cgroup.procs`` files)."""
+    status, user, net = fds
+    steps = [f"exec 3>&{status} 4<&{user} 5<&{net} {status}>&- {user}<&- {net}<&-"]
+    flags = {"core": "-c", "fsize": "-f", "as": "-v"}  # bash's units: KiB
+    steps += [f"ulimit {flags[k]} {-(-v // 1024)}" for k, v in rlimits.items()]
+    steps += [f"echo $$ > {shlex.quote(str(f))}" for f in procs]
+    bash = shutil.which("bash") or "bash"
+    return [bash, "-c", " && ".join([*steps, 'exec "$@"']), "bash", *argv]
+
+
 def _output_limit(limits: LimitsConfig) -> int | None:
     return limits.output_mb * MiB if limits.output_mb is not None else None
 
@@ -498,6 +568,8 @@ async def _run_sandboxed(
     scratch: Path | None = None
     status_r = status_w = -1
     bridge: GatewayBridge | None = None
+    net: SessionNet | None = None
+    moved: tuple[int, int, int] | None = None
     try:
         try:
             scratch = Path(
@@ -506,14 +578,22 @@ async def _run_sandboxed(
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
             await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
-            bridge = await GatewayBridge(scratch / "gw.sock", request.gateway_base_url).__aenter__()
+            if image is None or has_shell(image):  # the sandbox's first command is its /bin/sh
+                net = await _NETWORKS.make()
+            if net is not None:
+                moved = (high_dup(status_w), high_dup(net.userns), high_dup(net.netns))
+                bridge = GatewayBridge(None, request.gateway_base_url, listener=net.listener)
+            else:
+                bridge = GatewayBridge(scratch / "gw.sock", request.gateway_base_url)
+            await bridge.__aenter__()
             text = case_instruction(request)
             instruction = _write_instruction(scratch, text) if text is not None else None
-        except (OSError, BridgeError) as e:
+        except (OSError, BridgeError, NetnsError) as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
         rlimits = {"core": 0}
         if limits.disk_mb is not None:
-            rlimits["fsize"] = limits.disk_mb * MiB + 1  # a file that reached this tried to go past the limit
+            # a file that reached this (rounded up to KiB where bash sets it) tried to go past the limit
+            rlimits["fsize"] = limits.disk_mb * MiB + 1
         if limits.memory_mb is not None and support.memory is None:
             rlimits["as"] = limits.memory_mb * MiB
         folders, files = code_folders(cfg) if command is None or command.env_code else ([], [])
@@ -527,7 +607,7 @@ async def _run_sandboxed(
             bridge_socket=bridge.socket_path,
             status_fd=status_w,
             tmp_bytes=disk,
-            rlimits=rlimits,
+            rlimits=rlimits if net is None else {},
             instruction=instruction,
             also_at=cfg.workdir,
         )
@@ -545,7 +625,13 @@ async def _run_sandboxed(
                 argv = wrap(image.rootfs, scratch / "root", disk, argv, keep=changes)
             except OverlayUnavailable as e:
                 return _setup_failed(t0, str(e))
-        argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
+        if net is not None and moved is not None:
+            try:
+                argv = _host_start([*net.nsenter(), *argv], moved, rlimits, cg.procs_files)
+            except NetnsError as e:
+                return _setup_failed(t0, str(e))
+        else:
+            argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
         inside = request.model_copy(
             update={
@@ -563,7 +649,7 @@ async def _run_sandboxed(
                 workspace,
                 cfg.runtime.timeout_s,
                 env=env,
-                pass_fds=(status_w,),
+                pass_fds=moved or (status_w,),
                 output_limit=_output_limit(limits),
                 monitor=_limit_monitor(cg, workspace, limits),
                 stderr_log=stderr_log,
@@ -572,6 +658,9 @@ async def _run_sandboxed(
         except OSError as e:
             return _setup_failed(t0, f"cannot start bwrap: {e}")
         started = _read_status(status_r)
+        if started == "error: no command":  # SHELL_START's
+            argv0 = command.argv if command is not None else cfg.command()
+            started = f"error: cannot start runtime {argv0[:3]}: no such command in the sandbox"
         if started != "started" and out.status != "timeout":
             why = (
                 started.removeprefix("error: ")
@@ -600,8 +689,10 @@ async def _run_sandboxed(
     finally:
         if bridge is not None:
             await bridge.__aexit__(None, None, None)
+        if net is not None:
+            net.close()
         await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
-        for fd in (status_r, status_w):
+        for fd in (status_r, status_w, *(moved or ())):
             if fd >= 0:
                 os.close(fd)
         if scratch is not None:
@@ -628,8 +719,8 @@ def _image_home(image: ImageRoot, spec: SandboxSpec) -> str:
 
 
 def _read_status(fd: int) -> str:
-    """The first line the forwarder wrote on the status pipe (``started`` or ``error: ...``):
-    anything after it is not the forwarder's."""
+    """The first line on the status pipe (``started`` or ``error: ...``), written before the runtime
+    started (``SHELL_START``) or by the forwarder: anything after it is not theirs."""
     try:
         return os.read(fd, 4096).decode("utf-8", "replace").strip().split("\n", 1)[0].strip()
     except BlockingIOError:

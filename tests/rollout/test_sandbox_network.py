@@ -1,0 +1,135 @@
+"""The sandbox's network made before the sandbox: the launcher listens on the session's loopback port
+itself (no relay process inside), the helper that makes the networks, and the forwarder where that
+cannot be used."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rollout.sandbox import runner
+from rollout.sandbox.bwrap import GATEWAY_PORT
+from rollout.sandbox.images import ImageRoot, has_shell, in_root
+from rollout.sandbox.netns import NetnsError, NetnsMaker
+from rollout.sandbox.runner import run_runtime
+from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
+
+VIEW = r"""
+import json, os, socket, sys
+r = json.loads(sys.stdin.readline())
+fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+cmds = {}
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        with open(f"/proc/{p}/cmdline", "rb") as f:
+            cmds[p] = f.read().split(b"\0")[0].decode()
+s = socket.create_connection(("127.0.0.1", 41800), timeout=10)
+s.sendall(b"GET /v1/other HTTP/1.1\r\nhost: x\r\n\r\n")
+answer = s.recv(100).decode().split("\r\n")[0]
+view = {"fds": fds, "cmds": cmds, "answer": answer, "forwarder": os.path.exists("/run/rollout/forwarder.py")}
+print(json.dumps({"session_id": r["session_id"], "status": "succeeded", "result": view}))
+"""
+
+
+async def _view(tmp_path: Path) -> dict:
+    cfg = make_env(tmp_path / "envs", "view", VIEW)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert (out.status, out.setup_failed) == ("succeeded", False), out.error_text
+    assert out.result is not None
+    return out.result.result
+
+
+async def test_the_launcher_listens_in_the_sandbox_and_nothing_relays_inside(tmp_path: Path) -> None:
+    require_bwrap()
+    view = await _view(tmp_path)
+    assert runner._NETWORKS.off is None
+    # the bridge answered (a path outside the session: 403), with no process of ours in the sandbox
+    assert view["answer"] == "HTTP/1.1 403 "
+    assert view["forwarder"] is False
+    assert sorted(os.path.basename(c) for c in view["cmds"].values()) == ["bwrap", "python"]
+    # the status pipe and the namespaces' fds were closed before the runtime started (the one
+    # left above 2 is the listing's own)
+    assert len(view["fds"]) == 4 and view["fds"][:3] == [0, 1, 2]
+
+
+async def test_a_network_that_never_worked_leaves_the_sessions_to_the_forwarder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_bwrap()
+    monkeypatch.setattr(runner, "_NETWORKS", runner._Networks())
+    monkeypatch.setattr(runner, "GATEWAY_PORT", 70000)  # the helper cannot listen there
+    view = await _view(tmp_path)
+    assert runner._NETWORKS.off is not None and "port must be 0-65535" in runner._NETWORKS.off
+    assert view["answer"] == "HTTP/1.1 403 " and view["forwarder"] is True
+    runner._NETWORKS.close()
+
+
+async def test_a_network_that_fails_after_it_worked_fails_that_session_as_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_bwrap()
+    networks = runner._Networks()
+    networks.worked = True
+    networks.maker = NetnsMaker(70000)
+    monkeypatch.setattr(runner, "_NETWORKS", networks)
+    cfg = make_env(tmp_path / "envs", "view", VIEW)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert (out.status, out.setup_failed) == ("error", True)
+    assert out.error_text is not None and "cannot make the session's network" in out.error_text
+    assert networks.off is None
+    networks.close()
+
+
+async def test_the_helper_makes_a_network_of_its_own_and_comes_back_when_killed() -> None:
+    require_bwrap()
+    maker = NetnsMaker(GATEWAY_PORT)
+    try:
+        net = await maker.make()
+        try:
+            ours = os.stat("/proc/self/ns/net").st_ino
+            assert os.fstat(net.netns).st_ino != ours
+            assert os.fstat(net.userns).st_ino != os.stat("/proc/self/ns/user").st_ino
+            assert net.listener.getsockname() == ("127.0.0.1", GATEWAY_PORT)
+        finally:
+            net.close()
+        assert maker._proc is not None
+        maker._proc.kill()
+        maker._proc.wait()
+        again = await maker.make()
+        again.close()
+    finally:
+        maker.close()
+
+
+async def test_a_helper_that_cannot_listen_says_why() -> None:
+    require_bwrap()
+    maker = NetnsMaker(70000)
+    try:
+        with pytest.raises(NetnsError, match="cannot make the session's network: OverflowError"):
+            await maker.make()
+    finally:
+        maker.close()
+
+
+def test_an_image_path_is_resolved_inside_the_image(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "bin").symlink_to("usr/bin")
+    (root / "usr" / "bin" / "dash").write_text("")
+    (root / "usr" / "bin" / "sh").symlink_to("/bin/dash")  # absolute: from the image's root
+    assert in_root(root, "/bin/sh") == root / "usr" / "bin" / "dash"
+    assert has_shell(ImageRoot(digest="d", rootfs=root))
+    (root / "usr" / "bin" / "sh").unlink()
+    (root / "usr" / "bin" / "sh").symlink_to("/bin/sh")  # a loop
+    assert in_root(root, "/bin/sh") is None
+    (root / "usr" / "bin" / "sh").unlink()
+    (root / "usr" / "bin" / "sh").symlink_to("/etc/passwd")  # the host has it; the image does not
+    assert in_root(root, "/bin/sh") is None
+    assert not has_shell(ImageRoot(digest="d", rootfs=root))
+    assert in_root(root, "/usr/../usr/bin/dash") == root / "usr" / "bin" / "dash"
