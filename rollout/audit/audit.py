@@ -49,6 +49,7 @@ class AuditOptions(BaseModel):
     agent_start_config: Path | None = None
     tasks: list[Path] = Field(default_factory=list)
     host_toolchain: bool = False
+    same_container: bool = False
     env_names: list[str] = Field(default_factory=list)
     case_ids: list[str] = Field(default_factory=list)
     attacks: list[str] = Field(default_factory=list)
@@ -440,6 +441,7 @@ async def run_audit(
             agent_start_config=opts.agent_start_config,
             tasks=opts.tasks,
             host_toolchain=opts.host_toolchain,
+            same_container=opts.same_container,
             env_names=opts.env_names,
             case_ids=opts.case_ids,
             gateway_config=gateway_config(Path(tmp), db_path),

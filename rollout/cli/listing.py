@@ -18,6 +18,7 @@ from gateway.settings import GatewaySettings
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import (
     HOST_TOOLCHAIN_ALONE,
+    SAME_CONTAINER_ALONE,
     EnvConfig,
     EnvConfigError,
     load_cases,
@@ -62,6 +63,11 @@ def add_env_flags(ap: argparse.ArgumentParser) -> None:
         "--host-toolchain",
         action="store_true",
         help="the --tasks folders' Harbor tasks run on the host's tools, not in their images",
+    )
+    ap.add_argument(
+        "--same-container",
+        action="store_true",
+        help="the --tasks folders' Harbor tasks verified on the agent's own layer of the image, as the job's",
     )
 
 
@@ -170,11 +176,13 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
     broken: list[str] = []
     if args.host_toolchain and not args.tasks:
         raise SetupError(HOST_TOOLCHAIN_ALONE)
+    if args.same_container and not args.tasks:
+        raise SetupError(SAME_CONTAINER_ALONE)
     try:
         if args.agent_configs or args.agent_start_config is not None or args.tasks:
             configs = [
                 *load_agent_configs(args.agent_configs, args.agent_start_config),
-                *(task_folder_env(p, args.host_toolchain) for p in args.tasks),
+                *(task_folder_env(p, args.host_toolchain, args.same_container) for p in args.tasks),
             ]
         else:
             found, errors = scan_envs(args.agent_root)

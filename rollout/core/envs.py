@@ -64,6 +64,8 @@ class DatasetConfig(_Strict):
         for key in ("host_toolchain", "same_container"):
             if getattr(self, key) and self.format != "harbor":
                 raise ValueError(f"dataset.{key} applies to format: harbor only")
+        if self.host_toolchain and self.same_container:
+            raise ValueError(SAME_CONTAINER_ON_HOST)
         return self
 
 
@@ -371,6 +373,8 @@ def task_folder_env(folder: Path, host_toolchain: bool = False, same_container: 
     root = folder.expanduser().resolve()
     if not root.is_dir():
         raise EnvConfigError(f"--tasks {folder}: not a folder")
+    if host_toolchain and same_container:
+        raise EnvConfigError(f"--tasks {folder}: {SAME_CONTAINER_ON_HOST}")
     harbor_format = any((d / "task.toml").is_file() for d in root.iterdir() if d.is_dir())
     name = root.parent.name if root.name == "tasks" and root.parent.name else root.name
     cfg = EnvConfig(
@@ -522,6 +526,10 @@ def _harbor(cfg: EnvConfig, root: Path) -> list[Case]:
 HOST_TOOLCHAIN_ALONE = (
     "--host-toolchain applies to the Harbor tasks of --tasks folders (an env.yaml sets "
     "dataset.host_toolchain: true)"
+)
+SAME_CONTAINER_ON_HOST = (
+    "same-container verification needs tasks in their images: with the host's tools (--host-toolchain, "
+    "dataset.host_toolchain) there is no image layer to verify on; choose one"
 )
 SAME_CONTAINER_ALONE = (
     "--same-container applies to the Harbor tasks of --tasks folders (an env.yaml sets "

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rollout.core import harbor
-from rollout.core.envs import EnvConfigError, load_cases, load_env_config, session_config
+from rollout.core.envs import DatasetConfig, EnvConfigError, load_cases, load_env_config, session_config
 from tests.fake_upstream import FakeUpstream
 from tests.rollout.sandbox_helpers import require_bwrap
 from tests.test_launcher import REPO, gateway_config, launch
@@ -394,6 +394,35 @@ def test_host_toolchain_flag_runs_a_tasks_folder_on_the_hosts_tools(tmp_path: Pa
     assert [e["cases"] for e in entries] == [2]
     with pytest.raises(SetupError, match="--host-toolchain applies to the Harbor tasks of --tasks folders"):
         load_envs(parse_args(["--host-toolchain"])[0])
+
+
+def test_same_container_is_a_flag_of_list_and_audit_too_and_never_beside_the_hosts_tools(
+    tmp_path: Path,
+) -> None:
+    from rollout.audit.audit import AuditOptions
+    from rollout.cli.audit import build_parser as audit_parser
+    from rollout.cli.listing import build_parser as list_parser
+    from rollout.cli.listing import env_entries
+    from rollout.cli.options import options_of
+    from rollout.cli.run import parse_args
+    from rollout.core.setup import SetupError
+    from rollout.jobs.prepare import load_envs
+
+    root = tmp_path / "tasks"
+    make_task(root, "docker", files={"Dockerfile": "FROM alpine\nWORKDIR /app\n"})
+    [entry] = env_entries(list_parser().parse_args(["--tasks", str(root), "--same-container"]))
+    assert entry["cases"] == 1
+    args = audit_parser().parse_args(["--tasks", str(root), "--same-container"])
+    assert options_of(AuditOptions, args).same_container is True
+    both = ["--tasks", str(root), "--same-container", "--host-toolchain"]
+    with pytest.raises(SetupError, match="there is no image layer to verify on; choose one"):
+        load_envs(parse_args(both)[0])
+    with pytest.raises(SetupError, match="there is no image layer to verify on; choose one"):
+        env_entries(list_parser().parse_args(both))
+    with pytest.raises(SetupError, match="--same-container applies to the Harbor tasks of --tasks folders"):
+        env_entries(list_parser().parse_args(["--same-container"]))
+    with pytest.raises(ValueError, match="there is no image layer to verify on"):
+        DatasetConfig(format="harbor", path="x", host_toolchain=True, same_container=True)
 
 
 async def test_a_host_toolchain_task_sees_its_workspace_at_its_dockerfiles_workdir(tmp_path: Path) -> None:
