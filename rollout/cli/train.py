@@ -8,15 +8,20 @@ the checkpoints (``checkpoint-<step>/``), the final model (``final/``), ``run.js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import sys
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import httpx
 
 from rollout.core.setup import SetupError
 from rollout.jobs.options import JobOptions
@@ -54,6 +59,7 @@ class TrainArgs:
     report_to: str = "none"
     lora_r: int | None = None
     lora_alpha: int | None = None
+    vllm_server: str | None = None
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -83,7 +89,12 @@ def parse_args(argv: list[str]) -> TrainArgs:
     p.add_argument("--cases-per-step", type=int, default=1, help="cases (groups) per step (default 1)")
     p.add_argument("--lr", type=float, default=5e-6, help="learning rate (default 5e-6)")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (default 0: no reference model)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="the longest completion of one model call")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="the longest completion of one model call, capped by the CPU policy server (default 48)",
+    )
     p.add_argument(
         "--temperature", type=float, default=None, help="sampling temperature (default: the env's)"
     )
@@ -148,7 +159,25 @@ def parse_args(argv: list[str]) -> TrainArgs:
     p.add_argument(
         "--lora-alpha", type=int, default=None, help="the LoRA scale's alpha (default 2 x --lora-r)"
     )
+    p.add_argument(
+        "--vllm-server",
+        metavar="URL",
+        default=None,
+        help="generate with this vLLM server (`trl vllm-serve --model M`, on a GPU: TRL pushes the "
+        "trainer's weights to it) instead of the CPU policy server; the trainer runs on the GPU too "
+        '(docs/training.md, "The GPU path")',
+    )
     ns = p.parse_args(argv)
+    if ns.vllm_server is not None:
+        why = vllm_unusable(ns.vllm_server)
+        if why is not None:
+            p.error(f"--vllm-server: {why}")
+        if ns.max_new_tokens is not None:
+            p.error(
+                "--max-new-tokens caps the CPU policy server; with --vllm-server the env's max_tokens "
+                "and the server's --max-model-len do"
+            )
+    ns.max_new_tokens = 48 if ns.max_new_tokens is None else ns.max_new_tokens
     if ns.lora_alpha is not None and ns.lora_r is None:
         p.error("--lora-alpha needs --lora-r")
     if ns.lora_r is not None and ns.lora_r < 1:
@@ -205,7 +234,87 @@ def parse_args(argv: list[str]) -> TrainArgs:
         report_to=ns.report_to or ("tensorboard" if tensorboard else "none"),
         lora_r=ns.lora_r,
         lora_alpha=(ns.lora_alpha or 2 * ns.lora_r) if ns.lora_r else None,
+        vllm_server=ns.vllm_server.rstrip("/") if ns.vllm_server else None,
     )
+
+
+def vllm_unusable(url: str) -> str | None:
+    """Why ``--vllm-server URL`` cannot be used here (None: it can): not an http(s) URL with a
+    port, no ``vllm`` package (TRL's weight transfer needs it beside the trainer), no CUDA device."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):
+        return f"{url!r} is not a server's address (http://HOST:PORT, as `trl vllm-serve` prints it)"
+    if importlib.util.find_spec("vllm") is None:
+        return "the vllm package is not installed (pip install 'trl[vllm]'; it needs a CUDA GPU)"
+    import torch  # noqa: PLC0415  # only when asked for: the CPU path's checks stay quick
+
+    if not torch.cuda.is_available():
+        return "no CUDA device: the trainer's weights go to vLLM over NCCL from a GPU"
+    return None
+
+
+def served_model(url: str, client: httpx.Client | None = None) -> str:
+    """The model a vLLM server at ``url`` serves (the first of its ``/v1/models``): the gateway route's
+    ``upstream_model``. Raises SetupError when the server does not answer with one."""
+    try:
+        with contextlib.nullcontext(client) if client is not None else httpx.Client(timeout=30) as c:
+            r = c.get(f"{url}/v1/models")
+            r.raise_for_status()
+            data = r.json().get("data") or []
+            model = data[0]["id"] if data and isinstance(data[0], dict) else None
+    except (httpx.HTTPError, ValueError, KeyError, AttributeError) as e:
+        raise SetupError(f"--vllm-server {url}: no model list at {url}/v1/models ({e})") from e
+    if not isinstance(model, str) or not model:
+        raise SetupError(f"--vllm-server {url}: {url}/v1/models lists no model")
+    return model
+
+
+def grpo_settings(args: TrainArgs, out: Path) -> dict[str, Any]:
+    """``GRPOConfig``'s arguments: on the CPU (float32), or with ``--vllm-server`` on the GPU (bf16
+    where supported), TRL's vLLM server mode and its importance-sampling correction with the
+    recorded logprobs (TRL's default)."""
+    n_rows = args.samples * args.cases_per_step
+    settings: dict[str, Any] = {
+        "output_dir": str(out),
+        "per_device_train_batch_size": n_rows,
+        "num_generations": args.samples,
+        "max_completion_length": 4096,
+        "learning_rate": args.lr,
+        "beta": args.beta,
+        "use_cpu": True,
+        "bf16": False,
+        "max_steps": args.steps,
+        "report_to": [] if args.report_to == "none" else [args.report_to],
+        "save_strategy": "steps",
+        "save_steps": args.save_steps,
+        "logging_steps": 1,
+        "seed": args.seed,
+        "activation_checkpointing": False,
+        "disable_tqdm": True,
+    }
+    if args.vllm_server:
+        import torch  # noqa: PLC0415
+
+        settings.update(
+            use_cpu=False,
+            bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=args.vllm_server,
+            vllm_importance_sampling_correction=True,
+        )
+    return settings
+
+
+def push_weights(trainer: Any) -> None:
+    """Send the trainer's weights to the vLLM server now (TRL does it itself only at the next
+    generation whose step changed): an evaluation between steps, or after the last, then samples
+    the weights it reports on. Nothing to do on the CPU (the policy server serves the trainer's model)."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is None:
+        return
+    generation.sync_weights()
+    trainer._last_loaded_step = trainer.state.global_step  # TRL's own mark: no second push for this step
 
 
 BASE_MODELS = {
@@ -380,11 +489,25 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
     print(f"loading the {args.model_config} model", file=stdout, flush=True)
     model, tokenizer = load_policy(args.model_config, args.seed)
     evals: list[EvalResult] = [EvalResult(**e.model_dump()) for e in record.evals]  # a resumed run's
-    with (
-        PolicyServer(
+    # the route's upstream: the CPU policy server serving ``model``, or the vLLM server (a copy of
+    # the weights of its own, which TRL and push_weights keep in step with the trainer's)
+    server_cm: Any = (
+        contextlib.nullcontext(None)
+        if args.vllm_server
+        else PolicyServer(
             model, tokenizer, model_name="policy", seed=args.seed, max_tokens_cap=args.max_new_tokens
-        ) as server,
-        policy_gateway(out, db_url, server.base_url) as (cfg, gateway_url),
+        )
+    )
+    route: dict[str, Any] = (
+        {"upstream_model": served_model(args.vllm_server), "max_concurrency": args.pool_size}
+        if args.vllm_server
+        else {}
+    )
+    with (
+        server_cm as server,
+        policy_gateway(
+            out, db_url, f"{args.vllm_server}/v1" if args.vllm_server else server.base_url, **route
+        ) as (cfg, gateway_url),
     ):
         template = JobOptions(
             agent_root=args.agent_root,
@@ -411,6 +534,7 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
         rollout.history = history
 
         def evaluate(when: str, step: int) -> None:
+            push_weights(trainer)  # vLLM: the weights evaluated are the trainer's now
             job = f"eval-{when.replace(' ', '')}" + (f"-resume{record.resumes}" if record.resumes else "")
             scores = run_eval(rollout, split.eval, job, args.eval_samples, eval_t)
             evals.append(
@@ -461,27 +585,8 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
                 record.steps, record.checkpoint = state.global_step, f"checkpoint-{state.global_step}"
                 write_run(out, record)
 
-        if checkpoint is None:
-            evaluate("before", 0)
         n_rows = args.samples * args.cases_per_step
-        config = GRPOConfig(
-            output_dir=str(out),
-            per_device_train_batch_size=n_rows,
-            num_generations=args.samples,
-            max_completion_length=4096,
-            learning_rate=args.lr,
-            beta=args.beta,
-            use_cpu=True,
-            bf16=False,
-            max_steps=args.steps,
-            report_to=[] if args.report_to == "none" else [args.report_to],
-            save_strategy="steps",
-            save_steps=args.save_steps,
-            logging_steps=1,
-            seed=args.seed,
-            activation_checkpointing=False,
-            disable_tqdm=True,
-        )
+        config = GRPOConfig(**grpo_settings(args, out))
         dataset = Dataset.from_list([{"prompt": c} for c in case_ids] * max(1, n_rows // args.samples))
         # with LoRA, PEFT wraps the adapters into the served model's own layers: the server samples from them
         trainer = GRPOTrainer(
@@ -492,9 +597,18 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
             train_dataset=dataset,
             rollout_func=rollout.rollout_func,
             peft_config=_lora(args),
-            callbacks=[PolicySync(server.lock, gateway_url, start_version=record.steps), _Print()],
+            callbacks=[
+                PolicySync(
+                    server.lock if server is not None else threading.Lock(),
+                    gateway_url,
+                    start_version=record.steps,
+                ),
+                _Print(),
+            ],
         )
         trainer.remove_callback(PrinterCallback)  # the step line and metrics.jsonl instead of TRL's log dicts
+        if checkpoint is None:  # (LoRA's adapters start at zero: the model evaluated is the one loaded)
+            evaluate("before", 0)
         model.train()
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         model.eval()

@@ -295,3 +295,119 @@ def test_the_evaluation_counts_valid_scores_without_tokens_and_reruns_invalid_on
     scores = run_eval(rollout, ["a", "b"], "before", 1, 0.0)
     assert scores == {"a": [10.0], "b": [0.0]}  # mean 5.0, pass rate 0.5, 2 samples
     assert asked == [("e-before", ["a", "b"], 0.0), ("e-before-rerun1", ["b"], 0.0)]
+
+
+def test_vllm_server_flag_is_refused_with_the_reason_where_it_cannot_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    import torch
+
+    from rollout.cli.train import parse_args
+
+    find_spec = importlib.util.find_spec
+    for argv, message in (
+        (["--vllm-server", "localhost:8000"], "is not a server's address"),
+        (["--vllm-server", "http://h:8000/v1"], "is not a server's address"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a)
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["--vllm-server", "http://h:8000"])
+    assert "--vllm-server: the vllm package is not installed" in capsys.readouterr().err
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: find_spec("json") if name == "vllm" else find_spec(name, *a),
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        parse_args(["--vllm-server", "http://h:8000"])
+    assert "no CUDA device" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a = parse_args(["--vllm-server", "http://h:8000/"])
+    assert (a.vllm_server, a.max_new_tokens) == ("http://h:8000", 48)
+    with pytest.raises(SystemExit):
+        parse_args(["--vllm-server", "http://h:8000", "--max-new-tokens", "64"])
+    assert "--max-new-tokens caps the CPU policy server" in capsys.readouterr().err
+    assert parse_args(["--max-new-tokens", "64"]).max_new_tokens == 64
+
+
+def test_grpo_settings_on_the_cpu_and_with_a_vllm_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from trl import GRPOConfig
+
+    from rollout.cli.train import TrainArgs, grpo_settings
+
+    cpu = grpo_settings(TrainArgs(samples=4, cases_per_step=2, steps=3), tmp_path)
+    assert (cpu["use_cpu"], cpu["bf16"], cpu["per_device_train_batch_size"], cpu["num_generations"]) == (
+        True,
+        False,
+        8,
+        4,
+    )
+    assert "use_vllm" not in cpu
+    assert GRPOConfig(**cpu).use_vllm is False  # TRL takes them as they are
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    gpu = grpo_settings(TrainArgs(vllm_server="http://h:8000"), tmp_path)
+    assert {k: gpu[k] for k in ("use_cpu", "bf16", "use_vllm", "vllm_mode", "vllm_server_base_url")} == {
+        "use_cpu": False,
+        "bf16": True,
+        "use_vllm": True,
+        "vllm_mode": "server",
+        "vllm_server_base_url": "http://h:8000",
+    }
+    assert gpu["vllm_importance_sampling_correction"] is True
+    assert set(gpu) <= set(GRPOConfig.__dataclass_fields__)  # every one a field of TRL's config
+
+
+def test_the_served_model_is_the_first_of_the_servers_list() -> None:
+    import httpx
+
+    from rollout.cli.train import served_model
+    from rollout.core.setup import SetupError
+
+    def answer(models: object, status: int = 200) -> httpx.Client:
+        return httpx.Client(
+            transport=httpx.MockTransport(
+                lambda r: (
+                    httpx.Response(status, json=models) if r.url.path == "/v1/models" else httpx.Response(404)
+                )
+            )
+        )
+
+    listed = {"data": [{"id": "HuggingFaceTB/SmolLM2-135M-Instruct"}, {"id": "other"}]}
+    assert served_model("http://h:8000", answer(listed)) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    for models, status, message in (
+        ({"data": []}, 200, "lists no model"),
+        ({"error": "x"}, 500, "no model list at http://h:8000/v1/models"),
+        ([1, 2], 200, "no model list"),
+    ):
+        with pytest.raises(SetupError, match=message):
+            served_model("http://h:8000", answer(models, status))
+
+
+def test_weights_are_pushed_to_vllm_before_an_evaluation_and_never_on_the_cpu() -> None:
+    from types import SimpleNamespace
+
+    from rollout.cli.train import push_weights
+
+    pushed: list[int] = []
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=3), _last_loaded_step=2)
+    trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: pushed.append(trainer.state.global_step))
+    push_weights(trainer)
+    assert (pushed, trainer._last_loaded_step) == (
+        [3],
+        3,
+    )  # TRL's next generation at step 3 skips its own push
+    cpu = SimpleNamespace(state=SimpleNamespace(global_step=3), _last_loaded_step=-1)
+    push_weights(cpu)
+    assert cpu._last_loaded_step == -1
