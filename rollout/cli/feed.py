@@ -283,6 +283,12 @@ async def export(args: argparse.Namespace) -> int:
     print(f"{result.rows} rows ({args.format}, one per {args.per}) written to {result.path}")
     for why, n in sorted(result.skipped.items()):
         print(f"  left out {n}: {why}")
+    if result.incomplete:
+        print(
+            f"warning: {result.incomplete} group(s) of job {args.job_id} had sessions not ended (a job still "
+            "running, or stopped): written flagged incomplete, never trainable; export again once it has ended",
+            file=sys.stderr,
+        )
     return 0
 
 

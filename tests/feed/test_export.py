@@ -274,3 +274,61 @@ async def test_a_damaged_step_is_one_line_and_leaves_the_export_untouched(tmp_pa
         out.read_text() == "the previous export\n"
         and [p.name for p in tmp_path.iterdir() if p.name.startswith(".x.jsonl")] == []
     )
+
+
+async def test_a_running_jobs_export_warns_that_its_unfinished_groups_are_flagged(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    store = Store(f"sqlite://{db}")
+    await store.init()
+    try:
+        ids = await make_job(store, "j", {"g1": 2, "g2": 2})
+        for sid in (*ids["g1"], ids["g2"][0]):  # g2's second session still running
+            await finish(store, sid, 10)
+    finally:
+        await store.close()
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launcher.py"),
+            "export",
+            "--db-path",
+            f"sqlite://{db}",
+            "--job-id",
+            "j",
+            "--out",
+            str(tmp_path / "x.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "warning: 1 group(s) of job j had sessions not ended" in r.stderr
+    flags = {
+        row["group_id"]: row["group_flags"]
+        for row in map(json.loads, (tmp_path / "x.jsonl").read_text().splitlines())
+    }
+    assert "incomplete" in flags["g2"] and "incomplete" not in flags["g1"]
+    whole = await _job(tmp_path / "done.db")
+    assert (
+        whole
+        and "warning"
+        not in subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "launcher.py"),
+                "export",
+                "--db-path",
+                f"sqlite://{tmp_path / 'done.db'}",
+                "--job-id",
+                "j",
+                "--out",
+                str(tmp_path / "y.jsonl"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        ).stderr
+    )

@@ -37,11 +37,13 @@ class ExportError(RolloutError, RuntimeError):
 
 @dataclass
 class ExportResult:
-    """Rows written, samples left out by reason, and the output file."""
+    """Rows written, samples left out by reason, the output file, and the groups written before
+    all their sessions ended (flagged ``incomplete``: a job still running)."""
 
     path: Path
     rows: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    incomplete: int = 0
 
 
 def _group_fields(g: FeedGroupOut) -> dict[str, Any]:
@@ -373,6 +375,7 @@ async def export_job(
                 session_rows=sessions,
             )
             for g, raw in built:
+                result.incomplete += "incomplete" in g.flags
                 for row in _rows(g, raw, sessions, fmt, per, only_trainable, min_score, result.skipped):
                     yield row
 
