@@ -107,7 +107,8 @@ class PairedDiff:
     one job scored and the other did not; ``mean_a`` / ``mean_b`` the mean over the common cases of
     each case's mean score; ``diff`` = mean_b - mean_a; ``stderr`` = sd(d) / sqrt(common) of the
     per-case differences d (None under 2 common cases); ``ci95`` = diff -+ t(0.975, common - 1) *
-    stderr (None with it)."""
+    stderr (None with it, and None when every d is the same: no spread to make an interval from,
+    which would otherwise read as a certain difference)."""
 
     common: int
     only_a: int
@@ -128,5 +129,5 @@ def paired(a: Mapping[K, float], b: Mapping[K, float]) -> PairedDiff:
     mean_b = math.fsum(b[c] for c in common) / len(common)
     diff = mean_b - mean_a
     se = stderr(b[c] - a[c] for c in common)
-    ci = None if se is None else (diff - t975(len(common) - 1) * se, diff + t975(len(common) - 1) * se)
+    ci = None if not se else (diff - t975(len(common) - 1) * se, diff + t975(len(common) - 1) * se)
     return PairedDiff(len(common), len(a) - len(common), len(b) - len(common), mean_a, mean_b, diff, se, ci)

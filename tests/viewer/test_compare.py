@@ -57,6 +57,8 @@ def test_estimators_by_hand() -> None:
     assert (p.common, p.only_a, p.only_b, p.mean_a, p.mean_b, p.diff) == (2, 1, 1, 3.75, 7.5, 3.75)
     assert p.stderr == pytest.approx(6.25)
     assert p.ci95 == pytest.approx((3.75 - 12.7062047 * 6.25, 3.75 + 12.7062047 * 6.25))
+    same = paired({"x": 0.0, "y": 5.0}, {"x": 10.0, "y": 15.0})  # two cases, both +10
+    assert (same.common, same.diff, same.stderr, same.ci95) == (2, 10.0, 0.0, None)
     one = paired({"x": 4.0}, {"x": 6.0})
     assert (one.common, one.diff, one.stderr, one.ci95) == (1, 2.0, None, None)
     none = paired({"x": 4.0}, {"y": 6.0})
