@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import os
 import shutil
 import socket
@@ -58,10 +59,16 @@ class SessionNet:
     def nsenter(self) -> list[str]:
         """The ``nsenter`` command line prefix that runs the rest in this network, the namespaces
         read from fds 4 (user) and 5 (net) of that process."""
-        nsenter = shutil.which("nsenter")
+        nsenter = tool("nsenter")
         if nsenter is None:
             raise NetnsError("nsenter (util-linux) is missing")
         return [nsenter, "--user=/proc/self/fd/4", "--net=/proc/self/fd/5", "--preserve-credentials", "--"]
+
+
+@functools.cache
+def tool(name: str) -> str | None:
+    """``name``'s path on ``PATH``, looked up once per process."""
+    return shutil.which(name)
 
 
 def high_dup(fd: int) -> int:

@@ -47,7 +47,7 @@ from rollout.sandbox.bwrap import (
 )
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.images import ImageError, ImageRoot, bound_at, has_shell
-from rollout.sandbox.netns import NetnsError, NetnsMaker, SessionNet, high_dup
+from rollout.sandbox.netns import NetnsError, NetnsMaker, SessionNet, high_dup, tool
 from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
 from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
 
@@ -375,7 +375,7 @@ class _Networks:
         """A session network, or None: the forwarder relays. Raises NetnsError once it has worked."""
         with self._lock:
             if self.off is None and self.maker is None:
-                missing = [t for t in ("nsenter", "bash") if shutil.which(t) is None]
+                missing = [t for t in ("nsenter", "bash") if tool(t) is None]
                 if missing:
                     self._disable(f"{' and '.join(missing)} missing")
                 else:
@@ -421,7 +421,7 @@ def _host_start(
     flags = {"core": "-c", "fsize": "-f", "as": "-v"}  # bash's units: KiB
     steps += [f"ulimit {flags[k]} {-(-v // 1024)}" for k, v in rlimits.items()]
     steps += [f"echo $$ > {shlex.quote(str(f))}" for f in procs]
-    bash = shutil.which("bash") or "bash"
+    bash = tool("bash") or "bash"
     return [bash, "-c", " && ".join([*steps, 'exec "$@"']), "bash", *argv]
 
 
@@ -569,7 +569,7 @@ async def _run_sandboxed(
     status_r = status_w = -1
     bridge: GatewayBridge | None = None
     net: SessionNet | None = None
-    moved: tuple[int, int, int] | None = None
+    dups: list[int] = []  # the fds handed to the sandbox's first command, when net
     try:
         try:
             scratch = Path(
@@ -581,7 +581,8 @@ async def _run_sandboxed(
             if image is None or has_shell(image):  # the sandbox's first command is its /bin/sh
                 net = await _NETWORKS.make()
             if net is not None:
-                moved = (high_dup(status_w), high_dup(net.userns), high_dup(net.netns))
+                for fd in (status_w, net.userns, net.netns):
+                    dups.append(high_dup(fd))
                 bridge = GatewayBridge(None, request.gateway_base_url, listener=net.listener)
             else:
                 bridge = GatewayBridge(scratch / "gw.sock", request.gateway_base_url)
@@ -625,9 +626,11 @@ async def _run_sandboxed(
                 argv = wrap(image.rootfs, scratch / "root", disk, argv, keep=changes)
             except OverlayUnavailable as e:
                 return _setup_failed(t0, str(e))
-        if net is not None and moved is not None:
+        if net is not None:
             try:
-                argv = _host_start([*net.nsenter(), *argv], moved, rlimits, cg.procs_files)
+                argv = _host_start(
+                    [*net.nsenter(), *argv], (dups[0], dups[1], dups[2]), rlimits, cg.procs_files
+                )
             except NetnsError as e:
                 return _setup_failed(t0, str(e))
         else:
@@ -649,7 +652,7 @@ async def _run_sandboxed(
                 workspace,
                 cfg.runtime.timeout_s,
                 env=env,
-                pass_fds=moved or (status_w,),
+                pass_fds=tuple(dups) or (status_w,),
                 output_limit=_output_limit(limits),
                 monitor=_limit_monitor(cg, workspace, limits),
                 stderr_log=stderr_log,
@@ -692,7 +695,7 @@ async def _run_sandboxed(
         if net is not None:
             net.close()
         await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
-        for fd in (status_r, status_w, *(moved or ())):
+        for fd in (status_r, status_w, *dups):
             if fd >= 0:
                 os.close(fd)
         if scratch is not None:
