@@ -9,7 +9,8 @@ from rollout.harness import Harness, HarnessContext, HarnessLaunch
 
 class Oracle(Harness):
     """``bash <solution>/solve.sh`` in the workspace. The solution folder is bound read-only into
-    this harness's sandbox only (``uses_solution``); a task without one fails with a message."""
+    this harness's sandbox only (``uses_solution``), at ``/solution`` as Harbor's oracle has it; a
+    task without one fails with a message."""
 
     name = "oracle"
     protocol = "chat_completions"

@@ -46,11 +46,13 @@ from rollout.sandbox.bwrap import (
     FORWARDER,
     FORWARDER_SOURCE,
     GATEWAY_PORT,
+    HOST_ENV,
     NAMESPACE_FLAGS,
     WORKSPACE,
     Binds,
     SandboxUnavailable,
     clean_env,
+    env_args,
     image_env,
     namespace_flags,
     proc_args,
@@ -155,6 +157,7 @@ def _command(
     root: Path | None = None,
     also_at: str | None = None,
     tmp_in_root: bool = False,
+    env_fd: int | None = None,
 ) -> list[str]:
     b = Binds()
     if image is not None and root is not None:  # the image's copy-on-write tree is /
@@ -179,6 +182,7 @@ def _command(
     flags = namespace_flags(*image.uid_gid()) if image is not None else NAMESPACE_FLAGS
     return [
         bwrap,
+        *(["--args", str(env_fd)] if env_fd is not None else []),  # its variables (bwrap.env_args)
         *flags,
         *b.args,
         *proc_args(),
@@ -212,7 +216,7 @@ _DEST_LAST = {
     "--proc": 1,
     "--dev": 1,
 }
-_VALUED = {"--uid", "--gid", "--size", "--hostname", "--cap-drop", "--chdir", "--perms"}
+_VALUED = {"--uid", "--gid", "--size", "--hostname", "--cap-drop", "--chdir", "--perms", "--args"}
 
 
 def mount_points(argv: list[str]) -> list[str]:
@@ -433,7 +437,7 @@ async def run_verifier(
         limits.processes,
     )
     scratch: Path | None = None
-    status_r = status_w = -1
+    status_r = status_w = env_fd = -1
     try:
         try:
             scratch = Path(tempfile.mkdtemp(prefix="rollout-verify-"))
@@ -451,6 +455,7 @@ async def run_verifier(
             )
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
+            env_fd = env_args(_host_env(image))  # the verifier's variables reach bwrap only
             await asyncio.to_thread(cg.create, f"rollout-verify-{label[:24]}-{uuid.uuid4().hex[:6]}")
         except OSError as e:
             return failed(f"{type(e).__name__}: {e}")
@@ -477,6 +482,7 @@ async def run_verifier(
                 root,
                 also_at,
                 tmp_in_root=under is not None,
+                env_fd=env_fd,
             )
             if under is not None:
                 if not kept(under):
@@ -517,8 +523,8 @@ async def run_verifier(
                 request,
                 copy_dest,
                 timeout_s,
-                env=_host_env(image),
-                pass_fds=(status_w,),
+                env=HOST_ENV,
+                pass_fds=(status_w, env_fd),
                 output_limit=limits.output_mb * MiB if limits.output_mb is not None else None,
                 monitor=_monitor(cg, copy_dest, limits),
             )
@@ -565,22 +571,31 @@ async def run_verifier(
             why = f"the test script was killed (exit code {out.returncode}): its reward files are not trusted"
             return base.model_copy(update={"reason": why, "duration_s": time.monotonic() - t0})
         reward, parsed, how = await asyncio.to_thread(read_reward, logs)
+        said = last_line(out.stderr_tail) or last_line(out.stdout_tail)
+        told = f"; the tests' output ends: {said}" if said and (reward is None or reward < 1) else ""
         return base.model_copy(
             update={
                 "status": "rewarded" if reward is not None else "no_reward",
                 "reward": reward,
                 "reward_json": parsed,
-                "reason": f"{how} (exit code {out.returncode})",
+                "reason": f"{how} (exit code {out.returncode}){told}",
                 "duration_s": time.monotonic() - t0,
             }
         )
     finally:
         await asyncio.shield(asyncio.to_thread(cg.remove))
-        for fd in (status_r, status_w):
+        for fd in (status_r, status_w, env_fd):
             if fd >= 0:
                 os.close(fd)
         if scratch is not None:
             await asyncio.shield(asyncio.to_thread(_remove, scratch))
+
+
+def last_line(text: str, limit: int = 200) -> str:
+    """The last non-empty line of ``text``, at most ``limit`` characters (its end): what a reward
+    under 1 most likely says about itself (``curl: command not found``, a failed assertion)."""
+    line = next((x.strip() for x in reversed(text.splitlines()) if x.strip()), "")
+    return line if len(line) <= limit else "..." + line[-limit:]
 
 
 async def verify_session(

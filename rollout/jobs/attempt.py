@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from rollout.contract.harness import SOLUTION_ENV
 from rollout.contract.protocol import EvalRequest, EvalSpec, SimulationStartRequest, SimulationStartResult
 from rollout.core.envs import Case, EnvConfig, session_config
 from rollout.core.outcomes import (
@@ -214,6 +213,7 @@ class AttemptRun:
     errors: list[str]
     verdict: VerifierResult | None = None
     image: ImageRoot | None = None
+    image_failed: bool = False  # its image could not be had (built, pulled, unpacked): kept for the job
 
 
 FAILURES_TOLD = 3
@@ -526,7 +526,9 @@ class Attempts:
         )
         if verdict is not None and verdict.status == "setup_failed":
             end = verifier_setup_failed(verdict.reason)
-        return AttemptRun(status, ran, close_info, steps, end, errors, verdict, in_image)
+        return AttemptRun(
+            status, ran, close_info, steps, end, errors, verdict, in_image, isinstance(image, ImageError)
+        )
 
     async def _conclude(
         self,
@@ -542,7 +544,8 @@ class Attempts:
         infrastructure failure: then reward NULL and ``eval_status`` ``infra_error``)."""
         row, n, sid, end = work.row, work.attempt, work.row.session_id, run.end
         duration = time.monotonic() - t0
-        self.breaker.record(end.infra)
+        if not run.image_failed:  # a task's image says nothing of the gateway's health
+            self.breaker.record(end.infra)
         if end.outcome in GATEWAY_CLASSES or run.close_info.get("error"):  # even a success whose close failed
             self.breaker.suspect()
         att = SessionAttempt(
@@ -559,7 +562,12 @@ class Attempts:
             duration_s=duration,
         )
         retries_used = n - work.first
-        if end.infra and self.retry.retries(end.outcome) and retries_used < self.retry.max_retries:
+        if (
+            end.infra
+            and not run.image_failed  # the job keeps the failure: a retry would get it again
+            and self.retry.retries(end.outcome)
+            and retries_used < self.retry.max_retries
+        ):
             att.retry_in_s = self.retry.delay_s(retries_used + 1, self._rng)
             await self.store.record_attempt(att)
             await self.store.update_job_session(
@@ -619,13 +627,13 @@ class Attempts:
         if row.harness is None:
             return None, None
         h = self.ctx.harnesses[row.harness]
-        solution = [Path(case.solution_dir)] if h.uses_solution and case.solution_dir else []
         command = RuntimeCommand(
             argv=h.argv(),
-            folders=[h.folder, h.install_dir, *solution],
-            env={"PYTHONPATH": str(CODE_ROOT), **({SOLUTION_ENV: str(solution[0])} if solution else {})},
+            folders=[h.folder, h.install_dir],
+            env={"PYTHONPATH": str(CODE_ROOT)},
             env_code=h.runtime is not None and not h.uses_solution,
-        )  # the solution: as the oracle sees it
+            solution=Path(case.solution_dir) if h.uses_solution and case.solution_dir else None,
+        )  # the solution: at /solution, as Harbor's oracle has it
         log = (
             (self.ctx.log_dir.resolve() / "harness" / f"{row.session_id}-a{attempt}.log")
             if self.ctx.log_dir

@@ -150,10 +150,16 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     writer.close()  # the gateway closed: so does the client's connection (it sees EOF, not a dead socket)
 
 
+MAX_CONNECTIONS = 64
+"""Connections one session's bridge holds at once; more are closed as they come (each is an open
+file of the launcher's, shared by every session: a sandbox must not exhaust them)."""
+
+
 class GatewayBridge:
     """``async with GatewayBridge(socket_path, session_url):`` serves ``socket_path`` while open
     (with ``listener``, a listening socket, that socket instead; ``socket_path`` None).
-    Connections still open at exit are closed. Raises BridgeError (from the constructor for a bad
+    Connections still open at exit are closed; past :data:`MAX_CONNECTIONS` at once a new one is
+    closed at once (``over_cap`` counts them). Raises BridgeError (from the constructor for a bad
     URL, from ``__aenter__`` when the socket cannot be served). ``connect_failures`` counts the
     connections to the gateway that failed because it could not be reached (``gateway_down``);
     ``unreachable`` is why the last connection failed, None when it succeeded (or none was made)."""
@@ -170,6 +176,7 @@ class GatewayBridge:
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self.refused = 0
+        self.over_cap = 0
         self.connect_failures = 0
         self.unreachable: str | None = None
 
@@ -200,6 +207,16 @@ class GatewayBridge:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._conns) >= MAX_CONNECTIONS:
+            self.over_cap += 1
+            if self.over_cap == 1:
+                log.warning(
+                    "gateway bridge %s: more than %d connections at once; the next are closed",
+                    self.prefix,
+                    MAX_CONNECTIONS,
+                )
+            writer.close()
+            return
         self._conns.add(task)
         up_w: asyncio.StreamWriter | None = None
         back: asyncio.Task[None] | None = None

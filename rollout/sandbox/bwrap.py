@@ -339,15 +339,43 @@ class SandboxSpec:
     uid: tuple[int, int] = (SANDBOX_UID, SANDBOX_UID)  # the sandbox's uid and gid: an image's USER
     also_at: str | None = None  # the workspace bound there too (no image: a Harbor task's WORKDIR)
     tmp_in_root: bool = False  # /tmp is the root's own (an image's, in its kept layer), no tmpfs of its own
+    env_fd: int | None = None  # bwrap reads its environment options from this fd (``env_args``)
+    mounts: list[tuple[Path, str]] = field(default_factory=list)  # host folders bound read-only there
 
 
 SHELL_START = (
-    'command -v "$1" >/dev/null 2>&1 || '
+    'case "$1" in */*) [ -f "$1" ] && [ -x "$1" ] ;; *) command -v "$1" >/dev/null 2>&1 ;; esac || '
     '{ echo "error: no command" >&3; exit 127; }; '
-    'echo started >&3; exec 3>&- 4<&- 5<&-; exec "$@"'
+    'echo started >&3; exec 3>&- 4<&- 5<&- 6<&-; exec "$@"'
 )
-"""The sandbox's first command when the launcher listens in its network: ``started`` (or why the
-runtime cannot start) on the status pipe at fd 3, then fds 3 to 5 closed and the runtime exec'd."""
+"""The sandbox's first command when the launcher listens in its network: ``started`` (or, for a
+command that is no executable file, why the runtime cannot start) on the status pipe at fd 3,
+then fds 3 to 6 closed and the runtime exec'd."""
+
+HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+"""The environment of the host's part of a sandbox's command (shells, ``nsenter``, ``unshare``,
+bwrap itself): nothing of the session's, so no variable of an image or an env (``BASH_FUNC_*``,
+``BASH_ENV``) reaches a host shell. The session's reaches bwrap through ``env_args``."""
+
+
+def env_args(env: dict[str, str]) -> int:
+    """A memory file holding bwrap's ``--clearenv`` and one ``--setenv NAME VALUE`` per variable
+    of ``env`` (NUL-separated, for ``--args FD``: never on a command line another user can read),
+    its offset at 0; close-on-exec. Raises OSError."""
+    fd = os.memfd_create("rollout-env", os.MFD_CLOEXEC)
+    try:
+        parts = [b"--clearenv"]
+        for k, v in env.items():
+            parts += [b"--setenv", os.fsencode(k), os.fsencode(v)]
+        data = b"\0".join(parts) + b"\0"
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
@@ -377,8 +405,11 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
         b.ro(FORWARDER_SOURCE, FORWARDER)
     if spec.instruction is not None:
         b.ro(spec.instruction, INSTRUCTION)
+    for src, dest in spec.mounts:
+        b.ro(src, dest)
     head = [
         support.bwrap,
+        *(["--args", str(spec.env_fd)] if spec.env_fd is not None else []),
         *namespace_flags(*spec.uid, own_network=spec.bridge_socket is not None),
         *b.args,
         *proc_args(),

@@ -39,6 +39,11 @@ log = logging.getLogger("rollout.sandbox.images")
 
 TOOLS = ("buildah", "skopeo", "umoci")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+LOCAL_CA = "/usr/local/share/ca-certificates/rollout-host-ca.crt"
+"""Where the host's CA bundle goes in a build that (re)generates the image's own bundle: Debian's
+``update-ca-certificates`` adds the certificates found there to the bundle it writes."""
+_CA_BUSY = ("ca-certificates.crt", "Device or resource busy")
+"""What ``update-ca-certificates`` says when the bundle it replaces is the host's, mounted read-only."""
 """The host's CA bundle: mounted read-only into a build's RUN steps by default (a proxy's CA)."""
 BUILD_TIMEOUT_S = 1800.0
 LOG_TAIL = 2000
@@ -242,25 +247,39 @@ def build(source: ImageSource) -> str:
     with tempfile.TemporaryDirectory(prefix="rollout-dockerfile-") as tmp:
         path = Path(tmp) / "Dockerfile"
         path.write_text(dockerfile, encoding="utf-8")
-        mounts = [a for m in source.build_mounts if Path(m.split(":", 1)[0]).exists() for a in ("-v", m)]
+        mounts = [m for m in source.build_mounts if Path(m.split(":", 1)[0]).exists()]
         log.info("building the image of %s as %s", source.describe(), ref)
-        _run(
-            [
-                "buildah",
-                "bud",
-                "--isolation",
-                "chroot",
-                "--pull=missing",
-                *mounts,
-                "-f",
-                str(path),
-                "-t",
-                ref,
-                str(source.context),
-            ],
-            f"building {source.describe()}",
-        )
+        try:
+            _bud(source, path, ref, mounts)
+        except ImageError as e:
+            at_bundle = [m for m in mounts if m.split(":")[1:2] == [CA_BUNDLE]]
+            if not at_bundle or not all(s in str(e) for s in _CA_BUSY):
+                raise
+            # the Dockerfile installs ca-certificates, whose bundle cannot replace the host's mount:
+            # the host's certificates go where that package adds local ones to the bundle it writes
+            log.info("building %s again with the host's CA bundle at %s", source.describe(), LOCAL_CA)
+            moved = [m.replace(f":{CA_BUNDLE}", f":{LOCAL_CA}", 1) if m in at_bundle else m for m in mounts]
+            _bud(source, path, ref, moved)
     return ref
+
+
+def _bud(source: ImageSource, dockerfile: Path, ref: str, mounts: list[str]) -> None:
+    _run(
+        [
+            "buildah",
+            "bud",
+            "--isolation",
+            "chroot",
+            "--pull=missing",
+            *(a for m in mounts for a in ("-v", m)),
+            "-f",
+            str(dockerfile),
+            "-t",
+            ref,
+            str(source.context),
+        ],
+        f"building {source.describe()}",
+    )
 
 
 def local_ref(source: ImageSource) -> str:

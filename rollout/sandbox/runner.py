@@ -15,6 +15,7 @@ import errno
 import functools
 import logging
 import os
+import resource
 import shlex
 import shutil
 import stat
@@ -29,18 +30,21 @@ from pathlib import Path
 from typing import NamedTuple
 
 import rollout.contract.protocol
+from rollout.contract.harness import SOLUTION_ENV
 from rollout.contract.protocol import SimulationStartRequest, model_json
 from rollout.core.envs import EnvConfig, EnvConfigError, LimitsConfig, load_env_config
 from rollout.core.trees import reopen
 from rollout.sandbox.bridge import BridgeError, GatewayBridge
 from rollout.sandbox.bwrap import (
     GATEWAY_PORT,
+    HOST_ENV,
     INSTRUCTION,
     SandboxSpec,
     SandboxUnavailable,
     Support,
     bwrap_command,
     clean_env,
+    env_args,
     image_env,
     inside_url,
     probe,
@@ -65,7 +69,14 @@ log = logging.getLogger("rollout.sandbox.runner")
 
 @functools.cache
 def sandbox_support() -> Support:
-    """This machine's sandbox support, checked once per process. Raises SandboxUnavailable."""
+    """This machine's sandbox support, checked once per process; this process's open-files soft
+    limit is raised to its hard limit then (each session's bridge may hold ``MAX_CONNECTIONS``).
+    Raises SandboxUnavailable."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     return probe()
 
 
@@ -87,12 +98,18 @@ class RuntimeCommand:
     needs read-only at their host paths (``folders``: nothing of the env folder is bound then,
     unless ``env_code``: the env's code folders too, hidden paths hidden, as its own runtime sees
     them), and ``env``: variables given to it instead of the env's ``runtime.env`` /
-    ``pass_env``. The env's limits, timeout and sandbox mode still apply."""
+    ``pass_env``; ``solution``: a task's reference solution folder, bound read-only at
+    :data:`SOLUTION_AT` as Harbor's oracle has it (at its own path without the sandbox), its path
+    in ``SOLUTION_ENV``. The env's limits, timeout and sandbox mode still apply."""
 
     argv: list[str]
     folders: list[Path] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     env_code: bool = False
+    solution: Path | None = None
+
+
+SOLUTION_AT = "/solution"
 
 
 def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
@@ -302,6 +319,11 @@ def disk_used(folder: Path, stop_above: int | None = None, max_entries: int | No
     return DiskUse(total[0], total[1])
 
 
+_LAUNCHER_SHORT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+"""Errors of measuring a workspace that say the launcher ran short (open files, memory): the check
+is made again at the next round, never counted against the session."""
+
+
 def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str, str] | None] | None:
     """The workspace's disk and file-count limits as a blocking check (None without either)."""
     if limits.disk_mb is None and limits.max_files is None:
@@ -312,6 +334,9 @@ def _disk_check(workspace: Path, limits: LimitsConfig) -> Callable[[], tuple[str
         try:
             use = disk_used(workspace, cap, limits.max_files)
         except OSError as e:
+            if e.errno in _LAUNCHER_SHORT:  # the launcher's own shortage, not the workspace's
+                log.warning("disk limit: the workspace cannot be measured this time (%s)", e.strerror or e)
+                return None
             return "disk", f"disk limit: the workspace cannot be measured ({e.strerror or e})"
         if cap is not None and use.bytes > cap:
             return "disk", f"disk limit exceeded: the workspace holds more than {limits.disk_mb} MiB"
@@ -410,19 +435,25 @@ class _Networks:
 _NETWORKS = _Networks()
 
 
+ENV_FD = 6
+"""Where bwrap reads the session's variables (``env_args``) when the launcher listens in the sandbox."""
+
+
 def _host_start(
-    argv: list[str], fds: tuple[int, int, int], rlimits: dict[str, int], procs: list[Path]
+    argv: list[str], fds: tuple[int, ...], rlimits: dict[str, int], procs: list[Path]
 ) -> list[str]:
     """``argv`` run by bash after it moved ``fds`` (the status pipe, the user and network
-    namespaces) to 3, 4 and 5, set ``rlimits`` (bytes; for the sandbox's every process) and joined
-    the session's cgroups (``procs``: their ``cgroup.procs`` files)."""
-    status, user, net = fds
-    steps = [f"exec 3>&{status} 4<&{user} 5<&{net} {status}>&- {user}<&- {net}<&-"]
+    namespaces, the environment's options) to 3, 4, 5 and :data:`ENV_FD`, set ``rlimits`` (bytes;
+    for the sandbox's every process) and joined the session's cgroups (``procs``: their
+    ``cgroup.procs`` files). Run with :data:`HOST_ENV` (no variable of the session's reaches bash),
+    ``argv`` with none at all (bwrap's ``/proc/1/environ`` in the sandbox is empty)."""
+    moves = [f"{3 + i}<&{fd} {fd}<&-" for i, fd in enumerate(fds)]
+    steps = ["exec " + " ".join(moves)]
     flags = {"core": "-c", "fsize": "-f", "as": "-v"}  # bash's units: KiB
     steps += [f"ulimit {flags[k]} {-(-v // 1024)}" for k, v in rlimits.items()]
     steps += [f"echo $$ > {shlex.quote(str(f))}" for f in procs]
     bash = tool("bash") or "bash"
-    return [bash, "-c", " && ".join([*steps, 'exec "$@"']), "bash", *argv]
+    return [bash, "-c", " && ".join([*steps, 'exec -c "$@"']), "bash", *argv]  # -c: no variable of bash's
 
 
 def _output_limit(limits: LimitsConfig) -> int | None:
@@ -469,7 +500,7 @@ async def _run_runtime(
     changes: Path | None = None,
 ) -> RuntimeRun:
     own = (
-        command.env
+        {**command.env, **_solution_env(command, job_mode, cfg)}
         if command is not None
         else {**{k: os.environ[k] for k in cfg.runtime.pass_env if k in os.environ}, **cfg.runtime.env}
     )
@@ -523,6 +554,13 @@ async def _run_runtime(
     return out.model_copy(update={"sandbox": "bwrap"})
 
 
+def _solution_env(command: RuntimeCommand, job_mode: str, cfg: EnvConfig) -> dict[str, str]:
+    """``SOLUTION_ENV``: where ``command``'s solution folder is for it (none without one)."""
+    if command.solution is None:
+        return {}
+    return {SOLUTION_ENV: str(command.solution) if effective_mode(cfg, job_mode) == "none" else SOLUTION_AT}
+
+
 def _empty(folder: Path) -> bool:
     """Whether ``folder`` holds nothing (then no thread is needed to measure it); False when it
     cannot be listed (the check in the thread reports that)."""
@@ -570,6 +608,7 @@ async def _run_sandboxed(
     bridge: GatewayBridge | None = None
     net: SessionNet | None = None
     dups: list[int] = []  # the fds handed to the sandbox's first command, when net
+    env_fd = -1
     try:
         try:
             scratch = Path(
@@ -611,6 +650,7 @@ async def _run_sandboxed(
             rlimits=rlimits if net is None else {},
             instruction=instruction,
             also_at=cfg.workdir,
+            mounts=[(command.solution, SOLUTION_AT)] if command is not None and command.solution else [],
         )
         if image is not None:
             try:
@@ -619,22 +659,6 @@ async def _run_sandboxed(
                 return _setup_failed(t0, f"{type(e).__name__}: {e}")
             if changes is not None:  # the image's own /tmp, in the layer the verifier gets
                 spec = dataclasses.replace(spec, tmp_bytes=None, tmp_in_root=True)
-        argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
-        if image is not None:
-            try:
-                # the copy-on-write root's namespace
-                argv = wrap(image.rootfs, scratch / "root", disk, argv, keep=changes)
-            except OverlayUnavailable as e:
-                return _setup_failed(t0, str(e))
-        if net is not None:
-            try:
-                argv = _host_start(
-                    [*net.nsenter(), *argv], (dups[0], dups[1], dups[2]), rlimits, cg.procs_files
-                )
-            except NetnsError as e:
-                return _setup_failed(t0, str(e))
-        else:
-            argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         url = inside_url(request.gateway_base_url)
         inside = request.model_copy(
             update={
@@ -645,14 +669,37 @@ async def _run_sandboxed(
         sf = safactory_env(inside, spec.workdir) if command is None and cfg.runtime.safactory_env else {}
         own = {"PYTHONPATH": str(CODE_ROOT), **extra, **sf, **session_env(url, extra), **task_env(inside)}
         env = clean_env(own) if image is None else image_env(image.env, own, _image_home(image, spec))
+        try:  # the session's variables reach bwrap only (docs/sandbox.md, "Environment")
+            env_fd = env_args(env)
+            if net is not None:
+                dups.append(high_dup(env_fd))
+                os.close(env_fd)
+                env_fd = -1
+        except OSError as e:
+            return _setup_failed(t0, f"{type(e).__name__}: {e}")
+        spec = dataclasses.replace(spec, env_fd=ENV_FD if net is not None else env_fd)
+        argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
+        if image is not None:
+            try:
+                # the copy-on-write root's namespace
+                argv = wrap(image.rootfs, scratch / "root", disk, argv, keep=changes)
+            except OverlayUnavailable as e:
+                return _setup_failed(t0, str(e))
+        if net is not None:
+            try:
+                argv = _host_start([*net.nsenter(), *argv], tuple(dups), rlimits, cg.procs_files)
+            except NetnsError as e:
+                return _setup_failed(t0, str(e))
+        else:
+            argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
         try:
             out = await run_local(
                 argv,
                 inside,
                 workspace,
                 cfg.runtime.timeout_s,
-                env=env,
-                pass_fds=tuple(dups) or (status_w,),
+                env=HOST_ENV,
+                pass_fds=tuple(dups) or (status_w, env_fd),
                 output_limit=_output_limit(limits),
                 monitor=_limit_monitor(cg, workspace, limits),
                 stderr_log=stderr_log,
@@ -695,7 +742,7 @@ async def _run_sandboxed(
         if net is not None:
             net.close()
         await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
-        for fd in (status_r, status_w, *dups):
+        for fd in (status_r, status_w, env_fd, *dups):
             if fd >= 0:
                 os.close(fd)
         if scratch is not None:

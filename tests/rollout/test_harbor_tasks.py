@@ -435,10 +435,11 @@ async def test_a_host_toolchain_task_sees_its_workspace_at_its_dockerfiles_workd
             "Dockerfile": "FROM python:3\nWORKDIR /srv\nWORKDIR app\nCOPY name.txt .\n",
             "name.txt": "Ada\n",
         },
-        solution="cd /app && cat name.txt > greeting.txt\n",
+        solution="bash /solution/greet.sh\n",  # the solution's own files at /solution, as Harbor's oracle has them
         test_sh="cd /app && grep -q Ada greeting.txt && echo 1 > /logs/verifier/reward.txt || "
         "echo 0 > /logs/verifier/reward.txt\n",
     )
+    (root / "at_app" / "solution" / "greet.sh").write_text("cd /app && cat name.txt > greeting.txt\n")
     assert harbor.scan(root, host_toolchain=True).rows[0]["workdir"] == "/srv/app"
     (root / "at_app" / "environment" / "Dockerfile").write_text("FROM python:3\nWORKDIR /app\n")
     records, _, stderr = await run_job(

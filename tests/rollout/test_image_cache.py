@@ -150,3 +150,37 @@ def test_the_images_command_lists_and_prunes_the_cache(
     assert main(["images", "prune", "--days", "7"]) == 0
     assert capsys.readouterr().out.startswith(f"removed 1 image(s) from {cache}, ")
     assert images.cache_entries(cache) == []
+
+
+def test_a_build_that_installs_ca_certificates_gets_the_hosts_bundle_as_a_local_ca(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``update-ca-certificates`` cannot replace a bundle the host mounted read-only: the build runs
+    again with the host's bundle where the package adds local CAs; any other failure is the build's."""
+    context = tmp_path / "environment"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM scratch\nRUN apt-get install -y ca-certificates\n")
+    bundle = tmp_path / "host-ca.crt"
+    bundle.write_text("host CAs\n")
+    builds: list[list[str]] = []
+    failure = [
+        "mv: cannot move '/etc/ssl/certs/ca-certificates.crt.new' to 'ca-certificates.crt': Device or resource busy"
+    ]
+
+    def run(argv: list[str], what: str, timeout: float = 0) -> str:
+        if argv[:2] == ["buildah", "bud"]:
+            builds.append([argv[i + 1] for i, a in enumerate(argv) if a == "-v"])
+            if len(builds) == 1:
+                raise images.ImageError(f"{what} failed (exit code 1):\n{failure[0]}")
+        return ""
+
+    monkeypatch.setattr(images, "_run", run)
+    monkeypatch.setattr(images, "in_store", lambda ref: False)
+    source = images.ImageSource(context=context, build_mounts=(f"{bundle}:{images.CA_BUNDLE}:ro",))
+    images.build(source)
+    assert builds == [[f"{bundle}:{images.CA_BUNDLE}:ro"], [f"{bundle}:{images.LOCAL_CA}:ro"]]
+    builds.clear()
+    failure[0] = "E: Unable to locate package nosuch"
+    with pytest.raises(images.ImageError, match="Unable to locate package"):
+        images.build(source)
+    assert builds == [[f"{bundle}:{images.CA_BUNDLE}:ro"]]  # built once: another failure is the build's own

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rollout.sandbox import runner
+from rollout.sandbox.bridge import MAX_CONNECTIONS
 from rollout.sandbox.bwrap import GATEWAY_PORT
 from rollout.sandbox.images import ImageRoot, has_shell, in_root
 from rollout.sandbox.netns import NetnsError, NetnsMaker
@@ -133,3 +134,85 @@ def test_an_image_path_is_resolved_inside_the_image(tmp_path: Path) -> None:
     assert in_root(root, "/bin/sh") is None
     assert not has_shell(ImageRoot(digest="d", rootfs=root))
     assert in_root(root, "/usr/../usr/bin/dash") == root / "usr" / "bin" / "dash"
+
+
+@pytest.mark.parametrize("command", [["/usr"], ["{env_dir}/runtime.py"]])
+async def test_a_command_that_is_no_executable_file_is_a_setup_failure(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A folder, or a file without the execute bit: the runtime never started, whatever exit code
+    the shell then gives (126 is also what a runtime may exit with)."""
+    require_bwrap()
+    cfg = make_env(tmp_path / "envs", "noexec", "print('never')\n", runtime_cfg={"command": command})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert (out.status, out.setup_failed) == ("error", True)
+    assert out.error_text is not None and "no such command in the sandbox" in out.error_text
+
+
+async def test_no_variable_of_an_env_runs_code_in_a_host_shell(tmp_path: Path) -> None:
+    """Bash defines functions from ``BASH_FUNC_<name>%%`` variables and reads ``BASH_ENV``: the
+    session's variables reach bwrap through ``--args``, never the host's shells."""
+    require_bwrap()
+    marker = tmp_path / "ran-on-the-host"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"touch {marker}\n")
+    env = {
+        "BASH_FUNC_ulimit%%": f'() {{ touch {marker}; builtin ulimit "$@"; }}',
+        "BASH_FUNC_echo%%": f'() {{ touch {marker}; builtin echo "$@"; }}',
+        "BASH_ENV": str(hook),
+        "ENV": str(hook),
+    }
+    cfg = make_env(tmp_path / "envs", "funcs", VIEW, runtime_cfg={"env": env, "limits": {"disk_mb": 8}})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert (out.status, out.setup_failed) == ("succeeded", False), out.error_text
+    assert not marker.exists()
+
+
+async def test_a_session_holds_a_bounded_number_of_the_launchers_connections(tmp_path: Path) -> None:
+    """Connections past ``MAX_CONNECTIONS`` at once are closed as they come: a flood of idle ones
+    costs the launcher at most that many open files, and its session's own requests still pass."""
+    require_bwrap()
+    flood = r"""
+import json, socket, sys
+r = json.loads(sys.stdin.readline())
+held, closed = [], 0
+for _ in range(MAX + 40):
+    s = socket.create_connection(("127.0.0.1", 41800), timeout=10)
+    held.append(s)
+for s in held:
+    s.settimeout(0.5)
+    try:
+        closed += s.recv(1) == b""
+    except socket.timeout:
+        pass
+print(json.dumps({"session_id": r["session_id"], "status": "succeeded", "result": {"closed": closed}}))
+""".replace("MAX", str(MAX_CONNECTIONS))
+    cfg = make_env(tmp_path / "envs", "flood", flood)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert (out.status, out.setup_failed) == ("succeeded", False), out.error_text
+    assert out.result is not None and out.result.result["closed"] == 40
+
+
+def test_a_workspace_the_launcher_cannot_measure_for_want_of_files_is_not_over_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from rollout.core.envs import LimitsConfig
+
+    def short(*a: object, **k: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(runner, "disk_used", short)
+    check = runner._disk_check(tmp_path, LimitsConfig(disk_mb=8))
+    assert check is not None and check() is None
+    monkeypatch.setattr(
+        runner, "disk_used", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied"))
+    )
+    assert check() == ("disk", "disk limit: the workspace cannot be measured (denied)")

@@ -374,6 +374,20 @@ async def test_no_reward_is_the_agents_zero(tmp_path: Path, scratch_root: Path) 
     assert verifier_outcome(out).model_dump(include={"status", "score"}) == {"status": "scored", "score": 0.0}
 
 
+async def test_a_reward_under_1_says_how_the_tests_output_ended(tmp_path: Path, scratch_root: Path) -> None:
+    """A test script that needed the network scores 0; the reason shows why without the database."""
+    script = (
+        "#!/bin/bash\necho 'installing uv'\necho 'bash: line 3: curl: command not found' >&2\n"
+        "echo 0 > /logs/verifier/reward.txt\n"
+    )
+    out = await verify(workspace(tmp_path / "a"), task(tmp_path / "a", script))
+    assert out.reason == (
+        "read from reward.txt (exit code 0); the tests' output ends: bash: line 3: curl: command not found"
+    )
+    right = await verify(workspace(tmp_path / "b", RIGHT), task(tmp_path / "b"))
+    assert right.reward == 1.0 and right.reason == "read from reward.txt (exit code 0)"
+
+
 async def test_a_timeout_kills_everything_and_is_a_grading_failure(
     tmp_path: Path, scratch_root: Path
 ) -> None:
