@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="launcher.py audit",
         description="Run scripted hostile agents on each case and report every attack "
         "whose reward beats a do-nothing agent's.",
+        epilog="exit codes: 0 clean; 4 the audit failed (an attack paid, a grader failed on agent "
+        "input, the do-nothing baseline passed, or the reference solution did not score 10); 2 nothing "
+        "found but a case could not be judged; 1 setup error",
     )
     ap.add_argument("--env", action="append", dest="env_names", default=[], help="only this env (repeatable)")
     ap.add_argument(
