@@ -29,7 +29,7 @@ HELPER = Path(__file__).resolve().with_name("netns_helper.py")
 ANSWER_TIMEOUT_S = 30.0
 LOW_FDS = 10
 """The fds handed to the sandbox's first command are above this (``dup`` with ``F_DUPFD``), so that
-a shell can move them to 3, 4 and 5 without overwriting one of them."""
+a shell can move them to 3 to 6 without overwriting one of them."""
 
 
 class NetnsError(RolloutError, RuntimeError):
