@@ -16,6 +16,7 @@ class Oracle(Harness):
     protocol = "chat_completions"
     version = "1"
     uses_solution = True
+    calls_model = False
 
     def launch(self, ctx: HarnessContext) -> HarnessLaunch:
         if ctx.solution_dir is None:

@@ -88,7 +88,9 @@ class Harness:
     unavailable (then, without an answer, the result claims ``upstream_unavailable``; the attempt is
     retried only when the gateway's record shows the outage, docs/outcomes.md).
     ``uses_solution``: the harness runs the task's reference solution (the ``oracle``), which is
-    then bound read-only into its sandbox (never into any other harness's).
+    then bound read-only into its sandbox (never into any other harness's). ``calls_model``
+    False: it never calls a model (the ``oracle``): a job whose every session runs such harnesses
+    starts no managed model server.
     ``runtime``: a file of the harness folder that speaks the runtime contract itself (reads the
     start request on stdin, prints the result line): run as the session's runtime instead of the
     wrapper (``launch`` is not called), on any env, seeing what the env's own runtime sees (a
@@ -99,6 +101,7 @@ class Harness:
     version: str = "0"
     unavailable_exit_codes: frozenset[int] = frozenset()
     uses_solution: bool = False
+    calls_model: bool = True
     runtime: str | None = None
 
     def install(self, cache_dir: Path) -> None:

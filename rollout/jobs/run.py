@@ -107,6 +107,14 @@ async def check_ray_nodes(
     )
 
 
+def model_free(loaded: dict[str, LoadedHarness]) -> str | None:
+    """Why no session of a job running ``loaded`` (every session runs one of them) calls a model:
+    each says it calls none (``Harness.calls_model``); None when one may (or none is given)."""
+    if not loaded or any(h.harness.calls_model for h in loaded.values()):
+        return None
+    return f"harness {', '.join(sorted(loaded))} calls no model"
+
+
 async def start_services(
     gw: GatewaySettings,
     models: list[str],
@@ -114,15 +122,19 @@ async def start_services(
     log_dir: Path,
     children: list[ChildProcess],
     listen: str | None = None,
+    no_model: str | None = None,
 ) -> str:
-    """Start the model server of each managed route among ``models`` (once each), then the
-    gateway (listening for ``listen``, the advertised URL, when set); returns its session URL."""
+    """Start the model server of each managed route among ``models`` (once each; none when
+    ``no_model`` says why no session calls a model), then the gateway (listening for ``listen``,
+    the advertised URL, when set); returns its session URL."""
     check_routes(gw, models)
     routes = dict(gw.llm_routes)
     try:
         for model in dict.fromkeys(models):
             route = gw.llm_routes[model]
-            if route.managed is not None:
+            if route.managed is not None and no_model is not None:
+                notices.info(f"route {model!r}: its model server is not started ({no_model})")
+            elif route.managed is not None:
                 llama = await start_llama_server(route.managed, log_dir)
                 children.append(llama)
                 routes[model] = route.model_copy(update={"base_url": llama.url})
@@ -280,9 +292,13 @@ async def run_job(
             return JobResult(job_id=job_id, totals=totals, out=out, store=store.identity())
         if opts.resume and plan.ids:
             models = plan.models
-            installed = await install_harnesses(_resumed_harnesses(job_id, loaded, plan.harnesses))
+            loaded = _resumed_harnesses(job_id, loaded, plan.harnesses)
+            installed = await install_harnesses(loaded)
         log_dir = Path("runs") / "logs" / job_id
-        gateway_url, api_key = await _gateway_for(opts, prepared.gateway, models, store, log_dir, children)
+        no_model = model_free(loaded)
+        gateway_url, api_key = await _gateway_for(
+            opts, prepared.gateway, models, store, log_dir, children, no_model
+        )
         advertise_url = opts.gateway_advertise_url.rstrip("/") if opts.gateway_advertise_url else None
         if ray_backend is not None:
             await check_ray_nodes(ray_backend, opts, list(configs.values()), advertise_url or gateway_url)
@@ -367,6 +383,7 @@ async def _gateway_for(
     store: Store,
     log_dir: Path,
     children: list[ChildProcess],
+    no_model: str | None = None,
 ) -> tuple[str, str | None]:
     """The job's gateway: ``--gateway-base-url`` (checked again on resume, for the routes the
     job's sessions ran on) or one started with its managed model servers. Returns its session
@@ -376,5 +393,7 @@ async def _gateway_for(
         if opts.resume:
             await _check_running_gateway(opts.gateway_base_url, store, models, api_key)
         return opts.gateway_base_url.rstrip("/"), api_key
-    url = await start_services(gw, models, store, log_dir, children, listen=opts.gateway_advertise_url)
+    url = await start_services(
+        gw, models, store, log_dir, children, listen=opts.gateway_advertise_url, no_model=no_model
+    )
     return url, gateway_api_key(gw)  # the started gateway's own first key, if any

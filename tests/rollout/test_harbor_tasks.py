@@ -462,3 +462,54 @@ def test_the_second_view_of_the_workspace_is_never_bound_over_the_sandboxs_own_p
     b.also(tmp_path, "/app")
     assert b.args[3:] == ["--bind", str(tmp_path), "/app"]
     assert "the workspace is not bound at /usr/src/app too: it overlaps /usr" in caplog.text
+
+
+async def test_a_job_whose_harnesses_call_no_model_starts_no_model_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--harness oracle`` alone: the managed route's llama.cpp server is not started (seconds
+    and a model's memory saved); with a harness that may call one, it is."""
+    from gateway.settings import GatewaySettings
+    from rollout.jobs import run
+    from rollout.jobs.processes import ChildProcess
+    from rollout.sandbox.harness_cache import load_harness
+
+    oracle, agent = load_harness("oracle"), load_harness("bash-agent")
+    assert run.model_free({"oracle": oracle}) == "harness oracle calls no model"
+    assert run.model_free({"oracle": oracle, "bash-agent": agent}) is None and run.model_free({}) is None
+    started: list[str] = []
+
+    async def llama(managed: object, log_dir: Path) -> ChildProcess:
+        started.append("llama")
+        return ChildProcess("llama", None, log_dir / "llama.log", "http://127.0.0.1:1/v1")  # type: ignore[arg-type]
+
+    async def gateway(
+        settings: GatewaySettings, log_dir: Path, advertise_url: str | None = None
+    ) -> ChildProcess:
+        started.append("gateway")
+        return ChildProcess("gateway", None, log_dir / "gw.log", "http://127.0.0.1:2/v1/sessions")  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "start_llama_server", llama)
+    monkeypatch.setattr(run, "start_gateway", gateway)
+    gw = GatewaySettings.model_validate(
+        {
+            "llm_routes": {
+                "local": {"base_url": "http://127.0.0.1:8081/v1", "managed": {"kind": "llama_cpp_tokens"}}
+            }
+        }
+    )
+
+    class _Store:
+        kind = "sqlite"
+
+        def peer_url(self) -> str:
+            return "sqlite:///x.db"
+
+    caplog.set_level("INFO")
+    await run.start_services(
+        gw, ["local"], _Store(), tmp_path, [], no_model=run.model_free({"oracle": oracle})
+    )  # type: ignore[arg-type]
+    assert started == ["gateway"]
+    assert "route 'local': its model server is not started (harness oracle calls no model)" in caplog.text
+    await run.start_services(gw, ["local"], _Store(), tmp_path, [])  # type: ignore[arg-type]
+    assert started == ["gateway", "llama", "gateway"]
