@@ -92,6 +92,16 @@ class ResourcesConfig(_Strict):
     memory_mb: int | None = Field(default=None, ge=1)
 
 
+def variable_problem(name: str, value: str) -> str | None:
+    """Why ``name=value`` cannot be an environment variable (None: it can): a name empty or holding
+    ``=`` or NUL, a value holding NUL (in bwrap's NUL-separated ``--args`` it would be options)."""
+    if not name or "=" in name or "\0" in name:
+        return f"the variable name {name[:80]!r} is empty or holds '=' or a NUL byte"
+    if "\0" in value:
+        return f"the variable {name[:80]!r} holds a NUL byte"
+    return None
+
+
 class RuntimeConfig(_Strict):
     """How to run one session: ``command`` (``{python}`` = the launcher's interpreter, ``{env_dir}``
     = the env folder), extra environment variables (``env``: name -> value; ``pass_env``: names
@@ -109,6 +119,15 @@ class RuntimeConfig(_Strict):
     sandbox: Literal["bwrap", "none"] | None = None
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     safactory_env: bool = False
+
+    @field_validator("env")
+    @classmethod
+    def _variables(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            why = variable_problem(name, value)
+            if why is not None:
+                raise ValueError(why)
+        return v
 
 
 DEFAULT_ARCHIVE_MAX_BYTES = 8 * 1024 * 1024

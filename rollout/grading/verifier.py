@@ -49,6 +49,7 @@ from rollout.sandbox.bwrap import (
     HOST_ENV,
     NAMESPACE_FLAGS,
     WORKSPACE,
+    BadVariable,
     Binds,
     SandboxUnavailable,
     clean_env,
@@ -457,6 +458,8 @@ async def run_verifier(
             os.set_blocking(status_r, False)
             env_fd = env_args(_host_env(image))  # the verifier's variables reach bwrap only
             await asyncio.to_thread(cg.create, f"rollout-verify-{label[:24]}-{uuid.uuid4().hex[:6]}")
+        except BadVariable as e:
+            return failed(str(e))
         except OSError as e:
             return failed(f"{type(e).__name__}: {e}")
         rlimits = {"core": 0, "cpu": max(1, math.ceil(cpu_s if cpu_s is not None else timeout_s))}

@@ -235,7 +235,13 @@ class GatewayBridge:
                 why = refusal(request.target, self.prefix)
                 if why is not None:
                     self.refused += 1
-                    log.warning("gateway bridge refused %s %r: %s", request.method, request.target, why)
+                    if self.refused == 1:  # the first only: a runtime may send millions
+                        log.warning(
+                            "gateway bridge refused %s %r: %s (later refusals of this session are counted only)",
+                            request.method,
+                            request.target[:200],
+                            why,
+                        )
                     writer.write(_error(403, why))
                     await writer.drain()
                     return

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rollout.core.envs import variable_problem
 from rollout.errors import RolloutError
 from rollout.sandbox import cgroups
 from rollout.sandbox.cgroups import Controller
@@ -358,10 +359,19 @@ bwrap itself): nothing of the session's, so no variable of an image or an env (`
 ``BASH_ENV``) reaches a host shell. The session's reaches bwrap through ``env_args``."""
 
 
+class BadVariable(RolloutError, ValueError):
+    """An environment variable no process can have: a name empty or holding ``=`` or NUL, a value
+    holding NUL (in bwrap's NUL-separated ``--args`` it would add options of its own)."""
+
+
 def env_args(env: dict[str, str]) -> int:
     """A memory file holding bwrap's ``--clearenv`` and one ``--setenv NAME VALUE`` per variable
     of ``env`` (NUL-separated, for ``--args FD``: never on a command line another user can read),
-    its offset at 0; close-on-exec. Raises OSError."""
+    its offset at 0; close-on-exec. Raises BadVariable (:func:`variable_problem`), OSError."""
+    for k, v in env.items():
+        why = variable_problem(k, v)
+        if why is not None:
+            raise BadVariable(f"the sandbox's environment: {why}")
     fd = os.memfd_create("rollout-env", os.MFD_CLOEXEC)
     try:
         parts = [b"--clearenv"]

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from rollout.core.envs import Case, EnvConfig
+from rollout.core.envs import Case, EnvConfig, variable_problem
 from rollout.errors import RolloutError
 from rollout.sandbox.bwrap import WORKSPACE
 
@@ -309,6 +309,10 @@ def unpack(ref: str, cache: Path | None = None) -> ImageRoot:
     digest, config = _config(ref)
     cfg = config.get("config") or {}
     env = dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
+    for k, v in env.items():
+        why = variable_problem(k, v)
+        if why is not None:
+            raise ImageError(f"{ref}: its config's Env: {why}")
     env.setdefault("PATH", DEFAULT_PATH)
     folder = (cache or cache_root()) / digest.split(":", 1)[1][:32]
     root = ImageRoot(

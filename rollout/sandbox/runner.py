@@ -39,6 +39,7 @@ from rollout.sandbox.bwrap import (
     GATEWAY_PORT,
     HOST_ENV,
     INSTRUCTION,
+    BadVariable,
     SandboxSpec,
     SandboxUnavailable,
     Support,
@@ -675,6 +676,8 @@ async def _run_sandboxed(
                 dups.append(high_dup(env_fd))
                 os.close(env_fd)
                 env_fd = -1
+        except BadVariable as e:
+            return _setup_failed(t0, str(e))
         except OSError as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
         spec = dataclasses.replace(spec, env_fd=ENV_FD if net is not None else env_fd)
@@ -707,6 +710,13 @@ async def _run_sandboxed(
             )
         except OSError as e:
             return _setup_failed(t0, f"cannot start bwrap: {e}")
+        if bridge.refused > 1 or bridge.over_cap:
+            log.warning(
+                "session %s: the gateway bridge refused %d request(s) and closed %d connection(s) over its cap",
+                sid,
+                bridge.refused,
+                bridge.over_cap,
+            )
         started = _read_status(status_r)
         if started == "error: no command":  # SHELL_START's
             argv0 = command.argv if command is not None else cfg.command()

@@ -216,3 +216,35 @@ def test_a_workspace_the_launcher_cannot_measure_for_want_of_files_is_not_over_t
         runner, "disk_used", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied"))
     )
     assert check() == ("disk", "disk limit: the workspace cannot be measured (denied)")
+
+
+def test_a_variable_with_a_nul_byte_never_becomes_bwrap_options(tmp_path: Path) -> None:
+    """bwrap reads the environment's options NUL-separated: a NUL in a value would add options of
+    its own (``--bind / /hostroot``); such a variable is refused wherever it can come from."""
+    from rollout.core.envs import EnvConfigError
+    from rollout.sandbox.bwrap import BadVariable, env_args
+
+    for env in ({"X": "a\0--bind\0/\0/hostroot"}, {"A\0--bind": "x"}, {"": "x"}, {"A=B": "x"}):
+        with pytest.raises(BadVariable, match="the sandbox's environment: the variable"):
+            env_args(env)
+    fd = env_args({"A": "x y", "B": ""})
+    try:
+        assert os.read(fd, 1000) == b"--clearenv\0--setenv\0A\0x y\0--setenv\0B\0\0"
+    finally:
+        os.close(fd)
+    with pytest.raises(EnvConfigError, match="holds a NUL byte"):
+        make_env(tmp_path / "envs", "nul", "", runtime_cfg={"env": {"X": "a\0--bind"}})
+
+
+def test_an_image_whose_env_holds_a_nul_byte_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollout.sandbox import images
+
+    monkeypatch.setattr(
+        images,
+        "_config",
+        lambda ref: ("sha256:" + "e" * 64, {"config": {"Env": ["PATH=/bin", "X=a\0--bind\0/\0/h"]}}),
+    )
+    with pytest.raises(images.ImageError, match="its config's Env: the variable 'X' holds a NUL byte"):
+        images.unpack("localhost/hostile:1", tmp_path / "cache")
