@@ -93,6 +93,7 @@ class NetnsMaker:
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
+                start_new_session=True,  # no signal of the launcher's terminal: it ends at EOF
             )
         except OSError as e:
             mine.close()

@@ -8,7 +8,8 @@ message the helper forks a child that makes a user namespace (the helper's uid a
 themselves) and a network namespace it owns, brings that namespace's loopback up, listens on
 ``127.0.0.1:PORT`` there, and answers ``ok`` with three fds (the listening socket, the user
 namespace, the network namespace), or ``error: <why>``. The child then exits: the namespaces live
-as long as someone holds them. The helper exits at EOF on FD.
+as long as someone holds them. The helper exits at EOF on FD; it ignores SIGINT (a Ctrl-C is the
+launcher's to handle).
 """
 
 import ctypes
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> int:
     port = int(argv[1])
     uid, gid = os.getuid(), os.getgid()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's Ctrl-C is its own: this ends at EOF
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(ctl, 64, 1)

@@ -51,7 +51,8 @@ async def _job(db: Path) -> dict[str, list[str]]:
     return ids
 
 
-def export(db: Path, *args: str) -> str:
+def export_run(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``launcher.py export`` of job ``j`` of ``db`` with ``args``; it must exit 0."""
     r = subprocess.run(
         [
             sys.executable,
@@ -69,7 +70,11 @@ def export(db: Path, *args: str) -> str:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert r.returncode == 0, r.stderr
-    return r.stdout
+    return r
+
+
+def export(db: Path, *args: str) -> str:
+    return export_run(db, *args).stdout
 
 
 async def test_jsonl_and_parquet_rows_per_session(tmp_path: Path) -> None:
@@ -286,49 +291,12 @@ async def test_a_running_jobs_export_warns_that_its_unfinished_groups_are_flagge
             await finish(store, sid, 10)
     finally:
         await store.close()
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "launcher.py"),
-            "export",
-            "--db-path",
-            f"sqlite://{db}",
-            "--job-id",
-            "j",
-            "--out",
-            str(tmp_path / "x.jsonl"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert r.returncode == 0, r.stderr
+    r = export_run(db, "--out", str(tmp_path / "x.jsonl"))
     assert "warning: 1 group(s) of job j had sessions not ended" in r.stderr
     flags = {
         row["group_id"]: row["group_flags"]
         for row in map(json.loads, (tmp_path / "x.jsonl").read_text().splitlines())
     }
     assert "incomplete" in flags["g2"] and "incomplete" not in flags["g1"]
-    whole = await _job(tmp_path / "done.db")
-    assert (
-        whole
-        and "warning"
-        not in subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "launcher.py"),
-                "export",
-                "--db-path",
-                f"sqlite://{tmp_path / 'done.db'}",
-                "--job-id",
-                "j",
-                "--out",
-                str(tmp_path / "y.jsonl"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        ).stderr
-    )
+    await _job(tmp_path / "done.db")
+    assert "warning" not in export_run(tmp_path / "done.db", "--out", str(tmp_path / "y.jsonl")).stderr

@@ -307,6 +307,13 @@ def test_vllm_server_flag_is_refused_with_the_reason_where_it_cannot_work(
     from rollout.cli.train import parse_args
 
     find_spec = importlib.util.find_spec
+
+    def vllm(installed: bool) -> None:  # the vllm package present or not, as find_spec tells
+        spec = find_spec("json") if installed else None
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a: spec if name == "vllm" else find_spec(name, *a)
+        )
+
     for argv, message in (
         (["--vllm-server", "localhost:8000"], "is not a server's address"),
         (["--vllm-server", "http://h:8000/v1"], "is not a server's address"),
@@ -314,17 +321,11 @@ def test_vllm_server_flag_is_refused_with_the_reason_where_it_cannot_work(
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a)
-    )
+    vllm(installed=False)
     with pytest.raises(SystemExit):
         parse_args(["--vllm-server", "http://h:8000"])
     assert "--vllm-server: the vllm package is not installed" in capsys.readouterr().err
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: find_spec("json") if name == "vllm" else find_spec(name, *a),
-    )
+    vllm(installed=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
         parse_args(["--vllm-server", "http://h:8000"])
