@@ -109,7 +109,7 @@ def print_report(report: AuditReport, kept: bool) -> None:
     print(verdict_line(report))
     where = f"store {report.store}" if kept else "sessions not kept: --db-path keeps them"
     print(
-        f"job {report.job_id}: {len(report.findings)} findings on {len(report.cases)} case(s) in "
+        f"job {report.job_id}: {len(report.findings)} attack run(s) judged on {len(report.cases)} case(s) in "
         f"{report.duration_s:.0f} s ({where})"
     )
 

@@ -291,7 +291,13 @@ def local_ref(source: ImageSource) -> str:
     if in_store(ref):
         return ref
     log.info("pulling %s", ref)
-    _run(["skopeo", "copy", f"docker://{ref}", f"containers-storage:{ref}"], f"pulling {ref}")
+    try:
+        _run(["skopeo", "copy", f"docker://{ref}", f"containers-storage:{ref}"], f"pulling {ref}")
+    except ImageError as e:
+        raise ImageError(
+            f"{e}\n(without a registry, give an image of the local store instead: --image {ref}=LOCAL, "
+            "docs/images.md)"
+        ) from None
     return ref
 
 

@@ -184,3 +184,17 @@ def test_a_build_that_installs_ca_certificates_gets_the_hosts_bundle_as_a_local_
     with pytest.raises(images.ImageError, match="Unable to locate package"):
         images.build(source)
     assert builds == [[f"{bundle}:{images.CA_BUNDLE}:ro"]]  # built once: another failure is the build's own
+
+
+def test_a_pull_that_fails_says_how_to_give_a_local_image_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(argv: list[str], what: str, timeout: float = 0) -> str:
+        raise images.ImageError(f"{what} failed (exit code 1):\nno such host registry-1.docker.io")
+
+    monkeypatch.setattr(images, "_run", run)
+    monkeypatch.setattr(images, "in_store", lambda ref: False)
+    with pytest.raises(images.ImageError) as e:
+        images.local_ref(images.ImageSource(ref="python:3"))
+    assert str(e.value).endswith(
+        "no such host registry-1.docker.io\n(without a registry, give an image of the local store instead: "
+        "--image python:3=LOCAL, docs/images.md)"
+    )
