@@ -22,6 +22,7 @@ from __future__ import annotations
 import array
 import ctypes
 import fcntl
+import importlib
 import json
 import os
 import signal
@@ -29,6 +30,21 @@ import socket
 import sys
 
 from rollout.grading import child
+
+PRELOAD = (
+    "inspect",  # the child's ``call_arguments``: ~6 ms of CPU when each evaluation imports it
+    "dataclasses",
+    "datetime",
+    "difflib",
+    "hashlib",
+    "random",
+    "statistics",
+    "string",
+    "textwrap",
+    "unicodedata",
+)
+"""Standard-library modules imported once here, so that an evaluation (a fork) finds them loaded
+instead of importing them in each sandbox (docs/grading.md, "Cost")."""
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _NAMESPACES = (  # entered in this order (the user namespace as the helper says), the mount one last
@@ -165,4 +181,6 @@ def serve(sock: socket.socket) -> None:
 
 
 if __name__ == "__main__":
+    for _name in PRELOAD:
+        importlib.import_module(_name)
     serve(socket.socket(fileno=int(sys.argv[1])))

@@ -176,7 +176,7 @@ async def evaluate_in_sandbox(
         "nonce": nonce,
     }
     try:
-        await asyncio.to_thread(cg.create, f"rollout-grade-{request.session_id[:24]}-{uuid.uuid4().hex[:6]}")
+        cg.create(f"rollout-grade-{request.session_id[:24]}-{uuid.uuid4().hex[:6]}")
     except OSError as e:
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: cgroup: {e}")
     result_r, result_w = os.pipe()  # handed on with no await between: whoever takes them closes them
@@ -206,7 +206,8 @@ async def evaluate_in_sandbox(
     except SandboxUnavailable as e:
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: {e}")
     finally:
-        await asyncio.shield(asyncio.to_thread(cg.remove))
+        if not cg.remove_now():  # processes still dying: wait for them in a thread
+            await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
     return _checked(value, outcome)
 
 
@@ -529,8 +530,8 @@ class _Forked:
         try:
             try:
                 argv = grader_command(self.roots, self.workspace, self.limits, info_fd=info_w)
-                self.anchor = await asyncio.create_subprocess_exec(
-                    *self.cg.joined(argv),
+                self.anchor = await asyncio.create_subprocess_exec(  # in no cgroup: the helper joins them
+                    *argv,
                     stdin=hold_r,
                     stdout=said_w,
                     stderr=said_w,

@@ -457,7 +457,7 @@ async def run_verifier(
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
             env_fd = env_args(_host_env(image))  # the verifier's variables reach bwrap only
-            await asyncio.to_thread(cg.create, f"rollout-verify-{label[:24]}-{uuid.uuid4().hex[:6]}")
+            cg.create(f"rollout-verify-{label[:24]}-{uuid.uuid4().hex[:6]}")
         except BadVariable as e:
             return failed(str(e))
         except OSError as e:
@@ -586,7 +586,8 @@ async def run_verifier(
             }
         )
     finally:
-        await asyncio.shield(asyncio.to_thread(cg.remove))
+        if not cg.remove_now():  # processes still dying: wait for them in a thread
+            await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
         for fd in (status_r, status_w, env_fd):
             if fd >= 0:
                 os.close(fd)

@@ -145,7 +145,7 @@ class SessionCgroup:
                 d = self._mkdir("pids", self.pids, name)
                 (d / "pids.max").write_text(str(self.max_processes))
         except OSError:
-            self.remove(timeout_s=1.0)
+            self.remove_now()  # nothing ran in them: they go at once
             raise
 
     def _mkdir(self, key: str, ctl: Controller, name: str) -> Path:
@@ -202,6 +202,22 @@ class SessionCgroup:
         for pid in self.pids_inside():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+    def remove_now(self) -> bool:
+        """One pass of :meth:`remove` that never waits: True when the groups are gone (the usual
+        case once their processes ended: no thread needed), else what is left stays for
+        :meth:`remove`."""
+        self.kill_all()
+        for d in list(dict.fromkeys(self.dirs.values())):
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+            for key in [k for k, v in self.dirs.items() if v == d]:
+                del self.dirs[key]
+        return True
 
     def remove(self, timeout_s: float = 5.0) -> bool:
         """Kill what is left and remove the groups; False when one could not be removed in

@@ -610,14 +610,20 @@ async def _run_sandboxed(
     net: SessionNet | None = None
     dups: list[int] = []  # the fds handed to the sandbox's first command, when net
     env_fd = -1
+
+    def scratch_dir() -> (
+        Path
+    ):  # made when needed: the forwarder's socket (a short path), the instruction, an image's root
+        nonlocal scratch
+        if scratch is None:
+            scratch = Path(tempfile.mkdtemp(prefix="rollout-sbx-"))
+        return scratch
+
     try:
         try:
-            scratch = Path(
-                tempfile.mkdtemp(prefix="rollout-sbx-")
-            )  # the bridge's socket: short path, not shared
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
-            await asyncio.to_thread(cg.create, f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")
+            cg.create(f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")  # a few writes to the cgroup fs
             if image is None or has_shell(image):  # the sandbox's first command is its /bin/sh
                 net = await _NETWORKS.make()
             if net is not None:
@@ -625,10 +631,10 @@ async def _run_sandboxed(
                     dups.append(high_dup(fd))
                 bridge = GatewayBridge(None, request.gateway_base_url, listener=net.listener)
             else:
-                bridge = GatewayBridge(scratch / "gw.sock", request.gateway_base_url)
+                bridge = GatewayBridge(scratch_dir() / "gw.sock", request.gateway_base_url)
             await bridge.__aenter__()
             text = case_instruction(request)
-            instruction = _write_instruction(scratch, text) if text is not None else None
+            instruction = _write_instruction(scratch_dir(), text) if text is not None else None
         except (OSError, BridgeError, NetnsError) as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
         rlimits = {"core": 0}
@@ -655,7 +661,7 @@ async def _run_sandboxed(
         )
         if image is not None:
             try:
-                spec = image_spec(spec, image, scratch / "root")
+                spec = image_spec(spec, image, scratch_dir() / "root")
             except (ImageError, OSError) as e:
                 return _setup_failed(t0, f"{type(e).__name__}: {e}")
             if changes is not None:  # the image's own /tmp, in the layer the verifier gets
@@ -685,7 +691,7 @@ async def _run_sandboxed(
         if image is not None:
             try:
                 # the copy-on-write root's namespace
-                argv = wrap(image.rootfs, scratch / "root", disk, argv, keep=changes)
+                argv = wrap(image.rootfs, scratch_dir() / "root", disk, argv, keep=changes)
             except OverlayUnavailable as e:
                 return _setup_failed(t0, str(e))
         if net is not None:
@@ -751,7 +757,8 @@ async def _run_sandboxed(
             await bridge.__aexit__(None, None, None)
         if net is not None:
             net.close()
-        await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
+        if not cg.remove_now():  # processes still dying: wait for them in a thread
+            await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
         for fd in (status_r, status_w, env_fd, *dups):
             if fd >= 0:
                 os.close(fd)

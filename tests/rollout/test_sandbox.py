@@ -22,6 +22,7 @@ from rollout.results.report import SessionRecord, table_footer
 from rollout.sandbox import cgroups
 from rollout.sandbox.bwrap import (
     BRIDGE_SOCKET,
+    ETC_ALLOW,
     FORWARDER,
     WORKSPACE,
     Binds,
@@ -30,6 +31,7 @@ from rollout.sandbox.bwrap import (
     Support,
     bwrap_command,
     clean_env,
+    etc_view,
     probe,
     within,
 )
@@ -86,10 +88,14 @@ def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None
     assert binds[str(CODE_ROOT / "rollout" / "protocol.py")][0] == "--ro-bind"
     assert not [d for d in binds if d in (str(CODE_ROOT), str(CODE_ROOT / "env"), str(CODE_ROOT / "rollout"))]
     assert not [d for d in binds if d.startswith(str(CODE_ROOT / "env" / "workspace"))]  # another env
-    etc = sorted(d for d in binds if d.startswith("/etc"))
-    assert "/etc/passwd" in etc and not [
-        d for d in etc if d.split("/")[2] in ("shadow", "gshadow", "ssh", "sudoers", "pip.conf", "gitconfig")
-    ]
+    assert [d for d in binds if d.startswith("/etc")] == ["/etc"]  # one bind: the allow-listed copy
+    view = Path(binds["/etc"][1])
+    assert view == etc_view() and (view / "passwd").read_bytes() == Path("/etc/passwd").read_bytes()
+    assert (view / "ssl" / "certs").is_dir() and not (view / "ssl" / "private").exists()
+    assert {p.name for p in view.iterdir()} <= {n.split("/")[0] for n in ETC_ALLOW}
+    assert not {"shadow", "gshadow", "ssh", "sudoers", "pip.conf", "gitconfig"} & {
+        p.name for p in view.iterdir()
+    }
     assert binds[sys.base_prefix][0] == "--ro-bind"
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"):
         assert flag in argv
@@ -368,9 +374,15 @@ def test_session_cgroup_writes_limits_reads_events_and_removes(tmp_path: Path) -
     assert cg.exceeded() == "processes"
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
     assert cg.exceeded() == "memory"
+    assert not cg.remove_now() and d.exists() and cg.dirs  # not empty: left for remove()
     for f in d.iterdir():  # a real cgroup directory has no files to delete; this fake one does
         f.unlink()
     assert cg.remove(timeout_s=5) and not d.exists()
+    again = SessionCgroup(mem, pids, memory_bytes=1 << 20, max_processes=4)
+    again.create("rollout-s2")
+    for f in (tmp_path / "rollout-s2").iterdir():
+        f.unlink()
+    assert again.remove_now() and not (tmp_path / "rollout-s2").exists() and not again.dirs
 
 
 def test_session_cgroup_v1_files(tmp_path: Path) -> None:
