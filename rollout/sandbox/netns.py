@@ -3,19 +3,18 @@ session's loopback port there (docs/sandbox.md, "Network"): no relay process in 
 
 One helper process per launcher process (``rollout/sandbox/netns_helper.py``) makes, per session, a
 user namespace and a network namespace with its loopback up and a listening socket on
-``127.0.0.1:GATEWAY_PORT`` in it; the launcher gets the socket and both namespaces as fds, serves
-the socket (``GatewayBridge``) and starts the sandbox in that network (``nsenter``, then bwrap with
-``--share-net``).
+``127.0.0.1:GATEWAY_PORT`` in it, and starts the sandbox's command there (``spawn``): the launcher
+gets the socket, serves it (``GatewayBridge``) and the command's pipes, its process group and its
+end. ``make`` makes a network alone (the first one checks that this works here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import functools
+import json
 import os
-import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout.errors import RolloutError
+from rollout.sandbox.netns_helper import ENV_FD
+
+__all__ = ["ENV_FD", "NetnsError", "NetnsMaker", "SessionNet", "Spawned"]
 
 HELPER = Path(__file__).resolve().with_name("netns_helper.py")
 ANSWER_TIMEOUT_S = 30.0
-LOW_FDS = 10
-"""The fds handed to the sandbox's first command are above this (``dup`` with ``F_DUPFD``), so that
-a shell can move them to 3 to 6 without overwriting one of them."""
 
 
 class NetnsError(RolloutError, RuntimeError):
@@ -39,7 +38,7 @@ class NetnsError(RolloutError, RuntimeError):
 @dataclass
 class SessionNet:
     """One session's network: ``listener`` (listening on the loopback port, for the launcher),
-    ``userns`` and ``netns`` (fds, for ``nsenter``). ``close()`` once the sandbox ended."""
+    ``userns`` and ``netns`` (fds). ``close()`` once done."""
 
     listener: socket.socket
     userns: int
@@ -56,24 +55,31 @@ class SessionNet:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def nsenter(self) -> list[str]:
-        """The ``nsenter`` command line prefix that runs the rest in this network, the namespaces
-        read from fds 4 (user) and 5 (net) of that process."""
-        nsenter = tool("nsenter")
-        if nsenter is None:
-            raise NetnsError("nsenter (util-linux) is missing")
-        return [nsenter, "--user=/proc/self/fd/4", "--net=/proc/self/fd/5", "--preserve-credentials", "--"]
 
+@dataclass
+class Spawned:
+    """A command the helper started in a session network: ``listener`` (the launcher serves it),
+    ``pgid`` (its process group, the helper's waiting process leading it) and ``ended()`` (its
+    wait status). ``close()`` once it ended: a group still running is killed."""
 
-@functools.cache
-def tool(name: str) -> str | None:
-    """``name``'s path on ``PATH``, looked up once per process."""
-    return shutil.which(name)
+    listener: socket.socket
+    pgid: int
+    answer: socket.socket
 
+    async def ended(self) -> int:
+        """The command's wait status; SIGKILL's when its waiting process was killed."""
+        loop = asyncio.get_running_loop()
+        while True:
+            msg = await loop.sock_recv(self.answer, 4096)
+            if not msg:
+                return signal.SIGKILL  # the group was killed (its waiter with it)
+            if msg.startswith(b"exit "):
+                return int(msg[5:])
 
-def high_dup(fd: int) -> int:
-    """A close-on-exec copy of ``fd`` numbered above :data:`LOW_FDS`."""
-    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, LOW_FDS)
+    def close(self) -> None:
+        """Close the socket and the answer (the helper kills the group if it still runs)."""
+        self.listener.close()
+        self.answer.close()
 
 
 class NetnsMaker:
@@ -104,12 +110,12 @@ class NetnsMaker:
         self._ctl = mine
         return mine
 
-    def _ask(self, answer: socket.socket) -> None:
+    def _ask(self, message: bytes, fds: list[int]) -> None:
         with self._lock:
             for attempt in (1, 2):
                 ctl = self._ctl or self._start()
                 try:
-                    socket.send_fds(ctl, [b"n"], [answer.fileno()])
+                    socket.send_fds(ctl, [message], fds)
                     return
                 except OSError as e:
                     self._stop()
@@ -121,32 +127,46 @@ class NetnsMaker:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             try:
-                self._ask(theirs)
+                self._ask(b"n", [theirs.fileno()])
             finally:
                 theirs.close()
-            loop = asyncio.get_running_loop()
-            ready: asyncio.Future[None] = loop.create_future()
-
-            def readable() -> None:
-                if not ready.done():
-                    ready.set_result(None)
-
-            loop.add_reader(mine.fileno(), readable)
-            try:
-                await asyncio.wait_for(ready, ANSWER_TIMEOUT_S)
-            except TimeoutError as e:
-                raise NetnsError(f"the network helper did not answer in {ANSWER_TIMEOUT_S:.0f} s") from e
-            finally:
-                loop.remove_reader(mine.fileno())
-            msg, fds, _, _ = socket.recv_fds(mine, 4096, 3, socket.MSG_CMSG_CLOEXEC)
+            msg, fds = await _answer(mine, 3)
         finally:
             mine.close()
         if msg == b"ok" and len(fds) == 3:
             return SessionNet(socket.socket(fileno=fds[0]), fds[1], fds[2])
-        for fd in fds:
-            os.close(fd)
-        why = msg.decode("utf-8", "replace").removeprefix("error: ") or "the helper ended without an answer"
-        raise NetnsError(f"cannot make the session's network: {why}")
+        raise _failed(msg, fds)
+
+    async def spawn(
+        self, argv: list[str], fds: list[int], rlimits: dict[str, int], procs: list[str], cwd: str
+    ) -> Spawned:
+        """``argv`` started in a new session network (``netns_helper``, kind ``s``): ``fds`` its
+        stdin, stdout, stderr, status pipe and environment file (this process keeps its own
+        copies), ``rlimits`` in bytes, ``procs`` the ``cgroup.procs`` files it joins, ``cwd``.
+        Raises NetnsError (nothing of it left running)."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = json.dumps({"argv": argv, "rlimits": rlimits, "procs": procs, "cwd": cwd}).encode()
+        try:
+            try:
+                self._ask(b"s" + request, [theirs.fileno(), *fds])
+            finally:
+                theirs.close()
+            msg, got = await _answer(mine, 1)
+            if msg != b"ok" or len(got) != 1:
+                raise _failed(msg, got)
+            listener = socket.socket(fileno=got[0])
+            try:
+                msg, _ = await _answer(mine, 0)
+                if not msg.startswith(b"started "):
+                    raise _failed(msg, [])
+                mine.setblocking(False)  # its next answer is read by the event loop
+                return Spawned(listener, int(msg[8:]), mine)
+            except BaseException:
+                listener.close()
+                raise
+        except BaseException:
+            mine.close()  # the helper kills what it started
+            raise
 
     def _stop(self) -> None:
         if self._ctl is not None:
@@ -164,3 +184,30 @@ class NetnsMaker:
         """Stop the helper (it exits at EOF); sessions made keep their networks."""
         with self._lock:
             self._stop()
+
+
+async def _answer(sock: socket.socket, max_fds: int) -> tuple[bytes, list[int]]:
+    """The helper's next answer on ``sock`` and its fds (close-on-exec). Raises NetnsError."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), readable)
+    try:
+        await asyncio.wait_for(ready, ANSWER_TIMEOUT_S)
+    except TimeoutError as e:
+        raise NetnsError(f"the network helper did not answer in {ANSWER_TIMEOUT_S:.0f} s") from e
+    finally:
+        loop.remove_reader(sock.fileno())
+    msg, fds, _, _ = socket.recv_fds(sock, 4096, max(max_fds, 1), socket.MSG_CMSG_CLOEXEC)
+    return msg, list(fds)
+
+
+def _failed(msg: bytes, fds: list[int]) -> NetnsError:
+    for fd in fds:
+        os.close(fd)
+    why = msg.decode("utf-8", "replace").removeprefix("error: ") or "the helper ended without an answer"
+    return NetnsError(f"cannot make the session's network: {why}")

@@ -1,20 +1,34 @@
-"""Makes each sandbox's network ahead of it (docs/sandbox.md, "Network"): one process per launcher,
-outside any sandbox, stdlib only.
+"""Makes each sandbox's network ahead of it and starts the sandbox in it (docs/sandbox.md,
+"Network"): one process per launcher, outside any sandbox, stdlib only.
 
     python -I -S netns_helper.py FD PORT
 
-On the Unix socket FD (``SOCK_SEQPACKET``) each message carries one fd: a socket to answer on. Per
-message the helper forks a child that makes a user namespace (the helper's uid and gid mapped to
-themselves) and a network namespace it owns, brings that namespace's loopback up, listens on
-``127.0.0.1:PORT`` there, and answers ``ok`` with three fds (the listening socket, the user
-namespace, the network namespace), or ``error: <why>``. The child then exits: the namespaces live
-as long as someone holds them. The helper exits at EOF on FD; it ignores SIGINT (a Ctrl-C is the
-launcher's to handle).
+On the Unix socket FD (``SOCK_SEQPACKET``) each message is a kind and its fds. Per message the
+helper forks a child that makes a user namespace (the helper's uid and gid mapped to themselves)
+and a network namespace it owns, brings that namespace's loopback up and listens on
+``127.0.0.1:PORT`` there; the first fd is a socket to answer on.
+
+- ``n`` (one fd): the child answers ``ok`` with three fds (the listening socket, the user
+  namespace, the network namespace) and exits: the namespaces live as long as someone holds them.
+- ``s`` + a JSON ``{"argv", "rlimits", "procs", "cwd"}`` (six fds: the answer socket, then the
+  command's stdin, stdout, stderr, status pipe and environment file): the child answers ``ok`` with
+  the listening socket, then forks the command's process, which sets ``rlimits`` (bytes, soft and
+  hard), joins the cgroups (``procs``: their ``cgroup.procs`` files), starts a session of its own,
+  gets those fds as 0, 1, 2, 3 and ``ENV_FD``, no other, and execs ``argv`` in ``cwd`` with an empty
+  environment; the child answers ``started <pid>`` (or ``error: <why>``), waits for it and
+  answers ``exit <wait status>``. It dies with the helper, the command with it (bwrap's
+  ``--die-with-parent``).
+
+A failure is answered ``error: <why>``. The helper exits at EOF on FD; it ignores SIGINT (a
+Ctrl-C is the launcher's to handle).
 """
 
 import ctypes
 import fcntl
+import json
 import os
+import resource
+import select
 import signal
 import socket
 import struct
@@ -25,9 +39,14 @@ _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP_RUNNING = 0x1 | 0x40
+_PR_SET_PDEATHSIG = 1
+ENV_FD = 6
+"""Where the command gets its environment file (bwrap's ``--args``)."""
+_RLIMITS = {"fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "as": resource.RLIMIT_AS}
 
 
-def _make(answer: socket.socket, port: int, uid: int, gid: int) -> None:
+def _network(port: int, uid: int, gid: int) -> socket.socket:
+    """This process in a new user and network namespace, its loopback up; the listening socket."""
     if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unshare(user, net): {os.strerror(err)}")
@@ -40,9 +59,66 @@ def _make(answer: socket.socket, port: int, uid: int, gid: int) -> None:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
+    return listener
+
+
+def _make(answer: socket.socket, port: int, uid: int, gid: int) -> None:
+    listener = _network(port, uid, gid)
     user = os.open("/proc/self/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     net = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     socket.send_fds(answer, [b"ok"], [listener.fileno(), user, net])
+
+
+def _command(req: dict, fds: list[int]) -> None:
+    """The command's process (see the module docstring): never returns."""
+    status = fds[3]
+    try:
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]  # out of dup2's way
+        for fd, to in zip(high, (0, 1, 2, 3, ENV_FD), strict=True):
+            os.dup2(fd, to)  # inheritable
+        status = 3
+        os.closerange(3 + 1, ENV_FD)
+        os.closerange(ENV_FD + 1, os.sysconf("SC_OPEN_MAX"))
+        for name, value in req["rlimits"].items():
+            resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
+        for path in req["procs"]:
+            with open(str(path), "w") as f:
+                f.write(str(os.getpid()))
+        os.chdir(str(req["cwd"]))
+        argv = [str(a) for a in req["argv"]]
+        os.execve(argv[0], argv, {})
+    except BaseException as e:  # noqa: BLE001  # the status pipe's first line says why
+        os.write(
+            status, f"error: cannot start the sandbox: {type(e).__name__}: {e}\n".encode("utf-8", "replace")
+        )
+    os._exit(127)
+
+
+def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int, gid: int) -> None:
+    """The network, then the command in a session of this process's own (its process group: the
+    launcher kills it whole), waited for; the launcher closing ``answer`` kills the group."""
+    listener = _network(port, uid, gid)
+    socket.send_fds(answer, [b"ok"], [listener.fileno()])
+    listener.close()
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # with the helper (the launcher gone)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    pid = os.fork()
+    if pid == 0:
+        answer.close()
+        _command(req, fds)
+    for fd in fds:
+        os.close(fd)
+    answer.send(f"started {os.getpid()}".encode())
+    child = os.pidfd_open(pid)
+    while True:
+        ready, _, _ = select.select([answer.fileno(), child], [], [])
+        if child in ready:
+            break
+        if not answer.recv(1):  # the launcher gave the session up: nothing of it stays
+            os.killpg(0, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    answer.send(f"exit {status}".encode())
 
 
 def main(argv: list[str]) -> int:
@@ -53,12 +129,13 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's Ctrl-C is its own: this ends at EOF
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 64, 1)
+            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 6)
         except InterruptedError:
             continue
         if not msg and not fds:
             return 0  # the launcher is gone
-        if len(fds) != 1:
+        kind = msg[:1]
+        if not ((kind == b"n" and len(fds) == 1) or (kind == b"s" and len(fds) == 6)):
             for fd in fds:
                 os.close(fd)
             continue
@@ -67,7 +144,10 @@ def main(argv: list[str]) -> int:
             code = 0
             try:
                 ctl.close()
-                _make(answer, port, uid, gid)
+                if kind == b"n":
+                    _make(answer, port, uid, gid)
+                else:
+                    _spawn(answer, json.loads(msg[1:]), fds[1:], port, uid, gid)
             except BaseException as e:  # noqa: BLE001  # every failure is the answer
                 code = 1
                 try:
@@ -76,6 +156,8 @@ def main(argv: list[str]) -> int:
                     pass
             os._exit(code)
         answer.close()
+        for fd in fds[1:]:
+            os.close(fd)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,10 @@ import functools
 import logging
 import os
 import resource
-import shlex
 import shutil
 import stat
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -52,9 +50,9 @@ from rollout.sandbox.bwrap import (
 )
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.images import ImageError, ImageRoot, bound_at, has_shell
-from rollout.sandbox.netns import NetnsError, NetnsMaker, SessionNet, high_dup, tool
+from rollout.sandbox.netns import ENV_FD, NetnsError, NetnsMaker, Spawned
 from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
-from rollout.sandbox.runtime_local import Monitor, RuntimeRun, run_local
+from rollout.sandbox.runtime_local import Monitor, RuntimeRun, Started, run_local
 
 MiB = 1024 * 1024
 CODE_ROOT = Path(rollout.contract.protocol.__file__).resolve().parents[2]
@@ -388,73 +386,45 @@ def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> 
 
 class _Networks:
     """How sandboxes reach the bridge in this process: the launcher listening in each sandbox's
-    network, made ahead by the helper (``rollout.sandbox.netns``), or, once that has failed before
-    ever working (``off`` says why, logged once), the forwarder in each sandbox."""
+    network, the sandbox started there by the helper (``rollout.sandbox.netns``), or, once the
+    helper's first network failed (``off`` says why, logged once), the forwarder in each sandbox."""
 
     def __init__(self) -> None:
         self.maker: NetnsMaker | None = None
         self.off: str | None = None
         self.worked = False
-        self._lock = threading.Lock()
 
-    async def make(self) -> SessionNet | None:
-        """A session network, or None: the forwarder relays. Raises NetnsError once it has worked."""
-        with self._lock:
-            if self.off is None and self.maker is None:
-                missing = [t for t in ("nsenter", "bash") if tool(t) is None]
-                if missing:
-                    self._disable(f"{' and '.join(missing)} missing")
-                else:
-                    self.maker = NetnsMaker(GATEWAY_PORT)
-                    atexit.register(self.maker.close)  # the helper exits at EOF; waited for here
-            maker = self.maker if self.off is None else None
-        if maker is None:
-            return None
+    async def ready(self) -> bool:
+        """Whether sandboxes start in a network of the helper's: until one worked, each call makes
+        one (and drops it) to check that this works here (the first sessions may check at once)."""
+        if self.worked or self.off is not None:
+            return self.off is None
+        if self.maker is None:
+            self.maker = NetnsMaker(GATEWAY_PORT)
+            atexit.register(self.maker.close)  # the helper exits at EOF; waited for here
         try:
-            net = await maker.make()
+            (await self.maker.make()).close()
+            self.worked = True
         except NetnsError as e:
-            if self.worked:
-                raise
-            with self._lock:
-                self._disable(str(e))
-            return None
-        self.worked = True
-        return net
+            if not self.worked and self.off is None:
+                self.off = str(e)
+                log.warning("sandboxes use the forwarder to reach the gateway bridge: %s", e)
+        return self.off is None
+
+    async def spawn(
+        self, argv: list[str], fds: list[int], rlimits: dict[str, int], procs: list[str], cwd: str
+    ) -> Spawned:
+        """``NetnsMaker.spawn`` (after ``ready()`` said yes). Raises NetnsError."""
+        assert self.maker is not None
+        return await self.maker.spawn(argv, fds, rlimits, procs, cwd)
 
     def close(self) -> None:
         """Stop the helper (a later session starts it again)."""
-        with self._lock:
-            if self.maker is not None:
-                self.maker.close()
-
-    def _disable(self, why: str) -> None:
-        if self.off is None:
-            self.off = why
-            log.warning("sandboxes use the forwarder to reach the gateway bridge: %s", why)
+        if self.maker is not None:
+            self.maker.close()
 
 
 _NETWORKS = _Networks()
-
-
-ENV_FD = 6
-"""Where bwrap reads the session's variables (``env_args``) when the launcher listens in the sandbox."""
-
-
-def _host_start(
-    argv: list[str], fds: tuple[int, ...], rlimits: dict[str, int], procs: list[Path]
-) -> list[str]:
-    """``argv`` run by bash after it moved ``fds`` (the status pipe, the user and network
-    namespaces, the environment's options) to 3, 4, 5 and :data:`ENV_FD`, set ``rlimits`` (bytes;
-    for the sandbox's every process) and joined the session's cgroups (``procs``: their
-    ``cgroup.procs`` files). Run with :data:`HOST_ENV` (no variable of the session's reaches bash),
-    ``argv`` with none at all (bwrap's ``/proc/1/environ`` in the sandbox is empty)."""
-    moves = [f"{3 + i}<&{fd} {fd}<&-" for i, fd in enumerate(fds)]
-    steps = ["exec " + " ".join(moves)]
-    flags = {"core": "-c", "fsize": "-f", "as": "-v"}  # bash's units: KiB
-    steps += [f"ulimit {flags[k]} {-(-v // 1024)}" for k, v in rlimits.items()]
-    steps += [f"echo $$ > {shlex.quote(str(f))}" for f in procs]
-    bash = tool("bash") or "bash"
-    return [bash, "-c", " && ".join([*steps, 'exec -c "$@"']), "bash", *argv]  # -c: no variable of bash's
 
 
 def _output_limit(limits: LimitsConfig) -> int | None:
@@ -607,13 +577,12 @@ async def _run_sandboxed(
     scratch: Path | None = None
     status_r = status_w = -1
     bridge: GatewayBridge | None = None
-    net: SessionNet | None = None
-    dups: list[int] = []  # the fds handed to the sandbox's first command, when net
+    spawned: Spawned | None = None
+    ours: list[int] = []  # the launcher's ends of the spawned command's pipes, until run_local takes them
     env_fd = -1
 
-    def scratch_dir() -> (
-        Path
-    ):  # made when needed: the forwarder's socket (a short path), the instruction, an image's root
+    def scratch_dir() -> Path:
+        """Made when needed: the forwarder's socket (a short path), the instruction, an image's root."""
         nonlocal scratch
         if scratch is None:
             scratch = Path(tempfile.mkdtemp(prefix="rollout-sbx-"))
@@ -624,23 +593,18 @@ async def _run_sandboxed(
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
             cg.create(f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")  # a few writes to the cgroup fs
-            if image is None or has_shell(image):  # the sandbox's first command is its /bin/sh
-                net = await _NETWORKS.make()
-            if net is not None:
-                for fd in (status_w, net.userns, net.netns):
-                    dups.append(high_dup(fd))
-                bridge = GatewayBridge(None, request.gateway_base_url, listener=net.listener)
-            else:
+            # the launcher listens in the sandbox's network when its first command can be /bin/sh
+            in_net = (image is None or has_shell(image)) and await _NETWORKS.ready()
+            if not in_net:
                 bridge = GatewayBridge(scratch_dir() / "gw.sock", request.gateway_base_url)
-            await bridge.__aenter__()
+                await bridge.__aenter__()
             text = case_instruction(request)
             instruction = _write_instruction(scratch_dir(), text) if text is not None else None
-        except (OSError, BridgeError, NetnsError) as e:
+        except (OSError, BridgeError) as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
         rlimits = {"core": 0}
         if limits.disk_mb is not None:
-            # a file that reached this (rounded up to KiB where bash sets it) tried to go past the limit
-            rlimits["fsize"] = limits.disk_mb * MiB + 1
+            rlimits["fsize"] = limits.disk_mb * MiB + 1  # a file that reached this tried to go past the limit
         if limits.memory_mb is not None and support.memory is None:
             rlimits["as"] = limits.memory_mb * MiB
         folders, files = code_folders(cfg) if command is None or command.env_code else ([], [])
@@ -651,10 +615,10 @@ async def _run_sandboxed(
             workspace=workspace,
             code=[(CONTRACT, []), *folders],
             files=[*shared_code(), *files],
-            bridge_socket=bridge.socket_path,
+            bridge_socket=bridge.socket_path if bridge is not None else None,
             status_fd=status_w,
             tmp_bytes=disk,
-            rlimits=rlimits if net is None else {},
+            rlimits=rlimits if not in_net else {},
             instruction=instruction,
             also_at=cfg.workdir,
             mounts=[(command.solution, SOLUTION_AT)] if command is not None and command.solution else [],
@@ -678,15 +642,11 @@ async def _run_sandboxed(
         env = clean_env(own) if image is None else image_env(image.env, own, _image_home(image, spec))
         try:  # the session's variables reach bwrap only (docs/sandbox.md, "Environment")
             env_fd = env_args(env)
-            if net is not None:
-                dups.append(high_dup(env_fd))
-                os.close(env_fd)
-                env_fd = -1
         except BadVariable as e:
             return _setup_failed(t0, str(e))
         except OSError as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
-        spec = dataclasses.replace(spec, env_fd=ENV_FD if net is not None else env_fd)
+        spec = dataclasses.replace(spec, env_fd=ENV_FD if in_net else env_fd)
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
         if image is not None:
             try:
@@ -694,13 +654,38 @@ async def _run_sandboxed(
                 argv = wrap(image.rootfs, scratch_dir() / "root", disk, argv, keep=changes)
             except OverlayUnavailable as e:
                 return _setup_failed(t0, str(e))
-        if net is not None:
+        adopted: Started | None = None
+        if in_net:
             try:
-                argv = _host_start([*net.nsenter(), *argv], tuple(dups), rlimits, cg.procs_files)
+                stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+                ours.append(stdin_w)
+                stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
+                ours.append(stdout_r)
+                stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
+                ours.append(stderr_r)
+                theirs = [stdin_r, stdout_w, stderr_w]
+                try:
+                    spawned = await _NETWORKS.spawn(
+                        argv,
+                        [*theirs, status_w, env_fd],
+                        rlimits,
+                        [str(f) for f in cg.procs_files],
+                        str(workspace),
+                    )
+                finally:
+                    for fd in theirs:
+                        os.close(fd)
+                bridge = GatewayBridge(None, request.gateway_base_url, listener=spawned.listener)
+                await bridge.__aenter__()
             except NetnsError as e:
                 return _setup_failed(t0, str(e))
+            except (OSError, BridgeError) as e:
+                return _setup_failed(t0, f"{type(e).__name__}: {e}")
+            adopted = Started(spawned.pgid, stdin_w, stdout_r, stderr_r, spawned.ended)
+            ours = []  # run_local's now
         else:
             argv = cg.joined(argv)  # join the session's cgroups before bwrap starts anything
+        assert bridge is not None
         try:
             out = await run_local(
                 argv,
@@ -708,11 +693,12 @@ async def _run_sandboxed(
                 workspace,
                 cfg.runtime.timeout_s,
                 env=HOST_ENV,
-                pass_fds=tuple(dups) or (status_w, env_fd),
+                pass_fds=(status_w, env_fd),
                 output_limit=_output_limit(limits),
                 monitor=_limit_monitor(cg, workspace, limits),
                 stderr_log=stderr_log,
                 result_file=SAFACTORY_RESULT_FILE if sf else None,
+                started=adopted,
             )
         except OSError as e:
             return _setup_failed(t0, f"cannot start bwrap: {e}")
@@ -755,11 +741,13 @@ async def _run_sandboxed(
     finally:
         if bridge is not None:
             await bridge.__aexit__(None, None, None)
-        if net is not None:
-            net.close()
+        if spawned is not None:
+            spawned.close()  # a command still running is killed with its group
+        for fd in ours:
+            os.close(fd)
         if not cg.remove_now():  # processes still dying: wait for them in a thread
             await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
-        for fd in (status_r, status_w, env_fd, *dups):
+        for fd in (status_r, status_w, env_fd):
             if fd >= 0:
                 os.close(fd)
         if scratch is not None:

@@ -19,6 +19,7 @@ import stat
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -249,7 +250,93 @@ def exit_reason(returncode: int | None) -> str:
     return f"the runtime exited with code {returncode}"
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
+@dataclass
+class Started:
+    """A process started elsewhere (``rollout.sandbox.netns``): ``pgid`` its process group (killed
+    whole), the launcher's ends of its stdin, stdout and stderr pipes (``run_local`` takes them)
+    and ``ended()``, its wait status once it ends."""
+
+    pgid: int
+    stdin: int
+    stdout: int
+    stderr: int
+    ended: Callable[[], Awaitable[int]]
+
+
+class _Adopted:
+    """A ``Started`` process as ``_run`` uses one: ``pid`` (its group), ``returncode`` (None
+    while it runs) and its three streams."""
+
+    def __init__(
+        self,
+        started: Started,
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+        transports: list[asyncio.BaseTransport],
+    ) -> None:
+        self.pid = started.pgid
+        self.returncode: int | None = None
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.transports = transports
+
+    def close(self) -> None:
+        """Close the launcher's ends of the pipes (a background child may hold the others)."""
+        for t in self.transports:
+            t.close()
+
+
+async def _adopt(
+    started: Started, loop: asyncio.AbstractEventLoop
+) -> tuple[_Adopted, asyncio.Event, asyncio.Task[None]]:
+    """``started`` with its pipes as streams; the event is set when it ends (the task sets it)."""
+    fds = [started.stdin, started.stdout, started.stderr]
+    try:
+        files = [os.fdopen(fds[0], "wb", buffering=0)]
+        fds[0] = -1
+        for i in (1, 2):
+            files.append(os.fdopen(fds[i], "rb", buffering=0))
+            fds[i] = -1
+    except BaseException:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+        raise
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        w_transport, w_protocol = await loop.connect_write_pipe(
+            lambda: asyncio.streams.FlowControlMixin(loop), files[0]
+        )
+        transports.append(w_transport)
+        stdin = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
+        readers = []
+        for f in files[1:]:
+            reader = asyncio.StreamReader(limit=2**16, loop=loop)
+            r_transport, _ = await loop.connect_read_pipe(
+                lambda r=reader: asyncio.StreamReaderProtocol(r, loop=loop),  # type: ignore[misc]
+                f,
+            )
+            transports.append(r_transport)
+            readers.append(reader)
+    except BaseException:
+        for t in transports:
+            t.close()
+        for f in files[len(transports) :]:
+            f.close()
+        raise
+    proc, wake = _Adopted(started, stdin, readers[0], readers[1], transports), asyncio.Event()
+
+    async def ended() -> None:
+        try:
+            proc.returncode = os.waitstatus_to_exitcode(await started.ended())
+        except (OSError, ValueError):
+            proc.returncode = -signal.SIGKILL
+        wake.set()
+
+    return proc, wake, asyncio.ensure_future(ended())
+
+
+def _kill_group(proc: asyncio.subprocess.Process | _Adopted) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -301,7 +388,7 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
 
 
 async def _exited(
-    proc: asyncio.subprocess.Process,
+    proc: asyncio.subprocess.Process | _Adopted,
     wake: asyncio.Event,
     output: list[int],
     output_limit: int | None,
@@ -372,6 +459,7 @@ async def run_local(
     monitor: Monitor | None = None,
     stderr_log: Path | None = None,
     result_file: str | None = None,
+    started: Started | None = None,
 ) -> RuntimeRun:
     """Run one session's runtime in ``workspace`` with a wall-clock ``timeout_s`` (seconds).
 
@@ -384,6 +472,7 @@ async def run_local(
     as ``error`` with ``limit_exceeded`` set when exceeded. ``stderr_log``: a file that gets the
     whole of stderr (folders created; appended to). ``result_file``: a file of ``workspace`` (a
     relative path) read for the result when stdout holds none (Safactory's ``SAFACTORY_RESULT_PATH``).
+    ``started``: the process was started already (``command`` is then only its description).
     Never raises for runtime failures (they are outcomes); re-raises CancelledError after killing
     the process group. Raises OSError when the command cannot be started at all.
     """
@@ -412,6 +501,7 @@ async def run_local(
             copy,
             t0,
             result_file,
+            started,
         )
 
 
@@ -427,21 +517,53 @@ async def _run(
     copy: BinaryIO | None,
     t0: float,
     result_file: str | None = None,
+    started: Started | None = None,
 ) -> RuntimeRun:
     loop = asyncio.get_running_loop()
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(loop),
-        *command,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=str(workspace),
-        env=env,
-        start_new_session=True,
-        pass_fds=pass_fds,
-    )
-    proc = asyncio.subprocess.Process(transport, protocol, loop)  # what create_subprocess_exec makes
-    wake = protocol.wake
+    proc: asyncio.subprocess.Process | _Adopted
+    watcher: asyncio.Task[None] | None = None
+    if started is None:
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Protocol(loop),
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=str(workspace),
+            env=env,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+        proc = asyncio.subprocess.Process(transport, protocol, loop)  # what create_subprocess_exec makes
+        wake = protocol.wake
+    else:
+        proc, wake, watcher = await _adopt(started, loop)
+    try:
+        return await _watch(
+            proc, wake, request, timeout_s, output_limit, monitor, copy, t0, workspace, result_file
+        )
+    finally:
+        if watcher is not None:
+            assert isinstance(proc, _Adopted)
+            if not watcher.done():
+                _kill_group(proc)
+                await asyncio.wait({watcher}, timeout=_PIPE_GRACE_S)  # its end, once killed
+            watcher.cancel()
+            proc.close()
+
+
+async def _watch(
+    proc: asyncio.subprocess.Process | _Adopted,
+    wake: asyncio.Event,
+    request: SimulationStartRequest,
+    timeout_s: float,
+    output_limit: int | None,
+    monitor: Monitor | None,
+    copy: BinaryIO | None,
+    t0: float,
+    workspace: Path,
+    result_file: str | None,
+) -> RuntimeRun:
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out_b, err_b, total = bytearray(), bytearray(), [0]
 

@@ -71,9 +71,9 @@ async def test_a_10_gb_file_is_stopped_early_by_the_disk_limit(tmp_path: Path) -
     out, ws = await _run(tmp_path, BIG_FILE, {"disk_mb": 8})
     assert (out.status, out.limit_exceeded) == ("error", "disk")
     assert out.error_text == "disk limit exceeded: the workspace holds more than 8 MiB"
-    # the per-file cap stopped the writes at the limit (just past it: RLIMIT_FSIZE is set in KiB,
-    # one more than the limit's): nothing like 10 GB was written
-    assert (ws / "big.bin").stat().st_size == 8 * (1 << 20) + 1024
+    # the per-file cap stopped the writes at the limit (one byte past it: RLIMIT_FSIZE is the
+    # limit + 1): nothing like 10 GB was written
+    assert (ws / "big.bin").stat().st_size == 8 * (1 << 20) + 1
     assert "File too large" in out.stdout_tail
 
 
