@@ -12,12 +12,13 @@ and a network namespace it owns, brings that namespace's loopback up and listens
   namespace, the network namespace) and exits: the namespaces live as long as someone holds them.
 - ``s`` + a JSON ``{"argv", "rlimits", "procs", "cwd"}`` (six fds: the answer socket, then the
   command's stdin, stdout, stderr, status pipe and environment file): the child answers ``ok`` with
-  the listening socket, then forks the command's process, which sets ``rlimits`` (bytes, soft and
-  hard), joins the cgroups (``procs``: their ``cgroup.procs`` files), starts a session of its own,
-  gets those fds as 0, 1, 2, 3 and ``ENV_FD``, no other, and execs ``argv`` in ``cwd`` with an empty
-  environment; the child answers ``started <pid>`` (or ``error: <why>``), waits for it and
-  answers ``exit <wait status>``. It dies with the helper, the command with it (bwrap's
-  ``--die-with-parent``).
+  the listening socket, starts a session of its own, sets ``rlimits`` (bytes, soft and hard),
+  joins the cgroups (``procs``: their ``cgroup.procs`` files), enters ``cwd`` and starts ``argv``
+  (``posix_spawn``) with those fds as 0, 1, 2, 3 and ``ENV_FD``, no other, and an empty
+  environment; it answers ``started <pgid>`` (the group: itself and the command), waits for the
+  command and answers ``exit <wait status>``. A command that cannot start says why on its status
+  pipe (``error: ...``) and ends as 127. The child dies with the helper, the command with it
+  (bwrap's ``--die-with-parent``); the launcher closing the answer socket kills the group.
 
 A failure is answered ``error: <why>``. The helper exits at EOF on FD; it ignores SIGINT (a
 Ctrl-C is the launcher's to handle).
@@ -69,46 +70,40 @@ def _make(answer: socket.socket, port: int, uid: int, gid: int) -> None:
     socket.send_fds(answer, [b"ok"], [listener.fileno(), user, net])
 
 
-def _command(req: dict, fds: list[int]) -> None:
-    """The command's process (see the module docstring): never returns."""
-    status = fds[3]
-    try:
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]  # out of dup2's way
-        for fd, to in zip(high, (0, 1, 2, 3, ENV_FD), strict=True):
-            os.dup2(fd, to)  # inheritable
-        status = 3
-        os.closerange(3 + 1, ENV_FD)
-        os.closerange(ENV_FD + 1, os.sysconf("SC_OPEN_MAX"))
-        for name, value in req["rlimits"].items():
-            resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
-        for path in req["procs"]:
-            with open(str(path), "w") as f:
-                f.write(str(os.getpid()))
-        os.chdir(str(req["cwd"]))
-        argv = [str(a) for a in req["argv"]]
-        os.execve(argv[0], argv, {})
-    except BaseException as e:  # noqa: BLE001  # the status pipe's first line says why
-        os.write(
-            status, f"error: cannot start the sandbox: {type(e).__name__}: {e}\n".encode("utf-8", "replace")
-        )
-    os._exit(127)
-
-
 def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int, gid: int) -> None:
-    """The network, then the command in a session of this process's own (its process group: the
-    launcher kills it whole), waited for; the launcher closing ``answer`` kills the group."""
+    """The network, then the command (module docstring), waited for. This process leads a process
+    group of its own, the command in it (the launcher kills the group whole); it joins the cgroups
+    and takes the limits itself, so that the command starts with them (``posix_spawn``: no copy of
+    this process for it). The launcher closing ``answer`` kills the group."""
     listener = _network(port, uid, gid)
     socket.send_fds(answer, [b"ok"], [listener.fileno()])
     listener.close()
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # with the helper (the launcher gone)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
-    pid = os.fork()
-    if pid == 0:
-        answer.close()
-        _command(req, fds)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]  # out of the targets' way
     for fd in fds:
         os.close(fd)
+    argv = [str(a) for a in req["argv"]]
+    try:
+        for name, value in req["rlimits"].items():
+            resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
+        for path in req["procs"]:
+            with open(str(path), "w") as f:
+                f.write(str(os.getpid()))
+        os.chdir(str(req["cwd"]))
+        moves = [(os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, 3, ENV_FD), strict=True)]
+        pid = os.posix_spawn(argv[0], argv, {}, file_actions=moves)  # every other fd is close-on-exec
+    except OSError as e:  # the status pipe's first line says why (a setup failure)
+        os.write(
+            high[3], f"error: cannot start the sandbox: {type(e).__name__}: {e}\n".encode("utf-8", "replace")
+        )
+        answer.send(f"started {os.getpid()}".encode())
+        answer.send(b"exit 32512")  # 127 << 8: the shell's "cannot run"
+        return
+    finally:
+        for fd in high:
+            os.close(fd)
     answer.send(f"started {os.getpid()}".encode())
     child = os.pidfd_open(pid)
     while True:
@@ -129,7 +124,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's Ctrl-C is its own: this ends at EOF
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 6)
+            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 6, socket.MSG_CMSG_CLOEXEC)
         except InterruptedError:
             continue
         if not msg and not fds:

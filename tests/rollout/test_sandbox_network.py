@@ -4,7 +4,9 @@ cannot be used."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from rollout.sandbox import runner
 from rollout.sandbox.bridge import MAX_CONNECTIONS
 from rollout.sandbox.bwrap import GATEWAY_PORT
 from rollout.sandbox.images import ImageRoot, has_shell, in_root
-from rollout.sandbox.netns import NetnsError, NetnsMaker
+from rollout.sandbox.netns import NetnsError, NetnsMaker, Spawned
 from rollout.sandbox.runner import run_runtime
 from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
 
@@ -248,3 +250,60 @@ def test_an_image_whose_env_holds_a_nul_byte_is_refused(
     )
     with pytest.raises(images.ImageError, match="its config's Env: the variable 'X' holds a NUL byte"):
         images.unpack("localhost/hostile:1", tmp_path / "cache")
+
+
+async def _spawned(maker: NetnsMaker, argv: list[str], tmp_path: Path) -> tuple[Spawned, list[int]]:
+    """``argv`` started by the helper with fresh pipes: (the Spawned, our ends: stdin, stdout, status)."""
+    pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
+    env_r, env_w = os.pipe()
+    os.close(env_w)
+    theirs = [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1], env_r]
+    try:
+        spawned = await maker.spawn(argv, theirs, {"core": 0}, [], str(tmp_path))
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    os.close(pipes[2][0])
+    return spawned, [pipes[0][1], pipes[1][0], pipes[3][0]]
+
+
+async def test_a_command_that_cannot_start_says_why_on_its_status_pipe(tmp_path: Path) -> None:
+    require_bwrap()
+    maker = NetnsMaker(GATEWAY_PORT)
+    try:
+        spawned, ours = await _spawned(maker, [str(tmp_path / "missing")], tmp_path)
+        try:
+            assert os.waitstatus_to_exitcode(await spawned.ended()) == 127
+            said = os.read(ours[2], 4096).decode()
+            assert said.startswith("error: cannot start the sandbox: FileNotFoundError"), said
+        finally:
+            spawned.close()
+            for fd in ours:
+                os.close(fd)
+    finally:
+        maker.close()
+
+
+async def test_closing_the_answer_kills_the_command_and_its_group(tmp_path: Path) -> None:
+    require_bwrap()
+    maker = NetnsMaker(GATEWAY_PORT)
+    try:
+        script = "import os, sys, time; os.write(1, str(os.getpid()).encode() + b'\\n'); time.sleep(300)"
+        spawned, ours = await _spawned(maker, [sys.executable, "-c", script], tmp_path)
+        try:
+            pid = int(os.read(ours[1], 100))
+            assert os.getpgid(pid) == spawned.pgid != os.getpgid(0)  # a group of its own
+            # no fd of the launcher's but the five handed over reached it
+            assert sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2, 3, 6]
+            spawned.close()
+            for _ in range(100):
+                if not os.path.exists(f"/proc/{pid}"):
+                    break
+                await asyncio.sleep(0.05)
+            assert not os.path.exists(f"/proc/{pid}")
+        finally:
+            spawned.close()
+            for fd in ours:
+                os.close(fd)
+    finally:
+        maker.close()
