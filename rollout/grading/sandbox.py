@@ -105,7 +105,8 @@ def grader_command(
     b.system()
     b.interpreter()
     b.ro(CODE_ROOT / "rollout")
-    b.ro(CODE_ROOT / "env")  # the bundled env package (graders import ``env.*``); a snapshot of it covers it
+    if all(host != CODE_ROOT / "env" for _, host in roots):  # else its snapshot is bound there
+        b.ro(CODE_ROOT / "env")  # the bundled env package (graders import ``env.*``)
     for snapshot, host in roots:
         b.ro(snapshot, host)
     if workspace is not None:

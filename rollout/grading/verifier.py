@@ -508,9 +508,7 @@ async def run_verifier(
                 )
         except (ImageError, OverlayUnavailable, OSError) as e:
             return failed(f"{type(e).__name__}: {e}")
-        if cg.procs_files:  # join the cgroups before bwrap starts anything
-            join = " && ".join(f"echo $$ > '{f}'" for f in cg.procs_files)
-            argv = ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
+        argv = cg.joined(argv)  # join the cgroups before bwrap starts anything
         request = SimulationStartRequest(
             job_id="verifier",
             session_id=label,
