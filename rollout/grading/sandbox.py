@@ -18,6 +18,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -384,7 +385,9 @@ def _checked(value: Any, outcome: Any) -> Evaluation:
 log = logging.getLogger(__name__)
 
 
+@functools.cache
 def _child_env() -> dict[str, str]:
+    """The grader child's environment, made once per process (never changed by its users)."""
     return clean_env({"PYTHONPATH": CHILD_PATH, "HOME": "/tmp"})
 
 
