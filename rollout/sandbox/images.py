@@ -14,6 +14,7 @@ session that asks again.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -549,8 +550,14 @@ def in_root(rootfs: Path, path: str, hops: int = 40) -> Path | None:
 
 
 def has_shell(image: ImageRoot) -> bool:
-    """Whether ``image`` has a ``/bin/sh`` file (distroless images have none)."""
-    sh = in_root(image.rootfs, "/bin/sh")
+    """Whether ``image`` has a ``/bin/sh`` file (distroless images have none); looked up once per
+    unpacked image (its root never changes: sessions write to a layer over it)."""
+    return _has_shell(image.rootfs, image.digest)
+
+
+@functools.lru_cache(maxsize=256)
+def _has_shell(rootfs: Path, digest: str) -> bool:
+    sh = in_root(rootfs, "/bin/sh")
     return sh is not None and sh.is_file()
 
 

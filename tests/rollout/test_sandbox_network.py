@@ -134,7 +134,7 @@ def test_an_image_path_is_resolved_inside_the_image(tmp_path: Path) -> None:
     (root / "usr" / "bin" / "sh").unlink()
     (root / "usr" / "bin" / "sh").symlink_to("/etc/passwd")  # the host has it; the image does not
     assert in_root(root, "/bin/sh") is None
-    assert not has_shell(ImageRoot(digest="d", rootfs=root))
+    assert not has_shell(ImageRoot(digest="d2", rootfs=root))  # another image (a root never changes)
     assert in_root(root, "/usr/../usr/bin/dash") == root / "usr" / "bin" / "dash"
 
 
