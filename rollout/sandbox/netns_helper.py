@@ -79,7 +79,9 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
     socket.send_fds(answer, [b"ok"], [listener.fileno()])
     listener.close()
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # with the helper (the launcher gone)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    woken_r, woken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # SIGCHLD wakes the wait below
+    signal.set_wakeup_fd(woken_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     os.setsid()
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]  # out of the targets' way
     for fd in fds:
@@ -95,25 +97,30 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
         moves = [(os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, 3, ENV_FD), strict=True)]
         pid = os.posix_spawn(argv[0], argv, {}, file_actions=moves)  # every other fd is close-on-exec
     except OSError as e:  # the status pipe's first line says why (a setup failure)
-        os.write(
-            high[3], f"error: cannot start the sandbox: {type(e).__name__}: {e}\n".encode("utf-8", "replace")
-        )
-        answer.send(f"started {os.getpid()}".encode())
-        answer.send(b"exit 32512")  # 127 << 8: the shell's "cannot run"
-        return
+        why = f"error: cannot start the sandbox: {type(e).__name__}: {e}\n"
+        os.write(high[3], why.encode("utf-8", "replace"))
+        pid = -1
     finally:
         for fd in high:
             os.close(fd)
-    answer.send(f"started {os.getpid()}".encode())
-    child = os.pidfd_open(pid)
-    while True:
-        ready, _, _ = select.select([answer.fileno(), child], [], [])
-        if child in ready:
-            break
-        if not answer.recv(1):  # the launcher gave the session up: nothing of it stays
-            os.killpg(0, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    answer.send(f"exit {status}".encode())
+    try:
+        answer.send(f"started {os.getpid()}".encode())
+        if pid < 0:
+            answer.send(b"exit 32512")  # 127 << 8: the shell's "cannot run"
+            return
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            ready, _, _ = select.select([answer.fileno(), woken_r], [], [])
+            if woken_r in ready:
+                os.read(woken_r, 512)
+            elif not answer.recv(1):  # the launcher gave the session up
+                raise ConnectionError("the launcher closed the answer")
+        answer.send(f"exit {status}".encode())
+    except BaseException:
+        os.killpg(0, signal.SIGKILL)  # the launcher is gone (or this failed): nothing of the session stays
+        raise
 
 
 def main(argv: list[str]) -> int:

@@ -35,11 +35,13 @@ def _free_port() -> int:
 
 
 def test_an_unreachable_feed_is_an_error_after_the_grace_time() -> None:
-    with (
-        FeedClient(f"http://127.0.0.1:{_free_port()}", unavailable_s=0.5) as c,
-        pytest.raises(FeedUnavailable, match="is unreachable"),
-    ):
-        c.progress("j")
+    with socket.socket() as held:  # bound, never listening: no other process can serve the port meanwhile
+        held.bind(("127.0.0.1", 0))
+        with (
+            FeedClient(f"http://127.0.0.1:{held.getsockname()[1]}", unavailable_s=0.5) as c,
+            pytest.raises(FeedUnavailable, match="is unreachable"),
+        ):
+            c.progress("j")
 
 
 def start_feed(db: Path, port: int) -> subprocess.Popen[str]:

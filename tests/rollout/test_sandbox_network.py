@@ -5,7 +5,9 @@ cannot be used."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from rollout.sandbox import runner
 from rollout.sandbox.bridge import MAX_CONNECTIONS
 from rollout.sandbox.bwrap import GATEWAY_PORT
 from rollout.sandbox.images import ImageRoot, has_shell, in_root
-from rollout.sandbox.netns import NetnsError, NetnsMaker, Spawned
+from rollout.sandbox.netns import NetnsError, NetnsMaker, Spawned, _answer
 from rollout.sandbox.runner import run_runtime
 from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
 
@@ -307,3 +309,51 @@ async def test_closing_the_answer_kills_the_command_and_its_group(tmp_path: Path
                 os.close(fd)
     finally:
         maker.close()
+
+
+async def test_a_launcher_that_gives_up_during_the_start_leaves_nothing_running(tmp_path: Path) -> None:
+    """The launcher closing its answer socket right after the network's ``ok`` (a cancelled
+    session), before or after ``started`` was sent: the command is killed with its group, with no
+    cgroup to catch it."""
+    require_bwrap()
+    maker = NetnsMaker(GATEWAY_PORT)
+    marker = f"rollout-test-{os.getpid()}-left"
+    script = f"import time; time.sleep(300)  # {marker}"
+    try:
+        for _ in range(5):
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            pipes = [os.pipe() for _ in range(5)]
+            request = {
+                "argv": [sys.executable, "-c", script],
+                "rlimits": {},
+                "procs": [],
+                "cwd": str(tmp_path),
+            }
+            try:
+                maker._ask(b"s" + json.dumps(request).encode(), [theirs.fileno(), *(r for r, _ in pipes)])
+            finally:
+                theirs.close()
+                for r, w in pipes:
+                    os.close(r)
+                    os.close(w)
+            msg, fds = await _answer(mine, 1)
+            assert msg == b"ok"
+            for fd in fds:
+                os.close(fd)
+            mine.close()  # given up: before or after "started"
+        for _ in range(100):
+            left = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, marker)]
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert not left
+    finally:
+        maker.close()
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    except OSError:
+        return False
