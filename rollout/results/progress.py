@@ -34,7 +34,7 @@ def record_problems(record: SessionRecord) -> list[str]:
         "inval": record.eval_status == EVAL_INVALID_STATUS,
         "ev_err": record.eval_status == EVAL_ERROR_STATUS,
         "ev_t/o": record.eval_status == EVAL_TIMEOUT_STATUS,
-        "rt_err": record.status == "error",
+        "rt_err": record.status == "error" and not is_infra(record),
         "rt_t/o": record.status == "timeout",
         "retried": record.retried,
         "infra": is_infra(record),

@@ -189,7 +189,7 @@ class _RowTotals:
             self.duration_sum += Fraction(r.duration_s)
         self.runtime_failed += r.status == "failed"
         self.runtime_truncated += r.status == "truncated"
-        self.runtime_errors += r.status == "error"
+        self.runtime_errors += r.status == "error" and not is_infra(r)  # an outage counts as infra only
         self.runtime_timeouts += r.status == "timeout"
         self.retried += r.retried
         if is_infra(r):  # masked: never graded
@@ -375,7 +375,7 @@ PROBLEM_LEGEND = {
     "inval": "invalid reward",
     "ev_err": "evaluator error",
     "ev_t/o": "evaluator timeout",
-    "rt_err": "runtime error",
+    "rt_err": "runtime error (the runtime's own; an outage counts as infra)",
     "rt_t/o": "runtime timeout",
     "retried": "more than one attempt",
     "infra": "infrastructure failure, not graded",

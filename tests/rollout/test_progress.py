@@ -61,7 +61,7 @@ def test_counts_per_env_running_mean_and_problems() -> None:
     assert state.mean_score() == pytest.approx((10 + 5 + 0 + 4) / 4)
     assert state.describe(120.0) == (
         "gsm8k 3/6 mean 5.00 | workspace 3/5 mean 4.00 | mean 4.75 | "
-        "problems ev_err 1, rt_err 1, rt_t/o 1, retried 1, infra 1 | 3.0 sessions/min"
+        "problems ev_err 1, rt_t/o 1, retried 1, infra 1 | 3.0 sessions/min"  # the outage: infra only
     )
 
 
