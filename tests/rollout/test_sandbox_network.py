@@ -5,10 +5,12 @@ cannot be used."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -254,61 +256,55 @@ def test_an_image_whose_env_holds_a_nul_byte_is_refused(
         images.unpack("localhost/hostile:1", tmp_path / "cache")
 
 
-async def _spawned(maker: NetnsMaker, argv: list[str], tmp_path: Path) -> tuple[Spawned, list[int]]:
-    """``argv`` started by the helper with fresh pipes: (the Spawned, our ends: stdin, stdout, status)."""
+@contextlib.asynccontextmanager
+async def _spawned(argv: list[str], tmp_path: Path) -> AsyncIterator[tuple[Spawned, list[int]]]:
+    """``argv`` started by a helper of its own with fresh pipes: (the Spawned, our ends: stdin,
+    stdout, status); all closed after."""
+    maker = NetnsMaker(GATEWAY_PORT)
     pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
     env_r, env_w = os.pipe()
     os.close(env_w)
     theirs = [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1], env_r]
-    try:
-        spawned = await maker.spawn(argv, theirs, {"core": 0}, [], str(tmp_path))
-    finally:
-        for fd in theirs:
-            os.close(fd)
+    ours = [pipes[0][1], pipes[1][0], pipes[3][0]]
     os.close(pipes[2][0])
-    return spawned, [pipes[0][1], pipes[1][0], pipes[3][0]]
+    try:
+        try:
+            spawned = await maker.spawn(argv, theirs, {"core": 0}, [], str(tmp_path))
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        try:
+            yield spawned, ours
+        finally:
+            spawned.close()
+    finally:
+        for fd in ours:
+            os.close(fd)
+        maker.close()
 
 
 async def test_a_command_that_cannot_start_says_why_on_its_status_pipe(tmp_path: Path) -> None:
     require_bwrap()
-    maker = NetnsMaker(GATEWAY_PORT)
-    try:
-        spawned, ours = await _spawned(maker, [str(tmp_path / "missing")], tmp_path)
-        try:
-            assert os.waitstatus_to_exitcode(await spawned.ended()) == 127
-            said = os.read(ours[2], 4096).decode()
-            assert said.startswith("error: cannot start the sandbox: FileNotFoundError"), said
-        finally:
-            spawned.close()
-            for fd in ours:
-                os.close(fd)
-    finally:
-        maker.close()
+    async with _spawned([str(tmp_path / "missing")], tmp_path) as (spawned, ours):
+        assert os.waitstatus_to_exitcode(await spawned.ended()) == 127
+        said = os.read(ours[2], 4096).decode()
+        assert said.startswith("error: cannot start the sandbox: FileNotFoundError"), said
 
 
 async def test_closing_the_answer_kills_the_command_and_its_group(tmp_path: Path) -> None:
     require_bwrap()
-    maker = NetnsMaker(GATEWAY_PORT)
-    try:
-        script = "import os, sys, time; os.write(1, str(os.getpid()).encode() + b'\\n'); time.sleep(300)"
-        spawned, ours = await _spawned(maker, [sys.executable, "-c", script], tmp_path)
-        try:
-            pid = int(os.read(ours[1], 100))
-            assert os.getpgid(pid) == spawned.pgid != os.getpgid(0)  # a group of its own
-            # no fd of the launcher's but the five handed over reached it
-            assert sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2, 3, 6]
-            spawned.close()
-            for _ in range(100):
-                if not os.path.exists(f"/proc/{pid}"):
-                    break
-                await asyncio.sleep(0.05)
-            assert not os.path.exists(f"/proc/{pid}")
-        finally:
-            spawned.close()
-            for fd in ours:
-                os.close(fd)
-    finally:
-        maker.close()
+    script = "import os, sys, time; os.write(1, str(os.getpid()).encode() + b'\\n'); time.sleep(300)"
+    async with _spawned([sys.executable, "-c", script], tmp_path) as (spawned, ours):
+        pid = int(os.read(ours[1], 100))
+        assert os.getpgid(pid) == spawned.pgid != os.getpgid(0)  # a group of its own
+        # no fd of the launcher's but the five handed over reached it
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2, 3, 6]
+        spawned.close()
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            await asyncio.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}")
 
 
 async def test_a_launcher_that_gives_up_during_the_start_leaves_nothing_running(tmp_path: Path) -> None:
