@@ -657,12 +657,16 @@ async def _run_sandboxed(
         adopted: Started | None = None
         if in_net:
             try:
-                stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
-                ours.append(stdin_w)
-                stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
-                ours.append(stdout_r)
-                stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
-                ours.append(stderr_r)
+                made: list[int] = []
+                try:
+                    for _ in range(3):
+                        made += os.pipe2(os.O_CLOEXEC)
+                except OSError:
+                    for fd in made:
+                        os.close(fd)
+                    raise
+                stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = made
+                ours += [stdin_w, stdout_r, stderr_r]
                 theirs = [stdin_r, stdout_w, stderr_w]
                 try:
                     spawned = await _NETWORKS.spawn(
