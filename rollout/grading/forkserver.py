@@ -25,6 +25,7 @@ import fcntl
 import importlib
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -47,6 +48,7 @@ PRELOAD = (
 instead of importing them in each sandbox (docs/grading.md, "Cost")."""
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
+_PYTHON_LIBC = ctypes.PyDLL(None, use_errno=True)  # calls that keep the GIL: ``fork``
 _NAMESPACES = (  # entered in this order (the user namespace as the helper says), the mount one last
     ("user", 0x10000000),
     ("ipc", 0x08000000),
@@ -65,8 +67,22 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _SECUREBITS_LOCKED_ALL = 0x3F  # noroot, no_setuid_fixup, keep_caps (off) and their locks
 _CAP_VERSION_3 = 0x20080522
+_CapHeader, _CapData = ctypes.c_uint32 * 2, ctypes.c_uint32 * 6  # capset's arguments, typed once
+_CAP_LINES = (b"CapPrm:", b"CapEff:", b"CapBnd:", b"CapAmb:")  # /proc/self/status lines checked
 RESULT_FD = 3
 """The result pipe's fd in the evaluation (the job's ``result_fd``)."""
+
+
+def _fork() -> int:
+    """``fork()`` without Python's before- and after-fork work (``os.fork`` runs it): this server and
+    its helpers have one thread, so no lock that work re-makes can be held by another, and it
+    costs ~0.3 ms of page faults per fork (docs/grading.md, "Cost"). The one at-fork hook that
+    matters here, ``random``'s reseed, the evaluation does itself."""
+    pid = int(_PYTHON_LIBC.fork())
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fork: {os.strerror(err)}")
+    return pid
 
 
 def _check(rc: int, what: str) -> None:
@@ -83,14 +99,14 @@ def _drop_capabilities() -> None:
     while _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
         cap += 1
     _check(_LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient capabilities")
-    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    _check(_LIBC.capset(header, data), "capset")
+    _check(_LIBC.capset(_CapHeader(_CAP_VERSION_3, 0), _CapData()), "capset")
     _check(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    with open("/proc/self/status") as f:
-        caps = [
-            line.split()[1] for line in f if line.startswith(("CapEff:", "CapPrm:", "CapBnd:", "CapAmb:"))
-        ]
+    fd = os.open("/proc/self/status", os.O_RDONLY)
+    try:
+        status = os.read(fd, 65536)
+    finally:
+        os.close(fd)
+    caps = [line[7:].strip() for line in status.split(b"\n") if line[:7] in _CAP_LINES]
     if len(caps) != 4 or any(int(c, 16) for c in caps):
         raise OSError(f"capabilities left after dropping them: {caps}")
 
@@ -106,6 +122,7 @@ def _evaluation(job_fd: int, result_fd: int, out_fd: int, env: dict[str, str]) -
         os.closerange(RESULT_FD + 1, os.sysconf("SC_OPEN_MAX"))
         os.environ.clear()
         os.environ.update(env)
+        random.seed()  # not the server's state: each evaluation draws its own numbers
         child.main()
     except BaseException as e:  # noqa: BLE001  # whatever it is, the evaluation ends here
         os.write(2, f"rollout-grader: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
@@ -140,7 +157,7 @@ def _helper(req: dict[str, object], fds: list[int]) -> None:
         os.close(root)
         os.chdir(str(req["cwd"]))
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        evaluation = os.fork()
+        evaluation = _fork()
     except BaseException as e:  # noqa: BLE001
         os.write(status_fd, f"error: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
         os._exit(1)
@@ -173,7 +190,7 @@ def serve(sock: socket.socket) -> None:
                 fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
         if not msg:
             return
-        if len(fds) == 4 and os.fork() == 0:
+        if len(fds) == 4 and _fork() == 0:
             sock.close()
             _helper(json.loads(msg), list(fds))
         for fd in fds:

@@ -376,6 +376,45 @@ async def test_an_evaluation_forked_into_its_sandbox_has_no_capability_and_sees_
     assert not (ws / "planted").exists()
 
 
+FORKED_PYTHON = """
+import random, signal, subprocess, sys, threading
+
+def evaluate(request, spec, trajectory):
+    got = {}
+    signal.signal(signal.SIGUSR1, lambda *_: got.setdefault("signal", "handled"))
+    signal.raise_signal(signal.SIGUSR1)
+    worker = threading.Thread(target=lambda: got.setdefault("thread", threading.current_thread().name))
+    worker.start()
+    worker.join()
+    got["main"] = threading.current_thread() is threading.main_thread()
+    got["child"] = subprocess.run([sys.executable, "-S", "-c", "print(7)"], capture_output=True).stdout.decode()
+    got["random"] = random.random()
+    return {"score": 1, "artifacts": got}
+"""
+
+
+async def test_evaluations_forked_by_the_server_draw_their_own_random_numbers_and_run_threads(
+    tmp_path: Path,
+) -> None:
+    """The fork server forks without Python's at-fork hooks: each evaluation must still reseed
+    ``random`` (not replay the server's state), and threads, signal handlers and subprocesses work."""
+    require_bwrap()
+    path = env_root(tmp_path, FORKED_PYTHON)
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        outs = [
+            await grader.evaluate(path, request(f"s{i}"), spec(path), Trajectory(session_id=f"s{i}"), None)
+            for i in range(3)
+        ]
+        assert grader._forks is not None and grader._forks.unavailable is None  # the fork server was used
+    assert [o.status for o in outs] == ["scored"] * 3, [o.reason for o in outs]
+    got = [o.artifacts or {} for o in outs]
+    assert [{k: v for k, v in g.items() if k != "random"} for g in got] == [
+        {"signal": "handled", "thread": "Thread-1 (<lambda>)", "main": True, "child": "7\n"}
+    ] * 3, got
+    assert len({g["random"] for g in got}) == 3, got
+
+
 async def test_a_fork_server_that_died_is_started_again_and_the_evaluation_scores(tmp_path: Path) -> None:
     require_bwrap()
     path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 6\n")
