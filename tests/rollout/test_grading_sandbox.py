@@ -341,8 +341,15 @@ def evaluate(request, spec, trajectory):
     except OSError as e:
         tried["write"] = e.strerror
     pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in range(4)}
+    fds = {"own": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}
+    for pid in (1, 2):
+        try:
+            fds[pid] = sorted(mine & {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")})
+        except OSError as e:
+            fds[pid] = e.strerror
     return {"score": 1, "artifacts": {"caps": caps, "tried": tried, "uid": os.getuid(), "ppid": os.getppid(),
-                                      "pids": pids, "me": os.getpid(), "cwd": os.getcwd()}}
+                                      "pids": pids, "me": os.getpid(), "cwd": os.getcwd(), "fds": fds}}
 """
 
 
@@ -373,6 +380,10 @@ async def test_an_evaluation_forked_into_its_sandbox_has_no_capability_and_sees_
     }, got["tried"]
     assert (got["uid"], got["ppid"], got["cwd"]) == (65534, 0, "/workspace"), got
     assert got["pids"] == [1, 2, got["me"]], got["pids"]  # bwrap's init, the sandbox's holder, itself
+    # bwrap's init and the holder share none of the evaluation's pipes (a program of the sandbox
+    # could write to them through /proc); the evaluation has its job (0), output (1, 2) and result
+    # (3; the listing's own fd is 4)
+    assert got["fds"] == {"1": [], "2": [], "own": [0, 1, 2, 3, 4]}, got["fds"]
     assert not (ws / "planted").exists()
 
 
