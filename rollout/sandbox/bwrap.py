@@ -435,15 +435,6 @@ class SandboxSpec:
     mounts: list[tuple[Path, str]] = field(default_factory=list)  # host folders bound read-only there
 
 
-SHELL_START = (
-    'case "$1" in */*) [ -f "$1" ] && [ -x "$1" ] ;; *) command -v "$1" >/dev/null 2>&1 ;; esac || '
-    '{ echo "error: no command" >&3; exit 127; }; '
-    'echo started >&3; exec 3>&- 4<&- 5<&- 6<&-; exec "$@"'
-)
-"""The sandbox's first command when the launcher listens in its network: ``started`` (or, for a
-command that is no executable file, why the runtime cannot start) on the status pipe at fd 3,
-then fds 3 to 6 closed and the runtime exec'd."""
-
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 """The environment of the host's part of a sandbox's command (shells, ``nsenter``, ``unshare``,
 bwrap itself): nothing of the session's, so no variable of an image or an env (``BASH_FUNC_*``,
@@ -481,7 +472,8 @@ def env_args(env: dict[str, str]) -> int:
 
 def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
     """The bwrap command line that runs ``command`` in the sandbox: under the forwarder, or (no
-    ``bridge_socket``) after :data:`SHELL_START` in the network bwrap starts in."""
+    ``bridge_socket``) itself, in the network bwrap starts in, bwrap reporting on the status pipe
+    (``--json-status-fd``: an ``exit-code`` only for a command it started)."""
     b = Binds()
     if spec.root is not None:  # an image: its tree is / (the host's system folders are not bound)
         b.args += ["--bind", str(spec.root), "/"]
@@ -518,10 +510,11 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
         "/dev",
         "--chdir",
         spec.workdir,
+        *(["--json-status-fd", str(spec.status_fd)] if spec.bridge_socket is None else []),
         "--",
     ]
     if spec.bridge_socket is None:
-        return [*head, "/bin/sh", "-c", SHELL_START, "sh", *command]
+        return [*head, *command]
     return [
         *head,
         sys.executable,

@@ -14,7 +14,6 @@ session that asks again.
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import json
 import logging
@@ -521,44 +520,6 @@ def _not_files(folder: str, names: list[str]) -> list[str]:
     FIFOs and sockets, never read (a copy of ``/dev/full`` never ends)."""
     keep = (stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK)
     return [n for n in names if not any(ok(os.lstat(os.path.join(folder, n)).st_mode) for ok in keep)]
-
-
-def in_root(rootfs: Path, path: str, hops: int = 40) -> Path | None:
-    """The host path of ``path`` as a process with ``rootfs`` as ``/`` reaches it (links followed
-    inside ``rootfs``, an absolute link from its root); None when it does not exist or links loop."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    done: list[str] = []
-    while parts:
-        name = parts.pop(0)
-        if name == "..":
-            done = done[:-1]
-            continue
-        here = rootfs.joinpath(*done, name)
-        if here.is_symlink():
-            hops -= 1
-            if hops < 0:
-                return None
-            target = os.readlink(here)
-            if target.startswith("/"):
-                done = []
-            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
-            continue
-        if not os.path.lexists(here):
-            return None
-        done.append(name)
-    return rootfs.joinpath(*done)
-
-
-def has_shell(image: ImageRoot) -> bool:
-    """Whether ``image`` has a ``/bin/sh`` file (distroless images have none); looked up once per
-    unpacked image (its root never changes: sessions write to a layer over it)."""
-    return _has_shell(image.rootfs, image.digest)
-
-
-@functools.lru_cache(maxsize=256)
-def _has_shell(rootfs: Path, digest: str) -> bool:
-    sh = in_root(rootfs, "/bin/sh")
-    return sh is not None and sh.is_file()
 
 
 def bound_at(image: ImageRoot) -> str:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout.errors import RolloutError
-from rollout.sandbox.netns_helper import ENV_FD
+from rollout.sandbox.netns_helper import ENV_FD, STATUS_FD
 
-__all__ = ["ENV_FD", "NetnsError", "NetnsMaker", "SessionNet", "Spawned"]
+__all__ = ["ENV_FD", "STATUS_FD", "NetnsError", "NetnsMaker", "SessionNet", "Spawned"]
 
 HELPER = Path(__file__).resolve().with_name("netns_helper.py")
 ANSWER_TIMEOUT_S = 30.0

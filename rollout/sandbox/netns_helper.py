@@ -41,6 +41,8 @@ _CLONE_NEWNET = 0x40000000
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP_RUNNING = 0x1 | 0x40
 _PR_SET_PDEATHSIG = 1
+STATUS_FD = 3
+"""Where the command gets the status pipe (bwrap's ``--json-status-fd``)."""
 ENV_FD = 6
 """Where the command gets its environment file (bwrap's ``--args``)."""
 _RLIMITS = {"fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "as": resource.RLIMIT_AS}
@@ -94,7 +96,9 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
             with open(str(path), "w") as f:
                 f.write(str(os.getpid()))
         os.chdir(str(req["cwd"]))
-        moves = [(os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, 3, ENV_FD), strict=True)]
+        moves = [
+            (os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, STATUS_FD, ENV_FD), strict=True)
+        ]
         pid = os.posix_spawn(argv[0], argv, {}, file_actions=moves)  # every other fd is close-on-exec
     except OSError as e:  # the status pipe's first line says why (a setup failure)
         why = f"error: cannot start the sandbox: {type(e).__name__}: {e}\n"

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import json
 import logging
 import os
 import resource
@@ -49,8 +50,8 @@ from rollout.sandbox.bwrap import (
     probe,
 )
 from rollout.sandbox.cgroups import SessionCgroup
-from rollout.sandbox.images import ImageError, ImageRoot, bound_at, has_shell
-from rollout.sandbox.netns import ENV_FD, NetnsError, NetnsMaker, Spawned
+from rollout.sandbox.images import ImageError, ImageRoot, bound_at
+from rollout.sandbox.netns import ENV_FD, STATUS_FD, NetnsError, NetnsMaker, Spawned
 from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
 from rollout.sandbox.runtime_local import Monitor, RuntimeRun, Started, run_local
 
@@ -594,7 +595,7 @@ async def _run_sandboxed(
             os.set_blocking(status_r, False)
             cg.create(f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")  # a few writes to the cgroup fs
             # the launcher listens in the sandbox's network when its first command can be /bin/sh
-            in_net = (image is None or has_shell(image)) and await _NETWORKS.ready()
+            in_net = await _NETWORKS.ready()
             if not in_net:
                 bridge = GatewayBridge(scratch_dir() / "gw.sock", request.gateway_base_url)
                 await bridge.__aenter__()
@@ -646,7 +647,9 @@ async def _run_sandboxed(
             return _setup_failed(t0, str(e))
         except OSError as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
-        spec = dataclasses.replace(spec, env_fd=ENV_FD if in_net else env_fd)
+        spec = dataclasses.replace(  # the fds as bwrap has them: the helper moves them (netns_helper)
+            spec, env_fd=ENV_FD if in_net else env_fd, status_fd=STATUS_FD if in_net else status_w
+        )
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
         if image is not None:
             try:
@@ -714,15 +717,10 @@ async def _run_sandboxed(
                 bridge.over_cap,
             )
         started = _read_status(status_r)
-        if started == "error: no command":  # SHELL_START's
+        # not started and not stopped by the launcher (killed, bwrap reports no exit code): setup failed
+        if started != "started" and out.status != "timeout" and out.limit_exceeded is None:
             argv0 = command.argv if command is not None else cfg.command()
-            started = f"error: cannot start runtime {argv0[:3]}: no such command in the sandbox"
-        if started != "started" and out.status != "timeout":
-            why = (
-                started.removeprefix("error: ")
-                if started
-                else (out.stderr_tail.strip()[-500:] or f"exit code {out.returncode}")
-            )
+            why = started.removeprefix("error: ") if started else _setup_error(out, argv0)
             return out.model_copy(
                 update={
                     "status": "error",
@@ -778,9 +776,28 @@ def _image_home(image: ImageRoot, spec: SandboxSpec) -> str:
 
 
 def _read_status(fd: int) -> str:
-    """The first line on the status pipe (``started`` or ``error: ...``), written before the runtime
-    started (``SHELL_START``) or by the forwarder: anything after it is not theirs."""
+    """What the status pipe says: ``started`` once bwrap started the runtime (its
+    ``--json-status-fd`` has an ``exit-code`` only for a command it exec'd; nothing in the sandbox
+    holds the pipe), else the first line the forwarder or the helper wrote (``started`` or
+    ``error: ...``: anything after it is not theirs), else ""."""
     try:
-        return os.read(fd, 4096).decode("utf-8", "replace").strip().split("\n", 1)[0].strip()
+        text = os.read(fd, 65536).decode("utf-8", "replace")
     except BlockingIOError:
         return ""
+    if text.startswith("{"):
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                said = json.loads(line)
+                if isinstance(said, dict) and "exit-code" in said:
+                    return "started"
+        return ""
+    return text.strip().split("\n", 1)[0].strip()
+
+
+def _setup_error(out: RuntimeRun, argv: list[str]) -> str:
+    """Why a runtime bwrap did not start failed: bwrap's last words (its stderr), the command not
+    found (or not executable) said as such."""
+    said = [line for line in out.stderr_tail.strip().splitlines() if line.startswith("bwrap: ")]
+    if said and said[-1].startswith("bwrap: execvp "):
+        return f"cannot start runtime {argv[:3]}: no such command in the sandbox ({said[-1]})"
+    return said[-1] if said else (out.stderr_tail.strip()[-500:] or f"exit code {out.returncode}")
