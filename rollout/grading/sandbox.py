@@ -208,8 +208,7 @@ async def evaluate_in_sandbox(
     except SandboxUnavailable as e:
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: {e}")
     finally:
-        if not cg.remove_now():  # processes still dying: wait for them in a thread
-            await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
+        await cg.aremove()
     return _checked(value, outcome)
 
 

@@ -584,8 +584,7 @@ async def run_verifier(
             }
         )
     finally:
-        if not cg.remove_now():  # processes still dying: wait for them in a thread
-            await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
+        await cg.aremove()
         for fd in (status_r, status_w, env_fd):
             if fd >= 0:
                 os.close(fd)

@@ -18,6 +18,7 @@ from rollout.results.report import (
     PROBLEM_LEGEND,
     SessionRecord,
     is_infra,
+    is_runtime_error,
 )
 from store import COUNTED_EVAL_STATUSES, GRADER_BROKEN
 
@@ -34,7 +35,7 @@ def record_problems(record: SessionRecord) -> list[str]:
         "inval": record.eval_status == EVAL_INVALID_STATUS,
         "ev_err": record.eval_status == EVAL_ERROR_STATUS,
         "ev_t/o": record.eval_status == EVAL_TIMEOUT_STATUS,
-        "rt_err": record.status == "error" and not is_infra(record),
+        "rt_err": is_runtime_error(record),
         "rt_t/o": record.status == "timeout",
         "retried": record.retried,
         "infra": is_infra(record),

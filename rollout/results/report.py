@@ -146,6 +146,11 @@ def is_infra(record: SessionRecord) -> bool:
     return record.outcome in INFRA_CLASSES
 
 
+def is_runtime_error(record: SessionRecord) -> bool:
+    """Whether the runtime itself ended in error (``rt_err``): an outage counts as infra only."""
+    return record.status == "error" and not is_infra(record)
+
+
 def _is_scored(record: SessionRecord) -> bool:
     return record.eval_status == EVAL_SCORED_STATUS and record.score is not None
 
@@ -189,7 +194,7 @@ class _RowTotals:
             self.duration_sum += Fraction(r.duration_s)
         self.runtime_failed += r.status == "failed"
         self.runtime_truncated += r.status == "truncated"
-        self.runtime_errors += r.status == "error" and not is_infra(r)  # an outage counts as infra only
+        self.runtime_errors += is_runtime_error(r)
         self.runtime_timeouts += r.status == "timeout"
         self.retried += r.retried
         if is_infra(r):  # masked: never graded

@@ -9,6 +9,7 @@ groups, sets the limits, says which limit was hit, kills what is left, and remov
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shlex
@@ -204,9 +205,9 @@ class SessionCgroup:
                 os.kill(pid, signal.SIGKILL)
 
     def remove_now(self) -> bool:
-        """One pass of :meth:`remove` that never waits: True when the groups are gone (the usual
-        case once their processes ended: no thread needed), else what is left stays for
-        :meth:`remove`."""
+        """Kill what is left and remove the groups, never waiting: True when they are gone (the
+        usual case once their processes ended), False when one is still busy (it stays for
+        :meth:`remove`)."""
         self.kill_all()
         for d in list(dict.fromkeys(self.dirs.values())):
             try:
@@ -223,23 +224,17 @@ class SessionCgroup:
         """Kill what is left and remove the groups; False when one could not be removed in
         ``timeout_s`` seconds (it is left behind, empty groups are cheap)."""
         deadline = time.monotonic() + timeout_s
-        left = list(dict.fromkeys(self.dirs.values()))
-        while left:
-            self.kill_all()
-            for d in list(left):
-                try:
-                    d.rmdir()
-                    left.remove(d)
-                except FileNotFoundError:
-                    left.remove(d)
-                except OSError:
-                    pass  # still busy: processes are being killed
-            if left and time.monotonic() > deadline:
+        while not self.remove_now():  # still busy: processes are being killed
+            if time.monotonic() > deadline:
                 return False
-            if left:
-                time.sleep(0.02)
-        self.dirs.clear()
+            time.sleep(0.02)
         return True
+
+    async def aremove(self) -> None:
+        """:meth:`remove` from the event loop: at once when the groups are empty (the usual case),
+        else in a thread; it finishes even if the caller is cancelled meanwhile."""
+        if not self.remove_now():  # processes still dying: wait for them in a thread
+            await asyncio.shield(asyncio.to_thread(self.remove))
 
 
 def _counter(path: Path, key: str) -> int:

@@ -747,8 +747,7 @@ async def _run_sandboxed(
             spawned.close()  # a command still running is killed with its group
         for fd in ours:
             os.close(fd)
-        if not cg.remove_now():  # processes still dying: wait for them in a thread
-            await asyncio.shield(asyncio.to_thread(cg.remove))  # finishes even if cancelled again
+        await cg.aremove()
         for fd in (status_r, status_w, env_fd):
             if fd >= 0:
                 os.close(fd)
