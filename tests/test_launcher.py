@@ -1009,7 +1009,7 @@ def test_report_of_a_stopped_job_and_of_infra_failures(
     assert report(result, False) == 3
     out, err = capsys.readouterr()
     assert (
-        "3 attempts ended in an infrastructure failure; 1 sessions never recovered (not graded, reward NULL)"
+        "3 attempts ended in an infrastructure failure; 1 session never recovered (not graded, reward NULL)"
         in out
     )
     assert "circuit breaker opened 1 time(s)" in out
@@ -1020,7 +1020,7 @@ def test_report_of_a_stopped_job_and_of_infra_failures(
     # the job completed but a session never recovered from an infrastructure failure: 3 too
     assert report(result.model_copy(update={"stopped": None}), False) == 3
     assert (
-        "error: 1 sessions lost to infrastructure failures after every retry; rerun with --resume --job-id j"
+        "error: 1 session lost to infrastructure failures after every retry; rerun with --resume --job-id j"
         in capsys.readouterr().err
     )
     # only the infrastructure decides: the same job with session b's failure an agent's, not an outage, is 0

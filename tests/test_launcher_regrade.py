@@ -91,7 +91,7 @@ async def test_regrade_bundled_workspace_env_without_the_model(tmp_path: Path) -
         [r1] = records(tmp_path / "r1.jsonl")
         assert (r1["score"], r1["eval_status"], r1["reason"]) == (10.0, "scored", "all 3 expected keys match")
         assert "workspace" in out and "pass@1" in out
-        assert "regrade of job jw: 1 sessions regraded (0 changed), 0 not regraded" in out
+        assert "regrade of job jw: 1 session regraded (0 changed), 0 not regraded" in out
 
         # a changed grader (same env name, another agent root) sees the whole final workspace
         fixed = tmp_path / "envs" / "workspace"
@@ -113,7 +113,7 @@ async def test_regrade_bundled_workspace_env_without_the_model(tmp_path: Path) -
             5.0,
             "['order_count', 'top_customer', 'total_by_region'] ['outputs', 'sales.csv']",
         )
-        assert "1 sessions regraded (1 changed)" in out
+        assert "1 session regraded (1 changed)" in out
         [(reward, history)] = rows(db, "SELECT reward, eval_history FROM job_environments")
         assert reward == 5.0
         assert [(h["eval_status"], h["reward"]) for h in json.loads(history)] == [

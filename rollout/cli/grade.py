@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollout.cli.options import options_of
 from rollout.core.argtypes import finite_float, int_at_least
-from rollout.core.logs import setup_logging
+from rollout.core.logs import plural, setup_logging
 from rollout.core.setup import SetupError
 from rollout.jobs.grade_sessions import GradeOptions, grade_sessions
 from rollout.jobs.options import flag_help
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
         return 1
     print(render_table(summarize(result.records)))
     print(
-        f"job {result.job_id}: {len(result.records)} sessions graded, written to {result.out} and {result.store} "
+        f"job {result.job_id}: {plural(len(result.records), 'session')} graded, written to {result.out} and {result.store} "
         f"(launcher.py view, report --job-id {result.job_id}, export --job-id {result.job_id})"
     )
     failed = any(

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from rollout.cli.next_steps import next_step_lines
 from rollout.cli.options import FLAG_OF, default_gateway_config, start_config_values, validate_options
 from rollout.core.envs import did_you_mean
-from rollout.core.logs import notices, setup_logging
+from rollout.core.logs import notices, plural, setup_logging
 from rollout.core.setup import SetupError
 from rollout.jobs.options import JobOptions, flag_help
 from rollout.jobs.regrade import (
@@ -264,12 +264,14 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
             "not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id "
             f"{result.job_id})"
         )
-    print(f"{totals.sessions} sessions written to {result.out}; steps and rewards in {result.store}")
+    print(
+        f"{plural(totals.sessions, 'session')} written to {result.out}; steps and rewards in {result.store}"
+    )
     infra_attempts = totals.infra_attempts
     if infra_attempts:
         lost = totals.lost
         print(
-            f"{infra_attempts} attempts ended in an infrastructure failure; {lost} sessions never recovered "
+            f"{plural(infra_attempts, 'attempt')} ended in an infrastructure failure; {plural(lost, 'session')} never recovered "
             "(not graded, reward NULL)"
         )
     opened = sum(1 for e in result.breaker_events if e.state == "open")
@@ -280,7 +282,7 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
     if broken := totals.grader_broken:
         named = ", ".join(f"{env} {n}" for env, n in broken.items())
         print(
-            f"error: {sum(broken.values())} sessions met a broken grader ({named}): it failed on the case's untouched "
+            f"error: {plural(sum(broken.values()), 'session')} met a broken grader ({named}): it failed on the case's untouched "
             "starting workspace too, so they are not counted; make it score 0 when the answer is missing or "
             f"unreadable, then --regrade --job-id {result.job_id} (docs/trust-model.md)",
             file=sys.stderr,
@@ -297,7 +299,7 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
             else ""
         )
         print(
-            f"error: {totals.lost} sessions lost to infrastructure failures after every retry; rerun with "
+            f"error: {plural(totals.lost, 'session')} lost to infrastructure failures after every retry; rerun with "
             f"--resume --job-id {result.job_id} to run them again{bugs}",
             file=sys.stderr,
         )
@@ -487,7 +489,7 @@ def regrade_main(args: argparse.Namespace) -> int:
     print(render_table(summarize(result.records)))
     print(render_regrade_summary(result))
     print(
-        f"{len(result.records)} sessions written to {result.out}; new evaluations in {result.store} "
+        f"{plural(len(result.records), 'session')} written to {result.out}; new evaluations in {result.store} "
         "(previous ones kept in job_environments.eval_history)"
     )
     return regrade_exit_code(result)

@@ -13,6 +13,11 @@ notices = logging.getLogger(NOTICES)
 for what was set up. Log records like any other; ``setup_logging`` prints them bare on stderr."""
 
 
+def plural(n: int, noun: str) -> str:
+    """``n`` and ``noun``, the noun plural (an ``s``) unless ``n`` is 1: ``1 session``, ``2 sessions``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class _BareToStderr(logging.Handler):
     """A notice's text alone, on the stderr of the moment."""
 

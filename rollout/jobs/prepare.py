@@ -21,7 +21,7 @@ from rollout.core.envs import (
     scan_envs,
     task_folder_env,
 )
-from rollout.core.logs import notices
+from rollout.core.logs import notices, plural
 from rollout.core.plan import select_cases
 from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, load_gateway_settings
@@ -59,6 +59,8 @@ def select_envs(opts: JobOptions) -> tuple[list[tuple[EnvConfig, list[Case]]], d
     loaded = load_harnesses(opts.harness)
     if any(h.harness.runtime is None for h in loaded.values()) and not opts.resume:
         envs = harness_envs(envs)  # the wrapper needs an instruction; a harness's own runtime runs any env
+    for name in (n for n, h in loaded.items() if h.harness.uses_solution):
+        check_solutions(name, envs)
     if opts.enable_evaluation:
         check_evaluators(opts.agent_root, [cfg for cfg, _ in envs])
     return envs, loaded
@@ -202,6 +204,19 @@ def harness_envs(envs: list[tuple[EnvConfig, list[Case]]]) -> list[tuple[EnvConf
             f"task_dirs or harbor); skipped {', '.join(skipped)}"
         )
     return kept
+
+
+def check_solutions(harness: str, envs: list[tuple[EnvConfig, list[Case]]]) -> None:
+    """SetupError when a case has no reference solution (a Harbor task's ``solution/solve.sh``) for
+    ``harness``, which runs it (the ``oracle``): its sessions could only fail, and not the agent's."""
+    missing = [f"{cfg.name}/{c.case_id}" for cfg, cases in envs for c in cases if c.solution_dir is None]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise SetupError(
+            f"--harness {harness} runs each case's reference solution (a Harbor task's solution/solve.sh); "
+            f"{plural(len(missing), 'case')} {'has' if len(missing) == 1 else 'have'} none: "
+            f"{', '.join(missing[:5])}{more} (select cases that have one with --case, or drop --harness {harness})"
+        )
 
 
 def load_harnesses(specs: list[str]) -> dict[str, LoadedHarness]:

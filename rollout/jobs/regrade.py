@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from rollout.contract.protocol import EvalRequest, SimulationStartResult
 from rollout.core.envs import Case, EnvConfigError, task_folder_env
+from rollout.core.logs import plural
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.core.safactory import env_folders
 from rollout.core.setup import SetupError, init_store, open_store
@@ -381,7 +382,7 @@ def render_regrade_summary(result: RegradeResult, max_ids: int = 5) -> str:
     the sessions left with their previous evaluation, one reason and up to ``max_ids`` ids."""
     changed = sum(1 for r in result.regraded if r.changed)
     lines = [
-        f"regrade of job {result.job_id}: {len(result.regraded)} sessions regraded "
+        f"regrade of job {result.job_id}: {plural(len(result.regraded), 'session')} regraded "
         f"({changed} changed), {len(result.not_regraded)} not regraded (previous evaluation kept)"
     ]
     groups: dict[tuple[str, str], list[NotRegraded]] = defaultdict(list)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.settings import GatewaySettings
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import EnvConfig
-from rollout.core.logs import notices
+from rollout.core.logs import notices, plural
 from rollout.core.plan import RowSource, plan_job
 from rollout.core.setup import SetupError, init_store, open_store
 from rollout.core.trees import remove_tree
@@ -308,7 +308,7 @@ async def run_job(
         if installed:
             on += f" with harness {', '.join(installed)}"
         notices.info(
-            f"job {job_id}: {len(plan.ids)} sessions on {on} via {gateway_url} "
+            f"job {job_id}: {plural(len(plan.ids), 'session')} on {on} via {gateway_url} "
             f"(pool {opts.pool_size}, db {store.identity()})"
         )
         if on_start:  # after the job's line: a progress display starts below it

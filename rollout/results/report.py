@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field, FiniteFloat, model_validator
 
 from rollout.contract.protocol import model_from_json
+from rollout.core.logs import plural
 from rollout.core.outcomes import INFRA_CLASSES
 from rollout.results.estimates import Spread
 from rollout.results.session_fields import SessionFields
@@ -522,7 +523,8 @@ def _footer(bare: dict[str, int], trusted: dict[str, int], same: dict[str, int])
         ),
     )
     lines = [
-        f"warning: {sum(counts.values())} sessions {what}: "
+        f"warning: {plural(sum(counts.values()), 'session')} "
+        f"{what.replace('were ', 'was ', 1) if sum(counts.values()) == 1 else what}: "
         f"{', '.join(f'{name} ({n})' for name, n in sorted(counts.items()))}.{after}"
         for counts, what, after in said
         if counts

@@ -26,7 +26,7 @@ from rollout.core.plan import select_cases
 from rollout.core.setup import SetupError
 from rollout.grading.evaluator_loader import env_evaluator
 from rollout.jobs.options import JobOptions
-from rollout.jobs.prepare import check_evaluators, load_envs
+from rollout.jobs.prepare import check_evaluators, load_envs, select_envs
 from rollout.sandbox.bwrap import INSTRUCTION, SandboxSpec, Support, bwrap_command
 from rollout.sandbox.runner import case_instruction, task_env
 
@@ -77,6 +77,28 @@ def test_a_folder_of_harbor_tasks_is_graded_by_their_tests(tmp_path: Path) -> No
         opts(tasks=[HARBOR, BASICS], agent_root=tmp_path)
     )  # --tasks: the agent root is not scanned
     assert [c.name for c, _ in envs] == ["harbor_tasks", "basics"]
+
+
+def test_the_oracle_on_a_task_without_a_reference_solution_is_refused_before_the_job(tmp_path: Path) -> None:
+    """Its session could only fail, and the failure is not the agent's: refused with the cases named."""
+    tasks = tmp_path / "mybench"
+    shutil.copytree(HARBOR, tasks)
+    assert [
+        c.case_id for _, cases in select_envs(opts(tasks=[tasks], harness=["oracle"]))[0] for c in cases
+    ] == [
+        "count_errors",
+        "fix_median",
+    ]
+    (tasks / "fix_median" / "solution" / "solve.sh").unlink()
+    with pytest.raises(SetupError) as ei:
+        select_envs(opts(tasks=[tasks], harness=["oracle"]))
+    assert str(ei.value) == (
+        "--harness oracle runs each case's reference solution (a Harbor task's solution/solve.sh); 1 case "
+        "has none: mybench/fix_median (select cases that have one with --case, or drop --harness oracle)"
+    )
+    chosen = opts(tasks=[tasks], harness=["oracle"], case_ids=["count_errors"])
+    assert select_envs(chosen)[0]  # the case that has one runs
+    assert select_envs(opts(tasks=[tasks], harness=["bash-agent"]))[0]  # other harnesses need none
 
 
 def test_timeout_overrides_the_envs_and_a_harbor_tasks_own() -> None:

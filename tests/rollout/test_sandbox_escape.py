@@ -280,6 +280,6 @@ async def test_without_the_sandbox_the_same_probes_succeed_and_it_is_reported(tm
     assert found["gateway_answer"] == DEFAULT_TEXT
     assert found["sessionless_call"] == 200  # unsandboxed, the model can be used off the record
     assert (
-        "warning: 1 sessions ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: none): "
+        "warning: 1 session ran WITHOUT a sandbox (--sandbox none or the env's runtime.sandbox: none): "
         "evil (1)." in output
     )
