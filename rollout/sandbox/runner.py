@@ -363,9 +363,11 @@ def _disk_monitor(workspace: Path, limits: LimitsConfig) -> Monitor | None:
 
 
 def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> Monitor:
+    """The cgroups' limits (their counters: files of the kernel's, read at once on the event loop)
+    and the disk check, in a thread unless the workspace is empty."""
     disk = _disk_check(workspace, limits)
 
-    def check() -> tuple[str, str] | None:
+    def groups() -> tuple[str, str] | None:
         hit = cg.exceeded()
         if hit == "memory":
             return "memory", (
@@ -377,10 +379,12 @@ def _limit_monitor(cg: SessionCgroup, workspace: Path, limits: LimitsConfig) -> 
                 f"process limit exceeded: the session tried to run more than "
                 f"{limits.processes} processes/threads at once"
             )
-        return disk() if disk else None
+        return None
 
     async def monitor() -> tuple[str, str] | None:
-        return await asyncio.to_thread(check)
+        if over := groups():
+            return over
+        return None if disk is None or _empty(workspace) else await asyncio.to_thread(disk)
 
     return monitor
 
