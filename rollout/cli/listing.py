@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--jobs",
         action="store_true",
-        help="list the jobs of the store instead (id, created, sessions, envs, mean score), newest first",
+        help="list the jobs of the store instead (id, created, sessions, finished, envs, mean score), newest first",
     )
     ap.add_argument(
         "--db-path",
@@ -117,6 +117,7 @@ async def job_entries(db_path: str) -> list[dict[str, Any]]:
             "job_id": r["job_id"],
             "created": utc_text(r["created_at"]),
             "sessions": int(r["sessions"]),
+            "finished": int(r["finished"] or 0),
             "envs": r["envs"],
             "mean_score": None if r["mean_score"] is None else float(r["mean_score"]),
         }
@@ -125,24 +126,31 @@ async def job_entries(db_path: str) -> list[dict[str, Any]]:
 
 
 def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
-    """The jobs as a table, newest first, or a line saying there are none."""
+    """The jobs as a table, newest first (a job with sessions not finished marked, and how to
+    finish it said under the table), or a line saying there are none."""
     if not jobs:
         return f"no job in {db_path}"
-    return "\n".join(
-        _table(
+    lines = _table(
+        [
             [
-                [
-                    j["job_id"],
-                    (j["created"] or "-")[:19].replace("T", " "),
-                    str(j["sessions"]),
-                    ",".join(j["envs"]),
-                    "-" if j["mean_score"] is None else f"{j['mean_score']:.2f}",
-                ]
-                for j in jobs
-            ],
-            ["job", "created (UTC)", "sessions", "envs", "mean"],
-        )
+                j["job_id"],
+                (j["created"] or "-")[:19].replace("T", " "),
+                str(j["sessions"]),
+                f"{j['finished']}" + ("" if j["finished"] == j["sessions"] else " (unfinished)"),
+                ",".join(j["envs"]),
+                "-" if j["mean_score"] is None else f"{j['mean_score']:.2f}",
+            ]
+            for j in jobs
+        ],
+        ["job", "created (UTC)", "sessions", "finished", "envs", "mean"],
     )
+    if open_jobs := [j["job_id"] for j in jobs if j["finished"] != j["sessions"]]:
+        more = f" (and {len(open_jobs) - 1} more unfinished)" if len(open_jobs) > 1 else ""
+        lines.append(
+            f"unfinished: python launcher.py --resume --job-id {open_jobs[0]} --db-path {db_path} runs the "
+            f"rest{more} (docs/outcomes.md, Resume)"
+        )
+    return "\n".join(lines)
 
 
 def list_jobs(args: argparse.Namespace) -> int:

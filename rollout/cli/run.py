@@ -59,7 +59,10 @@ FEED_COMMANDS = ("feed", "export", "serve")  # sub-commands of rollout.cli.feed 
 
 
 COMMANDS = (
-    ("list", "the envs, their cases, the harnesses and the routes (--env NAME: its case ids; --json)"),
+    (
+        "list",
+        "the envs, their cases, the harnesses and the routes (--env NAME: its case ids; --jobs: the store's jobs; --json)",
+    ),
     ("view", "serve the read-only trajectory viewer"),
     ("report", "write a job's HTML report (--job-id ID; default: the latest job)"),
     ("feed", "serve the feed of ready groups for a trainer"),

@@ -105,21 +105,46 @@ def test_a_report_without_a_running_viewer_says_where_its_links_point(
     assert capsys.readouterr().err == ""
 
 
+def test_list_jobs_marks_a_job_left_unfinished_and_says_how_to_finish_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _two_jobs(tmp_path / "t.db")
+
+    async def part() -> None:
+        store = Store(db)
+        await store.init()
+        try:
+            made = await make_job(store, "c-part", {"g": 3})
+            await finish(store, made["g"][0], 10)
+        finally:
+            await store.close()
+
+    asyncio.run(part())
+    assert listing.main(["--jobs", "--db-path", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[:1] + lines[2].split()[3:] == ["c-part", "3", "1", "(unfinished)", "toy", "10.00"]
+    assert lines[-1] == (
+        f"unfinished: python launcher.py --resume --job-id c-part --db-path {db} runs the rest "
+        "(docs/outcomes.md, Resume)"
+    )
+
+
 def test_list_jobs_lists_the_stores_jobs_newest_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = _two_jobs(tmp_path / "t.db")
     assert listing.main(["--jobs", "--db-path", db, "--json"]) == 0
     jobs = json.loads(capsys.readouterr().out)
-    assert [(j["job_id"], j["sessions"], j["envs"], j["mean_score"]) for j in jobs] == [
-        ("b-new", 2, ["toy"], 7.0),
-        ("a-old", 1, ["toy"], 10.0),
+    assert [(j["job_id"], j["sessions"], j["finished"], j["envs"], j["mean_score"]) for j in jobs] == [
+        ("b-new", 2, 2, ["toy"], 7.0),
+        ("a-old", 1, 1, ["toy"], 10.0),
     ]
     assert listing.main(["--jobs", "--db-path", db]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["job", "created", "(UTC)", "sessions", "envs", "mean"]
-    assert lines[2].split()[:1] + lines[2].split()[3:] == ["b-new", "2", "toy", "7.00"]
-    assert lines[3].split()[:1] + lines[3].split()[3:] == ["a-old", "1", "toy", "10.00"]
+    assert lines[0].split() == ["job", "created", "(UTC)", "sessions", "finished", "envs", "mean"]
+    assert lines[2].split()[:1] + lines[2].split()[3:] == ["b-new", "2", "2", "toy", "7.00"]
+    assert lines[3].split()[:1] + lines[3].split()[3:] == ["a-old", "1", "1", "toy", "10.00"]
+    assert len(lines) == 4  # every job finished: nothing to say under the table
     assert listing.main(["--jobs", "--db-path", f"sqlite://{tmp_path / 'none.db'}"]) == 1
     assert (
         capsys.readouterr().err
