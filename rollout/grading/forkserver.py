@@ -114,6 +114,7 @@ def _drop_capabilities() -> None:
 def _evaluation(job_fd: int, result_fd: int, out_fd: int, env: dict[str, str]) -> None:
     """The evaluation process, inside the sandbox: never returns."""
     try:
+        os.setsid()  # a group of its own: a kill(0, ...) must not reach the server, helpers, other evaluations
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         _drop_capabilities()
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_fd, out_fd, result_fd)]  # out of dup2's way

@@ -190,6 +190,8 @@ def namespace_flags(
         "--cap-drop",
         "ALL",
         "--die-with-parent",
+        # a session and process group of the sandbox's own: a kill(0, ...) inside reaches nothing outside
+        "--new-session",
         "--hostname",
         "sandbox",
     )

@@ -426,6 +426,26 @@ async def test_evaluations_forked_by_the_server_draw_their_own_random_numbers_an
     assert len({g["random"] for g in got}) == 3, got
 
 
+async def test_an_evaluation_signalling_its_process_group_reaches_neither_the_server_nor_others(
+    tmp_path: Path,
+) -> None:
+    """``kill(0, ...)`` hits the caller's process group whatever its pid namespace: a forked
+    evaluation must lead a group of its own, or it kills the fork server, the helpers and every other
+    session's evaluation running then (each of them a 0 it did not earn)."""
+    require_bwrap()
+    killer = env_root(tmp_path, "import os, signal\ndef evaluate(r, s, t):\n    os.kill(0, signal.SIGKILL)\n")
+    fine = env_root(tmp_path, "def evaluate(r, s, t):\n    return 7\n", name="u")
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([killer.parent.parent])
+        first = await grader.evaluate(fine, request("s0"), spec(fine), Trajectory(session_id="s0"), None)
+        assert grader._forks is not None and grader._forks._proc is not None
+        server = grader._forks._proc
+        killed = await grader.evaluate(killer, request("s1"), spec(killer), Trajectory(session_id="s1"), None)
+        after = await grader.evaluate(fine, request("s2"), spec(fine), Trajectory(session_id="s2"), None)
+        assert grader._forks._proc is server and server.returncode is None  # never killed, never restarted
+    assert (first.score, killed.status, after.score) == (7.0, "error", 7.0), killed.reason
+
+
 async def test_a_fork_server_that_died_is_started_again_and_the_evaluation_scores(tmp_path: Path) -> None:
     require_bwrap()
     path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 6\n")

@@ -213,6 +213,32 @@ async def test_timeout_kills_the_whole_sandbox_even_children_that_left_the_group
     assert left == []
 
 
+KILL_OWN_GROUP = """
+import os, signal
+signal.signal(signal.SIGNAL, signal.SIG_IGN)  # survive its own signal: only the others get it
+open("RAN", "w").write("ran")
+os.kill(0, signal.SIGNAL)
+print("still here", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+async def test_a_runtime_signalling_its_process_group_reaches_nothing_outside_the_sandbox(
+    tmp_path: Path, sig: str
+) -> None:
+    """``kill(0, ...)`` hits the caller's process group whatever its pid namespace: bwrap's monitor
+    (which reports that the runtime started) and the network helper's process must not be in it,
+    or a runtime that ran would end as a ``setup_failed``, excluded instead of the agent's 0."""
+    require_bwrap()
+    cfg = make_env(tmp_path / "envs", "killgroup", KILL_OWN_GROUP.replace("SIGNAL", sig))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = await run_runtime(cfg, request(), ws, {})
+    assert (ws / "RAN").read_text() == "ran"
+    assert (out.setup_failed, out.status, out.stdout_tail) == (False, "error", "still here\n"), out.error_text
+    assert classify(out.status, setup_failed=out.setup_failed).infra is False
+
+
 async def test_a_runtime_that_cannot_start_is_a_setup_failure(tmp_path: Path) -> None:
     require_bwrap()
     cfg = make_env(tmp_path / "envs", "nostart", "", runtime_cfg={"command": ["/no/such/runtime", "x"]})
