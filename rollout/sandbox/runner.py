@@ -598,7 +598,7 @@ async def _run_sandboxed(
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)
             cg.create(f"rollout-{sid[:24]}-{uuid.uuid4().hex[:6]}")  # a few writes to the cgroup fs
-            # the launcher listens in the sandbox's network when its first command can be /bin/sh
+            # the launcher listens in the sandbox's network wherever the helper can make one
             in_net = await _NETWORKS.ready()
             if not in_net:
                 bridge = GatewayBridge(scratch_dir() / "gw.sock", request.gateway_base_url)
