@@ -50,7 +50,9 @@ def record_of(
     steps (``steps``, for their timings; else ``traj``'s, without timings) and its attempts; the
     shared fields come from :func:`session_fields`, as ``launcher.py export``'s."""
     listed = attempt_records(row, attempts)
-    metrics = (result.runtime_result or {}).get("metrics") or {} if row.harness is not None else {}
+    said = (result.runtime_result or {}).get("metrics")
+    said = said if isinstance(said, dict) else None  # the runtime's result line's own (its words)
+    metrics = said or {} if row.harness is not None else {}
     step_rows = (
         [{k: getattr(s, k) for k in STEP_KEYS} for s in sorted(steps, key=lambda s: s.seq)]
         if steps is not None
@@ -86,6 +88,7 @@ def record_of(
             "grader_isolation": result.grader_isolation,
             "verifier_container": result.verifier_container,
             "retried": len(listed) > 1,
+            "metrics": said,
             "harness_exit": metrics.get("harness_exit"),
             "answer": metrics.get("answer"),
             "attempts": [a.model_dump() for a in listed],

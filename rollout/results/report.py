@@ -91,6 +91,7 @@ class SessionRecord(SessionFields):
     grader_isolation: str | None = None
     verifier_container: str | None = None
     retried: bool = False
+    metrics: dict[str, Any] | None = None
     harness_exit: int | None = None
     answer: Any = None
     attempts: list[AttemptRecord] = Field(default_factory=list)

@@ -160,6 +160,12 @@ def test_records_and_table_have_a_row_per_env_harness_model() -> None:
     ]
     line = json.loads(records[0].model_dump_json())
     assert (line["harness"], line["harness_exit"], line["answer"]) == ("bash-agent", 0, answer)
+    assert [r.metrics for r in records] == [  # the runtime's own metrics, for every session
+        {"harness": "bash-agent", "harness_exit": 0, "answer": answer},
+        {"harness": "bash-agent", "harness_exit": 1, "answer": None},
+        {"harness": "bash-agent", "harness_exit": 0, "answer": {"x": 9}},
+        {"answer": "not a harness metric"},
+    ]
     summary = summarize(records)
     assert [(s.env_name, s.harness, s.model, s.sessions, s.pass_at_1) for s in summary] == [
         ("tasks", None, "a", 1, 1.0),
