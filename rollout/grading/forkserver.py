@@ -4,31 +4,40 @@ sandbox without starting an interpreter.
 
     python -S -s -B forkserver.py FD
 
-On the Unix socket FD (``SOCK_SEQPACKET``) each message is a JSON request ``{"pid", "procs",
-"cwd"}`` with four fds: the job's pipe, the result pipe, the output pipe and a status pipe. ``pid``
-is the first process of a sandbox the launcher started (bwrap, its namespaces set up). For each
-request the server forks a helper that joins the evaluation's cgroups (``procs``), enters the
-sandbox's user, IPC, UTS, network, cgroup, PID and mount namespaces and its root (``setns``,
-``chroot``), and forks the evaluation itself, a process of the sandbox's PID namespace: it drops
-every capability (bounding set, ambient, effective, permitted; ``no_new_privs``; the securebits
-that keep a later ``execve`` from giving them back), then runs ``rollout.grading.child`` as the
-sandbox's child process would, its stdin the job, its stdout and stderr the output pipe, the result
-pipe at fd 3. The helper writes ``started <pid>`` and then ``exit <wait status>`` to the status pipe.
-A helper that cannot enter the sandbox writes ``error: <why>``. Stdlib only besides the child.
+On the Unix socket FD (``SOCK_SEQPACKET``) each message is a JSON request ``{"argv", "env",
+"procs", "cwd"}`` with five fds: the job's pipe, the result pipe, the output pipe, a status pipe
+and a hold pipe. For each request the server forks a helper that joins the evaluation's cgroups
+(``procs``) and then starts the sandbox in them: ``argv`` is bwrap's command line (``--info-fd 3``,
+its first process only holding the sandbox on its stdin, a pipe of the helper's), spawned in a
+session of its own (the helper says ``sandbox <pgid>``). Once that process says the sandbox is set
+up, the helper takes a pidfd of it, enters the sandbox's user, IPC, UTS, network, cgroup, PID and
+mount namespaces and its root (``setns``, ``chroot``), and forks the evaluation itself, a process
+of the sandbox's PID namespace: it leads a session of its own, drops every capability (bounding
+set, ambient, effective, permitted; ``no_new_privs``; the securebits that keep a later ``execve``
+from giving them back), then runs ``rollout.grading.child`` as the sandbox's child process would,
+its stdin the job, its stdout and stderr the output pipe, the result pipe at fd 3. The helper
+writes ``started <pid>`` and then ``exit <wait status>`` to the status pipe, or ``error: <why>``
+when the sandbox cannot be started or entered (or the helper cannot be forked). The launcher
+closing the hold pipe lets the sandbox go: the helper kills it (its first process through the
+pidfd: the PID namespace takes the rest; bwrap's group), at once if the evaluation still runs,
+else after its end (until then the group's id is the launcher's to kill), and reaps bwrap. Stdlib only besides the child.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import fcntl
 import importlib
 import json
 import os
 import random
+import select
 import signal
 import socket
 import sys
+from typing import Any
 
 from rollout.grading import child
 
@@ -131,15 +140,125 @@ def _evaluation(job_fd: int, result_fd: int, out_fd: int, env: dict[str, str]) -
     os._exit(0)
 
 
-def _helper(req: dict[str, object], fds: list[int]) -> None:
-    """Join the cgroups, enter the sandbox, fork the evaluation, report its end: never returns."""
-    job_fd, result_fd, out_fd, status_fd = fds
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+class _Sandbox:
+    """The sandbox a helper started: bwrap (``pid``, leading its process group) and a pidfd of the
+    sandbox's first process, bwrap's init (killed, its PID namespace takes every process of it)."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self.init = -1  # the pidfd (-1: none yet, or this kernel has none)
+        self.init_pid = -1
+        self.holding = -1  # the write end of the first process's stdin: it holds until that closes
+
+    def kill(self) -> None:
+        """Kill the sandbox whole: its init (through the pidfd, never another process of that
+        number), then bwrap's group."""
+        if self.init >= 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(self.init, signal.SIGKILL)
+        if self.pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def start(self, req: dict[str, Any], status_fd: int) -> None:
+        """Start the request's bwrap (``argv``, its ``--info-fd`` 3) in a session of its own, its
+        first process's stdin a pipe of this helper's own (never the launcher's hold pipe: a process
+        of the sandbox can open that stdin through ``/proc``); say ``sandbox <pgid>``; return once
+        that process says the sandbox is set up. Raises OSError."""
+        info_r, info_w = os.pipe()
+        said_r, said_w = os.pipe()  # the first process's stdout and stderr: its line, or bwrap's error
+        stdin_r, self.holding = os.pipe()
+        try:
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin_r, said_w, said_w, info_w)]
+            try:
+                moves = [
+                    (os.POSIX_SPAWN_DUP2, fd, to) for to, fd in enumerate(high)
+                ]  # the rest: close-on-exec
+                argv = [str(a) for a in req["argv"]]
+                self.pid = os.posix_spawn(argv[0], argv, dict(req["env"]), file_actions=moves, setsid=True)
+            finally:
+                for fd in high:
+                    os.close(fd)
+            os.close(info_w)
+            os.close(said_w)
+            info_w = said_w = -1
+            os.write(status_fd, f"sandbox {self.pid}\n".encode())
+            said = b""
+            while not said.endswith(b"\n") and (chunk := os.read(said_r, 4096)):
+                said += chunk
+            if said != b"\n":  # bwrap's error: it ends with the sandbox
+                while len(said) < 4096 and (chunk := os.read(said_r, 4096)):
+                    said += chunk
+                err = " / ".join(said.decode("utf-8", "replace").split("\n")).strip(" /")
+                raise OSError(err[-300:] or "bwrap ended")
+            try:
+                self.init_pid = int(
+                    json.loads(os.read(info_r, 65536))["child-pid"]
+                )  # written before the line
+            except (ValueError, KeyError, TypeError):
+                raise OSError("bwrap gave no pid") from None
+            # alive: it holds the sandbox, and nothing of the evaluation runs yet
+            with contextlib.suppress(OSError):  # a kernel without pidfds: bwrap's group and the cgroups only
+                self.init = os.pidfd_open(self.init_pid)
+        finally:
+            for fd in (info_r, info_w, said_r, said_w, stdin_r):
+                if fd >= 0:
+                    os.close(fd)
+
+    def release(self, hold_fd: int) -> None:
+        """Once the launcher lets the sandbox go (closes its end of the hold pipe), kill it and reap
+        bwrap: until then the group's id is the launcher's to kill."""
+        while not _let_go(hold_fd):
+            select.select([hold_fd], [], [])
+        self.kill()
+        if self.pid > 0:
+            os.waitpid(self.pid, 0)
+
+
+def _let_go(hold_fd: int) -> bool:
+    """Whether the launcher closed its end of the hold pipe (it writes nothing; only this helper
+    holds the read end, non-blocking)."""
     try:
-        for path in req["procs"]:  # type: ignore[attr-defined]
+        while chunk := os.read(hold_fd, 4096):
+            del chunk
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _wait(evaluation: int, hold_fd: int, sandbox: _Sandbox) -> int:
+    """The evaluation's wait status; the sandbox killed as soon as the launcher lets it go (the hold
+    pipe closed: a timeout), whatever its processes did to outlive bwrap."""
+    woken_r, woken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # SIGCHLD wakes the wait below
+    signal.set_wakeup_fd(woken_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    watched = [hold_fd, woken_r]
+    while True:
+        done, status = os.waitpid(evaluation, os.WNOHANG)
+        if done:
+            return status
+        ready, _, _ = select.select(watched, [], [])
+        if woken_r in ready:
+            os.read(woken_r, 512)
+        if hold_fd in ready and hold_fd in watched and _let_go(hold_fd):
+            watched.remove(hold_fd)  # the launcher let the sandbox go
+            sandbox.kill()
+
+
+def _helper(req: dict[str, Any], fds: list[int]) -> None:
+    """Join the cgroups, start the sandbox in them, enter it, fork the evaluation, report its end,
+    release the sandbox: never returns."""
+    job_fd, result_fd, out_fd, status_fd, hold_fd = fds
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # bwrap dies with this (--die-with-parent)
+    sandbox = _Sandbox()
+    try:
+        os.set_blocking(hold_fd, False)
+        for path in req["procs"]:  # first: bwrap and every process of the sandbox start in them
             with open(str(path), "w") as f:
                 f.write(str(os.getpid()))
-        pid = int(req["pid"])  # type: ignore[call-overload]
+        sandbox.start(req, status_fd)
+        pid = sandbox.init_pid
         ns = [
             (os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), kind)
             for name, kind in _NAMESPACES
@@ -157,25 +276,28 @@ def _helper(req: dict[str, object], fds: list[int]) -> None:
         os.chroot(".")
         os.close(root)
         os.chdir(str(req["cwd"]))
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         evaluation = _fork()
     except BaseException as e:  # noqa: BLE001
         os.write(status_fd, f"error: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
+        sandbox.release(hold_fd)
         os._exit(1)
     if evaluation == 0:
-        os.close(status_fd)
+        for fd in (status_fd, hold_fd, sandbox.init, sandbox.holding):
+            if fd >= 0:
+                os.close(fd)
         if req.get("probe"):  # the launcher's check that this works here: enter, drop, end
             try:
                 _drop_capabilities()
             except OSError:
                 os._exit(1)
             os._exit(0)
-        _evaluation(job_fd, result_fd, out_fd, dict(req["env"]))  # type: ignore[call-overload]
+        _evaluation(job_fd, result_fd, out_fd, dict(req["env"]))
     for fd in (job_fd, result_fd, out_fd):
         os.close(fd)
     os.write(status_fd, f"started {evaluation}\n".encode())
-    _, status = os.waitpid(evaluation, 0)
+    status = _wait(evaluation, hold_fd, sandbox)
     os.write(status_fd, f"exit {status}\n".encode())
+    sandbox.release(hold_fd)
     os._exit(0)
 
 
@@ -185,15 +307,23 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the helpers are reaped by the kernel
     while True:
         fds = array.array("i")
-        msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(4 * fds.itemsize))
+        # close-on-exec: bwrap, which the helper starts, must hold none of them (nor the sandbox after it)
+        msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(5 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
         if not msg:
             return
-        if len(fds) == 4 and _fork() == 0:
-            sock.close()
-            _helper(json.loads(msg), list(fds))
+        if len(fds) == 5:
+            try:
+                helper = _fork()
+            except OSError as e:  # no process to spare: this evaluation fails, the server stays
+                with contextlib.suppress(OSError):
+                    os.write(fds[3], f"error: cannot fork the helper: {e}\n".encode())
+                helper = -1
+            if helper == 0:
+                sock.close()
+                _helper(json.loads(msg), list(fds))
         for fd in fds:
             os.close(fd)
 

@@ -45,6 +45,8 @@ from rollout.sandbox.runner import CODE_ROOT, sandbox_support
 
 RESULT_FD = 3
 """The result pipe's fd in an evaluation the fork server starts (``forkserver.RESULT_FD``)."""
+FORKED_INFO_FD = 3
+"""bwrap's ``--info-fd`` in a sandbox the fork server's helper starts (it puts the pipe there)."""
 
 MiB = 1024 * 1024
 CHILD = Path(__file__).with_name("child.py")
@@ -159,7 +161,7 @@ async def evaluate_in_sandbox(
         return outcome("error", 0.0, reason=f"ValueError: invalid evaluator timeout_s {timeout!r}")
     forked = forks is not None and await forks.usable(roots, limits)
     try:
-        argv = grader_command(roots, workspace, limits, info_fd=-1 if forked else None)
+        argv = grader_command(roots, workspace, limits, info_fd=FORKED_INFO_FD if forked else None)
     except SandboxUnavailable as e:
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: {e}")
     support = sandbox_support()
@@ -187,7 +189,7 @@ async def evaluate_in_sandbox(
         if forked:
             assert forks is not None
             try:
-                run = _Forked(forks, roots, workspace, limits, cg)
+                run = _Forked(forks, argv, workspace, limits, cg)
                 value = await run.evaluate(
                     {**job, "result_fd": RESULT_FD}, result_r, result_w, started + timeout, nonce
                 )
@@ -437,7 +439,7 @@ class ForkServer:
                 try:
                     await self._start()
                     cg = SessionCgroup(None, None, None, None)
-                    run = _Forked(self, roots, None, limits, cg)
+                    run = _Forked(self, grader_command(roots, None, limits, FORKED_INFO_FD), None, limits, cg)
                     why = await run.probe(time.monotonic() + 30)
                 except Exception as e:  # noqa: BLE001  # whatever stops the check: not used here
                     why = f"{type(e).__name__}: {e}"
@@ -490,133 +492,99 @@ class ForkServer:
 
 
 class _Forked:
-    """One evaluation through the fork server: the sandbox (bwrap running ``ANCHOR``), the request,
-    the pipes read as the child's would be. The anchor's stdin, stdout and stderr are plain pipes:
-    once its first line is read the launcher keeps only the stdin's write end (what a process of
-    the sandbox writes to the anchor's fds then goes nowhere), so waiting for it is waiting for its
-    exit alone."""
+    """One evaluation through the fork server, whose helper starts the sandbox (bwrap running
+    ``ANCHOR``, its stdin the hold pipe) and enters it; the pipes are read as the child's would be.
+    ``kill`` kills the sandbox's process group (while the hold pipe is open the helper keeps bwrap
+    unreaped, so the group's id cannot be another's), then closes the hold pipe, which lets the
+    helper reap it and end."""
 
     def __init__(
         self,
         forks: ForkServer,
-        roots: list[tuple[Path, Path]],
+        argv: list[str],
         workspace: Path | None,
         limits: GraderLimits,
         cg: SessionCgroup,
     ) -> None:
-        self.forks, self.roots, self.workspace, self.limits, self.cg = forks, roots, workspace, limits, cg
-        self.anchor: asyncio.subprocess.Process | None = None
-        self._hold: int | None = None  # the anchor's stdin, written never: closed, it ends
+        """``argv``: the sandbox's bwrap command line (``grader_command`` with ``info_fd=3``)."""
+        self.forks, self.argv, self.workspace, self.limits, self.cg = forks, argv, workspace, limits, cg
+        self._group: int | None = None  # the sandbox's process group, once the helper says it
+        self._hold: int | None = None  # the hold pipe's write end, written never: closed, the sandbox ends
 
     def kill(self) -> None:
-        """Kill the sandbox (its PID namespace takes the evaluation and all it started) and the groups."""
-        if self.anchor is not None and self.anchor.returncode is None:  # never a reaped pid's group
+        """Kill the sandbox (its PID namespace takes the evaluation and all it started), let the
+        helper go, and kill what is left in the groups."""
+        if self._group is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.anchor.pid, signal.SIGKILL)
+                os.killpg(self._group, signal.SIGKILL)
         if self._hold is not None:
             os.close(self._hold)
             self._hold = None
+            self._group = None  # the helper may reap bwrap from now on: never signalled again
         self.cg.kill_all()
 
-    async def _ended(self) -> None:
-        """Kill the sandbox and wait for its first process (its exit only: no pipe of it is ours)."""
-        self.kill()
-        if self.anchor is not None:
-            await asyncio.shield(self.anchor.wait())
+    def said(self, line: bytes) -> tuple[str, str]:
+        """One status line as (word, rest), ``sandbox <pgid>`` taken note of."""
+        word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
+        if word == "sandbox" and self._hold is not None and rest.isdigit():
+            self._group = int(rest)
+        return word, rest
 
-    async def _sandbox(self, deadline: float) -> int:
-        """Start the sandbox; its first process's pid once it is set up. Raises _Ended."""
-        loop = asyncio.get_running_loop()
-        info_r, info_w = os.pipe()
-        said_r, said_w = os.pipe()  # the anchor's stdout and stderr: its line, or bwrap's error
+    async def start(self, extra: dict[str, Any], fds: list[int]) -> None:
+        """Send the request (``extra`` added; ``fds``: job, result, output, status) with the hold
+        pipe. Raises OSError when the server cannot be reached."""
         hold_r, self._hold = os.pipe()
+        request = {
+            "argv": self.argv,
+            "env": _child_env(),
+            "cwd": WORKSPACE if self.workspace is not None else "/tmp",
+            **extra,
+        }
         try:
-            try:
-                argv = grader_command(self.roots, self.workspace, self.limits, info_fd=info_w)
-                self.anchor = await asyncio.create_subprocess_exec(  # in no cgroup: the helper joins them
-                    *argv,
-                    stdin=hold_r,
-                    stdout=said_w,
-                    stderr=said_w,
-                    pass_fds=(info_w,),
-                    start_new_session=True,
-                    env=_child_env(),
-                )
-            except OSError as e:
-                raise _Ended("error", f"the grader sandbox cannot start: {e}") from e
-            finally:
-                for fd in (info_w, said_w, hold_r):
-                    os.close(fd)
-            said = asyncio.StreamReader()
-            said_file = os.fdopen(said_r, "rb", buffering=0)
-            said_r = -1
-            transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(said), said_file)
-            try:
-                line = await asyncio.wait_for(said.readline(), max(0.0, deadline - time.monotonic()))
-                if line != b"\n":  # bwrap's error (it ends at the sandbox's end)
-                    rest = await asyncio.wait_for(said.read(4096), max(0.0, deadline - time.monotonic()))
-                    err = (line + rest).decode("utf-8", "replace").strip()
-                    raise _Ended("error", f"the grader sandbox cannot start: {err[-300:] or 'bwrap ended'}")
-            except TimeoutError:
-                raise _Ended("timeout", "timed out") from None
-            finally:
-                transport.close()
-            os.set_blocking(info_r, False)  # bwrap wrote it before the sandbox's first line
-            try:
-                return int(json.loads(os.read(info_r, 65536))["child-pid"])
-            except (OSError, ValueError, KeyError, TypeError):
-                raise _Ended("error", "the grader sandbox cannot start: bwrap gave no pid") from None
+            await self.forks.send(request, [*fds, hold_r])
         finally:
-            os.close(info_r)
-            if said_r >= 0:
-                os.close(said_r)
+            os.close(hold_r)
 
     async def probe(self, deadline: float) -> str | None:
-        """Enter a sandbox of this kind, drop the capabilities, run nothing: None when that works
-        here, else why not."""
+        """Start a sandbox of this kind, enter it, drop the capabilities, run nothing: None when
+        that works here, else why not."""
         loop = asyncio.get_running_loop()
-        fds: list[int] = []
+        status_r, status_w = os.pipe()
+        nulls = [os.open(os.devnull, os.O_RDONLY), *(os.open(os.devnull, os.O_WRONLY) for _ in range(2))]
         try:
-            pid = await self._sandbox(deadline)
-            status_r, status_w = os.pipe()
-            fds = [
-                status_r,
-                os.open(os.devnull, os.O_RDONLY),
-                *(os.open(os.devnull, os.O_WRONLY) for _ in range(2)),
-            ]
             try:
-                await self.forks.send(
-                    {"pid": pid, "procs": [], "cwd": "/tmp", "env": {}, "probe": True}, [*fds[1:], status_w]
-                )
+                await self.start({"procs": [], "cwd": "/tmp", "probe": True}, [*nulls, status_w])
             finally:
-                os.close(status_w)
-                for fd in fds[1:]:
+                for fd in (*nulls, status_w):
                     os.close(fd)
-                fds = [status_r]
             stream = asyncio.StreamReader()
             status_file = os.fdopen(status_r, "rb", buffering=0)
-            fds = []
+            status_r = -1
             transport, _ = await loop.connect_read_pipe(
                 lambda: asyncio.StreamReaderProtocol(stream), status_file
             )
+            lines: list[str] = []
             try:
-                said = await asyncio.wait_for(stream.read(), max(0.0, deadline - time.monotonic()))
+                while line := await asyncio.wait_for(
+                    stream.readline(), max(0.0, deadline - time.monotonic())
+                ):
+                    word, rest = self.said(line)
+                    lines.append(f"{word} {rest}".strip())
+                    if word in ("exit", "error:"):
+                        self.kill()
             finally:
                 transport.close()
-            lines = said.decode("utf-8", "replace").splitlines()
             if "exit 0" in lines:
                 return None
             return next((x.removeprefix("error: ") for x in lines if x.startswith("error: ")), None) or (
                 f"the check ended so: {' / '.join(lines) or 'no answer'}"
             )
-        except _Ended as e:
-            return e.reason
         except TimeoutError:
             return "no answer in 30 s"
         finally:
-            for fd in fds:
-                os.close(fd)
-            await self._ended()
+            if status_r >= 0:
+                os.close(status_r)
+            self.kill()
 
     async def evaluate(
         self, job: dict[str, Any], result_r: int, result_w: int, deadline: float, nonce: str
@@ -633,7 +601,7 @@ class _Forked:
                 t.close()
             for fd in owned:
                 os.close(fd)
-            await self._ended()
+            self.kill()
 
     async def _evaluate(
         self,
@@ -646,21 +614,16 @@ class _Forked:
         limits, loop = self.limits, asyncio.get_running_loop()
         result_r, result_w = owned
         got = _Collect(limits, self.kill)
-        pid = await self._sandbox(deadline)
         job_r, job_w = os.pipe()
         owned += [job_r, job_w]
         out_r, out_w = os.pipe()
         owned += [out_r, out_w]
         status_r, status_w = os.pipe()
         owned += [status_r, status_w]
-        request = {
-            "pid": pid,
-            "procs": [str(f) for f in self.cg.procs_files],
-            "cwd": WORKSPACE if self.workspace is not None else "/tmp",
-            "env": _child_env(),
-        }
         try:
-            await self.forks.send(request, [job_r, result_w, out_w, status_w])
+            await self.start(
+                {"procs": [str(f) for f in self.cg.procs_files]}, [job_r, result_w, out_w, status_w]
+            )
         except OSError as e:
             raise _ServerGone(f"{type(e).__name__}: {e}") from e
         finally:  # the server and its helper hold these now (or nobody does)
@@ -691,7 +654,7 @@ class _Forked:
 
         async def read_status() -> None:
             while line := await status.readline():
-                word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
+                word, rest = self.said(line)
                 if word == "exit":
                     ended.append(os.waitstatus_to_exitcode(int(rest)))
                     self.kill()  # what the evaluation left running dies with the sandbox: the pipes close

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 PROC_SELF_MOUNTINFO = Path("/proc/self/mountinfo")
 
@@ -232,9 +234,14 @@ class SessionCgroup:
 
     async def aremove(self) -> None:
         """:meth:`remove` from the event loop: at once when the groups are empty (the usual case),
-        else in a thread; it finishes even if the caller is cancelled meanwhile."""
-        if not self.remove_now():  # processes still dying: wait for them in a thread
+        else in a thread; it finishes even if the caller is cancelled meanwhile. Never raises but
+        CancelledError: groups that cannot be waited for (no thread to spare) are left, logged."""
+        if self.remove_now():
+            return
+        try:  # processes still dying: wait for them in a thread
             await asyncio.shield(asyncio.to_thread(self.remove))
+        except RuntimeError as e:  # "can't start new thread": the machine is out of processes
+            log.warning("cgroups %s left behind: %s", sorted(map(str, self.dirs.values())), e)
 
 
 def _counter(path: Path, key: str) -> int:

@@ -446,6 +446,36 @@ async def test_an_evaluation_signalling_its_process_group_reaches_neither_the_se
     assert (first.score, killed.status, after.score) == (7.0, "error", 7.0), killed.reason
 
 
+CGROUPS_OF_ALL = """
+import os
+
+def evaluate(request, spec, trajectory):
+    return {"score": 1, "artifacts": {p: open(f"/proc/{p}/cgroup").read() for p in ("1", "2", "self")}}
+"""
+
+
+async def test_every_process_of_a_forked_evaluations_sandbox_is_in_its_cgroups(tmp_path: Path) -> None:
+    """bwrap's init and the holder (pids 1 and 2 of the sandbox, traceable by the evaluation: same
+    uid) start in the evaluation's cgroups: taken over, they stay under its process and memory caps
+    and die with its groups."""
+    support = require_bwrap()
+    if support.memory is None and support.pids is None:
+        pytest.skip("no cgroup controller here")
+    path = env_root(tmp_path, CGROUPS_OF_ALL)
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), None)
+        assert grader._forks is not None and grader._forks.unavailable is None  # the fork server was used
+    assert out.status == "scored", out.reason
+    got = out.artifacts or {}
+    # the sandbox's cgroup namespace starts where bwrap started: in the evaluation's groups, so
+    # every process of it is at their root (before, pids 1 and 2 were in the launcher's)
+    assert got["1"] == got["2"] == got["self"], got
+    assert all(
+        line.endswith(":/") for line in got["self"].splitlines() if ":pids:" in line or ":memory:" in line
+    )
+
+
 async def test_a_fork_server_that_died_is_started_again_and_the_evaluation_scores(tmp_path: Path) -> None:
     require_bwrap()
     path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 6\n")
