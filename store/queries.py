@@ -6,17 +6,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, case, false, func, inspect, literal, literal_column, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ColumnElement, Select
 
-from store.models import GatewaySession, JobEnvironment, SessionClientScore, SessionStep, SessionWorkspace
+from store.models import (
+    GatewaySession,
+    JobEnvironment,
+    JobLock,
+    SessionClientScore,
+    SessionStep,
+    SessionWorkspace,
+)
 from store.session_result import COUNTED_EVAL_STATUSES, GRADER_BROKEN
 from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
+_JL = JobLock.__table__  # type: ignore[attr-defined]
 ST = SessionStep.__table__  # type: ignore[attr-defined]
 GS = GatewaySession.__table__  # type: ignore[attr-defined]
 CS = SessionClientScore.__table__  # type: ignore[attr-defined]
@@ -165,6 +174,11 @@ def _scored() -> ColumnElement[bool]:
     return and_(JE.c.eval_status == "scored", JE.c.reward.is_not(None))
 
 
+def _aware(at: datetime) -> datetime:
+    """``at`` in UTC (SQLite gives naive datetimes back)."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
 def _counted() -> ColumnElement[bool]:
     return and_(JE.c.eval_status.in_(sorted(COUNTED_EVAL_STATUSES)), JE.c.reward.is_not(None))
 
@@ -298,6 +312,7 @@ class ViewerQueries:
             func.sum(case((JE.c.status == "running", 1), else_=0)).label("running"),
             func.sum(case((JE.c.status.in_(("error", "timeout")), 1), else_=0)).label("errors"),
             func.sum(case((JE.c.eval_status == "scored", 1), else_=0)).label("scored"),
+            func.sum(case((JE.c.eval_status.isnot(None), 1), else_=0)).label("graded"),
             func.avg(case((_counted(), JE.c.reward), else_=None)).label("mean_score"),
             func.min(JE.c.created_at).label("created_at"),
             func.min(JE.c.started_at).label("started_at"),
@@ -322,6 +337,11 @@ class ViewerQueries:
             r["envs"] = sorted(envs.get(r["job_id"], ()))
             r["models"] = sorted(models.get(r["job_id"], ()))
         return rows
+
+    async def held_jobs(self, since: datetime) -> set[str]:
+        """The jobs a launcher holds now: a job lock whose heartbeat is not older than ``since``."""
+        rows = await self._all(select(_JL.c.job_id, _JL.c.heartbeat_at))
+        return {r["job_id"] for r in rows if _aware(r["heartbeat_at"]) >= since}
 
     async def case_means(self) -> list[dict[str, Any]]:
         """Per (job, env, case): ``mean`` score over its counted sessions (the :meth:`jobs` mean's

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +30,7 @@ from rollout.core.envs import (
 from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, load_gateway_settings
 from rollout.grading.evaluator_loader import env_evaluator
+from rollout.jobs.lease import STALE_AFTER_S
 from rollout.results.session_fields import utc_text
 from rollout.sandbox.harness_cache import bundled, load_harness
 
@@ -110,6 +112,7 @@ async def job_entries(db_path: str) -> list[dict[str, Any]]:
     engine, queries = await open_queries(db_path)
     try:
         rows = await queries.jobs()
+        held = await queries.held_jobs(datetime.now(UTC) - timedelta(seconds=STALE_AFTER_S))
     finally:
         await engine.dispose()
     return [
@@ -118,6 +121,8 @@ async def job_entries(db_path: str) -> list[dict[str, Any]]:
             "created": utc_text(r["created_at"]),
             "sessions": int(r["sessions"]),
             "finished": int(r["finished"] or 0),
+            "running": r["job_id"] in held,  # a launcher holds it now
+            "graded": bool(r["graded"]),
             "envs": r["envs"],
             "mean_score": None if r["mean_score"] is None else float(r["mean_score"]),
         }
@@ -136,7 +141,14 @@ def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
                 j["job_id"],
                 (j["created"] or "-")[:19].replace("T", " "),
                 str(j["sessions"]),
-                f"{j['finished']}" + ("" if j["finished"] == j["sessions"] else " (unfinished)"),
+                f"{j['finished']}"
+                + (
+                    ""
+                    if j["finished"] == j["sessions"]
+                    else " (running)"
+                    if j["running"]
+                    else " (unfinished)"
+                ),
                 ",".join(j["envs"]),
                 "-" if j["mean_score"] is None else f"{j['mean_score']:.2f}",
             ]
@@ -144,11 +156,12 @@ def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
         ],
         ["job", "created (UTC)", "sessions", "finished", "envs", "mean"],
     )
-    if open_jobs := [j["job_id"] for j in jobs if j["finished"] != j["sessions"]]:
-        more = f" (and {len(open_jobs) - 1} more unfinished)" if len(open_jobs) > 1 else ""
+    if left := [j for j in jobs if j["finished"] != j["sessions"] and not j["running"]]:
+        more = f" (and {len(left) - 1} more unfinished)" if len(left) > 1 else ""
+        graded = " --enable-evaluation" if left[0]["graded"] else ""
         lines.append(
-            f"unfinished: python launcher.py --resume --job-id {open_jobs[0]} --db-path {db_path} runs the "
-            f"rest{more} (docs/outcomes.md, Resume)"
+            f"unfinished: python launcher.py --resume --job-id {left[0]['job_id']}{graded} --db-path {db_path} "
+            f"runs the rest{more} (docs/outcomes.md, Resume)"
         )
     return "\n".join(lines)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from rollout.cli.run import report
 from rollout.jobs.run import JobResult
 from rollout.results.report import ReportTotals
 from store import Store
+from store.models import JobLock
 from tests.feed.helpers import finish, make_job
 
 
@@ -123,10 +126,25 @@ def test_list_jobs_marks_a_job_left_unfinished_and_says_how_to_finish_it(
     assert listing.main(["--jobs", "--db-path", db]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split()[:1] + lines[2].split()[3:] == ["c-part", "3", "1", "(unfinished)", "toy", "10.00"]
-    assert lines[-1] == (
-        f"unfinished: python launcher.py --resume --job-id c-part --db-path {db} runs the rest "
-        "(docs/outcomes.md, Resume)"
+    assert lines[-1] == (  # its sessions were graded: the resume grades too
+        f"unfinished: python launcher.py --resume --job-id c-part --enable-evaluation --db-path {db} runs the "
+        "rest (docs/outcomes.md, Resume)"
     )
+
+    async def hold() -> None:
+        store = Store(db)
+        await store.init()
+        try:
+            held = JobLock(job_id="c-part", owner="o", pid=os.getpid(), host=socket.gethostname())
+            assert await store.take_job_lock(held, 60, lambda lock: False) is None
+        finally:
+            await store.close()
+
+    asyncio.run(hold())  # a launcher runs it: said so, and no resume is advised
+    assert listing.main(["--jobs", "--db-path", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[:1] + lines[2].split()[3:] == ["c-part", "3", "1", "(running)", "toy", "10.00"]
+    assert len(lines) == 5
 
 
 def test_list_jobs_lists_the_stores_jobs_newest_first(
