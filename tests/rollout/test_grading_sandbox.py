@@ -10,6 +10,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -320,6 +321,17 @@ async def test_a_grader_outside_the_project_may_import_the_bundled_env_package(t
     assert (out.status, out.score) == ("scored", 10.0), out.reason
 
 
+async def forked_artifacts(tmp_path: Path, code: str, ws: Path | None) -> dict[str, Any]:
+    """The artifacts of one scored evaluation of ``code`` through the fork server (asserted used)."""
+    path = env_root(tmp_path, code)
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
+        assert grader._forks is not None and grader._forks.unavailable is None  # the fork server was used
+    assert out.status == "scored", out.reason
+    return out.artifacts or {}
+
+
 PROBE = r"""
 import ctypes, os
 
@@ -361,15 +373,9 @@ async def test_an_evaluation_forked_into_its_sandbox_has_no_capability_and_sees_
     make a user namespace or become root), run as the sandbox's uid, see only the sandbox's
     processes, and its parent (the helper, outside) not at all."""
     require_bwrap()
-    path = env_root(tmp_path, PROBE)
     ws = tmp_path / "ws"
     ws.mkdir()
-    async with Grader("bwrap", work_dir=tmp_path) as grader:
-        await grader.start([path.parent.parent])
-        out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
-        assert grader._forks is not None and grader._forks.unavailable is None  # the fork server was used
-    assert out.status == "scored", out.reason
-    got = out.artifacts or {}
+    got = await forked_artifacts(tmp_path, PROBE, ws)
     assert set(got["caps"].values()) == {"0000000000000000"}, got["caps"]
     assert got["tried"] == {
         "remount": "Operation not permitted",
@@ -461,13 +467,7 @@ async def test_every_process_of_a_forked_evaluations_sandbox_is_in_its_cgroups(t
     support = require_bwrap()
     if support.memory is None and support.pids is None:
         pytest.skip("no cgroup controller here")
-    path = env_root(tmp_path, CGROUPS_OF_ALL)
-    async with Grader("bwrap", work_dir=tmp_path) as grader:
-        await grader.start([path.parent.parent])
-        out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), None)
-        assert grader._forks is not None and grader._forks.unavailable is None  # the fork server was used
-    assert out.status == "scored", out.reason
-    got = out.artifacts or {}
+    got = await forked_artifacts(tmp_path, CGROUPS_OF_ALL, None)
     # the sandbox's cgroup namespace starts where bwrap started: in the evaluation's groups, so
     # every process of it is at their root (before, pids 1 and 2 were in the launcher's)
     assert got["1"] == got["2"] == got["self"], got
