@@ -493,10 +493,10 @@ class ForkServer:
 
 class _Forked:
     """One evaluation through the fork server, whose helper starts the sandbox (bwrap running
-    ``ANCHOR``, its stdin the hold pipe) and enters it; the pipes are read as the child's would be.
-    ``kill`` kills the sandbox's process group (while the hold pipe is open the helper keeps bwrap
-    unreaped, so the group's id cannot be another's), then closes the hold pipe, which lets the
-    helper reap it and end."""
+    ``ANCHOR``) in the evaluation's cgroups and enters it; the pipes are read as the child's would
+    be. ``kill`` kills the sandbox's process group (while the hold pipe is open the helper keeps
+    bwrap unreaped, so the group's id cannot be another's), then closes the hold pipe, which makes
+    the helper kill the sandbox whole, reap bwrap and end."""
 
     def __init__(
         self,
