@@ -59,7 +59,8 @@ def select_envs(opts: JobOptions) -> tuple[list[tuple[EnvConfig, list[Case]]], d
     loaded = load_harnesses(opts.harness)
     if any(h.harness.runtime is None for h in loaded.values()) and not opts.resume:
         envs = harness_envs(envs)  # the wrapper needs an instruction; a harness's own runtime runs any env
-    for name in (n for n, h in loaded.items() if h.harness.uses_solution):
+    # the oracle: a wrapper harness that runs solve.sh (one with its own runtime finds its reference itself)
+    for name in (n for n, h in loaded.items() if h.harness.uses_solution and h.harness.runtime is None):
         check_solutions(name, envs)
     if opts.enable_evaluation:
         check_evaluators(opts.agent_root, [cfg for cfg, _ in envs])
