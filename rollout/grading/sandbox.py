@@ -165,7 +165,7 @@ async def evaluate_in_sandbox(
     except SandboxUnavailable as e:
         return outcome("error", 0.0, reason=f"the grader sandbox cannot start: {e}")
     support = sandbox_support()
-    cg = SessionCgroup(support.memory, support.pids, limits.memory_mb * MiB, limits.processes)
+    cg = support.session_cgroup(limits.memory_mb * MiB, limits.processes)
     rlimits = {"cpu": math.ceil(timeout) + 1, "fsize": limits.tmp_mb * MiB, "core": 0}
     if support.memory is None:
         rlimits["as"] = limits.memory_mb * MiB

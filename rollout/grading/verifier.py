@@ -431,11 +431,8 @@ async def run_verifier(
         support = sandbox_support()
     except SandboxUnavailable as e:
         return failed(str(e))
-    cg = SessionCgroup(
-        support.memory,
-        support.pids,
-        limits.memory_mb * MiB if limits.memory_mb is not None else None,
-        limits.processes,
+    cg = support.session_cgroup(
+        limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes
     )
     scratch: Path | None = None
     status_r = status_w = env_fd = -1

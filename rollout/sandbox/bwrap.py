@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from rollout.core.envs import variable_problem
 from rollout.errors import RolloutError
 from rollout.sandbox import cgroups
-from rollout.sandbox.cgroups import Controller
+from rollout.sandbox.cgroups import Controller, SessionCgroup
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +90,17 @@ class SandboxUnavailable(RolloutError, RuntimeError):
 @dataclass(frozen=True)
 class Support:
     """What this machine offers: the bwrap executable and the cgroup controllers usable for the
-    memory and process caps (absent ones are enforced another way or not at all, see
-    ``mechanisms``)."""
+    memory and process caps and the CPU share (absent ones are enforced another way or not at
+    all, see ``mechanisms``)."""
 
     bwrap: str
     memory: Controller | None = None
     pids: Controller | None = None
+    cpu: Controller | None = None
+
+    def session_cgroup(self, memory_bytes: int | None, max_processes: int | None) -> SessionCgroup:
+        """The cgroups of one sandbox (session, evaluation or verifier), not yet made."""
+        return SessionCgroup(self.memory, self.pids, memory_bytes, max_processes, self.cpu)
 
     def mechanisms(self) -> dict[str, str]:
         """Limit name -> how it is enforced on this machine."""
@@ -106,6 +111,9 @@ class Support:
             "processes": self.pids.mechanism
             if self.pids
             else "NOT ENFORCED (no cgroup pids controller available)",
+            "cpu": f"an equal share per session: {self.cpu.mechanism}"
+            if self.cpu
+            else "NOT SHARED (no cgroup cpu controller: a session's processes compete one by one)",
             "disk": "RLIMIT_FSIZE per file + workspace total checked every 0.25 s; /tmp is a tmpfs of that size",
             "files": "workspace entries counted with its total",
             "output": "stdout + stderr bytes counted by the launcher",
@@ -170,7 +178,7 @@ def probe(bwrap: str | None = None) -> Support:
             f"(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces > 0), or {INSTALL_HINT}"
         )
     found = cgroups.detect()
-    return Support(bwrap=path, memory=found.get("memory"), pids=found.get("pids"))
+    return Support(bwrap=path, memory=found.get("memory"), pids=found.get("pids"), cpu=found.get("cpu"))
 
 
 def namespace_flags(

@@ -1,4 +1,5 @@
-"""Per-session control groups: a memory cap and a process cap for everything a session runs.
+"""Per-session control groups: a memory cap, a process cap and an equal CPU share for everything
+a session runs.
 
 ``detect()`` finds, per controller, a cgroup hierarchy this process may create children in: a
 cgroup2 tree whose ``cgroup.subtree_control`` enables the controller (or can be made to), else a
@@ -30,13 +31,15 @@ class Controller:
     """Where one controller's session groups are made: ``parent`` (a directory of a cgroup file
     system) and ``version`` (1 or 2)."""
 
-    name: str  # "memory" or "pids"
+    name: str  # "memory", "pids" or "cpu"
     version: int
     parent: Path
 
     @property
     def mechanism(self) -> str:
         """A human description, e.g. ``cgroup v1 memory.limit_in_bytes``."""
+        if self.name == "cpu":
+            return f"cgroup v{self.version} " + ("cpu.weight" if self.version == 2 else "cpu.shares")
         if self.name == "memory":
             return f"cgroup v{self.version} " + (
                 "memory.max" if self.version == 2 else "memory.limit_in_bytes"
@@ -93,7 +96,7 @@ def _v2_ready(parent: Path, name: str) -> bool:
 
 
 def detect(mountinfo: str | None = None, own_cgroups: str | None = None) -> dict[str, Controller]:
-    """The usable controllers among ``memory`` and ``pids`` (absent: not available here).
+    """The usable controllers among ``memory``, ``pids`` and ``cpu`` (absent: not available here).
     The two texts default to this process's /proc/self/mountinfo and /proc/self/cgroup."""
     try:
         mountinfo = PROC_SELF_MOUNTINFO.read_text() if mountinfo is None else mountinfo
@@ -102,7 +105,7 @@ def detect(mountinfo: str | None = None, own_cgroups: str | None = None) -> dict
         return {}
     mounts, own = _mounts(mountinfo), _own_paths(own_cgroups)
     found: dict[str, Controller] = {}
-    for name in ("memory", "pids"):
+    for name in ("memory", "pids", "cpu"):
         for point, fstype, _opts in mounts:
             if fstype == "cgroup2" and "" in own:
                 parent = Path(point) / own[""].lstrip("/")
@@ -123,12 +126,16 @@ def detect(mountinfo: str | None = None, own_cgroups: str | None = None) -> dict
 @dataclass
 class SessionCgroup:
     """The cgroups of one session (one directory per controller used). ``procs_files`` are the
-    ``cgroup.procs`` files a process writes its pid into to join before it starts the sandbox."""
+    ``cgroup.procs`` files a process writes its pid into to join before it starts the sandbox.
+    With ``cpu``, the session's processes together weigh as one: every session group has the
+    controller's default weight, so however many processes one runs, a session beside it gets
+    its share."""
 
     memory: Controller | None
     pids: Controller | None
     memory_bytes: int | None
     max_processes: int | None
+    cpu: Controller | None = None
     dirs: dict[str, Path] = field(default_factory=dict)
 
     def create(self, name: str) -> None:
@@ -147,14 +154,18 @@ class SessionCgroup:
             if self.pids is not None and self.max_processes is not None:
                 d = self._mkdir("pids", self.pids, name)
                 (d / "pids.max").write_text(str(self.max_processes))
+            if self.cpu is not None:
+                self._mkdir("cpu", self.cpu, name)  # the default weight, the same for every session
         except OSError:
             self.remove_now()  # nothing ran in them: they go at once
             raise
 
     def _mkdir(self, key: str, ctl: Controller, name: str) -> Path:
-        if ctl.version == 2 and "memory" in self.dirs and self.dirs["memory"].parent == ctl.parent:
-            self.dirs[key] = self.dirs["memory"]  # one cgroup2 directory holds both controllers
-            return self.dirs[key]
+        if ctl.version == 2:  # one cgroup2 directory holds every controller
+            for made in self.dirs.values():
+                if made.parent == ctl.parent:
+                    self.dirs[key] = made
+                    return made
         d = ctl.parent / name
         d.mkdir()
         self.dirs[key] = d

@@ -573,11 +573,8 @@ async def _run_sandboxed(
     except SandboxUnavailable as e:
         return _setup_failed(t0, str(e))
     sid = request.session_id
-    cg = SessionCgroup(
-        support.memory,
-        support.pids,
-        limits.memory_mb * MiB if limits.memory_mb is not None else None,
-        limits.processes,
+    cg = support.session_cgroup(
+        limits.memory_mb * MiB if limits.memory_mb is not None else None, limits.processes
     )
     scratch: Path | None = None
     status_r = status_w = -1

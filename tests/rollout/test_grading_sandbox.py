@@ -476,6 +476,66 @@ async def test_every_process_of_a_forked_evaluations_sandbox_is_in_its_cgroups(t
     )
 
 
+HOG = """
+import os, time
+
+def evaluate(request, spec, trajectory):
+    end = time.monotonic() + 2.5
+    kids = []
+    for _ in range(16):
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()  # a session of its own: with autogroup, a scheduling group of its own too
+            while time.monotonic() < end:
+                pass
+            os._exit(0)
+        kids.append(pid)
+    for pid in kids:
+        os.waitpid(pid, 0)
+    t = os.times()
+    return {"score": 0, "artifacts": {"cpu": t.user + t.system + t.children_user + t.children_system, "wall": 2.5}}
+"""
+
+HONEST = """
+import time
+
+def evaluate(request, spec, trajectory):
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        pass
+    return {"score": 10, "artifacts": {"cpu": time.process_time(), "wall": 2.0}}
+"""
+
+
+async def test_an_answer_with_many_busy_processes_leaves_a_concurrent_evaluation_its_cpu_share(
+    tmp_path: Path,
+) -> None:
+    """Sixteen busy processes in one evaluation, each in a session of its own, and one in another,
+    on one CPU: the lone one runs at about the hog's rate (an evaluation's processes weigh as one
+    whatever sessions they make), not a seventeenth of it, so a graded answer cannot make a
+    sibling's evaluation time out. (The kernel's autogroup alone gives each session a share.)"""
+    support = require_bwrap()
+    if support.cpu is None:
+        pytest.skip("no cgroup cpu controller here")
+    hog, honest = env_root(tmp_path, HOG, "hog"), env_root(tmp_path, HONEST, "honest")
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(mask)})  # the fork server and every sandbox inherit it
+    try:
+        async with Grader("bwrap", work_dir=tmp_path) as grader:
+            await grader.start([tmp_path / "envs"])
+            a, b = await asyncio.gather(
+                grader.evaluate(hog, request("s1"), spec(hog), Trajectory(session_id="s1"), None),
+                grader.evaluate(honest, request("s2"), spec(honest), Trajectory(session_id="s2"), None),
+            )
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert a.status == b.status == "scored", (a.reason, b.reason)
+    rates = [out.artifacts["cpu"] / out.artifacts["wall"] for out in (a, b)]  # type: ignore[index]
+    # equal weights: ~0.7 with nothing else on the CPU (the hog runs alone for its last 0.5 s),
+    # whatever else runs there; seventeen sessions: ~0.06
+    assert rates[1] / rates[0] > 0.3, rates
+
+
 async def test_a_fork_server_that_died_is_started_again_and_the_evaluation_scores(tmp_path: Path) -> None:
     require_bwrap()
     path = env_root(tmp_path, "def evaluate(r, s, t):\n    return 6\n")

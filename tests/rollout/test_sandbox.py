@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -231,7 +232,7 @@ def test_probe_of_a_missing_or_broken_bwrap_says_how_to_fix_it(tmp_path: Path) -
 def test_probe_finds_a_working_bwrap() -> None:
     support = require_bwrap()
     assert Path(support.bwrap).name == "bwrap"
-    assert set(support.mechanisms()) == {"memory", "processes", "disk", "files", "output"}
+    assert set(support.mechanisms()) == {"memory", "processes", "cpu", "disk", "files", "output"}
 
 
 def test_the_job_stops_before_running_anything_without_a_sandbox(
@@ -357,9 +358,12 @@ def test_detect_prefers_a_delegated_cgroup2_and_falls_back_to_v1(tmp_path: Path)
     assert found == {
         "memory": Controller("memory", 2, tmp_path / "unified/job"),
         "pids": Controller("pids", 1, tmp_path / "v1pids"),
+        "cpu": Controller("cpu", 2, tmp_path / "unified/job"),  # available, so enabled for children
     }
+    assert (tmp_path / "unified/job/cgroup.subtree_control").read_text() == "+cpu"
     assert found["memory"].mechanism == "cgroup v2 memory.max"
     assert found["pids"].mechanism == "cgroup v1 pids.max"
+    assert found["cpu"].mechanism == "cgroup v2 cpu.weight"
     assert cgroups.detect("", "") == {}
 
 
@@ -399,6 +403,63 @@ def test_session_cgroup_v1_files(tmp_path: Path) -> None:
     assert cg.procs_files == [tmp_path / "m/s/cgroup.procs", tmp_path / "p/s/cgroup.procs"]
     (tmp_path / "m/s/memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     assert cg.exceeded() == "memory"
+
+
+def test_a_session_cgroup_has_a_cpu_group_of_its_own_with_the_default_weight(tmp_path: Path) -> None:
+    for d in ("m", "c"):
+        (tmp_path / d).mkdir()
+    v1 = Support(
+        "bwrap", memory=Controller("memory", 1, tmp_path / "m"), cpu=Controller("cpu", 1, tmp_path / "c")
+    )
+    cg = v1.session_cgroup(1 << 30, None)
+    cg.create("s")
+    assert cg.procs_files == [tmp_path / "m/s/cgroup.procs", tmp_path / "c/s/cgroup.procs"]
+    assert sorted(p.name for p in (tmp_path / "c/s").iterdir()) == []  # no weight written: all equal
+    assert v1.mechanisms()["cpu"] == "an equal share per session: cgroup v1 cpu.shares"
+    v2 = Support("bwrap", pids=Controller("pids", 2, tmp_path), cpu=Controller("cpu", 2, tmp_path))
+    both = v2.session_cgroup(None, 16)
+    both.create("t")
+    assert both.dirs == {"pids": tmp_path / "t", "cpu": tmp_path / "t"}  # one cgroup2 folder
+    assert both.procs_files == [tmp_path / "t/cgroup.procs"]
+    assert Support("bwrap").mechanisms()["cpu"].startswith("NOT SHARED")
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_a_session_with_many_busy_processes_gets_the_cpu_share_of_one_session() -> None:
+    """Eight busy processes in one session's groups and one in another's, on one CPU: each gets
+    about half (without cpu groups the lone process would get a ninth)."""
+    found = cgroups.detect()
+    if "cpu" not in found:
+        pytest.skip("no cgroup cpu controller here")
+    support = Support("bwrap", cpu=found["cpu"])
+    one_cpu = {max(os.sched_getaffinity(0))}
+    hog, honest = support.session_cgroup(None, None), support.session_cgroup(None, None)
+    hog.create(f"rollout-test-hog-{os.getpid()}")
+    honest.create(f"rollout-test-honest-{os.getpid()}")
+    busy = [sys.executable, "-c", "while True: pass"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for cg, n in ((hog, 8), (honest, 1)):
+            for _ in range(n):
+                procs.append(
+                    subprocess.Popen(cg.joined(busy), preexec_fn=lambda: os.sched_setaffinity(0, one_cpu))
+                )
+        time.sleep(0.5)  # all started: from here on they compete
+        before = [_cpu_ticks(p.pid) for p in procs]
+        time.sleep(2.0)
+        used = [_cpu_ticks(p.pid) - b for p, b in zip(procs, before, strict=True)]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        assert hog.remove() and honest.remove()
+    lone, many = used[-1], sum(used[:-1])
+    # both groups weigh the same whatever else runs on that CPU: about 0.5 (a ninth without groups)
+    assert lone / (lone + many) > 0.3, used
 
 
 def _record(env: str, sandbox: str | None) -> SessionRecord:
