@@ -93,6 +93,21 @@ class _Ended(Exception):
         self.reason = reason
 
 
+@functools.lru_cache(maxsize=16)
+def _grader_binds(tmp_mb: int, roots: tuple[tuple[Path, Path], ...]) -> tuple[str, ...]:
+    """The binds every evaluation of a job shares (the snapshots are the job's), made once."""
+    b = Binds()
+    b.args += ["--size", str(tmp_mb * MiB), "--tmpfs", "/tmp"]
+    b.system()
+    b.interpreter()
+    b.ro(CODE_ROOT / "rollout")
+    if all(host != CODE_ROOT / "env" for _, host in roots):  # else its snapshot is bound there
+        b.ro(CODE_ROOT / "env")  # the bundled env package (graders import ``env.*``)
+    for snapshot, host in roots:
+        b.ro(snapshot, host)
+    return tuple(b.args)
+
+
 def grader_command(
     roots: list[tuple[Path, Path]],
     workspace: Path | None,
@@ -103,21 +118,11 @@ def grader_command(
     With ``info_fd`` (the fork server's way) bwrap writes the sandbox's pid there and the sandbox
     runs ``ANCHOR`` instead of the child. Raises SandboxUnavailable."""
     support = sandbox_support()
-    b = Binds()
-    b.args += ["--size", str(limits.tmp_mb * MiB), "--tmpfs", "/tmp"]
-    b.system()
-    b.interpreter()
-    b.ro(CODE_ROOT / "rollout")
-    if all(host != CODE_ROOT / "env" for _, host in roots):  # else its snapshot is bound there
-        b.ro(CODE_ROOT / "env")  # the bundled env package (graders import ``env.*``)
-    for snapshot, host in roots:
-        b.ro(snapshot, host)
-    if workspace is not None:
-        b.ro(workspace, WORKSPACE)
     return [
         support.bwrap,
         *NAMESPACE_FLAGS,
-        *b.args,
+        *_grader_binds(limits.tmp_mb, tuple(roots)),
+        *(["--ro-bind", str(workspace), WORKSPACE] if workspace is not None else []),
         *proc_args(),
         "--dev",
         "/dev",
@@ -511,9 +516,9 @@ class _Forked:
         self._group: int | None = None  # the sandbox's process group, once the helper says it
         self._hold: int | None = None  # the hold pipe's write end, written never: closed, the sandbox ends
 
-    def kill(self) -> None:
+    def kill(self, groups: bool = True) -> None:
         """Kill the sandbox (its PID namespace takes the evaluation and all it started), let the
-        helper go, and kill what is left in the groups."""
+        helper go, and (``groups``) kill what is left in the groups: their remover does too."""
         if self._group is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._group, signal.SIGKILL)
@@ -521,7 +526,8 @@ class _Forked:
             os.close(self._hold)
             self._hold = None
             self._group = None  # the helper may reap bwrap from now on: never signalled again
-        self.cg.kill_all()
+        if groups:
+            self.cg.kill_all()
 
     def said(self, line: bytes) -> tuple[str, str]:
         """One status line as (word, rest), ``sandbox <pgid>`` taken note of."""
@@ -601,7 +607,7 @@ class _Forked:
                 t.close()
             for fd in owned:
                 os.close(fd)
-            self.kill()
+            self.kill(groups=False)  # evaluate_in_sandbox removes the groups next
 
     async def _evaluate(
         self,

@@ -127,14 +127,15 @@ run as root: the sandbox's uid maps to it): sysctls such as ``kernel.core_patter
 ``sysrq-trigger``. bwrap covers them only where it finds the folder writable."""
 
 
-def proc_args() -> list[str]:
+@functools.cache
+def proc_args() -> tuple[str, ...]:
     """bwrap's arguments for the sandbox's ``/proc``: its own, then :data:`PROC_READ_ONLY` bound
-    read-only from the host (those that exist here)."""
+    read-only from the host (those that exist here; looked up once)."""
     out = ["--proc", "/proc"]
     for path in PROC_READ_ONLY:
         if os.path.exists(path):
             out += ["--ro-bind", path, path]
-    return out
+    return tuple(out)
 
 
 def _probe_command(bwrap: str) -> list[str]:
@@ -412,7 +413,7 @@ def clean_env(session: dict[str, str], source: dict[str, str] | None = None) -> 
     process's environment; PATH with the interpreter's folder first), HOME/TMPDIR/PYTHONUNBUFFERED,
     then ``session`` (wins)."""
     src = os.environ if source is None else source
-    env = {k: v for k, v in src.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)}
+    env = {k: src[k] for k in src if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)}
     # the launcher's interpreter first: `python3` in a tool call is the same Python as the runtime's
     env["PATH"] = os.pathsep.join(
         [os.path.dirname(sys.executable), env.get("PATH", "/usr/local/bin:/usr/bin:/bin")]
@@ -480,10 +481,7 @@ def env_args(env: dict[str, str]) -> int:
     return fd
 
 
-def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
-    """The bwrap command line that runs ``command`` in the sandbox: under the forwarder, or (no
-    ``bridge_socket``) itself, in the network bwrap starts in, bwrap reporting on the status pipe
-    (``--json-status-fd``: an ``exit-code`` only for a command it started)."""
+def _code_binds(spec: SandboxSpec) -> Binds:
     b = Binds()
     if spec.root is not None:  # an image: its tree is / (the host's system folders are not bound)
         b.args += ["--bind", str(spec.root), "/"]
@@ -500,6 +498,41 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
     for f in spec.files:
         if not b.covers(f):
             b.ro(f)
+    return b
+
+
+_SHARED: dict[tuple[object, ...], Binds] = {}
+
+
+def _shared_binds(spec: SandboxSpec) -> Binds:
+    """The binds before the workspace (root, ``/tmp``, system, interpreter, code folders, files),
+    the same for every session of an env: made once per process and per state of the code
+    folders (their entries, by modification time), a copy returned. An image's root is a
+    session's own: never kept."""
+    try:
+        key = (
+            spec.tmp_in_root,
+            spec.tmp_bytes,
+            tuple((str(f), os.stat(f).st_mtime_ns, *map(str, hidden)) for f, hidden in spec.code),
+            tuple(map(str, spec.files)),
+        )
+    except OSError:
+        key = None  # a folder is missing: as it says when bound
+    if spec.root is not None or key is None:
+        return _code_binds(spec)
+    made = _SHARED.get(key)
+    if made is None:
+        if len(_SHARED) >= 64:
+            _SHARED.clear()
+        made = _SHARED[key] = _code_binds(spec)
+    return Binds(list(made.args), list(made.covered), list(made._covered))
+
+
+def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> list[str]:
+    """The bwrap command line that runs ``command`` in the sandbox: under the forwarder, or (no
+    ``bridge_socket``) itself, in the network bwrap starts in, bwrap reporting on the status pipe
+    (``--json-status-fd``: an ``exit-code`` only for a command it started)."""
+    b = _shared_binds(spec)
     b.args += ["--bind", str(spec.workspace), spec.workdir]
     if spec.also_at is not None and spec.root is None:
         b.also(spec.workspace, spec.also_at)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shlex
@@ -34,6 +35,11 @@ class Controller:
     name: str  # "memory", "pids" or "cpu"
     version: int
     parent: Path
+
+    @functools.cached_property
+    def has_memsw(self) -> bool:
+        """v1 memory: whether swap is accounted (``memory.memsw.limit_in_bytes``), so capped too."""
+        return (self.parent / "memory.memsw.limit_in_bytes").exists()
 
     @property
     def mechanism(self) -> str:
@@ -137,6 +143,7 @@ class SessionCgroup:
     max_processes: int | None
     cpu: Controller | None = None
     dirs: dict[str, Path] = field(default_factory=dict)
+    _folders: dict[str, int] = field(default_factory=dict)  # each made folder once -> its version
 
     def create(self, name: str) -> None:
         """Make the groups named ``name`` and write the limits. Raises OSError (nothing left)."""
@@ -144,16 +151,16 @@ class SessionCgroup:
             if self.memory is not None and self.memory_bytes is not None:
                 d = self._mkdir("memory", self.memory, name)
                 if self.memory.version == 2:
-                    (d / "memory.max").write_text(str(self.memory_bytes))
+                    _write(f"{d}/memory.max", str(self.memory_bytes))
                     with contextlib.suppress(OSError):
-                        (d / "memory.swap.max").write_text("0")
+                        _write(f"{d}/memory.swap.max", "0")
                 else:
-                    (d / "memory.limit_in_bytes").write_text(str(self.memory_bytes))
-                    if (d / "memory.memsw.limit_in_bytes").exists():
-                        (d / "memory.memsw.limit_in_bytes").write_text(str(self.memory_bytes))
+                    _write(f"{d}/memory.limit_in_bytes", str(self.memory_bytes))
+                    if self.memory.has_memsw:
+                        _write(f"{d}/memory.memsw.limit_in_bytes", str(self.memory_bytes))
             if self.pids is not None and self.max_processes is not None:
                 d = self._mkdir("pids", self.pids, name)
-                (d / "pids.max").write_text(str(self.max_processes))
+                _write(f"{d}/pids.max", str(self.max_processes))
             if self.cpu is not None:
                 self._mkdir("cpu", self.cpu, name)  # the default weight, the same for every session
         except OSError:
@@ -167,20 +174,21 @@ class SessionCgroup:
                     self.dirs[key] = made
                     return made
         d = ctl.parent / name
-        d.mkdir()
+        os.mkdir(d)
         self.dirs[key] = d
+        self._folders[str(d)] = ctl.version
         return d
 
     @property
     def procs_files(self) -> list[Path]:
-        return [d / "cgroup.procs" for d in dict.fromkeys(self.dirs.values())]
+        return [Path(d, "cgroup.procs") for d in self._folders]
 
     def joined(self, argv: list[str]) -> list[str]:
         """``argv`` run by a shell that first moves itself into the session's groups (so
         everything it starts is capped from its first instruction); ``argv`` itself without groups."""
-        if not self.procs_files:
+        if not self._folders:
             return argv
-        join = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in self.procs_files)
+        join = " && ".join(f"echo $$ > {shlex.quote(f'{d}/cgroup.procs')}" for d in self._folders)
         return ["/bin/sh", "-c", f'{join} && exec "$@"', "sh", *argv]
 
     def exceeded(self) -> str | None:
@@ -202,17 +210,17 @@ class SessionCgroup:
     def pids_inside(self) -> list[int]:
         """Pids in the session's groups (empty when there are none or none is left)."""
         pids: set[int] = set()
-        for f in self.procs_files:
+        for d in self._folders:
             with contextlib.suppress(OSError, ValueError):
-                pids.update(int(x) for x in f.read_text().split())
+                pids.update(int(x) for x in _read(f"{d}/cgroup.procs").split())
         return sorted(pids)
 
     def kill_all(self) -> None:
         """SIGKILL every process still in the groups (v2: ``cgroup.kill`` when there is one)."""
-        for d in dict.fromkeys(self.dirs.values()):
-            if (d / "cgroup.kill").exists():
-                with contextlib.suppress(OSError):
-                    (d / "cgroup.kill").write_text("1")
+        for d, version in self._folders.items():
+            if version == 2:
+                with contextlib.suppress(OSError):  # absent before Linux 5.14: never created here
+                    _write(f"{d}/cgroup.kill", "1", create=False)
         for pid in self.pids_inside():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -221,15 +229,22 @@ class SessionCgroup:
         """Kill what is left and remove the groups, never waiting: True when they are gone (the
         usual case once their processes ended), False when one is still busy (it stays for
         :meth:`remove`)."""
-        self.kill_all()
-        for d in list(dict.fromkeys(self.dirs.values())):
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError:
-                return False
-            for key in [k for k, v in self.dirs.items() if v == d]:
+        killed = False
+        for d in list(self._folders):
+            while True:
+                try:
+                    os.rmdir(d)
+                except FileNotFoundError:
+                    pass
+                except OSError:  # a process is left (a group holds no files of ours)
+                    if killed:
+                        return False
+                    self.kill_all()
+                    killed = True
+                    continue
+                break
+            del self._folders[d]
+            for key in [k for k, v in self.dirs.items() if str(v) == d]:
                 del self.dirs[key]
         return True
 
@@ -253,6 +268,26 @@ class SessionCgroup:
             await asyncio.shield(asyncio.to_thread(self.remove))
         except RuntimeError as e:  # "can't start new thread": the machine is out of processes
             log.warning("cgroups %s left behind: %s", sorted(map(str, self.dirs.values())), e)
+
+
+def _write(path: str, text: str, create: bool = True) -> None:
+    """Write a cgroup file (as ``Path.write_text``; ``create`` False: only one that exists)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | (os.O_CREAT | os.O_TRUNC if create else 0), 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
 
 
 def _counter(path: Path, key: str) -> int:

@@ -88,8 +88,17 @@ def effective_mode(cfg: EnvConfig, job_mode: str) -> str:
 def shared_code() -> list[Path]:
     """The project files every runtime may import: ``env/*.py`` and the contract's public paths
     (``rollout.protocol``, ``rollout.harness``); the contract folder itself is ``CONTRACT``."""
-    files = sorted((CODE_ROOT / "env").glob("*.py")) if (CODE_ROOT / "env").is_dir() else []
-    return [*files, *(CODE_ROOT / "rollout" / f for f in PUBLIC_ALIASES)]
+    try:
+        listed = _shared_code(os.stat(CODE_ROOT / "env").st_mtime_ns)
+    except OSError:
+        listed = ()
+    return [*listed, *(CODE_ROOT / "rollout" / f for f in PUBLIC_ALIASES)]
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_code(mtime_ns: int) -> tuple[Path, ...]:
+    """``env/*.py`` as the folder is at ``mtime_ns`` (listed again when it changes)."""
+    return tuple(sorted((CODE_ROOT / "env").glob("*.py")))
 
 
 @dataclass(frozen=True)
@@ -112,11 +121,29 @@ class RuntimeCommand:
 SOLUTION_AT = "/solution"
 
 
+_CODE: dict[tuple[object, ...], tuple[list[tuple[Path, list[Path]]], list[Path]]] = {}
+
+
 def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
     """(folders with their hidden paths, single files) a runtime's command needs read-only: its
     env folder, and for each absolute path of an existing *file* in the command (folders never:
     an argument like ``/`` must not bind the host), the env folder holding it
-    (``<root>/env/<name>/``) or the file itself (the interpreter's files are bound anyway)."""
+    (``<root>/env/<name>/``) or the file itself (the interpreter's files are bound anyway).
+    Looked up once per process and per state of the env folder (its modification time)."""
+    try:
+        key = (str(cfg.env_dir), os.stat(cfg.env_dir).st_mtime_ns, cfg.dataset.path, *cfg.runtime.command)
+    except OSError:
+        return _code_folders(cfg)
+    made = _CODE.get(key)
+    if made is None:
+        if len(_CODE) >= 64:
+            _CODE.clear()
+        made = _CODE[key] = _code_folders(cfg)
+    folders, files = made
+    return [(f, list(hidden)) for f, hidden in folders], list(files)
+
+
+def _code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
     folders: list[tuple[Path, list[Path]]] = [(cfg.env_dir, cfg.hidden_paths())]
     files: list[Path] = []
     env_root = CODE_ROOT / "env"
