@@ -952,10 +952,12 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
     with pytest.raises(SetupError) as ei:
         parse_args(["--agent-start-config", str(start), "--pool-size", "0"])
     assert str(ei.value) == (
-        f"--pool-size: Input should be greater than or equal to 1\n"
+        f"--pool-size: Input should be greater than or equal to 1 (got 0)\n"
         f"--agent-start-config {start}: pool_sise: unknown key (did you mean 'pool_size'?)"
     )
-    with pytest.raises(SetupError, match="^--max-retries: Input should be greater than or equal to 0$"):
+    with pytest.raises(
+        SetupError, match=r"^--max-retries: Input should be greater than or equal to 0 \(got -1\)$"
+    ):
         parse_args(["--max-retries", "-1"])
 
 

@@ -23,6 +23,7 @@ from rollout.core.envs import (
     EnvConfig,
     EnvConfigError,
     load_cases,
+    no_such_env,
     scan_envs,
     session_config,
     task_folder_env,
@@ -213,7 +214,7 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.env_names:
         missing = sorted(set(args.env_names) - {c.name for c in configs})
         if missing:
-            raise SetupError(f"--env: no such env {missing} (have {sorted(c.name for c in configs)})")
+            raise SetupError(no_such_env(missing, (c.name for c in configs)))
         configs = [c for c in configs if c.name in args.env_names]
     out: list[dict[str, Any]] = []
     for cfg in configs:

@@ -58,6 +58,8 @@ def validate_options(
             name = str(err["loc"][0]) if err["loc"] else "?"
             key = "".join(f".{k}" for k in err["loc"][1:] if isinstance(k, str))  # e.g. breaker.window
             msg = str(err["msg"]).removeprefix("Value error, ")
+            if isinstance(err.get("input"), int | float | str) and err["type"] != "missing":
+                msg += f" (got {err['input']!r})"
             if err["type"] == "extra_forbidden":
                 loc = tuple(err["loc"])
                 msg = f"unknown key{did_you_mean(str(loc[-1]), fields_at(model, loc[:-1]))}"

@@ -86,7 +86,8 @@ def commands_help() -> str:
     return (
         "commands (launcher.py COMMAND --help for their flags; docs/launcher.md):\n"
         + "\n".join(lines)
-        + "\n\nexit codes: 0 the run completed (whatever the scores), 1 setup error, 2 bad flags,\n"
+        + "\n\nexit codes: 0 the run completed (whatever the scores), 1 setup error (a config or a flag's\n"
+        "  value out of range), 2 an unknown flag or a value argparse refuses (missing, not a number),\n"
         "  3 infrastructure left sessions unrun or ungraded (--resume runs them), 5 a grader is broken\n"
         "  (it fails on a case's untouched starting workspace too), 130/143 interrupted"
     )

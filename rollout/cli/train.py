@@ -64,7 +64,9 @@ class TrainArgs:
 
 def parse_args(argv: list[str]) -> TrainArgs:
     """``train`` flags to :class:`TrainArgs` (argparse exits 2 on a bad flag)."""
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="launcher.py train", description=__doc__)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, prog="launcher.py train", description=__doc__.replace("``", "")
+    )
     p.add_argument("--env", default="scripts", help="the env to train on (default: scripts)")
     p.add_argument(
         "--cases",
@@ -109,7 +111,12 @@ def parse_args(argv: list[str]) -> TrainArgs:
         help="embedded: SmolLM2-135M from the bundled GGUF; tiny: a 2-layer model built in memory",
     )
     p.add_argument("--agent-root", type=Path, default=Path("env"), help="the envs' folder (default env)")
-    p.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap")
+    p.add_argument(
+        "--sandbox",
+        choices=["bwrap", "none"],
+        default="bwrap",
+        help="the sessions' runtime sandbox, as the launcher's --sandbox (default bwrap)",
+    )
     p.add_argument("--pool-size", type=int, default=4, help="sessions at once (default 4)")
     p.add_argument(
         "--max-reruns",

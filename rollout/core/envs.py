@@ -317,6 +317,14 @@ def did_you_mean(key: str, valid: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def no_such_env(missing: Iterable[str], have: Iterable[str]) -> str:
+    """``--env``'s error for env names that are not here: each named, with the nearest name and
+    the envs that are."""
+    names = sorted(have)
+    gone = ", ".join(f"{m!r}{did_you_mean(m, names)}" for m in sorted(missing))
+    return f"--env: no such env {gone} (envs here: {', '.join(names) or 'none'})"
+
+
 def fields_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
     """The field names of the (nested) model at ``loc`` of ``model`` ([] when not a model): the
     keys valid there, for ``did_you_mean``."""

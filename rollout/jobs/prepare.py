@@ -18,6 +18,7 @@ from rollout.core.envs import (
     EnvConfigError,
     discover_envs,
     load_cases,
+    no_such_env,
     scan_envs,
     task_folder_env,
 )
@@ -149,7 +150,7 @@ def load_envs(opts: JobOptions) -> list[tuple[EnvConfig, list[Case]]]:
         if opts.env_names:
             missing = set(opts.env_names) - set(seen)
             if missing:
-                raise SetupError(f"--env: no such env {sorted(missing)} (have {sorted(seen)})")
+                raise SetupError(no_such_env(missing, seen))
             configs = [c for c in configs if c.name in opts.env_names]
         for c in configs:
             if absent := c.missing_runtime_files():

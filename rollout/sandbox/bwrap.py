@@ -114,7 +114,8 @@ class Support:
             "cpu": f"an equal share per session: {self.cpu.mechanism}"
             if self.cpu
             else "NOT SHARED (no cgroup cpu controller: a session's processes compete one by one)",
-            "disk": "RLIMIT_FSIZE per file + workspace total checked every 0.25 s; /tmp is a tmpfs of that size",
+            "disk": "RLIMIT_FSIZE per file + workspace total checked every 0.25 s (longer walks less often); "
+            "/tmp is a tmpfs of that size",
             "files": "workspace entries counted with its total",
             "output": "stdout + stderr bytes counted by the launcher",
         }
@@ -504,22 +505,28 @@ def _code_binds(spec: SandboxSpec) -> Binds:
 _SHARED: dict[tuple[object, ...], Binds] = {}
 
 
+def file_state(path: Path) -> tuple[int, ...] | None:
+    """A file's or folder's state as far as a bind plan depends on it: which file it is (device,
+    inode) and when it or its entries last changed (mtime, ctime); None when it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _shared_binds(spec: SandboxSpec) -> Binds:
     """The binds before the workspace (root, ``/tmp``, system, interpreter, code folders, files),
     the same for every session of an env: made once per process and per state of the code
-    folders (their entries, by modification time), a copy returned. An image's root is a
-    session's own: never kept."""
-    try:
-        key = (
-            spec.tmp_in_root,
-            spec.tmp_bytes,
-            tuple((str(f), os.stat(f).st_mtime_ns, *map(str, hidden)) for f, hidden in spec.code),
-            tuple(map(str, spec.files)),
-        )
-    except OSError:
-        key = None  # a folder is missing: as it says when bound
-    if spec.root is not None or key is None:
+    folders (``file_state``), a copy returned. An image's root is a session's own: never kept."""
+    if spec.root is not None:
         return _code_binds(spec)
+    key = (
+        spec.tmp_in_root,
+        spec.tmp_bytes,
+        tuple((str(f), file_state(f), *map(str, hidden)) for f, hidden in spec.code),
+        tuple(map(str, spec.files)),
+    )
     made = _SHARED.get(key)
     if made is None:
         if len(_SHARED) >= 64:

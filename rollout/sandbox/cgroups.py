@@ -265,9 +265,12 @@ class SessionCgroup:
         if self.remove_now():
             return
         try:  # processes still dying: wait for them in a thread
-            await asyncio.shield(asyncio.to_thread(self.remove))
+            removed = await asyncio.shield(asyncio.to_thread(self.remove))
         except RuntimeError as e:  # "can't start new thread": the machine is out of processes
-            log.warning("cgroups %s left behind: %s", sorted(map(str, self.dirs.values())), e)
+            log.warning("cgroups %s left behind: %s", sorted(self._folders), e)
+            return
+        if not removed:
+            log.warning("cgroups %s left behind: still busy after 5 s", sorted(self._folders))
 
 
 def _write(path: str, text: str, create: bool = True) -> None:

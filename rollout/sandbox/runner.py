@@ -45,6 +45,7 @@ from rollout.sandbox.bwrap import (
     bwrap_command,
     clean_env,
     env_args,
+    file_state,
     image_env,
     inside_url,
     probe,
@@ -88,16 +89,14 @@ def effective_mode(cfg: EnvConfig, job_mode: str) -> str:
 def shared_code() -> list[Path]:
     """The project files every runtime may import: ``env/*.py`` and the contract's public paths
     (``rollout.protocol``, ``rollout.harness``); the contract folder itself is ``CONTRACT``."""
-    try:
-        listed = _shared_code(os.stat(CODE_ROOT / "env").st_mtime_ns)
-    except OSError:
-        listed = ()
+    state = file_state(CODE_ROOT / "env")
+    listed = _shared_code(state) if state is not None else ()
     return [*listed, *(CODE_ROOT / "rollout" / f for f in PUBLIC_ALIASES)]
 
 
 @functools.lru_cache(maxsize=1)
-def _shared_code(mtime_ns: int) -> tuple[Path, ...]:
-    """``env/*.py`` as the folder is at ``mtime_ns`` (listed again when it changes)."""
+def _shared_code(state: tuple[int, ...]) -> tuple[Path, ...]:
+    """``env/*.py`` as the folder is in ``state`` (``file_state``: listed again when it changes)."""
     return tuple(sorted((CODE_ROOT / "env").glob("*.py")))
 
 
@@ -121,7 +120,7 @@ class RuntimeCommand:
 SOLUTION_AT = "/solution"
 
 
-_CODE: dict[tuple[object, ...], tuple[list[tuple[Path, list[Path]]], list[Path]]] = {}
+_CODE: dict[tuple[object, ...], tuple[tuple[object, ...], tuple[list[tuple[Path, list[Path]]], list[Path]]]] = {}
 
 
 def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
@@ -129,18 +128,24 @@ def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Pa
     env folder, and for each absolute path of an existing *file* in the command (folders never:
     an argument like ``/`` must not bind the host), the env folder holding it
     (``<root>/env/<name>/``) or the file itself (the interpreter's files are bound anyway).
-    Looked up once per process and per state of the env folder (its modification time)."""
-    try:
-        key = (str(cfg.env_dir), os.stat(cfg.env_dir).st_mtime_ns, cfg.dataset.path, *cfg.runtime.command)
-    except OSError:
-        return _code_folders(cfg)
-    made = _CODE.get(key)
-    if made is None:
+    Looked up once per process and per state of those folders and of the other envs'
+    ``env.yaml`` (``file_state``: an entry added, removed or renamed, a file rewritten)."""
+    key = (str(cfg.env_dir), cfg.dataset.path, *cfg.runtime.command)
+    kept = _CODE.get(key)
+    if kept is None or kept[0] != _states(kept[1][0], cfg.env_dir):
+        made = _code_folders(cfg)
         if len(_CODE) >= 64:
             _CODE.clear()
-        made = _CODE[key] = _code_folders(cfg)
-    folders, files = made
+        kept = _CODE[key] = (_states(made[0], cfg.env_dir), made)
+    folders, files = kept[1]
     return [(f, list(hidden)) for f, hidden in folders], list(files)
+
+
+def _states(folders: list[tuple[Path, list[Path]]], env_dir: Path) -> tuple[object, ...]:
+    """What ``_code_folders`` read: each folder's state, and another env's ``env.yaml``'s."""
+    paths = [f for f, _ in folders]
+    paths += [f / "env.yaml" for f in paths if f != env_dir]
+    return tuple(file_state(p) for p in paths)
 
 
 def _code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:

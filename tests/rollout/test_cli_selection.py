@@ -105,7 +105,7 @@ def test_timeout_overrides_the_envs_and_a_harbor_tasks_own() -> None:
     args = build_parser().parse_args(["--timeout", "7.5", "--case", "a", "--case", "b", "--tasks", "t"])
     o = job_options(args)
     assert (o.timeout, o.case_ids, o.tasks) == (7.5, ["a", "b"], [Path("t")])
-    with pytest.raises(SetupError, match="^--timeout: Input should be greater than 0$"):
+    with pytest.raises(SetupError, match=r"^--timeout: Input should be greater than 0 \(got 0\.0\)$"):
         job_options(build_parser().parse_args(["--timeout", "0"]))
     harbor = task_folder_env(HARBOR)
     case = next(c for c in load_cases(harbor) if c.row.get("agent_timeout_s"))
@@ -253,7 +253,7 @@ def test_list_prints_envs_cases_harnesses_and_routes(capsys: pytest.CaptureFixtu
     [tasks] = json.loads(capsys.readouterr().out)["envs"]
     assert (tasks["name"], tasks["grader"]) == ("basics", str(EXPECTED_JSON_EVALUATOR))
     assert main(["list", "--agent-root", str(REPO / "env"), "--env", "nope"]) == 1
-    assert "error: --env: no such env ['nope']" in capsys.readouterr().err
+    assert "error: --env: no such env 'nope' (envs here: " in capsys.readouterr().err
 
 
 def test_list_takes_a_safactory_pair_and_a_broken_env_asked_for_is_exit_1(

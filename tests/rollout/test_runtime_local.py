@@ -215,3 +215,33 @@ async def test_stderr_log_keeps_all_of_stderr_and_appends(tmp_path: Path) -> Non
         out = await run_local(_script(tmp_path, body), _request(), tmp_path, 60, stderr_log=log)
         assert out.status == "succeeded" and len(out.stderr_tail) == 4000
     assert log.read_text() == ("x" * 100_000 + "END\n") * 2  # beyond the kept tail; a second attempt appends
+
+
+async def test_a_slow_limit_check_is_made_less_often() -> None:
+    """A check that takes 0.2 s (a workspace of many files to add up) is made again no sooner
+    than 1.8 s later, not every 0.25 s: at most a tenth of the time goes to it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from rollout.sandbox.runtime_local import _exited
+
+    proc = SimpleNamespace(returncode=None)
+    wake = asyncio.Event()
+    checks: list[float] = []
+
+    async def slow_check() -> None:
+        checks.append(time.monotonic())
+        await asyncio.sleep(0.2)
+
+    async def end_later() -> None:
+        await asyncio.sleep(2.5)
+        proc.returncode = 0
+        wake.set()
+
+    ender = asyncio.create_task(end_later())
+    assert await _exited(proc, wake, [0], None, slow_check) is None  # type: ignore[arg-type]
+    await ender
+    # the first check at 0.25 s, the next at >= 0.25 + 0.2 + 1.8 (a slower check: later still):
+    # at most two in 2.5 s (every 0.25 s: five)
+    assert 1 <= len(checks) <= 2, checks
+    assert all(b - a >= 2.0 for a, b in zip(checks, checks[1:], strict=False)), checks

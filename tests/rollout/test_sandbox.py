@@ -62,6 +62,55 @@ def _binds(argv: list[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
+def test_the_bind_plan_kept_per_process_follows_edits_of_the_folders_and_other_envs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """code_folders and the shared binds are made once per state of what they read: another
+    env's env.yaml rewritten in place (its dataset moved), an entry added, a folder swapped for a
+    copy with the same modification time: each is seen at the next session."""
+    import rollout.sandbox.runner as runner
+
+    monkeypatch.setattr(runner, "CODE_ROOT", tmp_path)
+    other = tmp_path / "env" / "other"
+    other.mkdir(parents=True)
+    (other / "tool.py").write_text("")
+    (other / "secret.jsonl").write_text("{}\n")
+    run = "runtime: {command: ['{python}', '{env_dir}/tool.py']}\n"
+    (other / "env.yaml").write_text("name: other\ndataset: {path: data/cases.jsonl}\n" + run)
+    cfg = make_env(tmp_path / "envs", "e", "print(1)")
+    cfg = cfg.model_copy(
+        update={"runtime": cfg.runtime.model_copy(update={"command": ["{python}", str(other / "tool.py")]})}
+    )
+
+    def hidden_of_other() -> list[Path]:
+        return next(h for f, h in code_folders(cfg)[0] if f == other)
+
+    assert other / "data" / "cases.jsonl" in hidden_of_other()
+    assert other / "secret.jsonl" not in hidden_of_other()
+    with open(other / "env.yaml", "r+") as f:  # in place: the folder itself is unchanged
+        f.write("name: other\ndataset: {path: secret.jsonl}\n" + run)
+        f.truncate()
+    assert other / "secret.jsonl" in hidden_of_other()
+
+    def bound(folder: Path) -> set[str]:
+        spec = SandboxSpec(tmp_path / "ws", [(folder, [folder / "hidden"])], [], None, 3, None)
+        return set(_binds(bwrap_command(Support(bwrap="/usr/bin/bwrap"), spec, ["x"])))
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hidden").mkdir()
+    (code / "a.py").write_text("")
+    assert str(code / "a.py") in bound(code) and str(code / "b.py") not in bound(code)
+    (code / "b.py").write_text("")
+    assert str(code / "b.py") in bound(code)
+    mtime = code.stat().st_mtime_ns
+    shutil.move(code, tmp_path / "old")
+    shutil.copytree(tmp_path / "old", code)
+    (code / "c.py").write_text("")
+    os.utime(code, ns=(mtime, mtime))  # a copy with the same modification time, one entry more
+    assert str(code / "c.py") in bound(code)
+
+
 def test_bwrap_command_binds_only_what_a_runtime_may_see(tmp_path: Path) -> None:
     cfg = make_env(tmp_path / "envs", "e", "print(1)", hidden=["answer"])
     (cfg.env_dir / "helper.py").write_text("")
