@@ -120,7 +120,9 @@ class RuntimeCommand:
 SOLUTION_AT = "/solution"
 
 
-_CODE: dict[tuple[object, ...], tuple[tuple[object, ...], tuple[list[tuple[Path, list[Path]]], list[Path]]]] = {}
+_CODE: dict[
+    tuple[object, ...], tuple[tuple[object, ...], tuple[list[tuple[Path, list[Path]]], list[Path]]]
+] = {}
 
 
 def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
