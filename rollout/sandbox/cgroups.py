@@ -143,7 +143,7 @@ class SessionCgroup:
     max_processes: int | None
     cpu: Controller | None = None
     dirs: dict[str, Path] = field(default_factory=dict)
-    _folders: dict[str, int] = field(default_factory=dict)  # each made folder once -> its version
+    _folders: dict[str, int] = field(default_factory=dict, init=False, repr=False)  # made folder -> version
 
     def create(self, name: str) -> None:
         """Make the groups named ``name`` and write the limits. Raises OSError (nothing left)."""

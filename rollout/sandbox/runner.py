@@ -130,9 +130,15 @@ def code_folders(cfg: EnvConfig) -> tuple[list[tuple[Path, list[Path]]], list[Pa
     env folder, and for each absolute path of an existing *file* in the command (folders never:
     an argument like ``/`` must not bind the host), the env folder holding it
     (``<root>/env/<name>/``) or the file itself (the interpreter's files are bound anyway).
-    Looked up once per process and per state of those folders and of the other envs'
-    ``env.yaml`` (``file_state``: an entry added, removed or renamed, a file rewritten)."""
-    key = (str(cfg.env_dir), cfg.dataset.path, *cfg.runtime.command)
+    Looked up once per process and per state of those folders, of the other envs' ``env.yaml``
+    and of the command's files (``file_state``: an entry added, removed or renamed, a file
+    rewritten)."""
+    command = cfg.command()
+    key = (
+        str(cfg.env_dir),
+        cfg.dataset.path,
+        *((a, file_state(Path(a)) if a.startswith("/") else None) for a in command),
+    )
     kept = _CODE.get(key)
     if kept is None or kept[0] != _states(kept[1][0], cfg.env_dir):
         made = _code_folders(cfg)
