@@ -38,7 +38,7 @@ _STDERR_KEEP = 64 * 1024
 _PIPE_GRACE_S = 2.0
 _WATCH_EVERY_S = 0.25
 _WATCH_IDLE = 9  # after a check that took t seconds, the next comes no sooner than 9 t later
-_WATCH_MAX_S = 5.0
+_WATCH_MAX_S = 2.0  # what a session can write past the disk limit before it is seen: 2 s of writes
 
 Monitor = Callable[[], Awaitable[tuple[str, str] | None]]
 """Awaited while a runtime runs and once after it exits (its file or cgroup reads in a thread
@@ -398,8 +398,8 @@ async def _exited(
 ) -> tuple[str, str] | None:
     """Wait until the process has exited (None), or a limit is exceeded (``(limit, reason)``),
     woken by ``wake`` (the exit, more output) and every 0.25 s for ``monitor``, or 9 times as long
-    as its last check took when that is longer (at most 5 s): a workspace of many files to add up
-    costs the launcher at most a tenth of a core per session. (On Python 3.11,
+    as its last check took when that is longer (at most 2 s): a workspace of many files to add up
+    costs the launcher about a tenth of a core per session. (On Python 3.11,
     ``Process.wait()`` also waits until every pipe is closed, which a background child holding
     stdout can delay for ever.)"""
     next_check = time.monotonic() + _WATCH_EVERY_S
