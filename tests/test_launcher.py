@@ -468,7 +468,8 @@ async def test_resume_keeps_launcher_errors_unless_asked(tmp_path: Path) -> None
 
 
 async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> None:
-    """A given gateway is checked before anything runs: same storage, session path, route."""
+    """A given gateway is checked before anything runs: same storage, session path, route, the
+    route's upstream."""
     from gateway.settings import GatewaySettings
     from tests.gateway.conftest import serve
 
@@ -505,6 +506,16 @@ async def test_running_gateway_with_other_storage_is_refused(tmp_path: Path) -> 
             *common, "--llm-model", "other", "--gateway-base-url", f"{gw.url}/v1/sessions", cwd=tmp_path
         )
         assert code == 1 and "no route 'other'" in err
+        # all of that right, but the route's model server is down: refused now (exit 1), not
+        # after the circuit breaker's wait
+        import time
+
+        started = time.monotonic()
+        code, _, err = await launch(
+            *common, "--llm-model", "fake", "--gateway-base-url", f"{gw.url}/v1/sessions", cwd=tmp_path
+        )
+        assert code == 1 and "is up, but route 'fake' is not: upstream of route fake" in err, err
+        assert "start its model server" in err and time.monotonic() - started < 120
     finally:
         await gw.stop()
     assert not (tmp_path / "launcher.db").exists() or rows(
@@ -602,7 +613,8 @@ async def test_gateway_with_auth_running_or_started(tmp_path: Path) -> None:
         [record] = [json.loads(x) for x in out.read_text().splitlines()]
         assert (record["status"], record["score"]) == ("succeeded", 10.0)
         # only the route's own key (none for the second gateway) ever went upstream
-        assert [r.headers.get("authorization") for r in up.requests] == ["Bearer sk-route-secret-123", None]
+        calls = [r for r in up.requests if r.method == "POST"]  # not the start-up checks' GET /models
+        assert [r.headers.get("authorization") for r in calls] == ["Bearer sk-route-secret-123", None]
     assert rows(db, "SELECT count(*) FROM gateway_sessions WHERE status = 'closed'") == [(2,)]
 
 

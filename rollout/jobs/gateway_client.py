@@ -3,24 +3,13 @@ readiness (aiohttp, not httpx: a close per session, and httpx cost 3x more launc
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 
-from rollout.jobs.processes import auth_headers, gateway_root
-
-
-def readyz_error(body: str) -> str:
-    """The ``error`` of a gateway's ``/readyz`` answer (why it is not ready), else the body's
-    first 200 characters."""
-    try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        error = None
-    return error if isinstance(error, str) and error else body[:200]
+from rollout.jobs.processes import auth_headers, gateway_root, readyz_error
 
 
 class GatewayClient:

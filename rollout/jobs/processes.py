@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -293,6 +294,16 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def readyz_error(body: str) -> str:
+    """The ``error`` of a gateway's ``/readyz`` answer (why it is not ready), else the body's
+    first 200 characters."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    return error if isinstance(error, str) and error else body[:200]
+
+
 async def check_gateway(
     session_base_url: str, store_identity: str, route: str, api_key: str | None = None
 ) -> dict[str, object]:
@@ -302,7 +313,8 @@ async def check_gateway(
     with auth off accepts anything).
 
     Raises ServiceError when it does not answer, is not ready, reports another storage, another
-    session path, or no such route, or refuses the key (HTTP 401: the message names
+    session path, or no such route, when the route's upstream does not answer (its ``/readyz``
+    with ``?route=``), or when it refuses the key (HTTP 401: the message names
     ``GATEWAY_API_KEY``)."""
     url = gateway_root(session_base_url) + "/readyz"
     try:
@@ -329,6 +341,16 @@ async def check_gateway(
     if isinstance(routes, list) and route not in routes:
         raise ServiceError(
             f"the gateway at {url} has no route {route!r} (routes: {', '.join(map(str, routes))})"
+        )
+    try:  # the route's upstream too: a model server that is down fails the job now, not after the breaker's wait
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.get(url, params={"route": route})
+    except httpx.TransportError as e:
+        raise ServiceError(f"gateway at {url} does not answer: {type(e).__name__}: {e}") from None
+    if r.status_code != 200:
+        raise ServiceError(
+            f"the gateway at {gateway_root(session_base_url)} is up, but route {route!r} is not: "
+            f"{readyz_error(r.text)}; start its model server (or fix the route's base_url) and run again"
         )
     models_url = gateway_root(session_base_url) + "/v1/models"
     try:

@@ -243,7 +243,7 @@ async def test_breaker_gives_up_after_max_wait(caplog: pytest.LogCaptureFixture)
 
 
 def test_readyz_error_names_why_not_ready() -> None:
-    from rollout.jobs.gateway_client import readyz_error
+    from rollout.jobs.processes import readyz_error
 
     body = '{"status": "unavailable", "storage_type": "sqlite", "routes": ["m"], "error": "route m: ConnectError"}'
     assert readyz_error(body) == "route m: ConnectError"
