@@ -42,6 +42,18 @@ def uvicorn_config(settings: GatewaySettings) -> uvicorn.Config:
     )
 
 
+def managed_warnings(settings: GatewaySettings) -> list[str]:
+    """One line per route whose model server the launcher starts (``managed``): a gateway run on
+    its own does not, so the route answers only once something serves its ``base_url``."""
+    return [
+        f"warning: route {key!r} is served by a model server the launcher starts (managed: "
+        f"{route.managed.kind}); this gateway does not start it: start one on {route.base_url} "
+        "(configs/gateway.yaml says how) or its calls fail"
+        for key, route in settings.llm_routes.items()
+        if route.managed is not None
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, load the config, serve until interrupted."""
     ap = argparse.ArgumentParser(
@@ -77,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         sock.close()
         print(f"error: {e}", file=sys.stderr)
         return 4
+    for line in managed_warnings(settings):
+        print(line, file=sys.stderr)
     server = uvicorn.Server(uvicorn_config(settings))
     server.run(sockets=[sock])
     return 0 if server.started else 4

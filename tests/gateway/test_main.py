@@ -129,3 +129,19 @@ def test_a_port_out_of_range_or_a_folder_as_db_url_is_one_line_naming_the_flag_o
         f"error: --db-url: storage '{tmp_path}': {tmp_path} is a folder, not a SQLite file\n",
     )
     assert not (tmp_path / "t.db").exists()
+
+
+def test_a_route_whose_server_the_launcher_starts_is_named_when_the_gateway_runs_alone() -> None:
+    from gateway.__main__ import managed_warnings
+    from gateway.settings import load_settings
+
+    settings = load_settings(str(Path(__file__).resolve().parents[2] / "configs" / "gateway.yaml"))
+    assert managed_warnings(settings) == [
+        "warning: route 'local' is served by a model server the launcher starts (managed: "
+        "llama_cpp_tokens); this gateway does not start it: start one on http://127.0.0.1:8081/v1 "
+        "(configs/gateway.yaml says how) or its calls fail"
+    ]
+    plain = settings.model_copy(
+        update={"llm_routes": {"x": settings.llm_routes["local"].model_copy(update={"managed": None})}}
+    )
+    assert managed_warnings(plain) == []
