@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -60,6 +61,36 @@ class TrainArgs:
     lora_r: int | None = None
     lora_alpha: int | None = None
     vllm_server: str | None = None
+
+
+def _out_of_range(ns: argparse.Namespace) -> list[str]:
+    """A line per flag whose value is out of its range (the value named)."""
+    least = {
+        "steps": 1,
+        "cases_per_step": 1,
+        "max_new_tokens": 1,
+        "eval_samples": 1,
+        "save_steps": 1,
+        "pool_size": 1,
+        "samples": 2,
+        "eval_every": 0,
+        "max_retries": 0,
+        "max_reruns": 0,
+        "lora_r": 1,
+        "lora_alpha": 1,
+    }
+    bad = [
+        f"--{k.replace('_', '-')}: must be at least {n} (got {getattr(ns, k)})"
+        + (": GRPO compares the samples of a case" if k == "samples" else "")
+        + (" (0: before and after only)" if k == "eval_every" else "")
+        for k, n in least.items()
+        if getattr(ns, k) is not None and getattr(ns, k) < n
+    ]
+    for k, positive in (("lr", True), ("beta", False), ("temperature", False)):
+        v = getattr(ns, k)
+        if v is not None and not (math.isfinite(v) and (v > 0 if positive else v >= 0)):
+            bad.append(f"--{k}: must be {'more than 0' if positive else 'at least 0'} (got {v})")
+    return bad
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
@@ -187,21 +218,13 @@ def parse_args(argv: list[str]) -> TrainArgs:
     ns.max_new_tokens = 48 if ns.max_new_tokens is None else ns.max_new_tokens
     if ns.lora_alpha is not None and ns.lora_r is None:
         p.error("--lora-alpha needs --lora-r")
-    if ns.lora_r is not None and ns.lora_r < 1:
-        p.error("--lora-r must be at least 1")
     if ns.lora_r is not None and importlib.util.find_spec("peft") is None:
         p.error("--lora-r: the peft package is not installed (pip install peft)")
     tensorboard = any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX"))
     if ns.report_to == "tensorboard" and not tensorboard:
         p.error("--report-to tensorboard: the tensorboard package is not installed (pip install tensorboard)")
-    if min(ns.steps, ns.cases_per_step, ns.max_new_tokens, ns.eval_samples, ns.save_steps) < 1:
-        p.error(
-            "--steps, --cases-per-step, --max-new-tokens, --eval-samples and --save-steps must be at least 1"
-        )
-    if ns.eval_every < 0:
-        p.error("--eval-every must be 0 (off) or more")
-    if ns.samples < 2:
-        p.error("--samples must be at least 2: GRPO compares the samples of a case")
+    if bad := _out_of_range(ns):  # before the model loads: one line per flag, exit 1 as a job's
+        raise SetupError("\n".join(bad))
     if ns.out is not None and ns.out.exists() and not ns.out.is_dir():
         p.error(f"--out {ns.out}: a file, not a folder")
     if ns.resume and (ns.out is None or not (ns.out / "train.db").exists()):
@@ -643,14 +666,14 @@ def train(args: TrainArgs, stdout: TextIO = sys.stdout) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``launcher.py train ...``: 0 when the run finished; 1 with one line on a setup problem (as a job);
-    2 for bad flags (argparse)."""
-    args = parse_args(argv)
+    """``launcher.py train ...``: 0 when the run finished; 1 with one line on a setup problem or a
+    flag's value out of range (as a job); 2 for bad flags (argparse)."""
     start = time.monotonic()
     try:
-        result = train(args)
+        result = train(parse_args(argv))
     except SetupError as e:
-        print(f"error: {e}", file=sys.stderr)
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return 1
     except ImportError as e:
         print(

@@ -83,6 +83,11 @@ def prepare(opts: JobOptions) -> PreparedJob:
     here unless on Ray, where each node checks its own), the gateway config and the routes.
     Raises SetupError."""
     envs, loaded = select_envs(opts)
+    if opts.max_steps == 0:
+        notices.warning(
+            "warning: --max-steps 0: no model call is allowed; each session's first call is answered "
+            "with the gateway's synthetic stop and the session ends truncated (-1: no limit)"
+        )
     check_sandbox(opts, [cfg for cfg, _ in envs], probe=opts.mode == "local")
     gw = load_gateway_settings(opts.gateway_config)
     models = job_models(opts, gw)

@@ -132,8 +132,9 @@ def regrade_blocker(row: JobEnvironment) -> tuple[BlockKind, str] | None:
 _TASK_STATUSES = frozenset({"succeeded", "failed", "truncated", "timeout"})
 
 
-def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | None]:
-    """env name -> the evaluator a run would use now (as an attempt finds it), None if none."""
+def _evaluators(opts: RegradeOptions, env_names: set[str]) -> tuple[dict[str, Path | None], set[str]]:
+    """env name -> the evaluator a run would use now (as an attempt finds it), None if none; and
+    the names of the ``--tasks`` envs of Harbor tasks (their verifiers grade them)."""
     dirs: dict[str, Path] = {}
     for p in opts.agent_configs:
         try:
@@ -141,16 +142,19 @@ def _evaluators(opts: RegradeOptions, env_names: set[str]) -> dict[str, Path | N
         except EnvConfigError as e:
             raise SetupError(str(e)) from e
     own: dict[str, Path | None] = {}
+    harbor: set[str] = set()
     for p in opts.tasks:
         try:
             cfg = task_folder_env(p)
         except EnvConfigError as e:
             raise SetupError(str(e)) from e
         own[cfg.name] = env_evaluator(opts.agent_root, cfg)
+        if cfg.dataset.format == "harbor":
+            harbor.add(cfg.name)
     return {
         name: own[name] if name in own else evaluator_for(opts.agent_root, name, dirs.get(name))
         for name in env_names
-    }
+    }, harbor
 
 
 def _file_sha256(path: Path) -> str | None:
@@ -290,7 +294,7 @@ async def regrade_job(
             )
         if opts.env_names:
             rows = [r for r in rows if r.env_name in opts.env_names]
-        evaluators = _evaluators(opts, {r.env_name for r in rows})
+        evaluators, verified = _evaluators(opts, {r.env_name for r in rows})
         digests = {name: _file_sha256(path) for name, path in evaluators.items() if path is not None}
         if on_start:
             on_start(len(rows))
@@ -310,7 +314,10 @@ async def regrade_job(
             if block is None and path is None:
                 block = (
                     "no_evaluator",
-                    f"env {row.env_name!r} has no rule_evaluator.py under {opts.agent_root}",
+                    f"env {row.env_name!r} is graded by its tasks' verifiers (tests/test.sh), which "
+                    "--regrade does not run again (docs/verifiers.md)"
+                    if row.env_name in verified
+                    else f"env {row.env_name!r} has no rule_evaluator.py under {opts.agent_root}",
                 )
             if block is not None:
                 note(

@@ -350,3 +350,16 @@ def test_a_word_that_is_no_command_is_named_with_the_nearest_command(
     assert err.endswith("a job takes flags only (launcher.py --help)")
     assert main(["frobnicate"]) == 2
     assert "no command 'frobnicate'; the commands:" in capsys.readouterr().err
+
+
+def test_max_steps_0_is_run_but_said_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    """--max-steps 0 is the gateway's zero budget (every session truncated at its first call):
+    allowed, but a warning says so before anything runs."""
+    from rollout.jobs.prepare import prepare
+
+    caplog.set_level("WARNING", logger="rollout.notices")
+    prepare(opts(max_steps=0, env_names=["basics"], sandbox="none"))
+    assert any("--max-steps 0: no model call is allowed" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    prepare(opts(max_steps=1, env_names=["basics"], sandbox="none"))
+    assert not any("--max-steps" in r.getMessage() for r in caplog.records)

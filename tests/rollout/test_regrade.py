@@ -676,3 +676,13 @@ def test_blocker_rules() -> None:
     assert regrade_blocker(row(finished=True, status="error", outcome="runtime_crashed")) is None
     kind, _ = regrade_blocker(row(finished=False, status="running")) or ("", "")
     assert kind == "not_finished"
+
+
+def test_a_harbor_tasks_env_is_not_regraded_and_says_its_verifiers_are_not_run_again() -> None:
+    from rollout.core.envs import task_folder_env
+    from rollout.jobs.regrade import _evaluators
+
+    tasks = Path(__file__).resolve().parents[2] / "env" / "harbor_tasks" / "tasks"
+    name = task_folder_env(tasks).name
+    found, verified = _evaluators(RegradeOptions(job_id="j", tasks=[tasks]), {name})
+    assert (found, verified) == ({name: None}, {name})

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rollout.core.setup import SetupError
 from rollout.jobs.options import JobOptions
 
 
@@ -159,10 +160,10 @@ def test_train_flags_are_checked_and_listed() -> None:
     )
     e = parse_args(["--eval-samples", "4", "--eval-every", "2", "--allow-eval-overlap"])
     assert (e.eval_samples, e.eval_every, e.allow_eval_overlap) == (4, 2, True)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SetupError, match=r"^--eval-every: must be at least 0 \(got -1\)"):
         parse_args(["--eval-every", "-1"])
-    with pytest.raises(SystemExit) as e:
-        parse_args(["--samples", "0"])
+    with pytest.raises(SystemExit) as e:  # argparse's own: not a number
+        parse_args(["--samples", "x"])
     assert e.value.code == 2
 
 
@@ -214,13 +215,11 @@ def test_lora_flags_need_a_rank_and_peft(
         4.0,
         None,
     )
-    for argv, message in (
-        (["--lora-alpha", "4"], "--lora-alpha needs --lora-r"),
-        (["--lora-r", "0"], "--lora-r must be at least 1"),
-    ):
-        with pytest.raises(SystemExit):
-            parse_args(argv)
-        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--lora-alpha", "4"])
+    assert "--lora-alpha needs --lora-r" in capsys.readouterr().err
+    with pytest.raises(SetupError, match=r"^--lora-r: must be at least 1 \(got 0\)$"):
+        parse_args(["--lora-r", "0"])
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a)
     )
@@ -229,7 +228,25 @@ def test_lora_flags_need_a_rank_and_peft(
     assert "--lora-r: the peft package is not installed" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", ["samples1", "out_file", "out_used", "resume_nothing"])
+def test_train_names_each_flag_out_of_range_with_its_value_before_any_work() -> None:
+    """As a job's flags: one line per flag, the value given, exit 1 (``main`` catches the
+    SetupError), before the model loads (nothing is written)."""
+    from rollout.cli.train import parse_args
+
+    argv = ["--samples", "1", "--steps", "0", "--pool-size", "0", "--lr", "-1", "--temperature", "nan"]
+    with pytest.raises(SetupError) as e:
+        parse_args([*argv, "--max-retries", "-1"])
+    assert str(e.value).splitlines() == [
+        "--steps: must be at least 1 (got 0)",
+        "--pool-size: must be at least 1 (got 0)",
+        "--samples: must be at least 2 (got 1): GRPO compares the samples of a case",
+        "--max-retries: must be at least 0 (got -1)",
+        "--lr: must be more than 0 (got -1.0)",
+        "--temperature: must be at least 0 (got nan)",
+    ]
+
+
+@pytest.mark.parametrize("bad", ["out_file", "out_used", "resume_nothing"])
 def test_train_refuses_before_any_work_what_cannot_run(
     tmp_path: Path, bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -239,7 +256,6 @@ def test_train_refuses_before_any_work_what_cannot_run(
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "train.db").write_text("")
     argv = {
-        "samples1": ["--samples", "1"],
         "out_file": ["--out", str(tmp_path / "f")],
         "out_used": ["--out", str(tmp_path / "used")],
         "resume_nothing": ["--resume", "--out", str(tmp_path)],
@@ -249,7 +265,6 @@ def test_train_refuses_before_any_work_what_cannot_run(
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert {
-        "samples1": "--samples must be at least 2",
         "out_file": "a file, not a folder",
         "out_used": "holds an earlier run (train.db): add --resume to continue it",
         "resume_nothing": "--resume: --out " + str(tmp_path) + " holds no run",
