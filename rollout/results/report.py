@@ -297,6 +297,7 @@ class ReportTotals:
         self.trusted: dict[str, int] = defaultdict(int)
         self.same: dict[str, int] = defaultdict(int)
         self.by_status: Counter[tuple[str, str | None]] = Counter()
+        self.oracle_short: dict[str, list[str]] = defaultdict(list)  # env -> cases its oracle failed
         self._rows: dict[tuple[str, str, str], _RowTotals] = {}
 
     @classmethod
@@ -324,6 +325,9 @@ class ReportTotals:
         if record.verifier_container == "same":
             self.same[record.env_name] += 1
         self.by_status[(record.status, record.eval_status)] += 1
+        graded = record.eval_status in ("scored", "error", "timeout", "invalid_reward")
+        if record.harness == "oracle" and graded and (record.score is None or record.score < 10):
+            self.oracle_short[record.env_name].append(record.case_id)
 
     def fold_cases(self) -> None:
         """Every case seen so far is complete: keep only its counts."""
@@ -356,7 +360,8 @@ class ReportTotals:
 
     def footer(self) -> str | None:
         """``table_footer`` of the records added."""
-        return _footer(self.bare, self.trusted, self.same)
+        lines = [_footer(self.bare, self.trusted, self.same), _oracle_footer(self.oracle_short)]
+        return "\n".join(x for x in lines if x) or None
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -497,8 +502,8 @@ def render_table(rows: list[SummaryRow], width: int = TABLE_WIDTH) -> str:
 
 def table_footer(records: Iterable[SessionRecord]) -> str | None:
     """The warnings printed under the table, naming their envs: sessions run without the sandbox
-    (``sandbox: none``), graded in the launcher, verified in the agent's own container; None
-    when there is none of these."""
+    (``sandbox: none``), graded in the launcher, verified in the agent's own container, and the
+    cases whose oracle did not score 10; None when there is none of these."""
     return ReportTotals.of(records).footer()
 
 
@@ -531,6 +536,21 @@ def _footer(bare: dict[str, int], trusted: dict[str, int], same: dict[str, int])
         if counts
     ]
     return "\n".join(lines) or None
+
+
+def _oracle_footer(short: dict[str, list[str]]) -> str | None:
+    """A line naming the cases whose reference solution (the ``oracle`` harness) did not score 10."""
+    if not short:
+        return None
+    cases = "; ".join(
+        f"{env}: {', '.join(sorted(set(ids))[:10])}{', ...' if len(set(ids)) > 10 else ''}"
+        for env, ids in sorted(short.items())
+    )
+    n = sum(len(set(ids)) for ids in short.values())
+    return (
+        f"warning: the oracle (each task's reference solution) scored below 10 on {plural(n, 'case')} "
+        f"({cases}): a broken solution or broken tests (docs/verifiers.md)"
+    )
 
 
 def write_jsonl(path: Path, records: Iterable[SessionRecord]) -> int:

@@ -537,6 +537,31 @@ def test_footer_warns_about_sessions_run_without_a_sandbox() -> None:
     )
 
 
+def test_footer_names_the_cases_whose_oracle_did_not_score_10() -> None:
+    def oracle(env: str, case: str, score: float | None, eval_status: str | None = "scored") -> SessionRecord:
+        r = _record(env, "bwrap").model_copy(
+            update={"harness": "oracle", "case_id": case, "score": score, "eval_status": eval_status}
+        )
+        return r
+
+    assert table_footer([oracle("t", "a", 10.0), _record("t", "bwrap")]) is None
+    footer = table_footer(
+        [
+            oracle("t", "a", 10.0),
+            oracle("t", "b", 5.0),
+            oracle("t", "b", 0.0),  # a second sample of the same case: named once
+            oracle("t", "c", None, "error"),  # its tests crashed on the reference solution
+            oracle("t", "d", None, None),  # never graded (an infrastructure failure): not the task's
+            oracle("u", "x", 0.0),
+            _record("t", "bwrap").model_copy(update={"case_id": "z", "score": 0.0, "eval_status": "scored"}),
+        ]
+    )
+    assert footer == (
+        "warning: the oracle (each task's reference solution) scored below 10 on 3 cases "
+        "(t: b, c; u: x): a broken solution or broken tests (docs/verifiers.md)"
+    )
+
+
 def test_forwarder_uses_only_built_in_modules() -> None:
     source = (CODE_ROOT / "rollout" / "contract" / "forwarder.py").read_text()
     imports = {
