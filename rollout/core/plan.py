@@ -103,6 +103,12 @@ async def plan_job(
     )
 
 
+def _id_like(key: str) -> bool:
+    """A row field named as an id would be (``id``, ``task_id``, ``uid``, ``name``)."""
+    k = key.lower()
+    return k in ("id", "uid", "name") or k.endswith(("_id", "-id"))
+
+
 def select_cases(
     envs: list[tuple[EnvConfig, list[Case]]], case_ids: Sequence[str]
 ) -> list[tuple[EnvConfig, list[Case]]]:
@@ -120,8 +126,23 @@ def select_cases(
             close = difflib.get_close_matches(i, known, n=3, cutoff=0.5)
             return f"{i!r} (nearest: {', '.join(close)})" if close else repr(i)
 
+        def by_field(i: str) -> str | None:
+            """A hint when ``i`` is a row's own field value of an env whose cases are numbered."""
+            for cfg, cases in envs:
+                if cfg.dataset.id_field is None:
+                    field = next(
+                        (k for c in cases for k, v in c.row.items() if _id_like(k) and str(v) == i), None
+                    )
+                    if field is not None:
+                        return (
+                            f"; env {cfg.name} numbers its cases by line: its rows' {field!r} is not "
+                            f"their id unless its env.yaml says dataset.id_field: {field}"
+                        )
+            return None
+
         names = ", ".join(cfg.name for cfg, _ in envs)
-        raise SetupError(f"--case: no such case {'; '.join(map(near, missing))} in env(s) {names}")
+        hint = next((h for h in map(by_field, missing) if h), "")
+        raise SetupError(f"--case: no such case {'; '.join(map(near, missing))} in env(s) {names}{hint}")
     return [(cfg, cases) for cfg, cases in picked if cases]
 
 

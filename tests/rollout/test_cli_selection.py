@@ -49,6 +49,24 @@ def test_case_runs_the_named_cases_across_envs_and_an_unknown_id_names_the_neare
     assert select_cases(everything, []) is everything  # no --case: every case
 
 
+def test_an_unknown_case_that_is_a_rows_own_id_field_says_how_to_make_it_the_id(tmp_path: Path) -> None:
+    env = tmp_path / "envs" / "mine"
+    env.mkdir(parents=True)
+    (env / "env.yaml").write_text("name: mine\ndataset: {path: cases.jsonl}\nruntime: {command: [x]}\n")
+    (env / "cases.jsonl").write_text('{"id": "big", "answer": 42}\n{"id": "small", "answer": 1}\n')
+    envs = load_envs(opts(agent_root=tmp_path / "envs"))
+    assert [c.case_id for _, cases in envs for c in cases] == ["0", "1"]
+    with pytest.raises(SetupError) as ei:
+        select_cases(envs, ["big"])
+    assert str(ei.value) == (
+        "--case: no such case 'big' in env(s) mine; env mine numbers its cases by line: its rows' "
+        "'id' is not their id unless its env.yaml says dataset.id_field: id"
+    )
+    with pytest.raises(SetupError) as ei:  # an answer's value is no id: no hint
+        select_cases(envs, ["42"])
+    assert str(ei.value) == "--case: no such case '42' in env(s) mine"
+
+
 def test_a_folder_of_expected_json_tasks_is_an_env_graded_by_the_bundled_rule(tmp_path: Path) -> None:
     shutil.copytree(BASICS, tmp_path / "mybench" / "tasks")
     cfg = task_folder_env(tmp_path / "mybench" / "tasks")
