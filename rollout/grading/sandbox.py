@@ -627,9 +627,7 @@ class _Forked:
         status_r, status_w = os.pipe()
         owned += [status_r, status_w]
         try:
-            await self.start(
-                {"procs": [str(f) for f in self.cg.procs_files]}, [job_r, result_w, out_w, status_w]
-            )
+            await self.start({"procs": self.cg.procs_files}, [job_r, result_w, out_w, status_w])
         except OSError as e:
             raise _ServerGone(f"{type(e).__name__}: {e}") from e
         finally:  # the server and its helper hold these now (or nobody does)

@@ -444,6 +444,7 @@ class SandboxSpec:
     also_at: str | None = None  # the workspace bound there too (no image: a Harbor task's WORKDIR)
     tmp_in_root: bool = False  # /tmp is the root's own (an image's, in its kept layer), no tmpfs of its own
     env_fd: int | None = None  # bwrap reads its environment options from this fd (``env_args``)
+    gate_fd: int | None = None  # bwrap first reads (empty) options from this fd: held until it has its limits
     mounts: list[tuple[Path, str]] = field(default_factory=list)  # host folders bound read-only there
 
 
@@ -552,6 +553,7 @@ def bwrap_command(support: Support, spec: SandboxSpec, command: list[str]) -> li
         b.ro(src, dest)
     head = [
         support.bwrap,
+        *(["--args", str(spec.gate_fd)] if spec.gate_fd is not None else []),
         *(["--args", str(spec.env_fd)] if spec.env_fd is not None else []),
         *namespace_flags(*spec.uid, own_network=spec.bridge_socket is not None),
         *b.args,

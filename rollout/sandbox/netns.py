@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout.errors import RolloutError
-from rollout.sandbox.netns_helper import ENV_FD, STATUS_FD
+from rollout.sandbox.netns_helper import ENV_FD, GATE_FD, STATUS_FD, recv_fds
 
-__all__ = ["ENV_FD", "STATUS_FD", "NetnsError", "NetnsMaker", "SessionNet", "Spawned"]
+__all__ = ["ENV_FD", "GATE_FD", "STATUS_FD", "NetnsError", "NetnsMaker", "SessionNet", "Spawned"]
 
 HELPER = Path(__file__).resolve().with_name("netns_helper.py")
 ANSWER_TIMEOUT_S = 30.0
@@ -138,27 +138,55 @@ class NetnsMaker:
         raise _failed(msg, fds)
 
     async def spawn(
-        self, argv: list[str], fds: list[int], rlimits: dict[str, int], procs: list[str], cwd: str
+        self,
+        argv: list[str],
+        fds: list[int],
+        rlimits: dict[str, int],
+        procs: list[str],
+        home: list[str],
+        cwd: str,
+        *,
+        gated: bool = False,
     ) -> Spawned:
         """``argv`` started in a new session network (``netns_helper``, kind ``s``): ``fds`` its
         stdin, stdout, stderr, status pipe and environment file (this process keeps its own
-        copies), ``rlimits`` in bytes, ``procs`` the ``cgroup.procs`` files it joins, ``cwd``.
-        Raises NetnsError (nothing of it left running)."""
+        copies), ``rlimits`` in bytes, ``procs`` the ``cgroup.procs`` files it joins, ``home`` those
+        of the groups they were made in (the helper's own: it returns there), ``cwd``; ``gated``:
+        ``argv`` is bwrap reading ``--args GATE_FD`` first (the helper may then start it itself). Raises
+        NetnsError (nothing of it left running); cancelled, it first waits for the helper's answer
+        (the helper may be in the session's groups until then, which the caller then kills)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = json.dumps({"argv": argv, "rlimits": rlimits, "procs": procs, "cwd": cwd}).encode()
+        request = json.dumps(
+            {
+                "argv": argv,
+                "rlimits": rlimits,
+                "procs": procs,
+                "home": home,
+                "cwd": cwd,
+                **({"gate": GATE_FD} if gated else {}),
+            }
+        ).encode()
         try:
             try:
                 self._ask(b"s" + request, [theirs.fileno(), *fds])
             finally:
                 theirs.close()
-            msg, got = await _answer(mine, 1)
+            try:
+                msg, got = await _answer(mine, 1)
+            except asyncio.CancelledError:
+                await asyncio.shield(_settled(mine))
+                raise
             if msg != b"ok" or len(got) != 1:
                 raise _failed(msg, got)
             listener = socket.socket(fileno=got[0])
             try:
-                msg, _ = await _answer(mine, 0)
+                try:
+                    msg, _ = await _answer(mine, 0)
+                except asyncio.CancelledError:
+                    await asyncio.shield(_settled(mine))
+                    raise
                 if not msg.startswith(b"started "):
-                    raise _failed(msg, [])
+                    raise _failed(msg, [], "cannot start the sandbox")
                 mine.setblocking(False)  # its next answer is read by the event loop
                 return Spawned(listener, int(msg[8:]), mine)
             except BaseException:
@@ -202,12 +230,22 @@ async def _answer(sock: socket.socket, max_fds: int) -> tuple[bytes, list[int]]:
         raise NetnsError(f"the network helper did not answer in {ANSWER_TIMEOUT_S:.0f} s") from e
     finally:
         loop.remove_reader(sock.fileno())
-    msg, fds, _, _ = socket.recv_fds(sock, 4096, max(max_fds, 1), socket.MSG_CMSG_CLOEXEC)
-    return msg, list(fds)
+    return recv_fds(sock, 4096, max(max_fds, 1))
 
 
-def _failed(msg: bytes, fds: list[int]) -> NetnsError:
+async def _settled(sock: socket.socket) -> None:
+    """Read the helper's answers on ``sock`` until it says whether the command started (or ends)."""
+    with contextlib.suppress(NetnsError, OSError):
+        while True:
+            msg, fds = await _answer(sock, 1)
+            for fd in fds:
+                os.close(fd)
+            if msg != b"ok":
+                return
+
+
+def _failed(msg: bytes, fds: list[int], what: str = "cannot make the session's network") -> NetnsError:
     for fd in fds:
         os.close(fd)
     why = msg.decode("utf-8", "replace").removeprefix("error: ") or "the helper ended without an answer"
-    return NetnsError(f"cannot make the session's network: {why}")
+    return NetnsError(f"{what}: {why}")

@@ -10,9 +10,9 @@ and a network namespace it owns, brings that namespace's loopback up and listens
 
 - ``n`` (one fd): the child answers ``ok`` with three fds (the listening socket, the user
   namespace, the network namespace) and exits: the namespaces live as long as someone holds them.
-- ``s`` + a JSON ``{"argv", "rlimits", "procs", "cwd"}`` (six fds: the answer socket, then the
-  command's stdin, stdout, stderr, status pipe and environment file): the child answers ``ok`` with
-  the listening socket, starts a session of its own, sets ``rlimits`` (bytes, soft and hard),
+- ``s`` + a JSON ``{"argv", "rlimits", "procs", "home", "cwd"}`` (six fds: the answer socket, then
+  the command's stdin, stdout, stderr, status pipe and environment file): the child answers ``ok``
+  with the listening socket, starts a session of its own, sets ``rlimits`` (bytes, soft and hard),
   joins the cgroups (``procs``: their ``cgroup.procs`` files), enters ``cwd`` and starts ``argv``
   (``posix_spawn``) with those fds as 0, 1, 2, 3 and ``ENV_FD``, no other, and an empty
   environment; it answers ``started <pgid>`` (the group: itself and the command), waits for the
@@ -20,16 +20,29 @@ and a network namespace it owns, brings that namespace's loopback up and listens
   pipe (``error: ...``) and ends as 127. The child dies with the helper, the command with it
   (bwrap's ``--die-with-parent``); the launcher closing the answer socket kills the group.
 
+Run as root, the helper forks nothing for ``s``: it makes the network namespace itself (no user
+namespace: root needs none), starts ``argv`` from there in a session of its own (the group: the
+command alone), having joined the cgroups and taken the limits and ``cwd`` for that moment, then
+returns to its own network namespace, limits and cgroups (``home``: the ``cgroup.procs`` files it
+was in) before it answers ``started <pgid>``; it waits for every command at once and answers
+``exit <wait status>``, kills a command's group when the launcher closes its answer socket, and
+answers ``error: ...`` for a command that cannot start. A fork costs a Python child ~2 ms of CPU
+(page faults, exit); this costs ~0.4 ms (docs/sandbox.md, "Network").
+
 A failure is answered ``error: <why>``. The helper exits at EOF on FD; it ignores SIGINT (a
-Ctrl-C is the launcher's to handle).
+Ctrl-C is the launcher's to handle). Where it cannot return to its own namespace, limits or
+cgroups it exits at once (its commands die with it).
 """
 
+import array
+import contextlib
 import ctypes
 import fcntl
 import json
 import os
 import resource
 import select
+import selectors
 import signal
 import socket
 import struct
@@ -45,17 +58,31 @@ STATUS_FD = 3
 """Where the command gets the status pipe (bwrap's ``--json-status-fd``)."""
 ENV_FD = 6
 """Where the command gets its environment file (bwrap's ``--args``)."""
+GATE_FD = 5
+"""Where the command gets the gate (bwrap's first ``--args``: empty, read to its end before bwrap
+starts anything): held shut until the command has its limits."""
 _RLIMITS = {"fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "as": resource.RLIMIT_AS}
 
 
-def _network(port: int, uid: int, gid: int) -> socket.socket:
-    """This process in a new user and network namespace, its loopback up; the listening socket."""
-    if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+def recv_fds(sock: socket.socket, size: int, max_fds: int) -> tuple[bytes, list[int]]:
+    """A message and its fds, close-on-exec (``socket.recv_fds`` drops its ``flags``: its fds are
+    inherited by every command started after)."""
+    msg, anc, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(max_fds * 4), socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return msg, list(fds)
+
+
+def _unshare(flags: int, what: str) -> None:
+    if _LIBC.unshare(flags) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"unshare(user, net): {os.strerror(err)}")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
+        raise OSError(err, f"unshare({what}): {os.strerror(err)}")
+
+
+def _listen(port: int) -> socket.socket:
+    """This network namespace's loopback up; a socket listening on it."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", _IFF_UP_RUNNING))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -63,6 +90,15 @@ def _network(port: int, uid: int, gid: int) -> socket.socket:
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
     return listener
+
+
+def _network(port: int, uid: int, gid: int) -> socket.socket:
+    """This process in a new user and network namespace, its loopback up; the listening socket."""
+    _unshare(_CLONE_NEWUSER | _CLONE_NEWNET, "user, net")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    return _listen(port)
 
 
 def _make(answer: socket.socket, port: int, uid: int, gid: int) -> None:
@@ -99,6 +135,9 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
         moves = [
             (os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, STATUS_FD, ENV_FD), strict=True)
         ]
+        if req.get("gate") == GATE_FD:  # open: the limits are this process's already
+            high.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            moves.append((os.POSIX_SPAWN_DUP2, high[-1], GATE_FD))
         pid = os.posix_spawn(argv[0], argv, {}, file_actions=moves)  # every other fd is close-on-exec
     except OSError as e:  # the status pipe's first line says why (a setup failure)
         why = f"error: cannot start the sandbox: {type(e).__name__}: {e}\n"
@@ -127,43 +166,242 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
         raise
 
 
-def main(argv: list[str]) -> int:
-    ctl = socket.socket(fileno=int(argv[0]))
-    port = int(argv[1])
-    uid, gid = os.getuid(), os.getgid()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's Ctrl-C is its own: this ends at EOF
-    while True:
+def _setns(fd: int, kind: int) -> None:
+    if _LIBC.setns(fd, kind) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def _own_network() -> int:
+    """An fd of this process's network namespace when it can make network namespaces and return
+    to its own without a fork (root), and wait through pidfds; else -1."""
+    if os.geteuid() != 0:
+        return -1
+    home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # commands are waited for through pidfds
+        _unshare(_CLONE_NEWNET, "net")
+        _setns(home, _CLONE_NEWNET)
+    except OSError:
+        os.close(home)
+        return -1
+    return home
+
+
+def _join(paths: list[str]) -> None:
+    for path in paths:
+        fd = os.open(str(path), os.O_WRONLY | os.O_CLOEXEC)
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 65536, 6, socket.MSG_CMSG_CLOEXEC)
-        except InterruptedError:
-            continue
-        if not msg and not fds:
-            return 0  # the launcher is gone
-        kind = msg[:1]
-        if not ((kind == b"n" and len(fds) == 1) or (kind == b"s" and len(fds) == 6)):
-            for fd in fds:
-                os.close(fd)
-            continue
-        answer = socket.socket(fileno=fds[0])
-        if os.fork() == 0:
-            code = 0
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+
+
+class _Here:
+    """Commands started by this process itself (root: module docstring) and its forked children,
+    each waited for through a pidfd."""
+
+    def __init__(self, home: int, port: int) -> None:
+        self.home, self.port = home, port
+        self.sel = selectors.DefaultSelector()
+        self.answers: dict[int, tuple[int, socket.socket | None]] = {}  # pidfd -> (pid, answer or None)
+
+    def spawn(self, answer: socket.socket, req: dict, fds: list[int]) -> None:
+        """The network, then the command; ``started`` (or ``error``) once this process is back in
+        its own network, limits and cgroups. Raises OSError before the command starts."""
+        _unshare(_CLONE_NEWNET, "net")
+        try:
+            listener = _listen(self.port)
             try:
-                ctl.close()
-                if kind == b"n":
-                    _make(answer, port, uid, gid)
-                else:
-                    _spawn(answer, json.loads(msg[1:]), fds[1:], port, uid, gid)
-            except BaseException as e:  # noqa: BLE001  # every failure is the answer
-                code = 1
+                socket.send_fds(answer, [b"ok"], [listener.fileno()])
+            finally:
+                listener.close()
+            argv = [str(a) for a in req["argv"]]
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]  # out of the targets' way
+            moves = [
+                (os.POSIX_SPAWN_DUP2, fd, to)
+                for fd, to in zip(high, (0, 1, 2, STATUS_FD, ENV_FD), strict=True)
+            ]  # this process's own fds are close-on-exec
+            pid = why = None
+            try:
+                pid = self._start(argv, moves, req)
+            except OSError as e:
+                why = f"error: {type(e).__name__}: {e}"
+            finally:
+                for fd in high:
+                    os.close(fd)
+        finally:
+            try:
+                _setns(self.home, _CLONE_NEWNET)
+            except OSError as e:
+                _fatal(f"cannot return to its own network: {e}")
+        if pid is None:
+            answer.send(str(why).encode("utf-8", "replace")[:4000])
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as e:  # it cannot be waited for: it does not run
+            _kill(pid)
+            os.waitpid(pid, 0)
+            answer.send(f"error: {type(e).__name__}: {e}".encode("utf-8", "replace")[:4000])
+            return
+        self.answers[pidfd] = (pid, answer)
+        self.sel.register(pidfd, selectors.EVENT_READ, "exit")
+        try:
+            answer.send(f"started {pid}".encode())
+        except OSError:  # the launcher gave the session up meanwhile
+            self.answers[pidfd] = (pid, None)
+            answer.close()
+            _kill(pid)
+            return
+        self.sel.register(answer, selectors.EVENT_READ, pidfd)
+
+    def _start(self, argv: list[str], moves: list[tuple[int, int, int]], req: dict) -> int:
+        """``argv`` started in this moment's network, in the cgroups, in ``cwd`` (this process back
+        in its own cgroups after, or it exits), held at the gate (``req["gate"]``: an fd bwrap reads
+        options from, ``--args``, before it starts anything) until it has its limits."""
+        procs, home = [str(p) for p in req["procs"]], [str(p) for p in req.get("home") or []]
+        if len(home) != len(procs):
+            raise ValueError("the request names no cgroup to return to for each cgroup to join")
+        gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            try:
+                _join(procs)
+                os.chdir(str(req["cwd"]))
+                pid = os.posix_spawn(
+                    argv[0],
+                    argv,
+                    {},
+                    file_actions=[*moves, (os.POSIX_SPAWN_DUP2, gate_r, int(req["gate"]))],
+                    setsid=True,
+                )
+            finally:
                 try:
-                    answer.send(f"error: {type(e).__name__}: {e}".encode()[:4000])
+                    os.chdir("/")
+                    _join(home)
+                except OSError as e:
+                    _fatal(f"cannot return to its own cgroups: {e}")
+            try:
+                for name, value in req["rlimits"].items():
+                    resource.prlimit(pid, _RLIMITS[name], (int(value), int(value)))
+            except (OSError, ValueError):
+                _kill(pid)
+                os.waitpid(pid, 0)
+                raise
+            return pid
+        finally:
+            os.close(gate_w)  # the command goes on (or reads nothing, killed)
+            os.close(gate_r)
+
+    def forked(self, pid: int) -> None:
+        """A forked child, reaped when it ends."""
+        pidfd = os.pidfd_open(pid)
+        self.answers[pidfd] = (pid, None)
+        self.sel.register(pidfd, selectors.EVENT_READ, "exit")
+
+    def ready(self, key: selectors.SelectorKey) -> None:
+        if key.data == "exit":  # a command or child ended
+            pid, answer = self.answers.pop(key.fd)
+            self.sel.unregister(key.fd)
+            os.close(key.fd)
+            _, status = os.waitpid(pid, 0)
+            if answer is not None:
+                self.sel.unregister(answer)
+                try:
+                    answer.send(f"exit {status}".encode())
                 except OSError:
                     pass
-            os._exit(code)
-        answer.close()
-        for fd in fds[1:]:
-            os.close(fd)
+                answer.close()
+            return
+        sock = key.fileobj
+        assert isinstance(sock, socket.socket)
+        try:
+            gone = not sock.recv(1)
+        except OSError:
+            gone = True
+        if gone:  # the launcher gave the session up: its group is killed, waited for as any
+            self.sel.unregister(sock)
+            sock.close()
+            pid = self.answers[key.data][0]
+            self.answers[key.data] = (pid, None)
+            _kill(pid)
+
+
+def _kill(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _fatal(why: str) -> None:
+    os.write(2, f"netns_helper: {why}: exiting\n".encode("utf-8", "replace"))
+    os._exit(70)
+
+
+def main(argv: list[str]) -> int:
+    ctl = socket.socket(fileno=int(argv[0]))
+    ctl.set_inheritable(False)  # never a command's
+    port = int(argv[1])
+    uid, gid = os.getuid(), os.getgid()
+    here = _Here(_own_network(), port)
+    if here.home < 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked children only: the kernel reaps them
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's Ctrl-C is its own: this ends at EOF
+    here.sel.register(ctl, selectors.EVENT_READ, "ctl")
+    while True:
+        for key, _ in here.sel.select():
+            if key.data != "ctl":
+                here.ready(key)
+                continue
+            try:
+                msg, fds = recv_fds(ctl, 65536, 6)
+            except InterruptedError:
+                continue
+            if not msg and not fds:
+                return 0  # the launcher is gone
+            kind = msg[:1]
+            if not ((kind == b"n" and len(fds) == 1) or (kind == b"s" and len(fds) == 6)):
+                for fd in fds:
+                    os.close(fd)
+                continue
+            answer = socket.socket(fileno=fds[0])
+            try:
+                req = json.loads(msg[1:]) if kind == b"s" else {}
+            except ValueError:
+                req = {}  # answered by the child, as any failure
+            if here.home >= 0 and req.get("gate") == GATE_FD:
+                try:
+                    here.spawn(answer, req, fds[1:])
+                except (OSError, ValueError, KeyError, TypeError) as e:
+                    with contextlib.suppress(OSError):
+                        answer.send(f"error: {type(e).__name__}: {e}".encode()[:4000])
+                    answer.close()
+                finally:
+                    for fd in fds[1:]:
+                        os.close(fd)
+                continue
+            child = os.fork()
+            if child == 0:
+                code = 0
+                try:
+                    ctl.close()
+                    if kind == b"n":
+                        _make(answer, port, uid, gid)
+                    else:
+                        _spawn(answer, req or json.loads(msg[1:]), fds[1:], port, uid, gid)
+                except BaseException as e:  # noqa: BLE001  # every failure is the answer
+                    code = 1
+                    try:
+                        answer.send(f"error: {type(e).__name__}: {e}".encode()[:4000])
+                    except OSError:
+                        pass
+                os._exit(code)
+            if here.home >= 0:
+                here.forked(child)
+            answer.close()
+            for fd in fds[1:]:
+                os.close(fd)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from rollout.sandbox.bwrap import (
 )
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.images import ImageError, ImageRoot, bound_at
-from rollout.sandbox.netns import ENV_FD, STATUS_FD, NetnsError, NetnsMaker, Spawned
+from rollout.sandbox.netns import ENV_FD, GATE_FD, STATUS_FD, NetnsError, NetnsMaker, Spawned
 from rollout.sandbox.overlay import OverlayUnavailable, merged, wrap
 from rollout.sandbox.runtime_local import Monitor, RuntimeRun, Started, run_local
 
@@ -457,11 +457,19 @@ class _Networks:
         return self.off is None
 
     async def spawn(
-        self, argv: list[str], fds: list[int], rlimits: dict[str, int], procs: list[str], cwd: str
+        self,
+        argv: list[str],
+        fds: list[int],
+        rlimits: dict[str, int],
+        procs: list[str],
+        home: list[str],
+        cwd: str,
+        *,
+        gated: bool,
     ) -> Spawned:
         """``NetnsMaker.spawn`` (after ``ready()`` said yes). Raises NetnsError."""
         assert self.maker is not None
-        return await self.maker.spawn(argv, fds, rlimits, procs, cwd)
+        return await self.maker.spawn(argv, fds, rlimits, procs, home, cwd, gated=gated)
 
     def close(self) -> None:
         """Stop the helper (a later session starts it again)."""
@@ -689,7 +697,10 @@ async def _run_sandboxed(
         except OSError as e:
             return _setup_failed(t0, f"{type(e).__name__}: {e}")
         spec = dataclasses.replace(  # the fds as bwrap has them: the helper moves them (netns_helper)
-            spec, env_fd=ENV_FD if in_net else env_fd, status_fd=STATUS_FD if in_net else status_w
+            spec,
+            env_fd=ENV_FD if in_net else env_fd,
+            status_fd=STATUS_FD if in_net else status_w,
+            gate_fd=GATE_FD if in_net and image is None else None,  # an image's bwrap runs under a wrapper
         )
         argv = bwrap_command(support, spec, command.argv if command is not None else cfg.command())
         if image is not None:
@@ -717,8 +728,10 @@ async def _run_sandboxed(
                         argv,
                         [*theirs, status_w, env_fd],
                         rlimits,
-                        [str(f) for f in cg.procs_files],
+                        cg.procs_files,
+                        cg.home_files,
                         str(workspace),
+                        gated=spec.gate_fd is not None,
                     )
                 finally:
                     for fd in theirs:

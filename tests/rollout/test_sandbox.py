@@ -422,7 +422,8 @@ def test_session_cgroup_writes_limits_reads_events_and_removes(tmp_path: Path) -
     cg.create("rollout-s1")
     d = tmp_path / "rollout-s1"
     assert (d / "memory.max").read_text() == str(64 << 20) and (d / "pids.max").read_text() == "32"
-    assert cg.procs_files == [d / "cgroup.procs"] and cg.exceeded() is None
+    assert cg.procs_files == [f"{d}/cgroup.procs"] and cg.exceeded() is None
+    assert cg.home_files == [f"{tmp_path}/cgroup.procs"]
     (d / "pids.events").write_text("max 3\n")
     assert cg.exceeded() == "processes"
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
@@ -449,7 +450,8 @@ def test_session_cgroup_v1_files(tmp_path: Path) -> None:
     )
     cg.create("s")
     assert (tmp_path / "m/s/memory.limit_in_bytes").read_text() == str(1 << 30)
-    assert cg.procs_files == [tmp_path / "m/s/cgroup.procs", tmp_path / "p/s/cgroup.procs"]
+    assert cg.procs_files == [f"{tmp_path}/m/s/cgroup.procs", f"{tmp_path}/p/s/cgroup.procs"]
+    assert cg.home_files == [f"{tmp_path}/m/cgroup.procs", f"{tmp_path}/p/cgroup.procs"]
     (tmp_path / "m/s/memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     assert cg.exceeded() == "memory"
 
@@ -462,14 +464,14 @@ def test_a_session_cgroup_has_a_cpu_group_of_its_own_with_the_default_weight(tmp
     )
     cg = v1.session_cgroup(1 << 30, None)
     cg.create("s")
-    assert cg.procs_files == [tmp_path / "m/s/cgroup.procs", tmp_path / "c/s/cgroup.procs"]
+    assert cg.procs_files == [f"{tmp_path}/m/s/cgroup.procs", f"{tmp_path}/c/s/cgroup.procs"]
     assert sorted(p.name for p in (tmp_path / "c/s").iterdir()) == []  # no weight written: all equal
     assert v1.mechanisms()["cpu"] == "an equal share per session: cgroup v1 cpu.shares"
     v2 = Support("bwrap", pids=Controller("pids", 2, tmp_path), cpu=Controller("cpu", 2, tmp_path))
     both = v2.session_cgroup(None, 16)
     both.create("t")
     assert both.dirs == {"pids": tmp_path / "t", "cpu": tmp_path / "t"}  # one cgroup2 folder
-    assert both.procs_files == [tmp_path / "t/cgroup.procs"]
+    assert both.procs_files == [f"{tmp_path}/t/cgroup.procs"]
     assert Support("bwrap").mechanisms()["cpu"].startswith("NOT SHARED")
 
 

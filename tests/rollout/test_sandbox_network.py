@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ import pytest
 from rollout.sandbox import runner
 from rollout.sandbox.bridge import MAX_CONNECTIONS
 from rollout.sandbox.bwrap import GATEWAY_PORT
+from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.netns import NetnsError, NetnsMaker, Spawned, _answer
 from rollout.sandbox.runner import run_runtime
 from tests.rollout.sandbox_helpers import make_env, request, require_bwrap
@@ -238,10 +240,18 @@ def test_an_image_whose_env_holds_a_nul_byte_is_refused(
 
 
 @contextlib.asynccontextmanager
-async def _spawned(argv: list[str], tmp_path: Path) -> AsyncIterator[tuple[Spawned, list[int]]]:
-    """``argv`` started by a helper of its own with fresh pipes: (the Spawned, our ends: stdin,
-    stdout, status); all closed after."""
-    maker = NetnsMaker(GATEWAY_PORT)
+async def _spawned(
+    argv: list[str],
+    tmp_path: Path,
+    gated: bool = False,
+    rlimits: dict[str, int] | None = None,
+    cgroup: SessionCgroup | None = None,
+    maker: NetnsMaker | None = None,
+) -> AsyncIterator[tuple[Spawned, list[int]]]:
+    """``argv`` started by a helper (its own unless ``maker``) with fresh pipes: (the Spawned, our
+    ends: stdin, stdout, status); all closed after."""
+    own = maker is None
+    maker = maker or NetnsMaker(GATEWAY_PORT)
     pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
     env_r, env_w = os.pipe()
     os.close(env_w)
@@ -250,7 +260,15 @@ async def _spawned(argv: list[str], tmp_path: Path) -> AsyncIterator[tuple[Spawn
     os.close(pipes[2][0])
     try:
         try:
-            spawned = await maker.spawn(argv, theirs, {"core": 0}, [], str(tmp_path))
+            spawned = await maker.spawn(
+                argv,
+                theirs,
+                {"core": 0} if rlimits is None else rlimits,
+                cgroup.procs_files if cgroup else [],
+                cgroup.home_files if cgroup else [],
+                str(tmp_path),
+                gated=gated,
+            )
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -261,7 +279,8 @@ async def _spawned(argv: list[str], tmp_path: Path) -> AsyncIterator[tuple[Spawn
     finally:
         for fd in ours:
             os.close(fd)
-        maker.close()
+        if own:
+            maker.close()
 
 
 async def test_a_command_that_cannot_start_says_why_on_its_status_pipe(tmp_path: Path) -> None:
@@ -272,14 +291,23 @@ async def test_a_command_that_cannot_start_says_why_on_its_status_pipe(tmp_path:
         assert said.startswith("error: cannot start the sandbox: FileNotFoundError"), said
 
 
-async def test_closing_the_answer_kills_the_command_and_its_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gated", [False, True])
+async def test_closing_the_answer_kills_the_command_and_its_group(tmp_path: Path, gated: bool) -> None:
+    """Started by the helper's child (not gated) or, as root, by the helper itself (gated)."""
     require_bwrap()
     script = "import os, sys, time; os.write(1, str(os.getpid()).encode() + b'\\n'); time.sleep(300)"
-    async with _spawned([sys.executable, "-c", script], tmp_path) as (spawned, ours):
+    async with _spawned([sys.executable, "-c", script], tmp_path, gated) as (spawned, ours):
         pid = int(os.read(ours[1], 100))
         assert os.getpgid(pid) == spawned.pgid != os.getpgid(0)  # a group of its own
-        # no fd of the launcher's but the five handed over reached it
-        assert sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2, 3, 6]
+        # no fd of the launcher's or the helper's but those handed over (and the gate) reached it
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [
+            0,
+            1,
+            2,
+            3,
+            *([5] if gated else []),
+            6,
+        ]
         spawned.close()
         for _ in range(100):
             if not os.path.exists(f"/proc/{pid}"):
@@ -334,3 +362,97 @@ def _cmdline_has(pid: str, text: str) -> bool:
             return text.encode() in f.read()
     except OSError:
         return False
+
+
+GATED = r"""
+import json, os, resource, sys
+while os.read(5, 4096):  # the gate, as bwrap reads its first --args before it starts anything
+    pass
+print(json.dumps({
+    "ppid": os.getppid(), "pid": os.getpid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
+    "fsize": resource.getrlimit(resource.RLIMIT_FSIZE), "core": resource.getrlimit(resource.RLIMIT_CORE),
+    "cgroup": open("/proc/self/cgroup").read(), "net": os.stat("/proc/self/ns/net").st_ino,
+}), flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_as_root_the_helper_starts_a_gated_command_itself_with_its_limits_and_groups(
+    tmp_path: Path,
+) -> None:
+    """No process per session on the host but the command: the helper makes the network, joins
+    the session's cgroups, starts the command there and returns to its own network and groups
+    before it answers; the command gets its limits before the gate opens (bwrap reads it before
+    it starts anything)."""
+    support = require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the helper starts commands itself only as root")
+    cg = support.session_cgroup(64 << 20, 16)
+    cg.create(f"rollout-test-gated-{os.getpid()}")
+    maker = NetnsMaker(GATEWAY_PORT)
+    try:
+        limits = {"fsize": 12345, "core": 0}
+        async with _spawned([sys.executable, "-c", GATED], tmp_path, True, limits, cg, maker) as (s, ours):
+            got = json.loads(os.read(ours[1], 65536))
+            assert maker._proc is not None
+            helper = maker._proc.pid
+            assert got["ppid"] == helper and got["pid"] == got["pgid"] == s.pgid
+            assert got["fsize"] == [12345, 12345] and got["core"] == [0, 0] and got["cwd"] == str(tmp_path)
+            assert got["net"] != os.stat("/proc/self/ns/net").st_ino
+            # the helper is back in its own network and groups; the command is in the session's
+            assert os.stat(f"/proc/{helper}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino
+            name = f"rollout-test-gated-{os.getpid()}"
+            ours_cg = Path("/proc/self/cgroup").read_text()
+            assert Path(f"/proc/{helper}/cgroup").read_text() == ours_cg and name not in ours_cg
+            if cg.procs_files:
+                assert name in got["cgroup"] and sorted(cg.pids_inside()) == [got["pid"]]
+            assert resource.prlimit(helper, resource.RLIMIT_FSIZE) == resource.getrlimit(
+                resource.RLIMIT_FSIZE
+            )
+            os.close(ours[0])  # stdin: it ends
+            ours[0] = os.open(os.devnull, os.O_RDONLY)
+            assert os.waitstatus_to_exitcode(await s.ended()) == 0
+    finally:
+        maker.close()
+        cg.remove()
+
+
+async def test_a_gated_command_that_cannot_start_fails_its_start_with_the_reason(tmp_path: Path) -> None:
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the helper starts commands itself only as root")
+    with pytest.raises(NetnsError, match="cannot start the sandbox: FileNotFoundError"):
+        async with _spawned([str(tmp_path / "missing")], tmp_path, True):
+            pass
+
+
+async def test_a_cancelled_start_waits_for_the_helpers_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled while the helper starts the command (it is in the session's cgroups until it
+    answers, and the caller then kills them), the start first reads the helper's answer."""
+    from rollout.sandbox import netns
+
+    read: list[bytes] = []
+    real = netns._answer
+
+    async def slow(sock: socket.socket, max_fds: int) -> tuple[bytes, list[int]]:
+        got = await real(sock, max_fds)
+        read.append(got[0])
+        return got
+
+    monkeypatch.setattr(netns, "_answer", slow)
+    maker = NetnsMaker(GATEWAY_PORT)
+    pipes = [os.pipe() for _ in range(5)]
+    try:
+        task = asyncio.create_task(
+            maker.spawn(["/bin/sleep", "30"], [r for r, _ in pipes], {}, [], [], "/", gated=True)
+        )
+        await asyncio.sleep(0)  # the request is sent; the helper has not answered
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert read and read[-1].startswith((b"started ", b"error")), read
+    finally:
+        maker.close()
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
