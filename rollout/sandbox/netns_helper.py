@@ -398,7 +398,11 @@ def main(argv: list[str]) -> int:
                         pass
                 os._exit(code)
             if here.home >= 0:
-                here.forked(child)
+                try:
+                    here.forked(child)
+                except OSError:  # it cannot be waited for: that session fails, the helper stays
+                    os.kill(child, signal.SIGKILL)
+                    os.waitpid(child, 0)
             answer.close()
             for fd in fds[1:]:
                 os.close(fd)
