@@ -183,12 +183,6 @@ class SessionCgroup:
     def procs_files(self) -> list[str]:
         return [f"{d}/cgroup.procs" for d in self._folders]
 
-    @property
-    def home_files(self) -> list[str]:
-        """The ``cgroup.procs`` file of the group each of ``procs_files`` was made in (this
-        process's own: ``Controller.parent``), in the same order."""
-        return [f"{os.path.dirname(d)}/cgroup.procs" for d in self._folders]
-
     def joined(self, argv: list[str]) -> list[str]:
         """``argv`` run by a shell that first moves itself into the session's groups (so
         everything it starts is capped from its first instruction); ``argv`` itself without groups."""

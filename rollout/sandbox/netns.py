@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -118,6 +119,8 @@ class NetnsMaker:
                     socket.send_fds(ctl, [message], fds)
                     return
                 except OSError as e:
+                    if e.errno == errno.EMSGSIZE:  # this request's: the helper is fine
+                        raise NetnsError(f"the request is too large for the network helper: {e}") from e
                     self._stop()
                     if attempt == 2:
                         raise NetnsError(f"the network helper is gone: {e}") from e
@@ -143,25 +146,22 @@ class NetnsMaker:
         fds: list[int],
         rlimits: dict[str, int],
         procs: list[str],
-        home: list[str],
         cwd: str,
         *,
         gated: bool = False,
     ) -> Spawned:
         """``argv`` started in a new session network (``netns_helper``, kind ``s``): ``fds`` its
         stdin, stdout, stderr, status pipe and environment file (this process keeps its own
-        copies), ``rlimits`` in bytes, ``procs`` the ``cgroup.procs`` files it joins, ``home`` those
-        of the groups they were made in (the helper's own: it returns there), ``cwd``; ``gated``:
-        ``argv`` is bwrap reading ``--args GATE_FD`` first (the helper may then start it itself). Raises
-        NetnsError (nothing of it left running); cancelled, it first waits for the helper's answer
-        (the helper may be in the session's groups until then, which the caller then kills)."""
+        copies), ``rlimits`` in bytes, ``procs`` the ``cgroup.procs`` files it joins, ``cwd``;
+        ``gated``: ``argv`` is bwrap reading ``--args GATE_FD`` first (the helper may then start it
+        itself). Raises NetnsError (nothing of it left running); cancelled, it first waits for the
+        helper's answer (whether the command started)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         request = json.dumps(
             {
                 "argv": argv,
                 "rlimits": rlimits,
                 "procs": procs,
-                "home": home,
                 "cwd": cwd,
                 **({"gate": GATE_FD} if gated else {}),
             }

@@ -10,8 +10,9 @@ and a network namespace it owns, brings that namespace's loopback up and listens
 
 - ``n`` (one fd): the child answers ``ok`` with three fds (the listening socket, the user
   namespace, the network namespace) and exits: the namespaces live as long as someone holds them.
-- ``s`` + a JSON ``{"argv", "rlimits", "procs", "home", "cwd"}`` (six fds: the answer socket, then
-  the command's stdin, stdout, stderr, status pipe and environment file): the child answers ``ok``
+- ``s`` + a JSON ``{"argv", "rlimits", "procs", "cwd"}`` (optional ``"gate": GATE_FD``; six fds:
+  the answer socket, then the command's stdin, stdout, stderr, status pipe and environment
+  file): the child answers ``ok``
   with the listening socket, starts a session of its own, sets ``rlimits`` (bytes, soft and hard),
   joins the cgroups (``procs``: their ``cgroup.procs`` files), enters ``cwd`` and starts ``argv``
   (``posix_spawn``) with those fds as 0, 1, 2, 3 and ``ENV_FD``, no other, and an empty
@@ -20,18 +21,19 @@ and a network namespace it owns, brings that namespace's loopback up and listens
   pipe (``error: ...``) and ends as 127. The child dies with the helper, the command with it
   (bwrap's ``--die-with-parent``); the launcher closing the answer socket kills the group.
 
-Run as root, the helper forks nothing for ``s``: it makes the network namespace itself (no user
+Run as root, the helper forks nothing for a gated ``s`` (``argv`` is bwrap reading ``--args
+GATE_FD`` first, before it starts anything): it makes the network namespace itself (no user
 namespace: root needs none), starts ``argv`` from there in a session of its own (the group: the
-command alone), having joined the cgroups and taken the limits and ``cwd`` for that moment, then
-returns to its own network namespace, limits and cgroups (``home``: the ``cgroup.procs`` files it
-was in) before it answers ``started <pgid>``; it waits for every command at once and answers
-``exit <wait status>``, kills a command's group when the launcher closes its answer socket, and
-answers ``error: ...`` for a command that cannot start. A fork costs a Python child ~2 ms of CPU
-(page faults, exit); this costs ~0.4 ms (docs/sandbox.md, "Network").
+command alone) and returns to its own network namespace; while bwrap waits at the gate (a pipe
+this process holds) it writes bwrap's pid into the cgroups and sets its limits (``prlimit``), then
+opens the gate (a failure kills bwrap there) and answers ``started <pgid>``. It waits for every
+command at once (pidfds), answers ``exit <wait status>``, kills a command's group when the
+launcher closes its answer socket, and answers ``error: ...`` for a command that cannot start. A
+fork costs a Python child ~2 ms of CPU (page faults, exit); this ~0.4 ms (docs/sandbox.md).
 
 A failure is answered ``error: <why>``. The helper exits at EOF on FD; it ignores SIGINT (a
-Ctrl-C is the launcher's to handle). Where it cannot return to its own namespace, limits or
-cgroups it exits at once (its commands die with it).
+Ctrl-C is the launcher's to handle). Where it cannot return to its own network namespace it
+exits at once (its commands die with it).
 """
 
 import array
@@ -151,11 +153,14 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
         if pid < 0:
             answer.send(b"exit 32512")  # 127 << 8: the shell's "cannot run"
             return
+        poll = select.poll()  # not select(): this process's fds may be numbered past 1024
+        poll.register(answer.fileno(), select.POLLIN)
+        poll.register(woken_r, select.POLLIN)
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            ready, _, _ = select.select([answer.fileno(), woken_r], [], [])
+            ready = [fd for fd, _ in poll.poll()]
             if woken_r in ready:
                 os.read(woken_r, 512)
             elif not answer.recv(1):  # the launcher gave the session up
@@ -188,11 +193,12 @@ def _own_network() -> int:
     return home
 
 
-def _join(paths: list[str]) -> None:
+def _join(pid: int, paths: list[str]) -> None:
+    """``pid`` into the groups of these ``cgroup.procs`` files."""
     for path in paths:
         fd = os.open(str(path), os.O_WRONLY | os.O_CLOEXEC)
         try:
-            os.write(fd, str(os.getpid()).encode())
+            os.write(fd, str(pid).encode())
         finally:
             os.close(fd)
 
@@ -207,44 +213,44 @@ class _Here:
         self.answers: dict[int, tuple[int, socket.socket | None]] = {}  # pidfd -> (pid, answer or None)
 
     def spawn(self, answer: socket.socket, req: dict, fds: list[int]) -> None:
-        """The network, then the command; ``started`` (or ``error``) once this process is back in
-        its own network, limits and cgroups. Raises OSError before the command starts."""
-        _unshare(_CLONE_NEWNET, "net")
+        """The network, then the command; ``started`` once this process is back in its own
+        network, or ``error``. Raises OSError (or ValueError for a bad request) with nothing started."""
+        argv = [str(a) for a in req["argv"]]
+        high: list[int] = []
         try:
-            listener = _listen(self.port)
-            try:
-                socket.send_fds(answer, [b"ok"], [listener.fileno()])
-            finally:
-                listener.close()
-            argv = [str(a) for a in req["argv"]]
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]  # out of the targets' way
+            for fd in fds:  # out of the targets' way
+                high.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64))
             moves = [
                 (os.POSIX_SPAWN_DUP2, fd, to)
                 for fd, to in zip(high, (0, 1, 2, STATUS_FD, ENV_FD), strict=True)
             ]  # this process's own fds are close-on-exec
-            pid = why = None
+            _unshare(_CLONE_NEWNET, "net")
+            started: tuple[int, int] | None = None
+            why = ""
             try:
-                pid = self._start(argv, moves, req)
-            except OSError as e:
-                why = f"error: {type(e).__name__}: {e}"
+                listener = _listen(self.port)
+                try:
+                    socket.send_fds(answer, [b"ok"], [listener.fileno()])
+                finally:
+                    listener.close()
+                try:
+                    started = self._start(argv, moves, req)
+                except (OSError, ValueError, KeyError, TypeError) as e:
+                    why = f"error: {type(e).__name__}: {e}"
             finally:
-                for fd in high:
-                    os.close(fd)
+                try:
+                    _setns(self.home, _CLONE_NEWNET)
+                except OSError as e:
+                    if started is not None:
+                        _kill(started[0])
+                    _fatal(f"cannot return to its own network: {e}")
         finally:
-            try:
-                _setns(self.home, _CLONE_NEWNET)
-            except OSError as e:
-                _fatal(f"cannot return to its own network: {e}")
-        if pid is None:
-            answer.send(str(why).encode("utf-8", "replace")[:4000])
+            for fd in high:
+                os.close(fd)
+        if started is None:
+            answer.send(why.encode("utf-8", "replace")[:4000])
             return
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError as e:  # it cannot be waited for: it does not run
-            _kill(pid)
-            os.waitpid(pid, 0)
-            answer.send(f"error: {type(e).__name__}: {e}".encode("utf-8", "replace")[:4000])
-            return
+        pid, pidfd = started
         self.answers[pidfd] = (pid, answer)
         self.sel.register(pidfd, selectors.EVENT_READ, "exit")
         try:
@@ -256,41 +262,39 @@ class _Here:
             return
         self.sel.register(answer, selectors.EVENT_READ, pidfd)
 
-    def _start(self, argv: list[str], moves: list[tuple[int, int, int]], req: dict) -> int:
-        """``argv`` started in this moment's network, in the cgroups, in ``cwd`` (this process back
-        in its own cgroups after, or it exits), held at the gate (``req["gate"]``: an fd bwrap reads
-        options from, ``--args``, before it starts anything) until it has its limits."""
-        procs, home = [str(p) for p in req["procs"]], [str(p) for p in req.get("home") or []]
-        if len(home) != len(procs):
-            raise ValueError("the request names no cgroup to return to for each cgroup to join")
+    def _start(self, argv: list[str], moves: list[tuple[int, int, int]], req: dict) -> tuple[int, int]:
+        """``argv`` started in this moment's network and in ``cwd``, held at the gate (an fd bwrap
+        reads options from, ``--args``, before it starts anything) until it is in the session's
+        cgroups and has its limits (else killed there); its pid and a pidfd of it."""
         gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
         try:
+            os.chdir(str(req["cwd"]))
             try:
-                _join(procs)
-                os.chdir(str(req["cwd"]))
                 pid = os.posix_spawn(
                     argv[0],
                     argv,
                     {},
-                    file_actions=[*moves, (os.POSIX_SPAWN_DUP2, gate_r, int(req["gate"]))],
+                    file_actions=[*moves, (os.POSIX_SPAWN_DUP2, gate_r, GATE_FD)],
                     setsid=True,
                 )
             finally:
-                try:
-                    os.chdir("/")
-                    _join(home)
-                except OSError as e:
-                    _fatal(f"cannot return to its own cgroups: {e}")
+                os.chdir("/")
             try:
-                for name, value in req["rlimits"].items():
-                    resource.prlimit(pid, _RLIMITS[name], (int(value), int(value)))
-            except (OSError, ValueError):
+                pidfd = os.pidfd_open(pid)
+                try:
+                    _join(pid, req["procs"])
+                    for name, value in req["rlimits"].items():
+                        resource.prlimit(pid, _RLIMITS[name], (int(value), int(value)))
+                except BaseException:
+                    os.close(pidfd)
+                    raise
+            except BaseException:
                 _kill(pid)
                 os.waitpid(pid, 0)
                 raise
-            return pid
+            return pid, pidfd
         finally:
-            os.close(gate_w)  # the command goes on (or reads nothing, killed)
+            os.close(gate_w)  # the command goes on (or reads nothing: it was killed)
             os.close(gate_r)
 
     def forked(self, pid: int) -> None:
@@ -351,8 +355,13 @@ def main(argv: list[str]) -> int:
     here.sel.register(ctl, selectors.EVENT_READ, "ctl")
     while True:
         for key, _ in here.sel.select():
+            if here.sel.get_map().get(key.fd) is not key:
+                continue  # unregistered by an earlier event of this batch (its command ended)
             if key.data != "ctl":
-                here.ready(key)
+                try:
+                    here.ready(key)
+                except Exception as e:  # noqa: BLE001  # one session's: the helper stays
+                    os.write(2, f"netns_helper: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
                 continue
             try:
                 msg, fds = recv_fds(ctl, 65536, 6)
@@ -381,7 +390,15 @@ def main(argv: list[str]) -> int:
                     for fd in fds[1:]:
                         os.close(fd)
                 continue
-            child = os.fork()
+            try:
+                child = os.fork()
+            except OSError as e:  # no process to spare: this session fails, the helper stays
+                with contextlib.suppress(OSError):
+                    answer.send(f"error: cannot fork: {e}".encode()[:4000])
+                answer.close()
+                for fd in fds[1:]:
+                    os.close(fd)
+                continue
             if child == 0:
                 code = 0
                 try:

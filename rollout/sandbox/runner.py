@@ -462,14 +462,13 @@ class _Networks:
         fds: list[int],
         rlimits: dict[str, int],
         procs: list[str],
-        home: list[str],
         cwd: str,
         *,
         gated: bool,
     ) -> Spawned:
         """``NetnsMaker.spawn`` (after ``ready()`` said yes). Raises NetnsError."""
         assert self.maker is not None
-        return await self.maker.spawn(argv, fds, rlimits, procs, home, cwd, gated=gated)
+        return await self.maker.spawn(argv, fds, rlimits, procs, cwd, gated=gated)
 
     def close(self) -> None:
         """Stop the helper (a later session starts it again)."""
@@ -729,7 +728,6 @@ async def _run_sandboxed(
                         [*theirs, status_w, env_fd],
                         rlimits,
                         cg.procs_files,
-                        cg.home_files,
                         str(workspace),
                         gated=spec.gate_fd is not None,
                     )

@@ -423,7 +423,6 @@ def test_session_cgroup_writes_limits_reads_events_and_removes(tmp_path: Path) -
     d = tmp_path / "rollout-s1"
     assert (d / "memory.max").read_text() == str(64 << 20) and (d / "pids.max").read_text() == "32"
     assert cg.procs_files == [f"{d}/cgroup.procs"] and cg.exceeded() is None
-    assert cg.home_files == [f"{tmp_path}/cgroup.procs"]
     (d / "pids.events").write_text("max 3\n")
     assert cg.exceeded() == "processes"
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
@@ -451,7 +450,6 @@ def test_session_cgroup_v1_files(tmp_path: Path) -> None:
     cg.create("s")
     assert (tmp_path / "m/s/memory.limit_in_bytes").read_text() == str(1 << 30)
     assert cg.procs_files == [f"{tmp_path}/m/s/cgroup.procs", f"{tmp_path}/p/s/cgroup.procs"]
-    assert cg.home_files == [f"{tmp_path}/m/cgroup.procs", f"{tmp_path}/p/cgroup.procs"]
     (tmp_path / "m/s/memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     assert cg.exceeded() == "memory"
 

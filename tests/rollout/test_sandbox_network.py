@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -265,7 +266,6 @@ async def _spawned(
                 theirs,
                 {"core": 0} if rlimits is None else rlimits,
                 cgroup.procs_files if cgroup else [],
-                cgroup.home_files if cgroup else [],
                 str(tmp_path),
                 gated=gated,
             )
@@ -444,7 +444,7 @@ async def test_a_cancelled_start_waits_for_the_helpers_answer(monkeypatch: pytes
     pipes = [os.pipe() for _ in range(5)]
     try:
         task = asyncio.create_task(
-            maker.spawn(["/bin/sleep", "30"], [r for r, _ in pipes], {}, [], [], "/", gated=True)
+            maker.spawn(["/bin/sleep", "30"], [r for r, _ in pipes], {}, [], "/", gated=True)
         )
         await asyncio.sleep(0)  # the request is sent; the helper has not answered
         task.cancel()
@@ -456,3 +456,53 @@ async def test_a_cancelled_start_waits_for_the_helpers_answer(monkeypatch: pytes
         for r, w in pipes:
             os.close(r)
             os.close(w)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+async def test_a_command_that_ends_as_the_launcher_gives_it_up_never_ends_the_helper(tmp_path: Path) -> None:
+    """Its end and its closed answer seen by the helper at once: each session's events are its own."""
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the helper starts commands itself only as root")
+    maker = NetnsMaker(GATEWAY_PORT)
+    try:
+        async with _spawned(["/bin/sleep", "300"], tmp_path, True, maker=maker) as (spawned, _):
+            assert maker._proc is not None
+            helper = maker._proc.pid
+            os.kill(helper, signal.SIGSTOP)  # busy: both events wait for it
+            try:
+                os.killpg(spawned.pgid, signal.SIGKILL)
+                for _ in range(500):
+                    if _state(spawned.pgid) in ("Z", "gone"):
+                        break
+                    await asyncio.sleep(0.01)
+                spawned.answer.close()
+            finally:
+                os.kill(helper, signal.SIGCONT)
+        async with _spawned(["/bin/true"], tmp_path, True, maker=maker) as (again, _):
+            assert os.waitstatus_to_exitcode(await again.ended()) == 0
+        assert maker._proc.poll() is None
+    finally:
+        maker.close()
+
+
+async def test_a_forked_start_works_beside_hundreds_of_gated_sessions(tmp_path: Path) -> None:
+    """The helper then holds fds numbered past 1024, and so does its forked child."""
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the helper starts commands itself only as root")
+    maker = NetnsMaker(GATEWAY_PORT)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(520):
+                await stack.enter_async_context(_spawned(["/bin/sleep", "300"], tmp_path, True, maker=maker))
+            async with _spawned(["/bin/true"], tmp_path, False, maker=maker) as (forked, _):
+                assert os.waitstatus_to_exitcode(await forked.ended()) == 0
+    finally:
+        maker.close()
