@@ -379,7 +379,7 @@ def main(argv: list[str]) -> int:
                 req = json.loads(msg[1:]) if kind == b"s" else {}
             except ValueError:
                 req = {}  # answered by the child, as any failure
-            if here.home >= 0 and req.get("gate") == GATE_FD:
+            if here.home >= 0 and isinstance(req, dict) and req.get("gate") == GATE_FD:
                 try:
                     here.spawn(answer, req, fds[1:])
                 except (OSError, ValueError, KeyError, TypeError) as e:
