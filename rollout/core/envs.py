@@ -76,10 +76,10 @@ class LimitsConfig(_Strict):
     size of the private ``/tmp``), ``max_files`` (entries in the workspace: files, folders,
     links). See docs/sandbox.md for how each is enforced."""
 
-    memory_mb: int | None = Field(default=4096, ge=32)
+    memory_mb: int | None = Field(default=4096, ge=32, le=1 << 40)
     processes: int | None = Field(default=512, ge=8)
     output_mb: int | None = Field(default=64, ge=1)
-    disk_mb: int | None = Field(default=4096, ge=1)
+    disk_mb: int | None = Field(default=4096, ge=1, le=1 << 40)
     max_files: int | None = Field(default=100_000, ge=1)
 
 

@@ -214,8 +214,10 @@ class _Here:
 
     def spawn(self, answer: socket.socket, req: dict, fds: list[int]) -> None:
         """The network, then the command; ``started`` once this process is back in its own
-        network, or ``error``. Raises OSError (or ValueError for a bad request) with nothing started."""
+        network, or ``error``. Raises with nothing started (a bad request: any exception)."""
         argv = [str(a) for a in req["argv"]]
+        if not argv:
+            raise ValueError("no command")
         high: list[int] = []
         try:
             for fd in fds:  # out of the targets' way
@@ -235,7 +237,7 @@ class _Here:
                     listener.close()
                 try:
                     started = self._start(argv, moves, req)
-                except (OSError, ValueError, KeyError, TypeError) as e:
+                except Exception as e:  # noqa: BLE001  # this session's: the command was killed at the gate
                     why = f"error: {type(e).__name__}: {e}"
             finally:
                 try:
@@ -364,7 +366,7 @@ def main(argv: list[str]) -> int:
                     os.write(2, f"netns_helper: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
                 continue
             try:
-                msg, fds = recv_fds(ctl, 65536, 6)
+                msg, fds = recv_fds(ctl, 1 << 20, 6)  # past the socket's buffer: never cut
             except InterruptedError:
                 continue
             if not msg and not fds:
@@ -382,7 +384,8 @@ def main(argv: list[str]) -> int:
             if here.home >= 0 and isinstance(req, dict) and req.get("gate") == GATE_FD:
                 try:
                     here.spawn(answer, req, fds[1:])
-                except (OSError, ValueError, KeyError, TypeError) as e:
+                except Exception as e:  # noqa: BLE001  # this session's: the helper stays
+                    os.write(2, f"netns_helper: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
                     with contextlib.suppress(OSError):
                         answer.send(f"error: {type(e).__name__}: {e}".encode()[:4000])
                     answer.close()

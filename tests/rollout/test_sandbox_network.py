@@ -506,3 +506,33 @@ async def test_a_forked_start_works_beside_hundreds_of_gated_sessions(tmp_path: 
                 assert os.waitstatus_to_exitcode(await forked.ended()) == 0
     finally:
         maker.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "rlimits", "why"),
+    [
+        (["/bin/true"], {"fsize": 1 << 64}, "OverflowError"),
+        ([], {}, "ValueError: no command"),
+        (["/bin/true"], {"nofile": 1}, "KeyError"),
+    ],
+)
+async def test_a_bad_gated_request_fails_that_start_only(
+    tmp_path: Path, argv: list[str], rlimits: dict[str, int], why: str
+) -> None:
+    """Whatever a request gets wrong fails its own start: the helper, which every sandbox dies
+    with, stays (before, an error of an unexpected kind ended it)."""
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the helper starts commands itself only as root")
+    maker = NetnsMaker(GATEWAY_PORT)
+    try:
+        async with _spawned(["/bin/sleep", "300"], tmp_path, True, maker=maker) as (bystander, _):
+            with pytest.raises(
+                NetnsError, match=f"(cannot start the sandbox|cannot make the session.s network): {why}"
+            ):
+                async with _spawned(argv, tmp_path, True, rlimits, maker=maker):
+                    pass
+            assert maker._proc is not None and maker._proc.poll() is None
+            assert _state(bystander.pgid) not in ("Z", "gone")
+    finally:
+        maker.close()
