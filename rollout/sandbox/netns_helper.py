@@ -63,6 +63,10 @@ ENV_FD = 6
 GATE_FD = 5
 """Where the command gets the gate (bwrap's first ``--args``: empty, read to its end before bwrap
 starts anything): held shut until the command has its limits."""
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ)
+"""Signals Python (or this helper) ignores, which the command gets at their defaults, as any
+command a shell starts: a pipe's writer ends when its reader has gone, a file past the size limit
+stops its writer, Ctrl-C works."""
 _RLIMITS = {"fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE, "as": resource.RLIMIT_AS}
 
 
@@ -140,7 +144,9 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
         if req.get("gate") == GATE_FD:  # open: the limits are this process's already
             high.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
             moves.append((os.POSIX_SPAWN_DUP2, high[-1], GATE_FD))
-        pid = os.posix_spawn(argv[0], argv, {}, file_actions=moves)  # every other fd is close-on-exec
+        pid = os.posix_spawn(  # every other fd is close-on-exec
+            argv[0], argv, {}, file_actions=moves, setsigdef=DEFAULT_SIGNALS
+        )
     except OSError as e:  # the status pipe's first line says why (a setup failure)
         why = f"error: cannot start the sandbox: {type(e).__name__}: {e}\n"
         os.write(high[3], why.encode("utf-8", "replace"))
@@ -278,6 +284,7 @@ class _Here:
                     {},
                     file_actions=[*moves, (os.POSIX_SPAWN_DUP2, gate_r, GATE_FD)],
                     setsid=True,
+                    setsigdef=DEFAULT_SIGNALS,
                 )
             finally:
                 os.chdir("/")

@@ -536,3 +536,17 @@ async def test_a_bad_gated_request_fails_that_start_only(
             assert _state(bystander.pgid) not in ("Z", "gone")
     finally:
         maker.close()
+
+
+@pytest.mark.parametrize("gated", [False, True])
+async def test_the_command_starts_with_no_signal_ignored(tmp_path: Path, gated: bool) -> None:
+    """As a shell would start it: Python ignores SIGPIPE and SIGXFSZ and the helper SIGINT, and
+    an ignored signal stays ignored across exec (a pipeline's writer would not end with its reader)."""
+    require_bwrap()
+    grep = ["/bin/grep", "SigIgn", "/proc/self/status"]  # a C program: it changes none itself
+    async with _spawned(grep, tmp_path, gated) as (spawned, ours):
+        assert os.waitstatus_to_exitcode(await spawned.ended()) == 0
+        line = os.read(ours[1], 1000).decode()
+    ignored = int(line.split()[1], 16)
+    for sig in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (sig - 1)), (sig, line)
