@@ -19,7 +19,7 @@ import pytest
 
 from rollout.sandbox import runner
 from rollout.sandbox.bridge import MAX_CONNECTIONS
-from rollout.sandbox.bwrap import GATEWAY_PORT
+from rollout.sandbox.bwrap import GATEWAY_PORT, Support
 from rollout.sandbox.cgroups import SessionCgroup
 from rollout.sandbox.netns import NetnsError, NetnsMaker, Spawned, _answer
 from rollout.sandbox.runner import run_runtime
@@ -364,6 +364,14 @@ def _cmdline_has(pid: str, text: str) -> bool:
         return False
 
 
+def _as_root() -> Support:
+    """The sandbox support, for a test of the helper starting commands itself (only as root)."""
+    support = require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the helper starts commands itself only as root")
+    return support
+
+
 GATED = r"""
 import json, os, resource, sys
 while os.read(5, 4096):  # the gate, as bwrap reads its first --args before it starts anything
@@ -384,9 +392,7 @@ async def test_as_root_the_helper_starts_a_gated_command_itself_with_its_limits_
     the session's cgroups, starts the command there and returns to its own network and groups
     before it answers; the command gets its limits before the gate opens (bwrap reads it before
     it starts anything)."""
-    support = require_bwrap()
-    if os.geteuid() != 0:
-        pytest.skip("the helper starts commands itself only as root")
+    support = _as_root()
     cg = support.session_cgroup(64 << 20, 16)
     cg.create(f"rollout-test-gated-{os.getpid()}")
     maker = NetnsMaker(GATEWAY_PORT)
@@ -418,9 +424,7 @@ async def test_as_root_the_helper_starts_a_gated_command_itself_with_its_limits_
 
 
 async def test_a_gated_command_that_cannot_start_fails_its_start_with_the_reason(tmp_path: Path) -> None:
-    require_bwrap()
-    if os.geteuid() != 0:
-        pytest.skip("the helper starts commands itself only as root")
+    _as_root()
     with pytest.raises(NetnsError, match="cannot start the sandbox: FileNotFoundError"):
         async with _spawned([str(tmp_path / "missing")], tmp_path, True):
             pass
@@ -467,9 +471,7 @@ def _state(pid: int) -> str:
 
 async def test_a_command_that_ends_as_the_launcher_gives_it_up_never_ends_the_helper(tmp_path: Path) -> None:
     """Its end and its closed answer seen by the helper at once: each session's events are its own."""
-    require_bwrap()
-    if os.geteuid() != 0:
-        pytest.skip("the helper starts commands itself only as root")
+    _as_root()
     maker = NetnsMaker(GATEWAY_PORT)
     try:
         async with _spawned(["/bin/sleep", "300"], tmp_path, True, maker=maker) as (spawned, _):
@@ -494,9 +496,7 @@ async def test_a_command_that_ends_as_the_launcher_gives_it_up_never_ends_the_he
 
 async def test_a_forked_start_works_beside_hundreds_of_gated_sessions(tmp_path: Path) -> None:
     """The helper then holds fds numbered past 1024, and so does its forked child."""
-    require_bwrap()
-    if os.geteuid() != 0:
-        pytest.skip("the helper starts commands itself only as root")
+    _as_root()
     maker = NetnsMaker(GATEWAY_PORT)
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -521,9 +521,7 @@ async def test_a_bad_gated_request_fails_that_start_only(
 ) -> None:
     """Whatever a request gets wrong fails its own start: the helper, which every sandbox dies
     with, stays (before, an error of an unexpected kind ended it)."""
-    require_bwrap()
-    if os.geteuid() != 0:
-        pytest.skip("the helper starts commands itself only as root")
+    _as_root()
     maker = NetnsMaker(GATEWAY_PORT)
     try:
         async with _spawned(["/bin/sleep", "300"], tmp_path, True, maker=maker) as (bystander, _):
