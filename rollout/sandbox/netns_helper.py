@@ -10,16 +10,16 @@ and a network namespace it owns, brings that namespace's loopback up and listens
 
 - ``n`` (one fd): the child answers ``ok`` with three fds (the listening socket, the user
   namespace, the network namespace) and exits: the namespaces live as long as someone holds them.
-- ``s`` + a JSON ``{"argv", "rlimits", "procs", "cwd"}`` (optional ``"gate": GATE_FD``; six fds:
-  the answer socket, then the command's stdin, stdout, stderr, status pipe and environment
-  file): the child answers ``ok``
-  with the listening socket, starts a session of its own, sets ``rlimits`` (bytes, soft and hard),
-  joins the cgroups (``procs``: their ``cgroup.procs`` files), enters ``cwd`` and starts ``argv``
-  (``posix_spawn``) with those fds as 0, 1, 2, 3 and ``ENV_FD``, no other, and an empty
-  environment; it answers ``started <pgid>`` (the group: itself and the command), waits for the
-  command and answers ``exit <wait status>``. A command that cannot start says why on its status
-  pipe (``error: ...``) and ends as 127. The child dies with the helper, the command with it
-  (bwrap's ``--die-with-parent``); the launcher closing the answer socket kills the group.
+- ``s`` + a JSON ``{"argv", "rlimits", "procs", "cwd"}`` (optional ``"gate": GATE_FD``; six fds: the
+  answer socket, then the command's stdin, stdout, stderr, status pipe and environment file): the
+  child answers ``ok`` with the listening socket, starts a session of its own, sets ``rlimits``
+  (bytes, soft and hard), joins the cgroups (``procs``: their ``cgroup.procs`` files), enters
+  ``cwd`` and starts ``argv`` (``posix_spawn``) with those fds as 0, 1, 2, 3 and ``ENV_FD``, no
+  other, an empty environment and ``DEFAULT_SIGNALS`` at their defaults; it answers ``started
+  <pgid>`` (the group: itself and the command), waits for the command and answers ``exit <wait
+  status>``. A command that cannot start says why on its status pipe (``error: ...``) and ends as
+  127. The child dies with the helper, the command with it (bwrap's ``--die-with-parent``); the
+  launcher closing the answer socket kills the group.
 
 Run as root, the helper forks nothing for a gated ``s`` (``argv`` is bwrap reading ``--args
 GATE_FD`` first, before it starts anything): it makes the network namespace itself (no user
@@ -29,7 +29,7 @@ this process holds) it writes bwrap's pid into the cgroups and sets its limits (
 opens the gate (a failure kills bwrap there) and answers ``started <pgid>``. It waits for every
 command at once (pidfds), answers ``exit <wait status>``, kills a command's group when the
 launcher closes its answer socket, and answers ``error: ...`` for a command that cannot start. A
-fork costs a Python child ~2 ms of CPU (page faults, exit); this ~0.4 ms (docs/sandbox.md).
+forked child costs ~2 ms of CPU more per start (page faults, exit: docs/sandbox.md).
 
 A failure is answered ``error: <why>``. The helper exits at EOF on FD; it ignores SIGINT (a
 Ctrl-C is the launcher's to handle). Where it cannot return to its own network namespace it
