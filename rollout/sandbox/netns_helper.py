@@ -134,9 +134,7 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
     try:
         for name, value in req["rlimits"].items():
             resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
-        for path in req["procs"]:
-            with open(str(path), "w") as f:
-                f.write(str(os.getpid()))
+        _join(os.getpid(), req["procs"])
         os.chdir(str(req["cwd"]))
         moves = [
             (os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, STATUS_FD, ENV_FD), strict=True)
@@ -341,10 +339,8 @@ class _Here:
 
 
 def _kill(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _fatal(why: str) -> None:
