@@ -2,25 +2,35 @@
 any sandbox with the grader child's modules loaded, that runs each evaluation in a fresh grader
 sandbox without starting an interpreter.
 
-    python -S -s -B forkserver.py FD
+    python -S -s -B forkserver.py FD [helpers]
 
 On the Unix socket FD (``SOCK_SEQPACKET``) each message is a JSON request ``{"argv", "env",
 "procs", "cwd"}`` with five fds: the job's pipe, the result pipe, the output pipe, a status pipe
-and a hold pipe. For each request the server forks a helper that joins the evaluation's cgroups
-(``procs``) and then starts the sandbox in them: ``argv`` is bwrap's command line (``--info-fd 3``,
-its first process only holding the sandbox on its stdin, a pipe of the helper's), spawned in a
-session of its own (the helper says ``sandbox <pgid>``). Once that process says the sandbox is set
-up, the helper takes a pidfd of it, enters the sandbox's user, IPC, UTS, network, cgroup, PID and
-mount namespaces and its root (``setns``, ``chroot``), and forks the evaluation itself, a process
-of the sandbox's PID namespace: it leads a session of its own, drops every capability (bounding
-set, ambient, effective, permitted; ``no_new_privs``; the securebits that keep a later ``execve``
-from giving them back), then runs ``rollout.grading.child`` as the sandbox's child process would,
-its stdin the job, its stdout and stderr the output pipe, the result pipe at fd 3. The helper
-writes ``started <pid>`` and then ``exit <wait status>`` to the status pipe, or ``error: <why>``
-when the sandbox cannot be started or entered (or the helper cannot be forked). The launcher
-closing the hold pipe lets the sandbox go: the helper kills it (its first process through the
-pidfd: the PID namespace takes the rest; bwrap's group), at once if the evaluation still runs,
-else after its end (until then the group's id is the launcher's to kill), and reaps bwrap. Stdlib only besides the child.
+and a hold pipe. ``argv`` is bwrap's command line (``--info-fd 3``, its first process only holding
+the sandbox on its stdin, a pipe of the server's side, never the launcher's hold pipe: a process of
+the sandbox can open that stdin through ``/proc``), started in a session of its own (``sandbox
+<pgid>`` is said) so that it and every process of the sandbox are in the evaluation's cgroups
+(``procs``) before it makes anything. Once that first process says the sandbox is set up, a pidfd
+of it is taken and the evaluation forked into the sandbox's user, IPC, UTS, network, cgroup, PID
+and mount namespaces and its root (``setns``, ``chroot``): it leads a session of its own, drops
+every capability (bounding set, ambient, effective, permitted; ``no_new_privs``; the securebits
+that keep a later ``execve`` from giving them back), then runs ``rollout.grading.child`` as the
+sandbox's child process would, its stdin the job, its stdout and stderr the output pipe, the
+result pipe at fd 3. The status pipe gets ``started <pid>`` and then ``exit <wait status>``, or
+``error: <why>`` when the sandbox cannot be started or entered. The launcher closing the hold pipe
+lets the sandbox go: it is killed (its first process through the pidfd: the PID namespace takes
+the rest; bwrap's group), at once if the evaluation still runs, else after its end (until then
+bwrap is not reaped: the group's id is the launcher's to kill); the status pipe closes once all of
+it is gone.
+
+As root (a process that may ``setns`` a PID namespace) the server does this itself (``_Run``): it
+spawns bwrap held at a gate (``--args GATE_FD``, a pipe bwrap reads to its end before it makes
+anything) until it has written bwrap's pid into the cgroups, forks the evaluation into the
+sandbox's PID namespace (``setns`` for its next child, then back), the evaluation joining the
+cgroups and entering the other namespaces itself, and waits for everything through pidfds. Else
+(or with ``helpers``) it forks a helper per evaluation that joins the cgroups, starts bwrap, enters
+the namespaces and forks the evaluation, as one blocking sequence: ~4 ms more CPU per evaluation.
+Stdlib only besides the child and the network helper's ``join_groups``.
 """
 
 from __future__ import annotations
@@ -34,12 +44,14 @@ import json
 import os
 import random
 import select
+import selectors
 import signal
 import socket
 import sys
 from typing import Any
 
 from rollout.grading import child
+from rollout.sandbox.netns_helper import join_groups
 
 PRELOAD = (
     "inspect",  # the child's ``call_arguments``: ~6 ms of CPU when each evaluation imports it
@@ -68,6 +80,7 @@ _NAMESPACES = (  # entered in this order (the user namespace as the helper says)
     ("mnt", 0x00020000),
 )
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
 _NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
@@ -80,6 +93,9 @@ _CapHeader, _CapData = ctypes.c_uint32 * 2, ctypes.c_uint32 * 6  # capset's argu
 _CAP_LINES = (b"CapPrm:", b"CapEff:", b"CapBnd:", b"CapAmb:")  # /proc/self/status lines checked
 RESULT_FD = 3
 """The result pipe's fd in the evaluation (the job's ``result_fd``)."""
+GATE_FD = 5
+"""The fd bwrap reads its gate from (``--args``) in a sandbox this server starts itself: a pipe
+it closes once bwrap is in the evaluation's cgroups."""
 
 
 def _fork() -> int:
@@ -245,6 +261,36 @@ def _wait(evaluation: int, hold_fd: int, sandbox: _Sandbox) -> int:
             sandbox.kill()
 
 
+def _namespaces(pid: int) -> tuple[list[tuple[int, int]], list[int], int]:
+    """Fds of the namespaces of sandbox process ``pid``, in the order they are entered (the pid
+    one among them), the fds to close once entered, and its root's fd."""
+    ns = [(os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), kind) for name, kind in _NAMESPACES]
+    opened = [fd for fd, _ in ns]
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        opened.append(root)
+        # the namespaces are owned by the user namespace bwrap made; its process is in a nested one
+        # (--disable-userns): enter the owner, then the others, then the nested one
+        owner = fcntl.ioctl(ns[1][0], _NS_GET_USERNS)
+        opened.append(owner)
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        raise
+    nested = [ns[0][0]] if os.fstat(owner).st_ino != os.fstat(ns[0][0]).st_ino else []
+    order = [(owner, _CLONE_NEWUSER), *ns[1:], *((u, _CLONE_NEWUSER) for u in nested)]
+    return order, opened, root
+
+
+def _enter(order: list[tuple[int, int]], root: int, cwd: str) -> None:
+    """Enter the namespaces in ``order`` and the sandbox's root, then ``cwd`` in it."""
+    for fd, kind in order:
+        _check(_LIBC.setns(fd, kind), f"setns {kind:#x}")
+    os.fchdir(root)
+    os.chroot(".")
+    os.chdir(cwd)
+
+
 def _helper(req: dict[str, Any], fds: list[int]) -> None:
     """Join the cgroups, start the sandbox in them, enter it, fork the evaluation, report its end,
     release the sandbox: never returns."""
@@ -254,28 +300,12 @@ def _helper(req: dict[str, Any], fds: list[int]) -> None:
     sandbox = _Sandbox()
     try:
         os.set_blocking(hold_fd, False)
-        for path in req["procs"]:  # first: bwrap and every process of the sandbox start in them
-            with open(str(path), "w") as f:
-                f.write(str(os.getpid()))
+        join_groups(os.getpid(), req["procs"])  # first: bwrap and every process of the sandbox start in them
         sandbox.start(req, status_fd)
-        pid = sandbox.init_pid
-        ns = [
-            (os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), kind)
-            for name, kind in _NAMESPACES
-        ]
-        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        # the namespaces are owned by the user namespace bwrap made; its process is in a nested one
-        # (--disable-userns): enter the owner, then the others, then the nested one
-        owner = fcntl.ioctl(ns[1][0], _NS_GET_USERNS)
-        users = [owner] + ([ns[0][0]] if os.fstat(owner).st_ino != os.fstat(ns[0][0]).st_ino else [])
-        for fd, kind in [(users[0], _CLONE_NEWUSER), *ns[1:], *((u, _CLONE_NEWUSER) for u in users[1:])]:
-            _check(_LIBC.setns(fd, kind), f"setns {kind:#x}")
-        for fd in {owner, *(fd for fd, _ in ns)}:
+        order, opened, root = _namespaces(sandbox.init_pid)
+        _enter(order, root, str(req["cwd"]))
+        for fd in opened:
             os.close(fd)
-        os.fchdir(root)
-        os.chroot(".")
-        os.close(root)
-        os.chdir(str(req["cwd"]))
         evaluation = _fork()
     except BaseException as e:  # noqa: BLE001
         os.write(status_fd, f"error: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
@@ -285,13 +315,7 @@ def _helper(req: dict[str, Any], fds: list[int]) -> None:
         for fd in (status_fd, hold_fd, sandbox.init, sandbox.holding):
             if fd >= 0:
                 os.close(fd)
-        if req.get("probe"):  # the launcher's check that this works here: enter, drop, end
-            try:
-                _drop_capabilities()
-            except OSError:
-                os._exit(1)
-            os._exit(0)
-        _evaluation(job_fd, result_fd, out_fd, dict(req["env"]))
+        _evaluation_or_probe(req, job_fd, result_fd, out_fd)
     for fd in (job_fd, result_fd, out_fd):
         os.close(fd)
     os.write(status_fd, f"started {evaluation}\n".encode())
@@ -301,29 +325,319 @@ def _helper(req: dict[str, Any], fds: list[int]) -> None:
     os._exit(0)
 
 
-def serve(sock: socket.socket) -> None:
-    """Answer requests until the launcher closes its end."""
+def _evaluation_or_probe(req: dict[str, Any], job_fd: int, result_fd: int, out_fd: int) -> None:
+    """In the sandbox: the evaluation, or for the launcher's check (``probe``) only the dropping
+    of the capabilities. Never returns."""
+    if req.get("probe"):  # the launcher's check that this works here: enter, drop, end
+        try:
+            _drop_capabilities()
+        except OSError:
+            os._exit(1)
+        os._exit(0)
+    _evaluation(job_fd, result_fd, out_fd, dict(req["env"]))
+
+
+def _receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One request and its fds, close-on-exec (bwrap, started for it, must hold none of them, nor
+    the sandbox after it)."""
+    fds = array.array("i")
+    msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(5 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    return msg, list(fds)
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _own_pid_namespace(helpers: bool) -> int:
+    """An fd of this process's PID namespace when it can run evaluations without helpers (root
+    that may ``setns`` a PID namespace, a kernel with pidfds), else -1."""
+    if helpers or os.geteuid() != 0:
+        return -1
+    try:
+        home = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        _check(_LIBC.setns(home, _CLONE_NEWPID), "setns pid")  # its own: changes nothing
+    except OSError:
+        os.close(home)
+        return -1
+    return home
+
+
+class _Run:
+    """One evaluation this server runs without a helper (module docstring, "As root"): bwrap
+    spawned here and held at its gate until it is in the evaluation's cgroups, the evaluation
+    forked into the sandbox's PID namespace, both waited for through pidfds. ``ready`` takes the
+    events of its fds; once the launcher let the sandbox go and both ended, it closes every fd."""
+
+    def __init__(self, fds: list[int], sel: selectors.BaseSelector, home: int) -> None:
+        self.job, self.result, self.out, self.status, self.hold = fds
+        self.sel, self.home = sel, home
+        self.req: dict[str, Any] = {}
+        self.sandbox = _Sandbox()
+        self.bwrap = (
+            -1
+        )  # bwrap's pidfd, watched once the sandbox is let go (its group is the launcher's till then)
+        self.said_r = self.info_r = -1
+        self.said = b""
+        self.evaluation, self.evaluation_pid = -1, -1  # the evaluation's pidfd and pid while it runs
+        self.let_go = False
+
+    def _say(self, line: str) -> None:
+        with contextlib.suppress(OSError):  # the launcher gave the evaluation up
+            os.write(self.status, f"{line}\n".encode("utf-8", "replace"))
+
+    def begin(self, msg: bytes) -> None:
+        """Start the sandbox; ``error: <why>`` when it cannot be."""
+        os.set_blocking(self.hold, False)
+        self.sel.register(self.hold, selectors.EVENT_READ, (self, "hold"))
+        try:
+            req = json.loads(msg)
+            if not isinstance(req, dict):
+                raise ValueError("the request is not an object")
+            self.req = req
+            self._spawn([str(a) for a in req["argv"]])
+        except Exception as e:  # noqa: BLE001  # this evaluation's: the server stays
+            self._say(f"error: {type(e).__name__}: {e}")
+
+    def _spawn(self, argv: list[str]) -> None:
+        """bwrap (``argv``, its ``--info-fd`` 3) in a session of its own, its gate open once it is
+        in the evaluation's cgroups; ``sandbox <pgid>`` said."""
+        if not argv:
+            raise ValueError("no command")
+        self.info_r, info_w = os.pipe()
+        self.said_r, said_w = os.pipe()  # the first process's stdout and stderr: its line, or bwrap's error
+        stdin_r, self.sandbox.holding = os.pipe()  # never the launcher's hold pipe (module docstring)
+        gate_r, gate_w = os.pipe()
+        try:
+            high = [
+                fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in (stdin_r, said_w, said_w, info_w, gate_r)
+            ]
+            try:
+                moves = [
+                    (os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, 3, GATE_FD), strict=True)
+                ]
+                pid = os.posix_spawn(
+                    argv[0],
+                    [argv[0], "--args", str(GATE_FD), *argv[1:]],
+                    dict(self.req["env"]),
+                    file_actions=moves,
+                    setsid=True,
+                )
+            finally:
+                for fd in high:
+                    os.close(fd)
+            try:
+                self.bwrap = os.pidfd_open(pid)
+            except OSError:
+                _killpg(pid)
+                os.waitpid(pid, 0)
+                raise
+            self.sandbox.pid = pid
+            try:
+                join_groups(pid, self.req["procs"])
+            except BaseException:
+                self.sandbox.kill()  # at the gate: it started nothing
+                raise
+        finally:
+            os.close(gate_w)  # bwrap goes on, in its groups (or reads nothing: it was killed)
+            for fd in (stdin_r, said_w, info_w, gate_r):
+                os.close(fd)
+        os.set_blocking(self.said_r, False)
+        os.set_blocking(self.info_r, False)
+        self._say(f"sandbox {pid}")
+        self.sel.register(self.said_r, selectors.EVENT_READ, (self, "said"))
+
+    def ready(self, what: str) -> None:
+        """One event: the sandbox's first line, the launcher letting it go, an end."""
+        if what == "said":
+            self._said()
+        elif what == "hold":
+            try:
+                gone = _let_go(self.hold)
+            except OSError:
+                gone = True
+            if gone:
+                self._release()
+        elif what == "exit":
+            self.evaluation = self._drop(self.evaluation)  # first: an error below never repeats
+            _, status = os.waitpid(self.evaluation_pid, 0)
+            self._say(f"exit {status}")
+        else:  # bwrap ended, after the launcher let the sandbox go
+            self.bwrap = self._drop(self.bwrap)
+            os.waitpid(self.sandbox.pid, 0)
+            self.sandbox.pid = -1
+        self._finish()
+
+    def fail(self, e: Exception) -> None:
+        """An event that raised: this evaluation fails (the launcher then lets its sandbox go)."""
+        self._say(f"error: {type(e).__name__}: {e}")
+        self.sandbox.kill()
+
+    def _drop(self, fd: int) -> int:
+        """Stop watching ``fd`` and close it; -1."""
+        if fd >= 0:
+            with contextlib.suppress(KeyError):
+                self.sel.unregister(fd)
+            os.close(fd)
+        return -1
+
+    def _said(self) -> None:
+        try:
+            chunk = os.read(self.said_r, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        self.said += chunk
+        if self.said != b"\n" and chunk and len(self.said) < 4096:
+            return  # more to come: the line, or bwrap's error to its end
+        self.said_r = self._drop(self.said_r)
+        if self.said != b"\n":  # bwrap's error: it ends with the sandbox
+            err = " / ".join(self.said.decode("utf-8", "replace").split("\n")).strip(" /")
+            self._say(f"error: OSError: {err[-300:] or 'bwrap ended'}")
+            return
+        try:
+            self._fork()
+        except Exception as e:  # noqa: BLE001
+            self._say(f"error: {type(e).__name__}: {e}")
+
+    def _fork(self) -> None:
+        """Fork the evaluation into the sandbox's PID namespace; ``started <pid>`` said."""
+        try:
+            pid = int(json.loads(os.read(self.info_r, 65536))["child-pid"])  # written before the line
+        except (ValueError, KeyError, TypeError, OSError):
+            raise OSError("bwrap gave no pid") from None
+        self.info_r = self._drop(self.info_r)
+        # alive: it holds the sandbox, and nothing of the evaluation runs yet
+        self.sandbox.init_pid, self.sandbox.init = pid, os.pidfd_open(pid)
+        order, opened, root = _namespaces(pid)
+        try:
+            pid_ns = next(fd for fd, kind in order if kind == _CLONE_NEWPID)
+            _check(_LIBC.setns(pid_ns, _CLONE_NEWPID), "setns pid")  # for this process's next child only
+            try:
+                child = _fork()
+            except BaseException:
+                _home(self.home)
+                raise
+            if child == 0:
+                self._evaluate([(fd, kind) for fd, kind in order if kind != _CLONE_NEWPID], root)
+            _home(self.home)
+        finally:
+            for fd in opened:
+                os.close(fd)
+        self.evaluation_pid = child
+        for fd in (self.job, self.result, self.out):
+            os.close(fd)
+        self.job = self.result = self.out = -1
+        try:
+            self.evaluation = os.pidfd_open(child)
+        except OSError:
+            self.sandbox.kill()  # its PID namespace takes the evaluation
+            os.waitpid(child, 0)
+            self.evaluation_pid = -1
+            raise
+        self.sel.register(self.evaluation, selectors.EVENT_READ, (self, "exit"))
+        self._say(f"started {child}")
+
+    def _evaluate(self, order: list[tuple[int, int]], root: int) -> None:
+        """The forked evaluation: its groups (their files are not in the sandbox), the sandbox's
+        other namespaces and root, then the evaluation. Never returns."""
+        try:
+            join_groups(0, self.req["procs"])
+            _enter(order, root, str(self.req["cwd"]))
+        except BaseException as e:  # noqa: BLE001
+            self._say(f"error: {type(e).__name__}: {e}")
+            os._exit(1)
+        _evaluation_or_probe(self.req, self.job, self.result, self.out)  # closes every other fd
+
+    def _release(self) -> None:
+        """The launcher let the sandbox go: kill it whole; bwrap is reaped once it ended."""
+        self.let_go = True
+        self.hold = self._drop(self.hold)
+        self.said_r = self._drop(self.said_r)
+        self.sandbox.kill()
+        if self.bwrap >= 0:
+            self.sel.register(self.bwrap, selectors.EVENT_READ, (self, "bwrap"))
+
+    def _finish(self) -> None:
+        """Once let go, with the evaluation and bwrap ended: every fd closed."""
+        if not self.let_go or self.evaluation >= 0 or self.bwrap >= 0:
+            return
+        for fd in (self.info_r, self.sandbox.init, self.sandbox.holding, self.job, self.result, self.out):
+            if fd >= 0:
+                os.close(fd)
+        os.close(self.status)  # last: its end tells the launcher all of it is gone
+        self.status = self.info_r = self.sandbox.init = self.sandbox.holding = -1
+        self.job = self.result = self.out = -1
+
+
+def _home(home: int) -> None:
+    """This process's own PID namespace for its next children again; it ends when it cannot be
+    (a bwrap it started next would be in a sandbox's)."""
+    if _LIBC.setns(home, _CLONE_NEWPID) != 0:
+        os.write(
+            2, f"forkserver: cannot return to its PID namespace: {os.strerror(ctypes.get_errno())}\n".encode()
+        )
+        os._exit(70)
+
+
+def _serve_here(sock: socket.socket, home: int) -> None:
+    """Answer requests until the launcher closes its end, each evaluation run by this process."""
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ, None)
+    while True:
+        for key, _ in sel.select():
+            if sel.get_map().get(key.fd) is not key:
+                continue  # unregistered by an earlier event of this batch
+            if key.data is None:
+                msg, fds = _receive(sock)
+                if not msg:
+                    return
+                if len(fds) != 5:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                _Run(fds, sel, home).begin(msg)
+                continue
+            run, what = key.data
+            try:
+                run.ready(what)
+            except Exception as e:  # noqa: BLE001  # one evaluation's: the server stays
+                run.fail(e)
+
+
+def serve(sock: socket.socket, helpers: bool = False) -> None:
+    """Answer requests until the launcher closes its end: as root, each evaluation run by this
+    process (``_Run``), else (or ``helpers``) by a helper forked for it."""
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    home = _own_pid_namespace(helpers)
+    if home >= 0:
+        _serve_here(sock, home)
+        return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the helpers are reaped by the kernel
     while True:
-        fds = array.array("i")
-        # close-on-exec: bwrap, which the helper starts, must hold none of them (nor the sandbox after it)
-        msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(5 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        msg, fds = _receive(sock)
         if not msg:
             return
         if len(fds) == 5:
             try:
+                req = json.loads(msg)
                 helper = _fork()
-            except OSError as e:  # no process to spare: this evaluation fails, the server stays
+            except (ValueError, OSError) as e:  # a bad request, no process to spare: this evaluation fails
                 with contextlib.suppress(OSError):
-                    os.write(fds[3], f"error: cannot fork the helper: {e}\n".encode())
+                    os.write(fds[3], f"error: {type(e).__name__}: {e}\n".encode())
                 helper = -1
             if helper == 0:
                 sock.close()
-                _helper(json.loads(msg), list(fds))
+                _helper(req, list(fds))
         for fd in fds:
             os.close(fd)
 
@@ -331,4 +645,4 @@ def serve(sock: socket.socket) -> None:
 if __name__ == "__main__":
     for _name in PRELOAD:
         importlib.import_module(_name)
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    serve(socket.socket(fileno=int(sys.argv[1])), helpers=sys.argv[2:] == ["helpers"])

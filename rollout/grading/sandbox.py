@@ -402,9 +402,10 @@ class ForkServer:
     evaluation, that forks each evaluation into its sandbox instead of starting an interpreter
     there. ``usable`` says whether it can enter a sandbox on this machine (checked once, with a
     sandbox of the first evaluation's kind); when it cannot, evaluations start the child as before,
-    and the log says why once."""
+    and the log says why once. ``helpers``: a helper per evaluation even as root (as without root)."""
 
-    def __init__(self) -> None:
+    def __init__(self, helpers: bool = False) -> None:
+        self.helpers = helpers
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._lock = asyncio.Lock()
@@ -421,6 +422,7 @@ class ForkServer:
                 "-B",
                 str(FORKSERVER),
                 str(theirs.fileno()),
+                *(["helpers"] if self.helpers else []),
                 pass_fds=(theirs.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,

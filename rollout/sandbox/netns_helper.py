@@ -134,7 +134,7 @@ def _spawn(answer: socket.socket, req: dict, fds: list[int], port: int, uid: int
     try:
         for name, value in req["rlimits"].items():
             resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
-        _join(os.getpid(), req["procs"])
+        join_groups(os.getpid(), req["procs"])
         os.chdir(str(req["cwd"]))
         moves = [
             (os.POSIX_SPAWN_DUP2, fd, to) for fd, to in zip(high, (0, 1, 2, STATUS_FD, ENV_FD), strict=True)
@@ -197,8 +197,8 @@ def _own_network() -> int:
     return home
 
 
-def _join(pid: int, paths: list[str]) -> None:
-    """``pid`` into the groups of these ``cgroup.procs`` files."""
+def join_groups(pid: int, paths: list[str]) -> None:
+    """``pid`` into the groups of these ``cgroup.procs`` files (0: the caller)."""
     for path in paths:
         fd = os.open(str(path), os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -289,7 +289,7 @@ class _Here:
             try:
                 pidfd = os.pidfd_open(pid)
                 try:
-                    _join(pid, req["procs"])
+                    join_groups(pid, req["procs"])
                     for name, value in req["rlimits"].items():
                         resource.prlimit(pid, _RLIMITS[name], (int(value), int(value)))
                 except BaseException:

@@ -16,7 +16,7 @@ import pytest
 
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading.grader import Grader
-from rollout.grading.sandbox import CHILD, GraderLimits
+from rollout.grading.sandbox import CHILD, ForkServer, GraderLimits
 from tests.rollout.sandbox_helpers import require_bwrap, workspace_tool_call_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -321,10 +321,23 @@ async def test_a_grader_outside_the_project_may_import_the_bundled_env_package(t
     assert (out.status, out.score) == ("scored", 10.0), out.reason
 
 
-async def forked_artifacts(tmp_path: Path, code: str, ws: Path | None) -> dict[str, Any]:
+def sandboxed(tmp_path: Path, helpers: bool) -> Grader:
+    """A grader sandbox's Grader whose fork server runs each evaluation itself (as root) or through
+    a helper forked for it (``helpers``, the way without root)."""
+    grader = Grader("bwrap", work_dir=tmp_path)
+    grader._forks = ForkServer(helpers=helpers)
+    return grader
+
+
+BOTH_WAYS = pytest.mark.parametrize("helpers", [False, True], ids=["server", "helpers"])
+
+
+async def forked_artifacts(
+    tmp_path: Path, code: str, ws: Path | None, helpers: bool = False
+) -> dict[str, Any]:
     """The artifacts of one scored evaluation of ``code`` through the fork server (asserted used)."""
     path = env_root(tmp_path, code)
-    async with Grader("bwrap", work_dir=tmp_path) as grader:
+    async with sandboxed(tmp_path, helpers) as grader:
         await grader.start([path.parent.parent])
         out = await grader.evaluate(path, request("s1"), spec(path), Trajectory(session_id="s1"), ws)
         assert grader._forks is not None and grader._forks.unavailable is None  # the fork server was used
@@ -365,8 +378,9 @@ def evaluate(request, spec, trajectory):
 """
 
 
+@BOTH_WAYS
 async def test_an_evaluation_forked_into_its_sandbox_has_no_capability_and_sees_only_the_sandbox(
-    tmp_path: Path,
+    tmp_path: Path, helpers: bool
 ) -> None:
     """Through the fork server the evaluation enters the sandbox from outside (setns): it must hold
     no capability there (it cannot remount its read-only workspace, unmount what hides the host,
@@ -375,7 +389,7 @@ async def test_an_evaluation_forked_into_its_sandbox_has_no_capability_and_sees_
     require_bwrap()
     ws = tmp_path / "ws"
     ws.mkdir()
-    got = await forked_artifacts(tmp_path, PROBE, ws)
+    got = await forked_artifacts(tmp_path, PROBE, ws, helpers)
     assert set(got["caps"].values()) == {"0000000000000000"}, got["caps"]
     assert got["tried"] == {
         "remount": "Operation not permitted",
@@ -410,14 +424,15 @@ def evaluate(request, spec, trajectory):
 """
 
 
+@BOTH_WAYS
 async def test_evaluations_forked_by_the_server_draw_their_own_random_numbers_and_run_threads(
-    tmp_path: Path,
+    tmp_path: Path, helpers: bool
 ) -> None:
     """The fork server forks without Python's at-fork hooks: each evaluation must still reseed
     ``random`` (not replay the server's state), and threads, signal handlers and subprocesses work."""
     require_bwrap()
     path = env_root(tmp_path, FORKED_PYTHON)
-    async with Grader("bwrap", work_dir=tmp_path) as grader:
+    async with sandboxed(tmp_path, helpers) as grader:
         await grader.start([path.parent.parent])
         outs = [
             await grader.evaluate(path, request(f"s{i}"), spec(path), Trajectory(session_id=f"s{i}"), None)
@@ -432,8 +447,9 @@ async def test_evaluations_forked_by_the_server_draw_their_own_random_numbers_an
     assert len({g["random"] for g in got}) == 3, got
 
 
+@BOTH_WAYS
 async def test_an_evaluation_signalling_its_process_group_reaches_neither_the_server_nor_others(
-    tmp_path: Path,
+    tmp_path: Path, helpers: bool
 ) -> None:
     """``kill(0, ...)`` hits the caller's process group whatever its pid namespace: a forked
     evaluation must lead a group of its own, or it kills the fork server, the helpers and every other
@@ -441,7 +457,7 @@ async def test_an_evaluation_signalling_its_process_group_reaches_neither_the_se
     require_bwrap()
     killer = env_root(tmp_path, "import os, signal\ndef evaluate(r, s, t):\n    os.kill(0, signal.SIGKILL)\n")
     fine = env_root(tmp_path, "def evaluate(r, s, t):\n    return 7\n", name="u")
-    async with Grader("bwrap", work_dir=tmp_path) as grader:
+    async with sandboxed(tmp_path, helpers) as grader:
         await grader.start([killer.parent.parent])
         first = await grader.evaluate(fine, request("s0"), spec(fine), Trajectory(session_id="s0"), None)
         assert grader._forks is not None and grader._forks._proc is not None
@@ -460,14 +476,17 @@ def evaluate(request, spec, trajectory):
 """
 
 
-async def test_every_process_of_a_forked_evaluations_sandbox_is_in_its_cgroups(tmp_path: Path) -> None:
+@BOTH_WAYS
+async def test_every_process_of_a_forked_evaluations_sandbox_is_in_its_cgroups(
+    tmp_path: Path, helpers: bool
+) -> None:
     """bwrap's init and the holder (pids 1 and 2 of the sandbox, traceable by the evaluation: same
     uid) start in the evaluation's cgroups: taken over, they stay under its process and memory caps
     and die with its groups."""
     support = require_bwrap()
     if support.memory is None and support.pids is None:
         pytest.skip("no cgroup controller here")
-    got = await forked_artifacts(tmp_path, CGROUPS_OF_ALL, None)
+    got = await forked_artifacts(tmp_path, CGROUPS_OF_ALL, None, helpers)
     # the sandbox's cgroup namespace starts where bwrap started: in the evaluation's groups, so
     # every process of it is at their root (before, pids 1 and 2 were in the launcher's)
     assert got["1"] == got["2"] == got["self"], got

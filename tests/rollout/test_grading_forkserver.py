@@ -1,0 +1,298 @@
+"""The grader's fork server spoken to directly, as ``rollout.grading.sandbox`` does: as root it runs
+each evaluation itself (no helper process per evaluation); a bad request, or an evaluation the
+launcher gives up at any moment, fails that evaluation only and leaves no process or fd behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout.grading.sandbox import FORKED_INFO_FD, FORKSERVER, GraderLimits, _child_env, grader_command
+from tests.rollout.sandbox_helpers import require_bwrap
+
+BOTH_WAYS = pytest.mark.parametrize("helpers", [False, True], ids=["server", "helpers"])
+DEADLINE_S = 60.0  # far past what any step here takes: only a hang reaches it
+
+
+class Server:
+    """A fork server process and its socket."""
+
+    def __init__(self, helpers: bool) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-S", "-s", "-B", str(FORKSERVER), str(theirs.fileno())]
+            + (["helpers"] if helpers else []),
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=_child_env(),
+        )
+        theirs.close()
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def children(self) -> list[int]:
+        return [pid for pid, ppid in _parents().items() if ppid == self.proc.pid]
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(DEADLINE_S)
+        finally:
+            if self.proc.returncode is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Call:
+    """One request and the launcher's ends of its five pipes (job, result, output, status, hold)."""
+
+    def __init__(self, server: Server, msg: bytes) -> None:
+        pipes = [os.pipe() for _ in range(5)]
+        job, result, out, status, hold = pipes
+        theirs = [job[0], result[1], out[1], status[1], hold[0]]
+        self.job, self.result, self.out, self.status, self.hold = (
+            job[1],
+            result[0],
+            out[0],
+            status[0],
+            hold[1],
+        )
+        try:
+            server.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(_ints(theirs)))])
+        finally:
+            for fd in theirs:
+                os.close(fd)
+
+    def line(self) -> str | None:
+        """The next status line; None at the end of the pipe."""
+        got = b""
+        while not got.endswith(b"\n"):
+            ready, _, _ = select.select([self.status], [], [], DEADLINE_S)
+            assert ready, f"no status from the fork server in {DEADLINE_S} s (so far {got!r})"
+            chunk = os.read(self.status, 1)
+            if not chunk:
+                return got.decode() or None
+            got += chunk
+        return got.decode().strip()
+
+    def send_job(self, job: dict[str, Any]) -> None:
+        """Write the job and close the pipe (the evaluation reads it to its end)."""
+        os.write(self.job, json.dumps(job).encode())
+        os.close(self.job)
+        self.job = os.open(os.devnull, os.O_RDONLY)
+
+    def let_go(self) -> None:
+        if self.hold >= 0:
+            os.close(self.hold)
+            self.hold = -1
+
+    def lines(self, let_go_after: int = 99) -> list[str]:
+        """Every status line to the pipe's end, the sandbox let go after ``let_go_after`` lines or
+        an ``exit`` / ``error:`` line (as the launcher does)."""
+        got: list[str] = []
+        if let_go_after == 0:
+            self.let_go()
+        while (line := self.line()) is not None:
+            got.append(line)
+            if len(got) >= let_go_after or line.split(" ")[0] in ("exit", "error:"):
+                self.let_go()
+        return got
+
+    def close(self) -> None:
+        self.let_go()
+        for fd in (self.job, self.result, self.out, self.status):
+            os.close(fd)
+
+
+def _ints(fds: list[int]) -> bytes:
+    import array  # noqa: PLC0415
+
+    return array.array("i", fds).tobytes()
+
+
+def _parents() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        out[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
+def _nspid_depth(pid: int) -> int:
+    """How many PID namespaces ``pid`` has a number in (1: only the host's)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) - 1
+    return 1
+
+
+def _request(tmp_path: Path, code: str, **changes: Any) -> tuple[bytes, dict[str, Any]]:
+    """A request for an evaluation of ``code`` (its ``evaluate``) and the job to write to its job pipe."""
+    envs = tmp_path / "envs"
+    (envs / "t").mkdir(parents=True, exist_ok=True)
+    path = envs / "t" / "rule_evaluator.py"
+    path.write_text(code)
+    req = {
+        "argv": grader_command([(envs, envs)], None, GraderLimits(), FORKED_INFO_FD),
+        "env": _child_env(),
+        "cwd": "/tmp",
+        "procs": [],
+        **changes,
+    }
+    job = {
+        "evaluator": str(path),
+        "request": {"session_id": "s", "env_name": "t", "case_id": "c", "env_params": {}},
+        "spec": {"eval_id": "t/rule", "timeout_s": 60.0, "evaluator_path": str(path)},
+        "trajectory": {"session_id": "s"},
+        "rlimits": {},
+        "nonce": secrets.token_hex(8),
+        "result_fd": 3,
+    }
+    return json.dumps(req).encode(), job
+
+
+def _evaluate(server: Server, msg: bytes, job: dict[str, Any]) -> tuple[list[str], bytes]:
+    """The status lines and the result of one evaluation run to its end."""
+    call = Call(server, msg)
+    try:
+        call.send_job(job)
+        lines = call.lines()
+        result = b""
+        while chunk := os.read(call.result, 65536):
+            result += chunk
+        return lines, result
+    finally:
+        call.close()
+
+
+def _settled(server: Server, fds: int) -> None:
+    """The server is back to ``fds`` fds with no child left (it reaps what it started)."""
+    end = time.monotonic() + DEADLINE_S
+    while (server.fds(), server.children()) != (fds, []) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert (server.fds(), server.children()) == (fds, []), "the fork server kept fds or processes"
+    assert server.proc.poll() is None, "the fork server ended"
+
+
+@BOTH_WAYS
+def test_as_root_the_fork_server_forks_each_evaluation_itself_without_a_helper(
+    tmp_path: Path, helpers: bool
+) -> None:
+    """As root the server starts bwrap and forks the evaluation into the sandbox itself: while an
+    evaluation runs, the server's children are bwrap and the evaluation (a process of the sandbox's
+    PID namespace), not a helper per evaluation (~4 ms of CPU each); ``helpers`` keeps the helper."""
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the fork server runs evaluations itself only as root")
+    server = Server(helpers)
+    try:
+        quick, quick_job = _request(tmp_path / "quick", "def evaluate(r, s, t):\n    return 7\n")
+        _evaluate(server, quick, quick_job)
+        base = server.fds()
+        msg, job = _request(tmp_path, "import time\ndef evaluate(r, s, t):\n    time.sleep(600)\n")
+        call = Call(server, msg)
+        call.send_job(job)
+        assert call.line().startswith("sandbox ")  # type: ignore[union-attr]
+        assert call.line().startswith("started ")  # type: ignore[union-attr]
+        children = server.children()
+        kinds = sorted(
+            "bwrap"
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
+            else f"depth {_nspid_depth(pid)}"
+            for pid in children
+        )
+        assert kinds == (["depth 1"] if helpers else ["bwrap", "depth 2"]), kinds
+        call.let_go()  # the launcher's timeout: the sandbox is killed whole
+        assert call.lines() == ["exit 9"]  # killed (wait status 9)
+        call.close()
+        _settled(server, base)
+    finally:
+        server.close()
+
+
+BAD = [
+    b"not json",
+    b"[]",
+    {"argv": []},
+    {"argv": ["/nonexistent/bwrap", "--version"]},
+    {"procs": ["/nonexistent/cgroup.procs"]},
+    {"env": None},
+    {"argv": ["/bin/sh", "-c", "echo not a sandbox"]},
+]
+
+
+@BOTH_WAYS
+@pytest.mark.parametrize("bad", range(len(BAD)))
+def test_a_bad_request_fails_that_evaluation_only(tmp_path: Path, helpers: bool, bad: int) -> None:
+    """A request the server cannot run is an ``error:`` line for it; the server stays, keeps
+    nothing of it, and the next evaluation scores."""
+    require_bwrap()
+    server = Server(helpers)
+    try:
+        good, job = _request(tmp_path, "def evaluate(r, s, t):\n    return 7\n")
+        lines, result = _evaluate(server, good, job)
+        base = server.fds()
+        case = BAD[bad]
+        msg = case if isinstance(case, bytes) else json.dumps({**json.loads(good), **case}).encode()
+        call = Call(server, msg)
+        got = call.lines()
+        call.close()
+        assert any(line.startswith("error: ") for line in got), got
+        assert not any(line.startswith("started") for line in got), got
+        _settled(server, base)
+        lines, result = _evaluate(server, good, job)
+        assert lines[-1] == "exit 0" and json.loads(result.partition(b"\n")[2])["score"] == 7.0, (
+            lines,
+            result,
+        )
+    finally:
+        server.close()
+
+
+@BOTH_WAYS
+def test_evaluations_given_up_at_any_moment_leave_nothing_behind(tmp_path: Path, helpers: bool) -> None:
+    """The launcher lets a sandbox go (closes the hold pipe) at once, after ``sandbox``, after
+    ``started`` or after ``exit``, for evaluations that end at once or run on, several at a time:
+    every sandbox is killed and reaped, the server keeps no fd, and it goes on serving."""
+    require_bwrap()
+    server = Server(helpers)
+    try:
+        quick, job = _request(tmp_path, "def evaluate(r, s, t):\n    return 7\n")
+        slow, slow_job = _request(
+            tmp_path / "slow", "import time\ndef evaluate(r, s, t):\n    time.sleep(600)\n"
+        )
+        _evaluate(server, quick, job)
+        base = server.fds()
+        calls: list[tuple[Call, int]] = []
+        for i in range(24):
+            msg, body = (quick, job) if i % 2 else (slow, slow_job)
+            call = Call(server, msg)
+            call.send_job(body)
+            after = (i // 2) % 4
+            calls.append((call, after if i % 2 else min(after, 2)))  # a slow one has no exit to wait for
+        for call, after in calls:
+            got = call.lines(let_go_after=after)
+            call.close()
+            assert not any(line.startswith("error:") for line in got) or after == 0, got
+        _settled(server, base)
+        lines, result = _evaluate(server, quick, job)
+        assert lines[-1] == "exit 0" and json.loads(result.partition(b"\n")[2])["score"] == 7.0
+    finally:
+        server.close()
