@@ -6,9 +6,11 @@ Each session is a bundled workspace task's final workspace (its ``files/`` plus 
 ``outputs/answer.json``) graded by the bundled workspace evaluator through ``rollout.grading.Grader``
 (workspace copy, evaluator, clean-up), ``--pool-size`` at a time, as the scheduler grades. For each
 isolation (``none``: a thread of the launcher; ``bwrap``: the grader sandbox, each evaluation forked
-by the fork server; ``bwrap/exec``: the same sandbox starting an interpreter) it prints the wall
-time per session at that concurrency (job wall time / sessions, the launcher's view) and the
-launcher's own CPU per session; then what the sandbox adds, against the 50 ms budget per session.
+by the fork server; ``bwrap/helpers``: the same with the server forking a helper per evaluation, as
+without root; ``bwrap/exec``: the same sandbox starting an interpreter) it prints the wall time per
+session at that concurrency (job wall time / sessions, the launcher's view), the launcher's own CPU
+per session and, as root with a cgroup v1 ``cpuacct`` hierarchy, the CPU of everything (the
+launcher, the fork server, the sandboxes) per session; then what the sandbox adds, against the 50 ms budget per session.
 Then the bundled Harbor tasks (``env/harbor_tasks``), solved by their ``solution/solve.sh``, verified
 by ``rollout.grading.verifier.run_verifier`` (their ``tests/test.sh`` in a verifier sandbox) at the
 same concurrency: the verifier's wall time per session. Last, a control grading (what failure
@@ -25,7 +27,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import _bench
 
@@ -55,14 +59,22 @@ def workspaces(tmp: Path, n: int) -> list[tuple[Path, dict[str, object]]]:
     return out
 
 
+FORK_SERVER: dict[str, bool | Literal["helpers"]] = {"": True, "helpers": "helpers", "exec": False}
+
+
 async def grade_all(
-    isolation: str, items: list[tuple[Path, dict[str, object]]], pool: int, tmp: Path
-) -> tuple[float, float, int]:
-    """(wall s, launcher CPU s, sessions scored 10) for grading every item ``pool`` at a time."""
+    isolation: str,
+    items: list[tuple[Path, dict[str, object]]],
+    pool: int,
+    tmp: Path,
+    usage: Callable[[], float] | None,
+) -> tuple[float, float, int, float | None]:
+    """(wall s, launcher CPU s, sessions scored 10, CPU s of everything: None when unknown) for
+    grading every item ``pool`` at a time."""
     gate = asyncio.Semaphore(pool)
     spec = EvalSpec(eval_id="workspace/rule", timeout_s=60.0, evaluator_path=str(EVALUATOR))
     mode, _, how = isolation.partition("/")
-    async with Grader(mode, work_dir=tmp, fork_server=how != "exec") as grader:  # type: ignore[arg-type]
+    async with Grader(mode, work_dir=tmp, fork_server=FORK_SERVER[how]) as grader:  # type: ignore[arg-type]
         await grader.start([EVALUATOR.parent.parent])
 
         async def one(i: int, ws: Path, expected: dict[str, object]) -> float | None:
@@ -80,9 +92,12 @@ async def grade_all(
                 out = await grader.evaluate(EVALUATOR, req, spec, Trajectory(session_id=f"s{i}"), ws)
             return out.score
 
+        await one(-1, *items[0])  # the fork server is up
+        u0 = usage() if usage else None
         with _bench.timed() as t:
             scores = await asyncio.gather(*(one(i, ws, exp) for i, (ws, exp) in enumerate(items)))
-        return t.wall_s, t.cpu_s, sum(1 for s in scores if s == 10.0)
+        total = usage() - u0 if usage and u0 is not None else None
+        return t.wall_s, t.cpu_s, sum(1 for s in scores if s == 10.0), total
 
 
 async def control_all(n: int, pool: int, tmp: Path) -> tuple[float, int]:
@@ -157,13 +172,16 @@ async def main() -> int:
     )
     args = ap.parse_args()
     report = _bench.Report("grading_bench", args)
-    with tempfile.TemporaryDirectory(prefix="grading-bench-") as d:
+    with (
+        tempfile.TemporaryDirectory(prefix="grading-bench-") as d,
+        _bench.cpuacct_group("grading-bench") as usage,
+    ):
         tmp = Path(d)
         items = workspaces(tmp, args.sessions)
-        best: dict[str, tuple[float, float, int]] = {}
+        best: dict[str, tuple[float, float, int, float | None]] = {}
         for _ in range(args.rounds):
-            for isolation in ("none", "bwrap", "bwrap/exec"):
-                got = await grade_all(isolation, items, args.pool_size, tmp)
+            for isolation in ("none", "bwrap", "bwrap/helpers", "bwrap/exec"):
+                got = await grade_all(isolation, items, args.pool_size, tmp, usage)
                 if isolation not in best or got[0] < best[isolation][0]:
                     best[isolation] = got
         n = args.sessions
@@ -177,6 +195,7 @@ async def main() -> int:
             "sessions",
             ("wall ms/session", ".1f"),
             ("launcher CPU ms/session", ".1f"),
+            ("all CPU ms/session", ".1f"),
             "passed",
             ("vs in-process", ".2f"),
         ],
@@ -185,16 +204,24 @@ async def main() -> int:
     labels = {
         "none": "in-process (none)",
         "bwrap": "grader sandbox (bwrap, fork server)",
+        "bwrap/helpers": "grader sandbox, fork server with a helper each",
         "bwrap/exec": "grader sandbox, an interpreter each",
     }
-    for isolation, (w, cpu, passed) in best.items():
+    for isolation, (w, cpu, passed, total) in best.items():
         table.add(
-            labels[isolation], n, w / n * 1000, cpu / n * 1000, passed, _bench.ratio(w / n * 1000, none_ms)
+            labels[isolation],
+            n,
+            w / n * 1000,
+            cpu / n * 1000,
+            None if total is None else total / n * 1000,
+            passed,
+            _bench.ratio(w / n * 1000, none_ms),
         )
     table.add(
         "Harbor verifier (test.sh)",
         n_verify,
         wall / n_verify * 1000,
+        None,
         None,
         rewarded,
         _bench.ratio(wall / n_verify * 1000, none_ms),
@@ -204,6 +231,7 @@ async def main() -> int:
         "control grading (bwrap, untouched files)",
         n,
         control_wall / n * 1000,
+        None,
         None,
         controls_scored,
         _bench.ratio(control_wall / n * 1000, none_ms),

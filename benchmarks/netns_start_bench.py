@@ -17,15 +17,12 @@ import asyncio
 import os
 import sys
 import time
-import uuid
-from pathlib import Path
+from collections.abc import Callable
 
 import _bench
 
 from rollout.sandbox.netns import NetnsMaker
 from rollout.sandbox.runner import sandbox_support
-
-CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
 async def _start(maker: NetnsMaker, gated: bool) -> None:
@@ -49,18 +46,18 @@ async def _start(maker: NetnsMaker, gated: bool) -> None:
             os.close(fd)
 
 
-async def _round(group: Path, gated: bool, n: int) -> float:
+async def _round(usage: Callable[[], float], gated: bool, n: int) -> float:
     """CPU milliseconds per start of the helper and what it started, over ``n`` starts."""
     maker = NetnsMaker(41800)
     try:
         await _start(maker, gated)  # the helper is up
-        u0, c0 = int((group / "cpuacct.usage").read_text()), time.process_time()
+        u0, c0 = usage(), time.process_time()
         for _ in range(n):
             await _start(maker, gated)
-        u1, c1 = int((group / "cpuacct.usage").read_text()), time.process_time()
+        u1, c1 = usage(), time.process_time()
     finally:
         maker.close()
-    return ((u1 - u0) / 1e9 - (c1 - c0)) / n * 1000
+    return ((u1 - u0) - (c1 - c0)) / n * 1000
 
 
 def main() -> int:
@@ -68,27 +65,16 @@ def main() -> int:
     ap.add_argument("--starts", type=int, default=200, help="starts per round and variant")
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
-    if os.geteuid() != 0 or not CPUACCT.is_dir():
-        print("netns_start_bench: needs root and a cgroup v1 cpuacct hierarchy", file=sys.stderr)
-        return 1
     report = _bench.Report("netns_start_bench", args)
     sandbox_support()  # the open-files limit, as the launcher has it
-    group = CPUACCT / f"netns-start-bench-{uuid.uuid4().hex[:8]}"
-    group.mkdir()
-    home = [
-        line.split(":", 2)[2]
-        for line in Path("/proc/self/cgroup").read_text().splitlines()
-        if "cpuacct" in line
-    ]
-    try:
-        (group / "cgroup.procs").write_text(str(os.getpid()))
+    with _bench.cpuacct_group("netns-start-bench") as usage:
+        if usage is None:
+            print("netns_start_bench: needs root and a cgroup v1 cpuacct hierarchy", file=sys.stderr)
+            return 1
         got: dict[str, list[float]] = {"forked": [], "gated": []}
         for _ in range(args.rounds):
             for kind in got:
-                got[kind].append(asyncio.run(_round(group, kind == "gated", args.starts)))
-    finally:
-        (CPUACCT / home[0].lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
-        group.rmdir()
+                got[kind].append(asyncio.run(_round(usage, kind == "gated", args.starts)))
     table = _bench.Table(
         f"CPU per start, {args.starts} starts x {args.rounds} rounds each (alternating)",
         ["variant", ("median ms", ".2f"), ("all rounds ms", ""), ("vs forked", ".2f")],

@@ -93,6 +93,8 @@ _CapHeader, _CapData = ctypes.c_uint32 * 2, ctypes.c_uint32 * 6  # capset's argu
 _CAP_LINES = (b"CapPrm:", b"CapEff:", b"CapBnd:", b"CapAmb:")  # /proc/self/status lines checked
 RESULT_FD = 3
 """The result pipe's fd in the evaluation (the job's ``result_fd``)."""
+SWEEP_S = 0.05
+"""How often the server reaps what it could not on its event while some evaluation waits on that."""
 GATE_FD = 5
 """The fd bwrap reads its gate from (``--args``) in a sandbox this server starts itself: a pipe
 it closes once bwrap is in the evaluation's cgroups."""
@@ -141,19 +143,21 @@ def _evaluation(job_fd: int, result_fd: int, out_fd: int, env: dict[str, str]) -
     try:
         os.setsid()  # a group of its own: a kill(0, ...) must not reach the server, helpers, other evaluations
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _drop_capabilities()
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (job_fd, out_fd, result_fd)]  # out of dup2's way
         for fd, to in zip((high[0], high[1], high[1], high[2]), (0, 1, 2, RESULT_FD), strict=True):
             os.dup2(fd, to)
-        os.closerange(RESULT_FD + 1, os.sysconf("SC_OPEN_MAX"))
+        os.closerange(RESULT_FD + 1, os.sysconf("SC_OPEN_MAX"))  # the server's (other evaluations')
+        _drop_capabilities()
         os.environ.clear()
         os.environ.update(env)
         random.seed()  # not the server's state: each evaluation draws its own numbers
         child.main()
     except BaseException as e:  # noqa: BLE001  # whatever it is, the evaluation ends here
-        os.write(2, f"rollout-grader: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
+        with contextlib.suppress(BaseException):
+            os.write(2, f"rollout-grader: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
         os._exit(1)
-    os._exit(0)
+    finally:
+        os._exit(0)  # never back into the server's code
 
 
 class _Sandbox:
@@ -328,13 +332,15 @@ def _helper(req: dict[str, Any], fds: list[int]) -> None:
 def _evaluation_or_probe(req: dict[str, Any], job_fd: int, result_fd: int, out_fd: int) -> None:
     """In the sandbox: the evaluation, or for the launcher's check (``probe``) only the dropping
     of the capabilities. Never returns."""
-    if req.get("probe"):  # the launcher's check that this works here: enter, drop, end
-        try:
+    try:
+        signal.set_wakeup_fd(-1)  # the server's: a signal here must not write to that fd number
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if req.get("probe"):  # the launcher's check that this works here: enter, drop, end
             _drop_capabilities()
-        except OSError:
-            os._exit(1)
-        os._exit(0)
-    _evaluation(job_fd, result_fd, out_fd, dict(req["env"]))
+            os._exit(0)
+        _evaluation(job_fd, result_fd, out_fd, dict(req["env"]))
+    finally:
+        os._exit(1)
 
 
 def _receive(sock: socket.socket) -> tuple[bytes, list[int]]:
@@ -468,13 +474,42 @@ class _Run:
                 self._release()
         elif what == "exit":
             self.evaluation = self._drop(self.evaluation)  # first: an error below never repeats
-            _, status = os.waitpid(self.evaluation_pid, 0)
-            self._say(f"exit {status}")
+            self.reap()
+            if self.evaluation_pid > 0:  # ended, not reapable: a process of the sandbox traces it
+                self.sandbox.kill()  # the tracer dies with the sandbox; a sweep reaps it then
         else:  # bwrap ended, after the launcher let the sandbox go
             self.bwrap = self._drop(self.bwrap)
-            os.waitpid(self.sandbox.pid, 0)
-            self.sandbox.pid = -1
+            self.reap()
         self._finish()
+
+    def reap(self) -> None:
+        """Reap what ended (the evaluation; bwrap once let go), never waiting: a process the
+        sandbox traces is reapable only once the tracer let go of it (a later sweep)."""
+        if self.evaluation_pid > 0 and self.evaluation < 0:
+            try:
+                pid, status = os.waitpid(self.evaluation_pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.evaluation_pid, -1
+            if pid:
+                self.evaluation_pid = -1
+                if status >= 0:
+                    self._say(f"exit {status}")
+        if self.let_go and self.sandbox.pid > 0 and self.bwrap < 0:
+            try:
+                pid, _ = os.waitpid(self.sandbox.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid = self.sandbox.pid
+            if pid:
+                self.sandbox.pid = -1
+
+    def waiting(self) -> bool:
+        """Whether it waits for an end the kernel may not signal (an evaluation a sandbox's process
+        traced; bwrap, whose init waits for what the evaluation made of this server's children)."""
+        return (self.evaluation_pid > 0 and self.evaluation < 0) or (self.let_go and self.sandbox.pid > 0)
+
+    def pids(self) -> tuple[int, int]:
+        """The evaluation's and bwrap's pids while they are this server's to reap (else -1)."""
+        return self.evaluation_pid, self.sandbox.pid
 
     def fail(self, e: Exception) -> None:
         """An event that raised: this evaluation fails (the launcher then lets its sandbox go)."""
@@ -551,6 +586,7 @@ class _Run:
         """The forked evaluation: its groups (their files are not in the sandbox), the sandbox's
         other namespaces and root, then the evaluation. Never returns."""
         try:
+            signal.set_wakeup_fd(-1)  # the server's (module docstring)
             join_groups(0, self.req["procs"])
             _enter(order, root, str(self.req["cwd"]))
         except BaseException as e:  # noqa: BLE001
@@ -567,10 +603,18 @@ class _Run:
         if self.bwrap >= 0:
             self.sel.register(self.bwrap, selectors.EVENT_READ, (self, "bwrap"))
 
+    @property
+    def done(self) -> bool:
+        """Let go, with the evaluation and bwrap reaped: every fd closed."""
+        return self.status < 0
+
     def _finish(self) -> None:
-        """Once let go, with the evaluation and bwrap ended: every fd closed."""
-        if not self.let_go or self.evaluation >= 0 or self.bwrap >= 0:
+        """Once let go, with the evaluation and bwrap reaped: every fd closed."""
+        if self.done or not self.let_go or self.evaluation_pid > 0 or self.sandbox.pid > 0:
             return
+        for fd in (self.evaluation, self.bwrap):
+            self._drop(fd)
+        self.evaluation = self.bwrap = -1
         for fd in (self.info_r, self.sandbox.init, self.sandbox.holding, self.job, self.result, self.out):
             if fd >= 0:
                 os.close(fd)
@@ -589,14 +633,63 @@ def _home(home: int) -> None:
         os._exit(70)
 
 
+def _children() -> set[int]:
+    """This process's children (it has one thread)."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children", "rb") as f:
+            return {int(p) for p in f.read().split()}
+    except FileNotFoundError:  # a kernel without that file: every process's parent
+        found = set()
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if name.isdigit() and int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
+                        found.add(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+
+def _sweep(runs: set[_Run]) -> None:
+    """Reap what ended and was not reaped on its event, and any child this server did not make
+    (an evaluation's ``clone(CLONE_PARENT)``): until it is reaped, its sandbox's init cannot end."""
+    known: set[int] = set()
+    for run in list(runs):
+        try:
+            run.reap()
+            run._finish()
+        except Exception as e:  # noqa: BLE001  # one evaluation's: the server stays
+            run.fail(e)
+        if run.done:
+            runs.discard(run)
+        known.update(run.pids())
+    for pid in _children() - known:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
 def _serve_here(sock: socket.socket, home: int) -> None:
     """Answer requests until the launcher closes its end, each evaluation run by this process."""
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
+    woken_r, woken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # SIGCHLD: a sweep
+    signal.set_wakeup_fd(woken_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel.register(woken_r, selectors.EVENT_READ, "child")
+    runs: set[_Run] = set()
     while True:
-        for key, _ in sel.select():
+        waiting = any(run.waiting() for run in runs)
+        events = sel.select(SWEEP_S if waiting else (1.0 if runs else None))
+        sweep = not events
+        for key, _ in events:
             if sel.get_map().get(key.fd) is not key:
                 continue  # unregistered by an earlier event of this batch
+            if key.data == "child":
+                with contextlib.suppress(BlockingIOError):
+                    os.read(woken_r, 4096)
+                sweep = True
+                continue
             if key.data is None:
                 msg, fds = _receive(sock)
                 if not msg:
@@ -605,19 +698,29 @@ def _serve_here(sock: socket.socket, home: int) -> None:
                     for fd in fds:
                         os.close(fd)
                     continue
-                _Run(fds, sel, home).begin(msg)
+                run = _Run(fds, sel, home)
+                runs.add(run)
+                run.begin(msg)
                 continue
             run, what = key.data
             try:
                 run.ready(what)
             except Exception as e:  # noqa: BLE001  # one evaluation's: the server stays
                 run.fail(e)
+            if run.done:
+                runs.discard(run)
+        if sweep:
+            _sweep(runs)
 
 
 def serve(sock: socket.socket, helpers: bool = False) -> None:
     """Answer requests until the launcher closes its end: as root, each evaluation run by this
     process (``_Run``), else (or ``helpers``) by a helper forked for it."""
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for name in os.listdir("/proc/self/fd"):  # no fd of this process's reaches a sandbox it starts
+        if int(name) > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(int(name), False)
     home = _own_pid_namespace(helpers)
     if home >= 0:
         _serve_here(sock, home)

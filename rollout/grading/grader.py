@@ -103,7 +103,8 @@ class Grader:
     """Runs a job's evaluations (module docstring). ``isolation`` is the job's default (an env may
     set its own per call); ``work_dir`` holds the snapshot and the workspace copies (None: the
     system temp folder); ``fork_server``: False starts an interpreter in each grader sandbox
-    instead of forking it from the fork server (for comparisons). Use as ``async with
+    instead of forking it from the fork server, ``"helpers"`` has the server fork a helper per
+    evaluation even as root (both for comparisons). Use as ``async with
     Grader(...) as g: await g.start(roots)``."""
 
     def __init__(
@@ -112,7 +113,7 @@ class Grader:
         work_dir: Path | None = None,
         limits: GraderLimits | None = None,
         caps: CopyCaps | None = None,
-        fork_server: bool = True,
+        fork_server: bool | Literal["helpers"] = True,
     ) -> None:
         self.isolation = isolation
         self.limits = limits or GraderLimits()
@@ -121,7 +122,7 @@ class Grader:
         self._folder: Path | None = None
         self._roots: dict[Path, Path] = {}
         self._warned_keys: set[str] = set()
-        self._forks = ForkServer() if fork_server else None
+        self._forks = ForkServer(helpers=fork_server == "helpers") if fork_server else None
 
     async def __aenter__(self) -> Grader:
         self._folder = Path(tempfile.mkdtemp(prefix="rollout-grader-", dir=self._work_dir))

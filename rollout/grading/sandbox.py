@@ -77,11 +77,12 @@ class GraderLimits:
 
 
 class _ServerGone(Exception):
-    """The fork server cannot be reached, even started again (``reason``)."""
+    """The fork server cannot be reached, even started again (``reason``), or (``lasting``
+    False) gave no answer for this evaluation (it died meanwhile): never the evaluation's failure."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, lasting: bool = True) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.lasting = reason, lasting
 
 
 class _Ended(Exception):
@@ -198,8 +199,15 @@ async def evaluate_in_sandbox(
                 value = await run.evaluate(
                     {**job, "result_fd": RESULT_FD}, result_r, result_w, started + timeout, nonce
                 )
-            except _ServerGone as gone:  # the launcher's own failure: this and later evaluations the old way
-                forks.disable(gone.reason)
+            except (
+                _ServerGone
+            ) as gone:  # the launcher's own failure: this evaluation (and later ones) the old way
+                if gone.lasting:
+                    forks.disable(gone.reason)
+                else:
+                    log.warning("grader: %s: evaluating %s again", gone.reason, request.session_id)
+                    started = time.monotonic()  # a fresh evaluation, with its whole time
+                    cg.kill_all()
                 forked = False
                 argv = grader_command(roots, workspace, limits)
                 result_r, result_w = os.pipe()
@@ -408,7 +416,8 @@ class ForkServer:
         self.helpers = helpers
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # the first start and check
+        self._restarting = asyncio.Lock()
         self._checked: bool | None = None
         self.unavailable: str | None = None
 
@@ -467,22 +476,25 @@ class ForkServer:
         )
 
     async def send(self, request: dict[str, Any], fds: list[int]) -> None:
-        """One request and its four fds, the server started again once when it is gone; OSError
-        when it cannot be."""
+        """One request and its fds, the server started again once when it is gone (by one caller:
+        the others send to the new one); OSError when it cannot be."""
         data = [json.dumps(request).encode()]
         fds_msg = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         for again in (False, True):
+            proc = self._proc
             try:
-                if self._sock is None or self._proc is None or self._proc.returncode is not None:
+                if self._sock is None or proc is None or proc.returncode is not None:
                     raise ConnectionError("the grader's fork server is not running")
                 self._sock.sendmsg(data, fds_msg)
                 return
             except OSError:
                 if again:
                     raise
-                log.warning("grader: the fork server was gone; starting it again")
-                await self.close()
-                await self._start()
+                async with self._restarting:
+                    if self._proc is proc:  # nobody started it again meanwhile
+                        log.warning("grader: the fork server was gone; starting it again")
+                        await self.close()
+                        await self._start()
 
     async def close(self) -> None:
         """Stop the server (it ends when its socket closes; killed if it does not)."""
@@ -532,9 +544,10 @@ class _Forked:
             self.cg.kill_all()
 
     def said(self, line: bytes) -> tuple[str, str]:
-        """One status line as (word, rest), ``sandbox <pgid>`` taken note of."""
+        """One status line as (word, rest), ``sandbox <pgid>`` taken note of (never 0 or 1: this
+        process's own group, every process)."""
         word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
-        if word == "sandbox" and self._hold is not None and rest.isdigit():
+        if word == "sandbox" and self._hold is not None and rest.isdigit() and int(rest) > 1:
             self._group = int(rest)
         return word, rest
 
@@ -658,14 +671,20 @@ class _Forked:
         status = await reader(status_r, 65536)
         ended: list[int] = []
 
+        answered: list[str] = []
+
         async def read_status() -> None:
             while line := await status.readline():
                 word, rest = self.said(line)
                 if word == "exit":
-                    ended.append(os.waitstatus_to_exitcode(int(rest)))
+                    try:
+                        ended.append(os.waitstatus_to_exitcode(int(rest)))
+                    except ValueError:
+                        got.stop(f"the fork server said {line[:100]!r}")
                     self.kill()  # what the evaluation left running dies with the sandbox: the pipes close
                 elif word == "error:":
                     got.stop(f"the grader sandbox cannot start: {rest}")
+                answered.append(word)
 
         task = asyncio.ensure_future(asyncio.gather(got.output(output), got.results(results), read_status()))
         try:
@@ -681,5 +700,7 @@ class _Forked:
                 except (TimeoutError, _Ended):
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
+        if not {"exit", "error:"} & set(answered):  # its status pipe closed with no end said
+            raise _ServerGone("the grader's fork server gave no answer for an evaluation", lasting=False)
         rc = ended[0] if ended else -signal.SIGKILL
         return got.ending(128 - rc if rc < 0 else rc, nonce, self.cg)

@@ -296,3 +296,90 @@ def test_evaluations_given_up_at_any_moment_leave_nothing_behind(tmp_path: Path,
         assert lines[-1] == "exit 0" and json.loads(result.partition(b"\n")[2])["score"] == 7.0
     finally:
         server.close()
+
+
+TRACED = r"""
+import ctypes, os, subprocess, sys, time
+
+def evaluate(r, s, t):
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: a program it starts may trace it
+    tracer = (
+        "import ctypes, os, sys, time\n"
+        "libc = ctypes.CDLL(None)\n"
+        "pid = int(sys.argv[1])\n"
+        "libc.ptrace(16, pid, 0, 0)\n"  # PTRACE_ATTACH
+        "os.waitpid(pid, 0x40000000)\n"  # __WALL: the attach stop
+        "libc.ptrace(7, pid, 0, 0)\n"  # PTRACE_CONT; never waits again: the zombie stays its own
+        "time.sleep(3600)\n"
+    )
+    subprocess.Popen([sys.executable, "-S", "-c", tracer, str(os.getpid())])
+    while b"TracerPid:\t0\n" in open("/proc/self/status", "rb").read():
+        time.sleep(0.01)
+    os._exit(0)
+"""
+
+
+@BOTH_WAYS
+def test_an_evaluation_traced_by_its_own_program_stalls_no_other_evaluation(
+    tmp_path: Path, helpers: bool
+) -> None:
+    """An evaluation that a program of its sandbox traces, ending so, is a zombie only its tracer
+    can reap until the tracer lets go: the server must not wait for it (one thread serves every
+    evaluation), and it still answers that evaluation's end once the sandbox is killed."""
+    require_bwrap()
+    server = Server(helpers)
+    try:
+        msg, job = _request(tmp_path / "traced", TRACED)
+        traced = Call(server, msg)
+        traced.send_job(job)
+        assert traced.line().startswith("sandbox ")  # type: ignore[union-attr]
+        started = traced.line()
+        assert started is not None and started.startswith("started "), started
+        pid = int(started.split()[1])
+        end = time.monotonic() + DEADLINE_S
+        while (
+            Path(f"/proc/{pid}/stat").exists()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        ):
+            assert time.monotonic() < end, "the traced evaluation never ended"
+            time.sleep(0.02)
+        quick, quick_job = _request(tmp_path / "quick", "def evaluate(r, s, t):\n    return 7\n")
+        lines, result = _evaluate(server, quick, quick_job)  # meanwhile: answered at once
+        assert lines[-1] == "exit 0" and json.loads(result.partition(b"\n")[2])["score"] == 7.0, lines
+        traced.let_go()  # (a helper waits for this: its evaluation's end never reaches it)
+        assert traced.lines() == ["exit 0"]
+        traced.close()
+    finally:
+        server.close()
+
+
+CLONES = r"""
+import ctypes
+
+def evaluate(r, s, t):
+    libc = ctypes.CDLL(None)
+    for signal in (17, 0, 17, 0):  # SIGCHLD, and no signal at all at their end
+        if libc.syscall(56, 0x00008000 | signal, 0, 0, 0, 0) == 0:  # clone(CLONE_PARENT): a sibling
+            libc._exit(0)
+    return 7
+"""
+
+
+@BOTH_WAYS
+def test_processes_an_evaluation_makes_the_servers_children_are_reaped(tmp_path: Path, helpers: bool) -> None:
+    """``clone(CLONE_PARENT)`` makes the evaluation's siblings, children of the process that forked
+    it: unreaped, they would hold host pids and keep the sandbox's init (which waits for every
+    process of its namespace) and so bwrap from ending, the evaluation from ever being done."""
+    require_bwrap()
+    server = Server(helpers)
+    try:
+        quick, quick_job = _request(tmp_path / "quick", "def evaluate(r, s, t):\n    return 7\n")
+        _evaluate(server, quick, quick_job)
+        base = server.fds()
+        msg, job = _request(tmp_path, CLONES)
+        for _ in range(3):
+            lines, result = _evaluate(server, msg, job)
+            assert lines[-1] == "exit 0" and json.loads(result.partition(b"\n")[2])["score"] == 7.0, lines
+        _settled(server, base)
+    finally:
+        server.close()

@@ -368,13 +368,17 @@ def evaluate(request, spec, trajectory):
     pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
     mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in range(4)}
     fds = {"own": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}
+    kinds = {}
     for pid in (1, 2):
         try:
-            fds[pid] = sorted(mine & {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")})
+            theirs = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            fds[pid] = sorted(mine & theirs)
+            kinds[pid] = sorted({t.split(":")[0] for t in theirs})
         except OSError as e:
-            fds[pid] = e.strerror
+            fds[pid] = kinds[pid] = e.strerror
     return {"score": 1, "artifacts": {"caps": caps, "tried": tried, "uid": os.getuid(), "ppid": os.getppid(),
-                                      "pids": pids, "me": os.getpid(), "cwd": os.getcwd(), "fds": fds}}
+                                      "pids": pids, "me": os.getpid(), "cwd": os.getcwd(), "fds": fds,
+                                      "kinds": kinds}}
 """
 
 
@@ -404,6 +408,9 @@ async def test_an_evaluation_forked_into_its_sandbox_has_no_capability_and_sees_
     # could write to them through /proc); the evaluation has its job (0), output (1, 2) and result
     # (3; the listing's own fd is 4)
     assert got["fds"] == {"1": [], "2": [], "own": [0, 1, 2, 3, 4]}, got["fds"]
+    # nor anything of the fork server's (its socket to the launcher carries every evaluation's
+    # pipes): bwrap's init holds its own pipes and signal fds, the holder its three pipes
+    assert got["kinds"] == {"1": ["anon_inode", "pipe"], "2": ["pipe"]}, got["kinds"]
     assert not (ws / "planted").exists()
 
 
@@ -567,6 +574,80 @@ async def test_a_fork_server_that_died_is_started_again_and_the_evaluation_score
         second = await grader.evaluate(path, request("s2"), spec(path), Trajectory(session_id="s2"), None)
         assert grader._forks._proc.returncode is None  # a new one
     assert (first.status, first.score, second.status, second.score) == ("scored", 6.0, "scored", 6.0), second
+
+
+WAITS_FOR_GO = """
+import os, time
+
+def evaluate(r, s, t):
+    while not os.path.exists(os.path.join(os.path.dirname(__file__), "go")):
+        time.sleep(0.01)
+    return 5
+"""
+
+
+def _forked_evaluations(server: int) -> list[int]:
+    """The fork server's children that are processes of a sandbox's PID namespace (evaluations)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if int(stat.rsplit(")", 1)[1].split()[1]) == server and len(nspid) > 1:
+            found.append(int(name))
+    return found
+
+
+async def test_evaluations_running_when_the_fork_server_dies_are_evaluated_again_not_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fork server is the launcher's: when it dies under running evaluations (their sandboxes
+    die with it), each is evaluated again in a sandbox of its own, never a grading failure (the
+    agent's 0), and the server is started again once for the next ones, by one of them."""
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("the evaluations are found as the server's children: as root")
+    path = env_root(tmp_path, WAITS_FOR_GO)
+    warm = env_root(tmp_path, "def evaluate(r, s, t):\n    return 1\n", name="warm")
+    async with Grader("bwrap", work_dir=tmp_path) as grader:
+        await grader.start([path.parent.parent])
+        forks = grader._forks
+        assert forks is not None
+        assert (
+            await grader.evaluate(warm, request("w"), spec(warm), Trajectory(session_id="w"), None)
+        ).score == 1
+        assert forks._proc is not None
+        server = forks._proc
+        running = [
+            asyncio.ensure_future(
+                grader.evaluate(path, request(f"s{i}"), spec(path), Trajectory(session_id=f"s{i}"), None)
+            )
+            for i in range(3)
+        ]
+        for _ in range(3000):
+            if len(_forked_evaluations(server.pid)) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(_forked_evaluations(server.pid)) == 3
+        server.kill()
+        await server.wait()
+        for snapshot in grader._roots.values():  # the evaluations (run again) may end now
+            (snapshot / "t" / "go").write_text("")
+        outs = await asyncio.gather(*running)
+        assert [(o.status, o.score) for o in outs] == [("scored", 5.0)] * 3, [o.reason for o in outs]
+        caplog.clear()
+        after = await asyncio.gather(
+            *(
+                grader.evaluate(path, request(f"a{i}"), spec(path), Trajectory(session_id=f"a{i}"), None)
+                for i in range(8)
+            )
+        )
+        assert [(o.status, o.score) for o in after] == [("scored", 5.0)] * 8, [o.reason for o in after]
+        restarts = [r for r in caplog.records if "starting it again" in r.getMessage()]
+        assert len(restarts) == 1 and forks.unavailable is None, [r.getMessage() for r in caplog.records]
 
 
 async def test_a_fork_server_that_cannot_be_started_again_leaves_the_old_way_not_a_failed_grading(
