@@ -258,7 +258,8 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
 def report(result: JobResult, evaluated: bool = True, db_path: str | None = None) -> int:
     """Print the summary table and where things are; returns the exit code (``job_exit_code``).
     ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so);
-    ``db_path``: the store as given, named in the last lines (the commands that show the job)."""
+    ``db_path``: the store as given, named in the last lines (the commands that show the job) for
+    PostgreSQL; a SQLite store is named by its absolute path there, the same from any folder."""
     totals = result.totals
     print(render_table(totals.summary()))
     if footer := totals.footer():
@@ -307,7 +308,8 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
             f"--resume --job-id {result.job_id} to run them again{bugs}",
             file=sys.stderr,
         )
-    for line in next_step_lines(result.job_id, db_path or result.store):
+    shown = result.store if result.store.startswith("sqlite://") else (db_path or result.store)  # absolute
+    for line in next_step_lines(result.job_id, shown):
         print(line)
     return job_exit_code(result)
 

@@ -45,11 +45,16 @@ def test_the_run_ends_with_the_commands_that_show_the_job(
     result = JobResult(
         job_id="j1", totals=ReportTotals(), out=tmp_path / "o.jsonl", store="sqlite:///abs/x.db"
     )
-    assert report(result, True, "sqlite://my store.db") == 0
+    assert report(result, True, "sqlite://my store.db") == 0  # relative: named by its absolute path
     assert capsys.readouterr().out.splitlines()[-2:] == [
-        "browse:  python launcher.py view --db-path 'sqlite://my store.db'   (job j1)",
-        "report:  python launcher.py report --db-path 'sqlite://my store.db' --job-id j1",
+        "browse:  python launcher.py view --db-path sqlite:///abs/x.db   (job j1)",
+        "report:  python launcher.py report --db-path sqlite:///abs/x.db --job-id j1",
     ]
+    pg = JobResult(job_id="j1", totals=ReportTotals(), out=tmp_path / "o.jsonl", store="postgresql://h/db")
+    assert report(pg, True, "postgresql://u:p@h/db") == 0  # as given: the named store has no credentials
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "report:  python launcher.py report --db-path postgresql://u:p@h/db --job-id j1"
+    )
 
 
 def test_export_and_report_take_the_latest_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
