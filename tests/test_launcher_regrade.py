@@ -154,7 +154,7 @@ async def test_regrade_flag_errors(tmp_path: Path) -> None:
     code, _, err = await launch(
         "--regrade", "--job-id", "nosuch", "--db-path", f"sqlite://{db}", cwd=tmp_path
     )
-    assert code == 1 and "agent root env is not a directory" in err  # no env/ here: said before the store
+    assert code == 1 and f"agent root env is not a directory (in {tmp_path})" in err  # said before the store
     code, _, err = await launch(
         "--regrade",
         "--job-id",

@@ -427,7 +427,10 @@ def scan_envs(agent_root: Path) -> tuple[list[EnvConfig], list[EnvConfigError]]:
     """Every ``<agent_root>/<name>/env.yaml`` that loads, sorted by folder name, and the error of
     each that does not. Raises EnvConfigError when the folder does not exist or holds no env."""
     if not agent_root.is_dir():
-        raise EnvConfigError(f"agent root {agent_root} is not a directory")
+        where = "" if agent_root.is_absolute() else f" (in {Path.cwd()})"
+        raise EnvConfigError(
+            f"agent root {agent_root} is not a directory{where}: run from the project folder or pass --agent-root"
+        )
     paths = sorted(agent_root.glob(f"*/{CONFIG_NAME}"))
     if not paths:
         raise EnvConfigError(f"no env found: no {agent_root}/<name>/{CONFIG_NAME}")
