@@ -247,5 +247,5 @@ class Pool:
             self._finished_one()
             if self.on_done:
                 self.on_done(done)
-            if self._stop_when_told is not None and self._stop_reason is None:
-                self._stop(self._stop_when_told)
+            if self._stop_when_told is not None and self._stop_reason is None and self._left > 0:
+                self._stop(self._stop_when_told)  # none left: the job ended, its report names the finding

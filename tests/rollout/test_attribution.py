@@ -330,6 +330,14 @@ async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_
             f"the agent; fix it, then --regrade --job-id {job}"
         )
         assert len(stopped.records) == n and job_exit_code(stopped) == 5
+    # the limit reached at the job's last session: nothing is left to --resume, the job is not stopped
+    async with FakeUpstream() as up:
+        ended = await run_job(
+            options(
+                tmp_path, up, job_id="attr8", agent_root=tmp_path / "envs2", pool_size=1, max_broken_graders=8
+            )
+        )
+    assert (ended.stopped, len(ended.records), job_exit_code(ended)) == (None, 8, 5)
 
 
 STALL_RUNTIME = """
