@@ -48,6 +48,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from rollout.grading import child
@@ -402,8 +403,14 @@ class _Run:
 
     def begin(self, msg: bytes) -> None:
         """Start the sandbox; ``error: <why>`` when it cannot be."""
-        os.set_blocking(self.hold, False)
-        self.sel.register(self.hold, selectors.EVENT_READ, (self, "hold"))
+        try:
+            os.set_blocking(self.hold, False)
+            self.sel.register(self.hold, selectors.EVENT_READ, (self, "hold"))
+        except (OSError, ValueError) as e:  # nothing started: done at once
+            self._say(f"error: {type(e).__name__}: {e}")
+            self.let_go = True
+            self._finish()
+            return
         try:
             req = json.loads(msg)
             if not isinstance(req, dict):
@@ -639,7 +646,10 @@ def _children() -> set[int]:
     try:
         with open(f"/proc/{me}/task/{me}/children", "rb") as f:
             return {int(p) for p in f.read().split()}
-    except FileNotFoundError:  # a kernel without that file: every process's parent
+    except OSError as e:
+        if not isinstance(e, FileNotFoundError):
+            return set()  # (no fd to spare) the next sweep
+        # a kernel without that file: every process's parent
         found = set()
         for name in os.listdir("/proc"):
             try:
@@ -671,24 +681,30 @@ def _sweep(runs: set[_Run]) -> None:
 
 def _serve_here(sock: socket.socket, home: int) -> None:
     """Answer requests until the launcher closes its end, each evaluation run by this process."""
-    sel = selectors.DefaultSelector()
+    # poll, not epoll: epoll's watches count against a budget per user, which a sandbox's processes
+    # (the launcher's uid outside) can use up
+    sel = selectors.PollSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     woken_r, woken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # SIGCHLD: a sweep
     signal.set_wakeup_fd(woken_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel.register(woken_r, selectors.EVENT_READ, "child")
     runs: set[_Run] = set()
+    swept = due = 0.0  # when it last swept; when a sweep is due (0: none)
     while True:
-        waiting = any(run.waiting() for run in runs)
-        events = sel.select(SWEEP_S if waiting else (1.0 if runs else None))
-        sweep = not events
+        if any(run.waiting() for run in runs):
+            due = due or swept + SWEEP_S
+        wait = max(0.0, due - time.monotonic()) if due else (1.0 if runs else None)
+        events = sel.select(wait)
+        if not events:
+            due = due or time.monotonic()  # now and then while evaluations run: what made no sign
         for key, _ in events:
             if sel.get_map().get(key.fd) is not key:
                 continue  # unregistered by an earlier event of this batch
             if key.data == "child":
                 with contextlib.suppress(BlockingIOError):
                     os.read(woken_r, 4096)
-                sweep = True
+                due = due or swept + SWEEP_S  # at most one sweep per SWEEP_S, however many end
                 continue
             if key.data is None:
                 msg, fds = _receive(sock)
@@ -701,16 +717,17 @@ def _serve_here(sock: socket.socket, home: int) -> None:
                 run = _Run(fds, sel, home)
                 runs.add(run)
                 run.begin(msg)
-                continue
-            run, what = key.data
-            try:
-                run.ready(what)
-            except Exception as e:  # noqa: BLE001  # one evaluation's: the server stays
-                run.fail(e)
+            else:
+                run, what = key.data
+                try:
+                    run.ready(what)
+                except Exception as e:  # noqa: BLE001  # one evaluation's: the server stays
+                    run.fail(e)
             if run.done:
                 runs.discard(run)
-        if sweep:
+        if due and time.monotonic() >= due:
             _sweep(runs)
+            swept, due = time.monotonic(), 0.0
 
 
 def serve(sock: socket.socket, helpers: bool = False) -> None:
