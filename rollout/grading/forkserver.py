@@ -389,9 +389,7 @@ class _Run:
         self.sel, self.home = sel, home
         self.req: dict[str, Any] = {}
         self.sandbox = _Sandbox()
-        self.bwrap = (
-            -1
-        )  # bwrap's pidfd, watched once the sandbox is let go (its group is the launcher's till then)
+        self.bwrap = -1  # its pidfd, watched once let go (till then its group is the launcher's)
         self.said_r = self.info_r = -1
         self.said = b""
         self.evaluation, self.evaluation_pid = -1, -1  # the evaluation's pidfd and pid while it runs
@@ -619,9 +617,9 @@ class _Run:
         """Once let go, with the evaluation and bwrap reaped: every fd closed."""
         if self.done or not self.let_go or self.evaluation_pid > 0 or self.sandbox.pid > 0:
             return
-        for fd in (self.evaluation, self.bwrap):
+        for fd in (self.evaluation, self.bwrap, self.hold):
             self._drop(fd)
-        self.evaluation = self.bwrap = -1
+        self.evaluation = self.bwrap = self.hold = -1
         for fd in (self.info_r, self.sandbox.init, self.sandbox.holding, self.job, self.result, self.out):
             if fd >= 0:
                 os.close(fd)

@@ -199,9 +199,7 @@ async def evaluate_in_sandbox(
                 value = await run.evaluate(
                     {**job, "result_fd": RESULT_FD}, result_r, result_w, started + timeout, nonce
                 )
-            except (
-                _ServerGone
-            ) as gone:  # the launcher's own failure: this evaluation (and later ones) the old way
+            except _ServerGone as gone:  # the launcher's failure: this evaluation (or all) the old way
                 if gone.lasting:
                     forks.disable(gone.reason)
                 else:
