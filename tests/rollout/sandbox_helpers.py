@@ -127,3 +127,15 @@ async def workspace_tool_call_run(
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     assert len(records) == 1, (code, stderr)
     return ToolCallRun(code, stdout, stderr, records[0], calls, db)
+
+
+def process_parents() -> dict[int, int]:
+    """Every running process's parent pid, by pid (read from ``/proc``)."""
+    out: dict[int, int] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        out[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return out

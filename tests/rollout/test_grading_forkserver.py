@@ -4,6 +4,7 @@ launcher gives up at any moment, fails that evaluation only and leaves no proces
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import secrets
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from rollout.grading.sandbox import FORKED_INFO_FD, FORKSERVER, GraderLimits, _child_env, grader_command
-from tests.rollout.sandbox_helpers import require_bwrap
+from tests.rollout.sandbox_helpers import process_parents, require_bwrap
 
 BOTH_WAYS = pytest.mark.parametrize("helpers", [False, True], ids=["server", "helpers"])
 DEADLINE_S = 60.0  # far past what any step here takes: only a hang reaches it
@@ -45,7 +46,7 @@ class Server:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def children(self) -> list[int]:
-        return [pid for pid, ppid in _parents().items() if ppid == self.proc.pid]
+        return [pid for pid, ppid in process_parents().items() if ppid == self.proc.pid]
 
     def close(self) -> None:
         self.sock.close()
@@ -72,7 +73,7 @@ class Call:
             hold[1],
         )
         try:
-            server.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(_ints(theirs)))])
+            server.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs).tobytes())])
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -116,23 +117,6 @@ class Call:
         self.let_go()
         for fd in (self.job, self.result, self.out, self.status):
             os.close(fd)
-
-
-def _ints(fds: list[int]) -> bytes:
-    import array  # noqa: PLC0415
-
-    return array.array("i", fds).tobytes()
-
-
-def _parents() -> dict[int, int]:
-    out: dict[int, int] = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        out[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    return out
 
 
 def _nspid_depth(pid: int) -> int:

@@ -17,7 +17,7 @@ import pytest
 from rollout.contract.protocol import EvalRequest, EvalSpec, Trajectory
 from rollout.grading.grader import Grader
 from rollout.grading.sandbox import CHILD, ForkServer, GraderLimits
-from tests.rollout.sandbox_helpers import require_bwrap, workspace_tool_call_run
+from tests.rollout.sandbox_helpers import process_parents, require_bwrap, workspace_tool_call_run
 
 REPO = Path(__file__).resolve().parents[2]
 WORKSPACE_EVALUATOR = REPO / "env" / "workspace" / "rule_evaluator.py"
@@ -50,13 +50,7 @@ def env_root(tmp_path: Path, code: str, name: str = "t") -> Path:
 
 def grader_children() -> list[int]:
     """Pids of this test process's descendants still running that are a grader's bwrap or child."""
-    parent: dict[int, int] = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        parent[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    parent = process_parents()
     found: list[int] = []
     me = os.getpid()
     for pid in parent:
