@@ -73,7 +73,9 @@ class Call:
             hold[1],
         )
         try:
-            server.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs).tobytes())])
+            server.sock.sendmsg(
+                [msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", theirs).tobytes())]
+            )
         finally:
             for fd in theirs:
                 os.close(fd)
