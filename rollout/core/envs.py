@@ -402,7 +402,16 @@ def task_folder_env(folder: Path, host_toolchain: bool = False, same_container: 
         raise EnvConfigError(f"--tasks {folder}: not a folder")
     if host_toolchain and same_container:
         raise EnvConfigError(f"--tasks {folder}: {SAME_CONTAINER_ON_HOST}")
-    harbor_format = any((d / "task.toml").is_file() for d in root.iterdir() if d.is_dir())
+    folders = sorted(d for d in root.iterdir() if d.is_dir())
+    harbor = [d.name for d in folders if (d / "task.toml").is_file()]
+    graded = [d.name for d in folders if (d / "expected.json").is_file() and d.name not in harbor]
+    if harbor and graded:
+        raise EnvConfigError(
+            f"--tasks {folder} mixes Harbor tasks (task.toml: {', '.join(harbor[:3])}"
+            f"{', ...' if len(harbor) > 3 else ''}) and expected.json tasks ({', '.join(graded[:3])}"
+            f"{', ...' if len(graded) > 3 else ''}): one kind per folder"
+        )
+    harbor_format = bool(harbor)
     name = root.parent.name if root.name == "tasks" and root.parent.name else root.name
     cfg = EnvConfig(
         name=name,

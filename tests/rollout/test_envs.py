@@ -264,3 +264,22 @@ def test_a_harbor_env_without_a_runtime_gets_the_one_tasks_gives_it(tmp_path: Pa
     )
     with pytest.raises(EnvConfigError, match="runtime.command: required key missing"):
         load_env_config(folder / "env.yaml")
+
+
+def test_a_tasks_folder_mixing_harbor_and_expected_json_tasks_says_so(tmp_path: Path) -> None:
+    """``--tasks DIR`` runs one kind of task: a folder holding both kinds is refused, naming them
+    (read as Harbor's, the other kind's tasks were each an error blaming a missing task.toml)."""
+    from rollout.core.envs import task_folder_env
+
+    for name in ("h1", "h2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "task.toml").write_text("")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "expected.json").write_text("{}")
+    with pytest.raises(
+        EnvConfigError,
+        match=r"mixes Harbor tasks \(task.toml: h1, h2\) and expected.json tasks \(plain\): one kind per folder",
+    ):
+        task_folder_env(tmp_path)
+    (tmp_path / "plain" / "expected.json").unlink()
+    assert task_folder_env(tmp_path).dataset.format == "harbor"
