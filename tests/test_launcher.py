@@ -94,14 +94,16 @@ def gateway_config(path: Path, upstream_url: str, db: Path | str) -> Path:
     return path
 
 
-async def launch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run launcher.py with ``args`` (plus ``--no-progress``); ``env`` replaces the environment
-    (default: this one), PYTHONPATH set to the repo either way."""
+async def launch(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, progress: bool = False
+) -> tuple[int, str, str]:
+    """Run launcher.py with ``args`` (plus ``--no-progress`` unless ``progress``: its stderr is a
+    pipe); ``env`` replaces the environment (default: this one), PYTHONPATH set to the repo either way."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(REPO / "launcher.py"),
         *args,
-        "--no-progress",
+        *([] if progress else ["--no-progress"]),
         cwd=str(cwd),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -85,9 +85,16 @@ async def test_regrade_bundled_workspace_env_without_the_model(tmp_path: Path) -
         # the bundled grader again: the restored workspace grades exactly as the live one did
         common = ["--regrade", "--job-id", "jw", "--db-path", f"sqlite://{db}"]
         code, out, err = await launch(
-            *common, "--agent-root", str(REPO / "env"), "--out", str(tmp_path / "r1.jsonl"), cwd=tmp_path
+            *common,
+            "--agent-root",
+            str(REPO / "env"),
+            "--out",
+            str(tmp_path / "r1.jsonl"),
+            cwd=tmp_path,
+            progress=True,
         )
         assert code == 0, err
+        assert "regrade jw: 1/1 sessions\n" in err and "\r" not in err  # no terminal: plain lines
         [r1] = records(tmp_path / "r1.jsonl")
         assert (r1["score"], r1["eval_status"], r1["reason"]) == (10.0, "scored", "all 3 expected keys match")
         assert "workspace" in out and "pass@1" in out

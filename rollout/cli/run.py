@@ -450,16 +450,20 @@ async def _regrade(opts: RegradeOptions, progress: bool) -> RegradeResult:
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     bar: tqdm[Any] | None = None
+    counted = [0, 0]  # done, total: plain lines where stderr is no terminal (as a job's progress)
 
     def started(n: int) -> None:
         nonlocal bar
-        bar = tqdm(
-            total=n, unit="session", desc=f"regrade {opts.job_id}", disable=not progress, file=sys.stderr
-        )
+        counted[1] = n
+        if progress and sys.stderr.isatty():
+            bar = tqdm(total=n, unit="session", desc=f"regrade {opts.job_id}", file=sys.stderr)
 
     def done(item: Regraded | NotRegraded) -> None:
+        counted[0] += 1
         if bar is not None:
             bar.update(1)
+        elif progress and (counted[0] % max(1, counted[1] // 10) == 0 or counted[0] == counted[1]):
+            print(f"regrade {opts.job_id}: {counted[0]}/{counted[1]} sessions", file=sys.stderr, flush=True)
 
     try:
         return await regrade_job(opts, on_start=started, on_done=done)
