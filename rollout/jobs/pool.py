@@ -23,7 +23,7 @@ from rollout.jobs.gateway_client import GatewayClient, gateway_client
 from rollout.jobs.options import JobContext, JobOptions
 from rollout.results.report import SessionRecord
 from rollout.sandbox.runtime_local import pidfd_child_watcher
-from store import JobEnvironment, Store
+from store import GRADER_BROKEN, JobEnvironment, Store
 
 log = logging.getLogger(__name__)
 
@@ -247,5 +247,10 @@ class Pool:
             self._finished_one()
             if self.on_done:
                 self.on_done(done)
-            if self._stop_when_told is not None and self._stop_reason is None and self._left > 0:
-                self._stop(self._stop_when_told)  # none left: the job ended, its report names the finding
+            if (
+                self._stop_when_told is not None
+                and self._stop_reason is None
+                and self._left > 0  # none left: the job ended, its report names the finding
+                and done.eval_status == GRADER_BROKEN  # a finding's own record is out, never cancelled
+            ):
+                self._stop(self._stop_when_told)

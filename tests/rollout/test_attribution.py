@@ -5,6 +5,7 @@ named. Unit tests of ``rollout.grading.attribution`` and the counts, then real j
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -338,6 +339,52 @@ async def test_a_grader_that_fails_on_its_control_is_broken_named_and_stops_the_
             )
         )
     assert (ended.stopped, len(ended.records), job_exit_code(ended)) == (None, 8, 5)
+
+
+async def test_a_broken_grader_stop_never_cancels_the_finding_that_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit is reached when the finding is made, before its session's record is written; if
+    another session ending meanwhile stopped the job, it cancelled the finding's own session: the
+    stop named a finding no record, table or ``--regrade`` had. Forced here: the finding waits
+    until another session has ended, while a third one is still running."""
+    from rollout.jobs.attempt import Attempts
+
+    make_env(tmp_path / "envs", "answers", ["right", "right"], EVALUATOR)
+    make_env(tmp_path / "envs", "badgrader", ["right"], BROKEN_EVALUATOR)
+    made, other_ended = asyncio.Event(), asyncio.Event()
+    answers: list[int] = []
+    evaluate = Attempts._evaluate
+
+    async def ordered(self: Attempts, cfg: Any, *args: Any, **kw: Any) -> Any:
+        if cfg.name == "badgrader":
+            done = await evaluate(self, cfg, *args, **kw)
+            made.set()
+            await asyncio.wait_for(other_ended.wait(), 60)
+            return done
+        answers.append(len(answers))
+        mine = answers[-1]
+        await asyncio.wait_for(made.wait(), 60)
+        if mine == 1:
+            with contextlib.suppress(
+                TimeoutError
+            ):  # still running when the finding is written: the stop ends it
+                await asyncio.wait_for(asyncio.Event().wait(), 30)
+        return await evaluate(self, cfg, *args, **kw)
+
+    monkeypatch.setattr(Attempts, "_evaluate", ordered)
+
+    def ended(record: SessionRecord) -> None:
+        if record.env_name == "answers":
+            other_ended.set()
+
+    async with FakeUpstream() as up:
+        job = run_job(options(tmp_path, up, job_id="attr9", pool_size=3), on_done=ended)
+        result = await asyncio.wait_for(job, 90)  # (before: a finding cancelled, the job never ended)
+    broken = [r for r in result.records if r.env_name == "badgrader"]
+    assert [(r.eval_status, r.score) for r in broken] == [("grader_broken", None)], result.records
+    assert (result.stop_kind, job_exit_code(result)) == ("broken_graders", 5)
+    assert result.totals.grader_broken == {"badgrader": 1}
 
 
 STALL_RUNTIME = """
