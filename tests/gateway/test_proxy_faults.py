@@ -68,7 +68,7 @@ async def test_client_disconnect_closes_upstream_and_records_partial(
         if seen == "t0t1t2":
             break
     await stream.close()
-    await upstream.wait_for_disconnect(1, timeout=1.0)  # the gateway hung up on the upstream at once
+    await upstream.wait_for_disconnect(1, timeout=15.0)  # the gateway hung up on the upstream at once
     assert upstream.requests[0].disconnected
     [step] = await gw.wait_steps("s1", 1)
     assert (step.status, step.status_code, step.is_stream, step.finish_reason) == (
@@ -93,7 +93,7 @@ async def test_repeated_concurrent_disconnects_leak_nothing(gw: Gateway, upstrea
     # warm-up round so pools and lazily created tasks exist before the baseline is taken
     upstream.script(UP_PATH, [endless_stream()])
     await read_events_then_hang_up(gw, "warm", 3)
-    await upstream.wait_for_disconnect(1, timeout=1.0)
+    await upstream.wait_for_disconnect(1, timeout=15.0)
     await gw.wait_steps("warm", 1)
     await eventually(lambda: upstream.connections_opened == upstream.connections_closed)
     baseline_tasks = len(asyncio.all_tasks())
@@ -195,17 +195,18 @@ async def test_client_leaving_before_the_answer_cancels_the_upstream_call(
         if stream:
             async for _ in res:
                 pass
-    # the gateway hangs up on the upstream at once (not when the upstream answers, 30 s later)
-    await upstream.wait_for_disconnect(1, timeout=1.0)
+    # the gateway hangs up on the upstream when the client leaves (not when the upstream answers,
+    # 30 s later); the waits are generous for a loaded machine, the bounds far from 30 s
+    await upstream.wait_for_disconnect(1, timeout=15.0)
     assert upstream.requests[0].disconnected
-    [step] = await gw.wait_steps("s1", 1, timeout=1.0)
+    [step] = await gw.wait_steps("s1", 1, timeout=15.0)
     assert (step.status, step.status_code, step.is_stream) == ("client_disconnected", status_code, stream)
     assert step.meta_json["phase"] == phase
     assert step.response["error"]["code"] == "client_disconnected"
     assert step.is_trainable is True and "after_close" not in step.meta_json
-    assert 900 < (step.latency_ms or 0) < 3000
-    # the route's only slot is free again: the next call is served at once
-    async with asyncio.timeout(2):
+    assert 900 < (step.latency_ms or 0) < 15000
+    # the route's only slot is free again: the next call is served (not after the upstream's 30 s)
+    async with asyncio.timeout(15):
         out = await gw.client("s2").chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == DEFAULT_TEXT
     assert gw.app_state.upstream.in_flight["m"] == 0
@@ -225,7 +226,7 @@ async def test_passthrough_client_leaving_cancels_the_upstream_call(
     upstream.script(UP_PATH, [Reply.json(chat_completion("late"), delay_headers_s=30)])
     with pytest.raises(openai.APITimeoutError):
         await gw.client(timeout=0.5).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
-    await upstream.wait_for_disconnect(1, timeout=1.0)
+    await upstream.wait_for_disconnect(1, timeout=15.0)
     await eventually(lambda: gw.app_state.upstream.in_flight["m"] == 0)
     assert gw.sql("SELECT count(*) AS n FROM session_steps")[0]["n"] == 0
 
@@ -248,7 +249,7 @@ async def test_no_headers_within_read_timeout_is_504_timeout(
     [step] = await gw.steps("s1")
     assert (step.status, step.status_code) == ("timeout", 504)
     assert step.meta_json["phase"] == "first-byte"
-    await upstream.wait_for_disconnect(1, timeout=1.0)
+    await upstream.wait_for_disconnect(1, timeout=15.0)
 
 
 async def test_stall_after_headers_before_first_event(
