@@ -92,6 +92,18 @@ class DbUrlError(ValueError):
     ``postgresql://...``."""
 
 
+def shown_url(url: str) -> str:
+    """The storage URL as printed, the same from any folder: a SQLite file's absolute path
+    (``sqlite:///abs.db``), PostgreSQL without credentials; as given when it does not parse."""
+    try:
+        parsed = parse_db_url(url)
+    except DbUrlError:
+        return url
+    if parsed.startswith("sqlite"):
+        return "sqlite://" + (make_url(parsed).database or "")
+    return "postgresql://" + redact_url(parsed, drop_user=True).split("://", 1)[1]
+
+
 def parse_db_url(url: str) -> str:
     """A user storage URL as a SQLAlchemy async URL: ``sqlite://rel.db``, ``sqlite:///abs.db`` or a plain
     path give ``sqlite+aiosqlite:///<abs path>``; ``postgresql://`` gives ``postgresql+asyncpg://``.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import zlib
@@ -445,10 +446,18 @@ async def test_resume_keeps_launcher_errors_unless_asked(tmp_path: Path) -> None
             "--resume: 1 session(s) of job jl ended in launcher_error (a launcher bug): kept as they ended, "
             "not run again (--rerun-launcher-errors runs them again)"
         ) in err
+        # the job's own command again, from this folder: the launcher's path, the flags given
+        assert f"rerun with python {REPO / 'launcher.py'} --agent-root {env_root} " in err
         assert (
-            "rerun with --resume --job-id jl to run them again (1 of them launcher_error, run again only with "
+            " --resume --job-id jl to run them again (1 of them launcher_error, run again only with "
             "--rerun-launcher-errors)"
         ) in err
+        hint = err.split("rerun with python ", 1)[1].split(" to run them again", 1)[0]
+        again = shlex.split(hint)  # as printed, run from another folder: the same resume
+        assert again[0] == str(REPO / "launcher.py")
+        (tmp_path / "elsewhere").mkdir()
+        code, _, err2 = await launch(*again[1:], cwd=tmp_path / "elsewhere")
+        assert code == 3 and "1 session(s) of job jl ended in launcher_error" in err2, err2
         lines = [json.loads(x) for x in (tmp_path / "2.jsonl").read_text().splitlines()]
         assert sorted((r["case_id"], r["outcome"]) for r in lines) == [
             ("a", "succeeded"),
@@ -732,9 +741,13 @@ async def test_ctrl_c_cancels_closes_and_leaves_sessions_for_resume(tmp_path: Pa
         _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 130, err.decode()[-2000:]
     assert "Traceback" not in err.decode(), err.decode()[-3000:]
-    assert err.decode().splitlines()[-1] == (
-        "interrupted: sessions in flight were cancelled and closed; rerun with "
-        "--resume --job-id jc to finish the job"
+    last = err.decode().splitlines()[-1]
+    hint = (
+        f"python {REPO / 'launcher.py'} --agent-root {env_root} --gateway-config {cfg} --llm-model fake "
+        f"--db-path sqlite://{db} --pool-size 2 --no-progress --resume --job-id jc"
+    )
+    assert last == (
+        f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job"
     )
     states = rows(db, "SELECT status, finished FROM job_environments ORDER BY case_id")
     assert states == [("cancelled", 0), ("cancelled", 0), ("pending", 0)]
@@ -772,10 +785,16 @@ async def test_setup_mistakes_stop_before_running(tmp_path: Path) -> None:
         assert code == 1 and "no job 'nosuch'" in err
         code, out, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)
         assert code == 0, err
+        regrade = (  # the run's flags that a regrade takes, from this folder
+            f"python {REPO / 'launcher.py'} --agent-root {env_root} --db-path sqlite://{db} --no-progress "
+            "--regrade --job-id j1"
+        )
         assert (
-            "not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id j1)"
+            f"not graded: the job ran without --enable-evaluation (regrade it with {regrade})"
             in out.splitlines()
         ), out
+        code, out, err = await launch(*shlex.split(regrade)[2:], cwd=tmp_path)  # it works as printed
+        assert code == 0 and "regrade of job j1: 1 session regraded" in out, out + err
         code, _, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)  # reused id, no --resume
         assert code == 1 and "already exists" in err and "--resume" in err
         code, _, err = await launch(*common, "--pool-size", "0", cwd=tmp_path)
@@ -978,6 +997,7 @@ def test_retry_flags_and_start_config(tmp_path: Path) -> None:
 def test_report_of_a_stopped_job_and_of_infra_failures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from rollout.cli.next_steps import launcher_command
     from rollout.cli.run import report
     from rollout.jobs.breaker import BreakerEvent
     from rollout.jobs.run import JobResult
@@ -1030,14 +1050,14 @@ def test_report_of_a_stopped_job_and_of_infra_failures(
     )
     assert "circuit breaker opened 1 time(s)" in out
     assert (
-        "job stopped: the gateway or its upstream did not answer for 300 s; rerun with --resume --job-id j"
-        in err
+        "job stopped: the gateway or its upstream did not answer for 300 s; rerun with "
+        f"{launcher_command()} --resume --job-id j to finish it" in err
     )
     # the job completed but a session never recovered from an infrastructure failure: 3 too
     assert report(result.model_copy(update={"stopped": None}), False) == 3
     assert (
-        "error: 1 session lost to infrastructure failures after every retry; rerun with --resume --job-id j"
-        in capsys.readouterr().err
+        "error: 1 session lost to infrastructure failures after every retry; rerun with "
+        f"{launcher_command()} --resume --job-id j to run them again" in capsys.readouterr().err
     )
     # only the infrastructure decides: the same job with session b's failure an agent's, not an outage, is 0
     agent = [records[0], rec("b", ["timeout"], status="timeout")]

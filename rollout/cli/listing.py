@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.settings import GatewaySettings
+from rollout.cli.next_steps import launcher_command
 from rollout.contract.harness import HarnessUnavailable
 from rollout.core.envs import (
     HOST_TOOLCHAIN_ALONE,
@@ -34,6 +35,7 @@ from rollout.grading.evaluator_loader import env_evaluator
 from rollout.jobs.lease import STALE_AFTER_S
 from rollout.results.session_fields import utc_text
 from rollout.sandbox.harness_cache import bundled, load_harness
+from store.engine import shown_url
 
 
 def add_env_flags(ap: argparse.ArgumentParser) -> None:
@@ -134,6 +136,7 @@ async def job_entries(db_path: str) -> list[dict[str, Any]]:
 def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
     """The jobs as a table, newest first (a job with sessions not finished marked, and how to
     finish it said under the table), or a line saying there are none."""
+    db_path = shown_url(db_path)
     if not jobs:
         return f"no job in {db_path}"
     lines = _table(
@@ -161,8 +164,8 @@ def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
         more = f" (and {len(left) - 1} more unfinished)" if len(left) > 1 else ""
         graded = " --enable-evaluation" if left[0]["graded"] else ""
         lines.append(
-            f"unfinished: python launcher.py --resume --job-id {left[0]['job_id']}{graded} --db-path {db_path} "
-            f"runs the rest{more} (docs/outcomes.md, Resume)"
+            f"unfinished: {launcher_command()} --resume --job-id {left[0]['job_id']}{graded} --db-path {db_path} "
+            f"runs the rest{more} (add the run's --agent-root or --tasks when they were not the default; docs/outcomes.md, Resume)"
         )
     return "\n".join(lines)
 

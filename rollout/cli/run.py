@@ -28,12 +28,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from sqlalchemy.exc import DatabaseError
 from tqdm import tqdm
 
-from rollout.cli.next_steps import next_step_lines
+from rollout.cli.next_steps import command_again, next_step_lines
 from rollout.cli.options import FLAG_OF, default_gateway_config, start_config_values, validate_options
 from rollout.core.envs import did_you_mean
 from rollout.core.logs import notices, plural, setup_logging
@@ -255,20 +255,38 @@ def regrade_options(args: argparse.Namespace) -> RegradeOptions:
     )
 
 
-def report(result: JobResult, evaluated: bool = True, db_path: str | None = None) -> int:
+class Again(NamedTuple):
+    """The commands a report advises, as typed again: the job's own with ``--resume`` (the
+    sessions not run) and with ``--regrade`` (grade its sessions again)."""
+
+    resume: str
+    regrade: str
+
+    @classmethod
+    def of(cls, argv: list[str], job_id: str) -> Again:
+        """The commands for ``job_id`` from the flags a run was given."""
+        ap, job = build_parser(), ["--job-id", job_id]
+        return cls(
+            resume=command_again(ap, argv, ("resume", "job_id"), ["--resume", *job]),
+            regrade=command_again(ap, argv, (*_RUN_ONLY, "job_id", "regrade"), ["--regrade", *job]),
+        )
+
+
+def report(
+    result: JobResult, evaluated: bool = True, db_path: str | None = None, again: Again | None = None
+) -> int:
     """Print the summary table and where things are; returns the exit code (``job_exit_code``).
     ``evaluated``: False when the job ran without ``--enable-evaluation`` (the table says so);
     ``db_path``: the store as given, named in the last lines (the commands that show the job) for
-    PostgreSQL; a SQLite store is named by its absolute path there, the same from any folder."""
+    PostgreSQL; a SQLite store is named by its absolute path there, the same from any folder;
+    ``again``: the resume and regrade commands advised (default: the job's flags alone)."""
     totals = result.totals
+    again = again or Again.of([], result.job_id)
     print(render_table(totals.summary()))
     if footer := totals.footer():
         print(footer)
     if not evaluated:
-        print(
-            "not graded: the job ran without --enable-evaluation (regrade it with --regrade --job-id "
-            f"{result.job_id})"
-        )
+        print(f"not graded: the job ran without --enable-evaluation (regrade it with {again.regrade})")
     print(
         f"{plural(totals.sessions, 'session')} written to {result.out}; steps and rewards in {result.store}"
     )
@@ -286,16 +304,22 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
         print(f"workspaces kept in {result.workspaces}")
     if broken := totals.grader_broken:
         named = ", ".join(f"{env} {n}" for env, n in broken.items())
+        then = (  # a regrade takes a finished job only: the rest runs first
+            f"{again.resume} (runs the rest), then {again.regrade} (grades these)"
+            if result.stopped
+            else again.regrade
+        )
         print(
             f"error: {plural(sum(broken.values()), 'session')} met a broken grader ({named}): it failed on the case's untouched "
             "starting workspace too, so they are not counted; make it score 0 when the answer is missing or "
-            f"unreadable, then --regrade --job-id {result.job_id} (docs/trust-model.md)",
+            f"unreadable, then: {then} (docs/trust-model.md)",
             file=sys.stderr,
         )
-    if result.stopped:
+    if result.stopped and result.stop_kind == "broken_graders":
+        print(f"error: job stopped: {result.stopped}", file=sys.stderr)  # the advice is the line above
+    elif result.stopped:
         print(
-            f"error: job stopped: {result.stopped}; rerun with --resume --job-id {result.job_id} to finish it",
-            file=sys.stderr,
+            f"error: job stopped: {result.stopped}; rerun with {again.resume} to finish it", file=sys.stderr
         )
     elif totals.lost:
         bugs = (
@@ -305,7 +329,7 @@ def report(result: JobResult, evaluated: bool = True, db_path: str | None = None
         )
         print(
             f"error: {plural(totals.lost, 'session')} lost to infrastructure failures after every retry; rerun with "
-            f"--resume --job-id {result.job_id} to run them again{bugs}",
+            f"{again.resume} to run them again{bugs}",
             file=sys.stderr,
         )
     shown = result.store if result.store.startswith("sqlite://") else (db_path or result.store)  # absolute
@@ -572,14 +596,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the store cannot be used: {e.orig or e}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
-        graded = " --enable-evaluation" if opts.enable_evaluation else ""
-        hint = f"--resume --job-id {job['id']}{graded}" if "id" in job else "the same command"
+        hint = Again.of(argv, job["id"]).resume if "id" in job else "the same command"
         print(
             f"interrupted: sessions in flight were cancelled and closed; rerun with {hint} to finish the job",
             file=sys.stderr,
         )
         return 130 if isinstance(e, KeyboardInterrupt) else 143
-    code = report(result, opts.enable_evaluation, opts.db_path)
+    code = report(result, opts.enable_evaluation, opts.db_path, Again.of(argv, result.job_id))
     if args.report is not None:
         from rollout.servers.viewer.db import ViewerError
         from rollout.servers.viewer.report import write_report

@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from rollout.cli.next_steps import latest_job_line, viewer_serves
+from rollout.cli.next_steps import latest_job_line, launcher_command, viewer_serves
 from rollout.cli.verbs import add_edge_flags, edge_of, parse_verb, run_command
 from rollout.core.argtypes import port_number
 from rollout.core.logs import setup_logging
@@ -21,6 +21,7 @@ from rollout.servers.viewer.bundle import write_bundle
 from rollout.servers.viewer.db import ViewerError, open_queries
 from rollout.servers.viewer.report import DEFAULT_VIEWER_URL, write_report
 from rollout.servers.viewer.stats import HiddenFields
+from store.engine import shown_url
 from store.search import StepSearch
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,9 @@ async def serve(db_path: str, host: str, port: int, agent_root: Path, edge: Http
     engine, queries = await open_queries(db_path)
     try:
         sock = listen(host, port, exposes="every trajectory")
-        print(f"viewer on {url_of(sock)} (store {db_path}); Ctrl-C stops it", flush=True)  # the first line
+        print(
+            f"viewer on {url_of(sock)} (store {shown_url(db_path)}); Ctrl-C stops it", flush=True
+        )  # the first line
         try:
             made = await queries.ensure_indexes()
         except Exception as e:  # a read-only file or role: the viewer still works, only slower on big jobs
@@ -194,7 +197,7 @@ def main(argv: list[str]) -> int:
     if code == 0 and args.viewer_url is None and not viewer_serves(DEFAULT_VIEWER_URL, args.job_id):
         print(
             f"warning: no viewer of job {args.job_id} runs at {DEFAULT_VIEWER_URL}: the report's session links "
-            f"point there; start one (python launcher.py view --db-path {args.db_path}) or pass --viewer-url",
+            f"point there; start one ({launcher_command()} view --db-path {shown_url(args.db_path)}) or pass --viewer-url",
             file=sys.stderr,
         )
     return code
@@ -208,8 +211,8 @@ async def latest_job(db_path: str) -> str:
     finally:
         await engine.dispose()
     if not jobs:
-        raise ViewerError(f"no job in {db_path} (run a job first, or pass --db-path)")
-    print(latest_job_line(jobs[0]["job_id"], len(jobs), db_path), file=sys.stderr)
+        raise ViewerError(f"no job in {shown_url(db_path)} (run a job first, or pass --db-path)")
+    print(latest_job_line(jobs[0]["job_id"], len(jobs), shown_url(db_path)), file=sys.stderr)
     return str(jobs[0]["job_id"])
 
 

@@ -214,12 +214,11 @@ class Pool:
         self._broken[env_name] += 1
         n = sum(self._broken.values())
         limit = self.opts.max_broken_graders
-        job = self.ctx.job_id
         if limit and n >= limit and self._stop_when_told is None:
             self._stop_when_told = (
                 f"{n} broken-grader finding(s) ({', '.join(f'{e}: {k}' for e, k in sorted(self._broken.items()))}):"
-                f" the grader fails without the agent; fix it, then --regrade --job-id {job} (its sessions) and"
-                f" --resume --job-id {job} (the rest) (--max-broken-graders {limit})"
+                f" the grader fails without the agent (--max-broken-graders {limit}); the sessions not run are"
+                " left for --resume"
             )
 
     def _raise_if_a_worker_died(self) -> None:

@@ -132,8 +132,8 @@ def test_list_jobs_marks_a_job_left_unfinished_and_says_how_to_finish_it(
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split()[:1] + lines[2].split()[3:] == ["c-part", "3", "1", "(unfinished)", "toy", "10.00"]
     assert lines[-1] == (  # its sessions were graded: the resume grades too
-        f"unfinished: python launcher.py --resume --job-id c-part --enable-evaluation --db-path {db} runs the "
-        "rest (docs/outcomes.md, Resume)"
+        f"unfinished: python launcher.py --resume --job-id c-part --enable-evaluation --db-path {db} "
+        "runs the rest (add the run's --agent-root or --tasks when they were not the default; docs/outcomes.md, Resume)"
     )
 
     async def hold() -> None:
