@@ -9,16 +9,24 @@ the task's files: not the agent's):
 - Python start-up hooks anywhere: ``sitecustomize``/``usercustomize`` modules and ``.pth`` files;
 - ``conftest.py`` anywhere (the task's own tests are at ``/tests``, never in the copy);
 - ``pytest.py`` anywhere;
-- at the copy's top level, a module that would shadow one the test tools import: a standard
-  library module or ``pytest``, ``_pytest``, ``pluggy``, ``py``, ``iniconfig``, ``packaging``,
-  ``tomli``, ``exceptiongroup``, ``colorama``, ``pygments`` (``NAME.py``, ``NAME.pyc``, an
-  extension ``NAME.*.so``, a package's ``__init__``);
+- at the copy's top level, a module that would shadow one the tests or their tools import: a
+  standard library module, ``pytest``, ``_pytest``, ``pluggy``, ``py``, ``iniconfig``,
+  ``packaging``, ``tomli``, ``exceptiongroup``, ``colorama``, ``pygments``, or any module
+  installed in the image's (or the host's) Python library folders (``NAME.py``, ``NAME.pyc``, an
+  extension ``NAME.*.so``, a package's ``__init__``), but for a few names a project uses for its
+  own (``GENERIC``);
+- at the copy's top level, a distribution's ``entry_points.txt`` (``NAME.dist-info``,
+  ``NAME.egg-info``: pytest and other tools load the plugins it names from ``sys.path``);
+- in a git folder (one holding ``HEAD`` and ``objects/``, ``.git`` or another), its ``config``,
+  ``config.worktree`` and ``hooks/``: git runs the programs they name (``core.fsmonitor``, hooks)
+  when a test script runs git in the workspace;
 - executables named ``python``, ``python3``, ``python3.N``, ``pytest``, ``py.test``, ``bash`` or
   ``sh`` anywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -42,16 +50,63 @@ TOOL_MODULES = frozenset(
         "pygments",
     }
 )
-SHADOWED = (frozenset(sys.stdlib_module_names) | TOOL_MODULES) - {"test", "__main__"}
-"""Module names a top-level file of the copy must not take (``test`` is a task's own name often)."""
+GENERIC = frozenset(
+    {"test", "tests", "__main__", "app", "main", "src", "lib", "utils", "util", "common", "helpers"}
+    | {"docs", "doc", "examples", "example", "scripts", "tools", "build", "dist", "benchmarks", "setup"}
+)
+"""Names a project's own top-level modules often have, which a package may install by mistake too:
+never taken as shadowing (an agent's ``utils.py`` stays)."""
+SHADOWED = (frozenset(sys.stdlib_module_names) | TOOL_MODULES) - GENERIC
+"""Module names a top-level file of the copy must not take, whatever the image installs."""
 _EXE = re.compile(r"^(python(\d+(\.\d+)?)?|pytest|py\.test|bash|sh)$")
 _MODULE_SUFFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\.py|\.pyc|(\.[A-Za-z0-9_-]+)?\.so)$")
+_MODULE_DIR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LIBRARIES = (
+    "usr/lib/python3*",
+    "usr/lib/python3*/*-packages",
+    "usr/local/lib/python3*",
+    "usr/local/lib/python3*/*-packages",
+    "opt/*/lib/python3*/*-packages",
+    "root/.local/lib/python3*/site-packages",
+)
+"""Where an image's (or the host's) Python keeps its modules, from its root."""
+_GIT_CONFIG = ("config", "config.worktree")
 
 
-def why_stripped(rel: str, mode: int) -> str | None:
-    """Why the copy's regular file at ``rel`` (``/``-separated) is removed, None to keep it."""
+@functools.lru_cache(maxsize=64)
+def installed_modules(root: Path) -> frozenset[str]:
+    """The top-level module names of the Python library folders under ``root`` (an image's root
+    filesystem, or ``/``), the ``GENERIC`` names left out."""
+    names: set[str] = set()
+    folders = [f for pattern in _LIBRARIES for f in root.glob(pattern)]
+    if root == Path("/"):  # the host's tools: the launcher's interpreter is on the verifier's PATH
+        folders += [Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            m = _MODULE_SUFFIX.match(entry.name)
+            if m:
+                names.add(m[1])
+            elif _MODULE_DIR.match(entry.name) and entry.is_dir(follow_symlinks=False):
+                names.add(entry.name)
+    return frozenset(names) - GENERIC
+
+
+def why_stripped(
+    rel: str, mode: int, shadowed: frozenset[str] = SHADOWED, git: str | None = None
+) -> str | None:
+    """Why the copy's regular file at ``rel`` (``/``-separated) is removed, None to keep it;
+    ``shadowed``: the module names a top-level file must not take; ``git``: the relative path of
+    the git folder ``rel`` is in (None: in none)."""
     parts = rel.split("/")
     name = parts[-1]
+    if git is not None:
+        inside = rel[len(git) + 1 :] if git else rel
+        if inside in _GIT_CONFIG or inside.startswith("hooks/"):
+            return "git's configuration or hooks (git runs the programs they name)"
     m = _MODULE_SUFFIX.match(name)
     module = m[1] if m else None
     if module in ("sitecustomize", "usercustomize") or (
@@ -66,10 +121,12 @@ def why_stripped(rel: str, mode: int) -> str | None:
         return "shadows pytest"
     if mode & 0o111 and _EXE.match(name):
         return f"an executable shadowing {name}"
-    if len(parts) == 1 and module in SHADOWED:
+    if len(parts) == 1 and module in shadowed:
         return f"shadows the module {module} (the cwd is first on sys.path)"
-    if len(parts) == 2 and parts[0] in SHADOWED and module == "__init__":
+    if len(parts) == 2 and parts[0] in shadowed and module == "__init__":
         return f"makes {parts[0]}/ a package shadowing the module {parts[0]} (the cwd is first on sys.path)"
+    if len(parts) == 2 and name == "entry_points.txt" and parts[0].endswith((".dist-info", ".egg-info")):
+        return "a distribution's entry points on sys.path (tools load the plugins they name)"
     return None
 
 
@@ -85,15 +142,27 @@ def _same(path: Path, baseline: Path | None, rel: str) -> bool:
         return False
 
 
-def strip_hooks(copy: Path, baseline: Path | None = None) -> list[str]:
+def _git_folder(folder: Path) -> bool:
+    return (folder / "HEAD").is_file() and (folder / "objects").is_dir()
+
+
+def strip_hooks(copy: Path, baseline: Path | None = None, root: Path | None = None) -> list[str]:
     """Remove from ``copy`` (a workspace copy: files and folders, no links) what the module
-    docstring lists; ``"<relative path>: <why>"`` for each removed, sorted."""
+    docstring lists; ``"<relative path>: <why>"`` for each removed, sorted. ``root``: the root
+    filesystem the tests run on (an image's, or ``/``), whose installed modules are not shadowed."""
+    shadowed = SHADOWED | (installed_modules(root) if root is not None else frozenset())
     out: list[str] = []
+    gits: dict[str, str | None] = {}  # a folder (relative) -> the innermost git folder it is in
     for parent, dirs, names in os.walk(copy):
         dirs.sort()
+        here = Path(parent).relative_to(copy).as_posix()
+        here = "" if here == "." else here
+        gits[here] = (
+            here if _git_folder(Path(parent)) else gits.get(here.rpartition("/")[0]) if here else None
+        )
         for name in sorted(names):
             path = Path(parent) / name
-            rel = path.relative_to(copy).as_posix()
+            rel = f"{here}/{name}" if here else name
             try:
                 st = path.lstat()
             except OSError as e:
@@ -101,7 +170,7 @@ def strip_hooks(copy: Path, baseline: Path | None = None) -> list[str]:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            why = why_stripped(rel, st.st_mode)
+            why = why_stripped(rel, st.st_mode, shadowed, gits[here])
             if why is None or _same(path, baseline, rel):
                 continue
             path.unlink()

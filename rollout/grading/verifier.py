@@ -293,6 +293,23 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+MAX_REWARD_JSON_DEPTH = 32
+"""How deep a ``reward.json`` may nest (the code under test can write it): deeper is not a JSON
+object the launcher keeps (no reward from it), never an error of the launcher's."""
+
+
+def _shallow(value: Any, limit: int = MAX_REWARD_JSON_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON) nests at most ``limit`` levels (no recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)
+        ]
+        if not level:
+            return True
+    return False
+
+
 def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
     """``(reward, parsed reward.json, how or why not)`` from a verifier's log folder:
     ``reward.txt`` (one finite number) first, else ``reward.json``'s ``reward`` (or its only
@@ -305,9 +322,9 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
     if raw_json is not None:
         try:
             loaded = json.loads(raw_json)
-        except ValueError:
+        except (ValueError, RecursionError):  # deeper than the parser recurses: as any malformed file
             loaded = None
-        parsed = loaded if isinstance(loaded, dict) else None
+        parsed = loaded if isinstance(loaded, dict) and _shallow(loaded) else None
     if text is not None:
         try:
             value = _number(float(text.strip()))
@@ -319,7 +336,7 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
     if raw_json is None:
         return None, None, f"the verifier wrote neither {REWARD_TXT} nor {REWARD_JSON}"
     if parsed is None:
-        return None, None, f"{REWARD_JSON} is not a JSON object"
+        return None, None, f"{REWARD_JSON} is not a JSON object (of at most {MAX_REWARD_JSON_DEPTH} levels)"
     if "reward" in parsed:
         value = _number(parsed["reward"])
         return (
@@ -334,10 +351,16 @@ def read_reward(logs: Path) -> tuple[float | None, dict[str, Any] | None, str]:
 
 
 def _copy(
-    workspace: Path, dest: Path, caps: CopyCaps, baseline: Path | None = None, strip: bool = True
+    workspace: Path,
+    dest: Path,
+    caps: CopyCaps,
+    baseline: Path | None = None,
+    strip: bool = True,
+    root: Path = Path("/"),
 ) -> WorkspaceCopy:
     """The workspace copied, its hooks removed unless ``strip`` is false (``strip_hooks``;
-    ``baseline``: the files the session started with, kept as they were); a workspace root the agent made unreadable gives
+    ``baseline``: the files the session started with, kept as they were; ``root``: the root
+    filesystem the tests run on); a workspace root the agent made unreadable gives
     an empty copy (its own doing: graded on nothing, never an infrastructure failure). Raises
     OSError when ``dest`` cannot be made."""
     try:
@@ -347,7 +370,7 @@ def _copy(
             raise
         out = WorkspaceCopy()
         out.skip(".", f"the workspace cannot be read: {e.strerror}", incomplete=True)
-    out.stripped = strip_hooks(dest, baseline) if strip else []
+    out.stripped = strip_hooks(dest, baseline, root) if strip else []
     return out
 
 
@@ -450,6 +473,7 @@ async def run_verifier(
                 caps or CopyCaps(max_bytes=(limits.disk_mb or 4096) * MiB),
                 baseline,
                 under is None,
+                image.rootfs if image is not None else Path("/"),
             )
             status_r, status_w = os.pipe()
             os.set_blocking(status_r, False)

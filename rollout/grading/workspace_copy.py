@@ -9,6 +9,7 @@ can point anywhere: it holds no links at all. Stdlib only.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass, field
@@ -184,6 +185,33 @@ def _copy_dir(
             out.bytes += copied
 
 
+def _copy_data(fd: int, out_fd: int, size: int, limit: int) -> int | str:
+    """Copy ``fd``'s ``size`` bytes to ``out_fd``, its holes as holes (a sparse file costs what it
+    holds, not its size); the size, or why not (over ``limit``)."""
+    if size > limit:
+        return "grew over the bytes cap while it was copied"
+    pos = 0
+    while pos < size:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            break  # a hole to the end
+        end = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+        os.lseek(fd, data, os.SEEK_SET)
+        os.lseek(out_fd, data, os.SEEK_SET)
+        while data < end:
+            chunk = os.read(fd, min(1 * MiB, end - data))
+            if not chunk:
+                break  # shrank while it was copied
+            os.write(out_fd, chunk)
+            data += len(chunk)
+        pos = max(end, pos + 1)
+    os.ftruncate(out_fd, size)
+    return size
+
+
 def _copy_file(sfd: int, dfd: int, name: str, st: os.stat_result, limit: int) -> int | str:
     """Copy one regular file (permission bits kept, set-id bits dropped); its size, or why not."""
     try:
@@ -201,15 +229,7 @@ def _copy_file(sfd: int, dfd: int, name: str, st: os.stat_result, limit: int) ->
             dir_fd=dfd,
         )
         try:
-            copied = 0
-            while True:
-                chunk = os.read(fd, min(1 * MiB, limit - copied + 1))
-                if not chunk:
-                    return copied
-                copied += len(chunk)
-                if copied > limit:
-                    return "grew over the bytes cap while it was copied"
-                os.write(out_fd, chunk)
+            return _copy_data(fd, out_fd, now.st_size, limit)
         finally:
             os.close(out_fd)
     except OSError as e:

@@ -196,6 +196,61 @@ async def test_the_common_harbor_line_imports_the_agents_module_from_the_cwd(
     assert right.workspace_copy["stripped"] == []
 
 
+async def test_plugins_and_packages_the_test_tools_load_from_the_cwd_are_stripped(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    """pytest loads every ``pytest11`` entry point it finds on ``sys.path`` (the cwd first): a
+    distribution's metadata in the workspace is a plugin; and a package named as one the tools
+    import (``anyio``: an installed pytest plugin) is imported from the cwd."""
+    tests = task(tmp_path, COMMON_SH)
+    (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
+    ws = workspace(tmp_path)
+    hook = "import os\nos._exit(0)\n"
+    (ws / "zz-1.0.dist-info").mkdir()
+    (ws / "zz-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: zz\nVersion: 1.0\n")
+    (ws / "zz-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nzz = zzplugin\n")
+    (ws / "zzplugin.py").write_text(hook)
+    (ws / "anyio").mkdir()
+    (ws / "anyio" / "__init__.py").write_text(hook)
+    out = await verify(ws, tests)
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert out.workspace_copy["stripped"] == [
+        "anyio/__init__.py: makes anyio/ a package shadowing the module anyio (the cwd is first on sys.path)",
+        "zz-1.0.dist-info/entry_points.txt: a distribution's entry points on sys.path (tools load the plugins "
+        "they name)",
+    ]
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert "1 failed" in out.stdout_tail
+
+
+async def test_git_runs_no_program_the_agent_named_in_its_repository(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    """A test script that runs git in the workspace: the repository's config (``core.fsmonitor``)
+    and hooks are the agent's, stripped from the copy; git works on without them."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    tests = task(tmp_path, "#!/bin/bash\ncd /workspace && git status --short\n" + COMMON_SH.split("\n", 1)[1])
+    (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
+    ws = workspace(tmp_path)
+    git = ["git", "-C", str(ws), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "answer.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True)
+    fix = "#!/bin/sh\nprintf 'def answer():\\n    return 42\\n' > /workspace/answer.py\n"
+    executable(ws / ".git" / "fsm", fix)  # git runs it at `git status`: the answer made right
+    subprocess.run([*git, "config", "core.fsmonitor", "/workspace/.git/fsm"], check=True)
+    executable(ws / ".git" / "hooks" / "post-checkout", fix)
+    out = await verify(ws, tests)
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    why = "git's configuration or hooks (git runs the programs they name)"
+    assert f".git/config: {why}" in out.workspace_copy["stripped"]
+    assert f".git/hooks/post-checkout: {why}" in out.workspace_copy["stripped"]
+    assert all(f.startswith((".git/config: ", ".git/hooks/")) for f in out.workspace_copy["stripped"])
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert "1 failed" in out.stdout_tail
+
+
 async def test_hooks_in_the_copy_are_stripped_and_listed_unless_the_task_started_with_them(
     tmp_path: Path, scratch_root: Path
 ) -> None:
@@ -357,6 +412,30 @@ def test_read_reward(tmp_path: Path, files: dict[str, str], expected: tuple[floa
         (tmp_path / name).write_text(text)
     reward, _, how = read_reward(tmp_path)
     assert reward == expected[0] and expected[1] in how
+
+
+DEEP = '{"x": ' + "[" * 900 + "]" * 900 + "}"
+
+
+@pytest.mark.parametrize("deep", ["[" * 60000, DEEP, '{"reward": 1, "x": ' + "[" * 32 + "]" * 32 + "}"])
+def test_a_reward_json_too_deep_is_no_object_and_no_error(tmp_path: Path, deep: str) -> None:
+    """The code under test writes ``reward.json``: one deeper than the parser recurses, or than the
+    evaluator's copy may nest, is not kept (the reward is reward.txt's, else none), never an error."""
+    (tmp_path / "reward.json").write_text(deep)
+    assert read_reward(tmp_path) == (None, None, "reward.json is not a JSON object (of at most 32 levels)")
+    (tmp_path / "reward.txt").write_text("0\n")
+    reward, parsed, how = read_reward(tmp_path)
+    assert (reward, parsed, how) == (0.0, None, "read from reward.txt")
+    result = VerifierResult(status="rewarded", reward=reward, reward_json=parsed, duration_s=1.0)
+    assert result.for_evaluator()["reward_json"] is None
+    assert verifier_outcome(result).model_dump(include={"status", "score"}) == {
+        "status": "scored",
+        "score": 0.0,
+    }
+    (tmp_path / "reward.json").write_text(
+        '{"reward": 1, "x": ' + "[" * 31 + "]" * 31 + "}"
+    )  # 32 levels: kept
+    assert read_reward(tmp_path)[1] is not None
 
 
 def test_read_reward_refuses_fifos_and_huge_files(tmp_path: Path) -> None:
