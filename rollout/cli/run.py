@@ -357,6 +357,12 @@ def job_exit_code(result: JobResult) -> int:
     return EXIT_INFRA if result.stopped or result.totals.lost else 0
 
 
+def plain_line_due(done: int, total: int) -> bool:
+    """Whether a progress line is printed off a terminal after ``done`` of ``total``: at each
+    tenth, and at the end."""
+    return done % max(1, total // 10) == 0 or done == total
+
+
 class Progress:
     """The job's progress on ``stream`` (stderr). On a terminal: ``render_progress``'s one or two
     lines, redrawn in place as each session finishes and every ``tick_s`` seconds by a thread (so
@@ -381,7 +387,6 @@ class Progress:
         self.clock, self.width, self.tick_s = clock, width, tick_s
         self.state = ProgressState(totals={})
         self.t0 = clock()
-        self.step = 1
         self.drawn = 0  # lines of the frame on screen (the cursor is on its last one)
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -393,7 +398,6 @@ class Progress:
 
     def start(self, job_id: str, n: int) -> None:
         self.t0 = self.clock()
-        self.step = max(1, n // 10)
         if self.enabled and self.tty:
             self._watched = [*logging.getLogger().handlers, *notices.handlers]
             for handler in self._watched:
@@ -435,7 +439,7 @@ class Progress:
             return
         if self.tty:
             self.tick()
-        elif self.state.n_done % self.step == 0 or self.state.n_done == self.state.n_total:
+        elif plain_line_due(self.state.n_done, self.state.n_total):
             text = self.state.describe(self.clock() - self.t0)
             print(f"progress {self.state.n_done}/{self.state.n_total}: {text}", file=self.stream, flush=True)
 
@@ -486,7 +490,7 @@ async def _regrade(opts: RegradeOptions, progress: bool) -> RegradeResult:
         counted[0] += 1
         if bar is not None:
             bar.update(1)
-        elif progress and (counted[0] % max(1, counted[1] // 10) == 0 or counted[0] == counted[1]):
+        elif progress and plain_line_due(*counted):
             print(f"regrade {opts.job_id}: {counted[0]}/{counted[1]} sessions", file=sys.stderr, flush=True)
 
     try:

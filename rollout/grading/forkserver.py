@@ -52,7 +52,7 @@ import time
 from typing import Any
 
 from rollout.grading import child
-from rollout.sandbox.netns_helper import join_groups
+from rollout.sandbox.netns_helper import join_groups, kill_group
 
 PRELOAD = (
     "inspect",  # the child's ``call_arguments``: ~6 ms of CPU when each evaluation imports it
@@ -178,8 +178,7 @@ class _Sandbox:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 signal.pidfd_send_signal(self.init, signal.SIGKILL)
         if self.pid > 0:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+            kill_group(self.pid)
 
     def start(self, req: dict[str, Any], status_fd: int) -> None:
         """Start the request's bwrap (``argv``, its ``--info-fd`` 3) in a session of its own, its
@@ -355,11 +354,6 @@ def _receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     return msg, list(fds)
 
 
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _own_pid_namespace(helpers: bool) -> int:
     """An fd of this process's PID namespace when it can run evaluations without helpers (root
     that may ``setns`` a PID namespace, a kernel with pidfds), else -1."""
@@ -407,7 +401,7 @@ class _Run:
         except (OSError, ValueError) as e:  # nothing started: done at once
             self._say(f"error: {type(e).__name__}: {e}")
             self.let_go = True
-            self._finish()
+            self.settle()
             return
         try:
             req = json.loads(msg)
@@ -448,7 +442,7 @@ class _Run:
             try:
                 self.bwrap = os.pidfd_open(pid)
             except OSError:
-                _killpg(pid)
+                kill_group(pid)
                 os.waitpid(pid, 0)
                 raise
             self.sandbox.pid = pid
@@ -485,7 +479,7 @@ class _Run:
         else:  # bwrap ended, after the launcher let the sandbox go
             self.bwrap = self._drop(self.bwrap)
             self.reap()
-        self._finish()
+        self.settle()
 
     def reap(self) -> None:
         """Reap what ended (the evaluation; bwrap once let go), never waiting: a process the
@@ -613,7 +607,7 @@ class _Run:
         """Let go, with the evaluation and bwrap reaped: every fd closed."""
         return self.status < 0
 
-    def _finish(self) -> None:
+    def settle(self) -> None:
         """Once let go, with the evaluation and bwrap reaped: every fd closed."""
         if self.done or not self.let_go or self.evaluation_pid > 0 or self.sandbox.pid > 0:
             return
@@ -666,7 +660,7 @@ def _sweep(runs: set[_Run]) -> None:
     for run in list(runs):
         try:
             run.reap()
-            run._finish()
+            run.settle()
         except Exception as e:  # noqa: BLE001  # one evaluation's: the server stays
             run.fail(e)
         if run.done:

@@ -52,7 +52,12 @@ _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 
 
 class ImageError(RolloutError, RuntimeError):
-    """The image cannot be had (a build or pull that failed: the message ends with its log's tail)."""
+    """The image cannot be had (a build or pull that failed: the message ends with its log's tail,
+    ``log`` is the whole of it)."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log or message
 
 
 @dataclass(frozen=True)
@@ -166,8 +171,8 @@ def _run(argv: list[str], what: str, timeout: float = BUILD_TIMEOUT_S) -> str:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ImageError(f"{what}: {e}") from None
     if p.returncode != 0:
-        tail = (p.stdout + p.stderr)[-LOG_TAIL:]
-        raise ImageError(f"{what} failed (exit code {p.returncode}):\n{tail}")
+        whole = p.stdout + p.stderr
+        raise ImageError(f"{what} failed (exit code {p.returncode}):\n{whole[-LOG_TAIL:]}", whole)
     return p.stdout
 
 
@@ -253,7 +258,7 @@ def build(source: ImageSource) -> str:
             _bud(source, path, ref, mounts)
         except ImageError as e:
             at_bundle = [m for m in mounts if m.split(":")[1:2] == [CA_BUNDLE]]
-            if not at_bundle or not all(s in str(e) for s in _CA_BUSY):
+            if not at_bundle or not any(all(s in line for s in _CA_BUSY) for line in e.log.splitlines()):
                 raise
             # the Dockerfile installs ca-certificates, whose bundle cannot replace the host's mount:
             # the host's certificates go where that package adds local ones to the bundle it writes

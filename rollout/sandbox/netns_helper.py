@@ -248,7 +248,7 @@ class _Here:
                     _setns(self.home, _CLONE_NEWNET)
                 except OSError as e:
                     if started is not None:
-                        _kill(started[0])
+                        kill_group(started[0])
                     _fatal(f"cannot return to its own network: {e}")
         finally:
             for fd in high:
@@ -264,7 +264,7 @@ class _Here:
         except OSError:  # the launcher gave the session up meanwhile
             self.answers[pidfd] = (pid, None)
             answer.close()
-            _kill(pid)
+            kill_group(pid)
             return
         self.sel.register(answer, selectors.EVENT_READ, pidfd)
 
@@ -296,7 +296,7 @@ class _Here:
                     os.close(pidfd)
                     raise
             except BaseException:
-                _kill(pid)
+                kill_group(pid)
                 os.waitpid(pid, 0)
                 raise
             return pid, pidfd
@@ -335,10 +335,11 @@ class _Here:
             sock.close()
             pid = self.answers[key.data][0]
             self.answers[key.data] = (pid, None)
-            _kill(pid)
+            kill_group(pid)
 
 
-def _kill(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid``; one already gone (or not ours) is no error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 

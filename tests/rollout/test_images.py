@@ -46,6 +46,17 @@ def base_image() -> str:
     return build_base_image()
 
 
+@pytest.fixture(scope="module")
+def pip_base_image() -> str:
+    """The ``--pip`` stand-in (``python``, ``pip`` installing system-wide: a python:3.N-slim's)."""
+    require_image_tools()
+    p = subprocess.run(
+        [str(REPO / "scripts" / "build_base_images.sh"), "--pip"], capture_output=True, text=True, timeout=900
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    return "localhost/rollout-test/python:3-pip"
+
+
 def _cfg(fmt: str = "harbor", **more: object) -> EnvConfig:
     return EnvConfig.model_validate(
         {
@@ -112,6 +123,55 @@ async def test_a_task_with_a_dockerfile_runs_in_its_image(tmp_path: Path, base_i
     assert (oracle["eval_status"], oracle["score"], oracle["sandbox"]) == ("scored", 10.0, "bwrap"), oracle
     assert oracle["reason"].startswith("verifier reward 1: read from reward.txt"), oracle["reason"]
     assert (nothing["eval_status"], nothing["score"]) == ("scored", 0.0), nothing
+
+
+async def test_a_slim_python_dockerfile_pip_installs_on_the_pip_stand_in(
+    tmp_path: Path, pip_base_image: str
+) -> None:
+    """A task written for python:3.N-slim (``pip install`` in a RUN step, ``python`` and
+    ``python -m pytest`` in its scripts) runs as published on the ``--pip`` stand-in."""
+    require_bwrap()
+    task = tmp_path / "tasks" / "slim"
+    env = task / "environment"
+    (env / "greet").mkdir(parents=True)
+    (env / "greet" / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "greetpkg"\nversion = "1.0"\n'
+    )
+    (env / "greet" / "greetpkg.py").write_text("def hello():\n    return 'hello'\n")
+    (env / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nWORKDIR /app\nCOPY greet /tmp/greet\n"
+        "RUN pip install --no-index --no-build-isolation /tmp/greet && python -c 'import greetpkg'\n"
+    )
+    (task / "instruction.md").write_text("Write greetpkg.hello() to /app/out.txt.\n")
+    (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 120.0\n')
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\npython -c \"import greetpkg; open('/app/out.txt', 'w').write(greetpkg.hello())\"\n"
+    )
+    (task / "tests").mkdir()
+    (task / "tests" / "test_out.py").write_text(
+        "from pathlib import Path\n\ndef test_out():\n    assert Path('/app/out.txt').read_text() == 'hello'\n"
+    )
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\ncd /app && python -m pytest -q -p no:cacheprovider /tests/test_out.py "
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    records, _, stderr = await run_job(
+        tmp_path,
+        "--tasks",
+        str(tmp_path / "tasks"),
+        "--image",
+        f"python:3.12-slim={pip_base_image}",
+        "--harness",
+        "oracle",
+        "--harness",
+        str(REPO / "attacks" / "do-nothing"),
+        "--job-id",
+        "slim",
+    )
+    got = {r["harness"]: (r["eval_status"], r["score"]) for r in records}
+    assert got == {"oracle": ("scored", 10.0), "do-nothing": ("scored", 0.0)}, stderr[-3000:]
 
 
 def _harbor_task(root: Path, name: str, solve: str, test: str) -> None:
