@@ -158,15 +158,21 @@ def read_task(task: Path) -> tuple[dict[str, Any], str | None]:
 
 
 def scan(root: Path, host_toolchain: bool = False) -> HarborScan:
-    """Every task folder under ``root`` (sorted by name): its row, or why it is skipped (a
-    compose file, and ``host_toolchain`` is false). A task in an image keeps its image fields
-    unless ``host_toolchain`` (then it runs on the host). Raises HarborTaskError for an invalid
-    task and when ``root`` is not a folder."""
+    """Every task folder under ``root`` (sorted by name): its row, or why it is skipped (invalid:
+    ``read_task``'s error, its path left out; a compose file, and ``host_toolchain`` is false). A
+    task in an image keeps its image fields unless ``host_toolchain`` (then it runs on the host).
+    Raises HarborTaskError when ``root`` is not a folder."""
     if not root.is_dir():
         raise HarborTaskError(f"Harbor task folder {root} not found")
     out = HarborScan()
     for task in sorted(p for p in root.iterdir() if p.is_dir()):
-        row, _ = read_task(task)
+        try:
+            row, _ = read_task(task)
+        except HarborTaskError as e:  # this task only: the others run (its reason said, as a skip)
+            out.skipped.append(
+                (task.name, str(e).replace(f"Harbor task {task} ", "").replace(f"{task}/", ""))
+            )
+            continue
         compose = compose_file(task)
         if host_toolchain:
             context = row.pop("image_context", None)

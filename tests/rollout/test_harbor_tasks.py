@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -173,11 +174,20 @@ def test_tasks_in_an_image_run_in_it_and_compose_tasks_are_skipped(
         ),
     ],
 )
-def test_invalid_tasks_are_errors_naming_the_file(tmp_path: Path, mutate: Any, message: str) -> None:
+def test_an_invalid_task_is_skipped_naming_the_file_and_the_others_run(
+    tmp_path: Path, mutate: Any, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
     env_dir = make_env(tmp_path)
     mutate(make_task(env_dir / "tasks", "bad"))
-    with pytest.raises(EnvConfigError, match=message):
+    with pytest.raises(
+        EnvConfigError, match=f"every Harbor task .* is skipped:\n  1 task \\(bad\\): .*{message}"
+    ):
         load_cases(load_env_config(env_dir / "env.yaml"))
+    make_task(env_dir / "tasks", "good")
+    caplog.clear()
+    assert [c.case_id for c in load_cases(load_env_config(env_dir / "env.yaml"))] == ["good"]
+    assert re.search(f"Harbor task bad skipped: .*{message}", caplog.text), caplog.text
+    assert str(env_dir) not in caplog.text  # the reason names the file in the task, not the path
 
 
 def test_host_toolchain_is_for_the_harbor_format_only(tmp_path: Path) -> None:
