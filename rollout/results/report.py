@@ -549,7 +549,9 @@ def _oracle_footer(short: dict[str, list[str]]) -> str | None:
     n = sum(len(set(ids)) for ids in short.values())
     return (
         f"warning: the oracle (each task's reference solution) scored below 10 on {plural(n, 'case')} "
-        f"({cases}): a broken solution or broken tests (docs/verifiers.md)"
+        f"({cases}): a broken solution or broken tests, or a test that needs what this sandbox does not "
+        "give (a network, another user, a process the agent left running: docs/images.md); the "
+        "verifier's output is in each session's evaluation artifacts (docs/verifiers.md)"
     )
 
 

@@ -558,7 +558,9 @@ def test_footer_names_the_cases_whose_oracle_did_not_score_10() -> None:
     )
     assert footer == (
         "warning: the oracle (each task's reference solution) scored below 10 on 3 cases "
-        "(t: b, c; u: x): a broken solution or broken tests (docs/verifiers.md)"
+        "(t: b, c; u: x): a broken solution or broken tests, or a test that needs what this sandbox does not "
+        "give (a network, another user, a process the agent left running: docs/images.md); the verifier's "
+        "output is in each session's evaluation artifacts (docs/verifiers.md)"
     )
 
 
