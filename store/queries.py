@@ -17,6 +17,7 @@ from store.models import (
     GatewaySession,
     JobEnvironment,
     JobLock,
+    SessionAttempt,
     SessionClientScore,
     SessionStep,
     SessionWorkspace,
@@ -30,6 +31,7 @@ ST = SessionStep.__table__  # type: ignore[attr-defined]
 GS = GatewaySession.__table__  # type: ignore[attr-defined]
 CS = SessionClientScore.__table__  # type: ignore[attr-defined]
 WS = SessionWorkspace.__table__  # type: ignore[attr-defined]
+SA = SessionAttempt.__table__  # type: ignore[attr-defined]
 
 VIEWER_INDEXES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ix_viewer_job_order", "job_environments", ("job_id", "env_name", "case_id", "sample_index")),
@@ -736,6 +738,13 @@ class ViewerQueries:
         ]
         if "outcome" in await self.columns(JE.name):
             cols.append(literal_column('"outcome"').label("outcome"))
+        if await self.columns(SA.name):  # retried: an earlier attempt failed (one a stop cut off is none)
+            earlier = (
+                (SA.c.env_id == JE.c.env_id)
+                & (SA.c.attempt < JE.c.attempts)
+                & (SA.c.outcome != "interrupted")
+            )
+            cols.append(select(SA.c.env_id).where(earlier).exists().label("retried"))
         cols += await self._harness_column()
         stmt = (
             select(*cols)

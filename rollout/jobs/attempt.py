@@ -709,7 +709,7 @@ class Attempts:
 
         done = await self._controls.judge(done, case, grade_control)
         if done.status == GRADER_BROKEN:
-            log.error("env %s: %s", cfg.name, done.reason)
+            log.error("env %s, case %s, session %s: %s", cfg.name, case.case_id, row.session_id, done.reason)
             if self._on_grader_broken is not None:
                 self._on_grader_broken(cfg.name, done.reason)
         return done

@@ -87,7 +87,7 @@ def record_of(
             "sandbox": result.sandbox,
             "grader_isolation": result.grader_isolation,
             "verifier_container": result.verifier_container,
-            "retried": len(listed) > 1,
+            "retried": any(a.outcome != "interrupted" for a in listed[:-1]),  # a stop or Ctrl-C is no retry
             "metrics": said,
             "harness_exit": metrics.get("harness_exit"),
             "answer": metrics.get("answer"),

@@ -242,3 +242,33 @@ def test_a_harness_whose_api_the_route_does_not_speak_is_refused_before_any_sess
     ):
         check_harness_apis(gw, ["claude", "oai"], loaded)
     check_harness_apis(gw, ["claude"], loaded)  # the oracle calls no model: any route
+
+
+def test_retried_counts_an_infrastructure_failure_never_a_stop() -> None:
+    """A session cut off by a stop or Ctrl-C and finished by ``--resume`` was not retried: its
+    earlier attempt is ``interrupted``; one after an infrastructure failure was."""
+    from store.models import SessionAttempt
+
+    row = _row(None, "a", 0, 10.0, {})
+
+    def retried(*earlier: str) -> bool:
+        attempts = [
+            *(
+                SessionAttempt(session_id=row.session_id, attempt=i + 1, job_id="J", status="x", outcome=o)
+                for i, o in enumerate(earlier)
+            ),
+            SessionAttempt(
+                session_id=row.session_id,
+                attempt=len(earlier) + 1,
+                job_id="J",
+                status="succeeded",
+                outcome="succeeded",
+            ),
+        ]
+        return record_of(row, SessionResult.of_row(row), to_trajectory(row.session_id, []), attempts).retried
+
+    assert retried() is False
+    assert retried("interrupted") is False
+    assert retried("interrupted", "interrupted") is False
+    assert retried("upstream_unavailable") is True
+    assert retried("interrupted", "upstream_unavailable") is True

@@ -14,6 +14,7 @@ from rollout.servers.viewer.db import ViewerError, open_queries
 from rollout.servers.viewer.report import build_report
 from rollout.servers.viewer.stats import pass_curves, records_of, summary
 from store import JobEnvironment, Store, step_record
+from store.models import SessionAttempt
 from store.queries import SessionFilter, ViewerQueries
 
 N = 1200
@@ -222,6 +223,13 @@ async def test_summary_from_case_counts_equals_the_launchers_table(q: ViewerQuer
                 duration_s=float(i),
                 eval_status=("scored", "invalid_reward", None)[i % 3],
             )
+        # two sessions of two attempts: one cut off by a stop (no retry), one after an outage (retried)
+        for sid, earlier in (("s00001", "interrupted"), ("s00004", "upstream_unavailable")):
+            await store.update_job_session(sid, attempts=2)
+            for n, outcome in ((1, earlier), (2, "succeeded")):
+                await store.record_attempt(
+                    SessionAttempt(session_id=sid, attempt=n, job_id="big", status="x", outcome=outcome)
+                )
         records = await job_records(store, "big")
     finally:
         await store.close()
@@ -231,6 +239,7 @@ async def test_summary_from_case_counts_equals_the_launchers_table(q: ViewerQuer
     assert len(got) == len(expected) == 2
     for g, e in zip(got, expected, strict=True):
         assert g.model_dump() == pytest.approx(e.model_dump())
+    assert sum(e.retried for e in expected) == 1
     curve = pass_curves(light)[("a", "m")]
     assert [k for k, _ in curve] == list(range(1, expected[0].k + 1))
     assert curve[0][1] == pytest.approx(expected[0].pass_at_1) and curve[-1][1] == pytest.approx(

@@ -55,9 +55,10 @@ def counted_scores(members: Sequence[Counts]) -> list[float]:
 
 def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:
     """Light ``SessionRecord``s (no trajectory, no usage) of
-    :meth:`store.queries.ViewerQueries.summary_rows`, for ``rollout.results.report.summarize``. A
-    session with more than one attempt is ``retried``; ``outcome`` is passed on when the store
-    has it, and ``harness`` (a record type without these fields ignores them)."""
+    :meth:`store.queries.ViewerQueries.summary_rows`, for ``rollout.results.report.summarize``.
+    ``retried`` as the store says (a store without attempts: more than one attempt); ``outcome``
+    is passed on when the store has it, and ``harness`` (a record type without these fields
+    ignores them)."""
     return [
         SessionRecord.model_validate(
             {
@@ -74,7 +75,7 @@ def records_of(rows: Sequence[Counts]) -> list[SessionRecord]:
                 "duration_s": r["duration_s"],
                 "outcome": r.get("outcome"),
                 "harness": r.get("harness"),
-                "retried": int(r["attempts"] or 0) > 1,
+                "retried": bool(r["retried"]) if "retried" in r else int(r["attempts"] or 0) > 1,
             }
         )
         for r in rows
