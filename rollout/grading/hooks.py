@@ -125,7 +125,11 @@ def why_stripped(
         return f"shadows the module {module} (the cwd is first on sys.path)"
     if len(parts) == 2 and parts[0] in shadowed and module == "__init__":
         return f"makes {parts[0]}/ a package shadowing the module {parts[0]} (the cwd is first on sys.path)"
-    if len(parts) == 2 and name == "entry_points.txt" and parts[0].endswith((".dist-info", ".egg-info")):
+    if (
+        len(parts) == 2
+        and name == "entry_points.txt"
+        and parts[0].lower().endswith((".dist-info", ".egg-info"))
+    ):
         return "a distribution's entry points on sys.path (tools load the plugins they name)"
     return None
 

@@ -206,9 +206,11 @@ async def test_plugins_and_packages_the_test_tools_load_from_the_cwd_are_strippe
     (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
     ws = workspace(tmp_path)
     hook = "import os\nos._exit(0)\n"
-    (ws / "zz-1.0.dist-info").mkdir()
-    (ws / "zz-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: zz\nVersion: 1.0\n")
-    (ws / "zz-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nzz = zzplugin\n")
+    for meta in ("zz-1.0.dist-info", "yy-1.0.EGG-INFO"):  # importlib.metadata matches either case
+        (ws / meta).mkdir()
+        (ws / meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta[:2]}\nVersion: 1.0\n")
+        (ws / meta / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nName: {meta[:2]}\nVersion: 1.0\n")
+        (ws / meta / "entry_points.txt").write_text(f"[pytest11]\n{meta[:2]} = zzplugin\n")
     (ws / "zzplugin.py").write_text(hook)
     (ws / "anyio").mkdir()
     (ws / "anyio" / "__init__.py").write_text(hook)
@@ -216,8 +218,10 @@ async def test_plugins_and_packages_the_test_tools_load_from_the_cwd_are_strippe
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     assert out.workspace_copy["stripped"] == [
         "anyio/__init__.py: makes anyio/ a package shadowing the module anyio (the cwd is first on sys.path)",
-        "zz-1.0.dist-info/entry_points.txt: a distribution's entry points on sys.path (tools load the plugins "
-        "they name)",
+        *(
+            f"{meta}/entry_points.txt: a distribution's entry points on sys.path (tools load the plugins they name)"
+            for meta in ("yy-1.0.EGG-INFO", "zz-1.0.dist-info")
+        ),
     ]
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     assert "1 failed" in out.stdout_tail
