@@ -22,7 +22,7 @@ from store.models import (
     SessionStep,
     SessionWorkspace,
 )
-from store.session_result import COUNTED_EVAL_STATUSES, GRADER_BROKEN
+from store.session_result import COUNTED_EVAL_STATUSES, CUT_OFF_OUTCOMES, GRADER_BROKEN
 from store.stepcodec import decode_rows
 
 JE = JobEnvironment.__table__  # type: ignore[attr-defined]
@@ -742,7 +742,7 @@ class ViewerQueries:
             earlier = (
                 (SA.c.env_id == JE.c.env_id)
                 & (SA.c.attempt < JE.c.attempts)
-                & (SA.c.outcome != "interrupted")
+                & SA.c.outcome.not_in(sorted(CUT_OFF_OUTCOMES))
             )
             cols.append(select(SA.c.env_id).where(earlier).exists().label("retried"))
         cols += await self._harness_column()

@@ -22,6 +22,9 @@ GRADING_FAILURES = frozenset({"invalid_reward", "error", "timeout"})
 counted like a score (docs/trust-model.md, "Failure attribution")."""
 COUNTED_EVAL_STATUSES = frozenset({"scored", *GRADING_FAILURES})
 """``eval_status`` values whose committed reward counts in the mean, pass@k, the feed and training."""
+CUT_OFF_OUTCOMES = frozenset({"cancelled", "interrupted"})
+"""Outcomes of an attempt a stop, a Ctrl-C or a killed launcher cut off: the session run again
+after one was not retried (``retried`` counts an earlier attempt with another outcome)."""
 GRADER_BROKEN = "grader_broken"
 """``eval_status`` of a session whose grader failed on it and on the case's control too: the grader
 is broken, the session carries no reward and is not counted."""

@@ -246,12 +246,15 @@ def env_entries(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def harness_entries() -> list[dict[str, Any]]:
-    """The bundled harnesses: name, protocol and version (or why one does not load)."""
+    """The bundled harnesses: name, protocol (``none`` for one that calls no model) and version (or
+    why one does not load)."""
     out: list[dict[str, Any]] = []
     for name in bundled():
         try:
             h = load_harness(name).harness
-            out.append({"name": name, "protocol": h.protocol, "version": h.version})
+            out.append(
+                {"name": name, "protocol": h.protocol if h.calls_model else "none", "version": h.version}
+            )
         except HarnessUnavailable as e:
             out.append({"name": name, "error": str(e)})
     return out

@@ -309,16 +309,19 @@ class Attempts:
                 return Retry(self.retry.delay_s(work.close_failures, self._rng))
         t0 = time.monotonic()
         started = utcnow()
-        await self.store.update_job_session(
-            sid, status="running", attempts=n, started_at=started, finished=False
-        )
         workspace = Path(
             tempfile.mkdtemp(
                 prefix=workspace_prefix(cfg.name, row.case_id, row.sample_index), dir=self.ctx.workspace_root
             )
         )
+        concluded: list[SessionRecord] = []  # once the session's end is written: a stop no longer undoes it
         try:
             try:
+                # under the cancellation's cleanup: a stop arriving during this write leaves the
+                # session cancelled (resumable), never "running" with no attempt
+                await self.store.update_job_session(
+                    sid, status="running", attempts=n, started_at=started, finished=False
+                )
                 run = await self._run_attempt(work, cfg, case, workspace)
             except asyncio.CancelledError:
                 raise
@@ -333,8 +336,10 @@ class Attempts:
                     AttemptEnd("launcher_error", True, why),
                     [why],
                 )
-            return await self._conclude(work, run, cfg, case, workspace, t0, started)
+            return await self._conclude(work, run, cfg, case, workspace, t0, started, concluded)
         except asyncio.CancelledError:
+            if concluded:  # graded and written before the stop reached it: it stays as it ended
+                raise
             # finish the bookkeeping even if cancelled again meanwhile: nothing half-written
             cleanup = asyncio.ensure_future(self._cancelled(work, t0, started))
             while not cleanup.done():
@@ -539,9 +544,12 @@ class Attempts:
         workspace: Path,
         t0: float,
         started: Any,
+        concluded: list[SessionRecord],
     ) -> SessionRecord | Retry:
         """Record the attempt; retry it, or finish the session (evaluated unless the attempt was an
-        infrastructure failure: then reward NULL and ``eval_status`` ``infra_error``)."""
+        infrastructure failure: then reward NULL and ``eval_status`` ``infra_error``). Once the
+        evaluation is made, the session's end is written whole even when the job stops meanwhile
+        (``concluded`` then holds its record, and the stop's CancelledError is raised after it)."""
         row, n, sid, end = work.row, work.attempt, work.row.session_id, run.end
         duration = time.monotonic() - t0
         if not run.image_failed:  # a task's image says nothing of the gateway's health
@@ -597,25 +605,44 @@ class Attempts:
             )
             eval_status = evaluation.status if evaluation else None
             eval_reason = evaluation.reason if evaluation else None
-        await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
-        result = SessionResult(
-            status=cast(FinalStatus, status),
-            outcome=end.outcome,
-            attempts=n,
-            error=error_text,
-            duration_s=time.monotonic() - t0,
-            runtime_result=run.runtime.result.model_dump(mode="json")
-            if run.runtime and run.runtime.result
-            else None,
-            sandbox=run.runtime.sandbox if run.runtime else None,
-            reward=evaluation.score if evaluation else None,
-            eval_status=eval_status,
-            eval_reason=eval_reason,
-            eval_detail=_detail(evaluation, run.verdict),
-            evaluation=evaluation.model_dump(mode="json") if evaluation else None,
-        )
-        await self.store.finish_job_session(sid, result)
-        return record_of(row, result, trajectory, work.attempts)
+
+        async def finish() -> SessionRecord:
+            await keep_workspace(self.store, row, cfg.workspace_archive, workspace)  # what a regrade grades
+            result = SessionResult(
+                status=cast(FinalStatus, status),
+                outcome=end.outcome,
+                attempts=n,
+                error=error_text,
+                duration_s=time.monotonic() - t0,
+                runtime_result=run.runtime.result.model_dump(mode="json")
+                if run.runtime and run.runtime.result
+                else None,
+                sandbox=run.runtime.sandbox if run.runtime else None,
+                reward=evaluation.score if evaluation else None,
+                eval_status=eval_status,
+                eval_reason=eval_reason,
+                eval_detail=_detail(evaluation, run.verdict),
+                evaluation=evaluation.model_dump(mode="json") if evaluation else None,
+            )
+            await self.store.finish_job_session(sid, result)
+            return record_of(row, result, trajectory, work.attempts)
+
+        writing = asyncio.ensure_future(finish())
+        stopped = False
+        while not writing.done():  # the end written whole: a stop waits for it (a short write)
+            try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                stopped = True
+        if stopped:
+            if writing.exception() is None:
+                concluded.append(writing.result())
+            else:  # not written: the session is left cancelled, resumable
+                log.error("session %s: its end could not be written: %r", sid, writing.exception())
+            raise asyncio.CancelledError
+        record = writing.result()
+        concluded.append(record)
+        return record
 
     def _harness_command(
         self, row: JobEnvironment, attempt: int, case: Case

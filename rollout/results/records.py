@@ -10,6 +10,7 @@ from rollout.grading.trajectory import to_trajectory
 from rollout.results.report import AttemptRecord, SessionRecord
 from rollout.results.session_fields import session_fields
 from store import JobEnvironment, SessionAttempt, SessionResult, SessionStep, Store, attempt_session_id
+from store.session_result import CUT_OFF_OUTCOMES
 
 
 def attempt_records(row: JobEnvironment, attempts: Sequence[SessionAttempt]) -> list[AttemptRecord]:
@@ -87,7 +88,7 @@ def record_of(
             "sandbox": result.sandbox,
             "grader_isolation": result.grader_isolation,
             "verifier_container": result.verifier_container,
-            "retried": any(a.outcome != "interrupted" for a in listed[:-1]),  # a stop or Ctrl-C is no retry
+            "retried": any(a.outcome not in CUT_OFF_OUTCOMES for a in listed[:-1]),
             "metrics": said,
             "harness_exit": metrics.get("harness_exit"),
             "answer": metrics.get("answer"),

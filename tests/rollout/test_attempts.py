@@ -607,23 +607,26 @@ async def test_a_gateway_the_bridge_cannot_reach_is_an_outage_even_when_the_runt
     assert q(p.db, "SELECT reward, eval_status FROM job_environments") == [(None, "infra_error")]
 
 
-async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging(tmp_path: Path) -> None:
-    """A worker that dies of a bug (here: the store refuses the start of one session) ends the
-    job with that error while the other workers still wait for work, instead of leaving them
-    waiting for the dead worker's session for ever."""
+async def test_a_launcher_bug_outside_a_session_fails_the_job_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that dies of a bug outside any session's own handling (here: raised where an
+    attempt is taken up) ends the job with that error while the other workers still wait for
+    work, instead of leaving them waiting for the dead worker's session for ever."""
+    from rollout.jobs.attempt import Attempts
     from rollout.jobs.pool import Pool
 
     make_env(tmp_path / "envs", [{"id": f"c{i}", "q": "hi"} for i in range(4)])
     async with planned_on_a_gateway(tmp_path, "jb") as p:
         doomed = p.rows[1].session_id
-        update = p.store.update_job_session
+        run = Attempts.run
 
-        async def refuse_one(sid: str, **values: Any) -> None:
-            if sid == doomed and values.get("status") == "running":
+        async def refuse_one(self: Attempts, work: Any) -> Any:
+            if work.row.session_id == doomed:
                 raise RuntimeError("injected launcher bug")
-            await update(sid, **values)
+            return await run(self, work)
 
-        p.store.update_job_session = refuse_one
+        monkeypatch.setattr(Attempts, "run", refuse_one)
         sched = Pool(p.store, p.with_opts(pool_size=2), p.context("jb"), p.envs)
         with pytest.raises(RuntimeError, match="injected launcher bug"):
             await asyncio.wait_for(sched.run(p.rows), 120)

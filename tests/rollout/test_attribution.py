@@ -387,6 +387,99 @@ async def test_a_broken_grader_stop_never_cancels_the_finding_that_made_it(
     assert result.totals.grader_broken == {"badgrader": 1}
 
 
+async def test_two_findings_at_once_are_both_kept_when_the_first_stops_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sessions graded broken together: the first one's record stops the job while the second
+    is writing its end. That end (graded, its rollout paid for) is written whole and kept, never
+    cancelled and run again by ``--resume``. Forced: the second waits in its write for the stop."""
+    from rollout.jobs import attempt
+
+    make_env(tmp_path / "envs", "badgrader", ["right", "right"], BROKEN_EVALUATOR)
+    keep = attempt.keep_workspace
+    first_out, both_graded, writing = asyncio.Event(), asyncio.Event(), []
+
+    async def ordered(store: Any, row: Any, *args: Any, **kw: Any) -> Any:
+        writing.append(row.session_id)
+        if len(writing) == 1:  # both findings made before the first one's end is written
+            await asyncio.wait_for(both_graded.wait(), 60)
+        else:  # the second one's write: the first one's record stops the job meanwhile
+            both_graded.set()
+            await first_out.wait()  # (no wait_for: on 3.11 it may swallow the stop's cancellation)
+            await asyncio.sleep(0.2)  # the stop (right after that record) reaches this session now
+        return await keep(store, row, *args, **kw)
+
+    monkeypatch.setattr(attempt, "keep_workspace", ordered)
+    async with FakeUpstream() as up:
+        job = run_job(options(tmp_path, up, job_id="attr10", pool_size=2), on_done=lambda r: first_out.set())
+        result = await asyncio.wait_for(job, 90)
+    assert len(writing) == 2
+    assert result.stop_kind == "broken_graders"
+    assert sorted((r.eval_status, r.score) for r in result.records) == [("grader_broken", None)] * 2
+    assert result.totals.grader_broken == {"badgrader": 2}
+    con = sqlite3.connect(tmp_path / "t.db")
+    try:
+        rows = con.execute("SELECT status, finished FROM job_environments WHERE job_id = 'attr10'").fetchall()
+    finally:
+        con.close()
+    assert [finished for _, finished in rows] == [1, 1] and "cancelled" not in {st for st, _ in rows}, rows
+
+
+async def test_a_stop_while_a_session_starts_leaves_it_cancelled_never_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job stops while another session's start is being written: that session ends
+    ``cancelled`` with its attempt (resumable), never ``running`` with no attempt in the store.
+    Forced: the finding is made once the second ``zz`` session's start is written, and that write
+    is still awaited when the stop comes."""
+    from rollout.jobs.attempt import Attempts
+    from store import Store
+
+    make_env(tmp_path / "envs", "badgrader", ["right"], BROKEN_EVALUATOR)
+    make_env(tmp_path / "envs", "zz", ["right", "right"], EVALUATOR)
+    env_of: dict[str, str] = {}
+    zz_started: list[str] = []
+    second_zz_written = asyncio.Event()
+    run, update, evaluate = Attempts.run, Store.update_job_session, Attempts._evaluate
+
+    async def named(self: Attempts, work: Any) -> Any:
+        env_of[work.row.session_id] = work.row.env_name
+        return await run(self, work)
+
+    async def slow(self: Store, session_id: str, **values: Any) -> None:
+        await update(self, session_id, **values)
+        if values.get("status") == "running" and env_of.get(session_id) == "zz":
+            zz_started.append(session_id)
+            if len(zz_started) == 2:  # written; the stop reaches this session while it awaits
+                second_zz_written.set()
+                await asyncio.Event().wait()
+
+    async def finding_then(self: Attempts, cfg: Any, *args: Any, **kw: Any) -> Any:
+        if cfg.name == "badgrader":
+            await asyncio.wait_for(second_zz_written.wait(), 60)
+        return await evaluate(self, cfg, *args, **kw)
+
+    monkeypatch.setattr(Attempts, "run", named)
+    monkeypatch.setattr(Store, "update_job_session", slow)
+    monkeypatch.setattr(Attempts, "_evaluate", finding_then)
+    async with FakeUpstream() as up:
+        result = await asyncio.wait_for(run_job(options(tmp_path, up, job_id="attr11", pool_size=2)), 90)
+    assert result.stop_kind == "broken_graders"
+    con = sqlite3.connect(tmp_path / "t.db")
+    try:
+        rows = dict(
+            con.execute("SELECT env_id, status FROM job_environments WHERE job_id = 'attr11'").fetchall()
+        )
+        tried = dict(
+            con.execute("SELECT env_id, outcome FROM session_attempts WHERE job_id = 'attr11'").fetchall()
+        )
+    finally:
+        con.close()
+    last = zz_started[1]
+    assert (rows[last], tried.get(last)) == ("cancelled", "cancelled"), (rows, tried)
+    assert "running" not in rows.values(), rows
+
+
 STALL_RUNTIME = """
 from pathlib import Path
 from env.runtime_kit import run_runtime

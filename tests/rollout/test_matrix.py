@@ -269,6 +269,6 @@ def test_retried_counts_an_infrastructure_failure_never_a_stop() -> None:
 
     assert retried() is False
     assert retried("interrupted") is False
-    assert retried("interrupted", "interrupted") is False
+    assert retried("interrupted", "cancelled") is False
     assert retried("upstream_unavailable") is True
     assert retried("interrupted", "upstream_unavailable") is True

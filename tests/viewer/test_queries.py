@@ -224,7 +224,11 @@ async def test_summary_from_case_counts_equals_the_launchers_table(q: ViewerQuer
                 eval_status=("scored", "invalid_reward", None)[i % 3],
             )
         # two sessions of two attempts: one cut off by a stop (no retry), one after an outage (retried)
-        for sid, earlier in (("s00001", "interrupted"), ("s00004", "upstream_unavailable")):
+        for sid, earlier in (
+            ("s00001", "interrupted"),
+            ("s00007", "cancelled"),
+            ("s00004", "upstream_unavailable"),
+        ):
             await store.update_job_session(sid, attempts=2)
             for n, outcome in ((1, earlier), (2, "succeeded")):
                 await store.record_attempt(
