@@ -22,10 +22,14 @@ def load_gateway_settings(path: Path) -> GatewaySettings:
         raise SetupError(str(e)) from e
 
 
-def open_store(url: str) -> Store:
-    """A Store for ``url``; SetupError for bad URLs or a missing database driver."""
+def open_store(url: str, *, existing: bool = False) -> Store:
+    """A Store for ``url``; SetupError for bad URLs or a missing database driver, and with
+    ``existing`` for a SQLite file that is not there (a resume or a regrade never makes one)."""
     try:
-        return Store(url)
+        store = Store(url)
+        if existing and store.path is not None and not Path(store.path).is_file():
+            raise SetupError(f"no trajectory store at {store.path} (pass the job's --db-path)")
+        return store
     except DbUrlError as e:
         raise SetupError(str(e)) from e
     except ModuleNotFoundError as e:

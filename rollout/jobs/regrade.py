@@ -275,13 +275,13 @@ async def regrade_job(
     job or an env the job does not have.
     Each session's new evaluation is committed on its own, so an interruption leaves every session
     with either its new or its previous evaluation."""
-    if not opts.agent_configs and not opts.agent_root.is_dir():
+    if not opts.agent_configs and not opts.tasks and not opts.agent_root.is_dir():
         where = "" if opts.agent_root.is_absolute() else f" (in {Path.cwd()})"
         raise SetupError(
             f"agent root {opts.agent_root} is not a directory{where}: run from the project folder or "
             "pass --agent-root (the evaluators are looked up there)"
         )
-    store = open_store(opts.db_path)
+    store = open_store(opts.db_path, existing=True)
     try:
         await init_store(store)
         rows = await store.job_sessions(opts.job_id)

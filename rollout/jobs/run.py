@@ -256,7 +256,7 @@ async def run_job(
     included, is a SetupError naming the one running it."""
     prepared = prepare(opts)
     loaded, models = prepared.harnesses, prepared.models
-    store = open_store(opts.db_path)
+    store = open_store(opts.db_path, existing=bool(opts.resume))
     children: list[ChildProcess] = []
     ray_backend: RayBackend | None = None
     lease: JobLease | None = None
