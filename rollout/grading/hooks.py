@@ -11,15 +11,15 @@ the task's files: not the agent's):
 - ``pytest.py`` anywhere;
 - at the copy's top level, a module that would shadow one the tests or their tools import: a
   standard library module, ``pytest``, ``_pytest``, ``pluggy``, ``py``, ``iniconfig``,
-  ``packaging``, ``tomli``, ``exceptiongroup``, ``colorama``, ``pygments``, or any module
-  installed in the image's (or the host's) Python library folders (``NAME.py``, ``NAME.pyc``, an
-  extension ``NAME.*.so``, a package's ``__init__``), but for a few names a project uses for its
-  own (``GENERIC``);
+  ``packaging``, ``tomli``, ``exceptiongroup``, ``colorama``, ``pygments``, every name pytest's
+  start-up looks up, found or not (``tool_imports``), and in an image any module its Python
+  library folders install (``NAME.py``, ``NAME.pyc``, an extension ``NAME.*.so``, a package's
+  ``__init__``), but for a few names a project uses for its own (``GENERIC``);
 - at the copy's top level, a distribution's ``entry_points.txt`` (``NAME.dist-info``,
   ``NAME.egg-info``: pytest and other tools load the plugins it names from ``sys.path``);
-- in a git folder (one holding ``HEAD`` and ``objects/``, ``.git`` or another), its ``config``,
-  ``config.worktree`` and ``hooks/``: git runs the programs they name (``core.fsmonitor``, hooks)
-  when a test script runs git in the workspace;
+- in a git folder (one holding ``HEAD`` and ``objects/`` or ``commondir``, ``.git`` or another),
+  its ``config``, ``config.worktree``, ``commondir``, ``gitdir`` and ``hooks/``: git runs the
+  programs they name (``core.fsmonitor``, hooks) when a test script runs git in the workspace;
 - executables named ``python``, ``python3``, ``python3.N``, ``pytest``, ``py.test``, ``bash`` or
   ``sh`` anywhere.
 """
@@ -31,7 +31,9 @@ import logging
 import os
 import re
 import stat
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -69,19 +71,56 @@ _LIBRARIES = (
     "opt/*/lib/python3*/*-packages",
     "root/.local/lib/python3*/site-packages",
 )
-"""Where an image's (or the host's) Python keeps its modules, from its root."""
-_GIT_CONFIG = ("config", "config.worktree")
+"""Where an image's Python keeps its modules, from its root."""
+_GIT_FILES = ("config", "config.worktree", "commondir", "gitdir")
+"""A git folder's files that name programs git runs, or another folder whose config it reads."""
+_PROBE = """
+import importlib.abc, sys
+seen = set()
+class Seen(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        seen.add(name.partition(".")[0])
+sys.meta_path.insert(0, Seen())
+import pytest
+pytest.main(["-q", "--co", "-p", "no:cacheprovider", sys.argv[1]])
+seen.update(n.partition(".")[0] for n in sys.modules)
+open(sys.argv[2], "w").write("\\n".join(sorted(seen)))
+"""
+"""pytest's start-up (its plugins loaded, no test), recording every top-level module name looked up,
+found or not (``from org.python.core import ...`` in ``copy``: a name the cwd could answer)."""
+
+
+@functools.lru_cache(maxsize=1)
+def tool_imports() -> frozenset[str]:
+    """The top-level module names pytest's start-up looks up with the launcher's interpreter (the
+    host tools' ``python3``), found or not, the ``GENERIC`` names left out; empty (and a warning)
+    when pytest cannot start."""
+    with tempfile.TemporaryDirectory(prefix="rollout-probe-") as d:
+        names = Path(d) / "names"
+        try:
+            subprocess.run(
+                [sys.executable, "-I", "-c", _PROBE, d, str(names)],
+                cwd=d,
+                capture_output=True,
+                timeout=120,
+                check=True,
+                env={"PATH": os.environ.get("PATH", ""), "HOME": d},
+            )
+            found = names.read_text().split()
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning(
+                "pytest's start-up imports are unknown (%s): only the listed tool modules are guarded", e
+            )
+            return frozenset()
+    return frozenset(n for n in found if _MODULE_DIR.match(n)) - GENERIC
 
 
 @functools.lru_cache(maxsize=64)
 def installed_modules(root: Path) -> frozenset[str]:
     """The top-level module names of the Python library folders under ``root`` (an image's root
-    filesystem, or ``/``), the ``GENERIC`` names left out."""
+    filesystem), the ``GENERIC`` names left out."""
     names: set[str] = set()
-    folders = [f for pattern in _LIBRARIES for f in root.glob(pattern)]
-    if root == Path("/"):  # the host's tools: the launcher's interpreter is on the verifier's PATH
-        folders += [Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    for folder in folders:
+    for folder in (f for pattern in _LIBRARIES for f in root.glob(pattern)):
         try:
             entries = list(os.scandir(folder))
         except OSError:
@@ -95,6 +134,15 @@ def installed_modules(root: Path) -> frozenset[str]:
     return frozenset(names) - GENERIC
 
 
+def shadowed(root: Path | None) -> frozenset[str]:
+    """The module names a top-level file of the copy must not take when the tests run on ``root``:
+    ``SHADOWED``, what pytest's start-up looks up, and for an image what its Python installs (on
+    the host: not the launcher's whole environment, whose many names an agent's own module may
+    well have)."""
+    names = SHADOWED | tool_imports()
+    return names | installed_modules(root) if root is not None and root != Path("/") else names
+
+
 def why_stripped(
     rel: str, mode: int, shadowed: frozenset[str] = SHADOWED, git: str | None = None
 ) -> str | None:
@@ -105,7 +153,7 @@ def why_stripped(
     name = parts[-1]
     if git is not None:
         inside = rel[len(git) + 1 :] if git else rel
-        if inside in _GIT_CONFIG or inside.startswith("hooks/"):
+        if inside in _GIT_FILES or inside.startswith("hooks/"):
             return "git's configuration or hooks (git runs the programs they name)"
     m = _MODULE_SUFFIX.match(name)
     module = m[1] if m else None
@@ -147,14 +195,16 @@ def _same(path: Path, baseline: Path | None, rel: str) -> bool:
 
 
 def _git_folder(folder: Path) -> bool:
-    return (folder / "HEAD").is_file() and (folder / "objects").is_dir()
+    """A git folder as git finds one: ``HEAD`` with ``objects/``, or with ``commondir`` (a
+    worktree's, whose config is read from the folder that names)."""
+    return (folder / "HEAD").is_file() and ((folder / "objects").is_dir() or (folder / "commondir").is_file())
 
 
 def strip_hooks(copy: Path, baseline: Path | None = None, root: Path | None = None) -> list[str]:
     """Remove from ``copy`` (a workspace copy: files and folders, no links) what the module
     docstring lists; ``"<relative path>: <why>"`` for each removed, sorted. ``root``: the root
-    filesystem the tests run on (an image's, or ``/``), whose installed modules are not shadowed."""
-    shadowed = SHADOWED | (installed_modules(root) if root is not None else frozenset())
+    filesystem the tests run on (an image's, or ``/``: :func:`shadowed`)."""
+    guarded = shadowed(root)
     out: list[str] = []
     gits: dict[str, str | None] = {}  # a folder (relative) -> the innermost git folder it is in
     for parent, dirs, names in os.walk(copy):
@@ -174,7 +224,7 @@ def strip_hooks(copy: Path, baseline: Path | None = None, root: Path | None = No
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            why = why_stripped(rel, st.st_mode, shadowed, gits[here])
+            why = why_stripped(rel, st.st_mode, guarded, gits[here])
             if why is None or _same(path, baseline, rel):
                 continue
             path.unlink()

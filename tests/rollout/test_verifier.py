@@ -227,6 +227,75 @@ async def test_plugins_and_packages_the_test_tools_load_from_the_cwd_are_strippe
     assert "1 failed" in out.stdout_tail
 
 
+READS_A_FILE_PY = "def test_out():\n    assert open('/workspace/out.txt').read() == '42'\n"
+
+
+async def test_a_module_pytest_looks_for_and_never_finds_is_stripped(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    """pytest's start-up imports ``copy``, which tries ``org.python.core`` (Jython): a module that
+    is installed nowhere, found in the cwd first; the tests here import nothing of the agent's."""
+    tests = task(tmp_path, COMMON_SH)
+    (tests / "test_answer.py").write_text(READS_A_FILE_PY)
+    ws = workspace(tmp_path)
+    (ws / "out.txt").write_text("41")
+    (ws / "org.py").write_text("import os\nos._exit(0)\n")
+    out = await verify(ws, tests)
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert out.workspace_copy["stripped"] == ["org.py: shadows the module org (the cwd is first on sys.path)"]
+
+
+async def test_an_agents_module_named_as_a_package_of_the_launchers_environment_stays(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    """On the host's tools only what the tools import is guarded, not every package the launcher's
+    environment holds: an agent's own ``semver.py`` (a package installed there, never imported by
+    pytest) is the module the tests import, as it would be in the task's container."""
+    pytest.importorskip("semver")
+    tests = task(tmp_path, COMMON_SH)
+    (tests / "test_answer.py").write_text(
+        "from semver import bump\n\ndef test_bump():\n    assert bump('1.2') == '1.3'\n"
+    )
+    ws = workspace(tmp_path)
+    (ws / "semver.py").write_text(
+        "def bump(v):\n    major, minor = v.split('.')\n    return f'{major}.{int(minor) + 1}'\n"
+    )
+    out = await verify(ws, tests)
+    assert (out.status, out.reward, out.workspace_copy["stripped"]) == ("rewarded", 1.0, []), out
+
+
+async def test_a_git_folder_pointing_at_another_for_its_config_runs_nothing(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    """A ``.git`` that holds only ``HEAD`` and ``commondir`` (a worktree's layout): git reads the
+    config of the folder ``commondir`` names, which may name a program; that pointer is stripped."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    tests = task(tmp_path, "#!/bin/bash\ncd /workspace && git status --short\n" + COMMON_SH.split("\n", 1)[1])
+    (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
+    ws = workspace(tmp_path)
+    git = ["git", "-C", str(ws), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "answer.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True)
+    (ws / ".git").rename(ws / "c")
+    (ws / ".git").mkdir()
+    for name in ("HEAD", "index"):
+        shutil.move(ws / "c" / name, ws / ".git" / name)  # c/ no git folder of its own: git needs none
+    (ws / ".git" / "commondir").write_text("../c\n")
+    executable(
+        ws / "c" / "fsm", "#!/bin/sh\nprintf 'def answer():\\n    return 42\\n' > /workspace/answer.py\n"
+    )
+    with (ws / "c" / "config").open("a") as f:
+        f.write("[core]\n\tfsmonitor = /workspace/c/fsm\n")
+    out = await verify(ws, tests)
+    assert (out.status, out.reward) == ("rewarded", 0.0), out
+    assert (
+        ".git/commondir: git's configuration or hooks (git runs the programs they name)"
+        in out.workspace_copy["stripped"]
+    )
+
+
 async def test_git_runs_no_program_the_agent_named_in_its_repository(
     tmp_path: Path, scratch_root: Path
 ) -> None:
