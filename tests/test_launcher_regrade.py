@@ -128,6 +128,29 @@ async def test_regrade_bundled_workspace_env_without_the_model(tmp_path: Path) -
             ("scored", 10.0),
         ]
 
+        # a grader still broken (it fails on the untouched start too): said on stderr, exit code 2
+        broken = tmp_path / "broken" / "workspace"
+        broken.mkdir(parents=True)
+        (broken / "rule_evaluator.py").write_text(
+            "def evaluate(request, spec, trajectory):\n    raise KeyError('x')\n"
+        )
+        code, out, err = await launch(
+            *common, "--agent-root", str(broken.parent), "--out", str(tmp_path / "rb.jsonl"), cwd=tmp_path
+        )
+        assert code == 2, err
+        assert "error: the grader is still broken (workspace 1): it failed on the case's untouched" in err, (
+            err
+        )
+        fixed_again = await launch(
+            *common,
+            "--agent-root",
+            str(tmp_path / "envs"),
+            "--out",
+            str(tmp_path / "r2b.jsonl"),
+            cwd=tmp_path,
+        )
+        assert fixed_again[0] == 0, fixed_again[2]
+
         # without its kept workspace a session is reported and keeps its evaluation: exit code 2
         con = sqlite3.connect(db)
         con.execute("DELETE FROM session_workspaces")
@@ -162,7 +185,7 @@ async def test_regrade_flag_errors(tmp_path: Path) -> None:
         "--regrade", "--job-id", "nosuch", "--db-path", f"sqlite://{db}", cwd=tmp_path
     )
     assert code == 1 and f"agent root env is not a directory (in {tmp_path})" in err  # said before the store
-    code, _, err = await launch(
+    flags = [
         "--regrade",
         "--job-id",
         "nosuch",
@@ -170,6 +193,10 @@ async def test_regrade_flag_errors(tmp_path: Path) -> None:
         f"sqlite://{db}",
         "--agent-root",
         str(REPO / "env"),
-        cwd=tmp_path,
-    )
-    assert code == 1 and "no job 'nosuch'" in err
+    ]
+    code, _, err = await launch(*flags, cwd=tmp_path)
+    assert code == 1 and f"no trajectory store at {db} (pass the job's --db-path)" in err, err
+    assert not db.exists()  # a regrade never makes a store
+    sqlite3.connect(db).close()
+    code, _, err = await launch(*flags, cwd=tmp_path)
+    assert code == 1 and "no job 'nosuch'" in err, err

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -51,6 +52,7 @@ from rollout.jobs.regrade import (
 from rollout.jobs.run import JobResult, run_job
 from rollout.results.progress import ProgressState, render_progress
 from rollout.results.report import SessionRecord, output_path_problem, render_table, summarize
+from store.session_result import GRADER_BROKEN
 from store.stepcodec import StepDecodeError
 
 """The project folder (its ``configs/gateway.yaml`` is the default gateway config)."""
@@ -311,8 +313,9 @@ def report(
         )
         print(
             f"error: {plural(sum(broken.values()), 'session')} met a broken grader ({named}): it failed on the case's untouched "
-            "starting workspace too, so they are not counted; make it score 0 when the answer is missing or "
-            f"unreadable, then: {then} (docs/trust-model.md)",
+            "starting workspace too, so they are not counted; fix it (the reason is in each session's "
+            "eval_reason: an exception, a timeout; a missing or unreadable answer must score 0), "
+            f"then: {then} (docs/trust-model.md)",
             file=sys.stderr,
         )
     if result.stopped and result.stop_kind == "broken_graders":
@@ -530,6 +533,14 @@ def regrade_main(args: argparse.Namespace) -> int:
         f"{plural(len(result.records), 'session')} written to {result.out}; new evaluations in {result.store} "
         "(previous ones kept in job_environments.eval_history)"
     )
+    broken = Counter(r.env_name for r in result.regraded if r.after_status == GRADER_BROKEN)
+    if broken:
+        named = ", ".join(f"{env} {n}" for env, n in sorted(broken.items()))
+        print(
+            f"error: the grader is still broken ({named}): it failed on the case's untouched starting "
+            "workspace too (the reason is in each session's eval_reason; docs/trust-model.md)",
+            file=sys.stderr,
+        )
     return regrade_exit_code(result)
 
 
