@@ -144,11 +144,11 @@ def shadowed(root: Path | None) -> frozenset[str]:
 
 
 def why_stripped(
-    rel: str, mode: int, shadowed: frozenset[str] = SHADOWED, git: str | None = None
+    rel: str, mode: int, guarded: frozenset[str] = SHADOWED, git: str | None = None
 ) -> str | None:
     """Why the copy's regular file at ``rel`` (``/``-separated) is removed, None to keep it;
-    ``shadowed``: the module names a top-level file must not take; ``git``: the relative path of
-    the git folder ``rel`` is in (None: in none)."""
+    ``guarded``: the module names a top-level file must not take (:func:`shadowed`); ``git``: the
+    relative path of the git folder ``rel`` is in (None: in none)."""
     parts = rel.split("/")
     name = parts[-1]
     if git is not None:
@@ -169,9 +169,9 @@ def why_stripped(
         return "shadows pytest"
     if mode & 0o111 and _EXE.match(name):
         return f"an executable shadowing {name}"
-    if len(parts) == 1 and module in shadowed:
+    if len(parts) == 1 and module in guarded:
         return f"shadows the module {module} (the cwd is first on sys.path)"
-    if len(parts) == 2 and parts[0] in shadowed and module == "__init__":
+    if len(parts) == 2 and parts[0] in guarded and module == "__init__":
         return f"makes {parts[0]}/ a package shadowing the module {parts[0]} (the cwd is first on sys.path)"
     if (
         len(parts) == 2
