@@ -452,6 +452,11 @@ async def test_resume_keeps_launcher_errors_unless_asked(tmp_path: Path) -> None
             " --resume --job-id jl to run them again (1 of them launcher_error, run again only with "
             "--rerun-launcher-errors)"
         ) in err
+        code, _, bad = await launch(*common, "--resume", "--rl-group-size", "5", cwd=tmp_path)
+        assert (
+            code == 1 and "--resume runs job jl as it was planned: its sessions have --rl-group-size" in bad
+        )
+        assert "not 5 (leave --rl-group-size out, or start a new job)" in bad, bad
         hint = err.split("rerun with python ", 1)[1].split(" to run them again", 1)[0]
         again = shlex.split(hint)  # as printed, run from another folder: the same resume
         assert again[0] == str(REPO / "launcher.py")

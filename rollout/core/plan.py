@@ -91,7 +91,9 @@ async def plan_job(
         return r
 
     if resume:
-        for r in await _resume_rows(store, job_id, envs, rerun_launcher_errors, graded):
+        for r in await _resume_rows(
+            store, job_id, envs, rerun_launcher_errors, graded, group_size, max_steps
+        ):
             note(r)
     else:
         await _check_new(store, job_id)
@@ -160,13 +162,26 @@ async def _resume_rows(
     envs: list[tuple[EnvConfig, list[Case]]],
     rerun_launcher_errors: bool = False,
     graded: bool | None = None,
+    group_size: int | None = None,
+    max_steps: int | None = None,
 ) -> list[JobEnvironment]:
     """The rows a resume runs: unfinished, or finished in an infrastructure failure; one finished
     in ``launcher_error`` (a bug of ours, which would repeat) only with ``rerun_launcher_errors``,
-    and the log says which."""
+    and the log says which. A ``group_size`` or ``max_steps`` given that is not the job's own is
+    a SetupError (a resume runs the job as it was planned)."""
     existing = await store.job_sessions(job_id)
     if not existing:
         raise SetupError(f"--resume: no job {job_id!r} in {store.identity()}")
+    sizes = set(Counter(r.group_id for r in existing).values())
+    for flag, given, own in (
+        ("--rl-group-size", group_size, sizes),
+        ("--max-steps", max_steps, {r.max_steps for r in existing}),
+    ):
+        if given is not None and own != {given}:
+            raise SetupError(
+                f"--resume runs job {job_id} as it was planned: its sessions have {flag} "
+                f"{', '.join(sorted(map(str, own)))}, not {given} (leave {flag} out, or start a new job)"
+            )
     if graded is False and any(r.finished and r.eval_status is not None for r in existing):
         raise SetupError(
             f"--resume: the sessions of {job_id} were graded: add --enable-evaluation, so the sessions "
