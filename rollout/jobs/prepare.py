@@ -187,6 +187,12 @@ def check_evaluators(agent_root: Path, configs: list[EnvConfig]) -> None:
                 if cfg.env_dir.parent.resolve() != Path(agent_root).resolve()
                 else ""
             )
+            + (
+                f" (its env.yaml is in {cfg.env_dir.name}/, but evaluators are found by the env's name:"
+                f" rename the folder to {cfg.name}/ or its name: to {cfg.env_dir.name!r})"
+                if cfg.env_dir.name != cfg.name and (cfg.env_dir / EVALUATOR_FILE_NAME).is_file()
+                else ""
+            )
             for cfg in missing
         )
         raise SetupError(

@@ -381,3 +381,21 @@ def test_max_steps_0_is_run_but_said_at_start(caplog: pytest.LogCaptureFixture) 
     caplog.clear()
     prepare(opts(max_steps=1, env_names=["basics"], sandbox="none"))
     assert not any("--max-steps" in r.getMessage() for r in caplog.records)
+
+
+def test_an_evaluator_beside_an_env_named_otherwise_is_pointed_at(tmp_path: Path) -> None:
+    """Evaluators are found by the env's name: one beside an env.yaml whose ``name:`` differs from
+    its folder is not used, and the error says why and what to rename."""
+    root = tmp_path / "envs"
+    shutil.copytree(BASICS, root / "echo2" / "tasks")
+    (root / "echo2" / "env.yaml").write_text(
+        "name: echo_renamed\ndataset: {format: task_dirs, path: tasks}\n"
+        "runtime: {command: ['{python}', '-m', 'env.task_runtime']}\n"
+    )
+    (root / "echo2" / "rule_evaluator.py").write_text("def evaluate(r, s, t):\n    return 10\n")
+    with pytest.raises(SetupError) as ei:
+        check_evaluators(root, [load_env_config(root / "echo2" / "env.yaml")])
+    assert (
+        f"env 'echo_renamed' needs {root}/echo_renamed/rule_evaluator.py (its env.yaml is in echo2/, but "
+        "evaluators are found by the env's name: rename the folder to echo_renamed/ or its name: to 'echo2')"
+    ) in str(ei.value)
