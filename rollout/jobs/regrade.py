@@ -318,7 +318,8 @@ async def regrade_job(
                     f"env {row.env_name!r} is graded by its tasks' verifiers (tests/test.sh), which "
                     "--regrade does not run again (docs/verifiers.md)"
                     if row.env_name in verified
-                    else f"env {row.env_name!r} has no rule_evaluator.py under {opts.agent_root}",
+                    else f"env {row.env_name!r} has no rule_evaluator.py under {opts.agent_root} (an env the "
+                    "job ran from --tasks DIR or --agent-config needs that flag again)",
                 )
             if block is not None:
                 note(

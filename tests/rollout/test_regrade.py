@@ -466,7 +466,11 @@ async def test_evaluator_outcomes_and_what_is_not_regraded(
     assert blocked == {
         "s-old": ("no_workspace", "no kept workspace (the run did not archive it)"),
         "s-harness": ("infrastructure_failure", "the run ended in status error without a score (None)"),
-        "s-none": ("no_evaluator", f"env 'gone' has no rule_evaluator.py under {root}"),
+        "s-none": (
+            "no_evaluator",
+            f"env 'gone' has no rule_evaluator.py under {root} (an env the job ran from --tasks DIR or "
+            "--agent-config needs that flag again)",
+        ),
     }
     assert regrade_exit_code(result) == 2
     store = Store(f"sqlite://{db}")
