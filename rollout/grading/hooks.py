@@ -12,9 +12,11 @@ the task's files: not the agent's):
 - at the copy's top level, a module that would shadow one the tests or their tools import: a
   standard library module, ``pytest``, ``_pytest``, ``pluggy``, ``py``, ``iniconfig``,
   ``packaging``, ``tomli``, ``exceptiongroup``, ``colorama``, ``pygments``, every name pytest's
-  start-up looks up, found or not (``tool_imports``), and in an image any module its Python
-  library folders install (``NAME.py``, ``NAME.pyc``, an extension ``NAME.*.so``, a package's
-  ``__init__``), but for a few names a project uses for its own (``GENERIC``);
+  start-up looks up, found or not (``tool_imports``), the standard library names of other
+  Python versions (``OTHER_STDLIB``), and in an image any module its Python library folders
+  install but the task's own (at the top of its WORKDIR) (``NAME.py``, ``NAME.pyc``, an
+  extension ``NAME.*.so``, a package's ``__init__``), never a few names a project uses for its
+  own (``GENERIC``);
 - at the copy's top level, a distribution's ``entry_points.txt`` (``NAME.dist-info``,
   ``NAME.egg-info``: pytest and other tools load the plugins it names from ``sys.path``);
 - in a git folder (one holding ``HEAD`` and ``objects/`` or ``commondir``, ``.git`` or another),
@@ -58,15 +60,25 @@ GENERIC = frozenset(
 )
 """Names a project's own top-level modules often have, which a package may install by mistake too:
 never taken as shadowing (an agent's ``utils.py`` stays)."""
-SHADOWED = (frozenset(sys.stdlib_module_names) | TOOL_MODULES) - GENERIC
+OTHER_STDLIB = frozenset(
+    {"_android_support", "_colorize", "_interpchannels", "_interpqueues", "_interpreters", "_ios_support"}
+    | {"_opcode_metadata", "_pydatetime", "_pylong", "_pyrepl", "_sha2", "_suggestions", "_sysconfig", "_wmi"}
+    | {"binhex", "annotationlib", "compression", "_zstd", "_remote_debugging"}
+)
+"""Standard library module names of other Python 3 versions than the launcher's (3.10 to 3.14):
+an image's Python may look them up (3.12's ``platform`` tries ``_wmi``, its ``random``
+``_sha2``), found in the cwd first when the image has none."""
+SHADOWED = (frozenset(sys.stdlib_module_names) | OTHER_STDLIB | TOOL_MODULES) - GENERIC
 """Module names a top-level file of the copy must not take, whatever the image installs."""
 _EXE = re.compile(r"^(python(\d+(\.\d+)?)?|pytest|py\.test|bash|sh)$")
 _MODULE_SUFFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\.py|\.pyc|(\.[A-Za-z0-9_-]+)?\.so)$")
 _MODULE_DIR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LIBRARIES = (
     "usr/lib/python3*",
+    "usr/lib/python3*/lib-dynload",
     "usr/lib/python3*/*-packages",
     "usr/local/lib/python3*",
+    "usr/local/lib/python3*/lib-dynload",
     "usr/local/lib/python3*/*-packages",
     "opt/*/lib/python3*/*-packages",
     "root/.local/lib/python3*/site-packages",
@@ -134,13 +146,26 @@ def installed_modules(root: Path) -> frozenset[str]:
     return frozenset(names) - GENERIC
 
 
-def shadowed(root: Path | None) -> frozenset[str]:
+def _top_level_modules(folder: Path | None) -> frozenset[str]:
+    """The module names ``folder``'s top level holds (``NAME.py``, ``.pyc``, ``.so``, a folder)."""
+    try:
+        entries = list(os.scandir(folder)) if folder is not None else []
+    except OSError:
+        return frozenset()
+    found = (_MODULE_SUFFIX.match(e.name) for e in entries)
+    return frozenset(m[1] for m in found if m) | {e.name for e in entries if e.is_dir(follow_symlinks=False)}
+
+
+def shadowed(root: Path | None, baseline: Path | None = None) -> frozenset[str]:
     """The module names a top-level file of the copy must not take when the tests run on ``root``:
-    ``SHADOWED``, what pytest's start-up looks up, and for an image what its Python installs (on
-    the host: not the launcher's whole environment, whose many names an agent's own module may
-    well have)."""
+    ``SHADOWED``, what pytest's start-up looks up, and for an image what its Python installs but
+    the task's own modules (those at the top of ``baseline``: a project the image installs too,
+    which the agent is to change). On the host: not the launcher's whole environment, whose many
+    names an agent's own module may well have."""
     names = SHADOWED | tool_imports()
-    return names | installed_modules(root) if root is not None and root != Path("/") else names
+    if root is None or root == Path("/"):
+        return names
+    return names | (installed_modules(root) - _top_level_modules(baseline))
 
 
 def why_stripped(
@@ -204,7 +229,7 @@ def strip_hooks(copy: Path, baseline: Path | None = None, root: Path | None = No
     """Remove from ``copy`` (a workspace copy: files and folders, no links) what the module
     docstring lists; ``"<relative path>: <why>"`` for each removed, sorted. ``root``: the root
     filesystem the tests run on (an image's, or ``/``: :func:`shadowed`)."""
-    guarded = shadowed(root)
+    guarded = shadowed(root, baseline)
     out: list[str] = []
     gits: dict[str, str | None] = {}  # a folder (relative) -> the innermost git folder it is in
     for parent, dirs, names in os.walk(copy):

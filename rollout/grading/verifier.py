@@ -120,6 +120,7 @@ class VerifierResult(BaseModel):
                 "reason",
                 "limit_exceeded",
                 "container",
+                "workspace_copy",
             },
         )
 

@@ -64,7 +64,8 @@ class WorkspaceCopy:
             "skipped_count": self.skipped_count,
         }
         if self.stripped is not None:
-            out["stripped"] = list(self.stripped)
+            out["stripped"] = self.stripped[:SKIPPED_LISTED]
+            out["stripped_count"] = len(self.stripped)
         return out
 
 

@@ -159,6 +159,8 @@ async def test_python_start_up_hooks_in_the_workspace_do_not_run(tmp_path: Path,
         "usercustomize.py: a Python start-up hook",
     ]
     assert (out.status, out.reward) == ("rewarded", 0.0), out
+    kept = out.for_evaluator()["workspace_copy"]  # the manifest goes with the verdict into the store
+    assert (kept["stripped_count"], kept["stripped"]) == (8, out.workspace_copy["stripped"])
 
 
 async def test_shadowing_executables_in_the_workspace_are_not_run(tmp_path: Path, scratch_root: Path) -> None:
