@@ -266,28 +266,38 @@ async def test_an_agents_module_named_as_a_package_of_the_launchers_environment_
     assert (out.status, out.reward, out.workspace_copy["stripped"]) == ("rewarded", 1.0, []), out
 
 
-async def test_a_git_folder_pointing_at_another_for_its_config_runs_nothing(
-    tmp_path: Path, scratch_root: Path
-) -> None:
-    """A ``.git`` that holds only ``HEAD`` and ``commondir`` (a worktree's layout): git reads the
-    config of the folder ``commondir`` names, which may name a program; that pointer is stripped."""
+GIT_STATUS_SH = "#!/bin/bash\ncd /workspace && git status --short\n" + COMMON_SH.split("\n", 1)[1]
+FIX_SH = "#!/bin/sh\nprintf 'def answer():\\n    return 42\\n' > /workspace/answer.py\n"
+"""A program that makes the answer right: what git must never run for the agent."""
+
+
+def git_workspace(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """The task (a test script that runs ``git status`` in the workspace first) and a wrong
+    answer committed in a git repository; the git command line for it."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    tests = task(tmp_path, "#!/bin/bash\ncd /workspace && git status --short\n" + COMMON_SH.split("\n", 1)[1])
+    tests = task(tmp_path, GIT_STATUS_SH)
     (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
     ws = workspace(tmp_path)
     git = ["git", "-C", str(ws), "-c", "user.name=a", "-c", "user.email=a@b"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "answer.py"], check=True)
     subprocess.run([*git, "commit", "-qm", "start"], check=True)
+    return tests, ws, git
+
+
+async def test_a_git_folder_pointing_at_another_for_its_config_runs_nothing(
+    tmp_path: Path, scratch_root: Path
+) -> None:
+    """A ``.git`` that holds only ``HEAD`` and ``commondir`` (a worktree's layout): git reads the
+    config of the folder ``commondir`` names, which may name a program; that pointer is stripped."""
+    tests, ws, _ = git_workspace(tmp_path)
     (ws / ".git").rename(ws / "c")
     (ws / ".git").mkdir()
     for name in ("HEAD", "index"):
         shutil.move(ws / "c" / name, ws / ".git" / name)  # c/ no git folder of its own: git needs none
     (ws / ".git" / "commondir").write_text("../c\n")
-    executable(
-        ws / "c" / "fsm", "#!/bin/sh\nprintf 'def answer():\\n    return 42\\n' > /workspace/answer.py\n"
-    )
+    executable(ws / "c" / "fsm", FIX_SH)
     with (ws / "c" / "config").open("a") as f:
         f.write("[core]\n\tfsmonitor = /workspace/c/fsm\n")
     out = await verify(ws, tests)
@@ -303,19 +313,10 @@ async def test_git_runs_no_program_the_agent_named_in_its_repository(
 ) -> None:
     """A test script that runs git in the workspace: the repository's config (``core.fsmonitor``)
     and hooks are the agent's, stripped from the copy; git works on without them."""
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    tests = task(tmp_path, "#!/bin/bash\ncd /workspace && git status --short\n" + COMMON_SH.split("\n", 1)[1])
-    (tests / "test_answer.py").write_text(IMPORTING_TEST_PY)
-    ws = workspace(tmp_path)
-    git = ["git", "-C", str(ws), "-c", "user.name=a", "-c", "user.email=a@b"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "answer.py"], check=True)
-    subprocess.run([*git, "commit", "-qm", "start"], check=True)
-    fix = "#!/bin/sh\nprintf 'def answer():\\n    return 42\\n' > /workspace/answer.py\n"
-    executable(ws / ".git" / "fsm", fix)  # git runs it at `git status`: the answer made right
+    tests, ws, git = git_workspace(tmp_path)
+    executable(ws / ".git" / "fsm", FIX_SH)  # git runs it at `git status`: the answer made right
     subprocess.run([*git, "config", "core.fsmonitor", "/workspace/.git/fsm"], check=True)
-    executable(ws / ".git" / "hooks" / "post-checkout", fix)
+    executable(ws / ".git" / "hooks" / "post-checkout", FIX_SH)
     out = await verify(ws, tests)
     assert (out.status, out.reward) == ("rewarded", 0.0), out
     why = "git's configuration or hooks (git runs the programs they name)"
