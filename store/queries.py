@@ -340,10 +340,11 @@ class ViewerQueries:
             r["models"] = sorted(models.get(r["job_id"], ()))
         return rows
 
-    async def held_jobs(self, since: datetime) -> set[str]:
-        """The jobs a launcher holds now: a job lock whose heartbeat is not older than ``since``."""
-        rows = await self._all(select(_JL.c.job_id, _JL.c.heartbeat_at))
-        return {r["job_id"] for r in rows if _aware(r["heartbeat_at"]) >= since}
+    async def held_jobs(self, since: datetime) -> dict[str, tuple[str, int]]:
+        """The jobs a launcher holds now, each with its holder's host and pid: a job lock whose
+        heartbeat is not older than ``since``."""
+        rows = await self._all(select(_JL.c.job_id, _JL.c.heartbeat_at, _JL.c.host, _JL.c.pid))
+        return {r["job_id"]: (r["host"], int(r["pid"])) for r in rows if _aware(r["heartbeat_at"]) >= since}
 
     async def case_means(self) -> list[dict[str, Any]]:
         """Per (job, env, case): ``mean`` score over its counted sessions (the :meth:`jobs` mean's

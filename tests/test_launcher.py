@@ -787,7 +787,8 @@ async def test_setup_mistakes_stop_before_running(tmp_path: Path) -> None:
             f"sqlite://{db}",
         ]
         code, _, err = await launch(*common, "--resume", "--job-id", "nosuch", cwd=tmp_path)
-        assert code == 1 and "no job 'nosuch'" in err
+        assert code == 1 and f"no trajectory store at {db} (pass the job's --db-path)" in err, err
+        assert not db.exists()  # a resume never makes a store
         code, out, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)
         assert code == 0, err
         regrade = (  # the run's flags that a regrade takes, from this folder
@@ -802,6 +803,8 @@ async def test_setup_mistakes_stop_before_running(tmp_path: Path) -> None:
         assert code == 0 and "regrade of job j1: 1 session regraded" in out, out + err
         code, _, err = await launch(*common, "--job-id", "j1", cwd=tmp_path)  # reused id, no --resume
         assert code == 1 and "already exists" in err and "--resume" in err
+        code, _, err = await launch(*common, "--resume", "--job-id", "nosuch", cwd=tmp_path)
+        assert code == 1 and "no job 'nosuch'" in err, err
         code, _, err = await launch(*common, "--pool-size", "0", cwd=tmp_path)
         assert code == 1 and "--pool-size" in err
         code, _, err = await launch(*common, "--eval-timeout", "0", cwd=tmp_path)

@@ -32,7 +32,7 @@ from rollout.core.envs import (
 from rollout.core.safactory import load_agent_configs
 from rollout.core.setup import SetupError, load_gateway_settings
 from rollout.grading.evaluator_loader import env_evaluator
-from rollout.jobs.lease import STALE_AFTER_S
+from rollout.jobs.lease import STALE_AFTER_S, holder_gone
 from rollout.results.session_fields import utc_text
 from rollout.sandbox.harness_cache import bundled, load_harness
 from store.engine import shown_url
@@ -124,7 +124,7 @@ async def job_entries(db_path: str) -> list[dict[str, Any]]:
             "created": utc_text(r["created_at"]),
             "sessions": int(r["sessions"]),
             "finished": int(r["finished"] or 0),
-            "running": r["job_id"] in held,  # a launcher holds it now
+            "running": r["job_id"] in held and not holder_gone(*held[r["job_id"]]),  # a launcher holds it now
             "graded": bool(r["graded"]),
             "envs": r["envs"],
             "mean_score": None if r["mean_score"] is None else float(r["mean_score"]),
@@ -164,8 +164,10 @@ def render_jobs(jobs: list[dict[str, Any]], db_path: str) -> str:
         more = f" (and {len(left) - 1} more unfinished)" if len(left) > 1 else ""
         graded = " --enable-evaluation" if left[0]["graded"] else ""
         lines.append(
-            f"unfinished: {launcher_command()} --resume --job-id {left[0]['job_id']}{graded} --db-path {db_path} "
-            f"runs the rest{more} (add the run's --agent-root or --tasks when they were not the default; docs/outcomes.md, Resume)"
+            f"unfinished: the job's own command with --resume --job-id {left[0]['job_id']} runs the rest{more}, "
+            f"e.g. {launcher_command()} --resume --job-id {left[0]['job_id']}{graded} --db-path {db_path} with "
+            "the run's --agent-root or --tasks, --gateway-config, --llm-model and --image when it had them "
+            "(docs/outcomes.md, Resume)"
         )
     return "\n".join(lines)
 

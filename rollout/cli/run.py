@@ -270,7 +270,8 @@ class Again(NamedTuple):
         ap, job = build_parser(), ["--job-id", job_id]
         return cls(
             resume=command_again(ap, argv, ("resume", "job_id"), ["--resume", *job]),
-            regrade=command_again(ap, argv, (*_RUN_ONLY, "job_id", "regrade"), ["--regrade", *job]),
+            # not the run's --out: a regrade writes its own records, never over the run's
+            regrade=command_again(ap, argv, (*_RUN_ONLY, "job_id", "regrade", "out"), ["--regrade", *job]),
         )
 
 

@@ -404,7 +404,7 @@ class Attempts:
                 session_id=sid,
                 attempt=prev,
                 job_id=work.row.job_id,
-                status=work.row.status,
+                status="cancelled",  # its runtime's end is unknown: the session's "running" was stale
                 outcome="interrupted",
                 reason="the launcher stopped during this attempt",
                 step_count=moved,

@@ -52,9 +52,9 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def _gone(holder: JobLock) -> bool:
-    """The holder's process has ended: it ran on this host and its pid no longer exists."""
-    return holder.host == socket.gethostname() and holder.pid > 0 and not process_alive(holder.pid)
+def holder_gone(host: str, pid: int) -> bool:
+    """A job's holder has ended: it ran on this host and its pid no longer exists."""
+    return host == socket.gethostname() and pid > 0 and not process_alive(pid)
 
 
 def _when(t: datetime) -> str:
@@ -94,7 +94,9 @@ class JobLease:
     async def take(self) -> None:
         """Take the job, or raise :class:`JobLocked` naming its live holder; then keep it
         (heartbeats) until :meth:`release`."""
-        holder = await self.store.take_job_lock(self.lock, self.stale_after_s, _gone)
+        holder = await self.store.take_job_lock(
+            self.lock, self.stale_after_s, lambda h: holder_gone(h.host, h.pid)
+        )
         if holder is not None:
             raise JobLocked(
                 f"job {self.job_id} is running in another launcher ({describe(holder)}); wait for it "

@@ -279,7 +279,7 @@ async def regrade_job(
         where = "" if opts.agent_root.is_absolute() else f" (in {Path.cwd()})"
         raise SetupError(
             f"agent root {opts.agent_root} is not a directory{where}: run from the project folder or "
-            "pass --agent-root (the evaluators are looked up there)"
+            "pass --agent-root (the evaluators are looked up there), or the job's --tasks DIR"
         )
     store = open_store(opts.db_path, existing=True)
     try:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -132,8 +133,9 @@ def test_list_jobs_marks_a_job_left_unfinished_and_says_how_to_finish_it(
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split()[:1] + lines[2].split()[3:] == ["c-part", "3", "1", "(unfinished)", "toy", "10.00"]
     assert lines[-1] == (  # its sessions were graded: the resume grades too
-        f"unfinished: python launcher.py --resume --job-id c-part --enable-evaluation --db-path {db} "
-        "runs the rest (add the run's --agent-root or --tasks when they were not the default; docs/outcomes.md, Resume)"
+        "unfinished: the job's own command with --resume --job-id c-part runs the rest, e.g. python launcher.py "
+        f"--resume --job-id c-part --enable-evaluation --db-path {db} with the run's --agent-root or --tasks, "
+        "--gateway-config, --llm-model and --image when it had them (docs/outcomes.md, Resume)"
     )
 
     async def hold() -> None:
@@ -150,6 +152,22 @@ def test_list_jobs_marks_a_job_left_unfinished_and_says_how_to_finish_it(
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split()[:1] + lines[2].split()[3:] == ["c-part", "3", "1", "(running)", "toy", "10.00"]
     assert len(lines) == 5
+
+    async def killed() -> None:  # its launcher was killed (SIGKILL): its lock stays, fresh, its pid is gone
+        ended = subprocess.Popen(["true"])
+        ended.wait()  # a pid that existed and ended
+        store = Store(db)
+        try:
+            await store.release_job_lock("c-part", "o")
+            dead = JobLock(job_id="c-part", owner="p", pid=ended.pid, host=socket.gethostname())
+            assert await store.take_job_lock(dead, 60, lambda lock: False) is None
+        finally:
+            await store.close()
+
+    asyncio.run(killed())  # not running: a resume takes it over at once on this host, and is advised
+    assert listing.main(["--jobs", "--db-path", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[5:6] == ["(unfinished)"] and lines[-1].startswith("unfinished: ")
 
 
 def test_list_jobs_lists_the_stores_jobs_newest_first(
