@@ -127,25 +127,6 @@ def tool_imports() -> frozenset[str]:
     return frozenset(n for n in found if _MODULE_DIR.match(n)) - GENERIC
 
 
-@functools.lru_cache(maxsize=64)
-def installed_modules(root: Path) -> frozenset[str]:
-    """The top-level module names of the Python library folders under ``root`` (an image's root
-    filesystem), the ``GENERIC`` names left out."""
-    names: set[str] = set()
-    for folder in (f for pattern in _LIBRARIES for f in root.glob(pattern)):
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        for entry in entries:
-            m = _MODULE_SUFFIX.match(entry.name)
-            if m:
-                names.add(m[1])
-            elif _MODULE_DIR.match(entry.name) and entry.is_dir(follow_symlinks=False):
-                names.add(entry.name)
-    return frozenset(names) - GENERIC
-
-
 def _top_level_modules(folder: Path | None) -> frozenset[str]:
     """The module names ``folder``'s top level holds (``NAME.py``, ``.pyc``, ``.so``, a folder)."""
     try:
@@ -153,7 +134,16 @@ def _top_level_modules(folder: Path | None) -> frozenset[str]:
     except OSError:
         return frozenset()
     found = (_MODULE_SUFFIX.match(e.name) for e in entries)
-    return frozenset(m[1] for m in found if m) | {e.name for e in entries if e.is_dir(follow_symlinks=False)}
+    folders = (e.name for e in entries if _MODULE_DIR.match(e.name) and e.is_dir(follow_symlinks=False))
+    return frozenset(m[1] for m in found if m) | frozenset(folders)
+
+
+@functools.lru_cache(maxsize=64)
+def installed_modules(root: Path) -> frozenset[str]:
+    """The top-level module names of the Python library folders under ``root`` (an image's root
+    filesystem), the ``GENERIC`` names left out."""
+    folders = (f for pattern in _LIBRARIES for f in root.glob(pattern))
+    return frozenset[str]().union(*map(_top_level_modules, folders)) - GENERIC
 
 
 def shadowed(root: Path | None, baseline: Path | None = None) -> frozenset[str]:
